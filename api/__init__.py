@@ -1,0 +1,118 @@
+"""turnkeeper: durable state for AI-agent runtimes.
+
+Open a store with :func:`open_store`; everything else is re-exported here::
+
+    import turnkeeper
+    with turnkeeper.open_store("state.duckdb") as store:
+        lease = store.acquire_lease("session:s1", "worker-1", ttl_s=30)
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Callable
+
+from turnkeeper.spec import LeasePurpose, RecordStatus
+from turnkeeper.spec.entries import EntryKind
+from turnkeeper.spec.errors import (
+    AlreadyExistsError,
+    BusyError,
+    DatabaseError,
+    DataError,
+    EntryExistsError,
+    EntryNotFoundError,
+    IntegrityError,
+    InterfaceError,
+    InternalError,
+    InvalidInputError,
+    InvalidTransitionError,
+    LeaseLostError,
+    LeasePurposeError,
+    NotSupportedError,
+    OperationalError,
+    ProgrammingError,
+    RecordNotActiveError,
+    RecordNotFoundError,
+    SchemaVersionError,
+    SessionFileError,
+    SessionIDExistsError,
+    SessionModifiedError,
+    SessionNotFoundError,
+    StoreLockedError,
+    TransactionConflictError,
+    TurnkeeperError,
+)
+from turnkeeper.spec.records import (
+    ANY_LEAF,
+    Entry,
+    FinalizeRequest,
+    Lease,
+    Replay,
+    Session,
+    SessionPage,
+    ThreadRecord,
+)
+from turnkeeper.storage import SCHEMA_VERSION, DuckDBStore, Store
+
+DEFAULT_PATH = "turnkeeper.duckdb"
+"""The embedded default database file, in the current directory."""
+
+
+def open_store(
+    path: str = DEFAULT_PATH, *, clock: Callable[[], datetime] | None = None
+) -> DuckDBStore:
+    """Open (creating if needed) the DuckDB store at ``path``.
+
+    ``clock`` replaces the database clock (tests); it returns aware datetimes.
+
+    Raises:
+        StoreLockedError: another process has the file open.
+        SchemaVersionError: the file was written by a newer turnkeeper.
+    """
+    return DuckDBStore(path, clock=clock)
+
+
+__all__ = [
+    "ANY_LEAF",
+    "DEFAULT_PATH",
+    "SCHEMA_VERSION",
+    "AlreadyExistsError",
+    "BusyError",
+    "DataError",
+    "DatabaseError",
+    "DuckDBStore",
+    "Entry",
+    "EntryExistsError",
+    "EntryKind",
+    "EntryNotFoundError",
+    "FinalizeRequest",
+    "IntegrityError",
+    "InterfaceError",
+    "InternalError",
+    "InvalidInputError",
+    "InvalidTransitionError",
+    "Lease",
+    "LeaseLostError",
+    "LeasePurpose",
+    "LeasePurposeError",
+    "NotSupportedError",
+    "OperationalError",
+    "ProgrammingError",
+    "RecordNotActiveError",
+    "RecordNotFoundError",
+    "RecordStatus",
+    "Replay",
+    "SchemaVersionError",
+    "Session",
+    "SessionFileError",
+    "SessionIDExistsError",
+    "SessionModifiedError",
+    "SessionNotFoundError",
+    "SessionPage",
+    "Store",
+    "StoreLockedError",
+    "ThreadRecord",
+    "TransactionConflictError",
+    "TurnkeeperError",
+    "open_store",
+]

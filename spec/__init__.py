@@ -1,0 +1,25 @@
+"""turnkeeper.spec: the vocabulary every layer shares (pure, no I/O).
+
+Lifecycles as data, the record types and the error hierarchy.
+"""
+
+from . import errors
+from .lease import GRANTING_EDGES, LEASE, LeasePurpose
+from .lifecycle import Edge, Facts, Lifecycle
+from .thread_record import THREAD_RECORD, RecordStatus
+
+LIFECYCLES: tuple[Lifecycle, ...] = (LEASE, THREAD_RECORD)
+"""Every lifecycle, in the order the diagrams and tables list them."""
+
+__all__ = [
+    "GRANTING_EDGES",
+    "LEASE",
+    "LIFECYCLES",
+    "THREAD_RECORD",
+    "Edge",
+    "Facts",
+    "LeasePurpose",
+    "Lifecycle",
+    "RecordStatus",
+    "errors",
+]

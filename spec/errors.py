@@ -1,0 +1,201 @@
+"""The error hierarchy: one root, typed per failure, with structured fields.
+
+Every error carries the fields that identify what failed (``target``,
+``session_id``, ``key`` …) as attributes and is picklable. Domain errors are
+named for the condition of the resource (busy, lost, exists, modified).
+Backend failures are translated once, at the transaction boundary, into the
+PEP 249-style classes below with the backend's exception as ``__cause__``;
+a backend failure is never reported as busy or lease lost. Cancellation
+(``KeyboardInterrupt``, ``asyncio.CancelledError``) is never wrapped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TurnkeeperError(Exception):
+    """Root of every error turnkeeper raises.
+
+    Subclasses declare their identifying fields in ``fields``; the values are
+    set as attributes and used for the message, equality in tests and pickling.
+    """
+
+    fields: tuple[str, ...] = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        values = dict(zip(self.fields, args, strict=False))
+        overlap = values.keys() & kwargs.keys()
+        if overlap:
+            raise TypeError(f"{type(self).__name__}: duplicate field(s) {sorted(overlap)}")
+        values.update(kwargs)
+        unknown = values.keys() - set(self.fields) - {"detail"}
+        if unknown:
+            raise TypeError(f"{type(self).__name__}: unknown field(s) {sorted(unknown)}")
+        for name in self.fields:
+            setattr(self, name, values.get(name))
+        self.detail: str | None = values.get("detail")
+        self._values = values
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        doc = (type(self).__doc__ or type(self).__name__).strip().splitlines()[0].rstrip(".")
+        parts = [f"{name}={getattr(self, name)!r}" for name in self.fields]
+        text = f"{doc} ({', '.join(parts)})" if parts else doc
+        return f"{text}: {self.detail}" if self.detail else text
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self._values))
+
+
+def _rebuild(cls: type[TurnkeeperError], values: dict[str, Any]) -> TurnkeeperError:
+    return cls(**values)
+
+
+# --- PEP 249-style classes for backend failures -----------------------------
+
+
+class InterfaceError(TurnkeeperError):
+    """The store object was misused (for example used after close)."""
+
+
+class DatabaseError(TurnkeeperError):
+    """The database backend failed; the backend's exception is ``__cause__``."""
+
+
+class OperationalError(DatabaseError):
+    """The database could not carry out the operation (I/O, locks, resources)."""
+
+
+class StoreLockedError(OperationalError):
+    """The database file is held by another process."""
+
+    fields = ("path",)
+
+
+class TransactionConflictError(OperationalError):
+    """A write kept losing write-write conflicts after every retry."""
+
+    fields = ("operation", "attempts")
+
+
+class IntegrityError(DatabaseError):
+    """A database constraint rejected the write."""
+
+
+class DataError(DatabaseError):
+    """The backend could not store or convert a value."""
+
+
+class ProgrammingError(DatabaseError):
+    """The backend rejected a statement (schema or SQL fault)."""
+
+
+class InternalError(DatabaseError):
+    """The backend reported an internal fault."""
+
+
+class NotSupportedError(DatabaseError):
+    """The backend does not support the requested feature."""
+
+
+class SchemaVersionError(DatabaseError):
+    """The database's schema version is newer than this turnkeeper supports."""
+
+    fields = ("path", "found", "supported")
+
+
+# --- input ------------------------------------------------------------------
+
+
+class InvalidInputError(TurnkeeperError, ValueError):
+    """An argument was refused before anything was written."""
+
+    fields = ("field", "reason")
+
+
+class InvalidTransitionError(TurnkeeperError):
+    """A lifecycle machine has no edge for this trigger from this state."""
+
+    fields = ("machine", "trigger", "source")
+
+
+# --- leases (threadstore AcquireLease / RenewLease / ReleaseLease) ---------
+
+
+class BusyError(TurnkeeperError):
+    """The target is held by another owner whose lease has not expired."""
+
+    fields = ("target", "holder")
+
+
+class LeasePurposeError(TurnkeeperError):
+    """The owner already holds the target under a different purpose."""
+
+    fields = ("target", "held_purpose", "requested_purpose")
+
+
+class LeaseLostError(TurnkeeperError):
+    """The caller no longer owns the lease (expired, released or taken over)."""
+
+    fields = ("target",)
+
+
+# --- thread records (threadstore Resolve / Finalize) ------------------------
+
+
+class AlreadyExistsError(TurnkeeperError):
+    """The thread key already has an active record (require_key_absent)."""
+
+    fields = ("key",)
+
+
+class RecordNotFoundError(TurnkeeperError):
+    """No thread record has this id."""
+
+    fields = ("record_id",)
+
+
+class RecordNotActiveError(TurnkeeperError):
+    """The thread record is not active, so it cannot be archived or replaced."""
+
+    fields = ("record_id", "status")
+
+
+# --- sessions (session seed) -------------------------------------------------
+
+
+class SessionIDExistsError(TurnkeeperError):
+    """A new session tried to reuse an existing session id (ErrSessionIDExists)."""
+
+    fields = ("session_id",)
+
+
+class SessionNotFoundError(TurnkeeperError):
+    """No session has this id."""
+
+    fields = ("session_id",)
+
+
+class SessionModifiedError(TurnkeeperError):
+    """The session's leaf moved since the caller read it (ErrSessionModified)."""
+
+    fields = ("session_id", "expected_leaf", "actual_leaf")
+
+
+class EntryNotFoundError(TurnkeeperError):
+    """No entry with this id exists in the session."""
+
+    fields = ("session_id", "entry_id")
+
+
+class EntryExistsError(TurnkeeperError):
+    """An entry with this id already exists in the session."""
+
+    fields = ("session_id", "entry_id")
+
+
+class SessionFileError(TurnkeeperError):
+    """A session file cannot be imported at all (no usable header)."""
+
+    fields = ("path", "line")

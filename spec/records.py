@@ -1,0 +1,209 @@
+"""Record types the store returns and accepts: frozen dataclasses.
+
+Times are aware UTC ``datetime`` values. JSON-shaped fields (payloads,
+checkpoint state, agent identity) are plain ``dict``/``list``/scalar values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from .thread_record import RecordStatus
+
+JSON = Any
+"""A JSON-compatible value (dict, list, str, int, float, bool or None)."""
+
+
+class _AnyLeaf:
+    """The type of :data:`ANY_LEAF`."""
+
+    def __repr__(self) -> str:
+        return "ANY_LEAF"
+
+    def __reduce__(self) -> str:
+        return "ANY_LEAF"
+
+
+ANY_LEAF: Any = _AnyLeaf()
+"""``expected_leaf`` default: append under whatever the current leaf is, read and
+written in one transaction. Pass a leaf id (or ``None`` for an empty session)
+to make the append a compare-and-set on the leaf instead."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A granted lease (threadstore Lease, plus epoch, purpose and expiry).
+
+    ``token`` is the secret the holder presents on every fenced write; the
+    store keeps only its sha256 digest. ``epoch`` strictly increases with each
+    grant on ``target``. ``expires_at`` is by the store's clock.
+    """
+
+    target: str
+    owner: str
+    token: str = field(repr=False)
+    epoch: int
+    purpose: str
+    expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadRecord:
+    """The durable per-conversation record (threadstore Record).
+
+    ``state`` is the driver-owned resume checkpoint and ``agent`` the caller
+    identity captured at persist time, both opaque JSON. ``created_at`` and
+    ``updated_at`` are set by the store (UTC); values passed in are ignored.
+    """
+
+    id: str
+    key: str
+    status: RecordStatus = RecordStatus.ACTIVE
+    driver_type: str = ""
+    agent: JSON = None
+    fingerprint: str = ""
+    compatibility_fingerprint: str = ""
+    session_codec: str = ""
+    state: JSON = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FinalizeRequest:
+    """How to persist post-run thread state (threadstore FinalizeRequest).
+
+    Validate every lease in ``held_leases``; then, atomically: save
+    ``record``; when ``archive_old``, archive ``previous_id``; when
+    ``rebind_active``, point ``key``'s active mapping at ``record.id``. With
+    ``require_key_absent`` the whole finalize fails with ``AlreadyExistsError``
+    when ``key`` already has an active mapping. ``key`` defaults to
+    ``record.key``.
+    """
+
+    record: ThreadRecord
+    previous_id: str | None = None
+    key: str | None = None
+    held_leases: Sequence[Lease] = ()
+    archive_old: bool = False
+    rebind_active: bool = False
+    require_key_absent: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """One session: header facts plus the current leaf and derived summary.
+
+    ``header`` keeps the imported header's fields verbatim (version, cwd,
+    parentSession, unknown fields). ``title`` is the latest ``session_info``
+    name. ``entry_count`` counts tree entries; ``next_seq`` is the sequence
+    the next entry will get.
+    """
+
+    id: str
+    cwd: str
+    created_at: datetime
+    updated_at: datetime
+    leaf_id: str | None
+    title: str | None
+    entry_count: int
+    next_seq: int
+    header: Mapping[str, JSON]
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One stored session entry (session seed EntryBase plus payload).
+
+    ``kind`` is the entry type string (``message``, ``compaction`` …; unknown
+    kinds from imports are kept verbatim). ``payload`` holds every field of
+    the entry except ``type``, ``id``, ``parentId`` and ``timestamp``, in its
+    original order. ``seq`` is the per-session monotonic sequence that orders
+    entries; timestamps never do. ``lease_epoch`` is the epoch of the lease
+    the entry was appended under, if any.
+    """
+
+    session_id: str
+    id: str
+    parent_id: str | None
+    kind: str
+    seq: int
+    timestamp: datetime
+    payload: Mapping[str, JSON]
+    lease_epoch: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """The current branch as model context (session seed ReplayState).
+
+    ``messages[i]`` came from entry ``entry_ids[i]``; a compaction contributes
+    a ``compactionSummary`` message, a branch summary a ``branchSummary``
+    message, a custom message a ``custom`` message. ``model`` is the latest
+    model change or assistant model on the path (``{"provider", "modelId"}``)
+    and ``thinking_level`` the latest thinking-level change (default ``off``).
+    """
+
+    messages: tuple[Mapping[str, JSON], ...]
+    entry_ids: tuple[str, ...]
+    model: Mapping[str, JSON] | None = None
+    thinking_level: str = "off"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPage:
+    """One page of a session listing; pass ``next_cursor`` to get the next."""
+
+    sessions: tuple[Session, ...]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ImportEntry:
+    """One tree entry from an imported file; ``payload`` as in :class:`Entry`."""
+
+    id: str
+    parent_id: str | None
+    kind: str
+    timestamp: datetime
+    payload: Mapping[str, JSON]
+
+
+@dataclass(frozen=True, slots=True)
+class OpaqueRecord:
+    """A line of an imported file that could not be parsed, kept verbatim.
+
+    ``line`` is the 1-based line number in ``source``.
+    """
+
+    source: str
+    line: int
+    raw: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ImportBatch:
+    """A whole session file, parsed: header facts, entries in file order, the leaf."""
+
+    session_id: str
+    cwd: str
+    created_at: datetime
+    header: Mapping[str, JSON]
+    entries: Sequence[ImportEntry]
+    leaf_id: str | None
+    opaque: Sequence[OpaqueRecord] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ImportResult:
+    """What an import changed: ``added`` new entries, ``skipped`` already stored."""
+
+    session_id: str
+    created: bool
+    added: int
+    skipped: int
+    opaque_added: int

@@ -1,0 +1,5 @@
+"""The DuckDB backend (embedded default): one file, one writing process, many threads."""
+
+from .store import DuckDBStore
+
+__all__ = ["DuckDBStore"]

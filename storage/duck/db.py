@@ -1,0 +1,288 @@
+"""The DuckDB connection, transactions, retries and error translation.
+
+One :class:`Database` per store object holds one DuckDB connection to the
+file; each thread gets its own cursor (DuckDB connections are not
+thread-safe, cursors on one instance are). Every operation runs through
+:meth:`Database.run`, the one transaction boundary:
+
+- a DuckDB write-write conflict (``TransactionException``) rolls back and is
+  retried with jittered backoff (tenacity); the retry re-reads, so a lost race
+  surfaces as the domain error it means (busy, modified …) or succeeds;
+- after the last attempt it is ``TransactionConflictError``;
+- any other ``duckdb.Error`` is translated into the PEP 249-style classes of
+  :mod:`turnkeeper.spec.errors` with the original as ``__cause__``;
+- domain errors raised by the operation roll back and pass through as-is;
+- ``BaseException`` (cancellation) rolls back and is re-raised unwrapped.
+
+Statements are counted per operation name (:meth:`Database.statement_stats`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import duckdb
+from tenacity import (
+    RetryError,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
+
+from turnkeeper.spec import errors
+
+T = TypeVar("T")
+
+Clock = Callable[[], datetime]
+"""Returns the store's now as an aware ``datetime``."""
+
+MAX_ATTEMPTS = 40
+"""Attempts per operation before a conflict becomes ``TransactionConflictError``."""
+
+
+class Conflict(Exception):
+    """A lost race that the transaction boundary retries from the start.
+
+    Raised by DuckDB as a write-write conflict, or by an operation whose
+    compare-and-set found the row moved under it.
+    """
+
+
+def translate(exc: duckdb.Error, path: str) -> errors.DatabaseError:
+    """Map a DuckDB exception to the project's PEP 249-style class (dialect lives here)."""
+    text = str(exc)
+    if isinstance(exc, duckdb.IOException) and "lock" in text.lower():
+        return errors.StoreLockedError(path, detail=text)
+    table: list[tuple[type[duckdb.Error], type[errors.DatabaseError]]] = [
+        (duckdb.ConstraintException, errors.IntegrityError),
+        (duckdb.ConversionException, errors.DataError),
+        (duckdb.OutOfRangeException, errors.DataError),
+        (duckdb.InvalidInputException, errors.DataError),
+        (duckdb.CatalogException, errors.ProgrammingError),
+        (duckdb.ParserException, errors.ProgrammingError),
+        (duckdb.BinderException, errors.ProgrammingError),
+        (duckdb.InternalException, errors.InternalError),
+        (duckdb.NotImplementedException, errors.NotSupportedError),
+        (duckdb.OperationalError, errors.OperationalError),
+    ]
+    for source, target in table:
+        if isinstance(exc, source):
+            return target(detail=text)
+    return errors.DatabaseError(detail=text)
+
+
+def utc(value: datetime) -> datetime:
+    """``value`` as an aware UTC datetime (DuckDB returns zoneinfo Etc/UTC)."""
+    return value.astimezone(UTC)
+
+
+def _is_conflict(exc: duckdb.Error) -> bool:
+    return isinstance(exc, duckdb.TransactionException) and (
+        "conflict" in str(exc).lower() or "constraint violation" in str(exc).lower()
+    )
+
+
+@dataclass
+class _OpStats:
+    calls: int = 0
+    statements: int = 0
+    retries: int = 0
+
+
+class Tx:
+    """One open transaction (or one autocommit statement) on a thread's cursor.
+
+    ``now`` is the store clock's value for this transaction, or ``None`` when
+    the database clock is used (SQL reads ``coalesce($now, now())``).
+    """
+
+    def __init__(self, cursor: duckdb.DuckDBPyConnection, now: datetime | None) -> None:
+        self._cursor = cursor
+        self.now = now
+        self.statements = 0
+
+    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Execute one statement and return all rows."""
+        self.statements += 1
+        return self._cursor.execute(sql, list(params)).fetchall()
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        """Execute one statement and return its first row, or ``None``."""
+        found = self.rows(sql, params)
+        return found[0] if found else None
+
+    def exec(self, sql: str, params: Sequence[Any] = ()) -> None:
+        """Execute one statement, ignoring any rows."""
+        self.statements += 1
+        self._cursor.execute(sql, list(params))
+
+    def insert_arrow(self, table: str, data: Any) -> None:
+        """Insert every row of the ``pyarrow.Table`` ``data`` (columns in table order)."""
+        self.statements += 1
+        name = f"_turnkeeper_rows_{id(data)}"
+        self._cursor.register(name, data)
+        try:
+            self._cursor.execute(f"INSERT INTO {table} SELECT * FROM {name}")
+        finally:
+            self._cursor.unregister(name)
+
+    def arrow(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        """Execute one statement and return a ``pyarrow.Table``."""
+        self.statements += 1
+        return self._cursor.execute(sql, list(params)).to_arrow_table()
+
+
+class Database:
+    """A DuckDB file (or ``:memory:``) opened for one store object.
+
+    Raises (from the constructor):
+        StoreLockedError: another process holds the file.
+        DatabaseError: any other failure opening it.
+    """
+
+    def __init__(self, path: str, clock: Clock | None = None) -> None:
+        self.path = path if path == ":memory:" else os.path.abspath(path)
+        self.clock = clock
+        try:
+            self._con = duckdb.connect(self.path)
+            self._con.execute("SET TimeZone = 'UTC'")
+        except duckdb.Error as exc:
+            raise translate(exc, self.path) from exc
+        self._local = threading.local()
+        self._cursors: list[duckdb.DuckDBPyConnection] = []
+        self._lock = threading.Lock()
+        self._stats: dict[str, _OpStats] = {}
+        self._closed = False
+
+    # -- cursors ---------------------------------------------------------------
+
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        cur: duckdb.DuckDBPyConnection | None = getattr(self._local, "cursor", None)
+        if cur is None:
+            with self._lock:
+                if self._closed:
+                    raise errors.InterfaceError(detail="the store is closed")
+                cur = self._con.cursor()
+                cur.execute("SET TimeZone = 'UTC'")
+                self._cursors.append(cur)
+            self._local.cursor = cur
+        return cur
+
+    def close(self) -> None:
+        """Close every cursor and the connection; later calls raise ``InterfaceError``."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for cur in self._cursors:
+                try:
+                    cur.close()
+                except duckdb.Error:
+                    pass
+            self._con.close()
+
+    def now_param(self) -> datetime | None:
+        """The injected clock's now in UTC, or ``None`` to use the database's now()."""
+        if self.clock is None:
+            return None
+        now = self.clock()
+        if now.tzinfo is None:
+            raise errors.InvalidInputError("clock", "the clock returned a naive datetime")
+        return now.astimezone(UTC)
+
+    # -- transactions ------------------------------------------------------------
+
+    def run(self, operation: str, body: Callable[[Tx], T], *, transaction: bool = True) -> T:
+        """Run ``body`` in one transaction (or one autocommit statement), with retries.
+
+        ``transaction=False`` is for bodies that issue exactly one statement,
+        which DuckDB runs atomically on its own.
+
+        Raises:
+            TransactionConflictError: every attempt lost a write-write conflict.
+            DatabaseError: a translated backend failure (original as ``__cause__``).
+            TurnkeeperError: whatever domain error ``body`` raised.
+        """
+        if self._closed:
+            raise errors.InterfaceError(detail="the store is closed")
+        cursor = self._cursor()
+        attempts = 0
+        statements = 0
+
+        def attempt() -> T:
+            nonlocal attempts, statements
+            attempts += 1
+            tx = Tx(cursor, self.now_param())
+            try:
+                if transaction:
+                    tx.exec("BEGIN TRANSACTION")
+                result = body(tx)
+                if transaction:
+                    tx.exec("COMMIT")
+                return result
+            except duckdb.Error as exc:
+                self._rollback(cursor, transaction)
+                if _is_conflict(exc):
+                    raise Conflict(str(exc)) from exc
+                raise translate(exc, self.path) from exc
+            except Conflict:
+                self._rollback(cursor, transaction)
+                raise
+            except BaseException:
+                self._rollback(cursor, transaction)
+                raise
+            finally:
+                statements += tx.statements
+
+        retrying = Retrying(
+            retry=retry_if_exception_type(Conflict),
+            stop=stop_after_attempt(MAX_ATTEMPTS),
+            wait=wait_random_exponential(multiplier=0.001, max=0.05),
+            reraise=False,
+        )
+        try:
+            return retrying(attempt)
+        except RetryError as exc:
+            cause = exc.last_attempt.exception()
+            origin = cause.__cause__ if cause is not None and cause.__cause__ else cause
+            raise errors.TransactionConflictError(
+                operation, attempts, detail=str(origin)
+            ) from origin
+        finally:
+            with self._lock:
+                s = self._stats.setdefault(operation, _OpStats())
+                s.calls += 1
+                s.statements += statements
+                s.retries += attempts - 1
+
+    @staticmethod
+    def _rollback(cursor: duckdb.DuckDBPyConnection, transaction: bool) -> None:
+        if not transaction:
+            return
+        try:
+            cursor.execute("ROLLBACK")
+        except duckdb.Error:
+            pass  # no transaction open (DuckDB aborted it already)
+
+    def statement_stats(self) -> dict[str, dict[str, float]]:
+        """Per operation: calls, statements per call (incl. BEGIN/COMMIT) and retries."""
+        with self._lock:
+            return {
+                op: {
+                    "calls": s.calls,
+                    "statements_per_call": s.statements / s.calls if s.calls else 0.0,
+                    "retries": s.retries,
+                }
+                for op, s in sorted(self._stats.items())
+            }
+
+    def reset_stats(self) -> None:
+        """Forget the statement counts."""
+        with self._lock:
+            self._stats.clear()

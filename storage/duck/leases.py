@@ -1,0 +1,198 @@
+"""Leases on DuckDB (threadstore AcquireLease / RenewLease / ReleaseLease).
+
+Statement budget per operation (BEGIN and COMMIT included):
+
+- acquire: 4 (BEGIN, read the row and the clock, compare-and-set write whose
+  event row is inserted by the same statement, COMMIT);
+- renew: 1 (fenced update + event row in one autocommit statement);
+- release: 1 (likewise; zero rows is the idempotent no-op).
+
+Fenced writes elsewhere call :func:`fence`, which *writes* the lease row
+(``fenced_writes + 1``) under the full fence (owner's token digest, epoch,
+state held, unexpired by the store's clock) inside the caller's transaction:
+because it writes, a concurrent takeover of the same row is a write-write
+conflict, so a stale writer can never commit beside its successor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from datetime import datetime, timedelta
+from typing import Any
+
+from turnkeeper.machines import machine_for
+from turnkeeper.spec import GRANTING_EDGES, LEASE, errors
+from turnkeeper.spec.records import Lease
+
+from .db import Conflict, Tx, utc
+
+_MACHINE = machine_for(LEASE)
+
+NOW = "coalesce(?::TIMESTAMPTZ, now())"
+"""SQL for the store's now: the injected clock's value, else the database's."""
+
+
+def digest(token: str) -> str:
+    """sha256 hex digest of a lease token; the only form the store keeps."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def issue_token(secret: bytes, target: str, owner: str, epoch: int, purpose: str) -> str:
+    """The token this store instance issues for a grant.
+
+    An HMAC of the grant under the store object's random secret: unguessable
+    to anyone else, and re-derivable by the same store object so that a
+    re-acquire by the same owner returns the same token. Another store object
+    (another process) under the same owner name cannot derive it, and is
+    treated as another holder.
+    """
+    msg = f"{target}\x00{owner}\x00{epoch}\x00{purpose}".encode()
+    return hmac.new(secret, msg, hashlib.sha256).hexdigest()
+
+
+def _micros(ttl_s: float) -> int:
+    return int(round(ttl_s * 1_000_000))
+
+
+def check_ttl(ttl_s: float) -> None:
+    """Raises ``InvalidInputError`` unless ``ttl_s`` is a positive finite number of seconds."""
+    if not isinstance(ttl_s, int | float) or not (0 < ttl_s < 10 * 365 * 86400):
+        raise errors.InvalidInputError("ttl_s", f"must be positive seconds, got {ttl_s!r}")
+
+
+def acquire(
+    tx: Tx, secret: bytes, target: str, owner: str, ttl_s: float, purpose: str
+) -> Lease:
+    """Grant, take over or re-acquire ``target`` (run inside a transaction)."""
+    row = tx.one(
+        f"SELECT c.now, l.owner, l.token_digest, l.epoch, l.purpose, l.state, l.expires_at "
+        f"FROM (SELECT {NOW} AS now) c LEFT JOIN leases l ON l.target = ?",
+        [tx.now, target],
+    )
+    assert row is not None
+    now, held_owner, held_digest, epoch, held_purpose, state, expires_at = row
+    source = "absent" if state is None else state
+    facts: dict[str, object] = {}
+    if state is not None:
+        mine = issue_token(secret, target, owner, epoch, purpose)
+        facts = {
+            "expired": now >= expires_at,
+            "same_owner": held_owner == owner,
+            "same_purpose": held_purpose == purpose,
+            "token_matches": hmac.compare_digest(digest(mine), held_digest),
+        }
+    edge = _MACHINE.decide("acquire", source, facts)
+    if edge is None:
+        if held_owner == owner and held_purpose != purpose:
+            raise errors.LeasePurposeError(target, held_purpose, purpose)
+        raise errors.BusyError(target, held_owner)
+    new_epoch = (epoch or 0) + 1 if edge.name in GRANTING_EDGES else epoch
+    token = issue_token(secret, target, owner, new_epoch, purpose)
+    new_expiry = now + timedelta(microseconds=_micros(ttl_s))
+    event = (
+        "INSERT INTO lease_events SELECT target, epoch, owner, purpose, ?, 'acquire', ?, 'held', "
+        "?, expires_at, ? FROM w RETURNING epoch"
+    )
+    if edge.name == "grant":
+        written = tx.one(
+            "WITH w AS (INSERT INTO leases (target, owner, token_digest, epoch, purpose, state, "
+            "acquired_at, renewed_at, expires_at) VALUES (?, ?, ?, 1, ?, 'held', ?, ?, ?) "
+            "RETURNING *) " + event,
+            [target, owner, digest(token), purpose, now, now, new_expiry]
+            + [edge.name, source, None, now],
+        )
+    elif edge.name == "reacquire":
+        written = tx.one(
+            "WITH w AS (UPDATE leases SET expires_at = ?, renewed_at = ? "
+            "WHERE target = ? AND epoch = ? AND token_digest = ? AND state = 'held' "
+            "RETURNING *) " + event,
+            [new_expiry, now, target, epoch, held_digest] + [edge.name, source, owner, now],
+        )
+    else:  # regrant / takeover: compare-and-set on the epoch just read
+        written = tx.one(
+            "WITH w AS (UPDATE leases SET owner = ?, token_digest = ?, epoch = epoch + 1, "
+            "purpose = ?, state = 'held', acquired_at = ?, renewed_at = ?, expires_at = ? "
+            "WHERE target = ? AND epoch = ? RETURNING *) " + event,
+            [owner, digest(token), purpose, now, now, new_expiry, target, epoch]
+            + [edge.name, source, held_owner, now],
+        )
+    if written is None or written[0] != new_epoch:
+        raise Conflict(f"lease row of {target!r} moved during acquire")
+    return Lease(target, owner, token, new_epoch, purpose, utc(new_expiry))
+
+
+def renew(tx: Tx, lease: Lease, ttl_s: float) -> Lease:
+    """Extend ``lease`` from now by ``ttl_s`` seconds (one autocommit statement).
+
+    Raises:
+        LeaseLostError: the token/epoch no longer match, or the lease expired.
+    """
+    row = tx.one(
+        f"WITH c AS (SELECT {NOW} AS now), "
+        "w AS (UPDATE leases SET expires_at = (SELECT now FROM c) + to_microseconds(?), "
+        "renewed_at = (SELECT now FROM c) "
+        "WHERE target = ? AND epoch = ? AND token_digest = ? AND owner = ? AND state = 'held' "
+        "AND expires_at > (SELECT now FROM c) RETURNING *) "
+        "INSERT INTO lease_events SELECT target, epoch, owner, purpose, 'renew', 'renew', "
+        "'held', 'held', NULL, expires_at, renewed_at FROM w RETURNING expires_at",
+        [tx.now, _micros(ttl_s), lease.target, lease.epoch, digest(lease.token), lease.owner],
+    )
+    if row is None:
+        raise errors.LeaseLostError(lease.target)
+    _MACHINE.require("renew", "held", {"token_matches": True, "expired": False})
+    expires_at: datetime = utc(row[0])
+    return Lease(lease.target, lease.owner, lease.token, lease.epoch, lease.purpose, expires_at)
+
+
+def release(tx: Tx, lease: Lease) -> bool:
+    """Release ``lease`` if it is still the held one; idempotent, ignores stale leases.
+
+    Returns whether a held lease was released. Expiry is set to at most now so
+    the target is free at once.
+    """
+    row = tx.one(
+        f"WITH c AS (SELECT {NOW} AS now), "
+        "w AS (UPDATE leases SET state = 'released', "
+        "expires_at = least(expires_at, (SELECT now FROM c)), renewed_at = (SELECT now FROM c) "
+        "WHERE target = ? AND epoch = ? AND token_digest = ? AND owner = ? AND state = 'held' "
+        "RETURNING *) "
+        "INSERT INTO lease_events SELECT target, epoch, owner, purpose, 'release', 'release', "
+        "'held', 'released', NULL, expires_at, renewed_at FROM w RETURNING epoch",
+        [tx.now, lease.target, lease.epoch, digest(lease.token), lease.owner],
+    )
+    if row is None:
+        return False
+    _MACHINE.require("release", "held", {"token_matches": True})
+    return True
+
+
+def fence(tx: Tx, lease: Lease) -> None:
+    """Validate ``lease`` by writing its row, inside the caller's transaction.
+
+    Raises:
+        LeaseLostError: the lease is not the held, unexpired one with this token.
+    """
+    row = tx.one(
+        f"UPDATE leases SET fenced_writes = fenced_writes + 1 "
+        f"WHERE target = ? AND epoch = ? AND token_digest = ? AND owner = ? "
+        f"AND state = 'held' AND expires_at > {NOW} RETURNING epoch",
+        [lease.target, lease.epoch, digest(lease.token), lease.owner, tx.now],
+    )
+    if row is None:
+        raise errors.LeaseLostError(lease.target)
+
+
+def record_fenced(tx: Tx, lease: Lease, operation: str) -> None:
+    """Append a ``fence_events`` row for a write refused under ``lease`` (autocommit)."""
+    tx.exec(
+        f"INSERT INTO fence_events VALUES (?, ?, ?, ?, {NOW})",
+        [lease.target, lease.owner, lease.epoch, operation, tx.now],
+    )
+
+
+def holder(tx: Tx, target: str) -> tuple[Any, ...] | None:
+    """The stored lease row of ``target`` as (owner, epoch, purpose, state, expires_at)."""
+    return tx.one(
+        "SELECT owner, epoch, purpose, state, expires_at FROM leases WHERE target = ?", [target]
+    )

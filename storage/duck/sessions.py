@@ -1,0 +1,370 @@
+"""Sessions and their entry trees on DuckDB (session seed Store / Manager).
+
+An append is one transaction: fence the lease if one is given (a write to
+the lease row), read the session's leaf and next sequence, check the
+caller's expected leaf, compare-and-set the session row (leaf, sequence,
+count, title) and insert the entry. A concurrent append to the same session
+is a DuckDB write-write conflict on the session row, retried by the
+transaction boundary; the retry re-reads the leaf, so a stale expected leaf
+raises ``SessionModifiedError`` and never creates a second child.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+
+from turnkeeper.spec import errors
+from turnkeeper.spec.entries import EntryKind
+from turnkeeper.spec.records import ANY_LEAF, Entry, Lease, Replay, Session, SessionPage
+
+from ..codec import from_json
+from ..replay import build_replay, path_to
+from . import leases
+from .db import Conflict, Tx, utc
+
+NOW = leases.NOW
+
+_SESSION_COLS = (
+    "id, cwd, created_at, updated_at, leaf_id, title, entry_count, next_seq, header"
+)
+_ENTRY_COLS = "session_id, id, parent_id, kind, seq, ts, payload, lease_epoch"
+
+
+def _session(row: Sequence[Any]) -> Session:
+    return Session(
+        id=row[0],
+        cwd=row[1],
+        created_at=utc(row[2]),
+        updated_at=utc(row[3]),
+        leaf_id=row[4],
+        title=row[5],
+        entry_count=row[6],
+        next_seq=row[7],
+        header=from_json(row[8]),
+    )
+
+
+def _entry(row: Sequence[Any]) -> Entry:
+    return Entry(
+        session_id=row[0],
+        id=row[1],
+        parent_id=row[2],
+        kind=row[3],
+        seq=row[4],
+        timestamp=utc(row[5]),
+        payload=from_json(row[6]),
+        lease_epoch=row[7],
+    )
+
+
+def create(
+    tx: Tx, session_id: str, cwd: str, header_json: str, created_at: datetime | None
+) -> Session:
+    """Insert a new session row.
+
+    Raises:
+        SessionIDExistsError: the id is taken (the row is never updated).
+    """
+    if tx.one("SELECT 1 FROM sessions WHERE id = ?", [session_id]) is not None:
+        raise errors.SessionIDExistsError(session_id)
+    row = tx.one(
+        f"INSERT INTO sessions ({_SESSION_COLS}) VALUES "
+        f"(?, ?, coalesce(?::TIMESTAMPTZ, {NOW}), {NOW}, NULL, NULL, 0, 1, ?) "
+        f"RETURNING {_SESSION_COLS}",
+        [session_id, cwd, created_at, tx.now, tx.now, header_json],
+    )
+    assert row is not None
+    return _session(row)
+
+
+def get(tx: Tx, session_id: str) -> Session | None:
+    """The session row, or ``None``."""
+    row = tx.one(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", [session_id])
+    return None if row is None else _session(row)
+
+
+def _exists(tx: Tx, session_id: str, entry_id: str) -> bool:
+    return (
+        tx.one("SELECT 1 FROM entries WHERE session_id = ? AND id = ?", [session_id, entry_id])
+        is not None
+    )
+
+
+def append(
+    tx: Tx,
+    session_id: str,
+    kind: str,
+    payload_json: str,
+    payload: Mapping[str, Any],
+    *,
+    entry_id: str,
+    caller_chose_id: bool,
+    timestamp: datetime | None,
+    expected_leaf: Any,
+    lease: Lease | None,
+    parent_override: str | None = None,
+    leaf_after: bool = True,
+) -> Entry:
+    """Append one entry under the leaf (or ``parent_override``); see the module docstring.
+
+    Raises:
+        LeaseLostError, SessionNotFoundError, SessionModifiedError,
+        EntryExistsError, EntryNotFoundError (label target or branch target).
+    """
+    if lease is not None:
+        leases.fence(tx, lease)
+    row = tx.one(
+        f"SELECT leaf_id, next_seq, {NOW} FROM sessions WHERE id = ?", [tx.now, session_id]
+    )
+    if row is None:
+        raise errors.SessionNotFoundError(session_id)
+    leaf, seq, now = row
+    if expected_leaf is not ANY_LEAF and expected_leaf != leaf:
+        raise errors.SessionModifiedError(session_id, expected_leaf, leaf)
+    parent = leaf if parent_override is None else parent_override
+    if parent_override is not None and not _exists(tx, session_id, parent_override):
+        raise errors.EntryNotFoundError(session_id, parent_override)
+    if kind == EntryKind.LABEL and not _exists(tx, session_id, payload["targetId"]):
+        raise errors.EntryNotFoundError(session_id, payload["targetId"])
+    if caller_chose_id and _exists(tx, session_id, entry_id):
+        raise errors.EntryExistsError(session_id, entry_id)
+    title = payload["name"] if kind == EntryKind.SESSION_INFO else None
+    moved = tx.one(
+        "UPDATE sessions SET leaf_id = ?, next_seq = next_seq + 1, "
+        "entry_count = entry_count + 1, updated_at = ?, title = coalesce(?, title) "
+        "WHERE id = ? AND next_seq = ? AND leaf_id IS NOT DISTINCT FROM ? RETURNING 1",
+        [entry_id if leaf_after else leaf, now, title, session_id, seq, leaf],
+    )
+    if moved is None:
+        raise Conflict(f"session {session_id!r} moved during append")
+    ts = now if timestamp is None else timestamp
+    epoch = None if lease is None else lease.epoch
+    tx.exec(
+        f"INSERT INTO entries ({_ENTRY_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [session_id, entry_id, parent, kind, seq, ts, payload_json, epoch],
+    )
+    return Entry(session_id, entry_id, parent, kind, seq, utc(ts), payload, epoch)
+
+
+def move_leaf(tx: Tx, session_id: str, entry_id: str | None, expected_leaf: Any) -> None:
+    """Point the session's leaf at ``entry_id`` (``None``: the next append is a new root).
+
+    Raises:
+        SessionNotFoundError, SessionModifiedError, EntryNotFoundError.
+    """
+    row = tx.one("SELECT leaf_id FROM sessions WHERE id = ?", [session_id])
+    if row is None:
+        raise errors.SessionNotFoundError(session_id)
+    if expected_leaf is not ANY_LEAF and expected_leaf != row[0]:
+        raise errors.SessionModifiedError(session_id, expected_leaf, row[0])
+    if entry_id is not None and not _exists(tx, session_id, entry_id):
+        raise errors.EntryNotFoundError(session_id, entry_id)
+    tx.exec(
+        f"UPDATE sessions SET leaf_id = ?, updated_at = {NOW} WHERE id = ?",
+        [entry_id, tx.now, session_id],
+    )
+
+
+def entries(tx: Tx, session_id: str) -> list[Entry]:
+    """Every entry of the session in sequence order."""
+    rows = tx.rows(
+        f"SELECT {_ENTRY_COLS} FROM entries WHERE session_id = ? ORDER BY seq", [session_id]
+    )
+    return [_entry(r) for r in rows]
+
+
+def entry(tx: Tx, session_id: str, entry_id: str) -> Entry | None:
+    """One entry, or ``None``."""
+    row = tx.one(
+        f"SELECT {_ENTRY_COLS} FROM entries WHERE session_id = ? AND id = ?",
+        [session_id, entry_id],
+    )
+    return None if row is None else _entry(row)
+
+
+def branch_path(tx: Tx, session_id: str) -> list[Entry]:
+    """Root → leaf path of the session's current branch (recursive query, cycle-bounded).
+
+    Raises:
+        SessionNotFoundError: no such session.
+    """
+    head = tx.one("SELECT leaf_id, entry_count FROM sessions WHERE id = ?", [session_id])
+    if head is None:
+        raise errors.SessionNotFoundError(session_id)
+    leaf, count = head
+    if leaf is None:
+        return []
+    rows = tx.rows(
+        "WITH RECURSIVE path(session_id, id, parent_id, kind, seq, ts, payload, lease_epoch, "
+        "depth) AS ("
+        f"SELECT {_ENTRY_COLS}, 0 FROM entries WHERE session_id = ? AND id = ? "
+        "UNION ALL "
+        "SELECT e.session_id, e.id, e.parent_id, e.kind, e.seq, e.ts, e.payload, "
+        "e.lease_epoch, p.depth + 1 FROM entries e JOIN path p "
+        "ON e.session_id = p.session_id AND e.id = p.parent_id "
+        "WHERE p.depth < ? AND p.parent_id <> p.id) "
+        f"SELECT {_ENTRY_COLS} FROM path ORDER BY depth DESC",
+        [session_id, leaf, count],
+    )
+    by_id = {e.id: e for e in (_entry(r) for r in rows)}
+    return path_to(by_id, leaf)
+
+
+def replay(tx: Tx, session_id: str) -> Replay:
+    """The current branch with compaction applied (see ``storage.replay``)."""
+    return build_replay(branch_path(tx, session_id))
+
+
+def labels(tx: Tx, session_id: str) -> dict[str, str]:
+    """Current label per target entry id (the latest label entry wins; absent clears)."""
+    rows = tx.rows(
+        "SELECT json_extract_string(payload, '$.targetId'), "
+        "json_extract_string(payload, '$.label') FROM entries "
+        "WHERE session_id = ? AND kind = 'label' ORDER BY seq",
+        [session_id],
+    )
+    out: dict[str, str] = {}
+    for target, label in rows:
+        if label is None:
+            out.pop(target, None)
+        else:
+            out[target] = label
+    return out
+
+
+_SEARCH = (
+    "(s.id ILIKE ? OR s.cwd ILIKE ? OR coalesce(s.title, '') ILIKE ? OR EXISTS "
+    "(SELECT 1 FROM entries e WHERE e.session_id = s.id "
+    "AND e.kind IN ('message', 'session_info', 'custom_message') AND e.payload ILIKE ?))"
+)
+
+
+def _encode_cursor(session: Session) -> str:
+    raw = f"{session.created_at.isoformat()}|{session.id}".encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        created, _, sid = base64.urlsafe_b64decode(cursor.encode()).decode().partition("|")
+        return datetime.fromisoformat(created), sid
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise errors.InvalidInputError("cursor", "not a cursor this store issued") from exc
+
+
+def list_page(tx: Tx, limit: int, cursor: str | None, search: str | None) -> SessionPage:
+    """Sessions newest first by (created_at, id), ``limit`` per page, keyset cursor."""
+    where: list[str] = []
+    params: list[Any] = []
+    if search:
+        like = f"%{search}%"
+        where.append(_SEARCH)
+        params += [like, like, like, like]
+    if cursor is not None:
+        created, sid = _decode_cursor(cursor)
+        where.append("(s.created_at < ? OR (s.created_at = ? AND s.id < ?))")
+        params += [created, created, sid]
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    cols = ", ".join(f"s.{c.strip()}" for c in _SESSION_COLS.split(","))
+    rows = tx.rows(
+        f"SELECT {cols} FROM sessions s {clause} ORDER BY s.created_at DESC, s.id DESC LIMIT ?",
+        [*params, limit + 1],
+    )
+    found = [_session(r) for r in rows[:limit]]
+    more = len(rows) > limit
+    return SessionPage(tuple(found), _encode_cursor(found[-1]) if more and found else None)
+
+
+def count(tx: Tx, search: str | None) -> int:
+    """Number of sessions (matching ``search`` when given)."""
+    if search:
+        like = f"%{search}%"
+        row = tx.one(f"SELECT count(*) FROM sessions s WHERE {_SEARCH}", [like] * 4)
+    else:
+        row = tx.one("SELECT count(*) FROM sessions")
+    assert row is not None
+    return int(row[0])
+
+
+def import_rows(
+    tx: Tx,
+    session_id: str,
+    cwd: str,
+    header_json: str,
+    created_at: datetime,
+    rows: Sequence[tuple[str, str | None, str, datetime, str]],
+    leaf_id: str | None,
+    opaque: Sequence[tuple[int, str, str]],
+    source: str,
+) -> tuple[bool, int, int]:
+    """Insert the entries of an imported file that the session lacks.
+
+    ``rows`` are ``(id, parent_id, kind, timestamp, payload_json)`` in file
+    order. Existing ids are skipped (a re-import changes nothing; a grown file
+    adds only its new entries). When anything is added the leaf becomes
+    ``leaf_id``. Returns ``(created, added, opaque_added)``.
+    """
+    head = tx.one("SELECT next_seq FROM sessions WHERE id = ?", [session_id])
+    created = head is None
+    if created:
+        tx.exec(
+            f"INSERT INTO sessions ({_SESSION_COLS}) VALUES (?, ?, ?, ?, NULL, NULL, 0, 1, ?)",
+            [session_id, cwd, created_at, created_at, header_json],
+        )
+        next_seq = 1
+        have: set[str] = set()
+        have_lines: set[int] = set()
+    else:
+        assert head is not None
+        next_seq = head[0]
+        have = {r[0] for r in tx.rows("SELECT id FROM entries WHERE session_id = ?", [session_id])}
+        have_lines = {
+            r[0] for r in tx.rows("SELECT line FROM opaque_records WHERE session_id = ?", [session_id])
+        }
+    new = [r for r in rows if r[0] not in have]
+    if new:
+        table = pa.table(
+            {
+                "session_id": pa.array([session_id] * len(new), pa.string()),
+                "id": pa.array([r[0] for r in new], pa.string()),
+                "parent_id": pa.array([r[1] for r in new], pa.string()),
+                "kind": pa.array([r[2] for r in new], pa.string()),
+                "seq": pa.array(range(next_seq, next_seq + len(new)), pa.int64()),
+                "ts": pa.array([r[3] for r in new], pa.timestamp("us", tz="UTC")),
+                "payload": pa.array([r[4] for r in new], pa.string()),
+                "lease_epoch": pa.array([None] * len(new), pa.int64()),
+            }
+        )
+        tx.insert_arrow("entries", table)
+        tx.exec(
+            "UPDATE sessions SET leaf_id = ?, next_seq = next_seq + ?, "
+            f"entry_count = entry_count + ?, updated_at = greatest(updated_at, {NOW}), "
+            "title = coalesce((SELECT json_extract_string(payload, '$.name') FROM entries "
+            "WHERE session_id = ? AND kind = 'session_info' ORDER BY seq DESC LIMIT 1), title) "
+            "WHERE id = ?",
+            [leaf_id, len(new), len(new), tx.now, session_id, session_id],
+        )
+    fresh = [o for o in opaque if o[0] not in have_lines]
+    for line, raw, reason in fresh:
+        tx.exec(
+            "INSERT INTO opaque_records VALUES (?, ?, ?, ?, ?)",
+            [session_id, source, line, raw, reason],
+        )
+    return created, len(new), len(fresh)
+
+
+def opaque(tx: Tx, session_id: str) -> list[tuple[str, int, str, str]]:
+    """Opaque (unparseable) lines kept for a session: (source, line, raw, reason)."""
+    return [
+        (r[0], r[1], r[2], r[3])
+        for r in tx.rows(
+            "SELECT source, line, raw, reason FROM opaque_records WHERE session_id = ? "
+            "ORDER BY line",
+            [session_id],
+        )
+    ]
