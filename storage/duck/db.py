@@ -135,7 +135,7 @@ class Tx:
     def arrow(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """Execute one statement and return a ``pyarrow.Table``."""
         self.statements += 1
-        return self._cursor.execute(sql, list(params)).to_arrow_table()
+        return self._cursor.sql(sql, params=list(params)).to_arrow_table()
 
 
 class Database:
