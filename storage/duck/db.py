@@ -5,9 +5,11 @@ file; each thread gets its own cursor (DuckDB connections are not
 thread-safe, cursors on one instance are). Every operation runs through
 :meth:`Database.run`, the one transaction boundary:
 
-- a DuckDB write-write conflict (``TransactionException``) rolls back and is
-  retried with jittered backoff (tenacity); the retry re-reads, so a lost race
-  surfaces as the domain error it means (busy, modified …) or succeeds;
+- a lost race (a DuckDB write-write conflict, or a duplicate key the
+  transaction's snapshot could not see, see :func:`_is_conflict`) rolls back
+  and is retried with jittered backoff (tenacity); the retry re-reads, so it
+  surfaces as the domain error it means (busy, modified, exists …) or
+  succeeds;
 - after the last attempt it is ``TransactionConflictError``;
 - any other ``duckdb.Error`` is translated into the PEP 249-style classes of
   :mod:`turnkeeper.spec.errors` with the original as ``__cause__``;
@@ -83,9 +85,19 @@ def utc(value: datetime) -> datetime:
 
 
 def _is_conflict(exc: duckdb.Error) -> bool:
-    return isinstance(exc, duckdb.TransactionException) and (
-        "conflict" in str(exc).lower() or "constraint violation" in str(exc).lower()
-    )
+    """Whether ``exc`` is a lost race rather than a fault.
+
+    Under DuckDB's snapshot isolation a lost race shows up three ways: a
+    write-write conflict on update, a duplicate key found at commit, or a
+    duplicate key found at once when the winner committed after our snapshot
+    was taken (our check-then-insert could not see its row). Operations check
+    for existing keys inside the transaction first, so a retry turns a real
+    duplicate into its domain error (``SessionIDExistsError`` …).
+    """
+    text = str(exc).lower()
+    if isinstance(exc, duckdb.TransactionException):
+        return "conflict" in text or "constraint violation" in text
+    return isinstance(exc, duckdb.ConstraintException) and "duplicate key" in text
 
 
 @dataclass

@@ -1,0 +1,106 @@
+"""Helpers every CLI command shares: opening the store, errors, JSON and consoles.
+
+Error policy: a :class:`~turnkeeper.spec.errors.TurnkeeperError` (for example
+``StoreLockedError`` when another process holds the database file) or a
+:class:`CliError` reaching the top-level group is printed as ONE line on
+stderr (``turnkeeper: error: …``) and the process exits with status 2, with
+no traceback. Audit failures and per-file import failures exit with 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
+
+import click
+from rich.console import Console
+
+import turnkeeper
+from turnkeeper.storage import DuckDBStore
+
+EXIT_FAILED = 1
+"""Exit status when the command ran but found failures (audit, an import file)."""
+
+EXIT_ERROR = 2
+"""Exit status when turnkeeper refused the operation (store locked, bad input …)."""
+
+
+class CliError(Exception):
+    """A command-level failure reported as one stderr line with exit status 2."""
+
+
+def one_line(text: str) -> str:
+    """``text`` collapsed to a single line (backend messages can span several)."""
+    return " ".join(text.split())
+
+
+def db_option(default: str | None = turnkeeper.DEFAULT_PATH) -> Any:
+    """The shared ``--db PATH`` option (default: ``turnkeeper.duckdb`` in the cwd)."""
+    return click.option(
+        "--db",
+        "db",
+        type=click.Path(dir_okay=False),
+        default=default,
+        show_default=default is not None,
+        help="DuckDB database file.",
+    )
+
+
+@contextmanager
+def open_db(path: str, *, must_exist: bool = False) -> Iterator[DuckDBStore]:
+    """Open the store at ``path`` and close it afterwards.
+
+    With ``must_exist`` a missing file is a :class:`CliError` instead of
+    being created (read-only commands should not leave an empty file behind).
+
+    Raises:
+        CliError: ``must_exist`` and there is no file at ``path``.
+        StoreLockedError: another process holds the file.
+        SchemaVersionError: the file was written by a newer turnkeeper.
+    """
+    if must_exist and path != ":memory:" and not os.path.exists(path):
+        raise CliError(f"no database at {path}")
+    store = turnkeeper.open_store(path)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def dumps(obj: Any) -> str:
+    """``obj`` as one line of JSON (datetimes as ISO 8601, decimals as floats)."""
+    return json.dumps(obj, default=_json_default, sort_keys=False)
+
+
+def stdout_console() -> Console:
+    """A rich console on stdout (plain text when stdout is not a terminal)."""
+    return Console(highlight=False)
+
+
+def stderr_console() -> Console:
+    """A rich console on stderr, for progress bars and warnings."""
+    return Console(stderr=True, highlight=False)
+
+
+def fmt_num(value: float | int | None, digits: int = 1) -> str:
+    """A number for a table cell: ints with thousands separators, floats rounded."""
+    if value is None:
+        return "-"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:,.{digits}f}"
