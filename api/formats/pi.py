@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
-
 from turnkeeper.spec.entries import BASE_FIELDS, EntryKind, validate_payload
 from turnkeeper.spec.errors import InvalidInputError, SessionFileError, SessionNotFoundError
 from turnkeeper.spec.records import ImportBatch, ImportEntry, ImportResult, OpaqueRecord
@@ -98,7 +98,9 @@ def _header(first: Piece, path: str) -> tuple[dict[str, Any], int]:
     """The header record and its version; raises ``SessionFileError`` when unusable."""
     value = first.value if first.ok else None
     if not isinstance(value, dict) or value.get("type") != "session":
-        raise SessionFileError(path, first.line, detail="line 1 is not a pi session header")
+        raise SessionFileError(
+            path, first.line, detail="the first record is not a pi session header"
+        )
     sid = value.get("id")
     if not isinstance(sid, str) or not sid:
         raise SessionFileError(path, first.line, detail="the session header has no id")
@@ -109,9 +111,7 @@ def _header(first: Piece, path: str) -> tuple[dict[str, Any], int]:
         raise SessionFileError(path, first.line, detail=f"unsupported pi version {version}")
     try:
         orjson.dumps(value)
-        storable_text(sid).encode("utf-8")
-        sid.encode("utf-8")
-    except (orjson.JSONEncodeError, UnicodeEncodeError) as exc:
+    except orjson.JSONEncodeError as exc:
         raise SessionFileError(path, first.line, detail=f"header not storable: {exc}") from None
     return value, version
 
@@ -144,52 +144,55 @@ def _first_kept(payload: dict[str, Any], ids_by_index: Mapping[int, str]) -> dic
     return out
 
 
+_Row = tuple[str, str | None, str, datetime | None, dict[str, Any]]
+"""An entry being read: id, parent id, kind, timestamp (``None``: fall back), payload."""
+
+
+@dataclass(slots=True)
 class _Reader:
-    """State of one parse: the header, the entries so far, opaque records, issues."""
+    """State of one parse: the entries so far, rejected pieces by line, issues."""
 
-    def __init__(self, path: str, header: dict[str, Any], version: int) -> None:
-        self.path = path
-        self.version = version
-        self.session_id: str = header["id"]
-        created = parse_timestamp(header.get("timestamp"))
-        self.created_at: datetime | None = created
-        self.entries: list[ImportEntry] = []
-        self.ids: set[str] = set()
-        self.ids_by_index: dict[int, str] = {}
-        self.opaque: dict[int, list[tuple[str, str]]] = {}
-        self.issues: list[LineIssue] = []
+    path: str
+    session_id: str
+    version: int
+    entries: list[_Row] = field(default_factory=list)
+    ids: set[str] = field(default_factory=set)
+    ids_by_index: dict[int, str] = field(default_factory=dict)
+    rejected: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
+    issues: list[LineIssue] = field(default_factory=list)
 
-    def reject(self, piece: Piece, reason: str) -> None:
-        self.opaque.setdefault(piece.line, []).append((piece.text, reason))
-        self.issues.append(LineIssue(self.path, piece.line, "opaque", reason))
+    def add(self, piece: Piece, index: int) -> None:
+        """Make the record at ``index`` a tree entry, or reject it as opaque."""
+        found = self._convert(piece, index)
+        if isinstance(found, str):
+            self.rejected.setdefault(piece.line, []).append((piece.text, found))
+            self.issues.append(LineIssue(self.path, piece.line, "opaque", found))
+        else:
+            self.ids_by_index[index] = found[0]
+            self.ids.add(found[0])
+            self.entries.append(found)
 
-    def entry(self, piece: Piece, index: int) -> None:
-        """Turn the record at ``index`` into a tree entry, or reject it as opaque."""
-        if not piece.ok:
-            self.reject(piece, piece.reason)
-            return
+    def _convert(self, piece: Piece, index: int) -> _Row | str:
+        """The entry row for a record, or why it cannot be one."""
         record = piece.value
+        if not piece.ok:
+            return piece.reason
         if not isinstance(record, dict):
-            self.reject(piece, f"not a JSON object but {type(record).__name__}")
-            return
+            return f"not a JSON object but {type(record).__name__}"
         kind = record.get("type")
         if not isinstance(kind, str) or not kind:
-            self.reject(piece, "record without a string 'type'")
-            return
+            return "record without a string 'type'"
         if self.version == 1:
             eid: Any = v1_entry_id(self.session_id, index)
-            parent: Any = self.entries[-1].id if self.entries else None
+            parent: Any = self.entries[-1][0] if self.entries else None
         else:
             eid, parent = record.get("id"), record.get("parentId")
             if not isinstance(eid, str) or not eid:
-                self.reject(piece, f"{kind} entry without a string 'id'")
-                return
+                return f"{kind} entry without a string 'id'"
             if parent is not None and not isinstance(parent, str):
-                self.reject(piece, f"{kind} entry {eid}: 'parentId' is not a string or null")
-                return
+                return f"{kind} entry {eid}: parentId is not a string or null"
         if eid in self.ids:
-            self.reject(piece, f"{kind} entry {eid}: duplicate entry id")
-            return
+            return f"{kind} entry {eid}: duplicate entry id"
         payload = {k: v for k, v in record.items() if k not in BASE_FIELDS}
         if self.version < 3 and kind == EntryKind.MESSAGE:
             payload = _rename_hook_role(payload)
@@ -198,38 +201,23 @@ class _Reader:
         try:
             validate_payload(kind, payload, strict=False)
             orjson.dumps([eid, parent, payload])
-            eid.encode("utf-8")
-            if parent is not None:
-                parent.encode("utf-8")
         except InvalidInputError as exc:
-            self.reject(piece, f"{kind} entry {eid}: {exc.reason}")
-            return
-        except (orjson.JSONEncodeError, UnicodeEncodeError) as exc:
-            self.reject(piece, f"{kind} entry {eid}: not storable: {exc}")
-            return
-        stamp = parse_timestamp(record.get("timestamp"))
-        self.ids.add(eid)
-        self.ids_by_index[index] = eid
-        self.entries.append(ImportEntry(eid, parent, kind, stamp or _PENDING, payload))
+            return f"{kind} entry {eid}: {getattr(exc, 'reason', exc)}"
+        except orjson.JSONEncodeError as exc:
+            return f"{kind} entry {eid}: not storable: {exc}"
+        return (eid, parent, kind, parse_timestamp(record.get("timestamp")), payload)
 
-    def opaque_records(self) -> list[OpaqueRecord]:
-        """One opaque record per line (the store keys them by line); several
-        unparseable pieces of one line are kept as the whole line."""
+    def opaque(self, raw_lines: Mapping[int, str]) -> list[OpaqueRecord]:
+        """One opaque record per line (the store keys them by line); when one
+        line has several rejected pieces, the record is the whole line."""
         out: list[OpaqueRecord] = []
-        for line, found in sorted(self.opaque.items()):
-            if len(found) == 1:
-                raw, reason = found[0]
-            else:
-                raw = self.lines[line]
-                reason = "; ".join(f"record {n}: {r}" for n, (_, r) in enumerate(found, 1))
+        for line, found in sorted(self.rejected.items()):
+            raw, reason = found[0]
+            if len(found) > 1:
+                raw = raw_lines[line]
+                reason = "; ".join(f"part {n}: {r}" for n, (_, r) in enumerate(found, 1))
             out.append(OpaqueRecord(self.path, line, storable_text(raw), reason))
         return out
-
-    lines: dict[int, str]
-
-
-_PENDING = datetime.min
-"""Placeholder for a missing entry timestamp, replaced by the header's once known."""
 
 
 def parse_text(text: str, path: str = "<text>") -> ParsedFile:
@@ -238,51 +226,43 @@ def parse_text(text: str, path: str = "<text>") -> ParsedFile:
     ``path`` names the file in issues and opaque records. The batch's
     ``session_id`` is the header ``id``, ``cwd`` the header ``cwd`` (or
     ``""``), ``created_at`` the header ``timestamp`` (when unusable: the
-    first entry timestamp), ``header`` every header field but ``type``,
-    verbatim; entries are in file order, the leaf is the last entry (pi
-    ``_buildIndex``). An entry timestamp that is missing or unparseable falls
-    back to ``created_at``. Blank lines are ignored.
+    first usable entry timestamp), ``header`` every header field but
+    ``type``, verbatim. Entries are in file order, each with the payload
+    ``{every field but type/id/parentId/timestamp}`` in the original key
+    order and its ``timestamp`` as an aware UTC datetime (missing or
+    unparseable: ``created_at``); the leaf is the last entry, as in pi
+    ``_buildIndex``. Blank lines are ignored.
 
     Record indexes (version 1 ids, ``firstKeptEntryIndex``) count records as
-    pi wrote them: the header is 0, each record of a glued line counts, and an
-    unparseable run of text counts as one record.
+    pi wrote them: the header is 0, each record of a glued line counts, and
+    each unparseable run of text counts as one record.
 
     Raises:
         SessionFileError: the first record is not a ``session`` header with a
-            string id and a supported version, or no timestamp is usable
-            (``line`` says where).
+            string id and a supported version (1–3), or nothing in the file
+            has a usable timestamp; ``line`` says where. Nothing is returned.
     """
-    lines: dict[int, str] = {}
     pieces: list[Piece] = []
-    issues: list[LineIssue] = []
-    for number, found in split_lines(text):
+    split: dict[int, tuple[str, list[Piece]]] = {}
+    for number, raw, found in split_lines(text):
         pieces.extend(found)
         if len(found) > 1:
-            lines[number] = text.split("\n")[number - 1] if not lines else lines[number]
+            split[number] = (raw, found)
     if not pieces:
         raise SessionFileError(path, 1, detail="the file has no records")
     header, version = _header(pieces[0], path)
-    reader = _Reader(path, header, version)
-    reader.lines = _split_line_map(text, lines)
-    for index, piece in enumerate(pieces):
-        if index:
-            reader.entry(piece, index)
-    for number in sorted(reader.lines):
-        line_pieces = [p for p in pieces if p.line == number]
-        bad = sum(not p.ok for p in line_pieces)
-        what = "records glued together" if not bad else f"parts ({bad} unparseable)"
-        issues.append(
-            LineIssue(path, number, "repaired", f"line held {len(line_pieces)} {what}; split")
-        )
-    created = reader.created_at or next(
-        (e.timestamp for e in reader.entries if e.timestamp is not _PENDING), None
-    )
+    reader = _Reader(path, header["id"], version)
+    for index, piece in enumerate(pieces[1:], start=1):
+        reader.add(piece, index)
+    issues = [
+        LineIssue(path, n, "repaired", _split_detail(found)) for n, (_, found) in split.items()
+    ]
+    created = parse_timestamp(header.get("timestamp"))
+    if created is None:
+        created = next((e[3] for e in reader.entries if e[3] is not None), None)
     if created is None:
         raise SessionFileError(path, pieces[0].line, detail="no usable timestamp in the file")
-    entries = [
-        e if e.timestamp is not _PENDING else ImportEntry(e.id, e.parent_id, e.kind, created, e.payload)
-        for e in reader.entries
-    ]
+    entries = [ImportEntry(i, p, k, t or created, pl) for i, p, k, t, pl in reader.entries]
     cwd = header.get("cwd")
     batch = ImportBatch(
         session_id=reader.session_id,
@@ -291,15 +271,113 @@ def parse_text(text: str, path: str = "<text>") -> ParsedFile:
         header={k: v for k, v in header.items() if k != "type"},
         entries=entries,
         leaf_id=entries[-1].id if entries else None,
-        opaque=reader.opaque_records(),
+        opaque=reader.opaque({n: raw for n, (raw, _) in split.items()}),
     )
     issues.extend(reader.issues)
     issues.sort(key=lambda i: (i.line, i.kind != "repaired"))
     return ParsedFile(batch, version, tuple(issues))
 
 
-def _split_line_map(text: str, wanted: Mapping[int, str]) -> dict[int, str]:
-    if not wanted:
-        return {}
-    all_lines = text.removeprefix("\ufeff").split("\n")
-    return {n: all_lines[n - 1].rstrip("\r") for n in wanted}
+def _split_detail(found: list[Piece]) -> str:
+    bad = sum(not p.ok for p in found)
+    if not bad:
+        return f"{len(found)} records glued on one line, split apart"
+    return f"line split into {len(found)} parts, {bad} of them unparseable"
+
+
+def parse_file(path: str | os.PathLike[str]) -> ParsedFile:
+    """Read and parse the pi session file at ``path`` (UTF-8); see :func:`parse_text`.
+
+    Bytes that are not UTF-8 make their line unparseable (kept as opaque,
+    with U+FFFD in place of the bad bytes) instead of failing the file.
+
+    Raises:
+        OSError: the file cannot be read.
+        SessionFileError: as :func:`parse_text`.
+    """
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = data.decode("utf-8", "surrogateescape")
+    return parse_text(text, os.fspath(path))
+
+
+def import_file(store: Store, path: str | os.PathLike[str]) -> FileImport:
+    """Parse the pi session file at ``path`` and import it into ``store``.
+
+    The session id is the header's: importing the same file again adds
+    nothing, importing it after it grew (a resumed session) adds only the new
+    entries and moves the leaf to the file's last entry
+    (``Store.import_batch``).
+
+    Raises:
+        OSError: the file cannot be read.
+        SessionFileError: the file has no usable header; nothing is written.
+        DatabaseError: the store failed; nothing is written.
+    """
+    parsed = parse_file(path)
+    result = store.import_batch(parsed.batch)
+    return FileImport(
+        os.fspath(path), parsed.batch.session_id, parsed.version, result, parsed.issues
+    )
+
+
+def _dumps(value: Mapping[str, Any]) -> str:
+    return orjson.dumps(value).decode("utf-8")
+
+
+def export_lines(store: Store, session_id: str) -> Iterator[str]:
+    """The session as pi version 3 JSONL lines (no trailing newlines), header first.
+
+    Header: ``type``, ``version`` (3), ``id``, ``timestamp`` (the session's
+    creation time, see :func:`~turnkeeper.formats.pi_parse.format_timestamp`),
+    ``cwd``, then every other stored header field (``parentSession``, fields
+    pi ignores) in stored order. Then every entry in sequence order as
+    ``{"type", "id", "parentId", "timestamp", **payload}``. Opaque records
+    are not exported.
+
+    pi takes the last entry of a file as the leaf, so a leaf moved elsewhere
+    with ``Store.branch`` (not persisted by pi either) is not represented.
+
+    Raises:
+        SessionNotFoundError: no session has this id (raised on first iteration).
+    """
+    session = store.get_session(session_id)
+    if session is None:
+        raise SessionNotFoundError(session_id)
+    header: dict[str, Any] = {
+        "type": "session",
+        "version": CURRENT_VERSION,
+        "id": session.id,
+        "timestamp": format_timestamp(session.created_at),
+        "cwd": session.cwd,
+    }
+    header.update((k, v) for k, v in session.header.items() if k not in _HEADER_FIRST)
+    yield _dumps(header)
+    for e in store.entries(session_id):
+        base = {"type": e.kind, "id": e.id, "parentId": e.parent_id}
+        yield _dumps({**base, "timestamp": format_timestamp(e.timestamp), **e.payload})
+
+
+def export_file(store: Store, session_id: str, path: str | os.PathLike[str]) -> int:
+    """Write the session to ``path`` as a pi version 3 file (UTF-8, ``\\n`` after
+    every line; see :func:`export_lines`) and return the number of lines.
+
+    The file is written next to ``path`` first and then renamed over it, so
+    a failure never leaves a half-written session file.
+
+    Raises:
+        SessionNotFoundError: no session has this id; nothing is written.
+        OSError: the file cannot be written.
+    """
+    target = Path(path)
+    lines = list(export_lines(store, session_id))
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write("".join(f"{line}\n" for line in lines).encode("utf-8"))
+        os.replace(tmp, target)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return len(lines)

@@ -125,7 +125,11 @@ def storable_text(text: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        try:  # bytes parse_file could not decode: one U+FFFD per bad byte
+            data = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            data = text.encode("utf-8", "surrogatepass")
+        return data.decode("utf-8", "replace")
     return text
 
 

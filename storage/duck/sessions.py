@@ -308,7 +308,22 @@ def import_rows(
     order. Existing ids are skipped (a re-import changes nothing; a grown file
     adds only its new entries). When anything is added the leaf becomes
     ``leaf_id``. Returns ``(created, added, opaque_added)``.
+
+    Raises:
+        InvalidInputError: two rows share an id, or two opaque records a line
+            (the keys of the tables; left unchecked they surfaced as an
+            aborted transaction or 40 retried "conflicts").
     """
+    seen_ids: set[str] = set()
+    for r in rows:
+        if r[0] in seen_ids:
+            raise errors.InvalidInputError("entries", f"duplicate entry id {r[0]!r} in the batch")
+        seen_ids.add(r[0])
+    seen_lines: set[int] = set()
+    for o in opaque:
+        if o[0] in seen_lines:
+            raise errors.InvalidInputError("opaque", f"two opaque records for line {o[0]}")
+        seen_lines.add(o[0])
     head = tx.one("SELECT next_seq FROM sessions WHERE id = ?", [session_id])
     created = head is None
     if created:

@@ -1,0 +1,258 @@
+"""The differential state machine: simulated owners race for leases and
+finalize thread records against the store and the oracle, on an injected clock.
+
+Each rule is one explicit step Hypothesis can shrink ("A acquires t1",
+"clock +2 s", "A finalizes with its lost lease"). After every step the
+invariants are checked against the store's own tables:
+
+- at most one unexpired holder per target (among every lease any owner was
+  ever given, at most one per target still passes the store's fence);
+- epochs strictly increase per grant;
+- no finalize or append commits under a lost lease (the oracle agrees with
+  every outcome, and a success under an invalid lease fails the step);
+- at most one active thread record per key.
+
+``make_machine(backend)`` returns the machine class for a backend; the fence
+kill tests run the same class with one fence patched out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    multiple,
+    rule,
+)
+
+import turnkeeper
+from turnkeeper import (
+    AlreadyExistsError,
+    BusyError,
+    FinalizeRequest,
+    InvalidInputError,
+    InvalidTransitionError,
+    LeaseLostError,
+    LeasePurposeError,
+    RecordNotActiveError,
+    RecordNotFoundError,
+    ThreadRecord,
+)
+
+from conftest import FakeClock
+from oracle import Oracle
+
+OWNERS = ("A", "B", "C")
+TARGETS = ("session:s1", "session:s2")
+SESSIONS = {"session:s1": "s1", "session:s2": "s2"}
+KEYS = ("k1", "k2")
+RECORDS = ("r1", "r2", "r3", "r4")
+TTLS = (1.0, 2.0, 5.0)
+PURPOSES = ("execution", "mutation")
+
+
+@dataclass(frozen=True)
+class Held:
+    """A lease some owner was given (possibly long lost)."""
+
+    lease: turnkeeper.Lease
+
+    @property
+    def ident(self) -> tuple[str, str, int]:
+        return (self.lease.target, self.lease.owner, self.lease.epoch)
+
+
+def outcome(fn, *args, **kwargs) -> tuple:  # noqa: ANN001 - test helper
+    """Run a store call and express its result the oracle's way."""
+    try:
+        return ("ok", fn(*args, **kwargs))
+    except BusyError as e:
+        return ("busy", e.holder)
+    except LeasePurposeError as e:
+        return ("purpose", e.held_purpose)
+    except LeaseLostError as e:
+        return ("lost", e.target)
+    except AlreadyExistsError as e:
+        return ("exists", e.key)
+    except RecordNotFoundError as e:
+        return ("not_found", e.record_id)
+    except RecordNotActiveError as e:
+        return ("not_active", e.record_id)
+    except InvalidTransitionError:
+        return ("transition", None)
+    except InvalidInputError as e:
+        return ("invalid", e.field)
+
+
+def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
+    class LeaseAndThreadMachine(RuleBasedStateMachine):
+        leases = Bundle("leases")
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.clock = FakeClock()
+            if backend != "duckdb":
+                raise ValueError(backend)
+            self.store = turnkeeper.open_store(":memory:", clock=self.clock)
+            self.oracle = Oracle()
+            self.given: list[Held] = []
+            self.grants: dict[str, list[int]] = {t: [] for t in TARGETS}
+
+        @initialize()
+        def sessions(self) -> None:
+            for sid in SESSIONS.values():
+                self.store.create_session(sid)
+
+        def teardown(self) -> None:
+            self.store.close()
+
+        # -- steps -------------------------------------------------------------
+
+        @rule(
+            target=leases,
+            owner=st.sampled_from(OWNERS),
+            tgt=st.sampled_from(TARGETS),
+            ttl=st.sampled_from(TTLS),
+            purpose=st.sampled_from(PURPOSES),
+        )
+        def acquire(self, owner: str, tgt: str, ttl: float, purpose: str):  # noqa: ANN201
+            expected = self.oracle.acquire(tgt, owner, ttl, purpose, self.clock())
+            got = outcome(self.store.acquire_lease, tgt, owner, ttl, purpose=purpose)
+            if got[0] == "ok":
+                lease = got[1]
+                kind = "granted" if expected[0] == "granted" else "reacquired"
+                assert (kind, lease.epoch) == expected, (got, expected)
+                if kind == "granted":
+                    assert all(lease.epoch > e for e in self.grants[tgt]), "epoch reused"
+                    self.grants[tgt].append(lease.epoch)
+                held = Held(lease)
+                self.given.append(held)
+                return held
+            assert got == expected, (got, expected)
+            return multiple()
+
+        @rule(held=leases, ttl=st.sampled_from(TTLS))
+        def renew(self, held: Held, ttl: float) -> None:
+            expected = self.oracle.renew(*held.ident, ttl, self.clock())
+            got = outcome(self.store.renew_lease, held.lease, ttl)
+            if got[0] == "ok":
+                got = ("renewed", got[1].epoch)
+            assert got == expected, (got, expected)
+
+        @rule(held=consumes(leases))
+        def release(self, held: Held) -> None:
+            expected = self.oracle.release(*held.ident, self.clock())
+            got = ("released", self.store.release_lease(held.lease))
+            assert got == expected, (got, expected)
+
+        @rule(seconds=st.sampled_from((0.5, 1.0, 2.0, 3.0)))
+        def advance_clock(self, seconds: float) -> None:
+            self.clock.advance(seconds)
+
+        @rule(held=leases)
+        def append_under_lease(self, held: Held) -> None:
+            session = SESSIONS[held.lease.target]
+            expected = self.oracle.append(session, held.ident, self.clock())
+            payload = {"message": {"role": "user", "content": "x"}}
+            got = outcome(self.store.append, session, "message", payload, lease=held.lease)
+            if got[0] == "ok":
+                assert expected[0] == "appended", f"append committed under a lost lease {held}"
+                got = ("appended", got[1].seq)
+            assert got == expected, (got, expected)
+
+        @rule(
+            held=st.lists(leases, max_size=2, unique_by=lambda h: h.lease.target),
+            rid=st.sampled_from(RECORDS),
+            key=st.sampled_from(KEYS),
+            previous=st.sampled_from((None, *RECORDS)),
+            rebind=st.booleans(),
+            require_absent=st.booleans(),
+        )
+        def finalize(
+            self,
+            held: list[Held],
+            rid: str,
+            key: str,
+            previous: str | None,
+            rebind: bool,
+            require_absent: bool,
+        ) -> None:
+            archive_old = previous is not None and previous != rid
+            req = FinalizeRequest(
+                ThreadRecord(rid, key, state={"step": len(self.given)}),
+                previous_id=previous if archive_old else None,
+                held_leases=[h.lease for h in held],
+                archive_old=archive_old,
+                rebind_active=rebind,
+                require_key_absent=require_absent,
+            )
+            expected = self.oracle.finalize(
+                rid, key, [h.ident for h in held], req.previous_id, archive_old, rebind,
+                require_absent, self.clock(),
+            )
+            got = outcome(self.store.finalize, req)
+            if got[0] == "ok":
+                assert expected[0] == "saved", f"finalize committed, oracle says {expected}"
+                got = ("saved", got[1].id)
+            elif got[0] == "transition":
+                got = ("transition", rid)
+            assert got == expected, (got, expected)
+
+        @rule(
+            rid=st.sampled_from(RECORDS),
+            key=st.sampled_from(KEYS),
+            by_key=st.booleans(),
+            include_archived=st.booleans(),
+        )
+        def resolve(self, rid: str, key: str, by_key: bool, include_archived: bool) -> None:
+            q = {"key": key} if by_key else {"id": rid}
+            expected = self.oracle.resolve(q.get("id"), q.get("key"), include_archived)
+            found = self.store.resolve(include_archived=include_archived, **q)
+            got = ("none",) if found is None else ("record", found.id, found.key, found.status)
+            assert got == expected, (got, expected)
+
+        # -- invariants ----------------------------------------------------------
+
+        def rows(self, sql: str) -> list[tuple]:
+            return self.store.db.run("test-query", lambda tx: tx.rows(sql), transaction=False)
+
+        @invariant()
+        def at_most_one_unexpired_holder_per_target(self) -> None:
+            passing: dict[str, set[int]] = {}
+            for ident, held in {h.ident: h for h in self.given}.items():
+                try:
+                    self.store.validate_lease(held.lease)
+                except LeaseLostError:
+                    continue
+                passing.setdefault(ident[0], set()).add(ident[2])
+            for target, epochs in passing.items():
+                assert len(epochs) <= 1, f"{target}: several live holders {sorted(epochs)}"
+
+        @invariant()
+        def epochs_increase_and_one_active_record_per_key(self) -> None:
+            grants = self.rows(
+                "SELECT target, list(epoch ORDER BY occurred_at, epoch) FROM lease_events "
+                "WHERE edge IN ('grant', 'regrant', 'takeover') GROUP BY target"
+            )
+            for target, epochs in grants:
+                assert epochs == list(range(1, len(epochs) + 1)), (target, epochs)
+            doubled = self.rows(
+                "SELECT key, count(*) FROM thread_records WHERE status = 'active' "
+                "GROUP BY key HAVING count(*) > 1"
+            )
+            assert doubled == [], f"several active records per key: {doubled}"
+            unbound = self.rows(
+                "SELECT r.key, r.id FROM thread_records r WHERE r.status = 'active' "
+                "AND NOT EXISTS (SELECT 1 FROM active_thread_keys k "
+                "WHERE k.key = r.key AND k.record_id = r.id)"
+            )
+            assert unbound == [], f"active records the key does not point at: {unbound}"
+
+    LeaseAndThreadMachine.__name__ = f"LeaseAndThreadMachine[{backend}]"
+    return LeaseAndThreadMachine

@@ -1,0 +1,178 @@
+"""Each fence, patched out in the test only, makes the stateful machine fail.
+
+Nothing in the package can disable a fence: each test monkeypatches one
+piece of the DuckDB backend (or the spec's guard) with a weakened copy.
+Two kinds of test per fence:
+
+- **replay**: the counterexample the machine found, stored here as its
+  steps, is replayed on the patched store and must fail with an
+  ``AssertionError`` (an oracle disagreement or a broken invariant), and
+  pass on the real store. Fast and deterministic: CI never searches for it.
+- **search** (``slow``): Hypothesis, derandomized, must find a
+  counterexample by itself within its example budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from turnkeeper.spec import LEASE, errors
+from turnkeeper.storage.duck import leases, threads
+from turnkeeper.storage.duck.db import Tx
+
+from stateful_leases import make_machine
+
+SEARCH = settings(
+    max_examples=3000,
+    derandomize=True,
+    database=None,
+    report_multiple_bugs=False,
+    phases=(Phase.explicit, Phase.generate),  # a kill needs no shrinking
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+def weak_fence(without: str) -> Callable[[Tx, object], None]:
+    """The lease fence with its token or expiry check removed (test-only copy)."""
+
+    def fence(tx: Tx, lease) -> None:  # noqa: ANN001
+        if without == "token":
+            sql = f"target = ? AND state = 'held' AND expires_at > {leases.NOW}"
+            params = [lease.target, tx.now]
+        else:
+            sql = "target = ? AND epoch = ? AND token_digest = ? AND owner = ? AND state = 'held'"
+            params = [lease.target, lease.epoch, leases.digest(lease.token), lease.owner]
+        row = tx.one(f"UPDATE leases SET fenced_writes = fenced_writes + 1 WHERE {sql} RETURNING 1", params)
+        if row is None:
+            raise errors.LeaseLostError(lease.target)
+
+    return fence
+
+
+def weak_renew(tx: Tx, lease, ttl_s: float):  # noqa: ANN001, ANN201
+    """Renew without the expiry (and state) check."""
+    tx.exec(
+        f"UPDATE leases SET expires_at = {leases.NOW} + to_microseconds(?) "
+        "WHERE target = ? AND epoch = ? AND token_digest = ?",
+        [tx.now, int(ttl_s * 1e6), lease.target, lease.epoch, leases.digest(lease.token)],
+    )
+    return lease
+
+
+def finalize_without_key_cas(tx: Tx, req, columns):  # noqa: ANN001, ANN201
+    return REAL_FINALIZE(tx, dataclasses.replace(req, require_key_absent=False), columns)
+
+
+REAL_FINALIZE = threads.finalize
+
+A1 = {"tgt": "session:s1", "purpose": "execution"}
+
+# fence name -> (what to patch, the stored counterexample as machine steps)
+KILLS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], list[tuple[str, dict]]]] = {
+    "acquire-expiry-guard": (
+        lambda mp: mp.setitem(LEASE.guards, "expired", (lambda facts: True, "patched")),
+        [("acquire", {"owner": "A", "ttl": 5.0, **A1}), ("acquire", {"owner": "B", "ttl": 5.0, **A1})],
+    ),
+    "fence-token-check": (
+        lambda mp: mp.setattr(leases, "fence", weak_fence("token")),
+        [
+            ("acquire", {"owner": "A", "ttl": 1.0, **A1}),
+            ("advance_clock", {"seconds": 2.0}),
+            ("acquire", {"owner": "B", "ttl": 5.0, **A1}),
+            ("append_under_lease", {"held": 0}),
+        ],
+    ),
+    "fence-expiry-check": (
+        lambda mp: mp.setattr(leases, "fence", weak_fence("expiry")),
+        [
+            ("acquire", {"owner": "A", "ttl": 1.0, **A1}),
+            ("advance_clock", {"seconds": 2.0}),
+            ("append_under_lease", {"held": 0}),
+        ],
+    ),
+    "renew-expiry-check": (
+        lambda mp: mp.setattr(leases, "renew", weak_renew),
+        [
+            ("acquire", {"owner": "A", "ttl": 1.0, **A1}),
+            ("advance_clock", {"seconds": 2.0}),
+            ("renew", {"held": 0, "ttl": 1.0}),
+        ],
+    ),
+    "require-key-absent": (
+        lambda mp: mp.setattr(threads, "finalize", finalize_without_key_cas),
+        [
+            ("finalize", {"held": [], "rid": "r1", "key": "k1", "previous": None,
+                          "rebind": True, "require_absent": False}),
+            ("finalize", {"held": [], "rid": "r2", "key": "k1", "previous": None,
+                          "rebind": True, "require_absent": True}),
+        ],
+    ),
+    "archive-on-rebind": (
+        lambda mp: mp.setattr(threads, "_archive", lambda tx, record_id, key: None),
+        [
+            ("finalize", {"held": [], "rid": "r1", "key": "k1", "previous": None,
+                          "rebind": True, "require_absent": False}),
+            ("finalize", {"held": [], "rid": "r2", "key": "k1", "previous": None,
+                          "rebind": True, "require_absent": False}),
+        ],
+    ),
+}
+
+
+def replay(steps: list[tuple[str, dict]]) -> None:
+    """Run stored steps on a fresh machine, checking every invariant after each."""
+    machine = make_machine("duckdb")()
+    held: list[object] = []
+    try:
+        machine.sessions()
+        for name, args in steps:
+            args = dict(args)
+            if "held" in args:
+                args["held"] = (
+                    [held[i] for i in args["held"]] if isinstance(args["held"], list) else held[args["held"]]
+                )
+            result = getattr(machine, name)(**args)
+            if name == "acquire" and hasattr(result, "lease"):
+                held.append(result)
+            for inv in ("at_most_one_unexpired_holder_per_target",
+                        "epochs_increase_and_one_active_record_per_key"):
+                getattr(machine, inv)()
+    finally:
+        machine.teardown()
+
+
+@pytest.mark.parametrize("fence", sorted(KILLS))
+def test_stored_counterexample_passes_on_the_real_store(fence: str) -> None:
+    replay(KILLS[fence][1])
+
+
+@pytest.mark.parametrize("fence", sorted(KILLS))
+def test_stored_counterexample_fails_with_the_fence_patched_out(
+    fence: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    patch, steps = KILLS[fence]
+    patch(monkeypatch)
+    with pytest.raises(AssertionError):
+        replay(steps)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fence", sorted(KILLS))
+def test_machine_finds_a_counterexample_with_the_fence_patched_out(
+    fence: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    KILLS[fence][0](monkeypatch)
+    with pytest.raises(Exception) as caught:  # noqa: PT011 - inspected below
+        run_state_machine_as_test(make_machine("duckdb"), settings=SEARCH)
+    pending: list[BaseException] = [caught.value]
+    while pending and not isinstance(pending[0], AssertionError):
+        head = pending.pop(0)
+        if isinstance(head, BaseExceptionGroup):
+            pending.extend(head.exceptions)
+    assert pending, f"the machine failed, but not on an assertion: {caught.value!r}"
