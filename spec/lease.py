@@ -68,3 +68,42 @@ LEASE = Lifecycle(
 
 GRANTING_EDGES = frozenset({"grant", "regrant", "takeover"})
 """Edges that issue a new token under a strictly higher epoch."""
+
+
+def acquire_decision(
+    source: str,
+    expired: bool,
+    same_owner: bool,
+    same_purpose: bool,
+    token_matches: bool,
+    epoch: int,
+) -> tuple[str, int]:
+    """What ``acquire`` does to a target's lease row: ``(outcome, epoch after)``.
+
+    ``outcome`` is the edge taken (``grant``, ``regrant``, ``takeover``,
+    ``reacquire``) or the refusal (``busy``, ``purpose``); ``epoch`` is the
+    stored epoch (0 when ``absent``). Pure: the contracts below are checked by
+    CrossHair, and the store's machine is checked against this function over
+    every combination of facts.
+
+    pre: source in ("absent", "held", "released")
+    pre: epoch >= 0
+    pre: (source == "absent") == (epoch == 0)
+    post: __return__[0] in ("grant", "regrant", "takeover", "reacquire", "busy", "purpose")
+    post: (__return__[0] in GRANTING_EDGES) == (__return__[1] == epoch + 1)
+    post: __return__[0] in GRANTING_EDGES or __return__[1] == epoch
+    post: not (source == "held" and not expired) or __return__[0] not in GRANTING_EDGES
+    post: __return__[0] != "reacquire" or (same_owner and same_purpose and token_matches)
+    post: __return__[0] != "busy" or (source == "held" and not expired)
+    """
+    facts = {
+        "expired": expired,
+        "same_owner": same_owner,
+        "same_purpose": same_purpose,
+        "token_matches": token_matches,
+    }
+    edge = LEASE.select("acquire", source, facts)
+    if edge is None:
+        refusal = "purpose" if same_owner and not same_purpose else "busy"
+        return (refusal, epoch)
+    return (edge.name, epoch + 1 if edge.name in GRANTING_EDGES else epoch)

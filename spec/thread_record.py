@@ -48,3 +48,21 @@ THREAD_RECORD = Lifecycle(
     ),
 )
 """``save`` of an archived record has no edge: it is refused, never revived."""
+
+
+def save_decision(source: str, key_available: bool) -> str:
+    """What ``finalize``'s save does to a record: the edge name, or a refusal.
+
+    Refusals: ``revive`` (the record is archived: it is never saved again)
+    and ``key_taken`` (the key is bound to another record, no rebind).
+
+    pre: source in ("absent", "active", "archived")
+    post: __return__ in ("create", "update", "revive", "key_taken")
+    post: source != "archived" or __return__ == "revive"
+    post: key_available or __return__ in ("revive", "key_taken")
+    post: __return__ != "create" or source == "absent"
+    """
+    if not any(e.trigger == "save" and e.source == source for e in THREAD_RECORD.edges):
+        return "revive"
+    edge = THREAD_RECORD.select("save", source, {"key_available": key_available})
+    return "key_taken" if edge is None else edge.name

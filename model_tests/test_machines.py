@@ -1,0 +1,163 @@
+"""The machines, the store and the reports agree with the lifecycles in spec/."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from turnkeeper.machines import machine_for
+from turnkeeper.spec import GRANTING_EDGES, LEASE, LIFECYCLES, THREAD_RECORD
+from turnkeeper.spec.errors import InvalidTransitionError
+from turnkeeper.spec.lease import acquire_decision
+from turnkeeper.spec.thread_record import save_decision
+from turnkeeper import FinalizeRequest, ThreadRecord
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_reports_are_fresh():
+    sys.path.insert(0, str(ROOT / "reports"))
+    try:
+        import generate  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    stale = [p.name for p, text in generate.expected().items()
+             if not p.exists() or p.read_text(encoding="utf-8") != text]
+    assert stale == [], f"stale reports (run `make reports`): {stale}"
+
+
+@pytest.mark.parametrize("lifecycle", LIFECYCLES, ids=lambda lc: lc.name)
+def test_transitions_library_agrees_with_every_edge(lifecycle):
+    m = machine_for(lifecycle)
+    for edge in lifecycle.edges:
+        m.check_machine_agrees(edge)
+
+
+@pytest.mark.parametrize("lifecycle", LIFECYCLES, ids=lambda lc: lc.name)
+def test_machine_decision_equals_spec_over_every_fact_combination(lifecycle):
+    """Bounded exhaustive check: all triggers x states x guard valuations."""
+    m = machine_for(lifecycle)
+    names = sorted(lifecycle.guards)
+    for trigger, source in itertools.product(lifecycle.triggers, lifecycle.states):
+        has_edges = any(e.trigger == trigger and e.source == source for e in lifecycle.edges)
+        for values in itertools.product([False, True], repeat=len(names)):
+            facts = dict(zip(names, values, strict=True))
+            if not has_edges:
+                with pytest.raises(InvalidTransitionError):
+                    m.decide(trigger, source, facts)
+                continue
+            assert m.decide(trigger, source, facts) == lifecycle.select(trigger, source, facts)
+
+
+def test_unknown_trigger_is_the_projects_error():
+    with pytest.raises(InvalidTransitionError) as err:
+        machine_for(LEASE).decide("explode", "held", {})
+    assert (err.value.machine, err.value.trigger, err.value.source) == ("lease", "explode", "held")
+
+
+def test_machine_is_built_once_per_process():
+    assert machine_for(LEASE) is machine_for(LEASE)
+
+
+def test_acquire_decision_matches_the_lease_machine_exhaustively():
+    m = machine_for(LEASE)
+    for source, exp, owner, purpose, token in itertools.product(
+        LEASE.states, *[[False, True]] * 4
+    ):
+        epoch = 0 if source == "absent" else 3
+        outcome, after = acquire_decision(source, exp, owner, purpose, token, epoch)
+        facts = {"expired": exp, "same_owner": owner, "same_purpose": purpose, "token_matches": token}
+        edge = m.decide("acquire", source, facts)
+        if edge is None:
+            assert outcome in ("busy", "purpose") and after == epoch
+            assert (outcome == "purpose") == (owner and not purpose)
+        else:
+            assert outcome == edge.name
+            assert after == (epoch + 1 if edge.name in GRANTING_EDGES else epoch)
+
+
+def drive_every_edge(store, clock) -> None:
+    a = store.acquire_lease("t", "a", 1)           # grant
+    store.acquire_lease("t", "a", 1)               # reacquire
+    store.renew_lease(a, 1)                        # renew
+    store.release_lease(a)                         # release
+    b = store.acquire_lease("t", "b", 1)           # regrant
+    clock.advance(2)
+    store.acquire_lease("t", "c", 1)               # takeover
+    store.release_lease(b)                         # stale: no transition
+    store.finalize(FinalizeRequest(ThreadRecord("r1", "k"), rebind_active=True))   # create
+    store.finalize(FinalizeRequest(ThreadRecord("r1", "k")))                       # update
+    store.finalize(FinalizeRequest(ThreadRecord("r2", "k"), previous_id="r1",
+                                   archive_old=True, rebind_active=True))          # archive
+
+
+def test_transitions_the_store_accepts_equal_the_spec_edges(store, clock):
+    drive_every_edge(store, clock)
+    for lifecycle, table, extra in [(LEASE, "lease_events", ""), (THREAD_RECORD, "thread_record_events", "")]:
+        rows = store.query(f"SELECT DISTINCT edge, trigger, source, dest FROM {table}{extra}").to_pylist()
+        seen = {(r["edge"], r["trigger"], r["source"], r["dest"]) for r in rows}
+        spec = {(e.name, e.trigger, e.source, e.dest) for e in lifecycle.edges}
+        assert seen == spec, (lifecycle.name, seen ^ spec)
+
+
+def test_check_constraints_list_exactly_the_spec_states():
+    sql = (ROOT / "storage" / "migrations" / "0001_initial.sql").read_text()
+    for lifecycle, column in [(LEASE, "state"), (THREAD_RECORD, "status")]:
+        stored = set(lifecycle.states) - {lifecycle.initial}
+        found = re.findall(rf"CHECK \({column} IN \(([^)]*)\)\)", sql)
+        assert found, column
+        assert {s.strip().strip("'") for s in found[0].split(",")} == stored
+
+
+def test_save_decision_never_revives_an_archived_record():
+    for source, avail in itertools.product(THREAD_RECORD.states, [False, True]):
+        out = save_decision(source, avail)
+        assert (source == "archived") == (out == "revive")
+
+
+LAYERS = {"spec": set(), "machines": {"spec"}, "storage": {"spec", "machines"}}
+
+
+@pytest.mark.parametrize("folder", sorted(LAYERS))
+def test_layering(folder):
+    allowed = LAYERS[folder] | {folder}
+    for path in (ROOT / folder).rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            for name in names:
+                if name.startswith("turnkeeper"):
+                    layer = name.split(".")[1] if "." in name else "api"
+                    assert layer in allowed, f"{path.relative_to(ROOT)} imports {name}"
+
+
+CROSSHAIR = [sys.executable, "-m", "crosshair", "check", "--analysis_kind=PEP316",
+             "--per_condition_timeout=5"]
+
+
+def test_crosshair_contracts_hold():
+    out = subprocess.run([*CROSSHAIR, "turnkeeper.spec.lease", "turnkeeper.spec.thread_record"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_crosshair_finds_a_broken_epoch_rule(tmp_path):
+    """Control: the contracts can fail. A copy whose grant keeps the old epoch."""
+    src = (ROOT / "spec" / "lease.py").read_text()
+    broken = src.replace("epoch + 1 if edge.name in GRANTING_EDGES else epoch", "epoch")
+    assert broken != src
+    broken = broken.replace("from .lifecycle", "from turnkeeper.spec.lifecycle")
+    (tmp_path / "brokenlease.py").write_text(broken)
+    out = subprocess.run([*CROSSHAIR, "brokenlease.py"], capture_output=True, text=True,
+                         timeout=600, cwd=tmp_path)
+    assert out.returncode != 0 and "acquire_decision" in out.stdout, out.stdout + out.stderr
