@@ -18,15 +18,25 @@ from hypothesis import HealthCheck, settings
 import turnkeeper
 
 settings.register_profile(
-    "dev", max_examples=40, stateful_step_count=25, deadline=None,
+    "dev",
+    max_examples=40,
+    stateful_step_count=25,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile(
-    "ci", max_examples=120, stateful_step_count=30, deadline=None, print_blob=True,
+    "ci",
+    max_examples=120,
+    stateful_step_count=30,
+    deadline=None,
+    print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile(
-    "nightly", max_examples=5000, stateful_step_count=60, deadline=None,
+    "nightly",
+    max_examples=5000,
+    stateful_step_count=60,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
@@ -51,7 +61,9 @@ class FakeClock:
             self.now += timedelta(seconds=seconds)
 
 
-def open_backend(backend: str, path: Path, clock: Callable[[], datetime] | None) -> turnkeeper.Store:
+def open_backend(
+    backend: str, path: Path, clock: Callable[[], datetime] | None
+) -> turnkeeper.Store:
     if backend == "duckdb":
         return turnkeeper.open_store(str(path / "store.duckdb"), clock=clock)
     raise ValueError(backend)
@@ -63,7 +75,9 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture(params=BACKENDS)
-def store(request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock) -> Iterator[turnkeeper.DuckDBStore]:
+def store(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
+) -> Iterator[turnkeeper.DuckDBStore]:
     s = open_backend(request.param, tmp_path, clock)
     yield s  # type: ignore[misc]
     s.close()

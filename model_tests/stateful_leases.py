@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from conftest import FakeClock
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -30,6 +31,7 @@ from hypothesis.stateful import (
     multiple,
     rule,
 )
+from oracle import Oracle
 
 import turnkeeper
 from turnkeeper import (
@@ -44,9 +46,6 @@ from turnkeeper import (
     RecordNotFoundError,
     ThreadRecord,
 )
-
-from conftest import FakeClock
-from oracle import Oracle
 
 OWNERS = ("A", "B", "C")
 TARGETS = ("session:s1", "session:s2")
@@ -68,7 +67,7 @@ class Held:
         return (self.lease.target, self.lease.owner, self.lease.epoch)
 
 
-def outcome(fn, *args, **kwargs) -> tuple:  # noqa: ANN001 - test helper
+def outcome(fn, *args, **kwargs) -> tuple:
     """Run a store call and express its result the oracle's way."""
     try:
         return ("ok", fn(*args, **kwargs))
@@ -121,7 +120,7 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
             ttl=st.sampled_from(TTLS),
             purpose=st.sampled_from(PURPOSES),
         )
-        def acquire(self, owner: str, tgt: str, ttl: float, purpose: str):  # noqa: ANN201
+        def acquire(self, owner: str, tgt: str, ttl: float, purpose: str):
             expected = self.oracle.acquire(tgt, owner, ttl, purpose, self.clock())
             got = outcome(self.store.acquire_lease, tgt, owner, ttl, purpose=purpose)
             if got[0] == "ok":
@@ -193,8 +192,14 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
                 require_key_absent=require_absent,
             )
             expected = self.oracle.finalize(
-                rid, key, [h.ident for h in held], req.previous_id, archive_old, rebind,
-                require_absent, self.clock(),
+                rid,
+                key,
+                [h.ident for h in held],
+                req.previous_id,
+                archive_old,
+                rebind,
+                require_absent,
+                self.clock(),
             )
             got = outcome(self.store.finalize, req)
             if got[0] == "ok":

@@ -81,7 +81,9 @@ def test_release_is_idempotent_and_frees_the_target(store):
 
 def test_release_by_a_non_holder_changes_nothing(store):
     lease = store.acquire_lease("t", "a", 10)
-    forged = turnkeeper.Lease("t", "b", "not-the-token", lease.epoch, lease.purpose, lease.expires_at)
+    forged = turnkeeper.Lease(
+        "t", "b", "not-the-token", lease.epoch, lease.purpose, lease.expires_at
+    )
     assert store.release_lease(forged) is False
     stale = turnkeeper.Lease("t", "a", "wrong-token", lease.epoch, lease.purpose, lease.expires_at)
     assert store.release_lease(stale) is False
@@ -127,9 +129,16 @@ def test_every_transition_writes_an_event_row(store, clock):
     b = store.acquire_lease("t", "b", 1)
     store.release_lease(b)
     store.acquire_lease("t", "c", 1)
-    rows = store.query("SELECT edge, epoch FROM lease_events ORDER BY occurred_at, epoch").to_pylist()
+    rows = store.query(
+        "SELECT edge, epoch FROM lease_events ORDER BY occurred_at, epoch"
+    ).to_pylist()
     assert [(r["edge"], r["epoch"]) for r in rows] == [
-        ("grant", 1), ("reacquire", 1), ("renew", 1), ("takeover", 2), ("release", 2), ("regrant", 3),
+        ("grant", 1),
+        ("reacquire", 1),
+        ("renew", 1),
+        ("takeover", 2),
+        ("release", 2),
+        ("regrant", 3),
     ]
 
 

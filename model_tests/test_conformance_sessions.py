@@ -23,8 +23,14 @@ def user(text: str) -> dict:
 
 
 def assistant(text: str, model: str = "m1") -> dict:
-    return {"message": {"role": "assistant", "content": [{"type": "text", "text": text}],
-                        "provider": "p", "model": model}}
+    return {
+        "message": {
+            "role": "assistant",
+            "content": [{"type": "text", "text": text}],
+            "provider": "p",
+            "model": model,
+        }
+    }
 
 
 SEED_KINDS = {
@@ -65,8 +71,11 @@ def test_append_every_seed_kind_builds_a_chain(store):
         assert e.kind == kind and e.payload == payload
         ids.append(e.id)
     lab = store.append("s", EntryKind.LABEL, {"targetId": ids[0], "label": "start"})
-    comp = store.append("s", EntryKind.COMPACTION,
-                        {"summary": "sum", "firstKeptEntryId": ids[0], "tokensBefore": 10})
+    comp = store.append(
+        "s",
+        EntryKind.COMPACTION,
+        {"summary": "sum", "firstKeptEntryId": ids[0], "tokensBefore": 10},
+    )
     got = store.entries("s")
     assert [e.id for e in got] == [*ids, lab.id, comp.id]
     assert [e.seq for e in got] == list(range(1, len(got) + 1))
@@ -167,18 +176,30 @@ def test_branch_with_summary_records_the_abandoned_leaf(store):
 
 def test_replay_applies_the_last_compaction(store):
     store.create_session("s")
-    e = [store.append("s", EntryKind.MESSAGE, (user if i % 2 == 0 else assistant)(f"m{i}"))
-         for i in range(6)]
-    store.append("s", EntryKind.COMPACTION, {"summary": "old", "firstKeptEntryId": e[1].id,
-                                             "tokensBefore": 5})
+    e = [
+        store.append("s", EntryKind.MESSAGE, (user if i % 2 == 0 else assistant)(f"m{i}"))
+        for i in range(6)
+    ]
+    store.append(
+        "s",
+        EntryKind.COMPACTION,
+        {"summary": "old", "firstKeptEntryId": e[1].id, "tokensBefore": 5},
+    )
     after = store.append("s", EntryKind.MESSAGE, user("m6"))
-    comp = store.append("s", EntryKind.COMPACTION, {"summary": "new", "firstKeptEntryId": e[4].id,
-                                                    "tokensBefore": 9})
+    comp = store.append(
+        "s",
+        EntryKind.COMPACTION,
+        {"summary": "new", "firstKeptEntryId": e[4].id, "tokensBefore": 9},
+    )
     last = store.append("s", EntryKind.MESSAGE, assistant("m7", model="m9"))
     store.append("s", EntryKind.TURN_END, {"turnId": "t", "status": "completed"})
     r = store.replay("s")
-    assert r.messages[0] == {"role": "compactionSummary", "summary": "new", "tokensBefore": 9,
-                             "timestamp": r.messages[0]["timestamp"]}
+    assert r.messages[0] == {
+        "role": "compactionSummary",
+        "summary": "new",
+        "tokensBefore": 9,
+        "timestamp": r.messages[0]["timestamp"],
+    }
     assert r.entry_ids == (comp.id, e[4].id, e[5].id, after.id, last.id)
     assert r.model == {"provider": "p", "modelId": "m9"}
 
@@ -199,7 +220,9 @@ def test_lease_fenced_append_stores_the_epoch_and_refuses_lost_leases(store, clo
     with pytest.raises(LeaseLostError):
         store.append("s", EntryKind.MESSAGE, user("late"), lease=lease)
     assert len(store.entries("s")) == 1
-    assert store.query("SELECT operation FROM fence_events").to_pylist() == [{"operation": "append"}]
+    assert store.query("SELECT operation FROM fence_events").to_pylist() == [
+        {"operation": "append"}
+    ]
 
 
 def test_timestamps_keep_microseconds_and_zones(store):

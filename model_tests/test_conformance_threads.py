@@ -30,13 +30,26 @@ def active_counts(store) -> dict[str, int]:
 
 def test_every_record_field_round_trips(store):
     full = ThreadRecord(
-        id="r1", key="k", driver_type="codex", agent={"name": "bot", "id": 7},
-        fingerprint="fp", compatibility_fingerprint="cfp", session_codec="pi-v3",
+        id="r1",
+        key="k",
+        driver_type="codex",
+        agent={"name": "bot", "id": 7},
+        fingerprint="fp",
+        compatibility_fingerprint="cfp",
+        session_codec="pi-v3",
         state={"messages": [1, 2, {"x": None}], "cursor": "abc"},
     )
     saved = store.finalize(FinalizeRequest(full, rebind_active=True))
-    for name in ("id", "key", "driver_type", "agent", "fingerprint",
-                 "compatibility_fingerprint", "session_codec", "state"):
+    for name in (
+        "id",
+        "key",
+        "driver_type",
+        "agent",
+        "fingerprint",
+        "compatibility_fingerprint",
+        "session_codec",
+        "state",
+    ):
         assert getattr(saved, name) == getattr(full, name)
     assert saved.status is RecordStatus.ACTIVE
     assert saved.created_at is not None and saved.created_at.tzinfo is not None
@@ -57,7 +70,9 @@ def test_resolve_needs_exactly_one_of_id_and_key(store):
 
 def test_archived_only_with_include_archived(store):
     store.finalize(FinalizeRequest(rec("r1"), rebind_active=True))
-    store.finalize(FinalizeRequest(rec("r2"), previous_id="r1", archive_old=True, rebind_active=True))
+    store.finalize(
+        FinalizeRequest(rec("r2"), previous_id="r1", archive_old=True, rebind_active=True)
+    )
     assert store.resolve(id="r1") is None
     old = store.resolve(id="r1", include_archived=True)
     assert old is not None and old.status is RecordStatus.ARCHIVED
@@ -101,12 +116,16 @@ def test_rebind_archives_the_record_the_key_pointed_at(store):
 @pytest.mark.parametrize("previous", ["missing", "archived"])
 def test_archive_old_with_bad_previous_is_typed_and_writes_nothing(store, previous):
     store.finalize(FinalizeRequest(rec("r1"), rebind_active=True))
-    store.finalize(FinalizeRequest(rec("r2"), previous_id="r1", archive_old=True, rebind_active=True))
+    store.finalize(
+        FinalizeRequest(rec("r2"), previous_id="r1", archive_old=True, rebind_active=True)
+    )
     before = store.query("SELECT * FROM thread_records ORDER BY id").to_pylist()
     prev = "nope" if previous == "missing" else "r1"
     expected = RecordNotFoundError if previous == "missing" else RecordNotActiveError
     with pytest.raises(expected) as err:
-        store.finalize(FinalizeRequest(rec("r3"), previous_id=prev, archive_old=True, rebind_active=True))
+        store.finalize(
+            FinalizeRequest(rec("r3"), previous_id=prev, archive_old=True, rebind_active=True)
+        )
     assert err.value.record_id == prev
     assert store.query("SELECT * FROM thread_records ORDER BY id").to_pylist() == before
 
@@ -171,7 +190,9 @@ def test_resume_fallback_archives_and_rebinds_same_key_in_one_transaction(store)
     store.finalize(FinalizeRequest(rec("r1"), rebind_active=True))
     for i in range(2, 12):
         store.finalize(
-            FinalizeRequest(rec(f"r{i}"), previous_id=f"r{i-1}", archive_old=True, rebind_active=True)
+            FinalizeRequest(
+                rec(f"r{i}"), previous_id=f"r{i - 1}", archive_old=True, rebind_active=True
+            )
         )
         assert store.resolve(key="k").id == f"r{i}"
     assert active_counts(store) == {"k": 1}

@@ -20,12 +20,11 @@ from collections.abc import Callable
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
+from stateful_leases import make_machine
 
 from turnkeeper.spec import LEASE, errors
 from turnkeeper.storage.duck import leases, threads
 from turnkeeper.storage.duck.db import Tx
-
-from stateful_leases import make_machine
 
 SEARCH = settings(
     max_examples=3000,
@@ -41,21 +40,23 @@ SEARCH = settings(
 def weak_fence(without: str) -> Callable[[Tx, object], None]:
     """The lease fence with its token or expiry check removed (test-only copy)."""
 
-    def fence(tx: Tx, lease) -> None:  # noqa: ANN001
+    def fence(tx: Tx, lease) -> None:
         if without == "token":
             sql = f"target = ? AND state = 'held' AND expires_at > {leases.NOW}"
             params = [lease.target, tx.now]
         else:
             sql = "target = ? AND epoch = ? AND token_digest = ? AND owner = ? AND state = 'held'"
             params = [lease.target, lease.epoch, leases.digest(lease.token), lease.owner]
-        row = tx.one(f"UPDATE leases SET fenced_writes = fenced_writes + 1 WHERE {sql} RETURNING 1", params)
+        row = tx.one(
+            f"UPDATE leases SET fenced_writes = fenced_writes + 1 WHERE {sql} RETURNING 1", params
+        )
         if row is None:
             raise errors.LeaseLostError(lease.target)
 
     return fence
 
 
-def weak_renew(tx: Tx, lease, ttl_s: float):  # noqa: ANN001, ANN201
+def weak_renew(tx: Tx, lease, ttl_s: float):
     """Renew without the expiry (and state) check."""
     tx.exec(
         f"UPDATE leases SET expires_at = {leases.NOW} + to_microseconds(?) "
@@ -65,7 +66,7 @@ def weak_renew(tx: Tx, lease, ttl_s: float):  # noqa: ANN001, ANN201
     return lease
 
 
-def finalize_without_key_cas(tx: Tx, req, columns):  # noqa: ANN001, ANN201
+def finalize_without_key_cas(tx: Tx, req, columns):
     return REAL_FINALIZE(tx, dataclasses.replace(req, require_key_absent=False), columns)
 
 
@@ -77,7 +78,10 @@ A1 = {"tgt": "session:s1", "purpose": "execution"}
 KILLS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], list[tuple[str, dict]]]] = {
     "acquire-expiry-guard": (
         lambda mp: mp.setitem(LEASE.guards, "expired", (lambda facts: True, "patched")),
-        [("acquire", {"owner": "A", "ttl": 5.0, **A1}), ("acquire", {"owner": "B", "ttl": 5.0, **A1})],
+        [
+            ("acquire", {"owner": "A", "ttl": 5.0, **A1}),
+            ("acquire", {"owner": "B", "ttl": 5.0, **A1}),
+        ],
     ),
     "fence-token-check": (
         lambda mp: mp.setattr(leases, "fence", weak_fence("token")),
@@ -107,19 +111,55 @@ KILLS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], list[tuple[str, dic
     "require-key-absent": (
         lambda mp: mp.setattr(threads, "finalize", finalize_without_key_cas),
         [
-            ("finalize", {"held": [], "rid": "r1", "key": "k1", "previous": None,
-                          "rebind": True, "require_absent": False}),
-            ("finalize", {"held": [], "rid": "r2", "key": "k1", "previous": None,
-                          "rebind": True, "require_absent": True}),
+            (
+                "finalize",
+                {
+                    "held": [],
+                    "rid": "r1",
+                    "key": "k1",
+                    "previous": None,
+                    "rebind": True,
+                    "require_absent": False,
+                },
+            ),
+            (
+                "finalize",
+                {
+                    "held": [],
+                    "rid": "r2",
+                    "key": "k1",
+                    "previous": None,
+                    "rebind": True,
+                    "require_absent": True,
+                },
+            ),
         ],
     ),
     "archive-on-rebind": (
         lambda mp: mp.setattr(threads, "_archive", lambda tx, record_id, key: None),
         [
-            ("finalize", {"held": [], "rid": "r1", "key": "k1", "previous": None,
-                          "rebind": True, "require_absent": False}),
-            ("finalize", {"held": [], "rid": "r2", "key": "k1", "previous": None,
-                          "rebind": True, "require_absent": False}),
+            (
+                "finalize",
+                {
+                    "held": [],
+                    "rid": "r1",
+                    "key": "k1",
+                    "previous": None,
+                    "rebind": True,
+                    "require_absent": False,
+                },
+            ),
+            (
+                "finalize",
+                {
+                    "held": [],
+                    "rid": "r2",
+                    "key": "k1",
+                    "previous": None,
+                    "rebind": True,
+                    "require_absent": False,
+                },
+            ),
         ],
     ),
 }
@@ -135,13 +175,17 @@ def replay(steps: list[tuple[str, dict]]) -> None:
             args = dict(args)
             if "held" in args:
                 args["held"] = (
-                    [held[i] for i in args["held"]] if isinstance(args["held"], list) else held[args["held"]]
+                    [held[i] for i in args["held"]]
+                    if isinstance(args["held"], list)
+                    else held[args["held"]]
                 )
             result = getattr(machine, name)(**args)
             if name == "acquire" and hasattr(result, "lease"):
                 held.append(result)
-            for inv in ("at_most_one_unexpired_holder_per_target",
-                        "epochs_increase_and_one_active_record_per_key"):
+            for inv in (
+                "at_most_one_unexpired_holder_per_target",
+                "epochs_increase_and_one_active_record_per_key",
+            ):
                 getattr(machine, inv)()
     finally:
         machine.teardown()
@@ -168,7 +212,7 @@ def test_machine_finds_a_counterexample_with_the_fence_patched_out(
     fence: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     KILLS[fence][0](monkeypatch)
-    with pytest.raises(Exception) as caught:  # noqa: PT011 - inspected below
+    with pytest.raises(Exception) as caught:
         run_state_machine_as_test(make_machine("duckdb"), settings=SEARCH)
     pending: list[BaseException] = [caught.value]
     while pending and not isinstance(pending[0], AssertionError):

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from turnkeeper import FinalizeRequest, ThreadRecord
 from turnkeeper.machines import machine_for
 from turnkeeper.spec import GRANTING_EDGES, LEASE, LIFECYCLES, THREAD_RECORD
 from turnkeeper.spec.errors import InvalidTransitionError
 from turnkeeper.spec.lease import acquire_decision
 from turnkeeper.spec.thread_record import save_decision
-from turnkeeper import FinalizeRequest, ThreadRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,8 +27,11 @@ def test_reports_are_fresh():
         import generate  # type: ignore[import-not-found]
     finally:
         sys.path.pop(0)
-    stale = [p.name for p, text in generate.expected().items()
-             if not p.exists() or p.read_text(encoding="utf-8") != text]
+    stale = [
+        p.name
+        for p, text in generate.expected().items()
+        if not p.exists() or p.read_text(encoding="utf-8") != text
+    ]
     assert stale == [], f"stale reports (run `make reports`): {stale}"
 
 
@@ -67,12 +70,15 @@ def test_machine_is_built_once_per_process():
 
 def test_acquire_decision_matches_the_lease_machine_exhaustively():
     m = machine_for(LEASE)
-    for source, exp, owner, purpose, token in itertools.product(
-        LEASE.states, *[[False, True]] * 4
-    ):
+    for source, exp, owner, purpose, token in itertools.product(LEASE.states, *[[False, True]] * 4):
         epoch = 0 if source == "absent" else 3
         outcome, after = acquire_decision(source, exp, owner, purpose, token, epoch)
-        facts = {"expired": exp, "same_owner": owner, "same_purpose": purpose, "token_matches": token}
+        facts = {
+            "expired": exp,
+            "same_owner": owner,
+            "same_purpose": purpose,
+            "token_matches": token,
+        }
         edge = m.decide("acquire", source, facts)
         if edge is None:
             assert outcome in ("busy", "purpose") and after == epoch
@@ -83,24 +89,32 @@ def test_acquire_decision_matches_the_lease_machine_exhaustively():
 
 
 def drive_every_edge(store, clock) -> None:
-    a = store.acquire_lease("t", "a", 1)           # grant
-    store.acquire_lease("t", "a", 1)               # reacquire
-    store.renew_lease(a, 1)                        # renew
-    store.release_lease(a)                         # release
-    b = store.acquire_lease("t", "b", 1)           # regrant
+    a = store.acquire_lease("t", "a", 1)  # grant
+    store.acquire_lease("t", "a", 1)  # reacquire
+    store.renew_lease(a, 1)  # renew
+    store.release_lease(a)  # release
+    b = store.acquire_lease("t", "b", 1)  # regrant
     clock.advance(2)
-    store.acquire_lease("t", "c", 1)               # takeover
-    store.release_lease(b)                         # stale: no transition
-    store.finalize(FinalizeRequest(ThreadRecord("r1", "k"), rebind_active=True))   # create
-    store.finalize(FinalizeRequest(ThreadRecord("r1", "k")))                       # update
-    store.finalize(FinalizeRequest(ThreadRecord("r2", "k"), previous_id="r1",
-                                   archive_old=True, rebind_active=True))          # archive
+    store.acquire_lease("t", "c", 1)  # takeover
+    store.release_lease(b)  # stale: no transition
+    store.finalize(FinalizeRequest(ThreadRecord("r1", "k"), rebind_active=True))  # create
+    store.finalize(FinalizeRequest(ThreadRecord("r1", "k")))  # update
+    store.finalize(
+        FinalizeRequest(
+            ThreadRecord("r2", "k"), previous_id="r1", archive_old=True, rebind_active=True
+        )
+    )  # archive
 
 
 def test_transitions_the_store_accepts_equal_the_spec_edges(store, clock):
     drive_every_edge(store, clock)
-    for lifecycle, table, extra in [(LEASE, "lease_events", ""), (THREAD_RECORD, "thread_record_events", "")]:
-        rows = store.query(f"SELECT DISTINCT edge, trigger, source, dest FROM {table}{extra}").to_pylist()
+    for lifecycle, table, extra in [
+        (LEASE, "lease_events", ""),
+        (THREAD_RECORD, "thread_record_events", ""),
+    ]:
+        rows = store.query(
+            f"SELECT DISTINCT edge, trigger, source, dest FROM {table}{extra}"
+        ).to_pylist()
         seen = {(r["edge"], r["trigger"], r["source"], r["dest"]) for r in rows}
         spec = {(e.name, e.trigger, e.source, e.dest) for e in lifecycle.edges}
         assert seen == spec, (lifecycle.name, seen ^ spec)
@@ -141,13 +155,23 @@ def test_layering(folder):
                     assert layer in allowed, f"{path.relative_to(ROOT)} imports {name}"
 
 
-CROSSHAIR = [sys.executable, "-m", "crosshair", "check", "--analysis_kind=PEP316",
-             "--per_condition_timeout=5"]
+CROSSHAIR = [
+    sys.executable,
+    "-m",
+    "crosshair",
+    "check",
+    "--analysis_kind=PEP316",
+    "--per_condition_timeout=5",
+]
 
 
 def test_crosshair_contracts_hold():
-    out = subprocess.run([*CROSSHAIR, "turnkeeper.spec.lease", "turnkeeper.spec.thread_record"],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [*CROSSHAIR, "turnkeeper.spec.lease", "turnkeeper.spec.thread_record"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -158,6 +182,7 @@ def test_crosshair_finds_a_broken_epoch_rule(tmp_path):
     assert broken != src
     broken = broken.replace("from .lifecycle", "from turnkeeper.spec.lifecycle")
     (tmp_path / "brokenlease.py").write_text(broken)
-    out = subprocess.run([*CROSSHAIR, "brokenlease.py"], capture_output=True, text=True,
-                         timeout=600, cwd=tmp_path)
+    out = subprocess.run(
+        [*CROSSHAIR, "brokenlease.py"], capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
     assert out.returncode != 0 and "acquire_decision" in out.stdout, out.stdout + out.stderr

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 import turnkeeper
 from turnkeeper.formats import pi
 from turnkeeper.spec.errors import InvalidInputError, SessionFileError, SessionNotFoundError

@@ -18,4 +18,4 @@ def test_readme_has_examples():
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
 def test_readme_example_runs(index: int, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    exec(compile(BLOCKS[index], f"README.md[python {index}]", "exec"), {})  # noqa: S102
+    exec(compile(BLOCKS[index], f"README.md[python {index}]", "exec"), {})

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 
@@ -26,10 +26,17 @@ def test_two_writers_same_stale_leaf_exactly_one_wins(real_store):
         barrier = threading.Barrier(2)
         results: list[object] = []
 
-        def writer(name: str, leaf: str = leaf) -> None:
+        def writer(
+            name: str,
+            leaf: str = leaf,
+            barrier: threading.Barrier = barrier,
+            results: list = results,
+        ) -> None:
             barrier.wait()
             try:
-                results.append(real_store.append("s", EntryKind.MESSAGE, user(name), expected_leaf=leaf))
+                results.append(
+                    real_store.append("s", EntryKind.MESSAGE, user(name), expected_leaf=leaf)
+                )
             except SessionModifiedError as exc:
                 results.append(exc)
 
@@ -68,12 +75,10 @@ def test_25_threads_create_if_absent_then_append_on_a_new_file(tmp_path):
     def worker(i: int) -> None:
         try:
             barrier.wait()
-            try:
+            with contextlib.suppress(turnkeeper.SessionIDExistsError):
                 store.create_session("shared")
-            except turnkeeper.SessionIDExistsError:
-                pass
             store.append("shared", EntryKind.MESSAGE, user(f"t{i}"))
-        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(25)]
@@ -85,7 +90,9 @@ def test_25_threads_create_if_absent_then_append_on_a_new_file(tmp_path):
         assert errors == []
         entries = store.entries("shared")
         assert len(entries) == 25
-        assert sorted(e.payload["message"]["content"] for e in entries) == sorted(f"t{i}" for i in range(25))
+        assert sorted(e.payload["message"]["content"] for e in entries) == sorted(
+            f"t{i}" for i in range(25)
+        )
         # one chain: every append went under the previous leaf
         assert [e.parent_id for e in entries[1:]] == [e.id for e in entries[:-1]]
     finally:
@@ -115,14 +122,21 @@ def test_release_by_a_non_holder_changes_nothing(store):
 def test_nul_is_stored_intact_and_lone_surrogate_refused(store):
     store.create_session("s")
     e = store.append("s", EntryKind.MESSAGE, user("a\x00b"))
-    assert store.entries("s")[0].payload["message"]["content"] == "a\x00b" == e.payload["message"]["content"]
+    assert (
+        store.entries("s")[0].payload["message"]["content"]
+        == "a\x00b"
+        == e.payload["message"]["content"]
+    )
     store.set_title("s", "t\x00itle")
     assert store.get_session("s").title == "t\x00itle"
     with pytest.raises(InvalidInputError):
         store.append("s", EntryKind.MESSAGE, user("bad \ud800"))
     with pytest.raises(InvalidInputError):
         store.create_session("x\udfff")
-    assert len(store.entries("s")) == 2 and store.get_session("x\udfff".encode("utf-8", "replace").decode()) is None
+    assert (
+        len(store.entries("s")) == 2
+        and store.get_session("x\udfff".encode("utf-8", "replace").decode()) is None
+    )
 
 
 def test_identical_timestamps_replay_in_append_order(store):
@@ -144,7 +158,9 @@ def test_second_process_gets_a_clear_error_naming_the_file(tmp_path):
             "except turnkeeper.StoreLockedError as e:\n"
             "    print(e.path); sys.exit(3)\n"
         )
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+        )
         assert out.returncode == 3, out.stderr
         assert out.stdout.strip() == str(path)
     finally:
@@ -171,7 +187,8 @@ except turnkeeper.SessionIDExistsError:
 lease = store.acquire_lease("session:crash", "child", 60)
 i = 0
 while True:
-    e = store.append("crash", "message", {"message": {"role": "user", "content": f"m{i}"}}, lease=lease)
+    msg = {"message": {"role": "user", "content": f"m{i}"}}
+    e = store.append("crash", "message", msg, lease=lease)
     print(e.id, flush=True)  # acknowledged only after commit returned
     i += 1
 """
@@ -179,7 +196,9 @@ while True:
 
 def test_acknowledged_appends_survive_kill_9(tmp_path):
     path = tmp_path / "crash.duckdb"
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(path)], stdout=subprocess.PIPE, text=True
+    )
     acked: list[str] = []
     assert proc.stdout is not None
     while len(acked) < 40:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis.stateful import run_state_machine_as_test
-
 from conftest import BACKENDS
+from hypothesis.stateful import run_state_machine_as_test
 from stateful_leases import make_machine
 
 

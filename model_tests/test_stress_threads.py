@@ -35,8 +35,12 @@ def test_entries_epochs_never_go_backwards_under_racing_stalled_writers(real_sto
             if rng.random() < 0.25:
                 time.sleep(0.2)  # stall past the TTL, then try to write anyway
             try:
-                store.append(sid, EntryKind.MESSAGE, {"message": {"role": "user", "content": tag}},
-                             lease=lease)
+                store.append(
+                    sid,
+                    EntryKind.MESSAGE,
+                    {"message": {"role": "user", "content": tag}},
+                    lease=lease,
+                )
                 with lock:
                     accepted.append(tag)
             except LeaseLostError:

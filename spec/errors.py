@@ -71,12 +71,15 @@ class StoreLockedError(OperationalError):
     """The database file is held by another process."""
 
     fields = ("path",)
+    path: str
 
 
 class TransactionConflictError(OperationalError):
     """A write kept losing write-write conflicts after every retry."""
 
     fields = ("operation", "attempts")
+    operation: str
+    attempts: int
 
 
 class IntegrityError(DatabaseError):
@@ -103,6 +106,9 @@ class SchemaVersionError(DatabaseError):
     """The database's schema version is newer than this turnkeeper supports."""
 
     fields = ("path", "found", "supported")
+    path: str
+    found: int
+    supported: int
 
 
 # --- input ------------------------------------------------------------------
@@ -112,12 +118,17 @@ class InvalidInputError(TurnkeeperError, ValueError):
     """An argument was refused before anything was written."""
 
     fields = ("field", "reason")
+    field: str
+    reason: str
 
 
 class InvalidTransitionError(TurnkeeperError):
     """A lifecycle machine has no edge for this trigger from this state."""
 
     fields = ("machine", "trigger", "source")
+    machine: str
+    trigger: str
+    source: str
 
 
 # --- leases (threadstore AcquireLease / RenewLease / ReleaseLease) ---------
@@ -127,18 +138,24 @@ class BusyError(TurnkeeperError):
     """The target is held by another owner whose lease has not expired."""
 
     fields = ("target", "holder")
+    target: str
+    holder: str | None
 
 
 class LeasePurposeError(TurnkeeperError):
     """The owner already holds the target under a different purpose."""
 
     fields = ("target", "held_purpose", "requested_purpose")
+    target: str
+    held_purpose: str
+    requested_purpose: str
 
 
 class LeaseLostError(TurnkeeperError):
     """The caller no longer owns the lease (expired, released or taken over)."""
 
     fields = ("target",)
+    target: str
 
 
 # --- thread records (threadstore Resolve / Finalize) ------------------------
@@ -148,18 +165,22 @@ class AlreadyExistsError(TurnkeeperError):
     """The thread key already has an active record (require_key_absent)."""
 
     fields = ("key",)
+    key: str
 
 
 class RecordNotFoundError(TurnkeeperError):
     """No thread record has this id."""
 
     fields = ("record_id",)
+    record_id: str
 
 
 class RecordNotActiveError(TurnkeeperError):
     """The thread record is not active, so it cannot be archived or replaced."""
 
     fields = ("record_id", "status")
+    record_id: str
+    status: str
 
 
 # --- sessions (session seed) -------------------------------------------------
@@ -169,33 +190,44 @@ class SessionIDExistsError(TurnkeeperError):
     """A new session tried to reuse an existing session id (ErrSessionIDExists)."""
 
     fields = ("session_id",)
+    session_id: str
 
 
 class SessionNotFoundError(TurnkeeperError):
     """No session has this id."""
 
     fields = ("session_id",)
+    session_id: str
 
 
 class SessionModifiedError(TurnkeeperError):
     """The session's leaf moved since the caller read it (ErrSessionModified)."""
 
     fields = ("session_id", "expected_leaf", "actual_leaf")
+    session_id: str
+    expected_leaf: str | None
+    actual_leaf: str | None
 
 
 class EntryNotFoundError(TurnkeeperError):
     """No entry with this id exists in the session."""
 
     fields = ("session_id", "entry_id")
+    session_id: str
+    entry_id: str
 
 
 class EntryExistsError(TurnkeeperError):
     """An entry with this id already exists in the session."""
 
     fields = ("session_id", "entry_id")
+    session_id: str
+    entry_id: str
 
 
 class SessionFileError(TurnkeeperError):
     """A session file cannot be imported at all (no usable header)."""
 
     fields = ("path", "line")
+    path: str
+    line: int

@@ -86,10 +86,15 @@ def build_replay(path: Sequence[Entry]) -> Replay:
     thinking = "off"
     for entry in path:
         if entry.kind == EntryKind.MODEL_CHANGE:
-            model = {"provider": entry.payload.get("provider"), "modelId": entry.payload.get("modelId")}
+            model = {
+                "provider": entry.payload.get("provider"),
+                "modelId": entry.payload.get("modelId"),
+            }
         elif entry.kind == EntryKind.THINKING_LEVEL_CHANGE:
             thinking = str(entry.payload.get("thinkingLevel"))
-        elif entry.kind == EntryKind.MESSAGE and entry.payload["message"].get("role") == "assistant":
+        elif (
+            entry.kind == EntryKind.MESSAGE and entry.payload["message"].get("role") == "assistant"
+        ):
             msg = entry.payload["message"]
             if msg.get("provider") or msg.get("model"):
                 model = {"provider": msg.get("provider"), "modelId": msg.get("model")}

@@ -21,6 +21,7 @@ Statements are counted per operation name (:meth:`Database.statement_stats`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -193,10 +194,8 @@ class Database:
                 return
             self._closed = True
             for cur in self._cursors:
-                try:
+                with contextlib.suppress(duckdb.Error):
                     cur.close()
-                except duckdb.Error:
-                    pass
             self._con.close()
 
     def now_param(self) -> datetime | None:
@@ -277,10 +276,8 @@ class Database:
     def _rollback(cursor: duckdb.DuckDBPyConnection, transaction: bool) -> None:
         if not transaction:
             return
-        try:
+        with contextlib.suppress(duckdb.Error):  # DuckDB may have aborted it already
             cursor.execute("ROLLBACK")
-        except duckdb.Error:
-            pass  # no transaction open (DuckDB aborted it already)
 
     def statement_stats(self) -> dict[str, dict[str, float]]:
         """Per operation: calls, statements per call (incl. BEGIN/COMMIT) and retries."""

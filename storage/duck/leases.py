@@ -52,7 +52,7 @@ def issue_token(secret: bytes, target: str, owner: str, epoch: int, purpose: str
 
 
 def _micros(ttl_s: float) -> int:
-    return int(round(ttl_s * 1_000_000))
+    return round(ttl_s * 1_000_000)
 
 
 def check_ttl(ttl_s: float) -> None:
@@ -61,9 +61,7 @@ def check_ttl(ttl_s: float) -> None:
         raise errors.InvalidInputError("ttl_s", f"must be positive seconds, got {ttl_s!r}")
 
 
-def acquire(
-    tx: Tx, secret: bytes, target: str, owner: str, ttl_s: float, purpose: str
-) -> Lease:
+def acquire(tx: Tx, secret: bytes, target: str, owner: str, ttl_s: float, purpose: str) -> Lease:
     """Grant, take over or re-acquire ``target`` (run inside a transaction)."""
     row = tx.one(
         f"SELECT c.now, l.owner, l.token_digest, l.epoch, l.purpose, l.state, l.expires_at "
@@ -99,23 +97,46 @@ def acquire(
             "WITH w AS (INSERT INTO leases (target, owner, token_digest, epoch, purpose, state, "
             "acquired_at, renewed_at, expires_at) VALUES (?, ?, ?, 1, ?, 'held', ?, ?, ?) "
             "RETURNING *) " + event,
-            [target, owner, digest(token), purpose, now, now, new_expiry]
-            + [edge.name, source, None, now],
+            [
+                target,
+                owner,
+                digest(token),
+                purpose,
+                now,
+                now,
+                new_expiry,
+                edge.name,
+                source,
+                None,
+                now,
+            ],
         )
     elif edge.name == "reacquire":
         written = tx.one(
             "WITH w AS (UPDATE leases SET expires_at = ?, renewed_at = ? "
             "WHERE target = ? AND epoch = ? AND token_digest = ? AND state = 'held' "
             "RETURNING *) " + event,
-            [new_expiry, now, target, epoch, held_digest] + [edge.name, source, owner, now],
+            [new_expiry, now, target, epoch, held_digest, edge.name, source, owner, now],
         )
     else:  # regrant / takeover: compare-and-set on the epoch just read
         written = tx.one(
             "WITH w AS (UPDATE leases SET owner = ?, token_digest = ?, epoch = epoch + 1, "
             "purpose = ?, state = 'held', acquired_at = ?, renewed_at = ?, expires_at = ? "
             "WHERE target = ? AND epoch = ? RETURNING *) " + event,
-            [owner, digest(token), purpose, now, now, new_expiry, target, epoch]
-            + [edge.name, source, held_owner, now],
+            [
+                owner,
+                digest(token),
+                purpose,
+                now,
+                now,
+                new_expiry,
+                target,
+                epoch,
+                edge.name,
+                source,
+                held_owner,
+                now,
+            ],
         )
     if written is None or written[0] != new_epoch:
         raise Conflict(f"lease row of {target!r} moved during acquire")

@@ -29,9 +29,7 @@ from .db import Conflict, Tx, utc
 
 NOW = leases.NOW
 
-_SESSION_COLS = (
-    "id, cwd, created_at, updated_at, leaf_id, title, entry_count, next_seq, header"
-)
+_SESSION_COLS = "id, cwd, created_at, updated_at, leaf_id, title, entry_count, next_seq, header"
 _ENTRY_COLS = "session_id, id, parent_id, kind, seq, ts, payload, lease_epoch"
 
 
@@ -339,7 +337,8 @@ def import_rows(
         next_seq = head[0]
         have = {r[0] for r in tx.rows("SELECT id FROM entries WHERE session_id = ?", [session_id])}
         have_lines = {
-            r[0] for r in tx.rows("SELECT line FROM opaque_records WHERE session_id = ?", [session_id])
+            r[0]
+            for r in tx.rows("SELECT line FROM opaque_records WHERE session_id = ?", [session_id])
         }
     new = [r for r in rows if r[0] not in have]
     if new:

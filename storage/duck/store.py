@@ -9,9 +9,9 @@ its input before touching the database (bad input raises
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import uuid6
 
@@ -35,6 +35,8 @@ from ..codec import check_text, from_json, to_json
 from ..migrations import SCHEMA_VERSION, migrations, statements
 from . import leases, sessions, threads
 from .db import Clock, Database, Tx
+
+T = TypeVar("T")
 
 
 def _aware(value: datetime | None, field: str) -> datetime | None:
@@ -183,7 +185,7 @@ class DuckDBStore:
         _lease(lease)
         self.db.run("validate_lease", lambda tx: leases.fence(tx, lease), transaction=False)
 
-    def _fenced(self, operation: str, lease: Lease | None, body: Any) -> Any:
+    def _fenced(self, operation: str, lease: Lease | None, body: Callable[[Tx], T]) -> T:
         try:
             return self.db.run(operation, body)
         except errors.LeaseLostError:
@@ -248,13 +250,12 @@ class DuckDBStore:
         try:
             result: ThreadRecord = self.db.run("finalize", body)
         except errors.LeaseLostError as exc:
-            for held in request.held_leases:
-                if held.target == exc.target:
-                    self.db.run(
-                        "record_fenced",
-                        lambda tx, h=held: leases.record_fenced(tx, h, "finalize"),
-                        transaction=False,
-                    )
+            lost = next(h for h in request.held_leases if h.target == exc.target)
+            self.db.run(
+                "record_fenced",
+                lambda tx: leases.record_fenced(tx, lost, "finalize"),
+                transaction=False,
+            )
             raise
         return result
 
@@ -403,8 +404,7 @@ class DuckDBStore:
                 parent_override=entry_id,
             )
 
-        result: Entry = self._fenced("branch_with_summary", lease, body)
-        return result
+        return self._fenced("branch_with_summary", lease, body)
 
     def set_label(
         self,
@@ -451,9 +451,7 @@ class DuckDBStore:
 
     def labels(self, session_id: str) -> dict[str, str]:
         """Current labels: target entry id → label."""
-        return self.db.run(
-            "labels", lambda tx: sessions.labels(tx, session_id), transaction=False
-        )
+        return self.db.run("labels", lambda tx: sessions.labels(tx, session_id), transaction=False)
 
     def list_sessions(
         self, *, limit: int = 50, cursor: str | None = None, search: str | None = None
