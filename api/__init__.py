@@ -9,8 +9,8 @@ Open a store with :func:`open_store`; everything else is re-exported here::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
-from typing import Callable
 
 from turnkeeper.spec import LeasePurpose, RecordStatus
 from turnkeeper.spec.entries import EntryKind

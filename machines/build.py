@@ -107,9 +107,7 @@ class LifecycleMachine:
         try:
             fired = getattr(model, edge.trigger)()
         except MachineError as exc:  # pragma: no cover - a spec/library disagreement
-            raise InvalidTransitionError(
-                self.lifecycle.name, edge.trigger, edge.source
-            ) from exc
+            raise InvalidTransitionError(self.lifecycle.name, edge.trigger, edge.source) from exc
         finally:
             self.machine.remove_model(model)
         if not fired or model.state != edge.dest:  # type: ignore[attr-defined]

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
 from turnkeeper.spec.entries import BASE_FIELDS, EntryKind, validate_payload
 from turnkeeper.spec.errors import InvalidInputError, SessionFileError, SessionNotFoundError
 from turnkeeper.spec.records import ImportBatch, ImportEntry, ImportResult, OpaqueRecord
