@@ -14,7 +14,9 @@ thread-safe, cursors on one instance are). Every operation runs through
 - any other ``duckdb.Error`` is translated into the PEP 249-style classes of
   :mod:`turnkeeper.spec.errors` with the original as ``__cause__``;
 - domain errors raised by the operation roll back and pass through as-is;
-- ``BaseException`` (cancellation) rolls back and is re-raised unwrapped.
+- ``BaseException`` (cancellation) rolls back and is re-raised unwrapped; a
+  query DuckDB reports as interrupted (SIGINT) is raised as
+  ``KeyboardInterrupt``, never as a database error.
 
 Statements are counted per operation name (:meth:`Database.statement_stats`).
 """
@@ -237,6 +239,13 @@ class Database:
                 if transaction:
                     tx.exec("COMMIT")
                 return result
+            except (duckdb.InterruptException, RuntimeError) as exc:
+                # DuckDB turns SIGINT during a query into an exception of its own;
+                # cancellation is never translated: it surfaces as KeyboardInterrupt.
+                self._rollback(cursor, transaction)
+                if isinstance(exc, duckdb.InterruptException) or "interrupted" in str(exc):
+                    raise KeyboardInterrupt(str(exc)) from exc
+                raise
             except duckdb.Error as exc:
                 self._rollback(cursor, transaction)
                 if _is_conflict(exc):
