@@ -186,3 +186,12 @@ def test_crosshair_finds_a_broken_epoch_rule(tmp_path):
         [*CROSSHAIR, "brokenlease.py"], capture_output=True, text=True, timeout=600, cwd=tmp_path
     )
     assert out.returncode != 0 and "acquire_decision" in out.stdout, out.stdout + out.stderr
+
+
+def test_readme_state_tables_match_the_spec():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for lifecycle in LIFECYCLES:
+        from turnkeeper.machines import markdown
+
+        rows = [line for line in markdown(lifecycle).splitlines() if line.startswith("|")]
+        assert rows and all(row in readme for row in rows), f"README table for {lifecycle.name}"
