@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DB ?= turnkeeper.duckdb
 
-.PHONY: install demo test lint typecheck reports check-reports bench clean
+.PHONY: install demo test lint typecheck reports clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,10 @@ typecheck: install
 test: lint typecheck
 	$(BIN)/python -m pytest
 
+# Regenerates every file in reports/: the diagrams (deterministic) and the benchmark (measured).
 reports: install
 	$(BIN)/python reports/generate.py
+	$(BIN)/python reports/bench.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -195,3 +195,14 @@ def test_readme_state_tables_match_the_spec():
 
         rows = [line for line in markdown(lifecycle).splitlines() if line.startswith("|")]
         assert rows and all(row in readme for row in rows), f"README table for {lifecycle.name}"
+
+
+def test_measured_benchmark_report_is_present_and_well_formed():
+    import json
+
+    data = json.loads((ROOT / "reports" / "bench.json").read_text(encoding="utf-8"))
+    assert data["baseline"]["ops_per_s"] > 0
+    assert {"acquire_reacquire", "renew", "append", "append_fenced"} <= set(data["operations"])
+    for row in data["operations"].values():
+        assert row["ops_per_s"] > 0 and row["ratio_to_baseline"] > 0
+    assert data["statements_per_call"]["renew_lease"] == 1.0
