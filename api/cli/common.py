@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
 
 import turnkeeper
 from turnkeeper.storage import DuckDBStore
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_FAILED = 1
 """Exit status when the command ran but found failures (audit, an import file)."""
@@ -39,7 +41,7 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def db_option(default: str | None = turnkeeper.DEFAULT_PATH) -> Any:
+def db_option(default: str | None = turnkeeper.DEFAULT_PATH) -> Callable[[F], F]:
     """The shared ``--db PATH`` option (default: ``turnkeeper.duckdb`` in the cwd)."""
     return click.option(
         "--db",
@@ -87,9 +89,16 @@ def dumps(obj: Any) -> str:
     return json.dumps(obj, default=_json_default, sort_keys=False)
 
 
+PIPE_WIDTH = 160
+"""Columns rich lays out for when stdout is not a terminal and ``COLUMNS`` is unset."""
+
+
 def stdout_console() -> Console:
-    """A rich console on stdout (plain text when stdout is not a terminal)."""
-    return Console(highlight=False)
+    """A rich console on stdout (plain text, :data:`PIPE_WIDTH` wide, when not a terminal)."""
+    console = Console(highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = PIPE_WIDTH
+    return console
 
 
 def stderr_console() -> Console:

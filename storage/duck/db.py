@@ -113,19 +113,56 @@ class _OpStats:
 class Tx:
     """One open transaction (or one autocommit statement) on a thread's cursor.
 
-    ``now`` is the store clock's value for this transaction, or ``None`` when
-    the database clock is used (SQL reads ``coalesce($now, now())``).
+    ``now`` is the store's now for this transaction: the injected clock's
+    value, or the database clock. SQL spells it ``coalesce($now, now())``.
+
+    The database clock, here: DuckDB fixes ``now()`` when ``BEGIN`` runs but
+    takes the transaction's snapshot at its first statement, and under load
+    the two can be far apart, so ``now()`` could predate commits the
+    transaction reads. Inside an explicit transaction ``now`` is therefore
+    the host clock (DuckDB runs in this process: its clock is the host's)
+    read once the snapshot exists; if no statement has run yet, a one-row
+    read pins the snapshot first. A single autocommit statement passes
+    ``None`` and uses DuckDB's ``now()``, fixed as that statement starts.
     """
 
-    def __init__(self, cursor: duckdb.DuckDBPyConnection, now: datetime | None) -> None:
+    PIN = "SELECT 1 FROM schema_migrations LIMIT 1"
+
+    def __init__(
+        self, cursor: duckdb.DuckDBPyConnection, clock: Clock | None, in_transaction: bool
+    ) -> None:
         self._cursor = cursor
-        self.now = now
+        self._clock = clock
+        self._in_transaction = in_transaction
+        self._now: datetime | None = None
+        self._snapshot = False
         self.statements = 0
+
+    @property
+    def now(self) -> datetime | None:
+        """The store's now (fixed per transaction), or ``None`` for SQL ``now()``."""
+        if self._now is None:
+            if self._clock is not None:
+                value = self._clock()
+                if not isinstance(value, datetime) or value.tzinfo is None:
+                    raise errors.InvalidInputError("clock", "the clock must return aware datetimes")
+                self._now = value.astimezone(UTC)
+            elif self._in_transaction:
+                if not self._snapshot:
+                    self.exec(self.PIN)
+                self._now = datetime.now(UTC)
+        return self._now
+
+    def _execute(self, sql: str, params: Sequence[Any]) -> duckdb.DuckDBPyConnection:
+        self.statements += 1
+        cursor = self._cursor.execute(sql, list(params))
+        if sql != "BEGIN TRANSACTION":
+            self._snapshot = True
+        return cursor
 
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Execute one statement and return all rows."""
-        self.statements += 1
-        return self._cursor.execute(sql, list(params)).fetchall()
+        return self._execute(sql, params).fetchall()
 
     def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
         """Execute one statement and return its first row, or ``None``."""
@@ -134,12 +171,12 @@ class Tx:
 
     def exec(self, sql: str, params: Sequence[Any] = ()) -> None:
         """Execute one statement, ignoring any rows."""
-        self.statements += 1
-        self._cursor.execute(sql, list(params))
+        self._execute(sql, params)
 
     def insert_arrow(self, table: str, data: Any) -> None:
         """Insert every row of the ``pyarrow.Table`` ``data`` (columns in table order)."""
         self.statements += 1
+        self._snapshot = True
         name = f"_turnkeeper_rows_{id(data)}"
         self._cursor.register(name, data)
         try:
@@ -150,6 +187,7 @@ class Tx:
     def arrow(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """Execute one statement and return a ``pyarrow.Table``."""
         self.statements += 1
+        self._snapshot = True
         return self._cursor.sql(sql, params=list(params)).to_arrow_table()
 
 
@@ -200,15 +238,6 @@ class Database:
                     cur.close()
             self._con.close()
 
-    def now_param(self) -> datetime | None:
-        """The injected clock's now in UTC, or ``None`` to use the database's now()."""
-        if self.clock is None:
-            return None
-        now = self.clock()
-        if now.tzinfo is None:
-            raise errors.InvalidInputError("clock", "the clock returned a naive datetime")
-        return now.astimezone(UTC)
-
     # -- transactions ------------------------------------------------------------
 
     def run(self, operation: str, body: Callable[[Tx], T], *, transaction: bool = True) -> T:
@@ -231,7 +260,7 @@ class Database:
         def attempt() -> T:
             nonlocal attempts, statements
             attempts += 1
-            tx = Tx(cursor, self.now_param())
+            tx = Tx(cursor, self.clock, transaction)
             try:
                 if transaction:
                     tx.exec("BEGIN TRANSACTION")

@@ -2,8 +2,8 @@
 
 Statement budget per operation (BEGIN and COMMIT included):
 
-- acquire: 4 (BEGIN, read the row and the clock, compare-and-set write whose
-  event row is inserted by the same statement, COMMIT);
+- acquire: 4 (BEGIN, read the row, compare-and-set write whose event row is
+  inserted by the same statement, COMMIT); a refusal stops after the read;
 - renew: 1 (fenced update + event row in one autocommit statement);
 - release: 1 (likewise; zero rows is the idempotent no-op).
 
@@ -64,12 +64,14 @@ def check_ttl(ttl_s: float) -> None:
 def acquire(tx: Tx, secret: bytes, target: str, owner: str, ttl_s: float, purpose: str) -> Lease:
     """Grant, take over or re-acquire ``target`` (run inside a transaction)."""
     row = tx.one(
-        f"SELECT c.now, l.owner, l.token_digest, l.epoch, l.purpose, l.state, l.expires_at "
-        f"FROM (SELECT {NOW} AS now) c LEFT JOIN leases l ON l.target = ?",
-        [tx.now, target],
+        "SELECT owner, token_digest, epoch, purpose, state, expires_at FROM leases "
+        "WHERE target = ?",
+        [target],
     )
-    assert row is not None
-    now, held_owner, held_digest, epoch, held_purpose, state, expires_at = row
+    # The read above took the snapshot, so now is at or after every commit it saw.
+    now = tx.now
+    assert now is not None
+    held_owner, held_digest, epoch, held_purpose, state, expires_at = row or (None,) * 6
     source = "absent" if state is None else state
     facts: dict[str, object] = {}
     if state is not None:

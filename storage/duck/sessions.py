@@ -1,7 +1,7 @@
 """Sessions and their entry trees on DuckDB (session seed Store / Manager).
 
-An append is one transaction: fence the lease if one is given (a write to
-the lease row), read the session's leaf and next sequence, check the
+An append is one transaction: read the session's leaf and next sequence,
+fence the lease if one is given (a write to the lease row), check the
 caller's expected leaf, compare-and-set the session row (leaf, sequence,
 count, title) and insert the entry. A concurrent append to the same session
 is a DuckDB write-write conflict on the session row, retried by the
@@ -114,14 +114,14 @@ def append(
         LeaseLostError, SessionNotFoundError, SessionModifiedError,
         EntryExistsError, EntryNotFoundError (label target or branch target).
     """
-    if lease is not None:
-        leases.fence(tx, lease)
-    row = tx.one(
-        f"SELECT leaf_id, next_seq, {NOW} FROM sessions WHERE id = ?", [tx.now, session_id]
-    )
+    row = tx.one("SELECT leaf_id, next_seq FROM sessions WHERE id = ?", [session_id])
     if row is None:
         raise errors.SessionNotFoundError(session_id)
-    leaf, seq, now = row
+    if lease is not None:
+        leases.fence(tx, lease)
+    leaf, seq = row
+    now = tx.now
+    assert now is not None  # always set inside a transaction
     if expected_leaf is not ANY_LEAF and expected_leaf != leaf:
         raise errors.SessionModifiedError(session_id, expected_leaf, leaf)
     parent = leaf if parent_override is None else parent_override

@@ -116,9 +116,9 @@ def _archive(tx: Tx, record_id: str, key: str) -> None:
 def finalize(tx: Tx, req: FinalizeRequest, columns: tuple[str, str, str, str, str, str]) -> None:
     """Apply ``req`` inside the caller's transaction (see module docstring)."""
     rec = req.record
+    bound = tx.one("SELECT record_id FROM active_thread_keys WHERE key = ?", [rec.key])
     for lease in req.held_leases:
         leases.fence(tx, lease)
-    bound = tx.one("SELECT record_id FROM active_thread_keys WHERE key = ?", [rec.key])
     bound_id = bound[0] if bound else None
     if req.require_key_absent and bound_id is not None:
         raise errors.AlreadyExistsError(rec.key)

@@ -1,0 +1,385 @@
+"""Audit queries over a stored database: the invariants the demo must leave intact.
+
+Each check reads the stored history (``lease_events``, ``entries``,
+``thread_records`` …) through :meth:`DuckDBStore.query` and returns a
+:class:`Check` with the number of violations it found and how many things it
+examined. The checks are scoped to a list of session ids (their lease
+targets are ``session:<id>`` and their thread keys the ids themselves), or
+to the whole database when the scope is ``None``.
+
+Which times may be compared. The store stamps an entry's ``ts`` and a
+lease event's ``occurred_at`` with the store clock, DuckDB's ``now()``,
+which is the time the transaction BEGAN. DuckDB takes the transaction's
+snapshot later, at its first table access, and under write contention that
+can be hundreds of milliseconds later (a demo run recorded a regrant of
+epoch 4 stamped 210 ms before the release of epoch 3 that it read). So the
+stamps of two different transactions are not in commit order, and the
+checks never order one holder's writes against another holder's events by
+time. They use orders the store does serialize instead: epochs (each grant
+is a compare-and-set on the lease row) and entry ``seq`` (each append is a
+compare-and-set on the session row and, with a lease, also writes the lease
+row). Times are compared only within one lease's own history, which the
+checks assume one sequential holder produced (as each demo worker does):
+its grant, appends, renewals and release begin in program order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from turnkeeper.storage import DuckDBStore
+
+GRANTING = "('grant', 'regrant', 'takeover')"
+"""SQL list of the lease edges that issue a new epoch."""
+
+EXTENDING = "('grant', 'regrant', 'takeover', 'reacquire', 'renew')"
+"""SQL list of the lease edges whose event row carries a new expiry."""
+
+MARKER_SQL = (
+    "regexp_extract(json_extract_string(payload, '$.message.content[0].text'), "
+    "'^\\[([^\\]]+)\\]', 1)"
+)
+"""SQL for the demo marker of a message entry: ``x`` of a first text block ``[x] …``."""
+
+SAMPLE = 5
+"""How many offending ids a check quotes in its detail."""
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One audit result: ``violations`` offending items out of ``checked`` examined."""
+
+    name: str
+    description: str
+    violations: int
+    checked: int
+    detail: str = ""
+
+    @property
+    def passed(self) -> bool:
+        """Whether the check found no violation."""
+        return self.violations == 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The result as a JSON-ready dict (with ``passed``)."""
+        return {**asdict(self), "passed": self.passed}
+
+
+class Scope:
+    """SQL fragments restricting a query to some sessions (or to everything)."""
+
+    def __init__(self, sessions: Sequence[str] | None) -> None:
+        self.sessions = None if sessions is None else list(sessions)
+
+    def cte(self) -> str:
+        """A ``scope(sid)`` CTE body (takes one parameter when scoped)."""
+        if self.sessions is None:
+            return "scope AS (SELECT id AS sid FROM sessions)"
+        return "scope AS (SELECT unnest(?::VARCHAR[]) AS sid)"
+
+    def params(self) -> list[Any]:
+        """The parameters :meth:`cte` needs."""
+        return [] if self.sessions is None else [self.sessions]
+
+    def sessions_in(self, column: str) -> str:
+        """A predicate: ``column`` (a session id or thread key) is in scope."""
+        return f"{column} IN (SELECT sid FROM scope)"
+
+    def keys_in(self, column: str) -> str:
+        """A predicate on thread keys: in scope, or anything when unscoped."""
+        return "TRUE" if self.sessions is None else self.sessions_in(column)
+
+    def targets_in(self, column: str) -> str:
+        """A predicate on lease targets: ``session:<id>`` in scope, or anything."""
+        if self.sessions is None:
+            return "TRUE"
+        return f"{column} IN (SELECT 'session:' || sid FROM scope)"
+
+
+def _rows(store: DuckDBStore, sql: str, params: list[Any]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = store.query(sql, params).to_pylist()
+    return rows
+
+
+def _sample(ids: Sequence[Any]) -> str:
+    shown = ", ".join(str(i) for i in list(ids)[:SAMPLE])
+    more = len(ids) - SAMPLE
+    return f"{shown} (+{more} more)" if more > 0 else shown
+
+
+def check_epochs(store: DuckDBStore, scope: Scope) -> Check:
+    """Per target, the granting events (grant, regrant, takeover) carry epochs 1, 2, 3 …
+    with no repeat or gap, every other event names a granted epoch, and the
+    ``leases`` row's epoch is the largest granted one.
+
+    The grants are ordered by epoch, not by ``occurred_at``: the stamps are
+    transaction start times and need not follow commit order (see the module
+    docstring; :func:`clock_inversions` counts where they do not)."""
+    sql = f"""
+    WITH {scope.cte()},
+    g AS (
+        SELECT target, epoch,
+               row_number() OVER (PARTITION BY target ORDER BY epoch, occurred_at) AS rn
+        FROM lease_events WHERE edge IN {GRANTING} AND {scope.targets_in("target")}),
+    m AS (SELECT target, max(epoch) AS mx FROM g GROUP BY target),
+    t AS (SELECT target FROM m UNION SELECT target FROM leases WHERE {scope.targets_in("target")}),
+    bad AS (
+        SELECT target FROM g WHERE rn <> epoch
+        UNION
+        SELECT e.target FROM lease_events e
+        WHERE {scope.targets_in("e.target")} AND NOT EXISTS
+            (SELECT 1 FROM g WHERE g.target = e.target AND g.epoch = e.epoch)
+        UNION
+        SELECT t.target FROM t LEFT JOIN leases l ON l.target = t.target
+        LEFT JOIN m ON m.target = t.target WHERE l.epoch IS DISTINCT FROM m.mx)
+    SELECT (SELECT count(*) FROM t) AS checked,
+           (SELECT list(target ORDER BY target) FROM bad) AS bad
+    """
+    row = _rows(store, sql, scope.params())[0]
+    bad = row["bad"] or []
+    return Check(
+        "epochs_strictly_increasing",
+        "per target, grants carry epochs 1,2,3… once each; the leases row has the max",
+        len(bad),
+        int(row["checked"]),
+        _sample(bad),
+    )
+
+
+def check_fenced_entries(store: DuckDBStore, scope: Scope) -> Check:
+    """Every entry written under a lease was written while that lease was the live one.
+
+    For an entry with ``lease_epoch`` e in session s (target ``session:<s>``):
+
+    - e was granted on the target, by an event stamped at or before the
+      entry's ``ts`` (the holder acquires before it appends);
+    - no entry earlier in the session's ``seq`` order carries a higher
+      epoch: once a later grant has written, a lower epoch never writes
+      again (the order-based form of "no grant of a higher epoch preceded it");
+    - e was not released before ``ts``;
+    - the latest expiry e had at ``ts`` (its grant, reacquire or renew
+      stamped at or before ``ts``) lies after ``ts``.
+    """
+    sql = f"""
+    WITH {scope.cte()},
+    w AS (
+        SELECT session_id, id, seq, lease_epoch AS ep, ts, 'session:' || session_id AS target,
+               max(lease_epoch) OVER (PARTITION BY session_id ORDER BY seq
+                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS earlier_max
+        FROM entries WHERE lease_epoch IS NOT NULL AND {scope.sessions_in("session_id")}),
+    ev AS (
+        SELECT target, epoch, edge, occurred_at, expires_at FROM lease_events
+        WHERE target IN (SELECT DISTINCT target FROM w)),
+    judged AS (
+        SELECT w.session_id, w.id,
+            EXISTS (SELECT 1 FROM ev WHERE ev.target = w.target AND ev.epoch = w.ep
+                    AND ev.edge IN {GRANTING} AND ev.occurred_at <= w.ts) AS granted,
+            coalesce(w.earlier_max > w.ep, FALSE) AS superseded,
+            EXISTS (SELECT 1 FROM ev WHERE ev.target = w.target AND ev.epoch = w.ep
+                    AND ev.edge = 'release' AND ev.occurred_at < w.ts) AS released,
+            coalesce((SELECT max(ev.expires_at) FROM ev WHERE ev.target = w.target
+                      AND ev.epoch = w.ep AND ev.edge IN {EXTENDING}
+                      AND ev.occurred_at <= w.ts) > w.ts, FALSE) AS unexpired
+        FROM w)
+    SELECT (SELECT count(*) FROM judged) AS checked,
+           (SELECT list(session_id || '/' || id ORDER BY session_id, id) FROM judged
+            WHERE NOT granted OR superseded OR released OR NOT unexpired) AS bad
+    """
+    row = _rows(store, sql, scope.params())[0]
+    bad = row["bad"] or []
+    return Check(
+        "no_entry_under_lost_lease",
+        "leased entries: epoch granted, never below an earlier entry's, not released, unexpired",
+        len(bad),
+        int(row["checked"]),
+        _sample(bad),
+    )
+
+
+def clock_inversions(store: DuckDBStore, sessions: Sequence[str] | None = None) -> int:
+    """Grants stamped earlier than an event of the previous epoch on the same target.
+
+    Not a violation of fencing (the grant read the previous epoch's final
+    state, so it committed after it) but a sign that the store's stamps
+    (transaction start times) are not in commit order. Informational.
+    """
+    scope = Scope(sessions)
+    sql = f"""
+    WITH {scope.cte()},
+    e AS (SELECT target, epoch, edge, occurred_at FROM lease_events
+          WHERE {scope.targets_in("target")}),
+    last AS (SELECT target, epoch, max(occurred_at) AS t FROM e GROUP BY target, epoch)
+    SELECT count(*) AS n FROM e JOIN last
+      ON last.target = e.target AND last.epoch = e.epoch - 1
+    WHERE e.edge IN {GRANTING} AND e.occurred_at < last.t
+    """
+    return int(_rows(store, sql, scope.params())[0]["n"])
+
+
+def check_refused_absent(
+    store: DuckDBStore,
+    scope: Scope,
+    refused_markers: Sequence[str],
+    refused_records: Sequence[str],
+) -> Check:
+    """Every write a worker saw refused is absent: no message entry carries a refused
+    marker and no thread record has a refused record id."""
+    sql = f"""
+    WITH {scope.cte()}, r AS (SELECT unnest(?::VARCHAR[]) AS marker)
+    SELECT session_id || '/' || id AS bad FROM entries
+    WHERE {scope.sessions_in("session_id")} AND kind = 'message'
+      AND {MARKER_SQL} IN (SELECT marker FROM r)
+    UNION ALL
+    SELECT id FROM thread_records WHERE id IN (SELECT unnest(?::VARCHAR[]))
+    """
+    params = [*scope.params(), list(refused_markers), list(refused_records)]
+    bad = [r["bad"] for r in _rows(store, sql, params)]
+    return Check(
+        "refused_writes_absent",
+        "no write a worker saw refused (LeaseLostError) is stored",
+        len(bad),
+        len(refused_markers) + len(refused_records),
+        _sample(sorted(bad)),
+    )
+
+
+def check_one_active(store: DuckDBStore, scope: Scope) -> Check:
+    """At most one active thread record per key, and every active record is the one
+    ``active_thread_keys`` points at (and every pointer names an active record)."""
+    sql = f"""
+    WITH {scope.cte()},
+    dup AS (
+        SELECT 'duplicate:' || key AS bad FROM thread_records
+        WHERE status = 'active' AND {scope.keys_in("key")}
+        GROUP BY key HAVING count(*) > 1),
+    unbound AS (
+        SELECT 'unbound:' || r.id AS bad FROM thread_records r
+        LEFT JOIN active_thread_keys k ON k.key = r.key AND k.record_id = r.id
+        WHERE r.status = 'active' AND {scope.keys_in("r.key")} AND k.key IS NULL),
+    dangling AS (
+        SELECT 'dangling:' || k.key AS bad FROM active_thread_keys k
+        LEFT JOIN thread_records r ON r.id = k.record_id
+        WHERE {scope.keys_in("k.key")}
+          AND (r.id IS NULL OR r.status <> 'active' OR r.key <> k.key))
+    SELECT (SELECT count(DISTINCT key) FROM thread_records
+            WHERE {scope.keys_in("key")}) AS checked,
+           (SELECT list(bad ORDER BY bad) FROM
+               (SELECT bad FROM dup UNION ALL SELECT bad FROM unbound
+                UNION ALL SELECT bad FROM dangling)) AS bad
+    """
+    row = _rows(store, sql, scope.params())[0]
+    bad = row["bad"] or []
+    return Check(
+        "one_active_record_per_key",
+        "at most one active thread record per key, the one active_thread_keys names",
+        len(bad),
+        int(row["checked"]),
+        _sample(bad),
+    )
+
+
+def tree_problems(
+    entries: Sequence[tuple[str, str | None, int]],
+    leaf_id: str | None,
+    entry_count: int,
+    next_seq: int,
+) -> list[str]:
+    """What is wrong with one session's tree; ``entries`` are (id, parent_id, seq).
+
+    Checks: every parent exists in the session (or is NULL), seq values are
+    exactly 1..n, the leaf exists (or is NULL), no parent chain loops, and
+    the session row's ``entry_count``/``next_seq`` match.
+    """
+    problems: list[str] = []
+    parent = {eid: pid for eid, pid, _ in entries}
+    if len(parent) != len(entries):
+        problems.append("duplicate entry id")
+    seqs = sorted(seq for _, _, seq in entries)
+    if seqs != list(range(1, len(entries) + 1)):
+        problems.append("seq is not 1..n")
+    missing = [eid for eid, pid in parent.items() if pid is not None and pid not in parent]
+    if missing:
+        problems.append(f"missing parent of {missing[0]}")
+    if leaf_id is not None and leaf_id not in parent:
+        problems.append(f"leaf {leaf_id} missing")
+    if entry_count != len(entries) or next_seq != len(entries) + 1:
+        problems.append(f"counts {entry_count}/{next_seq} for {len(entries)} entries")
+    done: set[str] = set()
+    for start in parent:
+        path: list[str] = []
+        on_path: set[str] = set()
+        node: str | None = start
+        while node is not None and node in parent and node not in done:
+            if node in on_path:
+                problems.append(f"cycle through {node}")
+                break
+            on_path.add(node)
+            path.append(node)
+            node = parent[node]
+        done.update(path)
+        if problems and problems[-1].startswith("cycle"):
+            break
+    return problems
+
+
+def check_trees(store: DuckDBStore, scope: Scope) -> Check:
+    """Every session tree in scope is well formed (see :func:`tree_problems`)."""
+    head = store.query(
+        f"WITH {scope.cte()} SELECT id, leaf_id, entry_count, next_seq FROM sessions "
+        f"WHERE {scope.sessions_in('id')} ORDER BY id",
+        scope.params(),
+    ).to_pydict()
+    body = store.query(
+        f"WITH {scope.cte()} SELECT session_id, id, parent_id, seq FROM entries "
+        f"WHERE {scope.sessions_in('session_id')} ORDER BY session_id, seq",
+        scope.params(),
+    ).to_pydict()
+    by_session: dict[str, list[tuple[str, str | None, int]]] = {}
+    for sid, eid, pid, seq in zip(
+        body["session_id"], body["id"], body["parent_id"], body["seq"], strict=True
+    ):
+        by_session.setdefault(sid, []).append((eid, pid, seq))
+    bad: list[str] = []
+    sessions = head["id"]
+    for sid, leaf, count, next_seq in zip(
+        sessions, head["leaf_id"], head["entry_count"], head["next_seq"], strict=True
+    ):
+        problems = tree_problems(by_session.pop(sid, []), leaf, count, next_seq)
+        if problems:
+            bad.append(f"{sid}: {problems[0]}")
+    bad.extend(f"{sid}: entries without a session" for sid in sorted(by_session))
+    return Check(
+        "session_trees_well_formed",
+        "parents exist, seq is 1..n, leaf exists, no cycles, counts match",
+        len(bad),
+        len(sessions),
+        _sample(bad),
+    )
+
+
+def run_audit(
+    store: DuckDBStore,
+    sessions: Sequence[str] | None = None,
+    *,
+    refused_markers: Sequence[str] | None = None,
+    refused_records: Sequence[str] = (),
+) -> list[Check]:
+    """Run every check over ``sessions`` (``None``: the whole database).
+
+    ``refused_markers``/``refused_records`` are the demo markers and thread
+    record ids of writes that workers saw refused; when ``refused_markers``
+    is ``None`` that check is skipped (a stored database alone cannot know
+    which writes were refused).
+    """
+    scope = Scope(sessions)
+    checks = [
+        check_epochs(store, scope),
+        check_fenced_entries(store, scope),
+        check_one_active(store, scope),
+        check_trees(store, scope),
+    ]
+    if refused_markers is not None:
+        checks.insert(2, check_refused_absent(store, scope, refused_markers, refused_records))
+    return checks

@@ -1,0 +1,350 @@
+"""``turnkeeper demo``: run a simulated fleet against one store, then audit what it stored.
+
+Prints a rich table (or, with ``--json``, one JSON object with the same
+figures): turns committed, stale writes fenced, takeovers, busy refusals,
+store operations per second, statements per call of the hot operations and
+one row per audit check. Exits 1 when any audit check fails.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from dataclasses import asdict
+from datetime import datetime
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+import turnkeeper
+from turnkeeper.spec.errors import SessionIDExistsError
+from turnkeeper.storage import DuckDBStore
+
+from .audit import Check, clock_inversions, run_audit
+from .common import EXIT_FAILED, dumps, fmt_num, open_db, stdout_console
+from .fleet import FleetConfig, Worker, WorkerStats
+
+HOT_OPERATIONS = ("acquire_lease", "renew_lease", "release_lease", "append", "finalize", "resolve")
+"""Operations whose statements per call the table shows (JSON has every operation)."""
+
+PROGRESS_TICK_S = 0.1
+"""Seconds between progress-bar refreshes (and checks for finished workers)."""
+
+
+def ensure_sessions(store: DuckDBStore, cfg: FleetConfig) -> list[str]:
+    """Create (or reuse, when the database already has them) ``demo-<seed>-<n>``."""
+    ids = [f"demo-{cfg.seed}-{n}" for n in range(cfg.sessions)]
+    for n, sid in enumerate(ids):
+        try:
+            store.create_session(sid, cwd=f"/demo/project-{n % 5}", header={"demo": True})
+        except SessionIDExistsError:
+            continue
+        store.set_title(sid, f"Demo session {n} (seed {cfg.seed})")
+    return ids
+
+
+def db_now(store: DuckDBStore) -> datetime:
+    """The database clock's now (aware UTC)."""
+    value: datetime = store.query("SELECT now() AS now").column("now")[0].as_py()
+    return value
+
+
+def stats_delta(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]
+) -> dict[str, dict[str, float]]:
+    """Per operation, what happened between two ``statement_stats()`` snapshots.
+
+    Returns ``{op: {"calls", "statements", "statements_per_call", "retries"}}``
+    for operations called in between.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for op, a in after.items():
+        b = before.get(op, {"calls": 0, "statements_per_call": 0.0, "retries": 0})
+        calls = int(a["calls"] - b["calls"])
+        if calls <= 0:
+            continue
+        statements = round(
+            a["calls"] * a["statements_per_call"] - b["calls"] * b["statements_per_call"]
+        )
+        out[op] = {
+            "calls": calls,
+            "statements": statements,
+            "statements_per_call": round(statements / calls, 3),
+            "retries": int(a["retries"] - b["retries"]),
+        }
+    return out
+
+
+def _count_takeovers(store: DuckDBStore, session_ids: list[str], since: datetime) -> int:
+    table = store.query(
+        "SELECT count(*) AS n FROM lease_events WHERE edge = 'takeover' AND occurred_at >= ? "
+        "AND target IN (SELECT 'session:' || unnest(?::VARCHAR[]))",
+        [since, session_ids],
+    )
+    return int(table.column("n")[0].as_py())
+
+
+def _wait(
+    threads: list[threading.Thread],
+    workers: list[Worker],
+    cfg: FleetConfig,
+    console: Console | None,
+) -> None:
+    """Wait for the workers, showing a time-based progress bar on ``console`` if given."""
+    start = time.monotonic()
+    progress = Progress(
+        TextColumn("[bold]fleet"),
+        BarColumn(),
+        TextColumn("{task.completed:>4.1f}/{task.total:.0f} s"),
+        TimeElapsedColumn(),
+        TextColumn(
+            "{task.fields[turns]} turns · {task.fields[fenced]} fenced · {task.fields[busy]} busy"
+        ),
+        console=console,
+        disable=console is None,
+    )
+    with progress:
+        task = progress.add_task("fleet", total=cfg.duration_s, turns=0, fenced=0, busy=0)
+        while alive := [t for t in threads if t.is_alive()]:
+            stats = [w.stats for w in workers]
+            progress.update(
+                task,
+                completed=min(time.monotonic() - start, cfg.duration_s),
+                turns=sum(s.turns_committed for s in stats),
+                fenced=sum(s.stale_appends_fenced + s.stale_finalizes_fenced for s in stats),
+                busy=sum(s.busy_refusals for s in stats),
+            )
+            alive[0].join(PROGRESS_TICK_S)
+        progress.update(task, completed=cfg.duration_s)
+
+
+def run_fleet(store: DuckDBStore, cfg: FleetConfig, console: Console | None) -> dict[str, Any]:
+    """Run the fleet for ``cfg.duration_s`` seconds, audit the result, return the figures.
+
+    ``console`` shows a progress bar while it runs (``None``: no bar). The
+    returned dict is what ``--json`` prints; ``audit`` holds one dict per
+    check and ``audit_passed`` whether all passed.
+    """
+    session_ids = ensure_sessions(store, cfg)
+    run_id = secrets.token_hex(3)
+    started_at = db_now(store)
+    before = store.statement_stats()
+    stop = threading.Event()
+    deadline = time.monotonic() + cfg.duration_s
+    workers = [
+        Worker(store, i, cfg, session_ids, run_id, deadline, stop) for i in range(cfg.workers)
+    ]
+    threads = [
+        threading.Thread(target=w.run, name=f"demo-worker-{w.stats.index}", daemon=True)
+        for w in workers
+    ]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    try:
+        _wait(threads, workers, cfg, console)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    elapsed = time.monotonic() - t0
+    statements = stats_delta(before, store.statement_stats())
+    stats = [w.stats for w in workers]
+    figures = summarize(stats, cfg, elapsed, statements)
+    figures["takeovers"] = _count_takeovers(store, session_ids, started_at)
+    figures["clock_inversions"] = clock_inversions(store, session_ids)
+    figures.update(db=store.path, run_id=run_id)
+    checks = run_audit(
+        store,
+        session_ids,
+        refused_markers=[m for s in stats for m in s.refused_markers],
+        refused_records=[r for s in stats for r in s.refused_records],
+    )
+    attempted = 2 * sum(s.stalls for s in stats)
+    checks.append(
+        Check(
+            "stale_writes_refused",
+            "every write a stalled worker tried with its expired lease was refused",
+            sum(s.stale_writes_accepted for s in stats),
+            attempted,
+        )
+    )
+    errors = [e for s in stats for e in s.errors]
+    checks.append(
+        Check(
+            "workers_error_free",
+            "no worker hit an unexpected error",
+            len(errors),
+            sum(s.iterations for s in stats),
+            "; ".join(errors[:3]),
+        )
+    )
+    figures["audit"] = [c.as_dict() for c in checks]
+    figures["audit_passed"] = all(c.passed for c in checks)
+    return figures
+
+
+def summarize(
+    stats: list[WorkerStats],
+    cfg: FleetConfig,
+    elapsed_s: float,
+    statements: dict[str, dict[str, float]],
+) -> dict[str, Any]:
+    """Fold the workers' counters and the statement deltas into the result figures."""
+
+    def total(name: str) -> int:
+        return sum(int(getattr(s, name)) for s in stats)
+
+    operations = sum(int(v["calls"]) for v in statements.values())
+    config = asdict(cfg)
+    return {
+        "seed": cfg.seed,
+        "workers": cfg.workers,
+        "sessions": cfg.sessions,
+        "duration_s": cfg.duration_s,
+        "ttl_s": cfg.ttl_s,
+        "config": config,
+        "elapsed_s": round(elapsed_s, 3),
+        "iterations": total("iterations"),
+        "turns_committed": total("turns_committed"),
+        "entries_written": total("entries_written"),
+        "stale_writes_fenced": total("stale_appends_fenced") + total("stale_finalizes_fenced"),
+        "stale_appends_fenced": total("stale_appends_fenced"),
+        "stale_finalizes_fenced": total("stale_finalizes_fenced"),
+        "stale_writes_accepted": total("stale_writes_accepted"),
+        "lost_mid_turn": total("lost_mid_turn"),
+        "busy_refusals": total("busy_refusals"),
+        "stalls": total("stalls"),
+        "abandoned": total("abandoned"),
+        "records_finalized": total("finalized"),
+        "conflicts_given_up": total("conflicts"),
+        "store_operations": operations,
+        "ops_per_s": round(operations / elapsed_s, 1) if elapsed_s > 0 else 0.0,
+        "retries": sum(int(v["retries"]) for v in statements.values()),
+        "statements": statements,
+        "errors": [e for s in stats for e in s.errors][:20],
+        "first_choices": {str(s.index): list(s.choices) for s in stats},
+    }
+
+
+def render(console: Console, figures: dict[str, Any]) -> None:
+    """Print the figures as one rich table (fleet, statements per call, audit)."""
+    table = Table(
+        title=(
+            f"turnkeeper demo: {figures['workers']} workers, {figures['sessions']} sessions, "
+            f"{figures['elapsed_s']:.1f} s, seed {figures['seed']}, ttl {figures['ttl_s']} s"
+        ),
+        title_justify="left",
+    )
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    table.add_column("note", overflow="fold")
+    f = figures
+    rows: list[tuple[str, str, str]] = [
+        ("turns committed", fmt_num(f["turns_committed"]), f"{f['entries_written']:,} entries"),
+        (
+            "stale writes fenced",
+            fmt_num(f["stale_writes_fenced"]),
+            f"{f['stale_appends_fenced']} appends, {f['stale_finalizes_fenced']} finalizes "
+            f"after {f['stalls']} stalls",
+        ),
+        ("leases lost mid-turn", fmt_num(f["lost_mid_turn"]), "refused, counted apart"),
+        ("takeovers", fmt_num(f["takeovers"]), f"{f['abandoned']} leases abandoned"),
+        ("busy refusals", fmt_num(f["busy_refusals"]), f"{f['iterations']:,} iterations"),
+        ("thread records finalized", fmt_num(f["records_finalized"]), ""),
+        (
+            "store operations / s",
+            fmt_num(f["ops_per_s"]),
+            f"{f['store_operations']:,} ops, {f['retries']:,} conflict retries",
+        ),
+        (
+            "grants stamped before the prior epoch ended",
+            fmt_num(f["clock_inversions"]),
+            "info, not a failure: stamps are transaction start times",
+        ),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    table.add_section()
+    for op in HOT_OPERATIONS:
+        s = f["statements"].get(op)
+        if s is not None:
+            table.add_row(
+                f"statements / {op}",
+                f"{s['statements_per_call']:.2f}",
+                f"{int(s['calls']):,} calls, {int(s['retries']):,} retries",
+            )
+    table.add_section()
+    for check in f["audit"]:
+        verdict = "[green]PASS[/]" if check["passed"] else "[bold red]FAIL[/]"
+        note = f"{check['violations']} violations / {check['checked']:,} checked"
+        if check["detail"]:
+            note += f": {check['detail']}"
+        table.add_row(f"audit: {check['name']}", verdict, note)
+    console.print(table)
+
+
+@click.command("demo")
+@click.option(
+    "--db",
+    type=click.Path(dir_okay=False),
+    default=turnkeeper.DEFAULT_PATH,
+    show_default=True,
+    help="DuckDB database file.",
+)
+@click.option("--workers", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--sessions", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0.0),
+    default=20.0,
+    show_default=True,
+    help="Seconds the fleet runs.",
+)
+@click.option(
+    "--seed", type=int, default=None, help="Seed for repeatable choices (default: random)."
+)
+@click.option(
+    "--ttl",
+    type=click.FloatRange(min=0.01),
+    default=0.5,
+    show_default=True,
+    help="Lease TTL in seconds.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@click.pass_context
+def demo_command(
+    ctx: click.Context,
+    db: str,
+    workers: int,
+    sessions: int,
+    duration: float,
+    seed: int | None,
+    ttl: float,
+    as_json: bool,
+) -> None:
+    """Run W worker threads sharing one store for SECONDS, racing for S sessions.
+
+    Workers take session leases (TTL in seconds), append pi-style turns,
+    finalize thread records, and now and then stall past the TTL (their late
+    writes must be fenced) or abandon a lease (a later worker takes it over).
+    Prints the figures and an audit of the stored data as a table (or one
+    JSON object with --json); exits 1 if any audit check fails.
+    """
+    if seed is None:
+        seed = secrets.randbelow(1_000_000)
+    cfg = FleetConfig(workers=workers, sessions=sessions, duration_s=duration, seed=seed, ttl_s=ttl)
+    console = stdout_console()
+    show_bar = not as_json and console.is_terminal
+    with open_db(db) as store:
+        figures = run_fleet(store, cfg, console if show_bar else None)
+    if as_json:
+        click.echo(dumps(figures))
+    else:
+        render(console, figures)
+    if not figures["audit_passed"]:
+        ctx.exit(EXIT_FAILED)

@@ -1,0 +1,351 @@
+"""The simulated fleet behind ``turnkeeper demo``: worker threads racing for sessions.
+
+Every worker shares ONE store object. Each iteration it draws a
+:class:`Plan` from its own ``random.Random(seed + index)`` (all random draws
+of an iteration happen up front, so a seed fixes the sequence of plans no
+matter how the races turn out), takes the lease ``session:<id>`` (purpose
+``execution``) and then:
+
+- ``turn``: appends a pi-style turn under the lease (user message,
+  assistant message, sometimes an assistant ``toolCall`` plus its
+  ``toolResult`` and a closing assistant message), renews the lease,
+  finalizes a thread record ``<session>-<epoch>`` for the key ``<session>``
+  (archiving the previous active record and rebinding the key) and releases;
+- ``abandon``: the same turn, but the lease is never released, so a later
+  acquirer takes it over once it expires;
+- ``stall``: appends a user message, sleeps past the TTL, then tries an
+  append and a finalize with the old lease; both must be refused with
+  ``LeaseLostError`` (a stale write that is accepted is an audit failure).
+
+Every message a worker writes starts with a unique marker ``[run.w.i.n]`` so
+the audit can check that no write a worker saw refused was stored.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from turnkeeper.spec import LeasePurpose
+from turnkeeper.spec.errors import (
+    BusyError,
+    LeaseLostError,
+    TransactionConflictError,
+)
+from turnkeeper.spec.records import FinalizeRequest, Lease, ThreadRecord
+from turnkeeper.storage import DuckDBStore
+
+from .common import one_line
+
+MODELS: tuple[tuple[str, str], ...] = (
+    ("anthropic", "claude-sonnet-4-5"),
+    ("openai", "gpt-5.1"),
+    ("google", "gemini-2.5-pro"),
+)
+"""(provider, model) pairs the simulated assistants answer with."""
+
+TOOLS = ("read", "bash", "grep", "edit")
+PROMPTS = (
+    "Why does the build fail on CI?",
+    "Rename the config loader and update its callers.",
+    "Summarize the open TODOs in storage/.",
+    "Add a test for the lease takeover path.",
+    "Explain the epoch check in finalize.",
+)
+
+CHOICES_KEPT = 16
+"""How many chosen session ids per worker the result keeps (repeatability checks)."""
+
+BUSY_BACKOFF_S = 0.002
+"""Seconds a worker waits after a busy refusal before its next iteration."""
+
+STALL_MARGIN_S = 0.15
+"""Seconds a stalled worker sleeps beyond the lease TTL."""
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    """Knobs of the simulation; durations in seconds, probabilities per iteration."""
+
+    workers: int = 8
+    sessions: int = 20
+    duration_s: float = 20.0
+    seed: int = 0
+    ttl_s: float = 0.5
+    stall_p: float = 0.15
+    abandon_p: float = 0.05
+    tool_p: float = 0.35
+    model_change_p: float = 0.05
+
+
+class Plan(NamedTuple):
+    """One iteration's choices, drawn before anything touches the store."""
+
+    session: int
+    action: str  # "turn" | "abandon" | "stall"
+    tool: bool
+    model: int
+    model_change: bool
+
+
+def plan_iteration(rng: random.Random, cfg: FleetConfig) -> Plan:
+    """Draw the next plan (always the same five draws, whatever happens next)."""
+    session = rng.randrange(cfg.sessions)
+    r = rng.random()
+    if r < cfg.stall_p:
+        action = "stall"
+    elif r < cfg.stall_p + cfg.abandon_p:
+        action = "abandon"
+    else:
+        action = "turn"
+    tool = rng.random() < cfg.tool_p
+    model = rng.randrange(len(MODELS))
+    model_change = rng.random() < cfg.model_change_p
+    return Plan(session, action, tool, model, model_change)
+
+
+def worker_rng(cfg: FleetConfig, index: int) -> random.Random:
+    """Worker ``index``'s generator: ``random.Random(seed + index)``."""
+    return random.Random(cfg.seed + index)
+
+
+@dataclass
+class WorkerStats:
+    """What one worker saw; counters are only written by that worker's thread."""
+
+    index: int
+    iterations: int = 0
+    turns_committed: int = 0
+    entries_written: int = 0
+    busy_refusals: int = 0
+    stalls: int = 0
+    abandoned: int = 0
+    finalized: int = 0
+    stale_appends_fenced: int = 0
+    stale_finalizes_fenced: int = 0
+    stale_writes_accepted: int = 0
+    lost_mid_turn: int = 0
+    conflicts: int = 0
+    errors: list[str] = field(default_factory=list)
+    refused_markers: list[str] = field(default_factory=list)
+    refused_records: list[str] = field(default_factory=list)
+    choices: list[str] = field(default_factory=list)
+
+
+def _ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _text(marker: str, text: str) -> dict[str, Any]:
+    return {"type": "text", "text": f"[{marker}] {text}"}
+
+
+class Worker:
+    """One simulated agent runtime; :meth:`run` loops until the deadline or ``stop``."""
+
+    def __init__(
+        self,
+        store: DuckDBStore,
+        index: int,
+        cfg: FleetConfig,
+        session_ids: list[str],
+        run_id: str,
+        deadline: float,
+        stop: threading.Event,
+    ) -> None:
+        self.store = store
+        self.cfg = cfg
+        self.session_ids = session_ids
+        self.run_id = run_id
+        self.deadline = deadline
+        self.stop = stop
+        self.owner = f"demo-worker-{index}"
+        self.rng = worker_rng(cfg, index)
+        self.stats = WorkerStats(index)
+        self._finalized_ids: set[str] = set()
+
+    def run(self) -> None:
+        """Loop over iterations; never raises (errors are recorded in ``stats``)."""
+        while not self.stop.is_set() and time.monotonic() < self.deadline:
+            plan = plan_iteration(self.rng, self.cfg)
+            it = self.stats.iterations
+            self.stats.iterations += 1
+            sid = self.session_ids[plan.session]
+            if len(self.stats.choices) < CHOICES_KEPT:
+                self.stats.choices.append(sid)
+            try:
+                self._iteration(it, sid, plan)
+            except TransactionConflictError:
+                self.stats.conflicts += 1
+            except Exception as exc:  # a bug or backend failure: recorded, shown, fails the run
+                self.stats.errors.append(f"{type(exc).__name__}: {one_line(str(exc))}")
+
+    # -- one iteration ---------------------------------------------------------
+
+    def _iteration(self, it: int, sid: str, plan: Plan) -> None:
+        try:
+            lease = self.store.acquire_lease(
+                f"session:{sid}", self.owner, self.cfg.ttl_s, purpose=LeasePurpose.EXECUTION
+            )
+        except BusyError:
+            self.stats.busy_refusals += 1
+            self.stop.wait(BUSY_BACKOFF_S)
+            return
+        if plan.action == "stall":
+            self._stall(it, sid, lease)
+            return
+        try:
+            leaf = self._write_turn(it, sid, lease, plan)
+            self.stats.turns_committed += 1
+            lease = self.store.renew_lease(lease, self.cfg.ttl_s)
+            self._finalize(sid, lease, leaf)
+        except LeaseLostError:
+            self.stats.lost_mid_turn += 1
+            return
+        if plan.action == "abandon":
+            self.stats.abandoned += 1
+            return
+        self.store.release_lease(lease)
+
+    def _marker(self, it: int, n: int) -> str:
+        return f"{self.run_id}.{self.stats.index}.{it}.{n}"
+
+    def _append(self, sid: str, lease: Lease, marker: str, message: dict[str, Any]) -> str:
+        """Append one message entry under ``lease``; a refusal records ``marker``."""
+        try:
+            entry = self.store.append(sid, "message", {"message": message}, lease=lease)
+        except LeaseLostError:
+            self.stats.refused_markers.append(marker)
+            raise
+        self.stats.entries_written += 1
+        return entry.id
+
+    def _write_turn(self, it: int, sid: str, lease: Lease, plan: Plan) -> str:
+        """Append the turn's entries; returns the last entry id."""
+        provider, model = MODELS[plan.model]
+        if plan.model_change:
+            self.store.append(
+                sid, "model_change", {"provider": provider, "modelId": model}, lease=lease
+            )
+            self.stats.entries_written += 1
+        m = self._marker(it, 0)
+        self._append(
+            sid,
+            lease,
+            m,
+            {"role": "user", "content": [_text(m, PROMPTS[it % len(PROMPTS)])], "timestamp": _ms()},
+        )
+        usage = {"input": 420 + it % 97, "output": 60 + it % 41, "cacheRead": 0, "cacheWrite": 0}
+        assistant = {"api": "demo", "provider": provider, "model": model, "usage": usage}
+        if plan.tool:
+            tool = TOOLS[it % len(TOOLS)]
+            call_id = f"call_{self.stats.index}_{it}"
+            m = self._marker(it, 1)
+            call = {"type": "toolCall", "id": call_id, "name": tool, "arguments": {"path": "."}}
+            self._append(
+                sid,
+                lease,
+                m,
+                {
+                    "role": "assistant",
+                    "content": [_text(m, "Let me look."), call],
+                    **assistant,
+                    "stopReason": "toolUse",
+                    "timestamp": _ms(),
+                },
+            )
+            m = self._marker(it, 2)
+            self._append(
+                sid,
+                lease,
+                m,
+                {
+                    "role": "toolResult",
+                    "toolCallId": call_id,
+                    "toolName": tool,
+                    "content": [_text(m, f"{tool}: ok")],
+                    "isError": False,
+                    "timestamp": _ms(),
+                },
+            )
+        m = self._marker(it, 3)
+        return self._append(
+            sid,
+            lease,
+            m,
+            {
+                "role": "assistant",
+                "content": [_text(m, "Done.")],
+                **assistant,
+                "stopReason": "stop",
+                "timestamp": _ms(),
+            },
+        )
+
+    def _finalize(self, sid: str, lease: Lease, leaf: str) -> None:
+        """Save ``<sid>-<epoch>`` as the key's active record (archiving the previous)."""
+        previous = self.store.resolve(key=sid)
+        rec_id = f"{sid}-{lease.epoch}"
+        archive = previous is not None and previous.id != rec_id
+        record = ThreadRecord(
+            id=rec_id,
+            key=sid,
+            driver_type="demo",
+            agent={"owner": self.owner},
+            session_codec="pi-jsonl-v3",
+            state={"leaf": leaf, "epoch": lease.epoch},
+        )
+        request = FinalizeRequest(
+            record=record,
+            previous_id=previous.id if archive and previous is not None else None,
+            archive_old=archive,
+            rebind_active=True,
+            held_leases=(lease,),
+        )
+        try:
+            self.store.finalize(request)
+        except LeaseLostError:
+            if rec_id not in self._finalized_ids:
+                self.stats.refused_records.append(rec_id)
+            raise
+        self._finalized_ids.add(rec_id)
+        self.stats.finalized += 1
+
+    def _stall(self, it: int, sid: str, lease: Lease) -> None:
+        """Write, stall past the TTL, then try to write again with the old lease."""
+        self.stats.stalls += 1
+        m = self._marker(it, 0)
+        try:
+            self._append(
+                sid, lease, m, {"role": "user", "content": [_text(m, "…")], "timestamp": _ms()}
+            )
+        except LeaseLostError:
+            self.stats.lost_mid_turn += 1
+            return
+        if self.stop.wait(self.cfg.ttl_s + STALL_MARGIN_S):
+            return  # interrupted: the lease may still be live, so test nothing
+        m = self._marker(it, 1)
+        stale = {"role": "assistant", "content": [_text(m, "late")], "timestamp": _ms()}
+        try:
+            self.store.append(sid, "message", {"message": stale}, lease=lease)
+        except LeaseLostError:
+            self.stats.stale_appends_fenced += 1
+            self.stats.refused_markers.append(m)
+        else:
+            self.stats.stale_writes_accepted += 1
+        rec_id = f"{sid}-{lease.epoch}-stale-{self.stats.index}.{it}"
+        request = FinalizeRequest(
+            record=ThreadRecord(id=rec_id, key=sid, driver_type="demo"),
+            rebind_active=True,
+            held_leases=(lease,),
+        )
+        try:
+            self.store.finalize(request)
+        except LeaseLostError:
+            self.stats.stale_finalizes_fenced += 1
+            self.stats.refused_records.append(rec_id)
+        else:
+            self.stats.stale_writes_accepted += 1

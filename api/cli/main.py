@@ -1,0 +1,100 @@
+"""The ``turnkeeper`` command line: ``demo``, ``report``, ``sessions``, ``audit``,
+``import`` and ``export`` (each in its own module; this one holds the group).
+
+Every command takes ``--db PATH`` (default ``turnkeeper.duckdb`` in the
+current directory). A turnkeeper error (for example ``StoreLockedError``
+when another process holds the database) prints one line on stderr and
+exits 2, without a traceback; failed audits and failed import files exit 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from turnkeeper.spec.errors import TurnkeeperError
+
+from .audit import clock_inversions, run_audit
+from .common import EXIT_ERROR, EXIT_FAILED, CliError, db_option, dumps, one_line, open_db
+from .demo import demo_command
+from .report import report_command
+from .sessions_view import sessions_group
+from .transfer import export_command, import_command
+
+
+class TurnkeeperGroup(click.Group):
+    """A click group that turns turnkeeper errors into one stderr line and exit status 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except TurnkeeperError as exc:
+            click.echo(f"turnkeeper: {type(exc).__name__}: {one_line(str(exc))}", err=True)
+        except CliError as exc:
+            click.echo(f"turnkeeper: error: {one_line(str(exc))}", err=True)
+        ctx.exit(EXIT_ERROR)
+
+
+@click.group(cls=TurnkeeperGroup)
+@click.version_option(package_name="turnkeeper", prog_name="turnkeeper")
+def cli() -> None:
+    """turnkeeper: durable state for AI-agent runtimes (DuckDB store)."""
+
+
+@cli.command("audit")
+@db_option()
+@click.option(
+    "--session",
+    "sessions",
+    multiple=True,
+    help="Audit only this session (repeatable); default: the whole database.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+def audit_command(ctx: click.Context, db: str, sessions: tuple[str, ...], as_json: bool) -> None:
+    """Check a stored database's invariants: lease epochs 1,2,3… per target, no
+    entry written under a lost lease, one active thread record per key, well
+    formed session trees. Prints one line per check and an informational count
+    of grants stamped before the previous epoch's last event (or one JSON
+    object); exits 1 if any check fails.
+    """
+    with open_db(db, must_exist=True) as store:
+        checks = run_audit(store, list(sessions) or None)
+        inversions = clock_inversions(store, list(sessions) or None)
+    if as_json:
+        click.echo(
+            dumps(
+                {
+                    "audit": [c.as_dict() for c in checks],
+                    "audit_passed": all(c.passed for c in checks),
+                    "clock_inversions": inversions,
+                }
+            )
+        )
+    else:
+        for c in checks:
+            verdict = "PASS" if c.passed else "FAIL"
+            detail = f": {c.detail}" if c.detail else ""
+            click.echo(
+                f"{verdict} {c.name}: {c.violations} violations / {c.checked} checked{detail}"
+            )
+        click.echo(f"info: {inversions} grants stamped before the prior epoch's last event")
+    if not all(c.passed for c in checks):
+        ctx.exit(EXIT_FAILED)
+
+
+cli.add_command(demo_command)
+cli.add_command(report_command)
+cli.add_command(sessions_group)
+cli.add_command(import_command)
+cli.add_command(export_command)
+
+
+def main() -> None:
+    """Console-script entry point (``turnkeeper``)."""
+    cli(prog_name="turnkeeper")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,244 @@
+"""``turnkeeper report``: analytics over what a database holds, in DuckDB SQL.
+
+Every figure is one query through :meth:`DuckDBStore.query` (a
+``pyarrow.Table``): sessions and entries, entries by kind, user turns per
+session (min/avg/max), models used (assistant messages' ``provider``/``model``
+and ``model_change`` entries), lease events by edge, fenced writes by
+operation, takeovers and fenced writes over time (per second when the events
+span under two minutes, else per minute) and thread records by status.
+``--parquet DIR`` also writes the underlying tables as Parquet files.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from turnkeeper.storage import DuckDBStore
+
+from .common import db_option, dumps, fmt_num, open_db, stdout_console
+
+PARQUET_TABLES = ("sessions", "entries", "lease_events", "fence_events", "thread_records")
+"""Tables ``--parquet`` exports, one ``<table>.parquet`` file each."""
+
+SECOND_BUCKETS_BELOW_S = 120
+"""Bucket the timeline per second when its events span fewer seconds than this."""
+
+TIMELINE_ROWS_SHOWN = 40
+"""Most timeline buckets the table prints (the latest ones); JSON has all."""
+
+USER = "json_extract_string(payload, '$.message.role') = 'user'"
+
+SQL: dict[str, str] = {
+    "sessions": (
+        "SELECT count(*) AS sessions, coalesce(sum(entry_count), 0)::BIGINT AS entries, "
+        "min(created_at) AS first_created, max(updated_at) AS last_updated FROM sessions"
+    ),
+    "entries_by_kind": (
+        "SELECT kind, count(*) AS entries FROM entries GROUP BY kind ORDER BY entries DESC, kind"
+    ),
+    "turns": (
+        "WITH t AS (SELECT s.id, count(e.id) AS turns FROM sessions s LEFT JOIN entries e "
+        f"ON e.session_id = s.id AND e.kind = 'message' AND {USER} GROUP BY s.id) "
+        "SELECT min(turns) AS min, round(avg(turns), 2) AS avg, max(turns) AS max, "
+        "coalesce(sum(turns), 0)::BIGINT AS total FROM t"
+    ),
+    "models": (
+        "SELECT source, provider, model, count(*) AS entries FROM ("
+        "SELECT 'assistant' AS source, "
+        "json_extract_string(payload, '$.message.provider') AS provider, "
+        "json_extract_string(payload, '$.message.model') AS model FROM entries "
+        "WHERE kind = 'message' AND json_extract_string(payload, '$.message.role') = 'assistant' "
+        "UNION ALL SELECT 'model_change', json_extract_string(payload, '$.provider'), "
+        "coalesce(json_extract_string(payload, '$.modelId'), json_extract_string(payload, "
+        "'$.model')) FROM entries WHERE kind = 'model_change') "
+        "GROUP BY ALL ORDER BY entries DESC, source, provider, model"
+    ),
+    "lease_events_by_edge": (
+        "SELECT edge, count(*) AS events FROM lease_events GROUP BY edge ORDER BY events DESC"
+    ),
+    "fenced_by_operation": (
+        "SELECT operation, count(*) AS refused FROM fence_events GROUP BY operation "
+        "ORDER BY refused DESC"
+    ),
+    "thread_records": (
+        "SELECT status, count(*) AS records FROM thread_records GROUP BY status ORDER BY status"
+    ),
+}
+
+EVENTS = (
+    "SELECT occurred_at AS t, 1 AS takeover, 0 AS fenced FROM lease_events "
+    "WHERE edge = 'takeover' UNION ALL "
+    "SELECT occurred_at, 0, 1 FROM fence_events"
+)
+
+
+def _rows(store: DuckDBStore, sql: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = store.query(sql).to_pylist()
+    return rows
+
+
+def timeline(store: DuckDBStore) -> dict[str, Any]:
+    """Takeovers and fenced writes per bucket: ``{"bucket": unit, "rows": [...]}``.
+
+    The unit is ``second`` when the events span under
+    :data:`SECOND_BUCKETS_BELOW_S` seconds, else ``minute``.
+    """
+    span = _rows(
+        store,
+        f"SELECT coalesce(epoch(max(t)) - epoch(min(t)), 0) AS span_s FROM ({EVENTS})",
+    )[0]["span_s"]
+    unit = "second" if float(span) < SECOND_BUCKETS_BELOW_S else "minute"
+    rows = _rows(
+        store,
+        f"SELECT date_trunc('{unit}', t) AS bucket, sum(takeover)::BIGINT AS takeovers, "
+        f"sum(fenced)::BIGINT AS fenced_writes FROM ({EVENTS}) GROUP BY bucket ORDER BY bucket",
+    )
+    return {"bucket": unit, "rows": rows}
+
+
+def collect(store: DuckDBStore) -> dict[str, Any]:
+    """Every report figure as one JSON-ready dict."""
+    out: dict[str, Any] = {name: _rows(store, sql) for name, sql in SQL.items()}
+    out["sessions"] = out["sessions"][0]
+    out["turns_per_session"] = out.pop("turns")[0]
+    out["timeline"] = timeline(store)
+    return out
+
+
+def write_parquet(store: DuckDBStore, directory: str) -> dict[str, dict[str, Any]]:
+    """Write :data:`PARQUET_TABLES` to ``directory`` (created if missing).
+
+    Returns ``{table: {"path", "rows"}}``.
+    """
+    pq = importlib.import_module("pyarrow.parquet")
+    os.makedirs(directory, exist_ok=True)
+    written: dict[str, dict[str, Any]] = {}
+    for name in PARQUET_TABLES:
+        data = store.query(f"SELECT * FROM {name}")
+        path = os.path.join(directory, f"{name}.parquet")
+        pq.write_table(data, path)
+        written[name] = {"path": os.path.abspath(path), "rows": data.num_rows}
+    return written
+
+
+def _table(title: str, columns: list[str], rows: list[list[str]], text_columns: int = 1) -> Table:
+    """A table whose first ``text_columns`` columns are text and the rest numbers."""
+    table = Table(title=title, title_justify="left")
+    for i, col in enumerate(columns):
+        table.add_column(col, justify="left" if i < text_columns else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def render(console: Console, data: dict[str, Any]) -> None:
+    """Print the report as rich tables."""
+    s = data["sessions"]
+    t = data["turns_per_session"]
+    status = {r["status"]: r["records"] for r in data["thread_records"]}
+    console.print(
+        _table(
+            "Overview",
+            ["figure", "value"],
+            [
+                ["sessions", fmt_num(s["sessions"])],
+                ["entries", fmt_num(s["entries"])],
+                ["user turns (total)", fmt_num(t["total"])],
+                [
+                    "user turns per session min / avg / max",
+                    f"{fmt_num(t['min'])} / {fmt_num(t['avg'], 2)} / {fmt_num(t['max'])}",
+                ],
+                ["thread records active", fmt_num(status.get("active", 0))],
+                ["thread records archived", fmt_num(status.get("archived", 0))],
+            ],
+        )
+    )
+    console.print(
+        _table(
+            "Entries by kind",
+            ["kind", "entries"],
+            [[r["kind"], fmt_num(r["entries"])] for r in data["entries_by_kind"]],
+        )
+    )
+    console.print(
+        _table(
+            "Models used",
+            ["source", "provider", "model", "entries"],
+            [
+                [
+                    r["source"],
+                    str(r["provider"] or "-"),
+                    str(r["model"] or "-"),
+                    fmt_num(r["entries"]),
+                ]
+                for r in data["models"]
+            ],
+            text_columns=3,
+        )
+    )
+    console.print(
+        _table(
+            "Lease events and fenced writes",
+            ["what", "count"],
+            [[f"lease {r['edge']}", fmt_num(r["events"])] for r in data["lease_events_by_edge"]]
+            + [
+                [f"fenced {r['operation']}", fmt_num(r["refused"])]
+                for r in data["fenced_by_operation"]
+            ],
+        )
+    )
+    tl = data["timeline"]
+    rows = tl["rows"]
+    shown = rows[-TIMELINE_ROWS_SHOWN:]
+    title = f"Takeovers and fenced writes per {tl['bucket']} (UTC)"
+    if len(rows) > len(shown):
+        title += f", last {len(shown)} of {len(rows)} buckets"
+    fmt = "%Y-%m-%d %H:%M:%S" if tl["bucket"] == "second" else "%Y-%m-%d %H:%M"
+    console.print(
+        _table(
+            title,
+            [tl["bucket"], "takeovers", "fenced writes"],
+            [
+                [r["bucket"].strftime(fmt), fmt_num(r["takeovers"]), fmt_num(r["fenced_writes"])]
+                for r in shown
+            ],
+        )
+    )
+
+
+@click.command("report")
+@db_option()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.option(
+    "--parquet",
+    "parquet_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Also write sessions, entries, lease_events, fence_events and thread_records "
+    "as Parquet files into this directory.",
+)
+def report_command(db: str, as_json: bool, parquet_dir: str | None) -> None:
+    """Print analytics over the stored sessions, leases and thread records.
+
+    Tables (or one JSON object with --json): sessions and entries, entries by
+    kind, user turns per session, models used, lease events by edge, fenced
+    writes by operation, takeovers and fenced writes over time (per second
+    under two minutes of data, else per minute), thread records by status.
+    """
+    with open_db(db, must_exist=True) as store:
+        data = collect(store)
+        if parquet_dir is not None:
+            data["parquet"] = write_parquet(store, parquet_dir)
+    if as_json:
+        click.echo(dumps(data))
+        return
+    console = stdout_console()
+    render(console, data)
+    for name, info in data.get("parquet", {}).items():
+        console.print(f"wrote {info['path']} ({info['rows']:,} rows, table {name})")

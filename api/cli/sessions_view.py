@@ -1,0 +1,286 @@
+"""``turnkeeper sessions``: list stored sessions, or show one as a tree.
+
+``turnkeeper sessions [--search TEXT] [--limit N] [--json]`` (also
+``sessions list``) prints a table of sessions newest first: id, title, cwd,
+entry count and creation time (UTC), paging through ``list_sessions`` with
+its cursor. ``turnkeeper sessions show ID`` prints the session's entry tree:
+each entry's kind, short id and a one-line summary, with the current leaf
+and labels marked. Linear stretches of the tree are printed flat; where the
+tree forks, each child branch is an indented ``branch i/n`` node.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from turnkeeper.spec.errors import SessionNotFoundError
+from turnkeeper.spec.records import Entry, Session
+from turnkeeper.storage import DuckDBStore
+
+from .common import F, db_option, dumps, open_db, stdout_console
+
+PAGE_SIZE = 100
+"""Sessions fetched per ``list_sessions`` call."""
+
+SUMMARY_CHARS = 90
+"""Longest one-line summary of an entry."""
+
+SHORT_ID = 8
+"""Characters of an entry id shown in the tree."""
+
+
+def fetch_sessions(store: DuckDBStore, limit: int, search: str | None) -> list[Session]:
+    """Up to ``limit`` sessions newest first, following ``next_cursor`` page by page."""
+    found: list[Session] = []
+    cursor: str | None = None
+    while len(found) < limit:
+        page = store.list_sessions(
+            limit=min(PAGE_SIZE, limit - len(found)), cursor=cursor, search=search
+        )
+        found.extend(page.sessions)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return found
+
+
+def _session_dict(s: Session) -> dict[str, Any]:
+    return {
+        "id": s.id,
+        "title": s.title,
+        "cwd": s.cwd,
+        "entries": s.entry_count,
+        "created_at": s.created_at,
+        "updated_at": s.updated_at,
+        "leaf_id": s.leaf_id,
+    }
+
+
+def list_sessions(db: str, search: str | None, limit: int, as_json: bool) -> None:
+    """Print the session listing (table, or one JSON object with ``total`` and ``sessions``)."""
+    with open_db(db, must_exist=True) as store:
+        sessions = fetch_sessions(store, limit, search)
+        total = store.count_sessions(search=search)
+    if as_json:
+        click.echo(dumps({"total": total, "sessions": [_session_dict(s) for s in sessions]}))
+        return
+    table = Table(title=f"{len(sessions)} of {total} sessions", title_justify="left")
+    table.add_column("id", no_wrap=True, overflow="fold")
+    table.add_column("title", overflow="fold")
+    table.add_column("cwd", overflow="fold")
+    table.add_column("entries", justify="right")
+    table.add_column("created (UTC)", no_wrap=True)
+    for s in sessions:
+        table.add_row(
+            s.id,
+            Text(s.title or ""),
+            Text(s.cwd),
+            f"{s.entry_count:,}",
+            s.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+        )
+    stdout_console().print(table)
+
+
+# -- one session as a tree ------------------------------------------------------
+
+
+def _clip(text: str, limit: int = SUMMARY_CHARS) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _content_text(content: Any) -> str:
+    """The text of a message ``content`` (a string or a list of blocks)."""
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    if isinstance(content, list):
+        for block in content:
+            if not isinstance(block, Mapping):
+                continue
+            kind = block.get("type")
+            if kind == "text":
+                parts.append(str(block.get("text", "")))
+            elif kind == "toolCall":
+                args = json.dumps(block.get("arguments", {}), ensure_ascii=False)
+                parts.append(f"→ {block.get('name', '?')}({args})")
+            elif kind == "image":
+                parts.append("[image]")
+            elif kind == "thinking":
+                parts.append("[thinking]")
+    return " ".join(p for p in parts if p)
+
+
+def _message_summary(message: Mapping[str, Any]) -> str:
+    role = str(message.get("role", "?"))
+    if role == "toolResult":
+        err = " (error)" if message.get("isError") else ""
+        body = f"{message.get('toolName', '?')}{err}: {_content_text(message.get('content'))}"
+    elif role == "bashExecution":
+        body = f"$ {message.get('command', '')}"
+    else:
+        body = _content_text(message.get("content"))
+        if role == "assistant" and message.get("model"):
+            body = f"({message.get('model')}) {body}"
+    return f"{role}: {body}"
+
+
+def summarize_entry(entry: Entry) -> str:
+    """A one-line summary of an entry: role and text for messages, the key field otherwise."""
+    p = entry.payload
+    kind = entry.kind
+    if kind == "message" and isinstance(p.get("message"), Mapping):
+        text = _message_summary(p["message"])
+    elif kind == "model_change":
+        text = f"{p.get('provider', '?')}/{p.get('modelId', p.get('model', '?'))}"
+    elif kind == "thinking_level_change":
+        text = str(p.get("thinkingLevel", ""))
+    elif kind == "session_info":
+        text = f"title: {p.get('name', '')}"
+    elif kind == "label":
+        target = str(p.get("targetId", ""))[:SHORT_ID]
+        text = f"{target} = {p['label']}" if "label" in p else f"{target} cleared"
+    elif kind in ("compaction", "branch_summary"):
+        text = str(p.get("summary", ""))
+    elif kind in ("custom", "custom_message"):
+        text = f"{p.get('customType', '')} {_content_text(p.get('content', ''))}"
+    elif kind in ("turn_start", "turn_end"):
+        text = f"{p.get('turnId', '')} {p.get('status', '')}"
+    elif kind == "mode_change":
+        text = str(p.get("mode", ""))
+    else:
+        text = ", ".join(list(p)[:4])
+    return _clip(text)
+
+
+def _label(entry: Entry, on_path: bool, is_leaf: bool, label: str | None) -> Text:
+    line = Text()
+    line.append(entry.kind, style="cyan" if on_path else "dim cyan")
+    line.append(f" {entry.id[:SHORT_ID]} ", style="dim")
+    line.append(summarize_entry(entry), style="" if on_path else "dim")
+    if label is not None:
+        line.append(f" [{label}]", style="bold yellow")
+    if is_leaf:
+        line.append("  ◀ leaf", style="bold green")
+    return line
+
+
+def build_tree(session: Session, entries: Sequence[Entry], labels: Mapping[str, str]) -> Tree:
+    """The session as a rich Tree (see the module docstring for the layout)."""
+    by_id = {e.id: e for e in entries}
+    children: dict[str | None, list[Entry]] = {}
+    for e in entries:  # in seq order, so siblings keep their append order
+        parent = e.parent_id if e.parent_id in by_id else None
+        children.setdefault(parent, []).append(e)
+    path: set[str] = set()
+    node_id = session.leaf_id
+    while node_id is not None and node_id in by_id and node_id not in path:
+        path.add(node_id)
+        node_id = by_id[node_id].parent_id
+    title = Text(f"session {session.id}", style="bold")
+    if session.title:
+        title.append(f"  {session.title}", style="italic")
+    title.append(f"  cwd={session.cwd}  {session.entry_count} entries", style="dim")
+    root = Tree(title)
+    stack: list[tuple[Tree, Entry]] = []
+
+    def fork(node: Tree, kids: list[Entry], what: str) -> None:
+        for i, kid in enumerate(kids, 1):
+            current = "  (current)" if kid.id in path else ""
+            branch = node.add(Text(f"⎇ {what} {i}/{len(kids)}{current}", style="magenta"))
+            stack.append((branch, kid))  # each branch fills its own node: order is free
+
+    roots = children.get(None, [])
+    if len(roots) == 1:
+        stack.append((root, roots[0]))
+    elif roots:
+        fork(root, roots, "root")
+    shown: set[str] = set()
+    while stack:
+        container, entry = stack.pop()
+        while entry.id not in shown:
+            shown.add(entry.id)
+            node = container.add(
+                _label(entry, entry.id in path, entry.id == session.leaf_id, labels.get(entry.id))
+            )
+            kids = children.get(entry.id, [])
+            if len(kids) == 1:
+                entry = kids[0]
+            else:
+                if kids:
+                    fork(node, kids, "branch")
+                break
+    hidden = len(entries) - len(shown)
+    if hidden:
+        root.add(Text(f"{hidden} entries unreachable from a root (broken tree)", style="red"))
+    return root
+
+
+def show_session(db: str, session_id: str) -> None:
+    """Print one session as a tree.
+
+    Raises:
+        SessionNotFoundError: no session has this id.
+    """
+    with open_db(db, must_exist=True) as store:
+        session = store.get_session(session_id)
+        if session is None:
+            raise SessionNotFoundError(session_id)
+        entries = store.entries(session_id)
+        labels = store.labels(session_id)
+    stdout_console().print(build_tree(session, entries, labels))
+
+
+def _list_options(f: F) -> F:
+    f = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")(f)
+    f = click.option(
+        "--limit",
+        type=click.IntRange(min=1),
+        default=50,
+        show_default=True,
+        help="Most sessions to list.",
+    )(f)
+    f = click.option("--search", default=None, help="Match id, cwd, title or message text.")(f)
+    return f
+
+
+@click.group("sessions", invoke_without_command=True)
+@db_option()
+@_list_options
+@click.pass_context
+def sessions_group(
+    ctx: click.Context, db: str, search: str | None, limit: int, as_json: bool
+) -> None:
+    """List sessions newest first (id, title, cwd, entries, created); see also `show`."""
+    ctx.ensure_object(dict)
+    ctx.obj["db"] = db
+    if ctx.invoked_subcommand is None:
+        list_sessions(db, search, limit, as_json)
+
+
+@sessions_group.command("list")
+@db_option(default=None)
+@_list_options
+@click.pass_context
+def list_command(
+    ctx: click.Context, db: str | None, search: str | None, limit: int, as_json: bool
+) -> None:
+    """List sessions newest first (the default action of `sessions`)."""
+    list_sessions(db or ctx.obj["db"], search, limit, as_json)
+
+
+@sessions_group.command("show")
+@click.argument("session_id")
+@db_option(default=None)
+@click.pass_context
+def show_command(ctx: click.Context, session_id: str, db: str | None) -> None:
+    """Print session SESSION_ID as a tree: kind, short id and summary per entry,
+    the leaf and labels marked; entries off the current branch are dimmed."""
+    show_session(db or ctx.obj["db"], session_id)

@@ -1,0 +1,132 @@
+"""``turnkeeper import`` and ``turnkeeper export``: thin wrappers over ``turnkeeper.formats.pi``.
+
+The format module is imported lazily, inside the commands, so the rest of
+the CLI works without it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+from typing import Any
+
+import click
+
+from turnkeeper.spec.errors import InvalidInputError, SessionFileError, SessionNotFoundError
+
+from .common import EXIT_FAILED, CliError, db_option, dumps, one_line, open_db
+
+FORMAT_MODULE = "turnkeeper.formats.pi"
+
+FILE_ERRORS = (SessionFileError, InvalidInputError, OSError, UnicodeDecodeError)
+"""Failures that sink one file of an import; the other files still go in."""
+
+
+def pi_format() -> ModuleType:
+    """The pi session-file module.
+
+    Raises:
+        CliError: it cannot be imported.
+    """
+    try:
+        return importlib.import_module(FORMAT_MODULE)
+    except ImportError as exc:
+        raise CliError(f"session files are not supported here ({FORMAT_MODULE}: {exc})") from exc
+
+
+def _file_dict(fi: Any) -> dict[str, Any]:
+    r = fi.result
+    return {
+        "path": str(fi.path),
+        "session_id": fi.session_id,
+        "version": fi.version,
+        "created": r.created,
+        "added": r.added,
+        "skipped": r.skipped,
+        "opaque_added": r.opaque_added,
+        "issues": [str(i) for i in fi.issues],
+    }
+
+
+@click.command("import")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@db_option()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+def import_command(ctx: click.Context, paths: tuple[str, ...], db: str, as_json: bool) -> None:
+    """Import pi session files (JSONL) into the store; re-importing adds only new entries.
+
+    Prints one line per file (path, session id, format version, entries
+    added and skipped) and every repaired or opaque line as an issue line
+    ``path:line: kind: detail`` on stderr. A file that cannot be imported is
+    reported on stderr and the others continue; exits 1 if any file failed.
+    """
+    pi = pi_format()
+    imported: list[dict[str, Any]] = []
+    failed: list[dict[str, str]] = []
+    with open_db(db) as store:
+        for path in paths:
+            try:
+                fi = pi.import_file(store, path)
+            except FILE_ERRORS as exc:
+                message = one_line(str(exc))
+                failed.append({"path": path, "error": f"{type(exc).__name__}: {message}"})
+                click.echo(f"{path}: error: {type(exc).__name__}: {message}", err=True)
+                continue
+            for issue in fi.issues:
+                click.echo(str(issue), err=True)
+            info = _file_dict(fi)
+            imported.append(info)
+            if not as_json:
+                extra = f", {info['opaque_added']} opaque" if info["opaque_added"] else ""
+                new = " (new session)" if info["created"] else ""
+                click.echo(
+                    f"{path}: session {info['session_id']} v{info['version']}: "
+                    f"added {info['added']}, skipped {info['skipped']}{extra}{new}"
+                )
+    if as_json:
+        click.echo(dumps({"files": imported, "failed": failed}))
+    if failed:
+        ctx.exit(EXIT_FAILED)
+
+
+@click.command("export")
+@click.argument("session_id")
+@db_option()
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write to this file (replaced atomically) instead of stdout.",
+)
+def export_command(session_id: str, db: str, output: str | None) -> None:
+    """Export session SESSION_ID as a pi session file (JSONL: header line, then entries).
+
+    Writes to stdout, or to FILE with -o (written to a temporary file first,
+    so a failed export leaves FILE untouched).
+    """
+    pi = pi_format()
+    with open_db(db, must_exist=True) as store:
+        if store.get_session(session_id) is None:
+            raise SessionNotFoundError(session_id)
+        if output is None or output == "-":
+            for line in pi.export_lines(store, session_id):
+                click.echo(line)
+            return
+        tmp = f"{output}.tmp-{os.getpid()}"
+        try:
+            with open(tmp, "w", encoding="utf-8", newline="\n") as fh:
+                for line in pi.export_lines(store, session_id):
+                    fh.write(line)
+                    fh.write("\n")
+            os.replace(tmp, output)
+        except OSError as exc:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise CliError(f"cannot write {output}: {exc}") from exc
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise

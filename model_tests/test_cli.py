@@ -1,0 +1,695 @@
+"""The ``turnkeeper`` CLI: demo (fleet + audit), audit failures on corrupted data,
+report, sessions list/show, import/export wrappers and error handling."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import random
+import shutil
+import subprocess
+import sys
+import textwrap
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from click.testing import CliRunner, Result
+
+import turnkeeper
+from turnkeeper.cli import sessions_view
+from turnkeeper.cli.audit import tree_problems
+from turnkeeper.cli.fleet import MODELS, FleetConfig, plan_iteration
+from turnkeeper.cli.main import cli
+
+pq = importlib.import_module("pyarrow.parquet")
+
+DEMO_ARGS = ["--duration", "3", "--workers", "4", "--sessions", "4", "--seed", "1"]
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def checks_by_name(figures: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in figures["audit"]}
+
+
+@dataclass
+class DemoRun:
+    db: Path
+    figures: dict[str, Any]
+
+    def copy(self, dest: Path) -> Path:
+        target = dest / "copy.duckdb"
+        shutil.copy(self.db, target)
+        wal = self.db.with_name(self.db.name + ".wal")
+        if wal.exists():
+            shutil.copy(wal, target.with_name(target.name + ".wal"))
+        return target
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    db = tmp_path_factory.mktemp("demo") / "demo.duckdb"
+    result = run("demo", "--db", str(db), *DEMO_ARGS, "--json")
+    assert result.exit_code == 0, result.output
+    return DemoRun(db, json.loads(result.stdout))
+
+
+# -- demo ----------------------------------------------------------------------------
+
+
+def test_short_demo_is_clean_and_fences_stale_writes(demo: DemoRun) -> None:
+    f = demo.figures
+    assert f["audit_passed"] is True
+    assert all(c["passed"] for c in f["audit"]), f["audit"]
+    assert set(checks_by_name(f)) == {
+        "epochs_strictly_increasing",
+        "no_entry_under_lost_lease",
+        "refused_writes_absent",
+        "one_active_record_per_key",
+        "session_trees_well_formed",
+        "stale_writes_refused",
+        "workers_error_free",
+    }
+    assert f["turns_committed"] > 0
+    assert f["stale_writes_fenced"] > 0
+    assert f["stale_writes_accepted"] == 0
+    assert f["store_operations"] > 0 and f["ops_per_s"] > 0
+    for op in ("acquire_lease", "renew_lease", "release_lease", "append"):
+        assert f["statements"][op]["calls"] > 0
+        assert f["statements"][op]["statements_per_call"] >= 1
+    # The checks looked at real data.
+    checked = {c["name"]: c["checked"] for c in f["audit"]}
+    assert checked["no_entry_under_lost_lease"] >= f["turns_committed"]
+    assert checked["refused_writes_absent"] >= f["stale_writes_fenced"]
+
+
+def test_demo_counts_match_the_stored_history(demo: DemoRun) -> None:
+    f = demo.figures
+    con = duckdb.connect(str(demo.db), read_only=True)
+    try:
+        takeovers = con.execute(
+            "SELECT count(*) FROM lease_events WHERE edge = 'takeover'"
+        ).fetchone()
+        fenced = con.execute("SELECT count(*) FROM fence_events").fetchone()
+        leased = con.execute(
+            "SELECT count(*) FROM entries WHERE lease_epoch IS NOT NULL"
+        ).fetchone()
+    finally:
+        con.close()
+    assert takeovers is not None and fenced is not None and leased is not None
+    assert f["takeovers"] == takeovers[0]
+    assert fenced[0] >= f["stale_writes_fenced"]
+    assert leased[0] == f["entries_written"]
+
+
+def test_demo_table_output(tmp_path: Path) -> None:
+    result = run(
+        "demo",
+        "--db",
+        str(tmp_path / "t.duckdb"),
+        "--duration",
+        "1",
+        "--workers",
+        "2",
+        "--sessions",
+        "2",
+        "--seed",
+        "3",
+    )
+    assert result.exit_code == 0, result.output
+    for text in (
+        "turns committed",
+        "stale writes fenced",
+        "takeovers",
+        "busy refusals",
+        "store operations / s",
+        "grants stamped before the prior epoch ended",
+        "statements / acquire_lease",
+        "statements / append",
+        "audit: epochs_strictly_increasing",
+        "audit: session_trees_well_formed",
+        "PASS",
+    ):
+        assert text in result.stdout
+    assert "FAIL" not in result.stdout
+
+
+def test_seed_fixes_each_workers_choices(tmp_path: Path) -> None:
+    cfg = FleetConfig(workers=3, sessions=5, seed=7)
+    result = run(
+        "demo",
+        "--db",
+        str(tmp_path / "s.duckdb"),
+        "--duration",
+        "1",
+        "--workers",
+        "3",
+        "--sessions",
+        "5",
+        "--seed",
+        "7",
+        "--json",
+    )
+    assert result.exit_code == 0, result.output
+    chosen = json.loads(result.stdout)["first_choices"]
+    assert sum(len(c) for c in chosen.values()) >= cfg.workers
+    for index in range(cfg.workers):
+        rng = random.Random(cfg.seed + index)  # the documented per-worker generator
+        expected = [f"demo-7-{plan_iteration(rng, cfg).session}" for _ in range(16)]
+        got = chosen[str(index)]
+        assert got == expected[: len(got)]
+
+
+def test_plans_repeat_per_seed_and_differ_across_seeds() -> None:
+    cfg = FleetConfig(sessions=20, seed=5)
+
+    def plans(seed: int, index: int) -> list[Any]:
+        rng = random.Random(seed + index)
+        return [plan_iteration(rng, cfg) for _ in range(50)]
+
+    assert plans(5, 0) == plans(5, 0)
+    assert plans(5, 0) != plans(5, 1)
+    assert plans(5, 0) != plans(6, 0)
+    actions = {p.action for p in plans(5, 0) + plans(5, 1)}
+    assert actions == {"turn", "stall", "abandon"}
+
+
+# -- the audit can fail ----------------------------------------------------------------
+
+
+def _append_corrupt_entry(
+    con: duckdb.DuckDBPyConnection, lease_epoch: int | None, parent: str | None = None
+) -> None:
+    """Insert an entry as the new leaf of demo-1-0, keeping the session row consistent."""
+    leaf, seq = con.execute(
+        "SELECT leaf_id, next_seq FROM sessions WHERE id = 'demo-1-0'"
+    ).fetchone() or (None, None)
+    con.execute(
+        "INSERT INTO entries VALUES ('demo-1-0', 'forged01', ?, 'message', ?, now(), ?, ?)",
+        [
+            leaf if parent is None else parent,
+            seq,
+            json.dumps({"message": {"role": "user", "content": "forged"}}),
+            lease_epoch,
+        ],
+    )
+    con.execute(
+        "UPDATE sessions SET leaf_id = 'forged01', next_seq = next_seq + 1, "
+        "entry_count = entry_count + 1 WHERE id = 'demo-1-0'"
+    )
+
+
+def _never_granted_epoch(con: duckdb.DuckDBPyConnection) -> None:
+    _append_corrupt_entry(con, lease_epoch=999)
+
+
+def _duplicate_active_record(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(
+        "INSERT INTO thread_records SELECT 'forged-record', key, 'active', driver_type, agent, "
+        "fingerprint, compatibility_fingerprint, session_codec, state, created_at, updated_at "
+        "FROM thread_records WHERE key = 'demo-1-0' AND status = 'active'"
+    )
+
+
+def _missing_parent(con: duckdb.DuckDBPyConnection) -> None:
+    _append_corrupt_entry(con, lease_epoch=None, parent="ghost-parent")
+
+
+def _epoch_gap(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(
+        "INSERT INTO lease_events SELECT target, epoch + 2, 'intruder', purpose, 'takeover', "
+        "'acquire', 'held', 'held', owner, now() + INTERVAL 1 HOUR, now() FROM leases "
+        "WHERE target = 'session:demo-1-0'"
+    )
+    con.execute("UPDATE leases SET epoch = epoch + 2 WHERE target = 'session:demo-1-0'")
+
+
+def _write_after_takeover(con: duckdb.DuckDBPyConnection) -> None:
+    """A write under epoch 1 appended after later epochs wrote: stamped inside epoch 1's
+    own lifetime, so only the seq-order rule can see it."""
+    row = con.execute(
+        "SELECT occurred_at + INTERVAL 1 MICROSECOND FROM lease_events "
+        "WHERE target = 'session:demo-1-0' AND epoch = 1 AND edge = 'grant'"
+    ).fetchone()
+    assert row is not None
+    _append_corrupt_entry(con, lease_epoch=1)
+    con.execute("UPDATE entries SET ts = ? WHERE id = 'forged01'", [row[0]])
+
+
+CORRUPTIONS: dict[str, tuple[Callable[[duckdb.DuckDBPyConnection], None], str]] = {
+    "never_granted_epoch": (_never_granted_epoch, "no_entry_under_lost_lease"),
+    "duplicate_active_record": (_duplicate_active_record, "one_active_record_per_key"),
+    "missing_parent": (_missing_parent, "session_trees_well_formed"),
+    "epoch_gap": (_epoch_gap, "epochs_strictly_increasing"),
+    "write_after_takeover": (_write_after_takeover, "no_entry_under_lost_lease"),
+}
+
+
+@pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
+def test_audit_reports_each_corruption(demo: DemoRun, tmp_path: Path, corruption: str) -> None:
+    corrupt, failing = CORRUPTIONS[corruption]
+    db = demo.copy(tmp_path)
+    clean = run("audit", "--db", str(db), "--json")
+    assert clean.exit_code == 0, clean.output
+    con = duckdb.connect(str(db))
+    try:
+        corrupt(con)
+    finally:
+        con.close()
+    result = run("audit", "--db", str(db), "--json")
+    assert result.exit_code == 1, result.output
+    out = json.loads(result.stdout)
+    assert out["audit_passed"] is False
+    failed = {c["name"] for c in out["audit"] if not c["passed"]}
+    assert failed == {failing}
+    text = run("audit", "--db", str(db))
+    assert text.exit_code == 1
+    assert f"FAIL {failing}" in text.stdout
+
+
+def test_demo_exits_nonzero_when_stored_data_breaks_an_invariant(
+    demo: DemoRun, tmp_path: Path
+) -> None:
+    db = demo.copy(tmp_path)
+    con = duckdb.connect(str(db))
+    try:
+        _never_granted_epoch(con)
+        _duplicate_active_record(con)
+    finally:
+        con.close()
+    # Same seed: the demo reuses sessions demo-1-*, and audits them with the new run.
+    result = run(
+        "demo",
+        "--db",
+        str(db),
+        "--duration",
+        "0.5",
+        "--workers",
+        "2",
+        "--sessions",
+        "4",
+        "--seed",
+        "1",
+        "--json",
+    )
+    assert result.exit_code == 1, result.output
+    figures = json.loads(result.stdout)
+    assert figures["audit_passed"] is False
+    checks = checks_by_name(figures)
+    assert not checks["no_entry_under_lost_lease"]["passed"]
+    assert "demo-1-0/forged01" in checks["no_entry_under_lost_lease"]["detail"]
+    assert not checks["one_active_record_per_key"]["passed"]
+    table = run(
+        "demo",
+        "--db",
+        str(db),
+        "--duration",
+        "0.2",
+        "--workers",
+        "1",
+        "--sessions",
+        "4",
+        "--seed",
+        "1",
+    )
+    assert table.exit_code == 1
+    assert "FAIL" in table.stdout
+
+
+def test_tree_problems_finds_cycles_gaps_and_bad_counts() -> None:
+    good = [("a", None, 1), ("b", "a", 2), ("c", "b", 3), ("d", "b", 4)]
+    assert tree_problems(good, "c", 4, 5) == []
+    assert any("cycle" in p for p in tree_problems([("a", "b", 1), ("b", "a", 2)], "a", 2, 3))
+    assert tree_problems([("a", None, 1), ("b", "a", 3)], "b", 2, 3) == ["seq is not 1..n"]
+    assert tree_problems(good, "zz", 4, 5) == ["leaf zz missing"]
+    assert tree_problems(good, "c", 3, 5) == ["counts 3/5 for 4 entries"]
+    assert tree_problems([("a", "a", 1)], "a", 1, 2) == ["cycle through a"]
+
+
+# -- report ------------------------------------------------------------------------------
+
+
+def test_report_json_has_real_counts_and_writes_parquet(demo: DemoRun, tmp_path: Path) -> None:
+    out_dir = tmp_path / "pq"
+    result = run("report", "--db", str(demo.db), "--json", "--parquet", str(out_dir))
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    con = duckdb.connect(str(demo.db), read_only=True)
+    try:
+        counts = {
+            t: (con.execute(f"SELECT count(*) FROM {t}").fetchone() or [0])[0]
+            for t in ("sessions", "entries", "lease_events", "fence_events", "thread_records")
+        }
+    finally:
+        con.close()
+    assert data["sessions"]["sessions"] == 4
+    assert data["sessions"]["entries"] == counts["entries"] > 0
+    kinds = {r["kind"]: r["entries"] for r in data["entries_by_kind"]}
+    assert kinds["message"] > 0 and kinds["session_info"] == 4
+    assert sum(kinds.values()) == counts["entries"]
+    turns = data["turns_per_session"]
+    assert turns["max"] > 0 and turns["min"] <= turns["avg"] <= turns["max"]
+    providers = {(r["provider"], r["model"]) for r in data["models"] if r["source"] == "assistant"}
+    assert providers and providers <= set(MODELS)
+    timeline = data["timeline"]
+    assert timeline["bucket"] == "second"
+    assert sum(r["fenced_writes"] for r in timeline["rows"]) == counts["fence_events"]
+    assert sum(r["takeovers"] for r in timeline["rows"]) == demo.figures["takeovers"]
+    statuses = {r["status"]: r["records"] for r in data["thread_records"]}
+    assert statuses["active"] == 4
+    assert sum(statuses.values()) == counts["thread_records"]
+    for table, info in data["parquet"].items():
+        assert pq.read_table(info["path"]).num_rows == counts[table] == info["rows"]
+
+
+def test_report_tables(demo: DemoRun) -> None:
+    result = run("report", "--db", str(demo.db))
+    assert result.exit_code == 0, result.output
+    for text in ("Overview", "Entries by kind", "Models used", "per second", "message"):
+        assert text in result.stdout
+
+
+# -- sessions ------------------------------------------------------------------------------
+
+
+def test_sessions_list_pages_with_the_cursor(
+    demo: DemoRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = run("sessions", "--db", str(demo.db), "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["total"] == 4
+    assert sorted(s["id"] for s in data["sessions"]) == [f"demo-1-{n}" for n in range(4)]
+    monkeypatch.setattr(sessions_view, "PAGE_SIZE", 1)
+    paged = json.loads(
+        run("sessions", "list", "--db", str(demo.db), "--limit", "3", "--json").stdout
+    )
+    assert [s["id"] for s in paged["sessions"]] == [s["id"] for s in data["sessions"]][:3]
+    found = json.loads(
+        run("sessions", "--db", str(demo.db), "--search", "demo-1-2", "--json").stdout
+    )
+    assert [s["id"] for s in found["sessions"]] == ["demo-1-2"] and found["total"] == 1
+    table = run("sessions", "--db", str(demo.db))
+    assert table.exit_code == 0 and "demo-1-3" in table.stdout and "Demo session" in table.stdout
+
+
+def test_sessions_show_prints_the_tree(demo: DemoRun) -> None:
+    result = run("sessions", "show", "demo-1-0", "--db", str(demo.db))
+    assert result.exit_code == 0, result.output
+    assert "session demo-1-0" in result.stdout
+    assert "◀ leaf" in result.stdout
+    assert "user:" in result.stdout and "assistant:" in result.stdout
+
+
+def test_sessions_show_marks_branches_and_labels(tmp_path: Path) -> None:
+    db = str(tmp_path / "tree.duckdb")
+    with turnkeeper.open_store(db) as store:
+        store.create_session("s1", cwd="/w")
+
+        def msg(role: str, text: str) -> dict[str, Any]:
+            return {"message": {"role": role, "content": [{"type": "text", "text": text}]}}
+
+        first = store.append("s1", "message", msg("user", "first question"))
+        store.append("s1", "message", msg("assistant", "old answer"))
+        store.branch("s1", first.id)
+        new = store.append("s1", "message", msg("assistant", "new answer"))
+        store.set_label("s1", first.id, "checkpoint")
+        store.set_title("s1", "Branchy")
+    result = run("sessions", "--db", db, "show", "s1")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "branch 1/2" in out and "branch 2/2" in out and "(current)" in out
+    assert "[checkpoint]" in out and "old answer" in out and "Branchy" in out
+    assert new.id[:8] in out
+
+
+def test_sessions_show_unknown_id_is_one_line_exit_2(demo: DemoRun) -> None:
+    result = run("sessions", "show", "no-such-session", "--db", str(demo.db))
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1 and "SessionNotFoundError" in result.stderr
+
+
+def test_read_commands_refuse_a_missing_database(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.duckdb")
+    for args in (["report"], ["sessions"], ["audit"], ["sessions", "show", "x"]):
+        result = run(*args, "--db", missing)
+        assert result.exit_code == 2, args
+        assert "no database at" in result.stderr
+    assert not Path(missing).exists()
+
+
+def test_locked_database_is_one_line_exit_2(tmp_path: Path) -> None:
+    db = str(tmp_path / "locked.duckdb")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
+            import sys, turnkeeper
+            store = turnkeeper.open_store({db!r})
+            print("ready", flush=True)
+            sys.stdin.read()
+        """),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        proc = subprocess.run(
+            [sys.executable, "-m", "turnkeeper.cli.main", "sessions", "--db", db],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("turnkeeper: StoreLockedError:")
+    assert "Traceback" not in proc.stderr
+
+
+# -- import / export (thin wrappers over turnkeeper.formats.pi) ------------------------------
+
+
+@dataclass(frozen=True)
+class _Issue:
+    path: str
+    line: int
+    kind: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.kind}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class _FileImport:
+    path: str
+    session_id: str
+    version: int
+    result: Any
+    issues: tuple[_Issue, ...]
+
+
+@pytest.fixture
+def fake_pi(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
+    """A stand-in for turnkeeper.formats.pi with the agreed signatures."""
+    from turnkeeper.spec.errors import SessionFileError
+    from turnkeeper.spec.records import ImportResult
+
+    mod = types.ModuleType("turnkeeper.formats.pi")
+
+    def import_file(store: Any, path: Any) -> _FileImport:
+        name = Path(path).stem
+        if name.startswith("bad"):
+            raise SessionFileError(str(path), 1, detail="no session header")
+        sid = f"sess-{name}"
+        created = store.get_session(sid) is None
+        if created:
+            store.create_session(sid, cwd="/x")
+        issues = (_Issue(str(path), 3, "repaired", "dangling parentId"),)
+        return _FileImport(str(path), sid, 3, ImportResult(sid, created, 2, 1, 0), issues)
+
+    def export_lines(store: Any, session_id: str) -> Iterator[str]:
+        yield json.dumps({"type": "session", "id": session_id})
+        yield json.dumps({"type": "message", "id": "e1"})
+
+    mod.import_file = import_file  # type: ignore[attr-defined]
+    mod.export_lines = export_lines  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "turnkeeper.formats.pi", mod)
+    yield mod
+
+
+def test_import_reports_each_file_and_continues_after_a_bad_one(
+    fake_pi: types.ModuleType, tmp_path: Path
+) -> None:
+    paths = [tmp_path / n for n in ("one.jsonl", "bad.jsonl", "two.jsonl")]
+    for p in paths:
+        p.write_text("{}\n")
+    db = str(tmp_path / "i.duckdb")
+    result = run("import", *map(str, paths), "--db", db)
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2
+    assert "session sess-one v3: added 2, skipped 1" in lines[0]
+    assert "sess-two" in lines[1]
+    assert f"{paths[0]}:3: repaired: dangling parentId" in result.stderr
+    assert f"{paths[1]}: error: SessionFileError" in result.stderr
+    ok = run("import", str(paths[0]), "--db", db, "--json")
+    assert ok.exit_code == 0
+    data = json.loads(ok.stdout)
+    assert data["failed"] == [] and data["files"][0]["session_id"] == "sess-one"
+    assert data["files"][0]["created"] is False
+
+
+def test_export_to_stdout_and_file(fake_pi: types.ModuleType, tmp_path: Path) -> None:
+    db = str(tmp_path / "e.duckdb")
+    with turnkeeper.open_store(db) as store:
+        store.create_session("s-exp")
+    out = run("export", "s-exp", "--db", db)
+    assert out.exit_code == 0
+    assert [json.loads(line)["type"] for line in out.stdout.splitlines()] == [
+        "session",
+        "message",
+    ]
+    target = tmp_path / "out.jsonl"
+    assert run("export", "s-exp", "--db", db, "-o", str(target)).exit_code == 0
+    assert target.read_text().splitlines() == out.stdout.splitlines()
+    missing = run("export", "nope", "--db", db)
+    assert missing.exit_code == 2 and "SessionNotFoundError" in missing.stderr
+
+
+def test_import_without_the_format_module_is_exit_2(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "turnkeeper.formats.pi", None)
+    f = tmp_path / "a.jsonl"
+    f.write_text("{}\n")
+    result = run("import", str(f), "--db", str(tmp_path / "x.duckdb"))
+    assert result.exit_code == 2 and "not supported" in result.stderr
+
+
+def test_import_export_round_trip_with_the_real_format(tmp_path: Path) -> None:
+    pytest.importorskip("turnkeeper.formats.pi")
+    src = tmp_path / "s.jsonl"
+    lines = [
+        {
+            "type": "session",
+            "version": 3,
+            "id": "rt-1",
+            "timestamp": "2026-01-01T00:00:00.000Z",
+            "cwd": "/w",
+        },
+        {
+            "type": "message",
+            "id": "a1",
+            "parentId": None,
+            "timestamp": "2026-01-01T00:00:01.000Z",
+            "message": {
+                "role": "user",
+                "content": [{"type": "text", "text": "hi"}],
+                "timestamp": 1767225601000,
+            },
+        },
+        {
+            "type": "message",
+            "id": "a2",
+            "parentId": "a1",
+            "timestamp": "2026-01-01T00:00:02.000Z",
+            "message": {
+                "role": "assistant",
+                "content": [{"type": "text", "text": "hello"}],
+                "provider": "p",
+                "model": "m",
+                "timestamp": 1767225602000,
+            },
+        },
+    ]
+    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    db = str(tmp_path / "rt.duckdb")
+    result = run("import", str(src), "--db", db)
+    assert result.exit_code == 0, result.output
+    assert "rt-1" in result.stdout and "added 2" in result.stdout
+    exported = run("export", "rt-1", "--db", db)
+    assert exported.exit_code == 0, exported.output
+    assert [json.loads(x)["id"] for x in exported.stdout.splitlines()] == ["rt-1", "a1", "a2"]
+
+
+def test_audit_flags_a_refused_write_that_is_stored(demo: DemoRun, tmp_path: Path) -> None:
+    from turnkeeper.cli.audit import run_audit
+
+    db = demo.copy(tmp_path)
+    sessions = [f"demo-1-{n}" for n in range(4)]
+    with turnkeeper.open_store(str(db)) as store:
+        stored = (
+            store.query(
+                "SELECT regexp_extract(json_extract_string(payload, '$.message.content[0].text'), "
+                "'^\\[([^\\]]+)\\]', 1) AS m FROM entries WHERE kind = 'message' AND "
+                "session_id = 'demo-1-1' LIMIT 1"
+            )
+            .column("m")[0]
+            .as_py()
+        )
+        record = store.resolve(key="demo-1-1")
+        assert stored and record is not None
+        clean = run_audit(
+            store, sessions, refused_markers=["never-written"], refused_records=["never-finalized"]
+        )
+        assert all(c.passed for c in clean)
+        checks = run_audit(store, sessions, refused_markers=[stored], refused_records=[record.id])
+    bad = {c.name: c for c in checks if not c.passed}
+    assert set(bad) == {"refused_writes_absent"}
+    assert bad["refused_writes_absent"].violations == 2
+
+
+def test_demo_audit_catches_a_store_without_its_fence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Patch the lease fence out of the store: stalled workers' late writes now commit,
+    and the demo's audit must say so."""
+    from turnkeeper.cli.demo import run_fleet
+    from turnkeeper.storage.duck import leases
+
+    monkeypatch.setattr(leases, "fence", lambda tx, lease: None)
+    cfg = FleetConfig(workers=3, sessions=3, duration_s=2.0, seed=11, ttl_s=0.3, stall_p=0.5)
+    with turnkeeper.open_store(str(tmp_path / "nofence.duckdb")) as store:
+        figures = run_fleet(store, cfg, None)
+    assert figures["stalls"] > 0
+    assert figures["audit_passed"] is False
+    failed = {c["name"] for c in figures["audit"] if not c["passed"]}
+    assert {"stale_writes_refused", "no_entry_under_lost_lease"} <= failed
+
+
+def test_clock_inversions_counts_grants_stamped_before_the_prior_epoch(
+    demo: DemoRun, tmp_path: Path
+) -> None:
+    from turnkeeper.cli.audit import clock_inversions
+
+    db = demo.copy(tmp_path)
+    with turnkeeper.open_store(str(db)) as store:
+        before = clock_inversions(store)
+    con = duckdb.connect(str(db))
+    try:  # the newest grant of demo-1-0, restamped an hour early
+        con.execute(
+            "UPDATE lease_events SET occurred_at = occurred_at - INTERVAL 1 HOUR "
+            "WHERE target = 'session:demo-1-0' AND edge IN ('regrant', 'takeover') "
+            "AND epoch = (SELECT max(epoch) FROM lease_events WHERE target = 'session:demo-1-0')"
+        )
+    finally:
+        con.close()
+    with turnkeeper.open_store(str(db)) as store:
+        assert clock_inversions(store) == before + 1
+    result = run("audit", "--db", str(db), "--json")
+    assert json.loads(result.stdout)["clock_inversions"] == before + 1
