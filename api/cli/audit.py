@@ -8,19 +8,15 @@ targets are ``session:<id>`` and their thread keys the ids themselves), or
 to the whole database when the scope is ``None``.
 
 Which times may be compared. The store stamps an entry's ``ts`` and a
-lease event's ``occurred_at`` with the store clock, DuckDB's ``now()``,
-which is the time the transaction BEGAN. DuckDB takes the transaction's
-snapshot later, at its first table access, and under write contention that
-can be hundreds of milliseconds later (a demo run recorded a regrant of
-epoch 4 stamped 210 ms before the release of epoch 3 that it read). So the
-stamps of two different transactions are not in commit order, and the
-checks never order one holder's writes against another holder's events by
-time. They use orders the store does serialize instead: epochs (each grant
-is a compare-and-set on the lease row) and entry ``seq`` (each append is a
-compare-and-set on the session row and, with a lease, also writes the lease
-row). Times are compared only within one lease's own history, which the
-checks assume one sequential holder produced (as each demo worker does):
-its grant, appends, renewals and release begin in program order.
+lease event's ``occurred_at`` with its clock: inside a transaction, the
+clock read after the transaction's snapshot was taken, so a transaction's
+stamp is at or after the commit of everything it read (a grant's stamp
+follows every event of the epoch it replaced; see ``storage.duck.db.Tx``).
+Single-statement renewals and releases are stamped as their statement
+starts. The checks still prefer orders the store serializes outright:
+epochs (each grant is a compare-and-set on the lease row) and entry ``seq``
+(each append is a compare-and-set on the session row and, with a lease,
+also writes the lease row).
 """
 
 from __future__ import annotations
@@ -114,9 +110,8 @@ def check_epochs(store: DuckDBStore, scope: Scope) -> Check:
     with no repeat or gap, every other event names a granted epoch, and the
     ``leases`` row's epoch is the largest granted one.
 
-    The grants are ordered by epoch, not by ``occurred_at``: the stamps are
-    transaction start times and need not follow commit order (see the module
-    docstring; :func:`clock_inversions` counts where they do not)."""
+    The grants are ordered by epoch; :func:`check_grant_order` checks their
+    stamps."""
     sql = f"""
     WITH {scope.cte()},
     g AS (
@@ -198,24 +193,33 @@ def check_fenced_entries(store: DuckDBStore, scope: Scope) -> Check:
     )
 
 
-def clock_inversions(store: DuckDBStore, sessions: Sequence[str] | None = None) -> int:
-    """Grants stamped earlier than an event of the previous epoch on the same target.
+def check_grant_order(store: DuckDBStore, scope: Scope) -> Check:
+    """Every grant of epoch e + 1 is stamped at or after every event of epoch e.
 
-    Not a violation of fencing (the grant read the previous epoch's final
-    state, so it committed after it) but a sign that the store's stamps
-    (transaction start times) are not in commit order. Informational.
-    """
-    scope = Scope(sessions)
+    A grant reads the previous epoch's final state (released, or expired by
+    the clock) and stamps itself after that snapshot, so a grant stamped
+    before its predecessor's last event means the predecessor wrote after it
+    was replaced, or the store's clock ran backwards."""
     sql = f"""
     WITH {scope.cte()},
     e AS (SELECT target, epoch, edge, occurred_at FROM lease_events
           WHERE {scope.targets_in("target")}),
-    last AS (SELECT target, epoch, max(occurred_at) AS t FROM e GROUP BY target, epoch)
-    SELECT count(*) AS n FROM e JOIN last
-      ON last.target = e.target AND last.epoch = e.epoch - 1
-    WHERE e.edge IN {GRANTING} AND e.occurred_at < last.t
+    last AS (SELECT target, epoch, max(occurred_at) AS t FROM e GROUP BY target, epoch),
+    g AS (SELECT * FROM e WHERE edge IN {GRANTING})
+    SELECT (SELECT count(*) FROM g) AS checked,
+           (SELECT list(g.target || '#' || g.epoch ORDER BY g.target, g.epoch) FROM g JOIN last
+              ON last.target = g.target AND last.epoch = g.epoch - 1
+            WHERE g.occurred_at < last.t) AS bad
     """
-    return int(_rows(store, sql, scope.params())[0]["n"])
+    row = _rows(store, sql, scope.params())[0]
+    bad = row["bad"] or []
+    return Check(
+        "grants_follow_prior_epoch",
+        "each grant is stamped at or after every event of the epoch it replaced",
+        len(bad),
+        int(row["checked"]),
+        _sample(bad),
+    )
 
 
 def check_refused_absent(
@@ -376,10 +380,11 @@ def run_audit(
     scope = Scope(sessions)
     checks = [
         check_epochs(store, scope),
+        check_grant_order(store, scope),
         check_fenced_entries(store, scope),
         check_one_active(store, scope),
         check_trees(store, scope),
     ]
     if refused_markers is not None:
-        checks.insert(2, check_refused_absent(store, scope, refused_markers, refused_records))
+        checks.insert(3, check_refused_absent(store, scope, refused_markers, refused_records))
     return checks

@@ -24,7 +24,7 @@ import turnkeeper
 from turnkeeper.spec.errors import SessionIDExistsError
 from turnkeeper.storage import DuckDBStore
 
-from .audit import Check, clock_inversions, run_audit
+from .audit import Check, run_audit
 from .common import EXIT_FAILED, dumps, fmt_num, open_db, stdout_console
 from .fleet import FleetConfig, Worker, WorkerStats
 
@@ -156,7 +156,6 @@ def run_fleet(store: DuckDBStore, cfg: FleetConfig, console: Console | None) -> 
     stats = [w.stats for w in workers]
     figures = summarize(stats, cfg, elapsed, statements)
     figures["takeovers"] = _count_takeovers(store, session_ids, started_at)
-    figures["clock_inversions"] = clock_inversions(store, session_ids)
     figures.update(db=store.path, run_id=run_id)
     checks = run_audit(
         store,
@@ -260,11 +259,6 @@ def render(console: Console, figures: dict[str, Any]) -> None:
             "store operations / s",
             fmt_num(f["ops_per_s"]),
             f"{f['store_operations']:,} ops, {f['retries']:,} conflict retries",
-        ),
-        (
-            "grants stamped before the prior epoch ended",
-            fmt_num(f["clock_inversions"]),
-            "info, not a failure: stamps are transaction start times",
         ),
     ]
     for row in rows:
