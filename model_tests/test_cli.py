@@ -10,8 +10,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -483,85 +482,59 @@ def test_locked_database_is_one_line_exit_2(tmp_path: Path) -> None:
 # -- import / export (thin wrappers over turnkeeper.formats.pi) ------------------------------
 
 
-@dataclass(frozen=True)
-class _Issue:
-    path: str
-    line: int
-    kind: str
-    detail: str
-
-    def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.kind}: {self.detail}"
+def write_jsonl(path: Path, records: list[Any], glue_last: bool = False) -> Path:
+    lines = [json.dumps(r) for r in records]
+    if glue_last:
+        lines[-2:] = [lines[-2] + lines[-1]]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
 
 
-@dataclass(frozen=True)
-class _FileImport:
-    path: str
-    session_id: str
-    version: int
-    result: Any
-    issues: tuple[_Issue, ...]
+def pi_file(path: Path, sid: str, glue_last: bool = False) -> Path:
+    header = {"type": "session", "version": 3, "id": sid, "timestamp": "2026-01-01T00:00:00.000Z"}
+    msgs = [
+        {
+            "type": "message",
+            "id": f"e{i}",
+            "parentId": f"e{i - 1}" if i else None,
+            "timestamp": f"2026-01-01T00:00:0{i}.000Z",
+            "message": {"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"},
+        }
+        for i in range(3)
+    ]
+    return write_jsonl(path, [header, *msgs], glue_last)
 
 
-@pytest.fixture
-def fake_pi(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
-    """A stand-in for turnkeeper.formats.pi with the agreed signatures."""
-    from turnkeeper.spec.errors import SessionFileError
-    from turnkeeper.spec.records import ImportResult
-
-    mod = types.ModuleType("turnkeeper.formats.pi")
-
-    def import_file(store: Any, path: Any) -> _FileImport:
-        name = Path(path).stem
-        if name.startswith("bad"):
-            raise SessionFileError(str(path), 1, detail="no session header")
-        sid = f"sess-{name}"
-        created = store.get_session(sid) is None
-        if created:
-            store.create_session(sid, cwd="/x")
-        issues = (_Issue(str(path), 3, "repaired", "dangling parentId"),)
-        return _FileImport(str(path), sid, 3, ImportResult(sid, created, 2, 1, 0), issues)
-
-    def export_lines(store: Any, session_id: str) -> Iterator[str]:
-        yield json.dumps({"type": "session", "id": session_id})
-        yield json.dumps({"type": "message", "id": "e1"})
-
-    mod.import_file = import_file  # type: ignore[attr-defined]
-    mod.export_lines = export_lines  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "turnkeeper.formats.pi", mod)
-    yield mod
-
-
-def test_import_reports_each_file_and_continues_after_a_bad_one(
-    fake_pi: types.ModuleType, tmp_path: Path
-) -> None:
-    paths = [tmp_path / n for n in ("one.jsonl", "bad.jsonl", "two.jsonl")]
-    for p in paths:
-        p.write_text("{}\n")
+def test_import_reports_each_file_and_continues_after_a_bad_one(tmp_path: Path) -> None:
+    one = pi_file(tmp_path / "one.jsonl", "sess-one", glue_last=True)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"type": "message"}\n', encoding="utf-8")
+    two = pi_file(tmp_path / "two.jsonl", "sess-two")
     db = str(tmp_path / "i.duckdb")
-    result = run("import", *map(str, paths), "--db", db)
+    result = run("import", str(one), str(bad), str(two), "--db", db)
     assert result.exit_code == 1
     lines = result.stdout.splitlines()
     assert len(lines) == 2
-    assert "session sess-one v3: added 2, skipped 1" in lines[0]
+    assert "session sess-one v3: added 3, skipped 0" in lines[0]
     assert "sess-two" in lines[1]
-    assert f"{paths[0]}:3: repaired: dangling parentId" in result.stderr
-    assert f"{paths[1]}: error: SessionFileError" in result.stderr
-    ok = run("import", str(paths[0]), "--db", db, "--json")
-    assert ok.exit_code == 0
-    data = json.loads(ok.stdout)
+    assert f"{one}:3: repaired:" in result.stderr
+    assert f"{bad}: error: SessionFileError" in result.stderr
+    again = run("import", str(one), "--db", db, "--json")
+    assert again.exit_code == 0
+    data = json.loads(again.stdout)
     assert data["failed"] == [] and data["files"][0]["session_id"] == "sess-one"
-    assert data["files"][0]["created"] is False
+    assert (data["files"][0]["created"], data["files"][0]["added"]) == (False, 0)
 
 
-def test_export_to_stdout_and_file(fake_pi: types.ModuleType, tmp_path: Path) -> None:
+def test_export_to_stdout_and_file(tmp_path: Path) -> None:
     db = str(tmp_path / "e.duckdb")
-    with turnkeeper.open_store(db) as store:
-        store.create_session("s-exp")
+    assert run("import", str(pi_file(tmp_path / "s.jsonl", "s-exp")), "--db", db).exit_code == 0
     out = run("export", "s-exp", "--db", db)
     assert out.exit_code == 0
     assert [json.loads(line)["type"] for line in out.stdout.splitlines()] == [
         "session",
+        "message",
+        "message",
         "message",
     ]
     target = tmp_path / "out.jsonl"
@@ -571,18 +544,7 @@ def test_export_to_stdout_and_file(fake_pi: types.ModuleType, tmp_path: Path) ->
     assert missing.exit_code == 2 and "SessionNotFoundError" in missing.stderr
 
 
-def test_import_without_the_format_module_is_exit_2(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    monkeypatch.setitem(sys.modules, "turnkeeper.formats.pi", None)
-    f = tmp_path / "a.jsonl"
-    f.write_text("{}\n")
-    result = run("import", str(f), "--db", str(tmp_path / "x.duckdb"))
-    assert result.exit_code == 2 and "not supported" in result.stderr
-
-
 def test_import_export_round_trip_with_the_real_format(tmp_path: Path) -> None:
-    pytest.importorskip("turnkeeper.formats.pi")
     src = tmp_path / "s.jsonl"
     lines = [
         {

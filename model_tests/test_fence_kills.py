@@ -74,6 +74,13 @@ REAL_FINALIZE = threads.finalize
 
 A1 = {"tgt": "session:s1", "purpose": "execution"}
 
+
+def rebind_step(rid: str, *, require_absent: bool = False) -> tuple[str, dict]:
+    """A finalize of ``rid`` on key k1 that rebinds the key, holding no lease."""
+    args = {"held": [], "rid": rid, "key": "k1", "previous": None, "rebind": True}
+    return ("finalize", {**args, "require_absent": require_absent})
+
+
 # fence name -> (what to patch, the stored counterexample as machine steps)
 KILLS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], list[tuple[str, dict]]]] = {
     "acquire-expiry-guard": (
@@ -111,55 +118,15 @@ KILLS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], list[tuple[str, dic
     "require-key-absent": (
         lambda mp: mp.setattr(threads, "finalize", finalize_without_key_cas),
         [
-            (
-                "finalize",
-                {
-                    "held": [],
-                    "rid": "r1",
-                    "key": "k1",
-                    "previous": None,
-                    "rebind": True,
-                    "require_absent": False,
-                },
-            ),
-            (
-                "finalize",
-                {
-                    "held": [],
-                    "rid": "r2",
-                    "key": "k1",
-                    "previous": None,
-                    "rebind": True,
-                    "require_absent": True,
-                },
-            ),
+            rebind_step("r1"),
+            rebind_step("r2", require_absent=True),
         ],
     ),
     "archive-on-rebind": (
         lambda mp: mp.setattr(threads, "_archive", lambda tx, record_id, key: None),
         [
-            (
-                "finalize",
-                {
-                    "held": [],
-                    "rid": "r1",
-                    "key": "k1",
-                    "previous": None,
-                    "rebind": True,
-                    "require_absent": False,
-                },
-            ),
-            (
-                "finalize",
-                {
-                    "held": [],
-                    "rid": "r2",
-                    "key": "k1",
-                    "previous": None,
-                    "rebind": True,
-                    "require_absent": False,
-                },
-            ),
+            rebind_step("r1"),
+            rebind_step("r2"),
         ],
     ),
 }

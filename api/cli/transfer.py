@@ -1,38 +1,18 @@
-"""``turnkeeper import`` and ``turnkeeper export``: thin wrappers over ``turnkeeper.formats.pi``.
-
-The format module is imported lazily, inside the commands, so the rest of
-the CLI works without it.
-"""
+"""``turnkeeper import`` and ``turnkeeper export``: thin wrappers over ``turnkeeper.formats.pi``."""
 
 from __future__ import annotations
 
-import importlib
-import os
-from types import ModuleType
 from typing import Any
 
 import click
 
-from turnkeeper.spec.errors import InvalidInputError, SessionFileError, SessionNotFoundError
+from turnkeeper.formats import pi
+from turnkeeper.spec.errors import InvalidInputError, SessionFileError
 
 from .common import EXIT_FAILED, CliError, db_option, dumps, one_line, open_db
 
-FORMAT_MODULE = "turnkeeper.formats.pi"
-
 FILE_ERRORS = (SessionFileError, InvalidInputError, OSError, UnicodeDecodeError)
 """Failures that sink one file of an import; the other files still go in."""
-
-
-def pi_format() -> ModuleType:
-    """The pi session-file module.
-
-    Raises:
-        CliError: it cannot be imported.
-    """
-    try:
-        return importlib.import_module(FORMAT_MODULE)
-    except ImportError as exc:
-        raise CliError(f"session files are not supported here ({FORMAT_MODULE}: {exc})") from exc
 
 
 def _file_dict(fi: Any) -> dict[str, Any]:
@@ -62,7 +42,6 @@ def import_command(ctx: click.Context, paths: tuple[str, ...], db: str, as_json:
     ``path:line: kind: detail`` on stderr. A file that cannot be imported is
     reported on stderr and the others continue; exits 1 if any file failed.
     """
-    pi = pi_format()
     imported: list[dict[str, Any]] = []
     failed: list[dict[str, str]] = []
     with open_db(db) as store:
@@ -104,29 +83,15 @@ def import_command(ctx: click.Context, paths: tuple[str, ...], db: str, as_json:
 def export_command(session_id: str, db: str, output: str | None) -> None:
     """Export session SESSION_ID as a pi session file (JSONL: header line, then entries).
 
-    Writes to stdout, or to FILE with -o (written to a temporary file first,
-    so a failed export leaves FILE untouched).
+    Writes to stdout, or to FILE with -o (written to a temporary file and
+    renamed over FILE, so a failed export leaves FILE untouched).
     """
-    pi = pi_format()
     with open_db(db, must_exist=True) as store:
-        if store.get_session(session_id) is None:
-            raise SessionNotFoundError(session_id)
         if output is None or output == "-":
             for line in pi.export_lines(store, session_id):
                 click.echo(line)
             return
-        tmp = f"{output}.tmp-{os.getpid()}"
         try:
-            with open(tmp, "w", encoding="utf-8", newline="\n") as fh:
-                for line in pi.export_lines(store, session_id):
-                    fh.write(line)
-                    fh.write("\n")
-            os.replace(tmp, output)
+            pi.export_file(store, session_id, output)
         except OSError as exc:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
             raise CliError(f"cannot write {output}: {exc}") from exc
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
