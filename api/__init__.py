@@ -9,6 +9,7 @@ Open a store with :func:`open_store`; everything else is re-exported here::
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from datetime import datetime
 
@@ -31,6 +32,7 @@ from turnkeeper.spec.errors import (
     NotSupportedError,
     OperationalError,
     ProgrammingError,
+    ReadOnlyError,
     RecordNotActiveError,
     RecordNotFoundError,
     SchemaVersionError,
@@ -59,17 +61,24 @@ DEFAULT_PATH = "turnkeeper.duckdb"
 
 
 def open_store(
-    path: str = DEFAULT_PATH, *, clock: Callable[[], datetime] | None = None
+    path: str | os.PathLike[str] = DEFAULT_PATH,
+    *,
+    clock: Callable[[], datetime] | None = None,
+    read_only: bool = False,
 ) -> DuckDBStore:
-    """Open (creating if needed) the DuckDB store at ``path``.
+    """Open (creating if needed) the DuckDB store at ``path`` (``":memory:"``: private).
 
     ``clock`` replaces the database clock (tests); it returns aware datetimes.
+    ``read_only`` opens an existing store for inspection: no migrations, and
+    every write raises ``ReadOnlyError``.
 
     Raises:
         StoreLockedError: another process has the file open.
-        SchemaVersionError: the file was written by a newer turnkeeper.
+        SchemaVersionError: the file was written by a newer turnkeeper, is not
+            a turnkeeper database, or (read-only) needs a migration.
+        InvalidInputError: ``path`` is not a usable path.
     """
-    return DuckDBStore(path, clock=clock)
+    return DuckDBStore(path, clock=clock, read_only=read_only)
 
 
 __all__ = [
@@ -98,6 +107,7 @@ __all__ = [
     "NotSupportedError",
     "OperationalError",
     "ProgrammingError",
+    "ReadOnlyError",
     "RecordNotActiveError",
     "RecordNotFoundError",
     "RecordStatus",

@@ -154,10 +154,12 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
         def advance_clock(self, seconds: float) -> None:
             self.clock.advance(seconds)
 
-        @rule(held=leases)
-        def append_under_lease(self, held: Held) -> None:
-            session = SESSIONS[held.lease.target]
-            expected = self.oracle.append(session, held.ident, self.clock())
+        @rule(held=leases, session=st.sampled_from(sorted(SESSIONS.values())))
+        def append_under_lease(self, held: Held, session: str) -> None:
+            if SESSIONS[held.lease.target] != session:
+                expected: tuple = ("invalid", "lease")  # a lease fences its own target only
+            else:
+                expected = self.oracle.append(session, held.ident, self.clock())
             payload = {"message": {"role": "user", "content": "x"}}
             got = outcome(self.store.append, session, "message", payload, lease=held.lease)
             if got[0] == "ok":

@@ -24,6 +24,7 @@ from stateful_leases import make_machine
 
 from turnkeeper.spec import LEASE, errors
 from turnkeeper.storage.duck import leases, threads
+from turnkeeper.storage.duck import store as store_module
 from turnkeeper.storage.duck.db import Tx
 
 SEARCH = settings(
@@ -96,7 +97,14 @@ KILLS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], list[tuple[str, dic
             ("acquire", {"owner": "A", "ttl": 1.0, **A1}),
             ("advance_clock", {"seconds": 2.0}),
             ("acquire", {"owner": "B", "ttl": 5.0, **A1}),
-            ("append_under_lease", {"held": 0}),
+            ("append_under_lease", {"held": 0, "session": "s1"}),
+        ],
+    ),
+    "lease-target-check": (
+        lambda mp: mp.setattr(store_module, "check_session_lease", lambda sid, lease: lease),
+        [
+            ("acquire", {"owner": "A", "ttl": 5.0, **A1}),
+            ("append_under_lease", {"held": 0, "session": "s2"}),
         ],
     ),
     "fence-expiry-check": (
@@ -104,7 +112,7 @@ KILLS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], list[tuple[str, dic
         [
             ("acquire", {"owner": "A", "ttl": 1.0, **A1}),
             ("advance_clock", {"seconds": 2.0}),
-            ("append_under_lease", {"held": 0}),
+            ("append_under_lease", {"held": 0, "session": "s1"}),
         ],
     ),
     "renew-expiry-check": (

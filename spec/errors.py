@@ -74,6 +74,13 @@ class StoreLockedError(OperationalError):
     path: str
 
 
+class ReadOnlyError(OperationalError):
+    """The store was opened read-only and the operation writes."""
+
+    fields = ("path",)
+    path: str
+
+
 class TransactionConflictError(OperationalError):
     """A write kept losing write-write conflicts after every retry."""
 

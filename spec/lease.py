@@ -107,3 +107,8 @@ def acquire_decision(
         refusal = "purpose" if same_owner and not same_purpose else "busy"
         return (refusal, epoch)
     return (edge.name, epoch + 1 if edge.name in GRANTING_EDGES else epoch)
+
+
+def session_target(session_id: str) -> str:
+    """The lease target that guards session ``session_id``: ``session:<id>``."""
+    return f"session:{session_id}"

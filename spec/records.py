@@ -196,6 +196,9 @@ class ImportBatch:
     entries: Sequence[ImportEntry]
     leaf_id: str | None
     opaque: Sequence[OpaqueRecord] = ()
+    source: str = ""
+    """The file the batch was read from; a re-import of the same ``source``
+    drops its opaque lines that now parse."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ anything is written; NUL characters are stored and returned intact.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import orjson
@@ -32,17 +33,31 @@ def check_text(value: object, field: str, *, allow_empty: bool = True) -> str:
     return value
 
 
+def _non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_non_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_non_finite(v) for v in value)
+    return False
+
+
 def to_json(value: Any, field: str) -> str:
     """Encode ``value`` as JSON text, keeping key order.
 
     Raises:
-        InvalidInputError: the value is not JSON-serialisable or holds text
-            that UTF-8 cannot hold (a lone surrogate).
+        InvalidInputError: the value is not JSON-serialisable, holds text that
+            UTF-8 cannot hold (a lone surrogate), or a NaN or infinite float
+            (JSON has none; it would come back as ``null``).
     """
     try:
-        return orjson.dumps(value).decode("utf-8")
+        text = orjson.dumps(value).decode("utf-8")
     except (orjson.JSONEncodeError, TypeError) as exc:
         raise InvalidInputError(field, f"not storable as JSON: {exc}") from None
+    if "null" in text and _non_finite(value):
+        raise InvalidInputError(field, "NaN and infinite numbers have no JSON form")
+    return text
 
 
 def from_json(text: str) -> Any:

@@ -146,7 +146,9 @@ def check_epochs(store: DuckDBStore, scope: Scope) -> Check:
 def check_fenced_entries(store: DuckDBStore, scope: Scope) -> Check:
     """Every entry written under a lease was written while that lease was the live one.
 
-    For an entry with ``lease_epoch`` e in session s (target ``session:<s>``):
+    For an entry with ``lease_epoch`` e in session s (target ``session:<s>``),
+    written at ``ts`` (its ``written_at``: the store's clock at the write, not
+    the entry's own timestamp, which a caller may set):
 
     - e was granted on the target, by an event stamped at or before the
       entry's ``ts`` (the holder acquires before it appends);
@@ -160,7 +162,8 @@ def check_fenced_entries(store: DuckDBStore, scope: Scope) -> Check:
     sql = f"""
     WITH {scope.cte()},
     w AS (
-        SELECT session_id, id, seq, lease_epoch AS ep, ts, 'session:' || session_id AS target,
+        SELECT session_id, id, seq, lease_epoch AS ep, written_at AS ts,
+               'session:' || session_id AS target,
                max(lease_epoch) OVER (PARTITION BY session_id ORDER BY seq
                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS earlier_max
         FROM entries WHERE lease_epoch IS NOT NULL AND {scope.sessions_in("session_id")}),

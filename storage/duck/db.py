@@ -64,6 +64,8 @@ def translate(exc: duckdb.Error, path: str) -> errors.DatabaseError:
     text = str(exc)
     if isinstance(exc, duckdb.IOException) and "lock" in text.lower():
         return errors.StoreLockedError(path, detail=text)
+    if "read-only mode" in text:
+        return errors.ReadOnlyError(path, detail=text)
     table: list[tuple[type[duckdb.Error], type[errors.DatabaseError]]] = [
         (duckdb.ConstraintException, errors.IntegrityError),
         (duckdb.ConversionException, errors.DataError),
@@ -181,8 +183,13 @@ class Tx:
         self._cursor.register(name, data)
         try:
             self._cursor.execute(f"INSERT INTO {table} SELECT * FROM {name}")
-        finally:
-            self._cursor.unregister(name)
+        except BaseException:
+            # The failed insert aborted the transaction; unregistering can fail
+            # too and must not hide the original error (a conflict to retry).
+            with contextlib.suppress(duckdb.Error):
+                self._cursor.unregister(name)
+            raise
+        self._cursor.unregister(name)
 
     def arrow(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """Execute one statement and return a ``pyarrow.Table``."""
@@ -194,22 +201,28 @@ class Tx:
 class Database:
     """A DuckDB file (or ``:memory:``) opened for one store object.
 
+    With ``read_only`` the file is opened read-only (DuckDB then allows
+    other read-only processes) and every write raises ``ReadOnlyError``.
+
     Raises (from the constructor):
         StoreLockedError: another process holds the file.
         DatabaseError: any other failure opening it.
     """
 
-    def __init__(self, path: str, clock: Clock | None = None) -> None:
+    def __init__(self, path: str, clock: Clock | None = None, *, read_only: bool = False) -> None:
         self.path = path if path == ":memory:" else os.path.abspath(path)
         self.clock = clock
+        self.read_only = read_only
         try:
-            self._con = duckdb.connect(self.path)
+            self._con = duckdb.connect(self.path, read_only=read_only)
             self._con.execute("SET TimeZone = 'UTC'")
         except duckdb.Error as exc:
             raise translate(exc, self.path) from exc
         self._local = threading.local()
         self._cursors: list[duckdb.DuckDBPyConnection] = []
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._inflight = 0
         self._stats: dict[str, _OpStats] = {}
         self._closed = False
 
@@ -219,24 +232,45 @@ class Database:
         cur: duckdb.DuckDBPyConnection | None = getattr(self._local, "cursor", None)
         if cur is None:
             with self._lock:
-                if self._closed:
-                    raise errors.InterfaceError(detail="the store is closed")
                 cur = self._con.cursor()
                 cur.execute("SET TimeZone = 'UTC'")
                 self._cursors.append(cur)
             self._local.cursor = cur
         return cur
 
+    def _enter(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise errors.InterfaceError(detail="the store is closed")
+            self._inflight += 1
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.notify_all()
+
     def close(self) -> None:
-        """Close every cursor and the connection; later calls raise ``InterfaceError``."""
+        """Close the store once the operations already running have finished.
+
+        New operations raise ``InterfaceError`` from the moment ``close`` is
+        called; the file lock is released when it returns. Idempotent.
+
+        Raises:
+            OperationalError: DuckDB failed to close the file.
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            for cur in self._cursors:
-                with contextlib.suppress(duckdb.Error):
+            while self._inflight:
+                self._idle.wait()
+            try:
+                for cur in self._cursors:
                     cur.close()
-            self._con.close()
+                self._con.close()
+            except duckdb.Error as exc:
+                raise translate(exc, self.path) from exc
 
     # -- transactions ------------------------------------------------------------
 
@@ -251,8 +285,13 @@ class Database:
             DatabaseError: a translated backend failure (original as ``__cause__``).
             TurnkeeperError: whatever domain error ``body`` raised.
         """
-        if self._closed:
-            raise errors.InterfaceError(detail="the store is closed")
+        self._enter()
+        try:
+            return self._run(operation, body, transaction)
+        finally:
+            self._leave()
+
+    def _run(self, operation: str, body: Callable[[Tx], T], transaction: bool) -> T:
         cursor = self._cursor()
         attempts = 0
         statements = 0

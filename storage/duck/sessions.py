@@ -143,21 +143,25 @@ def append(
     ts = now if timestamp is None else timestamp
     epoch = None if lease is None else lease.epoch
     tx.exec(
-        f"INSERT INTO entries ({_ENTRY_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        [session_id, entry_id, parent, kind, seq, ts, payload_json, epoch],
+        f"INSERT INTO entries ({_ENTRY_COLS}, written_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [session_id, entry_id, parent, kind, seq, ts, payload_json, epoch, now],
     )
     return Entry(session_id, entry_id, parent, kind, seq, utc(ts), payload, epoch)
 
 
-def move_leaf(tx: Tx, session_id: str, entry_id: str | None, expected_leaf: Any) -> None:
+def move_leaf(
+    tx: Tx, session_id: str, entry_id: str | None, expected_leaf: Any, lease: Lease | None
+) -> None:
     """Point the session's leaf at ``entry_id`` (``None``: the next append is a new root).
 
     Raises:
-        SessionNotFoundError, SessionModifiedError, EntryNotFoundError.
+        SessionNotFoundError, SessionModifiedError, EntryNotFoundError, LeaseLostError.
     """
     row = tx.one("SELECT leaf_id FROM sessions WHERE id = ?", [session_id])
     if row is None:
         raise errors.SessionNotFoundError(session_id)
+    if lease is not None:
+        leases.fence(tx, lease)
     if expected_leaf is not ANY_LEAF and expected_leaf != row[0]:
         raise errors.SessionModifiedError(session_id, expected_leaf, row[0])
     if entry_id is not None and not _exists(tx, session_id, entry_id):
@@ -236,10 +240,18 @@ def labels(tx: Tx, session_id: str) -> dict[str, str]:
 
 
 _SEARCH = (
-    "(s.id ILIKE ? OR s.cwd ILIKE ? OR coalesce(s.title, '') ILIKE ? OR EXISTS "
+    "(s.id ILIKE ? ESCAPE '\\' OR s.cwd ILIKE ? ESCAPE '\\' "
+    "OR coalesce(s.title, '') ILIKE ? ESCAPE '\\' OR EXISTS "
     "(SELECT 1 FROM entries e WHERE e.session_id = s.id "
-    "AND e.kind IN ('message', 'session_info', 'custom_message') AND e.payload ILIKE ?))"
+    "AND e.kind IN ('message', 'session_info', 'custom_message') "
+    "AND e.payload ILIKE ? ESCAPE '\\'))"
 )
+
+
+def _like(search: str) -> str:
+    """``search`` as a literal ILIKE substring pattern (``%`` and ``_`` match themselves)."""
+    escaped = search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
 
 
 def _encode_cursor(session: Session) -> str:
@@ -249,10 +261,13 @@ def _encode_cursor(session: Session) -> str:
 
 def _decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
-        created, _, sid = base64.urlsafe_b64decode(cursor.encode()).decode().partition("|")
-        return datetime.fromisoformat(created), sid
+        created, sep, sid = base64.urlsafe_b64decode(cursor.encode()).decode().partition("|")
+        when = datetime.fromisoformat(created)
     except (ValueError, UnicodeDecodeError) as exc:
         raise errors.InvalidInputError("cursor", "not a cursor this store issued") from exc
+    if not sep or not sid or when.tzinfo is None:
+        raise errors.InvalidInputError("cursor", "not a cursor this store issued")
+    return when, sid
 
 
 def list_page(tx: Tx, limit: int, cursor: str | None, search: str | None) -> SessionPage:
@@ -260,7 +275,7 @@ def list_page(tx: Tx, limit: int, cursor: str | None, search: str | None) -> Ses
     where: list[str] = []
     params: list[Any] = []
     if search:
-        like = f"%{search}%"
+        like = _like(search)
         where.append(_SEARCH)
         params += [like, like, like, like]
     if cursor is not None:
@@ -281,7 +296,7 @@ def list_page(tx: Tx, limit: int, cursor: str | None, search: str | None) -> Ses
 def count(tx: Tx, search: str | None) -> int:
     """Number of sessions (matching ``search`` when given)."""
     if search:
-        like = f"%{search}%"
+        like = _like(search)
         row = tx.one(f"SELECT count(*) FROM sessions s WHERE {_SEARCH}", [like] * 4)
     else:
         row = tx.one("SELECT count(*) FROM sessions")
@@ -352,6 +367,7 @@ def import_rows(
                 "ts": pa.array([r[3] for r in new], pa.timestamp("us", tz="UTC")),
                 "payload": pa.array([r[4] for r in new], pa.string()),
                 "lease_epoch": pa.array([None] * len(new), pa.int64()),
+                "written_at": pa.array([tx.now] * len(new), pa.timestamp("us", tz="UTC")),
             }
         )
         tx.insert_arrow("entries", table)
@@ -363,6 +379,16 @@ def import_rows(
             "WHERE id = ?",
             [leaf_id, len(new), len(new), tx.now, session_id, session_id],
         )
+    if source and not created:
+        # Lines of this file that were unparseable before and parse now (a
+        # truncated last line the file has since completed) are no longer opaque.
+        current = [o[0] for o in opaque]
+        tx.exec(
+            "DELETE FROM opaque_records WHERE session_id = ? AND source = ? "
+            "AND NOT list_contains(?::BIGINT[], line)",
+            [session_id, source, current],
+        )
+        have_lines &= set(current)
     fresh = [o for o in opaque if o[0] not in have_lines]
     for line, raw, reason in fresh:
         tx.exec(

@@ -8,6 +8,7 @@ its input before touching the database (bad input raises
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -33,6 +34,18 @@ from turnkeeper.spec.records import (
 
 from ..codec import check_text, from_json, to_json
 from ..migrations import SCHEMA_VERSION, migrations, statements
+from ..validate import (
+    check_bool,
+    check_expected_leaf,
+    check_header,
+    check_lease,
+    check_limit,
+    check_path,
+    check_purpose,
+    check_request,
+    check_session_lease,
+    check_ttl,
+)
 from . import leases, sessions, threads
 from .db import Clock, Database, Tx
 
@@ -47,12 +60,6 @@ def _aware(value: datetime | None, field: str) -> datetime | None:
     return value
 
 
-def _lease(lease: Lease) -> Lease:
-    if not isinstance(lease, Lease):
-        raise errors.InvalidInputError("lease", "expected a Lease")
-    return lease
-
-
 def new_entry_id() -> str:
     """A random 16-hex entry id (64 bits, as the session seed's GenerateID)."""
     return secrets.token_hex(8)
@@ -61,20 +68,29 @@ def new_entry_id() -> str:
 class DuckDBStore:
     """A turnkeeper store in one DuckDB file (``":memory:"`` for a private one).
 
-    ``clock`` overrides the store's clock (default: the database's ``now()``);
-    it must return aware datetimes. Opening applies pending schema migrations.
+    ``clock`` overrides the store's clock (default: the database's clock);
+    it must return aware datetimes. Opening applies pending schema
+    migrations, except with ``read_only``: then the file must already have
+    this turnkeeper's schema, nothing is changed, and writes raise
+    ``ReadOnlyError`` (for inspecting a database; DuckDB lets several
+    read-only processes share a file no writer holds).
 
     Raises (from the constructor):
         StoreLockedError: another process has the file open.
-        SchemaVersionError: the file's schema is newer than this turnkeeper's.
+        SchemaVersionError: the file's schema is newer than this turnkeeper's,
+            older (read-only), or it is not a turnkeeper database.
+        InvalidInputError: ``path`` is not a usable path.
         DatabaseError: any other failure opening the file.
     """
 
-    def __init__(self, path: str, *, clock: Clock | None = None) -> None:
-        self.db = Database(path, clock)
+    def __init__(
+        self, path: str | os.PathLike[str], *, clock: Clock | None = None, read_only: bool = False
+    ) -> None:
+        check_bool(read_only, "read_only")
+        self.db = Database(check_path(path), clock, read_only=read_only)
         self._secret = secrets.token_bytes(32)
         try:
-            self.db.run("migrate", self._migrate)
+            self.db.run("migrate", self._check_schema if read_only else self._migrate)
         except BaseException:
             self.db.close()
             raise
@@ -84,15 +100,41 @@ class DuckDBStore:
         """Absolute path of the database file (or ``":memory:"``)."""
         return self.db.path
 
-    def _migrate(self, tx: Tx) -> None:
-        tx.exec(
-            "CREATE TABLE IF NOT EXISTS schema_migrations "
-            "(version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL)"
-        )
+    def _found_version(self, tx: Tx) -> int | None:
+        """The file's schema version; ``None`` when it has no turnkeeper schema.
+
+        Raises:
+            SchemaVersionError: tables exist but no ``schema_migrations``
+                (another application's database), or the version is newer.
+        """
+        tables = {r[0] for r in tx.rows("SELECT table_name FROM duckdb_tables()")}
+        if "schema_migrations" not in tables:
+            if tables:
+                raise errors.SchemaVersionError(
+                    self.path, 0, SCHEMA_VERSION, detail="not a turnkeeper database"
+                )
+            return None
         row = tx.one("SELECT coalesce(max(version), 0) FROM schema_migrations")
         found = int(row[0]) if row else 0
         if found > SCHEMA_VERSION:
             raise errors.SchemaVersionError(self.path, found, SCHEMA_VERSION)
+        return found
+
+    def _check_schema(self, tx: Tx) -> None:
+        found = self._found_version(tx)
+        if found != SCHEMA_VERSION:
+            raise errors.SchemaVersionError(
+                self.path, found or 0, SCHEMA_VERSION, detail="read-only: cannot migrate"
+            )
+
+    def _migrate(self, tx: Tx) -> None:
+        found = self._found_version(tx)
+        if found is None:
+            tx.exec(
+                "CREATE TABLE schema_migrations "
+                "(version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL)"
+            )
+            found = 0
         for version, sql in migrations():
             if version <= found:
                 continue
@@ -148,11 +190,11 @@ class DuckDBStore:
         """
         check_text(target, "target", allow_empty=False)
         check_text(owner, "owner", allow_empty=False)
-        check_text(purpose, "purpose", allow_empty=False)
-        leases.check_ttl(ttl_s)
+        why = check_purpose(purpose)
+        ttl = check_ttl(ttl_s)
         return self.db.run(
             "acquire_lease",
-            lambda tx: leases.acquire(tx, self._secret, target, owner, ttl_s, str(purpose)),
+            lambda tx: leases.acquire(tx, self._secret, target, owner, ttl, why),
         )
 
     def renew_lease(self, lease: Lease, ttl_s: float) -> Lease:
@@ -161,10 +203,10 @@ class DuckDBStore:
         Raises:
             LeaseLostError: the lease expired, was released or taken over.
         """
-        _lease(lease)
-        leases.check_ttl(ttl_s)
+        check_lease(lease)
+        ttl = check_ttl(ttl_s)
         return self.db.run(
-            "renew_lease", lambda tx: leases.renew(tx, lease, ttl_s), transaction=False
+            "renew_lease", lambda tx: leases.renew(tx, lease, ttl), transaction=False
         )
 
     def release_lease(self, lease: Lease) -> bool:
@@ -172,7 +214,7 @@ class DuckDBStore:
 
         Returns whether this call released a held lease.
         """
-        _lease(lease)
+        check_lease(lease)
         return self.db.run("release_lease", lambda tx: leases.release(tx, lease), transaction=False)
 
     def validate_lease(self, lease: Lease) -> None:
@@ -182,7 +224,7 @@ class DuckDBStore:
         Raises:
             LeaseLostError: it is not.
         """
-        _lease(lease)
+        check_lease(lease)
         self.db.run("validate_lease", lambda tx: leases.fence(tx, lease), transaction=False)
 
     def _fenced(self, operation: str, lease: Lease | None, body: Callable[[Tx], T]) -> T:
@@ -212,6 +254,11 @@ class DuckDBStore:
         """
         if (id is None) == (key is None):
             raise errors.InvalidInputError("id", "give exactly one of id and key")
+        if id is not None:
+            check_text(id, "id", allow_empty=False)
+        if key is not None:
+            check_text(key, "key", allow_empty=False)
+        check_bool(include_archived, "include_archived")
         return self.db.run(
             "resolve", lambda tx: threads.resolve(tx, id, key, include_archived), transaction=False
         )
@@ -234,11 +281,8 @@ class DuckDBStore:
             InvalidInputError: a malformed request.
         On any error nothing is written.
         """
-        if not isinstance(request, FinalizeRequest):
-            raise errors.InvalidInputError("request", "expected a FinalizeRequest")
+        check_request(request)
         columns = threads.validate_request(request)
-        for held in request.held_leases:
-            _lease(held)
         rec = request.record
 
         def body(tx: Tx) -> ThreadRecord:
@@ -280,7 +324,7 @@ class DuckDBStore:
         sid = str(uuid6.uuid7()) if session_id is None else session_id
         check_text(sid, "session_id", allow_empty=False)
         check_text(cwd, "cwd")
-        header_json = to_json(dict(header or {}), "header")
+        header_json = to_json(check_header(header), "header")
         _aware(created_at, "created_at")
         return self.db.run(
             "create_session", lambda tx: sessions.create(tx, sid, cwd, header_json, created_at)
@@ -288,6 +332,7 @@ class DuckDBStore:
 
     def get_session(self, session_id: str) -> Session | None:
         """The session, or ``None`` when there is none with this id."""
+        check_text(session_id, "session_id", allow_empty=False)
         return self.db.run(
             "get_session", lambda tx: sessions.get(tx, session_id), transaction=False
         )
@@ -328,11 +373,9 @@ class DuckDBStore:
         chose = entry_id is not None
         eid = entry_id if entry_id is not None else new_entry_id()
         check_text(eid, "entry_id", allow_empty=False)
-        if expected_leaf is not ANY_LEAF and expected_leaf is not None:
-            check_text(expected_leaf, "expected_leaf")
+        check_expected_leaf(expected_leaf)
         ts = _aware(timestamp, "timestamp")
-        if lease is not None:
-            _lease(lease)
+        check_session_lease(session_id, lease)
         return self._fenced(
             "append",
             lease,
@@ -351,15 +394,30 @@ class DuckDBStore:
         )
 
     def branch(
-        self, session_id: str, entry_id: str | None, *, expected_leaf: str | None = ANY_LEAF
+        self,
+        session_id: str,
+        entry_id: str | None,
+        *,
+        expected_leaf: str | None = ANY_LEAF,
+        lease: Lease | None = None,
     ) -> None:
         """Move the leaf to ``entry_id`` (pi ``branch``); ``None`` resets it (``resetLeaf``).
 
+        With ``lease`` (on ``session:<session_id>``) the move is fenced like an append.
+
         Raises:
-            SessionNotFoundError, EntryNotFoundError, SessionModifiedError.
+            SessionNotFoundError, EntryNotFoundError, SessionModifiedError,
+            LeaseLostError, InvalidInputError.
         """
-        self.db.run(
-            "branch", lambda tx: sessions.move_leaf(tx, session_id, entry_id, expected_leaf)
+        check_text(session_id, "session_id", allow_empty=False)
+        if entry_id is not None:
+            check_text(entry_id, "entry_id", allow_empty=False)
+        check_expected_leaf(expected_leaf)
+        check_session_lease(session_id, lease)
+        self._fenced(
+            "branch",
+            lease,
+            lambda tx: sessions.move_leaf(tx, session_id, entry_id, expected_leaf, lease),
         )
 
     def branch_with_summary(
@@ -379,8 +437,12 @@ class DuckDBStore:
         Raises:
             as :meth:`append`, plus EntryNotFoundError when ``entry_id`` is missing.
         """
+        check_text(session_id, "session_id", allow_empty=False)
         check_text(summary, "summary")
         check_text(entry_id, "entry_id", allow_empty=False)
+        check_expected_leaf(expected_leaf)
+        check_session_lease(session_id, lease)
+        to_json(details, "details")
 
         def body(tx: Tx) -> Entry:
             head = sessions.get(tx, session_id)
@@ -431,12 +493,15 @@ class DuckDBStore:
 
     def entries(self, session_id: str) -> list[Entry]:
         """Every entry of the session, in sequence (append) order."""
+        check_text(session_id, "session_id", allow_empty=False)
         return self.db.run(
             "entries", lambda tx: sessions.entries(tx, session_id), transaction=False
         )
 
     def entry(self, session_id: str, entry_id: str) -> Entry | None:
         """One entry, or ``None``."""
+        check_text(session_id, "session_id", allow_empty=False)
+        check_text(entry_id, "entry_id", allow_empty=False)
         return self.db.run(
             "entry", lambda tx: sessions.entry(tx, session_id, entry_id), transaction=False
         )
@@ -447,10 +512,12 @@ class DuckDBStore:
         Raises:
             SessionNotFoundError: no such session.
         """
+        check_text(session_id, "session_id", allow_empty=False)
         return self.db.run("replay", lambda tx: sessions.replay(tx, session_id))
 
     def labels(self, session_id: str) -> dict[str, str]:
         """Current labels: target entry id → label."""
+        check_text(session_id, "session_id", allow_empty=False)
         return self.db.run("labels", lambda tx: sessions.labels(tx, session_id), transaction=False)
 
     def list_sessions(
@@ -464,10 +531,11 @@ class DuckDBStore:
         Raises:
             InvalidInputError: ``limit`` below 1 or a foreign cursor.
         """
-        if not isinstance(limit, int) or limit < 1:
-            raise errors.InvalidInputError("limit", "must be a positive integer")
+        check_limit(limit)
         if search is not None:
             check_text(search, "search")
+        if cursor is not None:
+            check_text(cursor, "cursor", allow_empty=False)
         return self.db.run(
             "list_sessions",
             lambda tx: sessions.list_page(tx, limit, cursor, search),
@@ -476,6 +544,8 @@ class DuckDBStore:
 
     def count_sessions(self, *, search: str | None = None) -> int:
         """Number of sessions (matching ``search`` when given)."""
+        if search is not None:
+            check_text(search, "search")
         return self.db.run(
             "count_sessions", lambda tx: sessions.count(tx, search), transaction=False
         )
@@ -500,7 +570,7 @@ class DuckDBStore:
                 (e.id, e.parent_id, e.kind, e.timestamp, to_json(dict(e.payload), "payload"))
             )
         opaque = [(o.line, check_text(o.raw, "raw"), o.reason) for o in batch.opaque]
-        source = batch.opaque[0].source if batch.opaque else ""
+        source = batch.source or (batch.opaque[0].source if batch.opaque else "")
 
         def body(tx: Tx) -> ImportResult:
             created, added, opaque_added = sessions.import_rows(

@@ -89,6 +89,7 @@ CREATE TABLE entries (
     ts          TIMESTAMPTZ NOT NULL,
     payload     VARCHAR NOT NULL,
     lease_epoch BIGINT,
+    written_at  TIMESTAMPTZ NOT NULL,  -- the store's clock at the write (ts is the entry's own)
     PRIMARY KEY (session_id, id),
     UNIQUE (session_id, seq)
 );

@@ -1,0 +1,230 @@
+"""Regressions from the newcomer attack: typed refusals, fencing by target, races, close."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import duckdb
+import pytest
+
+import turnkeeper
+from turnkeeper import (
+    EntryKind,
+    FinalizeRequest,
+    InvalidInputError,
+    Lease,
+    LeaseLostError,
+    ThreadRecord,
+)
+from turnkeeper.spec.records import ImportBatch, ImportEntry, OpaqueRecord
+
+MSG = {"message": {"role": "user", "content": "x"}}
+
+
+def test_a_lease_on_one_session_never_fences_a_write_to_another(store):
+    store.create_session("s1")
+    store.create_session("s2")
+    lease_b = store.acquire_lease("session:s2", "B", 30)
+    for call in (
+        lambda: store.append("s1", EntryKind.MESSAGE, MSG, lease=lease_b),
+        lambda: store.branch("s1", None, lease=lease_b),
+        lambda: store.set_title("s1", "t", lease=lease_b),
+    ):
+        with pytest.raises(InvalidInputError) as err:
+            call()
+        assert err.value.field == "lease"
+    assert store.entries("s1") == []
+
+
+def test_branch_with_a_lost_lease_is_refused(store, clock):
+    store.create_session("s")
+    lease = store.acquire_lease("session:s", "A", 1)
+    a = store.append("s", EntryKind.MESSAGE, MSG, lease=lease)
+    clock.advance(2)
+    with pytest.raises(LeaseLostError):
+        store.branch("s", None, lease=lease)
+    assert store.get_session("s").leaf_id == a.id
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_nan_and_infinity_are_refused_not_stored_as_null(store, bad):
+    store.create_session("s")
+    with pytest.raises(InvalidInputError):
+        store.append("s", EntryKind.MESSAGE, {"message": {"role": "user", "cost": [bad]}})
+    with pytest.raises(InvalidInputError):
+        store.create_session("h", header={"x": {"y": bad}})
+    with pytest.raises(InvalidInputError):
+        store.finalize(FinalizeRequest(ThreadRecord("r", "k", state={"v": bad})))
+    assert store.entries("s") == [] and store.get_session("h") is None
+
+
+GOOD = Lease("t", "o", "tok", 1, "mutation", datetime(2026, 1, 1, tzinfo=UTC))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda s: s.validate_lease(Lease(None, "o", "t", 1, "mutation", GOOD.expires_at)),
+        lambda s: s.renew_lease(Lease("t", "o", "tok\ud800", 1, "mutation", GOOD.expires_at), 1),
+        lambda s: s.release_lease(Lease("t", "o", "tok", True, "mutation", GOOD.expires_at)),
+        lambda s: s.finalize(None),
+        lambda s: s.finalize(FinalizeRequest(ThreadRecord("r", "k"), held_leases=GOOD)),
+        lambda s: s.finalize(FinalizeRequest(ThreadRecord("r", "k"), held_leases=None)),
+        lambda s: s.finalize(FinalizeRequest(ThreadRecord("r", "k"), archive_old="no")),
+        lambda s: s.create_session("x", header=[1, 2]),
+        lambda s: s.create_session("x", header="abc"),
+        lambda s: s.list_sessions(cursor=5),
+        lambda s: s.list_sessions(limit=True),
+        lambda s: s.list_sessions(cursor="MjAyMC0wMS0wMQ=="),  # base64("2020-01-01"): no id
+        lambda s: s.acquire_lease("t", "o", True),
+        lambda s: s.acquire_lease("t", "o", 1, purpose="whatever"),
+        lambda s: s.get_session(5),
+        lambda s: s.replay("a\ud800"),
+        lambda s: s.entries(None),
+        lambda s: s.labels(3.5),
+        lambda s: s.branch("s", "e", expected_leaf=5),
+        lambda s: s.resolve(id=5),
+        lambda s: s.count_sessions(search=5),
+        lambda s: s.append("s", EntryKind.MESSAGE, MSG, expected_leaf=7),
+    ],
+)
+def test_bad_input_is_a_typed_refusal(store, call):
+    store.create_session("s")
+    with pytest.raises(InvalidInputError):
+        call(store)
+    assert store.entries("s") == []
+
+
+@pytest.mark.parametrize("path", [5, "", "db\x00suffix.duckdb", b"bytes.duckdb"])
+def test_bad_paths_are_refused(tmp_path, monkeypatch, path):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidInputError):
+        turnkeeper.open_store(path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _batch(sid: str, n: int, source: str = "f.jsonl", opaque=()) -> ImportBatch:
+    ts = datetime(2026, 1, 1, tzinfo=UTC)
+    entries = [
+        ImportEntry(f"e{i}", f"e{i - 1}" if i else None, "message", ts, MSG) for i in range(n)
+    ]
+    return ImportBatch(sid, "/w", ts, {"version": 3}, entries, f"e{n - 1}", opaque, source)
+
+
+def test_concurrent_imports_of_one_new_session_all_succeed(tmp_path):
+    store = turnkeeper.open_store(str(tmp_path / "i.duckdb"))
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def worker() -> None:
+        try:
+            barrier.wait()
+            store.import_batch(_batch("same", 50))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert errors == []
+        assert len(store.entries("same")) == 50
+    finally:
+        store.close()
+
+
+def test_opaque_line_that_now_parses_is_dropped_on_reimport(store):
+    bad = OpaqueRecord("f.jsonl", 4, '{"type":"mess', "truncated")
+    store.import_batch(_batch("s", 2, opaque=[bad]))
+    assert [o.line for o in store.opaque_records("s")] == [4]
+    store.import_batch(_batch("s", 3))  # the file grew: line 4 is a whole record now
+    assert store.opaque_records("s") == []
+    assert len(store.entries("s")) == 3
+
+
+def test_close_waits_for_running_operations_and_releases_the_file(tmp_path):
+    path = tmp_path / "c.duckdb"
+    store = turnkeeper.open_store(str(path))
+    store.create_session("s")
+    started, results = threading.Event(), []
+
+    def long_read() -> None:
+        started.set()
+        results.append(store.query("SELECT count(*) AS n FROM range(30000000) a, range(3) b"))
+
+    t = threading.Thread(target=long_read)
+    t.start()
+    started.wait()
+    time.sleep(0.05)
+    store.close()  # must wait for the query, not fail with ResourceInUse
+    t.join()
+    assert results and results[0].to_pylist()[0]["n"] == 90000000
+    with pytest.raises(turnkeeper.InterfaceError):
+        store.get_session("s")
+    store.close()  # idempotent
+    again = turnkeeper.open_store(str(path))  # the lock is gone
+    again.close()
+
+
+def test_search_matches_percent_and_underscore_literally(store):
+    store.create_session("plain")
+    store.create_session("with_underscore")
+    store.create_session("fifty%off")
+    assert [s.id for s in store.list_sessions(search="_").sessions] == ["with_underscore"]
+    assert store.count_sessions(search="%") == 1
+
+
+def test_written_at_is_the_store_clock_not_the_callers_timestamp(store, clock):
+    store.create_session("s")
+    lease = store.acquire_lease("session:s", "A", 5)
+    old = datetime(2001, 1, 1, tzinfo=UTC)
+    store.append("s", EntryKind.MESSAGE, MSG, lease=lease, timestamp=old)
+    rows = store.query("SELECT ts, written_at FROM entries").to_pylist()
+    assert rows[0]["ts"] == old and rows[0]["written_at"] == clock.now
+    from turnkeeper.cli.audit import run_audit
+
+    assert all(c.passed for c in run_audit(store, ["s"])), run_audit(store, ["s"])
+
+
+def test_read_only_store_reads_and_refuses_writes(tmp_path):
+    path = str(tmp_path / "r.duckdb")
+    with turnkeeper.open_store(path) as s:
+        s.create_session("s")
+    with turnkeeper.open_store(path, read_only=True) as ro:
+        assert ro.get_session("s") is not None
+        with pytest.raises(turnkeeper.ReadOnlyError) as err:
+            ro.create_session("t")
+        assert err.value.path == path
+    with turnkeeper.open_store(path) as s:
+        assert s.get_session("t") is None
+
+
+def test_read_only_open_of_a_missing_or_old_file_changes_nothing(tmp_path):
+    with pytest.raises(turnkeeper.DatabaseError):
+        turnkeeper.open_store(str(tmp_path / "missing.duckdb"), read_only=True)
+    assert not (tmp_path / "missing.duckdb").exists()
+
+
+def test_a_foreign_duckdb_file_is_not_a_turnkeeper_database(tmp_path):
+    path = tmp_path / "other.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE sessions (x INTEGER)")
+    con.close()
+    with pytest.raises(turnkeeper.SchemaVersionError) as err:
+        turnkeeper.open_store(str(path))
+    assert "not a turnkeeper database" in str(err.value)
+    con = duckdb.connect(str(path))
+    assert [r[0] for r in con.execute("SHOW TABLES").fetchall()] == ["sessions"]
+    con.close()
+
+
+def test_paths_are_reported_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with turnkeeper.open_store(Path("rel.duckdb")) as s:
+        assert s.path == str(tmp_path / "rel.duckdb")

@@ -1,0 +1,127 @@
+"""Argument checks shared by every backend: bad input is refused before any I/O.
+
+Each check raises ``InvalidInputError`` naming the field; nothing is written
+when one fails.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from turnkeeper.spec import LeasePurpose, errors
+from turnkeeper.spec.lease import session_target
+from turnkeeper.spec.records import ANY_LEAF, FinalizeRequest, Lease
+
+from .codec import check_text
+
+MAX_TTL_S = 10 * 365 * 86400.0
+"""The longest lease accepted, in seconds (ten years)."""
+
+
+def check_bool(value: object, field: str) -> bool:
+    """``value`` if it is a real ``bool`` (``"no"`` or ``1`` are refused)."""
+    if not isinstance(value, bool):
+        raise errors.InvalidInputError(field, f"expected True or False, got {value!r}")
+    return value
+
+
+def check_ttl(ttl_s: object) -> float:
+    """A lease duration in seconds: a finite number in (0, ten years]."""
+    if (
+        isinstance(ttl_s, bool)
+        or not isinstance(ttl_s, int | float)
+        or not math.isfinite(ttl_s)
+        or not 0 < ttl_s <= MAX_TTL_S
+    ):
+        raise errors.InvalidInputError("ttl_s", f"must be positive finite seconds, got {ttl_s!r}")
+    return float(ttl_s)
+
+
+def check_limit(limit: object) -> int:
+    """A page size: an ``int`` of at least 1."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise errors.InvalidInputError("limit", f"must be a positive integer, got {limit!r}")
+    return limit
+
+
+def check_purpose(purpose: object) -> str:
+    """One of the seed's lease purposes (``LeasePurpose``)."""
+    try:
+        return LeasePurpose(str(purpose) if isinstance(purpose, str) else "").value
+    except ValueError:
+        allowed = ", ".join(p.value for p in LeasePurpose)
+        raise errors.InvalidInputError("purpose", f"must be one of {allowed}") from None
+
+
+def check_lease(lease: object, field: str = "lease") -> Lease:
+    """A :class:`Lease` whose identifying fields are well-typed storable text."""
+    if not isinstance(lease, Lease):
+        raise errors.InvalidInputError(field, f"expected a Lease, got {type(lease).__name__}")
+    for name in ("target", "owner", "token"):
+        check_text(getattr(lease, name), f"{field}.{name}", allow_empty=False)
+    if isinstance(lease.epoch, bool) or not isinstance(lease.epoch, int) or lease.epoch < 1:
+        raise errors.InvalidInputError(f"{field}.epoch", "must be an integer of at least 1")
+    return lease
+
+
+def check_session_lease(session_id: str, lease: Lease | None) -> Lease | None:
+    """``lease`` must be a lease on ``session:<session_id>`` (or ``None``).
+
+    A lease is authority over its own target only: a lease on another
+    session (or any other target) never fences a write to this one.
+    """
+    if lease is None:
+        return None
+    check_lease(lease)
+    expected = session_target(session_id)
+    if lease.target != expected:
+        raise errors.InvalidInputError(
+            "lease", f"a lease on {lease.target!r} cannot write to {expected!r}"
+        )
+    return lease
+
+
+def check_expected_leaf(expected_leaf: object) -> Any:
+    """``ANY_LEAF``, ``None`` or an entry id."""
+    if expected_leaf is ANY_LEAF or expected_leaf is None:
+        return expected_leaf
+    return check_text(expected_leaf, "expected_leaf", allow_empty=False)
+
+
+def check_header(header: object) -> dict[str, Any]:
+    """Extra header fields: a mapping with string keys (or ``None`` for none)."""
+    if header is None:
+        return {}
+    if not isinstance(header, Mapping) or not all(isinstance(k, str) for k in header):
+        raise errors.InvalidInputError("header", "must be a mapping with string keys")
+    return dict(header)
+
+
+def check_request(request: object) -> FinalizeRequest:
+    """A :class:`FinalizeRequest` with real booleans and a sequence of leases."""
+    if not isinstance(request, FinalizeRequest):
+        raise errors.InvalidInputError("request", "expected a FinalizeRequest")
+    for name in ("archive_old", "rebind_active", "require_key_absent"):
+        check_bool(getattr(request, name), name)
+    held = request.held_leases
+    if not isinstance(held, Sequence) or isinstance(held, str | Lease):
+        raise errors.InvalidInputError("held_leases", "must be a list of leases")
+    for i, lease in enumerate(held):
+        check_lease(lease, f"held_leases[{i}]")
+    return request
+
+
+def check_path(path: object) -> str:
+    """A database path: ``":memory:"``, or a str/PathLike without NUL characters."""
+    if not isinstance(path, str | os.PathLike):
+        raise errors.InvalidInputError("path", f"expected a path, got {type(path).__name__}")
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise errors.InvalidInputError("path", "expected a text path")
+    check_text(text, "path", allow_empty=False)
+    if "\x00" in text:
+        raise errors.InvalidInputError("path", "must not contain NUL")
+    return text
