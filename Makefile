@@ -1,22 +1,54 @@
 # Two commands for a fresh machine (see README): `make demo` and `make test`.
+# Every recipe runs in bash with -e and pipefail, so a failing command in a
+# pipeline (pip piped through the warning filter below) still fails the target.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-DB ?= turnkeeper.duckdb
+DEMO_DB ?= turnkeeper-demo.duckdb
 
-.PHONY: install demo test lint typecheck reports clean
+# The install is redone only when the project metadata or a source file of the
+# package changed since the last one, or a source file was added or removed
+# (the list is kept in $(SOURCE_LIST), rewritten only when it differs). Sources:
+# the files git tracks or would track (ignored files such as __pycache__ left
+# out), or every file when this is not a git checkout.
+SOURCES := $(sort $(wildcard $(shell git ls-files --cached --others --exclude-standard \
+	spec machines storage api 2>/dev/null || find spec machines storage api -type f)))
+STAMP := $(VENV)/.installed
+SOURCE_LIST := $(VENV)/.sources
+
+# pip -q still prints this machine's "WARNING: Location … is ignored" lines
+# (a find-links folder that does not exist); drop those, keep everything else.
+PIP_FILTER := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
+
+.PHONY: install demo test lint typecheck reports clean FORCE
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q --upgrade pip $(PIP_FILTER)
+
+$(SOURCE_LIST): FORCE | $(BIN)/python
+	@printf '%s\n' $(SOURCES) > $@.new
+	@if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
 
 # A normal (non-editable) install, so mypy checks the installed package.
-install: $(BIN)/python
-	$(BIN)/pip install -q '.[test]'
-	$(BIN)/pip install -q --no-deps --force-reinstall .
+# setuptools' build/lib and build/bdist.* are removed first so a deleted module
+# cannot linger in the wheel (build/__editable__.* is an editable install's).
+# The stamp carries the time the install started: a file saved meanwhile is
+# newer, so the next run installs again.
+$(STAMP): $(BIN)/python pyproject.toml README.md $(SOURCES) $(SOURCE_LIST)
+	touch $@.new
+	rm -rf build/lib build/bdist.*
+	$(BIN)/pip install -q '.[test]' $(PIP_FILTER)
+	$(BIN)/pip install -q --no-deps --force-reinstall . $(PIP_FILTER)
+	mv $@.new $@
+
+install: $(STAMP)
 
 demo: install
-	$(BIN)/turnkeeper demo --db $(DB)
+	$(BIN)/turnkeeper demo --db $(DEMO_DB)
 
 lint: install
 	$(BIN)/ruff check .

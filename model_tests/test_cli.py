@@ -7,9 +7,11 @@ import importlib
 import json
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,7 +193,7 @@ def _append_corrupt_entry(
         "SELECT leaf_id, next_seq FROM sessions WHERE id = 'demo-1-0'"
     ).fetchone() or (None, None)
     con.execute(
-        "INSERT INTO entries VALUES ('demo-1-0', 'forged01', ?, 'message', ?, now(), ?, ?)",
+        "INSERT INTO entries VALUES ('demo-1-0', 'forged01', ?, 'message', ?, now(), ?, ?, now())",
         [
             leaf if parent is None else parent,
             seq,
@@ -651,3 +653,164 @@ def test_audit_fails_when_a_grant_is_stamped_before_the_prior_epoch(
     assert result.exit_code == 1
     failed = {c["name"] for c in json.loads(result.stdout)["audit"] if not c["passed"]}
     assert failed == {"grants_follow_prior_epoch"}
+
+
+# -- bad arguments, OS errors, interrupts, the demo's own database -----------------------------
+
+
+def one_line_error(result: Result, code: int = 2) -> str:
+    assert result.exit_code == code, (result.exit_code, result.output)
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    return result.stderr
+
+
+def test_os_errors_are_one_line_exit_2(demo: DemoRun, tmp_path: Path) -> None:
+    db = str(demo.copy(tmp_path))
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    err = one_line_error(run("report", "--db", db, "--parquet", str(a_file / "sub")))
+    assert err.startswith("turnkeeper: error: NotADirectoryError:") and str(a_file) in err
+    if Path("/proc").is_dir() and not Path("/proc/nope").exists():
+        err = one_line_error(run("report", "--db", db, "--parquet", "/proc/nope"))
+        assert "/proc/nope" in err
+    err = one_line_error(run("export", "demo-1-0", "--db", db, "-o", str(a_file / "x.jsonl")))
+    assert err.startswith("turnkeeper: error: cannot write")
+
+
+BAD_SECONDS = ["nan", "NaN", "inf", "-inf", "1e400", "0", "0.0", "-1", "abc"]
+
+
+@pytest.mark.parametrize("value", BAD_SECONDS)
+@pytest.mark.parametrize("option", ["--ttl", "--duration"])
+def test_demo_refuses_non_finite_or_non_positive_seconds(
+    tmp_path: Path, option: str, value: str
+) -> None:
+    db = tmp_path / "never.duckdb"
+    # A short duration, so a wrongly accepted value still ends quickly.
+    args = ["demo", "--db", str(db), "--duration", "0.2", "--workers", "1", "--sessions", "1"]
+    result = run(*args, option, value, "--json")
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for" in result.stderr and option in result.stderr
+    assert not db.exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--ttl", "3601"), ("--duration", "1e300"), ("--workers", "0"), ("--workers", "-2"),
+     ("--workers", "1.5"), ("--sessions", "0"), ("--sessions", "nan")],
+)  # fmt: skip
+def test_demo_refuses_out_of_range_numbers(tmp_path: Path, option: str, value: str) -> None:
+    db = tmp_path / "never.duckdb"
+    result = run("demo", "--db", str(db), "--duration", "0.2", option, value, "--json")
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for" in result.stderr and option in result.stderr
+    assert not db.exists()
+
+
+def test_interrupt_is_one_line_exit_130(demo: DemoRun, monkeypatch: pytest.MonkeyPatch) -> None:
+    from turnkeeper.cli import report
+
+    def interrupted(*args: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "collect", interrupted)
+    result = run("report", "--db", str(demo.db))
+    assert one_line_error(result, 130) == "turnkeeper: interrupted\n"
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_running_demo_with_exit_130(tmp_path: Path) -> None:
+    db = tmp_path / "interrupted.duckdb"
+    args = ["demo", "--db", str(db), "--duration", "120", "--workers", "4", "--sessions", "4"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "turnkeeper.cli.main", *args, "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not db.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # the fleet is running
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert err.endswith("turnkeeper: interrupted\n") and "Traceback" not in err, err
+    assert out == ""
+
+
+def test_demo_defaults_to_its_own_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from turnkeeper.cli.demo import DEMO_DB
+
+    assert DEMO_DB == "turnkeeper-demo.duckdb" != turnkeeper.DEFAULT_PATH
+    monkeypatch.chdir(tmp_path)
+    result = run("demo", "--duration", "0.5", "--workers", "1", "--sessions", "1", "--seed", "2")
+    assert result.exit_code == 0, result.output
+    used = tmp_path / DEMO_DB
+    assert used.exists() and not (tmp_path / turnkeeper.DEFAULT_PATH).exists()
+    assert f"database: {used} " in result.stdout
+    as_json = run(
+        "demo", "--duration", "0.2", "--workers", "1", "--sessions", "1", "--seed", "2", "--json"
+    )
+    assert as_json.exit_code == 0, as_json.output
+    assert json.loads(as_json.stdout)["db"] == str(used)
+    assert not (tmp_path / turnkeeper.DEFAULT_PATH).exists()
+    report = run("report", "--db", DEMO_DB, "--json")
+    assert report.exit_code == 0 and json.loads(report.stdout)["sessions"]["sessions"] == 1
+
+
+def test_read_commands_open_the_store_read_only(demo: DemoRun, tmp_path: Path) -> None:
+    """report, sessions, audit and export share a file another reader holds open, and
+    never migrate (a blank DuckDB file stays blank)."""
+    db = str(demo.copy(tmp_path))
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
+            import sys, turnkeeper
+            store = turnkeeper.open_store({db!r}, read_only=True)
+            print("ready", flush=True)
+            sys.stdin.read()
+        """),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        for args in (
+            ["report", "--json"],
+            ["sessions", "--json"],
+            ["audit"],
+            ["export", "demo-1-0"],
+            ["sessions", "show", "demo-1-0"],
+        ):
+            proc = subprocess.run(
+                [sys.executable, "-m", "turnkeeper.cli.main", *args, "--db", db],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert proc.returncode == 0, (args, proc.stderr)
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+
+    blank = tmp_path / "blank.duckdb"
+    duckdb.connect(str(blank)).close()
+    err = one_line_error(run("report", "--db", str(blank)))
+    assert err.startswith("turnkeeper: SchemaVersionError:")
+    con = duckdb.connect(str(blank), read_only=True)
+    try:
+        assert con.execute("SELECT count(*) FROM duckdb_tables()").fetchone() == (0,)
+    finally:
+        con.close()

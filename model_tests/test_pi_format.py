@@ -9,11 +9,13 @@ structure, never on the files' text.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import re
+import stat
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -546,7 +548,9 @@ def test_export_timestamps_keep_microseconds(store: DuckDBStore, fresh: DuckDBSt
     assert tree(fresh, "s") == tree(store, "s")
 
 
-def test_unstorable_records_are_opaque(store: DuckDBStore, tmp_path: Path) -> None:
+def test_unstorable_records_are_opaque_and_bad_text_is_repaired(
+    store: DuckDBStore, tmp_path: Path
+) -> None:
     def custom(eid: str, data: bytes) -> bytes:
         head = f'{{"type":"custom","id":"{eid}","parentId":null,"timestamp":"{ts(1)}",'
         return head.encode() + b'"customType":"x","data":' + data + b"}\n"
@@ -554,18 +558,34 @@ def test_unstorable_records_are_opaque(store: DuckDBStore, tmp_path: Path) -> No
     path = tmp_path / "odd.jsonl"
     path.write_bytes(
         (line(header()) + "\n").encode()
-        + custom("a", b'"bad \xff byte"')  # not UTF-8
-        + custom("b", b'"\\ud800"')  # a lone surrogate escape
-        + custom("c", b"1" * 30)  # beyond 64-bit integers
-        + custom("d", b"NaN")  # not JSON (JSON.parse refuses it too)
+        + custom("a", b'"bad \xff byte"')  # not UTF-8: repaired
+        + custom("b", b'"\\ud800"')  # a lone surrogate escape: repaired
+        + custom("c", b"1" * 30)  # beyond 64-bit integers: opaque
+        + custom("d", b"NaN")  # not JSON (JSON.parse refuses it too): opaque
         + custom("e", b'"fine"')
     )
     done = pi.import_file(store, path)
-    assert [e.id for e in store.entries("sess-1")] == ["e"]
-    assert [(i.line, i.kind) for i in done.issues] == [(n, "opaque") for n in (2, 3, 4, 5)]
-    opaque = store.opaque_records("sess-1")
-    assert [o.line for o in opaque] == [2, 3, 4, 5]
-    assert "bad \ufffd byte" in opaque[0].raw
+    entries = {e.id: e for e in store.entries("sess-1")}
+    assert sorted(entries) == ["a", "b", "e"]
+    assert entries["a"].payload["data"] == "bad \ufffd byte"
+    assert entries["b"].payload["data"] == "\ufffd"
+    assert [(i.line, i.kind) for i in done.issues] == [
+        (2, "repaired"),
+        (3, "repaired"),
+        (4, "opaque"),
+        (5, "opaque"),
+    ]
+    assert [o.line for o in store.opaque_records("sess-1")] == [4, 5]
+
+
+def test_a_lone_surrogate_mid_file_does_not_cut_the_chain(store: DuckDBStore) -> None:
+    recs = [msg(f"e{i}", f"e{i - 1}" if i else None, i) for i in range(5)]
+    recs[2]["message"]["content"][0]["text"] = "broken \ud83d emoji"
+    text = "\n".join(line(r) for r in [header(), *recs]).replace("\ud83d", "\\ud83d")
+    parsed = pi.parse_text(text)
+    assert [i.kind for i in parsed.issues] == ["repaired"]
+    store.import_batch(parsed.batch)
+    assert store.replay("sess-1").entry_ids == ("e0", "e1", "e2", "e3", "e4")
 
 
 def test_store_refuses_duplicate_keys_in_one_batch(store: DuckDBStore) -> None:
@@ -579,3 +599,100 @@ def test_store_refuses_duplicate_keys_in_one_batch(store: DuckDBStore) -> None:
     with pytest.raises(InvalidInputError):
         store.import_batch(dataclasses.replace(batch, opaque=[o, o]))
     assert store.count_sessions() == 0
+
+
+# -- export_file: permissions and symbolic links ------------------------------------------
+
+
+@pytest.fixture
+def umask() -> Iterator[Callable[[int], None]]:
+    """Set the process umask for one test (restored afterwards)."""
+    old = os.umask(0o022)
+
+    def set_umask(mask: int) -> None:
+        os.umask(mask)
+
+    yield set_umask
+    os.umask(old)
+
+
+def stored_session(store: DuckDBStore, sid: str = "sess-1") -> list[str]:
+    """Import a small session; returns its export lines."""
+    store.import_batch(
+        pi.parse_text("\n".join(line(r) for r in [header(sid=sid), msg("e1", None, 1)])).batch
+    )
+    return list(pi.export_lines(store, sid))
+
+
+def mode_of(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
+
+
+@pytest.mark.parametrize(("mask", "expected"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_export_file_mode_follows_the_umask(
+    store: DuckDBStore, tmp_path: Path, umask: Callable[[int], None], mask: int, expected: int
+) -> None:
+    lines = stored_session(store)
+    umask(mask)
+    out = tmp_path / "new.jsonl"
+    assert pi.export_file(store, "sess-1", out) == len(lines)
+    assert mode_of(out) == expected
+    assert out.read_text(encoding="utf-8").splitlines() == lines
+    assert leftovers(tmp_path) == []
+
+
+def test_export_file_keeps_a_replaced_files_mode(
+    store: DuckDBStore, tmp_path: Path, umask: Callable[[int], None]
+) -> None:
+    stored_session(store)
+    umask(0o022)
+    out = tmp_path / "private.jsonl"
+    out.write_text("old\n")
+    out.chmod(0o640)
+    pi.export_file(store, "sess-1", out)
+    assert mode_of(out) == 0o640 and out.read_text().startswith('{"type":"session"')
+
+
+def test_export_file_through_a_symlink_replaces_its_target(
+    store: DuckDBStore, tmp_path: Path, umask: Callable[[int], None]
+) -> None:
+    lines = stored_session(store)
+    umask(0o022)
+    real_dir = tmp_path / "real"
+    real_dir.mkdir()
+    real = real_dir / "session.jsonl"
+    real.write_text("old\n")
+    link_dir = tmp_path / "links"
+    link_dir.mkdir()
+    link = link_dir / "session.jsonl"
+    link.symlink_to(Path("..") / "real" / "session.jsonl")
+    chained = tmp_path / "chained.jsonl"
+    chained.symlink_to(link)
+
+    pi.export_file(store, "sess-1", chained)
+    assert chained.is_symlink() and link.is_symlink()
+    assert os.readlink(link) == os.path.join("..", "real", "session.jsonl")
+    assert real.read_text(encoding="utf-8").splitlines() == lines
+    assert leftovers(tmp_path) == leftovers(link_dir) == leftovers(real_dir) == []
+
+    dangling = tmp_path / "dangling.jsonl"
+    dangling.symlink_to(real_dir / "not-yet.jsonl")
+    pi.export_file(store, "sess-1", dangling)
+    assert dangling.is_symlink()
+    assert (real_dir / "not-yet.jsonl").read_text(encoding="utf-8").splitlines() == lines
+    assert mode_of(real_dir / "not-yet.jsonl") == 0o644
+
+
+def test_export_file_refuses_a_symlink_loop(store: DuckDBStore, tmp_path: Path) -> None:
+    stored_session(store)
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.symlink_to(b)
+    b.symlink_to(a)
+    with pytest.raises(OSError) as caught:
+        pi.export_file(store, "sess-1", a)
+    assert caught.value.errno == errno.ELOOP
+    assert a.is_symlink() and b.is_symlink() and leftovers(tmp_path) == []

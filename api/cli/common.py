@@ -1,10 +1,12 @@
 """Helpers every CLI command shares: opening the store, errors, JSON and consoles.
 
 Error policy: a :class:`~turnkeeper.spec.errors.TurnkeeperError` (for example
-``StoreLockedError`` when another process holds the database file) or a
-:class:`CliError` reaching the top-level group is printed as ONE line on
-stderr (``turnkeeper: error: …``) and the process exits with status 2, with
-no traceback. Audit failures and per-file import failures exit with 1.
+``StoreLockedError`` when another process holds the database file), a
+:class:`CliError` or an :class:`OSError` (a path that cannot be read or
+written) reaching the top-level group is printed as ONE line on stderr
+(``turnkeeper: …``) and the process exits with status 2, with no traceback.
+Audit failures and per-file import failures exit with 1; an interrupt
+(Ctrl-C) prints ``turnkeeper: interrupted`` and exits with 130.
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ EXIT_FAILED = 1
 """Exit status when the command ran but found failures (audit, an import file)."""
 
 EXIT_ERROR = 2
-"""Exit status when turnkeeper refused the operation (store locked, bad input …)."""
+"""Exit status when turnkeeper refused the operation (store locked, bad input, I/O …)."""
+
+EXIT_INTERRUPTED = 130
+"""Exit status after an interrupt (Ctrl-C): 128 + SIGINT, as shells report it."""
 
 
 class CliError(Exception):
@@ -54,20 +59,27 @@ def db_option(default: str | None = turnkeeper.DEFAULT_PATH) -> Callable[[F], F]
 
 
 @contextmanager
-def open_db(path: str, *, must_exist: bool = False) -> Iterator[DuckDBStore]:
+def open_db(
+    path: str, *, must_exist: bool = False, read_only: bool = False
+) -> Iterator[DuckDBStore]:
     """Open the store at ``path`` and close it afterwards.
 
     With ``must_exist`` a missing file is a :class:`CliError` instead of
     being created (read-only commands should not leave an empty file behind).
+    ``read_only`` (implies ``must_exist``) opens the file for inspection: no
+    migrations run, any write raises ``ReadOnlyError``, and other read-only
+    openers may share the file (a writing process still locks everyone out).
 
     Raises:
-        CliError: ``must_exist`` and there is no file at ``path``.
+        CliError: ``must_exist`` or ``read_only`` and there is no file at ``path``.
         StoreLockedError: another process holds the file.
-        SchemaVersionError: the file was written by a newer turnkeeper.
+        SchemaVersionError: the file was written by a newer turnkeeper, is not
+            a turnkeeper database, or (read-only) needs a migration.
     """
-    if must_exist and path != ":memory:" and not os.path.exists(path):
+    in_memory = path == ":memory:"
+    if (must_exist or read_only) and not in_memory and not os.path.exists(path):
         raise CliError(f"no database at {path}")
-    store = turnkeeper.open_store(path)
+    store = turnkeeper.open_store(path, read_only=read_only and not in_memory)
     try:
         yield store
     finally:

@@ -3,12 +3,15 @@
 Prints a rich table (or, with ``--json``, one JSON object with the same
 figures): turns committed, stale writes fenced, takeovers, busy refusals,
 store operations per second, statements per call of the hot operations and
-one row per audit check. Exits 1 when any audit check fails.
+one row per audit check, then the database file it used (``db`` in JSON).
+Exits 1 when any audit check fails. The default file is :data:`DEMO_DB`.
 """
 
 from __future__ import annotations
 
+import math
 import secrets
+import shlex
 import threading
 import time
 from dataclasses import asdict
@@ -20,7 +23,6 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-import turnkeeper
 from turnkeeper.spec.errors import SessionIDExistsError
 from turnkeeper.storage import DuckDBStore
 
@@ -33,6 +35,33 @@ HOT_OPERATIONS = ("acquire_lease", "renew_lease", "release_lease", "append", "fi
 
 PROGRESS_TICK_S = 0.1
 """Seconds between progress-bar refreshes (and checks for finished workers)."""
+
+DEMO_DB = "turnkeeper-demo.duckdb"
+"""The demo's default database file (in the current directory), apart from the
+``turnkeeper.duckdb`` every other command defaults to, so a demo never writes
+into a runtime's real store."""
+
+MAX_DURATION_S = 86_400.0
+"""Longest ``--duration`` accepted (a day)."""
+
+MAX_TTL_S = 3_600.0
+"""Longest ``--ttl`` accepted (an hour; stalled workers sleep past it)."""
+
+
+class Seconds(click.FloatRange):
+    """A finite number of seconds in ``(minimum, maximum]``: refuses ``nan``, ``inf``,
+    zero and negatives (``FloatRange`` alone lets ``nan`` through)."""
+
+    name = "seconds"
+
+    def __init__(self, minimum: float, maximum: float) -> None:
+        super().__init__(min=minimum, max=maximum, min_open=True)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number of seconds.", param, ctx)
+        return super().convert(number, param, ctx)
 
 
 def ensure_sessions(store: DuckDBStore, cfg: FleetConfig) -> list[str]:
@@ -231,7 +260,8 @@ def summarize(
 
 
 def render(console: Console, figures: dict[str, Any]) -> None:
-    """Print the figures as one rich table (fleet, statements per call, audit)."""
+    """Print the figures as one rich table (fleet, statements per call, audit), then
+    the database file the run used."""
     table = Table(
         title=(
             f"turnkeeper demo: {figures['workers']} workers, {figures['sessions']} sessions, "
@@ -280,34 +310,41 @@ def render(console: Console, figures: dict[str, Any]) -> None:
             note += f": {check['detail']}"
         table.add_row(f"audit: {check['name']}", verdict, note)
     console.print(table)
+    db = str(f["db"])
+    console.print(
+        f"database: {db} (analyse it: turnkeeper report --db {shlex.quote(db)})",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @click.command("demo")
 @click.option(
     "--db",
     type=click.Path(dir_okay=False),
-    default=turnkeeper.DEFAULT_PATH,
+    default=DEMO_DB,
     show_default=True,
-    help="DuckDB database file.",
+    help="DuckDB database file (the demo's own, not turnkeeper.duckdb).",
 )
 @click.option("--workers", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--sessions", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option(
     "--duration",
-    type=click.FloatRange(min=0.0),
+    type=Seconds(0.0, MAX_DURATION_S),
     default=20.0,
     show_default=True,
-    help="Seconds the fleet runs.",
+    help="Seconds the fleet runs (> 0, at most a day).",
 )
 @click.option(
     "--seed", type=int, default=None, help="Seed for repeatable choices (default: random)."
 )
 @click.option(
     "--ttl",
-    type=click.FloatRange(min=0.01),
+    type=Seconds(0.0, MAX_TTL_S),
     default=0.5,
     show_default=True,
-    help="Lease TTL in seconds.",
+    help="Lease TTL in seconds (> 0, at most an hour).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @click.pass_context
@@ -327,7 +364,9 @@ def demo_command(
     finalize thread records, and now and then stall past the TTL (their late
     writes must be fenced) or abandon a lease (a later worker takes it over).
     Prints the figures and an audit of the stored data as a table (or one
-    JSON object with --json); exits 1 if any audit check fails.
+    JSON object with --json) and the database file used; exits 1 if any audit
+    check fails. The default database is turnkeeper-demo.duckdb, apart from the
+    turnkeeper.duckdb the other commands default to.
     """
     if seed is None:
         seed = secrets.randbelow(1_000_000)

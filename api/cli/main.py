@@ -2,13 +2,17 @@
 ``import`` and ``export`` (each in its own module; this one holds the group).
 
 Every command takes ``--db PATH`` (default ``turnkeeper.duckdb`` in the
-current directory). A turnkeeper error (for example ``StoreLockedError``
-when another process holds the database) prints one line on stderr and
-exits 2, without a traceback; failed audits and failed import files exit 1.
+current directory; ``demo`` defaults to ``turnkeeper-demo.duckdb``). A
+turnkeeper error (for example ``StoreLockedError`` when another process
+holds the database) or an OS error (a path that cannot be read or written)
+prints one line on stderr and exits 2, without a traceback; failed audits
+and failed import files exit 1; an interrupt (Ctrl-C) prints one line and
+exits 130.
 """
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 import click
@@ -16,7 +20,16 @@ import click
 from turnkeeper.spec.errors import TurnkeeperError
 
 from .audit import run_audit
-from .common import EXIT_ERROR, EXIT_FAILED, CliError, db_option, dumps, one_line, open_db
+from .common import (
+    EXIT_ERROR,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    CliError,
+    db_option,
+    dumps,
+    one_line,
+    open_db,
+)
 from .demo import demo_command
 from .report import report_command
 from .sessions_view import sessions_group
@@ -24,7 +37,8 @@ from .transfer import export_command, import_command
 
 
 class TurnkeeperGroup(click.Group):
-    """A click group that turns turnkeeper errors into one stderr line and exit status 2."""
+    """A click group that turns turnkeeper errors, command errors and OS errors into
+    one stderr line and exit status 2, and an interrupt into one line and 130."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -33,6 +47,13 @@ class TurnkeeperGroup(click.Group):
             click.echo(f"turnkeeper: {type(exc).__name__}: {one_line(str(exc))}", err=True)
         except CliError as exc:
             click.echo(f"turnkeeper: error: {one_line(str(exc))}", err=True)
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                raise  # stdout closed early (`| head`): click exits quietly
+            click.echo(f"turnkeeper: error: {type(exc).__name__}: {one_line(str(exc))}", err=True)
+        except KeyboardInterrupt:
+            click.echo("turnkeeper: interrupted", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
         ctx.exit(EXIT_ERROR)
 
 
@@ -58,7 +79,7 @@ def audit_command(ctx: click.Context, db: str, sessions: tuple[str, ...], as_jso
     formed session trees, grants stamped after the epoch they replaced. Prints
     one line per check (or one JSON object); exits 1 if any check fails.
     """
-    with open_db(db, must_exist=True) as store:
+    with open_db(db, read_only=True) as store:
         checks = run_audit(store, list(sessions) or None)
     if as_json:
         click.echo(

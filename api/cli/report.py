@@ -231,7 +231,7 @@ def report_command(db: str, as_json: bool, parquet_dir: str | None) -> None:
     writes by operation, takeovers and fenced writes over time (per second
     under two minutes of data, else per minute), thread records by status.
     """
-    with open_db(db, must_exist=True) as store:
+    with open_db(db, read_only=True) as store:
         data = collect(store)
         if parquet_dir is not None:
             data["parquet"] = write_parquet(store, parquet_dir)

@@ -65,7 +65,7 @@ def _session_dict(s: Session) -> dict[str, Any]:
 
 def list_sessions(db: str, search: str | None, limit: int, as_json: bool) -> None:
     """Print the session listing (table, or one JSON object with ``total`` and ``sessions``)."""
-    with open_db(db, must_exist=True) as store:
+    with open_db(db, read_only=True) as store:
         sessions = fetch_sessions(store, limit, search)
         total = store.count_sessions(search=search)
     if as_json:
@@ -229,7 +229,7 @@ def show_session(db: str, session_id: str) -> None:
     Raises:
         SessionNotFoundError: no session has this id.
     """
-    with open_db(db, must_exist=True) as store:
+    with open_db(db, read_only=True) as store:
         session = store.get_session(session_id)
         if session is None:
             raise SessionNotFoundError(session_id)

@@ -78,15 +78,19 @@ def import_command(ctx: click.Context, paths: tuple[str, ...], db: str, as_json:
     "--output",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Write to this file (replaced atomically) instead of stdout.",
+    help="Write to this file (replaced atomically; a symlink's target is replaced) "
+    "instead of stdout.",
 )
 def export_command(session_id: str, db: str, output: str | None) -> None:
     """Export session SESSION_ID as a pi session file (JSONL: header line, then entries).
 
-    Writes to stdout, or to FILE with -o (written to a temporary file and
-    renamed over FILE, so a failed export leaves FILE untouched).
+    Writes to stdout, or to FILE with -o (written to a new file beside it and
+    renamed over it, so a failed export leaves FILE untouched; a symlink's
+    target is replaced and the link kept; a new file's mode follows the
+    umask, a replaced file keeps its mode). pi takes the last entry as the
+    leaf, so a leaf moved with branch() is not kept.
     """
-    with open_db(db, must_exist=True) as store:
+    with open_db(db, read_only=True) as store:
         if output is None or output == "-":
             for line in pi.export_lines(store, session_id):
                 click.echo(line)

@@ -23,9 +23,11 @@ unparseable text, or a record the store would refuse, is kept as an
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
-import tempfile
+import secrets
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -145,6 +147,33 @@ def _first_kept(payload: dict[str, Any], ids_by_index: Mapping[int, str]) -> dic
     return out
 
 
+def _scrub(value: Any) -> tuple[Any, bool]:
+    """``value`` with every string UTF-8 cannot hold made storable, and whether any was.
+
+    JavaScript's ``JSON.stringify`` writes lone surrogates as ``\\udXXX``
+    escapes; refusing such a record would cut every later entry off its
+    parent, so the text is repaired (U+FFFD per bad code unit) and reported.
+    """
+    if isinstance(value, str):
+        fixed = storable_text(value)
+        return fixed, fixed is not value
+    if isinstance(value, dict):
+        out: dict[Any, Any] = {}
+        changed = False
+        for k, v in value.items():
+            (k2, v2), c = _scrub((k, v))
+            out[k2] = v2
+            changed = changed or c
+        return (out if changed else value), changed
+    if isinstance(value, list | tuple):
+        items = [_scrub(v) for v in value]
+        if not any(c for _, c in items):
+            return value, False
+        seq = [v for v, _ in items]
+        return (tuple(seq) if isinstance(value, tuple) else seq), True
+    return value, False
+
+
 _Row = tuple[str, str | None, str, datetime | None, dict[str, Any]]
 """An entry being read: id, parent id, kind, timestamp (``None``: fall back), payload."""
 
@@ -192,6 +221,17 @@ class _Reader:
                 return f"{kind} entry without a string 'id'"
             if parent is not None and not isinstance(parent, str):
                 return f"{kind} entry {eid}: parentId is not a string or null"
+        (eid, parent, record), scrubbed = _scrub((eid, parent, record))
+        if scrubbed:
+            self.issues.append(
+                LineIssue(
+                    self.path,
+                    piece.line,
+                    "repaired",
+                    f"{kind} entry {eid}: text UTF-8 cannot hold (a lone surrogate) "
+                    "replaced by U+FFFD",
+                )
+            )
         if eid in self.ids:
             return f"{kind} entry {eid}: duplicate entry id"
         payload = {k: v for k, v in record.items() if k not in BASE_FIELDS}
@@ -273,6 +313,7 @@ def parse_text(text: str, path: str = "<text>") -> ParsedFile:
         entries=entries,
         leaf_id=entries[-1].id if entries else None,
         opaque=reader.opaque({n: raw for n, (raw, _) in split.items()}),
+        source=path,
     )
     issues.extend(reader.issues)
     issues.sort(key=lambda i: (i.line, i.kind != "repaired"))
@@ -365,20 +406,69 @@ def export_file(store: Store, session_id: str, path: str | os.PathLike[str]) -> 
     """Write the session to ``path`` as a pi version 3 file (UTF-8, ``\\n`` after
     every line; see :func:`export_lines`) and return the number of lines.
 
-    The file is written next to ``path`` first and then renamed over it, so
-    a failure never leaves a half-written session file.
+    The file is written to a new file in the target's folder, flushed to disk
+    and renamed over the target, so a failure never leaves a half-written
+    session file. When ``path`` is a symbolic link, the file it points at is
+    replaced and the link kept (see :func:`_resolve_target`). A new file gets
+    mode ``0o666`` less the umask (as ``open(path, "w")`` would); a replaced
+    file keeps its permission bits.
 
     Raises:
         SessionNotFoundError: no session has this id; nothing is written.
-        OSError: the file cannot be written.
+        OSError: the file cannot be written (``ELOOP`` for a symlink loop).
     """
-    target = Path(path)
+    target = _resolve_target(path)
     lines = list(export_lines(store, session_id))
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        mode = None
+    fd, tmp = _create_beside(target)
     try:
         with os.fdopen(fd, "wb") as out:
+            if mode is not None:
+                os.fchmod(out.fileno(), mode)
             out.write("".join(f"{line}\n" for line in lines).encode("utf-8"))
+            out.flush()
+            os.fsync(out.fileno())
         os.replace(tmp, target)
     finally:
         Path(tmp).unlink(missing_ok=True)
     return len(lines)
+
+
+def _resolve_target(path: str | os.PathLike[str]) -> Path:
+    """The file that writing ``path`` should replace: ``path`` with every symbolic
+    link followed (a dangling link gives the missing file it names).
+
+    Raises:
+        OSError: ``ELOOP`` when the links form a loop.
+    """
+    target = Path(os.path.realpath(path))
+    if target.is_symlink():  # realpath stops inside a loop without raising
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), os.fspath(path))
+    return target
+
+
+_CREATE_ATTEMPTS = 100
+"""Unique temporary names tried before giving up (a clash is ~impossible)."""
+
+
+def _create_beside(target: Path) -> tuple[int, str]:
+    """Create a new, empty file in ``target``'s folder: ``(descriptor, path)``.
+
+    Created with ``os.open(..., O_CREAT | O_EXCL, 0o666)`` under a random
+    name, so the process umask applies as for any new file (no umask read,
+    which would race with other threads) and no existing file is reused.
+
+    Raises:
+        OSError: the folder does not exist or is not writable.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(_CREATE_ATTEMPTS):
+        tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), os.fspath(tmp)
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary name", os.fspath(target.parent))

@@ -11,6 +11,7 @@ cannot be parsed as text, so nothing is lost silently.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -20,6 +21,9 @@ _RECORD_START = '{"type"'
 """How every record pi writes begins (``type`` is always its first key)."""
 
 _WS = " \t\r\n"
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _reject_constant(name: str) -> Any:
@@ -121,16 +125,15 @@ def split_lines(text: str) -> Iterator[tuple[int, str, list[Piece]]]:
 
 
 def storable_text(text: str) -> str:
-    """``text`` with anything UTF-8 cannot hold (lone surrogates) replaced by U+FFFD."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        try:  # bytes parse_file could not decode: one U+FFFD per bad byte
-            data = text.encode("utf-8", "surrogateescape")
-        except UnicodeEncodeError:
-            data = text.encode("utf-8", "surrogatepass")
-        return data.decode("utf-8", "replace")
-    return text
+    """``text`` with every code point UTF-8 cannot hold replaced by U+FFFD.
+
+    Those are surrogates: a lone ``\\udXXX`` escape, or a byte ``parse_file``
+    could not decode (``surrogateescape``), one U+FFFD each. Returns ``text``
+    itself when nothing needed replacing.
+    """
+    if not _SURROGATE.search(text):
+        return text
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def parse_timestamp(value: object) -> datetime | None:
