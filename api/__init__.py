@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from datetime import datetime
 
-from turnkeeper.spec import LeasePurpose, RecordStatus
+from turnkeeper.spec import LeasePurpose, RecordStatus, RunStatus
 from turnkeeper.spec.entries import EntryKind
 from turnkeeper.spec.errors import (
     AlreadyExistsError,
@@ -35,12 +35,16 @@ from turnkeeper.spec.errors import (
     ReadOnlyError,
     RecordNotActiveError,
     RecordNotFoundError,
+    RetryNotAllowedError,
+    RunNotFoundError,
     SchemaVersionError,
     SessionFileError,
     SessionIDExistsError,
     SessionModifiedError,
     SessionNotFoundError,
+    SessionRunActiveError,
     StoreLockedError,
+    SubmissionConflictError,
     TransactionConflictError,
     TurnkeeperError,
 )
@@ -50,6 +54,8 @@ from turnkeeper.spec.records import (
     FinalizeRequest,
     Lease,
     Replay,
+    Run,
+    RunEvent,
     Session,
     SessionPage,
     ThreadRecord,
@@ -112,6 +118,11 @@ __all__ = [
     "RecordNotFoundError",
     "RecordStatus",
     "Replay",
+    "RetryNotAllowedError",
+    "Run",
+    "RunEvent",
+    "RunNotFoundError",
+    "RunStatus",
     "SchemaVersionError",
     "Session",
     "SessionFileError",
@@ -119,8 +130,10 @@ __all__ = [
     "SessionModifiedError",
     "SessionNotFoundError",
     "SessionPage",
+    "SessionRunActiveError",
     "Store",
     "StoreLockedError",
+    "SubmissionConflictError",
     "ThreadRecord",
     "TransactionConflictError",
     "TurnkeeperError",

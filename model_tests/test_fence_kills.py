@@ -24,7 +24,7 @@ from stateful_leases import make_machine
 
 from turnkeeper.spec import LEASE, errors
 from turnkeeper.storage.duck import leases, threads
-from turnkeeper.storage.duck import store as store_module
+from turnkeeper.storage.duck import store_sessions as store_module
 from turnkeeper.storage.duck.db import Tx
 
 SEARCH = settings(

@@ -13,7 +13,7 @@ import pytest
 
 from turnkeeper import FinalizeRequest, ThreadRecord
 from turnkeeper.machines import machine_for
-from turnkeeper.spec import GRANTING_EDGES, LEASE, LIFECYCLES, THREAD_RECORD
+from turnkeeper.spec import GRANTING_EDGES, LEASE, LIFECYCLES, RUN, THREAD_RECORD
 from turnkeeper.spec.errors import InvalidTransitionError
 from turnkeeper.spec.lease import acquire_decision
 from turnkeeper.spec.thread_record import save_decision
@@ -106,11 +106,50 @@ def drive_every_edge(store, clock) -> None:
     )  # archive
 
 
+def drive_every_run_edge(store) -> None:
+    user = {"role": "user", "content": "hi"}
+    store.create_session("runs")
+    last = None
+
+    def admit():
+        nonlocal last
+        last = store.admit_run("runs", {"n": 1}, user_message=user, retry_of=last and last.id)
+        return last
+
+    r = admit()  # admit
+    store.finish_run(r.id, "failed")  # fail_admitted
+    r = admit()
+    store.request_cancel(r.id)
+    store.finish_run(r.id, "cancelled")  # cancel_admitted
+    store.finish_run(admit().id, "abandoned")  # abandon_admitted
+    for end, steps in [
+        ("succeeded", ["start", "wait", "resume"]),  # start, wait, resume, succeed
+        ("failed", ["start"]),
+        ("interrupted", ["start"]),
+        ("abandoned", ["start"]),
+        ("failed", ["start", "wait"]),
+        ("interrupted", ["start", "wait"]),
+        ("abandoned", ["start", "wait"]),
+    ]:
+        r = admit()
+        for step in steps:
+            getattr(store, f"{step}_run")(r.id)
+        store.finish_run(r.id, end)
+    for steps in (["start"], ["start", "wait"]):
+        r = admit()
+        for step in steps:
+            getattr(store, f"{step}_run")(r.id)
+        store.request_cancel(r.id)
+        store.finish_run(r.id, "cancelled")
+
+
 def test_transitions_the_store_accepts_equal_the_spec_edges(store, clock):
     drive_every_edge(store, clock)
+    drive_every_run_edge(store)
     for lifecycle, table, extra in [
         (LEASE, "lease_events", ""),
         (THREAD_RECORD, "thread_record_events", ""),
+        (RUN, "run_events", ""),
     ]:
         rows = store.query(
             f"SELECT DISTINCT edge, trigger, source, dest FROM {table}{extra}"
@@ -121,12 +160,17 @@ def test_transitions_the_store_accepts_equal_the_spec_edges(store, clock):
 
 
 def test_check_constraints_list_exactly_the_spec_states():
-    sql = (ROOT / "storage" / "migrations" / "0001_initial.sql").read_text()
-    for lifecycle, column in [(LEASE, "state"), (THREAD_RECORD, "status")]:
+    folder = ROOT / "storage" / "migrations"
+    for lifecycle, column, file in [
+        (LEASE, "state", "0001_initial.sql"),
+        (THREAD_RECORD, "status", "0001_initial.sql"),
+        (RUN, "status", "0002_runs.sql"),
+    ]:
+        sql = (folder / file).read_text()
         stored = set(lifecycle.states) - {lifecycle.initial}
-        found = re.findall(rf"CHECK \({column} IN \(([^)]*)\)\)", sql)
+        found = re.findall(rf"CHECK \({column} IN \(([^)]*)\)\)", sql, re.S)
         assert found, column
-        assert {s.strip().strip("'") for s in found[0].split(",")} == stored
+        assert {s.strip().strip("'") for s in found[-1].split(",")} == stored, lifecycle.name
 
 
 def test_save_decision_never_revives_an_archived_record():

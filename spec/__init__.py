@@ -6,20 +6,23 @@ Lifecycles as data, the record types and the error hierarchy.
 from . import errors
 from .lease import GRANTING_EDGES, LEASE, LeasePurpose
 from .lifecycle import Edge, Facts, Lifecycle
+from .run import RUN, RunStatus
 from .thread_record import THREAD_RECORD, RecordStatus
 
-LIFECYCLES: tuple[Lifecycle, ...] = (LEASE, THREAD_RECORD)
+LIFECYCLES: tuple[Lifecycle, ...] = (LEASE, THREAD_RECORD, RUN)
 """Every lifecycle, in the order the diagrams and tables list them."""
 
 __all__ = [
     "GRANTING_EDGES",
     "LEASE",
     "LIFECYCLES",
+    "RUN",
     "THREAD_RECORD",
     "Edge",
     "Facts",
     "LeasePurpose",
     "Lifecycle",
     "RecordStatus",
+    "RunStatus",
     "errors",
 ]

@@ -238,3 +238,40 @@ class SessionFileError(TurnkeeperError):
     fields = ("path", "line")
     path: str
     line: int
+
+
+# --- runs (session seed) -------------------------------------------------------
+
+
+class RunNotFoundError(TurnkeeperError):
+    """No run has this id."""
+
+    fields = ("run_id",)
+    run_id: str
+
+
+class SessionRunActiveError(TurnkeeperError):
+    """The session already has a non-terminal run (ErrSessionRunActive)."""
+
+    fields = ("session_id", "run_id")
+    session_id: str
+    run_id: str
+
+
+class SubmissionConflictError(TurnkeeperError):
+    """The submission key was used for a different request (ErrRuntimeSubmissionConflict).
+
+    ``run_id`` is the run the key admitted first.
+    """
+
+    fields = ("session_id", "run_id")
+    session_id: str
+    run_id: str
+
+
+class RetryNotAllowedError(TurnkeeperError):
+    """A retry must follow the intent's latest attempt, once it is terminal."""
+
+    fields = ("run_id", "reason")
+    run_id: str
+    reason: str

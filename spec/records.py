@@ -210,3 +210,52 @@ class ImportResult:
     added: int
     skipped: int
     opaque_added: int
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One agent execution of an execution intent (session seed SessionRun).
+
+    ``attempt`` counts runs of the same intent from 1; ``retry_of`` is the
+    run this one retries. ``status`` is a :class:`~turnkeeper.spec.run.RunStatus`
+    value. ``user_entry_id``/``assistant_entry_id`` are the transcript entries
+    the run wrote (ids derived from the run id).
+    """
+
+    id: str
+    session_id: str
+    intent_id: str
+    retry_of: str | None
+    attempt: int
+    status: str
+    cancel_requested: bool
+    error: str | None
+    started_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    turn_id: str
+
+    @property
+    def user_entry_id(self) -> str:
+        """The admitted user entry's id (session seed RunUserEntryID)."""
+        return f"{self.id}:user"
+
+    @property
+    def assistant_entry_id(self) -> str:
+        """The final assistant entry's id (session seed RunAssistantEntryID)."""
+        return f"{self.id}:assistant"
+
+
+@dataclass(frozen=True, slots=True)
+class RunEvent:
+    """A run lifecycle event; ``seq`` is the session's event cursor (1, 2, 3 …)."""
+
+    session_id: str
+    seq: int
+    id: str
+    run_id: str
+    edge: str
+    source: str
+    dest: str
+    data: Mapping[str, JSON]
+    occurred_at: datetime

@@ -274,11 +274,20 @@ class Database:
 
     # -- transactions ------------------------------------------------------------
 
-    def run(self, operation: str, body: Callable[[Tx], T], *, transaction: bool = True) -> T:
+    def run(
+        self,
+        operation: str,
+        body: Callable[[Tx], T],
+        *,
+        transaction: bool = True,
+        retry: bool = True,
+    ) -> T:
         """Run ``body`` in one transaction (or one autocommit statement), with retries.
 
         ``transaction=False`` is for bodies that issue exactly one statement,
-        which DuckDB runs atomically on its own.
+        which DuckDB runs atomically on its own. ``retry=False`` (raw queries,
+        which check nothing first) reports a lost race as the translated
+        error at once instead of retrying.
 
         Raises:
             TransactionConflictError: every attempt lost a write-write conflict.
@@ -287,11 +296,11 @@ class Database:
         """
         self._enter()
         try:
-            return self._run(operation, body, transaction)
+            return self._run(operation, body, transaction, retry)
         finally:
             self._leave()
 
-    def _run(self, operation: str, body: Callable[[Tx], T], transaction: bool) -> T:
+    def _run(self, operation: str, body: Callable[[Tx], T], transaction: bool, retry: bool) -> T:
         cursor = self._cursor()
         attempts = 0
         statements = 0
@@ -316,7 +325,7 @@ class Database:
                 raise
             except duckdb.Error as exc:
                 self._rollback(cursor, transaction)
-                if _is_conflict(exc):
+                if retry and _is_conflict(exc):
                     raise Conflict(str(exc)) from exc
                 raise translate(exc, self.path) from exc
             except Conflict:

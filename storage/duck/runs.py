@@ -1,0 +1,347 @@
+"""Execution intents, runs and run events on DuckDB (session seed runs).
+
+Admission is one transaction: the submission digest check, the lease fence,
+the one-active-run check, the intent (for a first attempt), the run, the
+``active_runs`` row, the turn-start and user entries, the conversation turn,
+the ``admit`` run event and the submission row. Termination is one
+transaction too: the status compare-and-set, the ``active_runs`` delete, the
+assistant and turn-end entries, the turn row and the terminal event. Entry
+and event ids derive from the run id, so repeating a terminalization whose
+commit result was unknown returns the stored run and writes nothing twice.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import uuid6
+
+from turnkeeper.machines import machine_for
+from turnkeeper.spec import RUN, errors
+from turnkeeper.spec.entries import EntryKind
+from turnkeeper.spec.lifecycle import Edge
+from turnkeeper.spec.records import ANY_LEAF, Lease, Run, RunEvent
+from turnkeeper.spec.run import FINISH_TRIGGERS, NON_TERMINAL, TERMINAL, RunStatus
+
+from ..codec import from_json, to_json
+from . import leases, sessions
+from .db import Conflict, Tx, utc
+
+_MACHINE = machine_for(RUN)
+
+_RUN_COLS = (
+    "id, session_id, intent_id, retry_of, attempt, status, cancel_requested, error, "
+    "started_at, updated_at, finished_at"
+)
+
+
+def _run(row: Sequence[Any]) -> Run:
+    return Run(
+        id=row[0],
+        session_id=row[1],
+        intent_id=row[2],
+        retry_of=row[3],
+        attempt=row[4],
+        status=row[5],
+        cancel_requested=row[6],
+        error=row[7],
+        started_at=utc(row[8]),
+        updated_at=utc(row[9]),
+        finished_at=None if row[10] is None else utc(row[10]),
+        turn_id=f"{row[0]}:turn",
+    )
+
+
+def get(tx: Tx, run_id: str) -> Run | None:
+    """The run, or ``None``."""
+    row = tx.one(f"SELECT {_RUN_COLS} FROM runs WHERE id = ?", [run_id])
+    return None if row is None else _run(row)
+
+
+def active(tx: Tx, session_id: str) -> Run | None:
+    """The session's non-terminal run, or ``None``."""
+    row = tx.one(
+        f"SELECT {', '.join('r.' + c.strip() for c in _RUN_COLS.split(','))} "
+        "FROM active_runs a JOIN runs r ON r.id = a.run_id WHERE a.session_id = ?",
+        [session_id],
+    )
+    return None if row is None else _run(row)
+
+
+def session_runs(tx: Tx, session_id: str) -> list[Run]:
+    """Every run of the session, oldest first."""
+    rows = tx.rows(
+        f"SELECT {_RUN_COLS} FROM runs WHERE session_id = ? ORDER BY started_at, attempt, id",
+        [session_id],
+    )
+    return [_run(r) for r in rows]
+
+
+def _event(tx: Tx, run: Run, edge: Edge, event_id: str, data: Mapping[str, Any]) -> None:
+    """Append a run event with the session's next sequence number."""
+    tx.exec(
+        "INSERT INTO run_events SELECT ?, coalesce(max(seq), 0) + 1, ?, ?, ?, ?, ?, ?, ?, ? "
+        "FROM run_events WHERE session_id = ?",
+        [
+            run.session_id,
+            event_id,
+            run.id,
+            edge.name,
+            edge.trigger,
+            edge.source,
+            edge.dest,
+            to_json(dict(data), "data"),
+            tx.now,
+            run.session_id,
+        ],
+    )
+
+
+def _append(tx: Tx, session_id: str, kind: str, payload: Mapping[str, Any], entry_id: str) -> int:
+    entry = sessions.append(
+        tx,
+        session_id,
+        kind,
+        to_json(dict(payload), "payload"),
+        payload,
+        entry_id=entry_id,
+        caller_chose_id=True,
+        timestamp=None,
+        expected_leaf=ANY_LEAF,
+        lease=None,
+    )
+    return entry.seq
+
+
+def admit(
+    tx: Tx,
+    session_id: str,
+    *,
+    intent: Mapping[str, Any],
+    fingerprint: str,
+    key_digest: str | None,
+    user_message: Mapping[str, Any] | None,
+    lease: Lease | None,
+    retry_of: str | None,
+) -> tuple[Run, bool]:
+    """Admit a run (see the module docstring); returns ``(run, admitted_now)``.
+
+    Raises:
+        SessionNotFoundError, SubmissionConflictError, SessionRunActiveError,
+        RunNotFoundError, RetryNotAllowedError, LeaseLostError.
+    """
+    if tx.one("SELECT 1 FROM sessions WHERE id = ?", [session_id]) is None:
+        raise errors.SessionNotFoundError(session_id)
+    if key_digest is not None:
+        sub = tx.one(
+            "SELECT run_id, request_fingerprint FROM submissions "
+            "WHERE session_id = ? AND key_digest = ?",
+            [session_id, key_digest],
+        )
+        if sub is not None:
+            if sub[1] != fingerprint:
+                raise errors.SubmissionConflictError(session_id, sub[0])
+            found = get(tx, sub[0])
+            assert found is not None
+            return found, False
+    if lease is not None:
+        leases.fence(tx, lease)
+    current = tx.one("SELECT run_id FROM active_runs WHERE session_id = ?", [session_id])
+    attempt, intent_id, why = 1, None, ""
+    if retry_of is not None:
+        prev = get(tx, retry_of)
+        if prev is None:
+            raise errors.RunNotFoundError(retry_of)
+        if prev.session_id != session_id:
+            raise errors.RetryNotAllowedError(retry_of, "the run belongs to another session")
+        latest = tx.one("SELECT max(attempt) FROM runs WHERE intent_id = ?", [prev.intent_id])
+        attempt, intent_id = prev.attempt + 1, prev.intent_id
+        if latest is None or latest[0] != prev.attempt:
+            why = f"attempt {latest[0] if latest else '?'} is the intent's latest"
+        elif prev.status not in TERMINAL:
+            why = f"attempt {prev.attempt} is still {prev.status}"
+    facts = {"no_active_run": current is None, "retry_allowed": not why}
+    if _MACHINE.decide("admit", "absent", facts) is None:
+        if current is not None:
+            raise errors.SessionRunActiveError(session_id, current[0])
+        assert retry_of is not None
+        raise errors.RetryNotAllowedError(retry_of, why)
+    now = tx.now
+    run_id = str(uuid6.uuid7())
+    if intent_id is None:
+        intent_id = str(uuid6.uuid7())
+        tx.exec(
+            "INSERT INTO execution_intents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                intent_id,
+                session_id,
+                intent["source"],
+                intent["model"],
+                intent["mode"],
+                intent["work_dir"],
+                fingerprint,
+                intent["request"],
+                intent["policy"],
+                now,
+            ],
+        )
+    tx.exec(
+        f"INSERT INTO runs ({_RUN_COLS}, lease_epoch) "
+        "VALUES (?, ?, ?, ?, ?, 'admitted', FALSE, NULL, ?, ?, NULL, ?)",
+        [run_id, session_id, intent_id, retry_of, attempt, now, now, lease and lease.epoch],
+    )
+    tx.exec("INSERT INTO active_runs VALUES (?, ?)", [session_id, run_id])
+    turn = {"turnId": f"{run_id}:turn", "intentId": intent_id, "runId": run_id, "attempt": attempt}
+    start_seq = _append(tx, session_id, EntryKind.TURN_START, turn, f"{run_id}:turn-start")
+    if user_message is not None:
+        _append(tx, session_id, EntryKind.MESSAGE, {"message": user_message}, f"{run_id}:user")
+    tx.exec(
+        "INSERT INTO conversation_turns VALUES (?, ?, ?, ?, ?, 'open', ?, NULL, ?, NULL)",
+        [f"{run_id}:turn", session_id, intent_id, run_id, attempt, start_seq, now],
+    )
+    run = get(tx, run_id)
+    assert run is not None
+    _event(tx, run, RUN.edge("admit"), f"{run_id}:admitted", {"attempt": attempt})
+    if key_digest is not None:
+        tx.exec(
+            "INSERT INTO submissions VALUES (?, ?, ?, ?, ?, ?)",
+            [session_id, key_digest, fingerprint, intent_id, run_id, now],
+        )
+    return run, True
+
+
+def _load(tx: Tx, run_id: str) -> Run:
+    run = get(tx, run_id)
+    if run is None:
+        raise errors.RunNotFoundError(run_id)
+    return run
+
+
+def _move(tx: Tx, run: Run, edge: Edge, error: str | None = None) -> Run:
+    """Compare-and-set the run's status along ``edge``; a moved row is a retried race."""
+    now = tx.now
+    done = "finished_at = ?, " if edge.dest in TERMINAL else ""
+    params: list[Any] = [edge.dest, now] + ([now] if done else []) + [error, run.id, edge.source]
+    row = tx.one(
+        f"UPDATE runs SET status = ?, updated_at = ?, {done}error = coalesce(?, error) "
+        f"WHERE id = ? AND status = ? RETURNING {_RUN_COLS}",
+        params,
+    )
+    if row is None:
+        raise Conflict(f"run {run.id!r} moved")
+    return _run(row)
+
+
+def step(tx: Tx, run_id: str, trigger: str, lease: Lease | None) -> Run:
+    """``start``, ``wait`` or ``resume`` a run.
+
+    Raises:
+        RunNotFoundError, InvalidTransitionError, LeaseLostError.
+    """
+    run = _load(tx, run_id)
+    edge = _MACHINE.require(trigger, run.status, {})
+    if lease is not None:
+        leases.fence(tx, lease)
+    moved = _move(tx, run, edge)
+    _event(tx, moved, edge, f"{run_id}:{trigger}:{secrets.token_hex(4)}", {})
+    return moved
+
+
+def finish(
+    tx: Tx,
+    run_id: str,
+    status: RunStatus,
+    *,
+    assistant_message: Mapping[str, Any] | None,
+    error: str | None,
+    stop_reason: str | None,
+    lease: Lease | None,
+) -> tuple[Run, bool]:
+    """Terminalize a run (see the module docstring); returns ``(run, finished_now)``.
+
+    Raises:
+        RunNotFoundError, InvalidTransitionError (a terminal run is never
+        revived or re-terminalized differently; cancel needs a cancel
+        request), LeaseLostError.
+    """
+    run = _load(tx, run_id)
+    if run.status == status:
+        return run, False  # a repeated terminalization after an unknown commit
+    trigger = FINISH_TRIGGERS[status]
+    edge = _MACHINE.decide(trigger, run.status, {"cancel_requested": run.cancel_requested})
+    if edge is None:
+        raise errors.InvalidTransitionError(
+            "run", trigger, run.status, detail="the run has no cancel request"
+        )
+    if lease is not None:
+        leases.fence(tx, lease)
+    moved = _move(tx, run, edge, error)
+    tx.exec("DELETE FROM active_runs WHERE session_id = ? AND run_id = ?", [run.session_id, run.id])
+    if assistant_message is not None:
+        _append(
+            tx,
+            run.session_id,
+            EntryKind.MESSAGE,
+            {"message": assistant_message},
+            run.assistant_entry_id,
+        )
+    end = {"turnId": run.turn_id, "intentId": run.intent_id, "runId": run.id, "status": status}
+    if stop_reason is not None:
+        end["stopReason"] = stop_reason
+    end_seq = _append(tx, run.session_id, EntryKind.TURN_END, end, f"{run_id}:turn-end")
+    tx.exec(
+        "UPDATE conversation_turns SET status = ?, end_seq = ?, ended_at = ? WHERE id = ?",
+        [status.value, end_seq, tx.now, run.turn_id],
+    )
+    _event(tx, moved, edge, f"{run_id}:{status.value}", {"error": error, "stopReason": stop_reason})
+    return moved, True
+
+
+def request_cancel(tx: Tx, run_id: str) -> Run:
+    """Record a cancel request on a non-terminal run (honoured by its owner or recovery).
+
+    Raises:
+        RunNotFoundError, InvalidTransitionError (the run is terminal).
+    """
+    run = _load(tx, run_id)
+    if run.status not in NON_TERMINAL:
+        raise errors.InvalidTransitionError("run", "request_cancel", run.status)
+    row = tx.one(
+        f"UPDATE runs SET cancel_requested = TRUE, updated_at = ? WHERE id = ? AND status = ? "
+        f"RETURNING {_RUN_COLS}",
+        [tx.now, run_id, run.status],
+    )
+    if row is None:
+        raise Conflict(f"run {run_id!r} moved")
+    return _run(row)
+
+
+def events(
+    tx: Tx,
+    session_id: str,
+    after: int | None,
+    before: int | None,
+    latest: bool,
+    limit: int,
+) -> list[RunEvent]:
+    """Run events by sequence: after/before a cursor, or the latest ``limit``; ascending."""
+    where: list[str] = ["session_id = ?"]
+    params: list[Any] = [session_id]
+    if after is not None:
+        where.append("seq > ?")
+        params.append(after)
+    if before is not None:
+        where.append("seq < ?")
+        params.append(before)
+    order = "DESC" if latest or (before is not None and after is None) else "ASC"
+    rows = tx.rows(
+        "SELECT session_id, seq, id, run_id, edge, source, dest, data, occurred_at "
+        f"FROM run_events WHERE {' AND '.join(where)} ORDER BY seq {order} LIMIT ?",
+        [*params, limit],
+    )
+    found = [
+        RunEvent(r[0], r[1], r[2], r[3], r[4], r[5], r[6], from_json(r[7]), utc(r[8])) for r in rows
+    ]
+    return sorted(found, key=lambda e: e.seq)

@@ -1,0 +1,245 @@
+"""Execution intents, runs and run events of the DuckDB store (session seed runs)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from turnkeeper.spec import errors
+from turnkeeper.spec.entries import EntryKind, validate_payload
+from turnkeeper.spec.records import (
+    Lease,
+    Run,
+    RunEvent,
+)
+from turnkeeper.spec.run import FINISH_TRIGGERS, RunStatus
+
+from ..codec import check_text, to_json
+from ..validate import (
+    check_bool,
+    check_lease,
+    check_limit,
+    check_session_lease,
+)
+from . import runs
+from .db import Tx
+from .store_base import StoreBase
+
+
+class RunsMixin(StoreBase):
+    """Run admission, steps, termination, cancel requests and event queries."""
+
+    def admit_run(
+        self,
+        session_id: str,
+        request: Mapping[str, Any],
+        *,
+        submission_key: str | None = None,
+        user_message: Mapping[str, Any] | None = None,
+        lease: Lease | None = None,
+        retry_of: str | None = None,
+        source: str = "",
+        model: str = "",
+        mode: str = "",
+        work_dir: str = "",
+        policy: Mapping[str, Any] | None = None,
+    ) -> Run:
+        """Admit a run of ``request`` in one transaction (session seed
+        CreateExecutionIntentAndSessionRunEventWithTurn).
+
+        Writes the execution intent (not for a retry, which reuses its
+        intent), the run (``admitted``), the turn-start entry, the user entry
+        (``user_message``, a pi message dict), the conversation turn, the
+        ``admit`` run event and, with ``submission_key``, the submission
+        (only its sha256 digest is stored). The same key with the same
+        request returns the original run; with ``retry_of`` the run is
+        attempt + 1 of that run's intent.
+
+        Raises:
+            SessionRunActiveError: the session already has a non-terminal run.
+            SubmissionConflictError: the key was used for a different request.
+            RetryNotAllowedError: ``retry_of`` is not the intent's latest
+                attempt, or is not terminal.
+            RunNotFoundError, SessionNotFoundError, LeaseLostError,
+            InvalidInputError.
+        On any error nothing is written.
+        """
+        check_text(session_id, "session_id", allow_empty=False)
+        if not isinstance(request, Mapping):
+            raise errors.InvalidInputError("request", "expected a mapping")
+        request_json = to_json(dict(request), "request")
+        fingerprint = hashlib.sha256(
+            orjson.dumps(dict(request), option=orjson.OPT_SORT_KEYS)
+        ).hexdigest()
+        digest = None
+        if submission_key is not None:
+            check_text(submission_key, "submission_key", allow_empty=False)
+            digest = hashlib.sha256(f"{session_id}\x00{submission_key}".encode()).hexdigest()
+        if user_message is not None:
+            validate_payload(EntryKind.MESSAGE, {"message": user_message})
+            to_json(dict(user_message), "user_message")
+        if retry_of is not None:
+            check_text(retry_of, "retry_of", allow_empty=False)
+        for name, value in (("source", source), ("model", model), ("mode", mode)):
+            check_text(value, name)
+        check_text(work_dir, "work_dir")
+        intent = {
+            "source": source,
+            "model": model,
+            "mode": mode,
+            "work_dir": work_dir,
+            "request": request_json,
+            "policy": to_json(dict(policy or {}), "policy"),
+        }
+        check_session_lease(session_id, lease)
+
+        def body(tx: Tx) -> Run:
+            run, _ = runs.admit(
+                tx,
+                session_id,
+                intent=intent,
+                fingerprint=fingerprint,
+                key_digest=digest,
+                user_message=user_message,
+                lease=lease,
+                retry_of=retry_of,
+            )
+            return run
+
+        return self._fenced("admit_run", lease, body)
+
+    def _step(self, run_id: str, trigger: str, lease: Lease | None) -> Run:
+        check_text(run_id, "run_id", allow_empty=False)
+        if lease is not None:
+            check_lease(lease)
+            run = self.get_run(run_id)
+            if run is not None:
+                check_session_lease(run.session_id, lease)
+        return self._fenced(
+            f"{trigger}_run", lease, lambda tx: runs.step(tx, run_id, trigger, lease)
+        )
+
+    def start_run(self, run_id: str, *, lease: Lease | None = None) -> Run:
+        """``admitted`` → ``running``. Raises RunNotFoundError, InvalidTransitionError,
+        LeaseLostError."""
+        return self._step(run_id, "start", lease)
+
+    def wait_run(self, run_id: str, *, lease: Lease | None = None) -> Run:
+        """``running`` → ``waiting`` (for input). Raises as :meth:`start_run`."""
+        return self._step(run_id, "wait", lease)
+
+    def resume_run(self, run_id: str, *, lease: Lease | None = None) -> Run:
+        """``waiting`` → ``running``. Raises as :meth:`start_run`."""
+        return self._step(run_id, "resume", lease)
+
+    def finish_run(
+        self,
+        run_id: str,
+        status: str,
+        *,
+        assistant_message: Mapping[str, Any] | None = None,
+        error: str | None = None,
+        stop_reason: str | None = None,
+        lease: Lease | None = None,
+    ) -> Run:
+        """End a run in a terminal ``status`` in one transaction (session seed
+        FinishSessionRunAndConversationTurn): status, terminal event, assistant
+        entry, turn end. Repeating the same terminal status returns the stored
+        run and writes nothing (a retry after an unknown commit result).
+
+        Raises:
+            InvalidTransitionError: the run is terminal in another status, or
+                ``cancelled`` without a cancel request.
+            RunNotFoundError, LeaseLostError, InvalidInputError.
+        """
+        check_text(run_id, "run_id", allow_empty=False)
+        try:
+            final = RunStatus(status)
+        except ValueError:
+            raise errors.InvalidInputError("status", f"not a run status: {status!r}") from None
+        if final not in FINISH_TRIGGERS:
+            raise errors.InvalidInputError("status", f"{status!r} is not terminal")
+        if assistant_message is not None:
+            validate_payload(EntryKind.MESSAGE, {"message": assistant_message})
+            to_json(dict(assistant_message), "assistant_message")
+        for name, value in (("error", error), ("stop_reason", stop_reason)):
+            if value is not None:
+                check_text(value, name)
+        if lease is not None:
+            check_lease(lease)
+            run = self.get_run(run_id)
+            if run is not None:
+                check_session_lease(run.session_id, lease)
+
+        def body(tx: Tx) -> Run:
+            run, _ = runs.finish(
+                tx,
+                run_id,
+                final,
+                assistant_message=assistant_message,
+                error=error,
+                stop_reason=stop_reason,
+                lease=lease,
+            )
+            return run
+
+        return self._fenced("finish_run", lease, body)
+
+    def request_cancel(self, run_id: str) -> Run:
+        """Record a cancel request on a non-terminal run; its owner or recovery
+        honours it with ``finish_run(run_id, "cancelled")``.
+
+        Raises:
+            RunNotFoundError, InvalidTransitionError (the run is terminal).
+        """
+        check_text(run_id, "run_id", allow_empty=False)
+        return self.db.run("request_cancel", lambda tx: runs.request_cancel(tx, run_id))
+
+    def get_run(self, run_id: str) -> Run | None:
+        """The run, or ``None``."""
+        check_text(run_id, "run_id", allow_empty=False)
+        return self.db.run("get_run", lambda tx: runs.get(tx, run_id), transaction=False)
+
+    def active_run(self, session_id: str) -> Run | None:
+        """The session's non-terminal run, or ``None``."""
+        check_text(session_id, "session_id", allow_empty=False)
+        return self.db.run("active_run", lambda tx: runs.active(tx, session_id), transaction=False)
+
+    def session_runs(self, session_id: str) -> list[Run]:
+        """Every run of the session, oldest first."""
+        check_text(session_id, "session_id", allow_empty=False)
+        return self.db.run(
+            "session_runs", lambda tx: runs.session_runs(tx, session_id), transaction=False
+        )
+
+    def run_events(
+        self,
+        session_id: str,
+        *,
+        after: int | None = None,
+        before: int | None = None,
+        latest: bool = False,
+        limit: int = 100,
+    ) -> list[RunEvent]:
+        """The session's run events in sequence order (session seed
+        ListSessionRunEventsAfter/Before/Latest): ``after`` a cursor (a
+        reconnecting client asks for what it missed), ``before`` one, or the
+        ``latest`` ``limit`` events.
+
+        Raises:
+            InvalidInputError: a cursor that is not an integer, or a bad limit.
+        """
+        check_text(session_id, "session_id", allow_empty=False)
+        for name, cursor in (("after", after), ("before", before)):
+            if cursor is not None and (isinstance(cursor, bool) or not isinstance(cursor, int)):
+                raise errors.InvalidInputError(name, "a sequence cursor is an integer")
+        check_bool(latest, "latest")
+        check_limit(limit)
+        return self.db.run(
+            "run_events",
+            lambda tx: runs.events(tx, session_id, after, before, latest, limit),
+            transaction=False,
+        )
