@@ -13,7 +13,7 @@ import pytest
 
 from turnkeeper import FinalizeRequest, ThreadRecord
 from turnkeeper.machines import machine_for
-from turnkeeper.spec import GRANTING_EDGES, LEASE, LIFECYCLES, RUN, THREAD_RECORD
+from turnkeeper.spec import GRANTING_EDGES, LEASE, LIFECYCLES, RECOVERY, RUN, THREAD_RECORD
 from turnkeeper.spec.errors import InvalidTransitionError
 from turnkeeper.spec.lease import acquire_decision
 from turnkeeper.spec.thread_record import save_decision
@@ -122,6 +122,7 @@ def drive_every_run_edge(store) -> None:
     store.request_cancel(r.id)
     store.finish_run(r.id, "cancelled")  # cancel_admitted
     store.finish_run(admit().id, "abandoned")  # abandon_admitted
+    store.finish_run(admit().id, "interrupted")  # interrupt_admitted
     for end, steps in [
         ("succeeded", ["start", "wait", "resume"]),  # start, wait, resume, succeed
         ("failed", ["start"]),
@@ -143,13 +144,47 @@ def drive_every_run_edge(store) -> None:
         store.finish_run(r.id, "cancelled")
 
 
+def drive_every_recovery_edge(store, clock) -> None:
+    store.create_session("rec")
+
+    def orphan():
+        run = store.admit_run("rec", {"n": 1})
+        store.start_run(run.id)
+        return run
+
+    def lease(ttl: float = 1.0):
+        return store.acquire_lease("session:rec", "r", ttl, purpose="recovery")
+
+    run = orphan()
+    first = lease()
+    store.begin_recovery(run.id, first)  # begin
+    clock.advance(2)
+    second = lease()
+    store.begin_recovery(run.id, second)  # supersede
+    store.fail_recovery(run.id, second, "x", base_delay_s=1, max_attempts=3)  # fail
+    clock.advance(5)
+    third = lease(10)
+    store.begin_recovery(run.id, third)  # retry
+    store.fail_recovery(run.id, third, "y", max_attempts=3)  # dead_letter
+    store.release_lease(third)
+    for end in ("converge", "detach"):
+        sid = f"rec-{end}"
+        store.create_session(sid)
+        r = store.admit_run(sid, {"n": 1})
+        held = store.acquire_lease(f"session:{sid}", "r", 5, purpose="recovery")
+        store.begin_recovery(r.id, held)
+        getattr(store, f"{end}_recovery")(r.id, held)  # converge, detach
+
+
 def test_transitions_the_store_accepts_equal_the_spec_edges(store, clock):
     drive_every_edge(store, clock)
     drive_every_run_edge(store)
+    drive_every_recovery_edge(store, clock)
     for lifecycle, table, extra in [
         (LEASE, "lease_events", ""),
         (THREAD_RECORD, "thread_record_events", ""),
         (RUN, "run_events", ""),
+        (RECOVERY, "recovery_events", ""),
     ]:
         rows = store.query(
             f"SELECT DISTINCT edge, trigger, source, dest FROM {table}{extra}"
@@ -165,6 +200,7 @@ def test_check_constraints_list_exactly_the_spec_states():
         (LEASE, "state", "0001_initial.sql"),
         (THREAD_RECORD, "status", "0001_initial.sql"),
         (RUN, "status", "0002_runs.sql"),
+        (RECOVERY, "state", "0003_recovery.sql"),
     ]:
         sql = (folder / file).read_text()
         stored = set(lifecycle.states) - {lifecycle.initial}
@@ -211,7 +247,12 @@ CROSSHAIR = [
 
 def test_crosshair_contracts_hold():
     out = subprocess.run(
-        [*CROSSHAIR, "turnkeeper.spec.lease", "turnkeeper.spec.thread_record"],
+        [
+            *CROSSHAIR,
+            "turnkeeper.spec.lease",
+            "turnkeeper.spec.thread_record",
+            "turnkeeper.spec.recovery",
+        ],
         capture_output=True,
         text=True,
         timeout=600,

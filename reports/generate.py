@@ -15,9 +15,37 @@ from turnkeeper.spec import LIFECYCLES
 HERE = Path(__file__).resolve().parent
 
 
+README = HERE.parent / "README.md"
+BEGIN = "<!-- lifecycle tables: generated from spec/ by `make reports` -->"
+END = "<!-- end lifecycle tables -->"
+
+
+def readme_tables() -> str:
+    """The README's lifecycle section: one edge table per lifecycle."""
+    parts = [
+        BEGIN,
+        "The lifecycles, as data in `spec/` (diagrams in `reports/machine_*.md`):",
+        "",
+    ]
+    for lc in LIFECYCLES:
+        rows = [line for line in markdown(lc).splitlines() if line.startswith("|")]
+        parts += [f"**{lc.name}**", "", *rows, ""]
+    parts.append(END)
+    return "\n".join(parts)
+
+
+def readme() -> str:
+    """README.md with its lifecycle section regenerated."""
+    text = README.read_text(encoding="utf-8")
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    return text[:start] + readme_tables() + text[end:]
+
+
 def expected() -> dict[Path, str]:
-    """Every deterministic report file and its content."""
-    return {HERE / f"machine_{lc.name}.md": markdown(lc) for lc in LIFECYCLES}
+    """Every deterministic generated file and its content (README included)."""
+    files = {HERE / f"machine_{lc.name}.md": markdown(lc) for lc in LIFECYCLES}
+    files[README] = readme()
+    return files
 
 
 def main() -> int:

@@ -275,3 +275,12 @@ class RetryNotAllowedError(TurnkeeperError):
     fields = ("run_id", "reason")
     run_id: str
     reason: str
+
+
+class RecoveryNotNeededError(TurnkeeperError):
+    """The run is not an orphan to recover (ErrSessionRecoveryNotNeeded): it is
+    terminal, not the session's active run, or its session lease is live."""
+
+    fields = ("run_id", "reason")
+    run_id: str
+    reason: str

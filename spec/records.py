@@ -259,3 +259,27 @@ class RunEvent:
     dest: str
     data: Mapping[str, JSON]
     occurred_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """The durable recovery record of an orphaned run (session seed SessionRunRecovery).
+
+    It never grants ownership: the ``recovery``-purpose lease on the run's
+    session (epoch ``lease_epoch``) is the only authority. ``attempt`` counts
+    recovery attempts; ``next_retry_at`` is set after a failure.
+    """
+
+    run_id: str
+    session_id: str
+    state: str
+    trigger_source: str
+    reason: str
+    attempt: int
+    lease_epoch: int
+    previous_lease_epoch: int | None
+    last_error: str | None
+    next_retry_at: datetime | None
+    started_at: datetime
+    updated_at: datetime
+    completed_at: datetime | None

@@ -58,7 +58,7 @@ RUN = Lifecycle(
             Edge(f"cancel_{s}", "cancel", s, "cancelled", guards=("cancel_requested",))
             for s in _LIVE
         ),
-        *(Edge(f"interrupt_{s}", "interrupt", s, "interrupted") for s in _LIVE[1:]),
+        *(Edge(f"interrupt_{s}", "interrupt", s, "interrupted") for s in _LIVE),
         *(Edge(f"abandon_{s}", "abandon", s, "abandoned") for s in _LIVE),
     ),
     guards={

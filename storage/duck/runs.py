@@ -269,14 +269,14 @@ def finish(
     run = _load(tx, run_id)
     if run.status == status:
         return run, False  # a repeated terminalization after an unknown commit
+    if lease is not None:
+        leases.fence(tx, lease)  # a stale holder learns it lost, whatever the run did since
     trigger = FINISH_TRIGGERS[status]
     edge = _MACHINE.decide(trigger, run.status, {"cancel_requested": run.cancel_requested})
     if edge is None:
         raise errors.InvalidTransitionError(
             "run", trigger, run.status, detail="the run has no cancel request"
         )
-    if lease is not None:
-        leases.fence(tx, lease)
     moved = _move(tx, run, edge, error)
     tx.exec("DELETE FROM active_runs WHERE session_id = ? AND run_id = ?", [run.session_id, run.id])
     if assistant_message is not None:

@@ -31,13 +31,14 @@ from ..validate import (
 )
 from . import leases, threads
 from .db import Clock, Database, Tx
+from .store_recovery import RecoveryMixin
 from .store_runs import RunsMixin
 from .store_sessions import SessionsMixin
 
 T = TypeVar("T")
 
 
-class DuckDBStore(SessionsMixin, RunsMixin):
+class DuckDBStore(SessionsMixin, RunsMixin, RecoveryMixin):
     """A turnkeeper store in one DuckDB file (``":memory:"`` for a private one).
 
     ``clock`` overrides the store's clock (default: the database's clock);

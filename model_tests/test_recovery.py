@@ -1,0 +1,197 @@
+"""Crash recovery: orphans, recovery leases, convergence, failure backoff, the issue's scenarios."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+
+import turnkeeper
+from turnkeeper import (
+    BusyError,
+    InvalidTransitionError,
+    LeaseLostError,
+    LeasePurposeError,
+    RecoveryNotNeededError,
+)
+
+USER = {"role": "user", "content": "go"}
+
+
+def admitted(store, sid: str = "s", lease=None):
+    if store.get_session(sid) is None:
+        store.create_session(sid)
+    run = store.admit_run(sid, {"q": sid}, user_message=USER, lease=lease)
+    store.start_run(run.id, lease=lease)
+    return run
+
+
+def recovery_lease(store, sid: str = "s", owner: str = "rec", ttl: float = 5):
+    return store.acquire_lease(f"session:{sid}", owner, ttl, purpose="recovery")
+
+
+def test_a_run_admitted_without_any_lease_is_an_orphan(store):
+    run = admitted(store)
+    assert [o.id for o in store.list_orphaned_runs()] == [run.id]
+
+
+def test_recovery_never_touches_a_run_whose_worker_holds_a_live_lease(store, clock):
+    store.create_session("s")
+    worker = store.acquire_lease("session:s", "worker", 10, purpose="execution")
+    run = admitted(store, lease=worker)
+    assert store.list_orphaned_runs() == []
+    with pytest.raises(BusyError):
+        recovery_lease(store)
+    clock.advance(5)
+    assert store.list_orphaned_runs() == []
+    done = store.finish_run(run.id, "succeeded", lease=worker)
+    assert done.status == "succeeded"
+
+
+def test_expired_worker_waking_after_takeover_is_refused_and_the_newer_state_survives(store, clock):
+    store.create_session("s")
+    worker = store.acquire_lease("session:s", "worker", 1, purpose="execution")
+    run = admitted(store, lease=worker)
+    clock.advance(2)
+    rec_lease = recovery_lease(store)
+    store.begin_recovery(run.id, rec_lease)
+    store.converge_recovery(run.id, rec_lease, error="worker lost")
+    with pytest.raises(LeaseLostError):
+        store.finish_run(
+            run.id, "succeeded", lease=worker, assistant_message=USER | {"role": "assistant"}
+        )
+    final = store.get_run(run.id)
+    assert final.status == "interrupted" and final.error == "worker lost"
+    assert run.assistant_entry_id not in [e.id for e in store.entries("s")]
+
+
+def test_convergence_is_atomic_and_closes_the_turn(store, clock):
+    run = admitted(store)
+    lease = recovery_lease(store)
+    store.begin_recovery(run.id, lease)
+    done = store.converge_recovery(run.id, lease, stop_reason="process lost")
+    assert done.state == "completed" and done.completed_at is not None
+    assert store.get_run(run.id).status == "interrupted"
+    assert store.entries("s")[-1].id == f"{run.id}:turn-end"
+    assert store.active_run("s") is None and store.list_orphaned_runs() == []
+    turns = store.query("SELECT status FROM conversation_turns").to_pylist()
+    assert turns == [{"status": "interrupted"}]
+
+
+def test_a_cancel_requested_run_converges_to_cancelled(store):
+    run = admitted(store)
+    store.request_cancel(run.id)
+    lease = recovery_lease(store)
+    store.begin_recovery(run.id, lease)
+    store.converge_recovery(run.id, lease)
+    assert store.get_run(run.id).status == "cancelled"
+
+
+def test_a_pass_over_a_run_that_already_succeeded_leaves_it_succeeded(store):
+    run = admitted(store)
+    store.finish_run(run.id, "succeeded")
+    assert store.list_orphaned_runs() == []
+    lease = recovery_lease(store)
+    with pytest.raises(RecoveryNotNeededError):
+        store.begin_recovery(run.id, lease)
+    assert store.get_run(run.id).status == "succeeded"
+
+
+def test_a_run_finished_during_recovery_keeps_its_status(store):
+    run = admitted(store)
+    lease = recovery_lease(store)
+    store.begin_recovery(run.id, lease)
+    store.finish_run(run.id, "succeeded")  # an unfenced finisher got there first
+    store.converge_recovery(run.id, lease)
+    assert store.get_run(run.id).status == "succeeded"
+
+
+def test_two_recovery_workers_racing_for_one_orphan_produce_one_winner(real_store):
+    run = admitted(real_store)
+    barrier = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def worker(name: str) -> None:
+        barrier.wait()
+        try:
+            lease = recovery_lease(real_store, owner=name)
+            real_store.begin_recovery(run.id, lease)
+            real_store.converge_recovery(run.id, lease)
+            outcomes.append("won")
+        except BusyError:
+            outcomes.append("busy")
+
+    threads = [threading.Thread(target=worker, args=(f"r{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["busy", "won"]
+    events = real_store.query("SELECT edge FROM recovery_events ORDER BY occurred_at").to_pylist()
+    assert [e["edge"] for e in events] == ["begin", "converge"]
+
+
+def test_a_recovery_worker_that_dies_is_superseded_by_the_next_sweep(store, clock):
+    run = admitted(store)
+    first = recovery_lease(store, owner="r1", ttl=1)
+    store.begin_recovery(run.id, first)
+    clock.advance(2)  # r1 died holding nothing but an expired lease
+    assert [o.id for o in store.list_orphaned_runs()] == [run.id]
+    second = recovery_lease(store, owner="r2")
+    taken = store.begin_recovery(run.id, second)
+    assert (taken.attempt, taken.lease_epoch, taken.previous_lease_epoch) == (2, 2, 1)
+    with pytest.raises(LeaseLostError):
+        store.converge_recovery(run.id, first)
+    store.converge_recovery(run.id, second)
+    assert store.get_run(run.id).status == "interrupted"
+
+
+def test_failure_backs_off_then_dead_letters_at_the_cap(store, clock):
+    run = admitted(store)
+    for attempt in (1, 2):
+        lease = recovery_lease(store, ttl=1000)
+        assert store.begin_recovery(run.id, lease).attempt == attempt
+        failed = store.fail_recovery(run.id, lease, "remote down", max_attempts=3, base_delay_s=10)
+        delay = (failed.next_retry_at - clock.now).total_seconds()
+        assert 10 * 2 ** (attempt - 1) <= delay <= 11 * 2 ** (attempt - 1)
+        store.release_lease(lease)
+        assert store.list_orphaned_runs() == []  # not due yet
+        lease = recovery_lease(store)
+        with pytest.raises(RecoveryNotNeededError):
+            store.begin_recovery(run.id, lease)
+        store.release_lease(lease)
+        clock.advance(delay)
+        assert [o.id for o in store.list_orphaned_runs()] == [run.id]
+    lease = recovery_lease(store)
+    store.begin_recovery(run.id, lease)
+    dead = store.fail_recovery(run.id, lease, "still down", max_attempts=3)
+    assert dead.state == "dead_lettered" and dead.last_error == "still down"
+    store.release_lease(lease)
+    clock.advance(timedelta(days=1).total_seconds())
+    assert store.list_orphaned_runs() == []
+    assert store.get_run(run.id).status == "running"  # never revived nor ended silently
+
+
+def test_detach_leaves_the_run_to_its_remote_owner(store):
+    run = admitted(store)
+    lease = recovery_lease(store)
+    store.begin_recovery(run.id, lease)
+    assert store.detach_recovery(run.id, lease).state == "detached"
+    store.release_lease(lease)
+    assert store.list_orphaned_runs() == [] and store.get_run(run.id).status == "running"
+    with pytest.raises(InvalidTransitionError):
+        store.converge_recovery(run.id, recovery_lease(store, owner="other"))
+
+
+def test_only_a_recovery_purpose_lease_on_the_runs_session_recovers(store):
+    run = admitted(store)
+    wrong_purpose = store.acquire_lease("session:s", "x", 5, purpose="execution")
+    with pytest.raises(LeasePurposeError):
+        store.begin_recovery(run.id, wrong_purpose)
+    store.release_lease(wrong_purpose)
+    store.create_session("t")
+    other = recovery_lease(store, "t")
+    with pytest.raises(turnkeeper.InvalidInputError):
+        store.begin_recovery(run.id, other)
+    assert store.get_recovery(run.id) is None

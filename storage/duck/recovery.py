@@ -1,0 +1,227 @@
+"""Orphan-run recovery on DuckDB (session seed Begin/Converge/MarkSessionRunRecovery*).
+
+Every write fences the caller's ``recovery``-purpose lease on the run's
+session inside its transaction (the fence writes the lease row, so a
+takeover by another worker conflicts), so a stale recovery worker can never
+commit. Convergence ends the run (closing its open turn, writing the
+terminal event) and completes the recovery record in one transaction.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from turnkeeper.machines import machine_for
+from turnkeeper.spec import RECOVERY, errors
+from turnkeeper.spec.lease import LeasePurpose, session_target
+from turnkeeper.spec.lifecycle import Edge
+from turnkeeper.spec.records import Lease, Recovery, Run
+from turnkeeper.spec.recovery import retry_delay_s
+from turnkeeper.spec.run import NON_TERMINAL, RunStatus
+
+from . import leases, runs
+from .db import Conflict, Tx, utc
+
+_MACHINE = machine_for(RECOVERY)
+
+_COLS = (
+    "run_id, session_id, state, trigger_source, reason, attempt, lease_epoch, "
+    "previous_lease_epoch, last_error, next_retry_at, started_at, updated_at, completed_at"
+)
+
+
+def _recovery(row: Sequence[Any]) -> Recovery:
+    return Recovery(
+        run_id=row[0],
+        session_id=row[1],
+        state=row[2],
+        trigger_source=row[3],
+        reason=row[4],
+        attempt=row[5],
+        lease_epoch=row[6],
+        previous_lease_epoch=row[7],
+        last_error=row[8],
+        next_retry_at=None if row[9] is None else utc(row[9]),
+        started_at=utc(row[10]),
+        updated_at=utc(row[11]),
+        completed_at=None if row[12] is None else utc(row[12]),
+    )
+
+
+def get(tx: Tx, run_id: str) -> Recovery | None:
+    """The run's recovery record, or ``None``."""
+    row = tx.one(f"SELECT {_COLS} FROM run_recoveries WHERE run_id = ?", [run_id])
+    return None if row is None else _recovery(row)
+
+
+def orphans(tx: Tx) -> list[Run]:
+    """Non-terminal runs with no live lease on their session (store clock), including
+    runs that never had one, whose recovery is not parked (detached, dead-lettered,
+    or failed and not yet due)."""
+    rows = tx.rows(
+        f"WITH c AS (SELECT {leases.NOW} AS now) "
+        f"SELECT r.id FROM active_runs a JOIN runs r ON r.id = a.run_id "
+        "LEFT JOIN leases l ON l.target = 'session:' || a.session_id "
+        "LEFT JOIN run_recoveries v ON v.run_id = r.id, c "
+        "WHERE NOT coalesce(l.state = 'held' AND l.expires_at > c.now, FALSE) "
+        "AND (v.state IS NULL OR v.state = 'recovering' "
+        "OR (v.state = 'failed' AND coalesce(v.next_retry_at <= c.now, TRUE))) "
+        "ORDER BY r.started_at, r.id",
+        [tx.now],
+    )
+    found = [runs.get(tx, r[0]) for r in rows]
+    return [r for r in found if r is not None]
+
+
+def _event(tx: Tx, rec: Recovery, edge: Edge) -> None:
+    tx.exec(
+        "INSERT INTO recovery_events VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            rec.run_id,
+            rec.attempt,
+            edge.name,
+            edge.trigger,
+            edge.source,
+            edge.dest,
+            rec.lease_epoch,
+            tx.now,
+        ],
+    )
+
+
+def _guarded(tx: Tx, run_id: str, lease: Lease) -> Run:
+    """Load the run and fence the caller's recovery lease on its session."""
+    run = runs.get(tx, run_id)
+    if run is None:
+        raise errors.RunNotFoundError(run_id)
+    if lease.target != session_target(run.session_id):
+        raise errors.InvalidInputError(
+            "lease", f"a lease on {lease.target!r} cannot recover a run of {run.session_id!r}"
+        )
+    if lease.purpose != LeasePurpose.RECOVERY:
+        raise errors.LeasePurposeError(lease.target, lease.purpose, LeasePurpose.RECOVERY.value)
+    leases.fence(tx, lease)
+    return run
+
+
+def begin(tx: Tx, run_id: str, lease: Lease, trigger_source: str, reason: str) -> Recovery:
+    """Start (or retry, or take over) recovering an orphaned run.
+
+    Raises:
+        RecoveryNotNeededError: the run is terminal or not its session's
+            active run, its recovery is parked, or already held by this lease.
+        RunNotFoundError, LeaseLostError, LeasePurposeError, InvalidInputError.
+    """
+    run = _guarded(tx, run_id, lease)
+    if run.status not in NON_TERMINAL:
+        raise errors.RecoveryNotNeededError(run_id, f"the run is {run.status}")
+    now = tx.now
+    assert now is not None
+    rec = get(tx, run_id)
+    source = "absent" if rec is None else rec.state
+    facts = {
+        "due": rec is not None and (rec.next_retry_at is None or rec.next_retry_at <= now),
+        "superseded": rec is not None and rec.lease_epoch < lease.epoch,
+    }
+    try:
+        edge = _MACHINE.decide("begin", source, facts)
+    except errors.InvalidTransitionError:
+        edge = None
+    if edge is None:
+        if rec is not None and rec.state == "recovering" and rec.lease_epoch == lease.epoch:
+            return rec  # this very lease already began it
+        raise errors.RecoveryNotNeededError(run_id, f"its recovery is {source}")
+    prev_row = tx.one("SELECT lease_epoch FROM runs WHERE id = ?", [run_id])
+    previous = rec.lease_epoch if rec is not None else (prev_row[0] if prev_row else None)
+    row = tx.one(
+        f"INSERT INTO run_recoveries ({_COLS}) VALUES "
+        "(?, ?, 'recovering', ?, ?, 1, ?, ?, NULL, NULL, ?, ?, NULL) "
+        "ON CONFLICT (run_id) DO UPDATE SET state = 'recovering', attempt = "
+        "run_recoveries.attempt + 1, lease_epoch = excluded.lease_epoch, "
+        "previous_lease_epoch = excluded.previous_lease_epoch, "
+        "trigger_source = excluded.trigger_source, reason = excluded.reason, "
+        f"next_retry_at = NULL, updated_at = excluded.updated_at RETURNING {_COLS}",
+        [run_id, run.session_id, trigger_source, reason, lease.epoch, previous, now, now],
+    )
+    assert row is not None
+    begun = _recovery(row)
+    _event(tx, begun, edge)
+    return begun
+
+
+def _held(tx: Tx, run_id: str, lease: Lease, trigger: str) -> tuple[Run, Recovery]:
+    run = _guarded(tx, run_id, lease)
+    rec = get(tx, run_id)
+    if rec is None or rec.state != "recovering":
+        state = "absent" if rec is None else rec.state
+        raise errors.InvalidTransitionError("recovery", trigger, state)
+    if rec.lease_epoch != lease.epoch:
+        raise errors.LeaseLostError(lease.target, detail="another worker took the recovery over")
+    return run, rec
+
+
+def _set(tx: Tx, rec: Recovery, edge: Edge, sets: str, params: list[Any]) -> Recovery:
+    row = tx.one(
+        f"UPDATE run_recoveries SET state = ?, updated_at = ?, {sets} "
+        f"WHERE run_id = ? AND state = ? AND lease_epoch = ? RETURNING {_COLS}",
+        [edge.dest, tx.now, *params, rec.run_id, edge.source, rec.lease_epoch],
+    )
+    if row is None:
+        raise Conflict(f"recovery of {rec.run_id!r} moved")
+    done = _recovery(row)
+    _event(tx, done, edge)
+    return done
+
+
+def converge(
+    tx: Tx, run_id: str, lease: Lease, status: RunStatus, error: str | None, stop_reason: str | None
+) -> Recovery:
+    """End the run (``cancelled`` when a cancel was requested) and complete the record.
+
+    A run that reached a terminal status some other way keeps it.
+    """
+    run, rec = _held(tx, run_id, lease, "converge")
+    edge = _MACHINE.require("converge", rec.state, {})
+    if run.status in NON_TERMINAL:
+        final = RunStatus.CANCELLED if run.cancel_requested else status
+        runs.finish(
+            tx,
+            run_id,
+            final,
+            assistant_message=None,
+            error=error,
+            stop_reason=stop_reason,
+            lease=None,
+        )
+    return _set(tx, rec, edge, "completed_at = ?", [tx.now])
+
+
+def fail(
+    tx: Tx,
+    run_id: str,
+    lease: Lease,
+    message: str,
+    max_attempts: int,
+    base_delay_s: float,
+    max_delay_s: float,
+) -> Recovery:
+    """Record a failed attempt: retry later with backoff and jitter, or dead-letter it."""
+    _, rec = _held(tx, run_id, lease, "fail")
+    edge = _MACHINE.require("fail", rec.state, {"attempts_exhausted": rec.attempt >= max_attempts})
+    now = tx.now
+    assert now is not None
+    retry_at = None
+    if edge.dest == "failed":
+        delay = retry_delay_s(rec.attempt, base_delay_s, max_delay_s, random.random())
+        retry_at = now + timedelta(seconds=delay)
+    return _set(tx, rec, edge, "last_error = ?, next_retry_at = ?", [message, retry_at])
+
+
+def detach(tx: Tx, run_id: str, lease: Lease) -> Recovery:
+    """Leave the run to the remote execution that still owns it."""
+    _, rec = _held(tx, run_id, lease, "detach")
+    edge = _MACHINE.require("detach", rec.state, {})
+    return _set(tx, rec, edge, "completed_at = ?", [tx.now])
