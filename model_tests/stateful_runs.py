@@ -1,0 +1,249 @@
+"""The differential state machine for runs and recovery.
+
+Simulated workers and recovery workers take session leases, admit, start,
+finish and cancel runs, and recover orphans, on an injected clock; crashes
+are workers that stop using their lease (it expires as the clock moves).
+Every outcome is compared with a plain-Python oracle, and after every step:
+
+- at most one non-terminal run per session, and it is the one the
+  ``active_runs`` table names;
+- no run is revived: a run the oracle saw end keeps that status;
+- no termination or convergence commits under a lost lease (the oracle
+  agrees with every outcome).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from conftest import FakeClock
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    multiple,
+    rule,
+)
+from oracle import Oracle
+
+import turnkeeper
+from turnkeeper import (
+    BusyError,
+    InvalidTransitionError,
+    LeaseLostError,
+    LeasePurposeError,
+    RecoveryNotNeededError,
+    SessionRunActiveError,
+)
+
+SESSIONS = ("s1", "s2")
+OWNERS = ("W1", "W2", "R1")
+TERMINAL = ("succeeded", "failed", "cancelled", "interrupted", "abandoned")
+LIVE = ("admitted", "running", "waiting")
+
+
+@dataclass
+class RunModel:
+    session: str
+    status: str = "admitted"
+    cancel_requested: bool = False
+    recovery_epoch: int | None = None  # epoch of the recovery lease that began it
+    recovery_state: str | None = None
+
+
+@dataclass
+class World:
+    runs: dict[str, RunModel] = field(default_factory=dict)
+
+    def active(self, session: str) -> str | None:
+        found = [r for r, m in self.runs.items() if m.session == session and m.status in LIVE]
+        return found[0] if found else None
+
+
+def legal(trigger: str, status: str, cancel_requested: bool) -> bool:
+    """The run lifecycle, written out by hand (independent of spec/run.py)."""
+    if status not in LIVE:
+        return False
+    return {
+        "start": status == "admitted",
+        "succeeded": status == "running",
+        "failed": True,
+        "abandoned": True,
+        "interrupted": True,
+        "cancelled": cancel_requested,
+    }[trigger]
+
+
+def attempt(fn, *args, **kwargs) -> tuple:
+    try:
+        return ("ok", fn(*args, **kwargs))
+    except BusyError:
+        return ("busy",)
+    except LeaseLostError:
+        return ("lost",)
+    except LeasePurposeError:
+        return ("purpose",)
+    except SessionRunActiveError:
+        return ("active",)
+    except RecoveryNotNeededError:
+        return ("not_needed",)
+    except InvalidTransitionError:
+        return ("transition",)
+
+
+class RunsAndRecoveryMachine(RuleBasedStateMachine):
+    leases = Bundle("leases")
+    runs = Bundle("runs")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        self.store = turnkeeper.open_store(":memory:", clock=self.clock)
+        self.oracle = Oracle()
+        self.world = World()
+
+    @initialize()
+    def sessions(self) -> None:
+        for sid in SESSIONS:
+            self.store.create_session(sid)
+
+    def teardown(self) -> None:
+        self.store.close()
+
+    def _valid(self, lease: turnkeeper.Lease) -> bool:
+        return self.oracle.valid(lease.target, lease.owner, lease.epoch, self.clock())
+
+    # -- steps -------------------------------------------------------------------
+
+    @rule(
+        target=leases,
+        owner=st.sampled_from(OWNERS),
+        session=st.sampled_from(SESSIONS),
+        ttl=st.sampled_from((1.0, 3.0)),
+    )
+    def acquire(self, owner: str, session: str, ttl: float):
+        purpose = "recovery" if owner.startswith("R") else "execution"
+        expected = self.oracle.acquire(f"session:{session}", owner, ttl, purpose, self.clock())
+        got = attempt(self.store.acquire_lease, f"session:{session}", owner, ttl, purpose=purpose)
+        assert (got[0] == "ok") == (expected[0] in ("granted", "reacquired")), (got, expected)
+        return got[1] if got[0] == "ok" else multiple()
+
+    @rule(seconds=st.sampled_from((0.5, 1.0, 2.0)))
+    def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+    @rule(target=runs, session=st.sampled_from(SESSIONS), lease=st.none() | leases)
+    def admit(self, session: str, lease):
+        if lease is not None and lease.target != f"session:{session}":
+            lease = None
+        if lease is not None and not self._valid(lease):
+            expected = ("lost",)
+        elif self.world.active(session) is not None:
+            expected = ("active",)
+        else:
+            expected = ("ok",)
+        got = attempt(self.store.admit_run, session, {"q": 1}, lease=lease)
+        assert got[0] == expected[0], (got, expected)
+        if got[0] != "ok":
+            return multiple()
+        self.world.runs[got[1].id] = RunModel(session)
+        return got[1].id
+
+    @rule(run=runs)
+    def start(self, run: str) -> None:
+        model = self.world.runs[run]
+        ok = legal("start", model.status, model.cancel_requested)
+        got = attempt(self.store.start_run, run)
+        assert got[0] == ("ok" if ok else "transition"), (got, model)
+        if ok:
+            model.status = "running"
+
+    @rule(run=runs)
+    def request_cancel(self, run: str) -> None:
+        model = self.world.runs[run]
+        got = attempt(self.store.request_cancel, run)
+        assert got[0] == ("ok" if model.status in LIVE else "transition"), (got, model)
+        if got[0] == "ok":
+            model.cancel_requested = True
+
+    @rule(run=runs, status=st.sampled_from(TERMINAL), lease=st.none() | leases)
+    def finish(self, run: str, status: str, lease) -> None:
+        model = self.world.runs[run]
+        if lease is not None and lease.target != f"session:{model.session}":
+            lease = None
+        if model.status == status:
+            expected = "ok"  # a repeated terminalization is idempotent
+        elif lease is not None and not self._valid(lease):
+            expected = "lost"
+        elif legal(status, model.status, model.cancel_requested):
+            expected = "ok"
+        else:
+            expected = "transition"
+        got = attempt(self.store.finish_run, run, status, lease=lease)
+        assert got[0] == expected, (got, expected, model, lease)
+        if got[0] == "ok":
+            assert expected == "ok", f"run ended under a lost lease {lease}"
+            model.status = status
+
+    @rule(run=runs, lease=leases)
+    def recover(self, run: str, lease) -> None:
+        model = self.world.runs[run]
+        if lease.target != f"session:{model.session}" or lease.purpose != "recovery":
+            return
+        if not self._valid(lease):
+            expected = "lost"
+        elif model.status not in LIVE or (model.recovery_epoch or 0) > lease.epoch:
+            expected = "not_needed"
+        else:
+            expected = "ok"
+        got = attempt(self.store.begin_recovery, run, lease)
+        assert got[0] == expected, (got, expected, model)
+        if got[0] == "ok":
+            model.recovery_epoch, model.recovery_state = lease.epoch, "recovering"
+
+    @rule(run=runs, lease=leases)
+    def converge(self, run: str, lease) -> None:
+        model = self.world.runs[run]
+        if lease.target != f"session:{model.session}" or lease.purpose != "recovery":
+            return
+        if not self._valid(lease):
+            expected = "lost"
+        elif model.recovery_state != "recovering":
+            expected = "transition"
+        elif model.recovery_epoch != lease.epoch:
+            expected = "lost"
+        else:
+            expected = "ok"
+        got = attempt(self.store.converge_recovery, run, lease)
+        assert got[0] == expected, (got, expected, model)
+        if got[0] == "ok":
+            model.recovery_state = "completed"
+            if model.status in LIVE:
+                model.status = "cancelled" if model.cancel_requested else "interrupted"
+
+    # -- invariants --------------------------------------------------------------
+
+    @invariant()
+    def one_non_terminal_run_per_session_and_none_revived(self) -> None:
+        rows = self.store.db.run(
+            "test-query",
+            lambda tx: tx.rows(
+                "SELECT r.id, r.session_id, r.status, a.run_id IS NOT NULL FROM runs r "
+                "LEFT JOIN active_runs a ON a.run_id = r.id"
+            ),
+            transaction=False,
+        )
+        live: dict[str, list[str]] = {}
+        for run_id, session, status, is_active in rows:
+            if status in LIVE:
+                live.setdefault(session, []).append(run_id)
+                assert is_active, f"{run_id} is {status} but not the session's active run"
+            else:
+                assert not is_active, f"{run_id} is {status} yet still active"
+            model = self.world.runs.get(run_id)
+            if model is not None and model.status in TERMINAL:
+                assert status == model.status, f"{run_id} revived: {model.status} -> {status}"
+        for session, ids in live.items():
+            assert len(ids) <= 1, f"{session}: several non-terminal runs {ids}"

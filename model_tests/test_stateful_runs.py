@@ -1,0 +1,62 @@
+"""Run the differential runs-and-recovery machine, and show its fences can fail."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+from stateful_runs import RunsAndRecoveryMachine
+
+from turnkeeper.spec import errors
+from turnkeeper.spec.lease import LeasePurpose, session_target
+from turnkeeper.storage.duck import recovery, runs
+
+SEARCH = settings(
+    max_examples=3000,
+    derandomize=True,
+    database=None,
+    report_multiple_bugs=False,
+    phases=(Phase.explicit, Phase.generate),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+def test_runs_and_recovery_agree_with_the_oracle() -> None:
+    run_state_machine_as_test(RunsAndRecoveryMachine)
+
+
+def drop_finish_fence(mp: pytest.MonkeyPatch) -> None:
+    real = runs.finish
+
+    def unfenced(tx, run_id, status, **kw):
+        return real(tx, run_id, status, **{**kw, "lease": None})
+
+    mp.setattr(runs, "finish", unfenced)
+
+
+def drop_recovery_fence(mp: pytest.MonkeyPatch) -> None:
+    def guarded_without_fence(tx, run_id, lease):
+        run = runs.get(tx, run_id)
+        if run is None:
+            raise errors.RunNotFoundError(run_id)
+        if lease.target != session_target(run.session_id):
+            raise errors.InvalidInputError("lease", "wrong session")
+        if lease.purpose != LeasePurpose.RECOVERY:
+            raise errors.LeasePurposeError(lease.target, lease.purpose, "recovery")
+        return run
+
+    mp.setattr(recovery, "_guarded", guarded_without_fence)
+
+
+KILLS = {"finish-lease-fence": drop_finish_fence, "recovery-lease-fence": drop_recovery_fence}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fence", sorted(KILLS))
+def test_machine_finds_a_counterexample_with_the_fence_patched_out(
+    fence: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    KILLS[fence](monkeypatch)
+    with pytest.raises(AssertionError):
+        run_state_machine_as_test(RunsAndRecoveryMachine, settings=SEARCH)
