@@ -291,3 +291,18 @@ def test_measured_benchmark_report_is_present_and_well_formed():
     for row in data["operations"].values():
         assert row["ops_per_s"] > 0 and row["ratio_to_baseline"] > 0
     assert data["statements_per_call"]["renew_lease"] == 1.0
+
+
+def test_the_duckdb_store_implements_the_whole_protocol():
+    import inspect
+
+    from turnkeeper.storage import DuckDBStore, Store
+
+    wanted = {n for n, v in vars(Store).items() if callable(v) and not n.startswith("_")}
+    assert wanted, "the protocol lists operations"
+    for name in sorted(wanted):
+        mine = getattr(DuckDBStore, name, None)
+        assert mine is not None, name
+        assert list(inspect.signature(mine).parameters) == list(
+            inspect.signature(getattr(Store, name)).parameters
+        ), name

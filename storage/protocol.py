@@ -19,7 +19,10 @@ from turnkeeper.spec.records import (
     ImportResult,
     Lease,
     OpaqueRecord,
+    Recovery,
     Replay,
+    Run,
+    RunEvent,
     Session,
     SessionPage,
     ThreadRecord,
@@ -27,7 +30,8 @@ from turnkeeper.spec.records import (
 
 
 class Store(Protocol):
-    """Leases, thread records and sessions (threadstore Store + session seed Store)."""
+    """Leases, thread records, sessions, runs and recovery (threadstore Store +
+    session seed Store)."""
 
     # leases
     def acquire_lease(
@@ -65,7 +69,12 @@ class Store(Protocol):
         timestamp: datetime | None = None,
     ) -> Entry: ...
     def branch(
-        self, session_id: str, entry_id: str | None, *, expected_leaf: str | None = ANY_LEAF
+        self,
+        session_id: str,
+        entry_id: str | None,
+        *,
+        expected_leaf: str | None = ANY_LEAF,
+        lease: Lease | None = None,
     ) -> None: ...
     def branch_with_summary(
         self,
@@ -89,5 +98,73 @@ class Store(Protocol):
     # imports
     def import_batch(self, batch: ImportBatch) -> ImportResult: ...
     def opaque_records(self, session_id: str) -> list[OpaqueRecord]: ...
+
+    # runs and recovery
+    def admit_run(
+        self,
+        session_id: str,
+        request: Mapping[str, Any],
+        *,
+        submission_key: str | None = None,
+        user_message: Mapping[str, Any] | None = None,
+        lease: Lease | None = None,
+        retry_of: str | None = None,
+        source: str = "",
+        model: str = "",
+        mode: str = "",
+        work_dir: str = "",
+        policy: Mapping[str, Any] | None = None,
+    ) -> Run: ...
+    def start_run(self, run_id: str, *, lease: Lease | None = None) -> Run: ...
+    def wait_run(self, run_id: str, *, lease: Lease | None = None) -> Run: ...
+    def resume_run(self, run_id: str, *, lease: Lease | None = None) -> Run: ...
+    def finish_run(
+        self,
+        run_id: str,
+        status: str,
+        *,
+        assistant_message: Mapping[str, Any] | None = None,
+        error: str | None = None,
+        stop_reason: str | None = None,
+        lease: Lease | None = None,
+    ) -> Run: ...
+    def request_cancel(self, run_id: str) -> Run: ...
+    def get_run(self, run_id: str) -> Run | None: ...
+    def active_run(self, session_id: str) -> Run | None: ...
+    def session_runs(self, session_id: str) -> list[Run]: ...
+    def run_events(
+        self,
+        session_id: str,
+        *,
+        after: int | None = None,
+        before: int | None = None,
+        latest: bool = False,
+        limit: int = 100,
+    ) -> list[RunEvent]: ...
+    def list_orphaned_runs(self) -> list[Run]: ...
+    def get_recovery(self, run_id: str) -> Recovery | None: ...
+    def begin_recovery(
+        self, run_id: str, lease: Lease, *, trigger_source: str = ..., reason: str = ...
+    ) -> Recovery: ...
+    def converge_recovery(
+        self,
+        run_id: str,
+        lease: Lease,
+        *,
+        status: str = ...,
+        error: str | None = None,
+        stop_reason: str | None = None,
+    ) -> Recovery: ...
+    def fail_recovery(
+        self,
+        run_id: str,
+        lease: Lease,
+        message: str,
+        *,
+        max_attempts: int = 5,
+        base_delay_s: float = 1.0,
+        max_delay_s: float = 300.0,
+    ) -> Recovery: ...
+    def detach_recovery(self, run_id: str, lease: Lease) -> Recovery: ...
 
     def close(self) -> None: ...
