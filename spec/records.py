@@ -283,3 +283,22 @@ class Recovery:
     started_at: datetime
     updated_at: datetime
     completed_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseState:
+    """A session's remote response lineage (session seed ResponseSessionState).
+
+    ``version`` counts swaps from 1; ``0`` in a compare-and-swap means
+    "no state yet". ``updated_at`` is set by the store.
+    """
+
+    session_id: str
+    state_mode: str = ""
+    previous_response_id: str = ""
+    conversation_id: str = ""
+    provider: str = ""
+    api: str = ""
+    model: str = ""
+    version: int = 0
+    updated_at: datetime | None = None

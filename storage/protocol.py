@@ -21,6 +21,7 @@ from turnkeeper.spec.records import (
     OpaqueRecord,
     Recovery,
     Replay,
+    ResponseState,
     Run,
     RunEvent,
     Session,
@@ -166,5 +167,11 @@ class Store(Protocol):
         max_delay_s: float = 300.0,
     ) -> Recovery: ...
     def detach_recovery(self, run_id: str, lease: Lease) -> Recovery: ...
+
+    # response lineage
+    def get_response_state(self, session_id: str) -> ResponseState | None: ...
+    def compare_and_swap_response_state(
+        self, state: ResponseState, expected_version: int
+    ) -> bool: ...
 
     def close(self) -> None: ...

@@ -12,6 +12,7 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.entries import EntryKind, validate_payload
 from turnkeeper.spec.records import (
     Lease,
+    ResponseState,
     Run,
     RunEvent,
 )
@@ -24,7 +25,7 @@ from ..validate import (
     check_limit,
     check_session_lease,
 )
-from . import runs
+from . import lineage, runs
 from .db import Tx
 from .store_base import StoreBase
 
@@ -242,4 +243,45 @@ class RunsMixin(StoreBase):
             "run_events",
             lambda tx: runs.events(tx, session_id, after, before, latest, limit),
             transaction=False,
+        )
+
+    # -- response lineage --------------------------------------------------------
+
+    def get_response_state(self, session_id: str) -> ResponseState | None:
+        """The session's remote response lineage, or ``None`` (use the default mode)."""
+        check_text(session_id, "session_id", allow_empty=False)
+        return self.db.run(
+            "get_response_state", lambda tx: lineage.get(tx, session_id), transaction=False
+        )
+
+    def compare_and_swap_response_state(self, state: ResponseState, expected_version: int) -> bool:
+        """Advance the session's lineage only if its version is still
+        ``expected_version`` (``0``: none yet); returns whether it did (session
+        seed CompareAndSwapResponseSessionState). Two concurrent turns that read
+        the same version cannot both swap, so a ``previous_response_id`` chain
+        never branches silently.
+
+        Raises:
+            SessionNotFoundError, InvalidInputError.
+        """
+        if not isinstance(state, ResponseState):
+            raise errors.InvalidInputError("state", "expected a ResponseState")
+        check_text(state.session_id, "session_id", allow_empty=False)
+        for name in (
+            "state_mode",
+            "previous_response_id",
+            "conversation_id",
+            "provider",
+            "api",
+            "model",
+        ):
+            check_text(getattr(state, name), name)
+        if (
+            isinstance(expected_version, bool)
+            or not isinstance(expected_version, int)
+            or expected_version < 0
+        ):
+            raise errors.InvalidInputError("expected_version", "a version is an integer >= 0")
+        return self.db.run(
+            "compare_and_swap_response_state", lambda tx: lineage.swap(tx, state, expected_version)
         )
