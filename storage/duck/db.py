@@ -376,8 +376,3 @@ class Database:
                 }
                 for op, s in sorted(self._stats.items())
             }
-
-    def reset_stats(self) -> None:
-        """Forget the statement counts."""
-        with self._lock:
-            self._stats.clear()

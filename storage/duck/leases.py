@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 from datetime import datetime, timedelta
-from typing import Any
 
 from turnkeeper.machines import machine_for
 from turnkeeper.spec import GRANTING_EDGES, LEASE, errors
@@ -53,12 +52,6 @@ def issue_token(secret: bytes, target: str, owner: str, epoch: int, purpose: str
 
 def _micros(ttl_s: float) -> int:
     return round(ttl_s * 1_000_000)
-
-
-def check_ttl(ttl_s: float) -> None:
-    """Raises ``InvalidInputError`` unless ``ttl_s`` is a positive finite number of seconds."""
-    if not isinstance(ttl_s, int | float) or not (0 < ttl_s < 10 * 365 * 86400):
-        raise errors.InvalidInputError("ttl_s", f"must be positive seconds, got {ttl_s!r}")
 
 
 def acquire(tx: Tx, secret: bytes, target: str, owner: str, ttl_s: float, purpose: str) -> Lease:
@@ -211,11 +204,4 @@ def record_fenced(tx: Tx, lease: Lease, operation: str) -> None:
     tx.exec(
         f"INSERT INTO fence_events VALUES (?, ?, ?, ?, {NOW})",
         [lease.target, lease.owner, lease.epoch, operation, tx.now],
-    )
-
-
-def holder(tx: Tx, target: str) -> tuple[Any, ...] | None:
-    """The stored lease row of ``target`` as (owner, epoch, purpose, state, expires_at)."""
-    return tx.one(
-        "SELECT owner, epoch, purpose, state, expires_at FROM leases WHERE target = ?", [target]
     )
