@@ -284,3 +284,104 @@ class RecoveryNotNeededError(TurnkeeperError):
     fields = ("run_id", "reason")
     run_id: str
     reason: str
+
+
+# --- delivery outbox (session seed, DESIGN machine 4) ---------------------------
+
+
+class DeliveryOperationNotFoundError(TurnkeeperError):
+    """No delivery operation (or intent) has this id (ErrDeliveryOperationAbsent)."""
+
+    fields = ("operation_id",)
+    operation_id: str
+
+
+class DeliveryOperationBusyError(TurnkeeperError):
+    """The delivery operation is claimed by a live worker or not ready
+    (ErrDeliveryOperationBusy): not due yet, terminal, or waiting on its dependency."""
+
+    fields = ("operation_id", "reason")
+    operation_id: str
+    reason: str
+
+
+class DeliveryLeaseLostError(TurnkeeperError):
+    """The caller's claim on the delivery operation is no longer current
+    (ErrDeliveryLeaseLost): another claim raised the epoch, the claim expired,
+    or the claim was released."""
+
+    fields = ("operation_id", "owner", "epoch")
+    operation_id: str
+    owner: str
+    epoch: int
+
+
+# --- tool-execution records (session seed ToolExecutionRecord, DESIGN machine 5) ---
+
+
+class ToolExecutionNotFoundError(TurnkeeperError):
+    """No tool-execution record has this execution key."""
+
+    fields = ("execution_key",)
+    execution_key: str
+
+
+# --- forks (session seed ForkSession) ---------------------------------------------
+
+
+class ForkError(TurnkeeperError):
+    """A session fork was refused; subclasses name why (session seed ErrFork*)."""
+
+    fields = ("session_id",)
+    session_id: str
+
+
+class ForkSessionNotFoundError(ForkError):
+    """The fork's source session was not found (ErrForkSessionNotFound)."""
+
+
+class ForkSessionActiveError(ForkError):
+    """The fork's source session has a non-terminal run or a live lease (ErrForkSessionActive)."""
+
+
+class ForkNoCompletedTurnError(ForkError):
+    """The source session has no completed conversation turn (ErrForkNoCompletedTurn)."""
+
+
+class ForkUnavailableError(ForkError):
+    """The fork boundary is unavailable (ErrForkUnavailable)."""
+
+
+class ForkInvalidBoundaryError(ForkError):
+    """The fork boundary is invalid (ErrForkInvalidBoundary)."""
+
+
+class ForkUnsupportedEntryError(ForkError):
+    """The transcript up to the boundary holds an entry a fork cannot copy
+    (ErrForkUnsupportedEntry)."""
+
+    fields = ("session_id", "entry_id")
+    entry_id: str
+
+
+class ForkRequestIDRequiredError(ForkError):
+    """A fork needs a request id (ErrForkIdempotencyRequired)."""
+
+
+class ForkRequestIDTooLongError(ForkError):
+    """The fork request id is too long (ErrForkIdempotencyTooLong)."""
+
+    fields = ("session_id", "length", "limit")
+    length: int
+    limit: int
+
+
+class ForkRequestConflictError(ForkError):
+    """The fork request id was used for a different fork (ErrForkIdempotencyConflict).
+
+    ``fork_session_id`` is the session the id created first.
+    """
+
+    fields = ("session_id", "request_id", "fork_session_id")
+    request_id: str
+    fork_session_id: str

@@ -1,0 +1,1 @@
+-- turnkeeper schema version 6: tool-execution records (DESIGN machine 5).

@@ -1,0 +1,1 @@
+-- turnkeeper schema version 7: session forks, one per fork request id.
