@@ -13,7 +13,15 @@ import os
 from collections.abc import Callable
 from datetime import datetime
 
-from turnkeeper.spec import LeasePurpose, RecordStatus, RunStatus
+from turnkeeper.runtime import RuntimeLeaseGroup, RuntimeLeaseGuard, acquire_many
+from turnkeeper.spec import LeasePurpose, RecordStatus, RunStatus, ToolExecutionState
+from turnkeeper.spec.delivery import (
+    DeliveryIntent,
+    DeliveryOperation,
+    DeliveryPlan,
+    DeliveryStatus,
+    DeliveryStep,
+)
 from turnkeeper.spec.entries import EntryKind
 from turnkeeper.spec.errors import (
     AlreadyExistsError,
@@ -63,6 +71,7 @@ from turnkeeper.spec.errors import (
     TransactionConflictError,
     TurnkeeperError,
 )
+from turnkeeper.spec.fork import Fork
 from turnkeeper.spec.records import (
     ANY_LEAF,
     Entry,
@@ -77,6 +86,7 @@ from turnkeeper.spec.records import (
     SessionPage,
     ThreadRecord,
 )
+from turnkeeper.spec.tool_execution import ToolExecution
 from turnkeeper.storage import SCHEMA_VERSION, DuckDBStore, Store
 
 DEFAULT_PATH = "turnkeeper.duckdb"
@@ -112,15 +122,21 @@ __all__ = [
     "BusyError",
     "DataError",
     "DatabaseError",
+    "DeliveryIntent",
     "DeliveryLeaseLostError",
+    "DeliveryOperation",
     "DeliveryOperationBusyError",
     "DeliveryOperationNotFoundError",
+    "DeliveryPlan",
+    "DeliveryStatus",
+    "DeliveryStep",
     "DuckDBStore",
     "Entry",
     "EntryExistsError",
     "EntryKind",
     "EntryNotFoundError",
     "FinalizeRequest",
+    "Fork",
     "ForkError",
     "ForkInvalidBoundaryError",
     "ForkNoCompletedTurnError",
@@ -156,6 +172,8 @@ __all__ = [
     "RunEvent",
     "RunNotFoundError",
     "RunStatus",
+    "RuntimeLeaseGroup",
+    "RuntimeLeaseGuard",
     "SchemaVersionError",
     "Session",
     "SessionFileError",
@@ -168,8 +186,11 @@ __all__ = [
     "StoreLockedError",
     "SubmissionConflictError",
     "ThreadRecord",
+    "ToolExecution",
     "ToolExecutionNotFoundError",
+    "ToolExecutionState",
     "TransactionConflictError",
     "TurnkeeperError",
+    "acquire_many",
     "open_store",
 ]

@@ -40,6 +40,10 @@ def checks_by_name(figures: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["name"]: c for c in figures["audit"]}
 
 
+def checked_of(figures: dict[str, Any], name: str) -> int:
+    return int(checks_by_name(figures)[name]["checked"])
+
+
 @dataclass
 class DemoRun:
     db: Path
@@ -78,8 +82,17 @@ def test_short_demo_is_clean_and_fences_stale_writes(demo: DemoRun) -> None:
         "session_trees_well_formed",
         "stale_writes_refused",
         "workers_error_free",
+        "one_active_run_per_session",
+        "no_run_revived",
+        "delivered_at_most_once",
+        "tool_calls_paired",
+        "stale_delivery_acks_refused",
     }
     assert f["turns_committed"] > 0
+    assert f["runs_admitted"] >= f["turns_committed"]
+    assert f["recoveries_converged"] > 0  # stalled and crashed workers' runs
+    assert f["deliveries"]["delivered"] > 0
+    assert checked_of(f, "one_active_run_per_session") >= 2 * f["runs_admitted"] - 8
     assert f["stale_writes_fenced"] > 0
     assert f["stale_writes_accepted"] == 0
     assert f["store_operations"] > 0 and f["ops_per_s"] > 0
@@ -100,8 +113,10 @@ def test_demo_counts_match_the_stored_history(demo: DemoRun) -> None:
             "SELECT count(*) FROM lease_events WHERE edge = 'takeover'"
         ).fetchone()
         fenced = con.execute("SELECT count(*) FROM fence_events").fetchone()
-        leased = con.execute(
-            "SELECT count(*) FROM entries WHERE lease_epoch IS NOT NULL"
+        leased = con.execute(  # entries workers wrote (recovery's are told apart by id)
+            "SELECT count(*) FROM entries WHERE lease_epoch IS NOT NULL "
+            "AND id NOT LIKE '%:interrupted' AND id NOT IN ("
+            "SELECT run_id || ':turn-end' FROM recovery_events WHERE edge = 'converge')"
         ).fetchone()
     finally:
         con.close()
@@ -127,7 +142,9 @@ def test_demo_table_output(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     for text in (
-        "turns committed",
+        "runs succeeded",
+        "orphans recovered",
+        "replies delivered",
         "stale writes fenced",
         "takeovers",
         "busy refusals",
@@ -173,13 +190,13 @@ def test_plans_repeat_per_seed_and_differ_across_seeds() -> None:
 
     def plans(seed: int, index: int) -> list[Any]:
         rng = random.Random(seed + index)
-        return [plan_iteration(rng, cfg) for _ in range(50)]
+        return [plan_iteration(rng, cfg) for _ in range(80)]
 
     assert plans(5, 0) == plans(5, 0)
     assert plans(5, 0) != plans(5, 1)
     assert plans(5, 0) != plans(6, 0)
     actions = {p.action for p in plans(5, 0) + plans(5, 1)}
-    assert actions == {"turn", "stall", "abandon"}
+    assert actions == {"turn", "stall", "abandon", "crash"}
 
 
 # -- the audit can fail ----------------------------------------------------------------

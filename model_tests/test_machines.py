@@ -11,9 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from turnkeeper import FinalizeRequest, ThreadRecord
+from turnkeeper import DeliveryPlan, DeliveryStep, FinalizeRequest, ThreadRecord
 from turnkeeper.machines import machine_for
-from turnkeeper.spec import GRANTING_EDGES, LEASE, LIFECYCLES, RECOVERY, RUN, THREAD_RECORD
+from turnkeeper.spec import (
+    DELIVERY,
+    GRANTING_EDGES,
+    LEASE,
+    LIFECYCLES,
+    RECOVERY,
+    RUN,
+    THREAD_RECORD,
+    TOOL_EXECUTION,
+)
 from turnkeeper.spec.errors import InvalidTransitionError
 from turnkeeper.spec.lease import acquire_decision
 from turnkeeper.spec.thread_record import save_decision
@@ -176,15 +185,73 @@ def drive_every_recovery_edge(store, clock) -> None:
         getattr(store, f"{end}_recovery")(r.id, held)  # converge, detach
 
 
+def drive_every_delivery_edge(store, clock) -> None:
+    store.create_session("out")
+    run = store.admit_run("out", {"n": 1})
+    steps = tuple(DeliveryStep(str(i), "message") for i in range(10))
+    store.finish_run(run.id, "failed", delivery_plan=DeliveryPlan("p", "t", steps))  # plan
+    ops = [o.id for o in store.get_delivery_plan(f"{run.id}:delivery")[1]]
+    results = ("delivered", "unsupported", "failed", "uncertain")
+    for op, result in zip(ops[:4], results, strict=True):
+        epoch = store.claim_delivery(op, "w", 5).lease_epoch  # claim
+        store.finish_delivery(op, "w", epoch, result)  # <result>_claimed
+    for op, result in zip(ops[4:8], results, strict=True):
+        epoch = store.claim_delivery(op, "w", 5).lease_epoch
+        store.update_delivery_progress(op, "w", epoch)  # progress_claimed
+        store.update_delivery_progress(op, "w", epoch)  # progress_in_progress
+        store.finish_delivery(op, "w", epoch, result)  # <result>_in_progress
+    a, b = ops[8:]
+    store.requeue_delivery(a, "w", store.claim_delivery(a, "w", 5).lease_epoch)  # requeue_claimed
+    epoch = store.claim_delivery(b, "w", 5).lease_epoch
+    store.update_delivery_progress(b, "w", epoch)
+    store.requeue_delivery(b, "w", epoch)  # requeue_in_progress
+    store.claim_delivery(a, "w", 1)
+    store.update_delivery_progress(b, "w", store.claim_delivery(b, "w", 1).lease_epoch)
+    clock.advance(2)
+    store.claim_delivery(a, "v", 5)  # reclaim_claimed
+    store.claim_delivery(b, "v", 5)  # reclaim_in_progress
+
+
+def drive_every_tool_edge(store) -> None:
+    store.create_session("tools")
+
+    def claim(key: str, side_effecting: bool) -> None:  # claim
+        store.claim_tool_execution(
+            key,
+            "tools",
+            local_turn_id="t",
+            provider_call_id=key,
+            tool_name="x",
+            side_effecting=side_effecting,
+        )
+
+    claim("done", True)
+    store.complete_tool_execution("done", {})  # complete
+    claim("ro-run", False)
+    store.reclaim_tool_execution("ro-run")  # reclaim_running
+    for key, side_effecting in (("side", True), ("ro", False), ("rr", True)):
+        claim(key, side_effecting)
+    store.interrupt_tool_executions("tools")  # interrupt
+    store.reclaim_tool_execution("ro")  # reclaim_interrupted
+    store.request_tool_execution_recovery("tools", "t", ["side", "rr"])  # request_retry
+    store.reclaim_tool_execution("side")  # reclaim_confirmed
+    # abandon_interrupted (ro-run), abandon_running (side, ro), abandon_retry_requested (rr)
+    store.abandon_interrupted_tool_executions("tools", "t")
+
+
 def test_transitions_the_store_accepts_equal_the_spec_edges(store, clock):
     drive_every_edge(store, clock)
     drive_every_run_edge(store)
     drive_every_recovery_edge(store, clock)
+    drive_every_tool_edge(store)
+    drive_every_delivery_edge(store, clock)
     for lifecycle, table, extra in [
         (LEASE, "lease_events", ""),
         (THREAD_RECORD, "thread_record_events", ""),
         (RUN, "run_events", ""),
         (RECOVERY, "recovery_events", ""),
+        (TOOL_EXECUTION, "tool_execution_events", ""),
+        (DELIVERY, "delivery_events", ""),
     ]:
         rows = store.query(
             f"SELECT DISTINCT edge, trigger, source, dest FROM {table}{extra}"
@@ -201,6 +268,8 @@ def test_check_constraints_list_exactly_the_spec_states():
         (THREAD_RECORD, "status", "0001_initial.sql"),
         (RUN, "status", "0002_runs.sql"),
         (RECOVERY, "state", "0003_recovery.sql"),
+        (TOOL_EXECUTION, "state", "0006_tool_executions.sql"),
+        (DELIVERY, "status", "0005_delivery.sql"),
     ]:
         sql = (folder / file).read_text()
         stored = set(lifecycle.states) - {lifecycle.initial}

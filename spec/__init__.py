@@ -4,22 +4,27 @@ Lifecycles as data, the record types and the error hierarchy.
 """
 
 from . import errors
+from .delivery import DELIVERY, DeliveryStatus
 from .lease import GRANTING_EDGES, LEASE, LeasePurpose
 from .lifecycle import Edge, Facts, Lifecycle
 from .recovery import RECOVERY, RecoveryState
 from .run import RUN, RunStatus
 from .thread_record import THREAD_RECORD, RecordStatus
+from .tool_execution import TOOL_EXECUTION, ToolExecutionState
 
-LIFECYCLES: tuple[Lifecycle, ...] = (LEASE, THREAD_RECORD, RUN, RECOVERY)
+LIFECYCLES: tuple[Lifecycle, ...] = (LEASE, THREAD_RECORD, RUN, RECOVERY, DELIVERY, TOOL_EXECUTION)
 """Every lifecycle, in the order the diagrams and tables list them."""
 
 __all__ = [
+    "DELIVERY",
     "GRANTING_EDGES",
     "LEASE",
     "LIFECYCLES",
     "RECOVERY",
     "RUN",
     "THREAD_RECORD",
+    "TOOL_EXECUTION",
+    "DeliveryStatus",
     "Edge",
     "Facts",
     "LeasePurpose",
@@ -27,5 +32,6 @@ __all__ = [
     "RecordStatus",
     "RecoveryState",
     "RunStatus",
+    "ToolExecutionState",
     "errors",
 ]

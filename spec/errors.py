@@ -316,6 +316,14 @@ class DeliveryLeaseLostError(TurnkeeperError):
     epoch: int
 
 
+class DeliveryPlanConflictError(TurnkeeperError):
+    """The run already has a different delivery plan (one intent per run)."""
+
+    fields = ("run_id", "intent_id")
+    run_id: str
+    intent_id: str
+
+
 # --- tool-execution records (session seed ToolExecutionRecord, DESIGN machine 5) ---
 
 
@@ -332,7 +340,7 @@ class ToolExecutionNotFoundError(TurnkeeperError):
 class ForkError(TurnkeeperError):
     """A session fork was refused; subclasses name why (session seed ErrFork*)."""
 
-    fields = ("session_id",)
+    fields: tuple[str, ...] = ("session_id",)
     session_id: str
 
 

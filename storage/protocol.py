@@ -7,10 +7,12 @@ the DuckDB backend lists them and what remains stored after a failure.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from turnkeeper.spec.delivery import DeliveryIntent, DeliveryOperation, DeliveryPlan
+from turnkeeper.spec.fork import Fork
 from turnkeeper.spec.records import (
     ANY_LEAF,
     Entry,
@@ -28,11 +30,12 @@ from turnkeeper.spec.records import (
     SessionPage,
     ThreadRecord,
 )
+from turnkeeper.spec.tool_execution import ToolExecution
 
 
 class Store(Protocol):
-    """Leases, thread records, sessions, runs and recovery (threadstore Store +
-    session seed Store)."""
+    """Leases, thread records, sessions, runs, recovery and the delivery outbox
+    (threadstore Store + session seed Store)."""
 
     # leases
     def acquire_lease(
@@ -128,6 +131,7 @@ class Store(Protocol):
         error: str | None = None,
         stop_reason: str | None = None,
         lease: Lease | None = None,
+        delivery_plan: DeliveryPlan | None = None,
     ) -> Run: ...
     def request_cancel(self, run_id: str) -> Run: ...
     def get_run(self, run_id: str) -> Run | None: ...
@@ -173,5 +177,110 @@ class Store(Protocol):
     def compare_and_swap_response_state(
         self, state: ResponseState, expected_version: int
     ) -> bool: ...
+
+    # delivery outbox
+    def create_delivery_plan(self, run_id: str, plan: DeliveryPlan) -> DeliveryIntent: ...
+    def get_delivery_plan(
+        self, intent_id: str
+    ) -> tuple[DeliveryIntent, list[DeliveryOperation]] | None: ...
+    def get_delivery_operation(self, operation_id: str) -> DeliveryOperation | None: ...
+    def list_due_deliveries(self, *, limit: int = 100) -> list[DeliveryOperation]: ...
+    def claim_delivery(self, operation_id: str, owner: str, ttl_s: float) -> DeliveryOperation: ...
+    def update_delivery_progress(
+        self,
+        operation_id: str,
+        owner: str,
+        epoch: int,
+        *,
+        provider_asset_id: str | None = None,
+        provider_message_id: str | None = None,
+        provider_state: Mapping[str, Any] | None = None,
+        failure_code: str | None = None,
+    ) -> DeliveryOperation: ...
+    def finish_delivery(
+        self,
+        operation_id: str,
+        owner: str,
+        epoch: int,
+        status: str,
+        *,
+        provider_asset_id: str | None = None,
+        provider_message_id: str | None = None,
+        provider_state: Mapping[str, Any] | None = None,
+        failure_code: str | None = None,
+    ) -> DeliveryOperation: ...
+    def requeue_delivery(
+        self,
+        operation_id: str,
+        owner: str,
+        epoch: int,
+        *,
+        delay_s: float = 0.0,
+        failure_code: str = "",
+    ) -> DeliveryOperation: ...
+
+    # tool-execution records
+    def claim_tool_execution(
+        self,
+        execution_key: str,
+        session_id: str,
+        *,
+        local_turn_id: str,
+        provider_call_id: str,
+        tool_name: str,
+        side_effecting: bool,
+        arguments: Any = None,
+        run_id: str | None = None,
+        provider: str = "",
+        api: str = "",
+        response_id: str = "",
+        tool_kind: str = "",
+        provider_metadata: Mapping[str, Any] | None = None,
+        lease: Lease | None = None,
+    ) -> tuple[ToolExecution, bool]: ...
+    def complete_tool_execution(
+        self,
+        execution_key: str,
+        result: Any,
+        *,
+        is_error: bool = False,
+        lease: Lease | None = None,
+    ) -> ToolExecution: ...
+    def interrupt_tool_executions(
+        self,
+        session_id: str,
+        *,
+        local_turn_id: str | None = None,
+        reason: str = ...,
+        lease: Lease | None = None,
+    ) -> list[ToolExecution]: ...
+    def request_tool_execution_recovery(
+        self, session_id: str, local_turn_id: str, provider_call_ids: Sequence[str]
+    ) -> list[ToolExecution]: ...
+    def reclaim_tool_execution(self, execution_key: str, *, lease: Lease | None = None) -> bool: ...
+    def abandon_interrupted_tool_executions(
+        self,
+        session_id: str,
+        local_turn_id: str,
+        *,
+        reason: str = ...,
+        lease: Lease | None = None,
+    ) -> int: ...
+    def annotate_run_error(self, run_id: str, reason: str) -> bool: ...
+    def get_tool_execution(self, execution_key: str) -> ToolExecution | None: ...
+    def session_tool_executions(self, session_id: str) -> list[ToolExecution]: ...
+
+    # forks
+    def fork_session(
+        self,
+        source_session_id: str,
+        *,
+        request_id: str,
+        boundary_turn_id: str | None = None,
+        at_seq: int | None = None,
+        fork_session_id: str | None = None,
+        lease: Lease | None = None,
+    ) -> Fork: ...
+    def get_fork(self, request_id: str) -> Fork | None: ...
 
     def close(self) -> None: ...

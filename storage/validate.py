@@ -12,10 +12,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from turnkeeper.spec import LeasePurpose, errors
+from turnkeeper.spec.delivery import DeliveryPlan, DeliveryStep
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.records import ANY_LEAF, FinalizeRequest, Lease
 
-from .codec import check_text
+from .codec import check_text, to_json
 
 MAX_TTL_S = 10 * 365 * 86400.0
 """The longest lease accepted, in seconds (ten years)."""
@@ -125,3 +126,37 @@ def check_path(path: object) -> str:
     if "\x00" in text:
         raise errors.InvalidInputError("path", "must not contain NUL")
     return text
+
+
+def check_plan(plan: object) -> DeliveryPlan:
+    """A :class:`DeliveryPlan`: storable text, at least one step, step keys
+    unique, and each dependency naming an earlier step."""
+    if not isinstance(plan, DeliveryPlan):
+        raise errors.InvalidInputError(
+            "plan", f"expected a DeliveryPlan, got {type(plan).__name__}"
+        )
+    check_text(plan.platform, "plan.platform", allow_empty=False)
+    check_text(plan.target_id, "plan.target_id", allow_empty=False)
+    check_text(plan.reply_message_id, "plan.reply_message_id")
+    if not isinstance(plan.transport_context, Mapping):
+        raise errors.InvalidInputError("plan.transport_context", "expected a mapping")
+    to_json(dict(plan.transport_context), "plan.transport_context")
+    if not isinstance(plan.steps, Sequence) or isinstance(plan.steps, str) or not plan.steps:
+        raise errors.InvalidInputError("plan.steps", "a plan has at least one step")
+    seen: set[str] = set()
+    for i, step in enumerate(plan.steps):
+        where = f"plan.steps[{i}]"
+        if not isinstance(step, DeliveryStep):
+            raise errors.InvalidInputError(where, "expected a DeliveryStep")
+        check_text(step.key, f"{where}.key", allow_empty=False)
+        check_text(step.kind, f"{where}.kind", allow_empty=False)
+        for name in ("artifact_id", "idempotency_key", "payload_digest"):
+            check_text(getattr(step, name), f"{where}.{name}")
+        if step.key in seen:
+            raise errors.InvalidInputError(f"{where}.key", f"duplicate step key {step.key!r}")
+        if step.depends_on is not None and step.depends_on not in seen:
+            raise errors.InvalidInputError(
+                f"{where}.depends_on", f"{step.depends_on!r} is not an earlier step"
+            )
+        seen.add(step.key)
+    return plan

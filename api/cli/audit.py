@@ -390,4 +390,7 @@ def run_audit(
     ]
     if refused_markers is not None:
         checks.insert(3, check_refused_absent(store, scope, refused_markers, refused_records))
+    from .audit_runs import run_checks  # it builds on this module's Check and Scope
+
+    checks.extend(run_checks(store, scope))
     return checks

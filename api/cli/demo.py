@@ -29,9 +29,17 @@ from turnkeeper.storage import DuckDBStore
 from .audit import Check, run_audit
 from .common import EXIT_FAILED, dumps, fmt_num, open_db, stdout_console
 from .fleet import FleetConfig, Worker, WorkerStats
+from .fleet_services import OutboxWorker, RecoveryCoordinator, Service, ServiceStats
 
 HOT_OPERATIONS = ("acquire_lease", "renew_lease", "release_lease", "append", "finalize", "resolve")
 """Operations whose statements per call the table shows (JSON has every operation)."""
+
+OUTBOX_WORKERS = 2
+"""Outbox worker threads delivering the runs' replies."""
+
+DRAIN_S = 2.0
+"""Seconds, beyond three lease TTLs, the services get after the workers stop to
+converge the last orphans and deliver the last replies."""
 
 PROGRESS_TICK_S = 0.1
 """Seconds between progress-bar refreshes (and checks for finished workers)."""
@@ -144,7 +152,10 @@ def _wait(
                 task,
                 completed=min(time.monotonic() - start, cfg.duration_s),
                 turns=sum(s.turns_committed for s in stats),
-                fenced=sum(s.stale_appends_fenced + s.stale_finalizes_fenced for s in stats),
+                fenced=sum(
+                    s.stale_appends_fenced + s.stale_finalizes_fenced + s.stale_finishes_fenced
+                    for s in stats
+                ),
                 busy=sum(s.busy_refusals for s in stats),
             )
             alive[0].join(PROGRESS_TICK_S)
@@ -171,19 +182,36 @@ def run_fleet(store: DuckDBStore, cfg: FleetConfig, console: Console | None) -> 
         threading.Thread(target=w.run, name=f"demo-worker-{w.stats.index}", daemon=True)
         for w in workers
     ]
+    service_stats = ServiceStats()
+    service_stop = threading.Event()
+    services: list[Service] = [RecoveryCoordinator(store, service_stop, service_stats, cfg.ttl_s)]
+    services += [
+        OutboxWorker(store, service_stop, service_stats, i, cfg.seed, cfg.ttl_s)
+        for i in range(OUTBOX_WORKERS)
+    ]
+    service_threads = [
+        threading.Thread(target=s.run, name=f"demo-service-{i}", daemon=True)
+        for i, s in enumerate(services)
+    ]
     t0 = time.monotonic()
-    for t in threads:
+    for t in [*threads, *service_threads]:
         t.start()
     try:
         _wait(threads, workers, cfg, console)
-    finally:
         stop.set()
         for t in threads:
+            t.join()
+        _drain(store, service_stop, 3 * cfg.ttl_s + DRAIN_S)
+    finally:
+        stop.set()
+        service_stop.set()
+        for t in [*threads, *service_threads]:
             t.join()
     elapsed = time.monotonic() - t0
     statements = stats_delta(before, store.statement_stats())
     stats = [w.stats for w in workers]
     figures = summarize(stats, cfg, elapsed, statements)
+    figures.update(services_summary(service_stats))
     figures["takeovers"] = _count_takeovers(store, session_ids, started_at)
     figures.update(db=store.path, run_id=run_id)
     checks = run_audit(
@@ -192,7 +220,7 @@ def run_fleet(store: DuckDBStore, cfg: FleetConfig, console: Console | None) -> 
         refused_markers=[m for s in stats for m in s.refused_markers],
         refused_records=[r for s in stats for r in s.refused_records],
     )
-    attempted = 2 * sum(s.stalls for s in stats)
+    attempted = 3 * sum(s.stalls for s in stats)
     checks.append(
         Check(
             "stale_writes_refused",
@@ -201,11 +229,19 @@ def run_fleet(store: DuckDBStore, cfg: FleetConfig, console: Console | None) -> 
             attempted,
         )
     )
-    errors = [e for s in stats for e in s.errors]
+    checks.append(
+        Check(
+            "stale_delivery_acks_refused",
+            "every acknowledgement an outbox worker sent after its claim expired was refused",
+            service_stats.stale_acks_accepted,
+            service_stats.stale_acks_fenced + service_stats.stale_acks_accepted,
+        )
+    )
+    errors = [e for s in stats for e in s.errors] + service_stats.errors
     checks.append(
         Check(
             "workers_error_free",
-            "no worker hit an unexpected error",
+            "no worker or service hit an unexpected error",
             len(errors),
             sum(s.iterations for s in stats),
             "; ".join(errors[:3]),
@@ -214,6 +250,44 @@ def run_fleet(store: DuckDBStore, cfg: FleetConfig, console: Console | None) -> 
     figures["audit"] = [c.as_dict() for c in checks]
     figures["audit_passed"] = all(c.passed for c in checks)
     return figures
+
+
+def _drain(store: DuckDBStore, stop: threading.Event, limit_s: float) -> None:
+    """Give the services up to ``limit_s`` seconds to converge every orphan and
+    settle every delivery (stops early once nothing is left)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and not stop.is_set():
+        settled = store.query(
+            "SELECT (SELECT count(*) FROM active_runs) + (SELECT count(*) FROM "
+            "delivery_operations WHERE status NOT IN ('delivered', 'unsupported', 'failed', "
+            "'uncertain')) AS n"
+        )
+        if settled.column("n")[0].as_py() == 0:
+            return
+        stop.wait(PROGRESS_TICK_S)
+
+
+def services_summary(stats: ServiceStats) -> dict[str, Any]:
+    """The recovery coordinator's and outbox workers' figures."""
+    ttr = sorted(stats.time_to_recovery_s)
+    return {
+        "recoveries_converged": stats.recoveries_converged,
+        "tools_interrupted": stats.tools_interrupted,
+        "time_to_recovery_s": {
+            "median": round(ttr[len(ttr) // 2], 3) if ttr else None,
+            "max": round(ttr[-1], 3) if ttr else None,
+        },
+        "deliveries": {
+            "claims": stats.claims,
+            "claim_refusals": stats.claim_refusals,
+            "delivered": stats.delivered,
+            "requeued": stats.requeued,
+            "failed": stats.failed,
+            "uncertain": stats.uncertain,
+            "repeated_acks": stats.repeated_acks,
+            "stale_acks_fenced": stats.stale_acks_fenced,
+        },
+    }
 
 
 def summarize(
@@ -240,7 +314,9 @@ def summarize(
         "iterations": total("iterations"),
         "turns_committed": total("turns_committed"),
         "entries_written": total("entries_written"),
-        "stale_writes_fenced": total("stale_appends_fenced") + total("stale_finalizes_fenced"),
+        "stale_writes_fenced": total("stale_appends_fenced")
+        + total("stale_finalizes_fenced")
+        + total("stale_finishes_fenced"),
         "stale_appends_fenced": total("stale_appends_fenced"),
         "stale_finalizes_fenced": total("stale_finalizes_fenced"),
         "stale_writes_accepted": total("stale_writes_accepted"),
@@ -248,6 +324,11 @@ def summarize(
         "busy_refusals": total("busy_refusals"),
         "stalls": total("stalls"),
         "abandoned": total("abandoned"),
+        "crashes": total("crashes"),
+        "runs_admitted": total("runs_admitted"),
+        "run_active_refusals": total("run_active_refusals"),
+        "tool_calls": total("tool_calls"),
+        "stale_finishes_fenced": total("stale_finishes_fenced"),
         "records_finalized": total("finalized"),
         "conflicts_given_up": total("conflicts"),
         "store_operations": operations,
@@ -273,13 +354,37 @@ def render(console: Console, figures: dict[str, Any]) -> None:
     table.add_column("value", justify="right")
     table.add_column("note", overflow="fold")
     f = figures
+    d, ttr = f["deliveries"], f["time_to_recovery_s"]
     rows: list[tuple[str, str, str]] = [
-        ("turns committed", fmt_num(f["turns_committed"]), f"{f['entries_written']:,} entries"),
+        (
+            "runs succeeded",
+            fmt_num(f["turns_committed"]),
+            f"{f['runs_admitted']:,} admitted, {f['entries_written']:,} entries, "
+            f"{f['tool_calls']:,} tool calls",
+        ),
         (
             "stale writes fenced",
             fmt_num(f["stale_writes_fenced"]),
-            f"{f['stale_appends_fenced']} appends, {f['stale_finalizes_fenced']} finalizes "
-            f"after {f['stalls']} stalls",
+            f"{f['stale_appends_fenced']} appends, {f['stale_finishes_fenced']} run ends, "
+            f"{f['stale_finalizes_fenced']} finalizes after {f['stalls']} stalls",
+        ),
+        (
+            "orphans recovered",
+            fmt_num(f["recoveries_converged"]),
+            f"{f['crashes']} crashes + {f['stalls']} stalls; {f['tools_interrupted']} tool "
+            f"calls interrupted; median {ttr['median']} s, max {ttr['max']} s to recovery",
+        ),
+        (
+            "replies delivered",
+            fmt_num(d["delivered"]),
+            f"{d['claims']:,} claims ({d['claim_refusals']:,} refused), {d['requeued']} "
+            f"requeued, {d['failed']} failed, {d['uncertain']} uncertain, "
+            f"{d['repeated_acks']} repeated acks, {d['stale_acks_fenced']} stale acks fenced",
+        ),
+        (
+            "admissions refused",
+            fmt_num(f["run_active_refusals"]),
+            "the session still had a non-terminal run",
         ),
         ("leases lost mid-turn", fmt_num(f["lost_mid_turn"]), "refused, counted apart"),
         ("takeovers", fmt_num(f["takeovers"]), f"{f['abandoned']} leases abandoned"),

@@ -6,16 +6,23 @@ of an iteration happen up front, so a seed fixes the sequence of plans no
 matter how the races turn out), takes the lease ``session:<id>`` (purpose
 ``execution``) and then:
 
-- ``turn``: appends a pi-style turn under the lease (user message,
-  assistant message, sometimes an assistant ``toolCall`` plus its
-  ``toolResult`` and a closing assistant message), renews the lease,
-  finalizes a thread record ``<session>-<epoch>`` for the key ``<session>``
-  (archiving the previous active record and rebinding the key) and releases;
+- ``turn``: admits a run under the lease (the user entry is written by the
+  admission), starts it, sometimes calls a simulated tool (a tool-execution
+  record claimed by execution key, the assistant ``toolCall``, the
+  ``toolResult``, the record completed; ``bash`` and ``edit`` are
+  side-effecting), finishes the run with the assistant reply and its delivery
+  plan in one transaction, renews the lease, finalizes a thread record
+  ``<session>-<epoch>`` for the key ``<session>`` (archiving the previous
+  active record and rebinding the key) and releases;
 - ``abandon``: the same turn, but the lease is never released, so a later
   acquirer takes it over once it expires;
-- ``stall``: appends a user message, sleeps past the TTL, then tries an
-  append and a finalize with the old lease; both must be refused with
-  ``LeaseLostError`` (a stale write that is accepted is an audit failure).
+- ``crash``: the worker dies mid-run (after starting it, or in the middle of
+  a tool call) without releasing anything: the run is left to the recovery
+  coordinator (:mod:`.fleet_services`) once the lease expires;
+- ``stall``: admits and starts a run, sleeps past the TTL, then tries an
+  append, the run's termination and a finalize with the old lease; all must
+  be refused with ``LeaseLostError`` (a stale write that is accepted is an
+  audit failure) and the run is left to recovery.
 
 Every message a worker writes starts with a unique marker ``[run.w.i.n]`` so
 the audit can check that no write a worker saw refused was stored.
@@ -30,12 +37,14 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from turnkeeper.spec import LeasePurpose
+from turnkeeper.spec.delivery import DeliveryPlan, DeliveryStep
 from turnkeeper.spec.errors import (
     BusyError,
     LeaseLostError,
+    SessionRunActiveError,
     TransactionConflictError,
 )
-from turnkeeper.spec.records import FinalizeRequest, Lease, ThreadRecord
+from turnkeeper.spec.records import FinalizeRequest, Lease, Run, ThreadRecord
 from turnkeeper.storage import DuckDBStore
 
 from .common import one_line
@@ -48,6 +57,8 @@ MODELS: tuple[tuple[str, str], ...] = (
 """(provider, model) pairs the simulated assistants answer with."""
 
 TOOLS = ("read", "bash", "grep", "edit")
+SIDE_EFFECTING = frozenset({"bash", "edit"})
+"""Simulated tools whose calls change the world (never re-run without confirmation)."""
 PROMPTS = (
     "Why does the build fail on CI?",
     "Rename the config loader and update its callers.",
@@ -77,6 +88,7 @@ class FleetConfig:
     ttl_s: float = 0.5
     stall_p: float = 0.15
     abandon_p: float = 0.05
+    crash_p: float = 0.06
     tool_p: float = 0.35
     model_change_p: float = 0.05
 
@@ -85,7 +97,7 @@ class Plan(NamedTuple):
     """One iteration's choices, drawn before anything touches the store."""
 
     session: int
-    action: str  # "turn" | "abandon" | "stall"
+    action: str  # "turn" | "abandon" | "crash" | "stall"
     tool: bool
     model: int
     model_change: bool
@@ -99,6 +111,8 @@ def plan_iteration(rng: random.Random, cfg: FleetConfig) -> Plan:
         action = "stall"
     elif r < cfg.stall_p + cfg.abandon_p:
         action = "abandon"
+    elif r < cfg.stall_p + cfg.abandon_p + cfg.crash_p:
+        action = "crash"
     else:
         action = "turn"
     tool = rng.random() < cfg.tool_p
@@ -123,9 +137,14 @@ class WorkerStats:
     busy_refusals: int = 0
     stalls: int = 0
     abandoned: int = 0
+    crashes: int = 0
+    runs_admitted: int = 0
+    run_active_refusals: int = 0
+    tool_calls: int = 0
     finalized: int = 0
     stale_appends_fenced: int = 0
     stale_finalizes_fenced: int = 0
+    stale_finishes_fenced: int = 0
     stale_writes_accepted: int = 0
     lost_mid_turn: int = 0
     conflicts: int = 0
@@ -186,6 +205,10 @@ class Worker:
     # -- one iteration ---------------------------------------------------------
 
     def _iteration(self, it: int, sid: str, plan: Plan) -> None:
+        if self.store.active_run(sid) is not None:  # an orphan awaits recovery: leave it be
+            self.stats.run_active_refusals += 1
+            self.stop.wait(BUSY_BACKOFF_S)
+            return
         try:
             lease = self.store.acquire_lease(
                 f"session:{sid}", self.owner, self.cfg.ttl_s, purpose=LeasePurpose.EXECUTION
@@ -194,11 +217,24 @@ class Worker:
             self.stats.busy_refusals += 1
             self.stop.wait(BUSY_BACKOFF_S)
             return
+        try:
+            run = self._admit(it, sid, lease)
+        except SessionRunActiveError:  # an orphan recovery has not converged yet
+            self.stats.run_active_refusals += 1
+            self.store.release_lease(lease)
+            self.stop.wait(BUSY_BACKOFF_S)
+            return
+        except LeaseLostError:
+            self.stats.lost_mid_turn += 1
+            return
         if plan.action == "stall":
-            self._stall(it, sid, lease)
+            self._stall(it, sid, lease, run)
             return
         try:
-            leaf = self._write_turn(it, sid, lease, plan)
+            leaf = self._run_turn(it, sid, lease, plan, run)
+            if leaf is None:
+                self.stats.crashes += 1
+                return  # died mid-run: nothing released, recovery converges the run
             self.stats.turns_committed += 1
             lease = self.store.renew_lease(lease, self.cfg.ttl_s)
             self._finalize(sid, lease, leaf)
@@ -213,6 +249,31 @@ class Worker:
     def _marker(self, it: int, n: int) -> str:
         return f"{self.run_id}.{self.stats.index}.{it}.{n}"
 
+    def _admit(self, it: int, sid: str, lease: Lease) -> Run:
+        """Admit and start a run under ``lease``; a refusal records the user marker."""
+        m = self._marker(it, 0)
+        user = {
+            "role": "user",
+            "content": [_text(m, PROMPTS[it % len(PROMPTS)])],
+            "timestamp": _ms(),
+        }
+        try:
+            run = self.store.admit_run(
+                sid,
+                {"prompt": PROMPTS[it % len(PROMPTS)], "marker": m},
+                submission_key=m,
+                user_message=user,
+                lease=lease,
+                source="demo",
+            )
+        except LeaseLostError:
+            self.stats.refused_markers.append(m)
+            raise
+        self.stats.runs_admitted += 1
+        self.stats.entries_written += 2  # turn start + user
+        self.store.start_run(run.id, lease=lease)
+        return run
+
     def _append(self, sid: str, lease: Lease, marker: str, message: dict[str, Any]) -> str:
         """Append one message entry under ``lease``; a refusal records ``marker``."""
         try:
@@ -223,67 +284,105 @@ class Worker:
         self.stats.entries_written += 1
         return entry.id
 
-    def _write_turn(self, it: int, sid: str, lease: Lease, plan: Plan) -> str:
-        """Append the turn's entries; returns the last entry id."""
+    def _run_turn(self, it: int, sid: str, lease: Lease, plan: Plan, run: Run) -> str | None:
+        """Tool call (if planned) and termination; returns the turn-end entry id, or
+        ``None`` when the plan is a crash (the worker stops mid-run)."""
         provider, model = MODELS[plan.model]
         if plan.model_change:
             self.store.append(
                 sid, "model_change", {"provider": provider, "modelId": model}, lease=lease
             )
             self.stats.entries_written += 1
-        m = self._marker(it, 0)
-        self._append(
-            sid,
-            lease,
-            m,
-            {"role": "user", "content": [_text(m, PROMPTS[it % len(PROMPTS)])], "timestamp": _ms()},
-        )
         usage = {"input": 420 + it % 97, "output": 60 + it % 41, "cacheRead": 0, "cacheWrite": 0}
         assistant = {"api": "demo", "provider": provider, "model": model, "usage": usage}
+        crash_in_tool = plan.action == "crash" and plan.tool
         if plan.tool:
-            tool = TOOLS[it % len(TOOLS)]
-            call_id = f"call_{self.stats.index}_{it}"
-            m = self._marker(it, 1)
-            call = {"type": "toolCall", "id": call_id, "name": tool, "arguments": {"path": "."}}
-            self._append(
-                sid,
-                lease,
-                m,
-                {
-                    "role": "assistant",
-                    "content": [_text(m, "Let me look."), call],
-                    **assistant,
-                    "stopReason": "toolUse",
-                    "timestamp": _ms(),
-                },
-            )
-            m = self._marker(it, 2)
-            self._append(
-                sid,
-                lease,
-                m,
-                {
-                    "role": "toolResult",
-                    "toolCallId": call_id,
-                    "toolName": tool,
-                    "content": [_text(m, f"{tool}: ok")],
-                    "isError": False,
-                    "timestamp": _ms(),
-                },
-            )
+            self._tool_call(it, sid, lease, run, assistant, crash_in_tool)
+            if crash_in_tool:
+                return None
+        if plan.action == "crash":
+            return None
         m = self._marker(it, 3)
-        return self._append(
+        reply = {
+            "role": "assistant",
+            "content": [_text(m, "Done.")],
+            **assistant,
+            "stopReason": "stop",
+            "timestamp": _ms(),
+        }
+        try:
+            self.store.finish_run(
+                run.id,
+                "succeeded",
+                assistant_message=reply,
+                lease=lease,
+                delivery_plan=reply_plan(sid, run, m, with_attachment=plan.tool),
+            )
+        except LeaseLostError:
+            self.stats.refused_markers.append(m)
+            raise
+        self.stats.entries_written += 2  # assistant + turn end
+        return f"{run.id}:turn-end"
+
+    def _tool_call(
+        self,
+        it: int,
+        sid: str,
+        lease: Lease,
+        run: Run,
+        assistant: dict[str, Any],
+        crash: bool,
+    ) -> None:
+        """Claim the call's record, write the call, (unless crashing) its result,
+        and complete the record. The result entry precedes the completion, so a
+        completed record always has its result in the transcript."""
+        tool = TOOLS[it % len(TOOLS)]
+        call_id = f"call_{self.run_id}_{self.stats.index}_{it}"
+        args = {"path": "."}
+        self.store.claim_tool_execution(
+            f"{run.id}:{call_id}",
+            sid,
+            local_turn_id=run.turn_id,
+            provider_call_id=call_id,
+            tool_name=tool,
+            side_effecting=tool in SIDE_EFFECTING,
+            arguments=args,
+            run_id=run.id,
+            lease=lease,
+        )
+        self.stats.tool_calls += 1
+        m = self._marker(it, 1)
+        call = {"type": "toolCall", "id": call_id, "name": tool, "arguments": args}
+        self._append(
             sid,
             lease,
             m,
             {
                 "role": "assistant",
-                "content": [_text(m, "Done.")],
+                "content": [_text(m, "Let me look."), call],
                 **assistant,
-                "stopReason": "stop",
+                "stopReason": "toolUse",
                 "timestamp": _ms(),
             },
         )
+        if crash:
+            return  # the process dies while the tool runs: recovery interrupts the record
+        m = self._marker(it, 2)
+        output = f"{tool}: ok"
+        self._append(
+            sid,
+            lease,
+            m,
+            {
+                "role": "toolResult",
+                "toolCallId": call_id,
+                "toolName": tool,
+                "content": [_text(m, output)],
+                "isError": False,
+                "timestamp": _ms(),
+            },
+        )
+        self.store.complete_tool_execution(f"{run.id}:{call_id}", {"text": output}, lease=lease)
 
     def _finalize(self, sid: str, lease: Lease, leaf: str) -> None:
         """Save ``<sid>-<epoch>`` as the key's active record (archiving the previous)."""
@@ -314,17 +413,10 @@ class Worker:
         self._finalized_ids.add(rec_id)
         self.stats.finalized += 1
 
-    def _stall(self, it: int, sid: str, lease: Lease) -> None:
-        """Write, stall past the TTL, then try to write again with the old lease."""
+    def _stall(self, it: int, sid: str, lease: Lease, run: Run) -> None:
+        """Stall past the TTL mid-run, then try to write, end the run and finalize
+        with the old lease: all three must be refused."""
         self.stats.stalls += 1
-        m = self._marker(it, 0)
-        try:
-            self._append(
-                sid, lease, m, {"role": "user", "content": [_text(m, "…")], "timestamp": _ms()}
-            )
-        except LeaseLostError:
-            self.stats.lost_mid_turn += 1
-            return
         if self.stop.wait(self.cfg.ttl_s + STALL_MARGIN_S):
             return  # interrupted: the lease may still be live, so test nothing
         m = self._marker(it, 1)
@@ -333,6 +425,15 @@ class Worker:
             self.store.append(sid, "message", {"message": stale}, lease=lease)
         except LeaseLostError:
             self.stats.stale_appends_fenced += 1
+            self.stats.refused_markers.append(m)
+        else:
+            self.stats.stale_writes_accepted += 1
+        m = self._marker(it, 3)
+        reply = {"role": "assistant", "content": [_text(m, "late reply")], "timestamp": _ms()}
+        try:
+            self.store.finish_run(run.id, "succeeded", assistant_message=reply, lease=lease)
+        except LeaseLostError:
+            self.stats.stale_finishes_fenced += 1
             self.stats.refused_markers.append(m)
         else:
             self.stats.stale_writes_accepted += 1
@@ -349,3 +450,22 @@ class Worker:
             self.stats.refused_records.append(rec_id)
         else:
             self.stats.stale_writes_accepted += 1
+
+
+def reply_plan(sid: str, run: Run, marker: str, *, with_attachment: bool) -> DeliveryPlan:
+    """The outbox plan for a run's reply: an optional attachment upload, then the
+    message (sent only after the upload is delivered)."""
+    steps = [DeliveryStep("send", "message", payload_digest=marker)]
+    if with_attachment:
+        upload = DeliveryStep("upload", "attachment", artifact_id=f"{marker}-log")
+        steps = [
+            upload,
+            DeliveryStep("send", "message", depends_on="upload", payload_digest=marker),
+        ]
+    return DeliveryPlan(
+        platform="demo-chat",
+        target_id=f"room-{sid}",
+        steps=tuple(steps),
+        reply_message_id=run.id,
+        transport_context={"thread": sid},
+    )

@@ -194,7 +194,8 @@ def converge(
             assistant_message=None,
             error=error,
             stop_reason=stop_reason,
-            lease=None,
+            lease=None,  # fenced above by _held; its epoch goes on the entries
+            fenced_epoch=lease.epoch,
         )
     return _set(tx, rec, edge, "completed_at = ?", [tx.now])
 

@@ -20,13 +20,14 @@ import uuid6
 
 from turnkeeper.machines import machine_for
 from turnkeeper.spec import RUN, errors
+from turnkeeper.spec.delivery import DeliveryPlan
 from turnkeeper.spec.entries import EntryKind
 from turnkeeper.spec.lifecycle import Edge
 from turnkeeper.spec.records import ANY_LEAF, Lease, Run, RunEvent
 from turnkeeper.spec.run import FINISH_TRIGGERS, NON_TERMINAL, TERMINAL, RunStatus
 
 from ..codec import from_json, to_json
-from . import leases, sessions
+from . import delivery, leases, sessions
 from .db import Conflict, Tx, utc
 
 _MACHINE = machine_for(RUN)
@@ -99,7 +100,15 @@ def _event(tx: Tx, run: Run, edge: Edge, event_id: str, data: Mapping[str, Any])
     )
 
 
-def _append(tx: Tx, session_id: str, kind: str, payload: Mapping[str, Any], entry_id: str) -> int:
+def _append(
+    tx: Tx,
+    session_id: str,
+    kind: str,
+    payload: Mapping[str, Any],
+    entry_id: str,
+    epoch: int | None,
+) -> int:
+    """Append a run entry; ``epoch`` is the lease fenced earlier in the transaction."""
     entry = sessions.append(
         tx,
         session_id,
@@ -111,6 +120,7 @@ def _append(tx: Tx, session_id: str, kind: str, payload: Mapping[str, Any], entr
         timestamp=None,
         expected_leaf=ANY_LEAF,
         lease=None,
+        fenced_epoch=epoch,
     )
     return entry.seq
 
@@ -194,9 +204,12 @@ def admit(
     )
     tx.exec("INSERT INTO active_runs VALUES (?, ?)", [session_id, run_id])
     turn = {"turnId": f"{run_id}:turn", "intentId": intent_id, "runId": run_id, "attempt": attempt}
-    start_seq = _append(tx, session_id, EntryKind.TURN_START, turn, f"{run_id}:turn-start")
+    epoch = None if lease is None else lease.epoch
+    start_seq = _append(tx, session_id, EntryKind.TURN_START, turn, f"{run_id}:turn-start", epoch)
     if user_message is not None:
-        _append(tx, session_id, EntryKind.MESSAGE, {"message": user_message}, f"{run_id}:user")
+        _append(
+            tx, session_id, EntryKind.MESSAGE, {"message": user_message}, f"{run_id}:user", epoch
+        )
     tx.exec(
         "INSERT INTO conversation_turns VALUES (?, ?, ?, ?, ?, 'open', ?, NULL, ?, NULL)",
         [f"{run_id}:turn", session_id, intent_id, run_id, attempt, start_seq, now],
@@ -258,6 +271,8 @@ def finish(
     error: str | None,
     stop_reason: str | None,
     lease: Lease | None,
+    plan: DeliveryPlan | None = None,
+    fenced_epoch: int | None = None,
 ) -> tuple[Run, bool]:
     """Terminalize a run (see the module docstring); returns ``(run, finished_now)``.
 
@@ -267,8 +282,10 @@ def finish(
         request), LeaseLostError.
     """
     run = _load(tx, run_id)
-    if run.status == status:
-        return run, False  # a repeated terminalization after an unknown commit
+    if run.status == status:  # a repeated terminalization after an unknown commit
+        if plan is not None:
+            delivery.create_plan(tx, run, plan)  # the stored plan, or a conflict
+        return run, False
     if lease is not None:
         leases.fence(tx, lease)  # a stale holder learns it lost, whatever the run did since
     trigger = FINISH_TRIGGERS[status]
@@ -278,6 +295,7 @@ def finish(
             "run", trigger, run.status, detail="the run has no cancel request"
         )
     moved = _move(tx, run, edge, error)
+    epoch = fenced_epoch if lease is None else lease.epoch
     tx.exec("DELETE FROM active_runs WHERE session_id = ? AND run_id = ?", [run.session_id, run.id])
     if assistant_message is not None:
         _append(
@@ -286,16 +304,19 @@ def finish(
             EntryKind.MESSAGE,
             {"message": assistant_message},
             run.assistant_entry_id,
+            epoch,
         )
     end = {"turnId": run.turn_id, "intentId": run.intent_id, "runId": run.id, "status": status}
     if stop_reason is not None:
         end["stopReason"] = stop_reason
-    end_seq = _append(tx, run.session_id, EntryKind.TURN_END, end, f"{run_id}:turn-end")
+    end_seq = _append(tx, run.session_id, EntryKind.TURN_END, end, f"{run_id}:turn-end", epoch)
     tx.exec(
         "UPDATE conversation_turns SET status = ?, end_seq = ?, ended_at = ? WHERE id = ?",
         [status.value, end_seq, tx.now, run.turn_id],
     )
     _event(tx, moved, edge, f"{run_id}:{status.value}", {"error": error, "stopReason": stop_reason})
+    if plan is not None:
+        delivery.create_plan(tx, moved, plan)
     return moved, True
 
 

@@ -107,8 +107,13 @@ def append(
     lease: Lease | None,
     parent_override: str | None = None,
     leaf_after: bool = True,
+    fenced_epoch: int | None = None,
 ) -> Entry:
     """Append one entry under the leaf (or ``parent_override``); see the module docstring.
+
+    ``fenced_epoch`` is the epoch of a lease the caller already fenced in this
+    transaction (admission, termination, recovery): stored on the entry like
+    ``lease``'s, without fencing it again.
 
     Raises:
         LeaseLostError, SessionNotFoundError, SessionModifiedError,
@@ -141,7 +146,7 @@ def append(
     if moved is None:
         raise Conflict(f"session {session_id!r} moved during append")
     ts = now if timestamp is None else timestamp
-    epoch = None if lease is None else lease.epoch
+    epoch = fenced_epoch if lease is None else lease.epoch
     tx.exec(
         f"INSERT INTO entries ({_ENTRY_COLS}, written_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [session_id, entry_id, parent, kind, seq, ts, payload_json, epoch, now],

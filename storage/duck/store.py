@@ -31,14 +31,17 @@ from ..validate import (
 )
 from . import leases, threads
 from .db import Clock, Database, Tx
+from .store_delivery import DeliveryMixin
+from .store_forks import ForksMixin
 from .store_recovery import RecoveryMixin
 from .store_runs import RunsMixin
 from .store_sessions import SessionsMixin
+from .store_tools import ToolsMixin
 
 T = TypeVar("T")
 
 
-class DuckDBStore(SessionsMixin, RunsMixin, RecoveryMixin):
+class DuckDBStore(SessionsMixin, RunsMixin, RecoveryMixin, DeliveryMixin, ToolsMixin, ForksMixin):
     """A turnkeeper store in one DuckDB file (``":memory:"`` for a private one).
 
     ``clock`` overrides the store's clock (default: the database's clock);

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from turnkeeper.spec import errors
+from turnkeeper.spec.delivery import DeliveryPlan
 from turnkeeper.spec.entries import EntryKind, validate_payload
 from turnkeeper.spec.records import (
     Lease,
@@ -23,6 +24,7 @@ from ..validate import (
     check_bool,
     check_lease,
     check_limit,
+    check_plan,
     check_session_lease,
 )
 from . import lineage, runs
@@ -145,11 +147,14 @@ class RunsMixin(StoreBase):
         error: str | None = None,
         stop_reason: str | None = None,
         lease: Lease | None = None,
+        delivery_plan: DeliveryPlan | None = None,
     ) -> Run:
         """End a run in a terminal ``status`` in one transaction (session seed
         FinishSessionRunAndConversationTurn): status, terminal event, assistant
-        entry, turn end. Repeating the same terminal status returns the stored
-        run and writes nothing (a retry after an unknown commit result).
+        entry, turn end and, with ``delivery_plan``, the outbox intent
+        (``<run id>:delivery``) and its ``pending`` operations. Repeating the
+        same terminal status returns the stored run and writes nothing (a
+        retry after an unknown commit result).
 
         Raises:
             InvalidTransitionError: the run is terminal in another status, or
@@ -169,6 +174,8 @@ class RunsMixin(StoreBase):
         for name, value in (("error", error), ("stop_reason", stop_reason)):
             if value is not None:
                 check_text(value, name)
+        if delivery_plan is not None:
+            check_plan(delivery_plan)
         if lease is not None:
             check_lease(lease)
             run = self.get_run(run_id)
@@ -184,6 +191,7 @@ class RunsMixin(StoreBase):
                 error=error,
                 stop_reason=stop_reason,
                 lease=lease,
+                plan=delivery_plan,
             )
             return run
 

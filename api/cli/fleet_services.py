@@ -1,0 +1,242 @@
+"""The demo fleet's background services: a recovery coordinator and outbox workers.
+
+- :class:`RecoveryCoordinator` sweeps for orphaned runs (non-terminal, no live
+  session lease: crashed and stalled workers), takes a ``recovery``-purpose
+  lease on the run's session, begins the recovery, interrupts the run's
+  running tool calls (an explicit interrupted result in the transcript, never
+  an invented output), converges the run to ``interrupted`` and plans a
+  notice for the user through the outbox (session seed CreateDeliveryPlan for
+  recovery reconciliation).
+- :class:`OutboxWorker` lists due delivery operations, claims them and plays
+  a provider with injected faults, drawn from its own
+  ``random.Random(seed + 1000 + index)``: a transient failure (requeue with a
+  delay), a permanent one (``failed``), an uncertain result (``uncertain``),
+  a stall past the claim's TTL whose late acknowledgement must be refused
+  (``DeliveryLeaseLostError``), and a success acknowledged twice, as after a
+  lost commit reply (the repeat must be idempotent).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from turnkeeper.spec import LeasePurpose
+from turnkeeper.spec.delivery import DeliveryPlan, DeliveryStep
+from turnkeeper.spec.errors import (
+    BusyError,
+    DeliveryLeaseLostError,
+    DeliveryOperationBusyError,
+    LeaseLostError,
+    RecoveryNotNeededError,
+    TransactionConflictError,
+)
+from turnkeeper.spec.records import Run
+from turnkeeper.storage import DuckDBStore
+
+from .common import one_line
+
+SWEEP_S = 0.05
+"""Seconds between recovery sweeps and between empty outbox polls."""
+
+
+@dataclass
+class ServiceStats:
+    """What the background services saw (each counter written by one thread)."""
+
+    recoveries_converged: int = 0
+    recovery_busy: int = 0
+    recovery_lost: int = 0
+    tools_interrupted: int = 0
+    time_to_recovery_s: list[float] = field(default_factory=list)
+    claims: int = 0
+    claim_refusals: int = 0
+    delivered: int = 0
+    requeued: int = 0
+    failed: int = 0
+    uncertain: int = 0
+    repeated_acks: int = 0
+    stale_acks_fenced: int = 0
+    stale_acks_accepted: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class Service(ABC):
+    """A background loop that runs until ``stop``; errors are recorded, never raised."""
+
+    def __init__(self, store: DuckDBStore, stop: threading.Event, stats: ServiceStats) -> None:
+        self.store = store
+        self.stop = stop
+        self.stats = stats
+
+    def run(self) -> None:
+        """Loop over :meth:`step` until ``stop`` is set."""
+        while not self.stop.is_set():
+            try:
+                busy = self.step()
+            except TransactionConflictError:
+                busy = False
+            except Exception as exc:  # a bug or backend failure: recorded, fails the demo
+                self.stats.errors.append(f"{type(exc).__name__}: {one_line(str(exc))}")
+                busy = False
+            if not busy:
+                self.stop.wait(SWEEP_S)
+
+    @abstractmethod
+    def step(self) -> bool:
+        """One pass; returns whether it found work."""
+
+
+class RecoveryCoordinator(Service):
+    """Converges orphaned runs under recovery leases."""
+
+    def __init__(
+        self, store: DuckDBStore, stop: threading.Event, stats: ServiceStats, ttl_s: float
+    ) -> None:
+        super().__init__(store, stop, stats)
+        self.ttl_s = ttl_s
+        self.owner = "demo-recovery"
+
+    def step(self) -> bool:
+        orphans = self.store.list_orphaned_runs()
+        for run in orphans:
+            if self.stop.is_set():
+                break
+            self._recover(run)
+        return bool(orphans)
+
+    def _recover(self, run: Run) -> None:
+        try:
+            lease = self.store.acquire_lease(
+                f"session:{run.session_id}", self.owner, self.ttl_s, purpose=LeasePurpose.RECOVERY
+            )
+        except BusyError:
+            self.stats.recovery_busy += 1
+            return
+        try:
+            self.store.begin_recovery(run.id, lease, reason="worker lease expired")
+            interrupted = self.store.interrupt_tool_executions(
+                run.session_id, local_turn_id=run.turn_id, reason="worker lost", lease=lease
+            )
+            self.stats.tools_interrupted += len(interrupted)
+            self.store.converge_recovery(
+                run.id, lease, status="interrupted", error="the worker lost its lease"
+            )
+            self.store.create_delivery_plan(run.id, notice_plan(run))
+            self.stats.recoveries_converged += 1
+            self.stats.time_to_recovery_s.append(
+                (datetime.now(UTC) - run.updated_at).total_seconds()
+            )
+        except RecoveryNotNeededError:
+            pass
+        except LeaseLostError:
+            self.stats.recovery_lost += 1
+        finally:
+            self.store.release_lease(lease)
+
+
+def notice_plan(run: Run) -> DeliveryPlan:
+    """The outbox plan recovery creates: tell the user the run was interrupted."""
+    return DeliveryPlan(
+        platform="demo-chat",
+        target_id=f"room-{run.session_id}",
+        steps=(DeliveryStep("notice", "message", payload_digest=f"{run.id}:interrupted"),),
+        reply_message_id=run.id,
+        transport_context={"thread": run.session_id},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Faults:
+    """Probabilities of the provider faults per claimed operation."""
+
+    transient: float = 0.08
+    permanent: float = 0.03
+    uncertain: float = 0.03
+    stall: float = 0.04
+    repeat_ack: float = 0.10
+
+
+class OutboxWorker(Service):
+    """Claims due operations and delivers them through a faulty simulated provider."""
+
+    def __init__(
+        self,
+        store: DuckDBStore,
+        stop: threading.Event,
+        stats: ServiceStats,
+        index: int,
+        seed: int,
+        ttl_s: float,
+        faults: Faults = Faults(),
+    ) -> None:
+        super().__init__(store, stop, stats)
+        self.owner = f"demo-outbox-{index}"
+        self.rng = random.Random(seed + 1000 + index)
+        self.ttl_s = ttl_s
+        self.faults = faults
+
+    def step(self) -> bool:
+        due = self.store.list_due_deliveries(limit=20)
+        for op in due:
+            if self.stop.is_set():
+                break
+            try:
+                claim = self.store.claim_delivery(op.id, self.owner, self.ttl_s)
+            except DeliveryOperationBusyError:
+                self.stats.claim_refusals += 1
+                continue
+            self.stats.claims += 1
+            self._deliver(claim.id, claim.lease_epoch, claim.kind)
+        return bool(due)
+
+    def _deliver(self, op_id: str, epoch: int, kind: str) -> None:
+        f, r = self.faults, self.rng.random()
+        if r < f.transient:
+            delay = 0.05 + self.rng.random() * 0.15
+            self.store.requeue_delivery(
+                op_id, self.owner, epoch, delay_s=delay, failure_code="rate_limited"
+            )
+            self.stats.requeued += 1
+            return
+        r -= f.transient
+        if r < f.permanent:
+            self.store.finish_delivery(op_id, self.owner, epoch, "failed", failure_code="gone")
+            self.stats.failed += 1
+            return
+        r -= f.permanent
+        if r < f.uncertain:
+            self.store.finish_delivery(
+                op_id, self.owner, epoch, "uncertain", failure_code="timeout_after_send"
+            )
+            self.stats.uncertain += 1
+            return
+        r -= f.uncertain
+        if r < f.stall:
+            time.sleep(self.ttl_s + 0.05)  # the claim expires while the provider hangs
+            try:
+                self.store.finish_delivery(op_id, self.owner, epoch, "delivered")
+            except DeliveryLeaseLostError:
+                self.stats.stale_acks_fenced += 1
+            else:
+                self.stats.stale_acks_accepted += 1
+            return
+        repeat = self.rng.random() < f.repeat_ack
+        if kind == "attachment":
+            self.store.update_delivery_progress(
+                op_id, self.owner, epoch, provider_state={"phase": "uploaded"}
+            )
+        message_id = f"pm-{op_id}"
+        self.store.finish_delivery(
+            op_id, self.owner, epoch, "delivered", provider_message_id=message_id
+        )
+        self.stats.delivered += 1
+        if repeat:  # the commit reply was lost: the worker acknowledges again
+            self.store.finish_delivery(
+                op_id, self.owner, epoch, "delivered", provider_message_id=message_id
+            )
+            self.stats.repeated_acks += 1

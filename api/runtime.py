@@ -1,0 +1,654 @@
+"""Runtime leases: a heartbeated guard with a loss signal, and ordered multi-target acquisition.
+
+The session seed's runtime lease layer over any :class:`LeaseStore` (every
+backend's ``Store`` is one):
+
+- :class:`RuntimeLeaseGuard` (seed ``RuntimeLeaseGuard``) holds one lease,
+  renews it on a background daemon thread (the heartbeat), exposes a loss
+  signal the holder can wait on (seed ``RuntimeLeaseGuard.Lost`` /
+  ``RuntimeLeaseLost``) and :meth:`RuntimeLeaseGuard.check`, the final fence
+  a runtime calls right before a side effect (seed ``ValidateRuntimeLease``);
+- :func:`acquire_many` and :class:`RuntimeLeaseGroup` (seed
+  ``AcquireMutations`` / ``RuntimeLeaseGroup``) take several targets in one
+  global order, so two runtimes wanting overlapping sets never deadlock, and
+  give back everything taken when any acquisition fails.
+
+Purposes are the seed's (``LeasePurpose``: admission, execution, recovery,
+mutation, fork); the store keeps only a digest of each token. The loss
+signal is advisory, for cancelling work early: every durable write still
+carries its own fence (token digest, epoch, expiry by the store's clock).
+
+Time: durations are float seconds (``ttl_s``, ``interval_s``, ``wait_s``,
+``timeout_s``). The guard keeps its own *loss deadline* on the local
+monotonic clock: before each acquire or renew call it notes the time ``t0``;
+the store sets the expiry to its now + ``ttl_s`` at some instant after
+``t0``, so ``t0 + ttl_s`` is no later than the lease's expiry, provided the
+store's clock does not run faster than the local one (true of the database
+clock; a test clock moved by hand past the expiry is the exception, and then
+the next renewal or :meth:`~RuntimeLeaseGuard.check` finds the loss). The
+loss signal fires by that deadline at the latest.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol, TypeVar
+
+from turnkeeper.spec import LeasePurpose
+from turnkeeper.spec.errors import BusyError, DatabaseError, InvalidInputError, LeaseLostError
+from turnkeeper.spec.records import Lease
+
+T = TypeVar("T")
+
+monotonic: Callable[[], float] = time.monotonic
+"""The local clock of loss deadlines and waits (a module attribute so tests can replace it)."""
+
+_MIN_RETRY_S = 0.01
+"""Shortest pause between heartbeat retries after a backend error."""
+
+_BACKOFF_S = (0.002, 0.05)
+"""First and largest pause between attempts on a busy target (``wait_s``)."""
+
+
+class LeaseStore(Protocol):
+    """The lease half of :class:`turnkeeper.Store`: what this module needs of a backend."""
+
+    def acquire_lease(
+        self, target: str, owner: str, ttl_s: float, *, purpose: str = ...
+    ) -> Lease: ...
+    def renew_lease(self, lease: Lease, ttl_s: float) -> Lease: ...
+    def release_lease(self, lease: Lease) -> bool: ...
+    def validate_lease(self, lease: Lease) -> None: ...
+
+
+def _seconds(value: object, field: str, *, allow_zero: bool = False) -> float:
+    """``value`` as finite seconds, positive (or, with ``allow_zero``, non-negative)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+        or (value == 0 and not allow_zero)
+    ):
+        kind = "non-negative" if allow_zero else "positive"
+        raise InvalidInputError(field, f"must be {kind} finite seconds, got {value!r}")
+    return float(value)
+
+
+def _periods(ttl_s: object, interval_s: object) -> tuple[float, float]:
+    """Validated (ttl, heartbeat interval); the interval defaults to ttl / 3."""
+    ttl = _seconds(ttl_s, "ttl_s")
+    if interval_s is None:
+        return ttl, ttl / 3
+    interval = _seconds(interval_s, "interval_s")
+    if interval >= ttl:
+        raise InvalidInputError("interval_s", f"must be shorter than ttl_s ({ttl}), got {interval}")
+    return ttl, interval
+
+
+class RuntimeLeaseGuard:
+    """One held lease, renewed by a heartbeat thread (seed ``RuntimeLeaseGuard``).
+
+    Build one with :meth:`acquire` (take the target, then guard it) or with
+    the constructor (adopt a lease already held: it is renewed once at once,
+    which fixes the guard's loss deadline). Every ``interval_s`` seconds
+    (default ``ttl_s / 3``) a daemon thread calls ``store.renew_lease(lease,
+    ttl_s)``; :attr:`lease` is the latest renewal.
+
+    Loss (:attr:`lost`, :meth:`wait_lost`, :attr:`lost_error`) is signalled,
+    once and for good, when
+
+    - a renewal (or :meth:`check`) raises ``LeaseLostError``: the lease
+      expired, was released or was taken over; or
+    - the guard's loss deadline (see the module docstring; :attr:`remaining_s`)
+      passes without a confirmed renewal.
+
+    A backend failure (``DatabaseError``: ``TransactionConflictError``,
+    ``OperationalError`` …) is not a loss while the lease may still be held:
+    the heartbeat keeps retrying (at most ``interval_s`` apart, faster as the
+    deadline nears) and only the deadline turns it into a loss, with that
+    backend error as :attr:`lost_error`. Any other failure of the renew call
+    (``InterfaceError`` for a closed store, a backend bug) stops the
+    renewals, since retrying cannot help; the loss is then signalled at the
+    deadline, when the lease may no longer be held. Cancellation
+    (``KeyboardInterrupt``) raised in the heartbeat signals the loss at once
+    and is re-raised in that thread, never swallowed.
+
+    :attr:`lost` is set by the heartbeat thread at the deadline, or as soon
+    as a renew call that was still running then returns; :meth:`wait_lost`,
+    :meth:`check` and reading :attr:`lost` also enforce the deadline
+    themselves, so they never report the lease as held past it.
+
+    Use it as a context manager, or call :meth:`release`: that stops the
+    thread (joined before it returns) and releases the lease. The thread
+    holds only a weak reference to the guard and none to the store: a guard
+    dropped without release stops its thread, and a closed guard lets go of
+    the store.
+
+    Give each guard its own owner name, or at least its own target: the same
+    owner re-acquiring a target it holds gets the same lease, so two guards
+    would share it and one's release would end the other's.
+    """
+
+    _store: LeaseStore | None
+
+    def __init__(
+        self,
+        store: LeaseStore,
+        lease: Lease,
+        ttl_s: float,
+        *,
+        interval_s: float | None = None,
+    ) -> None:
+        """Adopt ``lease`` (already held) and guard it, renewing for ``ttl_s`` seconds.
+
+        Raises:
+            InvalidInputError: ``ttl_s`` or ``interval_s`` is not positive
+                finite seconds, or ``interval_s >= ttl_s``; nothing was called.
+            LeaseLostError: the lease is no longer held (the first renewal failed).
+            DatabaseError: backend failure of the first renewal; nothing is
+                guarded and the lease, if still held, expires in its own time.
+        """
+        ttl, interval = _periods(ttl_s, interval_s)
+        requested = monotonic()
+        renewed = store.renew_lease(lease, ttl)
+        self._start(store, renewed, ttl, interval, requested)
+
+    @classmethod
+    def acquire(
+        cls,
+        store: LeaseStore,
+        target: str,
+        owner: str,
+        ttl_s: float,
+        *,
+        purpose: str = LeasePurpose.MUTATION,
+        interval_s: float | None = None,
+    ) -> RuntimeLeaseGuard:
+        """Take ``target`` for ``owner`` for ``ttl_s`` seconds and guard it.
+
+        The seed's ``AcquireExecutionAdmission``, ``AcquireRecovery``,
+        ``AcquireMutation`` and ``AcquireFork`` are this with ``purpose``
+        ``admission``, ``recovery``, ``mutation`` (default) and ``fork``.
+
+        Raises:
+            InvalidInputError: bad ``ttl_s``/``interval_s`` (nothing called),
+                or the store refused the target, owner or purpose.
+            BusyError: another owner holds an unexpired lease on ``target``.
+            LeasePurposeError: ``owner`` holds it under another purpose.
+            DatabaseError: backend failure (never reported as busy).
+            RuntimeError: the heartbeat thread could not start; the lease was
+                released first.
+        """
+        ttl, interval = _periods(ttl_s, interval_s)
+        requested = monotonic()
+        lease = store.acquire_lease(target, owner, ttl, purpose=purpose)
+        guard = cls.__new__(cls)
+        try:
+            guard._start(store, lease, ttl, interval, requested)
+        except BaseException:
+            store.release_lease(lease)
+            raise
+        return guard
+
+    def _start(
+        self, store: LeaseStore, lease: Lease, ttl: float, interval: float, requested: float
+    ) -> None:
+        self._store = store
+        self._lease = lease
+        self._ttl_s = ttl
+        self._interval_s = interval
+        self._cond = threading.Condition(threading.Lock())
+        self._lost = threading.Event()
+        self._deadline = requested + ttl
+        self._next_beat = requested + interval
+        self._last_error: BaseException | None = None
+        self._lost_error: BaseException | None = None
+        self._halted = False
+        self._closed = False
+        stop = threading.Event()
+        self._stop = weakref.finalize(self, stop.set)
+        self._thread = threading.Thread(
+            target=_heartbeat,
+            args=(weakref.ref(self), stop),
+            name=f"turnkeeper-lease[{lease.target}]",
+            daemon=True,
+        )
+        self._thread.start()
+
+    # -- state -----------------------------------------------------------------
+
+    @property
+    def lease(self) -> Lease:
+        """The lease as last acquired or renewed (its ``expires_at`` is by the store's clock)."""
+        with self._cond:
+            return self._lease
+
+    @property
+    def lost(self) -> threading.Event:
+        """The loss signal: set once the lease is lost (never cleared; see the class docstring).
+
+        Reading this property first applies the loss deadline.
+        """
+        with self._cond:
+            self._expire_if_due()
+            return self._lost
+
+    @property
+    def lost_error(self) -> BaseException | None:
+        """What ended the lease: ``None`` while it is held.
+
+        The ``LeaseLostError`` the store raised; or, when the deadline passed,
+        the last renewal error (a ``DatabaseError``, or whatever stopped the
+        renewals), else a ``LeaseLostError`` made by the guard; or the
+        cancellation raised in the heartbeat.
+        """
+        with self._cond:
+            self._expire_if_due()
+            return self._lost_error
+
+    @property
+    def last_error(self) -> BaseException | None:
+        """The latest renewal failure since the last successful renewal, else ``None``."""
+        with self._cond:
+            return self._last_error
+
+    @property
+    def remaining_s(self) -> float:
+        """Seconds until the loss deadline (negative once it has passed)."""
+        with self._cond:
+            return self._deadline - monotonic()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`release` (or the context manager's exit) has run."""
+        with self._cond:
+            return self._closed
+
+    def wait_lost(self, timeout_s: float | None = None) -> bool:
+        """Block until the lease is lost, or for at most ``timeout_s`` seconds.
+
+        Returns ``True`` once lost; ``False`` on timeout, or at once if the
+        guard is (or becomes) released without having been lost. Wakes by the
+        loss deadline at the latest, whatever the heartbeat thread is doing.
+        """
+        end = None if timeout_s is None else monotonic() + max(0.0, float(timeout_s))
+        with self._cond:
+            while True:
+                self._expire_if_due()
+                if self._lost.is_set():
+                    return True
+                if self._closed:
+                    return False
+                now = monotonic()
+                wait = self._deadline - now
+                if end is not None:
+                    if now >= end:
+                        return False
+                    wait = min(wait, end - now)
+                self._cond.wait(wait)
+
+    def check(self) -> None:
+        """The final fence right before a side effect (seed ``ValidateRuntimeLease``).
+
+        Raises ``LeaseLostError`` at once if the loss was signalled (or the
+        deadline passed), else asks the store, which checks token digest,
+        epoch and expiry by its clock in the database.
+
+        Raises:
+            LeaseLostError: lost, released, or the store says so (the loss is
+                then signalled too); ``__cause__`` is :attr:`lost_error`.
+            DatabaseError: the store could not check; the lease may still be
+                held, nothing is signalled, and the side effect must wait.
+            InterfaceError: the store is closed.
+        """
+        with self._cond:
+            if self._closed:
+                raise LeaseLostError(self._lease.target, detail="the guard was released")
+            self._expire_if_due()
+            if self._lost.is_set():
+                raise LeaseLostError(
+                    self._lease.target, detail=f"lost: {self._lost_error!r}"
+                ) from self._lost_error
+            store, lease = self._store, self._lease
+        assert store is not None  # only dropped once closed
+        try:
+            store.validate_lease(lease)
+        except LeaseLostError as exc:
+            with self._cond:
+                self._mark_lost(exc)
+            raise
+
+    # -- release -------------------------------------------------------------------
+
+    def release(self) -> bool:
+        """Stop the heartbeat (joined before returning) and release the lease.
+
+        Idempotent. Returns whether this call released a held lease (the
+        store's ``release_lease``; ``False`` if it was already lost, or on a
+        second call). The guard drops its store reference either way.
+
+        Raises:
+            DatabaseError, InterfaceError: from the store's release; the guard
+                is closed anyway and the lease expires after at most ``ttl_s``.
+        """
+        with self._cond:
+            if self._closed:
+                return False
+            self._closed = True
+            self._cond.notify_all()
+        self._stop()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        with self._cond:
+            store, lease = self._store, self._lease
+            self._store = None
+        assert store is not None
+        return store.release_lease(lease)
+
+    def __enter__(self) -> RuntimeLeaseGuard:
+        return self
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        try:
+            self.release()
+        except Exception as err:
+            if exc is None:
+                raise
+            exc.add_note(f"releasing the lease on {self._lease.target!r} also failed: {err!r}")
+
+    def __repr__(self) -> str:
+        with self._cond:
+            state = "closed" if self._closed else "lost" if self._lost.is_set() else "held"
+            return f"<RuntimeLeaseGuard {self._lease.target!r} {state} epoch={self._lease.epoch}>"
+
+    # -- heartbeat (called from the thread) ------------------------------------------
+
+    def _mark_lost(self, error: BaseException) -> None:
+        """Signal the loss once (``self._cond`` held)."""
+        if self._lost.is_set():
+            return
+        self._lost_error = error
+        self._lost.set()
+        self._cond.notify_all()
+
+    def _expire_if_due(self) -> None:
+        """Signal the loss if the deadline passed (``self._cond`` held)."""
+        if self._closed or self._lost.is_set() or monotonic() < self._deadline:
+            return
+        error = self._last_error
+        if error is None:
+            error = LeaseLostError(self._lease.target, detail="not renewed before its expiry")
+        self._mark_lost(error)
+
+    def _wait_from(self, now: float) -> float:
+        """Seconds until the heartbeat's next action (``self._cond`` held)."""
+        due = self._deadline if self._halted else min(self._next_beat, self._deadline)
+        return max(0.0, due - now)
+
+    def _beat(self) -> float | None:
+        """Renew if due; the seconds to sleep before the next call, ``None`` to stop."""
+        with self._cond:
+            self._expire_if_due()
+            if self._closed or self._lost.is_set():
+                return None
+            now = monotonic()
+            if self._halted or now < self._next_beat:
+                return self._wait_from(now)
+            store, lease = self._store, self._lease
+        assert store is not None
+        requested = monotonic()
+        try:
+            renewed = store.renew_lease(lease, self._ttl_s)
+        except LeaseLostError as exc:
+            with self._cond:
+                self._mark_lost(exc)
+            return None
+        except DatabaseError as exc:  # may still be held: retry until the deadline
+            with self._cond:
+                self._last_error = exc
+                now = monotonic()
+                pause = max((self._deadline - now) / 2, _MIN_RETRY_S)
+                self._next_beat = now + min(self._interval_s, pause)
+                return self._wait_from(now)
+        except Exception as exc:  # retrying cannot help: wait for the deadline
+            with self._cond:
+                self._last_error = exc
+                self._halted = True
+                return self._wait_from(monotonic())
+        except BaseException as exc:  # cancellation: signal, then never swallow
+            with self._cond:
+                self._mark_lost(exc)
+            raise
+        with self._cond:
+            self._lease = renewed  # so release() frees it even if lost meanwhile
+            self._expire_if_due()  # confirmed too late: the deadline already passed
+            if self._closed or self._lost.is_set():
+                return None
+            self._deadline = max(self._deadline, requested + self._ttl_s)
+            self._next_beat = requested + self._interval_s
+            self._last_error = None
+            return self._wait_from(monotonic())
+
+
+def _heartbeat(ref: weakref.ReferenceType[RuntimeLeaseGuard], stop: threading.Event) -> None:
+    """The heartbeat thread: holds the guard only while it renews."""
+    while True:
+        guard = ref()
+        if guard is None:
+            return
+        delay = guard._beat()
+        del guard
+        if delay is None or stop.wait(delay):
+            return
+
+
+# -- several targets ---------------------------------------------------------------
+
+
+def _global_order(targets: Iterable[str]) -> list[str]:
+    """``targets`` deduplicated and sorted: the one order every caller acquires in."""
+    if isinstance(targets, str | bytes):
+        raise InvalidInputError("targets", "expected an iterable of target strings, not one")
+    found = list(targets)
+    for target in found:
+        if not isinstance(target, str):
+            raise InvalidInputError("targets", f"expected strings, got {type(target).__name__}")
+    return sorted(set(found))
+
+
+def _take_waiting(target: str, take: Callable[[str], T], deadline: float) -> T:
+    """``take(target)``, retrying a ``BusyError`` with jittered backoff until ``deadline``."""
+    attempt = 0
+    while True:
+        try:
+            return take(target)
+        except BusyError:
+            now = monotonic()
+            if now >= deadline:
+                raise
+            first, largest = _BACKOFF_S
+            pause = min(largest, first * 2**attempt) * random.uniform(0.5, 1.0)
+            time.sleep(min(pause, deadline - now))
+            attempt += 1
+
+
+def _drop_all(held: Sequence[T], drop: Callable[[T], object], error: BaseException) -> None:
+    """Give back ``held`` in reverse order; a failure to give one back is noted on ``error``."""
+    for item in reversed(held):
+        try:
+            drop(item)
+        except Exception as exc:
+            error.add_note(f"releasing {item!r} after the failure also failed: {exc!r}")
+
+
+def _take_in_order(
+    targets: Iterable[str],
+    take: Callable[[str], T],
+    drop: Callable[[T], object],
+    wait_s: float,
+) -> list[T]:
+    """Take every target in the global order; on any failure give back what was taken."""
+    order = _global_order(targets)
+    deadline = monotonic() + wait_s
+    held: list[T] = []
+    try:
+        for target in order:
+            held.append(_take_waiting(target, take, deadline))
+    except BaseException as exc:
+        _drop_all(held, drop, exc)
+        raise
+    return held
+
+
+def acquire_many(
+    store: LeaseStore,
+    targets: Iterable[str],
+    owner: str,
+    ttl_s: float,
+    *,
+    purpose: str = LeasePurpose.MUTATION,
+    wait_s: float = 0.0,
+) -> list[Lease]:
+    """Lease every target for ``owner`` for ``ttl_s`` seconds, in one global order.
+
+    ``targets`` (e.g. ``["session:b", "session:a"]``) is deduplicated and
+    sorted; the leases come back in that sorted order. With ``wait_s`` > 0 a
+    busy target is retried (jittered backoff) until ``wait_s`` seconds after
+    the call began, still holding the targets taken before it; ``wait_s``
+    must be shorter than ``ttl_s``, because these leases are not renewed (use
+    :class:`RuntimeLeaseGroup` for heartbeated ones).
+
+    Why the order prevents deadlock: every caller takes targets in ascending
+    order and so only ever waits for a target greater than all it holds. A
+    cycle of callers each waiting for a target the next one holds would need
+    those awaited targets to increase all the way round the cycle, which is
+    impossible. Two runtimes wanting {a, b} and {b, a} both start with ``a``:
+    one gets it and then ``b``; the other waits for (or, with ``wait_s=0``,
+    fails at) ``a`` while holding nothing the first needs. Taken in the given
+    order instead, each could hold one and wait for the other until both gave
+    up. Mixing in leases taken outside this order voids the argument.
+
+    Raises (after releasing, in reverse order, every lease this call took;
+    a failed release is added as a note to the error, and such a lease
+    expires after ``ttl_s``):
+        InvalidInputError: ``targets`` is not an iterable of strings, bad
+            ``ttl_s``/``wait_s`` (nothing taken), or the store refused a
+            target, the owner or the purpose.
+        BusyError: a target stayed held by another owner for ``wait_s``.
+        LeasePurposeError: ``owner`` holds a target under another purpose.
+        DatabaseError: backend failure (never reported as busy).
+    """
+    ttl = _seconds(ttl_s, "ttl_s")
+    wait = _seconds(wait_s, "wait_s", allow_zero=True)
+    if wait >= ttl:
+        raise InvalidInputError("wait_s", f"must be shorter than ttl_s ({ttl}), got {wait}")
+    return _take_in_order(
+        targets,
+        lambda target: store.acquire_lease(target, owner, ttl, purpose=purpose),
+        store.release_lease,
+        wait,
+    )
+
+
+class RuntimeLeaseGroup:
+    """Guards on several targets taken in one global order (seed ``RuntimeLeaseGroup``).
+
+    Build one with :meth:`acquire` (seed ``AcquireMutations``); use it as a
+    context manager or call :meth:`release`, which releases in reverse
+    acquisition order.
+    """
+
+    def __init__(self, guards: Iterable[RuntimeLeaseGuard]) -> None:
+        """Group ``guards`` (already held), in acquisition order."""
+        self._guards = tuple(guards)
+
+    @classmethod
+    def acquire(
+        cls,
+        store: LeaseStore,
+        targets: Iterable[str],
+        owner: str,
+        ttl_s: float,
+        *,
+        purpose: str = LeasePurpose.MUTATION,
+        interval_s: float | None = None,
+        wait_s: float = 0.0,
+    ) -> RuntimeLeaseGroup:
+        """Guard every target, taken as :func:`acquire_many` takes them.
+
+        Each target gets a :class:`RuntimeLeaseGuard` (and so a heartbeat
+        thread) as soon as it is taken, so earlier leases stay renewed while
+        later ones are awaited: ``wait_s`` may exceed ``ttl_s``.
+
+        Raises: as :func:`acquire_many` (after releasing every guard this call
+        made), and ``InvalidInputError`` for a bad ``interval_s``.
+        """
+        ttl, interval = _periods(ttl_s, interval_s)
+        wait = _seconds(wait_s, "wait_s", allow_zero=True)
+
+        def take(target: str) -> RuntimeLeaseGuard:
+            return RuntimeLeaseGuard.acquire(
+                store, target, owner, ttl, purpose=purpose, interval_s=interval
+            )
+
+        return cls(_take_in_order(targets, take, RuntimeLeaseGuard.release, wait))
+
+    @property
+    def guards(self) -> tuple[RuntimeLeaseGuard, ...]:
+        """The guards, in acquisition (sorted target) order."""
+        return self._guards
+
+    @property
+    def leases(self) -> tuple[Lease, ...]:
+        """Each guard's current lease, in acquisition order."""
+        return tuple(g.lease for g in self._guards)
+
+    def lost(self) -> list[RuntimeLeaseGuard]:
+        """The guards whose lease is lost (empty while all are held)."""
+        return [g for g in self._guards if g.lost.is_set()]
+
+    def check(self) -> None:
+        """:meth:`RuntimeLeaseGuard.check` on every guard, in order; the first failure raises."""
+        for guard in self._guards:
+            guard.check()
+
+    def release(self) -> None:
+        """Release every guard in reverse acquisition order (idempotent).
+
+        Every guard is released even if one fails; the first failure is then
+        raised with the others as notes.
+
+        Raises:
+            DatabaseError, InterfaceError: from the store's release.
+        """
+        first: Exception | None = None
+        for guard in reversed(self._guards):
+            try:
+                guard.release()
+            except Exception as exc:
+                if first is None:
+                    first = exc
+                else:
+                    first.add_note(f"releasing {guard!r} also failed: {exc!r}")
+        if first is not None:
+            raise first
+
+    def __enter__(self) -> RuntimeLeaseGroup:
+        return self
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        try:
+            self.release()
+        except Exception as err:
+            if exc is None:
+                raise
+            exc.add_note(f"releasing the lease group also failed: {err!r}")
+
+
+__all__ = ["LeaseStore", "RuntimeLeaseGroup", "RuntimeLeaseGuard", "acquire_many"]

@@ -1,0 +1,207 @@
+"""The differential state machine for the delivery outbox.
+
+Simulated delivery workers claim, progress, finish and requeue the operations
+of one plan on an injected clock; a crashed worker is one that stops using
+its claim (it expires as the clock moves) and may wake up later to use it
+again. Every outcome is compared with a hand-written model (independent of
+``spec/delivery.py``), and after every step:
+
+- each operation's status, owner and epoch equal the model's, and its epoch
+  only ever grew by one per claim;
+- no operation is recorded delivered twice, and none is claimed after a
+  terminal result;
+- no progress, requeue or result commits under a stale, expired or ended
+  claim (the model agrees with every outcome);
+- the intent is ``delivered`` exactly when every operation is delivered or
+  unsupported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from conftest import FakeClock
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
+
+import turnkeeper
+from turnkeeper import (
+    DeliveryLeaseLostError,
+    DeliveryOperationBusyError,
+    DeliveryPlan,
+    DeliveryStep,
+    InvalidTransitionError,
+)
+
+OWNERS = ("W1", "W2", "W3")
+KEYS = ("upload", "send", "react")
+DEPENDS = {"send": "upload"}
+RESULTS = ("delivered", "unsupported", "failed", "uncertain")
+HELD = ("claimed", "in_progress")
+NEVER = 10**9  # the epoch of a claim that failed: no operation reaches it
+
+
+@dataclass
+class OpModel:
+    status: str = "pending"
+    owner: str = ""
+    epoch: int = 0
+    expires: datetime | None = None
+    next_attempt: datetime | None = None
+    delivered_count: int = 0
+
+
+@dataclass(frozen=True)
+class Claim:
+    key: str
+    owner: str
+    epoch: int
+
+
+def attempt(fn, *args, **kwargs) -> tuple:
+    try:
+        return ("ok", fn(*args, **kwargs))
+    except DeliveryOperationBusyError:
+        return ("busy",)
+    except DeliveryLeaseLostError:
+        return ("lost",)
+    except InvalidTransitionError:
+        return ("transition",)
+
+
+class OutboxMachine(RuleBasedStateMachine):
+    claims = Bundle("claims")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        self.store = turnkeeper.open_store(":memory:", clock=self.clock)
+        self.store.create_session("s")
+        run = self.store.admit_run("s", {"q": 1})
+        self.store.start_run(run.id)
+        steps = tuple(DeliveryStep(k, "message", depends_on=DEPENDS.get(k)) for k in KEYS)
+        self.store.finish_run(run.id, "succeeded", delivery_plan=DeliveryPlan("chat", "t", steps))
+        self.intent = f"{run.id}:delivery"
+        self.model = {k: OpModel() for k in KEYS}
+        self.results: dict[str, str] = {}
+
+    def teardown(self) -> None:
+        self.store.close()
+
+    def op_id(self, key: str) -> str:
+        return f"{self.intent}:{key}"
+
+    def current(self, claim: Claim) -> bool:
+        m = self.model[claim.key]
+        return (
+            m.owner == claim.owner
+            and m.epoch == claim.epoch
+            and m.status in HELD
+            and m.expires is not None
+            and m.expires > self.clock()
+        )
+
+    # -- steps -------------------------------------------------------------------
+
+    @rule(
+        target=claims,
+        key=st.sampled_from(KEYS),
+        owner=st.sampled_from(OWNERS),
+        ttl=st.sampled_from((1.0, 5.0)),
+    )
+    def claim(self, key: str, owner: str, ttl: float):
+        m, now = self.model[key], self.clock()
+        dep = DEPENDS.get(key)
+        dep_done = dep is None or self.model[dep].status in ("delivered", "unsupported")
+        free = m.status == "pending" and (m.next_attempt is None or m.next_attempt <= now)
+        lapsed = m.status in HELD and m.expires is not None and m.expires <= now
+        expected = "ok" if (free and dep_done) or lapsed else "busy"
+        got = attempt(self.store.claim_delivery, self.op_id(key), owner, ttl)
+        assert got[0] == expected, (key, owner, m, got)
+        if got[0] != "ok":
+            return Claim(key, owner, NEVER)  # a claim it never had: every use is refused
+        m.status, m.owner, m.epoch = "claimed", owner, m.epoch + 1
+        m.expires, m.next_attempt = now + timedelta(seconds=ttl), None
+        assert got[1].lease_epoch == m.epoch
+        return Claim(key, owner, m.epoch)
+
+    @rule(claim=claims)
+    def progress(self, claim: Claim) -> None:
+        expected = "ok" if self.current(claim) else "lost"
+        got = attempt(
+            self.store.update_delivery_progress, self.op_id(claim.key), claim.owner, claim.epoch
+        )
+        assert got[0] == expected, (claim, self.model[claim.key], got)
+        if expected == "ok":
+            m = self.model[claim.key]
+            row = self.store.get_delivery_operation(self.op_id(claim.key))
+            m.status, m.expires = "in_progress", row.lease_expires_at
+
+    @rule(claim=claims, result=st.sampled_from(RESULTS))
+    def finish(self, claim: Claim, result: str) -> None:
+        m = self.model[claim.key]
+        mine = m.owner == claim.owner and m.epoch == claim.epoch
+        if m.status not in HELD and m.status != "pending" and mine:
+            expected = "ok" if m.status == result else "transition"  # a repeated result
+        else:
+            expected = "ok" if self.current(claim) else "lost"
+        got = attempt(
+            self.store.finish_delivery,
+            self.op_id(claim.key),
+            claim.owner,
+            claim.epoch,
+            result,
+        )
+        assert got[0] == expected, (claim, result, m, got)
+        if expected == "ok" and m.status in HELD:
+            m.status, m.expires = result, None
+            m.delivered_count += result == "delivered"
+
+    @rule(claim=claims, delay=st.sampled_from((0.0, 3.0)))
+    def requeue(self, claim: Claim, delay: float) -> None:
+        expected = "ok" if self.current(claim) else "lost"
+        got = attempt(
+            self.store.requeue_delivery,
+            self.op_id(claim.key),
+            claim.owner,
+            claim.epoch,
+            delay_s=delay,
+        )
+        assert got[0] == expected, (claim, self.model[claim.key], got)
+        if expected == "ok":
+            m = self.model[claim.key]
+            m.status, m.expires = "pending", None
+            m.next_attempt = self.clock() + timedelta(seconds=delay)
+
+    @rule(seconds=st.sampled_from((0.5, 1.5, 4.0)))
+    def time_passes(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+    # -- invariants ----------------------------------------------------------------
+
+    @invariant()
+    def operations_match_the_model(self) -> None:
+        plan = self.store.get_delivery_plan(self.intent)
+        assert plan is not None
+        intent, ops = plan
+        for op in ops:
+            m = self.model[op.key]
+            assert (op.status, op.lease_owner, op.lease_epoch) == (m.status, m.owner, m.epoch)
+            assert m.delivered_count <= 1
+        statuses = {m.status for m in self.model.values()}
+        assert (intent.status == "delivered") == (statuses <= {"delivered", "unsupported"})
+
+    @invariant()
+    def each_operation_is_delivered_at_most_once(self) -> None:
+        rows = self.store.query(
+            "SELECT operation_id, count(*) AS n FROM delivery_events "
+            "WHERE dest = 'delivered' GROUP BY operation_id HAVING count(*) > 1"
+        ).to_pylist()
+        assert rows == []
+        epochs = self.store.query(
+            "SELECT operation_id, list(epoch ORDER BY occurred_at, epoch) AS e "
+            "FROM delivery_events WHERE trigger = 'claim' GROUP BY operation_id"
+        ).to_pylist()
+        for row in epochs:
+            assert row["e"] == list(range(1, len(row["e"]) + 1)), row

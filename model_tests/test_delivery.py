@@ -1,0 +1,313 @@
+"""The delivery outbox: plans, claims, fenced updates, dependencies, intent status."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+
+from turnkeeper import (
+    DeliveryLeaseLostError,
+    DeliveryOperationBusyError,
+    DeliveryOperationNotFoundError,
+    DeliveryPlan,
+    DeliveryStep,
+    InvalidInputError,
+    InvalidTransitionError,
+    RunNotFoundError,
+)
+from turnkeeper.spec.errors import DeliveryPlanConflictError
+
+USER = {"role": "user", "content": "go"}
+REPLY = {"role": "assistant", "content": [{"type": "text", "text": "done"}]}
+
+
+def plan(*steps: DeliveryStep, context=None) -> DeliveryPlan:
+    return DeliveryPlan(
+        "chat",
+        "room-1",
+        steps or (DeliveryStep("send", "message"),),
+        reply_message_id="m-1",
+        transport_context=context or {"token": "secret"},
+    )
+
+
+TWO_STEPS = plan(
+    DeliveryStep("upload", "attachment", artifact_id="a1", payload_digest="d1"),
+    DeliveryStep("send", "message", depends_on="upload"),
+)
+
+
+def finished(store, p: DeliveryPlan | None = TWO_STEPS, sid: str = "s"):
+    if store.get_session(sid) is None:
+        store.create_session(sid)
+    run = store.admit_run(sid, {"q": 1}, user_message=USER)
+    store.start_run(run.id)
+    store.finish_run(run.id, "succeeded", assistant_message=REPLY, delivery_plan=p)
+    return run
+
+
+def test_the_plan_is_written_by_the_terminal_transaction(store):
+    run = finished(store)
+    intent, ops = store.get_delivery_plan(f"{run.id}:delivery")
+    assert (intent.run_id, intent.session_id, intent.status) == (run.id, "s", "pending")
+    assert intent.transport_context == {"token": "secret"}
+    assert "secret" not in repr(intent)
+    assert [(o.key, o.sequence, o.status, o.lease_epoch) for o in ops] == [
+        ("upload", 1, "pending", 0),
+        ("send", 2, "pending", 0),
+    ]
+    assert ops[1].depends_on == ops[0].id
+    assert ops[1].idempotency_key == ops[1].id
+
+
+def test_a_conflicting_plan_fails_the_termination_and_nothing_is_written(store):
+    store.create_session("s")
+    run = store.admit_run("s", {"q": 1})
+    with pytest.raises(InvalidTransitionError):
+        store.create_delivery_plan(run.id, TWO_STEPS)
+    bad = plan(DeliveryStep("a", "x"), DeliveryStep("a", "y"))
+    with pytest.raises(InvalidInputError):
+        store.finish_run(run.id, "succeeded", delivery_plan=bad)
+    assert store.get_run(run.id).status == "admitted"
+    assert store.query("SELECT count(*) AS n FROM delivery_operations").to_pylist() == [{"n": 0}]
+
+
+def test_repeating_termination_with_the_same_plan_is_idempotent_and_a_different_one_conflicts(
+    store,
+):
+    run = finished(store)
+    store.finish_run(run.id, "succeeded", delivery_plan=TWO_STEPS)
+    with pytest.raises(DeliveryPlanConflictError) as err:
+        store.finish_run(run.id, "succeeded", delivery_plan=plan())
+    assert (err.value.run_id, err.value.intent_id) == (run.id, f"{run.id}:delivery")
+    assert store.create_delivery_plan(run.id, TWO_STEPS).id == f"{run.id}:delivery"
+    assert len(store.get_delivery_plan(f"{run.id}:delivery")[1]) == 2
+
+
+def test_a_plan_alone_for_recovery_reconciliation(store):
+    run = finished(store, None)
+    assert store.get_delivery_plan(f"{run.id}:delivery") is None
+    intent = store.create_delivery_plan(run.id, plan())
+    assert intent.status == "pending"
+    with pytest.raises(RunNotFoundError):
+        store.create_delivery_plan("nope", plan())
+
+
+def test_dependency_order_and_intent_status(store):
+    run = finished(store)
+    up, send = (o.id for o in store.get_delivery_plan(f"{run.id}:delivery")[1])
+    assert [o.id for o in store.list_due_deliveries()] == [up]
+    with pytest.raises(DeliveryOperationBusyError) as err:
+        store.claim_delivery(send, "w", 5)
+    assert "waiting on" in err.value.reason
+    c = store.claim_delivery(up, "w", 5)
+    assert (c.status, c.lease_owner, c.lease_epoch, c.attempt_count) == ("claimed", "w", 1, 1)
+    p = store.update_delivery_progress(up, "w", 1, provider_asset_id="asset-9")
+    assert (p.status, p.provider_asset_id) == ("in_progress", "asset-9")
+    store.finish_delivery(up, "w", 1, "delivered", provider_state={"url": "u"})
+    assert store.get_delivery_plan(f"{run.id}:delivery")[0].status == "pending"
+    assert [o.id for o in store.list_due_deliveries()] == [send]
+    c = store.claim_delivery(send, "w", 5)
+    done = store.finish_delivery(send, "w", c.lease_epoch, "delivered", provider_message_id="pm")
+    assert done.provider_message_id == "pm"
+    assert store.get_delivery_plan(f"{run.id}:delivery")[0].status == "delivered"
+    assert store.list_due_deliveries() == []
+
+
+@pytest.mark.parametrize(
+    ("results", "status"),
+    [
+        (["delivered", "unsupported"], "delivered"),
+        (["failed", "delivered"], "failed"),
+        (["uncertain", "delivered"], "uncertain"),
+        (["uncertain", "failed"], "failed"),
+    ],
+)
+def test_intent_is_delivered_only_when_every_operation_is(store, results, status):
+    run = finished(store, plan(DeliveryStep("a", "x"), DeliveryStep("b", "y")))
+    for op, result in zip(store.get_delivery_plan(f"{run.id}:delivery")[1], results, strict=True):
+        c = store.claim_delivery(op.id, "w", 5)
+        store.finish_delivery(op.id, "w", c.lease_epoch, result, failure_code="E1")
+    intent, ops = store.get_delivery_plan(f"{run.id}:delivery")
+    assert intent.status == status
+    assert [o.status for o in ops] == results  # failed and uncertain stay visible
+
+
+def test_a_dependent_of_a_failed_operation_stays_pending_and_visible(store):
+    run = finished(store)
+    up, send = (o.id for o in store.get_delivery_plan(f"{run.id}:delivery")[1])
+    store.finish_delivery(up, "w", store.claim_delivery(up, "w", 5).lease_epoch, "failed")
+    with pytest.raises(DeliveryOperationBusyError, match="failed"):
+        store.claim_delivery(send, "w", 5)
+    assert store.get_delivery_plan(f"{run.id}:delivery")[0].status == "pending"
+
+
+def test_terminal_results_are_fenced_and_idempotent(store, clock):
+    run = finished(store, plan())
+    (op,) = store.get_delivery_plan(f"{run.id}:delivery")[1]
+    first = store.claim_delivery(op.id, "a", 1)
+    clock.advance(2)
+    with pytest.raises(DeliveryLeaseLostError, match="expired"):
+        store.update_delivery_progress(op.id, "a", first.lease_epoch)
+    second = store.claim_delivery(op.id, "b", 5)  # reclaim of the expired claim
+    assert second.lease_epoch == first.lease_epoch + 1
+    with pytest.raises(DeliveryLeaseLostError) as err:
+        store.finish_delivery(op.id, "a", first.lease_epoch, "delivered")
+    assert (err.value.operation_id, err.value.owner, err.value.epoch) == (op.id, "a", 1)
+    done = store.finish_delivery(op.id, "b", 2, "delivered", provider_message_id="x")
+    again = store.finish_delivery(op.id, "b", 2, "delivered", provider_message_id="x")
+    assert again == done
+    with pytest.raises(InvalidTransitionError):
+        store.finish_delivery(op.id, "b", 2, "failed")
+    with pytest.raises(DeliveryLeaseLostError):
+        store.finish_delivery(op.id, "a", 1, "delivered")
+    with pytest.raises(DeliveryOperationBusyError, match="delivered"):
+        store.claim_delivery(op.id, "c", 5)
+    events = store.query(
+        "SELECT edge FROM delivery_events WHERE operation_id = ? ORDER BY occurred_at",
+        [op.id],
+    ).to_pylist()
+    assert sorted(e["edge"] for e in events) == [
+        "claim",
+        "deliver_claimed",
+        "plan",
+        "reclaim_claimed",
+    ]
+
+
+def test_requeue_releases_the_claim_until_the_next_attempt_time(store, clock):
+    run = finished(store, plan())
+    (op,) = store.get_delivery_plan(f"{run.id}:delivery")[1]
+    c = store.claim_delivery(op.id, "a", 5)
+    store.update_delivery_progress(op.id, "a", 1, provider_state={"phase": "upload"})
+    back = store.requeue_delivery(op.id, "a", 1, delay_s=30, failure_code="timeout")
+    assert (back.status, back.failure_code, back.lease_expires_at) == ("pending", "timeout", None)
+    assert back.next_attempt_at == clock() + timedelta(seconds=30)
+    with pytest.raises(DeliveryLeaseLostError, match="ended"):
+        store.finish_delivery(op.id, "a", c.lease_epoch, "delivered")
+    with pytest.raises(DeliveryOperationBusyError, match="not due"):
+        store.claim_delivery(op.id, "b", 5)
+    assert store.list_due_deliveries() == []
+    clock.advance(31)
+    assert [o.id for o in store.list_due_deliveries()] == [op.id]
+    again = store.claim_delivery(op.id, "b", 5)
+    assert (again.lease_epoch, again.attempt_count, again.next_attempt_at) == (2, 2, None)
+
+
+def test_an_expired_claim_is_listed_as_due(store, clock):
+    run = finished(store, plan())
+    (op,) = store.get_delivery_plan(f"{run.id}:delivery")[1]
+    store.claim_delivery(op.id, "a", 1)
+    assert store.list_due_deliveries() == []
+    with pytest.raises(DeliveryOperationBusyError, match="claimed by 'a'"):
+        store.claim_delivery(op.id, "b", 5)
+    clock.advance(1.5)
+    assert [o.id for o in store.list_due_deliveries()] == [op.id]
+
+
+def test_eight_workers_claiming_one_ready_operation_one_wins_and_a_stale_ack_fails(real_store):
+    """The issue's scenario: exactly one of eight claimers gets the operation,
+    and an acknowledgement carrying a stale epoch fails."""
+    run = finished(real_store, plan())
+    (op,) = real_store.get_delivery_plan(f"{run.id}:delivery")[1]
+    barrier = threading.Barrier(8)
+    won, busy, other = [], [], []
+
+    def claim(i: int) -> None:
+        barrier.wait()
+        try:
+            won.append(real_store.claim_delivery(op.id, f"w{i}", 30))
+        except DeliveryOperationBusyError:
+            busy.append(i)
+        except Exception as exc:  # any other outcome fails the test below
+            other.append(exc)
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert other == [] and len(won) == 1 and len(busy) == 7
+    winner = won[0]
+    assert winner.lease_epoch == 1
+    real_store.requeue_delivery(op.id, winner.lease_owner, 1, failure_code="no answer")
+    later = real_store.claim_delivery(op.id, "late", 30)
+    assert later.lease_epoch == 2
+    with pytest.raises(DeliveryLeaseLostError):
+        real_store.finish_delivery(op.id, winner.lease_owner, winner.lease_epoch, "delivered")
+    with pytest.raises(DeliveryLeaseLostError):
+        real_store.finish_delivery(op.id, winner.lease_owner, later.lease_epoch, "delivered")
+    real_store.finish_delivery(op.id, "late", later.lease_epoch, "delivered")
+    assert real_store.get_delivery_operation(op.id).status == "delivered"
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda s, op: s.claim_delivery(op, "", 5), "owner"),
+        (lambda s, op: s.claim_delivery(op, "w", 0), "ttl_s"),
+        (lambda s, op: s.claim_delivery(op, "w", float("nan")), "ttl_s"),
+        (lambda s, op: s.finish_delivery(op, "w", 1, "sent"), "status"),
+        (lambda s, op: s.finish_delivery(op, "w", 1, "pending"), "status"),
+        (lambda s, op: s.finish_delivery(op, "w", True, "delivered"), "epoch"),
+        (lambda s, op: s.finish_delivery(op, "w", 0, "delivered"), "epoch"),
+        (
+            lambda s, op: s.update_delivery_progress(op, "w", 1, provider_state=[1]),
+            "provider_state",
+        ),
+        (
+            lambda s, op: s.update_delivery_progress(
+                op, "w", 1, provider_state={"x": float("inf")}
+            ),
+            "provider_state",
+        ),
+        (lambda s, op: s.requeue_delivery(op, "w", 1, delay_s=-1), "delay_s"),
+        (lambda s, op: s.requeue_delivery(op, "w", 1, delay_s=float("nan")), "delay_s"),
+        (lambda s, op: s.get_delivery_operation(""), "operation_id"),
+        (lambda s, op: s.list_due_deliveries(limit=0), "limit"),
+        (lambda s, op: s.create_delivery_plan("r", "plan"), "plan"),
+        (lambda s, op: s.create_delivery_plan("r", DeliveryPlan("chat", "room", ())), "plan.steps"),
+    ],
+)
+def test_bad_input_is_refused_and_nothing_changes(store, call, field):
+    run = finished(store, plan())
+    (op,) = store.get_delivery_plan(f"{run.id}:delivery")[1]
+    before = store.query("SELECT count(*) AS n FROM delivery_events").to_pylist()
+    with pytest.raises(InvalidInputError) as err:
+        call(store, op.id)
+    assert err.value.field == field
+    assert store.query("SELECT count(*) AS n FROM delivery_events").to_pylist() == before
+    assert store.get_delivery_operation(op.id) == op
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        (DeliveryStep("b", "x", depends_on="a"), DeliveryStep("a", "x")),
+        (DeliveryStep("a", "x", depends_on="a"),),
+        (DeliveryStep("", "x"),),
+        (DeliveryStep("a", ""),),
+        ("a",),
+    ],
+)
+def test_bad_plans_are_refused(store, steps):
+    store.create_session("s")
+    run = store.admit_run("s", {"q": 1})
+    with pytest.raises(InvalidInputError):
+        store.finish_run(run.id, "succeeded", delivery_plan=plan(*steps))
+    assert store.get_run(run.id).status == "admitted"
+
+
+def test_unknown_operations_are_typed_errors(store):
+    for call in (
+        lambda: store.claim_delivery("nope", "w", 5),
+        lambda: store.update_delivery_progress("nope", "w", 1),
+        lambda: store.finish_delivery("nope", "w", 1, "delivered"),
+        lambda: store.requeue_delivery("nope", "w", 1),
+    ):
+        with pytest.raises(DeliveryOperationNotFoundError):
+            call()
+    assert store.get_delivery_operation("nope") is None
+    assert store.get_delivery_plan("nope") is None

@@ -1,0 +1,579 @@
+"""Tool-execution records (DESIGN machine 5): claim, complete, interrupt, explicit
+recovery requests, automatic reclaim, abandonment and run-error annotation.
+
+The rules under test: a second claimer gets the existing record, never a
+second execution; no tool is re-run silently (a side-effecting call runs
+again only after an explicit request); no output is invented (an
+interrupted call gets one explicit interrupted result in the transcript).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+from typing import Any
+
+import orjson
+import pytest
+
+import turnkeeper
+from turnkeeper import (
+    BusyError,
+    InvalidInputError,
+    InvalidTransitionError,
+    LeaseLostError,
+    RunNotFoundError,
+    SessionNotFoundError,
+    ToolExecution,
+    ToolExecutionNotFoundError,
+    ToolExecutionState,
+)
+from turnkeeper.spec.tool_execution import INTERRUPTED_TEXT
+
+USER = {"role": "user", "content": "go"}
+
+
+def claim(
+    store, key: str = "k", *, sid: str = "s", turn: str = "t", side: bool = True, **kw: Any
+) -> tuple[ToolExecution, bool]:
+    if store.get_session(sid) is None:
+        store.create_session(sid)
+    kw.setdefault("provider_call_id", f"call-{key}")
+    kw.setdefault("tool_name", "bash")
+    return store.claim_tool_execution(key, sid, local_turn_id=turn, side_effecting=side, **kw)
+
+
+def tool_call_message(*call_ids: str) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": [
+            {"type": "toolCall", "id": c, "name": "bash", "arguments": {"cmd": c}} for c in call_ids
+        ],
+        "stopReason": "toolUse",
+    }
+
+
+def tool_results(store, sid: str = "s") -> dict[str, list[dict[str, Any]]]:
+    """Every toolResult message in the session, by toolCallId."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for e in store.entries(sid):
+        msg = e.payload.get("message") if e.kind == "message" else None
+        if msg and msg.get("role") == "toolResult":
+            out.setdefault(msg["toolCallId"], []).append(msg)
+    return out
+
+
+def states(store, sid: str = "s") -> dict[str, str]:
+    return {r.execution_key: r.state for r in store.session_tool_executions(sid)}
+
+
+def events(store, key: str | None = None) -> list[str]:
+    """The edges applied (to ``key``), in insertion order."""
+    where = "" if key is None else f" WHERE execution_key = '{key}'"
+    rows = store.query(f"SELECT edge FROM tool_execution_events{where} ORDER BY rowid").to_pylist()
+    return [r["edge"] for r in rows]
+
+
+def count(store, table: str) -> int:
+    return int(store.query(f"SELECT count(*) AS n FROM {table}").to_pylist()[0]["n"])
+
+
+# -- claim ---------------------------------------------------------------------------
+
+
+def test_a_claim_creates_a_running_record_with_a_digest_of_the_arguments(store, clock):
+    rec, created = claim(store, arguments={"b": 1, "a": [1, 2]}, provider="openai", api="resp")
+    assert created
+    assert (rec.state, rec.attempt, rec.side_effecting) == ("running", 1, True)
+    assert (rec.result, rec.is_error, rec.reason, rec.completed_at) == (None, False, None, None)
+    assert rec.created_at == rec.updated_at == clock.now
+    canonical = orjson.dumps({"a": [1, 2], "b": 1}, option=orjson.OPT_SORT_KEYS)
+    assert rec.args_digest == hashlib.sha256(canonical).hexdigest()
+    assert (rec.provider, rec.api, rec.provider_metadata) == ("openai", "resp", {})
+    assert store.get_tool_execution("k") == rec
+    assert events(store) == ["claim"]
+
+
+def test_a_second_claimer_gets_the_existing_record_and_nothing_is_written(store, clock):
+    first, _ = claim(store, arguments={"x": 1})
+    clock.advance(1)
+    again, created = claim(store, arguments={"x": 2}, side=False, tool_name="other")
+    assert not created and again == first  # consult it; never a second execution
+    store.complete_tool_execution("k", {"out": 1})
+    done, created = claim(store)
+    assert not created and (done.state, done.result) == ("completed", {"out": 1})
+    assert events(store) == ["claim", "complete"]
+
+
+def test_concurrent_claimers_of_one_key_create_exactly_one_record(real_store):
+    real_store.create_session("s")
+    barrier = threading.Barrier(6)
+    results: list[tuple[ToolExecution, bool]] = []
+    failures: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        barrier.wait()
+        try:
+            results.append(
+                real_store.claim_tool_execution(
+                    "shared",
+                    "s",
+                    local_turn_id="t",
+                    provider_call_id="c",
+                    tool_name="bash",
+                    side_effecting=True,
+                    arguments={"worker": i},
+                )
+            )
+        except BaseException as exc:  # pragma: no cover - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert sorted(created for _, created in results) == [False] * 5 + [True]
+    winner = next(r for r, created in results if created)
+    assert all(r == winner for r, _ in results)
+    assert count(real_store, "tool_executions") == 1 and events(real_store) == ["claim"]
+
+
+def test_claim_needs_the_session_and_a_run_of_that_session(store):
+    with pytest.raises(SessionNotFoundError):
+        store.claim_tool_execution(
+            "k", "nope", local_turn_id="t", provider_call_id="c", tool_name="x", side_effecting=True
+        )
+    store.create_session("s")
+    with pytest.raises(RunNotFoundError):
+        claim(store, run_id="missing")
+    store.create_session("other")
+    run = store.admit_run("other", {"q": 1})
+    with pytest.raises(InvalidInputError):
+        claim(store, run_id=run.id)
+    mine = store.admit_run("s", {"q": 1})
+    rec, _ = claim(store, run_id=mine.id, turn=mine.turn_id)
+    assert (rec.run_id, rec.local_turn_id) == (mine.id, mine.turn_id)
+    assert count(store, "tool_executions") == 1
+
+
+def test_a_fenced_claim_with_a_lost_lease_writes_nothing(store, clock):
+    store.create_session("s")
+    lease = store.acquire_lease("session:s", "w", 1, purpose="execution")
+    rec, _ = claim(store, "a", lease=lease)
+    assert rec.lease_epoch == lease.epoch
+    clock.advance(2)
+    with pytest.raises(LeaseLostError):
+        claim(store, "b", lease=lease)
+    assert store.get_tool_execution("b") is None
+    fenced = store.query("SELECT operation FROM fence_events").to_pylist()
+    assert fenced == [{"operation": "claim_tool_execution"}]
+
+
+# -- complete ----------------------------------------------------------------------
+
+
+def test_complete_records_the_tools_own_result_once(store, clock):
+    claim(store)
+    clock.advance(1)
+    done = store.complete_tool_execution("k", {"exit": 1}, is_error=True)
+    assert (done.state, done.result, done.is_error) == ("completed", {"exit": 1}, True)
+    assert done.completed_at == clock.now
+    assert store.complete_tool_execution("k", {"exit": 1}, is_error=True) == done  # retried commit
+    with pytest.raises(InvalidTransitionError):
+        store.complete_tool_execution("k", {"exit": 0})
+    assert store.get_tool_execution("k") == done
+    assert events(store) == ["claim", "complete"]
+    with pytest.raises(ToolExecutionNotFoundError):
+        store.complete_tool_execution("missing", {})
+
+
+def test_a_late_completion_after_an_interruption_is_refused(store):
+    claim(store)
+    store.interrupt_tool_executions("s")
+    with pytest.raises(InvalidTransitionError) as err:
+        store.complete_tool_execution("k", {"out": "late"})
+    assert (err.value.trigger, err.value.source) == ("complete", "interrupted")
+    rec = store.get_tool_execution("k")
+    assert rec.state == "interrupted" and rec.result is None
+
+
+def test_complete_fences_its_lease_and_refuses_another_sessions_lease(store, clock):
+    store.create_session("s")
+    store.create_session("t")
+    lease = store.acquire_lease("session:s", "w", 1)
+    claim(store, lease=lease)
+    other = store.acquire_lease("session:t", "w", 5)
+    with pytest.raises(InvalidInputError):
+        store.complete_tool_execution("k", {}, lease=other)
+    clock.advance(2)
+    with pytest.raises(LeaseLostError):
+        store.complete_tool_execution("k", {}, lease=lease)
+    assert store.get_tool_execution("k").state == "running"
+
+
+# -- interrupt: an explicit interrupted result, never an invented output ------------------
+
+
+def test_interrupting_pairs_every_tool_call_with_an_explicit_interrupted_result(store):
+    store.create_session("s")
+    store.append("s", "message", {"message": tool_call_message("c1", "c2", "c3")})
+    claim(store, "k1", provider_call_id="c1")
+    claim(store, "k2", provider_call_id="c2", side=False)
+    claim(store, "k3", provider_call_id="c3")
+    store.complete_tool_execution("k3", {"out": "real"})
+    store.append(
+        "s",
+        "message",
+        {
+            "message": {
+                "role": "toolResult",
+                "toolCallId": "c3",
+                "toolName": "bash",
+                "content": [{"type": "text", "text": "real"}],
+                "isError": False,
+            }
+        },
+    )
+    done = store.interrupt_tool_executions("s")
+    assert [r.execution_key for r in done] == ["k1", "k2"]
+    assert all(r.state == "interrupted" and r.reason == "process lost" for r in done)
+    assert states(store) == {"k1": "interrupted", "k2": "interrupted", "k3": "completed"}
+    results = tool_results(store)
+    assert {c: len(m) for c, m in results.items()} == {"c1": 1, "c2": 1, "c3": 1}
+    for call in ("c1", "c2"):
+        (msg,) = results[call]
+        assert msg["isError"] is True and msg["toolName"] == "bash"
+        assert msg["content"] == [{"type": "text", "text": INTERRUPTED_TEXT}]  # no output
+    assert results["c3"][0]["content"][0]["text"] == "real"
+    entry = store.entry("s", "k1:interrupted")
+    assert entry is not None and entry.kind == "message"
+    replayed = [m["role"] for m in store.replay("s").messages]
+    assert replayed == ["assistant", "toolResult", "toolResult", "toolResult"]
+    assert store.interrupt_tool_executions("s") == []  # nothing running: a no-op
+    assert len(store.entries("s")) == 4
+
+
+def test_a_call_whose_result_reached_the_transcript_gets_no_second_result(store):
+    store.create_session("s")
+    claim(store, provider_call_id="c1")
+    result = {"role": "toolResult", "toolCallId": "c1", "toolName": "bash", "content": []}
+    store.append("s", "message", {"message": result | {"isError": False}})
+    (rec,) = store.interrupt_tool_executions("s")  # crashed before complete_tool_execution
+    assert rec.state == "interrupted"
+    assert [len(v) for v in tool_results(store).values()] == [1]
+
+
+def test_interrupt_can_be_limited_to_one_turn(store):
+    claim(store, "a", turn="t1")
+    claim(store, "b", turn="t2")
+    assert [r.execution_key for r in store.interrupt_tool_executions("s", local_turn_id="t2")] == [
+        "b"
+    ]
+    assert states(store) == {"a": "running", "b": "interrupted"}
+
+
+def test_interrupt_refuses_while_another_owner_holds_a_live_session_lease(store, clock):
+    store.create_session("s")
+    worker = store.acquire_lease("session:s", "worker", 10, purpose="execution")
+    claim(store, lease=worker)
+    with pytest.raises(BusyError) as err:
+        store.interrupt_tool_executions("s")
+    assert err.value.holder == "worker"
+    assert states(store) == {"k": "running"} and store.entries("s") == []
+    (rec,) = store.interrupt_tool_executions("s", lease=worker)  # the owner itself may
+    assert rec.state == "interrupted"
+    assert store.entry("s", "k:interrupted").lease_epoch == worker.epoch
+
+
+def test_interrupt_after_the_owner_is_gone(store, clock):
+    store.create_session("s")
+    worker = store.acquire_lease("session:s", "worker", 1, purpose="execution")
+    claim(store, lease=worker)
+    clock.advance(2)
+    with pytest.raises(LeaseLostError):
+        store.interrupt_tool_executions("s", lease=worker)
+    assert states(store) == {"k": "running"}
+    assert [r.state for r in store.interrupt_tool_executions("s")] == ["interrupted"]
+    with pytest.raises(SessionNotFoundError):
+        store.interrupt_tool_executions("nope")
+
+
+# -- explicit recovery requests ----------------------------------------------------------
+
+
+def test_recovery_requests_only_mark_selected_interrupted_side_effecting_calls(store):
+    claim(store, "side", provider_call_id="c-side")
+    claim(store, "read", provider_call_id="c-read", side=False)
+    claim(store, "left", provider_call_id="c-left")
+    claim(store, "done", provider_call_id="c-done")
+    claim(store, "other-turn", provider_call_id="c-side", turn="t2")
+    store.complete_tool_execution("done", {"ok": True})
+    store.interrupt_tool_executions("s")
+    claim(store, "busy", provider_call_id="c-busy")
+    before = store.get_tool_execution("done")
+    picked = store.request_tool_execution_recovery(
+        "s", "t", ["c-side", "c-read", "c-done", "c-busy", "c-unknown"]
+    )
+    assert [(r.execution_key, r.state) for r in picked] == [("side", "retry_requested")]
+    assert store.get_tool_execution("done") == before  # completed records never change
+    assert states(store) == {
+        "side": "retry_requested",
+        "read": "interrupted",  # read-only: reclaimed automatically, no confirmation
+        "left": "interrupted",  # not selected
+        "done": "completed",
+        "other-turn": "interrupted",
+        "busy": "running",
+    }
+    again = store.request_tool_execution_recovery("s", "t", ["c-side"])
+    assert [r.execution_key for r in again] == ["side"]
+    assert events(store, "side") == ["claim", "interrupt", "request_retry"]
+    assert store.request_tool_execution_recovery("s", "t", []) == []
+    assert store.get_tool_execution("side").state == "retry_requested"  # nothing executed
+    with pytest.raises(SessionNotFoundError):
+        store.request_tool_execution_recovery("nope", "t", ["c"])
+
+
+# -- reclaim: automatic for read-only calls, confirmed for side effects -----------------------
+
+
+def test_read_only_calls_are_reclaimed_automatically(store):
+    claim(store, "running", side=False)
+    claim(store, "interrupted", side=False)
+    store.interrupt_tool_executions("s")
+    claim(store, "running", side=False)
+    assert store.reclaim_tool_execution("interrupted")
+    rec = store.get_tool_execution("interrupted")
+    assert (rec.state, rec.attempt, rec.reason) == ("running", 2, None)
+    assert events(store, "interrupted") == ["claim", "interrupt", "reclaim_interrupted"]
+    claim(store, "live", side=False)
+    assert store.reclaim_tool_execution("live")
+    assert store.get_tool_execution("live").attempt == 2
+
+
+def test_a_side_effecting_call_is_never_rerun_without_an_explicit_request(store):
+    claim(store, "pay")
+    assert not store.reclaim_tool_execution("pay")  # running: its owner may still be at it
+    store.interrupt_tool_executions("s")
+    assert not store.reclaim_tool_execution("pay")  # interrupted: needs confirmation
+    rec = store.get_tool_execution("pay")
+    assert (rec.state, rec.attempt) == ("interrupted", 1)
+    assert claim(store, "pay") == (rec, False)  # claiming again is no way around it
+    store.request_tool_execution_recovery("s", "t", ["call-pay"])
+    assert store.reclaim_tool_execution("pay")
+    assert not store.reclaim_tool_execution("pay")  # one confirmation, one re-run
+    rec = store.get_tool_execution("pay")
+    assert (rec.state, rec.attempt) == ("running", 2)
+    assert events(store, "pay") == ["claim", "interrupt", "request_retry", "reclaim_confirmed"]
+
+
+def test_completed_and_abandoned_records_are_never_reopened(store):
+    claim(store, "done", side=False)
+    store.complete_tool_execution("done", {"v": 1})
+    claim(store, "gone", side=False)
+    store.abandon_interrupted_tool_executions("s", "t")
+    for key in ("done", "gone"):
+        before = store.get_tool_execution(key)
+        assert not store.reclaim_tool_execution(key)
+        assert store.get_tool_execution(key) == before
+    with pytest.raises(ToolExecutionNotFoundError):
+        store.reclaim_tool_execution("missing")
+
+
+def test_reclaim_refuses_while_another_owner_holds_the_session(store, clock):
+    store.create_session("s")
+    worker = store.acquire_lease("session:s", "worker", 10)
+    claim(store, side=False, lease=worker)
+    with pytest.raises(BusyError):
+        store.reclaim_tool_execution("k")
+    assert store.get_tool_execution("k").attempt == 1
+    store.release_lease(worker)
+    successor = store.acquire_lease("session:s", "successor", 10)
+    assert store.reclaim_tool_execution("k", lease=successor)
+    rec = store.get_tool_execution("k")
+    assert (rec.attempt, rec.lease_epoch) == (2, successor.epoch)
+
+
+# -- abandon -------------------------------------------------------------------------------
+
+
+def test_abandon_ends_every_uncertain_call_of_the_turn_without_running_anything(store):
+    store.create_session("s")
+    store.append("s", "message", {"message": tool_call_message("c1", "c2", "c3", "c4")})
+    claim(store, "interrupted", provider_call_id="c1")
+    claim(store, "requested", provider_call_id="c2")
+    store.interrupt_tool_executions("s")
+    store.request_tool_execution_recovery("s", "t", ["c2"])
+    claim(store, "running", provider_call_id="c3", side=False)
+    claim(store, "done", provider_call_id="c4")
+    store.complete_tool_execution("done", {"ok": 1})
+    claim(store, "elsewhere", turn="t2")
+    n = store.abandon_interrupted_tool_executions("s", "t", reason="user moved on")
+    assert n == 3
+    assert states(store) == {
+        "interrupted": "abandoned",
+        "requested": "abandoned",
+        "running": "abandoned",
+        "done": "completed",
+        "elsewhere": "running",
+    }
+    rec = store.get_tool_execution("running")
+    assert rec.reason == "user moved on" and rec.completed_at is not None
+    results = tool_results(store)
+    assert {c: len(m) for c, m in results.items()} == {"c1": 1, "c2": 1, "c3": 1}
+    assert results["c3"][0]["content"] == [{"type": "text", "text": INTERRUPTED_TEXT}]
+    assert store.abandon_interrupted_tool_executions("s", "t") == 0
+    again, created = claim(store, "requested", provider_call_id="c2")
+    assert not created and again.state == "abandoned"  # a new run needs a new key
+    assert not store.reclaim_tool_execution("requested")
+
+
+def test_abandon_refuses_while_a_runtime_owns_the_session(store):
+    store.create_session("s")
+    worker = store.acquire_lease("session:s", "worker", 10)
+    claim(store)
+    with pytest.raises(BusyError):
+        store.abandon_interrupted_tool_executions("s", "t")
+    assert states(store) == {"k": "running"}
+    assert store.abandon_interrupted_tool_executions("s", "t", lease=worker) == 1
+
+
+# -- annotate_run_error ----------------------------------------------------------------------
+
+
+def test_annotate_run_error_fills_a_missing_terminal_reason_only(store):
+    store.create_session("s")
+    run = store.admit_run("s", {"q": 1}, user_message=USER)
+    assert not store.annotate_run_error(run.id, "too early")  # not terminal
+    store.finish_run(run.id, "abandoned")
+    assert store.annotate_run_error(run.id, "abandoned after interrupted tool execution")
+    assert not store.annotate_run_error(run.id, "a later finalizer")
+    got = store.get_run(run.id)
+    assert (got.status, got.error) == ("abandoned", "abandoned after interrupted tool execution")
+    second = store.admit_run("s", {"q": 2})
+    store.finish_run(second.id, "failed", error="the first word")
+    assert not store.annotate_run_error(second.id, "overwrite")
+    assert store.get_run(second.id).error == "the first word"
+    with pytest.raises(RunNotFoundError):
+        store.annotate_run_error("missing", "x")
+
+
+def test_a_background_run_abandoned_after_an_interrupted_tool_execution(store, clock):
+    """The seed's scenario end to end: the worker dies mid-tool; recovery interrupts
+    the call (an explicit result), ends the run, and the user abandons the call."""
+    store.create_session("s")
+    worker = store.acquire_lease("session:s", "worker", 1, purpose="execution")
+    run = store.admit_run("s", {"q": 1}, user_message=USER, lease=worker)
+    store.start_run(run.id, lease=worker)
+    store.append("s", "message", {"message": tool_call_message("c1")}, lease=worker)
+    claim(store, "k1", provider_call_id="c1", run_id=run.id, turn=run.turn_id, lease=worker)
+    clock.advance(2)  # the worker is gone
+    rec_lease = store.acquire_lease("session:s", "rec", 10, purpose="recovery")
+    store.begin_recovery(run.id, rec_lease)
+    store.interrupt_tool_executions("s", local_turn_id=run.turn_id, lease=rec_lease)
+    store.converge_recovery(run.id, rec_lease, status="abandoned")
+    assert store.abandon_interrupted_tool_executions("s", run.turn_id, lease=rec_lease) == 1
+    assert store.annotate_run_error(run.id, "abandoned after interrupted tool execution")
+    with pytest.raises(LeaseLostError):
+        store.complete_tool_execution("k1", {"out": "late"}, lease=worker)
+    assert store.get_run(run.id).status == "abandoned"
+    assert store.get_tool_execution("k1").state == "abandoned"
+    assert [len(v) for v in tool_results(store).values()] == [1]
+    kinds = [e.kind for e in store.entries("s")]
+    assert kinds == ["turn_start", "message", "message", "message", "turn_end"]
+
+
+# -- input validation: refused before anything is written ------------------------------------
+
+
+NAN = math.nan
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"execution_key": ""},
+        {"execution_key": 5},
+        {"session_id": ""},
+        {"local_turn_id": ""},
+        {"provider_call_id": ""},
+        {"tool_name": "\ud800"},
+        {"side_effecting": 1},
+        {"side_effecting": "no"},
+        {"arguments": {"x": NAN}},
+        {"arguments": {"x": object()}},
+        {"run_id": ""},
+        {"provider": None},
+        {"provider_metadata": ["not", "a", "mapping"]},
+        {"lease": "lease"},
+    ],
+    ids=lambda kw: next(iter(kw)),
+)
+def test_bad_claims_are_refused_and_write_nothing(store, kwargs):
+    store.create_session("s")
+    args: dict[str, Any] = {
+        "execution_key": "k",
+        "session_id": "s",
+        "local_turn_id": "t",
+        "provider_call_id": "c",
+        "tool_name": "bash",
+        "side_effecting": True,
+    } | kwargs
+    key, sid = args.pop("execution_key"), args.pop("session_id")
+    with pytest.raises(InvalidInputError):
+        store.claim_tool_execution(key, sid, **args)
+    assert count(store, "tool_executions") == 0 and count(store, "tool_execution_events") == 0
+
+
+def test_a_lease_on_another_session_never_fences_a_claim(store):
+    store.create_session("s")
+    store.create_session("t")
+    other = store.acquire_lease("session:t", "w", 5)
+    with pytest.raises(InvalidInputError):
+        claim(store, lease=other)
+    assert count(store, "tool_executions") == 0
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda s: s.complete_tool_execution("k", {"x": NAN}),
+        lambda s: s.complete_tool_execution("k", {1, 2}),
+        lambda s: s.complete_tool_execution("k", {}, is_error="yes"),
+        lambda s: s.complete_tool_execution("", {}),
+        lambda s: s.interrupt_tool_executions(""),
+        lambda s: s.interrupt_tool_executions("s", local_turn_id=""),
+        lambda s: s.interrupt_tool_executions("s", reason=""),
+        lambda s: s.request_tool_execution_recovery("s", "t", "call-k"),
+        lambda s: s.request_tool_execution_recovery("s", "t", [""]),
+        lambda s: s.request_tool_execution_recovery("s", "t", [1]),
+        lambda s: s.request_tool_execution_recovery("s", "", ["call-k"]),
+        lambda s: s.reclaim_tool_execution(""),
+        lambda s: s.reclaim_tool_execution("k", lease="lease"),
+        lambda s: s.abandon_interrupted_tool_executions("s", ""),
+        lambda s: s.abandon_interrupted_tool_executions("s", "t", reason=""),
+        lambda s: s.annotate_run_error("", "x"),
+        lambda s: s.annotate_run_error("r", ""),
+        lambda s: s.get_tool_execution(""),
+        lambda s: s.session_tool_executions(""),
+    ],
+)
+def test_bad_arguments_are_refused_and_change_nothing(store, call):
+    rec, _ = claim(store)
+    with pytest.raises(InvalidInputError):
+        call(store)
+    assert store.get_tool_execution("k") == rec
+    assert events(store) == ["claim"] and store.entries("s") == []
+
+
+def test_the_record_and_state_are_exported():
+    assert turnkeeper.ToolExecution is ToolExecution
+    assert {s.value for s in ToolExecutionState} == {
+        "running",
+        "completed",
+        "interrupted",
+        "retry_requested",
+        "abandoned",
+    }

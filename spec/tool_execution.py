@@ -1,0 +1,156 @@
+"""The tool-execution record (session seed ToolExecutionRecord; DESIGN machine 5).
+
+One record per *execution key*, the local deduplication authority for one
+tool invocation. Claiming a key creates the record ``running``; a second
+claimer gets the existing record and must consult it, never start a second
+execution. A running record ends ``completed`` with the tool's own result,
+or is marked ``interrupted`` after the process running it was lost; the
+transcript then gets an explicit interrupted ``toolResult`` (``isError``),
+never an invented output. An interrupted call runs again only by reclaiming
+its record: automatically for a read-only tool, and for a side-effecting
+tool only after an explicit, user-confirmed ``retry_requested``. Any
+uncertain record (running, interrupted, retry requested) can be
+``abandoned`` instead, which makes the next user-submitted run a new
+operation rather than a silent replay.
+
+Facts the guards read in the transaction that writes:
+
+- ``side_effecting``: the record's tool has side effects (stored at claim).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from .lifecycle import Edge, Lifecycle, fact
+
+
+class ToolExecutionState(StrEnum):
+    """Tool-execution record states (session seed ExecutionState values)."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    INTERRUPTED = "interrupted"
+    RETRY_REQUESTED = "retry_requested"
+    ABANDONED = "abandoned"
+
+
+TERMINAL = frozenset({ToolExecutionState.COMPLETED, ToolExecutionState.ABANDONED})
+"""States a record ends in; a terminal record is never reopened."""
+
+_UNCERTAIN = ("running", "interrupted", "retry_requested")
+
+UNCERTAIN = frozenset(ToolExecutionState(s) for s in _UNCERTAIN)
+"""States whose outcome is unknown to the store: these may be abandoned."""
+
+TOOL_EXECUTION = Lifecycle(
+    name="tool_execution",
+    states=("absent", *(s.value for s in ToolExecutionState)),
+    initial="absent",
+    edges=(
+        Edge("claim", "claim", "absent", "running"),
+        Edge("complete", "complete", "running", "completed"),
+        Edge("interrupt", "interrupt", "running", "interrupted"),
+        Edge(
+            "request_retry",
+            "request_retry",
+            "interrupted",
+            "retry_requested",
+            guards=("side_effecting",),
+        ),
+        Edge("reclaim_running", "reclaim", "running", "running", unless=("side_effecting",)),
+        Edge(
+            "reclaim_interrupted", "reclaim", "interrupted", "running", unless=("side_effecting",)
+        ),
+        Edge("reclaim_confirmed", "reclaim", "retry_requested", "running"),
+        *(Edge(f"abandon_{s}", "abandon", s, "abandoned") for s in _UNCERTAIN),
+    ),
+    guards={
+        "side_effecting": (
+            fact("side_effecting"),
+            "the record's tool has side effects (as claimed)",
+        ),
+    },
+    invariants=(
+        "a second claim of an execution key returns the existing record, never a second execution",
+        "a completed or abandoned record is never reopened or changed",
+        "a side-effecting call runs again only after an explicit retry request; "
+        "only read-only calls are reclaimed automatically",
+        "an interrupted or abandoned call has one tool result in the transcript, the tool's "
+        "own or an explicit interrupted one; no output is invented",
+        "every transition appends a tool-execution event in the same transaction",
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolExecution:
+    """The idempotency record of one tool invocation (session seed ToolExecutionRecord).
+
+    ``execution_key`` is local and the deduplication authority.
+    ``provider_call_id`` is the ``toolCall`` block's ``id`` in the assistant
+    message (the ``toolCallId`` of its ``toolResult``); ``local_turn_id``
+    the conversation turn it belongs to. ``args_digest`` is the sha256 hex
+    digest of the call's arguments as canonical JSON (sorted keys); the
+    arguments themselves live in the transcript. ``state`` is a
+    :class:`ToolExecutionState` value. ``result`` is the JSON result summary
+    given at completion (``is_error`` when the tool reported an error);
+    ``reason`` says why the record was interrupted or abandoned. ``attempt``
+    counts executions from 1 (a reclaim adds one); ``lease_epoch`` is the
+    epoch of the session lease the latest claim or reclaim was fenced by.
+    Times are aware UTC, by the store's clock.
+    """
+
+    execution_key: str
+    session_id: str
+    run_id: str | None
+    local_turn_id: str
+    provider: str
+    api: str
+    response_id: str
+    provider_call_id: str
+    tool_kind: str
+    tool_name: str
+    args_digest: str
+    side_effecting: bool
+    state: str
+    result: Any
+    is_error: bool
+    provider_metadata: Any
+    reason: str | None
+    attempt: int
+    lease_epoch: int | None
+    created_at: datetime
+    updated_at: datetime
+    completed_at: datetime | None
+
+
+INTERRUPTED_TEXT = (
+    "Tool execution was interrupted before it reported a result. "
+    "It was not run again and no output is available."
+)
+"""The text of the explicit interrupted ``toolResult`` written to the transcript."""
+
+
+def interrupted_result(record: ToolExecution, timestamp_ms: int) -> dict[str, Any]:
+    """The pi ``toolResult`` message that pairs ``record``'s ``toolCall`` when it
+    was interrupted: ``isError`` true, a text saying so, and no tool output.
+
+    ``timestamp_ms`` is the message's epoch-milliseconds timestamp.
+    """
+    return {
+        "role": "toolResult",
+        "toolCallId": record.provider_call_id,
+        "toolName": record.tool_name,
+        "content": [{"type": "text", "text": INTERRUPTED_TEXT}],
+        "details": {
+            "executionKey": record.execution_key,
+            "executionState": ToolExecutionState.INTERRUPTED.value,
+            "attempt": record.attempt,
+        },
+        "isError": True,
+        "timestamp": timestamp_ms,
+    }

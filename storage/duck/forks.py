@@ -1,0 +1,415 @@
+"""Session forks on DuckDB (session seed ForkSession).
+
+A fork is one transaction:
+
+1. the request: the ``session_forks`` row keyed by the request id's digest;
+   the same request returns the stored fork (even if the source has moved
+   on or become active since), a different one conflicts;
+2. the source: it exists; with a fork lease, the lease is fenced (a write
+   to its row) and must be of purpose ``fork``; the source has no
+   non-terminal run and, without a lease, no live lease held by anyone;
+3. the boundary: a completed turn (``spec.fork``), the latest one or the
+   one named; its ``turn_end`` entry must be in the transcript;
+4. the copy (:func:`plan_copy`, pure): the branch from the root to that
+   ``turn_end`` entry, plus the branch of every entry a copied entry refers
+   to (a branch summary's ``fromId`` is the leaf it abandoned, as a rule
+   on another branch), repeated until closed. The copied entries get new
+   ids, their parents and references are rewritten, seq, kind, timestamp
+   and every other payload field are kept, so the fork's replay equals the
+   source's replay at the boundary apart from entry ids;
+5. the writes: the new session (header ``parentSession``,
+   ``forkBoundarySeq``, ``seedLength``, ``forkKind``), its entries, and the
+   ``session_forks`` row.
+
+Two concurrent forks under one request id both insert a ``session_forks``
+row with the same key: DuckDB reports the loser's duplicate key as a
+conflict, the transaction boundary retries it, and the retry finds the
+winner's row and returns its fork. The source's session and entry rows
+are only read, so a fork never blocks or invalidates the source's writers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+
+from turnkeeper.spec import LeasePurpose, errors
+from turnkeeper.spec.entries import EntryKind, is_known_kind
+from turnkeeper.spec.fork import (
+    COMPLETED_TURN_STATUSES,
+    ENTRY_REFERENCES,
+    Fork,
+    ForkKind,
+    referenced_id,
+    remap_reference,
+)
+from turnkeeper.spec.lease import session_target
+from turnkeeper.spec.records import Lease
+
+from ..codec import from_json, to_json
+from . import leases
+from .db import Tx, utc
+
+_FORK_COLS = (
+    "source_session_id, fork_session_id, kind, boundary_turn_id, boundary_entry_id, "
+    "boundary_seq, leaf_id, entries_copied, created_at"
+)
+_COMPLETED = sorted(COMPLETED_TURN_STATUSES)
+_IN_COMPLETED = f"status IN ({', '.join('?' for _ in _COMPLETED)})"
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A fork request, checked: what the caller asked for."""
+
+    request_id: str
+    digest: str
+    fingerprint: str
+    source_session_id: str
+    fork_session_id: str
+    boundary_turn_id: str | None
+    at_seq: int | None
+    lease: Lease | None
+
+    @property
+    def kind(self) -> ForkKind:
+        named = self.boundary_turn_id is not None or self.at_seq is not None
+        return ForkKind.MESSAGE if named else ForkKind.SESSION
+
+
+@dataclass(frozen=True, slots=True)
+class SourceEntry:
+    """A source entry as stored; ``payload`` is the stored JSON text."""
+
+    id: str
+    parent_id: str | None
+    kind: str
+    seq: int
+    ts: datetime
+    payload: str
+
+
+@dataclass(frozen=True, slots=True)
+class CopiedEntry:
+    """One entry of the fork, in the fork's sequence order."""
+
+    id: str
+    parent_id: str | None
+    kind: str
+    ts: datetime
+    payload: str
+    source_id: str
+
+
+def _fork(request_id: str, row: Sequence[Any]) -> Fork:
+    return Fork(
+        request_id=request_id,
+        source_session_id=row[0],
+        fork_session_id=row[1],
+        kind=ForkKind(row[2]),
+        boundary_turn_id=row[3],
+        boundary_entry_id=row[4],
+        boundary_seq=row[5],
+        leaf_id=row[6],
+        entries_copied=row[7],
+        created_at=utc(row[8]),
+    )
+
+
+def get(tx: Tx, request_id: str, digest: str) -> Fork | None:
+    """The fork made under the request id with this digest, or ``None``."""
+    row = tx.one(f"SELECT {_FORK_COLS} FROM session_forks WHERE request_digest = ?", [digest])
+    return None if row is None else _fork(request_id, row)
+
+
+def _check_source(tx: Tx, req: Request) -> None:
+    """The source exists and is idle; a fork lease is fenced.
+
+    Raises:
+        ForkSessionNotFoundError, ForkSessionActiveError, LeaseLostError,
+        LeasePurposeError.
+    """
+    sid = req.source_session_id
+    if tx.one("SELECT 1 FROM sessions WHERE id = ?", [sid]) is None:
+        raise errors.ForkSessionNotFoundError(sid)
+    target = session_target(sid)
+    if req.lease is not None:
+        leases.fence(tx, req.lease)
+        held = tx.one("SELECT purpose FROM leases WHERE target = ?", [target])
+        if held is None or held[0] != LeasePurpose.FORK:
+            raise errors.LeasePurposeError(target, held and held[0], LeasePurpose.FORK.value)
+    run = tx.one("SELECT run_id FROM active_runs WHERE session_id = ?", [sid])
+    if run is not None:
+        raise errors.ForkSessionActiveError(sid, detail=f"run {run[0]!r} is not terminal")
+    if req.lease is None:
+        live = tx.one(
+            f"SELECT owner, purpose FROM leases WHERE target = ? AND state = 'held' "
+            f"AND expires_at > {leases.NOW}",
+            [target, tx.now],
+        )
+        if live is not None:
+            raise errors.ForkSessionActiveError(
+                sid, detail=f"{live[0]!r} holds its lease for {live[1]!r}"
+            )
+
+
+def _boundary(tx: Tx, req: Request) -> tuple[str, int]:
+    """The boundary turn's id and its ``end_seq``.
+
+    Raises:
+        ForkNoCompletedTurnError, ForkUnavailableError, ForkInvalidBoundaryError.
+    """
+    sid = req.source_session_id
+    latest = tx.one(
+        f"SELECT id, end_seq FROM conversation_turns WHERE session_id = ? AND {_IN_COMPLETED} "
+        "AND end_seq IS NOT NULL ORDER BY end_seq DESC LIMIT 1",
+        [sid, *_COMPLETED],
+    )
+    if latest is None:
+        raise errors.ForkNoCompletedTurnError(sid)
+    if req.boundary_turn_id is not None:
+        turn = tx.one(
+            "SELECT id, status, end_seq FROM conversation_turns WHERE id = ? AND session_id = ?",
+            [req.boundary_turn_id, sid],
+        )
+        if turn is None:
+            raise errors.ForkUnavailableError(
+                sid, detail=f"the session has no turn {req.boundary_turn_id!r}"
+            )
+    elif req.at_seq is not None:
+        if tx.one("SELECT 1 FROM entries WHERE session_id = ? AND seq = ?", [sid, req.at_seq]):
+            turn = tx.one(
+                "SELECT id, status, end_seq FROM conversation_turns WHERE session_id = ? "
+                "AND start_seq <= ? AND (end_seq IS NULL OR end_seq >= ?) "
+                "ORDER BY start_seq DESC LIMIT 1",
+                [sid, req.at_seq, req.at_seq],
+            )
+        else:
+            raise errors.ForkUnavailableError(sid, detail=f"the session has no entry {req.at_seq}")
+        if turn is None:
+            raise errors.ForkInvalidBoundaryError(
+                sid, detail=f"entry {req.at_seq} is not inside a conversation turn"
+            )
+    else:
+        return latest[0], latest[1]
+    turn_id, status, end_seq = turn
+    if status not in COMPLETED_TURN_STATUSES or end_seq is None:
+        raise errors.ForkInvalidBoundaryError(sid, detail=f"turn {turn_id!r} is {status}")
+    return turn_id, end_seq
+
+
+def _source_entries(tx: Tx, session_id: str) -> dict[str, SourceEntry]:
+    rows = tx.rows(
+        "SELECT id, parent_id, kind, seq, ts, payload FROM entries WHERE session_id = ? "
+        "ORDER BY seq",
+        [session_id],
+    )
+    return {r[0]: SourceEntry(r[0], r[1], r[2], r[3], utc(r[4]), r[5]) for r in rows}
+
+
+def _walk(source: Mapping[str, SourceEntry], leaf: str) -> list[SourceEntry]:
+    """Root → ``leaf`` through ``source``, as replay walks it (``storage.replay.path_to``):
+    it stops at a missing parent or a cycle."""
+    path: list[SourceEntry] = []
+    seen: set[str] = set()
+    node = source.get(leaf)
+    while node is not None and node.id not in seen:
+        seen.add(node.id)
+        path.append(node)
+        node = source.get(node.parent_id) if node.parent_id is not None else None
+    path.reverse()
+    return path
+
+
+def plan_copy(
+    session_id: str,
+    source: Mapping[str, SourceEntry],
+    boundary_id: str,
+    boundary_seq: int,
+    new_id: Callable[[], str],
+) -> list[CopiedEntry]:
+    """The fork's entries, in the source's sequence order (pure; see the module docstring).
+
+    ``new_id()`` returns a fresh entry id. Each copied branch is walked as
+    replay walks it (it stops at a missing parent or a cycle), and each
+    copied entry's parent is the entry before it on that walk, so the
+    fork's branch to its leaf is exactly the source's branch to the
+    boundary.
+
+    Raises:
+        ForkUnsupportedEntryError: a copied entry is of a kind the seed does
+            not define (its payload may name entries a fork cannot rewrite),
+            lies after the boundary, or refers to an entry the source lacks
+            or wrote after the boundary.
+    """
+    parent_of: dict[str, str | None] = {}
+    pending: list[SourceEntry] = []
+
+    def take(leaf: str) -> None:
+        previous: str | None = None
+        for entry in _walk(source, leaf):
+            if entry.id not in parent_of:
+                parent_of[entry.id] = previous
+                pending.append(entry)
+            previous = entry.id
+
+    take(boundary_id)
+    while pending:
+        entry = pending.pop()
+        if not is_known_kind(entry.kind) or entry.seq > boundary_seq:
+            raise errors.ForkUnsupportedEntryError(session_id, entry.id)
+        if entry.kind in ENTRY_REFERENCES:
+            ref = referenced_id(entry.kind, from_json(entry.payload))
+            if ref is not None and ref not in parent_of:
+                target = source.get(ref)
+                if target is None or target.seq > boundary_seq:
+                    raise errors.ForkUnsupportedEntryError(session_id, entry.id)
+                take(ref)
+    ordered = sorted((source[i] for i in parent_of), key=lambda e: e.seq)
+    new_ids: dict[str, str] = {}
+    used: set[str] = set()
+    for entry in ordered:
+        fresh = new_id()
+        while fresh in used:
+            fresh = new_id()
+        used.add(fresh)
+        new_ids[entry.id] = fresh
+    out: list[CopiedEntry] = []
+    for entry in ordered:
+        parent = parent_of[entry.id]
+        payload = entry.payload
+        if entry.kind in ENTRY_REFERENCES:
+            changed = remap_reference(entry.kind, from_json(payload), new_ids)
+            if changed is not None:
+                payload = to_json(changed, "payload")
+        out.append(
+            CopiedEntry(
+                new_ids[entry.id],
+                None if parent is None else new_ids[parent],
+                entry.kind,
+                entry.ts,
+                payload,
+                entry.id,
+            )
+        )
+    return out
+
+
+def _fork_header(source_header: str, req: Request, boundary_seq: int, copied: int) -> str:
+    """The source's header fields, less those naming the source file, plus the fork's."""
+    header = {
+        k: v
+        for k, v in from_json(source_header).items()
+        if k not in ("type", "id", "timestamp", "cwd")
+    }
+    header.update(
+        parentSession=req.source_session_id,
+        forkBoundarySeq=boundary_seq,
+        seedLength=copied,
+        forkKind=req.kind.value,
+    )
+    return to_json(header, "header")
+
+
+def fork(tx: Tx, req: Request, new_id: Callable[[], str]) -> Fork:
+    """Fork ``req.source_session_id`` (see the module docstring).
+
+    Raises:
+        ForkRequestConflictError, ForkSessionNotFoundError, ForkSessionActiveError,
+        ForkNoCompletedTurnError, ForkUnavailableError, ForkInvalidBoundaryError,
+        ForkUnsupportedEntryError, SessionIDExistsError, LeaseLostError,
+        LeasePurposeError.
+    """
+    sid = req.source_session_id
+    stored = tx.one(
+        f"SELECT request_fingerprint, {_FORK_COLS} FROM session_forks WHERE request_digest = ?",
+        [req.digest],
+    )
+    if stored is not None:
+        if stored[0] != req.fingerprint:
+            raise errors.ForkRequestConflictError(sid, req.request_id, stored[2])
+        return _fork(req.request_id, stored[1:])
+    _check_source(tx, req)
+    turn_id, boundary_seq = _boundary(tx, req)
+    source = _source_entries(tx, sid)
+    boundary = next((e for e in source.values() if e.seq == boundary_seq), None)
+    if (
+        boundary is None
+        or boundary.kind != EntryKind.TURN_END
+        or from_json(boundary.payload).get("turnId") != turn_id
+    ):
+        raise errors.ForkUnavailableError(
+            sid, detail=f"the turn_end entry of turn {turn_id!r} is not in the transcript"
+        )
+    if req.at_seq is not None:
+        on_branch = {e.id for e in _walk(source, boundary.id)}
+        named = next(e for e in source.values() if e.seq == req.at_seq)
+        if named.id not in on_branch:
+            raise errors.ForkInvalidBoundaryError(
+                sid, detail=f"entry {req.at_seq} is not on the branch of turn {turn_id!r}"
+            )
+    fid = req.fork_session_id
+    if tx.one("SELECT 1 FROM sessions WHERE id = ?", [fid]) is not None:
+        raise errors.SessionIDExistsError(fid)
+    copied = plan_copy(sid, source, boundary.id, boundary_seq, new_id)
+    head = tx.one("SELECT cwd, header FROM sessions WHERE id = ?", [sid])
+    assert head is not None
+    now = tx.now
+    assert now is not None  # always set inside a transaction
+    leaf = next(c.id for c in copied if c.source_id == boundary.id)
+    titles = [from_json(c.payload) for c in copied if c.kind == EntryKind.SESSION_INFO]
+    n = len(copied)
+    tx.exec(
+        "INSERT INTO sessions (id, cwd, created_at, updated_at, leaf_id, title, entry_count, "
+        "next_seq, header) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            fid,
+            head[0],
+            now,
+            now,
+            leaf,
+            titles[-1]["name"] if titles else None,
+            n,
+            n + 1,
+            _fork_header(head[1], req, boundary_seq, n),
+        ],
+    )
+    table = pa.table(
+        {
+            "session_id": pa.array([fid] * n, pa.string()),
+            "id": pa.array([c.id for c in copied], pa.string()),
+            "parent_id": pa.array([c.parent_id for c in copied], pa.string()),
+            "kind": pa.array([c.kind for c in copied], pa.string()),
+            "seq": pa.array(range(1, n + 1), pa.int64()),
+            "ts": pa.array([c.ts for c in copied], pa.timestamp("us", tz="UTC")),
+            "payload": pa.array([c.payload for c in copied], pa.string()),
+            "lease_epoch": pa.array([None] * n, pa.int64()),
+            "written_at": pa.array([now] * n, pa.timestamp("us", tz="UTC")),
+        }
+    )
+    tx.insert_arrow("entries", table)
+    row = tx.one(
+        f"INSERT INTO session_forks (request_digest, request_fingerprint, {_FORK_COLS}, "
+        "lease_epoch) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        f"RETURNING {_FORK_COLS}",
+        [
+            req.digest,
+            req.fingerprint,
+            sid,
+            fid,
+            req.kind.value,
+            turn_id,
+            boundary.id,
+            boundary_seq,
+            leaf,
+            n,
+            now,
+            None if req.lease is None else req.lease.epoch,
+        ],
+    )
+    assert row is not None
+    return _fork(req.request_id, row)

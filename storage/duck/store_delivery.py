@@ -1,0 +1,218 @@
+"""The delivery outbox of the DuckDB store (session seed delivery functions)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from turnkeeper.spec import errors
+from turnkeeper.spec.delivery import (
+    RESULT_TRIGGERS,
+    DeliveryIntent,
+    DeliveryOperation,
+    DeliveryPlan,
+    DeliveryStatus,
+)
+
+from ..codec import check_text, to_json
+from ..validate import check_limit, check_plan, check_ttl
+from . import delivery, runs
+from .db import Tx
+from .store_base import StoreBase
+
+
+class DeliveryMixin(StoreBase):
+    """Plan, list, claim, progress, finish and requeue outbox operations."""
+
+    def create_delivery_plan(self, run_id: str, plan: DeliveryPlan) -> DeliveryIntent:
+        """Persist ``plan`` for a terminal run outside its termination (session
+        seed CreateDeliveryPlan): for recovery reconciliation and tools only;
+        a runtime passes the plan to ``finish_run`` instead. The same plan
+        again returns the stored intent.
+
+        Raises:
+            InvalidTransitionError: the run is not terminal yet.
+            DeliveryPlanConflictError: the run has a different plan.
+            RunNotFoundError, InvalidInputError.
+        """
+        check_text(run_id, "run_id", allow_empty=False)
+        check_plan(plan)
+
+        def body(tx: Tx) -> DeliveryIntent:
+            run = runs.get(tx, run_id)
+            if run is None:
+                raise errors.RunNotFoundError(run_id)
+            if run.finished_at is None:
+                raise errors.InvalidTransitionError(
+                    "delivery", "plan", run.status, detail="a plan follows its run's termination"
+                )
+            return delivery.create_plan(tx, run, plan)
+
+        return self.db.run("create_delivery_plan", body)
+
+    def get_delivery_plan(
+        self, intent_id: str
+    ) -> tuple[DeliveryIntent, list[DeliveryOperation]] | None:
+        """The intent and its operations in execution order (session seed
+        GetDeliveryPlan), or ``None``. A run's intent id is ``<run id>:delivery``."""
+        check_text(intent_id, "intent_id", allow_empty=False)
+
+        def body(tx: Tx) -> tuple[DeliveryIntent, list[DeliveryOperation]] | None:
+            intent = delivery.get_intent(tx, intent_id)
+            return None if intent is None else (intent, delivery.operations(tx, intent_id))
+
+        return self.db.run("get_delivery_plan", body)
+
+    def get_delivery_operation(self, operation_id: str) -> DeliveryOperation | None:
+        """One operation, without its intent's transport context (session seed
+        GetDeliveryOperation), or ``None``."""
+        check_text(operation_id, "operation_id", allow_empty=False)
+        return self.db.run(
+            "get_delivery_operation",
+            lambda tx: delivery.get_operation(tx, operation_id),
+            transaction=False,
+        )
+
+    def list_due_deliveries(self, *, limit: int = 100) -> list[DeliveryOperation]:
+        """Operations a worker may claim now, oldest first (session seed
+        ListDueDeliveryOperations): pending ones whose next attempt time has
+        come and whose dependency is delivered or unsupported, and claimed ones
+        whose claim expired. A read: claim each with :meth:`claim_delivery`."""
+        check_limit(limit)
+        return self.db.run("list_due_deliveries", lambda tx: delivery.due(tx, limit))
+
+    def claim_delivery(self, operation_id: str, owner: str, ttl_s: float) -> DeliveryOperation:
+        """Claim the operation for ``owner`` for ``ttl_s`` seconds (session seed
+        ClaimDeliveryOperation). Every claim raises the operation's epoch by
+        one; the returned operation carries the new ``lease_epoch``, which
+        every later update must present.
+
+        Raises:
+            DeliveryOperationBusyError: terminal, claimed by a live claim, not
+                due yet, or waiting on its dependency (``reason`` says which).
+            DeliveryOperationNotFoundError, InvalidInputError.
+        """
+        check_text(operation_id, "operation_id", allow_empty=False)
+        check_text(owner, "owner", allow_empty=False)
+        ttl = check_ttl(ttl_s)
+        return self.db.run(
+            "claim_delivery", lambda tx: delivery.claim(tx, operation_id, owner, ttl)
+        )
+
+    def update_delivery_progress(
+        self,
+        operation_id: str,
+        owner: str,
+        epoch: int,
+        *,
+        provider_asset_id: str | None = None,
+        provider_message_id: str | None = None,
+        provider_state: Mapping[str, Any] | None = None,
+        failure_code: str | None = None,
+    ) -> DeliveryOperation:
+        """Record an in-flight provider phase (``in_progress``) under the current
+        claim, extending the claim by its ttl (session seed
+        UpdateDeliveryOperationProgress). ``None`` leaves a field as it is.
+
+        Raises:
+            DeliveryLeaseLostError: ``owner``/``epoch`` is not the current,
+                unexpired claim.
+            DeliveryOperationNotFoundError, InvalidInputError.
+        """
+        result = _result(operation_id, owner, epoch, locals())
+        return self.db.run(
+            "update_delivery_progress",
+            lambda tx: delivery.progress(tx, operation_id, owner, epoch, result),
+        )
+
+    def finish_delivery(
+        self,
+        operation_id: str,
+        owner: str,
+        epoch: int,
+        status: str,
+        *,
+        provider_asset_id: str | None = None,
+        provider_message_id: str | None = None,
+        provider_state: Mapping[str, Any] | None = None,
+        failure_code: str | None = None,
+    ) -> DeliveryOperation:
+        """Record the terminal provider result ``status`` (``delivered``,
+        ``unsupported``, ``failed`` or ``uncertain``) under the current claim and
+        recompute the intent's status (session seed UpdateDeliveryOperation and
+        RefreshDeliveryIntentStatus). Repeating the stored result under the
+        same claim returns it and writes nothing.
+
+        Raises:
+            DeliveryLeaseLostError: ``owner``/``epoch`` is not the current,
+                unexpired claim.
+            InvalidTransitionError: this claim already recorded another result.
+            DeliveryOperationNotFoundError, InvalidInputError.
+        """
+        result = _result(operation_id, owner, epoch, locals())
+        try:
+            final = DeliveryStatus(status)
+        except ValueError:
+            final = None
+        if final not in RESULT_TRIGGERS:
+            allowed = ", ".join(s.value for s in RESULT_TRIGGERS)
+            raise errors.InvalidInputError("status", f"must be one of {allowed}, got {status!r}")
+        assert final is not None
+        return self.db.run(
+            "finish_delivery",
+            lambda tx: delivery.finish(tx, operation_id, owner, epoch, final, result),
+        )
+
+    def requeue_delivery(
+        self,
+        operation_id: str,
+        owner: str,
+        epoch: int,
+        *,
+        delay_s: float = 0.0,
+        failure_code: str = "",
+    ) -> DeliveryOperation:
+        """Release the claim for an explicit retry ``delay_s`` seconds from now
+        (session seed RequeueDeliveryOperation): for a provider call that did
+        not yield a trustworthy result. The next claim has epoch + 1.
+
+        Raises:
+            DeliveryLeaseLostError, DeliveryOperationNotFoundError, InvalidInputError.
+        """
+        _result(operation_id, owner, epoch, {"failure_code": failure_code})
+        if (
+            isinstance(delay_s, bool)
+            or not isinstance(delay_s, int | float)
+            or not math.isfinite(delay_s)
+            or delay_s < 0
+        ):
+            raise errors.InvalidInputError(
+                "delay_s", f"must be finite seconds >= 0, got {delay_s!r}"
+            )
+        return self.db.run(
+            "requeue_delivery",
+            lambda tx: delivery.requeue(
+                tx, operation_id, owner, epoch, float(delay_s), failure_code
+            ),
+        )
+
+
+def _result(operation_id: str, owner: str, epoch: int, given: Mapping[str, Any]) -> dict[str, Any]:
+    """Check the claim identity and the provider fields; the fields that were given."""
+    check_text(operation_id, "operation_id", allow_empty=False)
+    check_text(owner, "owner", allow_empty=False)
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1:
+        raise errors.InvalidInputError("epoch", f"a claim epoch is an integer >= 1, got {epoch!r}")
+    result: dict[str, Any] = {}
+    for name in ("provider_asset_id", "provider_message_id", "failure_code"):
+        value = given.get(name)
+        if value is not None:
+            result[name] = check_text(value, name)
+    state = given.get("provider_state")
+    if state is not None:
+        if not isinstance(state, Mapping):
+            raise errors.InvalidInputError("provider_state", "expected a mapping")
+        to_json(dict(state), "provider_state")
+        result["provider_state"] = dict(state)
+    return result

@@ -1,0 +1,400 @@
+"""Tool-execution records on DuckDB (session seed ToolExecutionRecord functions).
+
+Every state change reads the record, asks the tool-execution machine which
+edge the trigger takes from the stored state, writes the destination with a
+compare-and-set (``WHERE state = ? AND attempt = ?``; a moved row is a lost
+race, retried by the transaction boundary) and appends an event row, all in
+one transaction. Marking a call interrupted (or abandoning one that was
+still running) appends, in the same transaction, an explicit interrupted
+``toolResult`` message to the session transcript unless the call already
+has a result there, so every ``toolCall`` is paired and no output is
+invented. Interrupting, reclaiming and abandoning refuse while another
+owner holds a live lease on the session: only an owner that knows the
+previous process is gone may touch its calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from turnkeeper.machines import machine_for
+from turnkeeper.spec import errors
+from turnkeeper.spec.entries import EntryKind
+from turnkeeper.spec.lease import session_target
+from turnkeeper.spec.lifecycle import Edge
+from turnkeeper.spec.records import ANY_LEAF, Lease
+from turnkeeper.spec.run import TERMINAL
+from turnkeeper.spec.tool_execution import (
+    TOOL_EXECUTION,
+    UNCERTAIN,
+    ToolExecution,
+    ToolExecutionState,
+    interrupted_result,
+)
+
+from ..codec import from_json, to_json
+from . import leases, runs, sessions
+from .db import Conflict, Tx, utc
+
+_MACHINE = machine_for(TOOL_EXECUTION)
+
+_COLS = (
+    "execution_key, session_id, run_id, local_turn_id, provider, api, response_id, "
+    "provider_call_id, tool_kind, tool_name, args_digest, side_effecting, state, result, "
+    "is_error, provider_metadata, reason, attempt, lease_epoch, created_at, updated_at, "
+    "completed_at"
+)
+
+
+def _record(row: Sequence[Any]) -> ToolExecution:
+    return ToolExecution(
+        execution_key=row[0],
+        session_id=row[1],
+        run_id=row[2],
+        local_turn_id=row[3],
+        provider=row[4],
+        api=row[5],
+        response_id=row[6],
+        provider_call_id=row[7],
+        tool_kind=row[8],
+        tool_name=row[9],
+        args_digest=row[10],
+        side_effecting=row[11],
+        state=row[12],
+        result=None if row[13] is None else from_json(row[13]),
+        is_error=row[14],
+        provider_metadata=from_json(row[15]),
+        reason=row[16],
+        attempt=row[17],
+        lease_epoch=row[18],
+        created_at=utc(row[19]),
+        updated_at=utc(row[20]),
+        completed_at=None if row[21] is None else utc(row[21]),
+    )
+
+
+def _facts(rec: ToolExecution) -> dict[str, object]:
+    return {"side_effecting": rec.side_effecting}
+
+
+def get(tx: Tx, execution_key: str) -> ToolExecution | None:
+    """The record of ``execution_key``, or ``None``."""
+    row = tx.one(f"SELECT {_COLS} FROM tool_executions WHERE execution_key = ?", [execution_key])
+    return None if row is None else _record(row)
+
+
+def _load(tx: Tx, execution_key: str) -> ToolExecution:
+    rec = get(tx, execution_key)
+    if rec is None:
+        raise errors.ToolExecutionNotFoundError(execution_key)
+    return rec
+
+
+def _select(tx: Tx, where: str, params: Sequence[Any]) -> list[ToolExecution]:
+    rows = tx.rows(
+        f"SELECT {_COLS} FROM tool_executions WHERE {where} ORDER BY created_at, execution_key",
+        params,
+    )
+    return [_record(r) for r in rows]
+
+
+def session_records(tx: Tx, session_id: str) -> list[ToolExecution]:
+    """Every record of the session, oldest first."""
+    return _select(tx, "session_id = ?", [session_id])
+
+
+def _session(tx: Tx, session_id: str) -> None:
+    if tx.one("SELECT 1 FROM sessions WHERE id = ?", [session_id]) is None:
+        raise errors.SessionNotFoundError(session_id)
+
+
+def _own_session(rec: ToolExecution, lease: Lease | None) -> None:
+    if lease is not None and lease.target != session_target(rec.session_id):
+        raise errors.InvalidInputError(
+            "lease", f"a lease on {lease.target!r} cannot write to {rec.session_id!r}"
+        )
+
+
+def _no_other_owner(tx: Tx, session_id: str, lease: Lease | None) -> None:
+    """Fence ``lease``; without one, refuse while anyone holds a live session lease.
+
+    Raises:
+        LeaseLostError: ``lease`` is no longer the held, unexpired one.
+        BusyError: no lease given and another owner holds a live one.
+    """
+    if lease is not None:
+        leases.fence(tx, lease)
+        return
+    target = session_target(session_id)
+    row = tx.one(
+        "SELECT owner, expires_at FROM leases WHERE target = ? AND state = 'held'", [target]
+    )
+    now = tx.now
+    assert now is not None
+    if row is not None and now < utc(row[1]):
+        raise errors.BusyError(target, row[0])
+
+
+def _event(tx: Tx, rec: ToolExecution, edge: Edge) -> None:
+    tx.exec(
+        "INSERT INTO tool_execution_events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            rec.execution_key,
+            rec.session_id,
+            rec.attempt,
+            edge.name,
+            edge.trigger,
+            edge.source,
+            edge.dest,
+            rec.lease_epoch,
+            tx.now,
+        ],
+    )
+
+
+def _move(
+    tx: Tx, rec: ToolExecution, edge: Edge, sets: str = "", params: Sequence[Any] = ()
+) -> ToolExecution:
+    """Compare-and-set ``rec`` along ``edge`` and append its event; a moved row is a race."""
+    extra = f", {sets}" if sets else ""
+    row = tx.one(
+        f"UPDATE tool_executions SET state = ?, updated_at = ?{extra} "
+        f"WHERE execution_key = ? AND state = ? AND attempt = ? RETURNING {_COLS}",
+        [edge.dest, tx.now, *params, rec.execution_key, edge.source, rec.attempt],
+    )
+    if row is None:
+        raise Conflict(f"tool execution {rec.execution_key!r} moved")
+    moved = _record(row)
+    _event(tx, moved, edge)
+    return moved
+
+
+def _pair(tx: Tx, rec: ToolExecution, lease: Lease | None) -> bool:
+    """Append the explicit interrupted ``toolResult`` for ``rec`` unless its call
+    already has a result in the session; returns whether it appended."""
+    entry_id = f"{rec.execution_key}:interrupted"
+    paired = tx.one(
+        "SELECT 1 FROM entries WHERE session_id = ? AND (id = ? OR (kind = 'message' "
+        "AND json_extract_string(payload, '$.message.role') = 'toolResult' "
+        "AND json_extract_string(payload, '$.message.toolCallId') = ?)) LIMIT 1",
+        [rec.session_id, entry_id, rec.provider_call_id],
+    )
+    if paired is not None:
+        return False
+    now = tx.now
+    assert now is not None
+    payload = {"message": interrupted_result(rec, int(now.timestamp() * 1000))}
+    sessions.append(
+        tx,
+        rec.session_id,
+        EntryKind.MESSAGE,
+        to_json(payload, "payload"),
+        payload,
+        entry_id=entry_id,
+        caller_chose_id=True,
+        timestamp=None,
+        expected_leaf=ANY_LEAF,
+        lease=lease,
+    )
+    return True
+
+
+def claim(tx: Tx, columns: Mapping[str, Any], lease: Lease | None) -> tuple[ToolExecution, bool]:
+    """Claim ``columns["execution_key"]``; returns ``(record, created)``.
+
+    An existing key returns its record, whatever its state, and writes nothing.
+
+    Raises:
+        SessionNotFoundError, RunNotFoundError, LeaseLostError,
+        InvalidInputError (the run belongs to another session).
+    """
+    found = get(tx, columns["execution_key"])
+    if found is not None:
+        return found, False
+    session_id = columns["session_id"]
+    _session(tx, session_id)
+    run_id = columns["run_id"]
+    if run_id is not None:
+        run = runs.get(tx, run_id)
+        if run is None:
+            raise errors.RunNotFoundError(run_id)
+        if run.session_id != session_id:
+            raise errors.InvalidInputError("run_id", f"run {run_id!r} is not in {session_id!r}")
+    if lease is not None:
+        leases.fence(tx, lease)
+    edge = _MACHINE.require("claim", "absent", {"side_effecting": columns["side_effecting"]})
+    values = {
+        **columns,
+        "state": edge.dest,
+        "result": None,
+        "is_error": False,
+        "reason": None,
+        "attempt": 1,
+        "lease_epoch": None if lease is None else lease.epoch,
+        "created_at": tx.now,
+        "updated_at": tx.now,
+        "completed_at": None,
+    }
+    names = [c.strip() for c in _COLS.split(",")]
+    row = tx.one(
+        f"INSERT INTO tool_executions ({_COLS}) VALUES ({', '.join('?' for _ in names)}) "
+        f"RETURNING {_COLS}",
+        [values[n] for n in names],
+    )
+    assert row is not None
+    rec = _record(row)
+    _event(tx, rec, edge)
+    return rec, True
+
+
+def complete(
+    tx: Tx, execution_key: str, result_json: str, is_error: bool, lease: Lease | None
+) -> ToolExecution:
+    """Record the tool's own result on a running record.
+
+    Repeating the completion with the same result returns the stored record
+    and writes nothing (a retry after an unknown commit result).
+
+    Raises:
+        ToolExecutionNotFoundError, InvalidTransitionError (not running, or
+        completed with another result), LeaseLostError, InvalidInputError.
+    """
+    rec = _load(tx, execution_key)
+    _own_session(rec, lease)
+    same = (rec.result, rec.is_error) == (from_json(result_json), is_error)
+    if rec.state == ToolExecutionState.COMPLETED and same:
+        return rec  # a repeated completion after an unknown commit result
+    if lease is not None:
+        leases.fence(tx, lease)
+    edge = _MACHINE.require("complete", rec.state, _facts(rec))
+    return _move(
+        tx, rec, edge, "result = ?, is_error = ?, completed_at = ?", [result_json, is_error, tx.now]
+    )
+
+
+def interrupt(
+    tx: Tx, session_id: str, local_turn_id: str | None, reason: str, lease: Lease | None
+) -> list[ToolExecution]:
+    """Mark the session's running records (of one turn, if given) interrupted and
+    pair each unpaired call with an explicit interrupted ``toolResult``.
+
+    Raises:
+        SessionNotFoundError, BusyError, LeaseLostError.
+    """
+    _session(tx, session_id)
+    _no_other_owner(tx, session_id, lease)
+    where, params = "session_id = ? AND state = 'running'", [session_id]
+    if local_turn_id is not None:
+        where, params = where + " AND local_turn_id = ?", [*params, local_turn_id]
+    done = []
+    for rec in _select(tx, where, params):
+        edge = _MACHINE.require("interrupt", rec.state, _facts(rec))
+        moved = _move(tx, rec, edge, "reason = ?", [reason])
+        _pair(tx, moved, lease)
+        done.append(moved)
+    return done
+
+
+def request_retry(
+    tx: Tx, session_id: str, local_turn_id: str, call_ids: Sequence[str]
+) -> list[ToolExecution]:
+    """Mark the turn's selected interrupted side-effecting calls ``retry_requested``.
+
+    Returns the selected records now retry-requested (including ones a
+    previous request already marked); completed, abandoned, running and
+    read-only records are left untouched and not returned.
+
+    Raises:
+        SessionNotFoundError.
+    """
+    _session(tx, session_id)
+    selected = _select(
+        tx,
+        "session_id = ? AND local_turn_id = ? AND list_contains(?::VARCHAR[], provider_call_id)",
+        [session_id, local_turn_id, list(call_ids)],
+    )
+    out = []
+    for rec in selected:
+        if rec.state == ToolExecutionState.RETRY_REQUESTED:
+            out.append(rec)
+            continue
+        if rec.state != ToolExecutionState.INTERRUPTED:
+            continue
+        edge = _MACHINE.decide("request_retry", rec.state, _facts(rec))
+        if edge is not None:  # read-only calls need no confirmation: they are reclaimed
+            out.append(_move(tx, rec, edge))
+    return out
+
+
+def reclaim(tx: Tx, execution_key: str, lease: Lease | None) -> bool:
+    """Reopen an eligible record as ``running`` with attempt + 1; returns whether it did.
+
+    Raises:
+        ToolExecutionNotFoundError, BusyError, LeaseLostError, InvalidInputError.
+    """
+    rec = _load(tx, execution_key)
+    _own_session(rec, lease)
+    try:
+        edge = _MACHINE.decide("reclaim", rec.state, _facts(rec))
+    except errors.InvalidTransitionError:
+        return False  # completed or abandoned: never reopened
+    if edge is None:
+        return False  # side-effecting and not confirmed
+    _no_other_owner(tx, rec.session_id, lease)
+    epoch = None if lease is None else lease.epoch
+    row = tx.one(
+        "UPDATE tool_executions SET state = ?, updated_at = ?, attempt = attempt + 1, "
+        "reason = NULL, lease_epoch = ? WHERE execution_key = ? AND state = ? AND attempt = ? "
+        f"RETURNING {_COLS}",
+        [edge.dest, tx.now, epoch, rec.execution_key, edge.source, rec.attempt],
+    )
+    if row is None:
+        raise Conflict(f"tool execution {rec.execution_key!r} moved")
+    _event(tx, _record(row), edge)
+    return True
+
+
+def abandon(tx: Tx, session_id: str, local_turn_id: str, reason: str, lease: Lease | None) -> int:
+    """Abandon the turn's uncertain records; returns how many.
+
+    A call still unpaired in the transcript gets the explicit interrupted
+    ``toolResult``.
+
+    Raises:
+        SessionNotFoundError, BusyError, LeaseLostError.
+    """
+    _session(tx, session_id)
+    _no_other_owner(tx, session_id, lease)
+    uncertain = sorted(s.value for s in UNCERTAIN)
+    found = _select(
+        tx,
+        "session_id = ? AND local_turn_id = ? AND list_contains(?::VARCHAR[], state)",
+        [session_id, local_turn_id, uncertain],
+    )
+    for rec in found:
+        edge = _MACHINE.require("abandon", rec.state, _facts(rec))
+        moved = _move(tx, rec, edge, "reason = ?, completed_at = ?", [reason, tx.now])
+        _pair(tx, moved, lease)
+    return len(found)
+
+
+def annotate_run_error(tx: Tx, run_id: str, reason: str) -> bool:
+    """Set the error of a terminal run that has none; returns whether it did.
+
+    Raises:
+        RunNotFoundError.
+    """
+    run = runs.get(tx, run_id)
+    if run is None:
+        raise errors.RunNotFoundError(run_id)
+    if run.status not in TERMINAL or run.error:
+        return False
+    row = tx.one(
+        "UPDATE runs SET error = ?, updated_at = ? "
+        "WHERE id = ? AND status = ? AND coalesce(error, '') = '' RETURNING 1",
+        [reason, tx.now, run_id, run.status],
+    )
+    if row is None:
+        raise Conflict(f"run {run_id!r} moved")
+    return True
