@@ -261,12 +261,60 @@ def _write_after_takeover(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("UPDATE entries SET ts = ? WHERE id = 'forged01'", [row[0]])
 
 
+def _run_event(
+    con: duckdb.DuckDBPyConnection, run_id: str, edge: str, source: str, dest: str, as_run: str = ""
+) -> None:
+    """Append a forged run event (for ``as_run``, default the run) to the run's session."""
+    con.execute(
+        "INSERT INTO run_events SELECT r.session_id, (SELECT max(seq) + 1 FROM run_events e "
+        "WHERE e.session_id = r.session_id), 'forged-' || ? || '-' || ?, ?, ?, ?, ?, ?, "
+        "'{}', now() FROM runs r WHERE r.id = ?",
+        [as_run or run_id, edge, as_run or run_id, edge, edge, source, dest, run_id],
+    )
+
+
+def _succeeded_run(con: duckdb.DuckDBPyConnection) -> str:
+    row = con.execute(
+        "SELECT id FROM runs WHERE status = 'succeeded' ORDER BY id LIMIT 1"
+    ).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _second_active_run(con: duckdb.DuckDBPyConnection) -> None:
+    run_id = _succeeded_run(con)
+    _run_event(con, run_id, "admit", "absent", "admitted", as_run="forged-run-a")
+    _run_event(con, run_id, "admit", "absent", "admitted", as_run="forged-run-b")
+
+
+def _revived_run(con: duckdb.DuckDBPyConnection) -> None:
+    _run_event(con, _succeeded_run(con), "start", "succeeded", "running")
+
+
+def _delivered_twice(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(
+        "INSERT INTO delivery_events SELECT * FROM delivery_events "
+        "WHERE dest = 'delivered' ORDER BY operation_id LIMIT 1"
+    )
+
+
+def _tool_result_missing(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(
+        "UPDATE tool_executions SET provider_call_id = 'ghost-call' WHERE execution_key = "
+        "(SELECT min(execution_key) FROM tool_executions WHERE state = 'completed')"
+    )
+
+
 CORRUPTIONS: dict[str, tuple[Callable[[duckdb.DuckDBPyConnection], None], str]] = {
     "never_granted_epoch": (_never_granted_epoch, "no_entry_under_lost_lease"),
     "duplicate_active_record": (_duplicate_active_record, "one_active_record_per_key"),
     "missing_parent": (_missing_parent, "session_trees_well_formed"),
     "epoch_gap": (_epoch_gap, "epochs_strictly_increasing"),
     "write_after_takeover": (_write_after_takeover, "no_entry_under_lost_lease"),
+    "second_active_run": (_second_active_run, "one_active_run_per_session"),
+    "revived_run": (_revived_run, "no_run_revived"),
+    "delivered_twice": (_delivered_twice, "delivered_at_most_once"),
+    "tool_result_missing": (_tool_result_missing, "tool_calls_paired"),
 }
 
 
