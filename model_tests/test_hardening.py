@@ -228,3 +228,21 @@ def test_paths_are_reported_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with turnkeeper.open_store(Path("rel.duckdb")) as s:
         assert s.path == str(tmp_path / "rel.duckdb")
+
+
+def test_short_lived_threads_do_not_gather_cursors(real_store):
+    """Each thread's cursor is closed when the thread ends (a runtime starting a
+    heartbeat thread per lease would otherwise leak one cursor per thread)."""
+    real_store.create_session("cur")
+
+    def read() -> None:
+        assert real_store.get_session("cur") is not None
+
+    for _ in range(5):
+        threads = [threading.Thread(target=read) for _ in range(20)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(real_store.db._cursors) <= 2  # this thread's, and at most one finishing
+    assert real_store.get_session("cur") is not None

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -198,6 +199,22 @@ class Tx:
         return self._cursor.sql(sql, params=list(params)).to_arrow_table()
 
 
+class _CursorHolder:
+    """A thread's cursor, held through ``threading.local`` so that the thread's
+    end collects the holder and closes the cursor."""
+
+    __slots__ = ("__weakref__", "cursor")
+
+    def __init__(self, cursor: duckdb.DuckDBPyConnection) -> None:
+        self.cursor = cursor
+
+
+def _drop_cursor(db: weakref.ref[Database], cur: duckdb.DuckDBPyConnection) -> None:
+    owner = db()
+    if owner is not None:
+        owner._forget(cur)
+
+
 class Database:
     """A DuckDB file (or ``:memory:``) opened for one store object.
 
@@ -219,7 +236,7 @@ class Database:
         except duckdb.Error as exc:
             raise translate(exc, self.path) from exc
         self._local = threading.local()
-        self._cursors: list[duckdb.DuckDBPyConnection] = []
+        self._cursors: set[duckdb.DuckDBPyConnection] = set()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._inflight = 0
@@ -229,14 +246,27 @@ class Database:
     # -- cursors ---------------------------------------------------------------
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
-        cur: duckdb.DuckDBPyConnection | None = getattr(self._local, "cursor", None)
-        if cur is None:
+        """This thread's cursor, opened on first use and closed when the thread
+        ends (its thread-local holder is collected) or the store closes, so a
+        long-lived store used by many short threads does not gather cursors."""
+        holder: _CursorHolder | None = getattr(self._local, "holder", None)
+        if holder is None:
             with self._lock:
                 cur = self._con.cursor()
                 cur.execute("SET TimeZone = 'UTC'")
-                self._cursors.append(cur)
-            self._local.cursor = cur
-        return cur
+                self._cursors.add(cur)
+            holder = _CursorHolder(cur)
+            weakref.finalize(holder, _drop_cursor, weakref.ref(self), cur)
+            self._local.holder = holder
+        return holder.cursor
+
+    def _forget(self, cur: duckdb.DuckDBPyConnection) -> None:
+        with self._lock:
+            if self._closed or cur not in self._cursors:
+                return
+            self._cursors.discard(cur)
+            with contextlib.suppress(duckdb.Error):
+                cur.close()
 
     def _enter(self) -> None:
         with self._lock:
