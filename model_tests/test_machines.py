@@ -248,7 +248,7 @@ def test_transitions_the_store_accepts_equal_the_spec_edges(store, clock):
     for lifecycle, table, extra in [
         (LEASE, "lease_events", ""),
         (THREAD_RECORD, "thread_record_events", ""),
-        (RUN, "run_events", ""),
+        (RUN, "run_events", " WHERE edge <> 'decision'"),  # resolutions, not transitions
         (RECOVERY, "recovery_events", ""),
         (TOOL_EXECUTION, "tool_execution_events", ""),
         (DELIVERY, "delivery_events", ""),

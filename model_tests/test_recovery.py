@@ -195,3 +195,46 @@ def test_only_a_recovery_purpose_lease_on_the_runs_session_recovers(store):
     with pytest.raises(turnkeeper.InvalidInputError):
         store.begin_recovery(run.id, other)
     assert store.get_recovery(run.id) is None
+
+
+def test_convergence_records_pending_decisions_before_the_terminal_event(store):
+    run = admitted(store)
+    lease = recovery_lease(store)
+    store.begin_recovery(run.id, lease)
+    decisions = [
+        {"id": "approval-1", "resolution": "expired"},
+        {"id": "approval-2", "resolution": "denied", "by": "recovery"},
+    ]
+    store.converge_recovery(run.id, lease, decisions=decisions)
+    events = store.run_events("s")
+    assert [(e.edge, e.source, e.dest) for e in events] == [
+        ("admit", "absent", "admitted"),
+        ("start", "admitted", "running"),
+        ("decision", "running", "running"),
+        ("decision", "running", "running"),
+        ("interrupt_running", "running", "interrupted"),
+    ]
+    assert [e.data for e in events[2:4]] == decisions
+    assert events[2].id == f"{run.id}:decision:approval-1"
+
+
+@pytest.mark.parametrize(
+    ("decisions", "field"),
+    [
+        ("approval-1", "decisions"),
+        ([["id", "x"]], "decisions[0]"),
+        ([{"resolution": "expired"}], "decisions[0].id"),
+        ([{"id": ""}], "decisions[0].id"),
+        ([{"id": "a", "x": float("nan")}], "decisions[0]"),
+        ([{"id": "a"}, {"id": "a"}], "decisions"),
+    ],
+)
+def test_bad_decisions_are_refused_and_nothing_converges(store, decisions, field):
+    run = admitted(store)
+    lease = recovery_lease(store)
+    store.begin_recovery(run.id, lease)
+    with pytest.raises(turnkeeper.InvalidInputError) as err:
+        store.converge_recovery(run.id, lease, decisions=decisions)
+    assert err.value.field == field
+    assert store.get_run(run.id).status == "running"
+    assert store.get_recovery(run.id).state == "recovering"

@@ -159,6 +159,7 @@ class Store(Protocol):
         status: str = ...,
         error: str | None = None,
         stop_reason: str | None = None,
+        decisions: Sequence[Mapping[str, Any]] = (),
     ) -> Recovery: ...
     def fail_recovery(
         self,

@@ -10,7 +10,7 @@ terminal event) and completes the recovery record in one transaction.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -177,15 +177,24 @@ def _set(tx: Tx, rec: Recovery, edge: Edge, sets: str, params: list[Any]) -> Rec
 
 
 def converge(
-    tx: Tx, run_id: str, lease: Lease, status: RunStatus, error: str | None, stop_reason: str | None
+    tx: Tx,
+    run_id: str,
+    lease: Lease,
+    status: RunStatus,
+    error: str | None,
+    stop_reason: str | None,
+    decisions: Sequence[Mapping[str, Any]] = (),
 ) -> Recovery:
-    """End the run (``cancelled`` when a cancel was requested) and complete the record.
+    """Record the pending decisions' resolutions, end the run (``cancelled`` when a
+    cancel was requested) and complete the record.
 
-    A run that reached a terminal status some other way keeps it.
+    A run that reached a terminal status some other way keeps it (and gets no
+    decision events: its own finalizer stays authoritative).
     """
     run, rec = _held(tx, run_id, lease, "converge")
     edge = _MACHINE.require("converge", rec.state, {})
     if run.status in NON_TERMINAL:
+        runs.record_decisions(tx, run, decisions)
         final = RunStatus.CANCELLED if run.cancel_requested else status
         runs.finish(
             tx,

@@ -320,6 +320,22 @@ def finish(
     return moved, True
 
 
+DECISION = "decision"
+"""The ``edge`` of a run event that records a decision resolution: not a
+transition (source and dest are the run's status), kept in the run's history."""
+
+
+def record_decisions(tx: Tx, run: Run, decisions: Sequence[Mapping[str, Any]]) -> None:
+    """Append one ``decision`` run event per resolution (session seed decisionEvents),
+    with ids derived from the run and the decision id so a retry writes none twice."""
+    for decision in decisions:
+        event_id = f"{run.id}:decision:{decision['id']}"
+        if tx.one("SELECT 1 FROM run_events WHERE id = ?", [event_id]) is not None:
+            continue
+        edge = Edge(DECISION, "decide", run.status, run.status)
+        _event(tx, run, edge, event_id, decision)
+
+
 def request_cancel(tx: Tx, run_id: str) -> Run:
     """Record a cancel request on a non-terminal run (honoured by its owner or recovery).
 

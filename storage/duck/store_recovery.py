@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from turnkeeper.spec import errors
 from turnkeeper.spec.records import Lease, Recovery, Run
 from turnkeeper.spec.run import RunStatus
 
-from ..codec import check_text
+from ..codec import check_text, to_json
 from ..validate import check_lease
 from . import recovery
 from .store_base import StoreBase
@@ -59,11 +62,15 @@ class RecoveryMixin(StoreBase):
         status: str = RunStatus.INTERRUPTED,
         error: str | None = None,
         stop_reason: str | None = None,
+        decisions: Sequence[Mapping[str, Any]] = (),
     ) -> Recovery:
-        """Converge: end the run in ``status`` (``cancelled`` instead when a cancel
-        was requested; a run already terminal keeps its status), close its open
-        turn, write the terminal event and complete the record, in one
-        transaction that revalidates the recovery lease (session seed
+        """Converge: record the resolutions of the run's pending decisions (one
+        ``decision`` run event each: a JSON object with a string ``id``, for
+        example ``{"id": "approval-7", "resolution": "expired"}``), end the run
+        in ``status`` (``cancelled`` instead when a cancel was requested; a run
+        already terminal keeps its status), close its open turn, write the
+        terminal event and complete the record, in one transaction that
+        revalidates the recovery lease (session seed
         ConvergeSessionRunRecovery).
 
         Raises:
@@ -81,10 +88,11 @@ class RecoveryMixin(StoreBase):
         for name, value in (("error", error), ("stop_reason", stop_reason)):
             if value is not None:
                 check_text(value, name)
+        resolved = _check_decisions(decisions)
         return self._fenced(
             "converge_recovery",
             lease,
-            lambda tx: recovery.converge(tx, run_id, lease, final, error, stop_reason),
+            lambda tx: recovery.converge(tx, run_id, lease, final, error, stop_reason, resolved),
         )
 
     def fail_recovery(
@@ -133,3 +141,20 @@ class RecoveryMixin(StoreBase):
     def _check(run_id: str, lease: Lease) -> None:
         check_text(run_id, "run_id", allow_empty=False)
         check_lease(lease)
+
+
+def _check_decisions(decisions: object) -> list[dict[str, Any]]:
+    """Decision resolutions: a sequence of JSON objects, each with a non-empty
+    string ``id``, ids unique."""
+    if not isinstance(decisions, Sequence) or isinstance(decisions, str | bytes):
+        raise errors.InvalidInputError("decisions", "expected a sequence of mappings")
+    out: list[dict[str, Any]] = []
+    for i, decision in enumerate(decisions):
+        if not isinstance(decision, Mapping):
+            raise errors.InvalidInputError(f"decisions[{i}]", "expected a mapping")
+        check_text(decision.get("id"), f"decisions[{i}].id", allow_empty=False)
+        to_json(dict(decision), f"decisions[{i}]")
+        out.append(dict(decision))
+    if len({d["id"] for d in out}) != len(out):
+        raise errors.InvalidInputError("decisions", "decision ids must be unique")
+    return out
