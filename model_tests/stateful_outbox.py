@@ -178,6 +178,13 @@ class OutboxMachine(RuleBasedStateMachine):
     def time_passes(self, seconds: float) -> None:
         self.clock.advance(seconds)
 
+    @rule()
+    def workers_crash(self) -> None:
+        """Every worker dies holding its claims: nothing is released, every claim
+        outlives its TTL (the longest is 5 s). Their claims stay in the bundle,
+        so a later step is a crashed worker waking up and using a dead claim."""
+        self.clock.advance(5.5)
+
     # -- invariants ----------------------------------------------------------------
 
     @invariant()
