@@ -24,6 +24,9 @@ from turnkeeper import EntryKind
 
 HERE = Path(__file__).resolve().parent
 SECONDS = 1.5
+DELIVERY_OPS = 3000
+"""Outbox operations planned for the claim/finish figure (more than it can claim in
+``SECONDS``)."""
 
 
 def rate(fn: Callable[[int], object]) -> float:
@@ -59,6 +62,27 @@ def main() -> int:
             "append_fenced": rate(lambda i: store.append("s", EntryKind.MESSAGE, msg, lease=lease)),
             "replay_100": 0.0,
         }
+        store.create_session("runs")
+        reply = {"role": "assistant", "content": "done"}
+        one_step = turnkeeper.DeliveryPlan("chat", "t", (turnkeeper.DeliveryStep("send", "msg"),))
+
+        def run_cycle(i: int) -> None:
+            run = store.admit_run("runs", {"i": i}, user_message={"role": "user", "content": "x"})
+            store.start_run(run.id)
+            store.finish_run(run.id, "succeeded", assistant_message=reply, delivery_plan=one_step)
+
+        figures["run_admit_start_finish"] = rate(run_cycle)
+        many = tuple(turnkeeper.DeliveryStep(str(n), "msg") for n in range(DELIVERY_OPS))
+        outbox = store.admit_run("runs", {"outbox": True})
+        store.finish_run(
+            outbox.id, "failed", delivery_plan=turnkeeper.DeliveryPlan("chat", "t", many)
+        )
+
+        def delivery_cycle(i: int) -> None:
+            op = store.claim_delivery(f"{outbox.id}:delivery:{i + 20}", "bench", 60)
+            store.finish_delivery(op.id, "bench", op.lease_epoch, "delivered")
+
+        figures["delivery_claim_finish"] = rate(delivery_cycle)
         store.create_session("r")
         for _ in range(100):
             store.append("r", EntryKind.MESSAGE, msg)
@@ -75,7 +99,18 @@ def main() -> int:
         "statements_per_call": {
             op: round(s["statements_per_call"], 2)
             for op, s in stats.items()
-            if op in ("acquire_lease", "renew_lease", "release_lease", "append", "replay")
+            if op
+            in (
+                "acquire_lease",
+                "renew_lease",
+                "release_lease",
+                "append",
+                "replay",
+                "admit_run",
+                "finish_run",
+                "claim_delivery",
+                "finish_delivery",
+            )
         },
         "machine": {"python": platform.python_version(), "duckdb": duckdb.__version__},
     }
