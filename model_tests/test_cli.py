@@ -29,7 +29,7 @@ from turnkeeper.cli.main import cli
 
 pq = importlib.import_module("pyarrow.parquet")
 
-DEMO_ARGS = ["--duration", "3", "--workers", "4", "--sessions", "4", "--seed", "1"]
+DEMO_ARGS = ["--duration", "5", "--workers", "4", "--sessions", "4", "--seed", "1"]
 
 
 def run(*args: str) -> Result:
@@ -411,8 +411,9 @@ def test_report_json_has_real_counts_and_writes_parquet(demo: DemoRun, tmp_path:
     try:
         counts = {
             t: (con.execute(f"SELECT count(*) FROM {t}").fetchone() or [0])[0]
-            for t in ("sessions", "entries", "lease_events", "fence_events", "thread_records")
+            for t in {*data["parquet"], "sessions", "entries", "fence_events", "thread_records"}
         }
+        keys = (con.execute("SELECT count(DISTINCT key) FROM thread_records").fetchone() or [0])[0]
     finally:
         con.close()
     assert data["sessions"]["sessions"] == 4
@@ -429,7 +430,7 @@ def test_report_json_has_real_counts_and_writes_parquet(demo: DemoRun, tmp_path:
     assert sum(r["fenced_writes"] for r in timeline["rows"]) == counts["fence_events"]
     assert sum(r["takeovers"] for r in timeline["rows"]) == demo.figures["takeovers"]
     statuses = {r["status"]: r["records"] for r in data["thread_records"]}
-    assert statuses["active"] == 4
+    assert statuses["active"] == keys >= 1  # one active record per key that has any
     assert sum(statuses.values()) == counts["thread_records"]
     for table, info in data["parquet"].items():
         assert pq.read_table(info["path"]).num_rows == counts[table] == info["rows"]
@@ -467,9 +468,16 @@ def test_sessions_list_pages_with_the_cursor(
 
 
 def test_sessions_show_prints_the_tree(demo: DemoRun) -> None:
-    result = run("sessions", "show", "demo-1-0", "--db", str(demo.db))
+    con = duckdb.connect(str(demo.db), read_only=True)
+    try:  # a session where some run succeeded (it has both roles)
+        row = con.execute("SELECT min(session_id) FROM runs WHERE status = 'succeeded'").fetchone()
+    finally:
+        con.close()
+    assert row is not None and row[0] is not None
+    sid = str(row[0])
+    result = run("sessions", "show", sid, "--db", str(demo.db))
     assert result.exit_code == 0, result.output
-    assert "session demo-1-0" in result.stdout
+    assert f"session {sid}" in result.stdout
     assert "◀ leaf" in result.stdout
     assert "user:" in result.stdout and "assistant:" in result.stdout
 
@@ -879,3 +887,518 @@ def test_read_commands_open_the_store_read_only(demo: DemoRun, tmp_path: Path) -
         assert con.execute("SELECT count(*) FROM duckdb_tables()").fetchone() == (0,)
     finally:
         con.close()
+
+
+# -- report: run history, SQL views, Parquet of runs and deliveries -------------------------
+
+
+RUN_HISTORY_VIEWS = {
+    "run_history",
+    "intent_attempts",
+    "recovery_times",
+    "delivery_outcomes",
+    "delivery_intent_outcomes",
+    "failure_reasons",
+    "tool_outcomes",
+}
+
+
+def _sql_script_parts(script: str) -> tuple[dict[str, str], dict[str, str]]:
+    """``report --sql`` split into ``({view: CREATE statement}, {figure: SELECT})``."""
+    import re
+
+    views: dict[str, str] = {}
+    figures: dict[str, str] = {}
+    for chunk in script.split(";\n"):
+        view = re.search(r"^CREATE OR REPLACE TEMP VIEW (\w+) AS$", chunk, re.M)
+        figure = re.search(r"^-- figure (\w+): ", chunk, re.M)
+        if view:
+            views[view.group(1)] = chunk
+        elif figure:
+            figures[figure.group(1)] = chunk
+        else:
+            assert not chunk.strip() or chunk.lstrip().startswith("--"), chunk
+    return views, figures
+
+
+def _figures_through_views(db: Path, script: str) -> dict[str, Any]:
+    """Run the printed views and figure queries on a fresh read-only connection."""
+    views, figures = _sql_script_parts(script)
+    con = duckdb.connect(str(db), read_only=True)  # TEMP views need no write access
+    try:
+        for statement in views.values():
+            con.execute(statement)
+        out = {}
+        for name, statement in figures.items():
+            out[name] = json.loads(json.dumps(con.sql(statement).to_arrow_table().to_pylist()))
+    finally:
+        con.close()
+    return out
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (DuckDB ``quantile_cont``)."""
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def _assert_seconds(figure: dict[str, Any], values: list[float]) -> None:
+    assert figure["recoveries"] == len(values)
+    if not values:
+        assert [figure[k] for k in ("min_s", "median_s", "p95_s", "max_s")] == [None] * 4
+        return
+    expected = {
+        "min_s": min(values),
+        "median_s": _quantile(values, 0.5),
+        "p95_s": _quantile(values, 0.95),
+        "max_s": max(values),
+    }
+    for key, value in expected.items():
+        assert figure[key] == pytest.approx(value, abs=1e-3), key
+
+
+def _recovery_seconds(con: duckdb.DuckDBPyConnection) -> dict[str, list[float]]:
+    """Time to recovery, pickup and time since the last update, computed in Python
+    from raw rows: orphaned when the run's admitting lease ended (its release, else
+    its last expiry), or at admission without one."""
+    ends: dict[tuple[str, int], Any] = {}
+    released: dict[tuple[str, int], Any] = {}
+    for target, epoch, edge, expires_at in con.execute(
+        "SELECT target, epoch, edge, expires_at FROM lease_events"
+    ).fetchall():
+        key = (target, epoch)
+        ends[key] = max(ends.get(key, expires_at), expires_at)
+        if edge == "release":
+            released[key] = expires_at
+    updates: dict[str, Any] = {}
+    for run_id, occurred_at in con.execute(
+        "SELECT run_id, occurred_at FROM run_events "
+        "WHERE dest IN ('admitted', 'running', 'waiting') AND edge <> 'decision'"
+    ).fetchall():
+        updates[run_id] = max(updates.get(run_id, occurred_at), occurred_at)
+    out: dict[str, list[float]] = {"ttr": [], "pickup": [], "since_update": []}
+    for run_id, state, began, completed, session, epoch, admitted in con.execute(
+        "SELECT v.run_id, v.state, v.started_at, v.completed_at, r.session_id, r.lease_epoch, "
+        "r.started_at FROM run_recoveries v JOIN runs r ON r.id = v.run_id"
+    ).fetchall():
+        key = (f"session:{session}", epoch)
+        orphaned = released.get(key, ends.get(key, admitted))
+        out["pickup"].append((began - orphaned).total_seconds())
+        if state == "completed":
+            out["ttr"].append((completed - orphaned).total_seconds())
+            out["since_update"].append((completed - updates.get(run_id, admitted)).total_seconds())
+    return out
+
+
+def test_report_run_history_matches_direct_sql(demo: DemoRun, tmp_path: Path) -> None:
+    db = demo.copy(tmp_path)
+    result = run("report", "--db", str(db), "--json")
+    assert result.exit_code == 0, result.output
+    h = json.loads(result.stdout)["run_history"]
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+
+        def q(sql: str) -> list[Any]:
+            return con.execute(sql).fetchall()
+
+        by_attempt = {
+            (s, a): n for s, a, n in q("SELECT status, attempt, count(*) FROM runs GROUP BY ALL")
+        }
+        assert {(r["status"], r["attempt"]): r["runs"] for r in h["runs_by_status_attempt"]} == (
+            by_attempt
+        )
+        assert sum(by_attempt.values()) >= demo.figures["runs_admitted"] > 0
+        intents = q(
+            "SELECT max(r.attempt), arg_max(r.status, r.attempt) FROM execution_intents i "
+            "LEFT JOIN runs r ON r.intent_id = i.id GROUP BY i.id"
+        )
+        assert h["retries"] == {
+            "runs": sum(by_attempt.values()),
+            "retry_runs": sum(n for (_, a), n in by_attempt.items() if a > 1),
+            "intents": len(intents),
+            "intents_retried": sum(1 for m, _ in intents if m > 1),
+            "intents_retried_succeeded": sum(1 for m, s in intents if m > 1 and s == "succeeded"),
+            "max_attempt": max(m for m, _ in intents),
+        }
+
+        states = dict(q("SELECT state, count(*) FROM run_recoveries GROUP BY state"))
+        assert [(r["state"], r["recoveries"]) for r in h["recovery_states"]] == [
+            (s, states.get(s, 0))
+            for s in ("recovering", "completed", "failed", "dead_lettered", "detached")
+        ]
+        assert states["completed"] >= demo.figures["recoveries_converged"] > 0
+        seconds = _recovery_seconds(con)
+        _assert_seconds(h["time_to_recovery"], seconds["ttr"])
+        _assert_seconds(h["recovery_pickup"], seconds["pickup"])
+        _assert_seconds(h["recovery_since_update"], seconds["since_update"])
+        # A recovery begins only once the run's lease has ended; the last update came first.
+        assert h["recovery_pickup"]["min_s"] >= 0
+        assert h["recovery_since_update"]["max_s"] >= h["time_to_recovery"]["max_s"]
+
+        ops = dict(q("SELECT status, count(*) FROM delivery_operations GROUP BY status"))
+        assert {r["status"]: r["operations"] for r in h["delivery_operations_by_status"]} == {
+            s: ops.get(s, 0)
+            for s in ("pending", "claimed", "in_progress", "delivered", "unsupported", "failed",
+                      "uncertain")
+        }  # fmt: skip
+        assert ops["delivered"] > 0
+        by_intent = dict(q("SELECT status, count(*) FROM delivery_intents GROUP BY status"))
+        assert {r["status"]: r["intents"] for r in h["delivery_intents_by_status"]} == {
+            s: by_intent.get(s, 0) for s in ("pending", "delivered", "failed", "uncertain")
+        }
+        [(n_ops, attempts, most)] = q(
+            "SELECT count(*), sum(attempt_count)::BIGINT, max(attempt_count) "
+            "FROM delivery_operations"
+        )
+        [(requeues, requeued)] = q(
+            "SELECT count(*), count(DISTINCT operation_id) FROM delivery_events "
+            "WHERE edge LIKE 'requeue\\_%' ESCAPE '\\'"
+        )
+        da = h["delivery_attempts"]
+        assert (da["operations"], da["attempts"], da["max_attempts"]) == (n_ops, attempts, most)
+        assert da["avg_attempts"] == pytest.approx(attempts / n_ops, abs=0.005)
+        assert (da["requeues"], da["operations_requeued"]) == (requeues, requeued)
+        assert {r["attempts"]: r["operations"] for r in h["delivery_attempts_distribution"]} == (
+            dict(q("SELECT attempt_count, count(*) FROM delivery_operations GROUP BY ALL"))
+        )
+        assert {
+            (r["kind"], r["status"]): r["operations"] for r in h["delivery_outcomes_by_kind"]
+        } == {
+            (k, s): n
+            for k, s, n in q("SELECT kind, status, count(*) FROM delivery_operations GROUP BY ALL")
+        }
+
+        reasons = {
+            (r["source"], r["status"], r["reason"]): r["records"] for r in h["failure_reasons"]
+        }
+        expected = {
+            ("run", s, e): n
+            for s, e, n in q(
+                "SELECT status, error, count(*) FROM runs WHERE error IS NOT NULL GROUP BY ALL"
+            )
+        }
+        expected |= {
+            ("recovery", s, e): n
+            for s, e, n in q(
+                "SELECT state, last_error, count(*) FROM run_recoveries "
+                "WHERE last_error IS NOT NULL GROUP BY ALL"
+            )
+        }
+        expected |= {
+            ("delivery", s, c): n
+            for s, c, n in q(
+                "SELECT status, failure_code, count(*) FROM delivery_operations "
+                "WHERE failure_code <> '' GROUP BY ALL"
+            )
+        }
+        expected |= {
+            ("tool", s, r): n
+            for s, r, n in q(
+                "SELECT state, reason, count(*) FROM tool_executions "
+                "WHERE reason IS NOT NULL GROUP BY ALL"
+            )
+        }
+        assert expected and reasons == expected  # the demo's failures all carry a reason
+        assert ("run", "interrupted", "the worker lost its lease") in reasons
+
+        tools = {
+            (s, e): n
+            for s, e, n in q(
+                "SELECT state, side_effecting, count(*) FROM tool_executions GROUP BY ALL"
+            )
+        }
+        assert [
+            (r["state"], r["executions"], r["side_effecting"], r["read_only"])
+            for r in h["tool_executions_by_state"]
+        ] == [
+            (s, tools.get((s, True), 0) + tools.get((s, False), 0), tools.get((s, True), 0),
+             tools.get((s, False), 0))
+            for s in ("running", "completed", "interrupted", "retry_requested", "abandoned")
+        ]  # fmt: skip
+    finally:
+        con.close()
+
+
+def test_report_sql_views_give_the_reports_numbers_on_a_read_only_open(
+    demo: DemoRun, tmp_path: Path
+) -> None:
+    printed = run("report", "--sql", "--db", str(tmp_path / "not-read.duckdb"))
+    assert printed.exit_code == 0, printed.output
+    assert not (tmp_path / "not-read.duckdb").exists()
+    views, figures = _sql_script_parts(printed.stdout)
+    assert set(views) == RUN_HISTORY_VIEWS
+    db = demo.copy(tmp_path)
+    report = run("report", "--db", str(db), "--json")
+    assert report.exit_code == 0, report.output
+    expected = json.loads(report.stdout)["run_history"]
+    assert set(figures) == set(expected)
+    got = _figures_through_views(db, printed.stdout)
+    for name, value in expected.items():
+        assert (got[name][0] if isinstance(value, dict) else got[name]) == value, name
+    con = duckdb.connect(str(db), read_only=True)
+    try:  # TEMP views left nothing in the file; each view reads the stored rows
+        assert con.execute("SELECT count(*) FROM duckdb_views() WHERE NOT internal").fetchone() == (
+            0,
+        )
+        for statement in views.values():
+            con.execute(statement)
+        for view, table in (
+            ("run_history", "runs"),
+            ("intent_attempts", "execution_intents"),
+            ("recovery_times", "run_recoveries"),
+            ("delivery_outcomes", "delivery_operations"),
+            ("delivery_intent_outcomes", "delivery_intents"),
+            ("tool_outcomes", "tool_executions"),
+        ):
+            assert (
+                con.execute(f"SELECT count(*) FROM {view}").fetchone()
+                == con.execute(f"SELECT count(*) FROM {table}").fetchone()
+            ), view
+        columns = con.sql("SELECT * FROM delivery_intent_outcomes").columns
+        assert "transport_context" not in columns
+    finally:
+        con.close()
+    both = run("report", "--sql", "--json")
+    assert both.exit_code == 2 and "--sql prints SQL only" in both.stderr
+
+
+def test_report_parquet_writes_run_and_delivery_tables_without_transport_context(
+    demo: DemoRun, tmp_path: Path
+) -> None:
+    from turnkeeper.cli.report import PARQUET_TABLES
+
+    db = demo.copy(tmp_path)
+    out = tmp_path / "pq"
+    result = run("report", "--db", str(db), "--json", "--parquet", str(out))
+    assert result.exit_code == 0, result.output
+    written = json.loads(result.stdout)["parquet"]
+    new = {
+        "runs",
+        "run_events",
+        "run_recoveries",
+        "recovery_events",
+        "delivery_intents",
+        "delivery_operations",
+        "delivery_events",
+        "tool_executions",
+    }
+    assert set(written) == set(PARQUET_TABLES) >= new
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        contexts = [
+            r[0] for r in con.execute("SELECT transport_context FROM delivery_intents").fetchall()
+        ]
+        assert contexts
+        for table in PARQUET_TABLES:
+            info = written[table]
+            assert Path(info["path"]).name == f"{table}.parquet"
+            assert Path(info["path"]).parent.samefile(out)
+            data = pq.read_table(info["path"])
+            count = con.execute(f"SELECT count(*) FROM {table}").fetchone()
+            assert count is not None and data.num_rows == info["rows"] == count[0], table
+            columns = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
+            assert data.column_names == [c for c in columns if c != "transport_context"], table
+            assert "transport_context" not in data.column_names
+            for column in data.column_names:  # not smuggled under another name either
+                values = data.column(column).to_pylist()
+                assert not any(v in contexts for v in values if isinstance(v, str)), column
+        for table in ("runs", "run_events", "delivery_intents", "delivery_operations"):
+            assert written[table]["rows"] > 0, table
+    finally:
+        con.close()
+
+
+def test_report_on_an_empty_database_is_zeros(tmp_path: Path) -> None:
+    db = tmp_path / "empty.duckdb"
+    turnkeeper.open_store(str(db)).close()
+    result = run("report", "--db", str(db), "--json", "--parquet", str(tmp_path / "pq"))
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    h = data["run_history"]
+    assert h["runs_by_status_attempt"] == [] and h["failure_reasons"] == []
+    assert h["retries"] == {
+        "runs": 0,
+        "retry_runs": 0,
+        "intents": 0,
+        "intents_retried": 0,
+        "intents_retried_succeeded": 0,
+        "max_attempt": None,
+    }
+    for name in ("time_to_recovery", "recovery_pickup", "recovery_since_update"):
+        _assert_seconds(h[name], [])
+    assert {r["recoveries"] for r in h["recovery_states"]} == {0}
+    assert len(h["recovery_states"]) == 5
+    assert {r["operations"] for r in h["delivery_operations_by_status"]} == {0}
+    assert h["delivery_attempts"] == {
+        "operations": 0,
+        "attempts": 0,
+        "avg_attempts": None,
+        "max_attempts": None,
+        "requeues": 0,
+        "operations_requeued": 0,
+    }
+    assert {r["executions"] for r in h["tool_executions_by_state"]} == {0}
+    assert {info["rows"] for info in data["parquet"].values()} == {0}
+    script = run("report", "--sql").stdout
+    got = _figures_through_views(db, script)
+    for name, value in h.items():
+        assert (got[name][0] if isinstance(value, dict) else got[name]) == value, name
+    table = run("report", "--db", str(db))
+    assert table.exit_code == 0, table.output
+    for text in ("Runs by status and attempt", "Recovery latency (seconds", "Failure reasons"):
+        assert text in table.stdout
+
+
+def test_report_recovery_latency_runs_from_the_end_of_the_runs_lease(tmp_path: Path) -> None:
+    """A scripted history on an injected clock, with every recovery state, a retry, a
+    requeued delivery and an interrupted tool: the figures are the hand-counted ones."""
+    from conftest import FakeClock
+
+    from turnkeeper import DeliveryPlan, DeliveryStep
+
+    user = {"role": "user", "content": "go"}
+    reply = {"role": "assistant", "content": [{"type": "text", "text": "done"}]}
+    clock = FakeClock()
+    db = tmp_path / "scripted.duckdb"
+    with turnkeeper.open_store(str(db), clock=clock) as store:
+
+        def admit(sid: str, lease: Any = None, retry_of: str | None = None) -> Any:
+            if store.get_session(sid) is None:
+                store.create_session(sid)
+            r = store.admit_run(sid, {"q": sid}, user_message=user, lease=lease, retry_of=retry_of)
+            store.start_run(r.id, lease=lease)
+            return r
+
+        def recovery(sid: str) -> Any:
+            return store.acquire_lease(f"session:{sid}", "rec", 60, purpose="recovery")
+
+        # s1: the worker renews its lease to T+14 s, then is lost; recovered at T+27 s.
+        store.create_session("s1")
+        worker = store.acquire_lease("session:s1", "w", 10, purpose="execution")
+        lost = admit("s1", worker)
+        clock.advance(4)
+        store.renew_lease(worker, 10)
+        clock.advance(21)
+        rec = recovery("s1")
+        store.begin_recovery(lost.id, rec)  # pickup 11 s
+        clock.advance(2)
+        store.converge_recovery(lost.id, rec, error="worker crashed")  # 13 s; 27 s since update
+        store.release_lease(rec)
+        # Its retry succeeds; the reply's upload is requeued once, the message fails.
+        retry = admit("s1", retry_of=lost.id)
+        store.claim_tool_execution(
+            "k-edit", "s1", local_turn_id="t1", provider_call_id="c1", tool_name="edit",
+            side_effecting=True, run_id=retry.id,
+        )  # fmt: skip
+        store.complete_tool_execution("k-edit", {"ok": True})
+        plan = DeliveryPlan(
+            "chat",
+            "room",
+            (
+                DeliveryStep("upload", "attachment", artifact_id="a1", payload_digest="d1"),
+                DeliveryStep("send", "message", depends_on="upload"),
+            ),
+            reply_message_id="m1",
+            transport_context={"token": "secret"},
+        )
+        store.finish_run(retry.id, "succeeded", assistant_message=reply, delivery_plan=plan)
+        upload, send = f"{retry.id}:delivery:upload", f"{retry.id}:delivery:send"
+        claim = store.claim_delivery(upload, "d", 5)
+        store.requeue_delivery(upload, "d", claim.lease_epoch, failure_code="rate_limited")
+        claim = store.claim_delivery(upload, "d", 5)
+        store.finish_delivery(upload, "d", claim.lease_epoch, "delivered")
+        claim = store.claim_delivery(send, "d", 5)
+        store.finish_delivery(send, "d", claim.lease_epoch, "failed", failure_code="gone")
+        # s2: the worker releases its lease 1 s in, with a read-only tool running.
+        worker = store.acquire_lease("session:s2", "w", 10, purpose="execution")
+        released = admit("s2", worker)
+        store.claim_tool_execution(
+            "k-read", "s2", local_turn_id="t2", provider_call_id="c2", tool_name="read",
+            side_effecting=False, run_id=released.id, lease=worker,
+        )  # fmt: skip
+        clock.advance(1)
+        store.release_lease(worker)
+        clock.advance(4)
+        rec = recovery("s2")
+        store.begin_recovery(released.id, rec)  # pickup 4 s
+        store.interrupt_tool_executions("s2", reason="process lost", lease=rec)
+        clock.advance(1)
+        store.converge_recovery(released.id, rec)  # 5 s; 6 s since update
+        store.release_lease(rec)
+        # s3..s6: runs admitted without a lease, orphans from admission.
+        for sid, wait_s in (("s3", 2), ("s4", 0), ("s5", 0), ("s6", 0)):
+            orphan = admit(sid)
+            clock.advance(wait_s)
+            rec = recovery(sid)
+            store.begin_recovery(orphan.id, rec)
+            if sid == "s3":
+                store.fail_recovery(orphan.id, rec, "boom", max_attempts=1)
+            elif sid == "s4":
+                store.detach_recovery(orphan.id, rec)
+            elif sid == "s5":
+                store.fail_recovery(orphan.id, rec, "flaky", max_attempts=3)
+    result = run("report", "--db", str(db), "--json")
+    assert result.exit_code == 0, result.output
+    h = json.loads(result.stdout)["run_history"]
+    assert h["runs_by_status_attempt"] == [
+        {"status": "running", "attempt": 1, "runs": 4},
+        {"status": "succeeded", "attempt": 2, "runs": 1},
+        {"status": "interrupted", "attempt": 1, "runs": 2},
+    ]
+    assert h["retries"] == {
+        "runs": 7,
+        "retry_runs": 1,
+        "intents": 6,
+        "intents_retried": 1,
+        "intents_retried_succeeded": 1,
+        "max_attempt": 2,
+    }
+    assert {r["state"]: r["recoveries"] for r in h["recovery_states"]} == {
+        "recovering": 1,
+        "completed": 2,
+        "failed": 1,
+        "dead_lettered": 1,
+        "detached": 1,
+    }
+    seconds = ("recoveries", "min_s", "median_s", "p95_s", "max_s")
+    assert [h["time_to_recovery"][k] for k in seconds] == [2, 5.0, 9.0, 12.6, 13.0]
+    assert [h["recovery_pickup"][k] for k in seconds] == [6, 0.0, 1.0, 9.25, 11.0]
+    assert [h["recovery_since_update"][k] for k in seconds] == [2, 6.0, 16.5, 25.95, 27.0]
+    assert h["delivery_attempts"] == {
+        "operations": 2,
+        "attempts": 3,
+        "avg_attempts": 1.5,
+        "max_attempts": 2,
+        "requeues": 1,
+        "operations_requeued": 1,
+    }
+    assert h["delivery_attempts_distribution"] == [
+        {"attempts": 1, "operations": 1},
+        {"attempts": 2, "operations": 1},
+    ]
+    assert h["delivery_outcomes_by_kind"] == [
+        {"kind": "attachment", "status": "delivered", "operations": 1},
+        {"kind": "message", "status": "failed", "operations": 1},
+    ]
+    assert {r["status"]: r["intents"] for r in h["delivery_intents_by_status"]}["failed"] == 1
+    assert {
+        (r["source"], r["status"], r["reason"]): r["records"] for r in h["failure_reasons"]
+    } == {
+        ("run", "interrupted", "worker crashed"): 1,
+        ("run", "interrupted", "(none recorded)"): 1,
+        ("recovery", "dead_lettered", "boom"): 1,
+        ("recovery", "failed", "flaky"): 1,
+        ("delivery", "delivered", "rate_limited"): 1,
+        ("delivery", "failed", "gone"): 1,
+        ("tool", "interrupted", "process lost"): 1,
+    }
+    tools = {r["state"]: r for r in h["tool_executions_by_state"]}
+    assert (tools["completed"]["side_effecting"], tools["completed"]["read_only"]) == (1, 0)
+    assert (tools["interrupted"]["side_effecting"], tools["interrupted"]["read_only"]) == (0, 1)
+    table = run("report", "--db", str(db))
+    assert table.exit_code == 0, table.output
+    for text in ("lease ended → recovered", "dead_lettered", "worker crashed", "12.600"):
+        assert text in table.stdout

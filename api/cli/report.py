@@ -1,12 +1,31 @@
 """``turnkeeper report``: analytics over what a database holds, in DuckDB SQL.
 
 Every figure is one query through :meth:`DuckDBStore.query` (a
-``pyarrow.Table``): sessions and entries, entries by kind, user turns per
-session (min/avg/max), models used (assistant messages' ``provider``/``model``
-and ``model_change`` entries), lease events by edge, fenced writes by
-operation, takeovers and fenced writes over time (per second when the events
-span under two minutes, else per minute) and thread records by status.
-``--parquet DIR`` also writes the underlying tables as Parquet files.
+``pyarrow.Table``) on the database opened read-only: sessions and entries,
+entries by kind, user turns per session (min/avg/max), models used (assistant
+messages' ``provider``/``model`` and ``model_change`` entries), lease events
+by edge, fenced writes by operation, takeovers and fenced writes over time
+(per second when the events span under two minutes, else per minute) and
+thread records by status.
+
+Run history (:mod:`.report_runs`, JSON key ``run_history``): runs by status
+and attempt; retries (runs with attempt > 1, intents that needed them); time
+to recovery in seconds (min / median / p95 / max, from the end of the run's
+lease to its recovery's completion) and recoveries by state; delivery
+operations and intents by status, claims per operation, requeues, outcomes
+per kind; failure reasons (run ``error``, recovery ``last_error``, delivery
+``failure_code``, tool ``reason``) with counts; tool executions by state.
+Those figures are computed from SQL views (``run_history``,
+``intent_attempts``, ``recovery_times``, ``delivery_outcomes``,
+``delivery_intent_outcomes``, ``failure_reasons``, ``tool_outcomes``) inlined
+as CTEs, since a read-only open cannot create views; ``--sql`` prints the same
+views as ``CREATE OR REPLACE TEMP VIEW`` statements plus every figure query,
+for a user to run in ``duckdb -readonly`` on the file. All durations are
+seconds.
+
+``--parquet DIR`` also writes the underlying tables as Parquet files
+(:data:`PARQUET_TABLES`); ``delivery_intents`` leaves out
+``transport_context``, opaque runtime state that reports never project.
 """
 
 from __future__ import annotations
@@ -17,14 +36,31 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from turnkeeper.storage import DuckDBStore
 
 from .common import db_option, dumps, fmt_num, open_db, stdout_console
+from .report_runs import collect_runs, render_runs, sql_script, table
 
-PARQUET_TABLES = ("sessions", "entries", "lease_events", "fence_events", "thread_records")
+PARQUET_TABLES = (
+    "sessions",
+    "entries",
+    "lease_events",
+    "fence_events",
+    "thread_records",
+    "runs",
+    "run_events",
+    "run_recoveries",
+    "recovery_events",
+    "delivery_intents",
+    "delivery_operations",
+    "delivery_events",
+    "tool_executions",
+)
 """Tables ``--parquet`` exports, one ``<table>.parquet`` file each."""
+
+PARQUET_EXCLUDED: dict[str, tuple[str, ...]] = {"delivery_intents": ("transport_context",)}
+"""Columns never exported: a delivery intent's transport context is opaque runtime state."""
 
 SECOND_BUCKETS_BELOW_S = 120
 """Bucket the timeline per second when its events span fewer seconds than this."""
@@ -108,33 +144,26 @@ def collect(store: DuckDBStore) -> dict[str, Any]:
     out["sessions"] = out["sessions"][0]
     out["turns_per_session"] = out.pop("turns")[0]
     out["timeline"] = timeline(store)
+    out["run_history"] = collect_runs(store)
     return out
 
 
 def write_parquet(store: DuckDBStore, directory: str) -> dict[str, dict[str, Any]]:
     """Write :data:`PARQUET_TABLES` to ``directory`` (created if missing).
 
-    Returns ``{table: {"path", "rows"}}``.
+    Returns ``{table: {"path", "rows"}}``. Leaves out :data:`PARQUET_EXCLUDED`.
     """
     pq = importlib.import_module("pyarrow.parquet")
     os.makedirs(directory, exist_ok=True)
     written: dict[str, dict[str, Any]] = {}
     for name in PARQUET_TABLES:
-        data = store.query(f"SELECT * FROM {name}")
+        excluded = PARQUET_EXCLUDED.get(name)
+        columns = f"* EXCLUDE ({', '.join(excluded)})" if excluded else "*"
+        data = store.query(f"SELECT {columns} FROM {name}")
         path = os.path.join(directory, f"{name}.parquet")
         pq.write_table(data, path)
         written[name] = {"path": os.path.abspath(path), "rows": data.num_rows}
     return written
-
-
-def _table(title: str, columns: list[str], rows: list[list[str]], text_columns: int = 1) -> Table:
-    """A table whose first ``text_columns`` columns are text and the rest numbers."""
-    table = Table(title=title, title_justify="left")
-    for i, col in enumerate(columns):
-        table.add_column(col, justify="left" if i < text_columns else "right")
-    for row in rows:
-        table.add_row(*row)
-    return table
 
 
 def render(console: Console, data: dict[str, Any]) -> None:
@@ -143,7 +172,7 @@ def render(console: Console, data: dict[str, Any]) -> None:
     t = data["turns_per_session"]
     status = {r["status"]: r["records"] for r in data["thread_records"]}
     console.print(
-        _table(
+        table(
             "Overview",
             ["figure", "value"],
             [
@@ -160,14 +189,14 @@ def render(console: Console, data: dict[str, Any]) -> None:
         )
     )
     console.print(
-        _table(
+        table(
             "Entries by kind",
             ["kind", "entries"],
             [[r["kind"], fmt_num(r["entries"])] for r in data["entries_by_kind"]],
         )
     )
     console.print(
-        _table(
+        table(
             "Models used",
             ["source", "provider", "model", "entries"],
             [
@@ -183,7 +212,7 @@ def render(console: Console, data: dict[str, Any]) -> None:
         )
     )
     console.print(
-        _table(
+        table(
             "Lease events and fenced writes",
             ["what", "count"],
             [[f"lease {r['edge']}", fmt_num(r["events"])] for r in data["lease_events_by_edge"]]
@@ -201,7 +230,7 @@ def render(console: Console, data: dict[str, Any]) -> None:
         title += f", last {len(shown)} of {len(rows)} buckets"
     fmt = "%Y-%m-%d %H:%M:%S" if tl["bucket"] == "second" else "%Y-%m-%d %H:%M"
     console.print(
-        _table(
+        table(
             title,
             [tl["bucket"], "takeovers", "fenced writes"],
             [
@@ -220,17 +249,44 @@ def render(console: Console, data: dict[str, Any]) -> None:
     "parquet_dir",
     type=click.Path(file_okay=False),
     default=None,
-    help="Also write sessions, entries, lease_events, fence_events and thread_records "
-    "as Parquet files into this directory.",
+    help="Also write " + ", ".join(PARQUET_TABLES) + " as Parquet files into this directory "
+    "(delivery_intents without its transport_context).",
 )
-def report_command(db: str, as_json: bool, parquet_dir: str | None) -> None:
-    """Print analytics over the stored sessions, leases and thread records.
+@click.option(
+    "--sql",
+    "as_sql",
+    is_flag=True,
+    help="Print the run-history SQL (CREATE OR REPLACE TEMP VIEW statements, then each "
+    "figure's query) instead of a report; reads no database.",
+)
+def report_command(db: str, as_json: bool, parquet_dir: str | None, as_sql: bool) -> None:
+    """Print analytics over the stored sessions, leases, thread records and run history.
 
     Tables (or one JSON object with --json): sessions and entries, entries by
     kind, user turns per session, models used, lease events by edge, fenced
     writes by operation, takeovers and fenced writes over time (per second
     under two minutes of data, else per minute), thread records by status.
+
+    Run history: runs by status and attempt, retries, recoveries by state,
+    time to recovery in seconds (from the end of the run's lease to its
+    recovery's completion: min, median, p95, max), deliveries by status,
+    claims per operation, requeues, outcomes per kind, failure reasons, tool
+    executions by state.
+
+    The run-history figures are SQL views (run_history, intent_attempts,
+    recovery_times, delivery_outcomes, delivery_intent_outcomes,
+    failure_reasons, tool_outcomes). The report opens the database read-only,
+    so it never creates them in the file: it inlines them in each query.
+    --sql prints them as TEMP views with every figure's query, to run in
+    DuckDB on a read-only open that leaves the file unchanged:
+
+        turnkeeper report --sql | duckdb -readonly turnkeeper.duckdb
     """
+    if as_sql:
+        if as_json or parquet_dir is not None:
+            raise click.UsageError("--sql prints SQL only; drop --json and --parquet")
+        click.echo(sql_script(), nl=False)
+        return
     with open_db(db, read_only=True) as store:
         data = collect(store)
         if parquet_dir is not None:
@@ -240,5 +296,6 @@ def report_command(db: str, as_json: bool, parquet_dir: str | None) -> None:
         return
     console = stdout_console()
     render(console, data)
+    render_runs(console, data["run_history"])
     for name, info in data.get("parquet", {}).items():
         console.print(f"wrote {info['path']} ({info['rows']:,} rows, table {name})")
