@@ -326,6 +326,7 @@ def summarize(
         "abandoned": total("abandoned"),
         "crashes": total("crashes"),
         "runs_admitted": total("runs_admitted"),
+        "run_retries": total("retries"),
         "run_active_refusals": total("run_active_refusals"),
         "tool_calls": total("tool_calls"),
         "stale_finishes_fenced": total("stale_finishes_fenced"),
@@ -359,7 +360,8 @@ def render(console: Console, figures: dict[str, Any]) -> None:
         (
             "runs succeeded",
             fmt_num(f["turns_committed"]),
-            f"{f['runs_admitted']:,} admitted, {f['entries_written']:,} entries, "
+            f"{f['runs_admitted']:,} admitted ({f['run_retries']:,} retries), "
+            f"{f['entries_written']:,} entries, "
             f"{f['tool_calls']:,} tool calls",
         ),
         (

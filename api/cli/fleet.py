@@ -73,6 +73,9 @@ CHOICES_KEPT = 16
 BUSY_BACKOFF_S = 0.002
 """Seconds a worker waits after a busy refusal before its next iteration."""
 
+MAX_ATTEMPTS = 3
+"""Attempts a demo request gets: an interrupted run is retried up to this many times."""
+
 STALL_MARGIN_S = 0.15
 """Seconds a stalled worker sleeps beyond the lease TTL."""
 
@@ -139,6 +142,7 @@ class WorkerStats:
     abandoned: int = 0
     crashes: int = 0
     runs_admitted: int = 0
+    retries: int = 0
     run_active_refusals: int = 0
     tool_calls: int = 0
     finalized: int = 0
@@ -250,7 +254,14 @@ class Worker:
         return f"{self.run_id}.{self.stats.index}.{it}.{n}"
 
     def _admit(self, it: int, sid: str, lease: Lease) -> Run:
-        """Admit and start a run under ``lease``; a refusal records the user marker."""
+        """Admit and start a run under ``lease``: a retry (attempt + 1 of the same
+        intent) when the session's latest run was interrupted and has attempts
+        left, else a new request. A refusal records the user marker."""
+        runs = self.store.session_runs(sid)
+        last = runs[-1] if runs else None
+        retry_of = None
+        if last is not None and last.status == "interrupted" and last.attempt < MAX_ATTEMPTS:
+            retry_of = last.id
         m = self._marker(it, 0)
         user = {
             "role": "user",
@@ -264,12 +275,14 @@ class Worker:
                 submission_key=m,
                 user_message=user,
                 lease=lease,
+                retry_of=retry_of,
                 source="demo",
             )
         except LeaseLostError:
             self.stats.refused_markers.append(m)
             raise
         self.stats.runs_admitted += 1
+        self.stats.retries += retry_of is not None
         self.stats.entries_written += 2  # turn start + user
         self.store.start_run(run.id, lease=lease)
         return run
