@@ -8,8 +8,9 @@ Every outcome is compared with a plain-Python oracle, and after every step:
 - at most one non-terminal run per session, and it is the one the
   ``active_runs`` table names;
 - no run is revived: a run the oracle saw end keeps that status;
-- no termination or convergence commits under a lost lease (the oracle
-  agrees with every outcome).
+- no termination or convergence commits under a lost lease, and no write
+  without a lease commits while anyone holds the session (the oracle agrees
+  with every outcome).
 """
 
 from __future__ import annotations
@@ -112,6 +113,10 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         self.store.close()
 
+    def _held(self, session: str) -> bool:
+        """Someone holds a live lease on the session (by the oracle)."""
+        return self.oracle.live(f"session:{session}", self.clock()) is not None
+
     def _valid(self, lease: turnkeeper.Lease) -> bool:
         return self.oracle.valid(lease.target, lease.owner, lease.epoch, self.clock())
 
@@ -140,6 +145,8 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
             lease = None
         if lease is not None and not self._valid(lease):
             expected = ("lost",)
+        elif lease is None and self._held(session):
+            expected = ("busy",)  # without a lease, only while nobody holds the session
         elif self.world.active(session) is not None:
             expected = ("active",)
         else:
@@ -155,8 +162,10 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
     def start(self, run: str) -> None:
         model = self.world.runs[run]
         ok = legal("start", model.status, model.cancel_requested)
+        expected = "transition" if not ok else "busy" if self._held(model.session) else "ok"
         got = attempt(self.store.start_run, run)
-        assert got[0] == ("ok" if ok else "transition"), (got, model)
+        assert got[0] == expected, (got, model)
+        ok = expected == "ok"
         if ok:
             model.status = "running"
 
@@ -177,6 +186,8 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
             expected = "ok"  # a repeated terminalization is idempotent
         elif lease is not None and not self._valid(lease):
             expected = "lost"
+        elif lease is None and self._held(model.session):
+            expected = "busy"
         elif legal(status, model.status, model.cancel_requested):
             expected = "ok"
         else:

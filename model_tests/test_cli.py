@@ -305,6 +305,15 @@ def _tool_result_missing(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
+def _call_result_lost(con: duckdb.DuckDBPyConnection) -> None:
+    """A toolResult of an ended turn now answers another call: its call is unpaired."""
+    con.execute(
+        "UPDATE entries SET payload = json_merge_patch(payload, "
+        '\'{"message": {"toolCallId": "ghost"}}\') WHERE id = (SELECT min(id) FROM entries '
+        "WHERE kind = 'message' AND json_extract_string(payload, '$.message.role') = 'toolResult')"
+    )
+
+
 CORRUPTIONS: dict[str, tuple[Callable[[duckdb.DuckDBPyConnection], None], str]] = {
     "never_granted_epoch": (_never_granted_epoch, "no_entry_under_lost_lease"),
     "duplicate_active_record": (_duplicate_active_record, "one_active_record_per_key"),
@@ -315,6 +324,7 @@ CORRUPTIONS: dict[str, tuple[Callable[[duckdb.DuckDBPyConnection], None], str]] 
     "revived_run": (_revived_run, "no_run_revived"),
     "delivered_twice": (_delivered_twice, "delivered_at_most_once"),
     "tool_result_missing": (_tool_result_missing, "tool_calls_paired"),
+    "call_result_lost": (_call_result_lost, "tool_calls_paired"),
 }
 
 

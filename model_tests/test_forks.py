@@ -384,7 +384,9 @@ def test_a_source_with_a_non_terminal_run_is_active(store, sid):
     lease = store.acquire_lease(f"session:{sid}", "forker", 30, purpose="fork")
     with nothing_written(store), pytest.raises(ForkSessionActiveError):
         store.fork_session(sid, request_id="r", lease=lease)  # a fork lease does not override
-    store.finish_run(run.id, "failed")
+    store.release_lease(lease)
+    store.finish_run(run.id, "failed")  # without a lease: only while nobody holds the session
+    lease = store.acquire_lease(f"session:{sid}", "forker", 30, purpose="fork")
     assert store.fork_session(sid, request_id="r", lease=lease).boundary_turn_id
 
 

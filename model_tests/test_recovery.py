@@ -102,7 +102,9 @@ def test_a_run_finished_during_recovery_keeps_its_status(store):
     run = admitted(store)
     lease = recovery_lease(store)
     store.begin_recovery(run.id, lease)
-    store.finish_run(run.id, "succeeded")  # an unfenced finisher got there first
+    with pytest.raises(BusyError):  # without a lease, nobody ends a run under recovery
+        store.finish_run(run.id, "failed")
+    store.finish_run(run.id, "succeeded", lease=lease)  # the remote result arrived
     store.converge_recovery(run.id, lease)
     assert store.get_run(run.id).status == "succeeded"
 

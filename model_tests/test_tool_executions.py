@@ -577,3 +577,54 @@ def test_the_record_and_state_are_exported():
         "retry_requested",
         "abandoned",
     }
+
+
+def test_a_call_with_no_record_gets_an_interrupted_result_when_the_turn_closes(store):
+    """The process died after writing the assistant toolCall but before claiming
+    its record: convergence still pairs the call, with no invented output."""
+    store.create_session("np")
+    run = store.admit_run("np", {"t": 1}, user_message={"role": "user", "content": "x"})
+    store.start_run(run.id)
+    call = {"type": "toolCall", "id": "c1", "name": "rm", "arguments": {}}
+    store.append("np", "message", {"message": {"role": "assistant", "content": [call]}})
+    rescue = store.acquire_lease("session:np", "rec", 30, purpose="recovery")
+    store.begin_recovery(run.id, rescue)
+    assert store.interrupt_tool_executions("np", lease=rescue) == []  # no record to interrupt
+    store.converge_recovery(run.id, rescue)
+    result = store.entry("np", f"{run.id}:c1:interrupted")
+    assert result is not None and result.lease_epoch == rescue.epoch
+    message = result.payload["message"]
+    assert (message["role"], message["toolCallId"], message["toolName"]) == (
+        "toolResult",
+        "c1",
+        "rm",
+    )
+    assert message["isError"] is True and "no output" in message["content"][0]["text"]
+    roles = [m["role"] for m in store.replay("np").messages]
+    assert roles == ["user", "assistant", "toolResult"]
+
+
+def test_a_run_that_ends_while_its_tool_runs_interrupts_the_record(store):
+    store.create_session("rt")
+    lease = store.acquire_lease("session:rt", "w", 30, purpose="execution")
+    run = store.admit_run("rt", {"t": 1}, lease=lease)
+    store.start_run(run.id, lease=lease)
+    store.claim_tool_execution(
+        "k-rt",
+        "rt",
+        local_turn_id=run.turn_id,
+        provider_call_id="c9",
+        tool_name="bash",
+        side_effecting=True,
+        run_id=run.id,
+        lease=lease,
+    )
+    call = {"type": "toolCall", "id": "c9", "name": "bash", "arguments": {}}
+    store.append(
+        "rt", "message", {"message": {"role": "assistant", "content": [call]}}, lease=lease
+    )
+    store.finish_run(run.id, "failed", error="model error", lease=lease)
+    rec = store.get_tool_execution("k-rt")
+    assert rec.state == "interrupted" and rec.reason == "the run ended failed"
+    assert store.entry("rt", "k-rt:interrupted").payload["message"]["toolCallId"] == "c9"
+    assert store.entry("rt", f"{run.id}:c9:interrupted") is None  # paired once

@@ -154,3 +154,20 @@ def interrupted_result(record: ToolExecution, timestamp_ms: int) -> dict[str, An
         "isError": True,
         "timestamp": timestamp_ms,
     }
+
+
+def unrecorded_interrupted_result(
+    call_id: str, tool_name: str, timestamp_ms: int
+) -> dict[str, Any]:
+    """The interrupted ``toolResult`` for a ``toolCall`` that has no execution
+    record (the process died before claiming it): like :func:`interrupted_result`,
+    without record details."""
+    return {
+        "role": "toolResult",
+        "toolCallId": call_id,
+        "toolName": tool_name,
+        "content": [{"type": "text", "text": INTERRUPTED_TEXT}],
+        "details": {"executionState": ToolExecutionState.INTERRUPTED.value, "recorded": False},
+        "isError": True,
+        "timestamp": timestamp_ms,
+    }

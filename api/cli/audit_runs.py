@@ -111,37 +111,66 @@ def check_delivered_once(store: DuckDBStore, scope: Scope) -> Check:
 
 
 def check_tool_calls_paired(store: DuckDBStore, scope: Scope) -> Check:
-    """Every tool-execution record that ended (completed, interrupted, abandoned)
-    has a ``toolResult`` entry for its call in its session (the tool's output,
-    or an explicit interrupted result), and one still running belongs to a run
-    that has not ended."""
+    """Every ``toolCall`` in an ended run turn has a ``toolResult`` for it in the
+    session (the tool's output, or an explicit interrupted result); every
+    tool-execution record that ended (completed, interrupted, abandoned) has
+    one too; and a record still running belongs to a run that has not ended."""
     sql = f"""
     WITH {scope.cte()},
-    recs AS (SELECT * FROM tool_executions WHERE {scope.sessions_in("session_id")}),
+    ended AS (
+        SELECT session_id, start_seq, end_seq FROM conversation_turns
+        WHERE end_seq IS NOT NULL AND {scope.sessions_in("session_id")}
+    ),
+    blocks AS (
+        SELECT e.session_id, e.session_id || '/' || e.id AS entry,
+               unnest(json_extract(e.payload, '$.message.content[*]')) AS block
+        FROM entries e JOIN ended t ON t.session_id = e.session_id
+         AND e.seq BETWEEN t.start_seq AND t.end_seq
+        WHERE e.kind = 'message' AND json_extract_string(e.payload, '$.message.role') = 'assistant'
+    ),
+    calls AS (
+        SELECT session_id, entry, json_extract_string(block, '$.type') AS type,
+               coalesce(json_extract_string(block, '$.id'), '(no id)') AS call_id
+        FROM blocks
+    ),
     results AS (
         SELECT session_id, json_extract_string(payload, '$.message.toolCallId') AS call_id
         FROM entries WHERE {scope.sessions_in("session_id")} AND kind = 'message'
           AND json_extract_string(payload, '$.message.role') = 'toolResult'
-    )
-    SELECT r.execution_key AS bad FROM recs r
+    ),
+    recs AS (SELECT * FROM tool_executions WHERE {scope.sessions_in("session_id")})
+    SELECT 'call ' || c.entry || ':' || c.call_id AS bad FROM calls c
+    WHERE c.type = 'toolCall' AND NOT EXISTS (
+        SELECT 1 FROM results x WHERE x.session_id = c.session_id AND x.call_id = c.call_id)
+    UNION
+    SELECT 'record ' || r.execution_key FROM recs r
     WHERE r.state IN ('completed', 'interrupted', 'abandoned')
       AND NOT EXISTS (
           SELECT 1 FROM results x
           WHERE x.session_id = r.session_id AND x.call_id = r.provider_call_id)
     UNION
-    SELECT r.execution_key FROM recs r JOIN runs u ON u.id = r.run_id
+    SELECT 'record ' || r.execution_key FROM recs r JOIN runs u ON u.id = r.run_id
     WHERE r.state = 'running' AND u.status IN {_TERMINAL_SQL}
     """
     bad = [r["bad"] for r in _rows(store, sql, scope.params())]
-    checked = _rows(
-        store,
-        f"WITH {scope.cte()} SELECT count(*) AS n FROM tool_executions "
-        f"WHERE {scope.sessions_in('session_id')}",
-        scope.params(),
-    )[0]["n"]
+    counted = f"""
+    WITH {scope.cte()},
+    ended AS (
+        SELECT session_id, start_seq, end_seq FROM conversation_turns
+        WHERE end_seq IS NOT NULL AND {scope.sessions_in("session_id")}
+    )
+    SELECT (SELECT count(*) FROM tool_executions WHERE {scope.sessions_in("session_id")})
+         + (SELECT coalesce(sum(len(list_filter(
+               json_extract_string(e.payload, '$.message.content[*].type'),
+               lambda x: x = 'toolCall'))), 0)
+            FROM entries e JOIN ended t ON t.session_id = e.session_id
+             AND e.seq BETWEEN t.start_seq AND t.end_seq
+            WHERE e.kind = 'message') AS n
+    """
+    checked = _rows(store, counted, scope.params())[0]["n"]
     return Check(
         "tool_calls_paired",
-        "every ended tool call has a result or an explicit interrupted result",
+        "every tool call in an ended turn, and every ended tool record, has a result",
         len(bad),
         int(checked),
         _sample(sorted(bad)),

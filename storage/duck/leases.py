@@ -199,6 +199,26 @@ def fence(tx: Tx, lease: Lease) -> None:
         raise errors.LeaseLostError(lease.target)
 
 
+def fence_or_unheld(tx: Tx, target: str, lease: Lease | None) -> None:
+    """Fence ``lease``; without one, refuse while anyone holds a live lease on
+    ``target`` (a write without a lease is for a target nobody holds, so a
+    stale worker cannot slip past its fence by leaving the lease out).
+
+    Raises:
+        LeaseLostError: ``lease`` is no longer the held, unexpired one.
+        BusyError: no lease given and an owner holds a live one.
+    """
+    if lease is not None:
+        fence(tx, lease)
+        return
+    row = tx.one(
+        f"SELECT owner FROM leases WHERE target = ? AND state = 'held' AND expires_at > {NOW}",
+        [target, tx.now],
+    )
+    if row is not None:
+        raise errors.BusyError(target, row[0])
+
+
 def record_fenced(tx: Tx, lease: Lease, operation: str) -> None:
     """Append a ``fence_events`` row for a write refused under ``lease`` (autocommit)."""
     tx.exec(

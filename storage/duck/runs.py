@@ -22,6 +22,7 @@ from turnkeeper.machines import machine_for
 from turnkeeper.spec import RUN, errors
 from turnkeeper.spec.delivery import DeliveryPlan
 from turnkeeper.spec.entries import EntryKind
+from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.lifecycle import Edge
 from turnkeeper.spec.records import ANY_LEAF, Lease, Run, RunEvent
 from turnkeeper.spec.run import FINISH_TRIGGERS, NON_TERMINAL, TERMINAL, RunStatus
@@ -156,8 +157,7 @@ def admit(
             found = get(tx, sub[0])
             assert found is not None
             return found, False
-    if lease is not None:
-        leases.fence(tx, lease)
+    leases.fence_or_unheld(tx, session_target(session_id), lease)
     current = tx.one("SELECT run_id FROM active_runs WHERE session_id = ?", [session_id])
     attempt, intent_id, why = 1, None, ""
     if retry_of is not None:
@@ -255,8 +255,7 @@ def step(tx: Tx, run_id: str, trigger: str, lease: Lease | None) -> Run:
     """
     run = _load(tx, run_id)
     edge = _MACHINE.require(trigger, run.status, {})
-    if lease is not None:
-        leases.fence(tx, lease)
+    leases.fence_or_unheld(tx, session_target(run.session_id), lease)
     moved = _move(tx, run, edge)
     _event(tx, moved, edge, f"{run_id}:{trigger}:{secrets.token_hex(4)}", {})
     return moved
@@ -286,8 +285,10 @@ def finish(
         if plan is not None:
             delivery.create_plan(tx, run, plan)  # the stored plan, or a conflict
         return run, False
-    if lease is not None:
-        leases.fence(tx, lease)  # a stale holder learns it lost, whatever the run did since
+    if fenced_epoch is None:  # (recovery fenced its own lease before calling)
+        # a stale holder learns it lost, whatever the run did since; without a lease,
+        # nobody else may hold the session
+        leases.fence_or_unheld(tx, session_target(run.session_id), lease)
     trigger = FINISH_TRIGGERS[status]
     edge = _MACHINE.decide(trigger, run.status, {"cancel_requested": run.cancel_requested})
     if edge is None:
@@ -297,6 +298,9 @@ def finish(
     moved = _move(tx, run, edge, error)
     epoch = fenced_epoch if lease is None else lease.epoch
     tx.exec("DELETE FROM active_runs WHERE session_id = ? AND run_id = ?", [run.session_id, run.id])
+    from . import tools  # tools builds on this module; imported here, where both are loaded
+
+    tools.close_turn(tx, moved, epoch)
     if assistant_message is not None:
         _append(
             tx,

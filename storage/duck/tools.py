@@ -23,7 +23,7 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.entries import EntryKind
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.lifecycle import Edge
-from turnkeeper.spec.records import ANY_LEAF, Lease
+from turnkeeper.spec.records import ANY_LEAF, Lease, Run
 from turnkeeper.spec.run import TERMINAL
 from turnkeeper.spec.tool_execution import (
     TOOL_EXECUTION,
@@ -31,6 +31,7 @@ from turnkeeper.spec.tool_execution import (
     ToolExecution,
     ToolExecutionState,
     interrupted_result,
+    unrecorded_interrupted_result,
 )
 
 from ..codec import from_json, to_json
@@ -123,17 +124,7 @@ def _no_other_owner(tx: Tx, session_id: str, lease: Lease | None) -> None:
         LeaseLostError: ``lease`` is no longer the held, unexpired one.
         BusyError: no lease given and another owner holds a live one.
     """
-    if lease is not None:
-        leases.fence(tx, lease)
-        return
-    target = session_target(session_id)
-    row = tx.one(
-        "SELECT owner, expires_at FROM leases WHERE target = ? AND state = 'held'", [target]
-    )
-    now = tx.now
-    assert now is not None
-    if row is not None and now < utc(row[1]):
-        raise errors.BusyError(target, row[0])
+    leases.fence_or_unheld(tx, session_target(session_id), lease)
 
 
 def _event(tx: Tx, rec: ToolExecution, edge: Edge) -> None:
@@ -170,7 +161,7 @@ def _move(
     return moved
 
 
-def _pair(tx: Tx, rec: ToolExecution, lease: Lease | None) -> bool:
+def _pair(tx: Tx, rec: ToolExecution, lease: Lease | None, epoch: int | None = None) -> bool:
     """Append the explicit interrupted ``toolResult`` for ``rec`` unless its call
     already has a result in the session; returns whether it appended."""
     entry_id = f"{rec.execution_key}:interrupted"
@@ -196,6 +187,7 @@ def _pair(tx: Tx, rec: ToolExecution, lease: Lease | None) -> bool:
         timestamp=None,
         expected_leaf=ANY_LEAF,
         lease=lease,
+        fenced_epoch=epoch,
     )
     return True
 
@@ -398,3 +390,63 @@ def annotate_run_error(tx: Tx, run_id: str, reason: str) -> bool:
     if row is None:
         raise Conflict(f"run {run_id!r} moved")
     return True
+
+
+def close_turn(tx: Tx, run: Run, epoch: int | None) -> int:
+    """Before ``run``'s turn closes, pair every tool call in it: running records of
+    the run are marked ``interrupted``, and each ``toolCall`` in the turn without a
+    ``toolResult`` (with a record or not) gets the explicit interrupted result.
+    Nothing is re-run and no output is invented. ``epoch`` is the lease the
+    caller fenced (stored on the appended entries). Returns the results appended.
+    """
+    appended = 0
+    running = _select(
+        tx,
+        "session_id = ? AND state = 'running' AND (run_id = ? OR local_turn_id = ?)",
+        [run.session_id, run.id, run.turn_id],
+    )
+    for rec in running:
+        edge = _MACHINE.require("interrupt", rec.state, _facts(rec))
+        moved = _move(tx, rec, edge, "reason = ?", [f"the run ended {run.status}"])
+        appended += _pair(tx, moved, None, epoch)
+    start = tx.one("SELECT start_seq FROM conversation_turns WHERE id = ?", [run.turn_id])
+    if start is None:
+        return appended
+    rows = tx.rows(
+        "SELECT json_extract_string(payload, '$.message.role'), payload FROM entries "
+        "WHERE session_id = ? AND seq >= ? AND kind = 'message' ORDER BY seq",
+        [run.session_id, start[0]],
+    )
+    answered = {from_json(p)["message"].get("toolCallId") for r, p in rows if r == "toolResult"}
+    now = tx.now
+    assert now is not None
+    for role, payload in rows:
+        if role != "assistant":
+            continue
+        content = from_json(payload)["message"].get("content")
+        for block in content if isinstance(content, list) else []:
+            call_id = block.get("id") if isinstance(block, dict) else None
+            if block.get("type") != "toolCall" or not isinstance(call_id, str):
+                continue
+            if call_id in answered:
+                continue
+            answered.add(call_id)
+            message = unrecorded_interrupted_result(
+                call_id, str(block.get("name", "")), int(now.timestamp() * 1000)
+            )
+            body = {"message": message}
+            sessions.append(
+                tx,
+                run.session_id,
+                EntryKind.MESSAGE,
+                to_json(body, "payload"),
+                body,
+                entry_id=f"{run.id}:{call_id}:interrupted",
+                caller_chose_id=True,
+                timestamp=None,
+                expected_leaf=ANY_LEAF,
+                lease=None,
+                fenced_epoch=epoch,
+            )
+            appended += 1
+    return appended
