@@ -246,3 +246,71 @@ def test_short_lived_threads_do_not_gather_cursors(real_store):
             t.join()
     assert len(real_store.db._cursors) <= 2  # this thread's, and at most one finishing
     assert real_store.get_session("cur") is not None
+
+
+def _finished_plan(store):
+    store.create_session("bi")
+    run = store.admit_run("bi", {"q": 1})
+    plan = turnkeeper.DeliveryPlan("chat", "t", (turnkeeper.DeliveryStep("send", "m"),))
+    store.finish_run(run.id, "failed", delivery_plan=plan)
+    op = store.get_delivery_plan(f"{run.id}:delivery")[1][0]
+    return run, store.claim_delivery(op.id, "w", 30)
+
+
+BAD_RUN_CALLS = {
+    "admit policy str": (lambda s, r, op: s.admit_run("bi", {"q": 2}, policy="abc"), "policy"),
+    "admit policy falsy": (lambda s, r, op: s.admit_run("bi", {"q": 2}, policy=0), "policy"),
+    "requeue huge delay": (
+        lambda s, r, op: s.requeue_delivery(op.id, "w", op.lease_epoch, delay_s=1e13),
+        "delay_s",
+    ),
+    "requeue int overflow": (
+        lambda s, r, op: s.requeue_delivery(op.id, "w", op.lease_epoch, delay_s=10**30),
+        "delay_s",
+    ),
+    "requeue null code": (
+        lambda s, r, op: s.requeue_delivery(op.id, "w", op.lease_epoch, failure_code=None),
+        "failure_code",
+    ),
+    "epoch overflow": (
+        lambda s, r, op: s.finish_delivery(op.id, "w", 10**30, "delivered"),
+        "epoch",
+    ),
+    "events limit": (lambda s, r, op: s.run_events("bi", limit=10**30), "limit"),
+    "events cursor": (lambda s, r, op: s.run_events("bi", after=10**30), "after"),
+    "fork at_seq": (lambda s, r, op: s.fork_session("bi", request_id="f", at_seq=10**30), "at_seq"),
+    "fail base None": (
+        lambda s, r, op: s.fail_recovery(r.id, _rec(s), "x", base_delay_s=None),
+        "base_delay_s",
+    ),
+    "fail base bool": (
+        lambda s, r, op: s.fail_recovery(r.id, _rec(s), "x", base_delay_s=True),
+        "base_delay_s",
+    ),
+    "fail max huge": (
+        lambda s, r, op: s.fail_recovery(r.id, _rec(s), "x", max_delay_s=1e300),
+        "max_delay_s",
+    ),
+    "fail max inf": (
+        lambda s, r, op: s.fail_recovery(r.id, _rec(s), "x", max_delay_s=float("inf")),
+        "max_delay_s",
+    ),
+}
+
+
+def _rec(store):
+    return store.acquire_lease("session:bi", "rec", 30, purpose="recovery")
+
+
+@pytest.mark.parametrize("case", sorted(BAD_RUN_CALLS))
+def test_out_of_range_numbers_and_wrong_types_are_typed_errors(store, case):
+    """Values a backend cannot hold (past int64, past datetime) and wrong types get
+    InvalidInputError naming the field, not OverflowError, TypeError or DataError."""
+    run, op = _finished_plan(store)
+    call, field = BAD_RUN_CALLS[case]
+    before = store.get_delivery_operation(op.id)
+    with pytest.raises(turnkeeper.InvalidInputError) as err:
+        call(store, run, op)
+    assert err.value.field == field
+    assert store.get_delivery_operation(op.id) == before
+    assert [r.id for r in store.session_runs("bi")] == [run.id]

@@ -628,3 +628,39 @@ def test_a_run_that_ends_while_its_tool_runs_interrupts_the_record(store):
     assert rec.state == "interrupted" and rec.reason == "the run ended failed"
     assert store.entry("rt", "k-rt:interrupted").payload["message"]["toolCallId"] == "c9"
     assert store.entry("rt", f"{run.id}:c9:interrupted") is None  # paired once
+
+
+def test_a_reclaimed_call_moves_to_the_fresh_run_that_re_executes_it(store):
+    """The seed's flow: recovery interrupts a read-only call and ends the run; a
+    fresh run reclaims the call (a terminal run is never reactivated)."""
+    store.create_session("rc")
+    run = store.admit_run("rc", {"t": 1})
+    store.start_run(run.id)
+    store.claim_tool_execution(
+        "k-rc",
+        "rc",
+        local_turn_id=run.turn_id,
+        provider_call_id="c1",
+        tool_name="read",
+        side_effecting=False,
+        run_id=run.id,
+    )
+    rescue = store.acquire_lease("session:rc", "rec", 30, purpose="recovery")
+    store.begin_recovery(run.id, rescue)
+    store.converge_recovery(run.id, rescue)
+    store.release_lease(rescue)
+    assert store.get_tool_execution("k-rc").state == "interrupted"
+    with pytest.raises(InvalidInputError) as err:  # its run ended: name the fresh one
+        store.reclaim_tool_execution("k-rc")
+    assert err.value.field == "run_id"
+    with pytest.raises(InvalidInputError):
+        store.reclaim_tool_execution("k-rc", run_id=run.id)  # terminal
+    fresh = store.admit_run("rc", {"t": 1}, retry_of=run.id)
+    assert store.reclaim_tool_execution("k-rc", run_id=fresh.id) is True
+    rec = store.get_tool_execution("k-rc")
+    assert (rec.state, rec.run_id, rec.local_turn_id, rec.attempt) == (
+        "running",
+        fresh.id,
+        fresh.turn_id,
+        2,
+    )

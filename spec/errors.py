@@ -278,8 +278,10 @@ class RetryNotAllowedError(TurnkeeperError):
 
 
 class RecoveryNotNeededError(TurnkeeperError):
-    """The run is not an orphan to recover (ErrSessionRecoveryNotNeeded): it is
-    terminal, not the session's active run, or its session lease is live."""
+    """The run needs no recovery (ErrSessionRecoveryNotNeeded).
+
+    It is terminal, not the session's active run, or its recovery is parked;
+    ``reason`` says which."""
 
     fields = ("run_id", "reason")
     run_id: str
@@ -297,8 +299,10 @@ class DeliveryOperationNotFoundError(TurnkeeperError):
 
 
 class DeliveryOperationBusyError(TurnkeeperError):
-    """The delivery operation is claimed by a live worker or not ready
-    (ErrDeliveryOperationBusy): not due yet, terminal, or waiting on its dependency."""
+    """The delivery operation is claimed or not ready (ErrDeliveryOperationBusy).
+
+    It is claimed by a live claim, not due yet, terminal, or waiting on its
+    dependency; ``reason`` says which."""
 
     fields = ("operation_id", "reason")
     operation_id: str
@@ -306,9 +310,10 @@ class DeliveryOperationBusyError(TurnkeeperError):
 
 
 class DeliveryLeaseLostError(TurnkeeperError):
-    """The caller's claim on the delivery operation is no longer current
-    (ErrDeliveryLeaseLost): another claim raised the epoch, the claim expired,
-    or the claim was released."""
+    """The caller's claim on the delivery operation is lost (ErrDeliveryLeaseLost).
+
+    Another claim raised the epoch, the claim expired, or it was released or
+    ended by a result."""
 
     fields = ("operation_id", "owner", "epoch")
     operation_id: str
@@ -365,8 +370,7 @@ class ForkInvalidBoundaryError(ForkError):
 
 
 class ForkUnsupportedEntryError(ForkError):
-    """The transcript up to the boundary holds an entry a fork cannot copy
-    (ErrForkUnsupportedEntry)."""
+    """The fork would copy an entry it cannot copy (ErrForkUnsupportedEntry)."""
 
     fields = ("session_id", "entry_id")
     entry_id: str

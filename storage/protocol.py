@@ -258,7 +258,9 @@ class Store(Protocol):
     def request_tool_execution_recovery(
         self, session_id: str, local_turn_id: str, provider_call_ids: Sequence[str]
     ) -> list[ToolExecution]: ...
-    def reclaim_tool_execution(self, execution_key: str, *, lease: Lease | None = None) -> bool: ...
+    def reclaim_tool_execution(
+        self, execution_key: str, *, run_id: str | None = None, lease: Lease | None = None
+    ) -> bool: ...
     def abandon_interrupted_tool_executions(
         self,
         session_id: str,

@@ -19,7 +19,13 @@ from turnkeeper.spec.records import ANY_LEAF, FinalizeRequest, Lease
 from .codec import check_text, to_json
 
 MAX_TTL_S = 10 * 365 * 86400.0
-"""The longest lease accepted, in seconds (ten years)."""
+"""The longest lease (or delay) accepted, in seconds (ten years)."""
+
+MAX_INT = 2**63 - 1
+"""The largest sequence number, epoch or cursor accepted (a BIGINT)."""
+
+MAX_LIMIT = 1_000_000
+"""The largest page size accepted."""
 
 
 def check_bool(value: object, field: str) -> bool:
@@ -31,20 +37,42 @@ def check_bool(value: object, field: str) -> bool:
 
 def check_ttl(ttl_s: object) -> float:
     """A lease duration in seconds: a finite number in (0, ten years]."""
+    return check_seconds(ttl_s, "ttl_s", allow_zero=False)
+
+
+def check_seconds(value: object, field: str, *, allow_zero: bool = True) -> float:
+    """A duration in seconds: a finite number in [0, ten years] (``(0, …]`` when
+    ``allow_zero`` is false)."""
+    low_ok = isinstance(value, int | float) and (value >= 0 if allow_zero else value > 0)
     if (
-        isinstance(ttl_s, bool)
-        or not isinstance(ttl_s, int | float)
-        or not math.isfinite(ttl_s)
-        or not 0 < ttl_s <= MAX_TTL_S
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not low_ok
+        or value > MAX_TTL_S
     ):
-        raise errors.InvalidInputError("ttl_s", f"must be positive finite seconds, got {ttl_s!r}")
-    return float(ttl_s)
+        low = "0 <=" if allow_zero else "0 <"
+        raise errors.InvalidInputError(
+            field, f"must be finite seconds, {low} seconds <= ten years, got {value!r}"
+        )
+    return float(value)
+
+
+def check_int(value: object, field: str, minimum: int) -> int:
+    """An ``int`` (not a ``bool``) in [``minimum``, 2**63 - 1]: what a BIGINT holds."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_INT:
+        raise errors.InvalidInputError(
+            field, f"must be an integer from {minimum} to 2**63 - 1, got {value!r}"
+        )
+    return value
 
 
 def check_limit(limit: object) -> int:
-    """A page size: an ``int`` of at least 1."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise errors.InvalidInputError("limit", f"must be a positive integer, got {limit!r}")
+    """A page size: an ``int`` from 1 to :data:`MAX_LIMIT`."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise errors.InvalidInputError(
+            "limit", f"must be an integer from 1 to {MAX_LIMIT:,}, got {limit!r}"
+        )
     return limit
 
 
@@ -141,7 +169,9 @@ def check_plan(plan: object) -> DeliveryPlan:
     if not isinstance(plan.transport_context, Mapping):
         raise errors.InvalidInputError("plan.transport_context", "expected a mapping")
     to_json(dict(plan.transport_context), "plan.transport_context")
-    if not isinstance(plan.steps, Sequence) or isinstance(plan.steps, str) or not plan.steps:
+    if not isinstance(plan.steps, Sequence) or isinstance(plan.steps, str | bytes):
+        raise errors.InvalidInputError("plan.steps", "expected a sequence of DeliveryStep")
+    if not plan.steps:
         raise errors.InvalidInputError("plan.steps", "a plan has at least one step")
     seen: set[str] = set()
     for i, step in enumerate(plan.steps):

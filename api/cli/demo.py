@@ -31,7 +31,17 @@ from .common import EXIT_FAILED, dumps, fmt_num, open_db, stdout_console
 from .fleet import FleetConfig, Worker, WorkerStats
 from .fleet_services import OutboxWorker, RecoveryCoordinator, Service, ServiceStats
 
-HOT_OPERATIONS = ("acquire_lease", "renew_lease", "release_lease", "append", "finalize", "resolve")
+HOT_OPERATIONS = (
+    "acquire_lease",
+    "renew_lease",
+    "release_lease",
+    "append",
+    "finalize",
+    "admit_run",
+    "finish_run",
+    "claim_delivery",
+    "finish_delivery",
+)
 """Operations whose statements per call the table shows (JSON has every operation)."""
 
 OUTBOX_WORKERS = 2
@@ -373,13 +383,15 @@ def render(console: Console, figures: dict[str, Any]) -> None:
         (
             "orphans recovered",
             fmt_num(f["recoveries_converged"]),
-            f"{f['crashes']} crashes + {f['stalls']} stalls; {f['tools_interrupted']} tool "
+            f"left by {f['crashes']} crashes, {f['stalls']} stalls and "
+            f"{f['lost_mid_turn']} leases lost mid-turn; {f['tools_interrupted']} tool "
             f"calls interrupted; median {ttr['median']} s, max {ttr['max']} s to recovery",
         ),
         (
             "replies delivered",
             fmt_num(d["delivered"]),
-            f"{d['claims']:,} claims ({d['claim_refusals']:,} refused), {d['requeued']} "
+            f"{d['claims']:,} claims won, {d['claim_refusals']:,} lost to another worker; "
+            f"{d['requeued']} "
             f"requeued, {d['failed']} failed, {d['uncertain']} uncertain, "
             f"{d['repeated_acks']} repeated acks, {d['stale_acks_fenced']} stale acks fenced",
         ),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,7 +15,7 @@ from turnkeeper.spec.delivery import (
 )
 
 from ..codec import check_text, to_json
-from ..validate import check_limit, check_plan, check_ttl
+from ..validate import check_int, check_limit, check_plan, check_seconds, check_ttl
 from . import delivery, runs
 from .db import Tx
 from .store_base import StoreBase
@@ -180,21 +179,12 @@ class DeliveryMixin(StoreBase):
         Raises:
             DeliveryLeaseLostError, DeliveryOperationNotFoundError, InvalidInputError.
         """
-        _result(operation_id, owner, epoch, {"failure_code": failure_code})
-        if (
-            isinstance(delay_s, bool)
-            or not isinstance(delay_s, int | float)
-            or not math.isfinite(delay_s)
-            or delay_s < 0
-        ):
-            raise errors.InvalidInputError(
-                "delay_s", f"must be finite seconds >= 0, got {delay_s!r}"
-            )
+        _result(operation_id, owner, epoch, {})
+        check_text(failure_code, "failure_code")
+        delay = check_seconds(delay_s, "delay_s")
         return self.db.run(
             "requeue_delivery",
-            lambda tx: delivery.requeue(
-                tx, operation_id, owner, epoch, float(delay_s), failure_code
-            ),
+            lambda tx: delivery.requeue(tx, operation_id, owner, epoch, delay, failure_code),
         )
 
 
@@ -202,8 +192,7 @@ def _result(operation_id: str, owner: str, epoch: int, given: Mapping[str, Any])
     """Check the claim identity and the provider fields; the fields that were given."""
     check_text(operation_id, "operation_id", allow_empty=False)
     check_text(owner, "owner", allow_empty=False)
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1:
-        raise errors.InvalidInputError("epoch", f"a claim epoch is an integer >= 1, got {epoch!r}")
+    check_int(epoch, "epoch", 1)
     result: dict[str, Any] = {}
     for name in ("provider_asset_id", "provider_message_id", "failure_code"):
         value = given.get(name)

@@ -12,7 +12,7 @@ from turnkeeper.spec.fork import Fork, check_request_id
 from turnkeeper.spec.records import Lease
 
 from ..codec import check_text
-from ..validate import check_session_lease
+from ..validate import check_int, check_session_lease
 from . import forks
 from .db import Tx
 from .store_base import StoreBase
@@ -93,10 +93,8 @@ class ForksMixin(StoreBase):
         request_id = check_request_id(source_session_id, request_id)
         if boundary_turn_id is not None:
             check_text(boundary_turn_id, "boundary_turn_id", allow_empty=False)
-        if at_seq is not None and (
-            isinstance(at_seq, bool) or not isinstance(at_seq, int) or at_seq < 1
-        ):
-            raise errors.InvalidInputError("at_seq", "a sequence number is an integer >= 1")
+        if at_seq is not None:
+            check_int(at_seq, "at_seq", 1)
         if boundary_turn_id is not None and at_seq is not None:
             raise errors.InvalidInputError("at_seq", "name the boundary by turn id or by seq")
         fid = str(uuid6.uuid7()) if fork_session_id is None else fork_session_id

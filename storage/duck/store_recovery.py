@@ -10,7 +10,7 @@ from turnkeeper.spec.records import Lease, Recovery, Run
 from turnkeeper.spec.run import RunStatus
 
 from ..codec import check_text, to_json
-from ..validate import check_lease
+from ..validate import check_int, check_lease, check_seconds
 from . import recovery
 from .store_base import StoreBase
 
@@ -115,10 +115,10 @@ class RecoveryMixin(StoreBase):
         """
         self._check(run_id, lease)
         check_text(message, "message")
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise errors.InvalidInputError("max_attempts", "must be a positive integer")
-        if not 0 < base_delay_s <= max_delay_s:
-            raise errors.InvalidInputError("base_delay_s", "need 0 < base_delay_s <= max_delay_s")
+        check_int(max_attempts, "max_attempts", 1)
+        base = check_seconds(base_delay_s, "base_delay_s", allow_zero=False)
+        if base > check_seconds(max_delay_s, "max_delay_s", allow_zero=False):
+            raise errors.InvalidInputError("base_delay_s", "need base_delay_s <= max_delay_s")
         return self._fenced(
             "fail_recovery",
             lease,

@@ -22,6 +22,7 @@ from turnkeeper.spec.run import FINISH_TRIGGERS, RunStatus
 from ..codec import check_text, to_json
 from ..validate import (
     check_bool,
+    check_int,
     check_lease,
     check_limit,
     check_plan,
@@ -66,6 +67,8 @@ class RunsMixin(StoreBase):
             SubmissionConflictError: the key was used for a different request.
             RetryNotAllowedError: ``retry_of`` is not the intent's latest
                 attempt, or is not terminal.
+            BusyError: no ``lease`` given and someone holds the session (the
+                same submission key still returns its run).
             RunNotFoundError, SessionNotFoundError, LeaseLostError,
             InvalidInputError.
         On any error nothing is written.
@@ -73,6 +76,8 @@ class RunsMixin(StoreBase):
         check_text(session_id, "session_id", allow_empty=False)
         if not isinstance(request, Mapping):
             raise errors.InvalidInputError("request", "expected a mapping")
+        if policy is not None and not isinstance(policy, Mapping):
+            raise errors.InvalidInputError("policy", "expected a mapping (or None)")
         request_json = to_json(dict(request), "request")
         fingerprint = hashlib.sha256(
             orjson.dumps(dict(request), option=orjson.OPT_SORT_KEYS)
@@ -127,7 +132,7 @@ class RunsMixin(StoreBase):
 
     def start_run(self, run_id: str, *, lease: Lease | None = None) -> Run:
         """``admitted`` → ``running``. Raises RunNotFoundError, InvalidTransitionError,
-        LeaseLostError."""
+        LeaseLostError, BusyError (no ``lease`` given and someone holds the session)."""
         return self._step(run_id, "start", lease)
 
     def wait_run(self, run_id: str, *, lease: Lease | None = None) -> Run:
@@ -152,13 +157,24 @@ class RunsMixin(StoreBase):
         """End a run in a terminal ``status`` in one transaction (session seed
         FinishSessionRunAndConversationTurn): status, terminal event, assistant
         entry, turn end and, with ``delivery_plan``, the outbox intent
-        (``<run id>:delivery``) and its ``pending`` operations. Repeating the
-        same terminal status returns the stored run and writes nothing (a
-        retry after an unknown commit result).
+        (``<run id>:delivery``) and its ``pending`` operations. Before the turn
+        closes, every tool call in it is paired: running tool records of the
+        run become ``interrupted`` and each ``toolCall`` without a result gets
+        an explicit interrupted ``toolResult``.
+
+        Repeating the same terminal status (a retry after an unknown commit
+        result) returns the stored run: the first termination is
+        authoritative (its message, error and stop reason stand), and a
+        ``delivery_plan`` is written only if the run has none yet (the same
+        plan again writes nothing; another raises DeliveryPlanConflictError).
+
+        Without ``lease``, nobody may hold a live lease on the session (a
+        stale worker cannot end a run by leaving its lease out).
 
         Raises:
             InvalidTransitionError: the run is terminal in another status, or
                 ``cancelled`` without a cancel request.
+            BusyError: no ``lease`` given and someone holds the session.
             RunNotFoundError, LeaseLostError, InvalidInputError.
         """
         check_text(run_id, "run_id", allow_empty=False)
@@ -243,8 +259,8 @@ class RunsMixin(StoreBase):
         """
         check_text(session_id, "session_id", allow_empty=False)
         for name, cursor in (("after", after), ("before", before)):
-            if cursor is not None and (isinstance(cursor, bool) or not isinstance(cursor, int)):
-                raise errors.InvalidInputError(name, "a sequence cursor is an integer")
+            if cursor is not None:
+                check_int(cursor, name, 0)
         check_bool(latest, "latest")
         check_limit(limit)
         return self.db.run(

@@ -217,7 +217,9 @@ class ToolsMixin(StoreBase):
             lambda tx: tools.request_retry(tx, session_id, local_turn_id, ids),
         )
 
-    def reclaim_tool_execution(self, execution_key: str, *, lease: Lease | None = None) -> bool:
+    def reclaim_tool_execution(
+        self, execution_key: str, *, run_id: str | None = None, lease: Lease | None = None
+    ) -> bool:
         """Atomically reopen a record after a process interruption (session seed
         ReclaimInterruptedToolExecution): a read-only ``running`` or
         ``interrupted`` record, or a side-effecting ``retry_requested`` one,
@@ -225,6 +227,11 @@ class ToolsMixin(StoreBase):
         tool again. Returns whether it did; ``False`` (nothing written) for a
         completed or abandoned record, or a side-effecting one without an
         explicit retry request.
+
+        ``run_id`` is the fresh, non-terminal run of the same session that
+        re-executes the call: the record moves to it (and its turn). It is
+        required when the record's run has ended (a terminal run is never
+        reactivated to consume a record).
 
         With ``lease`` (on the record's session) the lease is fenced and its
         epoch stored on the record; without one, a live lease held by anyone
@@ -234,14 +241,20 @@ class ToolsMixin(StoreBase):
             ToolExecutionNotFoundError: no record has this key.
             BusyError: no ``lease`` given and the session's lease is live.
             LeaseLostError: ``lease`` is no longer valid.
-            InvalidInputError: a bad argument, or a lease on another session.
+            InvalidInputError: a bad argument, a lease on another session, or
+                ``run_id`` missing (the record's run ended), unknown, terminal
+                or of another session.
         On any error nothing is written.
         """
         check_text(execution_key, "execution_key", allow_empty=False)
+        if run_id is not None:
+            check_text(run_id, "run_id", allow_empty=False)
         if lease is not None:
             check_lease(lease)
         return self._fenced(
-            "reclaim_tool_execution", lease, lambda tx: tools.reclaim(tx, execution_key, lease)
+            "reclaim_tool_execution",
+            lease,
+            lambda tx: tools.reclaim(tx, execution_key, run_id, lease),
         )
 
     def abandon_interrupted_tool_executions(

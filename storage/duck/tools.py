@@ -319,7 +319,7 @@ def request_retry(
     return out
 
 
-def reclaim(tx: Tx, execution_key: str, lease: Lease | None) -> bool:
+def reclaim(tx: Tx, execution_key: str, run_id: str | None, lease: Lease | None) -> bool:
     """Reopen an eligible record as ``running`` with attempt + 1; returns whether it did.
 
     Raises:
@@ -334,17 +334,38 @@ def reclaim(tx: Tx, execution_key: str, lease: Lease | None) -> bool:
     if edge is None:
         return False  # side-effecting and not confirmed
     _no_other_owner(tx, rec.session_id, lease)
+    run_id, turn_id = _reclaiming_run(tx, rec, run_id)
     epoch = None if lease is None else lease.epoch
     row = tx.one(
         "UPDATE tool_executions SET state = ?, updated_at = ?, attempt = attempt + 1, "
-        "reason = NULL, lease_epoch = ? WHERE execution_key = ? AND state = ? AND attempt = ? "
+        "reason = NULL, lease_epoch = ?, run_id = ?, local_turn_id = ? "
+        "WHERE execution_key = ? AND state = ? AND attempt = ? "
         f"RETURNING {_COLS}",
-        [edge.dest, tx.now, epoch, rec.execution_key, edge.source, rec.attempt],
+        [edge.dest, tx.now, epoch, run_id, turn_id, rec.execution_key, edge.source, rec.attempt],
     )
     if row is None:
         raise Conflict(f"tool execution {rec.execution_key!r} moved")
     _event(tx, _record(row), edge)
     return True
+
+
+def _reclaiming_run(tx: Tx, rec: ToolExecution, run_id: str | None) -> tuple[str | None, str]:
+    """The run (and turn) a reclaimed record belongs to: ``run_id`` if given (a
+    live run of the record's session), else the record's own, which must not
+    have ended."""
+    if run_id is None:
+        current = None if rec.run_id is None else runs.get(tx, rec.run_id)
+        if current is not None and current.status in TERMINAL:
+            raise errors.InvalidInputError(
+                "run_id", f"run {current.id!r} ended: name the run that re-executes the call"
+            )
+        return rec.run_id, rec.local_turn_id
+    run = runs.get(tx, run_id)
+    if run is None or run.session_id != rec.session_id or run.status in TERMINAL:
+        raise errors.InvalidInputError(
+            "run_id", f"{run_id!r} is not a live run of session {rec.session_id!r}"
+        )
+    return run.id, run.turn_id
 
 
 def abandon(tx: Tx, session_id: str, local_turn_id: str, reason: str, lease: Lease | None) -> int:
