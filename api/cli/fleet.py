@@ -315,6 +315,7 @@ class Worker:
                 return None
         if plan.action == "crash":
             return None
+        lease = self.store.renew_lease(lease, self.cfg.ttl_s)  # the heartbeat before the end
         m = self._marker(it, 3)
         reply = {
             "role": "assistant",
