@@ -321,6 +321,7 @@ def test_crosshair_contracts_hold():
             "turnkeeper.spec.lease",
             "turnkeeper.spec.thread_record",
             "turnkeeper.spec.recovery",
+            "turnkeeper.spec.delivery",
         ],
         capture_output=True,
         text=True,
@@ -340,6 +341,19 @@ def test_crosshair_finds_a_broken_epoch_rule(tmp_path):
         [*CROSSHAIR, "brokenlease.py"], capture_output=True, text=True, timeout=600, cwd=tmp_path
     )
     assert out.returncode != 0 and "acquire_decision" in out.stdout, out.stdout + out.stderr
+
+
+def test_crosshair_finds_a_broken_intent_status(tmp_path):
+    """Control: an intent called uncertain while an operation failed is caught."""
+    src = (ROOT / "spec" / "delivery.py").read_text()
+    broken = src.replace('    if "failed" in statuses:', '    if "uncertain" in statuses:')
+    assert broken != src
+    broken = broken.replace("from .lifecycle", "from turnkeeper.spec.lifecycle")
+    (tmp_path / "brokendelivery.py").write_text(broken)
+    out = subprocess.run(
+        [*CROSSHAIR, "brokendelivery.py"], capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
+    assert out.returncode != 0 and "intent_status" in out.stdout, out.stdout + out.stderr
 
 
 def test_readme_state_tables_match_the_spec():

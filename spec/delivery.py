@@ -28,7 +28,7 @@ uncertain operations stay visible.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -98,17 +98,23 @@ DELIVERY = Lifecycle(
 )
 
 
-def intent_status(statuses: Iterable[str]) -> str:
+_DONE_NAMES = ("delivered", "unsupported")
+_TERMINAL_NAMES = ("delivered", "unsupported", "failed", "uncertain")
+
+
+def intent_status(statuses: Sequence[str]) -> str:
     """The intent aggregate of its operations' statuses (see the module docstring).
 
     post: __return__ in ("pending", "delivered", "failed", "uncertain")
+    post: (__return__ == "delivered") == all(s in ("delivered", "unsupported") for s in statuses)
+    post: (__return__ == "pending") == any(s not in _TERMINAL_NAMES for s in statuses)
+    post: __return__ != "uncertain" or "failed" not in statuses
     """
-    seen = set(statuses)
-    if seen - TERMINAL:
+    if any(s not in _TERMINAL_NAMES for s in statuses):
         return "pending"
-    if seen <= DONE:
+    if all(s in _DONE_NAMES for s in statuses):
         return "delivered"
-    if DeliveryStatus.FAILED in seen:
+    if "failed" in statuses:
         return "failed"
     return "uncertain"
 

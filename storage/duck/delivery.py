@@ -428,7 +428,7 @@ def refresh_intent(tx: Tx, intent_id: str) -> DeliveryIntent:
     intent = get_intent(tx, intent_id)
     if intent is None:
         raise errors.DeliveryOperationNotFoundError(intent_id, detail="no such delivery intent")
-    status = intent_status(r[0] for r in rows)
+    status = intent_status([r[0] for r in rows])
     if status != intent.status:
         tx.exec(
             "UPDATE delivery_intents SET status = ?, updated_at = ? WHERE id = ?",
