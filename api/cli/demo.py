@@ -44,6 +44,9 @@ HOT_OPERATIONS = (
 )
 """Operations whose statements per call the table shows (JSON has every operation)."""
 
+RECOVERY_WORKERS = 2
+"""Recovery coordinator threads, each sweeping its own share of the sessions."""
+
 OUTBOX_WORKERS = 2
 """Outbox worker threads delivering the runs' replies."""
 
@@ -192,11 +195,13 @@ def run_fleet(store: DuckDBStore, cfg: FleetConfig, console: Console | None) -> 
         threading.Thread(target=w.run, name=f"demo-worker-{w.stats.index}", daemon=True)
         for w in workers
     ]
-    service_stats = ServiceStats()
     service_stop = threading.Event()
-    services: list[Service] = [RecoveryCoordinator(store, service_stop, service_stats, cfg.ttl_s)]
+    services: list[Service] = [
+        RecoveryCoordinator(store, service_stop, ServiceStats(), cfg.ttl_s, (i, RECOVERY_WORKERS))
+        for i in range(RECOVERY_WORKERS)
+    ]
     services += [
-        OutboxWorker(store, service_stop, service_stats, i, cfg.seed, cfg.ttl_s)
+        OutboxWorker(store, service_stop, ServiceStats(), i, cfg.seed, cfg.ttl_s)
         for i in range(OUTBOX_WORKERS)
     ]
     service_threads = [
@@ -221,6 +226,7 @@ def run_fleet(store: DuckDBStore, cfg: FleetConfig, console: Console | None) -> 
     statements = stats_delta(before, store.statement_stats())
     stats = [w.stats for w in workers]
     figures = summarize(stats, cfg, elapsed, statements)
+    service_stats = ServiceStats.merged([s.stats for s in services])
     figures.update(services_summary(service_stats))
     figures["takeovers"] = _count_takeovers(store, session_ids, started_at)
     figures.update(db=store.path, run_id=run_id)

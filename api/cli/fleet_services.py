@@ -21,8 +21,9 @@ from __future__ import annotations
 import random
 import threading
 import time
+import zlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 
 from turnkeeper.spec import LeasePurpose
@@ -46,7 +47,7 @@ SWEEP_S = 0.05
 
 @dataclass
 class ServiceStats:
-    """What the background services saw (each counter written by one thread)."""
+    """What one background service saw (written only by its thread)."""
 
     recoveries_converged: int = 0
     recovery_busy: int = 0
@@ -63,6 +64,16 @@ class ServiceStats:
     stale_acks_fenced: int = 0
     stale_acks_accepted: int = 0
     errors: list[str] = field(default_factory=list)
+
+    @classmethod
+    def merged(cls, parts: list[ServiceStats]) -> ServiceStats:
+        """The sum of several services' counters (lists concatenated)."""
+        total = cls()
+        for part in parts:
+            for f in fields(cls):
+                mine, theirs = getattr(total, f.name), getattr(part, f.name)
+                setattr(total, f.name, mine + theirs)
+        return total
 
 
 class Service(ABC):
@@ -92,17 +103,30 @@ class Service(ABC):
 
 
 class RecoveryCoordinator(Service):
-    """Converges orphaned runs under recovery leases."""
+    """Converges orphaned runs under recovery leases: those of the sessions in its
+    ``shard`` (``(index, count)``: sessions whose crc32 is ``index`` modulo
+    ``count``), so that several coordinators split the sweep instead of racing."""
 
     def __init__(
-        self, store: DuckDBStore, stop: threading.Event, stats: ServiceStats, ttl_s: float
+        self,
+        store: DuckDBStore,
+        stop: threading.Event,
+        stats: ServiceStats,
+        ttl_s: float,
+        shard: tuple[int, int] = (0, 1),
     ) -> None:
         super().__init__(store, stop, stats)
         self.ttl_s = ttl_s
-        self.owner = "demo-recovery"
+        self.shard = shard
+        self.owner = f"demo-recovery-{shard[0]}"
 
     def step(self) -> bool:
-        orphans = self.store.list_orphaned_runs()
+        index, count = self.shard
+        orphans = [
+            run
+            for run in self.store.list_orphaned_runs()
+            if zlib.crc32(run.session_id.encode()) % count == index
+        ]
         for run in orphans:
             if self.stop.is_set():
                 break
