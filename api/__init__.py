@@ -13,7 +13,8 @@ import os
 from collections.abc import Callable
 from datetime import datetime
 
-from turnkeeper.runtime import RuntimeLeaseGroup, RuntimeLeaseGuard, acquire_many
+from turnkeeper.runtime import RuntimeLeaseGuard
+from turnkeeper.runtime_order import RuntimeLeaseGroup, acquire_many
 from turnkeeper.spec import LeasePurpose, RecordStatus, RunStatus, ToolExecutionState
 from turnkeeper.spec.delivery import (
     DeliveryIntent,
