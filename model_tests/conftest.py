@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -89,3 +90,9 @@ def real_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[turnk
     s = open_backend(request.param, tmp_path, None)
     yield s  # type: ignore[misc]
     s.close()
+
+
+def forge(store: turnkeeper.DuckDBStore, sql: str, params: list[Any] | None = None) -> None:
+    """Write ``sql`` straight to the store's database, bypassing every check: tests
+    use it to forge states the store itself never writes (``query`` only reads)."""
+    store.db.run("forge", lambda tx: tx.exec(sql, params or []), transaction=False, retry=False)

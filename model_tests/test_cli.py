@@ -1300,7 +1300,7 @@ def test_report_recovery_latency_runs_from_the_end_of_the_runs_lease(tmp_path: P
         # Its retry succeeds; the reply's upload is requeued once, the message fails.
         retry = admit("s1", retry_of=lost.id)
         store.claim_tool_execution(
-            "k-edit", "s1", local_turn_id="t1", provider_call_id="c1", tool_name="edit",
+            "k-edit", "s1", local_turn_id=retry.turn_id, provider_call_id="c1", tool_name="edit",
             side_effecting=True, run_id=retry.id,
         )  # fmt: skip
         store.complete_tool_execution("k-edit", {"ok": True})
@@ -1326,7 +1326,7 @@ def test_report_recovery_latency_runs_from_the_end_of_the_runs_lease(tmp_path: P
         worker = store.acquire_lease("session:s2", "w", 10, purpose="execution")
         released = admit("s2", worker)
         store.claim_tool_execution(
-            "k-read", "s2", local_turn_id="t2", provider_call_id="c2", tool_name="read",
+            "k-read", "s2", local_turn_id=released.turn_id, provider_call_id="c2", tool_name="read",
             side_effecting=False, run_id=released.id, lease=worker,
         )  # fmt: skip
         clock.advance(1)

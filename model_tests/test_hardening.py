@@ -314,3 +314,24 @@ def test_out_of_range_numbers_and_wrong_types_are_typed_errors(store, case):
     assert err.value.field == field
     assert store.get_delivery_operation(op.id) == before
     assert [r.id for r in store.session_runs("bi")] == [run.id]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "DELETE FROM sessions",
+        "UPDATE leases SET epoch = 1",
+        "COPY (SELECT 1) TO '/tmp/turnkeeper-query-copy.csv'",
+        "ATTACH ':memory:' AS other",
+        "SET threads = 1",
+        "SELECT 1; DELETE FROM sessions",
+        "not sql at all",
+    ],
+)
+def test_query_only_reads(store, sql):
+    store.create_session("q")
+    with pytest.raises(turnkeeper.InvalidInputError) as err:
+        store.query(sql)
+    assert err.value.field == "sql"
+    assert store.get_session("q") is not None
+    assert store.query("SELECT count(*) AS n FROM sessions").to_pylist() == [{"n": 1}]

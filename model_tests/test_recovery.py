@@ -240,3 +240,44 @@ def test_bad_decisions_are_refused_and_nothing_converges(store, decisions, field
     assert err.value.field == field
     assert store.get_run(run.id).status == "running"
     assert store.get_recovery(run.id).state == "recovering"
+
+
+def _race_finish_against_recovery(store, sid: str) -> dict[str, str]:
+    store.create_session(sid)
+    run = store.admit_run(sid, {"sid": sid})
+    store.start_run(run.id)
+    barrier = threading.Barrier(2)
+    outcome: dict[str, str] = {}
+
+    def finish() -> None:
+        barrier.wait()
+        try:
+            store.finish_run(run.id, "succeeded")
+            outcome["finish"] = "ok"
+        except (BusyError, InvalidTransitionError) as exc:
+            outcome["finish"] = type(exc).__name__
+
+    def recover() -> None:
+        barrier.wait()
+        lease = recovery_lease(store, sid)
+        try:
+            store.begin_recovery(run.id, lease)
+            outcome["begin"] = "ok"
+        except RecoveryNotNeededError:
+            outcome["begin"] = "not needed"
+
+    threads = [threading.Thread(target=finish), threading.Thread(target=recover)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return outcome
+
+
+def test_an_unleased_termination_racing_a_recovery_never_both_commit(real_store):
+    """Write skew, closed: the termination checks (by writing) that nobody holds
+    the session, and begin_recovery writes the run; so of a finish_run without a
+    lease and a recovery that just took the session, exactly one proceeds."""
+    outcomes = [_race_finish_against_recovery(real_store, f"race-{i}") for i in range(40)]
+    assert all(o.keys() == {"finish", "begin"} for o in outcomes)
+    assert not [o for o in outcomes if o == {"finish": "ok", "begin": "ok"}]

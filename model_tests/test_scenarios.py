@@ -9,6 +9,7 @@ import threading
 from datetime import UTC, datetime
 
 import pytest
+from conftest import forge
 
 import turnkeeper
 from turnkeeper import EntryKind, InvalidInputError, LeaseLostError, SessionModifiedError
@@ -170,7 +171,7 @@ def test_second_process_gets_a_clear_error_naming_the_file(tmp_path):
 def test_newer_schema_is_refused_naming_both_versions(tmp_path):
     path = str(tmp_path / "future.duckdb")
     store = turnkeeper.open_store(path)
-    store.query("INSERT INTO schema_migrations VALUES (999, now())")
+    forge(store, "INSERT INTO schema_migrations VALUES (999, now())")
     store.close()
     with pytest.raises(turnkeeper.SchemaVersionError) as err:
         turnkeeper.open_store(path)

@@ -433,7 +433,7 @@ def test_abandon_ends_every_uncertain_call_of_the_turn_without_running_anything(
 def test_abandon_refuses_while_a_runtime_owns_the_session(store):
     store.create_session("s")
     worker = store.acquire_lease("session:s", "worker", 10)
-    claim(store)
+    claim(store, lease=worker)
     with pytest.raises(BusyError):
         store.abandon_interrupted_tool_executions("s", "t")
     assert states(store) == {"k": "running"}
@@ -664,3 +664,64 @@ def test_a_reclaimed_call_moves_to_the_fresh_run_that_re_executes_it(store):
         fresh.turn_id,
         2,
     )
+
+
+def test_a_completed_call_whose_result_never_reached_the_transcript_gets_its_own_result(store):
+    """The tool ran and its record completed, then the process died before it
+    appended the toolResult: the turn closes with the recorded output, not an
+    'interrupted' text that would invite running a side effect again."""
+    store.create_session("cr")
+    run = store.admit_run("cr", {"t": 1})
+    store.start_run(run.id)
+    claim(store, "k-cr", sid="cr", turn=run.turn_id, run_id=run.id, provider_call_id="c1")
+    store.append("cr", "message", {"message": tool_call_message("c1")})
+    store.complete_tool_execution("k-cr", {"stdout": "REAL OUTPUT"})
+    rescue = store.acquire_lease("session:cr", "rec", 30, purpose="recovery")
+    store.begin_recovery(run.id, rescue)
+    store.converge_recovery(run.id, rescue)
+    (result,) = tool_results(store, "cr")["c1"]
+    assert '"REAL OUTPUT"' in result["content"][0]["text"]
+    assert result["isError"] is False and result["details"]["fromRecord"] is True
+
+
+def test_tool_writes_without_a_lease_wait_for_the_session_holder(store):
+    store.create_session("tw")
+    worker = store.acquire_lease("session:tw", "w", 30, purpose="execution")
+    run = store.admit_run("tw", {"t": 1}, lease=worker)
+    with pytest.raises(BusyError):
+        claim(store, "k-tw", sid="tw", turn=run.turn_id, run_id=run.id)
+    claim(store, "k-tw", sid="tw", turn=run.turn_id, run_id=run.id, lease=worker)
+    with pytest.raises(BusyError):
+        store.complete_tool_execution("k-tw", "ok")
+    with pytest.raises(InvalidInputError) as err:  # the record's turn must be the run's
+        claim(store, "k-tw2", sid="tw", turn="other", run_id=run.id, lease=worker)
+    assert err.value.field == "local_turn_id"
+    store.finish_run(run.id, "failed", lease=worker)
+    with pytest.raises(InvalidInputError) as err:  # an ended run takes no new calls
+        claim(store, "k-tw3", sid="tw", turn=run.turn_id, run_id=run.id, lease=worker)
+    assert err.value.field == "run_id"
+
+
+def test_a_final_reply_with_a_tool_call_is_refused(store):
+    store.create_session("fr")
+    run = store.admit_run("fr", {"t": 1})
+    store.start_run(run.id)
+    with pytest.raises(InvalidInputError) as err:
+        store.finish_run(run.id, "succeeded", assistant_message=tool_call_message("f1"))
+    assert err.value.field == "assistant_message"
+    assert store.get_run(run.id).status == "running"
+
+
+def test_the_store_derived_entry_ids_are_reserved(store):
+    store.create_session("rs")
+    run = store.admit_run("rs", {"t": 1})
+    for suffix in (":turn-end", ":assistant", ":interrupted"):
+        with pytest.raises(InvalidInputError) as err:
+            store.append(
+                "rs",
+                "message",
+                {"message": {"role": "user", "content": "x"}},
+                entry_id=f"{run.id}{suffix}",
+            )
+        assert err.value.field == "entry_id"
+    store.finish_run(run.id, "failed")  # never wedged by a forged id

@@ -90,3 +90,9 @@ def validate_payload(kind: str, payload: Mapping[str, Any], *, strict: bool = Tr
         raise InvalidInputError("message.role", "a message needs a string role")
     if kind == EntryKind.LABEL and not isinstance(payload.get("label", ""), str):
         raise InvalidInputError("label", "a label is a string, or absent to clear it")
+
+
+RESERVED_ENTRY_SUFFIXES = (":turn-start", ":user", ":assistant", ":turn-end", ":interrupted")
+"""Endings of the entry ids the store derives itself (from a run id or an
+execution key) so that a repeated termination finds its own entries; a
+caller may not choose such an id."""

@@ -20,6 +20,7 @@ Facts the guards read in the transaction that writes:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -169,5 +170,26 @@ def unrecorded_interrupted_result(
         "content": [{"type": "text", "text": INTERRUPTED_TEXT}],
         "details": {"executionState": ToolExecutionState.INTERRUPTED.value, "recorded": False},
         "isError": True,
+        "timestamp": timestamp_ms,
+    }
+
+
+def recorded_result(record: ToolExecution, timestamp_ms: int) -> dict[str, Any]:
+    """The ``toolResult`` rebuilt from a completed record's stored result (the
+    tool ran and reported; the process died before the transcript got it): the
+    result as text when it is a string, else its JSON."""
+    result = record.result
+    text = result if isinstance(result, str) else json.dumps(result, sort_keys=True)
+    return {
+        "role": "toolResult",
+        "toolCallId": record.provider_call_id,
+        "toolName": record.tool_name,
+        "content": [{"type": "text", "text": text}],
+        "details": {
+            "executionKey": record.execution_key,
+            "executionState": ToolExecutionState.COMPLETED.value,
+            "fromRecord": True,
+        },
+        "isError": record.is_error,
         "timestamp": timestamp_ms,
     }

@@ -141,6 +141,21 @@ class Tx:
         self._snapshot = False
         self.statements = 0
 
+    def check_read(self, sql: str) -> None:
+        """Refuse ``sql`` unless it is exactly one ``SELECT`` or ``EXPLAIN``.
+
+        Raises:
+            InvalidInputError: anything else (or SQL DuckDB cannot parse).
+        """
+        try:
+            parsed = self._cursor.extract_statements(sql)
+        except duckdb.Error as exc:
+            raise errors.InvalidInputError("sql", f"cannot parse: {exc}") from None
+        kinds = [s.type for s in parsed]
+        if kinds not in ([duckdb.StatementType.SELECT], [duckdb.StatementType.EXPLAIN]):
+            names = ", ".join(k.name for k in kinds) or "nothing"
+            raise errors.InvalidInputError("sql", f"one read query expected, got {names}")
+
     @property
     def now(self) -> datetime | None:
         """The store's now (fixed per transaction), or ``None`` for SQL ``now()``."""

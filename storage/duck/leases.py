@@ -211,11 +211,16 @@ def fence_or_unheld(tx: Tx, target: str, lease: Lease | None) -> None:
     if lease is not None:
         fence(tx, lease)
         return
+    # A write, not a read: a grant or takeover of the target committed meanwhile
+    # then conflicts with this transaction, which retries and sees the holder.
     row = tx.one(
-        f"SELECT owner FROM leases WHERE target = ? AND state = 'held' AND expires_at > {NOW}",
-        [target, tx.now],
+        "UPDATE leases SET unleased_checks = unleased_checks + 1 WHERE target = ? "
+        "RETURNING owner, state, expires_at",
+        [target],
     )
-    if row is not None:
+    now = tx.now
+    assert now is not None  # always set inside a transaction
+    if row is not None and row[1] == "held" and utc(row[2]) > now:
         raise errors.BusyError(target, row[0])
 
 

@@ -134,7 +134,14 @@ def begin(tx: Tx, run_id: str, lease: Lease, trigger_source: str, reason: str) -
         if rec is not None and rec.state == "recovering" and rec.lease_epoch == lease.epoch:
             return rec  # this very lease already began it
         raise errors.RecoveryNotNeededError(run_id, f"its recovery is {source}")
-    prev_row = tx.one("SELECT lease_epoch FROM runs WHERE id = ?", [run_id])
+    # Touch the run: a termination racing this begin then conflicts with it (one
+    # of the two retries and sees the other) instead of both committing.
+    prev_row = tx.one(
+        "UPDATE runs SET updated_at = ? WHERE id = ? AND status = ? RETURNING lease_epoch",
+        [now, run_id, run.status],
+    )
+    if prev_row is None:
+        raise Conflict(f"run {run_id!r} moved")
     previous = rec.lease_epoch if rec is not None else (prev_row[0] if prev_row else None)
     row = tx.one(
         f"INSERT INTO run_recoveries ({_COLS}) VALUES "

@@ -270,7 +270,20 @@ class DuckDBStore(SessionsMixin, RunsMixin, RecoveryMixin, DeliveryMixin, ToolsM
     # -- analytics ---------------------------------------------------------------
 
     def query(self, sql: str, params: list[Any] | None = None) -> Any:
-        """Run a read query and return a ``pyarrow.Table`` (analytics)."""
-        return self.db.run(
-            "query", lambda tx: tx.arrow(sql, params or []), transaction=False, retry=False
-        )
+        """Run one read query (a ``SELECT``, ``WITH … SELECT``, ``DESCRIBE`` …) and
+        return a ``pyarrow.Table`` (analytics).
+
+        Raises:
+            InvalidInputError: ``sql`` is not exactly one read statement
+                (``UPDATE``, ``COPY … TO``, ``ATTACH``, ``SET``, several
+                statements …): the store's tables change only through its
+                fenced operations.
+            ProgrammingError: the backend rejected the query.
+        """
+        check_text(sql, "sql", allow_empty=False)
+
+        def body(tx: Tx) -> Any:
+            tx.check_read(sql)
+            return tx.arrow(sql, params or [])
+
+        return self.db.run("query", body, transaction=False, retry=False)

@@ -187,6 +187,13 @@ class RunsMixin(StoreBase):
         if assistant_message is not None:
             validate_payload(EntryKind.MESSAGE, {"message": assistant_message})
             to_json(dict(assistant_message), "assistant_message")
+            content = assistant_message.get("content")
+            if isinstance(content, list) and any(
+                isinstance(b, Mapping) and b.get("type") == "toolCall" for b in content
+            ):
+                raise errors.InvalidInputError(
+                    "assistant_message", "the final reply carries no toolCall (append calls first)"
+                )
         for name, value in (("error", error), ("stop_reason", stop_reason)):
             if value is not None:
                 check_text(value, name)

@@ -10,7 +10,7 @@ from typing import Any
 import uuid6
 
 from turnkeeper.spec import errors
-from turnkeeper.spec.entries import EntryKind, validate_payload
+from turnkeeper.spec.entries import RESERVED_ENTRY_SUFFIXES, EntryKind, validate_payload
 from turnkeeper.spec.records import (
     ANY_LEAF,
     Entry,
@@ -119,6 +119,10 @@ class SessionsMixin(StoreBase):
         chose = entry_id is not None
         eid = entry_id if entry_id is not None else new_entry_id()
         check_text(eid, "entry_id", allow_empty=False)
+        if chose and eid.endswith(RESERVED_ENTRY_SUFFIXES):
+            raise errors.InvalidInputError(
+                "entry_id", f"ids ending {', '.join(RESERVED_ENTRY_SUFFIXES)} are the store's own"
+            )
         check_expected_leaf(expected_leaf)
         ts = _aware(timestamp, "timestamp")
         check_session_lease(session_id, lease)

@@ -68,7 +68,9 @@ class ToolsMixin(StoreBase):
             SessionNotFoundError: no such session.
             RunNotFoundError: ``run_id`` names no run.
             LeaseLostError: ``lease`` is no longer valid.
-            InvalidInputError: a bad argument, or ``run_id`` is in another session.
+            BusyError: no ``lease`` given and someone holds the session.
+            InvalidInputError: a bad argument, or ``run_id`` is in another
+                session, has ended, or runs another turn than ``local_turn_id``.
         On any error nothing is written.
         """
         for name, value in (
@@ -133,6 +135,7 @@ class ToolsMixin(StoreBase):
                 interrupted keeps its interrupted result; a completed one keeps
                 its first result).
             LeaseLostError: ``lease`` is no longer valid.
+            BusyError: no ``lease`` given and someone holds the session.
             InvalidInputError: a bad argument, or a lease on another session.
         On any error nothing is written.
         """

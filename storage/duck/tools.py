@@ -31,6 +31,7 @@ from turnkeeper.spec.tool_execution import (
     ToolExecution,
     ToolExecutionState,
     interrupted_result,
+    recorded_result,
     unrecorded_interrupted_result,
 )
 
@@ -213,8 +214,13 @@ def claim(tx: Tx, columns: Mapping[str, Any], lease: Lease | None) -> tuple[Tool
             raise errors.RunNotFoundError(run_id)
         if run.session_id != session_id:
             raise errors.InvalidInputError("run_id", f"run {run_id!r} is not in {session_id!r}")
-    if lease is not None:
-        leases.fence(tx, lease)
+        if run.status in TERMINAL:
+            raise errors.InvalidInputError("run_id", f"run {run_id!r} ended {run.status}")
+        if columns["local_turn_id"] != run.turn_id:
+            raise errors.InvalidInputError(
+                "local_turn_id", f"run {run_id!r} runs turn {run.turn_id!r}"
+            )
+    _no_other_owner(tx, session_id, lease)
     edge = _MACHINE.require("claim", "absent", {"side_effecting": columns["side_effecting"]})
     values = {
         **columns,
@@ -257,8 +263,7 @@ def complete(
     same = (rec.result, rec.is_error) == (from_json(result_json), is_error)
     if rec.state == ToolExecutionState.COMPLETED and same:
         return rec  # a repeated completion after an unknown commit result
-    if lease is not None:
-        leases.fence(tx, lease)
+    _no_other_owner(tx, rec.session_id, lease)
     edge = _MACHINE.require("complete", rec.state, _facts(rec))
     return _move(
         tx, rec, edge, "result = ?, is_error = ?, completed_at = ?", [result_json, is_error, tx.now]
@@ -416,8 +421,9 @@ def annotate_run_error(tx: Tx, run_id: str, reason: str) -> bool:
 def close_turn(tx: Tx, run: Run, epoch: int | None) -> int:
     """Before ``run``'s turn closes, pair every tool call in it: running records of
     the run are marked ``interrupted``, and each ``toolCall`` in the turn without a
-    ``toolResult`` (with a record or not) gets the explicit interrupted result.
-    Nothing is re-run and no output is invented. ``epoch`` is the lease the
+    ``toolResult`` gets one: the tool's own result when its record completed (the
+    process died before writing it to the transcript), else the explicit
+    interrupted result. Nothing is re-run and no output is invented. ``epoch`` is the lease the
     caller fenced (stored on the appended entries). Returns the results appended.
     """
     appended = 0
@@ -441,6 +447,14 @@ def close_turn(tx: Tx, run: Run, epoch: int | None) -> int:
     answered = {from_json(p)["message"].get("toolCallId") for r, p in rows if r == "toolResult"}
     now = tx.now
     assert now is not None
+    completed = {
+        rec.provider_call_id: rec
+        for rec in _select(
+            tx,
+            "session_id = ? AND state = 'completed' AND (run_id = ? OR local_turn_id = ?)",
+            [run.session_id, run.id, run.turn_id],
+        )
+    }
     for role, payload in rows:
         if role != "assistant":
             continue
@@ -452,9 +466,12 @@ def close_turn(tx: Tx, run: Run, epoch: int | None) -> int:
             if call_id in answered:
                 continue
             answered.add(call_id)
-            message = unrecorded_interrupted_result(
-                call_id, str(block.get("name", "")), int(now.timestamp() * 1000)
-            )
+            ms = int(now.timestamp() * 1000)
+            done = completed.get(call_id)
+            if done is not None:  # the tool finished; only its transcript entry was lost
+                message = recorded_result(done, ms)
+            else:
+                message = unrecorded_interrupted_result(call_id, str(block.get("name", "")), ms)
             body = {"message": message}
             sessions.append(
                 tx,
