@@ -71,7 +71,9 @@ class RecoveryMixin(StoreBase):
         already terminal keeps its status), close its open turn, write the
         terminal event and complete the record, in one transaction that
         revalidates the recovery lease (session seed
-        ConvergeSessionRunRecovery).
+        ConvergeSessionRunRecovery). A run that already ended keeps its status
+        and gets no decision events (its own finalizer stays authoritative):
+        check ``get_run`` first if the resolutions must be recorded.
 
         Raises:
             LeaseLostError: the lease is stale or another worker took over.
