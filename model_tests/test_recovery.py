@@ -281,3 +281,25 @@ def test_an_unleased_termination_racing_a_recovery_never_both_commit(real_store)
     outcomes = [_race_finish_against_recovery(real_store, f"race-{i}") for i in range(40)]
     assert all(o.keys() == {"finish", "begin"} for o in outcomes)
     assert not [o for o in outcomes if o == {"finish": "ok", "begin": "ok"}]
+
+
+def test_the_race_test_fails_with_both_writes_turned_back_into_reads(real_store, monkeypatch):
+    """Control for the write-skew test above: with the termination's lease check
+    and begin_recovery's touch of the run both reads again, both commit."""
+    from turnkeeper.storage.duck import leases, runs
+
+    def read_unheld(tx, target, lease):
+        if lease is not None:
+            leases.fence(tx, lease)
+            return
+        row = tx.one("SELECT owner, state, expires_at FROM leases WHERE target = ?", [target])
+        if row is not None and row[1] == "held" and row[2] > tx.now:
+            raise BusyError(target, row[0])
+
+    def read_touch(tx, run):
+        return tx.one("SELECT lease_epoch FROM runs WHERE id = ?", [run.id])[0]
+
+    monkeypatch.setattr(leases, "fence_or_unheld", read_unheld)
+    monkeypatch.setattr(runs, "touch", read_touch)
+    outcomes = [_race_finish_against_recovery(real_store, f"skew-{i}") for i in range(40)]
+    assert {"finish": "ok", "begin": "ok"} in outcomes

@@ -136,13 +136,8 @@ def begin(tx: Tx, run_id: str, lease: Lease, trigger_source: str, reason: str) -
         raise errors.RecoveryNotNeededError(run_id, f"its recovery is {source}")
     # Touch the run: a termination racing this begin then conflicts with it (one
     # of the two retries and sees the other) instead of both committing.
-    prev_row = tx.one(
-        "UPDATE runs SET updated_at = ? WHERE id = ? AND status = ? RETURNING lease_epoch",
-        [now, run_id, run.status],
-    )
-    if prev_row is None:
-        raise Conflict(f"run {run_id!r} moved")
-    previous = rec.lease_epoch if rec is not None else (prev_row[0] if prev_row else None)
+    run_epoch = runs.touch(tx, run)
+    previous = rec.lease_epoch if rec is not None else run_epoch
     row = tx.one(
         f"INSERT INTO run_recoveries ({_COLS}) VALUES "
         "(?, ?, 'recovering', ?, ?, 1, ?, ?, NULL, NULL, ?, ?, NULL) "

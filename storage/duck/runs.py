@@ -101,7 +101,7 @@ def _event(tx: Tx, run: Run, edge: Edge, event_id: str, data: Mapping[str, Any])
     )
 
 
-def _append(
+def append_own(
     tx: Tx,
     session_id: str,
     kind: str,
@@ -109,7 +109,9 @@ def _append(
     entry_id: str,
     epoch: int | None,
 ) -> int:
-    """Append a run entry; ``epoch`` is the lease fenced earlier in the transaction."""
+    """Append an entry the store writes itself (turn boundaries, the run's messages,
+    tool results it pairs) under the leaf with a derived id; returns its seq.
+    ``epoch`` is the lease the caller fenced earlier in the transaction."""
     entry = sessions.append(
         tx,
         session_id,
@@ -205,9 +207,11 @@ def admit(
     tx.exec("INSERT INTO active_runs VALUES (?, ?)", [session_id, run_id])
     turn = {"turnId": f"{run_id}:turn", "intentId": intent_id, "runId": run_id, "attempt": attempt}
     epoch = None if lease is None else lease.epoch
-    start_seq = _append(tx, session_id, EntryKind.TURN_START, turn, f"{run_id}:turn-start", epoch)
+    start_seq = append_own(
+        tx, session_id, EntryKind.TURN_START, turn, f"{run_id}:turn-start", epoch
+    )
     if user_message is not None:
-        _append(
+        append_own(
             tx, session_id, EntryKind.MESSAGE, {"message": user_message}, f"{run_id}:user", epoch
         )
     tx.exec(
@@ -302,7 +306,7 @@ def finish(
 
     tools.close_turn(tx, moved, epoch)
     if assistant_message is not None:
-        _append(
+        append_own(
             tx,
             run.session_id,
             EntryKind.MESSAGE,
@@ -313,7 +317,7 @@ def finish(
     end = {"turnId": run.turn_id, "intentId": run.intent_id, "runId": run.id, "status": status}
     if stop_reason is not None:
         end["stopReason"] = stop_reason
-    end_seq = _append(tx, run.session_id, EntryKind.TURN_END, end, f"{run_id}:turn-end", epoch)
+    end_seq = append_own(tx, run.session_id, EntryKind.TURN_END, end, f"{run_id}:turn-end", epoch)
     tx.exec(
         "UPDATE conversation_turns SET status = ?, end_seq = ?, ended_at = ? WHERE id = ?",
         [status.value, end_seq, tx.now, run.turn_id],
@@ -338,6 +342,24 @@ def record_decisions(tx: Tx, run: Run, decisions: Sequence[Mapping[str, Any]]) -
             continue
         edge = Edge(DECISION, "decide", run.status, run.status)
         _event(tx, run, edge, event_id, decision)
+
+
+def touch(tx: Tx, run: Run) -> int | None:
+    """Write the run's row unchanged but for ``updated_at`` (compare-and-set on its
+    status) so that a transaction that only read the run conflicts with one that
+    ends it, instead of both committing; returns the run's ``lease_epoch``.
+
+    Raises:
+        Conflict: the run moved (the caller's transaction retries).
+    """
+    row = tx.one(
+        "UPDATE runs SET updated_at = ? WHERE id = ? AND status = ? RETURNING lease_epoch",
+        [tx.now, run.id, run.status],
+    )
+    if row is None:
+        raise Conflict(f"run {run.id!r} moved")
+    epoch: int | None = row[0]
+    return epoch
 
 
 def request_cancel(tx: Tx, run_id: str) -> Run:

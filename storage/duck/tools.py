@@ -23,7 +23,7 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.entries import EntryKind
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.lifecycle import Edge
-from turnkeeper.spec.records import ANY_LEAF, Lease, Run
+from turnkeeper.spec.records import Lease, Run
 from turnkeeper.spec.run import TERMINAL
 from turnkeeper.spec.tool_execution import (
     TOOL_EXECUTION,
@@ -35,8 +35,8 @@ from turnkeeper.spec.tool_execution import (
     unrecorded_interrupted_result,
 )
 
-from ..codec import from_json, to_json
-from . import leases, runs, sessions
+from ..codec import from_json
+from . import leases, runs
 from .db import Conflict, Tx, utc
 
 _MACHINE = machine_for(TOOL_EXECUTION)
@@ -162,9 +162,10 @@ def _move(
     return moved
 
 
-def _pair(tx: Tx, rec: ToolExecution, lease: Lease | None, epoch: int | None = None) -> bool:
+def _pair(tx: Tx, rec: ToolExecution, epoch: int | None) -> bool:
     """Append the explicit interrupted ``toolResult`` for ``rec`` unless its call
-    already has a result in the session; returns whether it appended."""
+    already has a result in the session; returns whether it appended. ``epoch``
+    is the lease the caller fenced in this transaction."""
     entry_id = f"{rec.execution_key}:interrupted"
     paired = tx.one(
         "SELECT 1 FROM entries WHERE session_id = ? AND (id = ? OR (kind = 'message' "
@@ -176,20 +177,8 @@ def _pair(tx: Tx, rec: ToolExecution, lease: Lease | None, epoch: int | None = N
         return False
     now = tx.now
     assert now is not None
-    payload = {"message": interrupted_result(rec, int(now.timestamp() * 1000))}
-    sessions.append(
-        tx,
-        rec.session_id,
-        EntryKind.MESSAGE,
-        to_json(payload, "payload"),
-        payload,
-        entry_id=entry_id,
-        caller_chose_id=True,
-        timestamp=None,
-        expected_leaf=ANY_LEAF,
-        lease=lease,
-        fenced_epoch=epoch,
-    )
+    message = interrupted_result(rec, int(now.timestamp() * 1000))
+    runs.append_own(tx, rec.session_id, EntryKind.MESSAGE, {"message": message}, entry_id, epoch)
     return True
 
 
@@ -288,7 +277,7 @@ def interrupt(
     for rec in _select(tx, where, params):
         edge = _MACHINE.require("interrupt", rec.state, _facts(rec))
         moved = _move(tx, rec, edge, "reason = ?", [reason])
-        _pair(tx, moved, lease)
+        _pair(tx, moved, None if lease is None else lease.epoch)
         done.append(moved)
     return done
 
@@ -393,7 +382,7 @@ def abandon(tx: Tx, session_id: str, local_turn_id: str, reason: str, lease: Lea
     for rec in found:
         edge = _MACHINE.require("abandon", rec.state, _facts(rec))
         moved = _move(tx, rec, edge, "reason = ?, completed_at = ?", [reason, tx.now])
-        _pair(tx, moved, lease)
+        _pair(tx, moved, None if lease is None else lease.epoch)
     return len(found)
 
 
@@ -435,7 +424,7 @@ def close_turn(tx: Tx, run: Run, epoch: int | None) -> int:
     for rec in running:
         edge = _MACHINE.require("interrupt", rec.state, _facts(rec))
         moved = _move(tx, rec, edge, "reason = ?", [f"the run ended {run.status}"])
-        appended += _pair(tx, moved, None, epoch)
+        appended += _pair(tx, moved, epoch)
     start = tx.one("SELECT start_seq FROM conversation_turns WHERE id = ?", [run.turn_id])
     if start is None:
         return appended
@@ -472,19 +461,9 @@ def close_turn(tx: Tx, run: Run, epoch: int | None) -> int:
                 message = recorded_result(done, ms)
             else:
                 message = unrecorded_interrupted_result(call_id, str(block.get("name", "")), ms)
-            body = {"message": message}
-            sessions.append(
-                tx,
-                run.session_id,
-                EntryKind.MESSAGE,
-                to_json(body, "payload"),
-                body,
-                entry_id=f"{run.id}:{call_id}:interrupted",
-                caller_chose_id=True,
-                timestamp=None,
-                expected_leaf=ANY_LEAF,
-                lease=None,
-                fenced_epoch=epoch,
+            entry_id = f"{run.id}:{call_id}:interrupted"
+            runs.append_own(
+                tx, run.session_id, EntryKind.MESSAGE, {"message": message}, entry_id, epoch
             )
             appended += 1
     return appended
