@@ -95,4 +95,4 @@ def real_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[turnk
 def forge(store: turnkeeper.DuckDBStore, sql: str, params: list[Any] | None = None) -> None:
     """Write ``sql`` straight to the store's database, bypassing every check: tests
     use it to forge states the store itself never writes (``query`` only reads)."""
-    store.db.run("forge", lambda tx: tx.exec(sql, params or []), transaction=False, retry=False)
+    store.db.write("forge", lambda tx: tx.exec(sql, params or []), transaction=False, retry=False)

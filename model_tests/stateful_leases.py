@@ -227,7 +227,7 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
         # -- invariants ----------------------------------------------------------
 
         def rows(self, sql: str) -> list[tuple]:
-            return self.store.db.run("test-query", lambda tx: tx.rows(sql), transaction=False)
+            return self.store.db.read("test-query", lambda tx: tx.rows(sql))
 
         @invariant()
         def at_most_one_unexpired_holder_per_target(self) -> None:

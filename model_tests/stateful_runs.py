@@ -238,13 +238,12 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
 
     @invariant()
     def one_non_terminal_run_per_session_and_none_revived(self) -> None:
-        rows = self.store.db.run(
+        rows = self.store.db.read(
             "test-query",
             lambda tx: tx.rows(
                 "SELECT r.id, r.session_id, r.status, a.run_id IS NOT NULL FROM runs r "
                 "LEFT JOIN active_runs a ON a.run_id = r.id"
             ),
-            transaction=False,
         )
         live: dict[str, list[str]] = {}
         for run_id, session, status, is_active in rows:

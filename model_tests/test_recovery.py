@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 
@@ -274,18 +276,31 @@ def _race_finish_against_recovery(store, sid: str) -> dict[str, str]:
     return outcome
 
 
-def test_an_unleased_termination_racing_a_recovery_never_both_commit(real_store):
-    """Write skew, closed: the termination checks (by writing) that nobody holds
+def _unserialized(store, monkeypatch) -> None:
+    """Take the in-process write lock out of ``store`` (test-only), so that its
+    writes overlap and only the database's conflicts order them."""
+    monkeypatch.setattr(store.db, "_write_lock", SimpleNamespace(lock=contextlib.nullcontext()))
+
+
+@pytest.mark.parametrize("serialized", [True, False], ids=["write-lock", "conflicts-alone"])
+def test_an_unleased_termination_racing_a_recovery_never_both_commit(
+    real_store, monkeypatch, serialized
+):
+    """Write skew, closed twice: the store's writes are serialized in process, and
+    without that lock the termination still checks (by writing) that nobody holds
     the session, and begin_recovery writes the run; so of a finish_run without a
     lease and a recovery that just took the session, exactly one proceeds."""
+    if not serialized:
+        _unserialized(real_store, monkeypatch)
     outcomes = [_race_finish_against_recovery(real_store, f"race-{i}") for i in range(40)]
     assert all(o.keys() == {"finish", "begin"} for o in outcomes)
     assert not [o for o in outcomes if o == {"finish": "ok", "begin": "ok"}]
 
 
 def test_the_race_test_fails_with_both_writes_turned_back_into_reads(real_store, monkeypatch):
-    """Control for the write-skew test above: with the termination's lease check
-    and begin_recovery's touch of the run both reads again, both commit."""
+    """Control for the write-skew test above: without the write lock, and with the
+    termination's lease check and begin_recovery's touch of the run both reads
+    again, both commit."""
     from turnkeeper.storage.duck import leases, runs
 
     def read_unheld(tx, target, lease):
@@ -301,5 +316,6 @@ def test_the_race_test_fails_with_both_writes_turned_back_into_reads(real_store,
 
     monkeypatch.setattr(leases, "fence_or_unheld", read_unheld)
     monkeypatch.setattr(runs, "touch", read_touch)
+    _unserialized(real_store, monkeypatch)
     outcomes = [_race_finish_against_recovery(real_store, f"skew-{i}") for i in range(40)]
     assert {"finish": "ok", "begin": "ok"} in outcomes

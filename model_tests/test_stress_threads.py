@@ -71,21 +71,35 @@ def test_many_threads_one_target_never_two_valid_holders(real_store):
     store = real_store
     granted: list[turnkeeper.Lease] = []
     lock = threading.Lock()
-    stop = time.monotonic() + 2.0
+    deadline = time.monotonic() + 30.0
     violations: list[tuple[int, int]] = []
 
+    def running() -> bool:  # until 20 grants (or a generous deadline on a slow machine)
+        with lock:
+            return len({g.epoch for g in granted}) < 20 and time.monotonic() < deadline
+
     def worker(n: int) -> None:
-        while time.monotonic() < stop:
+        while running():
             try:
                 lease = store.acquire_lease("hot", f"w{n}", 0.05)
             except BusyError:
                 continue
             with lock:
                 granted.append(lease)
+            # Re-acquire once (the same epoch), then let the lease lapse so that
+            # another worker takes it over: a holder that kept re-acquiring would
+            # keep it for the whole test on an idle machine.
             time.sleep(0.01)
+            try:
+                again = store.acquire_lease("hot", f"w{n}", 0.05)
+            except BusyError:
+                continue
+            with lock:
+                granted.append(again)
+            time.sleep(0.06)
 
     def checker() -> None:
-        while time.monotonic() < stop:
+        while running():
             with lock:
                 recent = granted[-5:]
             valid = set()
@@ -107,7 +121,7 @@ def test_many_threads_one_target_never_two_valid_holders(real_store):
     owners: dict[int, set[str]] = {}
     for lease in granted:  # a re-acquire by the holder returns the same epoch
         owners.setdefault(lease.epoch, set()).add(lease.owner)
-    assert len(owners) > 5
+    assert len(owners) >= 5
     assert all(len(o) == 1 for o in owners.values()), owners
     assert sorted(owners) == list(range(1, max(owners) + 1))
     assert violations == []

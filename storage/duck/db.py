@@ -2,14 +2,23 @@
 
 One :class:`Database` per store object holds one DuckDB connection to the
 file; each thread gets its own cursor (DuckDB connections are not
-thread-safe, cursors on one instance are). Every operation runs through
-:meth:`Database.run`, the one transaction boundary:
+thread-safe, cursors on one instance are). Every operation runs through one
+of two boundaries: :meth:`Database.write` or :meth:`Database.read`.
+
+Writes are serialized in process. Only one process can write a DuckDB file,
+so every writer of it is a thread of this process: :meth:`Database.write`
+holds the file's write lock (one per file, shared by every store object on
+it in this process) for the whole operation, so two of the store's own
+operations never race and an operation with a well-defined serial outcome
+gets that outcome or its domain error. Reads take no lock: DuckDB's MVCC
+gives each a consistent snapshot beside a running write.
 
 - a lost race (a DuckDB write-write conflict, or a duplicate key the
   transaction's snapshot could not see, see :func:`_is_conflict`) rolls back
   and is retried with jittered backoff (tenacity); the retry re-reads, so it
   surfaces as the domain error it means (busy, modified, exists …) or
-  succeeds;
+  succeeds. With the write lock this is a backstop (another connection to
+  the file in this process, a query's rolled-back write), not the rule;
 - after the last attempt it is ``TransactionConflictError``;
 - any other ``duckdb.Error`` is translated into the PEP 249-style classes of
   :mod:`turnkeeper.spec.errors` with the original as ``__cause__``;
@@ -17,6 +26,12 @@ thread-safe, cursors on one instance are). Every operation runs through
 - ``BaseException`` (cancellation) rolls back and is re-raised unwrapped; a
   query DuckDB reports as interrupted (SIGINT) is raised as
   ``KeyboardInterrupt``, never as a database error.
+
+A read in a transaction always ends with ``ROLLBACK``: whatever it did
+(an analytics query's data-modifying CTE, say) is undone. The connection is
+opened with external access disabled (no files, extensions, secrets or
+environment reachable from SQL), Python replacement scans off and its
+configuration locked, so SQL run on it reaches nothing beyond the database.
 
 Statements are counted per operation name (:meth:`Database.statement_stats`).
 """
@@ -75,6 +90,7 @@ def translate(exc: duckdb.Error, path: str) -> errors.DatabaseError:
         (duckdb.CatalogException, errors.ProgrammingError),
         (duckdb.ParserException, errors.ProgrammingError),
         (duckdb.BinderException, errors.ProgrammingError),
+        (duckdb.PermissionException, errors.ProgrammingError),
         (duckdb.InternalException, errors.InternalError),
         (duckdb.NotImplementedException, errors.NotSupportedError),
         (duckdb.OperationalError, errors.OperationalError),
@@ -141,20 +157,10 @@ class Tx:
         self._snapshot = False
         self.statements = 0
 
-    def check_read(self, sql: str) -> None:
-        """Refuse ``sql`` unless it is exactly one ``SELECT`` or ``EXPLAIN``.
-
-        Raises:
-            InvalidInputError: anything else (or SQL DuckDB cannot parse).
-        """
-        try:
-            parsed = self._cursor.extract_statements(sql)
-        except duckdb.Error as exc:
-            raise errors.InvalidInputError("sql", f"cannot parse: {exc}") from None
-        kinds = [s.type for s in parsed]
-        if kinds not in ([duckdb.StatementType.SELECT], [duckdb.StatementType.EXPLAIN]):
-            names = ", ".join(k.name for k in kinds) or "nothing"
-            raise errors.InvalidInputError("sql", f"one read query expected, got {names}")
+    @property
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """The thread's cursor this transaction runs on (for parsing SQL)."""
+        return self._cursor
 
     @property
     def now(self) -> datetime | None:
@@ -214,6 +220,51 @@ class Tx:
         return self._cursor.sql(sql, params=list(params)).to_arrow_table()
 
 
+CONNECTION_SETTINGS = (
+    ("TimeZone", "Etc/UTC", "SET TimeZone = 'UTC'"),
+    ("python_enable_replacements", "false", "SET GLOBAL python_enable_replacements = false"),
+    ("enable_external_access", "false", "SET enable_external_access = false"),
+    ("lock_configuration", "true", "SET lock_configuration = true"),
+)
+"""``(name, value, statement)``: applied in this order to the database when a
+connection opens it (the time zone before the lock; external access cannot be
+turned back on). They hold for every connection and cursor on the file in
+this process, since DuckDB shares one instance per file; a second store
+object on the same file finds them set."""
+
+
+def _configure(con: duckdb.DuckDBPyConnection) -> None:
+    for name, value, statement in CONNECTION_SETTINGS:
+        row = con.execute("SELECT current_setting(?)::VARCHAR", [name]).fetchone()
+        if row is None or str(row[0]).lower() != value.lower():
+            con.execute(statement)
+
+
+class _WriteLock:
+    """The in-process write lock of one database file (see the module docstring)."""
+
+    __slots__ = ("__weakref__", "lock")
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+
+
+_WRITE_LOCKS: weakref.WeakValueDictionary[str, _WriteLock] = weakref.WeakValueDictionary()
+_WRITE_LOCKS_GUARD = threading.Lock()
+
+
+def _write_lock(path: str) -> _WriteLock:
+    """The write lock of ``path``: one per file in this process (each
+    ``":memory:"`` database is its own)."""
+    if path == ":memory:":
+        return _WriteLock()
+    with _WRITE_LOCKS_GUARD:
+        found = _WRITE_LOCKS.get(path)
+        if found is None:
+            found = _WRITE_LOCKS[path] = _WriteLock()
+        return found
+
+
 class _CursorHolder:
     """A thread's cursor, held through ``threading.local`` so that the thread's
     end collects the holder and closes the cursor."""
@@ -247,9 +298,10 @@ class Database:
         self.read_only = read_only
         try:
             self._con = duckdb.connect(self.path, read_only=read_only)
-            self._con.execute("SET TimeZone = 'UTC'")
+            _configure(self._con)
         except duckdb.Error as exc:
             raise translate(exc, self.path) from exc
+        self._write_lock = _write_lock(self.path)
         self._local = threading.local()
         self._cursors: set[duckdb.DuckDBPyConnection] = set()
         self._lock = threading.Lock()
@@ -267,8 +319,7 @@ class Database:
         holder: _CursorHolder | None = getattr(self._local, "holder", None)
         if holder is None:
             with self._lock:
-                cur = self._con.cursor()
-                cur.execute("SET TimeZone = 'UTC'")
+                cur = self._con.cursor()  # inherits the settings, locked
                 self._cursors.add(cur)
             holder = _CursorHolder(cur)
             weakref.finalize(holder, _drop_cursor, weakref.ref(self), cur)
@@ -319,7 +370,7 @@ class Database:
 
     # -- transactions ------------------------------------------------------------
 
-    def run(
+    def write(
         self,
         operation: str,
         body: Callable[[Tx], T],
@@ -327,12 +378,11 @@ class Database:
         transaction: bool = True,
         retry: bool = True,
     ) -> T:
-        """Run ``body`` in one transaction (or one autocommit statement), with retries.
+        """Run ``body`` as one write: one transaction (or, with
+        ``transaction=False``, one autocommit statement, which DuckDB runs
+        atomically on its own), under the file's write lock, with retries.
 
-        ``transaction=False`` is for bodies that issue exactly one statement,
-        which DuckDB runs atomically on its own. ``retry=False`` (raw queries,
-        which check nothing first) reports a lost race as the translated
-        error at once instead of retrying.
+        ``retry=False`` reports a lost race as the translated error at once.
 
         Raises:
             TransactionConflictError: every attempt lost a write-write conflict.
@@ -341,11 +391,36 @@ class Database:
         """
         self._enter()
         try:
-            return self._run(operation, body, transaction, retry)
+            with self._write_lock.lock:
+                return self._run(operation, body, transaction, retry, commit=True)
         finally:
             self._leave()
 
-    def _run(self, operation: str, body: Callable[[Tx], T], transaction: bool, retry: bool) -> T:
+    def read(self, operation: str, body: Callable[[Tx], T], *, snapshot: bool = False) -> T:
+        """Run ``body`` as a read, without the write lock: one autocommit
+        statement, or with ``snapshot`` several statements in one transaction
+        (one consistent snapshot) that ends with ``ROLLBACK``, so that nothing
+        it did is kept.
+
+        Raises:
+            DatabaseError: a translated backend failure (original as ``__cause__``).
+            TurnkeeperError: whatever domain error ``body`` raised.
+        """
+        self._enter()
+        try:
+            return self._run(operation, body, snapshot, False, commit=False)
+        finally:
+            self._leave()
+
+    def _run(
+        self,
+        operation: str,
+        body: Callable[[Tx], T],
+        transaction: bool,
+        retry: bool,
+        *,
+        commit: bool,
+    ) -> T:
         cursor = self._cursor()
         attempts = 0
         statements = 0
@@ -359,7 +434,7 @@ class Database:
                     tx.exec("BEGIN TRANSACTION")
                 result = body(tx)
                 if transaction:
-                    tx.exec("COMMIT")
+                    tx.exec("COMMIT" if commit else "ROLLBACK")
                 return result
             except (duckdb.InterruptException, RuntimeError) as exc:
                 # DuckDB turns SIGINT during a query into an exception of its own;

@@ -31,6 +31,7 @@ from ..validate import (
 )
 from . import leases, threads
 from .db import Clock, Database, Tx
+from .query import check_read
 from .store_delivery import DeliveryMixin
 from .store_forks import ForksMixin
 from .store_recovery import RecoveryMixin
@@ -66,7 +67,7 @@ class DuckDBStore(SessionsMixin, RunsMixin, RecoveryMixin, DeliveryMixin, ToolsM
         self.db = Database(check_path(path), clock, read_only=read_only)
         self._secret = secrets.token_bytes(32)
         try:
-            self.db.run("migrate", self._check_schema if read_only else self._migrate)
+            self.db.write("migrate", self._check_schema if read_only else self._migrate)
         except BaseException:
             self.db.close()
             raise
@@ -120,10 +121,8 @@ class DuckDBStore(SessionsMixin, RunsMixin, RecoveryMixin, DeliveryMixin, ToolsM
 
     def schema_version(self) -> int:
         """The schema version recorded in the file."""
-        row = self.db.run(
-            "schema_version",
-            lambda tx: tx.one("SELECT max(version) FROM schema_migrations"),
-            transaction=False,
+        row = self.db.read(
+            "schema_version", lambda tx: tx.one("SELECT max(version) FROM schema_migrations")
         )
         return int(row[0]) if row else 0
 
@@ -168,7 +167,7 @@ class DuckDBStore(SessionsMixin, RunsMixin, RecoveryMixin, DeliveryMixin, ToolsM
         check_text(owner, "owner", allow_empty=False)
         why = check_purpose(purpose)
         ttl = check_ttl(ttl_s)
-        return self.db.run(
+        return self.db.write(
             "acquire_lease",
             lambda tx: leases.acquire(tx, self._secret, target, owner, ttl, why),
         )
@@ -181,7 +180,7 @@ class DuckDBStore(SessionsMixin, RunsMixin, RecoveryMixin, DeliveryMixin, ToolsM
         """
         check_lease(lease)
         ttl = check_ttl(ttl_s)
-        return self.db.run(
+        return self.db.write(
             "renew_lease", lambda tx: leases.renew(tx, lease, ttl), transaction=False
         )
 
@@ -191,7 +190,9 @@ class DuckDBStore(SessionsMixin, RunsMixin, RecoveryMixin, DeliveryMixin, ToolsM
         Returns whether this call released a held lease.
         """
         check_lease(lease)
-        return self.db.run("release_lease", lambda tx: leases.release(tx, lease), transaction=False)
+        return self.db.write(
+            "release_lease", lambda tx: leases.release(tx, lease), transaction=False
+        )
 
     def validate_lease(self, lease: Lease) -> None:
         """Check ``lease`` is still held, unexpired, with this token: the final
@@ -201,7 +202,7 @@ class DuckDBStore(SessionsMixin, RunsMixin, RecoveryMixin, DeliveryMixin, ToolsM
             LeaseLostError: it is not.
         """
         check_lease(lease)
-        self.db.run("validate_lease", lambda tx: leases.fence(tx, lease), transaction=False)
+        self.db.write("validate_lease", lambda tx: leases.fence(tx, lease), transaction=False)
 
     # -- thread records --------------------------------------------------------
 
@@ -223,9 +224,7 @@ class DuckDBStore(SessionsMixin, RunsMixin, RecoveryMixin, DeliveryMixin, ToolsM
         if key is not None:
             check_text(key, "key", allow_empty=False)
         check_bool(include_archived, "include_archived")
-        return self.db.run(
-            "resolve", lambda tx: threads.resolve(tx, id, key, include_archived), transaction=False
-        )
+        return self.db.read("resolve", lambda tx: threads.resolve(tx, id, key, include_archived))
 
     def finalize(self, request: FinalizeRequest) -> ThreadRecord:
         """Persist post-run thread state atomically (threadstore Finalize).
@@ -256,10 +255,10 @@ class DuckDBStore(SessionsMixin, RunsMixin, RecoveryMixin, DeliveryMixin, ToolsM
             return found
 
         try:
-            result: ThreadRecord = self.db.run("finalize", body)
+            result: ThreadRecord = self.db.write("finalize", body)
         except errors.LeaseLostError as exc:
             lost = next(h for h in request.held_leases if h.target == exc.target)
-            self.db.run(
+            self.db.write(
                 "record_fenced",
                 lambda tx: leases.record_fenced(tx, lost, "finalize"),
                 transaction=False,
@@ -270,20 +269,28 @@ class DuckDBStore(SessionsMixin, RunsMixin, RecoveryMixin, DeliveryMixin, ToolsM
     # -- analytics ---------------------------------------------------------------
 
     def query(self, sql: str, params: list[Any] | None = None) -> Any:
-        """Run one read query (a ``SELECT``, ``WITH … SELECT``, ``DESCRIBE`` …) and
-        return a ``pyarrow.Table`` (analytics).
+        """Run one read query over the store's tables (a ``SELECT``, ``WITH …
+        SELECT``, ``DESCRIBE``, ``EXPLAIN [ANALYZE]`` of a ``SELECT`` …) and
+        return a ``pyarrow.Table`` (analytics). ``params`` fill ``?`` placeholders.
+
+        The query changes nothing and reaches nothing beyond the database,
+        by three defences: the SQL is parsed and refused unless it is one read
+        (no write anywhere in it, not in a CTE, not under ``EXPLAIN ANALYZE``,
+        not through ``query(…)``); it runs in a transaction that is always
+        rolled back; and the store's connection cannot reach files,
+        extensions, secrets, the environment or Python objects.
 
         Raises:
             InvalidInputError: ``sql`` is not exactly one read statement
-                (``UPDATE``, ``COPY … TO``, ``ATTACH``, ``SET``, several
-                statements …): the store's tables change only through its
-                fenced operations.
-            ProgrammingError: the backend rejected the query.
+                (``UPDATE``, ``COPY … TO``, ``ATTACH``, ``SET``, a CTE that
+                deletes, several statements …); nothing was run.
+            ProgrammingError: the backend rejected the query (an unknown
+                table, a file or function out of reach …).
         """
         check_text(sql, "sql", allow_empty=False)
 
         def body(tx: Tx) -> Any:
-            tx.check_read(sql)
+            check_read(tx.cursor, sql)
             return tx.arrow(sql, params or [])
 
-        return self.db.run("query", body, transaction=False, retry=False)
+        return self.db.read("query", body, snapshot=True)

@@ -25,10 +25,10 @@ class StoreBase:
 
     def _fenced(self, operation: str, lease: Lease | None, body: Callable[[Tx], T]) -> T:
         try:
-            return self.db.run(operation, body)
+            return self.db.write(operation, body)
         except errors.LeaseLostError:
             if lease is not None:
-                self.db.run(
+                self.db.write(
                     "record_fenced",
                     lambda tx: leases.record_fenced(tx, lease, operation),
                     transaction=False,

@@ -48,7 +48,7 @@ class DeliveryMixin(StoreBase):
                 )
             return delivery.create_plan(tx, run, plan)
 
-        return self.db.run("create_delivery_plan", body)
+        return self.db.write("create_delivery_plan", body)
 
     def get_delivery_plan(
         self, intent_id: str
@@ -61,16 +61,14 @@ class DeliveryMixin(StoreBase):
             intent = delivery.get_intent(tx, intent_id)
             return None if intent is None else (intent, delivery.operations(tx, intent_id))
 
-        return self.db.run("get_delivery_plan", body)
+        return self.db.read("get_delivery_plan", body, snapshot=True)
 
     def get_delivery_operation(self, operation_id: str) -> DeliveryOperation | None:
         """One operation, without its intent's transport context (session seed
         GetDeliveryOperation), or ``None``."""
         check_text(operation_id, "operation_id", allow_empty=False)
-        return self.db.run(
-            "get_delivery_operation",
-            lambda tx: delivery.get_operation(tx, operation_id),
-            transaction=False,
+        return self.db.read(
+            "get_delivery_operation", lambda tx: delivery.get_operation(tx, operation_id)
         )
 
     def list_due_deliveries(self, *, limit: int = 100) -> list[DeliveryOperation]:
@@ -79,7 +77,9 @@ class DeliveryMixin(StoreBase):
         come and whose dependency is delivered or unsupported, and claimed ones
         whose claim expired. A read: claim each with :meth:`claim_delivery`."""
         check_limit(limit)
-        return self.db.run("list_due_deliveries", lambda tx: delivery.due(tx, limit))
+        return self.db.read(
+            "list_due_deliveries", lambda tx: delivery.due(tx, limit), snapshot=True
+        )
 
     def claim_delivery(self, operation_id: str, owner: str, ttl_s: float) -> DeliveryOperation:
         """Claim the operation for ``owner`` for ``ttl_s`` seconds (session seed
@@ -95,7 +95,7 @@ class DeliveryMixin(StoreBase):
         check_text(operation_id, "operation_id", allow_empty=False)
         check_text(owner, "owner", allow_empty=False)
         ttl = check_ttl(ttl_s)
-        return self.db.run(
+        return self.db.write(
             "claim_delivery", lambda tx: delivery.claim(tx, operation_id, owner, ttl)
         )
 
@@ -120,7 +120,7 @@ class DeliveryMixin(StoreBase):
             DeliveryOperationNotFoundError, InvalidInputError.
         """
         result = _result(operation_id, owner, epoch, locals())
-        return self.db.run(
+        return self.db.write(
             "update_delivery_progress",
             lambda tx: delivery.progress(tx, operation_id, owner, epoch, result),
         )
@@ -158,7 +158,7 @@ class DeliveryMixin(StoreBase):
             allowed = ", ".join(s.value for s in RESULT_TRIGGERS)
             raise errors.InvalidInputError("status", f"must be one of {allowed}, got {status!r}")
         assert final is not None
-        return self.db.run(
+        return self.db.write(
             "finish_delivery",
             lambda tx: delivery.finish(tx, operation_id, owner, epoch, final, result),
         )
@@ -182,7 +182,7 @@ class DeliveryMixin(StoreBase):
         _result(operation_id, owner, epoch, {})
         check_text(failure_code, "failure_code")
         delay = check_seconds(delay_s, "delay_s")
-        return self.db.run(
+        return self.db.write(
             "requeue_delivery",
             lambda tx: delivery.requeue(tx, operation_id, owner, epoch, delay, failure_code),
         )

@@ -137,6 +137,4 @@ class ForksMixin(StoreBase):
         """
         check_text(request_id, "request_id", allow_empty=False)
         digest = _digest(request_id)
-        return self.db.run(
-            "get_fork", lambda tx: forks.get(tx, request_id, digest), transaction=False
-        )
+        return self.db.read("get_fork", lambda tx: forks.get(tx, request_id, digest))

@@ -24,12 +24,12 @@ class RecoveryMixin(StoreBase):
         runs whose recovery is detached, dead-lettered, or failed and not yet due
         (session seed ListOrphanedSessionRuns). A read: recover each through
         :meth:`begin_recovery` under a recovery lease."""
-        return self.db.run("list_orphaned_runs", recovery.orphans)
+        return self.db.read("list_orphaned_runs", recovery.orphans, snapshot=True)
 
     def get_recovery(self, run_id: str) -> Recovery | None:
         """The run's recovery record, or ``None``."""
         check_text(run_id, "run_id", allow_empty=False)
-        return self.db.run("get_recovery", lambda tx: recovery.get(tx, run_id), transaction=False)
+        return self.db.read("get_recovery", lambda tx: recovery.get(tx, run_id))
 
     def begin_recovery(
         self, run_id: str, lease: Lease, *, trigger_source: str = "sweep", reason: str = "orphaned"

@@ -228,24 +228,22 @@ class RunsMixin(StoreBase):
             RunNotFoundError, InvalidTransitionError (the run is terminal).
         """
         check_text(run_id, "run_id", allow_empty=False)
-        return self.db.run("request_cancel", lambda tx: runs.request_cancel(tx, run_id))
+        return self.db.write("request_cancel", lambda tx: runs.request_cancel(tx, run_id))
 
     def get_run(self, run_id: str) -> Run | None:
         """The run, or ``None``."""
         check_text(run_id, "run_id", allow_empty=False)
-        return self.db.run("get_run", lambda tx: runs.get(tx, run_id), transaction=False)
+        return self.db.read("get_run", lambda tx: runs.get(tx, run_id))
 
     def active_run(self, session_id: str) -> Run | None:
         """The session's non-terminal run, or ``None``."""
         check_text(session_id, "session_id", allow_empty=False)
-        return self.db.run("active_run", lambda tx: runs.active(tx, session_id), transaction=False)
+        return self.db.read("active_run", lambda tx: runs.active(tx, session_id))
 
     def session_runs(self, session_id: str) -> list[Run]:
         """Every run of the session, oldest first."""
         check_text(session_id, "session_id", allow_empty=False)
-        return self.db.run(
-            "session_runs", lambda tx: runs.session_runs(tx, session_id), transaction=False
-        )
+        return self.db.read("session_runs", lambda tx: runs.session_runs(tx, session_id))
 
     def run_events(
         self,
@@ -270,10 +268,8 @@ class RunsMixin(StoreBase):
                 check_int(cursor, name, 0)
         check_bool(latest, "latest")
         check_limit(limit)
-        return self.db.run(
-            "run_events",
-            lambda tx: runs.events(tx, session_id, after, before, latest, limit),
-            transaction=False,
+        return self.db.read(
+            "run_events", lambda tx: runs.events(tx, session_id, after, before, latest, limit)
         )
 
     # -- response lineage --------------------------------------------------------
@@ -281,9 +277,7 @@ class RunsMixin(StoreBase):
     def get_response_state(self, session_id: str) -> ResponseState | None:
         """The session's remote response lineage, or ``None`` (use the default mode)."""
         check_text(session_id, "session_id", allow_empty=False)
-        return self.db.run(
-            "get_response_state", lambda tx: lineage.get(tx, session_id), transaction=False
-        )
+        return self.db.read("get_response_state", lambda tx: lineage.get(tx, session_id))
 
     def compare_and_swap_response_state(self, state: ResponseState, expected_version: int) -> bool:
         """Advance the session's lineage only if its version is still
@@ -313,6 +307,6 @@ class RunsMixin(StoreBase):
             or expected_version < 0
         ):
             raise errors.InvalidInputError("expected_version", "a version is an integer >= 0")
-        return self.db.run(
+        return self.db.write(
             "compare_and_swap_response_state", lambda tx: lineage.swap(tx, state, expected_version)
         )

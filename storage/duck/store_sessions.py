@@ -72,16 +72,14 @@ class SessionsMixin(StoreBase):
         check_text(cwd, "cwd")
         header_json = to_json(check_header(header), "header")
         _aware(created_at, "created_at")
-        return self.db.run(
+        return self.db.write(
             "create_session", lambda tx: sessions.create(tx, sid, cwd, header_json, created_at)
         )
 
     def get_session(self, session_id: str) -> Session | None:
         """The session, or ``None`` when there is none with this id."""
         check_text(session_id, "session_id", allow_empty=False)
-        return self.db.run(
-            "get_session", lambda tx: sessions.get(tx, session_id), transaction=False
-        )
+        return self.db.read("get_session", lambda tx: sessions.get(tx, session_id))
 
     def append(
         self,
@@ -244,17 +242,13 @@ class SessionsMixin(StoreBase):
     def entries(self, session_id: str) -> list[Entry]:
         """Every entry of the session, in sequence (append) order."""
         check_text(session_id, "session_id", allow_empty=False)
-        return self.db.run(
-            "entries", lambda tx: sessions.entries(tx, session_id), transaction=False
-        )
+        return self.db.read("entries", lambda tx: sessions.entries(tx, session_id))
 
     def entry(self, session_id: str, entry_id: str) -> Entry | None:
         """One entry, or ``None``."""
         check_text(session_id, "session_id", allow_empty=False)
         check_text(entry_id, "entry_id", allow_empty=False)
-        return self.db.run(
-            "entry", lambda tx: sessions.entry(tx, session_id, entry_id), transaction=False
-        )
+        return self.db.read("entry", lambda tx: sessions.entry(tx, session_id, entry_id))
 
     def replay(self, session_id: str) -> Replay:
         """The current branch with compaction applied (session seed GetReplayState).
@@ -263,12 +257,12 @@ class SessionsMixin(StoreBase):
             SessionNotFoundError: no such session.
         """
         check_text(session_id, "session_id", allow_empty=False)
-        return self.db.run("replay", lambda tx: sessions.replay(tx, session_id))
+        return self.db.read("replay", lambda tx: sessions.replay(tx, session_id), snapshot=True)
 
     def labels(self, session_id: str) -> dict[str, str]:
         """Current labels: target entry id → label."""
         check_text(session_id, "session_id", allow_empty=False)
-        return self.db.run("labels", lambda tx: sessions.labels(tx, session_id), transaction=False)
+        return self.db.read("labels", lambda tx: sessions.labels(tx, session_id))
 
     def list_sessions(
         self, *, limit: int = 50, cursor: str | None = None, search: str | None = None
@@ -286,19 +280,15 @@ class SessionsMixin(StoreBase):
             check_text(search, "search")
         if cursor is not None:
             check_text(cursor, "cursor", allow_empty=False)
-        return self.db.run(
-            "list_sessions",
-            lambda tx: sessions.list_page(tx, limit, cursor, search),
-            transaction=False,
+        return self.db.read(
+            "list_sessions", lambda tx: sessions.list_page(tx, limit, cursor, search)
         )
 
     def count_sessions(self, *, search: str | None = None) -> int:
         """Number of sessions (matching ``search`` when given)."""
         if search is not None:
             check_text(search, "search")
-        return self.db.run(
-            "count_sessions", lambda tx: sessions.count(tx, search), transaction=False
-        )
+        return self.db.read("count_sessions", lambda tx: sessions.count(tx, search))
 
     # -- imports -----------------------------------------------------------------
 
@@ -336,11 +326,9 @@ class SessionsMixin(StoreBase):
             )
             return ImportResult(batch.session_id, created, added, len(rows) - added, opaque_added)
 
-        return self.db.run("import", body)
+        return self.db.write("import", body)
 
     def opaque_records(self, session_id: str) -> list[OpaqueRecord]:
         """Unparseable lines kept from imports of this session, by line."""
-        rows = self.db.run(
-            "opaque_records", lambda tx: sessions.opaque(tx, session_id), transaction=False
-        )
+        rows = self.db.read("opaque_records", lambda tx: sessions.opaque(tx, session_id))
         return [OpaqueRecord(*r) for r in rows]

@@ -215,7 +215,7 @@ class ToolsMixin(StoreBase):
             check_text(c, f"provider_call_ids[{i}]", allow_empty=False)
             for i, c in enumerate(provider_call_ids)
         ]
-        return self.db.run(
+        return self.db.write(
             "request_tool_execution_recovery",
             lambda tx: tools.request_retry(tx, session_id, local_turn_id, ids),
         )
@@ -307,22 +307,18 @@ class ToolsMixin(StoreBase):
         """
         check_text(run_id, "run_id", allow_empty=False)
         check_text(reason, "reason", allow_empty=False)
-        return self.db.run(
+        return self.db.write(
             "annotate_run_error", lambda tx: tools.annotate_run_error(tx, run_id, reason)
         )
 
     def get_tool_execution(self, execution_key: str) -> ToolExecution | None:
         """The record of ``execution_key``, or ``None``."""
         check_text(execution_key, "execution_key", allow_empty=False)
-        return self.db.run(
-            "get_tool_execution", lambda tx: tools.get(tx, execution_key), transaction=False
-        )
+        return self.db.read("get_tool_execution", lambda tx: tools.get(tx, execution_key))
 
     def session_tool_executions(self, session_id: str) -> list[ToolExecution]:
         """Every tool-execution record of the session, oldest first."""
         check_text(session_id, "session_id", allow_empty=False)
-        return self.db.run(
-            "session_tool_executions",
-            lambda tx: tools.session_records(tx, session_id),
-            transaction=False,
+        return self.db.read(
+            "session_tool_executions", lambda tx: tools.session_records(tx, session_id)
         )

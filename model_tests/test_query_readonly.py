@@ -1,0 +1,257 @@
+"""``store.query()`` is one read over the store's tables: it changes nothing and
+reaches nothing beyond the database, whatever SQL it is given.
+
+Three defences, each tested on its own: the parse check refuses every
+statement kind but a read (and a read holding a write); the query's
+transaction is always rolled back; the connection cannot reach files,
+extensions, the environment or Python objects.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+import turnkeeper
+from turnkeeper import EntryKind
+from turnkeeper.storage.duck import query as query_module
+
+MSG = {"message": {"role": "user", "content": "x"}}
+
+# Examples of every DuckDB statement kind that is not a read. A DuckDB release that
+# adds a kind fails test_every_statement_kind_has_an_example until it is covered.
+NOT_READS = [
+    "INSERT INTO sessions (id, cwd, created_at, updated_at, entry_count, next_seq, header) "
+    "VALUES ('z', '', now(), now(), 0, 1, '{}')",
+    "UPDATE runs SET status = 'succeeded'",
+    "CREATE TABLE t AS SELECT 1 AS a",
+    "DELETE FROM sessions",
+    "PREPARE p AS DELETE FROM sessions",
+    "EXECUTE p",
+    "ALTER TABLE sessions RENAME TO gone",
+    "COMMIT",
+    "BEGIN TRANSACTION",
+    "COPY sessions TO '{tmp}/out.csv'",
+    "COPY sessions FROM '{tmp}/in.csv'",
+    "ANALYZE",
+    "SET VARIABLE x = 1",
+    "RESET threads",
+    "USE memory",
+    "CREATE MACRO m(a) AS a + 1",
+    "CREATE SECRET s (TYPE s3)",
+    "DROP TABLE entries",
+    "EXPORT DATABASE '{tmp}/export'",
+    "PRAGMA enable_profiling",
+    "VACUUM",
+    "CALL checkpoint()",
+    "CHECKPOINT",
+    "SET threads = 1",
+    "LOAD icu",
+    "INSTALL httpfs",
+    "UPDATE EXTENSIONS",
+    "ATTACH '{tmp}/other.duckdb' AS other",
+    "DETACH other",
+    "PIVOT sessions ON cwd",
+    "COPY FROM DATABASE memory TO memory",
+    "MERGE INTO sessions USING (SELECT 'q' AS id) src ON sessions.id = src.id "
+    "WHEN MATCHED THEN DELETE",
+    "SELECT 1; DELETE FROM sessions",
+    "SELECT 1; SELECT 2",
+    "",
+    "   -- only a comment",
+    "not sql at all",
+]
+NOT_EXAMPLES = {
+    "SELECT",  # a read (tested below)
+    "EXPLAIN",  # of a read, a read (tested below)
+    "INVALID",  # no SQL spelling: the parser never returns these three
+    "RELATION",
+    "LOGICAL_PLAN",
+    "ANALYZE",  # the parser reports ANALYZE as VACUUM
+    "CREATE_FUNC",  # CREATE MACRO / FUNCTION as CREATE
+    "EXTENSION",  # INSTALL as LOAD
+    "VARIABLE_SET",  # SET VARIABLE as SET
+    "COPY_DATABASE",  # COPY FROM DATABASE as PRAGMA
+}
+
+
+def _kinds(sql: str) -> list[str]:
+    try:
+        return [s.type.name for s in duckdb.extract_statements(sql)]
+    except (duckdb.Error, ValueError):  # ValueError: a kind Python's enum lacks
+        return []
+
+
+WRITES_INSIDE_A_READ = [
+    "EXPLAIN ANALYZE DELETE FROM sessions",
+    "explain analyze update runs set status='succeeded'",
+    "EXPLAIN /* a comment */ ANALYZE DELETE FROM sessions",
+    "EXPLAIN (FORMAT JSON) ANALYZE DELETE FROM sessions",
+    "EXPLAIN ANALYZE INSERT INTO labels_gone SELECT 1",
+    "EXPLAIN ANALYZE COPY sessions TO '{tmp}/explained.csv'",
+    "EXPLAIN DELETE FROM sessions",
+    "WITH d AS (DELETE FROM sessions RETURNING *) SELECT * FROM d",
+    "WITH u AS (UPDATE runs SET status = 'succeeded' RETURNING *) SELECT count(*) FROM u",
+    "SELECT * FROM sessions WHERE id IN (WITH d AS (DELETE FROM entries RETURNING session_id) "
+    "SELECT session_id FROM d)",
+    "WITH i AS (INSERT INTO fence_events VALUES ('t', 'o', 1, 'x', now()) RETURNING *) "
+    "SELECT * FROM i",
+    "SELECT * FROM query('DELETE FROM sessions')",
+    "SELECT * FROM query('WITH d AS (DELETE FROM sessions RETURNING *) SELECT * FROM d')",
+    "SELECT (SELECT count(*) FROM QUERY('SELECT 1'))",
+]
+
+BEYOND_THE_DATABASE = [
+    "SELECT * FROM read_csv('/etc/passwd')",
+    "SELECT * FROM read_text('/etc/hostname')",
+    "SELECT * FROM read_blob('/etc/hostname')",
+    "SELECT * FROM glob('/etc/*')",
+    "SELECT * FROM '/etc/passwd'",
+    "SELECT * FROM read_parquet('{tmp}/absent.parquet')",
+    "SELECT getenv('HOME')",
+    "SELECT * FROM duckdb_secrets()",
+    "SELECT * FROM local_arrow_table",
+]
+
+
+def _state(store: turnkeeper.DuckDBStore) -> dict[str, Any]:
+    """Every row of every table, to compare before and after."""
+    tables = [
+        r["table_name"]
+        for r in store.query(
+            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' ORDER BY 1"
+        ).to_pylist()
+    ]
+    return {t: sorted(map(str, store.query(f"SELECT * FROM {t}").to_pylist())) for t in tables}
+
+
+@pytest.fixture
+def busy(store):
+    """A store with a session, entries, a running run and a lease."""
+    store.create_session("q")
+    store.append("q", EntryKind.MESSAGE, MSG)
+    run = store.admit_run("q", {"text": "go"})
+    store.start_run(run.id)
+    store.acquire_lease("thread-key:k", "w", 30)
+    return store
+
+
+def _sql(template: str, tmp: Path) -> str:
+    return template.replace("{tmp}", str(tmp))
+
+
+def test_every_statement_kind_has_an_example():
+    covered = {kind for sql in NOT_READS for kind in _kinds(sql)}
+    assert set(duckdb.StatementType.__members__) - NOT_EXAMPLES <= covered, "cover the new kinds"
+
+
+@pytest.mark.parametrize("template", NOT_READS)
+def test_every_statement_kind_but_a_read_is_refused(busy, tmp_path, template):
+    (tmp_path / "in.csv").write_text("id\nz\n")
+    before = _state(busy)
+    with pytest.raises(turnkeeper.InvalidInputError) as err:
+        busy.query(_sql(template, tmp_path) or " ")
+    assert err.value.field == "sql"
+    assert _state(busy) == before
+    assert {p.name for p in tmp_path.iterdir()} <= {"store.duckdb", "store.duckdb.wal", "in.csv"}
+
+
+@pytest.mark.parametrize("template", WRITES_INSIDE_A_READ)
+def test_a_write_inside_a_read_is_refused(busy, tmp_path, template):
+    before = _state(busy)
+    with pytest.raises(turnkeeper.InvalidInputError) as err:
+        busy.query(_sql(template, tmp_path))
+    assert err.value.field == "sql"
+    assert _state(busy) == before
+    assert not (tmp_path / "explained.csv").exists()
+
+
+@pytest.mark.parametrize("template", BEYOND_THE_DATABASE)
+def test_nothing_beyond_the_database_is_reachable(busy, tmp_path, template):
+    local_arrow_table = pa.table({"secret": ["caller memory"]})  # noqa: F841 (scanned by name)
+    with pytest.raises((turnkeeper.InvalidInputError, turnkeeper.ProgrammingError)):
+        busy.query(_sql(template, tmp_path))
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT count(*) AS n FROM sessions",
+        "WITH x AS (SELECT id FROM sessions) SELECT * FROM x",
+        "FROM sessions SELECT id",
+        "SELECT id FROM sessions UNION ALL SELECT id FROM runs",
+        "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 3) "
+        "SELECT * FROM r",
+        "DESCRIBE sessions",
+        "SUMMARIZE runs",
+        "SHOW TABLES",
+        "EXPLAIN SELECT * FROM sessions",
+        "EXPLAIN ANALYZE SELECT * FROM sessions",
+        "EXPLAIN (FORMAT JSON) SELECT 1",
+        "SELECT * FROM sessions WHERE id = ?",
+    ],
+)
+def test_reads_are_answered(busy, sql):
+    params = ["q"] if "?" in sql else None
+    assert busy.query(sql, params).num_rows >= 1
+
+
+def test_explain_analyze_delete_leaves_every_session_after_reopening(tmp_path):
+    path = tmp_path / "s.duckdb"
+    with turnkeeper.open_store(path) as s:
+        s.create_session("a")
+        with pytest.raises(turnkeeper.InvalidInputError):
+            s.query("explain analyze delete from sessions")
+    with turnkeeper.open_store(path) as s:
+        assert s.get_session("a") is not None
+
+
+def test_rollback_alone_undoes_a_write_the_parse_check_let_through(busy, tmp_path, monkeypatch):
+    """Defence in depth: with the parse check patched out, the query's writes
+    still never persist (its transaction is rolled back)."""
+    monkeypatch.setattr(query_module, "check_read", lambda cursor, sql: None)
+    monkeypatch.setattr("turnkeeper.storage.duck.store.check_read", lambda cursor, sql: None)
+    run = busy.active_run("q")
+    before = _state(busy)
+    for sql in [
+        "EXPLAIN ANALYZE DELETE FROM sessions",
+        "WITH u AS (UPDATE runs SET status = 'succeeded' RETURNING *) SELECT count(*) FROM u",
+        "WITH d AS (DELETE FROM entries RETURNING *) SELECT count(*) FROM d",
+    ]:
+        busy.query(sql)  # runs: only the rollback stands in its way
+    assert _state(busy) == before
+    assert busy.active_run("q") == run
+    with pytest.raises(turnkeeper.ProgrammingError):
+        busy.query(_sql("EXPLAIN ANALYZE COPY sessions TO '{tmp}/x.csv'", tmp_path))
+    assert not (tmp_path / "x.csv").exists()
+
+
+def test_the_configuration_alone_keeps_files_out_of_reach(busy, tmp_path, monkeypatch):
+    """Defence in depth: with the parse check patched out, files, the environment
+    and Python objects stay unreachable (the connection's configuration)."""
+    monkeypatch.setattr("turnkeeper.storage.duck.store.check_read", lambda cursor, sql: None)
+    (tmp_path / "data.csv").write_text("a\n1\n")
+    local_arrow_table = pa.table({"secret": ["caller memory"]})  # noqa: F841
+    for sql in [
+        f"SELECT * FROM read_csv('{tmp_path}/data.csv')",
+        f"COPY sessions TO '{tmp_path}/out.csv'",
+        f"ATTACH '{tmp_path}/other.duckdb' AS other",
+        "INSTALL httpfs",
+        "SET enable_external_access = true",
+        "SELECT * FROM local_arrow_table",
+    ]:
+        with pytest.raises(turnkeeper.DatabaseError):
+            busy.query(sql)
+    assert not (tmp_path / "out.csv").exists() and not (tmp_path / "other.duckdb").exists()
+
+
+def test_a_second_store_on_the_same_file_opens(tmp_path):
+    """The locked configuration is found already set by a second store object."""
+    path = tmp_path / "s.duckdb"
+    with turnkeeper.open_store(path) as a, turnkeeper.open_store(path) as b:
+        a.create_session("x")
+        assert b.get_session("x") is not None
