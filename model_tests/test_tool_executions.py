@@ -446,7 +446,9 @@ def test_abandon_refuses_while_a_runtime_owns_the_session(store):
 def test_annotate_run_error_fills_a_missing_terminal_reason_only(store):
     store.create_session("s")
     run = store.admit_run("s", {"q": 1}, user_message=USER)
-    assert not store.annotate_run_error(run.id, "too early")  # not terminal
+    with pytest.raises(InvalidTransitionError):  # not ended: finish_run ends a run
+        store.annotate_run_error(run.id, "too early")
+    assert store.get_run(run.id).error is None
     store.finish_run(run.id, "abandoned")
     assert store.annotate_run_error(run.id, "abandoned after interrupted tool execution")
     assert not store.annotate_run_error(run.id, "a later finalizer")
@@ -458,6 +460,20 @@ def test_annotate_run_error_fills_a_missing_terminal_reason_only(store):
     assert store.get_run(second.id).error == "the first word"
     with pytest.raises(RunNotFoundError):
         store.annotate_run_error("missing", "x")
+
+
+def test_a_succeeded_run_is_never_annotated_with_an_error(store):
+    """A finished run's outcome is final: a cleanup pass cannot make a success
+    look like a failure."""
+    store.create_session("s")
+    run = store.admit_run("s", {"q": 1})
+    store.start_run(run.id)
+    store.finish_run(run.id, "succeeded")
+    with pytest.raises(InvalidTransitionError) as err:
+        store.annotate_run_error(run.id, "abandoned by cleanup")
+    assert (err.value.machine, err.value.source) == ("run", "succeeded")
+    got = store.get_run(run.id)
+    assert (got.status, got.error) == ("succeeded", None)
 
 
 def test_a_background_run_abandoned_after_an_interrupted_tool_execution(store, clock):
@@ -475,7 +491,11 @@ def test_a_background_run_abandoned_after_an_interrupted_tool_execution(store, c
     store.interrupt_tool_executions("s", local_turn_id=run.turn_id, lease=rec_lease)
     store.converge_recovery(run.id, rec_lease, status="abandoned")
     assert store.abandon_interrupted_tool_executions("s", run.turn_id, lease=rec_lease) == 1
-    assert store.annotate_run_error(run.id, "abandoned after interrupted tool execution")
+    with pytest.raises(BusyError):  # the recovery worker still holds the session
+        store.annotate_run_error(run.id, "abandoned after interrupted tool execution")
+    assert store.annotate_run_error(
+        run.id, "abandoned after interrupted tool execution", lease=rec_lease
+    )
     with pytest.raises(LeaseLostError):
         store.complete_tool_execution("k1", {"out": "late"}, lease=worker)
     assert store.get_run(run.id).status == "abandoned"

@@ -357,6 +357,13 @@ class ForkSessionActiveError(ForkError):
     """The fork's source session has a non-terminal run or a live lease (ErrForkSessionActive)."""
 
 
+class ForkSessionBusyError(ForkSessionActiveError, BusyError):
+    """The fork's source session is held by a live lease and the fork has none
+    (ErrForkSessionActive); a ``BusyError`` like every lease-less session write."""
+
+    fields = ("session_id", "target", "holder")
+
+
 class ForkNoCompletedTurnError(ForkError):
     """The source session has no completed conversation turn (ErrForkNoCompletedTurn)."""
 

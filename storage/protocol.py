@@ -3,6 +3,28 @@
 Synchronous and thread-safe: many threads may share one store object.
 Errors are those of :mod:`turnkeeper.spec.errors`; each method's docstring in
 the DuckDB backend lists them and what remains stored after a failure.
+
+Session writes and leases (one rule). Every write to an existing session's
+state — its transcript (``append``, ``branch``, ``branch_with_summary``,
+``set_label``, ``set_title``, compactions, ``import_batch`` into it), its runs
+(``admit_run`` … ``finish_run``, ``annotate_run_error``), its tool-execution
+records, its response lineage, a delivery plan made outside a termination,
+and a fork of it — is made either
+
+- under the session's lease (``lease=``, a lease on ``session:<id>``), fenced
+  in the write's own transaction: ``LeaseLostError`` once it is lost; or
+- without a lease, only while nobody holds a live lease on the session:
+  otherwise ``BusyError(target, holder)`` (for a fork, ``ForkSessionBusyError``,
+  which is both a ``BusyError`` and the seed's ``ForkSessionActiveError``).
+
+Either way a refused write writes nothing. The check is itself a write to
+the lease row, so a grant committed meanwhile conflicts with it instead of
+both going through. Not session writes, so outside the rule: creating a
+session (``create_session``, a fork's new session, an import that creates
+one); the requests addressed to the holder, which it honours
+(``request_cancel``, ``request_tool_execution_recovery``); recovery, which
+needs its own ``recovery`` lease; and outbox claims and updates, fenced by
+their own claim epoch.
 """
 
 from __future__ import annotations
@@ -100,7 +122,7 @@ class Store(Protocol):
     def count_sessions(self, *, search: str | None = None) -> int: ...
 
     # imports
-    def import_batch(self, batch: ImportBatch) -> ImportResult: ...
+    def import_batch(self, batch: ImportBatch, *, lease: Lease | None = None) -> ImportResult: ...
     def opaque_records(self, session_id: str) -> list[OpaqueRecord]: ...
 
     # runs and recovery
@@ -176,11 +198,13 @@ class Store(Protocol):
     # response lineage
     def get_response_state(self, session_id: str) -> ResponseState | None: ...
     def compare_and_swap_response_state(
-        self, state: ResponseState, expected_version: int
+        self, state: ResponseState, expected_version: int, *, lease: Lease | None = None
     ) -> bool: ...
 
     # delivery outbox
-    def create_delivery_plan(self, run_id: str, plan: DeliveryPlan) -> DeliveryIntent: ...
+    def create_delivery_plan(
+        self, run_id: str, plan: DeliveryPlan, *, lease: Lease | None = None
+    ) -> DeliveryIntent: ...
     def get_delivery_plan(
         self, intent_id: str
     ) -> tuple[DeliveryIntent, list[DeliveryOperation]] | None: ...
@@ -269,7 +293,9 @@ class Store(Protocol):
         reason: str = ...,
         lease: Lease | None = None,
     ) -> int: ...
-    def annotate_run_error(self, run_id: str, reason: str) -> bool: ...
+    def annotate_run_error(
+        self, run_id: str, reason: str, *, lease: Lease | None = None
+    ) -> bool: ...
     def get_tool_execution(self, execution_key: str) -> ToolExecution | None: ...
     def session_tool_executions(self, session_id: str) -> list[ToolExecution]: ...
 

@@ -150,7 +150,7 @@ class RecoveryCoordinator(Service):
             self.store.converge_recovery(
                 run.id, lease, status="interrupted", error="the worker lost its lease"
             )
-            self.store.create_delivery_plan(run.id, notice_plan(run))
+            self.store.create_delivery_plan(run.id, notice_plan(run), lease=lease)
             self.stats.recoveries_converged += 1
             self.stats.time_to_recovery_s.append(
                 (datetime.now(UTC) - run.updated_at).total_seconds()

@@ -130,8 +130,9 @@ def _check_source(tx: Tx, req: Request) -> None:
     """The source exists and is idle; a fork lease is fenced.
 
     Raises:
-        ForkSessionNotFoundError, ForkSessionActiveError, LeaseLostError,
-        LeasePurposeError.
+        ForkSessionNotFoundError, ForkSessionActiveError (a non-terminal
+        run), ForkSessionBusyError (no lease, and someone holds the source),
+        LeaseLostError, LeasePurposeError.
     """
     sid = req.source_session_id
     if tx.one("SELECT 1 FROM sessions WHERE id = ?", [sid]) is None:
@@ -146,15 +147,10 @@ def _check_source(tx: Tx, req: Request) -> None:
     if run is not None:
         raise errors.ForkSessionActiveError(sid, detail=f"run {run[0]!r} is not terminal")
     if req.lease is None:
-        live = tx.one(
-            f"SELECT owner, purpose FROM leases WHERE target = ? AND state = 'held' "
-            f"AND expires_at > {leases.NOW}",
-            [target, tx.now],
-        )
-        if live is not None:
-            raise errors.ForkSessionActiveError(
-                sid, detail=f"{live[0]!r} holds its lease for {live[1]!r}"
-            )
+        try:
+            leases.fence_or_unheld(tx, target, None)
+        except errors.BusyError as busy:
+            raise errors.ForkSessionBusyError(sid, busy.target, busy.holder) from None
 
 
 def _boundary(tx: Tx, req: Request) -> tuple[str, int]:

@@ -8,8 +8,10 @@ the same version cannot both advance the lineage.
 from __future__ import annotations
 
 from turnkeeper.spec import errors
-from turnkeeper.spec.records import ResponseState
+from turnkeeper.spec.lease import session_target
+from turnkeeper.spec.records import Lease, ResponseState
 
+from . import leases
 from .db import Tx, utc
 
 _COLS = (
@@ -28,11 +30,17 @@ def get(tx: Tx, session_id: str) -> ResponseState | None:
     return ResponseState(**dict(zip(names, row[:8], strict=True)), updated_at=utc(row[8]))
 
 
-def swap(tx: Tx, state: ResponseState, expected_version: int) -> bool:
+def swap(tx: Tx, state: ResponseState, expected_version: int, lease: Lease | None) -> bool:
     """Write ``state`` as version ``expected_version + 1`` if the stored version is
-    ``expected_version``; returns whether it did."""
+    ``expected_version``; returns whether it did.
+
+    Raises:
+        SessionNotFoundError, LeaseLostError, BusyError (no lease, and the
+        session is held).
+    """
     if tx.one("SELECT 1 FROM sessions WHERE id = ?", [state.session_id]) is None:
         raise errors.SessionNotFoundError(state.session_id)
+    leases.fence_or_unheld(tx, session_target(state.session_id), lease)
     values = [getattr(state, f) for f in _FIELDS]
     if expected_version == 0:
         row = tx.one(

@@ -111,7 +111,8 @@ def append_own(
 ) -> int:
     """Append an entry the store writes itself (turn boundaries, the run's messages,
     tool results it pairs) under the leaf with a derived id; returns its seq.
-    ``epoch`` is the lease the caller fenced earlier in the transaction."""
+    The caller fenced the session (or found it unheld) earlier in the
+    transaction; ``epoch`` is the lease it fenced."""
     entry = sessions.append(
         tx,
         session_id,
@@ -124,6 +125,7 @@ def append_own(
         expected_leaf=ANY_LEAF,
         lease=None,
         fenced_epoch=epoch,
+        checked=True,
     )
     return entry.seq
 

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from turnkeeper.spec import errors
 from turnkeeper.spec.entries import EntryKind
+from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.records import ANY_LEAF, Entry, Lease, Replay, Session, SessionPage
 
 from ..codec import from_json
@@ -108,22 +109,25 @@ def append(
     parent_override: str | None = None,
     leaf_after: bool = True,
     fenced_epoch: int | None = None,
+    checked: bool = False,
 ) -> Entry:
     """Append one entry under the leaf (or ``parent_override``); see the module docstring.
 
+    The session's lease is fenced, or without ``lease`` the session must be
+    unheld, unless ``checked``: the caller already did one or the other in
+    this transaction (admission, termination, recovery, tool pairing).
     ``fenced_epoch`` is the epoch of a lease the caller already fenced in this
-    transaction (admission, termination, recovery): stored on the entry like
-    ``lease``'s, without fencing it again.
+    transaction: stored on the entry like ``lease``'s.
 
     Raises:
-        LeaseLostError, SessionNotFoundError, SessionModifiedError,
+        LeaseLostError, BusyError, SessionNotFoundError, SessionModifiedError,
         EntryExistsError, EntryNotFoundError (label target or branch target).
     """
     row = tx.one("SELECT leaf_id, next_seq FROM sessions WHERE id = ?", [session_id])
     if row is None:
         raise errors.SessionNotFoundError(session_id)
-    if lease is not None:
-        leases.fence(tx, lease)
+    if not checked:
+        leases.fence_or_unheld(tx, session_target(session_id), lease)
     leaf, seq = row
     now = tx.now
     assert now is not None  # always set inside a transaction
@@ -160,13 +164,13 @@ def move_leaf(
     """Point the session's leaf at ``entry_id`` (``None``: the next append is a new root).
 
     Raises:
-        SessionNotFoundError, SessionModifiedError, EntryNotFoundError, LeaseLostError.
+        SessionNotFoundError, SessionModifiedError, EntryNotFoundError, LeaseLostError,
+        BusyError (no lease given and someone holds the session).
     """
     row = tx.one("SELECT leaf_id FROM sessions WHERE id = ?", [session_id])
     if row is None:
         raise errors.SessionNotFoundError(session_id)
-    if lease is not None:
-        leases.fence(tx, lease)
+    leases.fence_or_unheld(tx, session_target(session_id), lease)
     if expected_leaf is not ANY_LEAF and expected_leaf != row[0]:
         raise errors.SessionModifiedError(session_id, expected_leaf, row[0])
     if entry_id is not None and not _exists(tx, session_id, entry_id):
@@ -319,15 +323,18 @@ def import_rows(
     leaf_id: str | None,
     opaque: Sequence[tuple[int, str, str]],
     source: str,
+    lease: Lease | None = None,
 ) -> tuple[bool, int, int]:
     """Insert the entries of an imported file that the session lacks.
 
     ``rows`` are ``(id, parent_id, kind, timestamp, payload_json)`` in file
     order. Existing ids are skipped (a re-import changes nothing; a grown file
     adds only its new entries). When anything is added the leaf becomes
-    ``leaf_id``. Returns ``(created, added, opaque_added)``.
+    ``leaf_id``. Returns ``(created, added, opaque_added)``. Into an existing
+    session, the import is fenced by ``lease`` or needs the session unheld.
 
     Raises:
+        LeaseLostError, BusyError: as for an append.
         InvalidInputError: two rows share an id, or two opaque records a line
             (the keys of the tables; left unchecked they surfaced as an
             aborted transaction or 40 retried "conflicts").
@@ -344,6 +351,8 @@ def import_rows(
         seen_lines.add(o[0])
     head = tx.one("SELECT next_seq FROM sessions WHERE id = ?", [session_id])
     created = head is None
+    if not created:
+        leases.fence_or_unheld(tx, session_target(session_id), lease)
     if created:
         tx.exec(
             f"INSERT INTO sessions ({_SESSION_COLS}) VALUES (?, ?, ?, ?, NULL, NULL, 0, 1, ?)",

@@ -13,10 +13,20 @@ from turnkeeper.spec.delivery import (
     DeliveryPlan,
     DeliveryStatus,
 )
+from turnkeeper.spec.lease import session_target
+from turnkeeper.spec.records import Lease
 
 from ..codec import check_text, to_json
-from ..validate import check_int, check_limit, check_plan, check_seconds, check_ttl
-from . import delivery, runs
+from ..validate import (
+    check_int,
+    check_lease,
+    check_limit,
+    check_plan,
+    check_seconds,
+    check_session_lease,
+    check_ttl,
+)
+from . import delivery, leases, runs
 from .db import Tx
 from .store_base import StoreBase
 
@@ -24,31 +34,40 @@ from .store_base import StoreBase
 class DeliveryMixin(StoreBase):
     """Plan, list, claim, progress, finish and requeue outbox operations."""
 
-    def create_delivery_plan(self, run_id: str, plan: DeliveryPlan) -> DeliveryIntent:
+    def create_delivery_plan(
+        self, run_id: str, plan: DeliveryPlan, *, lease: Lease | None = None
+    ) -> DeliveryIntent:
         """Persist ``plan`` for a terminal run outside its termination (session
         seed CreateDeliveryPlan): for recovery reconciliation and tools only;
         a runtime passes the plan to ``finish_run`` instead. The same plan
-        again returns the stored intent.
+        again returns the stored intent. A session write: under the run's
+        session ``lease``, or while nobody holds the session.
 
         Raises:
             InvalidTransitionError: the run is not terminal yet.
             DeliveryPlanConflictError: the run has a different plan.
+            LeaseLostError: ``lease`` is no longer valid.
+            BusyError: no ``lease`` given and someone holds the session.
             RunNotFoundError, InvalidInputError.
         """
         check_text(run_id, "run_id", allow_empty=False)
         check_plan(plan)
+        if lease is not None:
+            check_lease(lease)
 
         def body(tx: Tx) -> DeliveryIntent:
             run = runs.get(tx, run_id)
             if run is None:
                 raise errors.RunNotFoundError(run_id)
+            check_session_lease(run.session_id, lease)
             if run.finished_at is None:
                 raise errors.InvalidTransitionError(
                     "delivery", "plan", run.status, detail="a plan follows its run's termination"
                 )
+            leases.fence_or_unheld(tx, session_target(run.session_id), lease)
             return delivery.create_plan(tx, run, plan)
 
-        return self.db.write("create_delivery_plan", body)
+        return self._fenced("create_delivery_plan", lease, body)
 
     def get_delivery_plan(
         self, intent_id: str

@@ -70,8 +70,9 @@ class ForksMixin(StoreBase):
             ForkRequestConflictError: the id was used for a different request
                 (``fork_session_id`` names the fork it made).
             ForkSessionNotFoundError: no session ``source_session_id``.
-            ForkSessionActiveError: the source has a non-terminal run, or
-                (without ``lease``) a live lease.
+            ForkSessionActiveError: the source has a non-terminal run.
+            ForkSessionBusyError: (a ``ForkSessionActiveError`` and a
+                ``BusyError``) no ``lease`` given and someone holds the source.
             ForkNoCompletedTurnError: the source has no completed turn.
             ForkUnavailableError: the named turn is not the source's, no
                 entry has sequence ``at_seq``, or the turn's ``turn_end``

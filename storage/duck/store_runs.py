@@ -279,15 +279,20 @@ class RunsMixin(StoreBase):
         check_text(session_id, "session_id", allow_empty=False)
         return self.db.read("get_response_state", lambda tx: lineage.get(tx, session_id))
 
-    def compare_and_swap_response_state(self, state: ResponseState, expected_version: int) -> bool:
+    def compare_and_swap_response_state(
+        self, state: ResponseState, expected_version: int, *, lease: Lease | None = None
+    ) -> bool:
         """Advance the session's lineage only if its version is still
         ``expected_version`` (``0``: none yet); returns whether it did (session
         seed CompareAndSwapResponseSessionState). Two concurrent turns that read
         the same version cannot both swap, so a ``previous_response_id`` chain
-        never branches silently.
+        never branches silently. A session write: under the session's
+        ``lease``, or while nobody holds it.
 
         Raises:
             SessionNotFoundError, InvalidInputError.
+            LeaseLostError: ``lease`` is no longer valid.
+            BusyError: no ``lease`` given and someone holds the session.
         """
         if not isinstance(state, ResponseState):
             raise errors.InvalidInputError("state", "expected a ResponseState")
@@ -307,6 +312,9 @@ class RunsMixin(StoreBase):
             or expected_version < 0
         ):
             raise errors.InvalidInputError("expected_version", "a version is an integer >= 0")
-        return self.db.write(
-            "compare_and_swap_response_state", lambda tx: lineage.swap(tx, state, expected_version)
+        check_session_lease(state.session_id, lease)
+        return self._fenced(
+            "compare_and_swap_response_state",
+            lease,
+            lambda tx: lineage.swap(tx, state, expected_version, lease),
         )

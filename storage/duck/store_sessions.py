@@ -292,15 +292,20 @@ class SessionsMixin(StoreBase):
 
     # -- imports -----------------------------------------------------------------
 
-    def import_batch(self, batch: ImportBatch) -> ImportResult:
+    def import_batch(self, batch: ImportBatch, *, lease: Lease | None = None) -> ImportResult:
         """Store a parsed session file: creates the session if needed and adds only
         entries it lacks (by entry id); the leaf moves to ``batch.leaf_id`` when
-        anything is added. Re-importing the same file changes nothing.
+        anything is added. Re-importing the same file changes nothing. Into an
+        existing session it is a session write: under the session's ``lease``,
+        or while nobody holds it.
 
         Raises:
             InvalidInputError: an entry or header is not storable.
+            LeaseLostError: ``lease`` is no longer valid.
+            BusyError: no ``lease`` given and someone holds the session.
         """
         check_text(batch.session_id, "session_id", allow_empty=False)
+        check_session_lease(batch.session_id, lease)
         header_json = to_json(dict(batch.header), "header")
         rows = []
         for e in batch.entries:
@@ -323,10 +328,11 @@ class SessionsMixin(StoreBase):
                 batch.leaf_id,
                 opaque,
                 source,
+                lease,
             )
             return ImportResult(batch.session_id, created, added, len(rows) - added, opaque_added)
 
-        return self.db.write("import", body)
+        return self._fenced("import", lease, body)
 
     def opaque_records(self, session_id: str) -> list[OpaqueRecord]:
         """Unparseable lines kept from imports of this session, by line."""

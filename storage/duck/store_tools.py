@@ -294,21 +294,33 @@ class ToolsMixin(StoreBase):
             lambda tx: tools.abandon(tx, session_id, local_turn_id, reason, lease),
         )
 
-    def annotate_run_error(self, run_id: str, reason: str) -> bool:
-        """Record ``reason`` as the error of a run that reached a terminal status
-        without one, for example a run abandoned after an interrupted tool
+    def annotate_run_error(self, run_id: str, reason: str, *, lease: Lease | None = None) -> bool:
+        """Record ``reason`` as the error of a run that ended without success and
+        without an error, for example a run abandoned after an interrupted tool
         execution (session seed AnnotateSessionRunError). Never changes the
-        run's status; a no-op (``False``) when the run is not terminal or
-        already carries an error, so an earlier finalizer stays authoritative.
-        Returns whether the annotation was applied.
+        run's status; a no-op (``False``) when the run already carries an
+        error, so an earlier finalizer stays authoritative. Returns whether
+        the annotation was applied. A session write: under the run's session
+        ``lease``, or while nobody holds the session.
+
+        A finished run's outcome is final: a run that ``succeeded`` carries no
+        error, and a run that has not ended is ended with ``finish_run``.
 
         Raises:
+            InvalidTransitionError: the run succeeded, or has not ended.
             RunNotFoundError, InvalidInputError (empty reason).
+            LeaseLostError: ``lease`` is no longer valid.
+            BusyError: no ``lease`` given and someone holds the session.
+        On any error nothing is written.
         """
         check_text(run_id, "run_id", allow_empty=False)
         check_text(reason, "reason", allow_empty=False)
-        return self.db.write(
-            "annotate_run_error", lambda tx: tools.annotate_run_error(tx, run_id, reason)
+        if lease is not None:
+            check_lease(lease)
+        return self._fenced(
+            "annotate_run_error",
+            lease,
+            lambda tx: tools.annotate_run_error(tx, run_id, reason, lease),
         )
 
     def get_tool_execution(self, execution_key: str) -> ToolExecution | None:

@@ -24,7 +24,7 @@ from turnkeeper.spec.entries import EntryKind
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.lifecycle import Edge
 from turnkeeper.spec.records import Lease, Run
-from turnkeeper.spec.run import TERMINAL
+from turnkeeper.spec.run import TERMINAL, RunStatus
 from turnkeeper.spec.tool_execution import (
     TOOL_EXECUTION,
     UNCERTAIN,
@@ -111,10 +111,10 @@ def _session(tx: Tx, session_id: str) -> None:
         raise errors.SessionNotFoundError(session_id)
 
 
-def _own_session(rec: ToolExecution, lease: Lease | None) -> None:
-    if lease is not None and lease.target != session_target(rec.session_id):
+def _own_session(session_id: str, lease: Lease | None) -> None:
+    if lease is not None and lease.target != session_target(session_id):
         raise errors.InvalidInputError(
-            "lease", f"a lease on {lease.target!r} cannot write to {rec.session_id!r}"
+            "lease", f"a lease on {lease.target!r} cannot write to {session_id!r}"
         )
 
 
@@ -248,7 +248,7 @@ def complete(
         completed with another result), LeaseLostError, InvalidInputError.
     """
     rec = _load(tx, execution_key)
-    _own_session(rec, lease)
+    _own_session(rec.session_id, lease)
     same = (rec.result, rec.is_error) == (from_json(result_json), is_error)
     if rec.state == ToolExecutionState.COMPLETED and same:
         return rec  # a repeated completion after an unknown commit result
@@ -320,7 +320,7 @@ def reclaim(tx: Tx, execution_key: str, run_id: str | None, lease: Lease | None)
         ToolExecutionNotFoundError, BusyError, LeaseLostError, InvalidInputError.
     """
     rec = _load(tx, execution_key)
-    _own_session(rec, lease)
+    _own_session(rec.session_id, lease)
     try:
         edge = _MACHINE.decide("reclaim", rec.state, _facts(rec))
     except errors.InvalidTransitionError:
@@ -386,16 +386,27 @@ def abandon(tx: Tx, session_id: str, local_turn_id: str, reason: str, lease: Lea
     return len(found)
 
 
-def annotate_run_error(tx: Tx, run_id: str, reason: str) -> bool:
-    """Set the error of a terminal run that has none; returns whether it did.
+def annotate_run_error(tx: Tx, run_id: str, reason: str, lease: Lease | None) -> bool:
+    """Set the error of a run that ended without success and has none; returns
+    whether it did (``False``: it has one already).
 
     Raises:
-        RunNotFoundError.
+        RunNotFoundError, InvalidTransitionError (succeeded, or not ended),
+        LeaseLostError, BusyError, InvalidInputError (a lease on another session).
     """
     run = runs.get(tx, run_id)
     if run is None:
         raise errors.RunNotFoundError(run_id)
-    if run.status not in TERMINAL or run.error:
+    if run.status not in TERMINAL or run.status == RunStatus.SUCCEEDED:
+        why = (
+            "a run that succeeded carries no error"
+            if run.status in TERMINAL
+            else ("the run has not ended: end it with finish_run")
+        )
+        raise errors.InvalidTransitionError("run", "annotate_error", run.status, detail=why)
+    _own_session(run.session_id, lease)
+    _no_other_owner(tx, run.session_id, lease)
+    if run.error:
         return False
     row = tx.one(
         "UPDATE runs SET error = ?, updated_at = ? "
