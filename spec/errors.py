@@ -144,7 +144,7 @@ class InvalidTransitionError(TurnkeeperError):
 class BusyError(TurnkeeperError):
     """The target is held by another owner whose lease has not expired."""
 
-    fields = ("target", "holder")
+    fields: tuple[str, ...] = ("target", "holder")
     target: str
     holder: str | None
 
