@@ -70,6 +70,24 @@ def open_backend(
     raise ValueError(backend)
 
 
+CORPUS = Path(
+    os.environ.get("TURNKEEPER_CORPUS")
+    or Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
+)
+"""The shared corpus of real session files (read in place, never copied)."""
+
+
+@pytest.fixture(scope="session")
+def pi_dir() -> Path:
+    """The corpus's pi files: a test without them skips locally and fails in CI."""
+    folder = CORPUS / "pi"
+    if not folder.is_dir():
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"corpus folder {folder} is missing (set TURNKEEPER_CORPUS)")
+        pytest.skip(f"corpus folder {folder} is missing")
+    return folder
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()

@@ -86,6 +86,7 @@ def test_short_demo_is_clean_and_fences_stale_writes(demo: DemoRun) -> None:
         "no_run_revived",
         "delivered_at_most_once",
         "tool_calls_paired",
+        "tool_results_in_context",
         "stale_delivery_acks_refused",
     }
     assert f["turns_committed"] > 0
@@ -298,10 +299,35 @@ def _delivered_twice(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
-def _tool_result_missing(con: duckdb.DuckDBPyConnection) -> None:
+def _tool_record_stuck(con: duckdb.DuckDBPyConnection) -> None:
+    """A completed record of an ended run is running again."""
     con.execute(
-        "UPDATE tool_executions SET provider_call_id = 'ghost-call' WHERE execution_key = "
-        "(SELECT min(execution_key) FROM tool_executions WHERE state = 'completed')"
+        "UPDATE tool_executions SET state = 'running' WHERE execution_key = "
+        "(SELECT min(t.execution_key) FROM tool_executions t JOIN runs r ON r.id = t.run_id "
+        "WHERE t.state = 'completed' AND r.finished_at IS NOT NULL)"
+    )
+
+
+def _cut_splits_a_pair(con: duckdb.DuckDBPyConnection) -> None:
+    """A compaction under a session's leaf keeps a toolResult but cuts off its call."""
+    row = con.execute(
+        "SELECT e.session_id, e.id, s.leaf_id, s.next_seq FROM entries e "
+        "JOIN sessions s ON s.id = e.session_id WHERE e.kind = 'message' "
+        "AND json_extract_string(e.payload, '$.message.role') = 'toolResult' "
+        "ORDER BY e.session_id, e.seq LIMIT 1"
+    ).fetchone()
+    assert row is not None
+    sid, result_id, leaf, seq = row
+    payload = json.dumps({"summary": "s", "firstKeptEntryId": result_id, "tokensBefore": 1})
+    con.execute(
+        "INSERT INTO entries (session_id, id, parent_id, kind, seq, ts, payload, lease_epoch, "
+        "written_at) VALUES (?, 'forged-cut', ?, 'compaction', ?, now(), ?, NULL, now())",
+        [sid, leaf, seq, payload],
+    )
+    con.execute(
+        "UPDATE sessions SET leaf_id = 'forged-cut', next_seq = next_seq + 1, "
+        "entry_count = entry_count + 1 WHERE id = ?",
+        [sid],
     )
 
 
@@ -314,7 +340,7 @@ def _call_result_lost(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
-CORRUPTIONS: dict[str, tuple[Callable[[duckdb.DuckDBPyConnection], None], str]] = {
+CORRUPTIONS: dict[str, tuple[Callable[[duckdb.DuckDBPyConnection], None], str | set[str]]] = {
     "never_granted_epoch": (_never_granted_epoch, "no_entry_under_lost_lease"),
     "duplicate_active_record": (_duplicate_active_record, "one_active_record_per_key"),
     "missing_parent": (_missing_parent, "session_trees_well_formed"),
@@ -323,8 +349,9 @@ CORRUPTIONS: dict[str, tuple[Callable[[duckdb.DuckDBPyConnection], None], str]] 
     "second_active_run": (_second_active_run, "one_active_run_per_session"),
     "revived_run": (_revived_run, "no_run_revived"),
     "delivered_twice": (_delivered_twice, "delivered_at_most_once"),
-    "tool_result_missing": (_tool_result_missing, "tool_calls_paired"),
-    "call_result_lost": (_call_result_lost, "tool_calls_paired"),
+    "tool_record_stuck": (_tool_record_stuck, "tool_calls_paired"),
+    "call_result_lost": (_call_result_lost, {"tool_calls_paired", "tool_results_in_context"}),
+    "cut_splits_a_pair": (_cut_splits_a_pair, "tool_results_in_context"),
 }
 
 
@@ -344,10 +371,11 @@ def test_audit_reports_each_corruption(demo: DemoRun, tmp_path: Path, corruption
     out = json.loads(result.stdout)
     assert out["audit_passed"] is False
     failed = {c["name"] for c in out["audit"] if not c["passed"]}
-    assert failed == {failing}
+    expected = {failing} if isinstance(failing, str) else failing
+    assert failed == expected
     text = run("audit", "--db", str(db))
     assert text.exit_code == 1
-    assert f"FAIL {failing}" in text.stdout
+    assert all(f"FAIL {name}" in text.stdout for name in expected)
 
 
 def test_demo_exits_nonzero_when_stored_data_breaks_an_invariant(

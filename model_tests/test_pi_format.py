@@ -28,10 +28,6 @@ from turnkeeper.spec.errors import InvalidInputError, SessionFileError, SessionN
 from turnkeeper.spec.records import OpaqueRecord
 from turnkeeper.storage.duck import DuckDBStore
 
-CORPUS = Path(
-    os.environ.get("TURNKEEPER_CORPUS")
-    or Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
-)
 V1 = "pi-mono_session_v1_compaction_malformed-line.jsonl"
 ZIG = "pi-mono-zig_v3_2026-05-17T13-51-26-739Z_019e3634-be13-7330-a2a4-ffab205872d1.jsonl"
 SANDCASTLE = "sandcastle_v3_resumed-session.jsonl"
@@ -52,16 +48,6 @@ def fresh(tmp_path: Path) -> Iterator[DuckDBStore]:
     s = turnkeeper.open_store(str(tmp_path / "fresh.duckdb"))
     yield s
     s.close()
-
-
-@pytest.fixture(scope="session")
-def pi_dir() -> Path:
-    folder = CORPUS / "pi"
-    if not folder.is_dir():
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"corpus folder {folder} is missing (set TURNKEEPER_CORPUS)")
-        pytest.skip(f"corpus folder {folder} is missing")
-    return folder
 
 
 # -- helpers that read files independently of the module under test ----------

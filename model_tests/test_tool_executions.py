@@ -258,6 +258,7 @@ def test_interrupting_pairs_every_tool_call_with_an_explicit_interrupted_result(
 
 def test_a_call_whose_result_reached_the_transcript_gets_no_second_result(store):
     store.create_session("s")
+    store.append("s", "message", {"message": tool_call_message("c1")})
     claim(store, provider_call_id="c1")
     result = {"role": "toolResult", "toolCallId": "c1", "toolName": "bash", "content": []}
     store.append("s", "message", {"message": result | {"isError": False}})
@@ -278,11 +279,12 @@ def test_interrupt_can_be_limited_to_one_turn(store):
 def test_interrupt_refuses_while_another_owner_holds_a_live_session_lease(store, clock):
     store.create_session("s")
     worker = store.acquire_lease("session:s", "worker", 10, purpose="execution")
+    store.append("s", "message", {"message": tool_call_message("call-k")}, lease=worker)
     claim(store, lease=worker)
     with pytest.raises(BusyError) as err:
         store.interrupt_tool_executions("s")
     assert err.value.holder == "worker"
-    assert states(store) == {"k": "running"} and store.entries("s") == []
+    assert states(store) == {"k": "running"} and len(store.entries("s")) == 1
     (rec,) = store.interrupt_tool_executions("s", lease=worker)  # the owner itself may
     assert rec.state == "interrupted"
     assert store.entry("s", "k:interrupted").lease_epoch == worker.epoch

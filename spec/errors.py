@@ -224,6 +224,23 @@ class EntryNotFoundError(TurnkeeperError):
     entry_id: str
 
 
+class ToolCallPairingError(TurnkeeperError):
+    """The write would leave a toolResult in the replayed context without its toolCall.
+
+    A model provider rejects such a context. ``entry_id`` names the
+    ``toolResult``: the one being appended, or the kept one a compaction would
+    cut its call from. ``reason`` is ``"unpaired"`` (no ``toolCall`` with
+    ``tool_call_id`` is in the context), ``"duplicate"`` (the call was already
+    answered there) or ``"cut"``. Nothing is written.
+    """
+
+    fields = ("session_id", "entry_id", "tool_call_id", "reason")
+    session_id: str
+    entry_id: str
+    tool_call_id: str
+    reason: str
+
+
 class EntryExistsError(TurnkeeperError):
     """An entry with this id already exists in the session."""
 

@@ -10,6 +10,7 @@ on the path keeps nothing before the compaction (as pi does).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from turnkeeper.spec.entries import EntryKind
@@ -112,3 +113,133 @@ def path_to(entries: Mapping[str, Entry], leaf_id: str | None) -> list[Entry]:
         node = entries.get(node.parent_id) if node.parent_id is not None else None
     path.reverse()
     return path
+
+
+# -- tool-call pairing in the replayed context ---------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PairingFault:
+    """A ``toolResult`` a model provider would reject in a replayed context.
+
+    ``reason`` is ``"unpaired"`` (no ``toolCall`` with its id is in the
+    context), ``"duplicate"`` (its call was already answered there) or
+    ``"cut"`` (a compaction kept the result but cut its call off; ``entry_id``
+    is then the compaction's id and ``result_id`` the result's).
+    """
+
+    entry_id: str
+    tool_call_id: str
+    reason: str
+    result_id: str
+
+
+def tool_call_ids(entry: Entry) -> list[str]:
+    """The ids of the ``toolCall`` blocks of an assistant message entry."""
+    if entry.kind != EntryKind.MESSAGE:
+        return []
+    message = entry.payload.get("message")
+    if not isinstance(message, Mapping) or message.get("role") != "assistant":
+        return []
+    content = message.get("content")
+    return [
+        block["id"]
+        for block in (content if isinstance(content, list) else [])
+        if isinstance(block, Mapping)
+        and block.get("type") == "toolCall"
+        and isinstance(block.get("id"), str)
+    ]
+
+
+def tool_result_call_id(entry: Entry) -> str | None:
+    """The ``toolCallId`` of a ``toolResult`` message entry, else ``None``."""
+    if entry.kind != EntryKind.MESSAGE:
+        return None
+    message = entry.payload.get("message")
+    if not isinstance(message, Mapping) or message.get("role") != "toolResult":
+        return None
+    call_id = message.get("toolCallId")
+    return call_id if isinstance(call_id, str) else ""
+
+
+class _Context:
+    """The tool calls and results of a replayed context, as it grows."""
+
+    def __init__(self) -> None:
+        self.open: dict[str, Entry] = {}  # call id → the assistant entry, in context order
+        self.answered: set[str] = set()
+
+    def add(self, entry: Entry) -> PairingFault | None:
+        for call_id in tool_call_ids(entry):
+            self.open.pop(call_id, None)
+            self.open[call_id] = entry
+            self.answered.discard(call_id)
+        answers = tool_result_call_id(entry)
+        if answers is None:
+            return None
+        if answers in self.open:
+            del self.open[answers]
+            self.answered.add(answers)
+            return None
+        reason = "duplicate" if answers in self.answered else "unpaired"
+        return PairingFault(entry.id, answers, reason, entry.id)
+
+
+def _walk_context(path: Sequence[Entry]) -> tuple[_Context, list[PairingFault], int]:
+    """The final context, every fault along the path, and where in that list the
+    faults of the final context begin (at the last compaction)."""
+    faults: list[PairingFault] = []
+    context = _Context()
+    last_reset = 0
+    for i, entry in enumerate(path):
+        if entry.kind == EntryKind.COMPACTION:
+            context = _Context()
+            last_reset = len(faults)
+            first_kept = entry.payload.get("firstKeptEntryId")
+            start = next((k for k in range(i) if path[k].id == first_kept), i)
+            for kept in path[start:i]:
+                fault = context.add(kept)
+                if fault is not None:
+                    faults.append(PairingFault(entry.id, fault.tool_call_id, "cut", kept.id))
+            continue
+        fault = context.add(entry)
+        if fault is not None:
+            faults.append(fault)
+    return context, faults, last_reset
+
+
+def pairing_faults(path: Sequence[Entry]) -> list[PairingFault]:
+    """Every pairing fault along ``path`` (root → leaf), each judged in the
+    context replay would build at that point: a result appended where its call
+    is not in the context, and a compaction whose cut keeps a result but not
+    its call. Pure; the audit runs it over every branch, appends over the new
+    one (see :func:`new_pairing_faults`)."""
+    return _walk_context(path)[1]
+
+
+def context_faults(path: Sequence[Entry]) -> list[PairingFault]:
+    """The pairing faults in the context replay builds at the end of ``path``
+    (faults a later compaction cut away are not in it)."""
+    _, faults, start = _walk_context(path)
+    return faults[start:]
+
+
+def open_tool_calls(path: Sequence[Entry]) -> dict[str, Entry]:
+    """The ``toolCall`` ids in the replayed context of ``path`` that have no
+    result there yet, each with the assistant entry holding it, in order."""
+    return _walk_context(path)[0].open
+
+
+def affects_pairing(entry: Entry) -> bool:
+    """Whether appending ``entry`` can break the pairing: a ``toolResult`` or a
+    compaction (every other entry leaves it as it was)."""
+    return entry.kind == EntryKind.COMPACTION or tool_result_call_id(entry) is not None
+
+
+def new_pairing_faults(path: Sequence[Entry]) -> list[PairingFault]:
+    """The pairing faults the last entry of ``path`` brings (the rest of the path
+    was judged when it was written)."""
+    if not path:
+        return []
+    last = path[-1].id
+    return [f for f in pairing_faults(path) if last in (f.entry_id, f.result_id)]

@@ -8,8 +8,16 @@ that moves the run), delivery claims carry the operation's epoch.
 
 from __future__ import annotations
 
+from turnkeeper.spec.records import Entry
 from turnkeeper.spec.run import TERMINAL
 from turnkeeper.storage import DuckDBStore
+from turnkeeper.storage.replay import (
+    affects_pairing,
+    open_tool_calls,
+    pairing_faults,
+    path_to,
+    tool_call_ids,
+)
 
 from .audit import Check, Scope, _rows, _sample
 
@@ -110,78 +118,92 @@ def check_delivered_once(store: DuckDBStore, scope: Scope) -> Check:
     )
 
 
-def check_tool_calls_paired(store: DuckDBStore, scope: Scope) -> Check:
-    """Every ``toolCall`` in an ended run turn has a ``toolResult`` for it in the
-    session (the tool's output, or an explicit interrupted result); every
-    tool-execution record that ended (completed, interrupted, abandoned) has
-    one too; and a record still running belongs to a run that has not ended."""
-    sql = f"""
-    WITH {scope.cte()},
-    ended AS (
-        SELECT session_id, start_seq, end_seq FROM conversation_turns
-        WHERE end_seq IS NOT NULL AND {scope.sessions_in("session_id")}
-    ),
-    blocks AS (
-        SELECT e.session_id, e.session_id || '/' || e.id AS entry,
-               unnest(json_extract(e.payload, '$.message.content[*]')) AS block
-        FROM entries e JOIN ended t ON t.session_id = e.session_id
-         AND e.seq BETWEEN t.start_seq AND t.end_seq
-        WHERE e.kind = 'message' AND json_extract_string(e.payload, '$.message.role') = 'assistant'
-    ),
-    calls AS (
-        SELECT session_id, entry, json_extract_string(block, '$.type') AS type,
-               coalesce(json_extract_string(block, '$.id'), '(no id)') AS call_id
-        FROM blocks
-    ),
-    results AS (
-        SELECT session_id, json_extract_string(payload, '$.message.toolCallId') AS call_id
-        FROM entries WHERE {scope.sessions_in("session_id")} AND kind = 'message'
-          AND json_extract_string(payload, '$.message.role') = 'toolResult'
-    ),
-    recs AS (SELECT * FROM tool_executions WHERE {scope.sessions_in("session_id")})
-    SELECT 'call ' || c.entry || ':' || c.call_id AS bad FROM calls c
-    WHERE c.type = 'toolCall' AND NOT EXISTS (
-        SELECT 1 FROM results x WHERE x.session_id = c.session_id AND x.call_id = c.call_id)
-    UNION
-    SELECT 'record ' || r.execution_key FROM recs r
-    WHERE r.state IN ('completed', 'interrupted', 'abandoned')
-      AND NOT EXISTS (
-          SELECT 1 FROM results x
-          WHERE x.session_id = r.session_id AND x.call_id = r.provider_call_id)
-    UNION
-    SELECT 'record ' || r.execution_key FROM recs r JOIN runs u ON u.id = r.run_id
-    WHERE r.state = 'running' AND u.status IN {_TERMINAL_SQL}
-    """
-    bad = [r["bad"] for r in _rows(store, sql, scope.params())]
-    counted = f"""
-    WITH {scope.cte()},
-    ended AS (
-        SELECT session_id, start_seq, end_seq FROM conversation_turns
-        WHERE end_seq IS NOT NULL AND {scope.sessions_in("session_id")}
+def _trees(store: DuckDBStore, scope: Scope) -> dict[str, dict[str, Entry]]:
+    """Every in-scope session's entries by id."""
+    sids = _rows(store, f"WITH {scope.cte()} SELECT sid FROM scope", scope.params())
+    out: dict[str, dict[str, Entry]] = {}
+    for row in sids:
+        if store.get_session(row["sid"]) is not None:
+            out[row["sid"]] = {e.id: e for e in store.entries(row["sid"])}
+    return out
+
+
+def check_tool_calls_paired(
+    store: DuckDBStore, scope: Scope, trees: dict[str, dict[str, Entry]]
+) -> Check:
+    """Every ``toolCall`` of an ended run turn has a ``toolResult`` (the tool's
+    output, or an explicit interrupted result) in the context replay builds at
+    the turn's end; and a tool-execution record still running belongs to a run
+    that has not ended. (A call on a branch the turn left, or a record whose
+    call never reached the transcript, is in no context and needs no result.)"""
+    turns = _rows(
+        store,
+        f"WITH {scope.cte()} SELECT session_id, id, start_seq, end_seq FROM conversation_turns "
+        f"WHERE end_seq IS NOT NULL AND {scope.sessions_in('session_id')}",
+        scope.params(),
     )
-    SELECT (SELECT count(*) FROM tool_executions WHERE {scope.sessions_in("session_id")})
-         + (SELECT coalesce(sum(len(list_filter(
-               json_extract_string(e.payload, '$.message.content[*].type'),
-               lambda x: x = 'toolCall'))), 0)
-            FROM entries e JOIN ended t ON t.session_id = e.session_id
-             AND e.seq BETWEEN t.start_seq AND t.end_seq
-            WHERE e.kind = 'message') AS n
+    bad: list[str] = []
+    checked = 0
+    for turn in turns:
+        by_id = trees.get(turn["session_id"], {})
+        end = next((e for e in by_id.values() if e.seq == turn["end_seq"]), None)
+        path = path_to(by_id, end.id if end is not None else None)
+        checked += sum(
+            len(tool_call_ids(e)) for e in path if turn["start_seq"] <= e.seq <= turn["end_seq"]
+        )
+        for call_id, entry in open_tool_calls(path).items():
+            if turn["start_seq"] <= entry.seq <= turn["end_seq"]:
+                bad.append(f"call {turn['session_id']}/{entry.id}:{call_id}")
+    sql = f"""
+    WITH {scope.cte()}
+    SELECT 'record ' || r.execution_key AS record,
+           r.state = 'running' AND u.status IN {_TERMINAL_SQL} AS stuck
+    FROM tool_executions r LEFT JOIN runs u ON u.id = r.run_id
+    WHERE {scope.sessions_in("r.session_id")}
     """
-    checked = _rows(store, counted, scope.params())[0]["n"]
+    records = _rows(store, sql, scope.params())
+    checked += len(records)
+    bad += [r["record"] for r in records if r["stuck"]]
     return Check(
         "tool_calls_paired",
-        "every tool call in an ended turn, and every ended tool record, has a result",
+        "every tool call of an ended turn has a result, and no record runs past its run",
         len(bad),
-        int(checked),
+        checked,
+        _sample(sorted(bad)),
+    )
+
+
+def check_tool_results_in_context(trees: dict[str, dict[str, Entry]]) -> Check:
+    """Along every branch of every session tree, each ``toolResult`` answers a
+    ``toolCall`` in the context replay builds where it stands (none is
+    unpaired or a second answer), and no compaction keeps a result while cutting
+    off its call. Imports store what their files say, so this is where a
+    broken import shows."""
+    bad: set[str] = set()
+    checked = 0
+    for sid, by_id in trees.items():
+        parents = {e.parent_id for e in by_id.values()}
+        checked += sum(1 for e in by_id.values() if affects_pairing(e))
+        for leaf in (i for i in by_id if i not in parents):
+            for f in pairing_faults(path_to(by_id, leaf)):
+                where = f" (compaction {f.entry_id})" if f.reason == "cut" else ""
+                bad.add(f"{sid}/{f.result_id}: {f.reason} result of {f.tool_call_id!r}{where}")
+    return Check(
+        "tool_results_in_context",
+        "every toolResult answers a toolCall in its replayed context, and no cut splits a pair",
+        len(bad),
+        checked,
         _sample(sorted(bad)),
     )
 
 
 def run_checks(store: DuckDBStore, scope: Scope) -> list[Check]:
     """Every check of this module."""
+    trees = _trees(store, scope)
     return [
         check_one_active_run(store, scope),
         check_no_revival(store, scope),
         check_delivered_once(store, scope),
-        check_tool_calls_paired(store, scope),
+        check_tool_calls_paired(store, scope, trees),
+        check_tool_results_in_context(trees),
     ]

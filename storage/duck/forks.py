@@ -48,9 +48,10 @@ from turnkeeper.spec.fork import (
     remap_reference,
 )
 from turnkeeper.spec.lease import session_target
-from turnkeeper.spec.records import Lease
+from turnkeeper.spec.records import Entry, Lease
 
 from ..codec import from_json, to_json
+from ..replay import context_faults
 from . import leases
 from .db import Tx, utc
 
@@ -221,6 +222,10 @@ def _walk(source: Mapping[str, SourceEntry], leaf: str) -> list[SourceEntry]:
     return path
 
 
+def _as_entry(session_id: str, e: SourceEntry) -> Entry:
+    return Entry(session_id, e.id, e.parent_id, e.kind, e.seq, e.ts, from_json(e.payload), None)
+
+
 def plan_copy(
     session_id: str,
     source: Mapping[str, SourceEntry],
@@ -240,7 +245,8 @@ def plan_copy(
         ForkUnsupportedEntryError: a copied entry is of a kind the seed does
             not define (its payload may name entries a fork cannot rewrite),
             lies after the boundary, or refers to an entry the source lacks
-            or wrote after the boundary.
+            or wrote after the boundary; or the replayed context at the
+            boundary has a tool-call pairing fault (``storage.replay``).
     """
     parent_of: dict[str, str | None] = {}
     pending: list[SourceEntry] = []
@@ -253,6 +259,15 @@ def plan_copy(
                 pending.append(entry)
             previous = entry.id
 
+    fault = next(
+        iter(context_faults([_as_entry(session_id, e) for e in _walk(source, boundary_id)])), None
+    )
+    if fault is not None:  # a fork's replay must be valid: never copy a broken pairing
+        raise errors.ForkUnsupportedEntryError(
+            session_id,
+            fault.result_id,
+            detail=f"its toolResult for {fault.tool_call_id!r} is {fault.reason} in the context",
+        )
     take(boundary_id)
     while pending:
         entry = pending.pop()

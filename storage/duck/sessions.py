@@ -24,7 +24,7 @@ from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.records import ANY_LEAF, Entry, Lease, Replay, Session, SessionPage
 
 from ..codec import from_json
-from ..replay import build_replay, path_to
+from ..replay import affects_pairing, build_replay, new_pairing_faults, path_to
 from . import leases
 from .db import Conflict, Tx, utc
 
@@ -110,6 +110,7 @@ def append(
     leaf_after: bool = True,
     fenced_epoch: int | None = None,
     checked: bool = False,
+    pairing: bool = False,
 ) -> Entry:
     """Append one entry under the leaf (or ``parent_override``); see the module docstring.
 
@@ -117,18 +118,21 @@ def append(
     unheld, unless ``checked``: the caller already did one or the other in
     this transaction (admission, termination, recovery, tool pairing).
     ``fenced_epoch`` is the epoch of a lease the caller already fenced in this
-    transaction: stored on the entry like ``lease``'s.
+    transaction: stored on the entry like ``lease``'s. With ``pairing`` (API
+    appends), a ``toolResult`` or a compaction that would break the tool-call
+    pairing of the replayed context is refused (see ``storage.replay``).
 
     Raises:
         LeaseLostError, BusyError, SessionNotFoundError, SessionModifiedError,
-        EntryExistsError, EntryNotFoundError (label target or branch target).
+        EntryExistsError, EntryNotFoundError (label target or branch target),
+        ToolCallPairingError.
     """
-    row = tx.one("SELECT leaf_id, next_seq FROM sessions WHERE id = ?", [session_id])
+    row = tx.one("SELECT leaf_id, next_seq, entry_count FROM sessions WHERE id = ?", [session_id])
     if row is None:
         raise errors.SessionNotFoundError(session_id)
     if not checked:
         leases.fence_or_unheld(tx, session_target(session_id), lease)
-    leaf, seq = row
+    leaf, seq, count = row
     now = tx.now
     assert now is not None  # always set inside a transaction
     if expected_leaf is not ANY_LEAF and expected_leaf != leaf:
@@ -140,6 +144,15 @@ def append(
         raise errors.EntryNotFoundError(session_id, payload["targetId"])
     if caller_chose_id and _exists(tx, session_id, entry_id):
         raise errors.EntryExistsError(session_id, entry_id)
+    ts = now if timestamp is None else timestamp
+    epoch = fenced_epoch if lease is None else lease.epoch
+    entry = Entry(session_id, entry_id, parent, kind, seq, utc(ts), payload, epoch)
+    if pairing and parent_override is None and affects_pairing(entry):
+        fault = next(iter(new_pairing_faults([*_path(tx, session_id, leaf, count), entry])), None)
+        if fault is not None:
+            raise errors.ToolCallPairingError(
+                session_id, fault.result_id, fault.tool_call_id, fault.reason
+            )
     title = payload["name"] if kind == EntryKind.SESSION_INFO else None
     moved = tx.one(
         "UPDATE sessions SET leaf_id = ?, next_seq = next_seq + 1, "
@@ -149,13 +162,11 @@ def append(
     )
     if moved is None:
         raise Conflict(f"session {session_id!r} moved during append")
-    ts = now if timestamp is None else timestamp
-    epoch = fenced_epoch if lease is None else lease.epoch
     tx.exec(
         f"INSERT INTO entries ({_ENTRY_COLS}, written_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [session_id, entry_id, parent, kind, seq, ts, payload_json, epoch, now],
     )
-    return Entry(session_id, entry_id, parent, kind, seq, utc(ts), payload, epoch)
+    return entry
 
 
 def move_leaf(
@@ -207,7 +218,11 @@ def branch_path(tx: Tx, session_id: str) -> list[Entry]:
     head = tx.one("SELECT leaf_id, entry_count FROM sessions WHERE id = ?", [session_id])
     if head is None:
         raise errors.SessionNotFoundError(session_id)
-    leaf, count = head
+    return _path(tx, session_id, head[0], head[1])
+
+
+def _path(tx: Tx, session_id: str, leaf: str | None, count: int) -> list[Entry]:
+    """Root → ``leaf`` path of the session (``count`` bounds a corrupt cycle)."""
     if leaf is None:
         return []
     rows = tx.rows(

@@ -82,7 +82,9 @@ class ForksMixin(StoreBase):
                 turn on its branch.
             ForkUnsupportedEntryError: a copied entry has a kind the seed does
                 not define, or refers to an entry the source lacks or wrote
-                after the boundary (``entry_id`` names the copied entry).
+                after the boundary, or the replayed context at the boundary
+                holds a ``toolResult`` without its ``toolCall`` (an imported
+                transcript's; ``entry_id`` names the copied entry).
             SessionIDExistsError: ``fork_session_id`` is taken.
             LeaseLostError: ``lease`` is no longer held.
             LeasePurposeError: ``lease`` is not of purpose ``fork``.

@@ -100,9 +100,22 @@ class SessionsMixin(StoreBase):
         and written in one transaction. With ``lease`` the lease is validated
         in that transaction and its epoch stored on the entry.
 
+        The replayed context stays valid for a model provider: a
+        ``toolResult`` message must answer a ``toolCall`` that is in the
+        context replay builds at the leaf and not yet answered there, and a
+        compaction may not keep a ``toolResult`` while cutting off its call
+        (``firstKeptEntryId`` between them). Both are refused rather than
+        stored in another form, because only the runtime knows what the result
+        belongs to: a silently re-parented or dropped result would be a second
+        invention. (Imports store what the file says; ``turnkeeper audit``
+        reports every unpaired result and every cut that splits a pair.)
+
         Raises:
             SessionModifiedError: the leaf is not ``expected_leaf``.
             LeaseLostError: ``lease`` is no longer valid.
+            BusyError: no ``lease`` given and someone holds the session.
+            ToolCallPairingError: the ``toolResult`` or compaction would break
+                the tool-call pairing of the replayed context.
             SessionNotFoundError, EntryExistsError (``entry_id`` taken),
             EntryNotFoundError (a label's target is missing),
             InvalidInputError (kind, payload, id or naive timestamp).
@@ -138,6 +151,7 @@ class SessionsMixin(StoreBase):
                 timestamp=ts,
                 expected_leaf=expected_leaf,
                 lease=lease,
+                pairing=True,
             ),
         )
 

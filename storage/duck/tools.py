@@ -23,7 +23,7 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.entries import EntryKind
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.lifecycle import Edge
-from turnkeeper.spec.records import Lease, Run
+from turnkeeper.spec.records import Entry, Lease, Run
 from turnkeeper.spec.run import TERMINAL, RunStatus
 from turnkeeper.spec.tool_execution import (
     TOOL_EXECUTION,
@@ -36,7 +36,8 @@ from turnkeeper.spec.tool_execution import (
 )
 
 from ..codec import from_json
-from . import leases, runs
+from ..replay import open_tool_calls
+from . import leases, runs, sessions
 from .db import Conflict, Tx, utc
 
 _MACHINE = machine_for(TOOL_EXECUTION)
@@ -162,24 +163,25 @@ def _move(
     return moved
 
 
-def _pair(tx: Tx, rec: ToolExecution, epoch: int | None) -> bool:
-    """Append the explicit interrupted ``toolResult`` for ``rec`` unless its call
-    already has a result in the session; returns whether it appended. ``epoch``
-    is the lease the caller fenced in this transaction."""
-    entry_id = f"{rec.execution_key}:interrupted"
-    paired = tx.one(
-        "SELECT 1 FROM entries WHERE session_id = ? AND (id = ? OR (kind = 'message' "
-        "AND json_extract_string(payload, '$.message.role') = 'toolResult' "
-        "AND json_extract_string(payload, '$.message.toolCallId') = ?)) LIMIT 1",
-        [rec.session_id, entry_id, rec.provider_call_id],
-    )
-    if paired is not None:
+def _pair(tx: Tx, rec: ToolExecution, epoch: int | None, open_calls: dict[str, Entry]) -> bool:
+    """Append the explicit interrupted ``toolResult`` for ``rec`` if its call is
+    open in the replayed context (``open_calls``, updated); returns whether it
+    appended. A call that is not in the context (answered already, on another
+    branch, or never written) gets no result: one would be an orphan there.
+    ``epoch`` is the lease the caller fenced in this transaction."""
+    if open_calls.pop(rec.provider_call_id, None) is None:
         return False
     now = tx.now
     assert now is not None
     message = interrupted_result(rec, int(now.timestamp() * 1000))
+    entry_id = f"{rec.execution_key}:interrupted"
     runs.append_own(tx, rec.session_id, EntryKind.MESSAGE, {"message": message}, entry_id, epoch)
     return True
+
+
+def _open_calls(tx: Tx, session_id: str) -> dict[str, Entry]:
+    """The session's open tool calls in the context replay builds at its leaf."""
+    return open_tool_calls(sessions.branch_path(tx, session_id))
 
 
 def claim(tx: Tx, columns: Mapping[str, Any], lease: Lease | None) -> tuple[ToolExecution, bool]:
@@ -274,10 +276,12 @@ def interrupt(
     if local_turn_id is not None:
         where, params = where + " AND local_turn_id = ?", [*params, local_turn_id]
     done = []
-    for rec in _select(tx, where, params):
+    found = _select(tx, where, params)
+    open_calls = _open_calls(tx, session_id) if found else {}
+    for rec in found:
         edge = _MACHINE.require("interrupt", rec.state, _facts(rec))
         moved = _move(tx, rec, edge, "reason = ?", [reason])
-        _pair(tx, moved, None if lease is None else lease.epoch)
+        _pair(tx, moved, None if lease is None else lease.epoch, open_calls)
         done.append(moved)
     return done
 
@@ -379,10 +383,11 @@ def abandon(tx: Tx, session_id: str, local_turn_id: str, reason: str, lease: Lea
         "session_id = ? AND local_turn_id = ? AND list_contains(?::VARCHAR[], state)",
         [session_id, local_turn_id, uncertain],
     )
+    open_calls = _open_calls(tx, session_id) if found else {}
     for rec in found:
         edge = _MACHINE.require("abandon", rec.state, _facts(rec))
         moved = _move(tx, rec, edge, "reason = ?, completed_at = ?", [reason, tx.now])
-        _pair(tx, moved, None if lease is None else lease.epoch)
+        _pair(tx, moved, None if lease is None else lease.epoch, open_calls)
     return len(found)
 
 
@@ -419,62 +424,57 @@ def annotate_run_error(tx: Tx, run_id: str, reason: str, lease: Lease | None) ->
 
 
 def close_turn(tx: Tx, run: Run, epoch: int | None) -> int:
-    """Before ``run``'s turn closes, pair every tool call in it: running records of
-    the run are marked ``interrupted``, and each ``toolCall`` in the turn without a
-    ``toolResult`` gets one: the tool's own result when its record completed (the
-    process died before writing it to the transcript), else the explicit
-    interrupted result. Nothing is re-run and no output is invented. ``epoch`` is the lease the
+    """Before ``run``'s turn closes, pair every tool call of the turn that is open
+    in the replayed context: running records of the run are marked
+    ``interrupted``, and each such ``toolCall`` gets a ``toolResult``: the
+    tool's own result when its record completed (the process died before
+    writing it to the transcript), else the explicit interrupted result.
+    Nothing is re-run and no output is invented. ``epoch`` is the lease the
     caller fenced (stored on the appended entries). Returns the results appended.
     """
-    appended = 0
+    turn = (run.session_id, run.id, run.turn_id)
     running = _select(
-        tx,
-        "session_id = ? AND state = 'running' AND (run_id = ? OR local_turn_id = ?)",
-        [run.session_id, run.id, run.turn_id],
+        tx, "session_id = ? AND state = 'running' AND (run_id = ? OR local_turn_id = ?)", turn
     )
+    start = tx.one("SELECT start_seq FROM conversation_turns WHERE id = ?", [run.turn_id])
+    open_calls = {
+        call_id: entry
+        for call_id, entry in _open_calls(tx, run.session_id).items()
+        if start is not None and entry.seq >= start[0]
+    }
+    appended = 0
     for rec in running:
         edge = _MACHINE.require("interrupt", rec.state, _facts(rec))
         moved = _move(tx, rec, edge, "reason = ?", [f"the run ended {run.status}"])
-        appended += _pair(tx, moved, epoch)
-    start = tx.one("SELECT start_seq FROM conversation_turns WHERE id = ?", [run.turn_id])
-    if start is None:
+        appended += _pair(tx, moved, epoch, open_calls)
+    if not open_calls:
         return appended
-    rows = tx.rows(
-        "SELECT json_extract_string(payload, '$.message.role'), payload FROM entries "
-        "WHERE session_id = ? AND seq >= ? AND kind = 'message' ORDER BY seq",
-        [run.session_id, start[0]],
-    )
-    answered = {from_json(p)["message"].get("toolCallId") for r, p in rows if r == "toolResult"}
     now = tx.now
     assert now is not None
     completed = {
         rec.provider_call_id: rec
         for rec in _select(
-            tx,
-            "session_id = ? AND state = 'completed' AND (run_id = ? OR local_turn_id = ?)",
-            [run.session_id, run.id, run.turn_id],
+            tx, "session_id = ? AND state = 'completed' AND (run_id = ? OR local_turn_id = ?)", turn
         )
     }
-    for role, payload in rows:
-        if role != "assistant":
-            continue
-        content = from_json(payload)["message"].get("content")
-        for block in content if isinstance(content, list) else []:
-            call_id = block.get("id") if isinstance(block, dict) else None
-            if block.get("type") != "toolCall" or not isinstance(call_id, str):
-                continue
-            if call_id in answered:
-                continue
-            answered.add(call_id)
-            ms = int(now.timestamp() * 1000)
-            done = completed.get(call_id)
-            if done is not None:  # the tool finished; only its transcript entry was lost
-                message = recorded_result(done, ms)
-            else:
-                message = unrecorded_interrupted_result(call_id, str(block.get("name", "")), ms)
-            entry_id = f"{run.id}:{call_id}:interrupted"
-            runs.append_own(
-                tx, run.session_id, EntryKind.MESSAGE, {"message": message}, entry_id, epoch
+    for call_id, entry in open_calls.items():
+        ms = int(now.timestamp() * 1000)
+        done = completed.get(call_id)
+        if done is not None:  # the tool finished; only its transcript entry was lost
+            message = recorded_result(done, ms)
+        else:
+            name = next(
+                (
+                    str(b.get("name", ""))
+                    for b in entry.payload["message"]["content"]
+                    if isinstance(b, dict) and b.get("id") == call_id
+                ),
+                "",
             )
-            appended += 1
+            message = unrecorded_interrupted_result(call_id, name, ms)
+        entry_id = f"{run.id}:{call_id}:interrupted"
+        runs.append_own(
+            tx, run.session_id, EntryKind.MESSAGE, {"message": message}, entry_id, epoch
+        )
+        appended += 1
     return appended
