@@ -98,15 +98,18 @@ def test_a_claim_creates_a_running_record_with_a_digest_of_the_arguments(store, 
 def test_a_second_claimer_gets_the_existing_record_and_nothing_is_written(store, clock):
     first, _ = claim(store, arguments={"x": 1})
     clock.advance(1)
-    again, created = claim(store, arguments={"x": 2}, side=False, tool_name="other")
+    again, created = claim(store, arguments={"x": 1})
     assert not created and again == first  # consult it; never a second execution
+    with pytest.raises(turnkeeper.ToolExecutionConflictError):  # another call's claim
+        claim(store, arguments={"x": 2}, side=False, tool_name="other")
     store.complete_tool_execution("k", {"out": 1})
-    done, created = claim(store)
+    done, created = claim(store, arguments={"x": 1})
     assert not created and (done.state, done.result) == ("completed", {"out": 1})
     assert events(store) == ["claim", "complete"]
 
 
-def test_concurrent_claimers_of_one_key_create_exactly_one_record(real_store):
+@pytest.mark.parametrize("same_call", [True, False])
+def test_concurrent_claimers_of_one_key_create_exactly_one_record(real_store, same_call):
     real_store.create_session("s")
     barrier = threading.Barrier(6)
     results: list[tuple[ToolExecution, bool]] = []
@@ -123,10 +126,10 @@ def test_concurrent_claimers_of_one_key_create_exactly_one_record(real_store):
                     provider_call_id="c",
                     tool_name="bash",
                     side_effecting=True,
-                    arguments={"worker": i},
+                    arguments={"worker": 0 if same_call else i},
                 )
             )
-        except BaseException as exc:  # pragma: no cover - reported below
+        except BaseException as exc:
             failures.append(exc)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
@@ -134,6 +137,12 @@ def test_concurrent_claimers_of_one_key_create_exactly_one_record(real_store):
         t.start()
     for t in threads:
         t.join()
+    if not same_call:  # five other calls' claims of a key the winner took
+        assert len(failures) == 5
+        assert all(isinstance(f, turnkeeper.ToolExecutionConflictError) for f in failures)
+        assert [created for _, created in results] == [True]
+        assert count(real_store, "tool_executions") == 1 and events(real_store) == ["claim"]
+        return
     assert failures == []
     assert sorted(created for _, created in results) == [False] * 5 + [True]
     winner = next(r for r, created in results if created)
@@ -747,3 +756,113 @@ def test_the_store_derived_entry_ids_are_reserved(store):
             )
         assert err.value.field == "entry_id"
     store.finish_run(run.id, "failed")  # never wedged by a forged id
+
+
+# -- a record belongs to the call that claimed it -------------------------------------------
+
+
+def _ended_run_with_a_call(store, sid: str, to: str):
+    run = store.admit_run(sid, {"to": to}, user_message=USER)
+    store.start_run(run.id)
+    store.append(sid, "message", {"message": tool_call_message("call_0")})
+    rec, created = store.claim_tool_execution(
+        "call_0",
+        sid,
+        local_turn_id=run.turn_id,
+        provider_call_id="call_0",
+        tool_name="send",
+        side_effecting=True,
+        arguments={"to": to},
+        run_id=run.id,
+    )
+    assert created
+    return run, rec
+
+
+def test_issue_example_another_runs_claim_never_gets_this_runs_result(store):
+    store.create_session("s")
+    r1, _ = _ended_run_with_a_call(store, "s", "alice")
+    store.complete_tool_execution("call_0", {"sent": "alice"})
+    store.finish_run(r1.id, "succeeded")
+    r2 = store.admit_run("s", {"to": "bob"}, user_message=USER)
+    store.start_run(r2.id)
+    with pytest.raises(turnkeeper.ToolExecutionConflictError) as err:
+        store.claim_tool_execution(
+            "call_0",
+            "s",
+            local_turn_id=r2.turn_id,
+            provider_call_id="call_0",
+            tool_name="send",
+            side_effecting=True,
+            arguments={"to": "bob"},
+            run_id=r2.id,
+        )
+    assert (err.value.execution_key, err.value.field, err.value.run_id) == (
+        "call_0",
+        "run_id",
+        r1.id,
+    )
+    assert store.get_tool_execution("call_0").result == {"sent": "alice"}
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"arguments": {"to": "bob"}}, "args_digest"),
+        ({"tool_name": "other"}, "tool_name"),
+        ({"provider_call_id": "call_1"}, "provider_call_id"),
+        ({"side_effecting": False}, "side_effecting"),
+        ({"local_turn_id": "another-turn"}, "local_turn_id"),
+    ],
+)
+def test_a_claim_that_differs_in_scope_or_arguments_is_refused(store, change, field):
+    store.create_session("s")
+    run, rec = _ended_run_with_a_call(store, "s", "alice")
+    claim_args = {
+        "local_turn_id": run.turn_id,
+        "provider_call_id": "call_0",
+        "tool_name": "send",
+        "side_effecting": True,
+        "arguments": {"to": "alice"},
+        "run_id": run.id,
+    }
+    again, created = store.claim_tool_execution("call_0", "s", **claim_args)
+    assert (again, created) == (rec, False)  # a retried claim of the same call
+    with pytest.raises(turnkeeper.ToolExecutionConflictError) as err:
+        store.claim_tool_execution("call_0", "s", **(claim_args | change))
+    assert err.value.field == field
+    assert store.get_tool_execution("call_0") == rec
+
+
+def test_a_claim_from_another_session_is_refused(store):
+    store.create_session("s")
+    store.create_session("t")
+    _ended_run_with_a_call(store, "s", "alice")
+    with pytest.raises(turnkeeper.ToolExecutionConflictError) as err:
+        store.claim_tool_execution(
+            "call_0", "t", local_turn_id="x", provider_call_id="call_0", tool_name="send",
+            side_effecting=True, arguments={"to": "alice"},
+        )  # fmt: skip
+    assert err.value.field == "session_id"
+
+
+def test_a_reclaimed_record_belongs_to_the_fresh_run(store):
+    store.create_session("s")
+    r1, _ = _ended_run_with_a_call(store, "s", "alice")
+    store.finish_run(r1.id, "interrupted")
+    assert store.request_tool_execution_recovery("s", r1.turn_id, ["call_0"])
+    r2 = store.admit_run("s", {"to": "alice"}, retry_of=r1.id)
+    store.start_run(r2.id)
+    assert store.reclaim_tool_execution("call_0", run_id=r2.id)
+    common = {
+        "provider_call_id": "call_0",
+        "tool_name": "send",
+        "side_effecting": True,
+        "arguments": {"to": "alice"},
+    }
+    rec, created = store.claim_tool_execution(
+        "call_0", "s", local_turn_id=r2.turn_id, run_id=r2.id, **common
+    )
+    assert (created, rec.run_id, rec.attempt) == (False, r2.id, 2)
+    with pytest.raises(turnkeeper.ToolExecutionConflictError):
+        store.claim_tool_execution("call_0", "s", local_turn_id=r1.turn_id, run_id=r1.id, **common)

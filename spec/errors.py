@@ -356,6 +356,21 @@ class ToolExecutionNotFoundError(TurnkeeperError):
     execution_key: str
 
 
+class ToolExecutionConflictError(TurnkeeperError):
+    """The execution key is bound to another tool call than this claim's.
+
+    The first claim binds a key to its session, run, turn, provider call id,
+    tool name, side-effecting flag and argument digest; ``field`` names the
+    first of them this claim differs in, ``run_id`` the run that owns the
+    record. Another call's record (and result) is never returned as this one's.
+    """
+
+    fields = ("execution_key", "field", "run_id")
+    execution_key: str
+    field: str
+    run_id: str | None
+
+
 # --- forks (session seed ForkSession) ---------------------------------------------
 
 

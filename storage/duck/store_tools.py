@@ -53,10 +53,20 @@ class ToolsMixin(StoreBase):
         ClaimToolExecutionRecord); returns ``(record, created)``.
 
         ``created`` true: the record is new and ``running`` (attempt 1) and the
-        caller may execute the tool. ``created`` false: another request already
-        owns the key; the existing record is returned, whatever its state, and
-        nothing is written: consult it (its ``state``, ``result`` and
-        ``args_digest``) and never execute a second time. ``provider_call_id``
+        caller may execute the tool. ``created`` false: this same call was
+        claimed before (a retry, or another worker of the same run); the
+        existing record is returned, whatever its state, and nothing is
+        written: consult it (its ``state`` and ``result``) and never execute
+        a second time.
+
+        How a key is scoped: the first claim binds ``execution_key`` to its
+        session, ``run_id``, ``local_turn_id``, ``provider_call_id``,
+        ``tool_name``, ``side_effecting`` and argument digest (a reclaim moves
+        it to the fresh run). A claim that differs in any of them is another
+        call and is refused (``ToolExecutionConflictError``): another run's
+        record, and its result, is never returned as this call's. Provider
+        call ids are reused across turns and processes, so derive keys from
+        the run, e.g. ``f"{run.id}:{provider_call_id}"``. ``provider_call_id``
         is the ``toolCall`` block's ``id``; ``arguments`` (any JSON value) is
         stored only as a sha256 digest of its canonical JSON. ``side_effecting``
         decides recovery: read-only calls are reclaimed automatically after an
@@ -65,6 +75,8 @@ class ToolsMixin(StoreBase):
         transaction and its epoch stored on the record.
 
         Raises:
+            ToolExecutionConflictError: the key is bound to another call
+                (``field`` names what differs, ``run_id`` the owning run).
             SessionNotFoundError: no such session.
             RunNotFoundError: ``run_id`` names no run.
             LeaseLostError: ``lease`` is no longer valid.

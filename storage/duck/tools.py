@@ -184,17 +184,34 @@ def _open_calls(tx: Tx, session_id: str) -> dict[str, Entry]:
     return open_tool_calls(sessions.branch_path(tx, session_id))
 
 
+BINDING = (
+    "session_id",
+    "run_id",
+    "local_turn_id",
+    "provider_call_id",
+    "tool_name",
+    "side_effecting",
+    "args_digest",
+)
+"""What the first claim binds an execution key to; a later claim must match it."""
+
+
 def claim(tx: Tx, columns: Mapping[str, Any], lease: Lease | None) -> tuple[ToolExecution, bool]:
     """Claim ``columns["execution_key"]``; returns ``(record, created)``.
 
-    An existing key returns its record, whatever its state, and writes nothing.
+    An existing key bound to the same call (every :data:`BINDING` field equal:
+    a retried claim) returns its record, whatever its state, and writes nothing.
 
     Raises:
+        ToolExecutionConflictError: the key is bound to another call.
         SessionNotFoundError, RunNotFoundError, LeaseLostError,
         InvalidInputError (the run belongs to another session).
     """
     found = get(tx, columns["execution_key"])
     if found is not None:
+        differs = next((f for f in BINDING if getattr(found, f) != columns[f]), None)
+        if differs is not None:
+            raise errors.ToolExecutionConflictError(found.execution_key, differs, found.run_id)
         return found, False
     session_id = columns["session_id"]
     _session(tx, session_id)
