@@ -65,6 +65,29 @@ def test_same_key_different_request_conflicts_naming_the_run(store, sid):
     assert (err.value.session_id, err.value.run_id) == (sid, first.id)
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"user_message": {"role": "user", "content": "something else"}},
+        {"user_message": None},
+        {"model": "another-model"},
+        {"source": "cli"},
+        {"policy": {"tools": "none"}},
+    ],
+)
+def test_same_key_and_request_with_another_admission_argument_conflicts(store, sid, change):
+    """The whole admission is the submission: the same key with another user
+    message (or model, source, policy …) is another request, never silently the first."""
+    args = {"user_message": USER, "model": "m", "source": "api", "policy": {"tools": "all"}}
+    first = store.admit_run(sid, {"a": 1}, submission_key="k", **args)
+    before = store.entries(sid)
+    with pytest.raises(SubmissionConflictError) as err:
+        store.admit_run(sid, {"a": 1}, submission_key="k", **(args | change))
+    assert err.value.run_id == first.id
+    assert store.entries(sid) == before
+    assert store.admit_run(sid, {"a": 1}, submission_key="k", **args) == first
+
+
 def test_at_most_one_non_terminal_run_per_session(store, sid):
     first = store.admit_run(sid, {"n": 1})
     with pytest.raises(SessionRunActiveError) as err:

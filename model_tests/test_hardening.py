@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import math
 import threading
 import time
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -335,3 +338,155 @@ def test_query_only_reads(store, sql):
     assert err.value.field == "sql"
     assert store.get_session("q") is not None
     assert store.query("SELECT count(*) AS n FROM sessions").to_pylist() == [{"n": 1}]
+
+
+class _Color(enum.Enum):
+    RED = "red"
+
+
+class _Kind(enum.StrEnum):
+    A = "a"
+
+
+@dataclasses.dataclass
+class _Point:
+    x: int
+
+
+INEXACT = {
+    "datetime": datetime(2026, 1, 1, tzinfo=UTC),
+    "uuid": uuid.UUID(int=7),
+    "enum": _Color.RED,
+    "dataclass": _Point(1),
+    "tuple": (1, 2),
+    "set": {1},
+    "bytes": b"x",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(INEXACT))
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda s, v: s.append("s", EntryKind.MESSAGE, {"message": {"role": "user", "x": [v]}}),
+        lambda s, v: s.create_session("h", header={"x": v}),
+        lambda s, v: s.finalize(FinalizeRequest(ThreadRecord("r", "k", state={"v": v}))),
+        lambda s, v: s.admit_run("s", {"q": v}),
+        lambda s, v: s.claim_tool_execution(
+            "k",
+            "s",
+            local_turn_id="t",
+            provider_call_id="c",
+            tool_name="x",
+            side_effecting=False,
+            arguments={"a": v},
+        ),
+    ],
+    ids=["append", "header", "thread-state", "run-request", "tool-arguments"],
+)
+def test_what_json_cannot_hold_exactly_is_refused_not_converted(store, kind, write):
+    store.create_session("s")
+    with pytest.raises(InvalidInputError) as err:
+        write(store, INEXACT[kind])
+    assert "exactly" in str(err.value) or "not storable" in str(err.value)
+    assert store.entries("s") == [] and store.get_session("h") is None
+    assert store.session_runs("s") == [] and store.resolve(id="r") is None
+
+
+def test_str_and_int_subclasses_are_stored_as_their_plain_value(store):
+    store.create_session("s")
+    entry = store.append("s", EntryKind.MESSAGE, {"message": {"role": "user", "k": _Kind.A}})
+    assert type(entry.payload["message"]["k"]) is str
+    assert store.entries("s")[0].payload == {"message": {"role": "user", "k": "a"}}
+
+
+def test_the_refusal_names_where_the_inexact_value_sits(store):
+    store.create_session("s")
+    with pytest.raises(InvalidInputError) as err:
+        message = {"role": "user", "at": [uuid.UUID(int=1)]}
+        store.append("s", EntryKind.MESSAGE, {"message": message})
+    assert err.value.field == "payload"
+    assert "payload.message.at[0] is a UUID" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "call, field",
+    [
+        (lambda s: s.acquire_lease("session:\x00", "o", 30), "target"),
+        (lambda s: s.acquire_lease("session:", "o", 30), "target (its session id)"),
+        (lambda s: s.acquire_lease("thread-key:\x00", "o", 30), "target"),
+        (lambda s: s.acquire_lease("session:ok", "own\ner", 30), "owner"),
+        (lambda s: s.create_session("s\x00"), "session_id"),
+        (lambda s: s.create_session("s\x1b[31m"), "session_id"),
+        (lambda s: s.append("ok", EntryKind.MESSAGE, MSG, entry_id="e\x00"), "entry_id"),
+        (lambda s: s.finalize(FinalizeRequest(ThreadRecord("r\x00", "k"))), "record.id"),
+        (lambda s: s.finalize(FinalizeRequest(ThreadRecord("r", "k\x7f"))), "record.key"),
+        (
+            lambda s: s.claim_tool_execution(
+                "k\x00",
+                "ok",
+                local_turn_id="t",
+                provider_call_id="c",
+                tool_name="x",
+                side_effecting=False,
+            ),
+            "execution_key",
+        ),
+        (lambda s: s.fork_session("ok", request_id="f\x00"), "request_id"),
+    ],
+)
+def test_ids_hold_no_control_characters(store, call, field):
+    """A NUL (or any control character) is legal in payload text, never in an id."""
+    store.create_session("ok")
+    with pytest.raises(InvalidInputError) as err:
+        call(store)
+    assert err.value.field == field
+    assert store.count_sessions() == 1 and store.entries("ok") == []
+    assert store.query("SELECT count(*) AS n FROM leases").to_pylist() == [{"n": 0}]
+
+
+def test_nul_in_payload_text_is_stored_exactly(store):
+    store.create_session("s", cwd="/a\x00b")
+    entry = store.append("s", EntryKind.MESSAGE, {"message": {"role": "user", "content": "\x00"}})
+    assert store.entry("s", entry.id).payload["message"]["content"] == "\x00"
+    assert store.get_session("s").cwd == "/a\x00b"
+
+
+INSIDE_A_SESSION = {
+    "entries": lambda s: s.entries("nope"),
+    "replay": lambda s: s.replay("nope"),
+    "labels": lambda s: s.labels("nope"),
+    "opaque_records": lambda s: s.opaque_records("nope"),
+    "session_runs": lambda s: s.session_runs("nope"),
+    "active_run": lambda s: s.active_run("nope"),
+    "run_events": lambda s: s.run_events("nope"),
+    "session_tool_executions": lambda s: s.session_tool_executions("nope"),
+}
+LOOKUPS = {
+    "get_session": lambda s: s.get_session("nope"),
+    "entry": lambda s: s.entry("ok", "nope"),
+    "get_run": lambda s: s.get_run("nope"),
+    "get_recovery": lambda s: s.get_recovery("nope"),
+    "get_fork": lambda s: s.get_fork("nope"),
+    "get_tool_execution": lambda s: s.get_tool_execution("nope"),
+    "get_delivery_plan": lambda s: s.get_delivery_plan("nope"),
+    "get_delivery_operation": lambda s: s.get_delivery_operation("nope"),
+    "get_response_state": lambda s: s.get_response_state("nope"),
+    "resolve": lambda s: s.resolve(id="nope"),
+}
+
+
+@pytest.mark.parametrize("read", sorted(INSIDE_A_SESSION))
+def test_a_read_inside_a_missing_session_is_session_not_found(store, read):
+    store.create_session("ok")
+    with pytest.raises(turnkeeper.SessionNotFoundError) as err:
+        INSIDE_A_SESSION[read](store)
+    assert err.value.session_id == "nope"
+    empty = {"active_run": None, "labels": {}, "replay": store.replay("ok")}
+    assert getattr(store, read)("ok") == empty.get(read, [])  # an existing, empty session
+
+
+@pytest.mark.parametrize("lookup", sorted(LOOKUPS))
+def test_a_lookup_of_a_missing_thing_is_none(store, lookup):
+    store.create_session("ok")
+    assert LOOKUPS[lookup](store) is None

@@ -2,12 +2,14 @@
 
 Shared by every backend. Text that cannot be stored intact (a lone
 surrogate has no UTF-8 form) is refused with ``InvalidInputError`` before
-anything is written; NUL characters are stored and returned intact.
+anything is written; NUL characters are stored and returned intact in
+payloads and free text, and refused in identifiers (:func:`check_id`).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import orjson
@@ -33,6 +35,28 @@ def check_text(value: object, field: str, *, allow_empty: bool = True) -> str:
     return value
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def check_id(value: object, field: str) -> str:
+    """Return ``value`` if it is an identifier: a non-empty string that UTF-8 can
+    hold, without control characters (NUL, newlines, escapes …), which no id
+    needs and which would make it ambiguous in a lease target, a log line or a
+    backend that cannot store NUL. Payload text keeps every character.
+
+    Raises:
+        InvalidInputError: not a string, empty, a lone surrogate, or a
+            control character.
+    """
+    text = check_text(value, field, allow_empty=False)
+    found = _CONTROL.search(text)
+    if found is not None:
+        raise InvalidInputError(
+            field, f"an id holds no control characters (found {found.group()!r})"
+        )
+    return text
+
+
 def _non_finite(value: Any) -> bool:
     if isinstance(value, float):
         return not math.isfinite(value)
@@ -43,13 +67,47 @@ def _non_finite(value: Any) -> bool:
     return False
 
 
-def to_json(value: Any, field: str) -> str:
-    """Encode ``value`` as JSON text, keeping key order.
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def _inexact(value: Any, where: str) -> str | None:
+    """Where in ``value`` something JSON cannot hold exactly sits (a path and a
+    type), or ``None``; walked only once a round trip came back different."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = _inexact(v, f"{where}.{k}")
+            if found:
+                return found
+        return None
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            found = _inexact(v, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    if isinstance(value, tuple):
+        return f"{where} is a tuple (it would come back as a list: pass a list)"
+    if not isinstance(value, _JSON_SCALARS):
+        return f"{where} is a {type(value).__name__}, which JSON has no exact form for"
+    return None
+
+
+def to_json_exact(value: Any, field: str) -> tuple[str, Any]:
+    """Encode ``value`` as JSON text, keeping key order; returns the text and the
+    value decoded from it, which equals ``value``.
+
+    Only what JSON holds exactly is accepted: dicts with string keys, lists,
+    strings, integers within 64 bits, finite floats, booleans and ``None``.
+    A ``datetime``, ``UUID``, ``Enum``, dataclass, tuple or other value that
+    would come back as something else is refused, never converted silently;
+    ``str`` and ``int`` subclasses (``StrEnum``, ``IntEnum``) equal their
+    plain value and are stored as it.
 
     Raises:
         InvalidInputError: the value is not JSON-serialisable, holds text that
-            UTF-8 cannot hold (a lone surrogate), or a NaN or infinite float
-            (JSON has none; it would come back as ``null``).
+            UTF-8 cannot hold (a lone surrogate), a NaN or infinite float
+            (JSON has none; it would come back as ``null``), or a value that
+            would not come back equal (named with its path in the message).
     """
     try:
         text = orjson.dumps(value).decode("utf-8")
@@ -57,7 +115,20 @@ def to_json(value: Any, field: str) -> str:
         raise InvalidInputError(field, f"not storable as JSON: {exc}") from None
     if "null" in text and _non_finite(value):
         raise InvalidInputError(field, "NaN and infinite numbers have no JSON form")
-    return text
+    decoded = orjson.loads(text)
+    if decoded != value:
+        where = _inexact(value, field) or f"{field} would not come back equal"
+        raise InvalidInputError(field, f"not storable as JSON exactly: {where}")
+    return text, decoded
+
+
+def to_json(value: Any, field: str) -> str:
+    """Encode ``value`` as JSON text (see :func:`to_json_exact`).
+
+    Raises:
+        InvalidInputError: as :func:`to_json_exact`.
+    """
+    return to_json_exact(value, field)[0]
 
 
 def from_json(text: str) -> Any:

@@ -25,6 +25,23 @@ one); the requests addressed to the holder, which it honours
 (``request_cancel``, ``request_tool_execution_recovery``); recovery, which
 needs its own ``recovery`` lease; and outbox claims and updates, fenced by
 their own claim epoch.
+
+Reads of a missing thing (one rule). A lookup of one thing by its id or key
+(``get_session``, ``entry``, ``get_run``, ``get_recovery``, ``get_fork``,
+``get_tool_execution``, ``get_delivery_plan``, ``get_delivery_operation``,
+``get_response_state``, ``resolve``) returns ``None`` when there is none, as
+the threadstore seed's Resolve does. A read of what is inside a session
+(``entries``, ``replay``, ``labels``, ``opaque_records``, ``session_runs``,
+``active_run``, ``run_events``, ``session_tool_executions``) raises
+``SessionNotFoundError`` when the session does not exist, so an empty answer
+always means an existing, empty session.
+
+Values. Payloads and other JSON arguments hold only what JSON holds exactly
+(dicts with string keys, lists, strings, 64-bit integers, finite floats,
+booleans, ``None``); anything that would come back as something else (a
+``datetime``, ``UUID``, ``Enum``, dataclass, tuple …) is refused with
+``InvalidInputError``, never converted. Identifiers hold no control
+characters; payload text keeps every character, NUL included.
 """
 
 from __future__ import annotations

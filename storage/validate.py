@@ -16,7 +16,7 @@ from turnkeeper.spec.delivery import DeliveryPlan, DeliveryStep
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.records import ANY_LEAF, FinalizeRequest, Lease
 
-from .codec import check_text, to_json
+from .codec import check_id, check_text, to_json
 
 MAX_TTL_S = 10 * 365 * 86400.0
 """The longest lease (or delay) accepted, in seconds (ten years)."""
@@ -85,12 +85,22 @@ def check_purpose(purpose: object) -> str:
         raise errors.InvalidInputError("purpose", f"must be one of {allowed}") from None
 
 
+def check_target(target: object, field: str = "target") -> str:
+    """A lease target: an id (:func:`~.codec.check_id`); a ``session:`` target
+    names a session id that is one too (``"session:"`` alone names none)."""
+    text = check_id(target, field)
+    if text.startswith("session:"):
+        check_id(text.removeprefix("session:"), f"{field} (its session id)")
+    return text
+
+
 def check_lease(lease: object, field: str = "lease") -> Lease:
     """A :class:`Lease` whose identifying fields are well-typed storable text."""
     if not isinstance(lease, Lease):
         raise errors.InvalidInputError(field, f"expected a Lease, got {type(lease).__name__}")
-    for name in ("target", "owner", "token"):
-        check_text(getattr(lease, name), f"{field}.{name}", allow_empty=False)
+    check_target(lease.target, f"{field}.target")
+    for name in ("owner", "token"):
+        check_id(getattr(lease, name), f"{field}.{name}")
     if isinstance(lease.epoch, bool) or not isinstance(lease.epoch, int) or lease.epoch < 1:
         raise errors.InvalidInputError(f"{field}.epoch", "must be an integer of at least 1")
     return lease
@@ -117,7 +127,7 @@ def check_expected_leaf(expected_leaf: object) -> Any:
     """``ANY_LEAF``, ``None`` or an entry id."""
     if expected_leaf is ANY_LEAF or expected_leaf is None:
         return expected_leaf
-    return check_text(expected_leaf, "expected_leaf", allow_empty=False)
+    return check_id(expected_leaf, "expected_leaf")
 
 
 def check_header(header: object) -> dict[str, Any]:
@@ -178,7 +188,7 @@ def check_plan(plan: object) -> DeliveryPlan:
         where = f"plan.steps[{i}]"
         if not isinstance(step, DeliveryStep):
             raise errors.InvalidInputError(where, "expected a DeliveryStep")
-        check_text(step.key, f"{where}.key", allow_empty=False)
+        check_id(step.key, f"{where}.key")
         check_text(step.kind, f"{where}.kind", allow_empty=False)
         for name in ("artifact_id", "idempotency_key", "payload_digest"):
             check_text(getattr(step, name), f"{where}.{name}")

@@ -136,12 +136,16 @@ def admit(
     *,
     intent: Mapping[str, Any],
     fingerprint: str,
+    admission: str,
     key_digest: str | None,
     user_message: Mapping[str, Any] | None,
     lease: Lease | None,
     retry_of: str | None,
 ) -> tuple[Run, bool]:
     """Admit a run (see the module docstring); returns ``(run, admitted_now)``.
+
+    ``fingerprint`` is the request's (kept on the intent); ``admission`` the
+    whole admission's, which a submission key is compared by.
 
     Raises:
         SessionNotFoundError, SubmissionConflictError, SessionRunActiveError,
@@ -156,7 +160,7 @@ def admit(
             [session_id, key_digest],
         )
         if sub is not None:
-            if sub[1] != fingerprint:
+            if sub[1] != admission:
                 raise errors.SubmissionConflictError(session_id, sub[0])
             found = get(tx, sub[0])
             assert found is not None
@@ -226,7 +230,7 @@ def admit(
     if key_digest is not None:
         tx.exec(
             "INSERT INTO submissions VALUES (?, ?, ?, ?, ?, ?)",
-            [session_id, key_digest, fingerprint, intent_id, run_id, now],
+            [session_id, key_digest, admission, intent_id, run_id, now],
         )
     return run, True
 

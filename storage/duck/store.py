@@ -19,7 +19,7 @@ from turnkeeper.spec.records import (
     ThreadRecord,
 )
 
-from ..codec import check_text
+from ..codec import check_id, check_text
 from ..migrations import SCHEMA_VERSION, migrations, statements
 from ..validate import (
     check_bool,
@@ -27,6 +27,7 @@ from ..validate import (
     check_path,
     check_purpose,
     check_request,
+    check_target,
     check_ttl,
 )
 from . import leases, threads
@@ -163,8 +164,8 @@ class DuckDBStore(SessionsMixin, RunsMixin, RecoveryMixin, DeliveryMixin, ToolsM
             InvalidInputError: empty target/owner or non-positive ``ttl_s``.
             DatabaseError: backend failure (never reported as busy).
         """
-        check_text(target, "target", allow_empty=False)
-        check_text(owner, "owner", allow_empty=False)
+        check_target(target)
+        check_id(owner, "owner")
         why = check_purpose(purpose)
         ttl = check_ttl(ttl_s)
         return self.db.write(
@@ -220,9 +221,9 @@ class DuckDBStore(SessionsMixin, RunsMixin, RecoveryMixin, DeliveryMixin, ToolsM
         if (id is None) == (key is None):
             raise errors.InvalidInputError("id", "give exactly one of id and key")
         if id is not None:
-            check_text(id, "id", allow_empty=False)
+            check_id(id, "id")
         if key is not None:
-            check_text(key, "key", allow_empty=False)
+            check_id(key, "key")
         check_bool(include_archived, "include_archived")
         return self.db.read("resolve", lambda tx: threads.resolve(tx, id, key, include_archived))
 

@@ -19,9 +19,23 @@ T = TypeVar("T")
 
 
 class StoreBase:
-    """Holds ``db`` and runs fenced writes, recording refused ones."""
+    """Holds ``db``, runs fenced writes (recording refused ones), and checks reads
+    inside a session."""
 
     db: Database
+
+    def _inside(self, session_id: str, found: T) -> T:
+        """``found``, read inside session ``session_id``; an empty answer for a
+        session that does not exist is ``SessionNotFoundError`` (sessions are
+        never deleted, so a later existence check answers for the read)."""
+        if not found:
+            row = self.db.read(
+                "session_exists",
+                lambda tx: tx.one("SELECT 1 FROM sessions WHERE id = ?", [session_id]),
+            )
+            if row is None:
+                raise errors.SessionNotFoundError(session_id)
+        return found
 
     def _fenced(self, operation: str, lease: Lease | None, body: Callable[[Tx], T]) -> T:
         try:

@@ -16,7 +16,7 @@ from turnkeeper.spec.delivery import (
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.records import Lease
 
-from ..codec import check_text, to_json
+from ..codec import check_id, check_text, to_json
 from ..validate import (
     check_int,
     check_lease,
@@ -50,7 +50,7 @@ class DeliveryMixin(StoreBase):
             BusyError: no ``lease`` given and someone holds the session.
             RunNotFoundError, InvalidInputError.
         """
-        check_text(run_id, "run_id", allow_empty=False)
+        check_id(run_id, "run_id")
         check_plan(plan)
         if lease is not None:
             check_lease(lease)
@@ -74,7 +74,7 @@ class DeliveryMixin(StoreBase):
     ) -> tuple[DeliveryIntent, list[DeliveryOperation]] | None:
         """The intent and its operations in execution order (session seed
         GetDeliveryPlan), or ``None``. A run's intent id is ``<run id>:delivery``."""
-        check_text(intent_id, "intent_id", allow_empty=False)
+        check_id(intent_id, "intent_id")
 
         def body(tx: Tx) -> tuple[DeliveryIntent, list[DeliveryOperation]] | None:
             intent = delivery.get_intent(tx, intent_id)
@@ -85,7 +85,7 @@ class DeliveryMixin(StoreBase):
     def get_delivery_operation(self, operation_id: str) -> DeliveryOperation | None:
         """One operation, without its intent's transport context (session seed
         GetDeliveryOperation), or ``None``."""
-        check_text(operation_id, "operation_id", allow_empty=False)
+        check_id(operation_id, "operation_id")
         return self.db.read(
             "get_delivery_operation", lambda tx: delivery.get_operation(tx, operation_id)
         )
@@ -111,8 +111,8 @@ class DeliveryMixin(StoreBase):
                 due yet, or waiting on its dependency (``reason`` says which).
             DeliveryOperationNotFoundError, InvalidInputError.
         """
-        check_text(operation_id, "operation_id", allow_empty=False)
-        check_text(owner, "owner", allow_empty=False)
+        check_id(operation_id, "operation_id")
+        check_id(owner, "owner")
         ttl = check_ttl(ttl_s)
         return self.db.write(
             "claim_delivery", lambda tx: delivery.claim(tx, operation_id, owner, ttl)
@@ -209,8 +209,8 @@ class DeliveryMixin(StoreBase):
 
 def _result(operation_id: str, owner: str, epoch: int, given: Mapping[str, Any]) -> dict[str, Any]:
     """Check the claim identity and the provider fields; the fields that were given."""
-    check_text(operation_id, "operation_id", allow_empty=False)
-    check_text(owner, "owner", allow_empty=False)
+    check_id(operation_id, "operation_id")
+    check_id(owner, "owner")
     check_int(epoch, "epoch", 1)
     result: dict[str, Any] = {}
     for name in ("provider_asset_id", "provider_message_id", "failure_code"):

@@ -11,7 +11,7 @@ from turnkeeper.spec import LeasePurpose, errors
 from turnkeeper.spec.fork import Fork, check_request_id
 from turnkeeper.spec.records import Lease
 
-from ..codec import check_text
+from ..codec import check_id
 from ..validate import check_int, check_session_lease
 from . import forks
 from .db import Tx
@@ -92,16 +92,16 @@ class ForksMixin(StoreBase):
                 and ``at_seq``, ``at_seq`` below 1, a lease on another target …).
         On any error nothing is written.
         """
-        check_text(source_session_id, "source_session_id", allow_empty=False)
-        request_id = check_request_id(source_session_id, request_id)
+        check_id(source_session_id, "source_session_id")
+        request_id = check_id(check_request_id(source_session_id, request_id), "request_id")
         if boundary_turn_id is not None:
-            check_text(boundary_turn_id, "boundary_turn_id", allow_empty=False)
+            check_id(boundary_turn_id, "boundary_turn_id")
         if at_seq is not None:
             check_int(at_seq, "at_seq", 1)
         if boundary_turn_id is not None and at_seq is not None:
             raise errors.InvalidInputError("at_seq", "name the boundary by turn id or by seq")
         fid = str(uuid6.uuid7()) if fork_session_id is None else fork_session_id
-        check_text(fid, "fork_session_id", allow_empty=False)
+        check_id(fid, "fork_session_id")
         check_session_lease(source_session_id, lease)
         if lease is not None and lease.purpose != LeasePurpose.FORK:
             raise errors.LeasePurposeError(lease.target, lease.purpose, LeasePurpose.FORK.value)
@@ -138,6 +138,6 @@ class ForksMixin(StoreBase):
         Raises:
             InvalidInputError: ``request_id`` is not a non-empty string.
         """
-        check_text(request_id, "request_id", allow_empty=False)
+        check_id(request_id, "request_id")
         digest = _digest(request_id)
         return self.db.read("get_fork", lambda tx: forks.get(tx, request_id, digest))

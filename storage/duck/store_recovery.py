@@ -9,7 +9,7 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.records import Lease, Recovery, Run
 from turnkeeper.spec.run import RunStatus
 
-from ..codec import check_text, to_json
+from ..codec import check_id, check_text, to_json
 from ..validate import check_int, check_lease, check_seconds
 from . import recovery
 from .store_base import StoreBase
@@ -28,7 +28,7 @@ class RecoveryMixin(StoreBase):
 
     def get_recovery(self, run_id: str) -> Recovery | None:
         """The run's recovery record, or ``None``."""
-        check_text(run_id, "run_id", allow_empty=False)
+        check_id(run_id, "run_id")
         return self.db.read("get_recovery", lambda tx: recovery.get(tx, run_id))
 
     def begin_recovery(
@@ -141,7 +141,7 @@ class RecoveryMixin(StoreBase):
 
     @staticmethod
     def _check(run_id: str, lease: Lease) -> None:
-        check_text(run_id, "run_id", allow_empty=False)
+        check_id(run_id, "run_id")
         check_lease(lease)
 
 
@@ -154,7 +154,7 @@ def _check_decisions(decisions: object) -> list[dict[str, Any]]:
     for i, decision in enumerate(decisions):
         if not isinstance(decision, Mapping):
             raise errors.InvalidInputError(f"decisions[{i}]", "expected a mapping")
-        check_text(decision.get("id"), f"decisions[{i}].id", allow_empty=False)
+        check_id(decision.get("id"), f"decisions[{i}].id")
         to_json(dict(decision), f"decisions[{i}]")
         out.append(dict(decision))
     if len({d["id"] for d in out}) != len(out):

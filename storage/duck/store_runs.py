@@ -19,7 +19,7 @@ from turnkeeper.spec.records import (
 )
 from turnkeeper.spec.run import FINISH_TRIGGERS, RunStatus
 
-from ..codec import check_text, to_json
+from ..codec import check_id, check_text, to_json
 from ..validate import (
     check_bool,
     check_int,
@@ -59,12 +59,14 @@ class RunsMixin(StoreBase):
         (``user_message``, a pi message dict), the conversation turn, the
         ``admit`` run event and, with ``submission_key``, the submission
         (only its sha256 digest is stored). The same key with the same
-        request returns the original run; with ``retry_of`` the run is
-        attempt + 1 of that run's intent.
+        admission (request, user message, retry target, source, model, mode,
+        work dir and policy) returns the original run; with ``retry_of`` the
+        run is attempt + 1 of that run's intent.
 
         Raises:
             SessionRunActiveError: the session already has a non-terminal run.
-            SubmissionConflictError: the key was used for a different request.
+            SubmissionConflictError: the key was used for a different
+                admission (any of its arguments differs).
             RetryNotAllowedError: ``retry_of`` is not the intent's latest
                 attempt, or is not terminal.
             BusyError: no ``lease`` given and someone holds the session (the
@@ -73,7 +75,7 @@ class RunsMixin(StoreBase):
             InvalidInputError.
         On any error nothing is written.
         """
-        check_text(session_id, "session_id", allow_empty=False)
+        check_id(session_id, "session_id")
         if not isinstance(request, Mapping):
             raise errors.InvalidInputError("request", "expected a mapping")
         if policy is not None and not isinstance(policy, Mapping):
@@ -90,7 +92,7 @@ class RunsMixin(StoreBase):
             validate_payload(EntryKind.MESSAGE, {"message": user_message})
             to_json(dict(user_message), "user_message")
         if retry_of is not None:
-            check_text(retry_of, "retry_of", allow_empty=False)
+            check_id(retry_of, "retry_of")
         for name, value in (("source", source), ("model", model), ("mode", mode)):
             check_text(value, name)
         check_text(work_dir, "work_dir")
@@ -103,6 +105,19 @@ class RunsMixin(StoreBase):
             "policy": to_json(dict(policy or {}), "policy"),
         }
         check_session_lease(session_id, lease)
+        # A submission is the whole admission: the same key with another user
+        # message, retry target or intent field is another request.
+        admission = hashlib.sha256(
+            orjson.dumps(
+                {
+                    "request": dict(request),
+                    "user_message": None if user_message is None else dict(user_message),
+                    "retry_of": retry_of,
+                    **{k: v for k, v in intent.items() if k != "request"},
+                },
+                option=orjson.OPT_SORT_KEYS,
+            )
+        ).hexdigest()
 
         def body(tx: Tx) -> Run:
             run, _ = runs.admit(
@@ -110,6 +125,7 @@ class RunsMixin(StoreBase):
                 session_id,
                 intent=intent,
                 fingerprint=fingerprint,
+                admission=admission,
                 key_digest=digest,
                 user_message=user_message,
                 lease=lease,
@@ -120,7 +136,7 @@ class RunsMixin(StoreBase):
         return self._fenced("admit_run", lease, body)
 
     def _step(self, run_id: str, trigger: str, lease: Lease | None) -> Run:
-        check_text(run_id, "run_id", allow_empty=False)
+        check_id(run_id, "run_id")
         if lease is not None:
             check_lease(lease)
             run = self.get_run(run_id)
@@ -177,7 +193,7 @@ class RunsMixin(StoreBase):
             BusyError: no ``lease`` given and someone holds the session.
             RunNotFoundError, LeaseLostError, InvalidInputError.
         """
-        check_text(run_id, "run_id", allow_empty=False)
+        check_id(run_id, "run_id")
         try:
             final = RunStatus(status)
         except ValueError:
@@ -227,23 +243,35 @@ class RunsMixin(StoreBase):
         Raises:
             RunNotFoundError, InvalidTransitionError (the run is terminal).
         """
-        check_text(run_id, "run_id", allow_empty=False)
+        check_id(run_id, "run_id")
         return self.db.write("request_cancel", lambda tx: runs.request_cancel(tx, run_id))
 
     def get_run(self, run_id: str) -> Run | None:
         """The run, or ``None``."""
-        check_text(run_id, "run_id", allow_empty=False)
+        check_id(run_id, "run_id")
         return self.db.read("get_run", lambda tx: runs.get(tx, run_id))
 
     def active_run(self, session_id: str) -> Run | None:
-        """The session's non-terminal run, or ``None``."""
-        check_text(session_id, "session_id", allow_empty=False)
-        return self.db.read("active_run", lambda tx: runs.active(tx, session_id))
+        """The session's non-terminal run, or ``None`` when it has none.
+
+        Raises:
+            SessionNotFoundError: no such session.
+        """
+        check_id(session_id, "session_id")
+        return self._inside(
+            session_id, self.db.read("active_run", lambda tx: runs.active(tx, session_id))
+        )
 
     def session_runs(self, session_id: str) -> list[Run]:
-        """Every run of the session, oldest first."""
-        check_text(session_id, "session_id", allow_empty=False)
-        return self.db.read("session_runs", lambda tx: runs.session_runs(tx, session_id))
+        """Every run of the session, oldest first.
+
+        Raises:
+            SessionNotFoundError: no such session.
+        """
+        check_id(session_id, "session_id")
+        return self._inside(
+            session_id, self.db.read("session_runs", lambda tx: runs.session_runs(tx, session_id))
+        )
 
     def run_events(
         self,
@@ -262,21 +290,24 @@ class RunsMixin(StoreBase):
         Raises:
             InvalidInputError: a cursor that is not an integer, or a bad limit.
         """
-        check_text(session_id, "session_id", allow_empty=False)
+        check_id(session_id, "session_id")
         for name, cursor in (("after", after), ("before", before)):
             if cursor is not None:
                 check_int(cursor, name, 0)
         check_bool(latest, "latest")
         check_limit(limit)
-        return self.db.read(
-            "run_events", lambda tx: runs.events(tx, session_id, after, before, latest, limit)
+        return self._inside(
+            session_id,
+            self.db.read(
+                "run_events", lambda tx: runs.events(tx, session_id, after, before, latest, limit)
+            ),
         )
 
     # -- response lineage --------------------------------------------------------
 
     def get_response_state(self, session_id: str) -> ResponseState | None:
         """The session's remote response lineage, or ``None`` (use the default mode)."""
-        check_text(session_id, "session_id", allow_empty=False)
+        check_id(session_id, "session_id")
         return self.db.read("get_response_state", lambda tx: lineage.get(tx, session_id))
 
     def compare_and_swap_response_state(
@@ -296,7 +327,7 @@ class RunsMixin(StoreBase):
         """
         if not isinstance(state, ResponseState):
             raise errors.InvalidInputError("state", "expected a ResponseState")
-        check_text(state.session_id, "session_id", allow_empty=False)
+        check_id(state.session_id, "session_id")
         for name in (
             "state_mode",
             "previous_response_id",

@@ -23,7 +23,7 @@ from turnkeeper.spec.records import (
     SessionPage,
 )
 
-from ..codec import check_text, from_json, to_json
+from ..codec import check_id, check_text, to_json, to_json_exact
 from ..validate import (
     check_expected_leaf,
     check_header,
@@ -68,7 +68,7 @@ class SessionsMixin(StoreBase):
             InvalidInputError: bad id, cwd, header or naive ``created_at``.
         """
         sid = str(uuid6.uuid7()) if session_id is None else session_id
-        check_text(sid, "session_id", allow_empty=False)
+        check_id(sid, "session_id")
         check_text(cwd, "cwd")
         header_json = to_json(check_header(header), "header")
         _aware(created_at, "created_at")
@@ -78,7 +78,7 @@ class SessionsMixin(StoreBase):
 
     def get_session(self, session_id: str) -> Session | None:
         """The session, or ``None`` when there is none with this id."""
-        check_text(session_id, "session_id", allow_empty=False)
+        check_id(session_id, "session_id")
         return self.db.read("get_session", lambda tx: sessions.get(tx, session_id))
 
     def append(
@@ -121,15 +121,14 @@ class SessionsMixin(StoreBase):
             InvalidInputError (kind, payload, id or naive timestamp).
         On any error nothing is written.
         """
-        check_text(session_id, "session_id", allow_empty=False)
+        check_id(session_id, "session_id")
         if not isinstance(payload, Mapping):
             raise errors.InvalidInputError("payload", "expected a mapping")
         validate_payload(kind, payload)
-        payload_json = to_json(dict(payload), "payload")
-        stored = from_json(payload_json)
+        payload_json, stored = to_json_exact(dict(payload), "payload")
         chose = entry_id is not None
         eid = entry_id if entry_id is not None else new_entry_id()
-        check_text(eid, "entry_id", allow_empty=False)
+        check_id(eid, "entry_id")
         if chose and eid.endswith(RESERVED_ENTRY_SUFFIXES):
             raise errors.InvalidInputError(
                 "entry_id", f"ids ending {', '.join(RESERVED_ENTRY_SUFFIXES)} are the store's own"
@@ -171,9 +170,9 @@ class SessionsMixin(StoreBase):
             SessionNotFoundError, EntryNotFoundError, SessionModifiedError,
             LeaseLostError, InvalidInputError.
         """
-        check_text(session_id, "session_id", allow_empty=False)
+        check_id(session_id, "session_id")
         if entry_id is not None:
-            check_text(entry_id, "entry_id", allow_empty=False)
+            check_id(entry_id, "entry_id")
         check_expected_leaf(expected_leaf)
         check_session_lease(session_id, lease)
         self._fenced(
@@ -199,9 +198,9 @@ class SessionsMixin(StoreBase):
         Raises:
             as :meth:`append`, plus EntryNotFoundError when ``entry_id`` is missing.
         """
-        check_text(session_id, "session_id", allow_empty=False)
+        check_id(session_id, "session_id")
         check_text(summary, "summary")
-        check_text(entry_id, "entry_id", allow_empty=False)
+        check_id(entry_id, "entry_id")
         check_expected_leaf(expected_leaf)
         check_session_lease(session_id, lease)
         to_json(details, "details")
@@ -254,14 +253,20 @@ class SessionsMixin(StoreBase):
         return self.append(session_id, EntryKind.SESSION_INFO, payload, lease=lease)
 
     def entries(self, session_id: str) -> list[Entry]:
-        """Every entry of the session, in sequence (append) order."""
-        check_text(session_id, "session_id", allow_empty=False)
-        return self.db.read("entries", lambda tx: sessions.entries(tx, session_id))
+        """Every entry of the session, in sequence (append) order.
+
+        Raises:
+            SessionNotFoundError: no such session.
+        """
+        check_id(session_id, "session_id")
+        return self._inside(
+            session_id, self.db.read("entries", lambda tx: sessions.entries(tx, session_id))
+        )
 
     def entry(self, session_id: str, entry_id: str) -> Entry | None:
         """One entry, or ``None``."""
-        check_text(session_id, "session_id", allow_empty=False)
-        check_text(entry_id, "entry_id", allow_empty=False)
+        check_id(session_id, "session_id")
+        check_id(entry_id, "entry_id")
         return self.db.read("entry", lambda tx: sessions.entry(tx, session_id, entry_id))
 
     def replay(self, session_id: str) -> Replay:
@@ -270,13 +275,19 @@ class SessionsMixin(StoreBase):
         Raises:
             SessionNotFoundError: no such session.
         """
-        check_text(session_id, "session_id", allow_empty=False)
+        check_id(session_id, "session_id")
         return self.db.read("replay", lambda tx: sessions.replay(tx, session_id), snapshot=True)
 
     def labels(self, session_id: str) -> dict[str, str]:
-        """Current labels: target entry id → label."""
-        check_text(session_id, "session_id", allow_empty=False)
-        return self.db.read("labels", lambda tx: sessions.labels(tx, session_id))
+        """Current labels: target entry id → label.
+
+        Raises:
+            SessionNotFoundError: no such session.
+        """
+        check_id(session_id, "session_id")
+        return self._inside(
+            session_id, self.db.read("labels", lambda tx: sessions.labels(tx, session_id))
+        )
 
     def list_sessions(
         self, *, limit: int = 50, cursor: str | None = None, search: str | None = None
@@ -318,12 +329,12 @@ class SessionsMixin(StoreBase):
             LeaseLostError: ``lease`` is no longer valid.
             BusyError: no ``lease`` given and someone holds the session.
         """
-        check_text(batch.session_id, "session_id", allow_empty=False)
+        check_id(batch.session_id, "session_id")
         check_session_lease(batch.session_id, lease)
         header_json = to_json(dict(batch.header), "header")
         rows = []
         for e in batch.entries:
-            check_text(e.id, "entry.id", allow_empty=False)
+            check_id(e.id, "entry.id")
             validate_payload(e.kind, e.payload, strict=False)
             rows.append(
                 (e.id, e.parent_id, e.kind, e.timestamp, to_json(dict(e.payload), "payload"))
@@ -349,6 +360,13 @@ class SessionsMixin(StoreBase):
         return self._fenced("import", lease, body)
 
     def opaque_records(self, session_id: str) -> list[OpaqueRecord]:
-        """Unparseable lines kept from imports of this session, by line."""
-        rows = self.db.read("opaque_records", lambda tx: sessions.opaque(tx, session_id))
+        """Unparseable lines kept from imports of this session, by line.
+
+        Raises:
+            SessionNotFoundError: no such session.
+        """
+        check_id(session_id, "session_id")
+        rows = self._inside(
+            session_id, self.db.read("opaque_records", lambda tx: sessions.opaque(tx, session_id))
+        )
         return [OpaqueRecord(*r) for r in rows]

@@ -12,7 +12,7 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.records import Lease
 from turnkeeper.spec.tool_execution import ToolExecution
 
-from ..codec import check_text, to_json
+from ..codec import check_id, check_text, to_json
 from ..validate import check_bool, check_lease, check_session_lease
 from . import tools
 from .store_base import StoreBase
@@ -92,7 +92,7 @@ class ToolsMixin(StoreBase):
             ("provider_call_id", provider_call_id),
             ("tool_name", tool_name),
         ):
-            check_text(value, name, allow_empty=False)
+            check_id(value, name)
         for name, value in (
             ("provider", provider),
             ("api", api),
@@ -102,7 +102,7 @@ class ToolsMixin(StoreBase):
             check_text(value, name)
         check_bool(side_effecting, "side_effecting")
         if run_id is not None:
-            check_text(run_id, "run_id", allow_empty=False)
+            check_id(run_id, "run_id")
         if provider_metadata is not None and not isinstance(provider_metadata, Mapping):
             raise errors.InvalidInputError("provider_metadata", "expected a mapping")
         check_session_lease(session_id, lease)
@@ -151,7 +151,7 @@ class ToolsMixin(StoreBase):
             InvalidInputError: a bad argument, or a lease on another session.
         On any error nothing is written.
         """
-        check_text(execution_key, "execution_key", allow_empty=False)
+        check_id(execution_key, "execution_key")
         result_json = to_json(result, "result")
         check_bool(is_error, "is_error")
         if lease is not None:
@@ -190,9 +190,9 @@ class ToolsMixin(StoreBase):
             SessionNotFoundError, LeaseLostError, InvalidInputError.
         On any error nothing is written.
         """
-        check_text(session_id, "session_id", allow_empty=False)
+        check_id(session_id, "session_id")
         if local_turn_id is not None:
-            check_text(local_turn_id, "local_turn_id", allow_empty=False)
+            check_id(local_turn_id, "local_turn_id")
         check_text(reason, "reason", allow_empty=False)
         check_session_lease(session_id, lease)
         return self._fenced(
@@ -219,14 +219,11 @@ class ToolsMixin(StoreBase):
             SessionNotFoundError, InvalidInputError.
         On any error nothing is written.
         """
-        check_text(session_id, "session_id", allow_empty=False)
-        check_text(local_turn_id, "local_turn_id", allow_empty=False)
+        check_id(session_id, "session_id")
+        check_id(local_turn_id, "local_turn_id")
         if isinstance(provider_call_ids, str) or not isinstance(provider_call_ids, Sequence):
             raise errors.InvalidInputError("provider_call_ids", "expected a list of call ids")
-        ids = [
-            check_text(c, f"provider_call_ids[{i}]", allow_empty=False)
-            for i, c in enumerate(provider_call_ids)
-        ]
+        ids = [check_id(c, f"provider_call_ids[{i}]") for i, c in enumerate(provider_call_ids)]
         return self.db.write(
             "request_tool_execution_recovery",
             lambda tx: tools.request_retry(tx, session_id, local_turn_id, ids),
@@ -261,9 +258,9 @@ class ToolsMixin(StoreBase):
                 or of another session.
         On any error nothing is written.
         """
-        check_text(execution_key, "execution_key", allow_empty=False)
+        check_id(execution_key, "execution_key")
         if run_id is not None:
-            check_text(run_id, "run_id", allow_empty=False)
+            check_id(run_id, "run_id")
         if lease is not None:
             check_lease(lease)
         return self._fenced(
@@ -296,8 +293,8 @@ class ToolsMixin(StoreBase):
             SessionNotFoundError, LeaseLostError, InvalidInputError.
         On any error nothing is written.
         """
-        check_text(session_id, "session_id", allow_empty=False)
-        check_text(local_turn_id, "local_turn_id", allow_empty=False)
+        check_id(session_id, "session_id")
+        check_id(local_turn_id, "local_turn_id")
         check_text(reason, "reason", allow_empty=False)
         check_session_lease(session_id, lease)
         return self._fenced(
@@ -325,7 +322,7 @@ class ToolsMixin(StoreBase):
             BusyError: no ``lease`` given and someone holds the session.
         On any error nothing is written.
         """
-        check_text(run_id, "run_id", allow_empty=False)
+        check_id(run_id, "run_id")
         check_text(reason, "reason", allow_empty=False)
         if lease is not None:
             check_lease(lease)
@@ -337,12 +334,19 @@ class ToolsMixin(StoreBase):
 
     def get_tool_execution(self, execution_key: str) -> ToolExecution | None:
         """The record of ``execution_key``, or ``None``."""
-        check_text(execution_key, "execution_key", allow_empty=False)
+        check_id(execution_key, "execution_key")
         return self.db.read("get_tool_execution", lambda tx: tools.get(tx, execution_key))
 
     def session_tool_executions(self, session_id: str) -> list[ToolExecution]:
-        """Every tool-execution record of the session, oldest first."""
-        check_text(session_id, "session_id", allow_empty=False)
-        return self.db.read(
-            "session_tool_executions", lambda tx: tools.session_records(tx, session_id)
+        """Every tool-execution record of the session, oldest first.
+
+        Raises:
+            SessionNotFoundError: no such session.
+        """
+        check_id(session_id, "session_id")
+        return self._inside(
+            session_id,
+            self.db.read(
+                "session_tool_executions", lambda tx: tools.session_records(tx, session_id)
+            ),
         )

@@ -15,7 +15,7 @@ from turnkeeper.machines import machine_for
 from turnkeeper.spec import THREAD_RECORD, RecordStatus, errors
 from turnkeeper.spec.records import FinalizeRequest, ThreadRecord
 
-from ..codec import check_text, from_json, to_json
+from ..codec import check_id, check_text, from_json, to_json
 from . import leases
 from .db import Tx, utc
 
@@ -71,8 +71,8 @@ def validate_request(req: FinalizeRequest) -> tuple[str, str, str, str, str, str
         InvalidInputError: a field is missing, mistyped or not storable.
     """
     rec = req.record
-    check_text(rec.id, "record.id", allow_empty=False)
-    check_text(rec.key, "record.key", allow_empty=False)
+    check_id(rec.id, "record.id")
+    check_id(rec.key, "record.key")
     if req.key is not None and req.key != rec.key:
         raise errors.InvalidInputError("key", "must equal record.key")
     if rec.status != RecordStatus.ACTIVE:
@@ -80,7 +80,7 @@ def validate_request(req: FinalizeRequest) -> tuple[str, str, str, str, str, str
     if req.archive_old and not req.previous_id:
         raise errors.InvalidInputError("previous_id", "archive_old needs previous_id")
     if req.previous_id is not None:
-        check_text(req.previous_id, "previous_id", allow_empty=False)
+        check_id(req.previous_id, "previous_id")
         if req.archive_old and req.previous_id == rec.id:
             raise errors.InvalidInputError("previous_id", "cannot archive the record being saved")
     for name in ("driver_type", "fingerprint", "compatibility_fingerprint", "session_codec"):
