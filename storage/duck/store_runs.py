@@ -132,7 +132,9 @@ class RunsMixin(StoreBase):
 
     def start_run(self, run_id: str, *, lease: Lease | None = None) -> Run:
         """``admitted`` → ``running``. Raises RunNotFoundError, InvalidTransitionError,
-        LeaseLostError, BusyError (no ``lease`` given and someone holds the session)."""
+        LeaseLostError (checked before the run's state: a stale holder learns it
+        lost whatever the run did since), BusyError (no ``lease`` given and
+        someone holds the session)."""
         return self._step(run_id, "start", lease)
 
     def wait_run(self, run_id: str, *, lease: Lease | None = None) -> Run:
