@@ -216,7 +216,7 @@ def test_a_foreign_duckdb_file_is_not_a_turnkeeper_database(tmp_path):
     con = duckdb.connect(str(path))
     con.execute("CREATE TABLE sessions (x INTEGER)")
     con.close()
-    with pytest.raises(turnkeeper.SchemaVersionError) as err:
+    with pytest.raises(turnkeeper.ForeignDatabaseError) as err:
         turnkeeper.open_store(str(path))
     assert "not a turnkeeper database" in str(err.value)
     con = duckdb.connect(str(path))

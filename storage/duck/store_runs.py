@@ -309,12 +309,7 @@ class RunsMixin(StoreBase):
             "model",
         ):
             check_text(getattr(state, name), name)
-        if (
-            isinstance(expected_version, bool)
-            or not isinstance(expected_version, int)
-            or expected_version < 0
-        ):
-            raise errors.InvalidInputError("expected_version", "a version is an integer >= 0")
+        check_int(expected_version, "expected_version", 0)
         return self.db.run(
             "compare_and_swap_response_state", lambda tx: lineage.swap(tx, state, expected_version)
         )
