@@ -14,6 +14,7 @@ from typing import Any
 
 import duckdb
 import pytest
+from conftest import forge
 
 import turnkeeper
 from turnkeeper import EntryKind, FinalizeRequest, ThreadRecord
@@ -101,11 +102,7 @@ def test_a_file_that_is_not_a_duckdb_database_is_refused_as_such(
 def test_schema_version_errors_say_which_way_the_versions_differ(tmp_path: Path) -> None:
     path = str(tmp_path / "future.duckdb")
     store = turnkeeper.open_store(path)
-    store.db.run(
-        "forge",
-        lambda tx: tx.exec("INSERT INTO schema_migrations VALUES (999, now())"),
-        transaction=False,
-    )
+    forge(store, "INSERT INTO schema_migrations VALUES (999, now())")
     store.close()
     for read_only in (False, True):
         with pytest.raises(errors.SchemaVersionError) as err:
