@@ -27,6 +27,8 @@ from turnkeeper.spec.entries import EntryKind
 from turnkeeper.spec.errors import (
     AlreadyExistsError,
     BusyError,
+    CheckpointError,
+    CorruptDatabaseError,
     DatabaseError,
     DataError,
     DeliveryLeaseLostError,
@@ -35,6 +37,7 @@ from turnkeeper.spec.errors import (
     DeliveryPlanConflictError,
     EntryExistsError,
     EntryNotFoundError,
+    ForeignDatabaseError,
     ForkError,
     ForkInvalidBoundaryError,
     ForkNoCompletedTurnError,
@@ -69,6 +72,7 @@ from turnkeeper.spec.errors import (
     SessionNotFoundError,
     SessionRunActiveError,
     StoreLockedError,
+    StoreNotFoundError,
     SubmissionConflictError,
     ToolCallPairingError,
     ToolExecutionConflictError,
@@ -112,9 +116,16 @@ def open_store(
 
     Raises:
         StoreLockedError: another process has the file open.
-        SchemaVersionError: the file was written by a newer turnkeeper, is not
-            a turnkeeper database, or (read-only) needs a migration.
-        InvalidInputError: ``path`` is not a usable path.
+        StoreNotFoundError: ``read_only`` and no file exists at ``path``.
+        InvalidInputError: ``path`` is not a usable path (a directory, or a
+            new file in a folder that does not exist).
+        ForeignDatabaseError: the file is not a turnkeeper database (not a
+            DuckDB file, or another application's tables).
+        SchemaVersionError: the file was written by a newer turnkeeper, or
+            (read-only) needs a migration.
+        CorruptDatabaseError: the file or its write-ahead log is corrupt (the
+            message says which and what to do).
+        DatabaseError: any other failure opening the file.
     """
     return DuckDBStore(path, clock=clock, read_only=read_only)
 
@@ -125,6 +136,8 @@ __all__ = [
     "SCHEMA_VERSION",
     "AlreadyExistsError",
     "BusyError",
+    "CheckpointError",
+    "CorruptDatabaseError",
     "DataError",
     "DatabaseError",
     "DeliveryIntent",
@@ -142,6 +155,7 @@ __all__ = [
     "EntryKind",
     "EntryNotFoundError",
     "FinalizeRequest",
+    "ForeignDatabaseError",
     "Fork",
     "ForkError",
     "ForkInvalidBoundaryError",
@@ -191,6 +205,7 @@ __all__ = [
     "SessionRunActiveError",
     "Store",
     "StoreLockedError",
+    "StoreNotFoundError",
     "SubmissionConflictError",
     "ThreadRecord",
     "ToolCallPairingError",

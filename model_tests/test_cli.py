@@ -553,7 +553,7 @@ def test_read_commands_refuse_a_missing_database(tmp_path: Path) -> None:
     for args in (["report"], ["sessions"], ["audit"], ["sessions", "show", "x"]):
         result = run(*args, "--db", missing)
         assert result.exit_code == 2, args
-        assert "no database at" in result.stderr
+        assert "StoreNotFoundError" in result.stderr and missing in result.stderr
     assert not Path(missing).exists()
 
 

@@ -219,7 +219,7 @@ def test_a_foreign_duckdb_file_is_not_a_turnkeeper_database(tmp_path):
     con = duckdb.connect(str(path))
     con.execute("CREATE TABLE sessions (x INTEGER)")
     con.close()
-    with pytest.raises(turnkeeper.SchemaVersionError) as err:
+    with pytest.raises(turnkeeper.ForeignDatabaseError) as err:
         turnkeeper.open_store(str(path))
     assert "not a turnkeeper database" in str(err.value)
     con = duckdb.connect(str(path))
@@ -490,3 +490,48 @@ def test_a_read_inside_a_missing_session_is_session_not_found(store, read):
 def test_a_lookup_of_a_missing_thing_is_none(store, lookup):
     store.create_session("ok")
     assert LOOKUPS[lookup](store) is None
+
+
+def _recovered_behind_a_stale_worker(store, clock):
+    """A worker's run whose lease expired and which recovery then ended: the
+    worker still holds its old lease object."""
+    store.create_session("sw")
+    stale = store.acquire_lease("session:sw", "worker", 1, purpose="execution")
+    run = store.admit_run("sw", {"q": 1}, lease=stale)
+    clock.advance(2)
+    rescue = store.acquire_lease("session:sw", "rec", 30, purpose="recovery")
+    store.begin_recovery(run.id, rescue)
+    store.converge_recovery(run.id, rescue, error="worker lost")
+    store.release_lease(rescue)
+    return run, stale
+
+
+STALE_AFTER_RECOVERY = {
+    "start_run": lambda s, run, lease: s.start_run(run.id, lease=lease),
+    "wait_run": lambda s, run, lease: s.wait_run(run.id, lease=lease),
+    "resume_run": lambda s, run, lease: s.resume_run(run.id, lease=lease),
+    "finish_run": lambda s, run, lease: s.finish_run(run.id, "succeeded", lease=lease),
+    "claim_tool_execution": lambda s, run, lease: s.claim_tool_execution(
+        f"{run.id}:call-1",
+        "sw",
+        local_turn_id=run.turn_id,
+        provider_call_id="call-1",
+        tool_name="read",
+        side_effecting=False,
+        run_id=run.id,
+        lease=lease,
+    ),
+    "append": lambda s, run, lease: s.append("sw", EntryKind.MESSAGE, MSG, lease=lease),
+}
+
+
+@pytest.mark.parametrize("call", sorted(STALE_AFTER_RECOVERY))
+def test_a_stale_holder_learns_it_lost_whatever_the_run_did_since(store, clock, call):
+    """Recovery ended the run behind the worker's back: every fenced write the worker
+    then tries reports its lost lease, not the run's new state."""
+    run, stale = _recovered_behind_a_stale_worker(store, clock)
+    before = [(e.id, e.kind) for e in store.entries("sw")]
+    with pytest.raises(LeaseLostError):
+        STALE_AFTER_RECOVERY[call](store, run, stale)
+    assert [(e.id, e.kind) for e in store.entries("sw")] == before
+    assert store.get_run(run.id).status == "interrupted"

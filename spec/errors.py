@@ -81,6 +81,36 @@ class ReadOnlyError(OperationalError):
     path: str
 
 
+class StoreNotFoundError(OperationalError):
+    """No database file exists at the path (a read-only open never creates one)."""
+
+    fields = ("path",)
+    path: str
+
+
+class CorruptDatabaseError(OperationalError):
+    """The database cannot be opened: one of its files is corrupt.
+
+    ``file`` is the damaged file: the database file itself, or its
+    write-ahead log (``<path>.wal``); ``detail`` says what the user can do.
+    """
+
+    fields = ("path", "file")
+    path: str
+    file: str
+
+
+class CheckpointError(OperationalError):
+    """The store closed, but its write-ahead log could not be folded into the file.
+
+    Every committed write is still in ``<path>.wal``, which the next open
+    replays; ``detail`` says why the checkpoint failed (a full disk …).
+    """
+
+    fields = ("path",)
+    path: str
+
+
 class TransactionConflictError(OperationalError):
     """A write kept losing write-write conflicts after every retry."""
 
@@ -110,12 +140,28 @@ class NotSupportedError(DatabaseError):
 
 
 class SchemaVersionError(DatabaseError):
-    """The database's schema version is newer than this turnkeeper supports."""
+    """The database's schema version is not one this turnkeeper can open as it is.
+
+    ``found`` is newer than ``supported`` (upgrade turnkeeper), or older and
+    the open was read-only (open it writable once to migrate); ``detail``
+    says which.
+    """
 
     fields = ("path", "found", "supported")
     path: str
     found: int
     supported: int
+
+
+class ForeignDatabaseError(DatabaseError):
+    """The file is not a turnkeeper database.
+
+    It is not a DuckDB database at all, or it is another application's
+    (tables, but no turnkeeper schema); nothing in it was changed.
+    """
+
+    fields = ("path",)
+    path: str
 
 
 # --- input ------------------------------------------------------------------

@@ -95,14 +95,14 @@ def check_target(target: object, field: str = "target") -> str:
 
 
 def check_lease(lease: object, field: str = "lease") -> Lease:
-    """A :class:`Lease` whose identifying fields are well-typed storable text."""
+    """A :class:`Lease` whose identifying fields are well-typed storable text and
+    whose epoch is an ``int`` from 1 to 2**63 - 1 (what the epoch column holds)."""
     if not isinstance(lease, Lease):
         raise errors.InvalidInputError(field, f"expected a Lease, got {type(lease).__name__}")
     check_target(lease.target, f"{field}.target")
     for name in ("owner", "token"):
         check_id(getattr(lease, name), f"{field}.{name}")
-    if isinstance(lease.epoch, bool) or not isinstance(lease.epoch, int) or lease.epoch < 1:
-        raise errors.InvalidInputError(f"{field}.epoch", "must be an integer of at least 1")
+    check_int(lease.epoch, f"{field}.epoch", 1)
     return lease
 
 

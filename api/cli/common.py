@@ -3,8 +3,9 @@
 Error policy: a :class:`~turnkeeper.spec.errors.TurnkeeperError` (for example
 ``StoreLockedError`` when another process holds the database file), a
 :class:`CliError` or an :class:`OSError` (a path that cannot be read or
-written) reaching the top-level group is printed as ONE line on stderr
-(``turnkeeper: …``) and the process exits with status 2, with no traceback.
+written) reaching the top-level group, and click's usage errors, are printed
+as ONE line on stderr (``turnkeeper: …``) and the process exits with status
+2, with no traceback.
 Audit failures and per-file import failures exit with 1; an interrupt
 (Ctrl-C) prints ``turnkeeper: interrupted`` and exits with 130.
 """
@@ -59,26 +60,25 @@ def db_option(default: str | None = turnkeeper.DEFAULT_PATH) -> Callable[[F], F]
 
 
 @contextmanager
-def open_db(
-    path: str, *, must_exist: bool = False, read_only: bool = False
-) -> Iterator[DuckDBStore]:
+def open_db(path: str, *, read_only: bool = False) -> Iterator[DuckDBStore]:
     """Open the store at ``path`` and close it afterwards.
 
-    With ``must_exist`` a missing file is a :class:`CliError` instead of
-    being created (read-only commands should not leave an empty file behind).
-    ``read_only`` (implies ``must_exist``) opens the file for inspection: no
-    migrations run, any write raises ``ReadOnlyError``, and other read-only
-    openers may share the file (a writing process still locks everyone out).
+    ``read_only`` opens an existing file for inspection: a missing file is
+    refused (never created), no migrations run, any write raises
+    ``ReadOnlyError``, and other read-only openers may share the file (a
+    writing process still locks everyone out). Otherwise a missing file is
+    created.
 
     Raises:
-        CliError: ``must_exist`` or ``read_only`` and there is no file at ``path``.
+        StoreNotFoundError: ``read_only`` and there is no file at ``path``.
+        InvalidInputError: ``path`` is a directory, or a new file's folder is missing.
         StoreLockedError: another process holds the file.
-        SchemaVersionError: the file was written by a newer turnkeeper, is not
-            a turnkeeper database, or (read-only) needs a migration.
+        ForeignDatabaseError: the file is not a turnkeeper database.
+        SchemaVersionError: the file was written by a newer turnkeeper, or
+            (read-only) needs a migration.
+        CorruptDatabaseError: the file or its write-ahead log is corrupt.
     """
     in_memory = path == ":memory:"
-    if (must_exist or read_only) and not in_memory and not os.path.exists(path):
-        raise CliError(f"no database at {path}")
     store = turnkeeper.open_store(path, read_only=read_only and not in_memory)
     try:
         yield store

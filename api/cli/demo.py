@@ -28,7 +28,7 @@ from turnkeeper.storage import DuckDBStore
 
 from .audit import Check, run_audit
 from .common import EXIT_FAILED, dumps, fmt_num, open_db, stdout_console
-from .fleet import FleetConfig, Worker, WorkerStats
+from .fleet import DEFAULT_TTL_S, FleetConfig, Worker, WorkerStats
 from .fleet_services import OutboxWorker, RecoveryCoordinator, Service, ServiceStats
 
 HOT_OPERATIONS = (
@@ -52,7 +52,8 @@ OUTBOX_WORKERS = 2
 
 DRAIN_S = 2.0
 """Seconds, beyond three lease TTLs, the services get after the workers stop to
-converge the last orphans and deliver the last replies."""
+converge the last orphans and deliver the last replies (the drain ends as soon
+as nothing is left to do; the demo reports its time apart from the fleet's)."""
 
 PROGRESS_TICK_S = 0.1
 """Seconds between progress-bar refreshes (and checks for finished workers)."""
@@ -143,8 +144,13 @@ def _wait(
     workers: list[Worker],
     cfg: FleetConfig,
     console: Console | None,
+    stop: threading.Event,
+    deadline: float,
 ) -> None:
-    """Wait for the workers, showing a time-based progress bar on ``console`` if given."""
+    """Wait for the workers, showing a time-based progress bar on ``console`` if given.
+
+    At ``deadline`` (monotonic seconds) it sets ``stop``, so that a worker in
+    the middle of a stall stops waiting instead of outliving the fleet's time."""
     start = time.monotonic()
     progress = Progress(
         TextColumn("[bold]fleet"),
@@ -160,6 +166,8 @@ def _wait(
     with progress:
         task = progress.add_task("fleet", total=cfg.duration_s, turns=0, fenced=0, busy=0)
         while alive := [t for t in threads if t.is_alive()]:
+            if time.monotonic() >= deadline:
+                stop.set()
             stats = [w.stats for w in workers]
             progress.update(
                 task,
@@ -176,10 +184,17 @@ def _wait(
 
 
 def run_fleet(store: DuckDBStore, cfg: FleetConfig, console: Console | None) -> dict[str, Any]:
-    """Run the fleet for ``cfg.duration_s`` seconds, audit the result, return the figures.
+    """Run the fleet for ``cfg.duration_s`` seconds, drain, audit the result, return
+    the figures.
 
-    ``console`` shows a progress bar while it runs (``None``: no bar). The
-    returned dict is what ``--json`` prints; ``audit`` holds one dict per
+    The workers run for ``cfg.duration_s`` seconds (``fleet_s`` is the time
+    they took to stop: the operation each had in flight at the deadline
+    finishes first). Then the drain (``drain_s``) gives the recovery
+    coordinators and outbox workers up to three lease TTLs plus
+    :data:`DRAIN_S` to converge the orphans the workers left and settle the
+    outbox; it ends as soon as nothing is left. ``elapsed_s`` is the total.
+    ``console`` shows a progress bar while the fleet runs (``None``: no bar).
+    The returned dict is what ``--json`` prints; ``audit`` holds one dict per
     check and ``audit_passed`` whether all passed.
     """
     session_ids = ensure_sessions(store, cfg)
@@ -212,10 +227,11 @@ def run_fleet(store: DuckDBStore, cfg: FleetConfig, console: Console | None) -> 
     for t in [*threads, *service_threads]:
         t.start()
     try:
-        _wait(threads, workers, cfg, console)
+        _wait(threads, workers, cfg, console, stop, deadline)
         stop.set()
         for t in threads:
             t.join()
+        fleet_s = time.monotonic() - t0
         _drain(store, service_stop, 3 * cfg.ttl_s + DRAIN_S)
     finally:
         stop.set()
@@ -226,6 +242,7 @@ def run_fleet(store: DuckDBStore, cfg: FleetConfig, console: Console | None) -> 
     statements = stats_delta(before, store.statement_stats())
     stats = [w.stats for w in workers]
     figures = summarize(stats, cfg, elapsed, statements)
+    figures.update(fleet_s=round(fleet_s, 3), drain_s=round(elapsed - fleet_s, 3))
     service_stats = ServiceStats.merged([s.stats for s in services])
     figures.update(services_summary(service_stats))
     figures["takeovers"] = _count_takeovers(store, session_ids, started_at)
@@ -268,17 +285,25 @@ def run_fleet(store: DuckDBStore, cfg: FleetConfig, console: Console | None) -> 
     return figures
 
 
+UNSETTLED_SQL = (
+    "SELECT (SELECT count(*) FROM active_runs) + (SELECT count(*) FROM delivery_operations o "
+    "LEFT JOIN delivery_operations d ON d.id = o.depends_on "
+    "WHERE o.status NOT IN ('delivered', 'unsupported', 'failed', 'uncertain') "
+    "AND coalesce(d.status NOT IN ('failed', 'uncertain'), TRUE)) AS n"
+)
+"""What the drain waits for: non-terminal runs, and delivery operations that are
+not terminal and not blocked for good by a failed or uncertain dependency (a
+``send`` whose ``upload`` failed is never claimable; the demo's plans have one
+level of dependency)."""
+
+
 def _drain(store: DuckDBStore, stop: threading.Event, limit_s: float) -> None:
     """Give the services up to ``limit_s`` seconds to converge every orphan and
-    settle every delivery (stops early once nothing is left)."""
+    settle every delivery (stops early once nothing is left, see
+    :data:`UNSETTLED_SQL`)."""
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline and not stop.is_set():
-        settled = store.query(
-            "SELECT (SELECT count(*) FROM active_runs) + (SELECT count(*) FROM "
-            "delivery_operations WHERE status NOT IN ('delivered', 'unsupported', 'failed', "
-            "'uncertain')) AS n"
-        )
-        if settled.column("n")[0].as_py() == 0:
+        if store.query(UNSETTLED_SQL).column("n")[0].as_py() == 0:
             return
         stop.wait(PROGRESS_TICK_S)
 
@@ -288,6 +313,7 @@ def services_summary(stats: ServiceStats) -> dict[str, Any]:
     ttr = sorted(stats.time_to_recovery_s)
     return {
         "recoveries_converged": stats.recoveries_converged,
+        "recovery_leases_lost": stats.recovery_lost,
         "tools_interrupted": stats.tools_interrupted,
         "time_to_recovery_s": {
             "median": round(ttr[len(ttr) // 2], 3) if ttr else None,
@@ -302,6 +328,7 @@ def services_summary(stats: ServiceStats) -> dict[str, Any]:
             "uncertain": stats.uncertain,
             "repeated_acks": stats.repeated_acks,
             "stale_acks_fenced": stats.stale_acks_fenced,
+            "claims_lost": stats.claims_lost,
         },
     }
 
@@ -363,7 +390,8 @@ def render(console: Console, figures: dict[str, Any]) -> None:
     table = Table(
         title=(
             f"turnkeeper demo: {figures['workers']} workers, {figures['sessions']} sessions, "
-            f"{figures['elapsed_s']:.1f} s, seed {figures['seed']}, ttl {figures['ttl_s']} s"
+            f"{figures['fleet_s']:.1f} s fleet + {figures['drain_s']:.1f} s drain, "
+            f"seed {figures['seed']}, ttl {figures['ttl_s']} s"
         ),
         title_justify="left",
     )
@@ -391,7 +419,8 @@ def render(console: Console, figures: dict[str, Any]) -> None:
             fmt_num(f["recoveries_converged"]),
             f"left by {f['crashes']} crashes, {f['stalls']} stalls and "
             f"{f['lost_mid_turn']} leases lost mid-turn; {f['tools_interrupted']} tool "
-            f"calls interrupted; median {ttr['median']} s, max {ttr['max']} s to recovery",
+            f"calls interrupted; median {ttr['median']} s, max {ttr['max']} s to recovery; "
+            f"{f['recovery_leases_lost']} recovery leases lost (fenced, retried)",
         ),
         (
             "replies delivered",
@@ -399,7 +428,8 @@ def render(console: Console, figures: dict[str, Any]) -> None:
             f"{d['claims']:,} claims won, {d['claim_refusals']:,} lost to another worker; "
             f"{d['requeued']} "
             f"requeued, {d['failed']} failed, {d['uncertain']} uncertain, "
-            f"{d['repeated_acks']} repeated acks, {d['stale_acks_fenced']} stale acks fenced",
+            f"{d['repeated_acks']} repeated acks, {d['stale_acks_fenced']} stale acks fenced, "
+            f"{d['claims_lost']} claims expired before the ack (fenced, retried)",
         ),
         (
             "admissions refused",
@@ -467,9 +497,9 @@ def render(console: Console, figures: dict[str, Any]) -> None:
 @click.option(
     "--ttl",
     type=Seconds(0.0, MAX_TTL_S),
-    default=0.5,
+    default=DEFAULT_TTL_S,
     show_default=True,
-    help="Lease TTL in seconds (> 0, at most an hour).",
+    help="Lease and outbox claim TTL in seconds (> 0, at most an hour); stalls sleep past it.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @click.pass_context
@@ -487,7 +517,11 @@ def demo_command(
 
     Workers take session leases (TTL in seconds), append pi-style turns,
     finalize thread records, and now and then stall past the TTL (their late
-    writes must be fenced) or abandon a lease (a later worker takes it over).
+    writes must be fenced), crash mid-run or abandon a lease (a later worker
+    takes it over). Recovery coordinators converge the orphans and outbox
+    workers deliver the replies. After SECONDS the workers stop and the
+    drain gives the services up to three TTLs + 2 s to finish; the title
+    shows both times (fleet_s, drain_s and elapsed_s in JSON).
     Prints the figures and an audit of the stored data as a table (or one
     JSON object with --json) and the database file used; exits 1 if any audit
     check fails. The default database is turnkeeper-demo.duckdb, apart from the

@@ -77,7 +77,15 @@ MAX_ATTEMPTS = 3
 """Attempts a demo request gets: an interrupted run is retried up to this many times."""
 
 STALL_MARGIN_S = 0.15
-"""Seconds a stalled worker sleeps beyond the lease TTL."""
+"""Seconds a stalled worker sleeps beyond the lease TTL. The lease was granted
+before the stall began, so any margin outlives it, however slow the machine."""
+
+DEFAULT_TTL_S = 2.0
+"""The fleet's default lease and claim TTL, in seconds. A worker renews its
+session lease before it ends a run and again before it finalizes; the TTL has
+to cover the calls between two renewals on a loaded machine (at 0.5 s, a
+machine with twice as many busy processes as cores lost a quarter of its turns
+to expired leases and outbox claims); stalls still sleep past it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +96,7 @@ class FleetConfig:
     sessions: int = 20
     duration_s: float = 20.0
     seed: int = 0
-    ttl_s: float = 0.5
+    ttl_s: float = DEFAULT_TTL_S
     stall_p: float = 0.15
     abandon_p: float = 0.05
     crash_p: float = 0.06
@@ -429,10 +437,11 @@ class Worker:
 
     def _stall(self, it: int, sid: str, lease: Lease, run: Run) -> None:
         """Stall past the TTL mid-run, then try to write, end the run and finalize
-        with the old lease: all three must be refused."""
-        self.stats.stalls += 1
+        with the old lease: all three must be refused. ``stalls`` counts the
+        stalls that got that far (the fleet's end cuts a stall short)."""
         if self.stop.wait(self.cfg.ttl_s + STALL_MARGIN_S):
             return  # interrupted: the lease may still be live, so test nothing
+        self.stats.stalls += 1
         m = self._marker(it, 1)
         stale = {"role": "assistant", "content": [_text(m, "late")], "timestamp": _ms()}
         try:

@@ -4,10 +4,12 @@
 Every command takes ``--db PATH`` (default ``turnkeeper.duckdb`` in the
 current directory; ``demo`` defaults to ``turnkeeper-demo.duckdb``). A
 turnkeeper error (for example ``StoreLockedError`` when another process
-holds the database) or an OS error (a path that cannot be read or written)
-prints one line on stderr and exits 2, without a traceback; failed audits
-and failed import files exit 1; an interrupt (Ctrl-C) prints one line and
-exits 130.
+holds the database, ``SessionNotFoundError`` for an unknown id), an OS error
+(a path that cannot be read or written) or bad usage (a bad option value, a
+missing argument, an unknown command) prints one line on stderr and exits 2,
+without a traceback; failed audits and failed import files exit 1; an
+interrupt (Ctrl-C) prints one line and exits 130. Only ``turnkeeper`` with
+no arguments prints its whole help (on stderr, exit 2).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 import click
 
-from turnkeeper.spec.errors import TurnkeeperError
+from turnkeeper.spec.errors import SessionNotFoundError, TurnkeeperError
 
 from .audit import run_audit
 from .common import (
@@ -36,13 +38,40 @@ from .sessions_view import sessions_group
 from .transfer import export_command, import_command
 
 
+def _usage_line(exc: click.UsageError) -> str:
+    """A usage error as one line: click's message and where to read more."""
+    where = exc.ctx.command_path if exc.ctx is not None else "turnkeeper"
+    return f"turnkeeper: error: {one_line(exc.format_message())} (see '{where} --help')"
+
+
 class TurnkeeperGroup(click.Group):
-    """A click group that turns turnkeeper errors, command errors and OS errors into
-    one stderr line and exit status 2, and an interrupt into one line and 130."""
+    """A click group that turns turnkeeper errors, command errors, usage errors and
+    OS errors into one stderr line and exit status 2, and an interrupt into one
+    line and 130."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        """Parse the group's own options; a usage error there is one line, exit 2."""
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.exceptions.NoArgsIsHelpError:
+            raise  # no arguments at all: the whole help is the answer
+        except click.UsageError as exc:
+            click.echo(_usage_line(exc), err=True)
+            raise click.exceptions.Exit(EXIT_ERROR) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:  # a subcommand's options, arguments or name
+            click.echo(_usage_line(exc), err=True)
         except TurnkeeperError as exc:
             click.echo(f"turnkeeper: {type(exc).__name__}: {one_line(str(exc))}", err=True)
         except CliError as exc:
@@ -77,9 +106,13 @@ def audit_command(ctx: click.Context, db: str, sessions: tuple[str, ...], as_jso
     """Check a stored database's invariants: lease epochs 1,2,3… per target, no
     entry written under a lost lease, one active thread record per key, well
     formed session trees, grants stamped after the epoch they replaced. Prints
-    one line per check (or one JSON object); exits 1 if any check fails.
+    one line per check (or one JSON object); exits 1 if any check fails, and 2
+    (SessionNotFoundError) if a --session id names no session.
     """
     with open_db(db, read_only=True) as store:
+        for session_id in sessions:  # an unknown id is refused, not audited as empty
+            if store.get_session(session_id) is None:
+                raise SessionNotFoundError(session_id)
         checks = run_audit(store, list(sessions) or None)
     if as_json:
         click.echo(

@@ -4,7 +4,9 @@
 ``sessions list``) prints a table of sessions newest first: id, title, cwd,
 entry count and creation time (UTC), paging through ``list_sessions`` with
 its cursor. ``turnkeeper sessions show ID`` prints the session's entry tree:
-each entry's kind, short id and a one-line summary, with the current leaf
+each entry's kind, short id (:func:`short_ids`: a prefix that tells the
+session's entries apart, plus the suffix of ids derived from a run, such as
+``01a23082-e5a4:turn-start``) and a one-line summary, with the current leaf
 and labels marked. Linear stretches of the tree are printed flat; where the
 tree forks, each child branch is an indented ``branch i/n`` node.
 """
@@ -12,7 +14,7 @@ tree forks, each child branch is an indented ``branch i/n`` node.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import click
@@ -33,7 +35,42 @@ SUMMARY_CHARS = 90
 """Longest one-line summary of an entry."""
 
 SHORT_ID = 8
-"""Characters of an entry id shown in the tree."""
+"""Fewest characters of an entry id's base shown in the tree (see :func:`short_ids`)."""
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def short_ids(ids: Iterable[str], minimum: int = SHORT_ID) -> dict[str, str]:
+    """A short display form of each id that still tells them apart: ``{id: shown}``.
+
+    An id ``<base>:<suffix>`` (the store derives entry ids from their run:
+    ``<run id>:turn-start``, ``<run id>:user`` …) shows its base cut short and
+    its whole suffix; any other id is all base. A base is cut to its shortest
+    prefix of at least ``minimum`` characters that no other base among
+    ``ids`` shares: UUIDv7 run ids share their first 8 characters (a time
+    prefix) for about a minute, so theirs are longer. A prefix never ends
+    with ``-``. Two ids never get the same form.
+    """
+    parts = {i: i.partition(":") for i in ids}
+    bases = sorted({base for base, _, _ in parts.values()})
+    cut: dict[str, str] = {}
+    for k, base in enumerate(bases):
+        shared = max(
+            _common_prefix(base, bases[k - 1]) if k > 0 else 0,
+            _common_prefix(base, bases[k + 1]) if k + 1 < len(bases) else 0,
+        )
+        n = min(len(base), max(minimum, shared + 1))
+        while n < len(base) and base[n - 1] == "-":
+            n += 1
+        cut[base] = base[:n]
+    return {i: cut[base] + sep + suffix for i, (base, sep, suffix) in parts.items()}
 
 
 def fetch_sessions(store: DuckDBStore, limit: int, search: str | None) -> list[Session]:
@@ -132,8 +169,10 @@ def _message_summary(message: Mapping[str, Any]) -> str:
     return f"{role}: {body}"
 
 
-def summarize_entry(entry: Entry) -> str:
-    """A one-line summary of an entry: role and text for messages, the key field otherwise."""
+def summarize_entry(entry: Entry, shown: Mapping[str, str] | None = None) -> str:
+    """A one-line summary of an entry: role and text for messages, the key field
+    otherwise. ``shown`` maps entry ids to their display form (:func:`short_ids`),
+    for the entry a label names."""
     p = entry.payload
     kind = entry.kind
     if kind == "message" and isinstance(p.get("message"), Mapping):
@@ -145,7 +184,8 @@ def summarize_entry(entry: Entry) -> str:
     elif kind == "session_info":
         text = f"title: {p.get('name', '')}"
     elif kind == "label":
-        target = str(p.get("targetId", ""))[:SHORT_ID]
+        target_id = str(p.get("targetId", ""))
+        target = (shown or {}).get(target_id, target_id[:SHORT_ID])
         text = f"{target} = {p['label']}" if "label" in p else f"{target} cleared"
     elif kind in ("compaction", "branch_summary"):
         text = str(p.get("summary", ""))
@@ -160,11 +200,13 @@ def summarize_entry(entry: Entry) -> str:
     return _clip(text)
 
 
-def _label(entry: Entry, on_path: bool, is_leaf: bool, label: str | None) -> Text:
+def _label(
+    entry: Entry, shown: Mapping[str, str], on_path: bool, is_leaf: bool, label: str | None
+) -> Text:
     line = Text()
     line.append(entry.kind, style="cyan" if on_path else "dim cyan")
-    line.append(f" {entry.id[:SHORT_ID]} ", style="dim")
-    line.append(summarize_entry(entry), style="" if on_path else "dim")
+    line.append(f" {shown[entry.id]} ", style="dim")
+    line.append(summarize_entry(entry, shown), style="" if on_path else "dim")
     if label is not None:
         line.append(f" [{label}]", style="bold yellow")
     if is_leaf:
@@ -175,6 +217,7 @@ def _label(entry: Entry, on_path: bool, is_leaf: bool, label: str | None) -> Tex
 def build_tree(session: Session, entries: Sequence[Entry], labels: Mapping[str, str]) -> Tree:
     """The session as a rich Tree (see the module docstring for the layout)."""
     by_id = {e.id: e for e in entries}
+    shown_ids = short_ids(by_id)
     children: dict[str | None, list[Entry]] = {}
     for e in entries:  # in seq order, so siblings keep their append order
         parent = e.parent_id if e.parent_id in by_id else None
@@ -208,7 +251,13 @@ def build_tree(session: Session, entries: Sequence[Entry], labels: Mapping[str, 
         while entry.id not in shown:
             shown.add(entry.id)
             node = container.add(
-                _label(entry, entry.id in path, entry.id == session.leaf_id, labels.get(entry.id))
+                _label(
+                    entry,
+                    shown_ids,
+                    entry.id in path,
+                    entry.id == session.leaf_id,
+                    labels.get(entry.id),
+                )
             )
             kids = children.get(entry.id, [])
             if len(kids) == 1:

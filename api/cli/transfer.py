@@ -30,7 +30,12 @@ def _file_dict(fi: Any) -> dict[str, Any]:
 
 
 @click.command("import")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument(
+    "paths",
+    nargs=-1,
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, readable=True),
+)
 @db_option()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
@@ -39,8 +44,10 @@ def import_command(ctx: click.Context, paths: tuple[str, ...], db: str, as_json:
 
     Prints one line per file (path, session id, format version, entries
     added and skipped) and every repaired or opaque line as an issue line
-    ``path:line: kind: detail`` on stderr. A file that cannot be imported is
-    reported on stderr and the others continue; exits 1 if any file failed.
+    ``path:line: kind: detail`` on stderr. A path that does not exist, is a
+    directory or cannot be read is refused before anything is imported (exit
+    2). A file whose content cannot be imported is reported on stderr and the
+    others continue; exits 1 if any file failed.
     """
     imported: list[dict[str, Any]] = []
     failed: list[dict[str, str]] = []
@@ -98,4 +105,4 @@ def export_command(session_id: str, db: str, output: str | None) -> None:
         try:
             pi.export_file(store, session_id, output)
         except OSError as exc:
-            raise CliError(f"cannot write {output}: {exc}") from exc
+            raise CliError(f"cannot write {output}: {exc.strerror or exc}") from exc

@@ -415,7 +415,8 @@ def export_file(store: Store, session_id: str, path: str | os.PathLike[str]) -> 
 
     Raises:
         SessionNotFoundError: no session has this id; nothing is written.
-        OSError: the file cannot be written (``ELOOP`` for a symlink loop).
+        OSError: the file cannot be written (``ELOOP`` for a symlink loop); its
+            ``filename`` is ``path`` as given, never the temporary file's.
     """
     target = _resolve_target(path)
     lines = list(export_lines(store, session_id))
@@ -423,17 +424,22 @@ def export_file(store: Store, session_id: str, path: str | os.PathLike[str]) -> 
         mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
     except FileNotFoundError:
         mode = None
-    fd, tmp = _create_beside(target)
     try:
-        with os.fdopen(fd, "wb") as out:
-            if mode is not None:
-                os.fchmod(out.fileno(), mode)
-            out.write("".join(f"{line}\n" for line in lines).encode("utf-8"))
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, target)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+        fd, tmp = _create_beside(target)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                if mode is not None:
+                    os.fchmod(out.fileno(), mode)
+                out.write("".join(f"{line}\n" for line in lines).encode("utf-8"))
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, target)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+    except OSError as exc:  # name the file the caller asked for, not the temporary one
+        if exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror, os.fspath(path)) from exc
     return len(lines)
 
 

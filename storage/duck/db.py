@@ -78,7 +78,10 @@ class Conflict(Exception):
 def translate(exc: duckdb.Error, path: str) -> errors.DatabaseError:
     """Map a DuckDB exception to the project's PEP 249-style class (dialect lives here)."""
     text = str(exc)
-    if isinstance(exc, duckdb.IOException) and "lock" in text.lower():
+    lowered = text.lower()
+    if isinstance(exc, duckdb.IOException) and (
+        "could not set lock" in lowered or "conflicting lock" in lowered
+    ):
         return errors.StoreLockedError(path, detail=text)
     if "read-only mode" in text:
         return errors.ReadOnlyError(path, detail=text)
@@ -99,6 +102,55 @@ def translate(exc: duckdb.Error, path: str) -> errors.DatabaseError:
         if isinstance(exc, source):
             return target(detail=text)
     return errors.DatabaseError(detail=text)
+
+
+WAL_ADVICE = (
+    "the write-ahead log {wal} is corrupt, so the writes it holds cannot be replayed: "
+    "restore the database and its .wal from a backup, or move {wal} aside to open the "
+    "state of the last checkpoint (the writes made after it are lost)"
+)
+"""What :func:`open_error` says about a write-ahead log DuckDB cannot replay."""
+
+
+def open_error(exc: duckdb.Error, path: str) -> errors.DatabaseError:
+    """Translate a failure to open ``path`` (DuckDB's connect, which also replays the
+    write-ahead log): a corrupt WAL or file, or a file that is not a DuckDB
+    database, gets its own class and a message saying what the user can do;
+    anything else goes through :func:`translate`."""
+    text = str(exc)
+    wal = f"{path}.wal"
+    if "while replaying WAL" in text:
+        detail = f"{WAL_ADVICE.format(wal=wal)}; DuckDB said: {text}"
+        return errors.CorruptDatabaseError(path, wal, detail=detail)
+    if "Corrupt database file" in text:
+        detail = f"the database file is corrupt: restore it from a backup; DuckDB said: {text}"
+        return errors.CorruptDatabaseError(path, path, detail=detail)
+    if "not a valid DuckDB database file" in text:
+        return errors.ForeignDatabaseError(path, detail=f"not a DuckDB database file: {text}")
+    if "database does not exist" in text:  # read-only, and the file went missing meanwhile
+        return errors.StoreNotFoundError(path, detail=text)
+    return translate(exc, path)
+
+
+def check_file(path: str, *, read_only: bool) -> None:
+    """Refuse a ``path`` that cannot hold a database before DuckDB tries it.
+
+    Raises:
+        InvalidInputError: ``path`` is a directory, or (to create a file) its
+            folder does not exist.
+        StoreNotFoundError: ``read_only`` and there is no file at ``path``.
+    """
+    if path == ":memory:":
+        return
+    if os.path.isdir(path):
+        raise errors.InvalidInputError("path", f"{path} is a directory, not a database file")
+    if read_only and not os.path.exists(path):
+        raise errors.StoreNotFoundError(path)
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder):
+        raise errors.InvalidInputError(
+            "path", f"the folder {folder} does not exist (a new database file needs one)"
+        )
 
 
 def utc(value: datetime) -> datetime:
@@ -289,6 +341,9 @@ class Database:
 
     Raises (from the constructor):
         StoreLockedError: another process holds the file.
+        StoreNotFoundError, InvalidInputError: see :func:`check_file`.
+        CorruptDatabaseError: the file or its write-ahead log is corrupt.
+        ForeignDatabaseError: the file is not a DuckDB database.
         DatabaseError: any other failure opening it.
     """
 
@@ -296,11 +351,12 @@ class Database:
         self.path = path if path == ":memory:" else os.path.abspath(path)
         self.clock = clock
         self.read_only = read_only
+        check_file(self.path, read_only=read_only)
         try:
             self._con = duckdb.connect(self.path, read_only=read_only)
             _configure(self._con)
         except duckdb.Error as exc:
-            raise translate(exc, self.path) from exc
+            raise open_error(exc, self.path) from exc
         self._write_lock = _write_lock(self.path)
         self._local = threading.local()
         self._cursors: set[duckdb.DuckDBPyConnection] = set()
@@ -347,12 +403,19 @@ class Database:
                 self._idle.notify_all()
 
     def close(self) -> None:
-        """Close the store once the operations already running have finished.
+        """Checkpoint and close the store once the operations already running have
+        finished.
 
         New operations raise ``InterfaceError`` from the moment ``close`` is
-        called; the file lock is released when it returns. Idempotent.
+        called; the file lock is released when it returns or raises.
+        Idempotent. A writable file store first runs an explicit
+        ``CHECKPOINT``, which folds the write-ahead log into the database
+        file: DuckDB's own checkpoint at close ignores a failure silently.
 
         Raises:
+            CheckpointError: the checkpoint failed (a full disk …). The store
+                is closed all the same and nothing committed is lost: the
+                ``.wal`` keeps every write and the next open replays it.
             OperationalError: DuckDB failed to close the file.
         """
         with self._lock:
@@ -361,12 +424,24 @@ class Database:
             self._closed = True
             while self._inflight:
                 self._idle.wait()
+            failed: duckdb.Error | None = None
+            if not self.read_only and self.path != ":memory:":
+                try:
+                    self._con.execute("CHECKPOINT")
+                except duckdb.Error as exc:
+                    failed = exc
             try:
                 for cur in self._cursors:
                     cur.close()
                 self._con.close()
             except duckdb.Error as exc:
                 raise translate(exc, self.path) from exc
+            if failed is not None:
+                raise errors.CheckpointError(
+                    self.path,
+                    detail=f"every committed write is kept in {self.path}.wal, which the "
+                    f"next open replays; DuckDB said: {failed}",
+                ) from failed
 
     # -- transactions ------------------------------------------------------------
 

@@ -264,8 +264,12 @@ def step(tx: Tx, run_id: str, trigger: str, lease: Lease | None) -> Run:
         RunNotFoundError, InvalidTransitionError, LeaseLostError.
     """
     run = _load(tx, run_id)
+    target = session_target(run.session_id)
+    if lease is not None:  # a stale holder learns it lost, whatever the run did since
+        leases.fence_or_unheld(tx, target, lease)
     edge = _MACHINE.require(trigger, run.status, {})
-    leases.fence_or_unheld(tx, session_target(run.session_id), lease)
+    if lease is None:  # without a lease, nobody else may hold the session
+        leases.fence_or_unheld(tx, target, None)
     moved = _move(tx, run, edge)
     _event(tx, moved, edge, f"{run_id}:{trigger}:{secrets.token_hex(4)}", {})
     return moved

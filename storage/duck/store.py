@@ -55,9 +55,14 @@ class DuckDBStore(SessionsMixin, RunsMixin, RecoveryMixin, DeliveryMixin, ToolsM
 
     Raises (from the constructor):
         StoreLockedError: another process has the file open.
+        StoreNotFoundError: ``read_only`` and there is no file at ``path``.
+        InvalidInputError: ``path`` is not a usable path (a directory, or a new
+            file in a folder that does not exist).
+        ForeignDatabaseError: the file is not a DuckDB database, or holds
+            another application's tables (no turnkeeper schema).
         SchemaVersionError: the file's schema is newer than this turnkeeper's,
-            older (read-only), or it is not a turnkeeper database.
-        InvalidInputError: ``path`` is not a usable path.
+            or older and the open is read-only.
+        CorruptDatabaseError: the file or its write-ahead log is corrupt.
         DatabaseError: any other failure opening the file.
     """
 
@@ -82,27 +87,40 @@ class DuckDBStore(SessionsMixin, RunsMixin, RecoveryMixin, DeliveryMixin, ToolsM
         """The file's schema version; ``None`` when it has no turnkeeper schema.
 
         Raises:
-            SchemaVersionError: tables exist but no ``schema_migrations``
-                (another application's database), or the version is newer.
+            ForeignDatabaseError: tables exist but no ``schema_migrations``
+                (another application's database).
+            SchemaVersionError: the version is newer than this turnkeeper's.
         """
-        tables = {r[0] for r in tx.rows("SELECT table_name FROM duckdb_tables()")}
+        tables = sorted(r[0] for r in tx.rows("SELECT table_name FROM duckdb_tables()"))
         if "schema_migrations" not in tables:
             if tables:
-                raise errors.SchemaVersionError(
-                    self.path, 0, SCHEMA_VERSION, detail="not a turnkeeper database"
+                shown = ", ".join(tables[:5]) + (", …" if len(tables) > 5 else "")
+                raise errors.ForeignDatabaseError(
+                    self.path,
+                    detail=f"it holds tables ({shown}) but no turnkeeper schema_migrations",
                 )
             return None
         row = tx.one("SELECT coalesce(max(version), 0) FROM schema_migrations")
         found = int(row[0]) if row else 0
         if found > SCHEMA_VERSION:
-            raise errors.SchemaVersionError(self.path, found, SCHEMA_VERSION)
+            raise errors.SchemaVersionError(
+                self.path,
+                found,
+                SCHEMA_VERSION,
+                detail="it was written by a newer turnkeeper: upgrade turnkeeper to open it",
+            )
         return found
 
     def _check_schema(self, tx: Tx) -> None:
         found = self._found_version(tx)
         if found != SCHEMA_VERSION:
+            what = "no turnkeeper schema yet" if not found else "an older schema"
             raise errors.SchemaVersionError(
-                self.path, found or 0, SCHEMA_VERSION, detail="read-only: cannot migrate"
+                self.path,
+                found or 0,
+                SCHEMA_VERSION,
+                detail=f"it has {what} and a read-only open cannot migrate: "
+                "open it writable once to migrate it",
             )
 
     def _migrate(self, tx: Tx) -> None:
@@ -128,14 +146,29 @@ class DuckDBStore(SessionsMixin, RunsMixin, RecoveryMixin, DeliveryMixin, ToolsM
         return int(row[0]) if row else 0
 
     def close(self) -> None:
-        """Close the store; later calls raise ``InterfaceError``."""
+        """Checkpoint and close the store; later calls raise ``InterfaceError``.
+        Idempotent.
+
+        Raises:
+            CheckpointError: the final checkpoint failed (a full disk …): the
+                store is closed all the same, and every committed write is
+                kept in the ``.wal`` file, which the next open replays.
+            OperationalError: DuckDB failed to close the file.
+        """
         self.db.close()
 
     def __enter__(self) -> DuckDBStore:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        """Close the store. When the block is already raising, a failure to close is
+        added to that exception as a note instead of replacing it."""
+        try:
+            self.close()
+        except errors.TurnkeeperError as err:
+            if exc is None:
+                raise
+            exc.add_note(f"closing the store also failed: {type(err).__name__}: {err}")
 
     def statement_stats(self) -> dict[str, dict[str, float]]:
         """Per operation: calls, statements per call (BEGIN/COMMIT included), retries."""

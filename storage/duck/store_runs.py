@@ -148,7 +148,9 @@ class RunsMixin(StoreBase):
 
     def start_run(self, run_id: str, *, lease: Lease | None = None) -> Run:
         """``admitted`` → ``running``. Raises RunNotFoundError, InvalidTransitionError,
-        LeaseLostError, BusyError (no ``lease`` given and someone holds the session)."""
+        LeaseLostError (checked before the run's state: a stale holder learns it
+        lost whatever the run did since), BusyError (no ``lease`` given and
+        someone holds the session)."""
         return self._step(run_id, "start", lease)
 
     def wait_run(self, run_id: str, *, lease: Lease | None = None) -> Run:
@@ -337,12 +339,7 @@ class RunsMixin(StoreBase):
             "model",
         ):
             check_text(getattr(state, name), name)
-        if (
-            isinstance(expected_version, bool)
-            or not isinstance(expected_version, int)
-            or expected_version < 0
-        ):
-            raise errors.InvalidInputError("expected_version", "a version is an integer >= 0")
+        check_int(expected_version, "expected_version", 0)
         check_session_lease(state.session_id, lease)
         return self._fenced(
             "compare_and_swap_response_state",

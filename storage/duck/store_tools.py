@@ -79,7 +79,8 @@ class ToolsMixin(StoreBase):
                 (``field`` names what differs, ``run_id`` the owning run).
             SessionNotFoundError: no such session.
             RunNotFoundError: ``run_id`` names no run.
-            LeaseLostError: ``lease`` is no longer valid.
+            LeaseLostError: ``lease`` is no longer valid (checked before the
+                run: a stale holder learns it lost whatever its run did since).
             BusyError: no ``lease`` given and someone holds the session.
             InvalidInputError: a bad argument, or ``run_id`` is in another
                 session, has ended, or runs another turn than ``local_turn_id``.

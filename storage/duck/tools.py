@@ -215,6 +215,8 @@ def claim(tx: Tx, columns: Mapping[str, Any], lease: Lease | None) -> tuple[Tool
         return found, False
     session_id = columns["session_id"]
     _session(tx, session_id)
+    if lease is not None:  # a stale holder learns it lost, whatever its run did since
+        _no_other_owner(tx, session_id, lease)
     run_id = columns["run_id"]
     if run_id is not None:
         run = runs.get(tx, run_id)
@@ -228,7 +230,8 @@ def claim(tx: Tx, columns: Mapping[str, Any], lease: Lease | None) -> tuple[Tool
             raise errors.InvalidInputError(
                 "local_turn_id", f"run {run_id!r} runs turn {run.turn_id!r}"
             )
-    _no_other_owner(tx, session_id, lease)
+    if lease is None:  # without a lease, nobody else may hold the session
+        _no_other_owner(tx, session_id, None)
     edge = _MACHINE.require("claim", "absent", {"side_effecting": columns["side_effecting"]})
     values = {
         **columns,

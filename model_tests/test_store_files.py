@@ -1,0 +1,252 @@
+"""Opening and closing a store file: each way it can fail is a typed error that says
+what happened and what the user can do, with DuckDB's exception as ``__cause__``."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from conftest import forge
+
+import turnkeeper
+from turnkeeper import EntryKind, FinalizeRequest, ThreadRecord
+from turnkeeper.spec import errors
+
+MSG = {"message": {"role": "user", "content": "x"}}
+
+
+def roundtrip(exc: errors.TurnkeeperError) -> None:
+    copy = pickle.loads(pickle.dumps(exc))
+    assert type(copy) is type(exc) and str(copy) == str(exc)
+
+
+# -- paths that hold no database ---------------------------------------------------------
+
+
+def test_a_read_only_open_of_a_missing_file_says_it_is_not_there(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.duckdb"
+    with pytest.raises(errors.StoreNotFoundError) as err:
+        turnkeeper.open_store(str(missing), read_only=True)
+    assert not isinstance(err.value, errors.ReadOnlyError)
+    assert isinstance(err.value, errors.OperationalError)
+    assert err.value.path == str(missing)
+    assert "writes" not in str(err.value)
+    assert not missing.exists()
+    roundtrip(err.value)
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_directory_is_not_a_usable_path(tmp_path: Path, read_only: bool) -> None:
+    with pytest.raises(errors.InvalidInputError) as err:
+        turnkeeper.open_store(str(tmp_path), read_only=read_only)
+    assert err.value.field == "path" and "directory" in err.value.reason
+
+
+def test_a_path_in_a_missing_folder_is_not_a_usable_path(tmp_path: Path) -> None:
+    target = tmp_path / "no-such-folder" / "x.duckdb"
+    with pytest.raises(errors.InvalidInputError) as err:
+        turnkeeper.open_store(str(target))
+    assert err.value.field == "path" and "folder" in err.value.reason
+    assert str(target.parent) in err.value.reason
+    with pytest.raises(errors.StoreNotFoundError):
+        turnkeeper.open_store(str(target), read_only=True)
+    assert not target.parent.exists()
+
+
+# -- files that are not (this) turnkeeper's --------------------------------------------------
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_foreign_duckdb_file_is_not_a_turnkeeper_database(
+    tmp_path: Path, read_only: bool
+) -> None:
+    path = tmp_path / "other-app.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE invoices (id INTEGER)")
+    con.close()
+    with pytest.raises(errors.ForeignDatabaseError) as err:
+        turnkeeper.open_store(str(path), read_only=read_only)
+    text = str(err.value)
+    assert "not a turnkeeper database" in text
+    assert "newer" not in text and "found=" not in text
+    assert err.value.path == str(path)
+    roundtrip(err.value)
+    con = duckdb.connect(str(path), read_only=True)  # untouched
+    try:
+        assert con.execute("SELECT table_name FROM duckdb_tables()").fetchall() == [("invoices",)]
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_file_that_is_not_a_duckdb_database_is_refused_as_such(
+    tmp_path: Path, read_only: bool
+) -> None:
+    path = tmp_path / "notes.duckdb"
+    path.write_text("these are my notes\n" * 300)
+    with pytest.raises(errors.ForeignDatabaseError) as err:
+        turnkeeper.open_store(str(path), read_only=read_only)
+    assert "not a DuckDB database" in str(err.value)
+    assert isinstance(err.value.__cause__, duckdb.Error)
+    assert path.read_text() == "these are my notes\n" * 300
+
+
+def test_schema_version_errors_say_which_way_the_versions_differ(tmp_path: Path) -> None:
+    path = str(tmp_path / "future.duckdb")
+    store = turnkeeper.open_store(path)
+    forge(store, "INSERT INTO schema_migrations VALUES (999, now())")
+    store.close()
+    for read_only in (False, True):
+        with pytest.raises(errors.SchemaVersionError) as err:
+            turnkeeper.open_store(path, read_only=read_only)
+        assert "newer" in str(err.value) and "upgrade turnkeeper" in str(err.value)
+    blank = str(tmp_path / "blank.duckdb")
+    duckdb.connect(blank).close()
+    with pytest.raises(errors.SchemaVersionError) as err:
+        turnkeeper.open_store(blank, read_only=True)
+    assert err.value.found == 0 and "newer" not in str(err.value)
+    assert "writable" in str(err.value)
+
+
+# -- lease epochs a BIGINT cannot hold ---------------------------------------------------------
+
+
+def _lease_calls() -> dict[str, Any]:
+    def finalize(s: Any, lease: Any) -> Any:
+        return s.finalize(FinalizeRequest(ThreadRecord("r", key="k"), held_leases=[lease]))
+
+    return {
+        "renew_lease": lambda s, lease: s.renew_lease(lease, 5),
+        "release_lease": lambda s, lease: s.release_lease(lease),
+        "validate_lease": lambda s, lease: s.validate_lease(lease),
+        "append": lambda s, lease: s.append("e", EntryKind.MESSAGE, MSG, lease=lease),
+        "branch": lambda s, lease: s.branch("e", None, lease=lease),
+        "finalize": finalize,
+        "admit_run": lambda s, lease: s.admit_run("e", {"q": 1}, lease=lease),
+        "begin_recovery": lambda s, lease: s.begin_recovery("some-run", lease),
+    }
+
+
+LEASE_CALLS = _lease_calls()
+
+
+@pytest.mark.parametrize("call", sorted(LEASE_CALLS))
+@pytest.mark.parametrize("epoch", [2**63, 2**70])
+def test_a_lease_epoch_past_a_bigint_is_refused_in_validation(store, call, epoch) -> None:
+    store.create_session("e")
+    held = store.acquire_lease("session:e", "w", 30, purpose="execution")
+    huge = replace(held, epoch=epoch)
+    with pytest.raises(errors.InvalidInputError) as err:
+        LEASE_CALLS[call](store, huge)
+    assert err.value.field.endswith("epoch"), err.value
+    assert store.entries("e") == []
+    store.validate_lease(held)  # the real lease is untouched
+
+
+def test_an_expected_version_past_a_bigint_is_refused_in_validation(store) -> None:
+    store.create_session("v")
+    state = turnkeeper.ResponseState("v", previous_response_id="r1")
+    with pytest.raises(errors.InvalidInputError) as err:
+        store.compare_and_swap_response_state(state, 2**70)
+    assert err.value.field == "expected_version"
+
+
+# -- close ------------------------------------------------------------------------------------
+
+
+class _CheckpointFails:
+    """Wraps a DuckDB connection: ``CHECKPOINT`` fails as on a full disk, the rest
+    goes to the real connection."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self._con = con
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql.strip().upper().endswith("CHECKPOINT"):
+            raise duckdb.IOException('Could not write file "x": No space left on device')
+        return self._con.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._con, name)
+
+
+def test_close_raises_when_its_checkpoint_fails_and_loses_no_write(tmp_path: Path) -> None:
+    path = str(tmp_path / "full.duckdb")
+    store = turnkeeper.open_store(path)
+    store.create_session("c")
+    entry = store.append("c", EntryKind.MESSAGE, MSG)
+    store.db._con = _CheckpointFails(store.db._con)  # type: ignore[assignment]
+    with pytest.raises(errors.CheckpointError) as err:
+        store.close()
+    assert err.value.path == path
+    assert isinstance(err.value.__cause__, duckdb.IOException)
+    assert ".wal" in str(err.value)
+    roundtrip(err.value)
+    with pytest.raises(errors.InterfaceError):  # closed all the same
+        store.entries("c")
+    store.close()  # idempotent, and raises nothing the second time
+    with turnkeeper.open_store(path) as again:  # the file lock is released; the WAL replays
+        assert [e.id for e in again.entries("c")] == [entry.id]
+
+
+def test_a_clean_close_checkpoints_the_wal_into_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "clean.duckdb"
+    with turnkeeper.open_store(str(path)) as store:
+        store.create_session("c")
+        store.append("c", EntryKind.MESSAGE, MSG)
+    assert not Path(f"{path}.wal").exists()
+
+
+def test_a_failed_checkpoint_on_exit_does_not_hide_the_error_that_ended_the_block(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(KeyError) as err, turnkeeper.open_store(str(tmp_path / "x.duckdb")) as s:
+        s.create_session("c")
+        s.db._con = _CheckpointFails(s.db._con)  # type: ignore[assignment]
+        raise KeyError("the caller's own error")
+    assert any("CheckpointError" in note for note in err.value.__notes__)
+
+
+# -- a corrupt write-ahead log -------------------------------------------------------------
+
+CHILD = textwrap.dedent("""
+    import os, sys, turnkeeper
+    turnkeeper.open_store(sys.argv[1]).close()  # the schema, checkpointed into the file
+    store = turnkeeper.open_store(sys.argv[1])
+    store.create_session("w")
+    for i in range(20):
+        store.append("w", "message", {"message": {"role": "user", "content": f"m{i}"}})
+    os._exit(0)  # no close, no checkpoint: the writes are in the .wal only
+""")
+
+
+def test_a_corrupt_wal_says_what_happened_and_what_to_do(tmp_path: Path) -> None:
+    path = tmp_path / "crashed.duckdb"
+    subprocess.run([sys.executable, "-c", CHILD, str(path)], check=True, timeout=120)
+    wal = Path(f"{path}.wal")
+    assert wal.stat().st_size > 0
+    data = bytearray(wal.read_bytes())
+    data[-1] ^= 0x01  # one flipped bit in the last entry's checksum
+    wal.write_bytes(bytes(data))
+    for read_only in (False, True):
+        with pytest.raises(errors.CorruptDatabaseError) as err:
+            turnkeeper.open_store(str(path), read_only=read_only)
+        text = str(err.value)
+        assert err.value.path == str(path) and err.value.file == str(wal)
+        assert "write-ahead log" in text and "corrupt" in text
+        assert "backup" in text and "move" in text and "lost" in text
+        assert isinstance(err.value.__cause__, duckdb.Error)
+        roundtrip(err.value)
+    assert wal.read_bytes() == bytes(data)  # nothing was changed or moved for the user
+    os.rename(wal, f"{wal}.corrupt")  # what the message suggests: the last checkpoint opens
+    with turnkeeper.open_store(str(path), read_only=True) as store:
+        assert store.schema_version() == turnkeeper.SCHEMA_VERSION
+        assert store.get_session("w") is None  # written after the last checkpoint: lost
