@@ -129,7 +129,6 @@ RECOVERY_FENCED = [
     "begin_recovery",
     "interrupt_tool_executions",
     "converge_recovery",
-    "create_delivery_plan",
 ]
 """Every store call a recovery coordinator makes under its recovery lease."""
 

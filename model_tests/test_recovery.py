@@ -319,3 +319,25 @@ def test_the_race_test_fails_with_both_writes_turned_back_into_reads(real_store,
     _unserialized(real_store, monkeypatch)
     outcomes = [_race_finish_against_recovery(real_store, f"skew-{i}") for i in range(40)]
     assert {"finish": "ok", "begin": "ok"} in outcomes
+
+
+def test_convergence_writes_the_delivery_plan_with_the_run_end(store, clock):
+    """A recovery notice is planned in the transaction that ends the run: a lease
+    lost before convergence loses neither, one lost after loses nothing."""
+    from turnkeeper import DeliveryPlan, DeliveryStep
+
+    plan = DeliveryPlan("chat", "room", steps=(DeliveryStep("notice", "message"),))
+    run = admitted(store)
+    lease = recovery_lease(store)
+    store.begin_recovery(run.id, lease)
+    clock.advance(3600)
+    with pytest.raises(turnkeeper.LeaseLostError):
+        store.converge_recovery(run.id, lease, delivery_plan=plan)
+    assert store.get_delivery_plan(f"{run.id}:delivery") is None
+    assert store.get_run(run.id).status == "running"
+    lease = recovery_lease(store)
+    store.begin_recovery(run.id, lease)
+    store.converge_recovery(run.id, lease, delivery_plan=plan)
+    _, operations = store.get_delivery_plan(f"{run.id}:delivery")
+    assert store.get_run(run.id).status == "interrupted"
+    assert [o.key for o in operations] == ["notice"]

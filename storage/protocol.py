@@ -199,6 +199,7 @@ class Store(Protocol):
         error: str | None = None,
         stop_reason: str | None = None,
         decisions: Sequence[Mapping[str, Any]] = (),
+        delivery_plan: DeliveryPlan | None = None,
     ) -> Recovery: ...
     def fail_recovery(
         self,

@@ -150,10 +150,13 @@ class RecoveryCoordinator(Service):
                 run.session_id, local_turn_id=run.turn_id, reason="worker lost", lease=lease
             )
             self.stats.tools_interrupted += len(interrupted)
-            self.store.converge_recovery(
-                run.id, lease, status="interrupted", error="the worker lost its lease"
+            self.store.converge_recovery(  # the notice is planned as the run ends
+                run.id,
+                lease,
+                status="interrupted",
+                error="the worker lost its lease",
+                delivery_plan=notice_plan(run),
             )
-            self.store.create_delivery_plan(run.id, notice_plan(run), lease=lease)
             self.stats.recoveries_converged += 1
             self.stats.time_to_recovery_s.append(
                 (datetime.now(UTC) - run.updated_at).total_seconds()

@@ -18,6 +18,7 @@ from turnkeeper.machines import machine_for
 from turnkeeper.spec import RECOVERY, errors
 from turnkeeper.spec.lease import LeasePurpose, session_target
 from turnkeeper.spec.lifecycle import Edge
+from turnkeeper.spec.delivery import DeliveryPlan
 from turnkeeper.spec.records import Lease, Recovery, Run
 from turnkeeper.spec.recovery import retry_delay_s
 from turnkeeper.spec.run import NON_TERMINAL, RunStatus
@@ -186,12 +187,13 @@ def converge(
     error: str | None,
     stop_reason: str | None,
     decisions: Sequence[Mapping[str, Any]] = (),
+    plan: DeliveryPlan | None = None,
 ) -> Recovery:
     """Record the pending decisions' resolutions, end the run (``cancelled`` when a
-    cancel was requested) and complete the record.
+    cancel was requested) with ``plan`` as its delivery plan, and complete the record.
 
     A run that reached a terminal status some other way keeps it (and gets no
-    decision events: its own finalizer stays authoritative).
+    decision events and no plan: its own finalizer stays authoritative).
     """
     run, rec = _held(tx, run_id, lease, "converge")
     edge = _MACHINE.require("converge", rec.state, {})
@@ -206,6 +208,7 @@ def converge(
             error=error,
             stop_reason=stop_reason,
             lease=None,  # fenced above by _held; its epoch goes on the entries
+            plan=plan,
             fenced_epoch=lease.epoch,
         )
     return _set(tx, rec, edge, "completed_at = ?", [tx.now])

@@ -6,11 +6,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from turnkeeper.spec import errors
+from turnkeeper.spec.delivery import DeliveryPlan
 from turnkeeper.spec.records import Lease, Recovery, Run
 from turnkeeper.spec.run import RunStatus
 
 from ..codec import check_id, check_text, to_json
-from ..validate import check_int, check_lease, check_seconds
+from ..validate import check_int, check_lease, check_plan, check_seconds
 from . import recovery
 from .store_base import StoreBase
 
@@ -63,6 +64,7 @@ class RecoveryMixin(StoreBase):
         error: str | None = None,
         stop_reason: str | None = None,
         decisions: Sequence[Mapping[str, Any]] = (),
+        delivery_plan: DeliveryPlan | None = None,
     ) -> Recovery:
         """Converge: record the resolutions of the run's pending decisions (one
         ``decision`` run event each: a JSON object with a string ``id``, for
@@ -74,6 +76,10 @@ class RecoveryMixin(StoreBase):
         ConvergeSessionRunRecovery). A run that already ended keeps its status
         and gets no decision events (its own finalizer stays authoritative):
         check ``get_run`` first if the resolutions must be recorded.
+        ``delivery_plan`` (say, a notice that the run was interrupted) is
+        written in the same transaction as the run's end, as ``finish_run``
+        does, so a recovery that ends a run never loses its notice; a run
+        that ended some other way gets none.
 
         Raises:
             LeaseLostError: the lease is stale or another worker took over.
@@ -91,10 +97,13 @@ class RecoveryMixin(StoreBase):
             if value is not None:
                 check_text(value, name)
         resolved = _check_decisions(decisions)
+        plan = None if delivery_plan is None else check_plan(delivery_plan)
         return self._fenced(
             "converge_recovery",
             lease,
-            lambda tx: recovery.converge(tx, run_id, lease, final, error, stop_reason, resolved),
+            lambda tx: recovery.converge(
+                tx, run_id, lease, final, error, stop_reason, resolved, plan
+            ),
         )
 
     def fail_recovery(
