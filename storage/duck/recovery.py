@@ -16,9 +16,9 @@ from typing import Any
 
 from turnkeeper.machines import machine_for
 from turnkeeper.spec import RECOVERY, errors
+from turnkeeper.spec.delivery import DeliveryPlan
 from turnkeeper.spec.lease import LeasePurpose, session_target
 from turnkeeper.spec.lifecycle import Edge
-from turnkeeper.spec.delivery import DeliveryPlan
 from turnkeeper.spec.records import Lease, Recovery, Run
 from turnkeeper.spec.recovery import retry_delay_s
 from turnkeeper.spec.run import NON_TERMINAL, RunStatus
