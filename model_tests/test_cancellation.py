@@ -27,16 +27,16 @@ def test_sigint_during_a_query_is_keyboard_interrupt_not_a_store_error(real_stor
 
 def test_interrupt_inside_a_transaction_rolls_back(store, monkeypatch):
     store.create_session("s")
-    from turnkeeper.storage.duck import sessions
+    from turnkeeper.storage.duck.db import Tx
 
-    real_insert = sessions.Tx.exec
+    real_insert = Tx.exec
 
     def interrupted(self, sql, params=()):
         if sql.startswith("INSERT INTO entries"):
             raise KeyboardInterrupt
         return real_insert(self, sql, params)
 
-    monkeypatch.setattr(sessions.Tx, "exec", interrupted)
+    monkeypatch.setattr(Tx, "exec", interrupted)
     with pytest.raises(KeyboardInterrupt):
         store.append("s", EntryKind.MESSAGE, {"message": {"role": "user", "content": "x"}})
     monkeypatch.undo()

@@ -735,7 +735,7 @@ def test_demo_audit_catches_a_store_without_its_fence(
     """Patch the lease fence out of the store: stalled workers' late writes now commit,
     and the demo's audit must say so."""
     from turnkeeper.cli.demo import run_fleet
-    from turnkeeper.storage.duck import leases
+    from turnkeeper.storage.ops import leases
 
     monkeypatch.setattr(leases, "fence", lambda tx, lease: None)
     cfg = FleetConfig(workers=3, sessions=3, duration_s=2.0, seed=11, ttl_s=0.3, stall_p=0.5)

@@ -23,9 +23,9 @@ from hypothesis.stateful import run_state_machine_as_test
 from stateful_leases import make_machine
 
 from turnkeeper.spec import LEASE, errors
-from turnkeeper.storage.duck import leases, threads
-from turnkeeper.storage.duck import store_sessions as store_module
-from turnkeeper.storage.duck.db import Tx
+from turnkeeper.storage.backend import Tx
+from turnkeeper.storage.ops import leases, threads
+from turnkeeper.storage.ops import sessions as store_module
 
 SEARCH = settings(
     max_examples=3000,

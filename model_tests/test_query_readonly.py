@@ -214,7 +214,7 @@ def test_rollback_alone_undoes_a_write_the_parse_check_let_through(busy, tmp_pat
     """Defence in depth: with the parse check patched out, the query's writes
     still never persist (its transaction is rolled back)."""
     monkeypatch.setattr(query_module, "check_read", lambda cursor, sql: None)
-    monkeypatch.setattr("turnkeeper.storage.duck.store.check_read", lambda cursor, sql: None)
+    monkeypatch.setattr("turnkeeper.storage.duck.db.check_read", lambda cursor, sql: None)
     run = busy.active_run("q")
     before = _state(busy)
     for sql in [
@@ -233,7 +233,7 @@ def test_rollback_alone_undoes_a_write_the_parse_check_let_through(busy, tmp_pat
 def test_the_configuration_alone_keeps_files_out_of_reach(busy, tmp_path, monkeypatch):
     """Defence in depth: with the parse check patched out, files, the environment
     and Python objects stay unreachable (the connection's configuration)."""
-    monkeypatch.setattr("turnkeeper.storage.duck.store.check_read", lambda cursor, sql: None)
+    monkeypatch.setattr("turnkeeper.storage.duck.db.check_read", lambda cursor, sql: None)
     (tmp_path / "data.csv").write_text("a\n1\n")
     local_arrow_table = pa.table({"secret": ["caller memory"]})  # noqa: F841
     for sql in [

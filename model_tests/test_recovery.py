@@ -301,7 +301,7 @@ def test_the_race_test_fails_with_both_writes_turned_back_into_reads(real_store,
     """Control for the write-skew test above: without the write lock, and with the
     termination's lease check and begin_recovery's touch of the run both reads
     again, both commit."""
-    from turnkeeper.storage.duck import leases, runs
+    from turnkeeper.storage.ops import leases, runs
 
     def read_unheld(tx, target, lease):
         if lease is not None:

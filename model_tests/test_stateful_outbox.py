@@ -8,7 +8,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from stateful_outbox import OutboxMachine
 
 from turnkeeper.spec import errors
-from turnkeeper.storage.duck import delivery
+from turnkeeper.storage.ops import delivery
 
 SEARCH = settings(
     max_examples=2000,

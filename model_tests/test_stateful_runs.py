@@ -9,7 +9,7 @@ from stateful_runs import RunsAndRecoveryMachine
 
 from turnkeeper.spec import errors
 from turnkeeper.spec.lease import LeasePurpose, session_target
-from turnkeeper.storage.duck import recovery, runs
+from turnkeeper.storage.ops import recovery, runs
 
 SEARCH = settings(
     max_examples=3000,

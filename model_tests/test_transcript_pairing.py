@@ -21,7 +21,7 @@ import turnkeeper
 from turnkeeper import EntryKind, ToolCallPairingError
 from turnkeeper.cli.audit import run_audit
 from turnkeeper.formats import pi
-from turnkeeper.storage.duck import sessions as duck_sessions
+from turnkeeper.storage.ops import sessions as ops_sessions
 from turnkeeper.storage.replay import context_faults, path_to
 
 ZIG = "pi-mono-zig_v3_2026-05-17T13-51-26-739Z_019e3634-be13-7330-a2a4-ffab205872d1.jsonl"
@@ -264,7 +264,7 @@ def test_every_context_the_api_can_reach_is_valid(tmp_path_factory, ops):
 def test_control_without_the_pairing_check_the_property_fails(tmp_path, monkeypatch):
     """Control for the property above: with the append-time check patched out,
     Hypothesis finds a context with a broken pairing."""
-    monkeypatch.setattr(duck_sessions, "new_pairing_faults", lambda path: [])
+    monkeypatch.setattr(ops_sessions, "new_pairing_faults", lambda path: [])
 
     @settings(max_examples=200, deadline=None, database=None)
     @given(ops=OPS)

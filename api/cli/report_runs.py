@@ -40,7 +40,7 @@ from turnkeeper.spec import DeliveryStatus, RecoveryState, RunStatus, ToolExecut
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.run import NON_TERMINAL, TERMINAL
 from turnkeeper.storage import DuckDBStore
-from turnkeeper.storage.duck.runs import DECISION
+from turnkeeper.storage.ops.runs import DECISION
 
 from .common import fmt_num
 

@@ -48,6 +48,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import duckdb
+import pyarrow as pa
 from tenacity import (
     RetryError,
     Retrying,
@@ -58,21 +59,21 @@ from tenacity import (
 
 from turnkeeper.spec import errors
 
+from ..backend import Clock, Conflict, Dialect
+from ..backend import Tx as AnyTx
+from ..migrations import load
+from .query import check_read
+
+MIGRATIONS = load("turnkeeper.storage.duck")
+"""DuckDB's numbered migrations, loaded once."""
+
 T = TypeVar("T")
 
-Clock = Callable[[], datetime]
-"""Returns the store's now as an aware ``datetime``."""
+DIALECT = Dialect("duckdb")
+"""DuckDB's dialect: the store serializes its own writes, so claims skip nothing."""
 
 MAX_ATTEMPTS = 40
 """Attempts per operation before a conflict becomes ``TransactionConflictError``."""
-
-
-class Conflict(Exception):
-    """A lost race that the transaction boundary retries from the start.
-
-    Raised by DuckDB as a write-write conflict, or by an operation whose
-    compare-and-set found the row moved under it.
-    """
 
 
 def translate(exc: duckdb.Error, path: str) -> errors.DatabaseError:
@@ -153,11 +154,6 @@ def check_file(path: str, *, read_only: bool) -> None:
         )
 
 
-def utc(value: datetime) -> datetime:
-    """``value`` as an aware UTC datetime (DuckDB returns zoneinfo Etc/UTC)."""
-    return value.astimezone(UTC)
-
-
 def _is_conflict(exc: duckdb.Error) -> bool:
     """Whether ``exc`` is a lost race rather than a fault.
 
@@ -198,6 +194,7 @@ class Tx:
     """
 
     PIN = "SELECT 1 FROM schema_migrations LIMIT 1"
+    dialect = DIALECT
 
     def __init__(
         self, cursor: duckdb.DuckDBPyConnection, clock: Clock | None, in_transaction: bool
@@ -249,8 +246,14 @@ class Tx:
         """Execute one statement, ignoring any rows."""
         self._execute(sql, params)
 
-    def insert_arrow(self, table: str, data: Any) -> None:
-        """Insert every row of the ``pyarrow.Table`` ``data`` (columns in table order)."""
+    def insert_rows(
+        self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
+    ) -> None:
+        """Insert ``rows`` (values in ``columns`` order, every column of ``table``
+        in table order) in one statement, through an Arrow table."""
+        if not rows:
+            return
+        data = pa.table({name: pa.array([r[i] for r in rows]) for i, name in enumerate(columns)})
         self.statements += 1
         self._snapshot = True
         name = f"_turnkeeper_rows_{id(data)}"
@@ -351,6 +354,7 @@ class Database:
         self.path = path if path == ":memory:" else os.path.abspath(path)
         self.clock = clock
         self.read_only = read_only
+        self.dialect = DIALECT
         check_file(self.path, read_only=read_only)
         try:
             self._con = duckdb.connect(self.path, read_only=read_only)
@@ -448,7 +452,7 @@ class Database:
     def write(
         self,
         operation: str,
-        body: Callable[[Tx], T],
+        body: Callable[[AnyTx], T],
         *,
         transaction: bool = True,
         retry: bool = True,
@@ -471,7 +475,7 @@ class Database:
         finally:
             self._leave()
 
-    def read(self, operation: str, body: Callable[[Tx], T], *, snapshot: bool = False) -> T:
+    def read(self, operation: str, body: Callable[[AnyTx], T], *, snapshot: bool = False) -> T:
         """Run ``body`` as a read, without the write lock: one autocommit
         statement, or with ``snapshot`` several statements in one transaction
         (one consistent snapshot) that ends with ``ROLLBACK``, so that nothing
@@ -490,7 +494,7 @@ class Database:
     def _run(
         self,
         operation: str,
-        body: Callable[[Tx], T],
+        body: Callable[[AnyTx], T],
         transaction: bool,
         retry: bool,
         *,
@@ -559,6 +563,37 @@ class Database:
             return
         with contextlib.suppress(duckdb.Error):  # DuckDB may have aborted it already
             cursor.execute("ROLLBACK")
+
+    # -- what else the store needs of a backend -------------------------------------
+
+    def query(self, sql: str, params: Sequence[Any]) -> Any:
+        """One analytics read as a ``pyarrow.Table``: parsed and refused unless a
+        read (:mod:`.query`), run in a snapshot that is rolled back, on a
+        connection that reaches nothing beyond the database (module docstring).
+
+        Raises:
+            InvalidInputError: not one read statement.
+            ProgrammingError: DuckDB rejected it.
+        """
+
+        def body(tx: AnyTx) -> Any:
+            assert isinstance(tx, Tx)
+            check_read(tx.cursor, sql)
+            return tx.arrow(sql, params)
+
+        return self.read("query", body, snapshot=True)
+
+    def migrations(self) -> list[tuple[int, str]]:
+        """DuckDB's numbered migrations (``storage/duck/migrations``)."""
+        return MIGRATIONS
+
+    def lock_migrations(self, tx: AnyTx) -> None:
+        """Nothing to do: one process at a time opens a DuckDB file to write, and
+        in it the migration runs under the write lock."""
+
+    def tables(self, tx: AnyTx) -> set[str]:
+        """The tables of the database's main schema."""
+        return {r[0] for r in tx.rows("SELECT table_name FROM duckdb_tables()")}
 
     def statement_stats(self) -> dict[str, dict[str, float]]:
         """Per operation: calls, statements per call (incl. BEGIN/COMMIT) and retries."""

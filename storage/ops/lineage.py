@@ -1,4 +1,4 @@
-"""Response lineage compare-and-swap on DuckDB (session seed CompareAndSwapResponseSessionState).
+"""Response lineage compare-and-swap (session seed CompareAndSwapResponseSessionState).
 
 One statement per swap: an insert when the caller saw no state (version 0),
 else an update guarded by the version it saw. Two concurrent turns that saw
@@ -11,8 +11,11 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.records import Lease, ResponseState
 
+from ..backend import Tx, utc
+from ..codec import check_id, check_text
+from ..validate import check_int, check_session_lease
 from . import leases
-from .db import Tx, utc
+from .base import StoreBase
 
 _COLS = (
     "session_id, state_mode, previous_response_id, conversation_id, provider, api, model, "
@@ -56,3 +59,50 @@ def swap(tx: Tx, state: ResponseState, expected_version: int, lease: Lease | Non
             [*values, tx.now, state.session_id, expected_version],
         )
     return row is not None
+
+
+# -- the store's methods ------------------------------------------------------------
+
+
+class LineageMixin(StoreBase):
+    """Response lineage compare-and-swap (session seed CompareAndSwapResponseSessionState)."""
+
+    def get_response_state(self, session_id: str) -> ResponseState | None:
+        """The session's remote response lineage, or ``None`` (use the default mode)."""
+        check_id(session_id, "session_id")
+        return self.db.read("get_response_state", lambda tx: get(tx, session_id))
+
+    def compare_and_swap_response_state(
+        self, state: ResponseState, expected_version: int, *, lease: Lease | None = None
+    ) -> bool:
+        """Advance the session's lineage only if its version is still
+        ``expected_version`` (``0``: none yet); returns whether it did (session
+        seed CompareAndSwapResponseSessionState). Two concurrent turns that read
+        the same version cannot both swap, so a ``previous_response_id`` chain
+        never branches silently. A session write: under the session's
+        ``lease``, or while nobody holds it.
+
+        Raises:
+            SessionNotFoundError, InvalidInputError.
+            LeaseLostError: ``lease`` is no longer valid.
+            BusyError: no ``lease`` given and someone holds the session.
+        """
+        if not isinstance(state, ResponseState):
+            raise errors.InvalidInputError("state", "expected a ResponseState")
+        check_id(state.session_id, "session_id")
+        for name in (
+            "state_mode",
+            "previous_response_id",
+            "conversation_id",
+            "provider",
+            "api",
+            "model",
+        ):
+            check_text(getattr(state, name), name)
+        check_int(expected_version, "expected_version", 0)
+        check_session_lease(state.session_id, lease)
+        return self._fenced(
+            "compare_and_swap_response_state",
+            lease,
+            lambda tx: swap(tx, state, expected_version, lease),
+        )

@@ -15,9 +15,14 @@ from turnkeeper.machines import machine_for
 from turnkeeper.spec import THREAD_RECORD, RecordStatus, errors
 from turnkeeper.spec.records import FinalizeRequest, ThreadRecord
 
+from ..backend import Tx, utc
 from ..codec import check_id, check_text, from_json, to_json
+from ..validate import (
+    check_bool,
+    check_request,
+)
 from . import leases
-from .db import Tx, utc
+from .base import StoreBase
 
 _MACHINE = machine_for(THREAD_RECORD)
 
@@ -165,3 +170,70 @@ def finalize(tx: Tx, req: FinalizeRequest, columns: tuple[str, str, str, str, st
             [rec.key, rec.id],
         )
     _event(tx, rec.id, rec.key, edge.name)
+
+
+# -- the store's methods ------------------------------------------------------------
+
+
+class ThreadsMixin(StoreBase):
+    """Thread records (threadstore Resolve / Finalize)."""
+
+    def resolve(
+        self, *, id: str | None = None, key: str | None = None, include_archived: bool = False
+    ) -> ThreadRecord | None:
+        """Look a record up by ``id`` or by ``key`` (threadstore Resolve).
+
+        Exactly one of ``id`` and ``key`` is given. A missing record is
+        ``None``; an archived one only with ``include_archived``.
+
+        Raises:
+            InvalidInputError: neither or both of ``id`` and ``key``.
+        """
+        if (id is None) == (key is None):
+            raise errors.InvalidInputError("id", "give exactly one of id and key")
+        if id is not None:
+            check_id(id, "id")
+        if key is not None:
+            check_id(key, "key")
+        check_bool(include_archived, "include_archived")
+        return self.db.read("resolve", lambda tx: resolve(tx, id, key, include_archived))
+
+    def finalize(self, request: FinalizeRequest) -> ThreadRecord:
+        """Persist post-run thread state atomically (threadstore Finalize).
+
+        Validates every held lease, then saves the record (an upsert by id),
+        archives ``previous_id`` when ``archive_old``, and rebinds the key when
+        ``rebind_active`` (the record the key pointed at is archived). Without
+        ``rebind_active``, a key bound to another record is refused.
+
+        Raises:
+            LeaseLostError: a held lease is no longer valid.
+            AlreadyExistsError: ``require_key_absent`` and the key is bound, or
+                the key is bound to another record and ``rebind_active`` is off.
+            RecordNotFoundError / RecordNotActiveError: ``archive_old`` with a
+                missing or archived ``previous_id``.
+            InvalidTransitionError: the record id is archived.
+            InvalidInputError: a malformed request.
+        On any error nothing is written.
+        """
+        check_request(request)
+        columns = validate_request(request)
+        rec = request.record
+
+        def body(tx: Tx) -> ThreadRecord:
+            finalize(tx, request, columns)
+            found = resolve(tx, rec.id, None, True)
+            assert found is not None
+            return found
+
+        try:
+            result: ThreadRecord = self.db.write("finalize", body)
+        except errors.LeaseLostError as exc:
+            lost = next(h for h in request.held_leases if h.target == exc.target)
+            self.db.write(
+                "record_fenced",
+                lambda tx: leases.record_fenced(tx, lost, "finalize"),
+                transaction=False,
+            )
+            raise
+        return result

@@ -21,10 +21,13 @@ import hmac
 from datetime import datetime, timedelta
 
 from turnkeeper.machines import machine_for
-from turnkeeper.spec import GRANTING_EDGES, LEASE, errors
+from turnkeeper.spec import GRANTING_EDGES, LEASE, LeasePurpose, errors
 from turnkeeper.spec.records import Lease
 
-from .db import Conflict, Tx, utc
+from ..backend import Conflict, Tx, utc
+from ..codec import check_id
+from ..validate import check_lease, check_purpose, check_target, check_ttl
+from .base import StoreBase
 
 _MACHINE = machine_for(LEASE)
 
@@ -230,3 +233,68 @@ def record_fenced(tx: Tx, lease: Lease, operation: str) -> None:
         f"INSERT INTO fence_events VALUES (?, ?, ?, ?, {NOW})",
         [lease.target, lease.owner, lease.epoch, operation, tx.now],
     )
+
+
+# -- the store's methods ------------------------------------------------------------
+
+
+class LeasesMixin(StoreBase):
+    """Leases (threadstore AcquireLease / RenewLease / ReleaseLease)."""
+
+    def acquire_lease(
+        self,
+        target: str,
+        owner: str,
+        ttl_s: float,
+        *,
+        purpose: str = LeasePurpose.MUTATION,
+    ) -> Lease:
+        """Take ``target`` for ``owner`` for ``ttl_s`` seconds (threadstore AcquireLease).
+
+        A free, released or expired target is granted with a fresh token and
+        epoch + 1. The same owner re-acquiring with the same purpose from this
+        store object while it holds the lease gets the same token and epoch
+        with a new expiry.
+
+        Raises:
+            BusyError: another owner holds an unexpired lease (``holder`` names it).
+            LeasePurposeError: this owner holds it under another purpose.
+            InvalidInputError: empty target/owner or non-positive ``ttl_s``.
+            DatabaseError: backend failure (never reported as busy).
+        """
+        check_target(target)
+        check_id(owner, "owner")
+        why = check_purpose(purpose)
+        ttl = check_ttl(ttl_s)
+        return self.db.write(
+            "acquire_lease",
+            lambda tx: acquire(tx, self._secret, target, owner, ttl, why),
+        )
+
+    def renew_lease(self, lease: Lease, ttl_s: float) -> Lease:
+        """Extend ``lease`` to now + ``ttl_s`` seconds (threadstore RenewLease).
+
+        Raises:
+            LeaseLostError: the lease expired, was released or taken over.
+        """
+        check_lease(lease)
+        ttl = check_ttl(ttl_s)
+        return self.db.write("renew_lease", lambda tx: renew(tx, lease, ttl), transaction=False)
+
+    def release_lease(self, lease: Lease) -> bool:
+        """Release ``lease`` (threadstore ReleaseLease); idempotent, ignores stale leases.
+
+        Returns whether this call released a held lease.
+        """
+        check_lease(lease)
+        return self.db.write("release_lease", lambda tx: release(tx, lease), transaction=False)
+
+    def validate_lease(self, lease: Lease) -> None:
+        """Check ``lease`` is still held, unexpired, with this token: the final
+        fence a runtime calls right before a side effect.
+
+        Raises:
+            LeaseLostError: it is not.
+        """
+        check_lease(lease)
+        self.db.write("validate_lease", lambda tx: fence(tx, lease), transaction=False)

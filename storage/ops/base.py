@@ -1,7 +1,9 @@
-"""The base of the DuckDB store: its database and the fenced-write runner.
+"""The base every area's methods share: the backend, the fenced-write runner,
+and the check that a read inside a session found the session.
 
-``DuckDBStore`` is assembled from this base and one mixin per area
-(sessions, runs) so that each module stays small.
+``BaseStore`` (``storage/store.py``) is assembled from one mixin per area of
+``storage/ops/`` so that each module stays small and holds both the area's
+transactions and its public methods.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from typing import TypeVar
 from turnkeeper.spec import errors
 from turnkeeper.spec.records import Lease
 
+from ..backend import Backend, Tx
 from . import leases
-from .db import Database, Tx
 
 T = TypeVar("T")
 
@@ -22,7 +24,8 @@ class StoreBase:
     """Holds ``db``, runs fenced writes (recording refused ones), and checks reads
     inside a session."""
 
-    db: Database
+    db: Backend
+    _secret: bytes
 
     def _inside(self, session_id: str, found: T) -> T:
         """``found``, read inside session ``session_id``; an empty answer for a

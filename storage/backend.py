@@ -1,0 +1,133 @@
+"""What a backend gives the domain layer: one small transaction interface.
+
+The domain operations (``storage/ops/``) are written once against :class:`Tx`
+in the SQL both engines speak (``?`` placeholders, ``= ANY(?::VARCHAR[])``,
+``INSERT … ON CONFLICT``, data-modifying CTEs, ``coalesce(?::TIMESTAMPTZ,
+now())`` for the store's now); a backend (``storage/duck/``,
+``storage/postgres/``) supplies only what really differs: connections,
+the transaction boundary with its retries and error translation, bulk
+loading, the few dialect fragments in :class:`Dialect`, its migrations, the
+analytics query defences and wake-ups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
+
+Clock = Callable[[], datetime]
+"""Returns the store's now as an aware ``datetime``."""
+
+
+class Conflict(Exception):
+    """A lost race that the transaction boundary retries from the start.
+
+    Raised by a backend for a write-write conflict, a serialization failure,
+    a deadlock or a duplicate key the transaction's snapshot could not see,
+    and by an operation whose compare-and-set found the row moved under it.
+    """
+
+
+def utc(value: datetime) -> datetime:
+    """``value`` as an aware UTC datetime (backends return their own zone objects)."""
+    return value.astimezone(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """The few statements that differ between the engines, named and kept together.
+
+    ``name`` is ``"duckdb"`` or ``"postgres"``. ``lock_skip`` ends a ``SELECT``
+    that claims or scans rows another transaction may be working on (``FOR
+    UPDATE SKIP LOCKED`` on PostgreSQL; empty on DuckDB, whose writes are
+    serialized in process).
+    """
+
+    name: str
+    lock_skip: str = ""
+
+
+class Tx(Protocol):
+    """One open transaction (or one autocommit statement) of a backend.
+
+    ``now`` is the store's now for this transaction (the injected clock's
+    value, or the database server's clock read once the transaction's
+    snapshot exists), or ``None`` in an autocommit statement, whose SQL then
+    uses ``now()``. SQL spells it ``coalesce(?::TIMESTAMPTZ, now())``.
+    """
+
+    dialect: Dialect
+
+    @property
+    def now(self) -> datetime | None: ...
+
+    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Execute one statement and return all rows."""
+        ...
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        """Execute one statement and return its first row, or ``None``."""
+        ...
+
+    def exec(self, sql: str, params: Sequence[Any] = ()) -> None:
+        """Execute one statement, ignoring any rows."""
+        ...
+
+    def insert_rows(
+        self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
+    ) -> None:
+        """Insert ``rows`` (values in ``columns`` order) in bulk."""
+        ...
+
+
+class Backend(Protocol):
+    """A database the store runs on (see the module docstring)."""
+
+    dialect: Dialect
+    path: str
+    """The file's absolute path, ``":memory:"``, or the server URL without its password."""
+    read_only: bool
+    clock: Clock | None
+
+    def write(
+        self,
+        operation: str,
+        body: Callable[[Tx], T],
+        *,
+        transaction: bool = True,
+        retry: bool = True,
+    ) -> T:
+        """Run ``body`` as one write (retried as a lost race on conflict)."""
+        ...
+
+    def read(self, operation: str, body: Callable[[Tx], T], *, snapshot: bool = False) -> T:
+        """Run ``body`` as a read (one statement, or one rolled-back snapshot)."""
+        ...
+
+    def query(self, sql: str, params: Sequence[Any]) -> Any:
+        """Run one analytics read and return a ``pyarrow.Table`` (see ``Store.query``)."""
+        ...
+
+    def migrations(self) -> list[tuple[int, str]]:
+        """This dialect's numbered migrations, ``(version, sql)`` in order."""
+        ...
+
+    def lock_migrations(self, tx: Tx) -> None:
+        """Serialize migrations of several processes opening the store at once."""
+        ...
+
+    def tables(self, tx: Tx) -> set[str]:
+        """The names of the tables in the store's schema."""
+        ...
+
+    def close(self) -> None:
+        """Close the database once running operations finished."""
+        ...
+
+    def statement_stats(self) -> dict[str, dict[str, float]]:
+        """Per operation: calls, statements per call and retries."""
+        ...

@@ -1,0 +1,200 @@
+"""``BaseStore``: the store over any backend, written once.
+
+Assembled from one module per area of ``storage/ops/`` (each holds its
+transactions and its public methods); a backend (``DuckDBStore``,
+``PostgresStore``) only chooses the :class:`~turnkeeper.storage.backend.Backend`.
+Every public method validates its input before touching the database (bad
+input raises ``InvalidInputError`` and writes nothing) and runs as one
+transaction through the backend's boundary (retries, error translation,
+statement counts).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from typing import Any, Self
+
+from turnkeeper.spec import errors
+
+from .backend import Backend, Tx
+from .codec import check_text
+from .migrations import SCHEMA_VERSION, statements
+from .ops.delivery import DeliveryMixin
+from .ops.forks import ForksMixin
+from .ops.leases import LeasesMixin
+from .ops.lineage import LineageMixin
+from .ops.recovery import RecoveryMixin
+from .ops.runs import RunsMixin
+from .ops.sessions import SessionsMixin
+from .ops.threads import ThreadsMixin
+from .ops.tools import ToolsMixin
+
+
+class BaseStore(
+    LeasesMixin,
+    ThreadsMixin,
+    SessionsMixin,
+    RunsMixin,
+    LineageMixin,
+    RecoveryMixin,
+    DeliveryMixin,
+    ToolsMixin,
+    ForksMixin,
+):
+    """The turnkeeper store on ``backend`` (see the module docstring).
+
+    Opening applies pending schema migrations (one process at a time: the
+    backend serializes concurrent openers), except with ``read_only``: then
+    the schema must already be this turnkeeper's, nothing is changed, and
+    writes raise ``ReadOnlyError``.
+
+    Raises (from the constructor):
+        ForeignDatabaseError: the database holds another application's tables.
+        SchemaVersionError: its schema is newer than this turnkeeper's, or
+            older and the open is read-only.
+        DatabaseError: any other failure reading the schema.
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self.db = backend
+        self._secret = secrets.token_bytes(32)
+        migrate = self._check_schema if backend.read_only else self._migrate
+        try:
+            self.db.write("migrate", migrate)
+        except BaseException:
+            self.db.close()
+            raise
+
+    @property
+    def path(self) -> str:
+        """The database: a file's absolute path, ``":memory:"``, or a server URL
+        (without its password)."""
+        return self.db.path
+
+    # -- schema ------------------------------------------------------------------
+
+    def _found_version(self, tx: Tx) -> int | None:
+        """The database's schema version; ``None`` when it has no turnkeeper schema.
+
+        Raises:
+            ForeignDatabaseError: tables exist but no ``schema_migrations``
+                (another application's database).
+            SchemaVersionError: the version is newer than this turnkeeper's.
+        """
+        tables = sorted(self.db.tables(tx))
+        if "schema_migrations" not in tables:
+            if tables:
+                shown = ", ".join(tables[:5]) + (", …" if len(tables) > 5 else "")
+                raise errors.ForeignDatabaseError(
+                    self.path,
+                    detail=f"it holds tables ({shown}) but no turnkeeper schema_migrations",
+                )
+            return None
+        row = tx.one("SELECT coalesce(max(version), 0) FROM schema_migrations")
+        found = int(row[0]) if row else 0
+        if found > SCHEMA_VERSION:
+            raise errors.SchemaVersionError(
+                self.path,
+                found,
+                SCHEMA_VERSION,
+                detail="it was written by a newer turnkeeper: upgrade turnkeeper to open it",
+            )
+        return found
+
+    def _check_schema(self, tx: Tx) -> None:
+        found = self._found_version(tx)
+        if found != SCHEMA_VERSION:
+            what = "no turnkeeper schema yet" if not found else "an older schema"
+            raise errors.SchemaVersionError(
+                self.path,
+                found or 0,
+                SCHEMA_VERSION,
+                detail=f"it has {what} and a read-only open cannot migrate: "
+                "open it writable once to migrate it",
+            )
+
+    def _migrate(self, tx: Tx) -> None:
+        self.db.lock_migrations(tx)
+        found = self._found_version(tx)
+        if found is None:
+            tx.exec(
+                "CREATE TABLE schema_migrations "
+                "(version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL)"
+            )
+            found = 0
+        for version, sql in self.db.migrations():
+            if version <= found:
+                continue
+            for stmt in statements(sql):
+                tx.exec(stmt)
+            tx.exec("INSERT INTO schema_migrations VALUES (?, now())", [version])
+
+    def schema_version(self) -> int:
+        """The schema version recorded in the database."""
+        row = self.db.read(
+            "schema_version", lambda tx: tx.one("SELECT max(version) FROM schema_migrations")
+        )
+        return int(row[0]) if row else 0
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the store once the operations already running have finished;
+        later calls raise ``InterfaceError``. Idempotent.
+
+        Raises:
+            CheckpointError: (DuckDB) the final checkpoint failed (a full disk
+                …): the store is closed all the same, and every committed
+                write is kept in the ``.wal`` file, which the next open replays.
+            OperationalError: the backend failed to close.
+        """
+        self.db.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        """Close the store. When the block is already raising, a failure to close is
+        added to that exception as a note instead of replacing it."""
+        try:
+            self.close()
+        except errors.TurnkeeperError as err:
+            if exc is None:
+                raise
+            exc.add_note(f"closing the store also failed: {type(err).__name__}: {err}")
+
+    def statement_stats(self) -> dict[str, dict[str, float]]:
+        """Per operation: calls, statements per call (BEGIN/COMMIT included), retries."""
+        return self.db.statement_stats()
+
+    # -- analytics -------------------------------------------------------------------
+
+    def query(self, sql: str, params: Sequence[Any] | None = None) -> Any:
+        """Run one read query over the store's tables, in the backend's SQL dialect
+        (a ``SELECT``, ``WITH … SELECT``, ``EXPLAIN`` of one …), and return a
+        ``pyarrow.Table`` (analytics). ``params`` fill ``?`` placeholders.
+
+        The query changes nothing and reaches nothing beyond the database. On
+        DuckDB: the SQL is parsed and refused unless it is one read (no write
+        anywhere in it, not in a CTE, not under ``EXPLAIN ANALYZE``, not
+        through ``query(…)``); it runs in a transaction that is always rolled
+        back; and the store's connection cannot reach files, extensions,
+        secrets, the environment or Python objects. On PostgreSQL: one
+        statement that starts as a read, run in a ``READ ONLY`` transaction
+        that is rolled back, under a role that may only read the store's
+        tables when the server lets the store create one (see
+        ``storage/postgres``).
+
+        Raises:
+            InvalidInputError: ``sql`` is not exactly one read statement
+                (``UPDATE``, ``COPY … TO``, ``ATTACH``, ``SET``, a CTE that
+                deletes, several statements …); nothing was run.
+            ProgrammingError: the backend rejected the query (an unknown
+                table, a file or function out of reach, a write refused by
+                the read-only transaction …).
+        """
+        check_text(sql, "sql", allow_empty=False)
+        if params is not None and (isinstance(params, str) or not isinstance(params, Sequence)):
+            raise errors.InvalidInputError("params", "expected a list of parameters")
+        return self.db.query(sql, list(params or []))
