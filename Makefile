@@ -23,7 +23,7 @@ SOURCE_LIST := $(VENV)/.sources
 # (a find-links folder that does not exist); drop those, keep everything else.
 PIP_FILTER := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: install demo test lint typecheck reports clean FORCE
+.PHONY: install demo test lint typecheck reports bench-postgres clean FORCE
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,13 +57,19 @@ lint: install
 typecheck: install
 	$(BIN)/mypy -p turnkeeper
 
+# The suite runs over both backends: with_postgres.py starts a throwaway
+# PostgreSQL server for it (or says in one line why the PostgreSQL tests skip).
 test: lint typecheck
-	$(BIN)/python -m pytest
+	$(BIN)/python model_tests/with_postgres.py $(BIN)/python -m pytest
 
-# Regenerates every file in reports/: the diagrams (deterministic) and the benchmark (measured).
-reports: install
+# Regenerates every file in reports/: the diagrams (deterministic) and the benchmarks (measured).
+reports: install bench-postgres
 	$(BIN)/python reports/generate.py
 	$(BIN)/python reports/bench.py
+
+# PostgreSQL's figures, on a throwaway server with PostgreSQL's durable defaults.
+bench-postgres: install
+	pg_virtualenv $(BIN)/python reports/bench_postgres.py postgresql://
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

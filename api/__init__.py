@@ -10,6 +10,7 @@ Open a store with :func:`open_store`; everything else is re-exported here::
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from datetime import datetime
 
@@ -96,10 +97,27 @@ from turnkeeper.spec.records import (
     ThreadRecord,
 )
 from turnkeeper.spec.tool_execution import ToolExecution
-from turnkeeper.storage import SCHEMA_VERSION, DuckDBStore, Store
+from turnkeeper.storage import SCHEMA_VERSION, BaseStore, DuckDBStore, Store
+from turnkeeper.storage.wakeups import Subscription, Topic
 
 DEFAULT_PATH = "turnkeeper.duckdb"
 """The embedded default database file, in the current directory."""
+
+DB_ENV = "TURNKEEPER_DB"
+"""The environment variable the CLI's ``--db`` defaults to: a DuckDB file path
+or a PostgreSQL URL."""
+
+_LIBPQ_KEYWORD = re.compile(r"^\s*(host|hostaddr|port|dbname|user|password|service)\s*=")
+
+
+def is_postgres(target: str | os.PathLike[str]) -> bool:
+    """Whether ``target`` names a PostgreSQL database (a ``postgresql://`` or
+    ``postgres://`` URL, or a libpq ``key=value`` connection string) rather
+    than a DuckDB file."""
+    text = os.fspath(target)
+    if not isinstance(text, str):
+        return False
+    return text.startswith(("postgresql://", "postgres://")) or bool(_LIBPQ_KEYWORD.match(text))
 
 
 def open_store(
@@ -107,34 +125,50 @@ def open_store(
     *,
     clock: Callable[[], datetime] | None = None,
     read_only: bool = False,
-) -> DuckDBStore:
-    """Open (creating if needed) the DuckDB store at ``path`` (``":memory:"``: private).
+) -> BaseStore:
+    """Open (creating if needed) the store at ``path``: a DuckDB file (the
+    embedded default; ``":memory:"`` for a private one), or a PostgreSQL
+    database given as a ``postgresql://`` URL or a libpq connection string
+    (``pip install 'turnkeeper[postgres]'``; its ``options`` may set
+    ``search_path`` for a schema of its own).
 
     ``clock`` replaces the database clock (tests); it returns aware datetimes.
     ``read_only`` opens an existing store for inspection: no migrations, and
     every write raises ``ReadOnlyError``.
 
     Raises:
-        StoreLockedError: another process has the file open.
-        StoreNotFoundError: ``read_only`` and no file exists at ``path``.
+        StoreLockedError: (DuckDB) another process has the file open.
+        StoreNotFoundError: (DuckDB) ``read_only`` and no file exists at ``path``.
         InvalidInputError: ``path`` is not a usable path (a directory, or a
             new file in a folder that does not exist).
-        ForeignDatabaseError: the file is not a turnkeeper database (not a
-            DuckDB file, or another application's tables).
-        SchemaVersionError: the file was written by a newer turnkeeper, or
+        ForeignDatabaseError: not a turnkeeper database (not a DuckDB file, or
+            another application's tables).
+        SchemaVersionError: the store was written by a newer turnkeeper, or
             (read-only) needs a migration.
-        CorruptDatabaseError: the file or its write-ahead log is corrupt (the
-            message says which and what to do).
-        DatabaseError: any other failure opening the file.
+        CorruptDatabaseError: (DuckDB) the file or its write-ahead log is
+            corrupt (the message says which and what to do).
+        OperationalError: (PostgreSQL) the server cannot be reached.
+        NotSupportedError: a PostgreSQL URL, and ``psycopg`` is not installed.
+        DatabaseError: any other failure opening the store.
     """
+    if isinstance(path, str) and is_postgres(path):
+        try:
+            from turnkeeper.storage.postgres import PostgresStore
+        except ImportError as exc:
+            raise NotSupportedError(
+                detail="PostgreSQL needs psycopg: pip install 'turnkeeper[postgres]'"
+            ) from exc
+        return PostgresStore(path, clock=clock, read_only=read_only)
     return DuckDBStore(path, clock=clock, read_only=read_only)
 
 
 __all__ = [
     "ANY_LEAF",
+    "DB_ENV",
     "DEFAULT_PATH",
     "SCHEMA_VERSION",
     "AlreadyExistsError",
+    "BaseStore",
     "BusyError",
     "CheckpointError",
     "CorruptDatabaseError",
@@ -207,14 +241,17 @@ __all__ = [
     "StoreLockedError",
     "StoreNotFoundError",
     "SubmissionConflictError",
+    "Subscription",
     "ThreadRecord",
     "ToolCallPairingError",
     "ToolExecution",
     "ToolExecutionConflictError",
     "ToolExecutionNotFoundError",
     "ToolExecutionState",
+    "Topic",
     "TransactionConflictError",
     "TurnkeeperError",
     "acquire_many",
+    "is_postgres",
     "open_store",
 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -42,8 +43,87 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
-BACKENDS = ["duckdb"]
-"""Every backend the conformance suite runs over."""
+BACKENDS = ["duckdb", "postgres"]
+"""Every backend the conformance suite and the stateful machines run over."""
+
+PG_ENV = "TURNKEEPER_TEST_PG"
+"""A PostgreSQL URL the tests may create schemas in (``make test`` starts a
+throwaway server and sets it); unset, the PostgreSQL tests skip (and fail
+under ``CI=true``)."""
+
+_SCHEMAS: list[tuple[str, str]] = []
+
+
+def pg_url() -> str:
+    """The test server's URL, or skip (fail in CI) when there is none."""
+    url = os.environ.get(PG_ENV)
+    if not url:
+        why = f"PostgreSQL tests skipped: no test server ({PG_ENV} is unset; make test starts one)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    return url
+
+
+def with_schema(url: str, schema: str) -> str:
+    """``url`` with ``search_path`` set to ``schema`` (libpq ``options``)."""
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}options=-csearch_path%3D{schema}"
+
+
+def new_pg_schema() -> str:
+    """A fresh empty schema on the test server; its URL (dropped at the session's end)."""
+    import psycopg
+
+    url = pg_url()
+    schema = f"tk_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    _SCHEMAS.append((url, schema))
+    return with_schema(url, schema)
+
+
+def _on_postgres(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params.values() if callspec is not None else ()
+    return item.get_closest_marker("postgres") is not None or "postgres" in params
+
+
+_LEFT_OUT: list[int] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without a test server, leave the PostgreSQL tests out (one summary line says
+    so); under ``CI=true`` that is an error: CI must test both backends."""
+    if os.environ.get(PG_ENV):
+        return
+    left = [i for i in items if _on_postgres(i)]
+    if not left:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        raise pytest.UsageError(f"CI=true and {PG_ENV} is unset: no PostgreSQL test server")
+    items[:] = [i for i in items if not _on_postgres(i)]
+    config.hook.pytest_deselected(items=left)
+    _LEFT_OUT.append(len(left))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _LEFT_OUT:
+        terminalreporter.write_line(
+            f"PostgreSQL tests skipped ({sum(_LEFT_OUT)}): no test server ({PG_ENV} is unset; "
+            "make test starts a throwaway one where PostgreSQL is installed)"
+        )
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Drop the schemas the tests created (a throwaway server is dropped whole)."""
+    if not _SCHEMAS:
+        return
+    import psycopg
+
+    with psycopg.connect(_SCHEMAS[0][0], autocommit=True) as conn:
+        for _, schema in _SCHEMAS:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
 class FakeClock:
@@ -63,10 +143,15 @@ class FakeClock:
 
 
 def open_backend(
-    backend: str, path: Path, clock: Callable[[], datetime] | None
-) -> turnkeeper.Store:
+    backend: str, path: Path | None, clock: Callable[[], datetime] | None
+) -> turnkeeper.BaseStore:
+    """A new, empty store on ``backend``: a DuckDB file in ``path`` (in memory
+    without one), or a fresh schema on the PostgreSQL test server."""
     if backend == "duckdb":
-        return turnkeeper.open_store(str(path / "store.duckdb"), clock=clock)
+        where = ":memory:" if path is None else str(path / "store.duckdb")
+        return turnkeeper.open_store(where, clock=clock)
+    if backend == "postgres":
+        return turnkeeper.open_store(new_pg_schema(), clock=clock)
     raise ValueError(backend)
 
 
@@ -96,21 +181,40 @@ def clock() -> FakeClock:
 @pytest.fixture(params=BACKENDS)
 def store(
     request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
-) -> Iterator[turnkeeper.DuckDBStore]:
+) -> Iterator[turnkeeper.BaseStore]:
     s = open_backend(request.param, tmp_path, clock)
-    yield s  # type: ignore[misc]
+    yield s
     s.close()
 
 
 @pytest.fixture(params=BACKENDS)
-def real_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[turnkeeper.DuckDBStore]:
+def real_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[turnkeeper.BaseStore]:
     """A store on the database's own clock."""
     s = open_backend(request.param, tmp_path, None)
-    yield s  # type: ignore[misc]
+    yield s
     s.close()
 
 
-def forge(store: turnkeeper.DuckDBStore, sql: str, params: list[Any] | None = None) -> None:
+@pytest.fixture
+def duck_real_store(tmp_path: Path) -> Iterator[turnkeeper.DuckDBStore]:
+    """A DuckDB store on the database's own clock."""
+    s = turnkeeper.open_store(str(tmp_path / "store.duckdb"))
+    assert isinstance(s, turnkeeper.DuckDBStore)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def duck_store(tmp_path: Path, clock: FakeClock) -> Iterator[turnkeeper.DuckDBStore]:
+    """A DuckDB store, for what only the embedded backend has (its file, its lock,
+    its query parser)."""
+    s = turnkeeper.open_store(str(tmp_path / "store.duckdb"), clock=clock)
+    assert isinstance(s, turnkeeper.DuckDBStore)
+    yield s
+    s.close()
+
+
+def forge(store: turnkeeper.BaseStore, sql: str, params: list[Any] | None = None) -> None:
     """Write ``sql`` straight to the store's database, bypassing every check: tests
     use it to forge states the store itself never writes (``query`` only reads)."""
     store.db.write("forge", lambda tx: tx.exec(sql, params or []), transaction=False, retry=False)

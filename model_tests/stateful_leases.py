@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from conftest import FakeClock
+from conftest import FakeClock, open_backend
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -96,9 +96,7 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
         def __init__(self) -> None:
             super().__init__()
             self.clock = FakeClock()
-            if backend != "duckdb":
-                raise ValueError(backend)
-            self.store = turnkeeper.open_store(":memory:", clock=self.clock)
+            self.store = open_backend(backend, None, self.clock)
             self.oracle = Oracle()
             self.given: list[Held] = []
             self.grants: dict[str, list[int]] = {t: [] for t in TARGETS}
@@ -243,11 +241,13 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
 
         @invariant()
         def epochs_increase_and_one_active_record_per_key(self) -> None:
-            grants = self.rows(
-                "SELECT target, list(epoch ORDER BY occurred_at, epoch) FROM lease_events "
-                "WHERE edge IN ('grant', 'regrant', 'takeover') GROUP BY target"
-            )
-            for target, epochs in grants:
+            grants: dict[str, list[int]] = {}
+            for target, epoch in self.rows(
+                "SELECT target, epoch FROM lease_events "
+                "WHERE edge IN ('grant', 'regrant', 'takeover') ORDER BY occurred_at, epoch"
+            ):
+                grants.setdefault(target, []).append(epoch)
+            for target, epochs in grants.items():
                 assert epochs == list(range(1, len(epochs) + 1)), (target, epochs)
             doubled = self.rows(
                 "SELECT key, count(*) FROM thread_records WHERE status = 'active' "

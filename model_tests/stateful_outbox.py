@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import ClassVar
 
-from conftest import FakeClock
+from conftest import FakeClock, open_backend
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
-import turnkeeper
 from turnkeeper import (
     DeliveryLeaseLostError,
     DeliveryOperationBusyError,
@@ -71,12 +71,14 @@ def attempt(fn, *args, **kwargs) -> tuple:
 
 
 class OutboxMachine(RuleBasedStateMachine):
+    backend: ClassVar[str] = "duckdb"
+    """The backend each example's store is opened on (see :func:`on`)."""
     claims = Bundle("claims")
 
     def __init__(self) -> None:
         super().__init__()
         self.clock = FakeClock()
-        self.store = turnkeeper.open_store(":memory:", clock=self.clock)
+        self.store = open_backend(self.backend, None, self.clock)
         self.store.create_session("s")
         run = self.store.admit_run("s", {"q": 1})
         self.store.start_run(run.id)
@@ -206,9 +208,16 @@ class OutboxMachine(RuleBasedStateMachine):
             "WHERE dest = 'delivered' GROUP BY operation_id HAVING count(*) > 1"
         ).to_pylist()
         assert rows == []
-        epochs = self.store.query(
-            "SELECT operation_id, list(epoch ORDER BY occurred_at, epoch) AS e "
-            "FROM delivery_events WHERE trigger = 'claim' GROUP BY operation_id"
-        ).to_pylist()
-        for row in epochs:
-            assert row["e"] == list(range(1, len(row["e"]) + 1)), row
+        epochs: dict[str, list[int]] = {}
+        for row in self.store.query(
+            "SELECT operation_id, epoch FROM delivery_events WHERE trigger = 'claim' "
+            "ORDER BY occurred_at, epoch"
+        ).to_pylist():
+            epochs.setdefault(row["operation_id"], []).append(row["epoch"])
+        for op, seen in epochs.items():
+            assert seen == list(range(1, len(seen) + 1)), (op, seen)
+
+
+def on(backend: str) -> type[OutboxMachine]:
+    """The machine with its stores on ``backend``."""
+    return type(f"OutboxMachine_{backend}", (OutboxMachine,), {"backend": backend})

@@ -16,8 +16,9 @@ Every outcome is compared with a plain-Python oracle, and after every step:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from conftest import FakeClock
+from conftest import FakeClock, open_backend
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -95,13 +96,15 @@ def attempt(fn, *args, **kwargs) -> tuple:
 
 
 class RunsAndRecoveryMachine(RuleBasedStateMachine):
+    backend: ClassVar[str] = "duckdb"
+    """The backend each example's store is opened on (see :func:`on`)."""
     leases = Bundle("leases")
     runs = Bundle("runs")
 
     def __init__(self) -> None:
         super().__init__()
         self.clock = FakeClock()
-        self.store = turnkeeper.open_store(":memory:", clock=self.clock)
+        self.store = open_backend(self.backend, None, self.clock)
         self.oracle = Oracle()
         self.world = World()
 
@@ -257,3 +260,9 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
                 assert status == model.status, f"{run_id} revived: {model.status} -> {status}"
         for session, ids in live.items():
             assert len(ids) <= 1, f"{session}: several non-terminal runs {ids}"
+
+
+def on(backend: str) -> type[RunsAndRecoveryMachine]:
+    """The machine with its stores on ``backend``."""
+    name = f"RunsAndRecoveryMachine_{backend}"
+    return type(name, (RunsAndRecoveryMachine,), {"backend": backend})

@@ -12,7 +12,8 @@ import turnkeeper
 from turnkeeper import EntryKind
 
 
-def test_sigint_during_a_query_is_keyboard_interrupt_not_a_store_error(real_store):
+def test_sigint_during_a_query_is_keyboard_interrupt_not_a_store_error(duck_real_store):
+    real_store = duck_real_store
     timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
     try:
@@ -25,7 +26,8 @@ def test_sigint_during_a_query_is_keyboard_interrupt_not_a_store_error(real_stor
     assert real_store.get_session("after") is not None
 
 
-def test_interrupt_inside_a_transaction_rolls_back(store, monkeypatch):
+def test_interrupt_inside_a_transaction_rolls_back(duck_store, monkeypatch):
+    store = duck_store
     store.create_session("s")
     from turnkeeper.storage.duck.db import Tx
 

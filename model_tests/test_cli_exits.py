@@ -6,6 +6,7 @@ id); 130 interrupted."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import duckdb
@@ -156,3 +157,29 @@ def test_bad_usage_is_one_line_exit_2(
     assert line.startswith("turnkeeper: error: ")
     assert "--help" in line  # where to look next
     assert list(tmp_path.iterdir()) == []
+
+
+def test_export_writes_to_a_fifo_or_device_and_never_replaces_it(tmp_path: Path) -> None:
+    """A special file is written to (a reader of the FIFO gets the session), never
+    replaced by a regular file; a device that refuses the write exits 2."""
+    import stat
+    import threading
+
+    db = tmp_path / "e.duckdb"
+    with turnkeeper.open_store(str(db)) as store:
+        store.create_session("s1")
+        store.append("s1", "message", {"message": {"role": "user", "content": "hi"}})
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    result = run("export", "--db", str(db), "s1", "-o", str(fifo))
+    reader.join(60)
+    assert result.exit_code == 0, result.output
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert b'"hi"' in got[0]
+    if os.path.exists("/dev/full"):
+        full = run("export", "--db", str(db), "s1", "-o", "/dev/full")
+        assert full.exit_code == 2
+        assert stat.S_ISCHR(os.stat("/dev/full").st_mode)

@@ -18,6 +18,7 @@ import dataclasses
 from collections.abc import Callable
 
 import pytest
+from conftest import BACKENDS
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 from stateful_leases import make_machine
@@ -60,7 +61,7 @@ def weak_fence(without: str) -> Callable[[Tx, object], None]:
 def weak_renew(tx: Tx, lease, ttl_s: float):
     """Renew without the expiry (and state) check."""
     tx.exec(
-        f"UPDATE leases SET expires_at = {leases.NOW} + to_microseconds(?) "
+        f"UPDATE leases SET expires_at = {leases.NOW} + ?::BIGINT * INTERVAL '1 microsecond' "
         "WHERE target = ? AND epoch = ? AND token_digest = ?",
         [tx.now, int(ttl_s * 1e6), lease.target, lease.epoch, leases.digest(lease.token)],
     )
@@ -72,6 +73,25 @@ def finalize_without_key_cas(tx: Tx, req, columns):
 
 
 REAL_FINALIZE = threads.finalize
+
+
+def without_engine_guard(mp: pytest.MonkeyPatch, index: str) -> None:
+    """PostgreSQL's migrations without the partial unique index ``index`` (test-only),
+    so that a kill of the domain fence behind it is not caught by the engine first."""
+    from turnkeeper.storage.postgres import db as pg_db
+
+    trimmed = [
+        (v, ";".join(s for s in sql.split(";") if f"INDEX {index} " not in s))
+        for v, sql in pg_db.MIGRATIONS
+    ]
+    assert trimmed != pg_db.MIGRATIONS, index
+    mp.setattr(pg_db, "MIGRATIONS", trimmed)
+
+
+def drop_archive(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(threads, "_archive", lambda tx, record_id, key: None)
+    without_engine_guard(mp, "thread_records_one_active_per_key")
+
 
 A1 = {"tgt": "session:s1", "purpose": "execution"}
 
@@ -131,7 +151,7 @@ KILLS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], list[tuple[str, dic
         ],
     ),
     "archive-on-rebind": (
-        lambda mp: mp.setattr(threads, "_archive", lambda tx, record_id, key: None),
+        drop_archive,
         [
             rebind_step("r1"),
             rebind_step("r2"),
@@ -140,9 +160,9 @@ KILLS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], list[tuple[str, dic
 }
 
 
-def replay(steps: list[tuple[str, dict]]) -> None:
+def replay(steps: list[tuple[str, dict]], backend: str) -> None:
     """Run stored steps on a fresh machine, checking every invariant after each."""
-    machine = make_machine("duckdb")()
+    machine = make_machine(backend)()
     held: list[object] = []
     try:
         machine.sessions()
@@ -166,32 +186,54 @@ def replay(steps: list[tuple[str, dict]]) -> None:
         machine.teardown()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("fence", sorted(KILLS))
-def test_stored_counterexample_passes_on_the_real_store(fence: str) -> None:
-    replay(KILLS[fence][1])
+def test_stored_counterexample_passes_on_the_real_store(fence: str, backend: str) -> None:
+    replay(KILLS[fence][1], backend)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("fence", sorted(KILLS))
 def test_stored_counterexample_fails_with_the_fence_patched_out(
-    fence: str, monkeypatch: pytest.MonkeyPatch
+    fence: str, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     patch, steps = KILLS[fence]
     patch(monkeypatch)
     with pytest.raises(AssertionError):
-        replay(steps)
+        replay(steps, backend)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("fence", sorted(KILLS))
 def test_machine_finds_a_counterexample_with_the_fence_patched_out(
-    fence: str, monkeypatch: pytest.MonkeyPatch
+    fence: str, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     KILLS[fence][0](monkeypatch)
     with pytest.raises(Exception) as caught:
-        run_state_machine_as_test(make_machine("duckdb"), settings=SEARCH)
+        run_state_machine_as_test(make_machine(backend), settings=SEARCH)
     pending: list[BaseException] = [caught.value]
     while pending and not isinstance(pending[0], AssertionError):
         head = pending.pop(0)
         if isinstance(head, BaseExceptionGroup):
             pending.extend(head.exceptions)
     assert pending, f"the machine failed, but not on an assertion: {caught.value!r}"
+
+
+@pytest.mark.postgres
+def test_on_postgres_the_engine_alone_refuses_a_second_active_record(monkeypatch):
+    """Defence in depth: with only the domain's archive patched out, PostgreSQL's
+    partial unique index still refuses the second active record for the key."""
+    from conftest import open_backend
+
+    import turnkeeper
+    from turnkeeper.spec.records import FinalizeRequest, ThreadRecord
+
+    monkeypatch.setattr(threads, "_archive", lambda tx, record_id, key: None)
+    with open_backend("postgres", None, None) as store:
+        store.finalize(FinalizeRequest(ThreadRecord("r1", "k1"), rebind_active=True))
+        with pytest.raises(turnkeeper.TransactionConflictError) as err:
+            store.finalize(FinalizeRequest(ThreadRecord("r2", "k1"), rebind_active=True))
+        assert "thread_records_one_active_per_key" in str(err.value)
+        rows = store.query("SELECT id FROM thread_records WHERE status = 'active'").to_pylist()
+        assert rows == [{"id": "r1"}]

@@ -7,6 +7,7 @@ without them the corpus test skips locally and fails in CI, as in test_pi_format
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Iterator, Mapping
@@ -73,10 +74,15 @@ def snapshot(store: Any) -> tuple[Any, ...]:
     return (
         rows(store, "SELECT * FROM sessions ORDER BY id"),
         rows(
-            store, "SELECT session_id, id, parent_id, kind, seq, payload FROM entries ORDER BY ALL"
+            store,
+            "SELECT session_id, id, parent_id, kind, seq, payload FROM entries "
+            "ORDER BY session_id, seq",
         ),
-        rows(store, "SELECT * FROM session_forks ORDER BY ALL"),
-        rows(store, "SELECT target, epoch, state, fenced_writes, expires_at FROM leases"),
+        rows(store, "SELECT * FROM session_forks ORDER BY request_digest"),
+        rows(
+            store,
+            "SELECT target, epoch, state, fenced_writes, expires_at FROM leases ORDER BY target",
+        ),
         rows(store, "SELECT id, status, end_seq FROM conversation_turns ORDER BY id"),
     )
 
@@ -129,13 +135,8 @@ def as_tuple(replay: Replay) -> tuple[Any, ...]:
 
 
 def forks_of(store: Any, sid: str) -> int:
-    found = rows(
-        store,
-        "SELECT count(*) AS n FROM sessions "
-        "WHERE json_extract_string(header, '$.parentSession') = ?",
-        [sid],
-    )
-    return int(found[0]["n"])
+    headers = rows(store, "SELECT header FROM sessions")
+    return sum(1 for h in headers if json.loads(h["header"]).get("parentSession") == sid)
 
 
 @pytest.fixture

@@ -233,7 +233,8 @@ def test_paths_are_reported_absolute(tmp_path, monkeypatch):
         assert s.path == str(tmp_path / "rel.duckdb")
 
 
-def test_short_lived_threads_do_not_gather_cursors(real_store):
+def test_short_lived_threads_do_not_gather_cursors(duck_real_store):
+    real_store = duck_real_store
     """Each thread's cursor is closed when the thread ends (a runtime starting a
     heartbeat thread per lease would otherwise leak one cursor per thread)."""
     real_store.create_session("cur")
@@ -433,6 +434,11 @@ def test_the_refusal_names_where_the_inexact_value_sits(store):
             "execution_key",
         ),
         (lambda s: s.fork_session("ok", request_id="f\x00"), "request_id"),
+        (lambda s: s.create_session("a\u200bb"), "session_id"),
+        (lambda s: s.create_session("\ufeffs"), "session_id"),
+        (lambda s: s.create_session("s\u2028"), "session_id"),
+        (lambda s: s.create_session("   "), "session_id"),
+        (lambda s: s.admit_run("ok", {"q": 1}, submission_key="k\x1b"), "submission_key"),
     ],
 )
 def test_ids_hold_no_control_characters(store, call, field):

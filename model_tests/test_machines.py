@@ -261,7 +261,7 @@ def test_transitions_the_store_accepts_equal_the_spec_edges(store, clock):
         assert seen == spec, (lifecycle.name, seen ^ spec)
 
 
-@pytest.mark.parametrize("dialect", ["duck"])
+@pytest.mark.parametrize("dialect", ["duck", "postgres"])
 def test_check_constraints_list_exactly_the_spec_states(dialect):
     folder = ROOT / "storage" / dialect / "migrations"
     for lifecycle, column, file in [

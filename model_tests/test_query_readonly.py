@@ -103,6 +103,11 @@ WRITES_INSIDE_A_READ = [
     "SELECT * FROM query('DELETE FROM sessions')",
     "SELECT * FROM query('WITH d AS (DELETE FROM sessions RETURNING *) SELECT * FROM d')",
     "SELECT (SELECT count(*) FROM QUERY('SELECT 1'))",
+    "SELECT * FROM checkpoint()",
+    "SELECT * FROM force_checkpoint()",
+    "SELECT * FROM truncate_duckdb_logs()",
+    "SELECT setseed(0.25)",
+    "SELECT 1 FROM sessions WHERE random() < (SELECT 2 FROM (SELECT setseed(0.1)))",
 ]
 
 BEYOND_THE_DATABASE = [
@@ -130,8 +135,9 @@ def _state(store: turnkeeper.DuckDBStore) -> dict[str, Any]:
 
 
 @pytest.fixture
-def busy(store):
-    """A store with a session, entries, a running run and a lease."""
+def busy(duck_store):
+    """A DuckDB store with a session, entries, a running run and a lease."""
+    store = duck_store
     store.create_session("q")
     store.append("q", EntryKind.MESSAGE, MSG)
     run = store.admit_run("q", {"text": "go"})

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import threading
 from datetime import timedelta
-from types import SimpleNamespace
 
 import pytest
 
@@ -277,9 +276,11 @@ def _race_finish_against_recovery(store, sid: str) -> dict[str, str]:
 
 
 def _unserialized(store, monkeypatch) -> None:
-    """Take the in-process write lock out of ``store`` (test-only), so that its
-    writes overlap and only the database's conflicts order them."""
-    monkeypatch.setattr(store.db, "_write_lock", SimpleNamespace(lock=contextlib.nullcontext()))
+    """Take DuckDB's in-process write lock out of ``store`` (test-only), so that its
+    writes overlap and only the database's conflicts order them. PostgreSQL has
+    no such lock: its writes always overlap."""
+    if store.db.dialect.name == "duckdb":
+        monkeypatch.setattr(store.db, "_write_lock", contextlib.nullcontext())
 
 
 @pytest.mark.parametrize("serialized", [True, False], ids=["write-lock", "conflicts-alone"])
@@ -341,3 +342,18 @@ def test_convergence_writes_the_delivery_plan_with_the_run_end(store, clock):
     _, operations = store.get_delivery_plan(f"{run.id}:delivery")
     assert store.get_run(run.id).status == "interrupted"
     assert [o.key for o in operations] == ["notice"]
+
+
+def test_a_run_that_succeeded_carries_no_error_on_any_path(store):
+    """A finished run's outcome is final and says so: neither finish_run nor a
+    recovery can end a run ``succeeded`` with an error (reports would list it
+    under failure reasons)."""
+    run = admitted(store)
+    with pytest.raises(turnkeeper.InvalidInputError) as err:
+        store.finish_run(run.id, "succeeded", error="abandoned by cleanup")
+    assert err.value.field == "error"
+    lease = recovery_lease(store)
+    store.begin_recovery(run.id, lease)
+    with pytest.raises(turnkeeper.InvalidInputError):
+        store.converge_recovery(run.id, lease, status="succeeded", error="x")
+    assert (store.get_run(run.id).status, store.get_run(run.id).error) == ("running", None)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from conftest import BACKENDS
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
-from stateful_outbox import OutboxMachine
+from stateful_outbox import on
 
 from turnkeeper.spec import errors
 from turnkeeper.storage.ops import delivery
@@ -21,8 +22,9 @@ SEARCH = settings(
 )
 
 
-def test_outbox_agrees_with_the_model() -> None:
-    run_state_machine_as_test(OutboxMachine)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_outbox_agrees_with_the_model(backend: str) -> None:
+    run_state_machine_as_test(on(backend))
 
 
 def drop_owner_epoch_check(mp: pytest.MonkeyPatch) -> None:
@@ -58,10 +60,11 @@ KILLS = {
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("fence", sorted(KILLS))
 def test_machine_finds_a_counterexample_with_the_fence_patched_out(
-    fence: str, monkeypatch: pytest.MonkeyPatch
+    fence: str, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     KILLS[fence](monkeypatch)
     with pytest.raises(AssertionError):
-        run_state_machine_as_test(OutboxMachine, settings=SEARCH)
+        run_state_machine_as_test(on(backend), settings=SEARCH)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from conftest import BACKENDS
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
-from stateful_runs import RunsAndRecoveryMachine
+from stateful_runs import on
 
 from turnkeeper.spec import errors
 from turnkeeper.spec.lease import LeasePurpose, session_target
@@ -22,8 +23,9 @@ SEARCH = settings(
 )
 
 
-def test_runs_and_recovery_agree_with_the_oracle() -> None:
-    run_state_machine_as_test(RunsAndRecoveryMachine)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_runs_and_recovery_agree_with_the_oracle(backend: str) -> None:
+    run_state_machine_as_test(on(backend))
 
 
 def drop_finish_fence(mp: pytest.MonkeyPatch) -> None:
@@ -53,10 +55,11 @@ KILLS = {"finish-lease-fence": drop_finish_fence, "recovery-lease-fence": drop_r
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("fence", sorted(KILLS))
 def test_machine_finds_a_counterexample_with_the_fence_patched_out(
-    fence: str, monkeypatch: pytest.MonkeyPatch
+    fence: str, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     KILLS[fence](monkeypatch)
     with pytest.raises(AssertionError):
-        run_state_machine_as_test(RunsAndRecoveryMachine, settings=SEARCH)
+        run_state_machine_as_test(on(backend), settings=SEARCH)

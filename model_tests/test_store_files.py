@@ -95,7 +95,7 @@ def test_a_file_that_is_not_a_duckdb_database_is_refused_as_such(
     with pytest.raises(errors.ForeignDatabaseError) as err:
         turnkeeper.open_store(str(path), read_only=read_only)
     assert "not a DuckDB database" in str(err.value)
-    assert isinstance(err.value.__cause__, duckdb.Error)
+    assert err.value.__cause__ is None  # refused by its header, before DuckDB read it
     assert path.read_text() == "these are my notes\n" * 300
 
 

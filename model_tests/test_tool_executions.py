@@ -71,7 +71,10 @@ def states(store, sid: str = "s") -> dict[str, str]:
 def events(store, key: str | None = None) -> list[str]:
     """The edges applied (to ``key``), in insertion order."""
     where = "" if key is None else f" WHERE execution_key = '{key}'"
-    rows = store.query(f"SELECT edge FROM tool_execution_events{where} ORDER BY rowid").to_pylist()
+    # an append-only table's physical order is its insertion order (test-only)
+    order = "ctid" if store.db.dialect.name == "postgres" else "rowid"
+    rows = store.query(f"SELECT edge FROM tool_execution_events{where} ORDER BY {order}")
+    rows = rows.to_pylist()
     return [r["edge"] for r in rows]
 
 

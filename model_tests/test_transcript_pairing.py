@@ -273,3 +273,52 @@ def test_control_without_the_pairing_check_the_property_fails(tmp_path, monkeypa
 
     with pytest.raises((AssertionError, Flaky)):
         prop()
+
+
+@pytest.mark.parametrize(
+    "between",
+    [
+        {"message": USER},
+        {"message": {"role": "assistant", "content": [{"type": "text", "text": "hm"}]}},
+        {"customType": "note", "content": "an extension's message"},
+    ],
+    ids=["user", "assistant", "custom-message"],
+)
+def test_a_result_after_another_message_followed_its_call_is_late(store, between):
+    """A provider takes a call's results only right after the assistant message
+    that made it: call → user message → result is refused."""
+    store.create_session("s")
+    store.append("s", EntryKind.MESSAGE, call("c1", "c2"))
+    store.append("s", EntryKind.MESSAGE, result("c1"))
+    kind = EntryKind.CUSTOM_MESSAGE if "customType" in between else EntryKind.MESSAGE
+    store.append("s", kind, between)
+    with pytest.raises(ToolCallPairingError) as err:
+        store.append("s", EntryKind.MESSAGE, result("c2"))
+    assert (err.value.tool_call_id, err.value.reason) == ("c2", "late")
+
+
+def test_entries_outside_the_context_keep_a_call_answerable(store):
+    """Labels, titles, settings changes and turn boundaries are not messages."""
+    store.create_session("s")
+    assistant = store.append("s", EntryKind.MESSAGE, call("c1"))
+    store.set_label("s", assistant.id, "x")
+    store.set_title("s", "t")
+    store.append("s", EntryKind.MODEL_CHANGE, {"provider": "p", "modelId": "m"})
+    store.append("s", EntryKind.MESSAGE, result("c1"))
+    assert roles(store) == ["assistant", "toolResult"]
+
+
+def test_a_run_cannot_admit_or_end_with_a_tool_result(store):
+    """Every API write path keeps the pairing: admission's user message is a user
+    message and termination's reply an assistant message."""
+    store.create_session("s")
+    stray = {"role": "toolResult", "toolCallId": "zz", "toolName": "x", "content": []}
+    with pytest.raises(turnkeeper.InvalidInputError) as err:
+        store.admit_run("s", {"x": 1}, user_message=stray)
+    assert err.value.field == "user_message.role"
+    run = store.admit_run("s", {"x": 1}, user_message=USER)
+    store.start_run(run.id)
+    with pytest.raises(turnkeeper.InvalidInputError) as err:
+        store.finish_run(run.id, "succeeded", assistant_message=stray)
+    assert err.value.field == "assistant_message.role"
+    assert roles(store) == ["user"]

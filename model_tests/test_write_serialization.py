@@ -1,5 +1,7 @@
-"""Writes are serialized in process: contention between the store's own threads
-never escapes as ``TransactionConflictError``, and never even costs a retry.
+"""DuckDB's writes are serialized in process: contention between the store's own
+threads never escapes as ``TransactionConflictError``, and never even costs a
+retry. (PostgreSQL's writers are other processes too: their lost races are
+retried, ``test_postgres.py``.)
 
 Only one process can write a DuckDB file, so every writer is a thread of this
 process; the store holds one write lock per file around each write.
@@ -34,8 +36,8 @@ def _run_threads(n: int, work) -> list[BaseException]:
     return failures
 
 
-def test_unconditional_appends_from_16_threads_all_land_in_one_chain(real_store):
-    store = real_store
+def test_unconditional_appends_from_16_threads_all_land_in_one_chain(duck_real_store):
+    store = duck_real_store
     store.create_session("s")
     per_thread = 10
 
@@ -50,8 +52,8 @@ def test_unconditional_appends_from_16_threads_all_land_in_one_chain(real_store)
     assert store.statement_stats()["append"]["retries"] == 0
 
 
-def test_48_tool_completions_under_one_session_lease_need_no_retry(real_store):
-    store = real_store
+def test_48_tool_completions_under_one_session_lease_need_no_retry(duck_real_store):
+    store = duck_real_store
     store.create_session("s")
     lease = store.acquire_lease("session:s", "w", 600, purpose="execution")
     run = store.admit_run("s", {"text": "go"}, lease=lease)

@@ -277,7 +277,9 @@ class ToolCallPairingError(TurnkeeperError):
     ``toolResult``: the one being appended, or the kept one a compaction would
     cut its call from. ``reason`` is ``"unpaired"`` (no ``toolCall`` with
     ``tool_call_id`` is in the context), ``"duplicate"`` (the call was already
-    answered there) or ``"cut"``. Nothing is written.
+    answered there), ``"late"`` (other messages followed the call before this
+    result: a provider takes results only right after the call's assistant
+    message) or ``"cut"``. Nothing is written.
     """
 
     fields = ("session_id", "entry_id", "tool_call_id", "reason")

@@ -12,10 +12,13 @@ analytics query defences and wake-ups.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from .wakeups import Subscription, Topic
 
 T = TypeVar("T")
 
@@ -41,14 +44,19 @@ def utc(value: datetime) -> datetime:
 class Dialect:
     """The few statements that differ between the engines, named and kept together.
 
-    ``name`` is ``"duckdb"`` or ``"postgres"``. ``lock_skip`` ends a ``SELECT``
-    that claims or scans rows another transaction may be working on (``FOR
-    UPDATE SKIP LOCKED`` on PostgreSQL; empty on DuckDB, whose writes are
-    serialized in process).
+    ``name`` is ``"duckdb"`` or ``"postgres"``. ``skip_locked``: rows another
+    transaction is writing can be skipped (PostgreSQL's ``FOR UPDATE SKIP
+    LOCKED``) by claims and scans, instead of waiting for it and then losing
+    the race; DuckDB has no row locks (its writes are serialized in process).
     """
 
     name: str
-    lock_skip: str = ""
+    skip_locked: bool = False
+
+    def skip_locked_of(self, alias: str) -> str:
+        """The clause that ends a claim's or scan's ``SELECT``: lock the rows of
+        ``alias`` it returns, skipping rows another transaction holds."""
+        return f" FOR UPDATE OF {alias} SKIP LOCKED" if self.skip_locked else ""
 
 
 class Tx(Protocol):
@@ -83,6 +91,11 @@ class Tx(Protocol):
         """Insert ``rows`` (values in ``columns`` order) in bulk."""
         ...
 
+    def notify(self, topic: str) -> None:
+        """Publish the wake-up ``topic`` once this transaction commits (advisory:
+        see ``storage/wakeups.py``)."""
+        ...
+
 
 class Backend(Protocol):
     """A database the store runs on (see the module docstring)."""
@@ -100,20 +113,49 @@ class Backend(Protocol):
         *,
         transaction: bool = True,
         retry: bool = True,
+        exclusive: bool = True,
     ) -> T:
-        """Run ``body`` as one write (retried as a lost race on conflict)."""
+        """Run ``body`` as one write (retried as a lost race on conflict);
+        ``exclusive=False`` lets a backend that serializes its writes in
+        process run this one (one autocommit statement) beside them."""
         ...
 
     def read(self, operation: str, body: Callable[[Tx], T], *, snapshot: bool = False) -> T:
         """Run ``body`` as a read (one statement, or one rolled-back snapshot)."""
         ...
 
+    def scan(self, operation: str, body: Callable[[Tx], T]) -> T:
+        """Run ``body`` as a read in one snapshot that may take row locks to skip
+        rows other transactions are writing (see :class:`Dialect`); it writes
+        nothing and is rolled back, which releases the locks."""
+        ...
+
     def query(self, sql: str, params: Sequence[Any]) -> Any:
         """Run one analytics read and return a ``pyarrow.Table`` (see ``Store.query``)."""
         ...
 
+    def subscribe(self, topics: tuple[Topic, ...]) -> Subscription:
+        """A subscription to the wake-ups of ``topics`` (see ``storage/wakeups.py``)."""
+        ...
+
+    def query_batches(
+        self,
+        sql: str,
+        params: Sequence[Any],
+        consume: Callable[[Any, Iterator[Any]], T],
+        batch_rows: int,
+    ) -> T:
+        """Run one analytics read and hand ``consume`` its Arrow schema and record
+        batches as they stream (see ``Store.query_batches``)."""
+        ...
+
     def migrations(self) -> list[tuple[int, str]]:
         """This dialect's numbered migrations, ``(version, sql)`` in order."""
+        ...
+
+    def migrate(self, operation: str, body: Callable[[Tx], T]) -> T:
+        """Run the migration ``body`` as one write that sees what another opener
+        committed while it waited for :meth:`lock_migrations`."""
         ...
 
     def lock_migrations(self, tx: Tx) -> None:

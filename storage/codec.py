@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from typing import Any
 
 import orjson
@@ -35,24 +36,40 @@ def check_text(value: object, field: str, *, allow_empty: bool = True) -> str:
     return value
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_INVISIBLE = {"Cc", "Cf", "Zl", "Zp"}
+"""Unicode categories no id holds: control, format (zero-width, BOM, bidi marks)
+and line/paragraph separators."""
+
+_ASCII_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _invisible(text: str) -> str | None:
+    """The first character of ``text`` in :data:`_INVISIBLE`, or ``None``."""
+    if text.isascii():
+        found = _ASCII_CONTROL.search(text)
+        return None if found is None else found.group()
+    return next((c for c in text if unicodedata.category(c) in _INVISIBLE), None)
 
 
 def check_id(value: object, field: str) -> str:
-    """Return ``value`` if it is an identifier: a non-empty string that UTF-8 can
-    hold, without control characters (NUL, newlines, escapes …), which no id
-    needs and which would make it ambiguous in a lease target, a log line or a
-    backend that cannot store NUL. Payload text keeps every character.
+    """Return ``value`` if it is an identifier: a string that UTF-8 can hold, not
+    blank, without control characters (NUL, newlines, escapes …), invisible
+    format characters (zero-width space, BOM, bidi marks) or line separators,
+    which no id needs and which would make two ids look alike, or one
+    ambiguous in a lease target, a log line or a backend that cannot store
+    NUL. Payload text keeps every character.
 
     Raises:
-        InvalidInputError: not a string, empty, a lone surrogate, or a
-            control character.
+        InvalidInputError: not a string, empty or blank, a lone surrogate, or
+            one of those characters.
     """
     text = check_text(value, field, allow_empty=False)
-    found = _CONTROL.search(text)
+    if not text.strip():
+        raise InvalidInputError(field, "an id is not blank")
+    found = _invisible(text)
     if found is not None:
         raise InvalidInputError(
-            field, f"an id holds no control characters (found {found.group()!r})"
+            field, f"an id holds no control or invisible characters (found {found!r})"
         )
     return text
 

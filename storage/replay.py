@@ -123,9 +123,11 @@ class PairingFault:
     """A ``toolResult`` a model provider would reject in a replayed context.
 
     ``reason`` is ``"unpaired"`` (no ``toolCall`` with its id is in the
-    context), ``"duplicate"`` (its call was already answered there) or
-    ``"cut"`` (a compaction kept the result but cut its call off; ``entry_id``
-    is then the compaction's id and ``result_id`` the result's).
+    context), ``"duplicate"`` (its call was already answered there),
+    ``"late"`` (other messages followed its call before it: a provider takes
+    results only right after the call's assistant message) or ``"cut"`` (a
+    compaction kept the result but cut its call off; ``entry_id`` is then the
+    compaction's id and ``result_id`` the result's).
     """
 
     entry_id: str
@@ -163,25 +165,40 @@ def tool_result_call_id(entry: Entry) -> str | None:
 
 
 class _Context:
-    """The tool calls and results of a replayed context, as it grows."""
+    """The tool calls and results of a replayed context, as it grows.
+
+    A provider takes a call's results only right after the assistant message
+    that made it: once any other message follows (a user message, another
+    assistant message, a summary …), the calls still unanswered can no longer
+    be answered (``expired``).
+    """
 
     def __init__(self) -> None:
-        self.open: dict[str, Entry] = {}  # call id → the assistant entry, in context order
+        self.open: dict[str, Entry] = {}  # answerable call id → its assistant entry
         self.answered: set[str] = set()
+        self.expired: dict[str, Entry] = {}  # lapsed unanswered call id → its entry
 
     def add(self, entry: Entry) -> PairingFault | None:
-        for call_id in tool_call_ids(entry):
-            self.open.pop(call_id, None)
-            self.open[call_id] = entry
-            self.answered.discard(call_id)
         answers = tool_result_call_id(entry)
         if answers is None:
+            if context_message(entry) is not None:  # another message: the calls lapse
+                self.expired.update(self.open)
+                self.open = {}
+            for call_id in tool_call_ids(entry):
+                self.open[call_id] = entry
+                self.answered.discard(call_id)
+                self.expired.pop(call_id, None)
             return None
         if answers in self.open:
             del self.open[answers]
             self.answered.add(answers)
             return None
-        reason = "duplicate" if answers in self.answered else "unpaired"
+        if answers in self.answered:
+            reason = "duplicate"
+        elif answers in self.expired:
+            reason = "late"
+        else:
+            reason = "unpaired"
         return PairingFault(entry.id, answers, reason, entry.id)
 
 
@@ -224,9 +241,17 @@ def context_faults(path: Sequence[Entry]) -> list[PairingFault]:
     return faults[start:]
 
 
+def unanswered_tool_calls(path: Sequence[Entry]) -> dict[str, Entry]:
+    """Every ``toolCall`` in the replayed context of ``path`` that got no result
+    in time: still answerable, or lapsed (other messages followed it)."""
+    context = _walk_context(path)[0]
+    return {**context.expired, **context.open}
+
+
 def open_tool_calls(path: Sequence[Entry]) -> dict[str, Entry]:
-    """The ``toolCall`` ids in the replayed context of ``path`` that have no
-    result there yet, each with the assistant entry holding it, in order."""
+    """The ``toolCall`` ids in the replayed context of ``path`` that can still be
+    answered (no result yet, and no other message since their assistant
+    message), each with the assistant entry holding it, in order."""
     return _walk_context(path)[0].open
 
 

@@ -12,8 +12,8 @@ statement counts).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
-from typing import Any, Self
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Self, TypeVar
 
 from turnkeeper.spec import errors
 
@@ -29,6 +29,22 @@ from .ops.runs import RunsMixin
 from .ops.sessions import SessionsMixin
 from .ops.threads import ThreadsMixin
 from .ops.tools import ToolsMixin
+from .wakeups import Subscription, Topic, check_topics
+
+T = TypeVar("T")
+
+BATCH_ROWS = 10_000
+"""Rows per Arrow record batch of :meth:`BaseStore.query_batches`."""
+
+
+def _params(params: Sequence[Any] | None) -> list[Any]:
+    if params is not None and (isinstance(params, str) or not isinstance(params, Sequence)):
+        raise errors.InvalidInputError("params", "expected a list of parameters")
+    return list(params or [])
+
+
+MIGRATIONS_COLUMNS = {("version", "integer"), ("applied_at", "timestamp with time zone")}
+"""The columns of turnkeeper's ``schema_migrations`` (information_schema's names)."""
 
 
 class BaseStore(
@@ -59,9 +75,11 @@ class BaseStore(
     def __init__(self, backend: Backend) -> None:
         self.db = backend
         self._secret = secrets.token_bytes(32)
-        migrate = self._check_schema if backend.read_only else self._migrate
         try:
-            self.db.write("migrate", migrate)
+            if backend.read_only:
+                self.db.read("check_schema", self._check_schema, snapshot=True)
+            else:
+                self.db.migrate("migrate", self._migrate)
         except BaseException:
             self.db.close()
             raise
@@ -91,6 +109,18 @@ class BaseStore(
                     detail=f"it holds tables ({shown}) but no turnkeeper schema_migrations",
                 )
             return None
+        columns = {
+            (str(name).lower(), str(kind).lower())
+            for name, kind in tx.rows(
+                "SELECT column_name, data_type FROM information_schema.columns "
+                "WHERE table_schema = current_schema() AND table_name = 'schema_migrations'"
+            )
+        }
+        if columns != MIGRATIONS_COLUMNS or (len(tables) > 1 and "leases" not in tables):
+            raise errors.ForeignDatabaseError(
+                self.path,
+                detail="its schema_migrations table is another tool's, not turnkeeper's",
+            )
         row = tx.one("SELECT coalesce(max(version), 0) FROM schema_migrations")
         found = int(row[0]) if row else 0
         if found > SCHEMA_VERSION:
@@ -168,6 +198,34 @@ class BaseStore(
         """Per operation: calls, statements per call (BEGIN/COMMIT included), retries."""
         return self.db.statement_stats()
 
+    # -- wake-ups ---------------------------------------------------------------------
+
+    def subscribe(self, *topics: str) -> Subscription:
+        """Subscribe to wake-ups of ``topics`` (:class:`~.wakeups.Topic` values:
+        ``"run_ended"``, ``"delivery_due"``, ``"lease_released"``, ``"orphan"``;
+        the session seed's runtime notifications). Subscribe, look for work in
+        the store, then ``wait(timeout_s)`` on the subscription before looking
+        again. Advisory: a wake-up may be lost or spurious and carries no
+        state; on DuckDB they come from this process's store objects on the
+        file, on PostgreSQL from every process (``LISTEN``/``NOTIFY``).
+
+        Raises:
+            InvalidInputError: an unknown topic, or none.
+            InterfaceError: the store is closed.
+        """
+        return self.db.subscribe(check_topics(topics))
+
+    def wait_for(self, *topics: str, timeout_s: float) -> list[Topic]:
+        """Wait up to ``timeout_s`` seconds for a wake-up of ``topics`` from now on
+        (``subscribe(*topics).wait(timeout_s)``); returns the topics that fired,
+        empty after the timeout. Prefer :meth:`subscribe` in a loop: a wake-up
+        between looking in the store and calling this is missed.
+
+        Raises:
+            InvalidInputError: an unknown topic, or a bad ``timeout_s``.
+        """
+        return self.subscribe(*topics).wait(timeout_s)
+
     # -- analytics -------------------------------------------------------------------
 
     def query(self, sql: str, params: Sequence[Any] | None = None) -> Any:
@@ -195,6 +253,23 @@ class BaseStore(
                 the read-only transaction …).
         """
         check_text(sql, "sql", allow_empty=False)
-        if params is not None and (isinstance(params, str) or not isinstance(params, Sequence)):
-            raise errors.InvalidInputError("params", "expected a list of parameters")
-        return self.db.query(sql, list(params or []))
+        return self.db.query(sql, _params(params))
+
+    def query_batches(
+        self,
+        sql: str,
+        consume: Callable[[Any, Iterator[Any]], T],
+        params: Sequence[Any] | None = None,
+    ) -> T:
+        """Run one read query as :meth:`query` does, and hand its result to
+        ``consume(schema, batches)`` as it streams: a ``pyarrow.Schema`` and an
+        iterator of ``pyarrow.RecordBatch`` of at most :data:`BATCH_ROWS` rows,
+        valid only during the call (the read stays open meanwhile). Memory
+        holds one batch at a time, however long the history. Returns what
+        ``consume`` returns.
+
+        Raises:
+            as :meth:`query`; and whatever ``consume`` raises.
+        """
+        check_text(sql, "sql", allow_empty=False)
+        return self.db.query_batches(sql, _params(params), consume, BATCH_ROWS)

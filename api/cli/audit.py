@@ -1,7 +1,7 @@
 """Audit queries over a stored database: the invariants the demo must leave intact.
 
 Each check reads the stored history (``lease_events``, ``entries``,
-``thread_records`` …) through :meth:`DuckDBStore.query` and returns a
+``thread_records`` …) through :meth:`BaseStore.query` and returns a
 :class:`Check` with the number of violations it found and how many things it
 examined. The checks are scoped to a list of session ids (their lease
 targets are ``session:<id>`` and their thread keys the ids themselves), or
@@ -21,11 +21,14 @@ also writes the lease row).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from turnkeeper.storage import DuckDBStore
+import orjson
+
+from turnkeeper.storage import BaseStore
 
 GRANTING = "('grant', 'regrant', 'takeover')"
 """SQL list of the lease edges that issue a new epoch."""
@@ -33,11 +36,18 @@ GRANTING = "('grant', 'regrant', 'takeover')"
 EXTENDING = "('grant', 'regrant', 'takeover', 'reacquire', 'renew')"
 """SQL list of the lease edges whose event row carries a new expiry."""
 
-MARKER_SQL = (
-    "regexp_extract(json_extract_string(payload, '$.message.content[0].text'), "
-    "'^\\[([^\\]]+)\\]', 1)"
-)
-"""SQL for the demo marker of a message entry: ``x`` of a first text block ``[x] …``."""
+_MARKER = re.compile(r"^\[([^\]]+)\]")
+
+
+def marker(payload: Mapping[str, Any]) -> str | None:
+    """The demo marker of a message entry: ``x`` of a first text block ``[x] …``."""
+    message = payload.get("message")
+    content = message.get("content") if isinstance(message, Mapping) else None
+    first = content[0] if isinstance(content, list) and content else None
+    text = first.get("text") if isinstance(first, Mapping) else None
+    found = _MARKER.match(text) if isinstance(text, str) else None
+    return found.group(1) if found else None
+
 
 SAMPLE = 5
 """How many offending ids a check quotes in its detail."""
@@ -94,7 +104,7 @@ class Scope:
         return f"{column} IN (SELECT 'session:' || sid FROM scope)"
 
 
-def _rows(store: DuckDBStore, sql: str, params: list[Any]) -> list[dict[str, Any]]:
+def _rows(store: BaseStore, sql: str, params: list[Any]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = store.query(sql, params).to_pylist()
     return rows
 
@@ -105,7 +115,7 @@ def _sample(ids: Sequence[Any]) -> str:
     return f"{shown} (+{more} more)" if more > 0 else shown
 
 
-def check_epochs(store: DuckDBStore, scope: Scope) -> Check:
+def check_epochs(store: BaseStore, scope: Scope) -> Check:
     """Per target, the granting events (grant, regrant, takeover) carry epochs 1, 2, 3 …
     with no repeat or gap, every other event names a granted epoch, and the
     ``leases`` row's epoch is the largest granted one.
@@ -130,7 +140,7 @@ def check_epochs(store: DuckDBStore, scope: Scope) -> Check:
         SELECT t.target FROM t LEFT JOIN leases l ON l.target = t.target
         LEFT JOIN m ON m.target = t.target WHERE l.epoch IS DISTINCT FROM m.mx)
     SELECT (SELECT count(*) FROM t) AS checked,
-           (SELECT list(target ORDER BY target) FROM bad) AS bad
+           (SELECT array_agg(target ORDER BY target) FROM bad) AS bad
     """
     row = _rows(store, sql, scope.params())[0]
     bad = row["bad"] or []
@@ -143,7 +153,7 @@ def check_epochs(store: DuckDBStore, scope: Scope) -> Check:
     )
 
 
-def check_fenced_entries(store: DuckDBStore, scope: Scope) -> Check:
+def check_fenced_entries(store: BaseStore, scope: Scope) -> Check:
     """Every entry written under a lease was written while that lease was the live one.
 
     For an entry with ``lease_epoch`` e in session s (target ``session:<s>``),
@@ -182,7 +192,7 @@ def check_fenced_entries(store: DuckDBStore, scope: Scope) -> Check:
                       AND ev.occurred_at <= w.ts) > w.ts, FALSE) AS unexpired
         FROM w)
     SELECT (SELECT count(*) FROM judged) AS checked,
-           (SELECT list(session_id || '/' || id ORDER BY session_id, id) FROM judged
+           (SELECT array_agg(session_id || '/' || id ORDER BY session_id, id) FROM judged
             WHERE NOT granted OR superseded OR released OR NOT unexpired) AS bad
     """
     row = _rows(store, sql, scope.params())[0]
@@ -196,7 +206,7 @@ def check_fenced_entries(store: DuckDBStore, scope: Scope) -> Check:
     )
 
 
-def check_grant_order(store: DuckDBStore, scope: Scope) -> Check:
+def check_grant_order(store: BaseStore, scope: Scope) -> Check:
     """Every grant of epoch e + 1 is stamped at or after every event of epoch e.
 
     A grant reads the previous epoch's final state (released, or expired by
@@ -210,7 +220,7 @@ def check_grant_order(store: DuckDBStore, scope: Scope) -> Check:
     last AS (SELECT target, epoch, max(occurred_at) AS t FROM e GROUP BY target, epoch),
     g AS (SELECT * FROM e WHERE edge IN {GRANTING})
     SELECT (SELECT count(*) FROM g) AS checked,
-           (SELECT list(g.target || '#' || g.epoch ORDER BY g.target, g.epoch) FROM g JOIN last
+           (SELECT array_agg(g.target || '#' || g.epoch ORDER BY g.target, g.epoch) FROM g JOIN last
               ON last.target = g.target AND last.epoch = g.epoch - 1
             WHERE g.occurred_at < last.t) AS bad
     """
@@ -226,23 +236,30 @@ def check_grant_order(store: DuckDBStore, scope: Scope) -> Check:
 
 
 def check_refused_absent(
-    store: DuckDBStore,
+    store: BaseStore,
     scope: Scope,
     refused_markers: Sequence[str],
     refused_records: Sequence[str],
 ) -> Check:
     """Every write a worker saw refused is absent: no message entry carries a refused
     marker and no thread record has a refused record id."""
+    refused = set(refused_markers)
     sql = f"""
-    WITH {scope.cte()}, r AS (SELECT unnest(?::VARCHAR[]) AS marker)
-    SELECT session_id || '/' || id AS bad FROM entries
+    WITH {scope.cte()}
+    SELECT session_id || '/' || id AS entry, payload FROM entries
     WHERE {scope.sessions_in("session_id")} AND kind = 'message'
-      AND {MARKER_SQL} IN (SELECT marker FROM r)
-    UNION ALL
-    SELECT id FROM thread_records WHERE id IN (SELECT unnest(?::VARCHAR[]))
     """
-    params = [*scope.params(), list(refused_markers), list(refused_records)]
-    bad = [r["bad"] for r in _rows(store, sql, params)]
+    bad = [
+        r["entry"]
+        for r in _rows(store, sql, scope.params())
+        if marker(orjson.loads(r["payload"])) in refused
+    ]
+    found = _rows(
+        store,
+        "SELECT id FROM thread_records WHERE id IN (SELECT unnest(?::VARCHAR[]))",
+        [list(refused_records)],
+    )
+    bad += [r["id"] for r in found]
     return Check(
         "refused_writes_absent",
         "no write a worker saw refused (LeaseLostError) is stored",
@@ -252,7 +269,7 @@ def check_refused_absent(
     )
 
 
-def check_one_active(store: DuckDBStore, scope: Scope) -> Check:
+def check_one_active(store: BaseStore, scope: Scope) -> Check:
     """At most one active thread record per key, and every active record is the one
     ``active_thread_keys`` points at (and every pointer names an active record)."""
     sql = f"""
@@ -272,9 +289,9 @@ def check_one_active(store: DuckDBStore, scope: Scope) -> Check:
           AND (r.id IS NULL OR r.status <> 'active' OR r.key <> k.key))
     SELECT (SELECT count(DISTINCT key) FROM thread_records
             WHERE {scope.keys_in("key")}) AS checked,
-           (SELECT list(bad ORDER BY bad) FROM
+           (SELECT array_agg(bad ORDER BY bad) FROM
                (SELECT bad FROM dup UNION ALL SELECT bad FROM unbound
-                UNION ALL SELECT bad FROM dangling)) AS bad
+                UNION ALL SELECT bad FROM dangling) AS every) AS bad
     """
     row = _rows(store, sql, scope.params())[0]
     bad = row["bad"] or []
@@ -331,7 +348,7 @@ def tree_problems(
     return problems
 
 
-def check_trees(store: DuckDBStore, scope: Scope) -> Check:
+def check_trees(store: BaseStore, scope: Scope) -> Check:
     """Every session tree in scope is well formed (see :func:`tree_problems`)."""
     head = store.query(
         f"WITH {scope.cte()} SELECT id, leaf_id, entry_count, next_seq FROM sessions "
@@ -367,7 +384,7 @@ def check_trees(store: DuckDBStore, scope: Scope) -> Check:
 
 
 def run_audit(
-    store: DuckDBStore,
+    store: BaseStore,
     sessions: Sequence[str] | None = None,
     *,
     refused_markers: Sequence[str] | None = None,

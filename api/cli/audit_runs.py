@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from turnkeeper.spec.records import Entry
 from turnkeeper.spec.run import TERMINAL
-from turnkeeper.storage import DuckDBStore
+from turnkeeper.storage import BaseStore
 from turnkeeper.storage.replay import (
     affects_pairing,
-    open_tool_calls,
     pairing_faults,
     path_to,
     tool_call_ids,
+    unanswered_tool_calls,
 )
 
 from .audit import Check, Scope, _rows, _sample
@@ -24,7 +24,7 @@ from .audit import Check, Scope, _rows, _sample
 _TERMINAL_SQL = "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL)) + ")"
 
 
-def check_one_active_run(store: DuckDBStore, scope: Scope) -> Check:
+def check_one_active_run(store: BaseStore, scope: Scope) -> Check:
     """Replaying each session's run events in sequence order, at most one run is
     non-terminal at every moment (admissions minus terminations stays 0 or 1)."""
     sql = f"""
@@ -51,14 +51,14 @@ def check_one_active_run(store: DuckDBStore, scope: Scope) -> Check:
     )
 
 
-def check_no_revival(store: DuckDBStore, scope: Scope) -> Check:
+def check_no_revival(store: BaseStore, scope: Scope) -> Check:
     """No run moves after its terminal event: no event leaves a terminal status,
     a run has one terminal event at most, and a terminal run's status is it."""
     sql = f"""
     WITH {scope.cte()},
     ev AS (SELECT * FROM run_events WHERE {scope.sessions_in("session_id")}),
     term AS (
-        SELECT run_id, min(seq) AS tseq, count(*) AS n, arg_min(dest, seq) AS status
+        SELECT run_id, min(seq) AS tseq, count(*) AS n, (array_agg(dest ORDER BY seq))[1] AS status
         FROM ev WHERE dest IN {_TERMINAL_SQL} GROUP BY run_id
     )
     SELECT DISTINCT e.run_id AS bad FROM ev e JOIN term t USING (run_id) WHERE e.seq > t.tseq
@@ -82,7 +82,7 @@ def check_no_revival(store: DuckDBStore, scope: Scope) -> Check:
     )
 
 
-def check_delivered_once(store: DuckDBStore, scope: Scope) -> Check:
+def check_delivered_once(store: BaseStore, scope: Scope) -> Check:
     """Per delivery operation: at most one ``delivered`` result, claims carry epochs
     1, 2, 3 … once each, and a delivered operation has its delivered event."""
     sql = f"""
@@ -95,7 +95,8 @@ def check_delivered_once(store: DuckDBStore, scope: Scope) -> Check:
     per AS (
         SELECT o.id, o.status,
                count(*) FILTER (WHERE e.dest = 'delivered') AS delivered,
-               coalesce(list(e.epoch ORDER BY e.epoch) FILTER (WHERE e.trigger = 'claim'), [])
+               coalesce(array_agg(e.epoch ORDER BY e.epoch) FILTER (WHERE e.trigger = 'claim'),
+                        ARRAY[]::BIGINT[])
                    AS claims
         FROM ops o LEFT JOIN ev e ON e.operation_id = o.id GROUP BY o.id, o.status
     )
@@ -118,7 +119,7 @@ def check_delivered_once(store: DuckDBStore, scope: Scope) -> Check:
     )
 
 
-def _trees(store: DuckDBStore, scope: Scope) -> dict[str, dict[str, Entry]]:
+def _trees(store: BaseStore, scope: Scope) -> dict[str, dict[str, Entry]]:
     """Every in-scope session's entries by id."""
     sids = _rows(store, f"WITH {scope.cte()} SELECT sid FROM scope", scope.params())
     out: dict[str, dict[str, Entry]] = {}
@@ -129,7 +130,7 @@ def _trees(store: DuckDBStore, scope: Scope) -> dict[str, dict[str, Entry]]:
 
 
 def check_tool_calls_paired(
-    store: DuckDBStore, scope: Scope, trees: dict[str, dict[str, Entry]]
+    store: BaseStore, scope: Scope, trees: dict[str, dict[str, Entry]]
 ) -> Check:
     """Every ``toolCall`` of an ended run turn has a ``toolResult`` (the tool's
     output, or an explicit interrupted result) in the context replay builds at
@@ -151,7 +152,7 @@ def check_tool_calls_paired(
         checked += sum(
             len(tool_call_ids(e)) for e in path if turn["start_seq"] <= e.seq <= turn["end_seq"]
         )
-        for call_id, entry in open_tool_calls(path).items():
+        for call_id, entry in unanswered_tool_calls(path).items():
             if turn["start_seq"] <= entry.seq <= turn["end_seq"]:
                 bad.append(f"call {turn['session_id']}/{entry.id}:{call_id}")
     sql = f"""
@@ -197,7 +198,7 @@ def check_tool_results_in_context(trees: dict[str, dict[str, Entry]]) -> Check:
     )
 
 
-def run_checks(store: DuckDBStore, scope: Scope) -> list[Check]:
+def run_checks(store: BaseStore, scope: Scope) -> list[Check]:
     """Every check of this module."""
     trees = _trees(store, scope)
     return [

@@ -24,7 +24,7 @@ import click
 from rich.console import Console
 
 import turnkeeper
-from turnkeeper.storage import DuckDBStore
+from turnkeeper.storage import BaseStore
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,19 +48,21 @@ def one_line(text: str) -> str:
 
 
 def db_option(default: str | None = turnkeeper.DEFAULT_PATH) -> Callable[[F], F]:
-    """The shared ``--db PATH`` option (default: ``turnkeeper.duckdb`` in the cwd)."""
+    """The shared ``--db`` option: a DuckDB file (default: ``turnkeeper.duckdb`` in
+    the cwd) or a PostgreSQL URL; ``$TURNKEEPER_DB`` sets it too."""
     return click.option(
         "--db",
         "db",
-        type=click.Path(dir_okay=False),
+        type=str,
         default=default,
+        envvar=turnkeeper.DB_ENV,
         show_default=default is not None,
-        help="DuckDB database file.",
+        help=f"DuckDB database file, or a postgresql:// URL (also ${turnkeeper.DB_ENV}).",
     )
 
 
 @contextmanager
-def open_db(path: str, *, read_only: bool = False) -> Iterator[DuckDBStore]:
+def open_db(path: str, *, read_only: bool = False) -> Iterator[BaseStore]:
     """Open the store at ``path`` and close it afterwards.
 
     ``read_only`` opens an existing file for inspection: a missing file is

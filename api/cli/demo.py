@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import secrets
 import shlex
-import threading
 import time
 from dataclasses import asdict
 from datetime import datetime
@@ -24,12 +23,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from turnkeeper.spec.errors import SessionIDExistsError
-from turnkeeper.storage import DuckDBStore
+from turnkeeper.storage import BaseStore
 
 from .audit import Check, run_audit
 from .common import EXIT_FAILED, dumps, fmt_num, open_db, stdout_console
-from .fleet import DEFAULT_TTL_S, FleetConfig, Worker, WorkerStats
-from .fleet_services import OutboxWorker, RecoveryCoordinator, Service, ServiceStats
+from .fleet import DEFAULT_TTL_S, FleetConfig, WorkerStats
+from .fleet_runners import JOIN_S, Flag, ProcessFleet, ThreadFleet
+from .fleet_services import ServiceStats
 
 HOT_OPERATIONS = (
     "acquire_lease",
@@ -43,12 +43,6 @@ HOT_OPERATIONS = (
     "finish_delivery",
 )
 """Operations whose statements per call the table shows (JSON has every operation)."""
-
-RECOVERY_WORKERS = 2
-"""Recovery coordinator threads, each sweeping its own share of the sessions."""
-
-OUTBOX_WORKERS = 2
-"""Outbox worker threads delivering the runs' replies."""
 
 DRAIN_S = 2.0
 """Seconds, beyond three lease TTLs, the services get after the workers stop to
@@ -86,7 +80,7 @@ class Seconds(click.FloatRange):
         return super().convert(number, param, ctx)
 
 
-def ensure_sessions(store: DuckDBStore, cfg: FleetConfig) -> list[str]:
+def ensure_sessions(store: BaseStore, cfg: FleetConfig) -> list[str]:
     """Create (or reuse, when the database already has them) ``demo-<seed>-<n>``."""
     ids = [f"demo-{cfg.seed}-{n}" for n in range(cfg.sessions)]
     for n, sid in enumerate(ids):
@@ -98,7 +92,7 @@ def ensure_sessions(store: DuckDBStore, cfg: FleetConfig) -> list[str]:
     return ids
 
 
-def db_now(store: DuckDBStore) -> datetime:
+def db_now(store: BaseStore) -> datetime:
     """The database clock's now (aware UTC)."""
     value: datetime = store.query("SELECT now() AS now").column("now")[0].as_py()
     return value
@@ -130,7 +124,7 @@ def stats_delta(
     return out
 
 
-def _count_takeovers(store: DuckDBStore, session_ids: list[str], since: datetime) -> int:
+def _count_takeovers(store: BaseStore, session_ids: list[str], since: datetime) -> int:
     table = store.query(
         "SELECT count(*) AS n FROM lease_events WHERE edge = 'takeover' AND occurred_at >= ? "
         "AND target IN (SELECT 'session:' || unnest(?::VARCHAR[]))",
@@ -140,17 +134,16 @@ def _count_takeovers(store: DuckDBStore, session_ids: list[str], since: datetime
 
 
 def _wait(
-    threads: list[threading.Thread],
-    workers: list[Worker],
+    fleet: ThreadFleet | ProcessFleet,
     cfg: FleetConfig,
     console: Console | None,
-    stop: threading.Event,
     deadline: float,
 ) -> None:
     """Wait for the workers, showing a time-based progress bar on ``console`` if given.
 
-    At ``deadline`` (monotonic seconds) it sets ``stop``, so that a worker in
-    the middle of a stall stops waiting instead of outliving the fleet's time."""
+    At ``deadline`` (monotonic seconds) it sets the fleet's stop flag, so that a
+    worker in the middle of a stall stops waiting instead of outliving the
+    fleet's time. (Worker processes report their counters only at their end.)"""
     start = time.monotonic()
     progress = Progress(
         TextColumn("[bold]fleet"),
@@ -165,10 +158,10 @@ def _wait(
     )
     with progress:
         task = progress.add_task("fleet", total=cfg.duration_s, turns=0, fenced=0, busy=0)
-        while alive := [t for t in threads if t.is_alive()]:
+        while fleet.workers_alive():
             if time.monotonic() >= deadline:
-                stop.set()
-            stats = [w.stats for w in workers]
+                fleet.stop.set()
+            stats = fleet.live_stats()
             progress.update(
                 task,
                 completed=min(time.monotonic() - start, cfg.duration_s),
@@ -179,11 +172,11 @@ def _wait(
                 ),
                 busy=sum(s.busy_refusals for s in stats),
             )
-            alive[0].join(PROGRESS_TICK_S)
+            fleet.join_workers(PROGRESS_TICK_S)
         progress.update(task, completed=cfg.duration_s)
 
 
-def run_fleet(store: DuckDBStore, cfg: FleetConfig, console: Console | None) -> dict[str, Any]:
+def run_fleet(store: BaseStore, cfg: FleetConfig, console: Console | None) -> dict[str, Any]:
     """Run the fleet for ``cfg.duration_s`` seconds, drain, audit the result, return
     the figures.
 
@@ -201,49 +194,28 @@ def run_fleet(store: DuckDBStore, cfg: FleetConfig, console: Console | None) -> 
     run_id = secrets.token_hex(3)
     started_at = db_now(store)
     before = store.statement_stats()
-    stop = threading.Event()
     deadline = time.monotonic() + cfg.duration_s
-    workers = [
-        Worker(store, i, cfg, session_ids, run_id, deadline, stop) for i in range(cfg.workers)
-    ]
-    threads = [
-        threading.Thread(target=w.run, name=f"demo-worker-{w.stats.index}", daemon=True)
-        for w in workers
-    ]
-    service_stop = threading.Event()
-    services: list[Service] = [
-        RecoveryCoordinator(store, service_stop, ServiceStats(), cfg.ttl_s, (i, RECOVERY_WORKERS))
-        for i in range(RECOVERY_WORKERS)
-    ]
-    services += [
-        OutboxWorker(store, service_stop, ServiceStats(), i, cfg.seed, cfg.ttl_s)
-        for i in range(OUTBOX_WORKERS)
-    ]
-    service_threads = [
-        threading.Thread(target=s.run, name=f"demo-service-{i}", daemon=True)
-        for i, s in enumerate(services)
-    ]
+    url = getattr(store.db, "url", None)
+    fleet: ThreadFleet | ProcessFleet = (
+        ProcessFleet(url, cfg, session_ids, run_id, deadline)
+        if isinstance(url, str)  # PostgreSQL: the fleet runs as processes
+        else ThreadFleet(store, cfg, session_ids, run_id, deadline)
+    )
     t0 = time.monotonic()
-    for t in [*threads, *service_threads]:
-        t.start()
+    fleet.start()
     try:
-        _wait(threads, workers, cfg, console, stop, deadline)
-        stop.set()
-        for t in threads:
-            t.join()
+        _wait(fleet, cfg, console, deadline)
+        fleet.stop.set()
+        fleet.join_workers(JOIN_S)
         fleet_s = time.monotonic() - t0
-        _drain(store, service_stop, 3 * cfg.ttl_s + DRAIN_S)
+        _drain(store, fleet.service_stop, 3 * cfg.ttl_s + DRAIN_S)
     finally:
-        stop.set()
-        service_stop.set()
-        for t in [*threads, *service_threads]:
-            t.join()
+        stats, service_parts = fleet.finish()
     elapsed = time.monotonic() - t0
     statements = stats_delta(before, store.statement_stats())
-    stats = [w.stats for w in workers]
     figures = summarize(stats, cfg, elapsed, statements)
     figures.update(fleet_s=round(fleet_s, 3), drain_s=round(elapsed - fleet_s, 3))
-    service_stats = ServiceStats.merged([s.stats for s in services])
+    service_stats = ServiceStats.merged(service_parts)
     figures.update(services_summary(service_stats))
     figures["takeovers"] = _count_takeovers(store, session_ids, started_at)
     figures.update(db=store.path, run_id=run_id)
@@ -297,7 +269,7 @@ not terminal and not blocked for good by a failed or uncertain dependency (a
 level of dependency)."""
 
 
-def _drain(store: DuckDBStore, stop: threading.Event, limit_s: float) -> None:
+def _drain(store: BaseStore, stop: Flag, limit_s: float) -> None:
     """Give the services up to ``limit_s`` seconds to converge every orphan and
     settle every delivery (stops early once nothing is left, see
     :data:`UNSETTLED_SQL`)."""
@@ -477,10 +449,11 @@ def render(console: Console, figures: dict[str, Any]) -> None:
 @click.command("demo")
 @click.option(
     "--db",
-    type=click.Path(dir_okay=False),
+    type=str,
     default=DEMO_DB,
     show_default=True,
-    help="DuckDB database file (the demo's own, not turnkeeper.duckdb).",
+    help="DuckDB database file (the demo's own, not turnkeeper.duckdb), or a "
+    "postgresql:// URL: then the fleet runs as processes.",
 )
 @click.option("--workers", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--sessions", type=click.IntRange(min=1), default=20, show_default=True)

@@ -45,7 +45,7 @@ from turnkeeper.spec.errors import (
     TransactionConflictError,
 )
 from turnkeeper.spec.records import FinalizeRequest, Lease, Run, ThreadRecord
-from turnkeeper.storage import DuckDBStore
+from turnkeeper.storage import BaseStore
 
 from .common import one_line
 
@@ -179,7 +179,7 @@ class Worker:
 
     def __init__(
         self,
-        store: DuckDBStore,
+        store: BaseStore,
         index: int,
         cfg: FleetConfig,
         session_ids: list[str],

@@ -36,7 +36,7 @@ from turnkeeper.spec.errors import (
     TransactionConflictError,
 )
 from turnkeeper.spec.records import Run
-from turnkeeper.storage import DuckDBStore
+from turnkeeper.storage import BaseStore
 
 from .common import one_line
 
@@ -82,7 +82,7 @@ class ServiceStats:
 class Service(ABC):
     """A background loop that runs until ``stop``; errors are recorded, never raised."""
 
-    def __init__(self, store: DuckDBStore, stop: threading.Event, stats: ServiceStats) -> None:
+    def __init__(self, store: BaseStore, stop: threading.Event, stats: ServiceStats) -> None:
         self.store = store
         self.stop = stop
         self.stats = stats
@@ -112,7 +112,7 @@ class RecoveryCoordinator(Service):
 
     def __init__(
         self,
-        store: DuckDBStore,
+        store: BaseStore,
         stop: threading.Event,
         stats: ServiceStats,
         ttl_s: float,
@@ -200,7 +200,7 @@ class OutboxWorker(Service):
 
     def __init__(
         self,
-        store: DuckDBStore,
+        store: BaseStore,
         stop: threading.Event,
         stats: ServiceStats,
         index: int,

@@ -1,6 +1,6 @@
 """``turnkeeper report``: analytics over what a database holds, in DuckDB SQL.
 
-Every figure is one query through :meth:`DuckDBStore.query` (a
+Every figure is one query through :meth:`BaseStore.query` (a
 ``pyarrow.Table``) on the database opened read-only: sessions and entries,
 entries by kind, user turns per session (min/avg/max), models used (assistant
 messages' ``provider``/``model`` and ``model_change`` entries), lease events
@@ -37,7 +37,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from turnkeeper.storage import DuckDBStore
+from turnkeeper.storage import BaseStore
 
 from .common import db_option, dumps, fmt_num, open_db, stdout_console
 from .report_runs import collect_runs, render_runs, sql_script, table
@@ -68,7 +68,7 @@ SECOND_BUCKETS_BELOW_S = 120
 TIMELINE_ROWS_SHOWN = 40
 """Most timeline buckets the table prints (the latest ones); JSON has all."""
 
-USER = "json_extract_string(payload, '$.message.role') = 'user'"
+USER = "(payload::json -> 'message' ->> 'role') = 'user'"
 
 SQL: dict[str, str] = {
     "sessions": (
@@ -81,19 +81,20 @@ SQL: dict[str, str] = {
     "turns": (
         "WITH t AS (SELECT s.id, count(e.id) AS turns FROM sessions s LEFT JOIN entries e "
         f"ON e.session_id = s.id AND e.kind = 'message' AND {USER} GROUP BY s.id) "
-        "SELECT min(turns) AS min, round(avg(turns), 2) AS avg, max(turns) AS max, "
+        "SELECT min(turns) AS min, round((avg(turns))::NUMERIC, 2)::DOUBLE PRECISION AS avg, "
+        "max(turns) AS max, "
         "coalesce(sum(turns), 0)::BIGINT AS total FROM t"
     ),
     "models": (
         "SELECT source, provider, model, count(*) AS entries FROM ("
         "SELECT 'assistant' AS source, "
-        "json_extract_string(payload, '$.message.provider') AS provider, "
-        "json_extract_string(payload, '$.message.model') AS model FROM entries "
-        "WHERE kind = 'message' AND json_extract_string(payload, '$.message.role') = 'assistant' "
-        "UNION ALL SELECT 'model_change', json_extract_string(payload, '$.provider'), "
-        "coalesce(json_extract_string(payload, '$.modelId'), json_extract_string(payload, "
-        "'$.model')) FROM entries WHERE kind = 'model_change') "
-        "GROUP BY ALL ORDER BY entries DESC, source, provider, model"
+        "(payload::json -> 'message' ->> 'provider') AS provider, "
+        "(payload::json -> 'message' ->> 'model') AS model FROM entries "
+        "WHERE kind = 'message' AND (payload::json -> 'message' ->> 'role') = 'assistant' "
+        "UNION ALL SELECT 'model_change', (payload::json ->> 'provider'), "
+        "coalesce((payload::json ->> 'modelId'), (payload::json ->> 'model')) "
+        "FROM entries WHERE kind = 'model_change') m "
+        "GROUP BY source, provider, model ORDER BY entries DESC, source, provider, model"
     ),
     "lease_events_by_edge": (
         "SELECT edge, count(*) AS events FROM lease_events GROUP BY edge ORDER BY events DESC"
@@ -114,12 +115,12 @@ EVENTS = (
 )
 
 
-def _rows(store: DuckDBStore, sql: str) -> list[dict[str, Any]]:
+def _rows(store: BaseStore, sql: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = store.query(sql).to_pylist()
     return rows
 
 
-def timeline(store: DuckDBStore) -> dict[str, Any]:
+def timeline(store: BaseStore) -> dict[str, Any]:
     """Takeovers and fenced writes per bucket: ``{"bucket": unit, "rows": [...]}``.
 
     The unit is ``second`` when the events span under
@@ -127,18 +128,19 @@ def timeline(store: DuckDBStore) -> dict[str, Any]:
     """
     span = _rows(
         store,
-        f"SELECT coalesce(epoch(max(t)) - epoch(min(t)), 0) AS span_s FROM ({EVENTS})",
+        "SELECT coalesce(date_part('epoch', max(t)) - date_part('epoch', min(t)), 0) AS span_s "
+        f"FROM ({EVENTS}) e",
     )[0]["span_s"]
     unit = "second" if float(span) < SECOND_BUCKETS_BELOW_S else "minute"
     rows = _rows(
         store,
         f"SELECT date_trunc('{unit}', t) AS bucket, sum(takeover)::BIGINT AS takeovers, "
-        f"sum(fenced)::BIGINT AS fenced_writes FROM ({EVENTS}) GROUP BY bucket ORDER BY bucket",
+        f"sum(fenced)::BIGINT AS fenced_writes FROM ({EVENTS}) e GROUP BY bucket ORDER BY bucket",
     )
     return {"bucket": unit, "rows": rows}
 
 
-def collect(store: DuckDBStore) -> dict[str, Any]:
+def collect(store: BaseStore) -> dict[str, Any]:
     """Every report figure as one JSON-ready dict."""
     out: dict[str, Any] = {name: _rows(store, sql) for name, sql in SQL.items()}
     out["sessions"] = out["sessions"][0]
@@ -148,8 +150,9 @@ def collect(store: DuckDBStore) -> dict[str, Any]:
     return out
 
 
-def write_parquet(store: DuckDBStore, directory: str) -> dict[str, dict[str, Any]]:
-    """Write :data:`PARQUET_TABLES` to ``directory`` (created if missing).
+def write_parquet(store: BaseStore, directory: str) -> dict[str, dict[str, Any]]:
+    """Write :data:`PARQUET_TABLES` to ``directory`` (created if missing), each
+    streamed batch by batch (memory holds one batch, whatever the history).
 
     Returns ``{table: {"path", "rows"}}``. Leaves out :data:`PARQUET_EXCLUDED`.
     """
@@ -157,12 +160,25 @@ def write_parquet(store: DuckDBStore, directory: str) -> dict[str, dict[str, Any
     os.makedirs(directory, exist_ok=True)
     written: dict[str, dict[str, Any]] = {}
     for name in PARQUET_TABLES:
-        excluded = PARQUET_EXCLUDED.get(name)
-        columns = f"* EXCLUDE ({', '.join(excluded)})" if excluded else "*"
-        data = store.query(f"SELECT {columns} FROM {name}")
+        excluded = set(PARQUET_EXCLUDED.get(name, ()))
+        found = store.query(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = ? ORDER BY ordinal_position",
+            [name],
+        ).to_pylist()
+        columns = ", ".join(r["column_name"] for r in found if r["column_name"] not in excluded)
         path = os.path.join(directory, f"{name}.parquet")
-        pq.write_table(data, path)
-        written[name] = {"path": os.path.abspath(path), "rows": data.num_rows}
+
+        def write(schema: Any, batches: Any, path: str = path) -> int:
+            rows = 0
+            with pq.ParquetWriter(path, schema) as out:
+                for batch in batches:
+                    out.write_batch(batch)
+                    rows += batch.num_rows
+            return rows
+
+        rows = store.query_batches(f"SELECT {columns} FROM {name}", write)
+        written[name] = {"path": os.path.abspath(path), "rows": rows}
     return written
 
 

@@ -39,7 +39,7 @@ from rich.table import Table
 from turnkeeper.spec import DeliveryStatus, RecoveryState, RunStatus, ToolExecutionState
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.run import NON_TERMINAL, TERMINAL
-from turnkeeper.storage import DuckDBStore
+from turnkeeper.storage import BaseStore
 from turnkeeper.storage.ops.runs import DECISION
 
 from .common import fmt_num
@@ -67,14 +67,14 @@ VIEWS: dict[str, View] = {
         f"""SELECT r.id AS run_id, r.session_id, r.intent_id, r.attempt, r.retry_of, r.status,
        r.status IN {_in(sorted(TERMINAL))} AS terminal,
        r.cancel_requested, r.error, r.started_at, r.finished_at,
-       epoch(r.finished_at) - epoch(r.started_at) AS duration_s,
+       date_part('epoch', r.finished_at) - date_part('epoch', r.started_at) AS duration_s,
        v.state AS recovery_state
 FROM runs r LEFT JOIN run_recoveries v ON v.run_id = r.id""",
     ),
     "intent_attempts": View(
         "one row per execution intent: runs, highest attempt, the latest attempt's status",
         """SELECT i.id AS intent_id, i.session_id, count(r.id) AS runs, max(r.attempt) AS attempts,
-       arg_max(r.status, r.attempt) AS latest_status, i.created_at,
+       (array_agg(r.status ORDER BY r.attempt DESC))[1] AS latest_status, i.created_at,
        max(r.finished_at) AS last_finished_at
 FROM execution_intents i LEFT JOIN runs r ON r.intent_id = i.id
 GROUP BY i.id, i.session_id, i.created_at""",
@@ -84,11 +84,13 @@ GROUP BY i.id, i.session_id, i.created_at""",
         "pickup_s, time_to_recovery_s and since_update_s (both completed only)",
         f"""SELECT v.run_id, v.session_id, v.state, v.attempt AS attempts, v.trigger_source,
        v.reason, v.last_error, o.last_update_at, o.orphaned_at, v.started_at, v.completed_at,
-       epoch(v.started_at) - epoch(o.orphaned_at) AS pickup_s,
+       date_part('epoch', v.started_at) - date_part('epoch', o.orphaned_at) AS pickup_s,
        CASE WHEN v.state = 'completed'
-            THEN epoch(v.completed_at) - epoch(o.orphaned_at) END AS time_to_recovery_s,
+            THEN date_part('epoch', v.completed_at) - date_part('epoch', o.orphaned_at)
+       END AS time_to_recovery_s,
        CASE WHEN v.state = 'completed'
-            THEN epoch(v.completed_at) - epoch(o.last_update_at) END AS since_update_s
+            THEN date_part('epoch', v.completed_at) - date_part('epoch', o.last_update_at)
+       END AS since_update_s
 FROM run_recoveries v JOIN (
     SELECT r.id, coalesce(l.ended_at, r.started_at) AS orphaned_at,
            coalesce(u.last_update_at, r.started_at) AS last_update_at
@@ -147,7 +149,7 @@ FROM tool_executions WHERE reason IS NOT NULL OR state IN ('interrupted', 'aband
         "one row per tool execution (no arguments or results): state, side_effecting",
         """SELECT execution_key, session_id, run_id, tool_kind, tool_name, side_effecting, state,
        is_error, reason, attempt, created_at, completed_at,
-       epoch(completed_at) - epoch(created_at) AS duration_s
+       date_part('epoch', completed_at) - date_part('epoch', created_at) AS duration_s
 FROM tool_executions""",
     ),
 }
@@ -173,24 +175,34 @@ def _by_state(view: str, column: str, states: Any, counted: str, extra: str = ""
     )
 
 
+def _ms(expr: str, digits: int = 3) -> str:
+    """SQL rounding ``expr`` to ``digits`` decimals as a double (PostgreSQL rounds
+    only numerics; both engines read the result as a float)."""
+    return f"round(({expr})::NUMERIC, {digits})::DOUBLE PRECISION"
+
+
 def _seconds(column: str, view: str, counted: str) -> str:
     """count / min / median / p95 / max of ``column`` (seconds, rounded to ms)."""
     return (
-        f"SELECT count({column}) AS {counted}, round(min({column}), 3) AS min_s,\n"
-        f"       round(quantile_cont({column}, 0.5), 3) AS median_s,\n"
-        f"       round(quantile_cont({column}, 0.95), 3) AS p95_s,\n"
-        f"       round(max({column}), 3) AS max_s\n"
+        f"SELECT count({column}) AS {counted},\n"
+        f"       {_ms(f'min({column})')} AS min_s,\n"
+        f"       {_ms(f'percentile_cont(0.5) WITHIN GROUP (ORDER BY {column})')} AS median_s,\n"
+        f"       {_ms(f'percentile_cont(0.95) WITHIN GROUP (ORDER BY {column})')} AS p95_s,\n"
+        f"       {_ms(f'max({column})')} AS max_s\n"
         f"FROM {view}"
     )
 
 
-_RUN_ORDER = "[" + ", ".join(f"'{s}'" for s in RunStatus) + "]"
+_RUN_ORDER = (
+    "CASE status " + " ".join(f"WHEN '{s}' THEN {i}" for i, s in enumerate(RunStatus)) + " END"
+)
+"""SQL ordering runs by their lifecycle order of statuses."""
 
 FIGURES: dict[str, Figure] = {
     "runs_by_status_attempt": Figure(
         "runs per status and attempt number",
         "SELECT status, attempt, count(*) AS runs FROM run_history GROUP BY status, attempt\n"
-        f"ORDER BY list_position({_RUN_ORDER}, status), attempt",
+        f"ORDER BY {_RUN_ORDER}, attempt",
     ),
     "retries": Figure(
         "retry runs (attempt > 1) and the intents that needed them",
@@ -232,8 +244,8 @@ FROM intent_attempts""",
     ),
     "delivery_attempts": Figure(
         "claims per delivery operation and requeues",
-        """SELECT count(*) AS operations, coalesce(sum(attempts), 0)::BIGINT AS attempts,
-       round(avg(attempts), 2) AS avg_attempts, max(attempts) AS max_attempts,
+        f"""SELECT count(*) AS operations, coalesce(sum(attempts), 0)::BIGINT AS attempts,
+       {_ms("avg(attempts)", 2)} AS avg_attempts, max(attempts) AS max_attempts,
        coalesce(sum(requeues), 0)::BIGINT AS requeues,
        count(*) FILTER (WHERE requeues > 0) AS operations_requeued
 FROM delivery_outcomes""",
@@ -278,9 +290,11 @@ def figure_sql(name: str) -> str:
 def sql_script() -> str:
     """What ``report --sql`` prints: the views as temporary views, then each figure."""
     out = [
-        "-- turnkeeper run history: SQL views for DuckDB (durations in seconds).",
-        "-- TEMP views: they work on a read-only open and leave the file unchanged:",
+        "-- turnkeeper run history: SQL views (durations in seconds), in the SQL both",
+        "-- DuckDB and PostgreSQL speak. TEMP views: they work on a read-only open and",
+        "-- leave the store unchanged:",
         "--   turnkeeper report --sql | duckdb -readonly turnkeeper.duckdb",
+        "--   turnkeeper report --sql | psql postgresql://…   (its search_path: the store's)",
         "",
     ]
     for name, view in VIEWS.items():
@@ -295,7 +309,7 @@ def sql_script() -> str:
     return "\n".join(out)
 
 
-def collect_runs(store: DuckDBStore) -> dict[str, Any]:
+def collect_runs(store: BaseStore) -> dict[str, Any]:
     """Every run-history figure: ``{name: rows}``, one dict for single-row figures."""
     out: dict[str, Any] = {}
     for name, fig in FIGURES.items():

@@ -24,7 +24,7 @@ from rich.tree import Tree
 
 from turnkeeper.spec.errors import SessionNotFoundError
 from turnkeeper.spec.records import Entry, Session
-from turnkeeper.storage import DuckDBStore
+from turnkeeper.storage import BaseStore
 
 from .common import F, db_option, dumps, open_db, stdout_console
 
@@ -73,7 +73,7 @@ def short_ids(ids: Iterable[str], minimum: int = SHORT_ID) -> dict[str, str]:
     return {i: cut[base] + sep + suffix for i, (base, sep, suffix) in parts.items()}
 
 
-def fetch_sessions(store: DuckDBStore, limit: int, search: str | None) -> list[Session]:
+def fetch_sessions(store: BaseStore, limit: int, search: str | None) -> list[Session]:
     """Up to ``limit`` sessions newest first, following ``next_cursor`` page by page."""
     found: list[Session] = []
     cursor: str | None = None

@@ -411,7 +411,8 @@ def export_file(store: Store, session_id: str, path: str | os.PathLike[str]) -> 
     session file. When ``path`` is a symbolic link, the file it points at is
     replaced and the link kept (see :func:`_resolve_target`). A new file gets
     mode ``0o666`` less the umask (as ``open(path, "w")`` would); a replaced
-    file keeps its permission bits.
+    file keeps its permission bits. A target that is not a regular file (a
+    device such as ``/dev/stdout``, a FIFO) is written to, never replaced.
 
     Raises:
         SessionNotFoundError: no session has this id; nothing is written.
@@ -421,16 +422,28 @@ def export_file(store: Store, session_id: str, path: str | os.PathLike[str]) -> 
     target = _resolve_target(path)
     lines = list(export_lines(store, session_id))
     try:
-        mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
+        st: os.stat_result | None = os.stat(target)
     except FileNotFoundError:
-        mode = None
+        st = None
+    mode = None if st is None else stat.S_IMODE(st.st_mode)
+    data = "".join(f"{line}\n" for line in lines).encode("utf-8")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        # A device, pipe or socket (/dev/stdout, a FIFO): written to, never replaced.
+        try:
+            with open(target, "wb") as out:
+                out.write(data)
+        except OSError as exc:
+            if exc.errno is None:
+                raise
+            raise OSError(exc.errno, exc.strerror, os.fspath(path)) from exc
+        return len(lines)
     try:
         fd, tmp = _create_beside(target)
         try:
             with os.fdopen(fd, "wb") as out:
                 if mode is not None:
                     os.fchmod(out.fileno(), mode)
-                out.write("".join(f"{line}\n" for line in lines).encode("utf-8"))
+                out.write(data)
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(tmp, target)

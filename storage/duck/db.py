@@ -14,7 +14,7 @@ gets that outcome or its domain error. Reads take no lock: DuckDB's MVCC
 gives each a consistent snapshot beside a running write.
 
 - a lost race (a DuckDB write-write conflict, or a duplicate key the
-  transaction's snapshot could not see, see :func:`_is_conflict`) rolls back
+  transaction's snapshot could not see, see :func:`~.dialect.is_conflict`) rolls back
   and is retried with jittered backoff (tenacity); the retry re-reads, so it
   surfaces as the domain error it means (busy, modified, exists …) or
   succeeds. With the write lock this is a backstop (another connection to
@@ -42,139 +42,28 @@ import contextlib
 import os
 import threading
 import weakref
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import duckdb
 import pyarrow as pa
-from tenacity import (
-    RetryError,
-    Retrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_random_exponential,
-)
 
 from turnkeeper.spec import errors
 
-from ..backend import Clock, Conflict, Dialect
+from ..backend import Clock, Conflict
 from ..backend import Tx as AnyTx
 from ..migrations import load
+from ..retry import Stats, run_attempts
+from ..wakeups import Subscription, Topic
+from .dialect import DIALECT, is_conflict, translate
+from .files import open_shared, release
 from .query import check_read
 
 MIGRATIONS = load("turnkeeper.storage.duck")
 """DuckDB's numbered migrations, loaded once."""
 
 T = TypeVar("T")
-
-DIALECT = Dialect("duckdb")
-"""DuckDB's dialect: the store serializes its own writes, so claims skip nothing."""
-
-MAX_ATTEMPTS = 40
-"""Attempts per operation before a conflict becomes ``TransactionConflictError``."""
-
-
-def translate(exc: duckdb.Error, path: str) -> errors.DatabaseError:
-    """Map a DuckDB exception to the project's PEP 249-style class (dialect lives here)."""
-    text = str(exc)
-    lowered = text.lower()
-    if isinstance(exc, duckdb.IOException) and (
-        "could not set lock" in lowered or "conflicting lock" in lowered
-    ):
-        return errors.StoreLockedError(path, detail=text)
-    if "read-only mode" in text:
-        return errors.ReadOnlyError(path, detail=text)
-    table: list[tuple[type[duckdb.Error], type[errors.DatabaseError]]] = [
-        (duckdb.ConstraintException, errors.IntegrityError),
-        (duckdb.ConversionException, errors.DataError),
-        (duckdb.OutOfRangeException, errors.DataError),
-        (duckdb.InvalidInputException, errors.DataError),
-        (duckdb.CatalogException, errors.ProgrammingError),
-        (duckdb.ParserException, errors.ProgrammingError),
-        (duckdb.BinderException, errors.ProgrammingError),
-        (duckdb.PermissionException, errors.ProgrammingError),
-        (duckdb.InternalException, errors.InternalError),
-        (duckdb.NotImplementedException, errors.NotSupportedError),
-        (duckdb.OperationalError, errors.OperationalError),
-    ]
-    for source, target in table:
-        if isinstance(exc, source):
-            return target(detail=text)
-    return errors.DatabaseError(detail=text)
-
-
-WAL_ADVICE = (
-    "the write-ahead log {wal} is corrupt, so the writes it holds cannot be replayed: "
-    "restore the database and its .wal from a backup, or move {wal} aside to open the "
-    "state of the last checkpoint (the writes made after it are lost)"
-)
-"""What :func:`open_error` says about a write-ahead log DuckDB cannot replay."""
-
-
-def open_error(exc: duckdb.Error, path: str) -> errors.DatabaseError:
-    """Translate a failure to open ``path`` (DuckDB's connect, which also replays the
-    write-ahead log): a corrupt WAL or file, or a file that is not a DuckDB
-    database, gets its own class and a message saying what the user can do;
-    anything else goes through :func:`translate`."""
-    text = str(exc)
-    wal = f"{path}.wal"
-    if "while replaying WAL" in text:
-        detail = f"{WAL_ADVICE.format(wal=wal)}; DuckDB said: {text}"
-        return errors.CorruptDatabaseError(path, wal, detail=detail)
-    if "Corrupt database file" in text:
-        detail = f"the database file is corrupt: restore it from a backup; DuckDB said: {text}"
-        return errors.CorruptDatabaseError(path, path, detail=detail)
-    if "not a valid DuckDB database file" in text:
-        return errors.ForeignDatabaseError(path, detail=f"not a DuckDB database file: {text}")
-    if "database does not exist" in text:  # read-only, and the file went missing meanwhile
-        return errors.StoreNotFoundError(path, detail=text)
-    return translate(exc, path)
-
-
-def check_file(path: str, *, read_only: bool) -> None:
-    """Refuse a ``path`` that cannot hold a database before DuckDB tries it.
-
-    Raises:
-        InvalidInputError: ``path`` is a directory, or (to create a file) its
-            folder does not exist.
-        StoreNotFoundError: ``read_only`` and there is no file at ``path``.
-    """
-    if path == ":memory:":
-        return
-    if os.path.isdir(path):
-        raise errors.InvalidInputError("path", f"{path} is a directory, not a database file")
-    if read_only and not os.path.exists(path):
-        raise errors.StoreNotFoundError(path)
-    folder = os.path.dirname(path)
-    if not os.path.isdir(folder):
-        raise errors.InvalidInputError(
-            "path", f"the folder {folder} does not exist (a new database file needs one)"
-        )
-
-
-def _is_conflict(exc: duckdb.Error) -> bool:
-    """Whether ``exc`` is a lost race rather than a fault.
-
-    Under DuckDB's snapshot isolation a lost race shows up three ways: a
-    write-write conflict on update, a duplicate key found at commit, or a
-    duplicate key found at once when the winner committed after our snapshot
-    was taken (our check-then-insert could not see its row). Operations check
-    for existing keys inside the transaction first, so a retry turns a real
-    duplicate into its domain error (``SessionIDExistsError`` …).
-    """
-    text = str(exc).lower()
-    if isinstance(exc, duckdb.TransactionException):
-        return "conflict" in text or "constraint violation" in text
-    return isinstance(exc, duckdb.ConstraintException) and "duplicate key" in text
-
-
-@dataclass
-class _OpStats:
-    calls: int = 0
-    statements: int = 0
-    retries: int = 0
 
 
 class Tx:
@@ -205,6 +94,7 @@ class Tx:
         self._now: datetime | None = None
         self._snapshot = False
         self.statements = 0
+        self.pending: list[str] = []
 
     @property
     def cursor(self) -> duckdb.DuckDBPyConnection:
@@ -232,6 +122,10 @@ class Tx:
         if sql != "BEGIN TRANSACTION":
             self._snapshot = True
         return cursor
+
+    def notify(self, topic: str) -> None:
+        """Publish wake-up ``topic`` once this transaction commits."""
+        self.pending.append(topic)
 
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Execute one statement and return all rows."""
@@ -275,51 +169,6 @@ class Tx:
         return self._cursor.sql(sql, params=list(params)).to_arrow_table()
 
 
-CONNECTION_SETTINGS = (
-    ("TimeZone", "Etc/UTC", "SET TimeZone = 'UTC'"),
-    ("python_enable_replacements", "false", "SET GLOBAL python_enable_replacements = false"),
-    ("enable_external_access", "false", "SET enable_external_access = false"),
-    ("lock_configuration", "true", "SET lock_configuration = true"),
-)
-"""``(name, value, statement)``: applied in this order to the database when a
-connection opens it (the time zone before the lock; external access cannot be
-turned back on). They hold for every connection and cursor on the file in
-this process, since DuckDB shares one instance per file; a second store
-object on the same file finds them set."""
-
-
-def _configure(con: duckdb.DuckDBPyConnection) -> None:
-    for name, value, statement in CONNECTION_SETTINGS:
-        row = con.execute("SELECT current_setting(?)::VARCHAR", [name]).fetchone()
-        if row is None or str(row[0]).lower() != value.lower():
-            con.execute(statement)
-
-
-class _WriteLock:
-    """The in-process write lock of one database file (see the module docstring)."""
-
-    __slots__ = ("__weakref__", "lock")
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-
-
-_WRITE_LOCKS: weakref.WeakValueDictionary[str, _WriteLock] = weakref.WeakValueDictionary()
-_WRITE_LOCKS_GUARD = threading.Lock()
-
-
-def _write_lock(path: str) -> _WriteLock:
-    """The write lock of ``path``: one per file in this process (each
-    ``":memory:"`` database is its own)."""
-    if path == ":memory:":
-        return _WriteLock()
-    with _WRITE_LOCKS_GUARD:
-        found = _WRITE_LOCKS.get(path)
-        if found is None:
-            found = _WRITE_LOCKS[path] = _WriteLock()
-        return found
-
-
 class _CursorHolder:
     """A thread's cursor, held through ``threading.local`` so that the thread's
     end collects the holder and closes the cursor."""
@@ -355,19 +204,15 @@ class Database:
         self.clock = clock
         self.read_only = read_only
         self.dialect = DIALECT
-        check_file(self.path, read_only=read_only)
-        try:
-            self._con = duckdb.connect(self.path, read_only=read_only)
-            _configure(self._con)
-        except duckdb.Error as exc:
-            raise open_error(exc, self.path) from exc
-        self._write_lock = _write_lock(self.path)
+        self._file = open_shared(self.path, read_only=read_only)
+        self._con = self._file.con
+        self._write_lock = self._file.write_lock
         self._local = threading.local()
         self._cursors: set[duckdb.DuckDBPyConnection] = set()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._inflight = 0
-        self._stats: dict[str, _OpStats] = {}
+        self._stats = Stats()
         self._closed = False
 
     # -- cursors ---------------------------------------------------------------
@@ -412,9 +257,11 @@ class Database:
 
         New operations raise ``InterfaceError`` from the moment ``close`` is
         called; the file lock is released when it returns or raises.
-        Idempotent. A writable file store first runs an explicit
-        ``CHECKPOINT``, which folds the write-ahead log into the database
-        file: DuckDB's own checkpoint at close ignores a failure silently.
+        Idempotent. The last store object on a file in this process closes
+        the file, running an explicit ``CHECKPOINT`` first when writable
+        (which folds the write-ahead log into the database file: DuckDB's own
+        checkpoint at close ignores a failure silently); the others leave it
+        to that one.
 
         Raises:
             CheckpointError: the checkpoint failed (a full disk …). The store
@@ -429,14 +276,16 @@ class Database:
             while self._inflight:
                 self._idle.wait()
             failed: duckdb.Error | None = None
-            if not self.read_only and self.path != ":memory:":
-                try:
-                    self._con.execute("CHECKPOINT")
-                except duckdb.Error as exc:
-                    failed = exc
             try:
                 for cur in self._cursors:
                     cur.close()
+                if not release(self._file):
+                    return  # another store object in this process still uses the file
+                if not self._file.read_only and self.path != ":memory:":
+                    try:
+                        self._con.execute("CHECKPOINT")
+                    except duckdb.Error as exc:
+                        failed = exc
                 self._con.close()
             except duckdb.Error as exc:
                 raise translate(exc, self.path) from exc
@@ -456,12 +305,17 @@ class Database:
         *,
         transaction: bool = True,
         retry: bool = True,
+        exclusive: bool = True,
     ) -> T:
         """Run ``body`` as one write: one transaction (or, with
         ``transaction=False``, one autocommit statement, which DuckDB runs
         atomically on its own), under the file's write lock, with retries.
 
         ``retry=False`` reports a lost race as the translated error at once.
+        ``exclusive=False`` (a single autocommit statement on one lease row:
+        a heartbeat's renewal) skips the write lock, so that it never waits
+        behind another thread's long write; a conflict with a write of the
+        same row is retried as a lost race.
 
         Raises:
             TransactionConflictError: every attempt lost a write-write conflict.
@@ -470,7 +324,11 @@ class Database:
         """
         self._enter()
         try:
-            with self._write_lock.lock:
+            if self.read_only:
+                raise errors.ReadOnlyError(self.path, detail="the store was opened read-only")
+            if not exclusive:
+                return self._run(operation, body, transaction, retry, commit=True)
+            with self._write_lock:
                 return self._run(operation, body, transaction, retry, commit=True)
         finally:
             self._leave()
@@ -491,6 +349,10 @@ class Database:
         finally:
             self._leave()
 
+    def scan(self, operation: str, body: Callable[[AnyTx], T]) -> T:
+        """A read in one snapshot (DuckDB has no row locks to skip)."""
+        return self.read(operation, body, snapshot=True)
+
     def _run(
         self,
         operation: str,
@@ -501,12 +363,10 @@ class Database:
         commit: bool,
     ) -> T:
         cursor = self._cursor()
-        attempts = 0
         statements = 0
 
         def attempt() -> T:
-            nonlocal attempts, statements
-            attempts += 1
+            nonlocal statements
             tx = Tx(cursor, self.clock, transaction)
             try:
                 if transaction:
@@ -514,6 +374,8 @@ class Database:
                 result = body(tx)
                 if transaction:
                     tx.exec("COMMIT" if commit else "ROLLBACK")
+                for topic in dict.fromkeys(tx.pending):  # committed: wake this process
+                    self._file.signals.fire(topic)
                 return result
             except (duckdb.InterruptException, RuntimeError) as exc:
                 # DuckDB turns SIGINT during a query into an exception of its own;
@@ -524,7 +386,7 @@ class Database:
                 raise
             except duckdb.Error as exc:
                 self._rollback(cursor, transaction)
-                if retry and _is_conflict(exc):
+                if retry and is_conflict(exc):
                     raise Conflict(str(exc)) from exc
                 raise translate(exc, self.path) from exc
             except Conflict:
@@ -536,26 +398,7 @@ class Database:
             finally:
                 statements += tx.statements
 
-        retrying = Retrying(
-            retry=retry_if_exception_type(Conflict),
-            stop=stop_after_attempt(MAX_ATTEMPTS),
-            wait=wait_random_exponential(multiplier=0.001, max=0.05),
-            reraise=False,
-        )
-        try:
-            return retrying(attempt)
-        except RetryError as exc:
-            cause = exc.last_attempt.exception()
-            origin = cause.__cause__ if cause is not None and cause.__cause__ else cause
-            raise errors.TransactionConflictError(
-                operation, attempts, detail=str(origin)
-            ) from origin
-        finally:
-            with self._lock:
-                s = self._stats.setdefault(operation, _OpStats())
-                s.calls += 1
-                s.statements += statements
-                s.retries += attempts - 1
+        return run_attempts(operation, attempt, self._stats, lambda: statements)
 
     @staticmethod
     def _rollback(cursor: duckdb.DuckDBPyConnection, transaction: bool) -> None:
@@ -583,9 +426,37 @@ class Database:
 
         return self.read("query", body, snapshot=True)
 
+    def query_batches(
+        self,
+        sql: str,
+        params: Sequence[Any],
+        consume: Callable[[Any, Iterator[Any]], T],
+        batch_rows: int,
+    ) -> T:
+        """:meth:`query`, streamed: ``consume(schema, batches)`` inside the read."""
+
+        def body(tx: AnyTx) -> T:
+            assert isinstance(tx, Tx)
+            check_read(tx.cursor, sql)
+            tx.statements += 1
+            reader = tx.cursor.execute(sql, list(params)).to_arrow_reader(batch_rows)
+            assert reader is not None  # a SELECT always has a result
+            return consume(reader.schema, iter(reader))
+
+        return self.read("query", body, snapshot=True)
+
+    def subscribe(self, topics: tuple[Topic, ...]) -> Subscription:
+        """Wake-ups of ``topics`` published by every store object on this file in
+        this process (DuckDB has no other writer)."""
+        return Subscription(self._file.signals, topics)
+
     def migrations(self) -> list[tuple[int, str]]:
         """DuckDB's numbered migrations (``storage/duck/migrations``)."""
         return MIGRATIONS
+
+    def migrate(self, operation: str, body: Callable[[AnyTx], T]) -> T:
+        """The migration: one write (one process writes a DuckDB file)."""
+        return self.write(operation, body)
 
     def lock_migrations(self, tx: AnyTx) -> None:
         """Nothing to do: one process at a time opens a DuckDB file to write, and
@@ -597,12 +468,4 @@ class Database:
 
     def statement_stats(self) -> dict[str, dict[str, float]]:
         """Per operation: calls, statements per call (incl. BEGIN/COMMIT) and retries."""
-        with self._lock:
-            return {
-                op: {
-                    "calls": s.calls,
-                    "statements_per_call": s.statements / s.calls if s.calls else 0.0,
-                    "retries": s.retries,
-                }
-                for op, s in sorted(self._stats.items())
-            }
+        return self._stats.as_dict()

@@ -10,7 +10,9 @@ is parsed, not pattern-matched:
 - DuckDB's own parse tree (``json_serialize_sql``) of that ``SELECT`` holds
   only query nodes that read: a ``DELETE``, ``UPDATE``, ``INSERT`` or any
   other node inside a CTE or subquery is refused, and so is ``query(…)``,
-  which runs SQL from a string the tree cannot see into.
+  which runs SQL from a string the tree cannot see into, and every function
+  whose effect outlives the query (:data:`EFFECT_FUNCTIONS`: a checkpoint
+  writes the file, a seed persists; the rollback undoes neither).
 """
 
 from __future__ import annotations
@@ -29,6 +31,22 @@ READ_NODES = frozenset({"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NODE
 SQL_RUNNING_FUNCTIONS = frozenset({"query"})
 """Functions that run SQL given as a string, which the parse tree cannot see into."""
 
+EFFECT_FUNCTIONS = frozenset(
+    {
+        "checkpoint",
+        "force_checkpoint",
+        "truncate_duckdb_logs",
+        "setseed",
+        "nextval",
+        "enable_logging",
+        "disable_logging",
+        "enable_profiling",
+        "disable_profiling",
+    }
+)
+"""Functions whose effect outlives the query (a checkpoint writes the file, a
+seed or a sequence persists): a rolled-back transaction does not undo them."""
+
 
 def _nodes(tree: Any) -> set[str]:
     """Every query-node type (a ``type`` ending ``_NODE``) in a serialized parse
@@ -42,7 +60,7 @@ def _nodes(tree: Any) -> set[str]:
             if isinstance(kind, str) and kind.endswith("_NODE"):
                 found.add(kind)
             name = item.get("function_name")
-            if isinstance(name, str) and name.lower() in SQL_RUNNING_FUNCTIONS:
+            if isinstance(name, str) and name.lower() in SQL_RUNNING_FUNCTIONS | EFFECT_FUNCTIONS:
                 found.add(f"FUNCTION {name.lower()}()")
             stack.extend(item.values())
         elif isinstance(item, list):

@@ -48,6 +48,7 @@ from ..validate import (
     check_session_lease,
     check_ttl,
 )
+from ..wakeups import Topic
 from . import leases, runs
 from .base import StoreBase
 
@@ -181,6 +182,7 @@ def create_plan(tx: Tx, run: Run, plan: DeliveryPlan) -> DeliveryIntent:
         existing = get_intent(tx, intent_id)
         assert existing is not None
         return existing
+    tx.notify(Topic.DELIVERY_DUE)
     now = tx.now
     tx.exec(
         f"INSERT INTO delivery_intents ({_INTENT_COLS}, plan_digest) "
@@ -237,7 +239,9 @@ def due(tx: Tx, limit: int) -> list[DeliveryOperation]:
         "WHERE (o.status = 'pending' AND coalesce(o.next_attempt_at <= ?, TRUE) "
         f"AND (o.depends_on IS NULL OR d.status IN ({done}))) "
         "OR (o.status IN ('claimed', 'in_progress') AND o.lease_expires_at <= ?) "
-        "ORDER BY o.created_at, o.intent_id, o.sequence LIMIT ?",
+        "ORDER BY o.created_at, o.intent_id, o.sequence LIMIT ?"
+        # PostgreSQL: leave out operations another worker is claiming right now
+        + tx.dialect.skip_locked_of("o"),
         [tx.now, tx.now, limit],
     )
     return [_op(r) for r in rows]
@@ -258,6 +262,15 @@ def claim(tx: Tx, operation_id: str, owner: str, ttl_s: float) -> DeliveryOperat
             not due, or waiting on its dependency.
         DeliveryOperationNotFoundError.
     """
+    if tx.dialect.skip_locked:  # another worker's claim in flight: busy at once, no wait
+        locked = tx.one(
+            "SELECT id FROM delivery_operations o WHERE id = ?" + tx.dialect.skip_locked_of("o"),
+            [operation_id],
+        )
+        if locked is None and get_operation(tx, operation_id) is not None:
+            raise errors.DeliveryOperationBusyError(
+                operation_id, "another worker is claiming or updating it"
+            )
     op = _load(tx, operation_id)
     now = tx.now
     assert now is not None
@@ -406,6 +419,7 @@ def finish(
         tx, op, edge, f"{_RESULT_SETS}, lease_expires_at = NULL", _result_params(result)
     )
     refresh_intent(tx, moved.intent_id)
+    tx.notify(Topic.DELIVERY_DUE)  # a finished step frees its dependents; a requeue is due
     return moved
 
 
@@ -427,6 +441,7 @@ def requeue(
         "next_attempt_at = ?, failure_code = ?, lease_expires_at = NULL",
         [tx.now + timedelta(seconds=delay_s), failure_code],
     )
+    tx.notify(Topic.DELIVERY_DUE)  # a finished step frees its dependents; a requeue is due
     return moved
 
 
@@ -515,9 +530,11 @@ class DeliveryMixin(StoreBase):
         """Operations a worker may claim now, oldest first (session seed
         ListDueDeliveryOperations): pending ones whose next attempt time has
         come and whose dependency is delivered or unsupported, and claimed ones
-        whose claim expired. A read: claim each with :meth:`claim_delivery`."""
+        whose claim expired. A read: claim each with :meth:`claim_delivery`.
+        On PostgreSQL an operation another worker is claiming at this moment
+        is left out (its row lock is skipped, not waited for)."""
         check_limit(limit)
-        return self.db.read("list_due_deliveries", lambda tx: due(tx, limit), snapshot=True)
+        return self.db.scan("list_due_deliveries", lambda tx: due(tx, limit))
 
     def claim_delivery(self, operation_id: str, owner: str, ttl_s: float) -> DeliveryOperation:
         """Claim the operation for ``owner`` for ``ttl_s`` seconds (session seed

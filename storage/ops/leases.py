@@ -27,6 +27,7 @@ from turnkeeper.spec.records import Lease
 from ..backend import Conflict, Tx, utc
 from ..codec import check_id
 from ..validate import check_lease, check_purpose, check_target, check_ttl
+from ..wakeups import Topic
 from .base import StoreBase
 
 _MACHINE = machine_for(LEASE)
@@ -149,7 +150,8 @@ def renew(tx: Tx, lease: Lease, ttl_s: float) -> Lease:
     """
     row = tx.one(
         f"WITH c AS (SELECT {NOW} AS now), "
-        "w AS (UPDATE leases SET expires_at = (SELECT now FROM c) + to_microseconds(?), "
+        "w AS (UPDATE leases SET "
+        "expires_at = (SELECT now FROM c) + ?::BIGINT * INTERVAL '1 microsecond', "
         "renewed_at = (SELECT now FROM c) "
         "WHERE target = ? AND epoch = ? AND token_digest = ? AND owner = ? AND state = 'held' "
         "AND expires_at > (SELECT now FROM c) RETURNING *) "
@@ -183,6 +185,9 @@ def release(tx: Tx, lease: Lease) -> bool:
     if row is None:
         return False
     _MACHINE.require("release", "held", {"token_matches": True})
+    tx.notify(Topic.LEASE_RELEASED)
+    if lease.target.startswith("session:"):  # its run, if it had one, is an orphan now
+        tx.notify(Topic.ORPHAN)
     return True
 
 
@@ -279,7 +284,11 @@ class LeasesMixin(StoreBase):
         """
         check_lease(lease)
         ttl = check_ttl(ttl_s)
-        return self.db.write("renew_lease", lambda tx: renew(tx, lease, ttl), transaction=False)
+        # A heartbeat: one statement on its own lease row, never queued behind
+        # another thread's long write (the write lock is for transactions).
+        return self.db.write(
+            "renew_lease", lambda tx: renew(tx, lease, ttl), transaction=False, exclusive=False
+        )
 
     def release_lease(self, lease: Lease) -> bool:
         """Release ``lease`` (threadstore ReleaseLease); idempotent, ignores stale leases.
@@ -287,7 +296,9 @@ class LeasesMixin(StoreBase):
         Returns whether this call released a held lease.
         """
         check_lease(lease)
-        return self.db.write("release_lease", lambda tx: release(tx, lease), transaction=False)
+        return self.db.write(
+            "release_lease", lambda tx: release(tx, lease), transaction=False, exclusive=False
+        )
 
     def validate_lease(self, lease: Lease) -> None:
         """Check ``lease`` is still held, unexpired, with this token: the final
@@ -297,4 +308,6 @@ class LeasesMixin(StoreBase):
             LeaseLostError: it is not.
         """
         check_lease(lease)
-        self.db.write("validate_lease", lambda tx: fence(tx, lease), transaction=False)
+        self.db.write(
+            "validate_lease", lambda tx: fence(tx, lease), transaction=False, exclusive=False
+        )

@@ -73,7 +73,9 @@ def orphans(tx: Tx) -> list[Run]:
         "WHERE NOT coalesce(l.state = 'held' AND l.expires_at > c.now, FALSE) "
         "AND (v.state IS NULL OR v.state = 'recovering' "
         "OR (v.state = 'failed' AND coalesce(v.next_retry_at <= c.now, TRUE))) "
-        "ORDER BY r.started_at, r.id",
+        "ORDER BY r.started_at, r.id"
+        # PostgreSQL: leave out runs another worker is recovering or ending right now
+        + tx.dialect.skip_locked_of("r"),
         [tx.now],
     )
     found = [runs.get(tx, r[0]) for r in rows]
@@ -256,8 +258,10 @@ class RecoveryMixin(StoreBase):
         clock (including runs admitted without one), oldest first, leaving out
         runs whose recovery is detached, dead-lettered, or failed and not yet due
         (session seed ListOrphanedSessionRuns). A read: recover each through
-        :meth:`begin_recovery` under a recovery lease."""
-        return self.db.read("list_orphaned_runs", orphans, snapshot=True)
+        :meth:`begin_recovery` under a recovery lease. On PostgreSQL a run
+        another worker is recovering or ending at this moment is left out
+        (its row lock is skipped, not waited for)."""
+        return self.db.scan("list_orphaned_runs", orphans)
 
     def get_recovery(self, run_id: str) -> Recovery | None:
         """The run's recovery record, or ``None``."""
@@ -328,6 +332,7 @@ class RecoveryMixin(StoreBase):
         for name, value in (("error", error), ("stop_reason", stop_reason)):
             if value is not None:
                 check_text(value, name)
+        runs.check_outcome(final, error)
         resolved = _check_decisions(decisions)
         plan = None if delivery_plan is None else check_plan(delivery_plan)
         return self._fenced(

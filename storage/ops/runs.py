@@ -44,6 +44,7 @@ from ..validate import (
     check_plan,
     check_session_lease,
 )
+from ..wakeups import Topic
 from . import delivery, leases, sessions
 from .base import StoreBase
 
@@ -251,6 +252,16 @@ def admit(
     return run, True
 
 
+def check_outcome(status: RunStatus, error: str | None) -> None:
+    """A run that succeeded carries no error: its outcome is final and says so.
+
+    Raises:
+        InvalidInputError: ``error`` given with ``succeeded``.
+    """
+    if status == RunStatus.SUCCEEDED and error is not None:
+        raise errors.InvalidInputError("error", "a run that succeeded carries no error")
+
+
 def _load(tx: Tx, run_id: str) -> Run:
     run = get(tx, run_id)
     if run is None:
@@ -351,6 +362,7 @@ def finish(
     _event(tx, moved, edge, f"{run_id}:{status.value}", {"error": error, "stopReason": stop_reason})
     if plan is not None:
         delivery.create_plan(tx, moved, plan)
+    tx.notify(Topic.RUN_ENDED)
     return moved, True
 
 
@@ -492,10 +504,14 @@ class RunsMixin(StoreBase):
         ).hexdigest()
         digest = None
         if submission_key is not None:
-            check_text(submission_key, "submission_key", allow_empty=False)
+            check_id(submission_key, "submission_key")
             digest = hashlib.sha256(f"{session_id}\x00{submission_key}".encode()).hexdigest()
         if user_message is not None:
             validate_payload(EntryKind.MESSAGE, {"message": user_message})
+            if user_message.get("role") != "user":
+                raise errors.InvalidInputError(
+                    "user_message.role", "the request admitted is a user message"
+                )
             to_json(dict(user_message), "user_message")
         if retry_of is not None:
             check_id(retry_of, "retry_of")
@@ -608,6 +624,10 @@ class RunsMixin(StoreBase):
             raise errors.InvalidInputError("status", f"{status!r} is not terminal")
         if assistant_message is not None:
             validate_payload(EntryKind.MESSAGE, {"message": assistant_message})
+            if assistant_message.get("role") != "assistant":
+                raise errors.InvalidInputError(
+                    "assistant_message.role", "the run's reply is an assistant message"
+                )
             to_json(dict(assistant_message), "assistant_message")
             content = assistant_message.get("content")
             if isinstance(content, list) and any(
@@ -619,6 +639,7 @@ class RunsMixin(StoreBase):
         for name, value in (("error", error), ("stop_reason", stop_reason)):
             if value is not None:
                 check_text(value, name)
+        check_outcome(final, error)
         if delivery_plan is not None:
             check_plan(delivery_plan)
         if lease is not None:

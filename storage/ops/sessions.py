@@ -536,7 +536,9 @@ class SessionsMixin(StoreBase):
 
         The replayed context stays valid for a model provider: a
         ``toolResult`` message must answer a ``toolCall`` that is in the
-        context replay builds at the leaf and not yet answered there, and a
+        context replay builds at the leaf, not yet answered there, and with
+        no other message between that call's assistant message and its
+        results (a provider takes results only right after the call), and a
         compaction may not keep a ``toolResult`` while cutting off its call
         (``firstKeptEntryId`` between them). Both are refused rather than
         stored in another form, because only the runtime knows what the result

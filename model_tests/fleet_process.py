@@ -1,0 +1,126 @@
+"""One process of the multi-process PostgreSQL test (``test_postgres_fleet.py``).
+
+``python fleet_process.py ROLE URL ACKS [INDEX]`` runs until SIGTERM or a kill:
+
+- ``worker INDEX``: sessions ``w<INDEX>-<n>``; per turn it takes the session's
+  lease, admits and starts a run, appends three entries under the lease and
+  finishes the run with a one-step delivery plan. After each write returns
+  (acknowledged) it appends ``entry <session> <entry id>`` (or ``run …``) to
+  the file ``ACKS`` and flushes it to disk, so a kill loses no acknowledged
+  line;
+- ``recovery``: converges orphaned runs (their worker was killed) under a
+  recovery lease, woken by the store or its timeout;
+- ``outbox``: claims and delivers due operations, woken likewise.
+
+Every store error that is a fence doing its job (busy, lease lost, a run or
+claim someone else moved) is expected; anything else exits non-zero.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+import turnkeeper
+from turnkeeper import DeliveryPlan, DeliveryStep, EntryKind
+
+PLAN = DeliveryPlan("chat", "room", steps=(DeliveryStep("reply", "message"),))
+FENCED = (
+    turnkeeper.BusyError,
+    turnkeeper.LeaseLostError,
+    turnkeeper.DeliveryLeaseLostError,
+    turnkeeper.DeliveryOperationBusyError,
+    turnkeeper.RecoveryNotNeededError,
+    turnkeeper.InvalidTransitionError,
+    turnkeeper.SessionRunActiveError,
+)
+STOP = threading.Event()
+
+
+def _ack(acks, line: str) -> None:
+    acks.write(line + "\n")
+    acks.flush()
+    os.fsync(acks.fileno())
+
+
+def worker(store: turnkeeper.BaseStore, index: int, acks) -> None:
+    turn = 0
+    while not STOP.is_set():
+        sid = f"w{index}-{turn % 3}"
+        turn += 1
+        if store.get_session(sid) is None:
+            store.create_session(sid)
+        try:
+            lease = store.acquire_lease(f"session:{sid}", f"worker-{index}-{os.getpid()}", 10)
+        except turnkeeper.BusyError:
+            continue
+        try:
+            run = store.admit_run(
+                sid, {"turn": turn}, user_message={"role": "user", "content": "go"}, lease=lease
+            )
+            _ack(acks, f"run {sid} {run.id}")
+            store.start_run(run.id, lease=lease)
+            for k in range(3):
+                message = {"role": "assistant", "content": [{"type": "text", "text": f"{k}"}]}
+                entry = store.append(sid, EntryKind.MESSAGE, {"message": message}, lease=lease)
+                _ack(acks, f"entry {sid} {entry.id}")
+            store.finish_run(run.id, "succeeded", lease=lease, delivery_plan=PLAN)
+            store.release_lease(lease)
+        except FENCED:
+            continue
+
+
+def recovery(store: turnkeeper.BaseStore) -> None:
+    sub = store.subscribe("orphan", "lease_released")
+    while not STOP.is_set():
+        for run in store.list_orphaned_runs():
+            try:
+                lease = store.acquire_lease(
+                    f"session:{run.session_id}", f"recovery-{os.getpid()}", 10, purpose="recovery"
+                )
+            except turnkeeper.BusyError:
+                continue
+            try:
+                store.begin_recovery(run.id, lease, reason="worker killed")
+                store.converge_recovery(run.id, lease, error="the worker was killed")
+            except FENCED:
+                pass
+            finally:
+                store.release_lease(lease)
+        sub.wait(0.5)
+
+
+def outbox(store: turnkeeper.BaseStore) -> None:
+    sub = store.subscribe("delivery_due")
+    owner = f"outbox-{os.getpid()}"
+    while not STOP.is_set():
+        due = store.list_due_deliveries()
+        for op in due:
+            try:
+                claim = store.claim_delivery(op.id, owner, 10)
+                store.finish_delivery(op.id, owner, claim.lease_epoch, "delivered")
+            except FENCED:
+                pass
+        if not due:
+            sub.wait(0.5)
+
+
+def main(argv: list[str]) -> int:
+    role, url, acks_path = argv[:3]
+    signal.signal(signal.SIGTERM, lambda *_: STOP.set())
+    with turnkeeper.open_store(url) as store, open(acks_path, "a") as acks:
+        if role == "worker":
+            worker(store, int(argv[3]), acks)
+        elif role == "recovery":
+            recovery(store)
+        elif role == "outbox":
+            outbox(store)
+        else:
+            raise SystemExit(f"unknown role {role!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

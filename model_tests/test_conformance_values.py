@@ -1,0 +1,135 @@
+"""Every value round-trips exactly, on every backend.
+
+NUL (U+0000) is legal in turnkeeper text and JSON payloads: PostgreSQL's
+``text`` and ``jsonb`` cannot hold it, and other stores lost whole turns to
+it. So every text column and payload is tried with it (and with the
+private-use characters the PostgreSQL backend's code uses), with large
+payloads (tens of MB), deep JSON, extreme numbers and microsecond
+timestamps in other time zones.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from turnkeeper import DeliveryPlan, DeliveryStep, EntryKind, FinalizeRequest, ThreadRecord
+from turnkeeper.spec.records import ImportBatch, ImportEntry, OpaqueRecord
+
+TRICKY = [
+    "\x00",
+    "a\x00b",
+    "\x00\x00\x00",
+    "\ue000",
+    "\ue000\ue001",
+    "\ue000\x00\ue000",
+    "\ue001\ue000",
+    "tab\tnew\nline\r",
+    "日本語のテキスト",
+    "emoji 🦆🏳️‍🌈",
+    "back\\slash 'quote' \"dq\" %s ? $1 :x",
+    "",
+]
+
+
+def deep(levels: int):
+    value: object = "bottom\x00"
+    for i in range(levels):
+        value = {"level": i, "next": [value]}
+    return value
+
+
+@pytest.mark.parametrize("text", TRICKY)
+def test_text_round_trips_in_every_column_that_holds_it(store, text):
+    sid = "s"
+    store.create_session(sid, cwd=f"/work/{text}", header={"note": text})
+    store.set_title(sid, f"title {text}")
+    payload = {"message": {"role": "user", "content": text, "extra": [text, {text: text}]}}
+    entry = store.append(sid, EntryKind.MESSAGE, payload)
+    session = store.get_session(sid)
+    assert session.cwd == f"/work/{text}" and session.header == {"note": text}
+    assert session.title == f"title {text}"
+    assert store.entry(sid, entry.id).payload == payload
+    assert store.replay(sid).messages[0]["content"] == text
+    store.set_label(sid, entry.id, f"label {text}")
+    assert store.labels(sid) == {entry.id: f"label {text}"}
+    run = store.admit_run(sid, {"q": text}, user_message={"role": "user", "content": text})
+    store.start_run(run.id)
+    store.claim_tool_execution(
+        "k", sid, local_turn_id=run.turn_id, provider_call_id="c", tool_name="t",
+        side_effecting=False, arguments={"a": text}, run_id=run.id,
+        provider_metadata={"m": text},
+    )  # fmt: skip
+    done = store.complete_tool_execution("k", {"out": text})
+    assert done.result == {"out": text} and done.provider_metadata == {"m": text}
+    plan = DeliveryPlan("chat", "room", steps=(DeliveryStep("send", "message"),),
+                        transport_context={"t": text})  # fmt: skip
+    ended = store.finish_run(run.id, "failed", error=f"error {text}", delivery_plan=plan,
+                             stop_reason=f"stop {text}")  # fmt: skip
+    assert store.get_run(run.id).error == f"error {text}" == ended.error
+    op = store.list_due_deliveries()[0]
+    claim = store.claim_delivery(op.id, "o", 30)
+    store.finish_delivery(op.id, "o", claim.lease_epoch, "failed", failure_code=f"f{text}")
+    assert store.get_delivery_operation(op.id).failure_code == f"f{text}"
+    rec = store.finalize(FinalizeRequest(ThreadRecord("r", "key", state={"s": text})))
+    assert rec.state == {"s": text} and store.resolve(id="r").state == {"s": text}
+
+
+def test_an_imported_raw_line_with_nul_is_kept_exactly(store):
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    raw = '{"type":"message","glued\x00":true}{"broken'
+    message = {"message": {"role": "user", "c": "\x00"}}
+    batch = ImportBatch(
+        "imp", "/w\x00", when, {"h": "\x00"},
+        [ImportEntry("e1", None, EntryKind.MESSAGE, when, message)],
+        "e1", opaque=[OpaqueRecord("f.jsonl", 2, raw, "glued\x00")], source="f.jsonl",
+    )  # fmt: skip
+    store.import_batch(batch)
+    (kept,) = store.opaque_records("imp")
+    assert (kept.raw, kept.reason) == (raw, "glued\x00")
+    assert store.entries("imp")[0].payload == {"message": {"role": "user", "c": "\x00"}}
+    assert store.get_session("imp").cwd == "/w\x00"
+
+
+def test_a_payload_of_tens_of_megabytes_round_trips(store):
+    store.create_session("big")
+    text = ("0123456789abcdef\x00" * (24 * 1024 * 1024 // 17))[: 24 * 1024 * 1024]
+    payload = {"message": {"role": "user", "content": text}}
+    entry = store.append("big", EntryKind.MESSAGE, payload)
+    got = store.entry("big", entry.id).payload["message"]["content"]
+    assert len(got) == len(text) and got == text
+
+
+def test_deep_json_round_trips(store):
+    store.create_session("deep")
+    payload = {"message": {"role": "user", "content": "x", "tree": deep(120)}}
+    entry = store.append("deep", EntryKind.MESSAGE, payload)
+    assert store.entry("deep", entry.id).payload == payload
+
+
+@pytest.mark.parametrize(
+    "number", [2**63 - 1, -(2**63), 0, 0.1, 1e-300, 1.7976931348623157e308, 5e-324]
+)
+def test_extreme_numbers_round_trip(store, number):
+    store.create_session("n")
+    payload = {"message": {"role": "user", "content": "x", "n": number}}
+    entry = store.append("n", EntryKind.MESSAGE, payload)
+    got = store.entry("n", entry.id).payload["message"]["n"]
+    assert got == number and type(got) is type(number)
+    if isinstance(number, float):
+        assert math.copysign(1.0, got) == math.copysign(1.0, number)
+
+
+def test_timestamps_keep_microseconds_and_come_back_in_utc(store):
+    store.create_session("t")
+    zone = timezone(timedelta(hours=5, minutes=45))
+    when = datetime(2031, 7, 9, 23, 59, 59, 999999, tzinfo=zone)
+    entry = store.append("t", EntryKind.MESSAGE, {"message": USER}, timestamp=when)
+    got = store.entry("t", entry.id).timestamp
+    assert got == when and got.tzinfo is not None and got.utcoffset() == timedelta(0)
+    assert got.microsecond == 999999
+
+
+USER = {"role": "user", "content": "x"}

@@ -1,0 +1,209 @@
+"""What only PostgreSQL has: many processes on one store.
+
+Eight worker processes, a recovery coordinator and two outbox workers share
+one store while random workers are killed with SIGKILL; afterwards the audit
+passes and every acknowledged write is there. Several processes migrate a
+new store at once; threads contending for one session get the serial
+outcome (their lost races are retried, none escapes); a wake-up crosses
+processes.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import new_pg_schema
+
+import turnkeeper
+from turnkeeper import EntryKind
+from turnkeeper.cli.audit import run_audit
+
+pytestmark = pytest.mark.postgres
+
+HERE = Path(__file__).resolve().parent
+MSG = {"message": {"role": "user", "content": "x"}}
+
+
+def _spawn(role: str, url: str, acks: Path, *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "fleet_process.py"), role, url, str(acks), *extra],
+        stderr=subprocess.PIPE,
+    )
+
+
+def _err(p: subprocess.Popen[bytes]) -> str:
+    return p.stderr.read().decode() if p.stderr else ""
+
+
+def _settle(store: turnkeeper.BaseStore, deadline_s: float) -> None:
+    """Wait until no run is orphaned or active and nothing is due (or give up)."""
+    give_up = time.monotonic() + deadline_s
+    sub = store.subscribe("run_ended", "delivery_due", "orphan")
+    while time.monotonic() < give_up:
+        busy = store.query(
+            "SELECT (SELECT count(*) FROM active_runs) + "
+            "(SELECT count(*) FROM delivery_operations WHERE status NOT IN "
+            "('delivered', 'failed', 'uncertain', 'unsupported')) AS n"
+        ).to_pylist()[0]["n"]
+        if busy == 0:
+            return
+        sub.wait(1.0)
+
+
+@pytest.mark.slow
+def test_eight_worker_processes_with_kills_lose_no_acknowledged_write(tmp_path):
+    url = new_pg_schema()
+    with turnkeeper.open_store(url):
+        pass  # migrated once here; test_concurrent_opens_migrate_once races it
+    acks = tmp_path / "acks.log"
+    rng = random.Random(7)
+    workers = {i: _spawn("worker", url, acks, str(i)) for i in range(8)}
+    services = [_spawn("recovery", url, acks), _spawn("outbox", url, acks)]
+    services.append(_spawn("outbox", url, acks))
+    killed = 0
+    try:
+        for _ in range(6):
+            time.sleep(1.5)  # pacing only: no assertion depends on it
+            i = rng.randrange(8)
+            workers[i].send_signal(signal.SIGKILL)
+            workers[i].wait(60)
+            killed += 1
+            workers[i] = _spawn("worker", url, acks, str(i))
+        time.sleep(1.5)
+        for p in workers.values():
+            p.send_signal(signal.SIGTERM)
+        for p in workers.values():  # (a process still starting dies of the signal)
+            assert p.wait(120) in (0, -signal.SIGTERM), _err(p)
+        with turnkeeper.open_store(url) as store:
+            _settle(store, 180)
+    finally:
+        for p in [*workers.values(), *services]:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in services:
+            assert p.wait(120) in (0, -signal.SIGTERM), _err(p)
+    lines = acks.read_text().splitlines()
+    assert killed == 6 and len(lines) > 20
+    with turnkeeper.open_store(url) as store:
+        for line in lines:
+            kind, sid, ident = line.split()
+            if kind == "entry":
+                assert store.entry(sid, ident) is not None, line
+            else:
+                assert store.get_run(ident) is not None, line
+        assert store.query("SELECT count(*) AS n FROM active_runs").to_pylist() == [{"n": 0}]
+        failed = [c for c in run_audit(store) if not c.passed]
+        assert failed == []
+        statuses = {r["status"] for r in store.query("SELECT status FROM runs").to_pylist()}
+        assert "succeeded" in statuses
+
+
+OPENER = """
+import sys, turnkeeper
+with turnkeeper.open_store(sys.argv[1]) as s:
+    print(s.schema_version())
+"""
+
+
+def test_concurrent_opens_migrate_once(tmp_path):
+    """Four processes open a new store at once: the advisory lock lets one
+    migrate and the others find the schema current."""
+    url = new_pg_schema()
+    procs = [
+        subprocess.Popen([sys.executable, "-c", OPENER, url], stdout=subprocess.PIPE)
+        for _ in range(4)
+    ]
+    outs = [p.communicate(timeout=120)[0].decode().strip() for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4
+    assert outs == [str(turnkeeper.SCHEMA_VERSION)] * 4
+    with turnkeeper.open_store(url) as s:
+        rows = s.query("SELECT version FROM schema_migrations ORDER BY version").to_pylist()
+        assert [r["version"] for r in rows] == list(range(1, turnkeeper.SCHEMA_VERSION + 1))
+
+
+def test_threads_contending_for_one_session_get_the_serial_outcome():
+    """Lost races between connections are serialization failures, retried: every
+    append lands, in one chain, and none escapes as TransactionConflictError."""
+    with turnkeeper.open_store(new_pg_schema()) as store:
+        store.create_session("s")
+        failures: list[BaseException] = []
+
+        def work(i: int) -> None:
+            try:
+                for _ in range(5):
+                    store.append("s", EntryKind.MESSAGE, MSG)
+            except BaseException as exc:
+                failures.append(exc)
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(work, range(8)))
+        assert failures == []
+        entries = store.entries("s")
+        assert len(entries) == 40
+        assert [e.parent_id for e in entries] == [None] + [e.id for e in entries[:-1]]
+
+
+WAITER = """
+import sys, turnkeeper
+with turnkeeper.open_store(sys.argv[1]) as s:
+    sub = s.subscribe("run_ended")
+    print("ready", flush=True)
+    print(",".join(sub.wait(120)), flush=True)
+"""
+
+
+def test_a_wake_up_crosses_processes():
+    url = new_pg_schema()
+    with turnkeeper.open_store(url) as store:
+        store.create_session("s")
+        run = store.admit_run("s", {"q": 1})
+        waiter = subprocess.Popen(
+            [sys.executable, "-c", WAITER, url], stdout=subprocess.PIPE, text=True
+        )
+        assert waiter.stdout is not None
+        assert waiter.stdout.readline().strip() == "ready"
+        store.finish_run(run.id, "failed")
+        assert waiter.stdout.readline().strip() == "run_ended"
+        assert waiter.wait(60) == 0
+
+
+def _terminate(url: str, name: str, *, listening: bool) -> int:
+    """Close (from the server side) the connections named ``name``; their count."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as admin:
+        rows = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = %s AND pid <> pg_backend_pid() "
+            "AND (query LIKE 'LISTEN%%') = %s",
+            [name, listening],
+        ).fetchall()
+    return len(rows)
+
+
+def test_the_listener_reconnects_and_wakes_its_waiters_to_look_again():
+    """A broken listening connection loses what was sent meanwhile: the listener
+    reconnects and fires every topic once, so a waiter looks in the store."""
+    url = new_pg_schema() + "&application_name=tk_listener_test"
+    with turnkeeper.open_store(url) as store:
+        sub = store.subscribe("run_ended")
+        assert _terminate(url, "tk_listener_test", listening=True) == 1
+        assert sub.wait(60) == [turnkeeper.Topic.RUN_ENDED]
+
+
+def test_a_pooled_connection_the_server_closed_is_replaced():
+    """A connection the server closed (a restart, a failover) is replaced: the
+    next operation succeeds (the pool checks each connection before lending it)."""
+    url = new_pg_schema() + "&application_name=tk_pool_test"
+    with turnkeeper.open_store(url) as store:
+        store.create_session("s")
+        assert _terminate(url, "tk_pool_test", listening=False) >= 1
+        store.append("s", EntryKind.MESSAGE, MSG)
+        assert len(store.entries("s")) == 1

@@ -1,0 +1,234 @@
+"""Every writing transaction writes the rows of one session or one lease target
+(history rows aside), but for a short list of named exceptions: the claim that
+lets the schema be distributed by session (README, "Beyond one server").
+
+On PostgreSQL, a trigger on every non-history table records, for each written
+row, the transaction, the operation that ran it and the session or target
+the row belongs to. A workload that runs every kind of operation (the demo's
+fleet, plus forks, imports, lineage, finalize with held leases, tool
+recovery) must leave no transaction that wrote two, but those named in
+:data:`EXCEPTIONS`.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+import pytest
+from conftest import new_pg_schema
+
+import turnkeeper
+from turnkeeper import (
+    DeliveryPlan,
+    DeliveryStep,
+    EntryKind,
+    FinalizeRequest,
+    ResponseState,
+    ThreadRecord,
+)
+from turnkeeper.cli.fleet import FleetConfig
+from turnkeeper.cli.fleet_runners import ThreadFleet
+from turnkeeper.spec.records import ImportBatch, ImportEntry
+from turnkeeper.storage.postgres import db as pg_db
+
+pytestmark = pytest.mark.postgres
+
+HISTORY = {
+    "lease_events",
+    "fence_events",
+    "thread_record_events",
+    "run_events",
+    "recovery_events",
+    "delivery_events",
+    "tool_execution_events",
+    "schema_migrations",
+}
+"""Append-only history, aside from the claim (distributed like the rows it describes)."""
+
+PLAN = DeliveryPlan("chat", "room", (DeliveryStep("notice", "message"),))
+
+EXCEPTIONS = {
+    "finalize": "writes a thread key's records and fences the leases it holds (other targets)",
+    "fork_session": "writes a new session from its source (and fences the source's lease)",
+}
+"""Operations whose one transaction may write rows of two shards, and why."""
+
+WRITES_TABLE = "CREATE TABLE tk_writes (xid BIGINT, op TEXT, tbl TEXT, shard TEXT)"
+
+SHARD_OF = """
+CREATE FUNCTION tk_shard() RETURNS trigger AS $$
+DECLARE
+    j jsonb := to_jsonb(CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END);
+    shard text;
+BEGIN
+    shard := CASE
+        WHEN TG_TABLE_NAME = 'sessions' THEN 'session:' || (j ->> 'id')
+        WHEN TG_TABLE_NAME = 'leases' THEN j ->> 'target'
+        WHEN TG_TABLE_NAME IN ('thread_records', 'active_thread_keys')
+            THEN 'thread-key:' || (j ->> 'key')
+        WHEN TG_TABLE_NAME = 'delivery_operations' THEN 'session:' ||
+            (SELECT session_id FROM delivery_intents WHERE id = j ->> 'intent_id')
+        WHEN TG_TABLE_NAME = 'session_forks' THEN 'session:' || (j ->> 'fork_session_id')
+        ELSE 'session:' || (j ->> 'session_id')
+    END;
+    INSERT INTO tk_writes VALUES (txid_current(), current_setting('tk.op', true),
+                                  TG_TABLE_NAME, shard);
+    RETURN NULL;
+END $$ LANGUAGE plpgsql
+"""
+
+
+def _instrument(store) -> None:
+    import psycopg
+
+    with psycopg.connect(store.db.url, autocommit=True) as conn:
+        conn.execute(WRITES_TABLE)
+        conn.execute(SHARD_OF)
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT table_name FROM information_schema.tables "
+                "WHERE table_schema = current_schema() AND table_name <> 'tk_writes'"
+            ).fetchall()
+        ]
+        for table in tables:
+            if table not in HISTORY:
+                conn.execute(
+                    f"CREATE TRIGGER tk_{table} AFTER INSERT OR UPDATE OR DELETE ON {table} "
+                    "FOR EACH ROW EXECUTE FUNCTION tk_shard()"
+                )
+
+
+def _name_the_operations(monkeypatch) -> None:
+    """Each write transaction says which store operation it is (test-only)."""
+    real = pg_db.Database._run
+
+    def named(self, operation, body, transaction, retry, *, commit):
+        if not (transaction and commit):
+            return real(self, operation, body, transaction, retry, commit=commit)
+
+        def labelled(tx):
+            tx.exec("SELECT set_config('tk.op', ?, true)", [operation])
+            return body(tx)
+
+        return real(self, operation, labelled, transaction, retry, commit=commit)
+
+    monkeypatch.setattr(pg_db.Database, "_run", named)
+
+
+def _workload(store) -> None:
+    cfg = FleetConfig(workers=3, sessions=4, duration_s=3.0, seed=5, ttl_s=0.5, stall_p=0.3)
+    sessions = []
+    for i in range(cfg.sessions):
+        sid = f"demo-shard-{i}"
+        store.create_session(sid)
+        sessions.append(sid)
+    fleet = ThreadFleet(store, cfg, sessions, "shard", time.monotonic() + cfg.duration_s)
+    fleet.start()
+    fleet.join_workers(120)
+    time.sleep(1.5)  # let the services converge a few orphans (pacing only)
+    fleet.finish()
+    # what the fleet does not do
+    now = datetime.now(UTC)
+    msg = {"message": {"role": "user", "content": "x"}}
+    store.import_batch(
+        ImportBatch(
+            "imp", "", now, {}, [ImportEntry("e1", None, EntryKind.MESSAGE, now, msg)], "e1"
+        )
+    )
+    store.import_batch(
+        ImportBatch(
+            "imp", "", now, {}, [ImportEntry("e2", "e1", EntryKind.MESSAGE, now, msg)], "e2"
+        )
+    )
+    store.create_session("src")
+    run = store.admit_run("src", {"q": 1}, user_message=msg["message"])
+    store.start_run(run.id)
+    store.finish_run(run.id, "succeeded", assistant_message={"role": "assistant", "content": []})
+    store.fork_session("src", request_id="fork-1")
+    fork_lease = store.acquire_lease("session:src", "forker", 30, purpose="fork")
+    store.fork_session("src", request_id="fork-2", lease=fork_lease)
+    store.release_lease(fork_lease)
+    store.compare_and_swap_response_state(ResponseState("src", "responses", "r1"), 0)
+    held = store.acquire_lease("session:src", "w", 30)
+    store.finalize(FinalizeRequest(ThreadRecord("rec-1", "key-1"), held_leases=[held]))
+    store.finalize(FinalizeRequest(ThreadRecord("rec-2", "key-1"), rebind_active=True))
+    store.release_lease(held)
+    run = store.admit_run("src", {"q": 2})
+    store.start_run(run.id)
+    store.claim_tool_execution(
+        "k", "src", local_turn_id=run.turn_id, provider_call_id="c", tool_name="t",
+        side_effecting=True, run_id=run.id,
+    )  # fmt: skip
+    store.interrupt_tool_executions("src")
+    store.request_tool_execution_recovery("src", run.turn_id, ["c"])
+    store.reclaim_tool_execution("k")
+    store.finish_run(run.id, "interrupted")
+    store.abandon_interrupted_tool_executions("src", run.turn_id)
+    store.annotate_run_error(run.id, "cleanup")
+    for outcome in ("converge", "fail", "detach"):  # an orphan's recovery, each way
+        worker = store.acquire_lease("session:src", "w", 30, purpose="execution")
+        orphan = store.admit_run("src", {"q": outcome}, lease=worker)
+        store.start_run(orphan.id, lease=worker)
+        store.release_lease(worker)
+        rescue = store.acquire_lease("session:src", "rec", 30, purpose="recovery")
+        store.begin_recovery(orphan.id, rescue)
+        if outcome == "converge":
+            store.converge_recovery(orphan.id, rescue, delivery_plan=PLAN)
+        elif outcome == "fail":
+            store.fail_recovery(orphan.id, rescue, "not yet")  # due again later
+            store.finish_run(orphan.id, "abandoned", lease=rescue)
+        else:
+            store.detach_recovery(orphan.id, rescue)
+            store.finish_run(orphan.id, "failed", lease=rescue)
+        store.release_lease(rescue)
+    plan = DeliveryPlan("chat", "room", (DeliveryStep("a", "upload"), DeliveryStep("b", "send")))
+    store.create_delivery_plan(run.id, plan)
+    first = store.claim_delivery(f"{run.id}:delivery:a", "outbox", 30)
+    store.update_delivery_progress(first.id, "outbox", first.lease_epoch, provider_asset_id="x")
+    store.requeue_delivery(first.id, "outbox", first.lease_epoch)
+    again = store.claim_delivery(first.id, "outbox", 30)
+    store.finish_delivery(again.id, "outbox", again.lease_epoch, "delivered")
+
+
+@pytest.mark.slow
+def test_every_write_transaction_stays_in_one_session_or_lease_target(monkeypatch):
+    url = new_pg_schema()
+    with turnkeeper.open_store(url) as store:
+        _instrument(store)
+        _name_the_operations(monkeypatch)
+        _workload(store)
+        rows = store.query(
+            "SELECT xid, min(op) AS op, array_agg(DISTINCT shard) AS shards, "
+            "array_agg(DISTINCT tbl) AS tables FROM tk_writes GROUP BY xid"
+        ).to_pylist()
+    ops = {r["op"] for r in rows}
+    assert {"append", "admit_run", "finish_run", "claim_delivery", "fork_session"} <= ops
+    assert {"finalize", "import", "converge_recovery"} <= ops
+    wide = [r for r in rows if len(r["shards"]) > 1]
+    unexplained = [r for r in wide if r["op"] not in EXCEPTIONS]
+    assert unexplained == []
+    assert {r["op"] for r in wide} == set(EXCEPTIONS)  # the list holds only what is needed
+
+
+def test_control_a_transaction_that_writes_two_sessions_is_caught(monkeypatch):
+    """Control for the test above: a write that touches two sessions' rows in one
+    transaction shows up as a wide transaction under its operation's name."""
+    with turnkeeper.open_store(new_pg_schema()) as store:
+        store.create_session("a")
+        store.create_session("b")
+        _instrument(store)
+        _name_the_operations(monkeypatch)
+
+        def two_sessions(tx):
+            tx.exec("UPDATE sessions SET title = 'x' WHERE id = 'a'")
+            tx.exec("UPDATE sessions SET title = 'x' WHERE id = 'b'")
+
+        store.db.write("append", two_sessions)
+        rows = store.query(
+            "SELECT min(op) AS op, array_agg(DISTINCT shard) AS shards FROM tk_writes GROUP BY xid"
+        ).to_pylist()
+    assert [r for r in rows if len(r["shards"]) > 1] == [
+        {"op": "append", "shards": ["session:a", "session:b"]}
+    ]

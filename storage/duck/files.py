@@ -1,0 +1,181 @@
+"""Database files of the DuckDB backend: checks before opening, one connection per
+file per process, and what a failure to open means.
+
+One process has one DuckDB connection per database file, shared by every
+store object on it (:func:`open_shared`), whatever path names the file (a
+symlink, ``..``, or a hard link: files are told apart by device and inode).
+So every store object on a file shares one instance, one write-ahead log and
+one write lock, and only the last one to close checkpoints and closes the
+file (a checkpoint beside another object's running write would fail).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+
+import duckdb
+
+from turnkeeper.spec import errors
+
+from ..wakeups import Signals
+from .dialect import configure, translate
+
+MAGIC = b"DUCK"
+"""What a DuckDB database file holds at byte 8 (its header)."""
+
+WAL_ADVICE = (
+    "the write-ahead log {wal} is corrupt, so the store cannot replay the writes made "
+    "since the last checkpoint: restore the database and its .wal from a backup, or "
+    "move {wal} aside to open the database in the state of the last checkpoint (the "
+    "writes made after it are lost)"
+)
+"""What :func:`open_error` says about a write-ahead log DuckDB cannot replay."""
+
+
+def open_error(exc: duckdb.Error, path: str) -> errors.DatabaseError:
+    """Translate a failure to open ``path`` (DuckDB's connect, which also replays the
+    write-ahead log): a corrupt WAL or file, or a file that is not a DuckDB
+    database, gets its own class and a message saying what the user can do;
+    anything else goes through :func:`~.settings.translate`."""
+    text = str(exc)
+    wal = f"{path}.wal"
+    if "while replaying WAL" in text:
+        detail = f"{WAL_ADVICE.format(wal=wal)}; DuckDB said: {text}"
+        return errors.CorruptDatabaseError(path, wal, detail=detail)
+    if "not a valid DuckDB database file" in text:
+        return errors.ForeignDatabaseError(path, detail=f"not a DuckDB database file: {text}")
+    if "database does not exist" in text:  # read-only, and the file went missing meanwhile
+        return errors.StoreNotFoundError(path, detail=text)
+    return translate(exc, path)
+
+
+def check_file(path: str, *, read_only: bool) -> None:
+    """Refuse a ``path`` that cannot hold a turnkeeper database before DuckDB tries
+    it (DuckDB would, for a SQLite file, try to download an extension).
+
+    Raises:
+        InvalidInputError: ``path`` is a directory, or (to create a file) its
+            folder does not exist.
+        StoreNotFoundError: ``read_only`` and there is no file at ``path``.
+        ForeignDatabaseError: the file is empty, or not a DuckDB database
+            (another format: SQLite, Parquet, text …).
+    """
+    if path == ":memory:":
+        return
+    if os.path.isdir(path):
+        raise errors.InvalidInputError("path", f"{path} is a directory, not a database file")
+    if not os.path.exists(path):
+        if read_only:
+            raise errors.StoreNotFoundError(path)
+        folder = os.path.dirname(path)
+        if not os.path.isdir(folder):
+            raise errors.InvalidInputError(
+                "path", f"the folder {folder} does not exist (a new database file needs one)"
+            )
+        return
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+    except OSError as exc:
+        raise errors.OperationalError(detail=f"cannot read {path}: {exc}") from exc
+    if not head:
+        raise errors.ForeignDatabaseError(
+            path, detail="the file is empty (left by an open that failed?): delete it to start anew"
+        )
+    if head[8:12] != MAGIC:
+        raise errors.ForeignDatabaseError(path, detail="not a DuckDB database file")
+
+
+def _identity(path: str) -> tuple[object, ...]:
+    """What tells database files apart: device and inode (the same file under a
+    hard link, a symlink or another spelling is one), else the resolved path."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ("path", os.path.realpath(path))
+    return ("inode", st.st_dev, st.st_ino)
+
+
+@dataclass(eq=False)
+class SharedFile:
+    """One database file's connection in this process, and who uses it."""
+
+    con: duckdb.DuckDBPyConnection
+    read_only: bool
+    keys: list[tuple[object, ...]]
+    write_lock: threading.RLock = field(default_factory=threading.RLock)
+    signals: Signals = field(default_factory=Signals)
+    users: int = 1
+
+
+_FILES: dict[tuple[object, ...], SharedFile] = {}
+_GUARD = threading.Lock()
+
+
+def open_shared(path: str, *, read_only: bool) -> SharedFile:
+    """The connection to ``path``: the one this process has, or a new one.
+
+    A file another store object here holds read-only cannot be opened to write.
+
+    Raises:
+        StoreLockedError: another process holds the file; or this process
+            holds it read-only and ``read_only`` is false.
+        (and what :func:`check_file` and :func:`open_error` raise)
+    """
+    check_file(path, read_only=read_only)
+    if path == ":memory:":
+        return SharedFile(_connect(path, read_only, existed=True), read_only, [])
+    with _GUARD:
+        key = _identity(path)
+        found = _FILES.get(key)
+        if found is not None:
+            if found.read_only and not read_only:
+                raise errors.StoreLockedError(
+                    path, detail="another store object in this process has it open read-only"
+                )
+            found.users += 1
+            return found
+        existed = os.path.exists(path)
+        con = _connect(path, read_only, existed=existed)
+        shared = SharedFile(con, read_only, [key, _identity(path)])
+        for k in shared.keys:
+            _FILES[k] = shared
+        return shared
+
+
+def _connect(path: str, read_only: bool, *, existed: bool) -> duckdb.DuckDBPyConnection:
+    try:
+        con = duckdb.connect(path, read_only=read_only)
+    except duckdb.Error as exc:
+        if not existed:  # leave no empty file behind to block the next open
+            _remove_empty(path)
+        raise open_error(exc, path) from exc
+    try:
+        configure(con)
+    except duckdb.Error as exc:
+        con.close()
+        raise open_error(exc, path) from exc
+    return con
+
+
+def _remove_empty(path: str) -> None:
+    try:
+        if os.path.getsize(path) == 0:
+            os.remove(path)
+    except OSError:
+        pass
+
+
+def release(shared: SharedFile) -> bool:
+    """One user of ``shared`` is done; returns whether it was the last (which
+    then checkpoints and closes the connection)."""
+    with _GUARD:
+        shared.users -= 1
+        if shared.users > 0:
+            return False
+        for k in shared.keys:
+            if _FILES.get(k) is shared:
+                del _FILES[k]
+        return True

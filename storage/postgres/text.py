@@ -1,0 +1,79 @@
+"""The exact text code of the PostgreSQL backend: U+0000 survives ``text``.
+
+PostgreSQL's ``text`` cannot hold U+0000; turnkeeper text (a title, a reason,
+an imported raw line) may. Every string this backend sends is encoded and
+every text it reads back is decoded with a reversible per-character code:
+
+- U+0000 → U+E000 U+E001, and U+E000 (the escape) → U+E000 U+E000;
+- every other character is itself.
+
+Strings without U+0000 or U+E000 (almost all) are sent unchanged. The code
+maps equal strings to equal strings and is a homomorphism on concatenation,
+so equality, ordering of ids, ``LIKE`` substring search (a pattern of plain
+characters) and primary keys behave as they would on the strings
+themselves. JSON text never holds a raw U+0000 (it is written ``\\u0000``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg.types.string import StrDumperUnknown, TextLoader
+
+ESCAPE = "\ue000"
+_NUL_CODE = "\ue000\ue001"
+_ESCAPE_CODE = "\ue000\ue000"
+
+
+def encode(value: str) -> str:
+    """``value`` as stored (see the module docstring)."""
+    if "\x00" not in value and ESCAPE not in value:
+        return value
+    return value.replace(ESCAPE, _ESCAPE_CODE).replace("\x00", _NUL_CODE)
+
+
+def decode(stored: str) -> str:
+    """The string ``stored`` encodes.
+
+    Raises:
+        ValueError: ``stored`` is not an encoding (a lone escape at its end, or
+            an escape followed by neither code character).
+    """
+    if ESCAPE not in stored:
+        return stored
+    out: list[str] = []
+    i = 0
+    while i < len(stored):
+        c = stored[i]
+        if c != ESCAPE:
+            out.append(c)
+            i += 1
+            continue
+        nxt = stored[i + 1 : i + 2]
+        if nxt == ESCAPE:
+            out.append(ESCAPE)
+        elif nxt == "\ue001":
+            out.append("\x00")
+        else:
+            raise ValueError(f"not an encoded string (escape at {i})")
+        i += 2
+    return "".join(out)
+
+
+class _Dumper(StrDumperUnknown):
+    def dump(self, obj: str) -> Any:
+        return super().dump(encode(obj))
+
+
+class _Loader(TextLoader):
+    def load(self, data: Any) -> Any:
+        value = super().load(data)
+        return decode(value) if isinstance(value, str) else value
+
+
+def register(conn: psycopg.Connection[Any]) -> None:
+    """Use the code for every string parameter and text result on ``conn``."""
+    conn.adapters.register_dumper(str, _Dumper)
+    for name in ("text", "varchar", "bpchar", "name"):
+        conn.adapters.register_loader(name, _Loader)

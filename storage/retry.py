@@ -1,0 +1,103 @@
+"""The part of a transaction boundary every backend shares: retrying lost races
+and counting statements.
+
+A backend's boundary runs one attempt of an operation at a time (begin, the
+body, commit, or roll back and translate); an attempt that lost a race raises
+:class:`~.backend.Conflict`. :func:`run_attempts` retries those with jittered
+exponential backoff (tenacity), so the retry re-reads and surfaces as the
+domain error it means, and after :data:`MAX_ATTEMPTS` raises
+``TransactionConflictError`` with the last conflict as its cause.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from tenacity import (
+    RetryError,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
+
+from turnkeeper.spec import errors
+
+from .backend import Conflict
+
+T = TypeVar("T")
+
+MAX_ATTEMPTS = 40
+"""Attempts per operation before a conflict becomes ``TransactionConflictError``."""
+
+
+@dataclass
+class _OpStats:
+    calls: int = 0
+    statements: int = 0
+    retries: int = 0
+
+
+class Stats:
+    """Per operation name: calls, statements (BEGIN and COMMIT included), retries."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ops: dict[str, _OpStats] = {}
+
+    def add(self, operation: str, statements: int, attempts: int) -> None:
+        """Count one call of ``operation`` that took ``attempts`` attempts."""
+        with self._lock:
+            s = self._ops.setdefault(operation, _OpStats())
+            s.calls += 1
+            s.statements += statements
+            s.retries += attempts - 1
+
+    def as_dict(self) -> dict[str, dict[str, float]]:
+        """Per operation: calls, statements per call and retries."""
+        with self._lock:
+            return {
+                op: {
+                    "calls": s.calls,
+                    "statements_per_call": s.statements / s.calls if s.calls else 0.0,
+                    "retries": s.retries,
+                }
+                for op, s in sorted(self._ops.items())
+            }
+
+
+def run_attempts(
+    operation: str, attempt: Callable[[], T], stats: Stats, statements: Callable[[], int]
+) -> T:
+    """Run ``attempt`` until it does not raise ``Conflict`` (at most
+    :data:`MAX_ATTEMPTS` times); count the call in ``stats``, with the
+    statements ``statements()`` reports once it is done.
+
+    Raises:
+        TransactionConflictError: every attempt lost a race.
+        whatever else ``attempt`` raised, unchanged.
+    """
+    attempts = 0
+
+    def counted() -> T:
+        nonlocal attempts
+        attempts += 1
+        return attempt()
+
+    retrying = Retrying(
+        retry=retry_if_exception_type(Conflict),
+        stop=stop_after_attempt(MAX_ATTEMPTS),
+        wait=wait_random_exponential(multiplier=0.001, max=0.05),
+        reraise=False,
+    )
+    try:
+        return retrying(counted)
+    except RetryError as exc:
+        cause = exc.last_attempt.exception()
+        origin = cause.__cause__ if cause is not None and cause.__cause__ else cause
+        raise errors.TransactionConflictError(operation, attempts, detail=str(origin)) from origin
+    finally:
+        stats.add(operation, statements(), attempts)
