@@ -239,9 +239,8 @@ def due(tx: Tx, limit: int) -> list[DeliveryOperation]:
         "WHERE (o.status = 'pending' AND coalesce(o.next_attempt_at <= ?, TRUE) "
         f"AND (o.depends_on IS NULL OR d.status IN ({done}))) "
         "OR (o.status IN ('claimed', 'in_progress') AND o.lease_expires_at <= ?) "
-        "ORDER BY o.created_at, o.intent_id, o.sequence LIMIT ?"
+        "ORDER BY o.created_at, o.intent_id, o.sequence LIMIT ?" + tx.dialect.skip_locked_of("o"),
         # PostgreSQL: leave out operations another worker is claiming right now
-        + tx.dialect.skip_locked_of("o"),
         [tx.now, tx.now, limit],
     )
     return [_op(r) for r in rows]

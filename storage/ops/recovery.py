@@ -73,9 +73,8 @@ def orphans(tx: Tx) -> list[Run]:
         "WHERE NOT coalesce(l.state = 'held' AND l.expires_at > c.now, FALSE) "
         "AND (v.state IS NULL OR v.state = 'recovering' "
         "OR (v.state = 'failed' AND coalesce(v.next_retry_at <= c.now, TRUE))) "
-        "ORDER BY r.started_at, r.id"
+        "ORDER BY r.started_at, r.id" + tx.dialect.skip_locked_of("r"),
         # PostgreSQL: leave out runs another worker is recovering or ending right now
-        + tx.dialect.skip_locked_of("r"),
         [tx.now],
     )
     found = [runs.get(tx, r[0]) for r in rows]
