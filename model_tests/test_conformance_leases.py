@@ -8,6 +8,7 @@ import pytest
 
 import turnkeeper
 from turnkeeper import BusyError, InvalidInputError, LeaseLostError, LeasePurposeError
+from turnkeeper.storage.validate import MAX_TTL_S
 
 
 def test_acquire_grants_epoch_one_then_busy_for_others(store, clock):
@@ -61,6 +62,22 @@ def test_renew_extends_from_now(store, clock):
     store.validate_lease(renewed)
     with pytest.raises(BusyError):
         store.acquire_lease("t", "b", 1)
+
+
+@pytest.mark.parametrize("ttl_s", [0.000001, 1.5, 3600, 86400 * 30, MAX_TTL_S])
+def test_acquire_and_renew_take_every_allowed_ttl_to_the_microsecond(store, clock, ttl_s):
+    """Any ttl_s in (0, ten years] works for acquire and renew alike (an hour's
+    worth of microseconds once overflowed a 32-bit multiplication on renew)."""
+    from datetime import timedelta
+
+    lease = store.acquire_lease("t", "a", ttl_s)
+    assert lease.expires_at == clock.now + timedelta(microseconds=round(ttl_s * 1_000_000))
+    clock.advance(ttl_s / 2 if ttl_s < 1 else 0.5)
+    renewed = store.renew_lease(lease, ttl_s)
+    assert renewed.expires_at == clock.now + timedelta(microseconds=round(ttl_s * 1_000_000))
+    assert store.query("SELECT expires_at FROM leases").to_pylist() == [
+        {"expires_at": renewed.expires_at}
+    ]
 
 
 def test_renew_after_expiry_is_lease_lost_even_if_nobody_took_it(store, clock):

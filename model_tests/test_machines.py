@@ -263,7 +263,11 @@ def test_transitions_the_store_accepts_equal_the_spec_edges(store, clock):
 
 @pytest.mark.parametrize("dialect", ["duck", "postgres"])
 def test_check_constraints_list_exactly_the_spec_states(dialect):
-    folder = ROOT / "storage" / dialect / "migrations"
+    from turnkeeper.storage.migrations import load
+
+    package = {"duck": None, "postgres": "turnkeeper.storage.postgres"}[dialect]
+    by_version = dict(load(package))
+    files = {p.name: int(p.name[:4]) for p in (ROOT / "storage" / "migrations").glob("*.sql")}
     for lifecycle, column, file in [
         (LEASE, "state", "0001_initial.sql"),
         (THREAD_RECORD, "status", "0001_initial.sql"),
@@ -272,7 +276,7 @@ def test_check_constraints_list_exactly_the_spec_states(dialect):
         (TOOL_EXECUTION, "state", "0006_tool_executions.sql"),
         (DELIVERY, "status", "0005_delivery.sql"),
     ]:
-        sql = (folder / file).read_text()
+        sql = by_version[files[file]]
         stored = set(lifecycle.states) - {lifecycle.initial}
         found = re.findall(rf"CHECK \({column} IN \(([^)]*)\)\)", sql, re.S)
         assert found, column
@@ -303,6 +307,86 @@ def test_layering(folder):
                 if name.startswith("turnkeeper"):
                     layer = name.split(".")[1] if "." in name else "api"
                     assert layer in allowed, f"{path.relative_to(ROOT)} imports {name}"
+
+
+PACKAGE_DIRS = {
+    "spec": "turnkeeper.spec",
+    "machines": "turnkeeper.machines",
+    "storage": "turnkeeper.storage",
+    "api": "turnkeeper",
+}
+
+
+def _module_name(path) -> str:
+    for folder, package in PACKAGE_DIRS.items():
+        try:
+            rel = path.relative_to(ROOT / folder)
+        except ValueError:
+            continue
+        parts = [package, *rel.with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        return ".".join(parts)
+    raise ValueError(path)
+
+
+def _imports(path, module: str, is_package: bool) -> set[str]:
+    """The turnkeeper modules ``module`` imports, at load time or inside a function
+    (a deferred import is still a cycle), leaving out ``if TYPE_CHECKING`` blocks."""
+    found: set[str] = set()
+    package = module if is_package else module.rpartition(".")[0]
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for n in ast.walk(block)
+    }
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            found.add(base)
+            found |= {f"{base}.{a.name}" for a in node.names}
+    return {m for m in found if m.startswith("turnkeeper")}
+
+
+def test_no_import_cycles():
+    """No module of the package imports, at load time, a module that imports it back."""
+    paths = {_module_name(p): p for folder in PACKAGE_DIRS for p in (ROOT / folder).rglob("*.py")}
+    graph = {
+        name: _imports(path, name, path.name == "__init__.py") & set(paths)
+        for name, path in paths.items()
+    }
+    cycles = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join([*stack[stack.index(nxt) :], nxt]))
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    # a package and the modules it re-exports refer to each other by design
+    real = [c for c in cycles if not _through_package_init(c, paths)]
+    assert real == []
+
+
+def _through_package_init(cycle: str, paths) -> bool:
+    return any(paths[m].name == "__init__.py" for m in cycle.split(" -> "))
 
 
 CROSSHAIR = [
@@ -375,6 +459,35 @@ def test_measured_benchmark_report_is_present_and_well_formed():
     for row in data["operations"].values():
         assert row["ops_per_s"] > 0 and row["ratio_to_baseline"] > 0
     assert data["statements_per_call"]["renew_lease"] == 1.0
+
+
+def test_the_duckdb_benchmark_runs_at_a_tiny_size(tmp_path):
+    """reports/bench.py runs end to end at a tiny size and writes every figure."""
+    import json
+    import os
+
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "TURNKEEPER_BENCH_SECONDS": "0.05", "TURNKEEPER_BENCH_OUT": str(out)}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "reports" / "bench.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads(out.read_text(encoding="utf-8"))
+    assert all(row["ops_per_s"] > 0 for row in data["operations"].values())
+    assert len(data["operations"]) == 8
+
+
+def test_the_measured_postgresql_report_is_present_and_well_formed():
+    import json
+
+    data = json.loads((ROOT / "reports" / "bench_postgres.json").read_text("utf-8"))
+    assert data["floor"]["median_ms"] > 0
+    assert data["size"]["reps"] >= 5 and data["size"]["calls"] >= 200
+    assert all(row["ratio_median"] > 0 for row in data["operations"].values())
 
 
 def test_the_duckdb_store_implements_the_whole_protocol():

@@ -9,7 +9,7 @@ import threading
 from datetime import UTC, datetime
 
 import pytest
-from conftest import forge
+from conftest import BACKENDS, forge, new_pg_schema
 
 import turnkeeper
 from turnkeeper import EntryKind, InvalidInputError, LeaseLostError, SessionModifiedError
@@ -168,14 +168,34 @@ def test_second_process_gets_a_clear_error_naming_the_file(tmp_path):
         store.close()
 
 
-def test_newer_schema_is_refused_naming_both_versions(tmp_path):
-    path = str(tmp_path / "future.duckdb")
-    store = turnkeeper.open_store(path)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_newer_schema_is_refused_naming_both_versions(backend, tmp_path):
+    """A store a newer turnkeeper migrated is refused on either backend, and the
+    refusal changes nothing: the data and the newer version stay."""
+    where = str(tmp_path / "future.duckdb") if backend == "duckdb" else new_pg_schema()
+    store = turnkeeper.open_store(where)
+    store.create_session("kept")
     forge(store, "INSERT INTO schema_migrations VALUES (999, now())")
     store.close()
     with pytest.raises(turnkeeper.SchemaVersionError) as err:
-        turnkeeper.open_store(path)
+        turnkeeper.open_store(where)
     assert (err.value.found, err.value.supported) == (999, turnkeeper.SCHEMA_VERSION)
+    forge_back = "DELETE FROM schema_migrations WHERE version = 999"
+    if backend == "duckdb":
+        import duckdb
+
+        con = duckdb.connect(where)
+        assert con.execute("SELECT count(*) FROM sessions").fetchone() == (1,)
+        con.execute(forge_back)
+        con.close()
+    else:
+        import psycopg
+
+        with psycopg.connect(where, autocommit=True) as con:
+            assert con.execute("SELECT count(*) FROM sessions").fetchone() == (1,)
+            con.execute(forge_back)
+    with turnkeeper.open_store(where) as again:
+        assert again.get_session("kept") is not None
 
 
 CHILD = """

@@ -9,7 +9,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from stateful_outbox import on
 
 from turnkeeper.spec import errors
-from turnkeeper.storage.ops import delivery
+from turnkeeper.storage.ops import delivery, delivery_claims
 
 SEARCH = settings(
     max_examples=2000,
@@ -31,26 +31,26 @@ def drop_owner_epoch_check(mp: pytest.MonkeyPatch) -> None:
     """The claim fence without its owner and epoch comparison."""
 
     def fence(tx, operation_id, owner, epoch):
-        op = delivery._load(tx, operation_id)
+        op = delivery.load(tx, operation_id)
         if op.status not in ("claimed", "in_progress") or op.lease_expires_at <= tx.now:
             raise errors.DeliveryLeaseLostError(operation_id, owner, epoch)
         return op
 
-    mp.setattr(delivery, "_fence", fence)
+    mp.setattr(delivery_claims, "_fence", fence)
 
 
 def drop_expiry_check(mp: pytest.MonkeyPatch) -> None:
     """The claim fence without its expiry comparison."""
 
     def fence(tx, operation_id, owner, epoch):
-        op = delivery._load(tx, operation_id)
+        op = delivery.load(tx, operation_id)
         if op.lease_owner != owner or op.lease_epoch != epoch:
             raise errors.DeliveryLeaseLostError(operation_id, owner, epoch)
         if op.status not in ("claimed", "in_progress"):
             raise errors.DeliveryLeaseLostError(operation_id, owner, epoch)
         return op
 
-    mp.setattr(delivery, "_fence", fence)
+    mp.setattr(delivery_claims, "_fence", fence)
 
 
 KILLS = {

@@ -61,6 +61,7 @@ def per_call(fn: Callable[[int], object], calls: int) -> float:
 def operations(store: turnkeeper.BaseStore) -> dict[str, Callable[[int], object]]:
     store.create_session("s")
     lease = store.acquire_lease("session:s", "bench", 3600)
+    store.create_session("u")  # unleased: an unfenced append is refused on a leased session
     store.create_session("r")
     for _ in range(100):
         store.append("r", EntryKind.MESSAGE, MSG)
@@ -88,7 +89,7 @@ def operations(store: turnkeeper.BaseStore) -> dict[str, Callable[[int], object]
         "acquire + release": lambda i: store.release_lease(
             store.acquire_lease(f"t{uuid.uuid4().hex}", "bench", 60)
         ),
-        "append": lambda i: store.append("s", EntryKind.MESSAGE, MSG),
+        "append": lambda i: store.append("u", EntryKind.MESSAGE, MSG),
         "append (fenced)": lambda i: store.append("s", EntryKind.MESSAGE, MSG, lease=lease),
         "admit + start + finish": run_cycle,
         "claim + finish delivery": delivery_cycle,

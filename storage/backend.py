@@ -25,6 +25,10 @@ T = TypeVar("T")
 Clock = Callable[[], datetime]
 """Returns the store's now as an aware ``datetime``."""
 
+STORE_NOW = "coalesce(?::TIMESTAMPTZ, now())"
+"""SQL for the store's now: the transaction's ``Tx.now`` (a parameter), else the
+database's ``now()`` (an autocommit statement's start)."""
+
 
 class Conflict(Exception):
     """A lost race that the transaction boundary retries from the start.

@@ -1,9 +1,13 @@
-"""Schema versions: numbered SQL files, one set per dialect, the same numbers.
+"""Schema versions: numbered SQL files written once, plus each dialect's additions.
 
-Each backend package holds a ``migrations/`` folder (``0001_initial.sql`` …)
-written in its dialect; ``schema_migrations`` records each applied version.
-Opening a database whose newest version is above :data:`SCHEMA_VERSION`
-fails with ``SchemaVersionError`` naming both versions; nothing is changed.
+``storage/migrations/`` holds version 1 … :data:`SCHEMA_VERSION` in the SQL
+both engines speak (``0001_initial.sql`` …); a backend package may hold a
+``migrations/`` folder of its own with additions to some of those versions,
+under the same numbers (PostgreSQL's partial unique indexes, indexes and
+reader role), run in the same transaction right after the shared file.
+``schema_migrations`` records each applied version. Opening a database whose
+newest version is above :data:`SCHEMA_VERSION` fails with
+``SchemaVersionError`` naming both versions; nothing is changed.
 """
 
 from __future__ import annotations
@@ -14,26 +18,38 @@ from importlib import resources
 _NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
 SCHEMA_VERSION = 8
-"""The newest schema version this turnkeeper knows; every dialect's
-migrations run from 1 to it (a test holds them to it)."""
+"""The newest schema version this turnkeeper knows (a test holds the shared
+migrations to 1 … it)."""
 
 
-def load(package: str) -> list[tuple[int, str]]:
-    """The migrations of ``package`` (its ``migrations/`` folder) as
-    ``(version, sql)``, in version order.
-
-    Raises:
-        RuntimeError: the versions are not exactly 1 … :data:`SCHEMA_VERSION`.
-    """
-    found: list[tuple[int, str]] = []
-    for item in resources.files(package).joinpath("migrations").iterdir():
+def _files(package: str) -> dict[int, tuple[str, str]]:
+    folder = resources.files(package).joinpath("migrations")
+    if not folder.is_dir():
+        return {}
+    found: dict[int, tuple[str, str]] = {}
+    for item in folder.iterdir():
         m = _NAME.match(item.name)
         if m:
-            found.append((int(m.group(1)), item.read_text(encoding="utf-8")))
-    found.sort()
-    if [v for v, _ in found] != list(range(1, SCHEMA_VERSION + 1)):
-        raise RuntimeError(f"{package}: migration versions must be 1..{SCHEMA_VERSION}")
+            found[int(m.group(1))] = (item.name, item.read_text(encoding="utf-8"))
     return found
+
+
+def load(dialect_package: str | None = None) -> list[tuple[int, str]]:
+    """Every migration as ``(version, sql)`` in version order: the shared file,
+    then ``dialect_package``'s additions to that version (if any).
+
+    Raises:
+        RuntimeError: the shared versions are not exactly 1 … :data:`SCHEMA_VERSION`,
+            or an addition names a version or a file the shared ones lack.
+    """
+    shared = _files("turnkeeper.storage")
+    if sorted(shared) != list(range(1, SCHEMA_VERSION + 1)):
+        raise RuntimeError(f"shared migration versions must be 1..{SCHEMA_VERSION}")
+    extra = _files(dialect_package) if dialect_package else {}
+    for version, (name, _) in extra.items():
+        if version not in shared or shared[version][0] != name:
+            raise RuntimeError(f"{dialect_package}: {name} adds to no shared migration")
+    return [(v, shared[v][1] + ("\n" + extra[v][1] if v in extra else "")) for v in sorted(shared)]
 
 
 def statements(sql: str) -> list[str]:

@@ -101,3 +101,43 @@ def run_attempts(
         raise errors.TransactionConflictError(operation, attempts, detail=str(origin)) from origin
     finally:
         stats.add(operation, statements(), attempts)
+
+
+class Gate:
+    """Admits a backend's operations until it closes; closing waits for the ones
+    already running (new ones raise ``InterfaceError`` from that moment)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._idle = threading.Condition(self.lock)
+        self._inflight = 0
+        self.closed = False
+
+    def enter(self) -> None:
+        """Admit one operation.
+
+        Raises:
+            InterfaceError: the backend is closed (or closing).
+        """
+        with self.lock:
+            if self.closed:
+                raise errors.InterfaceError(detail="the store is closed")
+            self._inflight += 1
+
+    def leave(self) -> None:
+        """One admitted operation ended."""
+        with self.lock:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.notify_all()
+
+    def shut(self) -> bool:
+        """Close the gate and wait until no operation runs; returns whether this call
+        closed it (``False``: it was closed already)."""
+        with self.lock:
+            if self.closed:
+                return False
+            self.closed = True
+            while self._inflight:
+                self._idle.wait()
+            return True

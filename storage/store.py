@@ -21,10 +21,14 @@ from .backend import Backend, Tx
 from .codec import check_text
 from .migrations import SCHEMA_VERSION, statements
 from .ops.delivery import DeliveryMixin
+from .ops.delivery_claims import DeliveryClaimsMixin
 from .ops.forks import ForksMixin
+from .ops.imports import ImportsMixin
 from .ops.leases import LeasesMixin
 from .ops.lineage import LineageMixin
+from .ops.listing import ListingMixin
 from .ops.recovery import RecoveryMixin
+from .ops.run_reads import RunReadsMixin
 from .ops.runs import RunsMixin
 from .ops.sessions import SessionsMixin
 from .ops.threads import ThreadsMixin
@@ -51,10 +55,14 @@ class BaseStore(
     LeasesMixin,
     ThreadsMixin,
     SessionsMixin,
+    ListingMixin,
+    ImportsMixin,
     RunsMixin,
+    RunReadsMixin,
     LineageMixin,
     RecoveryMixin,
     DeliveryMixin,
+    DeliveryClaimsMixin,
     ToolsMixin,
     ForksMixin,
 ):

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import orjson
 
 from turnkeeper.storage import BaseStore
+
+from .audit_base import Check, Scope, rows, sample
+from .audit_runs import run_checks
 
 GRANTING = "('grant', 'regrant', 'takeover')"
 """SQL list of the lease edges that issue a new epoch."""
@@ -47,72 +49,6 @@ def marker(payload: Mapping[str, Any]) -> str | None:
     text = first.get("text") if isinstance(first, Mapping) else None
     found = _MARKER.match(text) if isinstance(text, str) else None
     return found.group(1) if found else None
-
-
-SAMPLE = 5
-"""How many offending ids a check quotes in its detail."""
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    """One audit result: ``violations`` offending items out of ``checked`` examined."""
-
-    name: str
-    description: str
-    violations: int
-    checked: int
-    detail: str = ""
-
-    @property
-    def passed(self) -> bool:
-        """Whether the check found no violation."""
-        return self.violations == 0
-
-    def as_dict(self) -> dict[str, Any]:
-        """The result as a JSON-ready dict (with ``passed``)."""
-        return {**asdict(self), "passed": self.passed}
-
-
-class Scope:
-    """SQL fragments restricting a query to some sessions (or to everything)."""
-
-    def __init__(self, sessions: Sequence[str] | None) -> None:
-        self.sessions = None if sessions is None else list(sessions)
-
-    def cte(self) -> str:
-        """A ``scope(sid)`` CTE body (takes one parameter when scoped)."""
-        if self.sessions is None:
-            return "scope AS (SELECT id AS sid FROM sessions)"
-        return "scope AS (SELECT unnest(?::VARCHAR[]) AS sid)"
-
-    def params(self) -> list[Any]:
-        """The parameters :meth:`cte` needs."""
-        return [] if self.sessions is None else [self.sessions]
-
-    def sessions_in(self, column: str) -> str:
-        """A predicate: ``column`` (a session id or thread key) is in scope."""
-        return f"{column} IN (SELECT sid FROM scope)"
-
-    def keys_in(self, column: str) -> str:
-        """A predicate on thread keys: in scope, or anything when unscoped."""
-        return "TRUE" if self.sessions is None else self.sessions_in(column)
-
-    def targets_in(self, column: str) -> str:
-        """A predicate on lease targets: ``session:<id>`` in scope, or anything."""
-        if self.sessions is None:
-            return "TRUE"
-        return f"{column} IN (SELECT 'session:' || sid FROM scope)"
-
-
-def _rows(store: BaseStore, sql: str, params: list[Any]) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = store.query(sql, params).to_pylist()
-    return rows
-
-
-def _sample(ids: Sequence[Any]) -> str:
-    shown = ", ".join(str(i) for i in list(ids)[:SAMPLE])
-    more = len(ids) - SAMPLE
-    return f"{shown} (+{more} more)" if more > 0 else shown
 
 
 def check_epochs(store: BaseStore, scope: Scope) -> Check:
@@ -142,14 +78,14 @@ def check_epochs(store: BaseStore, scope: Scope) -> Check:
     SELECT (SELECT count(*) FROM t) AS checked,
            (SELECT array_agg(target ORDER BY target) FROM bad) AS bad
     """
-    row = _rows(store, sql, scope.params())[0]
+    row = rows(store, sql, scope.params())[0]
     bad = row["bad"] or []
     return Check(
         "epochs_strictly_increasing",
         "per target, grants carry epochs 1,2,3… once each; the leases row has the max",
         len(bad),
         int(row["checked"]),
-        _sample(bad),
+        sample(bad),
     )
 
 
@@ -195,14 +131,14 @@ def check_fenced_entries(store: BaseStore, scope: Scope) -> Check:
            (SELECT array_agg(session_id || '/' || id ORDER BY session_id, id) FROM judged
             WHERE NOT granted OR superseded OR released OR NOT unexpired) AS bad
     """
-    row = _rows(store, sql, scope.params())[0]
+    row = rows(store, sql, scope.params())[0]
     bad = row["bad"] or []
     return Check(
         "no_entry_under_lost_lease",
         "leased entries: epoch granted, never below an earlier entry's, not released, unexpired",
         len(bad),
         int(row["checked"]),
-        _sample(bad),
+        sample(bad),
     )
 
 
@@ -224,14 +160,14 @@ def check_grant_order(store: BaseStore, scope: Scope) -> Check:
               ON last.target = g.target AND last.epoch = g.epoch - 1
             WHERE g.occurred_at < last.t) AS bad
     """
-    row = _rows(store, sql, scope.params())[0]
+    row = rows(store, sql, scope.params())[0]
     bad = row["bad"] or []
     return Check(
         "grants_follow_prior_epoch",
         "each grant is stamped at or after every event of the epoch it replaced",
         len(bad),
         int(row["checked"]),
-        _sample(bad),
+        sample(bad),
     )
 
 
@@ -251,10 +187,10 @@ def check_refused_absent(
     """
     bad = [
         r["entry"]
-        for r in _rows(store, sql, scope.params())
+        for r in rows(store, sql, scope.params())
         if marker(orjson.loads(r["payload"])) in refused
     ]
-    found = _rows(
+    found = rows(
         store,
         "SELECT id FROM thread_records WHERE id IN (SELECT unnest(?::VARCHAR[]))",
         [list(refused_records)],
@@ -265,7 +201,7 @@ def check_refused_absent(
         "no write a worker saw refused (LeaseLostError) is stored",
         len(bad),
         len(refused_markers) + len(refused_records),
-        _sample(sorted(bad)),
+        sample(sorted(bad)),
     )
 
 
@@ -293,14 +229,14 @@ def check_one_active(store: BaseStore, scope: Scope) -> Check:
                (SELECT bad FROM dup UNION ALL SELECT bad FROM unbound
                 UNION ALL SELECT bad FROM dangling) AS every) AS bad
     """
-    row = _rows(store, sql, scope.params())[0]
+    row = rows(store, sql, scope.params())[0]
     bad = row["bad"] or []
     return Check(
         "one_active_record_per_key",
         "at most one active thread record per key, the one active_thread_keys names",
         len(bad),
         int(row["checked"]),
-        _sample(bad),
+        sample(bad),
     )
 
 
@@ -379,7 +315,7 @@ def check_trees(store: BaseStore, scope: Scope) -> Check:
         "parents exist, seq is 1..n, leaf exists, no cycles, counts match",
         len(bad),
         len(sessions),
-        _sample(bad),
+        sample(bad),
     )
 
 
@@ -407,7 +343,6 @@ def run_audit(
     ]
     if refused_markers is not None:
         checks.insert(3, check_refused_absent(store, scope, refused_markers, refused_records))
-    from .audit_runs import run_checks  # it builds on this module's Check and Scope
 
     checks.extend(run_checks(store, scope))
     return checks

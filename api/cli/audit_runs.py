@@ -19,7 +19,8 @@ from turnkeeper.storage.replay import (
     unanswered_tool_calls,
 )
 
-from .audit import Check, Scope, _rows, _sample
+from .audit_base import Check, Scope, sample
+from .audit_base import rows as query_rows
 
 _TERMINAL_SQL = "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL)) + ")"
 
@@ -40,14 +41,14 @@ def check_one_active_run(store: BaseStore, scope: Scope) -> Check:
     SELECT session_id, max(n) AS peak, min(n) AS low, count(*) AS events FROM live
     GROUP BY session_id
     """
-    rows = _rows(store, sql, scope.params())
+    rows = query_rows(store, sql, scope.params())
     bad = [r["session_id"] for r in rows if r["peak"] > 1 or r["low"] < 0]
     return Check(
         "one_active_run_per_session",
         "replaying run events, no session ever had two non-terminal runs",
         len(bad),
         sum(int(r["events"]) for r in rows),
-        _sample(sorted(bad)),
+        sample(sorted(bad)),
     )
 
 
@@ -66,8 +67,8 @@ def check_no_revival(store: BaseStore, scope: Scope) -> Check:
     UNION SELECT t.run_id FROM term t JOIN runs r ON r.id = t.run_id WHERE r.status <> t.status
     UNION SELECT run_id FROM ev WHERE source IN {_TERMINAL_SQL}
     """
-    bad = [r["bad"] for r in _rows(store, sql, scope.params())]
-    checked = _rows(
+    bad = [r["bad"] for r in query_rows(store, sql, scope.params())]
+    checked = query_rows(
         store,
         f"WITH {scope.cte()} SELECT count(*) AS n FROM runs "
         f"WHERE {scope.sessions_in('session_id')}",
@@ -78,7 +79,7 @@ def check_no_revival(store: BaseStore, scope: Scope) -> Check:
         "no run changed status after it reached a terminal one",
         len(bad),
         int(checked),
-        _sample(sorted(bad)),
+        sample(sorted(bad)),
     )
 
 
@@ -102,7 +103,7 @@ def check_delivered_once(store: BaseStore, scope: Scope) -> Check:
     )
     SELECT id, status, delivered, claims FROM per
     """
-    rows = _rows(store, sql, scope.params())
+    rows = query_rows(store, sql, scope.params())
     bad = [
         r["id"]
         for r in rows
@@ -115,13 +116,13 @@ def check_delivered_once(store: BaseStore, scope: Scope) -> Check:
         "no delivery operation was delivered twice; claim epochs rose by one",
         len(bad),
         len(rows),
-        _sample(sorted(bad)),
+        sample(sorted(bad)),
     )
 
 
 def _trees(store: BaseStore, scope: Scope) -> dict[str, dict[str, Entry]]:
     """Every in-scope session's entries by id."""
-    sids = _rows(store, f"WITH {scope.cte()} SELECT sid FROM scope", scope.params())
+    sids = query_rows(store, f"WITH {scope.cte()} SELECT sid FROM scope", scope.params())
     out: dict[str, dict[str, Entry]] = {}
     for row in sids:
         if store.get_session(row["sid"]) is not None:
@@ -137,7 +138,7 @@ def check_tool_calls_paired(
     the turn's end; and a tool-execution record still running belongs to a run
     that has not ended. (A call on a branch the turn left, or a record whose
     call never reached the transcript, is in no context and needs no result.)"""
-    turns = _rows(
+    turns = query_rows(
         store,
         f"WITH {scope.cte()} SELECT session_id, id, start_seq, end_seq FROM conversation_turns "
         f"WHERE end_seq IS NOT NULL AND {scope.sessions_in('session_id')}",
@@ -162,7 +163,7 @@ def check_tool_calls_paired(
     FROM tool_executions r LEFT JOIN runs u ON u.id = r.run_id
     WHERE {scope.sessions_in("r.session_id")}
     """
-    records = _rows(store, sql, scope.params())
+    records = query_rows(store, sql, scope.params())
     checked += len(records)
     bad += [r["record"] for r in records if r["stuck"]]
     return Check(
@@ -170,7 +171,7 @@ def check_tool_calls_paired(
         "every tool call of an ended turn has a result, and no record runs past its run",
         len(bad),
         checked,
-        _sample(sorted(bad)),
+        sample(sorted(bad)),
     )
 
 
@@ -194,7 +195,7 @@ def check_tool_results_in_context(trees: dict[str, dict[str, Entry]]) -> Check:
         "every toolResult answers a toolCall in its replayed context, and no cut splits a pair",
         len(bad),
         checked,
-        _sample(sorted(bad)),
+        sample(sorted(bad)),
     )
 
 

@@ -25,7 +25,8 @@ from rich.table import Table
 from turnkeeper.spec.errors import SessionIDExistsError
 from turnkeeper.storage import BaseStore
 
-from .audit import Check, run_audit
+from .audit import run_audit
+from .audit_base import Check
 from .common import EXIT_FAILED, dumps, fmt_num, open_db, stdout_console
 from .fleet import DEFAULT_TTL_S, FleetConfig, WorkerStats
 from .fleet_runners import JOIN_S, Flag, ProcessFleet, ThreadFleet

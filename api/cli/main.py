@@ -89,7 +89,7 @@ class TurnkeeperGroup(click.Group):
 @click.group(cls=TurnkeeperGroup)
 @click.version_option(package_name="turnkeeper", prog_name="turnkeeper")
 def cli() -> None:
-    """turnkeeper: durable state for AI-agent runtimes (DuckDB store)."""
+    """turnkeeper: durable state for AI-agent runtimes (a DuckDB file or PostgreSQL)."""
 
 
 @cli.command("audit")

@@ -54,13 +54,13 @@ from turnkeeper.spec import errors
 from ..backend import Clock, Conflict
 from ..backend import Tx as AnyTx
 from ..migrations import load
-from ..retry import Stats, run_attempts
+from ..retry import Gate, Stats, run_attempts
 from ..wakeups import Subscription, Topic
 from .dialect import DIALECT, is_conflict, translate
 from .files import open_shared, release
 from .query import check_read
 
-MIGRATIONS = load("turnkeeper.storage.duck")
+MIGRATIONS = load()
 """DuckDB's numbered migrations, loaded once."""
 
 T = TypeVar("T")
@@ -209,11 +209,9 @@ class Database:
         self._write_lock = self._file.write_lock
         self._local = threading.local()
         self._cursors: set[duckdb.DuckDBPyConnection] = set()
-        self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
-        self._inflight = 0
+        self._gate = Gate()
+        self._lock = self._gate.lock
         self._stats = Stats()
-        self._closed = False
 
     # -- cursors ---------------------------------------------------------------
 
@@ -233,23 +231,11 @@ class Database:
 
     def _forget(self, cur: duckdb.DuckDBPyConnection) -> None:
         with self._lock:
-            if self._closed or cur not in self._cursors:
+            if self._gate.closed or cur not in self._cursors:
                 return
             self._cursors.discard(cur)
             with contextlib.suppress(duckdb.Error):
                 cur.close()
-
-    def _enter(self) -> None:
-        with self._lock:
-            if self._closed:
-                raise errors.InterfaceError(detail="the store is closed")
-            self._inflight += 1
-
-    def _leave(self) -> None:
-        with self._lock:
-            self._inflight -= 1
-            if self._inflight == 0:
-                self._idle.notify_all()
 
     def close(self) -> None:
         """Checkpoint and close the store once the operations already running have
@@ -269,13 +255,10 @@ class Database:
                 ``.wal`` keeps every write and the next open replays it.
             OperationalError: DuckDB failed to close the file.
         """
+        if not self._gate.shut():
+            return
+        failed: duckdb.Error | None = None
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            while self._inflight:
-                self._idle.wait()
-            failed: duckdb.Error | None = None
             try:
                 for cur in self._cursors:
                     cur.close()
@@ -289,12 +272,12 @@ class Database:
                 self._con.close()
             except duckdb.Error as exc:
                 raise translate(exc, self.path) from exc
-            if failed is not None:
-                raise errors.CheckpointError(
-                    self.path,
-                    detail=f"every committed write is kept in {self.path}.wal, which the "
-                    f"next open replays; DuckDB said: {failed}",
-                ) from failed
+        if failed is not None:
+            raise errors.CheckpointError(
+                self.path,
+                detail=f"every committed write is kept in {self.path}.wal, which the "
+                f"next open replays; DuckDB said: {failed}",
+            ) from failed
 
     # -- transactions ------------------------------------------------------------
 
@@ -322,7 +305,7 @@ class Database:
             DatabaseError: a translated backend failure (original as ``__cause__``).
             TurnkeeperError: whatever domain error ``body`` raised.
         """
-        self._enter()
+        self._gate.enter()
         try:
             if self.read_only:
                 raise errors.ReadOnlyError(self.path, detail="the store was opened read-only")
@@ -331,7 +314,7 @@ class Database:
             with self._write_lock:
                 return self._run(operation, body, transaction, retry, commit=True)
         finally:
-            self._leave()
+            self._gate.leave()
 
     def read(self, operation: str, body: Callable[[AnyTx], T], *, snapshot: bool = False) -> T:
         """Run ``body`` as a read, without the write lock: one autocommit
@@ -343,11 +326,11 @@ class Database:
             DatabaseError: a translated backend failure (original as ``__cause__``).
             TurnkeeperError: whatever domain error ``body`` raised.
         """
-        self._enter()
+        self._gate.enter()
         try:
             return self._run(operation, body, snapshot, False, commit=False)
         finally:
-            self._leave()
+            self._gate.leave()
 
     def scan(self, operation: str, body: Callable[[AnyTx], T]) -> T:
         """A read in one snapshot (DuckDB has no row locks to skip)."""
@@ -439,7 +422,7 @@ class Database:
             assert isinstance(tx, Tx)
             check_read(tx.cursor, sql)
             tx.statements += 1
-            reader = tx.cursor.execute(sql, list(params)).to_arrow_reader(batch_rows)
+            reader = tx.cursor.sql(sql, params=list(params)).to_arrow_reader(batch_rows)
             assert reader is not None  # a SELECT always has a result
             return consume(reader.schema, iter(reader))
 
@@ -451,7 +434,7 @@ class Database:
         return Subscription(self._file.signals, topics)
 
     def migrations(self) -> list[tuple[int, str]]:
-        """DuckDB's numbered migrations (``storage/duck/migrations``)."""
+        """DuckDB's numbered migrations: the shared ones (``storage/migrations``)."""
         return MIGRATIONS
 
     def migrate(self, operation: str, body: Callable[[AnyTx], T]) -> T:

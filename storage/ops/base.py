@@ -14,8 +14,7 @@ from typing import TypeVar
 from turnkeeper.spec import errors
 from turnkeeper.spec.records import Lease
 
-from ..backend import Backend, Tx
-from . import leases
+from ..backend import STORE_NOW, Backend, Tx
 
 T = TypeVar("T")
 
@@ -47,7 +46,15 @@ class StoreBase:
             if lease is not None:
                 self.db.write(
                     "record_fenced",
-                    lambda tx: leases.record_fenced(tx, lease, operation),
+                    lambda tx: record_fenced(tx, lease, operation),
                     transaction=False,
                 )
             raise
+
+
+def record_fenced(tx: Tx, lease: Lease, operation: str) -> None:
+    """Append a ``fence_events`` row for a write refused under ``lease`` (autocommit)."""
+    tx.exec(
+        f"INSERT INTO fence_events VALUES (?, ?, ?, ?, {STORE_NOW})",
+        [lease.target, lease.owner, lease.epoch, operation, tx.now],
+    )

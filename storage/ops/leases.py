@@ -24,7 +24,7 @@ from turnkeeper.machines import machine_for
 from turnkeeper.spec import GRANTING_EDGES, LEASE, LeasePurpose, errors
 from turnkeeper.spec.records import Lease
 
-from ..backend import Conflict, Tx, utc
+from ..backend import STORE_NOW, Conflict, Tx, utc
 from ..codec import check_id
 from ..validate import check_lease, check_purpose, check_target, check_ttl
 from ..wakeups import Topic
@@ -32,7 +32,7 @@ from .base import StoreBase
 
 _MACHINE = machine_for(LEASE)
 
-NOW = "coalesce(?::TIMESTAMPTZ, now())"
+NOW = STORE_NOW
 """SQL for the store's now: the injected clock's value, else the database's."""
 
 
@@ -54,8 +54,10 @@ def issue_token(secret: bytes, target: str, owner: str, epoch: int, purpose: str
     return hmac.new(secret, msg, hashlib.sha256).hexdigest()
 
 
-def _micros(ttl_s: float) -> int:
-    return round(ttl_s * 1_000_000)
+def _ttl(ttl_s: float) -> timedelta:
+    """``ttl_s`` seconds as a duration, to the microsecond (bound as an INTERVAL
+    parameter: integer microseconds times an INTERVAL overflows 32 bits on DuckDB)."""
+    return timedelta(microseconds=round(ttl_s * 1_000_000))
 
 
 def acquire(tx: Tx, secret: bytes, target: str, owner: str, ttl_s: float, purpose: str) -> Lease:
@@ -86,7 +88,7 @@ def acquire(tx: Tx, secret: bytes, target: str, owner: str, ttl_s: float, purpos
         raise errors.BusyError(target, held_owner)
     new_epoch = (epoch or 0) + 1 if edge.name in GRANTING_EDGES else epoch
     token = issue_token(secret, target, owner, new_epoch, purpose)
-    new_expiry = now + timedelta(microseconds=_micros(ttl_s))
+    new_expiry = now + _ttl(ttl_s)
     event = (
         "INSERT INTO lease_events SELECT target, epoch, owner, purpose, ?, 'acquire', ?, 'held', "
         "?, expires_at, ? FROM w RETURNING epoch"
@@ -151,13 +153,13 @@ def renew(tx: Tx, lease: Lease, ttl_s: float) -> Lease:
     row = tx.one(
         f"WITH c AS (SELECT {NOW} AS now), "
         "w AS (UPDATE leases SET "
-        "expires_at = (SELECT now FROM c) + ?::BIGINT * INTERVAL '1 microsecond', "
+        "expires_at = (SELECT now FROM c) + ?::INTERVAL, "
         "renewed_at = (SELECT now FROM c) "
         "WHERE target = ? AND epoch = ? AND token_digest = ? AND owner = ? AND state = 'held' "
         "AND expires_at > (SELECT now FROM c) RETURNING *) "
         "INSERT INTO lease_events SELECT target, epoch, owner, purpose, 'renew', 'renew', "
         "'held', 'held', NULL, expires_at, renewed_at FROM w RETURNING expires_at",
-        [tx.now, _micros(ttl_s), lease.target, lease.epoch, digest(lease.token), lease.owner],
+        [tx.now, _ttl(ttl_s), lease.target, lease.epoch, digest(lease.token), lease.owner],
     )
     if row is None:
         raise errors.LeaseLostError(lease.target)
@@ -230,14 +232,6 @@ def fence_or_unheld(tx: Tx, target: str, lease: Lease | None) -> None:
     assert now is not None  # always set inside a transaction
     if row is not None and row[1] == "held" and utc(row[2]) > now:
         raise errors.BusyError(target, row[0])
-
-
-def record_fenced(tx: Tx, lease: Lease, operation: str) -> None:
-    """Append a ``fence_events`` row for a write refused under ``lease`` (autocommit)."""
-    tx.exec(
-        f"INSERT INTO fence_events VALUES (?, ?, ?, ?, {NOW})",
-        [lease.target, lease.owner, lease.epoch, operation, tx.now],
-    )
 
 
 # -- the store's methods ------------------------------------------------------------

@@ -26,7 +26,7 @@ from turnkeeper.spec.run import NON_TERMINAL, RunStatus
 from ..backend import Conflict, Tx, utc
 from ..codec import check_id, check_text, to_json
 from ..validate import check_int, check_lease, check_plan, check_seconds
-from . import leases, runs
+from . import leases, run_reads, runs
 from .base import StoreBase
 
 _MACHINE = machine_for(RECOVERY)
@@ -77,7 +77,7 @@ def orphans(tx: Tx) -> list[Run]:
         # PostgreSQL: leave out runs another worker is recovering or ending right now
         [tx.now],
     )
-    found = [runs.get(tx, r[0]) for r in rows]
+    found = [run_reads.get(tx, r[0]) for r in rows]
     return [r for r in found if r is not None]
 
 
@@ -99,7 +99,7 @@ def _event(tx: Tx, rec: Recovery, edge: Edge) -> None:
 
 def _guarded(tx: Tx, run_id: str, lease: Lease) -> Run:
     """Load the run and fence the caller's recovery lease on its session."""
-    run = runs.get(tx, run_id)
+    run = run_reads.get(tx, run_id)
     if run is None:
         raise errors.RunNotFoundError(run_id)
     if lease.target != session_target(run.session_id):

@@ -27,75 +27,24 @@ from turnkeeper.spec.entries import EntryKind, validate_payload
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.lifecycle import Edge
 from turnkeeper.spec.records import (
-    ANY_LEAF,
     Lease,
     Run,
-    RunEvent,
 )
 from turnkeeper.spec.run import FINISH_TRIGGERS, NON_TERMINAL, TERMINAL, RunStatus
 
-from ..backend import Conflict, Tx, utc
-from ..codec import check_id, check_text, from_json, to_json
+from ..backend import Conflict, Tx
+from ..codec import check_id, check_text, to_json
 from ..validate import (
-    check_bool,
-    check_int,
     check_lease,
-    check_limit,
     check_plan,
     check_session_lease,
 )
 from ..wakeups import Topic
-from . import delivery, leases, sessions
+from . import delivery, leases, sessions, tool_pairing
 from .base import StoreBase
+from .run_reads import RUN_COLS, get, run_row
 
 _MACHINE = machine_for(RUN)
-
-_RUN_COLS = (
-    "id, session_id, intent_id, retry_of, attempt, status, cancel_requested, error, "
-    "started_at, updated_at, finished_at"
-)
-
-
-def _run(row: Sequence[Any]) -> Run:
-    return Run(
-        id=row[0],
-        session_id=row[1],
-        intent_id=row[2],
-        retry_of=row[3],
-        attempt=row[4],
-        status=row[5],
-        cancel_requested=row[6],
-        error=row[7],
-        started_at=utc(row[8]),
-        updated_at=utc(row[9]),
-        finished_at=None if row[10] is None else utc(row[10]),
-        turn_id=f"{row[0]}:turn",
-    )
-
-
-def get(tx: Tx, run_id: str) -> Run | None:
-    """The run, or ``None``."""
-    row = tx.one(f"SELECT {_RUN_COLS} FROM runs WHERE id = ?", [run_id])
-    return None if row is None else _run(row)
-
-
-def active(tx: Tx, session_id: str) -> Run | None:
-    """The session's non-terminal run, or ``None``."""
-    row = tx.one(
-        f"SELECT {', '.join('r.' + c.strip() for c in _RUN_COLS.split(','))} "
-        "FROM active_runs a JOIN runs r ON r.id = a.run_id WHERE a.session_id = ?",
-        [session_id],
-    )
-    return None if row is None else _run(row)
-
-
-def session_runs(tx: Tx, session_id: str) -> list[Run]:
-    """Every run of the session, oldest first."""
-    rows = tx.rows(
-        f"SELECT {_RUN_COLS} FROM runs WHERE session_id = ? ORDER BY started_at, attempt, id",
-        [session_id],
-    )
-    return [_run(r) for r in rows]
 
 
 def _event(tx: Tx, run: Run, edge: Edge, event_id: str, data: Mapping[str, Any]) -> None:
@@ -116,35 +65,6 @@ def _event(tx: Tx, run: Run, edge: Edge, event_id: str, data: Mapping[str, Any])
             run.session_id,
         ],
     )
-
-
-def append_own(
-    tx: Tx,
-    session_id: str,
-    kind: str,
-    payload: Mapping[str, Any],
-    entry_id: str,
-    epoch: int | None,
-) -> int:
-    """Append an entry the store writes itself (turn boundaries, the run's messages,
-    tool results it pairs) under the leaf with a derived id; returns its seq.
-    The caller fenced the session (or found it unheld) earlier in the
-    transaction; ``epoch`` is the lease it fenced."""
-    entry = sessions.append(
-        tx,
-        session_id,
-        kind,
-        to_json(dict(payload), "payload"),
-        payload,
-        entry_id=entry_id,
-        caller_chose_id=True,
-        timestamp=None,
-        expected_leaf=ANY_LEAF,
-        lease=None,
-        fenced_epoch=epoch,
-        checked=True,
-    )
-    return entry.seq
 
 
 def admit(
@@ -223,18 +143,18 @@ def admit(
             ],
         )
     tx.exec(
-        f"INSERT INTO runs ({_RUN_COLS}, lease_epoch) "
+        f"INSERT INTO runs ({RUN_COLS}, lease_epoch) "
         "VALUES (?, ?, ?, ?, ?, 'admitted', FALSE, NULL, ?, ?, NULL, ?)",
         [run_id, session_id, intent_id, retry_of, attempt, now, now, lease and lease.epoch],
     )
     tx.exec("INSERT INTO active_runs VALUES (?, ?)", [session_id, run_id])
     turn = {"turnId": f"{run_id}:turn", "intentId": intent_id, "runId": run_id, "attempt": attempt}
     epoch = None if lease is None else lease.epoch
-    start_seq = append_own(
+    start_seq = sessions.append_own(
         tx, session_id, EntryKind.TURN_START, turn, f"{run_id}:turn-start", epoch
     )
     if user_message is not None:
-        append_own(
+        sessions.append_own(
             tx, session_id, EntryKind.MESSAGE, {"message": user_message}, f"{run_id}:user", epoch
         )
     tx.exec(
@@ -276,12 +196,12 @@ def _move(tx: Tx, run: Run, edge: Edge, error: str | None = None) -> Run:
     params: list[Any] = [edge.dest, now] + ([now] if done else []) + [error, run.id, edge.source]
     row = tx.one(
         f"UPDATE runs SET status = ?, updated_at = ?, {done}error = coalesce(?, error) "
-        f"WHERE id = ? AND status = ? RETURNING {_RUN_COLS}",
+        f"WHERE id = ? AND status = ? RETURNING {RUN_COLS}",
         params,
     )
     if row is None:
         raise Conflict(f"run {run.id!r} moved")
-    return _run(row)
+    return run_row(row)
 
 
 def step(tx: Tx, run_id: str, trigger: str, lease: Lease | None) -> Run:
@@ -339,11 +259,9 @@ def finish(
     moved = _move(tx, run, edge, error)
     epoch = fenced_epoch if lease is None else lease.epoch
     tx.exec("DELETE FROM active_runs WHERE session_id = ? AND run_id = ?", [run.session_id, run.id])
-    from . import tools  # tools builds on this module; imported here, where both are loaded
-
-    tools.close_turn(tx, moved, epoch)
+    tool_pairing.close_turn(tx, moved, epoch)
     if assistant_message is not None:
-        append_own(
+        sessions.append_own(
             tx,
             run.session_id,
             EntryKind.MESSAGE,
@@ -354,7 +272,9 @@ def finish(
     end = {"turnId": run.turn_id, "intentId": run.intent_id, "runId": run.id, "status": status}
     if stop_reason is not None:
         end["stopReason"] = stop_reason
-    end_seq = append_own(tx, run.session_id, EntryKind.TURN_END, end, f"{run_id}:turn-end", epoch)
+    end_seq = sessions.append_own(
+        tx, run.session_id, EntryKind.TURN_END, end, f"{run_id}:turn-end", epoch
+    )
     tx.exec(
         "UPDATE conversation_turns SET status = ?, end_seq = ?, ended_at = ? WHERE id = ?",
         [status.value, end_seq, tx.now, run.turn_id],
@@ -411,41 +331,12 @@ def request_cancel(tx: Tx, run_id: str) -> Run:
         raise errors.InvalidTransitionError("run", "request_cancel", run.status)
     row = tx.one(
         f"UPDATE runs SET cancel_requested = TRUE, updated_at = ? WHERE id = ? AND status = ? "
-        f"RETURNING {_RUN_COLS}",
+        f"RETURNING {RUN_COLS}",
         [tx.now, run_id, run.status],
     )
     if row is None:
         raise Conflict(f"run {run_id!r} moved")
-    return _run(row)
-
-
-def events(
-    tx: Tx,
-    session_id: str,
-    after: int | None,
-    before: int | None,
-    latest: bool,
-    limit: int,
-) -> list[RunEvent]:
-    """Run events by sequence: after/before a cursor, or the latest ``limit``; ascending."""
-    where: list[str] = ["session_id = ?"]
-    params: list[Any] = [session_id]
-    if after is not None:
-        where.append("seq > ?")
-        params.append(after)
-    if before is not None:
-        where.append("seq < ?")
-        params.append(before)
-    order = "DESC" if latest or (before is not None and after is None) else "ASC"
-    rows = tx.rows(
-        "SELECT session_id, seq, id, run_id, edge, source, dest, data, occurred_at "
-        f"FROM run_events WHERE {' AND '.join(where)} ORDER BY seq {order} LIMIT ?",
-        [*params, limit],
-    )
-    found = [
-        RunEvent(r[0], r[1], r[2], r[3], r[4], r[5], r[6], from_json(r[7]), utc(r[8])) for r in rows
-    ]
-    return sorted(found, key=lambda e: e.seq)
+    return run_row(row)
 
 
 # -- the store's methods ------------------------------------------------------------
@@ -561,7 +452,7 @@ class RunsMixin(StoreBase):
         check_id(run_id, "run_id")
         if lease is not None:
             check_lease(lease)
-            run = self.get_run(run_id)
+            run = self.db.read("get_run", lambda tx: get(tx, run_id))
             if run is not None:
                 check_session_lease(run.session_id, lease)
         return self._fenced(f"{trigger}_run", lease, lambda tx: step(tx, run_id, trigger, lease))
@@ -644,7 +535,7 @@ class RunsMixin(StoreBase):
             check_plan(delivery_plan)
         if lease is not None:
             check_lease(lease)
-            run = self.get_run(run_id)
+            run = self.db.read("get_run", lambda tx: get(tx, run_id))
             if run is not None:
                 check_session_lease(run.session_id, lease)
 
@@ -672,60 +563,3 @@ class RunsMixin(StoreBase):
         """
         check_id(run_id, "run_id")
         return self.db.write("request_cancel", lambda tx: request_cancel(tx, run_id))
-
-    def get_run(self, run_id: str) -> Run | None:
-        """The run, or ``None``."""
-        check_id(run_id, "run_id")
-        return self.db.read("get_run", lambda tx: get(tx, run_id))
-
-    def active_run(self, session_id: str) -> Run | None:
-        """The session's non-terminal run, or ``None`` when it has none.
-
-        Raises:
-            SessionNotFoundError: no such session.
-        """
-        check_id(session_id, "session_id")
-        return self._inside(
-            session_id, self.db.read("active_run", lambda tx: active(tx, session_id))
-        )
-
-    def session_runs(self, session_id: str) -> list[Run]:
-        """Every run of the session, oldest first.
-
-        Raises:
-            SessionNotFoundError: no such session.
-        """
-        check_id(session_id, "session_id")
-        return self._inside(
-            session_id, self.db.read("session_runs", lambda tx: session_runs(tx, session_id))
-        )
-
-    def run_events(
-        self,
-        session_id: str,
-        *,
-        after: int | None = None,
-        before: int | None = None,
-        latest: bool = False,
-        limit: int = 100,
-    ) -> list[RunEvent]:
-        """The session's run events in sequence order (session seed
-        ListSessionRunEventsAfter/Before/Latest): ``after`` a cursor (a
-        reconnecting client asks for what it missed), ``before`` one, or the
-        ``latest`` ``limit`` events.
-
-        Raises:
-            InvalidInputError: a cursor that is not an integer, or a bad limit.
-        """
-        check_id(session_id, "session_id")
-        for name, cursor in (("after", after), ("before", before)):
-            if cursor is not None:
-                check_int(cursor, name, 0)
-        check_bool(latest, "latest")
-        check_limit(limit)
-        return self._inside(
-            session_id,
-            self.db.read(
-                "run_events", lambda tx: events(tx, session_id, after, before, latest, limit)
-            ),
-        )

@@ -11,7 +11,6 @@ raises ``SessionModifiedError`` and never creates a second child.
 
 from __future__ import annotations
 
-import base64
 import secrets
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -25,13 +24,9 @@ from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.records import (
     ANY_LEAF,
     Entry,
-    ImportBatch,
-    ImportResult,
     Lease,
-    OpaqueRecord,
     Replay,
     Session,
-    SessionPage,
 )
 
 from ..backend import Conflict, Tx, utc
@@ -40,7 +35,6 @@ from ..replay import affects_pairing, build_replay, new_pairing_faults, path_to
 from ..validate import (
     check_expected_leaf,
     check_header,
-    check_limit,
     check_session_lease,
 )
 from . import leases
@@ -48,7 +42,7 @@ from .base import StoreBase
 
 NOW = leases.NOW
 
-_SESSION_COLS = "id, cwd, created_at, updated_at, leaf_id, title, entry_count, next_seq, header"
+SESSION_COLS = "id, cwd, created_at, updated_at, leaf_id, title, entry_count, next_seq, header"
 ENTRY_COLUMNS = (
     "session_id",
     "id",
@@ -64,7 +58,7 @@ ENTRY_COLUMNS = (
 _ENTRY_COLS = "session_id, id, parent_id, kind, seq, ts, payload, lease_epoch"
 
 
-def _session(row: Sequence[Any]) -> Session:
+def session_row(row: Sequence[Any]) -> Session:
     return Session(
         id=row[0],
         cwd=row[1],
@@ -102,19 +96,19 @@ def create(
     if tx.one("SELECT 1 FROM sessions WHERE id = ?", [session_id]) is not None:
         raise errors.SessionIDExistsError(session_id)
     row = tx.one(
-        f"INSERT INTO sessions ({_SESSION_COLS}) VALUES "
+        f"INSERT INTO sessions ({SESSION_COLS}) VALUES "
         f"(?, ?, coalesce(?::TIMESTAMPTZ, {NOW}), {NOW}, NULL, NULL, 0, 1, ?) "
-        f"RETURNING {_SESSION_COLS}",
+        f"RETURNING {SESSION_COLS}",
         [session_id, cwd, created_at, tx.now, tx.now, header_json],
     )
     assert row is not None
-    return _session(row)
+    return session_row(row)
 
 
 def get(tx: Tx, session_id: str) -> Session | None:
     """The session row, or ``None``."""
-    row = tx.one(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", [session_id])
-    return None if row is None else _session(row)
+    row = tx.one(f"SELECT {SESSION_COLS} FROM sessions WHERE id = ?", [session_id])
+    return None if row is None else session_row(row)
 
 
 def _exists(tx: Tx, session_id: str, entry_id: str) -> bool:
@@ -197,6 +191,35 @@ def append(
         [session_id, entry_id, parent, kind, seq, ts, payload_json, epoch, now],
     )
     return entry
+
+
+def append_own(
+    tx: Tx,
+    session_id: str,
+    kind: str,
+    payload: Mapping[str, Any],
+    entry_id: str,
+    epoch: int | None,
+) -> int:
+    """Append an entry the store writes itself (turn boundaries, the run's messages,
+    tool results it pairs) under the leaf with a derived id; returns its seq.
+    The caller fenced the session (or found it unheld) earlier in the
+    transaction; ``epoch`` is the lease it fenced."""
+    entry = append(
+        tx,
+        session_id,
+        kind,
+        to_json(dict(payload), "payload"),
+        payload,
+        entry_id=entry_id,
+        caller_chose_id=True,
+        timestamp=None,
+        expected_leaf=ANY_LEAF,
+        lease=None,
+        fenced_epoch=epoch,
+        checked=True,
+    )
+    return entry.seq
 
 
 def move_leaf(
@@ -293,177 +316,6 @@ def labels(tx: Tx, session_id: str) -> dict[str, str]:
         else:
             out[target] = label if isinstance(label, str) else to_json(label, "label")
     return out
-
-
-_SEARCH = (
-    "(s.id ILIKE ? ESCAPE '\\' OR s.cwd ILIKE ? ESCAPE '\\' "
-    "OR coalesce(s.title, '') ILIKE ? ESCAPE '\\' OR EXISTS "
-    "(SELECT 1 FROM entries e WHERE e.session_id = s.id "
-    "AND e.kind IN ('message', 'session_info', 'custom_message') "
-    "AND e.payload ILIKE ? ESCAPE '\\'))"
-)
-
-
-def _like(search: str) -> str:
-    """``search`` as a literal ILIKE substring pattern (``%`` and ``_`` match themselves)."""
-    escaped = search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"%{escaped}%"
-
-
-def _encode_cursor(session: Session) -> str:
-    raw = f"{session.created_at.isoformat()}|{session.id}".encode()
-    return base64.urlsafe_b64encode(raw).decode()
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        created, sep, sid = base64.urlsafe_b64decode(cursor.encode()).decode().partition("|")
-        when = datetime.fromisoformat(created)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise errors.InvalidInputError("cursor", "not a cursor this store issued") from exc
-    if not sep or not sid or when.tzinfo is None:
-        raise errors.InvalidInputError("cursor", "not a cursor this store issued")
-    return when, sid
-
-
-def list_page(tx: Tx, limit: int, cursor: str | None, search: str | None) -> SessionPage:
-    """Sessions newest first by (created_at, id), ``limit`` per page, keyset cursor."""
-    where: list[str] = []
-    params: list[Any] = []
-    if search:
-        like = _like(search)
-        where.append(_SEARCH)
-        params += [like, like, like, like]
-    if cursor is not None:
-        created, sid = _decode_cursor(cursor)
-        where.append("(s.created_at < ? OR (s.created_at = ? AND s.id < ?))")
-        params += [created, created, sid]
-    clause = f"WHERE {' AND '.join(where)}" if where else ""
-    cols = ", ".join(f"s.{c.strip()}" for c in _SESSION_COLS.split(","))
-    rows = tx.rows(
-        f"SELECT {cols} FROM sessions s {clause} ORDER BY s.created_at DESC, s.id DESC LIMIT ?",
-        [*params, limit + 1],
-    )
-    found = [_session(r) for r in rows[:limit]]
-    more = len(rows) > limit
-    return SessionPage(tuple(found), _encode_cursor(found[-1]) if more and found else None)
-
-
-def count(tx: Tx, search: str | None) -> int:
-    """Number of sessions (matching ``search`` when given)."""
-    if search:
-        like = _like(search)
-        row = tx.one(f"SELECT count(*) FROM sessions s WHERE {_SEARCH}", [like] * 4)
-    else:
-        row = tx.one("SELECT count(*) FROM sessions")
-    assert row is not None
-    return int(row[0])
-
-
-def import_rows(
-    tx: Tx,
-    session_id: str,
-    cwd: str,
-    header_json: str,
-    created_at: datetime,
-    rows: Sequence[tuple[str, str | None, str, datetime, str]],
-    leaf_id: str | None,
-    opaque: Sequence[tuple[int, str, str]],
-    source: str,
-    lease: Lease | None = None,
-) -> tuple[bool, int, int]:
-    """Insert the entries of an imported file that the session lacks.
-
-    ``rows`` are ``(id, parent_id, kind, timestamp, payload_json)`` in file
-    order. Existing ids are skipped (a re-import changes nothing; a grown file
-    adds only its new entries). When anything is added the leaf becomes
-    ``leaf_id``. Returns ``(created, added, opaque_added)``. Into an existing
-    session, the import is fenced by ``lease`` or needs the session unheld.
-
-    Raises:
-        LeaseLostError, BusyError: as for an append.
-        InvalidInputError: two rows share an id, or two opaque records a line
-            (the keys of the tables; left unchecked they surfaced as an
-            aborted transaction or 40 retried "conflicts").
-    """
-    seen_ids: set[str] = set()
-    for r in rows:
-        if r[0] in seen_ids:
-            raise errors.InvalidInputError("entries", f"duplicate entry id {r[0]!r} in the batch")
-        seen_ids.add(r[0])
-    seen_lines: set[int] = set()
-    for o in opaque:
-        if o[0] in seen_lines:
-            raise errors.InvalidInputError("opaque", f"two opaque records for line {o[0]}")
-        seen_lines.add(o[0])
-    head = tx.one("SELECT next_seq FROM sessions WHERE id = ?", [session_id])
-    created = head is None
-    if not created:
-        leases.fence_or_unheld(tx, session_target(session_id), lease)
-    if created:
-        tx.exec(
-            f"INSERT INTO sessions ({_SESSION_COLS}) VALUES (?, ?, ?, ?, NULL, NULL, 0, 1, ?)",
-            [session_id, cwd, created_at, created_at, header_json],
-        )
-        next_seq = 1
-        have: set[str] = set()
-        have_lines: set[int] = set()
-    else:
-        assert head is not None
-        next_seq = head[0]
-        have = {r[0] for r in tx.rows("SELECT id FROM entries WHERE session_id = ?", [session_id])}
-        have_lines = {
-            r[0]
-            for r in tx.rows("SELECT line FROM opaque_records WHERE session_id = ?", [session_id])
-        }
-    new = [r for r in rows if r[0] not in have]
-    if new:
-        now = tx.now
-        tx.insert_rows(
-            "entries",
-            ENTRY_COLUMNS,
-            [
-                (session_id, r[0], r[1], r[2], next_seq + i, r[3], r[4], None, now)
-                for i, r in enumerate(new)
-            ],
-        )
-        names = [from_json(r[4]).get("name") for r in new if r[2] == EntryKind.SESSION_INFO]
-        title = next((n for n in reversed(names) if isinstance(n, str)), None)
-        tx.exec(
-            "UPDATE sessions SET leaf_id = ?, next_seq = next_seq + ?, "
-            f"entry_count = entry_count + ?, updated_at = greatest(updated_at, {NOW}), "
-            "title = coalesce(?, title) WHERE id = ?",
-            [leaf_id, len(new), len(new), now, title, session_id],
-        )
-    if source and not created:
-        # Lines of this file that were unparseable before and parse now (a
-        # truncated last line the file has since completed) are no longer opaque.
-        current = [o[0] for o in opaque]
-        tx.exec(
-            "DELETE FROM opaque_records WHERE session_id = ? AND source = ? "
-            "AND line <> ALL(?::BIGINT[])",
-            [session_id, source, current],
-        )
-        have_lines &= set(current)
-    fresh = [o for o in opaque if o[0] not in have_lines]
-    for line, raw, reason in fresh:
-        tx.exec(
-            "INSERT INTO opaque_records VALUES (?, ?, ?, ?, ?)",
-            [session_id, source, line, raw, reason],
-        )
-    return created, len(new), len(fresh)
-
-
-def opaque(tx: Tx, session_id: str) -> list[tuple[str, int, str, str]]:
-    """Opaque (unparseable) lines kept for a session: (source, line, raw, reason)."""
-    return [
-        (r[0], r[1], r[2], r[3])
-        for r in tx.rows(
-            "SELECT source, line, raw, reason FROM opaque_records WHERE session_id = ? "
-            "ORDER BY line",
-            [session_id],
-        )
-    ]
 
 
 # -- the store's methods ------------------------------------------------------------
@@ -721,82 +573,4 @@ class SessionsMixin(StoreBase):
         check_id(session_id, "session_id")
         return self._inside(session_id, self.db.read("labels", lambda tx: labels(tx, session_id)))
 
-    def list_sessions(
-        self, *, limit: int = 50, cursor: str | None = None, search: str | None = None
-    ) -> SessionPage:
-        """Sessions newest first; ``search`` matches id, cwd, title and message text.
-
-        Pass the page's ``next_cursor`` to continue; pages are stable under
-        concurrent appends (keyset on creation time and id).
-
-        Raises:
-            InvalidInputError: ``limit`` below 1 or a foreign cursor.
-        """
-        check_limit(limit)
-        if search is not None:
-            check_text(search, "search")
-        if cursor is not None:
-            check_text(cursor, "cursor", allow_empty=False)
-        return self.db.read("list_sessions", lambda tx: list_page(tx, limit, cursor, search))
-
-    def count_sessions(self, *, search: str | None = None) -> int:
-        """Number of sessions (matching ``search`` when given)."""
-        if search is not None:
-            check_text(search, "search")
-        return self.db.read("count_sessions", lambda tx: count(tx, search))
-
     # -- imports -----------------------------------------------------------------
-
-    def import_batch(self, batch: ImportBatch, *, lease: Lease | None = None) -> ImportResult:
-        """Store a parsed session file: creates the session if needed and adds only
-        entries it lacks (by entry id); the leaf moves to ``batch.leaf_id`` when
-        anything is added. Re-importing the same file changes nothing. Into an
-        existing session it is a session write: under the session's ``lease``,
-        or while nobody holds it.
-
-        Raises:
-            InvalidInputError: an entry or header is not storable.
-            LeaseLostError: ``lease`` is no longer valid.
-            BusyError: no ``lease`` given and someone holds the session.
-        """
-        check_id(batch.session_id, "session_id")
-        check_session_lease(batch.session_id, lease)
-        header_json = to_json(dict(batch.header), "header")
-        rows = []
-        for e in batch.entries:
-            check_id(e.id, "entry.id")
-            validate_payload(e.kind, e.payload, strict=False)
-            rows.append(
-                (e.id, e.parent_id, e.kind, e.timestamp, to_json(dict(e.payload), "payload"))
-            )
-        opaque = [(o.line, check_text(o.raw, "raw"), o.reason) for o in batch.opaque]
-        source = batch.source or (batch.opaque[0].source if batch.opaque else "")
-
-        def body(tx: Tx) -> ImportResult:
-            created, added, opaque_added = import_rows(
-                tx,
-                batch.session_id,
-                batch.cwd,
-                header_json,
-                batch.created_at,
-                rows,
-                batch.leaf_id,
-                opaque,
-                source,
-                lease,
-            )
-            return ImportResult(batch.session_id, created, added, len(rows) - added, opaque_added)
-
-        return self._fenced("import", lease, body)
-
-    def opaque_records(self, session_id: str) -> list[OpaqueRecord]:
-        """Unparseable lines kept from imports of this session, by line.
-
-        Raises:
-            SessionNotFoundError: no such session.
-        """
-        check_id(session_id, "session_id")
-        rows = self._inside(
-            session_id, self.db.read("opaque_records", lambda tx: opaque(tx, session_id))
-        )
-        return [OpaqueRecord(*r) for r in rows]

@@ -22,7 +22,7 @@ from ..validate import (
     check_request,
 )
 from . import leases
-from .base import StoreBase
+from .base import StoreBase, record_fenced
 
 _MACHINE = machine_for(THREAD_RECORD)
 
@@ -232,7 +232,7 @@ class ThreadsMixin(StoreBase):
             lost = next(h for h in request.held_leases if h.target == exc.target)
             self.db.write(
                 "record_fenced",
-                lambda tx: leases.record_fenced(tx, lost, "finalize"),
+                lambda tx: record_fenced(tx, lost, "finalize"),
                 transaction=False,
             )
             raise

@@ -21,172 +21,26 @@ from typing import Any
 
 import orjson
 
-from turnkeeper.machines import machine_for
 from turnkeeper.spec import errors
-from turnkeeper.spec.entries import EntryKind
-from turnkeeper.spec.lease import session_target
-from turnkeeper.spec.lifecycle import Edge
-from turnkeeper.spec.records import Entry, Lease, Run
+from turnkeeper.spec.records import Lease
 from turnkeeper.spec.run import TERMINAL, RunStatus
 from turnkeeper.spec.tool_execution import (
-    TOOL_EXECUTION,
     UNCERTAIN,
     ToolExecution,
     ToolExecutionState,
-    interrupted_result,
-    recorded_result,
-    unrecorded_interrupted_result,
 )
 
-from ..backend import Conflict, Tx, utc
+from ..backend import Conflict, Tx
 from ..codec import check_id, check_text, from_json, to_json
-from ..replay import open_tool_calls
 from ..validate import check_bool, check_lease, check_session_lease
-from . import leases, runs, sessions
+from . import run_reads, tool_pairing
+from . import tool_records as records
 from .base import StoreBase
-
-_MACHINE = machine_for(TOOL_EXECUTION)
-
-_COLS = (
-    "execution_key, session_id, run_id, local_turn_id, provider, api, response_id, "
-    "provider_call_id, tool_kind, tool_name, args_digest, side_effecting, state, result, "
-    "is_error, provider_metadata, reason, attempt, lease_epoch, created_at, updated_at, "
-    "completed_at"
-)
-
-
-def _record(row: Sequence[Any]) -> ToolExecution:
-    return ToolExecution(
-        execution_key=row[0],
-        session_id=row[1],
-        run_id=row[2],
-        local_turn_id=row[3],
-        provider=row[4],
-        api=row[5],
-        response_id=row[6],
-        provider_call_id=row[7],
-        tool_kind=row[8],
-        tool_name=row[9],
-        args_digest=row[10],
-        side_effecting=row[11],
-        state=row[12],
-        result=None if row[13] is None else from_json(row[13]),
-        is_error=row[14],
-        provider_metadata=from_json(row[15]),
-        reason=row[16],
-        attempt=row[17],
-        lease_epoch=row[18],
-        created_at=utc(row[19]),
-        updated_at=utc(row[20]),
-        completed_at=None if row[21] is None else utc(row[21]),
-    )
-
-
-def _facts(rec: ToolExecution) -> dict[str, object]:
-    return {"side_effecting": rec.side_effecting}
-
-
-def get(tx: Tx, execution_key: str) -> ToolExecution | None:
-    """The record of ``execution_key``, or ``None``."""
-    row = tx.one(f"SELECT {_COLS} FROM tool_executions WHERE execution_key = ?", [execution_key])
-    return None if row is None else _record(row)
-
-
-def _load(tx: Tx, execution_key: str) -> ToolExecution:
-    rec = get(tx, execution_key)
-    if rec is None:
-        raise errors.ToolExecutionNotFoundError(execution_key)
-    return rec
-
-
-def _select(tx: Tx, where: str, params: Sequence[Any]) -> list[ToolExecution]:
-    rows = tx.rows(
-        f"SELECT {_COLS} FROM tool_executions WHERE {where} ORDER BY created_at, execution_key",
-        params,
-    )
-    return [_record(r) for r in rows]
 
 
 def session_records(tx: Tx, session_id: str) -> list[ToolExecution]:
     """Every record of the session, oldest first."""
-    return _select(tx, "session_id = ?", [session_id])
-
-
-def _session(tx: Tx, session_id: str) -> None:
-    if tx.one("SELECT 1 FROM sessions WHERE id = ?", [session_id]) is None:
-        raise errors.SessionNotFoundError(session_id)
-
-
-def _own_session(session_id: str, lease: Lease | None) -> None:
-    if lease is not None and lease.target != session_target(session_id):
-        raise errors.InvalidInputError(
-            "lease", f"a lease on {lease.target!r} cannot write to {session_id!r}"
-        )
-
-
-def _no_other_owner(tx: Tx, session_id: str, lease: Lease | None) -> None:
-    """Fence ``lease``; without one, refuse while anyone holds a live session lease.
-
-    Raises:
-        LeaseLostError: ``lease`` is no longer the held, unexpired one.
-        BusyError: no lease given and another owner holds a live one.
-    """
-    leases.fence_or_unheld(tx, session_target(session_id), lease)
-
-
-def _event(tx: Tx, rec: ToolExecution, edge: Edge) -> None:
-    tx.exec(
-        "INSERT INTO tool_execution_events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [
-            rec.execution_key,
-            rec.session_id,
-            rec.attempt,
-            edge.name,
-            edge.trigger,
-            edge.source,
-            edge.dest,
-            rec.lease_epoch,
-            tx.now,
-        ],
-    )
-
-
-def _move(
-    tx: Tx, rec: ToolExecution, edge: Edge, sets: str = "", params: Sequence[Any] = ()
-) -> ToolExecution:
-    """Compare-and-set ``rec`` along ``edge`` and append its event; a moved row is a race."""
-    extra = f", {sets}" if sets else ""
-    row = tx.one(
-        f"UPDATE tool_executions SET state = ?, updated_at = ?{extra} "
-        f"WHERE execution_key = ? AND state = ? AND attempt = ? RETURNING {_COLS}",
-        [edge.dest, tx.now, *params, rec.execution_key, edge.source, rec.attempt],
-    )
-    if row is None:
-        raise Conflict(f"tool execution {rec.execution_key!r} moved")
-    moved = _record(row)
-    _event(tx, moved, edge)
-    return moved
-
-
-def _pair(tx: Tx, rec: ToolExecution, epoch: int | None, open_calls: dict[str, Entry]) -> bool:
-    """Append the explicit interrupted ``toolResult`` for ``rec`` if its call is
-    open in the replayed context (``open_calls``, updated); returns whether it
-    appended. A call that is not in the context (answered already, on another
-    branch, or never written) gets no result: one would be an orphan there.
-    ``epoch`` is the lease the caller fenced in this transaction."""
-    if open_calls.pop(rec.provider_call_id, None) is None:
-        return False
-    now = tx.now
-    assert now is not None
-    message = interrupted_result(rec, int(now.timestamp() * 1000))
-    entry_id = f"{rec.execution_key}:interrupted"
-    runs.append_own(tx, rec.session_id, EntryKind.MESSAGE, {"message": message}, entry_id, epoch)
-    return True
-
-
-def _open_calls(tx: Tx, session_id: str) -> dict[str, Entry]:
-    """The session's open tool calls in the context replay builds at its leaf."""
-    return open_tool_calls(sessions.branch_path(tx, session_id))
+    return records.select(tx, "session_id = ?", [session_id])
 
 
 BINDING = (
@@ -212,19 +66,19 @@ def claim(tx: Tx, columns: Mapping[str, Any], lease: Lease | None) -> tuple[Tool
         SessionNotFoundError, RunNotFoundError, LeaseLostError,
         InvalidInputError (the run belongs to another session).
     """
-    found = get(tx, columns["execution_key"])
+    found = records.get(tx, columns["execution_key"])
     if found is not None:
         differs = next((f for f in BINDING if getattr(found, f) != columns[f]), None)
         if differs is not None:
             raise errors.ToolExecutionConflictError(found.execution_key, differs, found.run_id)
         return found, False
     session_id = columns["session_id"]
-    _session(tx, session_id)
+    records.require_session(tx, session_id)
     if lease is not None:  # a stale holder learns it lost, whatever its run did since
-        _no_other_owner(tx, session_id, lease)
+        records.no_other_owner(tx, session_id, lease)
     run_id = columns["run_id"]
     if run_id is not None:
-        run = runs.get(tx, run_id)
+        run = run_reads.get(tx, run_id)
         if run is None:
             raise errors.RunNotFoundError(run_id)
         if run.session_id != session_id:
@@ -236,8 +90,8 @@ def claim(tx: Tx, columns: Mapping[str, Any], lease: Lease | None) -> tuple[Tool
                 "local_turn_id", f"run {run_id!r} runs turn {run.turn_id!r}"
             )
     if lease is None:  # without a lease, nobody else may hold the session
-        _no_other_owner(tx, session_id, None)
-    edge = _MACHINE.require("claim", "absent", {"side_effecting": columns["side_effecting"]})
+        records.no_other_owner(tx, session_id, None)
+    edge = records.MACHINE.require("claim", "absent", {"side_effecting": columns["side_effecting"]})
     values = {
         **columns,
         "state": edge.dest,
@@ -250,15 +104,15 @@ def claim(tx: Tx, columns: Mapping[str, Any], lease: Lease | None) -> tuple[Tool
         "updated_at": tx.now,
         "completed_at": None,
     }
-    names = [c.strip() for c in _COLS.split(",")]
+    names = [c.strip() for c in records.COLS.split(",")]
     row = tx.one(
-        f"INSERT INTO tool_executions ({_COLS}) VALUES ({', '.join('?' for _ in names)}) "
-        f"RETURNING {_COLS}",
+        f"INSERT INTO tool_executions ({records.COLS}) VALUES ({', '.join('?' for _ in names)}) "
+        f"RETURNING {records.COLS}",
         [values[n] for n in names],
     )
     assert row is not None
-    rec = _record(row)
-    _event(tx, rec, edge)
+    rec = records.record_row(row)
+    records.event(tx, rec, edge)
     return rec, True
 
 
@@ -274,14 +128,14 @@ def complete(
         ToolExecutionNotFoundError, InvalidTransitionError (not running, or
         completed with another result), LeaseLostError, InvalidInputError.
     """
-    rec = _load(tx, execution_key)
-    _own_session(rec.session_id, lease)
+    rec = records.load(tx, execution_key)
+    records.own_session(rec.session_id, lease)
     same = (rec.result, rec.is_error) == (from_json(result_json), is_error)
     if rec.state == ToolExecutionState.COMPLETED and same:
         return rec  # a repeated completion after an unknown commit result
-    _no_other_owner(tx, rec.session_id, lease)
-    edge = _MACHINE.require("complete", rec.state, _facts(rec))
-    return _move(
+    records.no_other_owner(tx, rec.session_id, lease)
+    edge = records.MACHINE.require("complete", rec.state, records.facts(rec))
+    return records.move(
         tx, rec, edge, "result = ?, is_error = ?, completed_at = ?", [result_json, is_error, tx.now]
     )
 
@@ -295,18 +149,18 @@ def interrupt(
     Raises:
         SessionNotFoundError, BusyError, LeaseLostError.
     """
-    _session(tx, session_id)
-    _no_other_owner(tx, session_id, lease)
+    records.require_session(tx, session_id)
+    records.no_other_owner(tx, session_id, lease)
     where, params = "session_id = ? AND state = 'running'", [session_id]
     if local_turn_id is not None:
         where, params = where + " AND local_turn_id = ?", [*params, local_turn_id]
     done = []
-    found = _select(tx, where, params)
-    open_calls = _open_calls(tx, session_id) if found else {}
+    found = records.select(tx, where, params)
+    open_calls = tool_pairing.open_calls_of(tx, session_id) if found else {}
     for rec in found:
-        edge = _MACHINE.require("interrupt", rec.state, _facts(rec))
-        moved = _move(tx, rec, edge, "reason = ?", [reason])
-        _pair(tx, moved, None if lease is None else lease.epoch, open_calls)
+        edge = records.MACHINE.require("interrupt", rec.state, records.facts(rec))
+        moved = records.move(tx, rec, edge, "reason = ?", [reason])
+        tool_pairing.pair(tx, moved, None if lease is None else lease.epoch, open_calls)
         done.append(moved)
     return done
 
@@ -323,8 +177,8 @@ def request_retry(
     Raises:
         SessionNotFoundError.
     """
-    _session(tx, session_id)
-    selected = _select(
+    records.require_session(tx, session_id)
+    selected = records.select(
         tx,
         "session_id = ? AND local_turn_id = ? AND provider_call_id = ANY(?::VARCHAR[])",
         [session_id, local_turn_id, list(call_ids)],
@@ -336,9 +190,9 @@ def request_retry(
             continue
         if rec.state != ToolExecutionState.INTERRUPTED:
             continue
-        edge = _MACHINE.decide("request_retry", rec.state, _facts(rec))
+        edge = records.MACHINE.decide("request_retry", rec.state, records.facts(rec))
         if edge is not None:  # read-only calls need no confirmation: they are reclaimed
-            out.append(_move(tx, rec, edge))
+            out.append(records.move(tx, rec, edge))
     return out
 
 
@@ -348,27 +202,27 @@ def reclaim(tx: Tx, execution_key: str, run_id: str | None, lease: Lease | None)
     Raises:
         ToolExecutionNotFoundError, BusyError, LeaseLostError, InvalidInputError.
     """
-    rec = _load(tx, execution_key)
-    _own_session(rec.session_id, lease)
+    rec = records.load(tx, execution_key)
+    records.own_session(rec.session_id, lease)
     try:
-        edge = _MACHINE.decide("reclaim", rec.state, _facts(rec))
+        edge = records.MACHINE.decide("reclaim", rec.state, records.facts(rec))
     except errors.InvalidTransitionError:
         return False  # completed or abandoned: never reopened
     if edge is None:
         return False  # side-effecting and not confirmed
-    _no_other_owner(tx, rec.session_id, lease)
+    records.no_other_owner(tx, rec.session_id, lease)
     run_id, turn_id = _reclaiming_run(tx, rec, run_id)
     epoch = None if lease is None else lease.epoch
     row = tx.one(
         "UPDATE tool_executions SET state = ?, updated_at = ?, attempt = attempt + 1, "
         "reason = NULL, lease_epoch = ?, run_id = ?, local_turn_id = ? "
         "WHERE execution_key = ? AND state = ? AND attempt = ? "
-        f"RETURNING {_COLS}",
+        f"RETURNING {records.COLS}",
         [edge.dest, tx.now, epoch, run_id, turn_id, rec.execution_key, edge.source, rec.attempt],
     )
     if row is None:
         raise Conflict(f"tool execution {rec.execution_key!r} moved")
-    _event(tx, _record(row), edge)
+    records.event(tx, records.record_row(row), edge)
     return True
 
 
@@ -377,13 +231,13 @@ def _reclaiming_run(tx: Tx, rec: ToolExecution, run_id: str | None) -> tuple[str
     live run of the record's session), else the record's own, which must not
     have ended."""
     if run_id is None:
-        current = None if rec.run_id is None else runs.get(tx, rec.run_id)
+        current = None if rec.run_id is None else run_reads.get(tx, rec.run_id)
         if current is not None and current.status in TERMINAL:
             raise errors.InvalidInputError(
                 "run_id", f"run {current.id!r} ended: name the run that re-executes the call"
             )
         return rec.run_id, rec.local_turn_id
-    run = runs.get(tx, run_id)
+    run = run_reads.get(tx, run_id)
     if run is None or run.session_id != rec.session_id or run.status in TERMINAL:
         raise errors.InvalidInputError(
             "run_id", f"{run_id!r} is not a live run of session {rec.session_id!r}"
@@ -400,19 +254,19 @@ def abandon(tx: Tx, session_id: str, local_turn_id: str, reason: str, lease: Lea
     Raises:
         SessionNotFoundError, BusyError, LeaseLostError.
     """
-    _session(tx, session_id)
-    _no_other_owner(tx, session_id, lease)
+    records.require_session(tx, session_id)
+    records.no_other_owner(tx, session_id, lease)
     uncertain = sorted(s.value for s in UNCERTAIN)
-    found = _select(
+    found = records.select(
         tx,
         "session_id = ? AND local_turn_id = ? AND state = ANY(?::VARCHAR[])",
         [session_id, local_turn_id, uncertain],
     )
-    open_calls = _open_calls(tx, session_id) if found else {}
+    open_calls = tool_pairing.open_calls_of(tx, session_id) if found else {}
     for rec in found:
-        edge = _MACHINE.require("abandon", rec.state, _facts(rec))
-        moved = _move(tx, rec, edge, "reason = ?, completed_at = ?", [reason, tx.now])
-        _pair(tx, moved, None if lease is None else lease.epoch, open_calls)
+        edge = records.MACHINE.require("abandon", rec.state, records.facts(rec))
+        moved = records.move(tx, rec, edge, "reason = ?, completed_at = ?", [reason, tx.now])
+        tool_pairing.pair(tx, moved, None if lease is None else lease.epoch, open_calls)
     return len(found)
 
 
@@ -424,7 +278,7 @@ def annotate_run_error(tx: Tx, run_id: str, reason: str, lease: Lease | None) ->
         RunNotFoundError, InvalidTransitionError (succeeded, or not ended),
         LeaseLostError, BusyError, InvalidInputError (a lease on another session).
     """
-    run = runs.get(tx, run_id)
+    run = run_reads.get(tx, run_id)
     if run is None:
         raise errors.RunNotFoundError(run_id)
     if run.status not in TERMINAL or run.status == RunStatus.SUCCEEDED:
@@ -434,8 +288,8 @@ def annotate_run_error(tx: Tx, run_id: str, reason: str, lease: Lease | None) ->
             else ("the run has not ended: end it with finish_run")
         )
         raise errors.InvalidTransitionError("run", "annotate_error", run.status, detail=why)
-    _own_session(run.session_id, lease)
-    _no_other_owner(tx, run.session_id, lease)
+    records.own_session(run.session_id, lease)
+    records.no_other_owner(tx, run.session_id, lease)
     if run.error:
         return False
     row = tx.one(
@@ -446,63 +300,6 @@ def annotate_run_error(tx: Tx, run_id: str, reason: str, lease: Lease | None) ->
     if row is None:
         raise Conflict(f"run {run_id!r} moved")
     return True
-
-
-def close_turn(tx: Tx, run: Run, epoch: int | None) -> int:
-    """Before ``run``'s turn closes, pair every tool call of the turn that is open
-    in the replayed context: running records of the run are marked
-    ``interrupted``, and each such ``toolCall`` gets a ``toolResult``: the
-    tool's own result when its record completed (the process died before
-    writing it to the transcript), else the explicit interrupted result.
-    Nothing is re-run and no output is invented. ``epoch`` is the lease the
-    caller fenced (stored on the appended entries). Returns the results appended.
-    """
-    turn = (run.session_id, run.id, run.turn_id)
-    running = _select(
-        tx, "session_id = ? AND state = 'running' AND (run_id = ? OR local_turn_id = ?)", turn
-    )
-    start = tx.one("SELECT start_seq FROM conversation_turns WHERE id = ?", [run.turn_id])
-    open_calls = {
-        call_id: entry
-        for call_id, entry in _open_calls(tx, run.session_id).items()
-        if start is not None and entry.seq >= start[0]
-    }
-    appended = 0
-    for rec in running:
-        edge = _MACHINE.require("interrupt", rec.state, _facts(rec))
-        moved = _move(tx, rec, edge, "reason = ?", [f"the run ended {run.status}"])
-        appended += _pair(tx, moved, epoch, open_calls)
-    if not open_calls:
-        return appended
-    now = tx.now
-    assert now is not None
-    completed = {
-        rec.provider_call_id: rec
-        for rec in _select(
-            tx, "session_id = ? AND state = 'completed' AND (run_id = ? OR local_turn_id = ?)", turn
-        )
-    }
-    for call_id, entry in open_calls.items():
-        ms = int(now.timestamp() * 1000)
-        done = completed.get(call_id)
-        if done is not None:  # the tool finished; only its transcript entry was lost
-            message = recorded_result(done, ms)
-        else:
-            name = next(
-                (
-                    str(b.get("name", ""))
-                    for b in entry.payload["message"]["content"]
-                    if isinstance(b, dict) and b.get("id") == call_id
-                ),
-                "",
-            )
-            message = unrecorded_interrupted_result(call_id, name, ms)
-        entry_id = f"{run.id}:{call_id}:interrupted"
-        runs.append_own(
-            tx, run.session_id, EntryKind.MESSAGE, {"message": message}, entry_id, epoch
-        )
-        appended += 1
-    return appended
 
 
 # -- the store's methods ------------------------------------------------------------
@@ -824,7 +621,7 @@ class ToolsMixin(StoreBase):
     def get_tool_execution(self, execution_key: str) -> ToolExecution | None:
         """The record of ``execution_key``, or ``None``."""
         check_id(execution_key, "execution_key")
-        return self.db.read("get_tool_execution", lambda tx: get(tx, execution_key))
+        return self.db.read("get_tool_execution", lambda tx: records.get(tx, execution_key))
 
     def session_tool_executions(self, session_id: str) -> list[ToolExecution]:
         """Every tool-execution record of the session, oldest first.

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -61,7 +60,7 @@ from turnkeeper.spec import errors
 from ..backend import Clock, Conflict, Dialect
 from ..backend import Tx as AnyTx
 from ..migrations import load
-from ..retry import Stats, run_attempts
+from ..retry import Gate, Stats, run_attempts
 from ..wakeups import Signals, Subscription, Topic
 from . import notify, text
 
@@ -250,10 +249,8 @@ class Database:
         self._stats = Stats()
         self._signals = Signals()
         self._listener: notify.Listener | None = None
-        self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
-        self._inflight = 0
-        self._closed = False
+        self._gate = Gate()
+        self._lock = self._gate.lock
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url,
             min_size=1,
@@ -274,27 +271,12 @@ class Database:
 
     # -- lifecycle -----------------------------------------------------------------
 
-    def _enter(self) -> None:
-        with self._lock:
-            if self._closed:
-                raise errors.InterfaceError(detail="the store is closed")
-            self._inflight += 1
-
-    def _leave(self) -> None:
-        with self._lock:
-            self._inflight -= 1
-            if self._inflight == 0:
-                self._idle.notify_all()
-
     def close(self) -> None:
         """Close the pool once the operations already running have finished.
         Idempotent; later operations raise ``InterfaceError``."""
+        if not self._gate.shut():
+            return
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            while self._inflight:
-                self._idle.wait()
             listener, self._listener = self._listener, None
         if listener is not None:
             listener.close()
@@ -303,14 +285,14 @@ class Database:
     @contextlib.contextmanager
     def connection(self) -> Any:
         """A pooled connection, for what is not a store operation (notifications)."""
-        self._enter()
+        self._gate.enter()
         try:
             with self._pool.connection(timeout=self._pool_timeout_s) as conn:
                 yield conn
         except PoolTimeout as exc:
             raise errors.OperationalError(detail=f"no connection to {self.path}: {exc}") from exc
         finally:
-            self._leave()
+            self._gate.leave()
 
     # -- transactions --------------------------------------------------------------
 
@@ -434,7 +416,7 @@ class Database:
         first subscription starts this store object's listener (and waits, up to
         five seconds, until it listens)."""
         with self._lock:
-            if self._closed:
+            if self._gate.closed:
                 raise errors.InterfaceError(detail="the store is closed")
             if self._listener is None:
                 self._listener = notify.Listener(self.url, self._signals)
@@ -443,7 +425,8 @@ class Database:
         return Subscription(self._signals, topics)
 
     def migrations(self) -> list[tuple[int, str]]:
-        """PostgreSQL's numbered migrations (``storage/postgres/migrations``)."""
+        """PostgreSQL's numbered migrations: the shared ones (``storage/migrations``),
+        each followed by its PostgreSQL additions (``storage/postgres/migrations``)."""
         return MIGRATIONS
 
     def migrate(self, operation: str, body: Callable[[AnyTx], T]) -> T:

@@ -1,8 +1,4 @@
--- turnkeeper schema version 8 (PostgreSQL): a write made without a lease (for a target nobody
--- holds) increments its target's lease row, so that it conflicts with a grant or
--- takeover committed meanwhile instead of slipping past it (write skew).
-
-ALTER TABLE leases ADD COLUMN unleased_checks BIGINT NOT NULL DEFAULT 0;
+-- PostgreSQL's additions to schema version 8 (run after storage/migrations/0008_unleased_checks.sql).
 
 -- The role store.query() reads as: SELECT on this schema's tables and nothing
 -- else, so an analytics query cannot reach server files, other schemas or

@@ -38,7 +38,7 @@ CREATE TABLE delivery_operations (
     failure_code        VARCHAR NOT NULL,
     lease_owner         VARCHAR NOT NULL,
     lease_epoch         BIGINT NOT NULL CHECK (lease_epoch >= 0),
-    lease_ttl_s         DOUBLE NOT NULL,
+    lease_ttl_s         DOUBLE PRECISION NOT NULL,
     lease_expires_at    TIMESTAMPTZ,
     created_at          TIMESTAMPTZ NOT NULL,
     updated_at          TIMESTAMPTZ NOT NULL,

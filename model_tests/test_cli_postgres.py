@@ -1,0 +1,74 @@
+"""The CLI on PostgreSQL while a fleet writes: an SRE runs ``report``,
+``sessions``, ``audit`` and ``export`` against the server a running demo
+(worker processes) is writing to, and every one answers from a consistent
+snapshot; the demo's own audit passes after it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import new_pg_schema
+
+import turnkeeper
+
+pytestmark = pytest.mark.postgres
+
+CLI = [sys.executable, "-m", "turnkeeper.cli.main"]
+
+
+def tk(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_report_sessions_audit_and_export_answer_while_a_demo_writes(tmp_path: Path) -> None:
+    url = new_pg_schema()
+    turnkeeper.open_store(url).close()  # migrated: a read-only open cannot migrate
+    fleet = ["--duration", "12", "--workers", "3", "--sessions", "4", "--ttl", "1", "--seed", "7"]
+    demo = subprocess.Popen(
+        [*CLI, "demo", "--db", url, *fleet, "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    rounds = 0
+    try:
+        while demo.poll() is None:
+            report = tk("report", "--db", url, "--json")
+            assert report.returncode == 0, report.stderr
+            listed = tk("sessions", "list", "--db", url, "--json")
+            assert listed.returncode == 0, listed.stderr
+            audit = tk("audit", "--db", url, "--json")
+            assert audit.returncode == 0, audit.stdout + audit.stderr
+            sessions = json.loads(listed.stdout)["sessions"]
+            if sessions:
+                sid = sessions[0]["id"]
+                shown = tk("sessions", "show", sid, "--db", url)
+                assert shown.returncode == 0, shown.stderr
+                out = tmp_path / f"{rounds}.jsonl"
+                exported = tk("export", sid, "--db", url, "-o", str(out))
+                assert exported.returncode == 0, exported.stderr
+                header = json.loads(out.read_text(encoding="utf-8").splitlines()[0])
+                assert header["id"] == sid
+                rounds += 1
+            time.sleep(0.5)
+        stdout, stderr = demo.communicate(timeout=300)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert demo.returncode == 0, stderr
+    figures = json.loads(stdout)
+    assert figures["audit_passed"], figures["audit"]
+    assert rounds >= 1, "no read round saw a session while the demo ran"
+    final = tk("audit", "--db", url, "--json")
+    assert final.returncode == 0, final.stdout
+    parquet = tmp_path / "parquet"
+    report = tk("report", "--db", url, "--parquet", str(parquet))
+    assert report.returncode == 0, report.stderr
+    assert (parquet / "entries.parquet").stat().st_size > 0

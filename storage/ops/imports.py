@@ -1,0 +1,194 @@
+"""Imports of parsed session files: only the entries a session lacks, idempotently,
+with the unparseable lines kept as opaque records."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from turnkeeper.spec import errors
+from turnkeeper.spec.entries import EntryKind, validate_payload
+from turnkeeper.spec.lease import session_target
+from turnkeeper.spec.records import (
+    ImportBatch,
+    ImportResult,
+    Lease,
+    OpaqueRecord,
+)
+
+from ..backend import Tx
+from ..codec import check_id, check_text, from_json, to_json
+from ..validate import (
+    check_session_lease,
+)
+from . import leases
+from .base import StoreBase
+from .leases import NOW
+from .sessions import ENTRY_COLUMNS, SESSION_COLS
+
+
+def import_rows(
+    tx: Tx,
+    session_id: str,
+    cwd: str,
+    header_json: str,
+    created_at: datetime,
+    rows: Sequence[tuple[str, str | None, str, datetime, str]],
+    leaf_id: str | None,
+    opaque: Sequence[tuple[int, str, str]],
+    source: str,
+    lease: Lease | None = None,
+) -> tuple[bool, int, int]:
+    """Insert the entries of an imported file that the session lacks.
+
+    ``rows`` are ``(id, parent_id, kind, timestamp, payload_json)`` in file
+    order. Existing ids are skipped (a re-import changes nothing; a grown file
+    adds only its new entries). When anything is added the leaf becomes
+    ``leaf_id``. Returns ``(created, added, opaque_added)``. Into an existing
+    session, the import is fenced by ``lease`` or needs the session unheld.
+
+    Raises:
+        LeaseLostError, BusyError: as for an append.
+        InvalidInputError: two rows share an id, or two opaque records a line
+            (the keys of the tables; left unchecked they surfaced as an
+            aborted transaction or 40 retried "conflicts").
+    """
+    seen_ids: set[str] = set()
+    for r in rows:
+        if r[0] in seen_ids:
+            raise errors.InvalidInputError("entries", f"duplicate entry id {r[0]!r} in the batch")
+        seen_ids.add(r[0])
+    seen_lines: set[int] = set()
+    for o in opaque:
+        if o[0] in seen_lines:
+            raise errors.InvalidInputError("opaque", f"two opaque records for line {o[0]}")
+        seen_lines.add(o[0])
+    head = tx.one("SELECT next_seq FROM sessions WHERE id = ?", [session_id])
+    created = head is None
+    if not created:
+        leases.fence_or_unheld(tx, session_target(session_id), lease)
+    if created:
+        tx.exec(
+            f"INSERT INTO sessions ({SESSION_COLS}) VALUES (?, ?, ?, ?, NULL, NULL, 0, 1, ?)",
+            [session_id, cwd, created_at, created_at, header_json],
+        )
+        next_seq = 1
+        have: set[str] = set()
+        have_lines: set[int] = set()
+    else:
+        assert head is not None
+        next_seq = head[0]
+        have = {r[0] for r in tx.rows("SELECT id FROM entries WHERE session_id = ?", [session_id])}
+        have_lines = {
+            r[0]
+            for r in tx.rows("SELECT line FROM opaque_records WHERE session_id = ?", [session_id])
+        }
+    new = [r for r in rows if r[0] not in have]
+    if new:
+        now = tx.now
+        tx.insert_rows(
+            "entries",
+            ENTRY_COLUMNS,
+            [
+                (session_id, r[0], r[1], r[2], next_seq + i, r[3], r[4], None, now)
+                for i, r in enumerate(new)
+            ],
+        )
+        names = [from_json(r[4]).get("name") for r in new if r[2] == EntryKind.SESSION_INFO]
+        title = next((n for n in reversed(names) if isinstance(n, str)), None)
+        tx.exec(
+            "UPDATE sessions SET leaf_id = ?, next_seq = next_seq + ?, "
+            f"entry_count = entry_count + ?, updated_at = greatest(updated_at, {NOW}), "
+            "title = coalesce(?, title) WHERE id = ?",
+            [leaf_id, len(new), len(new), now, title, session_id],
+        )
+    if source and not created:
+        # Lines of this file that were unparseable before and parse now (a
+        # truncated last line the file has since completed) are no longer opaque.
+        current = [o[0] for o in opaque]
+        tx.exec(
+            "DELETE FROM opaque_records WHERE session_id = ? AND source = ? "
+            "AND line <> ALL(?::BIGINT[])",
+            [session_id, source, current],
+        )
+        have_lines &= set(current)
+    fresh = [o for o in opaque if o[0] not in have_lines]
+    for line, raw, reason in fresh:
+        tx.exec(
+            "INSERT INTO opaque_records VALUES (?, ?, ?, ?, ?)",
+            [session_id, source, line, raw, reason],
+        )
+    return created, len(new), len(fresh)
+
+
+def opaque(tx: Tx, session_id: str) -> list[tuple[str, int, str, str]]:
+    """Opaque (unparseable) lines kept for a session: (source, line, raw, reason)."""
+    return [
+        (r[0], r[1], r[2], r[3])
+        for r in tx.rows(
+            "SELECT source, line, raw, reason FROM opaque_records WHERE session_id = ? "
+            "ORDER BY line",
+            [session_id],
+        )
+    ]
+
+
+# -- the store's methods ------------------------------------------------------------
+
+
+class ImportsMixin(StoreBase):
+    """Store parsed session files and their opaque lines."""
+
+    def import_batch(self, batch: ImportBatch, *, lease: Lease | None = None) -> ImportResult:
+        """Store a parsed session file: creates the session if needed and adds only
+        entries it lacks (by entry id); the leaf moves to ``batch.leaf_id`` when
+        anything is added. Re-importing the same file changes nothing. Into an
+        existing session it is a session write: under the session's ``lease``,
+        or while nobody holds it.
+
+        Raises:
+            InvalidInputError: an entry or header is not storable.
+            LeaseLostError: ``lease`` is no longer valid.
+            BusyError: no ``lease`` given and someone holds the session.
+        """
+        check_id(batch.session_id, "session_id")
+        check_session_lease(batch.session_id, lease)
+        header_json = to_json(dict(batch.header), "header")
+        rows = []
+        for e in batch.entries:
+            check_id(e.id, "entry.id")
+            validate_payload(e.kind, e.payload, strict=False)
+            rows.append(
+                (e.id, e.parent_id, e.kind, e.timestamp, to_json(dict(e.payload), "payload"))
+            )
+        opaque = [(o.line, check_text(o.raw, "raw"), o.reason) for o in batch.opaque]
+        source = batch.source or (batch.opaque[0].source if batch.opaque else "")
+
+        def body(tx: Tx) -> ImportResult:
+            created, added, opaque_added = import_rows(
+                tx,
+                batch.session_id,
+                batch.cwd,
+                header_json,
+                batch.created_at,
+                rows,
+                batch.leaf_id,
+                opaque,
+                source,
+                lease,
+            )
+            return ImportResult(batch.session_id, created, added, len(rows) - added, opaque_added)
+
+        return self._fenced("import", lease, body)
+
+    def opaque_records(self, session_id: str) -> list[OpaqueRecord]:
+        """Unparseable lines kept from imports of this session, by line.
+
+        Raises:
+            SessionNotFoundError: no such session.
+        """
+        check_id(session_id, "session_id")
+        rows = self._inside(
+            session_id, self.db.read("opaque_records", lambda tx: opaque(tx, session_id))
+        )
+        return [OpaqueRecord(*r) for r in rows]

@@ -1,0 +1,145 @@
+"""Tool-execution records, read and moved along the machine (shared by the record
+operations, tools.py, and the transcript pairing, tool_pairing.py).
+
+Every state change reads the record, asks the tool-execution machine which
+edge the trigger takes from the stored state, writes the destination with a
+compare-and-set (``WHERE state = ? AND attempt = ?``; a moved row is a lost
+race, retried by the transaction boundary) and appends an event row, all in
+one transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from turnkeeper.machines import machine_for
+from turnkeeper.spec import errors
+from turnkeeper.spec.lease import session_target
+from turnkeeper.spec.lifecycle import Edge
+from turnkeeper.spec.records import Lease
+from turnkeeper.spec.tool_execution import (
+    TOOL_EXECUTION,
+    ToolExecution,
+)
+
+from ..backend import Conflict, Tx, utc
+from ..codec import from_json
+from . import leases
+
+MACHINE = machine_for(TOOL_EXECUTION)
+
+
+COLS = (
+    "execution_key, session_id, run_id, local_turn_id, provider, api, response_id, "
+    "provider_call_id, tool_kind, tool_name, args_digest, side_effecting, state, result, "
+    "is_error, provider_metadata, reason, attempt, lease_epoch, created_at, updated_at, "
+    "completed_at"
+)
+
+
+def record_row(row: Sequence[Any]) -> ToolExecution:
+    return ToolExecution(
+        execution_key=row[0],
+        session_id=row[1],
+        run_id=row[2],
+        local_turn_id=row[3],
+        provider=row[4],
+        api=row[5],
+        response_id=row[6],
+        provider_call_id=row[7],
+        tool_kind=row[8],
+        tool_name=row[9],
+        args_digest=row[10],
+        side_effecting=row[11],
+        state=row[12],
+        result=None if row[13] is None else from_json(row[13]),
+        is_error=row[14],
+        provider_metadata=from_json(row[15]),
+        reason=row[16],
+        attempt=row[17],
+        lease_epoch=row[18],
+        created_at=utc(row[19]),
+        updated_at=utc(row[20]),
+        completed_at=None if row[21] is None else utc(row[21]),
+    )
+
+
+def facts(rec: ToolExecution) -> dict[str, object]:
+    return {"side_effecting": rec.side_effecting}
+
+
+def get(tx: Tx, execution_key: str) -> ToolExecution | None:
+    """The record of ``execution_key``, or ``None``."""
+    row = tx.one(f"SELECT {COLS} FROM tool_executions WHERE execution_key = ?", [execution_key])
+    return None if row is None else record_row(row)
+
+
+def load(tx: Tx, execution_key: str) -> ToolExecution:
+    rec = get(tx, execution_key)
+    if rec is None:
+        raise errors.ToolExecutionNotFoundError(execution_key)
+    return rec
+
+
+def select(tx: Tx, where: str, params: Sequence[Any]) -> list[ToolExecution]:
+    rows = tx.rows(
+        f"SELECT {COLS} FROM tool_executions WHERE {where} ORDER BY created_at, execution_key",
+        params,
+    )
+    return [record_row(r) for r in rows]
+
+
+def require_session(tx: Tx, session_id: str) -> None:
+    if tx.one("SELECT 1 FROM sessions WHERE id = ?", [session_id]) is None:
+        raise errors.SessionNotFoundError(session_id)
+
+
+def own_session(session_id: str, lease: Lease | None) -> None:
+    if lease is not None and lease.target != session_target(session_id):
+        raise errors.InvalidInputError(
+            "lease", f"a lease on {lease.target!r} cannot write to {session_id!r}"
+        )
+
+
+def no_other_owner(tx: Tx, session_id: str, lease: Lease | None) -> None:
+    """Fence ``lease``; without one, refuse while anyone holds a live session lease.
+
+    Raises:
+        LeaseLostError: ``lease`` is no longer the held, unexpired one.
+        BusyError: no lease given and another owner holds a live one.
+    """
+    leases.fence_or_unheld(tx, session_target(session_id), lease)
+
+
+def event(tx: Tx, rec: ToolExecution, edge: Edge) -> None:
+    tx.exec(
+        "INSERT INTO tool_execution_events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            rec.execution_key,
+            rec.session_id,
+            rec.attempt,
+            edge.name,
+            edge.trigger,
+            edge.source,
+            edge.dest,
+            rec.lease_epoch,
+            tx.now,
+        ],
+    )
+
+
+def move(
+    tx: Tx, rec: ToolExecution, edge: Edge, sets: str = "", params: Sequence[Any] = ()
+) -> ToolExecution:
+    """Compare-and-set ``rec`` along ``edge`` and append its event; a moved row is a race."""
+    extra = f", {sets}" if sets else ""
+    row = tx.one(
+        f"UPDATE tool_executions SET state = ?, updated_at = ?{extra} "
+        f"WHERE execution_key = ? AND state = ? AND attempt = ? RETURNING {COLS}",
+        [edge.dest, tx.now, *params, rec.execution_key, edge.source, rec.attempt],
+    )
+    if row is None:
+        raise Conflict(f"tool execution {rec.execution_key!r} moved")
+    moved = record_row(row)
+    event(tx, moved, edge)
+    return moved
