@@ -69,7 +69,7 @@ reports: install bench-postgres
 
 # PostgreSQL's figures, on a throwaway server with PostgreSQL's durable defaults.
 bench-postgres: install
-	pg_virtualenv $(BIN)/python reports/bench_postgres.py postgresql://
+	$(BIN)/python model_tests/with_postgres.py --durable $(BIN)/python reports/bench_postgres.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -238,3 +238,36 @@ def test_the_postgresql_benchmark_runs_at_a_tiny_size(tmp_path):
     assert all(row["ratio_median"] > 0 for row in data["operations"].values())
     assert set(data["fenced_appends_by_processes"]) == {"1", "4", "8"}
     assert data["statements_per_call"]["append"] > 0
+
+
+def test_the_throwaway_server_starts_answers_and_is_gone_afterwards(tmp_path):
+    """model_tests/with_postgres.py (what make test and .ci/run use) starts its own
+    server on a socket in a new folder, hands CMD its URL, passes CMD's exit status
+    through, and stops the server and deletes the folder afterwards, even when CMD
+    fails; a second one started meanwhile does not collide."""
+    import os
+
+    probe = (
+        "import os, sys, psycopg; url = os.environ['TURNKEEPER_TEST_PG']; "
+        "c = psycopg.connect(url); print(url); "
+        "print(c.execute('SHOW fsync').fetchone()[0]); sys.exit(3)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TURNKEEPER_TEST_PG"}
+    script = str(HERE / "with_postgres.py")
+    runs = [
+        subprocess.Popen(
+            [sys.executable, script, *flag, sys.executable, "-c", probe],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for flag in ([], ["--durable"])
+    ]
+    outs = [(p.communicate(timeout=600)[0].split(), p.returncode) for p in runs]
+    (fast_url, fsync_fast), (durable_url, fsync_durable) = (o for o, _ in outs)
+    assert [rc for _, rc in outs] == [3, 3]
+    assert (fsync_fast, fsync_durable) == ("off", "on")
+    assert fast_url != durable_url
+    for url in (fast_url, durable_url):
+        folder = url.split("host=", 1)[1]
+        assert not os.path.exists(folder), folder
