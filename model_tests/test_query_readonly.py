@@ -261,3 +261,66 @@ def test_a_second_store_on_the_same_file_opens(tmp_path):
     with turnkeeper.open_store(path) as a, turnkeeper.open_store(path) as b:
         a.create_session("x")
         assert b.get_session("x") is not None
+
+
+def test_a_snapshot_reads_one_state_while_another_thread_commits(
+    real_store: turnkeeper.BaseStore,
+) -> None:
+    """Every query of ``store.snapshot`` sees the state of its first: an append
+    committed by another thread between two queries is in neither."""
+    import threading
+
+    real_store.create_session("s")
+    real_store.append("s", EntryKind.MESSAGE, MSG)
+    seen: list[tuple[int, int]] = []
+
+    def body(snap: Any) -> None:
+        count = snap.query("SELECT entry_count FROM sessions WHERE id = 's'").column(0)[0]
+        writer = threading.Thread(target=real_store.append, args=("s", EntryKind.MESSAGE, MSG))
+        writer.start()
+        writer.join()
+        rows = snap.query("SELECT count(*) FROM entries WHERE session_id = ?", ["s"])
+        seen.append((count.as_py(), rows.column(0)[0].as_py()))
+
+    real_store.snapshot(body)
+    assert seen == [(1, 1)]
+    assert real_store.get_session("s").entry_count == 2  # the append committed
+
+
+def test_the_audit_reads_one_snapshot(
+    real_store: turnkeeper.BaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The audit of a store being written to sees one state: an append committed
+    between its queries is no "counts 1/2 for 2 entries" violation. With each
+    query in its own read (the snapshot patched out) the same schedule fails."""
+    from turnkeeper.cli import audit
+    from turnkeeper.storage.store import Snapshot
+
+    real_store.create_session("s")
+    real_store.append("s", EntryKind.MESSAGE, MSG)
+    original = Snapshot.query
+    written: list[int] = []
+
+    def query_then_write(self: Snapshot, sql: str, params: Any = None) -> Any:
+        out = original(self, sql, params)
+        if "leaf_id, entry_count" in sql and not written:  # between the trees' two queries
+            import threading
+
+            writer = threading.Thread(target=real_store.append, args=("s", EntryKind.MESSAGE, MSG))
+            writer.start()
+            writer.join()
+            written.append(1)
+        return out
+
+    monkeypatch.setattr(Snapshot, "query", query_then_write)
+    assert all(c.passed for c in audit.run_audit(real_store, ["s"]))
+    assert written
+
+    written.clear()
+    monkeypatch.setattr(
+        turnkeeper.BaseStore, "snapshot", lambda self, body: body(Snapshot(self.db.query))
+    )
+    trees = next(
+        c for c in audit.run_audit(real_store, ["s"]) if c.name == "session_trees_well_formed"
+    )
+    assert written and not trees.passed and "counts 2/3 for 3 entries" in trees.detail

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+QueryFn = Callable[[str, Sequence[Any]], Any]
+"""One analytics read inside a snapshot: ``(sql, params)`` → ``pyarrow.Table``."""
+
 Clock = Callable[[], datetime]
 """Returns the store's now as an aware ``datetime``."""
 
@@ -136,6 +139,11 @@ class Backend(Protocol):
 
     def query(self, sql: str, params: Sequence[Any]) -> Any:
         """Run one analytics read and return a ``pyarrow.Table`` (see ``Store.query``)."""
+        ...
+
+    def snapshot(self, body: Callable[[QueryFn], T]) -> T:
+        """Run ``body(query)`` where every ``query(sql, params)`` call (checked and
+        defended as :meth:`query`) reads the same snapshot (see ``Store.snapshot``)."""
         ...
 
     def subscribe(self, topics: tuple[Topic, ...]) -> Subscription:

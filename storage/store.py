@@ -17,7 +17,7 @@ from typing import Any, Self, TypeVar
 
 from turnkeeper.spec import errors
 
-from .backend import Backend, Tx
+from .backend import Backend, QueryFn, Tx
 from .codec import check_text
 from .migrations import SCHEMA_VERSION, statements
 from .ops.delivery import DeliveryMixin
@@ -45,6 +45,19 @@ def _params(params: Sequence[Any] | None) -> list[Any]:
     if params is not None and (isinstance(params, str) or not isinstance(params, Sequence)):
         raise errors.InvalidInputError("params", "expected a list of parameters")
     return list(params or [])
+
+
+class Snapshot:
+    """Analytics reads that all see one consistent state of the store (see
+    :meth:`BaseStore.snapshot`); valid only inside that call."""
+
+    def __init__(self, run: QueryFn) -> None:
+        self._run = run
+
+    def query(self, sql: str, params: Sequence[Any] | None = None) -> Any:
+        """As :meth:`BaseStore.query` (same checks, same errors), in the snapshot."""
+        check_text(sql, "sql", allow_empty=False)
+        return self._run(sql, _params(params))
 
 
 MIGRATIONS_COLUMNS = {("version", "integer"), ("applied_at", "timestamp with time zone")}
@@ -262,6 +275,18 @@ class BaseStore(
         """
         check_text(sql, "sql", allow_empty=False)
         return self.db.query(sql, _params(params))
+
+    def snapshot(self, body: Callable[[Snapshot], T]) -> T:
+        """Run ``body(snap)``, where every ``snap.query(sql, params)`` reads the same
+        consistent snapshot of the store, whatever other writers (threads,
+        processes) commit meanwhile: a report or an audit of several queries
+        over a live store sees one state, never a session row from before an
+        append and its entries from after. Returns what ``body`` returns.
+
+        Raises:
+            as :meth:`query`, from each ``snap.query``; and whatever ``body`` raises.
+        """
+        return self.db.snapshot(lambda run: body(Snapshot(run)))
 
     def query_batches(
         self,

@@ -1,11 +1,12 @@
 """Audit queries over a stored database: the invariants the demo must leave intact.
 
 Each check reads the stored history (``lease_events``, ``entries``,
-``thread_records`` …) through :meth:`BaseStore.query` and returns a
-:class:`Check` with the number of violations it found and how many things it
-examined. The checks are scoped to a list of session ids (their lease
-targets are ``session:<id>`` and their thread keys the ids themselves), or
-to the whole database when the scope is ``None``.
+``thread_records`` …) through :meth:`Snapshot.query`, all of them in one
+snapshot of the store, and returns a :class:`Check` with the number of
+violations it found and how many things it examined. The checks are scoped
+to a list of session ids (their lease targets are ``session:<id>`` and their
+thread keys the ids themselves), or to the whole database when the scope is
+``None``.
 
 Which times may be compared. The store stamps an entry's ``ts`` and a
 lease event's ``occurred_at`` with its clock: inside a transaction, the
@@ -28,6 +29,7 @@ from typing import Any
 import orjson
 
 from turnkeeper.storage import BaseStore
+from turnkeeper.storage.store import Snapshot
 
 from .audit_base import Check, Scope, rows, sample
 from .audit_runs import run_checks
@@ -51,7 +53,7 @@ def marker(payload: Mapping[str, Any]) -> str | None:
     return found.group(1) if found else None
 
 
-def check_epochs(store: BaseStore, scope: Scope) -> Check:
+def check_epochs(store: Snapshot, scope: Scope) -> Check:
     """Per target, the granting events (grant, regrant, takeover) carry epochs 1, 2, 3 …
     with no repeat or gap, every other event names a granted epoch, and the
     ``leases`` row's epoch is the largest granted one.
@@ -89,7 +91,7 @@ def check_epochs(store: BaseStore, scope: Scope) -> Check:
     )
 
 
-def check_fenced_entries(store: BaseStore, scope: Scope) -> Check:
+def check_fenced_entries(store: Snapshot, scope: Scope) -> Check:
     """Every entry written under a lease was written while that lease was the live one.
 
     For an entry with ``lease_epoch`` e in session s (target ``session:<s>``),
@@ -142,7 +144,7 @@ def check_fenced_entries(store: BaseStore, scope: Scope) -> Check:
     )
 
 
-def check_grant_order(store: BaseStore, scope: Scope) -> Check:
+def check_grant_order(store: Snapshot, scope: Scope) -> Check:
     """Every grant of epoch e + 1 is stamped at or after every event of epoch e.
 
     A grant reads the previous epoch's final state (released, or expired by
@@ -172,7 +174,7 @@ def check_grant_order(store: BaseStore, scope: Scope) -> Check:
 
 
 def check_refused_absent(
-    store: BaseStore,
+    store: Snapshot,
     scope: Scope,
     refused_markers: Sequence[str],
     refused_records: Sequence[str],
@@ -205,7 +207,7 @@ def check_refused_absent(
     )
 
 
-def check_one_active(store: BaseStore, scope: Scope) -> Check:
+def check_one_active(store: Snapshot, scope: Scope) -> Check:
     """At most one active thread record per key, and every active record is the one
     ``active_thread_keys`` points at (and every pointer names an active record)."""
     sql = f"""
@@ -284,7 +286,7 @@ def tree_problems(
     return problems
 
 
-def check_trees(store: BaseStore, scope: Scope) -> Check:
+def check_trees(store: Snapshot, scope: Scope) -> Check:
     """Every session tree in scope is well formed (see :func:`tree_problems`)."""
     head = store.query(
         f"WITH {scope.cte()} SELECT id, leaf_id, entry_count, next_seq FROM sessions "
@@ -331,9 +333,21 @@ def run_audit(
     ``refused_markers``/``refused_records`` are the demo markers and thread
     record ids of writes that workers saw refused; when ``refused_markers``
     is ``None`` that check is skipped (a stored database alone cannot know
-    which writes were refused).
+    which writes were refused). Every check reads the same snapshot of the
+    store (:meth:`BaseStore.snapshot`), so an audit of a store that other
+    processes are writing to sees one consistent state.
     """
-    scope = Scope(sessions)
+    return store.snapshot(
+        lambda snap: _checks(snap, Scope(sessions), refused_markers, refused_records)
+    )
+
+
+def _checks(
+    store: Snapshot,
+    scope: Scope,
+    refused_markers: Sequence[str] | None,
+    refused_records: Sequence[str],
+) -> list[Check]:
     checks = [
         check_epochs(store, scope),
         check_grant_order(store, scope),

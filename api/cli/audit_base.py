@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from turnkeeper.storage import BaseStore
+from turnkeeper.storage.store import Snapshot
 
 SAMPLE = 5
 """How many offending ids a check quotes in its detail."""
@@ -64,7 +64,7 @@ class Scope:
         return f"{column} IN (SELECT 'session:' || sid FROM scope)"
 
 
-def rows(store: BaseStore, sql: str, params: list[Any]) -> list[dict[str, Any]]:
+def rows(store: Snapshot, sql: str, params: list[Any]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = store.query(sql, params).to_pylist()
     return rows
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from turnkeeper.spec.records import Entry
 from turnkeeper.spec.run import TERMINAL
-from turnkeeper.storage import BaseStore
+from turnkeeper.storage.ops.sessions import ENTRY_SELECT, entry_row
 from turnkeeper.storage.replay import (
     affects_pairing,
     pairing_faults,
@@ -18,6 +18,7 @@ from turnkeeper.storage.replay import (
     tool_call_ids,
     unanswered_tool_calls,
 )
+from turnkeeper.storage.store import Snapshot
 
 from .audit_base import Check, Scope, sample
 from .audit_base import rows as query_rows
@@ -25,7 +26,7 @@ from .audit_base import rows as query_rows
 _TERMINAL_SQL = "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL)) + ")"
 
 
-def check_one_active_run(store: BaseStore, scope: Scope) -> Check:
+def check_one_active_run(store: Snapshot, scope: Scope) -> Check:
     """Replaying each session's run events in sequence order, at most one run is
     non-terminal at every moment (admissions minus terminations stays 0 or 1)."""
     sql = f"""
@@ -52,7 +53,7 @@ def check_one_active_run(store: BaseStore, scope: Scope) -> Check:
     )
 
 
-def check_no_revival(store: BaseStore, scope: Scope) -> Check:
+def check_no_revival(store: Snapshot, scope: Scope) -> Check:
     """No run moves after its terminal event: no event leaves a terminal status,
     a run has one terminal event at most, and a terminal run's status is it."""
     sql = f"""
@@ -83,7 +84,7 @@ def check_no_revival(store: BaseStore, scope: Scope) -> Check:
     )
 
 
-def check_delivered_once(store: BaseStore, scope: Scope) -> Check:
+def check_delivered_once(store: Snapshot, scope: Scope) -> Check:
     """Per delivery operation: at most one ``delivered`` result, claims carry epochs
     1, 2, 3 … once each, and a delivered operation has its delivered event."""
     sql = f"""
@@ -120,18 +121,23 @@ def check_delivered_once(store: BaseStore, scope: Scope) -> Check:
     )
 
 
-def _trees(store: BaseStore, scope: Scope) -> dict[str, dict[str, Entry]]:
+def _trees(store: Snapshot, scope: Scope) -> dict[str, dict[str, Entry]]:
     """Every in-scope session's entries by id."""
-    sids = query_rows(store, f"WITH {scope.cte()} SELECT sid FROM scope", scope.params())
+    found = query_rows(
+        store,
+        f"WITH {scope.cte()} SELECT {ENTRY_SELECT} FROM entries "
+        f"WHERE {scope.sessions_in('session_id')} ORDER BY session_id, seq",
+        scope.params(),
+    )
     out: dict[str, dict[str, Entry]] = {}
-    for row in sids:
-        if store.get_session(row["sid"]) is not None:
-            out[row["sid"]] = {e.id: e for e in store.entries(row["sid"])}
+    for row in found:
+        entry = entry_row(list(row.values()))
+        out.setdefault(entry.session_id, {})[entry.id] = entry
     return out
 
 
 def check_tool_calls_paired(
-    store: BaseStore, scope: Scope, trees: dict[str, dict[str, Entry]]
+    store: Snapshot, scope: Scope, trees: dict[str, dict[str, Entry]]
 ) -> Check:
     """Every ``toolCall`` of an ended run turn has a ``toolResult`` (the tool's
     output, or an explicit interrupted result) in the context replay builds at
@@ -199,7 +205,7 @@ def check_tool_results_in_context(trees: dict[str, dict[str, Entry]]) -> Check:
     )
 
 
-def run_checks(store: BaseStore, scope: Scope) -> list[Check]:
+def run_checks(store: Snapshot, scope: Scope) -> list[Check]:
     """Every check of this module."""
     trees = _trees(store, scope)
     return [

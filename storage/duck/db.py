@@ -51,7 +51,7 @@ import pyarrow as pa
 
 from turnkeeper.spec import errors
 
-from ..backend import Clock, Conflict
+from ..backend import Clock, Conflict, QueryFn
 from ..backend import Tx as AnyTx
 from ..migrations import load
 from ..retry import Gate, Stats, run_attempts
@@ -401,13 +401,22 @@ class Database:
             InvalidInputError: not one read statement.
             ProgrammingError: DuckDB rejected it.
         """
+        return self.snapshot(lambda query: query(sql, params))
 
-        def body(tx: AnyTx) -> Any:
+    def snapshot(self, body: Callable[[QueryFn], T]) -> T:
+        """``body(query)``: each ``query(sql, params)`` is checked and run as
+        :meth:`query` runs one, all in one snapshot that is rolled back."""
+
+        def run(tx: AnyTx) -> T:
             assert isinstance(tx, Tx)
-            check_read(tx.cursor, sql)
-            return tx.arrow(sql, params)
 
-        return self.read("query", body, snapshot=True)
+            def query(sql: str, params: Sequence[Any]) -> Any:
+                check_read(tx.cursor, sql)
+                return tx.arrow(sql, params)
+
+            return body(query)
+
+        return self.read("query", run, snapshot=True)
 
     def query_batches(
         self,

@@ -55,7 +55,9 @@ ENTRY_COLUMNS = (
     "written_at",
 )
 """Every column of ``entries``, in table order (bulk inserts give them all)."""
-_ENTRY_COLS = "session_id, id, parent_id, kind, seq, ts, payload, lease_epoch"
+ENTRY_SELECT = "session_id, id, parent_id, kind, seq, ts, payload, lease_epoch"
+"""The columns :func:`entry_row` reads, in its order."""
+_ENTRY_COLS = ENTRY_SELECT
 
 
 def session_row(row: Sequence[Any]) -> Session:
@@ -72,7 +74,7 @@ def session_row(row: Sequence[Any]) -> Session:
     )
 
 
-def _entry(row: Sequence[Any]) -> Entry:
+def entry_row(row: Sequence[Any]) -> Entry:
     return Entry(
         session_id=row[0],
         id=row[1],
@@ -250,7 +252,7 @@ def entries(tx: Tx, session_id: str) -> list[Entry]:
     rows = tx.rows(
         f"SELECT {_ENTRY_COLS} FROM entries WHERE session_id = ? ORDER BY seq", [session_id]
     )
-    return [_entry(r) for r in rows]
+    return [entry_row(r) for r in rows]
 
 
 def entry(tx: Tx, session_id: str, entry_id: str) -> Entry | None:
@@ -259,7 +261,7 @@ def entry(tx: Tx, session_id: str, entry_id: str) -> Entry | None:
         f"SELECT {_ENTRY_COLS} FROM entries WHERE session_id = ? AND id = ?",
         [session_id, entry_id],
     )
-    return None if row is None else _entry(row)
+    return None if row is None else entry_row(row)
 
 
 def branch_path(tx: Tx, session_id: str) -> list[Entry]:
@@ -290,7 +292,7 @@ def _path(tx: Tx, session_id: str, leaf: str | None, count: int) -> list[Entry]:
         f"SELECT {_ENTRY_COLS} FROM path ORDER BY depth DESC",
         [session_id, leaf, count],
     )
-    by_id = {e.id: e for e in (_entry(r) for r in rows)}
+    by_id = {e.id: e for e in (entry_row(r) for r in rows)}
     return path_to(by_id, leaf)
 
 

@@ -57,7 +57,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from turnkeeper.spec import errors
 
-from ..backend import Clock, Conflict, Dialect
+from ..backend import Clock, Conflict, Dialect, QueryFn
 from ..backend import Tx as AnyTx
 from ..migrations import load
 from ..retry import Gate, Stats, run_attempts
@@ -390,9 +390,19 @@ class Database:
 
     def query(self, sql: str, params: Sequence[Any]) -> Any:
         """One analytics read as a ``pyarrow.Table`` (see :mod:`.query`)."""
+        return self.snapshot(lambda query: query(sql, params))
+
+    def snapshot(self, body: Callable[[QueryFn], T]) -> T:
+        """``body(query)``: each ``query(sql, params)`` is checked and run as
+        :meth:`query` runs one, all in one ``REPEATABLE READ, READ ONLY``
+        transaction that is rolled back."""
         from .query import run_query
 
-        return self.read("query", lambda tx: run_query(tx, sql, params), snapshot=True)
+        return self.read(
+            "query",
+            lambda tx: body(lambda sql, params: run_query(tx, sql, params)),
+            snapshot=True,
+        )
 
     def query_batches(
         self,
