@@ -65,10 +65,13 @@ class Oracle:
         cur.expires_at = min(cur.expires_at, now)
         return ("released", True)
 
-    def append(self, session: str, lease: tuple[str, str, int] | None, now: datetime) -> tuple:
+    def append(
+        self, session: str, lease: tuple[str, str, int] | None, now: datetime, n: int = 1
+    ) -> tuple:
+        """An append of ``n`` entries in one write: all under a valid lease, or none."""
         if lease is not None and not self.valid(*lease, now):
             return ("lost", lease[0])
-        self.entries[session] = self.entries.get(session, 0) + 1
+        self.entries[session] = self.entries.get(session, 0) + n
         return ("appended", self.entries[session])
 
     def finalize(

@@ -166,6 +166,26 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
             assert got == expected, (got, expected)
 
         @rule(
+            held=leases,
+            session=st.sampled_from(sorted(SESSIONS.values())),
+            n=st.integers(min_value=1, max_value=4),
+        )
+        def append_many_under_lease(self, held: Held, session: str, n: int) -> None:
+            """A batch: all ``n`` entries under one fence, or none of them."""
+            if SESSIONS[held.lease.target] != session:
+                expected: tuple = ("invalid", "lease")
+            else:
+                expected = self.oracle.append(session, held.ident, self.clock(), n)
+            batch = [("message", {"message": {"role": "user", "content": str(i)}}) for i in range(n)]
+            got = outcome(self.store.append_many, session, batch, lease=held.lease)
+            if got[0] == "ok":
+                assert expected[0] == "appended", f"batch committed under a lost lease {held}"
+                seqs = [e.seq for e in got[1]]
+                assert seqs == list(range(seqs[0], seqs[0] + n)), seqs
+                got = ("appended", seqs[-1])
+            assert got == expected, (got, expected)
+
+        @rule(
             held=st.lists(leases, max_size=2, unique_by=lambda h: h.lease.target),
             rid=st.sampled_from(RECORDS),
             key=st.sampled_from(KEYS),

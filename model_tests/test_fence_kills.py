@@ -120,11 +120,35 @@ KILLS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], list[tuple[str, dic
             ("append_under_lease", {"held": 0, "session": "s1"}),
         ],
     ),
+    "fence-token-check-batch": (
+        lambda mp: mp.setattr(leases, "fence", weak_fence("token")),
+        [
+            ("acquire", {"owner": "A", "ttl": 1.0, **A1}),
+            ("advance_clock", {"seconds": 2.0}),
+            ("acquire", {"owner": "B", "ttl": 5.0, **A1}),
+            ("append_many_under_lease", {"held": 0, "session": "s1", "n": 3}),
+        ],
+    ),
+    "fence-expiry-check-batch": (
+        lambda mp: mp.setattr(leases, "fence", weak_fence("expiry")),
+        [
+            ("acquire", {"owner": "A", "ttl": 1.0, **A1}),
+            ("advance_clock", {"seconds": 2.0}),
+            ("append_many_under_lease", {"held": 0, "session": "s1", "n": 2}),
+        ],
+    ),
     "lease-target-check": (
         lambda mp: mp.setattr(store_module, "check_session_lease", lambda sid, lease: lease),
         [
             ("acquire", {"owner": "A", "ttl": 5.0, **A1}),
             ("append_under_lease", {"held": 0, "session": "s2"}),
+        ],
+    ),
+    "lease-target-check-batch": (
+        lambda mp: mp.setattr(store_module, "check_session_lease", lambda sid, lease: lease),
+        [
+            ("acquire", {"owner": "A", "ttl": 5.0, **A1}),
+            ("append_many_under_lease", {"held": 0, "session": "s2", "n": 2}),
         ],
     ),
     "fence-expiry-check": (

@@ -264,7 +264,7 @@ def test_every_context_the_api_can_reach_is_valid(tmp_path_factory, ops):
 def test_control_without_the_pairing_check_the_property_fails(tmp_path, monkeypatch):
     """Control for the property above: with the append-time check patched out,
     Hypothesis finds a context with a broken pairing."""
-    monkeypatch.setattr(ops_sessions, "new_pairing_faults", lambda path: [])
+    monkeypatch.setattr(ops_sessions, "new_pairing_faults", lambda path, new=1: [])
 
     @settings(max_examples=200, deadline=None, database=None)
     @given(ops=OPS)

@@ -137,6 +137,18 @@ class Entry:
 
 
 @dataclass(frozen=True, slots=True)
+class NewEntry:
+    """An entry to append with ``append_many``: ``kind`` and ``payload`` as for
+    ``append``; ``entry_id`` (``None``: a random 16-hex id) and ``timestamp``
+    (an aware datetime; ``None``: the store's now) as ``append`` takes them."""
+
+    kind: str
+    payload: Mapping[str, JSON]
+    entry_id: str | None = None
+    timestamp: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Replay:
     """The current branch as model context (session seed ReplayState).
 

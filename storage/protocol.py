@@ -59,6 +59,7 @@ from turnkeeper.spec.records import (
     ImportBatch,
     ImportResult,
     Lease,
+    NewEntry,
     OpaqueRecord,
     Recovery,
     Replay,
@@ -111,6 +112,14 @@ class Store(Protocol):
         entry_id: str | None = None,
         timestamp: datetime | None = None,
     ) -> Entry: ...
+    def append_many(
+        self,
+        session_id: str,
+        entries: Sequence[NewEntry | tuple[str, Mapping[str, Any]]],
+        *,
+        expected_leaf: str | None = ANY_LEAF,
+        lease: Lease | None = None,
+    ) -> list[Entry]: ...
     def branch(
         self,
         session_id: str,

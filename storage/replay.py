@@ -261,10 +261,10 @@ def affects_pairing(entry: Entry) -> bool:
     return entry.kind == EntryKind.COMPACTION or tool_result_call_id(entry) is not None
 
 
-def new_pairing_faults(path: Sequence[Entry]) -> list[PairingFault]:
-    """The pairing faults the last entry of ``path`` brings (the rest of the path
-    was judged when it was written)."""
-    if not path:
+def new_pairing_faults(path: Sequence[Entry], new: int = 1) -> list[PairingFault]:
+    """The pairing faults the last ``new`` entries of ``path`` bring (the rest of
+    the path was judged when it was written)."""
+    if not path or new < 1:
         return []
-    last = path[-1].id
-    return [f for f in pairing_faults(path) if last in (f.entry_id, f.result_id)]
+    ids = {e.id for e in path[-new:]}
+    return [f for f in pairing_faults(path) if f.entry_id in ids or f.result_id in ids]

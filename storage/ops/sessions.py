@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -25,13 +26,14 @@ from turnkeeper.spec.records import (
     ANY_LEAF,
     Entry,
     Lease,
+    NewEntry,
     Replay,
     Session,
 )
 
 from ..backend import Conflict, Tx, utc
 from ..codec import check_id, check_text, from_json, to_json, to_json_exact
-from ..replay import affects_pairing, build_replay, new_pairing_faults, path_to
+from ..replay import affects_pairing, build_replay, new_pairing_faults
 from ..validate import (
     check_expected_leaf,
     check_header,
@@ -58,6 +60,7 @@ ENTRY_COLUMNS = (
 ENTRY_SELECT = "session_id, id, parent_id, kind, seq, ts, payload, lease_epoch"
 """The columns :func:`entry_row` reads, in its order."""
 _ENTRY_COLS = ENTRY_SELECT
+_MARKS = ", ".join("?" * len(ENTRY_COLUMNS))
 
 
 def session_row(row: Sequence[Any]) -> Session:
@@ -113,11 +116,36 @@ def get(tx: Tx, session_id: str) -> Session | None:
     return None if row is None else session_row(row)
 
 
-def _exists(tx: Tx, session_id: str, entry_id: str) -> bool:
-    return (
-        tx.one("SELECT 1 FROM entries WHERE session_id = ? AND id = ?", [session_id, entry_id])
-        is not None
+def _existing(tx: Tx, session_id: str, ids: Sequence[str]) -> set[str]:
+    """Which of ``ids`` are entries of the session (one statement)."""
+    if not ids:
+        return set()
+    if len(ids) == 1:
+        row = tx.one("SELECT id FROM entries WHERE session_id = ? AND id = ?", [session_id, ids[0]])
+        return set() if row is None else {row[0]}
+    rows = tx.rows(
+        "SELECT id FROM entries WHERE session_id = ? AND id = ANY(?::VARCHAR[])",
+        [session_id, list(ids)],
     )
+    return {r[0] for r in rows}
+
+
+def _exists(tx: Tx, session_id: str, entry_id: str) -> bool:
+    return bool(_existing(tx, session_id, [entry_id]))
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """One entry to append, validated: its payload as stored JSON and as the
+    dict it decodes to, its id (``chosen``: by the caller, so it may be taken)
+    and its own timestamp (``None``: the store's now)."""
+
+    kind: str
+    payload_json: str
+    payload: Mapping[str, Any]
+    entry_id: str
+    chosen: bool
+    timestamp: datetime | None = None
 
 
 def append(
@@ -138,13 +166,45 @@ def append(
     checked: bool = False,
     pairing: bool = False,
 ) -> Entry:
-    """Append one entry under the leaf (or ``parent_override``); see the module docstring.
+    """Append one entry: :func:`append_drafts` of one draft."""
+    draft = Draft(kind, payload_json, payload, entry_id, caller_chose_id, timestamp)
+    return append_drafts(
+        tx,
+        session_id,
+        [draft],
+        expected_leaf=expected_leaf,
+        lease=lease,
+        parent_override=parent_override,
+        leaf_after=leaf_after,
+        fenced_epoch=fenced_epoch,
+        checked=checked,
+        pairing=pairing,
+    )[0]
+
+
+def append_drafts(
+    tx: Tx,
+    session_id: str,
+    drafts: Sequence[Draft],
+    *,
+    expected_leaf: Any,
+    lease: Lease | None,
+    parent_override: str | None = None,
+    leaf_after: bool = True,
+    fenced_epoch: int | None = None,
+    checked: bool = False,
+    pairing: bool = False,
+) -> list[Entry]:
+    """Append ``drafts`` as a chain under the leaf (or ``parent_override``), the
+    first one's parent the leaf, each next one's the one before; see the
+    module docstring. One fence, one compare-and-set of the session row (leaf,
+    sequence, count, title) and one insert, however many drafts.
 
     The session's lease is fenced, or without ``lease`` the session must be
     unheld, unless ``checked``: the caller already did one or the other in
     this transaction (admission, termination, recovery, tool pairing).
     ``fenced_epoch`` is the epoch of a lease the caller already fenced in this
-    transaction: stored on the entry like ``lease``'s. With ``pairing`` (API
+    transaction: stored on the entries like ``lease``'s. With ``pairing`` (API
     appends), a ``toolResult`` or a compaction that would break the tool-call
     pairing of the replayed context is refused (see ``storage.replay``).
 
@@ -153,46 +213,76 @@ def append(
         EntryExistsError, EntryNotFoundError (label target or branch target),
         ToolCallPairingError.
     """
-    row = tx.one("SELECT leaf_id, next_seq, entry_count FROM sessions WHERE id = ?", [session_id])
+    row = tx.one("SELECT leaf_id, next_seq FROM sessions WHERE id = ?", [session_id])
     if row is None:
         raise errors.SessionNotFoundError(session_id)
     if not checked:
         leases.fence_or_unheld(tx, session_target(session_id), lease)
-    leaf, seq, count = row
+    leaf, seq = row
     now = tx.now
     assert now is not None  # always set inside a transaction
     if expected_leaf is not ANY_LEAF and expected_leaf != leaf:
         raise errors.SessionModifiedError(session_id, expected_leaf, leaf)
-    parent = leaf if parent_override is None else parent_override
-    if parent_override is not None and not _exists(tx, session_id, parent_override):
+    ids = [d.entry_id for d in drafts]
+    targets = [
+        d.payload["targetId"]
+        for i, d in enumerate(drafts)
+        if d.kind == EntryKind.LABEL and d.payload["targetId"] not in ids[:i]
+    ]
+    chosen = [d.entry_id for d in drafts if d.chosen]
+    looked_up = [*([parent_override] if parent_override is not None else []), *targets, *chosen]
+    found = _existing(tx, session_id, sorted(set(looked_up)))
+    if parent_override is not None and parent_override not in found:
         raise errors.EntryNotFoundError(session_id, parent_override)
-    if kind == EntryKind.LABEL and not _exists(tx, session_id, payload["targetId"]):
-        raise errors.EntryNotFoundError(session_id, payload["targetId"])
-    if caller_chose_id and _exists(tx, session_id, entry_id):
-        raise errors.EntryExistsError(session_id, entry_id)
-    ts = now if timestamp is None else timestamp
+    missing = next((t for t in targets if t not in found), None)
+    if missing is not None:
+        raise errors.EntryNotFoundError(session_id, missing)
+    taken = next((i for i in chosen if i in found), None)
+    if taken is not None:
+        raise errors.EntryExistsError(session_id, taken)
     epoch = fenced_epoch if lease is None else lease.epoch
-    entry = Entry(session_id, entry_id, parent, kind, seq, utc(ts), payload, epoch)
-    if pairing and parent_override is None and affects_pairing(entry):
-        fault = next(iter(new_pairing_faults([*_path(tx, session_id, leaf, count), entry])), None)
+    parent = leaf if parent_override is None else parent_override
+    out: list[Entry] = []
+    for i, d in enumerate(drafts):
+        ts = now if d.timestamp is None else d.timestamp
+        out.append(
+            Entry(session_id, d.entry_id, parent, d.kind, seq + i, utc(ts), d.payload, epoch)
+        )
+        parent = d.entry_id
+    if pairing and parent_override is None and any(affects_pairing(e) for e in out):
+        path = [*_path(tx, session_id, leaf), *out]
+        fault = next(iter(new_pairing_faults(path, len(out))), None)
         if fault is not None:
             raise errors.ToolCallPairingError(
                 session_id, fault.result_id, fault.tool_call_id, fault.reason
             )
-    title = payload["name"] if kind == EntryKind.SESSION_INFO else None
+    names = [d.payload["name"] for d in drafts if d.kind == EntryKind.SESSION_INFO]
     moved = tx.one(
-        "UPDATE sessions SET leaf_id = ?, next_seq = next_seq + 1, "
-        "entry_count = entry_count + 1, updated_at = ?, title = coalesce(?, title) "
+        "UPDATE sessions SET leaf_id = ?, next_seq = next_seq + ?, "
+        "entry_count = entry_count + ?, updated_at = ?, title = coalesce(?, title) "
         "WHERE id = ? AND next_seq = ? AND leaf_id IS NOT DISTINCT FROM ? RETURNING 1",
-        [entry_id if leaf_after else leaf, now, title, session_id, seq, leaf],
+        [
+            out[-1].id if leaf_after else leaf,
+            len(out),
+            len(out),
+            now,
+            names[-1] if names else None,
+            session_id,
+            seq,
+            leaf,
+        ],
     )
     if moved is None:
         raise Conflict(f"session {session_id!r} moved during append")
-    tx.exec(
-        f"INSERT INTO entries ({_ENTRY_COLS}, written_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [session_id, entry_id, parent, kind, seq, ts, payload_json, epoch, now],
-    )
-    return entry
+    stored = [
+        (session_id, e.id, e.parent_id, e.kind, e.seq, e.timestamp, d.payload_json, epoch, now)
+        for e, d in zip(out, drafts, strict=True)
+    ]
+    if len(stored) == 1:
+        tx.exec(f"INSERT INTO entries ({', '.join(ENTRY_COLUMNS)}) VALUES ({_MARKS})", stored[0])
+    else:
+        tx.insert_rows("entries", ENTRY_COLUMNS, stored)
+    return out
 
 
 def append_own(
@@ -265,35 +355,34 @@ def entry(tx: Tx, session_id: str, entry_id: str) -> Entry | None:
 
 
 def branch_path(tx: Tx, session_id: str) -> list[Entry]:
-    """Root → leaf path of the session's current branch (recursive query, cycle-bounded).
+    """Root → leaf path of the session's current branch (see :func:`_path`).
 
     Raises:
         SessionNotFoundError: no such session.
     """
-    head = tx.one("SELECT leaf_id, entry_count FROM sessions WHERE id = ?", [session_id])
+    head = tx.one("SELECT leaf_id FROM sessions WHERE id = ?", [session_id])
     if head is None:
         raise errors.SessionNotFoundError(session_id)
-    return _path(tx, session_id, head[0], head[1])
+    return _path(tx, session_id, head[0])
 
 
-def _path(tx: Tx, session_id: str, leaf: str | None, count: int) -> list[Entry]:
-    """Root → ``leaf`` path of the session (``count`` bounds a corrupt cycle)."""
+def _path(tx: Tx, session_id: str, leaf: str | None) -> list[Entry]:
+    """Root → ``leaf`` path of the session: its rows read flat in one scan and the
+    tree walked in memory (a recursive query cost most of a replay). Memory
+    holds the session's stored rows once (about their stored bytes) while the
+    path is decoded; a corrupt cycle or a missing parent ends the walk."""
     if leaf is None:
         return []
-    rows = tx.rows(
-        "WITH RECURSIVE path(session_id, id, parent_id, kind, seq, ts, payload, lease_epoch, "
-        "depth) AS ("
-        f"SELECT {_ENTRY_COLS}, 0 FROM entries WHERE session_id = ? AND id = ? "
-        "UNION ALL "
-        "SELECT e.session_id, e.id, e.parent_id, e.kind, e.seq, e.ts, e.payload, "
-        "e.lease_epoch, p.depth + 1 FROM entries e JOIN path p "
-        "ON e.session_id = p.session_id AND e.id = p.parent_id "
-        "WHERE p.depth < ? AND p.parent_id <> p.id) "
-        f"SELECT {_ENTRY_COLS} FROM path ORDER BY depth DESC",
-        [session_id, leaf, count],
-    )
-    by_id = {e.id: e for e in (entry_row(r) for r in rows)}
-    return path_to(by_id, leaf)
+    rows = tx.rows(f"SELECT {_ENTRY_COLS} FROM entries WHERE session_id = ?", [session_id])
+    by_id = {row[1]: row for row in rows}
+    ids: list[str] = []
+    seen: set[str] = set()
+    node: str | None = leaf
+    while node is not None and node not in seen and node in by_id:
+        seen.add(node)
+        ids.append(node)
+        node = by_id[node][2]
+    return [entry_row(by_id[i]) for i in reversed(ids)]
 
 
 def replay(tx: Tx, session_id: str) -> Replay:
@@ -329,6 +418,39 @@ def _aware(value: datetime | None, field: str) -> datetime | None:
     if not isinstance(value, datetime) or value.tzinfo is None:
         raise errors.InvalidInputError(field, "must be an aware datetime (with a time zone)")
     return value
+
+
+def _draft(
+    kind: str,
+    payload: Mapping[str, Any],
+    entry_id: str | None,
+    timestamp: datetime | None,
+    where: str,
+) -> Draft:
+    """An API append's entry, validated (``where`` prefixes the error's field).
+
+    Raises:
+        InvalidInputError: bad kind, payload, id (or one of the store's own) or a
+            naive timestamp.
+    """
+    if not isinstance(payload, Mapping):
+        raise errors.InvalidInputError(f"{where}payload", "expected a mapping")
+    try:
+        validate_payload(kind, payload)
+        payload_json, stored = to_json_exact(dict(payload), "payload")
+        chose = entry_id is not None
+        eid = entry_id if entry_id is not None else new_entry_id()
+        check_id(eid, "entry_id")
+        if chose and eid.endswith(RESERVED_ENTRY_SUFFIXES):
+            raise errors.InvalidInputError(
+                "entry_id", f"ids ending {', '.join(RESERVED_ENTRY_SUFFIXES)} are the store's own"
+            )
+        ts = _aware(timestamp, "timestamp")
+    except errors.InvalidInputError as exc:
+        if not where:
+            raise
+        raise errors.InvalidInputError(f"{where}{exc.field}", exc.reason) from None
+    return Draft(kind, payload_json, stored, eid, chose, ts)
 
 
 def new_entry_id() -> str:
@@ -412,35 +534,71 @@ class SessionsMixin(StoreBase):
         On any error nothing is written.
         """
         check_id(session_id, "session_id")
-        if not isinstance(payload, Mapping):
-            raise errors.InvalidInputError("payload", "expected a mapping")
-        validate_payload(kind, payload)
-        payload_json, stored = to_json_exact(dict(payload), "payload")
-        chose = entry_id is not None
-        eid = entry_id if entry_id is not None else new_entry_id()
-        check_id(eid, "entry_id")
-        if chose and eid.endswith(RESERVED_ENTRY_SUFFIXES):
-            raise errors.InvalidInputError(
-                "entry_id", f"ids ending {', '.join(RESERVED_ENTRY_SUFFIXES)} are the store's own"
-            )
+        draft = _draft(kind, payload, entry_id, timestamp, "")
         check_expected_leaf(expected_leaf)
-        ts = _aware(timestamp, "timestamp")
         check_session_lease(session_id, lease)
         return self._fenced(
             "append",
             lease,
-            lambda tx: append(
-                tx,
-                session_id,
-                kind,
-                payload_json,
-                stored,
-                entry_id=eid,
-                caller_chose_id=chose,
-                timestamp=ts,
-                expected_leaf=expected_leaf,
-                lease=lease,
-                pairing=True,
+            lambda tx: append_drafts(
+                tx, session_id, [draft], expected_leaf=expected_leaf, lease=lease, pairing=True
+            )[0],
+        )
+
+    def append_many(
+        self,
+        session_id: str,
+        entries: Sequence[NewEntry | tuple[str, Mapping[str, Any]]],
+        *,
+        expected_leaf: str | None = ANY_LEAF,
+        lease: Lease | None = None,
+    ) -> list[Entry]:
+        """Append ``entries`` as a chain under the current leaf, in one transaction:
+        the first one's parent is the leaf, each next one's the one before, and
+        the last becomes the leaf. Each item is a :class:`NewEntry` or a
+        ``(kind, payload)`` pair. One lease fence, one leaf compare-and-set and
+        one multi-row insert for the whole batch, so a batch costs about what
+        one :meth:`append` does (a turn's messages, a transcript's tail).
+
+        Every rule of :meth:`append` holds for each entry, judged in order (a
+        ``toolResult`` may answer a ``toolCall`` earlier in the batch, a label
+        may target an entry earlier in the batch). All or nothing: on any
+        error nothing of the batch is written.
+
+        Returns the stored entries in order (seq consecutive).
+
+        Raises:
+            as :meth:`append`; InvalidInputError also for an empty batch, a
+            malformed item (its ``field`` names the item: ``entries[3].payload``)
+            or an ``entry_id`` given twice in the batch.
+        """
+        check_id(session_id, "session_id")
+        if isinstance(entries, (str, bytes, Mapping)) or not isinstance(entries, Sequence):
+            raise errors.InvalidInputError("entries", "expected a list of entries")
+        if not entries:
+            raise errors.InvalidInputError("entries", "expected at least one entry")
+        drafts: list[Draft] = []
+        for i, item in enumerate(entries):
+            where = f"entries[{i}]."
+            if isinstance(item, NewEntry):
+                drafts.append(_draft(item.kind, item.payload, item.entry_id, item.timestamp, where))
+            elif isinstance(item, tuple) and len(item) == 2:
+                drafts.append(_draft(item[0], item[1], None, None, where))
+            else:
+                raise errors.InvalidInputError(
+                    f"entries[{i}]", "expected a NewEntry or a (kind, payload) pair"
+                )
+        ids = [d.entry_id for d in drafts]
+        if len(set(ids)) != len(ids):
+            twice = next(i for i in ids if ids.count(i) > 1)
+            raise errors.InvalidInputError("entries", f"entry_id {twice!r} is given twice")
+        check_expected_leaf(expected_leaf)
+        check_session_lease(session_id, lease)
+        return self._fenced(
+            "append_many",
+            lease,
+            lambda tx: append_drafts(
+                tx, session_id, drafts, expected_leaf=expected_leaf, lease=lease, pairing=True
             ),
         )
 
