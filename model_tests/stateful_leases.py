@@ -176,7 +176,7 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
                 expected: tuple = ("invalid", "lease")
             else:
                 expected = self.oracle.append(session, held.ident, self.clock(), n)
-            batch = [("message", {"message": {"role": "user", "content": str(i)}}) for i in range(n)]
+            batch = [("message", {"message": {"role": "user", "content": c}}) for c in "abcd"[:n]]
             got = outcome(self.store.append_many, session, batch, lease=held.lease)
             if got[0] == "ok":
                 assert expected[0] == "appended", f"batch committed under a lost lease {held}"
