@@ -102,6 +102,7 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
     runs = Bundle("runs")
 
     def __init__(self) -> None:
+        self.marks = 0
         super().__init__()
         self.clock = FakeClock()
         self.store = open_backend(self.backend, None, self.clock)
@@ -142,8 +143,13 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
     def advance(self, seconds: float) -> None:
         self.clock.advance(seconds)
 
-    @rule(target=runs, session=st.sampled_from(SESSIONS), lease=st.none() | leases)
-    def admit(self, session: str, lease):
+    @rule(
+        target=runs,
+        session=st.sampled_from(SESSIONS),
+        lease=st.none() | leases,
+        start=st.booleans(),
+    )
+    def admit(self, session: str, lease, start: bool):
         if lease is not None and lease.target != f"session:{session}":
             lease = None
         if lease is not None and not self._valid(lease):
@@ -154,11 +160,15 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
             expected = ("active",)
         else:
             expected = ("ok",)
-        got = attempt(self.store.admit_run, session, {"q": 1}, lease=lease)
+        got = attempt(self.store.admit_run, session, {"q": 1}, lease=lease, start=start)
         assert got[0] == expected[0], (got, expected)
         if got[0] != "ok":
             return multiple()
-        self.world.runs[got[1].id] = RunModel(session)
+        model = RunModel(session)
+        if start:  # admitted and started in one transaction
+            model.status = "running"
+        assert got[1].status == model.status, (got, model)
+        self.world.runs[got[1].id] = model
         return got[1].id
 
     @rule(run=runs)
@@ -180,8 +190,13 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
         if got[0] == "ok":
             model.cancel_requested = True
 
-    @rule(run=runs, status=st.sampled_from(TERMINAL), lease=st.none() | leases)
-    def finish(self, run: str, status: str, lease) -> None:
+    @rule(
+        run=runs,
+        status=st.sampled_from(TERMINAL),
+        lease=st.none() | leases,
+        with_entries=st.booleans(),
+    )
+    def finish(self, run: str, status: str, lease, with_entries: bool) -> None:
         model = self.world.runs[run]
         if lease is not None and lease.target != f"session:{model.session}":
             lease = None
@@ -195,8 +210,21 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
             expected = "ok"
         else:
             expected = "transition"
-        got = attempt(self.store.finish_run, run, status, lease=lease)
+        self.marks += 1
+        mark = f"last entry {self.marks}"
+        entries = [("message", {"message": {"role": "user", "content": mark}})]
+        repeated = model.status == status
+        got = attempt(
+            self.store.finish_run, run, status, lease=lease, entries=entries if with_entries else ()
+        )
         assert got[0] == expected, (got, expected, model, lease)
+        stored = [
+            e
+            for e in self.store.entries(model.session)
+            if e.payload.get("message", {}).get("content") == mark
+        ]
+        # the turn's last entries are written with the termination, never without it
+        assert len(stored) == (with_entries and got[0] == "ok" and not repeated), (got, stored)
         if got[0] == "ok":
             assert expected == "ok", f"run ended under a lost lease {lease}"
             model.status = status

@@ -27,14 +27,17 @@ from turnkeeper.spec.entries import EntryKind, validate_payload
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.lifecycle import Edge
 from turnkeeper.spec.records import (
+    ANY_LEAF,
     Lease,
+    NewEntry,
     Run,
 )
 from turnkeeper.spec.run import FINISH_TRIGGERS, NON_TERMINAL, TERMINAL, RunStatus
 
-from ..backend import Conflict, Tx
+from ..backend import Conflict, Tx, utc
 from ..codec import check_id, check_text, to_json
 from ..validate import (
+    check_bool,
     check_lease,
     check_plan,
     check_session_lease,
@@ -78,11 +81,14 @@ def admit(
     user_message: Mapping[str, Any] | None,
     lease: Lease | None,
     retry_of: str | None,
+    start: bool = False,
 ) -> tuple[Run, bool]:
     """Admit a run (see the module docstring); returns ``(run, admitted_now)``.
 
     ``fingerprint`` is the request's (kept on the intent); ``admission`` the
-    whole admission's, which a submission key is compared by.
+    whole admission's, which a submission key is compared by. With ``start``
+    the run is admitted and started in this one transaction: it is stored
+    ``running`` and both events (``admit``, ``start``) are written.
 
     Raises:
         SessionNotFoundError, SubmissionConflictError, SessionRunActiveError,
@@ -142,28 +148,52 @@ def admit(
                 now,
             ],
         )
+    status = (RunStatus.RUNNING if start else RunStatus.ADMITTED).value
     tx.exec(
         f"INSERT INTO runs ({RUN_COLS}, lease_epoch) "
-        "VALUES (?, ?, ?, ?, ?, 'admitted', FALSE, NULL, ?, ?, NULL, ?)",
-        [run_id, session_id, intent_id, retry_of, attempt, now, now, lease and lease.epoch],
+        "VALUES (?, ?, ?, ?, ?, ?, FALSE, NULL, ?, ?, NULL, ?)",
+        [run_id, session_id, intent_id, retry_of, attempt, status, now, now, lease and lease.epoch],
     )
     tx.exec("INSERT INTO active_runs VALUES (?, ?)", [session_id, run_id])
     turn = {"turnId": f"{run_id}:turn", "intentId": intent_id, "runId": run_id, "attempt": attempt}
     epoch = None if lease is None else lease.epoch
-    start_seq = sessions.append_own(
-        tx, session_id, EntryKind.TURN_START, turn, f"{run_id}:turn-start", epoch
-    )
+    # The entry ids derive from a run id made just now: no existence check is needed.
+    drafts = [sessions.own_draft(EntryKind.TURN_START, turn, f"{run_id}:turn-start")]
     if user_message is not None:
-        sessions.append_own(
-            tx, session_id, EntryKind.MESSAGE, {"message": user_message}, f"{run_id}:user", epoch
-        )
+        message = {"message": user_message}
+        drafts.append(sessions.own_draft(EntryKind.MESSAGE, message, f"{run_id}:user"))
+    written = sessions.append_drafts(
+        tx,
+        session_id,
+        drafts,
+        expected_leaf=ANY_LEAF,
+        lease=None,
+        fenced_epoch=epoch,
+        checked=True,
+    )
     tx.exec(
         "INSERT INTO conversation_turns VALUES (?, ?, ?, ?, ?, 'open', ?, NULL, ?, NULL)",
-        [f"{run_id}:turn", session_id, intent_id, run_id, attempt, start_seq, now],
+        [f"{run_id}:turn", session_id, intent_id, run_id, attempt, written[0].seq, now],
     )
-    run = get(tx, run_id)
-    assert run is not None
+    assert now is not None  # always set inside a transaction
+    at = utc(now)
+    run = Run(
+        run_id,
+        session_id,
+        intent_id,
+        retry_of,
+        attempt,
+        status,
+        False,
+        None,
+        at,
+        at,
+        None,
+        f"{run_id}:turn",
+    )
     _event(tx, run, RUN.edge("admit"), f"{run_id}:admitted", {"attempt": attempt})
+    if start:
+        _event(tx, run, RUN.edge("start"), f"{run_id}:start:{secrets.token_hex(4)}", {})
     if key_digest is not None:
         tx.exec(
             "INSERT INTO submissions VALUES (?, ?, ?, ?, ?, ?)",
@@ -212,6 +242,7 @@ def step(tx: Tx, run_id: str, trigger: str, lease: Lease | None) -> Run:
     """
     run = _load(tx, run_id)
     target = session_target(run.session_id)
+    check_session_lease(run.session_id, lease)
     if lease is not None:  # a stale holder learns it lost, whatever the run did since
         leases.fence_or_unheld(tx, target, lease)
     edge = _MACHINE.require(trigger, run.status, {})
@@ -233,8 +264,11 @@ def finish(
     lease: Lease | None,
     plan: DeliveryPlan | None = None,
     fenced_epoch: int | None = None,
+    drafts: Sequence[sessions.Draft] = (),
 ) -> tuple[Run, bool]:
     """Terminalize a run (see the module docstring); returns ``(run, finished_now)``.
+    ``drafts`` are the turn's last entries, appended (pairing checked) before
+    its tool calls are closed and its reply and turn end written.
 
     Raises:
         RunNotFoundError, InvalidTransitionError (a terminal run is never
@@ -242,6 +276,7 @@ def finish(
         request), LeaseLostError.
     """
     run = _load(tx, run_id)
+    check_session_lease(run.session_id, lease)
     if run.status == status:  # a repeated terminalization after an unknown commit
         if plan is not None:
             delivery.create_plan(tx, run, plan)  # the stored plan, or a conflict
@@ -259,6 +294,17 @@ def finish(
     moved = _move(tx, run, edge, error)
     epoch = fenced_epoch if lease is None else lease.epoch
     tx.exec("DELETE FROM active_runs WHERE session_id = ? AND run_id = ?", [run.session_id, run.id])
+    if drafts:
+        sessions.append_drafts(
+            tx,
+            run.session_id,
+            drafts,
+            expected_leaf=ANY_LEAF,
+            lease=None,
+            fenced_epoch=epoch,
+            checked=True,
+            pairing=True,
+        )
     tool_pairing.close_turn(tx, moved, epoch)
     if assistant_message is not None:
         sessions.append_own(
@@ -359,9 +405,14 @@ class RunsMixin(StoreBase):
         mode: str = "",
         work_dir: str = "",
         policy: Mapping[str, Any] | None = None,
+        start: bool = False,
     ) -> Run:
         """Admit a run of ``request`` in one transaction (session seed
-        CreateExecutionIntentAndSessionRunEventWithTurn).
+        CreateExecutionIntentAndSessionRunEventWithTurn); with ``start`` the run
+        is started in that same transaction (``running``, as
+        :meth:`start_run` would leave it, with both events), which saves a
+        turn one commit. A submission key that returns an earlier run returns
+        it as stored (started or not).
 
         Writes the execution intent (not for a retry, which reuses its
         intent), the run (``admitted``), the turn-start entry, the user entry
@@ -432,6 +483,8 @@ class RunsMixin(StoreBase):
             )
         ).hexdigest()
 
+        check_bool(start, "start")
+
         def body(tx: Tx) -> Run:
             run, _ = admit(
                 tx,
@@ -443,6 +496,7 @@ class RunsMixin(StoreBase):
                 user_message=user_message,
                 lease=lease,
                 retry_of=retry_of,
+                start=start,
             )
             return run
 
@@ -451,10 +505,7 @@ class RunsMixin(StoreBase):
     def _step(self, run_id: str, trigger: str, lease: Lease | None) -> Run:
         check_id(run_id, "run_id")
         if lease is not None:
-            check_lease(lease)
-            run = self.db.read("get_run", lambda tx: get(tx, run_id))
-            if run is not None:
-                check_session_lease(run.session_id, lease)
+            check_lease(lease)  # its target is checked against the run's session in the write
         return self._fenced(f"{trigger}_run", lease, lambda tx: step(tx, run_id, trigger, lease))
 
     def start_run(self, run_id: str, *, lease: Lease | None = None) -> Run:
@@ -482,14 +533,18 @@ class RunsMixin(StoreBase):
         stop_reason: str | None = None,
         lease: Lease | None = None,
         delivery_plan: DeliveryPlan | None = None,
+        entries: Sequence[NewEntry | tuple[str, Mapping[str, Any]]] = (),
     ) -> Run:
         """End a run in a terminal ``status`` in one transaction (session seed
-        FinishSessionRunAndConversationTurn): status, terminal event, assistant
-        entry, turn end and, with ``delivery_plan``, the outbox intent
-        (``<run id>:delivery``) and its ``pending`` operations. Before the turn
-        closes, every tool call in it is paired: running tool records of the
-        run become ``interrupted`` and each ``toolCall`` without a result gets
-        an explicit interrupted ``toolResult``.
+        FinishSessionRunAndConversationTurn): ``entries`` (the turn's last
+        entries, as :meth:`append_many` takes them: tool calls and results,
+        intermediate messages), status, terminal event, assistant entry, turn
+        end and, with ``delivery_plan``, the outbox intent (``<run id>:delivery``)
+        and its ``pending`` operations. Before the turn closes, every tool
+        call in it is paired: running tool records of the run become
+        ``interrupted`` and each ``toolCall`` without a result gets an
+        explicit interrupted ``toolResult``. ``entries`` follow every rule of
+        :meth:`append_many`; a refused one refuses the whole termination.
 
         Repeating the same terminal status (a retry after an unknown commit
         result) returns the stored run: the first termination is
@@ -503,6 +558,8 @@ class RunsMixin(StoreBase):
         Raises:
             InvalidTransitionError: the run is terminal in another status, or
                 ``cancelled`` without a cancel request.
+            ToolCallPairingError, EntryExistsError, EntryNotFoundError: one of
+                ``entries`` is refused as :meth:`append_many` refuses it.
             BusyError: no ``lease`` given and someone holds the session.
             RunNotFoundError, LeaseLostError, InvalidInputError.
         """
@@ -534,10 +591,8 @@ class RunsMixin(StoreBase):
         if delivery_plan is not None:
             check_plan(delivery_plan)
         if lease is not None:
-            check_lease(lease)
-            run = self.db.read("get_run", lambda tx: get(tx, run_id))
-            if run is not None:
-                check_session_lease(run.session_id, lease)
+            check_lease(lease)  # its target is checked against the run's session in the write
+        drafts = sessions.drafts_of(entries) if entries else []
 
         def body(tx: Tx) -> Run:
             run, _ = finish(
@@ -549,6 +604,7 @@ class RunsMixin(StoreBase):
                 stop_reason=stop_reason,
                 lease=lease,
                 plan=delivery_plan,
+                drafts=drafts,
             )
             return run
 

@@ -285,6 +285,12 @@ def append_drafts(
     return out
 
 
+def own_draft(kind: str, payload: Mapping[str, Any], entry_id: str) -> Draft:
+    """An entry the store writes itself under an id it derived from an id it made
+    in this transaction (so the id cannot be taken: no existence check)."""
+    return Draft(kind, to_json(dict(payload), "payload"), payload, entry_id, False)
+
+
 def append_own(
     tx: Tx,
     session_id: str,
@@ -453,6 +459,36 @@ def _draft(
     return Draft(kind, payload_json, stored, eid, chose, ts)
 
 
+def drafts_of(entries: object) -> list[Draft]:
+    """``append_many``'s ``entries`` (``NewEntry`` items or ``(kind, payload)``
+    pairs), validated.
+
+    Raises:
+        InvalidInputError: not a non-empty list, a malformed item (``field``
+            names it: ``entries[3].payload``) or an ``entry_id`` given twice.
+    """
+    if isinstance(entries, (str, bytes, Mapping)) or not isinstance(entries, Sequence):
+        raise errors.InvalidInputError("entries", "expected a list of entries")
+    if not entries:
+        raise errors.InvalidInputError("entries", "expected at least one entry")
+    drafts: list[Draft] = []
+    for i, item in enumerate(entries):
+        where = f"entries[{i}]."
+        if isinstance(item, NewEntry):
+            drafts.append(_draft(item.kind, item.payload, item.entry_id, item.timestamp, where))
+        elif isinstance(item, tuple) and len(item) == 2:
+            drafts.append(_draft(item[0], item[1], None, None, where))
+        else:
+            raise errors.InvalidInputError(
+                f"entries[{i}]", "expected a NewEntry or a (kind, payload) pair"
+            )
+    ids = [d.entry_id for d in drafts]
+    if len(set(ids)) != len(ids):
+        twice = next(i for i in ids if ids.count(i) > 1)
+        raise errors.InvalidInputError("entries", f"entry_id {twice!r} is given twice")
+    return drafts
+
+
 def new_entry_id() -> str:
     """A random 16-hex entry id (64 bits, as the session seed's GenerateID)."""
     return secrets.token_hex(8)
@@ -573,25 +609,7 @@ class SessionsMixin(StoreBase):
             or an ``entry_id`` given twice in the batch.
         """
         check_id(session_id, "session_id")
-        if isinstance(entries, (str, bytes, Mapping)) or not isinstance(entries, Sequence):
-            raise errors.InvalidInputError("entries", "expected a list of entries")
-        if not entries:
-            raise errors.InvalidInputError("entries", "expected at least one entry")
-        drafts: list[Draft] = []
-        for i, item in enumerate(entries):
-            where = f"entries[{i}]."
-            if isinstance(item, NewEntry):
-                drafts.append(_draft(item.kind, item.payload, item.entry_id, item.timestamp, where))
-            elif isinstance(item, tuple) and len(item) == 2:
-                drafts.append(_draft(item[0], item[1], None, None, where))
-            else:
-                raise errors.InvalidInputError(
-                    f"entries[{i}]", "expected a NewEntry or a (kind, payload) pair"
-                )
-        ids = [d.entry_id for d in drafts]
-        if len(set(ids)) != len(ids):
-            twice = next(i for i in ids if ids.count(i) > 1)
-            raise errors.InvalidInputError("entries", f"entry_id {twice!r} is given twice")
+        drafts = drafts_of(entries)
         check_expected_leaf(expected_leaf)
         check_session_lease(session_id, lease)
         return self._fenced(

@@ -1,0 +1,104 @@
+"""A whole turn in three transactions, on every backend: admission that starts
+the run, the turn's entries in one batch, and a finish that carries the turn's
+last entries, its reply and its delivery plan (issue: a turn in few
+transactions). Each is still fenced on its own."""
+
+from __future__ import annotations
+
+import pytest
+
+import turnkeeper
+from turnkeeper import EntryKind
+from turnkeeper.spec import errors
+
+M = EntryKind.MESSAGE
+PLAN = turnkeeper.DeliveryPlan("chat", "t", (turnkeeper.DeliveryStep("send", "msg"),))
+
+
+def calls(store: turnkeeper.BaseStore) -> dict[str, int]:
+    return {op: int(s["calls"]) for op, s in store.statement_stats().items()}
+
+
+def tool_turn(call_id: str) -> list[tuple[str, dict]]:
+    call = [{"type": "toolCall", "id": call_id, "name": "ls", "arguments": {}}]
+    result = {
+        "role": "toolResult",
+        "toolCallId": call_id,
+        "toolName": "ls",
+        "content": [{"type": "text", "text": "a b"}],
+        "isError": False,
+    }
+    return [
+        (M, {"message": {"role": "assistant", "content": call}}),
+        (M, {"message": result}),
+    ]
+
+
+def test_a_fenced_turn_is_three_transactions(store: turnkeeper.BaseStore) -> None:
+    store.create_session("s")
+    lease = store.acquire_lease("session:s", "w", 60)
+    before = calls(store)
+    run = store.admit_run(
+        "s", {"q": 1}, user_message={"role": "user", "content": "hi"}, lease=lease, start=True
+    )
+    assert run.status == "running"
+    store.append_many("s", tool_turn("c1") + tool_turn("c2"), lease=lease)
+    done = store.finish_run(
+        run.id,
+        "succeeded",
+        entries=tool_turn("c3"),
+        assistant_message={"role": "assistant", "content": "done"},
+        delivery_plan=PLAN,
+        lease=lease,
+    )
+    after = calls(store)
+    spent = {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)}
+    assert spent == {"admit_run": 1, "append_many": 1, "finish_run": 1}
+    assert done.status == "succeeded"
+    kinds = [(e.kind, e.payload.get("message", {}).get("role")) for e in store.entries("s")]
+    assert kinds == [
+        ("turn_start", None),
+        (M, "user"),
+        *[(M, "assistant"), (M, "toolResult")] * 3,
+        (M, "assistant"),
+        ("turn_end", None),
+    ]
+    assert {e.lease_epoch for e in store.entries("s")} == {lease.epoch}
+    edges = [e.edge for e in store.run_events("s")]
+    assert edges == ["admit", "start", "succeed"]
+    assert store.get_delivery_plan(f"{run.id}:delivery") is not None
+
+
+def test_a_finish_whose_entries_are_refused_ends_nothing(store: turnkeeper.BaseStore) -> None:
+    """The turn's last entries are part of the termination: an unpaired result
+    among them refuses the whole finish, and the run stays running."""
+    store.create_session("s")
+    run = store.admit_run("s", {"q": 1}, start=True)
+    stray = tool_turn("c1")[1]
+    with pytest.raises(errors.ToolCallPairingError):
+        store.finish_run(run.id, "succeeded", entries=[stray])
+    assert store.get_run(run.id).status == "running"
+    assert [e.kind for e in store.entries("s")] == ["turn_start"]
+    with pytest.raises(errors.InvalidInputError) as caught:
+        store.finish_run(run.id, "succeeded", entries=[(M, "not a mapping")])
+    assert caught.value.field == "entries[0].payload"
+
+
+def test_a_lease_on_another_session_is_refused_inside_the_write(
+    store: turnkeeper.BaseStore,
+) -> None:
+    """start/finish check the lease's target against the run's session in their
+    own transaction (no read before it): a lease on another session is refused
+    and nothing changes."""
+    store.create_session("s")
+    store.create_session("other")
+    elsewhere = store.acquire_lease("session:other", "w", 60)
+    run = store.admit_run("s", {"q": 1})
+    for call in (
+        lambda: store.start_run(run.id, lease=elsewhere),
+        lambda: store.finish_run(run.id, "failed", lease=elsewhere),
+    ):
+        with pytest.raises(errors.InvalidInputError) as caught:
+            call()
+        assert caught.value.field == "lease"
+    assert store.get_run(run.id).status == "admitted"
