@@ -23,7 +23,7 @@ SOURCE_LIST := $(VENV)/.sources
 # (a find-links folder that does not exist); drop those, keep everything else.
 PIP_FILTER := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: install demo test lint typecheck reports bench-postgres clean FORCE
+.PHONY: install demo test lint typecheck reports bench clean FORCE
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,14 +62,14 @@ typecheck: install
 test: lint typecheck
 	$(BIN)/python model_tests/with_postgres.py $(BIN)/python -m pytest
 
-# Regenerates every file in reports/: the diagrams (deterministic) and the benchmarks (measured).
-reports: install bench-postgres
+# Regenerates every file in reports/: the diagrams (deterministic) and the benchmark (measured).
+reports: install bench
 	$(BIN)/python reports/generate.py
-	$(BIN)/python reports/bench.py
 
-# PostgreSQL's figures, on a throwaway server with PostgreSQL's durable defaults.
-bench-postgres: install
-	$(BIN)/python model_tests/with_postgres.py --durable $(BIN)/python reports/bench_postgres.py
+# reports/bench.json and reports/BENCH.md: DuckDB on a durable file, and PostgreSQL on a
+# throwaway server with PostgreSQL's durable defaults (a few minutes on 2 cores).
+bench: install
+	$(BIN)/python model_tests/with_postgres.py --durable $(BIN)/python reports/bench.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -209,35 +209,15 @@ def test_a_pooled_connection_the_server_closed_is_replaced():
         assert len(store.entries("s")) == 1
 
 
-def test_the_postgresql_benchmark_runs_at_a_tiny_size(tmp_path):
-    """reports/bench_postgres.py runs end to end (tiny size, its own schema) and
-    writes every figure; the sizes are CI's, the figures are not asserted."""
-    import json
-    import os
+def test_the_benchmark_runs_at_a_tiny_size_on_both_backends(tmp_path):
+    """reports/bench.py runs end to end on DuckDB and PostgreSQL (tiny size, its
+    own schema) and writes every figure; the sizes are CI's, the figures are not
+    asserted."""
+    from test_machines import run_tiny_bench
 
-    out = tmp_path / "bench.json"
-    env = {
-        **os.environ,
-        "TURNKEEPER_BENCH_REPS": "1",
-        "TURNKEEPER_BENCH_CALLS": "3",
-        "TURNKEEPER_BENCH_PROCESS_S": "0.2",
-        "TURNKEEPER_BENCH_OUT": str(out),
-    }
-    script = HERE.parent / "reports" / "bench_postgres.py"
-    done = subprocess.run(
-        [sys.executable, str(script), pg_url()],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    data = json.loads(out.read_text(encoding="utf-8"))
-    assert data["floor"]["median_ms"] > 0
-    assert len(data["operations"]) == 8
-    assert all(row["ratio_median"] > 0 for row in data["operations"].values())
-    assert set(data["fenced_appends_by_processes"]) == {"1", "4", "8"}
-    assert data["statements_per_call"]["append"] > 0
+    data = run_tiny_bench(tmp_path, pg_url())
+    assert set(data["backends"]) == {"duckdb", "postgres"}
+    assert set(data["backends"]["postgres"]["processes"]) == {"1", "4", "8"}
 
 
 def test_the_throwaway_server_starts_answers_and_is_gone_afterwards(tmp_path):

@@ -1,130 +1,407 @@
-"""Benchmark the store's hot operations against a bare DuckDB write, same run.
+"""Benchmark the store on both backends against a raw fenced compare-and-set.
 
-Prints a table and writes ``reports/bench.json``. Each figure is operations
-per second on this machine plus its ratio to the baseline (a bare
-single-row autocommit ``UPDATE`` on the same kind of file), so the numbers
-compare across machines. Measured, so CI checks the file's presence and
-format only, and runs it at a tiny size (``TURNKEEPER_BENCH_SECONDS``) to prove
-that it runs. Run: ``make reports`` (or ``python reports/bench.py``).
+``make bench`` (``python model_tests/with_postgres.py --durable python
+reports/bench.py``) measures DuckDB on a durable file and, when
+``TURNKEEPER_TEST_PG`` names a server, PostgreSQL on it; it writes
+``reports/bench.json`` and the table in ``reports/BENCH.md``.
+
+Every figure is a ratio to the floor of its backend, measured interleaved
+with it in the same run (the floor is timed right before each operation,
+each repetition): a raw fenced compare-and-set, ``UPDATE leases SET epoch =
+epoch + 1 WHERE target = ? AND epoch = ? AND expires_at < now()``, one
+autocommit statement on a connection of its own (DuckDB: a durable file
+beside the store's; PostgreSQL: the same server). Each row gives the median
+and the spread (min, max) over :data:`REPS` repetitions, so the ratios
+compare across machines and load; the machine's core count and load average
+are recorded with them. Rates of threads (and, on PostgreSQL, processes) are
+multiples of one writer's rate.
+
+Measured, never asserted: CI runs it at a tiny size (the environment knobs
+below) to prove that it runs, and checks only the committed file's form.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import platform
+import statistics
 import sys
 import tempfile
+import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import duckdb
 
 import turnkeeper
-from turnkeeper import EntryKind
+from turnkeeper import DeliveryPlan, DeliveryStep, EntryKind
 
 HERE = Path(__file__).resolve().parent
-SECONDS = float(os.environ.get("TURNKEEPER_BENCH_SECONDS", "1.5"))
+REPS = int(os.environ.get("TURNKEEPER_BENCH_REPS", "5"))
+MIN_S = float(os.environ.get("TURNKEEPER_BENCH_SECONDS", "0.4"))
+"""Each timing runs the operation for at least this many seconds (and 3 calls)."""
+REPLAY_ENTRIES = int(os.environ.get("TURNKEEPER_BENCH_REPLAY_ENTRIES", "10000"))
+WRITERS_S = float(os.environ.get("TURNKEEPER_BENCH_WRITERS_S", "2"))
+"""How long each thread or process count appends."""
 OUT = Path(os.environ.get("TURNKEEPER_BENCH_OUT", HERE / "bench.json"))
-"""Where the figures go (a test's tiny run writes elsewhere)."""
-DELIVERY_OPS = 3000
-"""Outbox operations planned for the claim/finish figure (more than it can claim in
-``SECONDS``)."""
+TABLE = Path(os.environ.get("TURNKEEPER_BENCH_TABLE", HERE / "BENCH.md"))
+MSG = {"message": {"role": "user", "content": "x" * 200}}
+BATCH = 100
+TURN_APPENDS = 4
+
+Op = Callable[[], float]
+"""One timed call: runs the operation once and returns the seconds it took."""
 
 
-def rate(fn: Callable[[int], object]) -> float:
-    """Calls of ``fn`` per second over about ``SECONDS`` (after a short warm-up)."""
-    for i in range(20):
-        fn(-i - 1)
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < SECONDS:
-        fn(n)
-        n += 1
-    return n / (time.perf_counter() - start)
+def timed(fn: Callable[[], object]) -> Op:
+    def op() -> float:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+
+    return op
 
 
-def main() -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        con = duckdb.connect(f"{tmp}/baseline.duckdb")
-        con.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v BIGINT)")
-        con.execute("INSERT INTO t VALUES (1, 0)")
-        baseline = rate(lambda i: con.execute("UPDATE t SET v = v + 1 WHERE k = 1"))
-        con.close()
+def per_call(op: Op) -> float:
+    """Mean seconds per call of ``op`` over at least :data:`MIN_S`."""
+    spent, calls, start = 0.0, 0, time.perf_counter()
+    while calls < 3 or time.perf_counter() - start < MIN_S:
+        spent += op()
+        calls += 1
+    return spent / calls
 
-        store = turnkeeper.open_store(f"{tmp}/store.duckdb")
-        store.create_session("s")
-        lease = store.acquire_lease("session:s", "bench", 3600)
-        store.create_session("u")  # unleased: an unfenced append is refused on a leased session
-        msg = {"message": {"role": "user", "content": "x" * 200}}
-        figures = {
-            "acquire_reacquire": rate(lambda i: store.acquire_lease("session:s", "bench", 3600)),
-            "renew": rate(lambda i: store.renew_lease(lease, 3600)),
-            "acquire_release_cycle": rate(
-                lambda i: store.release_lease(store.acquire_lease(f"t{i}", "bench", 60))
-            ),
-            "append": rate(lambda i: store.append("u", EntryKind.MESSAGE, msg)),
-            "append_fenced": rate(lambda i: store.append("s", EntryKind.MESSAGE, msg, lease=lease)),
-            "replay_100": 0.0,
-        }
-        store.create_session("runs")
-        reply = {"role": "assistant", "content": "done"}
-        one_step = turnkeeper.DeliveryPlan("chat", "t", (turnkeeper.DeliveryStep("send", "msg"),))
 
-        def run_cycle(i: int) -> None:
-            run = store.admit_run("runs", {"i": i}, user_message={"role": "user", "content": "x"})
-            store.start_run(run.id)
-            store.finish_run(run.id, "succeeded", assistant_message=reply, delivery_plan=one_step)
+# -- the floors ---------------------------------------------------------------------
 
-        figures["run_admit_start_finish"] = rate(run_cycle)
-        many = tuple(turnkeeper.DeliveryStep(str(n), "msg") for n in range(DELIVERY_OPS))
-        outbox = store.admit_run("runs", {"outbox": True})
+FLOOR_SQL = (
+    "UPDATE leases SET epoch = epoch + 1 WHERE target = {p} AND epoch = {p} AND expires_at < now()"
+)
+
+
+def duck_floor(folder: str) -> Op:
+    con = duckdb.connect(f"{folder}/floor.duckdb")
+    con.execute(
+        "CREATE TABLE leases (target VARCHAR PRIMARY KEY, epoch BIGINT, expires_at TIMESTAMPTZ)"
+    )
+    con.execute("INSERT INTO leases VALUES ('t', 0, now() - INTERVAL 1 HOUR)")
+    epoch = [0]
+    sql = FLOOR_SQL.format(p="?")
+
+    def cas() -> None:
+        con.execute(sql, ["t", epoch[0]])
+        epoch[0] += 1
+
+    return timed(cas)
+
+
+def pg_floor(url: str) -> Op:
+    import psycopg
+
+    con = psycopg.connect(url, autocommit=True)
+    con.execute(
+        "CREATE TABLE bench_floor "
+        "(target VARCHAR PRIMARY KEY, epoch BIGINT, expires_at TIMESTAMPTZ)"
+    )
+    con.execute("INSERT INTO bench_floor VALUES ('t', 0, now() - INTERVAL '1 hour')")
+    epoch = [0]
+    sql = FLOOR_SQL.format(p="%s").replace("leases", "bench_floor")
+
+    def cas() -> None:
+        con.execute(sql, ["t", epoch[0]])
+        epoch[0] += 1
+
+    return timed(cas)
+
+
+def pg_schema(url: str) -> str:
+    """A fresh schema on the server (the benchmark's own)."""
+    import psycopg
+
+    schema = f"bench_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}options=-csearch_path%3D{schema}"
+
+
+# -- the operations -----------------------------------------------------------------
+
+
+def operations(store: turnkeeper.BaseStore) -> dict[str, Op]:
+    """The rows of the table: name → one timed call (per entry for the batch)."""
+    store.create_session("s")
+    lease = store.acquire_lease("session:s", "bench", 3600)
+    store.create_session("u")  # unleased: an unfenced append is refused on a leased session
+    store.create_session("r")
+    for done in range(0, REPLAY_ENTRIES, 1000):
+        store.append_many("r", [(EntryKind.MESSAGE, MSG)] * min(1000, REPLAY_ENTRIES - done))
+    store.create_session("runs")
+    runs_lease = store.acquire_lease("session:runs", "bench", 3600)
+    reply = {"role": "assistant", "content": "done"}
+    user = {"role": "user", "content": "go"}
+    plan = DeliveryPlan("chat", "t", (DeliveryStep("send", "msg"),))
+    outbox = store.admit_run("runs", {"outbox": True}, lease=runs_lease)
+    steps = tuple(DeliveryStep(str(n), "msg") for n in range(5000))
+    store.finish_run(
+        outbox.id, "failed", lease=runs_lease, delivery_plan=DeliveryPlan("chat", "t", steps)
+    )
+    claimed = iter(range(len(steps)))
+    parts: dict[str, float] = {}
+
+    def turn_seven() -> float:
+        """admit → start → 4 fenced appends → finish + plan, as 7 transactions."""
+        t0 = time.perf_counter()
+        run = store.admit_run("runs", {"i": uuid.uuid4().hex}, user_message=user, lease=runs_lease)
+        t1 = time.perf_counter()
+        store.start_run(run.id, lease=runs_lease)
+        for _ in range(TURN_APPENDS):
+            store.append("runs", EntryKind.MESSAGE, MSG, lease=runs_lease)
+        t2 = time.perf_counter()
         store.finish_run(
-            outbox.id, "failed", delivery_plan=turnkeeper.DeliveryPlan("chat", "t", many)
+            run.id, "succeeded", assistant_message=reply, delivery_plan=plan, lease=runs_lease
         )
+        t3 = time.perf_counter()
+        parts["admit_run"], parts["finish_run"] = t1 - t0, t3 - t2
+        return t3 - t0
 
-        def delivery_cycle(i: int) -> None:
-            op = store.claim_delivery(f"{outbox.id}:delivery:{i + 20}", "bench", 60)
-            store.finish_delivery(op.id, "bench", op.lease_epoch, "delivered")
+    def turn_three() -> float:
+        """admit+start → append_many of 4 → finish + last entries + plan: 3 transactions."""
+        t0 = time.perf_counter()
+        run = store.admit_run(
+            "runs", {"i": uuid.uuid4().hex}, user_message=user, lease=runs_lease, start=True
+        )
+        store.append_many("runs", [(EntryKind.MESSAGE, MSG)] * (TURN_APPENDS - 1), lease=runs_lease)
+        store.finish_run(
+            run.id,
+            "succeeded",
+            entries=[(EntryKind.MESSAGE, MSG)],
+            assistant_message=reply,
+            delivery_plan=plan,
+            lease=runs_lease,
+        )
+        return time.perf_counter() - t0
 
-        figures["delivery_claim_finish"] = rate(delivery_cycle)
-        store.create_session("r")
-        for _ in range(100):
-            store.append("r", EntryKind.MESSAGE, msg)
-        figures["replay_100"] = rate(lambda i: store.replay("r"))
-        stats = store.statement_stats()
-        store.close()
+    def delivery() -> None:
+        op = store.claim_delivery(f"{outbox.id}:delivery:{next(claimed)}", "bench", 60)
+        store.finish_delivery(op.id, "bench", op.lease_epoch, "delivered")
 
-    result = {
-        "baseline": {"name": "bare DuckDB autocommit UPDATE", "ops_per_s": round(baseline, 1)},
+    def batch() -> float:
+        start = time.perf_counter()
+        store.append_many("s", [(EntryKind.MESSAGE, MSG)] * BATCH, lease=lease)
+        return (time.perf_counter() - start) / BATCH
+
+    def part(name: str) -> Op:
+        def op() -> float:
+            turn_seven()
+            return parts[name]
+
+        return op
+
+    return {
+        "acquire (re-acquire)": timed(lambda: store.acquire_lease("session:s", "bench", 3600)),
+        "renew": timed(lambda: store.renew_lease(lease, 3600)),
+        "acquire + release": timed(
+            lambda: store.release_lease(store.acquire_lease(f"t{uuid.uuid4().hex}", "bench", 60))
+        ),
+        "append": timed(lambda: store.append("u", EntryKind.MESSAGE, MSG)),
+        "append (fenced)": timed(lambda: store.append("s", EntryKind.MESSAGE, MSG, lease=lease)),
+        f"append_many of {BATCH}, per entry (fenced)": batch,
+        "admit_run": part("admit_run"),
+        "finish_run (reply + 1-step plan)": part("finish_run"),
+        "turn, 7 transactions (admit, start, 4 appends, finish)": turn_seven,
+        "turn, 3 transactions (admit+start, append_many, finish+entries)": turn_three,
+        "claim + finish delivery": timed(delivery),
+        f"replay ({REPLAY_ENTRIES} entries)": timed(lambda: store.replay("r")),
+    }
+
+
+# -- concurrent writers -------------------------------------------------------------
+
+
+def threads(store: turnkeeper.BaseStore, count: int) -> float:
+    """Fenced appends per second of ``count`` threads on one store, each to its own session."""
+    ready = threading.Barrier(count + 1)
+    rates: list[float] = []
+    lock = threading.Lock()
+
+    def writer() -> None:
+        sid = f"w{uuid.uuid4().hex[:8]}"
+        store.create_session(sid)
+        lease = store.acquire_lease(f"session:{sid}", sid, 3600)
+        store.append(sid, EntryKind.MESSAGE, MSG, lease=lease)
+        ready.wait()
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < WRITERS_S:
+            store.append(sid, EntryKind.MESSAGE, MSG, lease=lease)
+            n += 1
+        with lock:
+            rates.append(n / (time.perf_counter() - start))
+
+    pool = [threading.Thread(target=writer) for _ in range(count)]
+    for t in pool:
+        t.start()
+    ready.wait()
+    for t in pool:
+        t.join()
+    return sum(rates)
+
+
+def _appender(url: str, out: Any) -> None:
+    with turnkeeper.open_store(url) as store:
+        out.put(threads(store, 1))
+
+
+def processes(url: str, count: int) -> float:
+    """Fenced appends per second of ``count`` processes (one thread each) together."""
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_appender, args=(url, out)) for _ in range(count)]
+    for p in procs:
+        p.start()
+    rates = [out.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(60)
+    return sum(rates)
+
+
+def multiples(rates: dict[int, float]) -> dict[str, dict[str, float]]:
+    one = rates[1] or 1.0
+    return {
+        str(n): {"ops_per_s": round(r, 1), "x_one_writer": round(r / one, 2)}
+        for n, r in rates.items()
+    }
+
+
+# -- one backend ----------------------------------------------------------------------
+
+
+def measure(store: turnkeeper.BaseStore, floor: Op) -> dict[str, Any]:
+    ops = operations(store)
+    ratios: dict[str, list[float]] = {name: [] for name in ops}
+    floors: list[float] = []
+    for _ in range(REPS):  # interleaved: the floor is timed right before each operation
+        for name, op in ops.items():
+            base = per_call(floor)
+            floors.append(base)
+            ratios[name].append(per_call(op) / base)
+    stats = store.statement_stats()
+    return {
+        "floor_ms": round(statistics.median(floors) * 1000, 3),
         "operations": {
-            name: {"ops_per_s": round(ops, 1), "ratio_to_baseline": round(ops / baseline, 3)}
-            for name, ops in figures.items()
+            name: {
+                "median": round(statistics.median(r), 2),
+                "min": round(min(r), 2),
+                "max": round(max(r), 2),
+            }
+            for name, r in ratios.items()
         },
+        "threads": multiples({n: threads(store, n) for n in (1, 4, 16)}),
         "statements_per_call": {
             op: round(s["statements_per_call"], 2)
-            for op, s in stats.items()
+            for op, s in sorted(stats.items())
             if op
             in (
                 "acquire_lease",
                 "renew_lease",
                 "release_lease",
                 "append",
+                "append_many",
                 "replay",
                 "admit_run",
+                "start_run",
                 "finish_run",
                 "claim_delivery",
                 "finish_delivery",
             )
         },
-        "machine": {"python": platform.python_version(), "duckdb": duckdb.__version__},
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    """``reports/BENCH.md``: every row, one column per backend (× floor, median [min–max])."""
+    names = list(result["backends"])
+    head = f"| operation | {' | '.join(f'{n} × floor' for n in names)} |"
+    lines = [
+        "# turnkeeper benchmark",
+        "",
+        "Generated by `make bench` (`reports/bench.py`); figures in `reports/bench.json`.",
+        "Each figure is a ratio to its backend's floor, a raw fenced compare-and-set",
+        "(`UPDATE leases SET epoch = epoch + 1 WHERE target = ? AND epoch = ? AND",
+        "expires_at < now()`, autocommit), timed interleaved in the same run: the median",
+        f"and [min–max] over {result['size']['reps']} repetitions. Lower is better; writers'",
+        "rows are multiples of one writer's rate (higher is better).",
+        "",
+        "| backend | floor (ms) |",
+        "| --- | --- |",
+        *[f"| {n} | {b['floor_ms']} |" for n, b in result["backends"].items()],
+        "",
+        head,
+        "| --- |" + " --- |" * len(names),
+    ]
+    rows = list(next(iter(result["backends"].values()))["operations"])
+    for row in rows:
+        cells = []
+        for n in names:
+            r = result["backends"][n]["operations"].get(row)
+            cells.append("—" if r is None else f"{r['median']} [{r['min']}–{r['max']}]")
+        lines.append(f"| {row} | {' | '.join(cells)} |")
+    for kind in ("threads", "processes"):
+        for count in ("1", "4", "8", "16"):
+            cells = []
+            for n in names:
+                r = result["backends"][n].get(kind, {}).get(count)
+                cells.append("—" if r is None else f"{r['x_one_writer']}× ({r['ops_per_s']:.0f}/s)")
+            if any(c != "—" for c in cells):
+                lines.append(
+                    f"| fenced appends, {count} {kind}, own sessions | {' | '.join(cells)} |"
+                )
+    m = result["machine"]
+    lines += [
+        "",
+        f"Machine: {m['cores']} cores, load average {m['load_average']} at the start, "
+        f"Python {m['python']}, DuckDB {m['duckdb']}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    load = [round(x, 2) for x in os.getloadavg()]
+    backends: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        floor = duck_floor(tmp)
+        with turnkeeper.open_store(f"{tmp}/store.duckdb") as store:
+            backends["duckdb"] = measure(store, floor)
+    url = os.environ.get("TURNKEEPER_TEST_PG")
+    if url:
+        schema = pg_schema(url)
+        with turnkeeper.open_store(schema) as store:
+            backends["postgres"] = measure(store, pg_floor(schema))
+        backends["postgres"]["processes"] = multiples({n: processes(schema, n) for n in (1, 4, 8)})
+    result = {
+        "floor": FLOOR_SQL.format(p="?") + " (autocommit)",
+        "backends": backends,
+        "machine": {
+            "cores": os.cpu_count(),
+            "load_average": load,
+            "python": platform.python_version(),
+            "duckdb": duckdb.__version__,
+        },
+        "size": {
+            "reps": REPS,
+            "min_s": MIN_S,
+            "replay_entries": REPLAY_ENTRIES,
+            "writers_s": WRITERS_S,
+        },
     }
     OUT.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(f"{'operation':<24}{'ops/s':>10}{'x baseline':>12}")
-    print(f"{'baseline UPDATE':<24}{baseline:>10.0f}{1.0:>12.2f}")
-    for name, row in result["operations"].items():
-        print(f"{name:<24}{row['ops_per_s']:>10.0f}{row['ratio_to_baseline']:>12.2f}")
-    print("statements per call:", result["statements_per_call"])
+    TABLE.write_text(table(result), encoding="utf-8")
+    print(table(result))
     return 0
 
 
