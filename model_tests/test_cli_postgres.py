@@ -72,3 +72,59 @@ def test_report_sessions_audit_and_export_answer_while_a_demo_writes(tmp_path: P
     report = tk("report", "--db", url, "--parquet", str(parquet))
     assert report.returncode == 0, report.stderr
     assert (parquet / "entries.parquet").stat().st_size > 0
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+def test_a_killed_demo_leaves_no_worker_or_service_process_behind() -> None:
+    """kill -9 of a demo on PostgreSQL: its spawned workers and services see their
+    parent die and stop on their own (services run until told to stop, and
+    nobody else would tell them)."""
+    import os
+    import signal
+
+    url = new_pg_schema()
+    fleet = ["--duration", "600", "--workers", "2", "--sessions", "2", "--seed", "3"]
+    demo = subprocess.Popen(
+        [*CLI, "demo", "--db", url, *fleet, "--json"], stdout=subprocess.DEVNULL
+    )
+    children: list[int] = []
+    try:
+        for _ in range(600):  # the processes are spawned: wait until all five run
+            children = [c for c in _children(demo.pid) if "multiprocessing" in _cmd(c)]
+            if len(children) >= 5:
+                break
+            time.sleep(0.2)
+        assert len(children) >= 5, children
+        os.kill(demo.pid, signal.SIGKILL)
+        demo.wait()
+        for _ in range(600):  # a liveness bound for a loaded machine, not a timing figure
+            if not any(_alive(c) for c in children):
+                break
+            time.sleep(0.2)
+        assert not any(_alive(c) for c in children), [c for c in children if _alive(c)]
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+        for c in children:
+            if _alive(c):
+                os.kill(c, signal.SIGKILL)
+
+
+def _cmd(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except OSError:
+        return ""

@@ -324,3 +324,53 @@ def test_the_audit_reads_one_snapshot(
         c for c in audit.run_audit(real_store, ["s"]) if c.name == "session_trees_well_formed"
     )
     assert written and not trees.passed and "counts 2/3 for 3 entries" in trees.detail
+
+
+def test_a_snapshot_body_may_call_the_store_and_the_snapshot_holds(
+    real_store: turnkeeper.BaseStore,
+) -> None:
+    """Store calls inside a snapshot's body (an append, a replay, another query or
+    snapshot) run outside it and leave it intact: its later reads still see the
+    state of its first."""
+    real_store.create_session("s")
+    real_store.append("s", EntryKind.MESSAGE, MSG)
+
+    def body(snap: Any) -> list[int]:
+        first = snap.query("SELECT count(*) FROM entries").column(0)[0].as_py()
+        real_store.append("s", EntryKind.MESSAGE, MSG)
+        real_store.replay("s")
+        inner = real_store.query("SELECT count(*) FROM entries").column(0)[0].as_py()
+        nested = real_store.snapshot(
+            lambda s2: s2.query("SELECT count(*) FROM entries").column(0)[0].as_py()
+        )
+        again = snap.query("SELECT count(*) FROM entries").column(0)[0].as_py()
+        return [first, inner, nested, again]
+
+    assert real_store.snapshot(body) == [1, 2, 2, 1]
+
+
+def test_a_snapshot_is_refused_after_its_call_and_on_other_threads(
+    real_store: turnkeeper.BaseStore,
+) -> None:
+    import threading
+
+    kept: list[Any] = []
+    elsewhere: list[BaseException] = []
+
+    def body(snap: Any) -> None:
+        kept.append(snap)
+
+        def other() -> None:
+            try:
+                snap.query("SELECT 1")
+            except BaseException as exc:
+                elsewhere.append(exc)
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+
+    real_store.snapshot(body)
+    assert len(elsewhere) == 1 and isinstance(elsewhere[0], turnkeeper.InterfaceError)
+    with pytest.raises(turnkeeper.InterfaceError):
+        kept[0].query("SELECT 1")

@@ -250,3 +250,45 @@ def test_a_corrupt_wal_says_what_happened_and_what_to_do(tmp_path: Path) -> None
     with turnkeeper.open_store(str(path), read_only=True) as store:
         assert store.schema_version() == turnkeeper.SCHEMA_VERSION
         assert store.get_session("w") is None  # written after the last checkpoint: lost
+
+
+@pytest.mark.parametrize("backend", ["duckdb", "postgres"])
+def test_migration_9_stores_each_runs_model_on_the_run(
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store at schema version 8 (runs without ``model``) opened by this
+    turnkeeper: version 9 adds the column and fills it from each run's intent."""
+    from conftest import new_pg_schema
+
+    from turnkeeper.storage.duck import db as duck_db
+
+    if backend == "postgres":
+        from turnkeeper.storage.postgres import db as pg_db
+
+        where = new_pg_schema()
+        old = pg_db.Database.migrations
+        monkeypatch.setattr(pg_db.Database, "migrations", lambda self: old(self)[:8])
+    else:
+        where = str(tmp_path / "v8.duckdb")
+        monkeypatch.setattr(duck_db.Database, "migrations", lambda self: duck_db.MIGRATIONS[:8])
+    with turnkeeper.open_store(where) as store:
+        assert store.schema_version() == 8
+        store.create_session("s")
+        forge(
+            store,
+            "INSERT INTO execution_intents VALUES "
+            "('i1', 's', '', 'model-a', '', '', 'f', '{}', '{}', now())",
+        )
+        forge(
+            store,
+            "INSERT INTO runs (id, session_id, intent_id, retry_of, attempt, status, "
+            "cancel_requested, error, lease_epoch, started_at, updated_at, finished_at) "
+            "VALUES ('r1', 's', 'i1', NULL, 1, 'failed', FALSE, 'x', NULL, now(), now(), now())",
+        )
+    monkeypatch.undo()
+    with turnkeeper.open_store(where) as store:
+        assert store.schema_version() == 9
+        assert store.query("SELECT model FROM runs").column(0).to_pylist() == ["model-a"]
+        run = store.admit_run("s", {"q": 2}, model="model-b")
+        found = store.query("SELECT model FROM runs WHERE id = ?", [run.id])
+        assert found.column(0).to_pylist() == ["model-b"]

@@ -102,3 +102,21 @@ def test_a_lease_on_another_session_is_refused_inside_the_write(
             call()
         assert caught.value.field == "lease"
     assert store.get_run(run.id).status == "admitted"
+
+
+def test_an_interrupted_result_for_a_call_id_no_id_may_hold_gets_a_valid_id(
+    store: turnkeeper.BaseStore,
+) -> None:
+    """The store derives an interrupted result's entry id from the call's id; a
+    provider's call id with control characters is digested into it, so every
+    entry the store writes can be read back by its id."""
+    store.create_session("s")
+    run = store.admit_run("s", {"q": 1}, start=True)
+    call = [{"type": "toolCall", "id": "a\x01b\n", "name": "ls", "arguments": {}}]
+    store.finish_run(
+        run.id, "succeeded", entries=[(M, {"message": {"role": "assistant", "content": call}})]
+    )
+    results = [e for e in store.entries("s") if e.id.endswith(":interrupted")]
+    assert len(results) == 1
+    assert results[0].payload["message"]["toolCallId"] == "a\x01b\n"
+    assert store.entry("s", results[0].id) == results[0]

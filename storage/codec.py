@@ -8,6 +8,7 @@ payloads and free text, and refused in identifiers (:func:`check_id`).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import unicodedata
@@ -72,6 +73,17 @@ def check_id(value: object, field: str) -> str:
             field, f"an id holds no control or invisible characters (found {found!r})"
         )
     return text
+
+
+def id_part(value: str) -> str:
+    """``value`` as a part of an id the store derives (a provider's tool-call id in
+    an interrupted result's entry id): itself when it is a valid id (see
+    :func:`check_id`), else ``sha256-`` and 16 hex digits of its digest, so a
+    derived id never holds a character an id may not."""
+    try:
+        return check_id(value, "id")
+    except InvalidInputError:
+        return "sha256-" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def _non_finite(value: Any) -> bool:

@@ -37,33 +37,41 @@ MAX_ATTEMPTS = 40
 @dataclass
 class _OpStats:
     calls: int = 0
-    statements: int = 0
+    statements: float = 0
     retries: int = 0
+    grouped: int = 0
 
 
 class Stats:
-    """Per operation name: calls, statements (BEGIN and COMMIT included), retries."""
+    """Per operation name: calls, statements (BEGIN and COMMIT included, shared
+    out among the calls of a group commit), retries, and the calls committed in
+    a group commit's shared transaction."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._ops: dict[str, _OpStats] = {}
 
-    def add(self, operation: str, statements: int, attempts: int) -> None:
-        """Count one call of ``operation`` that took ``attempts`` attempts."""
+    def add(
+        self, operation: str, statements: float, attempts: int, *, grouped: bool = False
+    ) -> None:
+        """Count one call of ``operation`` that took ``attempts`` attempts
+        (``grouped``: committed in a group commit with others)."""
         with self._lock:
             s = self._ops.setdefault(operation, _OpStats())
             s.calls += 1
             s.statements += statements
             s.retries += attempts - 1
+            s.grouped += grouped
 
     def as_dict(self) -> dict[str, dict[str, float]]:
-        """Per operation: calls, statements per call and retries."""
+        """Per operation: calls, statements per call, retries and grouped calls."""
         with self._lock:
             return {
                 op: {
                     "calls": s.calls,
                     "statements_per_call": s.statements / s.calls if s.calls else 0.0,
                     "retries": s.retries,
+                    "grouped": s.grouped,
                 }
                 for op, s in sorted(self._ops.items())
             }

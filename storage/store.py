@@ -12,6 +12,7 @@ statement counts).
 from __future__ import annotations
 
 import secrets
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Self, TypeVar
 
@@ -49,13 +50,26 @@ def _params(params: Sequence[Any] | None) -> list[Any]:
 
 class Snapshot:
     """Analytics reads that all see one consistent state of the store (see
-    :meth:`BaseStore.snapshot`); valid only inside that call."""
+    :meth:`BaseStore.snapshot`); valid only inside that call, on its thread."""
 
     def __init__(self, run: QueryFn) -> None:
         self._run = run
+        self._thread = threading.get_ident()
+        self.open = True
 
     def query(self, sql: str, params: Sequence[Any] | None = None) -> Any:
-        """As :meth:`BaseStore.query` (same checks, same errors), in the snapshot."""
+        """As :meth:`BaseStore.query` (same checks, same errors), in the snapshot.
+
+        Raises:
+            InterfaceError: the snapshot's call has returned, or this is not the
+                thread that opened it (a snapshot is one transaction).
+        """
+        if not self.open:
+            raise errors.InterfaceError(detail="the snapshot ended when its call returned")
+        if threading.get_ident() != self._thread:
+            raise errors.InterfaceError(
+                detail="a snapshot is read only by the thread that opened it"
+            )
         check_text(sql, "sql", allow_empty=False)
         return self._run(sql, _params(params))
 
@@ -283,10 +297,23 @@ class BaseStore(
         over a live store sees one state, never a session row from before an
         append and its entries from after. Returns what ``body`` returns.
 
+        ``body`` may call the store's other methods meanwhile (they run outside
+        the snapshot); ``snap`` is valid only during the call and on its thread.
+
         Raises:
-            as :meth:`query`, from each ``snap.query``; and whatever ``body`` raises.
+            as :meth:`query`, from each ``snap.query``; InterfaceError from a
+            ``snap.query`` after the call or on another thread; and whatever
+            ``body`` raises.
         """
-        return self.db.snapshot(lambda run: body(Snapshot(run)))
+
+        def run(query: QueryFn) -> T:
+            snap = Snapshot(query)
+            try:
+                return body(snap)
+            finally:
+                snap.open = False
+
+        return self.db.snapshot(run)
 
     def query_batches(
         self,

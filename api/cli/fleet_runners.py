@@ -10,6 +10,7 @@ demo's figures and audit are the same either way.
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
 import threading
 import time
 from typing import Any, Protocol
@@ -97,6 +98,20 @@ class ThreadFleet:
         return [w.stats for w in self.workers], [s.stats for s in self.services]
 
 
+def stop_when_orphaned(stop: Any) -> None:
+    """Set ``stop`` when this spawned process's parent dies (a killed ``demo``):
+    a service runs until told to stop, and nobody else would tell it."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        stop.set()
+
+    threading.Thread(target=watch, name="demo-parent-watch", daemon=True).start()
+
+
 def _run_unit(
     url: str,
     kind: str,
@@ -108,8 +123,11 @@ def _run_unit(
     stop: Any,
     results: Any,
 ) -> None:
-    """A process's body: one worker or service on its own store (spawned)."""
+    """A process's body: one worker or service on its own store (spawned); it
+    stops when the parent process dies."""
     import turnkeeper
+
+    stop_when_orphaned(stop)
 
     with turnkeeper.open_store(url) as store:
         if kind == "worker":

@@ -13,6 +13,20 @@ operations never race and an operation with a well-defined serial outcome
 gets that outcome or its domain error. Reads take no lock: DuckDB's MVCC
 gives each a consistent snapshot beside a running write.
 
+Group commit. A write's cost is its commit, so writes that queue up while
+another one runs are committed together: the thread that next takes the
+write lock (the leader) runs every queued operation's body, in arrival
+order, in one transaction and commits once (:data:`GROUP_MAX` at most).
+Each operation is still fenced and checked on its own, inside that
+transaction, and sees the writes of the ones before it, as if run one after
+another; each caller is acknowledged only after the shared commit. When an
+operation's body raises, the transaction is rolled back and nothing of it is
+kept: the operations before it are committed again as a group, the failing
+one runs alone in a transaction of its own (so its outcome, error or
+success, is its own against what is committed), and the ones after it as
+another group. So one failing operation never fails or rolls back another
+caller's.
+
 - a lost race (a DuckDB write-write conflict, or a duplicate key the
   transaction's snapshot could not see, see :func:`~.dialect.is_conflict`) rolls back
   and is retried with jittered backoff (tenacity); the retry re-reads, so it
@@ -43,6 +57,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -62,6 +77,9 @@ from .query import check_read
 
 MIGRATIONS = load()
 """DuckDB's numbered migrations, loaded once."""
+
+GROUP_MAX = 64
+"""Most queued writes one group commit runs in its shared transaction."""
 
 T = TypeVar("T")
 
@@ -169,6 +187,18 @@ class Tx:
         return self._cursor.sql(sql, params=list(params)).to_arrow_table()
 
 
+@dataclass(eq=False)
+class _Queued:
+    """A write waiting for a group commit, and its outcome once ``done``."""
+
+    operation: str
+    body: Callable[[AnyTx], Any]
+    retry: bool
+    done: bool = False
+    result: Any = None
+    error: BaseException | None = None
+
+
 class _CursorHolder:
     """A thread's cursor, held through ``threading.local`` so that the thread's
     end collects the holder and closes the cursor."""
@@ -212,6 +242,8 @@ class Database:
         self._gate = Gate()
         self._lock = self._gate.lock
         self._stats = Stats()
+        self._queue: list[_Queued] = []
+        self._queue_lock = threading.Lock()
 
     # -- cursors ---------------------------------------------------------------
 
@@ -311,10 +343,103 @@ class Database:
                 raise errors.ReadOnlyError(self.path, detail="the store was opened read-only")
             if not exclusive:
                 return self._run(operation, body, transaction, retry, commit=True)
-            with self._write_lock:
-                return self._run(operation, body, transaction, retry, commit=True)
+            if not transaction:
+                with self._write_lock:
+                    return self._run(operation, body, transaction, retry, commit=True)
+            return self._grouped(_Queued(operation, body, retry))  # type: ignore[no-any-return]
         finally:
             self._gate.leave()
+
+    # -- group commit (module docstring) ---------------------------------------------
+
+    def _grouped(self, item: _Queued) -> Any:
+        """Queue ``item``; lead group commits until it is done; its result or error."""
+        with self._queue_lock:
+            self._queue.append(item)
+        while not item.done:
+            with self._write_lock:
+                if item.done:  # a leader before us ran it
+                    break
+                with self._queue_lock:
+                    batch = self._queue[:GROUP_MAX]
+                    del self._queue[:GROUP_MAX]
+                try:
+                    self._group(batch)
+                except BaseException:
+                    # Cancelled while leading (KeyboardInterrupt …): what did not
+                    # run goes back to the front of the queue for the next leader;
+                    # our own write is abandoned with the cancellation.
+                    item.done = True
+                    with self._queue_lock:
+                        self._queue[:0] = [q for q in batch if not q.done]
+                    raise
+        if item.error is not None:
+            raise item.error
+        return item.result
+
+    def _group(self, batch: list[_Queued]) -> None:
+        """Run ``batch`` as group commits, splitting around a failing operation."""
+        if not batch:
+            return
+        if len(batch) == 1:
+            self._alone(batch[0])
+            return
+        failed = self._shared(batch)
+        if failed is None:
+            return
+        self._group(batch[:failed])
+        self._alone(batch[failed])
+        self._group(batch[failed + 1 :])
+
+    def _alone(self, item: _Queued) -> None:
+        """One queued write in its own transaction, with retries."""
+        try:
+            item.result = self._run(item.operation, item.body, True, item.retry, commit=True)
+        except Exception as exc:
+            item.error = exc
+        item.done = True
+
+    def _shared(self, batch: list[_Queued]) -> int | None:
+        """Run every body of ``batch`` in one transaction and commit it; ``None``
+        when committed (every item done), else the index of the operation whose
+        body raised (or 0 when the commit failed): nothing was kept."""
+        cursor = self._cursor()
+        tx = Tx(cursor, self.clock, True)
+        results: list[Any] = []
+        spent: list[int] = []
+        failed: int | None = None
+        try:
+            tx.exec("BEGIN TRANSACTION")
+            for i, item in enumerate(batch):
+                before = tx.statements
+                try:
+                    results.append(item.body(tx))
+                except Exception as exc:
+                    if isinstance(exc, duckdb.InterruptException) or (
+                        isinstance(exc, RuntimeError) and "interrupted" in str(exc)
+                    ):
+                        raise KeyboardInterrupt(str(exc)) from exc
+                    failed = i
+                    break
+                spent.append(tx.statements - before)
+            if failed is None:
+                tx.exec("COMMIT")
+        except duckdb.Error:
+            failed = 0  # the commit failed: nothing is kept; each runs on its own
+        except BaseException:
+            self._rollback(cursor, True)
+            raise
+        if failed is not None:
+            self._rollback(cursor, True)
+            return failed
+        share = 2 / len(batch)  # BEGIN and COMMIT
+        for item, result, statements in zip(batch, results, spent, strict=True):
+            item.result = result
+            item.done = True
+            self._stats.add(item.operation, statements + share, 1, grouped=True)
+        for topic in dict.fromkeys(tx.pending):  # committed: wake this process
+            self._file.signals.fire(topic)
+        return None
 
     def read(self, operation: str, body: Callable[[AnyTx], T], *, snapshot: bool = False) -> T:
         """Run ``body`` as a read, without the write lock: one autocommit
@@ -344,8 +469,10 @@ class Database:
         retry: bool,
         *,
         commit: bool,
+        cursor: duckdb.DuckDBPyConnection | None = None,
     ) -> T:
-        cursor = self._cursor()
+        """One operation's attempts on ``cursor`` (default: this thread's)."""
+        cursor = self._cursor() if cursor is None else cursor
         statements = 0
 
         def attempt() -> T:
@@ -405,7 +532,9 @@ class Database:
 
     def snapshot(self, body: Callable[[QueryFn], T]) -> T:
         """``body(query)``: each ``query(sql, params)`` is checked and run as
-        :meth:`query` runs one, all in one snapshot that is rolled back."""
+        :meth:`query` runs one, all in one snapshot that is rolled back, on a
+        cursor of its own (so that ``body`` may run other operations on this
+        thread's cursor meanwhile)."""
 
         def run(tx: AnyTx) -> T:
             assert isinstance(tx, Tx)
@@ -416,7 +545,17 @@ class Database:
 
             return body(query)
 
-        return self.read("query", run, snapshot=True)
+        self._gate.enter()
+        try:
+            with self._lock:
+                cursor = self._con.cursor()  # inherits the settings, locked
+            try:
+                return self._run("query", run, True, False, commit=False, cursor=cursor)
+            finally:
+                with contextlib.suppress(duckdb.Error):
+                    cursor.close()
+        finally:
+            self._gate.leave()
 
     def query_batches(
         self,

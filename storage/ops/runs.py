@@ -150,9 +150,21 @@ def admit(
         )
     status = (RunStatus.RUNNING if start else RunStatus.ADMITTED).value
     tx.exec(
-        f"INSERT INTO runs ({RUN_COLS}, lease_epoch) "
-        "VALUES (?, ?, ?, ?, ?, ?, FALSE, NULL, ?, ?, NULL, ?)",
-        [run_id, session_id, intent_id, retry_of, attempt, status, now, now, lease and lease.epoch],
+        f"INSERT INTO runs ({RUN_COLS}, lease_epoch, model) "
+        "VALUES (?, ?, ?, ?, ?, ?, FALSE, NULL, ?, ?, NULL, ?, "
+        "(SELECT model FROM execution_intents WHERE id = ?))",
+        [
+            run_id,
+            session_id,
+            intent_id,
+            retry_of,
+            attempt,
+            status,
+            now,
+            now,
+            lease and lease.epoch,
+            intent_id,
+        ],
     )
     tx.exec("INSERT INTO active_runs VALUES (?, ?)", [session_id, run_id])
     turn = {"turnId": f"{run_id}:turn", "intentId": intent_id, "runId": run_id, "attempt": attempt}
@@ -306,21 +318,26 @@ def finish(
             pairing=True,
         )
     tool_pairing.close_turn(tx, moved, epoch)
-    if assistant_message is not None:
-        sessions.append_own(
-            tx,
-            run.session_id,
-            EntryKind.MESSAGE,
-            {"message": assistant_message},
-            run.assistant_entry_id,
-            epoch,
-        )
     end = {"turnId": run.turn_id, "intentId": run.intent_id, "runId": run.id, "status": status}
     if stop_reason is not None:
         end["stopReason"] = stop_reason
-    end_seq = sessions.append_own(
-        tx, run.session_id, EntryKind.TURN_END, end, f"{run_id}:turn-end", epoch
-    )
+    own = [] if assistant_message is None else [{"message": assistant_message}]
+    drafts_own = [
+        *(
+            sessions.own_draft(EntryKind.MESSAGE, p, run.assistant_entry_id, chosen=True)
+            for p in own
+        ),
+        sessions.own_draft(EntryKind.TURN_END, end, f"{run_id}:turn-end", chosen=True),
+    ]
+    end_seq = sessions.append_drafts(
+        tx,
+        run.session_id,
+        drafts_own,
+        expected_leaf=ANY_LEAF,
+        lease=None,
+        fenced_epoch=epoch,
+        checked=True,
+    )[-1].seq
     tx.exec(
         "UPDATE conversation_turns SET status = ?, end_seq = ?, ended_at = ? WHERE id = ?",
         [status.value, end_seq, tx.now, run.turn_id],

@@ -285,10 +285,13 @@ def append_drafts(
     return out
 
 
-def own_draft(kind: str, payload: Mapping[str, Any], entry_id: str) -> Draft:
-    """An entry the store writes itself under an id it derived from an id it made
-    in this transaction (so the id cannot be taken: no existence check)."""
-    return Draft(kind, to_json(dict(payload), "payload"), payload, entry_id, False)
+def own_draft(
+    kind: str, payload: Mapping[str, Any], entry_id: str, *, chosen: bool = False
+) -> Draft:
+    """An entry the store writes itself under an id it derived: from an id it made
+    in this transaction (the id cannot be taken: no existence check), or with
+    ``chosen`` from one that may be older (an import could hold it: checked)."""
+    return Draft(kind, to_json(dict(payload), "payload"), payload, entry_id, chosen)
 
 
 def append_own(
@@ -380,6 +383,12 @@ def _path(tx: Tx, session_id: str, leaf: str | None) -> list[Entry]:
     if leaf is None:
         return []
     rows = tx.rows(f"SELECT {_ENTRY_COLS} FROM entries WHERE session_id = ?", [session_id])
+    return _walk(rows, leaf)
+
+
+def _walk(rows: Sequence[Sequence[Any]], leaf: str | None) -> list[Entry]:
+    """Root → ``leaf`` through ``rows`` (``entries`` rows by :data:`ENTRY_SELECT`),
+    decoding only the path; ends at a parent not among them or a cycle."""
     by_id = {row[1]: row for row in rows}
     ids: list[str] = []
     seen: set[str] = set()
@@ -389,6 +398,26 @@ def _path(tx: Tx, session_id: str, leaf: str | None) -> list[Entry]:
         ids.append(node)
         node = by_id[node][2]
     return [entry_row(by_id[i]) for i in reversed(ids)]
+
+
+def path_since(tx: Tx, session_id: str, seq: int) -> list[Entry] | None:
+    """The current branch's entries with sequence ``seq`` or later, root first: the
+    tail of :func:`branch_path` that a turn wrote, read without the session's
+    older rows. ``None`` when a compaction is among the session's entries since
+    ``seq`` (its cut may reach back before them: read the whole branch then).
+
+    Raises:
+        SessionNotFoundError: no such session.
+    """
+    head = tx.one("SELECT leaf_id FROM sessions WHERE id = ?", [session_id])
+    if head is None:
+        raise errors.SessionNotFoundError(session_id)
+    rows = tx.rows(
+        f"SELECT {_ENTRY_COLS} FROM entries WHERE session_id = ? AND seq >= ?", [session_id, seq]
+    )
+    if any(row[3] == EntryKind.COMPACTION for row in rows):
+        return None
+    return _walk(rows, head[0])
 
 
 def replay(tx: Tx, session_id: str) -> Replay:

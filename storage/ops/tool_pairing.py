@@ -20,6 +20,7 @@ from turnkeeper.spec.tool_execution import (
 )
 
 from ..backend import Tx
+from ..codec import id_part
 from ..replay import open_tool_calls
 from . import sessions
 from . import tool_records as records
@@ -62,9 +63,13 @@ def close_turn(tx: Tx, run: Run, epoch: int | None) -> int:
         tx, "session_id = ? AND state = 'running' AND (run_id = ? OR local_turn_id = ?)", turn
     )
     start = tx.one("SELECT start_seq FROM conversation_turns WHERE id = ?", [run.turn_id])
+    # The turn's calls are judged by what follows them, all in the turn's tail of
+    # the branch: read only that tail (the whole branch when a compaction is in it).
+    tail = None if start is None else sessions.path_since(tx, run.session_id, start[0])
+    path = tail if tail is not None else sessions.branch_path(tx, run.session_id)
     open_calls = {
         call_id: entry
-        for call_id, entry in open_calls_of(tx, run.session_id).items()
+        for call_id, entry in open_tool_calls(path).items()
         if start is not None and entry.seq >= start[0]
     }
     appended = 0
@@ -97,7 +102,7 @@ def close_turn(tx: Tx, run: Run, epoch: int | None) -> int:
                 "",
             )
             message = unrecorded_interrupted_result(call_id, name, ms)
-        entry_id = f"{run.id}:{call_id}:interrupted"
+        entry_id = f"{run.id}:{id_part(call_id)}:interrupted"
         sessions.append_own(
             tx, run.session_id, EntryKind.MESSAGE, {"message": message}, entry_id, epoch
         )

@@ -1,0 +1,189 @@
+"""DuckDB's group commit: writes that queue while another runs commit together.
+
+Each test holds the file's write lock while its threads queue their writes
+(so the batch is known, not left to the scheduler), then lets one leader run
+them all. Each operation is still checked and fenced on its own; a failing
+one gets its own error and keeps nothing, and never fails or rolls back the
+others (a control with a naive group commit shows the test can fail).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import turnkeeper
+from turnkeeper import EntryKind
+from turnkeeper.spec import errors
+from turnkeeper.storage.duck import db as duck_db
+
+M = EntryKind.MESSAGE
+
+
+def user(text: str) -> dict:
+    return {"message": {"role": "user", "content": text}}
+
+
+def queued_together(store: turnkeeper.BaseStore, calls: list[Callable[[], Any]]) -> list[Any]:
+    """Run ``calls`` on threads that all queue behind the held write lock, then
+    release it; each call's result or exception, in order."""
+    database = store.db
+    out: list[Any] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            out[i] = calls[i]()
+        except Exception as exc:
+            out[i] = exc
+
+    def queued() -> int:
+        with database._queue_lock:  # type: ignore[attr-defined]
+            return len(database._queue)  # type: ignore[attr-defined]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    with database._write_lock:  # type: ignore[attr-defined]
+        for i, t in enumerate(threads):  # one at a time, so the queue keeps this order
+            t.start()
+            for _ in range(100_000):
+                if queued() == i + 1:
+                    break
+                time.sleep(0.001)
+            else:
+                pytest.fail(f"write {i} never queued")
+    for t in threads:
+        t.join()
+    return out
+
+
+def grouped(store: turnkeeper.BaseStore, operation: str) -> int:
+    return int(store.statement_stats().get(operation, {}).get("grouped", 0))
+
+
+def test_queued_appends_commit_in_one_shared_transaction(duck_real_store) -> None:
+    store = duck_real_store
+    for i in range(8):
+        store.create_session(f"s{i}")
+    got = queued_together(
+        store, [lambda i=i: store.append(f"s{i}", M, user(str(i))) for i in range(8)]
+    )
+    assert all(isinstance(e, turnkeeper.Entry) for e in got), got
+    assert grouped(store, "append") == 8
+    assert [len(store.entries(f"s{i}")) for i in range(8)] == [1] * 8
+
+
+def scenario(store: turnkeeper.BaseStore, clock) -> tuple[list[Any], dict[str, Any]]:
+    """Eight queued writes, three of which fail in different ways (one after it
+    wrote its lease row); what each caller got and what is stored."""
+    for name in ("a", "b", "held", "stale"):
+        store.create_session(name)
+    held = store.acquire_lease("session:held", "w1", 600)
+    stale = store.acquire_lease("session:stale", "w0", 5)
+    clock.advance(6)
+    store.acquire_lease("session:stale", "w2", 600)
+    root = store.append("a", M, user("root"))
+    store.append("a", M, user("moved on"))
+    unpaired = {
+        "message": {
+            "role": "toolResult",
+            "toolCallId": "nobody-called",
+            "toolName": "ls",
+            "content": [{"type": "text", "text": "x"}],
+            "isError": False,
+        }
+    }
+    calls: list[Callable[[], Any]] = [
+        lambda: store.append("b", M, user("1")),
+        lambda: store.append("b", M, user("2")),
+        lambda: store.append("held", M, unpaired, lease=held),  # fences, then is refused
+        lambda: store.append("held", M, user("3"), lease=held),
+        lambda: store.append("b", M, user("4")),
+        lambda: store.append("stale", M, user("late"), lease=stale),  # a lost lease
+        lambda: store.append("a", M, user("stale view"), expected_leaf=root.id),
+        lambda: store.create_session("c"),
+    ]
+    got = queued_together(store, calls)
+    stored = {
+        "b": [e.payload["message"]["content"] for e in store.entries("b")],
+        "held": [e.payload["message"]["content"] for e in store.entries("held")],
+        "stale": store.entries("stale"),
+        "a": len(store.entries("a")),
+        "c": store.get_session("c") is not None,
+        "fenced_writes": store.query(
+            "SELECT fenced_writes FROM leases WHERE target = 'session:held'"
+        )
+        .column(0)[0]
+        .as_py(),
+    }
+    return got, stored
+
+
+def check(got: list[Any], stored: dict[str, Any]) -> None:
+    kinds = [type(g).__name__ for g in got]
+    assert kinds == [
+        "Entry",
+        "Entry",
+        "ToolCallPairingError",
+        "Entry",
+        "Entry",
+        "LeaseLostError",
+        "SessionModifiedError",
+        "Session",
+    ], kinds
+    assert stored["b"] == ["1", "2", "4"]
+    assert stored["held"] == ["3"]
+    assert stored["stale"] == [] and stored["a"] == 2 and stored["c"]
+    assert stored["fenced_writes"] == 1  # the refused append's fence write was rolled back
+
+
+def test_a_failing_write_in_a_group_fails_alone_and_keeps_nothing(duck_store, clock) -> None:
+    got, stored = scenario(duck_store, clock)
+    check(got, stored)
+    # [1, 2] and [3, 4] committed as groups; each failing write ran alone
+    assert grouped(duck_store, "append") == 4
+
+
+def test_control_a_group_commit_that_fails_together_is_caught(
+    duck_store, clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Control for the test above: a naive group commit that gives the first
+    error to the whole group (and keeps nothing) fails the same check."""
+
+    def naive(self: Any, batch: list[Any]) -> None:
+        failed = self._shared(batch) if len(batch) > 1 else None
+        if failed is None:
+            if len(batch) == 1:
+                self._alone(batch[0])
+            return
+        self._alone(batch[failed])
+        for item in batch:
+            if not item.done:
+                item.error, item.done = batch[failed].error, True
+
+    monkeypatch.setattr(duck_db.Database, "_group", naive)
+    got, stored = scenario(duck_store, clock)
+    with pytest.raises(AssertionError):
+        check(got, stored)
+
+
+def test_a_grouped_lease_takeover_and_a_stale_append_keep_the_fence(duck_store, clock) -> None:
+    """In one group: a takeover of an expired lease, then the old holder's append.
+    The append sees the takeover (an earlier write of the same transaction) and
+    is refused, as it would be run one after the other."""
+    store = duck_store
+    store.create_session("s")
+    old = store.acquire_lease("session:s", "w1", 5)
+    clock.advance(6)
+    got = queued_together(
+        store,
+        [
+            lambda: store.acquire_lease("session:s", "w2", 600),
+            lambda: store.append("s", M, user("stale"), lease=old),
+        ],
+    )
+    assert isinstance(got[0], turnkeeper.Lease) and got[0].epoch == old.epoch + 1
+    assert isinstance(got[1], errors.LeaseLostError)
+    assert store.entries("s") == []
