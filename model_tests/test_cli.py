@@ -968,7 +968,9 @@ def _figures_through_views(db: Path, script: str) -> dict[str, Any]:
             con.execute(statement)
         out = {}
         for name, statement in figures.items():
-            out[name] = json.loads(json.dumps(con.sql(statement).to_arrow_table().to_pylist()))
+            out[name] = json.loads(
+                json.dumps(con.sql(statement).to_arrow_table().to_pylist(), default=str)
+            )
     finally:
         con.close()
     return out
@@ -1440,3 +1442,33 @@ def test_report_recovery_latency_runs_from_the_end_of_the_runs_lease(tmp_path: P
     assert table.exit_code == 0, table.output
     for text in ("lease ended → recovered", "dead_lettered", "worker crashed", "12.600"):
         assert text in table.stdout
+
+
+def test_report_gives_failure_rate_and_p95_duration_per_model_and_day(tmp_path: Path) -> None:
+    """The SRE's figure: per model and UTC day, ended runs, the share that failed
+    (failed, interrupted, abandoned) and the 95th-percentile duration."""
+    from datetime import UTC, datetime, timedelta
+
+    path = tmp_path / "models.duckdb"
+    now = [datetime(2026, 3, 1, 12, 0, tzinfo=UTC)]
+    with turnkeeper.open_store(str(path), clock=lambda: now[0]) as store:
+        store.create_session("s")
+        outcomes = [("m1", "succeeded", 10), ("m1", "failed", 20), ("m1", "succeeded", 30)]
+        outcomes += [("m1", "interrupted", 40), ("m2", "cancelled", 5)]
+        for model, status, seconds in outcomes:
+            admitted = store.admit_run("s", {"m": model, "t": seconds}, model=model, start=True)
+            if status == "cancelled":
+                store.request_cancel(admitted.id)
+            now[0] += timedelta(seconds=seconds)
+            store.finish_run(admitted.id, status)
+        now[0] += timedelta(days=1)
+        store.admit_run("s", {"still": "running"}, model="m1", start=True)
+    result = run("report", "--db", str(path), "--json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["run_history"]["runs_by_model_day"]
+    assert rows == [
+        {"model": "m1", "day": "2026-03-01", "runs": 4, "failure_rate": 0.5, "p95_s": 38.5},
+        {"model": "m2", "day": "2026-03-01", "runs": 1, "failure_rate": 0.0, "p95_s": 5.0},
+    ]
+    text = run("report", "--db", str(path))
+    assert text.exit_code == 0 and "model and day" in text.output

@@ -455,6 +455,7 @@ TINY_BENCH = {
     "TURNKEEPER_BENCH_SECONDS": "0.01",
     "TURNKEEPER_BENCH_REPLAY_ENTRIES": "200",
     "TURNKEEPER_BENCH_WRITERS_S": "0.1",
+    "TURNKEEPER_BENCH_RUNS": "3000",
 }
 """CI's size for reports/bench.py: enough to run every row, too small to mean anything."""
 
@@ -485,6 +486,10 @@ def run_tiny_bench(tmp_path: Path, pg: str | None) -> dict:
         assert all(row["median"] > 0 for row in backend["operations"].values())
         assert set(backend["threads"]) == {"1", "4", "16"}
         assert backend["statements_per_call"]["append_many"] > 0
+        assert backend["analytics_model_day"]["runs"] == 3000
+    duck = data["backends"]["duckdb"]
+    assert duck["analytics_model_day"]["x_faster_than_sqlite"] > 0
+    assert set(duck["langgraph"]) == {"replay / get_tuple", "append (fenced) / put"}
     assert (tmp_path / "BENCH.md").read_text(encoding="utf-8").startswith("# turnkeeper")
     return data
 
@@ -503,6 +508,7 @@ def test_the_committed_benchmark_is_well_formed_and_its_table_is_current():
     data = json.loads((ROOT / "reports" / "bench.json").read_text(encoding="utf-8"))
     assert set(data["backends"]) == {"duckdb", "postgres"}
     assert data["size"]["reps"] >= 5 and data["size"]["replay_entries"] >= 10_000
+    assert data["size"]["runs"] >= 1_000_000
     for backend in data["backends"].values():
         assert backend["floor_ms"] > 0
         assert all(row["median"] > 0 for row in backend["operations"].values())

@@ -48,6 +48,8 @@ MIN_S = float(os.environ.get("TURNKEEPER_BENCH_SECONDS", "0.4"))
 REPLAY_ENTRIES = int(os.environ.get("TURNKEEPER_BENCH_REPLAY_ENTRIES", "10000"))
 WRITERS_S = float(os.environ.get("TURNKEEPER_BENCH_WRITERS_S", "2"))
 """How long each thread or process count appends."""
+RUNS = int(os.environ.get("TURNKEEPER_BENCH_RUNS", "1000000"))
+"""Runs in the run history the analytics figure is computed over."""
 OUT = Path(os.environ.get("TURNKEEPER_BENCH_OUT", HERE / "bench.json"))
 TABLE = Path(os.environ.get("TURNKEEPER_BENCH_TABLE", HERE / "BENCH.md"))
 MSG = {"message": {"role": "user", "content": "x" * 200}}
@@ -277,10 +279,174 @@ def multiples(rates: dict[int, float]) -> dict[str, dict[str, float]]:
     }
 
 
+# -- peers: LangGraph's SqliteSaver, and the analytics figure on SQLite --------------------
+
+
+def langgraph_peer(store: turnkeeper.BaseStore, folder: str) -> dict[str, Any]:
+    """Replay of the :data:`REPLAY_ENTRIES`-entry session against LangGraph's
+    ``SqliteSaver.get_tuple`` of a checkpoint holding the same messages, and an
+    append against the ``put`` of that checkpoint with one message more (LangGraph
+    writes the whole state), interleaved, median over :data:`REPS`."""
+    try:
+        from langgraph.checkpoint.base import empty_checkpoint
+        from langgraph.checkpoint.sqlite import SqliteSaver
+    except ImportError as exc:  # the bench extra is not installed
+        return {"skipped": f"langgraph-checkpoint-sqlite is not installed ({exc})"}
+    import sqlite3
+
+    con = sqlite3.connect(f"{folder}/langgraph.sqlite", check_same_thread=False)
+    saver = SqliteSaver(con)
+    saver.setup()
+    messages = [MSG["message"]] * REPLAY_ENTRIES
+    config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    version = [0]
+
+    def put() -> None:
+        version[0] += 1
+        checkpoint = empty_checkpoint()
+        checkpoint["channel_values"] = {"messages": [*messages, MSG["message"]]}
+        checkpoint["channel_versions"] = {"messages": version[0]}
+        saver.put(config, checkpoint, {"source": "loop", "step": version[0]}, {"messages": 1})
+
+    put()
+    store.create_session("peer")
+    lease = store.acquire_lease("session:peer", "bench", 3600)
+    pairs = {
+        "replay / get_tuple": (
+            timed(lambda: store.replay("r")),
+            timed(lambda: saver.get_tuple(config)),
+        ),
+        "append (fenced) / put": (
+            timed(lambda: store.append("peer", EntryKind.MESSAGE, MSG, lease=lease)),
+            timed(put),
+        ),
+    }
+    ratios: dict[str, list[float]] = {name: [] for name in pairs}
+    for _ in range(REPS):
+        for name, (ours, theirs) in pairs.items():
+            ratios[name].append(per_call(ours) / per_call(theirs))
+    con.close()
+    return {name: _spread(r) for name, r in ratios.items()}
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {
+        "median": round(statistics.median(values), 2),
+        "min": round(min(values), 2),
+        "max": round(max(values), 2),
+    }
+
+
+RUN_COLUMNS = (
+    "id, session_id, intent_id, retry_of, attempt, status, cancel_requested, error, "
+    "lease_epoch, started_at, updated_at, finished_at, model"
+)
+MODELS = 20
+DAYS = 90
+ENDED = ("succeeded", "failed", "cancelled", "interrupted", "abandoned")
+
+
+def history(n: int) -> list[tuple[Any, ...]]:
+    """``n`` ended runs over :data:`MODELS` models and :data:`DAYS` days (seeded)."""
+    import random
+    from datetime import UTC, datetime, timedelta
+
+    rng = random.Random(7)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    rows = []
+    for i in range(n):
+        began = start + timedelta(seconds=rng.randrange(DAYS * 86400))
+        ended = began + timedelta(milliseconds=rng.randrange(1, 600_000))
+        status = rng.choices(ENDED, weights=(80, 10, 4, 4, 2))[0]
+        model = f"model-{rng.randrange(MODELS):02d}"
+        rows.append(
+            (
+                f"r{i}",
+                f"s{i % 5000}",
+                f"i{i}",
+                None,
+                1,
+                status,
+                False,
+                None,
+                None,
+                began,
+                ended,
+                ended,
+                model,
+            )
+        )
+    return rows
+
+
+SQLITE_MODEL_DAYS = """
+WITH t AS (
+    SELECT model, substr(started_at, 1, 10) AS day, status,
+           (julianday(finished_at) - julianday(started_at)) * 86400.0 AS d
+    FROM runs WHERE status IN ('succeeded', 'failed', 'cancelled', 'interrupted', 'abandoned')
+), r AS (
+    SELECT model, day, status, d,
+           row_number() OVER (PARTITION BY model, day ORDER BY d) - 1 AS k,
+           0.95 * (count(*) OVER (PARTITION BY model, day) - 1) AS pos
+    FROM t
+)
+SELECT model, day, count(*) AS runs,
+       round(avg(CASE WHEN status IN ('failed', 'interrupted', 'abandoned')
+                 THEN 1.0 ELSE 0.0 END), 4) AS failure_rate,
+       round(max(CASE WHEN k = CAST(pos AS INTEGER) THEN d END)
+             + (max(pos) - CAST(max(pos) AS INTEGER))
+             * (coalesce(max(CASE WHEN k = CAST(pos AS INTEGER) + 1 THEN d END),
+                         max(CASE WHEN k = CAST(pos AS INTEGER) THEN d END))
+                - max(CASE WHEN k = CAST(pos AS INTEGER) THEN d END)), 3) AS p95_s
+FROM r GROUP BY model, day ORDER BY model, day
+"""
+"""The report's ``runs_by_model_day`` figure in SQLite (no percentile_cont: the
+same interpolated p95 from window ranks), indexed on ``(model, started_at)``."""
+
+
+def analytics(store: turnkeeper.BaseStore, rows: list[tuple[Any, ...]], folder: str) -> Any:
+    """Time the report's per-model, per-day figure (failure rate, p95 duration) on
+    ``store`` loaded with ``rows``; with ``folder``, the same figure on SQLite too,
+    checked to give the same answer. Returns (seconds, sqlite seconds or None)."""
+    from turnkeeper.cli.report_runs import figure_sql
+
+    columns = [c.strip() for c in RUN_COLUMNS.split(",")]
+    for at in range(0, len(rows), 100_000):  # the bench loads rows directly, not by API
+        chunk = rows[at : at + 100_000]
+        store.db.write("bench_load", lambda tx, c=chunk: tx.insert_rows("runs", columns, c))
+    sql = figure_sql("runs_by_model_day")
+    ours = statistics.median(per_call(timed(lambda: store.query(sql))) for _ in range(REPS))
+    if not folder:
+        return ours, None
+    import sqlite3
+
+    con = sqlite3.connect(f"{folder}/runs.sqlite")
+    con.execute(f"CREATE TABLE runs ({RUN_COLUMNS})")
+    con.executemany(
+        f"INSERT INTO runs VALUES ({', '.join('?' * len(columns))})",
+        [(*r[:9], *(t.isoformat(" ") for t in r[9:12]), r[12]) for r in rows],
+    )
+    con.execute("CREATE INDEX runs_model_started ON runs (model, started_at)")
+    con.commit()
+    theirs = statistics.median(
+        per_call(timed(lambda: con.execute(SQLITE_MODEL_DAYS).fetchall())) for _ in range(REPS)
+    )
+    got = {(r["model"], str(r["day"])): r for r in store.query(sql).to_pylist()}
+    for model, day, runs, rate, p95 in con.execute(SQLITE_MODEL_DAYS).fetchall():
+        mine = got[(model, day)]
+        if (mine["runs"], mine["failure_rate"]) != (runs, rate) or abs(mine["p95_s"] - p95) > 0.01:
+            raise AssertionError(f"SQLite and the store disagree on {model} {day}")
+    con.close()
+    return ours, theirs
+
+
 # -- one backend ----------------------------------------------------------------------
 
 
-def measure(store: turnkeeper.BaseStore, floor: Op) -> dict[str, Any]:
+def measure(
+    store: turnkeeper.BaseStore, floor: Op, rows: list[tuple[Any, ...]], folder: str
+) -> dict[str, Any]:
+    """Every figure of one backend; with ``folder``, the peers beside it."""
     ops = operations(store)
     ratios: dict[str, list[float]] = {name: [] for name in ops}
     floors: list[float] = []
@@ -290,8 +456,18 @@ def measure(store: turnkeeper.BaseStore, floor: Op) -> dict[str, Any]:
             floors.append(base)
             ratios[name].append(per_call(op) / base)
     stats = store.statement_stats()
+    peers = langgraph_peer(store, folder) if folder else {}
+    ours, sqlite_s = analytics(store, rows, folder)
+    figure = {"runs": len(rows), "seconds": round(ours, 4)}
+    if sqlite_s is not None:
+        figure |= {
+            "sqlite_seconds": round(sqlite_s, 4),
+            "x_faster_than_sqlite": round(sqlite_s / ours, 1),
+        }
     return {
         "floor_ms": round(statistics.median(floors) * 1000, 3),
+        "analytics_model_day": figure,
+        **({"langgraph": peers} if peers else {}),
         "operations": {
             name: {
                 "median": round(statistics.median(r), 2),
@@ -360,6 +536,22 @@ def table(result: dict[str, Any]) -> str:
                 lines.append(
                     f"| fenced appends, {count} {kind}, own sessions | {' | '.join(cells)} |"
                 )
+    runs = result["size"]["runs"]
+    cells = []
+    for n in names:
+        a = result["backends"][n]["analytics_model_day"]
+        vs = f", {a['x_faster_than_sqlite']}× faster than SQLite" if "sqlite_seconds" in a else ""
+        cells.append(f"{a['seconds']} s{vs}")
+    lines.append(
+        f"| failure rate + p95 duration per model per day, {runs} runs | {' | '.join(cells)} |"
+    )
+    for peer in ("replay / get_tuple", "append (fenced) / put"):
+        cells = []
+        for n in names:
+            r = result["backends"][n].get("langgraph", {}).get(peer)
+            cells.append("—" if r is None else f"{r['median']}× [{r['min']}–{r['max']}]")
+        if any(c != "—" for c in cells):
+            lines.append(f"| LangGraph SqliteSaver: {peer}, same history | {' | '.join(cells)} |")
     m = result["machine"]
     lines += [
         "",
@@ -373,15 +565,16 @@ def table(result: dict[str, Any]) -> str:
 def main() -> int:
     load = [round(x, 2) for x in os.getloadavg()]
     backends: dict[str, Any] = {}
+    rows = history(RUNS)
     with tempfile.TemporaryDirectory() as tmp:
         floor = duck_floor(tmp)
         with turnkeeper.open_store(f"{tmp}/store.duckdb") as store:
-            backends["duckdb"] = measure(store, floor)
+            backends["duckdb"] = measure(store, floor, rows, tmp)
     url = os.environ.get("TURNKEEPER_TEST_PG")
     if url:
         schema = pg_schema(url)
         with turnkeeper.open_store(schema) as store:
-            backends["postgres"] = measure(store, pg_floor(schema))
+            backends["postgres"] = measure(store, pg_floor(schema), rows, "")
         backends["postgres"]["processes"] = multiples({n: processes(schema, n) for n in (1, 4, 8)})
     result = {
         "floor": FLOOR_SQL.format(p="?") + " (autocommit)",
@@ -396,6 +589,7 @@ def main() -> int:
             "reps": REPS,
             "min_s": MIN_S,
             "replay_entries": REPLAY_ENTRIES,
+            "runs": RUNS,
             "writers_s": WRITERS_S,
         },
     }

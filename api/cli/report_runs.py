@@ -31,6 +31,7 @@ ran (the demo's summary measures this way).
 
 from __future__ import annotations
 
+from datetime import date
 from typing import Any, NamedTuple
 
 from rich.console import Console
@@ -63,8 +64,9 @@ class View(NamedTuple):
 
 VIEWS: dict[str, View] = {
     "run_history": View(
-        "one row per run: attempt, status, error, duration_s, its recovery's state",
-        f"""SELECT r.id AS run_id, r.session_id, r.intent_id, r.attempt, r.retry_of, r.status,
+        "one row per run: model, attempt, status, error, duration_s, its recovery's state",
+        f"""SELECT r.id AS run_id, r.session_id, r.intent_id, r.model, r.attempt, r.retry_of,
+       r.status,
        r.status IN {_in(sorted(TERMINAL))} AS terminal,
        r.cancel_requested, r.error, r.started_at, r.finished_at,
        date_part('epoch', r.finished_at) - date_part('epoch', r.started_at) AS duration_s,
@@ -177,8 +179,9 @@ def _by_state(view: str, column: str, states: Any, counted: str, extra: str = ""
 
 def _ms(expr: str, digits: int = 3) -> str:
     """SQL rounding ``expr`` to ``digits`` decimals as a double (PostgreSQL rounds
-    only numerics; both engines read the result as a float)."""
-    return f"round(({expr})::NUMERIC, {digits})::DOUBLE PRECISION"
+    only numerics, and DuckDB's bare NUMERIC keeps 3 decimals; both engines read
+    the result as a float)."""
+    return f"round(({expr})::NUMERIC(38, 9), {digits})::DOUBLE PRECISION"
 
 
 def _seconds(column: str, view: str, counted: str) -> str:
@@ -198,7 +201,24 @@ _RUN_ORDER = (
 )
 """SQL ordering runs by their lifecycle order of statuses."""
 
+FAILED_SQL = "('failed', 'interrupted', 'abandoned')"
+"""The terminal statuses a failure rate counts (cancelled and succeeded are not failures)."""
+
+MODEL_DAYS = f"""SELECT model, CAST(started_at AT TIME ZONE 'UTC' AS DATE) AS day,
+       count(*) AS runs,
+       {_ms(f"avg(CASE WHEN status IN {FAILED_SQL} THEN 1.0 ELSE 0.0 END)", 4)} AS failure_rate,
+       {_ms("percentile_cont(0.95) WITHIN GROUP (ORDER BY duration_s)")} AS p95_s
+FROM run_history WHERE terminal
+GROUP BY model, CAST(started_at AT TIME ZONE 'UTC' AS DATE) ORDER BY model, day"""
+"""Per model and UTC day of the run's start, over ended runs: runs, failure rate
+(failed, interrupted, abandoned), p95 duration in seconds (reports/bench.py times it)."""
+
 FIGURES: dict[str, Figure] = {
+    "runs_by_model_day": Figure(
+        "ended runs per model and UTC day: failure rate (failed, interrupted, abandoned) "
+        "and p95 duration (s)",
+        MODEL_DAYS,
+    ),
     "runs_by_status_attempt": Figure(
         "runs per status and attempt number",
         "SELECT status, attempt, count(*) AS runs FROM run_history GROUP BY status, attempt\n"
@@ -332,7 +352,10 @@ def table(title: str, columns: list[str], rows: list[list[str]], text_columns: i
 def _cells(row: dict[str, Any], keys: list[str], digits: int = 1) -> list[str]:
     """``row``'s values under ``keys`` as table cells (text as is, numbers formatted)."""
     values = [row.get(k) for k in keys]
-    return [v if isinstance(v, str) else fmt_num(v, digits) for v in values]
+    return [
+        v if isinstance(v, str) else v.isoformat() if isinstance(v, date) else fmt_num(v, digits)
+        for v in values
+    ]
 
 
 def _grid(title: str, rows: list[dict[str, Any]], keys: list[str], text_columns: int = 1) -> Table:
@@ -354,6 +377,14 @@ def render_runs(console: Console, data: dict[str, Any]) -> None:
             "Runs by status and attempt",
             data["runs_by_status_attempt"],
             ["status", "attempt", "runs"],
+        )
+    )
+    p(
+        _grid(
+            "Ended runs by model and day (UTC): failure rate, p95 duration (s)",
+            data["runs_by_model_day"],
+            ["model", "day", "runs", "failure_rate", "p95_s"],
+            text_columns=2,
         )
     )
     p(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import uuid6
@@ -59,7 +59,15 @@ ENTRY_COLUMNS = (
 """Every column of ``entries``, in table order (bulk inserts give them all)."""
 ENTRY_SELECT = "session_id, id, parent_id, kind, seq, ts, payload, lease_epoch"
 """The columns :func:`entry_row` reads, in its order."""
-_ENTRY_COLS = ENTRY_SELECT
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _cols(tx: Tx) -> str:
+    """:data:`ENTRY_SELECT` with ``ts`` read as epoch microseconds (see
+    ``Dialect.epoch_us``), which :func:`entry_row` turns back into a datetime."""
+    return ENTRY_SELECT.replace(" ts,", f" {tx.dialect.epoch_us('ts')},")
+
+
 _MARKS = ", ".join("?" * len(ENTRY_COLUMNS))
 
 
@@ -78,16 +86,11 @@ def session_row(row: Sequence[Any]) -> Session:
 
 
 def entry_row(row: Sequence[Any]) -> Entry:
-    return Entry(
-        session_id=row[0],
-        id=row[1],
-        parent_id=row[2],
-        kind=row[3],
-        seq=row[4],
-        timestamp=utc(row[5]),
-        payload=from_json(row[6]),
-        lease_epoch=row[7],
-    )
+    """An :class:`Entry` from a row of :data:`ENTRY_SELECT` (``ts`` a datetime, or
+    epoch microseconds as :func:`_cols` reads it)."""
+    ts = row[5]
+    when = _EPOCH + timedelta(microseconds=ts) if isinstance(ts, int) else utc(ts)
+    return Entry(row[0], row[1], row[2], row[3], row[4], when, from_json(row[6]), row[7])
 
 
 def create(
@@ -349,7 +352,7 @@ def move_leaf(
 def entries(tx: Tx, session_id: str) -> list[Entry]:
     """Every entry of the session in sequence order."""
     rows = tx.rows(
-        f"SELECT {_ENTRY_COLS} FROM entries WHERE session_id = ? ORDER BY seq", [session_id]
+        f"SELECT {_cols(tx)} FROM entries WHERE session_id = ? ORDER BY seq", [session_id]
     )
     return [entry_row(r) for r in rows]
 
@@ -357,7 +360,7 @@ def entries(tx: Tx, session_id: str) -> list[Entry]:
 def entry(tx: Tx, session_id: str, entry_id: str) -> Entry | None:
     """One entry, or ``None``."""
     row = tx.one(
-        f"SELECT {_ENTRY_COLS} FROM entries WHERE session_id = ? AND id = ?",
+        f"SELECT {_cols(tx)} FROM entries WHERE session_id = ? AND id = ?",
         [session_id, entry_id],
     )
     return None if row is None else entry_row(row)
@@ -382,7 +385,7 @@ def _path(tx: Tx, session_id: str, leaf: str | None) -> list[Entry]:
     path is decoded; a corrupt cycle or a missing parent ends the walk."""
     if leaf is None:
         return []
-    rows = tx.rows(f"SELECT {_ENTRY_COLS} FROM entries WHERE session_id = ?", [session_id])
+    rows = tx.rows(f"SELECT {_cols(tx)} FROM entries WHERE session_id = ?", [session_id])
     return _walk(rows, leaf)
 
 
@@ -413,7 +416,7 @@ def path_since(tx: Tx, session_id: str, seq: int) -> list[Entry] | None:
     if head is None:
         raise errors.SessionNotFoundError(session_id)
     rows = tx.rows(
-        f"SELECT {_ENTRY_COLS} FROM entries WHERE session_id = ? AND seq >= ?", [session_id, seq]
+        f"SELECT {_cols(tx)} FROM entries WHERE session_id = ? AND seq >= ?", [session_id, seq]
     )
     if any(row[3] == EntryKind.COMPACTION for row in rows):
         return None
