@@ -37,7 +37,7 @@ def queued_together(store: turnkeeper.BaseStore, calls: list[Callable[[], Any]])
     def run(i: int) -> None:
         try:
             out[i] = calls[i]()
-        except Exception as exc:
+        except BaseException as exc:  # the test inspects it, a cancellation too
             out[i] = exc
 
     def queued() -> int:
@@ -187,3 +187,32 @@ def test_a_grouped_lease_takeover_and_a_stale_append_keep_the_fence(duck_store, 
     assert isinstance(got[0], turnkeeper.Lease) and got[0].epoch == old.epoch + 1
     assert isinstance(got[1], errors.LeaseLostError)
     assert store.entries("s") == []
+
+
+def test_a_cancelled_leader_requeues_the_others_and_commits_nothing_twice(duck_real_store) -> None:
+    """A cancellation (KeyboardInterrupt) inside a group: the shared transaction is
+    rolled back, the writes that did not run go back to the queue for the next
+    leader, and every caller ends with its write committed exactly once or with
+    the cancellation and nothing committed."""
+    store = duck_real_store
+    store.create_session("s")
+
+    def cancelled(tx: Any) -> None:
+        raise KeyboardInterrupt("cancelled inside the group")
+
+    calls: list[Callable[[], Any]] = [
+        lambda: store.append("s", M, user("0")),
+        lambda: store.db.write("cancel", cancelled),
+        lambda: store.append("s", M, user("2")),
+        lambda: store.append("s", M, user("3")),
+    ]
+    got = queued_together(store, calls)
+    assert isinstance(got[1], KeyboardInterrupt)
+    texts = [e.payload["message"]["content"] for e in store.entries("s")]
+    assert len(texts) == len(set(texts))  # nothing committed twice
+    for i in (0, 2, 3):
+        if isinstance(got[i], KeyboardInterrupt):  # the leader, cancelled with its write
+            assert str(i) not in texts
+        else:
+            assert isinstance(got[i], turnkeeper.Entry) and str(i) in texts, got
+    store.append("s", M, user("after"))  # the store still writes

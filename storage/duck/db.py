@@ -369,9 +369,11 @@ class Database:
                     # Cancelled while leading (KeyboardInterrupt …): what did not
                     # run goes back to the front of the queue for the next leader;
                     # our own write is abandoned with the cancellation.
-                    item.done = True
                     with self._queue_lock:
-                        self._queue[:0] = [q for q in batch if not q.done]
+                        self._queue[:0] = [q for q in batch if not q.done and q is not item]
+                        if item in self._queue:  # beyond this batch: never to run now
+                            self._queue.remove(item)
+                    item.done = True
                     raise
         if item.error is not None:
             raise item.error
