@@ -230,11 +230,14 @@ def _never_granted_epoch(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _duplicate_active_record(con: duckdb.DuckDBPyConnection) -> None:
-    con.execute(
-        "INSERT INTO thread_records SELECT 'forged-record', key, 'active', driver_type, agent, "
-        "fingerprint, compatibility_fingerprint, session_codec, state, created_at, updated_at "
-        "FROM thread_records WHERE key = 'demo-1-0' AND status = 'active'"
-    )
+    """Two forged active records on demo-1-0's key, copied from one of its records
+    (or any record: whatever the demo left there, it then has two active)."""
+    for forged in ("forged-record", "forged-record-2"):
+        con.execute(
+            f"INSERT INTO thread_records SELECT '{forged}', 'demo-1-0', 'active', driver_type, "
+            "agent, fingerprint, compatibility_fingerprint, session_codec, state, created_at, "
+            "updated_at FROM thread_records ORDER BY key = 'demo-1-0' DESC, id LIMIT 1"
+        )
 
 
 def _missing_parent(con: duckdb.DuckDBPyConnection) -> None:
