@@ -15,6 +15,7 @@ no arguments prints its whole help (on stderr, exit 2).
 from __future__ import annotations
 
 import errno
+import logging
 from typing import Any
 
 import click
@@ -142,7 +143,10 @@ cli.add_command(export_command)
 
 
 def main() -> None:
-    """Console-script entry point (``turnkeeper``)."""
+    """Console-script entry point (``turnkeeper``). The PostgreSQL pool's own
+    connection-retry log lines are silenced: a failure is the one line the
+    command prints."""
+    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
     cli(prog_name="turnkeeper")
 
 

@@ -251,6 +251,16 @@ class Database:
         self._listener: notify.Listener | None = None
         self._gate = Gate()
         self._lock = self._gate.lock
+        # One direct connection first: a login refused, a missing database or a
+        # closed port fails at once with the server's own words (the pool would
+        # retry for pool_timeout_s and say only that it timed out).
+        try:
+            psycopg.connect(url, connect_timeout=max(1, int(min(pool_timeout_s, 10)))).close()
+        except psycopg.Error as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise errors.OperationalError(
+                detail=f"cannot connect to {self.path}: {reason}"
+            ) from exc
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url,
             min_size=1,

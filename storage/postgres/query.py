@@ -9,12 +9,17 @@ PostgreSQL has no parser a client can ask, so the defences are the server's:
   rolled back: every write, in a CTE or under ``EXPLAIN ANALYZE`` too, is
   refused by the server (``ReadOnlySqlTransaction``), and sequences, large
   objects and ``COPY … TO`` with it;
-- under ``SET LOCAL ROLE turnkeeper_reader`` when that role exists (a
-  migration creates it where the store's user may create roles): a role
-  granted ``SELECT`` on the store's tables and nothing else, so that server
-  files (``pg_read_file``), other schemas and ``COPY … TO PROGRAM`` are out of
-  reach even for a superuser's store. Without the role, functions that read
-  server files are refused by name as a last resort.
+- it calls none of the functions that change settings (``set_config``, which
+  could undo the role below), run SQL text (``query_to_xml``), take session
+  locks that would outlive it (``pg_advisory_lock``), reach server files,
+  other sessions or the server, or sleep: refused by name, quoted or
+  schema-qualified names too;
+- under ``SET LOCAL ROLE`` of the schema's own reader role when it exists
+  (migration 9 creates ``turnkeeper_reader_<digest of database and schema>``
+  where the store's user may create roles): granted ``SELECT`` on this
+  schema's tables and nothing else, so that other stores' schemas, server
+  files and ``COPY … TO PROGRAM`` are out of reach even for a superuser's
+  store.
 
 Results stream from a server-side cursor into Arrow record batches, so a
 large result is never held twice.
@@ -35,18 +40,37 @@ from ..backend import Tx as AnyTx
 
 T = TypeVar("T")
 
-READER_ROLE = "turnkeeper_reader"
+READER_ROLE_SQL = (
+    "'turnkeeper_reader_' || left(md5(current_database() || '.' || current_schema()), 16)"
+)
+"""The name of this schema's reader role, as migration 9 creates it."""
 
 BATCH_ROWS = 10_000
 """Rows fetched per round trip and per Arrow record batch."""
 
 _STRIP = re.compile(r"--[^\n]*|/\*.*?\*/|'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\$\$.*?\$\$", re.S)
 _FIRST_WORDS = ("select", "with", "values", "table", "explain")
-_SERVER_FILES = re.compile(
-    r"\b(pg_read_file|pg_read_binary_file|pg_ls_dir|pg_stat_file|lo_import|lo_export"
-    r"|pg_ls_\w+|dblink\w*|pg_file_write|pg_execute_server_program)\s*\(",
+_UNSAFE = re.compile(
+    r"\b(set_config|pg_read_file|pg_read_binary_file|pg_ls_\w+|pg_stat_file|lo_\w+"
+    r"|dblink\w*|pg_file_\w+|pg_execute_server_program"
+    r"|query_to_xml\w*|cursor_to_xml\w*|table_to_xml\w*|schema_to_xml\w*|database_to_xml\w*"
+    r"|pg_advisory\w*|pg_try_advisory\w*|pg_terminate_backend|pg_cancel_backend"
+    r"|pg_reload_conf|pg_rotate_logfile|pg_promote|pg_sleep\w*|pg_notify"
+    r"|pg_logical_emit_message|pg_switch_wal|pg_create_restore_point|pg_backup_\w+"
+    r"|pg_log_backend_memory_contexts|pg_import_system_collations)\s*\(",
     re.I,
 )
+"""Functions a read query may not call, whatever role it runs as: ones that change
+settings (``set_config('role', …)`` would undo the reader role), run SQL text
+(``query_to_xml``), take session locks that outlive the query, reach server
+files, other sessions or the server itself, or sleep."""
+
+_LITERALS = re.compile(
+    r"--[^\n]*|/\*.*?\*/|\b[eE]'(?:[^'\\]|\\.|'')*'|'(?:[^']|'')*'|\$\$.*?\$\$", re.S
+)
+"""Comments and string literals (``E'…'`` with its backslash escapes too): what
+:func:`check_functions` does not read for names."""
+_QUOTED = re.compile(r'"((?:[^"]|"")*)"')
 
 
 _TOKENS = re.compile(_STRIP.pattern + r"|\?|%", re.S)
@@ -137,12 +161,33 @@ def batches(
         yield pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-def _reader_role(tx: Any) -> bool:
+def _reader_role(tx: Any) -> str | None:
+    """This schema's reader role when it exists and the store's login may use it."""
     row = tx.one(
-        "SELECT pg_has_role(current_user, oid, 'MEMBER') FROM pg_roles WHERE rolname = ?",
-        [READER_ROLE],
+        f"SELECT rolname FROM pg_roles WHERE rolname = {READER_ROLE_SQL} "
+        "AND pg_has_role(session_user, oid, 'MEMBER')"
     )
-    return bool(row and row[0])
+    return None if row is None else str(row[0])
+
+
+def check_functions(sql: str) -> None:
+    """Refuse ``sql`` when it calls one of the functions a read may not (see
+    ``_UNSAFE``), spelled plainly, schema-qualified or as a quoted identifier.
+
+    Raises:
+        InvalidInputError: ``field="sql"``; nothing has been run.
+    """
+    bare = _LITERALS.sub(" ", sql)
+    if re.search(r"\bu&\s*\"", bare, re.I):
+        raise errors.InvalidInputError("sql", "a read query uses no Unicode-escaped identifiers")
+    names = _QUOTED.sub(lambda m: m.group(1).replace('""', '"'), bare)
+    found = _UNSAFE.search(names)
+    if found is not None:
+        raise errors.InvalidInputError(
+            "sql",
+            f"a read query cannot call {found.group(1)}() (settings, locks, server files, "
+            "other sessions or SQL text are out of reach)",
+        )
 
 
 def stream_query(
@@ -160,10 +205,10 @@ def stream_query(
         ProgrammingError: the server rejected it (an unknown table …).
     """
     check_read(sql)
-    if _reader_role(tx):
-        tx.exec(f"SET LOCAL ROLE {READER_ROLE}")
-    elif _SERVER_FILES.search(_STRIP.sub(" ", sql)):
-        raise errors.InvalidInputError("sql", "a read query cannot reach server files")
+    check_functions(sql)
+    reader = _reader_role(tx)
+    if reader is not None:
+        tx.exec(f'SET LOCAL ROLE "{reader}"')
     conn = tx.conn  # type: ignore[attr-defined]
     tx.statements += 1  # type: ignore[attr-defined]
     with conn.cursor(name="turnkeeper_query") as cur:
