@@ -140,8 +140,8 @@ def open_store(
     Raises:
         StoreLockedError: (DuckDB) another process has the file open.
         StoreNotFoundError: (DuckDB) ``read_only`` and no file exists at ``path``.
-        InvalidInputError: ``path`` is not a usable path (a directory, or a
-            new file in a folder that does not exist).
+        InvalidInputError: ``path`` is not a usable path (a directory, a new
+            file in a folder that does not exist, or a URL of another scheme).
         ForeignDatabaseError: not a turnkeeper database (not a DuckDB file, or
             another application's tables).
         SchemaVersionError: the store was written by a newer turnkeeper, or
@@ -160,7 +160,19 @@ def open_store(
                 detail="PostgreSQL needs psycopg: pip install 'turnkeeper[postgres]'"
             ) from exc
         return PostgresStore(path, clock=clock, read_only=read_only)
+    if isinstance(path, str) and _URL_SCHEME.match(path):
+        scheme = path.split(":", 1)[0]
+        raise InvalidInputError(
+            "path",
+            f"{scheme}:// is not a store turnkeeper opens: a DuckDB file path, "
+            "or a postgresql:// URL",
+        )
     return DuckDBStore(path, clock=clock, read_only=read_only)
+
+
+_URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+"""A URL of some scheme (``mysql://``, ``postgresql+psycopg://`` …): never a file path
+to create, since a DuckDB file named after it would be a silent surprise."""
 
 
 __all__ = [

@@ -292,3 +292,16 @@ def test_migration_9_stores_each_runs_model_on_the_run(
         run = store.admit_run("s", {"q": 2}, model="model-b")
         found = store.query("SELECT model FROM runs WHERE id = ?", [run.id])
         assert found.column(0).to_pylist() == ["model-b"]
+
+
+@pytest.mark.parametrize(
+    "url", ["mysql://root@localhost/x", "postgresql+psycopg://u@h/db", "sqlite:///x.db"]
+)
+def test_a_url_of_another_scheme_is_refused_not_made_a_duckdb_file(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(errors.InvalidInputError) as caught:
+        turnkeeper.open_store(url)
+    assert caught.value.field == "path"
+    assert list(tmp_path.iterdir()) == []
