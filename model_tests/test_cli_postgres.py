@@ -128,3 +128,46 @@ def _cmd(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
     except OSError:
         return ""
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_a_process_fleet_demo_prints_one_line_and_exits_130() -> None:
+    """SIGINT to the demo's process group (Ctrl-C in a terminal): the demo says it
+    was interrupted in one line and exits 130; its worker and service processes
+    print no tracebacks and end."""
+    import os
+    import signal
+
+    url = new_pg_schema()
+    fleet = ["--duration", "600", "--workers", "2", "--sessions", "2", "--seed", "5"]
+    demo = subprocess.Popen(
+        [*CLI, "demo", "--db", url, *fleet],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    children: list[int] = []
+    try:
+        for _ in range(600):
+            children = [c for c in _children(demo.pid) if "multiprocessing" in _cmd(c)]
+            if len(children) >= 5:
+                break
+            time.sleep(0.2)
+        assert len(children) >= 5, children
+        os.killpg(demo.pid, signal.SIGINT)
+        _, stderr = demo.communicate(timeout=300)
+        assert demo.returncode == 130, stderr
+        assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+        assert stderr.strip().splitlines()[-1] == "turnkeeper: interrupted", stderr
+        for _ in range(600):  # a liveness bound, not a timing figure
+            if not any(_alive(c) for c in children):
+                break
+            time.sleep(0.2)
+        assert not any(_alive(c) for c in children)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+        for c in children:
+            if _alive(c):
+                os.kill(c, signal.SIGKILL)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.connection
+import signal
 import threading
 import time
 from typing import Any, Protocol
@@ -124,9 +125,12 @@ def _run_unit(
     results: Any,
 ) -> None:
     """A process's body: one worker or service on its own store (spawned); it
-    stops when the parent process dies."""
+    stops when the parent process dies. Ctrl-C reaches the whole process group:
+    the parent answers it (one line, exit 130) and the units ignore it, ending
+    through ``stop`` or the parent's death instead of with a traceback each."""
     import turnkeeper
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (already, when started by start())
     stop_when_orphaned(stop)
 
     with turnkeeper.open_store(url) as store:
@@ -175,8 +179,17 @@ class ProcessFleet:
         ]
 
     def start(self) -> None:
-        for p in [*self._workers, *self._services]:
-            p.start()
+        """Start every unit with Ctrl-C ignored from its first instruction (an
+        ignored signal stays ignored across the spawn's exec, so an interpreter
+        still starting prints no traceback): the parent answers Ctrl-C."""
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
+            for p in [*self._workers, *self._services]:
+                p.start()
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, previous)
 
     def workers_alive(self) -> bool:
         return any(p.is_alive() for p in self._workers)
