@@ -130,7 +130,8 @@ def _run_unit(
     through ``stop`` or the parent's death instead of with a traceback each."""
     import turnkeeper
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (already, when started by start())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C pending since start() is dropped
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     stop_when_orphaned(stop)
 
     with turnkeeper.open_store(url) as store:
@@ -179,17 +180,17 @@ class ProcessFleet:
         ]
 
     def start(self) -> None:
-        """Start every unit with Ctrl-C ignored from its first instruction (an
-        ignored signal stays ignored across the spawn's exec, so an interpreter
-        still starting prints no traceback): the parent answers Ctrl-C."""
-        main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        """Start every unit with Ctrl-C blocked from its first instruction (the
+        signal mask is inherited across the spawn's fork and exec, so an
+        interpreter still starting prints no traceback); blocked, not ignored,
+        here too, so a Ctrl-C meanwhile is delivered to this process once the
+        units are started: the parent answers Ctrl-C."""
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             for p in [*self._workers, *self._services]:
                 p.start()
         finally:
-            if main:
-                signal.signal(signal.SIGINT, previous)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     def workers_alive(self) -> bool:
         return any(p.is_alive() for p in self._workers)
