@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.connection
+import os
 import signal
 import threading
 import time
@@ -99,16 +100,20 @@ class ThreadFleet:
         return [w.stats for w in self.workers], [s.stats for s in self.services]
 
 
-def stop_when_orphaned(stop: Any) -> None:
-    """Set ``stop`` when this spawned process's parent dies (a killed ``demo``):
-    a service runs until told to stop, and nobody else would tell it."""
+def exit_when_orphaned() -> None:
+    """End this spawned process when its parent dies (a killed ``demo``): a
+    service runs until told to stop, and nobody else would tell it. The process
+    exits at once, as if killed (every write of the store is atomic, so nothing
+    half-written stays): setting the shared ``stop`` event instead can hang for
+    ever, since a multiprocessing Condition waits for every process that was
+    waiting on it to wake, the dead parent included."""
     parent = multiprocessing.parent_process()
     if parent is None:
         return
 
     def watch() -> None:
         multiprocessing.connection.wait([parent.sentinel])
-        stop.set()
+        os._exit(1)
 
     threading.Thread(target=watch, name="demo-parent-watch", daemon=True).start()
 
@@ -132,7 +137,7 @@ def _run_unit(
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C pending since start() is dropped
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    stop_when_orphaned(stop)
+    exit_when_orphaned()
 
     with turnkeeper.open_store(url) as store:
         if kind == "worker":
