@@ -102,19 +102,10 @@ def test_a_killed_demo_leaves_no_worker_or_service_process_behind() -> None:
     )
     children: list[int] = []
     try:
-        for _ in range(600):  # the processes are spawned: wait until all five run
-            children = [c for c in _children(demo.pid) if "multiprocessing" in _cmd(c)]
-            if len(children) >= 5:
-                break
-            time.sleep(0.2)
-        assert len(children) >= 5, children
+        children[:] = _units_of(demo)
         os.kill(demo.pid, signal.SIGKILL)
         demo.wait()
-        for _ in range(600):  # a liveness bound for a loaded machine, not a timing figure
-            if not any(_alive(c) for c in children):
-                break
-            time.sleep(0.2)
-        assert not any(_alive(c) for c in children), [c for c in children if _alive(c)]
+        _all_gone(children)
     finally:
         if demo.poll() is None:
             demo.kill()
@@ -149,25 +140,38 @@ def test_ctrl_c_on_a_process_fleet_demo_prints_one_line_and_exits_130() -> None:
     )
     children: list[int] = []
     try:
-        for _ in range(600):
-            children = [c for c in _children(demo.pid) if "multiprocessing" in _cmd(c)]
-            if len(children) >= 5:
-                break
-            time.sleep(0.2)
-        assert len(children) >= 5, children
+        children[:] = _units_of(demo)
         os.killpg(demo.pid, signal.SIGINT)
         _, stderr = demo.communicate(timeout=300)
         assert demo.returncode == 130, stderr
         assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
         assert stderr.strip().splitlines()[-1] == "turnkeeper: interrupted", stderr
-        for _ in range(600):  # a liveness bound, not a timing figure
-            if not any(_alive(c) for c in children):
-                break
-            time.sleep(0.2)
-        assert not any(_alive(c) for c in children)
+        _all_gone(children)
     finally:
         if demo.poll() is None:
             demo.kill()
         for c in children:
             if _alive(c):
                 os.kill(c, signal.SIGKILL)
+
+
+def _units_of(demo: subprocess.Popen[str]) -> list[int]:
+    """The demo's five spawned worker and service processes, once all run."""
+    children: list[int] = []
+    for _ in range(600):  # the processes are spawned: wait until all five run
+        children = [c for c in _children(demo.pid) if "multiprocessing" in _cmd(c)]
+        if len(children) >= 5:
+            break
+        time.sleep(0.2)
+    assert len(children) >= 5, children
+    return children
+
+
+def _all_gone(children: list[int]) -> None:
+    """Every one of ``children`` ends (a liveness bound for a loaded machine, not a
+    timing figure)."""
+    for _ in range(600):
+        if not any(_alive(c) for c in children):
+            break
+        time.sleep(0.2)
+    assert not any(_alive(c) for c in children), [c for c in children if _alive(c)]
