@@ -99,6 +99,7 @@ from turnkeeper.spec.records import (
 )
 from turnkeeper.spec.tool_execution import ToolExecution
 from turnkeeper.storage import SCHEMA_VERSION, BaseStore, DuckDBStore, Store
+from turnkeeper.storage.ops.replays import REPLAY_CACHE_BYTES
 from turnkeeper.storage.wakeups import Subscription, Topic
 
 DEFAULT_PATH = "turnkeeper.duckdb"
@@ -126,6 +127,7 @@ def open_store(
     *,
     clock: Callable[[], datetime] | None = None,
     read_only: bool = False,
+    replay_cache_bytes: int = REPLAY_CACHE_BYTES,
 ) -> BaseStore:
     """Open (creating if needed) the store at ``path``: a DuckDB file (the
     embedded default; ``":memory:"`` for a private one), or a PostgreSQL
@@ -135,7 +137,11 @@ def open_store(
 
     ``clock`` replaces the database clock (tests); it returns aware datetimes.
     ``read_only`` opens an existing store for inspection: no migrations, and
-    every write raises ``ReadOnlyError``.
+    every write raises ``ReadOnlyError``. ``replay_cache_bytes`` bounds the
+    store object's replay cache, in bytes of cached message JSON (default
+    64 MiB; 0 turns it off): a replay of a session unchanged since its last
+    replay decodes the cached messages without reading an entry, and one
+    that grew along its branch reads only the new entries.
 
     Raises:
         StoreLockedError: (DuckDB) another process has the file open.
@@ -159,7 +165,9 @@ def open_store(
             raise NotSupportedError(
                 detail="PostgreSQL needs psycopg: pip install 'turnkeeper[postgres]'"
             ) from exc
-        return PostgresStore(path, clock=clock, read_only=read_only)
+        return PostgresStore(
+            path, clock=clock, read_only=read_only, replay_cache_bytes=replay_cache_bytes
+        )
     if isinstance(path, str) and _URL_SCHEME.match(path):
         scheme = path.split(":", 1)[0]
         raise InvalidInputError(
@@ -167,7 +175,9 @@ def open_store(
             f"{scheme}:// is not a store turnkeeper opens: a DuckDB file path, "
             "or a postgresql:// URL",
         )
-    return DuckDBStore(path, clock=clock, read_only=read_only)
+    return DuckDBStore(
+        path, clock=clock, read_only=read_only, replay_cache_bytes=replay_cache_bytes
+    )
 
 
 _URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")

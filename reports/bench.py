@@ -134,14 +134,17 @@ def pg_schema(url: str) -> str:
 # -- the operations -----------------------------------------------------------------
 
 
-def operations(store: turnkeeper.BaseStore) -> dict[str, Op]:
-    """The rows of the table: name → one timed call (per entry for the batch)."""
+def operations(store: turnkeeper.BaseStore, cold: turnkeeper.BaseStore) -> dict[str, Op]:
+    """The rows of the table: name → one timed call (per entry for the batch).
+    ``cold`` is a second store object on the same database with its replay
+    cache off (every replay reads the branch's rows)."""
     store.create_session("s")
     lease = store.acquire_lease("session:s", "bench", 3600)
     store.create_session("u")  # unleased: an unfenced append is refused on a leased session
-    store.create_session("r")
-    for done in range(0, REPLAY_ENTRIES, 1000):
-        store.append_many("r", [(EntryKind.MESSAGE, MSG)] * min(1000, REPLAY_ENTRIES - done))
+    for sid in ("r", "g"):  # "g" grows by one entry before each of its replays
+        store.create_session(sid)
+        for done in range(0, REPLAY_ENTRIES, 1000):
+            store.append_many(sid, [(EntryKind.MESSAGE, MSG)] * min(1000, REPLAY_ENTRIES - done))
     store.create_session("runs")
     runs_lease = store.acquire_lease("session:runs", "bench", 3600)
     reply = {"role": "assistant", "content": "done"}
@@ -192,6 +195,10 @@ def operations(store: turnkeeper.BaseStore) -> dict[str, Op]:
         op = store.claim_delivery(f"{outbox.id}:delivery:{next(claimed)}", "bench", 60)
         store.finish_delivery(op.id, "bench", op.lease_epoch, "delivered")
 
+    def grown() -> float:
+        store.append("g", EntryKind.MESSAGE, MSG)
+        return timed(lambda: store.replay("g"))()
+
     def batch() -> float:
         start = time.perf_counter()
         store.append_many("s", [(EntryKind.MESSAGE, MSG)] * BATCH, lease=lease)
@@ -218,7 +225,11 @@ def operations(store: turnkeeper.BaseStore) -> dict[str, Op]:
         "turn, 7 transactions (admit, start, 4 appends, finish)": turn_seven,
         "turn, 3 transactions (admit+start, append_many, finish+entries)": turn_three,
         "claim + finish delivery": timed(delivery),
-        f"replay ({REPLAY_ENTRIES} entries)": timed(lambda: store.replay("r")),
+        f"replay ({REPLAY_ENTRIES} entries), unchanged since the last (cache)": timed(
+            lambda: store.replay("r")
+        ),
+        f"replay ({REPLAY_ENTRIES} entries) after one append (cache + the new row)": grown,
+        f"replay ({REPLAY_ENTRIES} entries), cache off": timed(lambda: cold.replay("r")),
     }
 
 
@@ -282,8 +293,11 @@ def multiples(rates: dict[int, float]) -> dict[str, dict[str, float]]:
 # -- peers: LangGraph's SqliteSaver, and the analytics figure on SQLite --------------------
 
 
-def langgraph_peer(store: turnkeeper.BaseStore, folder: str) -> dict[str, Any]:
-    """Replay of the :data:`REPLAY_ENTRIES`-entry session against LangGraph's
+def langgraph_peer(
+    store: turnkeeper.BaseStore, cold: turnkeeper.BaseStore, folder: str
+) -> dict[str, Any]:
+    """Replay of the :data:`REPLAY_ENTRIES`-entry session (cached, and with the
+    cache off) against LangGraph's
     ``SqliteSaver.get_tuple`` of a checkpoint holding the same messages, and an
     append against the ``put`` of that checkpoint with one message more (LangGraph
     writes the whole state), interleaved, median over :data:`REPS`."""
@@ -314,6 +328,10 @@ def langgraph_peer(store: turnkeeper.BaseStore, folder: str) -> dict[str, Any]:
     pairs = {
         "replay / get_tuple": (
             timed(lambda: store.replay("r")),
+            timed(lambda: saver.get_tuple(config)),
+        ),
+        "replay, cache off / get_tuple": (
+            timed(lambda: cold.replay("r")),
             timed(lambda: saver.get_tuple(config)),
         ),
         "append (fenced) / put": (
@@ -444,10 +462,15 @@ def analytics(store: turnkeeper.BaseStore, rows: list[tuple[Any, ...]], folder: 
 
 
 def measure(
-    store: turnkeeper.BaseStore, floor: Op, rows: list[tuple[Any, ...]], folder: str
+    store: turnkeeper.BaseStore,
+    cold: turnkeeper.BaseStore,
+    floor: Op,
+    rows: list[tuple[Any, ...]],
+    folder: str,
 ) -> dict[str, Any]:
-    """Every figure of one backend; with ``folder``, the peers beside it."""
-    ops = operations(store)
+    """Every figure of one backend (``cold``: the same database, replay cache
+    off); with ``folder``, the peers beside it."""
+    ops = operations(store, cold)
     ratios: dict[str, list[float]] = {name: [] for name in ops}
     floors: list[float] = []
     for _ in range(REPS):  # interleaved: the floor is timed right before each operation
@@ -456,7 +479,7 @@ def measure(
             floors.append(base)
             ratios[name].append(per_call(op) / base)
     stats = store.statement_stats()
-    peers = langgraph_peer(store, folder) if folder else {}
+    peers = langgraph_peer(store, cold, folder) if folder else {}
     ours, sqlite_s = analytics(store, rows, folder)
     figure = {"runs": len(rows), "seconds": round(ours, 4)}
     if sqlite_s is not None:
@@ -545,7 +568,7 @@ def table(result: dict[str, Any]) -> str:
     lines.append(
         f"| failure rate + p95 duration per model per day, {runs} runs | {' | '.join(cells)} |"
     )
-    for peer in ("replay / get_tuple", "append (fenced) / put"):
+    for peer in ("replay / get_tuple", "replay, cache off / get_tuple", "append (fenced) / put"):
         cells = []
         for n in names:
             r = result["backends"][n].get("langgraph", {}).get(peer)
@@ -568,13 +591,20 @@ def main() -> int:
     rows = history(RUNS)
     with tempfile.TemporaryDirectory() as tmp:
         floor = duck_floor(tmp)
-        with turnkeeper.open_store(f"{tmp}/store.duckdb") as store:
-            backends["duckdb"] = measure(store, floor, rows, tmp)
+        path = f"{tmp}/store.duckdb"
+        with (
+            turnkeeper.open_store(path) as store,
+            turnkeeper.open_store(path, replay_cache_bytes=0) as cold,
+        ):
+            backends["duckdb"] = measure(store, cold, floor, rows, tmp)
     url = os.environ.get("TURNKEEPER_TEST_PG")
     if url:
         schema = pg_schema(url)
-        with turnkeeper.open_store(schema) as store:
-            backends["postgres"] = measure(store, pg_floor(schema), rows, "")
+        with (
+            turnkeeper.open_store(schema) as store,
+            turnkeeper.open_store(schema, replay_cache_bytes=0) as cold,
+        ):
+            backends["postgres"] = measure(store, cold, pg_floor(schema), rows, "")
         backends["postgres"]["processes"] = multiples({n: processes(schema, n) for n in (1, 4, 8)})
     result = {
         "floor": FLOOR_SQL.format(p="?") + " (autocommit)",

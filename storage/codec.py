@@ -163,3 +163,8 @@ def to_json(value: Any, field: str) -> str:
 def from_json(text: str) -> Any:
     """Decode JSON text written by :func:`to_json`."""
     return orjson.loads(text)
+
+
+def stored_json(value: Any) -> str:
+    """JSON text of a value decoded from stored JSON (it round-trips: no check)."""
+    return orjson.dumps(value).decode("utf-8")

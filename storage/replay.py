@@ -83,8 +83,16 @@ def build_replay(path: Sequence[Entry]) -> Replay:
                 add(entry)
         for entry in path[compaction_at + 1 :]:
             add(entry)
-    model: Mapping[str, Any] | None = None
-    thinking = "off"
+    model, thinking = path_settings(path)
+    return Replay(tuple(messages), tuple(ids), model, thinking)
+
+
+def path_settings(
+    path: Sequence[Entry], model: Mapping[str, Any] | None = None, thinking: str = "off"
+) -> tuple[Mapping[str, Any] | None, str]:
+    """The model and thinking level after ``path`` (root → leaf), starting from
+    ``model`` and ``thinking`` (a replay's, to carry one on along new entries):
+    the latest model change or assistant model, the latest thinking-level change."""
     for entry in path:
         if entry.kind == EntryKind.MODEL_CHANGE:
             model = {
@@ -99,7 +107,7 @@ def build_replay(path: Sequence[Entry]) -> Replay:
             msg = entry.payload["message"]
             if msg.get("provider") or msg.get("model"):
                 model = {"provider": msg.get("provider"), "modelId": msg.get("model")}
-    return Replay(tuple(messages), tuple(ids), model, thinking)
+    return model, thinking
 
 
 def path_to(entries: Mapping[str, Entry], leaf_id: str | None) -> list[Entry]:

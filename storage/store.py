@@ -29,6 +29,7 @@ from .ops.leases import LeasesMixin
 from .ops.lineage import LineageMixin
 from .ops.listing import ListingMixin
 from .ops.recovery import RecoveryMixin
+from .ops.replays import REPLAY_CACHE_BYTES, BranchCache, ReplaysMixin
 from .ops.run_reads import RunReadsMixin
 from .ops.runs import RunsMixin
 from .ops.sessions import SessionsMixin
@@ -82,6 +83,7 @@ class BaseStore(
     LeasesMixin,
     ThreadsMixin,
     SessionsMixin,
+    ReplaysMixin,
     ListingMixin,
     ImportsMixin,
     RunsMixin,
@@ -98,7 +100,9 @@ class BaseStore(
     Opening applies pending schema migrations (one process at a time: the
     backend serializes concurrent openers), except with ``read_only``: then
     the schema must already be this turnkeeper's, nothing is changed, and
-    writes raise ``ReadOnlyError``.
+    writes raise ``ReadOnlyError``. ``replay_cache_bytes`` bounds the
+    replay cache (bytes of cached message JSON; 0: none; see
+    ``storage.ops.replays``).
 
     Raises (from the constructor):
         ForeignDatabaseError: the database holds another application's tables.
@@ -107,9 +111,10 @@ class BaseStore(
         DatabaseError: any other failure reading the schema.
     """
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, *, replay_cache_bytes: int = REPLAY_CACHE_BYTES) -> None:
         self.db = backend
         self._secret = secrets.token_bytes(32)
+        self._branches = BranchCache(replay_cache_bytes)
         try:
             if backend.read_only:
                 self.db.read("check_schema", self._check_schema, snapshot=True)

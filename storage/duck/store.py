@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 
 from ..backend import Clock
+from ..ops.replays import REPLAY_CACHE_BYTES
 from ..store import BaseStore
-from ..validate import check_bool, check_path
+from ..validate import check_bool, check_int, check_path
 from .db import Database
 
 
@@ -41,7 +42,15 @@ class DuckDBStore(BaseStore):
     db: Database
 
     def __init__(
-        self, path: str | os.PathLike[str], *, clock: Clock | None = None, read_only: bool = False
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Clock | None = None,
+        read_only: bool = False,
+        replay_cache_bytes: int = REPLAY_CACHE_BYTES,
     ) -> None:
         check_bool(read_only, "read_only")
-        super().__init__(Database(check_path(path), clock, read_only=read_only))
+        cache = check_int(replay_cache_bytes, "replay_cache_bytes", 0)
+        super().__init__(
+            Database(check_path(path), clock, read_only=read_only), replay_cache_bytes=cache
+        )

@@ -27,13 +27,12 @@ from turnkeeper.spec.records import (
     Entry,
     Lease,
     NewEntry,
-    Replay,
     Session,
 )
 
 from ..backend import Conflict, Tx, utc
 from ..codec import check_id, check_text, from_json, to_json, to_json_exact
-from ..replay import affects_pairing, build_replay, new_pairing_faults
+from ..replay import affects_pairing, new_pairing_faults
 from ..validate import (
     check_expected_leaf,
     check_header,
@@ -62,7 +61,7 @@ ENTRY_SELECT = "session_id, id, parent_id, kind, seq, ts, payload, lease_epoch"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def _cols(tx: Tx) -> str:
+def entry_columns(tx: Tx) -> str:
     """:data:`ENTRY_SELECT` with ``ts`` read as epoch microseconds (see
     ``Dialect.epoch_us``), which :func:`entry_row` turns back into a datetime."""
     return ENTRY_SELECT.replace(" ts,", f" {tx.dialect.epoch_us('ts')},")
@@ -87,7 +86,7 @@ def session_row(row: Sequence[Any]) -> Session:
 
 def entry_row(row: Sequence[Any]) -> Entry:
     """An :class:`Entry` from a row of :data:`ENTRY_SELECT` (``ts`` a datetime, or
-    epoch microseconds as :func:`_cols` reads it)."""
+    epoch microseconds as :func:`entry_columns` reads it)."""
     ts = row[5]
     when = _EPOCH + timedelta(microseconds=ts) if isinstance(ts, int) else utc(ts)
     return Entry(row[0], row[1], row[2], row[3], row[4], when, from_json(row[6]), row[7])
@@ -253,7 +252,7 @@ def append_drafts(
         )
         parent = d.entry_id
     if pairing and parent_override is None and any(affects_pairing(e) for e in out):
-        path = [*_path(tx, session_id, leaf), *out]
+        path = [*path_to_leaf(tx, session_id, leaf), *out]
         fault = next(iter(new_pairing_faults(path, len(out))), None)
         if fault is not None:
             raise errors.ToolCallPairingError(
@@ -352,7 +351,7 @@ def move_leaf(
 def entries(tx: Tx, session_id: str) -> list[Entry]:
     """Every entry of the session in sequence order."""
     rows = tx.rows(
-        f"SELECT {_cols(tx)} FROM entries WHERE session_id = ? ORDER BY seq", [session_id]
+        f"SELECT {entry_columns(tx)} FROM entries WHERE session_id = ? ORDER BY seq", [session_id]
     )
     return [entry_row(r) for r in rows]
 
@@ -360,7 +359,7 @@ def entries(tx: Tx, session_id: str) -> list[Entry]:
 def entry(tx: Tx, session_id: str, entry_id: str) -> Entry | None:
     """One entry, or ``None``."""
     row = tx.one(
-        f"SELECT {_cols(tx)} FROM entries WHERE session_id = ? AND id = ?",
+        f"SELECT {entry_columns(tx)} FROM entries WHERE session_id = ? AND id = ?",
         [session_id, entry_id],
     )
     return None if row is None else entry_row(row)
@@ -375,24 +374,27 @@ def branch_path(tx: Tx, session_id: str) -> list[Entry]:
     head = tx.one("SELECT leaf_id FROM sessions WHERE id = ?", [session_id])
     if head is None:
         raise errors.SessionNotFoundError(session_id)
-    return _path(tx, session_id, head[0])
+    return path_to_leaf(tx, session_id, head[0])
 
 
-def _path(tx: Tx, session_id: str, leaf: str | None) -> list[Entry]:
+def path_to_leaf(tx: Tx, session_id: str, leaf: str | None) -> list[Entry]:
     """Root → ``leaf`` path of the session: its rows read flat in one scan and the
     tree walked in memory (a recursive query cost most of a replay). Memory
     holds the session's stored rows once (about their stored bytes) while the
     path is decoded; a corrupt cycle or a missing parent ends the walk."""
     if leaf is None:
         return []
-    rows = tx.rows(f"SELECT {_cols(tx)} FROM entries WHERE session_id = ?", [session_id])
+    rows = tx.rows(f"SELECT {entry_columns(tx)} FROM entries WHERE session_id = ?", [session_id])
     return _walk(rows, leaf)
 
 
-def _walk(rows: Sequence[Sequence[Any]], leaf: str | None) -> list[Entry]:
+def _walk(rows: list[tuple[Any, ...]], leaf: str | None) -> list[Entry]:
     """Root → ``leaf`` through ``rows`` (``entries`` rows by :data:`ENTRY_SELECT`),
-    decoding only the path; ends at a parent not among them or a cycle."""
+    decoding only the path; ends at a parent not among them or a cycle.
+    Consumes ``rows`` (the list is emptied, and each row let go once decoded,
+    so a long session's rows and its decoded path are not held twice)."""
     by_id = {row[1]: row for row in rows}
+    rows.clear()
     ids: list[str] = []
     seen: set[str] = set()
     node: str | None = leaf
@@ -400,7 +402,8 @@ def _walk(rows: Sequence[Sequence[Any]], leaf: str | None) -> list[Entry]:
         seen.add(node)
         ids.append(node)
         node = by_id[node][2]
-    return [entry_row(by_id[i]) for i in reversed(ids)]
+    del seen
+    return [entry_row(by_id.pop(i)) for i in reversed(ids)]
 
 
 def path_since(tx: Tx, session_id: str, seq: int) -> list[Entry] | None:
@@ -416,16 +419,12 @@ def path_since(tx: Tx, session_id: str, seq: int) -> list[Entry] | None:
     if head is None:
         raise errors.SessionNotFoundError(session_id)
     rows = tx.rows(
-        f"SELECT {_cols(tx)} FROM entries WHERE session_id = ? AND seq >= ?", [session_id, seq]
+        f"SELECT {entry_columns(tx)} FROM entries WHERE session_id = ? AND seq >= ?",
+        [session_id, seq],
     )
     if any(row[3] == EntryKind.COMPACTION for row in rows):
         return None
     return _walk(rows, head[0])
-
-
-def replay(tx: Tx, session_id: str) -> Replay:
-    """The current branch with compaction applied (see ``storage.replay``)."""
-    return build_replay(branch_path(tx, session_id))
 
 
 def labels(tx: Tx, session_id: str) -> dict[str, str]:
@@ -764,15 +763,6 @@ class SessionsMixin(StoreBase):
         check_id(session_id, "session_id")
         check_id(entry_id, "entry_id")
         return self.db.read("entry", lambda tx: entry(tx, session_id, entry_id))
-
-    def replay(self, session_id: str) -> Replay:
-        """The current branch with compaction applied (session seed GetReplayState).
-
-        Raises:
-            SessionNotFoundError: no such session.
-        """
-        check_id(session_id, "session_id")
-        return self.db.read("replay", lambda tx: replay(tx, session_id), snapshot=True)
 
     def labels(self, session_id: str) -> dict[str, str]:
         """Current labels: target entry id → label.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..backend import Clock
 from ..codec import check_text
+from ..ops.replays import REPLAY_CACHE_BYTES
 from ..store import BaseStore
 from ..validate import check_bool, check_int
 from .db import Database
@@ -41,8 +42,13 @@ class PostgresStore(BaseStore):
         clock: Clock | None = None,
         read_only: bool = False,
         pool_size: int = 8,
+        replay_cache_bytes: int = REPLAY_CACHE_BYTES,
     ) -> None:
         check_text(url, "url", allow_empty=False)
         check_bool(read_only, "read_only")
         check_int(pool_size, "pool_size", 1)
-        super().__init__(Database(url, clock, read_only=read_only, pool_size=pool_size))
+        cache = check_int(replay_cache_bytes, "replay_cache_bytes", 0)
+        super().__init__(
+            Database(url, clock, read_only=read_only, pool_size=pool_size),
+            replay_cache_bytes=cache,
+        )

@@ -1,0 +1,209 @@
+"""Replay through an in-process cache of replayed branches (session seed
+GetReplayState), on every backend.
+
+Entries are immutable: the store never updates or deletes one, and every
+write of entries moves the session's ``next_seq`` past them. So the session
+row's ``(leaf_id, next_seq)`` names its current branch's replay exactly: a
+replay reads that row (one statement) and, when the cache holds a replay
+under the same pair, decodes it without reading an entry. When the session
+grew along its branch since (the new leaf descends from the cached one), it
+reads only the entries with ``seq`` at or above the cached ``next_seq`` and
+carries the cached replay on along them; anything else (the leaf moved to
+another branch, a new compaction) is replayed from the rows as
+:func:`~turnkeeper.storage.ops.sessions.replay` does. Writers in other
+processes or store objects are seen the same way: the check reads the row.
+
+Every replay returns fresh objects (decoded from the cached JSON text), so a
+caller that changes the messages it got changes nothing cached. Memory: the
+cache keeps each branch's context messages as JSON text (about their stored
+bytes) up to ``replay_cache_bytes`` in all (64 MiB by default), evicting the
+least recently replayed session; a branch larger than that is not cached.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from turnkeeper.spec import errors
+from turnkeeper.spec.entries import EntryKind
+from turnkeeper.spec.records import Entry, Replay
+
+from ..backend import Tx
+from ..codec import check_id, from_json, stored_json
+from ..replay import build_replay, context_message, path_settings
+from . import sessions
+from .base import StoreBase
+
+REPLAY_CACHE_BYTES = 64 * 2**20
+"""The default bound, in bytes, of a store object's replay cache."""
+_OVERHEAD = 64
+"""Bytes counted per cached message beyond its JSON text (object and list slot)."""
+_CHUNK = 1024
+"""Cached messages decoded per JSON decode."""
+
+
+@dataclass(frozen=True, slots=True)
+class Branch:
+    """A replay as cached: for the session row's ``(leaf_id, next_seq)``, its
+    messages as JSON text, their entry ids, and the model (JSON) and thinking
+    level; ``nbytes`` is what it counts against the bound."""
+
+    leaf_id: str | None
+    next_seq: int
+    messages: tuple[str, ...]
+    entry_ids: tuple[str, ...]
+    model: str | None
+    thinking: str
+    nbytes: int
+
+    @classmethod
+    def of(cls, replay: Replay, leaf_id: str | None, next_seq: int) -> Branch:
+        texts = tuple(stored_json(m) for m in replay.messages)
+        return cls._make(
+            leaf_id, next_seq, texts, replay.entry_ids, replay.model, replay.thinking_level
+        )
+
+    @classmethod
+    def _make(
+        cls,
+        leaf_id: str | None,
+        next_seq: int,
+        texts: tuple[str, ...],
+        ids: tuple[str, ...],
+        model: Mapping[str, Any] | None,
+        thinking: str,
+    ) -> Branch:
+        size = sum(len(t) + len(i) for t, i in zip(texts, ids, strict=True))
+        model_json = None if model is None else stored_json(model)
+        return cls(leaf_id, next_seq, texts, ids, model_json, thinking, size + _OVERHEAD * len(ids))
+
+    def replay(self) -> Replay:
+        """The replay, decoded afresh (one JSON decode per :data:`_CHUNK` messages:
+        a decode's buffers grow with its text)."""
+        texts = self.messages
+        messages = [
+            m
+            for at in range(0, len(texts), _CHUNK)
+            for m in from_json("[" + ",".join(texts[at : at + _CHUNK]) + "]")
+        ]
+        model = None if self.model is None else from_json(self.model)
+        return Replay(tuple(messages), self.entry_ids, model, self.thinking)
+
+    def extended(self, tail: Sequence[Entry], leaf_id: str | None, next_seq: int) -> Branch:
+        """This branch carried on along ``tail`` (new entries, none a compaction,
+        the first one's parent this branch's leaf): their messages follow."""
+        texts, ids = list(self.messages), list(self.entry_ids)
+        for entry in tail:
+            message = context_message(entry)
+            if message is not None:
+                texts.append(stored_json(message))
+                ids.append(entry.id)
+        model = None if self.model is None else from_json(self.model)
+        model, thinking = path_settings(tail, model, self.thinking)
+        return Branch._make(leaf_id, next_seq, tuple(texts), tuple(ids), model, thinking)
+
+
+class BranchCache:
+    """Session id → its last replayed :class:`Branch`, least recently replayed
+    evicted first beyond ``max_bytes`` in all (0 caches nothing); thread-safe."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._branches: OrderedDict[str, Branch] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, session_id: str) -> Branch | None:
+        with self._lock:
+            branch = self._branches.get(session_id)
+            if branch is not None:
+                self._branches.move_to_end(session_id)
+            return branch
+
+    def put(self, session_id: str, branch: Branch) -> None:
+        with self._lock:
+            old = self._branches.pop(session_id, None)
+            if old is not None:
+                self.nbytes -= old.nbytes
+            if branch.nbytes > self.max_bytes:
+                return
+            self._branches[session_id] = branch
+            self.nbytes += branch.nbytes
+            while self.nbytes > self.max_bytes:
+                _, evicted = self._branches.popitem(last=False)
+                self.nbytes -= evicted.nbytes
+
+    def __len__(self) -> int:
+        return len(self._branches)
+
+
+def _tail(rows: Sequence[Sequence[Any]], leaf: str | None, stop: str | None) -> list[Entry] | None:
+    """Root-first entries from ``stop`` (exclusive) to ``leaf`` through ``rows``
+    (``entries`` rows by ``sessions.ENTRY_SELECT``), or ``None`` when the walk
+    from ``leaf`` leaves ``rows`` anywhere but at ``stop`` (or finds a cycle)."""
+    by_id = {row[1]: row for row in rows}
+    chain: list[Sequence[Any]] = []
+    seen: set[str] = set()
+    node = leaf
+    while node != stop:
+        if node is None or node in seen or node not in by_id:
+            return None
+        seen.add(node)
+        chain.append(by_id[node])
+        node = by_id[node][2]
+    return [sessions.entry_row(row) for row in reversed(chain)]
+
+
+def cached_replay(tx: Tx, session_id: str, cache: BranchCache) -> Replay:
+    """The session's replay through ``cache`` (see the module docstring); one
+    snapshot.
+
+    Raises:
+        SessionNotFoundError: no such session.
+    """
+    head = tx.one("SELECT leaf_id, next_seq FROM sessions WHERE id = ?", [session_id])
+    if head is None:
+        raise errors.SessionNotFoundError(session_id)
+    leaf, next_seq = head
+    known = cache.get(session_id)
+    if known is not None and known.leaf_id == leaf and known.next_seq == next_seq:
+        return known.replay()
+    if known is not None and known.next_seq < next_seq:
+        rows = tx.rows(
+            f"SELECT {sessions.entry_columns(tx)} FROM entries WHERE session_id = ? AND seq >= ?",
+            [session_id, known.next_seq],
+        )
+        tail = _tail(rows, leaf, known.leaf_id)
+        if tail is not None and all(e.kind != EntryKind.COMPACTION for e in tail):
+            branch = known.extended(tail, leaf, next_seq)
+            cache.put(session_id, branch)
+            return branch.replay()
+    replay = build_replay(sessions.path_to_leaf(tx, session_id, leaf))
+    if cache.max_bytes:
+        cache.put(session_id, Branch.of(replay, leaf, next_seq))
+    return replay
+
+
+class ReplaysMixin(StoreBase):
+    """Replay (session seed GetReplayState), through the store object's cache."""
+
+    _branches: BranchCache
+
+    def replay(self, session_id: str) -> Replay:
+        """The current branch with compaction applied (session seed GetReplayState):
+        model-context messages, the entry id each came from, the model and the
+        thinking level. Served from this store object's replay cache when the
+        session did not change since its last replay (see ``storage.ops.replays``);
+        always fresh objects the caller may change.
+
+        Raises:
+            SessionNotFoundError: no such session.
+        """
+        check_id(session_id, "session_id")
+        return self.db.read(
+            "replay", lambda tx: cached_replay(tx, session_id, self._branches), snapshot=True
+        )
