@@ -142,8 +142,10 @@ def check(got: list[Any], stored: dict[str, Any]) -> None:
 def test_a_failing_write_in_a_group_fails_alone_and_keeps_nothing(duck_store, clock) -> None:
     got, stored = scenario(duck_store, clock)
     check(got, stored)
-    # [1, 2] and [3, 4] committed as groups; each failing write ran alone
-    assert grouped(duck_store, "append") == 4
+    # [1, 2] committed as a group; the unpaired result (a tool result: never
+    # merged) raised and ran alone; [3, 4, stale, stale view] ran merged, the
+    # last two getting their errors inside the group, which committed
+    assert grouped(duck_store, "append") == 6
 
 
 def test_control_a_group_commit_that_fails_together_is_caught(

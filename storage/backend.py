@@ -42,6 +42,19 @@ class Conflict(Exception):
     """
 
 
+@dataclass(frozen=True, slots=True)
+class Merge:
+    """How a write may be merged with others queued beside it (DuckDB's group
+    commit): ``many(tx, requests)`` runs the requests of every queued write
+    with the same ``many``, in queue order, as set-based statements, and
+    returns one outcome per request: its result, or the exception the write
+    alone would raise, having written nothing for it. ``request`` is this
+    write's. A backend that does not group writes runs the write's own body."""
+
+    many: Callable[[Tx, list[Any]], list[Any]]
+    request: Any
+
+
 def utc(value: datetime) -> datetime:
     """``value`` as an aware UTC datetime (backends return their own zone objects)."""
     return value.astimezone(UTC)
@@ -128,10 +141,13 @@ class Backend(Protocol):
         transaction: bool = True,
         retry: bool = True,
         exclusive: bool = True,
+        merge: Merge | None = None,
     ) -> T:
         """Run ``body`` as one write (retried as a lost race on conflict);
         ``exclusive=False`` lets a backend that serializes its writes in
-        process run this one (one autocommit statement) beside them."""
+        process run this one (one autocommit statement) beside them; with
+        ``merge`` a backend that groups writes may run it merged with others
+        (see :class:`Merge`)."""
         ...
 
     def read(self, operation: str, body: Callable[[Tx], T], *, snapshot: bool = False) -> T:

@@ -21,6 +21,7 @@ from turnkeeper.spec import errors
 from .backend import Backend, QueryFn, Tx
 from .codec import check_text
 from .migrations import SCHEMA_VERSION, statements
+from .ops.appends import AppendsMixin
 from .ops.delivery import DeliveryMixin
 from .ops.delivery_claims import DeliveryClaimsMixin
 from .ops.forks import ForksMixin
@@ -83,6 +84,7 @@ class BaseStore(
     LeasesMixin,
     ThreadsMixin,
     SessionsMixin,
+    AppendsMixin,
     ReplaysMixin,
     ListingMixin,
     ImportsMixin,

@@ -27,6 +27,17 @@ success, is its own against what is committed), and the ones after it as
 another group. So one failing operation never fails or rolls back another
 caller's.
 
+Merged writes. Consecutive queued writes that carry the same
+:class:`~turnkeeper.storage.backend.Merge` (appends to sessions) run as one
+call of its ``many`` inside the group's transaction: set-based statements
+for all of them (one read of their sessions, one fence of their leases, one
+compare-and-set of their session rows, one insert), so that a group of N
+appends costs about what one does. ``many`` reports each request's own
+outcome and writes nothing for a request that fails, so a refused append is
+delivered as its error after the group commits, beside the others'
+successes; an unexpected error from ``many`` is handled as a failing body
+(the group splits and each runs alone).
+
 - a lost race (a DuckDB write-write conflict, or a duplicate key the
   transaction's snapshot could not see, see :func:`~.dialect.is_conflict`) rolls back
   and is retried with jittered backoff (tenacity); the retry re-reads, so it
@@ -66,7 +77,7 @@ import pyarrow as pa
 
 from turnkeeper.spec import errors
 
-from ..backend import Clock, Conflict, QueryFn
+from ..backend import Clock, Conflict, Merge, QueryFn
 from ..backend import Tx as AnyTx
 from ..migrations import load
 from ..retry import Gate, Stats, run_attempts
@@ -194,9 +205,41 @@ class _Queued:
     operation: str
     body: Callable[[AnyTx], Any]
     retry: bool
+    merge: Merge | None = None
     done: bool = False
     result: Any = None
     error: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """A merged request's error, delivered once the group commits."""
+
+    error: Exception
+
+
+def _merged_run(batch: Sequence[_Queued], at: int) -> int:
+    """The end of the run of writes from ``at`` that share its merge (``at + 1``
+    for a write without one)."""
+    merge = batch[at].merge
+    end = at + 1
+    if merge is not None:
+        while end < len(batch) and (other := batch[end].merge) is not None:
+            if other.many is not merge.many:
+                break
+            end += 1
+    return end
+
+
+def _run_items(tx: Tx, items: Sequence[_Queued]) -> list[Any]:
+    """The outcomes of ``items``: one body, or one ``many`` call of a merged run."""
+    merge = items[0].merge
+    if len(items) == 1 or merge is None:
+        return [items[0].body(tx)]
+    outcomes = merge.many(tx, [q.merge.request for q in items if q.merge is not None])
+    if len(outcomes) != len(items):
+        raise RuntimeError(f"a merged write returned {len(outcomes)} outcomes for {len(items)}")
+    return [_Failed(o) if isinstance(o, Exception) else o for o in outcomes]
 
 
 class _CursorHolder:
@@ -321,6 +364,7 @@ class Database:
         transaction: bool = True,
         retry: bool = True,
         exclusive: bool = True,
+        merge: Merge | None = None,
     ) -> T:
         """Run ``body`` as one write: one transaction (or, with
         ``transaction=False``, one autocommit statement, which DuckDB runs
@@ -330,7 +374,9 @@ class Database:
         ``exclusive=False`` (a single autocommit statement on one lease row:
         a heartbeat's renewal) skips the write lock, so that it never waits
         behind another thread's long write; a conflict with a write of the
-        same row is retried as a lost race.
+        same row is retried as a lost race. ``merge``: a group commit may run
+        it merged with the queued writes of the same ``many`` (module
+        docstring); alone it runs ``body``.
 
         Raises:
             TransactionConflictError: every attempt lost a write-write conflict.
@@ -346,7 +392,7 @@ class Database:
             if not transaction:
                 with self._write_lock:
                     return self._run(operation, body, transaction, retry, commit=True)
-            return self._grouped(_Queued(operation, body, retry))  # type: ignore[no-any-return]
+            return self._grouped(_Queued(operation, body, retry, merge))  # type: ignore[no-any-return]
         finally:
             self._gate.leave()
 
@@ -402,28 +448,34 @@ class Database:
         item.done = True
 
     def _shared(self, batch: list[_Queued]) -> int | None:
-        """Run every body of ``batch`` in one transaction and commit it; ``None``
-        when committed (every item done), else the index of the operation whose
-        body raised (or 0 when the commit failed): nothing was kept."""
+        """Run every body of ``batch`` (consecutive writes of one merge as one
+        call of its ``many``) in one transaction and commit it; ``None`` when
+        committed (every item done, a merged request that failed with its
+        error), else the index of the operation whose body raised (or 0 when
+        the commit failed): nothing was kept."""
         cursor = self._cursor()
         tx = Tx(cursor, self.clock, True)
         results: list[Any] = []
-        spent: list[int] = []
+        spent: list[float] = []
         failed: int | None = None
         try:
             tx.exec("BEGIN TRANSACTION")
-            for i, item in enumerate(batch):
+            at = 0
+            while at < len(batch):
+                end = _merged_run(batch, at)
                 before = tx.statements
                 try:
-                    results.append(item.body(tx))
+                    outcomes = _run_items(tx, batch[at:end])
                 except Exception as exc:
                     if isinstance(exc, duckdb.InterruptException) or (
                         isinstance(exc, RuntimeError) and "interrupted" in str(exc)
                     ):
                         raise KeyboardInterrupt(str(exc)) from exc
-                    failed = i
+                    failed = at
                     break
-                spent.append(tx.statements - before)
+                results.extend(outcomes)
+                spent.extend([(tx.statements - before) / (end - at)] * (end - at))
+                at = end
             if failed is None:
                 tx.exec("COMMIT")
         except duckdb.Error:
@@ -436,7 +488,10 @@ class Database:
             return failed
         share = 2 / len(batch)  # BEGIN and COMMIT
         for item, result, statements in zip(batch, results, spent, strict=True):
-            item.result = result
+            if isinstance(result, _Failed):
+                item.error = result.error
+            else:
+                item.result = result
             item.done = True
             self._stats.add(item.operation, statements + share, 1, grouped=True)
         for topic in dict.fromkeys(tx.pending):  # committed: wake this process

@@ -14,7 +14,7 @@ from typing import TypeVar
 from turnkeeper.spec import errors
 from turnkeeper.spec.records import Lease
 
-from ..backend import STORE_NOW, Backend, Tx
+from ..backend import STORE_NOW, Backend, Merge, Tx
 
 T = TypeVar("T")
 
@@ -39,9 +39,15 @@ class StoreBase:
                 raise errors.SessionNotFoundError(session_id)
         return found
 
-    def _fenced(self, operation: str, lease: Lease | None, body: Callable[[Tx], T]) -> T:
+    def _fenced(
+        self,
+        operation: str,
+        lease: Lease | None,
+        body: Callable[[Tx], T],
+        merge: Merge | None = None,
+    ) -> T:
         try:
-            return self.db.write(operation, body)
+            return self.db.write(operation, body, merge=merge)
         except errors.LeaseLostError:
             if lease is not None:
                 self.db.write(

@@ -457,7 +457,7 @@ def _aware(value: datetime | None, field: str) -> datetime | None:
     return value
 
 
-def _draft(
+def draft_of(
     kind: str,
     payload: Mapping[str, Any],
     entry_id: str | None,
@@ -506,9 +506,9 @@ def drafts_of(entries: object) -> list[Draft]:
     for i, item in enumerate(entries):
         where = f"entries[{i}]."
         if isinstance(item, NewEntry):
-            drafts.append(_draft(item.kind, item.payload, item.entry_id, item.timestamp, where))
+            drafts.append(draft_of(item.kind, item.payload, item.entry_id, item.timestamp, where))
         elif isinstance(item, tuple) and len(item) == 2:
-            drafts.append(_draft(item[0], item[1], None, None, where))
+            drafts.append(draft_of(item[0], item[1], None, None, where))
         else:
             raise errors.InvalidInputError(
                 f"entries[{i}]", "expected a NewEntry or a (kind, payload) pair"
@@ -557,99 +557,6 @@ class SessionsMixin(StoreBase):
         """The session, or ``None`` when there is none with this id."""
         check_id(session_id, "session_id")
         return self.db.read("get_session", lambda tx: get(tx, session_id))
-
-    def append(
-        self,
-        session_id: str,
-        kind: str,
-        payload: Mapping[str, Any],
-        *,
-        expected_leaf: str | None = ANY_LEAF,
-        lease: Lease | None = None,
-        entry_id: str | None = None,
-        timestamp: datetime | None = None,
-    ) -> Entry:
-        """Append an entry under the current leaf; it becomes the leaf (as in pi).
-
-        ``kind`` is one of the seed's entry kinds and ``payload`` its fields
-        (``{"message": {...}}`` for a message …). With ``expected_leaf`` the
-        append is a compare-and-set on the leaf; without it the leaf is read
-        and written in one transaction. With ``lease`` the lease is validated
-        in that transaction and its epoch stored on the entry.
-
-        The replayed context stays valid for a model provider: a
-        ``toolResult`` message must answer a ``toolCall`` that is in the
-        context replay builds at the leaf, not yet answered there, and with
-        no other message between that call's assistant message and its
-        results (a provider takes results only right after the call), and a
-        compaction may not keep a ``toolResult`` while cutting off its call
-        (``firstKeptEntryId`` between them). Both are refused rather than
-        stored in another form, because only the runtime knows what the result
-        belongs to: a silently re-parented or dropped result would be a second
-        invention. (Imports store what the file says; ``turnkeeper audit``
-        reports every unpaired result and every cut that splits a pair.)
-
-        Raises:
-            SessionModifiedError: the leaf is not ``expected_leaf``.
-            LeaseLostError: ``lease`` is no longer valid.
-            BusyError: no ``lease`` given and someone holds the session.
-            ToolCallPairingError: the ``toolResult`` or compaction would break
-                the tool-call pairing of the replayed context.
-            SessionNotFoundError, EntryExistsError (``entry_id`` taken),
-            EntryNotFoundError (a label's target is missing),
-            InvalidInputError (kind, payload, id or naive timestamp).
-        On any error nothing is written.
-        """
-        check_id(session_id, "session_id")
-        draft = _draft(kind, payload, entry_id, timestamp, "")
-        check_expected_leaf(expected_leaf)
-        check_session_lease(session_id, lease)
-        return self._fenced(
-            "append",
-            lease,
-            lambda tx: append_drafts(
-                tx, session_id, [draft], expected_leaf=expected_leaf, lease=lease, pairing=True
-            )[0],
-        )
-
-    def append_many(
-        self,
-        session_id: str,
-        entries: Sequence[NewEntry | tuple[str, Mapping[str, Any]]],
-        *,
-        expected_leaf: str | None = ANY_LEAF,
-        lease: Lease | None = None,
-    ) -> list[Entry]:
-        """Append ``entries`` as a chain under the current leaf, in one transaction:
-        the first one's parent is the leaf, each next one's the one before, and
-        the last becomes the leaf. Each item is a :class:`NewEntry` or a
-        ``(kind, payload)`` pair. One lease fence, one leaf compare-and-set and
-        one multi-row insert for the whole batch, so a batch costs about what
-        one :meth:`append` does (a turn's messages, a transcript's tail).
-
-        Every rule of :meth:`append` holds for each entry, judged in order (a
-        ``toolResult`` may answer a ``toolCall`` earlier in the batch, a label
-        may target an entry earlier in the batch). All or nothing: on any
-        error nothing of the batch is written.
-
-        Returns the stored entries in order (seq consecutive).
-
-        Raises:
-            as :meth:`append`; InvalidInputError also for an empty batch, a
-            malformed item (its ``field`` names the item: ``entries[3].payload``)
-            or an ``entry_id`` given twice in the batch.
-        """
-        check_id(session_id, "session_id")
-        drafts = drafts_of(entries)
-        check_expected_leaf(expected_leaf)
-        check_session_lease(session_id, lease)
-        return self._fenced(
-            "append_many",
-            lease,
-            lambda tx: append_drafts(
-                tx, session_id, drafts, expected_leaf=expected_leaf, lease=lease, pairing=True
-            ),
-        )
 
     def branch(
         self,
@@ -725,29 +632,6 @@ class SessionsMixin(StoreBase):
             )
 
         return self._fenced("branch_with_summary", lease, body)
-
-    def set_label(
-        self,
-        session_id: str,
-        target_id: str,
-        label: str | None,
-        *,
-        lease: Lease | None = None,
-    ) -> Entry:
-        """Label ``target_id`` (``None`` clears), as a ``label`` entry under the leaf."""
-        payload: dict[str, Any] = {"targetId": target_id}
-        if label is not None:
-            payload["label"] = label
-        return self.append(session_id, EntryKind.LABEL, payload, lease=lease)
-
-    def set_title(
-        self, session_id: str, name: str, *, source: str | None = None, lease: Lease | None = None
-    ) -> Entry:
-        """Title the session with a ``session_info`` entry (the latest one wins)."""
-        payload: dict[str, Any] = {"name": name}
-        if source is not None:
-            payload["source"] = source
-        return self.append(session_id, EntryKind.SESSION_INFO, payload, lease=lease)
 
     def entries(self, session_id: str) -> list[Entry]:
         """Every entry of the session, in sequence (append) order.

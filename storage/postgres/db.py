@@ -57,7 +57,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from turnkeeper.spec import errors
 
-from ..backend import Clock, Conflict, Dialect, QueryFn
+from ..backend import Clock, Conflict, Dialect, Merge, QueryFn
 from ..backend import Tx as AnyTx
 from ..migrations import load
 from ..retry import Gate, Stats, run_attempts
@@ -314,11 +314,13 @@ class Database:
         transaction: bool = True,
         retry: bool = True,
         exclusive: bool = True,
+        merge: Merge | None = None,
     ) -> T:
         """Run ``body`` as one write transaction (or one autocommit statement),
         retried as a lost race on a serialization failure, deadlock or
-        unseen duplicate key. (``exclusive`` changes nothing here: PostgreSQL's
-        writers are serialized by the server, not in process.)
+        unseen duplicate key. (``exclusive`` and ``merge`` change nothing
+        here: PostgreSQL's writers are serialized by the server, not in
+        process, and concurrent commits share its WAL flushes.)
 
         Raises:
             TransactionConflictError: every attempt lost a race.

@@ -1,0 +1,374 @@
+"""Appends (session seed AppendEntry): the store's ``append`` and
+``append_many``, and their merged form under a group commit.
+
+An append alone runs :func:`~.sessions.append_drafts` (see that module). A
+backend that groups writes (DuckDB, ``storage/duck/db.py``) runs the appends
+queued beside each other through :func:`append_group`, the ``many`` of their
+:class:`~turnkeeper.storage.backend.Merge`: one read of their session rows,
+one read of the leases of the lease-less ones, one fence of the leased ones
+(a write of each lease row under the full fence, as :func:`~.leases.fence`),
+one compare-and-set of their session rows and one insert of every entry,
+instead of those four or five statements per append. Each append is judged
+on its own, with the rules and the error order of
+:func:`~.sessions.append_drafts` (session missing, then the lease, then the
+expected leaf), and one that fails writes nothing (its checks all come
+before the writes, which only touch the ones that passed). Two appends to
+one session in a group run in queue order: the second in a later round,
+which sees the first's writes.
+
+Only plain appends are merged (:func:`mergeable`): no caller-chosen ids,
+labels, branch targets, tool results or compactions, whose extra lookups and
+pairing checks stay on the single path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from turnkeeper.spec import errors
+from turnkeeper.spec.entries import EntryKind
+from turnkeeper.spec.lease import session_target
+from turnkeeper.spec.records import ANY_LEAF, Entry, Lease, NewEntry
+
+from ..backend import Conflict, Merge, Tx, utc
+from ..codec import check_id
+from ..validate import check_expected_leaf, check_session_lease
+from . import leases
+from .base import StoreBase
+from .sessions import ENTRY_COLUMNS, Draft, append_drafts, draft_of, drafts_of
+
+NOW = leases.NOW
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRequest:
+    """One queued append: its session, validated drafts, expected leaf and lease;
+    ``one``: an :meth:`~AppendsMixin.append` (its outcome the entry, not a list)."""
+
+    session_id: str
+    drafts: Sequence[Draft]
+    expected_leaf: Any
+    lease: Lease | None
+    one: bool = False
+
+
+def mergeable(drafts: Sequence[Draft]) -> bool:
+    """Whether an append of ``drafts`` takes the merged path: no ids of the
+    caller's, labels, compactions or tool results among them."""
+    for d in drafts:
+        if d.chosen or d.kind in (EntryKind.LABEL, EntryKind.COMPACTION):
+            return False
+        if d.kind == EntryKind.MESSAGE:
+            message = d.payload.get("message")
+            if not isinstance(message, dict) or message.get("role") == "toolResult":
+                return False
+    return True
+
+
+def _rounds(requests: Sequence[AppendRequest]) -> list[list[int]]:
+    """Request indexes in rounds of distinct sessions, each session's in queue order."""
+    rounds: list[list[int]] = []
+    seen: dict[str, int] = {}
+    for i, r in enumerate(requests):
+        k = seen.get(r.session_id, 0)
+        seen[r.session_id] = k + 1
+        if k == len(rounds):
+            rounds.append([])
+        rounds[k].append(i)
+    return rounds
+
+
+def append_group(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
+    """The outcome of each request, in order: its stored entries, or the
+    exception its append alone would raise (nothing written for it).
+
+    Raises:
+        Conflict: a session row moved under the group (the group splits and
+            each append runs alone, with retries).
+    """
+    outcomes: list[Any] = [None] * len(requests)
+    for members in _rounds(requests):
+        for i, out in zip(members, _round(tx, [requests[i] for i in members]), strict=True):
+            outcomes[i] = out
+    return outcomes
+
+
+def _round(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
+    """:func:`append_group` for requests to distinct sessions."""
+    out: list[Any] = [None] * len(requests)
+    heads = {
+        row[0]: (row[1], row[2])
+        for row in tx.rows(
+            "SELECT id, leaf_id, next_seq FROM sessions WHERE id = ANY(?::VARCHAR[])",
+            [[r.session_id for r in requests]],
+        )
+    }
+    now = tx.now
+    assert now is not None  # always set inside a transaction
+    alive = []
+    for i, r in enumerate(requests):
+        if r.session_id not in heads:
+            out[i] = errors.SessionNotFoundError(r.session_id)
+        else:
+            alive.append(i)
+    # Lease-less appends: refused while anyone holds a live lease on the session.
+    unleased = [i for i in alive if requests[i].lease is None]
+    if unleased:
+        targets = [session_target(requests[i].session_id) for i in unleased]
+        held = {
+            row[0]: row[1]
+            for row in tx.rows(
+                "SELECT target, owner, state, expires_at FROM leases "
+                "WHERE target = ANY(?::VARCHAR[])",
+                [targets],
+            )
+            if row[2] == "held" and utc(row[3]) > now
+        }
+        for i, target in zip(unleased, targets, strict=True):
+            if target in held:
+                out[i] = errors.BusyError(target, held[target])
+    # The expected leaf, judged after the lease (the single path's order).
+    mismatched = {
+        i
+        for i in alive
+        if out[i] is None
+        and requests[i].expected_leaf is not ANY_LEAF
+        and requests[i].expected_leaf != heads[requests[i].session_id][0]
+    }
+    leased = [i for i in alive if out[i] is None and requests[i].lease is not None]
+    if leased:
+        _fence(tx, requests, leased, mismatched, out)
+    for i in mismatched:
+        if out[i] is None:
+            r = requests[i]
+            out[i] = errors.SessionModifiedError(
+                r.session_id, r.expected_leaf, heads[r.session_id][0]
+            )
+    writing = [i for i in alive if out[i] is None]
+    if not writing:
+        return out
+    # A lease-less write bumps the rows it checked (a grant committed meanwhile
+    # conflicts with it, as in leases.fence_or_unheld).
+    checked = [session_target(requests[i].session_id) for i in writing if requests[i].lease is None]
+    if checked:
+        tx.exec(
+            "UPDATE leases SET unleased_checks = unleased_checks + 1 "
+            "WHERE target = ANY(?::VARCHAR[])",
+            [checked],
+        )
+    stored: list[tuple[Any, ...]] = []
+    moves: list[tuple[Any, ...]] = []
+    for i in writing:
+        r = requests[i]
+        leaf, seq = heads[r.session_id]
+        epoch = None if r.lease is None else r.lease.epoch
+        parent, entries = leaf, []
+        for n, d in enumerate(r.drafts):
+            ts = now if d.timestamp is None else d.timestamp
+            e = Entry(r.session_id, d.entry_id, parent, d.kind, seq + n, utc(ts), d.payload, epoch)
+            entries.append(e)
+            stored.append(
+                (
+                    r.session_id,
+                    e.id,
+                    e.parent_id,
+                    e.kind,
+                    e.seq,
+                    e.timestamp,
+                    d.payload_json,
+                    epoch,
+                    now,
+                )
+            )
+            parent = d.entry_id
+        names = [d.payload["name"] for d in r.drafts if d.kind == EntryKind.SESSION_INFO]
+        moves.append((r.session_id, parent, len(entries), names[-1] if names else None, seq, leaf))
+        out[i] = entries[0] if r.one else entries
+    moved = tx.rows(
+        "UPDATE sessions SET leaf_id = v.leaf, next_seq = sessions.next_seq + v.n, "
+        "entry_count = sessions.entry_count + v.n, updated_at = ?, "
+        "title = coalesce(v.title, sessions.title) FROM (SELECT unnest(?::VARCHAR[]) AS id, "
+        "unnest(?::VARCHAR[]) AS leaf, unnest(?::BIGINT[]) AS n, unnest(?::VARCHAR[]) AS title, "
+        "unnest(?::BIGINT[]) AS seq, unnest(?::VARCHAR[]) AS old_leaf) AS v "
+        "WHERE sessions.id = v.id AND sessions.next_seq = v.seq "
+        "AND sessions.leaf_id IS NOT DISTINCT FROM v.old_leaf RETURNING sessions.id",
+        [now, *([m[k] for m in moves] for k in range(6))],
+    )
+    if len(moved) != len(moves):
+        raise Conflict("a session moved during a merged append")
+    tx.insert_rows("entries", ENTRY_COLUMNS, stored)
+    return out
+
+
+def _fence(
+    tx: Tx, requests: list[AppendRequest], leased: list[int], mismatched: set[int], out: list[Any]
+) -> None:
+    """Fence the leases of ``leased`` (a write of each row, as ``leases.fence``);
+    a lost one's outcome is ``LeaseLostError``. Those in ``mismatched`` will
+    fail on their leaf: their leases are checked by a read, not written."""
+    ahead = [i for i in leased if i not in mismatched]
+    lost: set[int] = set()
+    for group, sql in (
+        (
+            ahead,
+            "UPDATE leases SET fenced_writes = leases.fenced_writes + 1 FROM {v} WHERE {w} "
+            "RETURNING leases.target",
+        ),
+        ([i for i in leased if i in mismatched], "SELECT leases.target FROM leases, {v} WHERE {w}"),
+    ):
+        if not group:
+            continue
+        ls = [requests[i].lease for i in group]
+        assert all(lease is not None for lease in ls)
+        params = [
+            [lease.target for lease in ls if lease],
+            [lease.epoch for lease in ls if lease],
+            [leases.digest(lease.token) for lease in ls if lease],
+            [lease.owner for lease in ls if lease],
+        ]
+        found = {
+            row[0]
+            for row in tx.rows(
+                sql.format(
+                    v="(SELECT unnest(?::VARCHAR[]) AS target, unnest(?::BIGINT[]) AS epoch, "
+                    "unnest(?::VARCHAR[]) AS digest, unnest(?::VARCHAR[]) AS owner) AS v",
+                    w="leases.target = v.target AND leases.epoch = v.epoch "
+                    "AND leases.token_digest = v.digest AND leases.owner = v.owner "
+                    f"AND leases.state = 'held' AND leases.expires_at > {NOW}",
+                ),
+                [*params, tx.now],
+            )
+        }
+        lost |= {i for i in group if requests[i].lease.target not in found}  # type: ignore[union-attr]
+    for i in lost:
+        out[i] = errors.LeaseLostError(requests[i].lease.target)  # type: ignore[union-attr]
+
+
+def _merge(request: AppendRequest) -> Merge | None:
+    """How ``request`` merges with the appends queued beside it (``None``: not plain)."""
+    return Merge(append_group, request) if mergeable(request.drafts) else None
+
+
+class AppendsMixin(StoreBase):
+    """Appends (session seed AppendEntry)."""
+
+    def append(
+        self,
+        session_id: str,
+        kind: str,
+        payload: Mapping[str, Any],
+        *,
+        expected_leaf: str | None = ANY_LEAF,
+        lease: Lease | None = None,
+        entry_id: str | None = None,
+        timestamp: datetime | None = None,
+    ) -> Entry:
+        """Append an entry under the current leaf; it becomes the leaf (as in pi).
+
+        ``kind`` is one of the seed's entry kinds and ``payload`` its fields
+        (``{"message": {...}}`` for a message …). With ``expected_leaf`` the
+        append is a compare-and-set on the leaf; without it the leaf is read
+        and written in one transaction. With ``lease`` the lease is validated
+        in that transaction and its epoch stored on the entry.
+
+        The replayed context stays valid for a model provider: a
+        ``toolResult`` message must answer a ``toolCall`` that is in the
+        context replay builds at the leaf, not yet answered there, and with
+        no other message between that call's assistant message and its
+        results (a provider takes results only right after the call), and a
+        compaction may not keep a ``toolResult`` while cutting off its call
+        (``firstKeptEntryId`` between them). Both are refused rather than
+        stored in another form, because only the runtime knows what the result
+        belongs to: a silently re-parented or dropped result would be a second
+        invention. (Imports store what the file says; ``turnkeeper audit``
+        reports every unpaired result and every cut that splits a pair.)
+
+        Raises:
+            SessionModifiedError: the leaf is not ``expected_leaf``.
+            LeaseLostError: ``lease`` is no longer valid.
+            BusyError: no ``lease`` given and someone holds the session.
+            ToolCallPairingError: the ``toolResult`` or compaction would break
+                the tool-call pairing of the replayed context.
+            SessionNotFoundError, EntryExistsError (``entry_id`` taken),
+            EntryNotFoundError (a label's target is missing),
+            InvalidInputError (kind, payload, id or naive timestamp).
+        On any error nothing is written.
+        """
+        check_id(session_id, "session_id")
+        draft = draft_of(kind, payload, entry_id, timestamp, "")
+        check_expected_leaf(expected_leaf)
+        check_session_lease(session_id, lease)
+        return self._fenced(
+            "append",
+            lease,
+            lambda tx: append_drafts(
+                tx, session_id, [draft], expected_leaf=expected_leaf, lease=lease, pairing=True
+            )[0],
+            _merge(AppendRequest(session_id, (draft,), expected_leaf, lease, one=True)),
+        )
+
+    def append_many(
+        self,
+        session_id: str,
+        entries: Sequence[NewEntry | tuple[str, Mapping[str, Any]]],
+        *,
+        expected_leaf: str | None = ANY_LEAF,
+        lease: Lease | None = None,
+    ) -> list[Entry]:
+        """Append ``entries`` as a chain under the current leaf, in one transaction:
+        the first one's parent is the leaf, each next one's the one before, and
+        the last becomes the leaf. Each item is a :class:`NewEntry` or a
+        ``(kind, payload)`` pair. One lease fence, one leaf compare-and-set and
+        one multi-row insert for the whole batch, so a batch costs about what
+        one :meth:`append` does (a turn's messages, a transcript's tail).
+
+        Every rule of :meth:`append` holds for each entry, judged in order (a
+        ``toolResult`` may answer a ``toolCall`` earlier in the batch, a label
+        may target an entry earlier in the batch). All or nothing: on any
+        error nothing of the batch is written.
+
+        Returns the stored entries in order (seq consecutive).
+
+        Raises:
+            as :meth:`append`; InvalidInputError also for an empty batch, a
+            malformed item (its ``field`` names the item: ``entries[3].payload``)
+            or an ``entry_id`` given twice in the batch.
+        """
+        check_id(session_id, "session_id")
+        drafts = drafts_of(entries)
+        check_expected_leaf(expected_leaf)
+        check_session_lease(session_id, lease)
+        return self._fenced(
+            "append_many",
+            lease,
+            lambda tx: append_drafts(
+                tx, session_id, drafts, expected_leaf=expected_leaf, lease=lease, pairing=True
+            ),
+            _merge(AppendRequest(session_id, tuple(drafts), expected_leaf, lease)),
+        )
+
+    def set_label(
+        self,
+        session_id: str,
+        target_id: str,
+        label: str | None,
+        *,
+        lease: Lease | None = None,
+    ) -> Entry:
+        """Label ``target_id`` (``None`` clears), as a ``label`` entry under the leaf."""
+        payload: dict[str, Any] = {"targetId": target_id}
+        if label is not None:
+            payload["label"] = label
+        return self.append(session_id, EntryKind.LABEL, payload, lease=lease)
+
+    def set_title(
+        self, session_id: str, name: str, *, source: str | None = None, lease: Lease | None = None
+    ) -> Entry:
+        """Title the session with a ``session_info`` entry (the latest one wins)."""
+        payload: dict[str, Any] = {"name": name}
+        if source is not None:
+            payload["source"] = source
+        return self.append(session_id, EntryKind.SESSION_INFO, payload, lease=lease)
