@@ -25,8 +25,7 @@ from stateful_leases import make_machine
 
 from turnkeeper.spec import LEASE, errors
 from turnkeeper.storage.backend import Tx
-from turnkeeper.storage.ops import leases, threads
-from turnkeeper.storage.ops import sessions as store_module
+from turnkeeper.storage.ops import appends, leases, threads
 
 SEARCH = settings(
     max_examples=3000,
@@ -39,23 +38,22 @@ SEARCH = settings(
 )
 
 
-def weak_fence(without: str) -> Callable[[Tx, object], None]:
-    """The lease fence with its token or expiry check removed (test-only copy)."""
+def weak_fence(without: str) -> Callable[[Callable[[str], str]], str]:
+    """The lease fence's condition (``leases.fence_condition``, which every fenced
+    write uses) with its token or expiry check removed (test-only copy; the
+    removed checks' parameters stay bound, to nothing)."""
 
-    def fence(tx: Tx, lease) -> None:
+    def condition(value: Callable[[str], str]) -> str:
+        unused = lambda sql: f"CAST({sql} AS VARCHAR) IS NOT NULL"  # noqa: E731
         if without == "token":
-            sql = f"target = ? AND state = 'held' AND expires_at > {leases.NOW}"
-            params = [lease.target, tx.now]
-        else:
-            sql = "target = ? AND epoch = ? AND token_digest = ? AND owner = ? AND state = 'held'"
-            params = [lease.target, lease.epoch, leases.digest(lease.token), lease.owner]
-        row = tx.one(
-            f"UPDATE leases SET fenced_writes = fenced_writes + 1 WHERE {sql} RETURNING 1", params
-        )
-        if row is None:
-            raise errors.LeaseLostError(lease.target)
+            same = f"leases.target = {value('target')} AND " + " AND ".join(
+                unused(value(c)) for c in leases.FENCED[1:]
+            )
+            return f"{same} AND leases.state = 'held' AND leases.expires_at > {leases.NOW}"
+        same = " AND ".join(f"leases.{c} = {value(c)}" for c in leases.FENCED)
+        return f"{same} AND leases.state = 'held' AND {unused(leases.NOW)}"
 
-    return fence
+    return condition
 
 
 def weak_renew(tx: Tx, lease, ttl_s: float):
@@ -112,7 +110,7 @@ KILLS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], list[tuple[str, dic
         ],
     ),
     "fence-token-check": (
-        lambda mp: mp.setattr(leases, "fence", weak_fence("token")),
+        lambda mp: mp.setattr(leases, "fence_condition", weak_fence("token")),
         [
             ("acquire", {"owner": "A", "ttl": 1.0, **A1}),
             ("advance_clock", {"seconds": 2.0}),
@@ -121,7 +119,7 @@ KILLS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], list[tuple[str, dic
         ],
     ),
     "fence-token-check-batch": (
-        lambda mp: mp.setattr(leases, "fence", weak_fence("token")),
+        lambda mp: mp.setattr(leases, "fence_condition", weak_fence("token")),
         [
             ("acquire", {"owner": "A", "ttl": 1.0, **A1}),
             ("advance_clock", {"seconds": 2.0}),
@@ -130,7 +128,7 @@ KILLS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], list[tuple[str, dic
         ],
     ),
     "fence-expiry-check-batch": (
-        lambda mp: mp.setattr(leases, "fence", weak_fence("expiry")),
+        lambda mp: mp.setattr(leases, "fence_condition", weak_fence("expiry")),
         [
             ("acquire", {"owner": "A", "ttl": 1.0, **A1}),
             ("advance_clock", {"seconds": 2.0}),
@@ -138,21 +136,21 @@ KILLS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], list[tuple[str, dic
         ],
     ),
     "lease-target-check": (
-        lambda mp: mp.setattr(store_module, "check_session_lease", lambda sid, lease: lease),
+        lambda mp: mp.setattr(appends, "check_session_lease", lambda sid, lease: lease),
         [
             ("acquire", {"owner": "A", "ttl": 5.0, **A1}),
             ("append_under_lease", {"held": 0, "session": "s2"}),
         ],
     ),
     "lease-target-check-batch": (
-        lambda mp: mp.setattr(store_module, "check_session_lease", lambda sid, lease: lease),
+        lambda mp: mp.setattr(appends, "check_session_lease", lambda sid, lease: lease),
         [
             ("acquire", {"owner": "A", "ttl": 5.0, **A1}),
             ("append_many_under_lease", {"held": 0, "session": "s2", "n": 2}),
         ],
     ),
     "fence-expiry-check": (
-        lambda mp: mp.setattr(leases, "fence", weak_fence("expiry")),
+        lambda mp: mp.setattr(leases, "fence_condition", weak_fence("expiry")),
         [
             ("acquire", {"owner": "A", "ttl": 1.0, **A1}),
             ("advance_clock", {"seconds": 2.0}),

@@ -68,10 +68,15 @@ class Dialect:
     transaction is writing can be skipped (PostgreSQL's ``FOR UPDATE SKIP
     LOCKED``) by claims and scans, instead of waiting for it and then losing
     the race; DuckDB has no row locks (its writes are serialized in process).
+    ``one_statement_appends``: a plain append runs as one autocommit
+    statement of data-modifying CTEs (on a server every statement is a round
+    trip); DuckDB, whose cost is per row operation, not per statement, runs
+    it in a transaction its group commit can merge with others.
     """
 
     name: str
     skip_locked: bool = False
+    one_statement_appends: bool = False
 
     def epoch_us(self, expr: str) -> str:
         """SQL for the timestamp ``expr`` as integer microseconds since the Unix

@@ -287,6 +287,8 @@ class Database:
         self._stats = Stats()
         self._queue: list[_Queued] = []
         self._queue_lock = threading.Lock()
+        self._queue_changed = threading.Condition(self._queue_lock)
+        self._leading = False
 
     # -- cursors ---------------------------------------------------------------
 
@@ -399,13 +401,33 @@ class Database:
     # -- group commit (module docstring) ---------------------------------------------
 
     def _grouped(self, item: _Queued) -> Any:
-        """Queue ``item``; lead group commits until it is done; its result or error."""
-        with self._queue_lock:
+        """Queue ``item`` and wait: for a leader to run it, or to become the
+        leader (one at a time) and lead group commits until it is done; its
+        result or error. Waiters sleep on a condition the leader signals after
+        each group, not on the write lock, so a finished group's callers
+        return at once instead of taking the lock in turn to see they are done."""
+        with self._queue_changed:
             self._queue.append(item)
-        while not item.done:
-            with self._write_lock:
-                if item.done:  # a leader before us ran it
-                    break
+            while not item.done and self._leading:
+                self._queue_changed.wait()
+            lead = not item.done
+            if lead:
+                self._leading = True
+        if lead:
+            try:
+                self._lead(item)
+            finally:
+                with self._queue_changed:
+                    self._leading = False
+                    self._queue_changed.notify_all()
+        if item.error is not None:
+            raise item.error
+        return item.result
+
+    def _lead(self, item: _Queued) -> None:
+        """Run queued writes as groups under the write lock until ``item`` is done."""
+        with self._write_lock:
+            while not item.done:
                 with self._queue_lock:
                     batch = self._queue[:GROUP_MAX]
                     del self._queue[:GROUP_MAX]
@@ -415,15 +437,14 @@ class Database:
                     # Cancelled while leading (KeyboardInterrupt …): what did not
                     # run goes back to the front of the queue for the next leader;
                     # our own write is abandoned with the cancellation.
-                    with self._queue_lock:
+                    with self._queue_changed:
                         self._queue[:0] = [q for q in batch if not q.done and q is not item]
                         if item in self._queue:  # beyond this batch: never to run now
                             self._queue.remove(item)
                     item.done = True
                     raise
-        if item.error is not None:
-            raise item.error
-        return item.result
+                with self._queue_changed:  # this group's callers return now
+                    self._queue_changed.notify_all()
 
     def _group(self, batch: list[_Queued]) -> None:
         """Run ``batch`` as group commits, splitting around a failing operation."""

@@ -23,9 +23,9 @@ pairing checks stay on the single path.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from turnkeeper.spec import errors
@@ -211,49 +211,140 @@ def _fence(
     fail on their leaf: their leases are checked by a read, not written."""
     ahead = [i for i in leased if i not in mismatched]
     lost: set[int] = set()
+    cols = ", ".join(
+        f"unnest(?::{'BIGINT' if c == 'epoch' else 'VARCHAR'}[]) AS {c}" for c in leases.FENCED
+    )
+    where = f"{leases.fence_condition(lambda c: 'v.' + c)}"
     for group, sql in (
         (
             ahead,
-            "UPDATE leases SET fenced_writes = leases.fenced_writes + 1 FROM {v} WHERE {w} "
-            "RETURNING leases.target",
+            f"UPDATE leases SET fenced_writes = leases.fenced_writes + 1 FROM (SELECT {cols}) AS v "
+            f"WHERE {where} RETURNING leases.target",
         ),
-        ([i for i in leased if i in mismatched], "SELECT leases.target FROM leases, {v} WHERE {w}"),
+        (
+            [i for i in leased if i in mismatched],
+            f"SELECT leases.target FROM leases, (SELECT {cols}) AS v WHERE {where}",
+        ),
     ):
         if not group:
             continue
-        ls = [requests[i].lease for i in group]
-        assert all(lease is not None for lease in ls)
-        params = [
-            [lease.target for lease in ls if lease],
-            [lease.epoch for lease in ls if lease],
-            [leases.digest(lease.token) for lease in ls if lease],
-            [lease.owner for lease in ls if lease],
-        ]
-        found = {
-            row[0]
-            for row in tx.rows(
-                sql.format(
-                    v="(SELECT unnest(?::VARCHAR[]) AS target, unnest(?::BIGINT[]) AS epoch, "
-                    "unnest(?::VARCHAR[]) AS digest, unnest(?::VARCHAR[]) AS owner) AS v",
-                    w="leases.target = v.target AND leases.epoch = v.epoch "
-                    "AND leases.token_digest = v.digest AND leases.owner = v.owner "
-                    f"AND leases.state = 'held' AND leases.expires_at > {NOW}",
-                ),
-                [*params, tx.now],
-            )
-        }
+        values = [leases.fence_values(requests[i].lease) for i in group]  # type: ignore[arg-type]
+        columns = [[v[k] for v in values] for k in range(len(leases.FENCED))]
+        found = {row[0] for row in tx.rows(sql, [*columns, tx.now])}
         lost |= {i for i in group if requests[i].lease.target not in found}  # type: ignore[union-attr]
     for i in lost:
         out[i] = errors.LeaseLostError(requests[i].lease.target)  # type: ignore[union-attr]
 
 
-def _merge(request: AppendRequest) -> Merge | None:
-    """How ``request`` merges with the appends queued beside it (``None``: not plain)."""
-    return Merge(append_group, request) if mergeable(request.drafts) else None
+def _guard(leased: bool) -> tuple[str, str]:
+    """The one-statement append's lease CTE ``g`` and the condition on it."""
+    if leased:  # the lease row written under the full fence (leases.fence)
+        return (
+            "g AS (UPDATE leases SET fenced_writes = fenced_writes + 1 "
+            f"WHERE {leases.fence_condition(lambda c: '?')} RETURNING epoch)",
+            "EXISTS (SELECT 1 FROM g)",
+        )
+    # lease-less: refused while anyone holds a live lease on the session (and,
+    # as leases.fence_or_unheld, a write of the lease row if there is one)
+    return (
+        "g AS (UPDATE leases SET unleased_checks = unleased_checks + 1 WHERE target = ? "
+        "RETURNING state, expires_at)",
+        f"NOT EXISTS (SELECT 1 FROM g WHERE g.state = 'held' AND g.expires_at > {NOW})",
+    )
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _at(epoch_us: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=epoch_us)
+
+
+def one_statement(tx: Tx, r: AppendRequest) -> Any:
+    """A plain append as one autocommit statement of data-modifying CTEs (for a
+    server, where each statement is a round trip): the session's leaf and
+    sequence read, the lease row written under the fence (or found not
+    held), the session row's compare-and-set and the insert, all or nothing.
+    Returns the outcome (as :func:`append_group`'s), or ``None`` when it
+    wrote nothing (a missing session, a lost lease, a holder, another leaf
+    than expected or a concurrent append): the caller then runs the append
+    in a transaction, which raises the error that applies (or succeeds,
+    after a lost race)."""
+    leased = r.lease is not None
+    guard, holds = _guard(leased)
+    target = session_target(r.session_id)
+    now = tx.now
+    now_param: list[Any] = [now]
+    guard_params: list[Any] = [target]
+    if r.lease is not None:
+        guard_params = [*leases.fence_values(r.lease), now]
+    expected = "" if r.expected_leaf is ANY_LEAF else " AND o.leaf_id IS NOT DISTINCT FROM ?"
+    ids = [d.entry_id for d in r.drafts]
+    names = [d.payload["name"] for d in r.drafts if d.kind == EntryKind.SESSION_INFO]
+    epoch = None if r.lease is None else r.lease.epoch
+    sql = (
+        f"WITH o AS (SELECT leaf_id, next_seq FROM sessions WHERE id = ?), {guard}, "
+        "s AS (UPDATE sessions SET leaf_id = ?, next_seq = sessions.next_seq + ?, "
+        f"entry_count = sessions.entry_count + ?, updated_at = {NOW}, "
+        "title = coalesce(?, sessions.title) FROM o WHERE sessions.id = ? "
+        "AND sessions.next_seq = o.next_seq AND sessions.leaf_id IS NOT DISTINCT FROM o.leaf_id "
+        f"AND {holds}{expected} RETURNING o.leaf_id AS parent, o.next_seq AS seq) "
+        f"INSERT INTO entries ({', '.join(ENTRY_COLUMNS)}) SELECT ?, d.id, "
+        "CASE WHEN d.ord = 0 THEN s.parent ELSE d.parent END, d.kind, s.seq + d.ord, "
+        f"coalesce(d.ts, {NOW}), d.payload, ?::BIGINT, {NOW} FROM s, "
+        "(SELECT unnest(?::VARCHAR[]) AS id, unnest(?::VARCHAR[]) AS parent, "
+        "unnest(?::VARCHAR[]) AS kind, unnest(?::TIMESTAMPTZ[]) AS ts, "
+        "unnest(?::VARCHAR[]) AS payload, unnest(?::BIGINT[]) AS ord) AS d "
+        f"RETURNING seq, parent_id, {tx.dialect.epoch_us('ts')}"
+    )
+    params: list[Any] = [
+        r.session_id,
+        *guard_params,
+        ids[-1],
+        len(ids),
+        len(ids),
+        now,
+        names[-1] if names else None,
+        r.session_id,
+        *([] if leased else now_param),
+        *([r.expected_leaf] if expected else []),
+        r.session_id,
+        now,
+        epoch,
+        now,
+        ids,
+        [None, *ids[:-1]],
+        [d.kind for d in r.drafts],
+        [d.timestamp for d in r.drafts],
+        [d.payload_json for d in r.drafts],
+        list(range(len(ids))),
+    ]
+    rows = sorted(tx.rows(sql, params))
+    if len(rows) != len(ids):
+        return None
+    out = [
+        Entry(r.session_id, d.entry_id, row[1], d.kind, row[0], _at(row[2]), d.payload, epoch)
+        for d, row in zip(r.drafts, rows, strict=True)
+    ]
+    return out[0] if r.one else out
 
 
 class AppendsMixin(StoreBase):
     """Appends (session seed AppendEntry)."""
+
+    def _append(self, operation: str, request: AppendRequest, body: Callable[[Tx], Any]) -> Any:
+        """Run an append: a plain one as one statement where the dialect says so
+        (falling back to ``body`` in a transaction when it wrote nothing), else
+        ``body``, which a group commit may merge with its neighbours."""
+        plain = mergeable(request.drafts)
+        if plain and self.db.dialect.one_statement_appends:
+            done = self.db.write(
+                operation, lambda tx: one_statement(tx, request), transaction=False
+            )
+            if done is not None:
+                return done
+        merge = Merge(append_group, request) if plain else None
+        return self._fenced(operation, request.lease, body, merge)
 
     def append(
         self,
@@ -301,13 +392,12 @@ class AppendsMixin(StoreBase):
         draft = draft_of(kind, payload, entry_id, timestamp, "")
         check_expected_leaf(expected_leaf)
         check_session_lease(session_id, lease)
-        return self._fenced(
+        return self._append(  # type: ignore[no-any-return]
             "append",
-            lease,
+            AppendRequest(session_id, (draft,), expected_leaf, lease, one=True),
             lambda tx: append_drafts(
                 tx, session_id, [draft], expected_leaf=expected_leaf, lease=lease, pairing=True
             )[0],
-            _merge(AppendRequest(session_id, (draft,), expected_leaf, lease, one=True)),
         )
 
     def append_many(
@@ -341,13 +431,12 @@ class AppendsMixin(StoreBase):
         drafts = drafts_of(entries)
         check_expected_leaf(expected_leaf)
         check_session_lease(session_id, lease)
-        return self._fenced(
+        return self._append(  # type: ignore[no-any-return]
             "append_many",
-            lease,
+            AppendRequest(session_id, tuple(drafts), expected_leaf, lease),
             lambda tx: append_drafts(
                 tx, session_id, drafts, expected_leaf=expected_leaf, lease=lease, pairing=True
             ),
-            _merge(AppendRequest(session_id, tuple(drafts), expected_leaf, lease)),
         )
 
     def set_label(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from turnkeeper.machines import machine_for
@@ -193,6 +194,26 @@ def release(tx: Tx, lease: Lease) -> bool:
     return True
 
 
+FENCED = ("target", "epoch", "token_digest", "owner")
+"""The lease row's columns a fence compares with the caller's lease (the
+token as its digest: :func:`fence_values`)."""
+
+
+def fence_condition(value: Callable[[str], str]) -> str:
+    """The full fence as SQL on a ``leases`` row: each column of :data:`FENCED`
+    equal to ``value(column)`` (``?``, or a column of a set of leases), the
+    lease held and unexpired by the store's now (one ``?`` after the values).
+    Every fenced write uses it: :func:`fence`, and the one-statement and
+    merged appends of ``storage/ops/appends.py``."""
+    same = " AND ".join(f"leases.{c} = {value(c)}" for c in FENCED)
+    return f"{same} AND leases.state = 'held' AND leases.expires_at > {NOW}"
+
+
+def fence_values(lease: Lease) -> list[object]:
+    """The values :func:`fence_condition` compares, in :data:`FENCED` order."""
+    return [lease.target, lease.epoch, digest(lease.token), lease.owner]
+
+
 def fence(tx: Tx, lease: Lease) -> None:
     """Validate ``lease`` by writing its row, inside the caller's transaction.
 
@@ -200,10 +221,9 @@ def fence(tx: Tx, lease: Lease) -> None:
         LeaseLostError: the lease is not the held, unexpired one with this token.
     """
     row = tx.one(
-        f"UPDATE leases SET fenced_writes = fenced_writes + 1 "
-        f"WHERE target = ? AND epoch = ? AND token_digest = ? AND owner = ? "
-        f"AND state = 'held' AND expires_at > {NOW} RETURNING epoch",
-        [lease.target, lease.epoch, digest(lease.token), lease.owner, tx.now],
+        "UPDATE leases SET fenced_writes = fenced_writes + 1 "
+        f"WHERE {fence_condition(lambda c: '?')} RETURNING epoch",
+        [*fence_values(lease), tx.now],
     )
     if row is None:
         raise errors.LeaseLostError(lease.target)

@@ -66,7 +66,7 @@ from . import notify, text
 
 T = TypeVar("T")
 
-DIALECT = Dialect("postgres", skip_locked=True)
+DIALECT = Dialect("postgres", skip_locked=True, one_statement_appends=True)
 """PostgreSQL's dialect: claims and scans skip rows another transaction holds."""
 
 MIGRATIONS = load("turnkeeper.storage.postgres")
@@ -130,7 +130,7 @@ def translate(exc: psycopg.Error, path: str, *, in_commit: bool = False) -> erro
     return errors.DatabaseError(detail=text_)
 
 
-_NO_LOCKS = Dialect("postgres", skip_locked=False)
+_NO_LOCKS = Dialect("postgres", skip_locked=False, one_statement_appends=True)
 """The dialect of a transaction that may not lock rows (read-only)."""
 
 
