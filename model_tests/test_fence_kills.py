@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 from stateful_leases import make_machine
 
-from turnkeeper.spec import LEASE, errors
+from turnkeeper.spec import LEASE
 from turnkeeper.storage.backend import Tx
 from turnkeeper.storage.ops import appends, leases, threads
 

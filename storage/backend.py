@@ -49,7 +49,10 @@ class Merge:
     with the same ``many``, in queue order, as set-based statements, and
     returns one outcome per request: its result, or the exception the write
     alone would raise, having written nothing for it. ``request`` is this
-    write's. A backend that does not group writes runs the write's own body."""
+    write's. ``many`` runs only under the backend's in-process write
+    serialization (no other write transaction commits beside it), so its
+    checks may be reads. A backend that does not group writes runs the
+    write's own body."""
 
     many: Callable[[Tx, list[Any]], list[Any]]
     request: Any

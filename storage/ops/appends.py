@@ -4,17 +4,18 @@
 An append alone runs :func:`~.sessions.append_drafts` (see that module). A
 backend that groups writes (DuckDB, ``storage/duck/db.py``) runs the appends
 queued beside each other through :func:`append_group`, the ``many`` of their
-:class:`~turnkeeper.storage.backend.Merge`: one read of their session rows,
-one read of the leases of the lease-less ones, one fence of the leased ones
-(a write of each lease row under the full fence, as :func:`~.leases.fence`),
-one compare-and-set of their session rows and one insert of every entry,
-instead of those four or five statements per append. Each append is judged
-on its own, with the rules and the error order of
-:func:`~.sessions.append_drafts` (session missing, then the lease, then the
-expected leaf), and one that fails writes nothing (its checks all come
-before the writes, which only touch the ones that passed). Two appends to
-one session in a group run in queue order: the second in a later round,
-which sees the first's writes.
+:class:`~turnkeeper.storage.backend.Merge`: one read of their session rows
+and lease rows (the full fence, ``leases.fence_condition``, evaluated by
+it), one compare-and-set of their session rows and one insert of every
+entry, instead of four statements per append. The fence is a read there
+because a merged group runs under the backend's in-process write
+serialization: no grant or takeover can commit between the read and the
+group's commit. Each append is judged on its own, with the rules and the
+error order of :func:`~.sessions.append_drafts` (session missing, then the
+lease, then the expected leaf), and one that fails writes nothing (its
+checks all come before the writes, which only touch the ones that passed).
+Two appends to one session in a group run in queue order: the second in a
+later round, which sees the first's writes.
 
 Only plain appends are merged (:func:`mergeable`): no caller-chosen ids,
 labels, branch targets, tool results or compactions, whose extra lookups and
@@ -96,93 +97,76 @@ def append_group(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
     return outcomes
 
 
+def _heads(tx: Tx, requests: list[AppendRequest]) -> list[tuple[Any, ...] | None]:
+    """Per request (distinct sessions): ``None`` when its session is missing,
+    else its session's leaf and next seq, whether its lease passes the full
+    fence (``leases.fence_condition``; ``None`` without a lease or lease row),
+    and the owner holding a live lease on the session (``None``: nobody). One
+    read of the sessions and their lease rows."""
+    cols = ", ".join(
+        f"unnest(?::{'BIGINT' if c == 'epoch' else 'VARCHAR'}[]) AS {c}" for c in leases.FENCED
+    )
+    rows = tx.rows(
+        "SELECT v.sid, sessions.leaf_id, sessions.next_seq, "
+        f"({leases.fence_condition(lambda c: 'v.' + c)}) AS fenced, "
+        f"CASE WHEN leases.state = 'held' AND leases.expires_at > {NOW} THEN leases.owner END "
+        f"FROM (SELECT unnest(?::VARCHAR[]) AS sid, unnest(?::VARCHAR[]) AS st, {cols}) AS v "
+        "JOIN sessions ON sessions.id = v.sid LEFT JOIN leases ON leases.target = v.st",
+        [
+            tx.now,  # the fence's and the holder's now, in the select list
+            tx.now,
+            [r.session_id for r in requests],
+            [session_target(r.session_id) for r in requests],
+            *(
+                [None if r.lease is None else leases.fence_values(r.lease)[k] for r in requests]
+                for k in range(len(leases.FENCED))
+            ),
+        ],
+    )
+    found = {row[0]: row[1:] for row in rows}
+    return [found.get(r.session_id) for r in requests]
+
+
 def _round(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
-    """:func:`append_group` for requests to distinct sessions."""
-    out: list[Any] = [None] * len(requests)
-    heads = {
-        row[0]: (row[1], row[2])
-        for row in tx.rows(
-            "SELECT id, leaf_id, next_seq FROM sessions WHERE id = ANY(?::VARCHAR[])",
-            [[r.session_id for r in requests]],
-        )
-    }
+    """:func:`append_group` for requests to distinct sessions. Its checks are
+    reads: a merged group runs under the backend's in-process write
+    serialization (see :class:`~turnkeeper.storage.backend.Merge`), so no
+    takeover or grant can commit between them and the group's commit."""
     now = tx.now
     assert now is not None  # always set inside a transaction
-    alive = []
-    for i, r in enumerate(requests):
-        if r.session_id not in heads:
+    out: list[Any] = [None] * len(requests)
+    heads = _heads(tx, requests)
+    for i, (r, head) in enumerate(zip(requests, heads, strict=True)):
+        # the single path's order: the session, the lease, then the expected leaf
+        if head is None:
             out[i] = errors.SessionNotFoundError(r.session_id)
-        else:
-            alive.append(i)
-    # Lease-less appends: refused while anyone holds a live lease on the session.
-    unleased = [i for i in alive if requests[i].lease is None]
-    if unleased:
-        targets = [session_target(requests[i].session_id) for i in unleased]
-        held = {
-            row[0]: row[1]
-            for row in tx.rows(
-                "SELECT target, owner, state, expires_at FROM leases "
-                "WHERE target = ANY(?::VARCHAR[])",
-                [targets],
-            )
-            if row[2] == "held" and utc(row[3]) > now
-        }
-        for i, target in zip(unleased, targets, strict=True):
-            if target in held:
-                out[i] = errors.BusyError(target, held[target])
-    # The expected leaf, judged after the lease (the single path's order).
-    mismatched = {
-        i
-        for i in alive
-        if out[i] is None
-        and requests[i].expected_leaf is not ANY_LEAF
-        and requests[i].expected_leaf != heads[requests[i].session_id][0]
-    }
-    leased = [i for i in alive if out[i] is None and requests[i].lease is not None]
-    if leased:
-        _fence(tx, requests, leased, mismatched, out)
-    for i in mismatched:
-        if out[i] is None:
-            r = requests[i]
-            out[i] = errors.SessionModifiedError(
-                r.session_id, r.expected_leaf, heads[r.session_id][0]
-            )
-    writing = [i for i in alive if out[i] is None]
+            continue
+        leaf, _, fenced, holder = head
+        target = session_target(r.session_id)
+        if r.lease is not None and not fenced:
+            out[i] = errors.LeaseLostError(target)
+        elif r.lease is None and holder is not None:
+            out[i] = errors.BusyError(target, holder)
+        elif r.expected_leaf is not ANY_LEAF and r.expected_leaf != leaf:
+            out[i] = errors.SessionModifiedError(r.session_id, r.expected_leaf, leaf)
+    writing = [i for i in range(len(requests)) if out[i] is None]
     if not writing:
         return out
-    # A lease-less write bumps the rows it checked (a grant committed meanwhile
-    # conflicts with it, as in leases.fence_or_unheld).
-    checked = [session_target(requests[i].session_id) for i in writing if requests[i].lease is None]
-    if checked:
-        tx.exec(
-            "UPDATE leases SET unleased_checks = unleased_checks + 1 "
-            "WHERE target = ANY(?::VARCHAR[])",
-            [checked],
-        )
     stored: list[tuple[Any, ...]] = []
     moves: list[tuple[Any, ...]] = []
     for i in writing:
         r = requests[i]
-        leaf, seq = heads[r.session_id]
+        head = heads[i]
+        assert head is not None
+        leaf, seq = head[0], head[1]
         epoch = None if r.lease is None else r.lease.epoch
         parent, entries = leaf, []
         for n, d in enumerate(r.drafts):
             ts = now if d.timestamp is None else d.timestamp
             e = Entry(r.session_id, d.entry_id, parent, d.kind, seq + n, utc(ts), d.payload, epoch)
             entries.append(e)
-            stored.append(
-                (
-                    r.session_id,
-                    e.id,
-                    e.parent_id,
-                    e.kind,
-                    e.seq,
-                    e.timestamp,
-                    d.payload_json,
-                    epoch,
-                    now,
-                )
-            )
+            row = (r.session_id, e.id, e.parent_id, e.kind, e.seq, e.timestamp, d.payload_json)
+            stored.append((*row, epoch, now))
             parent = d.entry_id
         names = [d.payload["name"] for d in r.drafts if d.kind == EntryKind.SESSION_INFO]
         moves.append((r.session_id, parent, len(entries), names[-1] if names else None, seq, leaf))
@@ -201,39 +185,6 @@ def _round(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
         raise Conflict("a session moved during a merged append")
     tx.insert_rows("entries", ENTRY_COLUMNS, stored)
     return out
-
-
-def _fence(
-    tx: Tx, requests: list[AppendRequest], leased: list[int], mismatched: set[int], out: list[Any]
-) -> None:
-    """Fence the leases of ``leased`` (a write of each row, as ``leases.fence``);
-    a lost one's outcome is ``LeaseLostError``. Those in ``mismatched`` will
-    fail on their leaf: their leases are checked by a read, not written."""
-    ahead = [i for i in leased if i not in mismatched]
-    lost: set[int] = set()
-    cols = ", ".join(
-        f"unnest(?::{'BIGINT' if c == 'epoch' else 'VARCHAR'}[]) AS {c}" for c in leases.FENCED
-    )
-    where = f"{leases.fence_condition(lambda c: 'v.' + c)}"
-    for group, sql in (
-        (
-            ahead,
-            f"UPDATE leases SET fenced_writes = leases.fenced_writes + 1 FROM (SELECT {cols}) AS v "
-            f"WHERE {where} RETURNING leases.target",
-        ),
-        (
-            [i for i in leased if i in mismatched],
-            f"SELECT leases.target FROM leases, (SELECT {cols}) AS v WHERE {where}",
-        ),
-    ):
-        if not group:
-            continue
-        values = [leases.fence_values(requests[i].lease) for i in group]  # type: ignore[arg-type]
-        columns = [[v[k] for v in values] for k in range(len(leases.FENCED))]
-        found = {row[0] for row in tx.rows(sql, [*columns, tx.now])}
-        lost |= {i for i in group if requests[i].lease.target not in found}  # type: ignore[union-attr]
-    for i in lost:
-        out[i] = errors.LeaseLostError(requests[i].lease.target)  # type: ignore[union-attr]
 
 
 def _guard(leased: bool) -> tuple[str, str]:
