@@ -89,6 +89,9 @@ from .query import check_read
 MIGRATIONS = load()
 """DuckDB's numbered migrations, loaded once."""
 
+UNNEST_ROWS = 256
+"""Bulk inserts up to this many rows bind one list per column; more go through Arrow."""
+
 GROUP_MAX = 64
 """Most queued writes one group commit runs in its shared transaction."""
 
@@ -173,8 +176,17 @@ class Tx:
         self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
     ) -> None:
         """Insert ``rows`` (values in ``columns`` order, every column of ``table``
-        in table order) in one statement, through an Arrow table."""
+        in table order) in one statement: up to :data:`UNNEST_ROWS` as one list
+        parameter per column (``unnest``), more through an Arrow table (whose
+        registration costs more than a few rows do)."""
         if not rows:
+            return
+        if len(rows) <= UNNEST_ROWS:
+            values = ", ".join(f"unnest(?) AS {name}" for name in columns)
+            self.exec(
+                f"INSERT INTO {table} SELECT {values}",
+                [[r[i] for r in rows] for i in range(len(columns))],
+            )
             return
         data = pa.table({name: pa.array([r[i] for r in rows]) for i, name in enumerate(columns)})
         self.statements += 1
