@@ -220,3 +220,59 @@ def test_a_cancelled_leader_requeues_the_others_and_commits_nothing_twice(duck_r
         else:
             assert isinstance(got[i], turnkeeper.Entry) and str(i) in texts, got
     store.append("s", M, user("after"))  # the store still writes
+
+
+def test_a_caller_cancelled_while_queued_never_writes(duck_real_store) -> None:
+    """A caller cancelled (KeyboardInterrupt) while its write waits in the queue
+    behind a leader: its write is taken out and never runs; the leader's and the
+    others' writes commit."""
+    import ctypes
+
+    store = duck_real_store
+    store.create_session("s")
+    database = store.db
+    out: dict[str, Any] = {}
+
+    def run(name: str) -> None:
+        try:
+            out[name] = store.append("s", M, user(name))
+        except BaseException as exc:  # the test inspects the cancellation
+            out[name] = exc
+
+    def queued() -> int:
+        with database._queue_lock:
+            return len(database._queue)
+
+    def wait_for(n: int) -> None:
+        for _ in range(100_000):
+            if queued() == n:
+                return
+            time.sleep(0.001)
+        pytest.fail(f"the queue never held {n}")
+
+    with database._write_lock:  # the first caller leads and waits for the lock
+        leader = threading.Thread(target=run, args=("leader",))
+        leader.start()
+        wait_for(1)
+        victim = threading.Thread(target=run, args=("victim",))
+        victim.start()
+        wait_for(2)
+        other = threading.Thread(target=run, args=("other",))
+        other.start()
+        wait_for(3)
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(victim.ident), ctypes.py_object(KeyboardInterrupt)
+        )
+        with database._queue_changed:  # wake the waiters: the victim sees its cancellation
+            database._queue_changed.notify_all()
+        victim.join(10)
+        assert not victim.is_alive()
+        assert queued() == 2
+    leader.join()
+    other.join()
+    assert isinstance(out["victim"], KeyboardInterrupt)
+    assert isinstance(out["leader"], turnkeeper.Entry) and isinstance(
+        out["other"], turnkeeper.Entry
+    )
+    texts = [e.payload["message"]["content"] for e in store.entries("s")]
+    assert sorted(texts) == ["leader", "other"]

@@ -420,8 +420,15 @@ class Database:
         return at once instead of taking the lock in turn to see they are done."""
         with self._queue_changed:
             self._queue.append(item)
-            while not item.done and self._leading:
-                self._queue_changed.wait()
+            try:
+                while not item.done and self._leading:
+                    self._queue_changed.wait()
+            except BaseException:
+                # Cancelled while waiting: a write no leader has taken yet never
+                # runs; one a leader is running ends as that group does.
+                if item in self._queue:
+                    self._queue.remove(item)
+                raise
             lead = not item.done
             if lead:
                 self._leading = True
