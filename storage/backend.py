@@ -88,6 +88,13 @@ class Dialect:
             return f"epoch_us({expr})"
         return f"(extract(epoch FROM {expr}) * 1000000)::BIGINT"
 
+    def share_lock(self) -> str:
+        """The clause that ends a ``SELECT`` of rows that must not change until
+        the statement's transaction ends (PostgreSQL ``FOR SHARE``: a writer of
+        them waits; one that committed first is re-read). DuckDB has no row
+        locks: its writes are serialized in process."""
+        return " FOR SHARE" if self.name == "postgres" else ""
+
     def skip_locked_of(self, alias: str) -> str:
         """The clause that ends a claim's or scan's ``SELECT``: lock the rows of
         ``alias`` it returns, skipping rows another transaction holds."""

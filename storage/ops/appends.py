@@ -187,19 +187,21 @@ def _round(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
     return out
 
 
-def _guard(leased: bool) -> tuple[str, str]:
-    """The one-statement append's lease CTE ``g`` and the condition on it."""
-    if leased:  # the lease row written under the full fence (leases.fence)
+def _guard(tx: Tx, leased: bool) -> tuple[str, str]:
+    """The one-statement append's lease CTE ``g`` and the condition on it. The
+    lease row is read under a shared row lock (``Dialect.share_lock``): a
+    takeover or grant committed meanwhile is re-read (and then fails the
+    fence), one not yet committed waits for this statement, and a refused
+    append writes nothing, not even the lease row."""
+    lock = tx.dialect.share_lock()
+    if leased:  # the full fence (leases.fence_condition)
         return (
-            "g AS (UPDATE leases SET fenced_writes = fenced_writes + 1 "
-            f"WHERE {leases.fence_condition(lambda c: '?')} RETURNING epoch)",
+            f"g AS (SELECT 1 FROM leases WHERE {leases.fence_condition(lambda c: '?')}{lock})",
             "EXISTS (SELECT 1 FROM g)",
         )
-    # lease-less: refused while anyone holds a live lease on the session (and,
-    # as leases.fence_or_unheld, a write of the lease row if there is one)
+    # lease-less: refused while anyone holds a live lease on the session
     return (
-        "g AS (UPDATE leases SET unleased_checks = unleased_checks + 1 WHERE target = ? "
-        "RETURNING state, expires_at)",
+        f"g AS (SELECT state, expires_at FROM leases WHERE target = ?{lock})",
         f"NOT EXISTS (SELECT 1 FROM g WHERE g.state = 'held' AND g.expires_at > {NOW})",
     )
 
@@ -214,15 +216,16 @@ def _at(epoch_us: int) -> datetime:
 def one_statement(tx: Tx, r: AppendRequest) -> Any:
     """A plain append as one autocommit statement of data-modifying CTEs (for a
     server, where each statement is a round trip): the session's leaf and
-    sequence read, the lease row written under the fence (or found not
-    held), the session row's compare-and-set and the insert, all or nothing.
+    sequence read, the lease row locked under the fence (or found not held,
+    see :func:`_guard`), the session row's compare-and-set and the insert,
+    all or nothing.
     Returns the outcome (as :func:`append_group`'s), or ``None`` when it
     wrote nothing (a missing session, a lost lease, a holder, another leaf
     than expected or a concurrent append): the caller then runs the append
     in a transaction, which raises the error that applies (or succeeds,
     after a lost race)."""
     leased = r.lease is not None
-    guard, holds = _guard(leased)
+    guard, holds = _guard(tx, leased)
     target = session_target(r.session_id)
     now = tx.now
     now_param: list[Any] = [now]

@@ -1,0 +1,122 @@
+"""PostgreSQL's one-statement plain append (``storage/ops/appends.py``).
+
+A plain append is one autocommit statement: it locks the lease row (shared)
+under the fence, so a takeover committed meanwhile is re-read and refuses it,
+and one still open makes it wait; a refused one writes nothing, not even the
+lease row; anything it cannot judge falls back to the transaction, which
+raises the error that applies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+import pytest
+from conftest import new_pg_schema
+
+import turnkeeper
+from turnkeeper import EntryKind, NewEntry
+from turnkeeper.spec import errors
+from turnkeeper.storage.backend import Dialect
+
+pytestmark = pytest.mark.postgres
+
+M = EntryKind.MESSAGE
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"message": {"role": "user", "content": text}}
+
+
+def lease_row(url: str) -> list[tuple[Any, ...]]:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        return conn.execute(
+            "SELECT target, epoch, fenced_writes, unleased_checks FROM leases ORDER BY target"
+        ).fetchall()
+
+
+def test_a_plain_append_is_one_statement_and_a_refused_one_writes_nothing() -> None:
+    url = new_pg_schema()
+    with turnkeeper.open_store(url) as store:
+        store.create_session("s")
+        store.create_session("free")
+        lease = store.acquire_lease("session:s", "w1", 600)
+        first = store.append("s", M, user("a"), lease=lease)
+        got = store.append_many(
+            "s", [(M, user("b")), NewEntry(M, user("c"), timestamp=first.timestamp)], lease=lease
+        )
+        assert [e.parent_id for e in got] == [first.id, got[0].id]
+        assert got[1].timestamp == first.timestamp
+        store.append("free", M, user("x"))
+        stats = store.statement_stats()
+        assert stats["append"]["statements_per_call"] == 1
+        assert stats["append_many"]["statements_per_call"] == 1
+        before = lease_row(url)
+        stale = dataclasses.replace(lease, token="not-the-token")
+        for call, error in [
+            (lambda: store.append("s", M, user("stale"), lease=stale), errors.LeaseLostError),
+            (lambda: store.append("s", M, user("no lease")), errors.BusyError),
+            (
+                lambda: store.append("s", M, user("moved"), lease=lease, expected_leaf=first.id),
+                errors.SessionModifiedError,
+            ),
+            (lambda: store.append("nobody", M, user("x")), errors.SessionNotFoundError),
+        ]:
+            with pytest.raises(error):
+                call()
+        assert [e.payload["message"]["content"] for e in store.entries("s")] == ["a", "b", "c"]
+        # the refused appends' own statement locked, never wrote, the lease row;
+        # only their fallback transactions' fences ran, and rolled back
+        assert lease_row(url) == before
+
+
+def takeover_racing_an_append(url: str) -> Any:
+    """A takeover of the session's lease, open (uncommitted) in another
+    connection while the old holder appends, then committed; what the append
+    got."""
+    import psycopg
+
+    with turnkeeper.open_store(url) as store:
+        store.create_session("s")
+        old = store.acquire_lease("session:s", "w1", 600)
+        outcome: dict[str, Any] = {}
+        with psycopg.connect(url) as other:
+            other.execute(
+                "UPDATE leases SET epoch = epoch + 1, owner = 'w2', token_digest = 'other' "
+                "WHERE target = 'session:s'"
+            )  # the takeover's transaction, still open
+
+            def append() -> None:
+                try:
+                    outcome["got"] = store.append("s", M, user("stale?"), lease=old)
+                except errors.TurnkeeperError as exc:
+                    outcome["got"] = exc
+
+            writer = threading.Thread(target=append)
+            writer.start()
+            writer.join(1.0)  # it waits for the takeover (or, unlocked, is done)
+            outcome["waited"] = writer.is_alive()
+            other.commit()
+            writer.join(30)
+        outcome["entries"] = store.entries("s")
+        return outcome
+
+
+def test_an_append_waits_for_an_open_takeover_and_then_is_refused() -> None:
+    outcome = takeover_racing_an_append(new_pg_schema())
+    assert outcome["waited"]
+    assert isinstance(outcome["got"], errors.LeaseLostError)
+    assert outcome["entries"] == []
+
+
+def test_control_without_the_row_lock_the_append_does_not_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(Dialect, "share_lock", lambda self: "")
+    outcome = takeover_racing_an_append(new_pg_schema())
+    with pytest.raises(AssertionError):
+        assert outcome["waited"] and isinstance(outcome["got"], errors.LeaseLostError)
