@@ -9,9 +9,14 @@ Statement budget per operation (BEGIN and COMMIT included):
 
 Fenced writes elsewhere call :func:`fence`, which *writes* the lease row
 (``fenced_writes + 1``) under the full fence (owner's token digest, epoch,
-state held, unexpired by the store's clock) inside the caller's transaction:
-because it writes, a concurrent takeover of the same row is a write-write
-conflict, so a stale writer can never commit beside its successor.
+state held, unexpired by the store's clock; :func:`fence_condition`) inside
+the caller's transaction: because it writes, a concurrent takeover of the
+same row is a write-write conflict, so a stale writer can never commit
+beside its successor. Two appends use the same condition another way
+(``storage/ops/appends.py``): PostgreSQL's one-statement append reads the
+row ``FOR SHARE`` (a takeover waits for it or is re-read), and DuckDB's
+merged appends read it inside a group that runs under the in-process write
+serialization (no takeover can commit beside it).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""Sessions and their entry trees on DuckDB (session seed Store / Manager).
+"""Sessions and their entry trees (session seed Store / Manager).
 
-An append is one transaction: read the session's leaf and next sequence,
+The API's appends are in ``appends.py`` and replay in ``replays.py``; this
+module holds the session rows, the entry rows and the transactional append
+they share. An append is one transaction: read the session's leaf and next sequence,
 fence the lease if one is given (a write to the lease row), check the
 caller's expected leaf, compare-and-set the session row (leaf, sequence,
 count, title) and insert the entry. A concurrent append to the same session
