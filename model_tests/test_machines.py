@@ -487,6 +487,7 @@ def run_tiny_bench(tmp_path: Path, pg: str | None) -> dict:
         assert set(backend["threads"]) == {"1", "4", "16"}
         assert backend["statements_per_call"]["append_many"] > 0
         assert backend["analytics_model_day"]["runs"] == 3000
+        assert backend["dbos_three_steps"]["median"] > 0
     duck = data["backends"]["duckdb"]
     assert duck["analytics_model_day"]["x_faster_than_sqlite"] > 0
     assert set(duck["langgraph"]) == {

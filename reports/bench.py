@@ -55,6 +55,7 @@ TABLE = Path(os.environ.get("TURNKEEPER_BENCH_TABLE", HERE / "BENCH.md"))
 MSG = {"message": {"role": "user", "content": "x" * 200}}
 BATCH = 100
 TURN_APPENDS = 4
+TURN_THREE = "turn, 3 transactions (admit+start, append_many, finish+entries)"
 
 Op = Callable[[], float]
 """One timed call: runs the operation once and returns the seconds it took."""
@@ -223,7 +224,7 @@ def operations(store: turnkeeper.BaseStore, cold: turnkeeper.BaseStore) -> dict[
         "admit_run": part("admit_run"),
         "finish_run (reply + 1-step plan)": part("finish_run"),
         "turn, 7 transactions (admit, start, 4 appends, finish)": turn_seven,
-        "turn, 3 transactions (admit+start, append_many, finish+entries)": turn_three,
+        TURN_THREE: turn_three,
         "claim + finish delivery": timed(delivery),
         f"replay ({REPLAY_ENTRIES} entries), unchanged since the last (cache)": timed(
             lambda: store.replay("r")
@@ -347,6 +348,49 @@ def langgraph_peer(
     return {name: _spread(r) for name, r in ratios.items()}
 
 
+_DBOS: dict[str, Any] = {}
+"""The DBOS workflow, registered once per process (DBOS keeps a global registry)."""
+
+
+def _dbos_workflow() -> Callable[[int], int]:
+    if not _DBOS:
+        from dbos import DBOS
+
+        @DBOS.step()
+        def step(i: int) -> int:
+            return i + 1
+
+        @DBOS.workflow()
+        def three_steps(x: int) -> int:
+            return step(step(step(x)))
+
+        _DBOS["workflow"] = three_steps
+    return _DBOS["workflow"]  # type: ignore[no-any-return]
+
+
+def dbos_peer(turn: Op, url: str) -> dict[str, Any]:
+    """Our three-transaction turn against a DBOS workflow of three steps (each
+    step's result checkpointed, as DBOS makes a workflow durable) on ``url``
+    (SQLite beside DuckDB, the same server beside PostgreSQL), interleaved,
+    median over :data:`REPS`; skipped when DBOS is not installed."""
+    try:
+        from dbos import DBOS
+    except ImportError as exc:
+        return {"skipped": f"dbos is not installed ({exc})"}
+    workflow = _dbos_workflow()
+    config = {"name": "bench", "system_database_url": url, "run_admin_server": False}
+    DBOS(config={**config, "log_level": "WARNING"})  # type: ignore[typeddict-item]
+    try:
+        DBOS.launch()
+        calls = iter(range(10**9))
+        theirs = timed(lambda: workflow(next(calls)))
+        theirs()
+        ratios = [per_call(turn) / per_call(theirs) for _ in range(REPS)]
+    finally:
+        DBOS.destroy(destroy_registry=False)
+    return _spread(ratios)
+
+
 def _spread(values: list[float]) -> dict[str, float]:
     return {
         "median": round(statistics.median(values), 2),
@@ -467,9 +511,10 @@ def measure(
     floor: Op,
     rows: list[tuple[Any, ...]],
     folder: str,
+    dbos_url: str,
 ) -> dict[str, Any]:
     """Every figure of one backend (``cold``: the same database, replay cache
-    off); with ``folder``, the peers beside it."""
+    off); with ``folder``, the LangGraph peer beside it; DBOS on ``dbos_url``."""
     ops = operations(store, cold)
     ratios: dict[str, list[float]] = {name: [] for name in ops}
     floors: list[float] = []
@@ -480,6 +525,7 @@ def measure(
             ratios[name].append(per_call(op) / base)
     stats = store.statement_stats()
     peers = langgraph_peer(store, cold, folder) if folder else {}
+    dbos = dbos_peer(ops[TURN_THREE], dbos_url)
     ours, sqlite_s = analytics(store, rows, folder)
     figure = {"runs": len(rows), "seconds": round(ours, 4)}
     if sqlite_s is not None:
@@ -491,6 +537,7 @@ def measure(
         "floor_ms": round(statistics.median(floors) * 1000, 3),
         "analytics_model_day": figure,
         **({"langgraph": peers} if peers else {}),
+        "dbos_three_steps": dbos,
         "operations": {
             name: {
                 "median": round(statistics.median(r), 2),
@@ -568,6 +615,12 @@ def table(result: dict[str, Any]) -> str:
     lines.append(
         f"| failure rate + p95 duration per model per day, {runs} runs | {' | '.join(cells)} |"
     )
+    cells = []
+    for n in names:
+        r = result["backends"][n].get("dbos_three_steps", {})
+        cells.append(f"{r['median']}× [{r['min']}–{r['max']}]" if "median" in r else "—")
+    if any(c != "—" for c in cells):
+        lines.append(f"| DBOS: turn, 3 transactions / 3-step workflow | {' | '.join(cells)} |")
     for peer in ("replay / get_tuple", "replay, cache off / get_tuple", "append (fenced) / put"):
         cells = []
         for n in names:
@@ -596,7 +649,9 @@ def main() -> int:
             turnkeeper.open_store(path) as store,
             turnkeeper.open_store(path, replay_cache_bytes=0) as cold,
         ):
-            backends["duckdb"] = measure(store, cold, floor, rows, tmp)
+            backends["duckdb"] = measure(
+                store, cold, floor, rows, tmp, f"sqlite:///{tmp}/dbos.sqlite"
+            )
     url = os.environ.get("TURNKEEPER_TEST_PG")
     if url:
         schema = pg_schema(url)
@@ -604,7 +659,8 @@ def main() -> int:
             turnkeeper.open_store(schema) as store,
             turnkeeper.open_store(schema, replay_cache_bytes=0) as cold,
         ):
-            backends["postgres"] = measure(store, cold, pg_floor(schema), rows, "")
+            dbos_url = url.replace("postgresql://", "postgresql+psycopg://", 1)
+            backends["postgres"] = measure(store, cold, pg_floor(schema), rows, "", dbos_url)
         backends["postgres"]["processes"] = multiples({n: processes(schema, n) for n in (1, 4, 8)})
     result = {
         "floor": FLOOR_SQL.format(p="?") + " (autocommit)",
