@@ -276,11 +276,21 @@ def _race_finish_against_recovery(store, sid: str) -> dict[str, str]:
 
 
 def _unserialized(store, monkeypatch) -> None:
-    """Take DuckDB's in-process write lock out of ``store`` (test-only), so that its
+    """Take DuckDB's in-process write serialization out of ``store`` (test-only:
+    the write lock and the group commit's one leader at a time), so that its
     writes overlap and only the database's conflicts order them. PostgreSQL has
     no such lock: its writes always overlap."""
     if store.db.dialect.name == "duckdb":
-        monkeypatch.setattr(store.db, "_write_lock", contextlib.nullcontext())
+        database = store.db
+
+        def alone(item):  # no queue, no leader: each write runs at once on its thread
+            database._alone(item)
+            if item.error is not None:
+                raise item.error
+            return item.result
+
+        monkeypatch.setattr(database, "_write_lock", contextlib.nullcontext())
+        monkeypatch.setattr(database, "_grouped", alone)
 
 
 @pytest.mark.parametrize("serialized", [True, False], ids=["write-lock", "conflicts-alone"])
