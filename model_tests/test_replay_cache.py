@@ -257,3 +257,47 @@ def test_replay_of_100k_entries_stays_within_its_memory_bound(tmp_path: Path) ->
         print(f"stored {stored / 1e6:.1f} MB, peak {peak / 1e6:.1f} MB ({peak / stored:.2f}x)")
         assert peak < 6 * stored
         assert store._branches.nbytes < 1.5 * stored
+
+
+def test_an_imported_missing_parent_is_replayed_above_the_cached_branch(
+    store: turnkeeper.BaseStore,
+) -> None:
+    """An import may store an entry whose parent is missing; a later import that
+    supplies the parent puts it on the branch, above what was cached: the cache
+    carries on only a branch that starts at a real root (found by an attack
+    helper: the cached replay kept ``['b']`` where the rows say ``['x', 'b']``)."""
+    from datetime import UTC, datetime
+
+    from turnkeeper.spec.records import ImportBatch, ImportEntry
+
+    t = datetime(2024, 1, 1, tzinfo=UTC)
+    header = {"type": "session", "version": 3, "id": "s"}
+
+    def imported(entries: list[ImportEntry], leaf: str) -> None:
+        store.import_batch(ImportBatch("s", "/", t, header, entries, leaf))
+
+    imported([ImportEntry("B", "X", "message", t, user("b"))], "B")  # X is not there yet
+    assert [m["content"] for m in store.replay("s").messages] == ["b"]
+    imported([ImportEntry("X", None, "message", t, user("x"))], "B")  # X arrives; leaf stays B
+    assert [m["content"] for m in store.replay("s").messages] == ["x", "b"]
+    assert store.replay("s") == uncached(store, "s")
+    store.append("s", M, user("c"))  # now rooted: carried on along the new row
+    assert [m["content"] for m in store.replay("s").messages] == ["x", "b", "c"]
+    assert store.replay("s") == uncached(store, "s")
+
+
+def test_empty_branches_count_against_the_bound(tmp_path: Path) -> None:
+    """A session without messages still takes memory in the cache: it counts a
+    fixed amount, so the bound holds for many empty sessions too (found by an
+    attack helper: 5,000 empty sessions cached under a 1-byte bound)."""
+    bound = 20_000
+    with turnkeeper.open_store(str(tmp_path / "s.duckdb"), replay_cache_bytes=bound) as store:
+        for n in range(200):
+            store.create_session(f"e{n}")
+            store.replay(f"e{n}")
+            assert store._branches.nbytes <= bound
+        assert 0 < len(store._branches) < 200
+    with turnkeeper.open_store(str(tmp_path / "s.duckdb"), replay_cache_bytes=1) as store:
+        for n in range(50):
+            store.replay(f"e{n}")
+        assert len(store._branches) == 0

@@ -8,20 +8,26 @@ replay reads that row (one statement) and, when the cache holds a replay
 under the same pair, decodes it without reading an entry. When the session
 grew along its branch since (the new leaf descends from the cached one), it
 reads only the entries with ``seq`` at or above the cached ``next_seq`` and
-carries the cached replay on along them; anything else (the leaf moved to
-another branch, a new compaction) is replayed from the rows as
-:func:`~turnkeeper.storage.ops.sessions.replay` does. Writers in other
-processes or store objects are seen the same way: the check reads the row.
+carries the cached replay on along them, provided the cached branch is
+rooted (its first entry has no parent: an import may store an entry whose
+parent is missing, and a later import can supply that parent, which then
+belongs on the branch above the cached part); anything else (the leaf moved
+to another branch, a new compaction, an unrooted branch) is replayed from
+the rows. Writers in other processes or store objects are seen the same
+way: the check reads the row.
 
 Every replay returns fresh objects (decoded from the cached JSON text), so a
 caller that changes the messages it got changes nothing cached. Memory: the
-cache keeps each branch's context messages as JSON text (about their stored
-bytes) up to ``replay_cache_bytes`` in all (64 MiB by default), evicting the
-least recently replayed session; a branch larger than that is not cached.
+cache keeps each branch's context messages as JSON text, and counts what
+its branches hold in memory (``sys.getsizeof`` of each text and id, plus a
+fixed amount per branch, so empty branches count too) against
+``replay_cache_bytes`` in all (64 MiB by default), evicting the least
+recently replayed session; a branch larger than that is not cached.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -40,8 +46,11 @@ from .base import StoreBase
 
 REPLAY_CACHE_BYTES = 64 * 2**20
 """The default bound, in bytes, of a store object's replay cache."""
-_OVERHEAD = 64
-"""Bytes counted per cached message beyond its JSON text (object and list slot)."""
+_BRANCH_BYTES = 512
+"""Bytes counted per cached branch beyond its texts and ids (the branch, its
+tuples' headers, its session id and the cache's slot for it)."""
+_SLOT_BYTES = 16
+"""Bytes counted per cached message for its two tuple slots."""
 _CHUNK = 1024
 """Cached messages decoded per JSON decode."""
 
@@ -50,7 +59,8 @@ _CHUNK = 1024
 class Branch:
     """A replay as cached: for the session row's ``(leaf_id, next_seq)``, its
     messages as JSON text, their entry ids, and the model (JSON) and thinking
-    level; ``nbytes`` is what it counts against the bound."""
+    level; ``rooted``: the branch starts at an entry without a parent (only
+    then may it be carried on); ``nbytes`` is what it counts against the bound."""
 
     leaf_id: str | None
     next_seq: int
@@ -58,13 +68,16 @@ class Branch:
     entry_ids: tuple[str, ...]
     model: str | None
     thinking: str
+    rooted: bool
     nbytes: int
 
     @classmethod
-    def of(cls, replay: Replay, leaf_id: str | None, next_seq: int) -> Branch:
+    def of(cls, replay: Replay, rooted: bool, leaf_id: str | None, next_seq: int) -> Branch:
+        """The cached form of ``replay`` (``rooted``: its path starts at an entry
+        without a parent)."""
         texts = tuple(stored_json(m) for m in replay.messages)
         return cls._make(
-            leaf_id, next_seq, texts, replay.entry_ids, replay.model, replay.thinking_level
+            leaf_id, next_seq, texts, replay.entry_ids, replay.model, replay.thinking_level, rooted
         )
 
     @classmethod
@@ -76,10 +89,15 @@ class Branch:
         ids: tuple[str, ...],
         model: Mapping[str, Any] | None,
         thinking: str,
+        rooted: bool,
     ) -> Branch:
-        size = sum(len(t) + len(i) for t, i in zip(texts, ids, strict=True))
         model_json = None if model is None else stored_json(model)
-        return cls(leaf_id, next_seq, texts, ids, model_json, thinking, size + _OVERHEAD * len(ids))
+        size = _BRANCH_BYTES + (0 if model_json is None else sys.getsizeof(model_json))
+        size += sum(
+            sys.getsizeof(t) + sys.getsizeof(i) + _SLOT_BYTES
+            for t, i in zip(texts, ids, strict=True)
+        )
+        return cls(leaf_id, next_seq, texts, ids, model_json, thinking, rooted, size)
 
     def replay(self) -> Replay:
         """The replay, decoded afresh (one JSON decode per :data:`_CHUNK` messages:
@@ -104,7 +122,9 @@ class Branch:
                 ids.append(entry.id)
         model = None if self.model is None else from_json(self.model)
         model, thinking = path_settings(tail, model, self.thinking)
-        return Branch._make(leaf_id, next_seq, tuple(texts), tuple(ids), model, thinking)
+        return Branch._make(
+            leaf_id, next_seq, tuple(texts), tuple(ids), model, thinking, self.rooted
+        )
 
 
 class BranchCache:
@@ -172,7 +192,7 @@ def cached_replay(tx: Tx, session_id: str, cache: BranchCache) -> Replay:
     known = cache.get(session_id)
     if known is not None and known.leaf_id == leaf and known.next_seq == next_seq:
         return known.replay()
-    if known is not None and known.next_seq < next_seq:
+    if known is not None and known.rooted and known.next_seq < next_seq:
         rows = tx.rows(
             f"SELECT {sessions.entry_columns(tx)} FROM entries WHERE session_id = ? AND seq >= ?",
             [session_id, known.next_seq],
@@ -182,9 +202,12 @@ def cached_replay(tx: Tx, session_id: str, cache: BranchCache) -> Replay:
             branch = known.extended(tail, leaf, next_seq)
             cache.put(session_id, branch)
             return branch.replay()
-    replay = build_replay(sessions.path_to_leaf(tx, session_id, leaf))
+    path = sessions.path_to_leaf(tx, session_id, leaf)
+    rooted = not path or path[0].parent_id is None
+    replay = build_replay(path)
+    del path  # its entries are let go before the cached copy is made
     if cache.max_bytes:
-        cache.put(session_id, Branch.of(replay, leaf, next_seq))
+        cache.put(session_id, Branch.of(replay, rooted, leaf, next_seq))
     return replay
 
 
