@@ -7,19 +7,20 @@ queued beside each other through :func:`append_group`, the ``many`` of their
 :class:`~turnkeeper.storage.backend.Merge`: one read of their session rows
 and lease rows (the full fence, ``leases.fence_condition``, evaluated by
 it), one compare-and-set of their session rows and one insert of every
-entry, instead of four statements per append. The fence is a read there
+entry (and, for lease-less ones, one write of the lease rows they check),
+instead of four statements per append. The fence is a read there
 because a merged group runs under the backend's in-process write
 serialization: no grant or takeover can commit between the read and the
-group's commit. Each append is judged on its own, with the rules and the
-error order of :func:`~.sessions.append_drafts` (session missing, then the
-lease, then the expected leaf), and one that fails writes nothing (its
-checks all come before the writes, which only touch the ones that passed).
-Two appends to one session in a group run in queue order: the second in a
-later round, which sees the first's writes.
-
-Only plain appends are merged (:func:`mergeable`): no caller-chosen ids,
-labels, branch targets, tool results or compactions, whose extra lookups and
-pairing checks stay on the single path.
+group's commit. Each append is judged on
+its own, with the rules and the error order of
+:func:`~.sessions.append_drafts` (session missing, then the lease, then the
+expected leaf), and one that fails writes nothing (its checks all come
+before the writes, which only touch the ones that passed). Two appends to
+one session in a group run in queue order: the second in a later round,
+which sees the first's writes. Only plain appends are merged
+(:func:`mergeable`): no caller-chosen ids, labels, branch targets, tool
+results or compactions, whose extra lookups and pairing checks stay on the
+single path.
 """
 
 from __future__ import annotations
@@ -128,13 +129,23 @@ def _heads(tx: Tx, requests: list[AppendRequest]) -> list[tuple[Any, ...] | None
 
 
 def _round(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
-    """:func:`append_group` for requests to distinct sessions. Its checks are
-    reads: a merged group runs under the backend's in-process write
+    """:func:`append_group` for requests to distinct sessions. The fence is a
+    read: a merged group runs under the backend's in-process write
     serialization (see :class:`~turnkeeper.storage.backend.Merge`), so no
-    takeover or grant can commit between them and the group's commit."""
+    takeover or grant can commit between it and the group's commit (a renewal
+    or release can, which skip the lock: the holder's own lease, harmless to
+    a fenced append)."""
     now = tx.now
     assert now is not None  # always set inside a transaction
     out: list[Any] = [None] * len(requests)
+    # Lease-less appends write the lease rows they check before reading them,
+    # as leases.fence_or_unheld does.
+    unleased = [session_target(r.session_id) for r in requests if r.lease is None]
+    if unleased:
+        tx.exec(
+            f"UPDATE leases SET {leases.UNHELD_WRITE} WHERE target = ANY(?::VARCHAR[])",
+            [unleased],
+        )
     heads = _heads(tx, requests)
     for i, (r, head) in enumerate(zip(requests, heads, strict=True)):
         # the single path's order: the session, the lease, then the expected leaf

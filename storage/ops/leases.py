@@ -10,9 +10,14 @@ Statement budget per operation (BEGIN and COMMIT included):
 Fenced writes elsewhere call :func:`fence`, which *writes* the lease row
 (``fenced_writes + 1``) under the full fence (owner's token digest, epoch,
 state held, unexpired by the store's clock; :func:`fence_condition`) inside
-the caller's transaction: because it writes, a concurrent takeover of the
-same row is a write-write conflict, so a stale writer can never commit
-beside its successor. Two appends use the same condition another way
+the caller's transaction. On PostgreSQL the write locks the row, so a
+concurrent takeover waits or conflicts and a stale writer can never commit
+beside its successor; on DuckDB (whose conflicts are per column) takeovers
+and grants are ordered with fenced writes by the in-process write lock, and
+only the holder's own renewal or release, which skip it, run beside them
+(harmless to the holder's write). A write without a lease checks that the
+target is not held with :data:`UNHELD_WRITE`. Two appends use the same
+condition another way
 (``storage/ops/appends.py``): PostgreSQL's one-statement append reads the
 row ``FOR SHARE`` (a takeover waits for it or is re-read), and DuckDB's
 merged appends read it inside a group that runs under the in-process write
@@ -234,6 +239,13 @@ def fence(tx: Tx, lease: Lease) -> None:
         raise errors.LeaseLostError(lease.target)
 
 
+UNHELD_WRITE = "unleased_checks = unleased_checks + 1"
+"""What a lease-less write writes on the lease row it checks is not held (a
+counter: it changes no lease). On PostgreSQL the write locks the row; on
+DuckDB, whose conflicts are per column, grants and takeovers are ordered
+with it by the in-process write lock."""
+
+
 def fence_or_unheld(tx: Tx, target: str, lease: Lease | None) -> None:
     """Fence ``lease``; without one, refuse while anyone holds a live lease on
     ``target`` (a write without a lease is for a target nobody holds, so a
@@ -246,11 +258,11 @@ def fence_or_unheld(tx: Tx, target: str, lease: Lease | None) -> None:
     if lease is not None:
         fence(tx, lease)
         return
-    # A write, not a read: a grant or takeover of the target committed meanwhile
-    # then conflicts with this transaction, which retries and sees the holder.
+    # A write, not a read: on PostgreSQL a grant or takeover of the target
+    # committed meanwhile then conflicts with this transaction, which retries
+    # and sees the holder (see UNHELD_WRITE).
     row = tx.one(
-        "UPDATE leases SET unleased_checks = unleased_checks + 1 WHERE target = ? "
-        "RETURNING owner, state, expires_at",
+        f"UPDATE leases SET {UNHELD_WRITE} WHERE target = ? RETURNING owner, state, expires_at",
         [target],
     )
     now = tx.now
