@@ -276,3 +276,53 @@ def test_a_caller_cancelled_while_queued_never_writes(duck_real_store) -> None:
     )
     texts = [e.payload["message"]["content"] for e in store.entries("s")]
     assert sorted(texts) == ["leader", "other"]
+
+
+def _interrupt_at_commit(monkeypatch: pytest.MonkeyPatch, *, after: bool, error: BaseException):
+    """Make the first COMMIT of a group raise ``error`` in the leading thread,
+    right after (``after``) or instead of running it: what a SIGINT during the
+    COMMIT call looks like."""
+    real, armed = duck_db.Tx.exec, [True]
+
+    def exec_(self: Any, sql: str, params: Any = ()) -> None:
+        if sql == "COMMIT" and armed[0]:
+            armed[0] = False
+            if after:
+                real(self, sql, params)
+            raise error
+        real(self, sql, params)
+
+    monkeypatch.setattr(duck_db.Tx, "exec", exec_)
+
+
+def test_a_leader_interrupted_after_its_commit_gives_the_others_their_outcomes(
+    duck_real_store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by an attack helper: a KeyboardInterrupt reaching the leader just as
+    the group's COMMIT returned put the committed writes back in the queue;
+    they ran again and their callers got TransactionConflictError for writes
+    that were stored. Now a COMMIT that took effect delivers every outcome."""
+    store = duck_real_store
+    for s in ("a", "b", "c"):
+        store.create_session(s)
+    _interrupt_at_commit(monkeypatch, after=True, error=KeyboardInterrupt())
+    got = queued_together(store, [lambda s=s: store.append(s, M, user(s)) for s in ("a", "b", "c")])
+    assert isinstance(got[0], KeyboardInterrupt)  # the leader: cancelled, its write committed
+    assert all(isinstance(g, turnkeeper.Entry) for g in got[1:]), got
+    assert [len(store.entries(s)) for s in ("a", "b", "c")] == [1, 1, 1]
+
+
+def test_a_commit_interrupted_before_it_ran_is_a_keyboard_interrupt_and_keeps_nothing(
+    duck_real_store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by an attack helper: DuckDB's RuntimeError('Query interrupted') from
+    the group's COMMIT reached the caller raw. It is a KeyboardInterrupt; the
+    group was not committed, so the others' writes run again, once."""
+    store = duck_real_store
+    for s in ("a", "b", "c"):
+        store.create_session(s)
+    _interrupt_at_commit(monkeypatch, after=False, error=RuntimeError("Query interrupted"))
+    got = queued_together(store, [lambda s=s: store.append(s, M, user(s)) for s in ("a", "b", "c")])
+    assert isinstance(got[0], KeyboardInterrupt), got
+    assert all(isinstance(g, turnkeeper.Entry) for g in got[1:]), got
+    assert [len(store.entries(s)) for s in ("a", "b", "c")] == [0, 1, 1]

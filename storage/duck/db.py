@@ -243,6 +243,13 @@ def _merged_run(batch: Sequence[_Queued], at: int) -> int:
     return end
 
 
+def _interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` is DuckDB's report of a query interrupted by SIGINT."""
+    return isinstance(exc, duckdb.InterruptException) or (
+        isinstance(exc, RuntimeError) and "interrupted" in str(exc)
+    )
+
+
 def _run_items(tx: Tx, items: Sequence[_Queued]) -> list[Any]:
     """The outcomes of ``items``: one body, or one ``many`` call of a merged run."""
     merge = items[0].merge
@@ -498,6 +505,7 @@ class Database:
         results: list[Any] = []
         spent: list[float] = []
         failed: int | None = None
+        committing = False
         try:
             tx.exec("BEGIN TRANSACTION")
             at = 0
@@ -507,9 +515,7 @@ class Database:
                 try:
                     outcomes = _run_items(tx, batch[at:end])
                 except Exception as exc:
-                    if isinstance(exc, duckdb.InterruptException) or (
-                        isinstance(exc, RuntimeError) and "interrupted" in str(exc)
-                    ):
+                    if _interrupted(exc):
                         raise KeyboardInterrupt(str(exc)) from exc
                     failed = at
                     break
@@ -517,17 +523,38 @@ class Database:
                 spent.extend([(tx.statements - before) / (end - at)] * (end - at))
                 at = end
             if failed is None:
+                committing = True
                 tx.exec("COMMIT")
+                self._deliver(batch, results, spent, tx)
+                return None
         except duckdb.Error:
             failed = 0  # the commit failed: nothing is kept; each runs on its own
-        except BaseException:
-            self._rollback(cursor, True)
+        except BaseException as exc:
+            # Cancelled (KeyboardInterrupt …). Once COMMIT was sent, whether it
+            # took effect decides: a transaction still open was not committed
+            # (rolled back now; the others are queued again by the leader), none
+            # open means the COMMIT completed, and every caller gets its outcome,
+            # never a second run of a committed write.
+            if not (self._rollback(cursor, True) is False and committing):
+                if _interrupted(exc):
+                    raise KeyboardInterrupt(str(exc)) from exc
+                raise
+            self._deliver(batch, results, spent, tx)
+            if _interrupted(exc):
+                raise KeyboardInterrupt(str(exc)) from exc
             raise
-        if failed is not None:
-            self._rollback(cursor, True)
-            return failed
+        self._rollback(cursor, True)
+        return failed
+
+    def _deliver(
+        self, batch: list[_Queued], results: list[Any], spent: list[float], tx: Tx
+    ) -> None:
+        """Give each write of a committed group its outcome (idempotent: a
+        delivery cut short by a cancellation is finished by the handler)."""
         share = 2 / len(batch)  # BEGIN and COMMIT
         for item, result, statements in zip(batch, results, spent, strict=True):
+            if item.done:
+                continue
             if isinstance(result, _Failed):
                 item.error = result.error
             else:
@@ -536,7 +563,6 @@ class Database:
             self._stats.add(item.operation, statements + share, 1, grouped=True)
         for topic in dict.fromkeys(tx.pending):  # committed: wake this process
             self._file.signals.fire(topic)
-        return None
 
     def read(self, operation: str, body: Callable[[AnyTx], T], *, snapshot: bool = False) -> T:
         """Run ``body`` as a read, without the write lock: one autocommit
@@ -608,11 +634,19 @@ class Database:
         return run_attempts(operation, attempt, self._stats, lambda: statements)
 
     @staticmethod
-    def _rollback(cursor: duckdb.DuckDBPyConnection, transaction: bool) -> None:
+    def _rollback(cursor: duckdb.DuckDBPyConnection, transaction: bool) -> bool | None:
+        """Roll back the open transaction: ``True`` when one was open, ``False``
+        when DuckDB says none is (it ended: committed, or aborted and closed),
+        ``None`` when the rollback failed otherwise (or ``transaction`` is false)."""
         if not transaction:
-            return
-        with contextlib.suppress(duckdb.Error):  # DuckDB may have aborted it already
+            return None
+        try:
             cursor.execute("ROLLBACK")
+        except duckdb.TransactionException as exc:
+            return False if "no transaction is active" in str(exc) else None
+        except duckdb.Error:  # DuckDB may have aborted it already
+            return None
+        return True
 
     # -- what else the store needs of a backend -------------------------------------
 
