@@ -12,6 +12,7 @@ the session's holder, are caught.
 from __future__ import annotations
 
 import itertools
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from test_group_commit import grouped, queued_together, user
 import turnkeeper
 from turnkeeper import ANY_LEAF, EntryKind
 from turnkeeper.spec import errors
-from turnkeeper.storage.ops import appends
+from turnkeeper.storage.ops import appends, leases
 
 M = EntryKind.MESSAGE
 SESSIONS = ["a", "b", "c", "held", "missing"]
@@ -209,3 +210,104 @@ def test_control_a_merge_that_ignores_the_holder_is_caught(
     got = stale_scenario(duck_store, clock)
     with pytest.raises(AssertionError):
         check_stale(duck_store, got)
+
+
+def renewal_inside_a_lease_less_write(
+    store: turnkeeper.BaseStore, clock: Any, monkeypatch: Any, *, merged: bool
+) -> tuple[Any, list[Any]]:
+    """A lease-less append to a session whose lease has just expired by the
+    append's clock, and the holder's renewal, made at an earlier instant (a
+    heartbeat: renewals skip the write lock), sent between the append's check
+    and its commit. Merged: two appends queued into one group (the check is
+    ``appends._heads``); else one append alone (``leases.fence_or_unheld``).
+    What the append got, and the renewal's outcome."""
+    store.create_session("s")
+    store.create_session("t")
+    lease = store.acquire_lease("session:s", "holder", 5)
+    clock.advance(5.05)  # the append's now: just past the expiry
+    renewal: list[Any] = []
+
+    def renew() -> None:
+        try:
+            renewal.append(store.renew_lease(lease, 30))
+        except errors.TurnkeeperError as exc:
+            renewal.append(exc)
+
+    def after_the_check() -> None:
+        if renewal or worker.is_alive():
+            return
+        clock.advance(-0.1)  # the heartbeat's instant, before the expiry
+        worker.start()
+        worker.join(0.5)  # done at once, unless it must wait for the append's commit
+        clock.advance(0.1)
+
+    worker = threading.Thread(target=renew)
+    if merged:
+        real = appends._heads
+
+        def heads(tx: Any, requests: Any) -> Any:
+            found = real(tx, requests)
+            after_the_check()
+            return found
+
+        monkeypatch.setattr(appends, "_heads", heads)
+        got = queued_together(
+            store,
+            [
+                lambda: store.append("s", M, user("no lease")),
+                lambda: store.append("t", M, user("x")),
+            ],
+        )[0]
+    else:
+        real_check = leases.fence_or_unheld
+
+        def check(tx: Any, target: str, held: Any) -> None:
+            real_check(tx, target, held)
+            if target == "session:s":
+                after_the_check()
+
+        monkeypatch.setattr(leases, "fence_or_unheld", check)
+        try:
+            got = store.append("s", M, user("no lease"))  # alone: the single path
+        except errors.TurnkeeperError as exc:
+            got = exc
+    worker.join(30)
+    return got, renewal
+
+
+def no_lease_less_write_beside_a_live_renewal(got: Any, renewal: list[Any]) -> None:
+    """Either the renewal won (the append is refused) or the append did (the
+    renewal finds the lease expired): never both."""
+    assert len(renewal) == 1
+    assert not (isinstance(got, turnkeeper.Entry) and isinstance(renewal[0], turnkeeper.Lease)), (
+        got,
+        renewal,
+    )
+
+
+@pytest.mark.parametrize("merged", [True, False], ids=["merged", "alone"])
+def test_a_heartbeat_never_renews_beside_a_lease_less_write(
+    duck_store: turnkeeper.BaseStore, clock: Any, monkeypatch: pytest.MonkeyPatch, merged: bool
+) -> None:
+    """Found by an attack helper: a lease-less append's check could pass on a
+    just-expired lease while the holder's heartbeat renewed it before the
+    append committed (DuckDB's write-write conflicts are per column, and
+    renewals skip the write lock), so the write landed beside a live lease.
+    The check now holds the target until its commit; the renewal waits."""
+    got, renewal = renewal_inside_a_lease_less_write(duck_store, clock, monkeypatch, merged=merged)
+    no_lease_less_write_beside_a_live_renewal(got, renewal)
+
+
+def test_control_without_holding_the_target_the_heartbeat_slips_in(
+    duck_store: turnkeeper.BaseStore, clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The merged check without the hold: the renewal commits beside it. (Alone,
+    DuckDB happens to see a conflict between the check's write and the
+    renewal, which retries until the append commits and then finds the lease
+    expired; the hold spares those retries and does not rest on that.)"""
+    from turnkeeper.storage.duck import db as duck_db
+
+    monkeypatch.setattr(duck_db.Tx, "hold", lambda self, target: None)
+    got, renewal = renewal_inside_a_lease_less_write(duck_store, clock, monkeypatch, merged=True)
+    with pytest.raises(AssertionError):
+        no_lease_less_write_beside_a_live_renewal(got, renewal)

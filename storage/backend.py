@@ -138,6 +138,14 @@ class Tx(Protocol):
         see ``storage/wakeups.py``)."""
         ...
 
+    def hold(self, target: str) -> None:
+        """Keep every other write that holds lease ``target`` out until this
+        transaction ends: the check that nobody holds a target and a renewal
+        or release of it never interleave. DuckDB: an in-process lock (its
+        renewals skip the write lock, and its conflicts are per column);
+        PostgreSQL: nothing (the lease row's lock does it)."""
+        ...
+
 
 class Backend(Protocol):
     """A database the store runs on (see the module docstring)."""

@@ -67,6 +67,7 @@ import contextlib
 import os
 import threading
 import weakref
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -118,7 +119,11 @@ class Tx:
     dialect = DIALECT
 
     def __init__(
-        self, cursor: duckdb.DuckDBPyConnection, clock: Clock | None, in_transaction: bool
+        self,
+        cursor: duckdb.DuckDBPyConnection,
+        clock: Clock | None,
+        in_transaction: bool,
+        locks: Sequence[threading.Lock] = (),
     ) -> None:
         self._cursor = cursor
         self._clock = clock
@@ -127,6 +132,8 @@ class Tx:
         self._snapshot = False
         self.statements = 0
         self.pending: list[str] = []
+        self._locks = locks
+        self._held: dict[int, threading.Lock] = {}
 
     @property
     def cursor(self) -> duckdb.DuckDBPyConnection:
@@ -158,6 +165,23 @@ class Tx:
     def notify(self, topic: str) -> None:
         """Publish wake-up ``topic`` once this transaction commits."""
         self.pending.append(topic)
+
+    def hold(self, target: str) -> None:
+        """Take ``target``'s lock (one of the file's stripes) until :meth:`end`:
+        renewals and releases skip the write lock, so this is what keeps one
+        from committing between a lease-less check of ``target`` and its commit."""
+        if not self._locks:
+            return
+        stripe = zlib.crc32(target.encode()) % len(self._locks)
+        if stripe not in self._held:
+            lock = self._locks[stripe]
+            lock.acquire()
+            self._held[stripe] = lock
+
+    def end(self) -> None:
+        """Let go of the targets this transaction held (it committed or rolled back)."""
+        while self._held:
+            self._held.popitem()[1].release()
 
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Execute one statement and return all rows."""
@@ -501,7 +525,16 @@ class Database:
         error), else the index of the operation whose body raised (or 0 when
         the commit failed): nothing was kept."""
         cursor = self._cursor()
-        tx = Tx(cursor, self.clock, True)
+        tx = Tx(cursor, self.clock, True, self._file.target_locks)
+        try:
+            return self._shared_in(batch, cursor, tx)
+        finally:
+            tx.end()
+
+    def _shared_in(
+        self, batch: list[_Queued], cursor: duckdb.DuckDBPyConnection, tx: Tx
+    ) -> int | None:
+        """:meth:`_shared`'s transaction on ``tx``."""
         results: list[Any] = []
         spent: list[float] = []
         failed: int | None = None
@@ -600,7 +633,7 @@ class Database:
 
         def attempt() -> T:
             nonlocal statements
-            tx = Tx(cursor, self.clock, transaction)
+            tx = Tx(cursor, self.clock, transaction, self._file.target_locks)
             try:
                 if transaction:
                     tx.exec("BEGIN TRANSACTION")
@@ -629,6 +662,7 @@ class Database:
                 self._rollback(cursor, transaction)
                 raise
             finally:
+                tx.end()
                 statements += tx.statements
 
         return run_attempts(operation, attempt, self._stats, lambda: statements)

@@ -98,6 +98,10 @@ def _identity(path: str) -> tuple[object, ...]:
     return ("inode", st.st_dev, st.st_ino)
 
 
+TARGET_STRIPES = 1024
+"""Locks a file's lease targets are spread over (see ``Tx.hold``)."""
+
+
 @dataclass(eq=False)
 class SharedFile:
     """One database file's connection in this process, and who uses it."""
@@ -106,6 +110,9 @@ class SharedFile:
     read_only: bool
     keys: list[tuple[object, ...]]
     write_lock: threading.RLock = field(default_factory=threading.RLock)
+    target_locks: tuple[threading.Lock, ...] = field(
+        default_factory=lambda: tuple(threading.Lock() for _ in range(TARGET_STRIPES))
+    )
     signals: Signals = field(default_factory=Signals)
     users: int = 1
 

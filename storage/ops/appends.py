@@ -141,6 +141,8 @@ def _round(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
     # Lease-less appends write the lease rows they check before reading them,
     # as leases.fence_or_unheld does.
     unleased = [session_target(r.session_id) for r in requests if r.lease is None]
+    for target in unleased:
+        tx.hold(target)
     if unleased:
         tx.exec(
             f"UPDATE leases SET {leases.UNHELD_WRITE} WHERE target = ANY(?::VARCHAR[])",

@@ -161,6 +161,7 @@ def renew(tx: Tx, lease: Lease, ttl_s: float) -> Lease:
     Raises:
         LeaseLostError: the token/epoch no longer match, or the lease expired.
     """
+    tx.hold(lease.target)  # never between a lease-less check of it and its commit
     row = tx.one(
         f"WITH c AS (SELECT {NOW} AS now), "
         "w AS (UPDATE leases SET "
@@ -243,7 +244,8 @@ UNHELD_WRITE = "unleased_checks = unleased_checks + 1"
 """What a lease-less write writes on the lease row it checks is not held (a
 counter: it changes no lease). On PostgreSQL the write locks the row; on
 DuckDB, whose conflicts are per column, grants and takeovers are ordered
-with it by the in-process write lock."""
+with it by the in-process write lock, and renewals (which skip that lock)
+by ``Tx.hold`` of the target."""
 
 
 def fence_or_unheld(tx: Tx, target: str, lease: Lease | None) -> None:
@@ -260,7 +262,9 @@ def fence_or_unheld(tx: Tx, target: str, lease: Lease | None) -> None:
         return
     # A write, not a read: on PostgreSQL a grant or takeover of the target
     # committed meanwhile then conflicts with this transaction, which retries
-    # and sees the holder (see UNHELD_WRITE).
+    # and sees the holder (see UNHELD_WRITE); held, so that no renewal (which
+    # skips DuckDB's write lock) commits between this check and the commit.
+    tx.hold(target)
     row = tx.one(
         f"UPDATE leases SET {UNHELD_WRITE} WHERE target = ? RETURNING owner, state, expires_at",
         [target],

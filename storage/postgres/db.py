@@ -189,6 +189,9 @@ class Tx:
         """Publish wake-up ``topic`` once this transaction commits."""
         self.pending.append(topic)
 
+    def hold(self, target: str) -> None:
+        """Nothing: the lease row's lock orders this transaction with a renewal."""
+
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Execute one statement and return all rows."""
         cur = self._execute(sql, params)
