@@ -311,3 +311,81 @@ def test_control_without_holding_the_target_the_heartbeat_slips_in(
     got, renewal = renewal_inside_a_lease_less_write(duck_store, clock, monkeypatch, merged=True)
     with pytest.raises(AssertionError):
         no_lease_less_write_beside_a_live_renewal(got, renewal)
+
+
+def release_inside_a_fenced_append(
+    store: turnkeeper.BaseStore, monkeypatch: Any, *, merged: bool
+) -> tuple[Any, int, int]:
+    """The holder releases its lease (releases skip the write lock) between a
+    fenced append's fence and its commit. Merged: in a group with another
+    append (the fence is ``appends._heads``); else alone (``leases.fence``).
+    What the append got, the entries the session had when the release
+    returned, and the entries it has at the end."""
+    store.create_session("s")
+    store.create_session("t")
+    lease = store.acquire_lease("session:s", "holder", 600)
+    seen: list[int] = []
+
+    def release() -> None:
+        assert store.release_lease(lease)
+        seen.append(len(store.entries("s")))
+
+    worker = threading.Thread(target=release)
+
+    def after_the_fence() -> None:
+        if not worker.is_alive() and not seen:
+            worker.start()
+            worker.join(0.5)  # done at once, unless it must wait for the append's commit
+
+    if merged:
+        real = appends._heads
+
+        def heads(tx: Any, requests: Any) -> Any:
+            found = real(tx, requests)
+            after_the_fence()
+            return found
+
+        monkeypatch.setattr(appends, "_heads", heads)
+        got = queued_together(
+            store,
+            [
+                lambda: store.append("s", M, user("fenced"), lease=lease),
+                lambda: store.append("t", M, user("x")),
+            ],
+        )[0]
+    else:
+        real_fence = leases.fence
+
+        def fence(tx: Any, held: Any) -> None:
+            real_fence(tx, held)
+            after_the_fence()
+
+        monkeypatch.setattr(leases, "fence", fence)
+        got = store.append("s", M, user("fenced"), lease=lease)
+    worker.join(30)
+    return got, seen[0], len(store.entries("s"))
+
+
+@pytest.mark.parametrize("merged", [True, False], ids=["merged", "alone"])
+def test_a_fenced_append_never_commits_after_its_lease_was_released(
+    duck_store: turnkeeper.BaseStore, monkeypatch: pytest.MonkeyPatch, merged: bool
+) -> None:
+    """Found by an attack helper: a merged fenced append committed after the
+    holder's release_lease had returned (the merged fence is a read, and
+    releases skip the write lock): `turnkeeper audit` then reported entries
+    under a released lease. The append now holds its target until it
+    commits; the release waits, and sees the entry when it returns."""
+    got, at_release, at_end = release_inside_a_fenced_append(duck_store, monkeypatch, merged=merged)
+    assert isinstance(got, turnkeeper.Entry)
+    assert at_release == at_end == 1
+
+
+def test_control_a_merged_fence_without_the_hold_lets_the_release_pass(
+    duck_store: turnkeeper.BaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from turnkeeper.storage.duck import db as duck_db
+
+    monkeypatch.setattr(duck_db.Tx, "hold", lambda self, target: None)
+    got, at_release, at_end = release_inside_a_fenced_append(duck_store, monkeypatch, merged=True)
+    assert isinstance(got, turnkeeper.Entry)
+    assert (at_release, at_end) == (0, 1)  # the release returned before the append committed

@@ -140,10 +140,11 @@ class Tx(Protocol):
 
     def hold(self, target: str) -> None:
         """Keep every other write that holds lease ``target`` out until this
-        transaction ends: the check that nobody holds a target and a renewal
-        or release of it never interleave. DuckDB: an in-process lock (its
-        renewals skip the write lock, and its conflicts are per column);
-        PostgreSQL: nothing (the lease row's lock does it)."""
+        transaction ends: a lease-less write's check or a merged append's
+        fence and a renewal or release of the target never interleave.
+        DuckDB: an in-process lock (its renewals and releases skip the write
+        lock, and its conflicts are per column); PostgreSQL: nothing (the
+        lease row's lock does it)."""
         ...
 
 

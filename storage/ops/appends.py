@@ -10,8 +10,8 @@ it), one compare-and-set of their session rows and one insert of every
 entry (and, for lease-less ones, one write of the lease rows they check),
 instead of four statements per append. The fence is a read there
 because a merged group runs under the backend's in-process write
-serialization: no grant or takeover can commit between the read and the
-group's commit. Each append is judged on
+serialization and holds its targets (``Tx.hold``): no grant, takeover,
+renewal or release can commit between the read and the group's commit. Each append is judged on
 its own, with the rules and the error order of
 :func:`~.sessions.append_drafts` (session missing, then the lease, then the
 expected leaf), and one that fails writes nothing (its checks all come
@@ -132,17 +132,20 @@ def _round(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
     """:func:`append_group` for requests to distinct sessions. The fence is a
     read: a merged group runs under the backend's in-process write
     serialization (see :class:`~turnkeeper.storage.backend.Merge`), so no
-    takeover or grant can commit between it and the group's commit (a renewal
-    or release can, which skip the lock: the holder's own lease, harmless to
-    a fenced append)."""
+    takeover or grant can commit between it and the group's commit, and it
+    holds its targets (``Tx.hold``), so no renewal or release can either."""
     now = tx.now
     assert now is not None  # always set inside a transaction
     out: list[Any] = [None] * len(requests)
     # Lease-less appends write the lease rows they check before reading them,
     # as leases.fence_or_unheld does.
+    # Every target is held until the group commits (Tx.hold): a renewal or a
+    # release, which skip the write lock, cannot commit between the reads
+    # below and the commit (a release would leave a fenced append committed
+    # after it; a renewal, a lease-less one beside a live lease).
+    for r in requests:
+        tx.hold(session_target(r.session_id))
     unleased = [session_target(r.session_id) for r in requests if r.lease is None]
-    for target in unleased:
-        tx.hold(target)
     if unleased:
         tx.exec(
             f"UPDATE leases SET {leases.UNHELD_WRITE} WHERE target = ANY(?::VARCHAR[])",

@@ -10,18 +10,19 @@ Statement budget per operation (BEGIN and COMMIT included):
 Fenced writes elsewhere call :func:`fence`, which *writes* the lease row
 (``fenced_writes + 1``) under the full fence (owner's token digest, epoch,
 state held, unexpired by the store's clock; :func:`fence_condition`) inside
-the caller's transaction. On PostgreSQL the write locks the row, so a
-concurrent takeover waits or conflicts and a stale writer can never commit
-beside its successor; on DuckDB (whose conflicts are per column) takeovers
-and grants are ordered with fenced writes by the in-process write lock, and
-only the holder's own renewal or release, which skip it, run beside them
-(harmless to the holder's write). A write without a lease checks that the
-target is not held with :data:`UNHELD_WRITE`. Two appends use the same
-condition another way
-(``storage/ops/appends.py``): PostgreSQL's one-statement append reads the
-row ``FOR SHARE`` (a takeover waits for it or is re-read), and DuckDB's
-merged appends read it inside a group that runs under the in-process write
-serialization (no takeover can commit beside it).
+the caller's transaction. Every operation here that reads or writes a lease
+row holds its target (``Tx.hold``) until its transaction ends. On
+PostgreSQL that is nothing: the row write locks the row, so a concurrent
+takeover waits or conflicts and a stale writer never commits beside its
+successor. On DuckDB, whose write-write conflicts are per column (a fence's
+``fenced_writes`` and a release's ``state`` do not conflict), it is an
+in-process lock stripe: grants and takeovers are ordered with fenced writes
+by the write lock too, but renewals and releases skip that lock, and the
+hold is what keeps one from committing between a fence (or a lease-less
+check, :data:`UNHELD_WRITE`) and its commit. Two appends use the fence
+condition another way (``storage/ops/appends.py``): PostgreSQL's
+one-statement append reads the row ``FOR SHARE``, and DuckDB's merged
+appends read it in a group that holds its targets.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def _ttl(ttl_s: float) -> timedelta:
 
 def acquire(tx: Tx, secret: bytes, target: str, owner: str, ttl_s: float, purpose: str) -> Lease:
     """Grant, take over or re-acquire ``target`` (run inside a transaction)."""
+    tx.hold(target)
     row = tx.one(
         "SELECT owner, token_digest, epoch, purpose, state, expires_at FROM leases "
         "WHERE target = ?",
@@ -186,6 +188,7 @@ def release(tx: Tx, lease: Lease) -> bool:
     Returns whether a held lease was released. Expiry is set to at most now so
     the target is free at once.
     """
+    tx.hold(lease.target)  # never inside a merged group that fenced this lease
     row = tx.one(
         f"WITH c AS (SELECT {NOW} AS now), "
         "w AS (UPDATE leases SET state = 'released', "
@@ -231,6 +234,7 @@ def fence(tx: Tx, lease: Lease) -> None:
     Raises:
         LeaseLostError: the lease is not the held, unexpired one with this token.
     """
+    tx.hold(lease.target)
     row = tx.one(
         "UPDATE leases SET fenced_writes = fenced_writes + 1 "
         f"WHERE {fence_condition(lambda c: '?')} RETURNING epoch",
