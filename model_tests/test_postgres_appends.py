@@ -120,3 +120,74 @@ def test_control_without_the_row_lock_the_append_does_not_wait(
     outcome = takeover_racing_an_append(new_pg_schema())
     with pytest.raises(AssertionError):
         assert outcome["waited"] and isinstance(outcome["got"], errors.LeaseLostError)
+
+
+def first_grant_racing_a_lease_less_append(url: str, *, chosen_id: bool) -> dict[str, Any]:
+    """A lease-less append to a session never leased (no lease row to lock)
+    slowed inside its insert (a trigger in this test's schema sleeps), and the
+    session's first grant meanwhile; what the holder saw right after its
+    grant, and at the end. ``chosen_id``: the append runs as a transaction
+    (a caller's id is not plain), else as one statement."""
+    import time
+
+    import psycopg
+
+    with turnkeeper.open_store(url) as store, psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(
+            "CREATE FUNCTION slow_entry() RETURNS trigger AS $$ BEGIN "
+            "IF NEW.payload LIKE '%SLOW%' THEN PERFORM pg_sleep(1.5); END IF; RETURN NEW; "
+            "END $$ LANGUAGE plpgsql"
+        )
+        admin.execute(
+            "CREATE TRIGGER slow_entry BEFORE INSERT ON entries "
+            "FOR EACH ROW EXECUTE FUNCTION slow_entry()"
+        )
+        store.create_session("s")
+        out: dict[str, Any] = {}
+
+        def lease_less() -> None:
+            extra = {"entry_id": "chosen"} if chosen_id else {}
+            try:
+                out["append"] = store.append("s", M, user("SLOW"), **extra)
+            except errors.TurnkeeperError as exc:
+                out["append"] = exc
+
+        writer = threading.Thread(target=lease_less)
+        writer.start()
+        for _ in range(3000):  # until the append sleeps inside its insert
+            sleeping = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
+            ).fetchone()
+            if sleeping and sleeping[0]:
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail("the append never reached its insert")
+        lease = store.acquire_lease("session:s", "holder", 60)
+        out["seen"] = [e.id for e in store.entries("s")]
+        writer.join(30)
+        out["end"] = [e.id for e in store.entries("s")]
+        out["lease"] = lease
+        return out
+
+
+@pytest.mark.parametrize("chosen_id", [False, True], ids=["one-statement", "transaction"])
+def test_a_first_grant_and_a_lease_less_append_are_ordered(chosen_id: bool) -> None:
+    """Found by an attack helper: a lease-less write to a session without a lease
+    row could commit after the session's first grant, so the holder's view
+    moved under it. A grant now writes the session row, and both paths meet
+    it there: the append commits first (the grant waits, and its holder sees
+    the entry) or is refused."""
+    out = first_grant_racing_a_lease_less_append(new_pg_schema(), chosen_id=chosen_id)
+    assert out["end"] == out["seen"], out
+    assert isinstance(out["append"], (turnkeeper.Entry, errors.BusyError))
+
+
+def test_control_without_the_grant_touching_the_session_the_view_moves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from turnkeeper.storage.ops import leases
+
+    monkeypatch.setattr(leases, "touch_session", lambda tx, target: None)
+    out = first_grant_racing_a_lease_less_append(new_pg_schema(), chosen_id=False)
+    assert out["end"] != out["seen"]  # the entry appeared after the holder looked

@@ -309,9 +309,9 @@ def test_an_unleased_termination_racing_a_recovery_never_both_commit(
 
 
 def test_the_race_test_fails_with_both_writes_turned_back_into_reads(real_store, monkeypatch):
-    """Control for the write-skew test above: without the write lock, and with the
+    """Control for the write-skew test above: without the write lock, with the
     termination's lease check and begin_recovery's touch of the run both reads
-    again, both commit."""
+    again, and without the grant's write of the session row, both commit."""
     from turnkeeper.storage.ops import leases, runs
 
     def read_unheld(tx, target, lease):
@@ -327,6 +327,9 @@ def test_the_race_test_fails_with_both_writes_turned_back_into_reads(real_store,
 
     monkeypatch.setattr(leases, "fence_or_unheld", read_unheld)
     monkeypatch.setattr(runs, "touch", read_touch)
+    # and the grant's write of the session row (PostgreSQL), which meets the
+    # termination's own write of it
+    monkeypatch.setattr(leases, "touch_session", lambda tx, target: None)
     _unserialized(real_store, monkeypatch)
     outcomes = [_race_finish_against_recovery(real_store, f"skew-{i}") for i in range(40)]
     assert {"finish": "ok", "begin": "ok"} in outcomes

@@ -75,11 +75,15 @@ class Dialect:
     statement of data-modifying CTEs (on a server every statement is a round
     trip); DuckDB, whose cost is per row operation, not per statement, runs
     it in a transaction its group commit can merge with others.
+    ``serialized_writes``: every write transaction runs under one in-process
+    lock (DuckDB), which orders a grant with a lease-less write; on a server
+    they must meet on a row instead (see ``leases.touch_session``).
     """
 
     name: str
     skip_locked: bool = False
     one_statement_appends: bool = False
+    serialized_writes: bool = False
 
     def epoch_us(self, expr: str) -> str:
         """SQL for the timestamp ``expr`` as integer microseconds since the Unix

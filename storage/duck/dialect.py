@@ -10,7 +10,7 @@ from turnkeeper.spec import errors
 
 from ..backend import Dialect
 
-DIALECT = Dialect("duckdb")
+DIALECT = Dialect("duckdb", serialized_writes=True)
 """DuckDB's dialect: no row locks (the store serializes its own writes), so
 claims and scans skip nothing."""
 

@@ -231,10 +231,14 @@ def _at(epoch_us: int) -> datetime:
 
 def one_statement(tx: Tx, r: AppendRequest) -> Any:
     """A plain append as one autocommit statement of data-modifying CTEs (for a
-    server, where each statement is a round trip): the session's leaf and
-    sequence read, the lease row locked under the fence (or found not held,
-    see :func:`_guard`), the session row's compare-and-set and the insert,
-    all or nothing.
+    server, where each statement is a round trip; PostgreSQL SQL, as only its
+    dialect asks for it): the session's leaf and sequence read, the lease row
+    locked under the fence (or found not held, see :func:`_guard`), the
+    session row's compare-and-set and the insert, all or nothing. The
+    compare-and-set also requires the session row's version (``xmin``) it
+    read: a grant writes that row (``leases.touch_session``), so a grant
+    committed meanwhile, even the first one of a session without a lease row
+    to lock, fails it.
     Returns the outcome (as :func:`append_group`'s), or ``None`` when it
     wrote nothing (a missing session, a lost lease, a holder, another leaf
     than expected or a concurrent append): the caller then runs the append
@@ -253,12 +257,13 @@ def one_statement(tx: Tx, r: AppendRequest) -> Any:
     names = [d.payload["name"] for d in r.drafts if d.kind == EntryKind.SESSION_INFO]
     epoch = None if r.lease is None else r.lease.epoch
     sql = (
-        f"WITH o AS (SELECT leaf_id, next_seq FROM sessions WHERE id = ?), {guard}, "
+        f"WITH o AS (SELECT leaf_id, next_seq, xmin FROM sessions WHERE id = ?), {guard}, "
         "s AS (UPDATE sessions SET leaf_id = ?, next_seq = sessions.next_seq + ?, "
         f"entry_count = sessions.entry_count + ?, updated_at = {NOW}, "
         "title = coalesce(?, sessions.title) FROM o WHERE sessions.id = ? "
         "AND sessions.next_seq = o.next_seq AND sessions.leaf_id IS NOT DISTINCT FROM o.leaf_id "
-        f"AND {holds}{expected} RETURNING o.leaf_id AS parent, o.next_seq AS seq) "
+        f"AND sessions.xmin = o.xmin AND {holds}{expected} "
+        "RETURNING o.leaf_id AS parent, o.next_seq AS seq) "
         f"INSERT INTO entries ({', '.join(ENTRY_COLUMNS)}) SELECT ?, d.id, "
         "CASE WHEN d.ord = 0 THEN s.parent ELSE d.parent END, d.kind, s.seq + d.ord, "
         f"coalesce(d.ts, {NOW}), d.payload, ?::BIGINT, {NOW} FROM s, "

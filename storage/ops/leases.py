@@ -72,9 +72,26 @@ def _ttl(ttl_s: float) -> timedelta:
     return timedelta(microseconds=round(ttl_s * 1_000_000))
 
 
+def touch_session(tx: Tx, target: str) -> None:
+    """On a server, write the session row of a ``session:`` target (to its own
+    values): a grant and a lease-less write of the session then meet on that
+    row, which orders them (the second to commit is a serialization failure,
+    retried, and sees the first). Without it, a lease-less write to a session
+    never leased before had no row in common with the first grant (no lease
+    row to lock yet), and could commit after it. DuckDB's write lock orders
+    them already."""
+    if tx.dialect.serialized_writes or not target.startswith("session:"):
+        return
+    tx.exec(
+        "UPDATE sessions SET updated_at = updated_at WHERE id = ?",
+        [target.removeprefix("session:")],
+    )
+
+
 def acquire(tx: Tx, secret: bytes, target: str, owner: str, ttl_s: float, purpose: str) -> Lease:
     """Grant, take over or re-acquire ``target`` (run inside a transaction)."""
     tx.hold(target)
+    touch_session(tx, target)
     row = tx.one(
         "SELECT owner, token_digest, epoch, purpose, state, expires_at FROM leases "
         "WHERE target = ?",
@@ -269,6 +286,7 @@ def fence_or_unheld(tx: Tx, target: str, lease: Lease | None) -> None:
     # and sees the holder (see UNHELD_WRITE); held, so that no renewal (which
     # skips DuckDB's write lock) commits between this check and the commit.
     tx.hold(target)
+    touch_session(tx, target)
     row = tx.one(
         f"UPDATE leases SET {UNHELD_WRITE} WHERE target = ? RETURNING owner, state, expires_at",
         [target],
