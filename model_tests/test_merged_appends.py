@@ -212,6 +212,56 @@ def test_control_a_merge_that_ignores_the_holder_is_caught(
         check_stale(duck_store, got)
 
 
+def append_between_check_and_commit(
+    store: turnkeeper.BaseStore,
+    monkeypatch: Any,
+    hook: Any,
+    *,
+    merged: bool,
+    lease: turnkeeper.Lease | None,
+) -> Any:
+    """An append to session ``s`` (under ``lease``, or without one) that calls
+    ``hook`` right after its lease check, before its commit; what it got.
+    Merged: queued into a group with an append to ``t`` (the check is
+    ``appends._heads``); else alone (``leases.fence`` or
+    ``leases.fence_or_unheld``)."""
+    if merged:
+        real = appends._heads
+
+        def heads(tx: Any, requests: Any) -> Any:
+            found = real(tx, requests)
+            hook()
+            return found
+
+        monkeypatch.setattr(appends, "_heads", heads)
+        calls = [
+            lambda: store.append("s", M, user("s"), lease=lease),
+            lambda: store.append("t", M, user("x")),
+        ]
+        return queued_together(store, calls)[0]
+    if lease is not None:
+        real_fence = leases.fence
+
+        def fence(tx: Any, held: Any) -> None:
+            real_fence(tx, held)
+            hook()
+
+        monkeypatch.setattr(leases, "fence", fence)
+    else:
+        real_check = leases.fence_or_unheld
+
+        def check(tx: Any, target: str, held: Any) -> None:
+            real_check(tx, target, held)
+            if target == "session:s":
+                hook()
+
+        monkeypatch.setattr(leases, "fence_or_unheld", check)
+    try:
+        return store.append("s", M, user("s"), lease=lease)
+    except errors.TurnkeeperError as exc:
+        return exc
+
+
 def renewal_inside_a_lease_less_write(
     store: turnkeeper.BaseStore, clock: Any, monkeypatch: Any, *, merged: bool
 ) -> tuple[Any, list[Any]]:
@@ -242,35 +292,9 @@ def renewal_inside_a_lease_less_write(
         clock.advance(0.1)
 
     worker = threading.Thread(target=renew)
-    if merged:
-        real = appends._heads
-
-        def heads(tx: Any, requests: Any) -> Any:
-            found = real(tx, requests)
-            after_the_check()
-            return found
-
-        monkeypatch.setattr(appends, "_heads", heads)
-        got = queued_together(
-            store,
-            [
-                lambda: store.append("s", M, user("no lease")),
-                lambda: store.append("t", M, user("x")),
-            ],
-        )[0]
-    else:
-        real_check = leases.fence_or_unheld
-
-        def check(tx: Any, target: str, held: Any) -> None:
-            real_check(tx, target, held)
-            if target == "session:s":
-                after_the_check()
-
-        monkeypatch.setattr(leases, "fence_or_unheld", check)
-        try:
-            got = store.append("s", M, user("no lease"))  # alone: the single path
-        except errors.TurnkeeperError as exc:
-            got = exc
+    got = append_between_check_and_commit(
+        store, monkeypatch, after_the_check, merged=merged, lease=None
+    )
     worker.join(30)
     return got, renewal
 
@@ -337,31 +361,9 @@ def release_inside_a_fenced_append(
             worker.start()
             worker.join(0.5)  # done at once, unless it must wait for the append's commit
 
-    if merged:
-        real = appends._heads
-
-        def heads(tx: Any, requests: Any) -> Any:
-            found = real(tx, requests)
-            after_the_fence()
-            return found
-
-        monkeypatch.setattr(appends, "_heads", heads)
-        got = queued_together(
-            store,
-            [
-                lambda: store.append("s", M, user("fenced"), lease=lease),
-                lambda: store.append("t", M, user("x")),
-            ],
-        )[0]
-    else:
-        real_fence = leases.fence
-
-        def fence(tx: Any, held: Any) -> None:
-            real_fence(tx, held)
-            after_the_fence()
-
-        monkeypatch.setattr(leases, "fence", fence)
-        got = store.append("s", M, user("fenced"), lease=lease)
+    got = append_between_check_and_commit(
+        store, monkeypatch, after_the_fence, merged=merged, lease=lease
+    )
     worker.join(30)
     return got, seen[0], len(store.entries("s"))
 
