@@ -5,11 +5,16 @@ snapshot; the demo's own audit passes after it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import new_pg_schema
@@ -92,20 +97,25 @@ def test_a_killed_demo_leaves_no_worker_or_service_process_behind() -> None:
     """kill -9 of a demo on PostgreSQL: its spawned workers and services see their
     parent die and stop on their own (services run until told to stop, and
     nobody else would tell them)."""
-    import os
-    import signal
-
     url = new_pg_schema()
     fleet = ["--duration", "600", "--workers", "2", "--sessions", "2", "--seed", "3"]
     demo = subprocess.Popen(
         [*CLI, "demo", "--db", url, *fleet, "--json"], stdout=subprocess.DEVNULL
     )
-    children: list[int] = []
-    try:
+    with _reaped(demo) as children:
         children[:] = _units_of(demo)
         os.kill(demo.pid, signal.SIGKILL)
         demo.wait()
         _all_gone(children)
+
+
+@contextlib.contextmanager
+def _reaped(demo: subprocess.Popen[Any]) -> Iterator[list[int]]:
+    """The list of ``demo``'s children the test fills in; whatever is still alive
+    of the demo and of them is killed at the end, pass or fail."""
+    children: list[int] = []
+    try:
+        yield children
     finally:
         if demo.poll() is None:
             demo.kill()
@@ -126,9 +136,6 @@ def test_ctrl_c_on_a_process_fleet_demo_prints_one_line_and_exits_130() -> None:
     """SIGINT to the demo's process group (Ctrl-C in a terminal): the demo says it
     was interrupted in one line and exits 130; its worker and service processes
     print no tracebacks and end."""
-    import os
-    import signal
-
     url = new_pg_schema()
     fleet = ["--duration", "600", "--workers", "2", "--sessions", "2", "--seed", "5"]
     demo = subprocess.Popen(
@@ -138,8 +145,7 @@ def test_ctrl_c_on_a_process_fleet_demo_prints_one_line_and_exits_130() -> None:
         text=True,
         start_new_session=True,
     )
-    children: list[int] = []
-    try:
+    with _reaped(demo) as children:
         children[:] = _units_of(demo)
         os.killpg(demo.pid, signal.SIGINT)
         _, stderr = demo.communicate(timeout=300)
@@ -147,12 +153,6 @@ def test_ctrl_c_on_a_process_fleet_demo_prints_one_line_and_exits_130() -> None:
         assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
         assert stderr.strip().splitlines()[-1] == "turnkeeper: interrupted", stderr
         _all_gone(children)
-    finally:
-        if demo.poll() is None:
-            demo.kill()
-        for c in children:
-            if _alive(c):
-                os.kill(c, signal.SIGKILL)
 
 
 def _units_of(demo: subprocess.Popen[str]) -> list[int]:

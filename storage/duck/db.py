@@ -647,7 +647,7 @@ class Database:
                 # DuckDB turns SIGINT during a query into an exception of its own;
                 # cancellation is never translated: it surfaces as KeyboardInterrupt.
                 self._rollback(cursor, transaction)
-                if isinstance(exc, duckdb.InterruptException) or "interrupted" in str(exc):
+                if _interrupted(exc):
                     raise KeyboardInterrupt(str(exc)) from exc
                 raise
             except duckdb.Error as exc:

@@ -246,12 +246,12 @@ def one_statement(tx: Tx, r: AppendRequest) -> Any:
     after a lost race)."""
     leased = r.lease is not None
     guard, holds = _guard(tx, leased)
-    target = session_target(r.session_id)
     now = tx.now
-    now_param: list[Any] = [now]
-    guard_params: list[Any] = [target]
-    if r.lease is not None:
-        guard_params = [*leases.fence_values(r.lease), now]
+    # the guard's parameters, and those of the condition on it (see _guard)
+    guard_params: list[Any] = (
+        [session_target(r.session_id)] if r.lease is None else [*leases.fence_values(r.lease), now]
+    )
+    holds_params: list[Any] = [now] if r.lease is None else []
     expected = "" if r.expected_leaf is ANY_LEAF else " AND o.leaf_id IS NOT DISTINCT FROM ?"
     ids = [d.entry_id for d in r.drafts]
     names = [d.payload["name"] for d in r.drafts if d.kind == EntryKind.SESSION_INFO]
@@ -281,7 +281,7 @@ def one_statement(tx: Tx, r: AppendRequest) -> Any:
         now,
         names[-1] if names else None,
         r.session_id,
-        *([] if leased else now_param),
+        *holds_params,
         *([r.expected_leaf] if expected else []),
         r.session_id,
         now,
