@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -175,3 +176,59 @@ def _all_gone(children: list[int]) -> None:
             break
         time.sleep(0.2)
     assert not any(_alive(c) for c in children), [c for c in children if _alive(c)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["held_until_started", "between_two_starts"])
+def test_ctrl_c_while_the_fleet_starts_still_stops_every_unit(
+    when: str, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A Ctrl-C that arrives while the units are being started still stops and
+    joins every unit that started before the demo exits: a demo that exited
+    without them unlinked the shared events' semaphores, and units still starting
+    died with a traceback each (CI failure: the SIGINT came before the sixth unit
+    started). ``held_until_started``: the signal waits, blocked, until start()
+    unblocks it; ``between_two_starts``: it is raised after the fourth unit (a
+    process-directed signal can land on a thread that does not block it)."""
+    from turnkeeper.cli import demo as demo_module
+    from turnkeeper.cli.fleet import FleetConfig
+    from turnkeeper.cli.fleet_runners import ProcessFleet
+
+    fleets: list[ProcessFleet] = []
+    original = ProcessFleet.start
+
+    def interrupted_start(self: ProcessFleet) -> None:
+        fleets.append(self)
+        if when == "held_until_started":
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+        else:
+            process_class = type(self._services[1])
+            start_one = process_class.start
+
+            def start_then_interrupt(process: Any) -> None:
+                start_one(process)
+                if process is self._services[1]:
+                    raise KeyboardInterrupt
+
+            monkeypatch.setattr(process_class, "start", start_then_interrupt)
+        original(self)
+
+    monkeypatch.setattr(ProcessFleet, "start", interrupted_start)
+    cfg = FleetConfig(workers=2, sessions=2, duration_s=600, seed=5)
+    with turnkeeper.open_store(new_pg_schema()) as store:
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                demo_module.run_fleet(store, cfg, None)
+            (fleet,) = fleets
+            units = [*fleet._workers, *fleet._services]
+            started = 6 if when == "held_until_started" else 4
+            assert [p.exitcode for p in units] == [0] * started + [None] * (6 - started)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            for f in fleets:
+                for p in [*f._workers, *f._services]:
+                    if p.is_alive():
+                        p.kill()
+                        p.join()
+    assert "Traceback" not in capfd.readouterr().err

@@ -203,8 +203,8 @@ def run_fleet(store: BaseStore, cfg: FleetConfig, console: Console | None) -> di
         else ThreadFleet(store, cfg, session_ids, run_id, deadline)
     )
     t0 = time.monotonic()
-    fleet.start()
     try:
+        fleet.start()  # inside: a Ctrl-C held during start() is raised as it returns
         _wait(fleet, cfg, console, deadline)
         fleet.stop.set()
         fleet.join_workers(JOIN_S)

@@ -96,7 +96,8 @@ class ThreadFleet:
         self.stop.set()
         self.service_stop.set()
         for t in [*self._worker_threads, *self._service_threads]:
-            t.join(JOIN_S)
+            if t.ident is not None:  # started (start() can be cut short)
+                t.join(JOIN_S)
         return [w.stats for w in self.workers], [s.stats for s in self.services]
 
 
@@ -209,11 +210,12 @@ class ProcessFleet:
             p.join(timeout_s)
 
     def finish(self) -> tuple[list[WorkerStats], list[ServiceStats]]:
-        """Stop everything; every unit's counters (a unit that died sends none:
-        it is counted as an error)."""
+        """Stop everything and join every unit started; every unit's counters (a
+        unit that died or never started sends none: it is counted as an error)."""
         self.stop.set()
         self.service_stop.set()
-        expected = len(self._workers) + len(self._services)
+        started = [p for p in [*self._workers, *self._services] if p.pid is not None]
+        expected = len(started)
         workers: dict[int, WorkerStats] = {}
         services: list[ServiceStats] = []
         give_up = time.monotonic() + JOIN_S
@@ -221,18 +223,20 @@ class ProcessFleet:
             try:
                 kind, index, stats = self._results.get(timeout=1.0)
             except Exception:  # queue.Empty: see who is still alive
-                if not any(p.is_alive() for p in [*self._workers, *self._services]):
+                if not any(p.is_alive() for p in started):
                     break
                 continue
             if kind == "worker":
                 workers[index] = stats
             else:
                 services.append(stats)
-        for p in [*self._workers, *self._services]:
+        for p in started:
             p.join(JOIN_S)
         lost = ServiceStats()
         for p in [*self._workers, *self._services]:
-            if p.exitcode != 0:
+            if p.pid is None:
+                lost.errors.append(f"{p.name} never started")
+            elif p.exitcode != 0:
                 lost.errors.append(f"{p.name} exited with {p.exitcode}")
         if len(workers) < len(self._workers):
             lost.errors.append(f"{len(self._workers) - len(workers)} workers sent no counters")
