@@ -7,6 +7,7 @@ for CI), ``nightly`` (long runs on demand).
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -42,6 +43,14 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+# A runner that starts the suite in the background (a shell's ``cmd &`` without
+# job control) leaves SIGINT ignored, and every process a test starts inherits
+# that: the Ctrl-C tests would see no interrupt at all. Python's own handler is
+# put back (a caught signal is reset to the default across exec, so the CLI
+# processes the tests start answer Ctrl-C as they would in a terminal).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 BACKENDS = ["duckdb", "postgres"]
 """Every backend the conformance suite and the stateful machines run over."""
