@@ -136,8 +136,8 @@ def check(got: list[Any], stored: dict[str, Any]) -> None:
     assert stored["b"] == ["1", "2", "4"]
     assert stored["held"] == ["3"]
     assert stored["stale"] == [] and stored["a"] == 2 and stored["c"]
-    # the refused append's fence write was rolled back; "3" ran merged, where
-    # the fence is a read under the write serialization
+    # DuckDB's fences are reads (under the write serialization and Tx.hold):
+    # neither the refused append nor "3" wrote the lease row
     assert stored["fenced_writes"] == 0
 
 

@@ -131,6 +131,12 @@ class Tx(Protocol):
         """Execute one statement, ignoring any rows."""
         ...
 
+    def count(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Execute one ``UPDATE``, ``INSERT`` or ``DELETE`` and return how many
+        rows it changed (without ``RETURNING``: on DuckDB a ``RETURNING``
+        update rewrites the whole row, and its commit costs several times more)."""
+        ...
+
     def insert_rows(
         self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
     ) -> None:
@@ -147,7 +153,8 @@ class Tx(Protocol):
         transaction ends: a lease-less write's check or a merged append's
         fence and a renewal or release of the target never interleave.
         DuckDB: an in-process lock (its renewals and releases skip the write
-        lock, and its conflicts are per column); PostgreSQL: nothing (the
+        lock, and its fences are reads), and a conflict when one of them
+        committed after this transaction's snapshot; PostgreSQL: nothing (the
         lease row's lock does it)."""
         ...
 

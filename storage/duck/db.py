@@ -84,7 +84,7 @@ from ..migrations import load
 from ..retry import Gate, Stats, run_attempts
 from ..wakeups import Subscription, Topic
 from .dialect import DIALECT, is_conflict, translate
-from .files import open_shared, release
+from .files import Targets, open_shared, release
 from .query import check_read
 
 MIGRATIONS = load()
@@ -123,7 +123,9 @@ class Tx:
         cursor: duckdb.DuckDBPyConnection,
         clock: Clock | None,
         in_transaction: bool,
-        locks: Sequence[threading.Lock] = (),
+        targets: Targets | None = None,
+        *,
+        skips_write_lock: bool = False,
     ) -> None:
         self._cursor = cursor
         self._clock = clock
@@ -132,8 +134,11 @@ class Tx:
         self._snapshot = False
         self.statements = 0
         self.pending: list[str] = []
-        self._locks = locks
+        self._targets = targets
+        self._skips_write_lock = skips_write_lock
         self._held: dict[int, threading.Lock] = {}
+        self.snapshot_ticket: int | None = None
+        """The file's ticket taken right before this transaction's snapshot."""
 
     @property
     def cursor(self) -> duckdb.DuckDBPyConnection:
@@ -157,29 +162,57 @@ class Tx:
 
     def _execute(self, sql: str, params: Sequence[Any]) -> duckdb.DuckDBPyConnection:
         self.statements += 1
-        cursor = self._cursor.execute(sql, list(params))
         if sql != "BEGIN TRANSACTION":
+            self._snapshot_taken()
+        return self._cursor.execute(sql, list(params))
+
+    def _snapshot_taken(self) -> None:
+        """A statement other than ``BEGIN`` is about to run: in a transaction,
+        the first one takes the snapshot, and the file's ticket is taken first."""
+        if not self._snapshot:
             self._snapshot = True
-        return cursor
+            if self._in_transaction and self._targets is not None:
+                self.snapshot_ticket = self._targets.ticket()
 
     def notify(self, topic: str) -> None:
         """Publish wake-up ``topic`` once this transaction commits."""
         self.pending.append(topic)
 
     def hold(self, target: str) -> None:
-        """Take ``target``'s lock (one of the file's stripes) until :meth:`end`:
-        renewals and releases skip the write lock, so this is what keeps one
-        from committing between a lease-less check of ``target`` and its commit."""
-        if not self._locks:
+        """Take ``target``'s lock (one of the file's stripes) until :meth:`end`.
+
+        Renewals and releases skip the write lock, so this is what keeps one
+        from committing between a check of ``target``'s lease row and this
+        transaction's commit. One that committed after this transaction's
+        snapshot but before this hold would be invisible to it (and a lease
+        row written with ``RETURNING`` over it would lose its update, DuckDB
+        2.0.1): that is a :class:`~turnkeeper.storage.backend.Conflict`, and
+        the write runs again on a fresh snapshot.
+
+        Raises:
+            Conflict: a renewal or release wrote ``target``'s stripe after
+                this transaction's snapshot.
+        """
+        if self._targets is None:
             return
-        stripe = zlib.crc32(target.encode()) % len(self._locks)
-        if stripe not in self._held:
-            lock = self._locks[stripe]
-            lock.acquire()
-            self._held[stripe] = lock
+        stripe = zlib.crc32(target.encode()) % len(self._targets.locks)
+        if stripe in self._held:
+            return
+        lock = self._targets.locks[stripe]
+        lock.acquire()
+        if stale_since(self, stripe):
+            lock.release()
+            raise Conflict(f"the lease of {target!r} was written after this snapshot")
+        self._held[stripe] = lock
 
     def end(self) -> None:
-        """Let go of the targets this transaction held (it committed or rolled back)."""
+        """Let go of the targets this transaction held (it committed or rolled
+        back); a write that skipped the write lock first marks their stripes
+        with a new ticket (see :func:`stale_since`)."""
+        if self._skips_write_lock and self._held and self._targets is not None:
+            ticket = self._targets.ticket()
+            for stripe in self._held:
+                self._targets.written[stripe] = ticket
         while self._held:
             self._held.popitem()[1].release()
 
@@ -195,6 +228,11 @@ class Tx:
     def exec(self, sql: str, params: Sequence[Any] = ()) -> None:
         """Execute one statement, ignoring any rows."""
         self._execute(sql, params)
+
+    def count(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Execute one data-changing statement; the number of rows it changed."""
+        row = self._execute(sql, params).fetchone()
+        return 0 if row is None else int(row[0])
 
     def insert_rows(
         self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
@@ -214,7 +252,7 @@ class Tx:
             return
         data = pa.table({name: pa.array([r[i] for r in rows]) for i, name in enumerate(columns)})
         self.statements += 1
-        self._snapshot = True
+        self._snapshot_taken()
         name = f"_turnkeeper_rows_{id(data)}"
         self._cursor.register(name, data)
         try:
@@ -230,8 +268,17 @@ class Tx:
     def arrow(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """Execute one statement and return a ``pyarrow.Table``."""
         self.statements += 1
-        self._snapshot = True
+        self._snapshot_taken()
         return self._cursor.sql(sql, params=list(params)).to_arrow_table()
+
+
+def stale_since(tx: Tx, stripe: int) -> bool:
+    """Whether a write that skipped the write lock (a renewal, a release) wrote
+    ``stripe`` after ``tx`` took its snapshot: its ticket, taken after its
+    commit, is larger than the one ``tx`` took before its snapshot (a commit
+    between the two tickets counts too: a needless retry, never a missed write)."""
+    ticket = tx.snapshot_ticket
+    return ticket is not None and tx._targets is not None and tx._targets.written[stripe] > ticket
 
 
 @dataclass(eq=False)
@@ -433,7 +480,9 @@ class Database:
             if self.read_only:
                 raise errors.ReadOnlyError(self.path, detail="the store was opened read-only")
             if not exclusive:
-                return self._run(operation, body, transaction, retry, commit=True)
+                return self._run(
+                    operation, body, transaction, retry, commit=True, skips_write_lock=True
+                )
             if not transaction:
                 with self._write_lock:
                     return self._run(operation, body, transaction, retry, commit=True)
@@ -525,7 +574,7 @@ class Database:
         error), else the index of the operation whose body raised (or 0 when
         the commit failed): nothing was kept."""
         cursor = self._cursor()
-        tx = Tx(cursor, self.clock, True, self._file.target_locks)
+        tx = Tx(cursor, self.clock, True, self._file.targets)
         try:
             return self._shared_in(batch, cursor, tx)
         finally:
@@ -626,14 +675,22 @@ class Database:
         *,
         commit: bool,
         cursor: duckdb.DuckDBPyConnection | None = None,
+        skips_write_lock: bool = False,
     ) -> T:
-        """One operation's attempts on ``cursor`` (default: this thread's)."""
+        """One operation's attempts on ``cursor`` (default: this thread's);
+        ``skips_write_lock``: run without the write lock (``exclusive=False``)."""
         cursor = self._cursor() if cursor is None else cursor
         statements = 0
 
         def attempt() -> T:
             nonlocal statements
-            tx = Tx(cursor, self.clock, transaction, self._file.target_locks)
+            tx = Tx(
+                cursor,
+                self.clock,
+                transaction,
+                self._file.targets,
+                skips_write_lock=skips_write_lock,
+            )
             try:
                 if transaction:
                     tx.exec("BEGIN TRANSACTION")

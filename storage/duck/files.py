@@ -11,8 +11,10 @@ file (a checkpoint beside another object's running write would fail).
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import duckdb
@@ -103,6 +105,21 @@ TARGET_STRIPES = 1024
 
 
 @dataclass(eq=False)
+class Targets:
+    """A file's lease targets, spread over :data:`TARGET_STRIPES` stripes: each
+    stripe's lock (``Tx.hold``), and the ticket of the last write on it that
+    skipped the write lock (a renewal, a release), taken after its commit.
+    ``ticket()`` hands out increasing numbers; a transaction takes one before
+    its snapshot, so a stripe written since then has a larger one."""
+
+    locks: tuple[threading.Lock, ...] = field(
+        default_factory=lambda: tuple(threading.Lock() for _ in range(TARGET_STRIPES))
+    )
+    written: list[int] = field(default_factory=lambda: [0] * TARGET_STRIPES)
+    ticket: Callable[[], int] = field(default_factory=lambda: itertools.count(1).__next__)
+
+
+@dataclass(eq=False)
 class SharedFile:
     """One database file's connection in this process, and who uses it."""
 
@@ -110,9 +127,7 @@ class SharedFile:
     read_only: bool
     keys: list[tuple[object, ...]]
     write_lock: threading.RLock = field(default_factory=threading.RLock)
-    target_locks: tuple[threading.Lock, ...] = field(
-        default_factory=lambda: tuple(threading.Lock() for _ in range(TARGET_STRIPES))
-    )
+    targets: Targets = field(default_factory=Targets)
     signals: Signals = field(default_factory=Signals)
     users: int = 1
 

@@ -7,8 +7,7 @@ queued beside each other through :func:`append_group`, the ``many`` of their
 :class:`~turnkeeper.storage.backend.Merge`: one read of their session rows
 and lease rows (the full fence, ``leases.fence_condition``, evaluated by
 it), one compare-and-set of their session rows and one insert of every
-entry (and, for lease-less ones, one write of the lease rows they check),
-instead of four statements per append. The fence is a read there
+entry, instead of three statements per append. The fence is a read there
 because a merged group runs under the backend's in-process write
 serialization and holds its targets (``Tx.hold``): no grant, takeover,
 renewal or release can commit between the read and the group's commit. Each append is judged on
@@ -134,24 +133,17 @@ def _round(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
     serialization (see :class:`~turnkeeper.storage.backend.Merge`), so no
     takeover or grant can commit between it and the group's commit, and it
     holds its targets (``Tx.hold``), so no renewal or release can either."""
-    now = tx.now
-    assert now is not None  # always set inside a transaction
     out: list[Any] = [None] * len(requests)
-    # Lease-less appends write the lease rows they check before reading them,
-    # as leases.fence_or_unheld does.
-    # Every target is held until the group commits (Tx.hold): a renewal or a
-    # release, which skip the write lock, cannot commit between the reads
-    # below and the commit (a release would leave a fenced append committed
-    # after it; a renewal, a lease-less one beside a live lease).
+    # Every target is held until the group commits (Tx.hold), before any
+    # read: a renewal or a release, which skip the write lock, cannot commit
+    # between the reads below and the commit (a release would leave a fenced
+    # append committed after it; a renewal, a lease-less one beside a live
+    # lease), and one committed after the group's snapshot is a conflict.
     for r in requests:
         tx.hold(session_target(r.session_id))
-    unleased = [session_target(r.session_id) for r in requests if r.lease is None]
-    if unleased:
-        tx.exec(
-            f"UPDATE leases SET {leases.UNHELD_WRITE} WHERE target = ANY(?::VARCHAR[])",
-            [unleased],
-        )
     heads = _heads(tx, requests)
+    now = tx.now
+    assert now is not None  # always set inside a transaction
     for i, (r, head) in enumerate(zip(requests, heads, strict=True)):
         # the single path's order: the session, the lease, then the expected leaf
         if head is None:
@@ -187,17 +179,17 @@ def _round(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
         names = [d.payload["name"] for d in r.drafts if d.kind == EntryKind.SESSION_INFO]
         moves.append((r.session_id, parent, len(entries), names[-1] if names else None, seq, leaf))
         out[i] = entries[0] if r.one else entries
-    moved = tx.rows(
+    moved = tx.count(
         "UPDATE sessions SET leaf_id = v.leaf, next_seq = sessions.next_seq + v.n, "
         "entry_count = sessions.entry_count + v.n, updated_at = ?, "
         "title = coalesce(v.title, sessions.title) FROM (SELECT unnest(?::VARCHAR[]) AS id, "
         "unnest(?::VARCHAR[]) AS leaf, unnest(?::BIGINT[]) AS n, unnest(?::VARCHAR[]) AS title, "
         "unnest(?::BIGINT[]) AS seq, unnest(?::VARCHAR[]) AS old_leaf) AS v "
         "WHERE sessions.id = v.id AND sessions.next_seq = v.seq "
-        "AND sessions.leaf_id IS NOT DISTINCT FROM v.old_leaf RETURNING sessions.id",
+        "AND sessions.leaf_id IS NOT DISTINCT FROM v.old_leaf",
         [now, *([m[k] for m in moves] for k in range(6))],
     )
-    if len(moved) != len(moves):
+    if moved != len(moves):
         raise Conflict("a session moved during a merged append")
     tx.insert_rows("entries", ENTRY_COLUMNS, stored)
     return out

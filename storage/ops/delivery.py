@@ -176,21 +176,22 @@ def create_plan(tx: Tx, run: Run, plan: DeliveryPlan) -> DeliveryIntent:
         return existing
     tx.notify(Topic.DELIVERY_DUE)
     now = tx.now
+    intent = (
+        intent_id,
+        run.session_id,
+        run.id,
+        plan.platform,
+        plan.target_id,
+        plan.reply_message_id,
+        "pending",
+        now,
+        now,
+        to_json(dict(plan.transport_context), "transport_context"),
+    )
     tx.exec(
         f"INSERT INTO delivery_intents ({_INTENT_COLS}, plan_digest) "
-        "VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?)",
-        [
-            intent_id,
-            run.session_id,
-            run.id,
-            plan.platform,
-            plan.target_id,
-            plan.reply_message_id,
-            now,
-            now,
-            to_json(dict(plan.transport_context), "transport_context"),
-            digest,
-        ],
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [*intent, digest],
     )
     edge = MACHINE.require("plan", "absent", {})
     for seq, step in enumerate(plan.steps, start=1):
@@ -216,9 +217,7 @@ def create_plan(tx: Tx, run: Run, plan: DeliveryPlan) -> DeliveryIntent:
         )
         assert row is not None
         event(tx, op_row(row), edge)
-    intent = get_intent(tx, intent_id)
-    assert intent is not None
-    return intent
+    return intent_row(intent)  # as stored: no read back
 
 
 def due(tx: Tx, limit: int) -> list[DeliveryOperation]:

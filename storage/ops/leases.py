@@ -7,20 +7,20 @@ Statement budget per operation (BEGIN and COMMIT included):
 - renew: 1 (fenced update + event row in one autocommit statement);
 - release: 1 (likewise; zero rows is the idempotent no-op).
 
-Fenced writes elsewhere call :func:`fence`, which *writes* the lease row
-(``fenced_writes + 1``) under the full fence (owner's token digest, epoch,
-state held, unexpired by the store's clock; :func:`fence_condition`) inside
-the caller's transaction. Every operation here that reads or writes a lease
-row holds its target (``Tx.hold``) until its transaction ends. On
-PostgreSQL that is nothing: the row write locks the row, so a concurrent
-takeover waits or conflicts and a stale writer never commits beside its
-successor. On DuckDB, whose write-write conflicts are per column (a fence's
-``fenced_writes`` and a release's ``state`` do not conflict), it is an
-in-process lock stripe: grants and takeovers are ordered with fenced writes
-by the write lock too, but renewals and releases skip that lock, and the
-hold is what keeps one from committing between a fence (or a lease-less
-check, :data:`UNHELD_WRITE`) and its commit. Two appends use the fence
-condition another way (``storage/ops/appends.py``): PostgreSQL's
+Fenced writes elsewhere call :func:`fence`, which checks the lease row under
+the full fence (owner's token digest, epoch, state held, unexpired by the
+store's clock; :func:`fence_condition`) inside the caller's transaction.
+Every operation here that reads or writes a lease row holds its target
+(``Tx.hold``) until its transaction ends. On PostgreSQL the fence *writes*
+the row (``fenced_writes + 1``), which locks it, so a concurrent takeover
+waits or conflicts and a stale writer never commits beside its successor;
+the hold is nothing there. On DuckDB the fence is a read: grants and
+takeovers commit under the in-process write lock that every fenced write
+holds too, renewals and releases skip that lock, and the hold is an
+in-process lock stripe that keeps one from committing between a fence (or
+a lease-less check, :data:`UNHELD_WRITE`) and its commit, and turns one
+committed after the transaction's snapshot into a conflict. Two appends use
+the fence condition another way (``storage/ops/appends.py``): PostgreSQL's
 one-statement append reads the row ``FOR SHARE``, and DuckDB's merged
 appends read it in a group that holds its targets.
 """
@@ -246,27 +246,36 @@ def fence_values(lease: Lease) -> list[object]:
 
 
 def fence(tx: Tx, lease: Lease) -> None:
-    """Validate ``lease`` by writing its row, inside the caller's transaction.
+    """Validate ``lease`` inside the caller's transaction: on a server by
+    writing its row (``fenced_writes + 1``, which row-locks it), on DuckDB by
+    reading it (see :data:`UNHELD_WRITE` for why a read is enough there).
 
     Raises:
         LeaseLostError: the lease is not the held, unexpired one with this token.
+        Conflict: (DuckDB) a renewal or release of it committed after this
+            transaction's snapshot (``Tx.hold``); the write runs again.
     """
     tx.hold(lease.target)
-    row = tx.one(
-        "UPDATE leases SET fenced_writes = fenced_writes + 1 "
-        f"WHERE {fence_condition(lambda c: '?')} RETURNING epoch",
-        [*fence_values(lease), tx.now],
+    condition = fence_condition(lambda c: "?")
+    sql = (
+        f"SELECT epoch FROM leases WHERE {condition}"
+        if tx.dialect.serialized_writes
+        else f"UPDATE leases SET fenced_writes = fenced_writes + 1 WHERE {condition} "
+        "RETURNING epoch"
     )
-    if row is None:
+    if tx.one(sql, [*fence_values(lease), tx.now]) is None:
         raise errors.LeaseLostError(lease.target)
 
 
 UNHELD_WRITE = "unleased_checks = unleased_checks + 1"
-"""What a lease-less write writes on the lease row it checks is not held (a
-counter: it changes no lease). On PostgreSQL the write locks the row; on
-DuckDB, whose conflicts are per column, grants and takeovers are ordered
-with it by the in-process write lock, and renewals (which skip that lock)
-by ``Tx.hold`` of the target."""
+"""What a lease-less write writes on the lease row it checks is not held, on a
+server (a counter: it changes no lease). There the write locks the row, so a
+grant or takeover committed meanwhile conflicts with it. On DuckDB both
+checks are reads: every grant and takeover commits under the in-process write
+lock the checking transaction holds too (and one process writes a file), and
+renewals and releases, which skip that lock, are kept out by ``Tx.hold``
+from the check to the commit, and refused with a conflict if one committed
+after the transaction's snapshot but before its hold."""
 
 
 def fence_or_unheld(tx: Tx, target: str, lease: Lease | None) -> None:
@@ -277,18 +286,21 @@ def fence_or_unheld(tx: Tx, target: str, lease: Lease | None) -> None:
     Raises:
         LeaseLostError: ``lease`` is no longer the held, unexpired one.
         BusyError: no lease given and an owner holds a live one.
+        Conflict: as :func:`fence` raises it.
     """
     if lease is not None:
         fence(tx, lease)
         return
-    # A write, not a read: on PostgreSQL a grant or takeover of the target
+    # On a server a write, not a read: a grant or takeover of the target
     # committed meanwhile then conflicts with this transaction, which retries
-    # and sees the holder (see UNHELD_WRITE); held, so that no renewal (which
-    # skips DuckDB's write lock) commits between this check and the commit.
+    # and sees the holder (see UNHELD_WRITE).
     tx.hold(target)
     touch_session(tx, target)
+    found = "owner, state, expires_at"
     row = tx.one(
-        f"UPDATE leases SET {UNHELD_WRITE} WHERE target = ? RETURNING owner, state, expires_at",
+        f"SELECT {found} FROM leases WHERE target = ?"
+        if tx.dialect.serialized_writes
+        else f"UPDATE leases SET {UNHELD_WRITE} WHERE target = ? RETURNING {found}",
         [target],
     )
     now = tx.now

@@ -12,6 +12,7 @@ commit result was unknown returns the stored run and writes nothing twice.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import secrets
 from collections.abc import Mapping, Sequence
@@ -52,21 +53,24 @@ _MACHINE = machine_for(RUN)
 
 def _event(tx: Tx, run: Run, edge: Edge, event_id: str, data: Mapping[str, Any]) -> None:
     """Append a run event with the session's next sequence number."""
+    _events(tx, run, [(edge, event_id, data)])
+
+
+def _events(tx: Tx, run: Run, events: Sequence[tuple[Edge, str, Mapping[str, Any]]]) -> None:
+    """Append run events (edge, event id, data), in order, with the session's
+    next sequence numbers: one statement however many."""
+    row = "SELECT ?::BIGINT, ?, ?, ?, ?, ?, ?, ?, ?::TIMESTAMPTZ"
+    rows = " UNION ALL ".join([row] * len(events))
+    params: list[Any] = []
+    for n, (edge, event_id, data) in enumerate(events, start=1):
+        params += [n, event_id, run.id, edge.name, edge.trigger, edge.source, edge.dest]
+        params += [to_json(dict(data), "data"), tx.now]
     tx.exec(
-        "INSERT INTO run_events SELECT ?, coalesce(max(seq), 0) + 1, ?, ?, ?, ?, ?, ?, ?, ? "
-        "FROM run_events WHERE session_id = ?",
-        [
-            run.session_id,
-            event_id,
-            run.id,
-            edge.name,
-            edge.trigger,
-            edge.source,
-            edge.dest,
-            to_json(dict(data), "data"),
-            tx.now,
-            run.session_id,
-        ],
+        "INSERT INTO run_events SELECT ?::VARCHAR, m.seq + v.n, v.id, v.run_id, v.edge, v.trigger, "
+        "v.source, v.dest, v.data, v.occurred_at FROM (SELECT coalesce(max(seq), 0) AS seq "
+        "FROM run_events WHERE session_id = ?) AS m, "
+        f"({rows}) AS v (n, id, run_id, edge, trigger, source, dest, data, occurred_at)",
+        [run.session_id, run.session_id, *params],
     )
 
 
@@ -203,9 +207,12 @@ def admit(
         None,
         f"{run_id}:turn",
     )
-    _event(tx, run, RUN.edge("admit"), f"{run_id}:admitted", {"attempt": attempt})
+    events: list[tuple[Edge, str, Mapping[str, Any]]] = [
+        (RUN.edge("admit"), f"{run_id}:admitted", {"attempt": attempt})
+    ]
     if start:
-        _event(tx, run, RUN.edge("start"), f"{run_id}:start:{secrets.token_hex(4)}", {})
+        events.append((RUN.edge("start"), f"{run_id}:start:{secrets.token_hex(4)}", {}))
+    _events(tx, run, events)
     if key_digest is not None:
         tx.exec(
             "INSERT INTO submissions VALUES (?, ?, ?, ?, ?, ?)",
@@ -234,16 +241,24 @@ def _load(tx: Tx, run_id: str) -> Run:
 def _move(tx: Tx, run: Run, edge: Edge, error: str | None = None) -> Run:
     """Compare-and-set the run's status along ``edge``; a moved row is a retried race."""
     now = tx.now
+    assert now is not None  # always set inside a transaction
     done = "finished_at = ?, " if edge.dest in TERMINAL else ""
     params: list[Any] = [edge.dest, now] + ([now] if done else []) + [error, run.id, edge.source]
-    row = tx.one(
+    moved = tx.count(
         f"UPDATE runs SET status = ?, updated_at = ?, {done}error = coalesce(?, error) "
-        f"WHERE id = ? AND status = ? RETURNING {RUN_COLS}",
+        "WHERE id = ? AND status = ?",
         params,
     )
-    if row is None:
+    if moved != 1:
         raise Conflict(f"run {run.id!r} moved")
-    return run_row(row)
+    at = utc(now)
+    return dataclasses.replace(
+        run,
+        status=edge.dest,
+        updated_at=at,
+        finished_at=at if done else run.finished_at,
+        error=run.error if error is None else error,
+    )
 
 
 def step(tx: Tx, run_id: str, trigger: str, lease: Lease | None) -> Run:

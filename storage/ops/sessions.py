@@ -261,10 +261,10 @@ def append_drafts(
                 session_id, fault.result_id, fault.tool_call_id, fault.reason
             )
     names = [d.payload["name"] for d in drafts if d.kind == EntryKind.SESSION_INFO]
-    moved = tx.one(
+    moved = tx.count(
         "UPDATE sessions SET leaf_id = ?, next_seq = next_seq + ?, "
         "entry_count = entry_count + ?, updated_at = ?, title = coalesce(?, title) "
-        "WHERE id = ? AND next_seq = ? AND leaf_id IS NOT DISTINCT FROM ? RETURNING 1",
+        "WHERE id = ? AND next_seq = ? AND leaf_id IS NOT DISTINCT FROM ?",
         [
             out[-1].id if leaf_after else leaf,
             len(out),
@@ -276,7 +276,7 @@ def append_drafts(
             leaf,
         ],
     )
-    if moved is None:
+    if moved != 1:
         raise Conflict(f"session {session_id!r} moved during append")
     stored = [
         (session_id, e.id, e.parent_id, e.kind, e.seq, e.timestamp, d.payload_json, epoch, now)

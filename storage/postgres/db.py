@@ -206,6 +206,10 @@ class Tx:
         """Execute one statement, ignoring any rows."""
         self._execute(sql, params)
 
+    def count(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Execute one data-changing statement; the number of rows it changed."""
+        return max(self._execute(sql, params).rowcount, 0)
+
     def insert_rows(
         self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
     ) -> None:

@@ -1,0 +1,136 @@
+"""DuckDB: a renewal or a release (which skip the write lock) that commits after
+a write's snapshot was taken, but before that write holds the lease's target.
+
+The write must not act on the lease row as its snapshot shows it. DuckDB 2.0.1
+also loses the other transaction's update when a transaction updates a row
+with ``RETURNING`` (on a table with a primary key): a fence written over such
+a renewal put the old expiry back (the owner's lease silently shortened), one
+written over a release made the lease held again, and the write committed
+after the release had returned. The fences on DuckDB are reads, which lose
+nothing but would pass on the stale row. The store answers with a conflict
+(the write runs again on a fresh snapshot), so each test here must see the
+renewal kept, or the release win and the write refused.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import turnkeeper
+from turnkeeper import EntryKind
+from turnkeeper.storage.duck import db as duck_db
+
+MSG = {"message": {"role": "user", "content": "hi"}}
+
+
+def _between_snapshot_and_hold(
+    monkeypatch: pytest.MonkeyPatch, target: str, action: Callable[[], Any]
+) -> list[Any]:
+    """Run ``action`` in another thread, once: the first time a transaction that
+    has taken its snapshot goes to hold ``target``. Returns what it returned."""
+    done: list[Any] = []
+    hold = duck_db.Tx.hold
+
+    def hold_after(self: duck_db.Tx, held: str) -> None:
+        if held == target and self._snapshot and not done:
+            done.append(None)
+            worker = threading.Thread(target=lambda: done.__setitem__(0, action()))
+            worker.start()
+            worker.join()
+        hold(self, held)
+
+    monkeypatch.setattr(duck_db.Tx, "hold", hold_after)
+    return done
+
+
+def _fenced_writes(
+    store: turnkeeper.BaseStore, sid: str, lease: turnkeeper.Lease
+) -> dict[str, Callable[[], Any]]:
+    """Writes under ``lease`` whose transaction reads before it holds the target."""
+    return {
+        "append with its own id": lambda: store.append(
+            sid, EntryKind.MESSAGE, MSG, lease=lease, entry_id="chosen"
+        ),
+        "append": lambda: store.append(sid, EntryKind.MESSAGE, MSG, lease=lease),
+        "append_many": lambda: store.append_many(
+            sid, [(EntryKind.MESSAGE, MSG), (EntryKind.MESSAGE, MSG)], lease=lease
+        ),
+        "admit_run": lambda: store.admit_run(sid, {"input": "x"}, lease=lease),
+    }
+
+
+WRITES = ["append with its own id", "append", "append_many", "admit_run"]
+
+
+def _lease_row(store: turnkeeper.BaseStore, target: str) -> dict[str, Any]:
+    row = store.query(
+        "SELECT state, expires_at, epoch FROM leases WHERE target = ?", [target]
+    ).to_pylist()
+    return dict(row[0])
+
+
+@pytest.fixture
+def leased(duck_store: turnkeeper.DuckDBStore, clock: Any) -> tuple[str, turnkeeper.Lease]:
+    sid = duck_store.create_session().id
+    duck_store.append(sid, EntryKind.MESSAGE, MSG)
+    lease = duck_store.acquire_lease(f"session:{sid}", "worker", 30)
+    clock.advance(5)  # a renewal now moves the expiry
+    return sid, lease
+
+
+@pytest.mark.parametrize("write", WRITES)
+def test_a_renewal_committed_after_the_snapshot_is_kept(
+    duck_store: turnkeeper.DuckDBStore,
+    leased: tuple[str, turnkeeper.Lease],
+    monkeypatch: pytest.MonkeyPatch,
+    write: str,
+) -> None:
+    sid, lease = leased
+    renewed = _between_snapshot_and_hold(
+        monkeypatch, lease.target, lambda: duck_store.renew_lease(lease, 30)
+    )
+    _fenced_writes(duck_store, sid, lease)[write]()
+    assert renewed and renewed[0].expires_at > lease.expires_at
+    row = _lease_row(duck_store, lease.target)
+    assert (row["state"], row["expires_at"]) == ("held", renewed[0].expires_at)
+
+
+@pytest.mark.parametrize("write", WRITES)
+def test_a_release_committed_after_the_snapshot_refuses_the_write(
+    duck_store: turnkeeper.DuckDBStore,
+    leased: tuple[str, turnkeeper.Lease],
+    monkeypatch: pytest.MonkeyPatch,
+    write: str,
+) -> None:
+    sid, lease = leased
+    before = duck_store.get_session(sid)
+    released = _between_snapshot_and_hold(
+        monkeypatch, lease.target, lambda: duck_store.release_lease(lease)
+    )
+    with pytest.raises(turnkeeper.LeaseLostError):
+        _fenced_writes(duck_store, sid, lease)[write]()
+    assert released == [True]
+    assert _lease_row(duck_store, lease.target)["state"] == "released"
+    assert duck_store.get_session(sid) == before
+
+
+def test_control_without_the_check_a_write_commits_after_the_release(
+    duck_store: turnkeeper.DuckDBStore,
+    leased: tuple[str, turnkeeper.Lease],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The tests above can fail: with the check that a held target was not
+    written after the snapshot patched out, the fence reads the lease as its
+    snapshot shows it, held, and the write commits after the release returned."""
+    sid, lease = leased
+    monkeypatch.setattr(duck_db, "stale_since", lambda tx, stripe: False)
+    released = _between_snapshot_and_hold(
+        monkeypatch, lease.target, lambda: duck_store.release_lease(lease)
+    )
+    duck_store.append(sid, EntryKind.MESSAGE, MSG, lease=lease, entry_id="chosen")
+    assert released == [True]
+    assert duck_store.get_session(sid).leaf_id == "chosen"
