@@ -98,7 +98,8 @@ def admit(
         SessionNotFoundError, SubmissionConflictError, SessionRunActiveError,
         RunNotFoundError, RetryNotAllowedError, LeaseLostError.
     """
-    if tx.one("SELECT 1 FROM sessions WHERE id = ?", [session_id]) is None:
+    head = tx.one("SELECT leaf_id, next_seq FROM sessions WHERE id = ?", [session_id])
+    if head is None:
         raise errors.SessionNotFoundError(session_id)
     if key_digest is not None:
         sub = tx.one(
@@ -186,6 +187,7 @@ def admit(
         lease=None,
         fenced_epoch=epoch,
         checked=True,
+        head=(head[0], head[1]),  # nothing above moved the leaf or the seq
     )
     tx.exec(
         "INSERT INTO conversation_turns VALUES (?, ?, ?, ?, ?, 'open', ?, NULL, ?, NULL)",

@@ -198,6 +198,7 @@ def append_drafts(
     fenced_epoch: int | None = None,
     checked: bool = False,
     pairing: bool = False,
+    head: tuple[str | None, int] | None = None,
 ) -> list[Entry]:
     """Append ``drafts`` as a chain under the leaf (or ``parent_override``), the
     first one's parent the leaf, each next one's the one before; see the
@@ -211,13 +212,15 @@ def append_drafts(
     transaction: stored on the entries like ``lease``'s. With ``pairing`` (API
     appends), a ``toolResult`` or a compaction that would break the tool-call
     pairing of the replayed context is refused (see ``storage.replay``).
+    ``head``: the session's leaf and next seq as the caller read them in this
+    transaction, with nothing written to the session since (one read less).
 
     Raises:
         LeaseLostError, BusyError, SessionNotFoundError, SessionModifiedError,
         EntryExistsError, EntryNotFoundError (label target or branch target),
         ToolCallPairingError.
     """
-    row = tx.one("SELECT leaf_id, next_seq FROM sessions WHERE id = ?", [session_id])
+    row = head or tx.one("SELECT leaf_id, next_seq FROM sessions WHERE id = ?", [session_id])
     if row is None:
         raise errors.SessionNotFoundError(session_id)
     if not checked:
@@ -261,16 +264,17 @@ def append_drafts(
                 session_id, fault.result_id, fault.tool_call_id, fault.reason
             )
     names = [d.payload["name"] for d in drafts if d.kind == EntryKind.SESSION_INFO]
+    title = "title = ?, " if names else ""  # a column not set is not written
     moved = tx.count(
-        "UPDATE sessions SET leaf_id = ?, next_seq = next_seq + ?, "
-        "entry_count = entry_count + ?, updated_at = ?, title = coalesce(?, title) "
+        f"UPDATE sessions SET {title}leaf_id = ?, next_seq = next_seq + ?, "
+        "entry_count = entry_count + ?, updated_at = ? "
         "WHERE id = ? AND next_seq = ? AND leaf_id IS NOT DISTINCT FROM ?",
         [
+            *names[-1:],
             out[-1].id if leaf_after else leaf,
             len(out),
             len(out),
             now,
-            names[-1] if names else None,
             session_id,
             seq,
             leaf,
