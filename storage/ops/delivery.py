@@ -157,17 +157,23 @@ def event(tx: Tx, op: DeliveryOperation, edge: Edge) -> None:
     )
 
 
-def create_plan(tx: Tx, run: Run, plan: DeliveryPlan) -> DeliveryIntent:
+def create_plan(tx: Tx, run: Run, plan: DeliveryPlan, *, first: bool = False) -> DeliveryIntent:
     """Write the run's intent and its ``pending`` operations (``plan`` edges).
 
     The same plan again returns the stored intent and writes nothing.
+    ``first``: the run ended in this transaction, so it has no plan yet (a
+    plan follows its run's termination): nothing is looked up.
 
     Raises:
         DeliveryPlanConflictError: the run already has a different plan.
     """
     intent_id = intent_id_for(run.id)
     digest = plan_digest(plan)
-    found = tx.one("SELECT plan_digest FROM delivery_intents WHERE id = ?", [intent_id])
+    found = (
+        None
+        if first
+        else tx.one("SELECT plan_digest FROM delivery_intents WHERE id = ?", [intent_id])
+    )
     if found is not None:
         if found[0] != digest:
             raise errors.DeliveryPlanConflictError(run.id, intent_id)

@@ -323,8 +323,9 @@ def finish(
     moved = _move(tx, run, edge, error)
     epoch = fenced_epoch if lease is None else lease.epoch
     tx.exec("DELETE FROM active_runs WHERE session_id = ? AND run_id = ?", [run.session_id, run.id])
+    head: tuple[str | None, int] | None = None  # the session's, once this call wrote it
     if drafts:
-        sessions.append_drafts(
+        last = sessions.append_drafts(
             tx,
             run.session_id,
             drafts,
@@ -333,8 +334,10 @@ def finish(
             fenced_epoch=epoch,
             checked=True,
             pairing=True,
-        )
-    tool_pairing.close_turn(tx, moved, epoch)
+        )[-1]
+        head = (last.id, last.seq + 1)
+    if tool_pairing.close_turn(tx, moved, epoch, None if head is None else (head[0],)):
+        head = None  # it appended results: read the session again
     end = {"turnId": run.turn_id, "intentId": run.intent_id, "runId": run.id, "status": status}
     if stop_reason is not None:
         end["stopReason"] = stop_reason
@@ -354,14 +357,15 @@ def finish(
         lease=None,
         fenced_epoch=epoch,
         checked=True,
+        head=head,
     )[-1].seq
     tx.exec(
         "UPDATE conversation_turns SET status = ?, end_seq = ?, ended_at = ? WHERE id = ?",
         [status.value, end_seq, tx.now, run.turn_id],
     )
     _event(tx, moved, edge, f"{run_id}:{status.value}", {"error": error, "stopReason": stop_reason})
-    if plan is not None:
-        delivery.create_plan(tx, moved, plan)
+    if plan is not None:  # the run ended just now: it can have no plan yet
+        delivery.create_plan(tx, moved, plan, first=True)
     tx.notify(Topic.RUN_ENDED)
     return moved, True
 

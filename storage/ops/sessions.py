@@ -412,16 +412,20 @@ def _walk(rows: list[tuple[Any, ...]], leaf: str | None) -> list[Entry]:
     return [entry_row(by_id.pop(i)) for i in reversed(ids)]
 
 
-def path_since(tx: Tx, session_id: str, seq: int) -> list[Entry] | None:
+def path_since(
+    tx: Tx, session_id: str, seq: int, *, leaf: tuple[str | None] | None = None
+) -> list[Entry] | None:
     """The current branch's entries with sequence ``seq`` or later, root first: the
     tail of :func:`branch_path` that a turn wrote, read without the session's
     older rows. ``None`` when a compaction is among the session's entries since
     ``seq`` (its cut may reach back before them: read the whole branch then).
+    ``leaf``: the session's leaf as the caller knows it in this transaction
+    (one read less).
 
     Raises:
         SessionNotFoundError: no such session.
     """
-    head = tx.one("SELECT leaf_id FROM sessions WHERE id = ?", [session_id])
+    head = leaf or tx.one("SELECT leaf_id FROM sessions WHERE id = ?", [session_id])
     if head is None:
         raise errors.SessionNotFoundError(session_id)
     rows = tx.rows(

@@ -49,14 +49,15 @@ def open_calls_of(tx: Tx, session_id: str) -> dict[str, Entry]:
     return open_tool_calls(sessions.branch_path(tx, session_id))
 
 
-def close_turn(tx: Tx, run: Run, epoch: int | None) -> int:
+def close_turn(tx: Tx, run: Run, epoch: int | None, leaf: tuple[str | None] | None = None) -> int:
     """Before ``run``'s turn closes, pair every tool call of the turn that is open
     in the replayed context: running records of the run are marked
     ``interrupted``, and each such ``toolCall`` gets a ``toolResult``: the
     tool's own result when its record completed (the process died before
     writing it to the transcript), else the explicit interrupted result.
     Nothing is re-run and no output is invented. ``epoch`` is the lease the
-    caller fenced (stored on the appended entries). Returns the results appended.
+    caller fenced (stored on the appended entries); ``leaf``: the session's leaf
+    as the caller knows it in this transaction. Returns the results appended.
     """
     turn = (run.session_id, run.id, run.turn_id)
     running = records.select(
@@ -65,7 +66,7 @@ def close_turn(tx: Tx, run: Run, epoch: int | None) -> int:
     start = tx.one("SELECT start_seq FROM conversation_turns WHERE id = ?", [run.turn_id])
     # The turn's calls are judged by what follows them, all in the turn's tail of
     # the branch: read only that tail (the whole branch when a compaction is in it).
-    tail = None if start is None else sessions.path_since(tx, run.session_id, start[0])
+    tail = None if start is None else sessions.path_since(tx, run.session_id, start[0], leaf=leaf)
     path = tail if tail is not None else sessions.branch_path(tx, run.session_id)
     open_calls = {
         call_id: entry
