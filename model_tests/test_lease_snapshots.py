@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import BACKENDS, open_backend
 
 import turnkeeper
 from turnkeeper import EntryKind
@@ -134,3 +137,62 @@ def test_control_without_the_check_a_write_commits_after_the_release(
     duck_store.append(sid, EntryKind.MESSAGE, MSG, lease=lease, entry_id="chosen")
     assert released == [True]
     assert duck_store.get_session(sid).leaf_id == "chosen"
+
+
+def test_a_renewal_at_the_worst_moment_of_every_attempt_costs_one_retry(
+    duck_store: turnkeeper.DuckDBStore,
+    leased: tuple[str, turnkeeper.Lease],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A heartbeat that renews between the snapshot and the hold of every
+    attempt (attack helper: renewals at millisecond rates starved fenced
+    writes into TransactionConflictError after 40 attempts): the retry holds
+    the target before its snapshot, so the write commits on its second."""
+    sid, lease = leased
+    renewals: list[turnkeeper.Lease] = []
+    holding: list[duck_db.Tx] = []  # transactions that hold the target already
+    hold = duck_db.Tx.hold
+
+    def hold_after(self: duck_db.Tx, held: str) -> None:
+        if held != lease.target or any(t is self for t in holding):
+            hold(self, held)
+            return
+        if self._snapshot:
+            worker = threading.Thread(
+                target=lambda: renewals.append(duck_store.renew_lease(lease, 30))
+            )
+            worker.start()
+            worker.join()
+        hold(self, held)
+        holding.append(self)
+
+    monkeypatch.setattr(duck_db.Tx, "hold", hold_after)
+    duck_store.append(sid, EntryKind.MESSAGE, MSG, lease=lease, entry_id="chosen")
+    assert len(renewals) == 1
+    assert duck_store.statement_stats()["append"]["retries"] == 1
+    assert _lease_row(duck_store, lease.target)["expires_at"] == renewals[0].expires_at
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_injected_clock_is_read_after_the_transaction_snapshot(
+    backend: str, tmp_path: Path
+) -> None:
+    """Both backends. Read before the snapshot, an injected clock's now could
+    predate a commit the transaction then sees (attack helper: a grant queued
+    in a group was stamped before the release it followed, and the audit
+    failed on a correct history). A transaction whose first need is its now
+    runs a statement first: BEGIN and that one have run when the clock is read."""
+    statements_at_read: list[int] = []
+    current: list[Any] = []
+
+    def clock() -> datetime:
+        if current:
+            statements_at_read.append(current[0].statements)
+        return datetime(2026, 1, 1, tzinfo=UTC)
+
+    store = open_backend(backend, tmp_path, clock)
+    try:
+        store.db.write("clock_read", lambda tx: current.append(tx) or tx.now)
+    finally:
+        store.close()
+    assert statements_at_read == [2]

@@ -111,8 +111,10 @@ class Tx:
     transaction reads. Inside an explicit transaction ``now`` is therefore
     the host clock (DuckDB runs in this process: its clock is the host's)
     read once the snapshot exists; if no statement has run yet, a one-row
-    read pins the snapshot first. A single autocommit statement passes
-    ``None`` and uses DuckDB's ``now()``, fixed as that statement starts.
+    read pins the snapshot first. An injected clock is read after the
+    snapshot too (read before it, a grant could be stamped before the
+    release it followed). A single autocommit statement passes ``None`` and
+    uses DuckDB's ``now()``, fixed as that statement starts.
     """
 
     PIN = "SELECT 1 FROM schema_migrations LIMIT 1"
@@ -149,14 +151,14 @@ class Tx:
     def now(self) -> datetime | None:
         """The store's now (fixed per transaction), or ``None`` for SQL ``now()``."""
         if self._now is None:
+            if self._in_transaction and not self._snapshot:
+                self.exec(self.PIN)  # the snapshot first, the clock (injected or not) after it
             if self._clock is not None:
                 value = self._clock()
                 if not isinstance(value, datetime) or value.tzinfo is None:
                     raise errors.InvalidInputError("clock", "the clock must return aware datetimes")
                 self._now = value.astimezone(UTC)
             elif self._in_transaction:
-                if not self._snapshot:
-                    self.exec(self.PIN)
                 self._now = datetime.now(UTC)
         return self._now
 
@@ -190,8 +192,8 @@ class Tx:
         the write runs again on a fresh snapshot.
 
         Raises:
-            Conflict: a renewal or release wrote ``target``'s stripe after
-                this transaction's snapshot.
+            HoldConflict: a renewal or release wrote ``target``'s stripe after
+                this transaction's snapshot (the retry holds it before its own).
         """
         if self._targets is None:
             return
@@ -202,7 +204,7 @@ class Tx:
         lock.acquire()
         if stale_since(self, stripe):
             lock.release()
-            raise Conflict(f"the lease of {target!r} was written after this snapshot")
+            raise HoldConflict(target)
         self._held[stripe] = lock
 
     def end(self) -> None:
@@ -270,6 +272,14 @@ class Tx:
         self.statements += 1
         self._snapshot_taken()
         return self._cursor.sql(sql, params=list(params)).to_arrow_table()
+
+
+class HoldConflict(Conflict):
+    """:meth:`Tx.hold` found ``target``'s stripe written after the snapshot."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__(f"the lease of {target!r} was written after this snapshot")
+        self.target = target
 
 
 def stale_since(tx: Tx, stripe: int) -> bool:
@@ -681,6 +691,9 @@ class Database:
         ``skips_write_lock``: run without the write lock (``exclusive=False``)."""
         cursor = self._cursor() if cursor is None else cursor
         statements = 0
+        # Targets whose hold conflicted: a retry holds them before its snapshot,
+        # so that a heartbeat renewing at the wrong moment cannot win every time.
+        prehold: list[str] = []
 
         def attempt() -> T:
             nonlocal statements
@@ -692,6 +705,8 @@ class Database:
                 skips_write_lock=skips_write_lock,
             )
             try:
+                for target in prehold:
+                    tx.hold(target)
                 if transaction:
                     tx.exec("BEGIN TRANSACTION")
                 result = body(tx)
@@ -712,7 +727,9 @@ class Database:
                 if retry and is_conflict(exc):
                     raise Conflict(str(exc)) from exc
                 raise translate(exc, self.path) from exc
-            except Conflict:
+            except Conflict as exc:
+                if isinstance(exc, HoldConflict):
+                    prehold.append(exc.target)
                 self._rollback(cursor, transaction)
                 raise
             except BaseException:

@@ -156,6 +156,7 @@ class Tx:
         self._in_transaction = in_transaction
         self._now: datetime | None = None
         self.statements = 0
+        self._snapshot = False  # a statement other than BEGIN has run (it took the snapshot)
         self.committing = False
         self.pending: list[str] = []
 
@@ -169,6 +170,8 @@ class Tx:
         """The store's now (fixed per transaction), or ``None`` for SQL ``now()``."""
         if self._now is None:
             if self._clock is not None:
+                if self._in_transaction and not self._snapshot:
+                    self.exec("SELECT 1")  # the snapshot first, then the injected clock
                 value = self._clock()
                 if not isinstance(value, datetime) or value.tzinfo is None:
                     raise errors.InvalidInputError("clock", "the clock must return aware datetimes")
@@ -181,6 +184,7 @@ class Tx:
 
     def _execute(self, sql: str, params: Sequence[Any]) -> psycopg.Cursor[Any]:
         self.statements += 1
+        self._snapshot = self._snapshot or not sql.startswith("BEGIN")
         if not params:  # sent as it is: psycopg reads no placeholders without parameters
             return self._conn.execute(sql)
         return self._conn.execute(_pg(sql), list(params))
@@ -217,6 +221,7 @@ class Tx:
         if not rows:
             return
         self.statements += 1
+        self._snapshot = True
         with (
             self._conn.cursor() as cur,
             cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy,
