@@ -86,37 +86,36 @@ def leased(duck_store: turnkeeper.DuckDBStore, clock: Any) -> tuple[str, turnkee
 
 
 @pytest.mark.parametrize("write", WRITES)
-def test_a_renewal_committed_after_the_snapshot_is_kept(
+@pytest.mark.parametrize("between", ["renewal", "release"])
+def test_a_lease_write_committed_after_the_snapshot_is_seen(
     duck_store: turnkeeper.DuckDBStore,
     leased: tuple[str, turnkeeper.Lease],
     monkeypatch: pytest.MonkeyPatch,
+    between: str,
     write: str,
 ) -> None:
-    sid, lease = leased
-    renewed = _between_snapshot_and_hold(
-        monkeypatch, lease.target, lambda: duck_store.renew_lease(lease, 30)
-    )
-    _fenced_writes(duck_store, sid, lease)[write]()
-    assert renewed and renewed[0].expires_at > lease.expires_at
-    row = _lease_row(duck_store, lease.target)
-    assert (row["state"], row["expires_at"]) == ("held", renewed[0].expires_at)
-
-
-@pytest.mark.parametrize("write", WRITES)
-def test_a_release_committed_after_the_snapshot_refuses_the_write(
-    duck_store: turnkeeper.DuckDBStore,
-    leased: tuple[str, turnkeeper.Lease],
-    monkeypatch: pytest.MonkeyPatch,
-    write: str,
-) -> None:
+    """A renewal in between is kept (the write commits, the expiry is the
+    renewed one); a release in between wins (the write is refused, nothing of
+    it is stored, the lease stays released)."""
     sid, lease = leased
     before = duck_store.get_session(sid)
-    released = _between_snapshot_and_hold(
-        monkeypatch, lease.target, lambda: duck_store.release_lease(lease)
+    renew = between == "renewal"
+    done = _between_snapshot_and_hold(
+        monkeypatch,
+        lease.target,
+        (lambda: duck_store.renew_lease(lease, 30))
+        if renew
+        else (lambda: duck_store.release_lease(lease)),
     )
+    if renew:
+        _fenced_writes(duck_store, sid, lease)[write]()
+        assert done and done[0].expires_at > lease.expires_at
+        row = _lease_row(duck_store, lease.target)
+        assert (row["state"], row["expires_at"]) == ("held", done[0].expires_at)
+        return
     with pytest.raises(turnkeeper.LeaseLostError):
         _fenced_writes(duck_store, sid, lease)[write]()
-    assert released == [True]
+    assert done == [True]
     assert _lease_row(duck_store, lease.target)["state"] == "released"
     assert duck_store.get_session(sid) == before
 
