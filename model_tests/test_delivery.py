@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 
 from turnkeeper import (
+    BusyError,
     DeliveryLeaseLostError,
     DeliveryOperationBusyError,
     DeliveryOperationNotFoundError,
@@ -15,6 +16,7 @@ from turnkeeper import (
     DeliveryStep,
     InvalidInputError,
     InvalidTransitionError,
+    LeaseLostError,
     RunNotFoundError,
 )
 from turnkeeper.spec.errors import DeliveryPlanConflictError
@@ -83,6 +85,30 @@ def test_repeating_termination_with_the_same_plan_is_idempotent_and_a_different_
         store.finish_run(run.id, "succeeded", delivery_plan=plan())
     assert (err.value.run_id, err.value.intent_id) == (run.id, f"{run.id}:delivery")
     assert store.create_delivery_plan(run.id, TWO_STEPS).id == f"{run.id}:delivery"
+    assert len(store.get_delivery_plan(f"{run.id}:delivery")[1]) == 2
+
+
+def test_a_repeated_termination_writes_a_plan_only_past_the_fence(store):
+    """A repeated finish_run (after an unknown commit) that would write the plan
+    the first one did not is a session write like create_delivery_plan: a stale
+    lease is refused, so is no lease while someone holds the session, and
+    nothing is written (attack helper: the repeat path skipped the check). The
+    same plan again, once stored, still returns quietly."""
+    store.create_session("s")
+    first = store.acquire_lease("session:s", "worker-1", 30)
+    run = store.admit_run("s", {"q": 1}, lease=first, start=True)
+    store.finish_run(run.id, "succeeded", lease=first)  # ended without a plan
+    store.release_lease(first)
+    other = store.acquire_lease("session:s", "worker-2", 30)
+    with pytest.raises(LeaseLostError):
+        store.finish_run(run.id, "succeeded", delivery_plan=TWO_STEPS, lease=first)
+    with pytest.raises(BusyError):
+        store.finish_run(run.id, "succeeded", delivery_plan=TWO_STEPS)
+    assert store.get_delivery_plan(f"{run.id}:delivery") is None
+    store.finish_run(run.id, "succeeded", delivery_plan=TWO_STEPS, lease=other)
+    store.release_lease(other)
+    again = store.finish_run(run.id, "succeeded", delivery_plan=TWO_STEPS, lease=other)
+    assert again == store.get_run(run.id)
     assert len(store.get_delivery_plan(f"{run.id}:delivery")[1]) == 2
 
 

@@ -17,9 +17,10 @@ and a fork of it — is made either
   otherwise ``BusyError(target, holder)`` (for a fork, ``ForkSessionBusyError``,
   which is both a ``BusyError`` and the seed's ``ForkSessionActiveError``).
 
-Either way a refused write writes nothing. The check is itself a write to
-the lease row, so a grant committed meanwhile conflicts with it instead of
-both going through. Not session writes, so outside the rule: creating a
+Either way a refused write writes nothing. A grant committed meanwhile
+never goes through beside the check: on PostgreSQL the check writes the
+lease row (and a grant the session row), so the two conflict; on DuckDB
+both run under the file's write lock. Not session writes, so outside the rule: creating a
 session (``create_session``, a fork's new session, an import that creates
 one); the requests addressed to the holder, which it honours
 (``request_cancel``, ``request_tool_execution_recovery``); recovery, which

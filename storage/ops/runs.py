@@ -308,6 +308,10 @@ def finish(
     check_session_lease(run.session_id, lease)
     if run.status == status:  # a repeated terminalization after an unknown commit
         if plan is not None:
+            intent_id = delivery.intent_id_for(run.id)
+            if fenced_epoch is None and delivery.get_intent(tx, intent_id) is None:
+                # about to write the plan the first one did not: a session write
+                leases.fence_or_unheld(tx, session_target(run.session_id), lease)
             delivery.create_plan(tx, run, plan)  # the stored plan, or a conflict
         return run, False
     if fenced_epoch is None:  # (recovery fenced its own lease before calling)
@@ -587,8 +591,9 @@ class RunsMixin(StoreBase):
         Repeating the same terminal status (a retry after an unknown commit
         result) returns the stored run: the first termination is
         authoritative (its message, error and stop reason stand), and a
-        ``delivery_plan`` is written only if the run has none yet (the same
-        plan again writes nothing; another raises DeliveryPlanConflictError).
+        ``delivery_plan`` is written only if the run has none yet, and then
+        past the same fence as :meth:`create_delivery_plan` (the same plan
+        again writes nothing; another raises DeliveryPlanConflictError).
 
         Without ``lease``, nobody may hold a live lease on the session (a
         stale worker cannot end a run by leaving its lease out).
