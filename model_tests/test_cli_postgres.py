@@ -179,7 +179,7 @@ def _all_gone(children: list[int]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("when", ["held_until_started", "between_two_starts"])
+@pytest.mark.parametrize("when", ["held_until_started", "on_another_thread", "between_two_starts"])
 def test_ctrl_c_while_the_fleet_starts_still_stops_every_unit(
     when: str, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -188,14 +188,26 @@ def test_ctrl_c_while_the_fleet_starts_still_stops_every_unit(
     without them unlinked the shared events' semaphores, and units still starting
     died with a traceback each (CI failure: the SIGINT came before the sixth unit
     started). ``held_until_started``: the signal waits, blocked, until start()
-    unblocks it; ``between_two_starts``: it is raised after the fourth unit (a
-    process-directed signal can land on a thread that does not block it)."""
+    unblocks it; ``on_another_thread``: it lands, after the fourth unit, on a
+    thread that does not block it (a process-directed signal may: CI), and is
+    still held until every unit started; ``between_two_starts``: an interrupt
+    raised after the fourth unit stops the four."""
     from turnkeeper.cli import demo as demo_module
     from turnkeeper.cli.fleet import FleetConfig
     from turnkeeper.cli.fleet_runners import ProcessFleet
 
     fleets: list[ProcessFleet] = []
     original = ProcessFleet.start
+    go, sent, done = threading.Event(), threading.Event(), threading.Event()
+
+    def signal_this_thread() -> None:  # started before the fleet: SIGINT unblocked here
+        go.wait()
+        if not done.is_set():
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+        sent.set()
+
+    other = threading.Thread(target=signal_this_thread, daemon=True)
+    other.start()
 
     def interrupted_start(self: ProcessFleet) -> None:
         fleets.append(self)
@@ -208,8 +220,12 @@ def test_ctrl_c_while_the_fleet_starts_still_stops_every_unit(
 
             def start_then_interrupt(process: Any) -> None:
                 start_one(process)
-                if process is self._services[1]:
+                if process is not self._services[1]:
+                    return
+                if when == "between_two_starts":
                     raise KeyboardInterrupt
+                go.set()
+                sent.wait()
 
             monkeypatch.setattr(process_class, "start", start_then_interrupt)
         original(self)
@@ -222,9 +238,12 @@ def test_ctrl_c_while_the_fleet_starts_still_stops_every_unit(
                 demo_module.run_fleet(store, cfg, None)
             (fleet,) = fleets
             units = [*fleet._workers, *fleet._services]
-            started = 6 if when == "held_until_started" else 4
+            started = 4 if when == "between_two_starts" else 6
             assert [p.exitcode for p in units] == [0] * started + [None] * (6 - started)
         finally:
+            done.set()
+            go.set()
+            other.join()
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             for f in fleets:
                 for p in [*f._workers, *f._services]:

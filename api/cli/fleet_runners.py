@@ -188,15 +188,32 @@ class ProcessFleet:
     def start(self) -> None:
         """Start every unit with Ctrl-C blocked from its first instruction (the
         signal mask is inherited across the spawn's fork and exec, so an
-        interpreter still starting prints no traceback); blocked, not ignored,
-        here too, so a Ctrl-C meanwhile is delivered to this process once the
-        units are started: the parent answers Ctrl-C."""
+        interpreter still starting prints no traceback). A Ctrl-C meanwhile is
+        held until every unit has started, then raised here (the parent
+        answers Ctrl-C): blocked in this thread, and, should it land on
+        another thread of this process (a process-directed signal may), only
+        recorded by a handler, never raised between two starts or inside one
+        (a unit whose arguments were cut off mid-write would die)."""
+        caught: list[int] = []
+        # (only the main thread sets handlers; an ignored Ctrl-C stays ignored)
+        previous = signal.getsignal(signal.SIGINT)
+        hold = threading.current_thread() is threading.main_thread() and (
+            previous is not signal.SIG_IGN
+        )
+        if hold:
+            signal.signal(signal.SIGINT, lambda n, _: caught.append(n))
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             for p in [*self._workers, *self._services]:
                 p.start()
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            if hold:  # (None: a handler not set from Python; Python's own goes back)
+                signal.signal(
+                    signal.SIGINT, signal.default_int_handler if previous is None else previous
+                )
+        if caught:
+            raise KeyboardInterrupt
 
     def workers_alive(self) -> bool:
         return any(p.is_alive() for p in self._workers)
