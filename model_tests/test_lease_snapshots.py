@@ -195,3 +195,38 @@ def test_an_injected_clock_is_read_after_the_transaction_snapshot(
     finally:
         store.close()
     assert statements_at_read == [2]
+
+
+@pytest.mark.parametrize("checked", [True, False], ids=["checked", "control-unchecked"])
+def test_a_release_before_a_merged_groups_hold_refuses_its_append(
+    duck_store: turnkeeper.DuckDBStore,
+    leased: tuple[str, turnkeeper.Lease],
+    monkeypatch: pytest.MonkeyPatch,
+    checked: bool,
+) -> None:
+    """Group commit: a write queued first takes the group's snapshot, then two
+    plain appends run merged and hold their targets; a release of the first
+    one's lease in between is seen (the group splits, and that append alone is
+    refused). The control, with the check patched out, shows the merged fence
+    reading the stale row and the append committing after the release."""
+    from test_group_commit import queued_together
+
+    sid, lease = leased
+    other = duck_store.create_session().id
+    other_lease = duck_store.acquire_lease(f"session:{other}", "worker", 30)
+    if not checked:
+        monkeypatch.setattr(duck_db, "stale_since", lambda tx, stripe: False)
+    released = _between_snapshot_and_hold(
+        monkeypatch, lease.target, lambda: duck_store.release_lease(lease)
+    )
+    got = queued_together(
+        duck_store,
+        [
+            lambda: duck_store.create_session(),
+            lambda: duck_store.append(sid, EntryKind.MESSAGE, MSG, lease=lease),
+            lambda: duck_store.append(other, EntryKind.MESSAGE, MSG, lease=other_lease),
+        ],
+    )
+    assert released == [True]
+    kinds = [type(g).__name__ for g in got]
+    assert kinds == ["Session", "LeaseLostError" if checked else "Entry", "Entry"], got
