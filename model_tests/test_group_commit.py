@@ -326,3 +326,124 @@ def test_a_commit_interrupted_before_it_ran_is_a_keyboard_interrupt_and_keeps_no
     assert isinstance(got[0], KeyboardInterrupt), got
     assert all(isinstance(g, turnkeeper.Entry) for g in got[1:]), got
     assert [len(store.entries(s)) for s in ("a", "b", "c")] == [0, 1, 1]
+
+
+class _Waits:
+    """A stand-in for the leader's ``_queue_grew`` condition that records its waits
+    (and can raise on the first, as a cancellation arriving there would)."""
+
+    def __init__(self, real: threading.Condition, raise_first: BaseException | None = None):
+        self.real, self.calls, self.raise_first = real, 0, raise_first
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.calls += 1
+        if self.raise_first is not None and self.calls == 1:
+            raise self.raise_first
+        return self.real.wait(timeout)
+
+    def notify(self, n: int = 1) -> None:
+        self.real.notify(n)
+
+
+def _queue_behind_a_group_of(store: turnkeeper.BaseStore, n: int) -> None:
+    """Commit one group of ``n`` appends, so that the next leader expects ``n``."""
+    for i in range(n):
+        store.create_session(f"warm{i}")
+    got = queued_together(
+        store, [lambda i=i: store.append(f"warm{i}", M, user("w")) for i in range(n)]
+    )
+    assert all(isinstance(g, turnkeeper.Entry) for g in got), got
+    assert store.db._last_group == n  # type: ignore[attr-defined]
+
+
+def _three_writers_one_after_another(store: turnkeeper.BaseStore) -> int:
+    """Start three appends on threads, each once the one before is done or is
+    queued while a leader waits for writers (the commit delay); how many of
+    them committed in a shared group."""
+    database = store.db
+    before = grouped(store, "append")
+    out: dict[str, Any] = {}
+
+    def run(s: str) -> None:
+        out[s] = store.append(s, M, user(s))
+
+    def settled(s: str, queued: int) -> bool:
+        with database._queue_lock:  # type: ignore[attr-defined]
+            waiting = len(database._queue) == queued and database._gathering > 0  # type: ignore[attr-defined]
+        return s in out or waiting
+
+    threads = []
+    for i, s in enumerate(("a", "b", "c")):
+        t = threading.Thread(target=run, args=(s,))
+        t.start()
+        threads.append(t)
+        for _ in range(100_000):
+            if settled(s, i + 1):
+                break
+            time.sleep(0.001)
+        else:
+            pytest.fail(f"write {s} never settled")
+    for t in threads:
+        t.join()
+    assert all(isinstance(out[s], turnkeeper.Entry) for s in ("a", "b", "c")), out
+    return grouped(store, "append") - before
+
+
+def test_after_a_group_the_next_leader_waits_for_as_many_writers(
+    duck_real_store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit delay: after a group of three, the next leader waits (here with
+    no time limit that matters) until three writes are queued, so three writers
+    started one after another commit in one group."""
+    store = duck_real_store
+    for s in ("a", "b", "c"):
+        store.create_session(s)
+    _queue_behind_a_group_of(store, 3)
+    monkeypatch.setattr(duck_db, "COMMIT_DELAY_S", 600.0)
+    assert _three_writers_one_after_another(store) == 3
+
+
+def test_control_without_the_commit_delay_each_writer_commits_alone(
+    duck_real_store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control: with the wait patched out, the same three writers each commit
+    alone, so the test above fails without it."""
+    store = duck_real_store
+    for s in ("a", "b", "c"):
+        store.create_session(s)
+    _queue_behind_a_group_of(store, 3)
+    monkeypatch.setattr(duck_db.Database, "_gather", lambda self: None)
+    assert _three_writers_one_after_another(store) == 0
+
+
+def test_a_lone_writer_after_a_lone_write_never_waits(duck_real_store) -> None:
+    store = duck_real_store
+    store.create_session("s")
+    store.append("s", M, user("first"))
+    waits = _Waits(store.db._queue_grew)  # type: ignore[attr-defined]
+    store.db._queue_grew = waits  # type: ignore[attr-defined]
+    store.append("s", M, user("second"))
+    assert waits.calls == 0
+
+
+def test_a_leader_cancelled_while_it_waits_for_writers_leaves_theirs_to_the_next(
+    duck_real_store,
+) -> None:
+    """A KeyboardInterrupt reaching the leader in the commit delay: its own write
+    never runs (it ends with the cancellation), the others' are led by the
+    next leader and commit once."""
+    store = duck_real_store
+    for s in ("a", "b", "c"):
+        store.create_session(s)
+    _queue_behind_a_group_of(store, 3)
+    database = store.db
+    waits = _Waits(database._queue_grew, KeyboardInterrupt("cancelled in the wait"))  # type: ignore[attr-defined]
+    database._queue_grew = waits  # type: ignore[attr-defined]
+    got = queued_together(
+        store, [lambda s=s: store.append(s, M, user(s)) for s in ("a", "b")]
+    )  # two queued behind the lock: the leader waits for a third
+    assert waits.calls >= 1
+    assert isinstance(got[0], KeyboardInterrupt), got
+    assert isinstance(got[1], turnkeeper.Entry), got
+    assert [len(store.entries(s)) for s in ("a", "b")] == [0, 1]
+    store.append("c", M, user("after"))  # the store still writes
