@@ -287,11 +287,60 @@ def test_migration_9_stores_each_runs_model_on_the_run(
         )
     monkeypatch.undo()
     with turnkeeper.open_store(where) as store:
-        assert store.schema_version() == 9
+        assert store.schema_version() == turnkeeper.SCHEMA_VERSION
         assert store.query("SELECT model FROM runs").column(0).to_pylist() == ["model-a"]
         run = store.admit_run("s", {"q": 2}, model="model-b")
         found = store.query("SELECT model FROM runs WHERE id = ?", [run.id])
         assert found.column(0).to_pylist() == ["model-b"]
+
+
+@pytest.mark.parametrize("backend", ["duckdb", "postgres"])
+def test_migration_10_keeps_each_sessions_event_cursor(
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store at schema version 9 (no per-session event cursor) opened by this
+    turnkeeper: version 10 sets each session's cursor to its last run event, so
+    the session's next events continue its numbering, without gaps or a seq
+    taken twice, and another session's longer history changes nothing."""
+    from conftest import new_pg_schema
+
+    from turnkeeper.storage.duck import db as duck_db
+
+    if backend == "postgres":
+        from turnkeeper.storage.postgres import db as pg_db
+
+        where = new_pg_schema()
+        old = pg_db.Database.migrations
+        monkeypatch.setattr(pg_db.Database, "migrations", lambda self: old(self)[:9])
+    else:
+        where = str(tmp_path / "v9.duckdb")
+        monkeypatch.setattr(duck_db.Database, "migrations", lambda self: duck_db.MIGRATIONS[:9])
+    with turnkeeper.open_store(where) as store:
+        assert store.schema_version() == 9
+        for sid, count in (("s", 3), ("t", 7)):
+            store.create_session(sid)
+            for seq in range(1, count + 1):
+                forge(
+                    store,
+                    "INSERT INTO run_events VALUES (?, ?, ?, 'r-old', 'admit', 'admit', "
+                    "'none', 'admitted', '{}', now())",
+                    [sid, seq, f"{sid}-old-{seq}"],
+                )
+    monkeypatch.undo()
+    with turnkeeper.open_store(where) as store:
+        assert store.schema_version() == turnkeeper.SCHEMA_VERSION
+        run = store.admit_run("s", {"q": 1}, start=True)
+        store.finish_run(run.id, "succeeded")
+        seqs = store.query("SELECT seq FROM run_events WHERE session_id = 's' ORDER BY seq").column(
+            0
+        )
+        assert seqs.to_pylist() == [1, 2, 3, 4, 5, 6]  # admitted, started, succeeded
+        events = store.run_events("s")
+        assert [e.run_id for e in events][3:] == [run.id] * 3
+        store.create_session("u")  # a new session starts at 1
+        other = store.admit_run("u", {"q": 2})
+        assert [e.seq for e in store.run_events("u")] == [1]
+        assert other.session_id == "u"
 
 
 @pytest.mark.parametrize(

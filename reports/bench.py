@@ -502,6 +502,32 @@ def analytics(store: turnkeeper.BaseStore, rows: list[tuple[Any, ...]], folder: 
     return ours, theirs
 
 
+HISTORY_EVENTS = (
+    "INSERT INTO run_events SELECT sid, seq, id, run_id, 'admit', 'admit', 'none', 'admitted', "
+    "'{}', began FROM (SELECT h.*, row_number() OVER (PARTITION BY h.sid ORDER BY h.began, h.id) AS seq "
+    "FROM (SELECT CASE WHEN t.k = 1 THEN 'z' ELSE 'a' END || r.session_id AS sid, "
+    "r.id || ':' || t.k AS id, r.id AS run_id, r.started_at AS began "
+    "FROM runs AS r, (VALUES (0), (1), (2)) AS t (k) WHERE r.id LIKE 'r%') AS h) AS w "
+    "ORDER BY began"
+)
+"""Three run events for each run the analytics figure loaded, written in time
+order (so the sessions' events interleave, as they do when written) under
+session ids on both sides of the measured session's (``runs``), as random or
+uuid ids are: no per-block range of ids leaves the measured session's out."""
+
+
+def turn_beside_history(store: turnkeeper.BaseStore, floor: Op, turn: Op) -> list[float]:
+    """The 3-transaction turn's ratios to the floor once the run history holds
+    three events for each loaded run: a turn's cost must not grow with the
+    history of other sessions."""
+    store.db.write("bench_load", lambda tx: tx.exec(HISTORY_EVENTS))
+    ratios = []
+    for _ in range(REPS):
+        base = per_call(floor)
+        ratios.append(per_call(turn) / base)
+    return ratios
+
+
 # -- one backend ----------------------------------------------------------------------
 
 
@@ -527,6 +553,8 @@ def measure(
     peers = langgraph_peer(store, cold, folder) if folder else {}
     dbos = dbos_peer(ops[TURN_THREE], dbos_url)
     ours, sqlite_s = analytics(store, rows, folder)
+    beside = f"turn, 3 transactions, beside {len(rows)} runs' history ({3 * len(rows)} run events)"
+    ratios[beside] = turn_beside_history(store, floor, ops[TURN_THREE])
     figure = {"runs": len(rows), "seconds": round(ours, 4)}
     if sqlite_s is not None:
         figure |= {

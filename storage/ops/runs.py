@@ -58,19 +58,32 @@ def _event(tx: Tx, run: Run, edge: Edge, event_id: str, data: Mapping[str, Any])
 
 def _events(tx: Tx, run: Run, events: Sequence[tuple[Edge, str, Mapping[str, Any]]]) -> None:
     """Append run events (edge, event id, data), in order, with the session's
-    next sequence numbers: one statement however many."""
+    next sequence numbers, taken from its event cursor (``sessions.event_seq``,
+    the seq of its last run event): a point update and one insert however
+    many, whatever the size of the history (the largest seq is never searched
+    for among the events, which on DuckDB reads every run event in the store).
+
+    Raises:
+        Conflict: the session row is gone (the transaction retries).
+    """
+    n = len(events)
+    if (
+        tx.count("UPDATE sessions SET event_seq = event_seq + ? WHERE id = ?", [n, run.session_id])
+        != 1
+    ):
+        raise Conflict(f"session {run.session_id!r} of run {run.id!r} is gone")
     row = "SELECT ?::BIGINT, ?, ?, ?, ?, ?, ?, ?, ?::TIMESTAMPTZ"
-    rows = " UNION ALL ".join([row] * len(events))
+    rows = " UNION ALL ".join([row] * n)
     params: list[Any] = []
-    for n, (edge, event_id, data) in enumerate(events, start=1):
-        params += [n, event_id, run.id, edge.name, edge.trigger, edge.source, edge.dest]
+    for k, (edge, event_id, data) in enumerate(events, start=1):
+        params += [k, event_id, run.id, edge.name, edge.trigger, edge.source, edge.dest]
         params += [to_json(dict(data), "data"), tx.now]
     tx.exec(
-        "INSERT INTO run_events SELECT ?::VARCHAR, m.seq + v.n, v.id, v.run_id, v.edge, v.trigger, "
-        "v.source, v.dest, v.data, v.occurred_at FROM (SELECT coalesce(max(seq), 0) AS seq "
-        "FROM run_events WHERE session_id = ?) AS m, "
-        f"({rows}) AS v (n, id, run_id, edge, trigger, source, dest, data, occurred_at)",
-        [run.session_id, run.session_id, *params],
+        "INSERT INTO run_events SELECT s.id, s.event_seq - ? + v.n, v.id, v.run_id, v.edge, "
+        "v.trigger, v.source, v.dest, v.data, v.occurred_at FROM sessions AS s, "
+        f"({rows}) AS v (n, id, run_id, edge, trigger, source, dest, data, occurred_at) "
+        "WHERE s.id = ?",
+        [n, *params, run.session_id],
     )
 
 
