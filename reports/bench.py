@@ -504,7 +504,8 @@ def analytics(store: turnkeeper.BaseStore, rows: list[tuple[Any, ...]], folder: 
 
 HISTORY_EVENTS = (
     "INSERT INTO run_events SELECT sid, seq, id, run_id, 'admit', 'admit', 'none', 'admitted', "
-    "'{}', began FROM (SELECT h.*, row_number() OVER (PARTITION BY h.sid ORDER BY h.began, h.id) AS seq "
+    "'{}', began FROM (SELECT h.*, "
+    "row_number() OVER (PARTITION BY h.sid ORDER BY h.began, h.id) AS seq "
     "FROM (SELECT CASE WHEN t.k = 1 THEN 'z' ELSE 'a' END || r.session_id AS sid, "
     "r.id || ':' || t.k AS id, r.id AS run_id, r.started_at AS began "
     "FROM runs AS r, (VALUES (0), (1), (2)) AS t (k) WHERE r.id LIKE 'r%') AS h) AS w "
