@@ -28,6 +28,15 @@ def user(text: str) -> dict:
     return {"message": {"role": "user", "content": text}}
 
 
+def wait_until(condition: Callable[[], bool], failure: str) -> None:
+    """Poll ``condition`` (every millisecond, up to 100 s); fail with ``failure``."""
+    for _ in range(100_000):
+        if condition():
+            return
+        time.sleep(0.001)
+    pytest.fail(failure)
+
+
 def queued_together(store: turnkeeper.BaseStore, calls: list[Callable[[], Any]]) -> list[Any]:
     """Run ``calls`` on threads that all queue behind the held write lock, then
     release it; each call's result or exception, in order."""
@@ -48,12 +57,7 @@ def queued_together(store: turnkeeper.BaseStore, calls: list[Callable[[], Any]])
     with database._write_lock:  # type: ignore[attr-defined]
         for i, t in enumerate(threads):  # one at a time, so the queue keeps this order
             t.start()
-            for _ in range(100_000):
-                if queued() == i + 1:
-                    break
-                time.sleep(0.001)
-            else:
-                pytest.fail(f"write {i} never queued")
+            wait_until(lambda i=i: queued() == i + 1, f"write {i} never queued")
     for t in threads:
         t.join()
     return out
@@ -377,12 +381,7 @@ def _three_writers_one_after_another(store: turnkeeper.BaseStore) -> int:
         t = threading.Thread(target=run, args=(s,))
         t.start()
         threads.append(t)
-        for _ in range(100_000):
-            if settled(s, i + 1):
-                break
-            time.sleep(0.001)
-        else:
-            pytest.fail(f"write {s} never settled")
+        wait_until(lambda s=s, i=i: settled(s, i + 1), f"write {s} never settled")
     for t in threads:
         t.join()
     assert all(isinstance(out[s], turnkeeper.Entry) for s in ("a", "b", "c")), out

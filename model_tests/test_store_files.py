@@ -252,12 +252,12 @@ def test_a_corrupt_wal_says_what_happened_and_what_to_do(tmp_path: Path) -> None
         assert store.get_session("w") is None  # written after the last checkpoint: lost
 
 
-@pytest.mark.parametrize("backend", ["duckdb", "postgres"])
-def test_migration_9_stores_each_runs_model_on_the_run(
-    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A store at schema version 8 (runs without ``model``) opened by this
-    turnkeeper: version 9 adds the column and fills it from each run's intent."""
+def _held_at_version(
+    backend: str, version: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """Where a store of ``backend`` opened now stops at schema ``version``
+    (its migrations patched to the first ``version``; ``monkeypatch.undo()``
+    lets the next open run the rest)."""
     from conftest import new_pg_schema
 
     from turnkeeper.storage.duck import db as duck_db
@@ -265,12 +265,20 @@ def test_migration_9_stores_each_runs_model_on_the_run(
     if backend == "postgres":
         from turnkeeper.storage.postgres import db as pg_db
 
-        where = new_pg_schema()
         old = pg_db.Database.migrations
-        monkeypatch.setattr(pg_db.Database, "migrations", lambda self: old(self)[:8])
-    else:
-        where = str(tmp_path / "v8.duckdb")
-        monkeypatch.setattr(duck_db.Database, "migrations", lambda self: duck_db.MIGRATIONS[:8])
+        monkeypatch.setattr(pg_db.Database, "migrations", lambda self: old(self)[:version])
+        return new_pg_schema()
+    monkeypatch.setattr(duck_db.Database, "migrations", lambda self: duck_db.MIGRATIONS[:version])
+    return str(tmp_path / f"v{version}.duckdb")
+
+
+@pytest.mark.parametrize("backend", ["duckdb", "postgres"])
+def test_migration_9_stores_each_runs_model_on_the_run(
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store at schema version 8 (runs without ``model``) opened by this
+    turnkeeper: version 9 adds the column and fills it from each run's intent."""
+    where = _held_at_version(backend, 8, tmp_path, monkeypatch)
     with turnkeeper.open_store(where) as store:
         assert store.schema_version() == 8
         store.create_session("s")
@@ -302,19 +310,7 @@ def test_migration_10_keeps_each_sessions_event_cursor(
     turnkeeper: version 10 sets each session's cursor to its last run event, so
     the session's next events continue its numbering, without gaps or a seq
     taken twice, and another session's longer history changes nothing."""
-    from conftest import new_pg_schema
-
-    from turnkeeper.storage.duck import db as duck_db
-
-    if backend == "postgres":
-        from turnkeeper.storage.postgres import db as pg_db
-
-        where = new_pg_schema()
-        old = pg_db.Database.migrations
-        monkeypatch.setattr(pg_db.Database, "migrations", lambda self: old(self)[:9])
-    else:
-        where = str(tmp_path / "v9.duckdb")
-        monkeypatch.setattr(duck_db.Database, "migrations", lambda self: duck_db.MIGRATIONS[:9])
+    where = _held_at_version(backend, 9, tmp_path, monkeypatch)
     with turnkeeper.open_store(where) as store:
         assert store.schema_version() == 9
         for sid, count in (("s", 3), ("t", 7)):
