@@ -9,6 +9,7 @@ others (a control with a naive group commit shows the test can fail).
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -446,3 +447,123 @@ def test_a_leader_cancelled_while_it_waits_for_writers_leaves_theirs_to_the_next
     assert isinstance(got[1], turnkeeper.Entry), got
     assert [len(store.entries(s)) for s in ("a", "b")] == [0, 1]
     store.append("c", M, user("after"))  # the store still writes
+
+
+def _in_thread(fn: Callable[[], Any]) -> Any:
+    """``fn()`` on a thread; its result or exception (a hang fails the test)."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:  # the test inspects it
+            out.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(120)
+    assert not t.is_alive(), "the write never returned"
+    return out[0]
+
+
+def test_a_cancellation_as_a_write_queues_keeps_it_out(
+    duck_real_store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by an attack helper: a KeyboardInterrupt landing in the leader's
+    wake-up right after a write was queued escaped with the write still queued,
+    and the leader committed the write of a caller that got the cancellation."""
+    store = duck_real_store
+    for s in ("a", "b", "c"):
+        store.create_session(s)
+    _queue_behind_a_group_of(store, 3)
+    monkeypatch.setattr(duck_db, "COMMIT_DELAY_S", 600.0)
+    database = store.db
+    waits = _Waits(database._queue_grew)  # type: ignore[attr-defined]
+    fired: list[bool] = []
+
+    def notify(n: int = 1) -> None:
+        if not fired:
+            fired.append(True)
+            raise KeyboardInterrupt("in the wake-up")
+        waits.real.notify(n)
+
+    waits.notify = notify  # type: ignore[method-assign]
+    database._queue_grew = waits  # type: ignore[attr-defined]
+    out: dict[str, Any] = {}
+
+    def run(s: str) -> None:
+        try:
+            out[s] = store.append(s, M, user(s))
+        except BaseException as exc:  # the test inspects the cancellation
+            out[s] = exc
+
+    lead = threading.Thread(target=run, args=("a",))
+    lead.start()
+    wait_until(lambda: database._gathering == 3, "the leader never waited")  # type: ignore[attr-defined]
+    second = threading.Thread(target=run, args=("b",))
+    second.start()
+    wait_until(lambda: len(database._queue) == 2, "b never queued")  # type: ignore[attr-defined]
+    run("c")  # completes the batch: its wake-up of the leader is cancelled
+    assert isinstance(out["c"], KeyboardInterrupt)
+    monkeypatch.setattr(duck_db, "COMMIT_DELAY_S", 0.01)
+    _in_thread(lambda: store.append("c", M, user("again")))  # a third write ends the wait
+    lead.join(120)
+    second.join(120)
+    assert isinstance(out["a"], turnkeeper.Entry) and isinstance(out["b"], turnkeeper.Entry)
+    assert [e.payload["message"]["content"] for e in store.entries("c")] == ["again"]
+
+
+def test_a_cancellation_right_after_a_target_is_held_never_leaks_its_lock(
+    duck_real_store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by an attack helper: a KeyboardInterrupt between taking a target's
+    stripe lock and recording it left the lock taken for ever, and every later
+    write on that target (and, behind the leader, every write) hung."""
+    store = duck_real_store
+    store.create_session("s")
+    store.create_session("other")
+    lease = store.acquire_lease("session:s", "w", 60)
+    real, fired = duck_db.stale_since, []
+
+    def stale_since(tx: Any, stripe: int) -> bool:
+        if not fired:
+            fired.append(stripe)
+            raise KeyboardInterrupt("right after the hold")
+        return real(tx, stripe)
+
+    monkeypatch.setattr(duck_db, "stale_since", stale_since)
+    with pytest.raises(KeyboardInterrupt):
+        store.append("s", M, user("interrupted"), lease=lease)
+    assert not store.db._file.targets.locks[fired[0]].locked()  # type: ignore[attr-defined]
+    assert isinstance(
+        _in_thread(lambda: store.append("s", M, user("b"), lease=lease)), turnkeeper.Entry
+    )
+    assert isinstance(_in_thread(lambda: store.append("other", M, user("c"))), turnkeeper.Entry)
+
+
+def test_a_leader_cancelled_as_it_hands_over_leaves_no_write_waiting(
+    duck_real_store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by an attack helper: a KeyboardInterrupt landing as a leader handed
+    over (its wake-up of the waiters) left the store marked as led for ever, and
+    every later write waited for a leader that never came."""
+    store = duck_real_store
+    store.create_session("s")
+    database = store.db
+    real = database._queue_changed  # type: ignore[attr-defined]
+    fired: list[bool] = []
+
+    class Handover(threading.Condition):
+        def __enter__(self) -> bool:
+            caller = sys._getframe(1)
+            # the leader's hand-over: _grouped, once it has led
+            if not fired and caller.f_code.co_name == "_grouped" and caller.f_locals.get("lead"):
+                fired.append(True)
+                raise KeyboardInterrupt("as the leader handed over")
+            return super().__enter__()
+
+    database._queue_changed = Handover(real._lock)  # type: ignore[attr-defined]
+    with pytest.raises(KeyboardInterrupt):
+        store.append("s", M, user("first"))
+    assert fired and database._leading is False  # type: ignore[attr-defined]
+    assert isinstance(_in_thread(lambda: store.append("s", M, user("second"))), turnkeeper.Entry)

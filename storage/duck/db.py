@@ -106,6 +106,11 @@ UNNEST_ROWS = 256
 GROUP_MAX = 64
 """Most queued writes one group commit runs in its shared transaction."""
 
+WAKE_S = 1.0
+"""Longest a queued write sleeps (seconds) before it looks again whether a
+leader is still running: the leader's wake-up could be lost to a cancellation
+landing in it, and then this is what finds the write a new leader."""
+
 COMMIT_DELAY_S = 0.001
 """Longest a leader waits (seconds) before taking a batch, for as many writes
 to queue as its previous group ran (PostgreSQL's ``commit_delay`` with
@@ -216,11 +221,17 @@ class Tx:
         if stripe in self._held:
             return
         lock = self._targets.locks[stripe]
-        lock.acquire()
-        if stale_since(self, stripe):
-            lock.release()
-            raise HoldConflict(target)
-        self._held[stripe] = lock
+        taken = False
+        try:
+            taken = lock.acquire()
+            if stale_since(self, stripe):
+                raise HoldConflict(target)
+            self._held[stripe] = lock
+        except BaseException:
+            # a conflict, or a cancellation landing here: never leave the stripe locked
+            if taken and self._held.get(stripe) is not lock:
+                lock.release()
+            raise
 
     def end(self) -> None:
         """Let go of the targets this transaction held (it committed or rolled
@@ -230,8 +241,9 @@ class Tx:
             ticket = self._targets.ticket()
             for stripe in self._held:
                 self._targets.written[stripe] = ticket
-        while self._held:
-            self._held.popitem()[1].release()
+        for stripe, lock in list(self._held.items()):
+            lock.release()  # released before it is forgotten: a cancellation never leaks one
+            del self._held[stripe]
 
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Execute one statement and return all rows."""
@@ -526,28 +538,32 @@ class Database:
         result or error. Waiters sleep on a condition the leader signals after
         each group, not on the write lock, so a finished group's callers
         return at once instead of taking the lock in turn to see they are done."""
-        with self._queue_changed:
-            self._queue.append(item)
-            if self._gathering and len(self._queue) >= self._gathering:
-                self._queue_grew.notify()  # the leader's batch is complete (_gather)
-            try:
-                while not item.done and self._leading:
-                    self._queue_changed.wait()
-            except BaseException:
-                # Cancelled while waiting: a write no leader has taken yet never
-                # runs; one a leader is running ends as that group does.
-                if item in self._queue:
-                    self._queue.remove(item)
-                raise
-            lead = not item.done
+        lead = False
+        try:
+            with self._queue_changed:
+                try:
+                    self._queue.append(item)
+                    if self._gathering and len(self._queue) >= self._gathering:
+                        self._queue_grew.notify()  # the leader's batch is complete (_gather)
+                    while not item.done and self._leading:
+                        self._queue_changed.wait(WAKE_S)
+                except BaseException:
+                    # Cancelled while queued: a write no leader has taken yet never
+                    # runs; one a leader is running ends as that group does.
+                    if item in self._queue:
+                        self._queue.remove(item)
+                    raise
+                if not item.done:
+                    lead = True  # before the flag: an interrupt between leaves it unset
+                    self._leading = True
             if lead:
-                self._leading = True
-        if lead:
-            try:
                 self._lead(item)
-            finally:
+        finally:
+            if lead:
+                self._leading = False  # first: a waiter that misses the notify sees it
                 with self._queue_changed:
-                    self._leading = False
+                    if not item.done and item in self._queue:
+                        self._queue.remove(item)  # cancelled before it led: never runs
                     self._queue_changed.notify_all()
         if item.error is not None:
             raise item.error
