@@ -339,6 +339,29 @@ def test_migration_10_keeps_each_sessions_event_cursor(
         assert other.session_id == "u"
 
 
+def test_events_an_older_turnkeeper_wrote_beside_a_migrated_server_are_counted() -> None:
+    """Found by an attack helper: on PostgreSQL a fleet upgrades one process at a
+    time, and a process of schema 9 still running beside a migrated database
+    numbers run events by the largest seq and leaves the cursor behind; every
+    later event of that session then collided with its events for ever. The
+    next event counts them (here forged as that process writes them)."""
+    from conftest import new_pg_schema
+
+    with turnkeeper.open_store(new_pg_schema()) as store:
+        store.create_session("x")
+        run = store.admit_run("x", {"q": 1})  # event 1, the cursor at 1
+        for seq in (2, 3):  # what the older process writes, without the cursor
+            forge(
+                store,
+                "INSERT INTO run_events VALUES (?, ?, ?, ?, 'start', 'start', 'admitted', "
+                "'running', '{}', now())",
+                ["x", seq, f"old-{seq}", run.id],
+            )
+        store.request_cancel(run.id)
+        store.finish_run(run.id, "cancelled")
+        assert [e.seq for e in store.run_events("x")] == [1, 2, 3, 4]
+
+
 @pytest.mark.parametrize(
     "url", ["mysql://root@localhost/x", "postgresql+psycopg://u@h/db", "sqlite:///x.db"]
 )

@@ -67,10 +67,20 @@ def _events(tx: Tx, run: Run, events: Sequence[tuple[Edge, str, Mapping[str, Any
         Conflict: the session row is gone (the transaction retries).
     """
     n = len(events)
-    if (
-        tx.count("UPDATE sessions SET event_seq = event_seq + ? WHERE id = ?", [n, run.session_id])
-        != 1
-    ):
+    # On a server the largest seq is also read, through the (session_id, seq) key
+    # (an index probe): a turnkeeper older than schema 10 still running in the
+    # fleet beside a migrated database numbers events by it and leaves the cursor
+    # behind. A DuckDB file has one writing process, and an older turnkeeper
+    # cannot open a migrated file (SchemaVersionError): the cursor alone.
+    serial = tx.dialect.serialized_writes
+    last = (
+        "event_seq"
+        if serial
+        else "greatest(event_seq, (SELECT coalesce(max(seq), 0) FROM run_events "
+        "WHERE session_id = ?))"
+    )
+    bump = [*([] if serial else [run.session_id]), n, run.session_id]
+    if tx.count(f"UPDATE sessions SET event_seq = {last} + ? WHERE id = ?", bump) != 1:
         raise Conflict(f"session {run.session_id!r} of run {run.id!r} is gone")
     row = "SELECT ?::BIGINT, ?, ?, ?, ?, ?, ?, ?, ?::TIMESTAMPTZ"
     rows = " UNION ALL ".join([row] * n)
