@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import threading
+from typing import Any
 
 import pytest
 
@@ -59,3 +61,51 @@ def test_closed_store_is_an_interface_error(tmp_path):
     s.close()
     with pytest.raises(turnkeeper.InterfaceError):
         s.create_session("x")
+
+
+_BOUNDARIES = {
+    "write": lambda s: s.create_session(f"w-{id(s)}"),
+    "read": lambda s: s.get_session("absent"),
+    "snapshot": lambda s: s.query("SELECT 1"),
+}
+
+
+class _InterruptOnRelease:
+    """A gate's lock that, letting go of the gate's lock with an operation
+    counted (once), asks CPython to raise ``KeyboardInterrupt`` in this thread
+    where a Ctrl-C's handler runs: at the interpreter's next check for pending
+    calls (after a call returns), not at an arbitrary line."""
+
+    def __init__(self, gate: Any) -> None:
+        self.gate, self.real, self.fired = gate, gate.lock, False
+
+    def __enter__(self) -> bool:
+        return bool(self.real.__enter__())
+
+    def __exit__(self, *exc: object) -> None:
+        self.real.__exit__(*exc)
+        if not self.fired and self.gate._inflight > 0:
+            self.fired = True
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(threading.get_ident()), ctypes.py_object(KeyboardInterrupt)
+            )
+
+
+@pytest.mark.parametrize("boundary", sorted(_BOUNDARIES))
+def test_an_interrupt_as_an_operation_is_admitted_never_leaves_close_waiting(real_store, boundary):
+    """Found reviewing the group-commit cancellation fixes: a KeyboardInterrupt
+    landing as the store's gate admitted an operation (as ``enter()`` let go
+    of its lock or returned, before the operation's ``try``) left it counted
+    as running, and ``close()`` waited for it for ever."""
+    store = real_store
+    gate = store.db._gate  # type: ignore[attr-defined]
+    gate.lock = interrupting = _InterruptOnRelease(gate)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _BOUNDARIES[boundary](store)
+    finally:
+        gate.lock = interrupting.real
+    assert interrupting.fired
+    left, gate._inflight = gate._inflight, 0  # a failure here must not hang the fixture's close
+    assert left == 0, "an interrupted operation is still counted as running"
+    assert _BOUNDARIES["read"](store) is None  # the store goes on working

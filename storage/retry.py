@@ -113,7 +113,14 @@ def run_attempts(
 
 class Gate:
     """Admits a backend's operations until it closes; closing waits for the ones
-    already running (new ones raise ``InterfaceError`` from that moment)."""
+    already running (new ones raise ``InterfaceError`` from that moment).
+
+    Used as ``with gate:`` around an operation, never as separate enter and
+    leave calls: the ``with`` statement leaves whatever its body raised,
+    a cancellation landing on the body's first line included (a gap between
+    an ``enter()`` call and a ``try`` left an interrupted operation counted
+    as running, and ``close()`` waited for it for ever).
+    """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -121,18 +128,28 @@ class Gate:
         self._inflight = 0
         self.closed = False
 
-    def enter(self) -> None:
+    def __enter__(self) -> None:
         """Admit one operation.
 
         Raises:
             InterfaceError: the backend is closed (or closing).
         """
-        with self.lock:
-            if self.closed:
-                raise errors.InterfaceError(detail="the store is closed")
-            self._inflight += 1
+        admitted = False
+        try:
+            with self.lock:
+                if self.closed:
+                    raise errors.InterfaceError(detail="the store is closed")
+                self._inflight += 1
+                admitted = True
+        except BaseException:
+            if admitted:  # a cancellation as the lock was let go: not admitted after all
+                self._leave()
+            raise
 
-    def leave(self) -> None:
+    def __exit__(self, *exc: object) -> None:
+        self._leave()
+
+    def _leave(self) -> None:
         """One admitted operation ended."""
         with self.lock:
             self._inflight -= 1

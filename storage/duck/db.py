@@ -515,8 +515,7 @@ class Database:
             DatabaseError: a translated backend failure (original as ``__cause__``).
             TurnkeeperError: whatever domain error ``body`` raised.
         """
-        self._gate.enter()
-        try:
+        with self._gate:
             if self.read_only:
                 raise errors.ReadOnlyError(self.path, detail="the store was opened read-only")
             if not exclusive:
@@ -527,8 +526,6 @@ class Database:
                 with self._write_lock:
                     return self._run(operation, body, transaction, retry, commit=True)
             return self._grouped(_Queued(operation, body, retry, merge))  # type: ignore[no-any-return]
-        finally:
-            self._gate.leave()
 
     # -- group commit (module docstring) ---------------------------------------------
 
@@ -727,11 +724,8 @@ class Database:
             DatabaseError: a translated backend failure (original as ``__cause__``).
             TurnkeeperError: whatever domain error ``body`` raised.
         """
-        self._gate.enter()
-        try:
+        with self._gate:
             return self._run(operation, body, snapshot, False, commit=False)
-        finally:
-            self._gate.leave()
 
     def scan(self, operation: str, body: Callable[[AnyTx], T]) -> T:
         """A read in one snapshot (DuckDB has no row locks to skip)."""
@@ -845,8 +839,7 @@ class Database:
 
             return body(query)
 
-        self._gate.enter()
-        try:
+        with self._gate:
             with self._lock:
                 cursor = self._con.cursor()  # inherits the settings, locked
             try:
@@ -854,8 +847,6 @@ class Database:
             finally:
                 with contextlib.suppress(duckdb.Error):
                     cursor.close()
-        finally:
-            self._gate.leave()
 
     def query_batches(
         self,

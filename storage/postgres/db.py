@@ -307,14 +307,14 @@ class Database:
     @contextlib.contextmanager
     def connection(self) -> Any:
         """A pooled connection, for what is not a store operation (notifications)."""
-        self._gate.enter()
-        try:
-            with self._pool.connection(timeout=self._pool_timeout_s) as conn:
-                yield conn
-        except PoolTimeout as exc:
-            raise errors.OperationalError(detail=f"no connection to {self.path}: {exc}") from exc
-        finally:
-            self._gate.leave()
+        with self._gate:
+            try:
+                with self._pool.connection(timeout=self._pool_timeout_s) as conn:
+                    yield conn
+            except PoolTimeout as exc:
+                raise errors.OperationalError(
+                    detail=f"no connection to {self.path}: {exc}"
+                ) from exc
 
     # -- transactions --------------------------------------------------------------
 
