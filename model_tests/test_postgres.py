@@ -175,17 +175,27 @@ def test_a_wake_up_crosses_processes():
 
 
 def _terminate(url: str, name: str, *, listening: bool) -> int:
-    """Close (from the server side) the connections named ``name``; their count."""
+    """Close (from the server side) the connections named ``name``; their count,
+    once their server processes have ended (as after a restart)."""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as admin:
-        rows = admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE application_name = %s AND pid <> pg_backend_pid() "
-            "AND (query LIKE 'LISTEN%%') = %s",
-            [name, listening],
-        ).fetchall()
-    return len(rows)
+        pids = [
+            pid
+            for (pid,) in admin.execute(
+                "SELECT pid FROM pg_stat_activity "
+                "WHERE application_name = %s AND pid <> pg_backend_pid() "
+                "AND (query LIKE 'LISTEN%%') = %s",
+                [name, listening],
+            ).fetchall()
+        ]
+        for pid in pids:
+            admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+        while admin.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", [pids]
+        ).fetchone():
+            time.sleep(0.01)
+    return len(pids)
 
 
 def test_the_listener_reconnects_and_wakes_its_waiters_to_look_again():
@@ -198,15 +208,31 @@ def test_the_listener_reconnects_and_wakes_its_waiters_to_look_again():
         assert sub.wait(60) == [turnkeeper.Topic.RUN_ENDED]
 
 
-def test_a_pooled_connection_the_server_closed_is_replaced():
+def test_a_pooled_connection_the_server_closed_is_replaced(monkeypatch):
     """A connection the server closed (a restart, a failover) is replaced: the
-    next operation succeeds (the pool checks each connection before lending it)."""
+    next operation succeeds (the pool checks each connection before lending it).
+    The check costs no round trip while the server has said nothing on an idle
+    connection: it asks the server only when the socket has something to read
+    (the server's goodbye, or its end)."""
+    from psycopg_pool import ConnectionPool
+
+    real, asked = ConnectionPool.check_connection, []
+
+    def check(conn: object) -> None:
+        asked.append(conn)
+        real(conn)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ConnectionPool, "check_connection", staticmethod(check))
     url = new_pg_schema() + "&application_name=tk_pool_test"
     with turnkeeper.open_store(url) as store:
         store.create_session("s")
+        for _ in range(5):
+            store.append("s", EntryKind.MESSAGE, MSG)
+        assert asked == []
         assert _terminate(url, "tk_pool_test", listening=False) >= 1
         store.append("s", EntryKind.MESSAGE, MSG)
-        assert len(store.entries("s")) == 1
+        assert len(store.entries("s")) == 6
+        assert asked  # the closed connection was checked, and replaced
 
 
 def test_the_benchmark_runs_at_a_tiny_size_on_both_backends(tmp_path):

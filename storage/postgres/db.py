@@ -23,8 +23,10 @@ pooled connection:
   of :mod:`turnkeeper.spec.errors`, the original as ``__cause__``; a lost
   connection is ``OperationalError``, saying when the commit's outcome is
   unknown (the connection broke during ``COMMIT``); the pool checks a
-  connection before lending it and replaces broken ones, so a server restart
-  fails the operations caught in flight and the next ones succeed;
+  connection before lending it (:func:`_check`: a round trip only when the
+  server has written to the idle connection, as a server closing it does) and
+  replaces broken ones, so a server restart fails the operations caught in
+  flight and the next ones succeed;
 - domain errors roll back and pass through; cancellation (``BaseException``)
   rolls back and is re-raised unwrapped.
 
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import select
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -279,7 +282,7 @@ class Database:
             max_size=pool_size,
             kwargs={"autocommit": True},
             configure=_configure,
-            check=ConnectionPool.check_connection,
+            check=_check,
             open=False,
             name="turnkeeper",
         )
@@ -481,6 +484,25 @@ class Database:
             "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
         )
         return {r[0] for r in rows}
+
+
+def _check(conn: psycopg.Connection[Any]) -> None:
+    """The pool's check of a connection it is about to lend: a round trip to the
+    server (``ConnectionPool.check_connection``) only when the idle connection's
+    socket has something to read, which is how a server that closed it (a
+    restart, a failover, ``pg_terminate_backend``, an idle timeout) shows: its
+    goodbye message, then the end of the stream. A quiet socket is lent as it
+    is, so an operation costs no extra round trip.
+
+    Raises:
+        psycopg.OperationalError: the connection is broken (the pool drops it
+            and lends another).
+    """
+    if conn.closed or conn.broken:
+        raise psycopg.OperationalError("the connection is closed")
+    readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+    if readable:
+        ConnectionPool.check_connection(conn)
 
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
