@@ -221,6 +221,36 @@ def _at(epoch_us: int) -> datetime:
     return _EPOCH + timedelta(microseconds=epoch_us)
 
 
+_ONE_DRAFT = (
+    "(SELECT ?::VARCHAR AS id, ?::VARCHAR AS parent, ?::VARCHAR AS kind, "
+    "?::TIMESTAMPTZ AS ts, ?::VARCHAR AS payload, 0::BIGINT AS ord) AS d"
+)
+_DRAFTS = (
+    "(SELECT unnest(?::VARCHAR[]) AS id, unnest(?::VARCHAR[]) AS parent, "
+    "unnest(?::VARCHAR[]) AS kind, unnest(?::TIMESTAMPTZ[]) AS ts, "
+    "unnest(?::VARCHAR[]) AS payload, unnest(?::BIGINT[]) AS ord) AS d"
+)
+
+
+def _draft_rows(drafts: Sequence[Draft]) -> tuple[str, list[Any]]:
+    """The drafts as the relation ``d`` of :func:`one_statement` (id, parent
+    within the batch, kind, timestamp, payload, position) and its parameters:
+    one draft as plain values (array parameters cost the client more to send
+    than the statement costs the server), several as one array per column."""
+    if len(drafts) == 1:
+        d = drafts[0]
+        return _ONE_DRAFT, [d.entry_id, None, d.kind, d.timestamp, d.payload_json]
+    ids = [d.entry_id for d in drafts]
+    return _DRAFTS, [
+        ids,
+        [None, *ids[:-1]],
+        [d.kind for d in drafts],
+        [d.timestamp for d in drafts],
+        [d.payload_json for d in drafts],
+        list(range(len(ids))),
+    ]
+
+
 def one_statement(tx: Tx, r: AppendRequest) -> Any:
     """A plain append as one autocommit statement of data-modifying CTEs (for a
     server, where each statement is a round trip; PostgreSQL SQL, as only its
@@ -248,6 +278,7 @@ def one_statement(tx: Tx, r: AppendRequest) -> Any:
     ids = [d.entry_id for d in r.drafts]
     names = [d.payload["name"] for d in r.drafts if d.kind == EntryKind.SESSION_INFO]
     epoch = None if r.lease is None else r.lease.epoch
+    drafts, draft_params = _draft_rows(r.drafts)
     sql = (
         f"WITH o AS (SELECT leaf_id, next_seq, xmin FROM sessions WHERE id = ?), {guard}, "
         "s AS (UPDATE sessions SET leaf_id = ?, next_seq = sessions.next_seq + ?, "
@@ -258,10 +289,7 @@ def one_statement(tx: Tx, r: AppendRequest) -> Any:
         "RETURNING o.leaf_id AS parent, o.next_seq AS seq) "
         f"INSERT INTO entries ({', '.join(ENTRY_COLUMNS)}) SELECT ?, d.id, "
         "CASE WHEN d.ord = 0 THEN s.parent ELSE d.parent END, d.kind, s.seq + d.ord, "
-        f"coalesce(d.ts, {NOW}), d.payload, ?::BIGINT, {NOW} FROM s, "
-        "(SELECT unnest(?::VARCHAR[]) AS id, unnest(?::VARCHAR[]) AS parent, "
-        "unnest(?::VARCHAR[]) AS kind, unnest(?::TIMESTAMPTZ[]) AS ts, "
-        "unnest(?::VARCHAR[]) AS payload, unnest(?::BIGINT[]) AS ord) AS d "
+        f"coalesce(d.ts, {NOW}), d.payload, ?::BIGINT, {NOW} FROM s, {drafts} "
         f"RETURNING seq, parent_id, {tx.dialect.epoch_us('ts')}"
     )
     params: list[Any] = [
@@ -279,14 +307,8 @@ def one_statement(tx: Tx, r: AppendRequest) -> Any:
         now,
         epoch,
         now,
-        ids,
-        [None, *ids[:-1]],
-        [d.kind for d in r.drafts],
-        [d.timestamp for d in r.drafts],
-        [d.payload_json for d in r.drafts],
-        list(range(len(ids))),
     ]
-    rows = sorted(tx.rows(sql, params))
+    rows = sorted(tx.rows(sql, params + draft_params))
     if len(rows) != len(ids):
         return None
     out = [
