@@ -482,7 +482,7 @@ def run_tiny_bench(tmp_path: Path, pg: str | None) -> dict:
     data: dict = json.loads((tmp_path / "bench.json").read_text(encoding="utf-8"))
     for backend in data["backends"].values():
         assert backend["floor_ms"] > 0
-        assert len(backend["operations"]) == 15
+        assert len(backend["operations"]) == 18
         assert all(row["median"] > 0 for row in backend["operations"].values())
         assert set(backend["threads"]) == {"1", "4", "16"}
         assert backend["statements_per_call"]["append_many"] > 0

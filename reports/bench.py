@@ -41,6 +41,9 @@ import duckdb
 import turnkeeper
 from turnkeeper import DeliveryPlan, DeliveryStep, EntryKind
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_bounds lies beside this script
+from bench_bounds import duckdb_bounds, postgres_bounds
+
 HERE = Path(__file__).resolve().parent
 REPS = int(os.environ.get("TURNKEEPER_BENCH_REPS", "5"))
 MIN_S = float(os.environ.get("TURNKEEPER_BENCH_SECONDS", "0.4"))
@@ -536,13 +539,15 @@ def measure(
     store: turnkeeper.BaseStore,
     cold: turnkeeper.BaseStore,
     floor: Op,
+    least: dict[str, Op],
     rows: list[tuple[Any, ...]],
     folder: str,
     dbos_url: str,
 ) -> dict[str, Any]:
     """Every figure of one backend (``cold``: the same database, replay cache
-    off); with ``folder``, the LangGraph peer beside it; DBOS on ``dbos_url``."""
-    ops = operations(store, cold)
+    off; ``least``: the engine's bounds, ``bench_bounds``); with ``folder``,
+    the LangGraph peer beside it; DBOS on ``dbos_url``."""
+    ops = operations(store, cold) | least
     ratios: dict[str, list[float]] = {name: [] for name in ops}
     floors: list[float] = []
     for _ in range(REPS):  # interleaved: the floor is timed right before each operation
@@ -609,7 +614,10 @@ def table(result: dict[str, Any]) -> str:
         "(`UPDATE leases SET epoch = epoch + 1 WHERE target = ? AND epoch = ? AND",
         "expires_at < now()`, autocommit), timed interleaved in the same run: the median",
         f"and [min–max] over {result['size']['reps']} repetitions. Lower is better; writers'",
-        "rows are multiples of one writer's rate (higher is better).",
+        "rows are multiples of one writer's rate (higher is better). The *least* rows are",
+        "the engine's bounds (`reports/bench_bounds.py`): raw SQL writing only the rows the",
+        "operation must store, one statement per table, no store code; no implementation",
+        "on that engine can cost less.",
         "",
         "| backend | floor (ms) |",
         "| --- | --- |",
@@ -679,7 +687,7 @@ def main() -> int:
             turnkeeper.open_store(path, replay_cache_bytes=0) as cold,
         ):
             backends["duckdb"] = measure(
-                store, cold, floor, rows, tmp, f"sqlite:///{tmp}/dbos.sqlite"
+                store, cold, floor, duckdb_bounds(tmp), rows, tmp, f"sqlite:///{tmp}/dbos.sqlite"
             )
     url = os.environ.get("TURNKEEPER_TEST_PG")
     if url:
@@ -689,7 +697,8 @@ def main() -> int:
             turnkeeper.open_store(schema, replay_cache_bytes=0) as cold,
         ):
             dbos_url = url.replace("postgresql://", "postgresql+psycopg://", 1)
-            backends["postgres"] = measure(store, cold, pg_floor(schema), rows, "", dbos_url)
+            least = postgres_bounds(pg_schema(url))
+            backends["postgres"] = measure(store, cold, pg_floor(schema), least, rows, "", dbos_url)
         backends["postgres"]["processes"] = multiples({n: processes(schema, n) for n in (1, 4, 8)})
     result = {
         "floor": FLOOR_SQL.format(p="?") + " (autocommit)",
