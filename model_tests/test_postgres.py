@@ -235,6 +235,31 @@ def test_a_pooled_connection_the_server_closed_is_replaced(monkeypatch):
         assert asked  # the closed connection was checked, and replaced
 
 
+def test_a_connection_with_a_high_file_descriptor_is_lent(tmp_path):
+    """A worker holding many files or sockets gets pool connections whose
+    descriptors lie above select()'s limit (1024): the pool's check must still
+    look at them (it did not: every check failed and the pool timed out)."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 1200
+    if soft < wanted:
+        if hard != resource.RLIM_INFINITY and hard < wanted:
+            pytest.skip(f"the file limit ({hard}) leaves no descriptor above 1024")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        with turnkeeper.open_store(new_pg_schema()) as store:
+            store.create_session("s")
+            store.append("s", EntryKind.MESSAGE, MSG)
+            assert len(store.entries("s")) == 1
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_the_benchmark_runs_at_a_tiny_size_on_both_backends(tmp_path):
     """reports/bench.py runs end to end on DuckDB and PostgreSQL (tiny size, its
     own schema) and writes every figure; the sizes are CI's, the figures are not

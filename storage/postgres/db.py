@@ -500,9 +500,19 @@ def _check(conn: psycopg.Connection[Any]) -> None:
     """
     if conn.closed or conn.broken:
         raise psycopg.OperationalError("the connection is closed")
-    readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
-    if readable:
+    if _readable(conn.pgconn.socket):
         ConnectionPool.check_connection(conn)
+
+
+def _readable(fd: int) -> bool:
+    """Whether socket ``fd`` has something to read or was hung up, without
+    waiting (``poll``: ``select`` refuses descriptors above 1023, which a
+    worker holding many files or sockets gets)."""
+    if not hasattr(select, "poll"):  # Windows: no poll, and no such limit
+        return bool(select.select([fd], [], [], 0)[0])
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
