@@ -160,6 +160,27 @@ def test_demo_table_output(tmp_path: Path) -> None:
     assert "FAIL" not in result.stdout
 
 
+def test_demo_table_names_every_hot_operation_even_one_not_called(tmp_path: Path) -> None:
+    """A run too short or too loaded to call an operation (CI saw a 1 s demo on a
+    busy machine make no append) still shows its row, saying it was not called."""
+    import json
+
+    from rich.console import Console
+
+    from turnkeeper.cli.demo import HOT_OPERATIONS, render
+
+    result = run("demo", "--db", str(tmp_path / "t.duckdb"), "--duration", "1", "--json")
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.stdout)
+    figures["statements"].pop("append", None)
+    console = Console(record=True, width=200)
+    render(console, figures)
+    shown = console.export_text()
+    for op in HOT_OPERATIONS:
+        assert f"statements / {op}" in shown
+    assert "not called in this run" in shown
+
+
 def test_seed_fixes_each_workers_choices(tmp_path: Path) -> None:
     cfg = FleetConfig(workers=3, sessions=5, seed=7)
     result = run(

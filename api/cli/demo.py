@@ -422,9 +422,11 @@ def render(console: Console, figures: dict[str, Any]) -> None:
     for row in rows:
         table.add_row(*row)
     table.add_section()
-    for op in HOT_OPERATIONS:
+    for op in HOT_OPERATIONS:  # every one, so a run too short (or too loaded) to call one says so
         s = f["statements"].get(op)
-        if s is not None:
+        if s is None:
+            table.add_row(f"statements / {op}", "—", "not called in this run")
+        else:
             table.add_row(
                 f"statements / {op}",
                 f"{s['statements_per_call']:.2f}",
