@@ -52,21 +52,37 @@ def _invisible(text: str) -> str | None:
     return next((c for c in text if unicodedata.category(c) in _INVISIBLE), None)
 
 
-def check_id(value: object, field: str) -> str:
+MAX_ID_BYTES = 512
+"""The longest id, in UTF-8 bytes. Keys hold up to two ids (a session's and
+its entry's), and PostgreSQL refuses a key above 2704 bytes (after its text
+code, which may double an id's size): every id fits both backends alike."""
+
+MAX_TARGET_BYTES = MAX_ID_BYTES + 64
+"""The longest lease target, in UTF-8 bytes: a kind prefix (``session:``,
+``thread-key:`` …) of up to 64 bytes and an id."""
+
+
+def check_id(value: object, field: str, *, max_bytes: int = MAX_ID_BYTES) -> str:
     """Return ``value`` if it is an identifier: a string that UTF-8 can hold, not
-    blank, without control characters (NUL, newlines, escapes …), invisible
-    format characters (zero-width space, BOM, bidi marks) or line separators,
-    which no id needs and which would make two ids look alike, or one
-    ambiguous in a lease target, a log line or a backend that cannot store
-    NUL. Payload text keeps every character.
+    blank, at most ``max_bytes`` UTF-8 bytes (:data:`MAX_ID_BYTES`), without
+    control characters (NUL, newlines, escapes …), invisible format
+    characters (zero-width space, BOM, bidi marks) or line separators, which
+    no id needs and which would make two ids look alike, or one ambiguous in
+    a lease target, a log line or a backend that cannot store NUL. Payload
+    text keeps every character.
 
     Raises:
-        InvalidInputError: not a string, empty or blank, a lone surrogate, or
-            one of those characters.
+        InvalidInputError: not a string, empty or blank, a lone surrogate, too
+            long, or one of those characters.
     """
     text = check_text(value, field, allow_empty=False)
     if not text.strip():
         raise InvalidInputError(field, "an id is not blank")
+    size = len(text) if text.isascii() else len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise InvalidInputError(
+            field, f"an id is at most {max_bytes} bytes of UTF-8 (this one is {size})"
+        )
     found = _invisible(text)
     if found is not None:
         raise InvalidInputError(
@@ -75,15 +91,22 @@ def check_id(value: object, field: str) -> str:
     return text
 
 
-def id_part(value: str) -> str:
-    """``value`` as a part of an id the store derives (a provider's tool-call id in
-    an interrupted result's entry id): itself when it is a valid id (see
-    :func:`check_id`), else ``sha256-`` and 16 hex digits of its digest, so a
-    derived id never holds a character an id may not."""
+def derived_id(prefix: str, part: str, suffix: str = "") -> str:
+    """An id the store derives from ``part`` (a caller's id, key or a provider's
+    call id) between a ``prefix`` and a ``suffix`` of its own:
+    ``prefix + part + suffix`` when that is a valid id (:func:`check_id`),
+    else with ``part`` spelled as ``sha256-`` and 16 hex digits of its
+    digest. So a derived id is always one a caller can pass back, however
+    long the part it was derived from."""
+    whole = f"{prefix}{part}{suffix}"
     try:
-        return check_id(value, "id")
+        return check_id(whole, "id")
     except InvalidInputError:
-        return "sha256-" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        return f"{prefix}{_digest(part)}{suffix}"
+
+
+def _digest(value: str) -> str:
+    return "sha256-" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def _non_finite(value: Any) -> bool:

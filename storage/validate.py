@@ -16,7 +16,7 @@ from turnkeeper.spec.delivery import DeliveryPlan, DeliveryStep
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.records import ANY_LEAF, FinalizeRequest, Lease
 
-from .codec import check_id, check_text, to_json
+from .codec import MAX_TARGET_BYTES, check_id, check_text, to_json
 
 MAX_TTL_S = 10 * 365 * 86400.0
 """The longest lease (or delay) accepted, in seconds (ten years)."""
@@ -86,9 +86,10 @@ def check_purpose(purpose: object) -> str:
 
 
 def check_target(target: object, field: str = "target") -> str:
-    """A lease target: an id (:func:`~.codec.check_id`); a ``session:`` target
-    names a session id that is one too (``"session:"`` alone names none)."""
-    text = check_id(target, field)
+    """A lease target: an id (:func:`~.codec.check_id`) of up to
+    :data:`~.codec.MAX_TARGET_BYTES` (a kind prefix and an id); a ``session:``
+    target names a session id that is one too (``"session:"`` alone names none)."""
+    text = check_id(target, field, max_bytes=MAX_TARGET_BYTES)
     if text.startswith("session:"):
         check_id(text.removeprefix("session:"), f"{field} (its session id)")
     return text

@@ -39,6 +39,7 @@ import orjson
 from turnkeeper.spec.entries import BASE_FIELDS, EntryKind, validate_payload
 from turnkeeper.spec.errors import InvalidInputError, SessionFileError, SessionNotFoundError
 from turnkeeper.spec.records import ImportBatch, ImportEntry, ImportResult, OpaqueRecord
+from turnkeeper.storage.codec import check_id
 from turnkeeper.storage.protocol import Store
 
 from .pi_parse import Piece, format_timestamp, parse_timestamp, split_lines, storable_text
@@ -232,6 +233,10 @@ class _Reader:
                     "replaced by U+FFFD",
                 )
             )
+        try:
+            check_id(eid, "id")
+        except InvalidInputError as exc:
+            return f"{kind} entry: its id is not an id: {getattr(exc, 'reason', exc)}"
         if eid in self.ids:
             return f"{kind} entry {eid}: duplicate entry id"
         payload = {k: v for k, v in record.items() if k not in BASE_FIELDS}

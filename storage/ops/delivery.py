@@ -33,7 +33,7 @@ from turnkeeper.spec.lifecycle import Edge
 from turnkeeper.spec.records import Lease, Run
 
 from ..backend import Tx, utc
-from ..codec import check_id, from_json, to_json
+from ..codec import check_id, derived_id, from_json, to_json
 from ..validate import (
     check_lease,
     check_limit,
@@ -201,8 +201,8 @@ def create_plan(tx: Tx, run: Run, plan: DeliveryPlan, *, first: bool = False) ->
     )
     edge = MACHINE.require("plan", "absent", {})
     for seq, step in enumerate(plan.steps, start=1):
-        op_id = f"{intent_id}:{step.key}"
-        dep = None if step.depends_on is None else f"{intent_id}:{step.depends_on}"
+        op_id = derived_id(f"{intent_id}:", step.key)
+        dep = None if step.depends_on is None else derived_id(f"{intent_id}:", step.depends_on)
         row = tx.one(
             f"INSERT INTO delivery_operations ({OP_COLS}, lease_ttl_s) VALUES "
             "(?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', '', '', '{}', 0, NULL, '', '', 0, NULL, "

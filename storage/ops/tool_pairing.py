@@ -20,7 +20,7 @@ from turnkeeper.spec.tool_execution import (
 )
 
 from ..backend import Tx
-from ..codec import id_part
+from ..codec import derived_id
 from ..replay import open_tool_calls
 from . import sessions
 from . import tool_records as records
@@ -37,7 +37,7 @@ def pair(tx: Tx, rec: ToolExecution, epoch: int | None, open_calls: dict[str, En
     now = tx.now
     assert now is not None
     message = interrupted_result(rec, int(now.timestamp() * 1000))
-    entry_id = f"{rec.execution_key}:interrupted"
+    entry_id = derived_id("", rec.execution_key, ":interrupted")
     sessions.append_own(
         tx, rec.session_id, EntryKind.MESSAGE, {"message": message}, entry_id, epoch
     )
@@ -103,7 +103,7 @@ def close_turn(tx: Tx, run: Run, epoch: int | None, leaf: tuple[str | None] | No
                 "",
             )
             message = unrecorded_interrupted_result(call_id, name, ms)
-        entry_id = f"{run.id}:{id_part(call_id)}:interrupted"
+        entry_id = derived_id(f"{run.id}:", call_id, ":interrupted")
         sessions.append_own(
             tx, run.session_id, EntryKind.MESSAGE, {"message": message}, entry_id, epoch
         )
