@@ -90,7 +90,7 @@ def test_ids_at_the_bound_are_stored_in_every_key_on_both_backends(store):
     first = store.append(sid, EntryKind.MESSAGE, MSG, entry_id=eid, lease=lease)
     store.append_many(sid, [(EntryKind.MESSAGE, MSG)] * 2, lease=lease)
     assert store.entry(sid, eid) == first
-    assert [e.id for e in store.entries(sid)][0] == eid
+    assert store.entries(sid)[0].id == eid
     assert len(store.replay(sid).messages) == 3
     record = ThreadRecord(dense(MAX_ID_BYTES, 5), dense(MAX_ID_BYTES, 6, escapes=True))
     store.finalize(FinalizeRequest(record, key=record.key, rebind_active=True))
