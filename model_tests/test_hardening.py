@@ -248,7 +248,7 @@ def test_short_lived_threads_do_not_gather_cursors(duck_real_store):
             t.start()
         for t in threads:
             t.join()
-    assert len(real_store.db._cursors) <= 2  # this thread's, and at most one finishing
+    assert len(real_store.db._cursors._open) <= 2  # this thread's, and at most one finishing
     assert real_store.get_session("cur") is not None
 
 

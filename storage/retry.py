@@ -120,16 +120,35 @@ class Gate:
     a cancellation landing on the body's first line included (a gap between
     an ``enter()`` call and a ``try`` left an interrupted operation counted
     as running, and ``close()`` waited for it for ever).
+
+    Operations are counted per thread, and closing waits only for other
+    threads that are still alive: a cancellation landing as ``__exit__``
+    starts (before any of it runs, which Python cannot prevent) leaves its
+    thread counted, and that must not make the thread's own ``close()``, or
+    any ``close()`` after the thread ended, wait for ever.
     """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self._idle = threading.Condition(self.lock)
-        self._inflight = 0
+        self._inflight: dict[int, int] = {}
         self.closed = False
 
     def __enter__(self) -> None:
-        """Admit one operation.
+        """Admit one operation of this thread.
+
+        Raises:
+            InterfaceError: the backend is closed (or closing).
+        """
+        self.admit(threading.get_ident())
+
+    def __exit__(self, *exc: object) -> None:
+        self.leave(threading.get_ident())
+
+    def admit(self, me: int) -> None:
+        """Admit one operation of thread ``me``: for a generator that holds its
+        admission and may be finished (collected) on another thread, which
+        then leaves with ``me``; everything else uses ``with gate:``.
 
         Raises:
             InterfaceError: the backend is closed (or closing).
@@ -139,30 +158,37 @@ class Gate:
             with self.lock:
                 if self.closed:
                     raise errors.InterfaceError(detail="the store is closed")
-                self._inflight += 1
+                self._inflight[me] = self._inflight.get(me, 0) + 1
                 admitted = True
         except BaseException:
             if admitted:  # a cancellation as the lock was let go: not admitted after all
-                self._leave()
+                self.leave(me)
             raise
 
-    def __exit__(self, *exc: object) -> None:
-        self._leave()
-
-    def _leave(self) -> None:
-        """One admitted operation ended."""
+    def leave(self, me: int) -> None:
+        """One admitted operation of thread ``me`` ended."""
         with self.lock:
-            self._inflight -= 1
-            if self._inflight == 0:
-                self._idle.notify_all()
+            left = self._inflight.get(me, 0) - 1
+            if left > 0:
+                self._inflight[me] = left
+            else:
+                self._inflight.pop(me, None)
+            self._idle.notify_all()
 
-    def shut(self) -> bool:
-        """Close the gate and wait until no operation runs; returns whether this call
-        closed it (``False``: it was closed already)."""
+    def shut(self) -> None:
+        """Close the gate (idempotent) and wait until no other living thread
+        runs an operation (see the class docstring); looks again every
+        :data:`LOOK_S` seconds, since a thread can end without leaving."""
+        me = threading.get_ident()
         with self.lock:
-            if self.closed:
-                return False
             self.closed = True
-            while self._inflight:
-                self._idle.wait()
-            return True
+            while self._others_running(me):
+                self._idle.wait(LOOK_S)
+
+    def _others_running(self, me: int) -> bool:
+        alive = {t.ident for t in threading.enumerate()}
+        return any(thread != me and thread in alive for thread in self._inflight)
+
+
+LOOK_S = 1.0
+"""How often a closing gate looks again whether the threads it waits for still live."""

@@ -59,7 +59,10 @@ successes; an unexpected error from ``many`` is handled as a failing body
 - domain errors raised by the operation roll back and pass through as-is;
 - ``BaseException`` (cancellation) rolls back and is re-raised unwrapped; a
   query DuckDB reports as interrupted (SIGINT) is raised as
-  ``KeyboardInterrupt``, never as a database error.
+  ``KeyboardInterrupt``, never as a database error; a thread's cursor whose
+  transaction a cancellation left open is replaced before its next use
+  (:mod:`.cursors`), and a queued write run alone whose COMMIT took effect
+  is never run again (:meth:`Database._settle`).
 
 A read in a transaction always ends with ``ROLLBACK``: whatever it did
 (an analytics query's data-modifying CTE, say) is undone. The connection is
@@ -76,7 +79,6 @@ import contextlib
 import os
 import threading
 import time
-import weakref
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -93,7 +95,8 @@ from ..backend import Tx as AnyTx
 from ..migrations import load
 from ..retry import Gate, Stats, run_attempts
 from ..wakeups import Subscription, Topic
-from .dialect import DIALECT, is_conflict, translate
+from .cursors import Cursors, Holder
+from .dialect import DIALECT, interrupted, is_conflict, translate
 from .files import Targets, open_shared, release
 from .query import check_read
 
@@ -158,7 +161,7 @@ class Tx:
         self.pending: list[str] = []
         self._targets = targets
         self._skips_write_lock = skips_write_lock
-        self._held: dict[int, threading.Lock] = {}
+        self._held: dict[int, threading.RLock] = {}
         self.snapshot_ticket: int | None = None
         """The file's ticket taken right before this transaction's snapshot."""
 
@@ -221,17 +224,13 @@ class Tx:
         if stripe in self._held:
             return
         lock = self._targets.locks[stripe]
-        taken = False
-        try:
-            taken = lock.acquire()
-            if stale_since(self, stripe):
-                raise HoldConflict(target)
-            self._held[stripe] = lock
-        except BaseException:
-            # a conflict, or a cancellation landing here: never leave the stripe locked
-            if taken and self._held.get(stripe) is not lock:
-                lock.release()
-            raise
+        # Recorded before it is taken, and let go by end() only if this thread
+        # owns it: a cancellation landing as acquire() returns (before anything
+        # here could note that it did) never leaves the stripe locked.
+        self._held[stripe] = lock
+        lock.acquire()
+        if stale_since(self, stripe):
+            raise HoldConflict(target)  # end() lets go of it
 
     def end(self) -> None:
         """Let go of the targets this transaction held (it committed or rolled
@@ -242,7 +241,8 @@ class Tx:
             for stripe in self._held:
                 self._targets.written[stripe] = ticket
         for stripe, lock in list(self._held.items()):
-            lock.release()  # released before it is forgotten: a cancellation never leaks one
+            if lock._is_owned():  # type: ignore[attr-defined]  # (see hold)
+                lock.release()  # released before it is forgotten: a cancellation never leaks one
             del self._held[stripe]
 
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
@@ -326,6 +326,8 @@ class _Queued:
     body: Callable[[AnyTx], Any]
     retry: bool
     merge: Merge | None = None
+    committing: bool = False
+    """Run alone, its COMMIT was about to be sent (see :meth:`Database._settle`)."""
     done: bool = False
     result: Any = None
     error: BaseException | None = None
@@ -351,13 +353,6 @@ def _merged_run(batch: Sequence[_Queued], at: int) -> int:
     return end
 
 
-def _interrupted(exc: BaseException) -> bool:
-    """Whether ``exc`` is DuckDB's report of a query interrupted by SIGINT."""
-    return isinstance(exc, duckdb.InterruptException) or (
-        isinstance(exc, RuntimeError) and "interrupted" in str(exc)
-    )
-
-
 def _run_items(tx: Tx, items: Sequence[_Queued]) -> list[Any]:
     """The outcomes of ``items``: one body, or one ``many`` call of a merged run."""
     merge = items[0].merge
@@ -367,22 +362,6 @@ def _run_items(tx: Tx, items: Sequence[_Queued]) -> list[Any]:
     if len(outcomes) != len(items):
         raise RuntimeError(f"a merged write returned {len(outcomes)} outcomes for {len(items)}")
     return [_Failed(o) if isinstance(o, Exception) else o for o in outcomes]
-
-
-class _CursorHolder:
-    """A thread's cursor, held through ``threading.local`` so that the thread's
-    end collects the holder and closes the cursor."""
-
-    __slots__ = ("__weakref__", "cursor")
-
-    def __init__(self, cursor: duckdb.DuckDBPyConnection) -> None:
-        self.cursor = cursor
-
-
-def _drop_cursor(db: weakref.ref[Database], cur: duckdb.DuckDBPyConnection) -> None:
-    owner = db()
-    if owner is not None:
-        owner._forget(cur)
 
 
 class Database:
@@ -404,15 +383,18 @@ class Database:
         self.clock = clock
         self.read_only = read_only
         self.dialect = DIALECT
-        self._file = open_shared(self.path, read_only=read_only)
+        self._file = open_shared(self.path, read_only=read_only, user=self)
         self._con = self._file.con
         self._write_lock = self._file.write_lock
-        self._local = threading.local()
-        self._cursors: set[duckdb.DuckDBPyConnection] = set()
         self._gate = Gate()
         self._lock = self._gate.lock
+        self._cursors = Cursors(self._con, self._lock)
+        self._closed = False
         self._stats = Stats()
         self._queue: list[_Queued] = []
+        # Entered only as ``with self._queue_lock:`` (the lock's own C ``__enter__``:
+        # taken or not, nothing runs between), never through a condition's Python
+        # ``__enter__``, where a cancellation landing after the take leaked the lock.
         self._queue_lock = threading.Lock()
         self._queue_changed = threading.Condition(self._queue_lock)
         self._queue_grew = threading.Condition(self._queue_lock)
@@ -420,37 +402,14 @@ class Database:
         self._last_group = 1
         self._gathering = 0
 
-    # -- cursors ---------------------------------------------------------------
-
-    def _cursor(self) -> duckdb.DuckDBPyConnection:
-        """This thread's cursor, opened on first use and closed when the thread
-        ends (its thread-local holder is collected) or the store closes, so a
-        long-lived store used by many short threads does not gather cursors."""
-        holder: _CursorHolder | None = getattr(self._local, "holder", None)
-        if holder is None:
-            with self._lock:
-                cur = self._con.cursor()  # inherits the settings, locked
-                self._cursors.add(cur)
-            holder = _CursorHolder(cur)
-            weakref.finalize(holder, _drop_cursor, weakref.ref(self), cur)
-            self._local.holder = holder
-        return holder.cursor
-
-    def _forget(self, cur: duckdb.DuckDBPyConnection) -> None:
-        with self._lock:
-            if self._gate.closed or cur not in self._cursors:
-                return
-            self._cursors.discard(cur)
-            with contextlib.suppress(duckdb.Error):
-                cur.close()
-
     def close(self) -> None:
         """Checkpoint and close the store once the operations already running have
         finished.
 
         New operations raise ``InterfaceError`` from the moment ``close`` is
         called; the file lock is released when it returns or raises.
-        Idempotent. The last store object on a file in this process closes
+        Idempotent, and a close interrupted (Ctrl-C) is finished by the next
+        one. The last store object on a file in this process closes
         the file, running an explicit ``CHECKPOINT`` first when writable
         (which folds the write-ahead log into the database file: DuckDB's own
         checkpoint at close ignores a failure silently); the others leave it
@@ -462,21 +421,32 @@ class Database:
                 ``.wal`` keeps every write and the next open replays it.
             OperationalError: DuckDB failed to close the file.
         """
-        if not self._gate.shut():
-            return
+        self._gate.shut()
         failed: duckdb.Error | None = None
         with self._lock:
+            # Until this call gets to the end, a later close() does it all again
+            # (each step may be done twice): one cancelled while it waited for the
+            # running operations, or here, never leaves the file open for good.
+            if self._closed:
+                return
             try:
-                for cur in self._cursors:
-                    cur.close()
-                if not release(self._file):
+                self._cursors.close_all()
+                if not release(self._file, self):
+                    self._closed = True
                     return  # another store object in this process still uses the file
                 if not self._file.read_only and self.path != ":memory:":
                     try:
                         self._con.execute("CHECKPOINT")
                     except duckdb.Error as exc:
+                        if interrupted(exc):
+                            raise KeyboardInterrupt(str(exc)) from exc
                         failed = exc
+                    except RuntimeError as exc:
+                        if interrupted(exc):
+                            raise KeyboardInterrupt(str(exc)) from exc
+                        raise
                 self._con.close()
+                self._closed = True
             except duckdb.Error as exc:
                 raise translate(exc, self.path) from exc
         if failed is not None:
@@ -537,7 +507,7 @@ class Database:
         return at once instead of taking the lock in turn to see they are done."""
         lead = False
         try:
-            with self._queue_changed:
+            with self._queue_lock:
                 try:
                     self._queue.append(item)
                     if self._gathering and len(self._queue) >= self._gathering:
@@ -558,7 +528,7 @@ class Database:
         finally:
             if lead:
                 self._leading = False  # first: a waiter that misses the notify sees it
-                with self._queue_changed:
+                with self._queue_lock:
                     if not item.done and item in self._queue:
                         self._queue.remove(item)  # cancelled before it led: never runs
                     self._queue_changed.notify_all()
@@ -581,8 +551,13 @@ class Database:
                 except BaseException:
                     # Cancelled while leading (KeyboardInterrupt …): what did not
                     # run goes back to the front of the queue for the next leader;
-                    # our own write is abandoned with the cancellation.
-                    with self._queue_changed:
+                    # our own write is abandoned with the cancellation. A write
+                    # run alone whose COMMIT returned (or took effect, _settle)
+                    # is done: never queued to run a second time.
+                    for q in batch:
+                        if q.committing and not q.done:
+                            q.done = True
+                    with self._queue_lock:
                         self._queue[:0] = [
                             q
                             for q in batch
@@ -592,7 +567,7 @@ class Database:
                             self._queue.remove(item)
                     item.done = True
                     raise
-                with self._queue_changed:  # this group's callers return now
+                with self._queue_lock:  # this group's callers return now
                     self._queue_changed.notify_all()
 
     def _gather(self) -> None:
@@ -628,9 +603,12 @@ class Database:
         self._group(batch[failed + 1 :])
 
     def _alone(self, item: _Queued) -> None:
-        """One queued write in its own transaction, with retries."""
+        """One queued write in its own transaction, with retries (its outcome
+        decided by :meth:`_settle` when a cancellation lands as it commits)."""
         try:
-            item.result = self._run(item.operation, item.body, True, item.retry, commit=True)
+            item.result = self._run(
+                item.operation, item.body, True, item.retry, commit=True, item=item
+            )
         except Exception as exc:
             item.error = exc
         item.done = True
@@ -641,22 +619,21 @@ class Database:
         committed (every item done, a merged request that failed with its
         error), else the index of the operation whose body raised (or 0 when
         the commit failed): nothing was kept."""
-        cursor = self._cursor()
-        tx = Tx(cursor, self.clock, True, self._file.targets)
+        holder = self._cursors.holder()
+        tx = Tx(holder.cursor, self.clock, True, self._file.targets)
         try:
-            return self._shared_in(batch, cursor, tx)
+            return self._shared_in(batch, holder, tx)
         finally:
             tx.end()
 
-    def _shared_in(
-        self, batch: list[_Queued], cursor: duckdb.DuckDBPyConnection, tx: Tx
-    ) -> int | None:
+    def _shared_in(self, batch: list[_Queued], holder: Holder, tx: Tx) -> int | None:
         """:meth:`_shared`'s transaction on ``tx``."""
         results: list[Any] = []
         spent: list[float] = []
         failed: int | None = None
         committing = False
         try:
+            holder.clean = False
             tx.exec("BEGIN TRANSACTION")
             at = 0
             while at < len(batch):
@@ -665,7 +642,7 @@ class Database:
                 try:
                     outcomes = _run_items(tx, batch[at:end])
                 except Exception as exc:
-                    if _interrupted(exc):
+                    if interrupted(exc):
                         raise KeyboardInterrupt(str(exc)) from exc
                     failed = at
                     break
@@ -675,6 +652,7 @@ class Database:
             if failed is None:
                 committing = True
                 tx.exec("COMMIT")
+                holder.clean = True
                 self._deliver(batch, results, spent, tx)
                 return None
         except duckdb.Error:
@@ -685,15 +663,15 @@ class Database:
             # (rolled back now; the others are queued again by the leader), none
             # open means the COMMIT completed, and every caller gets its outcome,
             # never a second run of a committed write.
-            if not (self._rollback(cursor, True) is False and committing):
-                if _interrupted(exc):
+            if not (self._rollback(holder, True) is False and committing):
+                if interrupted(exc):
                     raise KeyboardInterrupt(str(exc)) from exc
                 raise
             self._deliver(batch, results, spent, tx)
-            if _interrupted(exc):
+            if interrupted(exc):
                 raise KeyboardInterrupt(str(exc)) from exc
             raise
-        self._rollback(cursor, True)
+        self._rollback(holder, True)
         return failed
 
     def _deliver(
@@ -741,10 +719,11 @@ class Database:
         commit: bool,
         cursor: duckdb.DuckDBPyConnection | None = None,
         skips_write_lock: bool = False,
+        item: _Queued | None = None,
     ) -> T:
         """One operation's attempts on ``cursor`` (default: this thread's);
-        ``skips_write_lock``: run without the write lock (``exclusive=False``)."""
-        cursor = self._cursor() if cursor is None else cursor
+        ``skips_write_lock``: run without the write lock (``exclusive=False``);
+        ``item``: the queued write this runs alone (:meth:`_settle`)."""
         statements = 0
         # Targets whose hold conflicted: a retry holds them before its snapshot,
         # so that a heartbeat renewing at the wrong moment cannot win every time.
@@ -752,43 +731,52 @@ class Database:
 
         def attempt() -> T:
             nonlocal statements
+            holder = self._cursors.holder() if cursor is None else Holder(cursor)
             tx = Tx(
-                cursor,
+                holder.cursor,
                 self.clock,
                 transaction,
                 self._file.targets,
                 skips_write_lock=skips_write_lock,
             )
+            if item is not None:
+                item.committing = False
             try:
                 for target in prehold:
                     tx.hold(target)
                 if transaction:
+                    holder.clean = False
                     tx.exec("BEGIN TRANSACTION")
                 result = body(tx)
                 if transaction:
+                    if item is not None:
+                        item.result, item.committing = result, True
                     tx.exec("COMMIT" if commit else "ROLLBACK")
+                    holder.clean = True
                 for topic in dict.fromkeys(tx.pending):  # committed: wake this process
                     self._file.signals.fire(topic)
                 return result
             except (duckdb.InterruptException, RuntimeError) as exc:
                 # DuckDB turns SIGINT during a query into an exception of its own;
                 # cancellation is never translated: it surfaces as KeyboardInterrupt.
-                self._rollback(cursor, transaction)
-                if _interrupted(exc):
+                self._settle(holder, transaction, item)
+                if interrupted(exc):
                     raise KeyboardInterrupt(str(exc)) from exc
                 raise
             except duckdb.Error as exc:
-                self._rollback(cursor, transaction)
+                if item is not None:
+                    item.committing = False  # a COMMIT that raised did not commit
+                self._rollback(holder, transaction)
                 if retry and is_conflict(exc):
                     raise Conflict(str(exc)) from exc
                 raise translate(exc, self.path) from exc
             except Conflict as exc:
                 if isinstance(exc, HoldConflict):
                     prehold.append(exc.target)
-                self._rollback(cursor, transaction)
+                self._rollback(holder, transaction)
                 raise
             except BaseException:
-                self._rollback(cursor, transaction)
+                self._settle(holder, transaction, item)
                 raise
             finally:
                 tx.end()
@@ -796,19 +784,56 @@ class Database:
 
         return run_attempts(operation, attempt, self._stats, lambda: statements)
 
+    def _settle(self, holder: Holder, transaction: bool, item: _Queued | None) -> None:
+        """After a cancellation (or an interrupted query): roll back. For ``item``
+        (a queued write run alone) whose COMMIT was sent, whether a transaction
+        is still open decides its outcome, as for a shared group: none open
+        means the COMMIT took effect (done, with its result, never run again),
+        one open was rolled back (it runs again, queued), and when the rollback
+        failed too the outcome is unknown (done, with ``OperationalError``)."""
+        state: bool | None = None
+        try:
+            state = self._rollback(holder, transaction)
+        finally:  # also when the rollback itself was interrupted
+            if item is not None and item.committing:
+                if state is True:
+                    item.committing = False
+                elif state is None:
+                    item.error = errors.OperationalError(
+                        detail="cancelled as it committed: whether the write committed is unknown"
+                    )
+                    item.done = True
+                else:
+                    item.done = True
+
     @staticmethod
-    def _rollback(cursor: duckdb.DuckDBPyConnection, transaction: bool) -> bool | None:
+    def _rollback(holder: Holder, transaction: bool) -> bool | None:
         """Roll back the open transaction: ``True`` when one was open, ``False``
         when DuckDB says none is (it ended: committed, or aborted and closed),
-        ``None`` when the rollback failed otherwise (or ``transaction`` is false)."""
+        ``None`` when the rollback failed otherwise (or ``transaction`` is
+        false). The cursor is marked clean once no transaction is open on it;
+        otherwise it is replaced before its next use (:mod:`.cursors`).
+
+        Raises:
+            KeyboardInterrupt: the rollback itself was interrupted (DuckDB
+                reports that as an exception of its own, never passed on).
+        """
         if not transaction:
             return None
         try:
-            cursor.execute("ROLLBACK")
+            holder.cursor.execute("ROLLBACK")
         except duckdb.TransactionException as exc:
-            return False if "no transaction is active" in str(exc) else None
-        except duckdb.Error:  # DuckDB may have aborted it already
+            if "no transaction is active" in str(exc):
+                holder.clean = True
+                return False
             return None
+        except (duckdb.Error, RuntimeError) as exc:  # DuckDB may have aborted it already
+            if interrupted(exc):
+                raise KeyboardInterrupt(str(exc)) from exc
+            if not isinstance(exc, duckdb.Error):
+                raise
+            return None
+        holder.clean = True
         return True
 
     # -- what else the store needs of a backend -------------------------------------

@@ -52,6 +52,15 @@ def translate(exc: duckdb.Error, path: str) -> errors.DatabaseError:
     return errors.DatabaseError(detail=text)
 
 
+def interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` is DuckDB's report of a query interrupted by SIGINT (an
+    ``InterruptException``, or a ``RuntimeError`` from some calls): a
+    cancellation, raised as ``KeyboardInterrupt``, never translated."""
+    return isinstance(exc, duckdb.InterruptException) or (
+        isinstance(exc, RuntimeError) and "interrupted" in str(exc)
+    )
+
+
 def is_conflict(exc: duckdb.Error) -> bool:
     """Whether ``exc`` is a lost race rather than a fault.
 

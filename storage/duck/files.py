@@ -22,7 +22,7 @@ import duckdb
 from turnkeeper.spec import errors
 
 from ..wakeups import Signals
-from .dialect import configure, translate
+from .dialect import configure, interrupted, translate
 
 MAGIC = b"DUCK"
 """What a DuckDB database file holds at byte 8 (its header)."""
@@ -107,13 +107,15 @@ TARGET_STRIPES = 1024
 @dataclass(eq=False)
 class Targets:
     """A file's lease targets, spread over :data:`TARGET_STRIPES` stripes: each
-    stripe's lock (``Tx.hold``), and the ticket of the last write on it that
-    skipped the write lock (a renewal, a release), taken after its commit.
+    stripe's lock (``Tx.hold``; reentrant locks, which know their owner, so a
+    cancellation landing as one is taken can be told taken or not), and the
+    ticket of the last write on it that skipped the write lock (a renewal, a
+    release), taken after its commit.
     ``ticket()`` hands out increasing numbers; a transaction takes one before
     its snapshot, so a stripe written since then has a larger one."""
 
-    locks: tuple[threading.Lock, ...] = field(
-        default_factory=lambda: tuple(threading.Lock() for _ in range(TARGET_STRIPES))
+    locks: tuple[threading.RLock, ...] = field(
+        default_factory=lambda: tuple(threading.RLock() for _ in range(TARGET_STRIPES))
     )
     written: list[int] = field(default_factory=lambda: [0] * TARGET_STRIPES)
     ticket: Callable[[], int] = field(default_factory=lambda: itertools.count(1).__next__)
@@ -129,15 +131,17 @@ class SharedFile:
     write_lock: threading.RLock = field(default_factory=threading.RLock)
     targets: Targets = field(default_factory=Targets)
     signals: Signals = field(default_factory=Signals)
-    users: int = 1
+    users: set[int] = field(default_factory=set)
+    """The store objects using it (their ``id``): one releasing twice is one release."""
 
 
 _FILES: dict[tuple[object, ...], SharedFile] = {}
 _GUARD = threading.Lock()
 
 
-def open_shared(path: str, *, read_only: bool) -> SharedFile:
-    """The connection to ``path``: the one this process has, or a new one.
+def open_shared(path: str, *, read_only: bool, user: object) -> SharedFile:
+    """The connection to ``path`` for ``user`` (a store object): the one this
+    process has, or a new one.
 
     A file another store object here holds read-only cannot be opened to write.
 
@@ -148,7 +152,7 @@ def open_shared(path: str, *, read_only: bool) -> SharedFile:
     """
     check_file(path, read_only=read_only)
     if path == ":memory:":
-        return SharedFile(_connect(path, read_only, existed=True), read_only, [])
+        return SharedFile(_connect(path, read_only, existed=True), read_only, [], users={id(user)})
     with _GUARD:
         key = _identity(path)
         found = _FILES.get(key)
@@ -157,11 +161,11 @@ def open_shared(path: str, *, read_only: bool) -> SharedFile:
                 raise errors.StoreLockedError(
                     path, detail="another store object in this process has it open read-only"
                 )
-            found.users += 1
+            found.users.add(id(user))
             return found
         existed = os.path.exists(path)
         con = _connect(path, read_only, existed=existed)
-        shared = SharedFile(con, read_only, [key, _identity(path)])
+        shared = SharedFile(con, read_only, [key, _identity(path)], users={id(user)})
         for k in shared.keys:
             _FILES[k] = shared
         return shared
@@ -176,9 +180,16 @@ def _connect(path: str, read_only: bool, *, existed: bool) -> duckdb.DuckDBPyCon
         raise open_error(exc, path) from exc
     try:
         configure(con)
-    except duckdb.Error as exc:
+    except (duckdb.Error, RuntimeError) as exc:
         con.close()
+        if interrupted(exc):  # Ctrl-C as the store opened: a cancellation, never wrapped
+            raise KeyboardInterrupt(str(exc)) from exc
+        if not isinstance(exc, duckdb.Error):
+            raise
         raise open_error(exc, path) from exc
+    except BaseException:
+        con.close()
+        raise
     return con
 
 
@@ -190,12 +201,12 @@ def _remove_empty(path: str) -> None:
         pass
 
 
-def release(shared: SharedFile) -> bool:
-    """One user of ``shared`` is done; returns whether it was the last (which
-    then checkpoints and closes the connection)."""
+def release(shared: SharedFile, user: object) -> bool:
+    """``user`` is done with ``shared`` (again: nothing changes); returns whether
+    no user is left (the last then checkpoints and closes the connection)."""
     with _GUARD:
-        shared.users -= 1
-        if shared.users > 0:
+        shared.users.discard(id(user))
+        if shared.users:
             return False
         for k in shared.keys:
             if _FILES.get(k) is shared:

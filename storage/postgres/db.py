@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import re
 import select
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -298,9 +299,9 @@ class Database:
 
     def close(self) -> None:
         """Close the pool once the operations already running have finished.
-        Idempotent; later operations raise ``InterfaceError``."""
-        if not self._gate.shut():
-            return
+        Idempotent, and one interrupted (Ctrl-C) is finished by the next; later
+        operations raise ``InterfaceError``."""
+        self._gate.shut()  # (a close cut short by a cancellation is finished by the next)
         with self._lock:
             listener, self._listener = self._listener, None
         if listener is not None:
@@ -309,15 +310,21 @@ class Database:
 
     @contextlib.contextmanager
     def connection(self) -> Any:
-        """A pooled connection, for what is not a store operation (notifications)."""
-        with self._gate:
-            try:
-                with self._pool.connection(timeout=self._pool_timeout_s) as conn:
-                    yield conn
-            except PoolTimeout as exc:
-                raise errors.OperationalError(
-                    detail=f"no connection to {self.path}: {exc}"
-                ) from exc
+        """A pooled connection for one operation, inside the gate. A generator on
+        purpose: one a cancellation left suspended (landing as its ``__enter__``
+        returned, or as its ``__exit__`` started, which no Python code can
+        prevent) is closed when it is collected, and its ``finally`` gives the
+        connection back and leaves the gate then (for this thread, whichever
+        thread collects it)."""
+        me = threading.get_ident()
+        self._gate.admit(me)
+        try:
+            with self._pool.connection(timeout=self._pool_timeout_s) as conn:
+                yield conn
+        except PoolTimeout as exc:
+            raise errors.OperationalError(detail=f"no connection to {self.path}: {exc}") from exc
+        finally:
+            self._gate.leave(me)
 
     # -- transactions --------------------------------------------------------------
 
