@@ -8,7 +8,7 @@ import math
 import threading
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import duckdb
@@ -21,6 +21,7 @@ from turnkeeper import (
     InvalidInputError,
     Lease,
     LeaseLostError,
+    NewEntry,
     ThreadRecord,
 )
 from turnkeeper.spec.records import ImportBatch, ImportEntry, OpaqueRecord
@@ -449,6 +450,29 @@ def test_ids_hold_no_control_characters(store, call, field):
     assert err.value.field == field
     assert store.count_sessions() == 1 and store.entries("ok") == []
     assert store.query("SELECT count(*) AS n FROM leases").to_pylist() == [{"n": 0}]
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        datetime(1, 1, 1, 1, tzinfo=timezone(timedelta(hours=5))),  # year 0 in UTC
+        datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-5))),  # year 10000
+    ],
+)
+def test_a_timestamp_outside_the_years_1_to_9999_in_utc_is_refused(store, when):
+    """Attack helper: on PostgreSQL such an entry was stored (it holds year 0),
+    then every read of the session failed with OverflowError; on DuckDB the
+    append raised OverflowError. Both refuse it now, before writing."""
+    store.create_session("s")
+    for call in (
+        lambda: store.append("s", EntryKind.MESSAGE, MSG, timestamp=when),
+        lambda: store.append_many("s", [NewEntry(EntryKind.MESSAGE, MSG, timestamp=when)] * 2),
+    ):
+        with pytest.raises(InvalidInputError) as err:
+            call()
+        assert "1 to 9999" in str(err.value)
+    assert store.entries("s") == [] and not store.replay("s").messages
+    store.append("s", EntryKind.MESSAGE, MSG)
 
 
 def test_nul_in_payload_text_is_stored_exactly(store):

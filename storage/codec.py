@@ -12,6 +12,7 @@ import hashlib
 import math
 import re
 import unicodedata
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -60,6 +61,23 @@ code, which may double an id's size): every id fits both backends alike."""
 MAX_TARGET_BYTES = MAX_ID_BYTES + 64
 """The longest lease target, in UTF-8 bytes: a kind prefix (``session:``,
 ``thread-key:`` …) of up to 64 bytes and an id."""
+
+
+def check_instant(value: object, field: str) -> datetime:
+    """``value`` as an aware datetime in UTC, if it is one that both backends
+    store and give back: aware, and within the years 1 to 9999 once in UTC
+    (Python's range: PostgreSQL stores year 0 and earlier, which no Python
+    datetime can hold, so every later read of the row would fail).
+
+    Raises:
+        InvalidInputError: not a datetime, naive, or outside that range.
+    """
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise InvalidInputError(field, "must be an aware datetime (with a time zone)")
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise InvalidInputError(field, "must lie within the years 1 to 9999 in UTC") from None
 
 
 def check_id(value: object, field: str, *, max_bytes: int = MAX_ID_BYTES) -> str:

@@ -92,6 +92,7 @@ from turnkeeper.spec import errors
 
 from ..backend import Clock, Conflict, Merge, QueryFn
 from ..backend import Tx as AnyTx
+from ..codec import check_instant
 from ..migrations import load
 from ..retry import Gate, Stats, run_attempts
 from ..wakeups import Subscription, Topic
@@ -177,10 +178,7 @@ class Tx:
             if self._in_transaction and not self._snapshot:
                 self.exec(self.PIN)  # the snapshot first, the clock (injected or not) after it
             if self._clock is not None:
-                value = self._clock()
-                if not isinstance(value, datetime) or value.tzinfo is None:
-                    raise errors.InvalidInputError("clock", "the clock must return aware datetimes")
-                self._now = value.astimezone(UTC)
+                self._now = check_instant(self._clock(), "clock")
             elif self._in_transaction:
                 self._now = datetime.now(UTC)
         return self._now

@@ -17,7 +17,7 @@ from turnkeeper.spec.records import (
 )
 
 from ..backend import Tx
-from ..codec import check_id, check_text, from_json, to_json
+from ..codec import check_id, check_instant, check_text, from_json, to_json
 from ..validate import (
     check_session_lease,
 )
@@ -158,9 +158,8 @@ class ImportsMixin(StoreBase):
         for e in batch.entries:
             check_id(e.id, "entry.id")
             validate_payload(e.kind, e.payload, strict=False)
-            rows.append(
-                (e.id, e.parent_id, e.kind, e.timestamp, to_json(dict(e.payload), "payload"))
-            )
+            ts = check_instant(e.timestamp, "entry.timestamp")
+            rows.append((e.id, e.parent_id, e.kind, ts, to_json(dict(e.payload), "payload")))
         opaque = [(o.line, check_text(o.raw, "raw"), o.reason) for o in batch.opaque]
         source = batch.source or (batch.opaque[0].source if batch.opaque else "")
 

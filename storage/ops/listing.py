@@ -14,7 +14,7 @@ from turnkeeper.spec.records import (
 )
 
 from ..backend import Tx
-from ..codec import check_text
+from ..codec import check_instant, check_text
 from ..validate import (
     check_limit,
 )
@@ -49,7 +49,7 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
         raise errors.InvalidInputError("cursor", "not a cursor this store issued") from exc
     if not sep or not sid or when.tzinfo is None:
         raise errors.InvalidInputError("cursor", "not a cursor this store issued")
-    return when, sid
+    return check_instant(when, "cursor"), sid
 
 
 def list_page(tx: Tx, limit: int, cursor: str | None, search: str | None) -> SessionPage:

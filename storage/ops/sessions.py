@@ -33,7 +33,7 @@ from turnkeeper.spec.records import (
 )
 
 from ..backend import Conflict, Tx, utc
-from ..codec import check_id, check_text, from_json, to_json, to_json_exact
+from ..codec import check_id, check_instant, check_text, from_json, to_json, to_json_exact
 from ..replay import affects_pairing, new_pairing_faults
 from ..validate import (
     check_expected_leaf,
@@ -462,8 +462,7 @@ def labels(tx: Tx, session_id: str) -> dict[str, str]:
 def _aware(value: datetime | None, field: str) -> datetime | None:
     if value is None:
         return None
-    if not isinstance(value, datetime) or value.tzinfo is None:
-        raise errors.InvalidInputError(field, "must be an aware datetime (with a time zone)")
+    check_instant(value, field)
     return value
 
 
