@@ -17,6 +17,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import new_pg_schema, pg_url
@@ -258,6 +259,86 @@ def test_a_connection_with_a_high_file_descriptor_is_lent(tmp_path):
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _grow_pool(store: turnkeeper.BaseStore, n: int) -> None:
+    """Make the store's pool hold ``n`` idle connections (``n`` lent at once)."""
+    held = [store.db._pool.connection() for _ in range(n)]  # type: ignore[attr-defined]
+    for cm in held:
+        cm.__enter__()
+    for cm in held:
+        cm.__exit__(None, None, None)
+
+
+def test_after_a_restart_the_next_operation_succeeds_whatever_the_pool_held():
+    """Attack helper: after every pooled connection was closed by the server
+    (a restart), the next operation spent psycopg_pool's backoff between
+    one failed check and the next (1, 2, 4, 8, 16 s): with six or more idle
+    connections it failed with a pool timeout. The first dead one found now
+    has the pool check all the others at once."""
+    url = new_pg_schema() + "&application_name=tk_restart_test"
+    with turnkeeper.open_store(url) as store:
+        store.create_session("s")
+        _grow_pool(store, 7)
+        assert _terminate(url, "tk_restart_test", listening=False) == 7
+        store.append("s", EntryKind.MESSAGE, MSG)
+        assert len(store.entries("s")) == 1
+
+
+def test_a_connection_idle_a_while_is_checked_before_it_is_lent(monkeypatch):
+    """A middlebox may forget an idle connection without a word: one idle for
+    IDLE_CHECK_S is checked with a round trip (a quiet socket proves nothing
+    then); one just given back is lent as it is."""
+    from psycopg_pool import ConnectionPool
+
+    from turnkeeper.storage.postgres import pool as pg_pool
+
+    real, asked = ConnectionPool.check_connection, []
+
+    def check(conn: object) -> None:
+        asked.append(conn)
+        real(conn)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ConnectionPool, "check_connection", staticmethod(check))
+    with turnkeeper.open_store(new_pg_schema()) as store:
+        store.create_session("s")
+        store.append("s", EntryKind.MESSAGE, MSG)
+        assert asked == []
+        monkeypatch.setattr(pg_pool, "IDLE_CHECK_S", 0.0)
+        store.append("s", EntryKind.MESSAGE, MSG)
+        assert len(asked) == 1
+
+
+def test_pooled_connections_notice_a_silent_server_unless_the_url_says_otherwise():
+    """Keepalives and tcp_user_timeout bound how long a vanished server (no
+    reset: a host gone, a partition) can hold an operation; the URL's own
+    values win."""
+    url = new_pg_schema() + "&keepalives_idle=99"
+    with (
+        turnkeeper.open_store(url) as store,
+        store.db._pool.connection() as conn,  # type: ignore[attr-defined]
+    ):
+        given = conn.info.get_parameters()
+    assert given["keepalives"] == "1" and given["tcp_user_timeout"] == "30000"
+    assert given["keepalives_idle"] == "99"
+
+
+def test_an_autocommit_write_cut_off_says_its_outcome_is_unknown(monkeypatch):
+    """Attack helper: a one-statement append whose connection broke before the
+    reply came raised a plain OperationalError although the entry may be
+    stored (it was): a caller that retries writes it twice. It now says the
+    outcome is unknown, as a broken COMMIT does."""
+    from turnkeeper.storage.ops import appends
+
+    def cut(tx: Any, request: Any) -> Any:
+        tx.exec("SELECT pg_terminate_backend(pg_backend_pid())")  # the connection breaks
+
+    monkeypatch.setattr(appends, "one_statement", cut)
+    with turnkeeper.open_store(new_pg_schema()) as store:
+        store.create_session("s")
+        with pytest.raises(turnkeeper.OperationalError) as err:
+            store.append("s", EntryKind.MESSAGE, MSG)
+        assert "unknown" in str(err.value)
 
 
 def test_the_benchmark_runs_at_a_tiny_size_on_both_backends(tmp_path):

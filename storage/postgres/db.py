@@ -22,11 +22,10 @@ pooled connection:
 - every other ``psycopg`` error is translated into the PEP 249-style classes
   of :mod:`turnkeeper.spec.errors`, the original as ``__cause__``; a lost
   connection is ``OperationalError``, saying when the commit's outcome is
-  unknown (the connection broke during ``COMMIT``); the pool checks a
-  connection before lending it (:func:`_check`: a round trip only when the
-  server has written to the idle connection, as a server closing it does) and
-  replaces broken ones, so a server restart fails the operations caught in
-  flight and the next ones succeed;
+  unknown (the connection broke during ``COMMIT``, or during an autocommit
+  write's statement); the pool (:mod:`.pool`) checks a connection before
+  lending it and replaces broken ones, so a server restart fails the
+  operations caught in flight and the next ones succeed;
 - domain errors roll back and pass through; cancellation (``BaseException``)
   rolls back and is re-raised unwrapped.
 
@@ -47,7 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import select
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
@@ -57,16 +55,18 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import PoolTimeout
 
 from turnkeeper.spec import errors
 
 from ..backend import Clock, Conflict, Dialect, Merge, QueryFn
 from ..backend import Tx as AnyTx
+from ..codec import check_instant
 from ..migrations import load
 from ..retry import Gate, Stats, run_attempts
 from ..wakeups import Signals, Subscription, Topic
 from . import notify, text
+from .pool import Pool
 
 T = TypeVar("T")
 
@@ -117,8 +117,8 @@ def translate(exc: psycopg.Error, path: str, *, in_commit: bool = False) -> erro
         return errors.ReadOnlyError(path, detail=text_)
     if isinstance(exc, psycopg.OperationalError) and in_commit:
         return errors.OperationalError(
-            detail=f"the connection broke during COMMIT, so whether the transaction "
-            f"committed is unknown: {text_}"
+            detail=f"the connection broke as the write committed (its COMMIT, or its one "
+            f"autocommit statement), so whether it took effect is unknown: {text_}"
         )
     table: list[tuple[type[psycopg.Error], type[errors.DatabaseError]]] = [
         (psycopg.IntegrityError, errors.IntegrityError),
@@ -176,10 +176,7 @@ class Tx:
             if self._clock is not None:
                 if self._in_transaction and not self._snapshot:
                     self.exec("SELECT 1")  # the snapshot first, then the injected clock
-                value = self._clock()
-                if not isinstance(value, datetime) or value.tzinfo is None:
-                    raise errors.InvalidInputError("clock", "the clock must return aware datetimes")
-                self._now = value.astimezone(UTC)
+                self._now = check_instant(self._clock(), "clock")
             elif self._in_transaction:
                 row = self.one("SELECT clock_timestamp()")  # takes the snapshot, then reads
                 assert row is not None
@@ -277,16 +274,7 @@ class Database:
             raise errors.OperationalError(
                 detail=f"cannot connect to {self.path}: {reason}"
             ) from exc
-        self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
-            url,
-            min_size=1,
-            max_size=pool_size,
-            kwargs={"autocommit": True},
-            configure=_configure,
-            check=_check,
-            open=False,
-            name="turnkeeper",
-        )
+        self._pool = Pool(url, pool_size, _configure).pool
         try:
             self._pool.open(wait=True, timeout=pool_timeout_s)
         except PoolTimeout as exc:
@@ -394,6 +382,8 @@ class Database:
                 try:
                     if transaction:
                         tx.exec(self._begin(commit, locking, isolation))
+                    else:  # an autocommit write's statement is its commit
+                        tx.committing = commit
                     result = body(tx)
                     if transaction:
                         tx.committing = commit
@@ -491,35 +481,6 @@ class Database:
             "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
         )
         return {r[0] for r in rows}
-
-
-def _check(conn: psycopg.Connection[Any]) -> None:
-    """The pool's check of a connection it is about to lend: a round trip to the
-    server (``ConnectionPool.check_connection``) only when the idle connection's
-    socket has something to read, which is how a server that closed it (a
-    restart, a failover, ``pg_terminate_backend``, an idle timeout) shows: its
-    goodbye message, then the end of the stream. A quiet socket is lent as it
-    is, so an operation costs no extra round trip.
-
-    Raises:
-        psycopg.OperationalError: the connection is broken (the pool drops it
-            and lends another).
-    """
-    if conn.closed or conn.broken:
-        raise psycopg.OperationalError("the connection is closed")
-    if _readable(conn.pgconn.socket):
-        ConnectionPool.check_connection(conn)
-
-
-def _readable(fd: int) -> bool:
-    """Whether socket ``fd`` has something to read or was hung up, without
-    waiting (``poll``: ``select`` refuses descriptors above 1023, which a
-    worker holding many files or sockets gets)."""
-    if not hasattr(select, "poll"):  # Windows: no poll, and no such limit
-        return bool(select.select([fd], [], [], 0)[0])
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(0))
 
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
