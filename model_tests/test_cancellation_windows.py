@@ -336,3 +336,49 @@ def test_an_open_interrupted_is_keyboard_interrupt(tmp_path, monkeypatch):
     monkeypatch.setattr(duck_files, "configure", real)
     with turnkeeper.open_store(path) as store:
         store.create_session("s")
+
+
+def test_close_never_waits_for_an_idle_thread_that_took_a_counted_threads_id(duck_real_store):
+    """Attack helper: the gate counted operations by thread id; a thread left
+    counted by an interrupt (as ``Gate.leave`` started) ended, an idle thread
+    got the same id (they are reused), and ``close()`` waited for it."""
+    store = duck_real_store
+    store.create_session("s")
+    fired: list[int] = []
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if event == "call" and frame.f_code is Gate.leave.__code__ and not fired:
+            fired.append(1)
+            raise KeyboardInterrupt("as the operation left the gate")
+        return None
+
+    def counted() -> None:
+        sys.settrace(tracer)
+        try:
+            store.get_session("s")
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+
+    first = threading.Thread(target=counted)
+    first.start()
+    first.join()
+    assert fired
+    stop = threading.Event()
+    idle = threading.Thread(target=stop.wait)
+    for _ in range(200):  # a new thread takes an ended one's id at once on Linux
+        idle = threading.Thread(target=stop.wait)
+        idle.start()
+        if idle.ident == first.ident:
+            break
+        stop.set()
+        idle.join()
+        stop.clear()
+    assert idle.ident == first.ident and idle.is_alive()
+    try:
+        with _fails_if_it_hangs():
+            store.close()
+    finally:
+        stop.set()
+        idle.join()

@@ -475,6 +475,26 @@ def test_a_timestamp_outside_the_years_1_to_9999_in_utc_is_refused(store, when):
     store.append("s", EntryKind.MESSAGE, MSG)
 
 
+def test_an_import_or_a_clock_outside_the_stored_years_is_refused(store, clock):
+    """Attack helper: ``import_batch`` stored a ``created_at`` of year 0 (or a
+    naive one, or a string), and every later listing of the store failed; a
+    clock at the end of the year 9999 made a lease's expiry overflow."""
+    entry = ImportEntry("e1", None, EntryKind.MESSAGE, datetime(2026, 1, 1, tzinfo=UTC), MSG)
+    for created in (
+        datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5))),
+        datetime(2026, 1, 1),
+        "2026-01-01",
+    ):
+        with pytest.raises(InvalidInputError) as err:
+            store.import_batch(ImportBatch("imp", "/", created, {}, [entry], "e1"))  # type: ignore[arg-type]
+        assert err.value.field == "created_at"
+    assert not store.list_sessions().sessions
+    clock.now = datetime(9999, 12, 31, 23, 0, tzinfo=UTC)
+    with pytest.raises(InvalidInputError) as err:
+        store.acquire_lease("t", "o", 3600)
+    assert err.value.field == "clock"
+
+
 def test_nul_in_payload_text_is_stored_exactly(store):
     store.create_session("s", cwd="/a\x00b")
     entry = store.append("s", EntryKind.MESSAGE, {"message": {"role": "user", "content": "\x00"}})

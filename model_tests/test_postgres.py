@@ -323,6 +323,34 @@ def test_pooled_connections_notice_a_silent_server_unless_the_url_says_otherwise
     assert given["keepalives_idle"] == "99"
 
 
+def test_the_environment_and_a_service_file_keep_their_own_timeouts(tmp_path, monkeypatch):
+    """Attack helper: the pool's defaults overrode PGCONNECT_TIMEOUT and a
+    pg_service.conf service's values; the user's own values win."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    url = new_pg_schema()
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", "3")
+    with (
+        turnkeeper.open_store(url) as store,
+        store.db._pool.connection() as conn,  # type: ignore[attr-defined]
+    ):
+        given = conn.info.get_parameters()
+    assert given["connect_timeout"] == "3" and given["tcp_user_timeout"] == "30000"
+    monkeypatch.delenv("PGCONNECT_TIMEOUT")
+    where = conninfo_to_dict(url)
+    lines = [f"{k}={v}" for k, v in where.items() if k in ("host", "port", "user", "dbname")]
+    services = tmp_path / "pg_service.conf"
+    services.write_text("[tks]\n" + "\n".join([*lines, "tcp_user_timeout=7000"]) + "\n")
+    monkeypatch.setenv("PGSERVICEFILE", str(services))
+    options = where.get("options", "")
+    with (
+        turnkeeper.open_store(f"service=tks options='{options}'") as store,
+        store.db._pool.connection() as conn,  # type: ignore[attr-defined]
+    ):
+        given = conn.info.get_parameters()
+    assert given["tcp_user_timeout"] == "7000"
+
+
 def test_an_autocommit_write_cut_off_says_its_outcome_is_unknown(monkeypatch):
     """Attack helper: a one-statement append whose connection broke before the
     reply came raised a plain OperationalError although the entry may be

@@ -205,3 +205,65 @@ def test_psycopg_is_imported_only_for_postgres():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+_OTHER_PROCESS = (
+    "import sys, turnkeeper\n"
+    "try:\n"
+    "    s = turnkeeper.open_store(sys.argv[1]); s.create_session('other'); s.close()\n"
+    "    print('acknowledged')\n"
+    "except turnkeeper.StoreLockedError:\n"
+    "    print('locked')\n"
+)
+
+
+def _other_process_opens(path: Path) -> str:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _OTHER_PROCESS, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return done.stdout.strip() or done.stderr.strip().splitlines()[-1]
+
+
+def test_a_second_store_object_on_a_file_keeps_other_processes_out(tmp_path):
+    """Attack helper: opening a second store object on a file read its header
+    (check_file) with open() and close(), and closing any descriptor of a file
+    drops every POSIX lock the process holds on it, DuckDB's too: another
+    process then opened the file, wrote, was acknowledged, and its write was
+    lost. The header is read only when this process does not have the file."""
+    path = tmp_path / "l.duckdb"
+    turnkeeper.open_store(str(path)).close()
+    with turnkeeper.open_store(str(path)) as a, turnkeeper.open_store(str(path)):
+        assert _other_process_opens(path) == "locked"
+        a.create_session("mine")
+    with turnkeeper.open_store(str(path)) as c:
+        assert [s.id for s in c.list_sessions().sessions] == ["mine"]
+
+
+def test_an_open_cancelled_once_the_file_is_open_leaves_it_to_the_next_close(tmp_path, monkeypatch):
+    """Attack helper: a Ctrl-C landing after the file was opened and its store
+    object counted, before the object was whole, left the file open in this
+    process for good (later store objects' close() neither checkpointed nor
+    closed it)."""
+    from turnkeeper.storage import retry
+
+    path = tmp_path / "o.duckdb"
+    turnkeeper.open_store(str(path)).close()
+
+    def landing(self: object) -> None:
+        raise KeyboardInterrupt("as the store object was built")
+
+    monkeypatch.setattr(retry.Gate, "__init__", landing)
+    with pytest.raises(KeyboardInterrupt):
+        turnkeeper.open_store(str(path))
+    monkeypatch.undo()
+    assert not files._FILES  # let go of at once
+    with turnkeeper.open_store(str(path)) as s:
+        s.create_session("x")
+    assert not files._FILES
+    assert _other_process_opens(path) == "acknowledged"

@@ -80,6 +80,25 @@ def check_instant(value: object, field: str) -> datetime:
         raise InvalidInputError(field, "must lie within the years 1 to 9999 in UTC") from None
 
 
+LAST_CLOCK = datetime(9989, 1, 1, tzinfo=UTC)
+"""The latest time an injected clock may return: ten years (the longest lease,
+``validate.MAX_TTL_S``) before the end of the year 9999, so that every expiry
+and retry time it derives is one too."""
+
+
+def check_clock(value: object) -> datetime:
+    """An injected clock's value: :func:`check_instant`, and no later than
+    :data:`LAST_CLOCK`.
+
+    Raises:
+        InvalidInputError: (field ``clock``) not such a datetime.
+    """
+    now = check_instant(value, "clock")
+    if now > LAST_CLOCK:
+        raise InvalidInputError("clock", f"must not be later than {LAST_CLOCK.isoformat()}")
+    return now
+
+
 def check_id(value: object, field: str, *, max_bytes: int = MAX_ID_BYTES) -> str:
     """Return ``value`` if it is an identifier: a string that UTF-8 can hold, not
     blank, at most ``max_bytes`` UTF-8 bytes (:data:`MAX_ID_BYTES`), without

@@ -121,8 +121,9 @@ class Gate:
     an ``enter()`` call and a ``try`` left an interrupted operation counted
     as running, and ``close()`` waited for it for ever).
 
-    Operations are counted per thread, and closing waits only for other
-    threads that are still alive: a cancellation landing as ``__exit__``
+    Operations are counted per thread (its ``Thread`` object: an ident is
+    reused once its thread ended), and closing waits only for other threads
+    that are still alive: a cancellation landing as ``__exit__``
     starts (before any of it runs, which Python cannot prevent) leaves its
     thread counted, and that must not make the thread's own ``close()``, or
     any ``close()`` after the thread ended, wait for ever.
@@ -131,7 +132,7 @@ class Gate:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self._idle = threading.Condition(self.lock)
-        self._inflight: dict[int, int] = {}
+        self._inflight: dict[threading.Thread, int] = {}
         self.closed = False
 
     def __enter__(self) -> None:
@@ -140,12 +141,12 @@ class Gate:
         Raises:
             InterfaceError: the backend is closed (or closing).
         """
-        self.admit(threading.get_ident())
+        self.admit(threading.current_thread())
 
     def __exit__(self, *exc: object) -> None:
-        self.leave(threading.get_ident())
+        self.leave(threading.current_thread())
 
-    def admit(self, me: int) -> None:
+    def admit(self, me: threading.Thread) -> None:
         """Admit one operation of thread ``me``: for a generator that holds its
         admission and may be finished (collected) on another thread, which
         then leaves with ``me``; everything else uses ``with gate:``.
@@ -165,7 +166,7 @@ class Gate:
                 self.leave(me)
             raise
 
-    def leave(self, me: int) -> None:
+    def leave(self, me: threading.Thread) -> None:
         """One admitted operation of thread ``me`` ended."""
         with self.lock:
             left = self._inflight.get(me, 0) - 1
@@ -179,15 +180,14 @@ class Gate:
         """Close the gate (idempotent) and wait until no other living thread
         runs an operation (see the class docstring); looks again every
         :data:`LOOK_S` seconds, since a thread can end without leaving."""
-        me = threading.get_ident()
+        me = threading.current_thread()
         with self.lock:
             self.closed = True
             while self._others_running(me):
                 self._idle.wait(LOOK_S)
 
-    def _others_running(self, me: int) -> bool:
-        alive = {t.ident for t in threading.enumerate()}
-        return any(thread != me and thread in alive for thread in self._inflight)
+    def _others_running(self, me: threading.Thread) -> bool:
+        return any(thread is not me and thread.is_alive() for thread in self._inflight)
 
 
 LOOK_S = 1.0

@@ -92,13 +92,13 @@ from turnkeeper.spec import errors
 
 from ..backend import Clock, Conflict, Merge, QueryFn
 from ..backend import Tx as AnyTx
-from ..codec import check_instant
+from ..codec import check_clock
 from ..migrations import load
 from ..retry import Gate, Stats, run_attempts
 from ..wakeups import Subscription, Topic
 from .cursors import Cursors, Holder
 from .dialect import DIALECT, interrupted, is_conflict, translate
-from .files import Targets, open_shared, release
+from .files import SharedFile, Targets, open_shared, release
 from .query import check_read
 
 MIGRATIONS = load()
@@ -178,7 +178,7 @@ class Tx:
             if self._in_transaction and not self._snapshot:
                 self.exec(self.PIN)  # the snapshot first, the clock (injected or not) after it
             if self._clock is not None:
-                self._now = check_instant(self._clock(), "clock")
+                self._now = check_clock(self._clock())
             elif self._in_transaction:
                 self._now = datetime.now(UTC)
         return self._now
@@ -381,24 +381,34 @@ class Database:
         self.clock = clock
         self.read_only = read_only
         self.dialect = DIALECT
-        self._file = open_shared(self.path, read_only=read_only, user=self)
-        self._con = self._file.con
-        self._write_lock = self._file.write_lock
-        self._gate = Gate()
-        self._lock = self._gate.lock
-        self._cursors = Cursors(self._con, self._lock)
-        self._closed = False
-        self._stats = Stats()
-        self._queue: list[_Queued] = []
-        # Entered only as ``with self._queue_lock:`` (the lock's own C ``__enter__``:
-        # taken or not, nothing runs between), never through a condition's Python
-        # ``__enter__``, where a cancellation landing after the take leaked the lock.
-        self._queue_lock = threading.Lock()
-        self._queue_changed = threading.Condition(self._queue_lock)
-        self._queue_grew = threading.Condition(self._queue_lock)
-        self._leading = False
-        self._last_group = 1
-        self._gathering = 0
+        given: list[SharedFile] = []
+        try:
+            self._file = open_shared(self.path, read_only=read_only, user=self, given=given)
+            self._con = self._file.con
+            self._write_lock = self._file.write_lock
+            self._gate = Gate()
+            self._lock = self._gate.lock
+            self._cursors = Cursors(self._con, self._lock)
+            self._closed = False
+            self._stats = Stats()
+            self._queue: list[_Queued] = []
+            # Entered only as ``with self._queue_lock:`` (the lock's own C
+            # ``__enter__``: taken or not, nothing runs between), never through a
+            # condition's Python ``__enter__``, where a cancellation landing after
+            # the take leaked the lock.
+            self._queue_lock = threading.Lock()
+            self._queue_changed = threading.Condition(self._queue_lock)
+            self._queue_grew = threading.Condition(self._queue_lock)
+            self._leading = False
+            self._last_group = 1
+            self._gathering = 0
+        except BaseException:
+            # Cancelled as it opened: let go of the file (closing it when no other
+            # store object here uses it), never leaving it open for good.
+            if given and release(given[0], self):
+                with contextlib.suppress(duckdb.Error):
+                    given[0].con.close()
+            raise
 
     def close(self) -> None:
         """Checkpoint and close the store once the operations already running have

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -131,17 +132,26 @@ class SharedFile:
     write_lock: threading.RLock = field(default_factory=threading.RLock)
     targets: Targets = field(default_factory=Targets)
     signals: Signals = field(default_factory=Signals)
-    users: set[int] = field(default_factory=set)
-    """The store objects using it (their ``id``): one releasing twice is one release."""
+    users: weakref.WeakSet[object] = field(default_factory=weakref.WeakSet)
+    """The store objects using it: one releasing twice is one release, and one
+    lost before it could close (a cancellation as it opened) leaves the set
+    when it is collected."""
 
 
 _FILES: dict[tuple[object, ...], SharedFile] = {}
 _GUARD = threading.Lock()
 
 
-def open_shared(path: str, *, read_only: bool, user: object) -> SharedFile:
+def open_shared(path: str, *, read_only: bool, user: object, given: list[SharedFile]) -> SharedFile:
     """The connection to ``path`` for ``user`` (a store object): the one this
-    process has, or a new one.
+    process has, or a new one. It is appended to ``given`` before ``user`` is
+    counted among its users, so a caller cancelled as this returns still has
+    what to :func:`release`.
+
+    The file's header is read (:func:`check_file`) only when this process does
+    not have the file open yet: closing any descriptor of a file drops every
+    POSIX lock the process holds on it, DuckDB's included, and another process
+    could then open the file and write beside this one.
 
     A file another store object here holds read-only cannot be opened to write.
 
@@ -150,9 +160,11 @@ def open_shared(path: str, *, read_only: bool, user: object) -> SharedFile:
             holds it read-only and ``read_only`` is false.
         (and what :func:`check_file` and :func:`open_error` raise)
     """
-    check_file(path, read_only=read_only)
     if path == ":memory:":
-        return SharedFile(_connect(path, read_only, existed=True), read_only, [], users={id(user)})
+        shared = SharedFile(_connect(path, read_only, existed=True), read_only, [])
+        given.append(shared)
+        shared.users.add(user)
+        return shared
     with _GUARD:
         key = _identity(path)
         found = _FILES.get(key)
@@ -161,11 +173,15 @@ def open_shared(path: str, *, read_only: bool, user: object) -> SharedFile:
                 raise errors.StoreLockedError(
                     path, detail="another store object in this process has it open read-only"
                 )
-            found.users.add(id(user))
+            given.append(found)
+            found.users.add(user)
             return found
+        check_file(path, read_only=read_only)
         existed = os.path.exists(path)
         con = _connect(path, read_only, existed=existed)
-        shared = SharedFile(con, read_only, [key, _identity(path)], users={id(user)})
+        shared = SharedFile(con, read_only, [key, _identity(path)])
+        given.append(shared)
+        shared.users.add(user)
         for k in shared.keys:
             _FILES[k] = shared
         return shared
@@ -205,7 +221,7 @@ def release(shared: SharedFile, user: object) -> bool:
     """``user`` is done with ``shared`` (again: nothing changes); returns whether
     no user is left (the last then checkpoints and closes the connection)."""
     with _GUARD:
-        shared.users.discard(id(user))
+        shared.users.discard(user)
         if shared.users:
             return False
         for k in shared.keys:

@@ -152,6 +152,7 @@ class ImportsMixin(StoreBase):
             BusyError: no ``lease`` given and someone holds the session.
         """
         check_id(batch.session_id, "session_id")
+        check_instant(batch.created_at, "created_at")
         check_session_lease(batch.session_id, lease)
         header_json = to_json(dict(batch.header), "header")
         rows = []

@@ -61,7 +61,7 @@ from turnkeeper.spec import errors
 
 from ..backend import Clock, Conflict, Dialect, Merge, QueryFn
 from ..backend import Tx as AnyTx
-from ..codec import check_instant
+from ..codec import check_clock
 from ..migrations import load
 from ..retry import Gate, Stats, run_attempts
 from ..wakeups import Signals, Subscription, Topic
@@ -176,7 +176,7 @@ class Tx:
             if self._clock is not None:
                 if self._in_transaction and not self._snapshot:
                     self.exec("SELECT 1")  # the snapshot first, then the injected clock
-                self._now = check_instant(self._clock(), "clock")
+                self._now = check_clock(self._clock())
             elif self._in_transaction:
                 row = self.one("SELECT clock_timestamp()")  # takes the snapshot, then reads
                 assert row is not None
@@ -304,7 +304,7 @@ class Database:
         prevent) is closed when it is collected, and its ``finally`` gives the
         connection back and leaves the gate then (for this thread, whichever
         thread collects it)."""
-        me = threading.get_ident()
+        me = threading.current_thread()
         self._gate.admit(me)
         try:
             with self._pool.connection(timeout=self._pool_timeout_s) as conn:

@@ -18,11 +18,13 @@ away.
   keepalives and ``tcp_user_timeout`` (:data:`TCP_DEFAULTS`) make the
   kernel fail the socket in about half a minute instead of the
   retransmission timeout's quarter of an hour, and ``connect_timeout`` bounds
-  a new connection; the URL's own values, when it sets them, win.
+  a new connection; the user's own values (the URL's, the environment's, a
+  service file's) win.
 """
 
 from __future__ import annotations
 
+import os
 import select
 import time
 import weakref
@@ -43,9 +45,14 @@ TCP_DEFAULTS = {
     "keepalives_count": "3",
     "tcp_user_timeout": "30000",
 }
-"""libpq parameters every pooled connection gets unless the URL sets them
-(seconds, but ``tcp_user_timeout`` in milliseconds); they apply to TCP
-connections only, not to Unix sockets."""
+"""libpq parameters every pooled connection gets unless the URL sets them, or
+their environment variable (:data:`ENVIRONMENT`) does, or the URL or
+``PGSERVICE`` names a service (whose file may set them): seconds, but
+``tcp_user_timeout`` in milliseconds; they apply to TCP connections only."""
+
+ENVIRONMENT = {"connect_timeout": "PGCONNECT_TIMEOUT"}
+"""The libpq environment variables of :data:`TCP_DEFAULTS`' parameters (the
+others have none)."""
 
 
 class Pool:
@@ -54,7 +61,14 @@ class Pool:
 
     def __init__(self, url: str, size: int, configure: Any) -> None:
         given = conninfo_to_dict(url)
-        defaults = {k: v for k, v in TCP_DEFAULTS.items() if k not in given}
+        if "service" in given or os.environ.get("PGSERVICE"):
+            defaults = {}  # the service file may set them: its values win
+        else:
+            defaults = {
+                k: v
+                for k, v in TCP_DEFAULTS.items()
+                if k not in given and not os.environ.get(ENVIRONMENT.get(k, ""))
+            }
         self._lent: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
         self.pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url,
