@@ -382,3 +382,53 @@ def test_close_never_waits_for_an_idle_thread_that_took_a_counted_threads_id(duc
     finally:
         stop.set()
         idle.join()
+
+
+def test_an_interrupt_as_a_queued_write_waits_never_releases_the_queue_lock_twice(
+    duck_real_store,
+):
+    """Attack helper: a cancellation landing in a queued write's wait after it
+    let go of the queue lock, before it took it back, came out as
+    ``RuntimeError('release unlocked lock')``, for a write that was stored,
+    and could release the lock while another thread held it. The landing is
+    replayed at the wait's taking back (a Python function here)."""
+    store = duck_real_store
+    store.create_session("s")
+    db = store.db
+    condition = db._queue_changed
+    real_restore = condition._acquire_restore
+    fired: list[int] = []
+
+    def acquire_restore(saved: Any) -> None:
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_name != "_grouped":
+            frame = frame.f_back
+        item = None if frame is None else frame.f_locals.get("item")
+        stored = item is not None and item.done  # B's write is stored; its wait ends here
+        if threading.current_thread().name == "B" and stored and not fired:
+            fired.append(1)
+            raise KeyboardInterrupt("before the wait took the lock back")
+        real_restore(saved)
+
+    condition._acquire_restore = acquire_restore
+    outcome: dict[str, Any] = {}
+    db._write_lock.acquire()  # another write runs: the next ones queue
+    writers = [
+        threading.Thread(
+            target=_outcome(lambda: store.append("s", EntryKind.MESSAGE, MSG), outcome, n),
+            name=n,
+        )
+        for n in ("L", "B")
+    ]
+    for t in writers:
+        t.start()
+    while len(db._queue) < 2:  # both queued behind the running write
+        time.sleep(0.005)
+    db._write_lock.release()
+    for t in writers:
+        t.join(60)
+    condition._acquire_restore = real_restore
+    assert fired
+    assert outcome["B"][0] == "raised" and isinstance(outcome["B"][1], KeyboardInterrupt)
+    assert _free(db._queue_lock)
+    assert [e.seq for e in store.entries("s")] == [1, 2]

@@ -351,6 +351,19 @@ def _merged_run(batch: Sequence[_Queued], at: int) -> int:
     return end
 
 
+def _wait(condition: threading.Condition, lock: threading.RLock, timeout: float) -> None:
+    """``condition.wait(timeout)`` that never returns, or raises, without
+    ``lock`` held: a cancellation landing right after the wait let go of it
+    (before it could take it back) has it taken again here, so that the
+    caller's ``with lock:`` lets go of its own hold, never another thread's."""
+    try:
+        condition.wait(timeout)
+    except BaseException:
+        if not lock._is_owned():  # type: ignore[attr-defined]
+            lock.acquire()
+        raise
+
+
 def _run_items(tx: Tx, items: Sequence[_Queued]) -> list[Any]:
     """The outcomes of ``items``: one body, or one ``many`` call of a merged run."""
     merge = items[0].merge
@@ -395,8 +408,10 @@ class Database:
             # Entered only as ``with self._queue_lock:`` (the lock's own C
             # ``__enter__``: taken or not, nothing runs between), never through a
             # condition's Python ``__enter__``, where a cancellation landing after
-            # the take leaked the lock.
-            self._queue_lock = threading.Lock()
+            # the take leaked the lock. Reentrant, so that the conditions' waits
+            # let go of it and take it back in C, and a cancellation landing in a
+            # wait can never release it while another thread holds it.
+            self._queue_lock = threading.RLock()
             self._queue_changed = threading.Condition(self._queue_lock)
             self._queue_grew = threading.Condition(self._queue_lock)
             self._leading = False
@@ -521,7 +536,7 @@ class Database:
                     if self._gathering and len(self._queue) >= self._gathering:
                         self._queue_grew.notify()  # the leader's batch is complete (_gather)
                     while not item.done and self._leading:
-                        self._queue_changed.wait(WAKE_S)
+                        _wait(self._queue_changed, self._queue_lock, WAKE_S)
                 except BaseException:
                     # Cancelled while queued: a write no leader has taken yet never
                     # runs; one a leader is running ends as that group does.
@@ -592,7 +607,7 @@ class Database:
                         remaining = deadline - time.monotonic()
                         if remaining <= 0:
                             break
-                        self._queue_grew.wait(remaining)
+                        _wait(self._queue_grew, self._queue_lock, remaining)
                 finally:
                     self._gathering = 0
 
