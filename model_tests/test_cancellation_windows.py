@@ -432,3 +432,66 @@ def test_an_interrupt_as_a_queued_write_waits_never_releases_the_queue_lock_twic
     assert outcome["B"][0] == "raised" and isinstance(outcome["B"][1], KeyboardInterrupt)
     assert _free(db._queue_lock)
     assert [e.seq for e in store.entries("s")] == [1, 2]
+
+
+def _waiting_in(thread: threading.Thread, function: str) -> bool:
+    """Whether ``thread`` waits on a condition called from ``function`` right now."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    while frame is not None and frame.f_back is not None:
+        if frame.f_code.co_name == "wait" and frame.f_back.f_code.co_name == function:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_close_waits_for_an_operation_whose_thread_an_interrupted_join_marked_ended(real_store):
+    """CI: a Ctrl-C of ``turnkeeper demo`` landed in the main thread's
+    ``join()`` of a worker, and CPython before 3.13 then marks that worker
+    ended while it still runs (gh-90882: ``is_alive()`` False, every later
+    join returns at once). ``close()`` asked ``is_alive()``, did not wait for
+    the worker's running renewal and closed the file under it
+    (``OperationalError``: the connection was busy; a crash at exit). The
+    close must wait for that operation, and the operation must succeed."""
+    store = real_store
+    main = threading.current_thread()
+    assert main is threading.main_thread()  # a signal is handled on the main thread
+    inside, go, done = threading.Event(), threading.Event(), threading.Event()
+    out: dict[str, Any] = {}
+
+    def held(tx: Any) -> Any:
+        inside.set()
+        go.wait(60)
+        return tx.one("SELECT 1")
+
+    def operation() -> None:
+        try:
+            _outcome(lambda: store.db.read("held", held), out, "op")()
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=operation)
+    worker.start()
+    assert inside.wait(60)
+
+    def ctrl_c() -> None:
+        _blocked_in(main, "join")
+        signal.pthread_kill(main.ident or 0, signal.SIGINT)
+
+    sender = threading.Thread(target=ctrl_c)
+    sender.start()
+    try:
+        with _fails_if_it_hangs(), pytest.raises(KeyboardInterrupt):
+            worker.join(60)
+        sender.join(60)
+        closer = threading.Thread(target=_outcome(store.close, out, "close"))
+        closer.start()
+        with _fails_if_it_hangs():
+            while closer.is_alive() and not _waiting_in(closer, "shut"):
+                time.sleep(0.005)
+        assert closer.is_alive(), "close() went on under a running operation"
+    finally:
+        go.set()
+        done.wait(60)
+    closer.join(60)
+    assert out["op"] == ("ok", (1,)), out["op"]
+    assert out["close"] == ("ok", None), out["close"]

@@ -127,6 +127,13 @@ class Gate:
     starts (before any of it runs, which Python cannot prevent) leaves its
     thread counted, and that must not make the thread's own ``close()``, or
     any ``close()`` after the thread ended, wait for ever.
+
+    A thread is alive while ``threading.enumerate()`` lists it, not while
+    ``Thread.is_alive()`` says so: before Python 3.13, a ``join()`` of a
+    thread that a Ctrl-C interrupts marks that thread ended while it still
+    runs (CPython gh-90882), and closing then went on under its running
+    operation (the demo's Ctrl-C: the file closed under a worker's renewal,
+    ``OperationalError``, and a crash at exit).
     """
 
     def __init__(self) -> None:
@@ -187,7 +194,8 @@ class Gate:
                 self._idle.wait(LOOK_S)
 
     def _others_running(self, me: threading.Thread) -> bool:
-        return any(thread is not me and thread.is_alive() for thread in self._inflight)
+        alive = set(threading.enumerate())  # not is_alive(): see the class docstring
+        return any(thread is not me and thread in alive for thread in self._inflight)
 
 
 LOOK_S = 1.0
