@@ -99,11 +99,27 @@ def _on_postgres(item: pytest.Item) -> bool:
 
 
 _LEFT_OUT: list[int] = []
+_SEARCHES_LEFT_OUT: list[int] = []
+
+SEARCHING = os.environ.get("HYPOTHESIS_PROFILE") == "nightly"
+"""Whether the ``search`` tests run: Hypothesis searching from scratch for the
+counterexample of a fence patched out. CI replays every kill's stored
+counterexample instead (the ``test_stored_counterexample_*`` tests), so the
+searches run on demand: ``HYPOTHESIS_PROFILE=nightly make test``, or
+``pytest -m search``."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Without a test server, leave the PostgreSQL tests out (one summary line says
-    so); under ``CI=true`` that is an error: CI must test both backends."""
+    """Leave the ``search`` tests out unless :data:`SEARCHING` or ``-m`` names
+    them, and without a test server the PostgreSQL tests (one summary line
+    says so for each); under ``CI=true`` the latter is an error: CI must test
+    both backends."""
+    if not SEARCHING and "search" not in (config.option.markexpr or ""):
+        searches = [i for i in items if i.get_closest_marker("search") is not None]
+        if searches:
+            items[:] = [i for i in items if i.get_closest_marker("search") is None]
+            config.hook.pytest_deselected(items=searches)
+            _SEARCHES_LEFT_OUT.append(len(searches))
     if os.environ.get(PG_ENV):
         return
     left = [i for i in items if _on_postgres(i)]
@@ -117,6 +133,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _SEARCHES_LEFT_OUT:
+        terminalreporter.write_line(
+            f"fence-kill searches left out ({sum(_SEARCHES_LEFT_OUT)}): every kill's stored "
+            "counterexample ran instead; HYPOTHESIS_PROFILE=nightly (or -m search) runs them"
+        )
     if _LEFT_OUT:
         terminalreporter.write_line(
             f"PostgreSQL tests skipped ({sum(_LEFT_OUT)}): no test server ({PG_ENV} is unset; "

@@ -8,8 +8,9 @@ Two kinds of test per fence:
   steps, is replayed on the patched store and must fail with an
   ``AssertionError`` (an oracle disagreement or a broken invariant), and
   pass on the real store. Fast and deterministic: CI never searches for it.
-- **search** (``slow``): Hypothesis, derandomized, must find a
-  counterexample by itself within its example budget.
+- **search** (``search``, on demand: ``HYPOTHESIS_PROFILE=nightly``):
+  Hypothesis, derandomized, must find a counterexample by itself within its
+  example budget.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import dataclasses
 from collections.abc import Callable
 
 import pytest
+from by_hand import Steps
+from by_hand import replay as run_by_hand
 from conftest import BACKENDS
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
@@ -183,11 +186,11 @@ KILLS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], list[tuple[str, dic
 
 
 def replay(steps: list[tuple[str, dict]], backend: str) -> None:
-    """Run stored steps on a fresh machine, checking every invariant after each."""
-    machine = make_machine(backend)()
-    held: list[object] = []
-    try:
-        machine.sessions()
+    """Run stored steps on a fresh machine, checking every invariant after each
+    (``by_hand.replay``); ``held`` names leases by the order they were granted."""
+
+    def script(machine: Steps) -> None:
+        held: list[object] = []
         for name, args in steps:
             args = dict(args)
             if "held" in args:
@@ -199,13 +202,8 @@ def replay(steps: list[tuple[str, dict]], backend: str) -> None:
             result = getattr(machine, name)(**args)
             if name == "acquire" and hasattr(result, "lease"):
                 held.append(result)
-            for inv in (
-                "at_most_one_unexpired_holder_per_target",
-                "epochs_increase_and_one_active_record_per_key",
-            ):
-                getattr(machine, inv)()
-    finally:
-        machine.teardown()
+
+    run_by_hand(make_machine(backend), script)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -225,7 +223,7 @@ def test_stored_counterexample_fails_with_the_fence_patched_out(
         replay(steps, backend)
 
 
-@pytest.mark.slow
+@pytest.mark.search
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("fence", sorted(KILLS))
 def test_machine_finds_a_counterexample_with_the_fence_patched_out(

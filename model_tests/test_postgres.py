@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import new_pg_schema, pg_url
+from conftest import new_pg_schema
 
 import turnkeeper
 from turnkeeper import EntryKind
@@ -367,17 +367,6 @@ def test_an_autocommit_write_cut_off_says_its_outcome_is_unknown(monkeypatch):
         with pytest.raises(turnkeeper.OperationalError) as err:
             store.append("s", EntryKind.MESSAGE, MSG)
         assert "unknown" in str(err.value)
-
-
-def test_the_benchmark_runs_at_a_tiny_size_on_both_backends(tmp_path):
-    """reports/bench.py runs end to end on DuckDB and PostgreSQL (tiny size, its
-    own schema) and writes every figure; the sizes are CI's, the figures are not
-    asserted."""
-    from test_machines import run_tiny_bench
-
-    data = run_tiny_bench(tmp_path, pg_url())
-    assert set(data["backends"]) == {"duckdb", "postgres"}
-    assert set(data["backends"]["postgres"]["processes"]) == {"1", "4", "8"}
 
 
 def test_the_throwaway_server_starts_answers_and_is_gone_afterwards(tmp_path):

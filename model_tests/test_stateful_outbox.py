@@ -1,8 +1,12 @@
-"""Run the differential outbox machine, and show its fences can fail."""
+"""Run the differential outbox machine, and show its fences can fail: each
+kill's stored counterexample is replayed (``by_hand``) on the patched store,
+where it fails, and on the real one, where it passes; the search that finds
+one from scratch runs on demand (``search``: ``HYPOTHESIS_PROFILE=nightly``)."""
 
 from __future__ import annotations
 
 import pytest
+from by_hand import Steps, replay
 from conftest import BACKENDS
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
@@ -53,18 +57,48 @@ def drop_expiry_check(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(delivery_claims, "_fence", fence)
 
 
+def finish_under_a_claim_taken_over(m: Steps) -> None:
+    first = m.claim(key="upload", owner="W1", ttl=1.0)
+    m.time_passes(seconds=1.5)
+    m.claim(key="upload", owner="W2", ttl=5.0)  # the claim lapsed: W2 takes it over
+    m.finish(claim=first, result="delivered")
+
+
+def progress_under_an_expired_claim(m: Steps) -> None:
+    claim = m.claim(key="upload", owner="W1", ttl=1.0)
+    m.time_passes(seconds=1.5)
+    m.progress(claim=claim)
+
+
 KILLS = {
-    "delivery-claim-owner-epoch": drop_owner_epoch_check,
-    "delivery-claim-expiry": drop_expiry_check,
+    "delivery-claim-owner-epoch": (drop_owner_epoch_check, finish_under_a_claim_taken_over),
+    "delivery-claim-expiry": (drop_expiry_check, progress_under_an_expired_claim),
 }
 
 
-@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fence", sorted(KILLS))
+def test_stored_counterexample_passes_on_the_real_store(fence: str, backend: str) -> None:
+    replay(on(backend), KILLS[fence][1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fence", sorted(KILLS))
+def test_stored_counterexample_fails_with_the_fence_patched_out(
+    fence: str, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    patch, script = KILLS[fence]
+    patch(monkeypatch)
+    with pytest.raises(AssertionError):
+        replay(on(backend), script)
+
+
+@pytest.mark.search
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("fence", sorted(KILLS))
 def test_machine_finds_a_counterexample_with_the_fence_patched_out(
     fence: str, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    KILLS[fence](monkeypatch)
+    KILLS[fence][0](monkeypatch)
     with pytest.raises(AssertionError):
         run_state_machine_as_test(on(backend), settings=SEARCH)

@@ -1,8 +1,12 @@
-"""Run the differential runs-and-recovery machine, and show its fences can fail."""
+"""Run the differential runs-and-recovery machine, and show its fences can fail:
+each kill's stored counterexample is replayed (``by_hand``) on the patched
+store, where it fails, and on the real one, where it passes; the search that
+finds one from scratch runs on demand (``search``: ``HYPOTHESIS_PROFILE=nightly``)."""
 
 from __future__ import annotations
 
 import pytest
+from by_hand import Steps, replay
 from conftest import BACKENDS
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
@@ -51,15 +55,50 @@ def drop_recovery_fence(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(recovery, "_guarded", guarded_without_fence)
 
 
-KILLS = {"finish-lease-fence": drop_finish_fence, "recovery-lease-fence": drop_recovery_fence}
+def finish_under_an_expired_lease(m: Steps) -> None:
+    lease = m.acquire(owner="W1", session="s1", ttl=1.0)
+    run = m.admit(session="s1", lease=lease, start=True)
+    m.advance(seconds=2.0)
+    m.finish(run=run, status="succeeded", lease=lease, with_entries=True)
 
 
-@pytest.mark.slow
+def converge_under_an_expired_recovery_lease(m: Steps) -> None:
+    run = m.admit(session="s1", lease=None, start=True)  # nobody holds it: an orphan
+    lease = m.acquire(owner="R1", session="s1", ttl=1.0)
+    m.recover(run=run, lease=lease)
+    m.advance(seconds=2.0)
+    m.converge(run=run, lease=lease)
+
+
+KILLS = {
+    "finish-lease-fence": (drop_finish_fence, finish_under_an_expired_lease),
+    "recovery-lease-fence": (drop_recovery_fence, converge_under_an_expired_recovery_lease),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fence", sorted(KILLS))
+def test_stored_counterexample_passes_on_the_real_store(fence: str, backend: str) -> None:
+    replay(on(backend), KILLS[fence][1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fence", sorted(KILLS))
+def test_stored_counterexample_fails_with_the_fence_patched_out(
+    fence: str, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    patch, script = KILLS[fence]
+    patch(monkeypatch)
+    with pytest.raises(AssertionError):
+        replay(on(backend), script)
+
+
+@pytest.mark.search
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("fence", sorted(KILLS))
 def test_machine_finds_a_counterexample_with_the_fence_patched_out(
     fence: str, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    KILLS[fence](monkeypatch)
+    KILLS[fence][0](monkeypatch)
     with pytest.raises(AssertionError):
         run_state_machine_as_test(on(backend), settings=SEARCH)
