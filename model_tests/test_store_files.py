@@ -339,6 +339,32 @@ def test_migration_10_keeps_each_sessions_event_cursor(
         assert other.session_id == "u"
 
 
+def test_migration_11_indexes_what_duckdb_looked_up_by_reading_whole_tables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DuckDB store at schema version 10 opened by this turnkeeper: version 11
+    adds DuckDB's single-column lookup indexes over the rows already stored,
+    which stay as they were and are found through them (PostgreSQL's version
+    11 adds nothing: its btree indexes served these lookups already)."""
+    where = _held_at_version("duckdb", 10, tmp_path, monkeypatch)
+    with turnkeeper.open_store(where) as store:
+        store.create_session("s")
+        lease = store.acquire_lease("session:s", "w", 60)
+        msg = {"message": {"role": "user", "content": "x"}}
+        entry = store.append("s", EntryKind.MESSAGE, msg, lease=lease)
+        store.release_lease(lease)
+        run = store.admit_run("s", {"q": 1}, submission_key="k", start=True)
+        before = store.replay("s")
+        assert store.query("SELECT count(*) AS n FROM duckdb_indexes()").column(0)[0].as_py() == 0
+    monkeypatch.undo()
+    with turnkeeper.open_store(where) as store:
+        assert store.schema_version() == turnkeeper.SCHEMA_VERSION == 11
+        names = store.query("SELECT index_name FROM duckdb_indexes() ORDER BY 1").column(0)
+        assert "entries_by_id" in names.to_pylist() and len(names) == 6
+        assert store.replay("s") == before and store.entry("s", entry.id) == entry
+        assert store.admit_run("s", {"q": 1}, submission_key="k", start=True) == run
+
+
 def test_events_an_older_turnkeeper_wrote_beside_a_migrated_server_are_counted() -> None:
     """Found by an attack helper: on PostgreSQL a fleet upgrades one process at a
     time, and a process of schema 9 still running beside a migrated database

@@ -4,7 +4,8 @@
 both engines speak (``0001_initial.sql`` …); a backend package may hold a
 ``migrations/`` folder of its own with additions to some of those versions,
 under the same numbers (PostgreSQL's partial unique indexes, indexes and
-reader role), run in the same transaction right after the shared file.
+reader role; DuckDB's single-column lookup indexes), run in the same
+transaction right after the shared file.
 ``schema_migrations`` records each applied version. Opening a database whose
 newest version is above :data:`SCHEMA_VERSION` fails with
 ``SchemaVersionError`` naming both versions; nothing is changed.
@@ -17,7 +18,7 @@ from importlib import resources
 
 _NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 """The newest schema version this turnkeeper knows (a test holds the shared
 migrations to 1 … it)."""
 

@@ -101,8 +101,8 @@ from .dialect import DIALECT, interrupted, is_conflict, translate
 from .files import SharedFile, Targets, open_shared, release
 from .query import check_read
 
-MIGRATIONS = load()
-"""DuckDB's numbered migrations, loaded once."""
+MIGRATIONS = load("turnkeeper.storage.duck")
+"""DuckDB's numbered migrations (the shared ones and DuckDB's additions), loaded once."""
 
 UNNEST_ROWS = 256
 """Bulk inserts up to this many rows bind one list per column; more go through Arrow."""
@@ -921,7 +921,8 @@ class Database:
         return Subscription(self._file.signals, topics)
 
     def migrations(self) -> list[tuple[int, str]]:
-        """DuckDB's numbered migrations: the shared ones (``storage/migrations``)."""
+        """DuckDB's numbered migrations: the shared ones (``storage/migrations``),
+        each followed by its DuckDB additions (``storage/duck/migrations``)."""
         return MIGRATIONS
 
     def migrate(self, operation: str, body: Callable[[AnyTx], T]) -> T:

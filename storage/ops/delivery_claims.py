@@ -21,7 +21,7 @@ from turnkeeper.spec.delivery import (
 )
 from turnkeeper.spec.lifecycle import Edge
 
-from ..backend import Conflict, Tx
+from ..backend import Conflict, Tx, keyed
 from ..codec import check_id, check_text, to_json
 from ..validate import (
     check_int,
@@ -31,6 +31,9 @@ from ..validate import (
 from ..wakeups import Topic
 from . import delivery
 from .base import StoreBase
+
+_CLAIM_IS = "status = ? AND lease_epoch = ?"
+"""An operation still in this status under this claim epoch: its compare-and-set."""
 
 
 def claim(tx: Tx, operation_id: str, owner: str, ttl_s: float) -> DeliveryOperation:
@@ -66,7 +69,7 @@ def claim(tx: Tx, operation_id: str, owner: str, ttl_s: float) -> DeliveryOperat
         "UPDATE delivery_operations SET status = 'claimed', lease_owner = ?, "
         "lease_epoch = lease_epoch + 1, lease_ttl_s = ?, lease_expires_at = ?, "
         "attempt_count = attempt_count + 1, next_attempt_at = NULL, updated_at = ? "
-        f"WHERE id = ? AND status = ? AND lease_epoch = ? RETURNING {delivery.OP_COLS}",
+        f"WHERE {keyed('id', _CLAIM_IS)} RETURNING {delivery.OP_COLS}",
         [owner, ttl_s, now + timedelta(seconds=ttl_s), now, op.id, op.status, op.lease_epoch],
     )
     if row is None:
@@ -110,7 +113,7 @@ def _fence(tx: Tx, operation_id: str, owner: str, epoch: int) -> DeliveryOperati
 def _move(tx: Tx, op: DeliveryOperation, edge: Edge, sets: str, params: list[Any]) -> Any:
     row = tx.one(
         f"UPDATE delivery_operations SET status = ?, updated_at = ?, {sets} "
-        f"WHERE id = ? AND status = ? AND lease_epoch = ? RETURNING {delivery.OP_COLS}",
+        f"WHERE {keyed('id', _CLAIM_IS)} RETURNING {delivery.OP_COLS}",
         [edge.dest, tx.now, *params, op.id, edge.source, op.lease_epoch],
     )
     if row is None:

@@ -53,7 +53,7 @@ from turnkeeper.spec.fork import (
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.records import Entry, Lease
 
-from ..backend import Tx, utc
+from ..backend import Tx, keyed, utc
 from ..codec import check_id, from_json, to_json
 from ..replay import context_faults
 from ..validate import check_int, check_session_lease
@@ -176,7 +176,8 @@ def _boundary(tx: Tx, req: Request) -> tuple[str, int]:
         raise errors.ForkNoCompletedTurnError(sid)
     if req.boundary_turn_id is not None:
         turn = tx.one(
-            "SELECT id, status, end_seq FROM conversation_turns WHERE id = ? AND session_id = ?",
+            "SELECT id, status, end_seq FROM conversation_turns "
+            f"WHERE {keyed('id', 'session_id = ?')}",
             [req.boundary_turn_id, sid],
         )
         if turn is None:

@@ -36,7 +36,7 @@ from turnkeeper.machines import machine_for
 from turnkeeper.spec import GRANTING_EDGES, LEASE, LeasePurpose, errors
 from turnkeeper.spec.records import Lease
 
-from ..backend import STORE_NOW, Conflict, Tx, utc
+from ..backend import STORE_NOW, Conflict, Tx, keyed, utc
 from ..codec import check_id
 from ..validate import check_lease, check_purpose, check_target, check_ttl
 from ..wakeups import Topic
@@ -86,6 +86,15 @@ def touch_session(tx: Tx, target: str) -> None:
         "UPDATE sessions SET updated_at = updated_at WHERE id = ?",
         [target.removeprefix("session:")],
     )
+
+
+_HELD_AT = "epoch = ? AND token_digest = ? AND state = 'held'"
+"""A lease row still held at this epoch with this token digest: a re-acquire's
+compare-and-set."""
+
+_HELD_BY = "epoch = ? AND token_digest = ? AND owner = ? AND state = 'held'"
+"""A lease row still held under the lease of these values (``fence_values`` after
+the target): what a renewal and a release compare."""
 
 
 def acquire(tx: Tx, secret: bytes, target: str, owner: str, ttl_s: float, purpose: str) -> Lease:
@@ -145,7 +154,7 @@ def acquire(tx: Tx, secret: bytes, target: str, owner: str, ttl_s: float, purpos
     elif edge.name == "reacquire":
         written = tx.one(
             "WITH w AS (UPDATE leases SET expires_at = ?, renewed_at = ? "
-            "WHERE target = ? AND epoch = ? AND token_digest = ? AND state = 'held' "
+            f"WHERE {keyed('target', _HELD_AT)} "
             "RETURNING *) " + event,
             [new_expiry, now, target, epoch, held_digest, edge.name, source, owner, now],
         )
@@ -153,7 +162,7 @@ def acquire(tx: Tx, secret: bytes, target: str, owner: str, ttl_s: float, purpos
         written = tx.one(
             "WITH w AS (UPDATE leases SET owner = ?, token_digest = ?, epoch = epoch + 1, "
             "purpose = ?, state = 'held', acquired_at = ?, renewed_at = ?, expires_at = ? "
-            "WHERE target = ? AND epoch = ? RETURNING *) " + event,
+            f"WHERE {keyed('target', 'epoch = ?')} RETURNING *) " + event,
             [
                 owner,
                 digest(token),
@@ -186,8 +195,8 @@ def renew(tx: Tx, lease: Lease, ttl_s: float) -> Lease:
         "w AS (UPDATE leases SET "
         "expires_at = (SELECT now FROM c) + ?::INTERVAL, "
         "renewed_at = (SELECT now FROM c) "
-        "WHERE target = ? AND epoch = ? AND token_digest = ? AND owner = ? AND state = 'held' "
-        "AND expires_at > (SELECT now FROM c) RETURNING *) "
+        f"WHERE {keyed('target', f'{_HELD_BY} AND expires_at > (SELECT now FROM c)')} "
+        "RETURNING *) "
         "INSERT INTO lease_events SELECT target, epoch, owner, purpose, 'renew', 'renew', "
         "'held', 'held', NULL, expires_at, renewed_at FROM w RETURNING expires_at",
         [tx.now, _ttl(ttl_s), lease.target, lease.epoch, digest(lease.token), lease.owner],
@@ -210,8 +219,7 @@ def release(tx: Tx, lease: Lease) -> bool:
         f"WITH c AS (SELECT {NOW} AS now), "
         "w AS (UPDATE leases SET state = 'released', "
         "expires_at = least(expires_at, (SELECT now FROM c)), renewed_at = (SELECT now FROM c) "
-        "WHERE target = ? AND epoch = ? AND token_digest = ? AND owner = ? AND state = 'held' "
-        "RETURNING *) "
+        f"WHERE {keyed('target', _HELD_BY)} RETURNING *) "
         "INSERT INTO lease_events SELECT target, epoch, owner, purpose, 'release', 'release', "
         "'held', 'released', NULL, expires_at, renewed_at FROM w RETURNING epoch",
         [tx.now, lease.target, lease.epoch, digest(lease.token), lease.owner],
@@ -236,8 +244,9 @@ def fence_condition(value: Callable[[str], str]) -> str:
     lease held and unexpired by the store's now (one ``?`` after the values).
     Every fenced write uses it: :func:`fence`, and the one-statement and
     merged appends of ``storage/ops/appends.py``."""
-    same = " AND ".join(f"leases.{c} = {value(c)}" for c in FENCED)
-    return f"{same} AND leases.state = 'held' AND leases.expires_at > {NOW}"
+    same = " AND ".join(f"leases.{c} = {value(c)}" for c in FENCED[1:])
+    rest = f"{same} AND leases.state = 'held' AND leases.expires_at > {NOW}"
+    return keyed("leases.target", rest, value("target"))
 
 
 def fence_values(lease: Lease) -> list[object]:

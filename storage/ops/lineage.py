@@ -11,7 +11,7 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.records import Lease, ResponseState
 
-from ..backend import Tx, utc
+from ..backend import Tx, keyed, utc
 from ..codec import check_id, check_text
 from ..validate import check_int, check_session_lease
 from . import leases
@@ -55,7 +55,7 @@ def swap(tx: Tx, state: ResponseState, expected_version: int, lease: Lease | Non
         sets = ", ".join(f"{f} = ?" for f in _FIELDS)
         row = tx.one(
             f"UPDATE response_states SET {sets}, version = version + 1, updated_at = ? "
-            "WHERE session_id = ? AND version = ? RETURNING version",
+            f"WHERE {keyed('session_id', 'version = ?')} RETURNING version",
             [*values, tx.now, state.session_id, expected_version],
         )
     return row is not None

@@ -23,7 +23,7 @@ from turnkeeper.spec.records import Lease, Recovery, Run
 from turnkeeper.spec.recovery import retry_delay_s
 from turnkeeper.spec.run import NON_TERMINAL, RunStatus
 
-from ..backend import Conflict, Tx, utc
+from ..backend import Conflict, Tx, keyed, utc
 from ..codec import check_id, check_text, to_json
 from ..validate import check_int, check_lease, check_plan, check_seconds
 from . import leases, run_reads, runs
@@ -173,7 +173,7 @@ def _held(tx: Tx, run_id: str, lease: Lease, trigger: str) -> tuple[Run, Recover
 def _set(tx: Tx, rec: Recovery, edge: Edge, sets: str, params: list[Any]) -> Recovery:
     row = tx.one(
         f"UPDATE run_recoveries SET state = ?, updated_at = ?, {sets} "
-        f"WHERE run_id = ? AND state = ? AND lease_epoch = ? RETURNING {_COLS}",
+        f"WHERE {keyed('run_id', 'state = ? AND lease_epoch = ?')} RETURNING {_COLS}",
         [edge.dest, tx.now, *params, rec.run_id, edge.source, rec.lease_epoch],
     )
     if row is None:

@@ -35,7 +35,7 @@ from turnkeeper.spec.records import (
 )
 from turnkeeper.spec.run import FINISH_TRIGGERS, NON_TERMINAL, TERMINAL, RunStatus
 
-from ..backend import Conflict, Tx, utc
+from ..backend import Conflict, Tx, keyed, utc
 from ..codec import check_id, check_text, to_json
 from ..validate import (
     check_bool,
@@ -127,8 +127,8 @@ def admit(
     if key_digest is not None:
         sub = tx.one(
             "SELECT run_id, request_fingerprint FROM submissions "
-            "WHERE session_id = ? AND key_digest = ?",
-            [session_id, key_digest],
+            f"WHERE {keyed('key_digest', 'session_id = ?')}",
+            [key_digest, session_id],
         )
         if sub is not None:
             if sub[1] != admission:
@@ -271,7 +271,7 @@ def _move(tx: Tx, run: Run, edge: Edge, error: str | None = None) -> Run:
     params: list[Any] = [edge.dest, now] + ([now] if done else []) + [error, run.id, edge.source]
     moved = tx.count(
         f"UPDATE runs SET status = ?, updated_at = ?, {done}error = coalesce(?, error) "
-        "WHERE id = ? AND status = ?",
+        f"WHERE {keyed('id', 'status = ?')}",
         params,
     )
     if moved != 1:
@@ -349,7 +349,10 @@ def finish(
         )
     moved = _move(tx, run, edge, error)
     epoch = fenced_epoch if lease is None else lease.epoch
-    tx.exec("DELETE FROM active_runs WHERE session_id = ? AND run_id = ?", [run.session_id, run.id])
+    tx.exec(
+        f"DELETE FROM active_runs WHERE {keyed('session_id', 'run_id = ?')}",
+        [run.session_id, run.id],
+    )
     head: tuple[str | None, int] | None = None  # the session's, once this call wrote it
     if drafts:
         last = sessions.append_drafts(
@@ -422,7 +425,7 @@ def touch(tx: Tx, run: Run) -> int | None:
         Conflict: the run moved (the caller's transaction retries).
     """
     row = tx.one(
-        "UPDATE runs SET updated_at = ? WHERE id = ? AND status = ? RETURNING lease_epoch",
+        f"UPDATE runs SET updated_at = ? WHERE {keyed('id', 'status = ?')} RETURNING lease_epoch",
         [tx.now, run.id, run.status],
     )
     if row is None:
@@ -441,8 +444,8 @@ def request_cancel(tx: Tx, run_id: str) -> Run:
     if run.status not in NON_TERMINAL:
         raise errors.InvalidTransitionError("run", "request_cancel", run.status)
     row = tx.one(
-        f"UPDATE runs SET cancel_requested = TRUE, updated_at = ? WHERE id = ? AND status = ? "
-        f"RETURNING {RUN_COLS}",
+        "UPDATE runs SET cancel_requested = TRUE, updated_at = ? "
+        f"WHERE {keyed('id', 'status = ?')} RETURNING {RUN_COLS}",
         [tx.now, run_id, run.status],
     )
     if row is None:

@@ -32,7 +32,7 @@ from turnkeeper.spec.records import (
     Session,
 )
 
-from ..backend import Conflict, Tx, utc
+from ..backend import Conflict, Tx, keyed, utc
 from ..codec import check_id, check_instant, check_text, from_json, to_json, to_json_exact
 from ..replay import affects_pairing, new_pairing_faults
 from ..validate import (
@@ -70,6 +70,12 @@ def entry_columns(tx: Tx) -> str:
 
 
 _MARKS = ", ".join("?" * len(ENTRY_COLUMNS))
+
+HEAD_IS = "next_seq = ? AND leaf_id IS NOT DISTINCT FROM ?"
+"""A session row whose head is still this next seq and leaf: an append's compare-and-set."""
+_OF_SESSION = "session_id = ?"
+"""An entry found by its id (``entries_by_id`` on DuckDB) that is the session's."""
+"""A session row whose head is still this next seq and leaf: an append's compare-and-set."""
 
 
 def session_row(row: Sequence[Any]) -> Session:
@@ -125,11 +131,13 @@ def _existing(tx: Tx, session_id: str, ids: Sequence[str]) -> set[str]:
     if not ids:
         return set()
     if len(ids) == 1:
-        row = tx.one("SELECT id FROM entries WHERE session_id = ? AND id = ?", [session_id, ids[0]])
+        row = tx.one(
+            f"SELECT id FROM entries WHERE {keyed('id', _OF_SESSION)}", [ids[0], session_id]
+        )
         return set() if row is None else {row[0]}
     rows = tx.rows(
-        "SELECT id FROM entries WHERE session_id = ? AND id = ANY(?::VARCHAR[])",
-        [session_id, list(ids)],
+        f"SELECT id FROM entries WHERE {keyed('id', _OF_SESSION, 'ANY(?::VARCHAR[])')}",
+        [list(ids), session_id],
     )
     return {r[0] for r in rows}
 
@@ -268,7 +276,7 @@ def append_drafts(
     moved = tx.count(
         f"UPDATE sessions SET {title}leaf_id = ?, next_seq = next_seq + ?, "
         "entry_count = entry_count + ?, updated_at = ? "
-        "WHERE id = ? AND next_seq = ? AND leaf_id IS NOT DISTINCT FROM ?",
+        f"WHERE {keyed('id', HEAD_IS)}",
         [
             *names[-1:],
             out[-1].id if leaf_after else leaf,
@@ -365,8 +373,8 @@ def entries(tx: Tx, session_id: str) -> list[Entry]:
 def entry(tx: Tx, session_id: str, entry_id: str) -> Entry | None:
     """One entry, or ``None``."""
     row = tx.one(
-        f"SELECT {entry_columns(tx)} FROM entries WHERE session_id = ? AND id = ?",
-        [session_id, entry_id],
+        f"SELECT {entry_columns(tx)} FROM entries WHERE {keyed('id', _OF_SESSION)}",
+        [entry_id, session_id],
     )
     return None if row is None else entry_row(row)
 

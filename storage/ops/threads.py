@@ -15,7 +15,7 @@ from turnkeeper.machines import machine_for
 from turnkeeper.spec import THREAD_RECORD, RecordStatus, errors
 from turnkeeper.spec.records import FinalizeRequest, ThreadRecord
 
-from ..backend import Tx, utc
+from ..backend import Tx, keyed, utc
 from ..codec import check_id, check_text, from_json, to_json
 from ..validate import (
     check_bool,
@@ -108,11 +108,15 @@ def _event(tx: Tx, record_id: str, key: str, edge_name: str) -> None:
     )
 
 
+_ACTIVE = "status = 'active'"
+"""A record still active: what archiving it compares."""
+
+
 def _archive(tx: Tx, record_id: str, key: str) -> None:
     _MACHINE.require("archive", "active", {})
     tx.exec(
         f"UPDATE thread_records SET status = 'archived', updated_at = {leases.NOW} "
-        "WHERE id = ? AND status = 'active'",
+        f"WHERE {keyed('id', _ACTIVE)}",
         [tx.now, record_id],
     )
     _event(tx, record_id, key, "archive")
@@ -136,7 +140,7 @@ def finalize(tx: Tx, req: FinalizeRequest, columns: tuple[str, str, str, str, st
             raise errors.RecordNotActiveError(req.previous_id, prev[1])
         _archive(tx, req.previous_id, prev[0])
         tx.exec(
-            "DELETE FROM active_thread_keys WHERE key = ? AND record_id = ?",
+            f"DELETE FROM active_thread_keys WHERE {keyed('key', 'record_id = ?')}",
             [prev[0], req.previous_id],
         )
         if prev[0] == rec.key and bound_id == req.previous_id:

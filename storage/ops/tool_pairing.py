@@ -14,6 +14,7 @@ from turnkeeper.spec.entries import EntryKind
 from turnkeeper.spec.records import Entry, Run
 from turnkeeper.spec.tool_execution import (
     ToolExecution,
+    ToolExecutionState,
     interrupted_result,
     recorded_result,
     unrecorded_interrupted_result,
@@ -59,10 +60,8 @@ def close_turn(tx: Tx, run: Run, epoch: int | None, leaf: tuple[str | None] | No
     caller fenced (stored on the appended entries); ``leaf``: the session's leaf
     as the caller knows it in this transaction. Returns the results appended.
     """
-    turn = (run.session_id, run.id, run.turn_id)
-    running = records.select(
-        tx, "session_id = ? AND state = 'running' AND (run_id = ? OR local_turn_id = ?)", turn
-    )
+    of_run = records.of_run(tx, run.session_id, run.id, run.turn_id)
+    running = [rec for rec in of_run if rec.state == ToolExecutionState.RUNNING]
     start = tx.one("SELECT start_seq FROM conversation_turns WHERE id = ?", [run.turn_id])
     # The turn's calls are judged by what follows them, all in the turn's tail of
     # the branch: read only that tail (the whole branch when a compaction is in it).
@@ -83,10 +82,7 @@ def close_turn(tx: Tx, run: Run, epoch: int | None, leaf: tuple[str | None] | No
     now = tx.now
     assert now is not None
     completed = {
-        rec.provider_call_id: rec
-        for rec in records.select(
-            tx, "session_id = ? AND state = 'completed' AND (run_id = ? OR local_turn_id = ?)", turn
-        )
+        rec.provider_call_id: rec for rec in of_run if rec.state == ToolExecutionState.COMPLETED
     }
     for call_id, entry in open_calls.items():
         ms = int(now.timestamp() * 1000)

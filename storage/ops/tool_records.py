@@ -22,7 +22,7 @@ from turnkeeper.spec.tool_execution import (
     ToolExecution,
 )
 
-from ..backend import Conflict, Tx, utc
+from ..backend import Conflict, Tx, keyed, utc
 from ..codec import from_json
 from . import leases
 
@@ -35,6 +35,10 @@ COLS = (
     "is_error, provider_metadata, reason, attempt, lease_epoch, created_at, updated_at, "
     "completed_at"
 )
+
+
+STATE_AT = "state = ? AND attempt = ?"
+"""A record still in this state at this attempt: its compare-and-set."""
 
 
 def record_row(row: Sequence[Any]) -> ToolExecution:
@@ -81,10 +85,47 @@ def load(tx: Tx, execution_key: str) -> ToolExecution:
     return rec
 
 
-def select(tx: Tx, where: str, params: Sequence[Any]) -> list[ToolExecution]:
+def select(
+    tx: Tx, session_id: str, conditions: str = "TRUE", params: Sequence[Any] = ()
+) -> list[ToolExecution]:
+    """The session's records that meet ``conditions`` (SQL, with ``params``),
+    oldest first: a read of the session's rows (every record, on DuckDB)."""
     rows = tx.rows(
-        f"SELECT {COLS} FROM tool_executions WHERE {where} ORDER BY created_at, execution_key",
-        params,
+        f"SELECT {COLS} FROM tool_executions WHERE session_id = ? AND {conditions} "
+        "ORDER BY created_at, execution_key",
+        [session_id, *params],
+    )
+    return [record_row(r) for r in rows]
+
+
+def of_turn(
+    tx: Tx, session_id: str, turn_id: str, conditions: str = "TRUE", params: Sequence[Any] = ()
+) -> list[ToolExecution]:
+    """The session's records of local turn ``turn_id`` that meet ``conditions``,
+    oldest first, found through ``tool_executions_by_turn`` on DuckDB."""
+    return _keyed(tx, "local_turn_id", turn_id, session_id, conditions, params)
+
+
+def of_run(tx: Tx, session_id: str, run_id: str, turn_id: str) -> list[ToolExecution]:
+    """The session's records of run ``run_id`` or of its turn ``turn_id`` (a call
+    claimed in the turn before the run was named on it), oldest first: two
+    lookups, each through an index of its own on DuckDB."""
+    found = {
+        rec.execution_key: rec
+        for key, value in (("run_id", run_id), ("local_turn_id", turn_id))
+        for rec in _keyed(tx, key, value, session_id, "TRUE", ())
+    }
+    return sorted(found.values(), key=lambda r: (r.created_at, r.execution_key))
+
+
+def _keyed(
+    tx: Tx, key: str, value: str, session_id: str, conditions: str, params: Sequence[Any]
+) -> list[ToolExecution]:
+    rows = tx.rows(
+        f"SELECT {COLS} FROM tool_executions "
+        f"WHERE {keyed(key, f'session_id = ? AND {conditions}')} "
+        "ORDER BY created_at, execution_key",
+        [value, session_id, *params],
     )
     return [record_row(r) for r in rows]
 
@@ -135,7 +176,7 @@ def move(
     extra = f", {sets}" if sets else ""
     row = tx.one(
         f"UPDATE tool_executions SET state = ?, updated_at = ?{extra} "
-        f"WHERE execution_key = ? AND state = ? AND attempt = ? RETURNING {COLS}",
+        f"WHERE {keyed('execution_key', STATE_AT)} RETURNING {COLS}",
         [edge.dest, tx.now, *params, rec.execution_key, edge.source, rec.attempt],
     )
     if row is None:

@@ -30,17 +30,20 @@ from turnkeeper.spec.tool_execution import (
     ToolExecutionState,
 )
 
-from ..backend import Conflict, Tx
+from ..backend import Conflict, Tx, keyed
 from ..codec import check_id, check_text, from_json, to_json
 from ..validate import check_bool, check_lease, check_session_lease
 from . import run_reads, tool_pairing
 from . import tool_records as records
 from .base import StoreBase
 
+_UNANNOTATED = "status = ? AND coalesce(error, '') = ''"
+"""A run still in this status and without an error: an annotation's compare-and-set."""
+
 
 def session_records(tx: Tx, session_id: str) -> list[ToolExecution]:
     """Every record of the session, oldest first."""
-    return records.select(tx, "session_id = ?", [session_id])
+    return records.select(tx, session_id)
 
 
 BINDING = (
@@ -151,11 +154,12 @@ def interrupt(
     """
     records.require_session(tx, session_id)
     records.no_other_owner(tx, session_id, lease)
-    where, params = "session_id = ? AND state = 'running'", [session_id]
-    if local_turn_id is not None:
-        where, params = where + " AND local_turn_id = ?", [*params, local_turn_id]
     done = []
-    found = records.select(tx, where, params)
+    found = (
+        records.select(tx, session_id, "state = 'running'")
+        if local_turn_id is None
+        else records.of_turn(tx, session_id, local_turn_id, "state = 'running'")
+    )
     open_calls = tool_pairing.open_calls_of(tx, session_id) if found else {}
     for rec in found:
         edge = records.MACHINE.require("interrupt", rec.state, records.facts(rec))
@@ -178,10 +182,8 @@ def request_retry(
         SessionNotFoundError.
     """
     records.require_session(tx, session_id)
-    selected = records.select(
-        tx,
-        "session_id = ? AND local_turn_id = ? AND provider_call_id = ANY(?::VARCHAR[])",
-        [session_id, local_turn_id, list(call_ids)],
+    selected = records.of_turn(
+        tx, session_id, local_turn_id, "provider_call_id = ANY(?::VARCHAR[])", [list(call_ids)]
     )
     out = []
     for rec in selected:
@@ -216,7 +218,7 @@ def reclaim(tx: Tx, execution_key: str, run_id: str | None, lease: Lease | None)
     row = tx.one(
         "UPDATE tool_executions SET state = ?, updated_at = ?, attempt = attempt + 1, "
         "reason = NULL, lease_epoch = ?, run_id = ?, local_turn_id = ? "
-        "WHERE execution_key = ? AND state = ? AND attempt = ? "
+        f"WHERE {keyed('execution_key', records.STATE_AT)} "
         f"RETURNING {records.COLS}",
         [edge.dest, tx.now, epoch, run_id, turn_id, rec.execution_key, edge.source, rec.attempt],
     )
@@ -257,11 +259,7 @@ def abandon(tx: Tx, session_id: str, local_turn_id: str, reason: str, lease: Lea
     records.require_session(tx, session_id)
     records.no_other_owner(tx, session_id, lease)
     uncertain = sorted(s.value for s in UNCERTAIN)
-    found = records.select(
-        tx,
-        "session_id = ? AND local_turn_id = ? AND state = ANY(?::VARCHAR[])",
-        [session_id, local_turn_id, uncertain],
-    )
+    found = records.of_turn(tx, session_id, local_turn_id, "state = ANY(?::VARCHAR[])", [uncertain])
     open_calls = tool_pairing.open_calls_of(tx, session_id) if found else {}
     for rec in found:
         edge = records.MACHINE.require("abandon", rec.state, records.facts(rec))
@@ -293,8 +291,7 @@ def annotate_run_error(tx: Tx, run_id: str, reason: str, lease: Lease | None) ->
     if run.error:
         return False
     row = tx.one(
-        "UPDATE runs SET error = ?, updated_at = ? "
-        "WHERE id = ? AND status = ? AND coalesce(error, '') = '' RETURNING 1",
+        f"UPDATE runs SET error = ?, updated_at = ? WHERE {keyed('id', _UNANNOTATED)} RETURNING 1",
         [reason, tx.now, run_id, run.status],
     )
     if row is None:

@@ -1,0 +1,419 @@
+"""On DuckDB, every statement of the hot operations finds its rows through an index.
+
+DuckDB reads a table through an index only when the table scan has exactly
+one filter, on a column with an index of its own: ``id = ? AND status = ?``,
+or a key of two columns, reads every row of the table (see
+``storage.backend.keyed``). Such a statement costs more with every other
+session's rows, and a store a month old made each turn pay for all of them:
+a fenced append's lease check read every lease row (25 ms at a million
+lease rows), a session's compare-and-set every session row (17 ms at a
+million sessions). A timing would not show it on a small store; DuckDB's
+profiler does: it names each table read "Index Scan" or "Sequential Scan".
+
+The reads of a session's many rows are the exception (:data:`SESSION_READS`):
+a replay reads the session's entries, a listing its runs. DuckDB fetches a
+row through an index at about 25 µs, so for a session of a thousand entries
+a scan of a million rows costs less than its index would (measured: 6 ms
+against 27 ms), and there these stay scans, each named here with why.
+
+Each hot operation runs here on a store that holds other sessions' rows in
+every table, a few written through the API (several values in every column:
+with one value only, DuckDB's statistics would drop a filter on it) and
+copied to thousands (``grown.py``), and every statement it runs is profiled:
+one that reads more than one vector of rows of a table (``VECTOR`` rows: a
+join whose other side found nothing stops after one) fails the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from grown import grow, populate
+
+import turnkeeper
+from turnkeeper import DeliveryPlan, DeliveryStep, EntryKind, FinalizeRequest, ThreadRecord
+from turnkeeper.spec.records import ImportBatch, ImportEntry, OpaqueRecord, ResponseState
+from turnkeeper.storage.duck import db as duck_db
+from turnkeeper.storage.ops import leases
+
+MSG = {"message": {"role": "user", "content": "hi"}}
+USER = {"role": "user", "content": "go"}
+REPLY = {"role": "assistant", "content": "done"}
+BOUNDARY = ("BEGIN TRANSACTION", "COMMIT", "ROLLBACK")
+VECTOR = 2048
+"""DuckDB's vector size: a scan reads at least this many rows before it can stop."""
+COPIES = 700
+"""Copies of the other sessions' rows: every table then holds thousands."""
+
+
+_ENTRY = "SELECT session_id, id, parent_id, kind, seq, epoch_us(ts), payload, lease_epoch"
+_RUN = (
+    "SELECT id, session_id, intent_id, retry_of, attempt, status, cancel_requested, error, "
+    "started_at, updated_at, finished_at"
+)
+_RECORD = (
+    "SELECT execution_key, session_id, run_id, local_turn_id, provider, api, response_id, "
+    "provider_call_id, tool_kind, tool_name, args_digest, side_effecting, state, result, "
+    "is_error, provider_metadata, reason, attempt, lease_epoch, created_at, updated_at, "
+    "completed_at"
+)
+
+
+def _lit(text: str) -> str:
+    return re.escape(text)
+
+
+SESSION_READS = {
+    _lit(f"{_ENTRY} FROM entries WHERE session_id = ?"): "a replay or a branch read: its entries",
+    _lit(f"{_ENTRY} FROM entries WHERE session_id = ? AND seq >= ?"): "the turn's branch tail",
+    _lit(f"{_ENTRY} FROM entries WHERE session_id = ? ORDER BY seq"): "entries(): all of them",
+    _lit("SELECT id FROM entries WHERE session_id = ?"): "an import: the ids the session has",
+    _lit(
+        "SELECT id, parent_id, kind, seq, ts, payload FROM entries WHERE session_id = ? "
+        "ORDER BY seq"
+    ): "a fork: the source session's entries",
+    _lit("SELECT 1 FROM entries WHERE session_id = ? AND seq = ?"): "a fork at an entry (by seq)",
+    _lit(
+        "SELECT session_id, seq, id, run_id, edge, source, dest, data, occurred_at "
+        "FROM run_events WHERE session_id = ?"
+    )
+    + r"( AND seq [<>] \?)* ORDER BY seq (ASC|DESC) LIMIT \?": "run_events(): a range of them",
+    _lit(f"{_RUN} FROM runs WHERE session_id = ? ORDER BY started_at, attempt, id"): (
+        "session_runs()"
+    ),
+    _lit(f"{_RECORD} FROM tool_executions WHERE session_id = ? AND ")
+    + r"(TRUE|state = 'running')"
+    + _lit(" ORDER BY created_at, execution_key"): "a session's tool records (all, or running)",
+    _lit(
+        "SELECT id, status, end_seq FROM conversation_turns WHERE session_id = ? "
+        "AND start_seq <= ? AND (end_seq IS NULL OR end_seq >= ?) ORDER BY start_seq DESC LIMIT 1"
+    ): "a fork's turn at an entry",
+}
+"""The statements that read a session's rows (its entries, events, runs, tool
+records) by the session id alone, as scans, each as a pattern of the whole
+statement → what it reads."""
+
+_SESSION_READS = [re.compile(read) for read in SESSION_READS]
+
+
+def _session_read(sql: str) -> bool:
+    return any(read.fullmatch(sql) for read in _SESSION_READS)
+
+
+class _Rows:
+    """A statement's rows, fetched before the profile is read (DuckDB runs a
+    query as its rows are fetched, and profiles it then)."""
+
+    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+        self._rows = rows
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return self._rows
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        return self._rows[0] if self._rows else None
+
+
+def _table_reads(node: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
+    info = node.get("extra_info", {})
+    if "Table" in info and "Type" in info:
+        yield info["Table"].rsplit(".", 1)[-1], info["Type"], int(node.get("rows_scanned", 0))
+    for child in node.get("children", []):
+        yield from _table_reads(child)
+
+
+class Profiler:
+    """Records, per operation name, each statement that read more than :data:`VECTOR`
+    rows of a table: ``(table, how, rows read, statement)``."""
+
+    def __init__(self) -> None:
+        self.operation = ""
+        self.scans: dict[str, list[tuple[str, str, int, str]]] = {}
+        self._profiled: set[int] = set()
+
+    def execute(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        def traced(tx: duck_db.Tx, sql: str, params: Any) -> Any:
+            cursor = tx.cursor
+            if id(cursor) not in self._profiled:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    cursor.enable_profiling()
+                self._profiled.add(id(cursor))
+            rows = _Rows(real(tx, sql, params).fetchall())
+            if self.operation and sql not in BOUNDARY:
+                profile = json.loads(cursor.get_profiling_information())
+                for op in profile.get("operator", []):
+                    for table, kind, read in _table_reads(op):
+                        if read > VECTOR and not _session_read(" ".join(sql.split())):
+                            text = " ".join(sql.split())
+                            found = (table, kind, read, text)
+                            self.scans.setdefault(self.operation, []).append(found)
+            return rows
+
+        return traced
+
+    @contextlib.contextmanager
+    def during(self, operation: str) -> Iterator[None]:
+        self.operation = operation
+        try:
+            yield
+        finally:
+            self.operation = ""
+
+
+@pytest.fixture
+def profiled(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[turnkeeper.BaseStore, Profiler]]:
+    profiler = Profiler()
+    monkeypatch.setattr(duck_db.Tx, "_execute", profiler.execute(duck_db.Tx._execute))
+    with turnkeeper.open_store(":memory:", replay_cache_bytes=0) as store:
+        populate(store, 6)
+        grow(store, COPIES)
+        yield store, profiler
+
+
+def hot_operations(store: turnkeeper.BaseStore, profiler: Profiler) -> None:
+    """What a runtime, its heartbeats, its outbox and recovery workers and its
+    readers do on every turn, each under its own name."""
+    sid = str(uuid.uuid4())
+    on = profiler.during
+    with on("create_session"):
+        store.create_session(sid)
+    with on("acquire_lease (grant)"):
+        lease = store.acquire_lease(f"session:{sid}", "w", 60)
+    with on("acquire_lease (re-acquire)"):
+        store.acquire_lease(f"session:{sid}", "w", 60)
+    with on("renew_lease"):
+        store.renew_lease(lease, 60)
+    with on("validate_lease"):
+        store.validate_lease(lease)
+    with on("append (fenced)"):
+        store.append(sid, EntryKind.MESSAGE, MSG, lease=lease)
+    with on("append_many (fenced)"):
+        store.append_many(sid, [(EntryKind.MESSAGE, MSG)] * 3, lease=lease)
+    with on("append (its own id)"):
+        store.append(sid, EntryKind.MESSAGE, MSG, lease=lease, entry_id="mine")
+    with on("set_label"):
+        store.set_label(sid, "mine", "L", lease=lease)
+    with on("branch"):
+        store.branch(sid, "mine", lease=lease)
+    with on("admit_run (started, submission key)"):
+        run = store.admit_run(
+            sid, {"q": 1}, submission_key="k1", user_message=USER, lease=lease, start=True
+        )
+    with on("admit_run (the same submission again)"):
+        store.admit_run(
+            sid, {"q": 1}, submission_key="k1", user_message=USER, lease=lease, start=True
+        )
+    with on("claim_tool_execution"):
+        store.claim_tool_execution(
+            "ek1",
+            sid,
+            local_turn_id=run.turn_id,
+            provider_call_id="c1",
+            tool_name="t",
+            side_effecting=True,
+            run_id=run.id,
+            lease=lease,
+        )
+    with on("complete_tool_execution"):
+        store.complete_tool_execution("ek1", {"ok": 1}, lease=lease)
+    plan = DeliveryPlan(
+        "chat", "t", (DeliveryStep("upload", "f"), DeliveryStep("send", "m", depends_on="upload"))
+    )
+    with on("finish_run (entries, reply, plan)"):
+        store.finish_run(
+            run.id,
+            "succeeded",
+            entries=[(EntryKind.MESSAGE, MSG)],
+            assistant_message=REPLY,
+            delivery_plan=plan,
+            lease=lease,
+        )
+    for name, read in {
+        "replay": lambda: store.replay(sid),
+        "entry": lambda: store.entry(sid, "mine"),
+        "labels": lambda: store.labels(sid),
+        "get_session": lambda: store.get_session(sid),
+        "get_run": lambda: store.get_run(run.id),
+        "active_run": lambda: store.active_run(sid),
+        "run_events (after a seq)": lambda: store.run_events(sid, after=1),
+        "get_delivery_plan": lambda: store.get_delivery_plan(f"{run.id}:delivery"),
+        "get_response_state": lambda: store.get_response_state(sid),
+        "get_tool_execution": lambda: store.get_tool_execution("ek1"),
+    }.items():
+        with on(name):
+            read()
+    op_id = f"{run.id}:delivery:upload"
+    with on("claim_delivery"):
+        op = store.claim_delivery(op_id, "ow", 60)
+    with on("update_delivery_progress"):
+        store.update_delivery_progress(op_id, "ow", op.lease_epoch)
+    with on("requeue_delivery"):
+        store.requeue_delivery(op_id, "ow", op.lease_epoch)
+    with on("claim_delivery (a requeued one)"):
+        op = store.claim_delivery(op_id, "ow", 60)
+    with on("finish_delivery"):
+        store.finish_delivery(op_id, "ow", op.lease_epoch, "delivered")
+    with on("admit_run"):
+        second = store.admit_run(sid, {"q": 2}, lease=lease)
+    with on("start_run"):
+        store.start_run(second.id, lease=lease)
+    with on("request_cancel"):
+        store.request_cancel(second.id)
+    with on("release_lease"):
+        store.release_lease(lease)
+    with on("acquire_lease (regrant)"):
+        recovery = store.acquire_lease(f"session:{sid}", "r", 60, purpose="recovery")
+    with on("begin_recovery"):
+        store.begin_recovery(second.id, recovery)
+    with on("converge_recovery"):
+        store.converge_recovery(second.id, recovery)
+    with on("release_lease (recovery)"):
+        store.release_lease(recovery)
+    with on("finalize"):
+        store.finalize(FinalizeRequest(ThreadRecord("r1", "k1"), rebind_active=True))
+    with on("finalize (archive and rebind)"):
+        store.finalize(
+            FinalizeRequest(
+                ThreadRecord("r2", "k1"), previous_id="r1", archive_old=True, rebind_active=True
+            )
+        )
+    with on("resolve"):
+        store.resolve(key="k1")
+    rarer_operations(store, profiler, sid)
+
+
+def rarer_operations(store: turnkeeper.BaseStore, profiler: Profiler, sid: str) -> None:
+    """Every other operation on one session or target (the same rule holds for
+    each: it must not read other sessions' rows)."""
+    on = profiler.during
+    with on("acquire_lease (another owner)"):
+        lease = store.acquire_lease(f"session:{sid}", "w2", 60)
+    with on("branch_with_summary"):
+        store.branch_with_summary(sid, "mine", "went back", lease=lease)
+    with on("entries"):
+        store.entries(sid)
+    with on("session_runs"):
+        runs = store.session_runs(sid)
+    with on("admit_run (a retry)"):
+        retry = store.admit_run(sid, {"q": 2}, retry_of=runs[-1].id, lease=lease, start=True)
+    with on("wait_run"):
+        store.wait_run(retry.id, lease=lease)
+    with on("resume_run"):
+        store.resume_run(retry.id, lease=lease)
+    with on("claim_tool_execution (a second)"):
+        store.claim_tool_execution(
+            "ek2",
+            sid,
+            local_turn_id=retry.turn_id,
+            provider_call_id="c2",
+            tool_name="t",
+            side_effecting=True,
+            run_id=retry.id,
+            lease=lease,
+        )
+    with on("interrupt_tool_executions"):
+        store.interrupt_tool_executions(sid, local_turn_id=retry.turn_id, lease=lease)
+    with on("request_tool_execution_recovery"):
+        store.request_tool_execution_recovery(sid, retry.turn_id, ["c2"])
+    with on("reclaim_tool_execution"):
+        store.reclaim_tool_execution("ek2", run_id=retry.id, lease=lease)
+    with on("session_tool_executions"):
+        store.session_tool_executions(sid)
+    with on("abandon_interrupted_tool_executions"):
+        store.abandon_interrupted_tool_executions(sid, retry.turn_id, lease=lease)
+    with on("finish_run (failed)"):
+        store.finish_run(retry.id, "failed", error="boom", lease=lease)
+    with on("annotate_run_error"):
+        store.annotate_run_error(runs[1].id, "late reason", lease=lease)
+    with on("compare_and_swap_response_state (first)"):
+        store.compare_and_swap_response_state(ResponseState(sid, provider="p"), 0, lease=lease)
+    with on("compare_and_swap_response_state"):
+        store.compare_and_swap_response_state(ResponseState(sid, provider="q"), 1, lease=lease)
+    with on("import_batch (into the session)"):
+        store.import_batch(
+            ImportBatch(
+                sid,
+                "",
+                datetime.now(UTC),
+                {},
+                [ImportEntry("imported", None, EntryKind.MESSAGE, datetime.now(UTC), MSG)],
+                "imported",
+                (OpaqueRecord("f.jsonl", 3, "{", "truncated"),),
+                "f.jsonl",
+            ),
+            lease=lease,
+        )
+    with on("opaque_records"):
+        store.opaque_records(sid)
+    with on("release_lease (before a fork)"):
+        store.release_lease(lease)
+    for name, boundary in {
+        "fork_session (the last turn)": {},
+        "fork_session (a turn)": {"boundary_turn_id": runs[0].turn_id},
+        "fork_session (an entry)": {"at_seq": store.entry(sid, runs[0].user_entry_id).seq},
+    }.items():
+        with on(name):
+            store.fork_session(sid, request_id=name, **boundary)
+    with on("get_fork"):
+        store.get_fork("fork_session (a turn)")
+    orphan = store.admit_run(sid, {"q": 3})
+    recovery = store.acquire_lease(f"session:{sid}", "r2", 60, purpose="recovery")
+    with on("begin_recovery (again)"):
+        store.begin_recovery(orphan.id, recovery)
+    with on("fail_recovery"):
+        store.fail_recovery(orphan.id, recovery, "no luck", base_delay_s=0.001)
+    with on("get_recovery"):
+        store.get_recovery(orphan.id)
+    time.sleep(0.01)  # the retry is due after 1 ms
+    with on("begin_recovery (a retry)"):
+        store.begin_recovery(orphan.id, recovery)
+    with on("detach_recovery"):
+        store.detach_recovery(orphan.id, recovery)
+    with on("create_delivery_plan"):
+        store.create_delivery_plan(
+            runs[1].id, DeliveryPlan("chat", "t", (DeliveryStep("upload", "f"),)), lease=recovery
+        )
+    with on("get_delivery_operation"):
+        store.get_delivery_operation(f"{runs[1].id}:delivery:upload")
+
+
+def _report(scans: dict[str, list[tuple[str, str, int, str]]]) -> str:
+    lines = []
+    for operation, found in scans.items():
+        for table, kind, read, sql in dict.fromkeys(found):
+            lines.append(f"{operation}: {kind} read {read} rows of {table}: {sql[:160]}")
+    return "\n".join(lines)
+
+
+def test_every_hot_statement_reads_through_an_index(profiled):
+    store, profiler = profiled
+    hot_operations(store, profiler)
+    assert not profiler.scans, "\n" + _report(profiler.scans)
+
+
+def test_control_a_compare_and_set_without_its_guard_is_seen_scanning(profiled, monkeypatch):
+    """Control: the lease fence written as a plain conjunction (the condition
+    DuckDB splits into one filter per column) is reported, for every fenced
+    operation."""
+    store, profiler = profiled
+
+    def unguarded(key: str, conditions: str, value: str = "?") -> str:
+        return f"{key} = {value} AND {conditions}"
+
+    monkeypatch.setattr(leases, "keyed", unguarded)
+    hot_operations(store, profiler)
+    fenced = {
+        op
+        for op, found in profiler.scans.items()
+        if any(table == "leases" and "token_digest" in sql for table, _, _, sql in found)
+    }
+    assert {"append (fenced)", "validate_lease", "renew_lease", "release_lease"} <= fenced

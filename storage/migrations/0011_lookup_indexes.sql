@@ -1,0 +1,8 @@
+-- turnkeeper schema version 11: an index for every lookup a hot operation makes by
+-- a column that is no key of its own. DuckDB reads a table through an index only
+-- for one filter on a column with a single-column index (a key of two columns, or
+-- a second condition, reads every row), so on DuckDB each of these lookups read
+-- the whole table, and a turn cost more with every other session's rows. The
+-- indexes are DuckDB's (storage/duck/migrations/0011_lookup_indexes.sql):
+-- PostgreSQL's multicolumn btree indexes already serve these lookups by their
+-- leading column, and an index more would only slow its writes.
