@@ -38,6 +38,7 @@ from typing import Any
 
 import pytest
 from grown import grow, populate
+from test_group_commit import grouped, queued_together
 
 import turnkeeper
 from turnkeeper import DeliveryPlan, DeliveryStep, EntryKind, FinalizeRequest, ThreadRecord
@@ -53,6 +54,10 @@ VECTOR = 2048
 """DuckDB's vector size: a scan reads at least this many rows before it can stop."""
 COPIES = 700
 """Copies of the other sessions' rows: every table then holds thousands."""
+MERGED = duck_db.GROUP_MAX
+"""Appends queued together for one group commit, as many as one takes (DuckDB
+gives a join's scan the list of its keys, which the index takes, only up to
+its ``dynamic_or_filter_threshold``, set in ``storage/duck/dialect.py``)."""
 
 
 _ENTRY = "SELECT session_id, id, parent_id, kind, seq, epoch_us(ts), payload, lease_epoch"
@@ -138,15 +143,16 @@ class Profiler:
     def __init__(self) -> None:
         self.operation = ""
         self.scans: dict[str, list[tuple[str, str, int, str]]] = {}
-        self._profiled: set[int] = set()
+        self._profiled: dict[int, Any] = {}
+        """Each cursor profiled, by id (kept, so that no new cursor takes its id)."""
 
     def execute(self, real: Callable[..., Any]) -> Callable[..., Any]:
         def traced(tx: duck_db.Tx, sql: str, params: Any) -> Any:
             cursor = tx.cursor
-            if id(cursor) not in self._profiled:
+            if self._profiled.get(id(cursor)) is not cursor:
                 with contextlib.redirect_stdout(io.StringIO()):
                     cursor.enable_profiling()
-                self._profiled.add(id(cursor))
+                self._profiled[id(cursor)] = cursor
             rows = _Rows(real(tx, sql, params).fetchall())
             if self.operation and sql not in BOUNDARY:
                 profile = json.loads(cursor.get_profiling_information())
@@ -198,6 +204,24 @@ def hot_operations(store: turnkeeper.BaseStore, profiler: Profiler) -> None:
         store.append(sid, EntryKind.MESSAGE, MSG, lease=lease)
     with on("append_many (fenced)"):
         store.append_many(sid, [(EntryKind.MESSAGE, MSG)] * 3, lease=lease)
+    more = (
+        store.query(  # long-lived sessions, whose rows lie among all the others
+            "SELECT s.id FROM sessions AS s WHERE NOT EXISTS (SELECT 1 FROM leases "
+            "WHERE target = 'session:' || s.id) ORDER BY md5(s.id) LIMIT ?",
+            [MERGED - 1],
+        )
+        .column(0)
+        .to_pylist()
+    )
+    with on(f"append (merged: {MERGED} queued together, a group commit)"):
+        got = queued_together(
+            store,
+            [
+                lambda: store.append(sid, EntryKind.MESSAGE, MSG, lease=lease),
+                *(lambda o=o: store.append(o, EntryKind.MESSAGE, MSG) for o in more),
+            ],
+        )
+    assert grouped(store, "append") == MERGED, got
     with on("append (its own id)"):
         store.append(sid, EntryKind.MESSAGE, MSG, lease=lease, entry_id="mine")
     with on("set_label"):

@@ -80,6 +80,10 @@ def is_conflict(exc: duckdb.Error) -> bool:
 CONNECTION_SETTINGS = (
     ("TimeZone", "Etc/UTC", "SET TimeZone = 'UTC'"),
     ("python_enable_replacements", "false", "SET GLOBAL python_enable_replacements = false"),
+    # A join of a table with up to this many keys gives the table's scan the
+    # list of them, which its index takes (see storage.backend.keyed): a merged
+    # group of up to GROUP_MAX appends reads its sessions and leases by index.
+    ("dynamic_or_filter_threshold", "64", "SET GLOBAL dynamic_or_filter_threshold = 64"),
     ("enable_external_access", "false", "SET enable_external_access = false"),
     ("lock_configuration", "true", "SET lock_configuration = true"),
 )

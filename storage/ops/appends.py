@@ -34,7 +34,7 @@ from turnkeeper.spec.entries import EntryKind
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.records import ANY_LEAF, Entry, Lease, NewEntry
 
-from ..backend import Conflict, Merge, Tx, utc
+from ..backend import Conflict, Merge, Tx, keyed, utc
 from ..codec import check_id
 from ..validate import check_expected_leaf, check_session_lease
 from . import leases
@@ -179,20 +179,32 @@ def _round(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
         names = [d.payload["name"] for d in r.drafts if d.kind == EntryKind.SESSION_INFO]
         moves.append((r.session_id, parent, len(entries), names[-1] if names else None, seq, leaf))
         out[i] = entries[0] if r.one else entries
+    ids, leaves, counts, titles, seqs, old_leaves = ([m[k] for m in moves] for k in range(6))
     moved = tx.count(
-        "UPDATE sessions SET leaf_id = v.leaf, next_seq = sessions.next_seq + v.n, "
-        "entry_count = sessions.entry_count + v.n, updated_at = ?, "
-        "title = coalesce(v.title, sessions.title) FROM (SELECT unnest(?::VARCHAR[]) AS id, "
-        "unnest(?::VARCHAR[]) AS leaf, unnest(?::BIGINT[]) AS n, unnest(?::VARCHAR[]) AS title, "
-        "unnest(?::BIGINT[]) AS seq, unnest(?::VARCHAR[]) AS old_leaf) AS v "
-        "WHERE sessions.id = v.id AND sessions.next_seq = v.seq "
-        "AND sessions.leaf_id IS NOT DISTINCT FROM v.old_leaf",
-        [now, *([m[k] for m in moves] for k in range(6))],
+        f"UPDATE sessions SET leaf_id = {_of_row('VARCHAR')}, "
+        f"next_seq = next_seq + {_of_row('BIGINT')}, "
+        f"entry_count = entry_count + {_of_row('BIGINT')}, "
+        f"updated_at = ?, title = coalesce({_of_row('VARCHAR')}, title) "
+        f"WHERE {keyed('id', _HEADS_ARE, 'ANY(?::VARCHAR[])')}",
+        [leaves, ids, counts, ids, counts, ids, now, titles, ids, ids, seqs, ids, old_leaves, ids],
     )
     if moved != len(moves):
         raise Conflict("a session moved during a merged append")
     tx.insert_rows("entries", ENTRY_COLUMNS, stored)
     return out
+
+
+def _of_row(kind: str) -> str:
+    """The value of a parameter list of ``kind`` for the session row at hand: its
+    element at the position of the row's id in the ids list (the next parameter)."""
+    return f"(?::{kind}[])[array_position(?::VARCHAR[], sessions.id)]"
+
+
+_HEADS_ARE = f"next_seq = {_of_row('BIGINT')} AND leaf_id IS NOT DISTINCT FROM {_of_row('VARCHAR')}"
+"""Each merged session row's head still what the group read: its compare-and-set.
+One statement for the group, without a join: a join of the sessions table with
+the group's values read every session row on DuckDB (see ``keyed``), where a
+list of keys is found through the index."""
 
 
 def _guard(tx: Tx, leased: bool) -> tuple[str, str]:
