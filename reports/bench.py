@@ -42,6 +42,7 @@ import turnkeeper
 from turnkeeper import DeliveryPlan, DeliveryStep, EntryKind
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_bounds lies beside this script
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "model_tests"))  # grown
 from bench_bounds import duckdb_bounds, postgres_bounds
 
 HERE = Path(__file__).resolve().parent
@@ -51,6 +52,9 @@ MIN_S = float(os.environ.get("TURNKEEPER_BENCH_SECONDS", "0.4"))
 REPLAY_ENTRIES = int(os.environ.get("TURNKEEPER_BENCH_REPLAY_ENTRIES", "10000"))
 WRITERS_S = float(os.environ.get("TURNKEEPER_BENCH_WRITERS_S", "2"))
 """How long each thread or process count appends."""
+BIG_SESSIONS = int(os.environ.get("TURNKEEPER_BENCH_BIG_SESSIONS", "40"))
+BIG_COPIES = int(os.environ.get("TURNKEEPER_BENCH_BIG_COPIES", "1500"))
+"""The big store: sessions written through the API, then copied this many times."""
 RUNS = int(os.environ.get("TURNKEEPER_BENCH_RUNS", "1000000"))
 """Runs in the run history the analytics figure is computed over."""
 OUT = Path(os.environ.get("TURNKEEPER_BENCH_OUT", HERE / "bench.json"))
@@ -532,6 +536,53 @@ def turn_beside_history(store: turnkeeper.BaseStore, floor: Op, turn: Op) -> lis
     return ratios
 
 
+def big_store(folder: str, floor: Op) -> dict[str, list[float]]:
+    """A fenced append and the 3-transaction turn, each as ratios to the floor, on
+    a DuckDB store whose every table holds other sessions' rows: :data:`BIG_SESSIONS`
+    sessions written through the API, copied :data:`BIG_COPIES` times with
+    their names rewritten (``model_tests/grown.py``). Their cost must not grow
+    with the store: each statement finds its rows through an index
+    (``model_tests/test_index_paths.py`` holds them to it)."""
+    from grown import grow, populate
+
+    with turnkeeper.open_store(f"{folder}/big.duckdb") as store:
+        populate(store, BIG_SESSIONS)
+        sizes = grow(store, BIG_COPIES)
+        store.create_session("b")
+        lease = store.acquire_lease("session:b", "bench", 3600)
+        reply = {"role": "assistant", "content": "done"}
+        plan = DeliveryPlan("chat", "t", (DeliveryStep("send", "msg"),))
+
+        def turn() -> None:
+            run = store.admit_run("b", {"i": uuid.uuid4().hex}, lease=lease, start=True)
+            store.append_many("b", [(EntryKind.MESSAGE, MSG)] * (TURN_APPENDS - 1), lease=lease)
+            store.finish_run(
+                run.id,
+                "succeeded",
+                entries=[(EntryKind.MESSAGE, MSG)],
+                assistant_message=reply,
+                delivery_plan=plan,
+                lease=lease,
+            )
+
+        where = (
+            f"beside a big store ({sizes['sessions']} sessions, {sizes['leases']} lease rows, "
+            f"{sizes['entries']} entries, {sizes['runs']} runs)"
+        )
+        ops = {
+            f"append (fenced), {where}": timed(
+                lambda: store.append("b", EntryKind.MESSAGE, MSG, lease=lease)
+            ),
+            f"turn, 3 transactions, {where}": timed(turn),
+        }
+        ratios: dict[str, list[float]] = {name: [] for name in ops}
+        for _ in range(REPS):
+            for name, op in ops.items():
+                base = per_call(floor)
+                ratios[name].append(per_call(op) / base)
+        return ratios
+
+
 # -- one backend ----------------------------------------------------------------------
 
 
@@ -561,6 +612,8 @@ def measure(
     ours, sqlite_s = analytics(store, rows, folder)
     beside = f"turn, 3 transactions, beside {len(rows)} runs' history ({3 * len(rows)} run events)"
     ratios[beside] = turn_beside_history(store, floor, ops[TURN_THREE])
+    if isinstance(store, turnkeeper.DuckDBStore):  # PostgreSQL's btree indexes serve every key
+        ratios |= big_store(folder, floor)
     figure = {"runs": len(rows), "seconds": round(ours, 4)}
     if sqlite_s is not None:
         figure |= {
@@ -715,6 +768,8 @@ def main() -> int:
             "replay_entries": REPLAY_ENTRIES,
             "runs": RUNS,
             "writers_s": WRITERS_S,
+            "big_sessions": BIG_SESSIONS,
+            "big_copies": BIG_COPIES,
         },
     }
     OUT.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
