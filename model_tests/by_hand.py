@@ -13,6 +13,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+from conftest import BACKENDS
 from hypothesis.stateful import (
     INITIALIZE_RULE_MARKER,
     INVARIANT_MARKER,
@@ -61,3 +63,32 @@ def replay(machine_class: type[RuleBasedStateMachine], script: Callable[[Steps],
         script(steps)
     finally:
         machine.teardown()
+
+
+Kill = tuple[Callable[[pytest.MonkeyPatch], None], Callable[[Steps], None]]
+"""A fence kill: what patches the fence out, and the stored counterexample."""
+
+
+def kill_tests(
+    kills: dict[str, Kill], machine: Callable[[str], type[RuleBasedStateMachine]]
+) -> tuple[Callable[..., None], Callable[..., None]]:
+    """The two tests of a machine's fence kills, over every backend: each stored
+    counterexample passes on the real store, and fails (an ``AssertionError``)
+    with its fence patched out. ``machine(backend)`` is the machine class."""
+
+    @pytest.mark.parametrize("backend", BACKENDS)
+    @pytest.mark.parametrize("fence", sorted(kills))
+    def passes_on_the_real_store(fence: str, backend: str) -> None:
+        replay(machine(backend), kills[fence][1])
+
+    @pytest.mark.parametrize("backend", BACKENDS)
+    @pytest.mark.parametrize("fence", sorted(kills))
+    def fails_with_the_fence_patched_out(
+        fence: str, backend: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        patch, script = kills[fence]
+        patch(monkeypatch)
+        with pytest.raises(AssertionError):
+            replay(machine(backend), script)
+
+    return passes_on_the_real_store, fails_with_the_fence_patched_out

@@ -6,7 +6,7 @@ finds one from scratch runs on demand (``search``: ``HYPOTHESIS_PROFILE=nightly`
 from __future__ import annotations
 
 import pytest
-from by_hand import Steps, replay
+from by_hand import Steps, kill_tests
 from conftest import BACKENDS
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
@@ -76,21 +76,10 @@ KILLS = {
 }
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("fence", sorted(KILLS))
-def test_stored_counterexample_passes_on_the_real_store(fence: str, backend: str) -> None:
-    replay(on(backend), KILLS[fence][1])
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("fence", sorted(KILLS))
-def test_stored_counterexample_fails_with_the_fence_patched_out(
-    fence: str, backend: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    patch, script = KILLS[fence]
-    patch(monkeypatch)
-    with pytest.raises(AssertionError):
-        replay(on(backend), script)
+(
+    test_stored_counterexample_passes_on_the_real_store,
+    test_stored_counterexample_fails_with_the_fence_patched_out,
+) = kill_tests(KILLS, on)
 
 
 @pytest.mark.search

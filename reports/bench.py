@@ -142,6 +142,29 @@ def pg_schema(url: str) -> str:
 # -- the operations -----------------------------------------------------------------
 
 
+REPLY = {"role": "assistant", "content": "done"}
+USER = {"role": "user", "content": "go"}
+PLAN = DeliveryPlan("chat", "t", (DeliveryStep("send", "msg"),))
+
+
+def three_transaction_turn(
+    store: turnkeeper.BaseStore, session_id: str, lease: turnkeeper.Lease, user: Any
+) -> None:
+    """admit+start → append_many of 3 → finish + its last entry + reply + plan."""
+    run = store.admit_run(
+        session_id, {"i": uuid.uuid4().hex}, user_message=user, lease=lease, start=True
+    )
+    store.append_many(session_id, [(EntryKind.MESSAGE, MSG)] * (TURN_APPENDS - 1), lease=lease)
+    store.finish_run(
+        run.id,
+        "succeeded",
+        entries=[(EntryKind.MESSAGE, MSG)],
+        assistant_message=REPLY,
+        delivery_plan=PLAN,
+        lease=lease,
+    )
+
+
 def operations(store: turnkeeper.BaseStore, cold: turnkeeper.BaseStore) -> dict[str, Op]:
     """The rows of the table: name → one timed call (per entry for the batch).
     ``cold`` is a second store object on the same database with its replay
@@ -155,9 +178,6 @@ def operations(store: turnkeeper.BaseStore, cold: turnkeeper.BaseStore) -> dict[
             store.append_many(sid, [(EntryKind.MESSAGE, MSG)] * min(1000, REPLAY_ENTRIES - done))
     store.create_session("runs")
     runs_lease = store.acquire_lease("session:runs", "bench", 3600)
-    reply = {"role": "assistant", "content": "done"}
-    user = {"role": "user", "content": "go"}
-    plan = DeliveryPlan("chat", "t", (DeliveryStep("send", "msg"),))
     outbox = store.admit_run("runs", {"outbox": True}, lease=runs_lease)
     steps = tuple(DeliveryStep(str(n), "msg") for n in range(5000))
     store.finish_run(
@@ -169,34 +189,22 @@ def operations(store: turnkeeper.BaseStore, cold: turnkeeper.BaseStore) -> dict[
     def turn_seven() -> float:
         """admit → start → 4 fenced appends → finish + plan, as 7 transactions."""
         t0 = time.perf_counter()
-        run = store.admit_run("runs", {"i": uuid.uuid4().hex}, user_message=user, lease=runs_lease)
+        run = store.admit_run("runs", {"i": uuid.uuid4().hex}, user_message=USER, lease=runs_lease)
         t1 = time.perf_counter()
         store.start_run(run.id, lease=runs_lease)
         for _ in range(TURN_APPENDS):
             store.append("runs", EntryKind.MESSAGE, MSG, lease=runs_lease)
         t2 = time.perf_counter()
         store.finish_run(
-            run.id, "succeeded", assistant_message=reply, delivery_plan=plan, lease=runs_lease
+            run.id, "succeeded", assistant_message=REPLY, delivery_plan=PLAN, lease=runs_lease
         )
         t3 = time.perf_counter()
         parts["admit_run"], parts["finish_run"] = t1 - t0, t3 - t2
         return t3 - t0
 
     def turn_three() -> float:
-        """admit+start → append_many of 4 → finish + last entries + plan: 3 transactions."""
         t0 = time.perf_counter()
-        run = store.admit_run(
-            "runs", {"i": uuid.uuid4().hex}, user_message=user, lease=runs_lease, start=True
-        )
-        store.append_many("runs", [(EntryKind.MESSAGE, MSG)] * (TURN_APPENDS - 1), lease=runs_lease)
-        store.finish_run(
-            run.id,
-            "succeeded",
-            entries=[(EntryKind.MESSAGE, MSG)],
-            assistant_message=reply,
-            delivery_plan=plan,
-            lease=runs_lease,
-        )
+        three_transaction_turn(store, "runs", runs_lease, USER)
         return time.perf_counter() - t0
 
     def delivery() -> None:
@@ -550,21 +558,6 @@ def big_store(folder: str, floor: Op) -> dict[str, list[float]]:
         sizes = grow(store, BIG_COPIES)
         store.create_session("b")
         lease = store.acquire_lease("session:b", "bench", 3600)
-        reply = {"role": "assistant", "content": "done"}
-        plan = DeliveryPlan("chat", "t", (DeliveryStep("send", "msg"),))
-
-        def turn() -> None:
-            run = store.admit_run("b", {"i": uuid.uuid4().hex}, lease=lease, start=True)
-            store.append_many("b", [(EntryKind.MESSAGE, MSG)] * (TURN_APPENDS - 1), lease=lease)
-            store.finish_run(
-                run.id,
-                "succeeded",
-                entries=[(EntryKind.MESSAGE, MSG)],
-                assistant_message=reply,
-                delivery_plan=plan,
-                lease=lease,
-            )
-
         where = (
             f"beside a big store ({sizes['sessions']} sessions, {sizes['leases']} lease rows, "
             f"{sizes['entries']} entries, {sizes['runs']} runs)"
@@ -573,7 +566,9 @@ def big_store(folder: str, floor: Op) -> dict[str, list[float]]:
             f"append (fenced), {where}": timed(
                 lambda: store.append("b", EntryKind.MESSAGE, MSG, lease=lease)
             ),
-            f"turn, 3 transactions, {where}": timed(turn),
+            f"turn, 3 transactions, {where}": timed(
+                lambda: three_transaction_turn(store, "b", lease, USER)
+            ),
         }
         ratios: dict[str, list[float]] = {name: [] for name in ops}
         for _ in range(REPS):
