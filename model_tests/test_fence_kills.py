@@ -19,8 +19,7 @@ import dataclasses
 from collections.abc import Callable
 
 import pytest
-from by_hand import Steps
-from by_hand import replay as run_by_hand
+from by_hand import Steps, kill_tests
 from conftest import BACKENDS
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
@@ -185,11 +184,11 @@ KILLS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], list[tuple[str, dic
 }
 
 
-def replay(steps: list[tuple[str, dict]], backend: str) -> None:
-    """Run stored steps on a fresh machine, checking every invariant after each
-    (``by_hand.replay``); ``held`` names leases by the order they were granted."""
+def script(steps: list[tuple[str, dict]]) -> Callable[[Steps], None]:
+    """The stored steps as a script for ``by_hand`` (every invariant checked after
+    each); ``held`` names leases by the order they were granted."""
 
-    def script(machine: Steps) -> None:
+    def run(machine: Steps) -> None:
         held: list[object] = []
         for name, args in steps:
             args = dict(args)
@@ -203,24 +202,15 @@ def replay(steps: list[tuple[str, dict]], backend: str) -> None:
             if name == "acquire" and hasattr(result, "lease"):
                 held.append(result)
 
-    run_by_hand(make_machine(backend), script)
+    return run
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("fence", sorted(KILLS))
-def test_stored_counterexample_passes_on_the_real_store(fence: str, backend: str) -> None:
-    replay(KILLS[fence][1], backend)
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("fence", sorted(KILLS))
-def test_stored_counterexample_fails_with_the_fence_patched_out(
-    fence: str, backend: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    patch, steps = KILLS[fence]
-    patch(monkeypatch)
-    with pytest.raises(AssertionError):
-        replay(steps, backend)
+(
+    test_stored_counterexample_passes_on_the_real_store,
+    test_stored_counterexample_fails_with_the_fence_patched_out,
+) = kill_tests(
+    {name: (patch, script(steps)) for name, (patch, steps) in KILLS.items()}, make_machine
+)
 
 
 @pytest.mark.search
