@@ -1,4 +1,4 @@
-"""Grow a DuckDB store's tables with copies of its own rows, as other sessions'.
+"""Grow a store's tables with copies of its own rows, as other sessions'.
 
 Each table's rows are copied ``copies`` times; in copy ``k`` every value of a
 column that names something (an id, a key, a target, an owner, a digest) is
@@ -31,39 +31,60 @@ NAMES = re.compile(r"(^id$|_id$|^target$|_digest$|^key$|_key$|^owner$|^lease_own
 
 def grow(store: Any, copies: int) -> dict[str, int]:
     """Copy every table's rows ``copies`` times (see the module docstring), in one
-    write; returns each grown table's row count."""
+    write, on either backend (PostgreSQL's statistics are then refreshed, so its
+    planner knows the tables' sizes); returns each grown table's row count."""
 
     def body(tx: Any) -> dict[str, int]:
+        on_duck = tx.dialect.name == "duckdb"
+        series = f"range(1, {copies + 1})" if on_duck else f"generate_series(1, {copies})"
         sizes: dict[str, int] = {}
-        tables = tx.rows(
-            "SELECT table_name FROM duckdb_tables() WHERE table_name <> 'schema_migrations'"
-        )
-        for (table,) in tables:
-            columns = tx.rows(
-                "SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = ? "
-                "ORDER BY column_index",
-                [table],
-            )
-            named = [c for c, kind in columns if kind == "VARCHAR" and NAMES.search(c)]
-            rewrites = ", ".join(
-                f"CASE WHEN {c} IS NULL THEN NULL ELSE "
-                f"chr((33 + hash(copy.k, {c}) % 90)::INTEGER) "
-                f"|| substr(md5(copy.k::VARCHAR || {c}), 1, 11) || {c} END AS {c}"
-                for c in named
-            )
+        for table, columns in _columns(tx).items():
+            named = {c for c, kind in columns if kind in _VARCHAR and NAMES.search(c)}
             (count,) = tx.one(f"SELECT count(*) FROM {table}")
             if not count:
                 continue
-            replace = f" REPLACE ({rewrites})" if rewrites else ""
-            tx.exec(
-                f"INSERT INTO {table} SELECT {table}.*{replace} "
-                f"FROM {table}, range(1, {copies + 1}) AS copy (k)"
-            )
+            spread = "hash(copy.k, {c}) % 90" if on_duck else "abs(hashtext(copy.k || {c})) % 90"
+            rewrites = {
+                c: f"CASE WHEN {c} IS NULL THEN NULL ELSE "
+                f"chr((33 + {spread.format(c=c)})::INTEGER) "
+                f"|| substr(md5(copy.k::VARCHAR || {c}), 1, 11) || {c} END"
+                for c in named
+            }
+            values = ", ".join(rewrites.get(c, f"{table}.{c}") for c, _ in columns)
+            tx.exec(f"INSERT INTO {table} SELECT {values} FROM {table}, {series} AS copy (k)")
             sizes[table] = count * (copies + 1)
+        if not on_duck:
+            tx.exec("ANALYZE")
         return sizes
 
     sizes: dict[str, int] = store.db.write("grow", body)
     return sizes
+
+
+_VARCHAR = ("VARCHAR", "character varying", "text")
+
+
+def _columns(tx: Any) -> dict[str, list[tuple[str, str]]]:
+    """Each table's columns in order, ``(name, type)``, but the migrations' own."""
+    if tx.dialect.name == "duckdb":
+        rows = tx.rows(
+            "SELECT c.table_name, c.column_name, c.data_type FROM duckdb_columns() c "
+            "JOIN duckdb_tables() t ON t.table_oid = c.table_oid "
+            "WHERE t.schema_name = current_schema() AND NOT t.temporary "
+            "AND c.table_name <> 'schema_migrations' ORDER BY c.table_name, c.column_index"
+        )
+    else:
+        rows = tx.rows(
+            "SELECT c.table_name, c.column_name, c.data_type FROM information_schema.columns c "
+            "JOIN information_schema.tables t ON t.table_schema = c.table_schema "
+            "AND t.table_name = c.table_name AND t.table_type = 'BASE TABLE' "
+            "WHERE c.table_schema = current_schema() AND c.table_name <> 'schema_migrations' "
+            "ORDER BY c.table_name, c.ordinal_position"
+        )
+    tables: dict[str, list[tuple[str, str]]] = {}
+    for table, column, kind in rows:
+        tables.setdefault(table, []).append((column, kind))
+    return tables
 
 
 def populate(store: Any, n: int) -> None:

@@ -344,8 +344,8 @@ def test_migration_11_indexes_what_duckdb_looked_up_by_reading_whole_tables(
 ) -> None:
     """A DuckDB store at schema version 10 opened by this turnkeeper: version 11
     adds DuckDB's single-column lookup indexes over the rows already stored,
-    which stay as they were and are found through them (PostgreSQL's version
-    11 adds nothing: its btree indexes served these lookups already)."""
+    which stay as they were and are found through them (PostgreSQL gets its
+    share in version 12)."""
     where = _held_at_version("duckdb", 10, tmp_path, monkeypatch)
     with turnkeeper.open_store(where) as store:
         store.create_session("s")
@@ -358,11 +358,48 @@ def test_migration_11_indexes_what_duckdb_looked_up_by_reading_whole_tables(
         assert store.query("SELECT count(*) AS n FROM duckdb_indexes()").column(0)[0].as_py() == 0
     monkeypatch.undo()
     with turnkeeper.open_store(where) as store:
-        assert store.schema_version() == turnkeeper.SCHEMA_VERSION == 11
+        assert store.schema_version() == turnkeeper.SCHEMA_VERSION
         names = store.query("SELECT index_name FROM duckdb_indexes() ORDER BY 1").column(0)
-        assert "entries_by_id" in names.to_pylist() and len(names) == 6
+        assert "entries_by_id" in names.to_pylist() and len(names) == 6, names
         assert store.replay("s") == before and store.entry("s", entry.id) == entry
         assert store.admit_run("s", {"q": 1}, submission_key="k", start=True) == run
+
+
+def test_migration_12_indexes_what_postgresql_looked_up_by_reading_whole_tables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PostgreSQL store at schema version 11 opened by this turnkeeper:
+    version 12 adds an index led by each column version 11's lookups name
+    first (an entry by id, a submission by key digest, a tool record by run
+    and by turn) over the rows already stored, which stay as they were and
+    are found through them; DuckDB's version 12 adds nothing."""
+    where = _held_at_version("postgres", 11, tmp_path, monkeypatch)
+    indexes = "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"
+    with turnkeeper.open_store(where) as store:
+        store.create_session("s")
+        lease = store.acquire_lease("session:s", "w", 60)
+        msg = {"message": {"role": "user", "content": "x"}}
+        entry = store.append("s", EntryKind.MESSAGE, msg, lease=lease)
+        store.release_lease(lease)
+        run = store.admit_run("s", {"q": 1}, submission_key="k", start=True)
+        before = store.replay("s")
+        old = set(store.query(indexes).column(0).to_pylist())
+    monkeypatch.undo()
+    with turnkeeper.open_store(where) as store:
+        assert store.schema_version() == turnkeeper.SCHEMA_VERSION
+        added = set(store.query(indexes).column(0).to_pylist()) - old
+        assert added == {
+            "entries_by_id",
+            "submissions_by_key",
+            "tool_executions_by_run",
+            "tool_executions_by_turn",
+        }
+        assert store.replay("s") == before and store.entry("s", entry.id) == entry
+        assert store.admit_run("s", {"q": 1}, submission_key="k", start=True) == run
+    duck = str(tmp_path / "v12.duckdb")
+    with turnkeeper.open_store(duck) as store:
+        names = store.query("SELECT index_name FROM duckdb_indexes()").column(0)
+        assert len(names) == 6, names  # version 11's, none more
 
 
 def test_events_an_older_turnkeeper_wrote_beside_a_migrated_server_are_counted() -> None:

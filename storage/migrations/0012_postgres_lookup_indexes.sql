@@ -1,0 +1,8 @@
+-- turnkeeper schema version 12: PostgreSQL's share of version 11's lookup indexes
+-- (storage/postgres/migrations/0012_postgres_lookup_indexes.sql). Version 11 wrote
+-- each hot lookup as storage/backend.py keyed() does: the looked-up column alone in
+-- its conjunction, the session's condition inside a CASE. PostgreSQL serves that
+-- through an index whose leading column is the key, and entries (by id),
+-- submissions (by key digest) and tool executions (by run, by turn) had their key
+-- only second in a two-column index: each such lookup read the whole table.
+-- DuckDB has had these indexes since version 11; here it adds nothing.
