@@ -544,16 +544,16 @@ def turn_beside_history(store: turnkeeper.BaseStore, floor: Op, turn: Op) -> lis
     return ratios
 
 
-def big_store(folder: str, floor: Op) -> dict[str, list[float]]:
+def big_store(where: str, floor: Op) -> dict[str, list[float]]:
     """A fenced append and the 3-transaction turn, each as ratios to the floor, on
-    a DuckDB store whose every table holds other sessions' rows: :data:`BIG_SESSIONS`
+    a new store at ``where`` whose every table holds other sessions' rows: :data:`BIG_SESSIONS`
     sessions written through the API, copied :data:`BIG_COPIES` times with
     their names rewritten (``model_tests/grown.py``). Their cost must not grow
     with the store: each statement finds its rows through an index
     (``model_tests/test_index_paths.py`` holds them to it)."""
     from grown import grow, populate
 
-    with turnkeeper.open_store(f"{folder}/big.duckdb") as store:
+    with turnkeeper.open_store(where) as store:
         populate(store, BIG_SESSIONS)
         sizes = grow(store, BIG_COPIES)
         store.create_session("b")
@@ -589,10 +589,12 @@ def measure(
     rows: list[tuple[Any, ...]],
     folder: str,
     dbos_url: str,
+    big: str,
 ) -> dict[str, Any]:
     """Every figure of one backend (``cold``: the same database, replay cache
     off; ``least``: the engine's bounds, ``bench_bounds``); with ``folder``,
-    the LangGraph peer beside it; DBOS on ``dbos_url``."""
+    the LangGraph peer beside it; DBOS on ``dbos_url``; the big store
+    (:func:`big_store`) opened at ``big``."""
     ops = operations(store, cold) | least
     ratios: dict[str, list[float]] = {name: [] for name in ops}
     floors: list[float] = []
@@ -607,8 +609,7 @@ def measure(
     ours, sqlite_s = analytics(store, rows, folder)
     beside = f"turn, 3 transactions, beside {len(rows)} runs' history ({3 * len(rows)} run events)"
     ratios[beside] = turn_beside_history(store, floor, ops[TURN_THREE])
-    if isinstance(store, turnkeeper.DuckDBStore):  # PostgreSQL's btree indexes serve every key
-        ratios |= big_store(folder, floor)
+    ratios |= big_store(big, floor)
     figure = {"runs": len(rows), "seconds": round(ours, 4)}
     if sqlite_s is not None:
         figure |= {
@@ -735,7 +736,14 @@ def main() -> int:
             turnkeeper.open_store(path, replay_cache_bytes=0) as cold,
         ):
             backends["duckdb"] = measure(
-                store, cold, floor, duckdb_bounds(tmp), rows, tmp, f"sqlite:///{tmp}/dbos.sqlite"
+                store,
+                cold,
+                floor,
+                duckdb_bounds(tmp),
+                rows,
+                tmp,
+                f"sqlite:///{tmp}/dbos.sqlite",
+                f"{tmp}/big.duckdb",
             )
     url = os.environ.get("TURNKEEPER_TEST_PG")
     if url:
@@ -746,7 +754,9 @@ def main() -> int:
         ):
             dbos_url = url.replace("postgresql://", "postgresql+psycopg://", 1)
             least = postgres_bounds(pg_schema(url))
-            backends["postgres"] = measure(store, cold, pg_floor(schema), least, rows, "", dbos_url)
+            backends["postgres"] = measure(
+                store, cold, pg_floor(schema), least, rows, "", dbos_url, pg_schema(url)
+            )
         backends["postgres"]["processes"] = multiples({n: processes(schema, n) for n in (1, 4, 8)})
     result = {
         "floor": FLOOR_SQL.format(p="?") + " (autocommit)",
