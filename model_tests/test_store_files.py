@@ -339,6 +339,24 @@ def test_migration_10_keeps_each_sessions_event_cursor(
         assert other.session_id == "u"
 
 
+def _an_entry_and_a_keyed_run(store: turnkeeper.BaseStore) -> tuple[Any, Any, Any]:
+    """Session ``s`` with an entry appended under a lease and a run admitted with
+    submission key ``k``: the entry, the run and the session's replay."""
+    store.create_session("s")
+    lease = store.acquire_lease("session:s", "w", 60)
+    msg = {"message": {"role": "user", "content": "x"}}
+    entry = store.append("s", EntryKind.MESSAGE, msg, lease=lease)
+    store.release_lease(lease)
+    run = store.admit_run("s", {"q": 1}, submission_key="k", start=True)
+    return entry, run, store.replay("s")
+
+
+def _still_found(store: turnkeeper.BaseStore, entry: Any, run: Any, replay: Any) -> None:
+    """What :func:`_an_entry_and_a_keyed_run` wrote is found by its keys as it was."""
+    assert store.replay("s") == replay and store.entry("s", entry.id) == entry
+    assert store.admit_run("s", {"q": 1}, submission_key="k", start=True) == run
+
+
 def test_migration_11_indexes_what_duckdb_looked_up_by_reading_whole_tables(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -348,21 +366,14 @@ def test_migration_11_indexes_what_duckdb_looked_up_by_reading_whole_tables(
     share in version 12)."""
     where = _held_at_version("duckdb", 10, tmp_path, monkeypatch)
     with turnkeeper.open_store(where) as store:
-        store.create_session("s")
-        lease = store.acquire_lease("session:s", "w", 60)
-        msg = {"message": {"role": "user", "content": "x"}}
-        entry = store.append("s", EntryKind.MESSAGE, msg, lease=lease)
-        store.release_lease(lease)
-        run = store.admit_run("s", {"q": 1}, submission_key="k", start=True)
-        before = store.replay("s")
+        entry, run, before = _an_entry_and_a_keyed_run(store)
         assert store.query("SELECT count(*) AS n FROM duckdb_indexes()").column(0)[0].as_py() == 0
     monkeypatch.undo()
     with turnkeeper.open_store(where) as store:
         assert store.schema_version() == turnkeeper.SCHEMA_VERSION
         names = store.query("SELECT index_name FROM duckdb_indexes() ORDER BY 1").column(0)
         assert "entries_by_id" in names.to_pylist() and len(names) == 6, names
-        assert store.replay("s") == before and store.entry("s", entry.id) == entry
-        assert store.admit_run("s", {"q": 1}, submission_key="k", start=True) == run
+        _still_found(store, entry, run, before)
 
 
 def test_migration_12_indexes_what_postgresql_looked_up_by_reading_whole_tables(
@@ -376,13 +387,7 @@ def test_migration_12_indexes_what_postgresql_looked_up_by_reading_whole_tables(
     where = _held_at_version("postgres", 11, tmp_path, monkeypatch)
     indexes = "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"
     with turnkeeper.open_store(where) as store:
-        store.create_session("s")
-        lease = store.acquire_lease("session:s", "w", 60)
-        msg = {"message": {"role": "user", "content": "x"}}
-        entry = store.append("s", EntryKind.MESSAGE, msg, lease=lease)
-        store.release_lease(lease)
-        run = store.admit_run("s", {"q": 1}, submission_key="k", start=True)
-        before = store.replay("s")
+        entry, run, before = _an_entry_and_a_keyed_run(store)
         old = set(store.query(indexes).column(0).to_pylist())
     monkeypatch.undo()
     with turnkeeper.open_store(where) as store:
@@ -394,8 +399,7 @@ def test_migration_12_indexes_what_postgresql_looked_up_by_reading_whole_tables(
             "tool_executions_by_run",
             "tool_executions_by_turn",
         }
-        assert store.replay("s") == before and store.entry("s", entry.id) == entry
-        assert store.admit_run("s", {"q": 1}, submission_key="k", start=True) == run
+        _still_found(store, entry, run, before)
     duck = str(tmp_path / "v12.duckdb")
     with turnkeeper.open_store(duck) as store:
         names = store.query("SELECT index_name FROM duckdb_indexes()").column(0)
