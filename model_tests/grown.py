@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import re
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 from turnkeeper import DeliveryPlan, DeliveryStep, EntryKind, FinalizeRequest, ThreadRecord
+from turnkeeper.spec.records import ImportBatch, ImportEntry, OpaqueRecord
 
 MSG = {"message": {"role": "user", "content": "hi"}}
 USER = {"role": "user", "content": "go"}
@@ -122,3 +124,42 @@ def populate(store: Any, n: int) -> None:
         if i % 2:
             store.release_lease(lease)
         store.finalize(FinalizeRequest(ThreadRecord(f"bgr{i}", f"bgk{i}"), rebind_active=True))
+        now = datetime.now(UTC)
+        store.import_batch(  # a session file with lines that did not parse
+            ImportBatch(
+                str(uuid.uuid4()),
+                "",
+                now,
+                {},
+                [ImportEntry(f"imp{i}", None, EntryKind.MESSAGE, now, MSG)],
+                f"imp{i}",
+                tuple(OpaqueRecord(f"f{i}.jsonl", n, "{", "truncated") for n in (2, 3 + i)),
+                f"f{i}.jsonl",
+            )
+        )
+
+
+def finish_history(store: Any, keep: set[str]) -> None:
+    """End every run but those of sessions ``keep`` and deliver their outbox:
+    the history of a store in use, whose other sessions' turns are over (few
+    runs active, few deliveries open, among all those of the past)."""
+    from conftest import forge
+
+    forge(
+        store,
+        "UPDATE runs SET status = 'succeeded', finished_at = updated_at "
+        "WHERE finished_at IS NULL AND NOT (session_id = ANY(?::VARCHAR[]))",
+        [sorted(keep)],
+    )
+    forge(
+        store,
+        "DELETE FROM active_runs WHERE NOT (session_id = ANY(?::VARCHAR[]))",
+        [sorted(keep)],
+    )
+    forge(
+        store,
+        "UPDATE delivery_operations SET status = 'delivered', provider_message_id = 'm' "
+        "WHERE status NOT IN ('delivered', 'unsupported', 'failed', 'uncertain') AND NOT "
+        "(intent_id IN (SELECT id FROM delivery_intents WHERE session_id = ANY(?::VARCHAR[])))",
+        [sorted(keep)],
+    )

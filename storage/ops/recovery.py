@@ -64,18 +64,36 @@ def get(tx: Tx, run_id: str) -> Recovery | None:
 def orphans(tx: Tx) -> list[Run]:
     """Non-terminal runs with no live lease on their session (store clock), including
     runs that never had one, whose recovery is not parked (detached, dead-lettered,
-    or failed and not yet due)."""
+    or failed and not yet due).
+
+    ``active_runs`` holds only the non-terminal runs; their runs, lease rows and
+    recovery records are then read by those keys, each table's scan filtered by
+    one key list (storage/backend.py keyed: an index scan on DuckDB), not joined
+    whole: the runs and leases of every finished session stay unread, so a poll
+    does not cost more with the store's history. A run admitted between the two
+    statements is the next poll's."""
+    active = tx.rows("SELECT session_id, run_id FROM active_runs")
+    if not active:
+        return []
     rows = tx.rows(
         f"WITH c AS (SELECT {leases.NOW} AS now) "
-        f"SELECT r.id FROM active_runs a JOIN runs r ON r.id = a.run_id "
-        "LEFT JOIN leases l ON l.target = 'session:' || a.session_id "
-        "LEFT JOIN run_recoveries v ON v.run_id = r.id, c "
+        "SELECT r.id FROM active_runs a JOIN (SELECT id, started_at FROM runs "
+        "WHERE id = ANY(?::VARCHAR[])) r ON r.id = a.run_id "
+        "LEFT JOIN (SELECT target, state, expires_at FROM leases "
+        "WHERE target = ANY(?::VARCHAR[])) l ON l.target = 'session:' || a.session_id "
+        "LEFT JOIN (SELECT run_id, state, next_retry_at FROM run_recoveries "
+        "WHERE run_id = ANY(?::VARCHAR[])) v ON v.run_id = r.id, c "
         "WHERE NOT coalesce(l.state = 'held' AND l.expires_at > c.now, FALSE) "
         "AND (v.state IS NULL OR v.state = 'recovering' "
         "OR (v.state = 'failed' AND coalesce(v.next_retry_at <= c.now, TRUE))) "
         "ORDER BY r.started_at, r.id" + tx.dialect.skip_locked_of("r"),
         # PostgreSQL: leave out runs another worker is recovering or ending right now
-        [tx.now],
+        [
+            tx.now,
+            [run_id for _, run_id in active],
+            [session_target(session_id) for session_id, _ in active],
+            [run_id for _, run_id in active],
+        ],
     )
     found = [run_reads.get(tx, r[0]) for r in rows]
     return [r for r in found if r is not None]
