@@ -12,7 +12,9 @@ from __future__ import annotations
 import hashlib
 import math
 import threading
+import uuid
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 import pytest
@@ -869,3 +871,56 @@ def test_a_reclaimed_record_belongs_to_the_fresh_run(store):
     assert (created, rec.run_id, rec.attempt) == (False, r2.id, 2)
     with pytest.raises(turnkeeper.ToolExecutionConflictError):
         store.claim_tool_execution("call_0", "s", local_turn_id=r1.turn_id, run_id=r1.id, **common)
+
+
+@pytest.mark.postgres
+def test_a_turn_closes_its_records_in_the_order_the_database_lists_them() -> None:
+    """Found by an attack helper: on a PostgreSQL database whose collation is
+    not C (ICU en-US here; most servers' default is a language's), a run
+    that ended with running tool calls wrote their interrupted results in
+    code-point order of the execution keys, while the session's records
+    (session_tool_executions, the same ordering in SQL) list them in the
+    database's order. Records claimed at one instant tie on created_at, so the
+    keys decide: the turn now takes its records in the database's order."""
+    import psycopg
+    from conftest import FakeClock, pg_url
+
+    url = pg_url()
+    name = f"tk_icu_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE DATABASE {name} TEMPLATE template0 ENCODING 'UTF8' "
+            "LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C'"
+        )
+    parts = urlsplit(url)
+    try:
+        where = urlunsplit(parts._replace(path=f"/{name}"))
+        with turnkeeper.open_store(where, clock=FakeClock()) as store:
+            store.create_session("s")
+            lease = store.acquire_lease("session:s", "w", 600)
+            run = store.admit_run("s", {"q": 1}, lease=lease, start=True)
+            keys = {"B-key": "c1", "a-key": "c2", "Z-key": "c3", "m-key": "c4"}
+            turn = {"message": tool_call_message(*keys.values())}
+            store.append("s", "message", turn, lease=lease)
+            for key, call_id in keys.items():
+                claim(
+                    store,
+                    key,
+                    turn=run.turn_id,
+                    provider_call_id=call_id,
+                    tool_name="t",
+                    run_id=run.id,
+                    lease=lease,
+                )
+            listed = [keys[r.execution_key] for r in store.session_tool_executions("s")]
+            assert listed == ["c2", "c1", "c4", "c3"]  # a, B, m, Z: not code-point order
+            store.finish_run(run.id, "failed", error="boom", lease=lease)
+            results = [
+                e.payload["message"]["toolCallId"]
+                for e in store.entries("s")
+                if e.payload.get("message", {}).get("role") == "toolResult"
+            ]
+            assert results == listed
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE {name} WITH (FORCE)")

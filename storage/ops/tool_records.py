@@ -108,14 +108,17 @@ def of_turn(
 
 def of_run(tx: Tx, session_id: str, run_id: str, turn_id: str) -> list[ToolExecution]:
     """The session's records of run ``run_id`` or of its turn ``turn_id`` (a call
-    claimed in the turn before the run was named on it), oldest first: two
-    lookups, each through an index of its own on DuckDB."""
-    found = {
-        rec.execution_key: rec
-        for key, value in (("run_id", run_id), ("local_turn_id", turn_id))
-        for rec in _keyed(tx, key, value, session_id, "TRUE", ())
-    }
-    return sorted(found.values(), key=lambda r: (r.created_at, r.execution_key))
+    claimed in the turn before the run was named on it), oldest first, ties in
+    the database's order of the keys (as :func:`select` lists them): one
+    statement of two lookups, each through an index of its own on DuckDB."""
+    rows = tx.rows(
+        f"SELECT {COLS} FROM tool_executions WHERE {keyed('run_id', 'session_id = ?')} "
+        f"UNION SELECT {COLS} FROM tool_executions "
+        f"WHERE {keyed('local_turn_id', 'session_id = ?')} "
+        "ORDER BY created_at, execution_key",
+        [run_id, session_id, turn_id, session_id],
+    )
+    return [record_row(r) for r in rows]
 
 
 def _keyed(
