@@ -374,3 +374,24 @@ def test_a_run_that_succeeded_carries_no_error_on_any_path(store):
     with pytest.raises(turnkeeper.InvalidInputError):
         store.converge_recovery(run.id, lease, status="succeeded", error="x")
     assert (store.get_run(run.id).status, store.get_run(run.id).error) == ("running", None)
+
+
+@pytest.mark.postgres
+def test_an_orphan_another_worker_holds_is_left_out_of_the_list_not_waited_for() -> None:
+    """list_orphaned_runs on PostgreSQL: a run whose row another transaction
+    holds (a worker recovering or ending it) is skipped, not waited for, and
+    listed again once that transaction ends; the rest are listed meanwhile."""
+    import psycopg
+    from conftest import new_pg_schema
+
+    where = new_pg_schema()
+    with turnkeeper.open_store(where) as store:
+        for sid in ("a", "b"):
+            store.create_session(sid)
+        held = store.admit_run("a", {"q": 1})  # admitted without a lease: an orphan at once
+        free = store.admit_run("b", {"q": 1})
+        assert {r.id for r in store.list_orphaned_runs()} == {held.id, free.id}
+        with psycopg.connect(where) as other:
+            other.execute("SELECT 1 FROM runs WHERE id = %s FOR UPDATE", [held.id])
+            assert [r.id for r in store.list_orphaned_runs()] == [free.id]
+        assert {r.id for r in store.list_orphaned_runs()} == {held.id, free.id}
