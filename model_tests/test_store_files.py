@@ -8,6 +8,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -440,3 +441,55 @@ def test_a_url_of_another_scheme_is_refused_not_made_a_duckdb_file(
         turnkeeper.open_store(url)
     assert caught.value.field == "path"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("writer", ["tool records, then entries", "entries, then tool records"])
+def test_migration_12_beside_a_writer_of_the_previous_version_never_deadlocks(
+    writer: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by an attack helper: in a rolling upgrade a process of schema 11
+    keeps writing while a new one migrates. The migration's CREATE INDEXes
+    each took their table's lock in turn, entries first; a writer ending a
+    run with a running tool call holds tool_executions and then inserts into
+    entries, and the two deadlocked (the server aborted one). The migration
+    now takes all its locks at once, waiting at most 500 ms, less than the
+    server's deadlock_timeout, and is retried from the start when it gives up:
+    a writer in either order only waits. Here the writer is a raw transaction
+    that takes the two tables' write locks in ``writer``'s order, the
+    migration starting in between; with a short deadlock_timeout of its own,
+    the writer would be the one aborted in a deadlock."""
+    import psycopg
+    from test_group_commit import wait_until
+
+    where = _held_at_version("postgres", 11, tmp_path, monkeypatch)
+    with turnkeeper.open_store(where):
+        pass
+    monkeypatch.undo()
+    first, then = ("tool_executions", "entries")
+    if writer.startswith("entries"):
+        first, then = then, first
+    opened: list[Any] = []
+    with psycopg.connect(where) as old:
+        old.execute("SET deadlock_timeout = '50ms'" if first == "tool_executions" else "SELECT 1")
+        old.execute(f"LOCK TABLE {first} IN ROW EXCLUSIVE MODE")
+
+        def migrate() -> None:
+            try:
+                with turnkeeper.open_store(where) as store:
+                    opened.append(store.schema_version())
+            except BaseException as exc:  # the test reports it
+                opened.append(exc)
+
+        thread = threading.Thread(target=migrate)
+        thread.start()
+        mine = old.info.backend_pid
+        waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted AND pid <> %s"
+        with psycopg.connect(where, autocommit=True) as watch:
+            wait_until(
+                lambda: watch.execute(waiting, [mine]).fetchone()[0] > 0,  # type: ignore[index]
+                "the migration never waited for the writer",
+            )
+        old.execute(f"LOCK TABLE {then} IN ROW EXCLUSIVE MODE")  # no deadlock: it only waits
+        old.commit()
+    thread.join()
+    assert opened == [turnkeeper.SCHEMA_VERSION]
