@@ -25,8 +25,8 @@ all those of the past), and every statement it runs is profiled:
 one that reads more than one vector of rows of a table (``VECTOR`` rows: a
 join whose other side found nothing stops after one) fails the test.
 
-On PostgreSQL each statement is planned with ``EXPLAIN`` in its own
-transaction before it runs, with the store's statistics fresh: a plan that
+On PostgreSQL each statement is planned with ``EXPLAIN`` in its
+transaction just before it runs, with the store's statistics fresh: a plan that
 reads a grown table sequentially fails the test, the reads of a session's
 rows included (PostgreSQL's indexes on a session's rows cost less than a
 scan). ``storage.backend.keyed`` leaves the key alone in its conjunction,

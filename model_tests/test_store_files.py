@@ -456,8 +456,9 @@ def test_migration_12_beside_a_writer_of_the_previous_version_never_deadlocks(
     server's deadlock_timeout, and is retried from the start when it gives up:
     a writer in either order only waits. Here the writer is a raw transaction
     that takes the two tables' write locks in ``writer``'s order, the
-    migration starting in between; with a short deadlock_timeout of its own,
-    the writer would be the one aborted in a deadlock."""
+    migration starting in between. In the order that deadlocked the writer's
+    own deadlock_timeout is 50 ms, so a deadlock would abort it; in the other it
+    keeps the server's 1 s, which the migration's 500 ms wait stays below."""
     import psycopg
     from test_group_commit import wait_until
 
@@ -470,7 +471,8 @@ def test_migration_12_beside_a_writer_of_the_previous_version_never_deadlocks(
         first, then = then, first
     opened: list[Any] = []
     with psycopg.connect(where) as old:
-        old.execute("SET deadlock_timeout = '50ms'" if first == "tool_executions" else "SELECT 1")
+        if first == "tool_executions":  # the order that deadlocked: the writer its victim
+            old.execute("SET deadlock_timeout = '50ms'")
         old.execute(f"LOCK TABLE {first} IN ROW EXCLUSIVE MODE")
 
         def migrate() -> None:

@@ -67,14 +67,15 @@ def orphans(tx: Tx) -> list[Run]:
     or failed and not yet due).
 
     ``active_runs`` holds only the non-terminal runs; their runs, lease rows and
-    recovery records are then read by those keys, each table's scan filtered by
-    one key list (storage/backend.py keyed: an index scan on DuckDB), not joined
-    whole: the runs and leases of every finished session stay unread, so a poll
+    recovery records are then read by those keys, each table's scan with one
+    filter, its key list (an index scan on DuckDB: see storage/backend.py
+    keyed), not joined whole: the runs and leases of every finished session stay unread, so a poll
     does not cost more with the store's history. A run admitted between the two
     statements is the next poll's."""
     active = tx.rows("SELECT session_id, run_id FROM active_runs")
     if not active:
         return []
+    run_ids = [run_id for _, run_id in active]
     rows = tx.rows(
         f"WITH c AS (SELECT {leases.NOW} AS now) "
         "SELECT r.id FROM active_runs a JOIN (SELECT id, started_at FROM runs "
@@ -90,9 +91,9 @@ def orphans(tx: Tx) -> list[Run]:
         # PostgreSQL: leave out runs another worker is recovering or ending right now
         [
             tx.now,
-            [run_id for _, run_id in active],
+            run_ids,
             [session_target(session_id) for session_id, _ in active],
-            [run_id for _, run_id in active],
+            run_ids,
         ],
     )
     found = [run_reads.get(tx, r[0]) for r in rows]
