@@ -78,6 +78,7 @@ from turnkeeper.spec.errors import (
     ToolCallPairingError,
     ToolExecutionConflictError,
     ToolExecutionNotFoundError,
+    ToolExecutionNotReclaimableError,
     TransactionConflictError,
     TurnkeeperError,
 )
@@ -271,6 +272,7 @@ __all__ = [
     "ToolExecution",
     "ToolExecutionConflictError",
     "ToolExecutionNotFoundError",
+    "ToolExecutionNotReclaimableError",
     "ToolExecutionState",
     "Topic",
     "TransactionConflictError",

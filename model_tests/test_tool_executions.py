@@ -29,6 +29,7 @@ from turnkeeper import (
     SessionNotFoundError,
     ToolExecution,
     ToolExecutionNotFoundError,
+    ToolExecutionNotReclaimableError,
     ToolExecutionState,
 )
 from turnkeeper.spec.tool_execution import INTERRUPTED_TEXT
@@ -360,26 +361,42 @@ def test_read_only_calls_are_reclaimed_automatically(store):
     claim(store, "interrupted", side=False)
     store.interrupt_tool_executions("s")
     claim(store, "running", side=False)
-    assert store.reclaim_tool_execution("interrupted")
+    reopened = store.reclaim_tool_execution("interrupted")
     rec = store.get_tool_execution("interrupted")
+    assert reopened == rec
     assert (rec.state, rec.attempt, rec.reason) == ("running", 2, None)
     assert events(store, "interrupted") == ["claim", "interrupt", "reclaim_interrupted"]
     claim(store, "live", side=False)
-    assert store.reclaim_tool_execution("live")
+    assert store.reclaim_tool_execution("live").attempt == 2
     assert store.get_tool_execution("live").attempt == 2
 
 
+def not_reclaimable(store, key: str, source: str, reason: str) -> ToolExecutionNotReclaimableError:
+    """Reclaiming ``key`` is refused from ``source`` for ``reason``, writing nothing."""
+    before = store.get_tool_execution(key)
+    with pytest.raises(ToolExecutionNotReclaimableError) as err:
+        store.reclaim_tool_execution(key)
+    assert (err.value.execution_key, err.value.source, err.value.reason) == (key, source, reason)
+    assert (err.value.machine, err.value.trigger) == ("tool_execution", "reclaim")
+    assert isinstance(err.value, InvalidTransitionError)
+    assert store.get_tool_execution(key) == before
+    return err.value
+
+
 def test_a_side_effecting_call_is_never_rerun_without_an_explicit_request(store):
+    """Issue 17 item 9: a refused reclaim says why (it was a bare ``False``)."""
     claim(store, "pay")
-    assert not store.reclaim_tool_execution("pay")  # running: its owner may still be at it
+    err = not_reclaimable(store, "pay", "running", "needs_confirmation")
+    assert "side effects" in str(err) and "once the record is interrupted" in str(err)
     store.interrupt_tool_executions("s")
-    assert not store.reclaim_tool_execution("pay")  # interrupted: needs confirmation
+    err = not_reclaimable(store, "pay", "interrupted", "needs_confirmation")
+    assert "request_tool_execution_recovery" in str(err)
     rec = store.get_tool_execution("pay")
     assert (rec.state, rec.attempt) == ("interrupted", 1)
     assert claim(store, "pay") == (rec, False)  # claiming again is no way around it
     store.request_tool_execution_recovery("s", "t", ["call-pay"])
-    assert store.reclaim_tool_execution("pay")
-    assert not store.reclaim_tool_execution("pay")  # one confirmation, one re-run
+    assert store.reclaim_tool_execution("pay").state == "running"
+    not_reclaimable(store, "pay", "running", "needs_confirmation")  # one confirmation, one re-run
     rec = store.get_tool_execution("pay")
     assert (rec.state, rec.attempt) == ("running", 2)
     assert events(store, "pay") == ["claim", "interrupt", "request_retry", "reclaim_confirmed"]
@@ -390,12 +407,27 @@ def test_completed_and_abandoned_records_are_never_reopened(store):
     store.complete_tool_execution("done", {"v": 1})
     claim(store, "gone", side=False)
     store.abandon_interrupted_tool_executions("s", "t")
-    for key in ("done", "gone"):
-        before = store.get_tool_execution(key)
-        assert not store.reclaim_tool_execution(key)
-        assert store.get_tool_execution(key) == before
+    err = not_reclaimable(store, "done", "completed", "terminal")
+    assert "use its stored result" in str(err)
+    err = not_reclaimable(store, "gone", "abandoned", "terminal")
+    assert "a new run makes a new call" in str(err)
     with pytest.raises(ToolExecutionNotFoundError):
         store.reclaim_tool_execution("missing")
+
+
+def test_a_refused_reclaim_pickles_with_its_fields():
+    import pickle
+
+    err = ToolExecutionNotReclaimableError("k", "interrupted", "needs_confirmation")
+    again = pickle.loads(pickle.dumps(err))
+    assert (again.execution_key, again.source, again.reason, again.machine, again.trigger) == (
+        "k",
+        "interrupted",
+        "needs_confirmation",
+        "tool_execution",
+        "reclaim",
+    )
+    assert str(again) == str(err)
 
 
 def test_reclaim_refuses_while_another_owner_holds_the_session(store, clock):
@@ -407,7 +439,7 @@ def test_reclaim_refuses_while_another_owner_holds_the_session(store, clock):
     assert store.get_tool_execution("k").attempt == 1
     store.release_lease(worker)
     successor = store.acquire_lease("session:s", "successor", 10)
-    assert store.reclaim_tool_execution("k", lease=successor)
+    assert store.reclaim_tool_execution("k", lease=successor).lease_epoch == successor.epoch
     rec = store.get_tool_execution("k")
     assert (rec.attempt, rec.lease_epoch) == (2, successor.epoch)
 
@@ -443,7 +475,7 @@ def test_abandon_ends_every_uncertain_call_of_the_turn_without_running_anything(
     assert store.abandon_interrupted_tool_executions("s", "t") == 0
     again, created = claim(store, "requested", provider_call_id="c2")
     assert not created and again.state == "abandoned"  # a new run needs a new key
-    assert not store.reclaim_tool_execution("requested")
+    not_reclaimable(store, "requested", "abandoned", "terminal")
 
 
 def test_abandon_refuses_while_a_runtime_owns_the_session(store):
@@ -692,7 +724,7 @@ def test_a_reclaimed_call_moves_to_the_fresh_run_that_re_executes_it(store):
     with pytest.raises(InvalidInputError):
         store.reclaim_tool_execution("k-rc", run_id=run.id)  # terminal
     fresh = store.admit_run("rc", {"t": 1}, retry_of=run.id)
-    assert store.reclaim_tool_execution("k-rc", run_id=fresh.id) is True
+    assert store.reclaim_tool_execution("k-rc", run_id=fresh.id).run_id == fresh.id
     rec = store.get_tool_execution("k-rc")
     assert (rec.state, rec.run_id, rec.local_turn_id, rec.attempt) == (
         "running",

@@ -71,6 +71,26 @@ def test_a_second_result_for_an_answered_call_is_refused(store):
     with pytest.raises(ToolCallPairingError) as err:
         store.append("s", EntryKind.MESSAGE, result("c1"))
     assert err.value.reason == "duplicate"
+    # issue 17 item 9: the message says what happened (it said "without its toolCall")
+    assert "answers tool call 'c1' a second time" in str(err.value)
+    assert "without its toolCall" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "reason, says",
+    [
+        ("unpaired", "which no tool call in the replayed context makes"),
+        ("duplicate", "a second time"),
+        ("late", "too late: other messages followed the call"),
+        ("cut", "would keep toolResult 'r' but cut off its tool call 'c'"),
+    ],
+)
+def test_each_pairing_refusal_says_what_it_refuses(reason, says):
+    import pickle
+
+    err = ToolCallPairingError("s", "r", "c", reason)
+    assert says in str(err) and f"reason={reason!r}" in str(err)
+    assert str(pickle.loads(pickle.dumps(err))) == str(err)
 
 
 def test_a_call_id_reused_in_a_later_turn_is_answered_again(store):

@@ -178,7 +178,7 @@ class InvalidInputError(TurnkeeperError, ValueError):
 class InvalidTransitionError(TurnkeeperError):
     """A lifecycle machine has no edge for this trigger from this state."""
 
-    fields = ("machine", "trigger", "source")
+    fields: tuple[str, ...] = ("machine", "trigger", "source")
     machine: str
     trigger: str
     source: str
@@ -271,22 +271,48 @@ class EntryNotFoundError(TurnkeeperError):
 
 
 class ToolCallPairingError(TurnkeeperError):
-    """The write would leave a toolResult in the replayed context without its toolCall.
+    """The write would break the tool-call pairing of the replayed context.
 
-    A model provider rejects such a context. ``entry_id`` names the
-    ``toolResult``: the one being appended, or the kept one a compaction would
-    cut its call from. ``reason`` is ``"unpaired"`` (no ``toolCall`` with
-    ``tool_call_id`` is in the context), ``"duplicate"`` (the call was already
-    answered there), ``"late"`` (other messages followed the call before this
-    result: a provider takes results only right after the call's assistant
-    message) or ``"cut"``. Nothing is written.
+    A model provider rejects such a context; ``turnkeeper.storage.pairing``
+    states the rule. ``reason`` says what the write would do, and the
+    message says it in words:
+
+    - ``"unpaired"``: the ``toolResult`` ``entry_id`` answers
+      ``tool_call_id``, which no tool call in the replayed context makes;
+    - ``"duplicate"``: it answers ``tool_call_id`` a second time (the call
+      already has its result there);
+    - ``"late"``: other messages followed the call before this result (a
+      provider takes a call's results only right after the assistant message
+      that made it);
+    - ``"cut"``: a compaction would keep the ``toolResult`` ``entry_id`` but
+      cut off its call (``firstKeptEntryId`` between them).
+
+    Nothing is written.
     """
 
-    fields = ("session_id", "entry_id", "tool_call_id", "reason")
+    fields: tuple[str, ...] = ("session_id", "entry_id", "tool_call_id", "reason")
     session_id: str
     entry_id: str
     tool_call_id: str
     reason: str
+
+    def _message(self) -> str:
+        sid, eid, call = self.session_id, self.entry_id, self.tool_call_id
+        says = {
+            "unpaired": f"toolResult {eid!r} answers tool call {call!r}, which no tool call "
+            "in the replayed context makes",
+            "duplicate": f"toolResult {eid!r} answers tool call {call!r} a second time: the "
+            "call already has its result in the replayed context",
+            "late": f"toolResult {eid!r} answers tool call {call!r} too late: other messages "
+            "followed the call, and a provider takes a call's results only right after the "
+            "assistant message that made it",
+            "cut": f"the compaction would keep toolResult {eid!r} but cut off its tool call "
+            f"{call!r} (firstKeptEntryId lies between them)",
+        }
+        text = says.get(self.reason, f"entry {eid!r} breaks the pairing of tool call {call!r}")
+        parts = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.fields)
+        text = f"Session {sid!r}: {text} ({parts})"
+        return f"{text}: {self.detail}" if self.detail else text
 
 
 class EntryExistsError(TurnkeeperError):
@@ -417,6 +443,52 @@ class ToolExecutionConflictError(TurnkeeperError):
     execution_key: str
     field: str
     run_id: str | None
+
+
+class ToolExecutionNotReclaimableError(InvalidTransitionError):
+    """The tool-execution record cannot be reopened to run its tool again
+    (session seed ReclaimInterruptedToolExecution, which answers ``false``).
+
+    ``source`` is the record's state, ``reason`` why:
+
+    - ``"terminal"``: it is ``completed`` (use its stored result) or
+      ``abandoned`` (a new run makes a new call): never reopened;
+    - ``"needs_confirmation"``: its tool is side-effecting and the user has
+      not confirmed a re-run (``request_tool_execution_recovery``, which takes
+      an ``interrupted`` record to ``retry_requested``; a ``running`` one is
+      interrupted first, once its process is gone).
+
+    ``machine`` is ``"tool_execution"`` and ``trigger`` ``"reclaim"``, as
+    for any refused transition. Nothing is written.
+    """
+
+    fields = ("execution_key", "source", "reason", "machine", "trigger")
+    execution_key: str
+    reason: str
+
+    def __init__(self, execution_key: str, source: str, reason: str, **kwargs: Any) -> None:
+        kwargs.setdefault("machine", "tool_execution")
+        kwargs.setdefault("trigger", "reclaim")
+        super().__init__(execution_key, source, reason, **kwargs)
+
+    def _message(self) -> str:
+        why = {
+            "terminal": f"a {self.source} record is never reopened"
+            + (
+                ": use its stored result"
+                if self.source == "completed"
+                else ": a new run makes a new call"
+            ),
+            "needs_confirmation": "its tool has side effects, so it runs again only after the "
+            "user confirms (request_tool_execution_recovery"
+            + (", once the record is interrupted)" if self.source == "running" else ")"),
+        }.get(self.reason, self.reason)
+        text = (
+            f"Tool execution {self.execution_key!r} cannot be reclaimed from "
+            f"{self.source!r}: {why} (execution_key={self.execution_key!r}, "
+            f"source={self.source!r}, reason={self.reason!r})"
+        )
+        return f"{text}: {self.detail}" if self.detail else text
 
 
 # --- forks (session seed ForkSession) ---------------------------------------------

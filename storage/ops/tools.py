@@ -198,20 +198,27 @@ def request_retry(
     return out
 
 
-def reclaim(tx: Tx, execution_key: str, run_id: str | None, lease: Lease | None) -> bool:
-    """Reopen an eligible record as ``running`` with attempt + 1; returns whether it did.
+def reclaim(tx: Tx, execution_key: str, run_id: str | None, lease: Lease | None) -> ToolExecution:
+    """Reopen an eligible record as ``running`` with attempt + 1; returns it.
 
     Raises:
+        ToolExecutionNotReclaimableError: the record is completed or abandoned
+            (``terminal``), or side-effecting without a confirmed retry
+            request (``needs_confirmation``).
         ToolExecutionNotFoundError, BusyError, LeaseLostError, InvalidInputError.
     """
     rec = records.load(tx, execution_key)
     records.own_session(rec.session_id, lease)
     try:
         edge = records.MACHINE.decide("reclaim", rec.state, records.facts(rec))
-    except errors.InvalidTransitionError:
-        return False  # completed or abandoned: never reopened
-    if edge is None:
-        return False  # side-effecting and not confirmed
+    except errors.InvalidTransitionError:  # completed or abandoned: never reopened
+        raise errors.ToolExecutionNotReclaimableError(
+            rec.execution_key, rec.state, "terminal"
+        ) from None
+    if edge is None:  # the side_effecting guard: only a confirmed retry runs it again
+        raise errors.ToolExecutionNotReclaimableError(
+            rec.execution_key, rec.state, "needs_confirmation"
+        )
     records.no_other_owner(tx, rec.session_id, lease)
     run_id, turn_id = _reclaiming_run(tx, rec, run_id)
     epoch = None if lease is None else lease.epoch
@@ -224,8 +231,9 @@ def reclaim(tx: Tx, execution_key: str, run_id: str | None, lease: Lease | None)
     )
     if row is None:
         raise Conflict(f"tool execution {rec.execution_key!r} moved")
-    records.event(tx, records.record_row(row), edge)
-    return True
+    reopened = records.record_row(row)
+    records.event(tx, reopened, edge)
+    return reopened
 
 
 def _reclaiming_run(tx: Tx, rec: ToolExecution, run_id: str | None) -> tuple[str | None, str]:
@@ -514,14 +522,19 @@ class ToolsMixin(StoreBase):
 
     def reclaim_tool_execution(
         self, execution_key: str, *, run_id: str | None = None, lease: Lease | None = None
-    ) -> bool:
+    ) -> ToolExecution:
         """Atomically reopen a record after a process interruption (session seed
         ReclaimInterruptedToolExecution): a read-only ``running`` or
         ``interrupted`` record, or a side-effecting ``retry_requested`` one,
         becomes ``running`` with attempt + 1, and the caller may execute the
-        tool again. Returns whether it did; ``False`` (nothing written) for a
-        completed or abandoned record, or a side-effecting one without an
-        explicit retry request.
+        tool again. Returns the reopened record. Where the seed answers
+        ``false``, this raises :class:`ToolExecutionNotReclaimableError`,
+        whose ``reason`` says why (the tool-execution lifecycle,
+        ``spec/tool_execution.py``, has no ``reclaim`` edge from there):
+        ``"terminal"`` for a completed record (use its stored result) or an
+        abandoned one (a new run makes a new call), ``"needs_confirmation"``
+        for a side-effecting one without an explicit, user-confirmed retry
+        request (:meth:`request_tool_execution_recovery`).
 
         ``run_id`` is the fresh, non-terminal run of the same session that
         re-executes the call: the record moves to it (and its turn). It is
@@ -533,6 +546,8 @@ class ToolsMixin(StoreBase):
         on the session refuses the reclaim.
 
         Raises:
+            ToolExecutionNotReclaimableError: the record is not eligible (see
+                above; its ``source`` is the record's state).
             ToolExecutionNotFoundError: no record has this key.
             BusyError: no ``lease`` given and the session's lease is live.
             LeaseLostError: ``lease`` is no longer valid.
