@@ -16,6 +16,7 @@ from turnkeeper import (
     LeasePurposeError,
     RecoveryNotNeededError,
 )
+from turnkeeper.cli.audit import run_audit
 
 USER = {"role": "user", "content": "go"}
 
@@ -395,3 +396,81 @@ def test_an_orphan_another_worker_holds_is_left_out_of_the_list_not_waited_for()
             other.execute("SELECT 1 FROM runs WHERE id = %s FOR UPDATE", [held.id])
             assert [r.id for r in store.list_orphaned_runs()] == [free.id]
         assert {r.id for r in store.list_orphaned_runs()} == {held.id, free.id}
+
+
+# -- a completed tool's own result, unchanged and in call order (issue 17 item 3) -----------
+
+BLOCKS = [{"type": "text", "text": "a.txt"}]
+
+
+def _two_calls_first_completed(store, clock, result):
+    """A worker's run makes calls c1 and c2, claims both, completes c1 with
+    ``result`` and dies (its lease expires) before it writes any toolResult."""
+    store.create_session("s")
+    worker = store.acquire_lease("session:s", "worker", 5, purpose="execution")
+    run = store.admit_run("s", {"q": 1}, user_message=USER, lease=worker, start=True)
+    calls = [{"type": "toolCall", "id": c, "name": "ls", "arguments": {}} for c in ("c1", "c2")]
+    store.append("s", "message", {"message": {"role": "assistant", "content": calls}}, lease=worker)
+    for call_id in ("c2", "c1"):  # claimed out of call order: the transcript's order decides
+        store.claim_tool_execution(
+            f"{run.id}:{call_id}",
+            "s",
+            local_turn_id=run.turn_id,
+            provider_call_id=call_id,
+            tool_name="ls",
+            side_effecting=False,
+            run_id=run.id,
+            lease=worker,
+        )
+    store.complete_tool_execution(f"{run.id}:c1", result, lease=worker)
+    clock.advance(6)  # the worker is gone
+    return run
+
+
+def _recover(store, run) -> list[dict]:
+    (orphan,) = store.list_orphaned_runs()
+    assert orphan.id == run.id
+    rescue = recovery_lease(store)
+    store.begin_recovery(run.id, rescue)
+    store.converge_recovery(run.id, rescue, error="worker lost")
+    return [m for m in store.replay("s").messages if m["role"] == "toolResult"]
+
+
+def test_recovery_replays_a_completed_tools_own_content_blocks_in_call_order(store, clock):
+    run = _two_calls_first_completed(store, clock, BLOCKS)
+    first, second = _recover(store, run)
+    assert (first["toolCallId"], second["toolCallId"]) == ("c1", "c2")
+    assert first["content"] == BLOCKS  # what complete_tool_execution stored, unchanged
+    assert first["isError"] is False and first["details"]["fromRecord"] is True
+    assert second["isError"] is True and second["details"]["executionState"] == "interrupted"
+    assert store.get_tool_execution(f"{run.id}:c2").state == "interrupted"
+    assert all(c.passed for c in run_audit(store))
+
+
+@pytest.mark.parametrize(
+    "result, content",
+    [
+        ("a.txt", [{"type": "text", "text": "a.txt"}]),
+        (
+            [{"type": "text", "text": "x"}, {"type": "image", "data": "AA==", "mimeType": "p"}],
+            [{"type": "text", "text": "x"}, {"type": "image", "data": "AA==", "mimeType": "p"}],
+        ),
+        ({"stdout": "a.txt", "code": 0}, [{"type": "text", "text": '{"code":0,"stdout":"a.txt"}'}]),
+        ([1, 2], [{"type": "text", "text": "[1,2]"}]),
+        (None, [{"type": "text", "text": "null"}]),
+    ],
+    ids=["text", "blocks", "object", "list-of-values", "null"],
+)
+def test_a_recorded_result_keeps_every_value_it_was_given(store, clock, result, content):
+    """Text and content blocks are the result's content as given; any other JSON
+    value has no content form: its JSON is the text, and ``details.result``
+    holds the value itself."""
+    run = _two_calls_first_completed(store, clock, result)
+    first, _ = _recover(store, run)
+    assert first["content"] == content
+    stored = store.get_tool_execution(f"{run.id}:c1").result
+    assert stored == result
+    if isinstance(result, str) or result == content:
+        assert "result" not in first["details"]
+    else:
+        assert first["details"]["result"] == result

@@ -271,6 +271,24 @@ def test_interrupting_pairs_every_tool_call_with_an_explicit_interrupted_result(
     assert len(store.entries("s")) == 4
 
 
+@pytest.mark.parametrize("how", ["interrupt", "abandon"])
+def test_interrupted_results_follow_the_calls_order_not_the_records(store, how):
+    """Issue 17 item 3, on the paths that write interrupted results from records:
+    records claimed (and keyed) in the reverse of the calls' order still give
+    the transcript its results in call order."""
+    store.create_session("s")
+    store.append("s", "message", {"message": tool_call_message("c1", "c2", "c3")})
+    for key, call_id in (("x", "c3"), ("y", "c2"), ("z", "c1")):
+        claim(store, key, provider_call_id=call_id)
+    if how == "interrupt":
+        store.interrupt_tool_executions("s")
+    else:
+        store.abandon_interrupted_tool_executions("s", "t")
+    replayed = store.replay("s").messages
+    assert [m.get("toolCallId") for m in replayed[1:]] == ["c1", "c2", "c3"]
+    assert [m["details"]["executionKey"] for m in replayed[1:]] == ["z", "y", "x"]
+
+
 def test_a_call_whose_result_reached_the_transcript_gets_no_second_result(store):
     store.create_session("s")
     store.append("s", "message", {"message": tool_call_message("c1")})
@@ -906,14 +924,14 @@ def test_a_reclaimed_record_belongs_to_the_fresh_run(store):
 
 
 @pytest.mark.postgres
-def test_a_turn_closes_its_records_in_the_order_the_database_lists_them() -> None:
+def test_a_turn_closes_its_calls_in_call_order_whatever_order_the_database_lists_them() -> None:
     """Found by an attack helper: on a PostgreSQL database whose collation is
     not C (ICU en-US here; most servers' default is a language's), a run
     that ended with running tool calls wrote their interrupted results in
     code-point order of the execution keys, while the session's records
-    (session_tool_executions, the same ordering in SQL) list them in the
-    database's order. Records claimed at one instant tie on created_at, so the
-    keys decide: the turn now takes its records in the database's order."""
+    (session_tool_executions) list them in the database's order. Issue 17
+    item 3: neither decides; the results follow the calls' order in their
+    assistant message, as a provider reads them."""
     import psycopg
     from conftest import FakeClock, pg_url
 
@@ -952,7 +970,7 @@ def test_a_turn_closes_its_records_in_the_order_the_database_lists_them() -> Non
                 for e in store.entries("s")
                 if e.payload.get("message", {}).get("role") == "toolResult"
             ]
-            assert results == listed
+            assert results == ["c1", "c2", "c3", "c4"]  # the calls' order, not the records'
     finally:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE {name} WITH (FORCE)")

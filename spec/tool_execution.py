@@ -174,22 +174,53 @@ def unrecorded_interrupted_result(
     }
 
 
+def is_content(value: Any) -> bool:
+    """Whether ``value`` is a list of content blocks (each a JSON object with a
+    string ``type``, as pi's ``text`` and ``image`` blocks): a tool result's
+    content as it stands."""
+    return isinstance(value, list) and all(
+        isinstance(b, dict) and isinstance(b.get("type"), str) for b in value
+    )
+
+
+def result_content(result: Any) -> list[Any]:
+    """The ``toolResult`` content of a result stored by ``complete_tool_execution``:
+    a string is one ``text`` block holding it; content blocks (:func:`is_content`)
+    are the content as they are; any other JSON value has no content form, and
+    its JSON text (sorted keys, no spaces) is one ``text`` block."""
+    if isinstance(result, str):
+        return [{"type": "text", "text": result}]
+    if is_content(result):
+        return list(result)
+    return [{"type": "text", "text": result_json(result)}]
+
+
+def result_json(result: Any) -> str:
+    """``result`` as JSON text: sorted keys, no spaces, non-ASCII kept."""
+    return json.dumps(result, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def recorded_result(record: ToolExecution, timestamp_ms: int) -> dict[str, Any]:
-    """The ``toolResult`` rebuilt from a completed record's stored result (the
-    tool ran and reported; the process died before the transcript got it): the
-    result as text when it is a string, else its JSON."""
+    """The ``toolResult`` rebuilt from a completed record (the tool ran and
+    reported; the process died before the transcript got its result): the
+    tool's own result as ``complete_tool_execution`` stored it, unchanged,
+    with the record's ``is_error``. Its content is :func:`result_content`; a
+    result that is neither text nor content blocks is also kept as it is in
+    ``details.result``. ``details`` marks it as rebuilt (``fromRecord``)."""
     result = record.result
-    text = result if isinstance(result, str) else json.dumps(result, sort_keys=True)
+    details: dict[str, Any] = {
+        "executionKey": record.execution_key,
+        "executionState": ToolExecutionState.COMPLETED.value,
+        "fromRecord": True,
+    }
+    if not isinstance(result, str) and not is_content(result):
+        details["result"] = result
     return {
         "role": "toolResult",
         "toolCallId": record.provider_call_id,
         "toolName": record.tool_name,
-        "content": [{"type": "text", "text": text}],
-        "details": {
-            "executionKey": record.execution_key,
-            "executionState": ToolExecutionState.COMPLETED.value,
-            "fromRecord": True,
-        },
+        "content": result_content(result),
+        "details": details,
         "isError": record.is_error,
         "timestamp": timestamp_ms,
     }

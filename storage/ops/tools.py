@@ -160,12 +160,10 @@ def interrupt(
         if local_turn_id is None
         else records.of_turn(tx, session_id, local_turn_id, "state = 'running'")
     )
-    open_calls = tool_pairing.open_calls_of(tx, session_id) if found else {}
     for rec in found:
         edge = records.MACHINE.require("interrupt", rec.state, records.facts(rec))
-        moved = records.move(tx, rec, edge, "reason = ?", [reason])
-        tool_pairing.pair(tx, moved, None if lease is None else lease.epoch, open_calls)
-        done.append(moved)
+        done.append(records.move(tx, rec, edge, "reason = ?", [reason]))
+    tool_pairing.pair_all(tx, session_id, done, None if lease is None else lease.epoch)
     return done
 
 
@@ -268,11 +266,11 @@ def abandon(tx: Tx, session_id: str, local_turn_id: str, reason: str, lease: Lea
     records.no_other_owner(tx, session_id, lease)
     uncertain = sorted(s.value for s in UNCERTAIN)
     found = records.of_turn(tx, session_id, local_turn_id, "state = ANY(?::VARCHAR[])", [uncertain])
-    open_calls = tool_pairing.open_calls_of(tx, session_id) if found else {}
+    moved = []
     for rec in found:
         edge = records.MACHINE.require("abandon", rec.state, records.facts(rec))
-        moved = records.move(tx, rec, edge, "reason = ?, completed_at = ?", [reason, tx.now])
-        tool_pairing.pair(tx, moved, None if lease is None else lease.epoch, open_calls)
+        moved.append(records.move(tx, rec, edge, "reason = ?, completed_at = ?", [reason, tx.now]))
+    tool_pairing.pair_all(tx, session_id, moved, None if lease is None else lease.epoch)
     return len(found)
 
 
