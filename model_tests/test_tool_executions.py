@@ -974,3 +974,31 @@ def test_a_turn_closes_its_calls_in_call_order_whatever_order_the_database_lists
     finally:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+@pytest.mark.parametrize("how", ["interrupt", "run end"])
+def test_a_reclaimed_call_interrupted_again_gets_its_second_interrupted_result(store, how):
+    """Found while checking the paths that write results from records (issue 17
+    item 3): a read-only call interrupted, reclaimed by a fresh run and
+    interrupted again had its second interrupted result refused, because both
+    took the id ``<execution key>:interrupted`` (EntryExistsError): the
+    interrupt, or the run's end and so its recovery, could never succeed. A
+    later attempt's result is ``<execution key>:<attempt>:interrupted``."""
+    store.create_session("s")
+    r1 = store.admit_run("s", {"q": 1}, user_message=USER, start=True)
+    store.append("s", "message", {"message": tool_call_message("c1")})
+    claim(store, "k", turn=r1.turn_id, run_id=r1.id, provider_call_id="c1", side=False)
+    store.finish_run(r1.id, "interrupted")  # the first process died: interrupted, paired
+    assert store.entry("s", "k:interrupted") is not None
+    r2 = store.admit_run("s", {"q": 1}, retry_of=r1.id, user_message=USER, start=True)
+    store.reclaim_tool_execution("k", run_id=r2.id)
+    store.append("s", "message", {"message": tool_call_message("c1")})  # the call again
+    if how == "interrupt":
+        (rec,) = store.interrupt_tool_executions("s")
+    else:
+        store.finish_run(r2.id, "interrupted")
+        rec = store.get_tool_execution("k")
+    assert (rec.state, rec.attempt) == ("interrupted", 2)
+    again = store.entry("s", "k:2:interrupted")
+    assert again is not None and again.payload["message"]["details"]["attempt"] == 2
+    assert [m["role"] for m in store.replay("s").messages][-2:] == ["assistant", "toolResult"]

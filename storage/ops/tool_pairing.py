@@ -30,8 +30,11 @@ from . import tool_records as records
 
 
 def interrupted_id(rec: ToolExecution) -> str:
-    """The entry id of ``rec``'s interrupted result: ``<execution key>:interrupted``."""
-    return derived_id("", rec.execution_key, ":interrupted")
+    """The entry id of ``rec``'s interrupted result: ``<execution key>:interrupted``
+    for its first attempt, ``<execution key>:<attempt>:interrupted`` for a later
+    one (a reclaimed call interrupted again gets a result of its own)."""
+    part = rec.execution_key if rec.attempt == 1 else f"{rec.execution_key}:{rec.attempt}"
+    return derived_id("", part, ":interrupted")
 
 
 def pair_all(tx: Tx, session_id: str, moved: list[ToolExecution], epoch: int | None) -> int:

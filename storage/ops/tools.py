@@ -464,8 +464,10 @@ class ToolsMixin(StoreBase):
         transaction that also appends, for each call without a result in the
         transcript, an explicit interrupted ``toolResult`` message entry
         (``isError`` true, a text saying it was interrupted, no tool output;
-        entry id ``<execution_key>:interrupted``) under the current leaf, so
-        every ``toolCall`` is paired. Nothing is re-run. Returns the records
+        entry id ``<execution_key>:interrupted``, or
+        ``<execution_key>:<attempt>:interrupted`` after a reclaim) under the
+        current leaf, in the order of the calls, so every ``toolCall`` is
+        paired. Nothing is re-run. Returns the records
         interrupted, oldest first (empty when none was running). Call it
         before the run's turn is closed (``converge_recovery``,
         ``finish_run``) so that the results land inside the turn.
