@@ -364,6 +364,34 @@ def _call_result_lost(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
+def _call_lapsed(con: duckdb.DuckDBPyConnection) -> None:
+    """A user message slipped between a tool call and its result (issue 17 item 2:
+    the write paths refuse it; stored around them, the audit flags it)."""
+    row = con.execute(
+        "SELECT r.session_id, r.id, r.parent_id FROM entries r WHERE r.kind = 'message' "
+        "AND json_extract_string(r.payload, '$.message.role') = 'toolResult' "
+        "ORDER BY r.session_id, r.seq LIMIT 1"
+    ).fetchone()
+    assert row is not None
+    sid, result_id, parent = row
+    seq = con.execute("SELECT next_seq FROM sessions WHERE id = ?", [sid]).fetchone()
+    assert seq is not None
+    user = json.dumps({"message": {"role": "user", "content": "meanwhile"}})
+    con.execute(
+        "INSERT INTO entries (session_id, id, parent_id, kind, seq, ts, payload, lease_epoch, "
+        "written_at) VALUES (?, 'forged-user', ?, 'message', ?, now(), ?, NULL, now())",
+        [sid, parent, seq[0], user],
+    )
+    con.execute(
+        "UPDATE sessions SET next_seq = next_seq + 1, entry_count = entry_count + 1 WHERE id = ?",
+        [sid],
+    )
+    con.execute(
+        "UPDATE entries SET parent_id = 'forged-user' WHERE session_id = ? AND id = ?",
+        [sid, result_id],
+    )
+
+
 CORRUPTIONS: dict[str, tuple[Callable[[duckdb.DuckDBPyConnection], None], str | set[str]]] = {
     "never_granted_epoch": (_never_granted_epoch, "no_entry_under_lost_lease"),
     "duplicate_active_record": (_duplicate_active_record, "one_active_record_per_key"),
@@ -376,6 +404,7 @@ CORRUPTIONS: dict[str, tuple[Callable[[duckdb.DuckDBPyConnection], None], str | 
     "tool_record_stuck": (_tool_record_stuck, "tool_calls_paired"),
     "call_result_lost": (_call_result_lost, {"tool_calls_paired", "tool_results_in_context"}),
     "cut_splits_a_pair": (_cut_splits_a_pair, "tool_results_in_context"),
+    "call_lapsed": (_call_lapsed, {"tool_calls_paired", "tool_results_in_context"}),
 }
 
 
@@ -661,6 +690,42 @@ def test_import_reports_each_file_and_continues_after_a_bad_one(tmp_path: Path) 
     data = json.loads(again.stdout)
     assert data["failed"] == [] and data["files"][0]["session_id"] == "sess-one"
     assert (data["files"][0]["created"], data["files"][0]["added"]) == (False, 0)
+
+
+def test_an_import_that_breaks_the_tool_call_pairing_fails_that_file_only(tmp_path: Path) -> None:
+    """A file whose transcript a provider would reject (a user message between a
+    tool call and its result) is refused whole, on stderr; the others go in."""
+    header = {
+        "type": "session",
+        "version": 3,
+        "id": "sess-bad",
+        "timestamp": "2026-01-01T00:00:00Z",
+        "cwd": "/w",
+    }
+    call = {"type": "toolCall", "id": "c1", "name": "ls", "arguments": {}}
+    rows = [
+        ("a", None, {"role": "assistant", "content": [call], "stopReason": "toolUse"}),
+        ("u", "a", {"role": "user", "content": "meanwhile"}),
+        ("r", "u", {"role": "toolResult", "toolCallId": "c1", "toolName": "ls", "content": []}),
+    ]
+    entries = [
+        {
+            "type": "message",
+            "id": i,
+            "parentId": parent,
+            "timestamp": "2026-01-01T00:00:01Z",
+            "message": m,
+        }
+        for i, parent, m in rows
+    ]
+    bad = write_jsonl(tmp_path / "bad.jsonl", [header, *entries], False)
+    good = pi_file(tmp_path / "good.jsonl", "sess-good")
+    db = str(tmp_path / "i.duckdb")
+    result = run("import", str(bad), str(good), "--db", db)
+    assert result.exit_code == 1
+    assert f"{bad}: error: ToolCallsUnansweredError" in result.stderr
+    assert "'c1'" in result.stderr
+    assert "sess-good" in result.stdout and "sess-bad" not in result.stdout
 
 
 def test_export_to_stdout_and_file(tmp_path: Path) -> None:

@@ -91,7 +91,6 @@ def _lit(text: str) -> str:
 
 SESSION_READS = {
     _lit(f"{_ENTRY} FROM entries WHERE session_id = ?"): "a replay or a branch read: its entries",
-    _lit(f"{_ENTRY} FROM entries WHERE session_id = ? AND seq >= ?"): "the turn's branch tail",
     _lit(f"{_ENTRY} FROM entries WHERE session_id = ? ORDER BY seq"): "entries(): all of them",
     _lit("SELECT id FROM entries WHERE session_id = ?"): "an import: the ids the session has",
     _lit(

@@ -391,3 +391,57 @@ def test_control_a_merged_fence_without_the_hold_lets_the_release_pass(
     got, at_release, at_end = release_inside_a_fenced_append(duck_store, monkeypatch, merged=True)
     assert isinstance(got, turnkeeper.Entry)
     assert (at_release, at_end) == (0, 1)  # the release returned before the append committed
+
+
+# -- the tool-call pairing rule, in a merged group (issue 17 item 2) -------------------------
+
+
+def _call(call_id: str) -> dict[str, Any]:
+    content = [{"type": "toolCall", "id": call_id, "name": "ls", "arguments": {}}]
+    return {"message": {"role": "assistant", "content": content}}
+
+
+def pairing_scenario(store: turnkeeper.BaseStore, remembered: bool) -> list[Any]:
+    """Queued together: a user message to a session whose call c1 has no result
+    (refused), a plain one elsewhere, and a second call under the first one's
+    session's leaf (refused too). ``remembered``: the store object knows the
+    calls open at the heads (else the group reads them back from the leaf)."""
+    for sid in ("p", "q", "r"):
+        store.create_session(sid)
+    store.append("p", M, _call("c1"))
+    store.append("r", M, _call("c2"))
+    if not remembered:
+        for sid in ("p", "q", "r"):
+            store._openings.put(sid, None)  # type: ignore[attr-defined]
+    return queued_together(
+        store,
+        [
+            lambda: store.append("p", M, user("lapses c1")),
+            lambda: store.append("q", M, user("plain")),
+            lambda: store.append_many("r", [(M, user("a")), (M, user("b"))]),
+        ],
+    )
+
+
+@pytest.mark.parametrize("remembered", [True, False], ids=["remembered", "read back"])
+def test_a_merged_group_judges_each_append_by_the_pairing_rule(
+    duck_store: turnkeeper.BaseStore, remembered: bool
+) -> None:
+    got = pairing_scenario(duck_store, remembered)
+    assert [type(g).__name__ for g in got] == [
+        "ToolCallsUnansweredError",
+        "Entry",
+        "ToolCallsUnansweredError",
+    ]
+    assert (got[0].session_id, got[0].tool_call_ids) == ("p", ("c1",))
+    assert (got[2].session_id, got[2].tool_call_ids) == ("r", ("c2",))
+    assert grouped(duck_store, "append") >= 2  # merged, not run alone
+    assert [len(duck_store.entries(s)) for s in ("p", "q", "r")] == [1, 1, 1]
+
+
+def test_control_a_merge_without_the_pairing_check_is_caught(
+    duck_store: turnkeeper.BaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(appends, "_judge_round", lambda tx, requests, heads, out: [None] * len(out))
+    got = pairing_scenario(duck_store, remembered=True)
+    assert [type(g).__name__ for g in got] == ["Entry", "Entry", "list"]

@@ -191,3 +191,79 @@ def test_control_without_the_grant_touching_the_session_the_view_moves(
     monkeypatch.setattr(leases, "touch_session", lambda tx, target: None)
     out = first_grant_racing_a_lease_less_append(new_pg_schema(), chosen_id=False)
     assert out["end"] != out["seen"]  # the entry appeared after the holder looked
+
+
+# -- the tool-call pairing rule on the one-statement path (issue 17 item 2) ------------------
+
+
+def _call(call_id: str) -> dict[str, Any]:
+    content = [{"type": "toolCall", "id": call_id, "name": "ls", "arguments": {}}]
+    return {"message": {"role": "assistant", "content": content}}
+
+
+def test_a_message_after_an_open_call_is_refused_on_the_one_statement_path() -> None:
+    """The store object remembers the calls open at its session's head: a plain
+    message after an open call is judged and refused without a statement; a
+    result and then messages go on as one statement each."""
+    url = new_pg_schema()
+    with turnkeeper.open_store(url) as store:
+        store.create_session("s")
+        store.append("s", M, _call("c1"))
+        with pytest.raises(errors.ToolCallsUnansweredError) as err:
+            store.append("s", M, user("too soon"))
+        assert err.value.tool_call_ids == ("c1",)
+        result = {"role": "toolResult", "toolCallId": "c1", "toolName": "ls", "content": []}
+        store.append("s", M, {"message": result})
+
+        def statements() -> float:
+            stats = store.statement_stats()["append"]
+            return stats["calls"] * stats["statements_per_call"]
+
+        before = statements()
+        store.append("s", M, user("now"))
+        store.append("s", M, user("and again"))
+        assert round(statements() - before) == 2  # one statement each
+        assert [e.payload["message"]["role"] for e in store.entries("s")] == [
+            "assistant",
+            "toolResult",
+            "user",
+            "user",
+        ]
+
+
+def stale_view_append(url: str) -> tuple[Any, list[Any]]:
+    """Store object A remembers session s at a head where no call is open; B
+    (another process, say) then appends a call; A appends a user message.
+    What A got, and the faults of the stored tree."""
+    from turnkeeper.storage.pairing import tree_faults
+
+    with turnkeeper.open_store(url) as a, turnkeeper.open_store(url) as b:
+        a.create_session("s")
+        a.append("s", M, user("hi"))
+        b.append("s", M, _call("c1"))
+        try:
+            got: Any = a.append("s", M, user("after the call"))
+        except errors.TurnkeeperError as exc:
+            got = exc
+        return got, tree_faults({e.id: e for e in a.entries("s")})
+
+
+def test_a_stale_view_of_the_head_never_lets_a_message_past_an_open_call() -> None:
+    """A's remembered head is stale: the rule accepts its message there, so the
+    statement writes only while the head is still the judged one; it is not,
+    and the transaction that follows reads the call and refuses."""
+    got, faults = stale_view_append(new_pg_schema())
+    assert isinstance(got, errors.ToolCallsUnansweredError), got
+    assert faults == []
+
+
+def test_control_a_one_statement_append_without_the_judged_head_lets_it_past(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from turnkeeper.storage.ops import appends
+
+    real = appends.one_statement
+    monkeypatch.setattr(appends, "one_statement", lambda tx, r, judged=None: real(tx, r))
+    got, faults = stale_view_append(new_pg_schema())
+    assert isinstance(got, turnkeeper.Entry)
+    assert [f.reason for f in faults] == ["unanswered"]

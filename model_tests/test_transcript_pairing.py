@@ -1,28 +1,31 @@
-"""The context replay hands to a model provider stays valid: every ``toolResult``
-answers a ``toolCall`` in it, once, and no compaction cuts a call from its result.
+"""The context replay hands to a model provider stays valid (``storage/pairing.py``
+states the rule): every tool call is answered once, right after the assistant
+message that made it and before any other message, in pi's shapes and in
+OpenAI's, and no compaction keeps a fault.
 
-Writes through the API that would break this are refused
-(``ToolCallPairingError``) and write nothing; the store's own interrupted
-results go only where a call is open; imports store what the file says, and
-the audit reports every unpaired result and every cut that splits a pair.
+Every write path refuses what would break it (``ToolCallPairingError``,
+``ToolCallsUnansweredError``) and writes nothing; the store's own results go
+only where a call is open, in the call's shape; ``turnkeeper audit`` flags
+exactly the stored states the writes refuse (the agreement tests below
+forge each one with raw SQL).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from hypothesis.errors import Flaky
+from conftest import forge
 
 import turnkeeper
-from turnkeeper import EntryKind, ToolCallPairingError
+from turnkeeper import EntryKind, ToolCallPairingError, ToolCallsUnansweredError
 from turnkeeper.cli.audit import run_audit
 from turnkeeper.formats import pi
-from turnkeeper.storage.ops import sessions as ops_sessions
-from turnkeeper.storage.replay import context_faults, path_to
+from turnkeeper.storage.pairing import REASONS, context_faults
+from turnkeeper.storage.replay import path_to
 
 ZIG = "pi-mono-zig_v3_2026-05-17T13-51-26-739Z_019e3634-be13-7330-a2a4-ffab205872d1.jsonl"
 USER = {"role": "user", "content": "go"}
@@ -76,15 +79,19 @@ def test_a_second_result_for_an_answered_call_is_refused(store):
     assert "without its toolCall" not in str(err.value)
 
 
-@pytest.mark.parametrize(
-    "reason, says",
-    [
-        ("unpaired", "which no tool call in the replayed context makes"),
-        ("duplicate", "a second time"),
-        ("late", "too late: other messages followed the call"),
-        ("cut", "would keep toolResult 'r' but cut off its tool call 'c'"),
-    ],
-)
+SAYS = [
+    ("unpaired", "which no tool call in the replayed context makes"),
+    ("duplicate", "a second time"),
+    ("late", "too late: other messages followed the call"),
+    ("cut", "would keep toolResult 'r' but cut off its tool call 'c'"),
+]
+
+
+def test_every_reason_of_the_rule_has_its_message():
+    assert [r for r, _ in SAYS] + ["unanswered"] == list(REASONS)
+
+
+@pytest.mark.parametrize("reason, says", SAYS)
 def test_each_pairing_refusal_says_what_it_refuses(reason, says):
     import pickle
 
@@ -136,10 +143,10 @@ def test_issue_example_a_compaction_that_cuts_a_call_from_its_result_is_refused(
 def test_a_result_after_a_compaction_that_dropped_its_call_is_refused(store):
     store.create_session("s")
     store.append("s", EntryKind.MESSAGE, call("c1"))
-    kept = store.append("s", EntryKind.MESSAGE, {"message": USER})
-    store.append("s", EntryKind.COMPACTION, {"summary": "sum", "firstKeptEntryId": kept.id})
-    with pytest.raises(ToolCallPairingError):
+    store.append("s", EntryKind.COMPACTION, {"summary": "sum", "firstKeptEntryId": "nowhere"})
+    with pytest.raises(ToolCallPairingError) as err:
         store.append("s", EntryKind.MESSAGE, result("c1"))
+    assert err.value.reason == "unpaired"
 
 
 def test_interrupting_a_call_that_never_reached_the_transcript_adds_no_orphan(store):
@@ -178,10 +185,10 @@ def test_ending_a_run_pairs_its_open_call_with_an_explicit_interrupted_result(st
     assert current_faults(store) == []
 
 
-# -- imports: stored as the file says; the audit reports it; a fork refuses it --------------
+# -- imports and forks: the same rule ---------------------------------------------------------
 
 
-def _broken_import(pi_dir: Path):
+def _broken_batch(pi_dir: Path):
     """The real zig session with the first assistant tool call removed (its child
     re-parented onto its parent): that call's result is now unpaired."""
     batch = pi.parse_file(pi_dir / ZIG).batch
@@ -200,7 +207,25 @@ def _broken_import(pi_dir: Path):
         for e in batch.entries
         if e is not doomed
     ]
-    return replace(batch, entries=entries)
+    return replace(batch, entries=entries), doomed
+
+
+def forge_entry(store, sid: str, entry_id: str, parent: str | None, kind: str, payload: dict):
+    """Store an entry under ``parent`` with raw SQL, past every check of the
+    store, and make it the session's leaf."""
+    seq = store.get_session(sid).next_seq
+    forge(
+        store,
+        "INSERT INTO entries (session_id, id, parent_id, kind, seq, ts, payload, lease_epoch, "
+        "written_at) VALUES (?, ?, ?, ?, ?, now(), ?, NULL, now())",
+        [sid, entry_id, parent, kind, seq, json.dumps(payload)],
+    )
+    forge(
+        store,
+        "UPDATE sessions SET leaf_id = ?, next_seq = next_seq + 1, entry_count = entry_count + 1 "
+        "WHERE id = ?",
+        [entry_id, sid],
+    )
 
 
 def test_real_corpus_files_have_valid_pairing(store, pi_dir):
@@ -211,110 +236,253 @@ def test_real_corpus_files_have_valid_pairing(store, pi_dir):
     assert checks["tool_results_in_context"].checked > 0
 
 
-def test_an_import_keeps_an_unpaired_result_and_the_audit_reports_it(store, pi_dir):
-    batch = _broken_import(pi_dir)
-    store.import_batch(batch)
-    assert len(store.entries(batch.session_id)) == len(batch.entries)
-    check = {c.name: c for c in run_audit(store)}["tool_results_in_context"]
-    assert not check.passed
-    assert check.violations >= 1 and "unpaired" in check.detail
+def test_an_import_that_breaks_the_pairing_is_refused_and_writes_nothing(store, pi_dir):
+    """Imports keep the rule too (issue 17 item 2: they stored what the file
+    said, and the context replay built from it was one a provider rejects)."""
+    batch, _ = _broken_batch(pi_dir)
+    with pytest.raises(ToolCallPairingError) as err:
+        store.import_batch(batch)
+    assert (err.value.session_id, err.value.reason) == (batch.session_id, "unpaired")
+    assert store.get_session(batch.session_id) is None
+    whole = pi.parse_file(pi_dir / ZIG).batch
+    store.import_batch(whole)  # the real file goes in
 
 
-def test_a_fork_never_copies_a_broken_pairing(store, pi_dir):
-    batch = _broken_import(pi_dir)
-    store.import_batch(batch)
-    sid = batch.session_id
-    run = store.admit_run(sid, {"q": 1}, user_message=USER)
-    store.start_run(run.id)
+def test_an_import_that_adds_a_lapsing_message_to_a_session_is_refused(store):
+    """A grown file's new entries are judged in the tree they join."""
+    from turnkeeper.spec.records import ImportBatch, ImportEntry
+
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def batch(*entries):
+        return ImportBatch("imp", "/w", at, {}, tuple(entries), entries[-1].id)
+
+    first = [
+        ImportEntry("e1", None, "message", at, {"message": {"role": "user", "content": "go"}}),
+        ImportEntry("e2", "e1", "message", at, call("c1")),
+    ]
+    store.import_batch(batch(*first))  # a call still open at the leaf: valid
+    lapsing = ImportEntry("e3", "e2", "message", at, {"message": USER})
+    before = store.entries("imp")
+    with pytest.raises(ToolCallsUnansweredError) as err:
+        store.import_batch(batch(*first, lapsing))
+    assert (err.value.entry_id, err.value.tool_call_ids) == ("e3", ("c1",))
+    assert store.entries("imp") == before
+    answered = ImportEntry("e3", "e2", "message", at, result("c1"))
+    assert store.import_batch(batch(*first, answered)).added == 1
+
+
+def test_a_fork_never_copies_a_broken_pairing(store):
+    """A source whose stored tree breaks the rule (forged: the store refuses to
+    write it) cannot be forked: the copy would replay it."""
+    store.create_session("s")
+    run = store.admit_run("s", {"q": 1}, user_message=USER, start=True)
+    store.append("s", EntryKind.MESSAGE, call("c1"))
+    leaf = store.get_session("s").leaf_id
+    forge_entry(store, "s", "forged", leaf, "message", {"message": USER})  # lapses c1
     store.finish_run(run.id, "succeeded", assistant_message={"role": "assistant", "content": []})
-    with pytest.raises(turnkeeper.ForkUnsupportedEntryError):
-        store.fork_session(sid, request_id="f")
+    with pytest.raises(turnkeeper.ForkUnsupportedEntryError) as err:
+        store.fork_session("s", request_id="f")
+    assert err.value.entry_id == "forged" and "unanswered" in str(err.value)
     assert store.get_fork("f") is None
 
 
-# -- the property, and its control ----------------------------------------------------------
-
-CALL_IDS = st.sampled_from(["a", "b", "c"])
-OPS = st.lists(
-    st.one_of(
-        st.tuples(st.just("call"), st.lists(CALL_IDS, min_size=1, max_size=2, unique=True)),
-        st.tuples(st.just("result"), CALL_IDS),
-        st.tuples(st.just("user"), st.none()),
-        st.tuples(st.just("compact"), st.integers(0, 30)),
-        st.tuples(st.just("branch"), st.integers(0, 30)),
-    ),
-    max_size=25,
-)
+# -- the issue's example: a message while a call waits for its result ------------------------
 
 
-def _drive(tmp_path: Path, ops) -> list:
-    """Apply ``ops`` through the API (refusals ignored); the faults of the
-    current context after every accepted write."""
-    seen: list = []
-    with turnkeeper.open_store(":memory:") as store:
-        store.create_session("s")
-        for op, arg in ops:
-            ids = [e.id for e in store.entries("s")]
-            try:
-                if op == "call":
-                    store.append("s", EntryKind.MESSAGE, call(*arg))
-                elif op == "result":
-                    store.append("s", EntryKind.MESSAGE, result(arg))
-                elif op == "user":
-                    store.append("s", EntryKind.MESSAGE, {"message": USER})
-                elif op == "compact" and ids:
-                    kept = ids[arg % len(ids)]
-                    store.append(
-                        "s", EntryKind.COMPACTION, {"summary": "s", "firstKeptEntryId": kept}
-                    )
-                elif op == "branch" and ids:
-                    store.branch("s", ids[arg % len(ids)])
-            except ToolCallPairingError:
-                continue
-            seen += current_faults(store)
-    return seen
-
-
-@settings(max_examples=60, deadline=None)
-@given(ops=OPS)
-def test_every_context_the_api_can_reach_is_valid(tmp_path_factory, ops):
-    assert _drive(tmp_path_factory.getbasetemp(), ops) == []
-
-
-def test_control_without_the_pairing_check_the_property_fails(tmp_path, monkeypatch):
-    """Control for the property above: with the append-time check patched out,
-    Hypothesis finds a context with a broken pairing."""
-    monkeypatch.setattr(ops_sessions, "new_pairing_faults", lambda path, new=1: [])
-
-    @settings(max_examples=200, deadline=None, database=None)
-    @given(ops=OPS)
-    def prop(ops):
-        assert _drive(tmp_path, ops) == []
-
-    with pytest.raises((AssertionError, Flaky)):
-        prop()
+def test_issue_example_a_message_while_a_call_is_unanswered_is_refused(store):
+    """Issue 17 item 2: a run's assistant message holds toolCall c1; a user
+    message appended before c1's result was accepted, and the audit then failed
+    tool_calls_paired. Now that message is refused, naming the session and the
+    open calls, and nothing is written; the run goes on and ends valid."""
+    store.create_session("s")
+    lease = store.acquire_lease("session:s", "w", 60)
+    run = store.admit_run("s", {"q": 1}, user_message=USER, lease=lease, start=True)
+    key = f"{run.id}:c1"
+    store.claim_tool_execution(
+        key, "s", local_turn_id=run.turn_id, provider_call_id="c1", tool_name="bash",
+        side_effecting=False, run_id=run.id, lease=lease,
+    )  # fmt: skip
+    store.append("s", EntryKind.MESSAGE, call("c1", "c2"), lease=lease)
+    before = store.entries("s")
+    with pytest.raises(ToolCallsUnansweredError) as err:
+        store.append(
+            "s", EntryKind.MESSAGE, {"message": {"role": "user", "content": "stop"}}, lease=lease
+        )
+    assert (err.value.session_id, err.value.tool_call_ids) == ("s", ("c1", "c2"))
+    assert (err.value.tool_call_id, err.value.reason) == ("c1", "unanswered")
+    assert isinstance(err.value, ToolCallPairingError)
+    assert "would follow tool calls that have no result yet ('c1', 'c2')" in str(err.value)
+    assert store.entries("s") == before
+    store.complete_tool_execution(key, "ok", lease=lease)
+    store.finish_run(
+        run.id, "succeeded", assistant_message={"role": "assistant", "content": "done"}, lease=lease
+    )
+    replayed = store.replay("s").messages
+    assert [m["role"] for m in replayed] == [
+        "user",
+        "assistant",
+        "toolResult",
+        "toolResult",
+        "assistant",
+    ]
+    assert [m.get("toolCallId") for m in replayed[2:4]] == ["c1", "c2"]
+    assert replayed[2]["content"] == [{"type": "text", "text": "ok"}]  # c1's own result
+    assert all(c.passed for c in run_audit(store))
 
 
 @pytest.mark.parametrize(
     "between",
     [
-        {"message": USER},
-        {"message": {"role": "assistant", "content": [{"type": "text", "text": "hm"}]}},
-        {"customType": "note", "content": "an extension's message"},
+        (EntryKind.MESSAGE, {"message": USER}),
+        (
+            EntryKind.MESSAGE,
+            {"message": {"role": "assistant", "content": [{"type": "text", "text": "hm"}]}},
+        ),
+        (EntryKind.MESSAGE, call("c9")),
+        (EntryKind.MESSAGE, {"message": {"role": "system", "content": "a role no rule names"}}),
+        (EntryKind.CUSTOM_MESSAGE, {"customType": "note", "content": "an extension's message"}),
     ],
-    ids=["user", "assistant", "custom-message"],
+    ids=["user", "assistant", "assistant-calling", "unknown-role", "custom-message"],
 )
-def test_a_result_after_another_message_followed_its_call_is_late(store, between):
+def test_no_other_message_may_follow_calls_before_their_results(store, between):
     """A provider takes a call's results only right after the assistant message
-    that made it: call → user message → result is refused."""
+    that made it: call → any other message is refused while a call is open."""
     store.create_session("s")
     store.append("s", EntryKind.MESSAGE, call("c1", "c2"))
     store.append("s", EntryKind.MESSAGE, result("c1"))
-    kind = EntryKind.CUSTOM_MESSAGE if "customType" in between else EntryKind.MESSAGE
-    store.append("s", kind, between)
+    with pytest.raises(ToolCallsUnansweredError) as err:
+        store.append("s", *between)
+    assert err.value.tool_call_ids == ("c2",)
+    store.append("s", EntryKind.MESSAGE, result("c2"))
+    store.append("s", *between)
+
+
+@pytest.mark.parametrize("stop", ["aborted", "error"])
+def test_an_incomplete_replys_calls_need_no_result(store, stop):
+    """pi leaves an aborted or failed reply (and its calls' results) out of a
+    provider request, and real pi files keep partial toolCall blocks in it:
+    another message may follow them; a result may still answer one right
+    after it, but not once another message came (late)."""
+    aborted = call("c1", "c2")
+    aborted["message"]["stopReason"] = stop
+    store.create_session("s")
+    store.append("s", EntryKind.MESSAGE, aborted)
+    store.append("s", EntryKind.MESSAGE, result("c1"))
+    store.append("s", EntryKind.MESSAGE, {"message": USER})
     with pytest.raises(ToolCallPairingError) as err:
         store.append("s", EntryKind.MESSAGE, result("c2"))
-    assert (err.value.tool_call_id, err.value.reason) == ("c2", "late")
+    assert err.value.reason == "late"
+    assert all(c.passed for c in run_audit(store))
+
+
+# -- OpenAI-style messages: the same rule -----------------------------------------------------
+
+
+def ocall(*ids: str) -> dict:
+    items = [
+        {"id": i, "type": "function", "function": {"name": "ls", "arguments": "{}"}} for i in ids
+    ]
+    return {"message": {"role": "assistant", "content": None, "tool_calls": items}}
+
+
+def oresult(call_id: str) -> dict:
+    return {"message": {"role": "tool", "tool_call_id": call_id, "content": "ok"}}
+
+
+def test_openai_style_messages_are_judged_by_the_same_rule(store):
+    """Issue 17 item 2: ``{"role": "tool", "tool_call_id": …}`` messages were
+    stored without any check."""
+    store.create_session("s")
+    store.append("s", EntryKind.MESSAGE, {"message": USER})
+    with pytest.raises(ToolCallPairingError) as err:
+        store.append("s", EntryKind.MESSAGE, oresult("call_9"))
+    assert (err.value.tool_call_id, err.value.reason) == ("call_9", "unpaired")
+    store.append("s", EntryKind.MESSAGE, ocall("call_1", "call_2"))
+    store.append("s", EntryKind.MESSAGE, oresult("call_1"))
+    with pytest.raises(ToolCallPairingError) as err:
+        store.append("s", EntryKind.MESSAGE, oresult("call_1"))
+    assert err.value.reason == "duplicate"
+    with pytest.raises(ToolCallsUnansweredError) as err:
+        store.append("s", EntryKind.MESSAGE, {"message": USER})
+    assert err.value.tool_call_ids == ("call_2",)
+    store.append("s", EntryKind.MESSAGE, oresult("call_2"))
+    store.append("s", EntryKind.MESSAGE, {"message": {"role": "assistant", "content": "done"}})
+    assert [m["role"] for m in store.replay("s").messages] == [
+        "user", "assistant", "tool", "tool", "assistant",
+    ]  # fmt: skip
+    assert all(c.passed for c in run_audit(store))
+
+
+def test_the_store_closes_an_openai_style_call_in_its_own_shape(store):
+    """The results the store writes itself take the call's shape: an OpenAI
+    ``tool`` message (only the fields the chat API takes), in call order."""
+    store.create_session("s")
+    run = store.admit_run("s", {"q": 1}, user_message=USER, start=True)
+    store.append("s", EntryKind.MESSAGE, ocall("call_1", "call_2"))
+    store.claim_tool_execution(
+        "k1", "s", local_turn_id=run.turn_id, provider_call_id="call_1", tool_name="ls",
+        side_effecting=False, run_id=run.id,
+    )  # fmt: skip
+    store.complete_tool_execution("k1", [{"type": "text", "text": "a.txt"}])
+    store.finish_run(run.id, "interrupted")
+    first, second = store.replay("s").messages[2:4]
+    assert first == {
+        "role": "tool",
+        "tool_call_id": "call_1",
+        "content": [{"type": "text", "text": "a.txt"}],
+    }
+    assert second["tool_call_id"] == "call_2" and set(second) == {"role", "tool_call_id", "content"}
+    assert "interrupted" in second["content"]
+    assert all(c.passed for c in run_audit(store))
+
+
+# -- every write path --------------------------------------------------------------------------
+
+
+def test_every_write_path_refuses_a_message_after_open_calls(store):
+    """append_many, finish_run's entries, admit_run's user message and a branch
+    summary under an assistant with open calls are judged like append."""
+    store.create_session("s")
+    with pytest.raises(ToolCallsUnansweredError):
+        store.append_many(
+            "s", [(EntryKind.MESSAGE, call("c1")), (EntryKind.MESSAGE, {"message": USER})]
+        )
+    assert store.entries("s") == []
+    assistant = store.append("s", EntryKind.MESSAGE, call("c1"))
+    with pytest.raises(ToolCallsUnansweredError):
+        store.admit_run("s", {"q": 1}, user_message=USER)
+    assert store.active_run("s") is None and len(store.entries("s")) == 1
+    store.append("s", EntryKind.MESSAGE, result("c1"))
+    with pytest.raises(ToolCallsUnansweredError):
+        store.branch_with_summary("s", assistant.id, "back to the call")
+    run = store.admit_run("s", {"q": 1}, user_message=USER, start=True)
+    with pytest.raises(ToolCallsUnansweredError):
+        store.finish_run(
+            run.id,
+            "succeeded",
+            entries=[(EntryKind.MESSAGE, call("c2")), (EntryKind.MESSAGE, {"message": USER})],
+        )
+    assert store.get_run(run.id).status == "running"
+    store.finish_run(
+        run.id, "succeeded", entries=[(EntryKind.MESSAGE, call("c2"))]
+    )  # closed by the store
+    assert [m["role"] for m in store.replay("s").messages][-2:] == ["assistant", "toolResult"]
+    assert all(c.passed for c in run_audit(store))
+
+
+def test_a_compaction_whose_kept_tail_holds_a_fault_is_refused(store):
+    """A forged lapse kept by a compaction: the compaction would start the
+    context with it, so it is refused (and the audit flags the forged entry)."""
+    store.create_session("s")
+    assistant = store.append("s", EntryKind.MESSAGE, call("c1"))
+    forge_entry(store, "s", "forged", assistant.id, "message", {"message": USER})
+    with pytest.raises(ToolCallsUnansweredError) as err:
+        store.append("s", EntryKind.COMPACTION, {"summary": "s", "firstKeptEntryId": assistant.id})
+    assert err.value.entry_id == "forged"
+    store.append("s", EntryKind.COMPACTION, {"summary": "s", "firstKeptEntryId": "forged"})
+    check = {c.name: c for c in run_audit(store)}["tool_results_in_context"]
+    assert check.violations == 1 and "forged: unanswered 'c1'" in check.detail
 
 
 def test_entries_outside_the_context_keep_a_call_answerable(store):

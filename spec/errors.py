@@ -11,6 +11,7 @@ a backend failure is never reported as busy or lease lost. Cancellation
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -285,7 +286,11 @@ class ToolCallPairingError(TurnkeeperError):
       provider takes a call's results only right after the assistant message
       that made it);
     - ``"cut"``: a compaction would keep the ``toolResult`` ``entry_id`` but
-      cut off its call (``firstKeptEntryId`` between them).
+      cut off its call (``firstKeptEntryId`` between them), or keep another
+      fault;
+    - ``"unanswered"``: the message ``entry_id`` would follow tool calls that
+      have no result yet (raised as :class:`ToolCallsUnansweredError`, which
+      names every such call).
 
     Nothing is written.
     """
@@ -312,6 +317,40 @@ class ToolCallPairingError(TurnkeeperError):
         text = says.get(self.reason, f"entry {eid!r} breaks the pairing of tool call {call!r}")
         parts = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.fields)
         text = f"Session {sid!r}: {text} ({parts})"
+        return f"{text}: {self.detail}" if self.detail else text
+
+
+class ToolCallsUnansweredError(ToolCallPairingError):
+    """A message would follow tool calls that have no result yet.
+
+    A provider takes no other message between an assistant message's tool
+    calls and their results, so ``entry_id`` (a user, assistant or any other
+    message) is refused while ``tool_call_ids`` (in call order) are open in
+    the session's replayed context. Answer each first: append the tool's own
+    result, or end the tools with ``interrupt_tool_executions`` (explicit
+    interrupted results), or end the run (``finish_run`` closes every open
+    call). ``reason`` is ``"unanswered"`` and ``tool_call_id`` the first open
+    call. Nothing is written.
+    """
+
+    fields = ("session_id", "entry_id", "tool_call_ids")
+    tool_call_ids: tuple[str, ...]
+    reason = "unanswered"
+
+    def __init__(
+        self, session_id: str, entry_id: str, tool_call_ids: Sequence[str], **kwargs: Any
+    ) -> None:
+        ids = tuple(tool_call_ids)
+        self.tool_call_id = ids[0] if ids else ""
+        super().__init__(session_id, entry_id, ids, **kwargs)
+
+    def _message(self) -> str:
+        calls = ", ".join(repr(c) for c in self.tool_call_ids)
+        text = (
+            f"Session {self.session_id!r}: message {self.entry_id!r} would follow tool calls "
+            f"that have no result yet ({calls}); answer each first (the tool's own result, "
+            "interrupt_tool_executions, or finish_run, which closes every open call)"
+        )
         return f"{text}: {self.detail}" if self.detail else text
 
 

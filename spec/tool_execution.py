@@ -224,3 +224,20 @@ def recorded_result(record: ToolExecution, timestamp_ms: int) -> dict[str, Any]:
         "isError": record.is_error,
         "timestamp": timestamp_ms,
     }
+
+
+def openai_content(result: Any) -> Any:
+    """The content of an OpenAI chat ``tool`` message for a result stored by
+    ``complete_tool_execution``: a string or content blocks as they are, any
+    other JSON value as its JSON text (:func:`result_json`)."""
+    if isinstance(result, str) or is_content(result):
+        return result
+    return result_json(result)
+
+
+def openai_result(call_id: str, content: Any) -> dict[str, Any]:
+    """The OpenAI chat ``tool`` message answering the ``tool_calls`` item
+    ``call_id`` with ``content`` (a string, or content parts): only the fields
+    the chat API takes (it refuses others), so an interrupted one says so in
+    its text (:data:`INTERRUPTED_TEXT`) and carries no record details."""
+    return {"role": "tool", "tool_call_id": call_id, "content": content}

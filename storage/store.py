@@ -29,6 +29,7 @@ from .ops.imports import ImportsMixin
 from .ops.leases import LeasesMixin
 from .ops.lineage import LineageMixin
 from .ops.listing import ListingMixin
+from .ops.pairing_checks import OpeningCache
 from .ops.recovery import RecoveryMixin
 from .ops.replays import REPLAY_CACHE_BYTES, BranchCache, ReplaysMixin
 from .ops.run_reads import RunReadsMixin
@@ -117,6 +118,7 @@ class BaseStore(
         self.db = backend
         self._secret = secrets.token_bytes(32)
         self._branches = BranchCache(replay_cache_bytes)
+        self._openings = OpeningCache()
         try:
             if backend.read_only:
                 self.db.read("check_schema", self._check_schema, snapshot=True)

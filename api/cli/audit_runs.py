@@ -10,14 +10,9 @@ from __future__ import annotations
 
 from turnkeeper.spec.records import Entry
 from turnkeeper.spec.run import TERMINAL
-from turnkeeper.storage.ops.sessions import ENTRY_SELECT, entry_row
-from turnkeeper.storage.replay import (
-    affects_pairing,
-    pairing_faults,
-    path_to,
-    tool_call_ids,
-    unanswered_tool_calls,
-)
+from turnkeeper.storage.ops.entry_rows import ENTRY_SELECT, entry_row
+from turnkeeper.storage.pairing import calls_of, tree_faults, unanswered_calls
+from turnkeeper.storage.replay import context_message, path_to
 from turnkeeper.storage.store import Snapshot
 
 from .audit_base import Check, Scope, sample
@@ -139,9 +134,10 @@ def _trees(store: Snapshot, scope: Scope) -> dict[str, dict[str, Entry]]:
 def check_tool_calls_paired(
     store: Snapshot, scope: Scope, trees: dict[str, dict[str, Entry]]
 ) -> Check:
-    """Every ``toolCall`` of an ended run turn has a ``toolResult`` (the tool's
-    output, or an explicit interrupted result) in the context replay builds at
-    the turn's end; and a tool-execution record still running belongs to a run
+    """Every tool call of an ended run turn has a result (the tool's output, or
+    an explicit interrupted result) in the context replay builds at the
+    turn's end (``storage/pairing.py``'s rule: calls of an incomplete reply
+    need none); and a tool-execution record still running belongs to a run
     that has not ended. (A call on a branch the turn left, or a record whose
     call never reached the transcript, is in no context and needs no result.)"""
     turns = query_rows(
@@ -156,12 +152,15 @@ def check_tool_calls_paired(
         by_id = trees.get(turn["session_id"], {})
         end = next((e for e in by_id.values() if e.seq == turn["end_seq"]), None)
         path = path_to(by_id, end.id if end is not None else None)
+        in_turn = {e.id for e in path if turn["start_seq"] <= e.seq <= turn["end_seq"]}
         checked += sum(
-            len(tool_call_ids(e)) for e in path if turn["start_seq"] <= e.seq <= turn["end_seq"]
+            len(calls_of(m))
+            for e in path
+            if e.id in in_turn and (m := context_message(e)) is not None
         )
-        for call_id, entry in unanswered_tool_calls(path).items():
-            if turn["start_seq"] <= entry.seq <= turn["end_seq"]:
-                bad.append(f"call {turn['session_id']}/{entry.id}:{call_id}")
+        for call_id, holder in unanswered_calls(path):
+            if holder in in_turn:
+                bad.append(f"call {turn['session_id']}/{holder}:{call_id}")
     sql = f"""
     WITH {scope.cte()}
     SELECT 'record ' || r.execution_key AS record,
@@ -182,23 +181,25 @@ def check_tool_calls_paired(
 
 
 def check_tool_results_in_context(trees: dict[str, dict[str, Entry]]) -> Check:
-    """Along every branch of every session tree, each ``toolResult`` answers a
-    ``toolCall`` in the context replay builds where it stands (none is
-    unpaired or a second answer), and no compaction keeps a result while cutting
-    off its call. Imports store what their files say, so this is where a
-    broken import shows."""
+    """Along every branch of every session tree, every entry keeps the replayed
+    context valid for a model provider, judged by the very rule every write
+    path enforces (``storage/pairing.py``, ``tree_faults``): each result
+    answers a call in its context, once, right after the call's assistant
+    message; no other message follows calls before their results; no
+    compaction keeps a fault (a result cut from its call). So a state the
+    writes refuse is exactly a state this check flags; one can only be stored
+    by going around the store (raw SQL, a file edited in place)."""
     bad: set[str] = set()
     checked = 0
     for sid, by_id in trees.items():
-        parents = {e.parent_id for e in by_id.values()}
-        checked += sum(1 for e in by_id.values() if affects_pairing(e))
-        for leaf in (i for i in by_id if i not in parents):
-            for f in pairing_faults(path_to(by_id, leaf)):
-                where = f" (compaction {f.entry_id})" if f.reason == "cut" else ""
-                bad.add(f"{sid}/{f.result_id}: {f.reason} result of {f.tool_call_id!r}{where}")
+        checked += sum(1 for e in by_id.values() if context_message(e) is not None)
+        for f in tree_faults(by_id):
+            where = f" (compaction {f.entry_id})" if f.entry_id != f.message_id else ""
+            bad.add(f"{sid}/{f.message_id}: {f.reason} {f.tool_call_id!r}{where}")
     return Check(
         "tool_results_in_context",
-        "every toolResult answers a toolCall in its replayed context, and no cut splits a pair",
+        "every message keeps its replayed context valid: each tool call answered once, "
+        "right after it",
         len(bad),
         checked,
         sample(sorted(bad)),

@@ -7,11 +7,17 @@ from typing import Any
 import click
 
 from turnkeeper.formats import pi
-from turnkeeper.spec.errors import InvalidInputError, SessionFileError
+from turnkeeper.spec.errors import InvalidInputError, SessionFileError, ToolCallPairingError
 
 from .common import EXIT_FAILED, CliError, db_option, dumps, one_line, open_db
 
-FILE_ERRORS = (SessionFileError, InvalidInputError, OSError, UnicodeDecodeError)
+FILE_ERRORS = (
+    SessionFileError,
+    InvalidInputError,
+    ToolCallPairingError,
+    OSError,
+    UnicodeDecodeError,
+)
 """Failures that sink one file of an import; the other files still go in."""
 
 

@@ -1,7 +1,7 @@
 """Appends (session seed AppendEntry): the store's ``append`` and
 ``append_many``, and their merged form under a group commit.
 
-An append alone runs :func:`~.sessions.append_drafts` (see that module). A
+An append alone runs :func:`~.sessions.append_chain` (see that module). A
 backend that groups writes (DuckDB, ``storage/duck/db.py``) runs the appends
 queued beside each other through :func:`append_group`, the ``many`` of their
 :class:`~turnkeeper.storage.backend.Merge`: one read of their session rows
@@ -12,19 +12,27 @@ because a merged group runs under the backend's in-process write
 serialization and holds its targets (``Tx.hold``): no grant, takeover,
 renewal or release can commit between the read and the group's commit. Each append is judged on
 its own, with the rules and the error order of
-:func:`~.sessions.append_drafts` (session missing, then the lease, then the
-expected leaf), and one that fails writes nothing (its checks all come
-before the writes, which only touch the ones that passed). Two appends to
-one session in a group run in queue order: the second in a later round,
-which sees the first's writes. Only plain appends are merged
+:func:`~.sessions.append_chain` (session missing, then the lease, then the
+expected leaf, then the tool-call pairing rule, ``pairing_checks.check``,
+the very check of the single path), and one that fails writes nothing (its
+checks all come before the writes, which only touch the ones that passed).
+Two appends to one session in a group run in queue order: the second in a
+later round, which sees the first's writes. Only plain appends are merged
 (:func:`mergeable`): no caller-chosen ids, labels, branch targets, tool
-results or compactions, whose extra lookups and pairing checks stay on the
-single path.
+results or compactions, whose extra lookups stay on the single path.
+
+PostgreSQL's one-statement append (:func:`one_statement`) cannot read
+before it writes, so a plain append of messages takes it only when the
+store object remembers the calls open at the session's head
+(``pairing_checks.OpeningCache``) and the pairing rule accepts the entries
+there; the statement then writes only while the head is still that one.
+Otherwise, and when it writes nothing, the append runs in a transaction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -36,10 +44,13 @@ from turnkeeper.spec.records import ANY_LEAF, Entry, Lease, NewEntry
 
 from ..backend import Conflict, Merge, Tx, keyed, utc
 from ..codec import check_id
+from ..pairing import Opening, judge
+from ..replay import context_message
 from ..validate import check_expected_leaf, check_session_lease
-from . import leases
+from . import leases, pairing_checks
 from .base import StoreBase
-from .sessions import ENTRY_COLUMNS, Draft, append_drafts, draft_of, drafts_of
+from .entry_rows import ENTRY_COLUMNS
+from .sessions import Draft, append_chain, draft_of, drafts_of
 
 NOW = leases.NOW
 
@@ -47,13 +58,17 @@ NOW = leases.NOW
 @dataclass(frozen=True, slots=True)
 class AppendRequest:
     """One queued append: its session, validated drafts, expected leaf and lease;
-    ``one``: an :meth:`~AppendsMixin.append` (its outcome the entry, not a list)."""
+    ``one``: an :meth:`~AppendsMixin.append` (its outcome the entry, not a
+    list); ``known``: the calls open at a head of the session, as the store
+    object remembers them (``pairing_checks``). An outcome is ``(entry or
+    entries, the calls open after them or None)``."""
 
     session_id: str
     drafts: Sequence[Draft]
     expected_leaf: Any
     lease: Lease | None
     one: bool = False
+    known: Opening | None = None
 
 
 def mergeable(drafts: Sequence[Draft]) -> bool:
@@ -157,6 +172,7 @@ def _round(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
             out[i] = errors.BusyError(target, holder)
         elif r.expected_leaf is not ANY_LEAF and r.expected_leaf != leaf:
             out[i] = errors.SessionModifiedError(r.session_id, r.expected_leaf, leaf)
+    openings = _judge_round(tx, requests, heads, out)
     writing = [i for i in range(len(requests)) if out[i] is None]
     if not writing:
         return out
@@ -178,7 +194,7 @@ def _round(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
             parent = d.entry_id
         names = [d.payload["name"] for d in r.drafts if d.kind == EntryKind.SESSION_INFO]
         moves.append((r.session_id, parent, len(entries), names[-1] if names else None, seq, leaf))
-        out[i] = entries[0] if r.one else entries
+        out[i] = (entries[0] if r.one else entries, openings[i])
     ids, leaves, counts, titles, seqs, old_leaves = ([m[k] for m in moves] for k in range(6))
     moved = tx.count(
         f"UPDATE sessions SET leaf_id = {_of_row('VARCHAR')}, "
@@ -191,6 +207,38 @@ def _round(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
     if moved != len(moves):
         raise Conflict("a session moved during a merged append")
     tx.insert_rows("entries", ENTRY_COLUMNS, stored)
+    return out
+
+
+def _judge_round(
+    tx: Tx, requests: list[AppendRequest], heads: list[tuple[Any, ...] | None], out: list[Any]
+) -> list[Opening | None]:
+    """Judge each request still writing (``out[i]`` is ``None``) by the pairing
+    rule at its session's head (``pairing_checks.check``, the single path's
+    check, in the single path's error order: after the session, the lease and
+    the expected leaf); a refused one gets its error in ``out``. Returns the
+    calls open after each request's entries (``None``: not known)."""
+    openings: list[Opening | None] = [None] * len(requests)
+    for i, (r, head) in enumerate(zip(requests, heads, strict=True)):
+        if out[i] is not None or head is None:
+            continue
+        leaf, seq = head[0], head[1]
+        preview = _preview(r, leaf, seq)
+        try:
+            openings[i] = pairing_checks.check(tx, r.session_id, leaf, seq, preview, r.known)
+        except errors.ToolCallPairingError as exc:
+            out[i] = exc
+    return openings
+
+
+def _preview(r: AppendRequest, leaf: str | None, seq: int) -> list[Entry]:
+    """The entries ``r`` would write under ``leaf`` from ``seq`` (as the pairing
+    rule reads them: ids, parents, kinds and payloads; times are not read)."""
+    out: list[Entry] = []
+    parent = leaf
+    for n, d in enumerate(r.drafts):
+        out.append(Entry(r.session_id, d.entry_id, parent, d.kind, seq + n, _EPOCH, d.payload))
+        parent = d.entry_id
     return out
 
 
@@ -263,7 +311,7 @@ def _draft_rows(drafts: Sequence[Draft]) -> tuple[str, list[Any]]:
     ]
 
 
-def one_statement(tx: Tx, r: AppendRequest) -> Any:
+def one_statement(tx: Tx, r: AppendRequest, judged: Opening | None = None) -> Any:
     """A plain append as one autocommit statement of data-modifying CTEs (for a
     server, where each statement is a round trip; PostgreSQL SQL, as only its
     dialect asks for it): the session's leaf and sequence read, the lease row
@@ -273,11 +321,13 @@ def one_statement(tx: Tx, r: AppendRequest) -> Any:
     read: a grant writes that row (``leases.touch_session``), so a grant
     committed meanwhile, even the first one of a session without a lease row
     to lock, fails it.
-    Returns the outcome (as :func:`append_group`'s), or ``None`` when it
-    wrote nothing (a missing session, a lost lease, a holder, another leaf
-    than expected or a concurrent append): the caller then runs the append
-    in a transaction, which raises the error that applies (or succeeds,
-    after a lost race)."""
+    With ``judged`` (the head its entries were judged at by the pairing rule,
+    ``pairing_checks``) it writes only while the session's head is still that
+    one. Returns the outcome (as :func:`append_group`'s, without the calls
+    open after it), or ``None`` when it wrote nothing (a missing session, a
+    lost lease, a holder, another leaf than expected or judged, or a
+    concurrent append): the caller then runs the append in a transaction,
+    which raises the error that applies (or succeeds, after a lost race)."""
     leased = r.lease is not None
     guard, holds = _guard(tx, leased)
     now = tx.now
@@ -287,6 +337,7 @@ def one_statement(tx: Tx, r: AppendRequest) -> Any:
     )
     holds_params: list[Any] = [now] if r.lease is None else []
     expected = "" if r.expected_leaf is ANY_LEAF else " AND o.leaf_id IS NOT DISTINCT FROM ?"
+    at_judged = "" if judged is None else " AND o.leaf_id IS NOT DISTINCT FROM ? AND o.next_seq = ?"
     ids = [d.entry_id for d in r.drafts]
     names = [d.payload["name"] for d in r.drafts if d.kind == EntryKind.SESSION_INFO]
     epoch = None if r.lease is None else r.lease.epoch
@@ -297,7 +348,7 @@ def one_statement(tx: Tx, r: AppendRequest) -> Any:
         f"entry_count = sessions.entry_count + ?, updated_at = {NOW}, "
         "title = coalesce(?, sessions.title) FROM o WHERE sessions.id = ? "
         "AND sessions.next_seq = o.next_seq AND sessions.leaf_id IS NOT DISTINCT FROM o.leaf_id "
-        f"AND sessions.xmin = o.xmin AND {holds}{expected} "
+        f"AND sessions.xmin = o.xmin AND {holds}{expected}{at_judged} "
         "RETURNING o.leaf_id AS parent, o.next_seq AS seq) "
         f"INSERT INTO entries ({', '.join(ENTRY_COLUMNS)}) SELECT ?, d.id, "
         "CASE WHEN d.ord = 0 THEN s.parent ELSE d.parent END, d.kind, s.seq + d.ord, "
@@ -315,6 +366,7 @@ def one_statement(tx: Tx, r: AppendRequest) -> Any:
         r.session_id,
         *holds_params,
         *([r.expected_leaf] if expected else []),
+        *([] if judged is None else [judged.leaf_id, judged.next_seq]),
         r.session_id,
         now,
         epoch,
@@ -330,22 +382,61 @@ def one_statement(tx: Tx, r: AppendRequest) -> Any:
     return out[0] if r.one else out
 
 
+def _draft_entry(r: AppendRequest, d: Draft) -> Entry:
+    return Entry(r.session_id, d.entry_id, None, d.kind, 0, _EPOCH, d.payload)
+
+
 class AppendsMixin(StoreBase):
     """Appends (session seed AppendEntry)."""
 
-    def _append(self, operation: str, request: AppendRequest, body: Callable[[Tx], Any]) -> Any:
+    def _append(self, operation: str, request: AppendRequest) -> Any:
         """Run an append: a plain one as one statement where the dialect says so
-        (falling back to ``body`` in a transaction when it wrote nothing), else
-        ``body``, which a group commit may merge with its neighbours."""
-        plain = mergeable(request.drafts)
+        (falling back to a transaction when it wrote nothing), else in a
+        transaction (:func:`~.sessions.append_chain`), which a group commit may
+        merge with its neighbours. What a committed append leaves open is
+        remembered for the session (``pairing_checks``)."""
+        sid = request.session_id
+        r = dataclasses.replace(request, known=self._openings.get(sid))
+        plain = mergeable(r.drafts)
         if plain and self.db.dialect.one_statement_appends:
-            done = self.db.write(
-                operation, lambda tx: one_statement(tx, request), transaction=False
-            )
+            done = self._one_statement(operation, r)
             if done is not None:
                 return done
-        merge = Merge(append_group, request) if plain else None
-        return self._fenced(operation, request.lease, body, merge)
+
+        def body(tx: Tx) -> tuple[Any, Opening | None]:
+            chain = append_chain(
+                tx, sid, r.drafts, expected_leaf=r.expected_leaf, lease=r.lease, known=r.known
+            )
+            return (chain.entries[0] if r.one else chain.entries), chain.opening
+
+        merge = Merge(append_group, r) if plain else None
+        result, opening = self._fenced(operation, r.lease, body, merge)
+        self._openings.put(sid, opening)
+        return result
+
+    def _one_statement(self, operation: str, request: AppendRequest) -> Any:
+        """The one-statement append (PostgreSQL), when the pairing rule can judge
+        its entries at the head the store object remembers (``None``: it wrote
+        nothing, or it was not tried: run the append in a transaction)."""
+        known = request.known
+        messages = any(
+            context_message(_draft_entry(request, d)) is not None for d in request.drafts
+        )
+        judged: Opening | None = None
+        after: Opening | None = None
+        if messages:
+            if known is None:
+                return None  # nothing known to judge by: the transaction reads it
+            ok, after = judge(known, _preview(request, known.leaf_id, known.next_seq))
+            if not ok:
+                return None  # the transaction finds the fault's reason and raises it
+            judged = known
+        done = self.db.write(
+            operation, lambda tx: one_statement(tx, request, judged), transaction=False
+        )
+        if done is not None:
+            self._openings.put(request.session_id, after)
+        return done
 
     def append(
         self,
@@ -366,24 +457,29 @@ class AppendsMixin(StoreBase):
         and written in one transaction. With ``lease`` the lease is validated
         in that transaction and its epoch stored on the entry.
 
-        The replayed context stays valid for a model provider: a
-        ``toolResult`` message must answer a ``toolCall`` that is in the
-        context replay builds at the leaf, not yet answered there, and with
-        no other message between that call's assistant message and its
-        results (a provider takes results only right after the call), and a
-        compaction may not keep a ``toolResult`` while cutting off its call
-        (``firstKeptEntryId`` between them). Both are refused rather than
-        stored in another form, because only the runtime knows what the result
-        belongs to: a silently re-parented or dropped result would be a second
-        invention. (Imports store what the file says; ``turnkeeper audit``
-        reports every unpaired result and every cut that splits a pair.)
+        The replayed context stays valid for a model provider, by the rule
+        ``storage/pairing.py`` states (pi ``toolCall``/``toolResult`` and
+        OpenAI ``tool_calls``/``tool`` shapes): a result must answer a call
+        open in the context replay builds at the leaf (not answered yet, and
+        no other message since its assistant message); any other message is
+        refused while calls of the last assistant message have no result yet
+        (a provider takes no message between calls and their results; calls
+        of an ``aborted`` or ``error`` pi reply need none); and a compaction
+        may not keep a fault, such as a result whose call it cuts off
+        (``firstKeptEntryId`` between them). These are refused rather than
+        stored in another form, because only the runtime knows what a result
+        belongs to and whether a tool is still running: a silently moved,
+        dropped or invented result would be a second invention.
+        ``turnkeeper audit`` judges stored sessions by the same rule.
 
         Raises:
             SessionModifiedError: the leaf is not ``expected_leaf``.
             LeaseLostError: ``lease`` is no longer valid.
             BusyError: no ``lease`` given and someone holds the session.
-            ToolCallPairingError: the ``toolResult`` or compaction would break
-                the tool-call pairing of the replayed context.
+            ToolCallsUnansweredError: a message would follow tool calls that
+                have no result yet (``tool_call_ids`` names them).
+            ToolCallPairingError: a result or compaction would break the
+                tool-call pairing of the replayed context (``reason``).
             SessionNotFoundError, EntryExistsError (``entry_id`` taken),
             EntryNotFoundError (a label's target is missing),
             InvalidInputError (kind, payload, id or naive timestamp).
@@ -394,11 +490,7 @@ class AppendsMixin(StoreBase):
         check_expected_leaf(expected_leaf)
         check_session_lease(session_id, lease)
         return self._append(  # type: ignore[no-any-return]
-            "append",
-            AppendRequest(session_id, (draft,), expected_leaf, lease, one=True),
-            lambda tx: append_drafts(
-                tx, session_id, [draft], expected_leaf=expected_leaf, lease=lease, pairing=True
-            )[0],
+            "append", AppendRequest(session_id, (draft,), expected_leaf, lease, one=True)
         )
 
     def append_many(
@@ -433,11 +525,7 @@ class AppendsMixin(StoreBase):
         check_expected_leaf(expected_leaf)
         check_session_lease(session_id, lease)
         return self._append(  # type: ignore[no-any-return]
-            "append_many",
-            AppendRequest(session_id, tuple(drafts), expected_leaf, lease),
-            lambda tx: append_drafts(
-                tx, session_id, drafts, expected_leaf=expected_leaf, lease=lease, pairing=True
-            ),
+            "append_many", AppendRequest(session_id, tuple(drafts), expected_leaf, lease)
         )
 
     def set_label(

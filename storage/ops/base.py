@@ -15,6 +15,7 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.records import Lease
 
 from ..backend import STORE_NOW, Backend, Merge, Tx
+from .pairing_checks import OpeningCache
 
 T = TypeVar("T")
 
@@ -25,6 +26,9 @@ class StoreBase:
 
     db: Backend
     _secret: bytes
+    _openings: OpeningCache
+    """Per session, the calls open at the head this store object's last write
+    of it left (see ``pairing_checks``)."""
 
     def _inside(self, session_id: str, found: T) -> T:
         """``found``, read inside session ``session_id``; an empty answer for a

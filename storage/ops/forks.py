@@ -30,6 +30,7 @@ are only read, so a fork never blocks or invalidates the source's writers.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -55,11 +56,12 @@ from turnkeeper.spec.records import Entry, Lease
 
 from ..backend import Tx, keyed, utc
 from ..codec import check_id, from_json, to_json
-from ..replay import context_faults
+from ..pairing import tree_faults
 from ..validate import check_int, check_session_lease
 from . import leases
 from .base import StoreBase
-from .sessions import ENTRY_COLUMNS, new_entry_id
+from .entry_rows import ENTRY_COLUMNS
+from .sessions import new_entry_id
 
 _FORK_COLS = (
     "source_session_id, fork_session_id, kind, boundary_turn_id, boundary_entry_id, "
@@ -252,8 +254,10 @@ def plan_copy(
         ForkUnsupportedEntryError: a copied entry is of a kind the seed does
             not define (its payload may name entries a fork cannot rewrite),
             lies after the boundary, or refers to an entry the source lacks
-            or wrote after the boundary; or the replayed context at the
-            boundary has a tool-call pairing fault (``storage.replay``).
+            or wrote after the boundary; or a copied entry breaks the
+            tool-call pairing on a branch of the copy (``storage/pairing.py``,
+            judged as ``turnkeeper audit`` judges a tree: ``entry_id`` names
+            the message at fault).
     """
     parent_of: dict[str, str | None] = {}
     pending: list[SourceEntry] = []
@@ -266,15 +270,6 @@ def plan_copy(
                 pending.append(entry)
             previous = entry.id
 
-    fault = next(
-        iter(context_faults([_as_entry(session_id, e) for e in _walk(source, boundary_id)])), None
-    )
-    if fault is not None:  # a fork's replay must be valid: never copy a broken pairing
-        raise errors.ForkUnsupportedEntryError(
-            session_id,
-            fault.result_id,
-            detail=f"its toolResult for {fault.tool_call_id!r} is {fault.reason} in the context",
-        )
     take(boundary_id)
     while pending:
         entry = pending.pop()
@@ -287,6 +282,17 @@ def plan_copy(
                 if target is None or target.seq > boundary_seq:
                     raise errors.ForkUnsupportedEntryError(session_id, entry.id)
                 take(ref)
+    copied = {
+        i: dataclasses.replace(_as_entry(session_id, source[i]), parent_id=parent)
+        for i, parent in parent_of.items()
+    }
+    fault = next(iter(tree_faults(copied)), None)
+    if fault is not None:  # every branch of a fork must replay valid: never copy a broken pairing
+        raise errors.ForkUnsupportedEntryError(
+            session_id,
+            fault.message_id,
+            detail=f"it breaks the pairing of tool call {fault.tool_call_id!r} ({fault.reason})",
+        )
     ordered = sorted((source[i] for i in parent_of), key=lambda e: e.seq)
     new_ids: dict[str, str] = {}
     used: set[str] = set()

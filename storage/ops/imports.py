@@ -10,6 +10,7 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.entries import EntryKind, validate_payload
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.records import (
+    Entry,
     ImportBatch,
     ImportResult,
     Lease,
@@ -18,13 +19,15 @@ from turnkeeper.spec.records import (
 
 from ..backend import Tx
 from ..codec import check_id, check_instant, check_text, from_json, to_json
+from ..pairing import tree_faults
 from ..validate import (
     check_session_lease,
 )
-from . import leases
+from . import entry_rows, leases, pairing_checks
 from .base import StoreBase
+from .entry_rows import ENTRY_COLUMNS
 from .leases import NOW
-from .sessions import ENTRY_COLUMNS, SESSION_COLS
+from .sessions import SESSION_COLS
 
 
 def import_rows(
@@ -49,6 +52,8 @@ def import_rows(
 
     Raises:
         LeaseLostError, BusyError: as for an append.
+        ToolCallPairingError: the new entries break the tool-call pairing
+            (``ToolCallsUnansweredError`` among them; see :func:`_judge`).
         InvalidInputError: two rows share an id, or two opaque records a line
             (the keys of the tables; left unchecked they surfaced as an
             aborted transaction or 40 retried "conflicts").
@@ -78,13 +83,24 @@ def import_rows(
     else:
         assert head is not None
         next_seq = head[0]
-        have = {r[0] for r in tx.rows("SELECT id FROM entries WHERE session_id = ?", [session_id])}
+        stored = {
+            e.id: e
+            for e in map(
+                entry_rows.entry_row,
+                tx.rows(
+                    f"SELECT {entry_rows.entry_columns(tx)} FROM entries WHERE session_id = ?",
+                    [session_id],
+                ),
+            )
+        }
+        have = set(stored)
         have_lines = {
             r[0]
             for r in tx.rows("SELECT line FROM opaque_records WHERE session_id = ?", [session_id])
         }
     new = [r for r in rows if r[0] not in have]
     if new:
+        _judge(session_id, {} if created else stored, new, next_seq)
         now = tx.now
         tx.insert_rows(
             "entries",
@@ -121,6 +137,31 @@ def import_rows(
     return created, len(new), len(fresh)
 
 
+def _judge(
+    session_id: str,
+    stored: dict[str, Entry],
+    new: Sequence[tuple[str, str | None, str, datetime, str]],
+    next_seq: int,
+) -> None:
+    """Refuse an import whose new entries break the tool-call pairing anywhere in
+    the session's tree (``storage/pairing.py``, judged as ``turnkeeper audit``
+    judges a tree: along the branch to every leaf). A fault the tree held
+    before the import is not the import's (an entry's faults depend only on
+    the branch to it, unless the import supplies an entry's missing parent,
+    and then the faults it brings are the ones that are new).
+
+    Raises:
+        ToolCallPairingError: the first fault the import brings.
+    """
+    tree = dict(stored)
+    for i, (entry_id, parent, kind, ts, payload) in enumerate(new):
+        tree[entry_id] = Entry(
+            session_id, entry_id, parent, kind, next_seq + i, ts, from_json(payload)
+        )
+    before = set(tree_faults(stored)) if stored else set()
+    pairing_checks.refuse(session_id, [f for f in tree_faults(tree) if f not in before])
+
+
 def opaque(tx: Tx, session_id: str) -> list[tuple[str, int, str, str]]:
     """Opaque (unparseable) lines kept for a session: (source, line, raw, reason)."""
     return [
@@ -146,7 +187,17 @@ class ImportsMixin(StoreBase):
         existing session it is a session write: under the session's ``lease``,
         or while nobody holds it.
 
+        An import keeps every replayed context valid for a model provider, as
+        every write does (``storage/pairing.py``): entries that would break
+        the tool-call pairing on any branch of the session's tree (a result
+        without its call, an assistant's calls followed by another message
+        before their results …) refuse the whole import, because storing them
+        under another form would invent a transcript the file does not hold.
+        Real pi files pass (an aborted reply's partial calls need no result).
+
         Raises:
+            ToolCallPairingError: the entries break the tool-call pairing
+                (``ToolCallsUnansweredError`` among them); nothing is written.
             InvalidInputError: an entry or header is not storable.
             LeaseLostError: ``lease`` is no longer valid.
             BusyError: no ``lease`` given and someone holds the session.

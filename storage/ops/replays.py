@@ -41,7 +41,7 @@ from turnkeeper.spec.records import Entry, Replay
 from ..backend import Tx
 from ..codec import check_id, from_json, stored_json
 from ..replay import build_replay, context_message, path_settings
-from . import sessions
+from . import entry_rows
 from .base import StoreBase
 
 REPLAY_CACHE_BYTES = 64 * 2**20
@@ -163,7 +163,7 @@ class BranchCache:
 
 def _tail(rows: Sequence[Sequence[Any]], leaf: str | None, stop: str | None) -> list[Entry] | None:
     """Root-first entries from ``stop`` (exclusive) to ``leaf`` through ``rows``
-    (``entries`` rows by ``sessions.ENTRY_SELECT``), or ``None`` when the walk
+    (``entries`` rows by ``entry_rows.ENTRY_SELECT``), or ``None`` when the walk
     from ``leaf`` leaves ``rows`` anywhere but at ``stop`` (or finds a cycle)."""
     by_id = {row[1]: row for row in rows}
     chain: list[Sequence[Any]] = []
@@ -175,7 +175,7 @@ def _tail(rows: Sequence[Sequence[Any]], leaf: str | None, stop: str | None) -> 
         seen.add(node)
         chain.append(by_id[node])
         node = by_id[node][2]
-    return [sessions.entry_row(row) for row in reversed(chain)]
+    return [entry_rows.entry_row(row) for row in reversed(chain)]
 
 
 def cached_replay(tx: Tx, session_id: str, cache: BranchCache) -> Replay:
@@ -194,7 +194,7 @@ def cached_replay(tx: Tx, session_id: str, cache: BranchCache) -> Replay:
         return known.replay()
     if known is not None and known.rooted and known.next_seq < next_seq:
         rows = tx.rows(
-            f"SELECT {sessions.entry_columns(tx)} FROM entries WHERE session_id = ? AND seq >= ?",
+            f"SELECT {entry_rows.entry_columns(tx)} FROM entries WHERE session_id = ? AND seq >= ?",
             [session_id, known.next_seq],
         )
         tail = _tail(rows, leaf, known.leaf_id)
@@ -202,7 +202,7 @@ def cached_replay(tx: Tx, session_id: str, cache: BranchCache) -> Replay:
             branch = known.extended(tail, leaf, next_seq)
             cache.put(session_id, branch)
             return branch.replay()
-    path = sessions.path_to_leaf(tx, session_id, leaf)
+    path = entry_rows.path_to_leaf(tx, session_id, leaf)
     rooted = not path or path[0].parent_id is None
     replay = build_replay(path)
     del path  # its entries are let go before the cached copy is made

@@ -37,6 +37,7 @@ from turnkeeper.spec.run import FINISH_TRIGGERS, NON_TERMINAL, TERMINAL, RunStat
 
 from ..backend import Conflict, Tx, keyed, utc
 from ..codec import check_id, check_text, to_json
+from ..pairing import Opening
 from ..validate import (
     check_bool,
     check_lease,
@@ -46,6 +47,7 @@ from ..validate import (
 from ..wakeups import Topic
 from . import delivery, leases, sessions, tool_pairing
 from .base import StoreBase
+from .pairing_checks import OpeningCache
 from .run_reads import RUN_COLS, get, run_row
 
 _MACHINE = machine_for(RUN)
@@ -109,17 +111,23 @@ def admit(
     lease: Lease | None,
     retry_of: str | None,
     start: bool = False,
-) -> tuple[Run, bool]:
-    """Admit a run (see the module docstring); returns ``(run, admitted_now)``.
+    known: Opening | None = None,
+) -> tuple[Run, bool, Opening | None]:
+    """Admit a run (see the module docstring); returns ``(run, admitted_now,
+    opening)``: ``opening`` the calls open after its entries, if known.
 
     ``fingerprint`` is the request's (kept on the intent); ``admission`` the
     whole admission's, which a submission key is compared by. With ``start``
     the run is admitted and started in this one transaction: it is stored
     ``running`` and both events (``admit``, ``start``) are written.
+    ``known``: the calls open at the session's head, if the caller knows
+    them (the user message is judged by the pairing rule: it may not follow
+    unanswered calls).
 
     Raises:
         SessionNotFoundError, SubmissionConflictError, SessionRunActiveError,
-        RunNotFoundError, RetryNotAllowedError, LeaseLostError.
+        RunNotFoundError, RetryNotAllowedError, LeaseLostError,
+        ToolCallsUnansweredError.
     """
     head = tx.one("SELECT leaf_id, next_seq FROM sessions WHERE id = ?", [session_id])
     if head is None:
@@ -135,7 +143,7 @@ def admit(
                 raise errors.SubmissionConflictError(session_id, sub[0])
             found = get(tx, sub[0])
             assert found is not None
-            return found, False
+            return found, False, None
     leases.fence_or_unheld(tx, session_target(session_id), lease)
     current = tx.one("SELECT run_id FROM active_runs WHERE session_id = ?", [session_id])
     attempt, intent_id, why = 1, None, ""
@@ -202,7 +210,7 @@ def admit(
     if user_message is not None:
         message = {"message": user_message}
         drafts.append(sessions.own_draft(EntryKind.MESSAGE, message, f"{run_id}:user"))
-    written = sessions.append_drafts(
+    chain = sessions.append_chain(
         tx,
         session_id,
         drafts,
@@ -211,7 +219,9 @@ def admit(
         fenced_epoch=epoch,
         checked=True,
         head=(head[0], head[1]),  # nothing above moved the leaf or the seq
+        known=known,
     )
+    written = chain.entries
     tx.exec(
         "INSERT INTO conversation_turns VALUES (?, ?, ?, ?, ?, 'open', ?, NULL, ?, NULL)",
         [f"{run_id}:turn", session_id, intent_id, run_id, attempt, written[0].seq, now],
@@ -243,7 +253,7 @@ def admit(
             "INSERT INTO submissions VALUES (?, ?, ?, ?, ?, ?)",
             [session_id, key_digest, admission, intent_id, run_id, now],
         )
-    return run, True
+    return run, True, chain.opening
 
 
 def check_outcome(status: RunStatus, error: str | None) -> None:
@@ -317,15 +327,20 @@ def finish(
     plan: DeliveryPlan | None = None,
     fenced_epoch: int | None = None,
     drafts: Sequence[sessions.Draft] = (),
-) -> tuple[Run, bool]:
-    """Terminalize a run (see the module docstring); returns ``(run, finished_now)``.
-    ``drafts`` are the turn's last entries, appended (pairing checked) before
-    its tool calls are closed and its reply and turn end written.
+    openings: OpeningCache | None = None,
+) -> tuple[Run, bool, Opening | None]:
+    """Terminalize a run (see the module docstring); returns ``(run,
+    finished_now, opening)``: ``opening`` the calls open after its entries,
+    if known. ``drafts`` are the turn's last entries, appended before every
+    tool call still open in the context is closed (``tool_pairing.close_turn``)
+    and its reply and turn end written; every one of them is judged by the
+    pairing rule. ``openings``: what the store object remembers of the calls
+    open at its sessions' heads (read only: a hint the head decides).
 
     Raises:
         RunNotFoundError, InvalidTransitionError (a terminal run is never
         revived or re-terminalized differently; cancel needs a cancel
-        request), LeaseLostError.
+        request), LeaseLostError, ToolCallPairingError (one of ``drafts``).
     """
     run = _load(tx, run_id)
     check_session_lease(run.session_id, lease)
@@ -336,7 +351,7 @@ def finish(
                 # about to write the plan the first one did not: a session write
                 leases.fence_or_unheld(tx, session_target(run.session_id), lease)
             delivery.create_plan(tx, run, plan)  # the stored plan, or a conflict
-        return run, False
+        return run, False, None
     if fenced_epoch is None:  # (recovery fenced its own lease before calling)
         # a stale holder learns it lost, whatever the run did since; without a lease,
         # nobody else may hold the session
@@ -354,8 +369,10 @@ def finish(
         [run.session_id, run.id],
     )
     head: tuple[str | None, int] | None = None  # the session's, once this call wrote it
+    known = None if openings is None else openings.get(run.session_id)
+    opening = known
     if drafts:
-        last = sessions.append_drafts(
+        chain = sessions.append_chain(
             tx,
             run.session_id,
             drafts,
@@ -363,11 +380,14 @@ def finish(
             lease=None,
             fenced_epoch=epoch,
             checked=True,
-            pairing=True,
-        )[-1]
+            known=known,
+        )
+        last = chain.entries[-1]
+        head, opening = (last.id, last.seq + 1), chain.opening
+    closed, opening = tool_pairing.close_turn(tx, moved, epoch, head, opening)
+    if closed is not None:
+        last = closed.entries[-1]
         head = (last.id, last.seq + 1)
-    if tool_pairing.close_turn(tx, moved, epoch, None if head is None else (head[0],)):
-        head = None  # it appended results: read the session again
     end = {"turnId": run.turn_id, "intentId": run.intent_id, "runId": run.id, "status": status}
     if stop_reason is not None:
         end["stopReason"] = stop_reason
@@ -379,7 +399,7 @@ def finish(
         ),
         sessions.own_draft(EntryKind.TURN_END, end, f"{run_id}:turn-end", chosen=True),
     ]
-    end_seq = sessions.append_drafts(
+    ended = sessions.append_chain(
         tx,
         run.session_id,
         drafts_own,
@@ -388,7 +408,9 @@ def finish(
         fenced_epoch=epoch,
         checked=True,
         head=head,
-    )[-1].seq
+        known=opening,
+    )
+    end_seq = ended.entries[-1].seq
     tx.exec(
         "UPDATE conversation_turns SET status = ?, end_seq = ?, ended_at = ? WHERE id = ?",
         [status.value, end_seq, tx.now, run.turn_id],
@@ -397,7 +419,7 @@ def finish(
     if plan is not None:  # the run ended just now: it can have no plan yet
         delivery.create_plan(tx, moved, plan, first=True)
     tx.notify(Topic.RUN_ENDED)
-    return moved, True
+    return moved, True, ended.opening
 
 
 DECISION = "decision"
@@ -499,6 +521,9 @@ class RunsMixin(StoreBase):
                 attempt, or is not terminal.
             BusyError: no ``lease`` given and someone holds the session (the
                 same submission key still returns its run).
+            ToolCallsUnansweredError: the session's replayed context has tool
+                calls without results, which ``user_message`` would follow
+                (answer them first; ``tool_call_ids`` names them).
             RunNotFoundError, SessionNotFoundError, LeaseLostError,
             InvalidInputError.
         On any error nothing is written.
@@ -553,8 +578,11 @@ class RunsMixin(StoreBase):
 
         check_bool(start, "start")
 
+        known = self._openings.get(session_id)
+        wrote: list[Opening | None] = []
+
         def body(tx: Tx) -> Run:
-            run, _ = admit(
+            run, admitted_now, opening = admit(
                 tx,
                 session_id,
                 intent=intent,
@@ -565,10 +593,15 @@ class RunsMixin(StoreBase):
                 lease=lease,
                 retry_of=retry_of,
                 start=start,
+                known=known,
             )
+            wrote[:] = [opening] if admitted_now else []
             return run
 
-        return self._fenced("admit_run", lease, body)
+        run = self._fenced("admit_run", lease, body)
+        if wrote:  # committed: remember the calls open at the head it left
+            self._openings.put(session_id, wrote[0])
+        return run
 
     def _step(self, run_id: str, trigger: str, lease: Lease | None) -> Run:
         check_id(run_id, "run_id")
@@ -609,9 +642,12 @@ class RunsMixin(StoreBase):
         intermediate messages), status, terminal event, assistant entry, turn
         end and, with ``delivery_plan``, the outbox intent (``<run id>:delivery``)
         and its ``pending`` operations. Before the turn closes, every tool
-        call in it is paired: running tool records of the run become
-        ``interrupted`` and each ``toolCall`` without a result gets an
-        explicit interrupted ``toolResult``. ``entries`` follow every rule of
+        call still open in the replayed context gets its result, in call
+        order and in the call's shape (``storage/pairing.py``): running tool
+        records of the run become ``interrupted``; a call whose record
+        completed gets the tool's own result, unchanged, as
+        :meth:`complete_tool_execution` stored it, any other an explicit
+        interrupted result. ``entries`` follow every rule of
         :meth:`append_many`; a refused one refuses the whole termination.
 
         Repeating the same terminal status (a retry after an unknown commit
@@ -663,8 +699,10 @@ class RunsMixin(StoreBase):
             check_lease(lease)  # its target is checked against the run's session in the write
         drafts = sessions.drafts_of(entries) if entries else []
 
+        wrote: list[Opening | None] = []
+
         def body(tx: Tx) -> Run:
-            run, _ = finish(
+            run, finished_now, opening = finish(
                 tx,
                 run_id,
                 final,
@@ -674,10 +712,15 @@ class RunsMixin(StoreBase):
                 lease=lease,
                 plan=delivery_plan,
                 drafts=drafts,
+                openings=self._openings,
             )
+            wrote[:] = [opening] if finished_now else []
             return run
 
-        return self._fenced("finish_run", lease, body)
+        run = self._fenced("finish_run", lease, body)
+        if wrote:  # committed: remember the calls open at the head it left
+            self._openings.put(run.session_id, wrote[0])
+        return run
 
     def request_cancel(self, run_id: str) -> Run:
         """Record a cancel request on a non-terminal run; its owner or recovery

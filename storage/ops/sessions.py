@@ -2,13 +2,15 @@
 
 The API's appends are in ``appends.py`` and replay in ``replays.py``; this
 module holds the session rows, the entry rows and the transactional append
-they share. An append is one transaction: read the session's leaf and next sequence,
-fence the lease if one is given (a write to the lease row), check the
-caller's expected leaf, compare-and-set the session row (leaf, sequence,
-count, title) and insert the entry. A concurrent append to the same session
-is a DuckDB write-write conflict on the session row, retried by the
-transaction boundary; the retry re-reads the leaf, so a stale expected leaf
-raises ``SessionModifiedError`` and never creates a second child.
+they share. An append is one transaction: read the session's leaf and next
+sequence, fence the lease if one is given (a write to the lease row), check
+the caller's expected leaf, judge the entries by the tool-call pairing rule
+(``storage/pairing.py``, through ``pairing_checks.check``), compare-and-set
+the session row (leaf, sequence, count, title) and insert the entries. A
+concurrent append to the same session is a DuckDB write-write conflict on
+the session row, retried by the transaction boundary; the retry re-reads
+the leaf, so a stale expected leaf raises ``SessionModifiedError`` and never
+creates a second child.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import uuid6
@@ -34,47 +36,29 @@ from turnkeeper.spec.records import (
 
 from ..backend import Conflict, Tx, keyed, utc
 from ..codec import check_id, check_instant, check_text, from_json, to_json, to_json_exact
-from ..replay import affects_pairing, new_pairing_faults
+from ..pairing import Opening
 from ..validate import (
     check_expected_leaf,
     check_header,
     check_session_lease,
 )
-from . import leases
+from . import leases, pairing_checks
 from .base import StoreBase
+from .entry_rows import (
+    ENTRY_COLUMNS,
+    OF_SESSION,
+    entry,
+    entry_columns,
+    entry_row,
+    path_to_leaf,
+)
 
 NOW = leases.NOW
 
 SESSION_COLS = "id, cwd, created_at, updated_at, leaf_id, title, entry_count, next_seq, header"
-ENTRY_COLUMNS = (
-    "session_id",
-    "id",
-    "parent_id",
-    "kind",
-    "seq",
-    "ts",
-    "payload",
-    "lease_epoch",
-    "written_at",
-)
-"""Every column of ``entries``, in table order (bulk inserts give them all)."""
-ENTRY_SELECT = "session_id, id, parent_id, kind, seq, ts, payload, lease_epoch"
-"""The columns :func:`entry_row` reads, in its order."""
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def entry_columns(tx: Tx) -> str:
-    """:data:`ENTRY_SELECT` with ``ts`` read as epoch microseconds (see
-    ``Dialect.epoch_us``), which :func:`entry_row` turns back into a datetime."""
-    return ENTRY_SELECT.replace(" ts,", f" {tx.dialect.epoch_us('ts')},")
-
-
 _MARKS = ", ".join("?" * len(ENTRY_COLUMNS))
 
 HEAD_IS = "next_seq = ? AND leaf_id IS NOT DISTINCT FROM ?"
-"""A session row whose head is still this next seq and leaf: an append's compare-and-set."""
-_OF_SESSION = "session_id = ?"
-"""An entry found by its id (``entries_by_id`` on DuckDB) that is the session's."""
 """A session row whose head is still this next seq and leaf: an append's compare-and-set."""
 
 
@@ -90,14 +74,6 @@ def session_row(row: Sequence[Any]) -> Session:
         next_seq=row[7],
         header=from_json(row[8]),
     )
-
-
-def entry_row(row: Sequence[Any]) -> Entry:
-    """An :class:`Entry` from a row of :data:`ENTRY_SELECT` (``ts`` a datetime, or
-    epoch microseconds as :func:`entry_columns` reads it)."""
-    ts = row[5]
-    when = _EPOCH + timedelta(microseconds=ts) if isinstance(ts, int) else utc(ts)
-    return Entry(row[0], row[1], row[2], row[3], row[4], when, from_json(row[6]), row[7])
 
 
 def create(
@@ -132,11 +108,11 @@ def _existing(tx: Tx, session_id: str, ids: Sequence[str]) -> set[str]:
         return set()
     if len(ids) == 1:
         row = tx.one(
-            f"SELECT id FROM entries WHERE {keyed('id', _OF_SESSION)}", [ids[0], session_id]
+            f"SELECT id FROM entries WHERE {keyed('id', OF_SESSION)}", [ids[0], session_id]
         )
         return set() if row is None else {row[0]}
     rows = tx.rows(
-        f"SELECT id FROM entries WHERE {keyed('id', _OF_SESSION, 'ANY(?::VARCHAR[])')}",
+        f"SELECT id FROM entries WHERE {keyed('id', OF_SESSION, 'ANY(?::VARCHAR[])')}",
         [list(ids), session_id],
     )
     return {r[0] for r in rows}
@@ -173,10 +149,6 @@ def append(
     expected_leaf: Any,
     lease: Lease | None,
     parent_override: str | None = None,
-    leaf_after: bool = True,
-    fenced_epoch: int | None = None,
-    checked: bool = False,
-    pairing: bool = False,
 ) -> Entry:
     """Append one entry: :func:`append_drafts` of one draft."""
     draft = Draft(kind, payload_json, payload, entry_id, caller_chose_id, timestamp)
@@ -187,11 +159,16 @@ def append(
         expected_leaf=expected_leaf,
         lease=lease,
         parent_override=parent_override,
-        leaf_after=leaf_after,
-        fenced_epoch=fenced_epoch,
-        checked=checked,
-        pairing=pairing,
     )[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """What :func:`append_chain` wrote: the entries, and the calls open after
+    them (``None``: not known; see ``pairing_checks.check``)."""
+
+    entries: list[Entry]
+    opening: Opening | None
 
 
 def append_drafts(
@@ -202,12 +179,39 @@ def append_drafts(
     expected_leaf: Any,
     lease: Lease | None,
     parent_override: str | None = None,
-    leaf_after: bool = True,
     fenced_epoch: int | None = None,
     checked: bool = False,
-    pairing: bool = False,
     head: tuple[str | None, int] | None = None,
+    known: Opening | None = None,
 ) -> list[Entry]:
+    """:func:`append_chain`'s entries."""
+    return append_chain(
+        tx,
+        session_id,
+        drafts,
+        expected_leaf=expected_leaf,
+        lease=lease,
+        parent_override=parent_override,
+        fenced_epoch=fenced_epoch,
+        checked=checked,
+        head=head,
+        known=known,
+    ).entries
+
+
+def append_chain(
+    tx: Tx,
+    session_id: str,
+    drafts: Sequence[Draft],
+    *,
+    expected_leaf: Any,
+    lease: Lease | None,
+    parent_override: str | None = None,
+    fenced_epoch: int | None = None,
+    checked: bool = False,
+    head: tuple[str | None, int] | None = None,
+    known: Opening | None = None,
+) -> Chain:
     """Append ``drafts`` as a chain under the leaf (or ``parent_override``), the
     first one's parent the leaf, each next one's the one before; see the
     module docstring. One fence, one compare-and-set of the session row (leaf,
@@ -217,16 +221,18 @@ def append_drafts(
     unheld, unless ``checked``: the caller already did one or the other in
     this transaction (admission, termination, recovery, tool pairing).
     ``fenced_epoch`` is the epoch of a lease the caller already fenced in this
-    transaction: stored on the entries like ``lease``'s. With ``pairing`` (API
-    appends), a ``toolResult`` or a compaction that would break the tool-call
-    pairing of the replayed context is refused (see ``storage.replay``).
-    ``head``: the session's leaf and next seq as the caller read them in this
-    transaction, with nothing written to the session since (one read less).
+    transaction: stored on the entries like ``lease``'s. Every write keeps
+    the replayed context valid for a model provider: the drafts are judged
+    by the tool-call pairing rule (``storage/pairing.py``) before anything is
+    written (``pairing_checks.check``; ``known``: the calls open at the
+    session's head, if the caller knows them). ``head``: the session's leaf
+    and next seq as the caller read them in this transaction, with nothing
+    written to the session since (one read less).
 
     Raises:
         LeaseLostError, BusyError, SessionNotFoundError, SessionModifiedError,
         EntryExistsError, EntryNotFoundError (label target or branch target),
-        ToolCallPairingError.
+        ToolCallPairingError (``ToolCallsUnansweredError`` among them).
     """
     row = head or tx.one("SELECT leaf_id, next_seq FROM sessions WHERE id = ?", [session_id])
     if row is None:
@@ -264,29 +270,15 @@ def append_drafts(
             Entry(session_id, d.entry_id, parent, d.kind, seq + i, utc(ts), d.payload, epoch)
         )
         parent = d.entry_id
-    if pairing and parent_override is None and any(affects_pairing(e) for e in out):
-        path = [*path_to_leaf(tx, session_id, leaf), *out]
-        fault = next(iter(new_pairing_faults(path, len(out))), None)
-        if fault is not None:
-            raise errors.ToolCallPairingError(
-                session_id, fault.result_id, fault.tool_call_id, fault.reason
-            )
+    below = leaf if parent_override is None else parent_override
+    opening = pairing_checks.check(tx, session_id, below, seq, out, known)
     names = [d.payload["name"] for d in drafts if d.kind == EntryKind.SESSION_INFO]
     title = "title = ?, " if names else ""  # a column not set is not written
     moved = tx.count(
         f"UPDATE sessions SET {title}leaf_id = ?, next_seq = next_seq + ?, "
         "entry_count = entry_count + ?, updated_at = ? "
         f"WHERE {keyed('id', HEAD_IS)}",
-        [
-            *names[-1:],
-            out[-1].id if leaf_after else leaf,
-            len(out),
-            len(out),
-            now,
-            session_id,
-            seq,
-            leaf,
-        ],
+        [*names[-1:], out[-1].id, len(out), len(out), now, session_id, seq, leaf],
     )
     if moved != 1:
         raise Conflict(f"session {session_id!r} moved during append")
@@ -298,7 +290,7 @@ def append_drafts(
         tx.exec(f"INSERT INTO entries ({', '.join(ENTRY_COLUMNS)}) VALUES ({_MARKS})", stored[0])
     else:
         tx.insert_rows("entries", ENTRY_COLUMNS, stored)
-    return out
+    return Chain(out, opening)
 
 
 def own_draft(
@@ -308,35 +300,6 @@ def own_draft(
     in this transaction (the id cannot be taken: no existence check), or with
     ``chosen`` from one that may be older (an import could hold it: checked)."""
     return Draft(kind, to_json(dict(payload), "payload"), payload, entry_id, chosen)
-
-
-def append_own(
-    tx: Tx,
-    session_id: str,
-    kind: str,
-    payload: Mapping[str, Any],
-    entry_id: str,
-    epoch: int | None,
-) -> int:
-    """Append an entry the store writes itself (turn boundaries, the run's messages,
-    tool results it pairs) under the leaf with a derived id; returns its seq.
-    The caller fenced the session (or found it unheld) earlier in the
-    transaction; ``epoch`` is the lease it fenced."""
-    entry = append(
-        tx,
-        session_id,
-        kind,
-        to_json(dict(payload), "payload"),
-        payload,
-        entry_id=entry_id,
-        caller_chose_id=True,
-        timestamp=None,
-        expected_leaf=ANY_LEAF,
-        lease=None,
-        fenced_epoch=epoch,
-        checked=True,
-    )
-    return entry.seq
 
 
 def move_leaf(
@@ -370,15 +333,6 @@ def entries(tx: Tx, session_id: str) -> list[Entry]:
     return [entry_row(r) for r in rows]
 
 
-def entry(tx: Tx, session_id: str, entry_id: str) -> Entry | None:
-    """One entry, or ``None``."""
-    row = tx.one(
-        f"SELECT {entry_columns(tx)} FROM entries WHERE {keyed('id', _OF_SESSION)}",
-        [entry_id, session_id],
-    )
-    return None if row is None else entry_row(row)
-
-
 def branch_path(tx: Tx, session_id: str) -> list[Entry]:
     """Root → leaf path of the session's current branch (see :func:`_path`).
 
@@ -389,60 +343,6 @@ def branch_path(tx: Tx, session_id: str) -> list[Entry]:
     if head is None:
         raise errors.SessionNotFoundError(session_id)
     return path_to_leaf(tx, session_id, head[0])
-
-
-def path_to_leaf(tx: Tx, session_id: str, leaf: str | None) -> list[Entry]:
-    """Root → ``leaf`` path of the session: its rows read flat in one scan and the
-    tree walked in memory (a recursive query cost most of a replay). Memory
-    holds the session's stored rows once (about their stored bytes) while the
-    path is decoded; a corrupt cycle or a missing parent ends the walk."""
-    if leaf is None:
-        return []
-    rows = tx.rows(f"SELECT {entry_columns(tx)} FROM entries WHERE session_id = ?", [session_id])
-    return _walk(rows, leaf)
-
-
-def _walk(rows: list[tuple[Any, ...]], leaf: str | None) -> list[Entry]:
-    """Root → ``leaf`` through ``rows`` (``entries`` rows by :data:`ENTRY_SELECT`),
-    decoding only the path; ends at a parent not among them or a cycle.
-    Consumes ``rows`` (the list is emptied, and each row let go once decoded,
-    so a long session's rows and its decoded path are not held twice)."""
-    by_id = {row[1]: row for row in rows}
-    rows.clear()
-    ids: list[str] = []
-    seen: set[str] = set()
-    node: str | None = leaf
-    while node is not None and node not in seen and node in by_id:
-        seen.add(node)
-        ids.append(node)
-        node = by_id[node][2]
-    del seen
-    return [entry_row(by_id.pop(i)) for i in reversed(ids)]
-
-
-def path_since(
-    tx: Tx, session_id: str, seq: int, *, leaf: tuple[str | None] | None = None
-) -> list[Entry] | None:
-    """The current branch's entries with sequence ``seq`` or later, root first: the
-    tail of :func:`branch_path` that a turn wrote, read without the session's
-    older rows. ``None`` when a compaction is among the session's entries since
-    ``seq`` (its cut may reach back before them: read the whole branch then).
-    ``leaf``: the session's leaf as the caller knows it in this transaction
-    (one read less).
-
-    Raises:
-        SessionNotFoundError: no such session.
-    """
-    head = leaf or tx.one("SELECT leaf_id FROM sessions WHERE id = ?", [session_id])
-    if head is None:
-        raise errors.SessionNotFoundError(session_id)
-    rows = tx.rows(
-        f"SELECT {entry_columns(tx)} FROM entries WHERE session_id = ? AND seq >= ?",
-        [session_id, seq],
-    )
-    if any(row[3] == EntryKind.COMPACTION for row in rows):
-        return None
-    return _walk(rows, head[0])
 
 
 def labels(tx: Tx, session_id: str) -> dict[str, str]:
@@ -566,9 +466,11 @@ class SessionsMixin(StoreBase):
         check_text(cwd, "cwd")
         header_json = to_json(check_header(header), "header")
         _aware(created_at, "created_at")
-        return self.db.write(
+        session = self.db.write(
             "create_session", lambda tx: create(tx, sid, cwd, header_json, created_at)
         )
+        self._openings.put(sid, Opening(None, session.next_seq))  # empty: no call is open
+        return session
 
     def get_session(self, session_id: str) -> Session | None:
         """The session, or ``None`` when there is none with this id."""

@@ -6,11 +6,12 @@ compare-and-set (``WHERE state = ? AND attempt = ?``; a moved row is a lost
 race, retried by the transaction boundary) and appends an event row, all in
 one transaction. Marking a call interrupted (or abandoning one that was
 still running) appends, in the same transaction, an explicit interrupted
-``toolResult`` message to the session transcript unless the call already
-has a result there, so every ``toolCall`` is paired and no output is
-invented. Interrupting, reclaiming and abandoning refuse while another
-owner holds a live lease on the session: only an owner that knows the
-previous process is gone may touch its calls.
+result to the session transcript for each such call still open in the
+replayed context, in call order and in the call's shape (a pi
+``toolResult``, or an OpenAI ``tool`` message: ``tool_pairing``), so every
+call is paired and no output is invented. Interrupting, reclaiming and
+abandoning refuse while another owner holds a live lease on the session:
+only an owner that knows the previous process is gone may touch its calls.
 """
 
 from __future__ import annotations
@@ -461,16 +462,19 @@ class ToolsMixin(StoreBase):
     ) -> list[ToolExecution]:
         """Mark the session's ``running`` records (only ``local_turn_id``'s, if
         given) ``interrupted`` after the process running them was lost, in one
-        transaction that also appends, for each call without a result in the
-        transcript, an explicit interrupted ``toolResult`` message entry
-        (``isError`` true, a text saying it was interrupted, no tool output;
-        entry id ``<execution_key>:interrupted``, or
+        transaction that also appends, for each of their calls still open in
+        the replayed context, an explicit interrupted ``toolResult`` message
+        entry (``isError`` true, a text saying it was interrupted, no tool
+        output; an OpenAI ``tool`` message saying so for an OpenAI-style
+        call; entry id ``<execution_key>:interrupted``, or
         ``<execution_key>:<attempt>:interrupted`` after a reclaim) under the
-        current leaf, in the order of the calls, so every ``toolCall`` is
-        paired. Nothing is re-run. Returns the records
-        interrupted, oldest first (empty when none was running). Call it
-        before the run's turn is closed (``converge_recovery``,
-        ``finish_run``) so that the results land inside the turn.
+        current leaf, in the order of the calls, so every call is paired.
+        Nothing is re-run. Returns the records interrupted, oldest first
+        (empty when none was running). Call it before the run's turn is
+        closed (``converge_recovery``, ``finish_run``) so that the results
+        land inside the turn. A call that has no running record (never
+        claimed, or completed but its result not written) stays open: the
+        runtime writes its result, or the run's end closes it.
 
         Call it only once the previous owner is gone: with ``lease`` (on
         ``session:<session_id>``) the lease is fenced; without one, a live
@@ -579,8 +583,8 @@ class ToolsMixin(StoreBase):
         ``retry_requested``) explicitly ``abandoned`` (session seed
         AbandonInterruptedToolExecutionRecords), so that a later user-submitted
         run is a new operation, never a silent replay. Never retries a tool or
-        invents an output: a call still without a result in the transcript
-        gets the explicit interrupted ``toolResult`` (as
+        invents an output: a call still open in the replayed context gets the
+        explicit interrupted result, in call order (as
         :meth:`interrupt_tool_executions`). Returns how many were abandoned.
 
         Call it only once no runtime owns the session: with ``lease`` the lease

@@ -1,0 +1,87 @@
+"""The rows of ``entries`` read as :class:`~turnkeeper.spec.records.Entry`
+values: the columns, one entry by its id, and a branch walked from its leaf
+(shared by the session writes, ``sessions.py``, and the pairing checks,
+``pairing_checks.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from turnkeeper.spec.records import Entry
+
+from ..backend import Tx, keyed, utc
+from ..codec import from_json
+
+ENTRY_COLUMNS = (
+    "session_id",
+    "id",
+    "parent_id",
+    "kind",
+    "seq",
+    "ts",
+    "payload",
+    "lease_epoch",
+    "written_at",
+)
+"""Every column of ``entries``, in table order (bulk inserts give them all)."""
+ENTRY_SELECT = "session_id, id, parent_id, kind, seq, ts, payload, lease_epoch"
+"""The columns :func:`entry_row` reads, in its order."""
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def entry_columns(tx: Tx) -> str:
+    """:data:`ENTRY_SELECT` with ``ts`` read as epoch microseconds (see
+    ``Dialect.epoch_us``), which :func:`entry_row` turns back into a datetime."""
+    return ENTRY_SELECT.replace(" ts,", f" {tx.dialect.epoch_us('ts')},")
+
+
+OF_SESSION = "session_id = ?"
+"""An entry found by its id (``entries_by_id`` on DuckDB) that is the session's."""
+
+
+def entry_row(row: Sequence[Any]) -> Entry:
+    """An :class:`Entry` from a row of :data:`ENTRY_SELECT` (``ts`` a datetime, or
+    epoch microseconds as :func:`entry_columns` reads it)."""
+    ts = row[5]
+    when = _EPOCH + timedelta(microseconds=ts) if isinstance(ts, int) else utc(ts)
+    return Entry(row[0], row[1], row[2], row[3], row[4], when, from_json(row[6]), row[7])
+
+
+def entry(tx: Tx, session_id: str, entry_id: str) -> Entry | None:
+    """One entry, or ``None``."""
+    row = tx.one(
+        f"SELECT {entry_columns(tx)} FROM entries WHERE {keyed('id', OF_SESSION)}",
+        [entry_id, session_id],
+    )
+    return None if row is None else entry_row(row)
+
+
+def path_to_leaf(tx: Tx, session_id: str, leaf: str | None) -> list[Entry]:
+    """Root → ``leaf`` path of the session: its rows read flat in one scan and the
+    tree walked in memory (a recursive query cost most of a replay). Memory
+    holds the session's stored rows once (about their stored bytes) while the
+    path is decoded; a corrupt cycle or a missing parent ends the walk."""
+    if leaf is None:
+        return []
+    rows = tx.rows(f"SELECT {entry_columns(tx)} FROM entries WHERE session_id = ?", [session_id])
+    return walk_rows(rows, leaf)
+
+
+def walk_rows(rows: list[tuple[Any, ...]], leaf: str | None) -> list[Entry]:
+    """Root → ``leaf`` through ``rows`` (``entries`` rows by :data:`ENTRY_SELECT`),
+    decoding only the path; ends at a parent not among them or a cycle.
+    Consumes ``rows`` (the list is emptied, and each row let go once decoded,
+    so a long session's rows and its decoded path are not held twice)."""
+    by_id = {row[1]: row for row in rows}
+    rows.clear()
+    ids: list[str] = []
+    seen: set[str] = set()
+    node: str | None = leaf
+    while node is not None and node not in seen and node in by_id:
+        seen.add(node)
+        ids.append(node)
+        node = by_id[node][2]
+    del seen
+    return [entry_row(by_id.pop(i)) for i in reversed(ids)]
