@@ -263,7 +263,9 @@ def test_control_a_one_statement_append_without_the_judged_head_lets_it_past(
     from turnkeeper.storage.ops import appends
 
     real = appends.one_statement
-    monkeypatch.setattr(appends, "one_statement", lambda tx, r, judged=None: real(tx, r))
+    monkeypatch.setattr(
+        appends, "one_statement", lambda tx, r: real(tx, dataclasses.replace(r, known=None))
+    )
     got, faults = stale_view_append(new_pg_schema())
     assert isinstance(got, turnkeeper.Entry)
     assert [f.reason for f in faults] == ["unanswered"]

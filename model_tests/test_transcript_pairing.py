@@ -24,6 +24,7 @@ import turnkeeper
 from turnkeeper import EntryKind, ToolCallPairingError, ToolCallsUnansweredError
 from turnkeeper.cli.audit import run_audit
 from turnkeeper.formats import pi
+from turnkeeper.storage.ops import entry_rows, pairing_checks
 from turnkeeper.storage.pairing import REASONS, context_faults
 from turnkeeper.storage.replay import path_to
 
@@ -510,3 +511,34 @@ def test_a_run_cannot_admit_or_end_with_a_tool_result(store):
         store.finish_run(run.id, "succeeded", assistant_message=stray)
     assert err.value.field == "assistant_message.role"
     assert roles(store) == ["user"]
+
+
+@pytest.mark.parametrize("where", ["near", "many results back", "past a compaction"])
+def test_the_open_calls_are_read_back_from_the_leaf_however_far(store, where, monkeypatch):
+    """With nothing remembered (another store object wrote last, say), a write
+    reads the open calls back from the leaf: one entry at a time up to
+    pairing_checks.MAX_BACK entries, and the whole branch past that or past a
+    compaction. Either way the judgement is the rule's."""
+    n = pairing_checks.MAX_BACK + 5 if where == "many results back" else 2
+    ids = [f"c{i}" for i in range(n)]
+    store.create_session("s")
+    store.append("s", EntryKind.MESSAGE, {"message": USER})
+    assistant = store.append("s", EntryKind.MESSAGE, call(*ids))
+    if where == "past a compaction":
+        store.append("s", EntryKind.COMPACTION, {"summary": "s", "firstKeptEntryId": assistant.id})
+    store.append_many("s", [(EntryKind.MESSAGE, result(i)) for i in ids[:-1]])
+    whole: list[str | None] = []  # leaves whose whole branch was read
+    real = entry_rows.path_to_leaf
+    monkeypatch.setattr(
+        entry_rows, "path_to_leaf", lambda tx, sid, leaf: whole.append(leaf) or real(tx, sid, leaf)
+    )
+    store._openings.put("s", None)  # nothing remembered: read it back
+    with pytest.raises(ToolCallsUnansweredError) as err:
+        store.append("s", EntryKind.MESSAGE, {"message": USER})
+    assert err.value.tool_call_ids == (ids[-1],)
+    for payload in (result(ids[-1]), {"message": USER}):  # accepted: judged by the read alone
+        whole.clear()
+        store._openings.put("s", None)
+        store.append("s", EntryKind.MESSAGE, payload)
+        assert bool(whole) == (where != "near"), whole
+    assert all(c.passed for c in run_audit(store))

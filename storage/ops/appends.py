@@ -311,7 +311,7 @@ def _draft_rows(drafts: Sequence[Draft]) -> tuple[str, list[Any]]:
     ]
 
 
-def one_statement(tx: Tx, r: AppendRequest, judged: Opening | None = None) -> Any:
+def one_statement(tx: Tx, r: AppendRequest) -> Any:
     """A plain append as one autocommit statement of data-modifying CTEs (for a
     server, where each statement is a round trip; PostgreSQL SQL, as only its
     dialect asks for it): the session's leaf and sequence read, the lease row
@@ -321,9 +321,9 @@ def one_statement(tx: Tx, r: AppendRequest, judged: Opening | None = None) -> An
     read: a grant writes that row (``leases.touch_session``), so a grant
     committed meanwhile, even the first one of a session without a lease row
     to lock, fails it.
-    With ``judged`` (the head its entries were judged at by the pairing rule,
-    ``pairing_checks``) it writes only while the session's head is still that
-    one. Returns the outcome (as :func:`append_group`'s, without the calls
+    With ``r.known`` (the head its entries were judged at by the pairing
+    rule, ``pairing_checks``) it writes only while the session's head is
+    still that one. Returns the outcome (as :func:`append_group`'s, without the calls
     open after it), or ``None`` when it wrote nothing (a missing session, a
     lost lease, a holder, another leaf than expected or judged, or a
     concurrent append): the caller then runs the append in a transaction,
@@ -337,6 +337,7 @@ def one_statement(tx: Tx, r: AppendRequest, judged: Opening | None = None) -> An
     )
     holds_params: list[Any] = [now] if r.lease is None else []
     expected = "" if r.expected_leaf is ANY_LEAF else " AND o.leaf_id IS NOT DISTINCT FROM ?"
+    judged = r.known
     at_judged = "" if judged is None else " AND o.leaf_id IS NOT DISTINCT FROM ? AND o.next_seq = ?"
     ids = [d.entry_id for d in r.drafts]
     names = [d.payload["name"] for d in r.drafts if d.kind == EntryKind.SESSION_INFO]
@@ -431,9 +432,8 @@ class AppendsMixin(StoreBase):
             if not ok:
                 return None  # the transaction finds the fault's reason and raises it
             judged = known
-        done = self.db.write(
-            operation, lambda tx: one_statement(tx, request, judged), transaction=False
-        )
+        judging = dataclasses.replace(request, known=judged)
+        done = self.db.write(operation, lambda tx: one_statement(tx, judging), transaction=False)
         if done is not None:
             self._openings.put(request.session_id, after)
         return done
