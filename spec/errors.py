@@ -326,11 +326,12 @@ class ToolCallsUnansweredError(ToolCallPairingError):
     A provider takes no other message between an assistant message's tool
     calls and their results, so ``entry_id`` (a user, assistant or any other
     message) is refused while ``tool_call_ids`` (in call order) are open in
-    the session's replayed context. Answer each first: append the tool's own
-    result, or end the tools with ``interrupt_tool_executions`` (explicit
-    interrupted results), or end the run (``finish_run`` closes every open
-    call). ``reason`` is ``"unanswered"`` and ``tool_call_id`` the first open
-    call. Nothing is written.
+    the session's replayed context. Answer each first: append each call's
+    result (the tool's own, or an explicit interrupted one, which
+    ``interrupt_tool_executions`` writes for the calls whose records are
+    running), or end the run (``finish_run`` closes every open call).
+    ``reason`` is ``"unanswered"`` and ``tool_call_id`` the first open call.
+    Nothing is written.
     """
 
     fields = ("session_id", "entry_id", "tool_call_ids")
@@ -348,8 +349,9 @@ class ToolCallsUnansweredError(ToolCallPairingError):
         calls = ", ".join(repr(c) for c in self.tool_call_ids)
         text = (
             f"Session {self.session_id!r}: message {self.entry_id!r} would follow tool calls "
-            f"that have no result yet ({calls}); answer each first (the tool's own result, "
-            "interrupt_tool_executions, or finish_run, which closes every open call)"
+            f"that have no result yet ({calls}); answer each first (append its result; "
+            "interrupt_tool_executions writes those of running records), or end the run "
+            "(finish_run closes every open call)"
         )
         return f"{text}: {self.detail}" if self.detail else text
 
