@@ -120,6 +120,14 @@ class Dialect:
         locks: its writes are serialized in process."""
         return " FOR SHARE" if self.name == "postgres" else ""
 
+    def update_lock(self) -> str:
+        """The clause that ends a ``SELECT`` of a row this transaction decides
+        on and then writes (PostgreSQL ``FOR UPDATE``: it waits for a writer
+        of the row, so a guard judged after it sees the row as it stays until
+        COMMIT, at a clock read after the wait). DuckDB has no row locks: its
+        writes are serialized in process."""
+        return " FOR UPDATE" if self.name == "postgres" else ""
+
     def skip_locked_of(self, alias: str) -> str:
         """The clause that ends a claim's or scan's ``SELECT``: lock the rows of
         ``alias`` it returns, skipping rows another transaction holds."""
@@ -167,6 +175,29 @@ class Tx(Protocol):
     def notify(self, topic: str) -> None:
         """Publish the wake-up ``topic`` once this transaction commits (advisory:
         see ``storage/wakeups.py``)."""
+        ...
+
+    def clock_after_locks(self, server_now: datetime | None = None) -> datetime:
+        """The store's clock read now, after every lock this transaction holds
+        so far: what a guard compares an expiry with before it lets a write
+        through (``now``, fixed once per transaction, may predate a wait for
+        a lock). The injected clock is read again; else ``server_now``, the
+        server's ``clock_timestamp()`` as the locking statement returned it
+        (PostgreSQL evaluates ``RETURNING`` after the row is locked), else
+        the database clock read now (a round trip on a server). Inside a
+        transaction whose ``now`` was not read yet, this reading becomes it."""
+        ...
+
+    def valid_until(self, expires_at: datetime, lost: Exception) -> None:
+        """Keep this write valid only until ``expires_at`` (a lease's or a
+        claim's expiry its guard just judged unexpired at
+        :meth:`clock_after_locks`): a backend whose COMMIT may come long
+        after the guard (DuckDB's group commit, where other queued writes run
+        first) judges it again right before COMMIT and fails the write with
+        ``lost`` if it expired meanwhile. PostgreSQL does nothing more: the
+        fence's row lock keeps every takeover, renewal and release of the
+        lease out until this transaction ends, and its COMMIT follows its own
+        statements (checking again would cost a round trip per write)."""
         ...
 
     def hold(self, target: str) -> None:
