@@ -15,7 +15,7 @@ The kill tests patch the token comparison out (in the test only) and
 assert that each check then fails: ``leases.FENCED`` and
 ``leases.fence_values`` without the token's digest (the fence's condition,
 which every fenced write but renew and release evaluates), and
-``leases._HELD_BY`` without it (what renew and release compare).
+``leases._HELD_BY`` without it (what a release compares).
 """
 
 from __future__ import annotations
@@ -336,8 +336,9 @@ REFUSED_BY_FALSE = {"release_lease"}
 READS = {"validate_lease"}
 """Fenced calls that write nothing on DuckDB (a read of the lease row there)."""
 
-HELD_BY = {"renew_lease", "release_lease"}
-"""The writes that compare ``leases._HELD_BY`` instead of the fence's condition."""
+HELD_BY = {"release_lease"}
+"""The writes that compare ``leases._HELD_BY`` instead of the fence's condition
+(a renewal is fenced: ``leases.renew``)."""
 
 
 def everything(store: turnkeeper.BaseStore) -> dict[str, list[str]]:
@@ -409,7 +410,7 @@ def token_blind_fence(mp: pytest.MonkeyPatch) -> None:
 
 
 def token_blind_held_by(mp: pytest.MonkeyPatch) -> None:
-    """Renew's and release's condition without the token (its parameter kept
+    """Release's condition without the token (its parameter kept
     in place, compared with nothing; test-only)."""
     blind = leases._HELD_BY.replace("token_digest = ?", "CAST(? AS VARCHAR) IS NOT NULL")
     assert blind != leases._HELD_BY

@@ -105,7 +105,7 @@ compare-and-set."""
 
 _HELD_BY = "epoch = ? AND token_digest = ? AND owner = ? AND state = 'held'"
 """A lease row still held under the lease of these values (``fence_values`` after
-the target): what a renewal and a release compare."""
+the target): what a release compares (it judges no expiry, so it needs no fence)."""
 
 
 def acquire(tx: Tx, secret: bytes, target: str, owner: str, ttl_s: float, purpose: str) -> Lease:
@@ -207,12 +207,12 @@ def renew(tx: Tx, lease: Lease, ttl_s: float) -> Lease:
         LeaseLostError: the token/epoch no longer match, or the lease expired.
     """
     now = fence(tx, lease)
-    row = tx.one(
+    row = tx.one(  # a compare-and-set on the epoch the fence just judged
         "WITH w AS (UPDATE leases SET expires_at = ?, renewed_at = ? "
-        f"WHERE {keyed('target', _HELD_BY)} RETURNING *) "
+        f"WHERE {keyed('target', 'epoch = ?')} RETURNING *) "
         "INSERT INTO lease_events SELECT target, epoch, owner, purpose, 'renew', 'renew', "
         "'held', 'held', NULL, expires_at, renewed_at FROM w RETURNING expires_at",
-        [now + _ttl(ttl_s), now, *fence_values(lease)],
+        [now + _ttl(ttl_s), now, lease.target, lease.epoch],
     )
     if row is None:
         raise Conflict(f"lease row of {lease.target!r} moved during renew")
