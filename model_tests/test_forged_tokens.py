@@ -14,7 +14,7 @@ merged group appends are tested beside them.
 The kill tests patch the token comparison out (in the test only) and
 assert that each check then fails: ``leases.FENCED`` and
 ``leases.fence_values`` without the token's digest (the fence's condition,
-which every fenced write but renew and release evaluates), and
+which every fenced write but a release evaluates), and
 ``leases._HELD_BY`` without it (what a release compares).
 """
 
