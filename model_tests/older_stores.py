@@ -4,7 +4,7 @@
 wrote through the store API, as the turnkeeper of that time wrote it:
 
 - its schema is the shipped migrations 1 … ``N`` (each file is the one that
-  version ran);
+  version ran, except version 1's first form, :data:`FIRST_V1`);
 - its rows are written by this turnkeeper in a scratch store and copied
   over, leaving out the tables and columns added after ``N`` (the migrations
   that added them fill them from the rows, as they did), and every digest
@@ -32,6 +32,14 @@ import orjson
 import pytest
 
 import turnkeeper
+from turnkeeper.storage.migrations import load
+
+FIRST_V1 = "\n".join(
+    line for line in dict(load())[1].splitlines() if not line.lstrip().startswith("written_at")
+)
+"""Version 1 as turnkeeper first shipped it: commit f4a91ce later added
+``entries.written_at`` to the same file, so a DuckDB file made before it has
+entries without that column."""
 
 
 def request_only(request: Mapping[str, Any]) -> str:
@@ -64,11 +72,16 @@ def _where(backend: str, tmp_path: Path, name: str) -> str:
     return str(tmp_path / f"{name}.duckdb")
 
 
-def _held_at(backend: str, where: str, version: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def _held_at(
+    backend: str, where: str, version: int, monkeypatch: pytest.MonkeyPatch, first_v1: bool
+) -> None:
     """Make ``where`` a store at schema ``version``: this turnkeeper opening it with
-    its migrations cut to the first ``version``."""
+    its migrations cut to the first ``version`` (version 1 in its first form
+    with ``first_v1``)."""
     db = _database(backend)
     shipped = db.MIGRATIONS[:version]
+    if first_v1:
+        shipped = [(1, FIRST_V1), *shipped[1:]]
     with monkeypatch.context() as patch:
         patch.setattr(db.Database, "migrations", lambda self: shipped)
         turnkeeper.open_store(where).close()
@@ -135,6 +148,8 @@ def store_at(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     write: Callable[[turnkeeper.BaseStore], Mapping[str, str]],
+    *,
+    first_v1: bool = False,
 ) -> str:
     """Where a store of ``backend`` stands at schema ``version``, holding what
     ``write`` wrote through this turnkeeper as the turnkeeper of that version
@@ -144,6 +159,6 @@ def store_at(
     with turnkeeper.open_store(scratch) as store:
         old = write(store)
     where = _where(backend, tmp_path, f"v{version}")
-    _held_at(backend, where, version, monkeypatch)
+    _held_at(backend, where, version, monkeypatch, first_v1)
     _copy(backend, scratch, where, old)
     return where

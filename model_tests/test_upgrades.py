@@ -202,6 +202,38 @@ def test_an_upgrade_keeps_every_retry_of_what_an_older_turnkeeper_stored(
         assert store.get_session("s").title == "logs"
 
 
+def test_a_file_of_the_first_version_1_takes_writes_after_the_upgrade(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DuckDB file made by turnkeeper's first version 1 (before commit f4a91ce
+    added ``entries.written_at`` to that version) migrated without the column,
+    and every write to it then failed (ProgrammingError: Binder Error, Table
+    "entries" does not have a column with name "written_at"). Version 13 adds
+    it; each entry already stored gets its own timestamp."""
+    where = store_at("duckdb", 1, tmp_path, monkeypatch, _first_entries, first_v1=True)
+    with turnkeeper.open_store(where) as store:
+        before = store.replay("s")
+        entry = store.append("s", EntryKind.MESSAGE, {"message": _message("user", "again")})
+        run = store.admit_run("s", FIRST, submission_key="k1", user_message=_message("user", "go"))
+        assert (
+            store.admit_run("s", FIRST, submission_key="k1", user_message=_message("user", "go"))
+            == run
+        )
+        assert store.replay("s").messages[: len(before.messages)] == before.messages
+        assert store.entry("s", entry.id) == entry
+        stored = store.query("SELECT id, ts, written_at FROM entries WHERE id IN ('e1', 'e2')")
+        rows = stored.to_pylist()
+        assert len(rows) == 2 and all(r["written_at"] == r["ts"] for r in rows), rows
+
+
+def _first_entries(store: turnkeeper.BaseStore) -> dict[str, str]:
+    store.create_session("s", cwd="/w")
+    for n, text in ((1, "hello"), (2, "more")):
+        store.append("s", EntryKind.MESSAGE, {"message": _message("user", text)}, entry_id=f"e{n}")
+    store.set_title("s", "logs")
+    return {}
+
+
 def _spelled(store: turnkeeper.BaseStore) -> tuple[Any, dict[str, Any]]:
     """A run admitted under key ``k`` in session ``s``, and a request that is
     the JSON object its admission digest hashes (so its request digest is the
