@@ -154,7 +154,7 @@ def _round(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
         if r.lease is not None and not fenced:
             out[i] = errors.LeaseLostError(target)
         elif r.lease is None and holder is not None:
-            out[i] = errors.BusyError(target, holder)
+            out[i] = errors.BusyError.unleased_write(target, holder)
         elif r.expected_leaf is not ANY_LEAF and r.expected_leaf != leaf:
             out[i] = errors.SessionModifiedError(r.session_id, r.expected_leaf, leaf)
     writing = [i for i in range(len(requests)) if out[i] is None]

@@ -124,7 +124,9 @@ def acquire(tx: Tx, secret: bytes, target: str, owner: str, ttl_s: float, purpos
     if edge is None:
         if held_owner == owner and held_purpose != purpose:
             raise errors.LeasePurposeError(target, held_purpose, purpose)
-        raise errors.BusyError(target, held_owner)
+        if held_owner == owner:
+            raise errors.BusyError.same_owner_elsewhere(target, held_owner)
+        raise errors.BusyError.another_owner(target, held_owner)
     new_epoch = (epoch or 0) + 1 if edge.name in GRANTING_EDGES else epoch
     token = issue_token(secret, target, owner, new_epoch, purpose)
     new_expiry = now + _ttl(ttl_s)
@@ -315,7 +317,7 @@ def fence_or_unheld(tx: Tx, target: str, lease: Lease | None) -> None:
     now = tx.now
     assert now is not None  # always set inside a transaction
     if row is not None and row[1] == "held" and utc(row[2]) > now:
-        raise errors.BusyError(target, row[0])
+        raise errors.BusyError.unleased_write(target, row[0])
 
 
 # -- the store's methods ------------------------------------------------------------
@@ -340,7 +342,9 @@ class LeasesMixin(StoreBase):
         with a new expiry.
 
         Raises:
-            BusyError: another owner holds an unexpired lease (``holder`` names it).
+            BusyError: another owner holds an unexpired lease, or this owner
+                name does through another store object or process (``holder``
+                names it; the message says which).
             LeasePurposeError: this owner holds it under another purpose.
             InvalidInputError: empty target/owner or non-positive ``ttl_s``.
             DatabaseError: backend failure (never reported as busy).
