@@ -84,6 +84,20 @@ def utc(value: datetime) -> datetime:
     return value.astimezone(UTC)
 
 
+_PG_NUL_ESCAPE = r"E'\\u0000'"
+"""PostgreSQL: the six characters ``\\u0000`` (an ``E''`` literal, whatever
+``standard_conforming_strings`` says)."""
+
+_PG_NUL_PATTERN = r"E'(?<!\\\\)((?:\\\\\\\\)*)\\\\u0000'"
+"""PostgreSQL: a regular expression for a ``\\u0000`` escape of JSON text, with
+the escaped backslashes before it (group 1): not preceded by another backslash,
+then pairs of backslashes, then the escape."""
+
+_PG_NUL_CODE = r"E'\\1' || chr(57344) || chr(57345)"
+"""PostgreSQL: the replacement: the backslash pairs, then U+E000 U+E001 (the
+text code of U+0000)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Dialect:
     """The few statements that differ between the engines, named and kept together.
@@ -112,6 +126,27 @@ class Dialect:
         if self.name == "duckdb":
             return f"epoch_us({expr})"
         return f"(extract(epoch FROM {expr}) * 1000000)::BIGINT"
+
+    def json(self, expr: str) -> str:
+        """SQL for the stored JSON text ``expr`` (a column such as ``payload``) as
+        the engine's JSON type, for every value the store holds: apply ``->``
+        and ``->>`` to it.
+
+        DuckDB's ``JSON`` takes every stored text as it is. PostgreSQL's
+        ``json`` and ``jsonb`` refuse a string holding U+0000 (``\\u0000``:
+        "unsupported Unicode escape sequence") as soon as any field of the
+        document is read, so there each ``\\u0000`` escape (one not itself
+        escaped: an odd number of backslashes before the ``u``) is replaced by
+        the text code of U+0000 (:mod:`turnkeeper.storage.postgres.text`),
+        which a read decodes back to U+0000; documents without one are cast
+        unchanged.
+        """
+        if self.name == "duckdb":
+            return f"CAST({expr} AS JSON)"
+        return (
+            f"(CASE WHEN strpos({expr}, {_PG_NUL_ESCAPE}) = 0 THEN {expr} "
+            f"ELSE regexp_replace({expr}, {_PG_NUL_PATTERN}, {_PG_NUL_CODE}, 'g') END)::json"
+        )
 
     def share_lock(self) -> str:
         """The clause that ends a ``SELECT`` of rows that must not change until

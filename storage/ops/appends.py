@@ -141,7 +141,7 @@ def _judged(tx: Tx, r: AppendRequest, head: tuple[Any, ...]) -> Exception | None
             return exc
         return None
     if state == "held" and utc(expires_at) > tx.clock_after_locks():
-        return errors.BusyError(target, owner)
+        return errors.BusyError.unleased_write(target, owner)
     return None
 
 

@@ -136,7 +136,9 @@ def acquire(tx: Tx, secret: bytes, target: str, owner: str, ttl_s: float, purpos
     if edge is None:
         if held_owner == owner and held_purpose != purpose:
             raise errors.LeasePurposeError(target, held_purpose, purpose)
-        raise errors.BusyError(target, held_owner)
+        if held_owner == owner:
+            raise errors.BusyError.same_owner_elsewhere(target, held_owner)
+        raise errors.BusyError.another_owner(target, held_owner)
     if edge.name == "reacquire":  # valid only while the lease it extends is: a
         # re-acquire whose lease expired before its COMMIT runs again (a takeover)
         tx.valid_until(utc(expires_at), Conflict(f"the lease of {target!r} expired"))
@@ -357,7 +359,7 @@ def fence_or_unheld(tx: Tx, target: str, lease: Lease | None) -> None:
     if row is None or row[1] != "held":
         return
     if utc(row[2]) > tx.clock_after_locks(row[3]):
-        raise errors.BusyError(target, row[0])
+        raise errors.BusyError.unleased_write(target, row[0])
 
 
 # -- the store's methods ------------------------------------------------------------
@@ -382,7 +384,9 @@ class LeasesMixin(StoreBase):
         with a new expiry.
 
         Raises:
-            BusyError: another owner holds an unexpired lease (``holder`` names it).
+            BusyError: another owner holds an unexpired lease, or this owner
+                name does through another store object or process (``holder``
+                names it; the message says which).
             LeasePurposeError: this owner holds it under another purpose.
             InvalidInputError: empty target/owner or non-positive ``ttl_s``.
             DatabaseError: backend failure (never reported as busy).
