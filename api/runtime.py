@@ -174,7 +174,8 @@ class RuntimeLeaseGuard:
         Raises:
             InvalidInputError: bad ``ttl_s``/``interval_s`` (nothing called),
                 or the store refused the target, owner or purpose.
-            BusyError: another owner holds an unexpired lease on ``target``.
+            BusyError: another owner (or ``owner`` through another store
+                object or process) holds an unexpired lease on ``target``.
             LeasePurposeError: ``owner`` holds it under another purpose.
             DatabaseError: backend failure (never reported as busy).
             RuntimeError: the heartbeat thread could not start; the lease was

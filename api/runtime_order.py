@@ -119,7 +119,7 @@ def acquire_many(
         InvalidInputError: ``targets`` is not an iterable of strings, bad
             ``ttl_s``/``wait_s`` (nothing taken), or the store refused a
             target, the owner or the purpose.
-        BusyError: a target stayed held by another owner for ``wait_s``.
+        BusyError: a target stayed held under another lease for ``wait_s``.
         LeasePurposeError: ``owner`` holds a target under another purpose.
         DatabaseError: backend failure (never reported as busy).
     """

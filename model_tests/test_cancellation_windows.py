@@ -420,9 +420,11 @@ def test_an_interrupt_as_a_queued_write_waits_never_releases_the_queue_lock_twic
         )
         for n in ("L", "B")
     ]
-    for t in writers:
-        t.start()
-    while len(db._queue) < 2:  # both queued behind the running write
+    writers[0].start()
+    while not (db._leading and len(db._queue) == 1):  # L leads, waiting for the lock
+        time.sleep(0.005)
+    writers[1].start()
+    while len(db._queue) < 2:  # B queued behind it, waiting for L's group
         time.sleep(0.005)
     db._write_lock.release()
     for t in writers:

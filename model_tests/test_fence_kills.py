@@ -40,22 +40,23 @@ SEARCH = settings(
 )
 
 
-def weak_fence(without: str) -> Callable[[Callable[[str], str]], str]:
-    """The lease fence's condition (``leases.fence_condition``, which every fenced
-    write uses) with its token or expiry check removed (test-only copy; the
-    removed checks' parameters stay bound, to nothing)."""
+def target_only_fence(value: Callable[[str], str]) -> str:
+    """The lease fence's identity condition (``leases.fence_condition``, which
+    every fenced write uses) with only its target compared: no epoch, token or
+    owner check (test-only copy; their parameters stay bound, to nothing). A
+    forged token beside the right epoch and owner is
+    ``test_forged_tokens.py``'s."""
+    unused = " AND ".join(f"CAST({value(c)} AS VARCHAR) IS NOT NULL" for c in leases.FENCED[1:])
+    return f"leases.target = {value('target')} AND {unused} AND leases.state = 'held'"
 
-    def condition(value: Callable[[str], str]) -> str:
-        unused = lambda sql: f"CAST({sql} AS VARCHAR) IS NOT NULL"  # noqa: E731
-        if without == "token":
-            same = f"leases.target = {value('target')} AND " + " AND ".join(
-                unused(value(c)) for c in leases.FENCED[1:]
-            )
-            return f"{same} AND leases.state = 'held' AND leases.expires_at > {leases.NOW}"
-        same = " AND ".join(f"leases.{c} = {value(c)}" for c in leases.FENCED)
-        return f"{same} AND leases.state = 'held' AND {unused(leases.NOW)}"
 
-    return condition
+def without_expiry_check(mp: pytest.MonkeyPatch) -> None:
+    """The fence's expiry judgement patched out: ``leases.unexpired`` (every
+    fenced write in a transaction, and DuckDB's merged appends) passes any
+    expiry, and so does the one-statement append's SQL (its ``?`` still bound)."""
+    mp.setattr(leases, "unexpired", lambda tx, target, expires_at, server_now=None: tx.now)
+    bound = "(?::TIMESTAMPTZ IS NULL OR TRUE)"
+    mp.setattr(appends, "FENCE_UNEXPIRED", f"(EXISTS (SELECT 1 FROM g) AND {bound})")
 
 
 def weak_renew(tx: Tx, lease, ttl_s: float):
@@ -111,8 +112,8 @@ KILLS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], list[tuple[str, dic
             ("acquire", {"owner": "B", "ttl": 5.0, **A1}),
         ],
     ),
-    "fence-token-check": (
-        lambda mp: mp.setattr(leases, "fence_condition", weak_fence("token")),
+    "fence-identity-check": (
+        lambda mp: mp.setattr(leases, "fence_condition", target_only_fence),
         [
             ("acquire", {"owner": "A", "ttl": 1.0, **A1}),
             ("advance_clock", {"seconds": 2.0}),
@@ -120,8 +121,8 @@ KILLS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], list[tuple[str, dic
             ("append_under_lease", {"held": 0, "session": "s1"}),
         ],
     ),
-    "fence-token-check-batch": (
-        lambda mp: mp.setattr(leases, "fence_condition", weak_fence("token")),
+    "fence-identity-check-batch": (
+        lambda mp: mp.setattr(leases, "fence_condition", target_only_fence),
         [
             ("acquire", {"owner": "A", "ttl": 1.0, **A1}),
             ("advance_clock", {"seconds": 2.0}),
@@ -130,7 +131,7 @@ KILLS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], list[tuple[str, dic
         ],
     ),
     "fence-expiry-check-batch": (
-        lambda mp: mp.setattr(leases, "fence_condition", weak_fence("expiry")),
+        without_expiry_check,
         [
             ("acquire", {"owner": "A", "ttl": 1.0, **A1}),
             ("advance_clock", {"seconds": 2.0}),
@@ -152,7 +153,7 @@ KILLS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], list[tuple[str, dic
         ],
     ),
     "fence-expiry-check": (
-        lambda mp: mp.setattr(leases, "fence_condition", weak_fence("expiry")),
+        without_expiry_check,
         [
             ("acquire", {"owner": "A", "ttl": 1.0, **A1}),
             ("advance_clock", {"seconds": 2.0}),

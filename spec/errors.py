@@ -9,10 +9,8 @@ a backend failure is never reported as busy or lease lost. Cancellation
 (``KeyboardInterrupt``, ``asyncio.CancelledError``) is never wrapped.
 """
 
-from __future__ import annotations
-
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Sequence as _Sequence
+from typing import Any as _Any
 
 
 class TurnkeeperError(Exception):
@@ -24,7 +22,7 @@ class TurnkeeperError(Exception):
 
     fields: tuple[str, ...] = ()
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: _Any, **kwargs: _Any) -> None:
         values = dict(zip(self.fields, args, strict=False))
         overlap = values.keys() & kwargs.keys()
         if overlap:
@@ -45,11 +43,11 @@ class TurnkeeperError(Exception):
         text = f"{doc} ({', '.join(parts)})" if parts else doc
         return f"{text}: {self.detail}" if self.detail else text
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[_Any, ...]:
         return (_rebuild, (type(self), self._values))
 
 
-def _rebuild(cls: type[TurnkeeperError], values: dict[str, Any]) -> TurnkeeperError:
+def _rebuild(cls: type[TurnkeeperError], values: dict[str, _Any]) -> TurnkeeperError:
     return cls(**values)
 
 
@@ -189,11 +187,53 @@ class InvalidTransitionError(TurnkeeperError):
 
 
 class BusyError(TurnkeeperError):
-    """The target is held by another owner whose lease has not expired."""
+    """The target is held under a live lease that this call does not hold.
+
+    ``holder`` is the owner named on that lease; ``detail`` says what the
+    call did: an acquire by another owner (:meth:`another_owner`), an
+    acquire under the holder's own name from another store object or
+    process, whose lease this is not (:meth:`same_owner_elsewhere`), or a
+    write without ``lease=`` while the lease is live (:meth:`unleased_write`:
+    the store cannot tell whether the caller is the holder, so it never
+    claims it is someone else).
+    """
 
     fields: tuple[str, ...] = ("target", "holder")
     target: str
     holder: str | None
+
+    @classmethod
+    def another_owner(cls, target: str, holder: str | None) -> "BusyError":
+        """An acquire refused: owner ``holder`` holds ``target`` under a live lease."""
+        return cls(target, holder, detail=f"another owner ({holder!r}) holds a live lease on it")
+
+    @classmethod
+    def same_owner_elsewhere(cls, target: str, holder: str | None) -> "BusyError":
+        """An acquire refused: the live lease on ``target`` carries the caller's
+        owner name but was taken by another store object or process (a lease
+        belongs to the store object that took it)."""
+        return cls(
+            target,
+            holder,
+            detail=(
+                f"owner {holder!r} (this caller's name) holds a live lease on it taken by "
+                "another store object or process, whose token this store object does not "
+                "have: give each worker its own owner name, or wait until it expires"
+            ),
+        )
+
+    @classmethod
+    def unleased_write(cls, target: str, holder: str | None) -> "BusyError":
+        """A write without ``lease=`` refused: ``target`` is held under a live lease."""
+        return cls(
+            target,
+            holder,
+            detail=(
+                f"written without lease= while a live lease of owner {holder!r} is held on it; "
+                "a write to a held target must pass that lease (if this caller holds it, "
+                "pass it as lease=), or wait until it is released or expires"
+            ),
+        )
 
 
 class LeasePurposeError(TurnkeeperError):
@@ -339,7 +379,7 @@ class ToolCallsUnansweredError(ToolCallPairingError):
     reason = "unanswered"
 
     def __init__(
-        self, session_id: str, entry_id: str, tool_call_ids: Sequence[str], **kwargs: Any
+        self, session_id: str, entry_id: str, tool_call_ids: _Sequence[str], **kwargs: _Any
     ) -> None:
         ids = tuple(tool_call_ids)
         self.tool_call_id = ids[0] if ids else ""
@@ -507,7 +547,7 @@ class ToolExecutionNotReclaimableError(InvalidTransitionError):
     execution_key: str
     reason: str
 
-    def __init__(self, execution_key: str, source: str, reason: str, **kwargs: Any) -> None:
+    def __init__(self, execution_key: str, source: str, reason: str, **kwargs: _Any) -> None:
         kwargs.setdefault("machine", "tool_execution")
         kwargs.setdefault("trigger", "reclaim")
         super().__init__(execution_key, source, reason, **kwargs)
@@ -597,3 +637,65 @@ class ForkRequestConflictError(ForkError):
     fields = ("session_id", "request_id", "fork_session_id")
     request_id: str
     fork_session_id: str
+
+
+__all__ = [
+    "AlreadyExistsError",
+    "BusyError",
+    "CheckpointError",
+    "CorruptDatabaseError",
+    "DataError",
+    "DatabaseError",
+    "DeliveryLeaseLostError",
+    "DeliveryOperationBusyError",
+    "DeliveryOperationNotFoundError",
+    "DeliveryPlanConflictError",
+    "EntryExistsError",
+    "EntryNotFoundError",
+    "ForeignDatabaseError",
+    "ForkError",
+    "ForkInvalidBoundaryError",
+    "ForkNoCompletedTurnError",
+    "ForkRequestConflictError",
+    "ForkRequestIDRequiredError",
+    "ForkRequestIDTooLongError",
+    "ForkSessionActiveError",
+    "ForkSessionBusyError",
+    "ForkSessionNotFoundError",
+    "ForkUnavailableError",
+    "ForkUnsupportedEntryError",
+    "IntegrityError",
+    "InterfaceError",
+    "InternalError",
+    "InvalidInputError",
+    "InvalidTransitionError",
+    "LeaseLostError",
+    "LeasePurposeError",
+    "NotSupportedError",
+    "OperationalError",
+    "ProgrammingError",
+    "ReadOnlyError",
+    "RecordNotActiveError",
+    "RecordNotFoundError",
+    "RecoveryNotNeededError",
+    "RetryNotAllowedError",
+    "RunNotFoundError",
+    "SchemaVersionError",
+    "SessionFileError",
+    "SessionIDExistsError",
+    "SessionModifiedError",
+    "SessionNotFoundError",
+    "SessionRunActiveError",
+    "StoreLockedError",
+    "StoreNotFoundError",
+    "SubmissionConflictError",
+    "ToolCallPairingError",
+    "ToolCallsUnansweredError",
+    "ToolExecutionConflictError",
+    "ToolExecutionNotFoundError",
+    "ToolExecutionNotReclaimableError",
+    "TransactionConflictError",
+    "TurnkeeperError",
+]
+"""Every error class: the hierarchy under :class:`TurnkeeperError` (each is also
+exported by :mod:`turnkeeper`)."""

@@ -84,6 +84,20 @@ def utc(value: datetime) -> datetime:
     return value.astimezone(UTC)
 
 
+_PG_NUL_ESCAPE = r"E'\\u0000'"
+"""PostgreSQL: the six characters ``\\u0000`` (an ``E''`` literal, whatever
+``standard_conforming_strings`` says)."""
+
+_PG_NUL_PATTERN = r"E'(?<!\\\\)((?:\\\\\\\\)*)\\\\u0000'"
+"""PostgreSQL: a regular expression for a ``\\u0000`` escape of JSON text, with
+the escaped backslashes before it (group 1): not preceded by another backslash,
+then pairs of backslashes, then the escape."""
+
+_PG_NUL_CODE = r"E'\\1' || chr(57344) || chr(57345)"
+"""PostgreSQL: the replacement: the backslash pairs, then U+E000 U+E001 (the
+text code of U+0000)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Dialect:
     """The few statements that differ between the engines, named and kept together.
@@ -113,12 +127,41 @@ class Dialect:
             return f"epoch_us({expr})"
         return f"(extract(epoch FROM {expr}) * 1000000)::BIGINT"
 
+    def json(self, expr: str) -> str:
+        """SQL for the stored JSON text ``expr`` (a column such as ``payload``) as
+        the engine's JSON type, for every value the store holds: apply ``->``
+        and ``->>`` to it.
+
+        DuckDB's ``JSON`` takes every stored text as it is. PostgreSQL's
+        ``json`` and ``jsonb`` refuse a string holding U+0000 (``\\u0000``:
+        "unsupported Unicode escape sequence") as soon as any field of the
+        document is read, so there each ``\\u0000`` escape (one not itself
+        escaped: an odd number of backslashes before the ``u``) is replaced by
+        the text code of U+0000 (:mod:`turnkeeper.storage.postgres.text`),
+        which a read decodes back to U+0000; documents without one are cast
+        unchanged.
+        """
+        if self.name == "duckdb":
+            return f"CAST({expr} AS JSON)"
+        return (
+            f"(CASE WHEN strpos({expr}, {_PG_NUL_ESCAPE}) = 0 THEN {expr} "
+            f"ELSE regexp_replace({expr}, {_PG_NUL_PATTERN}, {_PG_NUL_CODE}, 'g') END)::json"
+        )
+
     def share_lock(self) -> str:
         """The clause that ends a ``SELECT`` of rows that must not change until
         the statement's transaction ends (PostgreSQL ``FOR SHARE``: a writer of
         them waits; one that committed first is re-read). DuckDB has no row
         locks: its writes are serialized in process."""
         return " FOR SHARE" if self.name == "postgres" else ""
+
+    def update_lock(self) -> str:
+        """The clause that ends a ``SELECT`` of a row this transaction decides
+        on and then writes (PostgreSQL ``FOR UPDATE``: it waits for a writer
+        of the row, so a guard judged after it sees the row as it stays until
+        COMMIT, at a clock read after the wait). DuckDB has no row locks: its
+        writes are serialized in process."""
+        return " FOR UPDATE" if self.name == "postgres" else ""
 
     def skip_locked_of(self, alias: str) -> str:
         """The clause that ends a claim's or scan's ``SELECT``: lock the rows of
@@ -167,6 +210,29 @@ class Tx(Protocol):
     def notify(self, topic: str) -> None:
         """Publish the wake-up ``topic`` once this transaction commits (advisory:
         see ``storage/wakeups.py``)."""
+        ...
+
+    def clock_after_locks(self, server_now: datetime | None = None) -> datetime:
+        """The store's clock read now, after every lock this transaction holds
+        so far: what a guard compares an expiry with before it lets a write
+        through (``now``, fixed once per transaction, may predate a wait for
+        a lock). The injected clock is read again; else ``server_now``, the
+        server's ``clock_timestamp()`` as the locking statement returned it
+        (PostgreSQL evaluates ``RETURNING`` after the row is locked), else
+        the database clock read now (a round trip on a server). Inside a
+        transaction whose ``now`` was not read yet, this reading becomes it."""
+        ...
+
+    def valid_until(self, expires_at: datetime, lost: Exception) -> None:
+        """Keep this write valid only until ``expires_at`` (a lease's or a
+        claim's expiry its guard just judged unexpired at
+        :meth:`clock_after_locks`): a backend whose COMMIT may come long
+        after the guard (DuckDB's group commit, where other queued writes run
+        first) judges it again right before COMMIT and fails the write with
+        ``lost`` if it expired meanwhile. PostgreSQL does nothing more: the
+        fence's row lock keeps every takeover, renewal and release of the
+        lease out until this transaction ends, and its COMMIT follows its own
+        statements (checking again would cost a round trip per write)."""
         ...
 
     def hold(self, target: str) -> None:

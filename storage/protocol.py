@@ -25,7 +25,8 @@ session (``create_session``, a fork's new session, an import that creates
 one); the requests addressed to the holder, which it honours
 (``request_cancel``, ``request_tool_execution_recovery``); recovery, which
 needs its own ``recovery`` lease; and outbox claims and updates, fenced by
-their own claim epoch.
+their own claim epoch. A lease given to any write is fenced all the same (an
+import that creates its session too): a stale or forged one writes nothing.
 
 Reads of a missing thing (one rule). A lookup of one thing by its id or key
 (``get_session``, ``entry``, ``get_run``, ``get_recovery``, ``get_fork``,

@@ -299,6 +299,28 @@ class BaseStore(
         check_text(sql, "sql", allow_empty=False)
         return self.db.query(sql, _params(params))
 
+    def json_sql(self, expr: str) -> str:
+        """SQL, in this backend's dialect, for the JSON text the store keeps in
+        ``expr`` (a column: ``payload``, ``header``, ``request``, ``state``,
+        ``result`` …) as the engine's JSON type, for :meth:`query`: apply
+        ``->`` and ``->>`` to it. It reads every value the store accepts.
+
+        On DuckDB it is ``CAST(expr AS JSON)``. On PostgreSQL ``expr::json``
+        (and ``::jsonb``) fails on a document holding U+0000 anywhere (a read
+        of any of its fields raises "unsupported Unicode escape sequence");
+        this expression gives every ``\\u0000`` PostgreSQL's text code instead,
+        which :meth:`query` decodes, so a field read with ``->>`` comes back
+        exactly, U+0000 included (see ``storage/postgres/text.py``).
+
+        ``expr`` is SQL, not a value: pass a column name or expression of your
+        query, never text from outside.
+
+        Raises:
+            InvalidInputError: ``expr`` is not a string, or is empty.
+        """
+        check_text(expr, "expr", allow_empty=False)
+        return self.db.dialect.json(expr)
+
     def snapshot(self, body: Callable[[Snapshot], T]) -> T:
         """Run ``body(snap)``, where every ``snap.query(sql, params)`` reads the same
         consistent snapshot of the store, whatever other writers (threads,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import date, datetime
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.text import Text
 
 import turnkeeper
 from turnkeeper.storage import BaseStore
@@ -127,3 +129,22 @@ def fmt_num(value: float | int | None, digits: int = 1) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     return f"{value:,.{digits}f}"
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""Control characters but tab and newline: C0, DEL and C1."""
+
+
+def visible(text: str) -> str:
+    """``text`` for a terminal: each control character but tab and newline
+    spelled as its escape (``\\x00``, ``\\x1b`` …), so that no stored value
+    (a NUL, an escape sequence, a carriage return) can hide in a table, move
+    the cursor or recolour the terminal."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def cell(text: str) -> Text:
+    """A table cell that shows ``text`` as it is (:func:`visible`): never read as
+    rich markup, so a stored value holding ``[/]`` or ``[red]`` is printed,
+    not interpreted (or refused with a ``MarkupError``)."""
+    return Text(visible(text))

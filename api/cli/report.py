@@ -39,7 +39,7 @@ from rich.console import Console
 
 from turnkeeper.storage import BaseStore
 
-from .common import db_option, dumps, fmt_num, open_db, stdout_console
+from .common import cell, db_option, dumps, fmt_num, open_db, stdout_console
 from .report_runs import collect_runs, render_runs, sql_script, table
 
 PARQUET_TABLES = (
@@ -68,7 +68,33 @@ SECOND_BUCKETS_BELOW_S = 120
 TIMELINE_ROWS_SHOWN = 40
 """Most timeline buckets the table prints (the latest ones); JSON has all."""
 
-USER = "(payload::json -> 'message' ->> 'role') = 'user'"
+JSON_SQL: dict[str, str] = {
+    "turns": (
+        "WITH t AS (SELECT s.id, count(e.id) AS turns FROM sessions s LEFT JOIN ("
+        "SELECT session_id, id FROM (SELECT session_id, id, {payload} AS p FROM entries "
+        "WHERE kind = 'message') m WHERE (p -> 'message' ->> 'role') = 'user'"
+        ") e ON e.session_id = s.id GROUP BY s.id) "
+        "SELECT min(turns) AS min, round((avg(turns))::NUMERIC, 2)::DOUBLE PRECISION AS avg, "
+        "max(turns) AS max, "
+        "coalesce(sum(turns), 0)::BIGINT AS total FROM t"
+    ),
+    "models": (
+        "SELECT source, provider, model, count(*) AS entries FROM ("
+        "SELECT 'assistant' AS source, (p -> 'message' ->> 'provider') AS provider, "
+        "(p -> 'message' ->> 'model') AS model FROM ("
+        "SELECT {payload} AS p FROM entries WHERE kind = 'message') a "
+        "WHERE (p -> 'message' ->> 'role') = 'assistant' "
+        "UNION ALL SELECT 'model_change', (p ->> 'provider'), "
+        "coalesce((p ->> 'modelId'), (p ->> 'model')) FROM ("
+        "SELECT {payload} AS p FROM entries WHERE kind = 'model_change') c) m "
+        "GROUP BY source, provider, model ORDER BY entries DESC, source, provider, model"
+    ),
+}
+"""The figures that read fields of entries' stored JSON (user turns per session,
+models used), with ``{payload}`` where the payload is read as JSON: through
+:meth:`BaseStore.json_sql`, which reads every payload the store accepts on
+either backend (``payload::json`` fails on PostgreSQL for a payload holding
+U+0000)."""
 
 SQL: dict[str, str] = {
     "sessions": (
@@ -77,24 +103,6 @@ SQL: dict[str, str] = {
     ),
     "entries_by_kind": (
         "SELECT kind, count(*) AS entries FROM entries GROUP BY kind ORDER BY entries DESC, kind"
-    ),
-    "turns": (
-        "WITH t AS (SELECT s.id, count(e.id) AS turns FROM sessions s LEFT JOIN entries e "
-        f"ON e.session_id = s.id AND e.kind = 'message' AND {USER} GROUP BY s.id) "
-        "SELECT min(turns) AS min, round((avg(turns))::NUMERIC, 2)::DOUBLE PRECISION AS avg, "
-        "max(turns) AS max, "
-        "coalesce(sum(turns), 0)::BIGINT AS total FROM t"
-    ),
-    "models": (
-        "SELECT source, provider, model, count(*) AS entries FROM ("
-        "SELECT 'assistant' AS source, "
-        "(payload::json -> 'message' ->> 'provider') AS provider, "
-        "(payload::json -> 'message' ->> 'model') AS model FROM entries "
-        "WHERE kind = 'message' AND (payload::json -> 'message' ->> 'role') = 'assistant' "
-        "UNION ALL SELECT 'model_change', (payload::json ->> 'provider'), "
-        "coalesce((payload::json ->> 'modelId'), (payload::json ->> 'model')) "
-        "FROM entries WHERE kind = 'model_change') m "
-        "GROUP BY source, provider, model ORDER BY entries DESC, source, provider, model"
     ),
     "lease_events_by_edge": (
         "SELECT edge, count(*) AS events FROM lease_events GROUP BY edge ORDER BY events DESC"
@@ -107,6 +115,27 @@ SQL: dict[str, str] = {
         "SELECT status, count(*) AS records FROM thread_records GROUP BY status ORDER BY status"
     ),
 }
+"""The figures over columns only."""
+
+FIGURE_ORDER = (
+    "sessions",
+    "entries_by_kind",
+    "turns",
+    "models",
+    "lease_events_by_edge",
+    "fenced_by_operation",
+    "thread_records",
+)
+"""Every figure of :data:`SQL` and :data:`JSON_SQL`, in report order."""
+
+
+def figure_queries(store: BaseStore) -> dict[str, str]:
+    """Every figure's query for ``store``'s backend: :data:`SQL`, then
+    :data:`JSON_SQL` with the backend's JSON reading of ``payload``."""
+    payload = store.json_sql("payload")
+    json_figures = {name: sql.format(payload=payload) for name, sql in JSON_SQL.items()}
+    return {name: SQL.get(name) or json_figures[name] for name in FIGURE_ORDER}
+
 
 EVENTS = (
     "SELECT occurred_at AS t, 1 AS takeover, 0 AS fenced FROM lease_events "
@@ -142,7 +171,7 @@ def timeline(store: BaseStore) -> dict[str, Any]:
 
 def collect(store: BaseStore) -> dict[str, Any]:
     """Every report figure as one JSON-ready dict."""
-    out: dict[str, Any] = {name: _rows(store, sql) for name, sql in SQL.items()}
+    out: dict[str, Any] = {name: _rows(store, sql) for name, sql in figure_queries(store).items()}
     out["sessions"] = out["sessions"][0]
     out["turns_per_session"] = out.pop("turns")[0]
     out["timeline"] = timeline(store)
@@ -314,4 +343,4 @@ def report_command(db: str, as_json: bool, parquet_dir: str | None, as_sql: bool
     render(console, data)
     render_runs(console, data["run_history"])
     for name, info in data.get("parquet", {}).items():
-        console.print(f"wrote {info['path']} ({info['rows']:,} rows, table {name})")
+        console.print(cell(f"wrote {info['path']} ({info['rows']:,} rows, table {name})"))

@@ -43,7 +43,7 @@ from turnkeeper.spec.run import NON_TERMINAL, TERMINAL
 from turnkeeper.storage import BaseStore
 from turnkeeper.storage.ops.runs import DECISION
 
-from .common import fmt_num
+from .common import cell, fmt_num
 
 INTENT_STATUSES = ("pending", "delivered", "failed", "uncertain")
 """Delivery intent statuses (:func:`turnkeeper.spec.delivery.intent_status`)."""
@@ -340,12 +340,13 @@ def collect_runs(store: BaseStore) -> dict[str, Any]:
 
 def table(title: str, columns: list[str], rows: list[list[str]], text_columns: int = 1) -> Table:
     """A table whose first ``text_columns`` columns are text and the rest numbers;
-    a table without rows says ``(none)``."""
+    a table without rows says ``(none)``. Every cell is shown as it is
+    (:func:`~.common.cell`): stored text is never read as markup."""
     out = Table(title=title, title_justify="left")
     for i, col in enumerate(columns):
         out.add_column(col, justify="left" if i < text_columns else "right")
     for row in rows or [["(none)"] + ["-"] * (len(columns) - 1)]:
-        out.add_row(*row)
+        out.add_row(*(cell(c) for c in row))
     return out
 
 

@@ -26,7 +26,7 @@ from turnkeeper.spec.errors import SessionNotFoundError
 from turnkeeper.spec.records import Entry, Session
 from turnkeeper.storage import BaseStore
 
-from .common import F, db_option, dumps, open_db, stdout_console
+from .common import F, cell, db_option, dumps, open_db, stdout_console, visible
 
 PAGE_SIZE = 100
 """Sessions fetched per ``list_sessions`` call."""
@@ -116,9 +116,9 @@ def list_sessions(db: str, search: str | None, limit: int, as_json: bool) -> Non
     table.add_column("created (UTC)", no_wrap=True)
     for s in sessions:
         table.add_row(
-            s.id,
-            Text(s.title or ""),
-            Text(s.cwd),
+            cell(s.id),
+            cell(s.title or ""),
+            cell(s.cwd),
             f"{s.entry_count:,}",
             s.created_at.strftime("%Y-%m-%d %H:%M:%S"),
         )
@@ -129,7 +129,7 @@ def list_sessions(db: str, search: str | None, limit: int, as_json: bool) -> Non
 
 
 def _clip(text: str, limit: int = SUMMARY_CHARS) -> str:
-    flat = " ".join(text.split())
+    flat = " ".join(visible(text).split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
@@ -208,7 +208,7 @@ def _label(
     line.append(f" {shown[entry.id]} ", style="dim")
     line.append(summarize_entry(entry, shown), style="" if on_path else "dim")
     if label is not None:
-        line.append(f" [{label}]", style="bold yellow")
+        line.append(f" [{visible(label)}]", style="bold yellow")
     if is_leaf:
         line.append("  ◀ leaf", style="bold green")
     return line
@@ -229,8 +229,8 @@ def build_tree(session: Session, entries: Sequence[Entry], labels: Mapping[str, 
         node_id = by_id[node_id].parent_id
     title = Text(f"session {session.id}", style="bold")
     if session.title:
-        title.append(f"  {session.title}", style="italic")
-    title.append(f"  cwd={session.cwd}  {session.entry_count} entries", style="dim")
+        title.append(f"  {visible(session.title)}", style="italic")
+    title.append(f"  cwd={visible(session.cwd)}  {session.entry_count} entries", style="dim")
     root = Tree(title)
     stack: list[tuple[Tree, Entry]] = []
 

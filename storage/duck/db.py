@@ -19,7 +19,13 @@ write lock (the leader) runs every queued operation's body, in arrival
 order, in one transaction and commits once (:data:`GROUP_MAX` at most).
 Each operation is still fenced and checked on its own, inside that
 transaction, and sees the writes of the ones before it, as if run one after
-another; each caller is acknowledged only after the shared commit. When an
+another; each caller is acknowledged only after the shared commit. A fence
+judges its lease's expiry at the clock read as it runs, after the group took
+the write lock and the fence its target, and every lease (and delivery
+claim) the group's writes were fenced under is judged again right before the
+shared COMMIT (``Tx.valid_until``, :meth:`Tx.lapsed`): a write whose lease
+expired while the writes after it ran is handled as a failing one (below),
+and alone it is refused, so none commits after its lease expired. When an
 operation's body raises, the transaction is rolled back and nothing of it is
 kept: the operations before it are committed again as a group, the failing
 one runs alone in a transaction of its own (so its outcome, error or
@@ -165,6 +171,9 @@ class Tx:
         self._held: dict[int, threading.RLock] = {}
         self.snapshot_ticket: int | None = None
         """The file's ticket taken right before this transaction's snapshot."""
+        self.item = 0
+        """The position in its group of the queued write running now (0 alone)."""
+        self._until: list[tuple[int, datetime, Exception]] = []
 
     @property
     def cursor(self) -> duckdb.DuckDBPyConnection:
@@ -182,6 +191,35 @@ class Tx:
             elif self._in_transaction:
                 self._now = datetime.now(UTC)
         return self._now
+
+    def clock_after_locks(self, server_now: datetime | None = None) -> datetime:
+        """The store's clock read now (see ``storage/backend.py``): the injected
+        clock again, else the host clock (DuckDB's; ``server_now`` is for a
+        server). Every lock a DuckDB write takes (the write lock, its targets'
+        stripes) is taken before its guards read this."""
+        now = check_clock(self._clock()) if self._clock is not None else datetime.now(UTC)
+        if self._now is None and self._in_transaction and self._snapshot:
+            self._now = now
+        return now
+
+    def valid_until(self, expires_at: datetime, lost: Exception) -> None:
+        """Judge ``expires_at`` again right before COMMIT (:meth:`lapsed`): a
+        group commit runs other queued writes between a guard and its COMMIT."""
+        self._until.append((self.item, expires_at, lost))
+
+    def lapsed(self) -> tuple[int, Exception] | None:
+        """The first guard of :meth:`valid_until` whose expiry has passed by the
+        clock read now, as ``(item, lost)`` (``item``: the queued write that
+        registered it, see :attr:`item`), or ``None``; called right before COMMIT.
+        Nothing can move an expiry meanwhile: the write lock and the held
+        targets keep every grant, renewal and release out until COMMIT."""
+        if not self._until:
+            return None
+        now = check_clock(self._clock()) if self._clock is not None else datetime.now(UTC)
+        for item, expires_at, lost in self._until:
+            if expires_at <= now:
+                return item, lost
+        return None
 
     def _execute(self, sql: str, params: Sequence[Any]) -> duckdb.DuckDBPyConnection:
         self.statements += 1
@@ -662,6 +700,7 @@ class Database:
             while at < len(batch):
                 end = _merged_run(batch, at)
                 before = tx.statements
+                tx.item = at
                 try:
                     outcomes = _run_items(tx, batch[at:end])
                 except Exception as exc:
@@ -672,6 +711,8 @@ class Database:
                 results.extend(outcomes)
                 spent.extend([(tx.statements - before) / (end - at)] * (end - at))
                 at = end
+            if failed is None and (late := tx.lapsed()) is not None:
+                failed = late[0]  # a lease expired since its fence: that write runs alone
             if failed is None:
                 committing = True
                 tx.exec("COMMIT")
@@ -772,6 +813,8 @@ class Database:
                     tx.exec("BEGIN TRANSACTION")
                 result = body(tx)
                 if transaction:
+                    if commit and (late := tx.lapsed()) is not None:
+                        raise late[1]  # a lease or claim expired since its guard
                     if item is not None:
                         item.result, item.committing = result, True
                     tx.exec("COMMIT" if commit else "ROLLBACK")

@@ -114,22 +114,21 @@ def append_group(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
 
 def _heads(tx: Tx, requests: list[AppendRequest]) -> list[tuple[Any, ...] | None]:
     """Per request (distinct sessions): ``None`` when its session is missing,
-    else its session's leaf and next seq, whether its lease passes the full
-    fence (``leases.fence_condition``; ``None`` without a lease or lease row),
-    and the owner holding a live lease on the session (``None``: nobody). One
-    read of the sessions and their lease rows."""
+    else its session's leaf and next seq, whether its lease matches the lease
+    row (``leases.fence_condition``; ``None`` without a lease or lease row),
+    and the lease row's owner, state and expiry (``None``: no row). One read
+    of the sessions and their lease rows; expiry is judged by the caller, at a
+    clock read after it (``leases.unexpired``)."""
     cols = ", ".join(
         f"unnest(?::{'BIGINT' if c == 'epoch' else 'VARCHAR'}[]) AS {c}" for c in leases.FENCED
     )
     rows = tx.rows(
         "SELECT v.sid, sessions.leaf_id, sessions.next_seq, "
         f"({leases.fence_condition(lambda c: 'v.' + c)}) AS fenced, "
-        f"CASE WHEN leases.state = 'held' AND leases.expires_at > {NOW} THEN leases.owner END "
+        "leases.owner, leases.state, leases.expires_at "
         f"FROM (SELECT unnest(?::VARCHAR[]) AS sid, unnest(?::VARCHAR[]) AS st, {cols}) AS v "
         "JOIN sessions ON sessions.id = v.sid LEFT JOIN leases ON leases.target = v.st",
         [
-            tx.now,  # the fence's and the holder's now, in the select list
-            tx.now,
             [r.session_id for r in requests],
             [session_target(r.session_id) for r in requests],
             *(
@@ -140,6 +139,25 @@ def _heads(tx: Tx, requests: list[AppendRequest]) -> list[tuple[Any, ...] | None
     )
     found = {row[0]: row[1:] for row in rows}
     return [found.get(r.session_id) for r in requests]
+
+
+def _judged(tx: Tx, r: AppendRequest, head: tuple[Any, ...]) -> Exception | None:
+    """The error a merged append alone would raise for its lease, or ``None``:
+    the fence (its lease matches the row, and is unexpired at a clock read now,
+    after the group took its targets), or, without a lease, a live holder."""
+    _, _, fenced, owner, state, expires_at = head
+    target = session_target(r.session_id)
+    if r.lease is not None:
+        if not fenced:
+            return errors.LeaseLostError(target)
+        try:
+            leases.unexpired(tx, target, expires_at)
+        except errors.LeaseLostError as exc:
+            return exc
+        return None
+    if state == "held" and utc(expires_at) > tx.clock_after_locks():
+        return errors.BusyError.unleased_write(target, owner)
+    return None
 
 
 def _round(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
@@ -157,22 +175,17 @@ def _round(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
     for r in requests:
         tx.hold(session_target(r.session_id))
     heads = _heads(tx, requests)
-    now = tx.now
-    assert now is not None  # always set inside a transaction
     for i, (r, head) in enumerate(zip(requests, heads, strict=True)):
         # the single path's order: the session, the lease, then the expected leaf
         if head is None:
             out[i] = errors.SessionNotFoundError(r.session_id)
-            continue
-        leaf, _, fenced, holder = head
-        target = session_target(r.session_id)
-        if r.lease is not None and not fenced:
-            out[i] = errors.LeaseLostError(target)
-        elif r.lease is None and holder is not None:
-            out[i] = errors.BusyError(target, holder)
-        elif r.expected_leaf is not ANY_LEAF and r.expected_leaf != leaf:
-            out[i] = errors.SessionModifiedError(r.session_id, r.expected_leaf, leaf)
+        elif (refused := _judged(tx, r, head)) is not None:
+            out[i] = refused
+        elif r.expected_leaf is not ANY_LEAF and r.expected_leaf != head[0]:
+            out[i] = errors.SessionModifiedError(r.session_id, r.expected_leaf, head[0])
     openings = _judge_round(tx, requests, heads, out)
+    now = tx.now
+    assert now is not None  # always set inside a transaction
     writing = [i for i in range(len(requests)) if out[i] is None]
     if not writing:
         return out
@@ -255,22 +268,40 @@ the group's values read every session row on DuckDB (see ``keyed``), where a
 list of keys is found through the index."""
 
 
+AFTER_LOCK = "coalesce(?::TIMESTAMPTZ, clock_timestamp())"
+"""The store's now in the one-statement append's lease condition: the injected
+clock's value, else the server's clock read as the condition is evaluated,
+which is once ``g`` returned its row, locked (see :func:`_guard`)."""
+
+
+FENCE_UNEXPIRED = f"EXISTS (SELECT 1 FROM g WHERE g.expires_at > {AFTER_LOCK})"
+"""The one-statement append's condition that its fenced lease row (``g``) is
+unexpired: ``leases.unexpired`` in SQL."""
+
+
 def _guard(tx: Tx, leased: bool) -> tuple[str, str]:
     """The one-statement append's lease CTE ``g`` and the condition on it. The
     lease row is read under a shared row lock (``Dialect.share_lock``): a
     takeover or grant committed meanwhile is re-read (and then fails the
     fence), one not yet committed waits for this statement, and a refused
-    append writes nothing, not even the lease row."""
+    append writes nothing, not even the lease row. The lease's expiry is
+    judged by the condition on ``g``, not by ``g``'s own ``WHERE``: the scan
+    below ``g``'s row lock evaluates its conditions before it waits for the
+    lock, the condition above it once it holds the lock, so an append that
+    waited for the lease row past its expiry is refused (``leases.unexpired``
+    does the same in a transaction). ``MATERIALIZED`` keeps ``g`` a plan of its
+    own, whatever the planner would fold."""
     lock = tx.dialect.share_lock()
-    if leased:  # the full fence (leases.fence_condition)
+    if leased:  # the full fence (leases.fence_condition, then unexpired)
         return (
-            f"g AS (SELECT 1 FROM leases WHERE {leases.fence_condition(lambda c: '?')}{lock})",
-            "EXISTS (SELECT 1 FROM g)",
+            "g AS MATERIALIZED (SELECT expires_at FROM leases "
+            f"WHERE {leases.fence_condition(lambda c: '?')}{lock})",
+            FENCE_UNEXPIRED,
         )
     # lease-less: refused while anyone holds a live lease on the session
     return (
-        f"g AS (SELECT state, expires_at FROM leases WHERE target = ?{lock})",
-        f"NOT EXISTS (SELECT 1 FROM g WHERE g.state = 'held' AND g.expires_at > {NOW})",
+        f"g AS MATERIALIZED (SELECT state, expires_at FROM leases WHERE target = ?{lock})",
+        f"NOT EXISTS (SELECT 1 FROM g WHERE g.state = 'held' AND g.expires_at > {AFTER_LOCK})",
     )
 
 
@@ -333,9 +364,9 @@ def one_statement(tx: Tx, r: AppendRequest) -> Any:
     now = tx.now
     # the guard's parameters, and those of the condition on it (see _guard)
     guard_params: list[Any] = (
-        [session_target(r.session_id)] if r.lease is None else [*leases.fence_values(r.lease), now]
+        [session_target(r.session_id)] if r.lease is None else leases.fence_values(r.lease)
     )
-    holds_params: list[Any] = [now] if r.lease is None else []
+    holds_params: list[Any] = [now]
     expected = "" if r.expected_leaf is ANY_LEAF else " AND o.leaf_id IS NOT DISTINCT FROM ?"
     judged = r.known
     at_judged = "" if judged is None else " AND o.leaf_id IS NOT DISTINCT FROM ? AND o.next_seq = ?"

@@ -134,9 +134,10 @@ def operations(tx: Tx, intent_id: str) -> list[DeliveryOperation]:
     return [op_row(r) for r in rows]
 
 
-def get_operation(tx: Tx, operation_id: str) -> DeliveryOperation | None:
-    """The operation, or ``None``."""
-    row = tx.one(f"SELECT {OP_COLS} FROM delivery_operations WHERE id = ?", [operation_id])
+def get_operation(tx: Tx, operation_id: str, lock: str = "") -> DeliveryOperation | None:
+    """The operation, or ``None``; ``lock``: a row lock clause for its ``SELECT``
+    (``Dialect.update_lock``)."""
+    row = tx.one(f"SELECT {OP_COLS} FROM delivery_operations WHERE id = ?{lock}", [operation_id])
     return None if row is None else op_row(row)
 
 
@@ -243,8 +244,13 @@ def due(tx: Tx, limit: int) -> list[DeliveryOperation]:
     return [op_row(r) for r in rows]
 
 
-def load(tx: Tx, operation_id: str) -> DeliveryOperation:
-    op = get_operation(tx, operation_id)
+def load(tx: Tx, operation_id: str, lock: str = "") -> DeliveryOperation:
+    """The operation (see :func:`get_operation`).
+
+    Raises:
+        DeliveryOperationNotFoundError: no such operation.
+    """
+    op = get_operation(tx, operation_id, lock)
     if op is None:
         raise errors.DeliveryOperationNotFoundError(operation_id)
     return op

@@ -54,8 +54,7 @@ def claim(tx: Tx, operation_id: str, owner: str, ttl_s: float) -> DeliveryOperat
                 operation_id, "another worker is claiming or updating it"
             )
     op = delivery.load(tx, operation_id)
-    now = tx.now
-    assert now is not None
+    now = tx.clock_after_locks()  # after the row's lock (taken above on a server)
     dep = None if op.depends_on is None else delivery.get_operation(tx, op.depends_on)
     facts = {
         "due": op.next_attempt_at is None or op.next_attempt_at <= now,
@@ -93,10 +92,11 @@ def _why_busy(
 
 
 def _fence(tx: Tx, operation_id: str, owner: str, epoch: int) -> DeliveryOperation:
-    """The operation, if ``owner``/``epoch`` is its current, unexpired claim."""
-    op = delivery.load(tx, operation_id)
-    now = tx.now
-    assert now is not None
+    """The operation, if ``owner``/``epoch`` is its current, unexpired claim: its
+    row read locked (``Dialect.update_lock``), the claim's expiry judged at a
+    clock read after that (``Tx.clock_after_locks``) and kept as the write's
+    limit (``Tx.valid_until``), as a lease's fence judges its lease."""
+    op = delivery.load(tx, operation_id, tx.dialect.update_lock())
     if op.lease_owner != owner or op.lease_epoch != epoch:
         raise errors.DeliveryLeaseLostError(
             operation_id, owner, epoch, detail=f"the current claim is epoch {op.lease_epoch}"
@@ -105,8 +105,10 @@ def _fence(tx: Tx, operation_id: str, owner: str, epoch: int) -> DeliveryOperati
         raise errors.DeliveryLeaseLostError(
             operation_id, owner, epoch, detail=f"the claim ended: the operation is {op.status}"
         )
-    if op.lease_expires_at is None or op.lease_expires_at <= now:
-        raise errors.DeliveryLeaseLostError(operation_id, owner, epoch, detail="the claim expired")
+    lost = errors.DeliveryLeaseLostError(operation_id, owner, epoch, detail="the claim expired")
+    if op.lease_expires_at is None or op.lease_expires_at <= tx.clock_after_locks():
+        raise lost
+    tx.valid_until(op.lease_expires_at, lost)
     return op
 
 

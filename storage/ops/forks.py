@@ -159,7 +159,9 @@ def _check_source(tx: Tx, req: Request) -> None:
         try:
             leases.fence_or_unheld(tx, target, None)
         except errors.BusyError as busy:
-            raise errors.ForkSessionBusyError(sid, busy.target, busy.holder) from None
+            raise errors.ForkSessionBusyError(
+                sid, busy.target, busy.holder, detail=busy.detail
+            ) from None
 
 
 def _boundary(tx: Tx, req: Request) -> tuple[str, int]:

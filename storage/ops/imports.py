@@ -47,8 +47,9 @@ def import_rows(
     ``rows`` are ``(id, parent_id, kind, timestamp, payload_json)`` in file
     order. Existing ids are skipped (a re-import changes nothing; a grown file
     adds only its new entries). When anything is added the leaf becomes
-    ``leaf_id``. Returns ``(created, added, opaque_added)``. Into an existing
-    session, the import is fenced by ``lease`` or needs the session unheld.
+    ``leaf_id``. Returns ``(created, added, opaque_added)``. A ``lease`` is
+    fenced, also when the import creates the session; without one, an
+    existing session must be unheld.
 
     Raises:
         LeaseLostError, BusyError: as for an append.
@@ -70,7 +71,10 @@ def import_rows(
         seen_lines.add(o[0])
     head = tx.one("SELECT next_seq FROM sessions WHERE id = ?", [session_id])
     created = head is None
-    if not created:
+    if not created or lease is not None:
+        # A lease given is fenced even when the import creates the session (a
+        # stale or forged one writes nothing); without one, creating a session
+        # is outside the session-write rule, as create_session is.
         leases.fence_or_unheld(tx, session_target(session_id), lease)
     if created:
         tx.exec(
@@ -185,7 +189,8 @@ class ImportsMixin(StoreBase):
         entries it lacks (by entry id); the leaf moves to ``batch.leaf_id`` when
         anything is added. Re-importing the same file changes nothing. Into an
         existing session it is a session write: under the session's ``lease``,
-        or while nobody holds it.
+        or while nobody holds it. A ``lease`` given is fenced even when the
+        import creates the session, so a stale or forged one writes nothing.
 
         An import keeps every replayed context valid for a model provider, as
         every write does (``storage/pairing.py``): entries that would break
@@ -199,7 +204,8 @@ class ImportsMixin(StoreBase):
             ToolCallPairingError: the entries break the tool-call pairing
                 (``ToolCallsUnansweredError`` among them); nothing is written.
             InvalidInputError: an entry or header is not storable.
-            LeaseLostError: ``lease`` is no longer valid.
+            LeaseLostError: ``lease`` is no longer valid (nothing is written,
+                not even a new session).
             BusyError: no ``lease`` given and someone holds the session.
         """
         check_id(batch.session_id, "session_id")

@@ -1,15 +1,26 @@
-"""Leases on DuckDB (threadstore AcquireLease / RenewLease / ReleaseLease).
+"""Leases (threadstore AcquireLease / RenewLease / ReleaseLease) and the fence.
 
 Statement budget per operation (BEGIN and COMMIT included):
 
 - acquire: 4 (BEGIN, read the row, compare-and-set write whose event row is
   inserted by the same statement, COMMIT); a refusal stops after the read;
-- renew: 1 (fenced update + event row in one autocommit statement);
-- release: 1 (likewise; zero rows is the idempotent no-op).
+- renew: 4 (BEGIN, the fence, the new expiry + event row in one statement,
+  COMMIT): the fence judges the expiry at a clock read after the row is
+  locked (PostgreSQL) or its target held (DuckDB), which one statement
+  cannot do (PostgreSQL evaluates an ``UPDATE``'s conditions before it waits
+  for the row's lock);
+- release: 1 (the update and its event row in one autocommit statement; zero
+  rows is the idempotent no-op; it judges no expiry).
 
 Fenced writes elsewhere call :func:`fence`, which checks the lease row under
-the full fence (owner's token digest, epoch, state held, unexpired by the
-store's clock; :func:`fence_condition`) inside the caller's transaction.
+the full fence (owner's token digest, epoch, state held,
+:func:`fence_condition`; then unexpired, :func:`unexpired`) inside the
+caller's transaction. Expiry is judged at the store's clock read *after* the
+row is locked (``Tx.clock_after_locks``), never at a time read before a wait
+for that lock: a write that waited for the lease row past its lease's expiry
+is refused, and on DuckDB, whose group commit runs other queued writes
+between a fence and its COMMIT, the expiry is judged again right before
+COMMIT (``Tx.valid_until``).
 Every operation here that reads or writes a lease row holds its target
 (``Tx.hold``) until its transaction ends. On PostgreSQL the fence *writes*
 the row (``fenced_writes + 1``), which locks it, so a concurrent takeover
@@ -94,7 +105,7 @@ compare-and-set."""
 
 _HELD_BY = "epoch = ? AND token_digest = ? AND owner = ? AND state = 'held'"
 """A lease row still held under the lease of these values (``fence_values`` after
-the target): what a renewal and a release compare."""
+the target): what a release compares (it judges no expiry, so it needs no fence)."""
 
 
 def acquire(tx: Tx, secret: bytes, target: str, owner: str, ttl_s: float, purpose: str) -> Lease:
@@ -103,12 +114,13 @@ def acquire(tx: Tx, secret: bytes, target: str, owner: str, ttl_s: float, purpos
     touch_session(tx, target)
     row = tx.one(
         "SELECT owner, token_digest, epoch, purpose, state, expires_at FROM leases "
-        "WHERE target = ?",
+        f"WHERE target = ?{tx.dialect.update_lock()}",
         [target],
     )
-    # The read above took the snapshot, so now is at or after every commit it saw.
-    now = tx.now
-    assert now is not None
+    # Read after the row is locked (and after the snapshot, so at or after every
+    # commit the read saw): a re-acquire judged before a wait for the lock could
+    # revive a lease that expired meanwhile.
+    now = tx.clock_after_locks()
     held_owner, held_digest, epoch, held_purpose, state, expires_at = row or (None,) * 6
     source = "absent" if state is None else state
     facts: dict[str, object] = {}
@@ -124,7 +136,12 @@ def acquire(tx: Tx, secret: bytes, target: str, owner: str, ttl_s: float, purpos
     if edge is None:
         if held_owner == owner and held_purpose != purpose:
             raise errors.LeasePurposeError(target, held_purpose, purpose)
-        raise errors.BusyError(target, held_owner)
+        if held_owner == owner:
+            raise errors.BusyError.same_owner_elsewhere(target, held_owner)
+        raise errors.BusyError.another_owner(target, held_owner)
+    if edge.name == "reacquire":  # valid only while the lease it extends is: a
+        # re-acquire whose lease expired before its COMMIT runs again (a takeover)
+        tx.valid_until(utc(expires_at), Conflict(f"the lease of {target!r} expired"))
     new_epoch = (epoch or 0) + 1 if edge.name in GRANTING_EDGES else epoch
     token = issue_token(secret, target, owner, new_epoch, purpose)
     new_expiry = now + _ttl(ttl_s)
@@ -184,25 +201,23 @@ def acquire(tx: Tx, secret: bytes, target: str, owner: str, ttl_s: float, purpos
 
 
 def renew(tx: Tx, lease: Lease, ttl_s: float) -> Lease:
-    """Extend ``lease`` from now by ``ttl_s`` seconds (one autocommit statement).
+    """Extend ``lease`` from now by ``ttl_s`` seconds: :func:`fence` (which
+    judges its expiry after its row is locked), then the new expiry and the
+    event row in one statement, in one transaction.
 
     Raises:
         LeaseLostError: the token/epoch no longer match, or the lease expired.
     """
-    tx.hold(lease.target)  # never between a lease-less check of it and its commit
-    row = tx.one(
-        f"WITH c AS (SELECT {NOW} AS now), "
-        "w AS (UPDATE leases SET "
-        "expires_at = (SELECT now FROM c) + ?::INTERVAL, "
-        "renewed_at = (SELECT now FROM c) "
-        f"WHERE {keyed('target', f'{_HELD_BY} AND expires_at > (SELECT now FROM c)')} "
-        "RETURNING *) "
+    now = fence(tx, lease)
+    row = tx.one(  # a compare-and-set on the epoch the fence just judged
+        "WITH w AS (UPDATE leases SET expires_at = ?, renewed_at = ? "
+        f"WHERE {keyed('target', 'epoch = ?')} RETURNING *) "
         "INSERT INTO lease_events SELECT target, epoch, owner, purpose, 'renew', 'renew', "
         "'held', 'held', NULL, expires_at, renewed_at FROM w RETURNING expires_at",
-        [tx.now, _ttl(ttl_s), lease.target, lease.epoch, digest(lease.token), lease.owner],
+        [now + _ttl(ttl_s), now, lease.target, lease.epoch],
     )
     if row is None:
-        raise errors.LeaseLostError(lease.target)
+        raise Conflict(f"lease row of {lease.target!r} moved during renew")
     _MACHINE.require("renew", "held", {"token_matches": True, "expired": False})
     expires_at: datetime = utc(row[0])
     return Lease(lease.target, lease.owner, lease.token, lease.epoch, lease.purpose, expires_at)
@@ -237,16 +252,19 @@ FENCED = ("target", "epoch", "token_digest", "owner")
 """The lease row's columns a fence compares with the caller's lease (the
 token as its digest: :func:`fence_values`)."""
 
+_EXPIRED = "the lease expired"
+
 
 def fence_condition(value: Callable[[str], str]) -> str:
-    """The full fence as SQL on a ``leases`` row: each column of :data:`FENCED`
-    equal to ``value(column)`` (``?``, or a column of a set of leases), the
-    lease held and unexpired by the store's now (one ``?`` after the values).
-    Every fenced write uses it: :func:`fence`, and the one-statement and
-    merged appends of ``storage/ops/appends.py``."""
+    """The fence's identity part as SQL on a ``leases`` row: each column of
+    :data:`FENCED` equal to ``value(column)`` (``?``, or a column of a set of
+    leases) and the lease held. Its expiry is judged apart, by
+    :func:`unexpired`, at a clock read after the row is locked: a condition on
+    ``expires_at`` in the same statement would be judged at a time read before
+    a wait for that lock. Every fenced write uses both: :func:`fence`, and the
+    one-statement and merged appends of ``storage/ops/appends.py``."""
     same = " AND ".join(f"leases.{c} = {value(c)}" for c in FENCED[1:])
-    rest = f"{same} AND leases.state = 'held' AND leases.expires_at > {NOW}"
-    return keyed("leases.target", rest, value("target"))
+    return keyed("leases.target", f"{same} AND leases.state = 'held'", value("target"))
 
 
 def fence_values(lease: Lease) -> list[object]:
@@ -254,10 +272,33 @@ def fence_values(lease: Lease) -> list[object]:
     return [lease.target, lease.epoch, digest(lease.token), lease.owner]
 
 
-def fence(tx: Tx, lease: Lease) -> None:
+def unexpired(
+    tx: Tx, target: str, expires_at: datetime, server_now: datetime | None = None
+) -> datetime:
+    """Judge a fenced lease's ``expires_at`` (read with its row locked) against
+    the store's clock read after the lock (``Tx.clock_after_locks``; ``server_now``:
+    the server's ``clock_timestamp()`` the locking statement returned), and keep
+    the write valid only until then (``Tx.valid_until``). Returns the clock
+    reading it judged at.
+
+    Raises:
+        LeaseLostError: the lease expired (``detail`` says so).
+    """
+    now = tx.clock_after_locks(server_now)
+    expiry = utc(expires_at)
+    lost = errors.LeaseLostError(target, detail=_EXPIRED)
+    if expiry <= now:
+        raise lost
+    tx.valid_until(expiry, lost)
+    return now
+
+
+def fence(tx: Tx, lease: Lease) -> datetime:
     """Validate ``lease`` inside the caller's transaction: on a server by
     writing its row (``fenced_writes + 1``, which row-locks it), on DuckDB by
-    reading it (see :data:`UNHELD_WRITE` for why a read is enough there).
+    reading it (see :data:`UNHELD_WRITE` for why a read is enough there), then
+    its expiry at a clock read after that (:func:`unexpired`). Returns that
+    clock reading.
 
     Raises:
         LeaseLostError: the lease is not the held, unexpired one with this token.
@@ -267,13 +308,15 @@ def fence(tx: Tx, lease: Lease) -> None:
     tx.hold(lease.target)
     condition = fence_condition(lambda c: "?")
     sql = (
-        f"SELECT epoch FROM leases WHERE {condition}"
+        f"SELECT expires_at, NULL FROM leases WHERE {condition}"
         if tx.dialect.serialized_writes
         else f"UPDATE leases SET fenced_writes = fenced_writes + 1 WHERE {condition} "
-        "RETURNING epoch"
+        "RETURNING expires_at, clock_timestamp()"  # RETURNING runs once the row is locked
     )
-    if tx.one(sql, [*fence_values(lease), tx.now]) is None:
+    row = tx.one(sql, fence_values(lease))
+    if row is None:
         raise errors.LeaseLostError(lease.target)
+    return unexpired(tx, lease.target, row[0], row[1])
 
 
 UNHELD_WRITE = "unleased_checks = unleased_checks + 1"
@@ -307,15 +350,16 @@ def fence_or_unheld(tx: Tx, target: str, lease: Lease | None) -> None:
     touch_session(tx, target)
     found = "owner, state, expires_at"
     row = tx.one(
-        f"SELECT {found} FROM leases WHERE target = ?"
+        f"SELECT {found}, NULL FROM leases WHERE target = ?"
         if tx.dialect.serialized_writes
-        else f"UPDATE leases SET {UNHELD_WRITE} WHERE target = ? RETURNING {found}",
+        else f"UPDATE leases SET {UNHELD_WRITE} WHERE target = ? "
+        f"RETURNING {found}, clock_timestamp()",
         [target],
     )
-    now = tx.now
-    assert now is not None  # always set inside a transaction
-    if row is not None and row[1] == "held" and utc(row[2]) > now:
-        raise errors.BusyError(target, row[0])
+    if row is None or row[1] != "held":
+        return
+    if utc(row[2]) > tx.clock_after_locks(row[3]):
+        raise errors.BusyError.unleased_write(target, row[0])
 
 
 # -- the store's methods ------------------------------------------------------------
@@ -340,7 +384,9 @@ class LeasesMixin(StoreBase):
         with a new expiry.
 
         Raises:
-            BusyError: another owner holds an unexpired lease (``holder`` names it).
+            BusyError: another owner holds an unexpired lease, or this owner
+                name does through another store object or process (``holder``
+                names it; the message says which).
             LeasePurposeError: this owner holds it under another purpose.
             InvalidInputError: empty target/owner or non-positive ``ttl_s``.
             DatabaseError: backend failure (never reported as busy).
@@ -362,11 +408,10 @@ class LeasesMixin(StoreBase):
         """
         check_lease(lease)
         ttl = check_ttl(ttl_s)
-        # A heartbeat: one statement on its own lease row, never queued behind
-        # another thread's long write (the write lock is for transactions).
-        return self.db.write(
-            "renew_lease", lambda tx: renew(tx, lease, ttl), transaction=False, exclusive=False
-        )
+        # A heartbeat: a short transaction on its own lease row, never queued
+        # behind another thread's long write (exclusive=False: on DuckDB it skips
+        # the write lock; its target's stripe orders it with the writes of it).
+        return self.db.write("renew_lease", lambda tx: renew(tx, lease, ttl), exclusive=False)
 
     def release_lease(self, lease: Lease) -> bool:
         """Release ``lease`` (threadstore ReleaseLease); idempotent, ignores stale leases.

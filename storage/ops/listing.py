@@ -7,6 +7,8 @@ import base64
 from datetime import datetime
 from typing import Any
 
+import orjson
+
 from turnkeeper.spec import errors
 from turnkeeper.spec.records import (
     Session,
@@ -36,6 +38,19 @@ def _like(search: str) -> str:
     return f"%{escaped}%"
 
 
+def _json_like(search: str) -> str:
+    """:func:`_like` of ``search`` as stored JSON text spells it inside a string
+    (a quote as ``\\"``, a backslash as ``\\\\``, a newline as ``\\n``, NUL as
+    ``\\u0000`` …): the pattern that finds it in a payload."""
+    return _like(orjson.dumps(search).decode("utf-8")[1:-1])
+
+
+def _params(search: str) -> list[str]:
+    """The parameters of :data:`_SEARCH` for ``search``."""
+    like = _like(search)
+    return [like, like, like, _json_like(search)]
+
+
 def _encode_cursor(session: Session) -> str:
     raw = f"{session.created_at.isoformat()}|{session.id}".encode()
     return base64.urlsafe_b64encode(raw).decode()
@@ -57,9 +72,8 @@ def list_page(tx: Tx, limit: int, cursor: str | None, search: str | None) -> Ses
     where: list[str] = []
     params: list[Any] = []
     if search:
-        like = _like(search)
         where.append(_SEARCH)
-        params += [like, like, like, like]
+        params += _params(search)
     if cursor is not None:
         created, sid = _decode_cursor(cursor)
         where.append("(s.created_at < ? OR (s.created_at = ? AND s.id < ?))")
@@ -78,8 +92,7 @@ def list_page(tx: Tx, limit: int, cursor: str | None, search: str | None) -> Ses
 def count(tx: Tx, search: str | None) -> int:
     """Number of sessions (matching ``search`` when given)."""
     if search:
-        like = _like(search)
-        row = tx.one(f"SELECT count(*) FROM sessions s WHERE {_SEARCH}", [like] * 4)
+        row = tx.one(f"SELECT count(*) FROM sessions s WHERE {_SEARCH}", _params(search))
     else:
         row = tx.one("SELECT count(*) FROM sessions")
     assert row is not None

@@ -13,12 +13,10 @@ commit result was unknown returns the stored run and writes nothing twice.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import orjson
 import uuid6
 
 from turnkeeper.machines import machine_for
@@ -45,7 +43,7 @@ from ..validate import (
     check_session_lease,
 )
 from ..wakeups import Topic
-from . import delivery, leases, sessions, tool_pairing
+from . import delivery, leases, sessions, submissions, tool_pairing
 from .base import StoreBase
 from .pairing_checks import OpeningCache
 from .run_reads import RUN_COLS, get, run_row
@@ -104,8 +102,7 @@ def admit(
     session_id: str,
     *,
     intent: Mapping[str, Any],
-    fingerprint: str,
-    admission: str,
+    admission: submissions.Admission,
     key_digest: str | None,
     user_message: Mapping[str, Any] | None,
     lease: Lease | None,
@@ -116,8 +113,9 @@ def admit(
     """Admit a run (see the module docstring); returns ``(run, admitted_now,
     opening)``: ``opening`` the calls open after its entries, if known.
 
-    ``fingerprint`` is the request's (kept on the intent); ``admission`` the
-    whole admission's, which a submission key is compared by. With ``start``
+    ``admission`` holds the request's digest (kept on the intent) and the
+    whole admission's (kept for a submission key, and compared by
+    :func:`submissions.same_admission`). With ``start``
     the run is admitted and started in this one transaction: it is stored
     ``running`` and both events (``admit``, ``start``) are written.
     ``known``: the calls open at the session's head, if the caller knows
@@ -139,7 +137,7 @@ def admit(
             [key_digest, session_id],
         )
         if sub is not None:
-            if sub[1] != admission:
+            if not submissions.same_admission(tx, sub[0], sub[1], admission):
                 raise errors.SubmissionConflictError(session_id, sub[0])
             found = get(tx, sub[0])
             assert found is not None
@@ -178,7 +176,7 @@ def admit(
                 intent["model"],
                 intent["mode"],
                 intent["work_dir"],
-                fingerprint,
+                admission.fingerprint,
                 intent["request"],
                 intent["policy"],
                 now,
@@ -251,7 +249,7 @@ def admit(
     if key_digest is not None:
         tx.exec(
             "INSERT INTO submissions VALUES (?, ?, ?, ?, ?, ?)",
-            [session_id, key_digest, admission, intent_id, run_id, now],
+            [session_id, key_digest, admission.digest, intent_id, run_id, now],
         )
     return run, True, chain.opening
 
@@ -534,13 +532,10 @@ class RunsMixin(StoreBase):
         if policy is not None and not isinstance(policy, Mapping):
             raise errors.InvalidInputError("policy", "expected a mapping (or None)")
         request_json = to_json(dict(request), "request")
-        fingerprint = hashlib.sha256(
-            orjson.dumps(dict(request), option=orjson.OPT_SORT_KEYS)
-        ).hexdigest()
         digest = None
         if submission_key is not None:
             check_id(submission_key, "submission_key")
-            digest = hashlib.sha256(f"{session_id}\x00{submission_key}".encode()).hexdigest()
+            digest = submissions.key_digest(session_id, submission_key)
         if user_message is not None:
             validate_payload(EntryKind.MESSAGE, {"message": user_message})
             if user_message.get("role") != "user":
@@ -564,17 +559,7 @@ class RunsMixin(StoreBase):
         check_session_lease(session_id, lease)
         # A submission is the whole admission: the same key with another user
         # message, retry target or intent field is another request.
-        admission = hashlib.sha256(
-            orjson.dumps(
-                {
-                    "request": dict(request),
-                    "user_message": None if user_message is None else dict(user_message),
-                    "retry_of": retry_of,
-                    **{k: v for k, v in intent.items() if k != "request"},
-                },
-                option=orjson.OPT_SORT_KEYS,
-            )
-        ).hexdigest()
+        admitted = submissions.admission(request, user_message, retry_of, intent)
 
         check_bool(start, "start")
 
@@ -586,8 +571,7 @@ class RunsMixin(StoreBase):
                 tx,
                 session_id,
                 intent=intent,
-                fingerprint=fingerprint,
-                admission=admission,
+                admission=admitted,
                 key_digest=digest,
                 user_message=user_message,
                 lease=lease,

@@ -150,7 +150,7 @@ def no_other_owner(tx: Tx, session_id: str, lease: Lease | None) -> None:
 
     Raises:
         LeaseLostError: ``lease`` is no longer the held, unexpired one.
-        BusyError: no lease given and another owner holds a live one.
+        BusyError: no lease given and a live lease is held (whoever holds it).
     """
     leases.fence_or_unheld(tx, session_target(session_id), lease)
 

@@ -183,6 +183,28 @@ class Tx:
                 self._now = row[0].astimezone(UTC)
         return self._now
 
+    def clock_after_locks(self, server_now: datetime | None = None) -> datetime:
+        """The store's clock read after the locks taken so far (see
+        ``storage/backend.py``): the injected clock again, else ``server_now``
+        (a locking statement's ``RETURNING clock_timestamp()``), else one
+        ``SELECT clock_timestamp()``."""
+        if self._clock is not None:
+            now = check_clock(self._clock())
+        elif server_now is not None:
+            now = server_now.astimezone(UTC)
+        else:
+            row = self.one("SELECT clock_timestamp()")
+            if row is None:
+                raise errors.InternalError(detail="SELECT clock_timestamp() returned no row")
+            now = row[0].astimezone(UTC)
+        if self._now is None and self._in_transaction and self._snapshot:
+            self._now = now
+        return now
+
+    def valid_until(self, expires_at: datetime, lost: Exception) -> None:
+        """Nothing: a fenced write's lease row stays locked until its COMMIT
+        (see ``storage/backend.py``)."""
+
     def _execute(self, sql: str, params: Sequence[Any]) -> psycopg.Cursor[Any]:
         self.statements += 1
         self._snapshot = self._snapshot or not sql.startswith("BEGIN")

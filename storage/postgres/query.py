@@ -22,7 +22,9 @@ PostgreSQL has no parser a client can ask, so the defences are the server's:
   store.
 
 Results stream from a server-side cursor into Arrow record batches, so a
-large result is never held twice.
+large result is never held twice. Text is decoded with the store's text code
+(:func:`.text.register_query`); ``json`` and ``jsonb`` values come back as
+JSON text, as DuckDB's ``JSON`` does.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import pyarrow as pa
 from turnkeeper.spec import errors
 
 from ..backend import Tx as AnyTx
+from . import text
 
 T = TypeVar("T")
 
@@ -212,6 +215,7 @@ def stream_query(
     conn = tx.conn  # type: ignore[attr-defined]
     tx.statements += 1  # type: ignore[attr-defined]
     with conn.cursor(name="turnkeeper_query") as cur:
+        text.register_query(cur)
         try:
             cur.execute(placeholders(sql), list(params) or None)
         except psycopg.errors.ReadOnlySqlTransaction as exc:

@@ -1,0 +1,94 @@
+"""``open_store``: the one way in (re-exported by :mod:`turnkeeper`)."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from datetime import datetime
+
+from turnkeeper.spec.errors import InvalidInputError, NotSupportedError
+from turnkeeper.storage import BaseStore, DuckDBStore
+from turnkeeper.storage.ops.replays import REPLAY_CACHE_BYTES
+
+DEFAULT_PATH = "turnkeeper.duckdb"
+"""The embedded default database file, in the current directory."""
+
+DB_ENV = "TURNKEEPER_DB"
+"""The environment variable the CLI's ``--db`` defaults to: a DuckDB file path
+or a PostgreSQL URL."""
+
+_LIBPQ_KEYWORD = re.compile(r"^\s*(host|hostaddr|port|dbname|user|password|service)\s*=")
+
+
+def is_postgres(target: str | os.PathLike[str]) -> bool:
+    """Whether ``target`` names a PostgreSQL database (a ``postgresql://`` or
+    ``postgres://`` URL, or a libpq ``key=value`` connection string) rather
+    than a DuckDB file."""
+    text = os.fspath(target)
+    if not isinstance(text, str):
+        return False
+    return text.startswith(("postgresql://", "postgres://")) or bool(_LIBPQ_KEYWORD.match(text))
+
+
+def open_store(
+    path: str | os.PathLike[str] = DEFAULT_PATH,
+    *,
+    clock: Callable[[], datetime] | None = None,
+    read_only: bool = False,
+    replay_cache_bytes: int = REPLAY_CACHE_BYTES,
+) -> BaseStore:
+    """Open (creating if needed) the store at ``path``: a DuckDB file (the
+    embedded default; ``":memory:"`` for a private one), or a PostgreSQL
+    database given as a ``postgresql://`` URL or a libpq connection string
+    (``pip install 'turnkeeper[postgres]'``; its ``options`` may set
+    ``search_path`` for a schema of its own).
+
+    ``clock`` replaces the database clock (tests); it returns aware datetimes.
+    ``read_only`` opens an existing store for inspection: no migrations, and
+    every write raises ``ReadOnlyError``. ``replay_cache_bytes`` bounds the
+    store object's replay cache, in bytes of cached message JSON (default
+    64 MiB; 0 turns it off): a replay of a session unchanged since its last
+    replay decodes the cached messages without reading an entry, and one
+    that grew along its branch reads only the new entries.
+
+    Raises:
+        StoreLockedError: (DuckDB) another process has the file open.
+        StoreNotFoundError: (DuckDB) ``read_only`` and no file exists at ``path``.
+        InvalidInputError: ``path`` is not a usable path (a directory, a new
+            file in a folder that does not exist, or a URL of another scheme).
+        ForeignDatabaseError: not a turnkeeper database (not a DuckDB file, or
+            another application's tables).
+        SchemaVersionError: the store was written by a newer turnkeeper, or
+            (read-only) needs a migration.
+        CorruptDatabaseError: (DuckDB) the file or its write-ahead log is
+            corrupt (the message says which and what to do).
+        OperationalError: (PostgreSQL) the server cannot be reached.
+        NotSupportedError: a PostgreSQL URL, and ``psycopg`` is not installed.
+        DatabaseError: any other failure opening the store.
+    """
+    if isinstance(path, str) and is_postgres(path):
+        try:
+            from turnkeeper.storage.postgres import PostgresStore
+        except ImportError as exc:
+            raise NotSupportedError(
+                detail="PostgreSQL needs psycopg: pip install 'turnkeeper[postgres]'"
+            ) from exc
+        return PostgresStore(
+            path, clock=clock, read_only=read_only, replay_cache_bytes=replay_cache_bytes
+        )
+    if isinstance(path, str) and _URL_SCHEME.match(path):
+        scheme = path.split(":", 1)[0]
+        raise InvalidInputError(
+            "path",
+            f"{scheme}:// is not a store turnkeeper opens: a DuckDB file path, "
+            "or a postgresql:// URL",
+        )
+    return DuckDBStore(
+        path, clock=clock, read_only=read_only, replay_cache_bytes=replay_cache_bytes
+    )
+
+
+_URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+"""A URL of some scheme (``mysql://``, ``postgresql+psycopg://`` …): never a file path
+to create, since a DuckDB file named after it would be a silent surprise."""

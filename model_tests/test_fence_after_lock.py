@@ -1,0 +1,571 @@
+"""A fenced write judges its lease's expiry after it holds the lease row, never
+at a time read before it waited for it.
+
+The scenario (issue 17, item 1): a worker's lease is live when its write starts;
+the write then waits for a lock on the lease row (on PostgreSQL another
+transaction's row lock; on DuckDB the target's stripe, held by a renewal or a
+release in flight) or, in a DuckDB group commit, for the other queued writes
+of its group to run; meanwhile the lease expires (and another owner may try to
+take it over). The write must be refused with ``LeaseLostError`` and write
+nothing, not commit after its lease expired. The same holds for a delivery
+claim (``DeliveryLeaseLostError``) and for a re-acquire by the same owner, which
+must not revive the expired lease (it is a takeover: a new epoch).
+
+Each test drives the wait deterministically: it takes the lock, starts the
+write on a thread, waits until the write is blocked on that lock (PostgreSQL's
+``pg_blocking_pids``; a DuckDB stripe wrapped to say when it is contended; a
+group's long write that says when it runs), advances the injected clock past
+the expiry, and lets go. The one-statement PostgreSQL append, whose condition
+on the lease is SQL, is tested on the server's own clock (its expiry is
+awaited, not assumed).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from conftest import FakeClock, open_backend
+from test_group_commit import queued_together
+
+import turnkeeper
+from turnkeeper import (
+    DeliveryLeaseLostError,
+    DeliveryPlan,
+    DeliveryStep,
+    EntryKind,
+    FinalizeRequest,
+    LeaseLostError,
+    ThreadRecord,
+)
+from turnkeeper.storage.duck import db as duck_db
+
+M = EntryKind.MESSAGE
+USER = {"role": "user", "content": "go"}
+REPLY = {"role": "assistant", "content": [{"type": "text", "text": "done"}]}
+TTL_S = 5.0
+PAST_EXPIRY_S = 10.0
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"message": {"role": "user", "content": text}}
+
+
+def wait_until(condition: Callable[[], bool], failure: str) -> None:
+    """Poll ``condition`` up to 120 s (a hang guard only, no timing assertion)."""
+    deadline = time.monotonic() + 120
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(failure)
+        time.sleep(0.002)
+
+
+# -- the fenced writes ------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    """One fenced write: ``arrange(store)`` sets up its lease (and what it
+    writes under it) and returns the write to make, the lock it will wait for
+    (a ``(table, key column, key)`` row and the lease target), and what the
+    store looks like where the write would change it."""
+
+    name: str
+    arrange: Callable[[turnkeeper.BaseStore], tuple[Callable[[], Any], Any, Callable[[], Any]]]
+    lost: type[Exception] = LeaseLostError
+
+
+def _session(store: turnkeeper.BaseStore, purpose: str = "execution") -> Any:
+    store.create_session("s")
+    return store.acquire_lease("session:s", "w1", TTL_S, purpose=purpose)
+
+
+def _lease_row(lease: Any) -> tuple[tuple[str, str, str], str]:
+    return ("leases", "target", lease.target), lease.target
+
+
+def append(store: turnkeeper.BaseStore) -> Any:
+    lease = _session(store)
+    return (
+        lambda: store.append("s", M, user("late"), lease=lease),
+        _lease_row(lease),
+        lambda: len(store.entries("s")),
+    )
+
+
+def append_many(store: turnkeeper.BaseStore) -> Any:
+    lease = _session(store)
+    return (
+        lambda: store.append_many("s", [(M, user("a")), (M, user("b"))], lease=lease),
+        _lease_row(lease),
+        lambda: len(store.entries("s")),
+    )
+
+
+def _running(store: turnkeeper.BaseStore, lease: Any) -> Any:
+    run = store.admit_run("s", {"q": 1}, user_message=USER, lease=lease)
+    return store.start_run(run.id, lease=lease)
+
+
+def finish_run(store: turnkeeper.BaseStore) -> Any:
+    lease = _session(store)
+    run = _running(store, lease)
+    plan = DeliveryPlan("chat", "room", (DeliveryStep("send", "message"),))
+
+    def observe() -> Any:
+        ops = store.query("SELECT count(*) AS n FROM delivery_operations").to_pylist()
+        return store.get_run(run.id).status, ops, len(store.entries("s"))
+
+    return (
+        lambda: store.finish_run(
+            run.id, "succeeded", assistant_message=REPLY, lease=lease, delivery_plan=plan
+        ),
+        _lease_row(lease),
+        observe,
+    )
+
+
+def complete_tool_execution(store: turnkeeper.BaseStore) -> Any:
+    lease = _session(store)
+    store.claim_tool_execution(
+        "k", "s", local_turn_id="t", provider_call_id="c1", tool_name="ls",
+        side_effecting=False, lease=lease,
+    )  # fmt: skip
+    return (
+        lambda: store.complete_tool_execution("k", {"out": "a.txt"}, lease=lease),
+        _lease_row(lease),
+        lambda: store.get_tool_execution("k").state,
+    )
+
+
+def renew_lease(store: turnkeeper.BaseStore) -> Any:
+    lease = _session(store)
+
+    def observe() -> Any:  # a takeover writes the row: what the renewal alone writes
+        return store.query(
+            "SELECT count(*) AS n FROM lease_events WHERE edge = 'renew'"
+        ).to_pylist()
+
+    return (lambda: store.renew_lease(lease, 60), _lease_row(lease), observe)
+
+
+def validate_lease(store: turnkeeper.BaseStore) -> Any:
+    lease = _session(store)
+    return (lambda: store.validate_lease(lease), _lease_row(lease), lambda: None)
+
+
+def finalize(store: turnkeeper.BaseStore) -> Any:
+    lease = store.acquire_lease("thread-key:k", "w1", TTL_S)
+    request = FinalizeRequest(ThreadRecord(id="r1", key="k"), held_leases=(lease,))
+    return (lambda: store.finalize(request), _lease_row(lease), lambda: store.resolve(id="r1"))
+
+
+def _orphan_and_recovery_lease(store: turnkeeper.BaseStore) -> tuple[Any, Any]:
+    store.create_session("s")
+    run = store.admit_run("s", {"q": 1}, user_message=USER)
+    store.start_run(run.id)
+    lease = store.acquire_lease("session:s", "rec", TTL_S, purpose="recovery")
+    return run, lease
+
+
+def begin_recovery(store: turnkeeper.BaseStore) -> Any:
+    run, lease = _orphan_and_recovery_lease(store)
+    return (
+        lambda: store.begin_recovery(run.id, lease),
+        _lease_row(lease),
+        lambda: store.get_recovery(run.id),
+    )
+
+
+def converge_recovery(store: turnkeeper.BaseStore) -> Any:
+    run, lease = _orphan_and_recovery_lease(store)
+    store.begin_recovery(run.id, lease)
+    return (
+        lambda: store.converge_recovery(run.id, lease, error="worker lost"),
+        _lease_row(lease),
+        lambda: (store.get_run(run.id).status, store.get_recovery(run.id).state),
+    )
+
+
+def _claimed(store: turnkeeper.BaseStore) -> Any:
+    store.create_session("s")
+    run = store.admit_run("s", {"q": 1}, user_message=USER)
+    store.start_run(run.id)
+    plan = DeliveryPlan("chat", "room", (DeliveryStep("send", "message"),))
+    store.finish_run(run.id, "succeeded", assistant_message=REPLY, delivery_plan=plan)
+    _, ops = store.get_delivery_plan(f"{run.id}:delivery")
+    return store.claim_delivery(ops[0].id, "d1", TTL_S)
+
+
+def _op_row(op: Any) -> tuple[tuple[str, str, str], None]:
+    return ("delivery_operations", "id", op.id), None
+
+
+def finish_delivery(store: turnkeeper.BaseStore) -> Any:
+    op = _claimed(store)
+    return (
+        lambda: store.finish_delivery(op.id, "d1", op.lease_epoch, "delivered"),
+        _op_row(op),
+        lambda: store.get_delivery_operation(op.id),
+    )
+
+
+def update_delivery_progress(store: turnkeeper.BaseStore) -> Any:
+    op = _claimed(store)
+    return (
+        lambda: store.update_delivery_progress(op.id, "d1", op.lease_epoch, provider_asset_id="x"),
+        _op_row(op),
+        lambda: store.get_delivery_operation(op.id),
+    )
+
+
+def requeue_delivery(store: turnkeeper.BaseStore) -> Any:
+    op = _claimed(store)
+    return (
+        lambda: store.requeue_delivery(op.id, "d1", op.lease_epoch, delay_s=1),
+        _op_row(op),
+        lambda: store.get_delivery_operation(op.id),
+    )
+
+
+LEASED = [
+    Case("append", append),
+    Case("append_many", append_many),
+    Case("finish_run", finish_run),
+    Case("complete_tool_execution", complete_tool_execution),
+    Case("renew_lease", renew_lease),
+    Case("validate_lease", validate_lease),
+    Case("finalize", finalize),
+    Case("begin_recovery", begin_recovery),
+    Case("converge_recovery", converge_recovery),
+]
+CLAIMED = [
+    Case("finish_delivery", finish_delivery, DeliveryLeaseLostError),
+    Case("update_delivery_progress", update_delivery_progress, DeliveryLeaseLostError),
+    Case("requeue_delivery", requeue_delivery, DeliveryLeaseLostError),
+]
+
+
+# -- the locks the writes wait for --------------------------------------------------------
+
+
+class _Contended:
+    """A DuckDB stripe lock that says when a thread had to wait for it."""
+
+    def __init__(self, inner: threading.RLock) -> None:
+        self.inner = inner
+        self.contended = threading.Event()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if self.inner.acquire(blocking=False):
+            return True
+        self.contended.set()
+        return self.inner.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self.inner.release()
+
+    def _is_owned(self) -> bool:
+        return bool(self.inner._is_owned())  # type: ignore[attr-defined]
+
+
+class Held:
+    """The lock a write will wait for, held by the test until :meth:`release`:
+    on PostgreSQL a raw transaction's ``FOR UPDATE`` of the row, on DuckDB the
+    lease target's stripe (what a renewal or release in flight holds)."""
+
+    def __init__(self, store: turnkeeper.BaseStore, row: tuple[str, str, str], target: Any):
+        self.store = store
+        if store.db.dialect.name == "duckdb":
+            targets = store.db._file.targets  # type: ignore[attr-defined]
+            stripe = zlib.crc32(target.encode()) % len(targets.locks)
+            locks = list(targets.locks)
+            self.lock = locks[stripe] = _Contended(locks[stripe])
+            targets.locks = tuple(locks)
+            self.lock.inner.acquire()
+            self.conn = None
+            return
+        import psycopg
+
+        self.conn = psycopg.connect(store.db.url)  # type: ignore[attr-defined]
+        table, column, key = row
+        self.conn.execute(f"SELECT 1 FROM {table} WHERE {column} = %s FOR UPDATE", [key])
+        self.pid = self.conn.info.backend_pid
+
+    def waited_for(self) -> bool:
+        """Whether another thread is blocked on this lock now."""
+        if self.conn is None:
+            return self.lock.contended.is_set()
+        import psycopg
+
+        with psycopg.connect(self.store.db.url, autocommit=True) as probe:  # type: ignore[attr-defined]
+            row = probe.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                [self.pid],
+            ).fetchone()
+        return row is not None and row[0] > 0
+
+    def release(self) -> None:
+        if self.conn is None:
+            self.lock.inner.release()
+        else:
+            self.conn.rollback()
+            self.conn.close()
+
+
+def in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except BaseException as exc:  # the test inspects it
+            out.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def expired_while_waiting(
+    store: turnkeeper.BaseStore, clock: FakeClock, case: Case, takeover: bool
+) -> tuple[Any, Any, Any]:
+    """Run ``case``'s write so that it waits for its lock until its lease has
+    expired (and, with ``takeover``, another owner waits to take the lease
+    over); what it returned or raised, what the store held before and after,
+    and the takeover's outcome."""
+    write, (row, target), observe = case.arrange(store)
+    before = observe()
+    held = Held(store, row, target)
+    try:
+        thread, out = in_thread(write)
+        wait_until(held.waited_for, f"{case.name} never waited for the lock")
+        clock.advance(PAST_EXPIRY_S)
+        successor: tuple[threading.Thread, list[Any]] | None = None
+        if takeover and target is not None:
+            successor = in_thread(lambda: store.acquire_lease(target, "w2", 60))
+    finally:
+        held.release()
+    thread.join(120)
+    assert not thread.is_alive()
+    taken = None
+    if successor is not None:
+        successor[0].join(120)
+        taken = successor[1][0]
+    return out[0], (before, observe()), taken
+
+
+WAITS = [
+    pytest.param(backend, case, takeover, id=f"{backend}-{case.name}-{how}")
+    for backend in ("duckdb", "postgres")
+    for case in LEASED + CLAIMED
+    for takeover, how in ((False, "alone"), (True, "takeover"))
+    # DuckDB takes no lock for a delivery operation (the group tests below
+    # cover its claims); a claim is taken over by a claim, not a lease
+    if not (case in CLAIMED and (backend == "duckdb" or takeover))
+]
+
+
+@pytest.mark.parametrize(("backend", "case", "takeover"), WAITS)
+def test_a_write_that_waited_for_its_lock_past_the_expiry_is_refused(
+    tmp_path, clock, backend, case, takeover
+):
+    store = open_backend(backend, tmp_path, clock)
+    try:
+        if backend == "postgres" and case.name in ("append", "append_many"):
+            _without_one_statement_appends(store)
+        got, (before, after), taken = expired_while_waiting(store, clock, case, takeover)
+        assert isinstance(got, case.lost), f"{case.name} committed after its lease expired: {got!r}"
+        assert after == before
+        if takeover:
+            assert isinstance(taken, turnkeeper.Lease) and taken.owner == "w2", taken
+    finally:
+        store.close()
+
+
+def _without_one_statement_appends(store: Any) -> None:
+    """Appends in a transaction (judged in Python, on the injected clock): the
+    one-statement append judges in SQL, on the server's clock (its own test
+    below)."""
+    import dataclasses
+
+    store.db.dialect = dataclasses.replace(store.db.dialect, one_statement_appends=False)
+
+
+def test_a_reacquire_that_waited_past_the_expiry_is_a_takeover_not_a_revival(store, clock):
+    lease = _session(store)
+    held = Held(store, ("leases", "target", lease.target), lease.target)
+    try:
+        thread, out = in_thread(lambda: store.acquire_lease(lease.target, "w1", 60))
+        wait_until(held.waited_for, "the re-acquire never waited for the lock")
+        clock.advance(PAST_EXPIRY_S)
+    finally:
+        held.release()
+    thread.join(120)
+    again = out[0]
+    assert isinstance(again, turnkeeper.Lease), again
+    assert again.epoch == lease.epoch + 1 and again.token != lease.token
+    with pytest.raises(LeaseLostError):
+        store.validate_lease(lease)
+
+
+# -- DuckDB: a group commit runs other writes between a fence and its COMMIT --------------
+
+
+def _blocker(store: turnkeeper.BaseStore, started: threading.Event, go: threading.Event):
+    """A queued write that stamps the store's now (as any write does), then
+    runs until ``go``: the rest of its group commit waits for it."""
+
+    def body(tx: Any) -> str:
+        assert tx.now is not None
+        started.set()
+        if not go.wait(120):
+            raise RuntimeError("never let go")
+        return "done"
+
+    return lambda: store.db.write("blocker", body)
+
+
+@pytest.mark.parametrize("fence_first", [True, False], ids=["fence-then-wait", "wait-then-fence"])
+@pytest.mark.parametrize(
+    "case",
+    [c for c in LEASED + CLAIMED if c.name not in ("renew_lease", "validate_lease")],
+    ids=lambda c: c.name,
+)
+def test_a_grouped_write_whose_lease_expired_before_the_commit_is_refused(
+    tmp_path, case, fence_first
+):
+    """In one DuckDB group: the fenced write and a long write beside it. With
+    the fence first, the lease expires between the fence and the COMMIT; with
+    the long write first, between the group's start and the fence. Either way
+    the fenced write is refused and writes nothing, and the long write (whose
+    lease nothing limits) commits."""
+    clock = FakeClock()
+    store = open_backend("duckdb", tmp_path, clock)
+    try:
+        write, _, observe = case.arrange(store)
+        before = observe()
+        started, go = threading.Event(), threading.Event()
+        blocker = _blocker(store, started, go)
+
+        def release_when_running() -> None:
+            started.wait(120)
+            clock.advance(PAST_EXPIRY_S)
+            go.set()
+
+        helper = threading.Thread(target=release_when_running)
+        helper.start()
+        calls = [write, blocker] if fence_first else [blocker, write]
+        got = queued_together(store, calls)
+        helper.join(120)
+        fenced, other = (got[0], got[1]) if fence_first else (got[1], got[0])
+        assert isinstance(fenced, case.lost), f"{case.name} committed after expiry: {fenced!r}"
+        assert other == "done"
+        assert observe() == before
+    finally:
+        store.close()
+
+
+def test_the_group_test_fails_without_the_check_before_commit(tmp_path, monkeypatch):
+    """Control: with the recheck before COMMIT patched out, a grouped append
+    whose lease expired after its fence commits (the test above can fail)."""
+    monkeypatch.setattr(duck_db.Tx, "lapsed", lambda self: None)
+    clock = FakeClock()
+    store = open_backend("duckdb", tmp_path, clock)
+    try:
+        write, _, observe = append(store)
+        started, go = threading.Event(), threading.Event()
+
+        def release_when_running() -> None:
+            started.wait(120)
+            clock.advance(PAST_EXPIRY_S)
+            go.set()
+
+        helper = threading.Thread(target=release_when_running)
+        helper.start()
+        got = queued_together(store, [write, _blocker(store, started, go)])
+        helper.join(120)
+        assert isinstance(got[0], turnkeeper.Entry) and observe() == 1
+    finally:
+        store.close()
+
+
+# -- PostgreSQL: the one-statement append judges on the server's clock ---------------------
+
+
+@pytest.mark.postgres
+def test_a_one_statement_append_that_waited_past_the_expiry_is_refused(tmp_path):
+    """The issue's example: a lease with a short ttl, its row locked by a raw
+    transaction, an append waiting for it past the expiry (awaited on the
+    server's clock), then the lock let go: the append is refused, nothing is
+    written. Short ttls that run out before the append waits are retried with
+    longer ones (a loaded machine), never counted as a pass."""
+    store = open_backend("postgres", None, None)
+    try:
+        for attempt in range(6):
+            sid = f"p{attempt}"
+            store.create_session(sid)
+            lease = store.acquire_lease(f"session:{sid}", "w1", 0.5 * 2**attempt)
+            if _append_waited_while_live(store, sid, lease):
+                assert store.entries(sid) == []
+                return
+        pytest.fail("the lease always expired before the append waited for it")
+    finally:
+        store.close()
+
+
+def _append_waited_while_live(store: Any, sid: str, lease: turnkeeper.Lease) -> bool:
+    """Append under ``lease`` while its row is locked, until the lease expired
+    on the server's clock; whether the append was waiting while the lease was
+    still live (else the case was not exercised). Fails if the append committed."""
+    held = Held(store, ("leases", "target", lease.target), lease.target)
+    try:
+        thread, out = in_thread(lambda: store.append(sid, M, user("late"), lease=lease))
+        wait_until(held.waited_for, "the append never waited for the lock")
+        live = _live(store, lease.target)
+        wait_until(lambda: not _live(store, lease.target), "the lease never expired")
+    finally:
+        held.release()
+    thread.join(120)
+    if live:
+        assert isinstance(out[0], LeaseLostError), f"committed after expiry: {out[0]!r}"
+    return bool(live)
+
+
+def _live(store: Any, target: str) -> bool:
+    """Whether the lease row of ``target`` is unexpired by the server's clock."""
+    import psycopg
+
+    with psycopg.connect(store.db.url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT expires_at > clock_timestamp() FROM leases WHERE target = %s", [target]
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def test_the_wait_test_fails_with_the_clock_read_before_the_lock(tmp_path, clock, monkeypatch):
+    """Control for the DuckDB waits above: with the guard's clock read as the
+    write starts to wait for its target (before the lock, as a transaction's
+    fixed ``now`` may be), and without the second judgement before COMMIT, a
+    write that waited past its lease's expiry commits."""
+    monkeypatch.setattr(duck_db.Tx, "lapsed", lambda self: None)
+    hold = duck_db.Tx.hold
+
+    def early_hold(self: Any, target: str) -> None:
+        if not hasattr(self, "early"):
+            self.early = self._clock()
+        hold(self, target)
+
+    monkeypatch.setattr(duck_db.Tx, "hold", early_hold)
+    monkeypatch.setattr(duck_db.Tx, "clock_after_locks", lambda self, server_now=None: self.early)
+    store = open_backend("duckdb", tmp_path, clock)
+    try:
+        got, _, _ = expired_while_waiting(store, clock, Case("c", complete_tool_execution), False)
+        assert isinstance(got, turnkeeper.ToolExecution) and got.state == "completed"
+    finally:
+        store.close()

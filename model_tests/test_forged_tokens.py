@@ -1,0 +1,478 @@
+"""A forged lease token is refused by every fenced write, on both backends.
+
+A forged lease names the right target, owner, epoch and purpose and carries
+another token (what a second process under the same owner name, or anyone
+who read the lease row, could present). Every write that takes a lease must
+refuse it: ``LeaseLostError`` (``release_lease``: ``False``), nothing
+written anywhere but the refusal's ``fence_events`` row, the holder's lease
+untouched; and the same call with the holder's token is taken, so the
+refusal was the token's. :data:`WRITES` names each fenced write of the
+store (``storage/ops``: every ``leases.fence`` and ``fence_or_unheld``
+caller with a lease, the one-statement append, renew and release); DuckDB's
+merged group appends are tested beside them.
+
+The kill tests patch the token comparison out (in the test only) and
+assert that each check then fails: ``leases.FENCED`` and
+``leases.fence_values`` without the token's digest (the fence's condition,
+which every fenced write but a release evaluates), and
+``leases._HELD_BY`` without it (what a release compares).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import secrets
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from test_group_commit import grouped, queued_together
+
+import turnkeeper
+from turnkeeper import DeliveryPlan, DeliveryStep, EntryKind, LeaseLostError, ResponseState
+from turnkeeper.spec.records import (
+    FinalizeRequest,
+    ImportBatch,
+    ImportEntry,
+    NewEntry,
+    ThreadRecord,
+)
+from turnkeeper.storage.ops import leases
+
+M = EntryKind.MESSAGE
+USER = {"role": "user", "content": "go"}
+REPLY = {"role": "assistant", "content": [{"type": "text", "text": "done"}]}
+PLAN = DeliveryPlan("chat", "room-1", (DeliveryStep("send", "message"),), reply_message_id="m-1")
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+Call = Callable[[turnkeeper.Lease], Any]
+"""The fenced write, made under the lease it is given."""
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"message": {"role": "user", "content": text}}
+
+
+def session(store: turnkeeper.BaseStore, purpose: str = "execution") -> turnkeeper.Lease:
+    """Session ``s`` (one entry in it), held by ``w``."""
+    store.create_session("s")
+    store.append("s", M, user("root"))
+    return store.acquire_lease("session:s", "w", 600, purpose=purpose)
+
+
+def running(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, turnkeeper.Run]:
+    lease = session(store)
+    run = store.admit_run("s", {"q": 1}, user_message=USER, lease=lease)
+    return lease, store.start_run(run.id, lease=lease)
+
+
+def claimed(
+    store: turnkeeper.BaseStore, *, side_effecting: bool = False, interrupted: bool = False
+) -> turnkeeper.Lease:
+    """A tool record ``k`` of turn ``t`` claimed under the lease (then interrupted)."""
+    lease = session(store)
+    store.claim_tool_execution(
+        "k",
+        "s",
+        local_turn_id="t",
+        provider_call_id="c1",
+        tool_name="bash",
+        side_effecting=side_effecting,
+        lease=lease,
+    )
+    if interrupted:
+        store.interrupt_tool_executions("s", lease=lease)
+    return lease
+
+
+def orphan(store: turnkeeper.BaseStore, begun: bool = True) -> tuple[turnkeeper.Lease, str]:
+    """A run nobody holds, and a recovery lease on its session (its recovery begun)."""
+    store.create_session("s")
+    run = store.admit_run("s", {"q": 1}, user_message=USER)
+    store.start_run(run.id)
+    lease = store.acquire_lease("session:s", "rec", 600, purpose="recovery")
+    if begun:
+        store.begin_recovery(run.id, lease)
+    return lease, run.id
+
+
+def _append(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    return session(store), lambda lease: store.append("s", M, user("x"), lease=lease)
+
+
+def _append_own_id(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    # an id of the caller's: the transaction path on both backends
+    return session(store), lambda lease: store.append(
+        "s", M, user("x"), entry_id="mine", lease=lease
+    )
+
+
+def _append_many(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    batch = [(M, user("a")), (M, user("b"))]
+    return session(store), lambda lease: store.append_many("s", batch, lease=lease)
+
+
+def _append_many_own_ids(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    batch = [NewEntry(M, user("a"), entry_id="a1"), NewEntry(M, user("b"), entry_id="b1")]
+    return session(store), lambda lease: store.append_many("s", batch, lease=lease)
+
+
+def _set_label(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    root = store.entries("s")[0].id
+    return lease, lambda lease: store.set_label("s", root, "keep", lease=lease)
+
+
+def _set_title(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    return session(store), lambda lease: store.set_title("s", "a title", lease=lease)
+
+
+def _branch(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    root = store.entries("s")[0].id
+    store.append("s", M, user("second"), lease=lease)
+    return lease, lambda lease: store.branch("s", root, lease=lease)
+
+
+def _branch_with_summary(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    root = store.entries("s")[0].id
+    store.append("s", M, user("second"), lease=lease)
+    return lease, lambda lease: store.branch_with_summary("s", root, "gist", lease=lease)
+
+
+def _import_batch(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    batch = ImportBatch("s", "/w", T0, {}, [ImportEntry("i1", None, M, T0, user("i"))], "i1")
+    return lease, lambda lease: store.import_batch(batch, lease=lease)
+
+
+def _import_batch_new_session(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    # the lease taken before the session exists: the import creates it
+    lease = store.acquire_lease("session:s", "w", 600)
+    batch = ImportBatch("s", "/w", T0, {}, [ImportEntry("i1", None, M, T0, user("i"))], "i1")
+    return lease, lambda lease: store.import_batch(batch, lease=lease)
+
+
+def _admit_run(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    return lease, lambda lease: store.admit_run("s", {"q": 1}, user_message=USER, lease=lease)
+
+
+def _start_run(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    run = store.admit_run("s", {"q": 1}, user_message=USER, lease=lease)
+    return lease, lambda lease: store.start_run(run.id, lease=lease)
+
+
+def _wait_run(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease, run = running(store)
+    return lease, lambda lease: store.wait_run(run.id, lease=lease)
+
+
+def _resume_run(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease, run = running(store)
+    store.wait_run(run.id, lease=lease)
+    return lease, lambda lease: store.resume_run(run.id, lease=lease)
+
+
+def _finish_run(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease, run = running(store)
+    return lease, lambda lease: store.finish_run(
+        run.id, "succeeded", assistant_message=REPLY, lease=lease
+    )
+
+
+def _finish_run_with_plan(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease, run = running(store)
+    return lease, lambda lease: store.finish_run(
+        run.id, "succeeded", assistant_message=REPLY, lease=lease, delivery_plan=PLAN
+    )
+
+
+def _create_delivery_plan(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease, run = running(store)
+    store.finish_run(run.id, "succeeded", assistant_message=REPLY, lease=lease)
+    return lease, lambda lease: store.create_delivery_plan(run.id, PLAN, lease=lease)
+
+
+def _compare_and_swap_response_state(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    state = ResponseState("s", previous_response_id="resp-1")
+    return lease, lambda lease: store.compare_and_swap_response_state(state, 0, lease=lease)
+
+
+def _claim_tool_execution(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    return lease, lambda lease: store.claim_tool_execution(
+        "k", "s", local_turn_id="t", provider_call_id="c1", tool_name="bash",
+        side_effecting=False, lease=lease,
+    )  # fmt: skip
+
+
+def _complete_tool_execution(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = claimed(store)
+    result = [{"type": "text", "text": "a.txt"}]
+    return lease, lambda lease: store.complete_tool_execution("k", result, lease=lease)
+
+
+def _interrupt_tool_executions(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = claimed(store)
+    return lease, lambda lease: store.interrupt_tool_executions("s", lease=lease)
+
+
+def _reclaim_tool_execution(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = claimed(store, interrupted=True)
+    return lease, lambda lease: store.reclaim_tool_execution("k", lease=lease)
+
+
+def _abandon_interrupted_tool_executions(
+    store: turnkeeper.BaseStore,
+) -> tuple[turnkeeper.Lease, Call]:
+    lease = claimed(store, side_effecting=True, interrupted=True)
+    return lease, lambda lease: store.abandon_interrupted_tool_executions("s", "t", lease=lease)
+
+
+def _annotate_run_error(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease, run = running(store)
+    store.finish_run(run.id, "interrupted", lease=lease)
+    return lease, lambda lease: store.annotate_run_error(run.id, "the host rebooted", lease=lease)
+
+
+def _fork_session(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    store.create_session("s")
+    run = store.admit_run("s", {"q": 1}, user_message=USER)
+    store.start_run(run.id)
+    store.finish_run(run.id, "succeeded", assistant_message=REPLY)
+    lease = store.acquire_lease("session:s", "w", 600, purpose="fork")
+    return lease, lambda lease: store.fork_session("s", request_id="f1", lease=lease)
+
+
+def _finalize(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = store.acquire_lease("thread-key:k1", "w", 600)
+    record = ThreadRecord("r1", key="k1")
+    return lease, lambda lease: store.finalize(FinalizeRequest(record, held_leases=[lease]))
+
+
+def _validate_lease(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    return session(store), store.validate_lease
+
+
+def _renew_lease(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    return session(store), lambda lease: store.renew_lease(lease, 60)
+
+
+def _release_lease(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    return session(store), store.release_lease
+
+
+def _begin_recovery(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease, run_id = orphan(store, begun=False)
+    return lease, lambda lease: store.begin_recovery(run_id, lease)
+
+
+def _converge_recovery(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease, run_id = orphan(store)
+    return lease, lambda lease: store.converge_recovery(run_id, lease, delivery_plan=PLAN)
+
+
+def _fail_recovery(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease, run_id = orphan(store)
+    return lease, lambda lease: store.fail_recovery(run_id, lease, "remote down")
+
+
+def _detach_recovery(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease, run_id = orphan(store)
+    return lease, lambda lease: store.detach_recovery(run_id, lease)
+
+
+Setup = Callable[[turnkeeper.BaseStore], tuple[turnkeeper.Lease, Call]]
+
+WRITES: dict[str, Setup] = {
+    "append": _append,
+    "append[own id]": _append_own_id,
+    "append_many": _append_many,
+    "append_many[own ids]": _append_many_own_ids,
+    "set_label": _set_label,
+    "set_title": _set_title,
+    "branch": _branch,
+    "branch_with_summary": _branch_with_summary,
+    "import_batch": _import_batch,
+    "import_batch[new session]": _import_batch_new_session,
+    "admit_run": _admit_run,
+    "start_run": _start_run,
+    "wait_run": _wait_run,
+    "resume_run": _resume_run,
+    "finish_run": _finish_run,
+    "finish_run[plan]": _finish_run_with_plan,
+    "create_delivery_plan": _create_delivery_plan,
+    "compare_and_swap_response_state": _compare_and_swap_response_state,
+    "claim_tool_execution": _claim_tool_execution,
+    "complete_tool_execution": _complete_tool_execution,
+    "interrupt_tool_executions": _interrupt_tool_executions,
+    "reclaim_tool_execution": _reclaim_tool_execution,
+    "abandon_interrupted_tool_executions": _abandon_interrupted_tool_executions,
+    "annotate_run_error": _annotate_run_error,
+    "fork_session": _fork_session,
+    "finalize": _finalize,
+    "validate_lease": _validate_lease,
+    "renew_lease": _renew_lease,
+    "release_lease": _release_lease,
+    "begin_recovery": _begin_recovery,
+    "converge_recovery": _converge_recovery,
+    "fail_recovery": _fail_recovery,
+    "detach_recovery": _detach_recovery,
+}
+"""Every write that takes a lease, by method (and variant: ``[own id]``, an
+id of the caller's, takes the transaction path on both backends where a
+plain append takes PostgreSQL's one-statement path), and a setup that makes
+the write valid for the holder's lease and returns that lease and the write."""
+
+REFUSED_BY_FALSE = {"release_lease"}
+"""Writes that refuse a lease not theirs by returning ``False`` (idempotent)."""
+
+READS = {"validate_lease"}
+"""Fenced calls that write nothing on DuckDB (a read of the lease row there)."""
+
+HELD_BY = {"release_lease"}
+"""The writes that compare ``leases._HELD_BY`` instead of the fence's condition
+(a renewal is fenced: ``leases.renew``)."""
+
+
+def everything(store: turnkeeper.BaseStore) -> dict[str, list[str]]:
+    """Every row of every table (``fence_events`` aside: a refused fenced write
+    records one), each table's rows sorted."""
+    tables = store.query(
+        "SELECT table_name FROM information_schema.tables "
+        "WHERE table_schema = current_schema() AND table_name <> 'fence_events'"
+    ).to_pylist()
+    assert len(tables) > 20, tables
+    return {
+        t["table_name"]: sorted(
+            repr(sorted(r.items()))
+            for r in store.query(f"SELECT * FROM {t['table_name']}").to_pylist()
+        )
+        for t in tables
+    }
+
+
+def forge(lease: turnkeeper.Lease) -> turnkeeper.Lease:
+    """``lease`` with another token: right target, owner, epoch and purpose."""
+    forged = dataclasses.replace(lease, token=secrets.token_hex(32))
+    assert forged.token != lease.token
+    return forged
+
+
+def check_forged_token_refused(store: turnkeeper.BaseStore, write: str) -> None:
+    """The check itself (``AssertionError`` when the forged token is taken)."""
+    lease, call = WRITES[write](store)
+    before = everything(store)
+    try:
+        got = call(forge(lease))
+    except LeaseLostError as lost:
+        assert lost.target == lease.target
+    else:
+        assert write in REFUSED_BY_FALSE and got is False, f"{write} took a forged token: {got!r}"
+    assert everything(store) == before, f"{write} under a forged token wrote"
+    store.validate_lease(lease)  # the holder's lease is untouched
+    call(lease)  # and the holder's own token is taken: the refusal was the token's
+    if write not in READS:
+        assert everything(store) != before, f"{write} under the holder's token wrote nothing"
+
+
+@pytest.mark.parametrize("write", sorted(WRITES))
+def test_a_forged_token_is_refused_by_every_fenced_write(store, write: str) -> None:
+    check_forged_token_refused(store, write)
+
+
+def test_every_write_that_takes_a_lease_is_in_the_table() -> None:
+    """Every public store method that takes a lease (``finalize``: in its
+    request's ``held_leases``) has a forged-token case: a new fenced write
+    joins the table, or this fails."""
+    taking = {
+        name
+        for name, fn in inspect.getmembers(turnkeeper.BaseStore, inspect.isfunction)
+        if not name.startswith("_") and "lease" in inspect.signature(fn).parameters
+    }
+    assert {name.split("[")[0] for name in WRITES} == taking | {"finalize"}
+
+
+def token_blind_fence(mp: pytest.MonkeyPatch) -> None:
+    """The fence's condition without the token: ``FENCED`` and ``fence_values``
+    with the digest left out (test-only)."""
+    columns, values = leases.FENCED, leases.fence_values
+    kept = [i for i, c in enumerate(columns) if c != "token_digest"]
+    assert len(kept) == len(columns) - 1, columns
+    mp.setattr(leases, "FENCED", tuple(columns[i] for i in kept))
+    mp.setattr(leases, "fence_values", lambda lease: [values(lease)[i] for i in kept])
+
+
+def token_blind_held_by(mp: pytest.MonkeyPatch) -> None:
+    """Release's condition without the token (its parameter kept
+    in place, compared with nothing; test-only)."""
+    blind = leases._HELD_BY.replace("token_digest = ?", "CAST(? AS VARCHAR) IS NOT NULL")
+    assert blind != leases._HELD_BY
+    mp.setattr(leases, "_HELD_BY", blind)
+
+
+@pytest.mark.parametrize("write", sorted(WRITES))
+def test_the_forged_token_check_fails_with_the_token_left_out_of_the_fence(
+    store, write: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (token_blind_held_by if write in HELD_BY else token_blind_fence)(monkeypatch)
+    with pytest.raises(AssertionError, match="took a forged token"):
+        check_forged_token_refused(store, write)
+
+
+# -- DuckDB's merged appends (a group commit's one read of the fence) ---------------------
+
+
+def merged(store: turnkeeper.BaseStore, lease: turnkeeper.Lease, many: bool) -> list[Any]:
+    """An append under ``lease`` to ``s`` queued in one group with a plain append
+    to ``t``; what each got. Both ran merged (the group's statistics say so)."""
+    operation = "append_many" if many else "append"
+    before = grouped(store, operation)
+
+    def leased() -> Any:
+        if many:
+            return store.append_many("s", [(M, user("a")), (M, user("b"))], lease=lease)
+        return store.append("s", M, user("a"), lease=lease)
+
+    def other() -> Any:
+        if many:
+            return store.append_many("t", [(M, user("c")), (M, user("d"))])
+        return store.append("t", M, user("c"))
+
+    got = queued_together(store, [leased, other])
+    assert grouped(store, operation) == before + 2, "the appends did not run merged"
+    return got
+
+
+def check_merged_forged_token_refused(store: turnkeeper.BaseStore, many: bool) -> None:
+    lease = session(store)
+    store.create_session("t")
+    before = [len(store.entries(sid)) for sid in ("s", "t")]
+    refused, beside = merged(store, forge(lease), many)
+    assert isinstance(refused, LeaseLostError), f"a merged append took a forged token: {refused!r}"
+    assert not isinstance(beside, BaseException), beside  # its group committed
+    assert len(store.entries("s")) == before[0]
+    store.validate_lease(lease)
+    taken, _ = merged(store, lease, many)
+    assert not isinstance(taken, BaseException), taken
+    assert len(store.entries("s")) == before[0] + (2 if many else 1)
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["append", "append_many"])
+def test_a_forged_token_is_refused_by_a_merged_append(duck_store, many: bool) -> None:
+    check_merged_forged_token_refused(duck_store, many)
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["append", "append_many"])
+def test_the_merged_forged_token_check_fails_with_the_token_left_out_of_the_fence(
+    duck_store, many: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token_blind_fence(monkeypatch)
+    with pytest.raises(AssertionError, match="took a forged token"):
+        check_merged_forged_token_refused(duck_store, many)

@@ -1,0 +1,14 @@
+-- turnkeeper schema version 13: every entry has written_at (the store's clock at
+-- the write). Version 1 gained that column after turnkeeper had shipped it
+-- (commit f4a91ce), so a DuckDB file made by the first version 1 has entries
+-- without it, and every write to one failed once it was migrated (Binder Error:
+-- no column written_at). DuckDB's addition (storage/duck/migrations/
+-- 0013_entries_written_at.sql) adds the column where it is missing and gives the
+-- entries already stored their own timestamp. PostgreSQL stores were never made
+-- without it: PostgreSQL adds nothing (an ALTER TABLE there would lock entries
+-- against a fleet still writing).
+--
+-- The other stored digests whose definition changed are compared, not rewritten:
+-- a submission row written before commit 651f01c holds a digest of its request
+-- alone, and storage/ops/submissions.py compares a later admission under its key
+-- with what the store kept of that admission.
