@@ -29,7 +29,10 @@ from turnkeeper.cli.main import cli
 
 pq = importlib.import_module("pyarrow.parquet")
 
-DEMO_ARGS = ["--duration", "5", "--workers", "4", "--sessions", "4", "--seed", "1"]
+DEMO_ARGS = ["--duration", "3", "--min-turns", "30", "--workers", "4", "--sessions", "4"]
+DEMO_ARGS += ["--seed", "1"]
+"""The shared demo: 30 committed turns at least, however long a loaded machine
+takes (the corruptions below need tool calls, deliveries and takeovers in it)."""
 
 
 def run(*args: str) -> Result:
@@ -88,8 +91,9 @@ def test_short_demo_is_clean_and_fences_stale_writes(demo: DemoRun) -> None:
         "tool_calls_paired",
         "tool_results_in_context",
         "stale_delivery_acks_refused",
+        "fleet_did_work",
     }
-    assert f["turns_committed"] > 0
+    assert f["turns_committed"] >= 30 == f["config"]["min_turns"]
     assert f["runs_admitted"] >= f["turns_committed"]
     assert f["recoveries_converged"] > 0  # stalled and crashed workers' runs
     assert f["deliveries"]["delivered"] > 0
@@ -762,7 +766,9 @@ def test_demo_audit_catches_a_store_without_its_fence(
     from turnkeeper.storage.ops import leases
 
     monkeypatch.setattr(leases, "fence", lambda tx, lease: None)
-    cfg = FleetConfig(workers=3, sessions=3, duration_s=2.0, seed=11, ttl_s=0.3, stall_p=0.5)
+    cfg = FleetConfig(
+        workers=3, sessions=3, duration_s=2.0, seed=11, ttl_s=0.3, stall_p=0.5, min_turns=6
+    )
     with turnkeeper.open_store(str(tmp_path / "nofence.duckdb")) as store:
         figures = run_fleet(store, cfg, None)
     assert figures["stalls"] > 0
