@@ -244,7 +244,30 @@ def duck_store(tmp_path: Path, clock: FakeClock) -> Iterator[turnkeeper.DuckDBSt
     s.close()
 
 
-def forge(store: turnkeeper.BaseStore, sql: str, params: list[Any] | None = None) -> None:
+def forge(
+    store: turnkeeper.BaseStore, sql: str, params: list[Any] | None = None, *, rows: int | None
+) -> None:
     """Write ``sql`` straight to the store's database, bypassing every check: tests
-    use it to forge states the store itself never writes (``query`` only reads)."""
-    store.db.write("forge", lambda tx: tx.exec(sql, params or []), transaction=False, retry=False)
+    use it to forge states the store itself never writes (``query`` only reads).
+
+    ``rows`` is how many rows the statement must change, checked: a forged
+    state that changed nothing leaves the test nothing to find, and it then
+    fails for the wrong reason or, worse, passes (CI: a corruption's UPDATE
+    found no row on a loaded machine). ``None`` only for a statement that
+    changes no rows (DDL, ``ANALYZE``); :func:`forged_rows` when the count
+    varies and the caller checks it."""
+    if rows is None:
+        store.db.write(
+            "forge", lambda tx: tx.exec(sql, params or []), transaction=False, retry=False
+        )
+        return
+    changed = forged_rows(store, sql, params)
+    assert changed == rows, f"the forge changed {changed} rows, not {rows}: {sql}"
+
+
+def forged_rows(store: turnkeeper.BaseStore, sql: str, params: list[Any] | None = None) -> int:
+    """Like :func:`forge`; returns how many rows ``sql`` changed, for the caller to check."""
+    count: int = store.db.write(
+        "forge", lambda tx: tx.count(sql, params or []), transaction=False, retry=False
+    )
+    return count

@@ -47,6 +47,16 @@ def checked_of(figures: dict[str, Any], name: str) -> int:
     return int(checks_by_name(figures)[name]["checked"])
 
 
+def changed(
+    con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None, *, rows: int = 1
+) -> None:
+    """Run one raw write on ``con`` and check that it changed ``rows`` rows: a
+    forged corruption that changed nothing leaves the audit nothing to find (CI:
+    a demo on a loaded machine had no completed tool record to break)."""
+    found = con.execute(sql, params or []).fetchone()
+    assert found is not None and found[0] == rows, (found, rows, sql)
+
+
 @dataclass
 class DemoRun:
     db: Path
@@ -235,7 +245,8 @@ def _append_corrupt_entry(
     leaf, seq = con.execute(
         "SELECT leaf_id, next_seq FROM sessions WHERE id = 'demo-1-0'"
     ).fetchone() or (None, None)
-    con.execute(
+    changed(
+        con,
         "INSERT INTO entries VALUES ('demo-1-0', 'forged01', ?, 'message', ?, now(), ?, ?, now())",
         [
             leaf if parent is None else parent,
@@ -244,9 +255,10 @@ def _append_corrupt_entry(
             lease_epoch,
         ],
     )
-    con.execute(
+    changed(
+        con,
         "UPDATE sessions SET leaf_id = 'forged01', next_seq = next_seq + 1, "
-        "entry_count = entry_count + 1 WHERE id = 'demo-1-0'"
+        "entry_count = entry_count + 1 WHERE id = 'demo-1-0'",
     )
 
 
@@ -258,10 +270,11 @@ def _duplicate_active_record(con: duckdb.DuckDBPyConnection) -> None:
     """Two forged active records on demo-1-0's key, copied from one of its records
     (or any record: whatever the demo left there, it then has two active)."""
     for forged in ("forged-record", "forged-record-2"):
-        con.execute(
+        changed(
+            con,
             f"INSERT INTO thread_records SELECT '{forged}', 'demo-1-0', 'active', driver_type, "
             "agent, fingerprint, compatibility_fingerprint, session_codec, state, created_at, "
-            "updated_at FROM thread_records ORDER BY key = 'demo-1-0' DESC, id LIMIT 1"
+            "updated_at FROM thread_records ORDER BY key = 'demo-1-0' DESC, id LIMIT 1",
         )
 
 
@@ -270,12 +283,13 @@ def _missing_parent(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _epoch_gap(con: duckdb.DuckDBPyConnection) -> None:
-    con.execute(
+    changed(
+        con,
         "INSERT INTO lease_events SELECT target, epoch + 2, 'intruder', purpose, 'takeover', "
         "'acquire', 'held', 'held', owner, now() + INTERVAL 1 HOUR, now() FROM leases "
-        "WHERE target = 'session:demo-1-0'"
+        "WHERE target = 'session:demo-1-0'",
     )
-    con.execute("UPDATE leases SET epoch = epoch + 2 WHERE target = 'session:demo-1-0'")
+    changed(con, "UPDATE leases SET epoch = epoch + 2 WHERE target = 'session:demo-1-0'")
 
 
 def _write_after_takeover(con: duckdb.DuckDBPyConnection) -> None:
@@ -287,14 +301,15 @@ def _write_after_takeover(con: duckdb.DuckDBPyConnection) -> None:
     ).fetchone()
     assert row is not None
     _append_corrupt_entry(con, lease_epoch=1)
-    con.execute("UPDATE entries SET ts = ? WHERE id = 'forged01'", [row[0]])
+    changed(con, "UPDATE entries SET ts = ? WHERE id = 'forged01'", [row[0]])
 
 
 def _run_event(
     con: duckdb.DuckDBPyConnection, run_id: str, edge: str, source: str, dest: str, as_run: str = ""
 ) -> None:
     """Append a forged run event (for ``as_run``, default the run) to the run's session."""
-    con.execute(
+    changed(
+        con,
         "INSERT INTO run_events SELECT r.session_id, (SELECT max(seq) + 1 FROM run_events e "
         "WHERE e.session_id = r.session_id), 'forged-' || ? || '-' || ?, ?, ?, ?, ?, ?, "
         "'{}', now() FROM runs r WHERE r.id = ?",
@@ -321,18 +336,20 @@ def _revived_run(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _delivered_twice(con: duckdb.DuckDBPyConnection) -> None:
-    con.execute(
+    changed(
+        con,
         "INSERT INTO delivery_events SELECT * FROM delivery_events "
-        "WHERE dest = 'delivered' ORDER BY operation_id LIMIT 1"
+        "WHERE dest = 'delivered' ORDER BY operation_id LIMIT 1",
     )
 
 
 def _tool_record_stuck(con: duckdb.DuckDBPyConnection) -> None:
     """A completed record of an ended run is running again."""
-    con.execute(
+    changed(
+        con,
         "UPDATE tool_executions SET state = 'running' WHERE execution_key = "
         "(SELECT min(t.execution_key) FROM tool_executions t JOIN runs r ON r.id = t.run_id "
-        "WHERE t.state = 'completed' AND r.finished_at IS NOT NULL)"
+        "WHERE t.state = 'completed' AND r.finished_at IS NOT NULL)",
     )
 
 
@@ -347,12 +364,14 @@ def _cut_splits_a_pair(con: duckdb.DuckDBPyConnection) -> None:
     assert row is not None
     sid, result_id, leaf, seq = row
     payload = json.dumps({"summary": "s", "firstKeptEntryId": result_id, "tokensBefore": 1})
-    con.execute(
+    changed(
+        con,
         "INSERT INTO entries (session_id, id, parent_id, kind, seq, ts, payload, lease_epoch, "
         "written_at) VALUES (?, 'forged-cut', ?, 'compaction', ?, now(), ?, NULL, now())",
         [sid, leaf, seq, payload],
     )
-    con.execute(
+    changed(
+        con,
         "UPDATE sessions SET leaf_id = 'forged-cut', next_seq = next_seq + 1, "
         "entry_count = entry_count + 1 WHERE id = ?",
         [sid],
@@ -361,10 +380,11 @@ def _cut_splits_a_pair(con: duckdb.DuckDBPyConnection) -> None:
 
 def _call_result_lost(con: duckdb.DuckDBPyConnection) -> None:
     """A toolResult of an ended turn now answers another call: its call is unpaired."""
-    con.execute(
+    changed(
+        con,
         "UPDATE entries SET payload = json_merge_patch(payload, "
         '\'{"message": {"toolCallId": "ghost"}}\') WHERE id = (SELECT min(id) FROM entries '
-        "WHERE kind = 'message' AND json_extract_string(payload, '$.message.role') = 'toolResult')"
+        "WHERE kind = 'message' AND json_extract_string(payload, '$.message.role') = 'toolResult')",
     )
 
 
@@ -404,6 +424,22 @@ def test_audit_reports_each_corruption(demo: DemoRun, tmp_path: Path, corruption
     text = run("audit", "--db", str(db))
     assert text.exit_code == 1
     assert all(f"FAIL {name}" in text.stdout for name in expected)
+
+
+def test_a_corruption_that_changes_nothing_fails_instead_of_passing(
+    demo: DemoRun, tmp_path: Path
+) -> None:
+    """CI, loaded machine: the demo had no completed tool record of an ended run,
+    ``tool_record_stuck``'s UPDATE changed no row and the audit had nothing to
+    find. Such a forge now fails at once, saying it changed nothing."""
+    db = demo.copy(tmp_path)
+    con = duckdb.connect(str(db))
+    try:
+        con.execute("DELETE FROM tool_executions")  # what that demo had: no record to break
+        with pytest.raises(AssertionError, match="UPDATE tool_executions"):
+            _tool_record_stuck(con)
+    finally:
+        con.close()
 
 
 def test_demo_exits_nonzero_when_stored_data_breaks_an_invariant(
@@ -783,10 +819,11 @@ def test_audit_fails_when_a_grant_is_stamped_before_the_prior_epoch(
     db = demo.copy(tmp_path)
     con = duckdb.connect(str(db))
     try:  # the newest grant of demo-1-0, restamped an hour early
-        con.execute(
+        changed(
+            con,
             "UPDATE lease_events SET occurred_at = occurred_at - INTERVAL 1 HOUR "
             "WHERE target = 'session:demo-1-0' AND edge IN ('regrant', 'takeover') "
-            "AND epoch = (SELECT max(epoch) FROM lease_events WHERE target = 'session:demo-1-0')"
+            "AND epoch = (SELECT max(epoch) FROM lease_events WHERE target = 'session:demo-1-0')",
         )
     finally:
         con.close()

@@ -272,7 +272,9 @@ def test_one_fork_per_request_id_is_held_by_the_schema(store, sid):
     cols = ", ".join(row)
     marks = ", ".join("?" for _ in row)
     with pytest.raises(IntegrityError):
-        forge(store, f"INSERT INTO session_forks ({cols}) VALUES ({marks})", list(row.values()))
+        forge(
+            store, f"INSERT INTO session_forks ({cols}) VALUES ({marks})", [*row.values()], rows=1
+        )
 
 
 @pytest.mark.parametrize("chosen", [None, "child"])
@@ -480,7 +482,7 @@ def test_a_named_boundary_that_is_not_there_is_unavailable(store, sid):
 
 def test_a_turn_whose_end_entry_is_missing_is_unavailable(store, sid):
     run = turn(store, sid, "one")
-    forge(store, "UPDATE conversation_turns SET end_seq = 99 WHERE id = ?", [run.turn_id])
+    forge(store, "UPDATE conversation_turns SET end_seq = 99 WHERE id = ?", [run.turn_id], rows=1)
     with nothing_written(store), pytest.raises(ForkUnavailableError):
         store.fork_session(sid, request_id="r")
 
@@ -507,7 +509,7 @@ def test_an_open_turn_is_an_invalid_boundary(store, sid):
     turn(store, sid, "one")
     run = store.admit_run(sid, {"text": "two"})
     # an orphaned open turn whose run row was ended without closing it
-    forge(store, "DELETE FROM active_runs WHERE run_id = ?", [run.id])
+    forge(store, "DELETE FROM active_runs WHERE run_id = ?", [run.id], rows=1)
     with nothing_written(store), pytest.raises(ForkInvalidBoundaryError):
         store.fork_session(sid, request_id="r", boundary_turn_id=run.turn_id)
 
