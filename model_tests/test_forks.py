@@ -2,13 +2,12 @@
 reference remapping, a fork of real corpus sessions, and no writes on any error.
 
 Corpus files are read in place (``../shared/corpus/pi`` or ``$TURNKEEPER_CORPUS``);
-without them the corpus test skips locally and fails in CI, as in test_pi_format.
+without them the corpus test is left out locally and fails CI (conftest's ``pi_dir``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -43,10 +42,6 @@ from turnkeeper.formats import pi
 from turnkeeper.spec.fork import FORK_REQUEST_ID_MAX_BYTES, ForkKind
 from turnkeeper.spec.records import ImportBatch, ImportEntry
 
-CORPUS = Path(
-    os.environ.get("TURNKEEPER_CORPUS")
-    or Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
-)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -671,13 +666,8 @@ def test_unknown_kinds_off_every_copied_branch_do_not_matter(store):
 
 
 @pytest.fixture(scope="module")
-def pi_files() -> list[Path]:
-    folder = CORPUS / "pi"
-    if not folder.is_dir():
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"corpus folder {folder} is missing (set TURNKEEPER_CORPUS)")
-        pytest.skip(f"corpus folder {folder} is missing")
-    files = sorted(folder.glob("*.jsonl"))
+def pi_files(pi_dir: Path) -> list[Path]:
+    files = sorted(pi_dir.glob("*.jsonl"))
     assert files
     return files
 
