@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import random
 import shutil
 import signal
@@ -203,6 +204,8 @@ def test_seed_fixes_each_workers_choices(tmp_path: Path) -> None:
         str(tmp_path / "s.duckdb"),
         "--duration",
         "1",
+        "--min-turns",  # at least as many iterations as workers, however loaded
+        "3",
         "--workers",
         "3",
         "--sessions",
@@ -896,31 +899,61 @@ def test_interrupt_is_one_line_exit_130(demo: DemoRun, monkeypatch: pytest.Monke
     assert one_line_error(result, 130) == "turnkeeper: interrupted\n"
 
 
+def _read_pty(fd: int, until: Callable[[str], bool], guard_s: float = 300.0) -> str:
+    """Read what a process writes to the terminal ``fd`` until ``until(text so
+    far)`` holds or the terminal closes (a hang guard fails the test)."""
+    import select
+
+    text = ""
+    give_up = time.monotonic() + guard_s
+    while not until(text):
+        assert time.monotonic() < give_up, f"hang guard: {text[-2000:]!r}"
+        if not select.select([fd], [], [], 1.0)[0]:
+            continue
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: the other end closed
+            return text
+        if not chunk:
+            return text
+        text += chunk.decode(errors="replace")
+    return text
+
+
 @pytest.mark.slow
 def test_ctrl_c_stops_a_running_demo_with_exit_130(tmp_path: Path) -> None:
+    """The interrupt lands while the fleet runs: the demo runs in a terminal,
+    whose progress bar says a turn was committed (it used to be sent a second
+    after the database file appeared, which on a loaded machine can be before
+    the fleet began)."""
+    import pty
+    import re
+
     db = tmp_path / "interrupted.duckdb"
     args = ["demo", "--db", str(db), "--duration", "120", "--workers", "4", "--sessions", "4"]
+    screen, terminal = pty.openpty()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "turnkeeper.cli.main", *args, "--json"],
-        stdout=subprocess.PIPE,
+        [sys.executable, "-m", "turnkeeper.cli.main", *args],
+        stdout=terminal,
         stderr=subprocess.PIPE,
         text=True,
     )
+    os.close(terminal)
     try:
-        deadline = time.monotonic() + 60
-        while not db.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(1.0)  # the fleet is running
-        assert proc.poll() is None
+        shown = _read_pty(screen, lambda text: re.search(r"[1-9][0-9]* turns", text) is not None)
+        assert proc.poll() is None, shown[-2000:]
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        shown += _read_pty(screen, lambda text: False)  # to the end: the terminal closes
+        err = proc.stderr.read() if proc.stderr else ""
+        proc.wait(60)
     finally:
+        os.close(screen)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     assert proc.returncode == 130, err
     assert err.endswith("turnkeeper: interrupted\n") and "Traceback" not in err, err
-    assert out == ""
+    assert "runs succeeded" not in shown and "audit:" not in shown  # no figures printed
 
 
 def test_demo_defaults_to_its_own_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
