@@ -36,7 +36,6 @@ from .fleet_runners import (
     READY_S,
     Flag,
     ProcessFleet,
-    Statements,
     ThreadFleet,
     merge_statements,
     stats_delta,
@@ -216,7 +215,6 @@ def run_fleet(store: BaseStore, cfg: FleetConfig, console: Console | None) -> di
         else ThreadFleet(store, cfg, session_ids, run_id)
     )
     spawned = time.monotonic()
-    unit_statements: list[Statements] = []
     try:
         fleet.start()  # inside: a Ctrl-C held during start() is raised as it returns
         ready = _ready(fleet, console)
