@@ -100,6 +100,7 @@ def _on_postgres(item: pytest.Item) -> bool:
 
 _LEFT_OUT: list[int] = []
 _SEARCHES_LEFT_OUT: list[int] = []
+_CORPUS_LEFT_OUT: list[int] = []
 
 SEARCHING = os.environ.get("HYPOTHESIS_PROFILE") == "nightly"
 """Whether the ``search`` tests run: Hypothesis searching from scratch for the
@@ -109,23 +110,42 @@ searches run on demand: ``HYPOTHESIS_PROFILE=nightly make test``, or
 ``pytest -m search``."""
 
 
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def _uses_corpus(item: pytest.Item) -> bool:
+    return "pi_dir" in getattr(item, "fixturenames", ())
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Leave the ``search`` tests out unless :data:`SEARCHING` or ``-m`` names
-    them, and without a test server the PostgreSQL tests (one summary line
-    says so for each); under ``CI=true`` the latter is an error: CI must test
-    both backends."""
+    them; without the shared corpus the tests that read it (those using
+    :func:`pi_dir`), and without a test server the PostgreSQL tests (one
+    summary line says so for each); under ``CI=true`` the latter two are an
+    error: CI must test both backends, on the real session files."""
     if not SEARCHING and "search" not in (config.option.markexpr or ""):
         searches = [i for i in items if i.get_closest_marker("search") is not None]
         if searches:
             items[:] = [i for i in items if i.get_closest_marker("search") is None]
             config.hook.pytest_deselected(items=searches)
             _SEARCHES_LEFT_OUT.append(len(searches))
+    corpus = [] if (CORPUS / "pi").is_dir() else [i for i in items if _uses_corpus(i)]
+    if corpus:
+        if _in_ci():
+            raise pytest.UsageError(
+                f"CI=true and the corpus folder {CORPUS / 'pi'} is missing "
+                f"({len(corpus)} tests read it; set {CORPUS_ENV})"
+            )
+        items[:] = [i for i in items if not _uses_corpus(i)]
+        config.hook.pytest_deselected(items=corpus)
+        _CORPUS_LEFT_OUT.append(len(corpus))
     if os.environ.get(PG_ENV):
         return
     left = [i for i in items if _on_postgres(i)]
     if not left:
         return
-    if os.environ.get("CI", "").lower() == "true":
+    if _in_ci():
         raise pytest.UsageError(f"CI=true and {PG_ENV} is unset: no PostgreSQL test server")
     items[:] = [i for i in items if not _on_postgres(i)]
     config.hook.pytest_deselected(items=left)
@@ -137,6 +157,11 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(
             f"fence-kill searches left out ({sum(_SEARCHES_LEFT_OUT)}): every kill's stored "
             "counterexample ran instead; HYPOTHESIS_PROFILE=nightly (or -m search) runs them"
+        )
+    if _CORPUS_LEFT_OUT:
+        terminalreporter.write_line(
+            f"corpus tests skipped ({sum(_CORPUS_LEFT_OUT)}): the folder {CORPUS / 'pi'} is "
+            f"missing (set {CORPUS_ENV} to the shared corpus; CI=true fails instead)"
         )
     if _LEFT_OUT:
         terminalreporter.write_line(
@@ -185,21 +210,24 @@ def open_backend(
     raise ValueError(backend)
 
 
+CORPUS_ENV = "TURNKEEPER_CORPUS"
+"""Where the shared corpus is, when not ``../shared/corpus`` beside the checkout."""
+
 CORPUS = Path(
-    os.environ.get("TURNKEEPER_CORPUS")
-    or Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
+    os.environ.get(CORPUS_ENV) or Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
 )
 """The shared corpus of real session files (read in place, never copied)."""
 
 
 @pytest.fixture(scope="session")
 def pi_dir() -> Path:
-    """The corpus's pi files: a test without them skips locally and fails in CI."""
+    """The corpus's pi files. Without them the tests using this fixture are left
+    out at collection (one summary line says so), and under ``CI=true`` the run
+    fails (see :func:`pytest_collection_modifyitems`); this check is for a
+    folder gone since."""
     folder = CORPUS / "pi"
     if not folder.is_dir():
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"corpus folder {folder} is missing (set TURNKEEPER_CORPUS)")
-        pytest.skip(f"corpus folder {folder} is missing")
+        pytest.fail(f"corpus folder {folder} is missing (set {CORPUS_ENV})")
     return folder
 
 
@@ -244,7 +272,30 @@ def duck_store(tmp_path: Path, clock: FakeClock) -> Iterator[turnkeeper.DuckDBSt
     s.close()
 
 
-def forge(store: turnkeeper.BaseStore, sql: str, params: list[Any] | None = None) -> None:
+def forge(
+    store: turnkeeper.BaseStore, sql: str, params: list[Any] | None = None, *, rows: int | None
+) -> None:
     """Write ``sql`` straight to the store's database, bypassing every check: tests
-    use it to forge states the store itself never writes (``query`` only reads)."""
-    store.db.write("forge", lambda tx: tx.exec(sql, params or []), transaction=False, retry=False)
+    use it to forge states the store itself never writes (``query`` only reads).
+
+    ``rows`` is how many rows the statement must change, checked: a forged
+    state that changed nothing leaves the test nothing to find, and it then
+    fails for the wrong reason or, worse, passes (CI: a corruption's UPDATE
+    found no row on a loaded machine). ``None`` only for a statement that
+    changes no rows (DDL, ``ANALYZE``); :func:`forged_rows` when the count
+    varies and the caller checks it."""
+    if rows is None:
+        store.db.write(
+            "forge", lambda tx: tx.exec(sql, params or []), transaction=False, retry=False
+        )
+        return
+    changed = forged_rows(store, sql, params)
+    assert changed == rows, f"the forge changed {changed} rows, not {rows}: {sql}"
+
+
+def forged_rows(store: turnkeeper.BaseStore, sql: str, params: list[Any] | None = None) -> int:
+    """Like :func:`forge`; returns how many rows ``sql`` changed, for the caller to check."""
+    count: int = store.db.write(
+        "forge", lambda tx: tx.count(sql, params or []), transaction=False, retry=False
+    )
+    return count

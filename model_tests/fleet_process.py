@@ -1,6 +1,8 @@
-"""One process of the multi-process PostgreSQL test (``test_postgres_fleet.py``).
+"""One process of the multi-process PostgreSQL test (``test_postgres.py``).
 
-``python fleet_process.py ROLE URL ACKS [INDEX]`` runs until SIGTERM or a kill:
+``python fleet_process.py ROLE URL ACKS [INDEX]`` prints ``ready`` once its
+store is open (the test waits for that, not for a time), then runs until
+SIGTERM or a kill:
 
 - ``worker INDEX``: sessions ``w<INDEX>-<n>``; per turn it takes the session's
   lease, admits and starts a run, appends three entries under the lease and
@@ -111,6 +113,7 @@ def main(argv: list[str]) -> int:
     role, url, acks_path = argv[:3]
     signal.signal(signal.SIGTERM, lambda *_: STOP.set())
     with turnkeeper.open_store(url) as store, open(acks_path, "a") as acks:
+        print("ready", flush=True)
         if role == "worker":
             worker(store, int(argv[3]), acks)
         elif role == "recovery":

@@ -143,23 +143,25 @@ def finish_history(store: Any, keep: set[str]) -> None:
     """End every run but those of sessions ``keep`` and deliver their outbox:
     the history of a store in use, whose other sessions' turns are over (few
     runs active, few deliveries open, among all those of the past)."""
-    from conftest import forge
+    from conftest import forged_rows
 
-    forge(
+    ended = forged_rows(
         store,
         "UPDATE runs SET status = 'succeeded', finished_at = updated_at "
         "WHERE finished_at IS NULL AND NOT (session_id = ANY(?::VARCHAR[]))",
         [sorted(keep)],
     )
-    forge(
+    unlisted = forged_rows(
         store,
         "DELETE FROM active_runs WHERE NOT (session_id = ANY(?::VARCHAR[]))",
         [sorted(keep)],
     )
-    forge(
+    delivered = forged_rows(
         store,
         "UPDATE delivery_operations SET status = 'delivered', provider_message_id = 'm' "
         "WHERE status NOT IN ('delivered', 'unsupported', 'failed', 'uncertain') AND NOT "
         "(intent_id IN (SELECT id FROM delivery_intents WHERE session_id = ANY(?::VARCHAR[])))",
         [sorted(keep)],
     )
+    # every run ended was active, once; a grown store has both to finish
+    assert ended == unlisted > 0 and delivered > 0, (ended, unlisted, delivered)

@@ -204,7 +204,7 @@ def test_replay_walks_a_forked_tree_in_memory(store: turnkeeper.BaseStore) -> No
     c = store.append_many("s", [(M, user("c1")), (M, user("c2"))])
     texts = [m["content"] for m in store.replay("s").messages]
     assert texts == ["a", "c1", "c2"]
-    forge(store, "UPDATE entries SET parent_id = ? WHERE id = ?", [c[-1].id, a.id])
+    forge(store, "UPDATE entries SET parent_id = ? WHERE id = ?", [c[-1].id, a.id], rows=1)
     # the rows walked afresh (a replay would come from the cache: entries never change)
     path = store.db.read("walk", lambda tx: sessions.branch_path(tx, "s"))
     assert [e.payload["message"]["content"] for e in path] == ["a", "c1", "c2"]

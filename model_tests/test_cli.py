@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import random
 import shutil
 import signal
@@ -29,7 +30,10 @@ from turnkeeper.cli.main import cli
 
 pq = importlib.import_module("pyarrow.parquet")
 
-DEMO_ARGS = ["--duration", "5", "--workers", "4", "--sessions", "4", "--seed", "1"]
+DEMO_ARGS = ["--duration", "3", "--min-turns", "30", "--workers", "4", "--sessions", "4"]
+DEMO_ARGS += ["--seed", "1"]
+"""The shared demo: 30 committed turns at least, however long a loaded machine
+takes (the corruptions below need tool calls, deliveries and takeovers in it)."""
 
 
 def run(*args: str) -> Result:
@@ -42,6 +46,16 @@ def checks_by_name(figures: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def checked_of(figures: dict[str, Any], name: str) -> int:
     return int(checks_by_name(figures)[name]["checked"])
+
+
+def changed(
+    con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None, *, rows: int = 1
+) -> None:
+    """Run one raw write on ``con`` and check that it changed ``rows`` rows: a
+    forged corruption that changed nothing leaves the audit nothing to find (CI:
+    a demo on a loaded machine had no completed tool record to break)."""
+    found = con.execute(sql, params or []).fetchone()
+    assert found is not None and found[0] == rows, (found, rows, sql)
 
 
 @dataclass
@@ -88,8 +102,9 @@ def test_short_demo_is_clean_and_fences_stale_writes(demo: DemoRun) -> None:
         "tool_calls_paired",
         "tool_results_in_context",
         "stale_delivery_acks_refused",
+        "fleet_did_work",
     }
-    assert f["turns_committed"] > 0
+    assert f["turns_committed"] >= 30 == f["config"]["min_turns"]
     assert f["runs_admitted"] >= f["turns_committed"]
     assert f["recoveries_converged"] > 0  # stalled and crashed workers' runs
     assert f["deliveries"]["delivered"] > 0
@@ -189,6 +204,8 @@ def test_seed_fixes_each_workers_choices(tmp_path: Path) -> None:
         str(tmp_path / "s.duckdb"),
         "--duration",
         "1",
+        "--min-turns",  # at least as many iterations as workers, however loaded
+        "3",
         "--workers",
         "3",
         "--sessions",
@@ -231,7 +248,8 @@ def _append_corrupt_entry(
     leaf, seq = con.execute(
         "SELECT leaf_id, next_seq FROM sessions WHERE id = 'demo-1-0'"
     ).fetchone() or (None, None)
-    con.execute(
+    changed(
+        con,
         "INSERT INTO entries VALUES ('demo-1-0', 'forged01', ?, 'message', ?, now(), ?, ?, now())",
         [
             leaf if parent is None else parent,
@@ -240,9 +258,10 @@ def _append_corrupt_entry(
             lease_epoch,
         ],
     )
-    con.execute(
+    changed(
+        con,
         "UPDATE sessions SET leaf_id = 'forged01', next_seq = next_seq + 1, "
-        "entry_count = entry_count + 1 WHERE id = 'demo-1-0'"
+        "entry_count = entry_count + 1 WHERE id = 'demo-1-0'",
     )
 
 
@@ -254,10 +273,11 @@ def _duplicate_active_record(con: duckdb.DuckDBPyConnection) -> None:
     """Two forged active records on demo-1-0's key, copied from one of its records
     (or any record: whatever the demo left there, it then has two active)."""
     for forged in ("forged-record", "forged-record-2"):
-        con.execute(
+        changed(
+            con,
             f"INSERT INTO thread_records SELECT '{forged}', 'demo-1-0', 'active', driver_type, "
             "agent, fingerprint, compatibility_fingerprint, session_codec, state, created_at, "
-            "updated_at FROM thread_records ORDER BY key = 'demo-1-0' DESC, id LIMIT 1"
+            "updated_at FROM thread_records ORDER BY key = 'demo-1-0' DESC, id LIMIT 1",
         )
 
 
@@ -266,12 +286,13 @@ def _missing_parent(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _epoch_gap(con: duckdb.DuckDBPyConnection) -> None:
-    con.execute(
+    changed(
+        con,
         "INSERT INTO lease_events SELECT target, epoch + 2, 'intruder', purpose, 'takeover', "
         "'acquire', 'held', 'held', owner, now() + INTERVAL 1 HOUR, now() FROM leases "
-        "WHERE target = 'session:demo-1-0'"
+        "WHERE target = 'session:demo-1-0'",
     )
-    con.execute("UPDATE leases SET epoch = epoch + 2 WHERE target = 'session:demo-1-0'")
+    changed(con, "UPDATE leases SET epoch = epoch + 2 WHERE target = 'session:demo-1-0'")
 
 
 def _write_after_takeover(con: duckdb.DuckDBPyConnection) -> None:
@@ -283,14 +304,15 @@ def _write_after_takeover(con: duckdb.DuckDBPyConnection) -> None:
     ).fetchone()
     assert row is not None
     _append_corrupt_entry(con, lease_epoch=1)
-    con.execute("UPDATE entries SET ts = ? WHERE id = 'forged01'", [row[0]])
+    changed(con, "UPDATE entries SET ts = ? WHERE id = 'forged01'", [row[0]])
 
 
 def _run_event(
     con: duckdb.DuckDBPyConnection, run_id: str, edge: str, source: str, dest: str, as_run: str = ""
 ) -> None:
     """Append a forged run event (for ``as_run``, default the run) to the run's session."""
-    con.execute(
+    changed(
+        con,
         "INSERT INTO run_events SELECT r.session_id, (SELECT max(seq) + 1 FROM run_events e "
         "WHERE e.session_id = r.session_id), 'forged-' || ? || '-' || ?, ?, ?, ?, ?, ?, "
         "'{}', now() FROM runs r WHERE r.id = ?",
@@ -317,18 +339,20 @@ def _revived_run(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _delivered_twice(con: duckdb.DuckDBPyConnection) -> None:
-    con.execute(
+    changed(
+        con,
         "INSERT INTO delivery_events SELECT * FROM delivery_events "
-        "WHERE dest = 'delivered' ORDER BY operation_id LIMIT 1"
+        "WHERE dest = 'delivered' ORDER BY operation_id LIMIT 1",
     )
 
 
 def _tool_record_stuck(con: duckdb.DuckDBPyConnection) -> None:
     """A completed record of an ended run is running again."""
-    con.execute(
+    changed(
+        con,
         "UPDATE tool_executions SET state = 'running' WHERE execution_key = "
         "(SELECT min(t.execution_key) FROM tool_executions t JOIN runs r ON r.id = t.run_id "
-        "WHERE t.state = 'completed' AND r.finished_at IS NOT NULL)"
+        "WHERE t.state = 'completed' AND r.finished_at IS NOT NULL)",
     )
 
 
@@ -343,12 +367,14 @@ def _cut_splits_a_pair(con: duckdb.DuckDBPyConnection) -> None:
     assert row is not None
     sid, result_id, leaf, seq = row
     payload = json.dumps({"summary": "s", "firstKeptEntryId": result_id, "tokensBefore": 1})
-    con.execute(
+    changed(
+        con,
         "INSERT INTO entries (session_id, id, parent_id, kind, seq, ts, payload, lease_epoch, "
         "written_at) VALUES (?, 'forged-cut', ?, 'compaction', ?, now(), ?, NULL, now())",
         [sid, leaf, seq, payload],
     )
-    con.execute(
+    changed(
+        con,
         "UPDATE sessions SET leaf_id = 'forged-cut', next_seq = next_seq + 1, "
         "entry_count = entry_count + 1 WHERE id = ?",
         [sid],
@@ -357,10 +383,11 @@ def _cut_splits_a_pair(con: duckdb.DuckDBPyConnection) -> None:
 
 def _call_result_lost(con: duckdb.DuckDBPyConnection) -> None:
     """A toolResult of an ended turn now answers another call: its call is unpaired."""
-    con.execute(
+    changed(
+        con,
         "UPDATE entries SET payload = json_merge_patch(payload, "
         '\'{"message": {"toolCallId": "ghost"}}\') WHERE id = (SELECT min(id) FROM entries '
-        "WHERE kind = 'message' AND json_extract_string(payload, '$.message.role') = 'toolResult')"
+        "WHERE kind = 'message' AND json_extract_string(payload, '$.message.role') = 'toolResult')",
     )
 
 
@@ -429,6 +456,22 @@ def test_audit_reports_each_corruption(demo: DemoRun, tmp_path: Path, corruption
     text = run("audit", "--db", str(db))
     assert text.exit_code == 1
     assert all(f"FAIL {name}" in text.stdout for name in expected)
+
+
+def test_a_corruption_that_changes_nothing_fails_instead_of_passing(
+    demo: DemoRun, tmp_path: Path
+) -> None:
+    """CI, loaded machine: the demo had no completed tool record of an ended run,
+    ``tool_record_stuck``'s UPDATE changed no row and the audit had nothing to
+    find. Such a forge now fails at once, saying it changed nothing."""
+    db = demo.copy(tmp_path)
+    con = duckdb.connect(str(db))
+    try:
+        con.execute("DELETE FROM tool_executions")  # what that demo had: no record to break
+        with pytest.raises(AssertionError, match="UPDATE tool_executions"):
+            _tool_record_stuck(con)
+    finally:
+        con.close()
 
 
 def test_demo_exits_nonzero_when_stored_data_breaks_an_invariant(
@@ -827,7 +870,9 @@ def test_demo_audit_catches_a_store_without_its_fence(
     from turnkeeper.storage.ops import leases
 
     monkeypatch.setattr(leases, "fence", lambda tx, lease: None)
-    cfg = FleetConfig(workers=3, sessions=3, duration_s=2.0, seed=11, ttl_s=0.3, stall_p=0.5)
+    cfg = FleetConfig(
+        workers=3, sessions=3, duration_s=2.0, seed=11, ttl_s=0.3, stall_p=0.5, min_turns=6
+    )
     with turnkeeper.open_store(str(tmp_path / "nofence.duckdb")) as store:
         figures = run_fleet(store, cfg, None)
     assert figures["stalls"] > 0
@@ -842,10 +887,11 @@ def test_audit_fails_when_a_grant_is_stamped_before_the_prior_epoch(
     db = demo.copy(tmp_path)
     con = duckdb.connect(str(db))
     try:  # the newest grant of demo-1-0, restamped an hour early
-        con.execute(
+        changed(
+            con,
             "UPDATE lease_events SET occurred_at = occurred_at - INTERVAL 1 HOUR "
             "WHERE target = 'session:demo-1-0' AND edge IN ('regrant', 'takeover') "
-            "AND epoch = (SELECT max(epoch) FROM lease_events WHERE target = 'session:demo-1-0')"
+            "AND epoch = (SELECT max(epoch) FROM lease_events WHERE target = 'session:demo-1-0')",
         )
     finally:
         con.close()
@@ -918,31 +964,61 @@ def test_interrupt_is_one_line_exit_130(demo: DemoRun, monkeypatch: pytest.Monke
     assert one_line_error(result, 130) == "turnkeeper: interrupted\n"
 
 
+def _read_pty(fd: int, until: Callable[[str], bool], guard_s: float = 300.0) -> str:
+    """Read what a process writes to the terminal ``fd`` until ``until(text so
+    far)`` holds or the terminal closes (a hang guard fails the test)."""
+    import select
+
+    text = ""
+    give_up = time.monotonic() + guard_s
+    while not until(text):
+        assert time.monotonic() < give_up, f"hang guard: {text[-2000:]!r}"
+        if not select.select([fd], [], [], 1.0)[0]:
+            continue
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: the other end closed
+            return text
+        if not chunk:
+            return text
+        text += chunk.decode(errors="replace")
+    return text
+
+
 @pytest.mark.slow
 def test_ctrl_c_stops_a_running_demo_with_exit_130(tmp_path: Path) -> None:
+    """The interrupt lands while the fleet runs: the demo runs in a terminal,
+    whose progress bar says a turn was committed (it used to be sent a second
+    after the database file appeared, which on a loaded machine can be before
+    the fleet began)."""
+    import pty
+    import re
+
     db = tmp_path / "interrupted.duckdb"
     args = ["demo", "--db", str(db), "--duration", "120", "--workers", "4", "--sessions", "4"]
+    screen, terminal = pty.openpty()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "turnkeeper.cli.main", *args, "--json"],
-        stdout=subprocess.PIPE,
+        [sys.executable, "-m", "turnkeeper.cli.main", *args],
+        stdout=terminal,
         stderr=subprocess.PIPE,
         text=True,
     )
+    os.close(terminal)
     try:
-        deadline = time.monotonic() + 60
-        while not db.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(1.0)  # the fleet is running
-        assert proc.poll() is None
+        shown = _read_pty(screen, lambda text: re.search(r"[1-9][0-9]* turns", text) is not None)
+        assert proc.poll() is None, shown[-2000:]
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        shown += _read_pty(screen, lambda text: False)  # to the end: the terminal closes
+        err = proc.stderr.read() if proc.stderr else ""
+        proc.wait(60)
     finally:
+        os.close(screen)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     assert proc.returncode == 130, err
     assert err.endswith("turnkeeper: interrupted\n") and "Traceback" not in err, err
-    assert out == ""
+    assert "runs succeeded" not in shown and "audit:" not in shown  # no figures printed
 
 
 def test_demo_defaults_to_its_own_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -99,7 +99,7 @@ def test_at_most_one_non_terminal_run_per_session(store, sid):
 def test_the_one_active_run_rule_is_held_by_the_schema(store, sid):
     store.admit_run(sid, {"n": 1})
     with pytest.raises(turnkeeper.IntegrityError):
-        forge(store, "INSERT INTO active_runs VALUES ('s', 'another-run')")
+        forge(store, "INSERT INTO active_runs VALUES ('s', 'another-run')", rows=1)
 
 
 def test_finish_writes_terminal_event_assistant_entry_and_turn_end(store, sid):

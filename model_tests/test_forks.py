@@ -2,13 +2,12 @@
 reference remapping, a fork of real corpus sessions, and no writes on any error.
 
 Corpus files are read in place (``../shared/corpus/pi`` or ``$TURNKEEPER_CORPUS``);
-without them the corpus test skips locally and fails in CI, as in test_pi_format.
+without them the corpus test is left out locally and fails CI (conftest's ``pi_dir``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -43,10 +42,6 @@ from turnkeeper.formats import pi
 from turnkeeper.spec.fork import FORK_REQUEST_ID_MAX_BYTES, ForkKind
 from turnkeeper.spec.records import ImportBatch, ImportEntry
 
-CORPUS = Path(
-    os.environ.get("TURNKEEPER_CORPUS")
-    or Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
-)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -272,7 +267,9 @@ def test_one_fork_per_request_id_is_held_by_the_schema(store, sid):
     cols = ", ".join(row)
     marks = ", ".join("?" for _ in row)
     with pytest.raises(IntegrityError):
-        forge(store, f"INSERT INTO session_forks ({cols}) VALUES ({marks})", list(row.values()))
+        forge(
+            store, f"INSERT INTO session_forks ({cols}) VALUES ({marks})", [*row.values()], rows=1
+        )
 
 
 @pytest.mark.parametrize("chosen", [None, "child"])
@@ -480,7 +477,7 @@ def test_a_named_boundary_that_is_not_there_is_unavailable(store, sid):
 
 def test_a_turn_whose_end_entry_is_missing_is_unavailable(store, sid):
     run = turn(store, sid, "one")
-    forge(store, "UPDATE conversation_turns SET end_seq = 99 WHERE id = ?", [run.turn_id])
+    forge(store, "UPDATE conversation_turns SET end_seq = 99 WHERE id = ?", [run.turn_id], rows=1)
     with nothing_written(store), pytest.raises(ForkUnavailableError):
         store.fork_session(sid, request_id="r")
 
@@ -507,7 +504,7 @@ def test_an_open_turn_is_an_invalid_boundary(store, sid):
     turn(store, sid, "one")
     run = store.admit_run(sid, {"text": "two"})
     # an orphaned open turn whose run row was ended without closing it
-    forge(store, "DELETE FROM active_runs WHERE run_id = ?", [run.id])
+    forge(store, "DELETE FROM active_runs WHERE run_id = ?", [run.id], rows=1)
     with nothing_written(store), pytest.raises(ForkInvalidBoundaryError):
         store.fork_session(sid, request_id="r", boundary_turn_id=run.turn_id)
 
@@ -669,13 +666,8 @@ def test_unknown_kinds_off_every_copied_branch_do_not_matter(store):
 
 
 @pytest.fixture(scope="module")
-def pi_files() -> list[Path]:
-    folder = CORPUS / "pi"
-    if not folder.is_dir():
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"corpus folder {folder} is missing (set TURNKEEPER_CORPUS)")
-        pytest.skip(f"corpus folder {folder} is missing")
-    files = sorted(folder.glob("*.jsonl"))
+def pi_files(pi_dir: Path) -> list[Path]:
+    files = sorted(pi_dir.glob("*.jsonl"))
     assert files
     return files
 

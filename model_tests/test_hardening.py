@@ -165,7 +165,14 @@ def test_close_waits_for_running_operations_and_releases_the_file(tmp_path):
     t = threading.Thread(target=long_read)
     t.start()
     started.wait()
-    time.sleep(0.05)
+    gate = store.db._gate
+    for _ in range(60_000):  # until the read is admitted (running), not a time
+        with gate.lock:
+            if t in gate._inflight:
+                break
+        time.sleep(0.001)
+    else:
+        pytest.fail("the read never started")
     store.close()  # must wait for the query, not fail with ResourceInUse
     t.join()
     assert results and results[0].to_pylist()[0]["n"] == 90000000

@@ -251,7 +251,7 @@ def profiled(
         profiler.sizes = grow(store, COPIES)
         finish_history(store, own)
         if request.param == "postgres":
-            forge(store, "ANALYZE")
+            forge(store, "ANALYZE", rows=None)
         yield store, profiler
 
 
@@ -517,8 +517,8 @@ def test_control_a_compare_and_set_without_its_guard_is_seen_scanning(profiled, 
         }
         assert {"append (fenced)", "validate_lease", "renew_lease", "release_lease"} <= fenced
         return
-    forge(store, "DROP INDEX entries_by_id")
-    forge(store, "DROP INDEX submissions_by_key")
+    forge(store, "DROP INDEX entries_by_id", rows=None)
+    forge(store, "DROP INDEX submissions_by_key", rows=None)
     hot_operations(store, profiler)
     found = {(op, table) for op, scans in profiler.scans.items() for table, *_ in scans}
     assert {

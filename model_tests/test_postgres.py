@@ -11,10 +11,12 @@ processes.
 from __future__ import annotations
 
 import random
+import selectors
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -32,21 +34,60 @@ HERE = Path(__file__).resolve().parent
 MSG = {"message": {"role": "user", "content": "x"}}
 
 
+HANG_GUARD_S = 300.0
+"""Seconds any wait below gets before the test fails (hang guards only: every
+wait is for a process to be ready or for work to be done, never for a time)."""
+
+
 def _spawn(role: str, url: str, acks: Path, *extra: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
+    """Start one fleet process and wait until it says it is ready (store open)."""
+    p = subprocess.Popen(
         [sys.executable, str(HERE / "fleet_process.py"), role, url, str(acks), *extra],
+        stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+    assert p.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(p.stdout, selectors.EVENT_READ)
+        assert sel.select(HANG_GUARD_S), f"{role} {extra} not ready after {HANG_GUARD_S} s"
+    line = p.stdout.readline()
+    assert line == b"ready\n", (line, _err(p))
+    return p
 
 
 def _err(p: subprocess.Popen[bytes]) -> str:
+    if p.poll() is None:
+        return ""
     return p.stderr.read().decode() if p.stderr else ""
 
 
-def _settle(store: turnkeeper.BaseStore, deadline_s: float) -> None:
-    """Wait until no run is orphaned or active and nothing is due (or give up)."""
-    give_up = time.monotonic() + deadline_s
+def _acked(acks: Path) -> list[str]:
+    """The acknowledged lines so far (a line is written whole, then flushed)."""
+    return acks.read_text().splitlines() if acks.exists() else []
+
+
+def _by_worker(lines: list[str], index: int) -> int:
+    """How many of ``lines`` worker ``index`` acknowledged (``KIND w<index>-<n> ID``;
+    a line being written as it is read may be cut short: not counted yet)."""
+    return sum(1 for line in lines if len(f := line.split()) == 3 and f[1].startswith(f"w{index}-"))
+
+
+def _until_acked(acks: Path, done: Callable[[list[str]], bool], what: str) -> list[str]:
+    """Wait until the acknowledged lines satisfy ``done`` (work done, not time)."""
+    give_up = time.monotonic() + HANG_GUARD_S
+    while time.monotonic() < give_up:
+        lines = _acked(acks)
+        if done(lines):
+            return lines
+        time.sleep(0.05)  # pacing the look only
+    pytest.fail(f"{what}: not after {HANG_GUARD_S} s ({len(_acked(acks))} lines acknowledged)")
+
+
+def _settle(store: turnkeeper.BaseStore) -> None:
+    """Wait until no run is orphaned or active and nothing is due."""
+    give_up = time.monotonic() + HANG_GUARD_S
     sub = store.subscribe("run_ended", "delivery_due", "orphan")
+    busy = -1
     while time.monotonic() < give_up:
         busy = store.query(
             "SELECT (SELECT count(*) FROM active_runs) + "
@@ -56,42 +97,70 @@ def _settle(store: turnkeeper.BaseStore, deadline_s: float) -> None:
         if busy == 0:
             return
         sub.wait(1.0)
+    pytest.fail(f"{busy} runs and deliveries still unsettled after {HANG_GUARD_S} s")
+
+
+KILLS = 6
+MIN_ACKS_BEFORE_A_KILL = 2
+"""Writes a worker's current process must have acknowledged before it is killed."""
+MIN_ACKS = 40
+"""Writes acknowledged in all before the fleet is stopped."""
 
 
 @pytest.mark.slow
 def test_eight_worker_processes_with_kills_lose_no_acknowledged_write(tmp_path):
+    """Each process is waited for until ready; each kill waits until its victim's
+    current process acknowledged writes of its own, and the fleet stops once
+    every worker's did and MIN_ACKS were acknowledged in all (a loaded machine
+    saw 0 acknowledgements when the kills and the end were paced by sleeps)."""
     url = new_pg_schema()
     with turnkeeper.open_store(url):
         pass  # migrated once here; test_concurrent_opens_migrate_once races it
     acks = tmp_path / "acks.log"
     rng = random.Random(7)
-    workers = {i: _spawn("worker", url, acks, str(i)) for i in range(8)}
-    services = [_spawn("recovery", url, acks), _spawn("outbox", url, acks)]
-    services.append(_spawn("outbox", url, acks))
+    workers: dict[int, subprocess.Popen[bytes]] = {}
+    services: list[subprocess.Popen[bytes]] = []
+    since: dict[int, int] = {}  # a worker's lines before its current process began
     killed = 0
     try:
-        for _ in range(6):
-            time.sleep(1.5)  # pacing only: no assertion depends on it
+        services += [_spawn("recovery", url, acks), _spawn("outbox", url, acks)]
+        services.append(_spawn("outbox", url, acks))
+        for i in range(8):
+            workers[i] = _spawn("worker", url, acks, str(i))
+            since[i] = 0
+        for _ in range(KILLS):
             i = rng.randrange(8)
+            _until_acked(
+                acks,
+                lambda lines, i=i: _by_worker(lines, i) >= since[i] + MIN_ACKS_BEFORE_A_KILL,
+                f"worker {i} acknowledging {MIN_ACKS_BEFORE_A_KILL} writes before its kill",
+            )
             workers[i].send_signal(signal.SIGKILL)
             workers[i].wait(60)
             killed += 1
+            since[i] = _by_worker(_acked(acks), i)
             workers[i] = _spawn("worker", url, acks, str(i))
-        time.sleep(1.5)
+        _until_acked(
+            acks,
+            lambda lines: (
+                len(lines) >= MIN_ACKS and all(_by_worker(lines, i) > since[i] for i in workers)
+            ),
+            "every worker's current process acknowledging a write",
+        )
         for p in workers.values():
             p.send_signal(signal.SIGTERM)
-        for p in workers.values():  # (a process still starting dies of the signal)
-            assert p.wait(120) in (0, -signal.SIGTERM), _err(p)
+        for p in workers.values():  # ready, so SIGTERM only sets its stop flag
+            assert p.wait(HANG_GUARD_S) == 0, _err(p)
         with turnkeeper.open_store(url) as store:
-            _settle(store, 180)
+            _settle(store)
     finally:
         for p in [*workers.values(), *services]:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         for p in services:
             assert p.wait(120) in (0, -signal.SIGTERM), _err(p)
-    lines = acks.read_text().splitlines()
-    assert killed == 6 and len(lines) > 20
+    lines = _acked(acks)
+    assert killed == KILLS and len(lines) >= MIN_ACKS
     with turnkeeper.open_store(url) as store:
         for line in lines:
             kind, sid, ident = line.split()

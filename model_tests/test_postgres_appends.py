@@ -85,10 +85,11 @@ def takeover_racing_an_append(url: str) -> Any:
         old = store.acquire_lease("session:s", "w1", 600)
         outcome: dict[str, Any] = {}
         with psycopg.connect(url) as other:
-            other.execute(
+            taken = other.execute(
                 "UPDATE leases SET epoch = epoch + 1, owner = 'w2', token_digest = 'other' "
                 "WHERE target = 'session:s'"
             )  # the takeover's transaction, still open
+            assert taken.rowcount == 1
 
             def append() -> None:
                 try:

@@ -104,31 +104,63 @@ def _name_the_operations(monkeypatch) -> None:
     """Each write transaction says which store operation it is (test-only)."""
     real = pg_db.Database._run
 
-    def named(self, operation, body, transaction, retry, *, commit):
+    def named(self, operation, body, transaction, retry, *, commit, **more):
         if not (transaction and commit):
-            return real(self, operation, body, transaction, retry, commit=commit)
+            return real(self, operation, body, transaction, retry, commit=commit, **more)
 
         def labelled(tx):
             tx.exec("SELECT set_config('tk.op', ?, true)", [operation])
             return body(tx)
 
-        return real(self, operation, labelled, transaction, retry, commit=commit)
+        return real(self, operation, labelled, transaction, retry, commit=commit, **more)
 
     monkeypatch.setattr(pg_db.Database, "_run", named)
 
 
+FLEET_OPS = {"admit_run", "append", "finish_run", "finalize", "converge_recovery"}
+FLEET_OPS |= {"claim_delivery", "finish_delivery"}
+"""Write transactions the fleet runs until it has run each (its workers' turns,
+tool calls and finalizes, its coordinators' recoveries, its outbox's deliveries)."""
+
+HANG_GUARD_S = 300.0
+"""Seconds the fleet gets to run every one of :data:`FLEET_OPS` (a hang guard)."""
+
+
+def _errors(fleet: ThreadFleet) -> list[str]:
+    return [e for u in [*fleet.workers, *fleet.services] for e in u.stats.errors]
+
+
+def _until_the_fleet_wrote(store, fleet: ThreadFleet, ops: set[str]) -> None:
+    """Wait until a write transaction of each of ``ops`` is recorded (work, not
+    time: a loaded machine only takes longer; the guard only catches a hang)
+    and no unit of ``fleet`` hit an unexpected error."""
+    give_up = time.monotonic() + HANG_GUARD_S
+    seen: set[str] = set()
+    while time.monotonic() < give_up and not _errors(fleet):
+        rows = store.query("SELECT DISTINCT op FROM tk_writes WHERE op IS NOT NULL").to_pylist()
+        seen = {r["op"] for r in rows}
+        if ops <= seen:
+            return
+        time.sleep(0.1)  # pacing the look only
+    pytest.fail(f"the fleet never ran {sorted(ops - seen)}; errors: {_errors(fleet)[:3]}")
+
+
 def _workload(store) -> None:
-    cfg = FleetConfig(workers=3, sessions=4, duration_s=3.0, seed=5, ttl_s=0.5, stall_p=0.3)
+    cfg = FleetConfig(workers=3, sessions=4, seed=5, ttl_s=0.5, stall_p=0.3)
     sessions = []
     for i in range(cfg.sessions):
         sid = f"demo-shard-{i}"
         store.create_session(sid)
         sessions.append(sid)
-    fleet = ThreadFleet(store, cfg, sessions, "shard", time.monotonic() + cfg.duration_s)
+    fleet = ThreadFleet(store, cfg, sessions, "shard")
     fleet.start()
-    fleet.join_workers(120)
-    time.sleep(1.5)  # let the services converge a few orphans (pacing only)
-    fleet.finish()
+    try:
+        assert fleet.wait_ready(HANG_GUARD_S)
+        fleet.go()
+        _until_the_fleet_wrote(store, fleet, FLEET_OPS)
+    finally:
+        fleet.finish()
+    assert _errors(fleet) == []
     # what the fleet does not do
     now = datetime.now(UTC)
     msg = {"message": {"role": "user", "content": "x"}}

@@ -1,4 +1,12 @@
-"""Runtime leases (``turnkeeper.runtime``): heartbeat, loss signal, final check, ordered groups."""
+"""Runtime leases (``turnkeeper.runtime``): heartbeat, loss signal, final check, ordered groups.
+
+The heartbeat's timing is tested on one injected clock: the store's clock and
+the guard's monotonic clock (``turnkeeper.runtime.monotonic``) are the same
+:class:`FakeClock`, which only moves when a test advances it, and each step
+waits for the heartbeat to have acted (a renewal seen, an error recorded), so
+nothing depends on how fast a loaded machine runs the heartbeat thread. Real
+time appears only in hang guards.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +15,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -23,11 +31,16 @@ from turnkeeper import (
     RuntimeLeaseGroup,
     RuntimeLeaseGuard,
     acquire_many,
+    runtime,
 )
 
 
 def _lease_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("turnkeeper-lease[")]
+
+
+HANG_GUARD_S = 60.0
+"""Seconds any wait gets before the test fails (a hang guard, not a timing figure)."""
 
 
 @pytest.fixture(autouse=True)
@@ -36,8 +49,40 @@ def no_leaked_threads() -> Iterator[None]:
     yield
     leaked = [t for t in _lease_threads() if t not in before]
     for t in leaked:
-        t.join(timeout=2)
+        t.join(timeout=HANG_GUARD_S)
     assert [t for t in leaked if t.is_alive()] == []
+
+
+@pytest.fixture
+def one_clock(clock: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``clock`` (the store's) is the guard's monotonic clock too, in seconds."""
+    monkeypatch.setattr(runtime, "monotonic", lambda: clock().timestamp())
+    return clock
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    """Wait until ``condition()`` holds (the heartbeat acted); fail after the guard."""
+    give_up = time.monotonic() + HANG_GUARD_S
+    while not condition():
+        assert time.monotonic() < give_up, f"hang guard: never {what}"
+        time.sleep(0.001)
+
+
+SLACK_S = 0.001
+"""Added to every step of the clock, so that a beat or deadline ``seconds`` away
+is reached whatever the rounding of float seconds to the clock's microseconds."""
+
+
+def _step(guard: RuntimeLeaseGuard, clock: Any, seconds: float, *, failing: bool) -> None:
+    """Advance the one clock by ``seconds`` (the guard's next beat is due then)
+    and wait until the heartbeat has renewed (``failing``: has recorded a new
+    error) and settled its next beat."""
+    before_lease, before_error = guard.lease, guard.last_error
+    clock.advance(seconds + SLACK_S)
+    if failing:
+        _until(lambda: guard.last_error not in (None, before_error), "a failed renewal")
+    else:
+        _until(lambda: guard.lease.expires_at > before_lease.expires_at, "a renewal")
 
 
 class Wrapped:
@@ -48,14 +93,14 @@ class Wrapped:
         self.renew_fault: Callable[[], BaseException] | None = None
         self.release_fault: Callable[[], BaseException] | None = None
         self.acquire_fault: dict[str, Callable[[], BaseException]] = {}
-        self.return_delay_s = 0.0
+        self.on_return: Callable[[], None] = lambda: None  # a slow reply: moves a clock
         self.renews = 0
 
     def acquire_lease(self, target: str, owner: str, ttl_s: float, **kw: Any) -> Any:
         if target in self.acquire_fault:
             raise self.acquire_fault[target]()
         lease = self.inner.acquire_lease(target, owner, ttl_s, **kw)
-        time.sleep(self.return_delay_s)
+        self.on_return()
         return lease
 
     def renew_lease(self, lease: Any, ttl_s: float) -> Any:
@@ -63,7 +108,7 @@ class Wrapped:
         if self.renew_fault is not None:
             raise self.renew_fault()
         renewed = self.inner.renew_lease(lease, ttl_s)
-        time.sleep(self.return_delay_s)
+        self.on_return()
         return renewed
 
     def release_lease(self, lease: Any) -> bool:
@@ -78,21 +123,22 @@ class Wrapped:
 # -- one guard ---------------------------------------------------------------------
 
 
-def test_heartbeat_keeps_the_lease_alive_past_its_ttl(real_store):
+def test_heartbeat_keeps_the_lease_alive_past_its_ttl(store, one_clock):
     with RuntimeLeaseGuard.acquire(
-        real_store, "session:hb", "w1", 0.3, purpose="execution", interval_s=0.05
+        store, "session:hb", "w1", 0.3, purpose="execution", interval_s=0.05
     ) as guard:
         first = guard.lease
-        time.sleep(0.7)  # over 2 ttls
+        for _ in range(14):  # over 0.7 s: over 2 ttls, renewed every interval
+            _step(guard, one_clock, 0.05, failing=False)
         assert not guard.lost.is_set() and guard.lost_error is None
         guard.check()
-        assert guard.lease.expires_at > first.expires_at
+        assert guard.lease.expires_at > first.expires_at + timedelta(seconds=0.3)
         assert (guard.lease.token, guard.lease.epoch) == (first.token, first.epoch)
         with pytest.raises(BusyError) as busy:
-            real_store.acquire_lease("session:hb", "w2", 10)
+            store.acquire_lease("session:hb", "w2", 10)
         assert busy.value.holder == "w1"
     assert guard.closed
-    assert real_store.acquire_lease("session:hb", "w2", 10).epoch == first.epoch + 1
+    assert store.acquire_lease("session:hb", "w2", 10).epoch == first.epoch + 1
 
 
 def test_loss_signal_fires_when_another_owner_takes_over(store, clock):
@@ -101,7 +147,7 @@ def test_loss_signal_fires_when_another_owner_takes_over(store, clock):
         assert not guard.wait_lost(0.05)
         clock.advance(31)  # the store's clock passes the expiry
         other = store.acquire_lease("session:x", "w2", 30)
-        assert guard.wait_lost(5)
+        assert guard.wait_lost(HANG_GUARD_S)
         assert guard.lost.is_set()
         assert isinstance(guard.lost_error, LeaseLostError)
         with pytest.raises(LeaseLostError) as err:
@@ -128,77 +174,97 @@ def test_check_passes_while_held_and_asks_the_database(store, clock):
         guard.check()
 
 
-def test_backend_errors_are_retried_then_lost_at_the_deadline_not_before(real_store):
-    wrapped = Wrapped(real_store)
+def test_backend_errors_are_retried_then_lost_at_the_deadline_not_before(store, one_clock):
+    wrapped = Wrapped(store)
     with RuntimeLeaseGuard.acquire(wrapped, "session:db", "w1", 0.4, interval_s=0.05) as guard:
         wrapped.renew_fault = lambda: OperationalError(detail="disk on fire")
-        time.sleep(0.12)
-        deadline = time.monotonic() + guard.remaining_s  # fixed: no renewal succeeds now
+        for _ in range(6):  # every beat fails: each one is retried (0.3 s of 0.4)
+            _step(guard, one_clock, 0.05, failing=True)
         assert isinstance(guard.last_error, OperationalError)
         assert not guard.lost.is_set()  # still maybe held: not reported as lost
         guard.check()  # and the database agrees it is held
-        assert guard.wait_lost(5)
-        seen = time.monotonic()
-        assert deadline <= seen < deadline + 0.3
-        assert isinstance(guard.lost_error, OperationalError)
         assert wrapped.renews >= 3  # retried, not given up on the first failure
+        one_clock.advance(guard.remaining_s - 2 * SLACK_S)
+        assert not guard.lost.is_set()  # not before the deadline
+        one_clock.advance(3 * SLACK_S)
+        assert guard.wait_lost(HANG_GUARD_S)  # by it (reading it applies the deadline)
+        assert isinstance(guard.lost_error, OperationalError)
         with pytest.raises(LeaseLostError) as err:
             guard.check()
         assert isinstance(err.value.__cause__, OperationalError)
 
 
-def test_a_recovered_backend_keeps_the_lease(real_store):
-    wrapped = Wrapped(real_store)
+def test_a_recovered_backend_keeps_the_lease(store, one_clock):
+    wrapped = Wrapped(store)
+    start = one_clock()
     with RuntimeLeaseGuard.acquire(wrapped, "session:blip", "w1", 0.4, interval_s=0.04) as guard:
         wrapped.renew_fault = lambda: turnkeeper.TransactionConflictError("renew_lease", 40)
-        time.sleep(0.15)
+        for _ in range(3):  # 0.12 s of failed renewals
+            _step(guard, one_clock, 0.04, failing=True)
         wrapped.renew_fault = None
-        time.sleep(0.35)  # 0.5 s in all: past the ttl
+        while (one_clock() - start).total_seconds() < 0.5:  # past the ttl
+            _step(guard, one_clock, 0.04, failing=False)
         assert not guard.lost.is_set() and guard.last_error is None
         guard.check()
 
 
-def test_closed_store_stops_renewals_and_loses_at_the_deadline(store):
+def test_closed_store_stops_renewals_and_loses_at_the_deadline(store, one_clock):
     wrapped = Wrapped(store)
     with RuntimeLeaseGuard.acquire(wrapped, "session:i", "w1", 0.3, interval_s=0.03) as guard:
         wrapped.renew_fault = lambda: InterfaceError(detail="the store is closed")
-        time.sleep(0.1)
+        _step(guard, one_clock, 0.03, failing=True)
         calls = wrapped.renews
-        assert calls >= 1 and not guard.lost.is_set()
-        assert guard.wait_lost(5)
+        assert calls == 1 and not guard.lost.is_set()
+        one_clock.advance(guard.remaining_s + SLACK_S)
+        assert guard.wait_lost(HANG_GUARD_S)
+        guard._thread.join(HANG_GUARD_S)  # the heartbeat had every chance to retry
         assert wrapped.renews == calls  # halted: no retries against a closed store
         assert isinstance(guard.lost_error, InterfaceError)
 
 
-def test_loss_deadline_is_no_later_than_the_store_expiry(real_store):
-    # Slow replies: the deadline must count from when the call was sent.
-    wrapped = Wrapped(real_store)
-    wrapped.return_delay_s = 0.1
+def test_loss_deadline_is_no_later_than_the_store_expiry(store, one_clock):
+    # Slow replies (the clock moves while they come back): the deadline must
+    # count from when the call was sent.
+    wrapped = Wrapped(store)
+    wrapped.on_return = lambda: one_clock.advance(0.1)
     with RuntimeLeaseGuard.acquire(wrapped, "session:slow", "w1", 1.0, interval_s=0.2) as guard:
-        for pause in (0.3, 0):  # after acquire, then after a renewal
-            assert guard.remaining_s <= _store_remaining_s(guard) + 0.02
-            time.sleep(pause)
+        # (1 µs: the float seconds' rounding, not a timing allowance)
+        assert guard.remaining_s <= _store_remaining_s(guard, one_clock) + 1e-6  # after acquire
+        _step(guard, one_clock, 0.3, failing=False)
+        assert guard.remaining_s <= _store_remaining_s(guard, one_clock) + 1e-6  # a renewal
         assert wrapped.renews >= 1
 
 
-def test_loss_fires_at_the_deadline_while_a_renewal_is_stuck(real_store):
-    wrapped = Wrapped(real_store)
+def test_loss_fires_at_the_deadline_while_a_renewal_is_stuck(store, one_clock):
+    wrapped = Wrapped(store)
+    entered, go, returned = threading.Event(), threading.Event(), threading.Event()
+
+    def stuck() -> None:
+        entered.set()
+        go.wait(HANG_GUARD_S)
+        returned.set()
+
     with RuntimeLeaseGuard.acquire(wrapped, "session:late", "w1", 0.3, interval_s=0.1) as guard:
-        deadline = time.monotonic() + guard.remaining_s
-        wrapped.return_delay_s = 0.6  # the renewal at ~0.1 s answers at ~0.7 s
-        assert guard.wait_lost(5)
-        assert time.monotonic() < deadline + 0.2  # did not wait for the stuck call
-        assert isinstance(guard.lost_error, LeaseLostError)
-        with pytest.raises(LeaseLostError):
-            guard.check()
+        wrapped.on_return = stuck  # the renewal at 0.1 s answers only when told
+        one_clock.advance(0.1 + SLACK_S)
+        assert entered.wait(HANG_GUARD_S)
+        one_clock.advance(guard.remaining_s + SLACK_S)
+        try:
+            assert guard.wait_lost(HANG_GUARD_S)
+            assert not returned.is_set()  # the loss did not wait for the stuck call
+            assert isinstance(guard.lost_error, LeaseLostError)
+            with pytest.raises(LeaseLostError):
+                guard.check()
+        finally:
+            go.set()
     # The late renewal succeeded in the store but did not revive the guard;
     # exit waited for it and released what it renewed.
     assert guard.lost.is_set() and wrapped.renews == 1
-    real_store.acquire_lease("session:late", "w2", 1)
+    store.acquire_lease("session:late", "w2", 1)
 
 
-def _store_remaining_s(guard: RuntimeLeaseGuard) -> float:
-    return (guard.lease.expires_at - datetime.now(UTC)).total_seconds()
+def _store_remaining_s(guard: RuntimeLeaseGuard, clock: Any) -> float:
+    return (guard.lease.expires_at - clock()).total_seconds()
 
 
 def test_cancellation_in_the_heartbeat_is_signalled_and_not_swallowed(store, monkeypatch):
@@ -207,9 +273,9 @@ def test_cancellation_in_the_heartbeat_is_signalled_and_not_swallowed(store, mon
     wrapped = Wrapped(store)
     wrapped.renew_fault = KeyboardInterrupt
     with RuntimeLeaseGuard.acquire(wrapped, "session:k", "w1", 30, interval_s=0.02) as guard:
-        assert guard.wait_lost(5)
+        assert guard.wait_lost(HANG_GUARD_S)
         assert isinstance(guard.lost_error, KeyboardInterrupt)
-        guard._thread.join(5)
+        guard._thread.join(HANG_GUARD_S)
     assert seen == [KeyboardInterrupt]
 
 
@@ -258,7 +324,7 @@ def test_a_dropped_guard_stops_its_thread_and_a_released_one_frees_the_store():
     (thread,) = [t for t in _lease_threads() if t.name == "turnkeeper-lease[session:g]"]
     del guard
     gc.collect()
-    thread.join(5)
+    thread.join(HANG_GUARD_S)
     assert not thread.is_alive()
 
     kept = RuntimeLeaseGuard.acquire(store, "session:h", "w1", 30, interval_s=0.01)
@@ -329,11 +395,13 @@ def test_acquire_many_notes_a_failed_cleanup_on_the_original_error(store):
 
 
 def test_acquire_many_waits_for_a_busy_target(real_store):
-    held = real_store.acquire_lease("session:b", "other", 10)
+    held = real_store.acquire_lease("session:b", "other", 60)
     timer = threading.Timer(0.1, real_store.release_lease, [held])
     timer.start()
-    try:
-        leases = acquire_many(real_store, ["session:b", "session:a"], "w1", 10, wait_s=3)
+    try:  # (the wait is a hang guard: the release comes when the timer runs)
+        leases = acquire_many(
+            real_store, ["session:b", "session:a"], "w1", 2 * HANG_GUARD_S, wait_s=HANG_GUARD_S
+        )
     finally:
         timer.join()
     assert [lease.target for lease in leases] == ["session:a", "session:b"]
@@ -349,7 +417,9 @@ def test_opposite_orders_never_deadlock_nor_double_hold(real_store):
     def worker(owner: str, wanted: list[str]) -> None:
         try:
             for _ in range(rounds):
-                leases = acquire_many(real_store, wanted, owner, 5, wait_s=4)
+                # leases that outlive any pause of a loaded machine, and a wait that
+                # only a deadlock exhausts: a lapsed lease would look like a double hold
+                leases = acquire_many(real_store, wanted, owner, 300, wait_s=HANG_GUARD_S)
                 with lock:
                     for lease in leases:
                         assert lease.target not in holders, (lease.target, holders)
@@ -371,7 +441,7 @@ def test_opposite_orders_never_deadlock_nor_double_hold(real_store):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=30)
+        t.join(timeout=5 * HANG_GUARD_S)
     assert not any(t.is_alive() for t in threads), "deadlocked"
     assert errors == []
 

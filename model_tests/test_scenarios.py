@@ -175,7 +175,7 @@ def test_newer_schema_is_refused_naming_both_versions(backend, tmp_path):
     where = str(tmp_path / "future.duckdb") if backend == "duckdb" else new_pg_schema()
     store = turnkeeper.open_store(where)
     store.create_session("kept")
-    forge(store, "INSERT INTO schema_migrations VALUES (999, now())")
+    forge(store, "INSERT INTO schema_migrations VALUES (999, now())", rows=1)
     store.close()
     with pytest.raises(turnkeeper.SchemaVersionError) as err:
         turnkeeper.open_store(where)
@@ -186,14 +186,14 @@ def test_newer_schema_is_refused_naming_both_versions(backend, tmp_path):
 
         con = duckdb.connect(where)
         assert con.execute("SELECT count(*) FROM sessions").fetchone() == (1,)
-        con.execute(forge_back)
+        assert con.execute(forge_back).fetchone() == (1,)
         con.close()
     else:
         import psycopg
 
         with psycopg.connect(where, autocommit=True) as con:
             assert con.execute("SELECT count(*) FROM sessions").fetchone() == (1,)
-            con.execute(forge_back)
+            assert con.execute(forge_back).rowcount == 1
     with turnkeeper.open_store(where) as again:
         assert again.get_session("kept") is not None
 

@@ -103,7 +103,7 @@ def test_a_file_that_is_not_a_duckdb_database_is_refused_as_such(
 def test_schema_version_errors_say_which_way_the_versions_differ(tmp_path: Path) -> None:
     path = str(tmp_path / "future.duckdb")
     store = turnkeeper.open_store(path)
-    forge(store, "INSERT INTO schema_migrations VALUES (999, now())")
+    forge(store, "INSERT INTO schema_migrations VALUES (999, now())", rows=1)
     store.close()
     for read_only in (False, True):
         with pytest.raises(errors.SchemaVersionError) as err:
@@ -287,12 +287,14 @@ def test_migration_9_stores_each_runs_model_on_the_run(
             store,
             "INSERT INTO execution_intents VALUES "
             "('i1', 's', '', 'model-a', '', '', 'f', '{}', '{}', now())",
+            rows=1,
         )
         forge(
             store,
             "INSERT INTO runs (id, session_id, intent_id, retry_of, attempt, status, "
             "cancel_requested, error, lease_epoch, started_at, updated_at, finished_at) "
             "VALUES ('r1', 's', 'i1', NULL, 1, 'failed', FALSE, 'x', NULL, now(), now(), now())",
+            rows=1,
         )
     monkeypatch.undo()
     with turnkeeper.open_store(where) as store:
@@ -322,6 +324,7 @@ def test_migration_10_keeps_each_sessions_event_cursor(
                     "INSERT INTO run_events VALUES (?, ?, ?, 'r-old', 'admit', 'admit', "
                     "'none', 'admitted', '{}', now())",
                     [sid, seq, f"{sid}-old-{seq}"],
+                    rows=1,
                 )
     monkeypatch.undo()
     with turnkeeper.open_store(where) as store:
@@ -424,6 +427,7 @@ def test_events_an_older_turnkeeper_wrote_beside_a_migrated_server_are_counted()
                 "INSERT INTO run_events VALUES (?, ?, ?, ?, 'start', 'start', 'admitted', "
                 "'running', '{}', now())",
                 ["x", seq, f"old-{seq}", run.id],
+                rows=1,
             )
         store.request_cancel(run.id)
         store.finish_run(run.id, "cancelled")

@@ -51,7 +51,9 @@ MIN_S = float(os.environ.get("TURNKEEPER_BENCH_SECONDS", "0.4"))
 """Each timing runs the operation for at least this many seconds (and 3 calls)."""
 REPLAY_ENTRIES = int(os.environ.get("TURNKEEPER_BENCH_REPLAY_ENTRIES", "10000"))
 WRITERS_S = float(os.environ.get("TURNKEEPER_BENCH_WRITERS_S", "2"))
-"""How long each thread or process count appends."""
+"""How long each thread or process count appends (every writer at least
+:data:`MIN_APPENDS` times, however loaded the machine: a rate is never of nothing)."""
+MIN_APPENDS = 3
 BIG_SESSIONS = int(os.environ.get("TURNKEEPER_BENCH_BIG_SESSIONS", "40"))
 BIG_COPIES = int(os.environ.get("TURNKEEPER_BENCH_BIG_COPIES", "1500"))
 """The big store: sessions written through the API, then copied this many times."""
@@ -252,9 +254,12 @@ def operations(store: turnkeeper.BaseStore, cold: turnkeeper.BaseStore) -> dict[
 # -- concurrent writers -------------------------------------------------------------
 
 
-def threads(store: turnkeeper.BaseStore, count: int) -> float:
-    """Fenced appends per second of ``count`` threads on one store, each to its own session."""
-    ready = threading.Barrier(count + 1)
+def threads(store: turnkeeper.BaseStore, count: int, together: Any = None) -> float:
+    """Fenced appends per second of ``count`` threads on one store, each to its own
+    session. Every writer is ready (session, lease, a first append) before any
+    is timed; ``together``, a barrier of other processes' writers, is waited
+    for too, so that their timings overlap."""
+    ready, go = threading.Barrier(count + 1), threading.Event()
     rates: list[float] = []
     lock = threading.Lock()
 
@@ -264,8 +269,9 @@ def threads(store: turnkeeper.BaseStore, count: int) -> float:
         lease = store.acquire_lease(f"session:{sid}", sid, 3600)
         store.append(sid, EntryKind.MESSAGE, MSG, lease=lease)
         ready.wait()
+        go.wait()
         n, start = 0, time.perf_counter()
-        while time.perf_counter() - start < WRITERS_S:
+        while n < MIN_APPENDS or time.perf_counter() - start < WRITERS_S:
             store.append(sid, EntryKind.MESSAGE, MSG, lease=lease)
             n += 1
         with lock:
@@ -274,22 +280,28 @@ def threads(store: turnkeeper.BaseStore, count: int) -> float:
     pool = [threading.Thread(target=writer) for _ in range(count)]
     for t in pool:
         t.start()
-    ready.wait()
+    ready.wait()  # this process's writers are ready
+    if together is not None:
+        together.wait()  # and every other process's
+    go.set()
     for t in pool:
         t.join()
     return sum(rates)
 
 
-def _appender(url: str, out: Any) -> None:
+def _appender(url: str, out: Any, together: Any) -> None:
     with turnkeeper.open_store(url) as store:
-        out.put(threads(store, 1))
+        out.put(threads(store, 1, together))
 
 
 def processes(url: str, count: int) -> float:
-    """Fenced appends per second of ``count`` processes (one thread each) together."""
+    """Fenced appends per second of ``count`` processes (one thread each) together:
+    spawned processes start one by one, seconds apart on a loaded machine, so
+    none is timed before all are ready."""
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_appender, args=(url, out)) for _ in range(count)]
+    together = ctx.Barrier(count)
+    procs = [ctx.Process(target=_appender, args=(url, out, together)) for _ in range(count)]
     for p in procs:
         p.start()
     rates = [out.get(timeout=600) for _ in procs]

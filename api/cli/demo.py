@@ -2,9 +2,11 @@
 
 Prints a rich table (or, with ``--json``, one JSON object with the same
 figures): turns committed, stale writes fenced, takeovers, busy refusals,
-store operations per second, statements per call of the hot operations and
-one row per audit check, then the database file it used (``db`` in JSON).
-Exits 1 when any audit check fails. The default file is :data:`DEMO_DB`.
+store operations per second, statements per call of the hot operations (of
+every process's store) and one row per audit check, then the database file
+it used (``db`` in JSON). Exits 1 when any audit check fails, and a fleet
+that committed fewer than ``--min-turns`` turns fails one (``fleet_did_work``).
+The default file is :data:`DEMO_DB`.
 """
 
 from __future__ import annotations
@@ -29,7 +31,15 @@ from .audit import run_audit
 from .audit_base import Check
 from .common import EXIT_FAILED, dumps, fmt_num, open_db, stdout_console
 from .fleet import DEFAULT_TTL_S, FleetConfig, WorkerStats
-from .fleet_runners import JOIN_S, Flag, ProcessFleet, ThreadFleet
+from .fleet_runners import (
+    JOIN_S,
+    READY_S,
+    Flag,
+    ProcessFleet,
+    ThreadFleet,
+    merge_statements,
+    stats_delta,
+)
 from .fleet_services import ServiceStats
 
 HOT_OPERATIONS = (
@@ -46,9 +56,15 @@ HOT_OPERATIONS = (
 """Operations whose statements per call the table shows (JSON has every operation)."""
 
 DRAIN_S = 2.0
-"""Seconds, beyond three lease TTLs, the services get after the workers stop to
-converge the last orphans and deliver the last replies (the drain ends as soon
-as nothing is left to do; the demo reports its time apart from the fleet's)."""
+"""Seconds, beyond three lease TTLs, that the drain after the workers stop waits
+for the services to make progress (to converge one more orphan or settle one
+more delivery) before it gives up; it ends as soon as nothing is left to do,
+and the demo reports its time apart from the fleet's."""
+
+STALLED_FLEET_S = 60.0
+"""Seconds past ``--duration`` that a fleet short of ``--min-turns`` gets to
+commit its next turn before it is stopped (a hang guard: the demo then fails
+its ``fleet_did_work`` check)."""
 
 PROGRESS_TICK_S = 0.1
 """Seconds between progress-bar refreshes (and checks for finished workers)."""
@@ -63,6 +79,9 @@ MAX_DURATION_S = 86_400.0
 
 MAX_TTL_S = 3_600.0
 """Longest ``--ttl`` accepted (an hour; stalled workers sleep past it)."""
+
+MAX_MIN_TURNS = 1_000_000
+"""Largest ``--min-turns`` accepted."""
 
 
 class Seconds(click.FloatRange):
@@ -99,32 +118,6 @@ def db_now(store: BaseStore) -> datetime:
     return value
 
 
-def stats_delta(
-    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]
-) -> dict[str, dict[str, float]]:
-    """Per operation, what happened between two ``statement_stats()`` snapshots.
-
-    Returns ``{op: {"calls", "statements", "statements_per_call", "retries"}}``
-    for operations called in between.
-    """
-    out: dict[str, dict[str, float]] = {}
-    for op, a in after.items():
-        b = before.get(op, {"calls": 0, "statements_per_call": 0.0, "retries": 0})
-        calls = int(a["calls"] - b["calls"])
-        if calls <= 0:
-            continue
-        statements = round(
-            a["calls"] * a["statements_per_call"] - b["calls"] * b["statements_per_call"]
-        )
-        out[op] = {
-            "calls": calls,
-            "statements": statements,
-            "statements_per_call": round(statements / calls, 3),
-            "retries": int(a["retries"] - b["retries"]),
-        }
-    return out
-
-
 def _count_takeovers(store: BaseStore, session_ids: list[str], since: datetime) -> int:
     table = store.query(
         "SELECT count(*) AS n FROM lease_events WHERE edge = 'takeover' AND occurred_at >= ? "
@@ -134,18 +127,27 @@ def _count_takeovers(store: BaseStore, session_ids: list[str], since: datetime) 
     return int(table.column("n")[0].as_py())
 
 
+def _ready(fleet: ThreadFleet | ProcessFleet, console: Console | None) -> bool:
+    """Wait until every unit of ``fleet`` is ready (a spinner on ``console`` if given)."""
+    if console is None:
+        return fleet.wait_ready(READY_S)
+    with console.status("starting the fleet"):
+        return fleet.wait_ready(READY_S)
+
+
 def _wait(
     fleet: ThreadFleet | ProcessFleet,
     cfg: FleetConfig,
     console: Console | None,
-    deadline: float,
+    start: float,
 ) -> None:
-    """Wait for the workers, showing a time-based progress bar on ``console`` if given.
-
-    At ``deadline`` (monotonic seconds) it sets the fleet's stop flag, so that a
-    worker in the middle of a stall stops waiting instead of outliving the
-    fleet's time. (Worker processes report their counters only at their end.)"""
-    start = time.monotonic()
+    """Run the workers from ``start`` (monotonic seconds) for ``cfg.duration_s``
+    seconds and past that until they committed ``cfg.min_turns`` turns, then set
+    the fleet's stop flag (a stalled worker stops waiting instead of outliving
+    the fleet's time) and wait for the workers, showing a time-based progress
+    bar on ``console`` if given. A fleet short of its turns is stopped anyway
+    once :data:`STALLED_FLEET_S` pass past the deadline without a new turn."""
+    deadline = start + cfg.duration_s
     progress = Progress(
         TextColumn("[bold]fleet"),
         BarColumn(),
@@ -157,16 +159,23 @@ def _wait(
         console=console,
         disable=console is None,
     )
+    turns_seen, last_turn_at = 0, start
     with progress:
         task = progress.add_task("fleet", total=cfg.duration_s, turns=0, fenced=0, busy=0)
         while fleet.workers_alive():
-            if time.monotonic() >= deadline:
-                fleet.stop.set()
+            now = time.monotonic()
             stats = fleet.live_stats()
+            turns = sum(s.turns_committed for s in stats)
+            if turns > turns_seen:
+                turns_seen, last_turn_at = turns, now
+            if now >= deadline and (
+                turns >= cfg.min_turns or now - max(deadline, last_turn_at) >= STALLED_FLEET_S
+            ):
+                fleet.stop.set()
             progress.update(
                 task,
-                completed=min(time.monotonic() - start, cfg.duration_s),
-                turns=sum(s.turns_committed for s in stats),
+                completed=min(now - start, cfg.duration_s),
+                turns=turns,
                 fenced=sum(
                     s.stale_appends_fenced + s.stale_finalizes_fenced + s.stale_finishes_fenced
                     for s in stats
@@ -178,44 +187,59 @@ def _wait(
 
 
 def run_fleet(store: BaseStore, cfg: FleetConfig, console: Console | None) -> dict[str, Any]:
-    """Run the fleet for ``cfg.duration_s`` seconds, drain, audit the result, return
-    the figures.
+    """Start the fleet, run it once every unit is ready, drain, audit the result,
+    return the figures.
 
-    The workers run for ``cfg.duration_s`` seconds (``fleet_s`` is the time
-    they took to stop: the operation each had in flight at the deadline
-    finishes first). Then the drain (``drain_s``) gives the recovery
-    coordinators and outbox workers up to three lease TTLs plus
-    :data:`DRAIN_S` to converge the orphans the workers left and settle the
-    outbox; it ends as soon as nothing is left. ``elapsed_s`` is the total.
-    ``console`` shows a progress bar while the fleet runs (``None``: no bar).
-    The returned dict is what ``--json`` prints; ``audit`` holds one dict per
-    check and ``audit_passed`` whether all passed.
+    ``startup_s`` is the time the units took to be ready (a process fleet's
+    processes import and connect first). The workers then run for
+    ``cfg.duration_s`` seconds, and past that until they committed
+    ``cfg.min_turns`` turns (``fleet_s`` is the time until they stopped: the
+    operation each had in flight finishes first). Then the drain
+    (``drain_s``) gives the recovery coordinators and outbox workers the time
+    they need to converge the orphans the workers left and settle the outbox:
+    it ends as soon as nothing is left, or once they made no progress for
+    three lease TTLs plus :data:`DRAIN_S` (``unsettled`` then says how much
+    was left). ``elapsed_s`` is fleet and drain. The statement figures are
+    those of every process's store. ``console`` shows a progress bar while
+    the fleet runs (``None``: no bar). The returned dict is what ``--json``
+    prints; ``audit`` holds one dict per check and ``audit_passed`` whether
+    all passed; the check ``fleet_did_work`` fails when the fleet committed
+    fewer than ``cfg.min_turns`` turns.
     """
     session_ids = ensure_sessions(store, cfg)
     run_id = secrets.token_hex(3)
-    started_at = db_now(store)
-    before = store.statement_stats()
-    deadline = time.monotonic() + cfg.duration_s
     url = getattr(store.db, "url", None)
     fleet: ThreadFleet | ProcessFleet = (
-        ProcessFleet(url, cfg, session_ids, run_id, deadline)
+        ProcessFleet(url, cfg, session_ids, run_id)
         if isinstance(url, str)  # PostgreSQL: the fleet runs as processes
-        else ThreadFleet(store, cfg, session_ids, run_id, deadline)
+        else ThreadFleet(store, cfg, session_ids, run_id)
     )
-    t0 = time.monotonic()
+    spawned = time.monotonic()
     try:
         fleet.start()  # inside: a Ctrl-C held during start() is raised as it returns
-        _wait(fleet, cfg, console, deadline)
+        ready = _ready(fleet, console)
+        t0 = time.monotonic()
+        startup_s = t0 - spawned
+        started_at = db_now(store)
+        before = store.statement_stats()
+        if ready:
+            fleet.go()
+            _wait(fleet, cfg, console, t0)
         fleet.stop.set()
         fleet.join_workers(JOIN_S)
         fleet_s = time.monotonic() - t0
-        _drain(store, fleet.service_stop, 3 * cfg.ttl_s + DRAIN_S)
+        unsettled = _drain(store, fleet.service_stop, 3 * cfg.ttl_s + DRAIN_S)
     finally:
-        stats, service_parts = fleet.finish()
+        stats, service_parts, unit_statements = fleet.finish()
     elapsed = time.monotonic() - t0
-    statements = stats_delta(before, store.statement_stats())
+    statements = merge_statements([stats_delta(before, store.statement_stats()), *unit_statements])
     figures = summarize(stats, cfg, elapsed, statements)
-    figures.update(fleet_s=round(fleet_s, 3), drain_s=round(elapsed - fleet_s, 3))
+    figures.update(
+        startup_s=round(startup_s, 3),
+        fleet_s=round(fleet_s, 3),
+        drain_s=round(elapsed - fleet_s, 3),
+        unsettled=unsettled,
+    )
     service_stats = ServiceStats.merged(service_parts)
     figures.update(services_summary(service_stats))
     figures["takeovers"] = _count_takeovers(store, session_ids, started_at)
@@ -253,6 +277,17 @@ def run_fleet(store: BaseStore, cfg: FleetConfig, console: Console | None) -> di
             "; ".join(errors[:3]),
         )
     )
+    turns = figures["turns_committed"]
+    checks.append(
+        Check(
+            "fleet_did_work",
+            f"the fleet committed at least {cfg.min_turns} turns (--min-turns)",
+            max(0, cfg.min_turns - turns),
+            turns,
+            f"{turns} turns in {figures['iterations']} iterations"
+            + ("" if ready else f"; the fleet's units were not all ready after {READY_S:.0f} s"),
+        )
+    )
     figures["audit"] = [c.as_dict() for c in checks]
     figures["audit_passed"] = all(c.passed for c in checks)
     return figures
@@ -270,14 +305,21 @@ not terminal and not blocked for good by a failed or uncertain dependency (a
 level of dependency)."""
 
 
-def _drain(store: BaseStore, stop: Flag, limit_s: float) -> None:
-    """Give the services up to ``limit_s`` seconds to converge every orphan and
-    settle every delivery (stops early once nothing is left, see
-    :data:`UNSETTLED_SQL`)."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline and not stop.is_set():
-        if store.query(UNSETTLED_SQL).column("n")[0].as_py() == 0:
-            return
+def _drain(store: BaseStore, stop: Flag, quiet_s: float) -> int:
+    """Give the services the time they need to converge every orphan and settle
+    every delivery (see :data:`UNSETTLED_SQL`): ends as soon as nothing is
+    left, or once ``quiet_s`` seconds passed without a new low in what is
+    left (so a loaded machine, slow but progressing, is not cut short), or
+    when ``stop`` is set. Returns what was left (0: everything settled)."""
+    lowest, since = -1, time.monotonic()
+    while True:
+        left = int(store.query(UNSETTLED_SQL).column("n")[0].as_py())
+        if left == 0 or stop.is_set():
+            return left
+        if lowest < 0 or left < lowest:
+            lowest, since = left, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return left
         stop.wait(PROGRESS_TICK_S)
 
 
@@ -363,7 +405,8 @@ def render(console: Console, figures: dict[str, Any]) -> None:
     table = Table(
         title=(
             f"turnkeeper demo: {figures['workers']} workers, {figures['sessions']} sessions, "
-            f"{figures['fleet_s']:.1f} s fleet + {figures['drain_s']:.1f} s drain, "
+            f"{figures['fleet_s']:.1f} s fleet + {figures['drain_s']:.1f} s drain "
+            f"(started in {figures['startup_s']:.1f} s), "
             f"seed {figures['seed']}, ttl {figures['ttl_s']} s"
         ),
         title_justify="left",
@@ -465,7 +508,15 @@ def render(console: Console, figures: dict[str, Any]) -> None:
     type=Seconds(0.0, MAX_DURATION_S),
     default=20.0,
     show_default=True,
-    help="Seconds the fleet runs (> 0, at most a day).",
+    help="Seconds the fleet runs once its workers are ready (> 0, at most a day).",
+)
+@click.option(
+    "--min-turns",
+    type=click.IntRange(min=1, max=MAX_MIN_TURNS),
+    default=1,
+    show_default=True,
+    help="Turns the fleet must commit: it runs past --duration until it has, and "
+    "fails its audit if it cannot.",
 )
 @click.option(
     "--seed", type=int, default=None, help="Seed for repeatable choices (default: random)."
@@ -485,6 +536,7 @@ def demo_command(
     workers: int,
     sessions: int,
     duration: float,
+    min_turns: int,
     seed: int | None,
     ttl: float,
     as_json: bool,
@@ -495,17 +547,29 @@ def demo_command(
     finalize thread records, and now and then stall past the TTL (their late
     writes must be fenced), crash mid-run or abandon a lease (a later worker
     takes it over). Recovery coordinators converge the orphans and outbox
-    workers deliver the replies. After SECONDS the workers stop and the
-    drain gives the services up to three TTLs + 2 s to finish; the title
-    shows both times (fleet_s, drain_s and elapsed_s in JSON).
-    Prints the figures and an audit of the stored data as a table (or one
-    JSON object with --json) and the database file used; exits 1 if any audit
-    check fails. The default database is turnkeeper-demo.duckdb, apart from the
-    turnkeeper.duckdb the other commands default to.
+    workers deliver the replies. The clock starts once every worker and
+    service is ready (on PostgreSQL they are processes, which take a while
+    to start); after SECONDS, and once the fleet committed --min-turns
+    turns, the workers stop and the drain gives the services the time they
+    need to finish (it gives up once they made no progress for three TTLs
+    + 2 s); the title shows the times (startup_s, fleet_s, drain_s and
+    elapsed_s in JSON). Prints the figures and an audit of the stored data
+    as a table (or one JSON object with --json) and the database file used;
+    exits 1 if any audit check fails, fleet_did_work included (fewer than
+    --min-turns turns: a fleet that did nothing fails). The default database
+    is turnkeeper-demo.duckdb, apart from the turnkeeper.duckdb the other
+    commands default to.
     """
     if seed is None:
         seed = secrets.randbelow(1_000_000)
-    cfg = FleetConfig(workers=workers, sessions=sessions, duration_s=duration, seed=seed, ttl_s=ttl)
+    cfg = FleetConfig(
+        workers=workers,
+        sessions=sessions,
+        duration_s=duration,
+        seed=seed,
+        ttl_s=ttl,
+        min_turns=min_turns,
+    )
     console = stdout_console()
     show_bar = not as_json and console.is_terminal
     with open_db(db) as store:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -102,6 +103,9 @@ class FleetConfig:
     crash_p: float = 0.06
     tool_p: float = 0.35
     model_change_p: float = 0.05
+    min_turns: int = 1
+    """Turns the fleet must commit: it runs past ``duration_s`` until it has (a
+    fleet that committed none did nothing to audit, see ``turnkeeper demo``)."""
 
 
 class Plan(NamedTuple):
@@ -175,7 +179,10 @@ def _text(marker: str, text: str) -> dict[str, Any]:
 
 
 class Worker:
-    """One simulated agent runtime; :meth:`run` loops until the deadline or ``stop``."""
+    """One simulated agent runtime; :meth:`run` loops until the deadline or ``stop``.
+
+    ``progress``, if given, is called with the worker's counters after each
+    iteration (a process fleet publishes them to its parent)."""
 
     def __init__(
         self,
@@ -186,6 +193,7 @@ class Worker:
         run_id: str,
         deadline: float,
         stop: threading.Event,
+        progress: Callable[[WorkerStats], None] | None = None,
     ) -> None:
         self.store = store
         self.cfg = cfg
@@ -193,6 +201,7 @@ class Worker:
         self.run_id = run_id
         self.deadline = deadline
         self.stop = stop
+        self.progress = progress
         self.owner = f"demo-worker-{index}"
         self.rng = worker_rng(cfg, index)
         self.stats = WorkerStats(index)
@@ -213,6 +222,8 @@ class Worker:
                 self.stats.conflicts += 1
             except Exception as exc:  # a bug or backend failure: recorded, shown, fails the run
                 self.stats.errors.append(f"{type(exc).__name__}: {one_line(str(exc))}")
+            if self.progress is not None:
+                self.progress(self.stats)
 
     # -- one iteration ---------------------------------------------------------
 

@@ -2,19 +2,23 @@
 whose file one process writes), or processes (PostgreSQL, a store for many).
 
 Both runners start the same :class:`~.fleet.Worker` and service objects with
-the same configuration; a process opens its own store on the URL, runs its
-one unit until the deadline or ``stop``, and sends its counters back. The
+the same configuration; a process opens its own store on the URL, says it is
+ready, waits for the fleet to begin (:meth:`go`: the fleet's clock starts
+when every unit is ready, not when it was spawned), runs its one unit until
+``stop``, and sends back its counters and the statements its store ran. The
 demo's figures and audit are the same either way.
 """
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from turnkeeper.storage import BaseStore
@@ -30,6 +34,65 @@ OUTBOX_WORKERS = 2
 
 JOIN_S = 120.0
 """Seconds a runner waits for a unit to end after it was told to stop."""
+
+READY_S = 600.0
+"""Seconds a runner waits for its units to be ready (a hang guard: a spawned
+process imports and connects first, which takes seconds on a loaded machine)."""
+
+READY_TICK_S = 0.1
+"""Seconds between looks at whether a unit died while the others get ready."""
+
+LIVE_FIELDS = (
+    "iterations",
+    "turns_committed",
+    "stale_appends_fenced",
+    "stale_finalizes_fenced",
+    "stale_finishes_fenced",
+    "busy_refusals",
+)
+"""The worker counters a process fleet publishes while it runs (progress, and
+the parent's decision that the fleet did its ``min_turns``)."""
+
+Statements = dict[str, dict[str, float]]
+"""Per operation ``{"calls", "statements", "statements_per_call", "retries"}``."""
+
+
+def stats_delta(before: Statements, after: Statements) -> Statements:
+    """Per operation, what happened between two ``statement_stats()`` snapshots.
+
+    Returns ``{op: {"calls", "statements", "statements_per_call", "retries"}}``
+    for operations called in between.
+    """
+    out: Statements = {}
+    for op, a in after.items():
+        b = before.get(op, {"calls": 0, "statements_per_call": 0.0, "retries": 0})
+        calls = int(a["calls"] - b["calls"])
+        if calls <= 0:
+            continue
+        statements = round(
+            a["calls"] * a["statements_per_call"] - b["calls"] * b["statements_per_call"]
+        )
+        out[op] = {
+            "calls": calls,
+            "statements": statements,
+            "statements_per_call": round(statements / calls, 3),
+            "retries": int(a["retries"] - b["retries"]),
+        }
+    return out
+
+
+def merge_statements(parts: list[Statements]) -> Statements:
+    """The sum of several stores' :func:`stats_delta` (one per process): calls,
+    statements and retries added, statements per call recomputed."""
+    out: Statements = {}
+    for part in parts:
+        for op, d in part.items():
+            total = out.setdefault(op, {"calls": 0, "statements": 0, "retries": 0})
+            for key in ("calls", "statements", "retries"):
+                total[key] += int(d[key])
+    for d in out.values():
+        d["statements_per_call"] = round(d["statements"] / d["calls"], 3)
+    return out
 
 
 class Flag(Protocol):
@@ -56,29 +119,53 @@ def make_service(name: str, store: BaseStore, stop: Any, cfg: FleetConfig) -> Se
 
 
 class ThreadFleet:
-    """The fleet as threads sharing ``store``."""
+    """The fleet as threads sharing ``store`` (whose statement counts are the
+    parent's: :meth:`finish` returns no separate ones)."""
 
     def __init__(
-        self, store: BaseStore, cfg: FleetConfig, sessions: list[str], run_id: str, deadline: float
+        self, store: BaseStore, cfg: FleetConfig, sessions: list[str], run_id: str
     ) -> None:
         self.stop = threading.Event()
         self.service_stop = threading.Event()
+        self._go = threading.Event()
+        self._ready = threading.Semaphore(0)
         self.workers = [
-            Worker(store, i, cfg, sessions, run_id, deadline, self.stop) for i in range(cfg.workers)
+            Worker(store, i, cfg, sessions, run_id, math.inf, self.stop) for i in range(cfg.workers)
         ]
         self.services = [make_service(n, store, self.service_stop, cfg) for n in SERVICES]
         self._worker_threads = [
-            threading.Thread(target=w.run, name=f"demo-worker-{i}", daemon=True)
+            threading.Thread(target=self._unit(w.run), name=f"demo-worker-{i}", daemon=True)
             for i, w in enumerate(self.workers)
         ]
         self._service_threads = [
-            threading.Thread(target=s.run, name=f"demo-service-{i}", daemon=True)
+            threading.Thread(target=self._unit(s.run), name=f"demo-service-{i}", daemon=True)
             for i, s in enumerate(self.services)
         ]
 
+    def _unit(self, body: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            self._ready.release()
+            self._go.wait()
+            body()
+
+        return run
+
     def start(self) -> None:
+        """Start every unit (each then waits for :meth:`go`)."""
         for t in [*self._worker_threads, *self._service_threads]:
             t.start()
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Wait until every unit is ready; ``False`` if one is not within ``timeout_s``."""
+        give_up = time.monotonic() + timeout_s
+        for _ in range(len(self._worker_threads) + len(self._service_threads)):
+            if not self._ready.acquire(timeout=max(0.0, give_up - time.monotonic())):
+                return False
+        return True
+
+    def go(self) -> None:
+        """Let every ready unit begin."""
+        self._go.set()
 
     def workers_alive(self) -> bool:
         return any(t.is_alive() for t in self._worker_threads)
@@ -91,14 +178,16 @@ class ThreadFleet:
         for t in self._worker_threads:
             t.join(timeout_s)
 
-    def finish(self) -> tuple[list[WorkerStats], list[ServiceStats]]:
-        """Stop everything; every unit's counters."""
+    def finish(self) -> tuple[list[WorkerStats], list[ServiceStats], list[Statements]]:
+        """Stop everything; every unit's counters (statements: none apart, the
+        store is the caller's)."""
         self.stop.set()
         self.service_stop.set()
+        self._go.set()
         for t in [*self._worker_threads, *self._service_threads]:
             if t.ident is not None:  # started (start() can be cut short)
                 t.join(JOIN_S)
-        return [w.stats for w in self.workers], [s.stats for s in self.services]
+        return [w.stats for w in self.workers], [s.stats for s in self.services], []
 
 
 def exit_when_orphaned() -> None:
@@ -119,6 +208,18 @@ def exit_when_orphaned() -> None:
     threading.Thread(target=watch, name="demo-parent-watch", daemon=True).start()
 
 
+def _publisher(live: Any, index: int) -> Callable[[WorkerStats], None]:
+    """What worker ``index`` of a process fleet calls after each iteration: its
+    :data:`LIVE_FIELDS` into its slots of the shared array ``live``."""
+    base = index * len(LIVE_FIELDS)
+
+    def publish(stats: WorkerStats) -> None:
+        for j, name in enumerate(LIVE_FIELDS):
+            live[base + j] = getattr(stats, name)
+
+    return publish
+
+
 def _run_unit(
     url: str,
     kind: str,
@@ -126,52 +227,63 @@ def _run_unit(
     cfg: FleetConfig,
     sessions: list[str],
     run_id: str,
-    deadline: float,
-    stop: Any,
+    flags: tuple[Any, Any, Any, Any],
     results: Any,
 ) -> None:
     """A process's body: one worker or service on its own store (spawned); it
-    stops when the parent process dies. Ctrl-C reaches the whole process group:
-    the parent answers it (one line, exit 130) and the units ignore it, ending
+    stops when the parent process dies. ``flags`` is ``(ready, go, stop,
+    live)``: the unit releases ``ready`` once its store is open, waits for
+    ``go``, runs until ``stop``, and sends its counters and the delta of its
+    store's statement counts. Ctrl-C reaches the whole process group: the
+    parent answers it (one line, exit 130) and the units ignore it, ending
     through ``stop`` or the parent's death instead of with a traceback each."""
     import turnkeeper
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C pending since start() is dropped
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     exit_when_orphaned()
+    ready, go, stop, live = flags
 
     with turnkeeper.open_store(url) as store:
+        ready.release()
+        go.wait()
+        before = store.statement_stats()
         if kind == "worker":
-            worker = Worker(store, index, cfg, sessions, run_id, deadline, stop)
+            publish = _publisher(live, index)
+            worker = Worker(store, index, cfg, sessions, run_id, math.inf, stop, publish)
             worker.run()
-            results.put(("worker", index, worker.stats))
+            statements = stats_delta(before, store.statement_stats())
+            results.put(("worker", index, worker.stats, statements))
             return
         service = make_service(kind, store, stop, cfg)
         service.run()
-        results.put(("service", index, service.stats))
+        statements = stats_delta(before, store.statement_stats())
+        results.put(("service", index, service.stats, statements))
 
 
 class ProcessFleet:
     """The fleet as processes, each with its own store on ``url``.
 
     The processes are spawned (not forked: a fork would copy the parent's
-    pooled connections), so each starts a fresh interpreter; the deadline is
-    on the monotonic clock, which every process on the host shares.
+    pooled connections), so each starts a fresh interpreter: on a loaded
+    machine that takes seconds, so the units wait for :meth:`go` once ready,
+    and the parent stops them (``stop``) when the fleet's time is up.
     """
 
-    def __init__(
-        self, url: str, cfg: FleetConfig, sessions: list[str], run_id: str, deadline: float
-    ) -> None:
+    def __init__(self, url: str, cfg: FleetConfig, sessions: list[str], run_id: str) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.stop = ctx.Event()
         self.service_stop = ctx.Event()
+        self._go = ctx.Event()
+        self._ready = ctx.Semaphore(0)
+        self._live = ctx.RawArray("q", cfg.workers * len(LIVE_FIELDS))
         self._results = ctx.Queue()
         self._cfg = cfg
-        args = (cfg, sessions, run_id, deadline)
+        args = (cfg, sessions, run_id)
         self._workers = [
             ctx.Process(
                 target=_run_unit,
-                args=(url, "worker", i, *args, self.stop, self._results),
+                args=(url, "worker", i, *args, self._flags(self.stop), self._results),
                 name=f"demo-worker-{i}",
             )
             for i in range(cfg.workers)
@@ -179,11 +291,14 @@ class ProcessFleet:
         self._services = [
             ctx.Process(
                 target=_run_unit,
-                args=(url, kind, i, *args, self.service_stop, self._results),
+                args=(url, kind, i, *args, self._flags(self.service_stop), self._results),
                 name=f"demo-{kind}",
             )
             for i, kind in enumerate(SERVICES)
         ]
+
+    def _flags(self, stop: Any) -> tuple[Any, Any, Any, Any]:
+        return (self._ready, self._go, stop, self._live)
 
     def start(self) -> None:
         """Start every unit with Ctrl-C blocked from its first instruction (the
@@ -215,34 +330,60 @@ class ProcessFleet:
         if caught:
             raise KeyboardInterrupt
 
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Wait until every unit has opened its store; ``False`` as soon as one
+        died first, or when they are not all ready within ``timeout_s``."""
+        units = [*self._workers, *self._services]
+        give_up = time.monotonic() + timeout_s
+        for _ in units:
+            while not self._ready.acquire(timeout=READY_TICK_S):
+                if time.monotonic() >= give_up or any(p.exitcode is not None for p in units):
+                    return False
+        return True
+
+    def go(self) -> None:
+        """Let every ready unit begin."""
+        self._go.set()
+
     def workers_alive(self) -> bool:
         return any(p.is_alive() for p in self._workers)
 
     def live_stats(self) -> list[WorkerStats]:
-        """Counters come back when a process ends: none while the fleet runs."""
-        return []
+        """The workers' :data:`LIVE_FIELDS` so far (the rest come when they end)."""
+        k, live = len(LIVE_FIELDS), list(self._live)
+        out = []
+        for i in range(len(self._workers)):
+            stats = WorkerStats(i)
+            for j, name in enumerate(LIVE_FIELDS):
+                setattr(stats, name, int(live[i * k + j]))
+            out.append(stats)
+        return out
 
     def join_workers(self, timeout_s: float) -> None:
         for p in self._workers:
             p.join(timeout_s)
 
-    def finish(self) -> tuple[list[WorkerStats], list[ServiceStats]]:
-        """Stop everything and join every unit started; every unit's counters (a
-        unit that died or never started sends none: it is counted as an error)."""
+    def finish(self) -> tuple[list[WorkerStats], list[ServiceStats], list[Statements]]:
+        """Stop everything and join every unit started; every unit's counters and
+        statement counts (a unit that died or never started sends none: it is
+        counted as an error)."""
         self.stop.set()
         self.service_stop.set()
+        self._go.set()
         started = [p for p in [*self._workers, *self._services] if p.pid is not None]
         expected = len(started)
         workers: dict[int, WorkerStats] = {}
         services: list[ServiceStats] = []
+        statements: list[Statements] = []
         give_up = time.monotonic() + JOIN_S
         while len(workers) + len(services) < expected and time.monotonic() < give_up:
             try:
-                kind, index, stats = self._results.get(timeout=1.0)
+                kind, index, stats, counted = self._results.get(timeout=1.0)
             except Exception:  # queue.Empty: see who is still alive
                 if not any(p.is_alive() for p in started):
                     break
                 continue
+            statements.append(counted)
             if kind == "worker":
                 workers[index] = stats
             else:
@@ -257,4 +398,4 @@ class ProcessFleet:
                 lost.errors.append(f"{p.name} exited with {p.exitcode}")
         if len(workers) < len(self._workers):
             lost.errors.append(f"{len(self._workers) - len(workers)} workers sent no counters")
-        return [workers[i] for i in sorted(workers)], [*services, lost]
+        return [workers[i] for i in sorted(workers)], [*services, lost], statements
