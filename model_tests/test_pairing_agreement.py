@@ -169,8 +169,13 @@ def test_a_write_is_refused_exactly_when_the_audit_flags_what_it_would_store(sto
         "INSERT INTO entries (session_id, id, parent_id, kind, seq, ts, payload, lease_epoch, "
         "written_at) VALUES ('raw', 'raw-w', ?, ?, ?, now(), ?, NULL, now())",
         [leaf, kind, seq, json.dumps(_ids("raw", payload))],
+        rows=1,
     )
-    forge(store, "UPDATE sessions SET leaf_id = 'raw-w', next_seq = next_seq + 1 WHERE id = 'raw'")
+    forge(
+        store,
+        "UPDATE sessions SET leaf_id = 'raw-w', next_seq = next_seq + 1 WHERE id = 'raw'",
+        rows=1,
+    )
     check = {c.name: c for c in run_audit(store, ["raw"])}["tool_results_in_context"]
     if refused is None:
         assert check.passed, check.detail

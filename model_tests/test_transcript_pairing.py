@@ -220,12 +220,14 @@ def forge_entry(store, sid: str, entry_id: str, parent: str | None, kind: str, p
         "INSERT INTO entries (session_id, id, parent_id, kind, seq, ts, payload, lease_epoch, "
         "written_at) VALUES (?, ?, ?, ?, ?, now(), ?, NULL, now())",
         [sid, entry_id, parent, kind, seq, json.dumps(payload)],
+        rows=1,
     )
     forge(
         store,
         "UPDATE sessions SET leaf_id = ?, next_seq = next_seq + 1, entry_count = entry_count + 1 "
         "WHERE id = ?",
         [entry_id, sid],
+        rows=1,
     )
 
 
