@@ -111,6 +111,37 @@ class CheckpointError(OperationalError):
     path: str
 
 
+class StoreInvalidatedError(OperationalError):
+    """The database was invalidated by a fatal error and must be reopened.
+
+    DuckDB refuses every statement on a database after a fatal error (a
+    checkpoint that hit a full disk …) until it is opened again. Nothing
+    committed is lost: the write-ahead log holds every committed write, and
+    reopening replays it. The store reopens the file by itself at the next
+    call once it can; this error means that call could not (``detail`` says
+    why: another store object's query still holds the old database, another
+    process took the file meanwhile …), or that the operation it cut short
+    committed (``detail`` says so). Call again (the store tries to reopen at
+    each call), or close every store object on the file in this process and
+    open it again.
+    """
+
+    fields = ("path",)
+    path: str
+
+
+class DiskFullError(OperationalError):
+    """The disk (or quota) holding the database is full.
+
+    Nothing of the failed operation is kept (a write was not committed) and
+    nothing committed before it is lost; reads go on working. Free space and
+    call again.
+    """
+
+    fields = ("path",)
+    path: str
+
+
 class TransactionConflictError(OperationalError):
     """A write kept losing write-write conflicts after every retry."""
 

@@ -7,6 +7,19 @@ symlink, ``..``, or a hard link: files are told apart by device and inode).
 So every store object on a file shares one instance, one write-ahead log and
 one write lock, and only the last one to close checkpoints and closes the
 file (a checkpoint beside another object's running write would fail).
+
+Reopening. After a fatal error (a checkpoint that hit a full disk …) DuckDB
+invalidates the database: every call on it fails until the file is opened
+again, and nothing committed is lost (the write-ahead log holds it). A call
+that meets this reopens the file for every store object on it
+(:func:`reopen`): with the file's write lock and every lease stripe held (no
+write of this process runs), it closes the connection (every cursor with
+it) and connects again, which replays the write-ahead log. Closing the
+connection drops the file's POSIX lock, so the old instance must be gone
+before the new one opens (two instances of one file, and the old one closing
+its descriptor later, would leave the file unlocked): an operation still
+holding the old instance (an unfinished query result) makes DuckDB hand the
+old, invalidated instance back, and the reopen waits for the next call.
 """
 
 from __future__ import annotations
@@ -14,16 +27,27 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import duckdb
 
 from turnkeeper.spec import errors
 
 from ..wakeups import Signals
-from .dialect import configure, interrupted, translate
+from .dialect import (
+    committed_durably,
+    configure,
+    disk_full,
+    interrupted,
+    invalidated,
+    translate,
+)
+
+T = TypeVar("T")
 
 MAGIC = b"DUCK"
 """What a DuckDB database file holds at byte 8 (its header)."""
@@ -124,11 +148,18 @@ class Targets:
 
 @dataclass(eq=False)
 class SharedFile:
-    """One database file's connection in this process, and who uses it."""
+    """One database file's connection in this process, and who uses it.
+
+    ``generation`` counts the times :func:`reopen` replaced ``con``;
+    ``closed_by`` says why ``con`` is closed and not replaced yet (``None``
+    while it is open)."""
 
     con: duckdb.DuckDBPyConnection
     read_only: bool
     keys: list[tuple[object, ...]]
+    path: str = ":memory:"
+    generation: int = 0
+    closed_by: str | None = None
     write_lock: threading.RLock = field(default_factory=threading.RLock)
     targets: Targets = field(default_factory=Targets)
     signals: Signals = field(default_factory=Signals)
@@ -136,6 +167,20 @@ class SharedFile:
     """The store objects using it: one releasing twice is one release, and one
     lost before it could close (a cancellation as it opened) leaves the set
     when it is collected."""
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A new cursor on the connection.
+
+        Raises:
+            StoreInvalidatedError: the connection was closed to reopen the file,
+                and that did not succeed yet (the next call tries again).
+        """
+        if self.closed_by is not None:
+            raise errors.StoreInvalidatedError(self.path, detail=self.closed_by)
+        try:
+            return self.con.cursor()
+        except duckdb.Error as exc:
+            raise translate(exc, self.path) from exc
 
 
 _FILES: dict[tuple[object, ...], SharedFile] = {}
@@ -161,7 +206,7 @@ def open_shared(path: str, *, read_only: bool, user: object, given: list[SharedF
         (and what :func:`check_file` and :func:`open_error` raise)
     """
     if path == ":memory:":
-        shared = SharedFile(_connect(path, read_only, existed=True), read_only, [])
+        shared = SharedFile(_connect(path, read_only, existed=True), read_only, [], path)
         given.append(shared)
         shared.users.add(user)
         return shared
@@ -179,7 +224,7 @@ def open_shared(path: str, *, read_only: bool, user: object, given: list[SharedF
         check_file(path, read_only=read_only)
         existed = os.path.exists(path)
         con = _connect(path, read_only, existed=existed)
-        shared = SharedFile(con, read_only, [key, _identity(path)])
+        shared = SharedFile(con, read_only, [key, _identity(path)], path)
         given.append(shared)
         shared.users.add(user)
         for k in shared.keys:
@@ -228,3 +273,129 @@ def release(shared: SharedFile, user: object) -> bool:
             if _FILES.get(k) is shared:
                 del _FILES[k]
         return True
+
+
+def recover(
+    shared: SharedFile,
+    call: Callable[[], T],
+    *,
+    writes: bool,
+    started: list[bool] | None = None,
+) -> T:
+    """``call()`` (an operation on ``shared``), reopening the file when it found
+    the database invalidated (:func:`reopen`) and calling once more if it
+    committed nothing. A read (not ``writes``) also runs again when the file
+    was reopened under it (its cursor closed as it fetched); a write cannot
+    be (it holds the write lock or its lease stripe). ``started``: a read
+    that hands rows to a caller's callback sets ``started[0]`` when it calls
+    it; it then never runs again (the callback may have acted on what it got).
+
+    Raises:
+        StoreInvalidatedError: the file could not be reopened (yet), or the
+            call it cut short had committed (an autocommit statement that did
+            not get its result), or a callback had started, or the call run
+            again met a database invalidated again.
+        DiskFullError: a checkpoint found the disk full (the write's own
+            commit's, or, run again, any): nothing of the write was committed.
+    """
+    seen = shared.generation
+    try:
+        return call()
+    except errors.DatabaseError as exc:
+        cause = exc.__cause__
+        lost = isinstance(exc, errors.StoreInvalidatedError) or invalidated(cause)
+        if not lost and (writes or shared.generation == seen):
+            raise
+        reopen(shared, seen)
+        if committed_durably(cause):
+            raise  # an autocommit statement that committed: never run twice
+        if started is not None and started[0]:
+            raise  # a caller's callback ran: never twice
+    try:
+        return call()
+    except errors.StoreInvalidatedError as exc:
+        cause = exc.__cause__
+        if not writes or not disk_full(cause) or committed_durably(cause):
+            raise
+        # invalidated again by a checkpoint that found the disk full (a group's
+        # commit, whose writes then each meet the invalidated database): the
+        # write was not committed, and what helps is space
+        detail = (
+            "a checkpoint found the disk full and DuckDB invalidated the database, so "
+            "nothing of this write was committed; free space and call again (the store "
+            f"reopens the file at the next call); DuckDB said: {cause}"
+        )
+        raise errors.DiskFullError(shared.path, detail=detail) from cause
+
+
+CLOSE_WAIT_S = 10.0
+"""Longest :func:`reopen` waits (seconds) for the other threads' calls on an
+invalidated connection to return (each fails at once) before it gives up."""
+
+
+def reopen(shared: SharedFile, seen: int) -> None:
+    """Open ``shared``'s file again after DuckDB invalidated the database (module
+    docstring, reopening), unless it was reopened since generation ``seen``.
+
+    Holds the file's write lock and every lease stripe (so no write of this
+    process is running or committing), then, under the files' guard, closes
+    the connection (every cursor of every store object on it) and connects
+    again, which replays the write-ahead log.
+
+    Raises:
+        StoreInvalidatedError: the file could not be reopened now (``detail``
+            says why; the connection stays closed and the next call tries
+            again), or never (an in-memory database: its data is gone).
+    """
+    if shared.path == ":memory:":
+        raise errors.StoreInvalidatedError(
+            shared.path, detail="an in-memory database cannot be reopened: its data is gone"
+        )
+    held: list[threading.RLock] = []
+    try:
+        for lock in (shared.write_lock, *shared.targets.locks):
+            held.append(lock)  # before the take: a cancellation never leaves one taken
+            lock.acquire()
+        if shared.generation != seen:
+            return  # another call reopened it meanwhile
+        with _GUARD:
+            _close_when_idle(shared)
+            try:
+                con = _connect(shared.path, shared.read_only, existed=True)
+            except errors.TurnkeeperError as exc:
+                why = (
+                    "another call of this process still holds the old database (an "
+                    "unfinished query result): it is reopened at a call after that ends"
+                    if isinstance(exc, errors.StoreInvalidatedError)
+                    else f"reopening it failed ({type(exc).__name__}: {exc}); the next call "
+                    "tries again"
+                )
+                shared.closed_by = why
+                raise errors.StoreInvalidatedError(shared.path, detail=why) from exc
+            shared.con = con
+            shared.closed_by = None
+            shared.generation += 1
+    finally:
+        for lock in reversed(held):
+            if lock._is_owned():  # type: ignore[attr-defined]
+                lock.release()
+
+
+def _close_when_idle(shared: SharedFile) -> None:
+    """Close ``shared``'s connection and with it every cursor, waiting while
+    another thread's call is running on one (DuckDB refuses to close a busy
+    connection; on an invalidated database every call fails at once)."""
+    deadline = time.monotonic() + CLOSE_WAIT_S
+    pause = 0.001
+    while True:
+        try:
+            shared.con.close()
+        except duckdb.Error as exc:
+            if "busy" not in str(exc) or time.monotonic() > deadline:
+                why = f"its connection could not be closed to reopen it: {exc}"
+                raise errors.StoreInvalidatedError(shared.path, detail=why) from exc
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+            continue
+        shared.closed_by = "its connection was closed to reopen it"
+        return
