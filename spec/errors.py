@@ -92,12 +92,16 @@ class CorruptDatabaseError(OperationalError):
     """The database cannot be opened: one of its files is corrupt.
 
     ``file`` is the damaged file: the database file itself, or its
-    write-ahead log (``<path>.wal``); ``detail`` says what the user can do.
+    write-ahead log (``<path>.wal``); ``offset`` is where in ``file`` the
+    damage starts (bytes from its start), when known (``None`` otherwise);
+    ``detail`` says what the user can do (for a write-ahead log:
+    ``turnkeeper repair``, which keeps every write before ``offset``).
     """
 
-    fields = ("path", "file")
+    fields = ("path", "file", "offset")
     path: str
     file: str
+    offset: int | None
 
 
 class CheckpointError(OperationalError):

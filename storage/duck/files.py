@@ -20,12 +20,18 @@ before the new one opens (two instances of one file, and the old one closing
 its descriptor later, would leave the file unlocked): an operation still
 holding the old instance (an unfinished query result) makes DuckDB hand the
 old, invalidated instance back, and the reopen waits for the next call.
+
+A write-ahead log is read before DuckDB replays it (:func:`check_wal`):
+DuckDB takes damage that makes an entry's length run past the end of the
+file, or its header unreadable, for a write torn by a crash, and drops every
+transaction after it without a word (:mod:`.wal`).
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import re
 import threading
 import time
 import weakref
@@ -38,6 +44,7 @@ import duckdb
 from turnkeeper.spec import errors
 
 from ..wakeups import Signals
+from . import wal as wal_log
 from .dialect import (
     committed_durably,
     configure,
@@ -54,23 +61,32 @@ MAGIC = b"DUCK"
 
 WAL_ADVICE = (
     "the write-ahead log {wal} is corrupt, so the store cannot replay the writes made "
-    "since the last checkpoint: restore the database and its .wal from a backup, or "
-    "move {wal} aside to open the database in the state of the last checkpoint (the "
-    "writes made after it are lost)"
+    "since the last checkpoint: run `turnkeeper repair --db {path}` to keep every "
+    "transaction before the damage (it copies both files aside first and reports what "
+    "it kept and dropped), or restore the database and its .wal from a backup, or move "
+    "{wal} aside to open the database in the state of the last checkpoint (every write "
+    "made after it is lost)"
 )
-"""What :func:`open_error` says about a write-ahead log DuckDB cannot replay."""
+"""What the store says about a write-ahead log it cannot replay."""
+
+_REPORTED = re.compile(r"entry at byte position (\d+)")
+"""Where DuckDB says a damaged entry is: its payload's offset, :data:`~.wal.FRAME_HEAD`
+bytes after the entry starts."""
 
 
 def open_error(exc: duckdb.Error, path: str) -> errors.DatabaseError:
     """Translate a failure to open ``path`` (DuckDB's connect, which also replays the
     write-ahead log): a corrupt WAL or file, or a file that is not a DuckDB
-    database, gets its own class and a message saying what the user can do;
-    anything else goes through :func:`~.settings.translate`."""
+    database, gets its own class and a message saying what the user can do
+    (for a WAL, ``offset``: where the damaged entry starts); anything else goes
+    through :func:`~.settings.translate`."""
     text = str(exc)
     wal = f"{path}.wal"
     if "while replaying WAL" in text:
-        detail = f"{WAL_ADVICE.format(wal=wal)}; DuckDB said: {text}"
-        return errors.CorruptDatabaseError(path, wal, detail=detail)
+        detail = f"{WAL_ADVICE.format(wal=wal, path=path)}; DuckDB said: {text}"
+        found = _REPORTED.search(text)
+        offset = int(found.group(1)) - wal_log.FRAME_HEAD if found else None
+        return errors.CorruptDatabaseError(path, wal, offset, detail=detail)
     if "not a valid DuckDB database file" in text:
         return errors.ForeignDatabaseError(path, detail=f"not a DuckDB database file: {text}")
     if "database does not exist" in text:  # read-only, and the file went missing meanwhile
@@ -113,6 +129,60 @@ def check_file(path: str, *, read_only: bool) -> None:
         )
     if head[8:12] != MAGIC:
         raise errors.ForeignDatabaseError(path, detail="not a DuckDB database file")
+
+
+def check_wal(path: str) -> None:
+    """Refuse to open ``path`` when its write-ahead log is damaged where DuckDB's
+    replay would drop whole transactions without a word (:mod:`.wal`); a log
+    whose end a crash tore, or one DuckDB refuses by itself, passes.
+
+    Raises:
+        CorruptDatabaseError: the log is damaged (``offset``: where; the message
+            says how many transactions lie beyond and what to do).
+        OperationalError: the log exists but cannot be read.
+    """
+    wal = f"{path}.wal"
+    try:
+        found = wal_log.scan(wal)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise errors.OperationalError(detail=f"cannot read {wal}: {exc}") from exc
+    if found is None or not found.damaged:
+        return
+    try:  # where the damage starts: an entry before the stop may fail its checksum
+        found = wal_log.scan(wal, verify=True) or found
+    except OSError as exc:
+        raise errors.OperationalError(detail=f"cannot read {wal}: {exc}") from exc
+    detail = (
+        f"it is damaged at byte {found.stop} of {found.size} "
+        f"({wal_log.REASONS[found.reason or 'length']}): {found.kept_commits} transactions "
+        f"end before that, {found.later_commits} whole transactions after it; "
+        f"{WAL_ADVICE.format(wal=wal, path=path)}"
+    )
+    raise errors.CorruptDatabaseError(path, wal, found.stop, detail=detail)
+
+
+def held_by_writer(path: str) -> bool:
+    """Whether another process holds ``path`` to write (DuckDB's POSIX write
+    lock on it); ``False`` where POSIX locks are not available. Opens and
+    closes a descriptor of ``path``: call it only when this process does not
+    have the file open (closing a descriptor drops the process's locks on it)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not a POSIX system
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # refused only beside a write lock
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def _identity(path: str) -> tuple[object, ...]:
@@ -187,6 +257,12 @@ _FILES: dict[tuple[object, ...], SharedFile] = {}
 _GUARD = threading.Lock()
 
 
+def open_here(path: str) -> bool:
+    """Whether a store object of this process has the file at ``path`` open."""
+    with _GUARD:
+        return _identity(path) in _FILES
+
+
 def open_shared(path: str, *, read_only: bool, user: object, given: list[SharedFile]) -> SharedFile:
     """The connection to ``path`` for ``user`` (a store object): the one this
     process has, or a new one. It is appended to ``given`` before ``user`` is
@@ -223,6 +299,14 @@ def open_shared(path: str, *, read_only: bool, user: object, given: list[SharedF
             return found
         check_file(path, read_only=read_only)
         existed = os.path.exists(path)
+        if existed:
+            try:
+                check_wal(path)
+            except errors.CorruptDatabaseError as exc:
+                if held_by_writer(path):  # its writer may be writing the log as we read
+                    detail = "another process has it open"
+                    raise errors.StoreLockedError(path, detail=detail) from exc
+                raise
         con = _connect(path, read_only, existed=existed)
         shared = SharedFile(con, read_only, [key, _identity(path)], path)
         given.append(shared)
@@ -339,8 +423,8 @@ def reopen(shared: SharedFile, seen: int) -> None:
 
     Holds the file's write lock and every lease stripe (so no write of this
     process is running or committing), then, under the files' guard, closes
-    the connection (every cursor of every store object on it) and connects
-    again, which replays the write-ahead log.
+    the connection (every cursor of every store object on it), checks the
+    write-ahead log (:func:`check_wal`) and connects again, which replays it.
 
     Raises:
         StoreInvalidatedError: the file could not be reopened now (``detail``
@@ -361,6 +445,7 @@ def reopen(shared: SharedFile, seen: int) -> None:
         with _GUARD:
             _close_when_idle(shared)
             try:
+                check_wal(shared.path)
                 con = _connect(shared.path, shared.read_only, existed=True)
             except errors.TurnkeeperError as exc:
                 why = (
