@@ -211,3 +211,37 @@ def test_what_duckdb_says_of_a_failed_database_is_translated(
     got = dialect.translate(raised, "/x.duckdb")
     assert type(got) is expected and got.path == "/x.duckdb"  # type: ignore[attr-defined]
     assert says in str(got)
+
+
+def test_a_reopen_cut_short_by_ctrl_c_leaves_no_lock_and_the_next_call_finishes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(tmp_path / "r.duckdb")
+    store = turnkeeper.open_store(path)
+    store.create_session("s")
+    ids = [store.append("s", EntryKind.MESSAGE, MSG).id]
+    shared = store.db._file  # type: ignore[attr-defined]
+    connect = files._connect
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(files, "_connect", connect)
+        raise KeyboardInterrupt  # Ctrl-C between closing the old connection and the new one
+
+    monkeypatch.setattr(files, "_connect", interrupted)
+    with pytest.raises(KeyboardInterrupt):  # never wrapped
+        _reopen(store)
+    assert shared.closed_by is not None and shared.generation == 0
+    locks = (shared.write_lock, *shared.targets.locks)
+    assert not any(lock._is_owned() for lock in locks)  # type: ignore[attr-defined]
+    got: list[Any] = []
+
+    def on_a_thread() -> None:  # another thread: a lock left taken would block it
+        got.append(store.append("s", EntryKind.MESSAGE, MSG).id)
+
+    worker = threading.Thread(target=on_a_thread, daemon=True)
+    worker.start()
+    worker.join(120)  # a hang's guard only
+    assert not worker.is_alive() and got, "the next call never reopened the file"
+    assert shared.generation == 1 and shared.closed_by is None
+    assert [e.id for e in store.entries("s")] == [*ids, *got]
+    store.close()

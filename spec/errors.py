@@ -123,11 +123,10 @@ class StoreInvalidatedError(OperationalError):
     committed is lost: the write-ahead log holds every committed write, and
     reopening replays it. The store reopens the file by itself at the next
     call once it can; this error means that call could not (``detail`` says
-    why: another store object's query still holds the old database, another
-    process took the file meanwhile …), or that the operation it cut short
-    committed (``detail`` says so). Call again (the store tries to reopen at
-    each call), or close every store object on the file in this process and
-    open it again.
+    why: another process opened the file meanwhile …), or that the
+    single-statement write it cut short committed (``detail`` says so). Call
+    again (the store tries to reopen at each call), or close every store
+    object on the file in this process and open it again.
     """
 
     fields = ("path",)

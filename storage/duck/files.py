@@ -449,12 +449,12 @@ def reopen(shared: SharedFile, seen: int) -> None:
                 con = _connect(shared.path, shared.read_only, existed=True)
             except errors.TurnkeeperError as exc:
                 why = (
-                    "another call of this process still holds the old database (an "
-                    "unfinished query result): it is reopened at a call after that ends"
+                    "reopening it found the old database still open (an unfinished query "
+                    "result of this process?); the next call tries again"
                     if isinstance(exc, errors.StoreInvalidatedError)
-                    else f"reopening it failed ({type(exc).__name__}: {exc}); the next call "
-                    "tries again"
+                    else "reopening it failed; the next call tries again"
                 )
+                why = f"{why} ({type(exc).__name__}: {exc})"
                 shared.closed_by = why
                 raise errors.StoreInvalidatedError(shared.path, detail=why) from exc
             shared.con = con
