@@ -91,12 +91,16 @@ class CorruptDatabaseError(OperationalError):
     """The database cannot be opened: one of its files is corrupt.
 
     ``file`` is the damaged file: the database file itself, or its
-    write-ahead log (``<path>.wal``); ``detail`` says what the user can do.
+    write-ahead log (``<path>.wal``); ``offset`` is where in ``file`` the
+    damage starts (bytes from its start), when known (``None`` otherwise);
+    ``detail`` says what the user can do (for a write-ahead log:
+    ``turnkeeper repair``, which keeps every write before ``offset``).
     """
 
-    fields = ("path", "file")
+    fields = ("path", "file", "offset")
     path: str
     file: str
+    offset: int | None
 
 
 class CheckpointError(OperationalError):
@@ -104,6 +108,36 @@ class CheckpointError(OperationalError):
 
     Every committed write is still in ``<path>.wal``, which the next open
     replays; ``detail`` says why the checkpoint failed (a full disk …).
+    """
+
+    fields = ("path",)
+    path: str
+
+
+class StoreInvalidatedError(OperationalError):
+    """The database was invalidated by a fatal error and must be reopened.
+
+    DuckDB refuses every statement on a database after a fatal error (a
+    checkpoint that hit a full disk …) until it is opened again. Nothing
+    committed is lost: the write-ahead log holds every committed write, and
+    reopening replays it. The store reopens the file by itself at the next
+    call once it can; this error means that call could not (``detail`` says
+    why: another process opened the file meanwhile …), or that the
+    single-statement write it cut short committed (``detail`` says so). Call
+    again (the store tries to reopen at each call), or close every store
+    object on the file in this process and open it again.
+    """
+
+    fields = ("path",)
+    path: str
+
+
+class DiskFullError(OperationalError):
+    """The disk (or quota) holding the database is full.
+
+    Nothing of the failed operation is kept (a write was not committed) and
+    nothing committed before it is lost; reads go on working. Free space and
+    call again.
     """
 
     fields = ("path",)

@@ -1,5 +1,5 @@
 """The ``turnkeeper`` command line: ``demo``, ``report``, ``sessions``, ``audit``,
-``import`` and ``export`` (each in its own module; this one holds the group).
+``import``, ``export`` and ``repair`` (each in its own module; this one holds the group).
 
 Every command takes ``--db PATH`` (default ``turnkeeper.duckdb`` in the
 current directory; ``demo`` defaults to ``turnkeeper-demo.duckdb``). A
@@ -34,6 +34,7 @@ from .common import (
     open_db,
 )
 from .demo import demo_command
+from .repair import repair_command
 from .report import report_command
 from .sessions_view import sessions_group
 from .transfer import export_command, import_command
@@ -140,6 +141,7 @@ cli.add_command(report_command)
 cli.add_command(sessions_group)
 cli.add_command(import_command)
 cli.add_command(export_command)
+cli.add_command(repair_command)
 
 
 def main() -> None:

@@ -13,6 +13,9 @@ interrupted query) leaves it unclean. Were the cursor used again, its next
 "autocommit" statement would run inside the open transaction and never
 commit (a renewal acknowledged and lost), and its next ``BEGIN`` would fail.
 Closing the cursor rolls that transaction back.
+
+A cursor of an older connection (the file was reopened since, see
+:func:`~.files.reopen`, which closed every cursor) is replaced too.
 """
 
 from __future__ import annotations
@@ -20,19 +23,31 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
+from typing import Protocol
 
 import duckdb
 
 
+class Source(Protocol):
+    """Where cursors come from: the file's connection (``generation`` counts the
+    times it was replaced)."""
+
+    generation: int
+
+    def cursor(self) -> duckdb.DuckDBPyConnection: ...
+
+
 class Holder:
     """A thread's cursor (``box[0]``, shared with the finalizer that closes
-    it when the thread ends) and whether its last transaction ended cleanly."""
+    it when the thread ends), whether its last transaction ended cleanly, and
+    the generation of the connection it came from."""
 
-    __slots__ = ("__weakref__", "box", "clean")
+    __slots__ = ("__weakref__", "box", "clean", "generation")
 
-    def __init__(self, cursor: duckdb.DuckDBPyConnection) -> None:
+    def __init__(self, cursor: duckdb.DuckDBPyConnection, generation: int = 0) -> None:
         self.box = [cursor]
         self.clean = True
+        self.generation = generation
 
     @property
     def cursor(self) -> duckdb.DuckDBPyConnection:
@@ -40,33 +55,39 @@ class Holder:
 
 
 class Cursors:
-    """The cursors of one store object's connection ``con``; ``lock`` guards
-    them (the store's gate lock)."""
+    """The cursors one store object takes from ``source`` (the file's
+    connection); ``lock`` guards them (the store's gate lock)."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, lock: threading.Lock) -> None:
-        self._con = con
+    def __init__(self, source: Source, lock: threading.Lock) -> None:
+        self._source = source
         self._lock = lock
         self._local = threading.local()
         self._open: set[duckdb.DuckDBPyConnection] = set()
         self.closed = False
 
-    def _new(self) -> duckdb.DuckDBPyConnection:
+    def _new(self) -> tuple[duckdb.DuckDBPyConnection, int]:
         with self._lock:
-            cur = self._con.cursor()  # inherits the connection's settings, locked
+            generation = self._source.generation  # before the cursor: never newer than it
+            cur = self._source.cursor()  # inherits the connection's settings, locked
             self._open.add(cur)
-        return cur
+        return cur, generation
 
     def holder(self) -> Holder:
         """This thread's cursor holder; its cursor replaced first when its last
-        transaction did not end cleanly (module docstring)."""
+        transaction did not end cleanly, or the file was reopened since
+        (module docstring).
+
+        Raises:
+            StoreInvalidatedError: the file's connection is closed to be reopened.
+        """
         holder: Holder | None = getattr(self._local, "holder", None)
         if holder is None:
-            holder = Holder(self._new())
+            holder = Holder(*self._new())
             weakref.finalize(holder, _drop, weakref.ref(self), holder.box)
             self._local.holder = holder
-        elif not holder.clean:
+        elif not holder.clean or holder.generation != self._source.generation:
             old = holder.box[0]
-            holder.box[0] = self._new()
+            holder.box[0], holder.generation = self._new()
             holder.clean = True
             self.forget(old)
         return holder

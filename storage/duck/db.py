@@ -63,6 +63,17 @@ successes; an unexpected error from ``many`` is handled as a failing body
 - any other ``duckdb.Error`` is translated into the PEP 249-style classes of
   :mod:`turnkeeper.spec.errors` with the original as ``__cause__``;
 - domain errors raised by the operation roll back and pass through as-is;
+- a database DuckDB invalidated (it refuses every call after a fatal error,
+  such as a checkpoint that hit a full disk) is reopened by the call that
+  meets it (:func:`~.files.reopen`, for every store object on the file),
+  and that call runs again when it committed nothing: a read always, a
+  write whose failure came before its commit took effect. A ``COMMIT``
+  DuckDB reports durable although the checkpoint after it failed is a
+  commit (:func:`~.dialect.commit`); a single autocommit statement that did
+  so (a renewal …) cannot give its result and raises
+  ``StoreInvalidatedError`` saying it committed. When the file cannot be
+  reopened yet, the call raises ``StoreInvalidatedError`` and the next one
+  tries again;
 - ``BaseException`` (cancellation) rolls back and is re-raised unwrapped; a
   query DuckDB reports as interrupted (SIGINT) is raised as
   ``KeyboardInterrupt``, never as a database error; a thread's cursor whose
@@ -103,8 +114,8 @@ from ..migrations import load
 from ..retry import Gate, Stats, run_attempts
 from ..wakeups import Subscription, Topic
 from .cursors import Cursors, Holder
-from .dialect import DIALECT, interrupted, is_conflict, translate
-from .files import SharedFile, Targets, open_shared, release
+from .dialect import DIALECT, commit, interrupted, is_conflict, translate
+from .files import SharedFile, Targets, open_shared, recover, release
 from .query import check_read
 
 MIGRATIONS = load("turnkeeper.storage.duck")
@@ -225,6 +236,8 @@ class Tx:
         self.statements += 1
         if sql != "BEGIN TRANSACTION":
             self._snapshot_taken()
+        if sql == "COMMIT":
+            return commit(self._cursor)  # durable even when the checkpoint after it failed
         return self._cursor.execute(sql, list(params))
 
     def _snapshot_taken(self) -> None:
@@ -435,11 +448,10 @@ class Database:
         given: list[SharedFile] = []
         try:
             self._file = open_shared(self.path, read_only=read_only, user=self, given=given)
-            self._con = self._file.con
             self._write_lock = self._file.write_lock
             self._gate = Gate()
             self._lock = self._gate.lock
-            self._cursors = Cursors(self._con, self._lock)
+            self._cursors = Cursors(self._file, self._lock)
             self._closed = False
             self._stats = Stats()
             self._queue: list[_Queued] = []
@@ -462,6 +474,15 @@ class Database:
                 with contextlib.suppress(duckdb.Error):
                     given[0].con.close()
             raise
+
+    @property
+    def _con(self) -> duckdb.DuckDBPyConnection:
+        """The file's connection (replaced when the file is reopened)."""
+        return self._file.con
+
+    @_con.setter
+    def _con(self, con: duckdb.DuckDBPyConnection) -> None:
+        self._file.con = con
 
     def close(self) -> None:
         """Checkpoint and close the store once the operations already running have
@@ -495,7 +516,9 @@ class Database:
                 if not release(self._file, self):
                     self._closed = True
                     return  # another store object in this process still uses the file
-                if not self._file.read_only and self.path != ":memory:":
+                if self._file.closed_by is not None:  # not reopened after an invalidation
+                    failed = duckdb.ConnectionException(self._file.closed_by)
+                elif not self._file.read_only and self.path != ":memory:":
                     try:
                         self._con.execute("CHECKPOINT")
                     except duckdb.Error as exc:
@@ -543,20 +566,39 @@ class Database:
 
         Raises:
             TransactionConflictError: every attempt lost a write-write conflict.
+            DiskFullError: the disk is full: nothing of the write was committed.
+            StoreInvalidatedError: the database was invalidated and could not be
+                reopened yet, or it was as this autocommit statement committed.
             DatabaseError: a translated backend failure (original as ``__cause__``).
             TurnkeeperError: whatever domain error ``body`` raised.
         """
         with self._gate:
             if self.read_only:
                 raise errors.ReadOnlyError(self.path, detail="the store was opened read-only")
-            if not exclusive:
-                return self._run(
-                    operation, body, transaction, retry, commit=True, skips_write_lock=True
-                )
-            if not transaction:
-                with self._write_lock:
-                    return self._run(operation, body, transaction, retry, commit=True)
-            return self._grouped(_Queued(operation, body, retry, merge))  # type: ignore[no-any-return]
+            return recover(
+                self._file,
+                lambda: self._write(operation, body, transaction, retry, exclusive, merge),
+                writes=True,
+            )
+
+    def _write(
+        self,
+        operation: str,
+        body: Callable[[AnyTx], T],
+        transaction: bool,
+        retry: bool,
+        exclusive: bool,
+        merge: Merge | None,
+    ) -> T:
+        """:meth:`write` inside its gate."""
+        if not exclusive:
+            return self._run(
+                operation, body, transaction, retry, commit=True, skips_write_lock=True
+            )
+        if not transaction:
+            with self._write_lock:
+                return self._run(operation, body, transaction, retry, commit=True)
+        return self._grouped(_Queued(operation, body, retry, merge))  # type: ignore[no-any-return]
 
     # -- group commit (module docstring) ---------------------------------------------
 
@@ -763,11 +805,17 @@ class Database:
         it did is kept.
 
         Raises:
+            StoreInvalidatedError: the database was invalidated and could not be
+                reopened yet.
             DatabaseError: a translated backend failure (original as ``__cause__``).
             TurnkeeperError: whatever domain error ``body`` raised.
         """
         with self._gate:
-            return self._run(operation, body, snapshot, False, commit=False)
+            return recover(
+                self._file,
+                lambda: self._run(operation, body, snapshot, False, commit=False),
+                writes=False,
+            )
 
     def scan(self, operation: str, body: Callable[[AnyTx], T]) -> T:
         """A read in one snapshot (DuckDB has no row locks to skip)."""
@@ -913,16 +961,20 @@ class Database:
             InvalidInputError: not one read statement.
             ProgrammingError: DuckDB rejected it.
         """
-        return self.snapshot(lambda query: query(sql, params))
+        return self.snapshot(lambda query: query(sql, params), pure=True)
 
-    def snapshot(self, body: Callable[[QueryFn], T]) -> T:
+    def snapshot(self, body: Callable[[QueryFn], T], *, pure: bool = False) -> T:
         """``body(query)``: each ``query(sql, params)`` is checked and run as
         :meth:`query` runs one, all in one snapshot that is rolled back, on a
         cursor of its own (so that ``body`` may run other operations on this
-        thread's cursor meanwhile)."""
+        thread's cursor meanwhile). Once ``body`` was called, the snapshot is
+        never run again after a reopen (:func:`~.files.recover`) unless ``pure``
+        (``body`` only queries)."""
+        started = [False]
 
         def run(tx: AnyTx) -> T:
             assert isinstance(tx, Tx)
+            started[0] = not pure
 
             def query(sql: str, params: Sequence[Any]) -> Any:
                 check_read(tx.cursor, sql)
@@ -930,14 +982,17 @@ class Database:
 
             return body(query)
 
-        with self._gate:
+        def attempt() -> T:
             with self._lock:
-                cursor = self._con.cursor()  # inherits the settings, locked
+                cursor = self._file.cursor()  # inherits the settings, locked
             try:
                 return self._run("query", run, True, False, commit=False, cursor=cursor)
             finally:
                 with contextlib.suppress(duckdb.Error):
                     cursor.close()
+
+        with self._gate:
+            return recover(self._file, attempt, writes=False, started=started)
 
     def query_batches(
         self,
@@ -946,7 +1001,9 @@ class Database:
         consume: Callable[[Any, Iterator[Any]], T],
         batch_rows: int,
     ) -> T:
-        """:meth:`query`, streamed: ``consume(schema, batches)`` inside the read."""
+        """:meth:`query`, streamed: ``consume(schema, batches)`` inside the read
+        (never run again after a reopen once ``consume`` was called)."""
+        started = [False]
 
         def body(tx: AnyTx) -> T:
             assert isinstance(tx, Tx)
@@ -954,9 +1011,19 @@ class Database:
             tx.statements += 1
             reader = tx.cursor.sql(sql, params=list(params)).to_arrow_reader(batch_rows)
             assert reader is not None  # a SELECT always has a result
-            return consume(reader.schema, iter(reader))
+            started[0] = True
+            try:
+                return consume(reader.schema, iter(reader))
+            finally:
+                reader.close()  # else it keeps the database open until collected (reopen)
 
-        return self.read("query", body, snapshot=True)
+        with self._gate:
+            return recover(
+                self._file,
+                lambda: self._run("query", body, True, False, commit=False),
+                writes=False,
+                started=started,
+            )
 
     def subscribe(self, topics: tuple[Topic, ...]) -> Subscription:
         """Wake-ups of ``topics`` published by every store object on this file in

@@ -19,11 +19,106 @@ CORRUPT_ADVICE = "the database file is corrupt: restore it (and its .wal) from a
 
 _CORRUPT = ("computed checksum", "corrupt database file", "could not read enough bytes")
 
+DURABLE = "commit succeeded and is durable"
+"""What DuckDB says (lower-cased) when the checkpoint it runs right after a
+commit failed: the commit took effect and is in the write-ahead log, and the
+database is invalidated."""
+
+_INVALIDATED = ("database has been invalidated", "failed to create checkpoint", DURABLE)
+"""Signs (lower-cased) that DuckDB invalidated the database: it refuses every
+call until the file is opened again."""
+
+_CLOSED = "connection already closed"
+"""What a cursor says once its connection was closed to reopen the file."""
+
+_DISK_FULL = ("no space left on device", "disk quota exceeded", "file too large")
+"""The C library's words for ENOSPC, EDQUOT and EFBIG, which DuckDB quotes."""
+
+INVALIDATED_ADVICE = (
+    "DuckDB refuses every call on the database after a fatal error until it is opened "
+    "again; nothing committed is lost (the write-ahead log keeps it and reopening replays "
+    "it), and the store reopens the file by itself at the next call once it can"
+)
+"""What :class:`~turnkeeper.spec.errors.StoreInvalidatedError` says."""
+
+
+def committed_durably(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is DuckDB's report that this call's commit took effect and
+    is durable although the checkpoint it ran after it failed (a full disk …),
+    not a later call's report of that invalidation (which quotes it)."""
+    lowered = str(exc).lower()
+    return (
+        isinstance(exc, duckdb.Error)
+        and DURABLE in lowered
+        and "has been invalidated" not in lowered
+    )
+
+
+def commit(cursor: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """``COMMIT`` on ``cursor``. When DuckDB reports the commit durable but the
+    checkpoint after it failed, the transaction committed: that is returned as
+    a commit, never raised (raised, its caller would run a committed write
+    again); the database is invalidated, and the next call reopens it."""
+    try:
+        return cursor.execute("COMMIT")
+    except duckdb.Error as exc:
+        if committed_durably(exc):
+            return cursor
+        raise
+
+
+def checkpoint_failed(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is the failure of a checkpoint this very call ran (a
+    commit's automatic checkpoint, which then kept nothing of the commit
+    unless DuckDB says it is durable), not the report of an earlier one."""
+    lowered = str(exc).lower()
+    return (
+        isinstance(exc, duckdb.Error)
+        and "failed to create checkpoint" in lowered
+        and "has been invalidated" not in lowered
+    )
+
+
+def disk_full(exc: BaseException | None) -> bool:
+    """Whether DuckDB's ``exc`` quotes a full disk (or quota, or file size limit)."""
+    return isinstance(exc, duckdb.Error) and any(s in str(exc).lower() for s in _DISK_FULL)
+
+
+def invalidated(exc: BaseException | None) -> bool:
+    """Whether ``exc`` says DuckDB invalidated the database (a fatal error, a
+    failed checkpoint), or that the cursor's connection was closed to reopen it
+    (``None``, or not a DuckDB error: no)."""
+    if not isinstance(exc, duckdb.Error):
+        return False
+    lowered = str(exc).lower()
+    if isinstance(exc, duckdb.ConnectionException) and _CLOSED in lowered:
+        return True
+    return isinstance(exc, duckdb.FatalException) or any(s in lowered for s in _INVALIDATED)
+
 
 def translate(exc: duckdb.Error, path: str) -> errors.DatabaseError:
     """Map a DuckDB exception to the project's PEP 249-style class."""
     text = str(exc)
     lowered = text.lower()
+    own_full = checkpoint_failed(exc) and disk_full(exc) and not committed_durably(exc)
+    if invalidated(exc) and not own_full:
+        done = (
+            "this write committed and is durable, but the checkpoint after it failed; "
+            if committed_durably(exc)
+            else ""
+        )
+        detail = f"{done}{INVALIDATED_ADVICE}; DuckDB said: {text}"
+        return errors.StoreInvalidatedError(path, detail=detail)
+    if disk_full(exc):
+        kept = (
+            "the checkpoint this write's commit ran found the disk full, so this write was not "
+            "committed (the store reopens the file at the next call)"
+            if checkpoint_failed(exc)
+            else "nothing of the failed operation was kept (a write was not committed)"
+        )
+        return errors.DiskFullError(
+            path, detail=f"{kept}; free space and call again; DuckDB said: {text}"
+        )
     if isinstance(exc, duckdb.IOException) and (
         "could not set lock" in lowered or "conflicting lock" in lowered
     ):
