@@ -80,6 +80,7 @@ from turnkeeper.spec.errors import (
     ToolExecutionNotFoundError,
     TransactionConflictError,
     TurnkeeperError,
+    UnexpectedResultError,
 )
 from turnkeeper.spec.fork import Fork
 from turnkeeper.spec.records import (
@@ -275,6 +276,7 @@ __all__ = [
     "Topic",
     "TransactionConflictError",
     "TurnkeeperError",
+    "UnexpectedResultError",
     "acquire_many",
     "is_postgres",
     "open_store",

@@ -80,6 +80,11 @@ def with_schema(url: str, schema: str) -> str:
     return f"{url}{sep}options=-csearch_path%3D{schema}"
 
 
+def open_pg(url: str, **kwargs: Any) -> turnkeeper.BaseStore:
+    """``turnkeeper.open_store(url, **kwargs)`` for a URL of :func:`new_pg_schema`."""
+    return turnkeeper.open_store(url, **kwargs)
+
+
 def new_pg_schema() -> str:
     """A fresh empty schema on the test server; its URL (dropped at the session's end)."""
     import psycopg

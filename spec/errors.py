@@ -135,6 +135,22 @@ class InternalError(DatabaseError):
     """The backend reported an internal fault."""
 
 
+class UnexpectedResultError(InternalError):
+    """The database answered a statement with a result that statement cannot have.
+
+    ``expected`` names the result the statement always has (the row its
+    ``INSERT … RETURNING`` wrote, an aggregate's one row, a row the same
+    transaction read or wrote before). Seen when a connection pooler in
+    transaction mode ran another statement's prepared plan under the same
+    name (open the store with ``pooler="transaction"``), or when the
+    database is damaged. The operation's transaction was rolled back:
+    nothing of it was written.
+    """
+
+    fields = ("expected",)
+    expected: str
+
+
 class NotSupportedError(DatabaseError):
     """The backend does not support the requested feature."""
 

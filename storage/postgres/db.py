@@ -59,7 +59,7 @@ from psycopg_pool import PoolTimeout
 
 from turnkeeper.spec import errors
 
-from ..backend import Clock, Conflict, Dialect, Merge, QueryFn
+from ..backend import Clock, Conflict, Dialect, Merge, QueryFn, present
 from ..backend import Tx as AnyTx
 from ..codec import check_clock
 from ..migrations import load
@@ -179,7 +179,7 @@ class Tx:
                 self._now = check_clock(self._clock())
             elif self._in_transaction:
                 row = self.one("SELECT clock_timestamp()")  # takes the snapshot, then reads
-                assert row is not None
+                row = present(row, "clock_timestamp()'s one row")
                 self._now = row[0].astimezone(UTC)
         return self._now
 

@@ -21,6 +21,9 @@ from typing import Any
 
 import psycopg
 
+from turnkeeper.spec import errors
+
+from ..backend import present
 from ..wakeups import Signals, Topic
 from . import text
 
@@ -54,8 +57,7 @@ class Listener:
             try:
                 with psycopg.connect(self._url, autocommit=True) as conn:
                     text.register(conn)
-                    row = conn.execute(CHANNEL_SQL).fetchone()
-                    assert row is not None
+                    row = present(conn.execute(CHANNEL_SQL).fetchone(), "the channel's name")
                     conn.execute(f"LISTEN {psycopg.sql.Identifier(row[0]).as_string(conn)}")
                     self.ready.set()
                     if not first:  # what was sent while we were away is lost: look again
@@ -65,7 +67,7 @@ class Listener:
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=0.5):
                             self._signals.fire(note.payload)
-            except psycopg.Error:
+            except (psycopg.Error, errors.TurnkeeperError):  # (one more try)
                 self._stop.wait(delay)
                 delay = min(delay * 2, 5.0)
 
