@@ -155,6 +155,24 @@ class NotSupportedError(DatabaseError):
     """The backend does not support the requested feature."""
 
 
+class PoolerError(NotSupportedError):
+    """A connection pooler between the store and the server cannot give what is asked.
+
+    ``feature`` is what it cannot give: ``"LISTEN"`` (wake-ups need a
+    session of their own, which a transaction-mode pooler does not keep:
+    give the store a direct ``listen_url``), ``"listen_url"`` (that URL goes
+    through a transaction-mode pooler too, or reaches another server or
+    database than the store's), ``"search_path"`` (the pooler's server
+    connections are not in the schema the URL's ``options`` name: it
+    dropped them) or ``"options"`` (it refused them). ``detail`` says what
+    to do; nothing was written.
+    """
+
+    fields = ("path", "feature")
+    path: str
+    feature: str
+
+
 class SchemaVersionError(DatabaseError):
     """The database's schema version is not one this turnkeeper can open as it is.
 
