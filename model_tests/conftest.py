@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -169,6 +170,13 @@ def open_pg(url: str, **kwargs: Any) -> turnkeeper.BaseStore:
     )
 
 
+def with_listen(url: str) -> str:
+    """``url`` carrying the ``listen_url`` parameter :func:`listen_for` gives (for
+    a store in another process; libpq itself refuses the parameter)."""
+    listen = listen_for(url)
+    return url if listen is None else f"{url}&listen_url={quote(listen, safe='')}"
+
+
 def listen_for(url: str) -> str | None:
     """What a store on ``url`` needs as ``listen_url`` for wake-ups: the direct
     URL when ``url`` goes through PgBouncer, else ``None``."""
@@ -197,13 +205,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Leave the ``search`` tests out unless :data:`SEARCHING` or ``-m`` names
     them, and without a test server the PostgreSQL tests (one summary line
     says so for each); under ``CI=true`` the latter is an error: CI must test
-    both backends."""
+    both backends. Through PgBouncer (:func:`through_pooler`) only the
+    PostgreSQL tests run."""
     if not SEARCHING and "search" not in (config.option.markexpr or ""):
         searches = [i for i in items if i.get_closest_marker("search") is not None]
         if searches:
             items[:] = [i for i in items if i.get_closest_marker("search") is None]
             config.hook.pytest_deselected(items=searches)
             _SEARCHES_LEFT_OUT.append(len(searches))
+    if through_pooler():  # the PostgreSQL part, through PgBouncer: DuckDB's ran already
+        duck = [i for i in items if not _on_postgres(i)]
+        items[:] = [i for i in items if _on_postgres(i)]
+        config.hook.pytest_deselected(items=duck)
+        return
     if os.environ.get(PG_ENV):
         return
     left = [i for i in items if _on_postgres(i)]

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import new_pg_schema
+from conftest import direct_for, new_pg_schema, open_pg, with_listen
 
 import turnkeeper
 from turnkeeper import EntryKind
@@ -33,8 +33,9 @@ MSG = {"message": {"role": "user", "content": "x"}}
 
 
 def _spawn(role: str, url: str, acks: Path, *extra: str) -> subprocess.Popen[bytes]:
+    where = with_listen(url)  # the recovery and outbox processes subscribe
     return subprocess.Popen(
-        [sys.executable, str(HERE / "fleet_process.py"), role, url, str(acks), *extra],
+        [sys.executable, str(HERE / "fleet_process.py"), role, where, str(acks), *extra],
         stderr=subprocess.PIPE,
     )
 
@@ -82,7 +83,7 @@ def test_eight_worker_processes_with_kills_lose_no_acknowledged_write(tmp_path):
             p.send_signal(signal.SIGTERM)
         for p in workers.values():  # (a process still starting dies of the signal)
             assert p.wait(120) in (0, -signal.SIGTERM), _err(p)
-        with turnkeeper.open_store(url) as store:
+        with open_pg(url) as store:
             _settle(store, 180)
     finally:
         for p in [*workers.values(), *services]:
@@ -166,7 +167,7 @@ def test_a_wake_up_crosses_processes():
         store.create_session("s")
         run = store.admit_run("s", {"q": 1})
         waiter = subprocess.Popen(
-            [sys.executable, "-c", WAITER, url], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", WAITER, with_listen(url)], stdout=subprocess.PIPE, text=True
         )
         assert waiter.stdout is not None
         assert waiter.stdout.readline().strip() == "ready"
@@ -202,7 +203,9 @@ def _terminate(url: str, name: str, *, listening: bool) -> int:
 def test_the_listener_reconnects_and_wakes_its_waiters_to_look_again():
     """A broken listening connection loses what was sent meanwhile: the listener
     reconnects and fires every topic once, so a waiter looks in the store."""
-    url = new_pg_schema() + "&application_name=tk_listener_test"
+    # the server itself, also when the suite runs through PgBouncer: the test
+    # closes the store's own server connections
+    url = direct_for(new_pg_schema()) + "&application_name=tk_listener_test"
     with turnkeeper.open_store(url) as store:
         sub = store.subscribe("run_ended")
         assert _terminate(url, "tk_listener_test", listening=True) == 1
@@ -224,7 +227,9 @@ def test_a_pooled_connection_the_server_closed_is_replaced(monkeypatch):
         real(conn)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ConnectionPool, "check_connection", staticmethod(check))
-    url = new_pg_schema() + "&application_name=tk_pool_test"
+    # the server itself, also when the suite runs through PgBouncer: the test
+    # closes the store's own server connections
+    url = direct_for(new_pg_schema()) + "&application_name=tk_pool_test"
     with turnkeeper.open_store(url) as store:
         store.create_session("s")
         for _ in range(5):
@@ -276,7 +281,9 @@ def test_after_a_restart_the_next_operation_succeeds_whatever_the_pool_held():
     one failed check and the next (1, 2, 4, 8, 16 s): with six or more idle
     connections it failed with a pool timeout. The first dead one found now
     has the pool check all the others at once."""
-    url = new_pg_schema() + "&application_name=tk_restart_test"
+    # the server itself, also when the suite runs through PgBouncer: the test
+    # closes the store's own server connections
+    url = direct_for(new_pg_schema()) + "&application_name=tk_restart_test"
     with turnkeeper.open_store(url) as store:
         store.create_session("s")
         _grow_pool(store, 7)
