@@ -19,6 +19,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import quote
 
@@ -278,6 +279,40 @@ def test_a_listen_url_of_another_database_is_refused(schema):
         with pytest.raises(turnkeeper.PoolerError) as err:
             store.subscribe("run_ended")
         assert err.value.feature == "listen_url" and "template1" in str(err.value)
+
+
+def test_a_listen_url_of_another_server_is_refused(schema, monkeypatch):
+    """A listen_url on another server (the same database name on another
+    host) would hear nothing: the listener's first connection must reach a
+    server started when the store's did. (Made here by making the listener's
+    connection report another start time.)"""
+    from turnkeeper.storage.postgres import connect
+
+    real = connect.probe
+
+    def elsewhere(conn: psycopg.Connection) -> connect.Probe:
+        found = real(conn)
+        if threading.current_thread().name != "turnkeeper-listen":
+            return found
+        return replace(found, started=found.started - timedelta(days=1))
+
+    monkeypatch.setattr(connect, "probe", elsewhere)
+    pooled, direct = schema
+    with turnkeeper.open_store(pooled, listen_url=direct) as store:
+        with pytest.raises(turnkeeper.PoolerError) as err:
+            store.subscribe("run_ended")
+        assert err.value.feature == "listen_url" and "another server" in str(err.value)
+
+
+def test_the_listener_hears_the_stores_channel_whatever_schema_its_url_lands_in(schema):
+    """The channel is the store's (``turnkeeper:<its schema>``), not that of
+    the schema the listening connection lands in: a listen_url as another
+    role, whose default schema is ``public``, still hears the store."""
+    pooled, _ = schema
+    with turnkeeper.open_store(pooled, listen_url=direct_url()) as store:
+        sub = store.subscribe("run_ended")
+        finish_one_run(pooled)
+        assert sub.wait(TIMEOUT_S) == [turnkeeper.Topic.RUN_ENDED]
 
 
 # -- the schema and startup options ----------------------------------------------
