@@ -23,7 +23,7 @@ SOURCE_LIST := $(VENV)/.sources
 # (a find-links folder that does not exist); drop those, keep everything else.
 PIP_FILTER := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: install demo test lint typecheck reports bench clean FORCE
+.PHONY: install demo test test-pgbouncer lint typecheck reports bench clean FORCE
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,12 @@ typecheck: install
 # PostgreSQL server for it (or says in one line why the PostgreSQL tests skip).
 test: lint typecheck
 	$(BIN)/python model_tests/with_postgres.py $(BIN)/python -m pytest
+
+# The PostgreSQL part of the suite again, through PgBouncer in transaction mode in
+# front of the throwaway server (each test schema gets a role of its own; the tests
+# that need the server itself get its URL). Needs pgbouncer (.ci/run installs it).
+test-pgbouncer: install
+	$(BIN)/python model_tests/with_postgres.py --through-pgbouncer $(BIN)/python -m pytest
 
 # Regenerates every file in reports/: the diagrams (deterministic) and the benchmark (measured).
 reports: install bench

@@ -54,6 +54,7 @@ from turnkeeper.spec.errors import (
     LeasePurposeError,
     NotSupportedError,
     OperationalError,
+    PoolerError,
     ProgrammingError,
     ReadOnlyError,
     RecordNotActiveError,
@@ -78,6 +79,7 @@ from turnkeeper.spec.errors import (
     ToolExecutionNotReclaimableError,
     TransactionConflictError,
     TurnkeeperError,
+    UnexpectedResultError,
 )
 from turnkeeper.spec.fork import Fork
 from turnkeeper.spec.records import (
@@ -154,6 +156,7 @@ __all__ = [
     "NewEntry",
     "NotSupportedError",
     "OperationalError",
+    "PoolerError",
     "ProgrammingError",
     "ReadOnlyError",
     "RecordNotActiveError",
@@ -195,6 +198,7 @@ __all__ = [
     "Topic",
     "TransactionConflictError",
     "TurnkeeperError",
+    "UnexpectedResultError",
     "acquire_many",
     "is_postgres",
     "open_store",

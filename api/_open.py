@@ -18,7 +18,9 @@ DB_ENV = "TURNKEEPER_DB"
 """The environment variable the CLI's ``--db`` defaults to: a DuckDB file path
 or a PostgreSQL URL."""
 
-_LIBPQ_KEYWORD = re.compile(r"^\s*(host|hostaddr|port|dbname|user|password|service)\s*=")
+_LIBPQ_KEYWORD = re.compile(
+    r"^\s*(host|hostaddr|port|dbname|user|password|service|pooler|listen_url)\s*="
+)
 
 
 def is_postgres(target: str | os.PathLike[str]) -> bool:
@@ -37,6 +39,8 @@ def open_store(
     clock: Callable[[], datetime] | None = None,
     read_only: bool = False,
     replay_cache_bytes: int = REPLAY_CACHE_BYTES,
+    pooler: str | None = None,
+    listen_url: str | None = None,
 ) -> BaseStore:
     """Open (creating if needed) the store at ``path``: a DuckDB file (the
     embedded default; ``":memory:"`` for a private one), or a PostgreSQL
@@ -52,6 +56,15 @@ def open_store(
     replay decodes the cached messages without reading an entry, and one
     that grew along its branch reads only the new entries.
 
+    PostgreSQL behind a connection pooler (PgBouncer …): ``pooler`` is
+    ``"transaction"`` (the pooler lends a server connection per transaction:
+    the store prepares no statements and keeps no session state),
+    ``"session"``, or ``None`` to detect one at open (a detected pooler is
+    taken to pool transactions); ``listen_url`` is a direct URL to the same
+    server and database for wake-ups (``LISTEN``), which a transaction
+    pooler cannot carry. Both may instead be parameters of the URL
+    (``?pooler=transaction&listen_url=…``, the latter percent-encoded).
+
     Raises:
         StoreLockedError: (DuckDB) another process has the file open.
         StoreNotFoundError: (DuckDB) ``read_only`` and no file exists at ``path``.
@@ -64,6 +77,8 @@ def open_store(
         CorruptDatabaseError: (DuckDB) the file or its write-ahead log is
             corrupt (the message says which and what to do).
         OperationalError: (PostgreSQL) the server cannot be reached.
+        PoolerError: (PostgreSQL) a pooler refused the URL's ``options``, or
+            its connections are not in the schema they name.
         NotSupportedError: a PostgreSQL URL, and ``psycopg`` is not installed.
         DatabaseError: any other failure opening the store.
     """
@@ -75,8 +90,16 @@ def open_store(
                 detail="PostgreSQL needs psycopg: pip install 'turnkeeper[postgres]'"
             ) from exc
         return PostgresStore(
-            path, clock=clock, read_only=read_only, replay_cache_bytes=replay_cache_bytes
+            path,
+            clock=clock,
+            read_only=read_only,
+            replay_cache_bytes=replay_cache_bytes,
+            pooler=pooler,
+            listen_url=listen_url,
         )
+    for name, value in (("pooler", pooler), ("listen_url", listen_url)):
+        if value is not None:
+            raise InvalidInputError(name, "only a PostgreSQL store connects through a pooler")
     if isinstance(path, str) and _URL_SCHEME.match(path):
         scheme = path.split(":", 1)[0]
         raise InvalidInputError(

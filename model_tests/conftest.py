@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -60,7 +61,18 @@ PG_ENV = "TURNKEEPER_TEST_PG"
 throwaway server and sets it); unset, the PostgreSQL tests skip (and fail
 under ``CI=true``)."""
 
+POOLER_ENV = "TURNKEEPER_TEST_PGBOUNCER"
+"""A PgBouncer in transaction mode in front of the test server (``make test``
+starts one where PgBouncer is installed); unset, the pooler tests skip (and
+fail under ``CI=true``)."""
+
+DIRECT_ENV = "TURNKEEPER_TEST_PG_DIRECT"
+"""The test server itself: what :data:`PG_ENV` names, unless the suite runs
+through PgBouncer (``with_postgres.py --through-pgbouncer``)."""
+
 _SCHEMAS: list[tuple[str, str]] = []
+_ROLES: list[str] = []
+_DIRECT: dict[str, str] = {}
 
 
 def pg_url() -> str:
@@ -80,8 +92,41 @@ def with_schema(url: str, schema: str) -> str:
     return f"{url}{sep}options=-csearch_path%3D{schema}"
 
 
+def direct_url() -> str:
+    """The test server itself (not through PgBouncer), or skip (fail in CI)."""
+    return os.environ.get(DIRECT_ENV) or pg_url()
+
+
+def pooler_url() -> str:
+    """The PgBouncer in front of the test server, or skip (fail in CI)."""
+    direct_url()
+    url = os.environ.get(POOLER_ENV)
+    if not url:
+        why = f"PgBouncer tests skipped: no pooler ({POOLER_ENV} is unset; make test starts one)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    return url
+
+
+def through_pooler() -> bool:
+    """Whether the suite runs through PgBouncer (``--through-pgbouncer``)."""
+    return bool(os.environ.get(PG_ENV)) and os.environ.get(PG_ENV) == os.environ.get(POOLER_ENV)
+
+
+def as_user(url: str, user: str) -> str:
+    """``url`` (``postgresql://postgres@…``) logging in as ``user``."""
+    return url.replace("postgresql://postgres@", f"postgresql://{user}@", 1)
+
+
 def new_pg_schema() -> str:
-    """A fresh empty schema on the test server; its URL (dropped at the session's end)."""
+    """A fresh empty schema on the test server; its URL (dropped at the session's
+    end). Through PgBouncer (:func:`through_pooler`) the URL logs in through the
+    pooler as a role of the schema's own whose default ``search_path`` is that
+    schema (the pooler drops the URL's ``options``); :func:`direct_for` gives
+    the same schema and role on the server itself."""
+    if through_pooler():
+        return new_pooled_schema()[0]
     import psycopg
 
     url = pg_url()
@@ -90,6 +135,53 @@ def new_pg_schema() -> str:
         conn.execute(f"CREATE SCHEMA {schema}")
     _SCHEMAS.append((url, schema))
     return with_schema(url, schema)
+
+
+def new_pooled_schema() -> tuple[str, str]:
+    """A fresh empty schema owned by a new role (a superuser, as ``postgres`` is)
+    whose default ``search_path`` is that schema: its URL through PgBouncer and
+    its direct URL (both with the schema in ``options`` too)."""
+    import psycopg
+
+    pooled, direct = pooler_url(), direct_url()
+    name = f"tk_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(direct, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {name} LOGIN SUPERUSER")
+        conn.execute(f"ALTER ROLE {name} SET search_path = {name}")
+        conn.execute(f"CREATE SCHEMA {name} AUTHORIZATION {name}")
+    _SCHEMAS.append((direct, name))
+    _ROLES.append(name)
+    urls = with_schema(as_user(pooled, name), name), with_schema(as_user(direct, name), name)
+    _DIRECT[urls[0]] = urls[1]
+    return urls
+
+
+def direct_for(url: str) -> str:
+    """The direct URL of a schema :func:`new_pg_schema` made (itself when it is direct)."""
+    return _DIRECT.get(url, url)
+
+
+def open_pg(url: str, **kwargs: Any) -> turnkeeper.BaseStore:
+    """``turnkeeper.open_store(url, **kwargs)``, given the direct ``listen_url``
+    wake-ups need when ``url`` goes through PgBouncer (:func:`listen_for`)."""
+    listen = listen_for(url)
+    return turnkeeper.open_store(
+        url, **kwargs, **({} if listen is None else {"listen_url": listen})
+    )
+
+
+def with_listen(url: str) -> str:
+    """``url`` carrying the ``listen_url`` parameter :func:`listen_for` gives (for
+    a store in another process; libpq itself refuses the parameter)."""
+    listen = listen_for(url)
+    return url if listen is None else f"{url}&listen_url={quote(listen, safe='')}"
+
+
+def listen_for(url: str) -> str | None:
+    """What a store on ``url`` needs as ``listen_url`` for wake-ups: the direct
+    URL when ``url`` goes through PgBouncer, else ``None``."""
+    found = _DIRECT.get(url)
+    return found if found is not None and found != url else None
 
 
 def _on_postgres(item: pytest.Item) -> bool:
@@ -123,7 +215,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     them; without the shared corpus the tests that read it (those using
     :func:`pi_dir`), and without a test server the PostgreSQL tests (one
     summary line says so for each); under ``CI=true`` the latter two are an
-    error: CI must test both backends, on the real session files."""
+    error: CI must test both backends, on the real session files. Through
+    PgBouncer (:func:`through_pooler`) only the PostgreSQL tests run."""
     if not SEARCHING and "search" not in (config.option.markexpr or ""):
         searches = [i for i in items if i.get_closest_marker("search") is not None]
         if searches:
@@ -140,6 +233,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [i for i in items if not _uses_corpus(i)]
         config.hook.pytest_deselected(items=corpus)
         _CORPUS_LEFT_OUT.append(len(corpus))
+    if through_pooler():  # the PostgreSQL part, through PgBouncer: DuckDB's ran already
+        duck = [i for i in items if not _on_postgres(i)]
+        items[:] = [i for i in items if _on_postgres(i)]
+        config.hook.pytest_deselected(items=duck)
+        return
     if os.environ.get(PG_ENV):
         return
     left = [i for i in items if _on_postgres(i)]
@@ -176,9 +274,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     import psycopg
 
-    with psycopg.connect(_SCHEMAS[0][0], autocommit=True) as conn:
+    with psycopg.connect(direct_url(), autocommit=True) as conn:
         for _, schema in _SCHEMAS:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        for role in _ROLES:
+            conn.execute(f"DROP OWNED BY {role} CASCADE")
+            conn.execute(f"DROP ROLE IF EXISTS {role}")
 
 
 class FakeClock:
@@ -206,7 +307,7 @@ def open_backend(
         where = ":memory:" if path is None else str(path / "store.duckdb")
         return turnkeeper.open_store(where, clock=clock)
     if backend == "postgres":
-        return turnkeeper.open_store(new_pg_schema(), clock=clock)
+        return open_pg(new_pg_schema(), clock=clock)
     raise ValueError(backend)
 
 

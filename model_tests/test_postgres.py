@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import new_pg_schema
+from conftest import direct_for, new_pg_schema, open_pg, with_listen
 
 import turnkeeper
 from turnkeeper import EntryKind
@@ -41,8 +41,9 @@ wait is for a process to be ready or for work to be done, never for a time)."""
 
 def _spawn(role: str, url: str, acks: Path, *extra: str) -> subprocess.Popen[bytes]:
     """Start one fleet process and wait until it says it is ready (store open)."""
+    where = with_listen(url)  # the recovery and outbox processes subscribe
     p = subprocess.Popen(
-        [sys.executable, str(HERE / "fleet_process.py"), role, url, str(acks), *extra],
+        [sys.executable, str(HERE / "fleet_process.py"), role, where, str(acks), *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -151,7 +152,7 @@ def test_eight_worker_processes_with_kills_lose_no_acknowledged_write(tmp_path):
             p.send_signal(signal.SIGTERM)
         for p in workers.values():  # ready, so SIGTERM only sets its stop flag
             assert p.wait(HANG_GUARD_S) == 0, _err(p)
-        with turnkeeper.open_store(url) as store:
+        with open_pg(url) as store:
             _settle(store)
     finally:
         for p in [*workers.values(), *services]:
@@ -235,7 +236,7 @@ def test_a_wake_up_crosses_processes():
         store.create_session("s")
         run = store.admit_run("s", {"q": 1})
         waiter = subprocess.Popen(
-            [sys.executable, "-c", WAITER, url], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", WAITER, with_listen(url)], stdout=subprocess.PIPE, text=True
         )
         assert waiter.stdout is not None
         assert waiter.stdout.readline().strip() == "ready"
@@ -271,7 +272,9 @@ def _terminate(url: str, name: str, *, listening: bool) -> int:
 def test_the_listener_reconnects_and_wakes_its_waiters_to_look_again():
     """A broken listening connection loses what was sent meanwhile: the listener
     reconnects and fires every topic once, so a waiter looks in the store."""
-    url = new_pg_schema() + "&application_name=tk_listener_test"
+    # the server itself, also when the suite runs through PgBouncer: the test
+    # closes the store's own server connections
+    url = direct_for(new_pg_schema()) + "&application_name=tk_listener_test"
     with turnkeeper.open_store(url) as store:
         sub = store.subscribe("run_ended")
         assert _terminate(url, "tk_listener_test", listening=True) == 1
@@ -293,7 +296,9 @@ def test_a_pooled_connection_the_server_closed_is_replaced(monkeypatch):
         real(conn)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ConnectionPool, "check_connection", staticmethod(check))
-    url = new_pg_schema() + "&application_name=tk_pool_test"
+    # the server itself, also when the suite runs through PgBouncer: the test
+    # closes the store's own server connections
+    url = direct_for(new_pg_schema()) + "&application_name=tk_pool_test"
     with turnkeeper.open_store(url) as store:
         store.create_session("s")
         for _ in range(5):
@@ -345,7 +350,9 @@ def test_after_a_restart_the_next_operation_succeeds_whatever_the_pool_held():
     one failed check and the next (1, 2, 4, 8, 16 s): with six or more idle
     connections it failed with a pool timeout. The first dead one found now
     has the pool check all the others at once."""
-    url = new_pg_schema() + "&application_name=tk_restart_test"
+    # the server itself, also when the suite runs through PgBouncer: the test
+    # closes the store's own server connections
+    url = direct_for(new_pg_schema()) + "&application_name=tk_restart_test"
     with turnkeeper.open_store(url) as store:
         store.create_session("s")
         _grow_pool(store, 7)

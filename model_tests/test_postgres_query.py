@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from conftest import new_pg_schema, pg_url
+from conftest import direct_url, new_pg_schema
 
 import turnkeeper
 from turnkeeper.spec import errors
@@ -98,7 +98,7 @@ def test_control_without_the_schemas_role_another_schema_is_readable(
 def test_a_connection_that_can_never_succeed_fails_with_the_servers_reason(change) -> None:
     import psycopg
 
-    url = change(pg_url())
+    url = change(direct_url())  # the server's own reason (a pooler answers in its words)
     with pytest.raises(errors.OperationalError) as caught:
         turnkeeper.open_store(url)
     assert "does not exist" in str(caught.value)

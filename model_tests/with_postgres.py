@@ -1,9 +1,9 @@
 """Run a command (the test suite, a benchmark) beside a throwaway PostgreSQL server.
 
-``python model_tests/with_postgres.py [--durable] CMD …`` runs ``CMD`` with
-``TURNKEEPER_TEST_PG`` naming a PostgreSQL server it may create schemas in,
-and stops the server and deletes its folder when ``CMD`` ends (on failure,
-Ctrl-C or SIGTERM too); the exit status is ``CMD``'s.
+``python model_tests/with_postgres.py [--durable] [--through-pgbouncer] CMD …``
+runs ``CMD`` with ``TURNKEEPER_TEST_PG`` naming a PostgreSQL server it may
+create schemas in, and stops the server and deletes its folder when ``CMD``
+ends (on failure, Ctrl-C or SIGTERM too); the exit status is ``CMD``'s.
 
 - ``TURNKEEPER_TEST_PG`` already set: that server is used as it is;
 - else PostgreSQL's ``initdb`` and ``pg_ctl`` (found on PATH, through
@@ -15,6 +15,22 @@ Ctrl-C or SIGTERM too); the exit status is ``CMD``'s.
 - else nothing can start one: one line says the PostgreSQL tests are skipped
   and why, and ``CMD`` runs without them (under ``CI=true`` that is a failure
   instead: CI must test both backends).
+
+PgBouncer (Debian's ``pgbouncer``, found on PATH or in ``/usr/sbin``), when
+installed, runs in front of the server in transaction mode, on a Unix socket
+in the same folder (port 6432's socket name, no TCP), as the same user:
+``TURNKEEPER_TEST_PGBOUNCER`` names it (the pooler tests use it; without it
+they skip, and fail under ``CI=true``) and ``TURNKEEPER_TEST_PG_DIRECT``
+names the server itself. It authenticates every role of the server (trust,
+through ``auth_query``) and ignores the ``options`` startup parameter, as
+deployments that pass URLs with ``options`` through it are configured (the
+role's default ``search_path`` then decides the schema).
+
+``--through-pgbouncer`` points ``TURNKEEPER_TEST_PG`` at PgBouncer instead:
+the PostgreSQL part of the suite then runs through the pooler (each test
+schema gets a role of its own whose default ``search_path`` is that schema,
+and the tests that need a session, ``LISTEN`` or raw locks across
+connections, are given the direct URL; ``conftest.py`` does both).
 
 For the tests the server trades durability for speed (``fsync=off``: it holds
 test data only); ``--durable`` keeps PostgreSQL's durable defaults (the
@@ -34,10 +50,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 ENV = "TURNKEEPER_TEST_PG"
+DIRECT_ENV = "TURNKEEPER_TEST_PG_DIRECT"
+POOLER_ENV = "TURNKEEPER_TEST_PGBOUNCER"
+POOLER_PORT = 6432
 FAST = ["fsync=off", "synchronous_commit=off", "full_page_writes=off"]
 COMMON = ["max_connections=300", "listen_addresses=''", "shared_buffers=128MB"]
 START_TIMEOUT_S = 300
@@ -59,6 +79,91 @@ def bindir() -> Path | None:
         if (Path(folder) / "initdb").exists() and (Path(folder) / "pg_ctl").exists():
             return Path(folder)
     return None
+
+
+def pgbouncer_binary() -> str | None:
+    """PgBouncer's program (Debian installs it in /usr/sbin, often not on PATH)."""
+    return shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin:/usr/bin")
+
+
+def pgbouncer_config(folder: Path, server: Path, port: int, ignore: str) -> str:
+    """pgbouncer.ini for a transaction-mode pooler on ``folder``'s socket ``port``,
+    in front of the server whose socket is in ``server``; ``ignore`` is its
+    ``ignore_startup_parameters``."""
+    return f"""[databases]
+* = host={server} port=5432
+
+[pgbouncer]
+listen_addr =
+listen_port = {port}
+unix_socket_dir = {folder}
+pool_mode = transaction
+auth_type = trust
+auth_file = {folder}/pgbouncer-{port}.users
+auth_user = postgres
+auth_query = SELECT usename, passwd FROM pg_shadow WHERE usename = $1
+ignore_startup_parameters = {ignore}
+max_client_conn = 800
+default_pool_size = 20
+max_db_connections = 160
+server_idle_timeout = 5
+logfile = {folder}/pgbouncer-{port}.log
+pidfile = {folder}/pgbouncer-{port}.pid
+"""
+
+
+def start_pgbouncer(
+    folder: Path, server: Path, *, port: int = POOLER_PORT, ignore: str = "options"
+) -> str:
+    """Start PgBouncer in transaction mode on a Unix socket in ``folder`` in front
+    of the server whose socket is in ``server``; its URL (user ``postgres``).
+
+    Raises:
+        RuntimeError: it is not installed, or did not come up.
+    """
+    program = pgbouncer_binary()
+    if program is None:
+        raise RuntimeError("PgBouncer is not installed (apt-get install pgbouncer)")
+    ini = folder / f"pgbouncer-{port}.ini"
+    ini.write_text(pgbouncer_config(folder, server, port, ignore))
+    (folder / f"pgbouncer-{port}.users").write_text('"postgres" ""\n')
+    as_user = server_user()
+    if as_user:
+        entry = pwd.getpwnam("postgres")
+        os.chown(folder, entry.pw_uid, entry.pw_gid)
+    out = subprocess.run(
+        [program, "-d", str(ini)], capture_output=True, text=True, cwd=folder, **as_user
+    )
+    socket = folder / f".s.PGSQL.{port}"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while out.returncode == 0 and not socket.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if out.returncode != 0 or not socket.exists():
+        log = folder / f"pgbouncer-{port}.log"
+        tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+        raise RuntimeError(f"PgBouncer did not start: {out.stderr.strip()}\n{tail}")
+    return f"postgresql://postgres@/postgres?host={folder}&port={port}"
+
+
+def stop_pgbouncer(folder: Path, port: int = POOLER_PORT) -> None:
+    """Stop the PgBouncer of ``folder``'s socket ``port`` (at once) and wait until it is gone."""
+    pidfile = folder / f"pgbouncer-{port}.pid"
+    try:
+        pid = int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
 
 
 def server_user() -> dict[str, Any]:
@@ -113,13 +218,24 @@ def _terminated(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str]) -> int:
-    durable = bool(argv) and argv[0] == "--durable"
-    argv = argv[1:] if durable else argv
+    flags = set()
+    while argv and argv[0] in ("--durable", "--through-pgbouncer"):
+        flags.add(argv.pop(0))
+    durable, through = "--durable" in flags, "--through-pgbouncer" in flags
     if not argv:
-        print("usage: with_postgres.py [--durable] CMD [ARG …]", file=sys.stderr)
+        print(
+            "usage: with_postgres.py [--durable] [--through-pgbouncer] CMD [ARG …]", file=sys.stderr
+        )
         return 2
     if os.environ.get(ENV):
-        return subprocess.call(argv)
+        if through and not os.environ.get(POOLER_ENV):
+            print(f"--through-pgbouncer with {ENV} set needs {POOLER_ENV} too", file=sys.stderr)
+            return 2
+        env = dict(os.environ)
+        env.setdefault(DIRECT_ENV, env[ENV])
+        if through:
+            env[ENV] = env[POOLER_ENV]
+        return subprocess.call(argv, env=env)
     bin_ = bindir()
     if bin_ is None:
         why = "PostgreSQL's initdb and pg_ctl are not installed (not on PATH, no pg_config)"
@@ -128,6 +244,9 @@ def main(argv: list[str]) -> int:
             return 1
         print(f"PostgreSQL tests skipped: {why} (or set {ENV} to a server's URL)")
         return subprocess.call(argv)
+    if through and pgbouncer_binary() is None:
+        print("--through-pgbouncer: PgBouncer is not installed (apt-get install pgbouncer)")
+        return 1
     signal.signal(signal.SIGTERM, _terminated)
     folder = Path(tempfile.mkdtemp(prefix="turnkeeper-pg-"))
     try:
@@ -138,8 +257,20 @@ def main(argv: list[str]) -> int:
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
             print(f"the PostgreSQL test server did not start: {exc}\n{tail}", file=sys.stderr)
             return 1
-        return subprocess.call(argv, env={**os.environ, ENV: url})
+        env = {**os.environ, ENV: url, DIRECT_ENV: url}
+        if pgbouncer_binary() is None:
+            print("PgBouncer tests skipped: PgBouncer is not installed (apt-get install pgbouncer)")
+        else:
+            try:
+                env[POOLER_ENV] = start_pgbouncer(folder, folder)
+            except RuntimeError as exc:
+                print(exc, file=sys.stderr)
+                return 1
+            if through:
+                env[ENV] = env[POOLER_ENV]
+        return subprocess.call(argv, env=env)
     finally:
+        stop_pgbouncer(folder)
         stop(bin_, folder)
 
 

@@ -168,8 +168,42 @@ class InternalError(DatabaseError):
     """The backend reported an internal fault."""
 
 
+class UnexpectedResultError(InternalError):
+    """The database answered a statement with a result that statement cannot have.
+
+    ``expected`` names the result the statement always has (the row its
+    ``INSERT … RETURNING`` wrote, an aggregate's one row, a row the same
+    transaction read or wrote before). Seen when a connection pooler in
+    transaction mode ran another statement's prepared plan under the same
+    name (open the store with ``pooler="transaction"``), or when the
+    database is damaged. The operation's transaction was rolled back:
+    nothing of it was written.
+    """
+
+    fields = ("expected",)
+    expected: str
+
+
 class NotSupportedError(DatabaseError):
     """The backend does not support the requested feature."""
+
+
+class PoolerError(NotSupportedError):
+    """A connection pooler between the store and the server cannot give what is asked.
+
+    ``feature`` is what it cannot give: ``"LISTEN"`` (wake-ups need a
+    session of their own, which a transaction-mode pooler does not keep:
+    give the store a direct ``listen_url``), ``"listen_url"`` (that URL goes
+    through a transaction-mode pooler too, or reaches another server or
+    database than the store's), ``"search_path"`` (the pooler's server
+    connections are not in the schema the URL's ``options`` name: it
+    dropped them) or ``"options"`` (it refused them). ``detail`` says what
+    to do; nothing was written.
+    """
+
+    fields = ("path", "feature")
+    path: str
+    feature: str
 
 
 class SchemaVersionError(DatabaseError):
@@ -684,6 +718,7 @@ __all__ = [
     "DeliveryOperationBusyError",
     "DeliveryOperationNotFoundError",
     "DeliveryPlanConflictError",
+    "DiskFullError",
     "EntryExistsError",
     "EntryNotFoundError",
     "ForeignDatabaseError",
@@ -707,6 +742,7 @@ __all__ = [
     "LeasePurposeError",
     "NotSupportedError",
     "OperationalError",
+    "PoolerError",
     "ProgrammingError",
     "ReadOnlyError",
     "RecordNotActiveError",
@@ -720,6 +756,7 @@ __all__ = [
     "SessionModifiedError",
     "SessionNotFoundError",
     "SessionRunActiveError",
+    "StoreInvalidatedError",
     "StoreLockedError",
     "StoreNotFoundError",
     "SubmissionConflictError",
@@ -730,6 +767,7 @@ __all__ = [
     "ToolExecutionNotReclaimableError",
     "TransactionConflictError",
     "TurnkeeperError",
+    "UnexpectedResultError",
 ]
 """Every error class: the hierarchy under :class:`TurnkeeperError` (each is also
 exported by :mod:`turnkeeper`)."""

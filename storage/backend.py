@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from turnkeeper.spec import errors
+
 if TYPE_CHECKING:
     from .wakeups import Subscription, Topic
 
@@ -77,6 +79,27 @@ class Merge:
 
     many: Callable[[Tx, list[Any]], list[Any]]
     request: Any
+
+
+def present(value: T | None, expected: str) -> T:
+    """``value``, a result the database always gives: a row an ``INSERT …
+    RETURNING`` wrote, an aggregate's one row, a row this transaction read or
+    wrote before. Every such check in ``storage/`` goes through here, never
+    through ``assert`` (which ``python -O`` drops, and whose bare
+    ``AssertionError`` names nothing).
+
+    Raises:
+        UnexpectedResultError: ``value`` is ``None`` (``expected`` names what
+            was missing); the operation's transaction is rolled back.
+    """
+    if value is None:
+        raise errors.UnexpectedResultError(
+            expected,
+            detail="the database answered with nothing; a connection pooler in transaction "
+            "mode running another statement's prepared plan does this (open the store with "
+            "pooler='transaction'), or a damaged database",
+        )
+    return value
 
 
 def utc(value: datetime) -> datetime:

@@ -107,7 +107,7 @@ import pyarrow as pa
 
 from turnkeeper.spec import errors
 
-from ..backend import Clock, Conflict, Merge, QueryFn
+from ..backend import Clock, Conflict, Merge, QueryFn, present
 from ..backend import Tx as AnyTx
 from ..codec import check_clock
 from ..migrations import load
@@ -1009,8 +1009,8 @@ class Database:
             assert isinstance(tx, Tx)
             check_read(tx.cursor, sql)
             tx.statements += 1
-            reader = tx.cursor.sql(sql, params=list(params)).to_arrow_reader(batch_rows)
-            assert reader is not None  # a SELECT always has a result
+            relation = tx.cursor.sql(sql, params=list(params))
+            reader = present(relation.to_arrow_reader(batch_rows), "a SELECT's result")
             started[0] = True
             try:
                 return consume(reader.schema, iter(reader))

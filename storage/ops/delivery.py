@@ -32,7 +32,7 @@ from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.lifecycle import Edge
 from turnkeeper.spec.records import Lease, Run
 
-from ..backend import Tx, utc
+from ..backend import Tx, present, utc
 from ..codec import check_id, derived_id, from_json, to_json
 from ..validate import (
     check_lease,
@@ -179,7 +179,7 @@ def create_plan(tx: Tx, run: Run, plan: DeliveryPlan, *, first: bool = False) ->
         if found[0] != digest:
             raise errors.DeliveryPlanConflictError(run.id, intent_id)
         existing = get_intent(tx, intent_id)
-        assert existing is not None
+        existing = present(existing, "the delivery intent whose digest it read")
         return existing
     tx.notify(Topic.DELIVERY_DUE)
     now = tx.now
@@ -222,7 +222,7 @@ def create_plan(tx: Tx, run: Run, plan: DeliveryPlan, *, first: bool = False) ->
                 now,
             ],
         )
-        assert row is not None
+        row = present(row, "the delivery operation row its INSERT returns")
         event(tx, op_row(row), edge)
     return intent_row(intent)  # as stored: no read back
 
@@ -273,7 +273,7 @@ def refresh_intent(tx: Tx, intent_id: str) -> DeliveryIntent:
             [status, tx.now, intent_id],
         )
         intent = get_intent(tx, intent_id)
-        assert intent is not None
+        intent = present(intent, "the delivery intent it updated")
     return intent
 
 

@@ -21,7 +21,7 @@ from turnkeeper.spec.delivery import (
 )
 from turnkeeper.spec.lifecycle import Edge
 
-from ..backend import Conflict, Tx, keyed
+from ..backend import Conflict, Tx, keyed, present
 from ..codec import check_id, check_text, to_json
 from ..validate import (
     check_int,
@@ -153,7 +153,8 @@ def progress(
     op = _fence(tx, operation_id, owner, epoch)
     edge = delivery.MACHINE.require("progress", op.status, {})
     row = tx.one("SELECT lease_ttl_s FROM delivery_operations WHERE id = ?", [op.id])
-    assert row is not None and tx.now is not None
+    row = present(row, "the claimed operation's lease_ttl_s")
+    assert tx.now is not None  # always set inside a transaction
     expires = tx.now + timedelta(seconds=row[0])
     moved: DeliveryOperation = _move(
         tx, op, edge, f"{_RESULT_SETS}, lease_expires_at = ?", [*_result_params(result), expires]

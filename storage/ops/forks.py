@@ -54,7 +54,7 @@ from turnkeeper.spec.fork import (
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.records import Entry, Lease
 
-from ..backend import Tx, keyed, utc
+from ..backend import Tx, keyed, present, utc
 from ..codec import check_id, from_json, to_json
 from ..pairing import tree_faults
 from ..validate import check_int, check_session_lease
@@ -383,7 +383,7 @@ def fork(tx: Tx, req: Request, new_id: Callable[[], str]) -> Fork:
         raise errors.SessionIDExistsError(fid)
     copied = plan_copy(sid, source, boundary.id, boundary_seq, new_id)
     head = tx.one("SELECT cwd, header FROM sessions WHERE id = ?", [sid])
-    assert head is not None
+    head = present(head, "the source session's row, read before in this transaction")
     now = tx.now
     assert now is not None  # always set inside a transaction
     leaf = next(c.id for c in copied if c.source_id == boundary.id)
@@ -431,7 +431,7 @@ def fork(tx: Tx, req: Request, new_id: Callable[[], str]) -> Fork:
             None if req.lease is None else req.lease.epoch,
         ],
     )
-    assert row is not None
+    row = present(row, "the fork row its INSERT returns")
     return _fork(req.request_id, row)
 
 

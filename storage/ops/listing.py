@@ -15,7 +15,7 @@ from turnkeeper.spec.records import (
     SessionPage,
 )
 
-from ..backend import Tx
+from ..backend import Tx, present
 from ..codec import check_instant, check_text
 from ..validate import (
     check_limit,
@@ -95,7 +95,7 @@ def count(tx: Tx, search: str | None) -> int:
         row = tx.one(f"SELECT count(*) FROM sessions s WHERE {_SEARCH}", _params(search))
     else:
         row = tx.one("SELECT count(*) FROM sessions")
-    assert row is not None
+    row = present(row, "count(*)'s one row")
     return int(row[0])
 
 

@@ -23,7 +23,7 @@ from turnkeeper.spec.records import Lease, Recovery, Run
 from turnkeeper.spec.recovery import retry_delay_s
 from turnkeeper.spec.run import NON_TERMINAL, RunStatus
 
-from ..backend import Conflict, Tx, keyed, utc
+from ..backend import Conflict, Tx, keyed, present, utc
 from ..codec import check_id, check_text, to_json
 from ..validate import check_int, check_lease, check_plan, check_seconds
 from . import leases, run_reads, runs
@@ -172,7 +172,7 @@ def begin(tx: Tx, run_id: str, lease: Lease, trigger_source: str, reason: str) -
         f"next_retry_at = NULL, updated_at = excluded.updated_at RETURNING {_COLS}",
         [run_id, run.session_id, trigger_source, reason, lease.epoch, previous, now, now],
     )
-    assert row is not None
+    row = present(row, "the recovery row its upsert returns")
     begun = _recovery(row)
     _event(tx, begun, edge)
     return begun

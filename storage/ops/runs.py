@@ -33,7 +33,7 @@ from turnkeeper.spec.records import (
 )
 from turnkeeper.spec.run import FINISH_TRIGGERS, NON_TERMINAL, TERMINAL, RunStatus
 
-from ..backend import Conflict, Tx, keyed, utc
+from ..backend import Conflict, Tx, keyed, present, utc
 from ..codec import check_id, check_text, to_json
 from ..pairing import Opening
 from ..validate import (
@@ -140,7 +140,7 @@ def admit(
             if not submissions.same_admission(tx, sub[0], sub[1], admission):
                 raise errors.SubmissionConflictError(session_id, sub[0])
             found = get(tx, sub[0])
-            assert found is not None
+            found = present(found, "the run its submission names")
             return found, False, None
     leases.fence_or_unheld(tx, session_target(session_id), lease)
     current = tx.one("SELECT run_id FROM active_runs WHERE session_id = ?", [session_id])

@@ -34,7 +34,7 @@ from turnkeeper.spec.records import (
     Session,
 )
 
-from ..backend import Conflict, Tx, keyed, utc
+from ..backend import Conflict, Tx, keyed, present, utc
 from ..codec import check_id, check_instant, check_text, from_json, to_json, to_json_exact
 from ..pairing import Opening
 from ..validate import (
@@ -92,7 +92,7 @@ def create(
         f"RETURNING {SESSION_COLS}",
         [session_id, cwd, created_at, tx.now, tx.now, header_json],
     )
-    assert row is not None
+    row = present(row, "the session row its INSERT returns")
     return session_row(row)
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from ..backend import Tx
+from ..backend import Tx, present
 from . import entry_rows
 from .run_reads import get
 
@@ -125,15 +125,16 @@ def same_admission(tx: Tx, run_id: str, stored: str, new: Admission) -> bool:
         return True
     if stored != new.fingerprint or set(new.request) == _BODY:
         return False
-    run = get(tx, run_id)
-    assert run is not None  # a submission row is written with its run
+    run = present(get(tx, run_id), "the run a submission row is written with")
     entry = entry_rows.entry(tx, run.session_id, f"{run_id}:user")
     message = None if entry is None else entry.payload["message"]
     fields = new.fields
     if run.retry_of is None:
-        row = tx.one(
-            f"SELECT {', '.join(FIELDS)} FROM execution_intents WHERE id = ?", [run.intent_id]
+        row = present(
+            tx.one(
+                f"SELECT {', '.join(FIELDS)} FROM execution_intents WHERE id = ?", [run.intent_id]
+            ),
+            "the intent a run is written with",
         )
-        assert row is not None  # a run is written with its intent
         fields = dict(zip(FIELDS, row, strict=True))
     return admission_digest(new.request, message, run.retry_of, fields) == new.digest

@@ -15,7 +15,7 @@ from turnkeeper.machines import machine_for
 from turnkeeper.spec import THREAD_RECORD, RecordStatus, errors
 from turnkeeper.spec.records import FinalizeRequest, ThreadRecord
 
-from ..backend import Tx, keyed, utc
+from ..backend import Tx, keyed, present, utc
 from ..codec import check_id, check_text, from_json, to_json
 from ..validate import (
     check_bool,
@@ -227,7 +227,7 @@ class ThreadsMixin(StoreBase):
         def body(tx: Tx) -> ThreadRecord:
             finalize(tx, request, columns)
             found = resolve(tx, rec.id, None, True)
-            assert found is not None
+            found = present(found, "the thread record finalize wrote")
             return found
 
         try:

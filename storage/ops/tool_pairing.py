@@ -30,7 +30,7 @@ from turnkeeper.spec.tool_execution import (
     unrecorded_interrupted_result,
 )
 
-from ..backend import Tx
+from ..backend import Tx, present
 from ..codec import derived_id
 from ..pairing import OPENAI, Call, Opening
 from . import pairing_checks, sessions
@@ -70,8 +70,8 @@ def recorded(call: Call, rec: ToolExecution, ms: int) -> dict[str, Any]:
 def head_of(tx: Tx, session_id: str) -> tuple[str | None, int]:
     """The session's leaf and next seq."""
     row = tx.one("SELECT leaf_id, next_seq FROM sessions WHERE id = ?", [session_id])
-    assert row is not None  # the caller found the session in this transaction
-    return row[0], row[1]
+    leaf, seq = present(row, "the session row the caller found in this transaction")
+    return leaf, seq
 
 
 def open_at_head(

@@ -31,7 +31,7 @@ from turnkeeper.spec.tool_execution import (
     ToolExecutionState,
 )
 
-from ..backend import Conflict, Tx, keyed
+from ..backend import Conflict, Tx, keyed, present
 from ..codec import check_id, check_text, from_json, to_json
 from ..validate import check_bool, check_lease, check_session_lease
 from . import run_reads, tool_pairing
@@ -114,7 +114,7 @@ def claim(tx: Tx, columns: Mapping[str, Any], lease: Lease | None) -> tuple[Tool
         f"RETURNING {records.COLS}",
         [values[n] for n in names],
     )
-    assert row is not None
+    row = present(row, "the tool record its INSERT returns")
     rec = records.record_row(row)
     records.event(tx, rec, edge)
     return rec, True

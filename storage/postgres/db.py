@@ -29,6 +29,12 @@ pooled connection:
 - domain errors roll back and pass through; cancellation (``BaseException``)
   rolls back and is re-raised unwrapped.
 
+Behind a connection pooler (:mod:`.connect`: told at open, or detected by
+the first connection) in transaction mode the pool's connections prepare no
+statements, the schema the connections land in is checked against the URL's,
+and wake-ups listen on the direct ``listen_url``; a prepared statement the
+server does not know, while the store prepares, says which option stops it.
+
 The store's clock is the server's: inside a transaction ``now`` is
 ``clock_timestamp()`` read once the snapshot exists (``now()`` is the
 transaction's start there, which may predate commits the snapshot holds),
@@ -59,13 +65,13 @@ from psycopg_pool import PoolTimeout
 
 from turnkeeper.spec import errors
 
-from ..backend import Clock, Conflict, Dialect, Merge, QueryFn
+from ..backend import Clock, Conflict, Dialect, Merge, QueryFn, present
 from ..backend import Tx as AnyTx
 from ..codec import check_clock
 from ..migrations import load
 from ..retry import Gate, Stats, run_attempts
 from ..wakeups import Signals, Subscription, Topic
-from . import notify, text
+from . import connect, notify, text
 from .pool import Pool
 
 T = TypeVar("T")
@@ -110,9 +116,27 @@ _CONFLICT = (
 )
 
 
-def translate(exc: psycopg.Error, path: str, *, in_commit: bool = False) -> errors.DatabaseError:
-    """Map a psycopg exception to the project's PEP 249-style class."""
+_PREPARED = (pg_errors.InvalidSqlStatementName, pg_errors.DuplicatePreparedStatement)
+_POOLER_HINT = (
+    " (a connection pooler in transaction mode between this process and the server? "
+    "open the store with pooler='transaction')"
+)
+
+
+def translate(
+    exc: psycopg.Error, path: str, *, in_commit: bool = False, prepared: bool = True
+) -> errors.DatabaseError:
+    """Map a psycopg exception to the project's PEP 249-style class. While the
+    store prepares statements (``prepared``), a prepared statement missing,
+    already there, or bound with another statement's parameters says which
+    option stops it (what a transaction-mode pooler the store was not told of
+    makes of them)."""
     text_ = str(exc).strip()
+    if prepared and (
+        isinstance(exc, _PREPARED)
+        or (isinstance(exc, pg_errors.ProtocolViolation) and "prepared statement" in text_)
+    ):
+        text_ += _POOLER_HINT
     if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
         return errors.ReadOnlyError(path, detail=text_)
     if isinstance(exc, psycopg.OperationalError) and in_commit:
@@ -179,7 +203,7 @@ class Tx:
                 self._now = check_clock(self._clock())
             elif self._in_transaction:
                 row = self.one("SELECT clock_timestamp()")  # takes the snapshot, then reads
-                assert row is not None
+                row = present(row, "clock_timestamp()'s one row")
                 self._now = row[0].astimezone(UTC)
         return self._now
 
@@ -261,9 +285,16 @@ class Database:
     With ``read_only`` every transaction is ``READ ONLY`` and a write raises
     ``ReadOnlyError``. ``pool_size`` bounds the connections this store object
     holds (threads beyond it wait up to ``pool_timeout_s`` seconds).
+    ``pooler`` and ``listen_url`` (also parameters of ``url``): the pooler
+    mode and the direct URL for ``LISTEN`` (:mod:`.connect`). After the
+    open, :attr:`pooler` is the mode in force: the one given, else
+    ``"transaction"`` when a pooler was detected, else ``None``.
 
     Raises (from the constructor):
+        InvalidInputError: ``pooler`` or ``listen_url`` is not a valid value.
         OperationalError: the server cannot be reached (or refused the login).
+        PoolerError: a pooler refused the URL's ``options``, or its server
+            connections are not in the schema they name.
     """
 
     def __init__(
@@ -274,9 +305,13 @@ class Database:
         read_only: bool = False,
         pool_size: int = 8,
         pool_timeout_s: float = 30.0,
+        pooler: str | None = None,
+        listen_url: str | None = None,
     ) -> None:
-        self.url = url
-        self.path = redact(url)
+        where = connect.target(url, pooler, listen_url)
+        self.url = where.url
+        self.path = redact(where.url)
+        self.listen_url = where.listen_url
         self.clock = clock
         self.read_only = read_only
         self.dialect = DIALECT
@@ -286,17 +321,33 @@ class Database:
         self._listener: notify.Listener | None = None
         self._gate = Gate()
         self._lock = self._gate.lock
-        # One direct connection first: a login refused, a missing database or a
+        # One connection of its own first: a login refused, a missing database or a
         # closed port fails at once with the server's own words (the pool would
-        # retry for pool_timeout_s and say only that it timed out).
+        # retry for pool_timeout_s and say only that it timed out); it also
+        # tells whether a pooler sits between, and which schema the store is in.
         try:
-            psycopg.connect(url, connect_timeout=max(1, int(min(pool_timeout_s, 10)))).close()
+            with psycopg.connect(
+                self.url,
+                autocommit=True,
+                prepare_threshold=None,
+                connect_timeout=max(1, int(min(pool_timeout_s, 10))),
+            ) as conn:
+                found = connect.probe(conn)
         except psycopg.Error as exc:
+            refused = connect.refused(exc, self.path)
+            if refused is not None:
+                raise refused from exc
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise errors.OperationalError(
                 detail=f"cannot connect to {self.path}: {reason}"
             ) from exc
-        self._pool = Pool(url, pool_size, _configure).pool
+        self.pooler: str | None = where.pooler or ("transaction" if found.pooled else None)
+        self.pooler_detected = where.pooler is None and found.pooled
+        if self.pooler is not None:
+            connect.check_schema(self.path, self.url, found)
+        self.channel = notify.channel(found.schema)
+        self._prepared = self.pooler != "transaction"
+        self._pool = Pool(self.url, pool_size, _configure, prepared=self._prepared).pool
         try:
             self._pool.open(wait=True, timeout=pool_timeout_s)
         except PoolTimeout as exc:
@@ -411,13 +462,15 @@ class Database:
                         tx.committing = commit
                         tx.exec("COMMIT" if commit else "ROLLBACK")
                     if tx.pending:  # committed: wake the listening processes
-                        notify.send(conn, tx.pending)
+                        notify.send(conn, self.channel, tx.pending)
                     return result
                 except psycopg.Error as exc:
                     _rollback(conn, transaction)
                     if retry and isinstance(exc, _CONFLICT):
                         raise Conflict(str(exc)) from exc
-                    raise translate(exc, self.path, in_commit=tx.committing) from exc
+                    raise translate(
+                        exc, self.path, in_commit=tx.committing, prepared=self._prepared
+                    ) from exc
                 except BaseException:
                     _rollback(conn, transaction)
                     raise
@@ -470,15 +523,62 @@ class Database:
     def subscribe(self, topics: tuple[Topic, ...]) -> Subscription:
         """Wake-ups of ``topics`` from every process on this store's schema; the
         first subscription starts this store object's listener (and waits, up to
-        five seconds, until it listens)."""
+        five seconds, until it listens), on ``listen_url`` when there is one.
+
+        Raises:
+            PoolerError: ``feature="LISTEN"``: the store is in transaction
+                pooler mode and has no ``listen_url``; ``feature="listen_url"``:
+                that URL goes through a transaction pooler too, or reaches
+                another server or database (checked as the listener connects).
+            InterfaceError: the store is closed.
+        """
+        with self._lock:
+            if self._gate.closed:
+                raise errors.InterfaceError(detail="the store is closed")
+            listener = self._listener
+        if listener is None:
+            listener = self._start_listener()
+        listener.ready.wait(5.0)
+        if listener.problem is not None:
+            with self._lock:
+                if self._listener is listener:
+                    self._listener = None
+            listener.close()
+            raise errors.PoolerError(self.path, "listen_url", detail=listener.problem)
+        return Subscription(self._signals, topics)
+
+    def _start_listener(self) -> notify.Listener:
+        """This store object's listener (started by the first subscriber)."""
+        if self.listen_url is None and self.pooler == "transaction":
+            how = (
+                "a pooler was detected between this process and the server (its process "
+                "id is not the server's); if it pools sessions, open the store with "
+                "pooler='session'"
+                if self.pooler_detected
+                else "the store was opened with pooler='transaction'"
+            )
+            raise errors.PoolerError(
+                self.path,
+                "LISTEN",
+                detail="wake-ups need a session of their own, which a transaction-mode pooler "
+                "does not keep (a listener through it hears nothing): give the store "
+                f"listen_url=<a direct URL to the same server and database>; {how}",
+            )
+        expected = None
+        if self.listen_url is not None:  # the listener must reach this store's server
+            expected = self.read(
+                "subscribe",
+                lambda tx: connect.probe(tx.conn),  # type: ignore[attr-defined]
+            )
+        check = connect.listen_check(expected, allow_pooled=self.pooler == "session")
         with self._lock:
             if self._gate.closed:
                 raise errors.InterfaceError(detail="the store is closed")
             if self._listener is None:
-                self._listener = notify.Listener(self.url, self._signals)
-            listener = self._listener
-        listener.ready.wait(5.0)
-        return Subscription(self._signals, topics)
+                self._listener = notify.Listener(
+                    self.listen_url or self.url, self._signals, self.channel, check
+                )
+            return self._listener
 
     def migrations(self) -> list[tuple[int, str]]:
         """PostgreSQL's numbered migrations: the shared ones (``storage/migrations``),

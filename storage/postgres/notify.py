@@ -2,48 +2,68 @@
 per store object that subscribes.
 
 A committed operation that published topics sends one ``pg_notify`` per
-topic on the channel ``turnkeeper:<schema>`` (after its ``COMMIT``, on the
-same connection: a wake-up is advisory, so it need not be atomic with the
-write, and a failure to send it never fails the committed operation). A
+topic on the store's channel, ``turnkeeper:<schema>`` (after its ``COMMIT``,
+on the same connection: a wake-up is advisory, so it need not be atomic with
+the write, and a failure to send it never fails the committed operation). A
 store object's first :meth:`~.db.Database.subscribe` starts a
 :class:`Listener`: a thread with its own connection (not a pooled one, and
-not through a transaction-mode pooler: ``LISTEN`` needs a session) that
-feeds every notification on the channel to the store object's signals.
-When its connection breaks it reconnects with backoff and then fires every
-topic once, so that a waiter looks in the store for whatever it missed.
+not through a transaction-mode pooler: ``LISTEN`` needs a session, so behind
+one it connects to the store's ``listen_url``) that feeds every notification
+on the channel to the store object's signals. Each connection it opens is
+checked first (:func:`.connect.listen_check`); a check that fails is kept
+in :attr:`Listener.problem` for the subscriber to raise. When its
+connection breaks it reconnects with backoff and then fires every topic
+once, so that a waiter looks in the store for whatever it missed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
+from turnkeeper.spec import errors
+
 from ..wakeups import Signals, Topic
 from . import text
 
-CHANNEL_SQL = "SELECT 'turnkeeper:' || current_schema()"
-"""The store's channel name: one per schema, so stores in other schemas of the
-same database do not wake each other."""
+
+def channel(schema: str | None) -> str:
+    """The store's channel name: one per schema, so stores in other schemas of
+    the same database do not wake each other."""
+    return f"turnkeeper:{schema or ''}"
 
 
-def send(conn: psycopg.Connection[Any], topics: list[str]) -> None:
-    """Send each of ``topics`` on the store's channel (after its commit)."""
+def send(conn: psycopg.Connection[Any], name: str, topics: list[str]) -> None:
+    """Send each of ``topics`` on channel ``name`` (after its commit)."""
     for topic in dict.fromkeys(topics):
         with contextlib.suppress(psycopg.Error):
-            conn.execute("SELECT pg_notify('turnkeeper:' || current_schema(), %s)", [topic])
+            conn.execute("SELECT pg_notify(%s, %s)", [name, topic])
 
 
 class Listener:
-    """A thread that ``LISTEN``s on the store's channel and fires ``signals``."""
+    """A thread that ``LISTEN``s on channel ``name`` at ``url`` and fires
+    ``signals``; ``check(conn, first)`` vets each connection it opens (what is
+    wrong with it, or ``None``)."""
 
-    def __init__(self, url: str, signals: Signals) -> None:
+    def __init__(
+        self,
+        url: str,
+        signals: Signals,
+        name: str,
+        check: Callable[[psycopg.Connection[Any], bool], str | None],
+    ) -> None:
         self._url = url
         self._signals = signals
+        self._name = name
+        self._check = check
         self._stop = threading.Event()
         self.ready = threading.Event()
+        self.problem: str | None = None
+        """Why the first connection was refused (then the thread has ended)."""
         self._thread = threading.Thread(target=self._run, name="turnkeeper-listen", daemon=True)
         self._thread.start()
 
@@ -52,11 +72,16 @@ class Listener:
         first = True
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self._url, autocommit=True) as conn:
+                with psycopg.connect(self._url, autocommit=True, prepare_threshold=None) as conn:
                     text.register(conn)
-                    row = conn.execute(CHANNEL_SQL).fetchone()
-                    assert row is not None
-                    conn.execute(f"LISTEN {psycopg.sql.Identifier(row[0]).as_string(conn)}")
+                    problem = self._check(conn, first)
+                    if problem is not None:
+                        if first:  # a wrong URL: the subscriber raises it
+                            self.problem = problem
+                            self.ready.set()
+                            return
+                        raise psycopg.OperationalError(problem)  # try again later
+                    conn.execute(f"LISTEN {psycopg.sql.Identifier(self._name).as_string(conn)}")
                     self.ready.set()
                     if not first:  # what was sent while we were away is lost: look again
                         for topic in Topic:
@@ -65,7 +90,7 @@ class Listener:
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=0.5):
                             self._signals.fire(note.payload)
-            except psycopg.Error:
+            except (psycopg.Error, errors.TurnkeeperError):
                 self._stop.wait(delay)
                 delay = min(delay * 2, 5.0)
 

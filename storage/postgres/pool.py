@@ -57,9 +57,12 @@ others have none)."""
 
 class Pool:
     """A ``psycopg_pool.ConnectionPool`` of ``size`` connections to ``url``,
-    each set up by ``configure`` (see the module docstring)."""
+    each set up by ``configure`` (see the module docstring). Without
+    ``prepared`` its connections prepare no statement (``prepare_threshold=None``:
+    behind a transaction-mode pooler a prepared statement's name would reach
+    another server connection)."""
 
-    def __init__(self, url: str, size: int, configure: Any) -> None:
+    def __init__(self, url: str, size: int, configure: Any, *, prepared: bool = True) -> None:
         given = conninfo_to_dict(url)
         if "service" in given or os.environ.get("PGSERVICE"):
             defaults = {}  # the service file may set them: its values win
@@ -74,7 +77,11 @@ class Pool:
             url,
             min_size=1,
             max_size=size,
-            kwargs={"autocommit": True, **defaults},
+            kwargs={
+                "autocommit": True,
+                **({} if prepared else {"prepare_threshold": None}),
+                **defaults,
+            },
             configure=configure,
             check=self.check,
             open=False,

@@ -25,8 +25,23 @@ class PostgresStore(BaseStore):
     with ``ReadOnlyError``; ``pool_size`` bounds the connections this store
     object opens (threads beyond it wait for one).
 
+    Behind a connection pooler: ``pooler="transaction"`` (PgBouncer's
+    ``pool_mode = transaction``) prepares no statements and keeps no session
+    state; ``pooler="session"`` uses the pooler as it would the server; left
+    out, a pooler is detected at open and taken to pool transactions.
+    ``listen_url`` is a direct URL to the same server and database for
+    ``LISTEN`` (wake-ups), which a transaction pooler cannot carry. Both may
+    be parameters of ``url`` instead (``?pooler=transaction&listen_url=…``,
+    the latter percent-encoded). :attr:`pooler` is the mode in force.
+
     Raises (from the constructor):
+        InvalidInputError: ``pooler`` is not ``"transaction"``, ``"session"``
+            or ``None``; ``listen_url`` is empty; the URL and the arguments
+            disagree.
         OperationalError: the server cannot be reached or refused the login.
+        PoolerError: behind a pooler, it refused the URL's ``options``
+            (``feature="options"``), or its connections are not in the schema
+            they name (``feature="search_path"``).
         ForeignDatabaseError: the schema holds another application's tables.
         SchemaVersionError: the schema is newer than this turnkeeper's, or
             older and the open is read-only.
@@ -43,12 +58,28 @@ class PostgresStore(BaseStore):
         read_only: bool = False,
         pool_size: int = 8,
         replay_cache_bytes: int = REPLAY_CACHE_BYTES,
+        pooler: str | None = None,
+        listen_url: str | None = None,
     ) -> None:
         check_text(url, "url", allow_empty=False)
         check_bool(read_only, "read_only")
         check_int(pool_size, "pool_size", 1)
         cache = check_int(replay_cache_bytes, "replay_cache_bytes", 0)
         super().__init__(
-            Database(url, clock, read_only=read_only, pool_size=pool_size),
+            Database(
+                url,
+                clock,
+                read_only=read_only,
+                pool_size=pool_size,
+                pooler=pooler,
+                listen_url=listen_url,
+            ),
             replay_cache_bytes=cache,
         )
+
+    @property
+    def pooler(self) -> str | None:
+        """The pooler mode in force: ``"transaction"`` (given, or a pooler was
+        detected at open), ``"session"`` (given), or ``None`` (a direct
+        connection)."""
+        return self.db.pooler
