@@ -21,6 +21,8 @@ import turnkeeper
 from turnkeeper import EntryKind
 from turnkeeper.spec import errors
 from turnkeeper.storage.duck import db as duck_db
+from turnkeeper.storage.duck import group as duck_group
+from turnkeeper.storage.duck import tx as duck_tx
 
 M = EntryKind.MESSAGE
 
@@ -399,7 +401,7 @@ def test_after_a_group_the_next_leader_waits_for_as_many_writers(
     for s in ("a", "b", "c"):
         store.create_session(s)
     _queue_behind_a_group_of(store, 3)
-    monkeypatch.setattr(duck_db, "COMMIT_DELAY_S", 600.0)
+    monkeypatch.setattr(duck_group, "COMMIT_DELAY_S", 600.0)
     assert _three_writers_one_after_another(store) == 3
 
 
@@ -489,7 +491,7 @@ def test_a_cancellation_as_a_write_queues_keeps_it_out(
     for s in ("a", "b", "c"):
         store.create_session(s)
     _queue_behind_a_group_of(store, 3)
-    monkeypatch.setattr(duck_db, "COMMIT_DELAY_S", 600.0)
+    monkeypatch.setattr(duck_group, "COMMIT_DELAY_S", 600.0)
     database = store.db
     waits = _Waits(database._queue_grew)  # type: ignore[attr-defined]
     fired: list[bool] = []
@@ -518,7 +520,7 @@ def test_a_cancellation_as_a_write_queues_keeps_it_out(
     wait_until(lambda: len(database._queue) == 2, "b never queued")  # type: ignore[attr-defined]
     run("c")  # completes the batch: its wake-up of the leader is cancelled
     assert isinstance(out["c"], KeyboardInterrupt)
-    monkeypatch.setattr(duck_db, "COMMIT_DELAY_S", 0.01)
+    monkeypatch.setattr(duck_group, "COMMIT_DELAY_S", 0.01)
     _in_thread(lambda: store.append("c", M, user("again")))  # a third write ends the wait
     lead.join(120)
     second.join(120)
@@ -536,7 +538,7 @@ def test_a_cancellation_right_after_a_target_is_held_never_leaks_its_lock(
     store.create_session("s")
     store.create_session("other")
     lease = store.acquire_lease("session:s", "w", 60)
-    real, fired = duck_db.stale_since, []
+    real, fired = duck_tx.stale_since, []
 
     def stale_since(tx: Any, stripe: int) -> bool:
         if not fired:
@@ -544,7 +546,7 @@ def test_a_cancellation_right_after_a_target_is_held_never_leaks_its_lock(
             raise KeyboardInterrupt("right after the hold")
         return real(tx, stripe)
 
-    monkeypatch.setattr(duck_db, "stale_since", stale_since)
+    monkeypatch.setattr(duck_tx, "stale_since", stale_since)
     with pytest.raises(KeyboardInterrupt):
         store.append("s", M, user("interrupted"), lease=lease)
     assert _free(store.db._file.targets.locks[fired[0]])  # type: ignore[attr-defined]

@@ -55,6 +55,7 @@ import turnkeeper
 from turnkeeper import DeliveryPlan, DeliveryStep, EntryKind, FinalizeRequest, ThreadRecord
 from turnkeeper.spec.records import ImportBatch, ImportEntry, OpaqueRecord, ResponseState
 from turnkeeper.storage.duck import db as duck_db
+from turnkeeper.storage.duck.group import GROUP_MAX
 from turnkeeper.storage.ops import leases
 from turnkeeper.storage.postgres import db as pg_db
 
@@ -66,7 +67,7 @@ VECTOR = 2048
 """DuckDB's vector size: a scan reads at least this many rows before it can stop."""
 COPIES = 700
 """Copies of the other sessions' rows: every table then holds thousands."""
-MERGED = duck_db.GROUP_MAX
+MERGED = GROUP_MAX
 """Appends queued together for one group commit, as many as one takes (DuckDB
 gives a join's scan the list of its keys, which the index takes, only up to
 its ``dynamic_or_filter_threshold``, set in ``storage/duck/dialect.py``)."""

@@ -12,7 +12,7 @@ Which times may be compared. The store stamps an entry's ``ts`` and a
 lease event's ``occurred_at`` with its clock: inside a transaction, the
 clock read after the transaction's snapshot was taken, so a transaction's
 stamp is at or after the commit of everything it read (a grant's stamp
-follows every event of the epoch it replaced; see ``storage.duck.db.Tx``).
+follows every event of the epoch it replaced; see ``storage.duck.tx.Tx``).
 Single-statement renewals and releases are stamped as their statement
 starts. The checks still prefer orders the store serializes outright:
 epochs (each grant is a compare-and-set on the lease row) and entry ``seq``

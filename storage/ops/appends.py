@@ -2,7 +2,7 @@
 ``append_many``, and their merged form under a group commit.
 
 An append alone runs :func:`~.sessions.append_chain` (see that module). A
-backend that groups writes (DuckDB, ``storage/duck/db.py``) runs the appends
+backend that groups writes (DuckDB, ``storage/duck/group.py``) runs the appends
 queued beside each other through :func:`append_group`, the ``many`` of their
 :class:`~turnkeeper.storage.backend.Merge`: one read of their session rows
 and lease rows (the full fence, ``leases.fence_condition``, evaluated by
