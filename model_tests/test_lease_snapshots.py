@@ -26,6 +26,7 @@ from conftest import BACKENDS, open_backend
 import turnkeeper
 from turnkeeper import EntryKind
 from turnkeeper.storage.duck import db as duck_db
+from turnkeeper.storage.duck import tx as duck_tx
 
 MSG = {"message": {"role": "user", "content": "hi"}}
 
@@ -129,7 +130,7 @@ def test_control_without_the_check_a_write_commits_after_the_release(
     written after the snapshot patched out, the fence reads the lease as its
     snapshot shows it, held, and the write commits after the release returned."""
     sid, lease = leased
-    monkeypatch.setattr(duck_db, "stale_since", lambda tx, stripe: False)
+    monkeypatch.setattr(duck_tx, "stale_since", lambda tx, stripe: False)
     released = _between_snapshot_and_hold(
         monkeypatch, lease.target, lambda: duck_store.release_lease(lease)
     )
@@ -215,7 +216,7 @@ def test_a_release_before_a_merged_groups_hold_refuses_its_append(
     other = duck_store.create_session().id
     other_lease = duck_store.acquire_lease(f"session:{other}", "worker", 30)
     if not checked:
-        monkeypatch.setattr(duck_db, "stale_since", lambda tx, stripe: False)
+        monkeypatch.setattr(duck_tx, "stale_since", lambda tx, stripe: False)
     released = _between_snapshot_and_hold(
         monkeypatch, lease.target, lambda: duck_store.release_lease(lease)
     )
