@@ -78,6 +78,9 @@ class Case:
     name: str
     arrange: Callable[[turnkeeper.BaseStore], tuple[Callable[[], Any], Any, Callable[[], Any]]]
     lost: type[Exception] = LeaseLostError
+    later: str | None = None
+    """A table the write writes after its fence (PostgreSQL: a lock on it,
+    held by another transaction, makes the write wait after its judgement)."""
 
 
 def _session(store: turnkeeper.BaseStore, purpose: str = "execution") -> Any:
@@ -234,20 +237,25 @@ def requeue_delivery(store: turnkeeper.BaseStore) -> Any:
 
 
 LEASED = [
-    Case("append", append),
-    Case("append_many", append_many),
-    Case("finish_run", finish_run),
-    Case("complete_tool_execution", complete_tool_execution),
-    Case("renew_lease", renew_lease),
+    Case("append", append, later="entries"),
+    Case("append_many", append_many, later="entries"),
+    Case("finish_run", finish_run, later="delivery_operations"),
+    Case("complete_tool_execution", complete_tool_execution, later="tool_execution_events"),
+    Case("renew_lease", renew_lease, later="lease_events"),
     Case("validate_lease", validate_lease),
-    Case("finalize", finalize),
-    Case("begin_recovery", begin_recovery),
-    Case("converge_recovery", converge_recovery),
+    Case("finalize", finalize, later="thread_record_events"),
+    Case("begin_recovery", begin_recovery, later="run_recoveries"),
+    Case("converge_recovery", converge_recovery, later="run_recoveries"),
 ]
 CLAIMED = [
-    Case("finish_delivery", finish_delivery, DeliveryLeaseLostError),
-    Case("update_delivery_progress", update_delivery_progress, DeliveryLeaseLostError),
-    Case("requeue_delivery", requeue_delivery, DeliveryLeaseLostError),
+    Case("finish_delivery", finish_delivery, DeliveryLeaseLostError, "delivery_events"),
+    Case(
+        "update_delivery_progress",
+        update_delivery_progress,
+        DeliveryLeaseLostError,
+        "delivery_events",
+    ),
+    Case("requeue_delivery", requeue_delivery, DeliveryLeaseLostError, "delivery_events"),
 ]
 
 
@@ -279,7 +287,15 @@ class Held:
     on PostgreSQL a raw transaction's ``FOR UPDATE`` of the row, on DuckDB the
     lease target's stripe (what a renewal or release in flight holds)."""
 
-    def __init__(self, store: turnkeeper.BaseStore, row: tuple[str, str, str], target: Any):
+    def __init__(
+        self,
+        store: turnkeeper.BaseStore,
+        row: tuple[str, str, str],
+        target: Any,
+        table: str | None = None,
+    ):
+        """``table``: on PostgreSQL, lock that whole table against writes
+        (``SHARE``) instead of the row."""
         self.store = store
         if store.db.dialect.name == "duckdb":
             targets = store.db._file.targets  # type: ignore[attr-defined]
@@ -293,8 +309,11 @@ class Held:
         import psycopg
 
         self.conn = psycopg.connect(store.db.url)  # type: ignore[attr-defined]
-        table, column, key = row
-        self.conn.execute(f"SELECT 1 FROM {table} WHERE {column} = %s FOR UPDATE", [key])
+        if table is not None:
+            self.conn.execute(f"LOCK TABLE {table} IN SHARE MODE")
+        else:
+            name, column, key = row
+            self.conn.execute(f"SELECT 1 FROM {name} WHERE {column} = %s FOR UPDATE", [key])
         self.pid = self.conn.info.backend_pid
 
     def waited_for(self) -> bool:
@@ -333,15 +352,20 @@ def in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
 
 
 def expired_while_waiting(
-    store: turnkeeper.BaseStore, clock: FakeClock, case: Case, takeover: bool
+    store: turnkeeper.BaseStore,
+    clock: FakeClock,
+    case: Case,
+    takeover: bool,
+    table: str | None = None,
 ) -> tuple[Any, Any, Any]:
     """Run ``case``'s write so that it waits for its lock until its lease has
     expired (and, with ``takeover``, another owner waits to take the lease
     over); what it returned or raised, what the store held before and after,
-    and the takeover's outcome."""
+    and the takeover's outcome. ``table``: the lock is on that table (see
+    :class:`Held`), which the write meets after its fence."""
     write, (row, target), observe = case.arrange(store)
     before = observe()
-    held = Held(store, row, target)
+    held = Held(store, row, target, table)
     try:
         thread, out = in_thread(write)
         wait_until(held.waited_for, f"{case.name} never waited for the lock")
@@ -380,6 +404,41 @@ def test_a_write_that_waited_for_its_lock_past_the_expiry_is_refused(
         if backend == "postgres" and case.name in ("append", "append_many"):
             _without_one_statement_appends(store)
         got, (before, after), taken = expired_while_waiting(store, clock, case, takeover)
+        assert isinstance(got, case.lost), f"{case.name} committed after its lease expired: {got!r}"
+        assert after == before
+        if takeover:
+            assert isinstance(taken, turnkeeper.Lease) and taken.owner == "w2", taken
+    finally:
+        store.close()
+
+
+LATER = [
+    pytest.param(case, takeover, id=f"{case.name}-{how}")
+    for case in LEASED + CLAIMED
+    if case.later is not None
+    for takeover, how in ((False, "alone"), (True, "takeover"))
+    if not (case in CLAIMED and takeover)
+]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(("case", "takeover"), LATER)
+def test_a_write_that_waited_after_its_fence_past_the_expiry_is_refused(
+    tmp_path, clock, case, takeover
+):
+    """PostgreSQL: the lease row is free, so the fence passes at once; then the
+    write waits for a lock another transaction holds on a table it writes
+    after the fence, until its lease expired. Its COMMIT must not follow: the
+    expiry is judged again as it commits (attack helper: append, finish_run,
+    complete_tool_execution and some twenty more committed ~2 s after their
+    leases expired, and renew and re-acquire revived the lease)."""
+    store = open_backend("postgres", tmp_path, clock)
+    try:
+        if case.name in ("append", "append_many"):
+            _without_one_statement_appends(store)
+        got, (before, after), taken = expired_while_waiting(
+            store, clock, case, takeover, case.later
+        )
         assert isinstance(got, case.lost), f"{case.name} committed after its lease expired: {got!r}"
         assert after == before
         if takeover:
@@ -499,19 +558,22 @@ def test_the_group_test_fails_without_the_check_before_commit(tmp_path, monkeypa
 
 
 @pytest.mark.postgres
-def test_a_one_statement_append_that_waited_past_the_expiry_is_refused(tmp_path):
+@pytest.mark.parametrize("locked", ["leases", "sessions"])
+def test_a_one_statement_append_that_waited_past_the_expiry_is_refused(tmp_path, locked):
     """The issue's example: a lease with a short ttl, its row locked by a raw
     transaction, an append waiting for it past the expiry (awaited on the
     server's clock), then the lock let go: the append is refused, nothing is
     written. Short ttls that run out before the append waits are retried with
-    longer ones (a loaded machine), never counted as a pass."""
+    longer ones (a loaded machine), never counted as a pass. ``locked``: the
+    lease row, or the session row (attack helper: with the session row held,
+    the append was judged before it waited for it and committed late)."""
     store = open_backend("postgres", None, None)
     try:
         for attempt in range(6):
             sid = f"p{attempt}"
             store.create_session(sid)
             lease = store.acquire_lease(f"session:{sid}", "w1", 0.5 * 2**attempt)
-            if _append_waited_while_live(store, sid, lease):
+            if _append_waited_while_live(store, sid, lease, locked):
                 assert store.entries(sid) == []
                 return
         pytest.fail("the lease always expired before the append waited for it")
@@ -519,11 +581,13 @@ def test_a_one_statement_append_that_waited_past_the_expiry_is_refused(tmp_path)
         store.close()
 
 
-def _append_waited_while_live(store: Any, sid: str, lease: turnkeeper.Lease) -> bool:
-    """Append under ``lease`` while its row is locked, until the lease expired
-    on the server's clock; whether the append was waiting while the lease was
-    still live (else the case was not exercised). Fails if the append committed."""
-    held = Held(store, ("leases", "target", lease.target), lease.target)
+def _append_waited_while_live(store: Any, sid: str, lease: turnkeeper.Lease, locked: str) -> bool:
+    """Append under ``lease`` while the ``locked`` row (the lease's, or the
+    session's) is locked, until the lease expired on the server's clock;
+    whether the append was waiting while the lease was still live (else the
+    case was not exercised). Fails if the append committed."""
+    row = ("leases", "target", lease.target) if locked == "leases" else ("sessions", "id", sid)
+    held = Held(store, row, lease.target)
     try:
         thread, out = in_thread(lambda: store.append(sid, M, user("late"), lease=lease))
         wait_until(held.waited_for, "the append never waited for the lock")

@@ -56,7 +56,7 @@ def without_expiry_check(mp: pytest.MonkeyPatch) -> None:
     expiry, and so does the one-statement append's SQL (its ``?`` still bound)."""
     mp.setattr(leases, "unexpired", lambda tx, target, expires_at, server_now=None: tx.now)
     bound = "(?::TIMESTAMPTZ IS NULL OR TRUE)"
-    mp.setattr(appends, "FENCE_UNEXPIRED", f"(EXISTS (SELECT 1 FROM g) AND {bound})")
+    mp.setattr(appends, "FENCE_UNEXPIRED", f"(o.expires_at IS NOT NULL AND {bound})")
 
 
 def weak_renew(tx: Tx, lease, ttl_s: float):

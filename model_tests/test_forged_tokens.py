@@ -32,6 +32,7 @@ from test_group_commit import grouped, queued_together
 
 import turnkeeper
 from turnkeeper import DeliveryPlan, DeliveryStep, EntryKind, LeaseLostError, ResponseState
+from turnkeeper.spec.errors import LeasePurposeError
 from turnkeeper.spec.records import (
     FinalizeRequest,
     ImportBatch,
@@ -476,3 +477,48 @@ def test_the_merged_forged_token_check_fails_with_the_token_left_out_of_the_fenc
     token_blind_fence(monkeypatch)
     with pytest.raises(AssertionError, match="took a forged token"):
         check_merged_forged_token_refused(duck_store, many)
+
+
+# -- a lease relabelled with another purpose (attack helper) --------------------------
+
+
+def relabelled(store: turnkeeper.BaseStore, write: str) -> Any:
+    """An execution lease relabelled in memory as the purpose ``write`` needs
+    (recovery, fork), and the call: the purpose is the row's, not the object's."""
+    store.create_session("s")
+    run = store.admit_run("s", {"q": 1}, user_message={"role": "user", "content": "go"})
+    store.start_run(run.id)
+    if write == "fork_session":
+        store.finish_run(run.id, "succeeded")
+    lease = store.acquire_lease("session:s", "w", 60, purpose="execution")
+    if write == "fork_session":
+        lease = dataclasses.replace(lease, purpose="fork")
+        return lambda: store.fork_session("s", request_id="r1", lease=lease)
+    lease = dataclasses.replace(lease, purpose="recovery")
+    if write == "begin_recovery":
+        return lambda: store.begin_recovery(run.id, lease)
+    return lambda: store.converge_recovery(run.id, lease, error="gone")
+
+
+@pytest.mark.parametrize("write", ["begin_recovery", "converge_recovery", "fork_session"])
+def test_a_lease_relabelled_with_another_purpose_is_refused(store, write: str) -> None:
+    call = relabelled(store, write)
+    before = everything(store)
+    with pytest.raises(LeasePurposeError) as refused:
+        call()
+    assert (refused.value.held_purpose, refused.value.requested_purpose) == (
+        "execution",
+        "fork" if write == "fork_session" else "recovery",
+    )
+    assert everything(store) == before
+
+
+def test_the_relabel_check_fails_with_the_purpose_left_out_of_the_fence(
+    store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    columns, values = leases.FENCED, leases.fence_values
+    kept = [i for i, c in enumerate(columns) if c != "purpose"]
+    monkeypatch.setattr(leases, "FENCED", tuple(columns[i] for i in kept))
+    monkeypatch.setattr(leases, "fence_values", lambda lease: [values(lease)[i] for i in kept])
+    call = relabelled(store, "begin_recovery")
+    assert call().state == "recovering"  # the execution lease recovered its own run

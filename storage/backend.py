@@ -249,13 +249,12 @@ class Tx(Protocol):
     def valid_until(self, expires_at: datetime, lost: Exception) -> None:
         """Keep this write valid only until ``expires_at`` (a lease's or a
         claim's expiry its guard just judged unexpired at
-        :meth:`clock_after_locks`): a backend whose COMMIT may come long
-        after the guard (DuckDB's group commit, where other queued writes run
-        first) judges it again right before COMMIT and fails the write with
-        ``lost`` if it expired meanwhile. PostgreSQL does nothing more: the
-        fence's row lock keeps every takeover, renewal and release of the
-        lease out until this transaction ends, and its COMMIT follows its own
-        statements (checking again would cost a round trip per write)."""
+        :meth:`clock_after_locks`): the expiry is judged again as the write
+        commits, and the write fails with ``lost`` instead of committing if
+        it passed meanwhile. After its guard a write may still wait: on a
+        server for another lock (a row or table another transaction holds),
+        on DuckDB for the other writes of its group commit. Nothing can move
+        the expiry meanwhile: the guard holds the row (or its target)."""
         ...
 
     def hold(self, target: str) -> None:

@@ -11,6 +11,7 @@ domain error it means, and after :data:`MAX_ATTEMPTS` raises
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -141,6 +142,15 @@ class Gate:
         self._idle = threading.Condition(self.lock)
         self._inflight: dict[threading.Thread, int] = {}
         self.closed = False
+        self.pid = os.getpid()
+        """The process that opened the backend: only it may use it."""
+
+    def forked(self) -> bool:
+        """Whether this is a process forked from the one that opened the backend
+        (``os.fork``, multiprocessing's default on Linux, a pre-forking server):
+        its copy of the file's connection or of the pool's sockets is not its
+        own, and neither is the store object's lease secret."""
+        return os.getpid() != self.pid
 
     def __enter__(self) -> None:
         """Admit one operation of this thread.
@@ -161,6 +171,13 @@ class Gate:
         Raises:
             InterfaceError: the backend is closed (or closing).
         """
+        if self.forked():
+            raise errors.InterfaceError(
+                detail=f"this store object was opened by process {self.pid}, and this process "
+                f"({os.getpid()}) was forked from it: open the store again in this process "
+                "(a forked copy of its connections, and of the lease tokens it issues, is not "
+                "this process's own)"
+            )
         admitted = False
         try:
             with self.lock:

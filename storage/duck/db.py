@@ -198,6 +198,8 @@ class Database(GroupCommit):
             OperationalError: DuckDB failed to close the file.
         """
         self._gate.shut()
+        if self._gate.forked():  # the file's connection is the parent's: leave it be
+            return
         failed: duckdb.Error | None = None
         with self._lock:
             # Until this call gets to the end, a later close() does it all again

@@ -271,37 +271,39 @@ list of keys is found through the index."""
 AFTER_LOCK = "coalesce(?::TIMESTAMPTZ, clock_timestamp())"
 """The store's now in the one-statement append's lease condition: the injected
 clock's value, else the server's clock read as the condition is evaluated,
-which is once ``g`` returned its row, locked (see :func:`_guard`)."""
+which is once ``o`` returned its rows, locked (see :func:`_guard`)."""
 
-
-FENCE_UNEXPIRED = f"EXISTS (SELECT 1 FROM g WHERE g.expires_at > {AFTER_LOCK})"
-"""The one-statement append's condition that its fenced lease row (``g``) is
-unexpired: ``leases.unexpired`` in SQL."""
+FENCE_UNEXPIRED = f"o.expires_at > {AFTER_LOCK}"
+"""The one-statement append's condition that its fenced lease row (``g``, as
+``o`` carries it) is unexpired: ``leases.unexpired`` in SQL."""
 
 
 def _guard(tx: Tx, leased: bool) -> tuple[str, str]:
-    """The one-statement append's lease CTE ``g`` and the condition on it. The
-    lease row is read under a shared row lock (``Dialect.share_lock``): a
-    takeover or grant committed meanwhile is re-read (and then fails the
-    fence), one not yet committed waits for this statement, and a refused
-    append writes nothing, not even the lease row. The lease's expiry is
-    judged by the condition on ``g``, not by ``g``'s own ``WHERE``: the scan
-    below ``g``'s row lock evaluates its conditions before it waits for the
-    lock, the condition above it once it holds the lock, so an append that
-    waited for the lease row past its expiry is refused (``leases.unexpired``
-    does the same in a transaction). ``MATERIALIZED`` keeps ``g`` a plan of its
-    own, whatever the planner would fold."""
+    """The one-statement append's lease CTE ``g`` and the condition on its row,
+    which ``o`` carries. The lease row is read under a shared row lock
+    (``Dialect.share_lock``): a takeover or grant committed meanwhile is
+    re-read (and then fails the fence), one not yet committed waits for this
+    statement, and a refused append writes nothing, not even the lease row.
+    ``o`` then locks the session row, after ``g`` (the order every fenced
+    transaction takes them in), so the append waits for nothing more once
+    both are its own. The lease's expiry is judged by the condition on ``o``,
+    in the session row's update, not in ``g``'s ``WHERE``: the scan below a
+    row lock evaluates its conditions before it waits for the lock, the
+    update's condition once ``o`` holds both, so an append that waited for
+    either row past its lease's expiry is refused (``leases.unexpired`` and
+    ``Tx.valid_until`` do the same in a transaction). ``MATERIALIZED`` keeps
+    each a plan of its own, whatever the planner would fold."""
     lock = tx.dialect.share_lock()
     if leased:  # the full fence (leases.fence_condition, then unexpired)
         return (
-            "g AS MATERIALIZED (SELECT expires_at FROM leases "
+            "g AS MATERIALIZED (SELECT 'held'::VARCHAR AS state, expires_at FROM leases "
             f"WHERE {leases.fence_condition(lambda c: '?')}{lock})",
             FENCE_UNEXPIRED,
         )
     # lease-less: refused while anyone holds a live lease on the session
     return (
         f"g AS MATERIALIZED (SELECT state, expires_at FROM leases WHERE target = ?{lock})",
-        f"NOT EXISTS (SELECT 1 FROM g WHERE g.state = 'held' AND g.expires_at > {AFTER_LOCK})",
+        f"NOT coalesce(o.state = 'held' AND o.expires_at > {AFTER_LOCK}, FALSE)",
     )
 
 
@@ -345,9 +347,10 @@ def _draft_rows(drafts: Sequence[Draft]) -> tuple[str, list[Any]]:
 def one_statement(tx: Tx, r: AppendRequest) -> Any:
     """A plain append as one autocommit statement of data-modifying CTEs (for a
     server, where each statement is a round trip; PostgreSQL SQL, as only its
-    dialect asks for it): the session's leaf and sequence read, the lease row
-    locked under the fence (or found not held, see :func:`_guard`), the
-    session row's compare-and-set and the insert, all or nothing. The
+    dialect asks for it): the lease row locked under the fence (or found not
+    held), then the session row locked and its leaf and sequence read, both
+    judged after the locks (see :func:`_guard`), the session row's
+    compare-and-set and the insert, all or nothing. The
     compare-and-set also requires the session row's version (``xmin``) it
     read: a grant writes that row (``leases.touch_session``), so a grant
     committed meanwhile, even the first one of a session without a lease row
@@ -375,7 +378,9 @@ def one_statement(tx: Tx, r: AppendRequest) -> Any:
     epoch = None if r.lease is None else r.lease.epoch
     drafts, draft_params = _draft_rows(r.drafts)
     sql = (
-        f"WITH o AS (SELECT leaf_id, next_seq, xmin FROM sessions WHERE id = ?), {guard}, "
+        f"WITH {guard}, o AS MATERIALIZED (SELECT sessions.leaf_id, sessions.next_seq, "
+        "sessions.xmin, g.state, g.expires_at FROM sessions LEFT JOIN g ON TRUE "
+        "WHERE sessions.id = ? FOR UPDATE OF sessions), "
         "s AS (UPDATE sessions SET leaf_id = ?, next_seq = sessions.next_seq + ?, "
         f"entry_count = sessions.entry_count + ?, updated_at = {NOW}, "
         "title = coalesce(?, sessions.title) FROM o WHERE sessions.id = ? "
@@ -388,8 +393,8 @@ def one_statement(tx: Tx, r: AppendRequest) -> Any:
         f"RETURNING seq, parent_id, {tx.dialect.epoch_us('ts')}"
     )
     params: list[Any] = [
-        r.session_id,
         *guard_params,
+        r.session_id,
         ids[-1],
         len(ids),
         len(ids),

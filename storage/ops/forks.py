@@ -147,11 +147,8 @@ def _check_source(tx: Tx, req: Request) -> None:
     if tx.one("SELECT 1 FROM sessions WHERE id = ?", [sid]) is None:
         raise errors.ForkSessionNotFoundError(sid)
     target = session_target(sid)
-    if req.lease is not None:
+    if req.lease is not None:  # its purpose is fork (fork_session), and the row's (the fence)
         leases.fence(tx, req.lease)
-        held = tx.one("SELECT purpose FROM leases WHERE target = ?", [target])
-        if held is None or held[0] != LeasePurpose.FORK:
-            raise errors.LeasePurposeError(target, held and held[0], LeasePurpose.FORK.value)
     run = tx.one("SELECT run_id FROM active_runs WHERE session_id = ?", [sid])
     if run is not None:
         raise errors.ForkSessionActiveError(sid, detail=f"run {run[0]!r} is not terminal")

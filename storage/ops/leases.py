@@ -42,6 +42,7 @@ import hashlib
 import hmac
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import NoReturn
 
 from turnkeeper.machines import machine_for
 from turnkeeper.spec import GRANTING_EDGES, LEASE, LeasePurpose, errors
@@ -248,9 +249,11 @@ def release(tx: Tx, lease: Lease) -> bool:
     return True
 
 
-FENCED = ("target", "epoch", "token_digest", "owner")
+FENCED = ("target", "epoch", "token_digest", "owner", "purpose")
 """The lease row's columns a fence compares with the caller's lease (the
-token as its digest: :func:`fence_values`)."""
+token as its digest: :func:`fence_values`). The purpose too: a write that
+requires a purpose (recovery, a fork) checks the caller's lease's, and the
+fence holds that to the row's, so a lease relabelled in memory is refused."""
 
 _EXPIRED = "the lease expired"
 
@@ -269,7 +272,7 @@ def fence_condition(value: Callable[[str], str]) -> str:
 
 def fence_values(lease: Lease) -> list[object]:
     """The values :func:`fence_condition` compares, in :data:`FENCED` order."""
-    return [lease.target, lease.epoch, digest(lease.token), lease.owner]
+    return [lease.target, lease.epoch, digest(lease.token), lease.owner, lease.purpose]
 
 
 def unexpired(
@@ -315,8 +318,24 @@ def fence(tx: Tx, lease: Lease) -> datetime:
     )
     row = tx.one(sql, fence_values(lease))
     if row is None:
-        raise errors.LeaseLostError(lease.target)
+        _refused(tx, lease)
     return unexpired(tx, lease.target, row[0], row[1])
+
+
+def _refused(tx: Tx, lease: Lease) -> NoReturn:
+    """Why the fence found no row for ``lease``: the held lease under another
+    purpose than the caller's lease says (a lease relabelled in memory: the
+    row's purpose decides), else a lost lease.
+
+    Raises:
+        LeasePurposeError, LeaseLostError.
+    """
+    same = fence_condition(lambda c: "?" if c != "purpose" else "leases.purpose")
+    values = [v for c, v in zip(FENCED, fence_values(lease), strict=True) if c != "purpose"]
+    held = tx.one(f"SELECT purpose FROM leases WHERE {same}", values)
+    if held is not None and held[0] != lease.purpose:
+        raise errors.LeasePurposeError(lease.target, held[0], lease.purpose)
+    raise errors.LeaseLostError(lease.target)
 
 
 UNHELD_WRITE = "unleased_checks = unleased_checks + 1"

@@ -82,6 +82,10 @@ DIALECT = Dialect("postgres", skip_locked=True, one_statement_appends=True)
 MIGRATIONS = load("turnkeeper.storage.postgres")
 """PostgreSQL's numbered migrations, loaded once."""
 
+LAPSED = "TKLAP"
+"""The SQLSTATE of the check before COMMIT that a fenced lease expired
+(:meth:`Tx.commit_statement`)."""
+
 MIGRATION_LOCK = 0x7475726E6B656570  # "turnkeep"
 """The advisory lock key that serializes migrations of several processes."""
 
@@ -183,6 +187,7 @@ class Tx:
         self._clock = clock
         self._in_transaction = in_transaction
         self._now: datetime | None = None
+        self._until: list[tuple[datetime, Exception]] = []
         self.statements = 0
         self._snapshot = False  # a statement other than BEGIN has run (it took the snapshot)
         self.committing = False
@@ -226,8 +231,41 @@ class Tx:
         return now
 
     def valid_until(self, expires_at: datetime, lost: Exception) -> None:
-        """Nothing: a fenced write's lease row stays locked until its COMMIT
-        (see ``storage/backend.py``)."""
+        """Judge ``expires_at`` again as this transaction commits
+        (:meth:`commit_statement`): after its fence it may still wait for
+        other locks (a row, a table another transaction holds)."""
+        self._until.append((expires_at, lost))
+
+    def commit_statement(self) -> str:
+        """The SQL that commits this transaction: ``COMMIT``, preceded, when
+        :meth:`valid_until` kept expiries, by a check of the earliest against
+        the server's clock read right then, in the same round trip (no
+        parameters: psycopg sends the two as one simple query, and an error
+        in the first skips the ``COMMIT``). With an injected clock the check
+        is made here.
+
+        Raises:
+            the kept error of the earliest expiry, when it has passed by the
+            injected clock (a server's check fails with :data:`LAPSED`).
+        """
+        if not self._until:
+            return "COMMIT"
+        expires_at, lost = min(self._until, key=lambda u: u[0])
+        if self._clock is not None:
+            if expires_at <= check_clock(self._clock()):
+                raise lost
+            return "COMMIT"
+        at = expires_at.astimezone(UTC).isoformat()
+        return (
+            "DO $lapse$BEGIN IF clock_timestamp() >= "
+            f"'{at}'::TIMESTAMPTZ THEN RAISE EXCEPTION USING ERRCODE = '{LAPSED}', "
+            "MESSAGE = 'turnkeeper: a fenced lease expired before COMMIT'; END IF; END$lapse$; "
+            "COMMIT"
+        )
+
+    def lapsed(self) -> Exception:
+        """The kept error of the earliest expiry (its check failed as it committed)."""
+        return min(self._until, key=lambda u: u[0])[1]
 
     def _execute(self, sql: str, params: Sequence[Any]) -> psycopg.Cursor[Any]:
         self.statements += 1
@@ -363,6 +401,8 @@ class Database:
         Idempotent, and one interrupted (Ctrl-C) is finished by the next; later
         operations raise ``InterfaceError``."""
         self._gate.shut()  # (a close cut short by a cancellation is finished by the next)
+        if self._gate.forked():  # the pool's sockets are the parent's: leave them be
+            return
         with self._lock:
             listener, self._listener = self._listener, None
         if listener is not None:
@@ -459,13 +499,16 @@ class Database:
                         tx.committing = commit
                     result = body(tx)
                     if transaction:
+                        ending = tx.commit_statement() if commit else "ROLLBACK"
                         tx.committing = commit
-                        tx.exec("COMMIT" if commit else "ROLLBACK")
+                        tx.exec(ending)
                     if tx.pending:  # committed: wake the listening processes
                         notify.send(conn, self.channel, tx.pending)
                     return result
                 except psycopg.Error as exc:
                     _rollback(conn, transaction)
+                    if exc.sqlstate == LAPSED:  # the COMMIT's check: nothing committed
+                        raise tx.lapsed() from exc
                     if retry and isinstance(exc, _CONFLICT):
                         raise Conflict(str(exc)) from exc
                     raise translate(
