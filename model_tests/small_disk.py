@@ -225,6 +225,7 @@ def full_disk(folder: str) -> dict[str, Any]:
             break
     seen["renewals_tried"] = tried
     seen["renewed_expiry"] = (Clock.now + timedelta(seconds=300 + tried)).isoformat()
+    seen["previous_expiry"] = (Clock.now + timedelta(seconds=300 + tried - 1)).isoformat()
     make_room(folder, 256 * KIB)
     seen["validate"] = outcome(lambda: store.validate_lease(leases[0]))
     outcome(lambda: other.entries("s"))  # open again (a reopen frees what failed checkpoints wrote)

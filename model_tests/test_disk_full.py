@@ -30,13 +30,18 @@ def test_a_full_disk_at_a_checkpoint_loses_nothing_and_the_store_goes_on(tmp_pat
     assert all(g.get("ok") == "Entry" for g in seen["group"]), seen["group"]
     # a write refused for space is typed, and absent
     assert seen["full"].get("error") == "DiskFullError", seen["full"]
-    # an autocommit renewal that committed as its checkpoint failed: typed, says
-    # it committed, and was not run a second time
+    # renewals (each a transaction) until one fails: the ones whose COMMIT
+    # DuckDB reported durable as the checkpoint after it failed were
+    # acknowledged; the one that failed is typed and says whether it
+    # committed, and what is stored is exactly the committed ones
     assert "ok" in seen["acquire"], seen["acquire"]
-    assert seen["renew"].get("error") == "StoreInvalidatedError", seen["renew"]
-    assert "this write committed and is durable" in seen["renew"]["message"]
-    assert seen["renewals"] == seen["renewals_tried"], report
-    assert seen["expires_at"] == seen["renewed_expiry"], report
+    renew = seen["renew"]
+    assert renew.get("error") in TYPED, renew
+    committed = "this write committed and is durable" in renew["message"]
+    assert committed or "not committed" in renew["message"], renew
+    assert seen["renewals"] == seen["renewals_tried"] - (0 if committed else 1), report
+    last = seen["renewed_expiry"] if committed else seen["previous_expiry"]
+    assert seen["expires_at"] == last, report
     assert "ok" in seen["validate"], seen["validate"]
     # space again: writes go on, and close checkpoints cleanly
     assert "ok" in seen["after_free"], seen["after_free"]
