@@ -95,6 +95,13 @@ SESSION_READS = {
     _lit(f"{_ENTRY} FROM entries WHERE session_id = ? ORDER BY seq"): "entries(): all of them",
     _lit("SELECT id FROM entries WHERE session_id = ?"): "an import: the ids the session has",
     _lit(
+        "SELECT parent_id, id FROM entries WHERE session_id = ? "
+        "AND parent_id = ANY(?::VARCHAR[]) ORDER BY seq"
+    ): (
+        "an append with the caller's own id: whether an entry names it as its missing "
+        "parent (no index by parent; the store's own result ids check it too)"
+    ),
+    _lit(
         "SELECT id, parent_id, kind, seq, ts, payload FROM entries WHERE session_id = ? "
         "ORDER BY seq"
     ): "a fork: the source session's entries",
