@@ -435,9 +435,9 @@ class ToolCallsUnansweredError(ToolCallPairingError):
     calls and their results, so ``entry_id`` (a user, assistant or any other
     message) is refused while ``tool_call_ids`` (in call order) are open in
     the session's replayed context. Answer each first: append each call's
-    result (the tool's own, or an explicit interrupted one, which
-    ``interrupt_tool_executions`` writes for the calls whose records are
-    running), or end the run (``finish_run`` closes every open call).
+    result, or let the store close them (``interrupt_tool_executions``, or
+    ``finish_run`` at the run's end, closes every open call: the tool's own
+    result from a completed record, an explicit interrupted one otherwise).
     ``reason`` is ``"unanswered"`` and ``tool_call_id`` the first open call.
     Nothing is written.
     """
@@ -457,9 +457,8 @@ class ToolCallsUnansweredError(ToolCallPairingError):
         calls = ", ".join(repr(c) for c in self.tool_call_ids)
         text = (
             f"Session {self.session_id!r}: message {self.entry_id!r} would follow tool calls "
-            f"that have no result yet ({calls}); answer each first (append its result; "
-            "interrupt_tool_executions writes those of running records), or end the run "
-            "(finish_run closes every open call)"
+            f"that have no result yet ({calls}); answer each first (append its result), "
+            "or close them all (interrupt_tool_executions, or finish_run at the run's end)"
         )
         return f"{text}: {self.detail}" if self.detail else text
 

@@ -57,8 +57,9 @@ When the store itself ends calls (``interrupt_tool_executions``,
 ``abandon_interrupted_tool_executions``, a run's end in ``finish_run`` or
 recovery), it writes each open call's result in the call's own shape (a
 ``toolResult`` for a pi call, a ``tool`` message for an OpenAI call), in call
-order, right under the leaf: the tool's own result when its record completed,
-else an explicit interrupted one.
+order, right under the leaf: the tool's own result when the record that
+belongs to the call completed (``storage/ops/call_records.py``), else an
+explicit interrupted one.
 
 ``turnkeeper audit`` and imports judge a whole tree (:func:`tree_faults`):
 every entry, along the branch replay walks to it, on a cycle of parents
@@ -253,12 +254,40 @@ def walk(path: Sequence[Entry]) -> tuple[Context, list[Fault], int]:
     return context, faults, last_reset
 
 
-def unanswered_calls(path: Sequence[Entry]) -> list[tuple[str, str | None]]:
+def unanswered_calls(
+    path: Sequence[Entry], children: Mapping[str, Sequence[Entry]] | None = None
+) -> list[tuple[str, str | None]]:
     """``(call id, its assistant entry's id)`` of every call along ``path`` that
     has no result at its end: those another message followed first (calls of
-    incomplete replies left out) and those still open."""
+    incomplete replies left out) and those still open, unless (with
+    ``children``: the tree's entries by parent id) a branch on from the end
+    answers them (:func:`answered_after`)."""
     context = walk(path)[0]
-    return [*context.lapsed, *((c, context.holder) for c in context.open)]
+    still = list(context.open)
+    if children is not None and path:
+        still = [c for c in still if not answered_after(children, path[-1].id, c)]
+    return [*context.lapsed, *((c, context.holder) for c in still)]
+
+
+def answered_after(children: Mapping[str, Sequence[Entry]], start: str, call_id: str) -> bool:
+    """Whether a branch on from entry ``start`` (``children``: a tree's entries by
+    parent id) answers ``call_id``, open there, as the rule takes it: a result
+    for it before any other message (entries that are no context message,
+    and other results, in between)."""
+    todo = list(children.get(start, ()))
+    seen: set[str] = {start}
+    while todo:
+        entry = todo.pop()
+        if entry.id in seen:
+            continue
+        seen.add(entry.id)
+        message = context_message(entry)
+        answers = None if message is None else answered_by(message)
+        if answers == call_id:
+            return True
+        if message is None or answers is not None:
+            todo.extend(children.get(entry.id, ()))
+    return False
 
 
 def path_faults(path: Sequence[Entry]) -> list[Fault]:
