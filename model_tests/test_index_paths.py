@@ -95,6 +95,16 @@ SESSION_READS = {
     _lit(f"{_ENTRY} FROM entries WHERE session_id = ? ORDER BY seq"): "entries(): all of them",
     _lit("SELECT id FROM entries WHERE session_id = ?"): "an import: the ids the session has",
     _lit(
+        "SELECT parent_id, id FROM entries WHERE session_id = ? "
+        "AND parent_id = ANY(?::VARCHAR[]) ORDER BY seq"
+    ): (
+        "an append with the caller's own id: whether an entry names it as its missing "
+        "parent (no index by parent; the store's own result ids check it too)"
+    ),
+    _lit("SELECT id, seq, written_at, payload FROM entries WHERE session_id = ? AND kind = ?")
+    + r"( AND \(strpos\(payload, \?\) > 0( OR strpos\(payload, \?\) > 0)*\))?"
+    + _lit(" ORDER BY seq"): "closing open calls: the messages that make their calls",
+    _lit(
         "SELECT id, parent_id, kind, seq, ts, payload FROM entries WHERE session_id = ? "
         "ORDER BY seq"
     ): "a fork: the source session's entries",
@@ -108,8 +118,10 @@ SESSION_READS = {
         "session_runs()"
     ),
     _lit(f"{_RECORD} FROM tool_executions WHERE session_id = ? AND ")
-    + r"(TRUE|state = 'running')"
-    + _lit(" ORDER BY created_at, execution_key"): "a session's tool records (all, or running)",
+    + r"(TRUE|state = 'running'|provider_call_id = ANY\(\?::VARCHAR\[\]\))"
+    + _lit(" ORDER BY created_at, execution_key"): (
+        "a session's tool records (all, running, or those of the calls being closed)"
+    ),
     _lit(
         "SELECT id, status, end_seq FROM conversation_turns WHERE session_id = ? "
         "AND start_seq <= ? AND (end_seq IS NULL OR end_seq >= ?) ORDER BY start_seq DESC LIMIT 1"
@@ -407,6 +419,14 @@ def rarer_operations(store: turnkeeper.BaseStore, profiler: Profiler, sid: str) 
         store.wait_run(retry.id, lease=lease)
     with on("resume_run"):
         store.resume_run(retry.id, lease=lease)
+    blocks = [{"type": "toolCall", "id": c, "name": "t", "arguments": {}} for c in ("c2", "c3")]
+    with on("append (tool calls)"):
+        store.append(
+            sid,
+            EntryKind.MESSAGE,
+            {"message": {"role": "assistant", "content": blocks}},
+            lease=lease,
+        )
     with on("claim_tool_execution (a second)"):
         store.claim_tool_execution(
             "ek2",
@@ -418,7 +438,7 @@ def rarer_operations(store: turnkeeper.BaseStore, profiler: Profiler, sid: str) 
             run_id=retry.id,
             lease=lease,
         )
-    with on("interrupt_tool_executions"):
+    with on("interrupt_tool_executions (closes the open calls c2 and c3)"):
         store.interrupt_tool_executions(sid, local_turn_id=retry.turn_id, lease=lease)
     with on("request_tool_execution_recovery"):
         store.request_tool_execution_recovery(sid, retry.turn_id, ["c2"])

@@ -435,9 +435,9 @@ class ToolCallsUnansweredError(ToolCallPairingError):
     calls and their results, so ``entry_id`` (a user, assistant or any other
     message) is refused while ``tool_call_ids`` (in call order) are open in
     the session's replayed context. Answer each first: append each call's
-    result (the tool's own, or an explicit interrupted one, which
-    ``interrupt_tool_executions`` writes for the calls whose records are
-    running), or end the run (``finish_run`` closes every open call).
+    result, or let the store close them (``interrupt_tool_executions``, or
+    ``finish_run`` at the run's end, closes every open call: the tool's own
+    result from a completed record, an explicit interrupted one otherwise).
     ``reason`` is ``"unanswered"`` and ``tool_call_id`` the first open call.
     Nothing is written.
     """
@@ -457,9 +457,8 @@ class ToolCallsUnansweredError(ToolCallPairingError):
         calls = ", ".join(repr(c) for c in self.tool_call_ids)
         text = (
             f"Session {self.session_id!r}: message {self.entry_id!r} would follow tool calls "
-            f"that have no result yet ({calls}); answer each first (append its result; "
-            "interrupt_tool_executions writes those of running records), or end the run "
-            "(finish_run closes every open call)"
+            f"that have no result yet ({calls}); answer each first (append its result), "
+            "or close them all (interrupt_tool_executions, or finish_run at the run's end)"
         )
         return f"{text}: {self.detail}" if self.detail else text
 
@@ -470,6 +469,48 @@ class EntryExistsError(TurnkeeperError):
     fields = ("session_id", "entry_id")
     session_id: str
     entry_id: str
+
+
+class EntryIdReservedError(TurnkeeperError):
+    """The entry id is not free for this write: the session refers to it.
+
+    ``reason`` says how, and ``by`` names what refers to it:
+
+    - ``"parent"``: entry ``by`` of the session names ``entry_id`` as its
+      parent, and no entry has that id (an entry imported without its
+      parent). An entry written under the id would become that parent and
+      move ``by``'s branch (and every entry below it) under itself, where no
+      write judged it. Choose another id; an import that holds the parent
+      may supply it (an import judges the whole tree);
+    - ``"run"``: run ``by`` of the session has not ended, and the store
+      writes entries under ids derived from it (its reply
+      ``<run>:assistant``, its turn end ``<run>:turn-end``, the results of
+      calls its end closes ``<run>:<call>:interrupted``); an import may not
+      take one, or hang an entry under one.
+
+    Nothing is written.
+    """
+
+    fields = ("session_id", "entry_id", "reason", "by")
+    session_id: str
+    entry_id: str
+    reason: str
+    by: str
+
+
+class EntryCycleError(TurnkeeperError):
+    """The entries' parents would form a cycle: no branch through them has a root.
+
+    Each entry's parent chain would come back to it. ``entry_ids`` are the
+    entries of the cycle, each the parent of the one before it (the last
+    one's parent is the first). Replay walks a branch from its leaf through the
+    parents; a cycle has no leaf and no root, and a context judged along it
+    depends on where the walk starts. Nothing is written.
+    """
+
+    fields = ("session_id", "entry_ids")
+    session_id: str
+    entry_ids: tuple[str, ...]
 
 
 class SessionFileError(TurnkeeperError):
@@ -719,7 +760,9 @@ __all__ = [
     "DeliveryOperationNotFoundError",
     "DeliveryPlanConflictError",
     "DiskFullError",
+    "EntryCycleError",
     "EntryExistsError",
+    "EntryIdReservedError",
     "EntryNotFoundError",
     "ForeignDatabaseError",
     "ForkError",

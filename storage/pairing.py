@@ -57,8 +57,13 @@ When the store itself ends calls (``interrupt_tool_executions``,
 ``abandon_interrupted_tool_executions``, a run's end in ``finish_run`` or
 recovery), it writes each open call's result in the call's own shape (a
 ``toolResult`` for a pi call, a ``tool`` message for an OpenAI call), in call
-order, right under the leaf: the tool's own result when its record completed,
-else an explicit interrupted one.
+order, right under the leaf: the tool's own result when the record that
+belongs to the call completed (``storage/ops/call_records.py``), else an
+explicit interrupted one.
+
+``turnkeeper audit`` and imports judge a whole tree (:func:`tree_faults`):
+every entry, along the branch replay walks to it, on a cycle of parents
+(which only a store written around the writes can hold) or not.
 """
 
 from __future__ import annotations
@@ -249,12 +254,40 @@ def walk(path: Sequence[Entry]) -> tuple[Context, list[Fault], int]:
     return context, faults, last_reset
 
 
-def unanswered_calls(path: Sequence[Entry]) -> list[tuple[str, str | None]]:
+def unanswered_calls(
+    path: Sequence[Entry], children: Mapping[str, Sequence[Entry]] | None = None
+) -> list[tuple[str, str | None]]:
     """``(call id, its assistant entry's id)`` of every call along ``path`` that
     has no result at its end: those another message followed first (calls of
-    incomplete replies left out) and those still open."""
+    incomplete replies left out) and those still open, unless (with
+    ``children``: the tree's entries by parent id) a branch on from the end
+    answers them (:func:`answered_after`)."""
     context = walk(path)[0]
-    return [*context.lapsed, *((c, context.holder) for c in context.open)]
+    still = list(context.open)
+    if children is not None and path:
+        still = [c for c in still if not answered_after(children, path[-1].id, c)]
+    return [*context.lapsed, *((c, context.holder) for c in still)]
+
+
+def answered_after(children: Mapping[str, Sequence[Entry]], start: str, call_id: str) -> bool:
+    """Whether a branch on from entry ``start`` (``children``: a tree's entries by
+    parent id) answers ``call_id``, open there, as the rule takes it: a result
+    for it before any other message (entries that are no context message,
+    and other results, in between)."""
+    todo = list(children.get(start, ()))
+    seen: set[str] = {start}
+    while todo:
+        entry = todo.pop()
+        if entry.id in seen:
+            continue
+        seen.add(entry.id)
+        message = context_message(entry)
+        answers = None if message is None else answered_by(message)
+        if answers == call_id:
+            return True
+        if message is None or answers is not None:
+            todo.extend(children.get(entry.id, ()))
+    return False
 
 
 def path_faults(path: Sequence[Entry]) -> list[Fault]:
@@ -280,15 +313,42 @@ def new_faults(path: Sequence[Entry], new: int) -> list[Fault]:
 
 
 def tree_faults(entries: Mapping[str, Entry]) -> list[Fault]:
-    """Every fault of a session tree (entries by id): along the branch to each
-    leaf (an entry no other names as its parent), as replay walks it; each
-    fault once, in the order found."""
+    """Every fault of a session tree (entries by id), each entry judged in the
+    context replay builds at it: along the branch to each leaf (an entry no
+    other names as its parent), as replay walks it, then along the branch to
+    each entry no such walk reached (an entry on a cycle of parents, which
+    has no leaf: replay walks it from wherever its leaf is set, to the entry
+    that would come round again); each fault once, in the order found."""
     parents = {e.parent_id for e in entries.values()}
     seen: dict[Fault, None] = {}
-    for leaf in (i for i in entries if i not in parents):
-        for fault in path_faults(path_to(entries, leaf)):
+    judged: set[str] = set()
+    for start in [*(i for i in entries if i not in parents), *entries]:
+        if start in judged:
+            continue
+        path = path_to(entries, start)
+        judged.update(e.id for e in path)
+        for fault in path_faults(path):
             seen.setdefault(fault, None)
     return list(seen)
+
+
+def cycles(entries: Mapping[str, Entry]) -> list[list[str]]:
+    """Every cycle of parents in a session tree (entries by id): the ids of each,
+    each the parent of the one before (the last one's parent is the first)."""
+    state: dict[str, int] = {}  # 1: on the walk now, 2: done
+    found: list[list[str]] = []
+    for start in entries:
+        trail: list[str] = []
+        node: str | None = start
+        while node is not None and node in entries and node not in state:
+            state[node] = 1
+            trail.append(node)
+            node = entries[node].parent_id
+        if node is not None and state.get(node) == 1:
+            found.append(trail[trail.index(node) :])
+        for done in trail:
+            state[done] = 2
+    return found
 
 
 def opening_of(path: Sequence[Entry], next_seq: int) -> Opening:

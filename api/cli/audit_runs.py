@@ -137,8 +137,11 @@ def check_tool_calls_paired(
     """Every tool call of an ended run turn has a result (the tool's output, or
     an explicit interrupted result) in the context replay builds at the
     turn's end (``storage/pairing.py``'s rule: calls of an incomplete reply
-    need none); and a tool-execution record still running belongs to a run
-    that has not ended. (A call on a branch the turn left, or a record whose
+    need none), or, for one still open there (a turn an older turnkeeper
+    ended), right after it on a branch on from the turn's end (the
+    ``interrupt_tool_executions`` that closed it after the upgrade); and a
+    tool-execution record still running belongs to a run that has not
+    ended. (A call on a branch the turn left, or a record whose
     call never reached the transcript, is in no context and needs no result.)"""
     turns = query_rows(
         store,
@@ -148,8 +151,15 @@ def check_tool_calls_paired(
     )
     bad: list[str] = []
     checked = 0
+    kids: dict[str, dict[str, list[Entry]]] = {}
     for turn in turns:
         by_id = trees.get(turn["session_id"], {})
+        children = kids.get(turn["session_id"])
+        if children is None:
+            children = kids[turn["session_id"]] = {}
+            for e in by_id.values():
+                if e.parent_id is not None:
+                    children.setdefault(e.parent_id, []).append(e)
         end = next((e for e in by_id.values() if e.seq == turn["end_seq"]), None)
         path = path_to(by_id, end.id if end is not None else None)
         in_turn = {e.id for e in path if turn["start_seq"] <= e.seq <= turn["end_seq"]}
@@ -158,7 +168,7 @@ def check_tool_calls_paired(
             for e in path
             if e.id in in_turn and (m := context_message(e)) is not None
         )
-        for call_id, holder in unanswered_calls(path):
+        for call_id, holder in unanswered_calls(path, children):
             if holder in in_turn:
                 bad.append(f"call {turn['session_id']}/{holder}:{call_id}")
     sql = f"""

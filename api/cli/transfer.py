@@ -7,7 +7,13 @@ from typing import Any
 import click
 
 from turnkeeper.formats import pi
-from turnkeeper.spec.errors import InvalidInputError, SessionFileError, ToolCallPairingError
+from turnkeeper.spec.errors import (
+    EntryCycleError,
+    EntryIdReservedError,
+    InvalidInputError,
+    SessionFileError,
+    ToolCallPairingError,
+)
 
 from .common import EXIT_FAILED, CliError, db_option, dumps, one_line, open_db
 
@@ -15,6 +21,8 @@ FILE_ERRORS = (
     SessionFileError,
     InvalidInputError,
     ToolCallPairingError,
+    EntryCycleError,
+    EntryIdReservedError,
     OSError,
     UnicodeDecodeError,
 )

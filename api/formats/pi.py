@@ -361,6 +361,9 @@ def import_file(store: Store, path: str | os.PathLike[str]) -> FileImport:
     Raises:
         OSError: the file cannot be read.
         SessionFileError: the file has no usable header; nothing is written.
+        ToolCallPairingError, EntryCycleError, EntryIdReservedError: the
+            file's entries would make a tree no write may make
+            (``Store.import_batch``); nothing is written.
         DatabaseError: the store failed; nothing is written.
     """
     parsed = parse_file(path)

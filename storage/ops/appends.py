@@ -508,6 +508,12 @@ class AppendsMixin(StoreBase):
         dropped or invented result would be a second invention.
         ``turnkeeper audit`` judges stored sessions by the same rule.
 
+        An ``entry_id`` of your own must be free: not an entry of the session,
+        and not the missing parent an entry imported without its parent names
+        (the new entry would become that parent and move the imported
+        entry's branch under itself, unjudged). That check reads the
+        session's entries (no index serves a lookup by parent).
+
         Raises:
             SessionModifiedError: the leaf is not ``expected_leaf``.
             LeaseLostError: ``lease`` is no longer valid.
@@ -517,6 +523,8 @@ class AppendsMixin(StoreBase):
             ToolCallPairingError: a result or compaction would break the
                 tool-call pairing of the replayed context (``reason``).
             SessionNotFoundError, EntryExistsError (``entry_id`` taken),
+            EntryIdReservedError (``entry_id`` is the missing parent of an
+            entry of the session: ``by`` names it, ``reason`` ``"parent"``),
             EntryNotFoundError (a label's target is missing),
             InvalidInputError (kind, payload, id or naive timestamp).
         On any error nothing is written.

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from turnkeeper.spec import errors
-from turnkeeper.spec.entries import EntryKind, validate_payload
+from turnkeeper.spec.entries import RESERVED_ENTRY_SUFFIXES, EntryKind, validate_payload
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.records import (
     Entry,
@@ -19,7 +19,7 @@ from turnkeeper.spec.records import (
 
 from ..backend import Tx
 from ..codec import check_id, check_instant, check_text, from_json, to_json
-from ..pairing import tree_faults
+from ..pairing import cycles, tree_faults
 from ..validate import (
     check_session_lease,
 )
@@ -55,6 +55,7 @@ def import_rows(
         LeaseLostError, BusyError: as for an append.
         ToolCallPairingError: the new entries break the tool-call pairing
             (``ToolCallsUnansweredError`` among them; see :func:`_judge`).
+        EntryCycleError, EntryIdReservedError: see :func:`_judge`.
         InvalidInputError: two rows share an id, or two opaque records a line
             (the keys of the tables; left unchecked they surfaced as an
             aborted transaction or 40 retried "conflicts").
@@ -104,7 +105,14 @@ def import_rows(
         }
     new = [r for r in rows if r[0] not in have]
     if new:
-        _judge(session_id, {} if created else stored, new, next_seq)
+        live = (
+            None
+            if created
+            else tx.one("SELECT run_id FROM active_runs WHERE session_id = ?", [session_id])
+        )
+        _judge(
+            session_id, {} if created else stored, new, next_seq, None if live is None else live[0]
+        )
         now = tx.now
         tx.insert_rows(
             "entries",
@@ -146,15 +154,22 @@ def _judge(
     stored: dict[str, Entry],
     new: Sequence[tuple[str, str | None, str, datetime, str]],
     next_seq: int,
+    live_run: str | None = None,
 ) -> None:
-    """Refuse an import whose new entries break the tool-call pairing anywhere in
-    the session's tree (``storage/pairing.py``, judged as ``turnkeeper audit``
-    judges a tree: along the branch to every leaf). A fault the tree held
-    before the import is not the import's (an entry's faults depend only on
-    the branch to it, unless the import supplies an entry's missing parent,
-    and then the faults it brings are the ones that are new).
+    """Refuse an import whose new entries would make the session's tree one that
+    no write may make: a cycle of parents through a new entry; an id that
+    ``live_run`` (the session's run that has not ended) will write itself, or
+    a new entry whose missing parent is such an id; an entry that breaks the
+    tool-call pairing anywhere in the tree (``storage/pairing.py``, judged
+    as ``turnkeeper audit`` judges a tree: every entry, along the branch to
+    it). A fault the tree held before the import is not the import's (an
+    entry's faults depend only on the branch to it, unless the import
+    supplies an entry's missing parent, and then the faults it brings are
+    the ones that are new).
 
     Raises:
+        EntryCycleError: the first cycle through a new entry.
+        EntryIdReservedError: (``reason`` ``"run"``) an id ``live_run`` owns.
         ToolCallPairingError: the first fault the import brings.
     """
     tree = dict(stored)
@@ -162,8 +177,23 @@ def _judge(
         tree[entry_id] = Entry(
             session_id, entry_id, parent, kind, next_seq + i, ts, from_json(payload)
         )
+    added = {r[0] for r in new}
+    for cycle in cycles(tree):
+        if added.intersection(cycle):
+            raise errors.EntryCycleError(session_id, tuple(cycle))
+    if live_run is not None:
+        for entry_id, parent, *_ in new:
+            for named in (entry_id, parent if parent not in tree else None):
+                if named is not None and run_owns(live_run, named):
+                    raise errors.EntryIdReservedError(session_id, named, "run", live_run)
     before = set(tree_faults(stored)) if stored else set()
     pairing_checks.refuse(session_id, [f for f in tree_faults(tree) if f not in before])
+
+
+def run_owns(run_id: str, entry_id: str) -> bool:
+    """Whether ``entry_id`` is one the store derives from ``run_id`` (a run's
+    turn entries, reply and the results its end writes)."""
+    return entry_id.startswith(f"{run_id}:") and entry_id.endswith(RESERVED_ENTRY_SUFFIXES)
 
 
 def opaque(tx: Tx, session_id: str) -> list[tuple[str, int, str, str]]:
@@ -199,10 +229,23 @@ class ImportsMixin(StoreBase):
         before their results …) refuse the whole import, because storing them
         under another form would invent a transcript the file does not hold.
         Real pi files pass (an aborted reply's partial calls need no result).
+        For the same reason an import never makes a tree no write could: its
+        entries' parents may not form a cycle (a cycle has no root, and the
+        context along it depends on where replay starts), and while a run of
+        the session has not ended, the ids the store will write for it
+        (``<run>:assistant``, ``<run>:turn-end``, ``<run>:<call>:interrupted``
+        …) are its own: an entry may not take one, nor name one as its
+        missing parent. Entries with the store's ids of runs that ended (an
+        exported session's) import as they are.
 
         Raises:
             ToolCallPairingError: the entries break the tool-call pairing
                 (``ToolCallsUnansweredError`` among them); nothing is written.
+            EntryCycleError: the entries' parents would form a cycle
+                (``entry_ids`` names it); nothing is written.
+            EntryIdReservedError: an entry takes, or hangs under, an id of the
+                session's run that has not ended (``reason`` ``"run"``, ``by``
+                the run); nothing is written.
             InvalidInputError: an entry or header is not storable.
             LeaseLostError: ``lease`` is no longer valid (nothing is written,
                 not even a new session).

@@ -628,8 +628,9 @@ class RunsMixin(StoreBase):
         and its ``pending`` operations. Before the turn closes, every tool
         call still open in the replayed context gets its result, in call
         order and in the call's shape (``storage/pairing.py``): running tool
-        records of the run become ``interrupted``; a call whose record
-        completed gets the tool's own result, unchanged, as
+        records of the run become ``interrupted``; a call whose own record
+        completed (``storage/ops/call_records.py``: never a record of another
+        call that reused its id) gets the tool's own result, unchanged, as
         :meth:`complete_tool_execution` stored it, any other an explicit
         interrupted result. ``entries`` follow every rule of
         :meth:`append_many`; a refused one refuses the whole termination.

@@ -102,7 +102,7 @@ def get(tx: Tx, session_id: str) -> Session | None:
     return None if row is None else session_row(row)
 
 
-def _existing(tx: Tx, session_id: str, ids: Sequence[str]) -> set[str]:
+def existing(tx: Tx, session_id: str, ids: Sequence[str]) -> set[str]:
     """Which of ``ids`` are entries of the session (one statement)."""
     if not ids:
         return set()
@@ -119,14 +119,32 @@ def _existing(tx: Tx, session_id: str, ids: Sequence[str]) -> set[str]:
 
 
 def _exists(tx: Tx, session_id: str, entry_id: str) -> bool:
-    return bool(_existing(tx, session_id, [entry_id]))
+    return bool(existing(tx, session_id, [entry_id]))
+
+
+def named_as_parent(tx: Tx, session_id: str, ids: Sequence[str]) -> dict[str, str]:
+    """Which of ``ids`` an entry of the session names as its parent, each with
+    the first such entry (by seq): an id no entry has (it would be taken) that
+    an entry names is the missing parent of an entry imported without it. A
+    read of the session's entries (there is no index by parent)."""
+    if not ids:
+        return {}
+    rows = tx.rows(
+        "SELECT parent_id, id FROM entries WHERE session_id = ? "
+        "AND parent_id = ANY(?::VARCHAR[]) ORDER BY seq",
+        [session_id, sorted(set(ids))],
+    )
+    out: dict[str, str] = {}
+    for parent, child in rows:
+        out.setdefault(parent, child)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
 class Draft:
     """One entry to append, validated: its payload as stored JSON and as the
-    dict it decodes to, its id (``chosen``: by the caller, so it may be taken)
-    and its own timestamp (``None``: the store's now)."""
+    dict it decodes to, its id (``chosen``: it may be taken, checked; ``caller``:
+    the caller's own) and its own timestamp (``None``: the store's now)."""
 
     kind: str
     payload_json: str
@@ -134,6 +152,9 @@ class Draft:
     entry_id: str
     chosen: bool
     timestamp: datetime | None = None
+    caller: bool = False
+    """The caller chose the id: an entry imported without its parent may name
+    it as that parent (checked: ``EntryIdReservedError``)."""
 
 
 def append(
@@ -151,7 +172,9 @@ def append(
     parent_override: str | None = None,
 ) -> Entry:
     """Append one entry: :func:`append_drafts` of one draft."""
-    draft = Draft(kind, payload_json, payload, entry_id, caller_chose_id, timestamp)
+    draft = Draft(
+        kind, payload_json, payload, entry_id, caller_chose_id, timestamp, caller=caller_chose_id
+    )
     return append_drafts(
         tx,
         session_id,
@@ -232,6 +255,8 @@ def append_chain(
     Raises:
         LeaseLostError, BusyError, SessionNotFoundError, SessionModifiedError,
         EntryExistsError, EntryNotFoundError (label target or branch target),
+        EntryIdReservedError (a caller's id an entry names as its missing
+        parent: writing it would move that entry's branch, unjudged),
         ToolCallPairingError (``ToolCallsUnansweredError`` among them).
     """
     row = head or tx.one("SELECT leaf_id, next_seq FROM sessions WHERE id = ?", [session_id])
@@ -252,7 +277,7 @@ def append_chain(
     ]
     chosen = [d.entry_id for d in drafts if d.chosen]
     looked_up = [*([parent_override] if parent_override is not None else []), *targets, *chosen]
-    found = _existing(tx, session_id, sorted(set(looked_up)))
+    found = existing(tx, session_id, sorted(set(looked_up)))
     if parent_override is not None and parent_override not in found:
         raise errors.EntryNotFoundError(session_id, parent_override)
     missing = next((t for t in targets if t not in found), None)
@@ -261,6 +286,10 @@ def append_chain(
     taken = next((i for i in chosen if i in found), None)
     if taken is not None:
         raise errors.EntryExistsError(session_id, taken)
+    named = named_as_parent(tx, session_id, [d.entry_id for d in drafts if d.caller])
+    if named:
+        first = next(d.entry_id for d in drafts if d.entry_id in named)
+        raise errors.EntryIdReservedError(session_id, first, "parent", named[first])
     epoch = fenced_epoch if lease is None else lease.epoch
     parent = leaf if parent_override is None else parent_override
     out: list[Entry] = []
@@ -404,7 +433,7 @@ def draft_of(
         if not where:
             raise
         raise errors.InvalidInputError(f"{where}{exc.field}", exc.reason) from None
-    return Draft(kind, payload_json, stored, eid, chose, ts)
+    return Draft(kind, payload_json, stored, eid, chose, ts, caller=chose)
 
 
 def drafts_of(entries: object) -> list[Draft]:

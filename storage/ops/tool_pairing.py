@@ -1,20 +1,30 @@
 """Every tool call in the replayed context gets its result: the tool's own, or an
-explicit interrupted one (never an invented output).
+explicit interrupted one (never an invented output, never another call's).
 
 When a call's process is lost (interrupt, abandon) or its run's turn closes,
 each call still open in the context replay builds at the leaf gets a result
 under the leaf, in the same transaction, in the order of the calls in their
 assistant message and in the call's own shape (a pi ``toolResult`` for a
 ``toolCall`` block, an OpenAI ``tool`` message for a ``tool_calls`` item;
-``storage/pairing.py``): the tool's own result, unchanged, when its record
-completed (only the transcript entry was lost), else the explicit
-interrupted result. A call that is not open there (answered, on another
-branch, lapsed, never written) gets none: it would be an orphan. The results
-are appended like any other entries, judged by the same rule.
+``storage/pairing.py``): the tool's own result, unchanged, when the record
+that belongs to the call completed (only the transcript entry was lost),
+else the explicit interrupted result. Which record belongs to which call is
+``call_records``' to say: a record with the call's id that belongs to
+another call (an earlier one reusing the id, one on another branch) gives
+it nothing. A call that is not open there (answered, on another branch,
+lapsed, never written) gets none: it would be an orphan. The results are
+appended like any other entries, judged by the same rule.
+
+Each result's entry id is derived (documented in the README); when the
+session already holds that id, or an entry names it as its missing parent
+(both only through an import or a fork of one, or the same call answered
+again on another branch), the result takes a fresh random id instead, so
+the store's own write never fails on, or re-parents, what another put there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from turnkeeper.spec.entries import EntryKind
@@ -33,7 +43,7 @@ from turnkeeper.spec.tool_execution import (
 from ..backend import Tx, present
 from ..codec import derived_id
 from ..pairing import OPENAI, Call, Opening
-from . import pairing_checks, sessions
+from . import call_records, pairing_checks, sessions
 from . import tool_records as records
 
 
@@ -85,6 +95,19 @@ def open_at_head(
     return pairing_checks.opening_at(tx, session_id, leaf, next_seq)
 
 
+def free_ids(tx: Tx, session_id: str, wanted: list[str]) -> list[str]:
+    """``wanted`` (derived ids, in order), each kept when it is free in the
+    session (no entry has it, none names it as its parent, no earlier one of
+    ``wanted`` is it), else replaced by a fresh random id."""
+    taken = sessions.existing(tx, session_id, wanted)
+    taken |= set(sessions.named_as_parent(tx, session_id, [i for i in wanted if i not in taken]))
+    out: list[str] = []
+    for entry_id in wanted:
+        out.append(sessions.new_entry_id() if entry_id in taken else entry_id)
+        taken.add(entry_id)
+    return out
+
+
 def append_results(
     tx: Tx,
     session_id: str,
@@ -93,12 +116,14 @@ def append_results(
     opening: Opening,
 ) -> sessions.Chain | None:
     """Append ``(entry id, result message)`` pairs under the leaf at ``opening``,
-    in order, as one chain, judged like every write (ids derived by the store
-    from keys that may be older: checked). ``None`` when there is none."""
+    in order, as one chain, judged like every write (ids derived by the store,
+    made free first: :func:`free_ids`). ``None`` when there is none."""
     if not results:
         return None
+    ids = free_ids(tx, session_id, [i for i, _ in results])
     drafts = [
-        sessions.own_draft(EntryKind.MESSAGE, {"message": m}, i, chosen=True) for i, m in results
+        sessions.own_draft(EntryKind.MESSAGE, {"message": m}, i)
+        for i, (_, m) in zip(ids, results, strict=True)
     ]
     return sessions.append_chain(
         tx,
@@ -113,25 +138,105 @@ def append_results(
     )
 
 
+def close_open(
+    tx: Tx,
+    session_id: str,
+    opening: Opening,
+    found: list[ToolExecution],
+    reason: str,
+    epoch: int | None,
+    entry_id: Callable[[Call], str],
+    interrupted_now: set[str],
+) -> tuple[sessions.Chain | None, list[ToolExecution]]:
+    """Give every call open at ``opening`` its result, in call order: the record
+    among ``found`` that belongs to it (``call_records.owners``), if any,
+    decides. A running one is marked ``interrupted`` (``reason``) and the call
+    gets its interrupted result (entry id ``<execution key>:interrupted``, as
+    for one in ``interrupted_now``, the keys of records the caller just
+    interrupted); a completed one gives the tool's own result; any other, or
+    none, the explicit interrupted result (entry id ``entry_id(call)``).
+    Returns what was appended and the records this marked interrupted."""
+    if not opening.calls:
+        return None, []
+    owners = call_records.owners(tx, session_id, opening, found)
+    ms = _now_ms(tx)
+    moved: list[ToolExecution] = []
+    results: list[tuple[str, dict[str, Any]]] = []
+    for call in opening.calls:  # call order
+        rec = owners.get(call.id)
+        if rec is not None and rec.state == ToolExecutionState.RUNNING:
+            edge = records.MACHINE.require("interrupt", rec.state, records.facts(rec))
+            rec = records.move(tx, rec, edge, "reason = ?", [reason])
+            moved.append(rec)
+            interrupted_now.add(rec.execution_key)
+        if rec is not None and rec.execution_key in interrupted_now:
+            results.append((interrupted_id(rec), interrupted(call, rec, ms)))
+        elif rec is not None and rec.state == ToolExecutionState.COMPLETED:
+            # the tool finished; only its transcript entry was lost
+            results.append((entry_id(call), recorded(call, rec, ms)))
+        else:
+            results.append((entry_id(call), interrupted(call, rec, ms)))
+    return append_results(tx, session_id, results, epoch, opening), moved
+
+
 def pair_all(tx: Tx, session_id: str, moved: list[ToolExecution], epoch: int | None) -> int:
     """Append the explicit interrupted result of each record in ``moved`` (just
-    interrupted or abandoned) whose call is open in the replayed context, in
-    call order; returns how many. ``epoch`` is the lease the caller fenced in
-    this transaction."""
+    abandoned) that belongs to a call open in the replayed context, in call
+    order; returns how many. ``epoch`` is the lease the caller fenced in this
+    transaction."""
     if not moved:
         return 0
-    by_call: dict[str, ToolExecution] = {}
-    for rec in moved:
-        by_call.setdefault(rec.provider_call_id, rec)
     opening = open_at_head(tx, session_id, None, None)
+    owners = call_records.owners(tx, session_id, opening, moved)
     ms = _now_ms(tx)
     results = [
-        (interrupted_id(by_call[call.id]), interrupted(call, by_call[call.id], ms))
+        (interrupted_id(owners[call.id]), interrupted(call, owners[call.id], ms))
         for call in opening.calls
-        if call.id in by_call
+        if call.id in owners
     ]
     append_results(tx, session_id, results, epoch, opening)
     return len(results)
+
+
+def close_session(
+    tx: Tx,
+    session_id: str,
+    local_turn_id: str | None,
+    reason: str,
+    epoch: int | None,
+) -> list[ToolExecution]:
+    """``interrupt_tool_executions``: mark the session's running records (only
+    ``local_turn_id``'s, if given) ``interrupted``, then give every call open
+    at the leaf its result (:func:`close_open`; a call with no record of its
+    own, or whose record is not running, gets entry id
+    ``<assistant entry id>:<call id>:interrupted``). Returns every record
+    marked interrupted, oldest first."""
+    running = (
+        records.select(tx, session_id, "state = 'running'")
+        if local_turn_id is None
+        else records.of_turn(tx, session_id, local_turn_id, "state = 'running'")
+    )
+    done: list[ToolExecution] = []
+    for rec in running:
+        edge = records.MACHINE.require("interrupt", rec.state, records.facts(rec))
+        done.append(records.move(tx, rec, edge, "reason = ?", [reason]))
+    opening = open_at_head(tx, session_id, None, None)
+    if not opening.calls:
+        return done
+    holder = opening.holder or ""
+    now = {r.execution_key for r in done}
+    found = call_records.candidates(tx, session_id, opening)
+    _, more = close_open(
+        tx,
+        session_id,
+        opening,
+        found,
+        reason,
+        epoch,
+        lambda call: derived_id(f"{holder}:", call.id, ":interrupted"),
+        now,
+    )
+    return sorted([*done, *more], key=lambda r: (r.created_at, r.execution_key))
 
 
 def close_turn(
@@ -143,38 +248,38 @@ def close_turn(
 ) -> tuple[sessions.Chain | None, Opening | None]:
     """Before ``run``'s turn closes, end every tool call open in the replayed
     context at the session's leaf: running records of the run are marked
-    ``interrupted``, and each open call gets a result, in call order: the
-    tool's own result, unchanged, when the run's record of it completed (the
+    ``interrupted``, and each open call gets a result, in call order
+    (:func:`close_open`): the tool's own result, unchanged, when the record
+    that belongs to the call (of this run or an earlier one) completed (the
     process died before writing it to the transcript:
     :func:`~turnkeeper.spec.tool_execution.recorded_result`), else the
-    explicit interrupted result. Nothing is re-run and no output is invented;
-    the turn's reply may then follow. ``epoch`` is the lease the caller fenced
-    (stored on the appended entries); ``head``: the session's leaf and next
-    seq as the caller knows them in this transaction; ``known``: the calls
-    open at some head. Returns what was appended (``None``: nothing) and the
-    calls open after it (none, at the head it leaves; ``None``: not known).
+    explicit interrupted result (entry id ``<run id>:<call id>:interrupted``,
+    or the record's own for one interrupted now). Nothing is re-run and no
+    output is invented; the turn's reply may then follow. ``epoch`` is the
+    lease the caller fenced (stored on the appended entries); ``head``: the
+    session's leaf and next seq as the caller knows them in this
+    transaction; ``known``: the calls open at some head. Returns what was
+    appended (``None``: nothing) and the calls open after it (none, at the
+    head it leaves; ``None``: not known).
     """
-    latest: dict[str, ToolExecution] = {}  # per call id, the run's latest record
     interrupted_now: set[str] = set()
+    reason = f"the run ended {run.status}"
     for found in records.of_run(tx, run.session_id, run.id, run.turn_id):
         if found.state == ToolExecutionState.RUNNING:
             edge = records.MACHINE.require("interrupt", found.state, records.facts(found))
-            found = records.move(tx, found, edge, "reason = ?", [f"the run ended {run.status}"])
+            found = records.move(tx, found, edge, "reason = ?", [reason])
             interrupted_now.add(found.execution_key)
-        latest[found.provider_call_id] = found
     opening = open_at_head(tx, run.session_id, head, known)
-    ms = _now_ms(tx)
-    results: list[tuple[str, dict[str, Any]]] = []
-    for call in opening.calls:  # call order
-        rec = latest.get(call.id)
-        if rec is not None and rec.execution_key in interrupted_now:
-            results.append((interrupted_id(rec), interrupted(call, rec, ms)))
-            continue
-        entry_id = derived_id(f"{run.id}:", call.id, ":interrupted")
-        if rec is not None and rec.state == ToolExecutionState.COMPLETED:
-            # the tool finished; only its transcript entry was lost
-            results.append((entry_id, recorded(call, rec, ms)))
-        else:
-            results.append((entry_id, interrupted(call, rec, ms)))
-    chain = append_results(tx, run.session_id, results, epoch, opening)
+    if not opening.calls:
+        return None, opening
+    chain, _ = close_open(
+        tx,
+        run.session_id,
+        opening,
+        call_records.candidates(tx, run.session_id, opening),
+        reason,
+        epoch,
+        lambda call: derived_id(f"{run.id}:", call.id, ":interrupted"),
+        interrupted_now,
+    )
     return chain, opening if chain is None else chain.opening

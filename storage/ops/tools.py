@@ -4,10 +4,11 @@ Every state change reads the record, asks the tool-execution machine which
 edge the trigger takes from the stored state, writes the destination with a
 compare-and-set (``WHERE state = ? AND attempt = ?``; a moved row is a lost
 race, retried by the transaction boundary) and appends an event row, all in
-one transaction. Marking a call interrupted (or abandoning one that was
-still running) appends, in the same transaction, an explicit interrupted
-result to the session transcript for each such call still open in the
-replayed context, in call order and in the call's shape (a pi
+one transaction. Interrupting closes, in the same transaction, every call
+open in the replayed context (the tool's own result from the completed
+record that belongs to it, else an explicit interrupted one), and
+abandoning gives each abandoned record's call still open there its
+interrupted result, in call order and in the call's shape (a pi
 ``toolResult``, or an OpenAI ``tool`` message: ``tool_pairing``), so every
 call is paired and no output is invented. Interrupting, reclaiming and
 abandoning refuse while another owner holds a live lease on the session:
@@ -148,24 +149,15 @@ def interrupt(
     tx: Tx, session_id: str, local_turn_id: str | None, reason: str, lease: Lease | None
 ) -> list[ToolExecution]:
     """Mark the session's running records (of one turn, if given) interrupted and
-    pair each unpaired call with an explicit interrupted ``toolResult``.
+    close every call open at the leaf (``tool_pairing.close_session``).
 
     Raises:
         SessionNotFoundError, BusyError, LeaseLostError.
     """
     records.require_session(tx, session_id)
     records.no_other_owner(tx, session_id, lease)
-    done = []
-    found = (
-        records.select(tx, session_id, "state = 'running'")
-        if local_turn_id is None
-        else records.of_turn(tx, session_id, local_turn_id, "state = 'running'")
-    )
-    for rec in found:
-        edge = records.MACHINE.require("interrupt", rec.state, records.facts(rec))
-        done.append(records.move(tx, rec, edge, "reason = ?", [reason]))
-    tool_pairing.pair_all(tx, session_id, done, None if lease is None else lease.epoch)
-    return done
+    epoch = None if lease is None else lease.epoch
+    return tool_pairing.close_session(tx, session_id, local_turn_id, reason, epoch)
 
 
 def request_retry(
@@ -356,8 +348,10 @@ class ToolsMixin(StoreBase):
         it to the fresh run). A claim that differs in any of them is another
         call and is refused (``ToolExecutionConflictError``): another run's
         record, and its result, is never returned as this call's. Provider
-        call ids are reused across turns and processes, so derive keys from
-        the run, e.g. ``f"{run.id}:{provider_call_id}"``. ``provider_call_id``
+        call ids are reused across turns and processes, and some providers
+        number them afresh in each reply, so derive keys from the run and the
+        assistant message, e.g. ``f"{run.id}:{entry.id}:{provider_call_id}"``.
+        ``provider_call_id``
         is the ``toolCall`` block's ``id``; ``arguments`` (any JSON value) is
         stored only as a sha256 digest of its canonical JSON. ``side_effecting``
         decides recovery: read-only calls are reclaimed automatically after an
@@ -460,21 +454,34 @@ class ToolsMixin(StoreBase):
         reason: str = "process lost",
         lease: Lease | None = None,
     ) -> list[ToolExecution]:
-        """Mark the session's ``running`` records (only ``local_turn_id``'s, if
-        given) ``interrupted`` after the process running them was lost, in one
-        transaction that also appends, for each of their calls still open in
-        the replayed context, an explicit interrupted ``toolResult`` message
-        entry (``isError`` true, a text saying it was interrupted, no tool
-        output; an OpenAI ``tool`` message saying so for an OpenAI-style
-        call; entry id ``<execution_key>:interrupted``, or
-        ``<execution_key>:<attempt>:interrupted`` after a reclaim) under the
-        current leaf, in the order of the calls, so every call is paired.
-        Nothing is re-run. Returns the records interrupted, oldest first
-        (empty when none was running). Call it before the run's turn is
-        closed (``converge_recovery``, ``finish_run``) so that the results
-        land inside the turn. A call that has no running record (never
-        claimed, or completed but its result not written) stays open: the
-        runtime writes its result, or the run's end closes it.
+        """End what the session's lost tool executions left open, in one
+        transaction: mark the session's
+        ``running`` records (only ``local_turn_id``'s, if given)
+        ``interrupted``, and close every tool call open in the replayed
+        context at the leaf, in call order and in the call's shape, as a
+        run's end does (``finish_run``): the tool's own result, unchanged,
+        when the record that belongs to the call completed (only its
+        transcript entry was lost); an explicit interrupted result when that
+        record is running (it is marked ``interrupted`` too, whatever its
+        turn), was interrupted or abandoned, or when the call has no record
+        at all (never claimed; or left open by an older turnkeeper, whose
+        run ends closed only pi-style calls).
+        Nothing is re-run and no output is invented. The interrupted result
+        is a ``toolResult`` with ``isError`` true and a text saying it was
+        interrupted (an OpenAI ``tool`` message saying so for an OpenAI-style
+        call); its entry id is ``<execution_key>:interrupted`` for a record
+        interrupted now (``<execution_key>:<attempt>:interrupted`` after a
+        reclaim), else ``<assistant entry id>:<call id>:interrupted``, which
+        is also the id of a completed record's result (an id the session
+        holds already gets a random one instead). A record belongs to a call
+        by its provider call id and, when the session reuses the id, by
+        when it was claimed (README, "Tool calls and their results"): a
+        record of an earlier call with the same id gives a later call
+        nothing. Returns the records interrupted, oldest first (empty when
+        none was running, though calls may have been closed). Call it before
+        the run's turn is closed (``converge_recovery``, ``finish_run``),
+        so that the results land inside the turn, or to let a message in
+        while the run goes on.
 
         Call it only once the previous owner is gone: with ``lease`` (on
         ``session:<session_id>``) the lease is fenced; without one, a live
