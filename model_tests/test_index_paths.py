@@ -48,7 +48,7 @@ from typing import Any
 
 import pytest
 from conftest import BACKENDS, forge, new_pg_schema
-from grown import finish_history, grow, populate
+from grown import analyze, finish_history, grow, populate
 from test_group_commit import grouped, queued_together
 
 import turnkeeper
@@ -263,8 +263,7 @@ def profiled(
         own = set(store.query("SELECT id FROM sessions").column(0).to_pylist())
         profiler.sizes = grow(store, COPIES)
         finish_history(store, own)
-        if request.param == "postgres":
-            forge(store, "ANALYZE", rows=None)
+        analyze(store)
         yield store, profiler
 
 
