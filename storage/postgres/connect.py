@@ -63,6 +63,7 @@ from turnkeeper.spec import errors
 
 from ..backend import present
 from ..codec import check_text
+from . import faults
 
 MODES = ("transaction", "session")
 """The pooler modes a store may be told: ``"transaction"`` (and statement-by-
@@ -193,10 +194,13 @@ def probe(conn: psycopg.Connection[Any]) -> Probe:
     """What ``conn`` reached (one round trip).
 
     Raises:
-        psycopg.Error: the server failed the query.
+        psycopg.Error: the server failed the query (``faults.DriverError``:
+            psycopg failed with an exception not its own).
         UnexpectedResultError: it answered with no row.
     """
-    row = present(conn.execute(PROBE_SQL, prepare=False).fetchone(), "the connection probe's row")
+    with faults.driver():
+        found = conn.execute(PROBE_SQL, prepare=False).fetchone()
+    row = present(found, "the connection probe's row")
     pid, schema, search_path, database, started = row
     return Probe(pid != conn.info.backend_pid, schema, search_path, database, started)
 

@@ -23,7 +23,10 @@ pooled connection:
   of :mod:`turnkeeper.spec.errors`, the original as ``__cause__``; a lost
   connection is ``OperationalError``, saying when the commit's outcome is
   unknown (the connection broke during ``COMMIT``, or during an autocommit
-  write's statement); the pool (:mod:`.pool`) checks a connection before
+  write's statement), whatever psycopg raised for it (through PgBouncer a
+  ``ValueError`` at a ``COPY``'s end, say: :mod:`.faults` judges a failure
+  by the connection too, and closes one psycopg left in a state it cannot
+  vouch for); the pool (:mod:`.pool`) checks a connection before
   lending it and replaces broken ones, so a server restart fails the
   operations caught in flight and the next ones succeed;
 - domain errors roll back and pass through; cancellation (``BaseException``)
@@ -71,7 +74,7 @@ from ..codec import check_clock
 from ..migrations import load
 from ..retry import Gate, Stats, run_attempts
 from ..wakeups import Signals, Subscription, Topic
-from . import connect, notify, text
+from . import connect, faults, notify, text
 from .pool import Pool
 
 T = TypeVar("T")
@@ -232,9 +235,10 @@ class Tx:
     def _execute(self, sql: str, params: Sequence[Any]) -> psycopg.Cursor[Any]:
         self.statements += 1
         self._snapshot = self._snapshot or not sql.startswith("BEGIN")
-        if not params:  # sent as it is: psycopg reads no placeholders without parameters
-            return self._conn.execute(sql)
-        return self._conn.execute(_pg(sql), list(params))
+        with faults.driver():
+            if not params:  # sent as it is: psycopg reads no placeholders without parameters
+                return self._conn.execute(sql)
+            return self._conn.execute(_pg(sql), list(params))
 
     def notify(self, topic: str) -> None:
         """Publish wake-up ``topic`` once this transaction commits."""
@@ -246,7 +250,8 @@ class Tx:
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Execute one statement and return all rows."""
         cur = self._execute(sql, params)
-        return cur.fetchall() if cur.description is not None else []
+        with faults.driver():
+            return cur.fetchall() if cur.description is not None else []
 
     def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
         """Execute one statement and return its first row, or ``None``."""
@@ -270,6 +275,7 @@ class Tx:
         self.statements += 1
         self._snapshot = True
         with (
+            faults.driver(),
             self._conn.cursor() as cur,
             cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy,
         ):
@@ -465,12 +471,12 @@ class Database:
                         notify.send(conn, self.channel, tx.pending)
                     return result
                 except psycopg.Error as exc:
-                    _rollback(conn, transaction)
+                    lost = faults.settle(conn, transaction, exc)  # rolled back
                     if retry and isinstance(exc, _CONFLICT):
                         raise Conflict(str(exc)) from exc
-                    raise translate(
+                    raise faults.judged(exc, lost, tx.committing) or translate(
                         exc, self.path, in_commit=tx.committing, prepared=self._prepared
-                    ) from exc
+                    ) from faults.original(exc)
                 except BaseException:
                     _rollback(conn, transaction)
                     raise
@@ -614,5 +620,5 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
 def _rollback(conn: psycopg.Connection[Any], transaction: bool) -> None:
     if not transaction or conn.closed:
         return
-    with contextlib.suppress(psycopg.Error):
+    with contextlib.suppress(Exception):  # the failure that brought us here is the news
         conn.execute("ROLLBACK")
