@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import select
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -195,3 +196,80 @@ def test_a_driver_fault_on_a_live_connection_is_typed_and_the_connection_is_drop
         assert store.entries("s") == before
         run_finish()
         assert_finished(store, "s")
+
+
+# -- the other psycopg paths: the pool's check, wake-ups --------------------------
+
+
+def test_a_pool_check_failing_with_a_driver_fault_checks_every_other_connection(monkeypatch):
+    """The pool's check of a connection before a lend: one that fails makes the
+    pool check every other idle connection at once (after a restart they are
+    all dead). It did so only for a psycopg error; a check failing with any
+    other exception (which psycopg_pool also takes as a failed check) left
+    the others to be found one backoff at a time."""
+    from psycopg_pool import ConnectionPool
+
+    from turnkeeper.storage.postgres import pool as pg_pool
+
+    real, checked_all, failed = ConnectionPool.check_connection, [], threading.Event()
+
+    def check(conn: Any) -> None:
+        if not failed.is_set():
+            failed.set()
+            raise AssertionError("a driver fault in the check")
+        real(conn)
+
+    with turnkeeper.open_store(new_pg_schema()) as store:
+        store.create_session("s")
+        monkeypatch.setattr(ConnectionPool, "check_connection", staticmethod(check))
+        monkeypatch.setattr(pg_pool, "IDLE_CHECK_S", 0.0)  # every lend checks
+        monkeypatch.setattr(store.db._pool, "check", lambda: checked_all.append(True))  # type: ignore[attr-defined]
+        assert store.get_session("s") is not None
+        assert failed.is_set() and checked_all == [True]
+
+
+def test_a_wake_up_that_fails_after_the_commit_never_fails_the_write(monkeypatch):
+    """The wake-ups go out after the COMMIT: a failure sending them must not
+    make a committed write look failed. A psycopg error was ignored; any
+    other exception (a driver fault) reached the caller of the committed
+    finish_run."""
+    real = psycopg.Connection.execute
+
+    def execute(conn: psycopg.Connection[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(query, str) and query.startswith("SELECT pg_notify"):
+            raise ValueError("a driver fault while notifying")
+        return real(conn, query, *args, **kwargs)
+
+    with turnkeeper.open_store(new_pg_schema()) as store:
+        finish = finish_with_entries(store, "s")
+        monkeypatch.setattr(psycopg.Connection, "execute", execute)
+        finish()
+        monkeypatch.undo()
+        assert store.get_run(store.session_runs("s")[0].id).status == "succeeded"
+
+
+def test_the_listener_survives_a_driver_fault_and_wakes_its_waiters(monkeypatch):
+    """The listener thread reconnected after a psycopg error only: any other
+    exception from its connection ended the thread, and the store object was
+    deaf from then on without a word. Now it reconnects and fires every
+    topic once (what was sent meanwhile is lost), and hears later wake-ups."""
+    real, failed = psycopg.Connection.notifies, threading.Event()
+
+    def notifies(conn: psycopg.Connection[Any], *args: Any, **kwargs: Any) -> Any:
+        if not failed.is_set():
+            failed.set()
+            raise ValueError("a driver fault while listening")
+        return real(conn, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "notifies", notifies)
+    # the server itself (LISTEN), also when the suite runs through PgBouncer
+    with turnkeeper.open_store(direct_for(new_pg_schema())) as store:
+        sub = store.subscribe("run_ended")
+        assert failed.wait(TIMEOUT_S)
+        assert sub.wait(TIMEOUT_S) == [turnkeeper.Topic.RUN_ENDED]  # look again
+        finish_with_entries(store, "s")()
+        deadline = time.monotonic() + TIMEOUT_S
+        heard: list[turnkeeper.Topic] = []
+        while not heard and time.monotonic() < deadline:
+            heard = sub.wait(1.0)
+        assert heard == [turnkeeper.Topic.RUN_ENDED]
