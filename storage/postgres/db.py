@@ -34,7 +34,9 @@ pooled connection:
 
 Behind a connection pooler (:mod:`.connect`: told at open, or detected by
 the first connection) in transaction mode the pool's connections prepare no
-statements, the schema the connections land in is checked against the URL's,
+statements, the schema the connections land in is checked against the URL's
+and its search path pinned in every transaction and autocommit statement
+(another client of the pool may have left its own on a server connection),
 and wake-ups listen on the direct ``listen_url``; a prepared statement the
 server does not know, while the store prepares, says which option stops it.
 
@@ -180,9 +182,11 @@ class Tx:
         in_transaction: bool,
         *,
         locking: bool = True,
+        search_path: str | None = None,
     ) -> None:
         self.dialect = DIALECT if locking else _NO_LOCKS
         self._conn = conn
+        self._search_path = search_path  # pinned in an autocommit statement (pooler mode)
         self._clock = clock
         self._in_transaction = in_transaction
         self._now: datetime | None = None
@@ -235,10 +239,12 @@ class Tx:
     def _execute(self, sql: str, params: Sequence[Any]) -> psycopg.Cursor[Any]:
         self.statements += 1
         self._snapshot = self._snapshot or not sql.startswith("BEGIN")
+        # sent as it is without parameters: psycopg then reads no placeholders
+        query, args = (_pg(sql), list(params)) if params else (sql, None)
         with faults.driver():
-            if not params:  # sent as it is: psycopg reads no placeholders without parameters
-                return self._conn.execute(sql)
-            return self._conn.execute(_pg(sql), list(params))
+            if self._search_path is not None and not self._in_transaction:
+                return connect.pinned(self._conn, self._search_path, query, args)
+            return self._conn.execute(query, args)
 
     def notify(self, topic: str) -> None:
         """Publish wake-up ``topic`` once this transaction commits."""
@@ -269,9 +275,20 @@ class Tx:
     def insert_rows(
         self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
     ) -> None:
-        """Insert ``rows`` with one ``COPY … FROM STDIN`` (bulk loading)."""
+        """Insert ``rows`` with one ``COPY … FROM STDIN`` (bulk loading).
+
+        Raises:
+            InternalError: outside a transaction behind a transaction pooler
+                (a ``COPY`` cannot carry the pinned search_path; every caller
+                runs it in a transaction).
+        """
         if not rows:
             return
+        if self._search_path is not None and not self._in_transaction:
+            raise errors.InternalError(
+                detail="a bulk insert (COPY) runs only inside a transaction behind a "
+                "transaction pooler, where each transaction pins the store's search_path"
+            )
         self.statements += 1
         self._snapshot = True
         with (
@@ -351,6 +368,9 @@ class Database:
         self.pooler_detected = where.pooler is None and found.pooled
         if self.pooler is not None:
             connect.check_schema(self.path, self.url, found)
+        # behind a transaction pooler every transaction and autocommit statement
+        # pins the search_path: a server connection may carry another client's SET
+        self._pinned = connect.pinned_path(found) if self.pooler == "transaction" else None
         self.channel = notify.channel(found.schema)
         self._prepared = self.pooler != "transaction"
         self._pool = Pool(self.url, pool_size, _configure, prepared=self._prepared).pool
@@ -438,7 +458,8 @@ class Database:
 
     def _begin(self, commit: bool, locking: bool, isolation: str) -> str:
         ro = ", READ ONLY" if self.read_only or not (commit or locking) else ""
-        return f"BEGIN ISOLATION LEVEL {isolation}{ro}"
+        pin = "" if self._pinned is None else f"; {connect.pin_sql(self._pinned)}"
+        return f"BEGIN ISOLATION LEVEL {isolation}{ro}{pin}"  # one simple query
 
     def _run(
         self,
@@ -457,7 +478,7 @@ class Database:
             nonlocal statements
             with self.connection() as conn:
                 may_lock = transaction and (commit or locking) and not self.read_only
-                tx = Tx(conn, self.clock, transaction, locking=may_lock)
+                tx = Tx(conn, self.clock, transaction, locking=may_lock, search_path=self._pinned)
                 try:
                     if transaction:
                         tx.exec(self._begin(commit, locking, isolation))
