@@ -168,6 +168,50 @@ def test_a_connection_lost_during_a_streamed_query_is_an_operational_error(url, 
         assert store.query("SELECT id FROM sessions").column("id").to_pylist() == ["s"]
 
 
+def test_a_connection_lost_in_a_pinned_autocommit_statement_is_an_operational_error(
+    monkeypatch,
+):
+    """Through a transaction pooler an autocommit statement goes in one pipeline
+    with the search_path pin (``connect.pinned``): the server connection cut
+    off after the pin ran and before the statement (the one-statement append)
+    is a lost connection, typed, its outcome said to be unknown (an autocommit
+    write's statement is its commit); the next append works."""
+    from turnkeeper.storage.postgres import connect
+
+    pooled, _ = new_pooled_schema()
+    role = pooled.split("postgresql://", 1)[1].split("@", 1)[0]
+    real, cut = psycopg.Connection.execute, threading.Event()
+
+    def execute(conn: psycopg.Connection[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
+        cur = real(conn, query, *args, **kwargs)
+        if query == connect.PIN_SQL and cut.is_set():
+            cut.clear()
+            with psycopg.connect(direct_url(), autocommit=True) as admin:
+                pid, deadline = None, time.monotonic() + TIMEOUT_S
+                while pid is None:  # the pin's server process (it has the pin's text)
+                    assert time.monotonic() < deadline, "the pin never reached the server"
+                    row = admin.execute(
+                        "SELECT pid FROM pg_stat_activity WHERE usename = %s AND query = %s",
+                        [role, connect.PIN_SQL.replace("%s", "$1")],
+                    ).fetchone()
+                    pid = None if row is None else row[0]
+            cut_off(conn, pid)
+        return cur
+
+    with turnkeeper.open_store(pooled) as store:
+        store.create_session("s")
+        monkeypatch.setattr(psycopg.Connection, "execute", execute)
+        cut.set()
+        with pytest.raises(turnkeeper.TurnkeeperError) as err:
+            store.append("s", EntryKind.MESSAGE, {"message": USER})
+        assert not cut.is_set()  # it was cut off there
+        assert type(err.value) is turnkeeper.OperationalError, repr(err.value)
+        assert "whether it took effect is unknown" in str(err.value)
+        assert store.entries("s") == []
+        store.append("s", EntryKind.MESSAGE, {"message": USER})
+        assert [e.payload for e in store.entries("s")] == [{"message": USER}]
+
+
 def test_a_driver_fault_on_a_live_connection_is_typed_and_the_connection_is_dropped(
     url, monkeypatch
 ):
