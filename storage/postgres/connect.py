@@ -61,7 +61,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import psycopg
 import psycopg.sql
@@ -356,3 +356,16 @@ def listen_check(
         return None
 
     return check
+
+
+def redact(url: str) -> str:
+    """``url`` without its password (what the store shows as its ``path``)."""
+    if "://" not in url:
+        return re.sub(r"password\s*=\s*\S+", "password=***", url)
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    user = f"{parts.username}:***@" if parts.username else ""
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit(parts._replace(netloc=f"{user}{host}{port}"))

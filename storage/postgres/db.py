@@ -62,7 +62,6 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -77,6 +76,8 @@ from ..migrations import load
 from ..retry import Gate, Stats, run_attempts
 from ..wakeups import Signals, Subscription, Topic
 from . import connect, faults, notify, text
+from .connect import redact
+from .faults import translate
 from .pool import Pool
 
 T = TypeVar("T")
@@ -100,67 +101,12 @@ def _pg(sql: str) -> str:
     return _PLACEHOLDER.sub(lambda m: "%%" if m.group() == "%" else "%s", sql)
 
 
-def redact(url: str) -> str:
-    """``url`` without its password (what the store shows as its ``path``)."""
-    if "://" not in url:
-        return re.sub(r"password\s*=\s*\S+", "password=***", url)
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    user = f"{parts.username}:***@" if parts.username else ""
-    port = f":{parts.port}" if parts.port else ""
-    return urlunsplit(parts._replace(netloc=f"{user}{host}{port}"))
-
-
 _CONFLICT = (
     pg_errors.SerializationFailure,
     pg_errors.DeadlockDetected,
     pg_errors.UniqueViolation,
     pg_errors.LockNotAvailable,
 )
-
-
-_PREPARED = (pg_errors.InvalidSqlStatementName, pg_errors.DuplicatePreparedStatement)
-_POOLER_HINT = (
-    " (a connection pooler in transaction mode between this process and the server? "
-    "open the store with pooler='transaction')"
-)
-
-
-def translate(
-    exc: psycopg.Error, path: str, *, in_commit: bool = False, prepared: bool = True
-) -> errors.DatabaseError:
-    """Map a psycopg exception to the project's PEP 249-style class. While the
-    store prepares statements (``prepared``), a prepared statement missing,
-    already there, or bound with another statement's parameters says which
-    option stops it (what a transaction-mode pooler the store was not told of
-    makes of them)."""
-    text_ = str(exc).strip()
-    if prepared and (
-        isinstance(exc, _PREPARED)
-        or (isinstance(exc, pg_errors.ProtocolViolation) and "prepared statement" in text_)
-    ):
-        text_ += _POOLER_HINT
-    if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
-        return errors.ReadOnlyError(path, detail=text_)
-    if isinstance(exc, psycopg.OperationalError) and in_commit:
-        return errors.OperationalError(
-            detail=f"the connection broke as the write committed (its COMMIT, or its one "
-            f"autocommit statement), so whether it took effect is unknown: {text_}"
-        )
-    table: list[tuple[type[psycopg.Error], type[errors.DatabaseError]]] = [
-        (psycopg.IntegrityError, errors.IntegrityError),
-        (psycopg.DataError, errors.DataError),
-        (psycopg.ProgrammingError, errors.ProgrammingError),
-        (psycopg.InternalError, errors.InternalError),
-        (psycopg.NotSupportedError, errors.NotSupportedError),
-        (psycopg.OperationalError, errors.OperationalError),
-    ]
-    for source, target in table:
-        if isinstance(exc, source):
-            return target(detail=text_)
-    return errors.DatabaseError(detail=text_)
 
 
 _NO_LOCKS = Dialect("postgres", skip_locked=False, one_statement_appends=True)

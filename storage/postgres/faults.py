@@ -29,7 +29,7 @@ happened, so the backend judges a failure by the connection as well:
   written; unless it was lost as the write committed, when whether it took
   effect is unknown), a driver fault on a live connection is
   ``InternalError``. Every other failure is the server's, and its class
-  says what it is (:func:`~.db.translate`).
+  says what it is (:func:`translate`).
 
 Cancellation (``BaseException``) is never wrapped or judged here.
 """
@@ -41,6 +41,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
+from psycopg import errors as pg_errors
 
 from turnkeeper.spec import errors
 
@@ -123,3 +124,45 @@ def judged(exc: psycopg.Error, lost: bool, in_commit: bool) -> errors.DatabaseEr
         detail=f"psycopg failed with {type(original(exc)).__name__} ({what}); its connection "
         "was closed, so the server rolled the operation back: nothing of it was written"
     )
+
+
+_PREPARED = (pg_errors.InvalidSqlStatementName, pg_errors.DuplicatePreparedStatement)
+_POOLER_HINT = (
+    " (a connection pooler in transaction mode between this process and the server? "
+    "open the store with pooler='transaction')"
+)
+
+
+def translate(
+    exc: psycopg.Error, path: str, *, in_commit: bool = False, prepared: bool = True
+) -> errors.DatabaseError:
+    """Map a psycopg exception to the project's PEP 249-style class. While the
+    store prepares statements (``prepared``), a prepared statement missing,
+    already there, or bound with another statement's parameters says which
+    option stops it (what a transaction-mode pooler the store was not told of
+    makes of them)."""
+    text_ = str(exc).strip()
+    if prepared and (
+        isinstance(exc, _PREPARED)
+        or (isinstance(exc, pg_errors.ProtocolViolation) and "prepared statement" in text_)
+    ):
+        text_ += _POOLER_HINT
+    if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
+        return errors.ReadOnlyError(path, detail=text_)
+    if isinstance(exc, psycopg.OperationalError) and in_commit:
+        return errors.OperationalError(
+            detail=f"the connection broke as the write committed (its COMMIT, or its one "
+            f"autocommit statement), so whether it took effect is unknown: {text_}"
+        )
+    table: list[tuple[type[psycopg.Error], type[errors.DatabaseError]]] = [
+        (psycopg.IntegrityError, errors.IntegrityError),
+        (psycopg.DataError, errors.DataError),
+        (psycopg.ProgrammingError, errors.ProgrammingError),
+        (psycopg.InternalError, errors.InternalError),
+        (psycopg.NotSupportedError, errors.NotSupportedError),
+        (psycopg.OperationalError, errors.OperationalError),
+    ]
+    for source, target in table:
+        if isinstance(exc, source):
+            return target(detail=text_)
+    return errors.DatabaseError(detail=text_)
