@@ -314,7 +314,9 @@ class Held:
         else:
             name, column, key = row
             self.conn.execute(f"SELECT 1 FROM {name} WHERE {column} = %s FOR UPDATE", [key])
-        self.pid = self.conn.info.backend_pid
+        # the server's pid, asked inside the transaction: through PgBouncer the
+        # connection's own backend_pid is the pooler's, not the server's
+        (self.pid,) = self.conn.execute("SELECT pg_backend_pid()").fetchone() or (None,)
 
     def waited_for(self) -> bool:
         """Whether another thread is blocked on this lock now."""

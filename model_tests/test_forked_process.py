@@ -11,6 +11,7 @@ child's ``close()`` leaves the parent's connections alone."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
 from pathlib import Path
 
@@ -32,6 +33,7 @@ def in_child(store: turnkeeper.BaseStore, lease: turnkeeper.Lease) -> int:
     pid = os.fork()
     if pid == 0:  # the child: never returns
         code = 2
+        faulthandler.disable()  # the control's child may crash: its exit code says so
         try:
             calls = [
                 lambda: store.acquire_lease(lease.target, lease.owner, 60),

@@ -488,7 +488,7 @@ def test_migration_12_beside_a_writer_of_the_previous_version_never_deadlocks(
 
         thread = threading.Thread(target=migrate)
         thread.start()
-        mine = old.info.backend_pid
+        (mine,) = old.execute("SELECT pg_backend_pid()").fetchone()  # type: ignore[misc]
         waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted AND pid <> %s"
         with psycopg.connect(where, autocommit=True) as watch:
             wait_until(

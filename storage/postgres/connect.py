@@ -26,6 +26,12 @@ pooler (its *pooler mode*):
   (``ALTER ROLE … SET search_path = …``); the store checks at open that it is
   the one the URL's ``options`` name, if they name one
   (``feature="search_path"``);
+- **the search path itself**: PgBouncer 1.18 neither tracks nor resets
+  ``search_path`` in transaction mode, so a client of the same pool that ran
+  ``SET search_path`` leaves it on the server connection for the next one.
+  The open reads the session's default (:data:`PROBE_SQL`), and pooler mode
+  pins that path in every transaction (:func:`pin_sql`, sent with its
+  ``BEGIN``) and every autocommit statement (:func:`pinned`);
 - **settings**: the store sets only ``TimeZone`` per connection, which
   PgBouncer tracks per client and restores on every server connection it
   lends (and the store's SQL does not depend on it: every timestamp it reads
@@ -48,21 +54,24 @@ the URL reaches libpq.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import psycopg
+import psycopg.sql
 from psycopg.conninfo import conninfo_to_dict
 
 from turnkeeper.spec import errors
 
 from ..backend import present
 from ..codec import check_text
+from . import faults
 
 MODES = ("transaction", "session")
 """The pooler modes a store may be told: ``"transaction"`` (and statement-by-
@@ -97,20 +106,32 @@ class Target:
 @dataclass(frozen=True, slots=True)
 class Probe:
     """What one connection reached: whether a pooler sits between (``pooled``),
-    the schema it lands in and its ``search_path``, the database, and when the
-    server behind it started (which tells one server from another)."""
+    the schema it lands in and its ``search_path`` (the session's default:
+    what its login gave it, whatever a ``SET`` changed since), the database,
+    when the server behind it started (which tells one server from another),
+    and the schemas of that search_path that exist (``path``, in order)."""
 
     pooled: bool
     schema: str | None
     search_path: str
     database: str
     started: datetime
+    path: tuple[str, ...] = ()
 
 
 PROBE_SQL = (
+    "SET LOCAL search_path TO DEFAULT; "
     "SELECT pg_backend_pid(), current_schema(), current_setting('search_path'), "
-    "current_database(), pg_postmaster_start_time()"
+    "current_database(), pg_postmaster_start_time(), current_schemas(false)"
 )
+"""One simple query (one implicit transaction): the search_path is the session's
+default for the SELECT only. Behind a transaction pooler the server connection
+may carry a ``SET search_path`` another client of the pool left (PgBouncer 1.18
+neither tracks nor resets it in transaction mode)."""
+
+PIN_SQL = "SELECT pg_catalog.set_config('search_path', %s, true)"
+"""The statement that pins the search_path of one autocommit statement (its
+implicit transaction's), sent in the same round trip (:func:`pinned`)."""
 
 
 def target(url: str, pooler: object = None, listen_url: object = None) -> Target:
@@ -193,12 +214,57 @@ def probe(conn: psycopg.Connection[Any]) -> Probe:
     """What ``conn`` reached (one round trip).
 
     Raises:
-        psycopg.Error: the server failed the query.
+        psycopg.Error: the server failed the query (``faults.DriverError``:
+            psycopg failed with an exception not its own).
         UnexpectedResultError: it answered with no row.
     """
-    row = present(conn.execute(PROBE_SQL, prepare=False).fetchone(), "the connection probe's row")
-    pid, schema, search_path, database, started = row
-    return Probe(pid != conn.info.backend_pid, schema, search_path, database, started)
+    with faults.driver():
+        cur = conn.execute(PROBE_SQL, prepare=False)
+        found = cur.fetchone() if cur.nextset() else None
+    row = present(found, "the connection probe's row")
+    pid, schema, search_path, database, started, path = row
+    pooled = pid != conn.info.backend_pid
+    return Probe(pooled, schema, search_path, database, started, tuple(path))
+
+
+def pinned_path(found: Probe) -> str:
+    """The search_path a store behind a transaction pooler pins in every
+    transaction and autocommit statement: the schemas of ``found.path`` as
+    quoted identifiers, comma-separated (``""`` for none)."""
+    return ", ".join(psycopg.sql.Identifier(name).as_string() for name in found.path)
+
+
+def pin_sql(path: str) -> str:
+    """The ``SET LOCAL`` that pins a transaction's search_path to ``path``
+    (:func:`pinned_path`), sent in one simple query with its ``BEGIN``."""
+    return f"SET LOCAL search_path TO {path or repr('')}"
+
+
+def pinned(
+    conn: psycopg.Connection[Any], path: str, query: str, params: list[Any] | None
+) -> psycopg.Cursor[Any]:
+    """Run one autocommit statement with the search_path pinned to ``path``:
+    :data:`PIN_SQL` and the statement in one pipeline, one implicit
+    transaction and one round trip. Where libpq has no pipeline mode (before
+    14) the statement runs in a transaction of its own instead (three round
+    trips).
+
+    Raises:
+        psycopg.Error: the server failed the statement (nothing of it is kept).
+    """
+    if psycopg.Pipeline.is_supported():
+        with conn.pipeline():
+            conn.execute(PIN_SQL, [path])
+            return conn.execute(query, params)
+    conn.execute(f"BEGIN; {pin_sql(path)}")
+    try:
+        cur = conn.execute(query, params)
+        conn.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(Exception):
+            conn.execute("ROLLBACK")
+        raise
+    return cur
 
 
 def url_schema(url: str) -> str | None:
@@ -290,3 +356,16 @@ def listen_check(
         return None
 
     return check
+
+
+def redact(url: str) -> str:
+    """``url`` without its password (what the store shows as its ``path``)."""
+    if "://" not in url:
+        return re.sub(r"password\s*=\s*\S+", "password=***", url)
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    user = f"{parts.username}:***@" if parts.username else ""
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit(parts._replace(netloc=f"{user}{host}{port}"))

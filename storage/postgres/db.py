@@ -23,7 +23,10 @@ pooled connection:
   of :mod:`turnkeeper.spec.errors`, the original as ``__cause__``; a lost
   connection is ``OperationalError``, saying when the commit's outcome is
   unknown (the connection broke during ``COMMIT``, or during an autocommit
-  write's statement); the pool (:mod:`.pool`) checks a connection before
+  write's statement), whatever psycopg raised for it (through PgBouncer a
+  ``ValueError`` at a ``COPY``'s end, say: :mod:`.faults` judges a failure
+  by the connection too, and closes one psycopg left in a state it cannot
+  vouch for); the pool (:mod:`.pool`) checks a connection before
   lending it and replaces broken ones, so a server restart fails the
   operations caught in flight and the next ones succeed;
 - domain errors roll back and pass through; cancellation (``BaseException``)
@@ -31,7 +34,9 @@ pooled connection:
 
 Behind a connection pooler (:mod:`.connect`: told at open, or detected by
 the first connection) in transaction mode the pool's connections prepare no
-statements, the schema the connections land in is checked against the URL's,
+statements, the schema the connections land in is checked against the URL's
+and its search path pinned in every transaction and autocommit statement
+(another client of the pool may have left its own on a server connection),
 and wake-ups listen on the direct ``listen_url``; a prepared statement the
 server does not know, while the store prepares, says which option stops it.
 
@@ -57,7 +62,6 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -71,7 +75,9 @@ from ..codec import check_clock
 from ..migrations import load
 from ..retry import Gate, Stats, run_attempts
 from ..wakeups import Signals, Subscription, Topic
-from . import connect, notify, text
+from . import connect, faults, notify, text
+from .connect import redact
+from .faults import translate
 from .pool import Pool
 
 T = TypeVar("T")
@@ -99,67 +105,12 @@ def _pg(sql: str) -> str:
     return _PLACEHOLDER.sub(lambda m: "%%" if m.group() == "%" else "%s", sql)
 
 
-def redact(url: str) -> str:
-    """``url`` without its password (what the store shows as its ``path``)."""
-    if "://" not in url:
-        return re.sub(r"password\s*=\s*\S+", "password=***", url)
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    user = f"{parts.username}:***@" if parts.username else ""
-    port = f":{parts.port}" if parts.port else ""
-    return urlunsplit(parts._replace(netloc=f"{user}{host}{port}"))
-
-
 _CONFLICT = (
     pg_errors.SerializationFailure,
     pg_errors.DeadlockDetected,
     pg_errors.UniqueViolation,
     pg_errors.LockNotAvailable,
 )
-
-
-_PREPARED = (pg_errors.InvalidSqlStatementName, pg_errors.DuplicatePreparedStatement)
-_POOLER_HINT = (
-    " (a connection pooler in transaction mode between this process and the server? "
-    "open the store with pooler='transaction')"
-)
-
-
-def translate(
-    exc: psycopg.Error, path: str, *, in_commit: bool = False, prepared: bool = True
-) -> errors.DatabaseError:
-    """Map a psycopg exception to the project's PEP 249-style class. While the
-    store prepares statements (``prepared``), a prepared statement missing,
-    already there, or bound with another statement's parameters says which
-    option stops it (what a transaction-mode pooler the store was not told of
-    makes of them)."""
-    text_ = str(exc).strip()
-    if prepared and (
-        isinstance(exc, _PREPARED)
-        or (isinstance(exc, pg_errors.ProtocolViolation) and "prepared statement" in text_)
-    ):
-        text_ += _POOLER_HINT
-    if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
-        return errors.ReadOnlyError(path, detail=text_)
-    if isinstance(exc, psycopg.OperationalError) and in_commit:
-        return errors.OperationalError(
-            detail=f"the connection broke as the write committed (its COMMIT, or its one "
-            f"autocommit statement), so whether it took effect is unknown: {text_}"
-        )
-    table: list[tuple[type[psycopg.Error], type[errors.DatabaseError]]] = [
-        (psycopg.IntegrityError, errors.IntegrityError),
-        (psycopg.DataError, errors.DataError),
-        (psycopg.ProgrammingError, errors.ProgrammingError),
-        (psycopg.InternalError, errors.InternalError),
-        (psycopg.NotSupportedError, errors.NotSupportedError),
-        (psycopg.OperationalError, errors.OperationalError),
-    ]
-    for source, target in table:
-        if isinstance(exc, source):
-            return target(detail=text_)
-    return errors.DatabaseError(detail=text_)
 
 
 _NO_LOCKS = Dialect("postgres", skip_locked=False, one_statement_appends=True)
@@ -181,9 +132,11 @@ class Tx:
         in_transaction: bool,
         *,
         locking: bool = True,
+        search_path: str | None = None,
     ) -> None:
         self.dialect = DIALECT if locking else _NO_LOCKS
         self._conn = conn
+        self._search_path = search_path  # pinned in an autocommit statement (pooler mode)
         self._clock = clock
         self._in_transaction = in_transaction
         self._now: datetime | None = None
@@ -270,9 +223,12 @@ class Tx:
     def _execute(self, sql: str, params: Sequence[Any]) -> psycopg.Cursor[Any]:
         self.statements += 1
         self._snapshot = self._snapshot or not sql.startswith("BEGIN")
-        if not params:  # sent as it is: psycopg reads no placeholders without parameters
-            return self._conn.execute(sql)
-        return self._conn.execute(_pg(sql), list(params))
+        # sent as it is without parameters: psycopg then reads no placeholders
+        query, args = (_pg(sql), list(params)) if params else (sql, None)
+        with faults.driver():
+            if self._search_path is not None and not self._in_transaction:
+                return connect.pinned(self._conn, self._search_path, query, args)
+            return self._conn.execute(query, args)
 
     def notify(self, topic: str) -> None:
         """Publish wake-up ``topic`` once this transaction commits."""
@@ -284,7 +240,8 @@ class Tx:
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Execute one statement and return all rows."""
         cur = self._execute(sql, params)
-        return cur.fetchall() if cur.description is not None else []
+        with faults.driver():
+            return cur.fetchall() if cur.description is not None else []
 
     def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
         """Execute one statement and return its first row, or ``None``."""
@@ -302,12 +259,24 @@ class Tx:
     def insert_rows(
         self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
     ) -> None:
-        """Insert ``rows`` with one ``COPY … FROM STDIN`` (bulk loading)."""
+        """Insert ``rows`` with one ``COPY … FROM STDIN`` (bulk loading).
+
+        Raises:
+            InternalError: outside a transaction behind a transaction pooler
+                (a ``COPY`` cannot carry the pinned search_path; every caller
+                runs it in a transaction).
+        """
         if not rows:
             return
+        if self._search_path is not None and not self._in_transaction:
+            raise errors.InternalError(
+                detail="a bulk insert (COPY) runs only inside a transaction behind a "
+                "transaction pooler, where each transaction pins the store's search_path"
+            )
         self.statements += 1
         self._snapshot = True
         with (
+            faults.driver(),
             self._conn.cursor() as cur,
             cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy,
         ):
@@ -383,6 +352,9 @@ class Database:
         self.pooler_detected = where.pooler is None and found.pooled
         if self.pooler is not None:
             connect.check_schema(self.path, self.url, found)
+        # behind a transaction pooler every transaction and autocommit statement
+        # pins the search_path: a server connection may carry another client's SET
+        self._pinned = connect.pinned_path(found) if self.pooler == "transaction" else None
         self.channel = notify.channel(found.schema)
         self._prepared = self.pooler != "transaction"
         self._pool = Pool(self.url, pool_size, _configure, prepared=self._prepared).pool
@@ -472,7 +444,8 @@ class Database:
 
     def _begin(self, commit: bool, locking: bool, isolation: str) -> str:
         ro = ", READ ONLY" if self.read_only or not (commit or locking) else ""
-        return f"BEGIN ISOLATION LEVEL {isolation}{ro}"
+        pin = "" if self._pinned is None else f"; {connect.pin_sql(self._pinned)}"
+        return f"BEGIN ISOLATION LEVEL {isolation}{ro}{pin}"  # one simple query
 
     def _run(
         self,
@@ -491,7 +464,7 @@ class Database:
             nonlocal statements
             with self.connection() as conn:
                 may_lock = transaction and (commit or locking) and not self.read_only
-                tx = Tx(conn, self.clock, transaction, locking=may_lock)
+                tx = Tx(conn, self.clock, transaction, locking=may_lock, search_path=self._pinned)
                 try:
                     if transaction:
                         tx.exec(self._begin(commit, locking, isolation))
@@ -506,14 +479,14 @@ class Database:
                         notify.send(conn, self.channel, tx.pending)
                     return result
                 except psycopg.Error as exc:
-                    _rollback(conn, transaction)
+                    lost = faults.settle(conn, transaction, exc)  # rolled back
                     if exc.sqlstate == LAPSED:  # the COMMIT's check: nothing committed
                         raise tx.lapsed() from exc
                     if retry and isinstance(exc, _CONFLICT):
                         raise Conflict(str(exc)) from exc
-                    raise translate(
+                    raise faults.judged(exc, lost, tx.committing) or translate(
                         exc, self.path, in_commit=tx.committing, prepared=self._prepared
-                    ) from exc
+                    ) from faults.original(exc)
                 except BaseException:
                     _rollback(conn, transaction)
                     raise
@@ -657,5 +630,5 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
 def _rollback(conn: psycopg.Connection[Any], transaction: bool) -> None:
     if not transaction or conn.closed:
         return
-    with contextlib.suppress(psycopg.Error):
+    with contextlib.suppress(Exception):  # the failure that brought us here is the news
         conn.execute("ROLLBACK")

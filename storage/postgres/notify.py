@@ -12,8 +12,9 @@ one it connects to the store's ``listen_url``) that feeds every notification
 on the channel to the store object's signals. Each connection it opens is
 checked first (:func:`.connect.listen_check`); a check that fails is kept
 in :attr:`Listener.problem` for the subscriber to raise. When its
-connection breaks it reconnects with backoff and then fires every topic
-once, so that a waiter looks in the store for whatever it missed.
+connection breaks, or psycopg fails on it in any other way (an exception
+not its own: see :mod:`.faults`), it reconnects with backoff and then fires
+every topic once, so that a waiter looks in the store for whatever it missed.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-
-from turnkeeper.spec import errors
 
 from ..wakeups import Signals, Topic
 from . import text
@@ -38,9 +37,10 @@ def channel(schema: str | None) -> str:
 
 
 def send(conn: psycopg.Connection[Any], name: str, topics: list[str]) -> None:
-    """Send each of ``topics`` on channel ``name`` (after its commit)."""
+    """Send each of ``topics`` on channel ``name`` (after its commit). Never
+    raises (but cancellation): a wake-up is advisory, and the write committed."""
     for topic in dict.fromkeys(topics):
-        with contextlib.suppress(psycopg.Error):
+        with contextlib.suppress(Exception):  # a driver fault too (see .faults): advisory
             conn.execute("SELECT pg_notify(%s, %s)", [name, topic])
 
 
@@ -90,7 +90,7 @@ class Listener:
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=0.5):
                             self._signals.fire(note.payload)
-            except (psycopg.Error, errors.TurnkeeperError):
+            except Exception:  # psycopg's errors, a driver fault (.faults), a check's error
                 self._stop.wait(delay)
                 delay = min(delay * 2, 5.0)
 

@@ -93,8 +93,9 @@ class Pool:
         docstring).
 
         Raises:
-            psycopg.OperationalError: the connection is broken (the pool drops
-                it and lends another; every other idle one was checked too).
+            Exception: the connection is broken (``psycopg.OperationalError``),
+                or psycopg failed on it in another way: the pool drops it and
+                lends another; every other idle one was checked too.
         """
         if conn.closed or conn.broken:
             raise psycopg.OperationalError("the connection is closed")
@@ -107,7 +108,7 @@ class Pool:
             return
         try:
             ConnectionPool.check_connection(conn)
-        except psycopg.Error:
+        except Exception:  # a psycopg error, or a driver fault (see .faults)
             self.pool.check()  # the others are likely dead too: find them all now
             raise
 

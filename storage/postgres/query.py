@@ -29,6 +29,7 @@ JSON text, as DuckDB's ``JSON`` does.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -39,7 +40,7 @@ import pyarrow as pa
 from turnkeeper.spec import errors
 
 from ..backend import Tx as AnyTx
-from . import text
+from . import faults, text
 
 T = TypeVar("T")
 
@@ -155,7 +156,8 @@ def batches(
     """The cursor's rows as Arrow record batches of ``batch_rows``."""
     kinds = [f.type for f in schema]
     while True:
-        rows = cur.fetchmany(batch_rows)
+        with faults.driver():
+            rows = cur.fetchmany(batch_rows)
         if not rows:
             return
         columns = [
@@ -214,14 +216,27 @@ def stream_query(
         tx.exec(f'SET LOCAL ROLE "{reader}"')
     conn = tx.conn  # type: ignore[attr-defined]
     tx.statements += 1  # type: ignore[attr-defined]
-    with conn.cursor(name="turnkeeper_query") as cur:
+    with _server_cursor(conn) as cur:
         text.register_query(cur)
         try:
-            cur.execute(placeholders(sql), list(params) or None)
+            with faults.driver():
+                cur.execute(placeholders(sql), list(params) or None)
         except psycopg.errors.ReadOnlySqlTransaction as exc:
             raise errors.InvalidInputError("sql", f"a read query cannot write: {exc}") from None
         schema = pa.schema(_types(cur))
         return consume(schema, batches(cur, schema, batch_rows))
+
+
+@contextlib.contextmanager
+def _server_cursor(conn: psycopg.Connection[Any]) -> Iterator[psycopg.ServerCursor[Any]]:
+    """The query's server-side cursor, closed at the end (psycopg's calls in
+    :func:`.faults.driver`; what consumes the batches is not psycopg)."""
+    cur = conn.cursor(name="turnkeeper_query")
+    try:
+        yield cur
+    finally:
+        with faults.driver():
+            cur.close()
 
 
 def run_query(tx: AnyTx, sql: str, params: Sequence[Any]) -> Any:
