@@ -164,7 +164,7 @@ def _merge(name: str, in_url: str | None, argument: object) -> str | None:
         raise errors.InvalidInputError(name, f"must be text, got {type(argument).__name__}")
     if in_url is not None and argument is not None and in_url != argument:
         raise errors.InvalidInputError(
-            name, f"the URL says {name}={in_url!r} and the argument {argument!r}"
+            name, f"the URL says {name}={redact(in_url)!r} and the argument {redact(argument)!r}"
         )
     return argument if argument is not None else in_url
 
@@ -358,14 +358,31 @@ def listen_check(
     return check
 
 
+_SECRET_KEYWORD = re.compile(r"\b(\w*password)\s*=\s*(?:'(?:\\.|[^'\\])*'?|\S+)", re.IGNORECASE)
+"""A ``password=`` or ``sslpassword=`` keyword of a key=value conninfo, its value
+quoted (an unterminated quote: to the end) or not."""
+
+
 def redact(url: str) -> str:
-    """``url`` without its password (what the store shows as its ``path``)."""
+    """``url`` without its secrets (what the store shows as its ``path``, in every
+    message): each password libpq would read, as ``user:password@``, a query
+    parameter or a key=value keyword whose name ends in ``password``
+    (``password``, ``sslpassword``), is shown as ``***``; the rest as given."""
     if "://" not in url:
-        return re.sub(r"password\s*=\s*\S+", "password=***", url)
+        return _SECRET_KEYWORD.sub(lambda m: f"{m.group(1)}=***", url)
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    user = f"{parts.username}:***@" if parts.username else ""
-    port = f":{parts.port}" if parts.port else ""
-    return urlunsplit(parts._replace(netloc=f"{user}{host}{port}"))
+    netloc = parts.netloc
+    if "@" in netloc:  # the user info ends at the last @ (a host has none)
+        user, _, hosts = netloc.rpartition("@")
+        if ":" in user:
+            user = user.split(":", 1)[0] + ":***"
+        netloc = f"{user}@{hosts}"
+    query = "&".join(
+        f"{pair.split('=', 1)[0]}=***" if _is_secret(pair) else pair
+        for pair in parts.query.split("&")
+    )
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def _is_secret(pair: str) -> bool:
+    return unquote(pair.split("=", 1)[0]).strip().lower().endswith("password")
