@@ -47,11 +47,14 @@ def _jump_before_first_call(
     stop: threading.Event,
     meanwhile: Callable[[], None] = lambda: None,
 ) -> list[BaseException | None]:
-    """Wrap ``store.<method>``: its first call first moves the clock past the TTL and
-    runs ``meanwhile``; every call sets ``stop`` once it returns or raises (so a
-    service loop ends after the iteration). Returns a list that receives what the
-    first call raised (``None`` when it returned)."""
-    real = getattr(store, method)
+    """Wrap ``store.<area>.<method>`` (``method`` names both): its first call
+    first moves the clock past the TTL and runs ``meanwhile``; every call sets
+    ``stop`` once it returns or raises (so a service loop ends after the
+    iteration). Returns a list that receives what the first call raised
+    (``None`` when it returned)."""
+    area_name, name = method.split(".")
+    area = getattr(store, area_name)
+    real = getattr(area, name)
     outcome: list[BaseException | None] = []
 
     def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -69,21 +72,21 @@ def _jump_before_first_call(
         finally:
             stop.set()
 
-    monkeypatch.setattr(store, method, wrapped)
+    monkeypatch.setattr(area, name, wrapped)
     return outcome
 
 
 # -- workers -----------------------------------------------------------------------------
 
 WORKER_FENCED = [
-    "admit_run",
-    "start_run",
-    "claim_tool_execution",
-    "append",
-    "complete_tool_execution",
-    "renew_lease",
-    "finish_run",
-    "finalize",
+    "runs.admit",
+    "runs.start",
+    "tools.claim",
+    "sessions.append",
+    "tools.complete",
+    "leases.renew",
+    "runs.finish",
+    "threads.finalize",
 ]
 """Every store call a worker makes under its session lease."""
 
@@ -105,7 +108,7 @@ def test_a_worker_counts_its_lost_lease_as_fenced(
         model_change_p=0.0,
     )
     with turnkeeper.open_store(":memory:", clock=clock) as store:
-        store.create_session(SID)
+        store.sessions.create(SID)
         stop = threading.Event()
         recovery = RecoveryCoordinator(store, threading.Event(), ServiceStats(), TTL_S)
         worker = Worker(store, 0, cfg, [SID], "r0", float("inf"), stop)
@@ -126,9 +129,9 @@ def test_a_worker_counts_its_lost_lease_as_fenced(
 # -- recovery coordinators -----------------------------------------------------------------
 
 RECOVERY_FENCED = [
-    "begin_recovery",
-    "interrupt_tool_executions",
-    "converge_recovery",
+    "recovery.begin",
+    "tools.interrupt",
+    "recovery.converge",
 ]
 """Every store call a recovery coordinator makes under its recovery lease."""
 
@@ -138,10 +141,10 @@ def test_a_recovery_coordinator_counts_its_lost_lease_as_fenced(
     monkeypatch: pytest.MonkeyPatch, clock: FakeClock, method: str
 ) -> None:
     with turnkeeper.open_store(":memory:", clock=clock) as store:
-        store.create_session(SID)
-        lease = store.acquire_lease(f"session:{SID}", "w", TTL_S, purpose="execution")
-        run = store.admit_run(SID, {"prompt": "x"}, lease=lease)
-        store.start_run(run.id, lease=lease)
+        store.sessions.create(SID)
+        lease = store.leases.acquire(f"session:{SID}", "w", TTL_S, purpose="execution")
+        run = store.runs.admit(SID, {"prompt": "x"}, lease=lease)
+        store.runs.start(run.id, lease=lease)
         clock.advance(TTL_S + 1)  # the worker crashed: its run is an orphan
         stop = threading.Event()
         coordinator = RecoveryCoordinator(store, stop, ServiceStats(), TTL_S)
@@ -156,11 +159,11 @@ def test_a_recovery_coordinator_counts_its_lost_lease_as_fenced(
 # -- outbox workers ----------------------------------------------------------------------
 
 OUTBOX_FENCED = [
-    ("requeue_delivery", Faults(transient=1.0), False),
-    ("update_delivery_progress", NO_FAULTS, True),
-    ("finish_delivery", NO_FAULTS, False),
-    ("finish_delivery", Faults(transient=0.0, permanent=1.0), False),
-    ("finish_delivery", Faults(transient=0.0, permanent=0.0, uncertain=1.0), False),
+    ("outbox.requeue", Faults(transient=1.0), False),
+    ("outbox.update_progress", NO_FAULTS, True),
+    ("outbox.finish", NO_FAULTS, False),
+    ("outbox.finish", Faults(transient=0.0, permanent=1.0), False),
+    ("outbox.finish", Faults(transient=0.0, permanent=0.0, uncertain=1.0), False),
 ]
 """Every store call an outbox worker makes under its claim: (method, faults, upload first)."""
 
@@ -176,10 +179,10 @@ def test_an_outbox_worker_counts_its_lost_claim_as_fenced(
     taken_over: bool,
 ) -> None:
     with turnkeeper.open_store(":memory:", clock=clock) as store:
-        store.create_session(SID)
-        run = store.admit_run(SID, {"prompt": "x"})
-        store.start_run(run.id)
-        store.finish_run(
+        store.sessions.create(SID)
+        run = store.runs.admit(SID, {"prompt": "x"})
+        store.runs.start(run.id)
+        store.runs.finish(
             run.id, "succeeded", delivery_plan=reply_plan(SID, run, "m", with_attachment=attachment)
         )
         stop = threading.Event()
@@ -207,14 +210,14 @@ def test_the_drain_ends_when_only_operations_blocked_for_good_are_left(
     """A ``send`` whose ``upload`` failed is never claimable: the drain must not wait
     for it (it used to run to its limit, adding seconds to every demo)."""
     with turnkeeper.open_store(":memory:", clock=clock) as store:
-        store.create_session(SID)
-        run = store.admit_run(SID, {"prompt": "x"})
-        store.start_run(run.id)
+        store.sessions.create(SID)
+        run = store.runs.admit(SID, {"prompt": "x"})
+        store.runs.start(run.id)
         plan = reply_plan(SID, run, "m", with_attachment=True)
-        store.finish_run(run.id, "succeeded", delivery_plan=plan)
-        (upload,) = store.list_due_deliveries()
-        claim = store.claim_delivery(upload.id, "w", TTL_S)
-        store.finish_delivery(upload.id, "w", claim.lease_epoch, "failed", failure_code="gone")
+        store.runs.finish(run.id, "succeeded", delivery_plan=plan)
+        (upload,) = store.outbox.list_due()
+        claim = store.outbox.claim(upload.id, "w", TTL_S)
+        store.outbox.finish(upload.id, "w", claim.lease_epoch, "failed", failure_code="gone")
         queries: list[str] = []
         real_query = store.query
 
