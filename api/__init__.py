@@ -22,6 +22,7 @@ from turnkeeper.spec.entries import EntryKind
 from turnkeeper.spec.errors import (
     AlreadyExistsError,
     BusyError,
+    CapabilityEventConflictError,
     CheckpointError,
     CorruptDatabaseError,
     DatabaseError,
@@ -86,6 +87,7 @@ from turnkeeper.spec.errors import (
 from turnkeeper.spec.fork import Fork
 from turnkeeper.spec.records import (
     ANY_LEAF,
+    CapabilityEvent,
     Entry,
     FinalizeRequest,
     Lease,
@@ -95,7 +97,9 @@ from turnkeeper.spec.records import (
     ResponseState,
     Run,
     RunEvent,
+    SequencedCapabilityEvent,
     Session,
+    SessionCapabilities,
     SessionPage,
     ThreadRecord,
 )
@@ -113,6 +117,8 @@ __all__ = [
     "AlreadyExistsError",
     "BaseStore",
     "BusyError",
+    "CapabilityEvent",
+    "CapabilityEventConflictError",
     "CheckpointError",
     "CorruptDatabaseError",
     "DataError",
@@ -178,7 +184,9 @@ __all__ = [
     "RuntimeLeaseGroup",
     "RuntimeLeaseGuard",
     "SchemaVersionError",
+    "SequencedCapabilityEvent",
     "Session",
+    "SessionCapabilities",
     "SessionFileError",
     "SessionIDExistsError",
     "SessionModifiedError",

@@ -157,6 +157,18 @@ def _import_batch_new_session(store: turnkeeper.BaseStore) -> tuple[turnkeeper.L
     return lease, lambda lease: store.sessions.import_batch(batch, lease=lease)
 
 
+def _save_capabilities(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    caps = turnkeeper.SessionCapabilities("s", mode="act", browser=True)
+    return lease, lambda lease: store.capabilities.save(caps, lease=lease)
+
+
+def _record_capability_event(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    event = turnkeeper.CapabilityEvent("s", "browser", "enabled", id="ev-1")
+    return lease, lambda lease: store.capabilities.record_event(event, lease=lease)
+
+
 def _admit_run(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease = session(store)
     return lease, lambda lease: store.runs.admit("s", {"q": 1}, user_message=USER, lease=lease)
@@ -302,6 +314,8 @@ WRITES: dict[str, Setup] = {
     "sessions.branch_with_summary": _branch_with_summary,
     "sessions.import_batch": _import_batch,
     "sessions.import_batch[new session]": _import_batch_new_session,
+    "capabilities.save": _save_capabilities,
+    "capabilities.record_event": _record_capability_event,
     "runs.admit": _admit_run,
     "runs.start": _start_run,
     "runs.wait": _wait_run,

@@ -602,6 +602,16 @@ class DeliveryLeaseLostError(TurnkeeperError):
     epoch: int
 
 
+class CapabilityEventConflictError(TurnkeeperError):
+    """The capability event id already names a different event (session seed
+    SaveSessionCapabilityEvent: a deterministic id is for retrying the same
+    event). ``session_id`` is the stored event's session."""
+
+    fields = ("event_id", "session_id")
+    event_id: str
+    session_id: str
+
+
 class DeliveryPlanConflictError(TurnkeeperError):
     """The run already has a different delivery plan (one intent per run)."""
 
@@ -751,6 +761,7 @@ class ForkRequestConflictError(ForkError):
 __all__ = [
     "AlreadyExistsError",
     "BusyError",
+    "CapabilityEventConflictError",
     "CheckpointError",
     "CorruptDatabaseError",
     "DataError",

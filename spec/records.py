@@ -314,3 +314,55 @@ class ResponseState:
     model: str = ""
     version: int = 0
     updated_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionCapabilities:
+    """A session's persisted runtime capability state (session seed
+    SessionCapabilities): its mode and display mode, and which runtime
+    features are on. ``updated_at`` is set by the store when it saves them."""
+
+    session_id: str
+    mode: str = ""
+    display_mode: str = ""
+    delegate_mode: bool = False
+    multi_agent: bool = False
+    workflows: bool = False
+    web_search: bool = False
+    browser: bool = False
+    a2a_master: bool = False
+    updated_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CapabilityEvent:
+    """One capability state transition (session seed SessionCapabilityEvent).
+
+    ``id`` identifies the event: given by the caller (a deterministic id, so a
+    retry after an unknown commit is safe) or, when empty, a new UUIDv7 chosen
+    by the store. ``timestamp`` defaults to the store's now; ``data`` is any
+    JSON value (``None``: none).
+    """
+
+    session_id: str
+    capability: str
+    event_type: str = ""
+    id: str = ""
+    run_id: str = ""
+    source: str = ""
+    actor: str = ""
+    old_value: str = ""
+    new_value: str = ""
+    timestamp: datetime | None = None
+    data: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class SequencedCapabilityEvent:
+    """A capability event with its cursor (session seed
+    SequencedSessionCapabilityEvent): ``seq`` counts the session's capability
+    events from 1, in commit order, so ``events(session_id, after_seq=seq)``
+    resumes where a reader stopped."""
+
+    seq: int
+    event: CapabilityEvent

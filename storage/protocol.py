@@ -57,6 +57,7 @@ from turnkeeper.spec.delivery import DeliveryIntent, DeliveryOperation, Delivery
 from turnkeeper.spec.fork import Fork
 from turnkeeper.spec.records import (
     ANY_LEAF,
+    CapabilityEvent,
     Entry,
     FinalizeRequest,
     ImportBatch,
@@ -69,7 +70,9 @@ from turnkeeper.spec.records import (
     ResponseState,
     Run,
     RunEvent,
+    SequencedCapabilityEvent,
     Session,
+    SessionCapabilities,
     SessionPage,
     ThreadRecord,
 )
@@ -361,6 +364,20 @@ class ForksAPI(Protocol):
     def get(self, request_id: str) -> Fork | None: ...
 
 
+class CapabilitiesAPI(Protocol):
+    """``store.capabilities``: a session's runtime capability state and its
+    transitions (session seed SessionCapabilities, SessionCapabilityEvent)."""
+
+    def save(
+        self, capabilities: SessionCapabilities, *, lease: Lease | None = None
+    ) -> SessionCapabilities: ...
+    def load(self, session_id: str) -> SessionCapabilities | None: ...
+    def record_event(self, event: CapabilityEvent, *, lease: Lease | None = None) -> str: ...
+    def events(
+        self, session_id: str, *, after_seq: int = 0, limit: int | None = None
+    ) -> list[SequencedCapabilityEvent]: ...
+
+
 class Store(Protocol):
     """The store: one object per area (threadstore Store + session seed Store),
     the analytics reads and the store's own life."""
@@ -383,5 +400,7 @@ class Store(Protocol):
     def tools(self) -> ToolsAPI: ...
     @property
     def forks(self) -> ForksAPI: ...
+    @property
+    def capabilities(self) -> CapabilitiesAPI: ...
 
     def close(self) -> None: ...

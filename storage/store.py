@@ -23,6 +23,7 @@ from .backend import Backend, QueryFn, Tx
 from .codec import check_text
 from .migrations import SCHEMA_VERSION, statements
 from .ops.base import Shared
+from .ops.capabilities import Capabilities
 from .ops.forks import Forks
 from .ops.leases import Leases
 from .ops.lineage import Lineage
@@ -93,6 +94,7 @@ class BaseStore:
     - :attr:`outbox` (delivery plans and operations: claim, finish, requeue …);
     - :attr:`tools` (tool-execution records: claim, complete, interrupt …);
     - :attr:`forks` (fork a session);
+    - :attr:`capabilities` (a session's runtime capability state and its events);
 
     and the store itself: :meth:`query`, :meth:`snapshot`,
     :meth:`query_batches`, :meth:`json_sql`, :meth:`subscribe`,
@@ -125,6 +127,7 @@ class BaseStore:
         self.outbox = Outbox(shared)
         self.tools = Tools(shared)
         self.forks = Forks(shared)
+        self.capabilities = Capabilities(shared)
         try:
             if backend.read_only:
                 self.db.read("check_schema", self._check_schema, snapshot=True)
