@@ -169,6 +169,18 @@ def _record_capability_event(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Le
     return lease, lambda lease: store.capabilities.record_event(event, lease=lease)
 
 
+def _consume_guidance(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    store.guidance.save(turnkeeper.Guidance("g1", "s", "go"))
+    return lease, lambda lease: store.guidance.consume("s", ["g1"], lease=lease)
+
+
+def _record_resource_event(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    event = turnkeeper.InputResourceEvent("s", "r1", "materialized", id="ev-1")
+    return lease, lambda lease: store.resources.record_event(event, lease=lease)
+
+
 def _admit_run(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease = session(store)
     return lease, lambda lease: store.runs.admit("s", {"q": 1}, user_message=USER, lease=lease)
@@ -316,6 +328,8 @@ WRITES: dict[str, Setup] = {
     "sessions.import_batch[new session]": _import_batch_new_session,
     "capabilities.save": _save_capabilities,
     "capabilities.record_event": _record_capability_event,
+    "guidance.consume": _consume_guidance,
+    "resources.record_event": _record_resource_event,
     "runs.admit": _admit_run,
     "runs.start": _start_run,
     "runs.wait": _wait_run,

@@ -38,6 +38,8 @@ TOP = {
     "EntryKind",
     "FinalizeRequest",
     "Fork",
+    "Guidance",
+    "InputResourceEvent",
     "Lease",
     "LeasePurpose",
     "NewEntry",

@@ -612,6 +612,26 @@ class CapabilityEventConflictError(TurnkeeperError):
     session_id: str
 
 
+class GuidanceConflictError(TurnkeeperError):
+    """The guidance id already names other guidance (session seed
+    SaveESMGuidance: the same guidance again is a retry, written once).
+    ``session_id`` is the stored guidance's session."""
+
+    fields = ("guidance_id", "session_id")
+    guidance_id: str
+    session_id: str
+
+
+class ResourceEventConflictError(TurnkeeperError):
+    """The input resource event id already names a different event (session
+    seed SaveInputResourceEvent: deterministic ids make a retry after an
+    unknown commit safe). ``session_id`` is the stored event's session."""
+
+    fields = ("event_id", "session_id")
+    event_id: str
+    session_id: str
+
+
 class DeliveryPlanConflictError(TurnkeeperError):
     """The run already has a different delivery plan (one intent per run)."""
 
@@ -787,6 +807,7 @@ __all__ = [
     "ForkSessionNotFoundError",
     "ForkUnavailableError",
     "ForkUnsupportedEntryError",
+    "GuidanceConflictError",
     "IntegrityError",
     "InterfaceError",
     "InternalError",
@@ -802,6 +823,7 @@ __all__ = [
     "RecordNotActiveError",
     "RecordNotFoundError",
     "RecoveryNotNeededError",
+    "ResourceEventConflictError",
     "RetryNotAllowedError",
     "RunNotFoundError",
     "SchemaVersionError",

@@ -366,3 +366,38 @@ class SequencedCapabilityEvent:
 
     seq: int
     event: CapabilityEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Guidance:
+    """One piece of guidance queued for a session's runtime (session seed
+    ESMGuidance): ``status`` is ``"pending"`` until the runtime consumes it
+    (``"consumed"``, ``consumed_at`` set). ``created_at`` defaults to the
+    store's now; ``consumed_at`` is set by the store."""
+
+    id: str
+    session_id: str
+    guidance: str
+    objective_version: str = ""
+    status: str = "pending"
+    created_at: datetime | None = None
+    consumed_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InputResourceEvent:
+    """One lifecycle event of a resource a runtime materialized for a run
+    (session seed InputResourceEvent): no transport references, only the
+    resource's id, the event and its status. ``id`` is the caller's
+    deterministic id (a retry after an unknown commit is then safe) or, when
+    empty, a new UUIDv7; ``timestamp`` defaults to the store's now; ``data`` is
+    any JSON value."""
+
+    session_id: str
+    resource_id: str
+    event_type: str
+    id: str = ""
+    run_id: str = ""
+    status: str = ""
+    timestamp: datetime | None = None
+    data: Any = None

@@ -60,8 +60,10 @@ from turnkeeper.spec.records import (
     CapabilityEvent,
     Entry,
     FinalizeRequest,
+    Guidance,
     ImportBatch,
     ImportResult,
+    InputResourceEvent,
     Lease,
     NewEntry,
     OpaqueRecord,
@@ -378,6 +380,25 @@ class CapabilitiesAPI(Protocol):
     ) -> list[SequencedCapabilityEvent]: ...
 
 
+class GuidanceAPI(Protocol):
+    """``store.guidance``: guidance queued for a session's runtime (session seed ESMGuidance)."""
+
+    def save(self, guidance: Guidance) -> Guidance: ...
+    def consume(
+        self, session_id: str, ids: Sequence[str], *, lease: Lease | None = None
+    ) -> int: ...
+    def list(
+        self, session_id: str, *, status: str = "", limit: int | None = None
+    ) -> list[Guidance]: ...
+
+
+class ResourcesAPI(Protocol):
+    """``store.resources``: input resource lifecycle events (session seed InputResourceEvent)."""
+
+    def record_event(self, event: InputResourceEvent, *, lease: Lease | None = None) -> str: ...
+    def events(self, session_id: str) -> list[InputResourceEvent]: ...
+
+
 class Store(Protocol):
     """The store: one object per area (threadstore Store + session seed Store),
     the analytics reads and the store's own life."""
@@ -402,5 +423,9 @@ class Store(Protocol):
     def forks(self) -> ForksAPI: ...
     @property
     def capabilities(self) -> CapabilitiesAPI: ...
+    @property
+    def guidance(self) -> GuidanceAPI: ...
+    @property
+    def resources(self) -> ResourcesAPI: ...
 
     def close(self) -> None: ...

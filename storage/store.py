@@ -25,12 +25,14 @@ from .migrations import SCHEMA_VERSION, statements
 from .ops.base import Shared
 from .ops.capabilities import Capabilities
 from .ops.forks import Forks
+from .ops.guidance import GuidanceQueue
 from .ops.leases import Leases
 from .ops.lineage import Lineage
 from .ops.outbox import Outbox
 from .ops.pairing_checks import OpeningCache
 from .ops.recovery import Recoveries
 from .ops.replays import REPLAY_CACHE_BYTES, BranchCache
+from .ops.resources import Resources
 from .ops.runs import Runs
 from .ops.sessions import Sessions
 from .ops.threads import Threads
@@ -95,6 +97,8 @@ class BaseStore:
     - :attr:`tools` (tool-execution records: claim, complete, interrupt …);
     - :attr:`forks` (fork a session);
     - :attr:`capabilities` (a session's runtime capability state and its events);
+    - :attr:`guidance` (guidance queued for a session's runtime, consumed by it);
+    - :attr:`resources` (lifecycle events of a run's input resources);
 
     and the store itself: :meth:`query`, :meth:`snapshot`,
     :meth:`query_batches`, :meth:`json_sql`, :meth:`subscribe`,
@@ -128,6 +132,8 @@ class BaseStore:
         self.tools = Tools(shared)
         self.forks = Forks(shared)
         self.capabilities = Capabilities(shared)
+        self.guidance = GuidanceQueue(shared)
+        self.resources = Resources(shared)
         try:
             if backend.read_only:
                 self.db.read("check_schema", self._check_schema, snapshot=True)

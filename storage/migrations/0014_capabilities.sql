@@ -1,7 +1,8 @@
 -- turnkeeper schema version 14: a session's runtime capability state (session seed
 -- SessionCapabilities) and its transitions (SessionCapabilityEvent), each event
--- numbered per session from a counter row locked by the writing transaction, so a
--- reader's cursor (seq) follows commit order and never skips an event committed late.
+-- numbered per session from a counter row (event_cursors: one per session and
+-- stream of events) locked by the writing transaction, so a reader's cursor (seq)
+-- follows commit order and never skips an event committed late.
 
 CREATE TABLE session_capabilities (
     session_id    VARCHAR PRIMARY KEY,
@@ -16,9 +17,11 @@ CREATE TABLE session_capabilities (
     updated_at    TIMESTAMPTZ NOT NULL
 );
 
-CREATE TABLE capability_cursors (
-    session_id VARCHAR PRIMARY KEY,
-    seq        BIGINT NOT NULL CHECK (seq >= 1)
+CREATE TABLE event_cursors (
+    session_id VARCHAR NOT NULL,
+    stream     VARCHAR NOT NULL,
+    seq        BIGINT NOT NULL CHECK (seq >= 1),
+    PRIMARY KEY (session_id, stream)
 );
 
 CREATE TABLE capability_events (

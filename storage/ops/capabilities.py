@@ -4,7 +4,7 @@ SaveSessionCapabilityEvent, ListSessionCapabilityEvents[After|WithSeq]).
 
 The state is one row per session, replaced whole by each save. The events are
 an append-only table of their own: each takes the next number of its session's
-counter row (``capability_cursors``), which the writing transaction locks, so
+counter row (:func:`next_seq`), which the writing transaction locks, so
 numbers follow commit order and a reader resuming after ``seq`` never skips
 an event that committed late. An event's id is the caller's (deterministic
 ids make a retry after an unknown commit safe: the same event again returns
@@ -43,14 +43,30 @@ _TEXTS = ("run_id", "event_type", "source", "actor", "capability", "old_value", 
 _EVENT_COLS = ("id", "session_id", "seq", *_TEXTS, "happened_at", "data")
 
 
-def _session_exists(tx: Tx, session_id: str) -> None:
+def next_seq(tx: Tx, session_id: str, stream: str) -> int:
+    """The next number of the session's ``stream`` of events (1, 2, …), from its
+    counter row, which this transaction now holds (a second writer waits, or
+    conflicts and retries), so numbers follow commit order."""
+    (seq,) = present(
+        tx.one(
+            "INSERT INTO event_cursors VALUES (?, ?, 1) ON CONFLICT (session_id, stream) "
+            "DO UPDATE SET seq = event_cursors.seq + 1 RETURNING seq",
+            [session_id, stream],
+        ),
+        "the cursor its upsert returns",
+    )
+    return int(seq)
+
+
+def session_exists(tx: Tx, session_id: str) -> None:
+    """Raises SessionNotFoundError when the session does not exist."""
     if tx.one("SELECT 1 FROM sessions WHERE id = ?", [session_id]) is None:
         raise errors.SessionNotFoundError(session_id)
 
 
 def save(tx: Tx, caps: SessionCapabilities, lease: Lease | None) -> SessionCapabilities:
     """Replace the session's capability state with ``caps``; returns it as stored."""
-    _session_exists(tx, caps.session_id)
+    session_exists(tx, caps.session_id)
     leases.fence_or_unheld(tx, session_target(caps.session_id), lease)
     values = [getattr(caps, name) for name in _STATE_COLS[:-1]]
     sets = ", ".join(f"{c} = excluded.{c}" for c in _STATE_COLS[1:])
@@ -85,7 +101,7 @@ def record(tx: Tx, event: CapabilityEvent, data: str | None, lease: Lease | None
         SessionNotFoundError, LeaseLostError, BusyError,
         CapabilityEventConflictError: the id names another event.
     """
-    _session_exists(tx, event.session_id)
+    session_exists(tx, event.session_id)
     leases.fence_or_unheld(tx, session_target(event.session_id), lease)
     found = tx.one(
         f"SELECT {', '.join(_EVENT_COLS)} FROM capability_events WHERE id = ?", [event.id]
@@ -96,14 +112,7 @@ def record(tx: Tx, event: CapabilityEvent, data: str | None, lease: Lease | None
         if stored != given:
             raise errors.CapabilityEventConflictError(event.id, stored.session_id)
         return event.id
-    (seq,) = present(
-        tx.one(
-            "INSERT INTO capability_cursors VALUES (?, 1) ON CONFLICT (session_id) "
-            "DO UPDATE SET seq = capability_cursors.seq + 1 RETURNING seq",
-            [event.session_id],
-        ),
-        "the cursor its upsert returns",
-    )
+    seq = next_seq(tx, event.session_id, "capability")
     texts = [getattr(event, name) for name in _TEXTS]
     tx.exec(
         f"INSERT INTO capability_events ({', '.join(_EVENT_COLS)}) "
@@ -116,7 +125,7 @@ def record(tx: Tx, event: CapabilityEvent, data: str | None, lease: Lease | None
 def events(
     tx: Tx, session_id: str, after_seq: int, limit: int | None
 ) -> list[SequencedCapabilityEvent]:
-    _session_exists(tx, session_id)
+    session_exists(tx, session_id)
     bound = "" if limit is None else f" LIMIT {int(limit)}"
     rows = tx.rows(
         f"SELECT {', '.join(_EVENT_COLS)} FROM capability_events "
