@@ -406,7 +406,7 @@ def test_a_side_effecting_call_is_never_rerun_without_an_explicit_request(store)
     assert "side effects" in str(err) and "once the record is interrupted" in str(err)
     store.tools.interrupt("s")
     err = not_reclaimable(store, "pay", "interrupted", "needs_confirmation")
-    assert "request_tool_execution_recovery" in str(err)
+    assert "tools.request_recovery" in str(err)
     rec = store.tools.get("pay")
     assert (rec.state, rec.attempt) == ("interrupted", 1)
     assert claim(store, "pay") == (rec, False)  # claiming again is no way around it

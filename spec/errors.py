@@ -700,7 +700,7 @@ class ToolExecutionNotReclaimableError(InvalidTransitionError):
                 else ": a new run makes a new call"
             ),
             "needs_confirmation": "its tool has side effects, so it runs again only after the "
-            "user confirms (request_tool_execution_recovery"
+            "user confirms (tools.request_recovery"
             + (", once the record is interrupted)" if self.source == "running" else ")"),
         }.get(self.reason, self.reason)
         text = (

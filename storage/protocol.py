@@ -2,7 +2,8 @@
 
 Synchronous and thread-safe: many threads may share one store object.
 Errors are those of :mod:`turnkeeper.spec.errors`; each method's docstring in
-the DuckDB backend lists them and what remains stored after a failure.
+its area's class (``storage/ops/<area>.py``; the store's own in
+``storage/store.py``) lists them and what remains stored after a failure.
 
 Session writes and leases (one rule). Every write to an existing session's state
 — its transcript (``sessions.append``, ``sessions.branch``,
@@ -49,9 +50,9 @@ characters; payload text keeps every character, NUL included.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, Self, TypeVar
 
 from turnkeeper.spec.delivery import DeliveryIntent, DeliveryOperation, DeliveryPlan
 from turnkeeper.spec.fork import Fork
@@ -79,6 +80,10 @@ from turnkeeper.spec.records import (
     ThreadRecord,
 )
 from turnkeeper.spec.tool_execution import ToolExecution
+
+from .wakeups import Subscription, Topic
+
+T = TypeVar("T")
 
 
 class LeasesAPI(Protocol):
@@ -130,6 +135,12 @@ class SessionsAPI(Protocol):
         expected_leaf: str | None = ANY_LEAF,
         lease: Lease | None = None,
     ) -> list[Entry]: ...
+    def set_label(
+        self, session_id: str, target_id: str, label: str | None, *, lease: Lease | None = None
+    ) -> Entry: ...
+    def set_title(
+        self, session_id: str, name: str, *, source: str | None = None, lease: Lease | None = None
+    ) -> Entry: ...
     def branch(
         self,
         session_id: str,
@@ -399,9 +410,34 @@ class ResourcesAPI(Protocol):
     def events(self, session_id: str) -> list[InputResourceEvent]: ...
 
 
+class SnapshotAPI(Protocol):
+    """The reads of :meth:`Store.snapshot`'s body: one consistent state."""
+
+    def query(self, sql: str, params: Sequence[Any] | None = None) -> Any: ...
+
+
 class Store(Protocol):
     """The store: one object per area (threadstore Store + session seed Store),
-    the analytics reads and the store's own life."""
+    the analytics reads, the wake-ups and the store's own life (a context
+    manager that closes it)."""
+
+    @property
+    def path(self) -> str: ...
+    def schema_version(self) -> int: ...
+    def statement_stats(self) -> dict[str, dict[str, float]]: ...
+    def query(self, sql: str, params: Sequence[Any] | None = None) -> Any: ...
+    def json_sql(self, expr: str) -> str: ...
+    def snapshot(self, body: Callable[[SnapshotAPI], T]) -> T: ...
+    def query_batches(
+        self,
+        sql: str,
+        consume: Callable[[Any, Iterator[Any]], T],
+        params: Sequence[Any] | None = None,
+    ) -> T: ...
+    def subscribe(self, *topics: str) -> Subscription: ...
+    def wait_for(self, *topics: str, timeout_s: float) -> list[Topic]: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None: ...
 
     @property
     def leases(self) -> LeasesAPI: ...

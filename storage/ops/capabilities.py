@@ -33,7 +33,7 @@ from turnkeeper.spec.records import (
 
 from ..backend import Tx, present, utc
 from ..codec import check_id, check_instant, check_text, from_json, to_json
-from ..validate import check_bool, check_int, check_session_lease
+from ..validate import check_bool, check_int, check_limit, check_session_lease
 from . import leases
 from .base import Area
 
@@ -236,7 +236,7 @@ class Capabilities(Area):
         check_id(session_id, "session_id")
         check_int(after_seq, "after_seq", 0)
         if limit is not None:
-            check_int(limit, "limit", 1)
+            check_limit(limit)
         return self.db.read(
             "capability_events", lambda tx: events(tx, session_id, after_seq, limit)
         )

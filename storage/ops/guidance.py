@@ -21,7 +21,7 @@ from turnkeeper.spec.records import Guidance, Lease
 
 from ..backend import Tx, utc
 from ..codec import check_id, check_instant, check_text
-from ..validate import check_int, check_session_lease
+from ..validate import check_limit, check_session_lease
 from . import leases
 from .base import Area
 from .capabilities import session_exists
@@ -147,7 +147,7 @@ class GuidanceQueue(Area):
         if status not in ("", *_STATUSES):
             raise errors.InvalidInputError("status", f"must be one of {', '.join(_STATUSES)}")
         if limit is not None:
-            check_int(limit, "limit", 1)
+            check_limit(limit)
         return self.db.read("list_guidance", lambda tx: listed(tx, session_id, status, limit))
 
     def consume(self, session_id: str, ids: Sequence[str], *, lease: Lease | None = None) -> int:

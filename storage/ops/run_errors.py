@@ -33,7 +33,7 @@ def annotate_run_error(tx: Tx, run_id: str, reason: str, lease: Lease | None) ->
         why = (
             "a run that succeeded carries no error"
             if run.status in TERMINAL
-            else ("the run has not ended: end it with finish_run")
+            else ("the run has not ended: end it with runs.finish")
         )
         raise errors.InvalidTransitionError("run", "annotate_error", run.status, detail=why)
     records.own_session(run.session_id, lease)

@@ -129,12 +129,16 @@ class RunReadsPart(Area):
         latest: bool = False,
         limit: int = 100,
     ) -> list[RunEvent]:
-        """The session's run events in sequence order (session seed
-        ListSessionRunEventsAfter/Before/Latest): ``after`` a cursor (a
-        reconnecting client asks for what it missed), ``before`` one, or the
-        ``latest`` ``limit`` events.
+        """A page of the session's run events, in sequence order (session seed
+        ListSessionRunEventsAfter/Before/Latest): at most ``limit`` (default
+        100) events ``after`` a cursor (a reconnecting client asks for what it
+        missed), ``before`` one, or the ``latest`` ones; with no cursor, the
+        first ``limit``. Each event carries its ``seq``: ask again with
+        ``after=events[-1].seq`` until a page comes back shorter than ``limit``
+        to read them all.
 
         Raises:
+            SessionNotFoundError: no such session.
             InvalidInputError: a cursor that is not an integer, or a bad limit.
         """
         check_id(session_id, "session_id")
