@@ -4,7 +4,7 @@ Open a store with :func:`open_store`; everything else is re-exported here::
 
     import turnkeeper
     with turnkeeper.open_store("state.duckdb") as store:
-        lease = store.acquire_lease("session:s1", "worker-1", ttl_s=30)
+        lease = store.leases.acquire("session:s1", "worker-1", ttl_s=30)
 """
 
 from turnkeeper._open import DB_ENV, DEFAULT_PATH, is_postgres, open_store

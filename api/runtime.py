@@ -40,6 +40,7 @@ from typing import Protocol, TypeVar
 from turnkeeper.spec import LeasePurpose
 from turnkeeper.spec.errors import DatabaseError, InvalidInputError, LeaseLostError
 from turnkeeper.spec.records import Lease
+from turnkeeper.storage.protocol import LeasesAPI
 
 T = TypeVar("T")
 
@@ -51,14 +52,11 @@ _MIN_RETRY_S = 0.01
 
 
 class LeaseStore(Protocol):
-    """The lease half of :class:`turnkeeper.Store`: what this module needs of a backend."""
+    """What this module needs of a store: its :class:`~turnkeeper.storage.protocol.LeasesAPI`
+    as ``leases`` (every backend's ``Store`` has one)."""
 
-    def acquire_lease(
-        self, target: str, owner: str, ttl_s: float, *, purpose: str = ...
-    ) -> Lease: ...
-    def renew_lease(self, lease: Lease, ttl_s: float) -> Lease: ...
-    def release_lease(self, lease: Lease) -> bool: ...
-    def validate_lease(self, lease: Lease) -> None: ...
+    @property
+    def leases(self) -> LeasesAPI: ...
 
 
 def _seconds(value: object, field: str, *, allow_zero: bool = False) -> float:
@@ -92,7 +90,7 @@ class RuntimeLeaseGuard:
     Build one with :meth:`acquire` (take the target, then guard it) or with
     the constructor (adopt a lease already held: it is renewed once at once,
     which fixes the guard's loss deadline). Every ``interval_s`` seconds
-    (default ``ttl_s / 3``) a daemon thread calls ``store.renew_lease(lease,
+    (default ``ttl_s / 3``) a daemon thread calls ``store.leases.renew(lease,
     ttl_s)``; :attr:`lease` is the latest renewal.
 
     Loss (:attr:`lost`, :meth:`wait_lost`, :attr:`lost_error`) is signalled,
@@ -151,7 +149,7 @@ class RuntimeLeaseGuard:
         """
         ttl, interval = _periods(ttl_s, interval_s)
         requested = monotonic()
-        renewed = store.renew_lease(lease, ttl)
+        renewed = store.leases.renew(lease, ttl)
         self._start(store, renewed, ttl, interval, requested)
 
     @classmethod
@@ -183,12 +181,12 @@ class RuntimeLeaseGuard:
         """
         ttl, interval = _periods(ttl_s, interval_s)
         requested = monotonic()
-        lease = store.acquire_lease(target, owner, ttl, purpose=purpose)
+        lease = store.leases.acquire(target, owner, ttl, purpose=purpose)
         guard = cls.__new__(cls)
         try:
             guard._start(store, lease, ttl, interval, requested)
         except BaseException:
-            store.release_lease(lease)
+            store.leases.release(lease)
             raise
         return guard
 
@@ -314,7 +312,7 @@ class RuntimeLeaseGuard:
             store, lease = self._store, self._lease
         assert store is not None  # only dropped once closed
         try:
-            store.validate_lease(lease)
+            store.leases.validate(lease)
         except LeaseLostError as exc:
             with self._cond:
                 self._mark_lost(exc)
@@ -326,7 +324,7 @@ class RuntimeLeaseGuard:
         """Stop the heartbeat (joined before returning) and release the lease.
 
         Idempotent. Returns whether this call released a held lease (the
-        store's ``release_lease``; ``False`` if it was already lost, or on a
+        store's ``leases.release``; ``False`` if it was already lost, or on a
         second call). The guard drops its store reference either way.
 
         Raises:
@@ -345,7 +343,7 @@ class RuntimeLeaseGuard:
             store, lease = self._store, self._lease
             self._store = None
         assert store is not None
-        return store.release_lease(lease)
+        return store.leases.release(lease)
 
     def __enter__(self) -> RuntimeLeaseGuard:
         return self
@@ -400,7 +398,7 @@ class RuntimeLeaseGuard:
         assert store is not None
         requested = monotonic()
         try:
-            renewed = store.renew_lease(lease, self._ttl_s)
+            renewed = store.leases.renew(lease, self._ttl_s)
         except LeaseLostError as exc:
             with self._cond:
                 self._mark_lost(exc)

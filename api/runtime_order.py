@@ -129,8 +129,8 @@ def acquire_many(
         raise InvalidInputError("wait_s", f"must be shorter than ttl_s ({ttl}), got {wait}")
     return _take_in_order(
         targets,
-        lambda target: store.acquire_lease(target, owner, ttl, purpose=purpose),
-        store.release_lease,
+        lambda target: store.leases.acquire(target, owner, ttl, purpose=purpose),
+        store.leases.release,
         wait,
     )
 

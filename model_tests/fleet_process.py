@@ -52,24 +52,26 @@ def worker(store: turnkeeper.BaseStore, index: int, acks) -> None:
     while not STOP.is_set():
         sid = f"w{index}-{turn % 3}"
         turn += 1
-        if store.get_session(sid) is None:
-            store.create_session(sid)
+        if store.sessions.get(sid) is None:
+            store.sessions.create(sid)
         try:
-            lease = store.acquire_lease(f"session:{sid}", f"worker-{index}-{os.getpid()}", 10)
+            lease = store.leases.acquire(f"session:{sid}", f"worker-{index}-{os.getpid()}", 10)
         except turnkeeper.BusyError:
             continue
         try:
-            run = store.admit_run(
+            run = store.runs.admit(
                 sid, {"turn": turn}, user_message={"role": "user", "content": "go"}, lease=lease
             )
             _ack(acks, f"run {sid} {run.id}")
-            store.start_run(run.id, lease=lease)
+            store.runs.start(run.id, lease=lease)
             for k in range(3):
                 message = {"role": "assistant", "content": [{"type": "text", "text": f"{k}"}]}
-                entry = store.append(sid, EntryKind.MESSAGE, {"message": message}, lease=lease)
+                entry = store.sessions.append(
+                    sid, EntryKind.MESSAGE, {"message": message}, lease=lease
+                )
                 _ack(acks, f"entry {sid} {entry.id}")
-            store.finish_run(run.id, "succeeded", lease=lease, delivery_plan=PLAN)
-            store.release_lease(lease)
+            store.runs.finish(run.id, "succeeded", lease=lease, delivery_plan=PLAN)
+            store.leases.release(lease)
         except FENCED:
             continue
 
@@ -77,20 +79,20 @@ def worker(store: turnkeeper.BaseStore, index: int, acks) -> None:
 def recovery(store: turnkeeper.BaseStore) -> None:
     sub = store.subscribe("orphan", "lease_released")
     while not STOP.is_set():
-        for run in store.list_orphaned_runs():
+        for run in store.recovery.list_orphans():
             try:
-                lease = store.acquire_lease(
+                lease = store.leases.acquire(
                     f"session:{run.session_id}", f"recovery-{os.getpid()}", 10, purpose="recovery"
                 )
             except turnkeeper.BusyError:
                 continue
             try:
-                store.begin_recovery(run.id, lease, reason="worker killed")
-                store.converge_recovery(run.id, lease, error="the worker was killed")
+                store.recovery.begin(run.id, lease, reason="worker killed")
+                store.recovery.converge(run.id, lease, error="the worker was killed")
             except FENCED:
                 pass
             finally:
-                store.release_lease(lease)
+                store.leases.release(lease)
         sub.wait(0.5)
 
 
@@ -98,11 +100,11 @@ def outbox(store: turnkeeper.BaseStore) -> None:
     sub = store.subscribe("delivery_due")
     owner = f"outbox-{os.getpid()}"
     while not STOP.is_set():
-        due = store.list_due_deliveries()
+        due = store.outbox.list_due()
         for op in due:
             try:
-                claim = store.claim_delivery(op.id, owner, 10)
-                store.finish_delivery(op.id, owner, claim.lease_epoch, "delivered")
+                claim = store.outbox.claim(op.id, owner, 10)
+                store.outbox.finish(op.id, owner, claim.lease_epoch, "delivered")
             except FENCED:
                 pass
         if not due:

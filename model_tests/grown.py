@@ -109,13 +109,13 @@ def populate(store: Any, n: int) -> None:
     hot operations touch, several values in every column."""
     for i in range(n):
         sid = str(uuid.uuid4())
-        store.create_session(sid)
-        lease = store.acquire_lease(f"session:{sid}", f"w{i}", 60 + i)
-        store.append_many(sid, [(EntryKind.MESSAGE, MSG)] * (2 + i), lease=lease)
-        run = store.admit_run(
+        store.sessions.create(sid)
+        lease = store.leases.acquire(f"session:{sid}", f"w{i}", 60 + i)
+        store.sessions.append_many(sid, [(EntryKind.MESSAGE, MSG)] * (2 + i), lease=lease)
+        run = store.runs.admit(
             sid, {"q": i}, submission_key=f"s{i}", user_message=USER, lease=lease, start=i % 2 == 1
         )
-        store.claim_tool_execution(
+        store.tools.claim(
             f"bg{i}",
             sid,
             local_turn_id=run.turn_id,
@@ -127,20 +127,22 @@ def populate(store: Any, n: int) -> None:
         )
         if i % 3 != 2:
             if i % 2 == 0:
-                store.start_run(run.id, lease=lease)
+                store.runs.start(run.id, lease=lease)
             plan = DeliveryPlan("chat", f"t{i}", (DeliveryStep("send", "msg"),))
             status = ("succeeded", "failed")[i % 2]
-            store.finish_run(
+            store.runs.finish(
                 run.id, status, assistant_message=REPLY, delivery_plan=plan, lease=lease
             )
             if i % 3 == 0:
-                op = store.claim_delivery(f"{run.id}:delivery:send", f"o{i}", 30)
-                store.finish_delivery(op.id, f"o{i}", op.lease_epoch, "delivered")
+                op = store.outbox.claim(f"{run.id}:delivery:send", f"o{i}", 30)
+                store.outbox.finish(op.id, f"o{i}", op.lease_epoch, "delivered")
         if i % 2:
-            store.release_lease(lease)
-        store.finalize(FinalizeRequest(ThreadRecord(f"bgr{i}", f"bgk{i}"), rebind_active=True))
+            store.leases.release(lease)
+        store.threads.finalize(
+            FinalizeRequest(ThreadRecord(f"bgr{i}", f"bgk{i}"), rebind_active=True)
+        )
         now = datetime.now(UTC)
-        store.import_batch(  # a session file with lines that did not parse
+        store.sessions.import_batch(  # a session file with lines that did not parse
             ImportBatch(
                 str(uuid.uuid4()),
                 "",

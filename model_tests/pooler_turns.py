@@ -31,15 +31,15 @@ def turns(store: turnkeeper.BaseStore, worker: str, count: int) -> dict[str, Any
     for t in range(count):
         sid = f"{worker}-{t}"
         try:
-            store.create_session(sid)
-            lease = store.acquire_lease(f"session:{sid}", worker, 120)
+            store.sessions.create(sid)
+            lease = store.leases.acquire(f"session:{sid}", worker, 120)
             user = {"role": "user", "content": f"list {t}"}
-            run = store.admit_run(sid, {"t": t}, user_message=user, lease=lease, start=True)
+            run = store.runs.admit(sid, {"t": t}, user_message=user, lease=lease, start=True)
             call = {"type": "toolCall", "id": "c1", "name": "ls", "arguments": {"t": t}}
             message = {"role": "assistant", "content": [call]}
-            store.append(sid, EntryKind.MESSAGE, {"message": message}, lease=lease)
+            store.sessions.append(sid, EntryKind.MESSAGE, {"message": message}, lease=lease)
             key = f"{run.id}:c1"
-            store.claim_tool_execution(
+            store.tools.claim(
                 key,
                 sid,
                 local_turn_id=run.turn_id,
@@ -50,7 +50,7 @@ def turns(store: turnkeeper.BaseStore, worker: str, count: int) -> dict[str, Any
                 run_id=run.id,
                 lease=lease,
             )
-            store.complete_tool_execution(key, {"out": t}, lease=lease)
+            store.tools.complete(key, {"out": t}, lease=lease)
             result = {
                 "role": "toolResult",
                 "toolCallId": "c1",
@@ -58,7 +58,7 @@ def turns(store: turnkeeper.BaseStore, worker: str, count: int) -> dict[str, Any
                 "content": [{"type": "text", "text": f"file-{t}"}],
                 "isError": False,
             }
-            store.finish_run(
+            store.runs.finish(
                 run.id,
                 "succeeded",
                 entries=[(EntryKind.MESSAGE, {"message": result})],
@@ -66,12 +66,12 @@ def turns(store: turnkeeper.BaseStore, worker: str, count: int) -> dict[str, Any
                 lease=lease,
                 delivery_plan=PLAN,
             )
-            store.release_lease(lease)
-            found = store.get_delivery_plan(f"{run.id}:delivery")
+            store.leases.release(lease)
+            found = store.outbox.get_plan(f"{run.id}:delivery")
             assert found is not None, sid
             (op,) = found[1]
-            claimed = store.claim_delivery(op.id, worker, 60)
-            store.finish_delivery(
+            claimed = store.outbox.claim(op.id, worker, 60)
+            store.outbox.finish(
                 op.id, worker, claimed.lease_epoch, "delivered", provider_message_id=f"m-{t}"
             )
             done += 1
@@ -84,14 +84,14 @@ def check(store: turnkeeper.BaseStore, worker: str, count: int) -> None:
     """Assert that every turn of ``worker`` stored what :func:`turns` wrote."""
     for t in range(count):
         sid = f"{worker}-{t}"
-        messages = store.replay(sid).messages
+        messages = store.sessions.replay(sid).messages
         assert [m["role"] for m in messages] == ["user", "assistant", "toolResult", "assistant"]
         assert messages[0]["content"] == f"list {t}" and messages[-1]["content"] == f"done {t}"
-        (run,) = store.session_runs(sid)
+        (run,) = store.runs.list(sid)
         assert run.status == "succeeded"
-        (record,) = store.session_tool_executions(sid)
+        (record,) = store.tools.list(sid)
         assert (record.state, record.result) == ("completed", {"out": t})
-        found = store.get_delivery_plan(f"{run.id}:delivery")
+        found = store.outbox.get_plan(f"{run.id}:delivery")
         assert found is not None
         assert [(o.status, o.provider_message_id) for o in found[1]] == [("delivered", f"m-{t}")]
 

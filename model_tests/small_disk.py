@@ -185,12 +185,12 @@ def full_disk(folder: str) -> dict[str, Any]:
     turnkeeper.open_store(path).close()
     store = turnkeeper.open_store(path, clock=Clock())
     other = turnkeeper.open_store(path)  # shares the DuckDB instance (storage/duck/files.py)
-    store.create_session("s")
+    store.sessions.create("s")
     acked: list[str] = []
     refused: list[str] = []
 
     def append(text: str, on: Any = store) -> dict[str, Any]:
-        got = outcome(lambda: on.append("s", "message", user(text)))
+        got = outcome(lambda: on.sessions.append("s", "message", user(text)))
         (acked if "ok" in got else refused).append(got.get("id") or text)
         return got
 
@@ -204,34 +204,36 @@ def full_disk(folder: str) -> dict[str, Any]:
         if "error" in crossing:
             break
     seen["crossing"] = crossing
-    seen["other_read"] = outcome(lambda: other.entries("s"))
-    seen["store_read"] = outcome(lambda: store.get_session("s"))
+    seen["other_read"] = outcome(lambda: other.sessions.entries("s"))
+    seen["store_read"] = outcome(lambda: store.sessions.get("s"))
     make_room(folder, 512 * KIB)  # a failed checkpoint leaves the disk full
     group = queued_together(
-        store, [lambda i=i: store.append("s", "message", user(f"g{i}")) for i in range(8)]
+        store, [lambda i=i: store.sessions.append("s", "message", user(f"g{i}")) for i in range(8)]
     )
     seen["group"] = group
     for i, got in enumerate(group):
         (acked if "ok" in got else refused).append(got.get("id") or f"g{i}")
-    seen["read_after_group"] = outcome(lambda: other.entries("s"))
+    seen["read_after_group"] = outcome(lambda: other.sessions.entries("s"))
     make_room(folder, 1024 * KIB)  # a failed checkpoint leaves the disk full
     leases: list[Any] = []
-    seen["acquire"] = outcome(lambda: leases.append(store.acquire_lease("worker:w1", "w1", 30)))
+    seen["acquire"] = outcome(lambda: leases.append(store.leases.acquire("worker:w1", "w1", 30)))
     tried = 0
     while leases and tried < 20000:  # renewals until one's commit runs a checkpoint
         tried += 1
-        seen["renew"] = outcome(lambda n=tried: store.renew_lease(leases[0], 300 + n))
+        seen["renew"] = outcome(lambda n=tried: store.leases.renew(leases[0], 300 + n))
         if "error" in seen["renew"]:
             break
     seen["renewals_tried"] = tried
     seen["renewed_expiry"] = (Clock.now + timedelta(seconds=300 + tried)).isoformat()
     seen["previous_expiry"] = (Clock.now + timedelta(seconds=300 + tried - 1)).isoformat()
     make_room(folder, 256 * KIB)
-    seen["validate"] = outcome(lambda: store.validate_lease(leases[0]))
-    outcome(lambda: other.entries("s"))  # open again (a reopen frees what failed checkpoints wrote)
+    seen["validate"] = outcome(lambda: store.leases.validate(leases[0]))
+    outcome(
+        lambda: other.sessions.entries("s")
+    )  # open again (a reopen frees what failed checkpoints wrote)
     fill(folder, leave=0)  # not even room for the log
     seen["full"] = append("lost" * 2000)  # more than the log's last page has left
-    seen["full_read"] = outcome(lambda: other.entries("s"))
+    seen["full_read"] = outcome(lambda: other.sessions.entries("s"))
     seen["query"] = outcome(lambda: store.query("SELECT count(*) AS n FROM entries"))
     free(folder)
     seen["after_free"] = append("after")
@@ -240,7 +242,7 @@ def full_disk(folder: str) -> dict[str, Any]:
     seen["close"] = outcome(store.close)
     seen["wal_left"] = wal_size(wal)
     with turnkeeper.open_store(path, read_only=True) as again:
-        entries = again.entries("s")
+        entries = again.sessions.entries("s")
         rows = again.query(
             "SELECT expires_at, (SELECT count(*) FROM lease_events WHERE edge = 'renew') AS n "
             "FROM leases WHERE target = 'worker:w1'"

@@ -104,7 +104,7 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
         @initialize()
         def sessions(self) -> None:
             for sid in SESSIONS.values():
-                self.store.create_session(sid)
+                self.store.sessions.create(sid)
 
         def teardown(self) -> None:
             self.store.close()
@@ -120,7 +120,7 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
         )
         def acquire(self, owner: str, tgt: str, ttl: float, purpose: str):
             expected = self.oracle.acquire(tgt, owner, ttl, purpose, self.clock())
-            got = outcome(self.store.acquire_lease, tgt, owner, ttl, purpose=purpose)
+            got = outcome(self.store.leases.acquire, tgt, owner, ttl, purpose=purpose)
             if got[0] == "ok":
                 lease = got[1]
                 kind = "granted" if expected[0] == "granted" else "reacquired"
@@ -137,7 +137,7 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
         @rule(held=leases, ttl=st.sampled_from(TTLS))
         def renew(self, held: Held, ttl: float) -> None:
             expected = self.oracle.renew(*held.ident, ttl, self.clock())
-            got = outcome(self.store.renew_lease, held.lease, ttl)
+            got = outcome(self.store.leases.renew, held.lease, ttl)
             if got[0] == "ok":
                 got = ("renewed", got[1].epoch)
             assert got == expected, (got, expected)
@@ -145,7 +145,7 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
         @rule(held=consumes(leases))
         def release(self, held: Held) -> None:
             expected = self.oracle.release(*held.ident, self.clock())
-            got = ("released", self.store.release_lease(held.lease))
+            got = ("released", self.store.leases.release(held.lease))
             assert got == expected, (got, expected)
 
         @rule(seconds=st.sampled_from((0.5, 1.0, 2.0, 3.0)))
@@ -177,7 +177,7 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
             else:
                 expected = self.oracle.append(session, held.ident, self.clock(), n)
             batch = [("message", {"message": {"role": "user", "content": c}}) for c in "abcd"[:n]]
-            got = outcome(self.store.append_many, session, batch, lease=held.lease)
+            got = outcome(self.store.sessions.append_many, session, batch, lease=held.lease)
             if got[0] == "ok":
                 assert expected[0] == "appended", f"batch committed under a lost lease {held}"
                 seqs = [e.seq for e in got[1]]
@@ -238,7 +238,7 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
         def resolve(self, rid: str, key: str, by_key: bool, include_archived: bool) -> None:
             q = {"key": key} if by_key else {"id": rid}
             expected = self.oracle.resolve(q.get("id"), q.get("key"), include_archived)
-            found = self.store.resolve(include_archived=include_archived, **q)
+            found = self.store.threads.resolve(include_archived=include_archived, **q)
             got = ("none",) if found is None else ("record", found.id, found.key, found.status)
             assert got == expected, (got, expected)
 
@@ -252,7 +252,7 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
             passing: dict[str, set[int]] = {}
             for ident, held in {h.ident: h for h in self.given}.items():
                 try:
-                    self.store.validate_lease(held.lease)
+                    self.store.leases.validate(held.lease)
                 except LeaseLostError:
                     continue
                 passing.setdefault(ident[0], set()).add(ident[2])

@@ -79,11 +79,11 @@ class OutboxMachine(RuleBasedStateMachine):
         super().__init__()
         self.clock = FakeClock()
         self.store = open_backend(self.backend, None, self.clock)
-        self.store.create_session("s")
-        run = self.store.admit_run("s", {"q": 1})
-        self.store.start_run(run.id)
+        self.store.sessions.create("s")
+        run = self.store.runs.admit("s", {"q": 1})
+        self.store.runs.start(run.id)
         steps = tuple(DeliveryStep(k, "message", depends_on=DEPENDS.get(k)) for k in KEYS)
-        self.store.finish_run(run.id, "succeeded", delivery_plan=DeliveryPlan("chat", "t", steps))
+        self.store.runs.finish(run.id, "succeeded", delivery_plan=DeliveryPlan("chat", "t", steps))
         self.intent = f"{run.id}:delivery"
         self.model = {k: OpModel() for k in KEYS}
         self.results: dict[str, str] = {}
@@ -119,7 +119,7 @@ class OutboxMachine(RuleBasedStateMachine):
         free = m.status == "pending" and (m.next_attempt is None or m.next_attempt <= now)
         lapsed = m.status in HELD and m.expires is not None and m.expires <= now
         expected = "ok" if (free and dep_done) or lapsed else "busy"
-        got = attempt(self.store.claim_delivery, self.op_id(key), owner, ttl)
+        got = attempt(self.store.outbox.claim, self.op_id(key), owner, ttl)
         assert got[0] == expected, (key, owner, m, got)
         if got[0] != "ok":
             return Claim(key, owner, NEVER)  # a claim it never had: every use is refused
@@ -132,12 +132,12 @@ class OutboxMachine(RuleBasedStateMachine):
     def progress(self, claim: Claim) -> None:
         expected = "ok" if self.current(claim) else "lost"
         got = attempt(
-            self.store.update_delivery_progress, self.op_id(claim.key), claim.owner, claim.epoch
+            self.store.outbox.update_progress, self.op_id(claim.key), claim.owner, claim.epoch
         )
         assert got[0] == expected, (claim, self.model[claim.key], got)
         if expected == "ok":
             m = self.model[claim.key]
-            row = self.store.get_delivery_operation(self.op_id(claim.key))
+            row = self.store.outbox.get_operation(self.op_id(claim.key))
             m.status, m.expires = "in_progress", row.lease_expires_at
 
     @rule(claim=claims, result=st.sampled_from(RESULTS))
@@ -149,7 +149,7 @@ class OutboxMachine(RuleBasedStateMachine):
         else:
             expected = "ok" if self.current(claim) else "lost"
         got = attempt(
-            self.store.finish_delivery,
+            self.store.outbox.finish,
             self.op_id(claim.key),
             claim.owner,
             claim.epoch,
@@ -164,7 +164,7 @@ class OutboxMachine(RuleBasedStateMachine):
     def requeue(self, claim: Claim, delay: float) -> None:
         expected = "ok" if self.current(claim) else "lost"
         got = attempt(
-            self.store.requeue_delivery,
+            self.store.outbox.requeue,
             self.op_id(claim.key),
             claim.owner,
             claim.epoch,
@@ -191,7 +191,7 @@ class OutboxMachine(RuleBasedStateMachine):
 
     @invariant()
     def operations_match_the_model(self) -> None:
-        plan = self.store.get_delivery_plan(self.intent)
+        plan = self.store.outbox.get_plan(self.intent)
         assert plan is not None
         intent, ops = plan
         for op in ops:

@@ -112,7 +112,7 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
     @initialize()
     def sessions(self) -> None:
         for sid in SESSIONS:
-            self.store.create_session(sid)
+            self.store.sessions.create(sid)
 
     def teardown(self) -> None:
         self.store.close()
@@ -135,7 +135,7 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
     def acquire(self, owner: str, session: str, ttl: float):
         purpose = "recovery" if owner.startswith("R") else "execution"
         expected = self.oracle.acquire(f"session:{session}", owner, ttl, purpose, self.clock())
-        got = attempt(self.store.acquire_lease, f"session:{session}", owner, ttl, purpose=purpose)
+        got = attempt(self.store.leases.acquire, f"session:{session}", owner, ttl, purpose=purpose)
         assert (got[0] == "ok") == (expected[0] in ("granted", "reacquired")), (got, expected)
         return got[1] if got[0] == "ok" else multiple()
 
@@ -160,7 +160,7 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
             expected = ("active",)
         else:
             expected = ("ok",)
-        got = attempt(self.store.admit_run, session, {"q": 1}, lease=lease, start=start)
+        got = attempt(self.store.runs.admit, session, {"q": 1}, lease=lease, start=start)
         assert got[0] == expected[0], (got, expected)
         if got[0] != "ok":
             return multiple()
@@ -176,7 +176,7 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
         model = self.world.runs[run]
         ok = legal("start", model.status, model.cancel_requested)
         expected = "transition" if not ok else "busy" if self._held(model.session) else "ok"
-        got = attempt(self.store.start_run, run)
+        got = attempt(self.store.runs.start, run)
         assert got[0] == expected, (got, model)
         ok = expected == "ok"
         if ok:
@@ -185,7 +185,7 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
     @rule(run=runs)
     def request_cancel(self, run: str) -> None:
         model = self.world.runs[run]
-        got = attempt(self.store.request_cancel, run)
+        got = attempt(self.store.runs.request_cancel, run)
         assert got[0] == ("ok" if model.status in LIVE else "transition"), (got, model)
         if got[0] == "ok":
             model.cancel_requested = True
@@ -215,12 +215,16 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
         entries = [("message", {"message": {"role": "user", "content": mark}})]
         repeated = model.status == status
         got = attempt(
-            self.store.finish_run, run, status, lease=lease, entries=entries if with_entries else ()
+            self.store.runs.finish,
+            run,
+            status,
+            lease=lease,
+            entries=entries if with_entries else (),
         )
         assert got[0] == expected, (got, expected, model, lease)
         stored = [
             e
-            for e in self.store.entries(model.session)
+            for e in self.store.sessions.entries(model.session)
             if e.payload.get("message", {}).get("content") == mark
         ]
         # the turn's last entries are written with the termination, never without it
@@ -240,7 +244,7 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
             expected = "not_needed"
         else:
             expected = "ok"
-        got = attempt(self.store.begin_recovery, run, lease)
+        got = attempt(self.store.recovery.begin, run, lease)
         assert got[0] == expected, (got, expected, model)
         if got[0] == "ok":
             model.recovery_epoch, model.recovery_state = lease.epoch, "recovering"
@@ -258,7 +262,7 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
             expected = "lost"
         else:
             expected = "ok"
-        got = attempt(self.store.converge_recovery, run, lease)
+        got = attempt(self.store.recovery.converge, run, lease)
         assert got[0] == expected, (got, expected, model)
         if got[0] == "ok":
             model.recovery_state = "completed"

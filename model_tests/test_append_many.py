@@ -1,7 +1,7 @@
-"""``append_many``: a batch of entries in one transaction, on every backend.
+"""``sessions.append_many``: a batch of entries in one transaction, on every backend.
 
 One fence, one leaf compare-and-set and one insert for the batch; every rule of
-``append`` holds for each entry (pairing, labels, ids, leases), and a refused
+``sessions.append`` holds for each entry (pairing, labels, ids, leases), and a refused
 batch writes nothing at all.
 """
 
@@ -16,7 +16,7 @@ from conftest import forge
 import turnkeeper
 from turnkeeper import EntryKind, NewEntry
 from turnkeeper.spec import errors
-from turnkeeper.storage.ops import leases, sessions
+from turnkeeper.storage.ops import leases, session_rows
 
 M = EntryKind.MESSAGE
 
@@ -45,10 +45,10 @@ def result(call_id: str) -> dict:
 def test_a_batch_is_a_chain_under_the_leaf_and_its_last_entry_is_the_leaf(
     store: turnkeeper.BaseStore,
 ) -> None:
-    store.create_session("s")
-    first = store.append("s", M, user("a"))
+    store.sessions.create("s")
+    first = store.sessions.append("s", M, user("a"))
     at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
-    got = store.append_many(
+    got = store.sessions.append_many(
         "s",
         [
             (M, user("b")),
@@ -62,16 +62,16 @@ def test_a_batch_is_a_chain_under_the_leaf_and_its_last_entry_is_the_leaf(
     assert [e.seq for e in got] == [2, 3, 4, 5, 6]
     assert [e.parent_id for e in got] == [first.id, *[e.id for e in got[:-1]]]
     assert got[1].id == "mine" and got[1].timestamp == at
-    assert store.entries("s") == [first, *got]
-    head = store.get_session("s")
+    assert store.sessions.entries("s") == [first, *got]
+    head = store.sessions.get("s")
     assert (head.leaf_id, head.entry_count, head.next_seq, head.title) == (
         got[-1].id,
         6,
         7,
         "the title",
     )
-    assert store.labels("s") == {"mine": "tool"}
-    roles = [m["role"] for m in store.replay("s").messages]
+    assert store.sessions.labels("s") == {"mine": "tool"}
+    roles = [m["role"] for m in store.sessions.replay("s").messages]
     assert roles == ["user", "user", "assistant", "toolResult"]
 
 
@@ -113,40 +113,40 @@ def test_a_batch_is_a_chain_under_the_leaf_and_its_last_entry_is_the_leaf(
 def test_a_refused_batch_writes_nothing(
     store: turnkeeper.BaseStore, batch: list, error: type, field: str | None
 ) -> None:
-    store.create_session("s")
-    store.append("s", M, user("kept"), entry_id="taken")
-    before = (store.get_session("s"), store.entries("s"))
+    store.sessions.create("s")
+    store.sessions.append("s", M, user("kept"), entry_id="taken")
+    before = (store.sessions.get("s"), store.sessions.entries("s"))
     with pytest.raises(error) as caught:
-        store.append_many("s", batch)
+        store.sessions.append_many("s", batch)
     if field is not None:
         assert caught.value.field == field
-    assert (store.get_session("s"), store.entries("s")) == before
+    assert (store.sessions.get("s"), store.sessions.entries("s")) == before
 
 
 def test_a_batch_compares_and_sets_the_leaf(store: turnkeeper.BaseStore) -> None:
-    store.create_session("s")
-    first = store.append("s", M, user("a"))
-    store.append("s", M, user("b"))
+    store.sessions.create("s")
+    first = store.sessions.append("s", M, user("a"))
+    store.sessions.append("s", M, user("b"))
     with pytest.raises(errors.SessionModifiedError):
-        store.append_many("s", [(M, user("c")), (M, user("d"))], expected_leaf=first.id)
-    assert store.get_session("s").entry_count == 2
+        store.sessions.append_many("s", [(M, user("c")), (M, user("d"))], expected_leaf=first.id)
+    assert store.sessions.get("s").entry_count == 2
 
 
 def test_a_batch_is_fenced_once_for_all_its_entries(store: turnkeeper.BaseStore, clock) -> None:
     """Under a held lease every entry carries its epoch; a lapsed lease or another
     holder's lease refuses the whole batch (and records the refusal); without a
     lease a held session is busy."""
-    store.create_session("s")
-    lease = store.acquire_lease("session:s", "w1", 5)
-    got = store.append_many("s", [(M, user("a")), (M, user("b"))], lease=lease)
+    store.sessions.create("s")
+    lease = store.leases.acquire("session:s", "w1", 5)
+    got = store.sessions.append_many("s", [(M, user("a")), (M, user("b"))], lease=lease)
     assert [e.lease_epoch for e in got] == [lease.epoch] * 2
     with pytest.raises(errors.BusyError):
-        store.append_many("s", [(M, user("c"))])
+        store.sessions.append_many("s", [(M, user("c"))])
     clock.advance(6)
-    store.acquire_lease("session:s", "w2", 5)
+    store.leases.acquire("session:s", "w2", 5)
     with pytest.raises(errors.LeaseLostError):
-        store.append_many("s", [(M, user("stale")), (M, user("stale 2"))], lease=lease)
-    assert store.get_session("s").entry_count == 2
+        store.sessions.append_many("s", [(M, user("stale")), (M, user("stale 2"))], lease=lease)
+    assert store.sessions.get("s").entry_count == 2
     refused = store.query("SELECT operation FROM fence_events").column(0).to_pylist()
     assert refused == ["append_many"]
 
@@ -156,27 +156,27 @@ def test_control_without_the_fence_a_stale_batch_is_stored(
 ) -> None:
     """Control for the test above: with the fence patched out (here only), the
     stale holder's batch goes through."""
-    store.create_session("s")
-    lease = store.acquire_lease("session:s", "w1", 5)
+    store.sessions.create("s")
+    lease = store.leases.acquire("session:s", "w1", 5)
     clock.advance(6)
-    store.acquire_lease("session:s", "w2", 5)
+    store.leases.acquire("session:s", "w2", 5)
     monkeypatch.setattr(leases, "fence", lambda tx, lease: None)
-    store.append_many("s", [(M, user("stale")), (M, user("stale 2"))], lease=lease)
-    assert store.get_session("s").entry_count == 2
+    store.sessions.append_many("s", [(M, user("stale")), (M, user("stale 2"))], lease=lease)
+    assert store.sessions.get("s").entry_count == 2
 
 
 def test_two_batches_racing_on_one_leaf_one_wins_whole(real_store: turnkeeper.BaseStore) -> None:
     """Threads appending batches with the same expected leaf: exactly one batch is
     stored, entirely; the others see SessionModifiedError and wrote nothing."""
-    real_store.create_session("s")
-    leaf = real_store.append("s", M, user("root")).id
+    real_store.sessions.create("s")
+    leaf = real_store.sessions.append("s", M, user("root")).id
     outcomes: list[str] = []
     lock = threading.Lock()
 
     def writer(i: int) -> None:
         batch = [(M, user(f"{i}-{n}")) for n in range(5)]
         try:
-            real_store.append_many("s", batch, expected_leaf=leaf)
+            real_store.sessions.append_many("s", batch, expected_leaf=leaf)
             what = "stored"
         except errors.SessionModifiedError:
             what = "modified"
@@ -189,7 +189,7 @@ def test_two_batches_racing_on_one_leaf_one_wins_whole(real_store: turnkeeper.Ba
     for t in threads:
         t.join()
     assert sorted(outcomes) == ["modified"] * 3 + ["stored"]
-    texts = [e.payload["message"]["content"] for e in real_store.entries("s")]
+    texts = [e.payload["message"]["content"] for e in real_store.sessions.entries("s")]
     assert len(texts) == 6 and len({t.split("-")[0] for t in texts[1:]}) == 1
 
 
@@ -197,14 +197,14 @@ def test_replay_walks_a_forked_tree_in_memory(store: turnkeeper.BaseStore) -> No
     """Replay reads the rows flat and walks parent links from the leaf: only the
     current branch, root first, whatever the insertion order; a cycle forged into
     the table ends the walk instead of looping."""
-    store.create_session("s")
-    a = store.append("s", M, user("a"))
-    store.append_many("s", [(M, user("b1")), (M, user("b2"))])
-    store.branch("s", a.id)
-    c = store.append_many("s", [(M, user("c1")), (M, user("c2"))])
-    texts = [m["content"] for m in store.replay("s").messages]
+    store.sessions.create("s")
+    a = store.sessions.append("s", M, user("a"))
+    store.sessions.append_many("s", [(M, user("b1")), (M, user("b2"))])
+    store.sessions.branch("s", a.id)
+    c = store.sessions.append_many("s", [(M, user("c1")), (M, user("c2"))])
+    texts = [m["content"] for m in store.sessions.replay("s").messages]
     assert texts == ["a", "c1", "c2"]
     forge(store, "UPDATE entries SET parent_id = ? WHERE id = ?", [c[-1].id, a.id], rows=1)
     # the rows walked afresh (a replay would come from the cache: entries never change)
-    path = store.db.read("walk", lambda tx: sessions.branch_path(tx, "s"))
+    path = store.db.read("walk", lambda tx: session_rows.branch_path(tx, "s"))
     assert [e.payload["message"]["content"] for e in path] == ["a", "c1", "c2"]

@@ -29,23 +29,23 @@ M = EntryKind.MESSAGE
 def unleased_writes(store: turnkeeper.BaseStore) -> dict[str, tuple[str, Callable[[], Any]]]:
     """Every kind of session write, each made without ``lease=``: its session and call."""
     plan = DeliveryPlan("chat", "room", steps=(DeliveryStep("send", "message"),))
-    ended = store.admit_run("s", {"q": 1})
-    store.finish_run(ended.id, "failed", error="x")
-    run = store.admit_run("s", {"q": 2})
+    ended = store.runs.admit("s", {"q": 1})
+    store.runs.finish(ended.id, "failed", error="x")
+    run = store.runs.admit("s", {"q": 2})
     return {
-        "append": ("s", lambda: store.append("s", M, user("x"))),
+        "append": ("s", lambda: store.sessions.append("s", M, user("x"))),
         "append with id": (
             "s",
-            lambda: store.append(
-                "s", M, user("x"), entry_id="e1", expected_leaf=store.get_session("s").leaf_id
+            lambda: store.sessions.append(
+                "s", M, user("x"), entry_id="e1", expected_leaf=store.sessions.get("s").leaf_id
             ),
         ),
-        "append_many": ("s", lambda: store.append_many("s", [NewEntry(M, user("x"))])),
-        "set_title": ("s", lambda: store.set_title("s", "t")),
-        "start_run": ("s", lambda: store.start_run(run.id)),
-        "finish_run": ("s", lambda: store.finish_run(run.id, "failed", error="x")),
-        "create_delivery_plan": ("s", lambda: store.create_delivery_plan(ended.id, plan)),
-        "fork_session": ("f", lambda: store.fork_session("f", request_id="f1")),
+        "append_many": ("s", lambda: store.sessions.append_many("s", [NewEntry(M, user("x"))])),
+        "set_title": ("s", lambda: store.sessions.set_title("s", "t")),
+        "start_run": ("s", lambda: store.runs.start(run.id)),
+        "finish_run": ("s", lambda: store.runs.finish(run.id, "failed", error="x")),
+        "create_delivery_plan": ("s", lambda: store.outbox.create_plan(ended.id, plan)),
+        "fork_session": ("f", lambda: store.forks.fork("f", request_id="f1")),
     }
 
 
@@ -62,10 +62,10 @@ def test_a_holder_writing_without_its_lease_is_told_what_it_did(
     store: turnkeeper.BaseStore,
 ) -> None:
     for sid in ("s", "f"):
-        store.create_session(sid)
+        store.sessions.create(sid)
     writes = unleased_writes(store)
     for sid in ("s", "f"):
-        store.acquire_lease(f"session:{sid}", "me", ttl_s=600)
+        store.leases.acquire(f"session:{sid}", "me", ttl_s=600)
     for name, (sid, write) in writes.items():
         with pytest.raises(errors.BusyError) as caught:
             write()
@@ -80,14 +80,14 @@ def test_a_merged_append_without_its_lease_is_told_what_it_did(
     """The merged group's own check (DuckDB's group commit), not the single path's."""
     store = duck_store
     for sid in ("s", "u"):
-        store.create_session(sid)
-    store.acquire_lease("session:s", "me", ttl_s=600)
+        store.sessions.create(sid)
+    store.leases.acquire("session:s", "me", ttl_s=600)
     got = queued_together(
         store,
         [
-            lambda: store.append("u", M, user("plain")),
-            lambda: store.append("s", M, user("no lease")),
-            lambda: store.append("u", M, user("plain again")),
+            lambda: store.sessions.append("u", M, user("plain")),
+            lambda: store.sessions.append("s", M, user("no lease")),
+            lambda: store.sessions.append("u", M, user("plain again")),
         ],
     )
     assert isinstance(got[0], turnkeeper.Entry) and isinstance(got[2], turnkeeper.Entry)
@@ -99,9 +99,9 @@ def test_a_merged_append_without_its_lease_is_told_what_it_did(
 def test_an_acquire_names_another_owner_only_when_it_is_one(
     store: turnkeeper.BaseStore, tmp_path: Path
 ) -> None:
-    store.acquire_lease("session:s", "w1", ttl_s=600)
+    store.leases.acquire("session:s", "w1", ttl_s=600)
     with pytest.raises(errors.BusyError) as other:
-        store.acquire_lease("session:s", "w2", ttl_s=600)
+        store.leases.acquire("session:s", "w2", ttl_s=600)
     assert other.value.holder == "w1"
     assert "another owner ('w1')" in str(other.value), str(other.value)
 
@@ -113,9 +113,9 @@ def test_an_acquire_under_the_same_name_elsewhere_says_so(backend: str, tmp_path
     is told so instead of "another owner"."""
     where = new_pg_schema() if backend == "postgres" else str(tmp_path / "s.duckdb")
     with turnkeeper.open_store(where) as first, turnkeeper.open_store(where) as second:
-        first.acquire_lease("session:s", "me", ttl_s=600)
+        first.leases.acquire("session:s", "me", ttl_s=600)
         with pytest.raises(errors.BusyError) as caught:
-            second.acquire_lease("session:s", "me", ttl_s=600)
+            second.leases.acquire("session:s", "me", ttl_s=600)
     text = str(caught.value)
     assert caught.value.holder == "me"
     assert "another store object or process" in text and "another owner" not in text, text

@@ -1,11 +1,11 @@
 """Which tool-execution record answers which tool call, wherever the store writes
 results from records (``storage/ops/call_records.py``, ``tool_pairing.py``).
 
-A run's end, its recovery, ``interrupt_tool_executions`` and an abandon close
+A run's end, its recovery, ``tools.interrupt`` and an abandon close
 the calls open at the leaf. Each open call gets the tool's own result only
 from the record that belongs to that very call, never from a record of an
 earlier call that reused its provider call id (issue 17 item 3, attack round
-2 F1); ``interrupt_tool_executions`` closes every open call in call order,
+2 F1); ``tools.interrupt`` closes every open call in call order,
 as a run's end does (F4, N1); and the store's own result ids never make an
 interrupt or a run's end fail (F5).
 """
@@ -44,7 +44,7 @@ def own_result(call_id: str, text: str) -> dict[str, Any]:
 
 
 def claim(store, key: str, run, call_id: str, *, side: bool = False, **kw: Any):
-    rec, created = store.claim_tool_execution(
+    rec, created = store.tools.claim(
         key,
         run.session_id,
         local_turn_id=run.turn_id,
@@ -59,7 +59,7 @@ def claim(store, key: str, run, call_id: str, *, side: bool = False, **kw: Any):
 
 
 def results(store, sid: str = "s") -> list[dict[str, Any]]:
-    return [m for m in store.replay(sid).messages if m["role"] in ("toolResult", "tool")]
+    return [m for m in store.sessions.replay(sid).messages if m["role"] in ("toolResult", "tool")]
 
 
 def audit_clean(store, sid: str = "s") -> None:
@@ -78,32 +78,32 @@ def two_steps(store, clock: FakeClock, *, second_completes: bool):
     result goes in. Step 2 reuses the id ``call_0`` (read b.txt); its own record
     is claimed and completed only with ``second_completes``. The clock moves
     between writes, as a real one does."""
-    store.create_session("s")
-    run = store.admit_run("s", {"t": 1}, user_message=USER, start=True)
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"t": 1}, user_message=USER, start=True)
     for step, path in ((1, "a.txt"), (2, "b.txt")):
         clock.advance(1)
-        store.append("s", EntryKind.MESSAGE, reads(path))
+        store.sessions.append("s", EntryKind.MESSAGE, reads(path))
         if step == 2 and not second_completes:
             break
         clock.advance(1)
         claim(store, f"{run.id}:{step}:call_0", run, "call_0", arguments={"path": path})
         clock.advance(1)
-        store.complete_tool_execution(f"{run.id}:{step}:call_0", f"contents of {path}")
+        store.tools.complete(f"{run.id}:{step}:call_0", f"contents of {path}")
         if step == 1:
             clock.advance(1)
-            store.append("s", EntryKind.MESSAGE, own_result("call_0", "contents of a.txt"))
+            store.sessions.append("s", EntryKind.MESSAGE, own_result("call_0", "contents of a.txt"))
     clock.advance(1)
     return run
 
 
 def end_by(store, run, how: str) -> None:
     if how == "finish_run":
-        store.finish_run(run.id, "failed", error="worker lost")
+        store.runs.finish(run.id, "failed", error="worker lost")
         return
-    rescue = store.acquire_lease("session:s", "recovery-1", 60, purpose="recovery")
-    store.begin_recovery(run.id, rescue)
-    store.converge_recovery(run.id, rescue, error="worker lost")
-    store.release_lease(rescue)
+    rescue = store.leases.acquire("session:s", "recovery-1", 60, purpose="recovery")
+    store.recovery.begin(run.id, rescue)
+    store.recovery.converge(run.id, rescue, error="worker lost")
+    store.leases.release(rescue)
 
 
 # -- F1: a reused call id never gets another call's output -----------------------------------
@@ -123,7 +123,7 @@ def test_a_run_end_never_answers_a_reused_call_id_with_an_earlier_calls_output(s
         "executionState": "interrupted",
         "recorded": False,
     }
-    assert store.entry("s", f"{run.id}:call_0:interrupted") is not None
+    assert store.sessions.entry("s", f"{run.id}:call_0:interrupted") is not None
     audit_clean(store)
 
 
@@ -146,45 +146,45 @@ def test_when_the_clock_cannot_tell_which_call_a_record_ran_no_output_is_given(s
     in that instant) or to step 2's. The store cannot tell, so the open call
     gets the interrupted result: an output it cannot tie to the call is
     never given to it (lost rather than misattributed)."""
-    store.create_session("s")
-    run = store.admit_run("s", {"t": 1}, user_message=USER, start=True)
-    store.append("s", EntryKind.MESSAGE, reads("a.txt"))
-    store.append("s", EntryKind.MESSAGE, own_result("call_0", "by the runtime"))
-    store.append("s", EntryKind.MESSAGE, reads("b.txt"))
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"t": 1}, user_message=USER, start=True)
+    store.sessions.append("s", EntryKind.MESSAGE, reads("a.txt"))
+    store.sessions.append("s", EntryKind.MESSAGE, own_result("call_0", "by the runtime"))
+    store.sessions.append("s", EntryKind.MESSAGE, reads("b.txt"))
     claim(store, "k", run, "call_0")
-    store.complete_tool_execution("k", "contents of ?")
-    store.finish_run(run.id, "failed", error="lost")
+    store.tools.complete("k", "contents of ?")
+    store.runs.finish(run.id, "failed", error="lost")
     assert is_interrupted(results(store)[-1])
 
 
 def test_interrupt_never_answers_a_reused_call_id_with_an_earlier_calls_output(store, clock):
-    """The same fault through ``interrupt_tool_executions`` (which now closes
+    """The same fault through ``tools.interrupt`` (which now closes
     every open call): step 2's unclaimed ``call_0`` is interrupted."""
     two_steps(store, clock, second_completes=False)
-    assert store.interrupt_tool_executions("s") == []
+    assert store.tools.interrupt("s") == []
     assert is_interrupted(results(store)[-1])
 
 
 def test_abandon_closes_only_the_calls_its_records_belong_to(store, clock):
-    """The same fault through ``abandon_interrupted_tool_executions``: step 1's
+    """The same fault through ``tools.abandon_interrupted``: step 1's
     record was left running (the runtime wrote that call's result itself);
     abandoning it must not answer step 2's ``call_0``, another call, with
     its interrupted result."""
-    store.create_session("s")
-    run = store.admit_run("s", {"t": 1}, user_message=USER, start=True)
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"t": 1}, user_message=USER, start=True)
     clock.advance(1)
-    store.append("s", EntryKind.MESSAGE, reads("a.txt"))
+    store.sessions.append("s", EntryKind.MESSAGE, reads("a.txt"))
     clock.advance(1)
     claim(store, "k1", run, "call_0", side=True)
     clock.advance(1)
-    store.append("s", EntryKind.MESSAGE, own_result("call_0", "by the runtime"))
+    store.sessions.append("s", EntryKind.MESSAGE, own_result("call_0", "by the runtime"))
     clock.advance(1)
-    store.append("s", EntryKind.MESSAGE, reads("b.txt"))
+    store.sessions.append("s", EntryKind.MESSAGE, reads("b.txt"))
     clock.advance(1)
-    assert store.abandon_interrupted_tool_executions("s", run.turn_id) == 1
-    assert store.get_tool_execution("k1").state == "abandoned"
-    assert store.entry("s", "k1:interrupted") is None
-    assert [m["role"] for m in store.replay("s").messages][-1] == "assistant"  # still open
+    assert store.tools.abandon_interrupted("s", run.turn_id) == 1
+    assert store.tools.get("k1").state == "abandoned"
+    assert store.sessions.entry("s", "k1:interrupted") is None
+    assert [m["role"] for m in store.sessions.replay("s").messages][-1] == "assistant"  # still open
 
 
 def test_branching_back_to_a_completed_call_answers_it_with_its_own_result(store, clock):
@@ -193,23 +193,23 @@ def test_branching_back_to_a_completed_call_answers_it_with_its_own_result(store
     run ends there. The call, open again on the new branch, was answered
     "interrupted … not run again" beside its completed record; it gets the
     tool's own result from that record."""
-    store.create_session("s")
-    r1 = store.admit_run("s", {"t": 1}, user_message=USER, start=True)
+    store.sessions.create("s")
+    r1 = store.runs.admit("s", {"t": 1}, user_message=USER, start=True)
     clock.advance(1)
-    asked = store.append("s", EntryKind.MESSAGE, calls("k1"))
+    asked = store.sessions.append("s", EntryKind.MESSAGE, calls("k1"))
     clock.advance(1)
     claim(store, f"{r1.id}:k1", r1, "k1")
-    store.complete_tool_execution(f"{r1.id}:k1", "OUTPUT")
-    store.append("s", EntryKind.MESSAGE, own_result("k1", "OUTPUT"))
-    store.finish_run(r1.id, "succeeded", assistant_message=REPLY)
+    store.tools.complete(f"{r1.id}:k1", "OUTPUT")
+    store.sessions.append("s", EntryKind.MESSAGE, own_result("k1", "OUTPUT"))
+    store.runs.finish(r1.id, "succeeded", assistant_message=REPLY)
     clock.advance(1)
-    store.branch("s", asked.id)
-    r2 = store.admit_run("s", {"t": 2}, start=True)
-    store.finish_run(r2.id, "failed", error="x")
+    store.sessions.branch("s", asked.id)
+    r2 = store.runs.admit("s", {"t": 2}, start=True)
+    store.runs.finish(r2.id, "failed", error="x")
     last = results(store)[-1]
     assert last["content"] == [{"type": "text", "text": "OUTPUT"}]
     assert last["details"]["fromRecord"] is True and last["isError"] is False
-    assert store.get_tool_execution(f"{r1.id}:k1").state == "completed"
+    assert store.tools.get(f"{r1.id}:k1").state == "completed"
     audit_clean(store)
 
 
@@ -217,15 +217,15 @@ def test_a_call_left_open_before_its_run_gets_the_output_that_run_recorded(store
     """A record belongs to a call of its own turn or, when the turn makes none
     with its id, to one left open before the run began (here: calls written
     outside any run, then a run that runs them)."""
-    store.create_session("s")
-    store.append("s", EntryKind.MESSAGE, {"message": USER})
+    store.sessions.create("s")
+    store.sessions.append("s", EntryKind.MESSAGE, {"message": USER})
     clock.advance(1)
-    store.append("s", EntryKind.MESSAGE, calls("c1"))
+    store.sessions.append("s", EntryKind.MESSAGE, calls("c1"))
     clock.advance(1)
-    run = store.admit_run("s", {"t": 1}, start=True)
+    run = store.runs.admit("s", {"t": 1}, start=True)
     claim(store, "k", run, "c1")
-    store.complete_tool_execution("k", "OUTPUT")
-    store.finish_run(run.id, "failed", error="lost")
+    store.tools.complete("k", "OUTPUT")
+    store.runs.finish(run.id, "failed", error="lost")
     assert results(store)[-1]["content"] == [{"type": "text", "text": "OUTPUT"}]
 
 
@@ -234,86 +234,88 @@ def test_a_call_left_open_before_its_run_gets_the_output_that_run_recorded(store
 
 def test_interrupt_closes_every_open_call_in_call_order(store, clock):
     """Attack round 2 F4 part A (the README's example): c1 completed (its result
-    not written yet), c2 still running. ``interrupt_tool_executions`` wrote
+    not written yet), c2 still running. ``tools.interrupt`` wrote
     c2's interrupted result only, so c1's own result, appended after, came
     out of call order ([c2, c1]). It now writes both, in call order: c1's
     own result from its record, c2's interrupted one."""
-    store.create_session("s")
-    lease = store.acquire_lease("session:s", "worker-1", 30, purpose="execution")
-    run = store.admit_run("s", {"t": 1}, user_message=USER, lease=lease, start=True)
+    store.sessions.create("s")
+    lease = store.leases.acquire("session:s", "worker-1", 30, purpose="execution")
+    run = store.runs.admit("s", {"t": 1}, user_message=USER, lease=lease, start=True)
     clock.advance(1)
-    store.append("s", EntryKind.MESSAGE, calls("c1", "c2"), lease=lease)
+    store.sessions.append("s", EntryKind.MESSAGE, calls("c1", "c2"), lease=lease)
     clock.advance(1)
     claim(store, f"{run.id}:c1", run, "c1", lease=lease)
     claim(store, f"{run.id}:c2", run, "c2", side=True, lease=lease)
     listing = [{"type": "text", "text": "a.txt"}]
-    store.complete_tool_execution(f"{run.id}:c1", listing, lease=lease)
-    (rec,) = store.interrupt_tool_executions("s", lease=lease)
+    store.tools.complete(f"{run.id}:c1", listing, lease=lease)
+    (rec,) = store.tools.interrupt("s", lease=lease)
     assert (rec.execution_key, rec.state) == (f"{run.id}:c2", "interrupted")
     first, second = results(store)
     assert (first["toolCallId"], first["content"], first["isError"]) == ("c1", listing, False)
     assert second["toolCallId"] == "c2" and is_interrupted(second)
-    assert store.entry("s", f"{run.id}:c2:interrupted") is not None
+    assert store.sessions.entry("s", f"{run.id}:c2:interrupted") is not None
     with pytest.raises(ToolCallPairingError) as err:  # c1 has its result already
-        store.append("s", EntryKind.MESSAGE, own_result("c1", "a.txt"), lease=lease)
+        store.sessions.append("s", EntryKind.MESSAGE, own_result("c1", "a.txt"), lease=lease)
     assert err.value.reason == "duplicate"
-    store.append(
+    store.sessions.append(
         "s", EntryKind.MESSAGE, {"message": {"role": "user", "content": "stop"}}, lease=lease
     )
-    store.finish_run(run.id, "succeeded", assistant_message=REPLY, lease=lease)
+    store.runs.finish(run.id, "succeeded", assistant_message=REPLY, lease=lease)
     audit_clean(store)
 
 
 def test_interrupt_unblocks_a_session_an_older_turnkeeper_left_with_an_openai_call(store):
     """Attack round 2 N1: a run ended by an older turnkeeper left an OpenAI
     ``tool_calls`` item without a result (and without a record). Every
-    ``admit_run`` with a user message raised ``ToolCallsUnansweredError`` and
-    ``interrupt_tool_executions`` returned ``[]`` having written nothing:
+    ``runs.admit`` with a user message raised ``ToolCallsUnansweredError`` and
+    ``tools.interrupt`` returned ``[]`` having written nothing:
     the session could never go on. It now closes the call, in its shape."""
-    store.create_session("s")
+    store.sessions.create("s")
     item = {"id": "o1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    asked = store.append(
+    asked = store.sessions.append(
         "s",
         EntryKind.MESSAGE,
         {"message": {"role": "assistant", "content": None, "tool_calls": [item]}},
     )
     with pytest.raises(ToolCallsUnansweredError):
-        store.admit_run("s", {"t": 2}, user_message=USER, start=True)
-    assert store.interrupt_tool_executions("s") == []
-    answer = store.entry("s", f"{asked.id}:o1:interrupted")
+        store.runs.admit("s", {"t": 2}, user_message=USER, start=True)
+    assert store.tools.interrupt("s") == []
+    answer = store.sessions.entry("s", f"{asked.id}:o1:interrupted")
     assert answer is not None
     message = answer.payload["message"]
     assert (message["role"], message["tool_call_id"]) == ("tool", "o1")
     assert message["content"] == INTERRUPTED_TEXT
-    run = store.admit_run("s", {"t": 2}, user_message=USER, start=True)
-    store.finish_run(run.id, "succeeded", assistant_message=REPLY)
+    run = store.runs.admit("s", {"t": 2}, user_message=USER, start=True)
+    store.runs.finish(run.id, "succeeded", assistant_message=REPLY)
     audit_clean(store)
 
 
 def test_the_way_out_leaves_a_turn_an_older_turnkeeper_ended_open_passing_the_audit(store):
     """A turn an older turnkeeper ended without closing its OpenAI call (forged:
     the store's result made a ``custom`` entry, no message): the audit fails
-    ``tool_calls_paired`` and no message can follow. ``interrupt_tool_executions``
+    ``tool_calls_paired`` and no message can follow. ``tools.interrupt``
     closes the call right after the turn's end, and the audit then passes."""
-    store.create_session("s")
-    run = store.admit_run("s", {"t": 1}, user_message=USER, start=True)
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"t": 1}, user_message=USER, start=True)
     item = {"id": "o1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    store.append("s", EntryKind.MESSAGE, {"message": {"role": "assistant", "tool_calls": [item]}})
-    store.finish_run(run.id, "failed", error="x")
+    store.sessions.append(
+        "s", EntryKind.MESSAGE, {"message": {"role": "assistant", "tool_calls": [item]}}
+    )
+    store.runs.finish(run.id, "failed", error="x")
     forge(
         store,
         "UPDATE entries SET kind = 'custom' WHERE session_id = 's' AND id = ?",
         [f"{run.id}:o1:interrupted"],
         rows=1,
     )
-    store._openings.put("s", None)  # it remembers the head its finish_run left: forget it
+    store.sessions._openings.put("s", None)  # it remembers the head its finish_run left: forget it
     failed = {c.name for c in run_audit(store, ["s"]) if not c.passed}
     assert failed == {"tool_calls_paired"}
     with pytest.raises(ToolCallsUnansweredError):
-        store.admit_run("s", {"t": 2}, user_message=USER)
-    assert store.interrupt_tool_executions("s") == []
+        store.runs.admit("s", {"t": 2}, user_message=USER)
+    assert store.tools.interrupt("s") == []
     audit_clean(store)
-    store.admit_run("s", {"t": 2}, user_message=USER)
+    store.runs.admit("s", {"t": 2}, user_message=USER)
 
 
 def test_interrupt_of_one_turn_still_closes_every_open_call(store, clock):
@@ -321,14 +323,14 @@ def test_interrupt_of_one_turn_still_closes_every_open_call(store, clock):
     wholesale, but every call open at the leaf is closed: a running record of
     another turn whose call is open there is interrupted too (its call is
     answered so); one whose call is not open runs on."""
-    store.create_session("s")
-    run = store.admit_run("s", {"t": 1}, user_message=USER, start=True)
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"t": 1}, user_message=USER, start=True)
     clock.advance(1)
-    store.append("s", EntryKind.MESSAGE, calls("c1", "c2", "c3"))
+    store.sessions.append("s", EntryKind.MESSAGE, calls("c1", "c2", "c3"))
     clock.advance(1)
     claim(store, "k1", run, "c1")
     for key, call_id in (("k2", "c2"), ("k-elsewhere", "zz")):
-        store.claim_tool_execution(
+        store.tools.claim(
             key,
             "s",
             local_turn_id="t-other",
@@ -336,9 +338,9 @@ def test_interrupt_of_one_turn_still_closes_every_open_call(store, clock):
             tool_name="read",
             side_effecting=False,
         )
-    done = store.interrupt_tool_executions("s", local_turn_id=run.turn_id)
+    done = store.tools.interrupt("s", local_turn_id=run.turn_id)
     assert [r.execution_key for r in done] == ["k1", "k2"]
-    assert store.get_tool_execution("k-elsewhere").state == "running"
+    assert store.tools.get("k-elsewhere").state == "running"
     found = results(store)
     assert [m["toolCallId"] for m in found] == ["c1", "c2", "c3"]
     assert [m["details"].get("executionKey") for m in found] == ["k1", "k2", None]
@@ -352,29 +354,29 @@ def _import_taking(store, entry_id: str) -> None:
     """Session ``s``, imported from a file whose one entry has ``entry_id``."""
     at = datetime(2026, 1, 1, tzinfo=UTC)
     entry = ImportEntry(entry_id, None, "message", at, {"message": USER})
-    store.import_batch(ImportBatch("s", "/", at, {}, (entry,), entry_id))
+    store.sessions.import_batch(ImportBatch("s", "/", at, {}, (entry,), entry_id))
 
 
 @pytest.mark.parametrize("how", ["interrupt", "finish_run", "recovery"])
 def test_an_imported_entry_holding_a_result_id_never_blocks_a_run_end(store, how):
     """Attack round 2 F5: an imported entry ``key1:interrupted`` (an id the store
-    derives for an interrupted result) made ``interrupt_tool_executions``,
-    every ``finish_run`` and ``converge_recovery`` raise EntryExistsError for
+    derives for an interrupted result) made ``tools.interrupt``,
+    every ``runs.finish`` and ``recovery.converge`` raise EntryExistsError for
     good: the run stayed running. The result now takes a fresh id."""
     _import_taking(store, "key1:interrupted")
-    run = store.admit_run("s", {"x": 1}, start=True)
-    store.append("s", EntryKind.MESSAGE, calls("c1"))
+    run = store.runs.admit("s", {"x": 1}, start=True)
+    store.sessions.append("s", EntryKind.MESSAGE, calls("c1"))
     claim(store, "key1", run, "c1")
     if how == "interrupt":
-        store.interrupt_tool_executions("s")
-        store.finish_run(run.id, "failed", error="x")
+        store.tools.interrupt("s")
+        store.runs.finish(run.id, "failed", error="x")
     else:
         end_by(store, run, how)
-    assert store.get_run(run.id).status in ("failed", "interrupted")
-    assert store.get_tool_execution("key1").state == "interrupted"
+    assert store.runs.get(run.id).status in ("failed", "interrupted")
+    assert store.tools.get("key1").state == "interrupted"
     last = results(store)[-1]
     assert last["toolCallId"] == "c1" and is_interrupted(last)
-    assert store.entry("s", "key1:interrupted").payload["message"]["role"] == "user"
+    assert store.sessions.entry("s", "key1:interrupted").payload["message"]["role"] == "user"
     audit_clean(store)
 
 
@@ -384,16 +386,16 @@ def test_a_call_answered_again_on_another_branch_gets_a_result_of_its_own(store,
     the same run and the run ended: the run's end derived the same id
     ``<run>:c1:interrupted`` and failed for good. The second answer takes a
     fresh id."""
-    store.create_session("s")
-    run = store.admit_run("s", {"t": 1}, user_message=USER, start=True)
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"t": 1}, user_message=USER, start=True)
     clock.advance(1)
-    asked = store.append("s", EntryKind.MESSAGE, calls("c1"))
+    asked = store.sessions.append("s", EntryKind.MESSAGE, calls("c1"))
     clock.advance(1)
     claim(store, f"{run.id}:c1", run, "c1")
-    store.interrupt_tool_executions("s")
-    assert store.entry("s", f"{run.id}:c1:interrupted") is not None
-    store.branch("s", asked.id)
-    store.finish_run(run.id, "failed", error="x")
-    assert store.get_run(run.id).status == "failed"
+    store.tools.interrupt("s")
+    assert store.sessions.entry("s", f"{run.id}:c1:interrupted") is not None
+    store.sessions.branch("s", asked.id)
+    store.runs.finish(run.id, "failed", error="x")
+    assert store.runs.get(run.id).status == "failed"
     assert is_interrupted(results(store)[-1])
-    assert len([m for m in store.replay("s").messages if m["role"] == "toolResult"]) == 1
+    assert len([m for m in store.sessions.replay("s").messages if m["role"] == "toolResult"]) == 1

@@ -51,13 +51,13 @@ def test_sigint_during_a_query_is_keyboard_interrupt_not_a_store_error(duck_real
         done.set()
         sender.join(60)
     # the store still works afterwards
-    real_store.create_session("after")
-    assert real_store.get_session("after") is not None
+    real_store.sessions.create("after")
+    assert real_store.sessions.get("after") is not None
 
 
 def test_interrupt_inside_a_transaction_rolls_back(duck_store, monkeypatch):
     store = duck_store
-    store.create_session("s")
+    store.sessions.create("s")
     from turnkeeper.storage.duck.db import Tx
 
     real_insert = Tx.exec
@@ -69,11 +69,11 @@ def test_interrupt_inside_a_transaction_rolls_back(duck_store, monkeypatch):
 
     monkeypatch.setattr(Tx, "exec", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        store.append("s", EntryKind.MESSAGE, {"message": {"role": "user", "content": "x"}})
+        store.sessions.append("s", EntryKind.MESSAGE, {"message": {"role": "user", "content": "x"}})
     monkeypatch.undo()
-    s = store.get_session("s")
+    s = store.sessions.get("s")
     assert (s.leaf_id, s.entry_count, s.next_seq) == (None, 0, 1)
-    assert store.entries("s") == []
+    assert store.sessions.entries("s") == []
 
 
 def test_backend_failure_is_translated_with_cause_and_never_busy(store):
@@ -87,12 +87,12 @@ def test_closed_store_is_an_interface_error(tmp_path):
     s = turnkeeper.open_store(str(tmp_path / "c.duckdb"))
     s.close()
     with pytest.raises(turnkeeper.InterfaceError):
-        s.create_session("x")
+        s.sessions.create("x")
 
 
 _BOUNDARIES = {
-    "write": lambda s: s.create_session(f"w-{id(s)}"),
-    "read": lambda s: s.get_session("absent"),
+    "write": lambda s: s.sessions.create(f"w-{id(s)}"),
+    "read": lambda s: s.sessions.get("absent"),
     "snapshot": lambda s: s.query("SELECT 1"),
 }
 

@@ -97,12 +97,12 @@ def test_an_interrupt_as_a_write_takes_the_queue_lock_never_leaks_it(duck_real_s
     ``__enter__``: an interrupt landing as the lock was taken left it taken,
     and every later write and ``close()`` hung."""
     store = duck_real_store
-    store.create_session("s")
+    store.sessions.create("s")
     db = store.db
     out: dict[str, Any] = {}
     db._queue_lock.acquire()  # a leader taking its batch
     t = threading.Thread(
-        target=_outcome(lambda: store.append("s", EntryKind.MESSAGE, MSG), out, "w")
+        target=_outcome(lambda: store.sessions.append("s", EntryKind.MESSAGE, MSG), out, "w")
     )
     t.start()
     _blocked_in(t, "_grouped")
@@ -111,7 +111,7 @@ def test_an_interrupt_as_a_write_takes_the_queue_lock_never_leaks_it(duck_real_s
     t.join(60)
     assert out["w"][0] == "raised" and isinstance(out["w"][1], KeyboardInterrupt)
     assert _free(db._queue_lock)
-    assert store.append("s", EntryKind.MESSAGE, MSG).seq in (1, 2)
+    assert store.sessions.append("s", EntryKind.MESSAGE, MSG).seq in (1, 2)
 
 
 def test_an_interrupt_as_a_contended_target_is_taken_never_leaks_its_stripe(duck_real_store):
@@ -119,14 +119,16 @@ def test_an_interrupt_as_a_contended_target_is_taken_never_leaks_its_stripe(duck
     interrupt landing in between (a heartbeat holding the stripe widens it)
     left the stripe locked, and in random runs every write hung (5 of 5)."""
     store = duck_real_store
-    store.create_session("s")
-    lease = store.acquire_lease("session:s", "w1", 300)
+    store.sessions.create("s")
+    lease = store.leases.acquire("session:s", "w1", 300)
     targets = store.db._file.targets
     stripe = targets.locks[zlib.crc32(b"session:s") % len(targets.locks)]
     out: dict[str, Any] = {}
     stripe.acquire()  # a renewal holds the stripe for a moment
     t = threading.Thread(
-        target=_outcome(lambda: store.append("s", EntryKind.MESSAGE, MSG, lease=lease), out, "w")
+        target=_outcome(
+            lambda: store.sessions.append("s", EntryKind.MESSAGE, MSG, lease=lease), out, "w"
+        )
     )
     t.start()
     _blocked_in(t, "hold")
@@ -135,7 +137,7 @@ def test_an_interrupt_as_a_contended_target_is_taken_never_leaks_its_stripe(duck
     t.join(60)
     assert out["w"][0] == "raised" and isinstance(out["w"][1], KeyboardInterrupt)
     assert _free(stripe)
-    assert store.append("s", EntryKind.MESSAGE, MSG, lease=lease).seq in (1, 2)
+    assert store.sessions.append("s", EntryKind.MESSAGE, MSG, lease=lease).seq in (1, 2)
 
 
 def test_an_interrupt_as_an_operation_leaves_the_gate_never_hangs_close(real_store):
@@ -144,7 +146,7 @@ def test_an_interrupt_as_an_operation_leaves_the_gate_never_hangs_close(real_sto
     running: ``close()`` from that thread, or from any thread once that one
     ended, no longer waits for it."""
     store = real_store
-    store.create_session("s")
+    store.sessions.create("s")
     fired: list[int] = []
 
     def tracer(frame: Any, event: str, arg: Any) -> Any:
@@ -157,7 +159,7 @@ def test_an_interrupt_as_an_operation_leaves_the_gate_never_hangs_close(real_sto
         sys.settrace(tracer)
         try:
             with pytest.raises(KeyboardInterrupt):
-                store.get_session("s")
+                store.sessions.get("s")
         finally:
             sys.settrace(None)
 
@@ -170,7 +172,7 @@ def test_an_interrupt_as_an_operation_leaves_the_gate_never_hangs_close(real_sto
     with _fails_if_it_hangs():
         store.close()
     with pytest.raises(turnkeeper.InterfaceError):
-        store.get_session("s")
+        store.sessions.get("s")
 
 
 def test_a_write_committed_alone_is_never_run_again_after_an_interrupt(duck_real_store):
@@ -179,8 +181,8 @@ def test_a_write_committed_alone_is_never_run_again_after_an_interrupt(duck_real
     again: run a second time, and its caller told it failed
     (``TransactionConflictError`` on its duplicate entry id) though stored."""
     store = duck_real_store
-    store.create_session("dup")
-    store.create_session("t")
+    store.sessions.create("dup")
+    store.sessions.create("t")
     db = store.db
     code = duck_db.Database._alone.__code__
     lines, start = inspect.getsourcelines(duck_db.Database._alone)
@@ -205,9 +207,9 @@ def test_a_write_committed_alone_is_never_run_again_after_an_interrupt(duck_real
     try:
         db._write_lock.acquire()  # a write is running: the next ones queue behind it
         calls = [
-            ("leader", lambda: store.create_session("l")),
-            ("failing", lambda: store.create_session("dup")),  # the group splits
-            ("append", lambda: store.append("t", EntryKind.MESSAGE, MSG)),
+            ("leader", lambda: store.sessions.create("l")),
+            ("failing", lambda: store.sessions.create("dup")),  # the group splits
+            ("append", lambda: store.sessions.append("t", EntryKind.MESSAGE, MSG)),
         ]
         threads = []
         for name, fn in calls:
@@ -223,7 +225,7 @@ def test_a_write_committed_alone_is_never_run_again_after_an_interrupt(duck_real
     assert fired
     assert isinstance(res["leader"][1], KeyboardInterrupt)
     assert res["append"][0] == "ok", res["append"]
-    assert [e.seq for e in store.entries("t")] == [1]
+    assert [e.seq for e in store.sessions.entries("t")] == [1]
 
 
 def test_an_interrupted_rollback_leaves_no_transaction_open(duck_real_store):
@@ -232,10 +234,10 @@ def test_an_interrupted_rollback_leaves_no_transaction_open(duck_real_store):
     never committed, and the next write failed ('cannot start a transaction
     within a transaction'). The cursor is replaced before its next use."""
     store = duck_real_store
-    store.create_session("s")
-    lease = store.acquire_lease("session:s", "w", 60)
-    first = store.append("s", EntryKind.MESSAGE, MSG, lease=lease)
-    store.append("s", EntryKind.MESSAGE, MSG, lease=lease)
+    store.sessions.create("s")
+    lease = store.leases.acquire("session:s", "w", 60)
+    first = store.sessions.append("s", EntryKind.MESSAGE, MSG, lease=lease)
+    store.sessions.append("s", EntryKind.MESSAGE, MSG, lease=lease)
 
     def tracer(frame: Any, event: str, arg: Any) -> Any:
         if event == "call" and frame.f_code is duck_db.Database._rollback.__code__:
@@ -246,11 +248,11 @@ def test_an_interrupted_rollback_leaves_no_transaction_open(duck_real_store):
     sys.settrace(tracer)
     try:
         with pytest.raises(KeyboardInterrupt):
-            store.append("s", EntryKind.MESSAGE, MSG, expected_leaf=first.id, lease=lease)
+            store.sessions.append("s", EntryKind.MESSAGE, MSG, expected_leaf=first.id, lease=lease)
     finally:
         sys.settrace(None)
-    renewed = store.renew_lease(lease, 3600)
-    third = store.append("s", EntryKind.MESSAGE, MSG, lease=lease)
+    renewed = store.leases.renew(lease, 3600)
+    third = store.sessions.append("s", EntryKind.MESSAGE, MSG, lease=lease)
     assert third.seq == 3
     stored = store.query("SELECT expires_at FROM leases WHERE target = 'session:s'")
     assert stored.column(0).to_pylist() == [renewed.expires_at]
@@ -276,16 +278,16 @@ def test_a_rollback_duckdb_reports_interrupted_is_keyboard_interrupt(duck_real_s
     """DuckDB reports a SIGINT during ``ROLLBACK`` as ``RuntimeError: Query
     interrupted``, which surfaced to the caller as is (a cancellation wrapped)."""
     store = duck_real_store
-    store.create_session("s")
-    first = store.append("s", EntryKind.MESSAGE, MSG)
-    store.append("s", EntryKind.MESSAGE, MSG)
+    store.sessions.create("s")
+    first = store.sessions.append("s", EntryKind.MESSAGE, MSG)
+    store.sessions.append("s", EntryKind.MESSAGE, MSG)
     holder = store.db._cursors.holder()
     cursor = _InterruptedRollback(holder.box[0])
     holder.box[0] = cursor  # type: ignore[assignment]
     with pytest.raises(KeyboardInterrupt):
-        store.append("s", EntryKind.MESSAGE, MSG, expected_leaf=first.id)
+        store.sessions.append("s", EntryKind.MESSAGE, MSG, expected_leaf=first.id)
     assert cursor.fired
-    assert store.append("s", EntryKind.MESSAGE, MSG).seq == 3
+    assert store.sessions.append("s", EntryKind.MESSAGE, MSG).seq == 3
 
 
 def test_a_close_interrupted_while_it_waits_is_finished_by_the_next(tmp_path):
@@ -294,7 +296,7 @@ def test_a_close_interrupted_while_it_waits_is_finished_by_the_next(tmp_path):
     (another process got ``StoreLockedError``) and the log unfolded."""
     path = tmp_path / "c.duckdb"
     store = turnkeeper.open_store(str(path))
-    store.create_session("s")
+    store.sessions.create("s")
     gate = store.db._gate
 
     def interrupted_wait() -> None:
@@ -311,7 +313,7 @@ def test_a_close_interrupted_while_it_waits_is_finished_by_the_next(tmp_path):
             sys.executable,
             "-c",
             "import sys, turnkeeper; "
-            "print(turnkeeper.open_store(sys.argv[1]).get_session('s') is not None)",
+            "print(turnkeeper.open_store(sys.argv[1]).sessions.get('s') is not None)",
             str(path),
         ],
         capture_output=True,
@@ -335,7 +337,7 @@ def test_an_open_interrupted_is_keyboard_interrupt(tmp_path, monkeypatch):
         turnkeeper.open_store(path)
     monkeypatch.setattr(duck_files, "configure", real)
     with turnkeeper.open_store(path) as store:
-        store.create_session("s")
+        store.sessions.create("s")
 
 
 def test_close_never_waits_for_an_idle_thread_that_took_a_counted_threads_id(duck_real_store):
@@ -343,7 +345,7 @@ def test_close_never_waits_for_an_idle_thread_that_took_a_counted_threads_id(duc
     counted by an interrupt (as ``Gate.leave`` started) ended, an idle thread
     got the same id (they are reused), and ``close()`` waited for it."""
     store = duck_real_store
-    store.create_session("s")
+    store.sessions.create("s")
     fired: list[int] = []
 
     def tracer(frame: Any, event: str, arg: Any) -> Any:
@@ -355,7 +357,7 @@ def test_close_never_waits_for_an_idle_thread_that_took_a_counted_threads_id(duc
     def counted() -> None:
         sys.settrace(tracer)
         try:
-            store.get_session("s")
+            store.sessions.get("s")
         except KeyboardInterrupt:
             pass
         finally:
@@ -393,7 +395,7 @@ def test_an_interrupt_as_a_queued_write_waits_never_releases_the_queue_lock_twic
     and could release the lock while another thread held it. The landing is
     replayed at the wait's taking back (a Python function here)."""
     store = duck_real_store
-    store.create_session("s")
+    store.sessions.create("s")
     db = store.db
     condition = db._queue_changed
     real_restore = condition._acquire_restore
@@ -415,7 +417,7 @@ def test_an_interrupt_as_a_queued_write_waits_never_releases_the_queue_lock_twic
     db._write_lock.acquire()  # another write runs: the next ones queue
     writers = [
         threading.Thread(
-            target=_outcome(lambda: store.append("s", EntryKind.MESSAGE, MSG), outcome, n),
+            target=_outcome(lambda: store.sessions.append("s", EntryKind.MESSAGE, MSG), outcome, n),
             name=n,
         )
         for n in ("L", "B")
@@ -433,7 +435,7 @@ def test_an_interrupt_as_a_queued_write_waits_never_releases_the_queue_lock_twic
     assert fired
     assert outcome["B"][0] == "raised" and isinstance(outcome["B"][1], KeyboardInterrupt)
     assert _free(db._queue_lock)
-    assert [e.seq for e in store.entries("s")] == [1, 2]
+    assert [e.seq for e in store.sessions.entries("s")] == [1, 2]
 
 
 def _waiting_in(thread: threading.Thread, function: str) -> bool:

@@ -619,17 +619,17 @@ def test_sessions_show_prints_the_tree(demo: DemoRun) -> None:
 def test_sessions_show_marks_branches_and_labels(tmp_path: Path) -> None:
     db = str(tmp_path / "tree.duckdb")
     with turnkeeper.open_store(db) as store:
-        store.create_session("s1", cwd="/w")
+        store.sessions.create("s1", cwd="/w")
 
         def msg(role: str, text: str) -> dict[str, Any]:
             return {"message": {"role": role, "content": [{"type": "text", "text": text}]}}
 
-        first = store.append("s1", "message", msg("user", "first question"))
-        store.append("s1", "message", msg("assistant", "old answer"))
-        store.branch("s1", first.id)
-        new = store.append("s1", "message", msg("assistant", "new answer"))
-        store.set_label("s1", first.id, "checkpoint")
-        store.set_title("s1", "Branchy")
+        first = store.sessions.append("s1", "message", msg("user", "first question"))
+        store.sessions.append("s1", "message", msg("assistant", "old answer"))
+        store.sessions.branch("s1", first.id)
+        new = store.sessions.append("s1", "message", msg("assistant", "new answer"))
+        store.sessions.set_label("s1", first.id, "checkpoint")
+        store.sessions.set_title("s1", "Branchy")
     result = run("sessions", "--db", db, "show", "s1")
     assert result.exit_code == 0, result.output
     out = result.stdout
@@ -849,7 +849,7 @@ def test_audit_flags_a_refused_write_that_is_stored(demo: DemoRun, tmp_path: Pat
             .column("m")[0]
             .as_py()
         )
-        record = store.resolve(key="demo-1-1")
+        record = store.threads.resolve(key="demo-1-1")
         assert stored and record is not None
         clean = run_audit(
             store, sessions, refused_markers=["never-written"], refused_records=["never-finalized"]
@@ -1472,34 +1472,34 @@ def test_report_recovery_latency_runs_from_the_end_of_the_runs_lease(tmp_path: P
     with turnkeeper.open_store(str(db), clock=clock) as store:
 
         def admit(sid: str, lease: Any = None, retry_of: str | None = None) -> Any:
-            if store.get_session(sid) is None:
-                store.create_session(sid)
-            r = store.admit_run(sid, {"q": sid}, user_message=user, lease=lease, retry_of=retry_of)
-            store.start_run(r.id, lease=lease)
+            if store.sessions.get(sid) is None:
+                store.sessions.create(sid)
+            r = store.runs.admit(sid, {"q": sid}, user_message=user, lease=lease, retry_of=retry_of)
+            store.runs.start(r.id, lease=lease)
             return r
 
         def recovery(sid: str) -> Any:
-            return store.acquire_lease(f"session:{sid}", "rec", 60, purpose="recovery")
+            return store.leases.acquire(f"session:{sid}", "rec", 60, purpose="recovery")
 
         # s1: the worker renews its lease to T+14 s, then is lost; recovered at T+27 s.
-        store.create_session("s1")
-        worker = store.acquire_lease("session:s1", "w", 10, purpose="execution")
+        store.sessions.create("s1")
+        worker = store.leases.acquire("session:s1", "w", 10, purpose="execution")
         lost = admit("s1", worker)
         clock.advance(4)
-        store.renew_lease(worker, 10)
+        store.leases.renew(worker, 10)
         clock.advance(21)
         rec = recovery("s1")
-        store.begin_recovery(lost.id, rec)  # pickup 11 s
+        store.recovery.begin(lost.id, rec)  # pickup 11 s
         clock.advance(2)
-        store.converge_recovery(lost.id, rec, error="worker crashed")  # 13 s; 27 s since update
-        store.release_lease(rec)
+        store.recovery.converge(lost.id, rec, error="worker crashed")  # 13 s; 27 s since update
+        store.leases.release(rec)
         # Its retry succeeds; the reply's upload is requeued once, the message fails.
         retry = admit("s1", retry_of=lost.id)
-        store.claim_tool_execution(
+        store.tools.claim(
             "k-edit", "s1", local_turn_id=retry.turn_id, provider_call_id="c1", tool_name="edit",
             side_effecting=True, run_id=retry.id,
         )  # fmt: skip
-        store.complete_tool_execution("k-edit", {"ok": True})
+        store.tools.complete("k-edit", {"ok": True})
         plan = DeliveryPlan(
             "chat",
             "room",
@@ -1510,42 +1510,42 @@ def test_report_recovery_latency_runs_from_the_end_of_the_runs_lease(tmp_path: P
             reply_message_id="m1",
             transport_context={"token": "secret"},
         )
-        store.finish_run(retry.id, "succeeded", assistant_message=reply, delivery_plan=plan)
+        store.runs.finish(retry.id, "succeeded", assistant_message=reply, delivery_plan=plan)
         upload, send = f"{retry.id}:delivery:upload", f"{retry.id}:delivery:send"
-        claim = store.claim_delivery(upload, "d", 5)
-        store.requeue_delivery(upload, "d", claim.lease_epoch, failure_code="rate_limited")
-        claim = store.claim_delivery(upload, "d", 5)
-        store.finish_delivery(upload, "d", claim.lease_epoch, "delivered")
-        claim = store.claim_delivery(send, "d", 5)
-        store.finish_delivery(send, "d", claim.lease_epoch, "failed", failure_code="gone")
+        claim = store.outbox.claim(upload, "d", 5)
+        store.outbox.requeue(upload, "d", claim.lease_epoch, failure_code="rate_limited")
+        claim = store.outbox.claim(upload, "d", 5)
+        store.outbox.finish(upload, "d", claim.lease_epoch, "delivered")
+        claim = store.outbox.claim(send, "d", 5)
+        store.outbox.finish(send, "d", claim.lease_epoch, "failed", failure_code="gone")
         # s2: the worker releases its lease 1 s in, with a read-only tool running.
-        worker = store.acquire_lease("session:s2", "w", 10, purpose="execution")
+        worker = store.leases.acquire("session:s2", "w", 10, purpose="execution")
         released = admit("s2", worker)
-        store.claim_tool_execution(
+        store.tools.claim(
             "k-read", "s2", local_turn_id=released.turn_id, provider_call_id="c2", tool_name="read",
             side_effecting=False, run_id=released.id, lease=worker,
         )  # fmt: skip
         clock.advance(1)
-        store.release_lease(worker)
+        store.leases.release(worker)
         clock.advance(4)
         rec = recovery("s2")
-        store.begin_recovery(released.id, rec)  # pickup 4 s
-        store.interrupt_tool_executions("s2", reason="process lost", lease=rec)
+        store.recovery.begin(released.id, rec)  # pickup 4 s
+        store.tools.interrupt("s2", reason="process lost", lease=rec)
         clock.advance(1)
-        store.converge_recovery(released.id, rec)  # 5 s; 6 s since update
-        store.release_lease(rec)
+        store.recovery.converge(released.id, rec)  # 5 s; 6 s since update
+        store.leases.release(rec)
         # s3..s6: runs admitted without a lease, orphans from admission.
         for sid, wait_s in (("s3", 2), ("s4", 0), ("s5", 0), ("s6", 0)):
             orphan = admit(sid)
             clock.advance(wait_s)
             rec = recovery(sid)
-            store.begin_recovery(orphan.id, rec)
+            store.recovery.begin(orphan.id, rec)
             if sid == "s3":
-                store.fail_recovery(orphan.id, rec, "boom", max_attempts=1)
+                store.recovery.fail(orphan.id, rec, "boom", max_attempts=1)
             elif sid == "s4":
-                store.detach_recovery(orphan.id, rec)
+                store.recovery.detach(orphan.id, rec)
             elif sid == "s5":
-                store.fail_recovery(orphan.id, rec, "flaky", max_attempts=3)
+                store.recovery.fail(orphan.id, rec, "flaky", max_attempts=3)
     result = run("report", "--db", str(db), "--json")
     assert result.exit_code == 0, result.output
     h = json.loads(result.stdout)["run_history"]
@@ -1618,17 +1618,17 @@ def test_report_gives_failure_rate_and_p95_duration_per_model_and_day(tmp_path: 
     path = tmp_path / "models.duckdb"
     now = [datetime(2026, 3, 1, 12, 0, tzinfo=UTC)]
     with turnkeeper.open_store(str(path), clock=lambda: now[0]) as store:
-        store.create_session("s")
+        store.sessions.create("s")
         outcomes = [("m1", "succeeded", 10), ("m1", "failed", 20), ("m1", "succeeded", 30)]
         outcomes += [("m1", "interrupted", 40), ("m2", "cancelled", 5)]
         for model, status, seconds in outcomes:
-            admitted = store.admit_run("s", {"m": model, "t": seconds}, model=model, start=True)
+            admitted = store.runs.admit("s", {"m": model, "t": seconds}, model=model, start=True)
             if status == "cancelled":
-                store.request_cancel(admitted.id)
+                store.runs.request_cancel(admitted.id)
             now[0] += timedelta(seconds=seconds)
-            store.finish_run(admitted.id, status)
+            store.runs.finish(admitted.id, status)
         now[0] += timedelta(days=1)
-        store.admit_run("s", {"still": "running"}, model="m1", start=True)
+        store.runs.admit("s", {"still": "running"}, model="m1", start=True)
     result = run("report", "--db", str(path), "--json")
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)["run_history"]["runs_by_model_day"]

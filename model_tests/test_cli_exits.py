@@ -36,10 +36,10 @@ def db(tmp_path: Path) -> str:
     """A database with one session ``s1`` (with a run) and nothing else."""
     path = str(tmp_path / "cli.duckdb")
     with turnkeeper.open_store(path) as store:
-        store.create_session("s1")
-        run = store.admit_run("s1", {"q": 1}, user_message={"role": "user", "content": "hi"})
-        store.start_run(run.id)
-        store.finish_run(run.id, "succeeded", assistant_message={"role": "assistant"})
+        store.sessions.create("s1")
+        run = store.runs.admit("s1", {"q": 1}, user_message={"role": "user", "content": "hi"})
+        store.runs.start(run.id)
+        store.runs.finish(run.id, "succeeded", assistant_message={"role": "assistant"})
     return path
 
 
@@ -167,8 +167,8 @@ def test_export_writes_to_a_fifo_or_device_and_never_replaces_it(tmp_path: Path)
 
     db = tmp_path / "e.duckdb"
     with turnkeeper.open_store(str(db)) as store:
-        store.create_session("s1")
-        store.append("s1", "message", {"message": {"role": "user", "content": "hi"}})
+        store.sessions.create("s1")
+        store.sessions.append("s1", "message", {"message": {"role": "user", "content": "hi"}})
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     got: list[bytes] = []

@@ -12,56 +12,56 @@ from turnkeeper.storage.validate import MAX_TTL_S
 
 
 def test_acquire_grants_epoch_one_then_busy_for_others(store, clock):
-    lease = store.acquire_lease("t", "a", 10)
+    lease = store.leases.acquire("t", "a", 10)
     assert (lease.target, lease.owner, lease.epoch, lease.purpose) == ("t", "a", 1, "mutation")
     assert lease.expires_at == clock.now + __import__("datetime").timedelta(seconds=10)
     with pytest.raises(BusyError) as err:
-        store.acquire_lease("t", "b", 10)
+        store.leases.acquire("t", "b", 10)
     assert (err.value.target, err.value.holder) == ("t", "a")
 
 
 def test_reacquire_same_owner_same_purpose_returns_same_token_and_extends(store, clock):
-    first = store.acquire_lease("t", "a", 10)
+    first = store.leases.acquire("t", "a", 10)
     clock.advance(5)
-    again = store.acquire_lease("t", "a", 10)
+    again = store.leases.acquire("t", "a", 10)
     assert (again.token, again.epoch) == (first.token, first.epoch)
     assert again.expires_at > first.expires_at
 
 
 def test_reacquire_with_other_purpose_is_a_purpose_error(store):
-    store.acquire_lease("t", "a", 10, purpose="execution")
+    store.leases.acquire("t", "a", 10, purpose="execution")
     with pytest.raises(LeasePurposeError) as err:
-        store.acquire_lease("t", "a", 10, purpose="recovery")
+        store.leases.acquire("t", "a", 10, purpose="recovery")
     assert (err.value.held_purpose, err.value.requested_purpose) == ("execution", "recovery")
 
 
 def test_expired_lease_is_taken_over_with_a_higher_epoch(store, clock):
-    old = store.acquire_lease("t", "a", 10)
+    old = store.leases.acquire("t", "a", 10)
     clock.advance(10)  # live iff now < expires_at: at expiry it is free
-    new = store.acquire_lease("t", "b", 10)
+    new = store.leases.acquire("t", "b", 10)
     assert new.epoch == old.epoch + 1 and new.token != old.token
     with pytest.raises(LeaseLostError):
-        store.renew_lease(old, 10)
+        store.leases.renew(old, 10)
     with pytest.raises(LeaseLostError):
-        store.validate_lease(old)
+        store.leases.validate(old)
 
 
 def test_same_owner_after_expiry_gets_a_new_epoch(store, clock):
-    old = store.acquire_lease("t", "a", 1)
+    old = store.leases.acquire("t", "a", 1)
     clock.advance(2)
-    new = store.acquire_lease("t", "a", 1)
+    new = store.leases.acquire("t", "a", 1)
     assert new.epoch == 2 and new.token != old.token
 
 
 def test_renew_extends_from_now(store, clock):
-    lease = store.acquire_lease("t", "a", 10)
+    lease = store.leases.acquire("t", "a", 10)
     clock.advance(9)
-    renewed = store.renew_lease(lease, 10)
+    renewed = store.leases.renew(lease, 10)
     assert renewed.expires_at == clock.now + __import__("datetime").timedelta(seconds=10)
     clock.advance(9)
-    store.validate_lease(renewed)
+    store.leases.validate(renewed)
     with pytest.raises(BusyError):
-        store.acquire_lease("t", "b", 1)
+        store.leases.acquire("t", "b", 1)
 
 
 @pytest.mark.parametrize("ttl_s", [0.000001, 1.5, 3600, 86400 * 30, MAX_TTL_S])
@@ -70,10 +70,10 @@ def test_acquire_and_renew_take_every_allowed_ttl_to_the_microsecond(store, cloc
     worth of microseconds once overflowed a 32-bit multiplication on renew)."""
     from datetime import timedelta
 
-    lease = store.acquire_lease("t", "a", ttl_s)
+    lease = store.leases.acquire("t", "a", ttl_s)
     assert lease.expires_at == clock.now + timedelta(microseconds=round(ttl_s * 1_000_000))
     clock.advance(ttl_s / 2 if ttl_s < 1 else 0.5)
-    renewed = store.renew_lease(lease, ttl_s)
+    renewed = store.leases.renew(lease, ttl_s)
     assert renewed.expires_at == clock.now + timedelta(microseconds=round(ttl_s * 1_000_000))
     assert store.query("SELECT expires_at FROM leases").to_pylist() == [
         {"expires_at": renewed.expires_at}
@@ -81,44 +81,44 @@ def test_acquire_and_renew_take_every_allowed_ttl_to_the_microsecond(store, cloc
 
 
 def test_renew_after_expiry_is_lease_lost_even_if_nobody_took_it(store, clock):
-    lease = store.acquire_lease("t", "a", 1)
+    lease = store.leases.acquire("t", "a", 1)
     clock.advance(1)
     with pytest.raises(LeaseLostError) as err:
-        store.renew_lease(lease, 10)
+        store.leases.renew(lease, 10)
     assert err.value.target == "t"
 
 
 def test_release_is_idempotent_and_frees_the_target(store):
-    lease = store.acquire_lease("t", "a", 10)
-    assert store.release_lease(lease) is True
-    assert store.release_lease(lease) is False
-    nxt = store.acquire_lease("t", "b", 10)
+    lease = store.leases.acquire("t", "a", 10)
+    assert store.leases.release(lease) is True
+    assert store.leases.release(lease) is False
+    nxt = store.leases.acquire("t", "b", 10)
     assert nxt.epoch == 2  # epochs are never reused: rows are kept after release
 
 
 def test_release_by_a_non_holder_changes_nothing(store):
-    lease = store.acquire_lease("t", "a", 10)
+    lease = store.leases.acquire("t", "a", 10)
     forged = turnkeeper.Lease(
         "t", "b", "not-the-token", lease.epoch, lease.purpose, lease.expires_at
     )
-    assert store.release_lease(forged) is False
+    assert store.leases.release(forged) is False
     stale = turnkeeper.Lease("t", "a", "wrong-token", lease.epoch, lease.purpose, lease.expires_at)
-    assert store.release_lease(stale) is False
-    store.validate_lease(lease)
+    assert store.leases.release(stale) is False
+    store.leases.validate(lease)
     with pytest.raises(BusyError):
-        store.acquire_lease("t", "b", 10)
+        store.leases.acquire("t", "b", 10)
 
 
 def test_stale_lease_release_ignored_after_takeover(store, clock):
-    old = store.acquire_lease("t", "a", 1)
+    old = store.leases.acquire("t", "a", 1)
     clock.advance(2)
-    new = store.acquire_lease("t", "b", 10)
-    assert store.release_lease(old) is False
-    store.validate_lease(new)
+    new = store.leases.acquire("t", "b", 10)
+    assert store.leases.release(old) is False
+    store.leases.validate(new)
 
 
 def test_token_is_never_stored_only_its_digest(store):
-    lease = store.acquire_lease("t", "a", 10)
+    lease = store.leases.acquire("t", "a", 10)
     table = store.query("SELECT * FROM leases").to_pylist()
     assert lease.token not in repr(table)
     assert "token" not in repr(lease)
@@ -127,7 +127,7 @@ def test_token_is_never_stored_only_its_digest(store):
 @pytest.mark.parametrize("ttl", [0, -1, float("nan"), float("inf"), "5"])
 def test_bad_ttl_is_refused_with_nothing_written(store, ttl):
     with pytest.raises(InvalidInputError) as err:
-        store.acquire_lease("t", "a", ttl)
+        store.leases.acquire("t", "a", ttl)
     assert err.value.field == "ttl_s"
     assert store.query("SELECT count(*) AS n FROM leases").to_pylist() == [{"n": 0}]
 
@@ -135,17 +135,17 @@ def test_bad_ttl_is_refused_with_nothing_written(store, ttl):
 @pytest.mark.parametrize("target,owner", [("", "a"), ("t", ""), ("t\ud800", "a"), (None, "a")])
 def test_bad_target_or_owner_is_refused(store, target, owner):
     with pytest.raises(InvalidInputError):
-        store.acquire_lease(target, owner, 1)
+        store.leases.acquire(target, owner, 1)
 
 
 def test_every_transition_writes_an_event_row(store, clock):
-    a = store.acquire_lease("t", "a", 1)
-    store.acquire_lease("t", "a", 1)
-    store.renew_lease(a, 1)
+    a = store.leases.acquire("t", "a", 1)
+    store.leases.acquire("t", "a", 1)
+    store.leases.renew(a, 1)
     clock.advance(5)
-    b = store.acquire_lease("t", "b", 1)
-    store.release_lease(b)
-    store.acquire_lease("t", "c", 1)
+    b = store.leases.acquire("t", "b", 1)
+    store.leases.release(b)
+    store.leases.acquire("t", "c", 1)
     rows = store.query(
         "SELECT edge, epoch FROM lease_events ORDER BY occurred_at, epoch"
     ).to_pylist()

@@ -23,7 +23,7 @@ ASSISTANT = {"role": "assistant", "content": "done"}
 
 @pytest.fixture
 def sid(store) -> str:
-    store.create_session("s")
+    store.sessions.create("s")
     return "s"
 
 
@@ -32,18 +32,20 @@ def count(store, table: str) -> int:
 
 
 def test_admission_writes_everything_in_one_go(store, sid):
-    run = store.admit_run(sid, {"text": "do it"}, user_message=USER, model="m1")
+    run = store.runs.admit(sid, {"text": "do it"}, user_message=USER, model="m1")
     assert (run.status, run.attempt, run.retry_of, run.cancel_requested) == (
         "admitted",
         1,
         None,
         False,
     )
-    kinds = [(e.id, e.kind) for e in store.entries(sid)]
+    kinds = [(e.id, e.kind) for e in store.sessions.entries(sid)]
     assert kinds == [(f"{run.id}:turn-start", "turn_start"), (run.user_entry_id, "message")]
-    assert store.replay(sid).entry_ids == (run.user_entry_id,)  # turn markers are not replayed
-    assert store.active_run(sid) == run
-    assert [(e.seq, e.edge) for e in store.run_events(sid)] == [(1, "admit")]
+    assert store.sessions.replay(sid).entry_ids == (
+        run.user_entry_id,
+    )  # turn markers are not replayed
+    assert store.runs.active(sid) == run
+    assert [(e.seq, e.edge) for e in store.runs.events(sid)] == [(1, "admit")]
     intent = store.query("SELECT model, request FROM execution_intents").to_pylist()
     assert intent == [{"model": "m1", "request": '{"text":"do it"}'}]
     turn = store.query("SELECT status, end_seq FROM conversation_turns").to_pylist()
@@ -51,17 +53,17 @@ def test_admission_writes_everything_in_one_go(store, sid):
 
 
 def test_same_key_same_request_returns_the_original_run(store, sid):
-    first = store.admit_run(sid, {"a": 1, "b": 2}, submission_key="k")
-    again = store.admit_run(sid, {"b": 2, "a": 1}, submission_key="k")  # key order is irrelevant
+    first = store.runs.admit(sid, {"a": 1, "b": 2}, submission_key="k")
+    again = store.runs.admit(sid, {"b": 2, "a": 1}, submission_key="k")  # key order is irrelevant
     assert again == first and count(store, "runs") == 1
     keys = store.query("SELECT * FROM submissions").to_pylist()
     assert len(keys) == 1 and "k" not in keys[0].values()  # only the digest is stored
 
 
 def test_same_key_different_request_conflicts_naming_the_run(store, sid):
-    first = store.admit_run(sid, {"a": 1}, submission_key="k")
+    first = store.runs.admit(sid, {"a": 1}, submission_key="k")
     with pytest.raises(SubmissionConflictError) as err:
-        store.admit_run(sid, {"a": 2}, submission_key="k")
+        store.runs.admit(sid, {"a": 2}, submission_key="k")
     assert (err.value.session_id, err.value.run_id) == (sid, first.id)
 
 
@@ -79,142 +81,142 @@ def test_same_key_and_request_with_another_admission_argument_conflicts(store, s
     """The whole admission is the submission: the same key with another user
     message (or model, source, policy …) is another request, never silently the first."""
     args = {"user_message": USER, "model": "m", "source": "api", "policy": {"tools": "all"}}
-    first = store.admit_run(sid, {"a": 1}, submission_key="k", **args)
-    before = store.entries(sid)
+    first = store.runs.admit(sid, {"a": 1}, submission_key="k", **args)
+    before = store.sessions.entries(sid)
     with pytest.raises(SubmissionConflictError) as err:
-        store.admit_run(sid, {"a": 1}, submission_key="k", **(args | change))
+        store.runs.admit(sid, {"a": 1}, submission_key="k", **(args | change))
     assert err.value.run_id == first.id
-    assert store.entries(sid) == before
-    assert store.admit_run(sid, {"a": 1}, submission_key="k", **args) == first
+    assert store.sessions.entries(sid) == before
+    assert store.runs.admit(sid, {"a": 1}, submission_key="k", **args) == first
 
 
 def test_at_most_one_non_terminal_run_per_session(store, sid):
-    first = store.admit_run(sid, {"n": 1})
+    first = store.runs.admit(sid, {"n": 1})
     with pytest.raises(SessionRunActiveError) as err:
-        store.admit_run(sid, {"n": 2}, user_message=USER)
+        store.runs.admit(sid, {"n": 2}, user_message=USER)
     assert err.value.run_id == first.id
-    assert count(store, "runs") == 1 and len(store.entries(sid)) == 1
+    assert count(store, "runs") == 1 and len(store.sessions.entries(sid)) == 1
 
 
 def test_the_one_active_run_rule_is_held_by_the_schema(store, sid):
-    store.admit_run(sid, {"n": 1})
+    store.runs.admit(sid, {"n": 1})
     with pytest.raises(turnkeeper.IntegrityError):
         forge(store, "INSERT INTO active_runs VALUES ('s', 'another-run')", rows=1)
 
 
 def test_finish_writes_terminal_event_assistant_entry_and_turn_end(store, sid):
-    run = store.admit_run(sid, {"n": 1}, user_message=USER)
-    store.start_run(run.id)
-    done = store.finish_run(run.id, "succeeded", assistant_message=ASSISTANT, stop_reason="stop")
+    run = store.runs.admit(sid, {"n": 1}, user_message=USER)
+    store.runs.start(run.id)
+    done = store.runs.finish(run.id, "succeeded", assistant_message=ASSISTANT, stop_reason="stop")
     assert done.status == "succeeded" and done.finished_at is not None
-    assert store.active_run(sid) is None
-    ids = [e.id for e in store.entries(sid)]
+    assert store.runs.active(sid) is None
+    ids = [e.id for e in store.sessions.entries(sid)]
     assert ids[-2:] == [run.assistant_entry_id, f"{run.id}:turn-end"]
-    assert store.replay(sid).entry_ids == (run.user_entry_id, run.assistant_entry_id)
-    assert [e.edge for e in store.run_events(sid)] == ["admit", "start", "succeed"]
+    assert store.sessions.replay(sid).entry_ids == (run.user_entry_id, run.assistant_entry_id)
+    assert [e.edge for e in store.runs.events(sid)] == ["admit", "start", "succeed"]
     turn = store.query("SELECT status FROM conversation_turns").to_pylist()
     assert turn == [{"status": "succeeded"}]
 
 
 def test_repeating_the_same_terminalization_is_idempotent(store, sid):
-    run = store.admit_run(sid, {"n": 1})
-    store.start_run(run.id)
-    store.finish_run(run.id, "failed", error="boom")
-    before = (len(store.entries(sid)), count(store, "run_events"))
-    again = store.finish_run(run.id, "failed", error="boom")
+    run = store.runs.admit(sid, {"n": 1})
+    store.runs.start(run.id)
+    store.runs.finish(run.id, "failed", error="boom")
+    before = (len(store.sessions.entries(sid)), count(store, "run_events"))
+    again = store.runs.finish(run.id, "failed", error="boom")
     assert again.status == "failed" and again.error == "boom"
-    assert (len(store.entries(sid)), count(store, "run_events")) == before
+    assert (len(store.sessions.entries(sid)), count(store, "run_events")) == before
 
 
 def test_a_terminal_run_is_never_revived_or_re_ended(store, sid):
-    run = store.admit_run(sid, {"n": 1})
-    store.finish_run(run.id, "abandoned")
+    run = store.runs.admit(sid, {"n": 1})
+    store.runs.finish(run.id, "abandoned")
     for call in (
-        lambda: store.start_run(run.id),
-        lambda: store.finish_run(run.id, "succeeded"),
-        lambda: store.request_cancel(run.id),
+        lambda: store.runs.start(run.id),
+        lambda: store.runs.finish(run.id, "succeeded"),
+        lambda: store.runs.request_cancel(run.id),
     ):
         with pytest.raises(InvalidTransitionError):
             call()
-    assert store.get_run(run.id).status == "abandoned"
+    assert store.runs.get(run.id).status == "abandoned"
 
 
 def test_cancel_needs_a_cancel_request(store, sid):
-    run = store.admit_run(sid, {"n": 1})
-    store.start_run(run.id)
+    run = store.runs.admit(sid, {"n": 1})
+    store.runs.start(run.id)
     with pytest.raises(InvalidTransitionError):
-        store.finish_run(run.id, "cancelled")
-    assert store.request_cancel(run.id).cancel_requested is True
-    assert store.finish_run(run.id, "cancelled").status == "cancelled"
+        store.runs.finish(run.id, "cancelled")
+    assert store.runs.request_cancel(run.id).cancel_requested is True
+    assert store.runs.finish(run.id, "cancelled").status == "cancelled"
 
 
 def test_succeed_only_from_running(store, sid):
-    run = store.admit_run(sid, {"n": 1})
+    run = store.runs.admit(sid, {"n": 1})
     with pytest.raises(InvalidTransitionError):
-        store.finish_run(run.id, "succeeded")
-    store.start_run(run.id)
-    store.wait_run(run.id)
+        store.runs.finish(run.id, "succeeded")
+    store.runs.start(run.id)
+    store.runs.wait(run.id)
     with pytest.raises(InvalidTransitionError):
-        store.finish_run(run.id, "succeeded")
+        store.runs.finish(run.id, "succeeded")
 
 
 def test_retry_only_from_the_latest_terminal_attempt(store, sid):
-    first = store.admit_run(sid, {"n": 1})
+    first = store.runs.admit(sid, {"n": 1})
     with pytest.raises((RetryNotAllowedError, SessionRunActiveError)):
-        store.admit_run(sid, {"n": 1}, retry_of=first.id)
-    store.finish_run(first.id, "failed")
-    second = store.admit_run(sid, {"n": 1}, retry_of=first.id)
+        store.runs.admit(sid, {"n": 1}, retry_of=first.id)
+    store.runs.finish(first.id, "failed")
+    second = store.runs.admit(sid, {"n": 1}, retry_of=first.id)
     assert (second.attempt, second.intent_id, second.retry_of) == (2, first.intent_id, first.id)
-    store.finish_run(second.id, "failed")
+    store.runs.finish(second.id, "failed")
     with pytest.raises(RetryNotAllowedError) as err:
-        store.admit_run(sid, {"n": 1}, retry_of=first.id)
+        store.runs.admit(sid, {"n": 1}, retry_of=first.id)
     assert err.value.run_id == first.id
     with pytest.raises(RunNotFoundError):
-        store.admit_run(sid, {"n": 1}, retry_of="nope")
-    third = store.admit_run(sid, {"n": 1}, retry_of=second.id)
+        store.runs.admit(sid, {"n": 1}, retry_of="nope")
+    third = store.runs.admit(sid, {"n": 1}, retry_of=second.id)
     assert third.attempt == 3
 
 
 def test_run_events_after_before_latest_with_limits(store, sid):
     for _ in range(4):
-        run = store.admit_run(sid, {"n": 1})
-        store.start_run(run.id)
-        store.finish_run(run.id, "succeeded")
-    seqs = [e.seq for e in store.run_events(sid)]
+        run = store.runs.admit(sid, {"n": 1})
+        store.runs.start(run.id)
+        store.runs.finish(run.id, "succeeded")
+    seqs = [e.seq for e in store.runs.events(sid)]
     assert seqs == list(range(1, 13))
-    assert [e.seq for e in store.run_events(sid, after=9)] == [10, 11, 12]
-    assert [e.seq for e in store.run_events(sid, after=2, limit=2)] == [3, 4]
-    assert [e.seq for e in store.run_events(sid, before=4)] == [1, 2, 3]
-    assert [e.seq for e in store.run_events(sid, before=10, limit=2)] == [8, 9]
-    assert [e.seq for e in store.run_events(sid, latest=True, limit=3)] == [10, 11, 12]
+    assert [e.seq for e in store.runs.events(sid, after=9)] == [10, 11, 12]
+    assert [e.seq for e in store.runs.events(sid, after=2, limit=2)] == [3, 4]
+    assert [e.seq for e in store.runs.events(sid, before=4)] == [1, 2, 3]
+    assert [e.seq for e in store.runs.events(sid, before=10, limit=2)] == [8, 9]
+    assert [e.seq for e in store.runs.events(sid, latest=True, limit=3)] == [10, 11, 12]
     with pytest.raises(InvalidInputError):
-        store.run_events(sid, after="3")
+        store.runs.events(sid, after="3")
 
 
 def test_admission_and_termination_are_fenced_by_the_session_lease(store, clock, sid):
-    store.create_session("other")
-    lease = store.acquire_lease("session:s", "w", 1, purpose="execution")
+    store.sessions.create("other")
+    lease = store.leases.acquire("session:s", "w", 1, purpose="execution")
     with pytest.raises(InvalidInputError):
-        store.admit_run("other", {"n": 1}, lease=lease)
-    run = store.admit_run(sid, {"n": 1}, lease=lease, user_message=USER)
+        store.runs.admit("other", {"n": 1}, lease=lease)
+    run = store.runs.admit(sid, {"n": 1}, lease=lease, user_message=USER)
     clock.advance(2)
     with pytest.raises(LeaseLostError):
-        store.finish_run(run.id, "failed", lease=lease)
-    assert store.get_run(run.id).status == "admitted"
-    fresh = store.acquire_lease("session:s", "w2", 5, purpose="execution")
-    assert store.finish_run(run.id, "failed", lease=fresh).status == "failed"
+        store.runs.finish(run.id, "failed", lease=lease)
+    assert store.runs.get(run.id).status == "admitted"
+    fresh = store.leases.acquire("session:s", "w2", 5, purpose="execution")
+    assert store.runs.finish(run.id, "failed", lease=fresh).status == "failed"
 
 
 def test_bad_run_input_is_refused(store, sid):
     with pytest.raises(SessionNotFoundError):
-        store.admit_run("nope", {"n": 1})
+        store.runs.admit("nope", {"n": 1})
     with pytest.raises(InvalidInputError):
-        store.admit_run(sid, ["not", "a", "mapping"])
+        store.runs.admit(sid, ["not", "a", "mapping"])
     with pytest.raises(InvalidInputError):
-        store.admit_run(sid, {"n": 1}, user_message={"content": "no role"})
-    run = store.admit_run(sid, {"n": 1})
+        store.runs.admit(sid, {"n": 1}, user_message={"content": "no role"})
+    run = store.runs.admit(sid, {"n": 1})
     for status in ("running", "bogus"):
         with pytest.raises(InvalidInputError):
-            store.finish_run(run.id, status)
+            store.runs.finish(run.id, status)
     with pytest.raises(RunNotFoundError):
-        store.start_run("nope")
+        store.runs.start("nope")

@@ -105,7 +105,7 @@ def test_a_worker_counts_its_lost_lease_as_fenced(
         model_change_p=0.0,
     )
     with turnkeeper.open_store(":memory:", clock=clock) as store:
-        store.create_session(SID)
+        store.sessions.create(SID)
         stop = threading.Event()
         recovery = RecoveryCoordinator(store, threading.Event(), ServiceStats(), TTL_S)
         worker = Worker(store, 0, cfg, [SID], "r0", float("inf"), stop)
@@ -138,10 +138,10 @@ def test_a_recovery_coordinator_counts_its_lost_lease_as_fenced(
     monkeypatch: pytest.MonkeyPatch, clock: FakeClock, method: str
 ) -> None:
     with turnkeeper.open_store(":memory:", clock=clock) as store:
-        store.create_session(SID)
-        lease = store.acquire_lease(f"session:{SID}", "w", TTL_S, purpose="execution")
-        run = store.admit_run(SID, {"prompt": "x"}, lease=lease)
-        store.start_run(run.id, lease=lease)
+        store.sessions.create(SID)
+        lease = store.leases.acquire(f"session:{SID}", "w", TTL_S, purpose="execution")
+        run = store.runs.admit(SID, {"prompt": "x"}, lease=lease)
+        store.runs.start(run.id, lease=lease)
         clock.advance(TTL_S + 1)  # the worker crashed: its run is an orphan
         stop = threading.Event()
         coordinator = RecoveryCoordinator(store, stop, ServiceStats(), TTL_S)
@@ -176,10 +176,10 @@ def test_an_outbox_worker_counts_its_lost_claim_as_fenced(
     taken_over: bool,
 ) -> None:
     with turnkeeper.open_store(":memory:", clock=clock) as store:
-        store.create_session(SID)
-        run = store.admit_run(SID, {"prompt": "x"})
-        store.start_run(run.id)
-        store.finish_run(
+        store.sessions.create(SID)
+        run = store.runs.admit(SID, {"prompt": "x"})
+        store.runs.start(run.id)
+        store.runs.finish(
             run.id, "succeeded", delivery_plan=reply_plan(SID, run, "m", with_attachment=attachment)
         )
         stop = threading.Event()
@@ -207,14 +207,14 @@ def test_the_drain_ends_when_only_operations_blocked_for_good_are_left(
     """A ``send`` whose ``upload`` failed is never claimable: the drain must not wait
     for it (it used to run to its limit, adding seconds to every demo)."""
     with turnkeeper.open_store(":memory:", clock=clock) as store:
-        store.create_session(SID)
-        run = store.admit_run(SID, {"prompt": "x"})
-        store.start_run(run.id)
+        store.sessions.create(SID)
+        run = store.runs.admit(SID, {"prompt": "x"})
+        store.runs.start(run.id)
         plan = reply_plan(SID, run, "m", with_attachment=True)
-        store.finish_run(run.id, "succeeded", delivery_plan=plan)
-        (upload,) = store.list_due_deliveries()
-        claim = store.claim_delivery(upload.id, "w", TTL_S)
-        store.finish_delivery(upload.id, "w", claim.lease_epoch, "failed", failure_code="gone")
+        store.runs.finish(run.id, "succeeded", delivery_plan=plan)
+        (upload,) = store.outbox.list_due()
+        claim = store.outbox.claim(upload.id, "w", TTL_S)
+        store.outbox.finish(upload.id, "w", claim.lease_epoch, "failed", failure_code="gone")
         queries: list[str] = []
         real_query = store.query
 

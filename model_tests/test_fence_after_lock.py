@@ -84,8 +84,8 @@ class Case:
 
 
 def _session(store: turnkeeper.BaseStore, purpose: str = "execution") -> Any:
-    store.create_session("s")
-    return store.acquire_lease("session:s", "w1", TTL_S, purpose=purpose)
+    store.sessions.create("s")
+    return store.leases.acquire("session:s", "w1", TTL_S, purpose=purpose)
 
 
 def _lease_row(lease: Any) -> tuple[tuple[str, str, str], str]:
@@ -95,24 +95,24 @@ def _lease_row(lease: Any) -> tuple[tuple[str, str, str], str]:
 def append(store: turnkeeper.BaseStore) -> Any:
     lease = _session(store)
     return (
-        lambda: store.append("s", M, user("late"), lease=lease),
+        lambda: store.sessions.append("s", M, user("late"), lease=lease),
         _lease_row(lease),
-        lambda: len(store.entries("s")),
+        lambda: len(store.sessions.entries("s")),
     )
 
 
 def append_many(store: turnkeeper.BaseStore) -> Any:
     lease = _session(store)
     return (
-        lambda: store.append_many("s", [(M, user("a")), (M, user("b"))], lease=lease),
+        lambda: store.sessions.append_many("s", [(M, user("a")), (M, user("b"))], lease=lease),
         _lease_row(lease),
-        lambda: len(store.entries("s")),
+        lambda: len(store.sessions.entries("s")),
     )
 
 
 def _running(store: turnkeeper.BaseStore, lease: Any) -> Any:
-    run = store.admit_run("s", {"q": 1}, user_message=USER, lease=lease)
-    return store.start_run(run.id, lease=lease)
+    run = store.runs.admit("s", {"q": 1}, user_message=USER, lease=lease)
+    return store.runs.start(run.id, lease=lease)
 
 
 def finish_run(store: turnkeeper.BaseStore) -> Any:
@@ -122,10 +122,10 @@ def finish_run(store: turnkeeper.BaseStore) -> Any:
 
     def observe() -> Any:
         ops = store.query("SELECT count(*) AS n FROM delivery_operations").to_pylist()
-        return store.get_run(run.id).status, ops, len(store.entries("s"))
+        return store.runs.get(run.id).status, ops, len(store.sessions.entries("s"))
 
     return (
-        lambda: store.finish_run(
+        lambda: store.runs.finish(
             run.id, "succeeded", assistant_message=REPLY, lease=lease, delivery_plan=plan
         ),
         _lease_row(lease),
@@ -135,14 +135,14 @@ def finish_run(store: turnkeeper.BaseStore) -> Any:
 
 def complete_tool_execution(store: turnkeeper.BaseStore) -> Any:
     lease = _session(store)
-    store.claim_tool_execution(
+    store.tools.claim(
         "k", "s", local_turn_id="t", provider_call_id="c1", tool_name="ls",
         side_effecting=False, lease=lease,
     )  # fmt: skip
     return (
-        lambda: store.complete_tool_execution("k", {"out": "a.txt"}, lease=lease),
+        lambda: store.tools.complete("k", {"out": "a.txt"}, lease=lease),
         _lease_row(lease),
-        lambda: store.get_tool_execution("k").state,
+        lambda: store.tools.get("k").state,
     )
 
 
@@ -154,55 +154,59 @@ def renew_lease(store: turnkeeper.BaseStore) -> Any:
             "SELECT count(*) AS n FROM lease_events WHERE edge = 'renew'"
         ).to_pylist()
 
-    return (lambda: store.renew_lease(lease, 60), _lease_row(lease), observe)
+    return (lambda: store.leases.renew(lease, 60), _lease_row(lease), observe)
 
 
 def validate_lease(store: turnkeeper.BaseStore) -> Any:
     lease = _session(store)
-    return (lambda: store.validate_lease(lease), _lease_row(lease), lambda: None)
+    return (lambda: store.leases.validate(lease), _lease_row(lease), lambda: None)
 
 
 def finalize(store: turnkeeper.BaseStore) -> Any:
-    lease = store.acquire_lease("thread-key:k", "w1", TTL_S)
+    lease = store.leases.acquire("thread-key:k", "w1", TTL_S)
     request = FinalizeRequest(ThreadRecord(id="r1", key="k"), held_leases=(lease,))
-    return (lambda: store.finalize(request), _lease_row(lease), lambda: store.resolve(id="r1"))
+    return (
+        lambda: store.threads.finalize(request),
+        _lease_row(lease),
+        lambda: store.threads.resolve(id="r1"),
+    )
 
 
 def _orphan_and_recovery_lease(store: turnkeeper.BaseStore) -> tuple[Any, Any]:
-    store.create_session("s")
-    run = store.admit_run("s", {"q": 1}, user_message=USER)
-    store.start_run(run.id)
-    lease = store.acquire_lease("session:s", "rec", TTL_S, purpose="recovery")
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"q": 1}, user_message=USER)
+    store.runs.start(run.id)
+    lease = store.leases.acquire("session:s", "rec", TTL_S, purpose="recovery")
     return run, lease
 
 
 def begin_recovery(store: turnkeeper.BaseStore) -> Any:
     run, lease = _orphan_and_recovery_lease(store)
     return (
-        lambda: store.begin_recovery(run.id, lease),
+        lambda: store.recovery.begin(run.id, lease),
         _lease_row(lease),
-        lambda: store.get_recovery(run.id),
+        lambda: store.recovery.get(run.id),
     )
 
 
 def converge_recovery(store: turnkeeper.BaseStore) -> Any:
     run, lease = _orphan_and_recovery_lease(store)
-    store.begin_recovery(run.id, lease)
+    store.recovery.begin(run.id, lease)
     return (
-        lambda: store.converge_recovery(run.id, lease, error="worker lost"),
+        lambda: store.recovery.converge(run.id, lease, error="worker lost"),
         _lease_row(lease),
-        lambda: (store.get_run(run.id).status, store.get_recovery(run.id).state),
+        lambda: (store.runs.get(run.id).status, store.recovery.get(run.id).state),
     )
 
 
 def _claimed(store: turnkeeper.BaseStore) -> Any:
-    store.create_session("s")
-    run = store.admit_run("s", {"q": 1}, user_message=USER)
-    store.start_run(run.id)
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"q": 1}, user_message=USER)
+    store.runs.start(run.id)
     plan = DeliveryPlan("chat", "room", (DeliveryStep("send", "message"),))
-    store.finish_run(run.id, "succeeded", assistant_message=REPLY, delivery_plan=plan)
-    _, ops = store.get_delivery_plan(f"{run.id}:delivery")
-    return store.claim_delivery(ops[0].id, "d1", TTL_S)
+    store.runs.finish(run.id, "succeeded", assistant_message=REPLY, delivery_plan=plan)
+    _, ops = store.outbox.get_plan(f"{run.id}:delivery")
+    return store.outbox.claim(ops[0].id, "d1", TTL_S)
 
 
 def _op_row(op: Any) -> tuple[tuple[str, str, str], None]:
@@ -212,27 +216,27 @@ def _op_row(op: Any) -> tuple[tuple[str, str, str], None]:
 def finish_delivery(store: turnkeeper.BaseStore) -> Any:
     op = _claimed(store)
     return (
-        lambda: store.finish_delivery(op.id, "d1", op.lease_epoch, "delivered"),
+        lambda: store.outbox.finish(op.id, "d1", op.lease_epoch, "delivered"),
         _op_row(op),
-        lambda: store.get_delivery_operation(op.id),
+        lambda: store.outbox.get_operation(op.id),
     )
 
 
 def update_delivery_progress(store: turnkeeper.BaseStore) -> Any:
     op = _claimed(store)
     return (
-        lambda: store.update_delivery_progress(op.id, "d1", op.lease_epoch, provider_asset_id="x"),
+        lambda: store.outbox.update_progress(op.id, "d1", op.lease_epoch, provider_asset_id="x"),
         _op_row(op),
-        lambda: store.get_delivery_operation(op.id),
+        lambda: store.outbox.get_operation(op.id),
     )
 
 
 def requeue_delivery(store: turnkeeper.BaseStore) -> Any:
     op = _claimed(store)
     return (
-        lambda: store.requeue_delivery(op.id, "d1", op.lease_epoch, delay_s=1),
+        lambda: store.outbox.requeue(op.id, "d1", op.lease_epoch, delay_s=1),
         _op_row(op),
-        lambda: store.get_delivery_operation(op.id),
+        lambda: store.outbox.get_operation(op.id),
     )
 
 
@@ -374,7 +378,7 @@ def expired_while_waiting(
         clock.advance(PAST_EXPIRY_S)
         successor: tuple[threading.Thread, list[Any]] | None = None
         if takeover and target is not None:
-            successor = in_thread(lambda: store.acquire_lease(target, "w2", 60))
+            successor = in_thread(lambda: store.leases.acquire(target, "w2", 60))
     finally:
         held.release()
     thread.join(120)
@@ -462,7 +466,7 @@ def test_a_reacquire_that_waited_past_the_expiry_is_a_takeover_not_a_revival(sto
     lease = _session(store)
     held = Held(store, ("leases", "target", lease.target), lease.target)
     try:
-        thread, out = in_thread(lambda: store.acquire_lease(lease.target, "w1", 60))
+        thread, out = in_thread(lambda: store.leases.acquire(lease.target, "w1", 60))
         wait_until(held.waited_for, "the re-acquire never waited for the lock")
         clock.advance(PAST_EXPIRY_S)
     finally:
@@ -472,7 +476,7 @@ def test_a_reacquire_that_waited_past_the_expiry_is_a_takeover_not_a_revival(sto
     assert isinstance(again, turnkeeper.Lease), again
     assert again.epoch == lease.epoch + 1 and again.token != lease.token
     with pytest.raises(LeaseLostError):
-        store.validate_lease(lease)
+        store.leases.validate(lease)
 
 
 # -- DuckDB: a group commit runs other writes between a fence and its COMMIT --------------
@@ -573,10 +577,10 @@ def test_a_one_statement_append_that_waited_past_the_expiry_is_refused(tmp_path,
     try:
         for attempt in range(6):
             sid = f"p{attempt}"
-            store.create_session(sid)
-            lease = store.acquire_lease(f"session:{sid}", "w1", 0.5 * 2**attempt)
+            store.sessions.create(sid)
+            lease = store.leases.acquire(f"session:{sid}", "w1", 0.5 * 2**attempt)
             if _append_waited_while_live(store, sid, lease, locked):
-                assert store.entries(sid) == []
+                assert store.sessions.entries(sid) == []
                 return
         pytest.fail("the lease always expired before the append waited for it")
     finally:
@@ -591,7 +595,7 @@ def _append_waited_while_live(store: Any, sid: str, lease: turnkeeper.Lease, loc
     row = ("leases", "target", lease.target) if locked == "leases" else ("sessions", "id", sid)
     held = Held(store, row, lease.target)
     try:
-        thread, out = in_thread(lambda: store.append(sid, M, user("late"), lease=lease))
+        thread, out = in_thread(lambda: store.sessions.append(sid, M, user("late"), lease=lease))
         wait_until(held.waited_for, "the append never waited for the lock")
         live = _live(store, lease.target)
         wait_until(lambda: not _live(store, lease.target), "the lease never expired")

@@ -242,9 +242,9 @@ def test_on_postgres_the_engine_alone_refuses_a_second_active_record(monkeypatch
 
     monkeypatch.setattr(threads, "_archive", lambda tx, record_id, key: None)
     with open_backend("postgres", None, None) as store:
-        store.finalize(FinalizeRequest(ThreadRecord("r1", "k1"), rebind_active=True))
+        store.threads.finalize(FinalizeRequest(ThreadRecord("r1", "k1"), rebind_active=True))
         with pytest.raises(turnkeeper.TransactionConflictError) as err:
-            store.finalize(FinalizeRequest(ThreadRecord("r2", "k1"), rebind_active=True))
+            store.threads.finalize(FinalizeRequest(ThreadRecord("r2", "k1"), rebind_active=True))
         assert "thread_records_one_active_per_key" in str(err.value)
         rows = store.query("SELECT id FROM thread_records WHERE status = 'active'").to_pylist()
         assert rows == [{"id": "r1"}]

@@ -3,7 +3,7 @@
 A forged lease names the right target, owner, epoch and purpose and carries
 another token (what a second process under the same owner name, or anyone
 who read the lease row, could present). Every write that takes a lease must
-refuse it: ``LeaseLostError`` (``release_lease``: ``False``), nothing
+refuse it: ``LeaseLostError`` (``leases.release``: ``False``), nothing
 written anywhere but the refusal's ``fence_events`` row, the holder's lease
 untouched; and the same call with the holder's token is taken, so the
 refusal was the token's. :data:`WRITES` names each fenced write of the
@@ -58,15 +58,15 @@ def user(text: str) -> dict[str, Any]:
 
 def session(store: turnkeeper.BaseStore, purpose: str = "execution") -> turnkeeper.Lease:
     """Session ``s`` (one entry in it), held by ``w``."""
-    store.create_session("s")
-    store.append("s", M, user("root"))
-    return store.acquire_lease("session:s", "w", 600, purpose=purpose)
+    store.sessions.create("s")
+    store.sessions.append("s", M, user("root"))
+    return store.leases.acquire("session:s", "w", 600, purpose=purpose)
 
 
 def running(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, turnkeeper.Run]:
     lease = session(store)
-    run = store.admit_run("s", {"q": 1}, user_message=USER, lease=lease)
-    return lease, store.start_run(run.id, lease=lease)
+    run = store.runs.admit("s", {"q": 1}, user_message=USER, lease=lease)
+    return lease, store.runs.start(run.id, lease=lease)
 
 
 def claimed(
@@ -74,7 +74,7 @@ def claimed(
 ) -> turnkeeper.Lease:
     """A tool record ``k`` of turn ``t`` claimed under the lease (then interrupted)."""
     lease = session(store)
-    store.claim_tool_execution(
+    store.tools.claim(
         "k",
         "s",
         local_turn_id="t",
@@ -84,130 +84,130 @@ def claimed(
         lease=lease,
     )
     if interrupted:
-        store.interrupt_tool_executions("s", lease=lease)
+        store.tools.interrupt("s", lease=lease)
     return lease
 
 
 def orphan(store: turnkeeper.BaseStore, begun: bool = True) -> tuple[turnkeeper.Lease, str]:
     """A run nobody holds, and a recovery lease on its session (its recovery begun)."""
-    store.create_session("s")
-    run = store.admit_run("s", {"q": 1}, user_message=USER)
-    store.start_run(run.id)
-    lease = store.acquire_lease("session:s", "rec", 600, purpose="recovery")
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"q": 1}, user_message=USER)
+    store.runs.start(run.id)
+    lease = store.leases.acquire("session:s", "rec", 600, purpose="recovery")
     if begun:
-        store.begin_recovery(run.id, lease)
+        store.recovery.begin(run.id, lease)
     return lease, run.id
 
 
 def _append(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
-    return session(store), lambda lease: store.append("s", M, user("x"), lease=lease)
+    return session(store), lambda lease: store.sessions.append("s", M, user("x"), lease=lease)
 
 
 def _append_own_id(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     # an id of the caller's: the transaction path on both backends
-    return session(store), lambda lease: store.append(
+    return session(store), lambda lease: store.sessions.append(
         "s", M, user("x"), entry_id="mine", lease=lease
     )
 
 
 def _append_many(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     batch = [(M, user("a")), (M, user("b"))]
-    return session(store), lambda lease: store.append_many("s", batch, lease=lease)
+    return session(store), lambda lease: store.sessions.append_many("s", batch, lease=lease)
 
 
 def _append_many_own_ids(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     batch = [NewEntry(M, user("a"), entry_id="a1"), NewEntry(M, user("b"), entry_id="b1")]
-    return session(store), lambda lease: store.append_many("s", batch, lease=lease)
+    return session(store), lambda lease: store.sessions.append_many("s", batch, lease=lease)
 
 
 def _set_label(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease = session(store)
-    root = store.entries("s")[0].id
-    return lease, lambda lease: store.set_label("s", root, "keep", lease=lease)
+    root = store.sessions.entries("s")[0].id
+    return lease, lambda lease: store.sessions.set_label("s", root, "keep", lease=lease)
 
 
 def _set_title(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
-    return session(store), lambda lease: store.set_title("s", "a title", lease=lease)
+    return session(store), lambda lease: store.sessions.set_title("s", "a title", lease=lease)
 
 
 def _branch(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease = session(store)
-    root = store.entries("s")[0].id
-    store.append("s", M, user("second"), lease=lease)
-    return lease, lambda lease: store.branch("s", root, lease=lease)
+    root = store.sessions.entries("s")[0].id
+    store.sessions.append("s", M, user("second"), lease=lease)
+    return lease, lambda lease: store.sessions.branch("s", root, lease=lease)
 
 
 def _branch_with_summary(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease = session(store)
-    root = store.entries("s")[0].id
-    store.append("s", M, user("second"), lease=lease)
-    return lease, lambda lease: store.branch_with_summary("s", root, "gist", lease=lease)
+    root = store.sessions.entries("s")[0].id
+    store.sessions.append("s", M, user("second"), lease=lease)
+    return lease, lambda lease: store.sessions.branch_with_summary("s", root, "gist", lease=lease)
 
 
 def _import_batch(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease = session(store)
     batch = ImportBatch("s", "/w", T0, {}, [ImportEntry("i1", None, M, T0, user("i"))], "i1")
-    return lease, lambda lease: store.import_batch(batch, lease=lease)
+    return lease, lambda lease: store.sessions.import_batch(batch, lease=lease)
 
 
 def _import_batch_new_session(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     # the lease taken before the session exists: the import creates it
-    lease = store.acquire_lease("session:s", "w", 600)
+    lease = store.leases.acquire("session:s", "w", 600)
     batch = ImportBatch("s", "/w", T0, {}, [ImportEntry("i1", None, M, T0, user("i"))], "i1")
-    return lease, lambda lease: store.import_batch(batch, lease=lease)
+    return lease, lambda lease: store.sessions.import_batch(batch, lease=lease)
 
 
 def _admit_run(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease = session(store)
-    return lease, lambda lease: store.admit_run("s", {"q": 1}, user_message=USER, lease=lease)
+    return lease, lambda lease: store.runs.admit("s", {"q": 1}, user_message=USER, lease=lease)
 
 
 def _start_run(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease = session(store)
-    run = store.admit_run("s", {"q": 1}, user_message=USER, lease=lease)
-    return lease, lambda lease: store.start_run(run.id, lease=lease)
+    run = store.runs.admit("s", {"q": 1}, user_message=USER, lease=lease)
+    return lease, lambda lease: store.runs.start(run.id, lease=lease)
 
 
 def _wait_run(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease, run = running(store)
-    return lease, lambda lease: store.wait_run(run.id, lease=lease)
+    return lease, lambda lease: store.runs.wait(run.id, lease=lease)
 
 
 def _resume_run(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease, run = running(store)
-    store.wait_run(run.id, lease=lease)
-    return lease, lambda lease: store.resume_run(run.id, lease=lease)
+    store.runs.wait(run.id, lease=lease)
+    return lease, lambda lease: store.runs.resume(run.id, lease=lease)
 
 
 def _finish_run(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease, run = running(store)
-    return lease, lambda lease: store.finish_run(
+    return lease, lambda lease: store.runs.finish(
         run.id, "succeeded", assistant_message=REPLY, lease=lease
     )
 
 
 def _finish_run_with_plan(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease, run = running(store)
-    return lease, lambda lease: store.finish_run(
+    return lease, lambda lease: store.runs.finish(
         run.id, "succeeded", assistant_message=REPLY, lease=lease, delivery_plan=PLAN
     )
 
 
 def _create_delivery_plan(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease, run = running(store)
-    store.finish_run(run.id, "succeeded", assistant_message=REPLY, lease=lease)
-    return lease, lambda lease: store.create_delivery_plan(run.id, PLAN, lease=lease)
+    store.runs.finish(run.id, "succeeded", assistant_message=REPLY, lease=lease)
+    return lease, lambda lease: store.outbox.create_plan(run.id, PLAN, lease=lease)
 
 
 def _compare_and_swap_response_state(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease = session(store)
     state = ResponseState("s", previous_response_id="resp-1")
-    return lease, lambda lease: store.compare_and_swap_response_state(state, 0, lease=lease)
+    return lease, lambda lease: store.lineage.compare_and_swap(state, 0, lease=lease)
 
 
 def _claim_tool_execution(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease = session(store)
-    return lease, lambda lease: store.claim_tool_execution(
+    return lease, lambda lease: store.tools.claim(
         "k", "s", local_turn_id="t", provider_call_id="c1", tool_name="bash",
         side_effecting=False, lease=lease,
     )  # fmt: skip
@@ -216,77 +216,77 @@ def _claim_tool_execution(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease
 def _complete_tool_execution(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease = claimed(store)
     result = [{"type": "text", "text": "a.txt"}]
-    return lease, lambda lease: store.complete_tool_execution("k", result, lease=lease)
+    return lease, lambda lease: store.tools.complete("k", result, lease=lease)
 
 
 def _interrupt_tool_executions(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease = claimed(store)
-    return lease, lambda lease: store.interrupt_tool_executions("s", lease=lease)
+    return lease, lambda lease: store.tools.interrupt("s", lease=lease)
 
 
 def _reclaim_tool_execution(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease = claimed(store, interrupted=True)
-    return lease, lambda lease: store.reclaim_tool_execution("k", lease=lease)
+    return lease, lambda lease: store.tools.reclaim("k", lease=lease)
 
 
 def _abandon_interrupted_tool_executions(
     store: turnkeeper.BaseStore,
 ) -> tuple[turnkeeper.Lease, Call]:
     lease = claimed(store, side_effecting=True, interrupted=True)
-    return lease, lambda lease: store.abandon_interrupted_tool_executions("s", "t", lease=lease)
+    return lease, lambda lease: store.tools.abandon_interrupted("s", "t", lease=lease)
 
 
 def _annotate_run_error(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease, run = running(store)
-    store.finish_run(run.id, "interrupted", lease=lease)
-    return lease, lambda lease: store.annotate_run_error(run.id, "the host rebooted", lease=lease)
+    store.runs.finish(run.id, "interrupted", lease=lease)
+    return lease, lambda lease: store.runs.annotate_error(run.id, "the host rebooted", lease=lease)
 
 
 def _fork_session(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
-    store.create_session("s")
-    run = store.admit_run("s", {"q": 1}, user_message=USER)
-    store.start_run(run.id)
-    store.finish_run(run.id, "succeeded", assistant_message=REPLY)
-    lease = store.acquire_lease("session:s", "w", 600, purpose="fork")
-    return lease, lambda lease: store.fork_session("s", request_id="f1", lease=lease)
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"q": 1}, user_message=USER)
+    store.runs.start(run.id)
+    store.runs.finish(run.id, "succeeded", assistant_message=REPLY)
+    lease = store.leases.acquire("session:s", "w", 600, purpose="fork")
+    return lease, lambda lease: store.forks.fork("s", request_id="f1", lease=lease)
 
 
 def _finalize(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
-    lease = store.acquire_lease("thread-key:k1", "w", 600)
+    lease = store.leases.acquire("thread-key:k1", "w", 600)
     record = ThreadRecord("r1", key="k1")
-    return lease, lambda lease: store.finalize(FinalizeRequest(record, held_leases=[lease]))
+    return lease, lambda lease: store.threads.finalize(FinalizeRequest(record, held_leases=[lease]))
 
 
 def _validate_lease(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
-    return session(store), store.validate_lease
+    return session(store), store.leases.validate
 
 
 def _renew_lease(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
-    return session(store), lambda lease: store.renew_lease(lease, 60)
+    return session(store), lambda lease: store.leases.renew(lease, 60)
 
 
 def _release_lease(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
-    return session(store), store.release_lease
+    return session(store), store.leases.release
 
 
 def _begin_recovery(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease, run_id = orphan(store, begun=False)
-    return lease, lambda lease: store.begin_recovery(run_id, lease)
+    return lease, lambda lease: store.recovery.begin(run_id, lease)
 
 
 def _converge_recovery(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease, run_id = orphan(store)
-    return lease, lambda lease: store.converge_recovery(run_id, lease, delivery_plan=PLAN)
+    return lease, lambda lease: store.recovery.converge(run_id, lease, delivery_plan=PLAN)
 
 
 def _fail_recovery(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease, run_id = orphan(store)
-    return lease, lambda lease: store.fail_recovery(run_id, lease, "remote down")
+    return lease, lambda lease: store.recovery.fail(run_id, lease, "remote down")
 
 
 def _detach_recovery(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease, run_id = orphan(store)
-    return lease, lambda lease: store.detach_recovery(run_id, lease)
+    return lease, lambda lease: store.recovery.detach(run_id, lease)
 
 
 Setup = Callable[[turnkeeper.BaseStore], tuple[turnkeeper.Lease, Call]]
@@ -377,7 +377,7 @@ def check_forged_token_refused(store: turnkeeper.BaseStore, write: str) -> None:
     else:
         assert write in REFUSED_BY_FALSE and got is False, f"{write} took a forged token: {got!r}"
     assert everything(store) == before, f"{write} under a forged token wrote"
-    store.validate_lease(lease)  # the holder's lease is untouched
+    store.leases.validate(lease)  # the holder's lease is untouched
     call(lease)  # and the holder's own token is taken: the refusal was the token's
     if write not in READS:
         assert everything(store) != before, f"{write} under the holder's token wrote nothing"
@@ -389,7 +389,7 @@ def test_a_forged_token_is_refused_by_every_fenced_write(store, write: str) -> N
 
 
 def test_every_write_that_takes_a_lease_is_in_the_table() -> None:
-    """Every public store method that takes a lease (``finalize``: in its
+    """Every public store method that takes a lease (``threads.finalize``: in its
     request's ``held_leases``) has a forged-token case: a new fenced write
     joins the table, or this fails."""
     taking = {
@@ -438,13 +438,13 @@ def merged(store: turnkeeper.BaseStore, lease: turnkeeper.Lease, many: bool) -> 
 
     def leased() -> Any:
         if many:
-            return store.append_many("s", [(M, user("a")), (M, user("b"))], lease=lease)
-        return store.append("s", M, user("a"), lease=lease)
+            return store.sessions.append_many("s", [(M, user("a")), (M, user("b"))], lease=lease)
+        return store.sessions.append("s", M, user("a"), lease=lease)
 
     def other() -> Any:
         if many:
-            return store.append_many("t", [(M, user("c")), (M, user("d"))])
-        return store.append("t", M, user("c"))
+            return store.sessions.append_many("t", [(M, user("c")), (M, user("d"))])
+        return store.sessions.append("t", M, user("c"))
 
     got = queued_together(store, [leased, other])
     assert grouped(store, operation) == before + 2, "the appends did not run merged"
@@ -453,16 +453,16 @@ def merged(store: turnkeeper.BaseStore, lease: turnkeeper.Lease, many: bool) -> 
 
 def check_merged_forged_token_refused(store: turnkeeper.BaseStore, many: bool) -> None:
     lease = session(store)
-    store.create_session("t")
-    before = [len(store.entries(sid)) for sid in ("s", "t")]
+    store.sessions.create("t")
+    before = [len(store.sessions.entries(sid)) for sid in ("s", "t")]
     refused, beside = merged(store, forge(lease), many)
     assert isinstance(refused, LeaseLostError), f"a merged append took a forged token: {refused!r}"
     assert not isinstance(beside, BaseException), beside  # its group committed
-    assert len(store.entries("s")) == before[0]
-    store.validate_lease(lease)
+    assert len(store.sessions.entries("s")) == before[0]
+    store.leases.validate(lease)
     taken, _ = merged(store, lease, many)
     assert not isinstance(taken, BaseException), taken
-    assert len(store.entries("s")) == before[0] + (2 if many else 1)
+    assert len(store.sessions.entries("s")) == before[0] + (2 if many else 1)
 
 
 @pytest.mark.parametrize("many", [False, True], ids=["append", "append_many"])
@@ -485,19 +485,19 @@ def test_the_merged_forged_token_check_fails_with_the_token_left_out_of_the_fenc
 def relabelled(store: turnkeeper.BaseStore, write: str) -> Any:
     """An execution lease relabelled in memory as the purpose ``write`` needs
     (recovery, fork), and the call: the purpose is the row's, not the object's."""
-    store.create_session("s")
-    run = store.admit_run("s", {"q": 1}, user_message={"role": "user", "content": "go"})
-    store.start_run(run.id)
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"q": 1}, user_message={"role": "user", "content": "go"})
+    store.runs.start(run.id)
     if write == "fork_session":
-        store.finish_run(run.id, "succeeded")
-    lease = store.acquire_lease("session:s", "w", 60, purpose="execution")
+        store.runs.finish(run.id, "succeeded")
+    lease = store.leases.acquire("session:s", "w", 60, purpose="execution")
     if write == "fork_session":
         lease = dataclasses.replace(lease, purpose="fork")
-        return lambda: store.fork_session("s", request_id="r1", lease=lease)
+        return lambda: store.forks.fork("s", request_id="r1", lease=lease)
     lease = dataclasses.replace(lease, purpose="recovery")
     if write == "begin_recovery":
-        return lambda: store.begin_recovery(run.id, lease)
-    return lambda: store.converge_recovery(run.id, lease, error="gone")
+        return lambda: store.recovery.begin(run.id, lease)
+    return lambda: store.recovery.converge(run.id, lease, error="gone")
 
 
 @pytest.mark.parametrize("write", ["begin_recovery", "converge_recovery", "fork_session"])

@@ -2,7 +2,7 @@
 default start method on Linux, a pre-forking server with the app loaded first)
 must not use the parent's store object: its copy of the DuckDB file's
 connection or of the pool's sockets is not its own, and neither is the
-store object's lease secret (attack helper: the child's ``acquire_lease``
+store object's lease secret (attack helper: the child's ``leases.acquire``
 under the parent's owner name got the parent's live lease, same token and
 epoch; on DuckDB the child's fenced append was acknowledged and then lost,
 on PostgreSQL both processes wrote under one lease). Every operation in the
@@ -36,9 +36,9 @@ def in_child(store: turnkeeper.BaseStore, lease: turnkeeper.Lease) -> int:
         faulthandler.disable()  # the control's child may crash: its exit code says so
         try:
             calls = [
-                lambda: store.acquire_lease(lease.target, lease.owner, 60),
-                lambda: store.append("s", M, USER, lease=lease),
-                lambda: store.entries("s"),
+                lambda: store.leases.acquire(lease.target, lease.owner, 60),
+                lambda: store.sessions.append("s", M, USER, lease=lease),
+                lambda: store.sessions.entries("s"),
                 lambda: store.query("SELECT 1 AS one"),
             ]
             refused = 0
@@ -59,13 +59,13 @@ def in_child(store: turnkeeper.BaseStore, lease: turnkeeper.Lease) -> int:
 def test_a_forked_child_cannot_use_the_parents_store_object(backend: str, tmp_path: Path):
     store = open_backend(backend, tmp_path, None)
     try:
-        store.create_session("s")
-        lease = store.acquire_lease("session:s", "w", 60)
+        store.sessions.create("s")
+        lease = store.leases.acquire("session:s", "w", 60)
         assert in_child(store, lease) == 0
         # the parent's store object still works, its lease is its own
-        store.append("s", M, USER, lease=lease)
-        assert len(store.entries("s")) == 1
-        assert store.acquire_lease("session:s", "w", 60).token == lease.token
+        store.sessions.append("s", M, USER, lease=lease)
+        assert len(store.sessions.entries("s")) == 1
+        assert store.leases.acquire("session:s", "w", 60).token == lease.token
     finally:
         store.close()
 
@@ -80,8 +80,8 @@ def test_the_fork_test_fails_without_the_check(
     monkeypatch.setattr(retry.Gate, "forked", lambda self: False)
     store = open_backend(backend, tmp_path, None)
     try:
-        store.create_session("s")
-        lease = store.acquire_lease("session:s", "w", 60)
+        store.sessions.create("s")
+        lease = store.leases.acquire("session:s", "w", 60)
         assert in_child(store, lease) != 0
     finally:
         store.close()

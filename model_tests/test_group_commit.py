@@ -73,26 +73,26 @@ def grouped(store: turnkeeper.BaseStore, operation: str) -> int:
 def test_queued_appends_commit_in_one_shared_transaction(duck_real_store) -> None:
     store = duck_real_store
     for i in range(8):
-        store.create_session(f"s{i}")
+        store.sessions.create(f"s{i}")
     got = queued_together(
-        store, [lambda i=i: store.append(f"s{i}", M, user(str(i))) for i in range(8)]
+        store, [lambda i=i: store.sessions.append(f"s{i}", M, user(str(i))) for i in range(8)]
     )
     assert all(isinstance(e, turnkeeper.Entry) for e in got), got
     assert grouped(store, "append") == 8
-    assert [len(store.entries(f"s{i}")) for i in range(8)] == [1] * 8
+    assert [len(store.sessions.entries(f"s{i}")) for i in range(8)] == [1] * 8
 
 
 def scenario(store: turnkeeper.BaseStore, clock) -> tuple[list[Any], dict[str, Any]]:
     """Eight queued writes, three of which fail in different ways (one after it
     wrote its lease row); what each caller got and what is stored."""
     for name in ("a", "b", "held", "stale"):
-        store.create_session(name)
-    held = store.acquire_lease("session:held", "w1", 600)
-    stale = store.acquire_lease("session:stale", "w0", 5)
+        store.sessions.create(name)
+    held = store.leases.acquire("session:held", "w1", 600)
+    stale = store.leases.acquire("session:stale", "w0", 5)
     clock.advance(6)
-    store.acquire_lease("session:stale", "w2", 600)
-    root = store.append("a", M, user("root"))
-    store.append("a", M, user("moved on"))
+    store.leases.acquire("session:stale", "w2", 600)
+    root = store.sessions.append("a", M, user("root"))
+    store.sessions.append("a", M, user("moved on"))
     unpaired = {
         "message": {
             "role": "toolResult",
@@ -103,22 +103,22 @@ def scenario(store: turnkeeper.BaseStore, clock) -> tuple[list[Any], dict[str, A
         }
     }
     calls: list[Callable[[], Any]] = [
-        lambda: store.append("b", M, user("1")),
-        lambda: store.append("b", M, user("2")),
-        lambda: store.append("held", M, unpaired, lease=held),  # fences, then is refused
-        lambda: store.append("held", M, user("3"), lease=held),
-        lambda: store.append("b", M, user("4")),
-        lambda: store.append("stale", M, user("late"), lease=stale),  # a lost lease
-        lambda: store.append("a", M, user("stale view"), expected_leaf=root.id),
-        lambda: store.create_session("c"),
+        lambda: store.sessions.append("b", M, user("1")),
+        lambda: store.sessions.append("b", M, user("2")),
+        lambda: store.sessions.append("held", M, unpaired, lease=held),  # fences, then is refused
+        lambda: store.sessions.append("held", M, user("3"), lease=held),
+        lambda: store.sessions.append("b", M, user("4")),
+        lambda: store.sessions.append("stale", M, user("late"), lease=stale),  # a lost lease
+        lambda: store.sessions.append("a", M, user("stale view"), expected_leaf=root.id),
+        lambda: store.sessions.create("c"),
     ]
     got = queued_together(store, calls)
     stored = {
-        "b": [e.payload["message"]["content"] for e in store.entries("b")],
-        "held": [e.payload["message"]["content"] for e in store.entries("held")],
-        "stale": store.entries("stale"),
-        "a": len(store.entries("a")),
-        "c": store.get_session("c") is not None,
+        "b": [e.payload["message"]["content"] for e in store.sessions.entries("b")],
+        "held": [e.payload["message"]["content"] for e in store.sessions.entries("held")],
+        "stale": store.sessions.entries("stale"),
+        "a": len(store.sessions.entries("a")),
+        "c": store.sessions.get("c") is not None,
         "fenced_writes": store.query(
             "SELECT fenced_writes FROM leases WHERE target = 'session:held'"
         )
@@ -185,19 +185,19 @@ def test_a_grouped_lease_takeover_and_a_stale_append_keep_the_fence(duck_store, 
     The append sees the takeover (an earlier write of the same transaction) and
     is refused, as it would be run one after the other."""
     store = duck_store
-    store.create_session("s")
-    old = store.acquire_lease("session:s", "w1", 5)
+    store.sessions.create("s")
+    old = store.leases.acquire("session:s", "w1", 5)
     clock.advance(6)
     got = queued_together(
         store,
         [
-            lambda: store.acquire_lease("session:s", "w2", 600),
-            lambda: store.append("s", M, user("stale"), lease=old),
+            lambda: store.leases.acquire("session:s", "w2", 600),
+            lambda: store.sessions.append("s", M, user("stale"), lease=old),
         ],
     )
     assert isinstance(got[0], turnkeeper.Lease) and got[0].epoch == old.epoch + 1
     assert isinstance(got[1], errors.LeaseLostError)
-    assert store.entries("s") == []
+    assert store.sessions.entries("s") == []
 
 
 def test_a_cancelled_leader_requeues_the_others_and_commits_nothing_twice(duck_real_store) -> None:
@@ -206,27 +206,27 @@ def test_a_cancelled_leader_requeues_the_others_and_commits_nothing_twice(duck_r
     leader, and every caller ends with its write committed exactly once or with
     the cancellation and nothing committed."""
     store = duck_real_store
-    store.create_session("s")
+    store.sessions.create("s")
 
     def cancelled(tx: Any) -> None:
         raise KeyboardInterrupt("cancelled inside the group")
 
     calls: list[Callable[[], Any]] = [
-        lambda: store.append("s", M, user("0")),
+        lambda: store.sessions.append("s", M, user("0")),
         lambda: store.db.write("cancel", cancelled),
-        lambda: store.append("s", M, user("2")),
-        lambda: store.append("s", M, user("3")),
+        lambda: store.sessions.append("s", M, user("2")),
+        lambda: store.sessions.append("s", M, user("3")),
     ]
     got = queued_together(store, calls)
     assert isinstance(got[1], KeyboardInterrupt)
-    texts = [e.payload["message"]["content"] for e in store.entries("s")]
+    texts = [e.payload["message"]["content"] for e in store.sessions.entries("s")]
     assert len(texts) == len(set(texts))  # nothing committed twice
     for i in (0, 2, 3):
         if isinstance(got[i], KeyboardInterrupt):  # the leader, cancelled with its write
             assert str(i) not in texts
         else:
             assert isinstance(got[i], turnkeeper.Entry) and str(i) in texts, got
-    store.append("s", M, user("after"))  # the store still writes
+    store.sessions.append("s", M, user("after"))  # the store still writes
 
 
 def test_a_caller_cancelled_while_queued_never_writes(duck_real_store) -> None:
@@ -236,13 +236,13 @@ def test_a_caller_cancelled_while_queued_never_writes(duck_real_store) -> None:
     import ctypes
 
     store = duck_real_store
-    store.create_session("s")
+    store.sessions.create("s")
     database = store.db
     out: dict[str, Any] = {}
 
     def run(name: str) -> None:
         try:
-            out[name] = store.append("s", M, user(name))
+            out[name] = store.sessions.append("s", M, user(name))
         except BaseException as exc:  # the test inspects the cancellation
             out[name] = exc
 
@@ -281,7 +281,7 @@ def test_a_caller_cancelled_while_queued_never_writes(duck_real_store) -> None:
     assert isinstance(out["leader"], turnkeeper.Entry) and isinstance(
         out["other"], turnkeeper.Entry
     )
-    texts = [e.payload["message"]["content"] for e in store.entries("s")]
+    texts = [e.payload["message"]["content"] for e in store.sessions.entries("s")]
     assert sorted(texts) == ["leader", "other"]
 
 
@@ -311,12 +311,14 @@ def test_a_leader_interrupted_after_its_commit_gives_the_others_their_outcomes(
     that were stored. Now a COMMIT that took effect delivers every outcome."""
     store = duck_real_store
     for s in ("a", "b", "c"):
-        store.create_session(s)
+        store.sessions.create(s)
     _interrupt_at_commit(monkeypatch, after=True, error=KeyboardInterrupt())
-    got = queued_together(store, [lambda s=s: store.append(s, M, user(s)) for s in ("a", "b", "c")])
+    got = queued_together(
+        store, [lambda s=s: store.sessions.append(s, M, user(s)) for s in ("a", "b", "c")]
+    )
     assert isinstance(got[0], KeyboardInterrupt)  # the leader: cancelled, its write committed
     assert all(isinstance(g, turnkeeper.Entry) for g in got[1:]), got
-    assert [len(store.entries(s)) for s in ("a", "b", "c")] == [1, 1, 1]
+    assert [len(store.sessions.entries(s)) for s in ("a", "b", "c")] == [1, 1, 1]
 
 
 def test_a_commit_interrupted_before_it_ran_is_a_keyboard_interrupt_and_keeps_nothing(
@@ -327,12 +329,14 @@ def test_a_commit_interrupted_before_it_ran_is_a_keyboard_interrupt_and_keeps_no
     group was not committed, so the others' writes run again, once."""
     store = duck_real_store
     for s in ("a", "b", "c"):
-        store.create_session(s)
+        store.sessions.create(s)
     _interrupt_at_commit(monkeypatch, after=False, error=RuntimeError("Query interrupted"))
-    got = queued_together(store, [lambda s=s: store.append(s, M, user(s)) for s in ("a", "b", "c")])
+    got = queued_together(
+        store, [lambda s=s: store.sessions.append(s, M, user(s)) for s in ("a", "b", "c")]
+    )
     assert isinstance(got[0], KeyboardInterrupt), got
     assert all(isinstance(g, turnkeeper.Entry) for g in got[1:]), got
-    assert [len(store.entries(s)) for s in ("a", "b", "c")] == [0, 1, 1]
+    assert [len(store.sessions.entries(s)) for s in ("a", "b", "c")] == [0, 1, 1]
 
 
 class _Waits:
@@ -355,9 +359,9 @@ class _Waits:
 def _queue_behind_a_group_of(store: turnkeeper.BaseStore, n: int) -> None:
     """Commit one group of ``n`` appends, so that the next leader expects ``n``."""
     for i in range(n):
-        store.create_session(f"warm{i}")
+        store.sessions.create(f"warm{i}")
     got = queued_together(
-        store, [lambda i=i: store.append(f"warm{i}", M, user("w")) for i in range(n)]
+        store, [lambda i=i: store.sessions.append(f"warm{i}", M, user("w")) for i in range(n)]
     )
     assert all(isinstance(g, turnkeeper.Entry) for g in got), got
     assert store.db._last_group == n  # type: ignore[attr-defined]
@@ -372,7 +376,7 @@ def _three_writers_one_after_another(store: turnkeeper.BaseStore) -> int:
     out: dict[str, Any] = {}
 
     def run(s: str) -> None:
-        out[s] = store.append(s, M, user(s))
+        out[s] = store.sessions.append(s, M, user(s))
 
     def settled(s: str, queued: int) -> bool:
         with database._queue_lock:  # type: ignore[attr-defined]
@@ -399,7 +403,7 @@ def test_after_a_group_the_next_leader_waits_for_as_many_writers(
     started one after another commit in one group."""
     store = duck_real_store
     for s in ("a", "b", "c"):
-        store.create_session(s)
+        store.sessions.create(s)
     _queue_behind_a_group_of(store, 3)
     monkeypatch.setattr(duck_group, "COMMIT_DELAY_S", 600.0)
     assert _three_writers_one_after_another(store) == 3
@@ -412,7 +416,7 @@ def test_control_without_the_commit_delay_each_writer_commits_alone(
     alone, so the test above fails without it."""
     store = duck_real_store
     for s in ("a", "b", "c"):
-        store.create_session(s)
+        store.sessions.create(s)
     _queue_behind_a_group_of(store, 3)
     monkeypatch.setattr(duck_db.Database, "_gather", lambda self: None)
     assert _three_writers_one_after_another(store) == 0
@@ -420,11 +424,11 @@ def test_control_without_the_commit_delay_each_writer_commits_alone(
 
 def test_a_lone_writer_after_a_lone_write_never_waits(duck_real_store) -> None:
     store = duck_real_store
-    store.create_session("s")
-    store.append("s", M, user("first"))
+    store.sessions.create("s")
+    store.sessions.append("s", M, user("first"))
     waits = _Waits(store.db._queue_grew)  # type: ignore[attr-defined]
     store.db._queue_grew = waits  # type: ignore[attr-defined]
-    store.append("s", M, user("second"))
+    store.sessions.append("s", M, user("second"))
     assert waits.calls == 0
 
 
@@ -436,19 +440,19 @@ def test_a_leader_cancelled_while_it_waits_for_writers_leaves_theirs_to_the_next
     next leader and commit once."""
     store = duck_real_store
     for s in ("a", "b", "c"):
-        store.create_session(s)
+        store.sessions.create(s)
     _queue_behind_a_group_of(store, 3)
     database = store.db
     waits = _Waits(database._queue_grew, KeyboardInterrupt("cancelled in the wait"))  # type: ignore[attr-defined]
     database._queue_grew = waits  # type: ignore[attr-defined]
     got = queued_together(
-        store, [lambda s=s: store.append(s, M, user(s)) for s in ("a", "b")]
+        store, [lambda s=s: store.sessions.append(s, M, user(s)) for s in ("a", "b")]
     )  # two queued behind the lock: the leader waits for a third
     assert waits.calls >= 1
     assert isinstance(got[0], KeyboardInterrupt), got
     assert isinstance(got[1], turnkeeper.Entry), got
-    assert [len(store.entries(s)) for s in ("a", "b")] == [0, 1]
-    store.append("c", M, user("after"))  # the store still writes
+    assert [len(store.sessions.entries(s)) for s in ("a", "b")] == [0, 1]
+    store.sessions.append("c", M, user("after"))  # the store still writes
 
 
 def _free(lock: Any) -> bool:
@@ -489,7 +493,7 @@ def test_a_cancellation_as_a_write_queues_keeps_it_out(
     and the leader committed the write of a caller that got the cancellation."""
     store = duck_real_store
     for s in ("a", "b", "c"):
-        store.create_session(s)
+        store.sessions.create(s)
     _queue_behind_a_group_of(store, 3)
     monkeypatch.setattr(duck_group, "COMMIT_DELAY_S", 600.0)
     database = store.db
@@ -508,7 +512,7 @@ def test_a_cancellation_as_a_write_queues_keeps_it_out(
 
     def run(s: str) -> None:
         try:
-            out[s] = store.append(s, M, user(s))
+            out[s] = store.sessions.append(s, M, user(s))
         except BaseException as exc:  # the test inspects the cancellation
             out[s] = exc
 
@@ -521,11 +525,11 @@ def test_a_cancellation_as_a_write_queues_keeps_it_out(
     run("c")  # completes the batch: its wake-up of the leader is cancelled
     assert isinstance(out["c"], KeyboardInterrupt)
     monkeypatch.setattr(duck_group, "COMMIT_DELAY_S", 0.01)
-    _in_thread(lambda: store.append("c", M, user("again")))  # a third write ends the wait
+    _in_thread(lambda: store.sessions.append("c", M, user("again")))  # a third write ends the wait
     lead.join(120)
     second.join(120)
     assert isinstance(out["a"], turnkeeper.Entry) and isinstance(out["b"], turnkeeper.Entry)
-    assert [e.payload["message"]["content"] for e in store.entries("c")] == ["again"]
+    assert [e.payload["message"]["content"] for e in store.sessions.entries("c")] == ["again"]
 
 
 def test_a_cancellation_right_after_a_target_is_held_never_leaks_its_lock(
@@ -535,9 +539,9 @@ def test_a_cancellation_right_after_a_target_is_held_never_leaks_its_lock(
     stripe lock and recording it left the lock taken for ever, and every later
     write on that target (and, behind the leader, every write) hung."""
     store = duck_real_store
-    store.create_session("s")
-    store.create_session("other")
-    lease = store.acquire_lease("session:s", "w", 60)
+    store.sessions.create("s")
+    store.sessions.create("other")
+    lease = store.leases.acquire("session:s", "w", 60)
     real, fired = duck_tx.stale_since, []
 
     def stale_since(tx: Any, stripe: int) -> bool:
@@ -548,12 +552,14 @@ def test_a_cancellation_right_after_a_target_is_held_never_leaks_its_lock(
 
     monkeypatch.setattr(duck_tx, "stale_since", stale_since)
     with pytest.raises(KeyboardInterrupt):
-        store.append("s", M, user("interrupted"), lease=lease)
+        store.sessions.append("s", M, user("interrupted"), lease=lease)
     assert _free(store.db._file.targets.locks[fired[0]])  # type: ignore[attr-defined]
     assert isinstance(
-        _in_thread(lambda: store.append("s", M, user("b"), lease=lease)), turnkeeper.Entry
+        _in_thread(lambda: store.sessions.append("s", M, user("b"), lease=lease)), turnkeeper.Entry
     )
-    assert isinstance(_in_thread(lambda: store.append("other", M, user("c"))), turnkeeper.Entry)
+    assert isinstance(
+        _in_thread(lambda: store.sessions.append("other", M, user("c"))), turnkeeper.Entry
+    )
 
 
 def test_a_leader_cancelled_as_it_hands_over_leaves_no_write_waiting(
@@ -563,7 +569,7 @@ def test_a_leader_cancelled_as_it_hands_over_leaves_no_write_waiting(
     over (its wake-up of the waiters) left the store marked as led for ever, and
     every later write waited for a leader that never came."""
     store = duck_real_store
-    store.create_session("s")
+    store.sessions.create("s")
     database = store.db
     real = database._queue_changed  # type: ignore[attr-defined]
     fired: list[bool] = []
@@ -579,7 +585,9 @@ def test_a_leader_cancelled_as_it_hands_over_leaves_no_write_waiting(
 
     database._queue_changed = Handover(real._lock)  # type: ignore[attr-defined]
     with pytest.raises(KeyboardInterrupt):
-        store.append("s", M, user("first"))
+        store.sessions.append("s", M, user("first"))
     assert fired and database._leading is False  # type: ignore[attr-defined]
     assert _free(database._queue_lock)  # type: ignore[attr-defined]
-    assert isinstance(_in_thread(lambda: store.append("s", M, user("second"))), turnkeeper.Entry)
+    assert isinstance(
+        _in_thread(lambda: store.sessions.append("s", M, user("second"))), turnkeeper.Entry
+    )

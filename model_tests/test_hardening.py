@@ -30,40 +30,40 @@ MSG = {"message": {"role": "user", "content": "x"}}
 
 
 def test_a_lease_on_one_session_never_fences_a_write_to_another(store):
-    store.create_session("s1")
-    store.create_session("s2")
-    lease_b = store.acquire_lease("session:s2", "B", 30)
+    store.sessions.create("s1")
+    store.sessions.create("s2")
+    lease_b = store.leases.acquire("session:s2", "B", 30)
     for call in (
-        lambda: store.append("s1", EntryKind.MESSAGE, MSG, lease=lease_b),
-        lambda: store.branch("s1", None, lease=lease_b),
-        lambda: store.set_title("s1", "t", lease=lease_b),
+        lambda: store.sessions.append("s1", EntryKind.MESSAGE, MSG, lease=lease_b),
+        lambda: store.sessions.branch("s1", None, lease=lease_b),
+        lambda: store.sessions.set_title("s1", "t", lease=lease_b),
     ):
         with pytest.raises(InvalidInputError) as err:
             call()
         assert err.value.field == "lease"
-    assert store.entries("s1") == []
+    assert store.sessions.entries("s1") == []
 
 
 def test_branch_with_a_lost_lease_is_refused(store, clock):
-    store.create_session("s")
-    lease = store.acquire_lease("session:s", "A", 1)
-    a = store.append("s", EntryKind.MESSAGE, MSG, lease=lease)
+    store.sessions.create("s")
+    lease = store.leases.acquire("session:s", "A", 1)
+    a = store.sessions.append("s", EntryKind.MESSAGE, MSG, lease=lease)
     clock.advance(2)
     with pytest.raises(LeaseLostError):
-        store.branch("s", None, lease=lease)
-    assert store.get_session("s").leaf_id == a.id
+        store.sessions.branch("s", None, lease=lease)
+    assert store.sessions.get("s").leaf_id == a.id
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 def test_nan_and_infinity_are_refused_not_stored_as_null(store, bad):
-    store.create_session("s")
+    store.sessions.create("s")
     with pytest.raises(InvalidInputError):
-        store.append("s", EntryKind.MESSAGE, {"message": {"role": "user", "cost": [bad]}})
+        store.sessions.append("s", EntryKind.MESSAGE, {"message": {"role": "user", "cost": [bad]}})
     with pytest.raises(InvalidInputError):
-        store.create_session("h", header={"x": {"y": bad}})
+        store.sessions.create("h", header={"x": {"y": bad}})
     with pytest.raises(InvalidInputError):
-        store.finalize(FinalizeRequest(ThreadRecord("r", "k", state={"v": bad})))
-    assert store.entries("s") == [] and store.get_session("h") is None
+        store.threads.finalize(FinalizeRequest(ThreadRecord("r", "k", state={"v": bad})))
+    assert store.sessions.entries("s") == [] and store.sessions.get("h") is None
 
 
 GOOD = Lease("t", "o", "tok", 1, "mutation", datetime(2026, 1, 1, tzinfo=UTC))
@@ -72,35 +72,35 @@ GOOD = Lease("t", "o", "tok", 1, "mutation", datetime(2026, 1, 1, tzinfo=UTC))
 @pytest.mark.parametrize(
     "call",
     [
-        lambda s: s.validate_lease(Lease(None, "o", "t", 1, "mutation", GOOD.expires_at)),
-        lambda s: s.renew_lease(Lease("t", "o", "tok\ud800", 1, "mutation", GOOD.expires_at), 1),
-        lambda s: s.release_lease(Lease("t", "o", "tok", True, "mutation", GOOD.expires_at)),
-        lambda s: s.finalize(None),
-        lambda s: s.finalize(FinalizeRequest(ThreadRecord("r", "k"), held_leases=GOOD)),
-        lambda s: s.finalize(FinalizeRequest(ThreadRecord("r", "k"), held_leases=None)),
-        lambda s: s.finalize(FinalizeRequest(ThreadRecord("r", "k"), archive_old="no")),
-        lambda s: s.create_session("x", header=[1, 2]),
-        lambda s: s.create_session("x", header="abc"),
-        lambda s: s.list_sessions(cursor=5),
-        lambda s: s.list_sessions(limit=True),
-        lambda s: s.list_sessions(cursor="MjAyMC0wMS0wMQ=="),  # base64("2020-01-01"): no id
-        lambda s: s.acquire_lease("t", "o", True),
-        lambda s: s.acquire_lease("t", "o", 1, purpose="whatever"),
-        lambda s: s.get_session(5),
-        lambda s: s.replay("a\ud800"),
-        lambda s: s.entries(None),
-        lambda s: s.labels(3.5),
-        lambda s: s.branch("s", "e", expected_leaf=5),
-        lambda s: s.resolve(id=5),
-        lambda s: s.count_sessions(search=5),
-        lambda s: s.append("s", EntryKind.MESSAGE, MSG, expected_leaf=7),
+        lambda s: s.leases.validate(Lease(None, "o", "t", 1, "mutation", GOOD.expires_at)),
+        lambda s: s.leases.renew(Lease("t", "o", "tok\ud800", 1, "mutation", GOOD.expires_at), 1),
+        lambda s: s.leases.release(Lease("t", "o", "tok", True, "mutation", GOOD.expires_at)),
+        lambda s: s.threads.finalize(None),
+        lambda s: s.threads.finalize(FinalizeRequest(ThreadRecord("r", "k"), held_leases=GOOD)),
+        lambda s: s.threads.finalize(FinalizeRequest(ThreadRecord("r", "k"), held_leases=None)),
+        lambda s: s.threads.finalize(FinalizeRequest(ThreadRecord("r", "k"), archive_old="no")),
+        lambda s: s.sessions.create("x", header=[1, 2]),
+        lambda s: s.sessions.create("x", header="abc"),
+        lambda s: s.sessions.list(cursor=5),
+        lambda s: s.sessions.list(limit=True),
+        lambda s: s.sessions.list(cursor="MjAyMC0wMS0wMQ=="),  # base64("2020-01-01"): no id
+        lambda s: s.leases.acquire("t", "o", True),
+        lambda s: s.leases.acquire("t", "o", 1, purpose="whatever"),
+        lambda s: s.sessions.get(5),
+        lambda s: s.sessions.replay("a\ud800"),
+        lambda s: s.sessions.entries(None),
+        lambda s: s.sessions.labels(3.5),
+        lambda s: s.sessions.branch("s", "e", expected_leaf=5),
+        lambda s: s.threads.resolve(id=5),
+        lambda s: s.sessions.count(search=5),
+        lambda s: s.sessions.append("s", EntryKind.MESSAGE, MSG, expected_leaf=7),
     ],
 )
 def test_bad_input_is_a_typed_refusal(store, call):
-    store.create_session("s")
+    store.sessions.create("s")
     with pytest.raises(InvalidInputError):
         call(store)
-    assert store.entries("s") == []
+    assert store.sessions.entries("s") == []
 
 
 @pytest.mark.parametrize("path", [5, "", "db\x00suffix.duckdb", b"bytes.duckdb"])
@@ -127,7 +127,7 @@ def test_concurrent_imports_of_one_new_session_all_succeed(tmp_path):
     def worker() -> None:
         try:
             barrier.wait()
-            store.import_batch(_batch("same", 50))
+            store.sessions.import_batch(_batch("same", 50))
         except BaseException as exc:
             errors.append(exc)
 
@@ -138,24 +138,24 @@ def test_concurrent_imports_of_one_new_session_all_succeed(tmp_path):
         t.join()
     try:
         assert errors == []
-        assert len(store.entries("same")) == 50
+        assert len(store.sessions.entries("same")) == 50
     finally:
         store.close()
 
 
 def test_opaque_line_that_now_parses_is_dropped_on_reimport(store):
     bad = OpaqueRecord("f.jsonl", 4, '{"type":"mess', "truncated")
-    store.import_batch(_batch("s", 2, opaque=[bad]))
-    assert [o.line for o in store.opaque_records("s")] == [4]
-    store.import_batch(_batch("s", 3))  # the file grew: line 4 is a whole record now
-    assert store.opaque_records("s") == []
-    assert len(store.entries("s")) == 3
+    store.sessions.import_batch(_batch("s", 2, opaque=[bad]))
+    assert [o.line for o in store.sessions.opaque_records("s")] == [4]
+    store.sessions.import_batch(_batch("s", 3))  # the file grew: line 4 is a whole record now
+    assert store.sessions.opaque_records("s") == []
+    assert len(store.sessions.entries("s")) == 3
 
 
 def test_close_waits_for_running_operations_and_releases_the_file(tmp_path):
     path = tmp_path / "c.duckdb"
     store = turnkeeper.open_store(str(path))
-    store.create_session("s")
+    store.sessions.create("s")
     started, results = threading.Event(), []
 
     def long_read() -> None:
@@ -177,25 +177,25 @@ def test_close_waits_for_running_operations_and_releases_the_file(tmp_path):
     t.join()
     assert results and results[0].to_pylist()[0]["n"] == 90000000
     with pytest.raises(turnkeeper.InterfaceError):
-        store.get_session("s")
+        store.sessions.get("s")
     store.close()  # idempotent
     again = turnkeeper.open_store(str(path))  # the lock is gone
     again.close()
 
 
 def test_search_matches_percent_and_underscore_literally(store):
-    store.create_session("plain")
-    store.create_session("with_underscore")
-    store.create_session("fifty%off")
-    assert [s.id for s in store.list_sessions(search="_").sessions] == ["with_underscore"]
-    assert store.count_sessions(search="%") == 1
+    store.sessions.create("plain")
+    store.sessions.create("with_underscore")
+    store.sessions.create("fifty%off")
+    assert [s.id for s in store.sessions.list(search="_").sessions] == ["with_underscore"]
+    assert store.sessions.count(search="%") == 1
 
 
 def test_written_at_is_the_store_clock_not_the_callers_timestamp(store, clock):
-    store.create_session("s")
-    lease = store.acquire_lease("session:s", "A", 5)
+    store.sessions.create("s")
+    lease = store.leases.acquire("session:s", "A", 5)
     old = datetime(2001, 1, 1, tzinfo=UTC)
-    store.append("s", EntryKind.MESSAGE, MSG, lease=lease, timestamp=old)
+    store.sessions.append("s", EntryKind.MESSAGE, MSG, lease=lease, timestamp=old)
     rows = store.query("SELECT ts, written_at FROM entries").to_pylist()
     assert rows[0]["ts"] == old and rows[0]["written_at"] == clock.now
     from turnkeeper.cli.audit import run_audit
@@ -206,14 +206,14 @@ def test_written_at_is_the_store_clock_not_the_callers_timestamp(store, clock):
 def test_read_only_store_reads_and_refuses_writes(tmp_path):
     path = str(tmp_path / "r.duckdb")
     with turnkeeper.open_store(path) as s:
-        s.create_session("s")
+        s.sessions.create("s")
     with turnkeeper.open_store(path, read_only=True) as ro:
-        assert ro.get_session("s") is not None
+        assert ro.sessions.get("s") is not None
         with pytest.raises(turnkeeper.ReadOnlyError) as err:
-            ro.create_session("t")
+            ro.sessions.create("t")
         assert err.value.path == path
     with turnkeeper.open_store(path) as s:
-        assert s.get_session("t") is None
+        assert s.sessions.get("t") is None
 
 
 def test_read_only_open_of_a_missing_or_old_file_changes_nothing(tmp_path):
@@ -245,10 +245,10 @@ def test_short_lived_threads_do_not_gather_cursors(duck_real_store):
     real_store = duck_real_store
     """Each thread's cursor is closed when the thread ends (a runtime starting a
     heartbeat thread per lease would otherwise leak one cursor per thread)."""
-    real_store.create_session("cur")
+    real_store.sessions.create("cur")
 
     def read() -> None:
-        assert real_store.get_session("cur") is not None
+        assert real_store.sessions.get("cur") is not None
 
     for _ in range(5):
         threads = [threading.Thread(target=read) for _ in range(20)]
@@ -257,61 +257,61 @@ def test_short_lived_threads_do_not_gather_cursors(duck_real_store):
         for t in threads:
             t.join()
     assert len(real_store.db._cursors._open) <= 2  # this thread's, and at most one finishing
-    assert real_store.get_session("cur") is not None
+    assert real_store.sessions.get("cur") is not None
 
 
 def _finished_plan(store):
-    store.create_session("bi")
-    run = store.admit_run("bi", {"q": 1})
+    store.sessions.create("bi")
+    run = store.runs.admit("bi", {"q": 1})
     plan = turnkeeper.DeliveryPlan("chat", "t", (turnkeeper.DeliveryStep("send", "m"),))
-    store.finish_run(run.id, "failed", delivery_plan=plan)
-    op = store.get_delivery_plan(f"{run.id}:delivery")[1][0]
-    return run, store.claim_delivery(op.id, "w", 30)
+    store.runs.finish(run.id, "failed", delivery_plan=plan)
+    op = store.outbox.get_plan(f"{run.id}:delivery")[1][0]
+    return run, store.outbox.claim(op.id, "w", 30)
 
 
 BAD_RUN_CALLS = {
-    "admit policy str": (lambda s, r, op: s.admit_run("bi", {"q": 2}, policy="abc"), "policy"),
-    "admit policy falsy": (lambda s, r, op: s.admit_run("bi", {"q": 2}, policy=0), "policy"),
+    "admit policy str": (lambda s, r, op: s.runs.admit("bi", {"q": 2}, policy="abc"), "policy"),
+    "admit policy falsy": (lambda s, r, op: s.runs.admit("bi", {"q": 2}, policy=0), "policy"),
     "requeue huge delay": (
-        lambda s, r, op: s.requeue_delivery(op.id, "w", op.lease_epoch, delay_s=1e13),
+        lambda s, r, op: s.outbox.requeue(op.id, "w", op.lease_epoch, delay_s=1e13),
         "delay_s",
     ),
     "requeue int overflow": (
-        lambda s, r, op: s.requeue_delivery(op.id, "w", op.lease_epoch, delay_s=10**30),
+        lambda s, r, op: s.outbox.requeue(op.id, "w", op.lease_epoch, delay_s=10**30),
         "delay_s",
     ),
     "requeue null code": (
-        lambda s, r, op: s.requeue_delivery(op.id, "w", op.lease_epoch, failure_code=None),
+        lambda s, r, op: s.outbox.requeue(op.id, "w", op.lease_epoch, failure_code=None),
         "failure_code",
     ),
     "epoch overflow": (
-        lambda s, r, op: s.finish_delivery(op.id, "w", 10**30, "delivered"),
+        lambda s, r, op: s.outbox.finish(op.id, "w", 10**30, "delivered"),
         "epoch",
     ),
-    "events limit": (lambda s, r, op: s.run_events("bi", limit=10**30), "limit"),
-    "events cursor": (lambda s, r, op: s.run_events("bi", after=10**30), "after"),
-    "fork at_seq": (lambda s, r, op: s.fork_session("bi", request_id="f", at_seq=10**30), "at_seq"),
+    "events limit": (lambda s, r, op: s.runs.events("bi", limit=10**30), "limit"),
+    "events cursor": (lambda s, r, op: s.runs.events("bi", after=10**30), "after"),
+    "fork at_seq": (lambda s, r, op: s.forks.fork("bi", request_id="f", at_seq=10**30), "at_seq"),
     "fail base None": (
-        lambda s, r, op: s.fail_recovery(r.id, _rec(s), "x", base_delay_s=None),
+        lambda s, r, op: s.recovery.fail(r.id, _rec(s), "x", base_delay_s=None),
         "base_delay_s",
     ),
     "fail base bool": (
-        lambda s, r, op: s.fail_recovery(r.id, _rec(s), "x", base_delay_s=True),
+        lambda s, r, op: s.recovery.fail(r.id, _rec(s), "x", base_delay_s=True),
         "base_delay_s",
     ),
     "fail max huge": (
-        lambda s, r, op: s.fail_recovery(r.id, _rec(s), "x", max_delay_s=1e300),
+        lambda s, r, op: s.recovery.fail(r.id, _rec(s), "x", max_delay_s=1e300),
         "max_delay_s",
     ),
     "fail max inf": (
-        lambda s, r, op: s.fail_recovery(r.id, _rec(s), "x", max_delay_s=float("inf")),
+        lambda s, r, op: s.recovery.fail(r.id, _rec(s), "x", max_delay_s=float("inf")),
         "max_delay_s",
     ),
 }
 
 
 def _rec(store):
-    return store.acquire_lease("session:bi", "rec", 30, purpose="recovery")
+    return store.leases.acquire("session:bi", "rec", 30, purpose="recovery")
 
 
 @pytest.mark.parametrize("case", sorted(BAD_RUN_CALLS))
@@ -320,12 +320,12 @@ def test_out_of_range_numbers_and_wrong_types_are_typed_errors(store, case):
     InvalidInputError naming the field, not OverflowError, TypeError or DataError."""
     run, op = _finished_plan(store)
     call, field = BAD_RUN_CALLS[case]
-    before = store.get_delivery_operation(op.id)
+    before = store.outbox.get_operation(op.id)
     with pytest.raises(turnkeeper.InvalidInputError) as err:
         call(store, run, op)
     assert err.value.field == field
-    assert store.get_delivery_operation(op.id) == before
-    assert [r.id for r in store.session_runs("bi")] == [run.id]
+    assert store.outbox.get_operation(op.id) == before
+    assert [r.id for r in store.runs.list("bi")] == [run.id]
 
 
 @pytest.mark.parametrize(
@@ -341,11 +341,11 @@ def test_out_of_range_numbers_and_wrong_types_are_typed_errors(store, case):
     ],
 )
 def test_query_only_reads(store, sql):
-    store.create_session("q")
+    store.sessions.create("q")
     with pytest.raises(turnkeeper.InvalidInputError) as err:
         store.query(sql)
     assert err.value.field == "sql"
-    assert store.get_session("q") is not None
+    assert store.sessions.get("q") is not None
     assert store.query("SELECT count(*) AS n FROM sessions").to_pylist() == [{"n": 1}]
 
 
@@ -377,11 +377,13 @@ INEXACT = {
 @pytest.mark.parametrize(
     "write",
     [
-        lambda s, v: s.append("s", EntryKind.MESSAGE, {"message": {"role": "user", "x": [v]}}),
-        lambda s, v: s.create_session("h", header={"x": v}),
-        lambda s, v: s.finalize(FinalizeRequest(ThreadRecord("r", "k", state={"v": v}))),
-        lambda s, v: s.admit_run("s", {"q": v}),
-        lambda s, v: s.claim_tool_execution(
+        lambda s, v: s.sessions.append(
+            "s", EntryKind.MESSAGE, {"message": {"role": "user", "x": [v]}}
+        ),
+        lambda s, v: s.sessions.create("h", header={"x": v}),
+        lambda s, v: s.threads.finalize(FinalizeRequest(ThreadRecord("r", "k", state={"v": v}))),
+        lambda s, v: s.runs.admit("s", {"q": v}),
+        lambda s, v: s.tools.claim(
             "k",
             "s",
             local_turn_id="t",
@@ -394,26 +396,28 @@ INEXACT = {
     ids=["append", "header", "thread-state", "run-request", "tool-arguments"],
 )
 def test_what_json_cannot_hold_exactly_is_refused_not_converted(store, kind, write):
-    store.create_session("s")
+    store.sessions.create("s")
     with pytest.raises(InvalidInputError) as err:
         write(store, INEXACT[kind])
     assert "exactly" in str(err.value) or "not storable" in str(err.value)
-    assert store.entries("s") == [] and store.get_session("h") is None
-    assert store.session_runs("s") == [] and store.resolve(id="r") is None
+    assert store.sessions.entries("s") == [] and store.sessions.get("h") is None
+    assert store.runs.list("s") == [] and store.threads.resolve(id="r") is None
 
 
 def test_str_and_int_subclasses_are_stored_as_their_plain_value(store):
-    store.create_session("s")
-    entry = store.append("s", EntryKind.MESSAGE, {"message": {"role": "user", "k": _Kind.A}})
+    store.sessions.create("s")
+    entry = store.sessions.append(
+        "s", EntryKind.MESSAGE, {"message": {"role": "user", "k": _Kind.A}}
+    )
     assert type(entry.payload["message"]["k"]) is str
-    assert store.entries("s")[0].payload == {"message": {"role": "user", "k": "a"}}
+    assert store.sessions.entries("s")[0].payload == {"message": {"role": "user", "k": "a"}}
 
 
 def test_the_refusal_names_where_the_inexact_value_sits(store):
-    store.create_session("s")
+    store.sessions.create("s")
     with pytest.raises(InvalidInputError) as err:
         message = {"role": "user", "at": [uuid.UUID(int=1)]}
-        store.append("s", EntryKind.MESSAGE, {"message": message})
+        store.sessions.append("s", EntryKind.MESSAGE, {"message": message})
     assert err.value.field == "payload"
     assert "payload.message.at[0] is a UUID" in str(err.value)
 
@@ -421,17 +425,17 @@ def test_the_refusal_names_where_the_inexact_value_sits(store):
 @pytest.mark.parametrize(
     "call, field",
     [
-        (lambda s: s.acquire_lease("session:\x00", "o", 30), "target"),
-        (lambda s: s.acquire_lease("session:", "o", 30), "target (its session id)"),
-        (lambda s: s.acquire_lease("thread-key:\x00", "o", 30), "target"),
-        (lambda s: s.acquire_lease("session:ok", "own\ner", 30), "owner"),
-        (lambda s: s.create_session("s\x00"), "session_id"),
-        (lambda s: s.create_session("s\x1b[31m"), "session_id"),
-        (lambda s: s.append("ok", EntryKind.MESSAGE, MSG, entry_id="e\x00"), "entry_id"),
-        (lambda s: s.finalize(FinalizeRequest(ThreadRecord("r\x00", "k"))), "record.id"),
-        (lambda s: s.finalize(FinalizeRequest(ThreadRecord("r", "k\x7f"))), "record.key"),
+        (lambda s: s.leases.acquire("session:\x00", "o", 30), "target"),
+        (lambda s: s.leases.acquire("session:", "o", 30), "target (its session id)"),
+        (lambda s: s.leases.acquire("thread-key:\x00", "o", 30), "target"),
+        (lambda s: s.leases.acquire("session:ok", "own\ner", 30), "owner"),
+        (lambda s: s.sessions.create("s\x00"), "session_id"),
+        (lambda s: s.sessions.create("s\x1b[31m"), "session_id"),
+        (lambda s: s.sessions.append("ok", EntryKind.MESSAGE, MSG, entry_id="e\x00"), "entry_id"),
+        (lambda s: s.threads.finalize(FinalizeRequest(ThreadRecord("r\x00", "k"))), "record.id"),
+        (lambda s: s.threads.finalize(FinalizeRequest(ThreadRecord("r", "k\x7f"))), "record.key"),
         (
-            lambda s: s.claim_tool_execution(
+            lambda s: s.tools.claim(
                 "k\x00",
                 "ok",
                 local_turn_id="t",
@@ -441,21 +445,21 @@ def test_the_refusal_names_where_the_inexact_value_sits(store):
             ),
             "execution_key",
         ),
-        (lambda s: s.fork_session("ok", request_id="f\x00"), "request_id"),
-        (lambda s: s.create_session("a\u200bb"), "session_id"),
-        (lambda s: s.create_session("\ufeffs"), "session_id"),
-        (lambda s: s.create_session("s\u2028"), "session_id"),
-        (lambda s: s.create_session("   "), "session_id"),
-        (lambda s: s.admit_run("ok", {"q": 1}, submission_key="k\x1b"), "submission_key"),
+        (lambda s: s.forks.fork("ok", request_id="f\x00"), "request_id"),
+        (lambda s: s.sessions.create("a\u200bb"), "session_id"),
+        (lambda s: s.sessions.create("\ufeffs"), "session_id"),
+        (lambda s: s.sessions.create("s\u2028"), "session_id"),
+        (lambda s: s.sessions.create("   "), "session_id"),
+        (lambda s: s.runs.admit("ok", {"q": 1}, submission_key="k\x1b"), "submission_key"),
     ],
 )
 def test_ids_hold_no_control_characters(store, call, field):
     """A NUL (or any control character) is legal in payload text, never in an id."""
-    store.create_session("ok")
+    store.sessions.create("ok")
     with pytest.raises(InvalidInputError) as err:
         call(store)
     assert err.value.field == field
-    assert store.count_sessions() == 1 and store.entries("ok") == []
+    assert store.sessions.count() == 1 and store.sessions.entries("ok") == []
     assert store.query("SELECT count(*) AS n FROM leases").to_pylist() == [{"n": 0}]
 
 
@@ -470,20 +474,22 @@ def test_a_timestamp_outside_the_years_1_to_9999_in_utc_is_refused(store, when):
     """Attack helper: on PostgreSQL such an entry was stored (it holds year 0),
     then every read of the session failed with OverflowError; on DuckDB the
     append raised OverflowError. Both refuse it now, before writing."""
-    store.create_session("s")
+    store.sessions.create("s")
     for call in (
-        lambda: store.append("s", EntryKind.MESSAGE, MSG, timestamp=when),
-        lambda: store.append_many("s", [NewEntry(EntryKind.MESSAGE, MSG, timestamp=when)] * 2),
+        lambda: store.sessions.append("s", EntryKind.MESSAGE, MSG, timestamp=when),
+        lambda: store.sessions.append_many(
+            "s", [NewEntry(EntryKind.MESSAGE, MSG, timestamp=when)] * 2
+        ),
     ):
         with pytest.raises(InvalidInputError) as err:
             call()
         assert "1 to 9999" in str(err.value)
-    assert store.entries("s") == [] and not store.replay("s").messages
-    store.append("s", EntryKind.MESSAGE, MSG)
+    assert store.sessions.entries("s") == [] and not store.sessions.replay("s").messages
+    store.sessions.append("s", EntryKind.MESSAGE, MSG)
 
 
 def test_an_import_or_a_clock_outside_the_stored_years_is_refused(store, clock):
-    """Attack helper: ``import_batch`` stored a ``created_at`` of year 0 (or a
+    """Attack helper: ``sessions.import_batch`` stored a ``created_at`` of year 0 (or a
     naive one, or a string), and every later listing of the store failed; a
     clock at the end of the year 9999 made a lease's expiry overflow."""
     entry = ImportEntry("e1", None, EntryKind.MESSAGE, datetime(2026, 1, 1, tzinfo=UTC), MSG)
@@ -493,82 +499,84 @@ def test_an_import_or_a_clock_outside_the_stored_years_is_refused(store, clock):
         "2026-01-01",
     ):
         with pytest.raises(InvalidInputError) as err:
-            store.import_batch(ImportBatch("imp", "/", created, {}, [entry], "e1"))  # type: ignore[arg-type]
+            store.sessions.import_batch(ImportBatch("imp", "/", created, {}, [entry], "e1"))  # type: ignore[arg-type]
         assert err.value.field == "created_at"
-    assert not store.list_sessions().sessions
+    assert not store.sessions.list().sessions
     clock.now = datetime(9999, 12, 31, 23, 0, tzinfo=UTC)
     with pytest.raises(InvalidInputError) as err:
-        store.acquire_lease("t", "o", 3600)
+        store.leases.acquire("t", "o", 3600)
     assert err.value.field == "clock"
 
 
 def test_nul_in_payload_text_is_stored_exactly(store):
-    store.create_session("s", cwd="/a\x00b")
-    entry = store.append("s", EntryKind.MESSAGE, {"message": {"role": "user", "content": "\x00"}})
-    assert store.entry("s", entry.id).payload["message"]["content"] == "\x00"
-    assert store.get_session("s").cwd == "/a\x00b"
+    store.sessions.create("s", cwd="/a\x00b")
+    entry = store.sessions.append(
+        "s", EntryKind.MESSAGE, {"message": {"role": "user", "content": "\x00"}}
+    )
+    assert store.sessions.entry("s", entry.id).payload["message"]["content"] == "\x00"
+    assert store.sessions.get("s").cwd == "/a\x00b"
 
 
 INSIDE_A_SESSION = {
-    "entries": lambda s: s.entries("nope"),
-    "replay": lambda s: s.replay("nope"),
-    "labels": lambda s: s.labels("nope"),
-    "opaque_records": lambda s: s.opaque_records("nope"),
-    "session_runs": lambda s: s.session_runs("nope"),
-    "active_run": lambda s: s.active_run("nope"),
-    "run_events": lambda s: s.run_events("nope"),
-    "session_tool_executions": lambda s: s.session_tool_executions("nope"),
+    "entries": lambda s: s.sessions.entries("nope"),
+    "replay": lambda s: s.sessions.replay("nope"),
+    "labels": lambda s: s.sessions.labels("nope"),
+    "opaque_records": lambda s: s.sessions.opaque_records("nope"),
+    "session_runs": lambda s: s.runs.list("nope"),
+    "active_run": lambda s: s.runs.active("nope"),
+    "run_events": lambda s: s.runs.events("nope"),
+    "session_tool_executions": lambda s: s.tools.list("nope"),
 }
 LOOKUPS = {
-    "get_session": lambda s: s.get_session("nope"),
-    "entry": lambda s: s.entry("ok", "nope"),
-    "get_run": lambda s: s.get_run("nope"),
-    "get_recovery": lambda s: s.get_recovery("nope"),
-    "get_fork": lambda s: s.get_fork("nope"),
-    "get_tool_execution": lambda s: s.get_tool_execution("nope"),
-    "get_delivery_plan": lambda s: s.get_delivery_plan("nope"),
-    "get_delivery_operation": lambda s: s.get_delivery_operation("nope"),
-    "get_response_state": lambda s: s.get_response_state("nope"),
-    "resolve": lambda s: s.resolve(id="nope"),
+    "get_session": lambda s: s.sessions.get("nope"),
+    "entry": lambda s: s.sessions.entry("ok", "nope"),
+    "get_run": lambda s: s.runs.get("nope"),
+    "get_recovery": lambda s: s.recovery.get("nope"),
+    "get_fork": lambda s: s.forks.get("nope"),
+    "get_tool_execution": lambda s: s.tools.get("nope"),
+    "get_delivery_plan": lambda s: s.outbox.get_plan("nope"),
+    "get_delivery_operation": lambda s: s.outbox.get_operation("nope"),
+    "get_response_state": lambda s: s.lineage.get("nope"),
+    "resolve": lambda s: s.threads.resolve(id="nope"),
 }
 
 
 @pytest.mark.parametrize("read", sorted(INSIDE_A_SESSION))
 def test_a_read_inside_a_missing_session_is_session_not_found(store, read):
-    store.create_session("ok")
+    store.sessions.create("ok")
     with pytest.raises(turnkeeper.SessionNotFoundError) as err:
         INSIDE_A_SESSION[read](store)
     assert err.value.session_id == "nope"
-    empty = {"active_run": None, "labels": {}, "replay": store.replay("ok")}
+    empty = {"active_run": None, "labels": {}, "replay": store.sessions.replay("ok")}
     assert getattr(store, read)("ok") == empty.get(read, [])  # an existing, empty session
 
 
 @pytest.mark.parametrize("lookup", sorted(LOOKUPS))
 def test_a_lookup_of_a_missing_thing_is_none(store, lookup):
-    store.create_session("ok")
+    store.sessions.create("ok")
     assert LOOKUPS[lookup](store) is None
 
 
 def _recovered_behind_a_stale_worker(store, clock):
     """A worker's run whose lease expired and which recovery then ended: the
     worker still holds its old lease object."""
-    store.create_session("sw")
-    stale = store.acquire_lease("session:sw", "worker", 1, purpose="execution")
-    run = store.admit_run("sw", {"q": 1}, lease=stale)
+    store.sessions.create("sw")
+    stale = store.leases.acquire("session:sw", "worker", 1, purpose="execution")
+    run = store.runs.admit("sw", {"q": 1}, lease=stale)
     clock.advance(2)
-    rescue = store.acquire_lease("session:sw", "rec", 30, purpose="recovery")
-    store.begin_recovery(run.id, rescue)
-    store.converge_recovery(run.id, rescue, error="worker lost")
-    store.release_lease(rescue)
+    rescue = store.leases.acquire("session:sw", "rec", 30, purpose="recovery")
+    store.recovery.begin(run.id, rescue)
+    store.recovery.converge(run.id, rescue, error="worker lost")
+    store.leases.release(rescue)
     return run, stale
 
 
 STALE_AFTER_RECOVERY = {
-    "start_run": lambda s, run, lease: s.start_run(run.id, lease=lease),
-    "wait_run": lambda s, run, lease: s.wait_run(run.id, lease=lease),
-    "resume_run": lambda s, run, lease: s.resume_run(run.id, lease=lease),
-    "finish_run": lambda s, run, lease: s.finish_run(run.id, "succeeded", lease=lease),
-    "claim_tool_execution": lambda s, run, lease: s.claim_tool_execution(
+    "start_run": lambda s, run, lease: s.runs.start(run.id, lease=lease),
+    "wait_run": lambda s, run, lease: s.runs.wait(run.id, lease=lease),
+    "resume_run": lambda s, run, lease: s.runs.resume(run.id, lease=lease),
+    "finish_run": lambda s, run, lease: s.runs.finish(run.id, "succeeded", lease=lease),
+    "claim_tool_execution": lambda s, run, lease: s.tools.claim(
         f"{run.id}:call-1",
         "sw",
         local_turn_id=run.turn_id,
@@ -578,7 +586,7 @@ STALE_AFTER_RECOVERY = {
         run_id=run.id,
         lease=lease,
     ),
-    "append": lambda s, run, lease: s.append("sw", EntryKind.MESSAGE, MSG, lease=lease),
+    "append": lambda s, run, lease: s.sessions.append("sw", EntryKind.MESSAGE, MSG, lease=lease),
 }
 
 
@@ -587,8 +595,8 @@ def test_a_stale_holder_learns_it_lost_whatever_the_run_did_since(store, clock, 
     """Recovery ended the run behind the worker's back: every fenced write the worker
     then tries reports its lost lease, not the run's new state."""
     run, stale = _recovered_behind_a_stale_worker(store, clock)
-    before = [(e.id, e.kind) for e in store.entries("sw")]
+    before = [(e.id, e.kind) for e in store.sessions.entries("sw")]
     with pytest.raises(LeaseLostError):
         STALE_AFTER_RECOVERY[call](store, run, stale)
-    assert [(e.id, e.kind) for e in store.entries("sw")] == before
-    assert store.get_run(run.id).status == "interrupted"
+    assert [(e.id, e.kind) for e in store.sessions.entries("sw")] == before
+    assert store.runs.get(run.id).status == "interrupted"

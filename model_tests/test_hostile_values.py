@@ -90,12 +90,14 @@ class Stored:
 
 
 def fill(store: turnkeeper.BaseStore, out: Stored) -> None:
-    store.create_session(SESSION, cwd="\x00[/]\ue000", header={"x\x00": "\ue000\ue001"})
-    store.set_title(SESSION, "title \x00 [/] \ue000")
+    store.sessions.create(SESSION, cwd="\x00[/]\ue000", header={"x\x00": "\ue000\ue001"})
+    store.sessions.set_title(SESSION, "title \x00 [/] \ue000")
     for i, text in enumerate(TEXTS):
-        store.append(SESSION, EntryKind.MESSAGE, {"message": {"role": "user", "content": text}})
+        store.sessions.append(
+            SESSION, EntryKind.MESSAGE, {"message": {"role": "user", "content": text}}
+        )
         provider, model = TEXTS[-1 - i], text
-        store.append(
+        store.sessions.append(
             SESSION,
             EntryKind.MESSAGE,
             {
@@ -108,10 +110,12 @@ def fill(store: turnkeeper.BaseStore, out: Stored) -> None:
             },
         )
         out.providers.add(("assistant", provider, model))
-        store.append(SESSION, EntryKind.MODEL_CHANGE, {"provider": text, "modelId": provider})
+        store.sessions.append(
+            SESSION, EntryKind.MODEL_CHANGE, {"provider": text, "modelId": provider}
+        )
         out.providers.add(("model_change", text, provider))
     out.user_turns = len(TEXTS)
-    store.append(
+    store.sessions.append(
         SESSION,
         EntryKind.CUSTOM,
         {
@@ -123,7 +127,7 @@ def fill(store: turnkeeper.BaseStore, out: Stored) -> None:
     )
     # run history: a model, an error, a tool reason and result, a delivery failure
     for i, text in enumerate(TEXTS[:4]):
-        run = store.admit_run(
+        run = store.runs.admit(
             SESSION,
             {"text": text, "n": NUMBERS},
             user_message={"role": "user", "content": text},
@@ -132,7 +136,7 @@ def fill(store: turnkeeper.BaseStore, out: Stored) -> None:
         )
         out.user_turns += 1
         key = f"{run.id}:call"
-        store.claim_tool_execution(
+        store.tools.claim(
             key,
             SESSION,
             local_turn_id=run.turn_id,
@@ -142,15 +146,15 @@ def fill(store: turnkeeper.BaseStore, out: Stored) -> None:
             arguments={"a": text},
             run_id=run.id,
         )
-        store.complete_tool_execution(key, {"out": text, "n": NUMBERS})
+        store.tools.complete(key, {"out": text, "n": NUMBERS})
         plan = DeliveryPlan("chat", "room[/]", steps=(DeliveryStep("send", "message"),))
-        store.finish_run(run.id, "failed", error=text + "[/]", delivery_plan=plan)
-        claim = store.claim_delivery(f"{run.id}:delivery:send", "outbox", ttl_s=30)
-        store.finish_delivery(
+        store.runs.finish(run.id, "failed", error=text + "[/]", delivery_plan=plan)
+        claim = store.outbox.claim(f"{run.id}:delivery:send", "outbox", ttl_s=30)
+        store.outbox.finish(
             claim.id, "outbox", claim.lease_epoch, "failed", failure_code="code\x00[/]"
         )
-    store.finalize(FinalizeRequest(ThreadRecord("rec", key="k\ue000", state={"s": TEXTS})))
-    out.payloads = [e.payload for e in store.entries(SESSION)]
+    store.threads.finalize(FinalizeRequest(ThreadRecord("rec", key="k\ue000", state={"s": TEXTS})))
+    out.payloads = [e.payload for e in store.sessions.entries(SESSION)]
 
 
 @pytest.fixture(params=["duckdb", "postgres"])
@@ -174,13 +178,15 @@ def test_lone_surrogates_are_refused_and_nothing_is_stored() -> None:
     """The store never accepts a lone surrogate (UTF-8 has no form for it), so no
     analytics path ever meets one."""
     with turnkeeper.open_store(":memory:") as store:
-        store.create_session("s")
+        store.sessions.create("s")
         for bad in ("\ud800", "x\udfffy"):
             with pytest.raises(turnkeeper.InvalidInputError):
-                store.append("s", EntryKind.MESSAGE, {"message": {"role": "user", "content": bad}})
+                store.sessions.append(
+                    "s", EntryKind.MESSAGE, {"message": {"role": "user", "content": bad}}
+                )
             with pytest.raises(turnkeeper.InvalidInputError):
-                store.set_title("s", bad)
-        assert store.entries("s") == []
+                store.sessions.set_title("s", bad)
+        assert store.sessions.entries("s") == []
 
 
 def test_every_report_figure_reads_every_stored_value(stored: Stored) -> None:
@@ -241,11 +247,11 @@ def test_session_search_finds_text_that_json_escapes(stored: Stored) -> None:
     a quote, a backslash, a newline or NUL as an escape."""
     with turnkeeper.open_store(stored.db, read_only=True) as store:
         for text in [t for t in TEXTS if t] + ["[/]", '"', "\\", "\n", "\x00", "\ue000"]:
-            found = store.list_sessions(search=text).sessions
+            found = store.sessions.list(search=text).sessions
             assert [s.id for s in found] == [SESSION], repr(text)
-            assert store.count_sessions(search=text) == 1, repr(text)
-        assert store.list_sessions(search="absent\x00text").sessions == ()
-        assert store.count_sessions(search='"absent') == 0
+            assert store.sessions.count(search=text) == 1, repr(text)
+        assert store.sessions.list(search="absent\x00text").sessions == ()
+        assert store.sessions.count(search='"absent') == 0
 
 
 def test_audit_and_export_keep_every_value(stored: Stored, tmp_path: Path) -> None:
@@ -361,9 +367,11 @@ def test_an_escaped_backslash_before_u0000_is_no_nul_escape(
     it meets, the text comes back changed or the document unreadable."""
     texts = ["\\u0000", "\\\\u0000", "\\\x00", "\\\\\\u0000\\", "a\x00\\u0000\x00"]
     with turnkeeper.open_store(new_pg_schema()) as store:
-        store.create_session("s")
+        store.sessions.create("s")
         for text in texts:
-            store.append("s", EntryKind.MESSAGE, {"message": {"role": "user", "content": text}})
+            store.sessions.append(
+                "s", EntryKind.MESSAGE, {"message": {"role": "user", "content": text}}
+            )
 
         def contents() -> list[Any]:
             payload = store.json_sql("payload")

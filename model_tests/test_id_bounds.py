@@ -48,16 +48,16 @@ TOO_LONG = "k" * (MAX_ID_BYTES + 1)
 @pytest.mark.parametrize(
     ("call", "field"),
     [
-        (lambda s: s.create_session(TOO_LONG), "session_id"),
-        (lambda s: s.create_session(dense(MAX_ID_BYTES + 3, 1)), "session_id"),
-        (lambda s: s.append("ok", EntryKind.MESSAGE, MSG, entry_id=TOO_LONG), "entry_id"),
-        (lambda s: s.acquire_lease("t" * (MAX_TARGET_BYTES + 1), "o", 30), "target"),
-        (lambda s: s.acquire_lease(f"session:{TOO_LONG}", "o", 30), "target (its session id)"),
-        (lambda s: s.acquire_lease("session:ok", TOO_LONG, 30), "owner"),
-        (lambda s: s.finalize(FinalizeRequest(ThreadRecord(TOO_LONG, "k"))), "record.id"),
-        (lambda s: s.finalize(FinalizeRequest(ThreadRecord("r", TOO_LONG))), "record.key"),
+        (lambda s: s.sessions.create(TOO_LONG), "session_id"),
+        (lambda s: s.sessions.create(dense(MAX_ID_BYTES + 3, 1)), "session_id"),
+        (lambda s: s.sessions.append("ok", EntryKind.MESSAGE, MSG, entry_id=TOO_LONG), "entry_id"),
+        (lambda s: s.leases.acquire("t" * (MAX_TARGET_BYTES + 1), "o", 30), "target"),
+        (lambda s: s.leases.acquire(f"session:{TOO_LONG}", "o", 30), "target (its session id)"),
+        (lambda s: s.leases.acquire("session:ok", TOO_LONG, 30), "owner"),
+        (lambda s: s.threads.finalize(FinalizeRequest(ThreadRecord(TOO_LONG, "k"))), "record.id"),
+        (lambda s: s.threads.finalize(FinalizeRequest(ThreadRecord("r", TOO_LONG))), "record.key"),
         (
-            lambda s: s.claim_tool_execution(
+            lambda s: s.tools.claim(
                 TOO_LONG,
                 "ok",
                 local_turn_id="t",
@@ -67,16 +67,16 @@ TOO_LONG = "k" * (MAX_ID_BYTES + 1)
             ),
             "execution_key",
         ),
-        (lambda s: s.admit_run("ok", {"q": 1}, submission_key=TOO_LONG), "submission_key"),
+        (lambda s: s.runs.admit("ok", {"q": 1}, submission_key=TOO_LONG), "submission_key"),
     ],
 )
 def test_an_id_over_the_bound_is_refused_on_both_backends(store, call, field):
-    store.create_session("ok")
+    store.sessions.create("ok")
     with pytest.raises(InvalidInputError) as err:
         call(store)
     assert err.value.field == field
     assert "at most" in str(err.value)
-    assert store.count_sessions() == 1 and store.entries("ok") == []
+    assert store.sessions.count() == 1 and store.sessions.entries("ok") == []
     assert store.query("SELECT count(*) AS n FROM leases").to_pylist() == [{"n": 0}]
 
 
@@ -85,31 +85,31 @@ def test_ids_at_the_bound_are_stored_in_every_key_on_both_backends(store):
     dense text, one of them half escapes: what PostgreSQL's btree must hold."""
     sid, eid = dense(MAX_ID_BYTES, 2, escapes=True), dense(MAX_ID_BYTES, 3)
     assert len(sid.encode()) == len(eid.encode()) == MAX_ID_BYTES
-    store.create_session(sid)
-    lease = store.acquire_lease(f"session:{sid}", dense(MAX_ID_BYTES, 4), 60)
-    first = store.append(sid, EntryKind.MESSAGE, MSG, entry_id=eid, lease=lease)
-    store.append_many(sid, [(EntryKind.MESSAGE, MSG)] * 2, lease=lease)
-    assert store.entry(sid, eid) == first
-    assert store.entries(sid)[0].id == eid
-    assert len(store.replay(sid).messages) == 3
+    store.sessions.create(sid)
+    lease = store.leases.acquire(f"session:{sid}", dense(MAX_ID_BYTES, 4), 60)
+    first = store.sessions.append(sid, EntryKind.MESSAGE, MSG, entry_id=eid, lease=lease)
+    store.sessions.append_many(sid, [(EntryKind.MESSAGE, MSG)] * 2, lease=lease)
+    assert store.sessions.entry(sid, eid) == first
+    assert store.sessions.entries(sid)[0].id == eid
+    assert len(store.sessions.replay(sid).messages) == 3
     record = ThreadRecord(dense(MAX_ID_BYTES, 5), dense(MAX_ID_BYTES, 6, escapes=True))
-    store.finalize(FinalizeRequest(record, key=record.key, rebind_active=True))
-    assert store.resolve(key=record.key) is not None
+    store.threads.finalize(FinalizeRequest(record, key=record.key, rebind_active=True))
+    assert store.threads.resolve(key=record.key) is not None
 
 
 def test_what_the_store_derives_from_ids_at_the_bound_can_be_passed_back(store):
     """An interrupted tool result's entry id is derived from its execution key,
     a delivery operation's id from its step key: at the bound they would not
     be ids, so the part is spelled as its digest, and both can be looked up."""
-    store.create_session("s")
-    run = store.admit_run("s", {"q": 1}, user_message={"role": "user", "content": "go"})
-    store.start_run(run.id)
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"q": 1}, user_message={"role": "user", "content": "go"})
+    store.runs.start(run.id)
     call_id = dense(MAX_ID_BYTES, 7)
     blocks = [{"type": "toolCall", "id": call_id, "name": "bash", "arguments": {}}]
     assistant = {"role": "assistant", "content": blocks, "stopReason": "toolUse"}
-    store.append("s", EntryKind.MESSAGE, {"message": assistant})
+    store.sessions.append("s", EntryKind.MESSAGE, {"message": assistant})
     key = dense(MAX_ID_BYTES, 8)
-    store.claim_tool_execution(
+    store.tools.claim(
         key,
         "s",
         local_turn_id=run.turn_id,
@@ -119,14 +119,16 @@ def test_what_the_store_derives_from_ids_at_the_bound_can_be_passed_back(store):
         run_id=run.id,
     )
     step = DeliveryStep(dense(MAX_ID_BYTES, 9), "msg")
-    store.finish_run(run.id, "interrupted", delivery_plan=DeliveryPlan("chat", "t", (step,)))
-    results = [e for e in store.entries("s") if e.payload.get("message", {}).get("toolCallId")]
+    store.runs.finish(run.id, "interrupted", delivery_plan=DeliveryPlan("chat", "t", (step,)))
+    results = [
+        e for e in store.sessions.entries("s") if e.payload.get("message", {}).get("toolCallId")
+    ]
     assert len(results) == 1
     assert results[0].id.startswith("sha256-") and results[0].id.endswith(":interrupted")
-    assert store.entry("s", results[0].id) == results[0]
-    _, (op,) = store.get_delivery_plan(f"{run.id}:delivery")
+    assert store.sessions.entry("s", results[0].id) == results[0]
+    _, (op,) = store.outbox.get_plan(f"{run.id}:delivery")
     assert ":sha256-" in op.id and op.key == step.key
-    claimed = store.claim_delivery(op.id, "courier", 30)
+    claimed = store.outbox.claim(op.id, "courier", 30)
     assert claimed.id == op.id
 
 
@@ -146,5 +148,5 @@ def test_a_pi_record_whose_id_is_not_an_id_is_kept_opaque(store, tmp_path):
     path = tmp_path / "f.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     report = pi.import_file(store, path)
-    assert [e.id for e in store.entries(report.session_id)] == ["a"]
+    assert [e.id for e in store.sessions.entries(report.session_id)] == ["a"]
     assert sorted(i.kind for i in report.issues) == ["opaque", "opaque"]

@@ -273,19 +273,19 @@ def hot_operations(store: turnkeeper.BaseStore, profiler: Profiler) -> None:
     sid = str(uuid.uuid4())
     on = profiler.during
     with on("create_session"):
-        store.create_session(sid)
+        store.sessions.create(sid)
     with on("acquire_lease (grant)"):
-        lease = store.acquire_lease(f"session:{sid}", "w", 60)
+        lease = store.leases.acquire(f"session:{sid}", "w", 60)
     with on("acquire_lease (re-acquire)"):
-        store.acquire_lease(f"session:{sid}", "w", 60)
+        store.leases.acquire(f"session:{sid}", "w", 60)
     with on("renew_lease"):
-        store.renew_lease(lease, 60)
+        store.leases.renew(lease, 60)
     with on("validate_lease"):
-        store.validate_lease(lease)
+        store.leases.validate(lease)
     with on("append (fenced)"):
-        store.append(sid, EntryKind.MESSAGE, MSG, lease=lease)
+        store.sessions.append(sid, EntryKind.MESSAGE, MSG, lease=lease)
     with on("append_many (fenced)"):
-        store.append_many(sid, [(EntryKind.MESSAGE, MSG)] * 3, lease=lease)
+        store.sessions.append_many(sid, [(EntryKind.MESSAGE, MSG)] * 3, lease=lease)
     if isinstance(store, turnkeeper.DuckDBStore):  # group commit merges appends
         more = (
             store.query(  # long-lived sessions, whose rows lie among all the others
@@ -300,27 +300,27 @@ def hot_operations(store: turnkeeper.BaseStore, profiler: Profiler) -> None:
             got = queued_together(
                 store,
                 [
-                    lambda: store.append(sid, EntryKind.MESSAGE, MSG, lease=lease),
-                    *(lambda o=o: store.append(o, EntryKind.MESSAGE, MSG) for o in more),
+                    lambda: store.sessions.append(sid, EntryKind.MESSAGE, MSG, lease=lease),
+                    *(lambda o=o: store.sessions.append(o, EntryKind.MESSAGE, MSG) for o in more),
                 ],
             )
         assert grouped(store, "append") == MERGED, got
     with on("append (its own id)"):
-        store.append(sid, EntryKind.MESSAGE, MSG, lease=lease, entry_id="mine")
+        store.sessions.append(sid, EntryKind.MESSAGE, MSG, lease=lease, entry_id="mine")
     with on("set_label"):
-        store.set_label(sid, "mine", "L", lease=lease)
+        store.sessions.set_label(sid, "mine", "L", lease=lease)
     with on("branch"):
-        store.branch(sid, "mine", lease=lease)
+        store.sessions.branch(sid, "mine", lease=lease)
     with on("admit_run (started, submission key)"):
-        run = store.admit_run(
+        run = store.runs.admit(
             sid, {"q": 1}, submission_key="k1", user_message=USER, lease=lease, start=True
         )
     with on("admit_run (the same submission again)"):
-        store.admit_run(
+        store.runs.admit(
             sid, {"q": 1}, submission_key="k1", user_message=USER, lease=lease, start=True
         )
     with on("claim_tool_execution"):
-        store.claim_tool_execution(
+        store.tools.claim(
             "ek1",
             sid,
             local_turn_id=run.turn_id,
@@ -331,12 +331,12 @@ def hot_operations(store: turnkeeper.BaseStore, profiler: Profiler) -> None:
             lease=lease,
         )
     with on("complete_tool_execution"):
-        store.complete_tool_execution("ek1", {"ok": 1}, lease=lease)
+        store.tools.complete("ek1", {"ok": 1}, lease=lease)
     plan = DeliveryPlan(
         "chat", "t", (DeliveryStep("upload", "f"), DeliveryStep("send", "m", depends_on="upload"))
     )
     with on("finish_run (entries, reply, plan)"):
-        store.finish_run(
+        store.runs.finish(
             run.id,
             "succeeded",
             entries=[(EntryKind.MESSAGE, MSG)],
@@ -345,58 +345,58 @@ def hot_operations(store: turnkeeper.BaseStore, profiler: Profiler) -> None:
             lease=lease,
         )
     for name, read in {
-        "replay": lambda: store.replay(sid),
-        "entry": lambda: store.entry(sid, "mine"),
-        "labels": lambda: store.labels(sid),
-        "get_session": lambda: store.get_session(sid),
-        "get_run": lambda: store.get_run(run.id),
-        "active_run": lambda: store.active_run(sid),
-        "run_events (after a seq)": lambda: store.run_events(sid, after=1),
-        "get_delivery_plan": lambda: store.get_delivery_plan(f"{run.id}:delivery"),
-        "get_response_state": lambda: store.get_response_state(sid),
-        "get_tool_execution": lambda: store.get_tool_execution("ek1"),
-        "list_orphaned_runs": store.list_orphaned_runs,
-        "list_due_deliveries": store.list_due_deliveries,
+        "replay": lambda: store.sessions.replay(sid),
+        "entry": lambda: store.sessions.entry(sid, "mine"),
+        "labels": lambda: store.sessions.labels(sid),
+        "get_session": lambda: store.sessions.get(sid),
+        "get_run": lambda: store.runs.get(run.id),
+        "active_run": lambda: store.runs.active(sid),
+        "run_events (after a seq)": lambda: store.runs.events(sid, after=1),
+        "get_delivery_plan": lambda: store.outbox.get_plan(f"{run.id}:delivery"),
+        "get_response_state": lambda: store.lineage.get(sid),
+        "get_tool_execution": lambda: store.tools.get("ek1"),
+        "list_orphaned_runs": store.recovery.list_orphans,
+        "list_due_deliveries": store.outbox.list_due,
     }.items():
         with on(name):
             read()
     op_id = f"{run.id}:delivery:upload"
     with on("claim_delivery"):
-        op = store.claim_delivery(op_id, "ow", 60)
+        op = store.outbox.claim(op_id, "ow", 60)
     with on("update_delivery_progress"):
-        store.update_delivery_progress(op_id, "ow", op.lease_epoch)
+        store.outbox.update_progress(op_id, "ow", op.lease_epoch)
     with on("requeue_delivery"):
-        store.requeue_delivery(op_id, "ow", op.lease_epoch)
+        store.outbox.requeue(op_id, "ow", op.lease_epoch)
     with on("claim_delivery (a requeued one)"):
-        op = store.claim_delivery(op_id, "ow", 60)
+        op = store.outbox.claim(op_id, "ow", 60)
     with on("finish_delivery"):
-        store.finish_delivery(op_id, "ow", op.lease_epoch, "delivered")
+        store.outbox.finish(op_id, "ow", op.lease_epoch, "delivered")
     with on("admit_run"):
-        second = store.admit_run(sid, {"q": 2}, lease=lease)
+        second = store.runs.admit(sid, {"q": 2}, lease=lease)
     with on("start_run"):
-        store.start_run(second.id, lease=lease)
+        store.runs.start(second.id, lease=lease)
     with on("request_cancel"):
-        store.request_cancel(second.id)
+        store.runs.request_cancel(second.id)
     with on("release_lease"):
-        store.release_lease(lease)
+        store.leases.release(lease)
     with on("acquire_lease (regrant)"):
-        recovery = store.acquire_lease(f"session:{sid}", "r", 60, purpose="recovery")
+        recovery = store.leases.acquire(f"session:{sid}", "r", 60, purpose="recovery")
     with on("begin_recovery"):
-        store.begin_recovery(second.id, recovery)
+        store.recovery.begin(second.id, recovery)
     with on("converge_recovery"):
-        store.converge_recovery(second.id, recovery)
+        store.recovery.converge(second.id, recovery)
     with on("release_lease (recovery)"):
-        store.release_lease(recovery)
+        store.leases.release(recovery)
     with on("finalize"):
-        store.finalize(FinalizeRequest(ThreadRecord("r1", "k1"), rebind_active=True))
+        store.threads.finalize(FinalizeRequest(ThreadRecord("r1", "k1"), rebind_active=True))
     with on("finalize (archive and rebind)"):
-        store.finalize(
+        store.threads.finalize(
             FinalizeRequest(
                 ThreadRecord("r2", "k1"), previous_id="r1", archive_old=True, rebind_active=True
             )
         )
     with on("resolve"):
-        store.resolve(key="k1")
+        store.threads.resolve(key="k1")
     rarer_operations(store, profiler, sid)
 
 
@@ -405,29 +405,29 @@ def rarer_operations(store: turnkeeper.BaseStore, profiler: Profiler, sid: str) 
     each: it must not read other sessions' rows)."""
     on = profiler.during
     with on("acquire_lease (another owner)"):
-        lease = store.acquire_lease(f"session:{sid}", "w2", 60)
+        lease = store.leases.acquire(f"session:{sid}", "w2", 60)
     with on("branch_with_summary"):
-        store.branch_with_summary(sid, "mine", "went back", lease=lease)
+        store.sessions.branch_with_summary(sid, "mine", "went back", lease=lease)
     with on("entries"):
-        store.entries(sid)
+        store.sessions.entries(sid)
     with on("session_runs"):
-        runs = store.session_runs(sid)
+        runs = store.runs.list(sid)
     with on("admit_run (a retry)"):
-        retry = store.admit_run(sid, {"q": 2}, retry_of=runs[-1].id, lease=lease, start=True)
+        retry = store.runs.admit(sid, {"q": 2}, retry_of=runs[-1].id, lease=lease, start=True)
     with on("wait_run"):
-        store.wait_run(retry.id, lease=lease)
+        store.runs.wait(retry.id, lease=lease)
     with on("resume_run"):
-        store.resume_run(retry.id, lease=lease)
+        store.runs.resume(retry.id, lease=lease)
     blocks = [{"type": "toolCall", "id": c, "name": "t", "arguments": {}} for c in ("c2", "c3")]
     with on("append (tool calls)"):
-        store.append(
+        store.sessions.append(
             sid,
             EntryKind.MESSAGE,
             {"message": {"role": "assistant", "content": blocks}},
             lease=lease,
         )
     with on("claim_tool_execution (a second)"):
-        store.claim_tool_execution(
+        store.tools.claim(
             "ek2",
             sid,
             local_turn_id=retry.turn_id,
@@ -438,25 +438,25 @@ def rarer_operations(store: turnkeeper.BaseStore, profiler: Profiler, sid: str) 
             lease=lease,
         )
     with on("interrupt_tool_executions (closes the open calls c2 and c3)"):
-        store.interrupt_tool_executions(sid, local_turn_id=retry.turn_id, lease=lease)
+        store.tools.interrupt(sid, local_turn_id=retry.turn_id, lease=lease)
     with on("request_tool_execution_recovery"):
-        store.request_tool_execution_recovery(sid, retry.turn_id, ["c2"])
+        store.tools.request_recovery(sid, retry.turn_id, ["c2"])
     with on("reclaim_tool_execution"):
-        store.reclaim_tool_execution("ek2", run_id=retry.id, lease=lease)
+        store.tools.reclaim("ek2", run_id=retry.id, lease=lease)
     with on("session_tool_executions"):
-        store.session_tool_executions(sid)
+        store.tools.list(sid)
     with on("abandon_interrupted_tool_executions"):
-        store.abandon_interrupted_tool_executions(sid, retry.turn_id, lease=lease)
+        store.tools.abandon_interrupted(sid, retry.turn_id, lease=lease)
     with on("finish_run (failed)"):
-        store.finish_run(retry.id, "failed", error="boom", lease=lease)
+        store.runs.finish(retry.id, "failed", error="boom", lease=lease)
     with on("annotate_run_error"):
-        store.annotate_run_error(runs[1].id, "late reason", lease=lease)
+        store.runs.annotate_error(runs[1].id, "late reason", lease=lease)
     with on("compare_and_swap_response_state (first)"):
-        store.compare_and_swap_response_state(ResponseState(sid, provider="p"), 0, lease=lease)
+        store.lineage.compare_and_swap(ResponseState(sid, provider="p"), 0, lease=lease)
     with on("compare_and_swap_response_state"):
-        store.compare_and_swap_response_state(ResponseState(sid, provider="q"), 1, lease=lease)
+        store.lineage.compare_and_swap(ResponseState(sid, provider="q"), 1, lease=lease)
     with on("import_batch (into the session)"):
-        store.import_batch(
+        store.sessions.import_batch(
             ImportBatch(
                 sid,
                 "",
@@ -470,37 +470,37 @@ def rarer_operations(store: turnkeeper.BaseStore, profiler: Profiler, sid: str) 
             lease=lease,
         )
     with on("opaque_records"):
-        store.opaque_records(sid)
+        store.sessions.opaque_records(sid)
     with on("release_lease (before a fork)"):
-        store.release_lease(lease)
+        store.leases.release(lease)
     for name, boundary in {
         "fork_session (the last turn)": {},
         "fork_session (a turn)": {"boundary_turn_id": runs[0].turn_id},
-        "fork_session (an entry)": {"at_seq": store.entry(sid, runs[0].user_entry_id).seq},
+        "fork_session (an entry)": {"at_seq": store.sessions.entry(sid, runs[0].user_entry_id).seq},
     }.items():
         with on(name):
-            store.fork_session(sid, request_id=name, **boundary)
+            store.forks.fork(sid, request_id=name, **boundary)
     with on("get_fork"):
-        store.get_fork("fork_session (a turn)")
-    orphan = store.admit_run(sid, {"q": 3})
-    recovery = store.acquire_lease(f"session:{sid}", "r2", 60, purpose="recovery")
+        store.forks.get("fork_session (a turn)")
+    orphan = store.runs.admit(sid, {"q": 3})
+    recovery = store.leases.acquire(f"session:{sid}", "r2", 60, purpose="recovery")
     with on("begin_recovery (again)"):
-        store.begin_recovery(orphan.id, recovery)
+        store.recovery.begin(orphan.id, recovery)
     with on("fail_recovery"):
-        store.fail_recovery(orphan.id, recovery, "no luck", base_delay_s=0.001)
+        store.recovery.fail(orphan.id, recovery, "no luck", base_delay_s=0.001)
     with on("get_recovery"):
-        store.get_recovery(orphan.id)
+        store.recovery.get(orphan.id)
     time.sleep(0.01)  # the retry is due after 1 ms
     with on("begin_recovery (a retry)"):
-        store.begin_recovery(orphan.id, recovery)
+        store.recovery.begin(orphan.id, recovery)
     with on("detach_recovery"):
-        store.detach_recovery(orphan.id, recovery)
+        store.recovery.detach(orphan.id, recovery)
     with on("create_delivery_plan"):
-        store.create_delivery_plan(
+        store.outbox.create_plan(
             runs[1].id, DeliveryPlan("chat", "t", (DeliveryStep("upload", "f"),)), lease=recovery
         )
     with on("get_delivery_operation"):
-        store.get_delivery_operation(f"{runs[1].id}:delivery:upload")
+        store.outbox.get_operation(f"{runs[1].id}:delivery:upload")
 
 
 def _report(scans: dict[str, list[tuple[str, str, int, str]]]) -> str:

@@ -56,14 +56,14 @@ def _fenced_writes(
 ) -> dict[str, Callable[[], Any]]:
     """Writes under ``lease`` whose transaction reads before it holds the target."""
     return {
-        "append with its own id": lambda: store.append(
+        "append with its own id": lambda: store.sessions.append(
             sid, EntryKind.MESSAGE, MSG, lease=lease, entry_id="chosen"
         ),
-        "append": lambda: store.append(sid, EntryKind.MESSAGE, MSG, lease=lease),
-        "append_many": lambda: store.append_many(
+        "append": lambda: store.sessions.append(sid, EntryKind.MESSAGE, MSG, lease=lease),
+        "append_many": lambda: store.sessions.append_many(
             sid, [(EntryKind.MESSAGE, MSG), (EntryKind.MESSAGE, MSG)], lease=lease
         ),
-        "admit_run": lambda: store.admit_run(sid, {"input": "x"}, lease=lease),
+        "admit_run": lambda: store.runs.admit(sid, {"input": "x"}, lease=lease),
     }
 
 
@@ -79,9 +79,9 @@ def _lease_row(store: turnkeeper.BaseStore, target: str) -> dict[str, Any]:
 
 @pytest.fixture
 def leased(duck_store: turnkeeper.DuckDBStore, clock: Any) -> tuple[str, turnkeeper.Lease]:
-    sid = duck_store.create_session().id
-    duck_store.append(sid, EntryKind.MESSAGE, MSG)
-    lease = duck_store.acquire_lease(f"session:{sid}", "worker", 30)
+    sid = duck_store.sessions.create().id
+    duck_store.sessions.append(sid, EntryKind.MESSAGE, MSG)
+    lease = duck_store.leases.acquire(f"session:{sid}", "worker", 30)
     clock.advance(5)  # a renewal now moves the expiry
     return sid, lease
 
@@ -99,14 +99,14 @@ def test_a_lease_write_committed_after_the_snapshot_is_seen(
     renewed one); a release in between wins (the write is refused, nothing of
     it is stored, the lease stays released)."""
     sid, lease = leased
-    before = duck_store.get_session(sid)
+    before = duck_store.sessions.get(sid)
     renew = between == "renewal"
     done = _between_snapshot_and_hold(
         monkeypatch,
         lease.target,
-        (lambda: duck_store.renew_lease(lease, 30))
+        (lambda: duck_store.leases.renew(lease, 30))
         if renew
-        else (lambda: duck_store.release_lease(lease)),
+        else (lambda: duck_store.leases.release(lease)),
     )
     if renew:
         _fenced_writes(duck_store, sid, lease)[write]()
@@ -118,7 +118,7 @@ def test_a_lease_write_committed_after_the_snapshot_is_seen(
         _fenced_writes(duck_store, sid, lease)[write]()
     assert done == [True]
     assert _lease_row(duck_store, lease.target)["state"] == "released"
-    assert duck_store.get_session(sid) == before
+    assert duck_store.sessions.get(sid) == before
 
 
 def test_control_without_the_check_a_write_commits_after_the_release(
@@ -132,11 +132,11 @@ def test_control_without_the_check_a_write_commits_after_the_release(
     sid, lease = leased
     monkeypatch.setattr(duck_tx, "stale_since", lambda tx, stripe: False)
     released = _between_snapshot_and_hold(
-        monkeypatch, lease.target, lambda: duck_store.release_lease(lease)
+        monkeypatch, lease.target, lambda: duck_store.leases.release(lease)
     )
-    duck_store.append(sid, EntryKind.MESSAGE, MSG, lease=lease, entry_id="chosen")
+    duck_store.sessions.append(sid, EntryKind.MESSAGE, MSG, lease=lease, entry_id="chosen")
     assert released == [True]
-    assert duck_store.get_session(sid).leaf_id == "chosen"
+    assert duck_store.sessions.get(sid).leaf_id == "chosen"
 
 
 def test_a_renewal_at_the_worst_moment_of_every_attempt_costs_one_retry(
@@ -159,7 +159,7 @@ def test_a_renewal_at_the_worst_moment_of_every_attempt_costs_one_retry(
             return
         if self._snapshot:
             worker = threading.Thread(
-                target=lambda: renewals.append(duck_store.renew_lease(lease, 30))
+                target=lambda: renewals.append(duck_store.leases.renew(lease, 30))
             )
             worker.start()
             worker.join()
@@ -167,7 +167,7 @@ def test_a_renewal_at_the_worst_moment_of_every_attempt_costs_one_retry(
         holding.append(self)
 
     monkeypatch.setattr(duck_db.Tx, "hold", hold_after)
-    duck_store.append(sid, EntryKind.MESSAGE, MSG, lease=lease, entry_id="chosen")
+    duck_store.sessions.append(sid, EntryKind.MESSAGE, MSG, lease=lease, entry_id="chosen")
     assert len(renewals) == 1
     assert duck_store.statement_stats()["append"]["retries"] == 1
     assert _lease_row(duck_store, lease.target)["expires_at"] == renewals[0].expires_at
@@ -213,19 +213,19 @@ def test_a_release_before_a_merged_groups_hold_refuses_its_append(
     from test_group_commit import queued_together
 
     sid, lease = leased
-    other = duck_store.create_session().id
-    other_lease = duck_store.acquire_lease(f"session:{other}", "worker", 30)
+    other = duck_store.sessions.create().id
+    other_lease = duck_store.leases.acquire(f"session:{other}", "worker", 30)
     if not checked:
         monkeypatch.setattr(duck_tx, "stale_since", lambda tx, stripe: False)
     released = _between_snapshot_and_hold(
-        monkeypatch, lease.target, lambda: duck_store.release_lease(lease)
+        monkeypatch, lease.target, lambda: duck_store.leases.release(lease)
     )
     got = queued_together(
         duck_store,
         [
-            lambda: duck_store.create_session(),
-            lambda: duck_store.append(sid, EntryKind.MESSAGE, MSG, lease=lease),
-            lambda: duck_store.append(other, EntryKind.MESSAGE, MSG, lease=other_lease),
+            lambda: duck_store.sessions.create(),
+            lambda: duck_store.sessions.append(sid, EntryKind.MESSAGE, MSG, lease=lease),
+            lambda: duck_store.sessions.append(other, EntryKind.MESSAGE, MSG, lease=other_lease),
         ],
     )
     assert released == [True]

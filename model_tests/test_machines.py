@@ -98,17 +98,17 @@ def test_acquire_decision_matches_the_lease_machine_exhaustively():
 
 
 def drive_every_edge(store, clock) -> None:
-    a = store.acquire_lease("t", "a", 1)  # grant
-    store.acquire_lease("t", "a", 1)  # reacquire
-    store.renew_lease(a, 1)  # renew
-    store.release_lease(a)  # release
-    b = store.acquire_lease("t", "b", 1)  # regrant
+    a = store.leases.acquire("t", "a", 1)  # grant
+    store.leases.acquire("t", "a", 1)  # reacquire
+    store.leases.renew(a, 1)  # renew
+    store.leases.release(a)  # release
+    b = store.leases.acquire("t", "b", 1)  # regrant
     clock.advance(2)
-    store.acquire_lease("t", "c", 1)  # takeover
-    store.release_lease(b)  # stale: no transition
-    store.finalize(FinalizeRequest(ThreadRecord("r1", "k"), rebind_active=True))  # create
-    store.finalize(FinalizeRequest(ThreadRecord("r1", "k")))  # update
-    store.finalize(
+    store.leases.acquire("t", "c", 1)  # takeover
+    store.leases.release(b)  # stale: no transition
+    store.threads.finalize(FinalizeRequest(ThreadRecord("r1", "k"), rebind_active=True))  # create
+    store.threads.finalize(FinalizeRequest(ThreadRecord("r1", "k")))  # update
+    store.threads.finalize(
         FinalizeRequest(
             ThreadRecord("r2", "k"), previous_id="r1", archive_old=True, rebind_active=True
         )
@@ -117,21 +117,21 @@ def drive_every_edge(store, clock) -> None:
 
 def drive_every_run_edge(store) -> None:
     user = {"role": "user", "content": "hi"}
-    store.create_session("runs")
+    store.sessions.create("runs")
     last = None
 
     def admit():
         nonlocal last
-        last = store.admit_run("runs", {"n": 1}, user_message=user, retry_of=last and last.id)
+        last = store.runs.admit("runs", {"n": 1}, user_message=user, retry_of=last and last.id)
         return last
 
     r = admit()  # admit
-    store.finish_run(r.id, "failed")  # fail_admitted
+    store.runs.finish(r.id, "failed")  # fail_admitted
     r = admit()
-    store.request_cancel(r.id)
-    store.finish_run(r.id, "cancelled")  # cancel_admitted
-    store.finish_run(admit().id, "abandoned")  # abandon_admitted
-    store.finish_run(admit().id, "interrupted")  # interrupt_admitted
+    store.runs.request_cancel(r.id)
+    store.runs.finish(r.id, "cancelled")  # cancel_admitted
+    store.runs.finish(admit().id, "abandoned")  # abandon_admitted
+    store.runs.finish(admit().id, "interrupted")  # interrupt_admitted
     for end, steps in [
         ("succeeded", ["start", "wait", "resume"]),  # start, wait, resume, succeed
         ("failed", ["start"]),
@@ -144,79 +144,79 @@ def drive_every_run_edge(store) -> None:
         r = admit()
         for step in steps:
             getattr(store, f"{step}_run")(r.id)
-        store.finish_run(r.id, end)
+        store.runs.finish(r.id, end)
     for steps in (["start"], ["start", "wait"]):
         r = admit()
         for step in steps:
             getattr(store, f"{step}_run")(r.id)
-        store.request_cancel(r.id)
-        store.finish_run(r.id, "cancelled")
+        store.runs.request_cancel(r.id)
+        store.runs.finish(r.id, "cancelled")
 
 
 def drive_every_recovery_edge(store, clock) -> None:
-    store.create_session("rec")
+    store.sessions.create("rec")
 
     def orphan():
-        run = store.admit_run("rec", {"n": 1})
-        store.start_run(run.id)
+        run = store.runs.admit("rec", {"n": 1})
+        store.runs.start(run.id)
         return run
 
     def lease(ttl: float = 1.0):
-        return store.acquire_lease("session:rec", "r", ttl, purpose="recovery")
+        return store.leases.acquire("session:rec", "r", ttl, purpose="recovery")
 
     run = orphan()
     first = lease()
-    store.begin_recovery(run.id, first)  # begin
+    store.recovery.begin(run.id, first)  # begin
     clock.advance(2)
     second = lease()
-    store.begin_recovery(run.id, second)  # supersede
-    store.fail_recovery(run.id, second, "x", base_delay_s=1, max_attempts=3)  # fail
+    store.recovery.begin(run.id, second)  # supersede
+    store.recovery.fail(run.id, second, "x", base_delay_s=1, max_attempts=3)  # fail
     clock.advance(5)
     third = lease(10)
-    store.begin_recovery(run.id, third)  # retry
-    store.fail_recovery(run.id, third, "y", max_attempts=3)  # dead_letter
-    store.release_lease(third)
+    store.recovery.begin(run.id, third)  # retry
+    store.recovery.fail(run.id, third, "y", max_attempts=3)  # dead_letter
+    store.leases.release(third)
     for end in ("converge", "detach"):
         sid = f"rec-{end}"
-        store.create_session(sid)
-        r = store.admit_run(sid, {"n": 1})
-        held = store.acquire_lease(f"session:{sid}", "r", 5, purpose="recovery")
-        store.begin_recovery(r.id, held)
+        store.sessions.create(sid)
+        r = store.runs.admit(sid, {"n": 1})
+        held = store.leases.acquire(f"session:{sid}", "r", 5, purpose="recovery")
+        store.recovery.begin(r.id, held)
         getattr(store, f"{end}_recovery")(r.id, held)  # converge, detach
 
 
 def drive_every_delivery_edge(store, clock) -> None:
-    store.create_session("out")
-    run = store.admit_run("out", {"n": 1})
+    store.sessions.create("out")
+    run = store.runs.admit("out", {"n": 1})
     steps = tuple(DeliveryStep(str(i), "message") for i in range(10))
-    store.finish_run(run.id, "failed", delivery_plan=DeliveryPlan("p", "t", steps))  # plan
-    ops = [o.id for o in store.get_delivery_plan(f"{run.id}:delivery")[1]]
+    store.runs.finish(run.id, "failed", delivery_plan=DeliveryPlan("p", "t", steps))  # plan
+    ops = [o.id for o in store.outbox.get_plan(f"{run.id}:delivery")[1]]
     results = ("delivered", "unsupported", "failed", "uncertain")
     for op, result in zip(ops[:4], results, strict=True):
-        epoch = store.claim_delivery(op, "w", 5).lease_epoch  # claim
-        store.finish_delivery(op, "w", epoch, result)  # <result>_claimed
+        epoch = store.outbox.claim(op, "w", 5).lease_epoch  # claim
+        store.outbox.finish(op, "w", epoch, result)  # <result>_claimed
     for op, result in zip(ops[4:8], results, strict=True):
-        epoch = store.claim_delivery(op, "w", 5).lease_epoch
-        store.update_delivery_progress(op, "w", epoch)  # progress_claimed
-        store.update_delivery_progress(op, "w", epoch)  # progress_in_progress
-        store.finish_delivery(op, "w", epoch, result)  # <result>_in_progress
+        epoch = store.outbox.claim(op, "w", 5).lease_epoch
+        store.outbox.update_progress(op, "w", epoch)  # progress_claimed
+        store.outbox.update_progress(op, "w", epoch)  # progress_in_progress
+        store.outbox.finish(op, "w", epoch, result)  # <result>_in_progress
     a, b = ops[8:]
-    store.requeue_delivery(a, "w", store.claim_delivery(a, "w", 5).lease_epoch)  # requeue_claimed
-    epoch = store.claim_delivery(b, "w", 5).lease_epoch
-    store.update_delivery_progress(b, "w", epoch)
-    store.requeue_delivery(b, "w", epoch)  # requeue_in_progress
-    store.claim_delivery(a, "w", 1)
-    store.update_delivery_progress(b, "w", store.claim_delivery(b, "w", 1).lease_epoch)
+    store.outbox.requeue(a, "w", store.outbox.claim(a, "w", 5).lease_epoch)  # requeue_claimed
+    epoch = store.outbox.claim(b, "w", 5).lease_epoch
+    store.outbox.update_progress(b, "w", epoch)
+    store.outbox.requeue(b, "w", epoch)  # requeue_in_progress
+    store.outbox.claim(a, "w", 1)
+    store.outbox.update_progress(b, "w", store.outbox.claim(b, "w", 1).lease_epoch)
     clock.advance(2)
-    store.claim_delivery(a, "v", 5)  # reclaim_claimed
-    store.claim_delivery(b, "v", 5)  # reclaim_in_progress
+    store.outbox.claim(a, "v", 5)  # reclaim_claimed
+    store.outbox.claim(b, "v", 5)  # reclaim_in_progress
 
 
 def drive_every_tool_edge(store) -> None:
-    store.create_session("tools")
+    store.sessions.create("tools")
 
     def claim(key: str, side_effecting: bool) -> None:  # claim
-        store.claim_tool_execution(
+        store.tools.claim(
             key,
             "tools",
             local_turn_id="t",
@@ -226,17 +226,17 @@ def drive_every_tool_edge(store) -> None:
         )
 
     claim("done", True)
-    store.complete_tool_execution("done", {})  # complete
+    store.tools.complete("done", {})  # complete
     claim("ro-run", False)
-    store.reclaim_tool_execution("ro-run")  # reclaim_running
+    store.tools.reclaim("ro-run")  # reclaim_running
     for key, side_effecting in (("side", True), ("ro", False), ("rr", True)):
         claim(key, side_effecting)
-    store.interrupt_tool_executions("tools")  # interrupt
-    store.reclaim_tool_execution("ro")  # reclaim_interrupted
-    store.request_tool_execution_recovery("tools", "t", ["side", "rr"])  # request_retry
-    store.reclaim_tool_execution("side")  # reclaim_confirmed
+    store.tools.interrupt("tools")  # interrupt
+    store.tools.reclaim("ro")  # reclaim_interrupted
+    store.tools.request_recovery("tools", "t", ["side", "rr"])  # request_retry
+    store.tools.reclaim("side")  # reclaim_confirmed
     # abandon_interrupted (ro-run), abandon_running (side, ro), abandon_retry_requested (rr)
-    store.abandon_interrupted_tool_executions("tools", "t")
+    store.tools.abandon_interrupted("tools", "t")
 
 
 def test_transitions_the_store_accepts_equal_the_spec_edges(store, clock):

@@ -45,15 +45,15 @@ class World:
         self.store = turnkeeper.open_store(str(path), clock=clock)
         self.leases: dict[str, tuple[turnkeeper.Lease, turnkeeper.Lease]] = {}
         for sid in ("a", "b", "c", "held"):
-            self.store.create_session(sid)
-            self.store.append(sid, M, user("root"))
+            self.store.sessions.create(sid)
+            self.store.sessions.append(sid, M, user("root"))
         for sid in ("a", "b"):
-            stale = self.store.acquire_lease(f"session:{sid}", "w0", 5)
+            stale = self.store.leases.acquire(f"session:{sid}", "w0", 5)
             self.leases[sid] = (stale, stale)
-        self.store.acquire_lease("session:held", "other", 3600)
+        self.store.leases.acquire("session:held", "other", 3600)
         clock.advance(6)  # the w0 leases expire; w1 takes them over
         for sid in ("a", "b"):
-            valid = self.store.acquire_lease(f"session:{sid}", "w1", 3600)
+            valid = self.store.leases.acquire(f"session:{sid}", "w1", 3600)
             self.leases[sid] = (valid, self.leases[sid][0])
 
     def call(self, spec: tuple[str, str, str, int], n: int) -> Any:
@@ -61,7 +61,7 @@ class World:
         lease = None
         if lease_kind != "none" and sid in self.leases:
             lease = self.leases[sid][0 if lease_kind == "valid" else 1]
-        head = self.store.get_session(sid)
+        head = self.store.sessions.get(sid)
         leaf: Any = ANY_LEAF
         if leaf_kind == "right" and head is not None:
             leaf = head.leaf_id
@@ -71,8 +71,10 @@ class World:
 
         def run() -> Any:
             if count == 1:
-                return self.store.append(sid, M, payloads[0], lease=lease, expected_leaf=leaf)
-            return self.store.append_many(
+                return self.store.sessions.append(
+                    sid, M, payloads[0], lease=lease, expected_leaf=leaf
+                )
+            return self.store.sessions.append_many(
                 sid, [(M, p) for p in payloads], lease=lease, expected_leaf=leaf
             )
 
@@ -82,7 +84,7 @@ class World:
         return {
             sid: [
                 (e.payload["message"]["content"], e.seq, e.lease_epoch)
-                for e in self.store.entries(sid)
+                for e in self.store.sessions.entries(sid)
             ]
             for sid in ("a", "b", "c", "held")
         }
@@ -140,16 +142,16 @@ def test_queued_appends_are_merged(duck_real_store: turnkeeper.BaseStore) -> Non
     handful of statements for all of them, not four or five each."""
     store = duck_real_store
     for i in range(16):
-        store.create_session(f"s{i}")
+        store.sessions.create(f"s{i}")
     got = queued_together(
-        store, [lambda i=i: store.append(f"s{i}", M, user(str(i))) for i in range(16)]
+        store, [lambda i=i: store.sessions.append(f"s{i}", M, user(str(i))) for i in range(16)]
     )
     assert all(isinstance(e, turnkeeper.Entry) for e in got), got
     assert grouped(store, "append") == 16
     per_call = store.statement_stats()["append"]["statements_per_call"]
     # BEGIN, sessions, leases, the session rows, the insert, COMMIT: for all 16
     assert per_call * 16 <= 8, per_call
-    assert [store.replay(f"s{i}").messages[0]["content"] for i in range(16)] == [
+    assert [store.sessions.replay(f"s{i}").messages[0]["content"] for i in range(16)] == [
         str(i) for i in range(16)
     ]
 
@@ -158,26 +160,26 @@ def stale_scenario(store: turnkeeper.BaseStore, clock: Any) -> list[Any]:
     """Queued together: a fresh holder's append, the stale holder's, a lease-less
     append to a session someone holds, and a plain one."""
     for sid in ("s", "t", "u"):
-        store.create_session(sid)
-    old = store.acquire_lease("session:s", "w1", 5)
+        store.sessions.create(sid)
+    old = store.leases.acquire("session:s", "w1", 5)
     clock.advance(6)
-    new = store.acquire_lease("session:s", "w2", 600)
-    store.acquire_lease("session:t", "w3", 600)
+    new = store.leases.acquire("session:s", "w2", 600)
+    store.leases.acquire("session:t", "w3", 600)
     return queued_together(
         store,
         [
-            lambda: store.append("s", M, user("fresh"), lease=new),
-            lambda: store.append("s", M, user("stale"), lease=old),
-            lambda: store.append("t", M, user("no lease")),
-            lambda: store.append("u", M, user("plain")),
+            lambda: store.sessions.append("s", M, user("fresh"), lease=new),
+            lambda: store.sessions.append("s", M, user("stale"), lease=old),
+            lambda: store.sessions.append("t", M, user("no lease")),
+            lambda: store.sessions.append("u", M, user("plain")),
         ],
     )
 
 
 def check_stale(store: turnkeeper.BaseStore, got: list[Any]) -> None:
     assert [type(g).__name__ for g in got] == ["Entry", "LeaseLostError", "BusyError", "Entry"]
-    assert [e.payload["message"]["content"] for e in store.entries("s")] == ["fresh"]
-    assert store.entries("t") == []
+    assert [e.payload["message"]["content"] for e in store.sessions.entries("s")] == ["fresh"]
+    assert store.sessions.entries("t") == []
     assert grouped(store, "append") == 4
 
 
@@ -235,8 +237,8 @@ def append_between_check_and_commit(
 
         monkeypatch.setattr(appends, "_heads", heads)
         calls = [
-            lambda: store.append("s", M, user("s"), lease=lease),
-            lambda: store.append("t", M, user("x")),
+            lambda: store.sessions.append("s", M, user("s"), lease=lease),
+            lambda: store.sessions.append("t", M, user("x")),
         ]
         return queued_together(store, calls)[0]
     if lease is not None:
@@ -257,7 +259,7 @@ def append_between_check_and_commit(
 
         monkeypatch.setattr(leases, "fence_or_unheld", check)
     try:
-        return store.append("s", M, user("s"), lease=lease)
+        return store.sessions.append("s", M, user("s"), lease=lease)
     except errors.TurnkeeperError as exc:
         return exc
 
@@ -271,15 +273,15 @@ def renewal_inside_a_lease_less_write(
     and its commit. Merged: two appends queued into one group (the check is
     ``appends._heads``); else one append alone (``leases.fence_or_unheld``).
     What the append got, and the renewal's outcome."""
-    store.create_session("s")
-    store.create_session("t")
-    lease = store.acquire_lease("session:s", "holder", 5)
+    store.sessions.create("s")
+    store.sessions.create("t")
+    lease = store.leases.acquire("session:s", "holder", 5)
     clock.advance(5.05)  # the append's now: just past the expiry
     renewal: list[Any] = []
 
     def renew() -> None:
         try:
-            renewal.append(store.renew_lease(lease, 30))
+            renewal.append(store.leases.renew(lease, 30))
         except errors.TurnkeeperError as exc:
             renewal.append(exc)
 
@@ -345,14 +347,14 @@ def release_inside_a_fenced_append(
     append (the fence is ``appends._heads``); else alone (``leases.fence``).
     What the append got, the entries the session had when the release
     returned, and the entries it has at the end."""
-    store.create_session("s")
-    store.create_session("t")
-    lease = store.acquire_lease("session:s", "holder", 600)
+    store.sessions.create("s")
+    store.sessions.create("t")
+    lease = store.leases.acquire("session:s", "holder", 600)
     seen: list[int] = []
 
     def release() -> None:
-        assert store.release_lease(lease)
-        seen.append(len(store.entries("s")))
+        assert store.leases.release(lease)
+        seen.append(len(store.sessions.entries("s")))
 
     worker = threading.Thread(target=release)
 
@@ -365,7 +367,7 @@ def release_inside_a_fenced_append(
         store, monkeypatch, after_the_fence, merged=merged, lease=lease
     )
     worker.join(30)
-    return got, seen[0], len(store.entries("s"))
+    return got, seen[0], len(store.sessions.entries("s"))
 
 
 @pytest.mark.parametrize("merged", [True, False], ids=["merged", "alone"])
@@ -407,18 +409,18 @@ def pairing_scenario(store: turnkeeper.BaseStore, remembered: bool) -> list[Any]
     session's leaf (refused too). ``remembered``: the store object knows the
     calls open at the heads (else the group reads them back from the leaf)."""
     for sid in ("p", "q", "r"):
-        store.create_session(sid)
-    store.append("p", M, _call("c1"))
-    store.append("r", M, _call("c2"))
+        store.sessions.create(sid)
+    store.sessions.append("p", M, _call("c1"))
+    store.sessions.append("r", M, _call("c2"))
     if not remembered:
         for sid in ("p", "q", "r"):
-            store._openings.put(sid, None)  # type: ignore[attr-defined]
+            store.sessions._openings.put(sid, None)  # type: ignore[attr-defined]
     return queued_together(
         store,
         [
-            lambda: store.append("p", M, user("lapses c1")),
-            lambda: store.append("q", M, user("plain")),
-            lambda: store.append_many("r", [(M, user("a")), (M, user("b"))]),
+            lambda: store.sessions.append("p", M, user("lapses c1")),
+            lambda: store.sessions.append("q", M, user("plain")),
+            lambda: store.sessions.append_many("r", [(M, user("a")), (M, user("b"))]),
         ],
     )
 
@@ -436,7 +438,7 @@ def test_a_merged_group_judges_each_append_by_the_pairing_rule(
     assert (got[0].session_id, got[0].tool_call_ids) == ("p", ("c1",))
     assert (got[2].session_id, got[2].tool_call_ids) == ("r", ("c2",))
     assert grouped(duck_store, "append") >= 2  # merged, not run alone
-    assert [len(duck_store.entries(s)) for s in ("p", "q", "r")] == [1, 1, 1]
+    assert [len(duck_store.sessions.entries(s)) for s in ("p", "q", "r")] == [1, 1, 1]
 
 
 def test_control_a_merge_without_the_pairing_check_is_caught(

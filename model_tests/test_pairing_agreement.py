@@ -132,9 +132,9 @@ CASES: dict[str, tuple[list[tuple[str, str, dict[str, Any]]], tuple[str, dict], 
 
 
 def _setup(store: turnkeeper.BaseStore, sid: str, entries: list[tuple[str, str, dict]]) -> None:
-    store.create_session(sid)
+    store.sessions.create(sid)
     for entry_id, kind, payload in entries:
-        store.append(sid, kind, payload, entry_id=f"{sid}-{entry_id}")
+        store.sessions.append(sid, kind, payload, entry_id=f"{sid}-{entry_id}")
 
 
 def _ids(sid: str, payload: dict[str, Any]) -> dict[str, Any]:
@@ -150,20 +150,20 @@ def _ids(sid: str, payload: dict[str, Any]) -> dict[str, Any]:
 def test_a_write_is_refused_exactly_when_the_audit_flags_what_it_would_store(store, case):
     setup, (kind, payload), refused = CASES[case]
     _setup(store, "api", setup)
-    before = store.entries("api")
+    before = store.sessions.entries("api")
     try:
-        store.append("api", kind, _ids("api", payload), entry_id="api-w")
+        store.sessions.append("api", kind, _ids("api", payload), entry_id="api-w")
     except ToolCallPairingError as exc:
         got = (exc.reason, exc.entry_id, exc.tool_call_id)
-        assert store.entries("api") == before  # nothing written
+        assert store.sessions.entries("api") == before  # nothing written
     else:
         got = None
     want = None if refused is None else (refused[0], f"api-{refused[1]}", refused[2])
     assert got == want
     # the same entry stored past every check: the audit flags exactly that
     _setup(store, "raw", setup)
-    leaf = store.get_session("raw").leaf_id
-    seq = store.get_session("raw").next_seq
+    leaf = store.sessions.get("raw").leaf_id
+    seq = store.sessions.get("raw").next_seq
     forge(
         store,
         "INSERT INTO entries (session_id, id, parent_id, kind, seq, ts, payload, lease_epoch, "
@@ -247,20 +247,22 @@ def drive(ops: list[tuple[str, Any]]) -> None:
     """Apply ``ops`` through the API; each write is refused exactly when the
     audit would flag what it writes, and the stored tree stays valid."""
     with turnkeeper.open_store(":memory:") as store:
-        store.create_session("s")
-        store.append("s", M, USER, entry_id="root")
+        store.sessions.create("s")
+        store.sessions.append("s", M, USER, entry_id="root")
         for n, (op, arg) in enumerate(ops):
-            stored = store.entries("s")
+            stored = store.sessions.entries("s")
             ids = [e.id for e in stored]
             if op == "branch":
-                store.branch("s", ids[arg % len(ids)])
+                store.sessions.branch("s", ids[arg % len(ids)])
                 continue
-            leaf = store.get_session("s").leaf_id
+            leaf = store.sessions.get("s").leaf_id
             if op == "summary":
                 target = ids[arg % len(ids)]
                 new = [(f"e{n}", EntryKind.BRANCH_SUMMARY, {**SUMMARY, "fromId": leaf})]
                 faults = _judged(stored, target, new)
-                write: Any = functools.partial(store.branch_with_summary, "s", target, "elsewhere")
+                write: Any = functools.partial(
+                    store.sessions.branch_with_summary, "s", target, "elsewhere"
+                )
             else:
                 items = _payloads(op, arg, ids)
                 if not items:
@@ -268,7 +270,7 @@ def drive(ops: list[tuple[str, Any]]) -> None:
                 new = [(f"e{n}.{k}", kind, p) for k, (kind, p) in enumerate(items)]
                 faults = _judged(stored, leaf, new)
                 batch = [NewEntry(kind, p, entry_id=i) for i, kind, p in new]
-                write = functools.partial(store.append_many, "s", batch)
+                write = functools.partial(store.sessions.append_many, "s", batch)
             try:
                 write()
             except ToolCallPairingError as exc:
@@ -278,7 +280,7 @@ def drive(ops: list[tuple[str, Any]]) -> None:
                     assert set(exc.tool_call_ids) <= {f.tool_call_id for f in faults}
             else:
                 assert not faults, (op, arg, faults)
-            assert tree_faults({e.id: e for e in store.entries("s")}) == []
+            assert tree_faults({e.id: e for e in store.sessions.entries("s")}) == []
 
 
 @settings(max_examples=60, deadline=None)

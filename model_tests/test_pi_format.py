@@ -78,17 +78,18 @@ def payload_of(record: dict[str, Any]) -> dict[str, Any]:
 def tree(store: DuckDBStore, sid: str) -> tuple[Any, ...]:
     """Everything an export must keep: entries (not seq), leaf, labels, replay."""
     entries = tuple(
-        (e.id, e.parent_id, e.kind, json.dumps(e.payload), e.timestamp) for e in store.entries(sid)
+        (e.id, e.parent_id, e.kind, json.dumps(e.payload), e.timestamp)
+        for e in store.sessions.entries(sid)
     )
-    session = store.get_session(sid)
+    session = store.sessions.get(sid)
     assert session is not None
-    replay = store.replay(sid)
+    replay = store.sessions.replay(sid)
     return (
         entries,
         session.leaf_id,
         session.cwd,
         session.created_at,
-        store.labels(sid),
+        store.sessions.labels(sid),
         json.dumps(replay.messages),
         replay.entry_ids,
         replay.model,
@@ -186,7 +187,7 @@ def test_every_corpus_file_imports_with_independent_counts(pi_dir: Path, tmp_pat
             assert done.result.added == len(recs) - 1
             assert [i.line for i in done.issues if i.kind == "repaired"] == glued_lines(path)
             assert all(i.kind == "repaired" for i in done.issues)
-            entries = s.entries(done.session_id)
+            entries = s.sessions.entries(done.session_id)
             assert Counter(e.kind for e in entries) == Counter(r["type"] for _, r in recs[1:])
             assert [e.payload for e in entries if e.kind != "compaction"] == [
                 payload_of(r) for _, r in recs[1:] if r["type"] != "compaction"
@@ -194,14 +195,14 @@ def test_every_corpus_file_imports_with_independent_counts(pi_dir: Path, tmp_pat
             assert [e.timestamp for e in entries] == [
                 datetime.fromisoformat(r["timestamp"]) for _, r in recs[1:]
             ]
-            session = s.get_session(done.session_id)
+            session = s.sessions.get(done.session_id)
             assert session is not None
             assert session.entry_count == len(recs) - 1
             assert session.leaf_id == entries[-1].id
             assert session.cwd == head["cwd"]
             assert session.created_at == datetime.fromisoformat(head["timestamp"])
             assert dict(session.header) == {k: v for k, v in head.items() if k != "type"}
-            assert s.opaque_records(done.session_id) == []
+            assert s.sessions.opaque_records(done.session_id) == []
 
 
 @pytest.mark.parametrize("name", CORPUS_FILES)
@@ -240,7 +241,7 @@ def test_v1_glued_line_compaction_and_replay(pi_dir: Path, store: DuckDBStore) -
     done = pi.import_file(store, path)
     assert [(i.line, i.kind) for i in done.issues] == [(440, "repaired")]
     assert str(done.issues[0]).startswith(f"{path}:440: repaired: ")
-    entries = store.entries(done.session_id)
+    entries = store.sessions.entries(done.session_id)
     assert len(entries) == len(recs) - 1 and len({e.id for e in entries}) == len(entries)
     # a linear chain in file order
     assert [e.parent_id for e in entries] == [None] + [e.id for e in entries[:-1]]
@@ -253,7 +254,7 @@ def test_v1_glued_line_compaction_and_replay(pi_dir: Path, store: DuckDBStore) -
     kept = entries[index - 1]  # entries[k] is record k + 1 (the header is record 0)
     assert kept.payload == payload_of(recs[index])
     assert comp.payload["firstKeptEntryId"] == kept.id
-    replay = store.replay(done.session_id)
+    replay = store.sessions.replay(done.session_id)
     assert replay.messages[0]["role"] == "compactionSummary"
     assert replay.messages[0]["summary"] == recs[comp_index]["summary"]
     assert replay.entry_ids[0] == comp.id
@@ -269,15 +270,15 @@ def test_v1_grown_file_keeps_old_ids(pi_dir: Path, store: DuckDBStore, tmp_path:
     part = tmp_path / "v1-part.jsonl"
     part.write_text("\n".join(lines[:300]) + "\n", encoding="utf-8")
     first = pi.import_file(store, part)
-    old = [(e.id, e.parent_id, e.seq) for e in store.entries(first.session_id)]
+    old = [(e.id, e.parent_id, e.seq) for e in store.sessions.entries(first.session_id)]
     assert first.result.added == 299 == len(old)
     full = pi.import_file(store, path)
     assert full.result.added == len(records_of(path)) - 1 - len(old)
     assert full.result.skipped == len(old)
-    now = store.entries(first.session_id)
+    now = store.sessions.entries(first.session_id)
     assert [(e.id, e.parent_id, e.seq) for e in now[: len(old)]] == old
     assert now[len(old)].parent_id == old[-1][0]
-    session = store.get_session(first.session_id)
+    session = store.sessions.get(first.session_id)
     assert session is not None and session.leaf_id == now[-1].id
 
 
@@ -285,7 +286,7 @@ def test_zig_v3_roots_and_cjk_kept(pi_dir: Path, store: DuckDBStore) -> None:
     path = pi_dir / ZIG
     recs = [r for _, r in records_of(path)]
     done = pi.import_file(store, path)
-    entries = store.entries(done.session_id)
+    entries = store.sessions.entries(done.session_id)
     assert [e.id for e in entries] == [r["id"] for r in recs[1:]]
     assert [e.parent_id for e in entries] == [r["parentId"] for r in recs[1:]]
     roots = [e for e in entries if e.parent_id is None]
@@ -295,7 +296,7 @@ def test_zig_v3_roots_and_cjk_kept(pi_dir: Path, store: DuckDBStore) -> None:
     cjk_in_file = len(CJK.findall(json.dumps([payload_of(r) for r in recs], ensure_ascii=False)))
     stored = json.dumps([dict(e.payload) for e in entries], ensure_ascii=False)
     assert cjk_in_file > 0 and len(CJK.findall(stored)) == cjk_in_file
-    replay = store.replay(done.session_id)
+    replay = store.sessions.replay(done.session_id)
     changes = [r for r in recs if r["type"] == "model_change"]
     assert changes[0]["provider"] != changes[-1]["provider"]  # the provider switch
     assert replay.model is not None
@@ -311,15 +312,15 @@ def test_sandcastle_resumed_file_adds_only_new(
     part.write_text("\n".join(lines[:5]) + "\n", encoding="utf-8")
     first = pi.import_file(store, part)
     assert (first.result.created, first.result.added) == (True, 4)
-    session = store.get_session(first.session_id)
+    session = store.sessions.get(first.session_id)
     assert session is not None and session.leaf_id == json.loads(lines[4])["id"]
     full = pi.import_file(store, path)
     assert (full.result.created, full.result.added, full.result.skipped) == (False, 2, 4)
     last = [r for _, r in records_of(path)][-1]
-    session = store.get_session(first.session_id)
+    session = store.sessions.get(first.session_id)
     assert session is not None
     assert session.leaf_id == last["id"] and session.entry_count == 6
-    assert store.replay(first.session_id).entry_ids[-1] == last["id"]
+    assert store.sessions.replay(first.session_id).entry_ids[-1] == last["id"]
     assert pi.import_file(store, path).result.added == 0
 
 
@@ -333,11 +334,11 @@ def test_v2_fixture_migrates_and_keeps_unknowns(
     done = pi.import_file(store, write(tmp_path / "v2.jsonl", recs))
     assert (done.version, done.issues, done.result.added) == (2, (), len(recs) - 1)
     sid = "v2-session"
-    session = store.get_session(sid)
+    session = store.sessions.get(sid)
     assert session is not None
     assert dict(session.header) == {k: v for k, v in recs[0].items() if k != "type"}
     assert session.leaf_id == "b3"
-    by_id = {e.id: e for e in store.entries(sid)}
+    by_id = {e.id: e for e in store.sessions.entries(sid)}
     hook = by_id["a4"].payload["message"]
     assert hook["role"] == "custom"
     assert list(hook) == list(recs[4]["message"])
@@ -350,8 +351,8 @@ def test_v2_fixture_migrates_and_keeps_unknowns(
     assert dict(by_id["k1"].payload) == payload_of(recs[10])
     assert by_id["b1"].parent_id == "a2" and by_id["b1"].payload["fromId"] == "a5"
     assert sorted(e.id for e in by_id.values() if e.parent_id is None) == ["a1", "r1"]
-    assert store.labels(sid) == {"a2": "start"}
-    replay = store.replay(sid)
+    assert store.sessions.labels(sid) == {"a2": "start"}
+    replay = store.sessions.replay(sid)
     assert replay.entry_ids == ("a2", "b1", "b2", "b3")
     assert replay.messages[1]["role"] == "branchSummary"
     assert replay.model == {"provider": "p", "modelId": "m3"}
@@ -398,17 +399,17 @@ def test_glued_unparseable_and_cut_off_lines(store: DuckDBStore, tmp_path: Path)
     ]
     assert "targetId" in done.issues[6].detail
     assert str(done.issues[1]) == f"{path}:4: opaque: {done.issues[1].detail}"
-    entries = store.entries("sess-1")
+    entries = store.sessions.entries("sess-1")
     assert [e.id for e in entries] == ["e1", "e2", "e3", "e5", "e7", "e9"]
     assert done.result.opaque_added == 5
-    opaque = store.opaque_records("sess-1")
+    opaque = store.sessions.opaque_records("sess-1")
     assert [(o.line, o.source) for o in opaque] == [(n, str(path)) for n in (4, 5, 8, 9, 11)]
     raws = {o.line: o.raw for o in opaque}
     assert raws[4] == "this is not json {"
     assert raws[5] == cut and raws[8] == cut_nested
     assert json.loads(raws[9])["id"] == "e8"
     assert all(o.reason for o in opaque)
-    session = store.get_session("sess-1")
+    session = store.sessions.get("sess-1")
     assert session is not None and session.leaf_id == "e9"
     again = pi.import_file(store, path)
     assert (again.result.added, again.result.opaque_added) == (0, 0)
@@ -421,7 +422,7 @@ def test_several_bad_parts_on_one_line_are_one_opaque_record(store: DuckDBStore)
     assert [e.id for e in parsed.batch.entries] == ["e1"]
     assert len(parsed.batch.opaque) == 1
     assert parsed.batch.opaque[0].raw == text.split("\n")[1]
-    assert store.import_batch(parsed.batch).opaque_added == 1
+    assert store.sessions.import_batch(parsed.batch).opaque_added == 1
 
 
 @pytest.mark.parametrize(
@@ -444,7 +445,7 @@ def test_bad_header_raises_and_writes_nothing(
     with pytest.raises(SessionFileError) as info:
         pi.import_file(store, path)
     assert info.value.path == str(path) and info.value.line == 1
-    assert store.count_sessions() == 0
+    assert store.sessions.count() == 0
 
 
 def test_entry_timestamps_fall_back_to_the_header(store: DuckDBStore) -> None:
@@ -491,13 +492,13 @@ def test_v1_indexes_count_glued_and_opaque_records(store: DuckDBStore) -> None:
     ]
     assert parsed.version == 1 and parsed.batch.header["provider"] == "p"
     assert [(i.line, i.kind) for i in parsed.issues] == [(3, "repaired"), (4, "opaque")]
-    assert store.import_batch(parsed.batch).added == 7
+    assert store.sessions.import_batch(parsed.batch).added == 7
     # same ids when the file is read again, with more appended
     grown = pi.parse_text("\n".join([*lines, line(msg(None, None, 9))]))
     assert [e.id for e in grown.batch.entries[:7]] == [e.id for e in parsed.batch.entries]
-    result = store.import_batch(grown.batch)
+    result = store.sessions.import_batch(grown.batch)
     assert (result.added, result.skipped) == (1, 7)
-    assert store.replay("v1").entry_ids[:2] == (comps[-1].id, grown.batch.entries[-1].id)
+    assert store.sessions.replay("v1").entry_ids[:2] == (comps[-1].id, grown.batch.entries[-1].id)
 
 
 def test_duplicate_entry_ids_keep_the_first(store: DuckDBStore) -> None:
@@ -505,7 +506,7 @@ def test_duplicate_entry_ids_keep_the_first(store: DuckDBStore) -> None:
     parsed = pi.parse_text(text)
     assert [e.timestamp.second for e in parsed.batch.entries] == [1]
     assert [(i.line, i.kind) for i in parsed.issues] == [(3, "opaque")]
-    assert store.import_batch(parsed.batch).added == 1
+    assert store.sessions.import_batch(parsed.batch).added == 1
 
 
 def test_export_of_a_missing_session_raises(store: DuckDBStore, tmp_path: Path) -> None:
@@ -518,8 +519,10 @@ def test_export_of_a_missing_session_raises(store: DuckDBStore, tmp_path: Path) 
 
 def test_export_timestamps_keep_microseconds(store: DuckDBStore, fresh: DuckDBStore) -> None:
     created = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
-    store.create_session("s", cwd="/w", header={"parentSession": "/p.jsonl"}, created_at=created)
-    store.append("s", "session_info", {"name": "t"}, timestamp=created.replace(microsecond=7000))
+    store.sessions.create("s", cwd="/w", header={"parentSession": "/p.jsonl"}, created_at=created)
+    store.sessions.append(
+        "s", "session_info", {"name": "t"}, timestamp=created.replace(microsecond=7000)
+    )
     lines = [json.loads(x) for x in pi.export_lines(store, "s")]
     assert lines[0] == {
         "type": "session",
@@ -530,7 +533,7 @@ def test_export_timestamps_keep_microseconds(store: DuckDBStore, fresh: DuckDBSt
         "parentSession": "/p.jsonl",
     }
     assert lines[1]["timestamp"] == "2026-01-02T03:04:05.007Z"
-    assert fresh.import_batch(pi.parse_text("\n".join(map(line, lines))).batch).added == 1
+    assert fresh.sessions.import_batch(pi.parse_text("\n".join(map(line, lines))).batch).added == 1
     assert tree(fresh, "s") == tree(store, "s")
 
 
@@ -551,7 +554,7 @@ def test_unstorable_records_are_opaque_and_bad_text_is_repaired(
         + custom("e", b'"fine"')
     )
     done = pi.import_file(store, path)
-    entries = {e.id: e for e in store.entries("sess-1")}
+    entries = {e.id: e for e in store.sessions.entries("sess-1")}
     assert sorted(entries) == ["a", "b", "e"]
     assert entries["a"].payload["data"] == "bad \ufffd byte"
     assert entries["b"].payload["data"] == "\ufffd"
@@ -561,7 +564,7 @@ def test_unstorable_records_are_opaque_and_bad_text_is_repaired(
         (4, "opaque"),
         (5, "opaque"),
     ]
-    assert [o.line for o in store.opaque_records("sess-1")] == [4, 5]
+    assert [o.line for o in store.sessions.opaque_records("sess-1")] == [4, 5]
 
 
 def test_a_lone_surrogate_mid_file_does_not_cut_the_chain(store: DuckDBStore) -> None:
@@ -570,8 +573,8 @@ def test_a_lone_surrogate_mid_file_does_not_cut_the_chain(store: DuckDBStore) ->
     text = "\n".join(line(r) for r in [header(), *recs]).replace("\ud83d", "\\ud83d")
     parsed = pi.parse_text(text)
     assert [i.kind for i in parsed.issues] == ["repaired"]
-    store.import_batch(parsed.batch)
-    assert store.replay("sess-1").entry_ids == ("e0", "e1", "e2", "e3", "e4")
+    store.sessions.import_batch(parsed.batch)
+    assert store.sessions.replay("sess-1").entry_ids == ("e0", "e1", "e2", "e3", "e4")
 
 
 def test_store_refuses_duplicate_keys_in_one_batch(store: DuckDBStore) -> None:
@@ -580,11 +583,11 @@ def test_store_refuses_duplicate_keys_in_one_batch(store: DuckDBStore) -> None:
     batch = parsed.batch
     twice = dataclasses.replace(batch, entries=[*batch.entries, *batch.entries])
     with pytest.raises(InvalidInputError):
-        store.import_batch(twice)
+        store.sessions.import_batch(twice)
     o = OpaqueRecord("f", 3, "x", "r")
     with pytest.raises(InvalidInputError):
-        store.import_batch(dataclasses.replace(batch, opaque=[o, o]))
-    assert store.count_sessions() == 0
+        store.sessions.import_batch(dataclasses.replace(batch, opaque=[o, o]))
+    assert store.sessions.count() == 0
 
 
 # -- export_file: permissions and symbolic links ------------------------------------------
@@ -604,7 +607,7 @@ def umask() -> Iterator[Callable[[int], None]]:
 
 def stored_session(store: DuckDBStore, sid: str = "sess-1") -> list[str]:
     """Import a small session; returns its export lines."""
-    store.import_batch(
+    store.sessions.import_batch(
         pi.parse_text("\n".join(line(r) for r in [header(sid=sid), msg("e1", None, 1)])).batch
     )
     return list(pi.export_lines(store, sid))

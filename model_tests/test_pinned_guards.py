@@ -8,14 +8,14 @@ then fails:
 
 - recovery's epoch check (``recovery._held``): a worker with a newer
   recovery lease cannot converge, fail or detach a recovery it never began;
-- ``begin_recovery`` again under the same lease returns the recovery, it
+- ``recovery.begin`` again under the same lease returns the recovery, it
   does not restart it (the ``superseded`` guard);
 - a second store object, or process, under the same owner name does not get
   the live lease (the ``token_matches`` guard of ``reacquire``);
-- ``admit_run(retry_of=…)`` refuses a run of another session;
+- ``runs.admit(retry_of=…)`` refuses a run of another session;
 - a read-only open refuses an older schema (``BaseStore._check_schema``);
 - a delivery update carrying an old claim epoch of the same owner is refused
-  (``delivery_claims._fence``).
+  (``outbox._fence``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from turnkeeper import (
     SchemaVersionError,
 )
 from turnkeeper.spec import LEASE, RECOVERY, errors
-from turnkeeper.storage.ops import delivery, delivery_claims, recovery, runs
+from turnkeeper.storage.ops import outbox, outbox_plans, recovery, runs
 from turnkeeper.storage.store import BaseStore
 
 USER = {"role": "user", "content": "go"}
@@ -60,9 +60,9 @@ def raised(kind: type[E], call: Callable[[], Any]) -> E:
 
 def orphan(store: turnkeeper.BaseStore) -> turnkeeper.Run:
     """A running run of session ``s`` that nobody holds."""
-    store.create_session("s")
-    run = store.admit_run("s", {"q": 1}, user_message=USER)
-    return store.start_run(run.id)
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"q": 1}, user_message=USER)
+    return store.runs.start(run.id)
 
 
 def recovery_events(store: turnkeeper.BaseStore, run_id: str) -> list[str]:
@@ -73,9 +73,9 @@ def recovery_events(store: turnkeeper.BaseStore, run_id: str) -> list[str]:
 # -- recovery's epoch: equal, not "not newer" -----------------------------------------------
 
 ENDS: dict[str, Callable[[turnkeeper.BaseStore, str, turnkeeper.Lease], Any]] = {
-    "converge": lambda s, run_id, lease: s.converge_recovery(run_id, lease),
-    "fail": lambda s, run_id, lease: s.fail_recovery(run_id, lease, "remote down"),
-    "detach": lambda s, run_id, lease: s.detach_recovery(run_id, lease),
+    "converge": lambda s, run_id, lease: s.recovery.converge(run_id, lease),
+    "fail": lambda s, run_id, lease: s.recovery.fail(run_id, lease, "remote down"),
+    "detach": lambda s, run_id, lease: s.recovery.detach(run_id, lease),
 }
 """Every write on a begun recovery, under the caller's recovery lease."""
 
@@ -84,21 +84,21 @@ def check_a_newer_lease_cannot_end_a_recovery_it_never_began(
     store: turnkeeper.BaseStore, clock: FakeClock, end: str
 ) -> None:
     run = orphan(store)
-    first = store.acquire_lease("session:s", "rec-1", 1, purpose="recovery")
-    begun = store.begin_recovery(run.id, first)
+    first = store.leases.acquire("session:s", "rec-1", 1, purpose="recovery")
+    begun = store.recovery.begin(run.id, first)
     clock.advance(2)  # rec-1 died; rec-2 takes a recovery lease and skips begin_recovery
-    newer = store.acquire_lease("session:s", "rec-2", 600, purpose="recovery")
+    newer = store.leases.acquire("session:s", "rec-2", 600, purpose="recovery")
     assert newer.epoch > begun.lease_epoch
     lost = raised(LeaseLostError, lambda: ENDS[end](store, run.id, newer))
     assert lost.target == "session:s"
-    assert store.get_recovery(run.id) == begun
-    assert store.get_run(run.id).status == "running"
+    assert store.recovery.get(run.id) == begun
+    assert store.runs.get(run.id).status == "running"
     assert recovery_events(store, run.id) == ["begin"]
     # begun under its own lease (a takeover: attempt 2), it ends the recovery
-    taken = store.begin_recovery(run.id, newer)
+    taken = store.recovery.begin(run.id, newer)
     assert (taken.attempt, taken.lease_epoch) == (2, newer.epoch)
     ENDS[end](store, run.id, newer)
-    assert store.get_recovery(run.id).state != "recovering"
+    assert store.recovery.get(run.id).state != "recovering"
 
 
 @pytest.mark.parametrize("end", sorted(ENDS))
@@ -135,12 +135,12 @@ def check_begin_again_under_the_same_lease_returns_the_recovery(
     store: turnkeeper.BaseStore, clock: FakeClock
 ) -> None:
     run = orphan(store)
-    lease = store.acquire_lease("session:s", "rec", 600, purpose="recovery")
-    first = store.begin_recovery(run.id, lease)
+    lease = store.leases.acquire("session:s", "rec", 600, purpose="recovery")
+    first = store.recovery.begin(run.id, lease)
     clock.advance(1)  # a retry after an unknown commit result, a second later
-    again = store.begin_recovery(run.id, lease)
+    again = store.recovery.begin(run.id, lease)
     assert again == first, f"begun again: {again}"
-    assert store.get_recovery(run.id) == first
+    assert store.recovery.get(run.id) == first
     assert recovery_events(store, run.id) == ["begin"]
 
 
@@ -172,15 +172,15 @@ def lease_rows(store: turnkeeper.BaseStore) -> list[dict[str, Any]]:
 def check_another_store_object_with_the_owner_name_is_busy(
     store: turnkeeper.BaseStore, clock: FakeClock
 ) -> None:
-    held = store.acquire_lease("session:s", "w", 600)
+    held = store.leases.acquire("session:s", "w", 600)
     before = lease_rows(store)
     clock.advance(1)
     with reopen(store, clock) as other:
-        busy = raised(BusyError, lambda: other.acquire_lease("session:s", "w", 600))
+        busy = raised(BusyError, lambda: other.leases.acquire("session:s", "w", 600))
     assert (busy.target, busy.holder) == ("session:s", "w")
     assert lease_rows(store) == before  # not extended either
-    store.validate_lease(held)
-    again = store.acquire_lease("session:s", "w", 600)  # its own store object re-acquires
+    store.leases.validate(held)
+    again = store.leases.acquire("session:s", "w", 600)  # its own store object re-acquires
     assert (again.token, again.epoch) == (held.token, held.epoch)
 
 
@@ -210,7 +210,7 @@ if sys.argv[2] == "patched":  # the kill test's patch, made in this process only
     LEASE.guards["token_matches"] = (lambda facts: True, "patched")
 with turnkeeper.open_store(sys.argv[1]) as store:
     try:
-        lease = store.acquire_lease("session:s", "w", 600)
+        lease = store.leases.acquire("session:s", "w", 600)
     except turnkeeper.BusyError as busy:
         print("busy", busy.holder)
     else:
@@ -238,10 +238,10 @@ def test_another_process_under_the_same_owner_name_does_not_get_the_live_lease(
     patched out in the other process, it is granted the live lease."""
     url = new_pg_schema()
     with turnkeeper.open_store(url) as store:
-        held = store.acquire_lease("session:s", "w", 600)
+        held = store.leases.acquire("session:s", "w", 600)
         got = acquire_in_another_process(url, patched)
         assert got == (f"granted {held.epoch}" if patched else "busy w")
-        store.validate_lease(held)
+        store.leases.validate(held)
 
 
 # -- a retry of another session's run -------------------------------------------------------
@@ -249,18 +249,18 @@ def test_another_process_under_the_same_owner_name_does_not_get_the_live_lease(
 
 def check_a_retry_of_another_sessions_run_is_refused(store: turnkeeper.BaseStore) -> None:
     for sid in ("s", "t"):
-        store.create_session(sid)
-    first = store.admit_run("s", {"q": 1}, user_message=USER)
-    store.start_run(first.id)
-    store.finish_run(first.id, "failed", error="provider down")
+        store.sessions.create(sid)
+    first = store.runs.admit("s", {"q": 1}, user_message=USER)
+    store.runs.start(first.id)
+    store.runs.finish(first.id, "failed", error="provider down")
     refused = raised(
         RetryNotAllowedError,
-        lambda: store.admit_run("t", {"q": 1}, user_message=USER, retry_of=first.id),
+        lambda: store.runs.admit("t", {"q": 1}, user_message=USER, retry_of=first.id),
     )
     assert refused.run_id == first.id and "another session" in refused.reason
-    assert store.session_runs("t") == [] and store.entries("t") == []
+    assert store.runs.list("t") == [] and store.sessions.entries("t") == []
     # in its own session the same retry is admitted: the refusal was the session's
-    retry = store.admit_run("s", {"q": 1}, user_message=USER, retry_of=first.id)
+    retry = store.runs.admit("s", {"q": 1}, user_message=USER, retry_of=first.id)
     assert (retry.attempt, retry.intent_id) == (2, first.intent_id)
 
 
@@ -304,7 +304,7 @@ def at_version(backend: str, version: int, tmp_path: Path, mp: pytest.MonkeyPatc
         patch.setattr(database, "migrations", lambda self: real(self)[:version])
         with turnkeeper.open_store(where) as store:
             assert store.schema_version() == version
-            store.create_session("old")
+            store.sessions.create("old")
     return where
 
 
@@ -323,9 +323,9 @@ def check_a_read_only_open_refuses_an_older_schema(
     assert "older schema" in str(refused) and "writable" in str(refused)
     with turnkeeper.open_store(where) as store:  # as the message says: migrated writable
         assert store.schema_version() == turnkeeper.SCHEMA_VERSION
-        assert store.get_session("old") is not None
+        assert store.sessions.get("old") is not None
     with turnkeeper.open_store(where, read_only=True) as store:  # then read-only opens
-        assert store.get_session("old") is not None
+        assert store.sessions.get("old") is not None
 
 
 OLDER = [1, turnkeeper.SCHEMA_VERSION - 1]
@@ -358,13 +358,13 @@ def test_the_read_only_check_fails_when_an_older_schema_is_accepted(
 # -- a delivery update under an old claim of the same owner ---------------------------------
 
 UPDATES: dict[str, Callable[[turnkeeper.BaseStore, str, int], Any]] = {
-    "update_delivery_progress": lambda s, op, epoch: s.update_delivery_progress(
+    "update_delivery_progress": lambda s, op, epoch: s.outbox.update_progress(
         op, "w", epoch, provider_message_id="p-1"
     ),
-    "finish_delivery": lambda s, op, epoch: s.finish_delivery(
+    "finish_delivery": lambda s, op, epoch: s.outbox.finish(
         op, "w", epoch, "delivered", provider_message_id="p-1"
     ),
-    "requeue_delivery": lambda s, op, epoch: s.requeue_delivery(op, "w", epoch, delay_s=5),
+    "requeue_delivery": lambda s, op, epoch: s.outbox.requeue(op, "w", epoch, delay_s=5),
 }
 """Every write fenced by a delivery claim, made by owner ``w`` under ``epoch``."""
 
@@ -372,24 +372,24 @@ UPDATES: dict[str, Callable[[turnkeeper.BaseStore, str, int], Any]] = {
 def check_an_old_claim_epoch_of_the_same_owner_is_refused(
     store: turnkeeper.BaseStore, clock: FakeClock, update: str
 ) -> None:
-    store.create_session("s")
-    run = store.admit_run("s", {"q": 1}, user_message=USER)
-    store.start_run(run.id)
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"q": 1}, user_message=USER)
+    store.runs.start(run.id)
     plan = DeliveryPlan("chat", "room-1", (DeliveryStep("send", "message"),))
-    store.finish_run(run.id, "succeeded", assistant_message=REPLY, delivery_plan=plan)
-    (op,) = store.get_delivery_plan(f"{run.id}:delivery")[1]
-    old = store.claim_delivery(op.id, "w", 10)
+    store.runs.finish(run.id, "succeeded", assistant_message=REPLY, delivery_plan=plan)
+    (op,) = store.outbox.get_plan(f"{run.id}:delivery")[1]
+    old = store.outbox.claim(op.id, "w", 10)
     clock.advance(11)  # w stalled past its claim, and claims the operation again
-    current = store.claim_delivery(op.id, "w", 10)
+    current = store.outbox.claim(op.id, "w", 10)
     assert (old.lease_owner, current.lease_owner) == ("w", "w")
     assert current.lease_epoch == old.lease_epoch + 1
     lost = raised(
         errors.DeliveryLeaseLostError, lambda: UPDATES[update](store, op.id, old.lease_epoch)
     )
     assert (lost.operation_id, lost.owner, lost.epoch) == (op.id, "w", old.lease_epoch)
-    assert store.get_delivery_operation(op.id) == current
+    assert store.outbox.get_operation(op.id) == current
     UPDATES[update](store, op.id, current.lease_epoch)  # the current claim's epoch is taken
-    assert store.get_delivery_operation(op.id) != current
+    assert store.outbox.get_operation(op.id) != current
 
 
 @pytest.mark.parametrize("update", sorted(UPDATES))
@@ -400,18 +400,18 @@ def test_a_delivery_update_under_an_old_claim_epoch_of_the_same_owner_is_refused
 
 
 def fence_any_epoch(tx: Any, operation_id: str, owner: str, epoch: int) -> Any:
-    """``delivery_claims._fence`` with the epoch comparison left out (test-only:
+    """``outbox._fence`` with the epoch comparison left out (test-only:
     it is given the operation's current epoch, whatever the caller's)."""
-    return REAL_FENCE(tx, operation_id, owner, delivery.load(tx, operation_id).lease_epoch)
+    return REAL_FENCE(tx, operation_id, owner, outbox_plans.load(tx, operation_id).lease_epoch)
 
 
-REAL_FENCE = delivery_claims._fence
+REAL_FENCE = outbox._fence
 
 
 @pytest.mark.parametrize("update", sorted(UPDATES))
 def test_the_old_claim_epoch_check_fails_with_the_epoch_comparison_left_out(
     store, clock, update: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(delivery_claims, "_fence", fence_any_epoch)
+    monkeypatch.setattr(outbox, "_fence", fence_any_epoch)
     with pytest.raises(AssertionError, match="expected DeliveryLeaseLostError, the call was"):
         check_an_old_claim_epoch_of_the_same_owner_is_refused(store, clock, update)

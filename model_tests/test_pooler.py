@@ -69,13 +69,13 @@ def server_pid(store: turnkeeper.BaseStore) -> int:
 def reuse_after_a_server_switch(store: turnkeeper.BaseStore, url: str, sid: str = "s") -> None:
     """Run one read often enough for psycopg to prepare it (its fifth run), then
     have the pooler lend the store another server connection, and run it again."""
-    store.create_session(sid)
+    store.sessions.create(sid)
     for _ in range(8):
-        assert store.get_session(sid) is not None
+        assert store.sessions.get(sid) is not None
     held = hold_server_connection(url, server_pid(store))
     try:
-        assert store.get_session(sid) is not None  # on another server connection
-        assert list(store.replay(sid).messages) == []
+        assert store.sessions.get(sid) is not None  # on another server connection
+        assert list(store.sessions.replay(sid).messages) == []
     finally:
         for conn in held:
             conn.close()
@@ -239,10 +239,10 @@ def test_subscribing_through_a_transaction_pooler_is_refused(schema):
 def finish_one_run(url: str) -> None:
     """Admit and finish a run through ``url`` (a store object of its own)."""
     with turnkeeper.open_store(url) as other:
-        other.create_session("w")
+        other.sessions.create("w")
         user = {"role": "user", "content": "x"}
-        run = other.admit_run("w", {"t": 1}, user_message=user, start=True)
-        other.finish_run(run.id, "succeeded")
+        run = other.runs.admit("w", {"t": 1}, user_message=user, start=True)
+        other.runs.finish(run.id, "succeeded")
 
 
 @pytest.mark.parametrize("how", ["argument", "url"])
@@ -378,7 +378,7 @@ def test_options_the_pooler_refuses_get_a_typed_error_that_says_what_to_do(schem
     assert err.value.feature == "options" and "ALTER ROLE" in str(err.value)
     assert isinstance(err.value.__cause__, psycopg.OperationalError)
     with turnkeeper.open_store(strict, pooler="transaction") as store:
-        store.create_session("s")
+        store.sessions.create("s")
         assert store.query("SELECT current_schema() AS s").column("s").to_pylist() == [role]
 
 

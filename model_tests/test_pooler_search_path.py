@@ -113,25 +113,25 @@ def test_a_search_path_another_client_left_does_not_move_the_stores_operations(s
     role = role_of(pooled)
     with turnkeeper.open_store(pooled) as store:
         assert store.pooler == "transaction"
-        store.create_session("warm")
+        store.sessions.create("warm")
         leak_search_path(role, other)
         for i in range(10):
-            store.create_session(f"s{i}")
-        store.append("s0", EntryKind.MESSAGE, MSG)  # one autocommit statement
-        assert [e.payload for e in store.entries("s0")] == [MSG]  # an autocommit read
-        lease = store.acquire_lease("session:s1", "w", 60, purpose="execution")
-        store.release_lease(lease)  # autocommit
+            store.sessions.create(f"s{i}")
+        store.sessions.append("s0", EntryKind.MESSAGE, MSG)  # one autocommit statement
+        assert [e.payload for e in store.sessions.entries("s0")] == [MSG]  # an autocommit read
+        lease = store.leases.acquire("session:s1", "w", 60, purpose="execution")
+        store.leases.release(lease)  # autocommit
         user = {"role": "user", "content": "go"}
-        run = store.admit_run("s2", {"q": 1}, user_message=user, start=True)
+        run = store.runs.admit("s2", {"q": 1}, user_message=user, start=True)
         entries = [(EntryKind.CUSTOM, {"customType": "n", "data": {"i": i}}) for i in range(3)]
-        store.finish_run(run.id, "succeeded", entries=entries)  # a COPY in a transaction
-        store.create_session("last")
+        store.runs.finish(run.id, "succeeded", entries=entries)  # a COPY in a transaction
+        store.sessions.create("last")
         seen = store.query("SELECT current_schema() AS s, count(*) AS n FROM sessions")
         assert seen.to_pylist() == [{"s": role, "n": 12}]
         in_autocommit = store.db.read("schema", lambda tx: tx.one("SELECT current_schema()"))
         in_transaction = store.db.write("schema", lambda tx: tx.one("SELECT current_schema()"))
         assert (in_autocommit, in_transaction) == ((role,), (role,))
-        assert store.get_session("s9") is not None
+        assert store.sessions.get("s9") is not None
     assert counts(role, other) == (12, 0)
     assert pooled_client_schema(role) == other  # the leak was there all along
 
@@ -149,7 +149,7 @@ def test_a_store_opened_after_another_client_left_its_search_path_lands_in_its_o
     leak_search_path(role, other)
     url = pooled if options else as_user(pooler_url(), role)
     with turnkeeper.open_store(url) as store:
-        store.create_session("s")
+        store.sessions.create("s")
         assert store.query("SELECT current_schema() AS s").column("s").to_pylist() == [role]
         assert store.db.channel == f"turnkeeper:{role}"  # type: ignore[attr-defined]
     assert counts(role, other) == (1, 0)
@@ -170,5 +170,5 @@ def test_a_bulk_insert_outside_a_transaction_is_refused_behind_a_transaction_poo
         with pytest.raises(turnkeeper.InternalError) as err:
             store.db.write("bulk", body, transaction=False)
         assert "inside a transaction" in str(err.value)
-        assert store.get_session("x") is None
+        assert store.sessions.get("x") is None
     assert counts(role, other) == (0, 0)

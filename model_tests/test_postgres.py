@@ -166,9 +166,9 @@ def test_eight_worker_processes_with_kills_lose_no_acknowledged_write(tmp_path):
         for line in lines:
             kind, sid, ident = line.split()
             if kind == "entry":
-                assert store.entry(sid, ident) is not None, line
+                assert store.sessions.entry(sid, ident) is not None, line
             else:
-                assert store.get_run(ident) is not None, line
+                assert store.runs.get(ident) is not None, line
         assert store.query("SELECT count(*) AS n FROM active_runs").to_pylist() == [{"n": 0}]
         failed = [c for c in run_audit(store) if not c.passed]
         assert failed == []
@@ -203,20 +203,20 @@ def test_threads_contending_for_one_session_get_the_serial_outcome():
     """Lost races between connections are serialization failures, retried: every
     append lands, in one chain, and none escapes as TransactionConflictError."""
     with turnkeeper.open_store(new_pg_schema()) as store:
-        store.create_session("s")
+        store.sessions.create("s")
         failures: list[BaseException] = []
 
         def work(i: int) -> None:
             try:
                 for _ in range(5):
-                    store.append("s", EntryKind.MESSAGE, MSG)
+                    store.sessions.append("s", EntryKind.MESSAGE, MSG)
             except BaseException as exc:
                 failures.append(exc)
 
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(work, range(8)))
         assert failures == []
-        entries = store.entries("s")
+        entries = store.sessions.entries("s")
         assert len(entries) == 40
         assert [e.parent_id for e in entries] == [None] + [e.id for e in entries[:-1]]
 
@@ -233,14 +233,14 @@ with turnkeeper.open_store(sys.argv[1]) as s:
 def test_a_wake_up_crosses_processes():
     url = new_pg_schema()
     with turnkeeper.open_store(url) as store:
-        store.create_session("s")
-        run = store.admit_run("s", {"q": 1})
+        store.sessions.create("s")
+        run = store.runs.admit("s", {"q": 1})
         waiter = subprocess.Popen(
             [sys.executable, "-c", WAITER, with_listen(url)], stdout=subprocess.PIPE, text=True
         )
         assert waiter.stdout is not None
         assert waiter.stdout.readline().strip() == "ready"
-        store.finish_run(run.id, "failed")
+        store.runs.finish(run.id, "failed")
         assert waiter.stdout.readline().strip() == "run_ended"
         assert waiter.wait(60) == 0
 
@@ -300,13 +300,13 @@ def test_a_pooled_connection_the_server_closed_is_replaced(monkeypatch):
     # closes the store's own server connections
     url = direct_for(new_pg_schema()) + "&application_name=tk_pool_test"
     with turnkeeper.open_store(url) as store:
-        store.create_session("s")
+        store.sessions.create("s")
         for _ in range(5):
-            store.append("s", EntryKind.MESSAGE, MSG)
+            store.sessions.append("s", EntryKind.MESSAGE, MSG)
         assert asked == []
         assert _terminate(url, "tk_pool_test", listening=False) >= 1
-        store.append("s", EntryKind.MESSAGE, MSG)
-        assert len(store.entries("s")) == 6
+        store.sessions.append("s", EntryKind.MESSAGE, MSG)
+        assert len(store.sessions.entries("s")) == 6
         assert asked  # the closed connection was checked, and replaced
 
 
@@ -326,9 +326,9 @@ def test_a_connection_with_a_high_file_descriptor_is_lent(tmp_path):
     held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
     try:
         with turnkeeper.open_store(new_pg_schema()) as store:
-            store.create_session("s")
-            store.append("s", EntryKind.MESSAGE, MSG)
-            assert len(store.entries("s")) == 1
+            store.sessions.create("s")
+            store.sessions.append("s", EntryKind.MESSAGE, MSG)
+            assert len(store.sessions.entries("s")) == 1
     finally:
         for fd in held:
             os.close(fd)
@@ -354,11 +354,11 @@ def test_after_a_restart_the_next_operation_succeeds_whatever_the_pool_held():
     # closes the store's own server connections
     url = direct_for(new_pg_schema()) + "&application_name=tk_restart_test"
     with turnkeeper.open_store(url) as store:
-        store.create_session("s")
+        store.sessions.create("s")
         _grow_pool(store, 7)
         assert _terminate(url, "tk_restart_test", listening=False) == 7
-        store.append("s", EntryKind.MESSAGE, MSG)
-        assert len(store.entries("s")) == 1
+        store.sessions.append("s", EntryKind.MESSAGE, MSG)
+        assert len(store.sessions.entries("s")) == 1
 
 
 def test_a_connection_idle_a_while_is_checked_before_it_is_lent(monkeypatch):
@@ -377,11 +377,11 @@ def test_a_connection_idle_a_while_is_checked_before_it_is_lent(monkeypatch):
 
     monkeypatch.setattr(ConnectionPool, "check_connection", staticmethod(check))
     with turnkeeper.open_store(new_pg_schema()) as store:
-        store.create_session("s")
-        store.append("s", EntryKind.MESSAGE, MSG)
+        store.sessions.create("s")
+        store.sessions.append("s", EntryKind.MESSAGE, MSG)
         assert asked == []
         monkeypatch.setattr(pg_pool, "IDLE_CHECK_S", 0.0)
-        store.append("s", EntryKind.MESSAGE, MSG)
+        store.sessions.append("s", EntryKind.MESSAGE, MSG)
         assert len(asked) == 1
 
 
@@ -439,9 +439,9 @@ def test_an_autocommit_write_cut_off_says_its_outcome_is_unknown(monkeypatch):
 
     monkeypatch.setattr(appends, "one_statement", cut)
     with turnkeeper.open_store(new_pg_schema()) as store:
-        store.create_session("s")
+        store.sessions.create("s")
         with pytest.raises(turnkeeper.OperationalError) as err:
-            store.append("s", EntryKind.MESSAGE, MSG)
+            store.sessions.append("s", EntryKind.MESSAGE, MSG)
         assert "unknown" in str(err.value)
 
 

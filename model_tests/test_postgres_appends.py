@@ -42,33 +42,42 @@ def lease_row(url: str) -> list[tuple[Any, ...]]:
 def test_a_plain_append_is_one_statement_and_a_refused_one_writes_nothing() -> None:
     url = new_pg_schema()
     with turnkeeper.open_store(url) as store:
-        store.create_session("s")
-        store.create_session("free")
-        lease = store.acquire_lease("session:s", "w1", 600)
-        first = store.append("s", M, user("a"), lease=lease)
-        got = store.append_many(
+        store.sessions.create("s")
+        store.sessions.create("free")
+        lease = store.leases.acquire("session:s", "w1", 600)
+        first = store.sessions.append("s", M, user("a"), lease=lease)
+        got = store.sessions.append_many(
             "s", [(M, user("b")), NewEntry(M, user("c"), timestamp=first.timestamp)], lease=lease
         )
         assert [e.parent_id for e in got] == [first.id, got[0].id]
         assert got[1].timestamp == first.timestamp
-        store.append("free", M, user("x"))
+        store.sessions.append("free", M, user("x"))
         stats = store.statement_stats()
         assert stats["append"]["statements_per_call"] == 1
         assert stats["append_many"]["statements_per_call"] == 1
         before = lease_row(url)
         stale = dataclasses.replace(lease, token="not-the-token")
         for call, error in [
-            (lambda: store.append("s", M, user("stale"), lease=stale), errors.LeaseLostError),
-            (lambda: store.append("s", M, user("no lease")), errors.BusyError),
             (
-                lambda: store.append("s", M, user("moved"), lease=lease, expected_leaf=first.id),
+                lambda: store.sessions.append("s", M, user("stale"), lease=stale),
+                errors.LeaseLostError,
+            ),
+            (lambda: store.sessions.append("s", M, user("no lease")), errors.BusyError),
+            (
+                lambda: store.sessions.append(
+                    "s", M, user("moved"), lease=lease, expected_leaf=first.id
+                ),
                 errors.SessionModifiedError,
             ),
-            (lambda: store.append("nobody", M, user("x")), errors.SessionNotFoundError),
+            (lambda: store.sessions.append("nobody", M, user("x")), errors.SessionNotFoundError),
         ]:
             with pytest.raises(error):
                 call()
-        assert [e.payload["message"]["content"] for e in store.entries("s")] == ["a", "b", "c"]
+        assert [e.payload["message"]["content"] for e in store.sessions.entries("s")] == [
+            "a",
+            "b",
+            "c",
+        ]
         # the refused appends' own statement locked, never wrote, the lease row;
         # only their fallback transactions' fences ran, and rolled back
         assert lease_row(url) == before
@@ -81,8 +90,8 @@ def takeover_racing_an_append(url: str) -> Any:
     import psycopg
 
     with turnkeeper.open_store(url) as store:
-        store.create_session("s")
-        old = store.acquire_lease("session:s", "w1", 600)
+        store.sessions.create("s")
+        old = store.leases.acquire("session:s", "w1", 600)
         outcome: dict[str, Any] = {}
         with psycopg.connect(url) as other:
             taken = other.execute(
@@ -93,7 +102,7 @@ def takeover_racing_an_append(url: str) -> Any:
 
             def append() -> None:
                 try:
-                    outcome["got"] = store.append("s", M, user("stale?"), lease=old)
+                    outcome["got"] = store.sessions.append("s", M, user("stale?"), lease=old)
                 except errors.TurnkeeperError as exc:
                     outcome["got"] = exc
 
@@ -103,7 +112,7 @@ def takeover_racing_an_append(url: str) -> Any:
             outcome["waited"] = writer.is_alive()
             other.commit()
             writer.join(30)
-        outcome["entries"] = store.entries("s")
+        outcome["entries"] = store.sessions.entries("s")
         return outcome
 
 
@@ -143,13 +152,13 @@ def first_grant_racing_a_lease_less_append(url: str, *, chosen_id: bool) -> dict
             "CREATE TRIGGER slow_entry BEFORE INSERT ON entries "
             "FOR EACH ROW EXECUTE FUNCTION slow_entry()"
         )
-        store.create_session("s")
+        store.sessions.create("s")
         out: dict[str, Any] = {}
 
         def lease_less() -> None:
             extra = {"entry_id": "chosen"} if chosen_id else {}
             try:
-                out["append"] = store.append("s", M, user("SLOW"), **extra)
+                out["append"] = store.sessions.append("s", M, user("SLOW"), **extra)
             except errors.TurnkeeperError as exc:
                 out["append"] = exc
 
@@ -164,10 +173,10 @@ def first_grant_racing_a_lease_less_append(url: str, *, chosen_id: bool) -> dict
             time.sleep(0.01)
         else:
             pytest.fail("the append never reached its insert")
-        lease = store.acquire_lease("session:s", "holder", 60)
-        out["seen"] = [e.id for e in store.entries("s")]
+        lease = store.leases.acquire("session:s", "holder", 60)
+        out["seen"] = [e.id for e in store.sessions.entries("s")]
         writer.join(30)
-        out["end"] = [e.id for e in store.entries("s")]
+        out["end"] = [e.id for e in store.sessions.entries("s")]
         out["lease"] = lease
         return out
 
@@ -208,23 +217,23 @@ def test_a_message_after_an_open_call_is_refused_on_the_one_statement_path() -> 
     result and then messages go on as one statement each."""
     url = new_pg_schema()
     with turnkeeper.open_store(url) as store:
-        store.create_session("s")
-        store.append("s", M, _call("c1"))
+        store.sessions.create("s")
+        store.sessions.append("s", M, _call("c1"))
         with pytest.raises(errors.ToolCallsUnansweredError) as err:
-            store.append("s", M, user("too soon"))
+            store.sessions.append("s", M, user("too soon"))
         assert err.value.tool_call_ids == ("c1",)
         result = {"role": "toolResult", "toolCallId": "c1", "toolName": "ls", "content": []}
-        store.append("s", M, {"message": result})
+        store.sessions.append("s", M, {"message": result})
 
         def statements() -> float:
             stats = store.statement_stats()["append"]
             return stats["calls"] * stats["statements_per_call"]
 
         before = statements()
-        store.append("s", M, user("now"))
-        store.append("s", M, user("and again"))
+        store.sessions.append("s", M, user("now"))
+        store.sessions.append("s", M, user("and again"))
         assert round(statements() - before) == 2  # one statement each
-        assert [e.payload["message"]["role"] for e in store.entries("s")] == [
+        assert [e.payload["message"]["role"] for e in store.sessions.entries("s")] == [
             "assistant",
             "toolResult",
             "user",
@@ -239,14 +248,14 @@ def stale_view_append(url: str) -> tuple[Any, list[Any]]:
     from turnkeeper.storage.pairing import tree_faults
 
     with turnkeeper.open_store(url) as a, turnkeeper.open_store(url) as b:
-        a.create_session("s")
-        a.append("s", M, user("hi"))
-        b.append("s", M, _call("c1"))
+        a.sessions.create("s")
+        a.sessions.append("s", M, user("hi"))
+        b.sessions.append("s", M, _call("c1"))
         try:
-            got: Any = a.append("s", M, user("after the call"))
+            got: Any = a.sessions.append("s", M, user("after the call"))
         except errors.TurnkeeperError as exc:
             got = exc
-        return got, tree_faults({e.id: e for e in a.entries("s")})
+        return got, tree_faults({e.id: e for e in a.sessions.entries("s")})
 
 
 def test_a_stale_view_of_the_head_never_lets_a_message_past_an_open_call() -> None:

@@ -80,9 +80,9 @@ def assert_lost(err: BaseException) -> None:
 def finish_with_entries(store: turnkeeper.BaseStore, sid: str) -> Callable[[], Any]:
     """A running run in session ``sid``, and the call that finishes it with
     entries (written with one ``COPY``)."""
-    store.create_session(sid)
-    run = store.admit_run(sid, {"q": 1}, user_message=USER, start=True)
-    return lambda: store.finish_run(
+    store.sessions.create(sid)
+    run = store.runs.admit(sid, {"q": 1}, user_message=USER, start=True)
+    return lambda: store.runs.finish(
         run.id,
         "succeeded",
         entries=ENTRIES,
@@ -92,8 +92,8 @@ def finish_with_entries(store: turnkeeper.BaseStore, sid: str) -> Callable[[], A
 
 def assert_finished(store: turnkeeper.BaseStore, sid: str) -> None:
     """Session ``sid``'s run succeeded, with the entries its finish wrote."""
-    assert [r.status for r in store.session_runs(sid)] == ["succeeded"]
-    custom = [e.payload for e in store.entries(sid) if e.kind == "custom"]
+    assert [r.status for r in store.runs.list(sid)] == ["succeeded"]
+    custom = [e.payload for e in store.sessions.entries(sid) if e.kind == "custom"]
     assert custom == [p for _, p in ENTRIES]
 
 
@@ -127,7 +127,7 @@ def test_a_connection_lost_during_a_bulk_write_is_an_operational_error(url, mome
 
     with turnkeeper.open_store(url) as store:
         finish = finish_with_entries(store, "s")
-        before = store.entries("s")
+        before = store.sessions.entries("s")
         pids: list[int] = []
 
         def before_copy(tx: Any, *args: Any) -> None:
@@ -146,8 +146,8 @@ def test_a_connection_lost_during_a_bulk_write_is_an_operational_error(url, mome
         with pytest.raises(turnkeeper.TurnkeeperError) as err:
             finish()
         assert_lost(err.value)
-        assert store.entries("s") == before  # nothing of the finish was written
-        assert store.get_run(store.active_run("s").id).status == "running"  # type: ignore[union-attr]
+        assert store.sessions.entries("s") == before  # nothing of the finish was written
+        assert store.runs.get(store.runs.active("s").id).status == "running"  # type: ignore[union-attr]
         finish()  # the next operation gets another connection
         assert_finished(store, "s")
 
@@ -160,7 +160,7 @@ def test_a_connection_lost_during_a_streamed_query_is_an_operational_error(url, 
     from turnkeeper.storage.postgres import query as pg_query
 
     with turnkeeper.open_store(url) as store:
-        store.create_session("s")
+        store.sessions.create("s")
         patch_once(pg_query, "batches", lambda cur, *rest: cut_off(cur.connection))
         with pytest.raises(turnkeeper.TurnkeeperError) as err:
             store.query("SELECT id FROM sessions")
@@ -199,17 +199,17 @@ def test_a_connection_lost_in_a_pinned_autocommit_statement_is_an_operational_er
         return cur
 
     with turnkeeper.open_store(pooled) as store:
-        store.create_session("s")
+        store.sessions.create("s")
         monkeypatch.setattr(psycopg.Connection, "execute", execute)
         cut.set()
         with pytest.raises(turnkeeper.TurnkeeperError) as err:
-            store.append("s", EntryKind.MESSAGE, {"message": USER})
+            store.sessions.append("s", EntryKind.MESSAGE, {"message": USER})
         assert not cut.is_set()  # it was cut off there
         assert type(err.value) is turnkeeper.OperationalError, repr(err.value)
         assert "whether it took effect is unknown" in str(err.value)
-        assert store.entries("s") == []
-        store.append("s", EntryKind.MESSAGE, {"message": USER})
-        assert [e.payload for e in store.entries("s")] == [{"message": USER}]
+        assert store.sessions.entries("s") == []
+        store.sessions.append("s", EntryKind.MESSAGE, {"message": USER})
+        assert [e.payload for e in store.sessions.entries("s")] == [{"message": USER}]
 
 
 def test_a_driver_fault_on_a_live_connection_is_typed_and_the_connection_is_dropped(
@@ -230,14 +230,14 @@ def test_a_driver_fault_on_a_live_connection_is_typed_and_the_connection_is_drop
 
     with turnkeeper.open_store(url) as store:
         run_finish = finish_with_entries(store, "s")
-        before = store.entries("s")
+        before = store.sessions.entries("s")
         monkeypatch.setattr(psycopg.Copy, "finish", finish)
         with pytest.raises(turnkeeper.TurnkeeperError) as err:
             run_finish()
         assert type(err.value) is turnkeeper.InternalError, repr(err.value)
         assert isinstance(err.value.__cause__, ValueError)
         assert "nothing of it was written" in str(err.value)
-        assert store.entries("s") == before
+        assert store.sessions.entries("s") == before
         run_finish()
         assert_finished(store, "s")
 
@@ -264,11 +264,11 @@ def test_a_pool_check_failing_with_a_driver_fault_checks_every_other_connection(
         real(conn)
 
     with turnkeeper.open_store(new_pg_schema()) as store:
-        store.create_session("s")
+        store.sessions.create("s")
         monkeypatch.setattr(ConnectionPool, "check_connection", staticmethod(check))
         monkeypatch.setattr(pg_pool, "IDLE_CHECK_S", 0.0)  # every lend checks
         monkeypatch.setattr(store.db._pool, "check", lambda: checked_all.append(True))  # type: ignore[attr-defined]
-        assert store.get_session("s") is not None
+        assert store.sessions.get("s") is not None
         assert failed.is_set() and checked_all == [True]
 
 
@@ -289,7 +289,7 @@ def test_a_wake_up_that_fails_after_the_commit_never_fails_the_write(monkeypatch
         monkeypatch.setattr(psycopg.Connection, "execute", execute)
         finish()
         monkeypatch.undo()
-        assert store.get_run(store.session_runs("s")[0].id).status == "succeeded"
+        assert store.runs.get(store.runs.list("s")[0].id).status == "succeeded"
 
 
 def test_the_listener_survives_a_driver_fault_and_wakes_its_waiters(monkeypatch):

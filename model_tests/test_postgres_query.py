@@ -36,7 +36,7 @@ ESCAPES = [
 @pytest.fixture
 def store() -> Iterator[turnkeeper.BaseStore]:
     s = turnkeeper.open_store(new_pg_schema())
-    s.create_session("mine")
+    s.sessions.create("mine")
     yield s
     s.close()
 
@@ -67,7 +67,7 @@ def test_control_without_the_function_check_set_config_undoes_the_reader_role(
 def test_one_store_cannot_read_another_stores_schema(store: turnkeeper.BaseStore) -> None:
     other_url = new_pg_schema()
     with turnkeeper.open_store(other_url) as other:
-        other.create_session("theirs")
+        other.sessions.create("theirs")
     schema = re.search(r"search_path%3D(\w+)", other_url).group(1)  # type: ignore[union-attr]
     with pytest.raises(errors.ProgrammingError):
         store.query(f"SELECT id FROM {schema}.sessions")
@@ -81,7 +81,7 @@ def test_control_without_the_schemas_role_another_schema_is_readable(
     reads every schema, which is what the role prevents."""
     other_url = new_pg_schema()
     with turnkeeper.open_store(other_url) as other:
-        other.create_session("theirs")
+        other.sessions.create("theirs")
     schema = re.search(r"search_path%3D(\w+)", other_url).group(1)  # type: ignore[union-attr]
     monkeypatch.setattr(pg_query, "_reader_role", lambda tx: None)
     assert store.query(f"SELECT id FROM {schema}.sessions").column(0).to_pylist() == ["theirs"]

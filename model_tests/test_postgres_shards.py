@@ -150,7 +150,7 @@ def _workload(store) -> None:
     sessions = []
     for i in range(cfg.sessions):
         sid = f"demo-shard-{i}"
-        store.create_session(sid)
+        store.sessions.create(sid)
         sessions.append(sid)
     fleet = ThreadFleet(store, cfg, sessions, "shard")
     fleet.start()
@@ -164,64 +164,64 @@ def _workload(store) -> None:
     # what the fleet does not do
     now = datetime.now(UTC)
     msg = {"message": {"role": "user", "content": "x"}}
-    store.import_batch(
+    store.sessions.import_batch(
         ImportBatch(
             "imp", "", now, {}, [ImportEntry("e1", None, EntryKind.MESSAGE, now, msg)], "e1"
         )
     )
-    store.import_batch(
+    store.sessions.import_batch(
         ImportBatch(
             "imp", "", now, {}, [ImportEntry("e2", "e1", EntryKind.MESSAGE, now, msg)], "e2"
         )
     )
-    store.create_session("src")
-    run = store.admit_run("src", {"q": 1}, user_message=msg["message"])
-    store.start_run(run.id)
-    store.finish_run(run.id, "succeeded", assistant_message={"role": "assistant", "content": []})
-    store.fork_session("src", request_id="fork-1")
-    fork_lease = store.acquire_lease("session:src", "forker", 30, purpose="fork")
-    store.fork_session("src", request_id="fork-2", lease=fork_lease)
-    store.release_lease(fork_lease)
-    store.compare_and_swap_response_state(ResponseState("src", "responses", "r1"), 0)
-    held = store.acquire_lease("session:src", "w", 30)
-    store.finalize(FinalizeRequest(ThreadRecord("rec-1", "key-1"), held_leases=[held]))
-    store.finalize(FinalizeRequest(ThreadRecord("rec-2", "key-1"), rebind_active=True))
-    store.release_lease(held)
-    run = store.admit_run("src", {"q": 2})
-    store.start_run(run.id)
-    store.claim_tool_execution(
+    store.sessions.create("src")
+    run = store.runs.admit("src", {"q": 1}, user_message=msg["message"])
+    store.runs.start(run.id)
+    store.runs.finish(run.id, "succeeded", assistant_message={"role": "assistant", "content": []})
+    store.forks.fork("src", request_id="fork-1")
+    fork_lease = store.leases.acquire("session:src", "forker", 30, purpose="fork")
+    store.forks.fork("src", request_id="fork-2", lease=fork_lease)
+    store.leases.release(fork_lease)
+    store.lineage.compare_and_swap(ResponseState("src", "responses", "r1"), 0)
+    held = store.leases.acquire("session:src", "w", 30)
+    store.threads.finalize(FinalizeRequest(ThreadRecord("rec-1", "key-1"), held_leases=[held]))
+    store.threads.finalize(FinalizeRequest(ThreadRecord("rec-2", "key-1"), rebind_active=True))
+    store.leases.release(held)
+    run = store.runs.admit("src", {"q": 2})
+    store.runs.start(run.id)
+    store.tools.claim(
         "k", "src", local_turn_id=run.turn_id, provider_call_id="c", tool_name="t",
         side_effecting=True, run_id=run.id,
     )  # fmt: skip
-    store.interrupt_tool_executions("src")
-    store.request_tool_execution_recovery("src", run.turn_id, ["c"])
-    store.reclaim_tool_execution("k")
-    store.finish_run(run.id, "interrupted")
-    store.abandon_interrupted_tool_executions("src", run.turn_id)
-    store.annotate_run_error(run.id, "cleanup")
+    store.tools.interrupt("src")
+    store.tools.request_recovery("src", run.turn_id, ["c"])
+    store.tools.reclaim("k")
+    store.runs.finish(run.id, "interrupted")
+    store.tools.abandon_interrupted("src", run.turn_id)
+    store.runs.annotate_error(run.id, "cleanup")
     for outcome in ("converge", "fail", "detach"):  # an orphan's recovery, each way
-        worker = store.acquire_lease("session:src", "w", 30, purpose="execution")
-        orphan = store.admit_run("src", {"q": outcome}, lease=worker)
-        store.start_run(orphan.id, lease=worker)
-        store.release_lease(worker)
-        rescue = store.acquire_lease("session:src", "rec", 30, purpose="recovery")
-        store.begin_recovery(orphan.id, rescue)
+        worker = store.leases.acquire("session:src", "w", 30, purpose="execution")
+        orphan = store.runs.admit("src", {"q": outcome}, lease=worker)
+        store.runs.start(orphan.id, lease=worker)
+        store.leases.release(worker)
+        rescue = store.leases.acquire("session:src", "rec", 30, purpose="recovery")
+        store.recovery.begin(orphan.id, rescue)
         if outcome == "converge":
-            store.converge_recovery(orphan.id, rescue, delivery_plan=PLAN)
+            store.recovery.converge(orphan.id, rescue, delivery_plan=PLAN)
         elif outcome == "fail":
-            store.fail_recovery(orphan.id, rescue, "not yet")  # due again later
-            store.finish_run(orphan.id, "abandoned", lease=rescue)
+            store.recovery.fail(orphan.id, rescue, "not yet")  # due again later
+            store.runs.finish(orphan.id, "abandoned", lease=rescue)
         else:
-            store.detach_recovery(orphan.id, rescue)
-            store.finish_run(orphan.id, "failed", lease=rescue)
-        store.release_lease(rescue)
+            store.recovery.detach(orphan.id, rescue)
+            store.runs.finish(orphan.id, "failed", lease=rescue)
+        store.leases.release(rescue)
     plan = DeliveryPlan("chat", "room", (DeliveryStep("a", "upload"), DeliveryStep("b", "send")))
-    store.create_delivery_plan(run.id, plan)
-    first = store.claim_delivery(f"{run.id}:delivery:a", "outbox", 30)
-    store.update_delivery_progress(first.id, "outbox", first.lease_epoch, provider_asset_id="x")
-    store.requeue_delivery(first.id, "outbox", first.lease_epoch)
-    again = store.claim_delivery(first.id, "outbox", 30)
-    store.finish_delivery(again.id, "outbox", again.lease_epoch, "delivered")
+    store.outbox.create_plan(run.id, plan)
+    first = store.outbox.claim(f"{run.id}:delivery:a", "outbox", 30)
+    store.outbox.update_progress(first.id, "outbox", first.lease_epoch, provider_asset_id="x")
+    store.outbox.requeue(first.id, "outbox", first.lease_epoch)
+    again = store.outbox.claim(first.id, "outbox", 30)
+    store.outbox.finish(again.id, "outbox", again.lease_epoch, "delivered")
 
 
 @pytest.mark.slow
@@ -248,8 +248,8 @@ def test_control_a_transaction_that_writes_two_sessions_is_caught(monkeypatch):
     """Control for the test above: a write that touches two sessions' rows in one
     transaction shows up as a wide transaction under its operation's name."""
     with turnkeeper.open_store(new_pg_schema()) as store:
-        store.create_session("a")
-        store.create_session("b")
+        store.sessions.create("a")
+        store.sessions.create("b")
         _instrument(store)
         _name_the_operations(monkeypatch)
 

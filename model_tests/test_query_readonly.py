@@ -138,11 +138,11 @@ def _state(store: turnkeeper.DuckDBStore) -> dict[str, Any]:
 def busy(duck_store):
     """A DuckDB store with a session, entries, a running run and a lease."""
     store = duck_store
-    store.create_session("q")
-    store.append("q", EntryKind.MESSAGE, MSG)
-    run = store.admit_run("q", {"text": "go"})
-    store.start_run(run.id)
-    store.acquire_lease("thread-key:k", "w", 30)
+    store.sessions.create("q")
+    store.sessions.append("q", EntryKind.MESSAGE, MSG)
+    run = store.runs.admit("q", {"text": "go"})
+    store.runs.start(run.id)
+    store.leases.acquire("thread-key:k", "w", 30)
     return store
 
 
@@ -209,11 +209,11 @@ def test_reads_are_answered(busy, sql):
 def test_explain_analyze_delete_leaves_every_session_after_reopening(tmp_path):
     path = tmp_path / "s.duckdb"
     with turnkeeper.open_store(path) as s:
-        s.create_session("a")
+        s.sessions.create("a")
         with pytest.raises(turnkeeper.InvalidInputError):
             s.query("explain analyze delete from sessions")
     with turnkeeper.open_store(path) as s:
-        assert s.get_session("a") is not None
+        assert s.sessions.get("a") is not None
 
 
 def test_rollback_alone_undoes_a_write_the_parse_check_let_through(busy, tmp_path, monkeypatch):
@@ -221,7 +221,7 @@ def test_rollback_alone_undoes_a_write_the_parse_check_let_through(busy, tmp_pat
     still never persist (its transaction is rolled back)."""
     monkeypatch.setattr(query_module, "check_read", lambda cursor, sql: None)
     monkeypatch.setattr("turnkeeper.storage.duck.db.check_read", lambda cursor, sql: None)
-    run = busy.active_run("q")
+    run = busy.runs.active("q")
     before = _state(busy)
     for sql in [
         "EXPLAIN ANALYZE DELETE FROM sessions",
@@ -230,7 +230,7 @@ def test_rollback_alone_undoes_a_write_the_parse_check_let_through(busy, tmp_pat
     ]:
         busy.query(sql)  # runs: only the rollback stands in its way
     assert _state(busy) == before
-    assert busy.active_run("q") == run
+    assert busy.runs.active("q") == run
     with pytest.raises(turnkeeper.ProgrammingError):
         busy.query(_sql("EXPLAIN ANALYZE COPY sessions TO '{tmp}/x.csv'", tmp_path))
     assert not (tmp_path / "x.csv").exists()
@@ -259,8 +259,8 @@ def test_a_second_store_on_the_same_file_opens(tmp_path):
     """The locked configuration is found already set by a second store object."""
     path = tmp_path / "s.duckdb"
     with turnkeeper.open_store(path) as a, turnkeeper.open_store(path) as b:
-        a.create_session("x")
-        assert b.get_session("x") is not None
+        a.sessions.create("x")
+        assert b.sessions.get("x") is not None
 
 
 def test_a_snapshot_reads_one_state_while_another_thread_commits(
@@ -270,8 +270,8 @@ def test_a_snapshot_reads_one_state_while_another_thread_commits(
     committed by another thread between two queries is in neither."""
     import threading
 
-    real_store.create_session("s")
-    real_store.append("s", EntryKind.MESSAGE, MSG)
+    real_store.sessions.create("s")
+    real_store.sessions.append("s", EntryKind.MESSAGE, MSG)
     seen: list[tuple[int, int]] = []
 
     def body(snap: Any) -> None:
@@ -284,7 +284,7 @@ def test_a_snapshot_reads_one_state_while_another_thread_commits(
 
     real_store.snapshot(body)
     assert seen == [(1, 1)]
-    assert real_store.get_session("s").entry_count == 2  # the append committed
+    assert real_store.sessions.get("s").entry_count == 2  # the append committed
 
 
 def test_the_audit_reads_one_snapshot(
@@ -296,8 +296,8 @@ def test_the_audit_reads_one_snapshot(
     from turnkeeper.cli import audit
     from turnkeeper.storage.store import Snapshot
 
-    real_store.create_session("s")
-    real_store.append("s", EntryKind.MESSAGE, MSG)
+    real_store.sessions.create("s")
+    real_store.sessions.append("s", EntryKind.MESSAGE, MSG)
     original = Snapshot.query
     written: list[int] = []
 
@@ -332,13 +332,13 @@ def test_a_snapshot_body_may_call_the_store_and_the_snapshot_holds(
     """Store calls inside a snapshot's body (an append, a replay, another query or
     snapshot) run outside it and leave it intact: its later reads still see the
     state of its first."""
-    real_store.create_session("s")
-    real_store.append("s", EntryKind.MESSAGE, MSG)
+    real_store.sessions.create("s")
+    real_store.sessions.append("s", EntryKind.MESSAGE, MSG)
 
     def body(snap: Any) -> list[int]:
         first = snap.query("SELECT count(*) FROM entries").column(0)[0].as_py()
-        real_store.append("s", EntryKind.MESSAGE, MSG)
-        real_store.replay("s")
+        real_store.sessions.append("s", EntryKind.MESSAGE, MSG)
+        real_store.sessions.replay("s")
         inner = real_store.query("SELECT count(*) FROM entries").column(0)[0].as_py()
         nested = real_store.snapshot(
             lambda s2: s2.query("SELECT count(*) FROM entries").column(0)[0].as_py()

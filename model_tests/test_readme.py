@@ -93,9 +93,13 @@ def test_readme_postgres_recipe_runs_as_written_on_a_unix_socket_only() -> None:
         url = started["TURNKEEPER_DB"]
         assert started["PGDATA"] == os.path.join(home, "turnkeeper-pg")
         with turnkeeper.open_store(url) as store:
-            store.create_session("s")
-            store.append("s", EntryKind.MESSAGE, {"message": {"role": "user", "content": "\x00"}})
-            assert list(store.replay("s").messages) == [{"role": "user", "content": "\x00"}]
+            store.sessions.create("s")
+            store.sessions.append(
+                "s", EntryKind.MESSAGE, {"message": {"role": "user", "content": "\x00"}}
+            )
+            assert list(store.sessions.replay("s").messages) == [
+                {"role": "user", "content": "\x00"}
+            ]
         import psycopg
 
         with psycopg.connect(url) as conn:  # as the recipe's superuser

@@ -22,93 +22,93 @@ USER = {"role": "user", "content": "go"}
 
 
 def admitted(store, sid: str = "s", lease=None):
-    if store.get_session(sid) is None:
-        store.create_session(sid)
-    run = store.admit_run(sid, {"q": sid}, user_message=USER, lease=lease)
-    store.start_run(run.id, lease=lease)
+    if store.sessions.get(sid) is None:
+        store.sessions.create(sid)
+    run = store.runs.admit(sid, {"q": sid}, user_message=USER, lease=lease)
+    store.runs.start(run.id, lease=lease)
     return run
 
 
 def recovery_lease(store, sid: str = "s", owner: str = "rec", ttl: float = 5):
-    return store.acquire_lease(f"session:{sid}", owner, ttl, purpose="recovery")
+    return store.leases.acquire(f"session:{sid}", owner, ttl, purpose="recovery")
 
 
 def test_a_run_admitted_without_any_lease_is_an_orphan(store):
     run = admitted(store)
-    assert [o.id for o in store.list_orphaned_runs()] == [run.id]
+    assert [o.id for o in store.recovery.list_orphans()] == [run.id]
 
 
 def test_recovery_never_touches_a_run_whose_worker_holds_a_live_lease(store, clock):
-    store.create_session("s")
-    worker = store.acquire_lease("session:s", "worker", 10, purpose="execution")
+    store.sessions.create("s")
+    worker = store.leases.acquire("session:s", "worker", 10, purpose="execution")
     run = admitted(store, lease=worker)
-    assert store.list_orphaned_runs() == []
+    assert store.recovery.list_orphans() == []
     with pytest.raises(BusyError):
         recovery_lease(store)
     clock.advance(5)
-    assert store.list_orphaned_runs() == []
-    done = store.finish_run(run.id, "succeeded", lease=worker)
+    assert store.recovery.list_orphans() == []
+    done = store.runs.finish(run.id, "succeeded", lease=worker)
     assert done.status == "succeeded"
 
 
 def test_expired_worker_waking_after_takeover_is_refused_and_the_newer_state_survives(store, clock):
-    store.create_session("s")
-    worker = store.acquire_lease("session:s", "worker", 1, purpose="execution")
+    store.sessions.create("s")
+    worker = store.leases.acquire("session:s", "worker", 1, purpose="execution")
     run = admitted(store, lease=worker)
     clock.advance(2)
     rec_lease = recovery_lease(store)
-    store.begin_recovery(run.id, rec_lease)
-    store.converge_recovery(run.id, rec_lease, error="worker lost")
+    store.recovery.begin(run.id, rec_lease)
+    store.recovery.converge(run.id, rec_lease, error="worker lost")
     with pytest.raises(LeaseLostError):
-        store.finish_run(
+        store.runs.finish(
             run.id, "succeeded", lease=worker, assistant_message=USER | {"role": "assistant"}
         )
-    final = store.get_run(run.id)
+    final = store.runs.get(run.id)
     assert final.status == "interrupted" and final.error == "worker lost"
-    assert run.assistant_entry_id not in [e.id for e in store.entries("s")]
+    assert run.assistant_entry_id not in [e.id for e in store.sessions.entries("s")]
 
 
 def test_convergence_is_atomic_and_closes_the_turn(store, clock):
     run = admitted(store)
     lease = recovery_lease(store)
-    store.begin_recovery(run.id, lease)
-    done = store.converge_recovery(run.id, lease, stop_reason="process lost")
+    store.recovery.begin(run.id, lease)
+    done = store.recovery.converge(run.id, lease, stop_reason="process lost")
     assert done.state == "completed" and done.completed_at is not None
-    assert store.get_run(run.id).status == "interrupted"
-    assert store.entries("s")[-1].id == f"{run.id}:turn-end"
-    assert store.active_run("s") is None and store.list_orphaned_runs() == []
+    assert store.runs.get(run.id).status == "interrupted"
+    assert store.sessions.entries("s")[-1].id == f"{run.id}:turn-end"
+    assert store.runs.active("s") is None and store.recovery.list_orphans() == []
     turns = store.query("SELECT status FROM conversation_turns").to_pylist()
     assert turns == [{"status": "interrupted"}]
 
 
 def test_a_cancel_requested_run_converges_to_cancelled(store):
     run = admitted(store)
-    store.request_cancel(run.id)
+    store.runs.request_cancel(run.id)
     lease = recovery_lease(store)
-    store.begin_recovery(run.id, lease)
-    store.converge_recovery(run.id, lease)
-    assert store.get_run(run.id).status == "cancelled"
+    store.recovery.begin(run.id, lease)
+    store.recovery.converge(run.id, lease)
+    assert store.runs.get(run.id).status == "cancelled"
 
 
 def test_a_pass_over_a_run_that_already_succeeded_leaves_it_succeeded(store):
     run = admitted(store)
-    store.finish_run(run.id, "succeeded")
-    assert store.list_orphaned_runs() == []
+    store.runs.finish(run.id, "succeeded")
+    assert store.recovery.list_orphans() == []
     lease = recovery_lease(store)
     with pytest.raises(RecoveryNotNeededError):
-        store.begin_recovery(run.id, lease)
-    assert store.get_run(run.id).status == "succeeded"
+        store.recovery.begin(run.id, lease)
+    assert store.runs.get(run.id).status == "succeeded"
 
 
 def test_a_run_finished_during_recovery_keeps_its_status(store):
     run = admitted(store)
     lease = recovery_lease(store)
-    store.begin_recovery(run.id, lease)
+    store.recovery.begin(run.id, lease)
     with pytest.raises(BusyError):  # without a lease, nobody ends a run under recovery
-        store.finish_run(run.id, "failed")
-    store.finish_run(run.id, "succeeded", lease=lease)  # the remote result arrived
-    store.converge_recovery(run.id, lease)
-    assert store.get_run(run.id).status == "succeeded"
+        store.runs.finish(run.id, "failed")
+    store.runs.finish(run.id, "succeeded", lease=lease)  # the remote result arrived
+    store.recovery.converge(run.id, lease)
+    assert store.runs.get(run.id).status == "succeeded"
 
 
 def test_two_recovery_workers_racing_for_one_orphan_produce_one_winner(real_store):
@@ -120,8 +120,8 @@ def test_two_recovery_workers_racing_for_one_orphan_produce_one_winner(real_stor
         barrier.wait()
         try:
             lease = recovery_lease(real_store, owner=name)
-            real_store.begin_recovery(run.id, lease)
-            real_store.converge_recovery(run.id, lease)
+            real_store.recovery.begin(run.id, lease)
+            real_store.recovery.converge(run.id, lease)
             outcomes.append("won")
         except BusyError:
             outcomes.append("busy")
@@ -139,78 +139,78 @@ def test_two_recovery_workers_racing_for_one_orphan_produce_one_winner(real_stor
 def test_a_recovery_worker_that_dies_is_superseded_by_the_next_sweep(store, clock):
     run = admitted(store)
     first = recovery_lease(store, owner="r1", ttl=1)
-    store.begin_recovery(run.id, first)
+    store.recovery.begin(run.id, first)
     clock.advance(2)  # r1 died holding nothing but an expired lease
-    assert [o.id for o in store.list_orphaned_runs()] == [run.id]
+    assert [o.id for o in store.recovery.list_orphans()] == [run.id]
     second = recovery_lease(store, owner="r2")
-    taken = store.begin_recovery(run.id, second)
+    taken = store.recovery.begin(run.id, second)
     assert (taken.attempt, taken.lease_epoch, taken.previous_lease_epoch) == (2, 2, 1)
     with pytest.raises(LeaseLostError):
-        store.converge_recovery(run.id, first)
-    store.converge_recovery(run.id, second)
-    assert store.get_run(run.id).status == "interrupted"
+        store.recovery.converge(run.id, first)
+    store.recovery.converge(run.id, second)
+    assert store.runs.get(run.id).status == "interrupted"
 
 
 def test_failure_backs_off_then_dead_letters_at_the_cap(store, clock):
     run = admitted(store)
     for attempt in (1, 2):
         lease = recovery_lease(store, ttl=1000)
-        assert store.begin_recovery(run.id, lease).attempt == attempt
-        failed = store.fail_recovery(run.id, lease, "remote down", max_attempts=3, base_delay_s=10)
+        assert store.recovery.begin(run.id, lease).attempt == attempt
+        failed = store.recovery.fail(run.id, lease, "remote down", max_attempts=3, base_delay_s=10)
         delay = (failed.next_retry_at - clock.now).total_seconds()
         assert 10 * 2 ** (attempt - 1) <= delay <= 11 * 2 ** (attempt - 1)
-        store.release_lease(lease)
-        assert store.list_orphaned_runs() == []  # not due yet
+        store.leases.release(lease)
+        assert store.recovery.list_orphans() == []  # not due yet
         lease = recovery_lease(store)
         with pytest.raises(RecoveryNotNeededError):
-            store.begin_recovery(run.id, lease)
-        store.release_lease(lease)
+            store.recovery.begin(run.id, lease)
+        store.leases.release(lease)
         clock.advance(delay)
-        assert [o.id for o in store.list_orphaned_runs()] == [run.id]
+        assert [o.id for o in store.recovery.list_orphans()] == [run.id]
     lease = recovery_lease(store)
-    store.begin_recovery(run.id, lease)
-    dead = store.fail_recovery(run.id, lease, "still down", max_attempts=3)
+    store.recovery.begin(run.id, lease)
+    dead = store.recovery.fail(run.id, lease, "still down", max_attempts=3)
     assert dead.state == "dead_lettered" and dead.last_error == "still down"
-    store.release_lease(lease)
+    store.leases.release(lease)
     clock.advance(timedelta(days=1).total_seconds())
-    assert store.list_orphaned_runs() == []
-    assert store.get_run(run.id).status == "running"  # never revived nor ended silently
+    assert store.recovery.list_orphans() == []
+    assert store.runs.get(run.id).status == "running"  # never revived nor ended silently
 
 
 def test_detach_leaves_the_run_to_its_remote_owner(store):
     run = admitted(store)
     lease = recovery_lease(store)
-    store.begin_recovery(run.id, lease)
-    assert store.detach_recovery(run.id, lease).state == "detached"
-    store.release_lease(lease)
-    assert store.list_orphaned_runs() == [] and store.get_run(run.id).status == "running"
+    store.recovery.begin(run.id, lease)
+    assert store.recovery.detach(run.id, lease).state == "detached"
+    store.leases.release(lease)
+    assert store.recovery.list_orphans() == [] and store.runs.get(run.id).status == "running"
     with pytest.raises(InvalidTransitionError):
-        store.converge_recovery(run.id, recovery_lease(store, owner="other"))
+        store.recovery.converge(run.id, recovery_lease(store, owner="other"))
 
 
 def test_only_a_recovery_purpose_lease_on_the_runs_session_recovers(store):
     run = admitted(store)
-    wrong_purpose = store.acquire_lease("session:s", "x", 5, purpose="execution")
+    wrong_purpose = store.leases.acquire("session:s", "x", 5, purpose="execution")
     with pytest.raises(LeasePurposeError):
-        store.begin_recovery(run.id, wrong_purpose)
-    store.release_lease(wrong_purpose)
-    store.create_session("t")
+        store.recovery.begin(run.id, wrong_purpose)
+    store.leases.release(wrong_purpose)
+    store.sessions.create("t")
     other = recovery_lease(store, "t")
     with pytest.raises(turnkeeper.InvalidInputError):
-        store.begin_recovery(run.id, other)
-    assert store.get_recovery(run.id) is None
+        store.recovery.begin(run.id, other)
+    assert store.recovery.get(run.id) is None
 
 
 def test_convergence_records_pending_decisions_before_the_terminal_event(store):
     run = admitted(store)
     lease = recovery_lease(store)
-    store.begin_recovery(run.id, lease)
+    store.recovery.begin(run.id, lease)
     decisions = [
         {"id": "approval-1", "resolution": "expired"},
         {"id": "approval-2", "resolution": "denied", "by": "recovery"},
     ]
-    store.converge_recovery(run.id, lease, decisions=decisions)
-    events = store.run_events("s")
+    store.recovery.converge(run.id, lease, decisions=decisions)
+    events = store.runs.events("s")
     assert [(e.edge, e.source, e.dest) for e in events] == [
         ("admit", "absent", "admitted"),
         ("start", "admitted", "running"),
@@ -236,25 +236,25 @@ def test_convergence_records_pending_decisions_before_the_terminal_event(store):
 def test_bad_decisions_are_refused_and_nothing_converges(store, decisions, field):
     run = admitted(store)
     lease = recovery_lease(store)
-    store.begin_recovery(run.id, lease)
+    store.recovery.begin(run.id, lease)
     with pytest.raises(turnkeeper.InvalidInputError) as err:
-        store.converge_recovery(run.id, lease, decisions=decisions)
+        store.recovery.converge(run.id, lease, decisions=decisions)
     assert err.value.field == field
-    assert store.get_run(run.id).status == "running"
-    assert store.get_recovery(run.id).state == "recovering"
+    assert store.runs.get(run.id).status == "running"
+    assert store.recovery.get(run.id).state == "recovering"
 
 
 def _race_finish_against_recovery(store, sid: str) -> dict[str, str]:
-    store.create_session(sid)
-    run = store.admit_run(sid, {"sid": sid})
-    store.start_run(run.id)
+    store.sessions.create(sid)
+    run = store.runs.admit(sid, {"sid": sid})
+    store.runs.start(run.id)
     barrier = threading.Barrier(2)
     outcome: dict[str, str] = {}
 
     def finish() -> None:
         barrier.wait()
         try:
-            store.finish_run(run.id, "succeeded")
+            store.runs.finish(run.id, "succeeded")
             outcome["finish"] = "ok"
         except (BusyError, InvalidTransitionError) as exc:
             outcome["finish"] = type(exc).__name__
@@ -263,7 +263,7 @@ def _race_finish_against_recovery(store, sid: str) -> dict[str, str]:
         barrier.wait()
         lease = recovery_lease(store, sid)
         try:
-            store.begin_recovery(run.id, lease)
+            store.recovery.begin(run.id, lease)
             outcome["begin"] = "ok"
         except RecoveryNotNeededError:
             outcome["begin"] = "not needed"
@@ -348,17 +348,17 @@ def test_convergence_writes_the_delivery_plan_with_the_run_end(store, clock):
     plan = DeliveryPlan("chat", "room", steps=(DeliveryStep("notice", "message"),))
     run = admitted(store)
     lease = recovery_lease(store)
-    store.begin_recovery(run.id, lease)
+    store.recovery.begin(run.id, lease)
     clock.advance(3600)
     with pytest.raises(turnkeeper.LeaseLostError):
-        store.converge_recovery(run.id, lease, delivery_plan=plan)
-    assert store.get_delivery_plan(f"{run.id}:delivery") is None
-    assert store.get_run(run.id).status == "running"
+        store.recovery.converge(run.id, lease, delivery_plan=plan)
+    assert store.outbox.get_plan(f"{run.id}:delivery") is None
+    assert store.runs.get(run.id).status == "running"
     lease = recovery_lease(store)
-    store.begin_recovery(run.id, lease)
-    store.converge_recovery(run.id, lease, delivery_plan=plan)
-    _, operations = store.get_delivery_plan(f"{run.id}:delivery")
-    assert store.get_run(run.id).status == "interrupted"
+    store.recovery.begin(run.id, lease)
+    store.recovery.converge(run.id, lease, delivery_plan=plan)
+    _, operations = store.outbox.get_plan(f"{run.id}:delivery")
+    assert store.runs.get(run.id).status == "interrupted"
     assert [o.key for o in operations] == ["notice"]
 
 
@@ -368,13 +368,13 @@ def test_a_run_that_succeeded_carries_no_error_on_any_path(store):
     under failure reasons)."""
     run = admitted(store)
     with pytest.raises(turnkeeper.InvalidInputError) as err:
-        store.finish_run(run.id, "succeeded", error="abandoned by cleanup")
+        store.runs.finish(run.id, "succeeded", error="abandoned by cleanup")
     assert err.value.field == "error"
     lease = recovery_lease(store)
-    store.begin_recovery(run.id, lease)
+    store.recovery.begin(run.id, lease)
     with pytest.raises(turnkeeper.InvalidInputError):
-        store.converge_recovery(run.id, lease, status="succeeded", error="x")
-    assert (store.get_run(run.id).status, store.get_run(run.id).error) == ("running", None)
+        store.recovery.converge(run.id, lease, status="succeeded", error="x")
+    assert (store.runs.get(run.id).status, store.runs.get(run.id).error) == ("running", None)
 
 
 @pytest.mark.postgres
@@ -388,14 +388,14 @@ def test_an_orphan_another_worker_holds_is_left_out_of_the_list_not_waited_for()
     where = new_pg_schema()
     with turnkeeper.open_store(where) as store:
         for sid in ("a", "b"):
-            store.create_session(sid)
-        held = store.admit_run("a", {"q": 1})  # admitted without a lease: an orphan at once
-        free = store.admit_run("b", {"q": 1})
-        assert {r.id for r in store.list_orphaned_runs()} == {held.id, free.id}
+            store.sessions.create(sid)
+        held = store.runs.admit("a", {"q": 1})  # admitted without a lease: an orphan at once
+        free = store.runs.admit("b", {"q": 1})
+        assert {r.id for r in store.recovery.list_orphans()} == {held.id, free.id}
         with psycopg.connect(where) as other:
             other.execute("SELECT 1 FROM runs WHERE id = %s FOR UPDATE", [held.id])
-            assert [r.id for r in store.list_orphaned_runs()] == [free.id]
-        assert {r.id for r in store.list_orphaned_runs()} == {held.id, free.id}
+            assert [r.id for r in store.recovery.list_orphans()] == [free.id]
+        assert {r.id for r in store.recovery.list_orphans()} == {held.id, free.id}
 
 
 # -- a completed tool's own result, unchanged and in call order (issue 17 item 3) -----------
@@ -406,13 +406,15 @@ BLOCKS = [{"type": "text", "text": "a.txt"}]
 def _two_calls_first_completed(store, clock, result):
     """A worker's run makes calls c1 and c2, claims both, completes c1 with
     ``result`` and dies (its lease expires) before it writes any toolResult."""
-    store.create_session("s")
-    worker = store.acquire_lease("session:s", "worker", 5, purpose="execution")
-    run = store.admit_run("s", {"q": 1}, user_message=USER, lease=worker, start=True)
+    store.sessions.create("s")
+    worker = store.leases.acquire("session:s", "worker", 5, purpose="execution")
+    run = store.runs.admit("s", {"q": 1}, user_message=USER, lease=worker, start=True)
     calls = [{"type": "toolCall", "id": c, "name": "ls", "arguments": {}} for c in ("c1", "c2")]
-    store.append("s", "message", {"message": {"role": "assistant", "content": calls}}, lease=worker)
+    store.sessions.append(
+        "s", "message", {"message": {"role": "assistant", "content": calls}}, lease=worker
+    )
     for call_id in ("c2", "c1"):  # claimed out of call order: the transcript's order decides
-        store.claim_tool_execution(
+        store.tools.claim(
             f"{run.id}:{call_id}",
             "s",
             local_turn_id=run.turn_id,
@@ -422,18 +424,18 @@ def _two_calls_first_completed(store, clock, result):
             run_id=run.id,
             lease=worker,
         )
-    store.complete_tool_execution(f"{run.id}:c1", result, lease=worker)
+    store.tools.complete(f"{run.id}:c1", result, lease=worker)
     clock.advance(6)  # the worker is gone
     return run
 
 
 def _recover(store, run) -> list[dict]:
-    (orphan,) = store.list_orphaned_runs()
+    (orphan,) = store.recovery.list_orphans()
     assert orphan.id == run.id
     rescue = recovery_lease(store)
-    store.begin_recovery(run.id, rescue)
-    store.converge_recovery(run.id, rescue, error="worker lost")
-    return [m for m in store.replay("s").messages if m["role"] == "toolResult"]
+    store.recovery.begin(run.id, rescue)
+    store.recovery.converge(run.id, rescue, error="worker lost")
+    return [m for m in store.sessions.replay("s").messages if m["role"] == "toolResult"]
 
 
 def test_recovery_replays_a_completed_tools_own_content_blocks_in_call_order(store, clock):
@@ -443,7 +445,7 @@ def test_recovery_replays_a_completed_tools_own_content_blocks_in_call_order(sto
     assert first["content"] == BLOCKS  # what complete_tool_execution stored, unchanged
     assert first["isError"] is False and first["details"]["fromRecord"] is True
     assert second["isError"] is True and second["details"]["executionState"] == "interrupted"
-    assert store.get_tool_execution(f"{run.id}:c2").state == "interrupted"
+    assert store.tools.get(f"{run.id}:c2").state == "interrupted"
     assert all(c.passed for c in run_audit(store))
 
 
@@ -468,7 +470,7 @@ def test_a_recorded_result_keeps_every_value_it_was_given(store, clock, result, 
     run = _two_calls_first_completed(store, clock, result)
     first, _ = _recover(store, run)
     assert first["content"] == content
-    stored = store.get_tool_execution(f"{run.id}:c1").result
+    stored = store.tools.get(f"{run.id}:c1").result
     assert stored == result
     if isinstance(result, str) or result == content:
         assert "result" not in first["details"]

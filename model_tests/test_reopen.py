@@ -41,11 +41,11 @@ def _reopen(store: turnkeeper.BaseStore) -> None:
 def test_a_reopen_serves_every_store_object_and_keeps_the_file_locked(tmp_path: Path) -> None:
     path = str(tmp_path / "r.duckdb")
     a, b = turnkeeper.open_store(path), turnkeeper.open_store(path)
-    a.create_session("s")
-    ids = [a.append("s", EntryKind.MESSAGE, MSG).id]
+    a.sessions.create("s")
+    ids = [a.sessions.append("s", EntryKind.MESSAGE, MSG).id]
 
     def on_a_thread() -> None:  # a thread with a cursor of its own from before the reopen
-        ids.append(b.append("s", EntryKind.MESSAGE, MSG).id)
+        ids.append(b.sessions.append("s", EntryKind.MESSAGE, MSG).id)
 
     worker = threading.Thread(target=on_a_thread)
     worker.start()
@@ -59,23 +59,23 @@ def test_a_reopen_serves_every_store_object_and_keeps_the_file_locked(tmp_path: 
     worker = threading.Thread(target=on_a_thread)  # its old cursor was closed with the connection
     worker.start()
     worker.join()
-    ids.append(a.append("s", EntryKind.MESSAGE, MSG).id)
-    assert [e.id for e in b.entries("s")] == ids
+    ids.append(a.sessions.append("s", EntryKind.MESSAGE, MSG).id)
+    assert [e.id for e in b.sessions.entries("s")] == ids
     # the new connection holds the file's lock: another process is still refused
     done = subprocess.run([sys.executable, "-c", OPEN, path], capture_output=True, timeout=120)
     assert done.returncode == 3, done.stderr
     a.close()
     b.close()
     with turnkeeper.open_store(path) as again:
-        assert [e.id for e in again.entries("s")] == ids
+        assert [e.id for e in again.sessions.entries("s")] == ids
 
 
 def test_a_read_whose_cursor_a_reopen_closed_runs_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = turnkeeper.open_store(str(tmp_path / "r.duckdb"))
-    store.create_session("s")
-    ids = [store.append("s", EntryKind.MESSAGE, MSG).id for _ in range(3)]
+    store.sessions.create("s")
+    ids = [store.sessions.append("s", EntryKind.MESSAGE, MSG).id for _ in range(3)]
     original = duck_db.Tx.rows
     cut: list[str] = []
 
@@ -88,7 +88,7 @@ def test_a_read_whose_cursor_a_reopen_closed_runs_again(
         return result.fetchall()
 
     monkeypatch.setattr(duck_db.Tx, "rows", rows)
-    assert [e.id for e in store.entries("s")] == ids
+    assert [e.id for e in store.sessions.entries("s")] == ids
     assert cut and store.db._file.generation == 1  # type: ignore[attr-defined]
     store.close()
 
@@ -98,8 +98,8 @@ def test_a_file_that_cannot_be_reopened_says_so_until_it_can(
 ) -> None:
     path = str(tmp_path / "r.duckdb")
     store, other = turnkeeper.open_store(path), turnkeeper.open_store(path)
-    store.create_session("s")
-    ids = [store.append("s", EntryKind.MESSAGE, MSG).id]
+    store.sessions.create("s")
+    ids = [store.sessions.append("s", EntryKind.MESSAGE, MSG).id]
     connect = files._connect
 
     def taken(*args: Any, **kwargs: Any) -> Any:  # another process took the file meanwhile
@@ -111,17 +111,17 @@ def test_a_file_that_cannot_be_reopened_says_so_until_it_can(
     assert err.value.path == path and "StoreLockedError" in str(err.value)
     assert isinstance(err.value.__cause__, errors.StoreLockedError)
     for call in (
-        lambda: store.entries("s"),
-        lambda: other.append("s", EntryKind.MESSAGE, MSG),
+        lambda: store.sessions.entries("s"),
+        lambda: other.sessions.append("s", EntryKind.MESSAGE, MSG),
         lambda: store.query("SELECT 1"),
-        lambda: other.renew_lease(store.acquire_lease("t", "w", 30), 30),
+        lambda: other.leases.renew(store.leases.acquire("t", "w", 30), 30),
     ):
         with pytest.raises(errors.StoreInvalidatedError) as err:  # each tries, and says why
             call()
         assert "reopening it failed" in str(err.value)
     monkeypatch.setattr(files, "_connect", connect)  # the file is free again
-    ids.append(other.append("s", EntryKind.MESSAGE, MSG).id)  # this call reopens it
-    assert [e.id for e in store.entries("s")] == ids
+    ids.append(other.sessions.append("s", EntryKind.MESSAGE, MSG).id)  # this call reopens it
+    assert [e.id for e in store.sessions.entries("s")] == ids
     monkeypatch.setattr(files, "_connect", taken)
     with pytest.raises(errors.StoreInvalidatedError):
         _reopen(store)
@@ -131,12 +131,12 @@ def test_a_file_that_cannot_be_reopened_says_so_until_it_can(
     assert closing.value.path == path and "reopen" in str(closing.value)
     monkeypatch.setattr(files, "_connect", connect)
     with turnkeeper.open_store(path) as again:
-        assert [e.id for e in again.entries("s")] == ids
+        assert [e.id for e in again.sessions.entries("s")] == ids
 
 
 def test_a_callback_given_rows_never_runs_twice_after_a_reopen(tmp_path: Path) -> None:
     store = turnkeeper.open_store(str(tmp_path / "r.duckdb"))
-    store.create_session("s")
+    store.sessions.create("s")
     calls: list[str] = []
 
     def consume(schema: Any, batches: Any) -> int:
@@ -156,7 +156,7 @@ def test_a_callback_given_rows_never_runs_twice_after_a_reopen(tmp_path: Path) -
         store.snapshot(body)
     assert calls == ["consume", "body"]  # each once: what they did is theirs
     assert store.db._file.generation == 2  # type: ignore[attr-defined]
-    assert store.get_session("s") is not None
+    assert store.sessions.get("s") is not None
     store.close()
 
 
@@ -218,8 +218,8 @@ def test_a_reopen_cut_short_by_ctrl_c_leaves_no_lock_and_the_next_call_finishes_
 ) -> None:
     path = str(tmp_path / "r.duckdb")
     store = turnkeeper.open_store(path)
-    store.create_session("s")
-    ids = [store.append("s", EntryKind.MESSAGE, MSG).id]
+    store.sessions.create("s")
+    ids = [store.sessions.append("s", EntryKind.MESSAGE, MSG).id]
     shared = store.db._file  # type: ignore[attr-defined]
     connect = files._connect
 
@@ -236,12 +236,12 @@ def test_a_reopen_cut_short_by_ctrl_c_leaves_no_lock_and_the_next_call_finishes_
     got: list[Any] = []
 
     def on_a_thread() -> None:  # another thread: a lock left taken would block it
-        got.append(store.append("s", EntryKind.MESSAGE, MSG).id)
+        got.append(store.sessions.append("s", EntryKind.MESSAGE, MSG).id)
 
     worker = threading.Thread(target=on_a_thread, daemon=True)
     worker.start()
     worker.join(120)  # a hang's guard only
     assert not worker.is_alive() and got, "the next call never reopened the file"
     assert shared.generation == 1 and shared.closed_by is None
-    assert [e.id for e in store.entries("s")] == [*ids, *got]
+    assert [e.id for e in store.sessions.entries("s")] == [*ids, *got]
     store.close()

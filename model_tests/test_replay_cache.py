@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import turnkeeper
 from turnkeeper import EntryKind, Replay
-from turnkeeper.storage.ops import replays, sessions
+from turnkeeper.storage.ops import replays, session_rows
 from turnkeeper.storage.replay import build_replay
 
 M = EntryKind.MESSAGE
@@ -35,7 +35,7 @@ def uncached(store: turnkeeper.BaseStore, session_id: str) -> Replay:
     """The replay built from the session's rows, without the cache (the oracle)."""
     return store.db.read(
         "replay_oracle",
-        lambda tx: build_replay(sessions.branch_path(tx, session_id)),
+        lambda tx: build_replay(session_rows.branch_path(tx, session_id)),
         snapshot=True,
     )
 
@@ -66,43 +66,45 @@ def apply(
     name, arg = step
     pick = ids[int(arg) % len(ids)] if ids and isinstance(arg, int) and arg >= 0 else None
     if name == "append":
-        ids.append(store.append(sid, M, user(f"u{arg}")).id)
+        ids.append(store.sessions.append(sid, M, user(f"u{arg}")).id)
     elif name == "many":
-        got = store.append_many(sid, [(M, user(f"b{i}")) for i in range(int(arg))])
+        got = store.sessions.append_many(sid, [(M, user(f"b{i}")) for i in range(int(arg))])
         ids.extend(e.id for e in got)
     elif name == "assistant":
         msg = {"role": "assistant", "content": "a", "provider": "p", "model": arg}
-        ids.append(store.append(sid, M, {"message": msg}).id)
+        ids.append(store.sessions.append(sid, M, {"message": msg}).id)
     elif name == "model":
         payload = {"provider": "q", "modelId": arg}
-        ids.append(store.append(sid, EntryKind.MODEL_CHANGE, payload).id)
+        ids.append(store.sessions.append(sid, EntryKind.MODEL_CHANGE, payload).id)
     elif name == "thinking":
-        ids.append(store.append(sid, EntryKind.THINKING_LEVEL_CHANGE, {"thinkingLevel": arg}).id)
+        ids.append(
+            store.sessions.append(sid, EntryKind.THINKING_LEVEL_CHANGE, {"thinkingLevel": arg}).id
+        )
     elif name == "custom":
         payload = {"customType": "note", "content": f"c{arg}", "display": True}
-        ids.append(store.append(sid, EntryKind.CUSTOM_MESSAGE, payload).id)
+        ids.append(store.sessions.append(sid, EntryKind.CUSTOM_MESSAGE, payload).id)
     elif name == "summary":
         payload = {"summary": f"s{arg}", "fromId": pick or "x"}
-        ids.append(store.append(sid, EntryKind.BRANCH_SUMMARY, payload).id)
+        ids.append(store.sessions.append(sid, EntryKind.BRANCH_SUMMARY, payload).id)
     elif name == "compaction" and pick is not None:
         payload = {"summary": "sum", "firstKeptEntryId": pick, "tokensBefore": 10}
-        ids.append(store.append(sid, EntryKind.COMPACTION, payload).id)
+        ids.append(store.sessions.append(sid, EntryKind.COMPACTION, payload).id)
     elif name == "label" and pick is not None:
-        ids.append(store.append(sid, EntryKind.LABEL, {"targetId": pick, "label": "l"}).id)
+        ids.append(store.sessions.append(sid, EntryKind.LABEL, {"targetId": pick, "label": "l"}).id)
     elif name == "branch":
-        store.branch(sid, pick)
+        store.sessions.branch(sid, pick)
     elif name == "replay":
-        store.replay(sid)
+        store.sessions.replay(sid)
 
 
 def check_agreement(store: turnkeeper.BaseStore, steps: list[tuple[str, int | str]]) -> None:
     sid = uuid.uuid4().hex
-    store.create_session(sid)
+    store.sessions.create(sid)
     ids: list[str] = []
-    assert store.replay(sid) == uncached(store, sid)
+    assert store.sessions.replay(sid) == uncached(store, sid)
     for step in steps:
         apply(store, sid, step, ids)
-        assert store.replay(sid) == uncached(store, sid), step
+        assert store.sessions.replay(sid) == uncached(store, sid), step
 
 
 @pytest.mark.parametrize("backend", ["duckdb", "postgres"])
@@ -139,13 +141,13 @@ def test_control_a_cache_that_never_checks_the_row_fails(
 
 
 def test_a_replay_is_fresh_objects_the_caller_may_change(store: turnkeeper.BaseStore) -> None:
-    store.create_session("s")
-    store.append("s", M, user("one"))
-    store.append("s", EntryKind.MODEL_CHANGE, {"provider": "p", "modelId": "m"})
-    first = store.replay("s")
+    store.sessions.create("s")
+    store.sessions.append("s", M, user("one"))
+    store.sessions.append("s", EntryKind.MODEL_CHANGE, {"provider": "p", "modelId": "m"})
+    first = store.sessions.replay("s")
     first.messages[0]["content"] = "changed"  # type: ignore[index]
     first.model["modelId"] = "changed"  # type: ignore[index]
-    again = store.replay("s")
+    again = store.sessions.replay("s")
     assert again.messages[0]["content"] == "one"
     assert again.model == {"provider": "p", "modelId": "m"}
     assert again == uncached(store, "s")
@@ -159,15 +161,15 @@ def test_a_writer_in_another_store_object_is_seen() -> None:
 
     url = new_pg_schema()
     with turnkeeper.open_store(url) as a, turnkeeper.open_store(url) as b:
-        a.create_session("s")
-        first = a.append("s", M, user("a1"))
-        assert [m["content"] for m in a.replay("s").messages] == ["a1"]
-        b.append("s", M, user("b1"))
-        assert [m["content"] for m in a.replay("s").messages] == ["a1", "b1"]
-        b.branch("s", first.id)
-        assert [m["content"] for m in a.replay("s").messages] == ["a1"]
-        b.append("s", M, user("b2"))
-        assert a.replay("s") == uncached(a, "s") == b.replay("s")
+        a.sessions.create("s")
+        first = a.sessions.append("s", M, user("a1"))
+        assert [m["content"] for m in a.sessions.replay("s").messages] == ["a1"]
+        b.sessions.append("s", M, user("b1"))
+        assert [m["content"] for m in a.sessions.replay("s").messages] == ["a1", "b1"]
+        b.sessions.branch("s", first.id)
+        assert [m["content"] for m in a.sessions.replay("s").messages] == ["a1"]
+        b.sessions.append("s", M, user("b2"))
+        assert a.sessions.replay("s") == uncached(a, "s") == b.sessions.replay("s")
 
 
 def test_a_grown_session_reads_only_its_new_entries(tmp_path: Path) -> None:
@@ -175,10 +177,10 @@ def test_a_grown_session_reads_only_its_new_entries(tmp_path: Path) -> None:
     new rows: one statement for the session row, one for the rows at or above
     the cached ``next_seq`` (counted), and the same replay as the rows give."""
     with turnkeeper.open_store(str(tmp_path / "s.duckdb")) as store:
-        store.create_session("s")
-        store.append_many("s", [(M, user(str(i))) for i in range(50)])
-        store.replay("s")
-        store.append("s", M, user("new"))
+        store.sessions.create("s")
+        store.sessions.append_many("s", [(M, user(str(i))) for i in range(50)])
+        store.sessions.replay("s")
+        store.sessions.append("s", M, user("new"))
         seen: list[list[Any]] = []
         real = store.db.read
 
@@ -197,7 +199,7 @@ def test_a_grown_session_reads_only_its_new_entries(tmp_path: Path) -> None:
             return real(operation, spy, **kw)
 
         store.db.read = read  # type: ignore[method-assign]
-        got = store.replay("s")
+        got = store.sessions.replay("s")
         store.db.read = real  # type: ignore[method-assign]
         assert [len(r) for r in seen] == [1, 1]  # the session row, the one new entry
         assert got == uncached(store, "s")
@@ -211,20 +213,27 @@ def test_the_cache_stays_within_its_bound(tmp_path: Path) -> None:
     bound = 40_000
     with turnkeeper.open_store(str(tmp_path / "s.duckdb"), replay_cache_bytes=bound) as store:
         for n in range(6):
-            store.create_session(f"s{n}")
-            store.append_many(f"s{n}", [(M, user("x" * 100))] * 50)  # ~10 kB of messages each
+            store.sessions.create(f"s{n}")
+            store.sessions.append_many(
+                f"s{n}", [(M, user("x" * 100))] * 50
+            )  # ~10 kB of messages each
         for n in range(6):
-            assert store.replay(f"s{n}") == uncached(store, f"s{n}")
-            assert store._branches.nbytes <= bound
-        assert 0 < len(store._branches) < 6
-        assert store._branches.get("s5") is not None and store._branches.get("s0") is None
-        store.create_session("big")
-        store.append_many("big", [(M, user("x" * 1000))] * 50)
-        assert store.replay("big") == uncached(store, "big")
-        assert store._branches.get("big") is None and store._branches.nbytes <= bound
+            assert store.sessions.replay(f"s{n}") == uncached(store, f"s{n}")
+            assert store.sessions._branches.nbytes <= bound
+        assert 0 < len(store.sessions._branches) < 6
+        assert (
+            store.sessions._branches.get("s5") is not None
+            and store.sessions._branches.get("s0") is None
+        )
+        store.sessions.create("big")
+        store.sessions.append_many("big", [(M, user("x" * 1000))] * 50)
+        assert store.sessions.replay("big") == uncached(store, "big")
+        assert (
+            store.sessions._branches.get("big") is None and store.sessions._branches.nbytes <= bound
+        )
     with turnkeeper.open_store(str(tmp_path / "s.duckdb"), replay_cache_bytes=0) as store:
-        assert store.replay("s1") == uncached(store, "s1")
-        assert len(store._branches) == 0
+        assert store.sessions.replay("s1") == uncached(store, "s1")
+        assert len(store.sessions._branches) == 0
     with pytest.raises(turnkeeper.InvalidInputError) as err:
         turnkeeper.open_store(str(tmp_path / "s.duckdb"), replay_cache_bytes=-1)
     assert err.value.field == "replay_cache_bytes"
@@ -237,9 +246,9 @@ def test_replay_of_100k_entries_stays_within_its_memory_bound(tmp_path: Path) ->
     copy counts about its message bytes."""
     n, text = 100_000, "x" * 200
     with turnkeeper.open_store(str(tmp_path / "s.duckdb")) as store:
-        store.create_session("big")
+        store.sessions.create("big")
         for _ in range(0, n, 5_000):
-            store.append_many("big", [(M, user(text))] * 5_000)
+            store.sessions.append_many("big", [(M, user(text))] * 5_000)
         stored = int(
             store.query(
                 "SELECT sum(strlen(payload::VARCHAR)) FROM entries WHERE session_id = 'big'"
@@ -249,14 +258,14 @@ def test_replay_of_100k_entries_stays_within_its_memory_bound(tmp_path: Path) ->
         )
         tracemalloc.start()
         try:
-            got = store.replay("big")
+            got = store.sessions.replay("big")
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
         assert len(got.messages) == n
         print(f"stored {stored / 1e6:.1f} MB, peak {peak / 1e6:.1f} MB ({peak / stored:.2f}x)")
         assert peak < 6 * stored
-        assert store._branches.nbytes < 1.5 * stored
+        assert store.sessions._branches.nbytes < 1.5 * stored
 
 
 def test_an_imported_missing_parent_is_replayed_above_the_cached_branch(
@@ -274,16 +283,16 @@ def test_an_imported_missing_parent_is_replayed_above_the_cached_branch(
     header = {"type": "session", "version": 3, "id": "s"}
 
     def imported(entries: list[ImportEntry], leaf: str) -> None:
-        store.import_batch(ImportBatch("s", "/", t, header, entries, leaf))
+        store.sessions.import_batch(ImportBatch("s", "/", t, header, entries, leaf))
 
     imported([ImportEntry("B", "X", "message", t, user("b"))], "B")  # X is not there yet
-    assert [m["content"] for m in store.replay("s").messages] == ["b"]
+    assert [m["content"] for m in store.sessions.replay("s").messages] == ["b"]
     imported([ImportEntry("X", None, "message", t, user("x"))], "B")  # X arrives; leaf stays B
-    assert [m["content"] for m in store.replay("s").messages] == ["x", "b"]
-    assert store.replay("s") == uncached(store, "s")
-    store.append("s", M, user("c"))  # now rooted: carried on along the new row
-    assert [m["content"] for m in store.replay("s").messages] == ["x", "b", "c"]
-    assert store.replay("s") == uncached(store, "s")
+    assert [m["content"] for m in store.sessions.replay("s").messages] == ["x", "b"]
+    assert store.sessions.replay("s") == uncached(store, "s")
+    store.sessions.append("s", M, user("c"))  # now rooted: carried on along the new row
+    assert [m["content"] for m in store.sessions.replay("s").messages] == ["x", "b", "c"]
+    assert store.sessions.replay("s") == uncached(store, "s")
 
 
 def test_empty_branches_count_against_the_bound(tmp_path: Path) -> None:
@@ -293,11 +302,11 @@ def test_empty_branches_count_against_the_bound(tmp_path: Path) -> None:
     bound = 20_000
     with turnkeeper.open_store(str(tmp_path / "s.duckdb"), replay_cache_bytes=bound) as store:
         for n in range(200):
-            store.create_session(f"e{n}")
-            store.replay(f"e{n}")
-            assert store._branches.nbytes <= bound
-        assert 0 < len(store._branches) < 200
+            store.sessions.create(f"e{n}")
+            store.sessions.replay(f"e{n}")
+            assert store.sessions._branches.nbytes <= bound
+        assert 0 < len(store.sessions._branches) < 200
     with turnkeeper.open_store(str(tmp_path / "s.duckdb"), replay_cache_bytes=1) as store:
         for n in range(50):
-            store.replay(f"e{n}")
-        assert len(store._branches) == 0
+            store.sessions.replay(f"e{n}")
+        assert len(store.sessions._branches) == 0

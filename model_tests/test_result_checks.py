@@ -59,25 +59,25 @@ def matches(
 
 
 def finished_run(store: turnkeeper.BaseStore, sid: str, **finish: Any) -> turnkeeper.Run:
-    store.create_session(sid)
-    run = store.admit_run(sid, {"k": sid}, user_message=USER, start=True)
-    return store.finish_run(run.id, "succeeded", **finish)
+    store.sessions.create(sid)
+    run = store.runs.admit(sid, {"k": sid}, user_message=USER, start=True)
+    return store.runs.finish(run.id, "succeeded", **finish)
 
 
 def delivered_claim(store: turnkeeper.BaseStore, sid: str) -> tuple[str, int]:
     run = finished_run(store, sid, delivery_plan=PLAN)
-    found = store.get_delivery_plan(f"{run.id}:delivery")
+    found = store.outbox.get_plan(f"{run.id}:delivery")
     assert found is not None
     op = found[1][0]
-    return op.id, store.claim_delivery(op.id, "w", 60).lease_epoch
+    return op.id, store.outbox.claim(op.id, "w", 60).lease_epoch
 
 
 def recovery_lease(store: turnkeeper.BaseStore, sid: str) -> tuple[str, turnkeeper.Lease]:
-    store.create_session(sid)
-    worker = store.acquire_lease(f"session:{sid}", "w", 60)
-    run = store.admit_run(sid, {"k": sid}, user_message=USER, lease=worker, start=True)
-    store.release_lease(worker)
-    return run.id, store.acquire_lease(f"session:{sid}", "r", 60, purpose="recovery")
+    store.sessions.create(sid)
+    worker = store.leases.acquire(f"session:{sid}", "w", 60)
+    run = store.runs.admit(sid, {"k": sid}, user_message=USER, lease=worker, start=True)
+    store.leases.release(worker)
+    return run.id, store.leases.acquire(f"session:{sid}", "r", 60, purpose="recovery")
 
 
 Case = tuple[
@@ -92,89 +92,89 @@ CASES: dict[str, Case] = {
     "create_session": (
         r"^INSERT INTO sessions",
         lambda s, k: k,
-        lambda s, k: s.create_session(k),
-        lambda s, k: s.get_session(k) is None,
+        lambda s, k: s.sessions.create(k),
+        lambda s, k: s.sessions.get(k) is None,
         "the session row its INSERT returns",
     ),
     "count_sessions": (
         r"^SELECT count\(\*\) FROM sessions",
         lambda s, k: None,
-        lambda s, _: s.count_sessions(),
+        lambda s, _: s.sessions.count(),
         lambda s, _: True,
         "count(*)'s one row",
     ),
     "finalize": (
         r"FROM thread_records WHERE id = \?",
         lambda s, k: k,
-        lambda s, k: s.finalize(FinalizeRequest(ThreadRecord(k, key=k, state={"n": 1}))),
-        lambda s, k: s.resolve(id=k) is None,
+        lambda s, k: s.threads.finalize(FinalizeRequest(ThreadRecord(k, key=k, state={"n": 1}))),
+        lambda s, k: s.threads.resolve(id=k) is None,
         "the thread record finalize wrote",
     ),
     "admit_run retried": (
         r"FROM runs WHERE id = \?",
         lambda s, k: (
-            s.create_session(k),
-            s.admit_run(k, {"k": k}, user_message=USER, submission_key="key"),
+            s.sessions.create(k),
+            s.runs.admit(k, {"k": k}, user_message=USER, submission_key="key"),
         )[1],
-        lambda s, run: s.admit_run(
+        lambda s, run: s.runs.admit(
             run.session_id, {"k": run.session_id}, user_message=USER, submission_key="key"
         ),
-        lambda s, run: len(s.session_runs(run.session_id)) == 1,
+        lambda s, run: len(s.runs.list(run.session_id)) == 1,
         "the run its submission names",
     ),
     "begin_recovery": (
         r"^INSERT INTO run_recoveries",
         recovery_lease,
-        lambda s, state: s.begin_recovery(*state),
-        lambda s, state: s.get_recovery(state[0]) is None,
+        lambda s, state: s.recovery.begin(*state),
+        lambda s, state: s.recovery.get(state[0]) is None,
         "the recovery row its upsert returns",
     ),
     "fork_session (its source)": (
         r"^SELECT cwd, header FROM sessions WHERE id = \?",
         lambda s, k: finished_run(s, k).session_id,
-        lambda s, k: s.fork_session(k, request_id=f"f-{k}", fork_session_id=f"{k}-fork"),
-        lambda s, k: s.get_session(f"{k}-fork") is None,
+        lambda s, k: s.forks.fork(k, request_id=f"f-{k}", fork_session_id=f"{k}-fork"),
+        lambda s, k: s.sessions.get(f"{k}-fork") is None,
         "the source session's row, read before in this transaction",
     ),
     "fork_session (its row)": (
         r"^INSERT INTO session_forks",
         lambda s, k: finished_run(s, k).session_id,
-        lambda s, k: s.fork_session(k, request_id=f"f-{k}", fork_session_id=f"{k}-fork"),
-        lambda s, k: s.get_session(f"{k}-fork") is None,
+        lambda s, k: s.forks.fork(k, request_id=f"f-{k}", fork_session_id=f"{k}-fork"),
+        lambda s, k: s.sessions.get(f"{k}-fork") is None,
         "the fork row its INSERT returns",
     ),
     "create_delivery_plan again": (
         r"^SELECT id, .* FROM delivery_intents WHERE id = \?",
         lambda s, k: finished_run(s, k, delivery_plan=PLAN),
-        lambda s, run: s.create_delivery_plan(run.id, PLAN),
-        lambda s, run: s.get_delivery_plan(f"{run.id}:delivery") is not None,
+        lambda s, run: s.outbox.create_plan(run.id, PLAN),
+        lambda s, run: s.outbox.get_plan(f"{run.id}:delivery") is not None,
         "the delivery intent whose digest it read",
     ),
     "finish_run with a plan": (
         r"^INSERT INTO delivery_operations",
-        lambda s, k: (s.create_session(k), s.admit_run(k, {}, user_message=USER, start=True))[1],
-        lambda s, run: s.finish_run(run.id, "succeeded", delivery_plan=PLAN),
-        lambda s, run: s.get_run(run.id).status == "running",
+        lambda s, k: (s.sessions.create(k), s.runs.admit(k, {}, user_message=USER, start=True))[1],
+        lambda s, run: s.runs.finish(run.id, "succeeded", delivery_plan=PLAN),
+        lambda s, run: s.runs.get(run.id).status == "running",
         "the delivery operation row its INSERT returns",
     ),
     "finish_delivery": (
         r"^SELECT id, .* FROM delivery_intents WHERE id = \?",
         delivered_claim,
-        lambda s, claim: s.finish_delivery(claim[0], "w", claim[1], "delivered"),
-        lambda s, claim: s.get_delivery_operation(claim[0]).status == "claimed",
+        lambda s, claim: s.outbox.finish(claim[0], "w", claim[1], "delivered"),
+        lambda s, claim: s.outbox.get_operation(claim[0]).status == "claimed",
         "the delivery intent it updated",
     ),
     "update_delivery_progress": (
         r"^SELECT lease_ttl_s FROM delivery_operations",
         delivered_claim,
-        lambda s, claim: s.update_delivery_progress(claim[0], "w", claim[1], failure_code="x"),
-        lambda s, claim: s.get_delivery_operation(claim[0]).failure_code == "",
+        lambda s, claim: s.outbox.update_progress(claim[0], "w", claim[1], failure_code="x"),
+        lambda s, claim: s.outbox.get_operation(claim[0]).failure_code == "",
         "the claimed operation's lease_ttl_s",
     ),
     "claim_tool_execution": (
         r"^INSERT INTO tool_executions",
-        lambda s, k: (s.create_session(k), s.admit_run(k, {}, user_message=USER, start=True))[1],
-        lambda s, run: s.claim_tool_execution(
+        lambda s, k: (s.sessions.create(k), s.runs.admit(k, {}, user_message=USER, start=True))[1],
+        lambda s, run: s.tools.claim(
             f"{run.id}:c",
             run.session_id,
             local_turn_id=run.turn_id,
@@ -183,7 +183,7 @@ CASES: dict[str, Case] = {
             side_effecting=False,
             run_id=run.id,
         ),
-        lambda s, run: s.session_tool_executions(run.session_id) == [],
+        lambda s, run: s.tools.list(run.session_id) == [],
         "the tool record its INSERT returns",
     ),
 }
@@ -223,11 +223,11 @@ def test_the_servers_clock_missing_is_a_typed_error(monkeypatch):
     url = new_pg_schema()
     with open_pg(url) as store:
         matches(store, monkeypatch, r"^SELECT clock_timestamp\(\)", vanish_at=1)
-        raised = failure(store.create_session, "s")
+        raised = failure(store.sessions.create, "s")
         assert type(raised).__name__ == "UnexpectedResultError", repr(raised)
         assert raised.expected == "clock_timestamp()'s one row"  # type: ignore[union-attr]
         monkeypatch.undo()
-        assert store.get_session("s") is None
+        assert store.sessions.get("s") is None
 
 
 def test_a_duckdb_read_without_a_result_is_a_typed_error(duck_store, monkeypatch):

@@ -86,7 +86,12 @@ def _step(guard: RuntimeLeaseGuard, clock: Any, seconds: float, *, failing: bool
 
 
 class Wrapped:
-    """A store passing lease calls through, with injectable faults and delays."""
+    """A store whose ``leases`` pass lease calls through, with injectable faults
+    and delays."""
+
+    @property
+    def leases(self) -> Wrapped:
+        return self
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -96,28 +101,28 @@ class Wrapped:
         self.on_return: Callable[[], None] = lambda: None  # a slow reply: moves a clock
         self.renews = 0
 
-    def acquire_lease(self, target: str, owner: str, ttl_s: float, **kw: Any) -> Any:
+    def acquire(self, target: str, owner: str, ttl_s: float, **kw: Any) -> Any:
         if target in self.acquire_fault:
             raise self.acquire_fault[target]()
-        lease = self.inner.acquire_lease(target, owner, ttl_s, **kw)
+        lease = self.inner.leases.acquire(target, owner, ttl_s, **kw)
         self.on_return()
         return lease
 
-    def renew_lease(self, lease: Any, ttl_s: float) -> Any:
+    def renew(self, lease: Any, ttl_s: float) -> Any:
         self.renews += 1
         if self.renew_fault is not None:
             raise self.renew_fault()
-        renewed = self.inner.renew_lease(lease, ttl_s)
+        renewed = self.inner.leases.renew(lease, ttl_s)
         self.on_return()
         return renewed
 
-    def release_lease(self, lease: Any) -> bool:
+    def release(self, lease: Any) -> bool:
         if self.release_fault is not None:
             raise self.release_fault()
-        return bool(self.inner.release_lease(lease))
+        return bool(self.inner.leases.release(lease))
 
-    def validate_lease(self, lease: Any) -> None:
-        self.inner.validate_lease(lease)
+    def validate(self, lease: Any) -> None:
+        self.inner.leases.validate(lease)
 
 
 # -- one guard ---------------------------------------------------------------------
@@ -135,10 +140,10 @@ def test_heartbeat_keeps_the_lease_alive_past_its_ttl(store, one_clock):
         assert guard.lease.expires_at > first.expires_at + timedelta(seconds=0.3)
         assert (guard.lease.token, guard.lease.epoch) == (first.token, first.epoch)
         with pytest.raises(BusyError) as busy:
-            store.acquire_lease("session:hb", "w2", 10)
+            store.leases.acquire("session:hb", "w2", 10)
         assert busy.value.holder == "w1"
     assert guard.closed
-    assert store.acquire_lease("session:hb", "w2", 10).epoch == first.epoch + 1
+    assert store.leases.acquire("session:hb", "w2", 10).epoch == first.epoch + 1
 
 
 def test_loss_signal_fires_when_another_owner_takes_over(store, clock):
@@ -146,7 +151,7 @@ def test_loss_signal_fires_when_another_owner_takes_over(store, clock):
     try:
         assert not guard.wait_lost(0.05)
         clock.advance(31)  # the store's clock passes the expiry
-        other = store.acquire_lease("session:x", "w2", 30)
+        other = store.leases.acquire("session:x", "w2", 30)
         assert guard.wait_lost(HANG_GUARD_S)
         assert guard.lost.is_set()
         assert isinstance(guard.lost_error, LeaseLostError)
@@ -156,14 +161,14 @@ def test_loss_signal_fires_when_another_owner_takes_over(store, clock):
         assert err.value.__cause__ is guard.lost_error
     finally:
         assert guard.release() is False  # stale: the takeover is untouched
-    store.validate_lease(other)
+    store.leases.validate(other)
 
 
 def test_check_passes_while_held_and_asks_the_database(store, clock):
     with RuntimeLeaseGuard.acquire(store, "session:c", "w1", 30, interval_s=20) as guard:
         guard.check()
         clock.advance(31)
-        store.acquire_lease("session:c", "w2", 30)
+        store.leases.acquire("session:c", "w2", 30)
         # No heartbeat has run (interval 20 s): the database check finds the loss.
         with pytest.raises(LeaseLostError):
             guard.check()
@@ -260,7 +265,7 @@ def test_loss_fires_at_the_deadline_while_a_renewal_is_stuck(store, one_clock):
     # The late renewal succeeded in the store but did not revive the guard;
     # exit waited for it and released what it renewed.
     assert guard.lost.is_set() and wrapped.renews == 1
-    store.acquire_lease("session:late", "w2", 1)
+    store.leases.acquire("session:late", "w2", 1)
 
 
 def _store_remaining_s(guard: RuntimeLeaseGuard, clock: Any) -> float:
@@ -280,19 +285,19 @@ def test_cancellation_in_the_heartbeat_is_signalled_and_not_swallowed(store, mon
 
 
 def test_adopting_a_lease_guards_it_if_held_and_raises_if_lost(store, clock):
-    stale = store.acquire_lease("session:z", "w1", 5)
+    stale = store.leases.acquire("session:z", "w1", 5)
     clock.advance(6)
     before = _lease_threads()
     with pytest.raises(LeaseLostError):
         RuntimeLeaseGuard(store, stale, 5)
     assert _lease_threads() == before
 
-    lease = store.acquire_lease("session:a", "w1", 5, purpose="recovery")
+    lease = store.leases.acquire("session:a", "w1", 5, purpose="recovery")
     with RuntimeLeaseGuard(store, lease, 5) as guard:
         assert (guard.lease.epoch, guard.lease.purpose) == (lease.epoch, "recovery")
         guard.check()
     with pytest.raises(LeaseLostError):
-        store.validate_lease(lease)  # released on exit
+        store.leases.validate(lease)  # released on exit
 
 
 def test_thread_stops_on_exit_and_release_is_idempotent(store):
@@ -308,7 +313,7 @@ def test_thread_stops_on_exit_and_release_is_idempotent(store):
 def test_exit_with_an_error_releases_and_notes_a_failed_release(store):
     with pytest.raises(RuntimeError), RuntimeLeaseGuard.acquire(store, "session:e", "w1", 30):
         raise RuntimeError("tool failed")
-    store.acquire_lease("session:e", "w2", 30)
+    store.leases.acquire("session:e", "w2", 30)
 
     wrapped = Wrapped(store)
     with pytest.raises(RuntimeError) as err:  # noqa: SIM117
@@ -348,7 +353,7 @@ def test_bad_input_is_refused_before_anything_is_taken(store):
         acquire_many(store, ["session:v"], "w1", 1, wait_s=1)
     with pytest.raises(InvalidInputError):
         RuntimeLeaseGroup.acquire(store, ["session:v"], "w1", 1, interval_s=1)
-    store.acquire_lease("session:v", "w2", 1)  # nothing was taken
+    store.leases.acquire("session:v", "w2", 1)  # nothing was taken
 
 
 # -- several targets ---------------------------------------------------------------
@@ -362,31 +367,31 @@ def test_acquire_many_dedupes_and_sorts(store):
 
 
 def test_acquire_many_releases_partial_acquisitions_on_busy(store):
-    store.acquire_lease("session:b", "other", 10)
+    store.leases.acquire("session:b", "other", 10)
     with pytest.raises(BusyError) as err:
         acquire_many(store, ["session:c", "session:a", "session:b"], "w1", 10)
     assert (err.value.target, err.value.holder) == ("session:b", "other")
     # session:a was taken first and must have been released; c never taken.
-    taken = store.acquire_lease("session:a", "w2", 10)
+    taken = store.leases.acquire("session:a", "w2", 10)
     assert taken.epoch == 2
-    assert store.acquire_lease("session:c", "w2", 10).epoch == 1
+    assert store.leases.acquire("session:c", "w2", 10).epoch == 1
 
 
 def test_acquire_many_releases_partial_acquisitions_on_any_error(store):
-    store.acquire_lease("session:b", "w1", 10, purpose="execution")
+    store.leases.acquire("session:b", "w1", 10, purpose="execution")
     with pytest.raises(LeasePurposeError):
         acquire_many(store, ["session:a", "session:b"], "w1", 10, purpose="mutation")
-    store.acquire_lease("session:a", "w2", 10)
+    store.leases.acquire("session:a", "w2", 10)
 
     wrapped = Wrapped(store)
     wrapped.acquire_fault["session:e"] = KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
         acquire_many(wrapped, ["session:e", "session:d"], "w1", 10)
-    store.acquire_lease("session:d", "w2", 10)
+    store.leases.acquire("session:d", "w2", 10)
 
 
 def test_acquire_many_notes_a_failed_cleanup_on_the_original_error(store):
-    store.acquire_lease("session:b", "other", 10)
+    store.leases.acquire("session:b", "other", 10)
     wrapped = Wrapped(store)
     wrapped.release_fault = lambda: OperationalError(detail="gone")
     with pytest.raises(BusyError) as err:
@@ -395,8 +400,8 @@ def test_acquire_many_notes_a_failed_cleanup_on_the_original_error(store):
 
 
 def test_acquire_many_waits_for_a_busy_target(real_store):
-    held = real_store.acquire_lease("session:b", "other", 60)
-    timer = threading.Timer(0.1, real_store.release_lease, [held])
+    held = real_store.leases.acquire("session:b", "other", 60)
+    timer = threading.Timer(0.1, real_store.leases.release, [held])
     timer.start()
     try:  # (the wait is a hang guard: the release comes when the timer runs)
         leases = acquire_many(
@@ -429,7 +434,7 @@ def test_opposite_orders_never_deadlock_nor_double_hold(real_store):
                     for lease in leases:
                         del holders[lease.target]
                 for lease in reversed(leases):
-                    assert real_store.release_lease(lease)
+                    assert real_store.leases.release(lease)
         except BaseException as exc:
             errors.append(exc)
 
@@ -460,8 +465,8 @@ def test_group_guards_every_target_and_releases_all_on_exit_or_failure(store):
     assert all(g.closed for g in group.guards)
     assert acquire_many(store, ["session:a", "session:b"], "w2", 10)
 
-    store.acquire_lease("session:y", "other", 30)
+    store.leases.acquire("session:y", "other", 30)
     with pytest.raises(BusyError):
         RuntimeLeaseGroup.acquire(store, ["session:x", "session:y"], "w1", 30)
     assert set(threading.enumerate()) == before  # the guard made for x is gone
-    store.acquire_lease("session:x", "w2", 30)
+    store.leases.acquire("session:x", "w2", 30)

@@ -20,10 +20,10 @@ def user(text: str) -> dict:
 
 
 def test_two_writers_same_stale_leaf_exactly_one_wins(real_store):
-    real_store.create_session("s")
-    root = real_store.append("s", EntryKind.MESSAGE, user("root"))
+    real_store.sessions.create("s")
+    root = real_store.sessions.append("s", EntryKind.MESSAGE, user("root"))
     for round_ in range(5):
-        leaf = real_store.get_session("s").leaf_id
+        leaf = real_store.sessions.get("s").leaf_id
         barrier = threading.Barrier(2)
         results: list[object] = []
 
@@ -36,7 +36,9 @@ def test_two_writers_same_stale_leaf_exactly_one_wins(real_store):
             barrier.wait()
             try:
                 results.append(
-                    real_store.append("s", EntryKind.MESSAGE, user(name), expected_leaf=leaf)
+                    real_store.sessions.append(
+                        "s", EntryKind.MESSAGE, user(name), expected_leaf=leaf
+                    )
                 )
             except SessionModifiedError as exc:
                 results.append(exc)
@@ -49,23 +51,23 @@ def test_two_writers_same_stale_leaf_exactly_one_wins(real_store):
         wins = [r for r in results if not isinstance(r, Exception)]
         losses = [r for r in results if isinstance(r, SessionModifiedError)]
         assert len(wins) == 1 and len(losses) == 1
-        children = [e for e in real_store.entries("s") if e.parent_id == leaf]
+        children = [e for e in real_store.sessions.entries("s") if e.parent_id == leaf]
         assert [c.id for c in children] == [wins[0].id]
     assert root.parent_id is None
 
 
 def test_lost_lease_writer_reaching_the_database_first_is_still_refused(store, clock):
-    store.create_session("s")
-    stale = store.acquire_lease("session:s", "slow", 1)
+    store.sessions.create("s")
+    stale = store.leases.acquire("session:s", "slow", 1)
     clock.advance(1)  # expired, and nobody has taken it over yet
     with pytest.raises(LeaseLostError):
-        store.append("s", EntryKind.MESSAGE, user("stale first"), lease=stale)
-    fresh = store.acquire_lease("session:s", "fast", 5)
-    store.append("s", EntryKind.MESSAGE, user("fresh"), lease=fresh)
+        store.sessions.append("s", EntryKind.MESSAGE, user("stale first"), lease=stale)
+    fresh = store.leases.acquire("session:s", "fast", 5)
+    store.sessions.append("s", EntryKind.MESSAGE, user("fresh"), lease=fresh)
     with pytest.raises(LeaseLostError):
-        store.append("s", EntryKind.MESSAGE, user("stale again"), lease=stale)
-    assert [e.payload["message"]["content"] for e in store.entries("s")] == ["fresh"]
-    assert [e.lease_epoch for e in store.entries("s")] == [2]
+        store.sessions.append("s", EntryKind.MESSAGE, user("stale again"), lease=stale)
+    assert [e.payload["message"]["content"] for e in store.sessions.entries("s")] == ["fresh"]
+    assert [e.lease_epoch for e in store.sessions.entries("s")] == [2]
 
 
 def test_25_threads_create_if_absent_then_append_on_a_new_file(tmp_path):
@@ -77,8 +79,8 @@ def test_25_threads_create_if_absent_then_append_on_a_new_file(tmp_path):
         try:
             barrier.wait()
             with contextlib.suppress(turnkeeper.SessionIDExistsError):
-                store.create_session("shared")
-            store.append("shared", EntryKind.MESSAGE, user(f"t{i}"))
+                store.sessions.create("shared")
+            store.sessions.append("shared", EntryKind.MESSAGE, user(f"t{i}"))
         except BaseException as exc:
             errors.append(exc)
 
@@ -89,7 +91,7 @@ def test_25_threads_create_if_absent_then_append_on_a_new_file(tmp_path):
         t.join()
     try:
         assert errors == []
-        entries = store.entries("shared")
+        entries = store.sessions.entries("shared")
         assert len(entries) == 25
         assert sorted(e.payload["message"]["content"] for e in entries) == sorted(
             f"t{i}" for i in range(25)
@@ -103,49 +105,52 @@ def test_25_threads_create_if_absent_then_append_on_a_new_file(tmp_path):
 def test_create_then_append_at_once_keeps_microseconds_and_zones(real_store):
     for i in range(20):
         sid = f"s{i}"
-        real_store.create_session(sid)
+        real_store.sessions.create(sid)
         ts = datetime.now(UTC)
-        e = real_store.append(sid, EntryKind.MESSAGE, user("x"), timestamp=ts)
+        e = real_store.sessions.append(sid, EntryKind.MESSAGE, user("x"), timestamp=ts)
         assert e.timestamp == ts and e.timestamp.microsecond == ts.microsecond
-        auto = real_store.append(sid, EntryKind.MESSAGE, user("y"))
+        auto = real_store.sessions.append(sid, EntryKind.MESSAGE, user("y"))
         assert auto.timestamp.tzinfo is not None
-        assert real_store.entries(sid)[1].timestamp == auto.timestamp
+        assert real_store.sessions.entries(sid)[1].timestamp == auto.timestamp
 
 
 def test_release_by_a_non_holder_changes_nothing(store):
-    mine = store.acquire_lease("t", "a", 10)
+    mine = store.leases.acquire("t", "a", 10)
     before = store.query("SELECT * FROM leases").to_pylist()
     other = turnkeeper.Lease("t", "b", "guess", mine.epoch, mine.purpose, mine.expires_at)
-    assert store.release_lease(other) is False
+    assert store.leases.release(other) is False
     assert store.query("SELECT * FROM leases").to_pylist() == before
 
 
 def test_nul_is_stored_intact_and_lone_surrogate_refused(store):
-    store.create_session("s")
-    e = store.append("s", EntryKind.MESSAGE, user("a\x00b"))
+    store.sessions.create("s")
+    e = store.sessions.append("s", EntryKind.MESSAGE, user("a\x00b"))
     assert (
-        store.entries("s")[0].payload["message"]["content"]
+        store.sessions.entries("s")[0].payload["message"]["content"]
         == "a\x00b"
         == e.payload["message"]["content"]
     )
-    store.set_title("s", "t\x00itle")
-    assert store.get_session("s").title == "t\x00itle"
+    store.sessions.set_title("s", "t\x00itle")
+    assert store.sessions.get("s").title == "t\x00itle"
     with pytest.raises(InvalidInputError):
-        store.append("s", EntryKind.MESSAGE, user("bad \ud800"))
+        store.sessions.append("s", EntryKind.MESSAGE, user("bad \ud800"))
     with pytest.raises(InvalidInputError):
-        store.create_session("x\udfff")
+        store.sessions.create("x\udfff")
     assert (
-        len(store.entries("s")) == 2
-        and store.get_session("x\udfff".encode("utf-8", "replace").decode()) is None
+        len(store.sessions.entries("s")) == 2
+        and store.sessions.get("x\udfff".encode("utf-8", "replace").decode()) is None
     )
 
 
 def test_identical_timestamps_replay_in_append_order(store):
-    store.create_session("s")
+    store.sessions.create("s")
     ts = datetime(2026, 1, 1, tzinfo=UTC)
-    ids = [store.append("s", EntryKind.MESSAGE, user(f"m{i}"), timestamp=ts).id for i in range(30)]
-    assert list(store.replay("s").entry_ids) == ids
-    assert [e.id for e in store.entries("s")] == ids
+    ids = [
+        store.sessions.append("s", EntryKind.MESSAGE, user(f"m{i}"), timestamp=ts).id
+        for i in range(30)
+    ]
+    assert list(store.sessions.replay("s").entry_ids) == ids
+    assert [e.id for e in store.sessions.entries("s")] == ids
 
 
 def test_second_process_gets_a_clear_error_naming_the_file(tmp_path):
@@ -174,7 +179,7 @@ def test_newer_schema_is_refused_naming_both_versions(backend, tmp_path):
     refusal changes nothing: the data and the newer version stay."""
     where = str(tmp_path / "future.duckdb") if backend == "duckdb" else new_pg_schema()
     store = turnkeeper.open_store(where)
-    store.create_session("kept")
+    store.sessions.create("kept")
     forge(store, "INSERT INTO schema_migrations VALUES (999, now())", rows=1)
     store.close()
     with pytest.raises(turnkeeper.SchemaVersionError) as err:
@@ -195,21 +200,21 @@ def test_newer_schema_is_refused_naming_both_versions(backend, tmp_path):
             assert con.execute("SELECT count(*) FROM sessions").fetchone() == (1,)
             assert con.execute(forge_back).rowcount == 1
     with turnkeeper.open_store(where) as again:
-        assert again.get_session("kept") is not None
+        assert again.sessions.get("kept") is not None
 
 
 CHILD = """
 import sys, turnkeeper
 store = turnkeeper.open_store(sys.argv[1])
 try:
-    store.create_session("crash")
+    store.sessions.create("crash")
 except turnkeeper.SessionIDExistsError:
     pass
-lease = store.acquire_lease("session:crash", "child", 60)
+lease = store.leases.acquire("session:crash", "child", 60)
 i = 0
 while True:
     msg = {"message": {"role": "user", "content": f"m{i}"}}
-    e = store.append("crash", "message", msg, lease=lease)
+    e = store.sessions.append("crash", "message", msg, lease=lease)
     print(e.id, flush=True)  # acknowledged only after commit returned
     i += 1
 """
@@ -230,12 +235,12 @@ def test_acknowledged_appends_survive_kill_9(tmp_path):
     proc.wait()
     store = turnkeeper.open_store(str(path))
     try:
-        stored = [e.id for e in store.entries("crash")]
+        stored = [e.id for e in store.sessions.entries("crash")]
         assert stored[: len(acked)] == acked  # every acknowledged write survived, in order
         # the dead child's lease is still held until it expires: nobody else may write
         with pytest.raises(turnkeeper.BusyError):
-            store.acquire_lease("session:crash", "survivor", 5)
-        chain = store.entries("crash")
+            store.leases.acquire("session:crash", "survivor", 5)
+        chain = store.sessions.entries("crash")
         assert [e.parent_id for e in chain[1:]] == [e.id for e in chain[:-1]]
     finally:
         store.close()

@@ -20,16 +20,16 @@ PLAN = DeliveryPlan(platform="chat", target_id="room", steps=(DeliveryStep("send
 
 
 def _snapshot(store) -> tuple:
-    session = store.get_session("s")
+    session = store.sessions.get("s")
     return (
         session.leaf_id,
         session.entry_count,
         session.title,
-        tuple(store.entries("s")),
-        tuple(store.session_runs("s")),
-        store.get_response_state("s"),
-        tuple(store.session_tool_executions("s")),
-        store.labels("s"),
+        tuple(store.sessions.entries("s")),
+        tuple(store.runs.list("s")),
+        store.lineage.get("s"),
+        tuple(store.tools.list("s")),
+        store.sessions.labels("s"),
     )
 
 
@@ -37,15 +37,15 @@ def _snapshot(store) -> tuple:
 def held(store):
     """Session ``s`` with history (a succeeded run, then a failed one with no
     error), held by ``p1``."""
-    store.create_session("s")
-    first = store.append("s", EntryKind.MESSAGE, MSG)
-    done = store.admit_run("s", {"text": "done"})
-    store.start_run(done.id)
-    store.finish_run(done.id, "succeeded")
-    run = store.admit_run("s", {"text": "go"})
-    store.start_run(run.id)
-    store.finish_run(run.id, "failed")
-    p1 = store.acquire_lease("session:s", "p1", 600, purpose="execution")
+    store.sessions.create("s")
+    first = store.sessions.append("s", EntryKind.MESSAGE, MSG)
+    done = store.runs.admit("s", {"text": "done"})
+    store.runs.start(done.id)
+    store.runs.finish(done.id, "succeeded")
+    run = store.runs.admit("s", {"text": "go"})
+    store.runs.start(run.id)
+    store.runs.finish(run.id, "failed")
+    p1 = store.leases.acquire("session:s", "p1", 600, purpose="execution")
     return store, p1, first, run
 
 
@@ -56,33 +56,35 @@ def _import(sid: str) -> ImportBatch:
 
 
 WRITES = {
-    "append": lambda s, first, run: s.append("s", EntryKind.MESSAGE, MSG),
-    "append-expected-leaf": lambda s, first, run: s.append(
-        "s", EntryKind.MESSAGE, MSG, expected_leaf=s.get_session("s").leaf_id
+    "append": lambda s, first, run: s.sessions.append("s", EntryKind.MESSAGE, MSG),
+    "append-expected-leaf": lambda s, first, run: s.sessions.append(
+        "s", EntryKind.MESSAGE, MSG, expected_leaf=s.sessions.get("s").leaf_id
     ),
-    "branch": lambda s, first, run: s.branch("s", first.id),
-    "branch-reset": lambda s, first, run: s.branch("s", None),
-    "branch-with-summary": lambda s, first, run: s.branch_with_summary("s", first.id, "left"),
-    "label": lambda s, first, run: s.set_label("s", first.id, "important"),
-    "title": lambda s, first, run: s.set_title("s", "a title"),
-    "compaction": lambda s, first, run: s.append(
+    "branch": lambda s, first, run: s.sessions.branch("s", first.id),
+    "branch-reset": lambda s, first, run: s.sessions.branch("s", None),
+    "branch-with-summary": lambda s, first, run: s.sessions.branch_with_summary(
+        "s", first.id, "left"
+    ),
+    "label": lambda s, first, run: s.sessions.set_label("s", first.id, "important"),
+    "title": lambda s, first, run: s.sessions.set_title("s", "a title"),
+    "compaction": lambda s, first, run: s.sessions.append(
         "s", EntryKind.COMPACTION, {"summary": "sum", "firstKeptEntryId": first.id}
     ),
-    "model-change": lambda s, first, run: s.append(
+    "model-change": lambda s, first, run: s.sessions.append(
         "s", EntryKind.MODEL_CHANGE, {"provider": "p", "modelId": "m"}
     ),
-    "import": lambda s, first, run: s.import_batch(_import("s")),
-    "response-lineage": lambda s, first, run: s.compare_and_swap_response_state(
+    "import": lambda s, first, run: s.sessions.import_batch(_import("s")),
+    "response-lineage": lambda s, first, run: s.lineage.compare_and_swap(
         ResponseState("s", "responses", "resp-1"), 0
     ),
-    "fork": lambda s, first, run: s.fork_session("s", request_id="f1"),
-    "delivery-plan": lambda s, first, run: s.create_delivery_plan(run.id, PLAN),
-    "annotate-run-error": lambda s, first, run: s.annotate_run_error(run.id, "cleanup"),
-    "admit-run": lambda s, first, run: s.admit_run("s", {"text": "again"}),
-    "retry-run": lambda s, first, run: s.admit_run("s", {"text": "go"}, retry_of=run.id),
-    "interrupt-tools": lambda s, first, run: s.interrupt_tool_executions("s"),
-    "abandon-tools": lambda s, first, run: s.abandon_interrupted_tool_executions("s", run.turn_id),
-    "claim-tool": lambda s, first, run: s.claim_tool_execution(
+    "fork": lambda s, first, run: s.forks.fork("s", request_id="f1"),
+    "delivery-plan": lambda s, first, run: s.outbox.create_plan(run.id, PLAN),
+    "annotate-run-error": lambda s, first, run: s.runs.annotate_error(run.id, "cleanup"),
+    "admit-run": lambda s, first, run: s.runs.admit("s", {"text": "again"}),
+    "retry-run": lambda s, first, run: s.runs.admit("s", {"text": "go"}, retry_of=run.id),
+    "interrupt-tools": lambda s, first, run: s.tools.interrupt("s"),
+    "abandon-tools": lambda s, first, run: s.tools.abandon_interrupted("s", run.turn_id),
+    "claim-tool": lambda s, first, run: s.tools.claim(
         "k", "s", local_turn_id="t", provider_call_id="c", tool_name="x", side_effecting=False
     ),
 }
@@ -96,29 +98,29 @@ def test_a_lease_less_session_write_while_another_holds_the_session_is_busy(held
         WRITES[name](store, first, run)
     assert (err.value.target, err.value.holder) == ("session:s", "p1")
     assert _snapshot(store) == before
-    assert store.get_fork("f1") is None
+    assert store.forks.get("f1") is None
     # the holder's next fenced append sees the leaf it knew: nothing moved under it
-    store.append("s", EntryKind.MESSAGE, MSG, expected_leaf=before[0], lease=p1)
+    store.sessions.append("s", EntryKind.MESSAGE, MSG, expected_leaf=before[0], lease=p1)
 
 
 @pytest.mark.parametrize("name", sorted(WRITES))
 def test_the_same_write_goes_through_once_nobody_holds_the_session(held, name):
     store, p1, first, run = held
-    store.release_lease(p1)
+    store.leases.release(p1)
     WRITES[name](store, first, run)
 
 
 LEASED = {
-    "append": lambda s, p1, first, run: s.append("s", EntryKind.MESSAGE, MSG, lease=p1),
-    "branch": lambda s, p1, first, run: s.branch("s", first.id, lease=p1),
-    "label": lambda s, p1, first, run: s.set_label("s", first.id, "x", lease=p1),
-    "title": lambda s, p1, first, run: s.set_title("s", "t", lease=p1),
-    "import": lambda s, p1, first, run: s.import_batch(_import("s"), lease=p1),
-    "response-lineage": lambda s, p1, first, run: s.compare_and_swap_response_state(
+    "append": lambda s, p1, first, run: s.sessions.append("s", EntryKind.MESSAGE, MSG, lease=p1),
+    "branch": lambda s, p1, first, run: s.sessions.branch("s", first.id, lease=p1),
+    "label": lambda s, p1, first, run: s.sessions.set_label("s", first.id, "x", lease=p1),
+    "title": lambda s, p1, first, run: s.sessions.set_title("s", "t", lease=p1),
+    "import": lambda s, p1, first, run: s.sessions.import_batch(_import("s"), lease=p1),
+    "response-lineage": lambda s, p1, first, run: s.lineage.compare_and_swap(
         ResponseState("s", "responses", "resp-1"), 0, lease=p1
     ),
-    "delivery-plan": lambda s, p1, first, run: s.create_delivery_plan(run.id, PLAN, lease=p1),
-    "annotate-run-error": lambda s, p1, first, run: s.annotate_run_error(
+    "delivery-plan": lambda s, p1, first, run: s.outbox.create_plan(run.id, PLAN, lease=p1),
+    "annotate-run-error": lambda s, p1, first, run: s.runs.annotate_error(
         run.id, "cleanup", lease=p1
     ),
 }
@@ -129,7 +131,7 @@ def test_the_holder_writes_under_its_lease_and_a_lost_lease_is_refused(held, clo
     store, p1, first, run = held
     LEASED[name](store, p1, first, run)
     clock.advance(601)
-    p2 = store.acquire_lease("session:s", "p2", 600)
+    p2 = store.leases.acquire("session:s", "p2", 600)
     before = _snapshot(store)
     with pytest.raises(turnkeeper.LeaseLostError):
         LEASED[name](store, p1, first, run)
@@ -138,24 +140,26 @@ def test_the_holder_writes_under_its_lease_and_a_lost_lease_is_refused(held, clo
 
 
 def test_the_issue_example_the_holder_is_never_modified_under(store):
-    store.create_session("s")
-    p1 = store.acquire_lease("session:s", "p1", 30, purpose="execution")
-    h = store.append("s", EntryKind.MESSAGE, MSG, lease=p1).id
+    store.sessions.create("s")
+    p1 = store.leases.acquire("session:s", "p1", 30, purpose="execution")
+    h = store.sessions.append("s", EntryKind.MESSAGE, MSG, lease=p1).id
     with pytest.raises(turnkeeper.BusyError):
-        store.append("s", EntryKind.MESSAGE, {"message": {"role": "user"}}, expected_leaf=h)
-    store.append("s", EntryKind.MESSAGE, MSG, expected_leaf=h, lease=p1)
+        store.sessions.append(
+            "s", EntryKind.MESSAGE, {"message": {"role": "user"}}, expected_leaf=h
+        )
+    store.sessions.append("s", EntryKind.MESSAGE, MSG, expected_leaf=h, lease=p1)
 
 
 def test_a_fork_of_a_held_session_is_busy_and_active(held):
     store = held[0]
     with pytest.raises(turnkeeper.ForkSessionActiveError) as err:
-        store.fork_session("s", request_id="f")
+        store.forks.fork("s", request_id="f")
     assert isinstance(err.value, turnkeeper.BusyError)
     assert err.value.session_id == "s" and err.value.holder == "p1"
 
 
 def test_creating_a_session_whose_lease_is_held_is_allowed(store):
     """Creation has nothing to protect: a runtime takes the lease, then creates."""
-    lease = store.acquire_lease("session:new", "p1", 30)
-    store.create_session("new")
-    store.append("new", EntryKind.MESSAGE, MSG, lease=lease)
+    lease = store.leases.acquire("session:new", "p1", 30)
+    store.sessions.create("new")
+    store.sessions.append("new", EntryKind.MESSAGE, MSG, lease=lease)

@@ -17,19 +17,19 @@ LINE = re.compile(r"^[\s│├└─⎇]*(?P<kind>[a-z_]+) (?P<id>\S+) ")
 def test_every_entry_of_a_session_with_runs_shows_a_distinct_id(tmp_path: Path) -> None:
     db = str(tmp_path / "show.duckdb")
     with turnkeeper.open_store(db) as store:
-        store.create_session("s")
-        store.set_title("s", "two runs")
+        store.sessions.create("s")
+        store.sessions.set_title("s", "two runs")
         for n in range(2):
-            lease = store.acquire_lease("session:s", "w", 30, purpose="execution")
-            run = store.admit_run(
+            lease = store.leases.acquire("session:s", "w", 30, purpose="execution")
+            run = store.runs.admit(
                 "s", {"n": n}, user_message={"role": "user", "content": f"q{n}"}, lease=lease
             )
-            store.start_run(run.id, lease=lease)
+            store.runs.start(run.id, lease=lease)
             reply = {"role": "assistant", "content": [{"type": "text", "text": f"a{n}"}]}
-            store.finish_run(run.id, "succeeded", assistant_message=reply, lease=lease)
-            store.release_lease(lease)
-        store.set_label("s", store.entries("s")[1].id, "first question")
-        entries = store.entries("s")
+            store.runs.finish(run.id, "succeeded", assistant_message=reply, lease=lease)
+            store.leases.release(lease)
+        store.sessions.set_label("s", store.sessions.entries("s")[1].id, "first question")
+        entries = store.sessions.entries("s")
     assert len({e.id[:8] for e in entries if ":" in e.id}) == 1  # the bug's premise
     result = CliRunner().invoke(cli, ["sessions", "--db", db, "show", "s"])
     assert result.exit_code == 0, result.output

@@ -13,7 +13,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from stateful_outbox import on
 
 from turnkeeper.spec import errors
-from turnkeeper.storage.ops import delivery, delivery_claims
+from turnkeeper.storage.ops import outbox, outbox_plans
 
 SEARCH = settings(
     max_examples=2000,
@@ -35,26 +35,26 @@ def drop_owner_epoch_check(mp: pytest.MonkeyPatch) -> None:
     """The claim fence without its owner and epoch comparison."""
 
     def fence(tx, operation_id, owner, epoch):
-        op = delivery.load(tx, operation_id)
+        op = outbox_plans.load(tx, operation_id)
         if op.status not in ("claimed", "in_progress") or op.lease_expires_at <= tx.now:
             raise errors.DeliveryLeaseLostError(operation_id, owner, epoch)
         return op
 
-    mp.setattr(delivery_claims, "_fence", fence)
+    mp.setattr(outbox, "_fence", fence)
 
 
 def drop_expiry_check(mp: pytest.MonkeyPatch) -> None:
     """The claim fence without its expiry comparison."""
 
     def fence(tx, operation_id, owner, epoch):
-        op = delivery.load(tx, operation_id)
+        op = outbox_plans.load(tx, operation_id)
         if op.lease_owner != owner or op.lease_epoch != epoch:
             raise errors.DeliveryLeaseLostError(operation_id, owner, epoch)
         if op.status not in ("claimed", "in_progress"):
             raise errors.DeliveryLeaseLostError(operation_id, owner, epoch)
         return op
 
-    mp.setattr(delivery_claims, "_fence", fence)
+    mp.setattr(outbox, "_fence", fence)
 
 
 def finish_under_a_claim_taken_over(m: Steps) -> None:

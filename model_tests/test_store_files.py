@@ -122,17 +122,17 @@ def test_schema_version_errors_say_which_way_the_versions_differ(tmp_path: Path)
 
 def _lease_calls() -> dict[str, Any]:
     def finalize(s: Any, lease: Any) -> Any:
-        return s.finalize(FinalizeRequest(ThreadRecord("r", key="k"), held_leases=[lease]))
+        return s.threads.finalize(FinalizeRequest(ThreadRecord("r", key="k"), held_leases=[lease]))
 
     return {
-        "renew_lease": lambda s, lease: s.renew_lease(lease, 5),
-        "release_lease": lambda s, lease: s.release_lease(lease),
-        "validate_lease": lambda s, lease: s.validate_lease(lease),
-        "append": lambda s, lease: s.append("e", EntryKind.MESSAGE, MSG, lease=lease),
-        "branch": lambda s, lease: s.branch("e", None, lease=lease),
+        "renew_lease": lambda s, lease: s.leases.renew(lease, 5),
+        "release_lease": lambda s, lease: s.leases.release(lease),
+        "validate_lease": lambda s, lease: s.leases.validate(lease),
+        "append": lambda s, lease: s.sessions.append("e", EntryKind.MESSAGE, MSG, lease=lease),
+        "branch": lambda s, lease: s.sessions.branch("e", None, lease=lease),
         "finalize": finalize,
-        "admit_run": lambda s, lease: s.admit_run("e", {"q": 1}, lease=lease),
-        "begin_recovery": lambda s, lease: s.begin_recovery("some-run", lease),
+        "admit_run": lambda s, lease: s.runs.admit("e", {"q": 1}, lease=lease),
+        "begin_recovery": lambda s, lease: s.recovery.begin("some-run", lease),
     }
 
 
@@ -142,21 +142,21 @@ LEASE_CALLS = _lease_calls()
 @pytest.mark.parametrize("call", sorted(LEASE_CALLS))
 @pytest.mark.parametrize("epoch", [2**63, 2**70])
 def test_a_lease_epoch_past_a_bigint_is_refused_in_validation(store, call, epoch) -> None:
-    store.create_session("e")
-    held = store.acquire_lease("session:e", "w", 30, purpose="execution")
+    store.sessions.create("e")
+    held = store.leases.acquire("session:e", "w", 30, purpose="execution")
     huge = replace(held, epoch=epoch)
     with pytest.raises(errors.InvalidInputError) as err:
         LEASE_CALLS[call](store, huge)
     assert err.value.field.endswith("epoch"), err.value
-    assert store.entries("e") == []
-    store.validate_lease(held)  # the real lease is untouched
+    assert store.sessions.entries("e") == []
+    store.leases.validate(held)  # the real lease is untouched
 
 
 def test_an_expected_version_past_a_bigint_is_refused_in_validation(store) -> None:
-    store.create_session("v")
+    store.sessions.create("v")
     state = turnkeeper.ResponseState("v", previous_response_id="r1")
     with pytest.raises(errors.InvalidInputError) as err:
-        store.compare_and_swap_response_state(state, 2**70)
+        store.lineage.compare_and_swap(state, 2**70)
     assert err.value.field == "expected_version"
 
 
@@ -182,8 +182,8 @@ class _CheckpointFails:
 def test_close_raises_when_its_checkpoint_fails_and_loses_no_write(tmp_path: Path) -> None:
     path = str(tmp_path / "full.duckdb")
     store = turnkeeper.open_store(path)
-    store.create_session("c")
-    entry = store.append("c", EntryKind.MESSAGE, MSG)
+    store.sessions.create("c")
+    entry = store.sessions.append("c", EntryKind.MESSAGE, MSG)
     store.db._con = _CheckpointFails(store.db._con)  # type: ignore[assignment]
     with pytest.raises(errors.CheckpointError) as err:
         store.close()
@@ -192,17 +192,17 @@ def test_close_raises_when_its_checkpoint_fails_and_loses_no_write(tmp_path: Pat
     assert ".wal" in str(err.value)
     roundtrip(err.value)
     with pytest.raises(errors.InterfaceError):  # closed all the same
-        store.entries("c")
+        store.sessions.entries("c")
     store.close()  # idempotent, and raises nothing the second time
     with turnkeeper.open_store(path) as again:  # the file lock is released; the WAL replays
-        assert [e.id for e in again.entries("c")] == [entry.id]
+        assert [e.id for e in again.sessions.entries("c")] == [entry.id]
 
 
 def test_a_clean_close_checkpoints_the_wal_into_the_file(tmp_path: Path) -> None:
     path = tmp_path / "clean.duckdb"
     with turnkeeper.open_store(str(path)) as store:
-        store.create_session("c")
-        store.append("c", EntryKind.MESSAGE, MSG)
+        store.sessions.create("c")
+        store.sessions.append("c", EntryKind.MESSAGE, MSG)
     assert not Path(f"{path}.wal").exists()
 
 
@@ -210,7 +210,7 @@ def test_a_failed_checkpoint_on_exit_does_not_hide_the_error_that_ended_the_bloc
     tmp_path: Path,
 ) -> None:
     with pytest.raises(KeyError) as err, turnkeeper.open_store(str(tmp_path / "x.duckdb")) as s:
-        s.create_session("c")
+        s.sessions.create("c")
         s.db._con = _CheckpointFails(s.db._con)  # type: ignore[assignment]
         raise KeyError("the caller's own error")
     assert any("CheckpointError" in note for note in err.value.__notes__)
@@ -222,9 +222,9 @@ CHILD = textwrap.dedent("""
     import os, sys, turnkeeper
     turnkeeper.open_store(sys.argv[1]).close()  # the schema, checkpointed into the file
     store = turnkeeper.open_store(sys.argv[1])
-    store.create_session("w")
+    store.sessions.create("w")
     for i in range(20):
-        store.append("w", "message", {"message": {"role": "user", "content": f"m{i}"}})
+        store.sessions.append("w", "message", {"message": {"role": "user", "content": f"m{i}"}})
     os._exit(0)  # no close, no checkpoint: the writes are in the .wal only
 """)
 
@@ -250,7 +250,7 @@ def test_a_corrupt_wal_says_what_happened_and_what_to_do(tmp_path: Path) -> None
     os.rename(wal, f"{wal}.corrupt")  # what the message suggests: the last checkpoint opens
     with turnkeeper.open_store(str(path), read_only=True) as store:
         assert store.schema_version() == turnkeeper.SCHEMA_VERSION
-        assert store.get_session("w") is None  # written after the last checkpoint: lost
+        assert store.sessions.get("w") is None  # written after the last checkpoint: lost
 
 
 def _held_at_version(
@@ -282,7 +282,7 @@ def test_migration_9_stores_each_runs_model_on_the_run(
     where = _held_at_version(backend, 8, tmp_path, monkeypatch)
     with turnkeeper.open_store(where) as store:
         assert store.schema_version() == 8
-        store.create_session("s")
+        store.sessions.create("s")
         forge(
             store,
             "INSERT INTO execution_intents VALUES "
@@ -300,7 +300,7 @@ def test_migration_9_stores_each_runs_model_on_the_run(
     with turnkeeper.open_store(where) as store:
         assert store.schema_version() == turnkeeper.SCHEMA_VERSION
         assert store.query("SELECT model FROM runs").column(0).to_pylist() == ["model-a"]
-        run = store.admit_run("s", {"q": 2}, model="model-b")
+        run = store.runs.admit("s", {"q": 2}, model="model-b")
         found = store.query("SELECT model FROM runs WHERE id = ?", [run.id])
         assert found.column(0).to_pylist() == ["model-b"]
 
@@ -317,7 +317,7 @@ def test_migration_10_keeps_each_sessions_event_cursor(
     with turnkeeper.open_store(where) as store:
         assert store.schema_version() == 9
         for sid, count in (("s", 3), ("t", 7)):
-            store.create_session(sid)
+            store.sessions.create(sid)
             for seq in range(1, count + 1):
                 forge(
                     store,
@@ -329,36 +329,36 @@ def test_migration_10_keeps_each_sessions_event_cursor(
     monkeypatch.undo()
     with turnkeeper.open_store(where) as store:
         assert store.schema_version() == turnkeeper.SCHEMA_VERSION
-        run = store.admit_run("s", {"q": 1}, start=True)
-        store.finish_run(run.id, "succeeded")
+        run = store.runs.admit("s", {"q": 1}, start=True)
+        store.runs.finish(run.id, "succeeded")
         seqs = store.query("SELECT seq FROM run_events WHERE session_id = 's' ORDER BY seq").column(
             0
         )
         assert seqs.to_pylist() == [1, 2, 3, 4, 5, 6]  # admitted, started, succeeded
-        events = store.run_events("s")
+        events = store.runs.events("s")
         assert [e.run_id for e in events][3:] == [run.id] * 3
-        store.create_session("u")  # a new session starts at 1
-        other = store.admit_run("u", {"q": 2})
-        assert [e.seq for e in store.run_events("u")] == [1]
+        store.sessions.create("u")  # a new session starts at 1
+        other = store.runs.admit("u", {"q": 2})
+        assert [e.seq for e in store.runs.events("u")] == [1]
         assert other.session_id == "u"
 
 
 def _an_entry_and_a_keyed_run(store: turnkeeper.BaseStore) -> tuple[Any, Any, Any]:
     """Session ``s`` with an entry appended under a lease and a run admitted with
     submission key ``k``: the entry, the run and the session's replay."""
-    store.create_session("s")
-    lease = store.acquire_lease("session:s", "w", 60)
+    store.sessions.create("s")
+    lease = store.leases.acquire("session:s", "w", 60)
     msg = {"message": {"role": "user", "content": "x"}}
-    entry = store.append("s", EntryKind.MESSAGE, msg, lease=lease)
-    store.release_lease(lease)
-    run = store.admit_run("s", {"q": 1}, submission_key="k", start=True)
-    return entry, run, store.replay("s")
+    entry = store.sessions.append("s", EntryKind.MESSAGE, msg, lease=lease)
+    store.leases.release(lease)
+    run = store.runs.admit("s", {"q": 1}, submission_key="k", start=True)
+    return entry, run, store.sessions.replay("s")
 
 
 def _still_found(store: turnkeeper.BaseStore, entry: Any, run: Any, replay: Any) -> None:
     """What :func:`_an_entry_and_a_keyed_run` wrote is found by its keys as it was."""
-    assert store.replay("s") == replay and store.entry("s", entry.id) == entry
-    assert store.admit_run("s", {"q": 1}, submission_key="k", start=True) == run
+    assert store.sessions.replay("s") == replay and store.sessions.entry("s", entry.id) == entry
+    assert store.runs.admit("s", {"q": 1}, submission_key="k", start=True) == run
 
 
 def test_migration_11_indexes_what_duckdb_looked_up_by_reading_whole_tables(
@@ -419,8 +419,8 @@ def test_events_an_older_turnkeeper_wrote_beside_a_migrated_server_are_counted()
     from conftest import new_pg_schema
 
     with turnkeeper.open_store(new_pg_schema()) as store:
-        store.create_session("x")
-        run = store.admit_run("x", {"q": 1})  # event 1, the cursor at 1
+        store.sessions.create("x")
+        run = store.runs.admit("x", {"q": 1})  # event 1, the cursor at 1
         for seq in (2, 3):  # what the older process writes, without the cursor
             forge(
                 store,
@@ -429,9 +429,9 @@ def test_events_an_older_turnkeeper_wrote_beside_a_migrated_server_are_counted()
                 ["x", seq, f"old-{seq}", run.id],
                 rows=1,
             )
-        store.request_cancel(run.id)
-        store.finish_run(run.id, "cancelled")
-        assert [e.seq for e in store.run_events("x")] == [1, 2, 3, 4]
+        store.runs.request_cancel(run.id)
+        store.runs.finish(run.id, "cancelled")
+        assert [e.seq for e in store.runs.events("x")] == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize(

@@ -28,8 +28,8 @@ MSG = {"message": {"role": "user", "content": "x"}}
 def _store_file(path: Path, sessions: int = 1) -> None:
     with turnkeeper.open_store(path) as s:
         for i in range(sessions):
-            s.create_session(f"s{i}")
-            s.append(f"s{i}", EntryKind.MESSAGE, MSG)
+            s.sessions.create(f"s{i}")
+            s.sessions.append(f"s{i}", EntryKind.MESSAGE, MSG)
 
 
 def test_a_hard_link_names_the_same_store_and_loses_no_write(tmp_path):
@@ -39,14 +39,14 @@ def test_a_hard_link_names_the_same_store_and_loses_no_write(tmp_path):
     os.link(a_path, b_path)
     a, b = turnkeeper.open_store(a_path), turnkeeper.open_store(b_path)
     for i in range(50):
-        a.append("s0", EntryKind.MESSAGE, MSG)
-        b.create_session(f"b{i}")
-    assert b.entries("s0") == a.entries("s0")  # one database, seen through both
+        a.sessions.append("s0", EntryKind.MESSAGE, MSG)
+        b.sessions.create(f"b{i}")
+    assert b.sessions.entries("s0") == a.sessions.entries("s0")  # one database, seen through both
     a.close()
     b.close()
     with turnkeeper.open_store(a_path) as again:
-        assert len(again.entries("s0")) == 51
-        assert again.count_sessions() == 51
+        assert len(again.sessions.entries("s0")) == 51
+        assert again.sessions.count() == 51
 
 
 def test_closing_one_store_object_beside_another_ones_writes_raises_nothing(tmp_path):
@@ -59,7 +59,7 @@ def test_closing_one_store_object_beside_another_ones_writes_raises_nothing(tmp_
     def write() -> None:
         try:
             while not stop.is_set():
-                b.append("s0", EntryKind.MESSAGE, MSG)
+                b.sessions.append("s0", EntryKind.MESSAGE, MSG)
         except BaseException as exc:
             failures.append(exc)
 
@@ -71,11 +71,11 @@ def test_closing_one_store_object_beside_another_ones_writes_raises_nothing(tmp_
         stop.set()
         writer.join(60)
     assert failures == []
-    written = len(b.entries("s0"))
+    written = len(b.sessions.entries("s0"))
     b.close()  # the last one checkpoints
     assert not os.path.exists(f"{path}.wal") or os.path.getsize(f"{path}.wal") == 0
     with turnkeeper.open_store(path) as again:
-        assert len(again.entries("s0")) == written
+        assert len(again.sessions.entries("s0")) == written
 
 
 def test_a_read_only_store_beside_a_writable_one_reads_and_refuses_writes(tmp_path):
@@ -83,14 +83,14 @@ def test_a_read_only_store_beside_a_writable_one_reads_and_refuses_writes(tmp_pa
     _store_file(path)
     with turnkeeper.open_store(path) as rw, turnkeeper.open_store(path, read_only=True) as ro:
         rw.append("s0", EntryKind.MESSAGE, MSG)
-        assert len(ro.entries("s0")) == 2
+        assert len(ro.sessions.entries("s0")) == 2
         with pytest.raises(errors.ReadOnlyError):
-            ro.append("s0", EntryKind.MESSAGE, MSG)
+            ro.sessions.append("s0", EntryKind.MESSAGE, MSG)
     with turnkeeper.open_store(path, read_only=True) as ro:
         with pytest.raises(errors.StoreLockedError) as err:
             turnkeeper.open_store(path)
         assert "read-only" in str(err.value)
-        assert len(ro.entries("s0")) == 2
+        assert len(ro.sessions.entries("s0")) == 2
 
 
 def test_a_sqlite_file_is_foreign_and_untouched(tmp_path):
@@ -138,8 +138,8 @@ def test_a_truncated_store_file_is_corrupt(tmp_path):
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(errors.CorruptDatabaseError) as err, turnkeeper.open_store(path) as s:
-        s.list_sessions(limit=1000)
-        s.entries("s199")
+        s.sessions.list(limit=1000)
+        s.sessions.entries("s199")
     assert "backup" in str(err.value)
 
 
@@ -173,7 +173,7 @@ def test_a_heartbeat_renewal_never_waits_behind_a_long_write(tmp_path):
     """A lease renewal (one statement on its own lease row) skips the write lock:
     it completes while another thread's write transaction is still open."""
     with turnkeeper.open_store(tmp_path / "hb.duckdb") as store:
-        lease = store.acquire_lease("session:hb", "w", 30)
+        lease = store.leases.acquire("session:hb", "w", 30)
         inside, release = threading.Event(), threading.Event()
 
         def long_write(tx):
@@ -185,9 +185,9 @@ def test_a_heartbeat_renewal_never_waits_behind_a_long_write(tmp_path):
         writer.start()
         try:
             assert inside.wait(60)
-            renewed = store.renew_lease(lease, 30)  # would block on the lock
+            renewed = store.leases.renew(lease, 30)  # would block on the lock
             assert renewed.epoch == lease.epoch
-            store.validate_lease(renewed)
+            store.leases.validate(renewed)
         finally:
             release.set()
             writer.join(60)
@@ -210,7 +210,7 @@ def test_psycopg_is_imported_only_for_postgres():
 _OTHER_PROCESS = (
     "import sys, turnkeeper\n"
     "try:\n"
-    "    s = turnkeeper.open_store(sys.argv[1]); s.create_session('other'); s.close()\n"
+    "    s = turnkeeper.open_store(sys.argv[1]); s.sessions.create('other'); s.close()\n"
     "    print('acknowledged')\n"
     "except turnkeeper.StoreLockedError:\n"
     "    print('locked')\n"
@@ -240,9 +240,9 @@ def test_a_second_store_object_on_a_file_keeps_other_processes_out(tmp_path):
     turnkeeper.open_store(str(path)).close()
     with turnkeeper.open_store(str(path)) as a, turnkeeper.open_store(str(path)):
         assert _other_process_opens(path) == "locked"
-        a.create_session("mine")
+        a.sessions.create("mine")
     with turnkeeper.open_store(str(path)) as c:
-        assert [s.id for s in c.list_sessions().sessions] == ["mine"]
+        assert [s.id for s in c.sessions.list().sessions] == ["mine"]
 
 
 def test_an_open_cancelled_once_the_file_is_open_leaves_it_to_the_next_close(tmp_path, monkeypatch):
@@ -264,6 +264,6 @@ def test_an_open_cancelled_once_the_file_is_open_leaves_it_to_the_next_close(tmp
     monkeypatch.undo()
     assert not files._FILES  # let go of at once
     with turnkeeper.open_store(str(path)) as s:
-        s.create_session("x")
+        s.sessions.create("x")
     assert not files._FILES
     assert _other_process_opens(path) == "acknowledged"

@@ -27,7 +27,7 @@ def test_entries_epochs_never_go_backwards_under_racing_stalled_writers(real_sto
     store = real_store
     sessions = [f"s{i}" for i in range(3)]
     for sid in sessions:
-        store.create_session(sid)
+        store.sessions.create(sid)
     give_up = time.monotonic() + HANG_GUARD_S
     refused: list[str] = []
     accepted: list[str] = []
@@ -44,7 +44,7 @@ def test_entries_epochs_never_go_backwards_under_racing_stalled_writers(real_sto
         while running():
             sid = rng.choice(sessions)
             try:
-                lease = store.acquire_lease(f"session:{sid}", f"w{n}", 0.15)
+                lease = store.leases.acquire(f"session:{sid}", f"w{n}", 0.15)
             except BusyError:
                 time.sleep(0.002)
                 continue
@@ -53,7 +53,7 @@ def test_entries_epochs_never_go_backwards_under_racing_stalled_writers(real_sto
             if rng.random() < 0.25:
                 time.sleep(0.2)  # stall past the TTL, then try to write anyway
             try:
-                store.append(
+                store.sessions.append(
                     sid,
                     EntryKind.MESSAGE,
                     {"message": {"role": "user", "content": tag}},
@@ -64,7 +64,7 @@ def test_entries_epochs_never_go_backwards_under_racing_stalled_writers(real_sto
             except LeaseLostError:
                 with lock:
                     refused.append(tag)
-            store.release_lease(lease)
+            store.leases.release(lease)
 
     threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
     for t in threads:
@@ -76,7 +76,7 @@ def test_entries_epochs_never_go_backwards_under_racing_stalled_writers(real_sto
     )
     stored: list[str] = []
     for sid in sessions:
-        entries = store.entries(sid)
+        entries = store.sessions.entries(sid)
         epochs = [e.lease_epoch for e in entries]
         assert epochs == sorted(epochs), f"{sid}: a stale epoch wrote after a newer one"
         stored += [e.payload["message"]["content"] for e in entries]
@@ -103,7 +103,7 @@ def test_many_threads_one_target_never_two_valid_holders(real_store):
     def worker(n: int) -> None:
         while running():
             try:
-                lease = store.acquire_lease("hot", f"w{n}", 0.05)
+                lease = store.leases.acquire("hot", f"w{n}", 0.05)
             except BusyError:
                 continue
             with lock:
@@ -113,7 +113,7 @@ def test_many_threads_one_target_never_two_valid_holders(real_store):
             # keep it for the whole test on an idle machine.
             time.sleep(0.01)
             try:
-                again = store.acquire_lease("hot", f"w{n}", 0.05)
+                again = store.leases.acquire("hot", f"w{n}", 0.05)
             except BusyError:
                 continue
             with lock:
@@ -155,7 +155,7 @@ def older_valid_after_newer(
     valid: list[int] = []
     for epoch in sorted(newest, reverse=True):
         try:
-            store.validate_lease(newest[epoch])
+            store.leases.validate(newest[epoch])
         except LeaseLostError:
             continue
         found += [(epoch, newer) for newer in valid]
@@ -168,9 +168,9 @@ def test_the_check_finds_an_older_lease_valid_after_a_newer_one(store, clock, mo
     lost epoch validates after the newer one, and the check reports the pair."""
     from turnkeeper.storage.ops import leases
 
-    old = store.acquire_lease("hot", "w0", 5)
+    old = store.leases.acquire("hot", "w0", 5)
     clock.advance(6)
-    new = store.acquire_lease("hot", "w1", 5)
+    new = store.leases.acquire("hot", "w1", 5)
     assert older_valid_after_newer(store, [old, new]) == []
     monkeypatch.setattr(leases, "fence", lambda tx, lease: None)
     assert older_valid_after_newer(store, [old, new]) == [(old.epoch, new.epoch)]

@@ -40,11 +40,11 @@ USER = {"role": "user", "content": "go"}
 def claim(
     store, key: str = "k", *, sid: str = "s", turn: str = "t", side: bool = True, **kw: Any
 ) -> tuple[ToolExecution, bool]:
-    if store.get_session(sid) is None:
-        store.create_session(sid)
+    if store.sessions.get(sid) is None:
+        store.sessions.create(sid)
     kw.setdefault("provider_call_id", f"call-{key}")
     kw.setdefault("tool_name", "bash")
-    return store.claim_tool_execution(key, sid, local_turn_id=turn, side_effecting=side, **kw)
+    return store.tools.claim(key, sid, local_turn_id=turn, side_effecting=side, **kw)
 
 
 def tool_call_message(*call_ids: str) -> dict[str, Any]:
@@ -60,7 +60,7 @@ def tool_call_message(*call_ids: str) -> dict[str, Any]:
 def tool_results(store, sid: str = "s") -> dict[str, list[dict[str, Any]]]:
     """Every toolResult message in the session, by toolCallId."""
     out: dict[str, list[dict[str, Any]]] = {}
-    for e in store.entries(sid):
+    for e in store.sessions.entries(sid):
         msg = e.payload.get("message") if e.kind == "message" else None
         if msg and msg.get("role") == "toolResult":
             out.setdefault(msg["toolCallId"], []).append(msg)
@@ -68,7 +68,7 @@ def tool_results(store, sid: str = "s") -> dict[str, list[dict[str, Any]]]:
 
 
 def states(store, sid: str = "s") -> dict[str, str]:
-    return {r.execution_key: r.state for r in store.session_tool_executions(sid)}
+    return {r.execution_key: r.state for r in store.tools.list(sid)}
 
 
 def events(store, key: str | None = None) -> list[str]:
@@ -97,7 +97,7 @@ def test_a_claim_creates_a_running_record_with_a_digest_of_the_arguments(store, 
     canonical = orjson.dumps({"a": [1, 2], "b": 1}, option=orjson.OPT_SORT_KEYS)
     assert rec.args_digest == hashlib.sha256(canonical).hexdigest()
     assert (rec.provider, rec.api, rec.provider_metadata) == ("openai", "resp", {})
-    assert store.get_tool_execution("k") == rec
+    assert store.tools.get("k") == rec
     assert events(store) == ["claim"]
 
 
@@ -108,7 +108,7 @@ def test_a_second_claimer_gets_the_existing_record_and_nothing_is_written(store,
     assert not created and again == first  # consult it; never a second execution
     with pytest.raises(turnkeeper.ToolExecutionConflictError):  # another call's claim
         claim(store, arguments={"x": 2}, side=False, tool_name="other")
-    store.complete_tool_execution("k", {"out": 1})
+    store.tools.complete("k", {"out": 1})
     done, created = claim(store, arguments={"x": 1})
     assert not created and (done.state, done.result) == ("completed", {"out": 1})
     assert events(store) == ["claim", "complete"]
@@ -116,7 +116,7 @@ def test_a_second_claimer_gets_the_existing_record_and_nothing_is_written(store,
 
 @pytest.mark.parametrize("same_call", [True, False])
 def test_concurrent_claimers_of_one_key_create_exactly_one_record(real_store, same_call):
-    real_store.create_session("s")
+    real_store.sessions.create("s")
     barrier = threading.Barrier(6)
     results: list[tuple[ToolExecution, bool]] = []
     failures: list[BaseException] = []
@@ -125,7 +125,7 @@ def test_concurrent_claimers_of_one_key_create_exactly_one_record(real_store, sa
         barrier.wait()
         try:
             results.append(
-                real_store.claim_tool_execution(
+                real_store.tools.claim(
                     "shared",
                     "s",
                     local_turn_id="t",
@@ -158,31 +158,31 @@ def test_concurrent_claimers_of_one_key_create_exactly_one_record(real_store, sa
 
 def test_claim_needs_the_session_and_a_run_of_that_session(store):
     with pytest.raises(SessionNotFoundError):
-        store.claim_tool_execution(
+        store.tools.claim(
             "k", "nope", local_turn_id="t", provider_call_id="c", tool_name="x", side_effecting=True
         )
-    store.create_session("s")
+    store.sessions.create("s")
     with pytest.raises(RunNotFoundError):
         claim(store, run_id="missing")
-    store.create_session("other")
-    run = store.admit_run("other", {"q": 1})
+    store.sessions.create("other")
+    run = store.runs.admit("other", {"q": 1})
     with pytest.raises(InvalidInputError):
         claim(store, run_id=run.id)
-    mine = store.admit_run("s", {"q": 1})
+    mine = store.runs.admit("s", {"q": 1})
     rec, _ = claim(store, run_id=mine.id, turn=mine.turn_id)
     assert (rec.run_id, rec.local_turn_id) == (mine.id, mine.turn_id)
     assert count(store, "tool_executions") == 1
 
 
 def test_a_fenced_claim_with_a_lost_lease_writes_nothing(store, clock):
-    store.create_session("s")
-    lease = store.acquire_lease("session:s", "w", 1, purpose="execution")
+    store.sessions.create("s")
+    lease = store.leases.acquire("session:s", "w", 1, purpose="execution")
     rec, _ = claim(store, "a", lease=lease)
     assert rec.lease_epoch == lease.epoch
     clock.advance(2)
     with pytest.raises(LeaseLostError):
         claim(store, "b", lease=lease)
-    assert store.get_tool_execution("b") is None
+    assert store.tools.get("b") is None
     fenced = store.query("SELECT operation FROM fence_events").to_pylist()
     assert fenced == [{"operation": "claim_tool_execution"}]
 
@@ -193,53 +193,53 @@ def test_a_fenced_claim_with_a_lost_lease_writes_nothing(store, clock):
 def test_complete_records_the_tools_own_result_once(store, clock):
     claim(store)
     clock.advance(1)
-    done = store.complete_tool_execution("k", {"exit": 1}, is_error=True)
+    done = store.tools.complete("k", {"exit": 1}, is_error=True)
     assert (done.state, done.result, done.is_error) == ("completed", {"exit": 1}, True)
     assert done.completed_at == clock.now
-    assert store.complete_tool_execution("k", {"exit": 1}, is_error=True) == done  # retried commit
+    assert store.tools.complete("k", {"exit": 1}, is_error=True) == done  # retried commit
     with pytest.raises(InvalidTransitionError):
-        store.complete_tool_execution("k", {"exit": 0})
-    assert store.get_tool_execution("k") == done
+        store.tools.complete("k", {"exit": 0})
+    assert store.tools.get("k") == done
     assert events(store) == ["claim", "complete"]
     with pytest.raises(ToolExecutionNotFoundError):
-        store.complete_tool_execution("missing", {})
+        store.tools.complete("missing", {})
 
 
 def test_a_late_completion_after_an_interruption_is_refused(store):
     claim(store)
-    store.interrupt_tool_executions("s")
+    store.tools.interrupt("s")
     with pytest.raises(InvalidTransitionError) as err:
-        store.complete_tool_execution("k", {"out": "late"})
+        store.tools.complete("k", {"out": "late"})
     assert (err.value.trigger, err.value.source) == ("complete", "interrupted")
-    rec = store.get_tool_execution("k")
+    rec = store.tools.get("k")
     assert rec.state == "interrupted" and rec.result is None
 
 
 def test_complete_fences_its_lease_and_refuses_another_sessions_lease(store, clock):
-    store.create_session("s")
-    store.create_session("t")
-    lease = store.acquire_lease("session:s", "w", 1)
+    store.sessions.create("s")
+    store.sessions.create("t")
+    lease = store.leases.acquire("session:s", "w", 1)
     claim(store, lease=lease)
-    other = store.acquire_lease("session:t", "w", 5)
+    other = store.leases.acquire("session:t", "w", 5)
     with pytest.raises(InvalidInputError):
-        store.complete_tool_execution("k", {}, lease=other)
+        store.tools.complete("k", {}, lease=other)
     clock.advance(2)
     with pytest.raises(LeaseLostError):
-        store.complete_tool_execution("k", {}, lease=lease)
-    assert store.get_tool_execution("k").state == "running"
+        store.tools.complete("k", {}, lease=lease)
+    assert store.tools.get("k").state == "running"
 
 
 # -- interrupt: an explicit interrupted result, never an invented output ------------------
 
 
 def test_interrupting_pairs_every_tool_call_with_an_explicit_interrupted_result(store):
-    store.create_session("s")
-    store.append("s", "message", {"message": tool_call_message("c1", "c2", "c3")})
+    store.sessions.create("s")
+    store.sessions.append("s", "message", {"message": tool_call_message("c1", "c2", "c3")})
     claim(store, "k1", provider_call_id="c1")
     claim(store, "k2", provider_call_id="c2", side=False)
     claim(store, "k3", provider_call_id="c3")
-    store.complete_tool_execution("k3", {"out": "real"})
-    store.append(
+    store.tools.complete("k3", {"out": "real"})
+    store.sessions.append(
         "s",
         "message",
         {
@@ -252,7 +252,7 @@ def test_interrupting_pairs_every_tool_call_with_an_explicit_interrupted_result(
             }
         },
     )
-    done = store.interrupt_tool_executions("s")
+    done = store.tools.interrupt("s")
     assert [r.execution_key for r in done] == ["k1", "k2"]
     assert all(r.state == "interrupted" and r.reason == "process lost" for r in done)
     assert states(store) == {"k1": "interrupted", "k2": "interrupted", "k3": "completed"}
@@ -263,12 +263,12 @@ def test_interrupting_pairs_every_tool_call_with_an_explicit_interrupted_result(
         assert msg["isError"] is True and msg["toolName"] == "bash"
         assert msg["content"] == [{"type": "text", "text": INTERRUPTED_TEXT}]  # no output
     assert results["c3"][0]["content"][0]["text"] == "real"
-    entry = store.entry("s", "k1:interrupted")
+    entry = store.sessions.entry("s", "k1:interrupted")
     assert entry is not None and entry.kind == "message"
-    replayed = [m["role"] for m in store.replay("s").messages]
+    replayed = [m["role"] for m in store.sessions.replay("s").messages]
     assert replayed == ["assistant", "toolResult", "toolResult", "toolResult"]
-    assert store.interrupt_tool_executions("s") == []  # nothing running: a no-op
-    assert len(store.entries("s")) == 4
+    assert store.tools.interrupt("s") == []  # nothing running: a no-op
+    assert len(store.sessions.entries("s")) == 4
 
 
 @pytest.mark.parametrize("how", ["interrupt", "abandon"])
@@ -276,26 +276,26 @@ def test_interrupted_results_follow_the_calls_order_not_the_records(store, how):
     """Issue 17 item 3, on the paths that write interrupted results from records:
     records claimed (and keyed) in the reverse of the calls' order still give
     the transcript its results in call order."""
-    store.create_session("s")
-    store.append("s", "message", {"message": tool_call_message("c1", "c2", "c3")})
+    store.sessions.create("s")
+    store.sessions.append("s", "message", {"message": tool_call_message("c1", "c2", "c3")})
     for key, call_id in (("x", "c3"), ("y", "c2"), ("z", "c1")):
         claim(store, key, provider_call_id=call_id)
     if how == "interrupt":
-        store.interrupt_tool_executions("s")
+        store.tools.interrupt("s")
     else:
-        store.abandon_interrupted_tool_executions("s", "t")
-    replayed = store.replay("s").messages
+        store.tools.abandon_interrupted("s", "t")
+    replayed = store.sessions.replay("s").messages
     assert [m.get("toolCallId") for m in replayed[1:]] == ["c1", "c2", "c3"]
     assert [m["details"]["executionKey"] for m in replayed[1:]] == ["z", "y", "x"]
 
 
 def test_a_call_whose_result_reached_the_transcript_gets_no_second_result(store):
-    store.create_session("s")
-    store.append("s", "message", {"message": tool_call_message("c1")})
+    store.sessions.create("s")
+    store.sessions.append("s", "message", {"message": tool_call_message("c1")})
     claim(store, provider_call_id="c1")
     result = {"role": "toolResult", "toolCallId": "c1", "toolName": "bash", "content": []}
-    store.append("s", "message", {"message": result | {"isError": False}})
-    (rec,) = store.interrupt_tool_executions("s")  # crashed before complete_tool_execution
+    store.sessions.append("s", "message", {"message": result | {"isError": False}})
+    (rec,) = store.tools.interrupt("s")  # crashed before complete_tool_execution
     assert rec.state == "interrupted"
     assert [len(v) for v in tool_results(store).values()] == [1]
 
@@ -303,37 +303,35 @@ def test_a_call_whose_result_reached_the_transcript_gets_no_second_result(store)
 def test_interrupt_can_be_limited_to_one_turn(store):
     claim(store, "a", turn="t1")
     claim(store, "b", turn="t2")
-    assert [r.execution_key for r in store.interrupt_tool_executions("s", local_turn_id="t2")] == [
-        "b"
-    ]
+    assert [r.execution_key for r in store.tools.interrupt("s", local_turn_id="t2")] == ["b"]
     assert states(store) == {"a": "running", "b": "interrupted"}
 
 
 def test_interrupt_refuses_while_another_owner_holds_a_live_session_lease(store, clock):
-    store.create_session("s")
-    worker = store.acquire_lease("session:s", "worker", 10, purpose="execution")
-    store.append("s", "message", {"message": tool_call_message("call-k")}, lease=worker)
+    store.sessions.create("s")
+    worker = store.leases.acquire("session:s", "worker", 10, purpose="execution")
+    store.sessions.append("s", "message", {"message": tool_call_message("call-k")}, lease=worker)
     claim(store, lease=worker)
     with pytest.raises(BusyError) as err:
-        store.interrupt_tool_executions("s")
+        store.tools.interrupt("s")
     assert err.value.holder == "worker"
-    assert states(store) == {"k": "running"} and len(store.entries("s")) == 1
-    (rec,) = store.interrupt_tool_executions("s", lease=worker)  # the owner itself may
+    assert states(store) == {"k": "running"} and len(store.sessions.entries("s")) == 1
+    (rec,) = store.tools.interrupt("s", lease=worker)  # the owner itself may
     assert rec.state == "interrupted"
-    assert store.entry("s", "k:interrupted").lease_epoch == worker.epoch
+    assert store.sessions.entry("s", "k:interrupted").lease_epoch == worker.epoch
 
 
 def test_interrupt_after_the_owner_is_gone(store, clock):
-    store.create_session("s")
-    worker = store.acquire_lease("session:s", "worker", 1, purpose="execution")
+    store.sessions.create("s")
+    worker = store.leases.acquire("session:s", "worker", 1, purpose="execution")
     claim(store, lease=worker)
     clock.advance(2)
     with pytest.raises(LeaseLostError):
-        store.interrupt_tool_executions("s", lease=worker)
+        store.tools.interrupt("s", lease=worker)
     assert states(store) == {"k": "running"}
-    assert [r.state for r in store.interrupt_tool_executions("s")] == ["interrupted"]
+    assert [r.state for r in store.tools.interrupt("s")] == ["interrupted"]
     with pytest.raises(SessionNotFoundError):
-        store.interrupt_tool_executions("nope")
+        store.tools.interrupt("nope")
 
 
 # -- explicit recovery requests ----------------------------------------------------------
@@ -345,15 +343,15 @@ def test_recovery_requests_only_mark_selected_interrupted_side_effecting_calls(s
     claim(store, "left", provider_call_id="c-left")
     claim(store, "done", provider_call_id="c-done")
     claim(store, "other-turn", provider_call_id="c-side", turn="t2")
-    store.complete_tool_execution("done", {"ok": True})
-    store.interrupt_tool_executions("s")
+    store.tools.complete("done", {"ok": True})
+    store.tools.interrupt("s")
     claim(store, "busy", provider_call_id="c-busy")
-    before = store.get_tool_execution("done")
-    picked = store.request_tool_execution_recovery(
+    before = store.tools.get("done")
+    picked = store.tools.request_recovery(
         "s", "t", ["c-side", "c-read", "c-done", "c-busy", "c-unknown"]
     )
     assert [(r.execution_key, r.state) for r in picked] == [("side", "retry_requested")]
-    assert store.get_tool_execution("done") == before  # completed records never change
+    assert store.tools.get("done") == before  # completed records never change
     assert states(store) == {
         "side": "retry_requested",
         "read": "interrupted",  # read-only: reclaimed automatically, no confirmation
@@ -362,13 +360,13 @@ def test_recovery_requests_only_mark_selected_interrupted_side_effecting_calls(s
         "other-turn": "interrupted",
         "busy": "running",
     }
-    again = store.request_tool_execution_recovery("s", "t", ["c-side"])
+    again = store.tools.request_recovery("s", "t", ["c-side"])
     assert [r.execution_key for r in again] == ["side"]
     assert events(store, "side") == ["claim", "interrupt", "request_retry"]
-    assert store.request_tool_execution_recovery("s", "t", []) == []
-    assert store.get_tool_execution("side").state == "retry_requested"  # nothing executed
+    assert store.tools.request_recovery("s", "t", []) == []
+    assert store.tools.get("side").state == "retry_requested"  # nothing executed
     with pytest.raises(SessionNotFoundError):
-        store.request_tool_execution_recovery("nope", "t", ["c"])
+        store.tools.request_recovery("nope", "t", ["c"])
 
 
 # -- reclaim: automatic for read-only calls, confirmed for side effects -----------------------
@@ -377,27 +375,27 @@ def test_recovery_requests_only_mark_selected_interrupted_side_effecting_calls(s
 def test_read_only_calls_are_reclaimed_automatically(store):
     claim(store, "running", side=False)
     claim(store, "interrupted", side=False)
-    store.interrupt_tool_executions("s")
+    store.tools.interrupt("s")
     claim(store, "running", side=False)
-    reopened = store.reclaim_tool_execution("interrupted")
-    rec = store.get_tool_execution("interrupted")
+    reopened = store.tools.reclaim("interrupted")
+    rec = store.tools.get("interrupted")
     assert reopened == rec
     assert (rec.state, rec.attempt, rec.reason) == ("running", 2, None)
     assert events(store, "interrupted") == ["claim", "interrupt", "reclaim_interrupted"]
     claim(store, "live", side=False)
-    assert store.reclaim_tool_execution("live").attempt == 2
-    assert store.get_tool_execution("live").attempt == 2
+    assert store.tools.reclaim("live").attempt == 2
+    assert store.tools.get("live").attempt == 2
 
 
 def not_reclaimable(store, key: str, source: str, reason: str) -> ToolExecutionNotReclaimableError:
     """Reclaiming ``key`` is refused from ``source`` for ``reason``, writing nothing."""
-    before = store.get_tool_execution(key)
+    before = store.tools.get(key)
     with pytest.raises(ToolExecutionNotReclaimableError) as err:
-        store.reclaim_tool_execution(key)
+        store.tools.reclaim(key)
     assert (err.value.execution_key, err.value.source, err.value.reason) == (key, source, reason)
     assert (err.value.machine, err.value.trigger) == ("tool_execution", "reclaim")
     assert isinstance(err.value, InvalidTransitionError)
-    assert store.get_tool_execution(key) == before
+    assert store.tools.get(key) == before
     return err.value
 
 
@@ -406,31 +404,31 @@ def test_a_side_effecting_call_is_never_rerun_without_an_explicit_request(store)
     claim(store, "pay")
     err = not_reclaimable(store, "pay", "running", "needs_confirmation")
     assert "side effects" in str(err) and "once the record is interrupted" in str(err)
-    store.interrupt_tool_executions("s")
+    store.tools.interrupt("s")
     err = not_reclaimable(store, "pay", "interrupted", "needs_confirmation")
     assert "request_tool_execution_recovery" in str(err)
-    rec = store.get_tool_execution("pay")
+    rec = store.tools.get("pay")
     assert (rec.state, rec.attempt) == ("interrupted", 1)
     assert claim(store, "pay") == (rec, False)  # claiming again is no way around it
-    store.request_tool_execution_recovery("s", "t", ["call-pay"])
-    assert store.reclaim_tool_execution("pay").state == "running"
+    store.tools.request_recovery("s", "t", ["call-pay"])
+    assert store.tools.reclaim("pay").state == "running"
     not_reclaimable(store, "pay", "running", "needs_confirmation")  # one confirmation, one re-run
-    rec = store.get_tool_execution("pay")
+    rec = store.tools.get("pay")
     assert (rec.state, rec.attempt) == ("running", 2)
     assert events(store, "pay") == ["claim", "interrupt", "request_retry", "reclaim_confirmed"]
 
 
 def test_completed_and_abandoned_records_are_never_reopened(store):
     claim(store, "done", side=False)
-    store.complete_tool_execution("done", {"v": 1})
+    store.tools.complete("done", {"v": 1})
     claim(store, "gone", side=False)
-    store.abandon_interrupted_tool_executions("s", "t")
+    store.tools.abandon_interrupted("s", "t")
     err = not_reclaimable(store, "done", "completed", "terminal")
     assert "use its stored result" in str(err)
     err = not_reclaimable(store, "gone", "abandoned", "terminal")
     assert "a new run makes a new call" in str(err)
     with pytest.raises(ToolExecutionNotFoundError):
-        store.reclaim_tool_execution("missing")
+        store.tools.reclaim("missing")
 
 
 def test_a_refused_reclaim_pickles_with_its_fields():
@@ -449,16 +447,16 @@ def test_a_refused_reclaim_pickles_with_its_fields():
 
 
 def test_reclaim_refuses_while_another_owner_holds_the_session(store, clock):
-    store.create_session("s")
-    worker = store.acquire_lease("session:s", "worker", 10)
+    store.sessions.create("s")
+    worker = store.leases.acquire("session:s", "worker", 10)
     claim(store, side=False, lease=worker)
     with pytest.raises(BusyError):
-        store.reclaim_tool_execution("k")
-    assert store.get_tool_execution("k").attempt == 1
-    store.release_lease(worker)
-    successor = store.acquire_lease("session:s", "successor", 10)
-    assert store.reclaim_tool_execution("k", lease=successor).lease_epoch == successor.epoch
-    rec = store.get_tool_execution("k")
+        store.tools.reclaim("k")
+    assert store.tools.get("k").attempt == 1
+    store.leases.release(worker)
+    successor = store.leases.acquire("session:s", "successor", 10)
+    assert store.tools.reclaim("k", lease=successor).lease_epoch == successor.epoch
+    rec = store.tools.get("k")
     assert (rec.attempt, rec.lease_epoch) == (2, successor.epoch)
 
 
@@ -466,18 +464,18 @@ def test_reclaim_refuses_while_another_owner_holds_the_session(store, clock):
 
 
 def test_abandon_ends_every_uncertain_call_of_the_turn_without_running_anything(store):
-    store.create_session("s")
-    store.append("s", "message", {"message": tool_call_message("c1", "c2")})
+    store.sessions.create("s")
+    store.sessions.append("s", "message", {"message": tool_call_message("c1", "c2")})
     claim(store, "interrupted", provider_call_id="c1")
     claim(store, "requested", provider_call_id="c2")
-    store.interrupt_tool_executions("s")  # closes c1 and c2
-    store.request_tool_execution_recovery("s", "t", ["c2"])
-    store.append("s", "message", {"message": tool_call_message("c3", "c4")})
+    store.tools.interrupt("s")  # closes c1 and c2
+    store.tools.request_recovery("s", "t", ["c2"])
+    store.sessions.append("s", "message", {"message": tool_call_message("c3", "c4")})
     claim(store, "running", provider_call_id="c3", side=False)
     claim(store, "done", provider_call_id="c4")
-    store.complete_tool_execution("done", {"ok": 1})
+    store.tools.complete("done", {"ok": 1})
     claim(store, "elsewhere", turn="t2")
-    n = store.abandon_interrupted_tool_executions("s", "t", reason="user moved on")
+    n = store.tools.abandon_interrupted("s", "t", reason="user moved on")
     assert n == 3
     assert states(store) == {
         "interrupted": "abandoned",
@@ -486,89 +484,89 @@ def test_abandon_ends_every_uncertain_call_of_the_turn_without_running_anything(
         "done": "completed",
         "elsewhere": "running",
     }
-    rec = store.get_tool_execution("running")
+    rec = store.tools.get("running")
     assert rec.reason == "user moved on" and rec.completed_at is not None
     results = tool_results(store)
     assert {c: len(m) for c, m in results.items()} == {"c1": 1, "c2": 1, "c3": 1}
     assert results["c3"][0]["content"] == [{"type": "text", "text": INTERRUPTED_TEXT}]
-    assert store.abandon_interrupted_tool_executions("s", "t") == 0
+    assert store.tools.abandon_interrupted("s", "t") == 0
     again, created = claim(store, "requested", provider_call_id="c2")
     assert not created and again.state == "abandoned"  # a new run needs a new key
     not_reclaimable(store, "requested", "abandoned", "terminal")
 
 
 def test_abandon_refuses_while_a_runtime_owns_the_session(store):
-    store.create_session("s")
-    worker = store.acquire_lease("session:s", "worker", 10)
+    store.sessions.create("s")
+    worker = store.leases.acquire("session:s", "worker", 10)
     claim(store, lease=worker)
     with pytest.raises(BusyError):
-        store.abandon_interrupted_tool_executions("s", "t")
+        store.tools.abandon_interrupted("s", "t")
     assert states(store) == {"k": "running"}
-    assert store.abandon_interrupted_tool_executions("s", "t", lease=worker) == 1
+    assert store.tools.abandon_interrupted("s", "t", lease=worker) == 1
 
 
 # -- annotate_run_error ----------------------------------------------------------------------
 
 
 def test_annotate_run_error_fills_a_missing_terminal_reason_only(store):
-    store.create_session("s")
-    run = store.admit_run("s", {"q": 1}, user_message=USER)
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"q": 1}, user_message=USER)
     with pytest.raises(InvalidTransitionError):  # not ended: finish_run ends a run
-        store.annotate_run_error(run.id, "too early")
-    assert store.get_run(run.id).error is None
-    store.finish_run(run.id, "abandoned")
-    assert store.annotate_run_error(run.id, "abandoned after interrupted tool execution")
-    assert not store.annotate_run_error(run.id, "a later finalizer")
-    got = store.get_run(run.id)
+        store.runs.annotate_error(run.id, "too early")
+    assert store.runs.get(run.id).error is None
+    store.runs.finish(run.id, "abandoned")
+    assert store.runs.annotate_error(run.id, "abandoned after interrupted tool execution")
+    assert not store.runs.annotate_error(run.id, "a later finalizer")
+    got = store.runs.get(run.id)
     assert (got.status, got.error) == ("abandoned", "abandoned after interrupted tool execution")
-    second = store.admit_run("s", {"q": 2})
-    store.finish_run(second.id, "failed", error="the first word")
-    assert not store.annotate_run_error(second.id, "overwrite")
-    assert store.get_run(second.id).error == "the first word"
+    second = store.runs.admit("s", {"q": 2})
+    store.runs.finish(second.id, "failed", error="the first word")
+    assert not store.runs.annotate_error(second.id, "overwrite")
+    assert store.runs.get(second.id).error == "the first word"
     with pytest.raises(RunNotFoundError):
-        store.annotate_run_error("missing", "x")
+        store.runs.annotate_error("missing", "x")
 
 
 def test_a_succeeded_run_is_never_annotated_with_an_error(store):
     """A finished run's outcome is final: a cleanup pass cannot make a success
     look like a failure."""
-    store.create_session("s")
-    run = store.admit_run("s", {"q": 1})
-    store.start_run(run.id)
-    store.finish_run(run.id, "succeeded")
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"q": 1})
+    store.runs.start(run.id)
+    store.runs.finish(run.id, "succeeded")
     with pytest.raises(InvalidTransitionError) as err:
-        store.annotate_run_error(run.id, "abandoned by cleanup")
+        store.runs.annotate_error(run.id, "abandoned by cleanup")
     assert (err.value.machine, err.value.source) == ("run", "succeeded")
-    got = store.get_run(run.id)
+    got = store.runs.get(run.id)
     assert (got.status, got.error) == ("succeeded", None)
 
 
 def test_a_background_run_abandoned_after_an_interrupted_tool_execution(store, clock):
     """The seed's scenario end to end: the worker dies mid-tool; recovery interrupts
     the call (an explicit result), ends the run, and the user abandons the call."""
-    store.create_session("s")
-    worker = store.acquire_lease("session:s", "worker", 1, purpose="execution")
-    run = store.admit_run("s", {"q": 1}, user_message=USER, lease=worker)
-    store.start_run(run.id, lease=worker)
-    store.append("s", "message", {"message": tool_call_message("c1")}, lease=worker)
+    store.sessions.create("s")
+    worker = store.leases.acquire("session:s", "worker", 1, purpose="execution")
+    run = store.runs.admit("s", {"q": 1}, user_message=USER, lease=worker)
+    store.runs.start(run.id, lease=worker)
+    store.sessions.append("s", "message", {"message": tool_call_message("c1")}, lease=worker)
     claim(store, "k1", provider_call_id="c1", run_id=run.id, turn=run.turn_id, lease=worker)
     clock.advance(2)  # the worker is gone
-    rec_lease = store.acquire_lease("session:s", "rec", 10, purpose="recovery")
-    store.begin_recovery(run.id, rec_lease)
-    store.interrupt_tool_executions("s", local_turn_id=run.turn_id, lease=rec_lease)
-    store.converge_recovery(run.id, rec_lease, status="abandoned")
-    assert store.abandon_interrupted_tool_executions("s", run.turn_id, lease=rec_lease) == 1
+    rec_lease = store.leases.acquire("session:s", "rec", 10, purpose="recovery")
+    store.recovery.begin(run.id, rec_lease)
+    store.tools.interrupt("s", local_turn_id=run.turn_id, lease=rec_lease)
+    store.recovery.converge(run.id, rec_lease, status="abandoned")
+    assert store.tools.abandon_interrupted("s", run.turn_id, lease=rec_lease) == 1
     with pytest.raises(BusyError):  # the recovery worker still holds the session
-        store.annotate_run_error(run.id, "abandoned after interrupted tool execution")
-    assert store.annotate_run_error(
+        store.runs.annotate_error(run.id, "abandoned after interrupted tool execution")
+    assert store.runs.annotate_error(
         run.id, "abandoned after interrupted tool execution", lease=rec_lease
     )
     with pytest.raises(LeaseLostError):
-        store.complete_tool_execution("k1", {"out": "late"}, lease=worker)
-    assert store.get_run(run.id).status == "abandoned"
-    assert store.get_tool_execution("k1").state == "abandoned"
+        store.tools.complete("k1", {"out": "late"}, lease=worker)
+    assert store.runs.get(run.id).status == "abandoned"
+    assert store.tools.get("k1").state == "abandoned"
     assert [len(v) for v in tool_results(store).values()] == [1]
-    kinds = [e.kind for e in store.entries("s")]
+    kinds = [e.kind for e in store.sessions.entries("s")]
     assert kinds == ["turn_start", "message", "message", "message", "turn_end"]
 
 
@@ -599,7 +597,7 @@ NAN = math.nan
     ids=lambda kw: next(iter(kw)),
 )
 def test_bad_claims_are_refused_and_write_nothing(store, kwargs):
-    store.create_session("s")
+    store.sessions.create("s")
     args: dict[str, Any] = {
         "execution_key": "k",
         "session_id": "s",
@@ -610,14 +608,14 @@ def test_bad_claims_are_refused_and_write_nothing(store, kwargs):
     } | kwargs
     key, sid = args.pop("execution_key"), args.pop("session_id")
     with pytest.raises(InvalidInputError):
-        store.claim_tool_execution(key, sid, **args)
+        store.tools.claim(key, sid, **args)
     assert count(store, "tool_executions") == 0 and count(store, "tool_execution_events") == 0
 
 
 def test_a_lease_on_another_session_never_fences_a_claim(store):
-    store.create_session("s")
-    store.create_session("t")
-    other = store.acquire_lease("session:t", "w", 5)
+    store.sessions.create("s")
+    store.sessions.create("t")
+    other = store.leases.acquire("session:t", "w", 5)
     with pytest.raises(InvalidInputError):
         claim(store, lease=other)
     assert count(store, "tool_executions") == 0
@@ -626,33 +624,33 @@ def test_a_lease_on_another_session_never_fences_a_claim(store):
 @pytest.mark.parametrize(
     "call",
     [
-        lambda s: s.complete_tool_execution("k", {"x": NAN}),
-        lambda s: s.complete_tool_execution("k", {1, 2}),
-        lambda s: s.complete_tool_execution("k", {}, is_error="yes"),
-        lambda s: s.complete_tool_execution("", {}),
-        lambda s: s.interrupt_tool_executions(""),
-        lambda s: s.interrupt_tool_executions("s", local_turn_id=""),
-        lambda s: s.interrupt_tool_executions("s", reason=""),
-        lambda s: s.request_tool_execution_recovery("s", "t", "call-k"),
-        lambda s: s.request_tool_execution_recovery("s", "t", [""]),
-        lambda s: s.request_tool_execution_recovery("s", "t", [1]),
-        lambda s: s.request_tool_execution_recovery("s", "", ["call-k"]),
-        lambda s: s.reclaim_tool_execution(""),
-        lambda s: s.reclaim_tool_execution("k", lease="lease"),
-        lambda s: s.abandon_interrupted_tool_executions("s", ""),
-        lambda s: s.abandon_interrupted_tool_executions("s", "t", reason=""),
-        lambda s: s.annotate_run_error("", "x"),
-        lambda s: s.annotate_run_error("r", ""),
-        lambda s: s.get_tool_execution(""),
-        lambda s: s.session_tool_executions(""),
+        lambda s: s.tools.complete("k", {"x": NAN}),
+        lambda s: s.tools.complete("k", {1, 2}),
+        lambda s: s.tools.complete("k", {}, is_error="yes"),
+        lambda s: s.tools.complete("", {}),
+        lambda s: s.tools.interrupt(""),
+        lambda s: s.tools.interrupt("s", local_turn_id=""),
+        lambda s: s.tools.interrupt("s", reason=""),
+        lambda s: s.tools.request_recovery("s", "t", "call-k"),
+        lambda s: s.tools.request_recovery("s", "t", [""]),
+        lambda s: s.tools.request_recovery("s", "t", [1]),
+        lambda s: s.tools.request_recovery("s", "", ["call-k"]),
+        lambda s: s.tools.reclaim(""),
+        lambda s: s.tools.reclaim("k", lease="lease"),
+        lambda s: s.tools.abandon_interrupted("s", ""),
+        lambda s: s.tools.abandon_interrupted("s", "t", reason=""),
+        lambda s: s.runs.annotate_error("", "x"),
+        lambda s: s.runs.annotate_error("r", ""),
+        lambda s: s.tools.get(""),
+        lambda s: s.tools.list(""),
     ],
 )
 def test_bad_arguments_are_refused_and_change_nothing(store, call):
     rec, _ = claim(store)
     with pytest.raises(InvalidInputError):
         call(store)
-    assert store.get_tool_execution("k") == rec
-    assert events(store) == ["claim"] and store.entries("s") == []
+    assert store.tools.get("k") == rec
+    assert events(store) == ["claim"] and store.sessions.entries("s") == []
 
 
 def test_the_record_and_state_are_exported():
@@ -669,15 +667,15 @@ def test_the_record_and_state_are_exported():
 def test_a_call_with_no_record_gets_an_interrupted_result_when_the_turn_closes(store):
     """The process died after writing the assistant toolCall but before claiming
     its record: convergence still pairs the call, with no invented output."""
-    store.create_session("np")
-    run = store.admit_run("np", {"t": 1}, user_message={"role": "user", "content": "x"})
-    store.start_run(run.id)
+    store.sessions.create("np")
+    run = store.runs.admit("np", {"t": 1}, user_message={"role": "user", "content": "x"})
+    store.runs.start(run.id)
     call = {"type": "toolCall", "id": "c1", "name": "rm", "arguments": {}}
-    store.append("np", "message", {"message": {"role": "assistant", "content": [call]}})
-    rescue = store.acquire_lease("session:np", "rec", 30, purpose="recovery")
-    store.begin_recovery(run.id, rescue)
-    store.converge_recovery(run.id, rescue)
-    result = store.entry("np", f"{run.id}:c1:interrupted")
+    store.sessions.append("np", "message", {"message": {"role": "assistant", "content": [call]}})
+    rescue = store.leases.acquire("session:np", "rec", 30, purpose="recovery")
+    store.recovery.begin(run.id, rescue)
+    store.recovery.converge(run.id, rescue)
+    result = store.sessions.entry("np", f"{run.id}:c1:interrupted")
     assert result is not None and result.lease_epoch == rescue.epoch
     message = result.payload["message"]
     assert (message["role"], message["toolCallId"], message["toolName"]) == (
@@ -686,16 +684,16 @@ def test_a_call_with_no_record_gets_an_interrupted_result_when_the_turn_closes(s
         "rm",
     )
     assert message["isError"] is True and "no output" in message["content"][0]["text"]
-    roles = [m["role"] for m in store.replay("np").messages]
+    roles = [m["role"] for m in store.sessions.replay("np").messages]
     assert roles == ["user", "assistant", "toolResult"]
 
 
 def test_a_run_that_ends_while_its_tool_runs_interrupts_the_record(store):
-    store.create_session("rt")
-    lease = store.acquire_lease("session:rt", "w", 30, purpose="execution")
-    run = store.admit_run("rt", {"t": 1}, lease=lease)
-    store.start_run(run.id, lease=lease)
-    store.claim_tool_execution(
+    store.sessions.create("rt")
+    lease = store.leases.acquire("session:rt", "w", 30, purpose="execution")
+    run = store.runs.admit("rt", {"t": 1}, lease=lease)
+    store.runs.start(run.id, lease=lease)
+    store.tools.claim(
         "k-rt",
         "rt",
         local_turn_id=run.turn_id,
@@ -706,23 +704,23 @@ def test_a_run_that_ends_while_its_tool_runs_interrupts_the_record(store):
         lease=lease,
     )
     call = {"type": "toolCall", "id": "c9", "name": "bash", "arguments": {}}
-    store.append(
+    store.sessions.append(
         "rt", "message", {"message": {"role": "assistant", "content": [call]}}, lease=lease
     )
-    store.finish_run(run.id, "failed", error="model error", lease=lease)
-    rec = store.get_tool_execution("k-rt")
+    store.runs.finish(run.id, "failed", error="model error", lease=lease)
+    rec = store.tools.get("k-rt")
     assert rec.state == "interrupted" and rec.reason == "the run ended failed"
-    assert store.entry("rt", "k-rt:interrupted").payload["message"]["toolCallId"] == "c9"
-    assert store.entry("rt", f"{run.id}:c9:interrupted") is None  # paired once
+    assert store.sessions.entry("rt", "k-rt:interrupted").payload["message"]["toolCallId"] == "c9"
+    assert store.sessions.entry("rt", f"{run.id}:c9:interrupted") is None  # paired once
 
 
 def test_a_reclaimed_call_moves_to_the_fresh_run_that_re_executes_it(store):
     """The seed's flow: recovery interrupts a read-only call and ends the run; a
     fresh run reclaims the call (a terminal run is never reactivated)."""
-    store.create_session("rc")
-    run = store.admit_run("rc", {"t": 1})
-    store.start_run(run.id)
-    store.claim_tool_execution(
+    store.sessions.create("rc")
+    run = store.runs.admit("rc", {"t": 1})
+    store.runs.start(run.id)
+    store.tools.claim(
         "k-rc",
         "rc",
         local_turn_id=run.turn_id,
@@ -731,19 +729,19 @@ def test_a_reclaimed_call_moves_to_the_fresh_run_that_re_executes_it(store):
         side_effecting=False,
         run_id=run.id,
     )
-    rescue = store.acquire_lease("session:rc", "rec", 30, purpose="recovery")
-    store.begin_recovery(run.id, rescue)
-    store.converge_recovery(run.id, rescue)
-    store.release_lease(rescue)
-    assert store.get_tool_execution("k-rc").state == "interrupted"
+    rescue = store.leases.acquire("session:rc", "rec", 30, purpose="recovery")
+    store.recovery.begin(run.id, rescue)
+    store.recovery.converge(run.id, rescue)
+    store.leases.release(rescue)
+    assert store.tools.get("k-rc").state == "interrupted"
     with pytest.raises(InvalidInputError) as err:  # its run ended: name the fresh one
-        store.reclaim_tool_execution("k-rc")
+        store.tools.reclaim("k-rc")
     assert err.value.field == "run_id"
     with pytest.raises(InvalidInputError):
-        store.reclaim_tool_execution("k-rc", run_id=run.id)  # terminal
-    fresh = store.admit_run("rc", {"t": 1}, retry_of=run.id)
-    assert store.reclaim_tool_execution("k-rc", run_id=fresh.id).run_id == fresh.id
-    rec = store.get_tool_execution("k-rc")
+        store.tools.reclaim("k-rc", run_id=run.id)  # terminal
+    fresh = store.runs.admit("rc", {"t": 1}, retry_of=run.id)
+    assert store.tools.reclaim("k-rc", run_id=fresh.id).run_id == fresh.id
+    rec = store.tools.get("k-rc")
     assert (rec.state, rec.run_id, rec.local_turn_id, rec.attempt) == (
         "running",
         fresh.id,
@@ -756,71 +754,71 @@ def test_a_completed_call_whose_result_never_reached_the_transcript_gets_its_own
     """The tool ran and its record completed, then the process died before it
     appended the toolResult: the turn closes with the recorded output, not an
     'interrupted' text that would invite running a side effect again."""
-    store.create_session("cr")
-    run = store.admit_run("cr", {"t": 1})
-    store.start_run(run.id)
+    store.sessions.create("cr")
+    run = store.runs.admit("cr", {"t": 1})
+    store.runs.start(run.id)
     claim(store, "k-cr", sid="cr", turn=run.turn_id, run_id=run.id, provider_call_id="c1")
-    store.append("cr", "message", {"message": tool_call_message("c1")})
-    store.complete_tool_execution("k-cr", {"stdout": "REAL OUTPUT"})
-    rescue = store.acquire_lease("session:cr", "rec", 30, purpose="recovery")
-    store.begin_recovery(run.id, rescue)
-    store.converge_recovery(run.id, rescue)
+    store.sessions.append("cr", "message", {"message": tool_call_message("c1")})
+    store.tools.complete("k-cr", {"stdout": "REAL OUTPUT"})
+    rescue = store.leases.acquire("session:cr", "rec", 30, purpose="recovery")
+    store.recovery.begin(run.id, rescue)
+    store.recovery.converge(run.id, rescue)
     (result,) = tool_results(store, "cr")["c1"]
     assert '"REAL OUTPUT"' in result["content"][0]["text"]
     assert result["isError"] is False and result["details"]["fromRecord"] is True
 
 
 def test_tool_writes_without_a_lease_wait_for_the_session_holder(store):
-    store.create_session("tw")
-    worker = store.acquire_lease("session:tw", "w", 30, purpose="execution")
-    run = store.admit_run("tw", {"t": 1}, lease=worker)
+    store.sessions.create("tw")
+    worker = store.leases.acquire("session:tw", "w", 30, purpose="execution")
+    run = store.runs.admit("tw", {"t": 1}, lease=worker)
     with pytest.raises(BusyError):
         claim(store, "k-tw", sid="tw", turn=run.turn_id, run_id=run.id)
     claim(store, "k-tw", sid="tw", turn=run.turn_id, run_id=run.id, lease=worker)
     with pytest.raises(BusyError):
-        store.complete_tool_execution("k-tw", "ok")
+        store.tools.complete("k-tw", "ok")
     with pytest.raises(InvalidInputError) as err:  # the record's turn must be the run's
         claim(store, "k-tw2", sid="tw", turn="other", run_id=run.id, lease=worker)
     assert err.value.field == "local_turn_id"
-    store.finish_run(run.id, "failed", lease=worker)
+    store.runs.finish(run.id, "failed", lease=worker)
     with pytest.raises(InvalidInputError) as err:  # an ended run takes no new calls
         claim(store, "k-tw3", sid="tw", turn=run.turn_id, run_id=run.id, lease=worker)
     assert err.value.field == "run_id"
 
 
 def test_a_final_reply_with_a_tool_call_is_refused(store):
-    store.create_session("fr")
-    run = store.admit_run("fr", {"t": 1})
-    store.start_run(run.id)
+    store.sessions.create("fr")
+    run = store.runs.admit("fr", {"t": 1})
+    store.runs.start(run.id)
     with pytest.raises(InvalidInputError) as err:
-        store.finish_run(run.id, "succeeded", assistant_message=tool_call_message("f1"))
+        store.runs.finish(run.id, "succeeded", assistant_message=tool_call_message("f1"))
     assert err.value.field == "assistant_message"
-    assert store.get_run(run.id).status == "running"
+    assert store.runs.get(run.id).status == "running"
 
 
 def test_the_store_derived_entry_ids_are_reserved(store):
-    store.create_session("rs")
-    run = store.admit_run("rs", {"t": 1})
+    store.sessions.create("rs")
+    run = store.runs.admit("rs", {"t": 1})
     for suffix in (":turn-end", ":assistant", ":interrupted"):
         with pytest.raises(InvalidInputError) as err:
-            store.append(
+            store.sessions.append(
                 "rs",
                 "message",
                 {"message": {"role": "user", "content": "x"}},
                 entry_id=f"{run.id}{suffix}",
             )
         assert err.value.field == "entry_id"
-    store.finish_run(run.id, "failed")  # never wedged by a forged id
+    store.runs.finish(run.id, "failed")  # never wedged by a forged id
 
 
 # -- a record belongs to the call that claimed it -------------------------------------------
 
 
 def _ended_run_with_a_call(store, sid: str, to: str):
-    run = store.admit_run(sid, {"to": to}, user_message=USER)
-    store.start_run(run.id)
-    store.append(sid, "message", {"message": tool_call_message("call_0")})
-    rec, created = store.claim_tool_execution(
+    run = store.runs.admit(sid, {"to": to}, user_message=USER)
+    store.runs.start(run.id)
+    store.sessions.append(sid, "message", {"message": tool_call_message("call_0")})
+    rec, created = store.tools.claim(
         "call_0",
         sid,
         local_turn_id=run.turn_id,
@@ -835,14 +833,14 @@ def _ended_run_with_a_call(store, sid: str, to: str):
 
 
 def test_issue_example_another_runs_claim_never_gets_this_runs_result(store):
-    store.create_session("s")
+    store.sessions.create("s")
     r1, _ = _ended_run_with_a_call(store, "s", "alice")
-    store.complete_tool_execution("call_0", {"sent": "alice"})
-    store.finish_run(r1.id, "succeeded")
-    r2 = store.admit_run("s", {"to": "bob"}, user_message=USER)
-    store.start_run(r2.id)
+    store.tools.complete("call_0", {"sent": "alice"})
+    store.runs.finish(r1.id, "succeeded")
+    r2 = store.runs.admit("s", {"to": "bob"}, user_message=USER)
+    store.runs.start(r2.id)
     with pytest.raises(turnkeeper.ToolExecutionConflictError) as err:
-        store.claim_tool_execution(
+        store.tools.claim(
             "call_0",
             "s",
             local_turn_id=r2.turn_id,
@@ -857,7 +855,7 @@ def test_issue_example_another_runs_claim_never_gets_this_runs_result(store):
         "run_id",
         r1.id,
     )
-    assert store.get_tool_execution("call_0").result == {"sent": "alice"}
+    assert store.tools.get("call_0").result == {"sent": "alice"}
 
 
 @pytest.mark.parametrize(
@@ -871,7 +869,7 @@ def test_issue_example_another_runs_claim_never_gets_this_runs_result(store):
     ],
 )
 def test_a_claim_that_differs_in_scope_or_arguments_is_refused(store, change, field):
-    store.create_session("s")
+    store.sessions.create("s")
     run, rec = _ended_run_with_a_call(store, "s", "alice")
     claim_args = {
         "local_turn_id": run.turn_id,
@@ -881,20 +879,20 @@ def test_a_claim_that_differs_in_scope_or_arguments_is_refused(store, change, fi
         "arguments": {"to": "alice"},
         "run_id": run.id,
     }
-    again, created = store.claim_tool_execution("call_0", "s", **claim_args)
+    again, created = store.tools.claim("call_0", "s", **claim_args)
     assert (again, created) == (rec, False)  # a retried claim of the same call
     with pytest.raises(turnkeeper.ToolExecutionConflictError) as err:
-        store.claim_tool_execution("call_0", "s", **(claim_args | change))
+        store.tools.claim("call_0", "s", **(claim_args | change))
     assert err.value.field == field
-    assert store.get_tool_execution("call_0") == rec
+    assert store.tools.get("call_0") == rec
 
 
 def test_a_claim_from_another_session_is_refused(store):
-    store.create_session("s")
-    store.create_session("t")
+    store.sessions.create("s")
+    store.sessions.create("t")
     _ended_run_with_a_call(store, "s", "alice")
     with pytest.raises(turnkeeper.ToolExecutionConflictError) as err:
-        store.claim_tool_execution(
+        store.tools.claim(
             "call_0", "t", local_turn_id="x", provider_call_id="call_0", tool_name="send",
             side_effecting=True, arguments={"to": "alice"},
         )  # fmt: skip
@@ -902,25 +900,25 @@ def test_a_claim_from_another_session_is_refused(store):
 
 
 def test_a_reclaimed_record_belongs_to_the_fresh_run(store):
-    store.create_session("s")
+    store.sessions.create("s")
     r1, _ = _ended_run_with_a_call(store, "s", "alice")
-    store.finish_run(r1.id, "interrupted")
-    assert store.request_tool_execution_recovery("s", r1.turn_id, ["call_0"])
-    r2 = store.admit_run("s", {"to": "alice"}, retry_of=r1.id)
-    store.start_run(r2.id)
-    assert store.reclaim_tool_execution("call_0", run_id=r2.id)
+    store.runs.finish(r1.id, "interrupted")
+    assert store.tools.request_recovery("s", r1.turn_id, ["call_0"])
+    r2 = store.runs.admit("s", {"to": "alice"}, retry_of=r1.id)
+    store.runs.start(r2.id)
+    assert store.tools.reclaim("call_0", run_id=r2.id)
     common = {
         "provider_call_id": "call_0",
         "tool_name": "send",
         "side_effecting": True,
         "arguments": {"to": "alice"},
     }
-    rec, created = store.claim_tool_execution(
+    rec, created = store.tools.claim(
         "call_0", "s", local_turn_id=r2.turn_id, run_id=r2.id, **common
     )
     assert (created, rec.run_id, rec.attempt) == (False, r2.id, 2)
     with pytest.raises(turnkeeper.ToolExecutionConflictError):
-        store.claim_tool_execution("call_0", "s", local_turn_id=r1.turn_id, run_id=r1.id, **common)
+        store.tools.claim("call_0", "s", local_turn_id=r1.turn_id, run_id=r1.id, **common)
 
 
 @pytest.mark.postgres
@@ -946,12 +944,12 @@ def test_a_turn_closes_its_calls_in_call_order_whatever_order_the_database_lists
     try:
         where = urlunsplit(parts._replace(path=f"/{name}"))
         with turnkeeper.open_store(where, clock=FakeClock()) as store:
-            store.create_session("s")
-            lease = store.acquire_lease("session:s", "w", 600)
-            run = store.admit_run("s", {"q": 1}, lease=lease, start=True)
+            store.sessions.create("s")
+            lease = store.leases.acquire("session:s", "w", 600)
+            run = store.runs.admit("s", {"q": 1}, lease=lease, start=True)
             keys = {"B-key": "c1", "a-key": "c2", "Z-key": "c3", "m-key": "c4"}
             turn = {"message": tool_call_message(*keys.values())}
-            store.append("s", "message", turn, lease=lease)
+            store.sessions.append("s", "message", turn, lease=lease)
             for key, call_id in keys.items():
                 claim(
                     store,
@@ -962,12 +960,12 @@ def test_a_turn_closes_its_calls_in_call_order_whatever_order_the_database_lists
                     run_id=run.id,
                     lease=lease,
                 )
-            listed = [keys[r.execution_key] for r in store.session_tool_executions("s")]
+            listed = [keys[r.execution_key] for r in store.tools.list("s")]
             assert listed == ["c2", "c1", "c4", "c3"]  # a, B, m, Z: not code-point order
-            store.finish_run(run.id, "failed", error="boom", lease=lease)
+            store.runs.finish(run.id, "failed", error="boom", lease=lease)
             results = [
                 e.payload["message"]["toolCallId"]
-                for e in store.entries("s")
+                for e in store.sessions.entries("s")
                 if e.payload.get("message", {}).get("role") == "toolResult"
             ]
             assert results == ["c1", "c2", "c3", "c4"]  # the calls' order, not the records'
@@ -984,21 +982,24 @@ def test_a_reclaimed_call_interrupted_again_gets_its_second_interrupted_result(s
     took the id ``<execution key>:interrupted`` (EntryExistsError): the
     interrupt, or the run's end and so its recovery, could never succeed. A
     later attempt's result is ``<execution key>:<attempt>:interrupted``."""
-    store.create_session("s")
-    r1 = store.admit_run("s", {"q": 1}, user_message=USER, start=True)
-    store.append("s", "message", {"message": tool_call_message("c1")})
+    store.sessions.create("s")
+    r1 = store.runs.admit("s", {"q": 1}, user_message=USER, start=True)
+    store.sessions.append("s", "message", {"message": tool_call_message("c1")})
     claim(store, "k", turn=r1.turn_id, run_id=r1.id, provider_call_id="c1", side=False)
-    store.finish_run(r1.id, "interrupted")  # the first process died: interrupted, paired
-    assert store.entry("s", "k:interrupted") is not None
-    r2 = store.admit_run("s", {"q": 1}, retry_of=r1.id, user_message=USER, start=True)
-    store.reclaim_tool_execution("k", run_id=r2.id)
-    store.append("s", "message", {"message": tool_call_message("c1")})  # the call again
+    store.runs.finish(r1.id, "interrupted")  # the first process died: interrupted, paired
+    assert store.sessions.entry("s", "k:interrupted") is not None
+    r2 = store.runs.admit("s", {"q": 1}, retry_of=r1.id, user_message=USER, start=True)
+    store.tools.reclaim("k", run_id=r2.id)
+    store.sessions.append("s", "message", {"message": tool_call_message("c1")})  # the call again
     if how == "interrupt":
-        (rec,) = store.interrupt_tool_executions("s")
+        (rec,) = store.tools.interrupt("s")
     else:
-        store.finish_run(r2.id, "interrupted")
-        rec = store.get_tool_execution("k")
+        store.runs.finish(r2.id, "interrupted")
+        rec = store.tools.get("k")
     assert (rec.state, rec.attempt) == ("interrupted", 2)
-    again = store.entry("s", "k:2:interrupted")
+    again = store.sessions.entry("s", "k:2:interrupted")
     assert again is not None and again.payload["message"]["details"]["attempt"] == 2
-    assert [m["role"] for m in store.replay("s").messages][-2:] == ["assistant", "toolResult"]
+    assert [m["role"] for m in store.sessions.replay("s").messages][-2:] == [
+        "assistant",
+        "toolResult",
+    ]

@@ -75,22 +75,24 @@ def test_an_import_whose_parents_form_a_cycle_is_refused(store, entries, cycle):
     gave ``[user, toolResult nocall]``. The import is refused, naming the
     cycle, and writes nothing."""
     with pytest.raises(EntryCycleError) as err:
-        store.import_batch(batch("cyc", *entries))
+        store.sessions.import_batch(batch("cyc", *entries))
     assert err.value.session_id == "cyc"
     found = set(err.value.entry_ids)
     assert found == (set(cycle) if cycle else {"a1", "b1", "c1"})
-    assert store.get_session("cyc") is None
+    assert store.sessions.get("cyc") is None
 
 
 def test_an_import_that_closes_a_cycle_through_a_stored_entry_is_refused(store):
     """A stored entry imported without its parent ``X``; a later import supplies
     ``X`` under that very entry: a cycle, refused."""
-    store.import_batch(batch("s", ("u1", None, USER), ("u2", "X", USER)))
-    before = store.entries("s")
+    store.sessions.import_batch(batch("s", ("u1", None, USER), ("u2", "X", USER)))
+    before = store.sessions.entries("s")
     with pytest.raises(EntryCycleError) as err:
-        store.import_batch(batch("s", ("u1", None, USER), ("u2", "X", USER), ("X", "u2", USER)))
+        store.sessions.import_batch(
+            batch("s", ("u1", None, USER), ("u2", "X", USER), ("X", "u2", USER))
+        )
     assert set(err.value.entry_ids) == {"u2", "X"}
-    assert store.entries("s") == before
+    assert store.sessions.entries("s") == before
 
 
 def test_a_pi_file_with_a_cycle_fails_its_import_and_names_the_entries(tmp_path: Path):
@@ -113,7 +115,7 @@ def test_the_audit_judges_entries_on_a_cycle(store):
     """The audit's ``tool_results_in_context`` walked only from leaves, and a
     cycle has none: a result without its call stored on one (raw SQL, an
     older turnkeeper) went unseen. Every entry is judged now."""
-    store.import_batch(batch("s", ("a1", None, USER)))
+    store.sessions.import_batch(batch("s", ("a1", None, USER)))
     forge(
         store,
         "INSERT INTO entries (session_id, id, parent_id, kind, seq, ts, payload, lease_epoch, "
@@ -155,14 +157,14 @@ def test_an_append_may_not_take_the_missing_parent_of_an_imported_entry(store, h
     message ``u2`` followed the unanswered ``cX``, and the audit failed
     ``tool_results_in_context``. The id is refused: EntryIdReservedError
     naming ``u2``; nothing is written."""
-    store.import_batch(batch("s", ("u1", None, USER), ("u2", "X", USER)))
-    store.branch("s", "u1")
-    before = store.entries("s")
+    store.sessions.import_batch(batch("s", ("u1", None, USER), ("u2", "X", USER)))
+    store.sessions.branch("s", "u1")
+    before = store.sessions.entries("s")
     with pytest.raises(EntryIdReservedError) as err:
         if how == "append":
-            store.append("s", EntryKind.MESSAGE, calls("cX"), entry_id="X")
+            store.sessions.append("s", EntryKind.MESSAGE, calls("cX"), entry_id="X")
         else:
-            store.append_many(
+            store.sessions.append_many(
                 "s",
                 [NewEntry(EntryKind.MESSAGE, USER), NewEntry(EntryKind.MESSAGE, calls("cX"), "X")],
             )
@@ -172,22 +174,24 @@ def test_an_append_may_not_take_the_missing_parent_of_an_imported_entry(store, h
         "parent",
         "u2",
     )
-    assert store.entries("s") == before
+    assert store.sessions.entries("s") == before
     assert "tool_results_in_context" not in failing(store, "s")
-    store.append("s", EntryKind.MESSAGE, calls("cX"), entry_id="Y")  # another id goes in
+    store.sessions.append("s", EntryKind.MESSAGE, calls("cX"), entry_id="Y")  # another id goes in
 
 
 def test_an_import_may_still_supply_a_missing_parent_and_is_judged_whole(store):
     """Supplying a missing parent stays an import's (a grown file whose line
     now parses): it judges the whole tree, so a parent that would leave the
     adopted entry after unanswered calls is refused."""
-    store.import_batch(batch("s", ("u1", None, USER), ("u2", "X", USER)))
+    store.sessions.import_batch(batch("s", ("u1", None, USER), ("u2", "X", USER)))
     with pytest.raises(ToolCallsUnansweredError) as err:
-        store.import_batch(
+        store.sessions.import_batch(
             batch("s", ("u1", None, USER), ("X", "u1", calls("cX")), ("u2", "X", USER))
         )
     assert (err.value.entry_id, err.value.tool_call_ids) == ("u2", ("cX",))
-    done = store.import_batch(batch("s", ("u1", None, USER), ("X", "u1", USER), ("u2", "X", USER)))
+    done = store.sessions.import_batch(
+        batch("s", ("u1", None, USER), ("X", "u1", USER), ("u2", "X", USER))
+    )
     assert done.added == 1
     assert failing(store, "s") == {}
 
@@ -203,25 +207,27 @@ def test_an_import_may_not_take_an_id_of_a_run_that_has_not_ended(store, suffix,
     itself: an import taking one made the run's end fail for good
     (EntryExistsError), and one naming it as a missing parent would be
     adopted by it. Refused: EntryIdReservedError (reason ``run``)."""
-    store.import_batch(batch("s", ("u1", None, USER)))
-    run = store.admit_run("s", {"q": 1}, start=True)
+    store.sessions.import_batch(batch("s", ("u1", None, USER)))
+    run = store.runs.admit("s", {"q": 1}, start=True)
     reserved = f"{run.id}:{suffix}"
     entry = ("o", reserved, USER) if as_parent else (reserved, "u1", USER)
     with pytest.raises(EntryIdReservedError) as err:
-        store.import_batch(batch("s", ("u1", None, USER), entry))
+        store.sessions.import_batch(batch("s", ("u1", None, USER), entry))
     assert (err.value.entry_id, err.value.reason, err.value.by) == (reserved, "run", run.id)
-    store.finish_run(run.id, "succeeded", assistant_message={"role": "assistant", "content": []})
-    store.import_batch(batch("s", ("u1", None, USER), entry))  # the run ended: its ids are done
+    store.runs.finish(run.id, "succeeded", assistant_message={"role": "assistant", "content": []})
+    store.sessions.import_batch(
+        batch("s", ("u1", None, USER), entry)
+    )  # the run ended: its ids are done
     assert failing(store, "s").keys() <= {"session_trees_well_formed"}
 
 
 def test_an_exported_session_with_the_stores_own_ids_imports_back(store, tmp_path: Path):
     """The store's own ids of runs that ended (turn entries, replies,
     interrupted results) are what an exported session holds: they import."""
-    store.create_session("s")
-    run = store.admit_run("s", {"q": 1}, user_message=USER["message"], start=True)
-    store.append("s", EntryKind.MESSAGE, calls("c1"))
-    store.claim_tool_execution(
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"q": 1}, user_message=USER["message"], start=True)
+    store.sessions.append("s", EntryKind.MESSAGE, calls("c1"))
+    store.tools.claim(
         "k",
         "s",
         local_turn_id=run.turn_id,
@@ -230,11 +236,13 @@ def test_an_exported_session_with_the_stores_own_ids_imports_back(store, tmp_pat
         side_effecting=False,
         run_id=run.id,
     )
-    store.finish_run(run.id, "failed", error="x")
+    store.runs.finish(run.id, "failed", error="x")
     out = tmp_path / "s.jsonl"
     pi.export_file(store, "s", out)
     text = out.read_text(encoding="utf-8").replace('"id":"s"', '"id":"copy"', 1)
     out.write_text(text, encoding="utf-8")
     pi.import_file(store, out)
-    assert [e.id for e in store.entries("copy")] == [e.id for e in store.entries("s")]
-    assert store.entry("copy", "k:interrupted") is not None
+    assert [e.id for e in store.sessions.entries("copy")] == [
+        e.id for e in store.sessions.entries("s")
+    ]
+    assert store.sessions.entry("copy", "k:interrupted") is not None

@@ -35,15 +35,15 @@ def tool_turn(call_id: str) -> list[tuple[str, dict]]:
 
 
 def test_a_fenced_turn_is_three_transactions(store: turnkeeper.BaseStore) -> None:
-    store.create_session("s")
-    lease = store.acquire_lease("session:s", "w", 60)
+    store.sessions.create("s")
+    lease = store.leases.acquire("session:s", "w", 60)
     before = calls(store)
-    run = store.admit_run(
+    run = store.runs.admit(
         "s", {"q": 1}, user_message={"role": "user", "content": "hi"}, lease=lease, start=True
     )
     assert run.status == "running"
-    store.append_many("s", tool_turn("c1") + tool_turn("c2"), lease=lease)
-    done = store.finish_run(
+    store.sessions.append_many("s", tool_turn("c1") + tool_turn("c2"), lease=lease)
+    done = store.runs.finish(
         run.id,
         "succeeded",
         entries=tool_turn("c3"),
@@ -55,7 +55,9 @@ def test_a_fenced_turn_is_three_transactions(store: turnkeeper.BaseStore) -> Non
     spent = {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)}
     assert spent == {"admit_run": 1, "append_many": 1, "finish_run": 1}
     assert done.status == "succeeded"
-    kinds = [(e.kind, e.payload.get("message", {}).get("role")) for e in store.entries("s")]
+    kinds = [
+        (e.kind, e.payload.get("message", {}).get("role")) for e in store.sessions.entries("s")
+    ]
     assert kinds == [
         ("turn_start", None),
         (M, "user"),
@@ -63,24 +65,24 @@ def test_a_fenced_turn_is_three_transactions(store: turnkeeper.BaseStore) -> Non
         (M, "assistant"),
         ("turn_end", None),
     ]
-    assert {e.lease_epoch for e in store.entries("s")} == {lease.epoch}
-    edges = [e.edge for e in store.run_events("s")]
+    assert {e.lease_epoch for e in store.sessions.entries("s")} == {lease.epoch}
+    edges = [e.edge for e in store.runs.events("s")]
     assert edges == ["admit", "start", "succeed"]
-    assert store.get_delivery_plan(f"{run.id}:delivery") is not None
+    assert store.outbox.get_plan(f"{run.id}:delivery") is not None
 
 
 def test_a_finish_whose_entries_are_refused_ends_nothing(store: turnkeeper.BaseStore) -> None:
     """The turn's last entries are part of the termination: an unpaired result
     among them refuses the whole finish, and the run stays running."""
-    store.create_session("s")
-    run = store.admit_run("s", {"q": 1}, start=True)
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"q": 1}, start=True)
     stray = tool_turn("c1")[1]
     with pytest.raises(errors.ToolCallPairingError):
-        store.finish_run(run.id, "succeeded", entries=[stray])
-    assert store.get_run(run.id).status == "running"
-    assert [e.kind for e in store.entries("s")] == ["turn_start"]
+        store.runs.finish(run.id, "succeeded", entries=[stray])
+    assert store.runs.get(run.id).status == "running"
+    assert [e.kind for e in store.sessions.entries("s")] == ["turn_start"]
     with pytest.raises(errors.InvalidInputError) as caught:
-        store.finish_run(run.id, "succeeded", entries=[(M, "not a mapping")])
+        store.runs.finish(run.id, "succeeded", entries=[(M, "not a mapping")])
     assert caught.value.field == "entries[0].payload"
 
 
@@ -90,18 +92,18 @@ def test_a_lease_on_another_session_is_refused_inside_the_write(
     """start/finish check the lease's target against the run's session in their
     own transaction (no read before it): a lease on another session is refused
     and nothing changes."""
-    store.create_session("s")
-    store.create_session("other")
-    elsewhere = store.acquire_lease("session:other", "w", 60)
-    run = store.admit_run("s", {"q": 1})
+    store.sessions.create("s")
+    store.sessions.create("other")
+    elsewhere = store.leases.acquire("session:other", "w", 60)
+    run = store.runs.admit("s", {"q": 1})
     for call in (
-        lambda: store.start_run(run.id, lease=elsewhere),
-        lambda: store.finish_run(run.id, "failed", lease=elsewhere),
+        lambda: store.runs.start(run.id, lease=elsewhere),
+        lambda: store.runs.finish(run.id, "failed", lease=elsewhere),
     ):
         with pytest.raises(errors.InvalidInputError) as caught:
             call()
         assert caught.value.field == "lease"
-    assert store.get_run(run.id).status == "admitted"
+    assert store.runs.get(run.id).status == "admitted"
 
 
 def test_an_interrupted_result_for_a_call_id_no_id_may_hold_gets_a_valid_id(
@@ -110,13 +112,13 @@ def test_an_interrupted_result_for_a_call_id_no_id_may_hold_gets_a_valid_id(
     """The store derives an interrupted result's entry id from the call's id; a
     provider's call id with control characters is digested into it, so every
     entry the store writes can be read back by its id."""
-    store.create_session("s")
-    run = store.admit_run("s", {"q": 1}, start=True)
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"q": 1}, start=True)
     call = [{"type": "toolCall", "id": "a\x01b\n", "name": "ls", "arguments": {}}]
-    store.finish_run(
+    store.runs.finish(
         run.id, "succeeded", entries=[(M, {"message": {"role": "assistant", "content": call}})]
     )
-    results = [e for e in store.entries("s") if e.id.endswith(":interrupted")]
+    results = [e for e in store.sessions.entries("s") if e.id.endswith(":interrupted")]
     assert len(results) == 1
     assert results[0].payload["message"]["toolCallId"] == "a\x01b\n"
-    assert store.entry("s", results[0].id) == results[0]
+    assert store.sessions.entry("s", results[0].id) == results[0]

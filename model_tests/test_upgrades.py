@@ -60,16 +60,18 @@ def _scenario(version: int, ids: dict[str, str]) -> Any:
     by key digest with the digest turnkeeper wrote for them then."""
 
     def write(store: turnkeeper.BaseStore) -> dict[str, str]:
-        store.create_session("s", cwd="/w")
-        store.append("s", EntryKind.MESSAGE, {"message": _message("user", "hello")}, entry_id="e1")
-        store.set_title("s", "logs")
+        store.sessions.create("s", cwd="/w")
+        store.sessions.append(
+            "s", EntryKind.MESSAGE, {"message": _message("user", "hello")}, entry_id="e1"
+        )
+        store.sessions.set_title("s", "logs")
         old: dict[str, str] = {}
-        first = store.admit_run(
+        first = store.runs.admit(
             "s", FIRST, submission_key="k1", user_message=_message("user", "please"), **FIELDS
         )
-        store.start_run(first.id)
-        store.finish_run(first.id, "failed", error="boom")
-        retry = store.admit_run(
+        store.runs.start(first.id)
+        store.runs.finish(first.id, "failed", error="boom")
+        retry = store.runs.admit(
             "s",
             RETRY,
             submission_key="k2",
@@ -77,18 +79,18 @@ def _scenario(version: int, ids: dict[str, str]) -> Any:
             retry_of=first.id,
             **FIELDS,
         )
-        store.start_run(retry.id)
+        store.runs.start(retry.id)
         plan = {"delivery_plan": PLAN} if version >= 5 else {}
-        store.finish_run(
+        store.runs.finish(
             retry.id, "succeeded", assistant_message=_message("assistant", "ok"), **plan
         )
         ids.update(first=first.id, retry=retry.id)
         old[key_digest("s", "k1")] = request_only(FIRST)
         old[key_digest("s", "k2")] = request_only(RETRY)
         if version >= 6:
-            tool = store.admit_run("s", LATER, submission_key="k3", start=True)
-            store.append("s", EntryKind.MESSAGE, {"message": _call("c1")})
-            store.claim_tool_execution(
+            tool = store.runs.admit("s", LATER, submission_key="k3", start=True)
+            store.sessions.append("s", EntryKind.MESSAGE, {"message": _call("c1")})
+            store.tools.claim(
                 f"{tool.id}:c1",
                 "s",
                 local_turn_id=tool.turn_id,
@@ -98,17 +100,17 @@ def _scenario(version: int, ids: dict[str, str]) -> Any:
                 arguments=ARGS,
                 run_id=tool.id,
             )
-            store.complete_tool_execution(f"{tool.id}:c1", {"text": "contents"})
-            store.append("s", EntryKind.MESSAGE, {"message": _result("c1")})
-            store.finish_run(tool.id, "succeeded", assistant_message=_message("assistant", "read"))
+            store.tools.complete(f"{tool.id}:c1", {"text": "contents"})
+            store.sessions.append("s", EntryKind.MESSAGE, {"message": _result("c1")})
+            store.runs.finish(tool.id, "succeeded", assistant_message=_message("assistant", "read"))
             ids["tool"] = tool.id
             old[key_digest("s", "k3")] = request_only(LATER)
         if version >= 7:
-            fork = store.fork_session("s", request_id="f1", boundary_turn_id=retry.turn_id)
+            fork = store.forks.fork("s", request_id="f1", boundary_turn_id=retry.turn_id)
             ids["fork"] = fork.fork_session_id
         if version >= 8:  # written by a turnkeeper after 651f01c: the whole admission
-            store.create_session("t")
-            later = store.admit_run(
+            store.sessions.create("t")
+            later = store.runs.admit(
                 "t", LATER, submission_key="k1", user_message=_message("user", "count"), **FIELDS
             )
             ids["later"] = later.id
@@ -119,7 +121,7 @@ def _scenario(version: int, ids: dict[str, str]) -> Any:
 
 def _conflicts(store: turnkeeper.BaseStore, session_id: str, request: Any, **kw: Any) -> None:
     with pytest.raises(errors.SubmissionConflictError):
-        store.admit_run(session_id, request, **kw)
+        store.runs.admit(session_id, request, **kw)
 
 
 @pytest.mark.parametrize("version", range(2, turnkeeper.SCHEMA_VERSION))
@@ -134,16 +136,17 @@ def test_an_upgrade_keeps_every_retry_of_what_an_older_turnkeeper_stored(
     where = store_at(backend, version, tmp_path, monkeypatch, _scenario(version, ids))
     with turnkeeper.open_store(where) as store:
         assert store.schema_version() == turnkeeper.SCHEMA_VERSION
-        first = store.get_run(ids["first"])
-        retry = store.get_run(ids["retry"])
+        first = store.runs.get(ids["first"])
+        retry = store.runs.get(ids["retry"])
         please = _message("user", "please")
         again = _message("user", "please, again")
         # the same key, request, user message and intent fields: the original run
         assert (
-            store.admit_run("s", FIRST, submission_key="k1", user_message=please, **FIELDS) == first
+            store.runs.admit("s", FIRST, submission_key="k1", user_message=please, **FIELDS)
+            == first
         )
         same_retry = {"user_message": again, "retry_of": first.id, **FIELDS}
-        assert store.admit_run("s", RETRY, submission_key="k2", **same_retry) == retry
+        assert store.runs.admit("s", RETRY, submission_key="k2", **same_retry) == retry
         # anything else under those keys is another request
         _conflicts(store, "s", FIRST, submission_key="k1", user_message=again, **FIELDS)
         _conflicts(store, "s", RETRY, submission_key="k1", user_message=please, **FIELDS)
@@ -158,13 +161,13 @@ def test_an_upgrade_keeps_every_retry_of_what_an_older_turnkeeper_stored(
         _conflicts(store, "s", RETRY, submission_key="k2", **{**same_retry, "retry_of": retry.id})
         _conflicts(store, "s", RETRY, submission_key="k2", user_message=again, **FIELDS)
         if version >= 5:
-            assert store.finish_run(retry.id, "succeeded", delivery_plan=PLAN) == retry
+            assert store.runs.finish(retry.id, "succeeded", delivery_plan=PLAN) == retry
             other = DeliveryPlan("slack", "C2", PLAN.steps)
             with pytest.raises(errors.DeliveryPlanConflictError):
-                store.finish_run(retry.id, "succeeded", delivery_plan=other)
+                store.runs.finish(retry.id, "succeeded", delivery_plan=other)
         if version >= 6:
-            tool = store.get_run(ids["tool"])
-            assert store.admit_run("s", LATER, submission_key="k3", start=True) == tool
+            tool = store.runs.get(ids["tool"])
+            assert store.runs.admit("s", LATER, submission_key="k3", start=True) == tool
             _conflicts(store, "s", FIRST, submission_key="k3", start=True)
             claim = {
                 "local_turn_id": tool.turn_id,
@@ -173,33 +176,32 @@ def test_an_upgrade_keeps_every_retry_of_what_an_older_turnkeeper_stored(
                 "side_effecting": False,
                 "run_id": tool.id,
             }
-            record, created = store.claim_tool_execution(
-                f"{tool.id}:c1", "s", arguments=ARGS, **claim
-            )
+            record, created = store.tools.claim(f"{tool.id}:c1", "s", arguments=ARGS, **claim)
             assert not created and record.state == "completed"
-            assert store.complete_tool_execution(f"{tool.id}:c1", {"text": "contents"}) == record
+            assert store.tools.complete(f"{tool.id}:c1", {"text": "contents"}) == record
             with pytest.raises(errors.ToolExecutionConflictError):
-                store.claim_tool_execution(f"{tool.id}:c1", "s", arguments={"path": "b"}, **claim)
+                store.tools.claim(f"{tool.id}:c1", "s", arguments={"path": "b"}, **claim)
         if version >= 7:
-            fork = store.get_fork("f1")
+            fork = store.forks.get("f1")
             assert fork is not None and fork.fork_session_id == ids["fork"]
-            assert store.fork_session("s", request_id="f1", boundary_turn_id=retry.turn_id) == fork
+            assert store.forks.fork("s", request_id="f1", boundary_turn_id=retry.turn_id) == fork
             with pytest.raises(errors.ForkRequestConflictError):
-                store.fork_session("s", request_id="f1", boundary_turn_id=first.turn_id)
+                store.forks.fork("s", request_id="f1", boundary_turn_id=first.turn_id)
         if version >= 8:
-            later = store.get_run(ids["later"])
+            later = store.runs.get(ids["later"])
             count = _message("user", "count")
-            again_later = store.admit_run(
+            again_later = store.runs.admit(
                 "t", LATER, submission_key="k1", user_message=count, **FIELDS
             )
             assert again_later == later
             _conflicts(store, "t", LATER, submission_key="k1", user_message=please, **FIELDS)
         # and the store goes on: a new submission, retried
-        new = store.admit_run("s", {"prompt": "new"}, submission_key="k9", user_message=please)
+        new = store.runs.admit("s", {"prompt": "new"}, submission_key="k9", user_message=please)
         assert (
-            store.admit_run("s", {"prompt": "new"}, submission_key="k9", user_message=please) == new
+            store.runs.admit("s", {"prompt": "new"}, submission_key="k9", user_message=please)
+            == new
         )
-        assert store.get_session("s").title == "logs"
+        assert store.sessions.get("s").title == "logs"
 
 
 def test_a_file_of_the_first_version_1_takes_writes_after_the_upgrade(
@@ -212,25 +214,29 @@ def test_a_file_of_the_first_version_1_takes_writes_after_the_upgrade(
     it; each entry already stored gets its own timestamp."""
     where = store_at("duckdb", 1, tmp_path, monkeypatch, _first_entries, first_v1=True)
     with turnkeeper.open_store(where) as store:
-        before = store.replay("s")
-        entry = store.append("s", EntryKind.MESSAGE, {"message": _message("user", "again")})
-        run = store.admit_run("s", FIRST, submission_key="k1", user_message=_message("user", "go"))
+        before = store.sessions.replay("s")
+        entry = store.sessions.append(
+            "s", EntryKind.MESSAGE, {"message": _message("user", "again")}
+        )
+        run = store.runs.admit("s", FIRST, submission_key="k1", user_message=_message("user", "go"))
         assert (
-            store.admit_run("s", FIRST, submission_key="k1", user_message=_message("user", "go"))
+            store.runs.admit("s", FIRST, submission_key="k1", user_message=_message("user", "go"))
             == run
         )
-        assert store.replay("s").messages[: len(before.messages)] == before.messages
-        assert store.entry("s", entry.id) == entry
+        assert store.sessions.replay("s").messages[: len(before.messages)] == before.messages
+        assert store.sessions.entry("s", entry.id) == entry
         stored = store.query("SELECT id, ts, written_at FROM entries WHERE id IN ('e1', 'e2')")
         rows = stored.to_pylist()
         assert len(rows) == 2 and all(r["written_at"] == r["ts"] for r in rows), rows
 
 
 def _first_entries(store: turnkeeper.BaseStore) -> dict[str, str]:
-    store.create_session("s", cwd="/w")
+    store.sessions.create("s", cwd="/w")
     for n, text in ((1, "hello"), (2, "more")):
-        store.append("s", EntryKind.MESSAGE, {"message": _message("user", text)}, entry_id=f"e{n}")
-    store.set_title("s", "logs")
+        store.sessions.append(
+            "s", EntryKind.MESSAGE, {"message": _message("user", text)}, entry_id=f"e{n}"
+        )
+    store.sessions.set_title("s", "logs")
     return {}
 
 
@@ -238,9 +244,9 @@ def _spelled(store: turnkeeper.BaseStore) -> tuple[Any, dict[str, Any]]:
     """A run admitted under key ``k`` in session ``s``, and a request that is
     the JSON object its admission digest hashes (so its request digest is the
     stored admission digest)."""
-    store.create_session("s")
+    store.sessions.create("s")
     please = _message("user", "please")
-    run = store.admit_run("s", FIRST, submission_key="k", user_message=please, **FIELDS)
+    run = store.runs.admit("s", FIRST, submission_key="k", user_message=please, **FIELDS)
     policy = store.query("SELECT policy FROM execution_intents").column(0)[0].as_py()
     spelled = {
         "request": FIRST,
@@ -277,4 +283,4 @@ def test_control_without_the_shape_check_a_spelled_admission_gets_another_reques
     monkeypatch.setattr(submissions, "_BODY", frozenset())
     run, spelled = _spelled(store)
     please = _message("user", "please")
-    assert store.admit_run("s", spelled, submission_key="k", user_message=please, **FIELDS) == run
+    assert store.runs.admit("s", spelled, submission_key="k", user_message=please, **FIELDS) == run

@@ -24,11 +24,11 @@ LONG = 60.0  # a wait that only times out if the wake-up never comes
 
 def test_ending_a_run_wakes_a_subscriber_with_its_plan_due(real_store):
     store = real_store
-    store.create_session("s")
-    run = store.admit_run("s", {"q": 1})
-    store.start_run(run.id)
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"q": 1})
+    store.runs.start(run.id)
     sub = store.subscribe("run_ended", "delivery_due")
-    store.finish_run(run.id, "succeeded", delivery_plan=PLAN)
+    store.runs.finish(run.id, "succeeded", delivery_plan=PLAN)
     fired = sub.wait(LONG)
     assert set(fired) <= {Topic.RUN_ENDED, Topic.DELIVERY_DUE} and fired
     seen = set(fired)
@@ -40,9 +40,9 @@ def test_ending_a_run_wakes_a_subscriber_with_its_plan_due(real_store):
 
 def test_a_released_session_lease_wakes_lease_and_orphan_subscribers(real_store):
     store = real_store
-    lease = store.acquire_lease("session:s", "w", 30)
+    lease = store.leases.acquire("session:s", "w", 30)
     sub = store.subscribe(Topic.LEASE_RELEASED, Topic.ORPHAN)
-    assert store.release_lease(lease)
+    assert store.leases.release(lease)
     seen: set[Topic] = set()
     while seen != {Topic.LEASE_RELEASED, Topic.ORPHAN}:
         more = sub.wait(LONG)
@@ -52,23 +52,23 @@ def test_a_released_session_lease_wakes_lease_and_orphan_subscribers(real_store)
 
 def test_a_refused_write_wakes_nobody(real_store):
     store = real_store
-    store.create_session("s")
-    run = store.admit_run("s", {"q": 1})
-    holder = store.acquire_lease("session:s", "holder", 30)
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"q": 1})
+    holder = store.leases.acquire("session:s", "holder", 30)
     sub = store.subscribe("run_ended")
     with pytest.raises(turnkeeper.BusyError):  # rolled back: no wake-up
-        store.finish_run(run.id, "failed")
+        store.runs.finish(run.id, "failed")
     assert sub.wait(0.2) == []
-    store.finish_run(run.id, "failed", lease=holder)
+    store.runs.finish(run.id, "failed", lease=holder)
     assert sub.wait(LONG) == [Topic.RUN_ENDED]
 
 
 def test_a_wake_up_between_looking_and_waiting_is_not_missed(real_store):
     store = real_store
-    store.create_session("s")
-    run = store.admit_run("s", {"q": 1})
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"q": 1})
     sub = store.subscribe("run_ended")
-    store.finish_run(run.id, "failed")  # after subscribing, before the wait
+    store.runs.finish(run.id, "failed")  # after subscribing, before the wait
     assert sub.wait(LONG) == [Topic.RUN_ENDED]
 
 
@@ -86,10 +86,10 @@ def _outbox_worker(store, stop: threading.Event, delivered: list[str]) -> None:
     timeout) before looking again."""
     sub = store.subscribe("delivery_due")
     while not stop.is_set():
-        due = store.list_due_deliveries()
+        due = store.outbox.list_due()
         for op in due:
-            claim = store.claim_delivery(op.id, "worker", 30)
-            store.finish_delivery(op.id, "worker", claim.lease_epoch, "delivered")
+            claim = store.outbox.claim(op.id, "worker", 30)
+            store.outbox.finish(op.id, "worker", claim.lease_epoch, "delivered")
             delivered.append(op.id)
         if not due:
             sub.wait(0.2)
@@ -112,10 +112,10 @@ def test_an_outbox_worker_delivers_everything_with_or_without_wake_ups(
         expected = []
         for i in range(5):
             sid = f"s{i}"
-            store.create_session(sid)
-            run = store.admit_run(sid, {"q": i})
-            store.start_run(run.id)
-            store.finish_run(run.id, "succeeded", delivery_plan=PLAN)
+            store.sessions.create(sid)
+            run = store.runs.admit(sid, {"q": i})
+            store.runs.start(run.id)
+            store.runs.finish(run.id, "succeeded", delivery_plan=PLAN)
             expected.append(f"{run.id}:delivery:send")
         sub = store.subscribe("delivery_due")
         give_up = time.monotonic() + 300  # a hang guard, not a timing assertion

@@ -36,11 +36,12 @@ CHILD = textwrap.dedent("""
     path = sys.argv[1]
     turnkeeper.open_store(path).close()  # the schema, checkpointed into the file
     store = turnkeeper.open_store(path)
-    store.create_session("w")
+    store.sessions.create("w")
     acked = []
     for i in range(30):
         text = f"m{i} " * (1 + 40 * (i % 4))
-        entry = store.append("w", "message", {"message": {"role": "user", "content": text}})
+        message = {"message": {"role": "user", "content": text}}
+        entry = store.sessions.append("w", "message", message)
         acked.append([entry.id, os.path.getsize(path + ".wal")])
     print(json.dumps(acked), flush=True)
     os._exit(0)  # no close, no checkpoint: the writes are in the .wal only
@@ -167,8 +168,8 @@ def test_a_damaged_log_is_refused_and_repair_keeps_every_write_before_the_damage
     assert done["rows"]["entries"] == [0, len(kept)]
 
     with turnkeeper.open_store(str(path)) as store:  # every write before the damage, no other
-        session = store.get_session("w")
-        assert ([e.id for e in store.entries("w")] if session else []) == kept
+        session = store.sessions.get("w")
+        assert ([e.id for e in store.sessions.entries("w")] if session else []) == kept
         assert store.schema_version() == turnkeeper.SCHEMA_VERSION
     line = refused(run("repair", "--db", str(path)))  # nothing left to repair
     assert "nothing to repair" in line
@@ -203,8 +204,8 @@ def test_a_log_torn_at_its_end_opens_with_every_whole_transaction_and_needs_no_r
         assert "nothing to repair" in line
         assert sorted(p.name for p in folder.iterdir()) == ["store.duckdb", "store.duckdb.wal"]
         with turnkeeper.open_store(str(path), read_only=True) as store:
-            session = store.get_session("w")
-            got = [e.id for e in store.entries("w")] if session else []
+            session = store.sessions.get("w")
+            got = [e.id for e in store.sessions.entries("w")] if session else []
         assert got == crashed.before(end)
 
 
@@ -222,7 +223,7 @@ def test_a_file_held_open_is_never_repaired_nor_taken_for_damaged(
 ) -> None:
     path = tmp_path / "held.duckdb"
     with turnkeeper.open_store(str(path)) as store:
-        store.create_session("w")
+        store.sessions.create("w")
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD, str(path)],
         stdin=subprocess.PIPE,
@@ -251,7 +252,7 @@ def test_repair_refuses_what_it_cannot_repair(crashed: Crashed, tmp_path: Path) 
     line = refused(run("repair", "--db", str(path)))
     assert "InvalidInputError" in line and "is intact" in line
     with turnkeeper.open_store(str(path)) as store:
-        assert len(store.entries("w")) == len(crashed.acked)
+        assert len(store.sessions.entries("w")) == len(crashed.acked)
         line = refused(run("repair", "--db", str(path)))  # this process has it open
         assert "StoreLockedError" in line and "this process" in line
     assert "no write-ahead log" in refused(run("repair", "--db", str(path)))  # checkpointed

@@ -38,15 +38,17 @@ def _run_threads(n: int, work) -> list[BaseException]:
 
 def test_unconditional_appends_from_16_threads_all_land_in_one_chain(duck_real_store):
     store = duck_real_store
-    store.create_session("s")
+    store.sessions.create("s")
     per_thread = 10
 
     def work(i: int) -> None:
         for _ in range(per_thread):
-            store.append("s", EntryKind.MESSAGE, {"message": {"role": "user", "content": f"{i}"}})
+            store.sessions.append(
+                "s", EntryKind.MESSAGE, {"message": {"role": "user", "content": f"{i}"}}
+            )
 
     assert _run_threads(16, work) == []
-    entries = store.entries("s")
+    entries = store.sessions.entries("s")
     assert len(entries) == 16 * per_thread
     assert [e.parent_id for e in entries] == [None] + [e.id for e in entries[:-1]]
     assert store.statement_stats()["append"]["retries"] == 0
@@ -54,12 +56,12 @@ def test_unconditional_appends_from_16_threads_all_land_in_one_chain(duck_real_s
 
 def test_48_tool_completions_under_one_session_lease_need_no_retry(duck_real_store):
     store = duck_real_store
-    store.create_session("s")
-    lease = store.acquire_lease("session:s", "w", 600, purpose="execution")
-    run = store.admit_run("s", {"text": "go"}, lease=lease)
-    store.start_run(run.id, lease=lease)
+    store.sessions.create("s")
+    lease = store.leases.acquire("session:s", "w", 600, purpose="execution")
+    run = store.runs.admit("s", {"text": "go"}, lease=lease)
+    store.runs.start(run.id, lease=lease)
     for i in range(48):
-        store.claim_tool_execution(
+        store.tools.claim(
             f"k{i}",
             "s",
             local_turn_id=run.turn_id,
@@ -71,10 +73,10 @@ def test_48_tool_completions_under_one_session_lease_need_no_retry(duck_real_sto
         )
 
     def work(i: int) -> None:
-        store.complete_tool_execution(f"k{i}", {"ok": i}, lease=lease)
+        store.tools.complete(f"k{i}", {"ok": i}, lease=lease)
 
     assert _run_threads(48, work) == []
-    states = {r.state for r in store.session_tool_executions("s")}
+    states = {r.state for r in store.tools.list("s")}
     assert states == {"completed"}
     assert store.statement_stats()["complete_tool_execution"]["retries"] == 0
 

@@ -153,11 +153,13 @@ def three_transaction_turn(
     store: turnkeeper.BaseStore, session_id: str, lease: turnkeeper.Lease, user: Any
 ) -> None:
     """admit+start → append_many of 3 → finish + its last entry + reply + plan."""
-    run = store.admit_run(
+    run = store.runs.admit(
         session_id, {"i": uuid.uuid4().hex}, user_message=user, lease=lease, start=True
     )
-    store.append_many(session_id, [(EntryKind.MESSAGE, MSG)] * (TURN_APPENDS - 1), lease=lease)
-    store.finish_run(
+    store.sessions.append_many(
+        session_id, [(EntryKind.MESSAGE, MSG)] * (TURN_APPENDS - 1), lease=lease
+    )
+    store.runs.finish(
         run.id,
         "succeeded",
         entries=[(EntryKind.MESSAGE, MSG)],
@@ -171,18 +173,20 @@ def operations(store: turnkeeper.BaseStore, cold: turnkeeper.BaseStore) -> dict[
     """The rows of the table: name → one timed call (per entry for the batch).
     ``cold`` is a second store object on the same database with its replay
     cache off (every replay reads the branch's rows)."""
-    store.create_session("s")
-    lease = store.acquire_lease("session:s", "bench", 3600)
-    store.create_session("u")  # unleased: an unfenced append is refused on a leased session
+    store.sessions.create("s")
+    lease = store.leases.acquire("session:s", "bench", 3600)
+    store.sessions.create("u")  # unleased: an unfenced append is refused on a leased session
     for sid in ("r", "g"):  # "g" grows by one entry before each of its replays
-        store.create_session(sid)
+        store.sessions.create(sid)
         for done in range(0, REPLAY_ENTRIES, 1000):
-            store.append_many(sid, [(EntryKind.MESSAGE, MSG)] * min(1000, REPLAY_ENTRIES - done))
-    store.create_session("runs")
-    runs_lease = store.acquire_lease("session:runs", "bench", 3600)
-    outbox = store.admit_run("runs", {"outbox": True}, lease=runs_lease)
+            store.sessions.append_many(
+                sid, [(EntryKind.MESSAGE, MSG)] * min(1000, REPLAY_ENTRIES - done)
+            )
+    store.sessions.create("runs")
+    runs_lease = store.leases.acquire("session:runs", "bench", 3600)
+    outbox = store.runs.admit("runs", {"outbox": True}, lease=runs_lease)
     steps = tuple(DeliveryStep(str(n), "msg") for n in range(5000))
-    store.finish_run(
+    store.runs.finish(
         outbox.id, "failed", lease=runs_lease, delivery_plan=DeliveryPlan("chat", "t", steps)
     )
     claimed = iter(range(len(steps)))
@@ -191,13 +195,13 @@ def operations(store: turnkeeper.BaseStore, cold: turnkeeper.BaseStore) -> dict[
     def turn_seven() -> float:
         """admit → start → 4 fenced appends → finish + plan, as 7 transactions."""
         t0 = time.perf_counter()
-        run = store.admit_run("runs", {"i": uuid.uuid4().hex}, user_message=USER, lease=runs_lease)
+        run = store.runs.admit("runs", {"i": uuid.uuid4().hex}, user_message=USER, lease=runs_lease)
         t1 = time.perf_counter()
-        store.start_run(run.id, lease=runs_lease)
+        store.runs.start(run.id, lease=runs_lease)
         for _ in range(TURN_APPENDS):
-            store.append("runs", EntryKind.MESSAGE, MSG, lease=runs_lease)
+            store.sessions.append("runs", EntryKind.MESSAGE, MSG, lease=runs_lease)
         t2 = time.perf_counter()
-        store.finish_run(
+        store.runs.finish(
             run.id, "succeeded", assistant_message=REPLY, delivery_plan=PLAN, lease=runs_lease
         )
         t3 = time.perf_counter()
@@ -210,16 +214,16 @@ def operations(store: turnkeeper.BaseStore, cold: turnkeeper.BaseStore) -> dict[
         return time.perf_counter() - t0
 
     def delivery() -> None:
-        op = store.claim_delivery(f"{outbox.id}:delivery:{next(claimed)}", "bench", 60)
-        store.finish_delivery(op.id, "bench", op.lease_epoch, "delivered")
+        op = store.outbox.claim(f"{outbox.id}:delivery:{next(claimed)}", "bench", 60)
+        store.outbox.finish(op.id, "bench", op.lease_epoch, "delivered")
 
     def grown() -> float:
-        store.append("g", EntryKind.MESSAGE, MSG)
-        return timed(lambda: store.replay("g"))()
+        store.sessions.append("g", EntryKind.MESSAGE, MSG)
+        return timed(lambda: store.sessions.replay("g"))()
 
     def batch() -> float:
         start = time.perf_counter()
-        store.append_many("s", [(EntryKind.MESSAGE, MSG)] * BATCH, lease=lease)
+        store.sessions.append_many("s", [(EntryKind.MESSAGE, MSG)] * BATCH, lease=lease)
         return (time.perf_counter() - start) / BATCH
 
     def part(name: str) -> Op:
@@ -230,13 +234,15 @@ def operations(store: turnkeeper.BaseStore, cold: turnkeeper.BaseStore) -> dict[
         return op
 
     return {
-        "acquire (re-acquire)": timed(lambda: store.acquire_lease("session:s", "bench", 3600)),
-        "renew": timed(lambda: store.renew_lease(lease, 3600)),
+        "acquire (re-acquire)": timed(lambda: store.leases.acquire("session:s", "bench", 3600)),
+        "renew": timed(lambda: store.leases.renew(lease, 3600)),
         "acquire + release": timed(
-            lambda: store.release_lease(store.acquire_lease(f"t{uuid.uuid4().hex}", "bench", 60))
+            lambda: store.leases.release(store.leases.acquire(f"t{uuid.uuid4().hex}", "bench", 60))
         ),
-        "append": timed(lambda: store.append("u", EntryKind.MESSAGE, MSG)),
-        "append (fenced)": timed(lambda: store.append("s", EntryKind.MESSAGE, MSG, lease=lease)),
+        "append": timed(lambda: store.sessions.append("u", EntryKind.MESSAGE, MSG)),
+        "append (fenced)": timed(
+            lambda: store.sessions.append("s", EntryKind.MESSAGE, MSG, lease=lease)
+        ),
         f"append_many of {BATCH}, per entry (fenced)": batch,
         "admit_run": part("admit_run"),
         "finish_run (reply + 1-step plan)": part("finish_run"),
@@ -244,10 +250,10 @@ def operations(store: turnkeeper.BaseStore, cold: turnkeeper.BaseStore) -> dict[
         TURN_THREE: turn_three,
         "claim + finish delivery": timed(delivery),
         f"replay ({REPLAY_ENTRIES} entries), unchanged since the last (cache)": timed(
-            lambda: store.replay("r")
+            lambda: store.sessions.replay("r")
         ),
         f"replay ({REPLAY_ENTRIES} entries) after one append (cache + the new row)": grown,
-        f"replay ({REPLAY_ENTRIES} entries), cache off": timed(lambda: cold.replay("r")),
+        f"replay ({REPLAY_ENTRIES} entries), cache off": timed(lambda: cold.sessions.replay("r")),
     }
 
 
@@ -265,14 +271,14 @@ def threads(store: turnkeeper.BaseStore, count: int, together: Any = None) -> fl
 
     def writer() -> None:
         sid = f"w{uuid.uuid4().hex[:8]}"
-        store.create_session(sid)
-        lease = store.acquire_lease(f"session:{sid}", sid, 3600)
-        store.append(sid, EntryKind.MESSAGE, MSG, lease=lease)
+        store.sessions.create(sid)
+        lease = store.leases.acquire(f"session:{sid}", sid, 3600)
+        store.sessions.append(sid, EntryKind.MESSAGE, MSG, lease=lease)
         ready.wait()
         go.wait()
         n, start = 0, time.perf_counter()
         while n < MIN_APPENDS or time.perf_counter() - start < WRITERS_S:
-            store.append(sid, EntryKind.MESSAGE, MSG, lease=lease)
+            store.sessions.append(sid, EntryKind.MESSAGE, MSG, lease=lease)
             n += 1
         with lock:
             rates.append(n / (time.perf_counter() - start))
@@ -351,19 +357,19 @@ def langgraph_peer(
         saver.put(config, checkpoint, {"source": "loop", "step": version[0]}, {"messages": 1})
 
     put()
-    store.create_session("peer")
-    lease = store.acquire_lease("session:peer", "bench", 3600)
+    store.sessions.create("peer")
+    lease = store.leases.acquire("session:peer", "bench", 3600)
     pairs = {
         "replay / get_tuple": (
-            timed(lambda: store.replay("r")),
+            timed(lambda: store.sessions.replay("r")),
             timed(lambda: saver.get_tuple(config)),
         ),
         "replay, cache off / get_tuple": (
-            timed(lambda: cold.replay("r")),
+            timed(lambda: cold.sessions.replay("r")),
             timed(lambda: saver.get_tuple(config)),
         ),
         "append (fenced) / put": (
-            timed(lambda: store.append("peer", EntryKind.MESSAGE, MSG, lease=lease)),
+            timed(lambda: store.sessions.append("peer", EntryKind.MESSAGE, MSG, lease=lease)),
             timed(put),
         ),
     }
@@ -568,15 +574,15 @@ def big_store(where: str, floor: Op) -> dict[str, list[float]]:
     with turnkeeper.open_store(where) as store:
         populate(store, BIG_SESSIONS)
         sizes = grow(store, BIG_COPIES)
-        store.create_session("b")
-        lease = store.acquire_lease("session:b", "bench", 3600)
+        store.sessions.create("b")
+        lease = store.leases.acquire("session:b", "bench", 3600)
         where = (
             f"beside a big store ({sizes['sessions']} sessions, {sizes['leases']} lease rows, "
             f"{sizes['entries']} entries, {sizes['runs']} runs)"
         )
         ops = {
             f"append (fenced), {where}": timed(
-                lambda: store.append("b", EntryKind.MESSAGE, MSG, lease=lease)
+                lambda: store.sessions.append("b", EntryKind.MESSAGE, MSG, lease=lease)
             ),
             f"turn, 3 transactions, {where}": timed(
                 lambda: three_transaction_turn(store, "b", lease, USER)

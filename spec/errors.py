@@ -435,8 +435,8 @@ class ToolCallsUnansweredError(ToolCallPairingError):
     calls and their results, so ``entry_id`` (a user, assistant or any other
     message) is refused while ``tool_call_ids`` (in call order) are open in
     the session's replayed context. Answer each first: append each call's
-    result, or let the store close them (``interrupt_tool_executions``, or
-    ``finish_run`` at the run's end, closes every open call: the tool's own
+    result, or let the store close them (``tools.interrupt``, or
+    ``runs.finish`` at the run's end, closes every open call: the tool's own
     result from a completed record, an explicit interrupted one otherwise).
     ``reason`` is ``"unanswered"`` and ``tool_call_id`` the first open call.
     Nothing is written.
@@ -458,7 +458,7 @@ class ToolCallsUnansweredError(ToolCallPairingError):
         text = (
             f"Session {self.session_id!r}: message {self.entry_id!r} would follow tool calls "
             f"that have no result yet ({calls}); answer each first (append its result), "
-            "or close them all (interrupt_tool_executions, or finish_run at the run's end)"
+            "or close them all (tools.interrupt, or runs.finish at the run's end)"
         )
         return f"{text}: {self.detail}" if self.detail else text
 
@@ -644,7 +644,7 @@ class ToolExecutionNotReclaimableError(InvalidTransitionError):
     - ``"terminal"``: it is ``completed`` (use its stored result) or
       ``abandoned`` (a new run makes a new call): never reopened;
     - ``"needs_confirmation"``: its tool is side-effecting and the user has
-      not confirmed a re-run (``request_tool_execution_recovery``, which takes
+      not confirmed a re-run (``tools.request_recovery``, which takes
       an ``interrupted`` record to ``retry_requested``; a ``running`` one is
       interrupted first, once its process is gone).
 

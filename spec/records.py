@@ -138,9 +138,9 @@ class Entry:
 
 @dataclass(frozen=True, slots=True)
 class NewEntry:
-    """An entry to append with ``append_many``: ``kind`` and ``payload`` as for
-    ``append``; ``entry_id`` (``None``: a random 16-hex id) and ``timestamp``
-    (an aware datetime; ``None``: the store's now) as ``append`` takes them."""
+    """An entry to append with ``sessions.append_many``: ``kind`` and ``payload`` as for
+    ``sessions.append``; ``entry_id`` (``None``: a random 16-hex id) and ``timestamp``
+    (an aware datetime; ``None``: the store's now) as ``sessions.append`` takes them."""
 
     kind: str
     payload: Mapping[str, JSON]

@@ -51,7 +51,7 @@ THREAD_RECORD = Lifecycle(
 
 
 def save_decision(source: str, key_available: bool) -> str:
-    """What ``finalize``'s save does to a record: the edge name, or a refusal.
+    """What ``threads.finalize``'s save does to a record: the edge name, or a refusal.
 
     Refusals: ``revive`` (the record is archived: it is never saved again)
     and ``key_taken`` (the key is bound to another record, no rebind).

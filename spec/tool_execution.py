@@ -184,7 +184,7 @@ def is_content(value: Any) -> bool:
 
 
 def result_content(result: Any) -> list[Any]:
-    """The ``toolResult`` content of a result stored by ``complete_tool_execution``:
+    """The ``toolResult`` content of a result stored by ``tools.complete``:
     a string is one ``text`` block holding it; content blocks (:func:`is_content`)
     are the content as they are; any other JSON value has no content form, and
     its JSON text (sorted keys, no spaces) is one ``text`` block."""
@@ -203,7 +203,7 @@ def result_json(result: Any) -> str:
 def recorded_result(record: ToolExecution, timestamp_ms: int) -> dict[str, Any]:
     """The ``toolResult`` rebuilt from a completed record (the tool ran and
     reported; the process died before the transcript got its result): the
-    tool's own result as ``complete_tool_execution`` stored it, unchanged,
+    tool's own result as ``tools.complete`` stored it, unchanged,
     with the record's ``is_error``. Its content is :func:`result_content`; a
     result that is neither text nor content blocks is also kept as it is in
     ``details.result``. ``details`` marks it as rebuilt (``fromRecord``)."""
@@ -228,7 +228,7 @@ def recorded_result(record: ToolExecution, timestamp_ms: int) -> dict[str, Any]:
 
 def openai_content(result: Any) -> Any:
     """The content of an OpenAI chat ``tool`` message for a result stored by
-    ``complete_tool_execution``: a string or content blocks as they are, any
+    ``tools.complete``: a string or content blocks as they are, any
     other JSON value as its JSON text (:func:`result_json`)."""
     if isinstance(result, str) or is_content(result):
         return result

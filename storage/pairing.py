@@ -2,7 +2,7 @@
 
 This module states the rule once; every write path enforces it (API appends
 alone, in batches and merged in a DuckDB group, PostgreSQL's one-statement
-append, ``finish_run``'s entries and the store's own turn ends, admissions,
+append, ``runs.finish``'s entries and the store's own turn ends, admissions,
 branch summaries, compactions, imports, forks and the results the store
 writes itself on interrupt, abandon and recovery), and ``turnkeeper audit``
 (``tool_results_in_context``) judges stored sessions with the very same
@@ -53,8 +53,8 @@ calls (partial ``toolCall`` blocks stay in such messages in real pi files).
 Its calls need no result: another message may follow them; a result may still
 answer one, right after it, as for any call.
 
-When the store itself ends calls (``interrupt_tool_executions``,
-``abandon_interrupted_tool_executions``, a run's end in ``finish_run`` or
+When the store itself ends calls (``tools.interrupt``,
+``tools.abandon_interrupted``, a run's end in ``runs.finish`` or
 recovery), it writes each open call's result in the call's own shape (a
 ``toolResult`` for a pi call, a ``tool`` message for an OpenAI call), in call
 order, right under the leaf: the tool's own result when the record that

@@ -4,12 +4,13 @@ Synchronous and thread-safe: many threads may share one store object.
 Errors are those of :mod:`turnkeeper.spec.errors`; each method's docstring in
 the DuckDB backend lists them and what remains stored after a failure.
 
-Session writes and leases (one rule). Every write to an existing session's
-state — its transcript (``append``, ``branch``, ``branch_with_summary``,
-``set_label``, ``set_title``, compactions, ``import_batch`` into it), its runs
-(``admit_run`` … ``finish_run``, ``annotate_run_error``), its tool-execution
-records, its response lineage, a delivery plan made outside a termination,
-and a fork of it — is made either
+Session writes and leases (one rule). Every write to an existing session's state
+— its transcript (``sessions.append``, ``sessions.branch``,
+``sessions.branch_with_summary``, ``sessions.set_label``,
+``sessions.set_title``, compactions, ``sessions.import_batch`` into it), its
+runs (``runs.admit`` … ``runs.finish``, ``runs.annotate_error``), its
+tool-execution records, its response lineage, a delivery plan made outside a
+termination, and a fork of it — is made either
 
 - under the session's lease (``lease=``, a lease on ``session:<id>``), fenced
   in the write's own transaction: ``LeaseLostError`` once it is lost; or
@@ -21,22 +22,22 @@ Either way a refused write writes nothing. A grant committed meanwhile
 never goes through beside the check: on PostgreSQL the check writes the
 lease row (and a grant the session row), so the two conflict; on DuckDB
 both run under the file's write lock. Not session writes, so outside the rule: creating a
-session (``create_session``, a fork's new session, an import that creates
+session (``sessions.create``, a fork's new session, an import that creates
 one); the requests addressed to the holder, which it honours
-(``request_cancel``, ``request_tool_execution_recovery``); recovery, which
+(``runs.request_cancel``, ``tools.request_recovery``); recovery, which
 needs its own ``recovery`` lease; and outbox claims and updates, fenced by
 their own claim epoch. A lease given to any write is fenced all the same (an
 import that creates its session too): a stale or forged one writes nothing.
 
 Reads of a missing thing (one rule). A lookup of one thing by its id or key
-(``get_session``, ``entry``, ``get_run``, ``get_recovery``, ``get_fork``,
-``get_tool_execution``, ``get_delivery_plan``, ``get_delivery_operation``,
-``get_response_state``, ``resolve``) returns ``None`` when there is none, as
+(``sessions.get``, ``sessions.entry``, ``runs.get``, ``recovery.get``,
+``forks.get``, ``tools.get``, ``outbox.get_plan``, ``outbox.get_operation``,
+``lineage.get``, ``threads.resolve``) returns ``None`` when there is none, as
 the threadstore seed's Resolve does. A read of what is inside a session
-(``entries``, ``replay``, ``labels``, ``opaque_records``, ``session_runs``,
-``active_run``, ``run_events``, ``session_tool_executions``) raises
-``SessionNotFoundError`` when the session does not exist, so an empty answer
-always means an existing, empty session.
+(``sessions.entries``, ``sessions.replay``, ``sessions.labels``,
+``sessions.opaque_records``, ``runs.list``, ``runs.active``, ``runs.events``,
+``tools.list``) raises ``SessionNotFoundError`` when the session does not exist,
+so an empty answer always means an existing, empty session.
 
 Values. Payloads and other JSON arguments hold only what JSON holds exactly
 (dicts with string keys, lists, strings, 64-bit integers, finite floats,
@@ -75,26 +76,28 @@ from turnkeeper.spec.records import (
 from turnkeeper.spec.tool_execution import ToolExecution
 
 
-class Store(Protocol):
-    """Leases, thread records, sessions, runs, recovery and the delivery outbox
-    (threadstore Store + session seed Store)."""
+class LeasesAPI(Protocol):
+    """``store.leases``: leases with fencing epochs (session seed AcquireSessionLease …)."""
 
-    # leases
-    def acquire_lease(
-        self, target: str, owner: str, ttl_s: float, *, purpose: str = ...
-    ) -> Lease: ...
-    def renew_lease(self, lease: Lease, ttl_s: float) -> Lease: ...
-    def release_lease(self, lease: Lease) -> bool: ...
-    def validate_lease(self, lease: Lease) -> None: ...
+    def acquire(self, target: str, owner: str, ttl_s: float, *, purpose: str = ...) -> Lease: ...
+    def renew(self, lease: Lease, ttl_s: float) -> Lease: ...
+    def release(self, lease: Lease) -> bool: ...
+    def validate(self, lease: Lease) -> None: ...
 
-    # thread records
+
+class ThreadsAPI(Protocol):
+    """``store.threads``: thread records (threadstore seed Resolve, Finalize)."""
+
     def resolve(
         self, *, id: str | None = None, key: str | None = None, include_archived: bool = False
     ) -> ThreadRecord | None: ...
     def finalize(self, request: FinalizeRequest) -> ThreadRecord: ...
 
-    # sessions
-    def create_session(
+
+class SessionsAPI(Protocol):
+    """``store.sessions``: sessions, their transcripts, replay, listing and imports."""
+
+    def create(
         self,
         session_id: str | None = None,
         *,
@@ -102,7 +105,7 @@ class Store(Protocol):
         header: Mapping[str, Any] | None = None,
         created_at: datetime | None = None,
     ) -> Session: ...
-    def get_session(self, session_id: str) -> Session | None: ...
+    def get(self, session_id: str) -> Session | None: ...
     def append(
         self,
         session_id: str,
@@ -144,17 +147,18 @@ class Store(Protocol):
     def entry(self, session_id: str, entry_id: str) -> Entry | None: ...
     def replay(self, session_id: str) -> Replay: ...
     def labels(self, session_id: str) -> dict[str, str]: ...
-    def list_sessions(
-        self, *, limit: int = 50, cursor: str | None = None, search: str | None = None
-    ) -> SessionPage: ...
-    def count_sessions(self, *, search: str | None = None) -> int: ...
-
-    # imports
+    def count(self, *, search: str | None = None) -> int: ...
     def import_batch(self, batch: ImportBatch, *, lease: Lease | None = None) -> ImportResult: ...
     def opaque_records(self, session_id: str) -> list[OpaqueRecord]: ...
+    def list(
+        self, *, limit: int = 50, cursor: str | None = None, search: str | None = None
+    ) -> SessionPage: ...
 
-    # runs and recovery
-    def admit_run(
+
+class RunsAPI(Protocol):
+    """``store.runs``: run admission, steps, termination, cancel requests, reads, events."""
+
+    def admit(
         self,
         session_id: str,
         request: Mapping[str, Any],
@@ -170,10 +174,10 @@ class Store(Protocol):
         policy: Mapping[str, Any] | None = None,
         start: bool = False,
     ) -> Run: ...
-    def start_run(self, run_id: str, *, lease: Lease | None = None) -> Run: ...
-    def wait_run(self, run_id: str, *, lease: Lease | None = None) -> Run: ...
-    def resume_run(self, run_id: str, *, lease: Lease | None = None) -> Run: ...
-    def finish_run(
+    def start(self, run_id: str, *, lease: Lease | None = None) -> Run: ...
+    def wait(self, run_id: str, *, lease: Lease | None = None) -> Run: ...
+    def resume(self, run_id: str, *, lease: Lease | None = None) -> Run: ...
+    def finish(
         self,
         run_id: str,
         status: str,
@@ -186,10 +190,9 @@ class Store(Protocol):
         entries: Sequence[NewEntry | tuple[str, Mapping[str, Any]]] = (),
     ) -> Run: ...
     def request_cancel(self, run_id: str) -> Run: ...
-    def get_run(self, run_id: str) -> Run | None: ...
-    def active_run(self, session_id: str) -> Run | None: ...
-    def session_runs(self, session_id: str) -> list[Run]: ...
-    def run_events(
+    def get(self, run_id: str) -> Run | None: ...
+    def active(self, session_id: str) -> Run | None: ...
+    def events(
         self,
         session_id: str,
         *,
@@ -198,12 +201,28 @@ class Store(Protocol):
         latest: bool = False,
         limit: int = 100,
     ) -> list[RunEvent]: ...
-    def list_orphaned_runs(self) -> list[Run]: ...
-    def get_recovery(self, run_id: str) -> Recovery | None: ...
-    def begin_recovery(
+    def annotate_error(self, run_id: str, reason: str, *, lease: Lease | None = None) -> bool: ...
+    def list(self, session_id: str) -> list[Run]: ...
+
+
+class LineageAPI(Protocol):
+    """``store.lineage``: a session's response lineage, by compare-and-set."""
+
+    def get(self, session_id: str) -> ResponseState | None: ...
+    def compare_and_swap(
+        self, state: ResponseState, expected_version: int, *, lease: Lease | None = None
+    ) -> bool: ...
+
+
+class RecoveryAPI(Protocol):
+    """``store.recovery``: recovery of orphaned runs under a ``recovery`` lease."""
+
+    def list_orphans(self) -> list[Run]: ...
+    def get(self, run_id: str) -> Recovery | None: ...
+    def begin(
         self, run_id: str, lease: Lease, *, trigger_source: str = ..., reason: str = ...
     ) -> Recovery: ...
-    def converge_recovery(
+    def converge(
         self,
         run_id: str,
         lease: Lease,
@@ -214,7 +233,7 @@ class Store(Protocol):
         decisions: Sequence[Mapping[str, Any]] = (),
         delivery_plan: DeliveryPlan | None = None,
     ) -> Recovery: ...
-    def fail_recovery(
+    def fail(
         self,
         run_id: str,
         lease: Lease,
@@ -224,25 +243,20 @@ class Store(Protocol):
         base_delay_s: float = 1.0,
         max_delay_s: float = 300.0,
     ) -> Recovery: ...
-    def detach_recovery(self, run_id: str, lease: Lease) -> Recovery: ...
+    def detach(self, run_id: str, lease: Lease) -> Recovery: ...
 
-    # response lineage
-    def get_response_state(self, session_id: str) -> ResponseState | None: ...
-    def compare_and_swap_response_state(
-        self, state: ResponseState, expected_version: int, *, lease: Lease | None = None
-    ) -> bool: ...
 
-    # delivery outbox
-    def create_delivery_plan(
+class OutboxAPI(Protocol):
+    """``store.outbox``: delivery plans and their operations, claimed by epoch."""
+
+    def create_plan(
         self, run_id: str, plan: DeliveryPlan, *, lease: Lease | None = None
     ) -> DeliveryIntent: ...
-    def get_delivery_plan(
-        self, intent_id: str
-    ) -> tuple[DeliveryIntent, list[DeliveryOperation]] | None: ...
-    def get_delivery_operation(self, operation_id: str) -> DeliveryOperation | None: ...
-    def list_due_deliveries(self, *, limit: int = 100) -> list[DeliveryOperation]: ...
-    def claim_delivery(self, operation_id: str, owner: str, ttl_s: float) -> DeliveryOperation: ...
-    def update_delivery_progress(
+    def get_plan(self, intent_id: str) -> tuple[DeliveryIntent, list[DeliveryOperation]] | None: ...
+    def get_operation(self, operation_id: str) -> DeliveryOperation | None: ...
+    def list_due(self, *, limit: int = 100) -> list[DeliveryOperation]: ...
+    def claim(self, operation_id: str, owner: str, ttl_s: float) -> DeliveryOperation: ...
+    def update_progress(
         self,
         operation_id: str,
         owner: str,
@@ -253,7 +267,7 @@ class Store(Protocol):
         provider_state: Mapping[str, Any] | None = None,
         failure_code: str | None = None,
     ) -> DeliveryOperation: ...
-    def finish_delivery(
+    def finish(
         self,
         operation_id: str,
         owner: str,
@@ -265,7 +279,7 @@ class Store(Protocol):
         provider_state: Mapping[str, Any] | None = None,
         failure_code: str | None = None,
     ) -> DeliveryOperation: ...
-    def requeue_delivery(
+    def requeue(
         self,
         operation_id: str,
         owner: str,
@@ -275,8 +289,11 @@ class Store(Protocol):
         failure_code: str = "",
     ) -> DeliveryOperation: ...
 
-    # tool-execution records
-    def claim_tool_execution(
+
+class ToolsAPI(Protocol):
+    """``store.tools``: tool-execution records (session seed ToolExecutionRecord)."""
+
+    def claim(
         self,
         execution_key: str,
         session_id: str,
@@ -294,7 +311,7 @@ class Store(Protocol):
         provider_metadata: Mapping[str, Any] | None = None,
         lease: Lease | None = None,
     ) -> tuple[ToolExecution, bool]: ...
-    def complete_tool_execution(
+    def complete(
         self,
         execution_key: str,
         result: Any,
@@ -302,7 +319,7 @@ class Store(Protocol):
         is_error: bool = False,
         lease: Lease | None = None,
     ) -> ToolExecution: ...
-    def interrupt_tool_executions(
+    def interrupt(
         self,
         session_id: str,
         *,
@@ -310,13 +327,13 @@ class Store(Protocol):
         reason: str = ...,
         lease: Lease | None = None,
     ) -> list[ToolExecution]: ...
-    def request_tool_execution_recovery(
+    def request_recovery(
         self, session_id: str, local_turn_id: str, provider_call_ids: Sequence[str]
     ) -> list[ToolExecution]: ...
-    def reclaim_tool_execution(
+    def reclaim(
         self, execution_key: str, *, run_id: str | None = None, lease: Lease | None = None
     ) -> ToolExecution: ...
-    def abandon_interrupted_tool_executions(
+    def abandon_interrupted(
         self,
         session_id: str,
         local_turn_id: str,
@@ -324,14 +341,14 @@ class Store(Protocol):
         reason: str = ...,
         lease: Lease | None = None,
     ) -> int: ...
-    def annotate_run_error(
-        self, run_id: str, reason: str, *, lease: Lease | None = None
-    ) -> bool: ...
-    def get_tool_execution(self, execution_key: str) -> ToolExecution | None: ...
-    def session_tool_executions(self, session_id: str) -> list[ToolExecution]: ...
+    def get(self, execution_key: str) -> ToolExecution | None: ...
+    def list(self, session_id: str) -> list[ToolExecution]: ...
 
-    # forks
-    def fork_session(
+
+class ForksAPI(Protocol):
+    """``store.forks``: forks of a session (session seed ForkSession)."""
+
+    def fork(
         self,
         source_session_id: str,
         *,
@@ -341,6 +358,30 @@ class Store(Protocol):
         fork_session_id: str | None = None,
         lease: Lease | None = None,
     ) -> Fork: ...
-    def get_fork(self, request_id: str) -> Fork | None: ...
+    def get(self, request_id: str) -> Fork | None: ...
+
+
+class Store(Protocol):
+    """The store: one object per area (threadstore Store + session seed Store),
+    the analytics reads and the store's own life."""
+
+    @property
+    def leases(self) -> LeasesAPI: ...
+    @property
+    def threads(self) -> ThreadsAPI: ...
+    @property
+    def sessions(self) -> SessionsAPI: ...
+    @property
+    def runs(self) -> RunsAPI: ...
+    @property
+    def lineage(self) -> LineageAPI: ...
+    @property
+    def recovery(self) -> RecoveryAPI: ...
+    @property
+    def outbox(self) -> OutboxAPI: ...
+    @property
+    def tools(self) -> ToolsAPI: ...
+    @property
+    def forks(self) -> ForksAPI: ...
 
     def close(self) -> None: ...

@@ -1,7 +1,8 @@
 """``BaseStore``: the store over any backend, written once.
 
-Assembled from one module per area of ``storage/ops/`` (each holds its
-transactions and its public methods); a backend (``DuckDBStore``,
+Its API is one object per area (``store.leases``, ``store.sessions`` …), each
+a class of ``storage/ops/`` that holds the area's transactions and public
+methods; a backend (``DuckDBStore``,
 ``PostgresStore``) only chooses the :class:`~turnkeeper.storage.backend.Backend`.
 Every public method validates its input before touching the database (bad
 input raises ``InvalidInputError`` and writes nothing) and runs as one
@@ -21,22 +22,18 @@ from turnkeeper.spec import errors
 from .backend import Backend, QueryFn, Tx
 from .codec import check_text
 from .migrations import SCHEMA_VERSION, statements
-from .ops.appends import AppendsMixin
-from .ops.delivery import DeliveryMixin
-from .ops.delivery_claims import DeliveryClaimsMixin
-from .ops.forks import ForksMixin
-from .ops.imports import ImportsMixin
-from .ops.leases import LeasesMixin
-from .ops.lineage import LineageMixin
-from .ops.listing import ListingMixin
+from .ops.base import Shared
+from .ops.forks import Forks
+from .ops.leases import Leases
+from .ops.lineage import Lineage
+from .ops.outbox import Outbox
 from .ops.pairing_checks import OpeningCache
-from .ops.recovery import RecoveryMixin
-from .ops.replays import REPLAY_CACHE_BYTES, BranchCache, ReplaysMixin
-from .ops.run_reads import RunReadsMixin
-from .ops.runs import RunsMixin
-from .ops.sessions import SessionsMixin
-from .ops.threads import ThreadsMixin
-from .ops.tools import ToolsMixin
+from .ops.recovery import Recoveries
+from .ops.replays import REPLAY_CACHE_BYTES, BranchCache
+from .ops.runs import Runs
+from .ops.sessions import Sessions
+from .ops.threads import Threads
+from .ops.tools import Tools
 from .wakeups import Subscription, Topic, check_topics
 
 T = TypeVar("T")
@@ -81,24 +78,26 @@ MIGRATIONS_COLUMNS = {("version", "integer"), ("applied_at", "timestamp with tim
 """The columns of turnkeeper's ``schema_migrations`` (information_schema's names)."""
 
 
-class BaseStore(
-    LeasesMixin,
-    ThreadsMixin,
-    SessionsMixin,
-    AppendsMixin,
-    ReplaysMixin,
-    ListingMixin,
-    ImportsMixin,
-    RunsMixin,
-    RunReadsMixin,
-    LineageMixin,
-    RecoveryMixin,
-    DeliveryMixin,
-    DeliveryClaimsMixin,
-    ToolsMixin,
-    ForksMixin,
-):
+class BaseStore:
     """The turnkeeper store on ``backend`` (see the module docstring).
+
+    Its API is grouped by area, one object each (see ``storage/protocol.py``
+    for every area's contract):
+
+    - :attr:`leases` (acquire, renew, release, validate);
+    - :attr:`threads` (resolve, finalize: thread records);
+    - :attr:`sessions` (create, append, replay, branch, list, import …);
+    - :attr:`runs` (admit, start, finish, cancel requests, events …);
+    - :attr:`lineage` (response state compare-and-set);
+    - :attr:`recovery` (orphaned runs: begin, converge, fail, detach);
+    - :attr:`outbox` (delivery plans and operations: claim, finish, requeue …);
+    - :attr:`tools` (tool-execution records: claim, complete, interrupt …);
+    - :attr:`forks` (fork a session);
+
+    and the store itself: :meth:`query`, :meth:`snapshot`,
+    :meth:`query_batches`, :meth:`json_sql`, :meth:`subscribe`,
+    :meth:`wait_for`, :meth:`statement_stats`, :meth:`schema_version`,
+    :attr:`path`, :meth:`close`.
 
     Opening applies pending schema migrations (one process at a time: the
     backend serializes concurrent openers), except with ``read_only``: then
@@ -116,9 +115,16 @@ class BaseStore(
 
     def __init__(self, backend: Backend, *, replay_cache_bytes: int = REPLAY_CACHE_BYTES) -> None:
         self.db = backend
-        self._secret = secrets.token_bytes(32)
-        self._branches = BranchCache(replay_cache_bytes)
-        self._openings = OpeningCache()
+        shared = Shared(backend, secrets.token_bytes(32), OpeningCache())
+        self.leases = Leases(shared)
+        self.threads = Threads(shared)
+        self.sessions = Sessions(shared, BranchCache(replay_cache_bytes))
+        self.runs = Runs(shared)
+        self.lineage = Lineage(shared)
+        self.recovery = Recoveries(shared)
+        self.outbox = Outbox(shared)
+        self.tools = Tools(shared)
+        self.forks = Forks(shared)
         try:
             if backend.read_only:
                 self.db.read("check_schema", self._check_schema, snapshot=True)

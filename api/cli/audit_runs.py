@@ -139,7 +139,7 @@ def check_tool_calls_paired(
     turn's end (``storage/pairing.py``'s rule: calls of an incomplete reply
     need none), or, for one still open there (a turn an older turnkeeper
     ended), right after it on a branch on from the turn's end (the
-    ``interrupt_tool_executions`` that closed it after the upgrade); and a
+    ``tools.interrupt`` that closed it after the upgrade); and a
     tool-execution record still running belongs to a run that has not
     ended. (A call on a branch the turn left, or a record whose
     call never reached the transcript, is in no context and needs no result.)"""

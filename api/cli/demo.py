@@ -105,10 +105,10 @@ def ensure_sessions(store: BaseStore, cfg: FleetConfig) -> list[str]:
     ids = [f"demo-{cfg.seed}-{n}" for n in range(cfg.sessions)]
     for n, sid in enumerate(ids):
         try:
-            store.create_session(sid, cwd=f"/demo/project-{n % 5}", header={"demo": True})
+            store.sessions.create(sid, cwd=f"/demo/project-{n % 5}", header={"demo": True})
         except SessionIDExistsError:
             continue
-        store.set_title(sid, f"Demo session {n} (seed {cfg.seed})")
+        store.sessions.set_title(sid, f"Demo session {n} (seed {cfg.seed})")
     return ids
 
 

@@ -228,12 +228,12 @@ class Worker:
     # -- one iteration ---------------------------------------------------------
 
     def _iteration(self, it: int, sid: str, plan: Plan) -> None:
-        if self.store.active_run(sid) is not None:  # an orphan awaits recovery: leave it be
+        if self.store.runs.active(sid) is not None:  # an orphan awaits recovery: leave it be
             self.stats.run_active_refusals += 1
             self.stop.wait(BUSY_BACKOFF_S)
             return
         try:
-            lease = self.store.acquire_lease(
+            lease = self.store.leases.acquire(
                 f"session:{sid}", self.owner, self.cfg.ttl_s, purpose=LeasePurpose.EXECUTION
             )
         except BusyError:
@@ -244,7 +244,7 @@ class Worker:
             run = self._admit(it, sid, lease)
         except SessionRunActiveError:  # an orphan recovery has not converged yet
             self.stats.run_active_refusals += 1
-            self.store.release_lease(lease)
+            self.store.leases.release(lease)
             self.stop.wait(BUSY_BACKOFF_S)
             return
         except LeaseLostError:
@@ -259,7 +259,7 @@ class Worker:
                 self.stats.crashes += 1
                 return  # died mid-run: nothing released, recovery converges the run
             self.stats.turns_committed += 1
-            lease = self.store.renew_lease(lease, self.cfg.ttl_s)
+            lease = self.store.leases.renew(lease, self.cfg.ttl_s)
             self._finalize(sid, lease, leaf)
         except LeaseLostError:
             self.stats.lost_mid_turn += 1
@@ -267,7 +267,7 @@ class Worker:
         if plan.action == "abandon":
             self.stats.abandoned += 1
             return
-        self.store.release_lease(lease)
+        self.store.leases.release(lease)
 
     def _marker(self, it: int, n: int) -> str:
         return f"{self.run_id}.{self.stats.index}.{it}.{n}"
@@ -276,7 +276,7 @@ class Worker:
         """Admit and start a run under ``lease``: a retry (attempt + 1 of the same
         intent) when the session's latest run was interrupted and has attempts
         left, else a new request. A refusal records the user marker."""
-        runs = self.store.session_runs(sid)
+        runs = self.store.runs.list(sid)
         last = runs[-1] if runs else None
         retry_of = None
         if last is not None and last.status == "interrupted" and last.attempt < MAX_ATTEMPTS:
@@ -288,7 +288,7 @@ class Worker:
             "timestamp": _ms(),
         }
         try:
-            run = self.store.admit_run(
+            run = self.store.runs.admit(
                 sid,
                 {"prompt": PROMPTS[it % len(PROMPTS)], "marker": m},
                 submission_key=m,
@@ -303,13 +303,13 @@ class Worker:
         self.stats.runs_admitted += 1
         self.stats.retries += retry_of is not None
         self.stats.entries_written += 2  # turn start + user
-        self.store.start_run(run.id, lease=lease)
+        self.store.runs.start(run.id, lease=lease)
         return run
 
     def _append(self, sid: str, lease: Lease, marker: str, message: dict[str, Any]) -> str:
         """Append one message entry under ``lease``; a refusal records ``marker``."""
         try:
-            entry = self.store.append(sid, "message", {"message": message}, lease=lease)
+            entry = self.store.sessions.append(sid, "message", {"message": message}, lease=lease)
         except LeaseLostError:
             self.stats.refused_markers.append(marker)
             raise
@@ -321,7 +321,7 @@ class Worker:
         ``None`` when the plan is a crash (the worker stops mid-run)."""
         provider, model = MODELS[plan.model]
         if plan.model_change:
-            self.store.append(
+            self.store.sessions.append(
                 sid, "model_change", {"provider": provider, "modelId": model}, lease=lease
             )
             self.stats.entries_written += 1
@@ -334,7 +334,7 @@ class Worker:
                 return None
         if plan.action == "crash":
             return None
-        lease = self.store.renew_lease(lease, self.cfg.ttl_s)  # the heartbeat before the end
+        lease = self.store.leases.renew(lease, self.cfg.ttl_s)  # the heartbeat before the end
         m = self._marker(it, 3)
         reply = {
             "role": "assistant",
@@ -344,7 +344,7 @@ class Worker:
             "timestamp": _ms(),
         }
         try:
-            self.store.finish_run(
+            self.store.runs.finish(
                 run.id,
                 "succeeded",
                 assistant_message=reply,
@@ -372,7 +372,7 @@ class Worker:
         tool = TOOLS[it % len(TOOLS)]
         call_id = f"call_{self.run_id}_{self.stats.index}_{it}"
         args = {"path": "."}
-        self.store.claim_tool_execution(
+        self.store.tools.claim(
             f"{run.id}:{call_id}",
             sid,
             local_turn_id=run.turn_id,
@@ -415,11 +415,11 @@ class Worker:
                 "timestamp": _ms(),
             },
         )
-        self.store.complete_tool_execution(f"{run.id}:{call_id}", {"text": output}, lease=lease)
+        self.store.tools.complete(f"{run.id}:{call_id}", {"text": output}, lease=lease)
 
     def _finalize(self, sid: str, lease: Lease, leaf: str) -> None:
         """Save ``<sid>-<epoch>`` as the key's active record (archiving the previous)."""
-        previous = self.store.resolve(key=sid)
+        previous = self.store.threads.resolve(key=sid)
         rec_id = f"{sid}-{lease.epoch}"
         archive = previous is not None and previous.id != rec_id
         record = ThreadRecord(
@@ -438,7 +438,7 @@ class Worker:
             held_leases=(lease,),
         )
         try:
-            self.store.finalize(request)
+            self.store.threads.finalize(request)
         except LeaseLostError:
             if rec_id not in self._finalized_ids:
                 self.stats.refused_records.append(rec_id)
@@ -456,7 +456,7 @@ class Worker:
         m = self._marker(it, 1)
         stale = {"role": "assistant", "content": [_text(m, "late")], "timestamp": _ms()}
         try:
-            self.store.append(sid, "message", {"message": stale}, lease=lease)
+            self.store.sessions.append(sid, "message", {"message": stale}, lease=lease)
         except LeaseLostError:
             self.stats.stale_appends_fenced += 1
             self.stats.refused_markers.append(m)
@@ -465,7 +465,7 @@ class Worker:
         m = self._marker(it, 3)
         reply = {"role": "assistant", "content": [_text(m, "late reply")], "timestamp": _ms()}
         try:
-            self.store.finish_run(run.id, "succeeded", assistant_message=reply, lease=lease)
+            self.store.runs.finish(run.id, "succeeded", assistant_message=reply, lease=lease)
         except LeaseLostError:
             self.stats.stale_finishes_fenced += 1
             self.stats.refused_markers.append(m)
@@ -478,7 +478,7 @@ class Worker:
             held_leases=(lease,),
         )
         try:
-            self.store.finalize(request)
+            self.store.threads.finalize(request)
         except LeaseLostError:
             self.stats.stale_finalizes_fenced += 1
             self.stats.refused_records.append(rec_id)

@@ -127,7 +127,7 @@ class RecoveryCoordinator(Service):
         index, count = self.shard
         orphans = [
             run
-            for run in self.store.list_orphaned_runs()
+            for run in self.store.recovery.list_orphans()
             if zlib.crc32(run.session_id.encode()) % count == index
         ]
         for run in orphans:
@@ -138,19 +138,19 @@ class RecoveryCoordinator(Service):
 
     def _recover(self, run: Run) -> None:
         try:
-            lease = self.store.acquire_lease(
+            lease = self.store.leases.acquire(
                 f"session:{run.session_id}", self.owner, self.ttl_s, purpose=LeasePurpose.RECOVERY
             )
         except BusyError:
             self.stats.recovery_busy += 1
             return
         try:
-            self.store.begin_recovery(run.id, lease, reason="worker lease expired")
-            interrupted = self.store.interrupt_tool_executions(
+            self.store.recovery.begin(run.id, lease, reason="worker lease expired")
+            interrupted = self.store.tools.interrupt(
                 run.session_id, local_turn_id=run.turn_id, reason="worker lost", lease=lease
             )
             self.stats.tools_interrupted += len(interrupted)
-            self.store.converge_recovery(  # the notice is planned as the run ends
+            self.store.recovery.converge(  # the notice is planned as the run ends
                 run.id,
                 lease,
                 status="interrupted",
@@ -166,7 +166,7 @@ class RecoveryCoordinator(Service):
         except LeaseLostError:
             self.stats.recovery_lost += 1
         finally:
-            self.store.release_lease(lease)
+            self.store.leases.release(lease)
 
 
 def notice_plan(run: Run) -> DeliveryPlan:
@@ -215,12 +215,12 @@ class OutboxWorker(Service):
         self.faults = faults
 
     def step(self) -> bool:
-        due = self.store.list_due_deliveries(limit=20)
+        due = self.store.outbox.list_due(limit=20)
         for op in due:
             if self.stop.is_set():
                 break
             try:
-                claim = self.store.claim_delivery(op.id, self.owner, self.ttl_s)
+                claim = self.store.outbox.claim(op.id, self.owner, self.ttl_s)
             except DeliveryOperationBusyError:
                 self.stats.claim_refusals += 1
                 continue
@@ -245,19 +245,19 @@ class OutboxWorker(Service):
         f, r = self.faults, self.rng.random()
         if r < f.transient:
             delay = 0.05 + self.rng.random() * 0.15
-            self.store.requeue_delivery(
+            self.store.outbox.requeue(
                 op_id, self.owner, epoch, delay_s=delay, failure_code="rate_limited"
             )
             self.stats.requeued += 1
             return
         r -= f.transient
         if r < f.permanent:
-            self.store.finish_delivery(op_id, self.owner, epoch, "failed", failure_code="gone")
+            self.store.outbox.finish(op_id, self.owner, epoch, "failed", failure_code="gone")
             self.stats.failed += 1
             return
         r -= f.permanent
         if r < f.uncertain:
-            self.store.finish_delivery(
+            self.store.outbox.finish(
                 op_id, self.owner, epoch, "uncertain", failure_code="timeout_after_send"
             )
             self.stats.uncertain += 1
@@ -269,7 +269,7 @@ class OutboxWorker(Service):
             if self.stop.wait(self.ttl_s + STALL_MARGIN_S):
                 return  # the demo is ending: the claim may still be live, test nothing
             try:
-                self.store.finish_delivery(op_id, self.owner, epoch, "delivered")
+                self.store.outbox.finish(op_id, self.owner, epoch, "delivered")
             except DeliveryLeaseLostError:
                 self.stats.stale_acks_fenced += 1
             else:
@@ -277,16 +277,16 @@ class OutboxWorker(Service):
             return
         repeat = self.rng.random() < f.repeat_ack
         if kind == "attachment":
-            self.store.update_delivery_progress(
+            self.store.outbox.update_progress(
                 op_id, self.owner, epoch, provider_state={"phase": "uploaded"}
             )
         message_id = f"pm-{op_id}"
-        self.store.finish_delivery(
+        self.store.outbox.finish(
             op_id, self.owner, epoch, "delivered", provider_message_id=message_id
         )
         self.stats.delivered += 1
         if repeat:  # the commit reply was lost: the worker acknowledges again
-            self.store.finish_delivery(
+            self.store.outbox.finish(
                 op_id, self.owner, epoch, "delivered", provider_message_id=message_id
             )
             self.stats.repeated_acks += 1

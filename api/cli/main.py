@@ -113,7 +113,7 @@ def audit_command(ctx: click.Context, db: str, sessions: tuple[str, ...], as_jso
     """
     with open_db(db, read_only=True) as store:
         for session_id in sessions:  # an unknown id is refused, not audited as empty
-            if store.get_session(session_id) is None:
+            if store.sessions.get(session_id) is None:
                 raise SessionNotFoundError(session_id)
         checks = run_audit(store, list(sessions) or None)
     if as_json:

@@ -2,7 +2,7 @@
 
 ``turnkeeper sessions [--search TEXT] [--limit N] [--json]`` (also
 ``sessions list``) prints a table of sessions newest first: id, title, cwd,
-entry count and creation time (UTC), paging through ``list_sessions`` with
+entry count and creation time (UTC), paging through ``sessions.list`` with
 its cursor. ``turnkeeper sessions show ID`` prints the session's entry tree:
 each entry's kind, short id (:func:`short_ids`: a prefix that tells the
 session's entries apart, plus the suffix of ids derived from a run, such as
@@ -29,7 +29,7 @@ from turnkeeper.storage import BaseStore
 from .common import F, cell, db_option, dumps, open_db, stdout_console, visible
 
 PAGE_SIZE = 100
-"""Sessions fetched per ``list_sessions`` call."""
+"""Sessions fetched per ``sessions.list`` call."""
 
 SUMMARY_CHARS = 90
 """Longest one-line summary of an entry."""
@@ -78,7 +78,7 @@ def fetch_sessions(store: BaseStore, limit: int, search: str | None) -> list[Ses
     found: list[Session] = []
     cursor: str | None = None
     while len(found) < limit:
-        page = store.list_sessions(
+        page = store.sessions.list(
             limit=min(PAGE_SIZE, limit - len(found)), cursor=cursor, search=search
         )
         found.extend(page.sessions)
@@ -104,7 +104,7 @@ def list_sessions(db: str, search: str | None, limit: int, as_json: bool) -> Non
     """Print the session listing (table, or one JSON object with ``total`` and ``sessions``)."""
     with open_db(db, read_only=True) as store:
         sessions = fetch_sessions(store, limit, search)
-        total = store.count_sessions(search=search)
+        total = store.sessions.count(search=search)
     if as_json:
         click.echo(dumps({"total": total, "sessions": [_session_dict(s) for s in sessions]}))
         return
@@ -279,11 +279,11 @@ def show_session(db: str, session_id: str) -> None:
         SessionNotFoundError: no session has this id.
     """
     with open_db(db, read_only=True) as store:
-        session = store.get_session(session_id)
+        session = store.sessions.get(session_id)
         if session is None:
             raise SessionNotFoundError(session_id)
-        entries = store.entries(session_id)
-        labels = store.labels(session_id)
+        entries = store.sessions.entries(session_id)
+        labels = store.sessions.labels(session_id)
     stdout_console().print(build_tree(session, entries, labels))
 
 

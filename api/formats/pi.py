@@ -356,18 +356,18 @@ def import_file(store: Store, path: str | os.PathLike[str]) -> FileImport:
     The session id is the header's: importing the same file again adds
     nothing, importing it after it grew (a resumed session) adds only the new
     entries and moves the leaf to the file's last entry
-    (``Store.import_batch``).
+    (``Store.sessions.import_batch``).
 
     Raises:
         OSError: the file cannot be read.
         SessionFileError: the file has no usable header; nothing is written.
         ToolCallPairingError, EntryCycleError, EntryIdReservedError: the
             file's entries would make a tree no write may make
-            (``Store.import_batch``); nothing is written.
+            (``Store.sessions.import_batch``); nothing is written.
         DatabaseError: the store failed; nothing is written.
     """
     parsed = parse_file(path)
-    result = store.import_batch(parsed.batch)
+    result = store.sessions.import_batch(parsed.batch)
     return FileImport(
         os.fspath(path), parsed.batch.session_id, parsed.version, result, parsed.issues
     )
@@ -393,7 +393,7 @@ def export_lines(store: Store, session_id: str) -> Iterator[str]:
     Raises:
         SessionNotFoundError: no session has this id (raised on first iteration).
     """
-    session = store.get_session(session_id)
+    session = store.sessions.get(session_id)
     if session is None:
         raise SessionNotFoundError(session_id)
     header: dict[str, Any] = {
@@ -405,7 +405,7 @@ def export_lines(store: Store, session_id: str) -> Iterator[str]:
     }
     header.update((k, v) for k, v in session.header.items() if k not in _HEADER_FIRST)
     yield _dumps(header)
-    for e in store.entries(session_id):
+    for e in store.sessions.entries(session_id):
         base = {"type": e.kind, "id": e.id, "parentId": e.parent_id}
         yield _dumps({**base, "timestamp": format_timestamp(e.timestamp), **e.payload})
 

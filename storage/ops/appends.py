@@ -1,5 +1,5 @@
-"""Appends (session seed AppendEntry): the store's ``append`` and
-``append_many``, and their merged form under a group commit.
+"""Appends (session seed AppendEntry): the store's ``sessions.append`` and
+``sessions.append_many``, and their merged form under a group commit.
 
 An append alone runs :func:`~.sessions.append_chain` (see that module). A
 backend that groups writes (DuckDB, ``storage/duck/group.py``) runs the appends
@@ -48,9 +48,9 @@ from ..pairing import Opening, judge
 from ..replay import context_message
 from ..validate import check_expected_leaf, check_session_lease
 from . import leases, pairing_checks
-from .base import StoreBase
+from .base import Area
 from .entry_rows import ENTRY_COLUMNS
-from .sessions import Draft, append_chain, draft_of, drafts_of
+from .session_rows import Draft, append_chain, draft_of, drafts_of
 
 NOW = leases.NOW
 
@@ -58,7 +58,7 @@ NOW = leases.NOW
 @dataclass(frozen=True, slots=True)
 class AppendRequest:
     """One queued append: its session, validated drafts, expected leaf and lease;
-    ``one``: an :meth:`~AppendsMixin.append` (its outcome the entry, not a
+    ``one``: an :meth:`~AppendsPart.append` (its outcome the entry, not a
     list); ``known``: the calls open at a head of the session, as the store
     object remembers them (``pairing_checks``). An outcome is ``(entry or
     entries, the calls open after them or None)``."""
@@ -423,7 +423,7 @@ def _draft_entry(r: AppendRequest, d: Draft) -> Entry:
     return Entry(r.session_id, d.entry_id, None, d.kind, 0, _EPOCH, d.payload)
 
 
-class AppendsMixin(StoreBase):
+class AppendsPart(Area):
     """Appends (session seed AppendEntry)."""
 
     def _append(self, operation: str, request: AppendRequest) -> Any:
@@ -550,9 +550,9 @@ class AppendsMixin(StoreBase):
         the last becomes the leaf. Each item is a :class:`NewEntry` or a
         ``(kind, payload)`` pair. One lease fence, one leaf compare-and-set and
         one multi-row insert for the whole batch, so a batch costs about what
-        one :meth:`append` does (a turn's messages, a transcript's tail).
+        one :meth:`sessions.append` does (a turn's messages, a transcript's tail).
 
-        Every rule of :meth:`append` holds for each entry, judged in order (a
+        Every rule of :meth:`sessions.append` holds for each entry, judged in order (a
         ``toolResult`` may answer a ``toolCall`` earlier in the batch, a label
         may target an entry earlier in the batch). All or nothing: on any
         error nothing of the batch is written.
@@ -560,7 +560,7 @@ class AppendsMixin(StoreBase):
         Returns the stored entries in order (seq consecutive).
 
         Raises:
-            as :meth:`append`; InvalidInputError also for an empty batch, a
+            as :meth:`sessions.append`; InvalidInputError also for an empty batch, a
             malformed item (its ``field`` names the item: ``entries[3].payload``)
             or an ``entry_id`` given twice in the batch.
         """

@@ -1,14 +1,18 @@
-"""The base every area's methods share: the backend, the fenced-write runner,
-and the check that a read inside a session found the session.
+"""The base every area of the store's API shares: the backend, the
+fenced-write runner, and the check that a read inside a session found the
+session.
 
-``BaseStore`` (``storage/store.py``) is assembled from one mixin per area of
-``storage/ops/`` so that each module stays small and holds both the area's
-transactions and its public methods.
+``BaseStore`` (``storage/store.py``) holds one object per area
+(``store.leases``, ``store.sessions``, ``store.runs`` …), each a class of
+``storage/ops/`` named after it; an area too big for one module is assembled
+from parts (``…Part`` classes) in modules beside it, so each module stays
+small and holds both its transactions and its public methods.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from turnkeeper.spec import errors
@@ -20,15 +24,26 @@ from .pairing_checks import OpeningCache
 T = TypeVar("T")
 
 
-class StoreBase:
-    """Holds ``db``, runs fenced writes (recording refused ones), and checks reads
-    inside a session."""
+@dataclass(frozen=True)
+class Shared:
+    """What every area of one store object shares."""
 
     db: Backend
-    _secret: bytes
-    _openings: OpeningCache
+    secret: bytes
+    """The store object's key for lease token digests (see ``leases``)."""
+    openings: OpeningCache
     """Per session, the calls open at the head this store object's last write
     of it left (see ``pairing_checks``)."""
+
+
+class Area:
+    """One area of the store's API over the shared backend: holds ``db``, runs
+    fenced writes (recording refused ones), and checks reads inside a session."""
+
+    def __init__(self, shared: Shared) -> None:
+        self.db = shared.db
+        self._secret = shared.secret
+        self._openings = shared.openings
 
     def _inside(self, session_id: str, found: T) -> T:
         """``found``, read inside session ``session_id``; an empty answer for a

@@ -4,7 +4,7 @@ A record names its call only by the provider's call id, and providers reuse
 call ids (within a run, across turns), so a record with the right id may
 belong to another call: an earlier one of the run, already answered, or one
 on another branch. When the store ends open calls (``tool_pairing``: a run's
-end, recovery, ``interrupt_tool_executions``, an abandon), an open call gets
+end, recovery, ``tools.interrupt``, an abandon), an open call gets
 a record's output, or its interrupted details, only from a record that
 belongs to that very call (the assistant entry that makes it):
 

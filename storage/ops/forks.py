@@ -59,9 +59,9 @@ from ..codec import check_id, from_json, to_json
 from ..pairing import tree_faults
 from ..validate import check_int, check_session_lease
 from . import leases
-from .base import StoreBase
+from .base import Area
 from .entry_rows import ENTRY_COLUMNS
-from .sessions import new_entry_id
+from .session_rows import new_entry_id
 
 _FORK_COLS = (
     "source_session_id, fork_session_id, kind, boundary_turn_id, boundary_entry_id, "
@@ -147,7 +147,7 @@ def _check_source(tx: Tx, req: Request) -> None:
     if tx.one("SELECT 1 FROM sessions WHERE id = ?", [sid]) is None:
         raise errors.ForkSessionNotFoundError(sid)
     target = session_target(sid)
-    if req.lease is not None:  # its purpose is fork (fork_session), and the row's (the fence)
+    if req.lease is not None:  # its purpose is fork (forks.fork), and the row's (the fence)
         leases.fence(tx, req.lease)
     run = tx.one("SELECT run_id FROM active_runs WHERE session_id = ?", [sid])
     if run is not None:
@@ -439,10 +439,10 @@ def _digest(request_id: str) -> str:
     return hashlib.sha256(request_id.encode("utf-8")).hexdigest()
 
 
-class ForksMixin(StoreBase):
+class Forks(Area):
     """Forks: copy a session up to a completed turn into a new session, once per request id."""
 
-    def fork_session(
+    def fork(
         self,
         source_session_id: str,
         *,
@@ -548,7 +548,7 @@ class ForksMixin(StoreBase):
 
         return self._fenced("fork_session", lease, body)
 
-    def get_fork(self, request_id: str) -> Fork | None:
+    def get(self, request_id: str) -> Fork | None:
         """The fork made under ``request_id``, or ``None`` when there is none.
 
         Raises:

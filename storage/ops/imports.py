@@ -24,10 +24,10 @@ from ..validate import (
     check_session_lease,
 )
 from . import entry_rows, leases, pairing_checks
-from .base import StoreBase
+from .base import Area
 from .entry_rows import ENTRY_COLUMNS
 from .leases import NOW
-from .sessions import SESSION_COLS
+from .session_rows import SESSION_COLS
 
 
 def import_rows(
@@ -75,7 +75,7 @@ def import_rows(
     if not created or lease is not None:
         # A lease given is fenced even when the import creates the session (a
         # stale or forged one writes nothing); without one, creating a session
-        # is outside the session-write rule, as create_session is.
+        # is outside the session-write rule, as sessions.create is.
         leases.fence_or_unheld(tx, session_target(session_id), lease)
     if created:
         tx.exec(
@@ -211,7 +211,7 @@ def opaque(tx: Tx, session_id: str) -> list[tuple[str, int, str, str]]:
 # -- the store's methods ------------------------------------------------------------
 
 
-class ImportsMixin(StoreBase):
+class ImportsPart(Area):
     """Store parsed session files and their opaque lines."""
 
     def import_batch(self, batch: ImportBatch, *, lease: Lease | None = None) -> ImportResult:

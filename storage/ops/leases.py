@@ -52,7 +52,7 @@ from ..backend import STORE_NOW, Conflict, Tx, keyed, utc
 from ..codec import check_id
 from ..validate import check_lease, check_purpose, check_target, check_ttl
 from ..wakeups import Topic
-from .base import StoreBase
+from .base import Area
 
 _MACHINE = machine_for(LEASE)
 
@@ -384,10 +384,10 @@ def fence_or_unheld(tx: Tx, target: str, lease: Lease | None) -> None:
 # -- the store's methods ------------------------------------------------------------
 
 
-class LeasesMixin(StoreBase):
+class Leases(Area):
     """Leases (threadstore AcquireLease / RenewLease / ReleaseLease)."""
 
-    def acquire_lease(
+    def acquire(
         self,
         target: str,
         owner: str,
@@ -419,7 +419,7 @@ class LeasesMixin(StoreBase):
             lambda tx: acquire(tx, self._secret, target, owner, ttl, why),
         )
 
-    def renew_lease(self, lease: Lease, ttl_s: float) -> Lease:
+    def renew(self, lease: Lease, ttl_s: float) -> Lease:
         """Extend ``lease`` to now + ``ttl_s`` seconds (threadstore RenewLease).
 
         Raises:
@@ -432,7 +432,7 @@ class LeasesMixin(StoreBase):
         # the write lock; its target's stripe orders it with the writes of it).
         return self.db.write("renew_lease", lambda tx: renew(tx, lease, ttl), exclusive=False)
 
-    def release_lease(self, lease: Lease) -> bool:
+    def release(self, lease: Lease) -> bool:
         """Release ``lease`` (threadstore ReleaseLease); idempotent, ignores stale leases.
 
         Returns whether this call released a held lease.
@@ -442,7 +442,7 @@ class LeasesMixin(StoreBase):
             "release_lease", lambda tx: release(tx, lease), transaction=False, exclusive=False
         )
 
-    def validate_lease(self, lease: Lease) -> None:
+    def validate(self, lease: Lease) -> None:
         """Check ``lease`` is still held, unexpired, with this token: the final
         fence a runtime calls right before a side effect.
 

@@ -15,7 +15,7 @@ from ..backend import Tx, keyed, utc
 from ..codec import check_id, check_text
 from ..validate import check_int, check_session_lease
 from . import leases
-from .base import StoreBase
+from .base import Area
 
 _COLS = (
     "session_id, state_mode, previous_response_id, conversation_id, provider, api, model, "
@@ -64,15 +64,15 @@ def swap(tx: Tx, state: ResponseState, expected_version: int, lease: Lease | Non
 # -- the store's methods ------------------------------------------------------------
 
 
-class LineageMixin(StoreBase):
+class Lineage(Area):
     """Response lineage compare-and-swap (session seed CompareAndSwapResponseSessionState)."""
 
-    def get_response_state(self, session_id: str) -> ResponseState | None:
+    def get(self, session_id: str) -> ResponseState | None:
         """The session's remote response lineage, or ``None`` (use the default mode)."""
         check_id(session_id, "session_id")
         return self.db.read("get_response_state", lambda tx: get(tx, session_id))
 
-    def compare_and_swap_response_state(
+    def compare_and_swap(
         self, state: ResponseState, expected_version: int, *, lease: Lease | None = None
     ) -> bool:
         """Advance the session's lineage only if its version is still

@@ -20,8 +20,8 @@ from ..codec import check_instant, check_text
 from ..validate import (
     check_limit,
 )
-from .base import StoreBase
-from .sessions import SESSION_COLS, session_row
+from .base import Area
+from .session_rows import SESSION_COLS, session_row
 
 _SEARCH = (
     "(s.id ILIKE ? ESCAPE '\\' OR s.cwd ILIKE ? ESCAPE '\\' "
@@ -102,10 +102,10 @@ def count(tx: Tx, search: str | None) -> int:
 # -- the store's methods ------------------------------------------------------------
 
 
-class ListingMixin(StoreBase):
+class ListingPart(Area):
     """List and count sessions."""
 
-    def list_sessions(
+    def list(
         self, *, limit: int = 50, cursor: str | None = None, search: str | None = None
     ) -> SessionPage:
         """Sessions newest first; ``search`` matches id, cwd, title and message text.
@@ -123,7 +123,7 @@ class ListingMixin(StoreBase):
             check_text(cursor, "cursor", allow_empty=False)
         return self.db.read("list_sessions", lambda tx: list_page(tx, limit, cursor, search))
 
-    def count_sessions(self, *, search: str | None = None) -> int:
+    def count(self, *, search: str | None = None) -> int:
         """Number of sessions (matching ``search`` when given)."""
         if search is not None:
             check_text(search, "search")

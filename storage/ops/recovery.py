@@ -27,7 +27,7 @@ from ..backend import Conflict, Tx, keyed, present, utc
 from ..codec import check_id, check_text, to_json
 from ..validate import check_int, check_lease, check_plan, check_seconds
 from . import leases, run_reads, runs
-from .base import StoreBase
+from .base import Area
 
 _MACHINE = machine_for(RECOVERY)
 
@@ -268,25 +268,25 @@ def detach(tx: Tx, run_id: str, lease: Lease) -> Recovery:
 # -- the store's methods ------------------------------------------------------------
 
 
-class RecoveryMixin(StoreBase):
+class Recoveries(Area):
     """List orphans; begin, converge, fail or detach their recovery."""
 
-    def list_orphaned_runs(self) -> list[Run]:
+    def list_orphans(self) -> list[Run]:
         """Non-terminal runs with no live lease on their session by the store's
         clock (including runs admitted without one), oldest first, leaving out
         runs whose recovery is detached, dead-lettered, or failed and not yet due
         (session seed ListOrphanedSessionRuns). A read: recover each through
-        :meth:`begin_recovery` under a recovery lease. On PostgreSQL a run
+        :meth:`recovery.begin` under a recovery lease. On PostgreSQL a run
         another worker is recovering or ending at this moment is left out
         (its row lock is skipped, not waited for)."""
         return self.db.scan("list_orphaned_runs", orphans)
 
-    def get_recovery(self, run_id: str) -> Recovery | None:
+    def get(self, run_id: str) -> Recovery | None:
         """The run's recovery record, or ``None``."""
         check_id(run_id, "run_id")
         return self.db.read("get_recovery", lambda tx: get(tx, run_id))
 
-    def begin_recovery(
+    def begin(
         self, run_id: str, lease: Lease, *, trigger_source: str = "sweep", reason: str = "orphaned"
     ) -> Recovery:
         """Begin recovering ``run_id`` under ``lease`` (purpose ``recovery``, on the
@@ -309,7 +309,7 @@ class RecoveryMixin(StoreBase):
             lambda tx: begin(tx, run_id, lease, trigger_source, reason),
         )
 
-    def converge_recovery(
+    def converge(
         self,
         run_id: str,
         lease: Lease,
@@ -329,9 +329,9 @@ class RecoveryMixin(StoreBase):
         revalidates the recovery lease (session seed
         ConvergeSessionRunRecovery). A run that already ended keeps its status
         and gets no decision events (its own finalizer stays authoritative):
-        check ``get_run`` first if the resolutions must be recorded.
+        check ``runs.get`` first if the resolutions must be recorded.
         ``delivery_plan`` (say, a notice that the run was interrupted) is
-        written in the same transaction as the run's end, as ``finish_run``
+        written in the same transaction as the run's end, as ``runs.finish``
         does, so a recovery that ends a run never loses its notice; a run
         that ended some other way gets none.
 
@@ -359,7 +359,7 @@ class RecoveryMixin(StoreBase):
             lambda tx: converge(tx, run_id, lease, final, error, stop_reason, resolved, plan),
         )
 
-    def fail_recovery(
+    def fail(
         self,
         run_id: str,
         lease: Lease,
@@ -389,7 +389,7 @@ class RecoveryMixin(StoreBase):
             lambda tx: fail(tx, run_id, lease, message, max_attempts, base_delay_s, max_delay_s),
         )
 
-    def detach_recovery(self, run_id: str, lease: Lease) -> Recovery:
+    def detach(self, run_id: str, lease: Lease) -> Recovery:
         """Mark the recovery detached: a remote execution still owns the run
         (session seed MarkSessionRunRecoveryDetached). The run is left as it is.
 

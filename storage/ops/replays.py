@@ -42,7 +42,7 @@ from ..backend import Tx
 from ..codec import check_id, from_json, stored_json
 from ..replay import build_replay, context_message, path_settings
 from . import entry_rows
-from .base import StoreBase
+from .base import Area
 
 REPLAY_CACHE_BYTES = 64 * 2**20
 """The default bound, in bytes, of a store object's replay cache."""
@@ -73,7 +73,7 @@ class Branch:
 
     @classmethod
     def of(cls, replay: Replay, rooted: bool, leaf_id: str | None, next_seq: int) -> Branch:
-        """The cached form of ``replay`` (``rooted``: its path starts at an entry
+        """The cached form of ``sessions.replay`` (``rooted``: its path starts at an entry
         without a parent)."""
         texts = tuple(stored_json(m) for m in replay.messages)
         return cls._make(
@@ -211,7 +211,7 @@ def cached_replay(tx: Tx, session_id: str, cache: BranchCache) -> Replay:
     return replay
 
 
-class ReplaysMixin(StoreBase):
+class ReplaysPart(Area):
     """Replay (session seed GetReplayState), through the store object's cache."""
 
     _branches: BranchCache

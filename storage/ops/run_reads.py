@@ -19,7 +19,7 @@ from ..validate import (
     check_int,
     check_limit,
 )
-from .base import StoreBase
+from .base import Area
 
 RUN_COLS = (
     "id, session_id, intent_id, retry_of, attempt, status, cancel_requested, error, "
@@ -101,15 +101,15 @@ def events(
 # -- the store's methods ------------------------------------------------------------
 
 
-class RunReadsMixin(StoreBase):
+class RunReadsPart(Area):
     """Read runs and run events."""
 
-    def get_run(self, run_id: str) -> Run | None:
+    def get(self, run_id: str) -> Run | None:
         """The run, or ``None``."""
         check_id(run_id, "run_id")
         return self.db.read("get_run", lambda tx: get(tx, run_id))
 
-    def active_run(self, session_id: str) -> Run | None:
+    def active(self, session_id: str) -> Run | None:
         """The session's non-terminal run, or ``None`` when it has none.
 
         Raises:
@@ -120,18 +120,7 @@ class RunReadsMixin(StoreBase):
             session_id, self.db.read("active_run", lambda tx: active(tx, session_id))
         )
 
-    def session_runs(self, session_id: str) -> list[Run]:
-        """Every run of the session, oldest first.
-
-        Raises:
-            SessionNotFoundError: no such session.
-        """
-        check_id(session_id, "session_id")
-        return self._inside(
-            session_id, self.db.read("session_runs", lambda tx: session_runs(tx, session_id))
-        )
-
-    def run_events(
+    def events(
         self,
         session_id: str,
         *,
@@ -159,4 +148,15 @@ class RunReadsMixin(StoreBase):
             self.db.read(
                 "run_events", lambda tx: events(tx, session_id, after, before, latest, limit)
             ),
+        )
+
+    def list(self, session_id: str) -> list[Run]:
+        """Every run of the session, oldest first.
+
+        Raises:
+            SessionNotFoundError: no such session.
+        """
+        check_id(session_id, "session_id")
+        return self._inside(
+            session_id, self.db.read("session_runs", lambda tx: session_runs(tx, session_id))
         )

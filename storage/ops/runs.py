@@ -43,10 +43,10 @@ from ..validate import (
     check_session_lease,
 )
 from ..wakeups import Topic
-from . import delivery, leases, sessions, submissions, tool_pairing
-from .base import StoreBase
+from . import leases, outbox_plans, session_rows, submissions, tool_pairing
 from .pairing_checks import OpeningCache
-from .run_reads import RUN_COLS, get, run_row
+from .run_errors import RunErrorsPart
+from .run_reads import RUN_COLS, RunReadsPart, get, run_row
 
 _MACHINE = machine_for(RUN)
 
@@ -58,7 +58,7 @@ def _event(tx: Tx, run: Run, edge: Edge, event_id: str, data: Mapping[str, Any])
 
 def _events(tx: Tx, run: Run, events: Sequence[tuple[Edge, str, Mapping[str, Any]]]) -> None:
     """Append run events (edge, event id, data), in order, with the session's
-    next sequence numbers, taken from its event cursor (``sessions.event_seq``,
+    next sequence numbers, taken from its event cursor (``session_rows.event_seq``,
     the seq of its last run event): a point update and one insert however
     many, whatever the size of the history (the largest seq is never searched
     for among the events, which on DuckDB reads every run event in the store).
@@ -204,11 +204,11 @@ def admit(
     turn = {"turnId": f"{run_id}:turn", "intentId": intent_id, "runId": run_id, "attempt": attempt}
     epoch = None if lease is None else lease.epoch
     # The entry ids derive from a run id made just now: no existence check is needed.
-    drafts = [sessions.own_draft(EntryKind.TURN_START, turn, f"{run_id}:turn-start")]
+    drafts = [session_rows.own_draft(EntryKind.TURN_START, turn, f"{run_id}:turn-start")]
     if user_message is not None:
         message = {"message": user_message}
-        drafts.append(sessions.own_draft(EntryKind.MESSAGE, message, f"{run_id}:user"))
-    chain = sessions.append_chain(
+        drafts.append(session_rows.own_draft(EntryKind.MESSAGE, message, f"{run_id}:user"))
+    chain = session_rows.append_chain(
         tx,
         session_id,
         drafts,
@@ -324,7 +324,7 @@ def finish(
     lease: Lease | None,
     plan: DeliveryPlan | None = None,
     fenced_epoch: int | None = None,
-    drafts: Sequence[sessions.Draft] = (),
+    drafts: Sequence[session_rows.Draft] = (),
     openings: OpeningCache | None = None,
 ) -> tuple[Run, bool, Opening | None]:
     """Terminalize a run (see the module docstring); returns ``(run,
@@ -344,11 +344,11 @@ def finish(
     check_session_lease(run.session_id, lease)
     if run.status == status:  # a repeated terminalization after an unknown commit
         if plan is not None:
-            intent_id = delivery.intent_id_for(run.id)
-            if fenced_epoch is None and delivery.get_intent(tx, intent_id) is None:
+            intent_id = outbox_plans.intent_id_for(run.id)
+            if fenced_epoch is None and outbox_plans.get_intent(tx, intent_id) is None:
                 # about to write the plan the first one did not: a session write
                 leases.fence_or_unheld(tx, session_target(run.session_id), lease)
-            delivery.create_plan(tx, run, plan)  # the stored plan, or a conflict
+            outbox_plans.create_plan(tx, run, plan)  # the stored plan, or a conflict
         return run, False, None
     if fenced_epoch is None:  # (recovery fenced its own lease before calling)
         # a stale holder learns it lost, whatever the run did since; without a lease,
@@ -370,7 +370,7 @@ def finish(
     known = None if openings is None else openings.get(run.session_id)
     opening = known
     if drafts:
-        chain = sessions.append_chain(
+        chain = session_rows.append_chain(
             tx,
             run.session_id,
             drafts,
@@ -392,12 +392,12 @@ def finish(
     own = [] if assistant_message is None else [{"message": assistant_message}]
     drafts_own = [
         *(
-            sessions.own_draft(EntryKind.MESSAGE, p, run.assistant_entry_id, chosen=True)
+            session_rows.own_draft(EntryKind.MESSAGE, p, run.assistant_entry_id, chosen=True)
             for p in own
         ),
-        sessions.own_draft(EntryKind.TURN_END, end, f"{run_id}:turn-end", chosen=True),
+        session_rows.own_draft(EntryKind.TURN_END, end, f"{run_id}:turn-end", chosen=True),
     ]
-    ended = sessions.append_chain(
+    ended = session_rows.append_chain(
         tx,
         run.session_id,
         drafts_own,
@@ -415,7 +415,7 @@ def finish(
     )
     _event(tx, moved, edge, f"{run_id}:{status.value}", {"error": error, "stopReason": stop_reason})
     if plan is not None:  # the run ended just now: it can have no plan yet
-        delivery.create_plan(tx, moved, plan, first=True)
+        outbox_plans.create_plan(tx, moved, plan, first=True)
     tx.notify(Topic.RUN_ENDED)
     return moved, True, ended.opening
 
@@ -476,10 +476,12 @@ def request_cancel(tx: Tx, run_id: str) -> Run:
 # -- the store's methods ------------------------------------------------------------
 
 
-class RunsMixin(StoreBase):
-    """Run admission, steps, termination, cancel requests and event queries."""
+class Runs(RunReadsPart, RunErrorsPart):
+    """``store.runs``: run admission, steps, termination and cancel requests
+    (here), reads and event queries (:mod:`.run_reads`), and error annotations
+    (:mod:`.run_errors`)."""
 
-    def admit_run(
+    def admit(
         self,
         session_id: str,
         request: Mapping[str, Any],
@@ -498,7 +500,7 @@ class RunsMixin(StoreBase):
         """Admit a run of ``request`` in one transaction (session seed
         CreateExecutionIntentAndSessionRunEventWithTurn); with ``start`` the run
         is started in that same transaction (``running``, as
-        :meth:`start_run` would leave it, with both events), which saves a
+        :meth:`runs.start` would leave it, with both events), which saves a
         turn one commit. A submission key that returns an earlier run returns
         it as stored (started or not).
 
@@ -593,22 +595,22 @@ class RunsMixin(StoreBase):
             check_lease(lease)  # its target is checked against the run's session in the write
         return self._fenced(f"{trigger}_run", lease, lambda tx: step(tx, run_id, trigger, lease))
 
-    def start_run(self, run_id: str, *, lease: Lease | None = None) -> Run:
+    def start(self, run_id: str, *, lease: Lease | None = None) -> Run:
         """``admitted`` → ``running``. Raises RunNotFoundError, InvalidTransitionError,
         LeaseLostError (checked before the run's state: a stale holder learns it
         lost whatever the run did since), BusyError (no ``lease`` given and
         someone holds the session)."""
         return self._step(run_id, "start", lease)
 
-    def wait_run(self, run_id: str, *, lease: Lease | None = None) -> Run:
-        """``running`` → ``waiting`` (for input). Raises as :meth:`start_run`."""
+    def wait(self, run_id: str, *, lease: Lease | None = None) -> Run:
+        """``running`` → ``waiting`` (for input). Raises as :meth:`runs.start`."""
         return self._step(run_id, "wait", lease)
 
-    def resume_run(self, run_id: str, *, lease: Lease | None = None) -> Run:
-        """``waiting`` → ``running``. Raises as :meth:`start_run`."""
+    def resume(self, run_id: str, *, lease: Lease | None = None) -> Run:
+        """``waiting`` → ``running``. Raises as :meth:`runs.start`."""
         return self._step(run_id, "resume", lease)
 
-    def finish_run(
+    def finish(
         self,
         run_id: str,
         status: str,
@@ -622,7 +624,7 @@ class RunsMixin(StoreBase):
     ) -> Run:
         """End a run in a terminal ``status`` in one transaction (session seed
         FinishSessionRunAndConversationTurn): ``entries`` (the turn's last
-        entries, as :meth:`append_many` takes them: tool calls and results,
+        entries, as :meth:`sessions.append_many` takes them: tool calls and results,
         intermediate messages), status, terminal event, assistant entry, turn
         end and, with ``delivery_plan``, the outbox intent (``<run id>:delivery``)
         and its ``pending`` operations. Before the turn closes, every tool
@@ -631,15 +633,15 @@ class RunsMixin(StoreBase):
         records of the run become ``interrupted``; a call whose own record
         completed (``storage/ops/call_records.py``: never a record of another
         call that reused its id) gets the tool's own result, unchanged, as
-        :meth:`complete_tool_execution` stored it, any other an explicit
+        :meth:`tools.complete` stored it, any other an explicit
         interrupted result. ``entries`` follow every rule of
-        :meth:`append_many`; a refused one refuses the whole termination.
+        :meth:`sessions.append_many`; a refused one refuses the whole termination.
 
         Repeating the same terminal status (a retry after an unknown commit
         result) returns the stored run: the first termination is
         authoritative (its message, error and stop reason stand), and a
         ``delivery_plan`` is written only if the run has none yet, and then
-        past the same fence as :meth:`create_delivery_plan` (the same plan
+        past the same fence as :meth:`outbox_plans.create_plan` (the same plan
         again writes nothing; another raises DeliveryPlanConflictError).
 
         Without ``lease``, nobody may hold a live lease on the session (a
@@ -649,7 +651,7 @@ class RunsMixin(StoreBase):
             InvalidTransitionError: the run is terminal in another status, or
                 ``cancelled`` without a cancel request.
             ToolCallPairingError, EntryExistsError, EntryNotFoundError: one of
-                ``entries`` is refused as :meth:`append_many` refuses it.
+                ``entries`` is refused as :meth:`sessions.append_many` refuses it.
             BusyError: no ``lease`` given and someone holds the session.
             RunNotFoundError, LeaseLostError, InvalidInputError.
         """
@@ -682,7 +684,7 @@ class RunsMixin(StoreBase):
             check_plan(delivery_plan)
         if lease is not None:
             check_lease(lease)  # its target is checked against the run's session in the write
-        drafts = sessions.drafts_of(entries) if entries else []
+        drafts = session_rows.drafts_of(entries) if entries else []
 
         wrote: list[Opening | None] = []
 
@@ -709,7 +711,7 @@ class RunsMixin(StoreBase):
 
     def request_cancel(self, run_id: str) -> Run:
         """Record a cancel request on a non-terminal run; its owner or recovery
-        honours it with ``finish_run(run_id, "cancelled")``.
+        honours it with ``runs.finish(run_id, "cancelled")``.
 
         Raises:
             RunNotFoundError, InvalidTransitionError (the run is terminal).

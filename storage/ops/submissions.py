@@ -75,7 +75,7 @@ def admission_digest(
 
 @dataclass(frozen=True, slots=True)
 class Admission:
-    """What ``admit_run`` was asked to admit, with its two digests
+    """What ``runs.admit`` was asked to admit, with its two digests
     (:func:`admission`)."""
 
     request: Mapping[str, Any]

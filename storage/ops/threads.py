@@ -22,7 +22,7 @@ from ..validate import (
     check_request,
 )
 from . import leases
-from .base import StoreBase, record_fenced
+from .base import Area, record_fenced
 
 _MACHINE = machine_for(THREAD_RECORD)
 
@@ -179,7 +179,7 @@ def finalize(tx: Tx, req: FinalizeRequest, columns: tuple[str, str, str, str, st
 # -- the store's methods ------------------------------------------------------------
 
 
-class ThreadsMixin(StoreBase):
+class Threads(Area):
     """Thread records (threadstore Resolve / Finalize)."""
 
     def resolve(

@@ -43,7 +43,7 @@ from turnkeeper.spec.tool_execution import (
 from ..backend import Tx, present
 from ..codec import derived_id
 from ..pairing import OPENAI, Call, Opening
-from . import call_records, pairing_checks, sessions
+from . import call_records, pairing_checks, session_rows
 from . import tool_records as records
 
 
@@ -99,11 +99,13 @@ def free_ids(tx: Tx, session_id: str, wanted: list[str]) -> list[str]:
     """``wanted`` (derived ids, in order), each kept when it is free in the
     session (no entry has it, none names it as its parent, no earlier one of
     ``wanted`` is it), else replaced by a fresh random id."""
-    taken = sessions.existing(tx, session_id, wanted)
-    taken |= set(sessions.named_as_parent(tx, session_id, [i for i in wanted if i not in taken]))
+    taken = session_rows.existing(tx, session_id, wanted)
+    taken |= set(
+        session_rows.named_as_parent(tx, session_id, [i for i in wanted if i not in taken])
+    )
     out: list[str] = []
     for entry_id in wanted:
-        out.append(sessions.new_entry_id() if entry_id in taken else entry_id)
+        out.append(session_rows.new_entry_id() if entry_id in taken else entry_id)
         taken.add(entry_id)
     return out
 
@@ -114,7 +116,7 @@ def append_results(
     results: list[tuple[str, dict[str, Any]]],
     epoch: int | None,
     opening: Opening,
-) -> sessions.Chain | None:
+) -> session_rows.Chain | None:
     """Append ``(entry id, result message)`` pairs under the leaf at ``opening``,
     in order, as one chain, judged like every write (ids derived by the store,
     made free first: :func:`free_ids`). ``None`` when there is none."""
@@ -122,10 +124,10 @@ def append_results(
         return None
     ids = free_ids(tx, session_id, [i for i, _ in results])
     drafts = [
-        sessions.own_draft(EntryKind.MESSAGE, {"message": m}, i)
+        session_rows.own_draft(EntryKind.MESSAGE, {"message": m}, i)
         for i, (_, m) in zip(ids, results, strict=True)
     ]
-    return sessions.append_chain(
+    return session_rows.append_chain(
         tx,
         session_id,
         drafts,
@@ -147,7 +149,7 @@ def close_open(
     epoch: int | None,
     entry_id: Callable[[Call], str],
     interrupted_now: set[str],
-) -> tuple[sessions.Chain | None, list[ToolExecution]]:
+) -> tuple[session_rows.Chain | None, list[ToolExecution]]:
     """Give every call open at ``opening`` its result, in call order: the record
     among ``found`` that belongs to it (``call_records.owners``), if any,
     decides. A running one is marked ``interrupted`` (``reason``) and the call
@@ -205,7 +207,7 @@ def close_session(
     reason: str,
     epoch: int | None,
 ) -> list[ToolExecution]:
-    """``interrupt_tool_executions``: mark the session's running records (only
+    """``tools.interrupt``: mark the session's running records (only
     ``local_turn_id``'s, if given) ``interrupted``, then give every call open
     at the leaf its result (:func:`close_open`; a call with no record of its
     own, or whose record is not running, gets entry id
@@ -245,7 +247,7 @@ def close_turn(
     epoch: int | None,
     head: tuple[str | None, int] | None = None,
     known: Opening | None = None,
-) -> tuple[sessions.Chain | None, Opening | None]:
+) -> tuple[session_rows.Chain | None, Opening | None]:
     """Before ``run``'s turn closes, end every tool call open in the replayed
     context at the session's leaf: running records of the run are marked
     ``interrupted``, and each open call gets a result, in call order

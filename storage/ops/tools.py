@@ -25,7 +25,7 @@ import orjson
 
 from turnkeeper.spec import errors
 from turnkeeper.spec.records import Lease
-from turnkeeper.spec.run import TERMINAL, RunStatus
+from turnkeeper.spec.run import TERMINAL
 from turnkeeper.spec.tool_execution import (
     UNCERTAIN,
     ToolExecution,
@@ -37,9 +37,8 @@ from ..codec import check_id, check_text, from_json, to_json
 from ..validate import check_bool, check_lease, check_session_lease
 from . import run_reads, tool_pairing
 from . import tool_records as records
-from .base import StoreBase
+from .base import Area
 
-_UNANNOTATED = "status = ? AND coalesce(error, '') = ''"
 """A run still in this status and without an error: an annotation's compare-and-set."""
 
 
@@ -267,37 +266,6 @@ def abandon(tx: Tx, session_id: str, local_turn_id: str, reason: str, lease: Lea
     return len(found)
 
 
-def annotate_run_error(tx: Tx, run_id: str, reason: str, lease: Lease | None) -> bool:
-    """Set the error of a run that ended without success and has none; returns
-    whether it did (``False``: it has one already).
-
-    Raises:
-        RunNotFoundError, InvalidTransitionError (succeeded, or not ended),
-        LeaseLostError, BusyError, InvalidInputError (a lease on another session).
-    """
-    run = run_reads.get(tx, run_id)
-    if run is None:
-        raise errors.RunNotFoundError(run_id)
-    if run.status not in TERMINAL or run.status == RunStatus.SUCCEEDED:
-        why = (
-            "a run that succeeded carries no error"
-            if run.status in TERMINAL
-            else ("the run has not ended: end it with finish_run")
-        )
-        raise errors.InvalidTransitionError("run", "annotate_error", run.status, detail=why)
-    records.own_session(run.session_id, lease)
-    records.no_other_owner(tx, run.session_id, lease)
-    if run.error:
-        return False
-    row = tx.one(
-        f"UPDATE runs SET error = ?, updated_at = ? WHERE {keyed('id', _UNANNOTATED)} RETURNING 1",
-        [reason, tx.now, run_id, run.status],
-    )
-    if row is None:
-        raise Conflict(f"run {run_id!r} moved")
-    return True
-
-
 # -- the store's methods ------------------------------------------------------------
 
 
@@ -311,10 +279,10 @@ def args_digest(arguments: Any) -> str:
     return hashlib.sha256(canonical).hexdigest()
 
 
-class ToolsMixin(StoreBase):
+class Tools(Area):
     """Claim, complete, interrupt, recover, reclaim and abandon tool executions."""
 
-    def claim_tool_execution(
+    def claim(
         self,
         execution_key: str,
         session_id: str,
@@ -409,7 +377,7 @@ class ToolsMixin(StoreBase):
         }
         return self._fenced("claim_tool_execution", lease, lambda tx: claim(tx, columns, lease))
 
-    def complete_tool_execution(
+    def complete(
         self,
         execution_key: str,
         result: Any,
@@ -446,7 +414,7 @@ class ToolsMixin(StoreBase):
             lambda tx: complete(tx, execution_key, result_json, is_error, lease),
         )
 
-    def interrupt_tool_executions(
+    def interrupt(
         self,
         session_id: str,
         *,
@@ -459,7 +427,7 @@ class ToolsMixin(StoreBase):
         ``running`` records (only ``local_turn_id``'s, if given)
         ``interrupted``, and close every tool call open in the replayed
         context at the leaf, in call order and in the call's shape, as a
-        run's end does (``finish_run``): the tool's own result, unchanged,
+        run's end does (``runs.finish``): the tool's own result, unchanged,
         when the record that belongs to the call completed (only its
         transcript entry was lost); an explicit interrupted result when that
         record is running (it is marked ``interrupted`` too, whatever its
@@ -479,7 +447,7 @@ class ToolsMixin(StoreBase):
         record of an earlier call with the same id gives a later call
         nothing. Returns the records interrupted, oldest first (empty when
         none was running, though calls may have been closed). Call it before
-        the run's turn is closed (``converge_recovery``, ``finish_run``),
+        the run's turn is closed (``recovery.converge``, ``runs.finish``),
         so that the results land inside the turn, or to let a message in
         while the run goes on.
 
@@ -503,7 +471,7 @@ class ToolsMixin(StoreBase):
             lambda tx: interrupt(tx, session_id, local_turn_id, reason, lease),
         )
 
-    def request_tool_execution_recovery(
+    def request_recovery(
         self, session_id: str, local_turn_id: str, provider_call_ids: Sequence[str]
     ) -> list[ToolExecution]:
         """Record the user's explicit confirmation to retry the selected
@@ -513,7 +481,7 @@ class ToolsMixin(StoreBase):
         selected records that are now retry-requested (a repeated request
         returns them again and writes nothing more). Completed, abandoned and
         running records are never changed; read-only ones need no
-        confirmation (:meth:`reclaim_tool_execution` takes them) and are not
+        confirmation (:meth:`tools.reclaim` takes them) and are not
         returned. No tool is executed: the caller reclaims each returned
         record before running it again, in a fresh run.
 
@@ -531,7 +499,7 @@ class ToolsMixin(StoreBase):
             lambda tx: request_retry(tx, session_id, local_turn_id, ids),
         )
 
-    def reclaim_tool_execution(
+    def reclaim(
         self, execution_key: str, *, run_id: str | None = None, lease: Lease | None = None
     ) -> ToolExecution:
         """Atomically reopen a record after a process interruption (session seed
@@ -545,7 +513,7 @@ class ToolsMixin(StoreBase):
         ``"terminal"`` for a completed record (use its stored result) or an
         abandoned one (a new run makes a new call), ``"needs_confirmation"``
         for a side-effecting one without an explicit, user-confirmed retry
-        request (:meth:`request_tool_execution_recovery`).
+        request (:meth:`tools.request_recovery`).
 
         ``run_id`` is the fresh, non-terminal run of the same session that
         re-executes the call: the record moves to it (and its turn). It is
@@ -578,7 +546,7 @@ class ToolsMixin(StoreBase):
             lambda tx: reclaim(tx, execution_key, run_id, lease),
         )
 
-    def abandon_interrupted_tool_executions(
+    def abandon_interrupted(
         self,
         session_id: str,
         local_turn_id: str,
@@ -592,7 +560,7 @@ class ToolsMixin(StoreBase):
         run is a new operation, never a silent replay. Never retries a tool or
         invents an output: a call still open in the replayed context gets the
         explicit interrupted result, in call order (as
-        :meth:`interrupt_tool_executions`). Returns how many were abandoned.
+        :meth:`tools.interrupt`). Returns how many were abandoned.
 
         Call it only once no runtime owns the session: with ``lease`` the lease
         is fenced; without one, a live lease held by anyone refuses it.
@@ -612,41 +580,12 @@ class ToolsMixin(StoreBase):
             lambda tx: abandon(tx, session_id, local_turn_id, reason, lease),
         )
 
-    def annotate_run_error(self, run_id: str, reason: str, *, lease: Lease | None = None) -> bool:
-        """Record ``reason`` as the error of a run that ended without success and
-        without an error, for example a run abandoned after an interrupted tool
-        execution (session seed AnnotateSessionRunError). Never changes the
-        run's status; a no-op (``False``) when the run already carries an
-        error, so an earlier finalizer stays authoritative. Returns whether
-        the annotation was applied. A session write: under the run's session
-        ``lease``, or while nobody holds the session.
-
-        A finished run's outcome is final: a run that ``succeeded`` carries no
-        error, and a run that has not ended is ended with ``finish_run``.
-
-        Raises:
-            InvalidTransitionError: the run succeeded, or has not ended.
-            RunNotFoundError, InvalidInputError (empty reason).
-            LeaseLostError: ``lease`` is no longer valid.
-            BusyError: no ``lease`` given and someone holds the session.
-        On any error nothing is written.
-        """
-        check_id(run_id, "run_id")
-        check_text(reason, "reason", allow_empty=False)
-        if lease is not None:
-            check_lease(lease)
-        return self._fenced(
-            "annotate_run_error",
-            lease,
-            lambda tx: annotate_run_error(tx, run_id, reason, lease),
-        )
-
-    def get_tool_execution(self, execution_key: str) -> ToolExecution | None:
+    def get(self, execution_key: str) -> ToolExecution | None:
         """The record of ``execution_key``, or ``None``."""
         check_id(execution_key, "execution_key")
         return self.db.read("get_tool_execution", lambda tx: records.get(tx, execution_key))
 
-    def session_tool_executions(self, session_id: str) -> list[ToolExecution]:
+    def list(self, session_id: str) -> list[ToolExecution]:
         """Every tool-execution record of the session, oldest first.
 
         Raises:

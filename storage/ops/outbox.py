@@ -29,8 +29,8 @@ from ..validate import (
     check_ttl,
 )
 from ..wakeups import Topic
-from . import delivery
-from .base import StoreBase
+from . import outbox_plans
+from .outbox_plans import OutboxPlansPart
 
 _CLAIM_IS = "status = ? AND lease_epoch = ?"
 """An operation still in this status under this claim epoch: its compare-and-set."""
@@ -49,32 +49,36 @@ def claim(tx: Tx, operation_id: str, owner: str, ttl_s: float) -> DeliveryOperat
             "SELECT id FROM delivery_operations o WHERE id = ?" + tx.dialect.skip_locked_of("o"),
             [operation_id],
         )
-        if locked is None and delivery.get_operation(tx, operation_id) is not None:
+        if locked is None and outbox_plans.get_operation(tx, operation_id) is not None:
             raise errors.DeliveryOperationBusyError(
                 operation_id, "another worker is claiming or updating it"
             )
-    op = delivery.load(tx, operation_id)
+    op = outbox_plans.load(tx, operation_id)
     now = tx.clock_after_locks()  # after the row's lock (taken above on a server)
-    dep = None if op.depends_on is None else delivery.get_operation(tx, op.depends_on)
+    dep = None if op.depends_on is None else outbox_plans.get_operation(tx, op.depends_on)
     facts = {
         "due": op.next_attempt_at is None or op.next_attempt_at <= now,
         "dependency_done": dep is None or dep.status in DONE,
         "claim_expired": op.lease_expires_at is not None and op.lease_expires_at <= now,
     }
-    edge = delivery.MACHINE.decide("claim", op.status, facts) if op.status not in TERMINAL else None
+    edge = (
+        outbox_plans.MACHINE.decide("claim", op.status, facts)
+        if op.status not in TERMINAL
+        else None
+    )
     if edge is None:
         raise errors.DeliveryOperationBusyError(operation_id, _why_busy(op, dep, facts))
     row = tx.one(
         "UPDATE delivery_operations SET status = 'claimed', lease_owner = ?, "
         "lease_epoch = lease_epoch + 1, lease_ttl_s = ?, lease_expires_at = ?, "
         "attempt_count = attempt_count + 1, next_attempt_at = NULL, updated_at = ? "
-        f"WHERE {keyed('id', _CLAIM_IS)} RETURNING {delivery.OP_COLS}",
+        f"WHERE {keyed('id', _CLAIM_IS)} RETURNING {outbox_plans.OP_COLS}",
         [owner, ttl_s, now + timedelta(seconds=ttl_s), now, op.id, op.status, op.lease_epoch],
     )
     if row is None:
         raise Conflict(f"delivery operation {op.id!r} moved")
-    claimed = delivery.op_row(row)
-    delivery.event(tx, claimed, edge)
+    claimed = outbox_plans.op_row(row)
+    outbox_plans.event(tx, claimed, edge)
     return claimed
 
 
@@ -96,7 +100,7 @@ def _fence(tx: Tx, operation_id: str, owner: str, epoch: int) -> DeliveryOperati
     row read locked (``Dialect.update_lock``), the claim's expiry judged at a
     clock read after that (``Tx.clock_after_locks``) and kept as the write's
     limit (``Tx.valid_until``), as a lease's fence judges its lease."""
-    op = delivery.load(tx, operation_id, tx.dialect.update_lock())
+    op = outbox_plans.load(tx, operation_id, tx.dialect.update_lock())
     if op.lease_owner != owner or op.lease_epoch != epoch:
         raise errors.DeliveryLeaseLostError(
             operation_id, owner, epoch, detail=f"the current claim is epoch {op.lease_epoch}"
@@ -115,13 +119,13 @@ def _fence(tx: Tx, operation_id: str, owner: str, epoch: int) -> DeliveryOperati
 def _move(tx: Tx, op: DeliveryOperation, edge: Edge, sets: str, params: list[Any]) -> Any:
     row = tx.one(
         f"UPDATE delivery_operations SET status = ?, updated_at = ?, {sets} "
-        f"WHERE {keyed('id', _CLAIM_IS)} RETURNING {delivery.OP_COLS}",
+        f"WHERE {keyed('id', _CLAIM_IS)} RETURNING {outbox_plans.OP_COLS}",
         [edge.dest, tx.now, *params, op.id, edge.source, op.lease_epoch],
     )
     if row is None:
         raise Conflict(f"delivery operation {op.id!r} moved")
-    moved = delivery.op_row(row)
-    delivery.event(tx, moved, edge)
+    moved = outbox_plans.op_row(row)
+    outbox_plans.event(tx, moved, edge)
     return moved
 
 
@@ -151,7 +155,7 @@ def progress(
         DeliveryLeaseLostError, DeliveryOperationNotFoundError.
     """
     op = _fence(tx, operation_id, owner, epoch)
-    edge = delivery.MACHINE.require("progress", op.status, {})
+    edge = outbox_plans.MACHINE.require("progress", op.status, {})
     row = tx.one("SELECT lease_ttl_s FROM delivery_operations WHERE id = ?", [op.id])
     row = present(row, "the claimed operation's lease_ttl_s")
     assert tx.now is not None  # always set inside a transaction
@@ -190,7 +194,7 @@ def finish(
         InvalidTransitionError: this claim already recorded another result.
         DeliveryOperationNotFoundError.
     """
-    op = delivery.load(tx, operation_id)
+    op = outbox_plans.load(tx, operation_id)
     trigger = RESULT_TRIGGERS[status]
     if op.status in TERMINAL and op.lease_owner == owner and op.lease_epoch == epoch:
         if _same_result(op, status, result):
@@ -199,11 +203,11 @@ def finish(
             "delivery", trigger, op.status, detail="this claim already recorded a result"
         )
     op = _fence(tx, operation_id, owner, epoch)
-    edge = delivery.MACHINE.require(trigger, op.status, {})
+    edge = outbox_plans.MACHINE.require(trigger, op.status, {})
     moved: DeliveryOperation = _move(
         tx, op, edge, f"{_RESULT_SETS}, lease_expires_at = NULL", _result_params(result)
     )
-    delivery.refresh_intent(tx, moved.intent_id)
+    outbox_plans.refresh_intent(tx, moved.intent_id)
     tx.notify(Topic.DELIVERY_DUE)  # a finished step frees its dependents; a requeue is due
     return moved
 
@@ -217,7 +221,7 @@ def requeue(
         DeliveryLeaseLostError, DeliveryOperationNotFoundError.
     """
     op = _fence(tx, operation_id, owner, epoch)
-    edge = delivery.MACHINE.require("requeue", op.status, {})
+    edge = outbox_plans.MACHINE.require("requeue", op.status, {})
     assert tx.now is not None
     moved: DeliveryOperation = _move(
         tx,
@@ -252,10 +256,10 @@ def _result(operation_id: str, owner: str, epoch: int, given: Mapping[str, Any])
 # -- the store's methods ------------------------------------------------------------
 
 
-class DeliveryClaimsMixin(StoreBase):
+class Outbox(OutboxPlansPart):
     """Claim, progress, finish and requeue outbox operations."""
 
-    def claim_delivery(self, operation_id: str, owner: str, ttl_s: float) -> DeliveryOperation:
+    def claim(self, operation_id: str, owner: str, ttl_s: float) -> DeliveryOperation:
         """Claim the operation for ``owner`` for ``ttl_s`` seconds (session seed
         ClaimDeliveryOperation). Every claim raises the operation's epoch by
         one; the returned operation carries the new ``lease_epoch``, which
@@ -271,7 +275,7 @@ class DeliveryClaimsMixin(StoreBase):
         ttl = check_ttl(ttl_s)
         return self.db.write("claim_delivery", lambda tx: claim(tx, operation_id, owner, ttl))
 
-    def update_delivery_progress(
+    def update_progress(
         self,
         operation_id: str,
         owner: str,
@@ -297,7 +301,7 @@ class DeliveryClaimsMixin(StoreBase):
             lambda tx: progress(tx, operation_id, owner, epoch, result),
         )
 
-    def finish_delivery(
+    def finish(
         self,
         operation_id: str,
         owner: str,
@@ -335,7 +339,7 @@ class DeliveryClaimsMixin(StoreBase):
             lambda tx: finish(tx, operation_id, owner, epoch, final, result),
         )
 
-    def requeue_delivery(
+    def requeue(
         self,
         operation_id: str,
         owner: str,

@@ -42,7 +42,7 @@ from ..validate import (
 )
 from ..wakeups import Topic
 from . import leases, run_reads
-from .base import StoreBase
+from .base import Area
 
 MACHINE = machine_for(DELIVERY)
 
@@ -280,15 +280,15 @@ def refresh_intent(tx: Tx, intent_id: str) -> DeliveryIntent:
 # -- the store's methods ------------------------------------------------------------
 
 
-class DeliveryMixin(StoreBase):
+class OutboxPlansPart(Area):
     """Plan, list, claim, progress, finish and requeue outbox operations."""
 
-    def create_delivery_plan(
+    def create_plan(
         self, run_id: str, plan: DeliveryPlan, *, lease: Lease | None = None
     ) -> DeliveryIntent:
         """Persist ``plan`` for a terminal run outside its termination (session
         seed CreateDeliveryPlan): for recovery reconciliation and tools only;
-        a runtime passes the plan to ``finish_run`` instead. The same plan
+        a runtime passes the plan to ``runs.finish`` instead. The same plan
         again returns the stored intent. A session write: under the run's
         session ``lease``, or while nobody holds the session.
 
@@ -318,9 +318,7 @@ class DeliveryMixin(StoreBase):
 
         return self._fenced("create_delivery_plan", lease, body)
 
-    def get_delivery_plan(
-        self, intent_id: str
-    ) -> tuple[DeliveryIntent, list[DeliveryOperation]] | None:
+    def get_plan(self, intent_id: str) -> tuple[DeliveryIntent, list[DeliveryOperation]] | None:
         """The intent and its operations in execution order (session seed
         GetDeliveryPlan), or ``None``. A run's intent id is ``<run id>:delivery``."""
         check_id(intent_id, "intent_id")
@@ -331,17 +329,17 @@ class DeliveryMixin(StoreBase):
 
         return self.db.read("get_delivery_plan", body, snapshot=True)
 
-    def get_delivery_operation(self, operation_id: str) -> DeliveryOperation | None:
+    def get_operation(self, operation_id: str) -> DeliveryOperation | None:
         """One operation, without its intent's transport context (session seed
         GetDeliveryOperation), or ``None``."""
         check_id(operation_id, "operation_id")
         return self.db.read("get_delivery_operation", lambda tx: get_operation(tx, operation_id))
 
-    def list_due_deliveries(self, *, limit: int = 100) -> list[DeliveryOperation]:
+    def list_due(self, *, limit: int = 100) -> list[DeliveryOperation]:
         """Operations a worker may claim now, oldest first (session seed
         ListDueDeliveryOperations): pending ones whose next attempt time has
         come and whose dependency is delivered or unsupported, and claimed ones
-        whose claim expired. A read: claim each with :meth:`claim_delivery`.
+        whose claim expired. A read: claim each with :meth:`outbox.claim`.
         On PostgreSQL an operation another worker is claiming at this moment
         is left out (its row lock is skipped, not waited for)."""
         check_limit(limit)
