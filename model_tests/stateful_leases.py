@@ -159,7 +159,7 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
             else:
                 expected = self.oracle.append(session, held.ident, self.clock())
             payload = {"message": {"role": "user", "content": "x"}}
-            got = outcome(self.store.append, session, "message", payload, lease=held.lease)
+            got = outcome(self.store.sessions.append, session, "message", payload, lease=held.lease)
             if got[0] == "ok":
                 assert expected[0] == "appended", f"append committed under a lost lease {held}"
                 got = ("appended", got[1].seq)
@@ -221,7 +221,7 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
                 require_absent,
                 self.clock(),
             )
-            got = outcome(self.store.finalize, req)
+            got = outcome(self.store.threads.finalize, req)
             if got[0] == "ok":
                 assert expected[0] == "saved", f"finalize committed, oracle says {expected}"
                 got = ("saved", got[1].id)

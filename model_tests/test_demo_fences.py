@@ -47,11 +47,14 @@ def _jump_before_first_call(
     stop: threading.Event,
     meanwhile: Callable[[], None] = lambda: None,
 ) -> list[BaseException | None]:
-    """Wrap ``store.<method>``: its first call first moves the clock past the TTL and
-    runs ``meanwhile``; every call sets ``stop`` once it returns or raises (so a
-    service loop ends after the iteration). Returns a list that receives what the
-    first call raised (``None`` when it returned)."""
-    real = getattr(store, method)
+    """Wrap ``store.<area>.<method>`` (``method`` names both): its first call
+    first moves the clock past the TTL and runs ``meanwhile``; every call sets
+    ``stop`` once it returns or raises (so a service loop ends after the
+    iteration). Returns a list that receives what the first call raised
+    (``None`` when it returned)."""
+    area_name, name = method.split(".")
+    area = getattr(store, area_name)
+    real = getattr(area, name)
     outcome: list[BaseException | None] = []
 
     def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -69,21 +72,21 @@ def _jump_before_first_call(
         finally:
             stop.set()
 
-    monkeypatch.setattr(store, method, wrapped)
+    monkeypatch.setattr(area, name, wrapped)
     return outcome
 
 
 # -- workers -----------------------------------------------------------------------------
 
 WORKER_FENCED = [
-    "admit_run",
-    "start_run",
-    "claim_tool_execution",
-    "append",
-    "complete_tool_execution",
-    "renew_lease",
-    "finish_run",
-    "finalize",
+    "runs.admit",
+    "runs.start",
+    "tools.claim",
+    "sessions.append",
+    "tools.complete",
+    "leases.renew",
+    "runs.finish",
+    "threads.finalize",
 ]
 """Every store call a worker makes under its session lease."""
 
@@ -126,9 +129,9 @@ def test_a_worker_counts_its_lost_lease_as_fenced(
 # -- recovery coordinators -----------------------------------------------------------------
 
 RECOVERY_FENCED = [
-    "begin_recovery",
-    "interrupt_tool_executions",
-    "converge_recovery",
+    "recovery.begin",
+    "tools.interrupt",
+    "recovery.converge",
 ]
 """Every store call a recovery coordinator makes under its recovery lease."""
 
@@ -156,11 +159,11 @@ def test_a_recovery_coordinator_counts_its_lost_lease_as_fenced(
 # -- outbox workers ----------------------------------------------------------------------
 
 OUTBOX_FENCED = [
-    ("requeue_delivery", Faults(transient=1.0), False),
-    ("update_delivery_progress", NO_FAULTS, True),
-    ("finish_delivery", NO_FAULTS, False),
-    ("finish_delivery", Faults(transient=0.0, permanent=1.0), False),
-    ("finish_delivery", Faults(transient=0.0, permanent=0.0, uncertain=1.0), False),
+    ("outbox.requeue", Faults(transient=1.0), False),
+    ("outbox.update_progress", NO_FAULTS, True),
+    ("outbox.finish", NO_FAULTS, False),
+    ("outbox.finish", Faults(transient=0.0, permanent=1.0), False),
+    ("outbox.finish", Faults(transient=0.0, permanent=0.0, uncertain=1.0), False),
 ]
 """Every store call an outbox worker makes under its claim: (method, faults, upload first)."""
 

@@ -292,52 +292,52 @@ def _detach_recovery(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Cal
 Setup = Callable[[turnkeeper.BaseStore], tuple[turnkeeper.Lease, Call]]
 
 WRITES: dict[str, Setup] = {
-    "append": _append,
-    "append[own id]": _append_own_id,
-    "append_many": _append_many,
-    "append_many[own ids]": _append_many_own_ids,
-    "set_label": _set_label,
-    "set_title": _set_title,
-    "branch": _branch,
-    "branch_with_summary": _branch_with_summary,
-    "import_batch": _import_batch,
-    "import_batch[new session]": _import_batch_new_session,
-    "admit_run": _admit_run,
-    "start_run": _start_run,
-    "wait_run": _wait_run,
-    "resume_run": _resume_run,
-    "finish_run": _finish_run,
-    "finish_run[plan]": _finish_run_with_plan,
-    "create_delivery_plan": _create_delivery_plan,
-    "compare_and_swap_response_state": _compare_and_swap_response_state,
-    "claim_tool_execution": _claim_tool_execution,
-    "complete_tool_execution": _complete_tool_execution,
-    "interrupt_tool_executions": _interrupt_tool_executions,
-    "reclaim_tool_execution": _reclaim_tool_execution,
-    "abandon_interrupted_tool_executions": _abandon_interrupted_tool_executions,
-    "annotate_run_error": _annotate_run_error,
-    "fork_session": _fork_session,
-    "finalize": _finalize,
-    "validate_lease": _validate_lease,
-    "renew_lease": _renew_lease,
-    "release_lease": _release_lease,
-    "begin_recovery": _begin_recovery,
-    "converge_recovery": _converge_recovery,
-    "fail_recovery": _fail_recovery,
-    "detach_recovery": _detach_recovery,
+    "sessions.append": _append,
+    "sessions.append[own id]": _append_own_id,
+    "sessions.append_many": _append_many,
+    "sessions.append_many[own ids]": _append_many_own_ids,
+    "sessions.set_label": _set_label,
+    "sessions.set_title": _set_title,
+    "sessions.branch": _branch,
+    "sessions.branch_with_summary": _branch_with_summary,
+    "sessions.import_batch": _import_batch,
+    "sessions.import_batch[new session]": _import_batch_new_session,
+    "runs.admit": _admit_run,
+    "runs.start": _start_run,
+    "runs.wait": _wait_run,
+    "runs.resume": _resume_run,
+    "runs.finish": _finish_run,
+    "runs.finish[plan]": _finish_run_with_plan,
+    "outbox.create_plan": _create_delivery_plan,
+    "lineage.compare_and_swap": _compare_and_swap_response_state,
+    "tools.claim": _claim_tool_execution,
+    "tools.complete": _complete_tool_execution,
+    "tools.interrupt": _interrupt_tool_executions,
+    "tools.reclaim": _reclaim_tool_execution,
+    "tools.abandon_interrupted": _abandon_interrupted_tool_executions,
+    "runs.annotate_error": _annotate_run_error,
+    "forks.fork": _fork_session,
+    "threads.finalize": _finalize,
+    "leases.validate": _validate_lease,
+    "leases.renew": _renew_lease,
+    "leases.release": _release_lease,
+    "recovery.begin": _begin_recovery,
+    "recovery.converge": _converge_recovery,
+    "recovery.fail": _fail_recovery,
+    "recovery.detach": _detach_recovery,
 }
 """Every write that takes a lease, by method (and variant: ``[own id]``, an
 id of the caller's, takes the transaction path on both backends where a
 plain append takes PostgreSQL's one-statement path), and a setup that makes
 the write valid for the holder's lease and returns that lease and the write."""
 
-REFUSED_BY_FALSE = {"release_lease"}
+REFUSED_BY_FALSE = {"leases.release"}
 """Writes that refuse a lease not theirs by returning ``False`` (idempotent)."""
 
-READS = {"validate_lease"}
+READS = {"leases.validate"}
 """Fenced calls that write nothing on DuckDB (a read of the lease row there)."""
 
-HELD_BY = {"release_lease"}
+HELD_BY = {"leases.release"}
 """The writes that compare ``leases._HELD_BY`` instead of the fence's condition
 (a renewal is fenced: ``leases.renew``)."""
 
@@ -392,12 +392,15 @@ def test_every_write_that_takes_a_lease_is_in_the_table() -> None:
     """Every public store method that takes a lease (``threads.finalize``: in its
     request's ``held_leases``) has a forged-token case: a new fenced write
     joins the table, or this fails."""
+    with turnkeeper.open_store(":memory:") as store:
+        areas = {name: type(area) for name, area in vars(store).items() if name != "db"}
     taking = {
-        name
-        for name, fn in inspect.getmembers(turnkeeper.BaseStore, inspect.isfunction)
+        f"{area}.{name}"
+        for area, cls in areas.items()
+        for name, fn in inspect.getmembers(cls, inspect.isfunction)
         if not name.startswith("_") and "lease" in inspect.signature(fn).parameters
     }
-    assert {name.split("[")[0] for name in WRITES} == taking | {"finalize"}
+    assert {name.split("[")[0] for name in WRITES} == taking | {"threads.finalize"}
 
 
 def token_blind_fence(mp: pytest.MonkeyPatch) -> None:

@@ -518,14 +518,14 @@ def test_nul_in_payload_text_is_stored_exactly(store):
 
 
 INSIDE_A_SESSION = {
-    "entries": lambda s: s.sessions.entries("nope"),
-    "replay": lambda s: s.sessions.replay("nope"),
-    "labels": lambda s: s.sessions.labels("nope"),
-    "opaque_records": lambda s: s.sessions.opaque_records("nope"),
-    "session_runs": lambda s: s.runs.list("nope"),
-    "active_run": lambda s: s.runs.active("nope"),
-    "run_events": lambda s: s.runs.events("nope"),
-    "session_tool_executions": lambda s: s.tools.list("nope"),
+    "entries": lambda s, sid="nope": s.sessions.entries(sid),
+    "replay": lambda s, sid="nope": s.sessions.replay(sid),
+    "labels": lambda s, sid="nope": s.sessions.labels(sid),
+    "opaque_records": lambda s, sid="nope": s.sessions.opaque_records(sid),
+    "session_runs": lambda s, sid="nope": s.runs.list(sid),
+    "active_run": lambda s, sid="nope": s.runs.active(sid),
+    "run_events": lambda s, sid="nope": s.runs.events(sid),
+    "session_tool_executions": lambda s, sid="nope": s.tools.list(sid),
 }
 LOOKUPS = {
     "get_session": lambda s: s.sessions.get("nope"),
@@ -548,7 +548,7 @@ def test_a_read_inside_a_missing_session_is_session_not_found(store, read):
         INSIDE_A_SESSION[read](store)
     assert err.value.session_id == "nope"
     empty = {"active_run": None, "labels": {}, "replay": store.sessions.replay("ok")}
-    assert getattr(store, read)("ok") == empty.get(read, [])  # an existing, empty session
+    assert INSIDE_A_SESSION[read](store, "ok") == empty.get(read, [])  # existing, empty
 
 
 @pytest.mark.parametrize("lookup", sorted(LOOKUPS))

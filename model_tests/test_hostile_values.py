@@ -268,7 +268,7 @@ def test_audit_and_export_keep_every_value(stored: Stored, tmp_path: Path) -> No
     assert [{k: v for k, v in e.items() if k not in base} for e in lines[1:]] == (stored.payloads)
     with turnkeeper.open_store(":memory:") as copy:  # and it imports back exactly
         pi.import_file(copy, out)
-        assert [e.payload for e in copy.entries(SESSION)] == stored.payloads
+        assert [e.payload for e in copy.sessions.entries(SESSION)] == stored.payloads
 
 
 def test_query_reads_every_stored_json_value(stored: Stored) -> None:

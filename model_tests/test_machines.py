@@ -143,12 +143,12 @@ def drive_every_run_edge(store) -> None:
     ]:
         r = admit()
         for step in steps:
-            getattr(store, f"{step}_run")(r.id)
+            getattr(store.runs, step)(r.id)
         store.runs.finish(r.id, end)
     for steps in (["start"], ["start", "wait"]):
         r = admit()
         for step in steps:
-            getattr(store, f"{step}_run")(r.id)
+            getattr(store.runs, step)(r.id)
         store.runs.request_cancel(r.id)
         store.runs.finish(r.id, "cancelled")
 
@@ -182,7 +182,7 @@ def drive_every_recovery_edge(store, clock) -> None:
         r = store.runs.admit(sid, {"n": 1})
         held = store.leases.acquire(f"session:{sid}", "r", 5, purpose="recovery")
         store.recovery.begin(r.id, held)
-        getattr(store, f"{end}_recovery")(r.id, held)  # converge, detach
+        getattr(store.recovery, end)(r.id, held)  # converge, detach
 
 
 def drive_every_delivery_edge(store, clock) -> None:

@@ -276,7 +276,8 @@ def test_a_snapshot_reads_one_state_while_another_thread_commits(
 
     def body(snap: Any) -> None:
         count = snap.query("SELECT entry_count FROM sessions WHERE id = 's'").column(0)[0]
-        writer = threading.Thread(target=real_store.append, args=("s", EntryKind.MESSAGE, MSG))
+        append = real_store.sessions.append
+        writer = threading.Thread(target=append, args=("s", EntryKind.MESSAGE, MSG))
         writer.start()
         writer.join()
         rows = snap.query("SELECT count(*) FROM entries WHERE session_id = ?", ["s"])
@@ -306,7 +307,8 @@ def test_the_audit_reads_one_snapshot(
         if "leaf_id, entry_count" in sql and not written:  # between the trees' two queries
             import threading
 
-            writer = threading.Thread(target=real_store.append, args=("s", EntryKind.MESSAGE, MSG))
+            append = real_store.sessions.append
+            writer = threading.Thread(target=append, args=("s", EntryKind.MESSAGE, MSG))
             writer.start()
             writer.join()
             written.append(1)

@@ -82,7 +82,7 @@ def test_a_read_only_store_beside_a_writable_one_reads_and_refuses_writes(tmp_pa
     path = tmp_path / "rw.duckdb"
     _store_file(path)
     with turnkeeper.open_store(path) as rw, turnkeeper.open_store(path, read_only=True) as ro:
-        rw.append("s0", EntryKind.MESSAGE, MSG)
+        rw.sessions.append("s0", EntryKind.MESSAGE, MSG)
         assert len(ro.sessions.entries("s0")) == 2
         with pytest.raises(errors.ReadOnlyError):
             ro.sessions.append("s0", EntryKind.MESSAGE, MSG)
