@@ -8,7 +8,7 @@ Open a store with :func:`open_store`; everything else is re-exported here::
 """
 
 from turnkeeper._open import DB_ENV, DEFAULT_PATH, is_postgres, open_store
-from turnkeeper.runtime import RuntimeLeaseGuard
+from turnkeeper.runtime import RetainedLease, RuntimeLeaseGuard
 from turnkeeper.runtime_order import RuntimeLeaseGroup, acquire_many
 from turnkeeper.spec import LeasePurpose, RecordStatus, RunStatus, ToolExecutionState
 from turnkeeper.spec.delivery import (
@@ -64,6 +64,8 @@ from turnkeeper.spec.errors import (
     RecoveryNotNeededError,
     RetryNotAllowedError,
     RunNotFoundError,
+    RuntimeLeaseRunMismatchError,
+    RuntimeSessionNotFoundError,
     SchemaVersionError,
     SessionFileError,
     SessionIDExistsError,
@@ -170,6 +172,7 @@ __all__ = [
     "RecoveryNotNeededError",
     "Replay",
     "ResponseState",
+    "RetainedLease",
     "RetryNotAllowedError",
     "Run",
     "RunEvent",
@@ -177,6 +180,8 @@ __all__ = [
     "RunStatus",
     "RuntimeLeaseGroup",
     "RuntimeLeaseGuard",
+    "RuntimeLeaseRunMismatchError",
+    "RuntimeSessionNotFoundError",
     "SchemaVersionError",
     "Session",
     "SessionFileError",

@@ -160,6 +160,7 @@ def test_archived_record_is_never_saved_again(store):
 
 
 def test_finalize_validates_every_held_lease_first(store, clock):
+    store.sessions.create("s")
     a = store.leases.acquire("thread-key:k", "w", 5)
     b = store.leases.acquire("session:s", "w", 1)
     clock.advance(2)

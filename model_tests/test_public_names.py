@@ -49,6 +49,7 @@ TOP = {
     "RunStatus",
     "RuntimeLeaseGroup",
     "RuntimeLeaseGuard",
+    "RetainedLease",
     "Session",
     "SessionPage",
     "Store",

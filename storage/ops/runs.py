@@ -23,7 +23,7 @@ from turnkeeper.machines import machine_for
 from turnkeeper.spec import RUN, errors
 from turnkeeper.spec.delivery import DeliveryPlan
 from turnkeeper.spec.entries import EntryKind, validate_payload
-from turnkeeper.spec.lease import session_target
+from turnkeeper.spec.lease import LeasePurpose, session_target
 from turnkeeper.spec.lifecycle import Edge
 from turnkeeper.spec.records import (
     ANY_LEAF,
@@ -49,6 +49,11 @@ from .run_errors import RunErrorsPart
 from .run_reads import RUN_COLS, RunReadsPart, get, run_row
 
 _MACHINE = machine_for(RUN)
+
+ADMITTING = frozenset({LeasePurpose.ADMISSION, LeasePurpose.EXECUTION})
+"""Lease purposes that may admit a run: an admission lease (seed
+AcquireExecutionAdmission) or an execution lease; never a ``mutation``,
+``fork`` or ``recovery`` one."""
 
 
 def _event(tx: Tx, run: Run, edge: Edge, event_id: str, data: Mapping[str, Any]) -> None:
@@ -511,7 +516,11 @@ class Runs(RunReadsPart, RunErrorsPart):
         (only its sha256 digest is stored). The same key with the same
         admission (request, user message, retry target, source, model, mode,
         work dir and policy) returns the original run; with ``retry_of`` the
-        run is attempt + 1 of that run's intent.
+        run is attempt + 1 of that run's intent. Under ``lease`` (purpose
+        ``admission`` or ``execution``) the run is bound to that lease's epoch
+        (what ``leases.validate(lease, run_id=…)`` checks); unlike the seed's
+        admission transaction the lease keeps its purpose, since its token is
+        issued per purpose: ``leases.bind_run`` promotes it to ``execution``.
 
         Raises:
             SessionRunActiveError: the session already has a non-terminal run.
@@ -521,6 +530,8 @@ class Runs(RunReadsPart, RunErrorsPart):
                 attempt, or is not terminal.
             BusyError: no ``lease`` given and someone holds the session (the
                 same submission key still returns its run).
+            LeasePurposeError: ``lease`` is not of purpose ``admission`` or
+                ``execution`` (a ``mutation`` lease never admits a run).
             ToolCallsUnansweredError: the session's replayed context has tool
                 calls without results, which ``user_message`` would follow
                 (answer them first; ``tool_call_ids`` names them).
@@ -559,6 +570,11 @@ class Runs(RunReadsPart, RunErrorsPart):
             "policy": to_json(dict(policy or {}), "policy"),
         }
         check_session_lease(session_id, lease)
+        if lease is not None and lease.purpose not in ADMITTING:
+            # (the fence holds the row's purpose to the lease's)
+            raise errors.LeasePurposeError(
+                lease.target, lease.purpose, LeasePurpose.ADMISSION.value
+            )
         # A submission is the whole admission: the same key with another user
         # message, retry target or intent field is another request.
         admitted = submissions.admission(request, user_message, retry_of, intent)
