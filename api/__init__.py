@@ -10,7 +10,13 @@ Open a store with :func:`open_store`; everything else is re-exported here::
 from turnkeeper._open import DB_ENV, DEFAULT_PATH, is_postgres, open_store
 from turnkeeper.runtime import RetainedLease, RuntimeLeaseGuard
 from turnkeeper.runtime_order import RuntimeLeaseGroup, acquire_many
-from turnkeeper.spec import LeasePurpose, RecordStatus, RunStatus, ToolExecutionState
+from turnkeeper.spec import (
+    ActiveRunPolicy,
+    LeasePurpose,
+    RecordStatus,
+    RunStatus,
+    ToolExecutionState,
+)
 from turnkeeper.spec.delivery import (
     DeliveryIntent,
     DeliveryOperation,
@@ -112,6 +118,7 @@ __all__ = [
     "DEFAULT_PATH",
     "REPLAY_CACHE_BYTES",
     "SCHEMA_VERSION",
+    "ActiveRunPolicy",
     "AlreadyExistsError",
     "BaseStore",
     "BusyError",
