@@ -8,9 +8,15 @@ Open a store with :func:`open_store`; everything else is re-exported here::
 """
 
 from turnkeeper._open import DB_ENV, DEFAULT_PATH, is_postgres, open_store
-from turnkeeper.runtime import RuntimeLeaseGuard
+from turnkeeper.runtime import RetainedLease, RuntimeLeaseGuard
 from turnkeeper.runtime_order import RuntimeLeaseGroup, acquire_many
-from turnkeeper.spec import LeasePurpose, RecordStatus, RunStatus, ToolExecutionState
+from turnkeeper.spec import (
+    ActiveRunPolicy,
+    LeasePurpose,
+    RecordStatus,
+    RunStatus,
+    ToolExecutionState,
+)
 from turnkeeper.spec.delivery import (
     DeliveryIntent,
     DeliveryOperation,
@@ -67,6 +73,8 @@ from turnkeeper.spec.errors import (
     ResourceEventConflictError,
     RetryNotAllowedError,
     RunNotFoundError,
+    RuntimeLeaseRunMismatchError,
+    RuntimeSessionNotFoundError,
     SchemaVersionError,
     SessionFileError,
     SessionIDExistsError,
@@ -118,6 +126,7 @@ __all__ = [
     "DEFAULT_PATH",
     "REPLAY_CACHE_BYTES",
     "SCHEMA_VERSION",
+    "ActiveRunPolicy",
     "AlreadyExistsError",
     "BaseStore",
     "BusyError",
@@ -184,6 +193,7 @@ __all__ = [
     "Replay",
     "ResourceEventConflictError",
     "ResponseState",
+    "RetainedLease",
     "RetryNotAllowedError",
     "Run",
     "RunEvent",
@@ -191,6 +201,8 @@ __all__ = [
     "RunStatus",
     "RuntimeLeaseGroup",
     "RuntimeLeaseGuard",
+    "RuntimeLeaseRunMismatchError",
+    "RuntimeSessionNotFoundError",
     "SchemaVersionError",
     "SequencedCapabilityEvent",
     "Session",

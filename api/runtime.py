@@ -167,7 +167,9 @@ class RuntimeLeaseGuard:
 
         The seed's ``AcquireExecutionAdmission``, ``AcquireRecovery``,
         ``AcquireMutation`` and ``AcquireFork`` are this with ``purpose``
-        ``admission``, ``recovery``, ``mutation`` (default) and ``fork``.
+        ``admission``, ``recovery``, ``mutation`` (default) and ``fork``; a
+        ``session:`` target's session must exist
+        (``RuntimeSessionNotFoundError``).
 
         Raises:
             InvalidInputError: bad ``ttl_s``/``interval_s`` (nothing called),
@@ -205,6 +207,9 @@ class RuntimeLeaseGuard:
         self._lost_error: BaseException | None = None
         self._halted = False
         self._closed = False
+        self._released_by_caller = False
+        self._retained = 0
+        self._renewing = threading.Lock()  # a renewal and bind_run never overlap
         stop = threading.Event()
         self._stop = weakref.finalize(self, stop.set)
         self._thread = threading.Thread(
@@ -287,12 +292,14 @@ class RuntimeLeaseGuard:
                     wait = min(wait, end - now)
                 self._cond.wait(wait)
 
-    def check(self) -> None:
+    def check(self, *, run_id: str | None = None, purpose: str | None = None) -> None:
         """The final fence right before a side effect (seed ``ValidateRuntimeLease``).
 
         Raises ``LeaseLostError`` at once if the loss was signalled (or the
         deadline passed), else asks the store, which checks token digest,
-        epoch and expiry by its clock in the database.
+        epoch and expiry by its clock in the database, and with ``run_id`` /
+        ``purpose`` the run bound and the purpose (``store.leases.validate``:
+        ``RuntimeLeaseRunMismatchError``, ``LeasePurposeError``).
 
         Raises:
             LeaseLostError: lost, released, or the store says so (the loss is
@@ -312,18 +319,85 @@ class RuntimeLeaseGuard:
             store, lease = self._store, self._lease
         assert store is not None  # only dropped once closed
         try:
-            store.leases.validate(lease)
+            if run_id is None and purpose is None:
+                store.leases.validate(lease)
+            else:
+                store.leases.validate(lease, run_id=run_id, purpose=purpose)
         except LeaseLostError as exc:
             with self._cond:
                 self._mark_lost(exc)
             raise
+
+    # -- binding and retaining ------------------------------------------------------
+
+    def bind_run(self, run_id: str) -> Lease:
+        """Promote the guarded lease to ``execution`` bound to ``run_id`` (seed
+        ``BindRuntimeLeaseToExistingRun``; ``store.leases.bind_run``) and guard
+        the promoted lease from then on; returns it. No renewal runs meanwhile.
+
+        Raises:
+            LeaseLostError: the guard was released or lost, or the store says so.
+            LeasePurposeError, RuntimeLeaseRunMismatchError, DatabaseError: as
+                ``store.leases.bind_run``; the guard keeps the lease it had.
+        """
+        with self._renewing:
+            with self._cond:
+                self._expire_if_due()
+                if self._closed or self._released_by_caller or self._lost.is_set():
+                    raise LeaseLostError(self._lease.target, detail="the guard holds no lease")
+                store, lease = self._store, self._lease
+            assert store is not None
+            bound = store.leases.bind_run(lease, run_id)
+            with self._cond:
+                self._lease = bound
+            return bound
+
+    def retain(self, run_id: str) -> RetainedLease:
+        """Add a reference to the guarded ``execution`` lease of ``run_id``
+        (seed ``RetainRuntimeLease``): the lease stays held and heartbeated
+        until every reference is released, even once :meth:`release` has been
+        called on the guard. An in-process handoff (e.g. from the code that
+        admitted a run to the executor that finishes it), never an
+        authorization: the store checks the lease is of purpose ``execution``
+        and bound to ``run_id`` first (``store.leases.validate``).
+
+        Raises:
+            LeaseLostError: the guard was released or lost, or the store says so.
+            LeasePurposeError: the lease is not of purpose ``execution``.
+            RuntimeLeaseRunMismatchError: ``run_id`` is not the run bound to it.
+            DatabaseError: the store could not check; nothing is retained.
+        """
+        with self._cond:
+            if self._released_by_caller:
+                raise LeaseLostError(self._lease.target, detail="the guard was released")
+        self.check(run_id=run_id, purpose=LeasePurpose.EXECUTION)
+        with self._cond:
+            if self._closed or self._released_by_caller or self._lost.is_set():
+                raise LeaseLostError(self._lease.target, detail="the guard holds no lease")
+            self._retained += 1
+            return RetainedLease(self, self._lease)
+
+    def _unretain(self) -> bool:
+        with self._cond:
+            self._retained -= 1
+            if self._retained or not self._released_by_caller:
+                return False
+        return self._close()
+
+    @property
+    def retained(self) -> int:
+        """How many :meth:`retain` references are not yet released."""
+        with self._cond:
+            return self._retained
 
     # -- release -------------------------------------------------------------------
 
     def release(self) -> bool:
         """Stop the heartbeat (joined before returning) and release the lease.
 
-        Idempotent. Returns whether this call released a held lease (the
+        With :meth:`retain` references outstanding, the lease stays held and
+        heartbeated until the last of them is released, and this returns
+        ``False``. Idempotent. Returns whether this call released a held lease (the
         store's ``leases.release``; ``False`` if it was already lost, or on a
         second call). The guard drops its store reference either way.
 
@@ -331,6 +405,16 @@ class RuntimeLeaseGuard:
             DatabaseError, InterfaceError: from the store's release; the guard
                 is closed anyway and the lease expires after at most ``ttl_s``.
         """
+        with self._cond:
+            if self._closed or self._released_by_caller:
+                return False
+            self._released_by_caller = True
+            if self._retained:  # retained references keep it (seed RetainRuntimeLease)
+                return False
+        return self._close()
+
+    def _close(self) -> bool:
+        """Stop the heartbeat and release the lease (the last reference is gone)."""
         with self._cond:
             if self._closed:
                 return False
@@ -396,6 +480,17 @@ class RuntimeLeaseGuard:
                 return self._wait_from(now)
             store, lease = self._store, self._lease
         assert store is not None
+        if not self._renewing.acquire(blocking=False):  # bind_run is swapping the lease
+            return _MIN_RETRY_S
+        try:
+            with self._cond:
+                lease = self._lease  # as a bind_run that just ended left it
+            return self._renew(store, lease)
+        finally:
+            self._renewing.release()
+
+    def _renew(self, store: LeaseStore, lease: Lease) -> float | None:
+        """One renewal of ``lease`` and what it means for the guard (see :meth:`_beat`)."""
         requested = monotonic()
         try:
             renewed = store.leases.renew(lease, self._ttl_s)
@@ -428,6 +523,35 @@ class RuntimeLeaseGuard:
             self._next_beat = requested + self._interval_s
             self._last_error = None
             return self._wait_from(monotonic())
+
+
+class RetainedLease:
+    """One reference to a guarded execution lease (seed ``RetainRuntimeLease``),
+    made by :meth:`RuntimeLeaseGuard.retain`. :meth:`release` (or leaving its
+    ``with`` block) drops it; the last reference dropped after the guard's own
+    release releases the lease."""
+
+    def __init__(self, guard: RuntimeLeaseGuard, lease: Lease) -> None:
+        self._guard: RuntimeLeaseGuard | None = guard
+        self.lease = lease
+        """The lease as it was when retained."""
+
+    def release(self) -> bool:
+        """Drop this reference; idempotent. Returns whether it released the
+        lease itself (it was the last reference and the guard was released).
+
+        Raises:
+            DatabaseError, InterfaceError: from the store's release, as
+                :meth:`RuntimeLeaseGuard.release` raises them.
+        """
+        guard, self._guard = self._guard, None
+        return False if guard is None else guard._unretain()
+
+    def __enter__(self) -> RetainedLease:
+        return self
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        self.release()
 
 
 def _heartbeat(ref: weakref.ReferenceType[RuntimeLeaseGuard], stop: threading.Event) -> None:

@@ -55,7 +55,9 @@ def worker(store: turnkeeper.BaseStore, index: int, acks) -> None:
         if store.sessions.get(sid) is None:
             store.sessions.create(sid)
         try:
-            lease = store.leases.acquire(f"session:{sid}", f"worker-{index}-{os.getpid()}", 10)
+            lease = store.leases.acquire(
+                f"session:{sid}", f"worker-{index}-{os.getpid()}", 10, purpose="execution"
+            )
         except turnkeeper.BusyError:
             continue
         try:

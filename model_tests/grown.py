@@ -110,7 +110,7 @@ def populate(store: Any, n: int) -> None:
     for i in range(n):
         sid = str(uuid.uuid4())
         store.sessions.create(sid)
-        lease = store.leases.acquire(f"session:{sid}", f"w{i}", 60 + i)
+        lease = store.leases.acquire(f"session:{sid}", f"w{i}", 60 + i, purpose="execution")
         store.sessions.append_many(sid, [(EntryKind.MESSAGE, MSG)] * (2 + i), lease=lease)
         run = store.runs.admit(
             sid, {"q": i}, submission_key=f"s{i}", user_message=USER, lease=lease, start=i % 2 == 1

@@ -32,7 +32,7 @@ def turns(store: turnkeeper.BaseStore, worker: str, count: int) -> dict[str, Any
         sid = f"{worker}-{t}"
         try:
             store.sessions.create(sid)
-            lease = store.leases.acquire(f"session:{sid}", worker, 120)
+            lease = store.leases.acquire(f"session:{sid}", worker, 120, purpose="execution")
             user = {"role": "user", "content": f"list {t}"}
             run = store.runs.admit(sid, {"t": t}, user_message=user, lease=lease, start=True)
             call = {"type": "toolCall", "id": "c1", "name": "ls", "arguments": {"t": t}}

@@ -152,7 +152,9 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
     def admit(self, session: str, lease, start: bool):
         if lease is not None and lease.target != f"session:{session}":
             lease = None
-        if lease is not None and not self._valid(lease):
+        if lease is not None and lease.purpose not in ("admission", "execution"):
+            expected = ("purpose",)  # a recovery lease never admits a run (checked first)
+        elif lease is not None and not self._valid(lease):
             expected = ("lost",)
         elif lease is None and self._held(session):
             expected = ("busy",)  # without a lease, only while nobody holds the session

@@ -99,6 +99,7 @@ def test_a_merged_append_without_its_lease_is_told_what_it_did(
 def test_an_acquire_names_another_owner_only_when_it_is_one(
     store: turnkeeper.BaseStore, tmp_path: Path
 ) -> None:
+    store.sessions.create("s")
     store.leases.acquire("session:s", "w1", ttl_s=600)
     with pytest.raises(errors.BusyError) as other:
         store.leases.acquire("session:s", "w2", ttl_s=600)
@@ -113,6 +114,7 @@ def test_an_acquire_under_the_same_name_elsewhere_says_so(backend: str, tmp_path
     is told so instead of "another owner"."""
     where = new_pg_schema() if backend == "postgres" else str(tmp_path / "s.duckdb")
     with turnkeeper.open_store(where) as first, turnkeeper.open_store(where) as second:
+        first.sessions.create("s")
         first.leases.acquire("session:s", "me", ttl_s=600)
         with pytest.raises(errors.BusyError) as caught:
             second.leases.acquire("session:s", "me", ttl_s=600)

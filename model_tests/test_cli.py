@@ -1519,6 +1519,7 @@ def test_report_recovery_latency_runs_from_the_end_of_the_runs_lease(tmp_path: P
         claim = store.outbox.claim(send, "d", 5)
         store.outbox.finish(send, "d", claim.lease_epoch, "failed", failure_code="gone")
         # s2: the worker releases its lease 1 s in, with a read-only tool running.
+        store.sessions.create("s2")
         worker = store.leases.acquire("session:s2", "w", 10, purpose="execution")
         released = admit("s2", worker)
         store.tools.claim(

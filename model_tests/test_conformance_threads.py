@@ -80,6 +80,25 @@ def test_archived_only_with_include_archived(store):
     assert active_counts(store) == {"k": 1}
 
 
+def test_key_with_every_record_archived_resolves_with_include_archived(store, clock):
+    # r1 and r2 hold key "a" in turn; r3 under key "b" archives r2, so "a"
+    # has no active record left. The seed's Resolve still finds it by key.
+    store.threads.finalize(FinalizeRequest(rec("r1", "a"), rebind_active=True))
+    clock.advance(1)
+    store.threads.finalize(FinalizeRequest(rec("r2", "a"), rebind_active=True))
+    clock.advance(1)
+    store.threads.finalize(
+        FinalizeRequest(rec("r3", "b"), previous_id="r2", archive_old=True, rebind_active=True)
+    )
+    assert store.threads.resolve(key="a") is None
+    found = store.threads.resolve(key="a", include_archived=True)
+    assert found is not None
+    assert (found.id, found.key, found.status) == ("r2", "a", RecordStatus.ARCHIVED)
+    # An active record of the key still wins over archived ones.
+    assert store.threads.resolve(key="b", include_archived=True).id == "r3"
+    assert store.threads.resolve(key="zz", include_archived=True) is None
+
+
 def test_save_is_an_upsert_by_record_id(store):
     store.threads.finalize(FinalizeRequest(rec("r1", state={"turn": 1}), rebind_active=True))
     first = store.threads.resolve(id="r1")
@@ -141,6 +160,7 @@ def test_archived_record_is_never_saved_again(store):
 
 
 def test_finalize_validates_every_held_lease_first(store, clock):
+    store.sessions.create("s")
     a = store.leases.acquire("thread-key:k", "w", 5)
     b = store.leases.acquire("session:s", "w", 1)
     clock.advance(2)

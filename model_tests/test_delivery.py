@@ -95,7 +95,7 @@ def test_a_repeated_termination_writes_a_plan_only_past_the_fence(store):
     nothing is written (attack helper: the repeat path skipped the check). The
     same plan again, once stored, still returns quietly."""
     store.sessions.create("s")
-    first = store.leases.acquire("session:s", "worker-1", 30)
+    first = store.leases.acquire("session:s", "worker-1", 30, purpose="execution")
     run = store.runs.admit("s", {"q": 1}, lease=first, start=True)
     store.runs.finish(run.id, "succeeded", lease=first)  # ended without a plan
     store.leases.release(first)

@@ -150,13 +150,6 @@ def _import_batch(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     return lease, lambda lease: store.sessions.import_batch(batch, lease=lease)
 
 
-def _import_batch_new_session(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
-    # the lease taken before the session exists: the import creates it
-    lease = store.leases.acquire("session:s", "w", 600)
-    batch = ImportBatch("s", "/w", T0, {}, [ImportEntry("i1", None, M, T0, user("i"))], "i1")
-    return lease, lambda lease: store.sessions.import_batch(batch, lease=lease)
-
-
 def _save_capabilities(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease = session(store)
     caps = turnkeeper.SessionCapabilities("s", mode="act", browser=True)
@@ -285,6 +278,11 @@ def _validate_lease(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call
     return session(store), store.leases.validate
 
 
+def _bind_run(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease, run_id = orphan(store, begun=False)
+    return lease, lambda lease: store.leases.bind_run(lease, run_id)
+
+
 def _renew_lease(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     return session(store), lambda lease: store.leases.renew(lease, 60)
 
@@ -325,7 +323,6 @@ WRITES: dict[str, Setup] = {
     "sessions.branch": _branch,
     "sessions.branch_with_summary": _branch_with_summary,
     "sessions.import_batch": _import_batch,
-    "sessions.import_batch[new session]": _import_batch_new_session,
     "capabilities.save": _save_capabilities,
     "capabilities.record_event": _record_capability_event,
     "guidance.consume": _consume_guidance,
@@ -348,6 +345,7 @@ WRITES: dict[str, Setup] = {
     "threads.finalize": _finalize,
     "leases.validate": _validate_lease,
     "leases.renew": _renew_lease,
+    "leases.bind_run": _bind_run,
     "leases.release": _release_lease,
     "recovery.begin": _begin_recovery,
     "recovery.converge": _converge_recovery,

@@ -275,9 +275,9 @@ def hot_operations(store: turnkeeper.BaseStore, profiler: Profiler) -> None:
     with on("create_session"):
         store.sessions.create(sid)
     with on("acquire_lease (grant)"):
-        lease = store.leases.acquire(f"session:{sid}", "w", 60)
+        lease = store.leases.acquire(f"session:{sid}", "w", 60, purpose="execution")
     with on("acquire_lease (re-acquire)"):
-        store.leases.acquire(f"session:{sid}", "w", 60)
+        store.leases.acquire(f"session:{sid}", "w", 60, purpose="execution")
     with on("renew_lease"):
         store.leases.renew(lease, 60)
     with on("validate_lease"):
@@ -405,7 +405,7 @@ def rarer_operations(store: turnkeeper.BaseStore, profiler: Profiler, sid: str) 
     each: it must not read other sessions' rows)."""
     on = profiler.during
     with on("acquire_lease (another owner)"):
-        lease = store.leases.acquire(f"session:{sid}", "w2", 60)
+        lease = store.leases.acquire(f"session:{sid}", "w2", 60, purpose="execution")
     with on("branch_with_summary"):
         store.sessions.branch_with_summary(sid, "mine", "went back", lease=lease)
     with on("entries"):

@@ -81,7 +81,7 @@ def _lease_row(store: turnkeeper.BaseStore, target: str) -> dict[str, Any]:
 def leased(duck_store: turnkeeper.DuckDBStore, clock: Any) -> tuple[str, turnkeeper.Lease]:
     sid = duck_store.sessions.create().id
     duck_store.sessions.append(sid, EntryKind.MESSAGE, MSG)
-    lease = duck_store.leases.acquire(f"session:{sid}", "worker", 30)
+    lease = duck_store.leases.acquire(f"session:{sid}", "worker", 30, purpose="execution")
     clock.advance(5)  # a renewal now moves the expiry
     return sid, lease
 
@@ -214,7 +214,7 @@ def test_a_release_before_a_merged_groups_hold_refuses_its_append(
 
     sid, lease = leased
     other = duck_store.sessions.create().id
-    other_lease = duck_store.leases.acquire(f"session:{other}", "worker", 30)
+    other_lease = duck_store.leases.acquire(f"session:{other}", "worker", 30, purpose="execution")
     if not checked:
         monkeypatch.setattr(duck_tx, "stale_since", lambda tx, stripe: False)
     released = _between_snapshot_and_hold(

@@ -172,6 +172,7 @@ def lease_rows(store: turnkeeper.BaseStore) -> list[dict[str, Any]]:
 def check_another_store_object_with_the_owner_name_is_busy(
     store: turnkeeper.BaseStore, clock: FakeClock
 ) -> None:
+    store.sessions.create("s")
     held = store.leases.acquire("session:s", "w", 600)
     before = lease_rows(store)
     clock.advance(1)
@@ -238,6 +239,7 @@ def test_another_process_under_the_same_owner_name_does_not_get_the_live_lease(
     patched out in the other process, it is granted the live lease."""
     url = new_pg_schema()
     with turnkeeper.open_store(url) as store:
+        store.sessions.create("s")
         held = store.leases.acquire("session:s", "w", 600)
         got = acquire_in_another_process(url, patched)
         assert got == (f"granted {held.epoch}" if patched else "busy w")

@@ -74,7 +74,7 @@ def delivered_claim(store: turnkeeper.BaseStore, sid: str) -> tuple[str, int]:
 
 def recovery_lease(store: turnkeeper.BaseStore, sid: str) -> tuple[str, turnkeeper.Lease]:
     store.sessions.create(sid)
-    worker = store.leases.acquire(f"session:{sid}", "w", 60)
+    worker = store.leases.acquire(f"session:{sid}", "w", 60, purpose="execution")
     run = store.runs.admit(sid, {"k": sid}, user_message=USER, lease=worker, start=True)
     store.leases.release(worker)
     return run.id, store.leases.acquire(f"session:{sid}", "r", 60, purpose="recovery")

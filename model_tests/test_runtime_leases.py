@@ -129,6 +129,7 @@ class Wrapped:
 
 
 def test_heartbeat_keeps_the_lease_alive_past_its_ttl(store, one_clock):
+    store.sessions.create("hb")
     with RuntimeLeaseGuard.acquire(
         store, "session:hb", "w1", 0.3, purpose="execution", interval_s=0.05
     ) as guard:
@@ -147,6 +148,7 @@ def test_heartbeat_keeps_the_lease_alive_past_its_ttl(store, one_clock):
 
 
 def test_loss_signal_fires_when_another_owner_takes_over(store, clock):
+    store.sessions.create("x")
     guard = RuntimeLeaseGuard.acquire(store, "session:x", "w1", 30, interval_s=0.02)
     try:
         assert not guard.wait_lost(0.05)
@@ -165,6 +167,7 @@ def test_loss_signal_fires_when_another_owner_takes_over(store, clock):
 
 
 def test_check_passes_while_held_and_asks_the_database(store, clock):
+    store.sessions.create("c")
     with RuntimeLeaseGuard.acquire(store, "session:c", "w1", 30, interval_s=20) as guard:
         guard.check()
         clock.advance(31)
@@ -180,6 +183,7 @@ def test_check_passes_while_held_and_asks_the_database(store, clock):
 
 
 def test_backend_errors_are_retried_then_lost_at_the_deadline_not_before(store, one_clock):
+    store.sessions.create("db")
     wrapped = Wrapped(store)
     with RuntimeLeaseGuard.acquire(wrapped, "session:db", "w1", 0.4, interval_s=0.05) as guard:
         wrapped.renew_fault = lambda: OperationalError(detail="disk on fire")
@@ -200,6 +204,7 @@ def test_backend_errors_are_retried_then_lost_at_the_deadline_not_before(store, 
 
 
 def test_a_recovered_backend_keeps_the_lease(store, one_clock):
+    store.sessions.create("blip")
     wrapped = Wrapped(store)
     start = one_clock()
     with RuntimeLeaseGuard.acquire(wrapped, "session:blip", "w1", 0.4, interval_s=0.04) as guard:
@@ -214,6 +219,7 @@ def test_a_recovered_backend_keeps_the_lease(store, one_clock):
 
 
 def test_closed_store_stops_renewals_and_loses_at_the_deadline(store, one_clock):
+    store.sessions.create("i")
     wrapped = Wrapped(store)
     with RuntimeLeaseGuard.acquire(wrapped, "session:i", "w1", 0.3, interval_s=0.03) as guard:
         wrapped.renew_fault = lambda: InterfaceError(detail="the store is closed")
@@ -230,6 +236,7 @@ def test_closed_store_stops_renewals_and_loses_at_the_deadline(store, one_clock)
 def test_loss_deadline_is_no_later_than_the_store_expiry(store, one_clock):
     # Slow replies (the clock moves while they come back): the deadline must
     # count from when the call was sent.
+    store.sessions.create("slow")
     wrapped = Wrapped(store)
     wrapped.on_return = lambda: one_clock.advance(0.1)
     with RuntimeLeaseGuard.acquire(wrapped, "session:slow", "w1", 1.0, interval_s=0.2) as guard:
@@ -241,6 +248,7 @@ def test_loss_deadline_is_no_later_than_the_store_expiry(store, one_clock):
 
 
 def test_loss_fires_at_the_deadline_while_a_renewal_is_stuck(store, one_clock):
+    store.sessions.create("late")
     wrapped = Wrapped(store)
     entered, go, returned = threading.Event(), threading.Event(), threading.Event()
 
@@ -273,6 +281,7 @@ def _store_remaining_s(guard: RuntimeLeaseGuard, clock: Any) -> float:
 
 
 def test_cancellation_in_the_heartbeat_is_signalled_and_not_swallowed(store, monkeypatch):
+    store.sessions.create("k")
     seen: list[type[BaseException] | None] = []
     monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.exc_type))
     wrapped = Wrapped(store)
@@ -285,6 +294,8 @@ def test_cancellation_in_the_heartbeat_is_signalled_and_not_swallowed(store, mon
 
 
 def test_adopting_a_lease_guards_it_if_held_and_raises_if_lost(store, clock):
+    store.sessions.create("a")
+    store.sessions.create("z")
     stale = store.leases.acquire("session:z", "w1", 5)
     clock.advance(6)
     before = _lease_threads()
@@ -301,6 +312,7 @@ def test_adopting_a_lease_guards_it_if_held_and_raises_if_lost(store, clock):
 
 
 def test_thread_stops_on_exit_and_release_is_idempotent(store):
+    store.sessions.create("t")
     before = set(threading.enumerate())
     with RuntimeLeaseGuard.acquire(store, "session:t", "w1", 30, interval_s=0.01) as guard:
         assert len(set(threading.enumerate()) - before) == 1
@@ -311,6 +323,8 @@ def test_thread_stops_on_exit_and_release_is_idempotent(store):
 
 
 def test_exit_with_an_error_releases_and_notes_a_failed_release(store):
+    store.sessions.create("e")
+    store.sessions.create("n")
     with pytest.raises(RuntimeError), RuntimeLeaseGuard.acquire(store, "session:e", "w1", 30):
         raise RuntimeError("tool failed")
     store.leases.acquire("session:e", "w2", 30)
@@ -325,6 +339,7 @@ def test_exit_with_an_error_releases_and_notes_a_failed_release(store):
 
 def test_a_dropped_guard_stops_its_thread_and_a_released_one_frees_the_store():
     store = turnkeeper.open_store(":memory:")
+    store.sessions.create("g")
     guard = RuntimeLeaseGuard.acquire(store, "session:g", "w1", 30, interval_s=0.01)
     (thread,) = [t for t in _lease_threads() if t.name == "turnkeeper-lease[session:g]"]
     del guard
@@ -332,6 +347,7 @@ def test_a_dropped_guard_stops_its_thread_and_a_released_one_frees_the_store():
     thread.join(HANG_GUARD_S)
     assert not thread.is_alive()
 
+    store.sessions.create("h")
     kept = RuntimeLeaseGuard.acquire(store, "session:h", "w1", 30, interval_s=0.01)
     kept.release()
     store.close()
@@ -342,6 +358,7 @@ def test_a_dropped_guard_stops_its_thread_and_a_released_one_frees_the_store():
 
 
 def test_bad_input_is_refused_before_anything_is_taken(store):
+    store.sessions.create("v")
     for ttl, interval in [(0, None), (-1, None), (float("nan"), None), (1, 1), (1, 0), (1, 2)]:
         with pytest.raises(InvalidInputError):
             RuntimeLeaseGuard.acquire(store, "session:v", "w1", ttl, interval_s=interval)
@@ -360,6 +377,8 @@ def test_bad_input_is_refused_before_anything_is_taken(store):
 
 
 def test_acquire_many_dedupes_and_sorts(store):
+    store.sessions.create("a")
+    store.sessions.create("b")
     leases = acquire_many(store, ["session:b", "session:a", "session:b"], "w1", 10)
     assert [lease.target for lease in leases] == ["session:a", "session:b"]
     assert {lease.purpose for lease in leases} == {"mutation"}
@@ -367,6 +386,9 @@ def test_acquire_many_dedupes_and_sorts(store):
 
 
 def test_acquire_many_releases_partial_acquisitions_on_busy(store):
+    store.sessions.create("a")
+    store.sessions.create("b")
+    store.sessions.create("c")
     store.leases.acquire("session:b", "other", 10)
     with pytest.raises(BusyError) as err:
         acquire_many(store, ["session:c", "session:a", "session:b"], "w1", 10)
@@ -378,6 +400,10 @@ def test_acquire_many_releases_partial_acquisitions_on_busy(store):
 
 
 def test_acquire_many_releases_partial_acquisitions_on_any_error(store):
+    store.sessions.create("a")
+    store.sessions.create("b")
+    store.sessions.create("d")
+    store.sessions.create("e")
     store.leases.acquire("session:b", "w1", 10, purpose="execution")
     with pytest.raises(LeasePurposeError):
         acquire_many(store, ["session:a", "session:b"], "w1", 10, purpose="mutation")
@@ -391,6 +417,8 @@ def test_acquire_many_releases_partial_acquisitions_on_any_error(store):
 
 
 def test_acquire_many_notes_a_failed_cleanup_on_the_original_error(store):
+    store.sessions.create("a")
+    store.sessions.create("b")
     store.leases.acquire("session:b", "other", 10)
     wrapped = Wrapped(store)
     wrapped.release_fault = lambda: OperationalError(detail="gone")
@@ -400,6 +428,8 @@ def test_acquire_many_notes_a_failed_cleanup_on_the_original_error(store):
 
 
 def test_acquire_many_waits_for_a_busy_target(real_store):
+    real_store.sessions.create("a")
+    real_store.sessions.create("b")
     held = real_store.leases.acquire("session:b", "other", 60)
     timer = threading.Timer(0.1, real_store.leases.release, [held])
     timer.start()
@@ -413,6 +443,9 @@ def test_acquire_many_waits_for_a_busy_target(real_store):
 
 
 def test_opposite_orders_never_deadlock_nor_double_hold(real_store):
+    real_store.sessions.create("a")
+    real_store.sessions.create("b")
+    real_store.sessions.create("c")
     targets = ["session:a", "session:b", "session:c"]
     holders: dict[str, str] = {}
     lock = threading.Lock()
@@ -452,6 +485,10 @@ def test_opposite_orders_never_deadlock_nor_double_hold(real_store):
 
 
 def test_group_guards_every_target_and_releases_all_on_exit_or_failure(store):
+    store.sessions.create("a")
+    store.sessions.create("b")
+    store.sessions.create("x")
+    store.sessions.create("y")
     before = set(threading.enumerate())
     with RuntimeLeaseGroup.acquire(
         store, ["session:b", "session:a"], "w1", 30, purpose="fork", interval_s=0.02

@@ -158,8 +158,14 @@ def test_a_fork_of_a_held_session_is_busy_and_active(held):
     assert err.value.session_id == "s" and err.value.holder == "p1"
 
 
-def test_creating_a_session_whose_lease_is_held_is_allowed(store):
-    """Creation has nothing to protect: a runtime takes the lease, then creates."""
-    lease = store.leases.acquire("session:new", "p1", 30)
+def test_a_runtime_lease_on_a_session_not_yet_created_is_refused(store):
+    """A runtime creates the session, then takes its lease (seed
+    ErrRuntimeSessionNotFound): a lease on a session that does not exist is
+    refused, grants nothing, and the session can then be created and leased."""
+    with pytest.raises(turnkeeper.RuntimeSessionNotFoundError) as caught:
+        store.leases.acquire("session:new", "p1", 30)
+    assert caught.value.session_id == "new"
+    assert store.query("SELECT count(*) AS n FROM leases").to_pylist() == [{"n": 0}]
     store.sessions.create("new")
+    lease = store.leases.acquire("session:new", "p1", 30)
     store.sessions.append("new", EntryKind.MESSAGE, MSG, lease=lease)

@@ -173,6 +173,7 @@ def test_a_heartbeat_renewal_never_waits_behind_a_long_write(tmp_path):
     """A lease renewal (one statement on its own lease row) skips the write lock:
     it completes while another thread's write transaction is still open."""
     with turnkeeper.open_store(tmp_path / "hb.duckdb") as store:
+        store.sessions.create("hb")
         lease = store.leases.acquire("session:hb", "w", 30)
         inside, release = threading.Event(), threading.Event()
 

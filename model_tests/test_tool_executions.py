@@ -945,7 +945,7 @@ def test_a_turn_closes_its_calls_in_call_order_whatever_order_the_database_lists
         where = urlunsplit(parts._replace(path=f"/{name}"))
         with turnkeeper.open_store(where, clock=FakeClock()) as store:
             store.sessions.create("s")
-            lease = store.leases.acquire("session:s", "w", 600)
+            lease = store.leases.acquire("session:s", "w", 600, purpose="execution")
             run = store.runs.admit("s", {"q": 1}, lease=lease, start=True)
             keys = {"B-key": "c1", "a-key": "c2", "Z-key": "c3", "m-key": "c4"}
             turn = {"message": tool_call_message(*keys.values())}

@@ -305,7 +305,7 @@ def test_issue_example_a_message_while_a_call_is_unanswered_is_refused(store):
     tool_calls_paired. Now that message is refused, naming the session and the
     open calls, and nothing is written; the run goes on and ends valid."""
     store.sessions.create("s")
-    lease = store.leases.acquire("session:s", "w", 60)
+    lease = store.leases.acquire("session:s", "w", 60, purpose="execution")
     run = store.runs.admit("s", {"q": 1}, user_message=USER, lease=lease, start=True)
     key = f"{run.id}:c1"
     store.tools.claim(

@@ -36,7 +36,7 @@ def tool_turn(call_id: str) -> list[tuple[str, dict]]:
 
 def test_a_fenced_turn_is_three_transactions(store: turnkeeper.BaseStore) -> None:
     store.sessions.create("s")
-    lease = store.leases.acquire("session:s", "w", 60)
+    lease = store.leases.acquire("session:s", "w", 60, purpose="execution")
     before = calls(store)
     run = store.runs.admit(
         "s", {"q": 1}, user_message={"role": "user", "content": "hi"}, lease=lease, start=True

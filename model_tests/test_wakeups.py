@@ -39,6 +39,7 @@ def test_ending_a_run_wakes_a_subscriber_with_its_plan_due(real_store):
 
 
 def test_a_released_session_lease_wakes_lease_and_orphan_subscribers(real_store):
+    real_store.sessions.create("s")
     store = real_store
     lease = store.leases.acquire("session:s", "w", 30)
     sub = store.subscribe(Topic.LEASE_RELEASED, Topic.ORPHAN)

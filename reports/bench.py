@@ -174,7 +174,7 @@ def operations(store: turnkeeper.BaseStore, cold: turnkeeper.BaseStore) -> dict[
     ``cold`` is a second store object on the same database with its replay
     cache off (every replay reads the branch's rows)."""
     store.sessions.create("s")
-    lease = store.leases.acquire("session:s", "bench", 3600)
+    lease = store.leases.acquire("session:s", "bench", 3600, purpose="execution")
     store.sessions.create("u")  # unleased: an unfenced append is refused on a leased session
     for sid in ("r", "g"):  # "g" grows by one entry before each of its replays
         store.sessions.create(sid)
@@ -183,7 +183,7 @@ def operations(store: turnkeeper.BaseStore, cold: turnkeeper.BaseStore) -> dict[
                 sid, [(EntryKind.MESSAGE, MSG)] * min(1000, REPLAY_ENTRIES - done)
             )
     store.sessions.create("runs")
-    runs_lease = store.leases.acquire("session:runs", "bench", 3600)
+    runs_lease = store.leases.acquire("session:runs", "bench", 3600, purpose="execution")
     outbox = store.runs.admit("runs", {"outbox": True}, lease=runs_lease)
     steps = tuple(DeliveryStep(str(n), "msg") for n in range(5000))
     store.runs.finish(
@@ -234,7 +234,9 @@ def operations(store: turnkeeper.BaseStore, cold: turnkeeper.BaseStore) -> dict[
         return op
 
     return {
-        "acquire (re-acquire)": timed(lambda: store.leases.acquire("session:s", "bench", 3600)),
+        "acquire (re-acquire)": timed(
+            lambda: store.leases.acquire("session:s", "bench", 3600, purpose="execution")
+        ),
         "renew": timed(lambda: store.leases.renew(lease, 3600)),
         "acquire + release": timed(
             lambda: store.leases.release(store.leases.acquire(f"t{uuid.uuid4().hex}", "bench", 60))
@@ -272,7 +274,7 @@ def threads(store: turnkeeper.BaseStore, count: int, together: Any = None) -> fl
     def writer() -> None:
         sid = f"w{uuid.uuid4().hex[:8]}"
         store.sessions.create(sid)
-        lease = store.leases.acquire(f"session:{sid}", sid, 3600)
+        lease = store.leases.acquire(f"session:{sid}", sid, 3600, purpose="execution")
         store.sessions.append(sid, EntryKind.MESSAGE, MSG, lease=lease)
         ready.wait()
         go.wait()
@@ -358,7 +360,7 @@ def langgraph_peer(
 
     put()
     store.sessions.create("peer")
-    lease = store.leases.acquire("session:peer", "bench", 3600)
+    lease = store.leases.acquire("session:peer", "bench", 3600, purpose="execution")
     pairs = {
         "replay / get_tuple": (
             timed(lambda: store.sessions.replay("r")),
@@ -575,7 +577,7 @@ def big_store(where: str, floor: Op) -> dict[str, list[float]]:
         populate(store, BIG_SESSIONS)
         sizes = grow(store, BIG_COPIES)
         store.sessions.create("b")
-        lease = store.leases.acquire("session:b", "bench", 3600)
+        lease = store.leases.acquire("session:b", "bench", 3600, purpose="execution")
         where = (
             f"beside a big store ({sizes['sessions']} sessions, {sizes['leases']} lease rows, "
             f"{sizes['entries']} entries, {sizes['runs']} runs)"

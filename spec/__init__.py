@@ -8,7 +8,7 @@ from .delivery import DELIVERY, DeliveryStatus
 from .lease import GRANTING_EDGES, LEASE, LeasePurpose
 from .lifecycle import Edge, Facts, Lifecycle
 from .recovery import RECOVERY, RecoveryState
-from .run import RUN, RunStatus
+from .run import RUN, ActiveRunPolicy, RunStatus
 from .thread_record import THREAD_RECORD, RecordStatus
 from .tool_execution import TOOL_EXECUTION, ToolExecutionState
 
@@ -24,6 +24,7 @@ __all__ = [
     "RUN",
     "THREAD_RECORD",
     "TOOL_EXECUTION",
+    "ActiveRunPolicy",
     "DeliveryStatus",
     "Edge",
     "Facts",

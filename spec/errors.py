@@ -305,12 +305,38 @@ class BusyError(TurnkeeperError):
 
 
 class LeasePurposeError(TurnkeeperError):
-    """The owner already holds the target under a different purpose."""
+    """The lease's purpose does not allow this operation (ErrRuntimeLeasePurpose).
+
+    ``held_purpose`` is the lease's purpose, ``requested_purpose`` the one the
+    operation needs (or the one an owner asked for while holding the target
+    under another)."""
 
     fields = ("target", "held_purpose", "requested_purpose")
     target: str
     held_purpose: str
     requested_purpose: str
+
+
+class RuntimeSessionNotFoundError(TurnkeeperError):
+    """A runtime lease names a session that does not exist (ErrRuntimeSessionNotFound).
+
+    Raised by ``store.leases.acquire`` for a ``session:<id>`` target whose
+    session was never created (or is gone); nothing is granted."""
+
+    fields = ("session_id",)
+    session_id: str
+
+
+class RuntimeLeaseRunMismatchError(TurnkeeperError):
+    """The lease is not bound to the session's active run (ErrRuntimeLeaseRunMismatch).
+
+    ``run_id`` is the run the caller named, ``active_run_id`` the session's
+    non-terminal run (``None``: it has none)."""
+
+    fields = ("target", "run_id", "active_run_id")
+    target: str
+    run_id: str
+    active_run_id: str | None
 
 
 class LeaseLostError(TurnkeeperError):
@@ -826,6 +852,8 @@ __all__ = [
     "ResourceEventConflictError",
     "RetryNotAllowedError",
     "RunNotFoundError",
+    "RuntimeLeaseRunMismatchError",
+    "RuntimeSessionNotFoundError",
     "SchemaVersionError",
     "SessionFileError",
     "SessionIDExistsError",

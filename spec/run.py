@@ -35,6 +35,34 @@ class RunStatus(StrEnum):
     ABANDONED = "abandoned"
 
 
+class ActiveRunPolicy(StrEnum):
+    """What ``runs.admit`` does when the session already has a non-terminal run
+    (beyond the seed; the choice durable-execution engines name: Temporal's
+    workflow-id conflict policy FAIL / USE_EXISTING / TERMINATE_EXISTING,
+    Inngest's singleton mode skip / cancel).
+
+    Each is decided inside the admission's transaction, after its fence: a
+    session another worker holds is refused with ``BusyError`` (no lease
+    given) or ``LeaseLostError`` (a stale one) whatever the policy, so a run
+    whose worker holds a live lease is never returned to or replaced by
+    another caller.
+    """
+
+    REFUSE = "refuse"
+    """``SessionRunActiveError`` naming the active run (the default; Temporal FAIL)."""
+    USE_EXISTING = "use_existing"
+    """Return the active run as stored and write nothing (with a submission key,
+    only the key's row, naming that run); Temporal USE_EXISTING, Inngest skip."""
+    CANCEL_EXISTING = "cancel_existing"
+    """In the same transaction, record a cancel request on the active run, end it
+    ``cancelled`` (stop reason ``replaced``: its open tool calls closed and its
+    turn ended, as ``runs.finish`` does) and admit the new run (Temporal
+    TERMINATE_EXISTING, Inngest cancel). Only a caller past the fence gets
+    here: it holds the session's lease (the active run is its own or an
+    orphan's) or nobody does. A worker still executing the replaced run
+    learns it at its next write of it (``InvalidTransitionError``: terminal)."""
+
+
 NON_TERMINAL = frozenset({RunStatus.ADMITTED, RunStatus.RUNNING, RunStatus.WAITING})
 """Statuses that keep a session busy."""
 

@@ -3,7 +3,9 @@
 Statement budget per operation (BEGIN and COMMIT included):
 
 - acquire: 4 (BEGIN, read the row, compare-and-set write whose event row is
-  inserted by the same statement, COMMIT); a refusal stops after the read;
+  inserted by the same statement, COMMIT), plus for a ``session:`` target
+  the read of its session row (a runtime lease needs its session); a
+  refusal stops after the reads;
 - renew: 4 (BEGIN, the fence, the new expiry + event row in one statement,
   COMMIT): the fence judges the expiry at a clock read after the row is
   locked (PostgreSQL) or its target held (DuckDB), which one statement
@@ -109,8 +111,31 @@ _HELD_BY = "epoch = ? AND token_digest = ? AND owner = ? AND state = 'held'"
 the target): what a release compares (it judges no expiry, so it needs no fence)."""
 
 
-def acquire(tx: Tx, secret: bytes, target: str, owner: str, ttl_s: float, purpose: str) -> Lease:
-    """Grant, take over or re-acquire ``target`` (run inside a transaction)."""
+def admission_check(tx: Tx, target: str) -> None:
+    """What every runtime lease requires when it is taken (the seed's
+    Acquire… functions): a ``session:`` target's session exists. Other
+    targets have no such rule.
+
+    Raises:
+        RuntimeSessionNotFoundError.
+    """
+    if not target.startswith("session:"):
+        return
+    session_id = target.removeprefix("session:")
+    if tx.one("SELECT 1 FROM sessions WHERE id = ?", [session_id]) is None:
+        raise errors.RuntimeSessionNotFoundError(session_id)
+
+
+def acquire(
+    tx: Tx,
+    secret: bytes,
+    target: str,
+    owner: str,
+    ttl_s: float,
+    purpose: str,
+) -> Lease:
+    """Grant, take over or re-acquire ``target`` (run inside a transaction),
+    after :func:`admission_check`."""
     tx.hold(target)
     touch_session(tx, target)
     row = tx.one(
@@ -140,6 +165,7 @@ def acquire(tx: Tx, secret: bytes, target: str, owner: str, ttl_s: float, purpos
         if held_owner == owner:
             raise errors.BusyError.same_owner_elsewhere(target, held_owner)
         raise errors.BusyError.another_owner(target, held_owner)
+    admission_check(tx, target)
     if edge.name == "reacquire":  # valid only while the lease it extends is: a
         # re-acquire whose lease expired before its COMMIT runs again (a takeover)
         tx.valid_until(utc(expires_at), Conflict(f"the lease of {target!r} expired"))
@@ -381,6 +407,72 @@ def fence_or_unheld(tx: Tx, target: str, lease: Lease | None) -> None:
         raise errors.BusyError.unleased_write(target, row[0])
 
 
+def _active_run(tx: Tx, target: str) -> tuple[str | None, int | None]:
+    """The non-terminal run of a ``session:`` target's session and the lease
+    epoch it is bound to (``runs.lease_epoch``); ``(None, None)`` when idle."""
+    row = tx.one(
+        "SELECT a.run_id, r.lease_epoch FROM active_runs a JOIN runs r ON r.id = a.run_id "
+        "WHERE a.session_id = ?",
+        [target.removeprefix("session:")],
+    )
+    return (None, None) if row is None else (str(row[0]), row[1])
+
+
+def check_bound(tx: Tx, lease: Lease, run_id: str | None, purpose: str | None) -> None:
+    """After :func:`fence`: ``lease`` has ``purpose`` and is bound to ``run_id``,
+    the session's non-terminal run (admitted under this lease's epoch, or bound
+    to it by :func:`bind_run`).
+
+    Raises:
+        LeasePurposeError, RuntimeLeaseRunMismatchError.
+    """
+    if purpose is not None and lease.purpose != purpose:
+        raise errors.LeasePurposeError(lease.target, lease.purpose, purpose)
+    if run_id is None:
+        return
+    active, epoch = _active_run(tx, lease.target)
+    if active != run_id:
+        raise errors.RuntimeLeaseRunMismatchError(lease.target, run_id, active)
+    if epoch != lease.epoch:
+        raise errors.RuntimeLeaseRunMismatchError(
+            lease.target,
+            run_id,
+            active,
+            detail=f"the run is bound to lease epoch {epoch}, not {lease.epoch}",
+        )
+
+
+BINDABLE = frozenset({LeasePurpose.ADMISSION, LeasePurpose.RECOVERY, LeasePurpose.EXECUTION})
+"""Purposes :func:`bind_run` promotes to ``execution`` (an execution lease is re-bound)."""
+
+
+def bind_run(tx: Tx, secret: bytes, lease: Lease, run_id: str) -> Lease:
+    """Promote ``lease`` to ``execution`` bound to ``run_id`` (see ``Leases.bind_run``)."""
+    fence(tx, lease)
+    if lease.purpose not in BINDABLE:
+        raise errors.LeasePurposeError(lease.target, lease.purpose, LeasePurpose.RECOVERY.value)
+    active, _ = _active_run(tx, lease.target)
+    if active != run_id:
+        raise errors.RuntimeLeaseRunMismatchError(lease.target, run_id, active)
+    purpose = LeasePurpose.EXECUTION.value
+    token = issue_token(secret, lease.target, lease.owner, lease.epoch, purpose)
+    moved = tx.count(
+        f"UPDATE leases SET purpose = ?, token_digest = ? WHERE {keyed('target', 'epoch = ?')}",
+        [purpose, digest(token), lease.target, lease.epoch],
+    )
+    if moved != 1:
+        raise Conflict(f"lease row of {lease.target!r} moved during bind_run")
+    if (
+        tx.count(
+            "UPDATE runs SET lease_epoch = ?, updated_at = ? WHERE id = ?",
+            [lease.epoch, tx.now, run_id],
+        )
+        != 1
+    ):
+        raise Conflict(f"run {run_id!r} moved during bind_run")
+    return Lease(lease.target, lease.owner, token, lease.epoch, purpose, lease.expires_at)
+
+
 # -- the store's methods ------------------------------------------------------------
 
 
@@ -402,13 +494,20 @@ class Leases(Area):
         store object while it holds the lease gets the same token and epoch
         with a new expiry.
 
+        A ``session:<id>`` target (a runtime lease) is granted only on a
+        session that exists (the session seed's Acquire… functions), checked in
+        the same transaction.
+
         Raises:
             BusyError: another owner holds an unexpired lease, or this owner
                 name does through another store object or process (``holder``
                 names it; the message says which).
             LeasePurposeError: this owner holds it under another purpose.
+            RuntimeSessionNotFoundError: a ``session:`` target whose session
+                does not exist (ErrRuntimeSessionNotFound).
             InvalidInputError: empty target/owner or non-positive ``ttl_s``.
             DatabaseError: backend failure (never reported as busy).
+        On any error nothing is granted.
         """
         check_target(target)
         check_id(owner, "owner")
@@ -442,14 +541,64 @@ class Leases(Area):
             "release_lease", lambda tx: release(tx, lease), transaction=False, exclusive=False
         )
 
-    def validate(self, lease: Lease) -> None:
+    def validate(
+        self, lease: Lease, *, run_id: str | None = None, purpose: str | None = None
+    ) -> None:
         """Check ``lease`` is still held, unexpired, with this token: the final
-        fence a runtime calls right before a side effect.
+        fence a runtime calls right before a side effect (session seed
+        ValidateRuntimeLease). With ``purpose``, the lease must be of that
+        purpose; with ``run_id``, that run must be its session's non-terminal
+        run and bound to this lease (admitted under its epoch, or bound by
+        :meth:`leases.bind_run`).
 
         Raises:
-            LeaseLostError: it is not.
+            LeaseLostError: it is not held.
+            LeasePurposeError: another purpose (ErrRuntimeLeasePurpose).
+            RuntimeLeaseRunMismatchError: ``run_id`` is not the session's
+                active run, or that run is bound to another lease epoch
+                (ErrRuntimeLeaseRunMismatch).
         """
         check_lease(lease)
-        self.db.write(
-            "validate_lease", lambda tx: fence(tx, lease), transaction=False, exclusive=False
-        )
+        want = None if purpose is None else check_purpose(purpose)
+        if run_id is not None:
+            check_id(run_id, "run_id")
+        if want is None and run_id is None:
+            self.db.write(
+                "validate_lease", lambda tx: fence(tx, lease), transaction=False, exclusive=False
+            )
+            return
+
+        def body(tx: Tx) -> None:
+            fence(tx, lease)
+            check_bound(tx, lease, run_id, want)
+
+        self.db.write("validate_lease", body, exclusive=False)
+
+    def bind_run(self, lease: Lease, run_id: str) -> Lease:
+        """Promote ``lease`` to ``execution`` bound to ``run_id`` (session seed
+        BindRuntimeLeaseToExistingRun): a reattach path calls it before it
+        executes a run it did not admit under this lease, e.g. after
+        :meth:`leases.acquire` with purpose ``recovery``.
+
+        In one transaction: fence ``lease`` (purpose ``recovery``,
+        ``admission``, or ``execution`` to re-bind), check ``run_id`` is
+        still its session's sole non-terminal run, set the lease row's purpose
+        to ``execution`` (under a new token: a token is issued per purpose)
+        and the run's ``lease_epoch`` to this lease's epoch. Returns the
+        promoted lease (same target, owner, epoch and expiry); the lease given
+        no longer fences (LeaseLostError: its token is replaced), and a guard holding it must
+        adopt the new one (``RuntimeLeaseGuard.bind_run`` does).
+
+        Raises:
+            LeaseLostError: the lease is no longer held.
+            LeasePurposeError: a ``mutation`` or ``fork`` lease.
+            RuntimeLeaseRunMismatchError: ``run_id`` is not the session's
+                active run (it ended, or another run is active).
+            InvalidInputError: a malformed lease or run id.
+        On any error nothing is written.
+        """
+        check_lease(lease)
+        check_id(run_id, "run_id")
+        if not lease.target.startswith("session:"):
+            raise errors.InvalidInputError("lease", "only a session lease is bound to a run")
+        return self.db.write("bind_run_lease", lambda tx: bind_run(tx, self._secret, lease, run_id))

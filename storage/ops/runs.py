@@ -23,7 +23,7 @@ from turnkeeper.machines import machine_for
 from turnkeeper.spec import RUN, errors
 from turnkeeper.spec.delivery import DeliveryPlan
 from turnkeeper.spec.entries import EntryKind, validate_payload
-from turnkeeper.spec.lease import session_target
+from turnkeeper.spec.lease import LeasePurpose, session_target
 from turnkeeper.spec.lifecycle import Edge
 from turnkeeper.spec.records import (
     ANY_LEAF,
@@ -31,7 +31,13 @@ from turnkeeper.spec.records import (
     NewEntry,
     Run,
 )
-from turnkeeper.spec.run import FINISH_TRIGGERS, NON_TERMINAL, TERMINAL, RunStatus
+from turnkeeper.spec.run import (
+    FINISH_TRIGGERS,
+    NON_TERMINAL,
+    TERMINAL,
+    ActiveRunPolicy,
+    RunStatus,
+)
 
 from ..backend import Conflict, Tx, keyed, present, utc
 from ..codec import check_id, check_text, to_json
@@ -49,6 +55,11 @@ from .run_errors import RunErrorsPart
 from .run_reads import RUN_COLS, RunReadsPart, get, run_row
 
 _MACHINE = machine_for(RUN)
+
+ADMITTING = frozenset({LeasePurpose.ADMISSION, LeasePurpose.EXECUTION})
+"""Lease purposes that may admit a run: an admission lease (seed
+AcquireExecutionAdmission) or an execution lease; never a ``mutation``,
+``fork`` or ``recovery`` one."""
 
 
 def _event(tx: Tx, run: Run, edge: Edge, event_id: str, data: Mapping[str, Any]) -> None:
@@ -109,6 +120,7 @@ def admit(
     retry_of: str | None,
     start: bool = False,
     known: Opening | None = None,
+    on_active: ActiveRunPolicy = ActiveRunPolicy.REFUSE,
 ) -> tuple[Run, bool, Opening | None]:
     """Admit a run (see the module docstring); returns ``(run, admitted_now,
     opening)``: ``opening`` the calls open after its entries, if known.
@@ -120,7 +132,8 @@ def admit(
     ``running`` and both events (``admit``, ``start``) are written.
     ``known``: the calls open at the session's head, if the caller knows
     them (the user message is judged by the pairing rule: it may not follow
-    unanswered calls).
+    unanswered calls). ``on_active``: what a session with an active run gets
+    (:class:`ActiveRunPolicy`), decided after the fence.
 
     Raises:
         SessionNotFoundError, SubmissionConflictError, SessionRunActiveError,
@@ -144,6 +157,30 @@ def admit(
             return found, False, None
     leases.fence_or_unheld(tx, session_target(session_id), lease)
     current = tx.one("SELECT run_id FROM active_runs WHERE session_id = ?", [session_id])
+    if current is not None and on_active == ActiveRunPolicy.USE_EXISTING:
+        found = present(get(tx, current[0]), "the session's active run")
+        if key_digest is not None:  # the key now names that run
+            tx.exec(
+                "INSERT INTO submissions VALUES (?, ?, ?, ?, ?, ?)",
+                [session_id, key_digest, admission.digest, found.intent_id, found.id, tx.now],
+            )
+        return found, False, None
+    if current is not None and on_active == ActiveRunPolicy.CANCEL_EXISTING:
+        request_cancel(tx, current[0])
+        _, _, known = finish(
+            tx,
+            current[0],
+            RunStatus.CANCELLED,
+            assistant_message=None,
+            error=None,
+            stop_reason="replaced",
+            lease=lease,
+        )
+        head = present(
+            tx.one("SELECT leaf_id, next_seq FROM sessions WHERE id = ?", [session_id]),
+            "the session the replaced run ended in",
+        )
+        current = None
     attempt, intent_id, why = 1, None, ""
     if retry_of is not None:
         prev = get(tx, retry_of)
@@ -496,6 +533,7 @@ class Runs(RunReadsPart, RunErrorsPart):
         work_dir: str = "",
         policy: Mapping[str, Any] | None = None,
         start: bool = False,
+        on_active: str = ActiveRunPolicy.REFUSE,
     ) -> Run:
         """Admit a run of ``request`` in one transaction (session seed
         CreateExecutionIntentAndSessionRunEventWithTurn); with ``start`` the run
@@ -511,16 +549,33 @@ class Runs(RunReadsPart, RunErrorsPart):
         (only its sha256 digest is stored). The same key with the same
         admission (request, user message, retry target, source, model, mode,
         work dir and policy) returns the original run; with ``retry_of`` the
-        run is attempt + 1 of that run's intent.
+        run is attempt + 1 of that run's intent. Under ``lease`` (purpose
+        ``admission`` or ``execution``) the run is bound to that lease's epoch
+        (what ``leases.validate(lease, run_id=…)`` checks); unlike the seed's
+        admission transaction the lease keeps its purpose, since its token is
+        issued per purpose: ``leases.bind_run`` promotes it to ``execution``.
+
+        ``on_active`` (beyond the seed) chooses what a session that already
+        has a non-terminal run gets (:class:`~turnkeeper.ActiveRunPolicy`):
+        ``"refuse"`` (default) raises SessionRunActiveError;
+        ``"use_existing"`` returns that run as stored (with
+        ``submission_key``, the key then names it); ``"cancel_existing"``
+        ends it ``cancelled`` (stop reason ``replaced``) and admits the new
+        run, in one transaction. Each is decided after the fence, so a session
+        another worker holds is refused whatever the choice; it is not part
+        of the admission a submission key compares.
 
         Raises:
-            SessionRunActiveError: the session already has a non-terminal run.
+            SessionRunActiveError: the session already has a non-terminal run
+                (``on_active="refuse"``).
             SubmissionConflictError: the key was used for a different
                 admission (any of its arguments differs).
             RetryNotAllowedError: ``retry_of`` is not the intent's latest
                 attempt, or is not terminal.
             BusyError: no ``lease`` given and someone holds the session (the
                 same submission key still returns its run).
+            LeasePurposeError: ``lease`` is not of purpose ``admission`` or
+                ``execution`` (a ``mutation`` lease never admits a run).
             ToolCallsUnansweredError: the session's replayed context has tool
                 calls without results, which ``user_message`` would follow
                 (answer them first; ``tool_call_ids`` names them).
@@ -559,11 +614,27 @@ class Runs(RunReadsPart, RunErrorsPart):
             "policy": to_json(dict(policy or {}), "policy"),
         }
         check_session_lease(session_id, lease)
+        if lease is not None and lease.purpose not in ADMITTING:
+            # (the fence holds the row's purpose to the lease's)
+            raise errors.LeasePurposeError(
+                lease.target, lease.purpose, LeasePurpose.ADMISSION.value
+            )
         # A submission is the whole admission: the same key with another user
         # message, retry target or intent field is another request.
         admitted = submissions.admission(request, user_message, retry_of, intent)
 
         check_bool(start, "start")
+        try:
+            busy = ActiveRunPolicy(on_active) if isinstance(on_active, str) else None
+        except ValueError:
+            busy = None
+        if busy is None:
+            allowed = ", ".join(p.value for p in ActiveRunPolicy)
+            raise errors.InvalidInputError("on_active", f"must be one of {allowed}")
+        if retry_of is not None and busy != ActiveRunPolicy.REFUSE:
+            raise errors.InvalidInputError(
+                "on_active", "a retry follows a terminal attempt: it never meets an active run"
+            )
 
         known = self._openings.get(session_id)
         wrote: list[Opening | None] = []
@@ -580,6 +651,7 @@ class Runs(RunReadsPart, RunErrorsPart):
                 retry_of=retry_of,
                 start=start,
                 known=known,
+                on_active=busy,
             )
             wrote[:] = [opening] if admitted_now else []
             return run

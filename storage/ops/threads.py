@@ -51,7 +51,12 @@ def _record(row: tuple[Any, ...]) -> ThreadRecord:
 def resolve(
     tx: Tx, record_id: str | None, key: str | None, include_archived: bool
 ) -> ThreadRecord | None:
-    """Look a record up by id or by key's active mapping; ``None`` when missing."""
+    """Look a record up by id or by key's active mapping; ``None`` when missing.
+
+    By key with ``include_archived`` and no active record for the key, the
+    key's most recently updated archived record (ties: newest ``created_at``,
+    then greatest id).
+    """
     if key is not None:
         row = tx.one(
             f"SELECT {', '.join('r.' + c.strip() for c in _COLUMNS.split(','))} "
@@ -59,6 +64,15 @@ def resolve(
             "WHERE k.key = ?",
             [key],
         )
+        if row is None and include_archived:
+            # Every record of the key is archived (an archive_old that moved to
+            # another key removes the mapping): the seed still returns the
+            # record, the one archived last.
+            row = tx.one(
+                f"SELECT {_COLUMNS} FROM thread_records WHERE key = ? "
+                "ORDER BY updated_at DESC, created_at DESC, id DESC LIMIT 1",
+                [key],
+            )
     else:
         row = tx.one(f"SELECT {_COLUMNS} FROM thread_records WHERE id = ?", [record_id])
     if row is None:
@@ -188,7 +202,10 @@ class Threads(Area):
         """Look a record up by ``id`` or by ``key`` (threadstore Resolve).
 
         Exactly one of ``id`` and ``key`` is given. A missing record is
-        ``None``; an archived one only with ``include_archived``.
+        ``None``; an archived one only with ``include_archived``. By key, the
+        key's active record; with ``include_archived`` and every record of the
+        key archived, the one archived last (most recent ``updated_at``, then
+        ``created_at``, then greatest id).
 
         Raises:
             InvalidInputError: neither or both of ``id`` and ``key``.
