@@ -86,6 +86,7 @@ from turnkeeper.spec.errors import (
 from turnkeeper.spec.fork import Fork
 from turnkeeper.spec.records import (
     ANY_LEAF,
+    DeletedSession,
     Entry,
     FinalizeRequest,
     Lease,
@@ -117,6 +118,7 @@ __all__ = [
     "CorruptDatabaseError",
     "DataError",
     "DatabaseError",
+    "DeletedSession",
     "DeliveryIntent",
     "DeliveryLeaseLostError",
     "DeliveryOperation",

@@ -27,6 +27,7 @@ TOP = {
     "REPLAY_CACHE_BYTES",
     "SCHEMA_VERSION",
     "BaseStore",
+    "DeletedSession",
     "DeliveryIntent",
     "DeliveryOperation",
     "DeliveryPlan",

@@ -314,3 +314,25 @@ class ResponseState:
     model: str = ""
     version: int = 0
     updated_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeletedSession:
+    """What remains of a deleted session (the ``deleted_sessions`` row): its id,
+    why it went (``reason``: ``"delete"``, ``"project"`` for a project's delete,
+    ``"retention"``), its creation and last-update times, when it was deleted,
+    how many entries, runs, run events, tool-execution records and delivery
+    operations it had, and the epoch of the lease it was deleted under
+    (``None``: deleted without one). No content."""
+
+    session_id: str
+    reason: str
+    created_at: datetime
+    last_updated_at: datetime
+    deleted_at: datetime
+    entries: int
+    runs: int
+    run_events: int
+    tool_executions: int
+    delivery_operations: int
+    lease_epoch: int | None

@@ -8,6 +8,7 @@ Session writes and leases (one rule). Every write to an existing session's state
 — its transcript (``sessions.append``, ``sessions.branch``,
 ``sessions.branch_with_summary``, ``sessions.set_label``,
 ``sessions.set_title``, compactions, ``sessions.import_batch`` into it), its
+deletion (``sessions.delete``), its
 runs (``runs.admit`` … ``runs.finish``, ``runs.annotate_error``), its
 tool-execution records, its response lineage, a delivery plan made outside a
 termination, and a fork of it — is made either
@@ -32,6 +33,7 @@ import that creates its session too): a stale or forged one writes nothing.
 Reads of a missing thing (one rule). A lookup of one thing by its id or key
 (``sessions.get``, ``sessions.entry``, ``runs.get``, ``recovery.get``,
 ``forks.get``, ``tools.get``, ``outbox.get_plan``, ``outbox.get_operation``,
+``sessions.deleted``,
 ``lineage.get``, ``threads.resolve``) returns ``None`` when there is none, as
 the threadstore seed's Resolve does. A read of what is inside a session
 (``sessions.entries``, ``sessions.replay``, ``sessions.labels``,
@@ -57,6 +59,7 @@ from turnkeeper.spec.delivery import DeliveryIntent, DeliveryOperation, Delivery
 from turnkeeper.spec.fork import Fork
 from turnkeeper.spec.records import (
     ANY_LEAF,
+    DeletedSession,
     Entry,
     FinalizeRequest,
     ImportBatch,
@@ -153,6 +156,8 @@ class SessionsAPI(Protocol):
     def list(
         self, *, limit: int = 50, cursor: str | None = None, search: str | None = None
     ) -> SessionPage: ...
+    def delete(self, session_id: str, *, lease: Lease | None = None) -> DeletedSession: ...
+    def deleted(self, session_id: str) -> DeletedSession | None: ...
 
 
 class RunsAPI(Protocol):

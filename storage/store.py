@@ -86,7 +86,8 @@ class BaseStore:
 
     - :attr:`leases` (acquire, renew, release, validate);
     - :attr:`threads` (resolve, finalize: thread records);
-    - :attr:`sessions` (create, append, replay, branch, list, import …);
+    - :attr:`sessions` (create, append, replay, branch, list, import, delete,
+      …);
     - :attr:`runs` (admit, start, finish, cancel requests, events …);
     - :attr:`lineage` (response state compare-and-set);
     - :attr:`recovery` (orphaned runs: begin, converge, fail, detach);
@@ -118,7 +119,8 @@ class BaseStore:
         shared = Shared(backend, secrets.token_bytes(32), OpeningCache())
         self.leases = Leases(shared)
         self.threads = Threads(shared)
-        self.sessions = Sessions(shared, BranchCache(replay_cache_bytes))
+        branches = BranchCache(replay_cache_bytes)
+        self.sessions = Sessions(shared, branches)
         self.runs = Runs(shared)
         self.lineage = Lineage(shared)
         self.recovery = Recoveries(shared)

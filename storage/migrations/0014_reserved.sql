@@ -1,0 +1,3 @@
+-- turnkeeper schema version 14: reserved for another issue-18 branch (h/delete was
+-- given version 15). This placeholder keeps the versions contiguous on h/delete;
+-- at merge the other branch's 0014 replaces it. It changes nothing.
