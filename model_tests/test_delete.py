@@ -26,6 +26,7 @@ from turnkeeper import (
     SessionRunActiveError,
 )
 from turnkeeper.cli.audit import run_audit
+from turnkeeper.cli.audit_orphans import OWNED
 from turnkeeper.spec.records import ImportBatch, OpaqueRecord
 from turnkeeper.storage.ops import deletes
 
@@ -299,3 +300,30 @@ def test_kill_the_reuse_guard(store, monkeypatch):
     monkeypatch.setattr(session_rows, "TAKEN", "SELECT 1 FROM sessions WHERE id = ? AND ? = ''")
     with pytest.raises(AssertionError):
         check_id_not_reused(store)
+
+
+def test_kill_a_table_from_the_delete_and_the_audit_sees_it(store, monkeypatch):
+    """The audit's no_orphan_rows check is what "the audit stays clean after a
+    delete" rests on: a delete that forgets a table leaves rows it flags."""
+    populate(store, "a")
+    for table in ("tool_executions", "recovery_events", "session_forks"):
+        left = tuple(r for r in deletes.REMOVED if r[0] != table)
+        monkeypatch.setattr(deletes, "REMOVED", left)
+        sid = f"k-{table}"
+        populate(store, sid)
+        if table == "session_forks":
+            sid = store.forks.get(f"fork-of-{sid}").fork_session_id
+        store.sessions.delete(sid)
+        failed = {c.name for c in run_audit(store) if not c.passed}
+        assert failed == {"no_orphan_rows"}, (table, failed)
+        monkeypatch.undo()
+        store.query("SELECT 1")  # the store is still usable
+        for t, column, owner, key in OWNED:  # tidy what the broken delete left
+            if t == table:
+                sql = f"DELETE FROM {t} WHERE {column} NOT IN (SELECT {key} FROM {owner})"
+                store.db.write("tidy", lambda tx, sql=sql: tx.exec(sql))
+        audit_clean(store)
+
+
+def test_the_audit_judges_every_table_a_delete_removes_from():
+    assert {t for t, *_ in OWNED} == {t for t, _ in deletes.REMOVED} - {"sessions"}
