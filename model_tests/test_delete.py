@@ -27,7 +27,7 @@ from turnkeeper import (
 )
 from turnkeeper.cli.audit import run_audit
 from turnkeeper.cli.audit_orphans import OWNED
-from turnkeeper.spec.records import ImportBatch, OpaqueRecord
+from turnkeeper.spec.records import ImportBatch, OpaqueRecord, SessionMetadata
 from turnkeeper.storage.ops import deletes
 
 USER = {"role": "user", "content": "my secret question"}
@@ -43,7 +43,7 @@ def rows(store: Any, sql: str, params: list[Any] | None = None) -> list[dict[str
 def populate(store: Any, sid: str) -> dict[str, Any]:
     """A session with a row in every table a session has rows in: an import's
     opaque line, a finished run (submission, turn, events, tool record, delivery
-    plan), an orphan run recovered, response lineage, a label, a fork."""
+    plan), an orphan run recovered, response lineage, metadata, a label, a fork."""
     store.sessions.import_batch(
         ImportBatch(
             session_id=sid,
@@ -78,6 +78,8 @@ def populate(store: Any, sid: str) -> dict[str, Any]:
     store.recovery.converge(orphan.id, rec, error="worker lost")
     store.leases.release(rec)
     store.lineage.compare_and_swap(ResponseState(sid, previous_response_id="resp-1"), 0)
+    project = store.projects.get("p") or store.projects.create("secret project", project_id="p")
+    store.sessions.set_metadata(sid, SessionMetadata(project_id=project.id, pinned=True))
     store.sessions.append(sid, "label", {"targetId": run.user_entry_id, "label": "keep"})
     fork = store.forks.fork(sid, request_id=f"fork-of-{sid}")
     return {"run": run, "orphan": orphan, "fork": fork}
@@ -121,10 +123,9 @@ def test_a_delete_removes_every_row_of_the_session_and_nothing_else(store):
     made = populate(store, "a")
     populate(store, "b")
     before = session_rows(store, "a")
-    # every table but these: no run is active, "a" is no fork (see below), and
-    # nothing writes session metadata yet
+    # every table but these two: no run is active, and "a" is no fork (see below)
     unfilled = {t for t, n in before.items() if n == 0}
-    assert unfilled == {"active_runs", "session_forks", "session_metadata"}, before
+    assert unfilled == {"active_runs", "session_forks"}, before
     fork_id = made["fork"].fork_session_id
     fork_replay = store.sessions.replay(fork_id)
     other = everything_of(store, "b")
@@ -150,7 +151,7 @@ def test_a_delete_removes_every_row_of_the_session_and_nothing_else(store):
     assert store.recovery.get(made["orphan"].id) is None
     assert store.lineage.get("a") is None
     # nothing of the content anywhere in the database
-    dump = str([rows(store, f"SELECT * FROM {t}") for t in deletes.KEPT])
+    dump = str([rows(store, f"SELECT * FROM {t}") for t in deletes.KEPT if t != "projects"])
     assert "secret" not in dump and "alice/a" not in dump
     # the other session, and its fork, untouched
     assert everything_of(store, "b") == other

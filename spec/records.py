@@ -336,3 +336,22 @@ class DeletedSession:
     tool_executions: int
     delivery_operations: int
     lease_epoch: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Project:
+    """A project (session seed Project): ``id``, display ``name``, times."""
+
+    id: str
+    name: str
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class SessionMetadata:
+    """A session's metadata (session seed SessionMetadata): the project it
+    belongs to (``project_id``; ``None``: none) and whether it is ``pinned``."""
+
+    project_id: str | None = None
+    pinned: bool = False

@@ -8,7 +8,8 @@ Session writes and leases (one rule). Every write to an existing session's state
 — its transcript (``sessions.append``, ``sessions.branch``,
 ``sessions.branch_with_summary``, ``sessions.set_label``,
 ``sessions.set_title``, compactions, ``sessions.import_batch`` into it), its
-deletion (``sessions.delete``), its
+deletion (``sessions.delete``, a project's delete) and metadata
+(``sessions.set_metadata``), its
 runs (``runs.admit`` … ``runs.finish``, ``runs.annotate_error``), its
 tool-execution records, its response lineage, a delivery plan made outside a
 termination, and a fork of it — is made either
@@ -33,10 +34,11 @@ import that creates its session too): a stale or forged one writes nothing.
 Reads of a missing thing (one rule). A lookup of one thing by its id or key
 (``sessions.get``, ``sessions.entry``, ``runs.get``, ``recovery.get``,
 ``forks.get``, ``tools.get``, ``outbox.get_plan``, ``outbox.get_operation``,
-``sessions.deleted``,
+``sessions.deleted``, ``projects.get``,
 ``lineage.get``, ``threads.resolve``) returns ``None`` when there is none, as
 the threadstore seed's Resolve does. A read of what is inside a session
 (``sessions.entries``, ``sessions.replay``, ``sessions.labels``,
+``sessions.get_metadata``,
 ``sessions.opaque_records``, ``runs.list``, ``runs.active``, ``runs.events``,
 ``tools.list``) raises ``SessionNotFoundError`` when the session does not exist,
 so an empty answer always means an existing, empty session.
@@ -67,12 +69,14 @@ from turnkeeper.spec.records import (
     Lease,
     NewEntry,
     OpaqueRecord,
+    Project,
     Recovery,
     Replay,
     ResponseState,
     Run,
     RunEvent,
     Session,
+    SessionMetadata,
     SessionPage,
     ThreadRecord,
 )
@@ -158,6 +162,10 @@ class SessionsAPI(Protocol):
     ) -> SessionPage: ...
     def delete(self, session_id: str, *, lease: Lease | None = None) -> DeletedSession: ...
     def deleted(self, session_id: str) -> DeletedSession | None: ...
+    def get_metadata(self, session_id: str) -> SessionMetadata: ...
+    def set_metadata(
+        self, session_id: str, metadata: SessionMetadata, *, lease: Lease | None = None
+    ) -> SessionMetadata: ...
 
 
 class RunsAPI(Protocol):
@@ -366,6 +374,16 @@ class ForksAPI(Protocol):
     def get(self, request_id: str) -> Fork | None: ...
 
 
+class ProjectsAPI(Protocol):
+    """``store.projects``: projects grouping sessions (session seed CreateProject …)."""
+
+    def create(self, name: str, *, project_id: str | None = None) -> Project: ...
+    def get(self, project_id: str) -> Project | None: ...
+    def rename(self, project_id: str, name: str) -> Project: ...
+    def delete(self, project_id: str, *, leases: Sequence[Lease] = ()) -> list[DeletedSession]: ...
+    def list(self) -> list[Project]: ...
+
+
 class Store(Protocol):
     """The store: one object per area (threadstore Store + session seed Store),
     the analytics reads and the store's own life."""
@@ -388,5 +406,7 @@ class Store(Protocol):
     def tools(self) -> ToolsAPI: ...
     @property
     def forks(self) -> ForksAPI: ...
+    @property
+    def projects(self) -> ProjectsAPI: ...
 
     def close(self) -> None: ...

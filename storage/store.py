@@ -28,6 +28,7 @@ from .ops.leases import Leases
 from .ops.lineage import Lineage
 from .ops.outbox import Outbox
 from .ops.pairing_checks import OpeningCache
+from .ops.projects import Projects
 from .ops.recovery import Recoveries
 from .ops.replays import REPLAY_CACHE_BYTES, BranchCache
 from .ops.runs import Runs
@@ -87,13 +88,14 @@ class BaseStore:
     - :attr:`leases` (acquire, renew, release, validate);
     - :attr:`threads` (resolve, finalize: thread records);
     - :attr:`sessions` (create, append, replay, branch, list, import, delete,
-      …);
+      metadata …);
     - :attr:`runs` (admit, start, finish, cancel requests, events …);
     - :attr:`lineage` (response state compare-and-set);
     - :attr:`recovery` (orphaned runs: begin, converge, fail, detach);
     - :attr:`outbox` (delivery plans and operations: claim, finish, requeue …);
     - :attr:`tools` (tool-execution records: claim, complete, interrupt …);
     - :attr:`forks` (fork a session);
+    - :attr:`projects` (create, list, rename, delete projects of sessions);
 
     and the store itself: :meth:`query`, :meth:`snapshot`,
     :meth:`query_batches`, :meth:`json_sql`, :meth:`subscribe`,
@@ -127,6 +129,7 @@ class BaseStore:
         self.outbox = Outbox(shared)
         self.tools = Tools(shared)
         self.forks = Forks(shared)
+        self.projects = Projects(shared, branches)
         try:
             if backend.read_only:
                 self.db.read("check_schema", self._check_schema, snapshot=True)

@@ -8,7 +8,8 @@ One area object assembled from parts, each in its own module beside this one:
 - :mod:`.replays`: replay, through the store object's replay cache;
 - :mod:`.listing`: list and count;
 - :mod:`.imports`: import_batch and opaque records;
-- :mod:`.deletes`: delete, deleted.
+- :mod:`.deletes`: delete, deleted;
+- :mod:`.metadata`: get_metadata, set_metadata.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from .base import Shared
 from .deletes import DeletesPart
 from .imports import ImportsPart
 from .listing import ListingPart
+from .metadata import MetadataPart
 from .replays import BranchCache, ReplaysPart
 from .session_rows import SessionRecordsPart
 
@@ -29,6 +31,7 @@ class Sessions(
     ListingPart,
     ImportsPart,
     DeletesPart,
+    MetadataPart,
 ):
     """``store.sessions``: see the module docstring; ``branches`` is the store
     object's replay cache."""
