@@ -46,6 +46,7 @@ TOP = {
     "Recovery",
     "Replay",
     "ResponseState",
+    "RetentionReport",
     "Run",
     "RunEvent",
     "RunStatus",

@@ -339,6 +339,21 @@ class DeletedSession:
 
 
 @dataclass(frozen=True, slots=True)
+class RetentionReport:
+    """What one retention pass (``store.sessions.retain``) did.
+
+    ``removed``: the sessions it deleted, oldest first; ``skipped``: session id →
+    why a session it chose was kept (``"busy"``: a live lease holds it;
+    ``"active"``: it has a run that is not terminal; ``"changed"``: it was
+    written after the pass chose it; ``"gone"``: another deleted it first);
+    ``lease_lost``: the pass's lease was lost, and it stopped there."""
+
+    removed: list[DeletedSession]
+    skipped: dict[str, str]
+    lease_lost: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Project:
     """A project (session seed Project): ``id``, display ``name``, times."""
 

@@ -73,6 +73,7 @@ from turnkeeper.spec.records import (
     Recovery,
     Replay,
     ResponseState,
+    RetentionReport,
     Run,
     RunEvent,
     Session,
@@ -162,6 +163,14 @@ class SessionsAPI(Protocol):
     ) -> SessionPage: ...
     def delete(self, session_id: str, *, lease: Lease | None = None) -> DeletedSession: ...
     def deleted(self, session_id: str) -> DeletedSession | None: ...
+    def retain(
+        self,
+        lease: Lease,
+        *,
+        max_age_s: float | None = None,
+        keep_last: int | None = None,
+        limit: int = 1000,
+    ) -> RetentionReport: ...
     def get_metadata(self, session_id: str) -> SessionMetadata: ...
     def set_metadata(
         self, session_id: str, metadata: SessionMetadata, *, lease: Lease | None = None

@@ -88,7 +88,7 @@ class BaseStore:
     - :attr:`leases` (acquire, renew, release, validate);
     - :attr:`threads` (resolve, finalize: thread records);
     - :attr:`sessions` (create, append, replay, branch, list, import, delete,
-      metadata …);
+      retain, metadata …);
     - :attr:`runs` (admit, start, finish, cancel requests, events …);
     - :attr:`lineage` (response state compare-and-set);
     - :attr:`recovery` (orphaned runs: begin, converge, fail, detach);

@@ -1,4 +1,4 @@
-"""Deleting sessions (session seed DeleteSession).
+"""Deleting sessions (session seed DeleteSession) and retention by age or count.
 
 A delete removes, in one transaction, everything turnkeeper stores *of* the
 session (:data:`REMOVED`): its row and entries, opaque import lines,
@@ -23,15 +23,17 @@ other content).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from turnkeeper.spec import errors
 from turnkeeper.spec.lease import session_target
-from turnkeeper.spec.records import DeletedSession, Lease
+from turnkeeper.spec.records import DeletedSession, Lease, RetentionReport
 
 from ..backend import STORE_NOW, Tx, utc
 from ..codec import check_id
-from ..validate import check_session_lease
+from ..validate import check_int, check_lease, check_session_lease
 from . import leases
 from .base import Area
 from .replays import BranchCache
@@ -94,6 +96,11 @@ _COUNTS = (
     "(SELECT id FROM delivery_intents WHERE session_id = ?))"
 )
 
+HEAD = "updated_at, next_seq, event_seq"
+"""What a retention pass remembers of a session it chose: written since (a
+transcript write moves ``updated_at`` and ``next_seq``, a run event
+``event_seq``), the session is kept."""
+
 _DELETED_COLS = (
     "session_id, reason, created_at, last_updated_at, deleted_at, entries, runs, run_events, "
     "tool_executions, delivery_operations, lease_epoch"
@@ -128,18 +135,29 @@ def refuse_deleted(tx: Tx, session_id: str) -> None:
         )
 
 
-def delete(tx: Tx, session_id: str, lease: Lease | None, reason: str) -> DeletedSession:
+def delete(
+    tx: Tx,
+    session_id: str,
+    lease: Lease | None,
+    reason: str,
+    expect: tuple[Any, ...] | None = None,
+) -> DeletedSession:
     """Delete session ``session_id`` (see the module docstring) inside ``tx``.
 
     ``lease``: the session's lease (fenced), else nobody may hold a live one.
+    ``expect``: the session's :data:`HEAD` as a retention pass read it; a
+    session written since is kept (:class:`Changed`).
 
     Raises:
-        SessionNotFoundError, LeaseLostError, BusyError, SessionRunActiveError.
+        SessionNotFoundError, LeaseLostError, BusyError, SessionRunActiveError,
+        Changed.
     """
-    row = tx.one("SELECT created_at, updated_at FROM sessions WHERE id = ?", [session_id])
+    row = tx.one(f"SELECT created_at, {HEAD} FROM sessions WHERE id = ?", [session_id])
     if row is None:
         raise errors.SessionNotFoundError(session_id)
     leases.fence_or_unheld(tx, session_target(session_id), lease)
+    if expect is not None and tuple(row[1:]) != tuple(expect):
+        raise Changed(session_id)
     active = tx.one(
         "SELECT id FROM runs WHERE session_id = ? AND status IN (?, ?, ?) ORDER BY id LIMIT 1",
         [session_id, *NON_TERMINAL],
@@ -167,11 +185,48 @@ def delete(tx: Tx, session_id: str, lease: Lease | None, reason: str) -> Deleted
     return deleted_row(out)
 
 
+MAX_AGE_S = 1e10
+"""The largest ``max_age_s`` (about 317 years): what every backend's
+timestamp arithmetic holds."""
+
+
+class Changed(Exception):
+    """A session a retention pass chose was written after it chose it (kept)."""
+
+
+def _retain_one(
+    tx: Tx, *, session_id: str, expect: tuple[Any, ...], lease: Lease
+) -> DeletedSession:
+    leases.fence(tx, lease)
+    return delete(tx, session_id, None, "retention", expect)
+
+
+def _choose(
+    tx: Tx, max_age_s: float | None, keep_last: int | None, limit: int
+) -> list[tuple[str, tuple[Any, ...]]]:
+    """The sessions a retention pass deletes, oldest first, with their :data:`HEAD`."""
+    conditions = []
+    params: list[Any] = []
+    if max_age_s is not None:
+        conditions.append(f"updated_at < {STORE_NOW} - ?::INTERVAL")
+        params += [tx.now, timedelta(seconds=max_age_s)]
+    if keep_last is not None:
+        conditions.append("newest > ?")
+        params.append(keep_last)
+    rows = tx.rows(
+        f"SELECT id, {HEAD} FROM (SELECT id, {HEAD}, "
+        "row_number() OVER (ORDER BY updated_at DESC, id DESC) AS newest FROM sessions) AS s "
+        f"WHERE {' AND '.join(conditions)} ORDER BY updated_at, id LIMIT ?",
+        [*params, limit],
+    )
+    return [(r[0], (r[1], r[2], r[3])) for r in rows]
+
+
 # -- the store's methods ------------------------------------------------------------
 
 
 class DeletesPart(Area):
-    """``store.sessions.delete`` and ``store.sessions.deleted``."""
+    """``store.sessions.delete``, ``store.sessions.deleted`` and ``store.sessions.retain``."""
 
     _branches: BranchCache
 
@@ -226,3 +281,78 @@ class DeletesPart(Area):
             ),
         )
         return None if row is None else deleted_row(row)
+
+    def retain(
+        self,
+        lease: Lease,
+        *,
+        max_age_s: float | None = None,
+        keep_last: int | None = None,
+        limit: int = 1000,
+    ) -> RetentionReport:
+        """Delete whole sessions by age or count (retention), under ``lease``.
+
+        A session is chosen when it was last written (its ``updated_at``) more
+        than ``max_age_s`` seconds before the store's now (if given) and is
+        not among the ``keep_last`` most recently written sessions (if
+        given); at least one of the two is required. At most ``limit`` are
+        chosen, oldest first. Each is then deleted as :meth:`delete` deletes
+        it (``reason`` ``"retention"``), in a transaction of its own that
+        fences ``lease`` (any target, e.g. ``"retention:main"``: one pass at a
+        time) and checks again that nobody holds the session, no run of it is
+        active, and it was not written since it was chosen; a session failing
+        one is kept and reported (``RetentionReport.skipped``). A session is
+        deleted whole or not at all, so every session left replays as before.
+        When ``lease`` is lost the pass stops, reporting what it removed
+        (``lease_lost``).
+
+        Raises:
+            InvalidInputError: neither bound given, a bound out of range (a
+                negative one, ``max_age_s`` above :data:`MAX_AGE_S` or not a
+                number), a bad lease.
+            LeaseLostError: ``lease`` is not the held, unexpired one at the start.
+        """
+        check_lease(lease)
+        if max_age_s is None and keep_last is None:
+            raise errors.InvalidInputError("max_age_s", "give max_age_s, keep_last or both")
+        if max_age_s is not None and (
+            isinstance(max_age_s, bool)
+            or not isinstance(max_age_s, int | float)
+            or not 0 <= max_age_s <= MAX_AGE_S
+        ):
+            raise errors.InvalidInputError("max_age_s", f"expected seconds from 0 to {MAX_AGE_S:g}")
+        if keep_last is not None:
+            check_int(keep_last, "keep_last", 0)
+        check_int(limit, "limit", 1)
+        self._fenced("validate_retention_lease", lease, lambda tx: leases.fence(tx, lease))
+        chosen = self.db.read(
+            "retention_candidates",
+            lambda tx: _choose(tx, max_age_s, keep_last, limit),
+            snapshot=True,
+        )
+        removed: list[DeletedSession] = []
+        skipped: dict[str, str] = {}
+        for session_id, expect in chosen:
+            try:
+                done = self._fenced(
+                    "retain_session",
+                    lease,
+                    partial(_retain_one, session_id=session_id, expect=expect, lease=lease),
+                )
+            except errors.LeaseLostError:
+                return RetentionReport(removed, skipped, lease_lost=True)
+            except errors.BusyError:
+                skipped[session_id] = "busy"
+                continue
+            except errors.SessionRunActiveError:
+                skipped[session_id] = "active"
+                continue
+            except Changed:
+                skipped[session_id] = "changed"
+                continue
+            except errors.SessionNotFoundError:
+                skipped[session_id] = "gone"
+                continue
+            self._forget(session_id)
+            removed.append(done)
+        return RetentionReport(removed, skipped)

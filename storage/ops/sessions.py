@@ -8,7 +8,7 @@ One area object assembled from parts, each in its own module beside this one:
 - :mod:`.replays`: replay, through the store object's replay cache;
 - :mod:`.listing`: list and count;
 - :mod:`.imports`: import_batch and opaque records;
-- :mod:`.deletes`: delete, deleted;
+- :mod:`.deletes`: delete, deleted, retain;
 - :mod:`.metadata`: get_metadata, set_metadata.
 """
 
