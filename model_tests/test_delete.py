@@ -328,3 +328,86 @@ def test_kill_a_table_from_the_delete_and_the_audit_sees_it(store, monkeypatch):
 
 def test_the_audit_judges_every_table_a_delete_removes_from():
     assert {t for t, *_ in OWNED} == {t for t, _ in deletes.REMOVED} - {"sessions"}
+
+
+def racing_writers(store: Any, sid: str, operation_id: str) -> list[Any]:
+    """One writer of each kind for session ``sid`` (each called a few times)."""
+    counter = iter(range(10_000))
+
+    def claim_tool() -> Any:
+        k = next(counter)
+        return store.tools.claim(
+            f"{sid}-k{k}",
+            sid,
+            local_turn_id="t",
+            provider_call_id=f"c{k}",
+            tool_name="bash",
+            side_effecting=False,
+        )
+
+    def swap() -> Any:
+        state = store.lineage.get(sid)
+        version = 0 if state is None else state.version
+        return store.lineage.compare_and_swap(
+            ResponseState(sid, previous_response_id=f"r{next(counter)}"), version
+        )
+
+    return [
+        lambda: store.sessions.append(sid, "message", {"message": USER}),
+        lambda: store.sessions.set_metadata(sid, SessionMetadata(pinned=True)),
+        claim_tool,
+        swap,
+        lambda: store.outbox.claim(operation_id, f"courier-{next(counter)}", 30),
+    ]
+
+
+def test_a_delete_racing_writers_leaves_no_row_behind(real_store):
+    """Writers of every kind race a delete of their session: each write either
+    lands before the delete (and goes with the session) or is refused because
+    the session is gone; no row outlives it (the audit's no_orphan_rows)."""
+    import threading
+
+    from turnkeeper import (
+        DeliveryOperationBusyError,
+        DeliveryOperationNotFoundError,
+        RunNotFoundError,
+    )
+
+    store = real_store
+    refused = (
+        SessionNotFoundError,
+        RunNotFoundError,
+        DeliveryOperationNotFoundError,
+        DeliveryOperationBusyError,  # a second courier's claim
+    )
+    for round_ in range(4):
+        sid = f"race{round_}"
+        populate(store, sid)
+        operation_id = store.query(
+            "SELECT o.id FROM delivery_operations o JOIN delivery_intents i "
+            "ON i.id = o.intent_id WHERE i.session_id = ?",
+            [sid],
+        ).to_pylist()[0]["id"]
+        acts = [*racing_writers(store, sid, operation_id), lambda s=sid: store.sessions.delete(s)]
+        barrier = threading.Barrier(len(acts))
+        errors: list[BaseException] = []
+
+        def write(act: Any, barrier: Any = barrier, errors: Any = errors) -> None:
+            barrier.wait()
+            for _ in range(3):
+                try:
+                    act()
+                except refused:
+                    pass
+                except BaseException as exc:  # anything else fails the test
+                    errors.append(exc)
+
+        threads = [threading.Thread(target=write, args=(a,)) for a in acts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert errors == []
+        assert store.sessions.get(sid) is None
+        assert set(session_rows(store, sid).values()) == {0}
+        audit_clean(store)
