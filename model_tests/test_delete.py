@@ -317,6 +317,9 @@ def test_kill_a_table_from_the_delete_and_the_audit_sees_it(store, monkeypatch):
         store.sessions.delete(sid)
         failed = {c.name for c in run_audit(store) if not c.passed}
         assert failed == {"no_orphan_rows"}, (table, failed)
+        if table != "recovery_events":  # rows naming the session: an audit of it sees them
+            failed = {c.name for c in run_audit(store, [sid]) if not c.passed}
+            assert failed == {"no_orphan_rows"}, (table, failed)
         monkeypatch.undo()
         store.query("SELECT 1")  # the store is still usable
         for t, column, owner, key in OWNED:  # tidy what the broken delete left
