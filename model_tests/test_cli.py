@@ -101,6 +101,7 @@ def test_short_demo_is_clean_and_fences_stale_writes(demo: DemoRun) -> None:
         "delivered_at_most_once",
         "tool_calls_paired",
         "tool_results_in_context",
+        "no_orphan_rows",
         "stale_delivery_acks_refused",
         "fleet_did_work",
     }
@@ -419,6 +420,23 @@ def _call_lapsed(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
+def _session_half_deleted(con: duckdb.DuckDBPyConnection) -> None:
+    """A session row deleted around the store: its entries, runs … outlive it."""
+    sid = con.execute("SELECT min(session_id) FROM runs").fetchone()
+    assert sid is not None and sid[0] is not None
+    for table in ("entries", "run_events", "conversation_turns"):  # what the other checks read
+        con.execute(f"DELETE FROM {table} WHERE session_id = ?", [sid[0]])
+    changed(con, "DELETE FROM sessions WHERE id = ?", [sid[0]])
+
+
+def _intent_deleted(con: duckdb.DuckDBPyConnection) -> None:
+    """A delivery intent deleted around the store: its operations outlive it."""
+    changed(
+        con,
+        "DELETE FROM delivery_intents WHERE id = (SELECT min(intent_id) FROM delivery_operations)",
+    )
+
+
 CORRUPTIONS: dict[str, tuple[Callable[[duckdb.DuckDBPyConnection], None], str | set[str]]] = {
     "never_granted_epoch": (_never_granted_epoch, "no_entry_under_lost_lease"),
     "duplicate_active_record": (_duplicate_active_record, "one_active_record_per_key"),
@@ -432,6 +450,8 @@ CORRUPTIONS: dict[str, tuple[Callable[[duckdb.DuckDBPyConnection], None], str | 
     "call_result_lost": (_call_result_lost, {"tool_calls_paired", "tool_results_in_context"}),
     "cut_splits_a_pair": (_cut_splits_a_pair, "tool_results_in_context"),
     "call_lapsed": (_call_lapsed, {"tool_calls_paired", "tool_results_in_context"}),
+    "session_half_deleted": (_session_half_deleted, "no_orphan_rows"),
+    "intent_deleted": (_intent_deleted, "no_orphan_rows"),
 }
 
 

@@ -174,6 +174,34 @@ def _record_resource_event(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Leas
     return lease, lambda lease: store.resources.record_event(event, lease=lease)
 
 
+def _delete_session(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    return lease, lambda lease: store.sessions.delete("s", lease=lease)
+
+
+def _set_metadata(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    store.projects.create("p", project_id="p")
+    metadata = turnkeeper.SessionMetadata(project_id="p", pinned=True)
+    return lease, lambda lease: store.sessions.set_metadata("s", metadata, lease=lease)
+
+
+def _retain(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    """Retention under its own lease: a pass that lost it stops (``lease_lost``),
+    which the table reads as the refusal it is."""
+    store.sessions.create("s")
+    store.sessions.append("s", M, user("root"))
+    lease = store.leases.acquire("retention:main", "w", 600)
+
+    def call(lease: turnkeeper.Lease) -> Any:
+        report = store.sessions.retain(lease, keep_last=0)
+        if report.lease_lost:
+            raise LeaseLostError(lease.target)
+        return report
+
+    return lease, call
+
+
 def _admit_run(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease = session(store)
     return lease, lambda lease: store.runs.admit("s", {"q": 1}, user_message=USER, lease=lease)
@@ -327,6 +355,9 @@ WRITES: dict[str, Setup] = {
     "capabilities.record_event": _record_capability_event,
     "guidance.consume": _consume_guidance,
     "resources.record_event": _record_resource_event,
+    "sessions.delete": _delete_session,
+    "sessions.set_metadata": _set_metadata,
+    "sessions.retain": _retain,
     "runs.admit": _admit_run,
     "runs.start": _start_run,
     "runs.wait": _wait_run,

@@ -51,6 +51,10 @@ PLAN = DeliveryPlan("chat", "room", (DeliveryStep("notice", "message"),))
 EXCEPTIONS = {
     "finalize": "writes a thread key's records and fences the leases it holds (other targets)",
     "fork_session": "writes a new session from its source (and fences the source's lease)",
+    "set_session_metadata": "writes a session's metadata and locks the row of the project it "
+    "names (so that a delete of that project conflicts with it)",
+    "delete_project": "deletes a project and every session in it, in one transaction",
+    "retain_session": "deletes one session and fences the retention pass's own lease",
 }
 """Operations whose one transaction may write rows of two shards, and why."""
 
@@ -70,6 +74,7 @@ BEGIN
         WHEN TG_TABLE_NAME = 'delivery_operations' THEN 'session:' ||
             (SELECT session_id FROM delivery_intents WHERE id = j ->> 'intent_id')
         WHEN TG_TABLE_NAME = 'session_forks' THEN 'session:' || (j ->> 'fork_session_id')
+        WHEN TG_TABLE_NAME = 'projects' THEN 'project:' || (j ->> 'id')
         ELSE 'session:' || (j ->> 'session_id')
     END;
     INSERT INTO tk_writes VALUES (txid_current(), current_setting('tk.op', true),
@@ -222,6 +227,16 @@ def _workload(store) -> None:
     store.outbox.requeue(first.id, "outbox", first.lease_epoch)
     again = store.outbox.claim(first.id, "outbox", 30)
     store.outbox.finish(again.id, "outbox", again.lease_epoch, "delivered")
+    # deletes, projects, metadata, retention (issue 18)
+    project = store.projects.create("p")
+    store.projects.rename(project.id, "q")
+    store.sessions.set_metadata("imp", turnkeeper.SessionMetadata(pinned=True))
+    store.sessions.set_metadata("imp", turnkeeper.SessionMetadata(project_id=project.id))
+    store.projects.delete(project.id)
+    store.sessions.delete(store.forks.get("fork-1").fork_session_id)
+    store.sessions.delete("src")
+    janitor = store.leases.acquire("retention:main", "janitor", 30)
+    store.sessions.retain(janitor, keep_last=1)
 
 
 @pytest.mark.slow
@@ -238,6 +253,7 @@ def test_every_write_transaction_stays_in_one_session_or_lease_target(monkeypatc
     ops = {r["op"] for r in rows}
     assert {"append", "admit_run", "finish_run", "claim_delivery", "fork_session"} <= ops
     assert {"finalize", "import", "converge_recovery"} <= ops
+    assert {"delete_session", "delete_project", "retain_session", "set_session_metadata"} <= ops
     wide = [r for r in rows if len(r["shards"]) > 1]
     unexplained = [r for r in wide if r["op"] not in EXCEPTIONS]
     assert unexplained == []

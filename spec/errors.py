@@ -388,6 +388,21 @@ class SessionNotFoundError(TurnkeeperError):
     session_id: str
 
 
+class ProjectNotFoundError(TurnkeeperError):
+    """No project has this id (store.projects; the seed's DeleteProject,
+    RenameProject and SetSessionMetadata fail on an unknown project id)."""
+
+    fields = ("project_id",)
+    project_id: str
+
+
+class ProjectExistsError(TurnkeeperError):
+    """A new project attempted to reuse an existing project's id (CreateProject)."""
+
+    fields = ("project_id",)
+    project_id: str
+
+
 class SessionModifiedError(TurnkeeperError):
     """The session's leaf moved since the caller read it (ErrSessionModified)."""
 
@@ -845,6 +860,8 @@ __all__ = [
     "OperationalError",
     "PoolerError",
     "ProgrammingError",
+    "ProjectExistsError",
+    "ProjectNotFoundError",
     "ReadOnlyError",
     "RecordNotActiveError",
     "RecordNotFoundError",

@@ -401,3 +401,59 @@ class InputResourceEvent:
     status: str = ""
     timestamp: datetime | None = None
     data: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeletedSession:
+    """What remains of a deleted session (the ``deleted_sessions`` row): its id,
+    why it went (``reason``: ``"delete"``, ``"project"`` for a project's delete,
+    ``"retention"``), its creation and last-update times, when it was deleted,
+    how many entries, runs, run events, tool-execution records and delivery
+    operations it had, and the epoch of the lease it was deleted under
+    (``None``: deleted without one). No content."""
+
+    session_id: str
+    reason: str
+    created_at: datetime
+    last_updated_at: datetime
+    deleted_at: datetime
+    entries: int
+    runs: int
+    run_events: int
+    tool_executions: int
+    delivery_operations: int
+    lease_epoch: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionReport:
+    """What one retention pass (``store.sessions.retain``) did.
+
+    ``removed``: the sessions it deleted, oldest first; ``skipped``: session id →
+    why a session it chose was kept (``"busy"``: a live lease holds it;
+    ``"active"``: it has a run that is not terminal; ``"changed"``: it was
+    written after the pass chose it; ``"gone"``: another deleted it first);
+    ``lease_lost``: the pass's lease was lost, and it stopped there."""
+
+    removed: list[DeletedSession]
+    skipped: dict[str, str]
+    lease_lost: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Project:
+    """A project (session seed Project): ``id``, display ``name``, times."""
+
+    id: str
+    name: str
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class SessionMetadata:
+    """A session's metadata (session seed SessionMetadata): the project it
+    belongs to (``project_id``; ``None``: none) and whether it is ``pinned``."""
+
+    project_id: str | None = None
+    pinned: bool = False

@@ -9,6 +9,8 @@ Session writes and leases (one rule). Every write to an existing session's state
 — its transcript (``sessions.append``, ``sessions.branch``,
 ``sessions.branch_with_summary``, ``sessions.set_label``,
 ``sessions.set_title``, compactions, ``sessions.import_batch`` into it), its
+deletion (``sessions.delete``, a project's delete) and metadata
+(``sessions.set_metadata``), its
 runs (``runs.admit`` … ``runs.finish``, ``runs.annotate_error``), its
 tool-execution records, its response lineage, a delivery plan made outside a
 termination, and a fork of it — is made either
@@ -33,9 +35,11 @@ import that creates its session too): a stale or forged one writes nothing.
 Reads of a missing thing (one rule). A lookup of one thing by its id or key
 (``sessions.get``, ``sessions.entry``, ``runs.get``, ``recovery.get``,
 ``forks.get``, ``tools.get``, ``outbox.get_plan``, ``outbox.get_operation``,
+``sessions.deleted``, ``projects.get``,
 ``lineage.get``, ``threads.resolve``) returns ``None`` when there is none, as
 the threadstore seed's Resolve does. A read of what is inside a session
 (``sessions.entries``, ``sessions.replay``, ``sessions.labels``,
+``sessions.get_metadata``,
 ``sessions.opaque_records``, ``runs.list``, ``runs.active``, ``runs.events``,
 ``tools.list``) raises ``SessionNotFoundError`` when the session does not exist,
 so an empty answer always means an existing, empty session.
@@ -59,6 +63,7 @@ from turnkeeper.spec.fork import Fork
 from turnkeeper.spec.records import (
     ANY_LEAF,
     CapabilityEvent,
+    DeletedSession,
     Entry,
     FinalizeRequest,
     Guidance,
@@ -68,14 +73,17 @@ from turnkeeper.spec.records import (
     Lease,
     NewEntry,
     OpaqueRecord,
+    Project,
     Recovery,
     Replay,
     ResponseState,
+    RetentionReport,
     Run,
     RunEvent,
     SequencedCapabilityEvent,
     Session,
     SessionCapabilities,
+    SessionMetadata,
     SessionPage,
     ThreadRecord,
 )
@@ -172,6 +180,20 @@ class SessionsAPI(Protocol):
     def list(
         self, *, limit: int = 50, cursor: str | None = None, search: str | None = None
     ) -> SessionPage: ...
+    def delete(self, session_id: str, *, lease: Lease | None = None) -> DeletedSession: ...
+    def deleted(self, session_id: str) -> DeletedSession | None: ...
+    def retain(
+        self,
+        lease: Lease,
+        *,
+        max_age_s: float | None = None,
+        keep_last: int | None = None,
+        limit: int = 1000,
+    ) -> RetentionReport: ...
+    def get_metadata(self, session_id: str) -> SessionMetadata: ...
+    def set_metadata(
+        self, session_id: str, metadata: SessionMetadata, *, lease: Lease | None = None
+    ) -> SessionMetadata: ...
 
 
 class RunsAPI(Protocol):
@@ -420,6 +442,16 @@ class SnapshotAPI(Protocol):
     def query(self, sql: str, params: Sequence[Any] | None = None) -> Any: ...
 
 
+class ProjectsAPI(Protocol):
+    """``store.projects``: projects grouping sessions (session seed CreateProject …)."""
+
+    def create(self, name: str, *, project_id: str | None = None) -> Project: ...
+    def get(self, project_id: str) -> Project | None: ...
+    def rename(self, project_id: str, name: str) -> Project: ...
+    def delete(self, project_id: str, *, leases: Sequence[Lease] = ()) -> list[DeletedSession]: ...
+    def list(self) -> list[Project]: ...
+
+
 class Store(Protocol):
     """The store: one object per area (threadstore Store + session seed Store),
     the analytics reads, the wake-ups and the store's own life (a context
@@ -467,5 +499,7 @@ class Store(Protocol):
     def guidance(self) -> GuidanceAPI: ...
     @property
     def resources(self) -> ResourcesAPI: ...
+    @property
+    def projects(self) -> ProjectsAPI: ...
 
     def close(self) -> None: ...

@@ -30,6 +30,7 @@ from .ops.leases import Leases
 from .ops.lineage import Lineage
 from .ops.outbox import Outbox
 from .ops.pairing_checks import OpeningCache
+from .ops.projects import Projects
 from .ops.recovery import Recoveries
 from .ops.replays import REPLAY_CACHE_BYTES, BranchCache
 from .ops.resources import Resources
@@ -89,7 +90,8 @@ class BaseStore:
 
     - :attr:`leases` (acquire, renew, release, validate);
     - :attr:`threads` (resolve, finalize: thread records);
-    - :attr:`sessions` (create, append, replay, branch, list, import …);
+    - :attr:`sessions` (create, append, replay, branch, list, import, delete,
+      retain, metadata …);
     - :attr:`runs` (admit, start, finish, cancel requests, events …);
     - :attr:`lineage` (response state compare-and-set);
     - :attr:`recovery` (orphaned runs: begin, converge, fail, detach);
@@ -99,6 +101,7 @@ class BaseStore:
     - :attr:`capabilities` (a session's runtime capability state and its events);
     - :attr:`guidance` (guidance queued for a session's runtime, consumed by it);
     - :attr:`resources` (lifecycle events of a run's input resources);
+    - :attr:`projects` (create, list, rename, delete projects of sessions);
 
     and the store itself: :meth:`query`, :meth:`snapshot`,
     :meth:`query_batches`, :meth:`json_sql`, :meth:`subscribe`,
@@ -124,7 +127,8 @@ class BaseStore:
         shared = Shared(backend, secrets.token_bytes(32), OpeningCache())
         self.leases = Leases(shared)
         self.threads = Threads(shared)
-        self.sessions = Sessions(shared, BranchCache(replay_cache_bytes))
+        branches = BranchCache(replay_cache_bytes)
+        self.sessions = Sessions(shared, branches)
         self.runs = Runs(shared)
         self.lineage = Lineage(shared)
         self.recovery = Recoveries(shared)
@@ -134,6 +138,7 @@ class BaseStore:
         self.capabilities = Capabilities(shared)
         self.guidance = GuidanceQueue(shared)
         self.resources = Resources(shared)
+        self.projects = Projects(shared, branches)
         try:
             if backend.read_only:
                 self.db.read("check_schema", self._check_schema, snapshot=True)

@@ -32,6 +32,7 @@ from turnkeeper.storage import BaseStore
 from turnkeeper.storage.store import Snapshot
 
 from .audit_base import Check, Scope, rows, sample
+from .audit_orphans import check_no_orphans
 from .audit_runs import run_checks
 
 GRANTING = "('grant', 'regrant', 'takeover')"
@@ -359,4 +360,5 @@ def _checks(
         checks.insert(3, check_refused_absent(store, scope, refused_markers, refused_records))
 
     checks.extend(run_checks(store, scope))
+    checks.append(check_no_orphans(store, scope))
     return checks

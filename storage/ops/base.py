@@ -47,8 +47,10 @@ class Area:
 
     def _inside(self, session_id: str, found: T) -> T:
         """``found``, read inside session ``session_id``; an empty answer for a
-        session that does not exist is ``SessionNotFoundError`` (sessions are
-        never deleted, so a later existence check answers for the read)."""
+        session that does not exist is ``SessionNotFoundError``. A later
+        existence check answers for the read: a session id is never reused
+        once deleted, so a session missing now either never existed or was
+        deleted, and an empty read of it is the deleted state."""
         if not found:
             row = self.db.read(
                 "session_exists",

@@ -58,7 +58,7 @@ from ..backend import Tx, keyed, present, utc
 from ..codec import check_id, from_json, to_json
 from ..pairing import tree_faults
 from ..validate import check_int, check_session_lease
-from . import leases
+from . import leases, session_rows
 from .base import Area
 from .entry_rows import ENTRY_COLUMNS
 from .session_rows import new_entry_id
@@ -376,8 +376,11 @@ def fork(tx: Tx, req: Request, new_id: Callable[[], str]) -> Fork:
                 sid, detail=f"entry {req.at_seq} is not on the branch of turn {turn_id!r}"
             )
     fid = req.fork_session_id
-    if tx.one("SELECT 1 FROM sessions WHERE id = ?", [fid]) is not None:
-        raise errors.SessionIDExistsError(fid)
+    taken = tx.one(session_rows.TAKEN, [fid, fid])
+    if taken is not None:
+        raise errors.SessionIDExistsError(
+            fid, detail=None if taken[0] == 1 else "a deleted session's id is never reused"
+        )
     copied = plan_copy(sid, source, boundary.id, boundary_seq, new_id)
     head = tx.one("SELECT cwd, header FROM sessions WHERE id = ?", [sid])
     head = present(head, "the source session's row, read before in this transaction")

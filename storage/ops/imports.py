@@ -23,7 +23,7 @@ from ..pairing import cycles, tree_faults
 from ..validate import (
     check_session_lease,
 )
-from . import entry_rows, leases, pairing_checks
+from . import deletes, entry_rows, leases, pairing_checks
 from .base import Area
 from .entry_rows import ENTRY_COLUMNS
 from .leases import NOW
@@ -78,6 +78,7 @@ def import_rows(
         # is outside the session-write rule, as sessions.create is.
         leases.fence_or_unheld(tx, session_target(session_id), lease)
     if created:
+        deletes.refuse_deleted(tx, session_id)
         tx.exec(
             f"INSERT INTO sessions ({SESSION_COLS}) VALUES (?, ?, ?, ?, NULL, NULL, 0, 1, ?)",
             [session_id, cwd, created_at, created_at, header_json],

@@ -157,6 +157,13 @@ class BranchCache:
                 _, evicted = self._branches.popitem(last=False)
                 self.nbytes -= evicted.nbytes
 
+    def drop(self, session_id: str) -> None:
+        """Forget ``session_id``'s branch (a deleted session)."""
+        with self._lock:
+            old = self._branches.pop(session_id, None)
+            if old is not None:
+                self.nbytes -= old.nbytes
+
     def __len__(self) -> int:
         return len(self._branches)
 

@@ -62,6 +62,13 @@ HEAD_IS = "next_seq = ? AND leaf_id IS NOT DISTINCT FROM ?"
 """A session row whose head is still this next seq and leaf: an append's compare-and-set."""
 
 
+TAKEN = (
+    "SELECT 1 FROM sessions WHERE id = ? UNION ALL "
+    "SELECT 2 FROM deleted_sessions WHERE session_id = ?"
+)
+"""A session id in use (1) or deleted (2, never reused): no row when it is free."""
+
+
 def session_row(row: Sequence[Any]) -> Session:
     return Session(
         id=row[0],
@@ -82,10 +89,14 @@ def create(
     """Insert a new session row.
 
     Raises:
-        SessionIDExistsError: the id is taken (the row is never updated).
+        SessionIDExistsError: the id is taken (the row is never updated) or was
+            a deleted session's.
     """
-    if tx.one("SELECT 1 FROM sessions WHERE id = ?", [session_id]) is not None:
-        raise errors.SessionIDExistsError(session_id)
+    taken = tx.one(TAKEN, [session_id, session_id])
+    if taken is not None:
+        raise errors.SessionIDExistsError(
+            session_id, detail=None if taken[0] == 1 else "a deleted session's id is never reused"
+        )
     row = tx.one(
         f"INSERT INTO sessions ({SESSION_COLS}) VALUES "
         f"(?, ?, coalesce(?::TIMESTAMPTZ, {NOW}), {NOW}, NULL, NULL, 0, 1, ?) "

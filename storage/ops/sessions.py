@@ -7,20 +7,32 @@ One area object assembled from parts, each in its own module beside this one:
 - :mod:`.appends`: append, append_many, set_label, set_title;
 - :mod:`.replays`: replay, through the store object's replay cache;
 - :mod:`.listing`: list and count;
-- :mod:`.imports`: import_batch and opaque records.
+- :mod:`.imports`: import_batch and opaque records;
+- :mod:`.deletes`: delete, deleted, retain;
+- :mod:`.metadata`: get_metadata, set_metadata.
 """
 
 from __future__ import annotations
 
 from .appends import AppendsPart
 from .base import Shared
+from .deletes import DeletesPart
 from .imports import ImportsPart
 from .listing import ListingPart
+from .metadata import MetadataPart
 from .replays import BranchCache, ReplaysPart
 from .session_rows import SessionRecordsPart
 
 
-class Sessions(SessionRecordsPart, AppendsPart, ReplaysPart, ListingPart, ImportsPart):
+class Sessions(
+    SessionRecordsPart,
+    AppendsPart,
+    ReplaysPart,
+    ListingPart,
+    ImportsPart,
+    DeletesPart,
+    MetadataPart,
+):
     """``store.sessions``: see the module docstring; ``branches`` is the store
     object's replay cache."""
 

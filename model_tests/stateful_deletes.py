@@ -1,0 +1,367 @@
+"""The differential state machine for deletes and retention among every other writer.
+
+Simulated workers take session leases and write sessions every way the store
+offers (appends, runs admitted and finished, tool-execution claims, response
+lineage, metadata, forks), while deletes (with and without the session's
+lease), retention passes (under a lease of their own) and creates of new and
+of deleted ids interleave with them, on an injected clock. Every outcome is
+compared with a plain-Python model (the lease oracle of ``oracle.py`` plus
+each session's transcript, runs and counters), and after every step:
+
+- the sessions stored are exactly the model's, and each replays as the model
+  says (a delete or retention pass never changes a session it leaves);
+- nothing of a deleted session remains in any table a delete removes from,
+  and its ``deleted_sessions`` row does;
+- each session's metadata, lineage version, tool records, active run and
+  last-write time are the model's;
+
+and after every delete and retention pass the audit is clean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, ClassVar
+
+from conftest import FakeClock, open_backend
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, rule
+from oracle import Oracle
+
+from turnkeeper import (
+    BusyError,
+    ForkNoCompletedTurnError,
+    ForkSessionActiveError,
+    ForkSessionNotFoundError,
+    InvalidTransitionError,
+    LeaseLostError,
+    ResponseState,
+    RunNotFoundError,
+    SessionIDExistsError,
+    SessionMetadata,
+    SessionNotFoundError,
+    SessionRunActiveError,
+)
+from turnkeeper.cli.audit import run_audit
+from turnkeeper.storage.ops import deletes
+
+SESSIONS = ("s1", "s2", "s3")
+OWNERS = ("W1", "W2")
+REPLY = {"role": "assistant", "content": [{"type": "text", "text": "done"}]}
+
+
+@dataclass
+class SessionModel:
+    updated: datetime
+    messages: list[Any] = field(default_factory=list)
+    turn_end: int = 0  # messages up to the last succeeded turn's end (a fork copies those)
+    active_run: str | None = None
+    lineage: int = 0
+    tools: int = 0
+    pinned: bool = False
+
+
+def attempt(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+    try:
+        return ("ok", fn(*args, **kwargs))
+    except BusyError:  # ForkSessionBusyError included
+        return ("busy",)
+    except LeaseLostError:
+        return ("lost",)
+    except (SessionRunActiveError, ForkSessionActiveError):
+        return ("active",)
+    except (SessionNotFoundError, RunNotFoundError, ForkSessionNotFoundError):
+        return ("missing",)
+    except SessionIDExistsError:
+        return ("exists",)
+    except ForkNoCompletedTurnError:
+        return ("no_turn",)
+    except InvalidTransitionError:
+        return ("transition",)
+
+
+class DeletesMachine(RuleBasedStateMachine):
+    backend: ClassVar[str] = "duckdb"
+    """The backend each example's store is opened on (see :func:`on`)."""
+    leases = Bundle("leases")
+    runs = Bundle("runs")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        self.store = open_backend(self.backend, None, self.clock)
+        self.oracle = Oracle()
+        self.sessions: dict[str, SessionModel] = {}
+        self.deleted: set[str] = set()
+        self.runs_of: dict[str, tuple[str, str]] = {}  # run id -> (session, status)
+        self.n = 0
+
+    @initialize()
+    def create_sessions(self) -> None:
+        """Each session begins with one completed turn (so that forks can succeed)."""
+        for sid in SESSIONS:
+            self.store.sessions.create(sid)
+            ask = {"role": "user", "content": f"first {sid}"}
+            run = self.store.runs.admit(sid, {"q": 0}, user_message=ask, start=True)
+            self.store.runs.finish(run.id, "succeeded", assistant_message=REPLY)
+            self.sessions[sid] = SessionModel(self.clock(), messages=[ask, REPLY], turn_end=2)
+
+    def teardown(self) -> None:
+        self.store.close()
+
+    def _next(self, prefix: str) -> str:
+        self.n += 1
+        return f"{prefix}{self.n}"
+
+    def _held(self, sid: str) -> bool:
+        return self.oracle.live(f"session:{sid}", self.clock()) is not None
+
+    def _expect(self, sid: str, lease: Any) -> str:
+        """The session-write rule: missing, lost, busy, else ok."""
+        if sid not in self.sessions:
+            return "missing"
+        if lease is not None and not self.oracle.valid(
+            lease.target, lease.owner, lease.epoch, self.clock()
+        ):
+            return "lost"
+        if lease is None and self._held(sid):
+            return "busy"
+        return "ok"
+
+    @staticmethod
+    def _own(sid: str, lease: Any) -> Any:
+        return lease if lease is not None and lease.target == f"session:{sid}" else None
+
+    # -- leases and time ---------------------------------------------------------
+
+    @rule(
+        target=leases,
+        owner=st.sampled_from(OWNERS),
+        session=st.sampled_from(SESSIONS),
+        ttl=st.sampled_from((1.0, 3.0)),
+    )
+    def acquire(self, owner: str, session: str, ttl: float) -> Any:
+        expected = self.oracle.acquire(f"session:{session}", owner, ttl, "mutation", self.clock())
+        got = attempt(self.store.leases.acquire, f"session:{session}", owner, ttl)
+        assert (got[0] == "ok") == (expected[0] in ("granted", "reacquired")), (got, expected)
+        return got[1] if got[0] == "ok" else multiple()
+
+    @rule(lease=leases)
+    def release(self, lease: Any) -> None:
+        self.oracle.release(lease.target, lease.owner, lease.epoch, self.clock())
+        self.store.leases.release(lease)
+
+    @rule(seconds=st.sampled_from((0.5, 1.0, 2.0)))
+    def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+    # -- the other writers ---------------------------------------------------------
+
+    @rule(session=st.sampled_from(SESSIONS), lease=st.none() | leases)
+    def append(self, session: str, lease: Any) -> None:
+        lease = self._own(session, lease)
+        expected = self._expect(session, lease)
+        message = {"role": "user", "content": self._next("note ")}
+        got = attempt(
+            self.store.sessions.append, session, "message", {"message": message}, lease=lease
+        )
+        assert got[0] == expected, (got, expected)
+        if expected == "ok":
+            self.sessions[session].messages.append(message)
+            self.sessions[session].updated = self.clock()
+
+    @rule(target=runs, session=st.sampled_from(SESSIONS), lease=st.none() | leases)
+    def admit(self, session: str, lease: Any) -> Any:
+        lease = self._own(session, lease)
+        expected = self._expect(session, lease)
+        if expected == "ok" and self.sessions[session].active_run is not None:
+            expected = "active"
+        message = {"role": "user", "content": self._next("ask ")}
+        got = attempt(
+            self.store.runs.admit, session, {"q": 1}, user_message=message, lease=lease, start=True
+        )
+        assert got[0] == expected, (got, expected)
+        if expected != "ok":
+            return multiple()
+        model = self.sessions[session]
+        model.messages.append(message)
+        model.updated, model.active_run = self.clock(), got[1].id
+        self.runs_of[got[1].id] = (session, "running")
+        return got[1].id
+
+    @rule(run=runs, succeeded=st.booleans(), lease=st.none() | leases)
+    def finish(self, run: str, succeeded: bool, lease: Any) -> None:
+        session, status = self.runs_of[run]
+        lease = self._own(session, lease)
+        want = "succeeded" if succeeded else "failed"
+        if session not in self.sessions:
+            expected = "missing"  # its runs went with it
+        elif status == want:
+            expected = "ok"  # a repeated termination is idempotent
+        else:  # the session-write rule first, then the lifecycle
+            expected = self._expect(session, lease)
+            if expected == "ok" and status != "running":
+                expected = "transition"
+        got = attempt(
+            self.store.runs.finish,
+            run,
+            want,
+            lease=lease,
+            assistant_message=REPLY if succeeded else None,
+        )
+        assert got[0] == expected, (got, expected, status)
+        if expected == "ok" and status == "running":
+            model = self.sessions[session]
+            if succeeded:
+                model.messages.append(REPLY)
+                model.turn_end = len(model.messages)
+            model.updated, model.active_run = self.clock(), None
+            self.runs_of[run] = (session, want)
+
+    @rule(session=st.sampled_from(SESSIONS), lease=st.none() | leases)
+    def claim_tool(self, session: str, lease: Any) -> None:
+        lease = self._own(session, lease)
+        expected = self._expect(session, lease)
+        key = self._next("exec ")
+        got = attempt(
+            self.store.tools.claim,
+            key,
+            session,
+            local_turn_id="t",
+            provider_call_id=key,
+            tool_name="bash",
+            side_effecting=True,
+            lease=lease,
+        )
+        assert got[0] == expected, (got, expected)
+        if expected == "ok":
+            self.sessions[session].tools += 1
+
+    @rule(session=st.sampled_from(SESSIONS), lease=st.none() | leases)
+    def swap_lineage(self, session: str, lease: Any) -> None:
+        lease = self._own(session, lease)
+        expected = self._expect(session, lease)
+        version = self.sessions[session].lineage if session in self.sessions else 0
+        state = ResponseState(session, previous_response_id=self._next("resp "))
+        got = attempt(self.store.lineage.compare_and_swap, state, version, lease=lease)
+        assert got[0] == expected and (expected != "ok" or got[1] is True), (got, expected)
+        if expected == "ok":
+            self.sessions[session].lineage += 1
+
+    @rule(session=st.sampled_from(SESSIONS), pinned=st.booleans(), lease=st.none() | leases)
+    def set_metadata(self, session: str, pinned: bool, lease: Any) -> None:
+        lease = self._own(session, lease)
+        expected = self._expect(session, lease)
+        got = attempt(
+            self.store.sessions.set_metadata, session, SessionMetadata(pinned=pinned), lease=lease
+        )
+        assert got[0] == expected, (got, expected)
+        if expected == "ok":
+            self.sessions[session].pinned = pinned
+
+    @rule(session=st.sampled_from(SESSIONS))
+    def fork(self, session: str) -> None:
+        model = self.sessions.get(session)
+        if model is None:
+            expected = "missing"
+        elif model.active_run is not None:
+            expected = "active"  # judged before the lease (both are ForkSessionActiveError)
+        elif self._held(session):
+            expected = "busy"
+        elif model.turn_end == 0:
+            expected = "no_turn"
+        else:
+            expected = "ok"
+        got = attempt(self.store.forks.fork, session, request_id=self._next("fork "))
+        assert got[0] == expected, (got, expected)
+        if expected == "ok":
+            assert model is not None
+            # a fork is a session of its own; it is not in SESSIONS, so only
+            # deletes and retention passes touch it afterwards
+            self.sessions[got[1].fork_session_id] = SessionModel(
+                self.clock(), messages=model.messages[: model.turn_end]
+            )
+
+    # -- deletes, retention, creates ---------------------------------------------
+
+    @rule(session=st.sampled_from(SESSIONS), lease=st.none() | leases)
+    def delete(self, session: str, lease: Any) -> None:
+        lease = self._own(session, lease)
+        expected = self._expect(session, lease)
+        if expected == "ok" and self.sessions[session].active_run is not None:
+            expected = "active"
+        got = attempt(self.store.sessions.delete, session, lease=lease)
+        assert got[0] == expected, (got, expected)
+        if expected == "ok":
+            del self.sessions[session]
+            self.deleted.add(session)
+            self.audit_is_clean()
+
+    @rule(keep_last=st.integers(0, 4))
+    def retain(self, keep_last: int) -> None:
+        newest = sorted(self.sessions, key=lambda s: (self.sessions[s].updated, s), reverse=True)
+        chosen = sorted(newest[keep_last:], key=lambda s: (self.sessions[s].updated, s))
+        busy = {s for s in chosen if self._held(s)}
+        active = {s for s in chosen if s not in busy and self.sessions[s].active_run is not None}
+        janitor = self.store.leases.acquire("retention:r", "janitor", 600)
+        report = self.store.sessions.retain(janitor, keep_last=keep_last)
+        expected = [s for s in chosen if s not in busy | active]
+        assert [g.session_id for g in report.removed] == expected, (report, chosen)
+        assert report.skipped == {**dict.fromkeys(busy, "busy"), **dict.fromkeys(active, "active")}
+        assert not report.lease_lost
+        for sid in expected:
+            del self.sessions[sid]
+            self.deleted.add(sid)
+        self.audit_is_clean()
+
+    @rule(reuse=st.booleans())
+    def create(self, reuse: bool) -> None:
+        sid = sorted(self.deleted)[0] if reuse and self.deleted else self._next("new ")
+        got = attempt(self.store.sessions.create, sid)
+        assert got[0] == ("exists" if sid in self.deleted else "ok"), got
+        if got[0] == "ok":
+            self.sessions[sid] = SessionModel(self.clock())
+
+    # -- invariants --------------------------------------------------------------
+
+    @invariant()
+    def sessions_are_the_models(self) -> None:
+        rows = self.store.db.read(
+            "test-sessions", lambda tx: tx.rows("SELECT id, updated_at FROM sessions")
+        )
+        assert {r[0] for r in rows} == set(self.sessions), (rows, self.sessions)
+        updated = {r[0]: r[1] for r in rows}
+        for sid, model in self.sessions.items():
+            assert updated[sid] == model.updated, (sid, updated[sid], model.updated)
+            assert list(self.store.sessions.replay(sid).messages) == model.messages, sid
+            assert self.store.sessions.get_metadata(sid).pinned is model.pinned
+            assert len(self.store.tools.list(sid)) == model.tools
+            lineage = self.store.lineage.get(sid)
+            assert (lineage.version if lineage else 0) == model.lineage
+            active = self.store.runs.active(sid)
+            assert (active.id if active else None) == model.active_run
+
+    @invariant()
+    def nothing_of_a_deleted_session_remains(self) -> None:
+        for sid in self.deleted:
+            assert self.store.sessions.deleted(sid) is not None
+            for table, condition in deletes.REMOVED:
+                left = self.store.db.read(
+                    "test-left",
+                    lambda tx, t=table, c=condition, s=sid: tx.one(
+                        f"SELECT count(*) FROM {t} WHERE {c}", [s]
+                    ),
+                )
+                assert left == (0,), (sid, table, left)
+
+    def audit_is_clean(self) -> None:
+        """Run after every delete and retention pass (not every step: an audit
+        reads the whole store, and the machine runs on loaded CI machines)."""
+        bad = [(c.name, c.detail) for c in run_audit(self.store) if not c.passed]
+        assert bad == [], bad
+
+
+def on(backend: str) -> type[DeletesMachine]:
+    """The machine with its stores on ``backend``."""
+    return type(f"DeletesMachine_{backend}", (DeletesMachine,), {"backend": backend})

@@ -1,0 +1,425 @@
+"""Deleting a session (session seed DeleteSession), on both backends: what goes,
+what stays, the refusals (``BusyError``, ``SessionRunActiveError``), forks
+surviving their source, ids never reused, and the audit clean afterwards.
+
+Each guard has a kill test: the guard patched out (in the test only), the
+same check fails.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from turnkeeper import (
+    BusyError,
+    CapabilityEvent,
+    DeletedSession,
+    DeliveryPlan,
+    DeliveryStep,
+    Guidance,
+    InputResourceEvent,
+    InvalidInputError,
+    LeaseLostError,
+    ResponseState,
+    SessionCapabilities,
+    SessionIDExistsError,
+    SessionNotFoundError,
+    SessionRunActiveError,
+)
+from turnkeeper.cli.audit import run_audit
+from turnkeeper.cli.audit_orphans import OWNED
+from turnkeeper.spec.records import ImportBatch, OpaqueRecord, SessionMetadata
+from turnkeeper.storage.ops import deletes
+
+USER = {"role": "user", "content": "my secret question"}
+REPLY = {"role": "assistant", "content": [{"type": "text", "text": "my secret answer"}]}
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def rows(store: Any, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = store.query(sql, params).to_pylist()
+    return out
+
+
+def populate(store: Any, sid: str) -> dict[str, Any]:
+    """A session with a row in every table a session has rows in: an import's
+    opaque line, a finished run (submission, turn, events, tool record, delivery
+    plan), an orphan run recovered, response lineage, metadata, a label,
+    capability state and an event, guidance, a resource event, a fork."""
+    store.sessions.import_batch(
+        ImportBatch(
+            session_id=sid,
+            cwd=f"/home/alice/{sid}",
+            created_at=T0,
+            header={"note": "private header"},
+            entries=[],
+            leaf_id=None,
+            opaque=[OpaqueRecord(f"{sid}.jsonl", 1, "{not json: secret}", "unparseable")],
+            source=f"{sid}.jsonl",
+        )
+    )
+    run = store.runs.admit(sid, {"q": "secret"}, user_message=USER, submission_key=f"k-{sid}")
+    store.runs.start(run.id)
+    store.tools.claim(
+        f"{sid}-exec",
+        sid,
+        local_turn_id=run.turn_id,
+        provider_call_id="call-1",
+        tool_name="bash",
+        side_effecting=True,
+        arguments={"cmd": "cat secret"},
+        run_id=run.id,
+    )
+    store.tools.complete(f"{sid}-exec", {"out": "secret output"})
+    plan = DeliveryPlan("chat", "alice", (DeliveryStep("send", "message"),))
+    store.runs.finish(run.id, "succeeded", assistant_message=REPLY, delivery_plan=plan)
+    orphan = store.runs.admit(sid, {"q": "again"}, user_message=USER)
+    store.runs.start(orphan.id)
+    rec = store.leases.acquire(f"session:{sid}", "rec", 30, purpose="recovery")
+    store.recovery.begin(orphan.id, rec)
+    store.recovery.converge(orphan.id, rec, error="worker lost")
+    store.leases.release(rec)
+    store.lineage.compare_and_swap(ResponseState(sid, previous_response_id="resp-1"), 0)
+    project = store.projects.get("p") or store.projects.create("secret project", project_id="p")
+    store.sessions.set_metadata(sid, SessionMetadata(project_id=project.id, pinned=True))
+    store.sessions.append(sid, "label", {"targetId": run.user_entry_id, "label": "keep"})
+    store.capabilities.save(SessionCapabilities(sid, mode="secret mode", browser=True))
+    store.capabilities.record_event(CapabilityEvent(sid, "browser", "on", new_value="secret"))
+    store.guidance.save(Guidance(f"{sid}-g", sid, "secret guidance"))
+    store.resources.record_event(InputResourceEvent(sid, "secret.pdf", "materialized"))
+    fork = store.forks.fork(sid, request_id=f"fork-of-{sid}")
+    return {"run": run, "orphan": orphan, "fork": fork}
+
+
+def session_rows(store: Any, sid: str) -> dict[str, int]:
+    """How many rows of ``sid`` each table of :data:`deletes.REMOVED` holds."""
+    return {
+        table: rows(store, f"SELECT count(*) AS n FROM {table} WHERE {condition}", [sid])[0]["n"]
+        for table, condition in deletes.REMOVED
+    }
+
+
+def everything_of(store: Any, sid: str) -> dict[str, Any]:
+    """Every row of ``sid`` in every table a delete removes from (for "untouched")."""
+    return {
+        table: rows(store, f"SELECT * FROM {table} WHERE {condition}", [sid])
+        for table, condition in deletes.REMOVED
+    }
+
+
+def audit_clean(store: Any) -> None:
+    bad = [(c.name, c.detail) for c in run_audit(store) if not c.passed]
+    assert bad == [], bad
+
+
+def test_every_table_of_the_schema_is_removed_from_or_kept_on_purpose(store):
+    tables = {
+        r["table_name"]
+        for r in rows(
+            store,
+            "SELECT table_name FROM information_schema.tables "
+            "WHERE table_schema = current_schema()",
+        )
+    }
+    decided = {t for t, _ in deletes.REMOVED} | set(deletes.KEPT)
+    assert tables == decided, (tables - decided, decided - tables)
+
+
+def test_a_delete_removes_every_row_of_the_session_and_nothing_else(store):
+    made = populate(store, "a")
+    populate(store, "b")
+    before = session_rows(store, "a")
+    # every table but these two: no run is active, and "a" is no fork (see below)
+    unfilled = {t for t, n in before.items() if n == 0}
+    assert unfilled == {"active_runs", "session_forks"}, before
+    fork_id = made["fork"].fork_session_id
+    fork_replay = store.sessions.replay(fork_id)
+    other = everything_of(store, "b")
+    other_fork = everything_of(store, store.forks.get("fork-of-b").fork_session_id)
+
+    gone = store.sessions.delete("a")
+
+    assert isinstance(gone, DeletedSession)
+    assert (gone.session_id, gone.reason, gone.lease_epoch) == ("a", "delete", None)
+    assert (gone.entries, gone.runs, gone.tool_executions, gone.delivery_operations) == (
+        before["entries"],
+        2,
+        1,
+        1,
+    )
+    assert gone.run_events == before["run_events"] and gone.created_at == T0
+    assert set(session_rows(store, "a").values()) == {0}
+    assert store.sessions.get("a") is None and store.sessions.deleted("a") == gone
+    for read in (store.sessions.entries, store.sessions.replay, store.runs.list):
+        with pytest.raises(SessionNotFoundError):
+            read("a")
+    assert store.runs.get(made["run"].id) is None
+    assert store.recovery.get(made["orphan"].id) is None
+    assert store.lineage.get("a") is None
+    # nothing of the content anywhere in the database
+    dump = str([rows(store, f"SELECT * FROM {t}") for t in deletes.KEPT if t != "projects"])
+    assert "secret" not in dump and "alice/a" not in dump
+    # the other session, and its fork, untouched
+    assert everything_of(store, "b") == other
+    assert everything_of(store, store.forks.get("fork-of-b").fork_session_id) == other_fork
+    # the fork survives its source, and its record stays readable
+    assert store.sessions.replay(fork_id) == fork_replay
+    kept = store.forks.get("fork-of-a")
+    assert kept is not None and kept.source_session_id == "a"
+    assert kept.fork_session_id == fork_id
+    audit_clean(store)
+
+
+def test_deleting_a_fork_removes_its_fork_record_and_keeps_its_source(store):
+    made = populate(store, "a")
+    fork_id = made["fork"].fork_session_id
+    source = store.sessions.replay("a")
+    assert session_rows(store, fork_id)["session_forks"] == 1
+    store.sessions.delete(fork_id)
+    assert session_rows(store, fork_id)["session_forks"] == 0
+    assert store.forks.get("fork-of-a") is None
+    assert store.sessions.replay("a") == source
+    audit_clean(store)
+
+
+def test_a_deleted_session_is_gone_for_every_write_and_its_id_is_never_reused(store):
+    populate(store, "a")
+    store.sessions.delete("a")
+    with pytest.raises(SessionNotFoundError):
+        store.sessions.delete("a")
+    with pytest.raises(SessionNotFoundError):
+        store.sessions.append("a", "message", {"message": USER})
+    with pytest.raises(SessionNotFoundError):
+        store.runs.admit("a", {"q": 1})
+    with pytest.raises(SessionIDExistsError):
+        store.sessions.create("a")
+    with pytest.raises(SessionIDExistsError):
+        store.sessions.import_batch(
+            ImportBatch(session_id="a", cwd="", created_at=T0, header={}, entries=[], leaf_id=None)
+        )
+    store.sessions.create("src")
+    run = store.runs.admit("src", {"q": 1}, user_message=USER)
+    store.runs.start(run.id)
+    store.runs.finish(run.id, "succeeded", assistant_message=REPLY)
+    with pytest.raises(SessionIDExistsError):
+        store.forks.fork("src", request_id="r", fork_session_id="a")
+    assert store.sessions.get("a") is None
+    audit_clean(store)
+
+
+def test_a_held_session_is_busy_without_its_lease_and_deleted_with_it(store):
+    populate(store, "a")
+    lease = store.leases.acquire("session:a", "w", 30)
+    err = raised(BusyError, lambda: store.sessions.delete("a"))
+    assert err.target == "session:a"
+    assert store.sessions.get("a") is not None
+    gone = store.sessions.delete("a", lease=lease)
+    assert gone.lease_epoch == lease.epoch and store.sessions.get("a") is None
+    audit_clean(store)
+
+
+def test_a_stale_or_foreign_lease_deletes_nothing(store, clock):
+    store.sessions.create("a")
+    store.sessions.create("b")
+    stale = store.leases.acquire("session:a", "w", 1)
+    clock.advance(2)
+    store.leases.acquire("session:a", "v", 30)
+    with pytest.raises(LeaseLostError):
+        store.sessions.delete("a", lease=stale)
+    other = store.leases.acquire("session:b", "w", 30)
+    with pytest.raises(InvalidInputError):
+        store.sessions.delete("a", lease=other)
+    assert store.sessions.get("a") is not None
+
+
+def test_a_session_with_a_run_not_terminal_is_refused(store):
+    store.sessions.create("a")
+    run = store.runs.admit("a", {"q": 1}, user_message=USER)
+    err = raised(SessionRunActiveError, lambda: store.sessions.delete("a"))
+    assert (err.session_id, err.run_id) == ("a", run.id)
+    store.runs.start(run.id)
+    store.runs.wait(run.id)
+    assert raised(SessionRunActiveError, lambda: store.sessions.delete("a")).run_id == run.id
+    store.runs.resume(run.id)
+    store.runs.finish(run.id, "succeeded", assistant_message=REPLY)
+    store.sessions.delete("a")
+    audit_clean(store)
+
+
+def test_the_replay_cache_forgets_a_deleted_session(store):
+    populate(store, "a")
+    store.sessions.replay("a")
+    assert store.sessions._branches.get("a") is not None
+    store.sessions.delete("a")
+    assert store.sessions._branches.get("a") is None
+
+
+# -- guards, each broken in a kill test ------------------------------------------
+
+
+def raised(kind: type[BaseException], call: Any) -> Any:
+    try:
+        got = call()
+    except kind as exc:
+        return exc
+    raise AssertionError(f"expected {kind.__name__}, the call was accepted: {got!r}")
+
+
+def check_busy_refused(store: Any) -> None:
+    store.sessions.create("g")
+    store.leases.acquire("session:g", "w", 30)
+    raised(BusyError, lambda: store.sessions.delete("g"))
+
+
+def check_active_refused(store: Any) -> None:
+    store.sessions.create("h")
+    store.runs.admit("h", {"q": 1})
+    raised(SessionRunActiveError, lambda: store.sessions.delete("h"))
+
+
+def check_id_not_reused(store: Any) -> None:
+    store.sessions.create("i")
+    store.sessions.delete("i")
+    raised(SessionIDExistsError, lambda: store.sessions.create("i"))
+
+
+def test_guards_hold(store):
+    check_busy_refused(store)
+    check_active_refused(store)
+    check_id_not_reused(store)
+
+
+def test_kill_the_lease_guard(store, monkeypatch):
+    monkeypatch.setattr(deletes.leases, "fence_or_unheld", lambda tx, target, lease: None)
+    with pytest.raises(AssertionError):
+        check_busy_refused(store)
+
+
+def test_kill_the_active_run_guard(store, monkeypatch):
+    monkeypatch.setattr(deletes, "NON_TERMINAL", ("none", "none", "none"))
+    with pytest.raises(AssertionError):
+        check_active_refused(store)
+
+
+def test_kill_the_reuse_guard(store, monkeypatch):
+    from turnkeeper.storage.ops import session_rows
+
+    monkeypatch.setattr(session_rows, "TAKEN", "SELECT 1 FROM sessions WHERE id = ? AND ? = ''")
+    with pytest.raises(AssertionError):
+        check_id_not_reused(store)
+
+
+def test_kill_a_table_from_the_delete_and_the_audit_sees_it(store, monkeypatch):
+    """The audit's no_orphan_rows check is what "the audit stays clean after a
+    delete" rests on: a delete that forgets a table leaves rows it flags."""
+    populate(store, "a")
+    for table in ("tool_executions", "recovery_events", "session_forks"):
+        left = tuple(r for r in deletes.REMOVED if r[0] != table)
+        monkeypatch.setattr(deletes, "REMOVED", left)
+        sid = f"k-{table}"
+        populate(store, sid)
+        if table == "session_forks":
+            sid = store.forks.get(f"fork-of-{sid}").fork_session_id
+        store.sessions.delete(sid)
+        failed = {c.name for c in run_audit(store) if not c.passed}
+        assert failed == {"no_orphan_rows"}, (table, failed)
+        if table != "recovery_events":  # rows naming the session: an audit of it sees them
+            failed = {c.name for c in run_audit(store, [sid]) if not c.passed}
+            assert failed == {"no_orphan_rows"}, (table, failed)
+        monkeypatch.undo()
+        store.query("SELECT 1")  # the store is still usable
+        for t, column, owner, key in OWNED:  # tidy what the broken delete left
+            if t == table:
+                sql = f"DELETE FROM {t} WHERE {column} NOT IN (SELECT {key} FROM {owner})"
+                store.db.write("tidy", lambda tx, sql=sql: tx.exec(sql))
+        audit_clean(store)
+
+
+def test_the_audit_judges_every_table_a_delete_removes_from():
+    assert {t for t, *_ in OWNED} == {t for t, _ in deletes.REMOVED} - {"sessions"}
+
+
+def racing_writers(store: Any, sid: str, operation_id: str) -> list[Any]:
+    """One writer of each kind for session ``sid`` (each called a few times)."""
+    counter = iter(range(10_000))
+
+    def claim_tool() -> Any:
+        k = next(counter)
+        return store.tools.claim(
+            f"{sid}-k{k}",
+            sid,
+            local_turn_id="t",
+            provider_call_id=f"c{k}",
+            tool_name="bash",
+            side_effecting=False,
+        )
+
+    def swap() -> Any:
+        state = store.lineage.get(sid)
+        version = 0 if state is None else state.version
+        return store.lineage.compare_and_swap(
+            ResponseState(sid, previous_response_id=f"r{next(counter)}"), version
+        )
+
+    return [
+        lambda: store.sessions.append(sid, "message", {"message": USER}),
+        lambda: store.sessions.set_metadata(sid, SessionMetadata(pinned=True)),
+        claim_tool,
+        swap,
+        lambda: store.outbox.claim(operation_id, f"courier-{next(counter)}", 30),
+    ]
+
+
+def test_a_delete_racing_writers_leaves_no_row_behind(real_store):
+    """Writers of every kind race a delete of their session: each write either
+    lands before the delete (and goes with the session) or is refused because
+    the session is gone; no row outlives it (the audit's no_orphan_rows)."""
+    import threading
+
+    from turnkeeper import (
+        DeliveryOperationBusyError,
+        DeliveryOperationNotFoundError,
+        RunNotFoundError,
+    )
+
+    store = real_store
+    refused = (
+        SessionNotFoundError,
+        RunNotFoundError,
+        DeliveryOperationNotFoundError,
+        DeliveryOperationBusyError,  # a second courier's claim
+    )
+    for round_ in range(4):
+        sid = f"race{round_}"
+        populate(store, sid)
+        operation_id = store.query(
+            "SELECT o.id FROM delivery_operations o JOIN delivery_intents i "
+            "ON i.id = o.intent_id WHERE i.session_id = ?",
+            [sid],
+        ).to_pylist()[0]["id"]
+        acts = [*racing_writers(store, sid, operation_id), lambda s=sid: store.sessions.delete(s)]
+        barrier = threading.Barrier(len(acts))
+        errors: list[BaseException] = []
+
+        def write(act: Any, barrier: Any = barrier, errors: Any = errors) -> None:
+            barrier.wait()
+            for _ in range(3):
+                try:
+                    act()
+                except refused:
+                    pass
+                except BaseException as exc:  # anything else fails the test
+                    errors.append(exc)
+
+        threads = [threading.Thread(target=write, args=(a,)) for a in acts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert errors == []
+        assert store.sessions.get(sid) is None
+        assert set(session_rows(store, sid).values()) == {0}
+        audit_clean(store)

@@ -1,0 +1,364 @@
+"""Deleting sessions (session seed DeleteSession) and retention by age or count.
+
+A delete removes, in one transaction, everything turnkeeper stores *of* the
+session (:data:`REMOVED`): its row and entries, opaque import lines,
+execution intents, runs, run events, submissions, conversation turns, orphan
+recoveries and their events, response lineage, delivery intents with their
+operations and events, tool-execution records with their events, its
+metadata, capability state and events, guidance, input resource events, and
+the record of the fork that made it (when it is a fork). It
+writes one ``deleted_sessions`` row in their place: counts and times, no
+content (:class:`~turnkeeper.spec.records.DeletedSession`).
+
+What stays (:data:`KEPT`): the lease rows and lease/fence events of
+``session:<id>`` (owners, epochs, times: an epoch never restarts, so a stale
+lease from before the delete stays fenced out), the fork records whose
+*source* it was (each fork is a copy of its own and survives its source; its
+record names a source that no longer exists), and thread records (the
+threadstore's own area). A deleted id is never reused: creating, importing
+or forking into it raises ``SessionIDExistsError`` (every store object caches
+a session by its head, which a new session of the same id could reach with
+other content).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from functools import partial
+from typing import Any
+
+from turnkeeper.spec import errors
+from turnkeeper.spec.lease import session_target
+from turnkeeper.spec.records import DeletedSession, Lease, RetentionReport
+
+from ..backend import STORE_NOW, Tx, utc
+from ..codec import check_id
+from ..validate import check_int, check_lease, check_session_lease
+from . import leases
+from .base import Area
+from .replays import BranchCache
+
+NON_TERMINAL = ("admitted", "running", "waiting")
+"""Run statuses that refuse a delete (``SessionRunActiveError``)."""
+
+REMOVED: tuple[tuple[str, str], ...] = (
+    # rows found through another table's rows of the session: before those
+    ("recovery_events", "run_id IN (SELECT id FROM runs WHERE session_id = ?)"),
+    (
+        "delivery_events",
+        "intent_id IN (SELECT id FROM delivery_intents WHERE session_id = ?)",
+    ),
+    (
+        "delivery_operations",
+        "intent_id IN (SELECT id FROM delivery_intents WHERE session_id = ?)",
+    ),
+    ("delivery_intents", "session_id = ?"),
+    ("tool_execution_events", "session_id = ?"),
+    ("tool_executions", "session_id = ?"),
+    ("run_recoveries", "session_id = ?"),
+    ("run_events", "session_id = ?"),
+    ("active_runs", "session_id = ?"),
+    ("submissions", "session_id = ?"),
+    ("conversation_turns", "session_id = ?"),
+    ("runs", "session_id = ?"),
+    ("execution_intents", "session_id = ?"),
+    ("response_states", "session_id = ?"),
+    ("opaque_records", "session_id = ?"),
+    ("session_metadata", "session_id = ?"),
+    ("session_capabilities", "session_id = ?"),
+    ("capability_events", "session_id = ?"),
+    ("esm_guidance", "session_id = ?"),
+    ("input_resource_events", "session_id = ?"),
+    ("event_cursors", "session_id = ?"),
+    ("session_forks", "fork_session_id = ?"),
+    ("entries", "session_id = ?"),
+    ("sessions", "id = ?"),
+)
+"""Every table holding rows of a session, and the condition naming them (one
+parameter: the session id), in the order a delete removes them."""
+
+KEPT = {
+    "leases": "epochs never restart: a stale lease stays fenced out",
+    "lease_events": "lease history (owners, epochs, times), no content",
+    "fence_events": "refused writes (owner, epoch, operation name), no content",
+    "session_forks": "the records of forks *of* the session: each fork survives its source",
+    "thread_records": "the threadstore's records, keyed by the host's keys",
+    "thread_record_events": "the threadstore's history",
+    "active_thread_keys": "the threadstore's key bindings",
+    "projects": "projects are not a session's (store.projects.delete removes one)",
+    "deleted_sessions": "the delete's own aggregate row",
+    "schema_migrations": "the schema",
+}
+"""Tables a session delete leaves alone, and why (a test holds REMOVED and KEPT
+to every table of the schema)."""
+
+_COUNTS = (
+    "SELECT (SELECT count(*) FROM entries WHERE session_id = ?), "
+    "(SELECT count(*) FROM runs WHERE session_id = ?), "
+    "(SELECT count(*) FROM run_events WHERE session_id = ?), "
+    "(SELECT count(*) FROM tool_executions WHERE session_id = ?), "
+    "(SELECT count(*) FROM delivery_operations WHERE intent_id IN "
+    "(SELECT id FROM delivery_intents WHERE session_id = ?))"
+)
+
+HEAD = "updated_at, next_seq, event_seq"
+"""What a retention pass remembers of a session it chose: written since (a
+transcript write moves ``updated_at`` and ``next_seq``, a run event
+``event_seq``), the session is kept."""
+
+_DELETED_COLS = (
+    "session_id, reason, created_at, last_updated_at, deleted_at, entries, runs, run_events, "
+    "tool_executions, delivery_operations, lease_epoch"
+)
+
+
+def deleted_row(row: Sequence[Any]) -> DeletedSession:
+    return DeletedSession(
+        session_id=row[0],
+        reason=row[1],
+        created_at=utc(row[2]),
+        last_updated_at=utc(row[3]),
+        deleted_at=utc(row[4]),
+        entries=int(row[5]),
+        runs=int(row[6]),
+        run_events=int(row[7]),
+        tool_executions=int(row[8]),
+        delivery_operations=int(row[9]),
+        lease_epoch=None if row[10] is None else int(row[10]),
+    )
+
+
+def refuse_deleted(tx: Tx, session_id: str) -> None:
+    """Refuse a new session under the id of a deleted one.
+
+    Raises:
+        SessionIDExistsError: ``session_id`` was deleted (``detail`` says so).
+    """
+    if tx.one("SELECT 1 FROM deleted_sessions WHERE session_id = ?", [session_id]) is not None:
+        raise errors.SessionIDExistsError(
+            session_id, detail="a deleted session's id is never reused"
+        )
+
+
+def delete(
+    tx: Tx,
+    session_id: str,
+    lease: Lease | None,
+    reason: str,
+    expect: tuple[Any, ...] | None = None,
+) -> DeletedSession:
+    """Delete session ``session_id`` (see the module docstring) inside ``tx``.
+
+    ``lease``: the session's lease (fenced), else nobody may hold a live one.
+    ``expect``: the session's :data:`HEAD` as a retention pass read it; a
+    session written since is kept (:class:`Changed`).
+
+    Raises:
+        SessionNotFoundError, LeaseLostError, BusyError, SessionRunActiveError,
+        Changed.
+    """
+    row = tx.one(f"SELECT created_at, {HEAD} FROM sessions WHERE id = ?", [session_id])
+    if row is None:
+        raise errors.SessionNotFoundError(session_id)
+    leases.fence_or_unheld(tx, session_target(session_id), lease)
+    if expect is not None and tuple(row[1:]) != tuple(expect):
+        raise Changed(session_id)
+    active = tx.one(
+        "SELECT id FROM runs WHERE session_id = ? AND status IN (?, ?, ?) ORDER BY id LIMIT 1",
+        [session_id, *NON_TERMINAL],
+    )
+    if active is not None:
+        raise errors.SessionRunActiveError(session_id, active[0])
+    counts = tx.one(_COUNTS, [session_id] * 5)
+    assert counts is not None  # one row of scalar subqueries
+    for table, condition in REMOVED:
+        tx.exec(f"DELETE FROM {table} WHERE {condition}", [session_id])
+    out = tx.one(
+        f"INSERT INTO deleted_sessions ({_DELETED_COLS}) "
+        f"VALUES (?, ?, ?, ?, {STORE_NOW}, ?, ?, ?, ?, ?, ?) RETURNING {_DELETED_COLS}",
+        [
+            session_id,
+            reason,
+            row[0],
+            row[1],
+            tx.now,
+            *counts,
+            None if lease is None else lease.epoch,
+        ],
+    )
+    assert out is not None  # the row just inserted
+    return deleted_row(out)
+
+
+MAX_AGE_S = 1e10
+"""The largest ``max_age_s`` (about 317 years): what every backend's
+timestamp arithmetic holds."""
+
+
+class Changed(Exception):
+    """A session a retention pass chose was written after it chose it (kept)."""
+
+
+def _retain_one(
+    tx: Tx, *, session_id: str, expect: tuple[Any, ...], lease: Lease
+) -> DeletedSession:
+    leases.fence(tx, lease)
+    return delete(tx, session_id, None, "retention", expect)
+
+
+def _choose(
+    tx: Tx, max_age_s: float | None, keep_last: int | None, limit: int
+) -> list[tuple[str, tuple[Any, ...]]]:
+    """The sessions a retention pass deletes, oldest first, with their :data:`HEAD`."""
+    conditions = []
+    params: list[Any] = []
+    if max_age_s is not None:
+        conditions.append(f"updated_at < {STORE_NOW} - ?::INTERVAL")
+        params += [tx.now, timedelta(seconds=max_age_s)]
+    if keep_last is not None:
+        conditions.append("newest > ?")
+        params.append(keep_last)
+    rows = tx.rows(
+        f"SELECT id, {HEAD} FROM (SELECT id, {HEAD}, "
+        "row_number() OVER (ORDER BY updated_at DESC, id DESC) AS newest FROM sessions) AS s "
+        f"WHERE {' AND '.join(conditions)} ORDER BY updated_at, id LIMIT ?",
+        [*params, limit],
+    )
+    return [(r[0], (r[1], r[2], r[3])) for r in rows]
+
+
+# -- the store's methods ------------------------------------------------------------
+
+
+class DeletesPart(Area):
+    """``store.sessions.delete``, ``store.sessions.deleted`` and ``store.sessions.retain``."""
+
+    _branches: BranchCache
+
+    def _forget(self, session_id: str) -> None:
+        """Drop this store object's caches of a deleted session."""
+        self._branches.drop(session_id)
+        self._openings.put(session_id, None)
+
+    def delete(self, session_id: str, *, lease: Lease | None = None) -> DeletedSession:
+        """Delete the session and everything stored of it, in one transaction
+        (session seed DeleteSession). A session write: under the session's
+        ``lease``, or only while nobody holds a live lease on it.
+
+        Removed: the session row, its entries (every branch), opaque import
+        lines, execution intents, runs, run events, submissions, conversation
+        turns, orphan recoveries and their events, response lineage, delivery
+        intents, operations and their events, tool-execution records and their
+        events, its metadata (project, pinned), and the record of the fork
+        that made it. Kept: one ``deleted_sessions`` row (returned: counts and
+        times, no content), the lease rows and lease/fence events of
+        ``session:<id>``, and the records of forks made *from* it (a fork is a
+        copy of its own and survives its source; ``store.forks.get`` still
+        returns its record, whose ``source_session_id`` no longer exists). The
+        id is never reused (``SessionIDExistsError`` on a create, import or
+        fork into it).
+
+        Raises:
+            SessionNotFoundError: no session has this id (a second delete too).
+            BusyError: no ``lease`` given and a live lease holds the session.
+            LeaseLostError: ``lease`` is no longer the held, unexpired one.
+            SessionRunActiveError: a run of the session is not terminal
+                (``run_id`` names it); finish or recover it first.
+            InvalidInputError: a bad id, or a lease on another target.
+        """
+        check_id(session_id, "session_id")
+        check_session_lease(session_id, lease)
+        done = self._fenced(
+            "delete_session", lease, lambda tx: delete(tx, session_id, lease, "delete")
+        )
+        self._forget(session_id)
+        return done
+
+    def deleted(self, session_id: str) -> DeletedSession | None:
+        """What remains of a deleted session (its ``deleted_sessions`` row), or
+        ``None`` when no session of this id was deleted."""
+        check_id(session_id, "session_id")
+        row = self.db.read(
+            "get_deleted_session",
+            lambda tx: tx.one(
+                f"SELECT {_DELETED_COLS} FROM deleted_sessions WHERE session_id = ?",
+                [session_id],
+            ),
+        )
+        return None if row is None else deleted_row(row)
+
+    def retain(
+        self,
+        lease: Lease,
+        *,
+        max_age_s: float | None = None,
+        keep_last: int | None = None,
+        limit: int = 1000,
+    ) -> RetentionReport:
+        """Delete whole sessions by age or count (retention), under ``lease``.
+
+        A session is chosen when it was last written (its ``updated_at``) more
+        than ``max_age_s`` seconds before the store's now (if given) and is
+        not among the ``keep_last`` most recently written sessions (if
+        given); at least one of the two is required. At most ``limit`` are
+        chosen, oldest first. Each is then deleted as :meth:`delete` deletes
+        it (``reason`` ``"retention"``), in a transaction of its own that
+        fences ``lease`` (any target, e.g. ``"retention:main"``: one pass at a
+        time) and checks again that nobody holds the session, no run of it is
+        active, and it was not written since it was chosen; a session failing
+        one is kept and reported (``RetentionReport.skipped``). A session is
+        deleted whole or not at all, so every session left replays as before.
+        When ``lease`` is lost the pass stops, reporting what it removed
+        (``lease_lost``).
+
+        Raises:
+            InvalidInputError: neither bound given, a bound out of range (a
+                negative one, ``max_age_s`` above :data:`MAX_AGE_S` or not a
+                number), a bad lease.
+            LeaseLostError: ``lease`` is not the held, unexpired one at the start.
+        """
+        check_lease(lease)
+        if max_age_s is None and keep_last is None:
+            raise errors.InvalidInputError("max_age_s", "give max_age_s, keep_last or both")
+        if max_age_s is not None and (
+            isinstance(max_age_s, bool)
+            or not isinstance(max_age_s, int | float)
+            or not 0 <= max_age_s <= MAX_AGE_S
+        ):
+            raise errors.InvalidInputError("max_age_s", f"expected seconds from 0 to {MAX_AGE_S:g}")
+        if keep_last is not None:
+            check_int(keep_last, "keep_last", 0)
+        check_int(limit, "limit", 1)
+        self._fenced("validate_retention_lease", lease, lambda tx: leases.fence(tx, lease))
+        chosen = self.db.read(
+            "retention_candidates",
+            lambda tx: _choose(tx, max_age_s, keep_last, limit),
+            snapshot=True,
+        )
+        removed: list[DeletedSession] = []
+        skipped: dict[str, str] = {}
+        for session_id, expect in chosen:
+            try:
+                done = self._fenced(
+                    "retain_session",
+                    lease,
+                    partial(_retain_one, session_id=session_id, expect=expect, lease=lease),
+                )
+            except errors.LeaseLostError:
+                return RetentionReport(removed, skipped, lease_lost=True)
+            except errors.BusyError:
+                skipped[session_id] = "busy"
+                continue
+            except errors.SessionRunActiveError:
+                skipped[session_id] = "active"
+                continue
+            except Changed:
+                skipped[session_id] = "changed"
+                continue
+            except errors.SessionNotFoundError:
+                skipped[session_id] = "gone"
+                continue
+            self._forget(session_id)
+            removed.append(done)
+        return RetentionReport(removed, skipped)
