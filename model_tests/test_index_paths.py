@@ -76,7 +76,7 @@ its ``dynamic_or_filter_threshold``, set in ``storage/duck/dialect.py``)."""
 _ENTRY = "SELECT session_id, id, parent_id, kind, seq, epoch_us(ts), payload, lease_epoch"
 _RUN = (
     "SELECT id, session_id, intent_id, retry_of, attempt, status, cancel_requested, error, "
-    "started_at, updated_at, finished_at"
+    "started_at, updated_at, finished_at, usage, context_usage, progress, error_info"
 )
 _RECORD = (
     "SELECT execution_key, session_id, run_id, local_turn_id, provider, api, response_id, "

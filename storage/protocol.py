@@ -8,8 +8,9 @@ Session writes and leases (one rule). Every write to an existing session's state
 — its transcript (``sessions.append``, ``sessions.branch``,
 ``sessions.branch_with_summary``, ``sessions.set_label``,
 ``sessions.set_title``, compactions, ``sessions.import_batch`` into it), its
-runs (``runs.admit`` … ``runs.finish``, ``runs.annotate_error``), its
-tool-execution records, its response lineage, a delivery plan made outside a
+runs (``runs.admit`` … ``runs.finish``, ``runs.annotate_error``,
+``runs.update_usage``, ``runs.update_progress``, ``runs.update_error_info``),
+its tool-execution records, its response lineage, a delivery plan made outside a
 termination, and a fork of it — is made either
 
 - under the session's lease (``lease=``, a lease on ``session:<id>``), fenced
@@ -202,6 +203,20 @@ class RunsAPI(Protocol):
         limit: int = 100,
     ) -> list[RunEvent]: ...
     def annotate_error(self, run_id: str, reason: str, *, lease: Lease | None = None) -> bool: ...
+    def update_usage(
+        self,
+        run_id: str,
+        usage: Mapping[str, Any] | None,
+        context_usage: Mapping[str, Any] | None = None,
+        *,
+        lease: Lease | None = None,
+    ) -> Run: ...
+    def update_progress(
+        self, run_id: str, progress: Mapping[str, Any], *, lease: Lease | None = None
+    ) -> Run: ...
+    def update_error_info(
+        self, run_id: str, info: Mapping[str, Any], *, lease: Lease | None = None
+    ) -> Run: ...
     def list(self, session_id: str) -> list[Run]: ...
 
 

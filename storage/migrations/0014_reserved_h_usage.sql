@@ -1,0 +1,4 @@
+-- Placeholder on branch h/usage only: schema version 14 belongs to another
+-- issue 18 helper's migration. This file adds nothing; it exists so that the
+-- shared versions run 1 … 16 on this branch. DELETE IT AT MERGE (keep the other
+-- helper's 0014 file), and renumber 0016_usage.sql if needed.
