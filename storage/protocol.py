@@ -10,7 +10,8 @@ Session writes and leases (one rule). Every write to an existing session's state
 ``sessions.set_title``, compactions, ``sessions.import_batch`` into it), its
 runs (``runs.admit`` … ``runs.finish``, ``runs.annotate_error``,
 ``runs.update_usage``, ``runs.update_progress``, ``runs.update_error_info``),
-its tool-execution records, its response lineage, a delivery plan made outside a
+its usage records (``usage.record``, ``usage.record_from_provider``), its
+tool-execution records, its response lineage, a delivery plan made outside a
 termination, and a fork of it — is made either
 
 - under the session's lease (``lease=``, a lease on ``session:<id>``), fenced
@@ -33,11 +34,11 @@ import that creates its session too): a stale or forged one writes nothing.
 Reads of a missing thing (one rule). A lookup of one thing by its id or key
 (``sessions.get``, ``sessions.entry``, ``runs.get``, ``recovery.get``,
 ``forks.get``, ``tools.get``, ``outbox.get_plan``, ``outbox.get_operation``,
-``lineage.get``, ``threads.resolve``) returns ``None`` when there is none, as
+``lineage.get``, ``threads.resolve``, ``usage.get``) returns ``None`` when there is none, as
 the threadstore seed's Resolve does. A read of what is inside a session
 (``sessions.entries``, ``sessions.replay``, ``sessions.labels``,
 ``sessions.opaque_records``, ``runs.list``, ``runs.active``, ``runs.events``,
-``tools.list``) raises ``SessionNotFoundError`` when the session does not exist,
+``tools.list``, ``usage.list``) raises ``SessionNotFoundError`` when the session does not exist,
 so an empty answer always means an existing, empty session.
 
 Values. Payloads and other JSON arguments hold only what JSON holds exactly
@@ -75,6 +76,7 @@ from turnkeeper.spec.records import (
     ThreadRecord,
 )
 from turnkeeper.spec.tool_execution import ToolExecution
+from turnkeeper.spec.usage import UsageRecord
 
 
 class LeasesAPI(Protocol):
@@ -376,6 +378,50 @@ class ForksAPI(Protocol):
     def get(self, request_id: str) -> Fork | None: ...
 
 
+class UsageAPI(Protocol):
+    """``store.usage``: usage records, one per model request (session seed
+    RecordUsage, RecordUsageFromProviderUsage)."""
+
+    def record(
+        self,
+        session_id: str,
+        *,
+        provider: str,
+        model: str,
+        protocol: str = "",
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        total_tokens: int | None = None,
+        cache_read_tokens: int = 0,
+        cache_write_tokens: int = 0,
+        cost_usd: float | None = None,
+        duration_ms: int | None = None,
+        run_id: str | None = None,
+        entry_id: str | None = None,
+        usage_id: str | None = None,
+        recorded_at: datetime | None = None,
+        lease: Lease | None = None,
+    ) -> UsageRecord: ...
+    def record_from_provider(
+        self,
+        session_id: str,
+        usage: Mapping[str, Any],
+        *,
+        provider: str,
+        model: str,
+        protocol: str = "",
+        cost_usd: float | None = None,
+        duration_ms: int | None = None,
+        run_id: str | None = None,
+        entry_id: str | None = None,
+        usage_id: str | None = None,
+        recorded_at: datetime | None = None,
+        lease: Lease | None = None,
+    ) -> UsageRecord: ...
+    def get(self, session_id: str, usage_id: str) -> UsageRecord | None: ...
+    def list(self, session_id: str, *, run_id: str | None = None) -> list[UsageRecord]: ...
+
+
 class Store(Protocol):
     """The store: one object per area (threadstore Store + session seed Store),
     the analytics reads and the store's own life."""
@@ -398,5 +444,7 @@ class Store(Protocol):
     def tools(self) -> ToolsAPI: ...
     @property
     def forks(self) -> ForksAPI: ...
+    @property
+    def usage(self) -> UsageAPI: ...
 
     def close(self) -> None: ...

@@ -34,6 +34,7 @@ from .ops.runs import Runs
 from .ops.sessions import Sessions
 from .ops.threads import Threads
 from .ops.tools import Tools
+from .ops.usage import Usage
 from .wakeups import Subscription, Topic, check_topics
 
 T = TypeVar("T")
@@ -93,6 +94,7 @@ class BaseStore:
     - :attr:`outbox` (delivery plans and operations: claim, finish, requeue …);
     - :attr:`tools` (tool-execution records: claim, complete, interrupt …);
     - :attr:`forks` (fork a session);
+    - :attr:`usage` (usage records per model request: record, list …);
 
     and the store itself: :meth:`query`, :meth:`snapshot`,
     :meth:`query_batches`, :meth:`json_sql`, :meth:`subscribe`,
@@ -125,6 +127,7 @@ class BaseStore:
         self.outbox = Outbox(shared)
         self.tools = Tools(shared)
         self.forks = Forks(shared)
+        self.usage = Usage(shared)
         try:
             if backend.read_only:
                 self.db.read("check_schema", self._check_schema, snapshot=True)
