@@ -215,13 +215,16 @@ class ImportBatch:
 
 @dataclass(frozen=True, slots=True)
 class ImportResult:
-    """What an import changed: ``added`` new entries, ``skipped`` already stored."""
+    """What an import changed: ``added`` new entries, ``skipped`` already stored,
+    ``opaque_added`` new opaque lines, ``usage_added`` new usage records (of
+    assistant messages' usage)."""
 
     session_id: str
     created: bool
     added: int
     skipped: int
     opaque_added: int
+    usage_added: int = 0
 
 
 @dataclass(frozen=True, slots=True)
