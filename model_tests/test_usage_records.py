@@ -341,3 +341,30 @@ def test_control_without_the_repeat_check_a_conflicting_usage_id_is_a_database_e
     with pytest.raises(turnkeeper.TurnkeeperError) as err:
         store.usage.record("s", provider="p", model="m", input_tokens=6, usage_id="u")
     assert not isinstance(err.value, errors.UsageConflictError)
+
+
+def test_racing_retries_of_one_usage_id_store_one_record(store):
+    """Two threads record the same request at once: one row, and both get it
+    (the loser's duplicate key is a lost race, retried, that finds the winner's)."""
+    import threading
+
+    store.sessions.create("s")
+    barrier = threading.Barrier(8)
+    got: list[Any] = []
+
+    def worker() -> None:
+        barrier.wait(timeout=60)
+        try:
+            got.append(
+                store.usage.record("s", provider="p", model="m", input_tokens=5, usage_id="race")
+            )
+        except Exception as exc:  # collected and asserted below
+            got.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(got) == 8 and all(isinstance(r, turnkeeper.UsageRecord) for r in got), got
+    assert len({r.recorded_at for r in got}) == 1 and _rows(store) == 1
