@@ -37,3 +37,7 @@ CREATE TABLE usage_records (
     recorded_at        TIMESTAMPTZ NOT NULL,
     PRIMARY KEY (session_id, id)
 );
+
+-- A retry is found by its usage id (storage/backend.py keyed): the primary key,
+-- led by the session, serves neither PostgreSQL nor DuckDB for the id alone.
+CREATE INDEX usage_records_by_id ON usage_records (id);

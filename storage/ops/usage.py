@@ -32,7 +32,7 @@ from turnkeeper.spec.usage import (
     text_of,
 )
 
-from ..backend import Tx, utc
+from ..backend import Tx, keyed, utc
 from ..codec import check_id, check_instant, check_text, derived_id
 from ..validate import check_session_lease
 from . import leases, run_reads
@@ -93,8 +93,8 @@ def _replace(record: UsageRecord, **changes: Any) -> UsageRecord:
 
 def get(tx: Tx, session_id: str, usage_id: str) -> UsageRecord | None:
     row = tx.one(
-        f"SELECT {USAGE_COLS} FROM usage_records WHERE session_id = ? AND id = ?",
-        [session_id, usage_id],
+        f"SELECT {USAGE_COLS} FROM usage_records WHERE {keyed('id', 'session_id = ?')}",
+        [usage_id, session_id],
     )
     return None if row is None else usage_row(row)
 
@@ -124,7 +124,9 @@ def record(tx: Tx, asked: UsageRecord, timed: bool, lease: Lease | None) -> Usag
         if run.session_id != sid:
             raise errors.InvalidInputError("run_id", f"run {run.id!r} is not of session {sid!r}")
     if asked.entry_id is not None and (
-        tx.one("SELECT 1 FROM entries WHERE session_id = ? AND id = ?", [sid, asked.entry_id])
+        tx.one(
+            f"SELECT 1 FROM entries WHERE {keyed('id', 'session_id = ?')}", [asked.entry_id, sid]
+        )
         is None
     ):
         raise errors.EntryNotFoundError(sid, asked.entry_id)
