@@ -95,6 +95,7 @@ from turnkeeper.spec.errors import (
     TransactionConflictError,
     TurnkeeperError,
     UnexpectedResultError,
+    UsageConflictError,
 )
 from turnkeeper.spec.fork import Fork
 from turnkeeper.spec.records import (
@@ -122,6 +123,7 @@ from turnkeeper.spec.records import (
     ThreadRecord,
 )
 from turnkeeper.spec.tool_execution import ToolExecution
+from turnkeeper.spec.usage import UsageRecord
 from turnkeeper.storage import SCHEMA_VERSION, BaseStore, DuckDBStore, Store
 from turnkeeper.storage.ops.replays import REPLAY_CACHE_BYTES
 from turnkeeper.storage.wakeups import Subscription, Topic
@@ -243,6 +245,8 @@ __all__ = [
     "TransactionConflictError",
     "TurnkeeperError",
     "UnexpectedResultError",
+    "UsageConflictError",
+    "UsageRecord",
     "acquire_many",
     "is_postgres",
     "open_store",

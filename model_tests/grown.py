@@ -136,6 +136,10 @@ def populate(store: Any, n: int) -> None:
             if i % 3 == 0:
                 op = store.outbox.claim(f"{run.id}:delivery:send", f"o{i}", 30)
                 store.outbox.finish(op.id, f"o{i}", op.lease_epoch, "delivered")
+        store.usage.record(  # a runtime's usage record per request
+            sid, provider=f"p{i}", model=f"m{i}", input_tokens=i, run_id=run.id, lease=lease
+        )
+        store.runs.update_usage(run.id, {"input": i}, lease=lease)
         if i % 2:
             store.leases.release(lease)
         store.threads.finalize(

@@ -48,7 +48,8 @@ def populate(store: Any, sid: str) -> dict[str, Any]:
     """A session with a row in every table a session has rows in: an import's
     opaque line, a finished run (submission, turn, events, tool record, delivery
     plan), an orphan run recovered, response lineage, metadata, a label,
-    capability state and an event, guidance, a resource event, a fork."""
+    capability state and an event, guidance, a resource event, a usage record, a
+    fork."""
     store.sessions.import_batch(
         ImportBatch(
             session_id=sid,
@@ -90,6 +91,7 @@ def populate(store: Any, sid: str) -> dict[str, Any]:
     store.capabilities.record_event(CapabilityEvent(sid, "browser", "on", new_value="secret"))
     store.guidance.save(Guidance(f"{sid}-g", sid, "secret guidance"))
     store.resources.record_event(InputResourceEvent(sid, "secret.pdf", "materialized"))
+    store.usage.record(sid, provider="secret-co", model="m", input_tokens=3, run_id=run.id)
     fork = store.forks.fork(sid, request_id=f"fork-of-{sid}")
     return {"run": run, "orphan": orphan, "fork": fork}
 

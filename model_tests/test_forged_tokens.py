@@ -202,6 +202,31 @@ def _retain(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     return lease, call
 
 
+def _record_usage(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    return lease, lambda lease: store.usage.record(
+        "s", provider="p", model="m", input_tokens=3, lease=lease
+    )
+
+
+def _record_usage_from_provider(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    usage = {"input_tokens": 3, "output_tokens": 4}  # Anthropic's shape
+    return lease, lambda lease: store.usage.record_from_provider(
+        "s", usage, provider="anthropic", model="m", lease=lease
+    )
+
+
+def _update_run(what: str) -> Callable[[turnkeeper.BaseStore], tuple[turnkeeper.Lease, Call]]:
+    def setup(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+        lease, run = running(store)
+        update = getattr(store.runs, f"update_{what}")
+        value = {"input": 3} if what == "usage" else {"step": 1}
+        return lease, lambda lease: update(run.id, value, lease=lease)
+
+    return setup
+
+
 def _admit_run(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease = session(store)
     return lease, lambda lease: store.runs.admit("s", {"q": 1}, user_message=USER, lease=lease)
@@ -358,6 +383,11 @@ WRITES: dict[str, Setup] = {
     "sessions.delete": _delete_session,
     "sessions.set_metadata": _set_metadata,
     "sessions.retain": _retain,
+    "usage.record": _record_usage,
+    "usage.record_from_provider": _record_usage_from_provider,
+    "runs.update_usage": _update_run("usage"),
+    "runs.update_progress": _update_run("progress"),
+    "runs.update_error_info": _update_run("error_info"),
     "runs.admit": _admit_run,
     "runs.start": _start_run,
     "runs.wait": _wait_run,

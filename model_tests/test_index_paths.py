@@ -76,7 +76,12 @@ its ``dynamic_or_filter_threshold``, set in ``storage/duck/dialect.py``)."""
 _ENTRY = "SELECT session_id, id, parent_id, kind, seq, epoch_us(ts), payload, lease_epoch"
 _RUN = (
     "SELECT id, session_id, intent_id, retry_of, attempt, status, cancel_requested, error, "
-    "started_at, updated_at, finished_at"
+    "started_at, updated_at, finished_at, usage, context_usage, progress, error_info"
+)
+_USAGE = (
+    "SELECT session_id, id, run_id, entry_id, provider, protocol, model, input_tokens, "
+    "output_tokens, cache_read_tokens, cache_write_tokens, total_tokens, cost_usd, duration_ms, "
+    "source, recorded_at"
 )
 _RECORD = (
     "SELECT execution_key, session_id, run_id, local_turn_id, provider, api, response_id, "
@@ -116,6 +121,9 @@ SESSION_READS = {
     + r"( AND seq [<>] \?)* ORDER BY seq (ASC|DESC) LIMIT \?": "run_events(): a range of them",
     _lit(f"{_RUN} FROM runs WHERE session_id = ? ORDER BY started_at, attempt, id"): (
         "session_runs()"
+    ),
+    _lit(f"{_USAGE} FROM usage_records WHERE session_id = ? ORDER BY recorded_at, id"): (
+        "usage.list(): a session's usage records"
     ),
     _lit(f"{_RECORD} FROM tool_executions WHERE session_id = ? AND ")
     + r"(TRUE|state = 'running'|provider_call_id = ANY\(\?::VARCHAR\[\]\))"
@@ -451,6 +459,29 @@ def rarer_operations(store: turnkeeper.BaseStore, profiler: Profiler, sid: str) 
         store.runs.finish(retry.id, "failed", error="boom", lease=lease)
     with on("annotate_run_error"):
         store.runs.annotate_error(runs[1].id, "late reason", lease=lease)
+    with on("update_run_usage"):
+        store.runs.update_usage(retry.id, {"input": 3}, {"tokens": 3}, lease=lease)
+    with on("update_run_progress"):
+        store.runs.update_progress(retry.id, {}, lease=lease)
+    with on("update_run_error_info"):
+        store.runs.update_error_info(retry.id, {"code": "boom"}, lease=lease)
+    with on("record_usage"):
+        store.usage.record(sid, provider="p", model="m", usage_id="u1", lease=lease)
+    with on("record_usage (a retry)"):
+        store.usage.record(sid, provider="p", model="m", usage_id="u1", lease=lease)
+    with on("record_usage_from_provider (of an entry)"):
+        store.usage.record_from_provider(
+            sid,
+            {"input_tokens": 1, "output_tokens": 2},
+            provider="p",
+            model="m",
+            entry_id="mine",
+            lease=lease,
+        )
+    with on("get_usage"):
+        store.usage.get(sid, "u1")
+    with on("list_usage"):
+        store.usage.list(sid)
     with on("compare_and_swap_response_state (first)"):
         store.lineage.compare_and_swap(ResponseState(sid, provider="p"), 0, lease=lease)
     with on("compare_and_swap_response_state"):

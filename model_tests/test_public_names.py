@@ -68,6 +68,7 @@ TOP = {
     "ToolExecution",
     "ToolExecutionState",
     "Topic",
+    "UsageRecord",
     "acquire_many",
     "is_postgres",
     "open_store",

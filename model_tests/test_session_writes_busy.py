@@ -30,6 +30,7 @@ def _snapshot(store) -> tuple:
         store.lineage.get("s"),
         tuple(store.tools.list("s")),
         store.sessions.labels("s"),
+        tuple(store.usage.list("s")),
     )
 
 
@@ -87,6 +88,13 @@ WRITES = {
     "claim-tool": lambda s, first, run: s.tools.claim(
         "k", "s", local_turn_id="t", provider_call_id="c", tool_name="x", side_effecting=False
     ),
+    "run-usage": lambda s, first, run: s.runs.update_usage(run.id, {"input": 1}),
+    "run-progress": lambda s, first, run: s.runs.update_progress(run.id, {}),
+    "run-error-info": lambda s, first, run: s.runs.update_error_info(run.id, {"code": "c"}),
+    "record-usage": lambda s, first, run: s.usage.record("s", provider="p", model="m"),
+    "record-usage-from-provider": lambda s, first, run: s.usage.record_from_provider(
+        "s", {"input_tokens": 1, "output_tokens": 1}, provider="p", model="m", run_id=run.id
+    ),
 }
 
 
@@ -122,6 +130,14 @@ LEASED = {
     "delivery-plan": lambda s, p1, first, run: s.outbox.create_plan(run.id, PLAN, lease=p1),
     "annotate-run-error": lambda s, p1, first, run: s.runs.annotate_error(
         run.id, "cleanup", lease=p1
+    ),
+    "run-usage": lambda s, p1, first, run: s.runs.update_usage(run.id, {"input": 1}, lease=p1),
+    "run-progress": lambda s, p1, first, run: s.runs.update_progress(run.id, {}, lease=p1),
+    "run-error-info": lambda s, p1, first, run: s.runs.update_error_info(
+        run.id, {"code": "c"}, lease=p1
+    ),
+    "record-usage": lambda s, p1, first, run: s.usage.record(
+        "s", provider="p", model="m", lease=p1
     ),
 }
 

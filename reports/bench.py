@@ -508,9 +508,12 @@ def analytics(store: turnkeeper.BaseStore, rows: list[tuple[Any, ...]], folder: 
     from turnkeeper.cli.report_runs import figure_sql
 
     columns = [c.strip() for c in RUN_COLUMNS.split(",")]
+    # a bulk insert names every column, in table order: schema 16's JSON values a
+    # runtime writes apart from the status (none here)
+    loaded = [*columns, "usage", "context_usage", "progress", "error_info"]
     for at in range(0, len(rows), 100_000):  # the bench loads rows directly, not by API
-        chunk = rows[at : at + 100_000]
-        store.db.write("bench_load", lambda tx, c=chunk: tx.insert_rows("runs", columns, c))
+        chunk = [(*r, None, None, None, None) for r in rows[at : at + 100_000]]
+        store.db.write("bench_load", lambda tx, c=chunk: tx.insert_rows("runs", loaded, c))
     sql = figure_sql("runs_by_model_day")
     ours = statistics.median(per_call(timed(lambda: store.query(sql))) for _ in range(REPS))
     if not folder:

@@ -610,6 +610,21 @@ class RecoveryNotNeededError(TurnkeeperError):
     reason: str
 
 
+# --- usage (session seed RecordUsage) ----------------------------------------------
+
+
+class UsageConflictError(TurnkeeperError):
+    """A usage id was recorded before with other figures (RecordUsage).
+
+    Recording the same usage again under its id (a retry after an unknown
+    commit) returns the stored record; other figures, names, run or time
+    under that id are another request, refused."""
+
+    fields = ("session_id", "usage_id")
+    session_id: str
+    usage_id: str
+
+
 # --- delivery outbox (session seed, DESIGN machine 4) ---------------------------
 
 
@@ -889,6 +904,7 @@ __all__ = [
     "TransactionConflictError",
     "TurnkeeperError",
     "UnexpectedResultError",
+    "UsageConflictError",
 ]
 """Every error class: the hierarchy under :class:`TurnkeeperError` (each is also
 exported by :mod:`turnkeeper`)."""

@@ -215,13 +215,16 @@ class ImportBatch:
 
 @dataclass(frozen=True, slots=True)
 class ImportResult:
-    """What an import changed: ``added`` new entries, ``skipped`` already stored."""
+    """What an import changed: ``added`` new entries, ``skipped`` already stored,
+    ``opaque_added`` new opaque lines, ``usage_added`` new usage records (of
+    assistant messages' usage)."""
 
     session_id: str
     created: bool
     added: int
     skipped: int
     opaque_added: int
+    usage_added: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +235,14 @@ class Run:
     run this one retries. ``status`` is a :class:`~turnkeeper.spec.run.RunStatus`
     value. ``user_entry_id``/``assistant_entry_id`` are the transcript entries
     the run wrote (ids derived from the run id).
+
+    ``usage`` and ``context_usage`` (token and context-window usage),
+    ``progress`` (the latest non-terminal retry/recovery projection) and
+    ``error_info`` (the structured terminal or recovery error, beside the
+    ``error`` summary) are JSON values a runtime stores with
+    ``store.runs.update_usage``, ``update_progress`` and
+    ``update_error_info`` (session seed SessionRun Usage, ContextUsage,
+    Progress, ErrorInfo); ``None`` until first set.
     """
 
     id: str
@@ -246,6 +257,10 @@ class Run:
     updated_at: datetime
     finished_at: datetime | None
     turn_id: str
+    usage: JSON = None
+    context_usage: JSON = None
+    progress: JSON = None
+    error_info: JSON = None
 
     @property
     def user_entry_id(self) -> str:

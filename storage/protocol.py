@@ -11,7 +11,9 @@ Session writes and leases (one rule). Every write to an existing session's state
 ``sessions.set_title``, compactions, ``sessions.import_batch`` into it), its
 deletion (``sessions.delete``, a project's delete) and metadata
 (``sessions.set_metadata``), its
-runs (``runs.admit`` … ``runs.finish``, ``runs.annotate_error``), its
+runs (``runs.admit`` … ``runs.finish``, ``runs.annotate_error``,
+``runs.update_usage``, ``runs.update_progress``, ``runs.update_error_info``),
+its usage records (``usage.record``, ``usage.record_from_provider``), its
 tool-execution records, its response lineage, a delivery plan made outside a
 termination, and a fork of it — is made either
 
@@ -35,13 +37,13 @@ import that creates its session too): a stale or forged one writes nothing.
 Reads of a missing thing (one rule). A lookup of one thing by its id or key
 (``sessions.get``, ``sessions.entry``, ``runs.get``, ``recovery.get``,
 ``forks.get``, ``tools.get``, ``outbox.get_plan``, ``outbox.get_operation``,
-``sessions.deleted``, ``projects.get``,
+``sessions.deleted``, ``projects.get``, ``usage.get``,
 ``lineage.get``, ``threads.resolve``) returns ``None`` when there is none, as
 the threadstore seed's Resolve does. A read of what is inside a session
 (``sessions.entries``, ``sessions.replay``, ``sessions.labels``,
 ``sessions.get_metadata``,
 ``sessions.opaque_records``, ``runs.list``, ``runs.active``, ``runs.events``,
-``tools.list``) raises ``SessionNotFoundError`` when the session does not exist,
+``tools.list``, ``usage.list``) raises ``SessionNotFoundError`` when the session does not exist,
 so an empty answer always means an existing, empty session.
 
 Values. Payloads and other JSON arguments hold only what JSON holds exactly
@@ -88,6 +90,7 @@ from turnkeeper.spec.records import (
     ThreadRecord,
 )
 from turnkeeper.spec.tool_execution import ToolExecution
+from turnkeeper.spec.usage import UsageRecord
 
 from .wakeups import Subscription, Topic
 
@@ -244,6 +247,20 @@ class RunsAPI(Protocol):
         limit: int = 100,
     ) -> list[RunEvent]: ...
     def annotate_error(self, run_id: str, reason: str, *, lease: Lease | None = None) -> bool: ...
+    def update_usage(
+        self,
+        run_id: str,
+        usage: Mapping[str, Any] | None,
+        context_usage: Mapping[str, Any] | None = None,
+        *,
+        lease: Lease | None = None,
+    ) -> Run: ...
+    def update_progress(
+        self, run_id: str, progress: Mapping[str, Any], *, lease: Lease | None = None
+    ) -> Run: ...
+    def update_error_info(
+        self, run_id: str, info: Mapping[str, Any], *, lease: Lease | None = None
+    ) -> Run: ...
     def list(self, session_id: str) -> list[Run]: ...
 
 
@@ -452,6 +469,50 @@ class ProjectsAPI(Protocol):
     def list(self) -> list[Project]: ...
 
 
+class UsageAPI(Protocol):
+    """``store.usage``: usage records, one per model request (session seed
+    RecordUsage, RecordUsageFromProviderUsage)."""
+
+    def record(
+        self,
+        session_id: str,
+        *,
+        provider: str,
+        model: str,
+        protocol: str = "",
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        total_tokens: int | None = None,
+        cache_read_tokens: int = 0,
+        cache_write_tokens: int = 0,
+        cost_usd: float | None = None,
+        duration_ms: int | None = None,
+        run_id: str | None = None,
+        entry_id: str | None = None,
+        usage_id: str | None = None,
+        recorded_at: datetime | None = None,
+        lease: Lease | None = None,
+    ) -> UsageRecord: ...
+    def record_from_provider(
+        self,
+        session_id: str,
+        usage: Mapping[str, Any],
+        *,
+        provider: str,
+        model: str,
+        protocol: str = "",
+        cost_usd: float | None = None,
+        duration_ms: int | None = None,
+        run_id: str | None = None,
+        entry_id: str | None = None,
+        usage_id: str | None = None,
+        recorded_at: datetime | None = None,
+        lease: Lease | None = None,
+    ) -> UsageRecord: ...
+    def get(self, session_id: str, usage_id: str) -> UsageRecord | None: ...
+    def list(self, session_id: str, *, run_id: str | None = None) -> list[UsageRecord]: ...
+
+
 class Store(Protocol):
     """The store: one object per area (threadstore Store + session seed Store),
     the analytics reads, the wake-ups and the store's own life (a context
@@ -501,5 +562,7 @@ class Store(Protocol):
     def resources(self) -> ResourcesAPI: ...
     @property
     def projects(self) -> ProjectsAPI: ...
+    @property
+    def usage(self) -> UsageAPI: ...
 
     def close(self) -> None: ...

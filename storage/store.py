@@ -38,6 +38,7 @@ from .ops.runs import Runs
 from .ops.sessions import Sessions
 from .ops.threads import Threads
 from .ops.tools import Tools
+from .ops.usage import Usage
 from .wakeups import Subscription, Topic, check_topics
 
 T = TypeVar("T")
@@ -102,6 +103,7 @@ class BaseStore:
     - :attr:`guidance` (guidance queued for a session's runtime, consumed by it);
     - :attr:`resources` (lifecycle events of a run's input resources);
     - :attr:`projects` (create, list, rename, delete projects of sessions);
+    - :attr:`usage` (usage records per model request: record, list …);
 
     and the store itself: :meth:`query`, :meth:`snapshot`,
     :meth:`query_batches`, :meth:`json_sql`, :meth:`subscribe`,
@@ -139,6 +141,7 @@ class BaseStore:
         self.guidance = GuidanceQueue(shared)
         self.resources = Resources(shared)
         self.projects = Projects(shared, branches)
+        self.usage = Usage(shared)
         try:
             if backend.read_only:
                 self.db.read("check_schema", self._check_schema, snapshot=True)

@@ -35,6 +35,7 @@ OWNED: tuple[tuple[str, str, str, str], ...] = (
     ("esm_guidance", "session_id", "sessions", "id"),
     ("input_resource_events", "session_id", "sessions", "id"),
     ("event_cursors", "session_id", "sessions", "id"),
+    ("usage_records", "session_id", "sessions", "id"),
     ("session_forks", "fork_session_id", "sessions", "id"),
     ("recovery_events", "run_id", "runs", "id"),
     ("delivery_operations", "intent_id", "delivery_intents", "id"),

@@ -8,6 +8,12 @@ by edge, fenced writes by operation, takeovers and fenced writes over time
 (per second when the events span under two minutes, else per minute) and
 thread records by status.
 
+Usage (:mod:`.report_usage`, JSON key ``usage``): tokens (input not read
+from a cache, output, cache read, cache write, total) and cost in US dollars,
+in total and per provider and model, per UTC day and per session, from the
+usage records (``store.usage``, imported pi files' assistant messages
+included).
+
 Run history (:mod:`.report_runs`, JSON key ``run_history``): runs by status
 and attempt; retries (runs with attempt > 1, intents that needed them); time
 to recovery in seconds (min / median / p95 / max, from the end of the run's
@@ -41,6 +47,7 @@ from turnkeeper.storage import BaseStore
 
 from .common import cell, db_option, dumps, fmt_num, open_db, stdout_console
 from .report_runs import collect_runs, render_runs, sql_script, table
+from .report_usage import collect_usage, render_usage
 
 PARQUET_TABLES = (
     "sessions",
@@ -56,6 +63,7 @@ PARQUET_TABLES = (
     "delivery_operations",
     "delivery_events",
     "tool_executions",
+    "usage_records",
 )
 """Tables ``--parquet`` exports, one ``<table>.parquet`` file each."""
 
@@ -175,6 +183,7 @@ def collect(store: BaseStore) -> dict[str, Any]:
     out["sessions"] = out["sessions"][0]
     out["turns_per_session"] = out.pop("turns")[0]
     out["timeline"] = timeline(store)
+    out["usage"] = collect_usage(store)
     out["run_history"] = collect_runs(store)
     return out
 
@@ -312,6 +321,10 @@ def report_command(db: str, as_json: bool, parquet_dir: str | None, as_sql: bool
     writes by operation, takeovers and fenced writes over time (per second
     under two minutes of data, else per minute), thread records by status.
 
+    Usage: tokens (input, output, cache read, cache write, total) and cost in
+    US dollars per provider and model, per UTC day and per session, from the
+    usage records (runtimes' and imported pi files' assistant messages').
+
     Run history: runs by status and attempt, retries, recoveries by state,
     time to recovery in seconds (from the end of the run's lease to its
     recovery's completion: min, median, p95, max), deliveries by status,
@@ -341,6 +354,7 @@ def report_command(db: str, as_json: bool, parquet_dir: str | None, as_sql: bool
         return
     console = stdout_console()
     render(console, data)
+    render_usage(console, data["usage"])
     render_runs(console, data["run_history"])
     for name, info in data.get("parquet", {}).items():
         console.print(cell(f"wrote {info['path']} ({info['rows']:,} rows, table {name})"))

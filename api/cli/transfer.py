@@ -39,6 +39,7 @@ def _file_dict(fi: Any) -> dict[str, Any]:
         "added": r.added,
         "skipped": r.skipped,
         "opaque_added": r.opaque_added,
+        "usage_added": r.usage_added,
         "issues": [str(i) for i in fi.issues],
     }
 
@@ -57,7 +58,8 @@ def import_command(ctx: click.Context, paths: tuple[str, ...], db: str, as_json:
     """Import pi session files (JSONL) into the store; re-importing adds only new entries.
 
     Prints one line per file (path, session id, format version, entries
-    added and skipped) and every repaired or opaque line as an issue line
+    added and skipped, usage records of assistant messages added) and every
+    repaired or opaque line as an issue line
     ``path:line: kind: detail`` on stderr. A path that does not exist, is a
     directory or cannot be read is refused before anything is imported (exit
     2). A file whose content cannot be imported is reported on stderr and the
@@ -80,6 +82,8 @@ def import_command(ctx: click.Context, paths: tuple[str, ...], db: str, as_json:
             imported.append(info)
             if not as_json:
                 extra = f", {info['opaque_added']} opaque" if info["opaque_added"] else ""
+                if info["usage_added"]:
+                    extra += f", {info['usage_added']} usage records"
                 new = " (new session)" if info["created"] else ""
                 click.echo(
                     f"{path}: session {info['session_id']} v{info['version']}: "

@@ -5,7 +5,8 @@ session (:data:`REMOVED`): its row and entries, opaque import lines,
 execution intents, runs, run events, submissions, conversation turns, orphan
 recoveries and their events, response lineage, delivery intents with their
 operations and events, tool-execution records with their events, its
-metadata, capability state and events, guidance, input resource events, and
+metadata, capability state and events, guidance, input resource events, usage
+records, and
 the record of the fork that made it (when it is a fork). It
 writes one ``deleted_sessions`` row in their place: counts and times, no
 content (:class:`~turnkeeper.spec.records.DeletedSession`).
@@ -71,6 +72,7 @@ REMOVED: tuple[tuple[str, str], ...] = (
     ("esm_guidance", "session_id = ?"),
     ("input_resource_events", "session_id = ?"),
     ("event_cursors", "session_id = ?"),
+    ("usage_records", "session_id = ?"),
     ("session_forks", "fork_session_id = ?"),
     ("entries", "session_id = ?"),
     ("sessions", "id = ?"),

@@ -23,7 +23,7 @@ from ..pairing import cycles, tree_faults
 from ..validate import (
     check_session_lease,
 )
-from . import deletes, entry_rows, leases, pairing_checks
+from . import deletes, entry_rows, leases, pairing_checks, usage
 from .base import Area
 from .entry_rows import ENTRY_COLUMNS
 from .leases import NOW
@@ -41,13 +41,18 @@ def import_rows(
     opaque: Sequence[tuple[int, str, str]],
     source: str,
     lease: Lease | None = None,
-) -> tuple[bool, int, int]:
-    """Insert the entries of an imported file that the session lacks.
+) -> tuple[bool, int, int, int]:
+    """Insert the entries of an imported file that the session lacks, and the
+    usage its assistant messages carry that the session has not recorded.
 
     ``rows`` are ``(id, parent_id, kind, timestamp, payload_json)`` in file
     order. Existing ids are skipped (a re-import changes nothing; a grown file
     adds only its new entries). When anything is added the leaf becomes
-    ``leaf_id``. Returns ``(created, added, opaque_added)``. A ``lease`` is
+    ``leaf_id``. Every assistant message of the file whose usage has no record
+    yet (``entry:<id>``, :func:`usage.import_usage`) gets one, from the entry
+    as the session holds it (so a file imported before usage was recorded gets
+    its usage on its next import). Returns ``(created, added, opaque_added,
+    usage_added)``. A ``lease`` is
     fenced, also when the import creates the session; without one, an
     existing session must be unheld.
 
@@ -147,7 +152,15 @@ def import_rows(
             "INSERT INTO opaque_records VALUES (?, ?, ?, ?, ?)",
             [session_id, source, line, raw, reason],
         )
-    return created, len(new), len(fresh)
+    held = {} if created else stored
+    messages = [
+        (e.id, e.kind, e.timestamp, e.payload)
+        if (e := held.get(r[0])) is not None
+        else (r[0], r[2], r[3], from_json(r[4]))
+        for r in rows
+        if r[2] == EntryKind.MESSAGE and '"usage"' in r[4]
+    ]
+    return created, len(new), len(fresh), usage.import_usage(tx, session_id, messages)
 
 
 def _judge(
@@ -218,7 +231,10 @@ class ImportsPart(Area):
     def import_batch(self, batch: ImportBatch, *, lease: Lease | None = None) -> ImportResult:
         """Store a parsed session file: creates the session if needed and adds only
         entries it lacks (by entry id); the leaf moves to ``batch.leaf_id`` when
-        anything is added. Re-importing the same file changes nothing. Into an
+        anything is added. The usage each assistant message carries (pi's
+        ``usage``) is recorded once, keyed by its entry (``store.usage.list``;
+        an odd figure is recorded as unknown, never refusing the import).
+        Re-importing the same file changes nothing. Into an
         existing session it is a session write: under the session's ``lease``,
         or while nobody holds it. A ``lease`` given is fenced even when the
         import creates the session, so a stale or forged one writes nothing.
@@ -266,7 +282,7 @@ class ImportsPart(Area):
         source = batch.source or (batch.opaque[0].source if batch.opaque else "")
 
         def body(tx: Tx) -> ImportResult:
-            created, added, opaque_added = import_rows(
+            created, added, opaque_added, usage_added = import_rows(
                 tx,
                 batch.session_id,
                 batch.cwd,
@@ -278,7 +294,9 @@ class ImportsPart(Area):
                 source,
                 lease,
             )
-            return ImportResult(batch.session_id, created, added, len(rows) - added, opaque_added)
+            return ImportResult(
+                batch.session_id, created, added, len(rows) - added, opaque_added, usage_added
+            )
 
         return self._fenced("import", lease, body)
 

@@ -21,10 +21,19 @@ from ..validate import (
 )
 from .base import Area
 
-RUN_COLS = (
+RUN_BASE_COLS = (
     "id, session_id, intent_id, retry_of, attempt, status, cancel_requested, error, "
     "started_at, updated_at, finished_at"
 )
+"""The columns a run is admitted with."""
+
+RUN_COLS = f"{RUN_BASE_COLS}, usage, context_usage, progress, error_info"
+"""Every column :func:`run_row` reads: the admitted ones, then the JSON values
+a runtime updates apart from the status (``runs.update_usage`` …)."""
+
+
+def _json(text: str | None) -> Any:
+    return None if text is None else from_json(text)
 
 
 def run_row(row: Sequence[Any]) -> Run:
@@ -41,6 +50,10 @@ def run_row(row: Sequence[Any]) -> Run:
         updated_at=utc(row[9]),
         finished_at=None if row[10] is None else utc(row[10]),
         turn_id=f"{row[0]}:turn",
+        usage=_json(row[11]),
+        context_usage=_json(row[12]),
+        progress=_json(row[13]),
+        error_info=_json(row[14]),
     )
 
 

@@ -52,7 +52,8 @@ from ..wakeups import Topic
 from . import leases, outbox_plans, session_rows, submissions, tool_pairing
 from .pairing_checks import OpeningCache
 from .run_errors import RunErrorsPart
-from .run_reads import RUN_COLS, RunReadsPart, get, run_row
+from .run_reads import RUN_BASE_COLS, RUN_COLS, RunReadsPart, get, run_row
+from .run_usage import RunUsagePart
 
 _MACHINE = machine_for(RUN)
 
@@ -221,7 +222,7 @@ def admit(
         )
     status = (RunStatus.RUNNING if start else RunStatus.ADMITTED).value
     tx.exec(
-        f"INSERT INTO runs ({RUN_COLS}, lease_epoch, model) "
+        f"INSERT INTO runs ({RUN_BASE_COLS}, lease_epoch, model) "
         "VALUES (?, ?, ?, ?, ?, ?, FALSE, NULL, ?, ?, NULL, ?, "
         "(SELECT model FROM execution_intents WHERE id = ?))",
         [
@@ -513,10 +514,11 @@ def request_cancel(tx: Tx, run_id: str) -> Run:
 # -- the store's methods ------------------------------------------------------------
 
 
-class Runs(RunReadsPart, RunErrorsPart):
+class Runs(RunReadsPart, RunErrorsPart, RunUsagePart):
     """``store.runs``: run admission, steps, termination and cancel requests
-    (here), reads and event queries (:mod:`.run_reads`), and error annotations
-    (:mod:`.run_errors`)."""
+    (here), reads and event queries (:mod:`.run_reads`), error annotations
+    (:mod:`.run_errors`), and usage, progress and structured errors
+    (:mod:`.run_usage`)."""
 
     def admit(
         self,
