@@ -57,7 +57,9 @@ from turnkeeper.spec.delivery import DeliveryIntent, DeliveryOperation, Delivery
 from turnkeeper.spec.fork import Fork
 from turnkeeper.spec.records import (
     ANY_LEAF,
+    ConversationTurn,
     Entry,
+    ExecutionIntent,
     FinalizeRequest,
     ImportBatch,
     ImportResult,
@@ -69,6 +71,7 @@ from turnkeeper.spec.records import (
     ResponseState,
     Run,
     RunEvent,
+    RuntimeSubmission,
     Session,
     SessionPage,
     ThreadRecord,
@@ -178,6 +181,10 @@ class RunsAPI(Protocol):
         start: bool = False,
         on_active: str = "refuse",
     ) -> Run: ...
+    def turns(self, session_id: str) -> list[ConversationTurn]: ...
+    def intent(self, intent_id: str) -> ExecutionIntent | None: ...
+    def submission(self, session_id: str, submission_key: str) -> RuntimeSubmission | None: ...
+    def latest_event_seq(self, run_id: str) -> int: ...
     def start(self, run_id: str, *, lease: Lease | None = None) -> Run: ...
     def wait(self, run_id: str, *, lease: Lease | None = None) -> Run: ...
     def resume(self, run_id: str, *, lease: Lease | None = None) -> Run: ...

@@ -53,6 +53,7 @@ from . import leases, outbox_plans, session_rows, submissions, tool_pairing
 from .pairing_checks import OpeningCache
 from .run_errors import RunErrorsPart
 from .run_reads import RUN_COLS, RunReadsPart, get, run_row
+from .run_records import RunRecordsPart
 
 _MACHINE = machine_for(RUN)
 
@@ -513,9 +514,10 @@ def request_cancel(tx: Tx, run_id: str) -> Run:
 # -- the store's methods ------------------------------------------------------------
 
 
-class Runs(RunReadsPart, RunErrorsPart):
+class Runs(RunReadsPart, RunRecordsPart, RunErrorsPart):
     """``store.runs``: run admission, steps, termination and cancel requests
-    (here), reads and event queries (:mod:`.run_reads`), and error annotations
+    (here), reads and event queries (:mod:`.run_reads`), turns, intents,
+    submissions and a run's event cursor (:mod:`.run_records`), and error annotations
     (:mod:`.run_errors`)."""
 
     def admit(
