@@ -161,15 +161,18 @@ class RuntimeLeaseGuard:
         ttl_s: float,
         *,
         purpose: str = LeasePurpose.MUTATION,
+        run_id: str | None = None,
         interval_s: float | None = None,
     ) -> RuntimeLeaseGuard:
         """Take ``target`` for ``owner`` for ``ttl_s`` seconds and guard it.
 
-        The seed's ``AcquireExecutionAdmission``, ``AcquireRecovery``,
-        ``AcquireMutation`` and ``AcquireFork`` are this with ``purpose``
-        ``admission``, ``recovery``, ``mutation`` (default) and ``fork``; a
-        ``session:`` target's session must exist
-        (``RuntimeSessionNotFoundError``).
+        The seed's ``AcquireExecutionAdmission``, ``AcquireRecovery`` (with
+        ``run_id``, the expected run), ``AcquireMutation`` and ``AcquireFork``
+        are this with ``purpose`` ``admission``, ``recovery``, ``mutation``
+        (default) and ``fork``; ``store.leases.acquire`` checks what each
+        purpose requires of a ``session:`` target's session
+        (``RuntimeSessionNotFoundError``, ``SessionRecoveryRequiredError``,
+        ``RecoveryNotNeededError``, ``RuntimeLeaseRunMismatchError``).
 
         Raises:
             InvalidInputError: bad ``ttl_s``/``interval_s`` (nothing called),
@@ -183,7 +186,7 @@ class RuntimeLeaseGuard:
         """
         ttl, interval = _periods(ttl_s, interval_s)
         requested = monotonic()
-        lease = store.leases.acquire(target, owner, ttl, purpose=purpose)
+        lease = store.leases.acquire(target, owner, ttl, purpose=purpose, run_id=run_id)
         guard = cls.__new__(cls)
         try:
             guard._start(store, lease, ttl, interval, requested)

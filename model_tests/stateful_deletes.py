@@ -38,9 +38,11 @@ from turnkeeper import (
     LeaseLostError,
     ResponseState,
     RunNotFoundError,
+    RuntimeSessionNotFoundError,
     SessionIDExistsError,
     SessionMetadata,
     SessionNotFoundError,
+    SessionRecoveryRequiredError,
     SessionRunActiveError,
 )
 from turnkeeper.cli.audit import run_audit
@@ -65,6 +67,10 @@ class SessionModel:
 def attempt(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
     try:
         return ("ok", fn(*args, **kwargs))
+    except RuntimeSessionNotFoundError:
+        return ("no_session",)
+    except SessionRecoveryRequiredError:
+        return ("recovery",)
     except BusyError:  # ForkSessionBusyError included
         return ("busy",)
     except LeaseLostError:
@@ -142,8 +148,19 @@ class DeletesMachine(RuleBasedStateMachine):
         ttl=st.sampled_from((1.0, 3.0)),
     )
     def acquire(self, owner: str, session: str, ttl: float) -> Any:
-        expected = self.oracle.acquire(f"session:{session}", owner, ttl, "mutation", self.clock())
-        got = attempt(self.store.leases.acquire, f"session:{session}", owner, ttl)
+        """An execution lease (what admits and runs a turn). A runtime lease
+        needs its session (a deleted one is gone for good), and a grant needs
+        the session idle: an active run nobody holds is recovery's."""
+        target, now = f"session:{session}", self.clock()
+        live = self.oracle.live(target, now)
+        got = attempt(self.store.leases.acquire, target, owner, ttl, purpose="execution")
+        if session not in self.sessions:
+            assert got[0] in ("no_session", "busy"), got
+            return multiple()
+        if live is None and self.sessions[session].active_run is not None:
+            assert got == ("recovery",), got
+            return multiple()
+        expected = self.oracle.acquire(target, owner, ttl, "execution", now)
         assert (got[0] == "ok") == (expected[0] in ("granted", "reacquired")), (got, expected)
         return got[1] if got[0] == "ok" else multiple()
 

@@ -37,6 +37,7 @@ from turnkeeper import (
     LeaseLostError,
     LeasePurposeError,
     RecoveryNotNeededError,
+    SessionRecoveryRequiredError,
     SessionRunActiveError,
 )
 
@@ -91,6 +92,8 @@ def attempt(fn, *args, **kwargs) -> tuple:
         return ("active",)
     except RecoveryNotNeededError:
         return ("not_needed",)
+    except SessionRecoveryRequiredError:
+        return ("recovery_required",)
     except InvalidTransitionError:
         return ("transition",)
 
@@ -134,9 +137,17 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
     )
     def acquire(self, owner: str, session: str, ttl: float):
         purpose = "recovery" if owner.startswith("R") else "execution"
-        expected = self.oracle.acquire(f"session:{session}", owner, ttl, purpose, self.clock())
+        target, now = f"session:{session}", self.clock()
+        active = self.world.active(session) is not None
+        if self.oracle.live(target, now) is None and active != (purpose == "recovery"):
+            # a grant needs an idle session (execution) or an orphan (recovery)
+            expected: tuple = ("not_needed",) if purpose == "recovery" else ("recovery_required",)
+        else:
+            expected = self.oracle.acquire(target, owner, ttl, purpose, now)
         got = attempt(self.store.leases.acquire, f"session:{session}", owner, ttl, purpose=purpose)
         assert (got[0] == "ok") == (expected[0] in ("granted", "reacquired")), (got, expected)
+        if expected[0] in ("not_needed", "recovery_required"):
+            assert got[0] == expected[0], (got, expected)
         return got[1] if got[0] == "ok" else multiple()
 
     @rule(seconds=st.sampled_from((0.5, 1.0, 2.0)))

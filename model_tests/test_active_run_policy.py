@@ -111,7 +111,7 @@ def test_every_choice_is_fenced_while_another_worker_holds_the_session(store, ch
     with pytest.raises(BusyError):
         store.runs.admit("s", {"q": 2}, user_message=AGAIN, on_active=choice)
     store.leases.release(worker)
-    taker = store.leases.acquire("session:s", "t", 60, purpose="execution")
+    taker = store.leases.acquire("session:s", "t", 60, purpose="recovery")
     with pytest.raises(LeaseLostError):  # the worker's lease is stale now
         store.runs.admit("s", {"q": 2}, user_message=AGAIN, lease=worker, on_active=choice)
     assert rows(store) == before

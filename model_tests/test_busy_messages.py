@@ -64,8 +64,9 @@ def test_a_holder_writing_without_its_lease_is_told_what_it_did(
     for sid in ("s", "f"):
         store.sessions.create(sid)
     writes = unleased_writes(store)
-    for sid in ("s", "f"):
-        store.leases.acquire(f"session:{sid}", "me", ttl_s=600)
+    for sid in ("s", "f"):  # "s" has a run nobody holds: only recovery may take it
+        purpose = "recovery" if store.runs.active(sid) is not None else "mutation"
+        store.leases.acquire(f"session:{sid}", "me", ttl_s=600, purpose=purpose)
     for name, (sid, write) in writes.items():
         with pytest.raises(errors.BusyError) as caught:
             write()

@@ -13,6 +13,7 @@ from turnkeeper import (
     RetryNotAllowedError,
     RunNotFoundError,
     SessionNotFoundError,
+    SessionRecoveryRequiredError,
     SessionRunActiveError,
     SubmissionConflictError,
 )
@@ -203,7 +204,9 @@ def test_admission_and_termination_are_fenced_by_the_session_lease(store, clock,
     with pytest.raises(LeaseLostError):
         store.runs.finish(run.id, "failed", lease=lease)
     assert store.runs.get(run.id).status == "admitted"
-    fresh = store.leases.acquire("session:s", "w2", 5, purpose="execution")
+    with pytest.raises(SessionRecoveryRequiredError):  # the run is an orphan now
+        store.leases.acquire("session:s", "w2", 5, purpose="execution")
+    fresh = store.leases.acquire("session:s", "w2", 5, purpose="recovery", run_id=run.id)
     assert store.runs.finish(run.id, "failed", lease=fresh).status == "failed"
 
 

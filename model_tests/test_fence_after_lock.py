@@ -371,6 +371,14 @@ def expired_while_waiting(
     :class:`Held`), which the write meets after its fence."""
     write, (row, target), observe = case.arrange(store)
     before = observe()
+    # a session whose run the write would end is an orphan once its lease
+    # expires: only a recovery lease takes it over
+    orphan = (
+        target is not None
+        and target.startswith("session:")
+        and store.runs.active(target.removeprefix("session:")) is not None
+    )
+    purpose = "recovery" if orphan else "mutation"
     held = Held(store, row, target, table)
     try:
         thread, out = in_thread(write)
@@ -378,7 +386,7 @@ def expired_while_waiting(
         clock.advance(PAST_EXPIRY_S)
         successor: tuple[threading.Thread, list[Any]] | None = None
         if takeover and target is not None:
-            successor = in_thread(lambda: store.leases.acquire(target, "w2", 60))
+            successor = in_thread(lambda: store.leases.acquire(target, "w2", 60, purpose=purpose))
     finally:
         held.release()
     thread.join(120)

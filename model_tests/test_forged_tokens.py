@@ -576,12 +576,11 @@ def relabelled(store: turnkeeper.BaseStore, write: str) -> Any:
     """An execution lease relabelled in memory as the purpose ``write`` needs
     (recovery, fork), and the call: the purpose is the row's, not the object's."""
     store.sessions.create("s")
-    run = store.runs.admit("s", {"q": 1}, user_message={"role": "user", "content": "go"})
-    store.runs.start(run.id)
-    if write == "fork_session":
-        store.runs.finish(run.id, "succeeded")
     lease = store.leases.acquire("session:s", "w", 60, purpose="execution")
+    user = {"role": "user", "content": "go"}
+    run = store.runs.admit("s", {"q": 1}, user_message=user, lease=lease, start=True)
     if write == "fork_session":
+        store.runs.finish(run.id, "succeeded", lease=lease)
         lease = dataclasses.replace(lease, purpose="fork")
         return lambda: store.forks.fork("s", request_id="r1", lease=lease)
     lease = dataclasses.replace(lease, purpose="recovery")

@@ -311,7 +311,11 @@ BAD_RUN_CALLS = {
 
 
 def _rec(store):
-    return store.leases.acquire("session:bi", "rec", 30, purpose="recovery")
+    """A recovery lease (on a session of its own with an orphan: a recovery
+    lease needs an active run; these calls are refused before any write)."""
+    store.sessions.create("orphan")
+    store.runs.admit("orphan", {"q": 1})
+    return store.leases.acquire("session:orphan", "rec", 30, purpose="recovery")
 
 
 @pytest.mark.parametrize("case", sorted(BAD_RUN_CALLS))

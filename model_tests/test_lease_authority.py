@@ -13,11 +13,14 @@ from __future__ import annotations
 import pytest
 
 from turnkeeper import (
+    InvalidInputError,
     LeaseLostError,
     LeasePurposeError,
+    RecoveryNotNeededError,
     RuntimeLeaseGuard,
     RuntimeLeaseRunMismatchError,
     RuntimeSessionNotFoundError,
+    SessionRecoveryRequiredError,
 )
 from turnkeeper.storage.ops import leases as lease_ops
 from turnkeeper.storage.ops import runs as run_ops
@@ -52,8 +55,54 @@ def test_a_lease_on_a_missing_session_is_refused_for_every_purpose(store, purpos
 
 
 def test_the_missing_session_check_fails_with_it_patched_out(store, monkeypatch):
-    monkeypatch.setattr(lease_ops, "admission_check", lambda tx, target: None)
+    monkeypatch.setattr(lease_ops, "admission_check", lambda *args: None)
     assert store.leases.acquire("session:ghost", "w", 30).epoch == 1  # granted: a defect
+
+
+@pytest.mark.parametrize("purpose", ["admission", "execution", "mutation", "fork"])
+def test_an_idle_session_purpose_is_refused_on_a_session_with_an_orphan(store, purpose):
+    worker, run = orphaned(store)
+    events = count(store, "lease_events")
+    with pytest.raises(SessionRecoveryRequiredError) as caught:
+        store.leases.acquire("session:s", "other", 30, purpose=purpose)
+    assert (caught.value.session_id, caught.value.run_id) == ("s", run.id)
+    assert count(store, "lease_events") == events  # nothing granted
+    store.runs.finish(run.id, "failed", error="x")  # nobody holds it: ended without a lease
+    assert store.leases.acquire("session:s", "other", 30, purpose=purpose).epoch == worker.epoch + 1
+
+
+def test_the_holder_re_acquiring_beside_its_own_run_is_not_refused(store):
+    store.sessions.create("s")
+    lease = store.leases.acquire("session:s", "w", 30, purpose="execution")
+    store.runs.admit("s", {"q": 1}, lease=lease, start=True)
+    again = store.leases.acquire("session:s", "w", 30, purpose="execution")
+    assert (again.epoch, again.token) == (lease.epoch, lease.token)
+
+
+def test_a_recovery_lease_needs_the_orphan_it_names(store):
+    store.sessions.create("idle")
+    with pytest.raises(RecoveryNotNeededError):
+        store.leases.acquire("session:idle", "r", 30, purpose="recovery")
+    _, run = orphaned(store)
+    with pytest.raises(RuntimeLeaseRunMismatchError) as caught:
+        store.leases.acquire("session:s", "r", 30, purpose="recovery", run_id="another")
+    assert (caught.value.run_id, caught.value.active_run_id) == ("another", run.id)
+    lease = store.leases.acquire("session:s", "r", 30, purpose="recovery", run_id=run.id)
+    assert store.recovery.begin(run.id, lease).state == "recovering"
+    with pytest.raises(InvalidInputError):
+        store.leases.acquire("session:s", "r", 30, purpose="mutation", run_id=run.id)
+
+
+def test_the_idle_check_fails_with_it_patched_out(store, monkeypatch):
+    orphaned(store)
+    real = lease_ops.admission_check
+
+    def session_only(tx, target, purpose, granting, run_id):
+        real(tx, target, purpose, False, run_id)  # as if every acquire were a re-acquire
+
+    monkeypatch.setattr(lease_ops, "admission_check", session_only)
+    lease = store.leases.acquire("session:s", "other", 30, purpose="mutation")
+    assert lease.epoch == 2  # granted beside an orphan: the defect
 
 
 # -- admit --------------------------------------------------------------------------------

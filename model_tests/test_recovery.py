@@ -15,6 +15,7 @@ from turnkeeper import (
     LeaseLostError,
     LeasePurposeError,
     RecoveryNotNeededError,
+    SessionRecoveryRequiredError,
 )
 from turnkeeper.cli.audit import run_audit
 
@@ -92,12 +93,15 @@ def test_a_cancel_requested_run_converges_to_cancelled(store):
 
 def test_a_pass_over_a_run_that_already_succeeded_leaves_it_succeeded(store):
     run = admitted(store)
-    store.runs.finish(run.id, "succeeded")
+    lease = recovery_lease(store)  # taken while the run was an orphan
+    store.runs.finish(run.id, "succeeded", lease=lease)  # then its result arrived
     assert store.recovery.list_orphans() == []
-    lease = recovery_lease(store)
     with pytest.raises(RecoveryNotNeededError):
         store.recovery.begin(run.id, lease)
     assert store.runs.get(run.id).status == "succeeded"
+    store.leases.release(lease)
+    with pytest.raises(RecoveryNotNeededError):  # nor is a recovery lease granted now
+        recovery_lease(store)
 
 
 def test_a_run_finished_during_recovery_keeps_its_status(store):
@@ -189,12 +193,16 @@ def test_detach_leaves_the_run_to_its_remote_owner(store):
 
 
 def test_only_a_recovery_purpose_lease_on_the_runs_session_recovers(store):
-    run = admitted(store)
+    store.sessions.create("s")
     wrong_purpose = store.leases.acquire("session:s", "x", 5, purpose="execution")
+    run = admitted(store, lease=wrong_purpose)
     with pytest.raises(LeasePurposeError):
         store.recovery.begin(run.id, wrong_purpose)
     store.leases.release(wrong_purpose)
+    with pytest.raises(SessionRecoveryRequiredError):  # an orphan: only recovery takes it
+        store.leases.acquire("session:s", "x", 5, purpose="execution")
     store.sessions.create("t")
+    store.runs.admit("t", {"q": 1})  # a recovery lease needs an active run
     other = recovery_lease(store, "t")
     with pytest.raises(turnkeeper.InvalidInputError):
         store.recovery.begin(run.id, other)

@@ -127,9 +127,11 @@ WRITES: dict[str, Callable[..., turnkeeper.Run]] = {
 
 @pytest.fixture
 def held(store):
-    """Session ``s`` with a running run, held by ``p1``."""
-    run = _run(store)
+    """Session ``s`` with a running run, held by ``p1`` (which admitted it: a
+    runtime lease on a session with an ownerless run is recovery's)."""
+    store.sessions.create("s")
     p1 = store.leases.acquire("session:s", "p1", 600, purpose="execution")
+    run = store.runs.admit("s", {"text": "go"}, start=True, lease=p1)
     return store, p1, run
 
 
@@ -150,7 +152,7 @@ def test_a_lost_lease_is_refused_recorded_and_writes_nothing(held, clock, name):
     store, p1, run = held
     WRITES[name](store, run, lease=p1)
     clock.advance(601)
-    store.leases.acquire("session:s", "p2", 600)
+    store.leases.acquire("session:s", "p2", 600, purpose="recovery")  # its run is orphaned
     before = store.runs.get(run.id)
     fenced = store.query("SELECT count(*) AS n FROM fence_events").to_pylist()[0]["n"]
     with pytest.raises(errors.LeaseLostError):
@@ -187,7 +189,7 @@ def test_control_without_the_fence_the_lease_less_write_goes_through(held, monke
 def test_control_without_the_fence_a_lost_lease_writes(held, clock, monkeypatch, name):
     store, p1, run = held
     clock.advance(601)
-    store.leases.acquire("session:s", "p2", 600)
+    store.leases.acquire("session:s", "p2", 600, purpose="recovery")  # its run is orphaned
     monkeypatch.setattr(run_usage.records, "no_other_owner", lambda tx, sid, lease: None)
     before = store.runs.get(run.id)
     WRITES[name](store, run, lease=p1)

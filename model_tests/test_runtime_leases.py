@@ -303,6 +303,7 @@ def test_adopting_a_lease_guards_it_if_held_and_raises_if_lost(store, clock):
         RuntimeLeaseGuard(store, stale, 5)
     assert _lease_threads() == before
 
+    store.runs.admit("a", {"q": 1})  # an orphan: what a recovery lease is taken for
     lease = store.leases.acquire("session:a", "w1", 5, purpose="recovery")
     with RuntimeLeaseGuard(store, lease, 5) as guard:
         assert (guard.lease.epoch, guard.lease.purpose) == (lease.epoch, "recovery")

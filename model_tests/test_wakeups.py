@@ -55,7 +55,7 @@ def test_a_refused_write_wakes_nobody(real_store):
     store = real_store
     store.sessions.create("s")
     run = store.runs.admit("s", {"q": 1})
-    holder = store.leases.acquire("session:s", "holder", 30)
+    holder = store.leases.acquire("session:s", "holder", 30, purpose="recovery")
     sub = store.subscribe("run_ended")
     with pytest.raises(turnkeeper.BusyError):  # rolled back: no wake-up
         store.runs.finish(run.id, "failed")

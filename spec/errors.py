@@ -327,6 +327,19 @@ class RuntimeSessionNotFoundError(TurnkeeperError):
     session_id: str
 
 
+class SessionRecoveryRequiredError(TurnkeeperError):
+    """The session has a non-terminal run with no live owner (ErrSessionRecoveryRequired).
+
+    Raised by ``store.leases.acquire`` when an ``admission``, ``execution``,
+    ``mutation`` or ``fork`` lease would be granted on a session whose run is
+    still active: nobody held the session, so that run is an orphan, to
+    recover first (a ``recovery`` lease, ``store.recovery``)."""
+
+    fields = ("session_id", "run_id")
+    session_id: str
+    run_id: str
+
+
 class RuntimeLeaseRunMismatchError(TurnkeeperError):
     """The lease is not bound to the session's active run (ErrRuntimeLeaseRunMismatch).
 
@@ -891,6 +904,7 @@ __all__ = [
     "SessionIDExistsError",
     "SessionModifiedError",
     "SessionNotFoundError",
+    "SessionRecoveryRequiredError",
     "SessionRunActiveError",
     "StoreInvalidatedError",
     "StoreLockedError",

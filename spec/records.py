@@ -472,3 +472,55 @@ class SessionMetadata:
 
     project_id: str | None = None
     pinned: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationTurn:
+    """A run's conversation turn boundary (session seed ConversationTurn):
+    ``start_seq`` is the seq of its ``turn_start`` entry, ``end_seq`` of its
+    ``turn_end`` (``None`` while ``status`` is ``open``; else the run's
+    terminal status). Written by ``runs.admit`` and ``runs.finish``."""
+
+    id: str
+    session_id: str
+    intent_id: str
+    run_id: str
+    attempt: int
+    status: str
+    start_seq: int
+    end_seq: int | None
+    started_at: datetime
+    ended_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionIntent:
+    """An accepted request (session seed ExecutionIntent), written by
+    ``runs.admit`` for a first attempt: ``request`` and ``policy`` as given,
+    ``request_fingerprint`` the sha256 hex digest of the request."""
+
+    id: str
+    session_id: str
+    source: str
+    model: str
+    mode: str
+    work_dir: str
+    request_fingerprint: str
+    request: dict[str, Any]
+    policy: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeSubmission:
+    """The admission a submission key made (session seed RuntimeSubmission):
+    only ``key_digest``, a sha256 hex digest of the session and the key, is
+    stored; ``admission_digest`` is the digest of the whole admission the key
+    is compared with."""
+
+    session_id: str
+    key_digest: str
+    admission_digest: str
+    intent_id: str
+    run_id: str
+    created_at: datetime

@@ -42,6 +42,7 @@ from turnkeeper.spec.delivery import DeliveryPlan, DeliveryStep
 from turnkeeper.spec.errors import (
     BusyError,
     LeaseLostError,
+    SessionRecoveryRequiredError,
     SessionRunActiveError,
     TransactionConflictError,
 )
@@ -238,6 +239,10 @@ class Worker:
             )
         except BusyError:
             self.stats.busy_refusals += 1
+            self.stop.wait(BUSY_BACKOFF_S)
+            return
+        except SessionRecoveryRequiredError:  # orphaned since the check above
+            self.stats.run_active_refusals += 1
             self.stop.wait(BUSY_BACKOFF_S)
             return
         try:

@@ -33,6 +33,7 @@ from turnkeeper.spec.errors import (
     DeliveryOperationBusyError,
     LeaseLostError,
     RecoveryNotNeededError,
+    RuntimeLeaseRunMismatchError,
     TransactionConflictError,
 )
 from turnkeeper.spec.records import Run
@@ -139,9 +140,14 @@ class RecoveryCoordinator(Service):
     def _recover(self, run: Run) -> None:
         try:
             lease = self.store.leases.acquire(
-                f"session:{run.session_id}", self.owner, self.ttl_s, purpose=LeasePurpose.RECOVERY
+                f"session:{run.session_id}",
+                self.owner,
+                self.ttl_s,
+                purpose=LeasePurpose.RECOVERY,
+                run_id=run.id,
             )
-        except BusyError:
+        except (BusyError, RecoveryNotNeededError, RuntimeLeaseRunMismatchError):
+            # held, or the orphan ended or was replaced since it was listed
             self.stats.recovery_busy += 1
             return
         try:

@@ -111,19 +111,46 @@ _HELD_BY = "epoch = ? AND token_digest = ? AND owner = ? AND state = 'held'"
 the target): what a release compares (it judges no expiry, so it needs no fence)."""
 
 
-def admission_check(tx: Tx, target: str) -> None:
-    """What every runtime lease requires when it is taken (the seed's
-    Acquire… functions): a ``session:`` target's session exists. Other
-    targets have no such rule.
+_IDLE_PURPOSES = frozenset(
+    {LeasePurpose.ADMISSION, LeasePurpose.EXECUTION, LeasePurpose.MUTATION, LeasePurpose.FORK}
+)
+"""Purposes that reserve an idle session (seed AcquireExecutionAdmission,
+AcquireMutation, AcquireFork): granted only while it has no non-terminal run."""
+
+
+def admission_check(tx: Tx, target: str, purpose: str, granting: bool, run_id: str | None) -> None:
+    """What a runtime lease's purpose requires of its session when it is taken
+    (the seed's Acquire… functions); other targets have none. The session
+    exists; on a grant, regrant or takeover (``granting``: nobody held the
+    session a moment ago, so an active run has no live owner: an orphan) an
+    ``admission``, ``execution``, ``mutation`` or ``fork`` lease needs the
+    session idle, and a ``recovery`` lease needs an active run (``run_id``,
+    if given). A re-acquire by the holder extends its own lease: only the
+    session's existence is checked.
 
     Raises:
-        RuntimeSessionNotFoundError.
+        RuntimeSessionNotFoundError, SessionRecoveryRequiredError,
+        RecoveryNotNeededError, RuntimeLeaseRunMismatchError.
     """
     if not target.startswith("session:"):
         return
     session_id = target.removeprefix("session:")
     if tx.one("SELECT 1 FROM sessions WHERE id = ?", [session_id]) is None:
         raise errors.RuntimeSessionNotFoundError(session_id)
+    if not granting:
+        return
+    row = tx.one("SELECT run_id FROM active_runs WHERE session_id = ?", [session_id])
+    active = None if row is None else str(row[0])
+    if purpose in _IDLE_PURPOSES:
+        if active is not None:
+            raise errors.SessionRecoveryRequiredError(session_id, active)
+        return
+    if active is None:  # recovery (seed AcquireRecovery): an orphan to recover
+        raise errors.RecoveryNotNeededError(
+            run_id or "", f"session {session_id!r} has no active run"
+        )
+    if run_id is not None and run_id != active:
+        raise errors.RuntimeLeaseRunMismatchError(target, run_id, active)
 
 
 def acquire(
@@ -133,6 +160,7 @@ def acquire(
     owner: str,
     ttl_s: float,
     purpose: str,
+    run_id: str | None = None,
 ) -> Lease:
     """Grant, take over or re-acquire ``target`` (run inside a transaction),
     after :func:`admission_check`."""
@@ -165,7 +193,7 @@ def acquire(
         if held_owner == owner:
             raise errors.BusyError.same_owner_elsewhere(target, held_owner)
         raise errors.BusyError.another_owner(target, held_owner)
-    admission_check(tx, target)
+    admission_check(tx, target, purpose, edge.name in GRANTING_EDGES, run_id)
     if edge.name == "reacquire":  # valid only while the lease it extends is: a
         # re-acquire whose lease expired before its COMMIT runs again (a takeover)
         tx.valid_until(utc(expires_at), Conflict(f"the lease of {target!r} expired"))
@@ -486,6 +514,7 @@ class Leases(Area):
         ttl_s: float,
         *,
         purpose: str = LeasePurpose.MUTATION,
+        run_id: str | None = None,
     ) -> Lease:
         """Take ``target`` for ``owner`` for ``ttl_s`` seconds (threadstore AcquireLease).
 
@@ -494,9 +523,15 @@ class Leases(Area):
         store object while it holds the lease gets the same token and epoch
         with a new expiry.
 
-        A ``session:<id>`` target (a runtime lease) is granted only on a
-        session that exists (the session seed's Acquire… functions), checked in
-        the same transaction.
+        A ``session:<id>`` target (a runtime lease) is granted only as its
+        purpose allows, checked in the same transaction (the session seed's
+        Acquire… functions): the session must exist; an ``admission``
+        (AcquireExecutionAdmission), ``execution``, ``mutation``
+        (AcquireMutation) or ``fork`` (AcquireFork) lease needs it idle (a
+        non-terminal run found while nobody held the session is an orphan, to
+        recover first); a ``recovery`` lease (AcquireRecovery) needs an active
+        run, and with ``run_id`` that run. A re-acquire by the holder checks
+        only that the session exists.
 
         Raises:
             BusyError: another owner holds an unexpired lease, or this owner
@@ -505,6 +540,11 @@ class Leases(Area):
             LeasePurposeError: this owner holds it under another purpose.
             RuntimeSessionNotFoundError: a ``session:`` target whose session
                 does not exist (ErrRuntimeSessionNotFound).
+            SessionRecoveryRequiredError: an idle-session purpose on a session
+                with a non-terminal run (ErrSessionRecoveryRequired).
+            RecoveryNotNeededError: ``recovery`` on a session with no active run.
+            RuntimeLeaseRunMismatchError: ``recovery`` with a ``run_id`` that is
+                not the session's active run.
             InvalidInputError: empty target/owner or non-positive ``ttl_s``.
             DatabaseError: backend failure (never reported as busy).
         On any error nothing is granted.
@@ -513,9 +553,13 @@ class Leases(Area):
         check_id(owner, "owner")
         why = check_purpose(purpose)
         ttl = check_ttl(ttl_s)
+        if run_id is not None:
+            check_id(run_id, "run_id")
+            if why != LeasePurpose.RECOVERY:
+                raise errors.InvalidInputError("run_id", "only a recovery lease names its run")
         return self.db.write(
             "acquire_lease",
-            lambda tx: acquire(tx, self._secret, target, owner, ttl, why),
+            lambda tx: acquire(tx, self._secret, target, owner, ttl, why, run_id),
         )
 
     def renew(self, lease: Lease, ttl_s: float) -> Lease:

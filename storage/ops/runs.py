@@ -53,6 +53,7 @@ from . import leases, outbox_plans, session_rows, submissions, tool_pairing
 from .pairing_checks import OpeningCache
 from .run_errors import RunErrorsPart
 from .run_reads import RUN_BASE_COLS, RUN_COLS, RunReadsPart, get, run_row
+from .run_records import RunRecordsPart
 from .run_usage import RunUsagePart
 
 _MACHINE = machine_for(RUN)
@@ -514,11 +515,12 @@ def request_cancel(tx: Tx, run_id: str) -> Run:
 # -- the store's methods ------------------------------------------------------------
 
 
-class Runs(RunReadsPart, RunErrorsPart, RunUsagePart):
+class Runs(RunReadsPart, RunRecordsPart, RunErrorsPart, RunUsagePart):
     """``store.runs``: run admission, steps, termination and cancel requests
-    (here), reads and event queries (:mod:`.run_reads`), error annotations
-    (:mod:`.run_errors`), and usage, progress and structured errors
-    (:mod:`.run_usage`)."""
+    (here), reads and event queries (:mod:`.run_reads`), turns, intents,
+    submissions and a run's event cursor (:mod:`.run_records`), error
+    annotations (:mod:`.run_errors`), and usage, progress and structured
+    errors (:mod:`.run_usage`)."""
 
     def admit(
         self,
