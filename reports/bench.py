@@ -427,11 +427,18 @@ def dbos_peer(turn: Op, url: str) -> dict[str, Any]:
 
 
 def _spread(values: list[float]) -> dict[str, float]:
+    """Median, min and max to 3 significant digits: a ratio far below 1 (a
+    per-entry cost against a commit's floor) keeps its digits, where a fixed
+    2 decimals rounded a measured 0.004 to 0.0, as if nothing was measured."""
     return {
-        "median": round(statistics.median(values), 2),
-        "min": round(min(values), 2),
-        "max": round(max(values), 2),
+        "median": _digits(statistics.median(values)),
+        "min": _digits(min(values)),
+        "max": _digits(max(values)),
     }
+
+
+def _digits(value: float) -> float:
+    return float(f"{value:.3g}")
 
 
 RUN_COLUMNS = (
