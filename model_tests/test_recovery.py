@@ -269,9 +269,8 @@ def _race_finish_against_recovery(store, sid: str) -> dict[str, str]:
 
     def recover() -> None:
         barrier.wait()
-        lease = recovery_lease(store, sid)
-        try:
-            store.recovery.begin(run.id, lease)
+        try:  # a run already ended needs no recovery: the lease itself is refused
+            store.recovery.begin(run.id, recovery_lease(store, sid))
             outcome["begin"] = "ok"
         except RecoveryNotNeededError:
             outcome["begin"] = "not needed"
