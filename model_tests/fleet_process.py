@@ -15,7 +15,8 @@ SIGTERM or a kill:
 - ``outbox``: claims and delivers due operations, woken likewise.
 
 Every store error that is a fence doing its job (busy, lease lost, a run or
-claim someone else moved) is expected; anything else exits non-zero.
+claim someone else moved, a session that awaits recovery) is expected;
+anything else exits non-zero.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ FENCED = (
     turnkeeper.InvalidTransitionError,
     turnkeeper.SessionRunActiveError,
 )
+# A session whose run a killed worker left active waits for the recovery
+# process: an execution lease on it is refused until that run converged.
+AWAITS_RECOVERY = (turnkeeper.SessionRecoveryRequiredError,)
 STOP = threading.Event()
 
 
@@ -59,6 +63,9 @@ def worker(store: turnkeeper.BaseStore, index: int, acks) -> None:
                 f"session:{sid}", f"worker-{index}-{os.getpid()}", 10, purpose="execution"
             )
         except turnkeeper.BusyError:
+            continue
+        except AWAITS_RECOVERY:
+            STOP.wait(0.05)
             continue
         try:
             run = store.runs.admit(
