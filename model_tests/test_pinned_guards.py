@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from conftest import FakeClock, new_pg_schema
+from conftest import FakeClock, forge, new_pg_schema
 
 import turnkeeper
 from turnkeeper import (
@@ -306,7 +306,15 @@ def at_version(backend: str, version: int, tmp_path: Path, mp: pytest.MonkeyPatc
         patch.setattr(database, "migrations", lambda self: real(self)[:version])
         with turnkeeper.open_store(where) as store:
             assert store.schema_version() == version
-            store.sessions.create("old")
+            # the session as that version's turnkeeper wrote it: the columns every
+            # version has (today's create writes later versions' columns too)
+            forge(
+                store,
+                "INSERT INTO sessions (id, cwd, created_at, updated_at, leaf_id, title, "
+                "entry_count, next_seq, header) VALUES ('old', '', now(), now(), NULL, NULL, "
+                "0, 1, '{}')",
+                rows=1,
+            )
     return where
 
 
