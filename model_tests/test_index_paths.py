@@ -145,6 +145,23 @@ SESSION_READS = {
     _lit(
         "SELECT source, line, raw, reason FROM opaque_records WHERE session_id = ? ORDER BY line"
     ): "opaque_records()",
+    _lit("SELECT seq, id, payload FROM entries WHERE session_id = ? AND kind = 'message'")
+    + r"( AND seq [<>] \?)? ORDER BY seq (ASC|DESC) LIMIT \?": (
+        "message paging (messages_after, _before, _latest): a range of the session's messages"
+    ),
+    _lit("SELECT count(*) FROM entries WHERE session_id = ? AND kind = 'message'"): (
+        "list_detailed: a listed session's message count"
+    ),
+    _lit(
+        "SELECT payload FROM entries WHERE session_id = ? AND kind = 'message' "
+        "AND (strpos(payload, ?) > 0 OR strpos(payload, ?) > 0) ORDER BY seq LIMIT ?"
+    ): "list_detailed: a listed session's first user message (its preview)",
+    _lit(
+        f"{_RUN} FROM runs WHERE session_id = ? AND status IN (?, ?, ?) ORDER BY started_at, id"
+    ): (
+        "execution_facts: the session's non-terminal runs (more than one is an inconsistency "
+        "it shows, so not the active_runs row)"
+    ),
     _lit("SELECT o.id, o.intent_id, ")
     + ".*"
     + _lit(" FROM delivery_operations o LEFT JOIN delivery_operations d ON d.id = o.depends_on ")
@@ -406,6 +423,52 @@ def hot_operations(store: turnkeeper.BaseStore, profiler: Profiler) -> None:
     with on("resolve"):
         store.threads.resolve(key="k1")
     rarer_operations(store, profiler, sid)
+    listing_operations(store, profiler, sid)
+
+
+def listing_operations(store: turnkeeper.BaseStore, profiler: Profiler, sid: str) -> None:
+    """Resume and listing (issue 18): opening by id or prefix, a directory's
+    sessions, sub-agents, message paging, the getters and the execution facts.
+    The sessions here have a working directory of their own (every other
+    session's is ``""``) and ids whose first 8 characters no other's has."""
+    on = profiler.during
+    cwd = f"/work/{uuid.uuid4()}"
+    mine = f"{uuid.uuid4().hex[:8]}-listing"
+    with on("continue_recent (creates)"):
+        store.sessions.continue_recent(cwd)
+    store.sessions.create(mine, cwd=cwd)
+    store.sessions.append(mine, EntryKind.MESSAGE, MSG)
+    with on("continue_recent"):
+        store.sessions.continue_recent(cwd)
+    with on("open (whole id)"):
+        store.sessions.open(sid)
+    with on("open (a prefix)"):
+        store.sessions.open(mine[:10])
+    with on("open (a prefix, in a directory)"):
+        store.sessions.open(mine[:10], cwd=cwd)
+    with on("new_sub_agent"):
+        store.sessions.new_sub_agent(mine)
+    with on("sub_agents"):
+        store.sessions.sub_agents(mine)
+    with on("list (a directory)"):
+        store.sessions.list(cwd=cwd)
+    with on("list (a directory, idle, with sub-agents)"):
+        store.sessions.list(cwd=cwd, status="idle", include_sub_agents=True)
+    with on("count (a directory)"):
+        store.sessions.count(cwd=cwd)
+    with on("list_detailed (a directory)"):
+        store.sessions.list_detailed(cwd=cwd)
+    for name, read in {
+        "messages_after": lambda: store.sessions.messages_after(sid, 1, limit=2),
+        "messages_before": lambda: store.sessions.messages_before(sid, 5, limit=2),
+        "messages_latest": lambda: store.sessions.messages_latest(sid, limit=2),
+        "messages_with_seq": lambda: store.sessions.messages_with_seq(sid),
+        "latest": lambda: store.sessions.latest(sid, EntryKind.COMPACTION),
+        "header": lambda: store.sessions.header(sid),
+        "execution_facts": lambda: store.sessions.execution_facts(sid),
+    }.items():
+        with on(name):
+            read()
 
 
 def rarer_operations(store: turnkeeper.BaseStore, profiler: Profiler, sid: str) -> None:

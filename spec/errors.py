@@ -416,6 +416,21 @@ class ProjectExistsError(TurnkeeperError):
     project_id: str
 
 
+class AmbiguousSessionIDError(TurnkeeperError):
+    """More than one session's id starts with this prefix.
+
+    Session seed OpenByID: "if sessionID matches multiple sessions, an error is
+    returned".
+
+    ``candidates`` holds the matching ids, sorted (at most
+    ``storage.ops.open_ids.CANDIDATES`` of them: more may match).
+    """
+
+    fields = ("prefix", "candidates")
+    prefix: str
+    candidates: tuple[str, ...]
+
+
 class SessionModifiedError(TurnkeeperError):
     """The session's leaf moved since the caller read it (ErrSessionModified)."""
 
@@ -849,6 +864,7 @@ class ForkRequestConflictError(ForkError):
 
 __all__ = [
     "AlreadyExistsError",
+    "AmbiguousSessionIDError",
     "BusyError",
     "CapabilityEventConflictError",
     "CheckpointError",

@@ -112,6 +112,8 @@ class Session:
     entry_count: int
     next_seq: int
     header: Mapping[str, JSON]
+    sub_agent_of: str | None = None
+    """The parent session of a sub-agent (``store.sessions.new_sub_agent``), else ``None``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +173,68 @@ class SessionPage:
 
     sessions: tuple[Session, ...]
     next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionDetail:
+    """A session with what a resume picker shows (session seed SessionDetail):
+    ``message_count`` counts its ``message`` entries (every branch), ``preview``
+    is its first user message's text, cut to ``storage.ops.listing.PREVIEW_CHARS``
+    characters (``""`` when it has none)."""
+
+    session: Session
+    message_count: int
+    preview: str
+
+
+@dataclass(frozen=True, slots=True)
+class DetailPage:
+    """One page of ``store.sessions.list_detailed``; pass ``next_cursor`` to get the next."""
+
+    details: tuple[SessionDetail, ...]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SequencedMessage:
+    """A stored conversation message with its entry's sequence number, the cursor of
+    message paging (session seed SequencedMessage): ``message`` is the entry's
+    ``message`` payload field (for ``store.sessions.messages_with_seq``, the
+    replayed model-context message, a compaction's summary included)."""
+
+    seq: int
+    entry_id: str
+    message: Mapping[str, JSON]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseSnapshot:
+    """A lease row as stored, without its token (session seed RuntimeLeaseSnapshot):
+    ``live`` when it is held and unexpired at the read's ``now``."""
+
+    target: str
+    owner: str
+    epoch: int
+    purpose: str
+    state: str
+    expires_at: datetime
+    live: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionFacts:
+    """A session's durable execution facts, read in one snapshot at one clock sample
+    (session seed SessionExecutionFacts): whether the session exists, the store's
+    ``now``, its non-terminal runs (normally at most one; more is an inconsistency
+    the caller can see), its lease row and the recovery record of each active run.
+    """
+
+    session_id: str
+    session_exists: bool
+    now: datetime
+    active_runs: tuple[Run, ...]
+    lease: LeaseSnapshot | None
+    recoveries: tuple[Recovery, ...]
 
 
 @dataclass(frozen=True, slots=True)

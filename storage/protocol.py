@@ -67,7 +67,9 @@ from turnkeeper.spec.records import (
     CapabilityEvent,
     ConversationTurn,
     DeletedSession,
+    DetailPage,
     Entry,
+    ExecutionFacts,
     ExecutionIntent,
     FinalizeRequest,
     Guidance,
@@ -86,6 +88,7 @@ from turnkeeper.spec.records import (
     RunEvent,
     RuntimeSubmission,
     SequencedCapabilityEvent,
+    SequencedMessage,
     Session,
     SessionCapabilities,
     SessionMetadata,
@@ -182,11 +185,51 @@ class SessionsAPI(Protocol):
     def entry(self, session_id: str, entry_id: str) -> Entry | None: ...
     def replay(self, session_id: str) -> Replay: ...
     def labels(self, session_id: str) -> dict[str, str]: ...
-    def count(self, *, search: str | None = None) -> int: ...
     def import_batch(self, batch: ImportBatch, *, lease: Lease | None = None) -> ImportResult: ...
     def opaque_records(self, session_id: str) -> list[OpaqueRecord]: ...
+    def count(
+        self,
+        *,
+        search: str | None = None,
+        messages_only: bool = False,
+        cwd: str | None = None,
+        include_sub_agents: bool = False,
+        status: str | None = None,
+    ) -> int: ...
+    def continue_recent(self, cwd: str, *, header: Mapping[str, Any] | None = None) -> Session: ...
+    def open(self, value: str, *, cwd: str | None = None) -> Session: ...
+    def new_sub_agent(
+        self,
+        parent_id: str,
+        session_id: str | None = None,
+        *,
+        cwd: str | None = None,
+        header: Mapping[str, Any] | None = None,
+        created_at: datetime | None = None,
+    ) -> Session: ...
+    def sub_agents(self, parent_id: str) -> list[Session]: ...
+    def messages_after(
+        self, session_id: str, after_seq: int, *, limit: int = 100
+    ) -> list[SequencedMessage]: ...
+    def messages_before(
+        self, session_id: str, before_seq: int, *, limit: int = 100
+    ) -> list[SequencedMessage]: ...
+    def messages_latest(self, session_id: str, *, limit: int = 100) -> list[SequencedMessage]: ...
+    def messages_with_seq(self, session_id: str) -> list[SequencedMessage]: ...
+    def latest(self, session_id: str, kind: str) -> Entry | None: ...
+    def header(self, session_id: str) -> Mapping[str, Any]: ...
+    def execution_facts(self, session_id: str) -> ExecutionFacts: ...
     def list(
-        self, *, limit: int = 50, cursor: str | None = None, search: str | None = None
+        self,
+        *,
+        limit: int = 50,
+        cursor: str | None = None,
+        search: str | None = None,
+        offset: int = 0,
+        messages_only: bool = False,
+        cwd: str | None = None,
+        include_sub_agents: bool = False,
+        status: str | None = None,
     ) -> SessionPage: ...
     def delete(self, session_id: str, *, lease: Lease | None = None) -> DeletedSession: ...
     def deleted(self, session_id: str) -> DeletedSession | None: ...
@@ -202,6 +245,18 @@ class SessionsAPI(Protocol):
     def set_metadata(
         self, session_id: str, metadata: SessionMetadata, *, lease: Lease | None = None
     ) -> SessionMetadata: ...
+    def list_detailed(
+        self,
+        *,
+        limit: int = 50,
+        cursor: str | None = None,
+        search: str | None = None,
+        offset: int = 0,
+        messages_only: bool = False,
+        cwd: str | None = None,
+        include_sub_agents: bool = False,
+        status: str | None = None,
+    ) -> DetailPage: ...
 
 
 class RunsAPI(Protocol):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -25,6 +26,7 @@ from rich.tree import Tree
 from turnkeeper.spec.errors import SessionNotFoundError
 from turnkeeper.spec.records import Entry, Session
 from turnkeeper.storage import BaseStore
+from turnkeeper.storage.ops.listing import STATUSES
 
 from .common import F, cell, db_option, dumps, open_db, stdout_console, visible
 
@@ -73,13 +75,48 @@ def short_ids(ids: Iterable[str], minimum: int = SHORT_ID) -> dict[str, str]:
     return {i: cut[base] + sep + suffix for i, (base, sep, suffix) in parts.items()}
 
 
-def fetch_sessions(store: BaseStore, limit: int, search: str | None) -> list[Session]:
-    """Up to ``limit`` sessions newest first, following ``next_cursor`` page by page."""
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """What ``turnkeeper sessions`` selects: ``store.sessions.list``'s filters
+    (``cwd``, ``status``, ``messages_only``, ``include_sub_agents``, ``search``),
+    or with ``parent`` that session's sub-agents (``store.sessions.sub_agents``)."""
+
+    search: str | None = None
+    cwd: str | None = None
+    status: str | None = None
+    messages_only: bool = False
+    include_sub_agents: bool = False
+    parent: str | None = None
+
+    def listing(self) -> dict[str, Any]:
+        return {
+            "search": self.search,
+            "cwd": self.cwd,
+            "status": self.status,
+            "messages_only": self.messages_only,
+            "include_sub_agents": self.include_sub_agents,
+        }
+
+
+def fetch_sessions(
+    store: BaseStore,
+    limit: int,
+    search: str | None,
+    *,
+    offset: int = 0,
+    filters: Filters | None = None,
+) -> list[Session]:
+    """Up to ``limit`` sessions newest first after skipping ``offset``, following
+    ``next_cursor`` page by page (the offset applies to the first page only)."""
+    kw = (filters or Filters()).listing() | {"search": search}
     found: list[Session] = []
     cursor: str | None = None
     while len(found) < limit:
         page = store.sessions.list(
-            limit=min(PAGE_SIZE, limit - len(found)), cursor=cursor, search=search
+            limit=min(PAGE_SIZE, limit - len(found)),
+            cursor=cursor,
+            offset=0 if cursor else offset,
+            **kw,
         )
         found.extend(page.sessions)
         cursor = page.next_cursor
@@ -97,14 +134,33 @@ def _session_dict(s: Session) -> dict[str, Any]:
         "created_at": s.created_at,
         "updated_at": s.updated_at,
         "leaf_id": s.leaf_id,
+        "sub_agent_of": s.sub_agent_of,
     }
 
 
-def list_sessions(db: str, search: str | None, limit: int, as_json: bool) -> None:
-    """Print the session listing (table, or one JSON object with ``total`` and ``sessions``)."""
+def list_sessions(
+    db: str,
+    search: str | None,
+    limit: int,
+    as_json: bool,
+    *,
+    offset: int = 0,
+    filters: Filters | None = None,
+) -> None:
+    """Print the session listing (table, or one JSON object with ``total`` and
+    ``sessions``): ``filters`` select them, ``offset`` and ``limit`` page them;
+    ``total`` counts every session the filters select."""
+    f = filters or Filters()
     with open_db(db, read_only=True) as store:
-        sessions = fetch_sessions(store, limit, search)
-        total = store.sessions.count(search=search)
+        if f.parent is not None:
+            if store.sessions.get(f.parent) is None:
+                raise SessionNotFoundError(f.parent)
+            every = store.sessions.sub_agents(f.parent)
+            total = len(every)
+            sessions = every[offset : offset + limit]
+        else:
+            sessions = fetch_sessions(store, limit, search, offset=offset, filters=f)
+            total = store.sessions.count(**(f.listing() | {"search": search}))
     if as_json:
         click.echo(dumps({"total": total, "sessions": [_session_dict(s) for s in sessions]}))
         return
@@ -273,22 +329,49 @@ def build_tree(session: Session, entries: Sequence[Entry], labels: Mapping[str, 
 
 
 def show_session(db: str, session_id: str) -> None:
-    """Print one session as a tree.
+    """Print one session as a tree; ``session_id`` is a whole id or a prefix of
+    at least 8 characters (``store.sessions.open``).
 
     Raises:
         SessionNotFoundError: no session has this id.
+        AmbiguousSessionIDError: more than one session's id starts with it.
     """
     with open_db(db, read_only=True) as store:
-        session = store.sessions.get(session_id)
-        if session is None:
-            raise SessionNotFoundError(session_id)
-        entries = store.sessions.entries(session_id)
-        labels = store.sessions.labels(session_id)
+        session = store.sessions.open(session_id)
+        entries = store.sessions.entries(session.id)
+        labels = store.sessions.labels(session.id)
     stdout_console().print(build_tree(session, entries, labels))
 
 
 def _list_options(f: F) -> F:
     f = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")(f)
+    f = click.option(
+        "--sub-agents-of",
+        "parent",
+        default=None,
+        metavar="ID",
+        help="List the sub-agent sessions of session ID instead.",
+    )(f)
+    f = click.option(
+        "--sub-agents", "include_sub_agents", is_flag=True, help="Include sub-agent sessions."
+    )(f)
+    f = click.option(
+        "--messages-only", is_flag=True, help="Only sessions with at least one message."
+    )(f)
+    f = click.option(
+        "--status",
+        type=click.Choice(STATUSES),
+        default=None,
+        help="active: a run not yet ended; idle: none.",
+    )(f)
+    f = click.option("--cwd", default=None, help="Only this working directory's sessions.")(f)
+    f = click.option(
+        "--offset",
+        type=click.IntRange(min=0),
+        default=0,
+        show_default=True,
+        help="Sessions to skip first (paging).",
+    )(f)
     f = click.option(
         "--limit",
         type=click.IntRange(min=1),
@@ -304,25 +387,40 @@ def _list_options(f: F) -> F:
 @db_option()
 @_list_options
 @click.pass_context
-def sessions_group(
-    ctx: click.Context, db: str, search: str | None, limit: int, as_json: bool
-) -> None:
-    """List sessions newest first (id, title, cwd, entries, created); see also `show`."""
+def sessions_group(ctx: click.Context, /, db: str, **options: Any) -> None:
+    """List sessions newest first (id, title, cwd, entries, created), filtered by
+    directory, status and messages, paged with --offset and --limit; sub-agent
+    sessions only with --sub-agents (or --sub-agents-of a parent). See also `show`."""
     ctx.ensure_object(dict)
     ctx.obj["db"] = db
     if ctx.invoked_subcommand is None:
-        list_sessions(db, search, limit, as_json)
+        _list(db, **options)
 
 
 @sessions_group.command("list")
 @db_option(default=None)
 @_list_options
 @click.pass_context
-def list_command(
-    ctx: click.Context, db: str | None, search: str | None, limit: int, as_json: bool
-) -> None:
+def list_command(ctx: click.Context, /, db: str | None, **options: Any) -> None:
     """List sessions newest first (the default action of `sessions`)."""
-    list_sessions(db or ctx.obj["db"], search, limit, as_json)
+    _list(db or ctx.obj["db"], **options)
+
+
+def _list(
+    db: str,
+    *,
+    search: str | None,
+    limit: int,
+    as_json: bool,
+    offset: int,
+    cwd: str | None,
+    status: str | None,
+    messages_only: bool,
+    include_sub_agents: bool,
+    parent: str | None,
+) -> None:
+    filters = Filters(search, cwd, status, messages_only, include_sub_agents, parent)
+    list_sessions(db, search, limit, as_json, offset=offset, filters=filters)
 
 
 @sessions_group.command("show")

@@ -61,7 +61,7 @@ from ..validate import check_int, check_session_lease
 from . import leases, session_rows
 from .base import Area
 from .entry_rows import ENTRY_COLUMNS
-from .session_rows import new_entry_id
+from .session_rows import ID_HEAD, new_entry_id
 
 _FORK_COLS = (
     "source_session_id, fork_session_id, kind, boundary_turn_id, boundary_entry_id, "
@@ -391,7 +391,7 @@ def fork(tx: Tx, req: Request, new_id: Callable[[], str]) -> Fork:
     n = len(copied)
     tx.exec(
         "INSERT INTO sessions (id, cwd, created_at, updated_at, leaf_id, title, entry_count, "
-        "next_seq, header) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "next_seq, header, id_head) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [
             fid,
             head[0],
@@ -402,6 +402,7 @@ def fork(tx: Tx, req: Request, new_id: Callable[[], str]) -> Fork:
             n,
             n + 1,
             _fork_header(head[1], req, boundary_seq, n),
+            fid[:ID_HEAD],
         ],
     )
     tx.insert_rows(

@@ -27,7 +27,7 @@ from . import deletes, entry_rows, leases, pairing_checks, usage
 from .base import Area
 from .entry_rows import ENTRY_COLUMNS
 from .leases import NOW
-from .session_rows import SESSION_COLS
+from .session_rows import ID_HEAD, SESSION_COLS
 
 
 def import_rows(
@@ -85,8 +85,9 @@ def import_rows(
     if created:
         deletes.refuse_deleted(tx, session_id)
         tx.exec(
-            f"INSERT INTO sessions ({SESSION_COLS}) VALUES (?, ?, ?, ?, NULL, NULL, 0, 1, ?)",
-            [session_id, cwd, created_at, created_at, header_json],
+            f"INSERT INTO sessions ({SESSION_COLS}, id_head) "
+            "VALUES (?, ?, ?, ?, NULL, NULL, 0, 1, ?, NULL, ?)",
+            [session_id, cwd, created_at, created_at, header_json, session_id[:ID_HEAD]],
         )
         next_seq = 1
         have: set[str] = set()

@@ -1,25 +1,27 @@
-"""Session listings and search (session seed ListOption, WithSearch, CountWithMessages):
-newest first by creation, keyset cursors stable under concurrent appends."""
+"""Session listings, counts and resume (session seed ListAll(Detailed), ListForDir(Detailed),
+CountAll, CountWithMessages, ContinueRecent and the ListOptions): newest first by
+creation, keyset cursors stable under concurrent appends; sub-agent sessions left out
+unless asked for."""
 
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import orjson
+import uuid6
 
 from turnkeeper.spec import errors
-from turnkeeper.spec.records import (
-    Session,
-    SessionPage,
-)
+from turnkeeper.spec.records import DetailPage, Session, SessionDetail, SessionPage
 
-from ..backend import Tx, present
-from ..codec import check_instant, check_text
-from ..validate import (
-    check_limit,
-)
+from ..backend import Tx, keyed, present
+from ..codec import check_instant, check_text, from_json, to_json
+from ..pairing import Opening
+from ..validate import check_bool, check_header, check_int, check_limit
+from . import session_rows
 from .base import Area
 from .session_rows import SESSION_COLS, session_row
 
@@ -67,13 +69,66 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
     return check_instant(when, "cursor"), sid
 
 
-def list_page(tx: Tx, limit: int, cursor: str | None, search: str | None) -> SessionPage:
-    """Sessions newest first by (created_at, id), ``limit`` per page, keyset cursor."""
+STATUSES = ("active", "idle")
+"""``status=`` of a listing: ``active``, a session with a non-terminal run;
+``idle``, one without."""
+
+PREVIEW_CHARS = 100
+"""Longest preview of a :class:`SessionDetail` (its first user message's text)."""
+
+_HAS_MESSAGE = "EXISTS (SELECT 1 FROM entries e WHERE e.session_id = s.id AND e.kind = 'message')"
+_ACTIVE = "EXISTS (SELECT 1 FROM active_runs a WHERE a.session_id = s.id)"
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    """What a listing or count selects (see ``ListingPart.list``)."""
+
+    search: str | None = None
+    messages_only: bool = False
+    cwd: str | None = None
+    include_sub_agents: bool = False
+    status: str | None = None
+
+
+def _source(f: Filter) -> tuple[str, list[Any]]:
+    """The ``FROM`` of a listing (alias ``s``) and its parameters: with ``cwd``, the
+    directory's sessions read through ``sessions_by_cwd`` first (materialized, so
+    that DuckDB keeps the scan's one filter: a top-N pushes its own into the scan)."""
+    cols = ", ".join(c.strip() for c in SESSION_COLS.split(","))
+    if f.cwd is None:
+        return "sessions s", []
+    only = "TRUE" if f.include_sub_agents else "sub_agent_of IS NULL"
+    return (
+        f"(WITH d AS MATERIALIZED (SELECT {cols} FROM sessions WHERE {keyed('cwd', only)}) "
+        "SELECT * FROM d) s",
+        [f.cwd],
+    )
+
+
+def _where(f: Filter) -> tuple[list[str], list[Any]]:
     where: list[str] = []
     params: list[Any] = []
-    if search:
+    if not f.include_sub_agents and f.cwd is None:
+        where.append("s.sub_agent_of IS NULL")
+    if f.search:
         where.append(_SEARCH)
-        params += _params(search)
+        params += _params(f.search)
+    if f.messages_only:
+        where.append(_HAS_MESSAGE)
+    if f.status == "active":
+        where.append(_ACTIVE)
+    elif f.status == "idle":
+        where.append(f"NOT {_ACTIVE}")
+    return where, params
+
+
+def list_page(tx: Tx, limit: int, cursor: str | None, f: Filter, offset: int = 0) -> SessionPage:
+    """Sessions newest first by (created_at, id), ``limit`` per page after skipping
+    ``offset`` (after the cursor's position when given), keyset cursor."""
+    source, params = _source(f)
+    where, more_params = _where(f)
+    params += more_params
     if cursor is not None:
         created, sid = _decode_cursor(cursor)
         where.append("(s.created_at < ? OR (s.created_at = ? AND s.id < ?))")
@@ -81,50 +136,213 @@ def list_page(tx: Tx, limit: int, cursor: str | None, search: str | None) -> Ses
     clause = f"WHERE {' AND '.join(where)}" if where else ""
     cols = ", ".join(f"s.{c.strip()}" for c in SESSION_COLS.split(","))
     rows = tx.rows(
-        f"SELECT {cols} FROM sessions s {clause} ORDER BY s.created_at DESC, s.id DESC LIMIT ?",
-        [*params, limit + 1],
+        f"SELECT {cols} FROM {source} {clause} "
+        "ORDER BY s.created_at DESC, s.id DESC LIMIT ? OFFSET ?",
+        [*params, limit + 1, offset],
     )
     found = [session_row(r) for r in rows[:limit]]
     more = len(rows) > limit
     return SessionPage(tuple(found), _encode_cursor(found[-1]) if more and found else None)
 
 
-def count(tx: Tx, search: str | None) -> int:
-    """Number of sessions (matching ``search`` when given)."""
-    if search:
-        row = tx.one(f"SELECT count(*) FROM sessions s WHERE {_SEARCH}", _params(search))
-    else:
-        row = tx.one("SELECT count(*) FROM sessions")
-    row = present(row, "count(*)'s one row")
+def count(tx: Tx, f: Filter) -> int:
+    """Number of sessions ``f`` selects."""
+    source, params = _source(f)
+    where, more_params = _where(f)
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    row = present(tx.one(f"SELECT count(*) FROM {source} {clause}", params + more_params), "count")
     return int(row[0])
+
+
+def most_recent(tx: Tx, cwd: str) -> Session | None:
+    """The directory's most recently updated session that is no sub-agent."""
+    cols = ", ".join(c.strip() for c in SESSION_COLS.split(","))
+    row = tx.one(
+        f"WITH d AS MATERIALIZED (SELECT {cols} FROM sessions "
+        f"WHERE {keyed('cwd', 'sub_agent_of IS NULL')}) "
+        f"SELECT {cols} FROM d ORDER BY updated_at DESC, id DESC LIMIT 1",
+        [cwd],
+    )
+    return None if row is None else session_row(row)
+
+
+def _text(message: Any) -> str:
+    """A message's text: its string content, or its text blocks joined by spaces."""
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(
+            b["text"]
+            for b in content
+            if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
+        )
+    return ""
+
+
+_USER_ROLE = ('"role":"user"', '"role": "user"')
+"""How a stored payload spells a user message's role (compact JSON, or spaced)."""
+
+CANDIDATE_ROWS = 20
+"""Messages a preview reads that spell a user role, the first that is one wins."""
+
+
+def _preview(tx: Tx, session_id: str) -> str:
+    rows = tx.rows(
+        "SELECT payload FROM entries WHERE session_id = ? AND kind = 'message' "
+        "AND (strpos(payload, ?) > 0 OR strpos(payload, ?) > 0) ORDER BY seq LIMIT ?",
+        [session_id, *_USER_ROLE, CANDIDATE_ROWS],
+    )
+    for (payload,) in rows:  # the spelling may sit inside another message's content
+        message = from_json(payload).get("message")
+        if isinstance(message, dict) and message.get("role") == "user":
+            text = " ".join(_text(message).split())
+            if len(text) > PREVIEW_CHARS:
+                text = text[: PREVIEW_CHARS - 1] + "\u2026"
+            return text
+    return ""
+
+
+def details(tx: Tx, sessions: Sequence[Session]) -> list[SessionDetail]:
+    """Each session with its message count and preview (two statements per session,
+    each a read of the session's entries: its (session_id, seq) key on PostgreSQL)."""
+    out = []
+    for s in sessions:
+        n = present(
+            tx.one(
+                "SELECT count(*) FROM entries WHERE session_id = ? AND kind = 'message'", [s.id]
+            ),
+            "count",
+        )[0]
+        out.append(SessionDetail(s, int(n), _preview(tx, s.id)))
+    return out
 
 
 # -- the store's methods ------------------------------------------------------------
 
 
+def _filter(
+    search: str | None,
+    messages_only: bool,
+    cwd: str | None,
+    include_sub_agents: bool,
+    status: str | None,
+) -> Filter:
+    if search is not None:
+        check_text(search, "search")
+    check_bool(messages_only, "messages_only")
+    if cwd is not None:
+        check_text(cwd, "cwd")
+    check_bool(include_sub_agents, "include_sub_agents")
+    if status is not None and status not in STATUSES:
+        raise errors.InvalidInputError("status", f"must be one of {STATUSES}, got {status!r}")
+    return Filter(search, messages_only, cwd, include_sub_agents, status)
+
+
 class ListingPart(Area):
-    """List and count sessions."""
+    """List, count and resume sessions (session seed ListAll, ListForDir, CountAll,
+    CountWithMessages, ContinueRecent and the ListOptions)."""
 
     def list(
-        self, *, limit: int = 50, cursor: str | None = None, search: str | None = None
+        self,
+        *,
+        limit: int = 50,
+        cursor: str | None = None,
+        search: str | None = None,
+        offset: int = 0,
+        messages_only: bool = False,
+        cwd: str | None = None,
+        include_sub_agents: bool = False,
+        status: str | None = None,
     ) -> SessionPage:
-        """Sessions newest first; ``search`` matches id, cwd, title and message text.
+        """Sessions newest first (session seed ListAll, and ListForDir with ``cwd``).
 
-        Pass the page's ``next_cursor`` to continue; pages are stable under
-        concurrent appends (keyset on creation time and id).
+        ``search`` matches id, cwd, title and message text (WithSearch);
+        ``messages_only`` keeps sessions with at least one ``message`` entry
+        (WithMessagesOnly); ``cwd`` keeps one working directory's; ``status``
+        keeps ``"active"`` sessions (a non-terminal run) or ``"idle"`` ones.
+        Sub-agent sessions (``new_sub_agent``) are left out unless
+        ``include_sub_agents`` (see ``sub_agents``). ``offset`` skips that many
+        sessions first (WithOffset; after the cursor's position when both are
+        given), ``limit`` (WithLimit) caps the page. Pass the page's
+        ``next_cursor`` to continue: keyset pages on creation time and id are
+        stable under concurrent writes, offsets are not.
 
         Raises:
-            InvalidInputError: ``limit`` below 1 or a foreign cursor.
+            InvalidInputError: ``limit`` below 1, a negative ``offset``, an
+                unknown ``status`` or a foreign cursor.
         """
         check_limit(limit)
-        if search is not None:
-            check_text(search, "search")
+        check_int(offset, "offset", 0)
+        f = _filter(search, messages_only, cwd, include_sub_agents, status)
         if cursor is not None:
             check_text(cursor, "cursor", allow_empty=False)
-        return self.db.read("list_sessions", lambda tx: list_page(tx, limit, cursor, search))
+        return self.db.read(
+            "list_sessions", lambda tx: list_page(tx, limit, cursor, f, offset), snapshot=True
+        )
 
-    def count(self, *, search: str | None = None) -> int:
-        """Number of sessions (matching ``search`` when given)."""
-        if search is not None:
-            check_text(search, "search")
-        return self.db.read("count_sessions", lambda tx: count(tx, search))
+    def list_detailed(
+        self,
+        *,
+        limit: int = 50,
+        cursor: str | None = None,
+        search: str | None = None,
+        offset: int = 0,
+        messages_only: bool = False,
+        cwd: str | None = None,
+        include_sub_agents: bool = False,
+        status: str | None = None,
+    ) -> DetailPage:
+        """``list``'s page, each session with its message count and the preview of
+        its first user message (session seed ListAllDetailed, ListForDirDetailed
+        with ``cwd``), read in one snapshot. Arguments and errors as ``list``."""
+        check_limit(limit)
+        check_int(offset, "offset", 0)
+        f = _filter(search, messages_only, cwd, include_sub_agents, status)
+        if cursor is not None:
+            check_text(cursor, "cursor", allow_empty=False)
+
+        def body(tx: Tx) -> DetailPage:
+            page = list_page(tx, limit, cursor, f, offset)
+            return DetailPage(tuple(details(tx, page.sessions)), page.next_cursor)
+
+        return self.db.read("list_sessions_detailed", body, snapshot=True)
+
+    def count(
+        self,
+        *,
+        search: str | None = None,
+        messages_only: bool = False,
+        cwd: str | None = None,
+        include_sub_agents: bool = False,
+        status: str | None = None,
+    ) -> int:
+        """Number of sessions ``list`` selects with these arguments (session seed
+        CountAll without any; CountWithMessages with ``messages_only``).
+
+        Raises:
+            InvalidInputError: an unknown ``status`` or a bad text.
+        """
+        f = _filter(search, messages_only, cwd, include_sub_agents, status)
+        return self.db.read("count_sessions", lambda tx: count(tx, f))
+
+    def continue_recent(self, cwd: str, *, header: Mapping[str, Any] | None = None) -> Session:
+        """The working directory's most recently updated session, or a new empty one
+        there when it has none (session seed ContinueRecent). Sub-agent sessions
+        are never continued. The read and the create are one transaction.
+
+        Raises:
+            InvalidInputError: a bad ``cwd`` or ``header`` (the header of a new session).
+        """
+        check_text(cwd, "cwd")
+        header_json = to_json(check_header(header), "header")
+        new_id = str(uuid6.uuid7())
+
+        def body(tx: Tx) -> Session:
+            found = most_recent(tx, cwd)
+            return found or session_rows.create(tx, new_id, cwd, header_json, None)
+
+        session = self.db.write("continue_recent", body)
+        if session.id == new_id:
+            self._openings.put(new_id, Opening(None, session.next_seq))  # empty: none open
+        return session

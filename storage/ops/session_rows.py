@@ -55,7 +55,12 @@ from .entry_rows import (
 
 NOW = leases.NOW
 
-SESSION_COLS = "id, cwd, created_at, updated_at, leaf_id, title, entry_count, next_seq, header"
+SESSION_COLS = (
+    "id, cwd, created_at, updated_at, leaf_id, title, entry_count, next_seq, header, sub_agent_of"
+)
+ID_HEAD = 8
+"""Characters of a session id kept in ``sessions.id_head`` (DuckDB's index of an
+id prefix; PostgreSQL indexes ``substr(id, 1, 8)``): see ``open_ids.py``."""
 _MARKS = ", ".join("?" * len(ENTRY_COLUMNS))
 
 HEAD_IS = "next_seq = ? AND leaf_id IS NOT DISTINCT FROM ?"
@@ -80,13 +85,19 @@ def session_row(row: Sequence[Any]) -> Session:
         entry_count=row[6],
         next_seq=row[7],
         header=from_json(row[8]),
+        sub_agent_of=row[9],
     )
 
 
 def create(
-    tx: Tx, session_id: str, cwd: str, header_json: str, created_at: datetime | None
+    tx: Tx,
+    session_id: str,
+    cwd: str,
+    header_json: str,
+    created_at: datetime | None,
+    sub_agent_of: str | None = None,
 ) -> Session:
-    """Insert a new session row.
+    """Insert a new session row (``sub_agent_of``: the parent of a sub-agent).
 
     Raises:
         SessionIDExistsError: the id is taken (the row is never updated) or was
@@ -98,10 +109,19 @@ def create(
             session_id, detail=None if taken[0] == 1 else "a deleted session's id is never reused"
         )
     row = tx.one(
-        f"INSERT INTO sessions ({SESSION_COLS}) VALUES "
-        f"(?, ?, coalesce(?::TIMESTAMPTZ, {NOW}), {NOW}, NULL, NULL, 0, 1, ?) "
+        f"INSERT INTO sessions ({SESSION_COLS}, id_head) VALUES "
+        f"(?, ?, coalesce(?::TIMESTAMPTZ, {NOW}), {NOW}, NULL, NULL, 0, 1, ?, ?, ?) "
         f"RETURNING {SESSION_COLS}",
-        [session_id, cwd, created_at, tx.now, tx.now, header_json],
+        [
+            session_id,
+            cwd,
+            created_at,
+            tx.now,
+            tx.now,
+            header_json,
+            sub_agent_of,
+            session_id[:ID_HEAD],
+        ],
     )
     row = present(row, "the session row its INSERT returns")
     return session_row(row)

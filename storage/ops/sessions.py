@@ -6,7 +6,9 @@ One area object assembled from parts, each in its own module beside this one:
   chain every transcript write uses);
 - :mod:`.appends`: append, append_many, set_label, set_title;
 - :mod:`.replays`: replay, through the store object's replay cache;
-- :mod:`.listing`: list and count;
+- :mod:`.listing`: list, list_detailed, count and continue_recent;
+- :mod:`.open_ids`: open (by id, prefix or file), new_sub_agent and sub_agents;
+- :mod:`.session_reads`: message paging, latest, header and execution_facts;
 - :mod:`.imports`: import_batch and opaque records;
 - :mod:`.deletes`: delete, deleted, retain;
 - :mod:`.metadata`: get_metadata, set_metadata.
@@ -20,7 +22,9 @@ from .deletes import DeletesPart
 from .imports import ImportsPart
 from .listing import ListingPart
 from .metadata import MetadataPart
+from .open_ids import OpenIdsPart
 from .replays import BranchCache, ReplaysPart
+from .session_reads import SessionReadsPart
 from .session_rows import SessionRecordsPart
 
 
@@ -32,6 +36,8 @@ class Sessions(
     ImportsPart,
     DeletesPart,
     MetadataPart,
+    OpenIdsPart,
+    SessionReadsPart,
 ):
     """``store.sessions``: see the module docstring; ``branches`` is the store
     object's replay cache."""
