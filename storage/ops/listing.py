@@ -150,7 +150,10 @@ def count(tx: Tx, f: Filter) -> int:
     source, params = _source(f)
     where, more_params = _where(f)
     clause = f"WHERE {' AND '.join(where)}" if where else ""
-    row = present(tx.one(f"SELECT count(*) FROM {source} {clause}", params + more_params), "count")
+    row = present(
+        tx.one(f"SELECT count(*) FROM {source} {clause}", params + more_params),
+        "count(*)'s one row",
+    )
     return int(row[0])
 
 
