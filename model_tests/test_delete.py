@@ -341,7 +341,7 @@ def test_kill_a_table_from_the_delete_and_the_audit_sees_it(store, monkeypatch):
 
 
 def test_the_audit_judges_every_table_a_delete_removes_from():
-    assert {t for t, *_ in OWNED} == {t for t, _ in deletes.REMOVED} - {"sessions"}
+    assert {t for t, *_ in OWNED} == {t for t, _ in deletes.REMOVED}
 
 
 def racing_writers(store: Any, sid: str, operation_id: str) -> list[Any]:
@@ -367,6 +367,7 @@ def racing_writers(store: Any, sid: str, operation_id: str) -> list[Any]:
         )
 
     return [
+        lambda: store.sessions.new_sub_agent(sid),
         lambda: store.sessions.append(sid, "message", {"message": USER}),
         lambda: store.sessions.set_metadata(sid, SessionMetadata(pinned=True)),
         claim_tool,
@@ -425,3 +426,147 @@ def test_a_delete_racing_writers_leaves_no_row_behind(real_store):
         assert store.sessions.get(sid) is None
         assert set(session_rows(store, sid).values()) == {0}
         audit_clean(store)
+
+
+# -- sub-agent sessions go with their parent -----------------------------------------
+
+
+def family(store: Any, sid: str) -> tuple[str, str]:
+    """Session ``sid`` with a sub-agent, which has one of its own; their ids."""
+    store.sessions.create(sid)
+    child = store.sessions.new_sub_agent(sid, f"{sid}-child").id
+    grandchild = store.sessions.new_sub_agent(child, f"{sid}-grandchild").id
+    for each in (child, grandchild):
+        store.sessions.append(each, "message", {"message": USER})
+        store.runs.admit(each, {"q": each}, user_message=USER, start=True)
+        store.runs.finish(store.runs.active(each).id, "succeeded")
+    return child, grandchild
+
+
+def test_deleting_a_session_deletes_its_sub_agents_and_theirs(store):
+    child, grandchild = family(store, "p")
+    populate(store, "other")
+    kept = everything_of(store, "other")
+    gone = store.sessions.delete("p")
+    assert gone.session_id == "p" and gone.reason == "delete"
+    for each in (child, grandchild):
+        assert store.sessions.get(each) is None
+        assert set(session_rows(store, each).values()) == {0}
+        left = store.sessions.deleted(each)
+        assert left is not None and (left.reason, left.runs) == ("delete", 1) and left.entries > 0
+    assert everything_of(store, "other") == kept
+    audit_clean(store)
+
+
+def test_a_held_or_active_sub_agent_refuses_its_parents_delete(store):
+    child, grandchild = family(store, "q")
+    lease = store.leases.acquire(f"session:{grandchild}", "w", 30)
+    busy = raised(BusyError, lambda: store.sessions.delete("q"))
+    assert grandchild in str(busy)
+    assert store.sessions.get("q") is not None and store.sessions.get(child) is not None
+    store.leases.release(lease)
+    run = store.runs.admit(child, {"q": 2}, user_message=USER, start=True)
+    active = raised(SessionRunActiveError, lambda: store.sessions.delete("q"))
+    assert (active.session_id, active.run_id) == (child, run.id)
+    assert store.sessions.get("q") is not None and store.sessions.get(grandchild) is not None
+    store.runs.finish(run.id, "succeeded")
+    store.sessions.delete("q")
+    assert store.sessions.get(grandchild) is None
+
+
+def test_kill_the_sub_agent_cascade_and_the_audit_sees_it(store, monkeypatch):
+    child, _ = family(store, "r")
+    monkeypatch.setattr(
+        deletes,
+        "delete",
+        lambda tx, sid, lease, reason, *rest: [deletes._delete_one(tx, sid, lease, reason, None)],
+    )
+    store.sessions.delete("r")
+    assert store.sessions.get(child) is not None  # left naming a deleted parent
+    failed = {c.name: c for c in run_audit(store) if not c.passed}
+    assert set(failed) == {"no_orphan_rows"}
+    assert f"sessions.sub_agent_of:{child}" not in str(failed["no_orphan_rows"].detail)
+    assert "sessions.sub_agent_of:r" in str(failed["no_orphan_rows"].detail)
+
+
+def test_retention_and_project_deletes_take_sub_agents_once(store):
+    child, grandchild = family(store, "s")
+    project = store.projects.create("work")
+    for each in ("s", child, grandchild):
+        store.sessions.set_metadata(each, SessionMetadata(project_id=project.id))
+    done = store.projects.delete(project.id)
+    assert sorted(d.session_id for d in done) == sorted(["s", child, grandchild])
+    audit_clean(store)
+    child, grandchild = family(store, "t")
+    lease = store.leases.acquire("retention:main", "janitor", 60)
+    report = store.sessions.retain(lease, keep_last=0)
+    assert sorted(d.session_id for d in report.removed) == sorted(["t", child, grandchild])
+    assert report.skipped == {}
+    audit_clean(store)
+
+
+def test_a_sub_agent_created_while_its_parent_is_deleted_goes_with_it(real_store, monkeypatch):
+    """The delete's snapshot is taken, then a sub-agent of the session commits,
+    then the delete goes on: it must not leave the sub-agent naming a deleted
+    parent. new_sub_agent writes the parent's row, so the delete conflicts, is
+    retried and deletes the sub-agent too; without that write (patched out in
+    the control) the sub-agent is left behind."""
+    if real_store.db.dialect.serialized_writes:
+        pytest.skip("DuckDB: the write lock orders a delete and a sub-agent's create")
+    check_sub_agent_race(real_store, monkeypatch, "u")
+
+
+def test_the_sub_agent_race_test_fails_without_the_parent_write(real_store, monkeypatch):
+    if real_store.db.dialect.serialized_writes:
+        pytest.skip("DuckDB: the write lock orders a delete and a sub-agent's create")
+
+    class NoParentWrite:
+        """A transaction whose new_sub_agent write of the parent's row is skipped."""
+
+        def __init__(self, tx: Any) -> None:
+            self._tx = tx
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._tx, name)
+
+        def count(self, sql: str, params: Any = ()) -> int:
+            if sql.startswith("UPDATE sessions SET updated_at = updated_at"):
+                return 1
+            return int(self._tx.count(sql, params))
+
+    real_write = real_store.db.write
+
+    def write(operation: str, body: Any, **kw: Any) -> Any:
+        if operation == "new_sub_agent":
+            return real_write(operation, lambda tx: body(NoParentWrite(tx)), **kw)
+        return real_write(operation, body, **kw)
+
+    monkeypatch.setattr(real_store.db, "write", write)
+    with pytest.raises(AssertionError, match="left behind"):
+        check_sub_agent_race(real_store, monkeypatch, "v")
+
+
+def check_sub_agent_race(store: Any, monkeypatch: Any, sid: str) -> None:
+    import threading
+
+    store.sessions.create(sid)
+    made: list[Any] = []
+    real = deletes._delete_one
+    first = [True]
+
+    def paused(tx: Any, session_id: str, *rest: Any) -> Any:
+        if first[0] and session_id == sid:
+            first[0] = False
+            tx.one("SELECT 1 FROM sessions WHERE id = ?", [sid])  # the snapshot is taken
+            t = threading.Thread(target=lambda: made.append(store.sessions.new_sub_agent(sid)))
+            t.start()
+            t.join(60)
+            assert made, "the sub-agent's create did not commit"
+        return real(tx, session_id, *rest)
+
+    monkeypatch.setattr(deletes, "_delete_one", paused)
+    store.sessions.delete(sid)
+    child = made[0].id
+    assert store.sessions.get(child) is None, f"sub-agent {child} left behind"
+    assert store.sessions.deleted(child) is not None
+    audit_clean(store)

@@ -486,10 +486,11 @@ class InputResourceEvent:
 class DeletedSession:
     """What remains of a deleted session (the ``deleted_sessions`` row): its id,
     why it went (``reason``: ``"delete"``, ``"project"`` for a project's delete,
-    ``"retention"``), its creation and last-update times, when it was deleted,
-    how many entries, runs, run events, tool-execution records and delivery
-    operations it had, and the epoch of the lease it was deleted under
-    (``None``: deleted without one). No content."""
+    ``"retention"``; a sub-agent deleted with its parent: the parent's), its
+    creation and last-update times, when it was deleted, how many entries,
+    runs, run events, tool-execution records and delivery operations it had,
+    and the epoch of the lease it was deleted under (``None``: deleted without
+    one). No content."""
 
     session_id: str
     reason: str

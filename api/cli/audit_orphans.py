@@ -37,6 +37,7 @@ OWNED: tuple[tuple[str, str, str, str], ...] = (
     ("event_cursors", "session_id", "sessions", "id"),
     ("usage_records", "session_id", "sessions", "id"),
     ("session_forks", "fork_session_id", "sessions", "id"),
+    ("sessions", "sub_agent_of", "sessions", "id"),
     ("recovery_events", "run_id", "runs", "id"),
     ("delivery_operations", "intent_id", "delivery_intents", "id"),
     ("delivery_events", "intent_id", "delivery_intents", "id"),

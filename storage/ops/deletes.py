@@ -9,7 +9,9 @@ metadata, capability state and events, guidance, input resource events, usage
 records, and
 the record of the fork that made it (when it is a fork). It
 writes one ``deleted_sessions`` row in their place: counts and times, no
-content (:class:`~turnkeeper.spec.records.DeletedSession`).
+content (:class:`~turnkeeper.spec.records.DeletedSession`). A session's
+sub-agent sessions are part of it: they go with it, in the same transaction,
+each refused as the session would be (held, or a run not terminal).
 
 What stays (:data:`KEPT`): the lease rows and lease/fence events of
 ``session:<id>`` (owners, epochs, times: an epoch never restarts, so a stale
@@ -24,7 +26,7 @@ other content).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -149,17 +151,38 @@ def delete(
     lease: Lease | None,
     reason: str,
     expect: tuple[Any, ...] | None = None,
-) -> DeletedSession:
-    """Delete session ``session_id`` (see the module docstring) inside ``tx``.
+    held: Mapping[str, Lease] | None = None,
+) -> list[DeletedSession]:
+    """Delete session ``session_id`` (see the module docstring) and its
+    sub-agent sessions, theirs after each (with the same ``reason``), inside ``tx``;
+    returns what remains of each, the session's first.
 
     ``lease``: the session's lease (fenced), else nobody may hold a live one.
+    ``held``: leases by target for the sub-agents (each fenced), else nobody
+    may hold a live one on a sub-agent either.
     ``expect``: the session's :data:`HEAD` as a retention pass read it; a
     session written since is kept (:class:`Changed`).
 
     Raises:
-        SessionNotFoundError, LeaseLostError, BusyError, SessionRunActiveError,
-        Changed.
+        SessionNotFoundError, LeaseLostError, BusyError, SessionRunActiveError
+        (for a sub-agent too: its id in the error), Changed.
     """
+    done = [_delete_one(tx, session_id, lease, reason, expect)]
+    children = tx.rows(
+        "SELECT id FROM sessions WHERE sub_agent_of = ? ORDER BY id", [done[0].session_id]
+    )
+    for (child,) in children:
+        done += delete(tx, child, (held or {}).get(session_target(child)), reason, None, held)
+    return done
+
+
+def _delete_one(
+    tx: Tx,
+    session_id: str,
+    lease: Lease | None,
+    reason: str,
+    expect: tuple[Any, ...] | None,
+) -> DeletedSession:
     row = tx.one(f"SELECT created_at, {HEAD} FROM sessions WHERE id = ?", [session_id])
     if row is None:
         raise errors.SessionNotFoundError(session_id)
@@ -204,7 +227,7 @@ class Changed(Exception):
 
 def _retain_one(
     tx: Tx, *, session_id: str, expect: tuple[Any, ...], lease: Lease
-) -> DeletedSession:
+) -> list[DeletedSession]:
     leases.fence(tx, lease)
     return delete(tx, session_id, None, "retention", expect)
 
@@ -259,14 +282,19 @@ class DeletesPart(Area):
         copy of its own and survives its source; ``store.forks.get`` still
         returns its record, whose ``source_session_id`` no longer exists). The
         id is never reused (``SessionIDExistsError`` on a create, import or
-        fork into it).
+        fork into it). Its sub-agent sessions (``new_sub_agent``), and
+        theirs, are deleted with it in the same transaction, each leaving its
+        own ``deleted_sessions`` row (the same ``reason``); returned is the
+        session's (``deleted(id)`` reads a sub-agent's).
 
         Raises:
             SessionNotFoundError: no session has this id (a second delete too).
-            BusyError: no ``lease`` given and a live lease holds the session.
+            BusyError: no ``lease`` given and a live lease holds the session,
+                or a live lease holds one of its sub-agents (its target named).
             LeaseLostError: ``lease`` is no longer the held, unexpired one.
-            SessionRunActiveError: a run of the session is not terminal
-                (``run_id`` names it); finish or recover it first.
+            SessionRunActiveError: a run of the session or of a sub-agent is
+                not terminal (``session_id`` and ``run_id`` name it); finish or
+                recover it first. Refused, nothing is deleted.
             InvalidInputError: a bad id, or a lease on another target.
         """
         check_id(session_id, "session_id")
@@ -274,8 +302,9 @@ class DeletesPart(Area):
         done = self._fenced(
             "delete_session", lease, lambda tx: delete(tx, session_id, lease, "delete")
         )
-        self._forget(session_id)
-        return done
+        for gone in done:
+            self._forget(gone.session_id)
+        return done[0]
 
     def deleted(self, session_id: str) -> DeletedSession | None:
         """What remains of a deleted session (its ``deleted_sessions`` row), or
@@ -341,6 +370,8 @@ class DeletesPart(Area):
         removed: list[DeletedSession] = []
         skipped: dict[str, str] = {}
         for session_id, expect in chosen:
+            if any(gone.session_id == session_id for gone in removed):
+                continue  # a sub-agent deleted with its parent
             try:
                 done = self._fenced(
                     "retain_session",
@@ -361,6 +392,7 @@ class DeletesPart(Area):
             except errors.SessionNotFoundError:
                 skipped[session_id] = "gone"
                 continue
-            self._forget(session_id)
-            removed.append(done)
+            for gone in done:
+                self._forget(gone.session_id)
+            removed += done
         return RetentionReport(removed, skipped)

@@ -141,6 +141,7 @@ class OpenIdsPart(Area):
         ``sub_agents``. Its header holds ``parentSession`` (the parent's id) and
         ``subAgent: true`` beside ``header``'s fields; ``cwd`` defaults to the
         parent's. Creating it writes nothing of the parent's (no lease needed).
+        Deleting the parent deletes its sub-agents (``store.sessions.delete``).
 
         Raises:
             SessionNotFoundError: no session ``parent_id``.
@@ -157,6 +158,11 @@ class OpenIdsPart(Area):
             check_instant(created_at, "created_at")
 
         def body(tx: Tx) -> Session:
+            # The parent's row is written (to its own values): a concurrent
+            # delete of the parent then conflicts with this transaction and,
+            # retried, deletes the new sub-agent with it (or this one finds
+            # the parent gone), so no sub-agent outlives its parent.
+            tx.count("UPDATE sessions SET updated_at = updated_at WHERE id = ?", [parent_id])
             parent = session_rows.get(tx, parent_id)
             if parent is None:
                 raise errors.SessionNotFoundError(parent_id)

@@ -77,9 +77,11 @@ def delete(tx: Tx, project_id: str, held: dict[str, Lease]) -> list[DeletedSessi
         "SELECT session_id FROM session_metadata WHERE project_id = ? ORDER BY session_id",
         [project_id],
     )
-    return [
-        deletes.delete(tx, sid, held.get(session_target(sid)), "project") for (sid,) in sessions
-    ]
+    done: list[DeletedSession] = []
+    for (sid,) in sessions:
+        if all(gone.session_id != sid for gone in done):  # not gone with its parent
+            done += deletes.delete(tx, sid, held.get(session_target(sid)), "project", None, held)
+    return done
 
 
 class Projects(Area):
