@@ -20,6 +20,7 @@ which every fenced write but a release evaluates), and
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import inspect
 import secrets
@@ -446,6 +447,12 @@ def everything(store: turnkeeper.BaseStore) -> dict[str, list[str]]:
     }
 
 
+def fence_events(store: turnkeeper.BaseStore) -> list[tuple[str, str, int, str]]:
+    """The ``fence_events`` rows: target, owner, epoch, operation."""
+    rows = store.query("SELECT target, owner, epoch, operation FROM fence_events").to_pylist()
+    return [(r["target"], r["owner"], r["epoch"], r["operation"]) for r in rows]
+
+
 def forge(lease: turnkeeper.Lease) -> turnkeeper.Lease:
     """``lease`` with another token: right target, owner, epoch and purpose."""
     forged = dataclasses.replace(lease, token=secrets.token_hex(32))
@@ -457,10 +464,15 @@ def check_forged_token_refused(store: turnkeeper.BaseStore, write: str) -> None:
     """The check itself (``AssertionError`` when the forged token is taken)."""
     lease, call = WRITES[write](store)
     before = everything(store)
+    fenced = collections.Counter(fence_events(store))
     try:
         got = call(forge(lease))
     except LeaseLostError as lost:
         assert lost.target == lease.target
+        recorded = list((collections.Counter(fence_events(store)) - fenced).elements())
+        assert [r[:3] for r in recorded] == [(lease.target, lease.owner, lease.epoch)], (
+            f"{write}: its refusal recorded {recorded} in fence_events"
+        )
     else:
         assert write in REFUSED_BY_FALSE and got is False, f"{write} took a forged token: {got!r}"
     assert everything(store) == before, f"{write} under a forged token wrote"

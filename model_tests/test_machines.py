@@ -106,6 +106,13 @@ def drive_every_edge(store, clock) -> None:
     clock.advance(2)
     store.leases.acquire("t", "c", 1)  # takeover
     store.leases.release(b)  # stale: no transition
+    store.sessions.create("bound")
+    worker = store.leases.acquire("session:bound", "w", 60, purpose="execution")
+    run = store.runs.admit("bound", {"n": 1}, lease=worker)
+    store.leases.release(worker)
+    recovery = store.leases.acquire("session:bound", "r", 60, purpose="recovery")
+    store.leases.release(store.leases.bind_run(recovery, run.id))  # bind
+    store.runs.finish(run.id, "abandoned")
     store.threads.finalize(FinalizeRequest(ThreadRecord("r1", "k"), rebind_active=True))  # create
     store.threads.finalize(FinalizeRequest(ThreadRecord("r1", "k")))  # update
     store.threads.finalize(

@@ -173,6 +173,24 @@ def test_a_project_delete_is_refused_whole(store):
     audit_clean(store)
 
 
+def test_a_project_delete_refused_by_a_lost_lease_is_recorded(store, clock):
+    """A session's lease given to the delete, lost (expired and taken over),
+    refuses the delete whole, and the refusal is a fence event of that lease,
+    as every fenced write's is."""
+    store.projects.create("P", project_id="p")
+    in_project(store, "p", "a", "b")
+    lease = store.leases.acquire("session:b", "w", 30)
+    clock.advance(31)
+    store.leases.acquire("session:b", "v", 30)
+    with pytest.raises(LeaseLostError):
+        store.projects.delete("p", leases=[lease])
+    assert store.projects.get("p") is not None and store.sessions.get("a") is not None
+    events = store.query("SELECT target, owner, epoch, operation FROM fence_events").to_pylist()
+    assert events == [
+        {"target": "session:b", "owner": "w", "epoch": lease.epoch, "operation": "delete_project"}
+    ]
+
+
 def test_project_delete_refuses_a_lease_on_no_session(store):
     store.projects.create("P", project_id="p")
     other = store.leases.acquire("retention:x", "w", 30)

@@ -48,6 +48,7 @@ LEASE = Lifecycle(
             unless=("expired",),
         ),
         Edge("renew", "renew", "held", "held", guards=("token_matches",), unless=("expired",)),
+        Edge("bind", "bind_run", "held", "held", guards=("token_matches",), unless=("expired",)),
         Edge("release", "release", "held", "released", guards=("token_matches",)),
     ),
     guards={
@@ -64,7 +65,9 @@ LEASE = Lifecycle(
     ),
 )
 """Edges ``grant``, ``regrant`` and ``takeover`` issue a fresh token and epoch + 1;
-``reacquire`` returns the held token and epoch with a new expiry."""
+``reacquire`` returns the held token and epoch with a new expiry; ``bind``
+(``leases.bind_run``) makes the held lease an ``execution`` lease bound to a
+run, under a new token, same epoch and expiry."""
 
 GRANTING_EDGES = frozenset({"grant", "regrant", "takeover"})
 """Edges that issue a new token under a strictly higher epoch."""

@@ -66,17 +66,26 @@ class Area:
         lease: Lease | None,
         body: Callable[[Tx], T],
         merge: Merge | None = None,
+        *,
+        transaction: bool = True,
+        exclusive: bool = True,
     ) -> T:
+        """``db.write(operation, body, …)``; a ``LeaseLostError`` is recorded
+        against ``lease`` in ``fence_events`` (in a write of its own) and raised."""
         try:
-            return self.db.write(operation, body, merge=merge)
+            return self.db.write(
+                operation, body, merge=merge, transaction=transaction, exclusive=exclusive
+            )
         except errors.LeaseLostError:
             if lease is not None:
-                self.db.write(
-                    "record_fenced",
-                    lambda tx: record_fenced(tx, lease, operation),
-                    transaction=False,
-                )
+                self._record_fenced(lease, operation)
             raise
+
+    def _record_fenced(self, lease: Lease, operation: str) -> None:
+        """Record a write refused under ``lease`` in ``fence_events`` (autocommit)."""
+        self.db.write(
+            "record_fenced", lambda tx: record_fenced(tx, lease, operation), transaction=False
+        )
 
 
 def record_fenced(tx: Tx, lease: Lease, operation: str) -> None:

@@ -475,8 +475,9 @@ BINDABLE = frozenset({LeasePurpose.ADMISSION, LeasePurpose.RECOVERY, LeasePurpos
 
 
 def bind_run(tx: Tx, secret: bytes, lease: Lease, run_id: str) -> Lease:
-    """Promote ``lease`` to ``execution`` bound to ``run_id`` (see ``Leases.bind_run``)."""
-    fence(tx, lease)
+    """Promote ``lease`` to ``execution`` bound to ``run_id`` (see ``Leases.bind_run``);
+    the ``bind`` event is stamped at the fence's time."""
+    now = fence(tx, lease)
     if lease.purpose not in BINDABLE:
         raise errors.LeasePurposeError(lease.target, lease.purpose, LeasePurpose.RECOVERY.value)
     active, _ = _active_run(tx, lease.target)
@@ -484,12 +485,16 @@ def bind_run(tx: Tx, secret: bytes, lease: Lease, run_id: str) -> Lease:
         raise errors.RuntimeLeaseRunMismatchError(lease.target, run_id, active)
     purpose = LeasePurpose.EXECUTION.value
     token = issue_token(secret, lease.target, lease.owner, lease.epoch, purpose)
-    moved = tx.count(
-        f"UPDATE leases SET purpose = ?, token_digest = ? WHERE {keyed('target', 'epoch = ?')}",
-        [purpose, digest(token), lease.target, lease.epoch],
+    moved = tx.one(
+        "WITH w AS (UPDATE leases SET purpose = ?, token_digest = ? "
+        f"WHERE {keyed('target', 'epoch = ?')} RETURNING *) "
+        "INSERT INTO lease_events SELECT target, epoch, owner, purpose, 'bind', 'bind_run', "
+        "'held', 'held', NULL, expires_at, ? FROM w RETURNING epoch",
+        [purpose, digest(token), lease.target, lease.epoch, now],
     )
-    if moved != 1:
+    if moved is None:
         raise Conflict(f"lease row of {lease.target!r} moved during bind_run")
+    _MACHINE.require("bind_run", "held", {"token_matches": True, "expired": False})
     if (
         tx.count(
             "UPDATE runs SET lease_epoch = ?, updated_at = ? WHERE id = ?",
@@ -573,7 +578,7 @@ class Leases(Area):
         # A heartbeat: a short transaction on its own lease row, never queued
         # behind another thread's long write (exclusive=False: on DuckDB it skips
         # the write lock; its target's stripe orders it with the writes of it).
-        return self.db.write("renew_lease", lambda tx: renew(tx, lease, ttl), exclusive=False)
+        return self._fenced("renew_lease", lease, lambda tx: renew(tx, lease, ttl), exclusive=False)
 
     def release(self, lease: Lease) -> bool:
         """Release ``lease`` (threadstore ReleaseLease); idempotent, ignores stale leases.
@@ -607,8 +612,12 @@ class Leases(Area):
         if run_id is not None:
             check_id(run_id, "run_id")
         if want is None and run_id is None:
-            self.db.write(
-                "validate_lease", lambda tx: fence(tx, lease), transaction=False, exclusive=False
+            self._fenced(
+                "validate_lease",
+                lease,
+                lambda tx: fence(tx, lease),
+                transaction=False,
+                exclusive=False,
             )
             return
 
@@ -616,7 +625,7 @@ class Leases(Area):
             fence(tx, lease)
             check_bound(tx, lease, run_id, want)
 
-        self.db.write("validate_lease", body, exclusive=False)
+        self._fenced("validate_lease", lease, body, exclusive=False)
 
     def bind_run(self, lease: Lease, run_id: str) -> Lease:
         """Promote ``lease`` to ``execution`` bound to ``run_id`` (session seed
@@ -645,4 +654,6 @@ class Leases(Area):
         check_id(run_id, "run_id")
         if not lease.target.startswith("session:"):
             raise errors.InvalidInputError("lease", "only a session lease is bound to a run")
-        return self.db.write("bind_run_lease", lambda tx: bind_run(tx, self._secret, lease, run_id))
+        return self._fenced(
+            "bind_run_lease", lease, lambda tx: bind_run(tx, self._secret, lease, run_id)
+        )

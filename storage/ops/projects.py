@@ -151,7 +151,12 @@ class Projects(Area):
                     f"leases[{i}]", f"a lease on {lease.target!r} is no session's"
                 )
             held[lease.target] = lease
-        done = self.db.write("delete_project", lambda tx: delete(tx, project_id, held))
+        try:
+            done = self.db.write("delete_project", lambda tx: delete(tx, project_id, held))
+        except errors.LeaseLostError as lost:
+            if lost.target in held:
+                self._record_fenced(held[lost.target], "delete_project")
+            raise
         for gone in done:
             self._branches.drop(gone.session_id)
             self._openings.put(gone.session_id, None)
