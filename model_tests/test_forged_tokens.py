@@ -364,6 +364,24 @@ def _detach_recovery(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Cal
     return lease, lambda lease: store.recovery.detach(run_id, lease)
 
 
+def _start_turn(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease, run = running(store)
+    store.runs.end_turn(run.turn_id, "succeeded", lease=lease)
+    return lease, lambda lease: store.runs.start_turn(run.id, "turn-2", lease=lease)
+
+
+def _record_run_event(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease, run = running(store)
+    return lease, lambda lease: store.runs.record_event(
+        run.id, "progress", {"step": 1}, lease=lease
+    )
+
+
+def _end_turn(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease, run = running(store)
+    return lease, lambda lease: store.runs.end_turn(run.turn_id, "succeeded", lease=lease)
+
+
 Setup = Callable[[turnkeeper.BaseStore], tuple[turnkeeper.Lease, Call]]
 
 WRITES: dict[str, Setup] = {
@@ -394,6 +412,9 @@ WRITES: dict[str, Setup] = {
     "runs.resume": _resume_run,
     "runs.finish": _finish_run,
     "runs.finish[plan]": _finish_run_with_plan,
+    "runs.start_turn": _start_turn,
+    "runs.end_turn": _end_turn,
+    "runs.record_event": _record_run_event,
     "outbox.create_plan": _create_delivery_plan,
     "lineage.compare_and_swap": _compare_and_swap_response_state,
     "tools.claim": _claim_tool_execution,

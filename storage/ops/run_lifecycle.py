@@ -31,6 +31,7 @@ from turnkeeper.spec.run import (
     FINISH_TRIGGERS,
     NON_TERMINAL,
     TERMINAL,
+    TURN_OPEN,
     RunStatus,
 )
 
@@ -43,9 +44,10 @@ from ..validate import (
     check_session_lease,
 )
 from ..wakeups import Topic
-from . import leases, outbox_plans, run_events, session_rows, tool_pairing
+from . import leases, outbox_plans, run_events, run_turns, session_rows, tool_pairing
 from .base import Area
 from .pairing_checks import OpeningCache
+from .run_events import DECISION
 from .run_reads import RUN_COLS, get, run_row
 
 _MACHINE = machine_for(RUN)
@@ -183,33 +185,42 @@ def finish(
     if closed is not None:
         last = closed.entries[-1]
         head = (last.id, last.seq + 1)
-    end = {"turnId": run.turn_id, "intentId": run.intent_id, "runId": run.id, "status": status}
-    if stop_reason is not None:
-        end["stopReason"] = stop_reason
+    # The run's open turn: its first (admission opened it) unless its runtime
+    # ended that one and opened another (run_turns); none when it ended its last.
+    turn_id: str | None = run.turn_id
+    first = tx.one("SELECT status FROM conversation_turns WHERE id = ?", [turn_id])
+    if first is None or first[0] != TURN_OPEN:
+        turn_id = run_turns.open_turn(tx, run.session_id)
     own = [] if assistant_message is None else [{"message": assistant_message}]
     drafts_own = [
-        *(
-            session_rows.own_draft(EntryKind.MESSAGE, p, run.assistant_entry_id, chosen=True)
-            for p in own
-        ),
-        session_rows.own_draft(EntryKind.TURN_END, end, f"{run_id}:turn-end", chosen=True),
+        session_rows.own_draft(EntryKind.MESSAGE, p, run.assistant_entry_id, chosen=True)
+        for p in own
     ]
-    ended = session_rows.append_chain(
-        tx,
-        run.session_id,
-        drafts_own,
-        expected_leaf=ANY_LEAF,
-        lease=None,
-        fenced_epoch=epoch,
-        checked=True,
-        head=head,
-        known=opening,
-    )
-    end_seq = ended.entries[-1].seq
-    tx.exec(
-        "UPDATE conversation_turns SET status = ?, end_seq = ?, ended_at = ? WHERE id = ?",
-        [status.value, end_seq, tx.now, run.turn_id],
-    )
+    if turn_id is not None:
+        end = {"turnId": turn_id, "intentId": run.intent_id, "runId": run.id, "status": status}
+        if stop_reason is not None:
+            end["stopReason"] = stop_reason
+        drafts_own.append(
+            session_rows.own_draft(EntryKind.TURN_END, end, turn_id + run_turns.END, chosen=True)
+        )
+    ended = session_rows.Chain([], opening)
+    if drafts_own:
+        ended = session_rows.append_chain(
+            tx,
+            run.session_id,
+            drafts_own,
+            expected_leaf=ANY_LEAF,
+            lease=None,
+            fenced_epoch=epoch,
+            checked=True,
+            head=head,
+            known=opening,
+        )
+    if turn_id is not None:
+        tx.exec(
+            "UPDATE conversation_turns SET status = ?, end_seq = ?, ended_at = ? WHERE id = ?",
+            [status.value, ended.entries[-1].seq, tx.now, turn_id],
+        )
     run_events.append_event(
         tx, moved, edge, f"{run_id}:{status.value}", {"error": error, "stopReason": stop_reason}
     )
@@ -217,11 +228,6 @@ def finish(
         outbox_plans.create_plan(tx, moved, plan, first=True)
     tx.notify(Topic.RUN_ENDED)
     return moved, True, ended.opening
-
-
-DECISION = "decision"
-"""The ``edge`` of a run event that records a decision resolution: not a
-transition (source and dest are the run's status), kept in the run's history."""
 
 
 def record_decisions(tx: Tx, run: Run, decisions: Sequence[Mapping[str, Any]]) -> None:
