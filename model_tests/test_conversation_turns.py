@@ -253,3 +253,32 @@ def test_the_unheld_check_fails_with_it_patched_out(store, monkeypatch, write):
         store.runs.start_turn(run.id, "turn-2")  # a defect: past the holder
     else:
         store.runs.end_turn(run.turn_id, "succeeded")  # a defect: past the holder
+
+
+def test_the_audit_stays_clean_over_turns_events_and_runs(store):
+    """A run over three turns, with a tool call answered inside one, its own
+    events and a retry: every check of ``turnkeeper audit`` passes."""
+    from turnkeeper.cli.audit import run_audit
+
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"q": 1}, user_message=USER, start=True)
+    store.runs.record_event(run.id, "tool_started", {"tool": "bash"})
+    store.sessions.append("s", "message", call("c1"))
+    store.sessions.append("s", "message", result("c1"))
+    store.runs.end_turn(run.turn_id, "succeeded")
+    store.runs.wait(run.id)
+    store.runs.resume(run.id)
+    store.runs.start_turn(run.id, "turn-2")
+    store.runs.end_turn("turn-2", "incomplete")
+    store.runs.start_turn(run.id, "turn-3")
+    store.runs.finish(run.id, "failed", error="x", assistant_message=REPLY)
+    retry = store.runs.admit("s", {"q": 1}, user_message=USER, retry_of=run.id, start=True)
+    store.runs.finish(retry.id, "succeeded", assistant_message=REPLY)
+    failed = [(c.name, c.detail) for c in run_audit(store, ["s"]) if not c.passed]
+    assert failed == []
+    assert [t.status for t in store.runs.turns("s")] == [
+        "succeeded",
+        "incomplete",
+        "failed",
+        "succeeded",
+    ]

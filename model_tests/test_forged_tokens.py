@@ -232,6 +232,25 @@ def _admit_run(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     return lease, lambda lease: store.runs.admit("s", {"q": 1}, user_message=USER, lease=lease)
 
 
+def _admit_run_with_resources(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    event = turnkeeper.InputResourceEvent("s", "img-1", "prepared", id="ev-1")
+    return lease, lambda lease: store.runs.admit(
+        "s", {"q": 1}, user_message=USER, lease=lease, resource_events=[event]
+    )
+
+
+def _save_intent(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    return lease, lambda lease: store.runs.save_intent("s", {"q": 1}, lease=lease)
+
+
+def _admit_saved_intent(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    store.runs.save_intent("s", {"q": 1}, intent_id="i1", lease=lease)
+    return lease, lambda lease: store.runs.admit("s", {"q": 1}, intent_id="i1", lease=lease)
+
+
 def _start_run(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease = session(store)
     run = store.runs.admit("s", {"q": 1}, user_message=USER, lease=lease)
@@ -407,6 +426,9 @@ WRITES: dict[str, Setup] = {
     "runs.update_progress": _update_run("progress"),
     "runs.update_error_info": _update_run("error_info"),
     "runs.admit": _admit_run,
+    "runs.admit[resources]": _admit_run_with_resources,
+    "runs.admit[intent]": _admit_saved_intent,
+    "runs.save_intent": _save_intent,
     "runs.start": _start_run,
     "runs.wait": _wait_run,
     "runs.resume": _resume_run,

@@ -17,6 +17,7 @@ from turnkeeper import (
     RunNotFoundError,
     SessionNotFoundError,
 )
+from turnkeeper.cli.audit import run_audit
 from turnkeeper.storage.ops import leases, run_events
 
 USER = {"role": "user", "content": "go"}
@@ -71,6 +72,8 @@ def test_the_ended_run_check_fails_with_it_patched_out(store, run, monkeypatch):
     monkeypatch.setattr(run_events, "TERMINAL", frozenset())
     store.runs.record_event(run.id, "late", {})  # a defect: an event after the end
     assert store.runs.events("s")[-1].edge == "late"
+    failed = {c.name for c in run_audit(store, ["s"]) if not c.passed}
+    assert "no_run_revived" in failed  # the audit reads it as a revival
 
 
 @pytest.mark.parametrize("event_type", sorted(run_events.RESERVED))
@@ -83,6 +86,8 @@ def test_the_reserved_type_check_fails_with_it_patched_out(store, run, monkeypat
     monkeypatch.setattr(run_events, "RESERVED", frozenset())
     store.runs.record_event(run.id, "admit")  # a defect: a second admission, to a reader
     assert [e.edge for e in store.runs.events("s")].count("admit") == 2
+    failed = {c.name for c in run_audit(store, ["s"]) if not c.passed}
+    assert "one_active_run_per_session" in failed  # the audit counts two live runs
 
 
 @pytest.mark.parametrize("data", [[1], "x", 3])

@@ -627,6 +627,24 @@ class RetryNotAllowedError(TurnkeeperError):
     reason: str
 
 
+class ExecutionIntentConflictError(TurnkeeperError):
+    """The intent id already names a different execution intent (session seed
+    SaveExecutionIntent: an intent is immutable). ``session_id`` is the
+    stored intent's session."""
+
+    fields = ("intent_id", "session_id")
+    intent_id: str
+    session_id: str
+
+
+class ExecutionIntentNotFoundError(TurnkeeperError):
+    """No execution intent of this session has this id (``runs.admit(intent_id=…)``)."""
+
+    fields = ("intent_id", "session_id")
+    intent_id: str
+    session_id: str
+
+
 class RunEventConflictError(TurnkeeperError):
     """The run event id already names a different event (session seed
     SaveSessionRunEvent: a caller's own event id makes a retry after an
@@ -926,6 +944,8 @@ __all__ = [
     "EntryExistsError",
     "EntryIdReservedError",
     "EntryNotFoundError",
+    "ExecutionIntentConflictError",
+    "ExecutionIntentNotFoundError",
     "ForeignDatabaseError",
     "ForkError",
     "ForkInvalidBoundaryError",

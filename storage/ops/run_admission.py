@@ -9,7 +9,8 @@ the ``admit`` run event and the submission row.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import uuid6
@@ -21,6 +22,7 @@ from turnkeeper.spec.lease import LeasePurpose, session_target
 from turnkeeper.spec.lifecycle import Edge
 from turnkeeper.spec.records import (
     ANY_LEAF,
+    InputResourceEvent,
     Lease,
     Run,
 )
@@ -39,7 +41,9 @@ from ..validate import (
 )
 from . import (
     leases,
+    resources,
     run_events,
+    run_intents,
     run_lifecycle,
     session_rows,
     submissions,
@@ -68,6 +72,8 @@ def admit(
     start: bool = False,
     known: Opening | None = None,
     on_active: ActiveRunPolicy = ActiveRunPolicy.REFUSE,
+    resource_events: Sequence[tuple[InputResourceEvent, str | None]] = (),
+    saved_intent: str | None = None,
 ) -> tuple[Run, bool, Opening | None]:
     """Admit a run (see the module docstring); returns ``(run, admitted_now,
     opening)``: ``opening`` the calls open after its entries, if known.
@@ -80,12 +86,17 @@ def admit(
     ``known``: the calls open at the session's head, if the caller knows
     them (the user message is judged by the pairing rule: it may not follow
     unanswered calls). ``on_active``: what a session with an active run gets
-    (:class:`ActiveRunPolicy`), decided after the fence.
+    (:class:`ActiveRunPolicy`), decided after the fence. ``resource_events``:
+    input resource events (checked, with their data as JSON text) written for
+    the new run (its id as their ``run_id``) in this transaction.
+    ``saved_intent``: the id of a saved intent (``runs.save_intent``) the
+    run is the first attempt of, instead of a new intent.
 
     Raises:
         SessionNotFoundError, SubmissionConflictError, SessionRunActiveError,
         RunNotFoundError, RetryNotAllowedError, LeaseLostError,
-        ToolCallsUnansweredError.
+        ToolCallsUnansweredError, ResourceEventConflictError,
+        ExecutionIntentNotFoundError.
     """
     head = tx.one("SELECT leaf_id, next_seq FROM sessions WHERE id = ?", [session_id])
     if head is None:
@@ -147,6 +158,9 @@ def admit(
             raise errors.SessionRunActiveError(session_id, current[0])
         assert retry_of is not None
         raise errors.RetryNotAllowedError(retry_of, why)
+    if saved_intent is not None:
+        run_intents.check_saved(tx, saved_intent, session_id, intent)
+        intent_id = saved_intent
     now = tx.now
     run_id = str(uuid6.uuid7())
     if intent_id is None:
@@ -230,6 +244,8 @@ def admit(
     if start:
         events.append((RUN.edge("start"), f"{run_id}:start:{secrets.token_hex(4)}", {}))
     run_events.append_events(tx, run, events)
+    for event, data in resource_events:  # session seed AppendInputResourceEventTx
+        resources.write(tx, replace(event, run_id=run_id), data)
     if key_digest is not None:
         tx.exec(
             "INSERT INTO submissions VALUES (?, ?, ?, ?, ?, ?)",
@@ -260,6 +276,8 @@ class AdmissionPart(Area):
         policy: Mapping[str, Any] | None = None,
         start: bool = False,
         on_active: str = ActiveRunPolicy.REFUSE,
+        resource_events: Sequence[InputResourceEvent] = (),
+        intent_id: str | None = None,
     ) -> Run:
         """Admit a run of ``request`` in one transaction (session seed
         CreateExecutionIntentAndSessionRunEventWithTurn); with ``start`` the run
@@ -291,6 +309,25 @@ class AdmissionPart(Area):
         another worker holds is refused whatever the choice; it is not part
         of the admission a submission key compares.
 
+        ``intent_id`` names an intent saved with :meth:`runs.save_intent`
+        (session seed SaveExecutionIntent, then CreateSessionRun): the run is
+        its first attempt, and no new intent is written. ``request``,
+        ``source``, ``model``, ``mode``, ``work_dir`` and ``policy`` must be
+        the intent's. Not with ``retry_of`` (a retry's intent is its run's).
+
+        ``resource_events`` (session seed AppendInputResourceEventTx: an input
+        resource event in the admission's own transaction) are
+        :class:`~turnkeeper.InputResourceEvent` rows of the input resources
+        the runtime prepared for the run, written for the admitted run in its
+        transaction, as ``resources.record_event`` writes one: each event's
+        ``session_id`` is ``session_id`` and its ``run_id`` left empty (the
+        run's id fills it); an empty ``id`` gets a new UUIDv7. So a run is
+        never admitted without its resources' events, nor are they written
+        for a run that was not. A submission key that returns an earlier run,
+        and ``"use_existing"``, write none (the admission that admitted the
+        run wrote its own); they are not part of the admission a submission
+        key compares.
+
         Raises:
             SessionRunActiveError: the session already has a non-terminal run
                 (``on_active="refuse"``).
@@ -305,6 +342,12 @@ class AdmissionPart(Area):
             ToolCallsUnansweredError: the session's replayed context has tool
                 calls without results, which ``user_message`` would follow
                 (answer them first; ``tool_call_ids`` names them).
+            ResourceEventConflictError: a resource event's id names a
+                different event.
+            ExecutionIntentNotFoundError: ``intent_id`` names no intent of the
+                session.
+            RetryNotAllowedError: also when the ``intent_id`` intent already
+                has a run (retry its latest attempt instead).
             RunNotFoundError, SessionNotFoundError, LeaseLostError,
             InvalidInputError.
         On any error nothing is written.
@@ -362,6 +405,28 @@ class AdmissionPart(Area):
                 "on_active", "a retry follows a terminal attempt: it never meets an active run"
             )
 
+        if intent_id is not None:
+            check_id(intent_id, "intent_id")
+            if retry_of is not None:
+                raise errors.InvalidInputError(
+                    "intent_id", "a retry's intent is its run's: give retry_of or intent_id"
+                )
+        if isinstance(resource_events, InputResourceEvent | str | bytes | Mapping):
+            raise errors.InvalidInputError(
+                "resource_events", "expected a sequence of InputResourceEvent"
+            )
+        prepared: list[tuple[InputResourceEvent, str | None]] = []
+        for event in resource_events:
+            given, data = resources.checked(event)
+            if given.session_id != session_id:
+                raise errors.InvalidInputError(
+                    "resource_events", f"an event of session {given.session_id!r}"
+                )
+            if given.run_id:
+                raise errors.InvalidInputError(
+                    "resource_events", "leave run_id empty: the admitted run's id fills it"
+                )
+            prepared.append((given, data))
         known = self._openings.get(session_id)
         wrote: list[Opening | None] = []
 
@@ -378,6 +443,8 @@ class AdmissionPart(Area):
                 start=start,
                 known=known,
                 on_active=busy,
+                resource_events=prepared,
+                saved_intent=intent_id,
             )
             wrote[:] = [opening] if admitted_now else []
             return run
