@@ -119,8 +119,9 @@ class RunRecordsPart(Area):
 
     def turns(self, session_id: str) -> list[ConversationTurn]:
         """The session's conversation turns in transcript order (session seed
-        ListConversationTurns): one per run, opened by its admission and
-        closed by its termination.
+        ListConversationTurns): a run's first turn, opened by its admission,
+        and any later one ``runs.start_turn`` opened; each closed by
+        ``runs.end_turn`` or the run's termination.
 
         Raises:
             SessionNotFoundError: no such session.
