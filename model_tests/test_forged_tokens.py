@@ -233,6 +233,25 @@ def _admit_run(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     return lease, lambda lease: store.runs.admit("s", {"q": 1}, user_message=USER, lease=lease)
 
 
+def _admit_run_with_resources(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    event = turnkeeper.InputResourceEvent("s", "img-1", "prepared", id="ev-1")
+    return lease, lambda lease: store.runs.admit(
+        "s", {"q": 1}, user_message=USER, lease=lease, resource_events=[event]
+    )
+
+
+def _save_intent(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    return lease, lambda lease: store.runs.save_intent("s", {"q": 1}, lease=lease)
+
+
+def _admit_saved_intent(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    store.runs.save_intent("s", {"q": 1}, intent_id="i1", lease=lease)
+    return lease, lambda lease: store.runs.admit("s", {"q": 1}, intent_id="i1", lease=lease)
+
+
 def _start_run(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease = session(store)
     run = store.runs.admit("s", {"q": 1}, user_message=USER, lease=lease)
@@ -365,6 +384,24 @@ def _detach_recovery(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Cal
     return lease, lambda lease: store.recovery.detach(run_id, lease)
 
 
+def _start_turn(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease, run = running(store)
+    store.runs.end_turn(run.turn_id, "succeeded", lease=lease)
+    return lease, lambda lease: store.runs.start_turn(run.id, "turn-2", lease=lease)
+
+
+def _record_run_event(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease, run = running(store)
+    return lease, lambda lease: store.runs.record_event(
+        run.id, "progress", {"step": 1}, lease=lease
+    )
+
+
+def _end_turn(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease, run = running(store)
+    return lease, lambda lease: store.runs.end_turn(run.turn_id, "succeeded", lease=lease)
+
+
 Setup = Callable[[turnkeeper.BaseStore], tuple[turnkeeper.Lease, Call]]
 
 WRITES: dict[str, Setup] = {
@@ -390,11 +427,17 @@ WRITES: dict[str, Setup] = {
     "runs.update_progress": _update_run("progress"),
     "runs.update_error_info": _update_run("error_info"),
     "runs.admit": _admit_run,
+    "runs.admit[resources]": _admit_run_with_resources,
+    "runs.admit[intent]": _admit_saved_intent,
+    "runs.save_intent": _save_intent,
     "runs.start": _start_run,
     "runs.wait": _wait_run,
     "runs.resume": _resume_run,
     "runs.finish": _finish_run,
     "runs.finish[plan]": _finish_run_with_plan,
+    "runs.start_turn": _start_turn,
+    "runs.end_turn": _end_turn,
+    "runs.record_event": _record_run_event,
     "outbox.create_plan": _create_delivery_plan,
     "lineage.compare_and_swap": _compare_and_swap_response_state,
     "tools.claim": _claim_tool_execution,

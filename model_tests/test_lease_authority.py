@@ -23,7 +23,7 @@ from turnkeeper import (
     SessionRecoveryRequiredError,
 )
 from turnkeeper.storage.ops import leases as lease_ops
-from turnkeeper.storage.ops import runs as run_ops
+from turnkeeper.storage.ops import run_admission as run_ops
 
 USER = {"role": "user", "content": "go"}
 

@@ -40,7 +40,7 @@ from turnkeeper import (
     SchemaVersionError,
 )
 from turnkeeper.spec import LEASE, RECOVERY, errors
-from turnkeeper.storage.ops import outbox, outbox_plans, recovery, runs
+from turnkeeper.storage.ops import outbox, outbox_plans, recovery, run_admission
 from turnkeeper.storage.store import BaseStore
 
 USER = {"role": "user", "content": "go"}
@@ -273,7 +273,7 @@ def test_admit_run_refuses_a_retry_of_another_sessions_run(store) -> None:
 def test_the_retry_check_fails_when_the_run_seems_to_be_of_the_admitting_session(
     store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = runs.get
+    real = run_admission.get
 
     def in_session_t(tx: Any, run_id: str) -> Any:
         """The session comparison defeated: the failed run (what the retry looks
@@ -283,7 +283,7 @@ def test_the_retry_check_fails_when_the_run_seems_to_be_of_the_admitting_session
             return run
         return dataclasses.replace(run, session_id="t")
 
-    monkeypatch.setattr(runs, "get", in_session_t)
+    monkeypatch.setattr(run_admission, "get", in_session_t)
     with pytest.raises(
         AssertionError, match="expected RetryNotAllowedError, the call was accepted"
     ):

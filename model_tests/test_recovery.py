@@ -324,7 +324,7 @@ def test_the_race_test_fails_with_both_writes_turned_back_into_reads(real_store,
     """Control for the write-skew test above: without the write lock, with the
     termination's lease check and begin_recovery's touch of the run both reads
     again, and without the grant's write of the session row, both commit."""
-    from turnkeeper.storage.ops import leases, runs
+    from turnkeeper.storage.ops import leases, run_lifecycle
 
     def read_unheld(tx, target, lease):
         if lease is not None:
@@ -338,7 +338,7 @@ def test_the_race_test_fails_with_both_writes_turned_back_into_reads(real_store,
         return tx.one("SELECT lease_epoch FROM runs WHERE id = ?", [run.id])[0]
 
     monkeypatch.setattr(leases, "fence_or_unheld", read_unheld)
-    monkeypatch.setattr(runs, "touch", read_touch)
+    monkeypatch.setattr(run_lifecycle, "touch", read_touch)
     # and the grant's write of the session row (PostgreSQL), which meets the
     # termination's own write of it
     monkeypatch.setattr(leases, "touch_session", lambda tx, target: None)

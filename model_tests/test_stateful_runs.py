@@ -14,7 +14,7 @@ from stateful_runs import on
 
 from turnkeeper.spec import errors
 from turnkeeper.spec.lease import LeasePurpose, session_target
-from turnkeeper.storage.ops import recovery, runs
+from turnkeeper.storage.ops import recovery, run_lifecycle
 
 SEARCH = settings(
     max_examples=3000,
@@ -33,17 +33,17 @@ def test_runs_and_recovery_agree_with_the_oracle(backend: str) -> None:
 
 
 def drop_finish_fence(mp: pytest.MonkeyPatch) -> None:
-    real = runs.finish
+    real = run_lifecycle.finish
 
     def unfenced(tx, run_id, status, **kw):
         return real(tx, run_id, status, **{**kw, "lease": None})
 
-    mp.setattr(runs, "finish", unfenced)
+    mp.setattr(run_lifecycle, "finish", unfenced)
 
 
 def drop_recovery_fence(mp: pytest.MonkeyPatch) -> None:
     def guarded_without_fence(tx, run_id, lease):
-        run = runs.get(tx, run_id)
+        run = run_lifecycle.get(tx, run_id)
         if run is None:
             raise errors.RunNotFoundError(run_id)
         if lease.target != session_target(run.session_id):

@@ -627,6 +627,67 @@ class RetryNotAllowedError(TurnkeeperError):
     reason: str
 
 
+class ExecutionIntentConflictError(TurnkeeperError):
+    """The intent id already names a different execution intent (session seed
+    SaveExecutionIntent: an intent is immutable). ``session_id`` is the
+    stored intent's session."""
+
+    fields = ("intent_id", "session_id")
+    intent_id: str
+    session_id: str
+
+
+class ExecutionIntentNotFoundError(TurnkeeperError):
+    """No execution intent of this session has this id (``runs.admit(intent_id=…)``)."""
+
+    fields = ("intent_id", "session_id")
+    intent_id: str
+    session_id: str
+
+
+class RunEventConflictError(TurnkeeperError):
+    """The run event id already names a different event (session seed
+    SaveSessionRunEvent: a caller's own event id makes a retry after an
+    unknown commit safe). ``run_id`` is the stored event's run."""
+
+    fields = ("event_id", "run_id")
+    event_id: str
+    run_id: str
+
+
+class ConversationTurnNotOpenError(TurnkeeperError):
+    """The conversation turn is not open (ErrConversationTurnNotOpen).
+
+    ``status`` is the turn's (it ended in another status), or ``None`` when
+    no turn has this id; ``session_id`` is its session (``None``: no turn)."""
+
+    fields = ("turn_id", "session_id", "status")
+    turn_id: str
+    session_id: str | None
+    status: str | None
+
+
+class ConversationTurnOpenError(TurnkeeperError):
+    """The session already has an open conversation turn: a turn starts once
+    the one before it ended (``runs.start_turn``; beyond the seed).
+
+    ``turn_id`` names the open turn."""
+
+    fields = ("session_id", "turn_id")
+    session_id: str
+    turn_id: str
+
+
+class ConversationTurnExistsError(TurnkeeperError):
+    """The turn id already names another turn (of another run, or one that
+    ended): ``runs.start_turn`` returns only a still open turn of the same run
+    (a retry) as stored. Beyond the seed. ``session_id`` is that turn's."""
+
+    fields = ("turn_id", "session_id")
+    turn_id: str
+    session_id: str
+
+
 class RecoveryNotNeededError(TurnkeeperError):
     """The run needs no recovery (ErrSessionRecoveryNotNeeded).
 
@@ -868,6 +929,9 @@ __all__ = [
     "BusyError",
     "CapabilityEventConflictError",
     "CheckpointError",
+    "ConversationTurnExistsError",
+    "ConversationTurnNotOpenError",
+    "ConversationTurnOpenError",
     "CorruptDatabaseError",
     "DataError",
     "DatabaseError",
@@ -880,6 +944,8 @@ __all__ = [
     "EntryExistsError",
     "EntryIdReservedError",
     "EntryNotFoundError",
+    "ExecutionIntentConflictError",
+    "ExecutionIntentNotFoundError",
     "ForeignDatabaseError",
     "ForkError",
     "ForkInvalidBoundaryError",
@@ -912,6 +978,7 @@ __all__ = [
     "RecoveryNotNeededError",
     "ResourceEventConflictError",
     "RetryNotAllowedError",
+    "RunEventConflictError",
     "RunNotFoundError",
     "RuntimeLeaseRunMismatchError",
     "RuntimeSessionNotFoundError",

@@ -543,8 +543,10 @@ class SessionMetadata:
 class ConversationTurn:
     """A run's conversation turn boundary (session seed ConversationTurn):
     ``start_seq`` is the seq of its ``turn_start`` entry, ``end_seq`` of its
-    ``turn_end`` (``None`` while ``status`` is ``open``; else the run's
-    terminal status). Written by ``runs.admit`` and ``runs.finish``."""
+    ``turn_end`` (``None`` while ``status`` is ``open``; else the status it
+    ended in: the run's terminal status, or the one ``runs.end_turn`` gave
+    it). Opened by ``runs.admit`` (a run's first turn) and ``runs.start_turn``,
+    closed by ``runs.end_turn`` and ``runs.finish``."""
 
     id: str
     session_id: str

@@ -69,6 +69,15 @@ NON_TERMINAL = frozenset({RunStatus.ADMITTED, RunStatus.RUNNING, RunStatus.WAITI
 TERMINAL = frozenset(RunStatus) - NON_TERMINAL
 """Statuses a run ends in; a terminal run is never revived."""
 
+TURN_OPEN = "open"
+"""The status of a conversation turn that has not ended."""
+
+TURN_END_STATUSES = frozenset({*(s.value for s in TERMINAL), "incomplete"})
+"""The statuses a conversation turn ends in (session seed EndConversationTurn:
+failed, cancelled and incomplete outcomes are terminal turn states too): a
+run's terminal statuses, which ``runs.finish`` gives the turn it closes, and
+``incomplete``. Only ``succeeded`` makes a turn a fork boundary."""
+
 _LIVE = ("admitted", "running", "waiting")
 
 RUN = Lifecycle(

@@ -12,7 +12,9 @@ Session writes and leases (one rule). Every write to an existing session's state
 deletion (``sessions.delete``, a project's delete) and metadata
 (``sessions.set_metadata``), its
 runs (``runs.admit`` … ``runs.finish``, ``runs.annotate_error``,
-``runs.update_usage``, ``runs.update_progress``, ``runs.update_error_info``),
+``runs.update_usage``, ``runs.update_progress``, ``runs.update_error_info``,
+``runs.record_event``, ``runs.save_intent``), its conversation turns
+(``runs.start_turn``, ``runs.end_turn``),
 its usage records (``usage.record``, ``usage.record_from_provider``), its
 tool-execution records, its response lineage, a delivery plan made outside a
 termination, and a fork of it — is made either
@@ -43,6 +45,7 @@ the threadstore seed's Resolve does. A read of what is inside a session
 (``sessions.entries``, ``sessions.replay``, ``sessions.labels``,
 ``sessions.get_metadata``,
 ``sessions.opaque_records``, ``runs.list``, ``runs.active``, ``runs.events``,
+``runs.turns``, ``runs.latest_for_intent``,
 ``tools.list``, ``usage.list``) raises ``SessionNotFoundError`` when the session does not exist,
 so an empty answer always means an existing, empty session.
 
@@ -278,11 +281,47 @@ class RunsAPI(Protocol):
         policy: Mapping[str, Any] | None = None,
         start: bool = False,
         on_active: str = "refuse",
+        resource_events: Sequence[InputResourceEvent] = (),
+        intent_id: str | None = None,
     ) -> Run: ...
     def turns(self, session_id: str) -> list[ConversationTurn]: ...
     def intent(self, intent_id: str) -> ExecutionIntent | None: ...
     def submission(self, session_id: str, submission_key: str) -> RuntimeSubmission | None: ...
     def latest_event_seq(self, run_id: str) -> int: ...
+    def latest_for_intent(self, session_id: str, intent_id: str) -> Run | None: ...
+    def save_intent(
+        self,
+        session_id: str,
+        request: Mapping[str, Any],
+        *,
+        intent_id: str | None = None,
+        source: str = "",
+        model: str = "",
+        mode: str = "",
+        work_dir: str = "",
+        policy: Mapping[str, Any] | None = None,
+        lease: Lease | None = None,
+    ) -> ExecutionIntent: ...
+    def record_event(
+        self,
+        run_id: str,
+        event_type: str,
+        data: Mapping[str, Any] | None = None,
+        *,
+        event_id: str | None = None,
+        lease: Lease | None = None,
+    ) -> RunEvent: ...
+    def start_turn(
+        self, run_id: str, turn_id: str, *, lease: Lease | None = None
+    ) -> ConversationTurn: ...
+    def end_turn(
+        self,
+        turn_id: str,
+        status: str,
+        *,
+        stop_reason: str | None = None,
+        lease: Lease | None = None,
+    ) -> ConversationTurn: ...
     def start(self, run_id: str, *, lease: Lease | None = None) -> Run: ...
     def wait(self, run_id: str, *, lease: Lease | None = None) -> Run: ...
     def resume(self, run_id: str, *, lease: Lease | None = None) -> Run: ...

@@ -41,7 +41,7 @@ from turnkeeper.spec import DeliveryStatus, RecoveryState, RunStatus, ToolExecut
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.run import NON_TERMINAL, TERMINAL
 from turnkeeper.storage import BaseStore
-from turnkeeper.storage.ops.runs import DECISION
+from turnkeeper.storage.ops.run_events import DECISION
 
 from .common import cell, fmt_num
 

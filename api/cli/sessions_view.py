@@ -9,6 +9,7 @@ session's entries apart, plus the suffix of ids derived from a run, such as
 ``01a23082-e5a4:turn-start``) and a one-line summary, with the current leaf
 and labels marked. Linear stretches of the tree are printed flat; where the
 tree forks, each child branch is an indented ``branch i/n`` node.
+``sessions delete`` and ``sessions retain`` are in :mod:`.sessions_delete`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from turnkeeper.storage import BaseStore
 from turnkeeper.storage.ops.listing import STATUSES
 
 from .common import F, cell, db_option, dumps, open_db, stdout_console, visible
+from .sessions_delete import delete_command, retain_command
 
 PAGE_SIZE = 100
 """Sessions fetched per ``sessions.list`` call."""
@@ -431,3 +433,7 @@ def show_command(ctx: click.Context, session_id: str, db: str | None) -> None:
     """Print session SESSION_ID as a tree: kind, short id and summary per entry,
     the leaf and labels marked; entries off the current branch are dimmed."""
     show_session(db or ctx.obj["db"], session_id)
+
+
+sessions_group.add_command(delete_command)
+sessions_group.add_command(retain_command)

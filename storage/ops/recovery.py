@@ -26,7 +26,7 @@ from turnkeeper.spec.run import NON_TERMINAL, RunStatus
 from ..backend import Conflict, Tx, keyed, present, utc
 from ..codec import check_id, check_text, to_json
 from ..validate import check_int, check_lease, check_plan, check_seconds
-from . import leases, run_reads, runs
+from . import leases, run_lifecycle, run_reads
 from .base import Area
 
 _MACHINE = machine_for(RECOVERY)
@@ -160,7 +160,7 @@ def begin(tx: Tx, run_id: str, lease: Lease, trigger_source: str, reason: str) -
         raise errors.RecoveryNotNeededError(run_id, f"its recovery is {source}")
     # Touch the run: a termination racing this begin then conflicts with it (one
     # of the two retries and sees the other) instead of both committing.
-    run_epoch = runs.touch(tx, run)
+    run_epoch = run_lifecycle.touch(tx, run)
     previous = rec.lease_epoch if rec is not None else run_epoch
     row = tx.one(
         f"INSERT INTO run_recoveries ({_COLS}) VALUES "
@@ -221,9 +221,9 @@ def converge(
     run, rec = _held(tx, run_id, lease, "converge")
     edge = _MACHINE.require("converge", rec.state, {})
     if run.status in NON_TERMINAL:
-        runs.record_decisions(tx, run, decisions)
+        run_lifecycle.record_decisions(tx, run, decisions)
         final = RunStatus.CANCELLED if run.cancel_requested else status
-        runs.finish(
+        run_lifecycle.finish(
             tx,
             run_id,
             final,
@@ -350,7 +350,7 @@ class Recoveries(Area):
         for name, value in (("error", error), ("stop_reason", stop_reason)):
             if value is not None:
                 check_text(value, name)
-        runs.check_outcome(final, error)
+        run_lifecycle.check_outcome(final, error)
         resolved = _check_decisions(decisions)
         plan = None if delivery_plan is None else check_plan(delivery_plan)
         return self._fenced(

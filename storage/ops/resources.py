@@ -41,6 +41,30 @@ def _row(row: Sequence[Any]) -> InputResourceEvent:
     return InputResourceEvent(**named, data=None if data is None else from_json(data))
 
 
+def checked(event: InputResourceEvent) -> tuple[InputResourceEvent, str | None]:
+    """``event`` checked, its empty id replaced by a new UUIDv7, and its data as
+    stored JSON text.
+
+    Raises:
+        InvalidInputError: not an InputResourceEvent, an empty resource id or
+            event type, a bad id, text or timestamp, ``data`` not storable as
+            JSON exactly.
+    """
+    if not isinstance(event, InputResourceEvent):
+        raise errors.InvalidInputError("event", "expected an InputResourceEvent")
+    check_id(event.session_id, "session_id")
+    event_id = str(uuid6.uuid7()) if event.id == "" else check_id(event.id, "id")
+    check_id(event.resource_id, "resource_id")
+    check_text(event.event_type, "event_type", allow_empty=False)
+    check_text(event.status, "status")
+    if event.run_id:
+        check_id(event.run_id, "run_id")
+    if event.timestamp is not None:
+        check_instant(event.timestamp, "timestamp")
+    data = None if event.data is None else to_json(event.data, "data")
+    return replace(event, id=event_id), data
+
+
 def record(tx: Tx, event: InputResourceEvent, data: str | None, lease: Lease | None) -> str:
     """Append ``event`` (its id chosen already); returns its id.
 
@@ -49,6 +73,18 @@ def record(tx: Tx, event: InputResourceEvent, data: str | None, lease: Lease | N
     """
     session_exists(tx, event.session_id)
     leases.fence_or_unheld(tx, session_target(event.session_id), lease)
+    return write(tx, event, data)
+
+
+def write(tx: Tx, event: InputResourceEvent, data: str | None) -> str:
+    """Append ``event`` (checked by :func:`checked`) in a transaction that
+    already fenced its session's lease, or found nobody holding it (session
+    seed AppendInputResourceEventTx: ``record`` and ``runs.admit`` call it);
+    returns its id. The same event under its id again writes nothing.
+
+    Raises:
+        ResourceEventConflictError: the id names a different event.
+    """
     found = tx.one(f"SELECT {', '.join(_COLS)} FROM input_resource_events WHERE id = ?", [event.id])
     if found is not None:
         stored = _row(found)
@@ -105,20 +141,8 @@ class Resources(Area):
             BusyError: no ``lease`` given and someone holds the session.
         On any error nothing is written.
         """
-        if not isinstance(event, InputResourceEvent):
-            raise errors.InvalidInputError("event", "expected an InputResourceEvent")
-        check_id(event.session_id, "session_id")
-        event_id = str(uuid6.uuid7()) if event.id == "" else check_id(event.id, "id")
-        check_id(event.resource_id, "resource_id")
-        check_text(event.event_type, "event_type", allow_empty=False)
-        check_text(event.status, "status")
-        if event.run_id:
-            check_id(event.run_id, "run_id")
-        if event.timestamp is not None:
-            check_instant(event.timestamp, "timestamp")
-        data = None if event.data is None else to_json(event.data, "data")
-        check_session_lease(event.session_id, lease)
-        given = replace(event, id=event_id)
+        given, data = checked(event)
+        check_session_lease(given.session_id, lease)
         return self._fenced(
             "record_resource_event", lease, lambda tx: record(tx, given, data, lease)
         )

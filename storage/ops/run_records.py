@@ -1,7 +1,8 @@
 """The records a run's admission writes beside the run, read on their own:
 conversation turns, execution intents and submissions (session seed
-ListConversationTurns, GetExecutionIntent, GetRuntimeSubmission), and one
-run's event cursor (LatestSessionRunEventSeq)."""
+ListConversationTurns, GetExecutionIntent, GetRuntimeSubmission), an intent's
+latest run (LatestSessionRunForIntent), and one run's event cursor
+(LatestSessionRunEventSeq)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from turnkeeper.spec import errors
-from turnkeeper.spec.records import ConversationTurn, ExecutionIntent, RuntimeSubmission
+from turnkeeper.spec.records import ConversationTurn, ExecutionIntent, Run, RuntimeSubmission
 
-from ..backend import Tx, utc
+from ..backend import Tx, keyed, utc
 from ..codec import check_id, from_json
 from . import submissions
 from .base import Area
+from .run_reads import RUN_COLS, run_row
 
-_TURN_COLS = (
+TURN_COLS = (
     "id, session_id, intent_id, run_id, attempt, status, start_seq, end_seq, started_at, ended_at"
 )
 _INTENT_COLS = (
@@ -25,7 +27,7 @@ _INTENT_COLS = (
 )
 
 
-def _turn(row: Sequence[Any]) -> ConversationTurn:
+def turn_row(row: Sequence[Any]) -> ConversationTurn:
     return ConversationTurn(
         id=row[0],
         session_id=row[1],
@@ -43,10 +45,10 @@ def _turn(row: Sequence[Any]) -> ConversationTurn:
 def turns(tx: Tx, session_id: str) -> list[ConversationTurn]:
     """The session's turns in transcript order (by ``start_seq``)."""
     rows = tx.rows(
-        f"SELECT {_TURN_COLS} FROM conversation_turns WHERE session_id = ? ORDER BY start_seq",
+        f"SELECT {TURN_COLS} FROM conversation_turns WHERE session_id = ? ORDER BY start_seq",
         [session_id],
     )
-    return [_turn(r) for r in rows]
+    return [turn_row(r) for r in rows]
 
 
 def intent(tx: Tx, intent_id: str) -> ExecutionIntent | None:
@@ -87,6 +89,16 @@ def submission(tx: Tx, session_id: str, key_digest: str) -> RuntimeSubmission | 
     )
 
 
+def latest_for_intent(tx: Tx, session_id: str, intent_id: str) -> Run | None:
+    """The run of the intent's highest attempt in the session, or ``None``."""
+    row = tx.one(
+        f"SELECT {RUN_COLS} FROM runs WHERE {keyed('intent_id', 'session_id = ?')} "
+        "ORDER BY attempt DESC LIMIT 1",
+        [intent_id, session_id],
+    )
+    return None if row is None else run_row(row)
+
+
 def latest_event_seq(tx: Tx, run_id: str) -> int:
     """The seq of the run's last event (its session's sequence).
 
@@ -103,12 +115,13 @@ def latest_event_seq(tx: Tx, run_id: str) -> int:
 
 
 class RunRecordsPart(Area):
-    """Turns, intents, submissions and a run's event cursor."""
+    """Turns, intents, submissions, an intent's latest run and a run's event cursor."""
 
     def turns(self, session_id: str) -> list[ConversationTurn]:
         """The session's conversation turns in transcript order (session seed
-        ListConversationTurns): one per run, opened by its admission and
-        closed by its termination.
+        ListConversationTurns): a run's first turn, opened by its admission,
+        and any later one ``runs.start_turn`` opened; each closed by
+        ``runs.end_turn`` or the run's termination.
 
         Raises:
             SessionNotFoundError: no such session.
@@ -132,6 +145,24 @@ class RunRecordsPart(Area):
         check_id(submission_key, "submission_key")
         digest = submissions.key_digest(session_id, submission_key)
         return self.db.read("runtime_submission", lambda tx: submission(tx, session_id, digest))
+
+    def latest_for_intent(self, session_id: str, intent_id: str) -> Run | None:
+        """The run of the intent's highest attempt (session seed
+        LatestSessionRunForIntent), or ``None`` when the session has no run of
+        that intent: the run a retry must follow (``runs.admit(retry_of=…)``
+        refuses any other, in its own transaction, with RetryNotAllowedError).
+
+        Raises:
+            SessionNotFoundError: no such session.
+        """
+        check_id(session_id, "session_id")
+        check_id(intent_id, "intent_id")
+        return self._inside(
+            session_id,
+            self.db.read(
+                "latest_run_for_intent", lambda tx: latest_for_intent(tx, session_id, intent_id)
+            ),
+        )
 
     def latest_event_seq(self, run_id: str) -> int:
         """The seq of the run's last event (session seed LatestSessionRunEventSeq):

@@ -1,0 +1,194 @@
+"""Writing run events: each takes the session's next sequence number from its
+event cursor (``sessions.event_seq``), so a reconnecting client reads a
+session's run events by one gap-free cursor (``runs.events``).
+
+The lifecycle methods write their own events (one per transition, plus the
+``decision`` events of a recovery); ``runs.record_event`` (session seed
+SaveSessionRunEvent) lets a runtime add its own to a run that has not ended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import uuid6
+
+from turnkeeper.spec import RUN, errors
+from turnkeeper.spec.lease import session_target
+from turnkeeper.spec.lifecycle import Edge
+from turnkeeper.spec.records import Lease, Run, RunEvent
+from turnkeeper.spec.run import TERMINAL
+
+from ..backend import Conflict, Tx, present, utc
+from ..codec import check_id, from_json, to_json
+from ..validate import check_lease, check_session_lease
+from . import leases
+from .base import Area
+from .run_reads import get
+
+DECISION = "decision"
+"""The ``edge`` of a run event that records a decision resolution: not a
+transition (source and dest are the run's status), kept in the run's history."""
+
+RECORDED = "record"
+"""The ``trigger`` of a run event a runtime recorded itself (``runs.record_event``):
+not a transition either (source and dest are the run's status)."""
+
+RESERVED = frozenset({*(e.name for e in RUN.edges), DECISION})
+"""Event types a runtime cannot record: the lifecycle's own edges (the audit and
+the report read them as transitions) and ``decision``."""
+
+_EVENT_COLS = "session_id, seq, id, run_id, edge, source, dest, data, occurred_at"
+
+
+def append_event(tx: Tx, run: Run, edge: Edge, event_id: str, data: Mapping[str, Any]) -> None:
+    """Append a run event with the session's next sequence number."""
+    append_events(tx, run, [(edge, event_id, data)])
+
+
+def append_events(tx: Tx, run: Run, events: Sequence[tuple[Edge, str, Mapping[str, Any]]]) -> None:
+    """Append run events (edge, event id, data), in order, with the session's
+    next sequence numbers, taken from its event cursor (``session_rows.event_seq``,
+    the seq of its last run event): a point update and one insert however
+    many, whatever the size of the history (the largest seq is never searched
+    for among the events, which on DuckDB reads every run event in the store).
+
+    Raises:
+        Conflict: the session row is gone (the transaction retries).
+    """
+    n = len(events)
+    # On a server the largest seq is also read, through the (session_id, seq) key
+    # (an index probe): a turnkeeper older than schema 10 still running in the
+    # fleet beside a migrated database numbers events by it and leaves the cursor
+    # behind. A DuckDB file has one writing process, and an older turnkeeper
+    # cannot open a migrated file (SchemaVersionError): the cursor alone.
+    serial = tx.dialect.serialized_writes
+    last = (
+        "event_seq"
+        if serial
+        else "greatest(event_seq, (SELECT coalesce(max(seq), 0) FROM run_events "
+        "WHERE session_id = ?))"
+    )
+    bump = [*([] if serial else [run.session_id]), n, run.session_id]
+    if tx.count(f"UPDATE sessions SET event_seq = {last} + ? WHERE id = ?", bump) != 1:
+        raise Conflict(f"session {run.session_id!r} of run {run.id!r} is gone")
+    row = "SELECT ?::BIGINT, ?, ?, ?, ?, ?, ?, ?, ?::TIMESTAMPTZ"
+    rows = " UNION ALL ".join([row] * n)
+    params: list[Any] = []
+    for k, (edge, event_id, data) in enumerate(events, start=1):
+        params += [k, event_id, run.id, edge.name, edge.trigger, edge.source, edge.dest]
+        params += [to_json(dict(data), "data"), tx.now]
+    tx.exec(
+        "INSERT INTO run_events SELECT s.id, s.event_seq - ? + v.n, v.id, v.run_id, v.edge, "
+        "v.trigger, v.source, v.dest, v.data, v.occurred_at FROM sessions AS s, "
+        f"({rows}) AS v (n, id, run_id, edge, trigger, source, dest, data, occurred_at) "
+        "WHERE s.id = ?",
+        [n, *params, run.session_id],
+    )
+
+
+def stored(tx: Tx, event_id: str) -> RunEvent | None:
+    """The run event, or ``None``."""
+    r = tx.one(f"SELECT {_EVENT_COLS} FROM run_events WHERE id = ?", [event_id])
+    if r is None:
+        return None
+    return RunEvent(r[0], r[1], r[2], r[3], r[4], r[5], r[6], from_json(r[7]), utc(r[8]))
+
+
+def record_event(
+    tx: Tx,
+    run_id: str,
+    event_type: str,
+    data: dict[str, Any],
+    event_id: str,
+    lease: Lease | None,
+) -> RunEvent:
+    """Append a runtime's own event to run ``run_id`` (see
+    :meth:`RunEventsPart.record_event`).
+
+    Raises:
+        RunNotFoundError, LeaseLostError, BusyError, RunEventConflictError,
+        InvalidTransitionError (the run has ended).
+    """
+    run = get(tx, run_id)
+    if run is None:
+        raise errors.RunNotFoundError(run_id)
+    check_session_lease(run.session_id, lease)
+    leases.fence_or_unheld(tx, session_target(run.session_id), lease)
+    found = stored(tx, event_id)
+    if found is not None:
+        if (found.run_id, found.edge, found.data) == (run_id, event_type, data):
+            return found  # a retry after an unknown commit result
+        raise errors.RunEventConflictError(event_id, found.run_id)
+    if run.status in TERMINAL:
+        raise errors.InvalidTransitionError(
+            "run", "record_event", run.status, detail="the run has ended: its history is closed"
+        )
+    append_event(tx, run, Edge(event_type, RECORDED, run.status, run.status), event_id, data)
+    return present(stored(tx, event_id), "the run event written just now")
+
+
+# -- the store's methods ------------------------------------------------------------
+
+
+class RunEventsPart(Area):
+    """Record a runtime's own run event."""
+
+    def record_event(
+        self,
+        run_id: str,
+        event_type: str,
+        data: Mapping[str, Any] | None = None,
+        *,
+        event_id: str | None = None,
+        lease: Lease | None = None,
+    ) -> RunEvent:
+        """Append an event of the runtime's own to run ``run_id``'s history
+        (session seed SaveSessionRunEvent), with the session's next sequence
+        number, so a client reading ``runs.events(session_id, after=…)`` gets
+        it in order with the lifecycle's; returns it as stored.
+
+        ``event_type`` names it (``RunEvent.edge``; ``source`` and ``dest``
+        are the run's status, as it does not move the run); a lifecycle
+        edge's name or ``decision`` is refused, since those are the
+        lifecycle's own. ``data`` is a JSON object (default ``{}``).
+        ``event_id`` (default: a new id ``<run id>:<event type>:<uuid7>``)
+        makes a retry after an unknown commit result safe: the same id with
+        the same run, type and data returns the stored event, even once the
+        run has ended.
+
+        A session write: under the session's ``lease`` (fenced in the write's
+        transaction) or while nobody holds a live lease on it; only while the
+        run has not ended (its terminal event closes its history).
+
+        Raises:
+            RunNotFoundError: no such run.
+            InvalidTransitionError: the run has ended.
+            RunEventConflictError: ``event_id`` names another event.
+            BusyError: no ``lease`` given and someone holds the session.
+            LeaseLostError, InvalidInputError (a reserved or bad type, data
+            that is not a JSON object, a bad id).
+        On any error nothing is written.
+        """
+        check_id(run_id, "run_id")
+        check_id(event_type, "event_type")
+        if event_type in RESERVED:
+            raise errors.InvalidInputError(
+                "event_type", f"{event_type!r} is a lifecycle event of the store's own"
+            )
+        if data is not None and not isinstance(data, Mapping):
+            raise errors.InvalidInputError("data", "expected a mapping (or None)")
+        payload = dict(data or {})
+        payload = from_json(to_json(payload, "data"))  # as stored (and compared on a retry)
+        if event_id is None:
+            event_id = f"{run_id}:{event_type}:{uuid6.uuid7()}"
+        check_id(event_id, "event_id")
+        if lease is not None:
+            check_lease(lease)  # its target is checked against the run's session in the write
+        key = event_id
+        return self._fenced(
+            "record_run_event",
+            lease,
+            lambda tx: record_event(tx, run_id, event_type, payload, key, lease),
+        )
