@@ -36,6 +36,8 @@ OWNED: tuple[tuple[str, str, str, str], ...] = (
     ("input_resource_events", "session_id", "sessions", "id"),
     ("event_cursors", "session_id", "sessions", "id"),
     ("usage_records", "session_id", "sessions", "id"),
+    ("channel_tools", "session_id", "sessions", "id"),
+    ("channel_bindings", "session_id", "sessions", "id"),
     ("session_forks", "fork_session_id", "sessions", "id"),
     ("recovery_events", "run_id", "runs", "id"),
     ("delivery_operations", "intent_id", "delivery_intents", "id"),
