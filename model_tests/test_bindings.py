@@ -29,6 +29,7 @@ from turnkeeper import (
     LeaseLostError,
     SessionBoundError,
     SessionIDExistsError,
+    SessionMetadata,
     SessionNotFoundError,
     TransactionConflictError,
 )
@@ -143,6 +144,33 @@ def test_refusals_name_what_failed_and_write_nothing(store):
         with pytest.raises(InvalidInputError):
             store.bindings.find("t", bad)
     assert state(store) == [("a", "t", "1")]
+
+
+def test_listings_filter_by_channel_and_project(store):
+    for sid in ("a", "b", "c"):
+        store.sessions.create(sid)
+    store.bindings.bind("a", "telegram", "42")
+    store.bindings.bind("b", "slack", "42")
+    store.projects.create("P", project_id="p")
+    store.sessions.set_metadata("b", SessionMetadata(project_id="p"))
+    store.sessions.set_metadata("c", SessionMetadata(project_id="p"))
+
+    def ids(**kw: Any) -> list[str]:
+        found = sorted(s.id for s in store.sessions.list(**kw).sessions)
+        assert store.sessions.count(**kw) == len(found)
+        detailed = store.sessions.list_detailed(**kw).details
+        assert sorted(d.session.id for d in detailed) == found
+        return found
+
+    assert ids(channel_type="telegram") == ["a"]
+    assert ids(channel_id="42") == ["a", "b"]
+    assert ids(channel_type="slack", channel_id="42") == ["b"]
+    assert ids(project_id="p") == ["b", "c"]
+    assert ids(project_id="p", channel_id="42") == ["b"]
+    assert ids(search="teleg") == ["a"]  # WithSearch: "channel metadata"
+    assert ids(project_id="nope") == []
+    with pytest.raises(InvalidInputError):
+        store.sessions.list(channel_type="")
 
 
 # -- transfer ----------------------------------------------------------------------

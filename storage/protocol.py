@@ -200,6 +200,9 @@ class SessionsAPI(Protocol):
         cwd: str | None = None,
         include_sub_agents: bool = False,
         status: str | None = None,
+        project_id: str | None = None,
+        channel_type: str | None = None,
+        channel_id: str | None = None,
     ) -> int: ...
     def continue_recent(self, cwd: str, *, header: Mapping[str, Any] | None = None) -> Session: ...
     def open(self, value: str, *, cwd: str | None = None) -> Session: ...
@@ -235,6 +238,9 @@ class SessionsAPI(Protocol):
         cwd: str | None = None,
         include_sub_agents: bool = False,
         status: str | None = None,
+        project_id: str | None = None,
+        channel_type: str | None = None,
+        channel_id: str | None = None,
     ) -> SessionPage: ...
     def delete(self, session_id: str, *, lease: Lease | None = None) -> DeletedSession: ...
     def deleted(self, session_id: str) -> DeletedSession | None: ...
@@ -261,6 +267,9 @@ class SessionsAPI(Protocol):
         cwd: str | None = None,
         include_sub_agents: bool = False,
         status: str | None = None,
+        project_id: str | None = None,
+        channel_type: str | None = None,
+        channel_id: str | None = None,
     ) -> DetailPage: ...
 
 
