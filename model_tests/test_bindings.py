@@ -18,6 +18,7 @@ import threading
 from typing import Any
 
 import pytest
+from conftest import forge
 
 from turnkeeper import (
     Binding,
@@ -495,3 +496,30 @@ def test_writers_racing_on_one_channel_never_share_or_lose_it(store):
     final = state(store)
     assert len(final) == 1 and final[0][1:] == ("chat", "room")
     audit_clean(store)
+
+
+# -- the audit judges the sessions' rows against the bindings ----------------------
+
+
+def failing(store: Any) -> dict[str, str]:
+    return {c.name: c.detail for c in run_audit(store) if not c.passed}
+
+
+def test_the_audit_flags_a_session_row_that_disagrees(store):
+    store.sessions.create("a")
+    store.sessions.create("b")
+    store.bindings.bind("a", "t", "1")
+    assert failing(store) == {}
+    forge(store, "UPDATE sessions SET channel_id = '2' WHERE id = 'a'", rows=1)
+    forge(store, "UPDATE sessions SET channel_type = 't', channel_id = '9' WHERE id = 'b'", rows=1)
+    assert failing(store) == {"bindings_agree": "a, b"}
+    assert [c.checked for c in run_audit(store, ["b"]) if c.name == "bindings_agree"] == [1]
+
+
+def test_kill_the_session_row_s_copy(store, monkeypatch):
+    monkeypatch.setattr(bindings, "_mirror", lambda tx, session_id, channel: None)
+    store.sessions.create("a")
+    store.bindings.bind("a", "t", "1")
+    with pytest.raises(AssertionError):
+        state(store)
+    assert set(failing(store)) == {"bindings_agree"}

@@ -76,3 +76,27 @@ def check_no_orphans(store: Snapshot, scope: Scope) -> Check:
         int(row["checked"]),
         sample(bad),
     )
+
+
+def check_bindings_agree(store: Snapshot, scope: Scope) -> Check:
+    """Each session's row repeats exactly its channel binding (``store.bindings``
+    writes both in one transaction): a session row naming a channel without the
+    binding, or another one, was written around the store."""
+    sql = (
+        f"WITH {scope.cte()}, judged AS (SELECT s.id, "
+        "(s.channel_type IS DISTINCT FROM b.channel_type "
+        "OR s.channel_id IS DISTINCT FROM b.channel_id) AS bad "
+        "FROM sessions s LEFT JOIN channel_bindings b ON b.session_id = s.id "
+        f"WHERE {scope.keys_in('s.id')}) "
+        "SELECT (SELECT count(*) FROM judged) AS checked, "
+        "(SELECT array_agg(id ORDER BY id) FROM judged WHERE bad) AS bad"
+    )
+    row = query_rows(store, sql, scope.params())[0]
+    bad = list(row["bad"] or [])
+    return Check(
+        "bindings_agree",
+        "each session's row names the channel it is bound to, and only that one",
+        len(bad),
+        int(row["checked"]),
+        sample(bad),
+    )
