@@ -14,6 +14,7 @@ typed checks' kills also show that the database's keys still hold without them.
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from typing import Any
 
@@ -35,6 +36,7 @@ from turnkeeper import (
     TransactionConflictError,
 )
 from turnkeeper.cli.audit import run_audit
+from turnkeeper.formats.pi import export_lines
 from turnkeeper.storage.ops import bindings
 
 MSG = {"message": {"role": "user", "content": "hi"}}
@@ -172,6 +174,32 @@ def test_listings_filter_by_channel_and_project(store):
     assert ids(project_id="nope") == []
     with pytest.raises(InvalidInputError):
         store.sessions.list(channel_type="")
+
+
+def test_the_header_and_the_export_carry_the_binding(store):
+    store.sessions.create("a", header={"channelType": "old", "channelId": "x", "note": 1})
+    header = store.sessions.header("a")  # local: the stored header's, as a file had them
+    assert (header["channelType"], header["channelId"], header["note"]) == ("old", "x", 1)
+    store.bindings.bind("a", "telegram", "42")
+    header = store.sessions.header("a")
+    assert (header["channelType"], header["channelId"], header["note"]) == ("telegram", "42", 1)
+    exported = json.loads(next(iter(export_lines(store, "a"))))
+    assert (exported["channelType"], exported["channelId"]) == ("telegram", "42")
+    store.sessions.create("b")
+    exported = json.loads(next(iter(export_lines(store, "b"))))
+    assert "channelType" not in exported
+
+
+def test_a_fork_of_a_bound_session_is_local(store):
+    store.bindings.create_bound("t", "1", session_id="src")
+    run = store.runs.admit("src", {"q": 1}, user_message={"role": "user", "content": "q"})
+    store.runs.start(run.id)
+    store.runs.finish(run.id, "succeeded", assistant_message={"role": "assistant", "content": "a"})
+    fork = store.forks.fork("src", request_id="f1")
+    copy = store.sessions.get(fork.fork_session_id)
+    assert (copy.channel_type, copy.channel_id) == (None, None)
+    assert "channelType" not in store.sessions.header(copy.id)
+    assert state(store) == [("src", "t", "1")]
 
 
 # -- transfer ----------------------------------------------------------------------

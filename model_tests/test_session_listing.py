@@ -351,12 +351,11 @@ def test_latest_finds_the_newest_entry_of_a_kind_on_the_current_branch(store):
 
 
 def test_the_header_is_the_seed_s_header_line(store):
-    store.sessions.create("h", cwd="/w", header={"note": "kept", "cwd": "ignored"})
+    store.sessions.create("h", cwd="/w", header={"channelType": "chat", "cwd": "ignored"})
     h = store.sessions.header("h")
     assert list(h)[:5] == ["type", "version", "id", "timestamp", "cwd"]
-    assert (h["type"], h["id"], h["cwd"], h["note"]) == ("session", "h", "/w", "kept")
+    assert (h["type"], h["id"], h["cwd"], h["channelType"]) == ("session", "h", "/w", "chat")
     assert h["timestamp"].endswith("Z")
-    assert "channelType" not in h  # a local session (the binding fields: test_bindings.py)
 
 
 def test_execution_facts_read_runs_lease_and_recovery_in_one_snapshot(store):

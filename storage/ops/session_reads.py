@@ -39,10 +39,6 @@ _MESSAGES = "SELECT seq, id, payload FROM entries WHERE session_id = ? AND kind 
 _NON_TERMINAL = sorted(s.value for s in NON_TERMINAL)
 
 
-_CHANNEL = ("channelType", "channelId")
-"""The seed header's binding fields: the session's current binding decides them."""
-
-
 def _known(tx: Tx, session_id: str) -> None:
     if tx.one("SELECT 1 FROM sessions WHERE id = ?", [session_id]) is None:
         raise errors.SessionNotFoundError(session_id)
@@ -199,8 +195,8 @@ class SessionReadsPart(Area):
         ``timestamp`` (creation time, ISO 8601 UTC with milliseconds), ``cwd``,
         then the stored header fields (``parentSession``, ``forkKind`` …), and
         ``channelType`` and ``channelId`` of its current binding (``store.bindings``)
-        when it is bound; a local session's header has neither (a stored header's
-        own are not the binding and are left out).
+        when it is bound, in place of any the stored header holds (a local
+        session's are the stored header's, as an imported file had them).
 
         Raises:
             SessionNotFoundError: no such session.
@@ -210,12 +206,12 @@ class SessionReadsPart(Area):
         if s is None:
             raise errors.SessionNotFoundError(session_id)
         first = {"type": "session", "version": 3, "id": s.id, "timestamp": _stamp(s.created_at)}
-        skip = {*first, "cwd", *_CHANNEL}
         bound = (
             {}
             if s.channel_type is None
             else {"channelType": s.channel_type, "channelId": s.channel_id}
         )
+        skip = {*first, "cwd", *bound}
         return {
             **first,
             "cwd": s.cwd,
