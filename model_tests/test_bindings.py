@@ -333,11 +333,22 @@ def check_binding_writes_busy(store: Any) -> None:
     assert store.bindings.transfer("t", "1", "other", "h", leases=[lease]).session_id == "h"
     assert store.bindings.set_tools("h", [], lease=lease) == 1
     assert store.bindings.unbind("h", lease=lease) == Binding("h", "t", "1")
+    rotated = store.bindings.rotate("t", "9", "free", lease=None)  # free: nobody holds it
+    store.bindings.bind("h", "t", "1", lease=lease)
+    assert store.bindings.rotate("t", "1", "h", lease=lease).channel_id == "1"
     stale = store.leases.acquire("session:other", "w2", 30)
     store.leases.release(stale)
     with pytest.raises(LeaseLostError):
         store.bindings.bind("other", "t", "2", lease=stale)
+    with pytest.raises(LeaseLostError):  # either session's lease is fenced
+        store.bindings.transfer("t", "9", rotated.id, "other", leases=[stale])
     assert store.bindings.find("t", "2") is None
+    assert store.bindings.find("t", "9") == Binding(rotated.id, "t", "9")
+    refused = rows(
+        store,
+        "SELECT operation FROM fence_events WHERE target = 'session:other' ORDER BY operation",
+    )
+    assert [r["operation"] for r in refused] == ["bind_session", "transfer_binding"]
 
 
 def test_binding_writes_obey_the_session_write_rule(store):
