@@ -102,6 +102,7 @@ def test_short_demo_is_clean_and_fences_stale_writes(demo: DemoRun) -> None:
         "tool_calls_paired",
         "tool_results_in_context",
         "no_orphan_rows",
+        "bindings_agree",
         "stale_delivery_acks_refused",
         "fleet_did_work",
     }
@@ -429,6 +430,15 @@ def _session_half_deleted(con: duckdb.DuckDBPyConnection) -> None:
     changed(con, "DELETE FROM sessions WHERE id = ?", [sid[0]])
 
 
+def _binding_without_row(con: duckdb.DuckDBPyConnection) -> None:
+    """A session row naming a channel that no binding gives it, written around the store."""
+    changed(
+        con,
+        "UPDATE sessions SET channel_type = 'chat', channel_id = 'room' "
+        "WHERE id = (SELECT min(id) FROM sessions)",
+    )
+
+
 def _intent_deleted(con: duckdb.DuckDBPyConnection) -> None:
     """A delivery intent deleted around the store: its operations outlive it."""
     changed(
@@ -452,6 +462,7 @@ CORRUPTIONS: dict[str, tuple[Callable[[duckdb.DuckDBPyConnection], None], str | 
     "call_lapsed": (_call_lapsed, {"tool_calls_paired", "tool_results_in_context"}),
     "session_half_deleted": (_session_half_deleted, "no_orphan_rows"),
     "intent_deleted": (_intent_deleted, "no_orphan_rows"),
+    "binding_without_row": (_binding_without_row, "bindings_agree"),
 }
 
 

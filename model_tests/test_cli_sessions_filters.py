@@ -1,4 +1,4 @@
-"""``turnkeeper sessions``: filters by directory, status and messages, pages with
+"""``turnkeeper sessions``: filters by directory, project, channel, status and messages, pages with
 --offset and --limit, sub-agents only when asked (issue 18), on both backends;
 ``sessions show`` opens a prefix."""
 
@@ -86,3 +86,27 @@ def test_show_opens_a_prefix_and_names_an_ambiguous_one(db: str) -> None:
     many = run("sessions", "--db", db, "show", "0190abc3")
     assert many.exit_code == 2 and "AmbiguousSessionIDError" in many.stderr
     assert "0190abc3-other" in many.stderr and "0190abc3-sess" in many.stderr
+
+
+def test_filters_by_project_and_channel(db: str) -> None:
+    with turnkeeper.open_store(db) as store:
+        work = store.projects.create("work", project_id="work")
+        for sid in ("0190abc0-sess", "0190abc3-sess"):
+            store.sessions.set_metadata(sid, turnkeeper.SessionMetadata(project_id=work.id))
+        store.bindings.bind("0190abc1-sess", "telegram", "42")
+        store.bindings.bind("0190abc3-sess", "slack", "C7")
+    assert listed(db, "--project", "work") == (2, ["0190abc3", "0190abc0"])
+    assert listed(db, "--project", "work", "--cwd", "/a") == (1, ["0190abc0"])
+    assert listed(db, "--channel-type", "telegram") == (1, ["0190abc1"])
+    assert listed(db, "--channel-id", "C7") == (1, ["0190abc3"])
+    assert listed(db, "--channel-type", "slack", "--channel-id", "42") == (0, [])
+    assert listed(db, "--search", "telegr") == (1, ["0190abc1"])  # WithSearch: channel metadata
+    data = json.loads(run("sessions", "--db", db, "--json", "--project", "work").stdout)
+    assert [(s["channel_type"], s["channel_id"]) for s in data["sessions"]] == [
+        ("slack", "C7"),
+        (None, None),
+    ]
+    table = run("sessions", "--db", db, "--channel-type", "slack")
+    assert table.exit_code == 0 and "slack:C7" in table.stdout, table.output
+    missing = run("sessions", "--db", db, "--project", "nope")
+    assert missing.exit_code == 2 and "ProjectNotFoundError" in missing.stderr

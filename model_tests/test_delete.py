@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 
 from turnkeeper import (
+    Binding,
     BusyError,
     CapabilityEvent,
+    ChannelToolConfig,
     DeletedSession,
     DeliveryPlan,
     DeliveryStep,
@@ -49,7 +51,7 @@ def populate(store: Any, sid: str) -> dict[str, Any]:
     opaque line, a finished run (submission, turn, events, tool record, delivery
     plan), an orphan run recovered, response lineage, metadata, a label,
     capability state and an event, guidance, a resource event, a usage record, a
-    fork."""
+    channel binding and tool selection, a fork."""
     store.sessions.import_batch(
         ImportBatch(
             session_id=sid,
@@ -92,6 +94,8 @@ def populate(store: Any, sid: str) -> dict[str, Any]:
     store.guidance.save(Guidance(f"{sid}-g", sid, "secret guidance"))
     store.resources.record_event(InputResourceEvent(sid, "secret.pdf", "materialized"))
     store.usage.record(sid, provider="secret-co", model="m", input_tokens=3, run_id=run.id)
+    store.bindings.bind(sid, "chat", f"secret-chat-{sid}")
+    store.bindings.set_tools(sid, [ChannelToolConfig("secret_tool", True)])
     fork = store.forks.fork(sid, request_id=f"fork-of-{sid}")
     return {"run": run, "orphan": orphan, "fork": fork}
 
@@ -161,6 +165,8 @@ def test_a_delete_removes_every_row_of_the_session_and_nothing_else(store):
     assert store.runs.get(made["run"].id) is None
     assert store.recovery.get(made["orphan"].id) is None
     assert store.lineage.get("a") is None
+    assert store.bindings.find("chat", "secret-chat-a") is None  # the channel is free again
+    assert store.bindings.find("chat", "secret-chat-b") == Binding("b", "chat", "secret-chat-b")
     # nothing of the content anywhere in the database
     dump = str([rows(store, f"SELECT * FROM {t}") for t in deletes.KEPT if t != "projects"])
     assert "secret" not in dump and "alice/a" not in dump

@@ -55,6 +55,11 @@ EXCEPTIONS = {
     "names (so that a delete of that project conflicts with it)",
     "delete_project": "deletes a project and every session in it, in one transaction",
     "retain_session": "deletes one session and fences the retention pass's own lease",
+    "bind_session": "writes a session's row and its channel's binding row (keyed by the channel)",
+    "unbind_session": "writes a session's row and deletes its channel's binding row",
+    "transfer_binding": "moves a channel's binding between two sessions, in one transaction",
+    "create_bound": "creates a session and its channel's binding row",
+    "rotate_bound_session": "creates a session, moves the channel's binding to it from the old",
 }
 """Operations whose one transaction may write rows of two shards, and why."""
 
@@ -75,6 +80,8 @@ BEGIN
             (SELECT session_id FROM delivery_intents WHERE id = j ->> 'intent_id')
         WHEN TG_TABLE_NAME = 'session_forks' THEN 'session:' || (j ->> 'fork_session_id')
         WHEN TG_TABLE_NAME = 'projects' THEN 'project:' || (j ->> 'id')
+        WHEN TG_TABLE_NAME = 'channel_bindings'
+            THEN 'channel:' || (j ->> 'channel_type') || ':' || (j ->> 'channel_id')
         ELSE 'session:' || (j ->> 'session_id')
     END;
     INSERT INTO tk_writes VALUES (txid_current(), current_setting('tk.op', true),
@@ -235,6 +242,15 @@ def _workload(store) -> None:
     store.projects.delete(project.id)
     store.sessions.delete(store.forks.get("fork-1").fork_session_id)
     store.sessions.delete("src")
+    # channel bindings and tools (issue 18)
+    store.sessions.create("chan-a")
+    store.sessions.create("chan-b")
+    store.bindings.bind("chan-a", "chat", "room-1")
+    store.bindings.transfer("chat", "room-1", "chan-a", "chan-b")
+    rotated = store.bindings.rotate("chat", "room-1", "chan-b")
+    store.bindings.unbind(rotated.id)
+    store.bindings.create_bound("chat", "room-2")
+    store.bindings.set_tools("chan-a", [turnkeeper.ChannelToolConfig("web", True)])
     janitor = store.leases.acquire("retention:main", "janitor", 30)
     store.sessions.retain(janitor, keep_last=1)
 
@@ -254,6 +270,7 @@ def test_every_write_transaction_stays_in_one_session_or_lease_target(monkeypatc
     assert {"append", "admit_run", "finish_run", "claim_delivery", "fork_session"} <= ops
     assert {"finalize", "import", "converge_recovery"} <= ops
     assert {"delete_session", "delete_project", "retain_session", "set_session_metadata"} <= ops
+    assert {"bind_session", "transfer_binding", "rotate_bound_session", "set_channel_tools"} <= ops
     wide = [r for r in rows if len(r["shards"]) > 1]
     unexplained = [r for r in wide if r["op"] not in EXCEPTIONS]
     assert unexplained == []

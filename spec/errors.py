@@ -416,6 +416,52 @@ class ProjectExistsError(TurnkeeperError):
     project_id: str
 
 
+class ChannelBoundError(TurnkeeperError):
+    """The channel identity is bound to another session (store.bindings).
+
+    Raised by ``store.bindings.bind``, ``create_bound`` and ``transfer`` when
+    ``(channel_type, channel_id)`` already names ``session_id``, another
+    session than the one the call would bind: a channel has at most one
+    session. Move it with ``store.bindings.transfer`` (the seed's
+    TransferBinding) or ``rotate``. Nothing is written."""
+
+    fields = ("channel_type", "channel_id", "session_id")
+    channel_type: str
+    channel_id: str
+    session_id: str
+
+
+class SessionBoundError(TurnkeeperError):
+    """The session is bound to another channel identity (store.bindings).
+
+    Raised by ``store.bindings.bind`` and ``transfer`` when session
+    ``session_id`` is already bound to ``(channel_type, channel_id)``, another
+    channel: a session has at most one binding (FindBindingBySessionID), and
+    binding it elsewhere would leave that channel without its session.
+    Unbind it first. Nothing is written."""
+
+    fields = ("session_id", "channel_type", "channel_id")
+    session_id: str
+    channel_type: str
+    channel_id: str
+
+
+class BindingNotFoundError(TurnkeeperError):
+    """The channel identity is not bound to the session the call names (store.bindings).
+
+    Raised by ``store.bindings.transfer`` (TransferBinding's ``fromSessionID``)
+    and ``rotate`` (RotateBoundSession's ``oldSessionID``): the move is a
+    compare-and-set on the binding, and ``(channel_type, channel_id)`` is
+    bound to ``bound_session_id`` now (``None``: to no session), not to
+    ``session_id``. Nothing is written."""
+
+    fields = ("channel_type", "channel_id", "session_id", "bound_session_id")
+    channel_type: str
+    channel_id: str
+    session_id: str
+    bound_session_id: str | None
+
+
 class AmbiguousSessionIDError(TurnkeeperError):
     """More than one session's id starts with this prefix.
 
@@ -926,8 +972,10 @@ class ForkRequestConflictError(ForkError):
 __all__ = [
     "AlreadyExistsError",
     "AmbiguousSessionIDError",
+    "BindingNotFoundError",
     "BusyError",
     "CapabilityEventConflictError",
+    "ChannelBoundError",
     "CheckpointError",
     "ConversationTurnExistsError",
     "ConversationTurnNotOpenError",
@@ -983,6 +1031,7 @@ __all__ = [
     "RuntimeLeaseRunMismatchError",
     "RuntimeSessionNotFoundError",
     "SchemaVersionError",
+    "SessionBoundError",
     "SessionFileError",
     "SessionIDExistsError",
     "SessionModifiedError",

@@ -114,6 +114,11 @@ class Session:
     header: Mapping[str, JSON]
     sub_agent_of: str | None = None
     """The parent session of a sub-agent (``store.sessions.new_sub_agent``), else ``None``."""
+    channel_type: str | None = None
+    """The channel identity the session is bound to (session seed Header and
+    SessionInfo ``ChannelType``; ``store.bindings``), ``None`` for a local session."""
+    channel_id: str | None = None
+    """The bound channel identity's id (seed ``ChannelID``), ``None`` for a local session."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -528,6 +533,26 @@ class Project:
     name: str
     created_at: datetime
     updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """A current external channel binding (session seed Binding): channel
+    identity ``(channel_type, channel_id)`` is bound to session ``session_id``.
+    A channel has at most one session and a session at most one channel."""
+
+    session_id: str
+    channel_type: str
+    channel_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelToolConfig:
+    """One persisted tool selection of a channel session (session seed
+    ChannelToolConfig): tool ``tool_name`` is ``enabled`` or not."""
+
+    tool_name: str
+    enabled: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,9 @@ Session writes and leases (one rule). Every write to an existing session's state
 ``sessions.branch_with_summary``, ``sessions.set_label``,
 ``sessions.set_title``, compactions, ``sessions.import_batch`` into it), its
 deletion (``sessions.delete``, a project's delete) and metadata
-(``sessions.set_metadata``), its
+(``sessions.set_metadata``), its channel binding and channel tools
+(``bindings.bind``, ``bindings.unbind``, ``bindings.transfer`` (both
+sessions), ``bindings.rotate`` (the old session), ``bindings.set_tools``), its
 runs (``runs.admit`` … ``runs.finish``, ``runs.annotate_error``,
 ``runs.update_usage``, ``runs.update_progress``, ``runs.update_error_info``,
 ``runs.record_event``, ``runs.save_intent``), its conversation turns
@@ -29,8 +31,8 @@ Either way a refused write writes nothing. A grant committed meanwhile
 never goes through beside the check: on PostgreSQL the check writes the
 lease row (and a grant the session row), so the two conflict; on DuckDB
 both run under the file's write lock. Not session writes, so outside the rule: creating a
-session (``sessions.create``, a fork's new session, an import that creates
-one); the requests addressed to the holder, which it honours
+session (``sessions.create``, ``bindings.create_bound``, a fork's new session, an import
+that creates one); the requests addressed to the holder, which it honours
 (``runs.request_cancel``, ``tools.request_recovery``); recovery, which
 needs its own ``recovery`` lease; and outbox claims and updates, fenced by
 their own claim epoch. A lease given to any write is fenced all the same (an
@@ -39,11 +41,12 @@ import that creates its session too): a stale or forged one writes nothing.
 Reads of a missing thing (one rule). A lookup of one thing by its id or key
 (``sessions.get``, ``sessions.entry``, ``runs.get``, ``recovery.get``,
 ``forks.get``, ``tools.get``, ``outbox.get_plan``, ``outbox.get_operation``,
-``sessions.deleted``, ``projects.get``, ``usage.get``,
+``sessions.deleted``, ``projects.get``, ``usage.get``, ``bindings.find``,
 ``lineage.get``, ``threads.resolve``) returns ``None`` when there is none, as
 the threadstore seed's Resolve does. A read of what is inside a session
 (``sessions.entries``, ``sessions.replay``, ``sessions.labels``,
-``sessions.get_metadata``,
+``sessions.get_metadata``, ``bindings.find_by_session``, ``bindings.tools``,
+``bindings.tool_generation``,
 ``sessions.opaque_records``, ``runs.list``, ``runs.active``, ``runs.events``,
 ``runs.turns``, ``runs.latest_for_intent``,
 ``tools.list``, ``usage.list``) raises ``SessionNotFoundError`` when the session does not exist,
@@ -67,7 +70,9 @@ from turnkeeper.spec.delivery import DeliveryIntent, DeliveryOperation, Delivery
 from turnkeeper.spec.fork import Fork
 from turnkeeper.spec.records import (
     ANY_LEAF,
+    Binding,
     CapabilityEvent,
+    ChannelToolConfig,
     ConversationTurn,
     DeletedSession,
     DetailPage,
@@ -198,6 +203,9 @@ class SessionsAPI(Protocol):
         cwd: str | None = None,
         include_sub_agents: bool = False,
         status: str | None = None,
+        project_id: str | None = None,
+        channel_type: str | None = None,
+        channel_id: str | None = None,
     ) -> int: ...
     def continue_recent(self, cwd: str, *, header: Mapping[str, Any] | None = None) -> Session: ...
     def open(self, value: str, *, cwd: str | None = None) -> Session: ...
@@ -233,6 +241,9 @@ class SessionsAPI(Protocol):
         cwd: str | None = None,
         include_sub_agents: bool = False,
         status: str | None = None,
+        project_id: str | None = None,
+        channel_type: str | None = None,
+        channel_id: str | None = None,
     ) -> SessionPage: ...
     def delete(self, session_id: str, *, lease: Lease | None = None) -> DeletedSession: ...
     def deleted(self, session_id: str) -> DeletedSession | None: ...
@@ -259,6 +270,9 @@ class SessionsAPI(Protocol):
         cwd: str | None = None,
         include_sub_agents: bool = False,
         status: str | None = None,
+        project_id: str | None = None,
+        channel_type: str | None = None,
+        channel_id: str | None = None,
     ) -> DetailPage: ...
 
 
@@ -572,6 +586,58 @@ class ProjectsAPI(Protocol):
     def list(self) -> list[Project]: ...
 
 
+class BindingsAPI(Protocol):
+    """``store.bindings``: channel bindings and channel tools (session seed
+    BindSession, TransferBinding, FindBinding, CreateBound, RotateBoundSession,
+    SetChannelTools …)."""
+
+    def bind(
+        self, session_id: str, channel_type: str, channel_id: str, *, lease: Lease | None = None
+    ) -> Binding: ...
+    def unbind(self, session_id: str, *, lease: Lease | None = None) -> Binding | None: ...
+    def transfer(
+        self,
+        channel_type: str,
+        channel_id: str,
+        from_session_id: str,
+        to_session_id: str,
+        *,
+        leases: Sequence[Lease] = (),
+    ) -> Binding: ...
+    def find(self, channel_type: str, channel_id: str) -> Binding | None: ...
+    def find_by_session(self, session_id: str) -> Binding | None: ...
+    def create_bound(
+        self,
+        channel_type: str,
+        channel_id: str,
+        *,
+        session_id: str | None = None,
+        cwd: str = "",
+        header: Mapping[str, Any] | None = None,
+    ) -> Session: ...
+    def rotate(
+        self,
+        channel_type: str,
+        channel_id: str,
+        old_session_id: str,
+        *,
+        session_id: str | None = None,
+        cwd: str | None = None,
+        header: Mapping[str, Any] | None = None,
+        lease: Lease | None = None,
+    ) -> Session: ...
+    def set_tools(
+        self,
+        session_id: str,
+        tools: Sequence[ChannelToolConfig],
+        *,
+        lease: Lease | None = None,
+    ) -> int: ...
+    def tools(self, session_id: str) -> list[ChannelToolConfig]: ...
+    def tool_generation(self, session_id: str) -> int: ...
+    def list(self, *, channel_type: str | None = None) -> list[Binding]: ...
+
+
 class UsageAPI(Protocol):
     """``store.usage``: usage records, one per model request (session seed
     RecordUsage, RecordUsageFromProviderUsage)."""
@@ -667,5 +733,7 @@ class Store(Protocol):
     def projects(self) -> ProjectsAPI: ...
     @property
     def usage(self) -> UsageAPI: ...
+    @property
+    def bindings(self) -> BindingsAPI: ...
 
     def close(self) -> None: ...

@@ -23,6 +23,7 @@ from .backend import Backend, QueryFn, Tx
 from .codec import check_text
 from .migrations import SCHEMA_VERSION, statements
 from .ops.base import Shared
+from .ops.bindings import Bindings
 from .ops.capabilities import Capabilities
 from .ops.forks import Forks
 from .ops.guidance import GuidanceQueue
@@ -104,6 +105,7 @@ class BaseStore:
     - :attr:`resources` (lifecycle events of a run's input resources);
     - :attr:`projects` (create, list, rename, delete projects of sessions);
     - :attr:`usage` (usage records per model request: record, list …);
+    - :attr:`bindings` (channel bindings of sessions and channel tool selections);
 
     and the store itself: :meth:`query`, :meth:`snapshot`,
     :meth:`query_batches`, :meth:`json_sql`, :meth:`subscribe`,
@@ -142,6 +144,7 @@ class BaseStore:
         self.resources = Resources(shared)
         self.projects = Projects(shared, branches)
         self.usage = Usage(shared)
+        self.bindings = Bindings(shared)
         try:
             if backend.read_only:
                 self.db.read("check_schema", self._check_schema, snapshot=True)

@@ -32,7 +32,7 @@ from turnkeeper.storage import BaseStore
 from turnkeeper.storage.store import Snapshot
 
 from .audit_base import Check, Scope, rows, sample
-from .audit_orphans import check_no_orphans
+from .audit_orphans import check_bindings_agree, check_no_orphans
 from .audit_runs import run_checks
 
 GRANTING = "('grant', 'regrant', 'takeover')"
@@ -361,4 +361,5 @@ def _checks(
 
     checks.extend(run_checks(store, scope))
     checks.append(check_no_orphans(store, scope))
+    checks.append(check_bindings_agree(store, scope))
     return checks

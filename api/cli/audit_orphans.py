@@ -36,6 +36,8 @@ OWNED: tuple[tuple[str, str, str, str], ...] = (
     ("input_resource_events", "session_id", "sessions", "id"),
     ("event_cursors", "session_id", "sessions", "id"),
     ("usage_records", "session_id", "sessions", "id"),
+    ("channel_tools", "session_id", "sessions", "id"),
+    ("channel_bindings", "session_id", "sessions", "id"),
     ("session_forks", "fork_session_id", "sessions", "id"),
     ("sessions", "sub_agent_of", "sessions", "id"),
     ("recovery_events", "run_id", "runs", "id"),
@@ -71,6 +73,30 @@ def check_no_orphans(store: Snapshot, scope: Scope) -> Check:
     return Check(
         "no_orphan_rows",
         "every row of a session, run, delivery intent or project belongs to one that exists",
+        len(bad),
+        int(row["checked"]),
+        sample(bad),
+    )
+
+
+def check_bindings_agree(store: Snapshot, scope: Scope) -> Check:
+    """Each session's row repeats exactly its channel binding (``store.bindings``
+    writes both in one transaction): a session row naming a channel without the
+    binding, or another one, was written around the store."""
+    sql = (
+        f"WITH {scope.cte()}, judged AS (SELECT s.id, "
+        "(s.channel_type IS DISTINCT FROM b.channel_type "
+        "OR s.channel_id IS DISTINCT FROM b.channel_id) AS bad "
+        "FROM sessions s LEFT JOIN channel_bindings b ON b.session_id = s.id "
+        f"WHERE {scope.keys_in('s.id')}) "
+        "SELECT (SELECT count(*) FROM judged) AS checked, "
+        "(SELECT array_agg(id ORDER BY id) FROM judged WHERE bad) AS bad"
+    )
+    row = query_rows(store, sql, scope.params())[0]
+    bad = list(row["bad"] or [])
+    return Check(
+        "bindings_agree",
+        "each session's row names the channel it is bound to, and only that one",
         len(bad),
         int(row["checked"]),
         sample(bad),

@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from turnkeeper.spec.errors import SessionNotFoundError
+from turnkeeper.spec.errors import ProjectNotFoundError, SessionNotFoundError
 from turnkeeper.spec.records import Entry, Session
 from turnkeeper.storage import BaseStore
 from turnkeeper.storage.ops.listing import STATUSES
@@ -80,8 +80,9 @@ def short_ids(ids: Iterable[str], minimum: int = SHORT_ID) -> dict[str, str]:
 @dataclass(frozen=True, slots=True)
 class Filters:
     """What ``turnkeeper sessions`` selects: ``store.sessions.list``'s filters
-    (``cwd``, ``status``, ``messages_only``, ``include_sub_agents``, ``search``),
-    or with ``parent`` that session's sub-agents (``store.sessions.sub_agents``)."""
+    (``cwd``, ``status``, ``messages_only``, ``include_sub_agents``, ``search``,
+    ``project_id``, ``channel_type``, ``channel_id``), or with ``parent`` that
+    session's sub-agents (``store.sessions.sub_agents``)."""
 
     search: str | None = None
     cwd: str | None = None
@@ -89,6 +90,9 @@ class Filters:
     messages_only: bool = False
     include_sub_agents: bool = False
     parent: str | None = None
+    project_id: str | None = None
+    channel_type: str | None = None
+    channel_id: str | None = None
 
     def listing(self) -> dict[str, Any]:
         return {
@@ -97,6 +101,9 @@ class Filters:
             "status": self.status,
             "messages_only": self.messages_only,
             "include_sub_agents": self.include_sub_agents,
+            "project_id": self.project_id,
+            "channel_type": self.channel_type,
+            "channel_id": self.channel_id,
         }
 
 
@@ -137,6 +144,8 @@ def _session_dict(s: Session) -> dict[str, Any]:
         "updated_at": s.updated_at,
         "leaf_id": s.leaf_id,
         "sub_agent_of": s.sub_agent_of,
+        "channel_type": s.channel_type,
+        "channel_id": s.channel_id,
     }
 
 
@@ -154,6 +163,8 @@ def list_sessions(
     ``total`` counts every session the filters select."""
     f = filters or Filters()
     with open_db(db, read_only=True) as store:
+        if f.project_id is not None and store.projects.get(f.project_id) is None:
+            raise ProjectNotFoundError(f.project_id)
         if f.parent is not None:
             if store.sessions.get(f.parent) is None:
                 raise SessionNotFoundError(f.parent)
@@ -170,13 +181,22 @@ def list_sessions(
     table.add_column("id", no_wrap=True, overflow="fold")
     table.add_column("title", overflow="fold")
     table.add_column("cwd", overflow="fold")
+    bound = any(s.channel_type is not None for s in sessions)
+    if bound:
+        table.add_column("channel", overflow="fold")
     table.add_column("entries", justify="right")
     table.add_column("created (UTC)", no_wrap=True)
     for s in sessions:
+        channel = (
+            []
+            if not bound
+            else [cell(f"{s.channel_type}:{s.channel_id}" if s.channel_type else "")]
+        )
         table.add_row(
             cell(s.id),
             cell(s.title or ""),
             cell(s.cwd),
+            *channel,
             f"{s.entry_count:,}",
             s.created_at.strftime("%Y-%m-%d %H:%M:%S"),
         )
@@ -366,6 +386,15 @@ def _list_options(f: F) -> F:
         default=None,
         help="active: a run not yet ended; idle: none.",
     )(f)
+    f = click.option(
+        "--channel-id", default=None, help="Only sessions bound to a channel of this id."
+    )(f)
+    f = click.option(
+        "--channel-type", default=None, help="Only sessions bound to a channel of this type."
+    )(f)
+    f = click.option(
+        "--project", "project_id", default=None, metavar="ID", help="Only project ID's sessions."
+    )(f)
     f = click.option("--cwd", default=None, help="Only this working directory's sessions.")(f)
     f = click.option(
         "--offset",
@@ -381,7 +410,9 @@ def _list_options(f: F) -> F:
         show_default=True,
         help="Most sessions to list.",
     )(f)
-    f = click.option("--search", default=None, help="Match id, cwd, title or message text.")(f)
+    f = click.option(
+        "--search", default=None, help="Match id, cwd, title, channel or message text."
+    )(f)
     return f
 
 
@@ -390,8 +421,9 @@ def _list_options(f: F) -> F:
 @_list_options
 @click.pass_context
 def sessions_group(ctx: click.Context, /, db: str, **options: Any) -> None:
-    """List sessions newest first (id, title, cwd, entries, created), filtered by
-    directory, status and messages, paged with --offset and --limit; sub-agent
+    """List sessions newest first (id, title, cwd, channel, entries, created), filtered
+    by directory, project, channel, status and messages, paged with --offset and
+    --limit; sub-agent
     sessions only with --sub-agents (or --sub-agents-of a parent). See also `show`."""
     ctx.ensure_object(dict)
     ctx.obj["db"] = db
@@ -420,8 +452,21 @@ def _list(
     messages_only: bool,
     include_sub_agents: bool,
     parent: str | None,
+    project_id: str | None,
+    channel_type: str | None,
+    channel_id: str | None,
 ) -> None:
-    filters = Filters(search, cwd, status, messages_only, include_sub_agents, parent)
+    filters = Filters(
+        search,
+        cwd,
+        status,
+        messages_only,
+        include_sub_agents,
+        parent,
+        project_id,
+        channel_type,
+        channel_id,
+    )
     list_sessions(db, search, limit, as_json, offset=offset, filters=filters)
 
 

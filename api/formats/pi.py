@@ -383,7 +383,8 @@ def export_lines(store: Store, session_id: str) -> Iterator[str]:
     Header: ``type``, ``version`` (3), ``id``, ``timestamp`` (the session's
     creation time, see :func:`~turnkeeper.formats.pi_parse.format_timestamp`),
     ``cwd``, then every other stored header field (``parentSession``, fields
-    pi ignores) in stored order. Then every entry in sequence order as
+    pi ignores) in stored order, ``channelType`` and ``channelId`` those of the
+    session's binding when it is bound (``store.bindings``). Then every entry in sequence order as
     ``{"type", "id", "parentId", "timestamp", **payload}``. Opaque records
     are not exported.
 
@@ -404,6 +405,9 @@ def export_lines(store: Store, session_id: str) -> Iterator[str]:
         "cwd": session.cwd,
     }
     header.update((k, v) for k, v in session.header.items() if k not in _HEADER_FIRST)
+    if session.channel_type is not None:  # its binding (store.bindings), as the seed's Header
+        header["channelType"] = session.channel_type
+        header["channelId"] = session.channel_id
     yield _dumps(header)
     for e in store.sessions.entries(session_id):
         base = {"type": e.kind, "id": e.id, "parentId": e.parent_id}

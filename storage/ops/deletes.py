@@ -6,7 +6,9 @@ execution intents, runs, run events, submissions, conversation turns, orphan
 recoveries and their events, response lineage, delivery intents with their
 operations and events, tool-execution records with their events, its
 metadata, capability state and events, guidance, input resource events, usage
-records, and
+records, its channel tool selection, its channel binding (the binding is the
+session row's ``channel_type`` and ``channel_id``: the channel identity is free
+for another session afterwards), and
 the record of the fork that made it (when it is a fork). It
 writes one ``deleted_sessions`` row in their place: counts and times, no
 content (:class:`~turnkeeper.spec.records.DeletedSession`). A session's
@@ -75,6 +77,8 @@ REMOVED: tuple[tuple[str, str], ...] = (
     ("input_resource_events", "session_id = ?"),
     ("event_cursors", "session_id = ?"),
     ("usage_records", "session_id = ?"),
+    ("channel_tools", "session_id = ?"),
+    ("channel_bindings", "session_id = ?"),
     ("session_forks", "fork_session_id = ?"),
     ("entries", "session_id = ?"),
     ("sessions", "id = ?"),
@@ -271,21 +275,21 @@ class DeletesPart(Area):
         (session seed DeleteSession). A session write: under the session's
         ``lease``, or only while nobody holds a live lease on it.
 
-        Removed: the session row, its entries (every branch), opaque import
-        lines, execution intents, runs, run events, submissions, conversation
-        turns, orphan recoveries and their events, response lineage, delivery
-        intents, operations and their events, tool-execution records and their
-        events, its metadata (project, pinned), and the record of the fork
-        that made it. Kept: one ``deleted_sessions`` row (returned: counts and
-        times, no content), the lease rows and lease/fence events of
-        ``session:<id>``, and the records of forks made *from* it (a fork is a
-        copy of its own and survives its source; ``store.forks.get`` still
-        returns its record, whose ``source_session_id`` no longer exists). The
-        id is never reused (``SessionIDExistsError`` on a create, import or
-        fork into it). Its sub-agent sessions (``new_sub_agent``), and
-        theirs, are deleted with it in the same transaction, each leaving its
-        own ``deleted_sessions`` row (the same ``reason``); returned is the
-        session's (``deleted(id)`` reads a sub-agent's).
+        Removed: the session row, its entries (every branch), opaque import lines,
+        execution intents, runs, run events, submissions, conversation turns, orphan
+        recoveries and their events, response lineage, delivery intents, operations and
+        their events, tool-execution records and their events, its metadata (project,
+        pinned), its channel binding (the channel identity is free afterwards:
+        ``store.bindings``) and channel tool selection, and the record of the fork that
+        made it. Kept: one ``deleted_sessions`` row (returned: counts and times, no
+        content), the lease rows and lease/fence events of ``session:<id>``, and the
+        records of forks made *from* it (a fork is a copy of its own and survives its
+        source; ``store.forks.get`` still returns its record, whose
+        ``source_session_id`` no longer exists). The id is never reused
+        (``SessionIDExistsError`` on a create, import or fork into it). Its
+        sub-agent sessions (``new_sub_agent``), and theirs, are deleted with it in the
+        same transaction, each leaving its own ``deleted_sessions`` row (the same
+        ``reason``); returned is the session's (``deleted(id)`` reads a sub-agent's).
 
         Raises:
             SessionNotFoundError: no session has this id (a second delete too).

@@ -86,7 +86,7 @@ def import_rows(
         deletes.refuse_deleted(tx, session_id)
         tx.exec(
             f"INSERT INTO sessions ({SESSION_COLS}, id_head) "
-            "VALUES (?, ?, ?, ?, NULL, NULL, 0, 1, ?, NULL, ?)",
+            "VALUES (?, ?, ?, ?, NULL, NULL, 0, 1, ?, NULL, NULL, NULL, ?)",
             [session_id, cwd, created_at, created_at, header_json, session_id[:ID_HEAD]],
         )
         next_seq = 1

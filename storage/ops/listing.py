@@ -18,7 +18,7 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.records import DetailPage, Session, SessionDetail, SessionPage
 
 from ..backend import Tx, keyed, present
-from ..codec import check_instant, check_text, from_json, to_json
+from ..codec import check_id, check_instant, check_text, from_json, to_json
 from ..pairing import Opening
 from ..validate import check_bool, check_header, check_int, check_limit
 from . import session_rows
@@ -27,7 +27,9 @@ from .session_rows import SESSION_COLS, session_row
 
 _SEARCH = (
     "(s.id ILIKE ? ESCAPE '\\' OR s.cwd ILIKE ? ESCAPE '\\' "
-    "OR coalesce(s.title, '') ILIKE ? ESCAPE '\\' OR EXISTS "
+    "OR coalesce(s.title, '') ILIKE ? ESCAPE '\\' "
+    "OR coalesce(s.channel_type, '') ILIKE ? ESCAPE '\\' "
+    "OR coalesce(s.channel_id, '') ILIKE ? ESCAPE '\\' OR EXISTS "
     "(SELECT 1 FROM entries e WHERE e.session_id = s.id "
     "AND e.kind IN ('message', 'session_info', 'custom_message') "
     "AND e.payload ILIKE ? ESCAPE '\\'))"
@@ -50,7 +52,7 @@ def _json_like(search: str) -> str:
 def _params(search: str) -> list[str]:
     """The parameters of :data:`_SEARCH` for ``search``."""
     like = _like(search)
-    return [like, like, like, _json_like(search)]
+    return [like, like, like, like, like, _json_like(search)]
 
 
 def _encode_cursor(session: Session) -> str:
@@ -78,6 +80,9 @@ PREVIEW_CHARS = 100
 
 _HAS_MESSAGE = "EXISTS (SELECT 1 FROM entries e WHERE e.session_id = s.id AND e.kind = 'message')"
 _ACTIVE = "EXISTS (SELECT 1 FROM active_runs a WHERE a.session_id = s.id)"
+_IN_PROJECT = (
+    "EXISTS (SELECT 1 FROM session_metadata m WHERE m.session_id = s.id AND m.project_id = ?)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +94,9 @@ class Filter:
     cwd: str | None = None
     include_sub_agents: bool = False
     status: str | None = None
+    project_id: str | None = None
+    channel_type: str | None = None
+    channel_id: str | None = None
 
 
 def _source(f: Filter) -> tuple[str, list[Any]]:
@@ -120,6 +128,15 @@ def _where(f: Filter) -> tuple[list[str], list[Any]]:
         where.append(_ACTIVE)
     elif f.status == "idle":
         where.append(f"NOT {_ACTIVE}")
+    if f.project_id is not None:
+        where.append(_IN_PROJECT)
+        params.append(f.project_id)
+    if f.channel_type is not None:
+        where.append("s.channel_type = ?")
+        params.append(f.channel_type)
+    if f.channel_id is not None:
+        where.append("s.channel_id = ?")
+        params.append(f.channel_id)
     return where, params
 
 
@@ -230,6 +247,9 @@ def _filter(
     cwd: str | None,
     include_sub_agents: bool,
     status: str | None,
+    project_id: str | None = None,
+    channel_type: str | None = None,
+    channel_id: str | None = None,
 ) -> Filter:
     if search is not None:
         check_text(search, "search")
@@ -239,7 +259,16 @@ def _filter(
     check_bool(include_sub_agents, "include_sub_agents")
     if status is not None and status not in STATUSES:
         raise errors.InvalidInputError("status", f"must be one of {STATUSES}, got {status!r}")
-    return Filter(search, messages_only, cwd, include_sub_agents, status)
+    for value, field in (
+        (project_id, "project_id"),
+        (channel_type, "channel_type"),
+        (channel_id, "channel_id"),
+    ):
+        if value is not None:
+            check_id(value, field)
+    return Filter(
+        search, messages_only, cwd, include_sub_agents, status, project_id, channel_type, channel_id
+    )
 
 
 class ListingPart(Area):
@@ -257,13 +286,20 @@ class ListingPart(Area):
         cwd: str | None = None,
         include_sub_agents: bool = False,
         status: str | None = None,
+        project_id: str | None = None,
+        channel_type: str | None = None,
+        channel_id: str | None = None,
     ) -> SessionPage:
         """Sessions newest first (session seed ListAll, and ListForDir with ``cwd``).
 
-        ``search`` matches id, cwd, title and message text (WithSearch);
+        ``search`` matches id, cwd, title, the bound channel's type and id, and
+        message text (WithSearch);
         ``messages_only`` keeps sessions with at least one ``message`` entry
         (WithMessagesOnly); ``cwd`` keeps one working directory's; ``status``
-        keeps ``"active"`` sessions (a non-terminal run) or ``"idle"`` ones.
+        keeps ``"active"`` sessions (a non-terminal run) or ``"idle"`` ones;
+        ``project_id`` keeps a project's sessions (``store.projects``);
+        ``channel_type`` and ``channel_id`` keep the sessions bound to channels of
+        that type, or that id (``store.bindings``).
         Sub-agent sessions (``new_sub_agent``) are left out unless
         ``include_sub_agents`` (see ``sub_agents``). ``offset`` skips that many
         sessions first (WithOffset; after the cursor's position when both are
@@ -277,7 +313,16 @@ class ListingPart(Area):
         """
         check_limit(limit)
         check_int(offset, "offset", 0)
-        f = _filter(search, messages_only, cwd, include_sub_agents, status)
+        f = _filter(
+            search,
+            messages_only,
+            cwd,
+            include_sub_agents,
+            status,
+            project_id,
+            channel_type,
+            channel_id,
+        )
         if cursor is not None:
             check_text(cursor, "cursor", allow_empty=False)
         return self.db.read(
@@ -295,13 +340,25 @@ class ListingPart(Area):
         cwd: str | None = None,
         include_sub_agents: bool = False,
         status: str | None = None,
+        project_id: str | None = None,
+        channel_type: str | None = None,
+        channel_id: str | None = None,
     ) -> DetailPage:
         """``list``'s page, each session with its message count and the preview of
         its first user message (session seed ListAllDetailed, ListForDirDetailed
         with ``cwd``), read in one snapshot. Arguments and errors as ``list``."""
         check_limit(limit)
         check_int(offset, "offset", 0)
-        f = _filter(search, messages_only, cwd, include_sub_agents, status)
+        f = _filter(
+            search,
+            messages_only,
+            cwd,
+            include_sub_agents,
+            status,
+            project_id,
+            channel_type,
+            channel_id,
+        )
         if cursor is not None:
             check_text(cursor, "cursor", allow_empty=False)
 
@@ -319,6 +376,9 @@ class ListingPart(Area):
         cwd: str | None = None,
         include_sub_agents: bool = False,
         status: str | None = None,
+        project_id: str | None = None,
+        channel_type: str | None = None,
+        channel_id: str | None = None,
     ) -> int:
         """Number of sessions ``list`` selects with these arguments (session seed
         CountAll without any; CountWithMessages with ``messages_only``).
@@ -326,7 +386,16 @@ class ListingPart(Area):
         Raises:
             InvalidInputError: an unknown ``status`` or a bad text.
         """
-        f = _filter(search, messages_only, cwd, include_sub_agents, status)
+        f = _filter(
+            search,
+            messages_only,
+            cwd,
+            include_sub_agents,
+            status,
+            project_id,
+            channel_type,
+            channel_id,
+        )
         return self.db.read("count_sessions", lambda tx: count(tx, f))
 
     def continue_recent(self, cwd: str, *, header: Mapping[str, Any] | None = None) -> Session:

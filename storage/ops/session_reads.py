@@ -193,7 +193,10 @@ class SessionReadsPart(Area):
         """The session header as the seed's ``Header`` line has it (session seed
         GetHeader): ``type`` (``"session"``), ``version`` (3), ``id``,
         ``timestamp`` (creation time, ISO 8601 UTC with milliseconds), ``cwd``,
-        then the stored header fields (``parentSession``, ``forkKind`` …).
+        then the stored header fields (``parentSession``, ``forkKind`` …), and
+        ``channelType`` and ``channelId`` of its current binding (``store.bindings``)
+        when it is bound, in place of any the stored header holds (a local
+        session's are the stored header's, as an imported file had them).
 
         Raises:
             SessionNotFoundError: no such session.
@@ -203,10 +206,17 @@ class SessionReadsPart(Area):
         if s is None:
             raise errors.SessionNotFoundError(session_id)
         first = {"type": "session", "version": 3, "id": s.id, "timestamp": _stamp(s.created_at)}
+        bound = (
+            {}
+            if s.channel_type is None
+            else {"channelType": s.channel_type, "channelId": s.channel_id}
+        )
+        skip = {*first, "cwd", *bound}
         return {
             **first,
             "cwd": s.cwd,
-            **{k: v for k, v in s.header.items() if k not in first and k != "cwd"},
+            **{k: v for k, v in s.header.items() if k not in skip},
+            **bound,
         }
 
     def execution_facts(self, session_id: str) -> ExecutionFacts:

@@ -56,7 +56,8 @@ from .entry_rows import (
 NOW = leases.NOW
 
 SESSION_COLS = (
-    "id, cwd, created_at, updated_at, leaf_id, title, entry_count, next_seq, header, sub_agent_of"
+    "id, cwd, created_at, updated_at, leaf_id, title, entry_count, next_seq, header, sub_agent_of, "
+    "channel_type, channel_id"
 )
 ID_HEAD = 8
 """Characters of a session id kept in ``sessions.id_head`` (DuckDB's index of an
@@ -86,6 +87,8 @@ def session_row(row: Sequence[Any]) -> Session:
         next_seq=row[7],
         header=from_json(row[8]),
         sub_agent_of=row[9],
+        channel_type=row[10],
+        channel_id=row[11],
     )
 
 
@@ -97,7 +100,8 @@ def create(
     created_at: datetime | None,
     sub_agent_of: str | None = None,
 ) -> Session:
-    """Insert a new session row (``sub_agent_of``: the parent of a sub-agent).
+    """Insert a new session row (``sub_agent_of``: the parent of a sub-agent), local
+    (``store.bindings`` binds it).
 
     Raises:
         SessionIDExistsError: the id is taken (the row is never updated) or was
@@ -110,7 +114,7 @@ def create(
         )
     row = tx.one(
         f"INSERT INTO sessions ({SESSION_COLS}, id_head) VALUES "
-        f"(?, ?, coalesce(?::TIMESTAMPTZ, {NOW}), {NOW}, NULL, NULL, 0, 1, ?, ?, ?) "
+        f"(?, ?, coalesce(?::TIMESTAMPTZ, {NOW}), {NOW}, NULL, NULL, 0, 1, ?, ?, NULL, NULL, ?) "
         f"RETURNING {SESSION_COLS}",
         [
             session_id,
