@@ -32,7 +32,14 @@ import pytest
 from test_group_commit import grouped, queued_together
 
 import turnkeeper
-from turnkeeper import DeliveryPlan, DeliveryStep, EntryKind, LeaseLostError, ResponseState
+from turnkeeper import (
+    ChannelToolConfig,
+    DeliveryPlan,
+    DeliveryStep,
+    EntryKind,
+    LeaseLostError,
+    ResponseState,
+)
 from turnkeeper.spec.errors import LeasePurposeError
 from turnkeeper.spec.records import (
     FinalizeRequest,
@@ -341,6 +348,38 @@ def _fork_session(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     return lease, lambda lease: store.forks.fork("s", request_id="f1", lease=lease)
 
 
+def _held(store: turnkeeper.BaseStore, sid: str = "s") -> turnkeeper.Lease:
+    store.sessions.create(sid)
+    return store.leases.acquire(f"session:{sid}", "w", 600)
+
+
+def _bind(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = _held(store)
+    return lease, lambda lease: store.bindings.bind("s", "slack", "c1", lease=lease)
+
+
+def _unbind(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    store.sessions.create("s")
+    store.bindings.bind("s", "slack", "c1")
+    lease = store.leases.acquire("session:s", "w", 600)
+    return lease, lambda lease: store.bindings.unbind("s", lease=lease)
+
+
+def _rotate(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    store.sessions.create("s")
+    store.bindings.bind("s", "slack", "c1")
+    lease = store.leases.acquire("session:s", "w", 600)
+    return lease, lambda lease: store.bindings.rotate(
+        "slack", "c1", "s", session_id="s2", lease=lease
+    )
+
+
+def _set_tools(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = _held(store)
+    tools = [ChannelToolConfig("bash", True)]
+    return lease, lambda lease: store.bindings.set_tools("s", tools, lease=lease)
+
+
 def _finalize(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease = store.leases.acquire("thread-key:k1", "w", 600)
     record = ThreadRecord("r1", key="k1")
@@ -405,6 +444,10 @@ def _end_turn(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
 Setup = Callable[[turnkeeper.BaseStore], tuple[turnkeeper.Lease, Call]]
 
 WRITES: dict[str, Setup] = {
+    "bindings.bind": _bind,
+    "bindings.unbind": _unbind,
+    "bindings.rotate": _rotate,
+    "bindings.set_tools": _set_tools,
     "sessions.append": _append,
     "sessions.append[own id]": _append_own_id,
     "sessions.append_many": _append_many,
