@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -407,3 +408,62 @@ def test_an_id_naming_a_file_in_the_working_directory_stays_an_id(
     monkeypatch.chdir(tmp_path)
     (tmp_path / "0190abcd-1111").write_text("not a session file\n")
     assert store.sessions.open("0190abcd-1111").id == "0190abcd-1111"
+
+
+def test_two_continue_recent_on_a_new_directory_agree_on_one_session(real_store, monkeypatch):
+    """Two processes resume the same empty directory at once: both read "no
+    session here" before either creates one. They must still end with one
+    session, not two (the read and the create are one serializable
+    transaction on PostgreSQL; DuckDB's write lock orders them)."""
+    check_continue_recent_race(real_store, monkeypatch)
+
+
+def test_the_continue_recent_race_test_fails_at_snapshot_isolation(real_store, monkeypatch):
+    """Control: the same race with the transaction at the store's usual
+    REPEATABLE READ makes two sessions (write skew)."""
+    if real_store.db.dialect.serialized_writes:
+        pytest.skip("DuckDB: the write lock orders the two transactions")
+    real_write = real_store.db.write
+
+    def write(operation: str, body: Any, **kw: Any) -> Any:
+        kw.pop("serializable", None)
+        return real_write(operation, body, **kw)
+
+    monkeypatch.setattr(real_store.db, "write", write)
+    with pytest.raises(AssertionError, match="two sessions"):
+        check_continue_recent_race(real_store, monkeypatch)
+
+
+def check_continue_recent_race(store: Any, monkeypatch: Any) -> None:
+    import contextlib
+    import threading
+
+    from turnkeeper.storage.ops import listing
+
+    real = listing.most_recent
+    both_read = threading.Barrier(2)
+    waited: set[int] = set()
+
+    def paused(tx: Any, cwd: str) -> Any:
+        found = real(tx, cwd)
+        me = threading.get_ident()
+        if me not in waited:  # each thread's first attempt waits for the other's read
+            waited.add(me)
+            # DuckDB: the other waits for the write lock, so it cannot have read
+            with contextlib.suppress(threading.BrokenBarrierError):
+                both_read.wait(5 if store.db.dialect.serialized_writes else 60)
+        return found
+
+    monkeypatch.setattr(listing, "most_recent", paused)
+    got: list[str] = []
+    threads = [
+        threading.Thread(target=lambda: got.append(store.sessions.continue_recent("/new").id))
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(got) == 2
+    assert got[0] == got[1], f"two sessions for one directory: {got}"
+    assert store.sessions.count(cwd="/new") == 1

@@ -286,12 +286,15 @@ class Backend(Protocol):
         retry: bool = True,
         exclusive: bool = True,
         merge: Merge | None = None,
+        serializable: bool = False,
     ) -> T:
         """Run ``body`` as one write (retried as a lost race on conflict);
         ``exclusive=False`` lets a backend that serializes its writes in
         process run this one (one autocommit statement) beside them; with
         ``merge`` a backend that groups writes may run it merged with others
-        (see :class:`Merge`)."""
+        (see :class:`Merge`); ``serializable`` asks for serializable isolation
+        where a write's decision rests on a row it found absent (no key to
+        conflict on): a backend that serializes its writes has it anyway."""
         ...
 
     def read(self, operation: str, body: Callable[[Tx], T], *, snapshot: bool = False) -> T:

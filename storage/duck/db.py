@@ -247,10 +247,13 @@ class Database(GroupCommit):
         retry: bool = True,
         exclusive: bool = True,
         merge: Merge | None = None,
+        serializable: bool = False,
     ) -> T:
         """Run ``body`` as one write: one transaction (or, with
         ``transaction=False``, one autocommit statement, which DuckDB runs
-        atomically on its own), under the file's write lock, with retries.
+        atomically on its own), under the file's write lock, with retries
+        (that lock makes every write serializable: ``serializable`` asks
+        nothing more).
 
         ``retry=False`` reports a lost race as the translated error at once.
         ``exclusive=False`` (a single autocommit statement on one lease row:

@@ -401,7 +401,9 @@ class ListingPart(Area):
     def continue_recent(self, cwd: str, *, header: Mapping[str, Any] | None = None) -> Session:
         """The working directory's most recently updated session, or a new empty one
         there when it has none (session seed ContinueRecent). Sub-agent sessions
-        are never continued. The read and the create are one transaction.
+        are never continued. The read and the create are one serializable
+        transaction: two callers resuming an empty directory at once get the
+        same new session.
 
         Raises:
             InvalidInputError: a bad ``cwd`` or ``header`` (the header of a new session).
@@ -414,7 +416,9 @@ class ListingPart(Area):
             found = most_recent(tx, cwd)
             return found or session_rows.create(tx, new_id, cwd, header_json, None)
 
-        session = self.db.write("continue_recent", body)
+        # Serializable: two resuming the same empty directory at once each
+        # find no session there; one of them is retried and finds the other's.
+        session = self.db.write("continue_recent", body, serializable=True)
         if session.id == new_id:
             self._openings.put(new_id, Opening(None, session.next_seq))  # empty: none open
         return session

@@ -410,10 +410,14 @@ class Database:
         retry: bool = True,
         exclusive: bool = True,
         merge: Merge | None = None,
+        serializable: bool = False,
     ) -> T:
         """Run ``body`` as one write transaction (or one autocommit statement),
         retried as a lost race on a serialization failure, deadlock or
-        unseen duplicate key. (``exclusive`` and ``merge`` change nothing
+        unseen duplicate key; with ``serializable`` in ``SERIALIZABLE``
+        isolation (a decision resting on rows found absent: two such
+        transactions that each miss the other's insert are a serialization
+        failure, retried). (``exclusive`` and ``merge`` change nothing
         here: PostgreSQL's writers are serialized by the server, not in
         process, and concurrent commits share its WAL flushes.)
 
@@ -422,7 +426,8 @@ class Database:
             DatabaseError: a translated backend failure (original as ``__cause__``).
             TurnkeeperError: whatever domain error ``body`` raised.
         """
-        return self._run(operation, body, transaction, retry, commit=True)
+        isolation = "SERIALIZABLE" if serializable else "REPEATABLE READ"
+        return self._run(operation, body, transaction, retry, commit=True, isolation=isolation)
 
     def read(self, operation: str, body: Callable[[AnyTx], T], *, snapshot: bool = False) -> T:
         """Run ``body`` as a read: one autocommit statement, or with ``snapshot``
