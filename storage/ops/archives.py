@@ -34,7 +34,7 @@ from turnkeeper.spec.records import (
     ResponseTurn,
 )
 
-from ..backend import Tx, present, utc
+from ..backend import Tx, keyed, present, utc
 from ..codec import check_id, check_instant, check_text, from_json, to_json
 from ..validate import check_bool, check_int, check_limit, check_session_lease
 from . import leases
@@ -139,8 +139,10 @@ def _upsert(
     the stored row as ``cols``. A new row's ``id`` is the next number of its
     session's ``stream``; a row inserted concurrently under the same key wins
     and keeps its number (the upsert then updates it)."""
-    where = " AND ".join(f"{k} = ?" for k in keys)
-    found = tx.one(f"SELECT id FROM {table} WHERE {where}", [values[k] for k in keys])
+    rest = " AND ".join(f"{k} = ?" for k in keys[1:])
+    found = tx.one(
+        f"SELECT id FROM {table} WHERE {keyed(keys[0], rest)}", [values[k] for k in keys]
+    )
     number = found[0] if found is not None else next_seq(tx, values["session_id"], stream)
     names = ["id", *values]
     sets = ", ".join(f"{c} = excluded.{c}" for c in values if c not in keys and c not in keep)
@@ -263,7 +265,7 @@ def get_run(tx: Tx, session_id: str, local_run_id: str) -> ResponseRun | None:
     session_exists(tx, session_id)
     row = tx.one(
         f"SELECT {', '.join(_RUN_COLS)} FROM response_runs "
-        "WHERE session_id = ? AND local_run_id = ?",
+        f"WHERE {keyed('session_id', 'local_run_id = ?')}",
         [session_id, local_run_id],
     )
     return None if row is None else _run(row)
@@ -276,8 +278,8 @@ def linked_run(tx: Tx, session_id: str, run_id: str) -> ResponseRun | None:
     readLinkedResponseRun), or ``None``."""
     prefix = f"{run_id}:"
     row = tx.one(
-        f"SELECT {', '.join(_RUN_COLS)} FROM response_runs WHERE session_id = ? "
-        "AND (local_turn_id = ? OR substr(local_turn_id, 1, ?) = ?) "
+        f"SELECT {', '.join(_RUN_COLS)} FROM response_runs WHERE "
+        f"{keyed('session_id', '(local_turn_id = ? OR substr(local_turn_id, 1, ?) = ?)')} "
         "ORDER BY updated_at DESC, id DESC LIMIT 1",
         [session_id, run_id, len(prefix), prefix],
     )
@@ -298,7 +300,7 @@ def get_turn(tx: Tx, session_id: str, local_turn_id: str) -> ResponseTurn | None
     session_exists(tx, session_id)
     row = tx.one(
         f"SELECT {', '.join(_TURN_COLS)} FROM response_turns "
-        "WHERE session_id = ? AND local_turn_id = ?",
+        f"WHERE {keyed('session_id', 'local_turn_id = ?')}",
         [session_id, local_turn_id],
     )
     return None if row is None else _turn(row)
@@ -308,7 +310,7 @@ def list_items(tx: Tx, session_id: str, local_turn_id: str) -> list[ResponseItem
     session_exists(tx, session_id)
     rows = tx.rows(
         f"SELECT {', '.join(_ITEM_COLS)} FROM response_items "
-        "WHERE session_id = ? AND local_turn_id = ? ORDER BY id",
+        f"WHERE {keyed('session_id', 'local_turn_id = ?')} ORDER BY id",
         [session_id, local_turn_id],
     )
     return [_item(r) for r in rows]
