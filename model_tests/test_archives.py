@@ -26,6 +26,7 @@ from turnkeeper import (
     ResponseTurn,
     SessionNotFoundError,
 )
+from turnkeeper.storage.ops import archive_checks
 from turnkeeper.storage.ops import archives as archives_ops
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -206,7 +207,7 @@ def test_the_existence_check_fails_with_it_patched_out(store, monkeypatch):
 
 def test_bad_input_is_refused_and_writes_nothing(store):
     store.sessions.create("s")
-    big = {"x": "y" * (archives_ops.MAX_ARCHIVE_JSON_BYTES)}
+    big = {"x": "y" * (archive_checks.MAX_ARCHIVE_JSON_BYTES)}
     bad = [
         lambda: store.archives.save_run("s"),
         lambda: store.archives.save_run(_run(provider="")),
@@ -244,7 +245,7 @@ def test_bad_input_is_refused_and_writes_nothing(store):
             call()
         assert _stored(store) == NOTHING, i
     # just under the bound is archived
-    fits = {"x": "y" * (archives_ops.MAX_ARCHIVE_JSON_BYTES - len('{"x":""}'))}
+    fits = {"x": "y" * (archive_checks.MAX_ARCHIVE_JSON_BYTES - len('{"x":""}'))}
     assert store.archives.save_item(_item("t", 0, fits)).sanitized == fits
 
 
