@@ -36,6 +36,7 @@ from turnkeeper import (
     ForkSessionNotFoundError,
     InvalidTransitionError,
     LeaseLostError,
+    ResponseRun,
     ResponseState,
     RunNotFoundError,
     RuntimeSessionNotFoundError,
@@ -60,6 +61,7 @@ class SessionModel:
     turn_end: int = 0  # messages up to the last succeeded turn's end (a fork copies those)
     active_run: str | None = None
     lineage: int = 0
+    archived: int = 0  # response runs saved (store.archives)
     tools: int = 0
     pinned: bool = False
 
@@ -266,6 +268,16 @@ class DeletesMachine(RuleBasedStateMachine):
         if expected == "ok":
             self.sessions[session].lineage += 1
 
+    @rule(session=st.sampled_from(SESSIONS), lease=st.none() | leases)
+    def archive_response_run(self, session: str, lease: Any) -> None:
+        lease = self._own(session, lease)
+        expected = self._expect(session, lease)
+        run = ResponseRun(session, self._next("bg "), "openai", "openai-responses", "queued")
+        got = attempt(self.store.archives.save_run, run, lease=lease)
+        assert got[0] == expected, (got, expected)
+        if expected == "ok":
+            self.sessions[session].archived += 1
+
     @rule(session=st.sampled_from(SESSIONS), pinned=st.booleans(), lease=st.none() | leases)
     def set_metadata(self, session: str, pinned: bool, lease: Any) -> None:
         lease = self._own(session, lease)
@@ -356,6 +368,7 @@ class DeletesMachine(RuleBasedStateMachine):
             assert len(self.store.tools.list(sid)) == model.tools
             lineage = self.store.lineage.get(sid)
             assert (lineage.version if lineage else 0) == model.lineage
+            assert len(self.store.archives.runs(sid, limit=1000)) == model.archived
             active = self.store.runs.active(sid)
             assert (active.id if active else None) == model.active_run
 

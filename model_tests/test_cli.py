@@ -1575,6 +1575,12 @@ def test_report_recovery_latency_runs_from_the_end_of_the_runs_lease(tmp_path: P
             if sid == "s3":
                 store.recovery.fail(orphan.id, rec, "boom", max_attempts=1)
             elif sid == "s4":
+                store.archives.save_run(
+                    turnkeeper.ResponseRun(
+                        sid, "bg", "openai", "responses", "queued", orphan.id, response_id="r"
+                    ),
+                    lease=rec,
+                )
                 store.recovery.detach(orphan.id, rec)
             elif sid == "s5":
                 store.recovery.fail(orphan.id, rec, "flaky", max_attempts=3)

@@ -25,7 +25,10 @@ from turnkeeper import (
     InputResourceEvent,
     InvalidInputError,
     LeaseLostError,
+    ResponseItem,
+    ResponseRun,
     ResponseState,
+    ResponseTurn,
     SessionCapabilities,
     SessionIDExistsError,
     SessionNotFoundError,
@@ -49,7 +52,7 @@ def rows(store: Any, sql: str, params: list[Any] | None = None) -> list[dict[str
 def populate(store: Any, sid: str) -> dict[str, Any]:
     """A session with a row in every table a session has rows in: an import's
     opaque line, a finished run (submission, turn, events, tool record, delivery
-    plan), an orphan run recovered, response lineage, metadata, a label,
+    plan), an orphan run recovered, response lineage and archives, metadata, a label,
     capability state and an event, guidance, a resource event, a usage record, a
     channel binding and tool selection, a fork."""
     store.sessions.import_batch(
@@ -86,6 +89,15 @@ def populate(store: Any, sid: str) -> dict[str, Any]:
     store.recovery.converge(orphan.id, rec, error="worker lost")
     store.leases.release(rec)
     store.lineage.compare_and_swap(ResponseState(sid, previous_response_id="resp-1"), 0)
+    store.archives.save_run(
+        ResponseRun(sid, "bg-1", "openai", "openai-responses", "completed", run.turn_id)
+    )
+    store.archives.save_turn(
+        ResponseTurn(sid, run.turn_id, "openai", "responses", "m", "replay", "completed")
+    )
+    store.archives.save_item(
+        ResponseItem(sid, run.turn_id, "message", {"type": "message", "text": "secret"})
+    )
     project = store.projects.get("p") or store.projects.create("secret project", project_id="p")
     store.sessions.set_metadata(sid, SessionMetadata(project_id=project.id, pinned=True))
     store.sessions.append(sid, "label", {"targetId": run.user_entry_id, "label": "keep"})

@@ -182,6 +182,24 @@ def _record_resource_event(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Leas
     return lease, lambda lease: store.resources.record_event(event, lease=lease)
 
 
+def _save_response_run(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    run = turnkeeper.ResponseRun("s", "bg-1", "openai", "responses", "queued")
+    return lease, lambda lease: store.archives.save_run(run, lease=lease)
+
+
+def _save_response_turn(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    turn = turnkeeper.ResponseTurn("s", "t1", "openai", "responses", "m", "replay", "completed")
+    return lease, lambda lease: store.archives.save_turn(turn, lease=lease)
+
+
+def _save_response_item(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    item = turnkeeper.ResponseItem("s", "t1", "message", {"type": "message"})
+    return lease, lambda lease: store.archives.save_item(item, lease=lease)
+
+
 def _delete_session(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease = session(store)
     return lease, lambda lease: store.sessions.delete("s", lease=lease)
@@ -420,6 +438,11 @@ def _fail_recovery(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]
 
 def _detach_recovery(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease, run_id = orphan(store)
+    sid = lease.target.removeprefix("session:")
+    remote = turnkeeper.ResponseRun(
+        sid, "bg", "openai", "responses", "queued", run_id, response_id="r"
+    )
+    store.archives.save_run(remote, lease=lease)  # the run's remote owner, retained
     return lease, lambda lease: store.recovery.detach(run_id, lease)
 
 
@@ -461,6 +484,9 @@ WRITES: dict[str, Setup] = {
     "capabilities.record_event": _record_capability_event,
     "guidance.consume": _consume_guidance,
     "resources.record_event": _record_resource_event,
+    "archives.save_run": _save_response_run,
+    "archives.save_turn": _save_response_turn,
+    "archives.save_item": _save_response_item,
     "sessions.delete": _delete_session,
     "sessions.set_metadata": _set_metadata,
     "sessions.retain": _retain,

@@ -53,7 +53,13 @@ from test_group_commit import grouped, queued_together
 
 import turnkeeper
 from turnkeeper import DeliveryPlan, DeliveryStep, EntryKind, FinalizeRequest, ThreadRecord
-from turnkeeper.spec.records import ImportBatch, ImportEntry, OpaqueRecord, ResponseState
+from turnkeeper.spec.records import (
+    ImportBatch,
+    ImportEntry,
+    OpaqueRecord,
+    ResponseRun,
+    ResponseState,
+)
 from turnkeeper.storage.duck import db as duck_db
 from turnkeeper.storage.duck.group import GROUP_MAX
 from turnkeeper.storage.ops import leases
@@ -587,6 +593,11 @@ def rarer_operations(store: turnkeeper.BaseStore, profiler: Profiler, sid: str) 
     time.sleep(0.01)  # the retry is due after 1 ms
     with on("begin_recovery (a retry)"):
         store.recovery.begin(orphan.id, recovery)
+    with on("save_response_run"):
+        store.archives.save_run(
+            ResponseRun(sid, "bg", "openai", "responses", "queued", orphan.id, response_id="r"),
+            lease=recovery,
+        )
     with on("detach_recovery"):
         store.recovery.detach(orphan.id, recovery)
     with on("create_delivery_plan"):

@@ -7,11 +7,12 @@ import itertools
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from turnkeeper import DeliveryPlan, DeliveryStep, FinalizeRequest, ThreadRecord
+from turnkeeper import DeliveryPlan, DeliveryStep, FinalizeRequest, ResponseRun, ThreadRecord
 from turnkeeper.machines import machine_for
 from turnkeeper.spec import (
     DELIVERY,
@@ -189,7 +190,14 @@ def drive_every_recovery_edge(store, clock) -> None:
         r = store.runs.admit(sid, {"n": 1})
         held = store.leases.acquire(f"session:{sid}", "r", 5, purpose="recovery")
         store.recovery.begin(r.id, held)
+        remote = ResponseRun(sid, "bg", "openai", "responses", "queued", r.id, response_id="r")
+        store.archives.save_run(remote, lease=held)
         getattr(store.recovery, end)(r.id, held)  # converge, detach
+    # the detached run's remote run ends: a recovery begins anew
+    store.leases.release(held)
+    store.archives.save_run(replace(remote, state="completed"))
+    again = store.leases.acquire("session:rec-detach", "r", 5, purpose="recovery")
+    store.recovery.begin(r.id, again)  # reclaim
 
 
 def drive_every_delivery_edge(store, clock) -> None:

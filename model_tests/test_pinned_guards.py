@@ -59,9 +59,12 @@ def raised(kind: type[E], call: Callable[[], Any]) -> E:
 
 
 def orphan(store: turnkeeper.BaseStore) -> turnkeeper.Run:
-    """A running run of session ``s`` that nobody holds."""
+    """A running run of session ``s`` that nobody holds, with a live remote run
+    record (so its recovery may be detached)."""
     store.sessions.create("s")
     run = store.runs.admit("s", {"q": 1}, user_message=USER)
+    remote = turnkeeper.ResponseRun("s", "bg", "openai", "responses", "queued", run.id)
+    store.archives.save_run(dataclasses.replace(remote, response_id="resp-1"))
     return store.runs.start(run.id)
 
 

@@ -224,6 +224,12 @@ def _workload(store) -> None:
             store.recovery.fail(orphan.id, rescue, "not yet")  # due again later
             store.runs.finish(orphan.id, "abandoned", lease=rescue)
         else:
+            store.archives.save_run(
+                turnkeeper.ResponseRun(
+                    "src", "bg", "openai", "responses", "queued", orphan.id, response_id="r"
+                ),
+                lease=rescue,
+            )
             store.recovery.detach(orphan.id, rescue)
             store.runs.finish(orphan.id, "failed", lease=rescue)
         store.leases.release(rescue)

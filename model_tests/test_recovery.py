@@ -185,6 +185,10 @@ def test_detach_leaves_the_run_to_its_remote_owner(store):
     run = admitted(store)
     lease = recovery_lease(store)
     store.recovery.begin(run.id, lease)
+    remote = turnkeeper.ResponseRun(
+        "s", "bg", "openai", "responses", "queued", run.turn_id, response_id="r"
+    )
+    store.archives.save_run(remote, lease=lease)  # the run's remote owner, retained
     assert store.recovery.detach(run.id, lease).state == "detached"
     store.leases.release(lease)
     assert store.recovery.list_orphans() == [] and store.runs.get(run.id).status == "running"

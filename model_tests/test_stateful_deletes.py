@@ -1,5 +1,5 @@
 """Run the differential deletes machine (deletes and retention interleaved with
-every other writer), and show its guards can fail: each kill's stored
+every other writer, response archives included), and show its guards can fail: each kill's stored
 counterexample is replayed (``by_hand``) on the patched store, where it
 fails, and on the real one, where it passes.
 

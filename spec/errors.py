@@ -745,6 +745,21 @@ class RecoveryNotNeededError(TurnkeeperError):
     reason: str
 
 
+class RemoteRunNotRetainedError(TurnkeeperError):
+    """No remote run record keeps the run recoverable, so its recovery cannot be
+    detached (MarkSessionRunRecoveryDetached: the marker records that a
+    canonical remote record was retained; the response record, not the marker,
+    is the evidence that the provider execution is still recoverable).
+
+    The run's session has no :class:`~turnkeeper.spec.records.ResponseRun`
+    linked to it, or the newest one has no response id or provider, or has
+    reached a terminal state (``reason`` says which): converge the run instead."""
+
+    fields = ("run_id", "reason")
+    run_id: str
+    reason: str
+
+
 # --- usage (session seed RecordUsage) ----------------------------------------------
 
 
@@ -1024,6 +1039,7 @@ __all__ = [
     "RecordNotActiveError",
     "RecordNotFoundError",
     "RecoveryNotNeededError",
+    "RemoteRunNotRetainedError",
     "ResourceEventConflictError",
     "RetryNotAllowedError",
     "RunEventConflictError",

@@ -231,7 +231,8 @@ class ExecutionFacts:
     """A session's durable execution facts, read in one snapshot at one clock sample
     (session seed SessionExecutionFacts): whether the session exists, the store's
     ``now``, its non-terminal runs (normally at most one; more is an inconsistency
-    the caller can see), its lease row and the recovery record of each active run.
+    the caller can see), its lease row, the recovery record of each active run
+    and the remote run record of the active run (``remote_run``).
     """
 
     session_id: str
@@ -240,6 +241,12 @@ class ExecutionFacts:
     active_runs: tuple[Run, ...]
     lease: LeaseSnapshot | None
     recoveries: tuple[Recovery, ...]
+    remote_run: ResponseRun | None = None
+    """The remote (Responses) run record linked to the session's one active run
+    (session seed SessionExecutionFacts.RemoteRun): the newest saved
+    :class:`ResponseRun` of the session whose ``local_turn_id`` is that run's
+    id or starts with it and ``:``; ``None`` without one, or unless exactly one
+    run is active."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -485,6 +492,99 @@ class InputResourceEvent:
     status: str = ""
     timestamp: datetime | None = None
     data: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseRun:
+    """The durable state of a Responses background run (session seed
+    ResponseRun), keyed by ``(session_id, local_run_id)``: saving it again
+    replaces what was saved (``id`` and ``created_at`` stay). ``local_turn_id``
+    links it to the session run it serves: the run's id, or the run's id and
+    ``:`` and more (``run.turn_id`` is one), is how recovery finds a run's
+    remote record (``store.recovery.detach``, ``ExecutionFacts.remote_run``).
+    ``message_id`` and ``last_event_sequence`` are the caller's numbers;
+    ``created_at``/``updated_at`` default to the store's now. ``id`` is set by
+    the store: the record's number within its session (1, 2, … in the order
+    records were first saved)."""
+
+    session_id: str
+    local_run_id: str
+    provider: str
+    api: str
+    state: str
+    local_turn_id: str = ""
+    message_id: int | None = None
+    response_id: str = ""
+    polling_url: str = ""
+    last_event_sequence: int | None = None
+    cancel_requested: bool = False
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseTurn:
+    """The lineage and lifecycle summary of one Responses API turn (session seed
+    ResponseTurn): summaries, not a second transcript. Keyed by ``(session_id,
+    local_turn_id)``; saving it again replaces what was saved (``id`` and
+    ``created_at`` stay). ``request_summary``/``response_summary`` are JSON
+    values (at most 128 KiB each as JSON text). A turn whose ``status`` is
+    ``completed`` or ``incomplete`` is replayed (``store.archives.replay_items``).
+    ``created_at`` defaults to the store's now; ``id`` is set by the store."""
+
+    session_id: str
+    local_turn_id: str
+    provider: str
+    api: str
+    model: str
+    state_mode: str
+    status: str
+    message_id: int | None = None
+    request_id: str = ""
+    response_id: str = ""
+    previous_response_id: str = ""
+    conversation_id: str = ""
+    incomplete_reason: str = ""
+    request_summary: Any = None
+    response_summary: Any = None
+    created_at: datetime | None = None
+    completed_at: datetime | None = None
+    id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseItem:
+    """One sanitized, normalized output item of a Responses turn (session seed
+    ResponseItemArchive; never a raw provider request or response body).
+    ``sanitized`` is the item as a JSON value (required; at most 128 KiB as
+    JSON text). Keyed by ``(session_id, local_turn_id, item_key)``; an empty
+    ``item_key`` becomes ``"<item_id>:<output_index>"``, or
+    ``"output:<output_index>"`` without an item id, so saving the same item
+    again replaces it. ``created_at`` defaults to the store's now; ``id`` is
+    set by the store (the item's number within its session)."""
+
+    session_id: str
+    local_turn_id: str
+    item_type: str
+    sanitized: Any
+    response_id: str = ""
+    item_id: str = ""
+    output_index: int = 0
+    item_status: str = ""
+    item_key: str = ""
+    created_at: datetime | None = None
+    id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseReplayTurn:
+    """The native output items of one completed local Responses turn, in order
+    (session seed ResponseReplayTurn), to place at that turn's assistant
+    position when rebuilding a conversation."""
+
+    local_turn_id: str
+    items: tuple[Any, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,16 +4,22 @@ Per orphaned run (non-terminal, no live lease on its session by the store's
 clock). Taken only under a ``recovery``-purpose lease on the session;
 ``recovering``, then ``completed`` (converged), ``failed`` (retried later
 with backoff), ``dead_lettered`` after a capped number of attempts, or
-``detached`` (a remote execution still owns it). The recovery record never
-grants ownership: the recovery lease is the only authority, revalidated in
-every transaction that writes.
+``detached`` (a remote execution still owns it: detaching needs the run's
+remote run record, ``store.archives``, to show a live provider execution). The
+marker is not the evidence (session seed MarkSessionRunRecoveryDetached): the
+response record is, so a detached run whose remote run has ended (or whose
+record is gone) is an orphan again, and its recovery begins anew
+(``reclaim``). The recovery record never grants ownership: the recovery
+lease is the only authority, revalidated in every transaction that writes.
 
 Facts the guards read:
 
 - ``due``: a failed recovery's next retry time has come;
 - ``superseded``: the record's recovery lease epoch is older than the caller's
   (the previous recovery worker died or lost its lease);
-- ``attempts_exhausted``: this failure reaches the attempt cap.
+- ``attempts_exhausted``: this failure reaches the attempt cap;
+- ``remote_ended``: the detached run's newest remote run record has reached a
+  terminal state, lacks its response id or provider, or is gone.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ RECOVERY = Lifecycle(
         Edge("fail", "fail", "recovering", "failed", unless=("attempts_exhausted",)),
         Edge("dead_letter", "fail", "recovering", "dead_lettered", guards=("attempts_exhausted",)),
         Edge("detach", "detach", "recovering", "detached"),
+        Edge("reclaim", "begin", "detached", "recovering", guards=("remote_ended",)),
     ),
     guards={
         "due": (fact("due"), "the failed recovery's next retry time has come"),
@@ -53,6 +60,10 @@ RECOVERY = Lifecycle(
             "the record's recovery lease epoch is older than the caller's",
         ),
         "attempts_exhausted": (fact("attempts_exhausted"), "this failure reaches the cap"),
+        "remote_ended": (
+            fact("remote_ended"),
+            "no remote run record keeps the detached run recoverable any more",
+        ),
     },
     invariants=(
         "only a live recovery-purpose lease on the run's session writes a recovery",

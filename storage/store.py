@@ -22,6 +22,7 @@ from turnkeeper.spec import errors
 from .backend import Backend, QueryFn, Tx
 from .codec import check_text
 from .migrations import SCHEMA_VERSION, statements
+from .ops.archives import Archives
 from .ops.base import Shared
 from .ops.bindings import Bindings
 from .ops.capabilities import Capabilities
@@ -106,6 +107,7 @@ class BaseStore:
     - :attr:`projects` (create, list, rename, delete projects of sessions);
     - :attr:`usage` (usage records per model request: record, list …);
     - :attr:`bindings` (channel bindings of sessions and channel tool selections);
+    - :attr:`archives` (a session's Responses runs, turns and output items);
 
     and the store itself: :meth:`query`, :meth:`snapshot`,
     :meth:`query_batches`, :meth:`json_sql`, :meth:`subscribe`,
@@ -145,6 +147,7 @@ class BaseStore:
         self.projects = Projects(shared, branches)
         self.usage = Usage(shared)
         self.bindings = Bindings(shared)
+        self.archives = Archives(shared)
         try:
             if backend.read_only:
                 self.db.read("check_schema", self._check_schema, snapshot=True)

@@ -3,13 +3,13 @@
 A delete removes, in one transaction, everything turnkeeper stores *of* the
 session (:data:`REMOVED`): its row and entries, opaque import lines,
 execution intents, runs, run events, submissions, conversation turns, orphan
-recoveries and their events, response lineage, delivery intents with their
-operations and events, tool-execution records with their events, its
-metadata, capability state and events, guidance, input resource events, usage
-records, its channel tool selection, its channel binding (the binding is the
-session row's ``channel_type`` and ``channel_id``: the channel identity is free
-for another session afterwards), and
-the record of the fork that made it (when it is a fork). It
+recoveries and their events, response lineage, response archives (runs,
+turns, items), delivery intents with their operations and events,
+tool-execution records with their events, its metadata, capability state and
+events, guidance, input resource events, usage records, its channel tool
+selection, its channel binding (the channel identity is free for another
+session afterwards), and the record of the fork that made it (when it is a
+fork). It
 writes one ``deleted_sessions`` row in their place: counts and times, no
 content (:class:`~turnkeeper.spec.records.DeletedSession`). A session's
 sub-agent sessions are part of it: they go with it, in the same transaction,
@@ -69,6 +69,9 @@ REMOVED: tuple[tuple[str, str], ...] = (
     ("runs", "session_id = ?"),
     ("execution_intents", "session_id = ?"),
     ("response_states", "session_id = ?"),
+    ("response_runs", "session_id = ?"),
+    ("response_turns", "session_id = ?"),
+    ("response_items", "session_id = ?"),
     ("opaque_records", "session_id = ?"),
     ("session_metadata", "session_id = ?"),
     ("session_capabilities", "session_id = ?"),

@@ -19,14 +19,14 @@ from turnkeeper.spec import RECOVERY, errors
 from turnkeeper.spec.delivery import DeliveryPlan
 from turnkeeper.spec.lease import LeasePurpose, session_target
 from turnkeeper.spec.lifecycle import Edge
-from turnkeeper.spec.records import Lease, Recovery, Run
+from turnkeeper.spec.records import Lease, Recovery, ResponseRun, Run
 from turnkeeper.spec.recovery import retry_delay_s
 from turnkeeper.spec.run import NON_TERMINAL, RunStatus
 
 from ..backend import Conflict, Tx, keyed, present, utc
 from ..codec import check_id, check_text, to_json
 from ..validate import check_int, check_lease, check_plan, check_seconds
-from . import leases, run_lifecycle, run_reads
+from . import archives, leases, run_lifecycle, run_reads
 from .base import Area
 
 _MACHINE = machine_for(RECOVERY)
@@ -61,10 +61,32 @@ def get(tx: Tx, run_id: str) -> Recovery | None:
     return None if row is None else _recovery(row)
 
 
+def not_retained(remote: ResponseRun | None) -> str | None:
+    """Why ``remote`` (a run's newest remote run record, :func:`.archives.linked_run`)
+    does not keep the run recoverable by its provider, or ``None`` when it does:
+    it exists, names its response and provider, and has not ended (session seed
+    MarkSessionRunRecoveryDetached: the response record is the evidence)."""
+    if remote is None:
+        return "its session has no remote run record linked to the run"
+    if not remote.response_id:
+        return f"its remote run record {remote.local_run_id!r} names no response"
+    if not remote.provider.strip():
+        return f"its remote run record {remote.local_run_id!r} names no provider"
+    if archives.remote_terminal(remote.state):
+        return f"its remote run {remote.local_run_id!r} is {remote.state}"
+    return None
+
+
+def remote_ended(tx: Tx, run: Run) -> bool:
+    """Whether no remote run record keeps ``run`` recoverable any more."""
+    return not_retained(archives.linked_run(tx, run.session_id, run.id)) is not None
+
+
 def orphans(tx: Tx) -> list[Run]:
     """Non-terminal runs with no live lease on their session (store clock), including
-    runs that never had one, whose recovery is not parked (detached, dead-lettered,
-    or failed and not yet due).
+    runs that never had one, whose recovery is not parked (dead-lettered, failed and
+    not yet due, or detached while its remote run record still shows a live
+    provider execution: :func:`remote_ended`).
 
     ``active_runs`` holds only the non-terminal runs; their runs, lease rows and
     recovery records are then read by those keys, each table's scan with one
@@ -78,14 +100,14 @@ def orphans(tx: Tx) -> list[Run]:
     run_ids = [run_id for _, run_id in active]
     rows = tx.rows(
         f"WITH c AS (SELECT {leases.NOW} AS now) "
-        "SELECT r.id FROM active_runs a JOIN (SELECT id, started_at FROM runs "
+        "SELECT r.id, v.state FROM active_runs a JOIN (SELECT id, started_at FROM runs "
         "WHERE id = ANY(?::VARCHAR[])) r ON r.id = a.run_id "
         "LEFT JOIN (SELECT target, state, expires_at FROM leases "
         "WHERE target = ANY(?::VARCHAR[])) l ON l.target = 'session:' || a.session_id "
         "LEFT JOIN (SELECT run_id, state, next_retry_at FROM run_recoveries "
         "WHERE run_id = ANY(?::VARCHAR[])) v ON v.run_id = r.id, c "
         "WHERE NOT coalesce(l.state = 'held' AND l.expires_at > c.now, FALSE) "
-        "AND (v.state IS NULL OR v.state = 'recovering' "
+        "AND (v.state IS NULL OR v.state IN ('recovering', 'detached') "
         "OR (v.state = 'failed' AND coalesce(v.next_retry_at <= c.now, TRUE))) "
         "ORDER BY r.started_at, r.id" + tx.dialect.skip_locked_of("r"),
         # PostgreSQL: leave out runs another worker is recovering or ending right now
@@ -96,8 +118,12 @@ def orphans(tx: Tx) -> list[Run]:
             run_ids,
         ],
     )
-    found = [run_reads.get(tx, r[0]) for r in rows]
-    return [r for r in found if r is not None]
+    found = [(run_reads.get(tx, r[0]), r[1]) for r in rows]
+    return [
+        run
+        for run, state in found
+        if run is not None and (state != "detached" or remote_ended(tx, run))
+    ]
 
 
 def _event(tx: Tx, rec: Recovery, edge: Edge) -> None:
@@ -149,6 +175,7 @@ def begin(tx: Tx, run_id: str, lease: Lease, trigger_source: str, reason: str) -
     facts = {
         "due": rec is not None and (rec.next_retry_at is None or rec.next_retry_at <= now),
         "superseded": rec is not None and rec.lease_epoch < lease.epoch,
+        "remote_ended": rec is not None and rec.state == "detached" and remote_ended(tx, run),
     }
     try:
         edge = _MACHINE.decide("begin", source, facts)
@@ -169,7 +196,8 @@ def begin(tx: Tx, run_id: str, lease: Lease, trigger_source: str, reason: str) -
         "run_recoveries.attempt + 1, lease_epoch = excluded.lease_epoch, "
         "previous_lease_epoch = excluded.previous_lease_epoch, "
         "trigger_source = excluded.trigger_source, reason = excluded.reason, "
-        f"next_retry_at = NULL, updated_at = excluded.updated_at RETURNING {_COLS}",
+        "next_retry_at = NULL, completed_at = NULL, updated_at = excluded.updated_at "
+        f"RETURNING {_COLS}",
         [run_id, run.session_id, trigger_source, reason, lease.epoch, previous, now, now],
     )
     row = present(row, "the recovery row its upsert returns")
@@ -259,9 +287,18 @@ def fail(
 
 
 def detach(tx: Tx, run_id: str, lease: Lease) -> Recovery:
-    """Leave the run to the remote execution that still owns it."""
-    _, rec = _held(tx, run_id, lease, "detach")
+    """Leave the run to the remote execution that still owns it, as its remote
+    run record shows (:func:`not_retained`).
+
+    Raises:
+        RemoteRunNotRetainedError: no remote run record keeps the run recoverable.
+        LeaseLostError, InvalidTransitionError, LeasePurposeError, RunNotFoundError.
+    """
+    run, rec = _held(tx, run_id, lease, "detach")
     edge = _MACHINE.require("detach", rec.state, {})
+    reason = not_retained(archives.linked_run(tx, run.session_id, run.id))
+    if reason is not None:
+        raise errors.RemoteRunNotRetainedError(run_id, reason)
     return _set(tx, rec, edge, "completed_at = ?", [tx.now])
 
 
@@ -274,8 +311,10 @@ class Recoveries(Area):
     def list_orphans(self) -> list[Run]:
         """Non-terminal runs with no live lease on their session by the store's
         clock (including runs admitted without one), oldest first, leaving out
-        runs whose recovery is detached, dead-lettered, or failed and not yet due
-        (session seed ListOrphanedSessionRuns). A read: recover each through
+        runs whose recovery is dead-lettered, failed and not yet due, or detached
+        while the run's remote run record still shows a live provider execution
+        (session seed ListOrphanedSessionRuns; a detached run whose remote run
+        has ended is listed again, to be converged). A read: recover each through
         :meth:`recovery.begin` under a recovery lease. On PostgreSQL a run
         another worker is recovering or ending at this moment is left out
         (its row lock is skipped, not waited for)."""
@@ -293,7 +332,9 @@ class Recoveries(Area):
         run's session), re-checking in the same transaction that the run is still
         its session's non-terminal run (session seed BeginSessionRunRecovery). A
         failed recovery is retried once due; a recovery whose worker lost its
-        lease is taken over.
+        lease is taken over; a detached one begins anew once the run's remote
+        run record no longer shows a live provider execution (it ended, lost its
+        response id or provider, or is gone).
 
         Raises:
             RecoveryNotNeededError: the run is terminal, or its recovery is parked.
@@ -392,8 +433,19 @@ class Recoveries(Area):
     def detach(self, run_id: str, lease: Lease) -> Recovery:
         """Mark the recovery detached: a remote execution still owns the run
         (session seed MarkSessionRunRecoveryDetached). The run is left as it is.
+        The marker records that the run's canonical remote record was retained:
+        the run's newest remote run record (a :class:`ResponseRun` of its
+        session, ``store.archives.save_run``, whose ``local_turn_id`` is the
+        run's id or starts with it and ``:``) must name its response and
+        provider and not have ended (state ``completed``, ``failed``,
+        ``incomplete``, ``cancelled``, ``canceled`` or ``expired``), checked in
+        the same transaction. That record, not the marker, stays the evidence:
+        once it ends, the run is an orphan again (:meth:`list_orphans`,
+        :meth:`begin`).
 
         Raises:
+            RemoteRunNotRetainedError: no remote run record keeps the run
+                recoverable (fields ``run_id``, ``reason``); nothing is written.
             LeaseLostError, InvalidTransitionError, InvalidInputError.
         """
         self._check(run_id, lease)

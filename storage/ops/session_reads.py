@@ -30,7 +30,7 @@ from ..backend import Tx, present, utc
 from ..codec import check_id, check_text, from_json
 from ..replay import build_replay
 from ..validate import check_int, check_limit
-from . import entry_rows, recovery, session_rows
+from . import archives, entry_rows, recovery, session_rows
 from .base import Area
 from .leases import NOW
 from .run_reads import RUN_COLS, run_row
@@ -96,7 +96,10 @@ def facts(tx: Tx, session_id: str) -> ExecutionFacts:
             row[0], row[1], row[2], row[3], row[4], expires, row[4] == "held" and expires > now
         )
     found = (recovery.get(tx, r.id) for r in active)
-    return ExecutionFacts(session_id, exists, now, active, lease, tuple(r for r in found if r))
+    remote = archives.linked_run(tx, session_id, active[0].id) if len(active) == 1 else None
+    return ExecutionFacts(
+        session_id, exists, now, active, lease, tuple(r for r in found if r), remote
+    )
 
 
 def _stamp(value: Any) -> str:
@@ -223,6 +226,8 @@ class SessionReadsPart(Area):
         """The session's durable execution facts from one snapshot and one sample of
         the store's clock (session seed ReadSessionExecutionFacts): no process-local
         state is consulted. An unknown session gives ``session_exists=False``.
+        ``remote_run`` is the remote run record of the one active run (see
+        :class:`~turnkeeper.spec.records.ExecutionFacts`).
 
         Raises:
             InvalidInputError: a bad ``session_id``.
