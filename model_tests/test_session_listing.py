@@ -351,6 +351,21 @@ def test_latest_finds_the_newest_entry_of_a_kind_on_the_current_branch(store):
     assert store.sessions.latest("g", EntryKind.MODE_CHANGE) is None
 
 
+def test_latest_title_and_directories_carry_what_was_written(store):
+    """The seed's LatestSessionTitle (title and its source) and
+    LatestAdditionalDirectoriesByID, read through ``latest``."""
+    store.sessions.create("t")
+    assert store.sessions.latest("t", EntryKind.SESSION_INFO) is None
+    store.sessions.set_title("t", "first")
+    store.sessions.set_title("t", "renamed", source="user")
+    title = store.sessions.latest("t", EntryKind.SESSION_INFO)
+    assert title.payload == {"name": "renamed", "source": "user"}
+    assert store.sessions.get("t").title == "renamed"
+    dirs = {"directories": ["/a", "/b"]}
+    store.sessions.append("t", EntryKind.ADDITIONAL_DIRECTORIES, dirs)
+    assert store.sessions.latest("t", EntryKind.ADDITIONAL_DIRECTORIES).payload == dirs
+
+
 def test_the_header_is_the_seed_s_header_line(store):
     store.sessions.create("h", cwd="/w", header={"channelType": "chat", "cwd": "ignored"})
     h = store.sessions.header("h")
