@@ -31,6 +31,7 @@ from oracle import Oracle
 
 from turnkeeper import (
     BusyError,
+    ChannelBoundError,
     ForkNoCompletedTurnError,
     ForkSessionActiveError,
     ForkSessionNotFoundError,
@@ -40,6 +41,7 @@ from turnkeeper import (
     ResponseState,
     RunNotFoundError,
     RuntimeSessionNotFoundError,
+    SessionBoundError,
     SessionIDExistsError,
     SessionMetadata,
     SessionNotFoundError,
@@ -50,6 +52,7 @@ from turnkeeper.cli.audit import run_audit
 from turnkeeper.storage.ops import deletes
 
 SESSIONS = ("s1", "s2", "s3")
+CHANNELS = ("c1", "c2")
 OWNERS = ("W1", "W2")
 REPLY = {"role": "assistant", "content": [{"type": "text", "text": "done"}]}
 
@@ -85,6 +88,8 @@ def attempt(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         return ("exists",)
     except ForkNoCompletedTurnError:
         return ("no_turn",)
+    except (ChannelBoundError, SessionBoundError):
+        return ("bound",)
     except InvalidTransitionError:
         return ("transition",)
 
@@ -103,6 +108,7 @@ class DeletesMachine(RuleBasedStateMachine):
         self.sessions: dict[str, SessionModel] = {}
         self.deleted: set[str] = set()
         self.runs_of: dict[str, tuple[str, str]] = {}  # run id -> (session, status)
+        self.bound: dict[str, str] = {}  # channel id (type "chat") -> its session
         self.n = 0
 
     @initialize()
@@ -278,6 +284,31 @@ class DeletesMachine(RuleBasedStateMachine):
         if expected == "ok":
             self.sessions[session].archived += 1
 
+    @rule(
+        session=st.sampled_from(SESSIONS),
+        channel=st.sampled_from(CHANNELS),
+        lease=st.none() | leases,
+    )
+    def bind(self, session: str, channel: str, lease: Any) -> None:
+        lease = self._own(session, lease)
+        expected = self._expect(session, lease)
+        mine = [c for c, s in self.bound.items() if s == session]
+        if expected == "ok" and mine != [channel] and (mine or channel in self.bound):
+            expected = "bound"  # the session is bound elsewhere, or the channel to another
+        got = attempt(self.store.bindings.bind, session, "chat", channel, lease=lease)
+        assert got[0] == expected, (got, expected)
+        if expected == "ok":
+            self.bound[channel] = session
+
+    @rule(session=st.sampled_from(SESSIONS), lease=st.none() | leases)
+    def unbind(self, session: str, lease: Any) -> None:
+        lease = self._own(session, lease)
+        expected = self._expect(session, lease)
+        got = attempt(self.store.bindings.unbind, session, lease=lease)
+        assert got[0] == expected, (got, expected)
+        if expected == "ok":
+            self.bound = {c: s for c, s in self.bound.items() if s != session}
+
     @rule(session=st.sampled_from(SESSIONS), pinned=st.booleans(), lease=st.none() | leases)
     def set_metadata(self, session: str, pinned: bool, lease: Any) -> None:
         lease = self._own(session, lease)
@@ -323,8 +354,7 @@ class DeletesMachine(RuleBasedStateMachine):
         got = attempt(self.store.sessions.delete, session, lease=lease)
         assert got[0] == expected, (got, expected)
         if expected == "ok":
-            del self.sessions[session]
-            self.deleted.add(session)
+            self._gone(session)
             self.audit_is_clean()
 
     @rule(keep_last=st.integers(0, 4))
@@ -340,9 +370,14 @@ class DeletesMachine(RuleBasedStateMachine):
         assert report.skipped == {**dict.fromkeys(busy, "busy"), **dict.fromkeys(active, "active")}
         assert not report.lease_lost
         for sid in expected:
-            del self.sessions[sid]
-            self.deleted.add(sid)
+            self._gone(sid)
         self.audit_is_clean()
+
+    def _gone(self, sid: str) -> None:
+        """A session deleted: its channel is free again."""
+        del self.sessions[sid]
+        self.deleted.add(sid)
+        self.bound = {c: s for c, s in self.bound.items() if s != sid}
 
     @rule(reuse=st.booleans())
     def create(self, reuse: bool) -> None:
@@ -371,6 +406,12 @@ class DeletesMachine(RuleBasedStateMachine):
             assert len(self.store.archives.runs(sid, limit=1000)) == model.archived
             active = self.store.runs.active(sid)
             assert (active.id if active else None) == model.active_run
+
+    @invariant()
+    def bindings_are_the_models(self) -> None:
+        for channel in CHANNELS:
+            found = self.store.bindings.find("chat", channel)
+            assert (found.session_id if found else None) == self.bound.get(channel), channel
 
     @invariant()
     def nothing_of_a_deleted_session_remains(self) -> None:
