@@ -9,6 +9,7 @@ same check fails.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+import threading
 from typing import Any
 
 import pytest
@@ -587,4 +588,37 @@ def check_sub_agent_race(store: Any, monkeypatch: Any, sid: str) -> None:
     child = made[0].id
     assert store.sessions.get(child) is None, f"sub-agent {child} left behind"
     assert store.sessions.deleted(child) is not None
+    audit_clean(store)
+
+
+def test_guidance_queued_while_its_session_is_deleted_goes_with_it(real_store, monkeypatch):
+    """guidance.save is the one session-owned write that takes no lease (guidance
+    is queued while a run holds the session): it must still meet a concurrent
+    delete on the session's row. The delete's snapshot is taken, then guidance
+    commits, then the delete goes on: the guidance must go too (an attack
+    helper left 'private steering text' behind a deleted session, PostgreSQL)."""
+    if real_store.db.dialect.serialized_writes:
+        pytest.skip("DuckDB: the write lock orders a delete and a guidance save")
+    store = real_store
+    store.sessions.create("gd")
+    real = deletes._delete_one
+    first = [True]
+    saved: list[Any] = []
+
+    def paused(tx: Any, session_id: str, *rest: Any) -> Any:
+        if first[0]:
+            first[0] = False
+            tx.one("SELECT 1 FROM sessions WHERE id = ?", ["gd"])  # the snapshot is taken
+            t = threading.Thread(
+                target=lambda: saved.append(store.guidance.save(Guidance("g1", "gd", "steer")))
+            )
+            t.start()
+            t.join(60)
+            assert saved, "the guidance save did not commit"
+        return real(tx, session_id, *rest)
+
+    monkeypatch.setattr(deletes, "_delete_one", paused)
+    store.sessions.delete("gd")
+    left = rows(store, "SELECT count(*) AS n FROM esm_guidance WHERE session_id = 'gd'")
+    assert left == [{"n": 0}], "guidance left behind its deleted session"
     audit_clean(store)

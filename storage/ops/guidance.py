@@ -53,6 +53,10 @@ def save(tx: Tx, g: Guidance) -> Guidance:
         SessionNotFoundError, GuidanceConflictError.
     """
     session_exists(tx, g.session_id)
+    # No lease (guidance is queued while a run holds the session), but the
+    # session's row is written all the same: a concurrent delete then
+    # conflicts with this save and, retried, deletes the guidance too.
+    leases.touch_session(tx, session_target(g.session_id))
     found = tx.one(f"SELECT {', '.join(_COLS)} FROM esm_guidance WHERE id = ?", [g.id])
     if found is not None:
         stored = _row(found)
