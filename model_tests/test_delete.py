@@ -622,3 +622,44 @@ def test_guidance_queued_while_its_session_is_deleted_goes_with_it(real_store, m
     left = rows(store, "SELECT count(*) AS n FROM esm_guidance WHERE session_id = 'gd'")
     assert left == [{"n": 0}], "guidance left behind its deleted session"
     audit_clean(store)
+
+
+def test_retention_judges_a_session_with_its_sub_agents(store, clock):
+    """A sub-agent written just now keeps its old parent (and itself) from a
+    retention pass, by age and by count; an old family goes whole (an attack
+    helper saw retain remove a sub-agent that was the newest session)."""
+    store.sessions.create("old")
+    store.sessions.create("other")
+    clock.advance(100)
+    child = store.sessions.new_sub_agent("old", "old-child").id
+    store.sessions.append(child, "message", {"message": USER})
+    janitor = store.leases.acquire("retention:main", "janitor", 600)
+    by_count = store.sessions.retain(janitor, keep_last=1)
+    assert [d.session_id for d in by_count.removed] == ["other"]
+    by_age = store.sessions.retain(janitor, max_age_s=50)
+    assert by_age.removed == [] and store.sessions.get(child) is not None
+    clock.advance(100)
+    aged = store.sessions.retain(janitor, max_age_s=50)
+    assert [d.session_id for d in aged.removed] == ["old", child]
+    audit_clean(store)
+
+
+def test_retention_keeps_a_family_whose_sub_agent_was_written_since_it_chose(
+    store, clock, monkeypatch
+):
+    store.sessions.create("fam")
+    child = store.sessions.new_sub_agent("fam", "fam-child").id
+    clock.advance(100)
+    janitor = store.leases.acquire("retention:main", "janitor", 600)
+    real_read = store.db.read
+
+    def read(operation: str, body: Any, **kw: Any) -> Any:
+        got = real_read(operation, body, **kw)
+        if operation == "retention_candidates":  # the pass chose: now a write
+            store.sessions.append(child, "message", {"message": USER})
+        return got
+
+    monkeypatch.setattr(store.db, "read", read)
+    report = store.sessions.retain(janitor, max_age_s=50)
+    assert report.removed == [] and report.skipped == {"fam": "changed"}
+    assert store.sessions.get(child) is not None

@@ -198,12 +198,11 @@ def test_kill_the_session_lease_guard(store, clock, monkeypatch):
 
 
 def test_kill_the_changed_guard(store, clock, monkeypatch):
-    original = deletes.delete
-    monkeypatch.setattr(
-        deletes,
-        "delete",
-        lambda tx, sid, lease, reason, expect=None: original(tx, sid, lease, reason),
-    )
+    def unchecked(tx: Any, *, session_id: str, expect: Any, lease: Any) -> Any:
+        deletes.leases.fence(tx, lease)  # _retain_one without its comparison of heads
+        return deletes.delete(tx, session_id, None, "retention")
+
+    monkeypatch.setattr(deletes, "_retain_one", unchecked)
     with pytest.raises(AssertionError):
         check_changed_kept(store, clock, monkeypatch)
 

@@ -232,17 +232,46 @@ class Changed(Exception):
     """A session a retention pass chose was written after it chose it (kept)."""
 
 
+_FAMILIES = (
+    "WITH RECURSIVE fam(root, id) AS ("
+    "SELECT id, id FROM sessions "
+    "WHERE sub_agent_of IS NULL OR sub_agent_of NOT IN (SELECT id FROM sessions) "
+    "UNION ALL SELECT f.root, s.id FROM sessions s JOIN fam f ON s.sub_agent_of = f.id)"
+)
+"""Each session with its root: a user's session is its own root, a sub-agent's
+is the session it was made under (through its parent's parent …). A
+retention pass judges a family whole: its sub-agents go with the root."""
+
+
+def _family_heads(tx: Tx, root: str) -> tuple[tuple[Any, ...], ...]:
+    """The :data:`HEAD` of every session of ``root``'s family, by id (empty
+    when ``root`` is gone)."""
+    rows = tx.rows(
+        f"{_FAMILIES} SELECT s.id, {', '.join('s.' + c.strip() for c in HEAD.split(','))} "
+        "FROM fam f JOIN sessions s ON s.id = f.id WHERE f.root = ? ORDER BY s.id",
+        [root],
+    )
+    return tuple(tuple(r) for r in rows)
+
+
 def _retain_one(
     tx: Tx, *, session_id: str, expect: tuple[Any, ...], lease: Lease
 ) -> list[DeletedSession]:
     leases.fence(tx, lease)
-    return delete(tx, session_id, None, "retention", expect)
+    heads = _family_heads(tx, session_id)
+    if not heads:
+        raise errors.SessionNotFoundError(session_id)
+    if heads != expect:
+        raise Changed(session_id)
+    return delete(tx, session_id, None, "retention")
 
 
 def _choose(
     tx: Tx, max_age_s: float | None, keep_last: int | None, limit: int
 ) -> list[tuple[str, tuple[Any, ...]]]:
-    """The sessions a retention pass deletes, oldest first, with their :data:`HEAD`."""
+    """The families a retention pass deletes, oldest first: each root session
+    (no sub-agent) with the :data:`HEAD` of every session of its family. A
+    family's age and rank are its most recently written session's."""
     conditions = []
     params: list[Any] = []
     if max_age_s is not None:
@@ -252,12 +281,14 @@ def _choose(
         conditions.append("newest > ?")
         params.append(keep_last)
     rows = tx.rows(
-        f"SELECT id, {HEAD} FROM (SELECT id, {HEAD}, "
-        "row_number() OVER (ORDER BY updated_at DESC, id DESC) AS newest FROM sessions) AS s "
+        f"{_FAMILIES}, agg AS (SELECT f.root AS id, max(s.updated_at) AS updated_at "
+        "FROM fam f JOIN sessions s ON s.id = f.id GROUP BY f.root) "
+        "SELECT id FROM (SELECT id, updated_at, "
+        "row_number() OVER (ORDER BY updated_at DESC, id DESC) AS newest FROM agg) AS s "
         f"WHERE {' AND '.join(conditions)} ORDER BY updated_at, id LIMIT ?",
         [*params, limit],
     )
-    return [(r[0], (r[1], r[2], r[3])) for r in rows]
+    return [(r[0], _family_heads(tx, r[0])) for r in rows]
 
 
 # -- the store's methods ------------------------------------------------------------
@@ -348,7 +379,11 @@ class DeletesPart(Area):
         one is kept and reported (``RetentionReport.skipped``). A session is
         deleted whole or not at all, so every session left replays as before.
         When ``lease`` is lost the pass stops, reporting what it removed
-        (``lease_lost``).
+        (``lease_lost``). Sub-agent sessions are judged with their session: a
+        session and its sub-agents (and theirs) count as one, written when the
+        last of them was, never chosen apart, and kept whole when any of them
+        was written since the pass chose them; a removed family is reported
+        session by session, the root first.
 
         Raises:
             InvalidInputError: neither bound given, a bound out of range (a
@@ -377,8 +412,6 @@ class DeletesPart(Area):
         removed: list[DeletedSession] = []
         skipped: dict[str, str] = {}
         for session_id, expect in chosen:
-            if any(gone.session_id == session_id for gone in removed):
-                continue  # a sub-agent deleted with its parent
             try:
                 done = self._fenced(
                     "retain_session",
