@@ -8,8 +8,8 @@ same check fails.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 import threading
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest

@@ -386,3 +386,33 @@ def test_an_escaped_backslash_before_u0000_is_no_nul_escape(
         except turnkeeper.DatabaseError:
             return
         assert broken != texts
+
+
+WRONG_SHAPES: dict[str, Any] = {
+    "runs.end_turn(status=[])": lambda s, run: s.runs.end_turn(run.turn_id, []),
+    "runs.admit(resource_events=None)": lambda s, run: s.runs.admit(
+        "h", {"a": 2}, resource_events=None, on_active="use_existing"
+    ),
+    "runs.admit(resource_events=5)": lambda s, run: s.runs.admit("h", {"a": 2}, resource_events=5),
+    "bindings.transfer(leases=None)": lambda s, run: s.bindings.transfer(
+        "tg", "c", "h", "h", leases=None
+    ),
+    "projects.delete(leases=None)": lambda s, run: s.projects.delete("p", leases=None),
+    "projects.delete(leases='session:h')": lambda s, run: s.projects.delete(
+        "p", leases="session:h"
+    ),
+}
+
+
+@pytest.mark.parametrize("call", sorted(WRONG_SHAPES))
+def test_an_argument_of_the_wrong_shape_is_invalid_input(call: str) -> None:
+    """A list where text belongs, ``None`` or a number where a list does: each an
+    ``InvalidInputError`` naming the argument (an attack helper saw bare
+    ``TypeError`` from these five), and nothing is written."""
+    with turnkeeper.open_store(":memory:") as store:
+        store.sessions.create("h")
+        run = store.runs.admit("h", {"a": 1}, start=True)
+        before = store.query("SELECT count(*) AS n FROM run_events").to_pylist()
+        with pytest.raises(turnkeeper.InvalidInputError):
+            WRONG_SHAPES[call](store, run)
+        assert store.query("SELECT count(*) AS n FROM run_events").to_pylist() == before

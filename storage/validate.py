@@ -107,6 +107,35 @@ def check_lease(lease: object, field: str = "lease") -> Lease:
     return lease
 
 
+def check_list(value: object, field: str, what: str) -> Sequence[Any]:
+    """``value`` as a sequence of items (a list or tuple, not text or a mapping).
+
+    Raises:
+        InvalidInputError: anything else (``what`` names the items expected).
+    """
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Sequence):
+        raise errors.InvalidInputError(field, f"expected a list of {what}")
+    return value
+
+
+def check_session_leases(given: object, field: str = "leases") -> dict[str, Lease]:
+    """A list of leases on sessions (``session:<id>``), by target: the leases
+    a write over several sessions is given (a later one of a target wins).
+
+    Raises:
+        InvalidInputError: not a list, a malformed lease, or one on another target.
+    """
+    held: dict[str, Lease] = {}
+    for i, lease in enumerate(check_list(given, field, "leases")):
+        check_lease(lease, f"{field}[{i}]")
+        if not lease.target.startswith("session:"):
+            raise errors.InvalidInputError(
+                f"{field}[{i}]", f"a lease on {lease.target!r} is no session's"
+            )
+        held[lease.target] = lease
+    return held
+
+
 def check_session_lease(session_id: str, lease: Lease | None) -> Lease | None:
     """``lease`` must be a lease on ``session:<session_id>`` (or ``None``).
 

@@ -60,7 +60,7 @@ from turnkeeper.spec.records import Binding, ChannelToolConfig, Lease, Session
 from ..backend import STORE_NOW, Tx, keyed
 from ..codec import check_id, check_text, from_json, to_json
 from ..pairing import Opening
-from ..validate import check_bool, check_header, check_lease, check_session_lease
+from ..validate import check_bool, check_header, check_session_lease, check_session_leases
 from . import leases, session_rows
 from .base import Area, record_fenced
 
@@ -279,18 +279,6 @@ def _channel(channel_type: object, channel_id: object) -> Channel:
     return (check_id(channel_type, "channel_type"), check_id(channel_id, "channel_id"))
 
 
-def _held(leases_given: Sequence[Lease]) -> dict[str, Lease]:
-    held: dict[str, Lease] = {}
-    for i, lease in enumerate(leases_given):
-        check_lease(lease, f"leases[{i}]")
-        if not lease.target.startswith("session:"):
-            raise errors.InvalidInputError(
-                f"leases[{i}]", f"a lease on {lease.target!r} is no session's"
-            )
-        held[lease.target] = lease
-    return held
-
-
 def _tools_json(tools: object) -> str:
     if isinstance(tools, str | bytes | Mapping) or not isinstance(tools, Sequence):
         raise errors.InvalidInputError("tools", "expected a sequence of ChannelToolConfig")
@@ -390,7 +378,7 @@ class Bindings(Area):
         channel = _channel(channel_type, channel_id)
         check_id(from_session_id, "from_session_id")
         check_id(to_session_id, "to_session_id")
-        held = _held(leases)
+        held = check_session_leases(leases)
 
         def body(tx: Tx) -> Binding:
             return transfer(tx, channel, from_session_id, to_session_id, held)

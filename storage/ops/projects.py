@@ -24,7 +24,7 @@ from turnkeeper.spec.records import DeletedSession, Lease, Project
 
 from ..backend import STORE_NOW, Tx, utc
 from ..codec import check_id, check_text
-from ..validate import check_lease
+from ..validate import check_session_leases
 from . import deletes
 from .base import Area, Shared
 from .replays import BranchCache
@@ -143,14 +143,7 @@ class Projects(Area):
         Refused, it deletes nothing: not the project, not any session.
         """
         check_id(project_id, "project_id")
-        held: dict[str, Lease] = {}
-        for i, lease in enumerate(leases):
-            check_lease(lease, f"leases[{i}]")
-            if not lease.target.startswith("session:"):
-                raise errors.InvalidInputError(
-                    f"leases[{i}]", f"a lease on {lease.target!r} is no session's"
-                )
-            held[lease.target] = lease
+        held = check_session_leases(leases)
         try:
             done = self.db.write("delete_project", lambda tx: delete(tx, project_id, held))
         except errors.LeaseLostError as lost:

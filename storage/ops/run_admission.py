@@ -35,10 +35,7 @@ from turnkeeper.spec.run import (
 from ..backend import Tx, keyed, present, utc
 from ..codec import check_id, check_text, to_json
 from ..pairing import Opening
-from ..validate import (
-    check_bool,
-    check_session_lease,
-)
+from ..validate import check_bool, check_list, check_session_lease
 from . import (
     leases,
     resources,
@@ -411,12 +408,8 @@ class AdmissionPart(Area):
                 raise errors.InvalidInputError(
                     "intent_id", "a retry's intent is its run's: give retry_of or intent_id"
                 )
-        if isinstance(resource_events, InputResourceEvent | str | bytes | Mapping):
-            raise errors.InvalidInputError(
-                "resource_events", "expected a sequence of InputResourceEvent"
-            )
         prepared: list[tuple[InputResourceEvent, str | None]] = []
-        for event in resource_events:
+        for event in check_list(resource_events, "resource_events", "InputResourceEvent"):
             given, data = resources.checked(event)
             if given.session_id != session_id:
                 raise errors.InvalidInputError(

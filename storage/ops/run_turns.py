@@ -271,7 +271,7 @@ class TurnsPart(Area):
         On any error nothing is written.
         """
         check_id(turn_id, "turn_id")
-        if status not in TURN_END_STATUSES:
+        if not isinstance(status, str) or status not in TURN_END_STATUSES:
             allowed = ", ".join(sorted(TURN_END_STATUSES))
             raise errors.InvalidInputError("status", f"a turn ends in one of {allowed}")
         if stop_reason is not None:
