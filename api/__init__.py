@@ -33,6 +33,7 @@ from turnkeeper.spec.errors import (
     CapabilityEventConflictError,
     ChannelBoundError,
     CheckpointError,
+    CommandApplicationNotFoundError,
     ConversationTurnExistsError,
     ConversationTurnNotOpenError,
     ConversationTurnOpenError,
@@ -44,6 +45,7 @@ from turnkeeper.spec.errors import (
     DeliveryOperationNotFoundError,
     DeliveryPlanConflictError,
     DiskFullError,
+    EmptySessionError,
     EntryCycleError,
     EntryExistsError,
     EntryIdReservedError,
@@ -70,7 +72,10 @@ from turnkeeper.spec.errors import (
     InvalidTransitionError,
     LeaseLostError,
     LeasePurposeError,
+    LedgerIdempotencyConflictError,
+    NilLeaseError,
     NotSupportedError,
+    OpeningFenceConflictError,
     OperationalError,
     PoolerError,
     ProgrammingError,
@@ -81,6 +86,8 @@ from turnkeeper.spec.errors import (
     RecordNotFoundError,
     RecoveryNotNeededError,
     RemoteRunNotRetainedError,
+    ReplayDecodeError,
+    ReplayReadError,
     ResourceEventConflictError,
     RetryNotAllowedError,
     RunEventConflictError,
@@ -110,6 +117,13 @@ from turnkeeper.spec.errors import (
     UsageConflictError,
 )
 from turnkeeper.spec.fork import Fork
+from turnkeeper.spec.ledger import (
+    LEDGER_WRITER,
+    AppendResult,
+    CommandApplication,
+    LedgerEntry,
+    LedgerRecord,
+)
 from turnkeeper.spec.records import (
     ANY_LEAF,
     Binding,
@@ -151,6 +165,7 @@ from turnkeeper.spec.records import (
 from turnkeeper.spec.tool_execution import ToolExecution
 from turnkeeper.spec.usage import UsageRecord
 from turnkeeper.storage import SCHEMA_VERSION, BaseStore, DuckDBStore, Store
+from turnkeeper.storage.ops.ledger import LedgerWriter, RuntimeCommandLog
 from turnkeeper.storage.ops.replays import REPLAY_CACHE_BYTES
 from turnkeeper.storage.wakeups import Subscription, Topic
 
@@ -158,11 +173,13 @@ __all__ = [
     "ANY_LEAF",
     "DB_ENV",
     "DEFAULT_PATH",
+    "LEDGER_WRITER",
     "REPLAY_CACHE_BYTES",
     "SCHEMA_VERSION",
     "ActiveRunPolicy",
     "AlreadyExistsError",
     "AmbiguousSessionIDError",
+    "AppendResult",
     "BaseStore",
     "Binding",
     "BindingNotFoundError",
@@ -172,6 +189,8 @@ __all__ = [
     "ChannelBoundError",
     "ChannelToolConfig",
     "CheckpointError",
+    "CommandApplication",
+    "CommandApplicationNotFoundError",
     "ConversationTurn",
     "ConversationTurnExistsError",
     "ConversationTurnNotOpenError",
@@ -192,6 +211,7 @@ __all__ = [
     "DetailPage",
     "DiskFullError",
     "DuckDBStore",
+    "EmptySessionError",
     "Entry",
     "EntryCycleError",
     "EntryExistsError",
@@ -229,8 +249,14 @@ __all__ = [
     "LeasePurpose",
     "LeasePurposeError",
     "LeaseSnapshot",
+    "LedgerEntry",
+    "LedgerIdempotencyConflictError",
+    "LedgerRecord",
+    "LedgerWriter",
     "NewEntry",
+    "NilLeaseError",
     "NotSupportedError",
+    "OpeningFenceConflictError",
     "OperationalError",
     "PoolerError",
     "ProgrammingError",
@@ -245,6 +271,8 @@ __all__ = [
     "RecoveryNotNeededError",
     "RemoteRunNotRetainedError",
     "Replay",
+    "ReplayDecodeError",
+    "ReplayReadError",
     "ResourceEventConflictError",
     "ResponseItem",
     "ResponseReplayTurn",
@@ -259,6 +287,7 @@ __all__ = [
     "RunEventConflictError",
     "RunNotFoundError",
     "RunStatus",
+    "RuntimeCommandLog",
     "RuntimeLeaseGroup",
     "RuntimeLeaseGuard",
     "RuntimeLeaseRunMismatchError",

@@ -109,6 +109,9 @@ def populate(store: Any, sid: str) -> dict[str, Any]:
     store.usage.record(sid, provider="secret-co", model="m", input_tokens=3, run_id=run.id)
     store.bindings.bind(sid, "chat", f"secret-chat-{sid}")
     store.bindings.set_tools(sid, [ChannelToolConfig("secret_tool", True)])
+    owner = store.leases.acquire(f"session:{sid}", "ledger-writer", 30)
+    store.ledger.open(sid, owner).append("turn", b"secret turn", f"turn-of-{sid}")
+    store.leases.release(owner)
     fork = store.forks.fork(sid, request_id=f"fork-of-{sid}")
     return {"run": run, "orphan": orphan, "fork": fork}
 

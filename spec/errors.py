@@ -984,6 +984,99 @@ class ForkRequestConflictError(ForkError):
     fork_session_id: str
 
 
+# --- the ledger (sessionstore seed: journal, replay, command log) -------------------
+
+
+class NilLeaseError(TurnkeeperError):
+    """A ledger writer was opened without a lease (sessionstore NilLeaseError).
+
+    ``store.ledger.open`` (OpenJournal) requires the session's lease, taken with
+    ``store.leases.acquire("session:<id>", …)``: the open fails closed rather
+    than writing a fence record with no epoch. Nothing is written."""
+
+    fields = ("session_id",)
+    session_id: str
+
+
+class OpeningFenceConflictError(TurnkeeperError):
+    """The ledger's opening fence lost the ownership race (sessionstore
+    OpeningFenceConflictError).
+
+    The ledger's tip moved from ``expected_tip`` (read by the open) to
+    ``found_tip`` before the open's compare-and-set planted its fence record.
+    Not transient: the grant of ``epoch`` is spent and has been released; the
+    caller takes a fresh lease (a strictly higher epoch) and opens a new
+    writer. The open never rebases the grant onto the new tip."""
+
+    fields = ("session_id", "epoch", "expected_tip", "found_tip")
+    session_id: str
+    epoch: int
+    expected_tip: int
+    found_tip: int
+
+
+class LedgerIdempotencyConflictError(TurnkeeperError):
+    """A ledger append reused an idempotency id with other content.
+
+    The record first appended under ``idempotency_id`` is at ``seq`` with
+    another kind or payload; the append writes nothing (a duplicate delivery
+    of the same content returns ``seq`` instead)."""
+
+    fields = ("session_id", "idempotency_id", "seq")
+    session_id: str
+    idempotency_id: str
+    seq: int
+
+
+class ReplayDecodeError(TurnkeeperError):
+    """A replayed ledger record could not be decoded into its typed form
+    (sessionstore ReplayDecodeError).
+
+    ``seq`` is the record's sequence; ``detail`` says what failed (its payload
+    does not hash to its stored sha256, a fence's epoch below an earlier
+    fence's, a record stamped with another epoch than the fence before it …).
+    Replay raises it rather than skipping or zero-valuing the record."""
+
+    fields = ("session_id", "seq")
+    session_id: str
+    seq: int
+
+
+class ReplayReadError(TurnkeeperError):
+    """The next ledger record could not be read (sessionstore ReplayReadError).
+
+    ``name`` is the ledger (``ledger:<session id>``), ``seq`` the sequence the
+    replay expected next; the cause (a backend failure) is ``__cause__``, or
+    ``detail`` says which record is missing from the sequence. Replay raises
+    it rather than guessing the backlog is drained."""
+
+    fields = ("name", "seq")
+    name: str
+    seq: int
+
+
+class EmptySessionError(TurnkeeperError):
+    """The session's ledger holds no record: nothing to replay or index
+    (sessionstore EmptySessionError)."""
+
+    fields = ("session_id",)
+    session_id: str
+
+
+class CommandApplicationNotFoundError(TurnkeeperError):
+    """The ledger record at ``seq`` is not a readable command application
+    (sessionstore CommandApplicationNotFoundError).
+
+    Raised instead of reporting "not applied": there is no record at ``seq``,
+    it is another kind of record, or it does not decode (the decoding error
+    is ``__cause__``). Reporting an unreadable record as not applied would let
+    an applied command be applied twice."""
+
+    fields = ("session_id", "seq")
+    session_id: str
+    seq: int
+
+
 __all__ = [
     "AlreadyExistsError",
     "AmbiguousSessionIDError",
@@ -992,6 +1085,7 @@ __all__ = [
     "CapabilityEventConflictError",
     "ChannelBoundError",
     "CheckpointError",
+    "CommandApplicationNotFoundError",
     "ConversationTurnExistsError",
     "ConversationTurnNotOpenError",
     "ConversationTurnOpenError",
@@ -1003,6 +1097,7 @@ __all__ = [
     "DeliveryOperationNotFoundError",
     "DeliveryPlanConflictError",
     "DiskFullError",
+    "EmptySessionError",
     "EntryCycleError",
     "EntryExistsError",
     "EntryIdReservedError",
@@ -1029,7 +1124,10 @@ __all__ = [
     "InvalidTransitionError",
     "LeaseLostError",
     "LeasePurposeError",
+    "LedgerIdempotencyConflictError",
+    "NilLeaseError",
     "NotSupportedError",
+    "OpeningFenceConflictError",
     "OperationalError",
     "PoolerError",
     "ProgrammingError",
@@ -1040,6 +1138,8 @@ __all__ = [
     "RecordNotFoundError",
     "RecoveryNotNeededError",
     "RemoteRunNotRetainedError",
+    "ReplayDecodeError",
+    "ReplayReadError",
     "ResourceEventConflictError",
     "RetryNotAllowedError",
     "RunEventConflictError",

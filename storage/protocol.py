@@ -68,6 +68,7 @@ from typing import Any, Protocol, Self, TypeVar
 
 from turnkeeper.spec.delivery import DeliveryIntent, DeliveryOperation, DeliveryPlan
 from turnkeeper.spec.fork import Fork
+from turnkeeper.spec.ledger import CommandApplication, LedgerRecord
 from turnkeeper.spec.records import (
     ANY_LEAF,
     Binding,
@@ -110,6 +111,7 @@ from turnkeeper.spec.records import (
 from turnkeeper.spec.tool_execution import ToolExecution
 from turnkeeper.spec.usage import UsageRecord
 
+from .ops.ledger.writer import LedgerWriter, RuntimeCommandLog
 from .wakeups import Subscription, Topic
 
 T = TypeVar("T")
@@ -574,6 +576,23 @@ class ResourcesAPI(Protocol):
     def events(self, session_id: str) -> list[InputResourceEvent]: ...
 
 
+class LedgerAPI(Protocol):
+    """``store.ledger``: a session's fenced journal (sessionstore OpenJournal,
+    OpenInternalRecordReplayer, OpenRuntimeCommandLog, ReadCommandApplicationAt,
+    WithTenant); see ``storage/ops/ledger``."""
+
+    tenant: str
+
+    def with_tenant(self, tenant: str) -> LedgerAPI: ...
+    def open(self, session_id: str, lease: Lease | None) -> LedgerWriter: ...
+    def tip(self, session_id: str) -> int: ...
+    def replay(
+        self, session_id: str, from_seq: int = 1, *, page_rows: int = ...
+    ) -> Iterator[LedgerRecord]: ...
+    def command_log(self, session_id: str, writer: LedgerWriter) -> RuntimeCommandLog: ...
+    def read_command_application_at(self, session_id: str, seq: int) -> CommandApplication: ...
+
+
 class ArchivesAPI(Protocol):
     """``store.archives``: a session's Responses API records (session seed
     ResponseRun, ResponseTurn, ResponseItemArchive, ResponseReplayTurn)."""
@@ -756,5 +775,7 @@ class Store(Protocol):
     def bindings(self) -> BindingsAPI: ...
     @property
     def archives(self) -> ArchivesAPI: ...
+    @property
+    def ledger(self) -> LedgerAPI: ...
 
     def close(self) -> None: ...

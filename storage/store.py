@@ -29,6 +29,7 @@ from .ops.capabilities import Capabilities
 from .ops.forks import Forks
 from .ops.guidance import GuidanceQueue
 from .ops.leases import Leases
+from .ops.ledger import Ledger
 from .ops.lineage import Lineage
 from .ops.outbox import Outbox
 from .ops.pairing_checks import OpeningCache
@@ -108,6 +109,8 @@ class BaseStore:
     - :attr:`usage` (usage records per model request: record, list …);
     - :attr:`bindings` (channel bindings of sessions and channel tool selections);
     - :attr:`archives` (a session's Responses runs, turns and output items);
+    - :attr:`ledger` (a session's fenced journal: open a writer, append, replay,
+      the command log);
 
     and the store itself: :meth:`query`, :meth:`snapshot`,
     :meth:`query_batches`, :meth:`json_sql`, :meth:`subscribe`,
@@ -148,6 +151,7 @@ class BaseStore:
         self.usage = Usage(shared)
         self.bindings = Bindings(shared)
         self.archives = Archives(shared)
+        self.ledger = Ledger(shared)
         try:
             if backend.read_only:
                 self.db.read("check_schema", self._check_schema, snapshot=True)

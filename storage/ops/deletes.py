@@ -5,7 +5,8 @@ session (:data:`REMOVED`): its row and entries, opaque import lines,
 execution intents, runs, run events, submissions, conversation turns, orphan
 recoveries and their events, response lineage, response archives (runs,
 turns, items), delivery intents with their operations and events,
-tool-execution records with their events, its metadata, capability state and
+tool-execution records with their events, its ledger (records and tip, of
+every tenant), its metadata, capability state and
 events, guidance, input resource events, usage records, its channel tool
 selection, its channel binding (the channel identity is free for another
 session afterwards), and the record of the fork that made it (when it is a
@@ -83,6 +84,8 @@ REMOVED: tuple[tuple[str, str], ...] = (
     ("channel_tools", "session_id = ?"),
     ("channel_bindings", "session_id = ?"),
     ("session_forks", "fork_session_id = ?"),
+    ("ledger_records", "session_id = ?"),
+    ("ledger_tips", "session_id = ?"),
     ("entries", "session_id = ?"),
     ("sessions", "id = ?"),
 )

@@ -1,0 +1,132 @@
+"""The ledger's journal writer (sessionstore OpenJournal, SessionJournal) and its records.
+
+A session's ledger is an append-only journal with a 1-based sequence. One
+writer at a time appends to it, under the session's lease (``session:<id>``):
+opening the writer plants a *fence record* carrying the lease's epoch with a
+compare-and-set on the tip the open read, and every append is fenced by
+that epoch in its own transaction (``storage/ops/ledger/``).
+
+The writer's lifecycle, states held by the writer object (a writer is a
+handle, not a row: the ledger's rows are its records):
+
+- ``opening``: made by ``store.ledger.open``, its fence not yet planted;
+- ``open``: its fence record is in the ledger; it appends;
+- ``fenced``: its grant is spent: the opening compare-and-set found the tip
+  moved (the grant was released), or a fence refused it (its lease expired,
+  was released or taken over). It never writes again: a fresh lease (a
+  strictly higher epoch) opens a new writer;
+- ``closed``: its holder closed it (the lease is the holder's to release).
+
+Facts the guards read, observed in the transaction that writes:
+
+- ``lease_held``: the writer's lease passed the lease fence (held, this
+  token and epoch, unexpired at a clock read after the lease row's lock);
+- ``tip_unmoved``: the ledger's tip is the one the open read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from .lifecycle import Edge, Lifecycle, fact
+
+LEDGER_WRITER = Lifecycle(
+    name="ledger_writer",
+    states=("opening", "open", "fenced", "closed"),
+    initial="opening",
+    edges=(
+        Edge("plant_fence", "open", "opening", "open", guards=("lease_held", "tip_unmoved")),
+        Edge(
+            "opening_conflict",
+            "open",
+            "opening",
+            "fenced",
+            guards=("lease_held",),
+            unless=("tip_unmoved",),
+        ),
+        Edge("opening_lost", "open", "opening", "fenced", unless=("lease_held",)),
+        Edge("append", "append", "open", "open", guards=("lease_held",)),
+        Edge("overtaken", "append", "open", "fenced", unless=("lease_held",)),
+        Edge("close", "close", "open", "closed"),
+    ),
+    guards={
+        "lease_held": (
+            fact("lease_held"),
+            "the writer's lease passed the fence, judged after the lease row's lock",
+        ),
+        "tip_unmoved": (fact("tip_unmoved"), "the ledger's tip is the one the open read"),
+    },
+    invariants=(
+        "sequences are 1, 2, 3 … per session, without gaps or duplicates",
+        "every writer's records follow its own fence record, which carries its epoch",
+        "fence epochs never fall along the ledger (a grant is never rebased onto a new tip)",
+        "a fenced or closed writer writes nothing",
+    ),
+)
+"""``plant_fence`` writes the fence record at the tip + 1; ``opening_conflict``
+releases the grant and raises ``OpeningFenceConflictError``; ``opening_lost``
+and ``overtaken`` raise ``LeaseLostError``; ``append`` writes the records."""
+
+FENCE_KIND = "fence"
+"""The kind of a writer's opening fence record (empty payload, the writer's epoch)."""
+
+COMMAND_APPLICATION_KIND = "command_application"
+"""The kind of a command log record (sessionstore RuntimeCommandLog)."""
+
+RESERVED_KINDS = frozenset({FENCE_KIND})
+"""Kinds only the store writes: an append of one is refused."""
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """A record to append: ``kind`` (non-empty text, not a reserved kind),
+    ``payload`` (bytes, stored exactly) and ``idempotency_id`` (non-empty text;
+    a second append under it returns the first one's sequence)."""
+
+    kind: str
+    payload: bytes
+    idempotency_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRecord:
+    """One record of a session's ledger, as replay yields it.
+
+    ``seq`` is 1-based and gapless; ``epoch`` is the lease epoch of the
+    writer that appended it (a fence record's epoch is its writer's);
+    ``payload`` is the stored bytes, verified against their sha256 on read;
+    ``written_at`` is by the store's clock; ``tenant`` is the store's tenant
+    (sessionstore WithTenant; ``""`` by default)."""
+
+    session_id: str
+    seq: int
+    kind: str
+    idempotency_id: str
+    payload: bytes
+    epoch: int
+    written_at: datetime
+    tenant: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """What an append did (sessionstore journal.AppendResult): ``seq`` is the
+    record's sequence; ``duplicate`` is true when its idempotency id was
+    already in the ledger with the same content, and ``seq`` is then the
+    original's (nothing was written)."""
+
+    seq: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CommandApplication:
+    """An application prefix of the command log (sessionstore
+    runtimecommand.Application): the command ``command_id`` was applied as
+    ``applied`` (a JSON object: what the applier made of it). Stored as a
+    ledger record of kind ``command_application`` under idempotency id
+    ``command:<command_id>``."""
+
+    command_id: str
+    applied: dict[str, object]

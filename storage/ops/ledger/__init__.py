@@ -1,0 +1,205 @@
+"""``store.ledger``: a session's durable journal (the sessionstore seed's
+OpenJournal, SessionJournal, OpenInternalRecordReplayer, RuntimeCommandLog,
+ReadCommandApplicationAt, WithTenant).
+
+A session's ledger is an append-only journal with a 1-based, gapless
+sequence, written by one writer at a time under the session's lease:
+
+- :meth:`Ledger.open` returns a :class:`~.writer.LedgerWriter`, after
+  planting its fence record (the lease epoch) with a compare-and-set on the
+  tip it read (``journal.plant_fence``);
+- its appends are fenced by that epoch in their own transactions, and
+  idempotent by their idempotency ids (``journal.append``);
+- :meth:`Ledger.replay` streams the records, verified, in bounded pages
+  (``replay``);
+- :meth:`Ledger.command_log` and :meth:`Ledger.read_command_application_at`
+  are the command log over it (``writer.RuntimeCommandLog``).
+
+Records carry the tenant the area serves (:meth:`Ledger.with_tenant`,
+``""`` by default); a reader for another tenant sees none of them. The
+writer's lifecycle is :data:`turnkeeper.spec.ledger.LEDGER_WRITER`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from functools import partial
+
+from turnkeeper.spec import errors
+from turnkeeper.spec.ledger import AppendResult, CommandApplication, LedgerEntry, LedgerRecord
+from turnkeeper.spec.records import Lease
+
+from ...codec import check_id, check_text
+from ...validate import check_int, check_session_lease
+from .. import leases
+from ..base import Area, Shared
+from . import journal
+from .replay import PAGE_ROWS, ledger_name, replay
+from .writer import LedgerWriter, RuntimeCommandLog, decode_application
+
+__all__ = ["PAGE_ROWS", "Ledger", "LedgerWriter", "RuntimeCommandLog", "ledger_name"]
+
+
+class Ledger(Area):
+    """The ledger area of a store, for one tenant (see the module docstring)."""
+
+    def __init__(self, shared: Shared, tenant: str = "") -> None:
+        super().__init__(shared)
+        self._shared = shared
+        self.tenant = tenant
+
+    def with_tenant(self, tenant: str) -> Ledger:
+        """This store's ledger for ``tenant`` (sessionstore WithTenant): its
+        writers stamp their records with it and its reads see only its records.
+
+        Raises:
+            InvalidInputError: ``tenant`` is not storable text.
+        """
+        return Ledger(self._shared, check_text(tenant, "tenant"))
+
+    def open(self, session_id: str, lease: Lease | None) -> LedgerWriter:
+        """Open the single writer of ``session_id``'s ledger under ``lease``, a
+        lease on ``session:<session_id>`` (sessionstore OpenJournal).
+
+        Reads the ledger's tip, then in one transaction fences ``lease``,
+        compares the tip with the one read and writes a fence record carrying
+        the lease's epoch at the tip + 1. A tip that moved in between means
+        another writer owns the ledger now: the open fails, releases the
+        grant, and is never retried under it (a grant is never rebased onto a
+        newer tip); take a fresh lease, whose epoch is strictly higher.
+
+        Raises:
+            NilLeaseError: ``lease`` is ``None``.
+            OpeningFenceConflictError: the tip moved; the lease is released.
+            LeaseLostError: the lease is not held (expired, released, taken over).
+            LeasePurposeError: the lease row is held under another purpose.
+            InvalidInputError: a malformed id, or a lease on another target.
+        On any error nothing is written.
+        """
+        check_id(session_id, "session_id")
+        if lease is None:
+            raise errors.NilLeaseError(session_id)
+        check_session_lease(session_id, lease)
+        expected = self.db.read(
+            "ledger_tip", lambda tx: journal.read_tip(tx, self.tenant, session_id)
+        )[0]
+        try:
+            seq = self._fenced(
+                "ledger_open",
+                lease,
+                lambda tx: journal.plant_fence(tx, self.tenant, session_id, lease, expected),
+            )
+        except errors.OpeningFenceConflictError:
+            journal.MACHINE.require("open", "opening", {"lease_held": True, "tip_unmoved": False})
+            self.db.write(
+                "release_lease",
+                lambda tx: leases.release(tx, lease),
+                transaction=False,
+                exclusive=False,
+            )
+            raise
+        return LedgerWriter(self, session_id, lease, seq)
+
+    def _write_entries(
+        self, writer: LedgerWriter, entries: Sequence[LedgerEntry]
+    ) -> list[AppendResult]:
+        """The fenced append transaction of ``writer`` (``LedgerWriter.append_many``)."""
+        return self._fenced(
+            "ledger_append",
+            writer.lease,
+            lambda tx: journal.append(tx, self.tenant, writer.session_id, writer.lease, entries),
+        )
+
+    def tip(self, session_id: str) -> int:
+        """The sequence of the last record of ``session_id``'s ledger (0: none).
+
+        Raises:
+            InvalidInputError: a malformed id.
+        """
+        check_id(session_id, "session_id")
+        return int(
+            self.db.read("ledger_tip", lambda tx: journal.read_tip(tx, self.tenant, session_id))[0]
+        )
+
+    def replay(
+        self, session_id: str, from_seq: int = 1, *, page_rows: int = PAGE_ROWS
+    ) -> Iterator[LedgerRecord]:
+        """Stream ``session_id``'s ledger from ``from_seq`` (inclusive; 0 and 1
+        both start at the first record) up to the tip read when it starts
+        (sessionstore OpenInternalRecordReplayer with ReplayRequest.FromSeq).
+
+        Reads pages of ``page_rows`` records and holds one at a time: memory
+        is bounded by ``page_rows`` records (``page_rows`` × the largest
+        payload's bytes, plus about 300 bytes a record). Each record is
+        verified before it is yielded: its payload against its sha256, its
+        sequence against the one expected, its epoch against its fence's.
+
+        Raises (from the iteration; the arguments are checked at the call):
+            ReplayReadError: a page read failed (``__cause__``), or a record
+                is missing before the tip.
+            ReplayDecodeError: a record fails its verification.
+            EmptySessionError: the ledger holds no record.
+            SessionNotFoundError: nor does the session exist.
+            InvalidInputError: a malformed id, ``from_seq`` < 0 or
+                ``page_rows`` < 1.
+        """
+        check_id(session_id, "session_id")
+        start = max(1, check_int(from_seq, "from_seq", 0))
+        rows = check_int(page_rows, "page_rows", 1)
+        return replay(
+            self.db,
+            self.tenant,
+            session_id,
+            start,
+            rows,
+            partial(self._inside, session_id, None),
+        )
+
+    def command_log(self, session_id: str, writer: LedgerWriter) -> RuntimeCommandLog:
+        """The command log of ``session_id`` over ``writer`` (sessionstore
+        OpenRuntimeCommandLog).
+
+        Raises:
+            InvalidInputError: ``writer`` is not an open writer of this session.
+        """
+        check_id(session_id, "session_id")
+        if not isinstance(writer, LedgerWriter) or writer.session_id != session_id:
+            raise errors.InvalidInputError("writer", f"expected a ledger writer of {session_id!r}")
+        return RuntimeCommandLog(
+            writer, lambda seq: self.read_command_application_at(session_id, seq)
+        )
+
+    def read_command_application_at(self, session_id: str, seq: int) -> CommandApplication:
+        """The command application at ``seq`` of ``session_id``'s ledger
+        (sessionstore ReadCommandApplicationAt). Fails closed: never "not applied".
+
+        Raises:
+            CommandApplicationNotFoundError: no record at ``seq``, another kind
+                of record, or one whose payload does not hash to its sha256 or
+                does not decode (the decoding error is ``__cause__``).
+            InvalidInputError: a malformed id or ``seq`` < 1.
+            DatabaseError: the read failed.
+        """
+        check_id(session_id, "session_id")
+        at = check_int(seq, "seq", 1)
+        row = self.db.read(
+            "ledger_command_at",
+            lambda tx: tx.one(
+                "SELECT kind, payload, payload_sha256 FROM ledger_records "
+                "WHERE tenant = ? AND session_id = ? AND seq = ?",
+                [self.tenant, session_id, at],
+            ),
+        )
+        if row is None:
+            raise errors.CommandApplicationNotFoundError(
+                session_id, at, detail="the ledger holds no record at this sequence"
+            )
+        payload = bytes(row[1])
+        if journal.sha256(payload) != row[2]:
+            cause = errors.ReplayDecodeError(
+                session_id, at, detail="its payload does not hash to its stored sha256"
+            )
+            raise errors.CommandApplicationNotFoundError(
+                session_id, at, detail="the record does not decode"
+            ) from cause
+        return decode_application(session_id, at, str(row[0]), payload)

@@ -1,0 +1,193 @@
+"""The ledger's journal transactions: the opening fence and the fenced appends
+(sessionstore OpenJournal, SessionJournal.Append), run inside the caller's
+transaction.
+
+Statement budget (BEGIN and COMMIT aside): an open is the lease fence, the
+tip's locked read, the fence record and the tip's compare-and-set; an append
+of n records is the lease fence, the tip's locked read, one read of the ids
+already in the ledger, one multi-row insert and the tip's compare-and-set,
+whatever n is.
+
+Fencing is the lease machinery's (:func:`.leases.fence`, the expiry judged
+at a clock read after the lease row's lock), plus the ledger's own check
+that its newest fence is the writer's epoch (:func:`check_epoch`): a lease
+fence passed by a writer whose ledger another epoch has fenced since is
+refused all the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from turnkeeper.machines import machine_for
+from turnkeeper.spec import errors
+from turnkeeper.spec.ledger import FENCE_KIND, LEDGER_WRITER, AppendResult, LedgerEntry
+from turnkeeper.spec.records import Lease
+
+from ...backend import Conflict, Tx
+from .. import leases
+
+MACHINE = machine_for(LEDGER_WRITER)
+
+_WHERE = "tenant = ? AND session_id = ?"
+
+
+def sha256(payload: bytes) -> str:
+    """The hex sha256 of ``payload``: what a record stores and replay checks."""
+    return hashlib.sha256(payload).hexdigest()
+
+
+def read_tip(tx: Tx, tenant: str, session_id: str, *, lock: bool = False) -> tuple[int, int]:
+    """The ledger's ``(tip, epoch of its newest fence)``; ``(0, 0)`` when it has
+    no record. With ``lock``, the tip's row is locked (PostgreSQL) until the
+    transaction ends."""
+    row = tx.one(
+        f"SELECT seq, epoch FROM ledger_tips WHERE {_WHERE}"
+        + (tx.dialect.update_lock() if lock else ""),
+        [tenant, session_id],
+    )
+    return (0, 0) if row is None else (int(row[0]), int(row[1]))
+
+
+def tip_unmoved(expected: int, found: int) -> bool:
+    """The opening compare-and-set's test: the tip is the one the open read."""
+    return expected == found
+
+
+def plant_fence(tx: Tx, tenant: str, session_id: str, lease: Lease, expected: int) -> int:
+    """Open a writer under ``lease`` (edge ``plant_fence``): after the lease
+    fence, compare the tip with ``expected`` (read by the open before this
+    transaction, never again: a retry of this transaction compares the same
+    ``expected``) and write the fence record at ``expected + 1``. Returns its
+    sequence.
+
+    Raises:
+        LeaseLostError: the lease fence refused ``lease`` (edge ``opening_lost``).
+        OpeningFenceConflictError: the tip moved (edge ``opening_conflict``).
+    """
+    now = leases.fence(tx, lease)
+    found, _ = read_tip(tx, tenant, session_id, lock=True)
+    edge = MACHINE.require(
+        "open", "opening", {"lease_held": True, "tip_unmoved": tip_unmoved(expected, found)}
+    )
+    if edge.name == "opening_conflict":
+        raise errors.OpeningFenceConflictError(session_id, lease.epoch, expected, found)
+    seq = expected + 1
+    _insert(
+        tx,
+        tenant,
+        session_id,
+        lease.epoch,
+        now,
+        [(seq, LedgerEntry(FENCE_KIND, b"", f"fence:{lease.epoch}:{seq}"))],
+    )
+    _move_tip(tx, tenant, session_id, found, seq, lease.epoch)
+    return seq
+
+
+def check_epoch(session_id: str, lease: Lease, ledger_epoch: int) -> None:
+    """The ledger's own fence of an append: the newest fence record in the
+    ledger is the writer's epoch.
+
+    Raises:
+        LeaseLostError: another epoch fenced the ledger since this writer opened.
+    """
+    if ledger_epoch != lease.epoch:
+        raise errors.LeaseLostError(
+            lease.target,
+            detail=f"ledger of {session_id!r} is fenced by epoch {ledger_epoch}, "
+            f"this writer's is {lease.epoch}",
+        )
+
+
+def append(
+    tx: Tx, tenant: str, session_id: str, lease: Lease, entries: Sequence[LedgerEntry]
+) -> list[AppendResult]:
+    """Append ``entries`` in order under ``lease`` (edge ``append``): the lease
+    fence, then the ledger's (:func:`check_epoch`), judged with the tip's row
+    locked; an entry whose idempotency id is already in the ledger (or earlier
+    in ``entries``) with the same kind and payload takes that record's
+    sequence and writes nothing.
+
+    Raises:
+        LeaseLostError: a fence refused the writer (edge ``overtaken``).
+        LedgerIdempotencyConflictError: an id already names other content.
+        SessionNotFoundError: the ledger is gone (its session was deleted).
+    """
+    now = leases.fence(tx, lease)
+    tip, ledger_epoch = read_tip(tx, tenant, session_id, lock=True)
+    if tip == 0:
+        raise errors.SessionNotFoundError(session_id)
+    check_epoch(session_id, lease, ledger_epoch)
+    MACHINE.require("append", "open", {"lease_held": True})
+    ids = list(dict.fromkeys(e.idempotency_id for e in entries))
+    marks = ", ".join("?" for _ in ids)
+    known: dict[str, tuple[int, str, str]] = {
+        str(r[0]): (int(r[1]), str(r[2]), str(r[3]))
+        for r in tx.rows(
+            "SELECT idempotency_id, seq, kind, payload_sha256 FROM ledger_records "
+            f"WHERE {_WHERE} AND idempotency_id IN ({marks})",
+            [tenant, session_id, *ids],
+        )
+    }
+    results: list[AppendResult] = []
+    new: list[tuple[int, LedgerEntry]] = []
+    seq = tip
+    for entry in entries:
+        digest = sha256(entry.payload)
+        first = known.get(entry.idempotency_id)
+        if first is not None:
+            if (first[1], first[2]) != (entry.kind, digest):
+                raise errors.LedgerIdempotencyConflictError(
+                    session_id, entry.idempotency_id, first[0]
+                )
+            results.append(AppendResult(first[0], duplicate=True))
+            continue
+        seq += 1
+        known[entry.idempotency_id] = (seq, entry.kind, digest)
+        new.append((seq, entry))
+        results.append(AppendResult(seq))
+    if new:
+        _insert(tx, tenant, session_id, lease.epoch, now, new)
+        _move_tip(tx, tenant, session_id, tip, seq, ledger_epoch)
+    return results
+
+
+def _insert(
+    tx: Tx,
+    tenant: str,
+    session_id: str,
+    epoch: int,
+    now: object,
+    rows: Sequence[tuple[int, LedgerEntry]],
+) -> None:
+    """One multi-row insert of ``rows`` (sequence, entry) stamped ``epoch`` and ``now``."""
+    values = ", ".join("(?, ?, ?, ?, ?, ?, ?, ?, ?)" for _ in rows)
+    params: list[object] = []
+    for seq, e in rows:
+        params += [
+            tenant, session_id, seq, e.kind, e.idempotency_id, e.payload,
+            sha256(e.payload), epoch, now,
+        ]  # fmt: skip
+    tx.exec(
+        "INSERT INTO ledger_records (tenant, session_id, seq, kind, idempotency_id, payload, "
+        f"payload_sha256, epoch, written_at) VALUES {values}",
+        params,
+    )
+
+
+def _move_tip(tx: Tx, tenant: str, session_id: str, old: int, new: int, epoch: int) -> None:
+    """Compare-and-set the tip from ``old`` (0: no row yet) to ``new`` under ``epoch``."""
+    if old == 0:
+        tx.exec(
+            "INSERT INTO ledger_tips (tenant, session_id, seq, epoch) VALUES (?, ?, ?, ?)",
+            [tenant, session_id, new, epoch],
+        )
+        return
+    moved = tx.count(
+        f"UPDATE ledger_tips SET seq = ?, epoch = ? WHERE {_WHERE} AND seq = ?",
+        [new, epoch, tenant, session_id, old],
+    )
+    if moved != 1:
+        raise Conflict(f"the ledger tip of {session_id!r} moved")

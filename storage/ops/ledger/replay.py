@@ -1,0 +1,154 @@
+"""Streaming, fail-closed replay of a session's ledger (sessionstore
+OpenInternalRecordReplayer, ReplayRequest).
+
+A replay reads the ledger's tip once, then pages of at most ``page_rows``
+records in sequence order (each page one read of its own), and yields each
+record after verifying it; it holds one page at a time, so its memory is
+bounded by ``page_rows`` records: ``page_rows`` × (the largest payload's bytes
++ a record's fixed fields, about 300 bytes). It never yields a record it has
+not verified, and never ends short of the tip it read: every failure raises,
+typed, with the sequence:
+
+- ``ReplayReadError``: a page read failed (the backend's error is
+  ``__cause__``), or a record is missing (a gap, or the ledger ends before
+  its tip);
+- ``ReplayDecodeError``: a record's payload does not hash to its stored
+  sha256 (flipped or truncated bytes), a fence's epoch is below an earlier
+  fence's, or a record is stamped with another epoch than the fence before it
+  (a stale writer's record);
+- ``EmptySessionError``: the ledger holds no record;
+- ``SessionNotFoundError``: nor does the session exist.
+
+Records appended after the replay read the tip are not yielded: a replay is
+of the ledger as it stood when it started.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
+
+from turnkeeper.spec import errors
+from turnkeeper.spec.ledger import FENCE_KIND, LedgerRecord
+
+from ...backend import Backend, Tx, utc
+from .journal import read_tip, sha256
+
+PAGE_ROWS = 256
+"""Records per page of a replay (its memory bound, with the largest payload)."""
+
+_COLS = "seq, kind, idempotency_id, payload, payload_sha256, epoch, written_at"
+
+
+def ledger_name(session_id: str) -> str:
+    """The name a ``ReplayReadError`` gives a session's ledger."""
+    return f"ledger:{session_id}"
+
+
+def _read(db: Backend, session_id: str, seq: int, body: Callable[[Tx], Any]) -> Any:
+    """``db.read(body)``; a backend failure is ``ReplayReadError`` at ``seq``."""
+    try:
+        return db.read("ledger_replay", body)
+    except errors.DatabaseError as failure:
+        raise errors.ReplayReadError(ledger_name(session_id), seq) from failure
+
+
+def _page(
+    tenant: str, session_id: str, start: int, tip: int, page_rows: int, tx: Tx
+) -> list[tuple[Any, ...]]:
+    """At most ``page_rows`` records from ``start`` up to ``tip``, in sequence order."""
+    return tx.rows(
+        f"SELECT {_COLS} FROM ledger_records WHERE tenant = ? AND session_id = ? "
+        "AND seq >= ? AND seq <= ? ORDER BY seq LIMIT ?",
+        [tenant, session_id, start, tip, page_rows],
+    )
+
+
+def verify(session_id: str, row: tuple[Any, ...], fence_epoch: int) -> tuple[int, bool]:
+    """Check one record ``(seq, kind, id, payload, sha256, epoch, …)`` read after
+    a fence of ``fence_epoch`` (0: none yet); returns the fence epoch after it
+    and whether it is a fence.
+
+    Raises:
+        ReplayDecodeError: its payload does not hash to its sha256, a fence
+            below an earlier fence's epoch, or another epoch than its fence's.
+    """
+    seq, kind, _, payload, digest, epoch = row[:6]
+    if not hmac.compare_digest(sha256(bytes(payload)), str(digest)):
+        raise errors.ReplayDecodeError(
+            session_id, seq, detail="its payload does not hash to its stored sha256"
+        )
+    if kind == FENCE_KIND:
+        if epoch < fence_epoch:
+            raise errors.ReplayDecodeError(
+                session_id, seq, detail=f"a fence of epoch {epoch} after one of {fence_epoch}"
+            )
+        return int(epoch), True
+    if epoch != fence_epoch:
+        raise errors.ReplayDecodeError(
+            session_id,
+            seq,
+            detail=f"stamped with epoch {epoch}, but the fence before it is epoch {fence_epoch}",
+        )
+    return fence_epoch, False
+
+
+def replay(
+    db: Backend,
+    tenant: str,
+    session_id: str,
+    from_seq: int,
+    page_rows: int,
+    check_session: Callable[[], object],
+) -> Iterator[LedgerRecord]:
+    """The records of ``session_id``'s ledger from ``from_seq`` to the tip read
+    at the start (see the module docstring). ``check_session`` raises
+    ``SessionNotFoundError`` when the session does not exist."""
+    tip, _ = _read(db, session_id, from_seq, lambda tx: read_tip(tx, tenant, session_id))
+    if tip == 0:
+        check_session()
+        raise errors.EmptySessionError(session_id)
+    # The epoch of the fence governing from_seq: the newest fence before it.
+    fence_epoch = 0
+    if from_seq > 1:
+        row = _read(
+            db,
+            session_id,
+            from_seq,
+            lambda tx: tx.one(
+                f"SELECT {_COLS} FROM ledger_records WHERE tenant = ? AND session_id = ? "
+                "AND kind = ? AND seq < ? ORDER BY seq DESC LIMIT 1",
+                [tenant, session_id, FENCE_KIND, from_seq],
+            ),
+        )
+        if row is not None:
+            fence_epoch, _ = verify(session_id, row, 0)
+    expected = from_seq
+    while expected <= tip:
+        rows = _read(
+            db, session_id, expected, partial(_page, tenant, session_id, expected, tip, page_rows)
+        )
+        if not rows:
+            raise errors.ReplayReadError(
+                ledger_name(session_id), expected, detail=f"the ledger ends before its tip {tip}"
+            )
+        for row in rows:
+            if row[0] != expected:
+                raise errors.ReplayReadError(
+                    ledger_name(session_id), expected, detail=f"record {expected} is missing"
+                )
+            fence_epoch, _ = verify(session_id, row, fence_epoch)
+            yield LedgerRecord(
+                session_id,
+                int(row[0]),
+                str(row[1]),
+                str(row[2]),
+                bytes(row[3]),
+                int(row[5]),
+                utc(row[6]),
+                tenant,
+            )
+            expected += 1
+        del rows

@@ -1,0 +1,217 @@
+"""A ledger writer (sessionstore SessionJournal) and the command log bound to
+it (sessionstore RuntimeCommandLog). Their lifecycle is
+:data:`turnkeeper.spec.ledger.LEDGER_WRITER`."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from turnkeeper.spec import errors
+from turnkeeper.spec.ledger import (
+    COMMAND_APPLICATION_KIND,
+    RESERVED_KINDS,
+    AppendResult,
+    CommandApplication,
+    LedgerEntry,
+)
+from turnkeeper.spec.records import Lease
+
+from ...codec import check_id, to_json
+from ...validate import check_list
+from . import journal
+
+if TYPE_CHECKING:
+    from . import Ledger
+
+MAX_BATCH = 1000
+"""The most records one ``append_many`` takes (one transaction, one insert)."""
+
+
+def check_entry(entry: object, field: str) -> LedgerEntry:
+    """``entry`` as a storable :class:`LedgerEntry`.
+
+    Raises:
+        InvalidInputError: not a LedgerEntry, an empty or reserved kind, a
+            payload that is not ``bytes``, or an empty idempotency id.
+    """
+    if not isinstance(entry, LedgerEntry):
+        raise errors.InvalidInputError(field, f"expected a LedgerEntry, got {type(entry).__name__}")
+    check_id(entry.kind, f"{field}.kind")
+    if entry.kind in RESERVED_KINDS:
+        raise errors.InvalidInputError(f"{field}.kind", f"{entry.kind!r} is written by the store")
+    if not isinstance(entry.payload, bytes):
+        raise errors.InvalidInputError(
+            f"{field}.payload", f"expected bytes, got {type(entry.payload).__name__}"
+        )
+    check_id(entry.idempotency_id, f"{field}.idempotency_id")
+    return entry
+
+
+class LedgerWriter:
+    """The single writer of one session's ledger under one lease (sessionstore
+    SessionJournal), made by ``store.ledger.open``. Thread-safe; ``state`` is
+    ``open``, ``fenced`` or ``closed`` (:data:`~turnkeeper.spec.ledger.LEDGER_WRITER`).
+
+    ``session_id``, ``lease`` and ``epoch`` (the lease's) identify it;
+    ``fence_seq`` is the sequence of its fence record."""
+
+    def __init__(self, ledger: Ledger, session_id: str, lease: Lease, fence_seq: int) -> None:
+        self._ledger = ledger
+        self.session_id = session_id
+        self.lease = lease
+        self.epoch = lease.epoch
+        self.fence_seq = fence_seq
+        self.state = "open"
+        self._lock = threading.Lock()
+
+    def append(self, kind: str, payload: bytes, idempotency_id: str) -> AppendResult:
+        """Append one record (sessionstore SessionJournal.Append): ``kind``
+        (text), ``payload`` (bytes, stored exactly) under ``idempotency_id``.
+        Fenced by the writer's epoch in the append's own transaction: the lease
+        fence, judged at a clock read after the lease row's lock, and the
+        ledger's newest fence, judged with its tip locked.
+
+        Returns the record's sequence; for an idempotency id already in the
+        ledger with the same kind and payload, the original's sequence with
+        ``duplicate=True`` (a redelivery), writing nothing.
+
+        Raises:
+            LeaseLostError: the lease expired, was released or taken over, or
+                the ledger was fenced by another epoch; the writer is then
+                ``fenced`` and every later append raises it too.
+            LedgerIdempotencyConflictError: the id names other content.
+            InvalidInputError: a bad kind, payload or id (see :class:`LedgerEntry`).
+            InterfaceError: the writer was closed.
+        On any error nothing is written.
+        """
+        return self.append_many([LedgerEntry(kind, payload, idempotency_id)])[0]
+
+    def append_many(self, entries: Sequence[LedgerEntry]) -> list[AppendResult]:
+        """Append ``entries`` (at most :data:`MAX_BATCH`) in order, in one
+        transaction, fenced as :meth:`append` is: all are written, or none.
+        Returns one :class:`AppendResult` per entry (a duplicate, also of an
+        earlier entry of the same call, gives the original's sequence).
+
+        Raises:
+            as :meth:`append`; InvalidInputError for an empty or too long list.
+        """
+        given = check_list(entries, "entries", "LedgerEntry")
+        if not 1 <= len(given) <= MAX_BATCH:
+            raise errors.InvalidInputError("entries", f"expected 1 to {MAX_BATCH} entries")
+        checked = [check_entry(e, f"entries[{i}]") for i, e in enumerate(given)]
+        with self._lock:
+            self._usable()
+            try:
+                return self._ledger._write_entries(self, checked)
+            except errors.LeaseLostError:
+                journal.MACHINE.require("append", "open", {"lease_held": False})
+                self.state = "fenced"
+                raise
+
+    def close(self) -> None:
+        """Close the writer (idempotent); the lease stays the holder's to release."""
+        with self._lock:
+            if self.state == "open":
+                journal.MACHINE.require("close", "open", {})
+                self.state = "closed"
+
+    def _usable(self) -> None:
+        if self.state == "fenced":
+            raise errors.LeaseLostError(
+                self.lease.target, detail="this ledger writer was fenced out earlier"
+            )
+        if self.state == "closed":
+            raise errors.InterfaceError(detail="the ledger writer is closed")
+
+    def __enter__(self) -> LedgerWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def command_id_key(command_id: str) -> str:
+    """The idempotency id of command ``command_id``'s application record."""
+    return f"command:{command_id}"
+
+
+def encode_application(app: object) -> bytes:
+    """``app`` as its ledger payload: canonical JSON (sorted keys) as UTF-8.
+
+    Raises:
+        InvalidInputError: not a CommandApplication, or an ``applied`` value
+            JSON does not hold exactly.
+    """
+    if not isinstance(app, CommandApplication):
+        raise errors.InvalidInputError(
+            "app", f"expected a CommandApplication, got {type(app).__name__}"
+        )
+    check_id(app.command_id, "app.command_id")
+    if not isinstance(app.applied, dict):
+        raise errors.InvalidInputError("app.applied", "expected a JSON object")
+    to_json(app.applied, "app.applied")
+    body = {"command_id": app.command_id, "applied": app.applied}
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def decode_application(session_id: str, seq: int, kind: str, payload: bytes) -> CommandApplication:
+    """The application stored at ``seq``.
+
+    Raises:
+        CommandApplicationNotFoundError: another kind of record, or one that
+            does not decode (its error is ``__cause__``).
+    """
+    if kind != COMMAND_APPLICATION_KIND:
+        raise errors.CommandApplicationNotFoundError(
+            session_id, seq, detail=f"the record is a {kind!r}, not a command application"
+        )
+    try:
+        body: Any = json.loads(payload.decode())
+        command_id, applied = body["command_id"], body["applied"]
+        if not isinstance(command_id, str) or not isinstance(applied, dict):
+            raise ValueError("command_id or applied of the wrong type")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as failure:
+        raise errors.CommandApplicationNotFoundError(
+            session_id, seq, detail="the record does not decode"
+        ) from failure
+    return CommandApplication(command_id, applied)
+
+
+class RuntimeCommandLog:
+    """The command log of one session (sessionstore RuntimeCommandLog), bound to
+    its writer: appends go through the writer (fenced), reads through the store."""
+
+    def __init__(self, writer: LedgerWriter, read_at: Callable[[int], CommandApplication]) -> None:
+        self.writer = writer
+        self.session_id = writer.session_id
+        self._read_at = read_at
+
+    def append_command_application(self, app: CommandApplication) -> AppendResult:
+        """Make the application ``app`` durable (sessionstore
+        AppendCommandApplication), under idempotency id ``command:<command_id>``.
+        A second delivery of the command returns the original's sequence with
+        ``duplicate=True``, whatever it would have applied: read the original
+        with :meth:`read_command_application_at`.
+
+        Raises:
+            LeaseLostError, InterfaceError: as ``LedgerWriter.append``.
+            InvalidInputError: a malformed application.
+        """
+        payload = encode_application(app)
+        try:
+            return self.writer.append(
+                COMMAND_APPLICATION_KIND, payload, command_id_key(app.command_id)
+            )
+        except errors.LedgerIdempotencyConflictError as dup:
+            return AppendResult(dup.seq, duplicate=True)
+
+    def read_command_application_at(self, seq: int) -> CommandApplication:
+        """The application at ``seq`` (sessionstore ReadCommandApplicationAt).
+
+        Raises:
+            CommandApplicationNotFoundError: as ``store.ledger.read_command_application_at``.
+        """
+        return self._read_at(seq)
