@@ -1,0 +1,416 @@
+"""``store.ledger``, the journal core (issue 19; sessionstore OpenJournal,
+SessionJournal, OpenInternalRecordReplayer, RuntimeCommandLog), on every
+backend.
+
+Conformance for each error the journal raises (NilLeaseError,
+OpeningFenceConflictError, LeaseLostError, LedgerIdempotencyConflictError,
+ReplayDecodeError, ReplayReadError, EmptySessionError,
+CommandApplicationNotFoundError), each fence with a control that patches it
+out and sees the failure it prevents (the opening compare-and-set, the lease
+fence of an append, the ledger's epoch fence of an append), and a race where a
+second writer takes over while the first appends.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from conftest import forge
+
+from turnkeeper import (
+    CommandApplication,
+    CommandApplicationNotFoundError,
+    EmptySessionError,
+    InterfaceError,
+    InvalidInputError,
+    LeaseLostError,
+    LedgerEntry,
+    LedgerIdempotencyConflictError,
+    NilLeaseError,
+    OpeningFenceConflictError,
+    OperationalError,
+    ReplayDecodeError,
+    ReplayReadError,
+    SessionNotFoundError,
+)
+from turnkeeper.storage.ops.ledger import journal
+
+TTL = 30.0
+
+
+def _lease(store: Any, sid: str = "s", owner: str = "w") -> Any:
+    return store.leases.acquire(f"session:{sid}", owner, TTL)
+
+
+def _records(store: Any, sid: str = "s", tenant: str = "") -> list[tuple[Any, ...]]:
+    """The ledger's rows as stored: (seq, kind, idempotency id, payload, epoch)."""
+    rows = store.query(
+        "SELECT seq, kind, idempotency_id, payload, epoch FROM ledger_records "
+        "WHERE tenant = ? AND session_id = ? ORDER BY seq",
+        [tenant, sid],
+    ).to_pylist()
+    return [
+        (r["seq"], r["kind"], r["idempotency_id"], bytes(r["payload"]), r["epoch"]) for r in rows
+    ]
+
+
+def _writer(store: Any, sid: str = "s") -> Any:
+    store.sessions.create(sid)
+    return store.ledger.open(sid, _lease(store, sid))
+
+
+# -- the journal ------------------------------------------------------------------
+
+
+def test_records_round_trip_in_a_gapless_one_based_sequence_after_the_fence(store):
+    w = _writer(store)
+    assert (w.fence_seq, w.epoch, w.state) == (1, 1, "open")
+    raw = bytes(range(256)) + b"\x00tail"
+    assert w.append("turn", raw, "t1").seq == 2
+    results = w.append_many([LedgerEntry("step", b"a", "t2"), LedgerEntry("step", b"", "t3")])
+    assert [r.seq for r in results] == [3, 4] and not any(r.duplicate for r in results)
+    got = list(store.ledger.replay("s"))
+    assert [(r.seq, r.kind, r.idempotency_id, r.payload, r.epoch) for r in got] == [
+        (1, "fence", "fence:1:1", b"", 1),
+        (2, "turn", "t1", raw, 1),
+        (3, "step", "t2", b"a", 1),
+        (4, "step", "t3", b"", 1),
+    ]
+    assert {r.tenant for r in got} == {""} and store.ledger.tip("s") == 4
+    assert [r.seq for r in store.ledger.replay("s", from_seq=3)] == [3, 4]
+    assert [r.seq for r in store.ledger.replay("s", from_seq=0)] == [1, 2, 3, 4]
+    assert list(store.ledger.replay("s", from_seq=9)) == []
+
+
+def test_a_duplicate_idempotency_id_returns_the_original_sequence_and_other_content_conflicts(
+    store,
+):
+    w = _writer(store)
+    first = w.append("turn", b"hello", "id-1")
+    again = w.append("turn", b"hello", "id-1")
+    assert (again.seq, again.duplicate) == (first.seq, True)
+    before = _records(store)
+    for kind, payload in (("turn", b"other"), ("step", b"hello")):
+        with pytest.raises(LedgerIdempotencyConflictError) as err:
+            w.append(kind, payload, "id-1")
+        assert (err.value.session_id, err.value.idempotency_id, err.value.seq) == (
+            "s",
+            "id-1",
+            first.seq,
+        )
+    # a batch is all or nothing: its conflict writes none of its new records
+    with pytest.raises(LedgerIdempotencyConflictError):
+        w.append_many([LedgerEntry("turn", b"new", "id-2"), LedgerEntry("turn", b"x", "id-1")])
+    assert _records(store) == before
+    # a duplicate within one batch takes the earlier entry's sequence
+    batch = w.append_many([LedgerEntry("t", b"1", "id-3"), LedgerEntry("t", b"1", "id-3")])
+    assert [(r.seq, r.duplicate) for r in batch] == [(3, False), (3, True)]
+
+
+def test_a_missing_lease_is_nil_lease_error_and_bad_input_is_refused_writing_nothing(store):
+    store.sessions.create("s")
+    store.sessions.create("other")
+    with pytest.raises(NilLeaseError) as err:
+        store.ledger.open("s", None)
+    assert err.value.session_id == "s"
+    with pytest.raises(InvalidInputError):
+        store.ledger.open("s", _lease(store, "other"))
+    assert _records(store) == []
+    w = store.ledger.open("s", _lease(store))
+    for bad in (
+        lambda: w.append("turn", "text, not bytes", "i"),  # type: ignore[arg-type]
+        lambda: w.append("fence", b"", "i"),
+        lambda: w.append("", b"", "i"),
+        lambda: w.append("turn", b"", ""),
+        lambda: w.append_many([]),
+        lambda: w.append_many([("turn", b"", "i")]),
+    ):
+        with pytest.raises(InvalidInputError):
+            bad()
+    assert len(_records(store)) == 1  # the fence alone
+    w.close()
+    with pytest.raises(InterfaceError):
+        w.append("turn", b"", "i")
+    assert w.state == "closed" and len(_records(store)) == 1
+
+
+def test_the_tenant_stamps_the_records_and_another_tenant_sees_none_of_them(store):
+    store.sessions.create("s")
+    lease = _lease(store)
+    mine = store.ledger.with_tenant("acme")
+    w = mine.open("s", lease)
+    w.append("turn", b"secret", "t1")
+    assert [(r.seq, r.tenant) for r in mine.replay("s")] == [(1, "acme"), (2, "acme")]
+    with pytest.raises(EmptySessionError):
+        list(store.ledger.replay("s"))
+    assert store.ledger.tip("s") == 0 and len(_records(store, tenant="acme")) == 2
+    with pytest.raises(CommandApplicationNotFoundError):
+        store.ledger.read_command_application_at("s", 2)
+
+
+# -- the opening fence ------------------------------------------------------------
+
+
+def _open_racing_a_second_opener(store: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
+    """Open the ledger of ``s`` under one grant while a second open under the
+    same grant plants its fence between the first's tip read and its
+    compare-and-set. Returns (the first open's outcome, the second's writer)."""
+    store.sessions.create("s")
+    lease = _lease(store)
+    real_read = store.db.read
+    other: list[Any] = []
+
+    def read(operation: str, body: Any, **kw: Any) -> Any:
+        found = real_read(operation, body, **kw)
+        if operation == "ledger_tip" and not other:
+            other.append(None)
+            other[0] = store.ledger.open("s", lease)  # the tip moves
+        return found
+
+    monkeypatch.setattr(store.db, "read", read)
+    try:
+        outcome: Any = store.ledger.open("s", lease)
+    except Exception as failure:  # the outcome is what the test checks
+        outcome = failure
+    monkeypatch.setattr(store.db, "read", real_read)
+    return outcome, other[0]
+
+
+def test_an_opening_fence_whose_tip_moved_conflicts_and_releases_the_grant(store, monkeypatch):
+    outcome, second = _open_racing_a_second_opener(store, monkeypatch)
+    assert isinstance(outcome, OpeningFenceConflictError)
+    assert (outcome.session_id, outcome.epoch, outcome.expected_tip, outcome.found_tip) == (
+        "s",
+        1,
+        0,
+        1,
+    )
+    assert _records(store) == [(1, "fence", "fence:1:1", b"", 1)]
+    # the grant is spent: released, so the other writer under it is fenced out too
+    with pytest.raises(LeaseLostError):
+        store.leases.validate(second.lease)
+    with pytest.raises(LeaseLostError):
+        second.append("turn", b"x", "t1")
+    # a fresh lease has a strictly higher epoch and opens
+    fresh = store.ledger.open("s", _lease(store))
+    assert (fresh.epoch, fresh.fence_seq) == (2, 2)
+    assert fresh.append("turn", b"x", "t1").seq == 3
+
+
+def test_control_the_opening_compare_and_set_patched_out_lets_the_open_through(store, monkeypatch):
+    monkeypatch.setattr(journal, "tip_unmoved", lambda expected, found: True)
+    outcome, second = _open_racing_a_second_opener(store, monkeypatch)
+    # without the compare-and-set no OpeningFenceConflictError: the open goes on
+    # to write at the tip it read (refused only by the sequence's key), and the
+    # grant is not released
+    assert not isinstance(outcome, OpeningFenceConflictError)
+    store.leases.validate(second.lease)
+
+
+# -- the append fences ------------------------------------------------------------
+
+
+def _takeover(store: Any, clock: Any, first: Any, *, open_it: bool) -> Any:
+    """The first writer's lease expires and another owner takes the session over
+    (and opens its writer, with ``open_it``)."""
+    first.append("turn", b"a1", "a1")
+    clock.advance(TTL + 1)
+    lease = _lease(store, owner="w2")
+    assert lease.epoch == 2
+    return store.ledger.open("s", lease) if open_it else lease
+
+
+def test_an_append_under_an_overtaken_lease_is_lease_lost_and_writes_nothing(store, clock):
+    first = _writer(store)
+    _takeover(store, clock, first, open_it=False)
+    before = _records(store)
+    with pytest.raises(LeaseLostError):
+        first.append("turn", b"stale", "a2")
+    assert first.state == "fenced" and _records(store) == before
+    refused = store.query("SELECT operation, epoch FROM fence_events").to_pylist()
+    assert refused == [{"operation": "ledger_append", "epoch": 1}]
+    with pytest.raises(LeaseLostError):  # fenced for good
+        first.append("turn", b"stale", "a3")
+
+
+def test_control_the_lease_fence_patched_out_lets_the_stale_append_land(store, clock, monkeypatch):
+    first = _writer(store)
+    _takeover(store, clock, first, open_it=False)
+    monkeypatch.setattr(journal.leases, "fence", lambda tx, lease: tx.clock_after_locks())
+    assert first.append("turn", b"stale", "a2").seq == 3
+    assert _records(store)[-1] == (3, "turn", "a2", b"stale", 1)
+
+
+def test_the_ledger_epoch_fence_refuses_a_writer_another_epoch_fenced_out(
+    store, clock, monkeypatch
+):
+    first = _writer(store)
+    second = _takeover(store, clock, first, open_it=True)
+    # with the lease fence patched out, the ledger's own epoch fence still refuses
+    monkeypatch.setattr(journal.leases, "fence", lambda tx, lease: tx.clock_after_locks())
+    before = _records(store)
+    with pytest.raises(LeaseLostError) as err:
+        first.append("turn", b"stale", "a2")
+    assert "fenced by epoch 2" in str(err.value) and _records(store) == before
+    assert second.append("turn", b"b1", "b1").seq == 4
+
+
+def test_control_both_append_fences_patched_out_a_stale_append_lands_and_replay_refuses_it(
+    store, clock, monkeypatch
+):
+    first = _writer(store)
+    second = _takeover(store, clock, first, open_it=True)
+    monkeypatch.setattr(journal.leases, "fence", lambda tx, lease: tx.clock_after_locks())
+    monkeypatch.setattr(journal, "check_epoch", lambda session_id, lease, epoch: None)
+    assert first.append("turn", b"stale", "a2").seq == 4
+    assert _records(store)[-1][-1] == 1  # epoch 1 after epoch 2's fence
+    with pytest.raises(ReplayDecodeError) as err:
+        list(store.ledger.replay("s"))
+    assert (err.value.session_id, err.value.seq) == ("s", 4)
+    assert second.state == "open"
+
+
+def test_a_second_writer_takes_over_while_the_first_appends_and_the_first_is_refused(store, clock):
+    first = _writer(store)
+    appended = threading.Event()
+    acked: list[int] = []
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        i = 0
+        try:
+            while True:
+                i += 1
+                acked.append(first.append("turn", f"a{i}".encode(), f"a{i}").seq)
+                if i == 5:
+                    appended.set()
+        except BaseException as failure:  # the test checks which
+            outcome.append(failure)
+            appended.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert appended.wait(120)
+    clock.advance(TTL + 1)
+    second = store.ledger.open("s", _lease(store, owner="w2"))
+    taken = [second.append("turn", f"b{i}".encode(), f"b{i}").seq for i in range(5)]
+    thread.join(120)
+    assert not thread.is_alive()
+    assert len(outcome) == 1 and isinstance(outcome[0], LeaseLostError), outcome
+    assert first.state == "fenced"
+    records = list(store.ledger.replay("s"))  # verified: no stale record after a fence
+    by_seq = {r.seq: r for r in records}
+    assert all(by_seq[s].epoch == 1 and s < second.fence_seq for s in acked)
+    assert all(by_seq[s].epoch == 2 for s in taken)
+    assert [r.seq for r in records if r.epoch == 1] == list(range(1, second.fence_seq))
+    assert len(acked) >= 5 and [r.seq for r in records] == list(range(1, len(records) + 1))
+
+
+# -- replay -----------------------------------------------------------------------
+
+
+def test_replay_reads_bounded_pages_lazily(store, monkeypatch):
+    w = _writer(store)
+    w.append_many([LedgerEntry("turn", b"x" * 100, f"t{i}") for i in range(40)])
+    pages: list[int] = []
+    real_read = store.db.read
+
+    def read(operation: str, body: Any, **kw: Any) -> Any:
+        found = real_read(operation, body, **kw)
+        if operation == "ledger_replay" and isinstance(found, list):
+            pages.append(len(found))
+        return found
+
+    monkeypatch.setattr(store.db, "read", read)
+    it = store.ledger.replay("s", page_rows=7)
+    assert next(it).seq == 1 and pages == [7]  # one page held, not the ledger
+    assert [r.seq for r in it] == list(range(2, 42))
+    assert pages == [7, 7, 7, 7, 7, 6] and max(pages) <= 7
+
+
+def test_replay_of_an_empty_ledger_and_of_a_missing_session_fail_closed(store):
+    store.sessions.create("s")
+    with pytest.raises(EmptySessionError) as err:
+        list(store.ledger.replay("s"))
+    assert err.value.session_id == "s"
+    with pytest.raises(SessionNotFoundError):
+        list(store.ledger.replay("nobody"))
+
+
+def test_replay_of_a_flipped_or_truncated_payload_is_a_decode_error_at_its_sequence(store):
+    w = _writer(store)
+    w.append_many([LedgerEntry("turn", b"payload-%d" % i, f"t{i}") for i in range(4)])
+    for damage, seq in ((b"payload-X", 3), (b"payl", 5)):  # a flipped byte, a cut tail
+        original = b"payload-%d" % (seq - 2)
+        forge(store, "UPDATE ledger_records SET payload = ? WHERE seq = ?", [damage, seq], rows=1)
+        seen: list[int] = []
+        with pytest.raises(ReplayDecodeError) as err:
+            for r in store.ledger.replay("s", page_rows=2):
+                seen.append(r.seq)
+        assert (err.value.seq, seen) == (seq, list(range(1, seq)))  # nothing from it on
+        forge(store, "UPDATE ledger_records SET payload = ? WHERE seq = ?", [original, seq], rows=1)
+    assert len(list(store.ledger.replay("s"))) == 5
+    forge(store, "UPDATE ledger_records SET payload = ? WHERE seq = 5", [b"payl"], rows=1)
+    with pytest.raises(ReplayDecodeError) as err:
+        list(store.ledger.replay("s", from_seq=4))
+    assert err.value.seq == 5
+
+
+def test_replay_of_a_missing_record_or_a_lost_tail_or_a_failed_read_is_a_read_error(
+    store, monkeypatch
+):
+    w = _writer(store)
+    w.append_many([LedgerEntry("turn", b"p", f"t{i}") for i in range(5)])  # tip 6
+    forge(store, "DELETE FROM ledger_records WHERE seq = 6", rows=1)
+    with pytest.raises(ReplayReadError) as err:
+        list(store.ledger.replay("s"))
+    assert (err.value.name, err.value.seq) == ("ledger:s", 6)
+    forge(store, "DELETE FROM ledger_records WHERE seq = 3", rows=1)
+    seen: list[int] = []
+    with pytest.raises(ReplayReadError) as err:
+        for r in store.ledger.replay("s"):
+            seen.append(r.seq)
+    assert (err.value.seq, seen) == (3, [1, 2])
+    real_read = store.db.read
+
+    def failing(operation: str, body: Any, **kw: Any) -> Any:
+        if operation == "ledger_replay":
+            raise OperationalError(detail="connection lost")
+        return real_read(operation, body, **kw)
+
+    monkeypatch.setattr(store.db, "read", failing)
+    with pytest.raises(ReplayReadError) as err:
+        list(store.ledger.replay("s"))
+    assert isinstance(err.value.__cause__, OperationalError)
+
+
+# -- the command log --------------------------------------------------------------
+
+
+def test_the_command_log_appends_reads_back_and_fails_closed(store):
+    w = _writer(store)
+    log = store.ledger.command_log("s", w)
+    app = CommandApplication("cmd-1", {"turn": 3, "applied": ["a", "b"]})
+    first = log.append_command_application(app)
+    assert (first.seq, first.duplicate) == (2, False)
+    assert log.read_command_application_at(first.seq) == app
+    assert store.ledger.read_command_application_at("s", first.seq) == app
+    # a redelivery maps to the original, whatever it would apply
+    again = log.append_command_application(CommandApplication("cmd-1", {"turn": 4}))
+    assert (again.seq, again.duplicate) == (first.seq, True)
+    assert log.read_command_application_at(again.seq) == app
+    # never "not applied" for a record that is not a readable application
+    w.append("command_application", b"{not json", "raw")
+    w.append("turn", b"x", "turn-1")
+    for seq in (1, 3, 4, 99):
+        with pytest.raises(CommandApplicationNotFoundError) as err:
+            log.read_command_application_at(seq)
+        assert (err.value.session_id, err.value.seq) == ("s", seq)
+    forge(store, "UPDATE ledger_records SET payload = ? WHERE seq = 2", [b'{"x"}'], rows=1)
+    with pytest.raises(CommandApplicationNotFoundError) as err:
+        log.read_command_application_at(2)
+    assert isinstance(err.value.__cause__, ReplayDecodeError)
+    with pytest.raises(InvalidInputError):
+        log.append_command_application(CommandApplication("cmd-2", {"when": object()}))
