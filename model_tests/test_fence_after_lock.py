@@ -157,6 +157,16 @@ def renew_lease(store: turnkeeper.BaseStore) -> Any:
     return (lambda: store.leases.renew(lease, 60), _lease_row(lease), observe)
 
 
+def ledger_append(store: turnkeeper.BaseStore) -> Any:
+    lease = _session(store)
+    writer = store.ledger.open("s", lease)
+    return (
+        lambda: writer.append("turn", b"late", "late-1"),
+        _lease_row(lease),
+        lambda: store.ledger.tip("s"),
+    )
+
+
 def validate_lease(store: turnkeeper.BaseStore) -> Any:
     lease = _session(store)
     return (lambda: store.leases.validate(lease), _lease_row(lease), lambda: None)
@@ -247,6 +257,7 @@ LEASED = [
     Case("complete_tool_execution", complete_tool_execution, later="tool_execution_events"),
     Case("renew_lease", renew_lease, later="lease_events"),
     Case("validate_lease", validate_lease),
+    Case("ledger_append", ledger_append, later="ledger_records"),
     Case("finalize", finalize, later="thread_record_events"),
     Case("begin_recovery", begin_recovery, later="run_recoveries"),
     Case("converge_recovery", converge_recovery, later="run_recoveries"),
