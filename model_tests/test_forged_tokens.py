@@ -182,6 +182,21 @@ def _record_resource_event(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Leas
     return lease, lambda lease: store.resources.record_event(event, lease=lease)
 
 
+def _open_ledger(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    lease = session(store)
+    return lease, lambda lease: store.ledger.open("s", lease)
+
+
+def _append_ledger(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    """An append by a writer holding ``lease`` (a new writer per call: a refused
+    one stays fenced), after the holder's open."""
+    lease = session(store)
+    seq = store.ledger.open("s", lease).fence_seq
+    return lease, lambda lease: turnkeeper.LedgerWriter(store.ledger, "s", lease, seq).append(
+        "turn", b"x", "turn-1"
+    )
+
+
 def _save_response_run(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease = session(store)
     run = turnkeeper.ResponseRun("s", "bg-1", "openai", "responses", "queued")
@@ -485,6 +500,8 @@ WRITES: dict[str, Setup] = {
     "guidance.consume": _consume_guidance,
     "resources.record_event": _record_resource_event,
     "archives.save_run": _save_response_run,
+    "ledger.open": _open_ledger,
+    "ledger.open[append]": _append_ledger,
     "archives.save_turn": _save_response_turn,
     "archives.save_item": _save_response_item,
     "sessions.delete": _delete_session,
