@@ -1,0 +1,28 @@
+"""Run the differential ledger machine (``stateful_ledger``) over every backend,
+and show it catches a stale writer's append with the append fences patched out."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import BACKENDS
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
+from stateful_ledger import make_machine
+
+from turnkeeper.storage.ops.ledger import journal
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_ledger_agrees_with_its_oracle(backend: str) -> None:
+    run_state_machine_as_test(make_machine(backend))
+
+
+def test_the_machine_fails_with_the_append_fences_patched_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(journal.leases, "fence", lambda tx, lease: tx.clock_after_locks())
+    monkeypatch.setattr(journal, "check_epoch", lambda session_id, lease, epoch: None)
+    with pytest.raises(AssertionError, match="a stale writer's append was taken"):
+        run_state_machine_as_test(
+            make_machine("duckdb"), settings=settings(max_examples=200, database=None)
+        )
