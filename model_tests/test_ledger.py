@@ -14,6 +14,7 @@ second writer takes over while the first appends.
 from __future__ import annotations
 
 import threading
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -328,6 +329,33 @@ def test_replay_reads_bounded_pages_lazily(store, monkeypatch):
     assert next(it).seq == 1 and pages == [7]  # one page held, not the ledger
     assert [r.seq for r in it] == list(range(2, 42))
     assert pages == [7, 7, 7, 7, 7, 6] and max(pages) <= 7
+
+
+def test_replay_streams_within_its_memory_bound(store):
+    """Measured: the Python memory a replay holds (tracemalloc's peak) stays
+    within its bound of one page, while the records it streams take 4 MiB."""
+    w = _writer(store)
+    for batch in range(2):
+        w.append_many(
+            [LedgerEntry("turn", bytes([i % 251]) * 2048, f"t{batch}-{i}") for i in range(1000)]
+        )
+    page_rows, record_bytes = 50, 2048
+
+    def peak(rows: int) -> tuple[int, int]:
+        tracemalloc.start()
+        try:
+            total = sum(len(r.payload) for r in store.ledger.replay("s", page_rows=rows))
+            return total, tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    total, streamed = peak(page_rows)
+    assert total == 2000 * record_bytes
+    bound = 4 * page_rows * record_bytes + 256 * 1024  # a page twice over, with slack
+    assert streamed < bound, f"replay peaked at {streamed} bytes, bound {bound}"
+    # the measure can fail: one page of the whole ledger peaks above its size
+    assert peak(2001)[1] > total
+    assert total > 4 * bound  # the ledger itself is far beyond the bound
 
 
 def test_replay_of_an_empty_ledger_and_of_a_missing_session_fail_closed(store):
