@@ -29,6 +29,7 @@ from turnkeeper import (
     LeaseLostError,
     LedgerEntry,
     LedgerIdempotencyConflictError,
+    LedgerWriter,
     NilLeaseError,
     OpeningFenceConflictError,
     OperationalError,
@@ -135,6 +136,30 @@ def test_a_missing_lease_is_nil_lease_error_and_bad_input_is_refused_writing_not
     with pytest.raises(InterfaceError):
         w.append("turn", b"", "i")
     assert w.state == "closed" and len(_records(store)) == 1
+
+
+def test_a_deleted_session_has_no_ledger_to_open_or_append_to(store):
+    w = _writer(store)
+    w.append("turn", b"x", "t1")
+    store.sessions.delete("s", lease=w.lease)
+    assert _records(store) == []
+    with pytest.raises(SessionNotFoundError):
+        w.append("turn", b"y", "t2")
+    with pytest.raises(SessionNotFoundError):
+        store.ledger.open("s", w.lease)
+    with pytest.raises(SessionNotFoundError):
+        list(store.ledger.replay("s"))
+    assert _records(store) == []
+
+
+def test_a_writer_made_by_hand_without_an_open_is_refused(store):
+    """A writer that planted no fence (made by hand, not by ``open``) appends
+    nothing: the ledger's newest fence is not its epoch."""
+    store.sessions.create("s")
+    lease = _lease(store)
+    with pytest.raises(LeaseLostError):
+        LedgerWriter(store.ledger, "s", lease, 1).append("turn", b"x", "t1")
+    assert _records(store) == []
 
 
 def test_the_tenant_stamps_the_records_and_another_tenant_sees_none_of_them(store):

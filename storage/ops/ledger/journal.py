@@ -27,6 +27,7 @@ from turnkeeper.spec.records import Lease
 
 from ...backend import Conflict, Tx
 from .. import leases
+from ..capabilities import session_exists
 
 MACHINE = machine_for(LEDGER_WRITER)
 
@@ -65,7 +66,9 @@ def plant_fence(tx: Tx, tenant: str, session_id: str, lease: Lease, expected: in
     Raises:
         LeaseLostError: the lease fence refused ``lease`` (edge ``opening_lost``).
         OpeningFenceConflictError: the tip moved (edge ``opening_conflict``).
+        SessionNotFoundError: the session does not exist (deleted under the lease).
     """
+    session_exists(tx, session_id)
     now = leases.fence(tx, lease)
     found, _ = read_tip(tx, tenant, session_id, lock=True)
     edge = MACHINE.require(
@@ -113,12 +116,12 @@ def append(
     Raises:
         LeaseLostError: a fence refused the writer (edge ``overtaken``).
         LedgerIdempotencyConflictError: an id already names other content.
-        SessionNotFoundError: the ledger is gone (its session was deleted).
+        SessionNotFoundError: the ledger is gone with its session (deleted).
     """
     now = leases.fence(tx, lease)
     tip, ledger_epoch = read_tip(tx, tenant, session_id, lock=True)
-    if tip == 0:
-        raise errors.SessionNotFoundError(session_id)
+    if tip == 0:  # no fence of this writer's: its session is gone, or it never opened
+        session_exists(tx, session_id)
     check_epoch(session_id, lease, ledger_epoch)
     MACHINE.require("append", "open", {"lease_held": True})
     ids = list(dict.fromkeys(e.idempotency_id for e in entries))
