@@ -111,6 +111,17 @@ def test_a_duplicate_idempotency_id_returns_the_original_sequence_and_other_cont
     assert [(r.seq, r.duplicate) for r in batch] == [(3, False), (3, True)]
 
 
+def test_an_append_takes_the_same_statements_for_one_record_or_a_thousand(store):
+    """The budget in ``journal``'s docstring: BEGIN, the lease fence, the tip's
+    locked read, the ids' read, one insert, the tip's compare-and-set, COMMIT."""
+    w = _writer(store)
+    w.append("turn", b"x", "one")
+    w.append_many([LedgerEntry("turn", b"x", f"t{i}") for i in range(1000)])
+    stats = store.statement_stats()["ledger_append"]
+    assert (stats["calls"], stats["statements_per_call"]) == (2, 7.0)
+    assert store.ledger.tip("s") == 1002
+
+
 def test_a_missing_lease_is_nil_lease_error_and_bad_input_is_refused_writing_nothing(store):
     store.sessions.create("s")
     store.sessions.create("other")

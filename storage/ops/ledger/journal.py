@@ -2,8 +2,9 @@
 (sessionstore OpenJournal, SessionJournal.Append), run inside the caller's
 transaction.
 
-Statement budget (BEGIN and COMMIT aside): an open is the lease fence, the
-tip's locked read, the fence record and the tip's compare-and-set; an append
+Statement budget (BEGIN and COMMIT aside): an open is the session's check,
+the lease fence, the tip's locked read, the fence record and the tip's
+compare-and-set; an append
 of n records is the lease fence, the tip's locked read, one read of the ids
 already in the ledger, one multi-row insert and the tip's compare-and-set,
 whatever n is.
