@@ -236,6 +236,17 @@ def test_an_opening_fence_whose_tip_moved_conflicts_and_releases_the_grant(store
     assert fresh.append("turn", b"x", "t1").seq == 3
 
 
+def test_an_open_under_an_expired_lease_is_lease_lost_and_plants_no_fence(store, clock):
+    store.sessions.create("s")
+    lease = _lease(store)
+    clock.advance(TTL)
+    with pytest.raises(LeaseLostError) as err:
+        store.ledger.open("s", lease)
+    assert err.value.target == "session:s" and _records(store) == []
+    refused = store.query("SELECT operation, epoch FROM fence_events").to_pylist()
+    assert refused == [{"operation": "ledger_open", "epoch": 1}]
+
+
 def test_control_the_opening_compare_and_set_patched_out_lets_the_open_through(store, monkeypatch):
     monkeypatch.setattr(journal, "tip_unmoved", lambda expected, found: True)
     outcome, second = _open_racing_a_second_opener(store, monkeypatch)
