@@ -17,6 +17,13 @@ from turnkeeper.spec import (
     RunStatus,
     ToolExecutionState,
 )
+from turnkeeper.spec.catalog import (
+    ContextMeasurement,
+    EventSummary,
+    HustleUsageAggregate,
+    LoopUsageMeta,
+    SessionMeta,
+)
 from turnkeeper.spec.delivery import (
     DeliveryIntent,
     DeliveryOperation,
@@ -31,6 +38,18 @@ from turnkeeper.spec.errors import (
     BindingNotFoundError,
     BusyError,
     CapabilityEventConflictError,
+    CatalogCompactionError,
+    CatalogConflictError,
+    CatalogDecodeError,
+    CatalogDuplicateFieldError,
+    CatalogEncodeError,
+    CatalogHustleError,
+    CatalogHustleMetaValidationError,
+    CatalogMetaValidationError,
+    CatalogOrderingError,
+    CatalogReadError,
+    CatalogUsageError,
+    CatalogWriteError,
     ChannelBoundError,
     CheckpointError,
     CommandApplicationNotFoundError,
@@ -165,7 +184,7 @@ from turnkeeper.spec.records import (
 from turnkeeper.spec.tool_execution import ToolExecution
 from turnkeeper.spec.usage import UsageRecord
 from turnkeeper.storage import SCHEMA_VERSION, BaseStore, DuckDBStore, Store
-from turnkeeper.storage.ops.ledger import LedgerWriter, RuntimeCommandLog
+from turnkeeper.storage.ops.ledger import Catalog, LedgerWriter, RuntimeCommandLog
 from turnkeeper.storage.ops.replays import REPLAY_CACHE_BYTES
 from turnkeeper.storage.wakeups import Subscription, Topic
 
@@ -186,11 +205,25 @@ __all__ = [
     "BusyError",
     "CapabilityEvent",
     "CapabilityEventConflictError",
+    "Catalog",
+    "CatalogCompactionError",
+    "CatalogConflictError",
+    "CatalogDecodeError",
+    "CatalogDuplicateFieldError",
+    "CatalogEncodeError",
+    "CatalogHustleError",
+    "CatalogHustleMetaValidationError",
+    "CatalogMetaValidationError",
+    "CatalogOrderingError",
+    "CatalogReadError",
+    "CatalogUsageError",
+    "CatalogWriteError",
     "ChannelBoundError",
     "ChannelToolConfig",
     "CheckpointError",
     "CommandApplication",
     "CommandApplicationNotFoundError",
+    "ContextMeasurement",
     "ConversationTurn",
     "ConversationTurnExistsError",
     "ConversationTurnNotOpenError",
@@ -218,6 +251,7 @@ __all__ = [
     "EntryIdReservedError",
     "EntryKind",
     "EntryNotFoundError",
+    "EventSummary",
     "ExecutionFacts",
     "ExecutionIntent",
     "ExecutionIntentConflictError",
@@ -238,6 +272,7 @@ __all__ = [
     "ForkUnsupportedEntryError",
     "Guidance",
     "GuidanceConflictError",
+    "HustleUsageAggregate",
     "InputResourceEvent",
     "IntegrityError",
     "InterfaceError",
@@ -253,6 +288,7 @@ __all__ = [
     "LedgerIdempotencyConflictError",
     "LedgerRecord",
     "LedgerWriter",
+    "LoopUsageMeta",
     "NewEntry",
     "NilLeaseError",
     "NotSupportedError",
@@ -302,6 +338,7 @@ __all__ = [
     "SessionDetail",
     "SessionFileError",
     "SessionIDExistsError",
+    "SessionMeta",
     "SessionMetadata",
     "SessionModifiedError",
     "SessionNotFoundError",

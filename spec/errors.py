@@ -1077,12 +1077,144 @@ class CommandApplicationNotFoundError(TurnkeeperError):
     seq: int
 
 
+# --- the ledger's catalog (sessionstore Catalog) -------------------------------
+
+
+class CatalogConflictError(TurnkeeperError):
+    """A catalog update lost the revision compare-and-set on every attempt
+    (sessionstore CatalogConflictError).
+
+    ``attempts`` compare-and-sets of ``session_id``'s entry each found another
+    writer's revision. The online update logs it (the append stands);
+    ``repair`` raises it."""
+
+    fields = ("session_id", "attempts")
+    session_id: str
+    attempts: int
+
+
+class CatalogDecodeError(TurnkeeperError):
+    """A stored catalog value is malformed or breaks an invariant
+    (sessionstore CatalogDecodeError); ``__cause__`` says how.
+    ``CatalogReadError`` wraps it with the session."""
+
+
+class CatalogDuplicateFieldError(TurnkeeperError):
+    """A stored catalog value repeats a JSON object member (sessionstore
+    CatalogDuplicateFieldError): member ``field`` of an object in the value
+    (``path`` is ``$``: the decoder does not track the depth).
+    Raised as the cause of a ``CatalogDecodeError``, never last-value-wins."""
+
+    fields = ("path", "field")
+    path: str
+    field: str
+
+
+class CatalogEncodeError(TurnkeeperError):
+    """A catalog entry could not be encoded for storage (sessionstore
+    CatalogEncodeError), for example text that is not valid Unicode (a lone
+    surrogate from a ``\\ud800`` escape in a record's JSON); ``__cause__`` is
+    the encoder's error. ``CatalogWriteError`` wraps it."""
+
+
+class CatalogHustleError(TurnkeeperError):
+    """A hustle run's records do not fold (sessionstore CatalogHustleError):
+    ``kind`` is one of ``duplicate_start``, ``terminal_without_start``,
+    ``attribution_mismatch``, ``invalid_lifecycle``, ``runtime_mismatch``,
+    ``usage_overflow``, ``run_count_overflow``; ``run_id`` names the run."""
+
+    fields = ("kind", "run_id")
+    kind: str
+    run_id: str
+
+
+class CatalogMetaValidationError(TurnkeeperError):
+    """A catalog entry's loop projection breaks an invariant (sessionstore
+    CatalogMetaValidationError): loop ``loop_index``'s ``field`` (a
+    ``CatalogMetaField``) breaks ``rule`` (a ``CatalogMetaRule``)."""
+
+    fields = ("loop_index", "field", "rule")
+    loop_index: int
+    field: str
+    rule: str
+
+
+class CatalogHustleMetaValidationError(TurnkeeperError):
+    """A catalog entry's hustle aggregate ``index`` breaks ``rule``
+    (sessionstore CatalogHustleMetaValidationError)."""
+
+    fields = ("index", "rule")
+    index: int
+    rule: str
+
+
+class CatalogOrderingError(TurnkeeperError):
+    """An online catalog update delivered a record at ``sequence``, not after
+    the entry's cursor ``last`` (sessionstore CatalogOrderingError): whether
+    it is already folded cannot be told from the entry alone, so the online
+    updater repairs from the ledger instead of guessing."""
+
+    fields = ("event_type", "sequence", "last")
+    event_type: str
+    sequence: int
+    last: int
+
+
+class CatalogReadError(TurnkeeperError):
+    """A catalog entry could not be read or decoded (sessionstore
+    CatalogReadError); ``session_id`` names it when known (``""`` for a
+    listing that failed whole), ``__cause__`` is the backend's error or a
+    ``CatalogDecodeError``."""
+
+    fields = ("session_id",)
+    session_id: str
+
+
+class CatalogUsageError(TurnkeeperError):
+    """Loop ``loop_id``'s usage is invalid (not a count ≥ 0) or overflows a
+    signed 64-bit count (sessionstore CatalogUsageError)."""
+
+    fields = ("loop_id",)
+    loop_id: str
+
+
+class CatalogWriteError(TurnkeeperError):
+    """A catalog entry could not be written (sessionstore CatalogWriteError):
+    ``__cause__`` is the backend's error or a ``CatalogEncodeError``. The
+    online update logs it; ``repair`` raises it."""
+
+    fields = ("session_id",)
+    session_id: str
+
+
+class CatalogCompactionError(TurnkeeperError):
+    """The ledger's compaction history contradicts itself (sessionstore
+    CatalogCompactionError): ``kind`` ``duplicate_terminal`` is a second
+    ``compaction_done`` of attempt ``attempt_id``."""
+
+    fields = ("kind", "attempt_id")
+    kind: str
+    attempt_id: str
+
+
 __all__ = [
     "AlreadyExistsError",
     "AmbiguousSessionIDError",
     "BindingNotFoundError",
     "BusyError",
     "CapabilityEventConflictError",
+    "CatalogCompactionError",
+    "CatalogConflictError",
+    "CatalogDecodeError",
+    "CatalogDuplicateFieldError",
+    "CatalogEncodeError",
+    "CatalogHustleError",
+    "CatalogHustleMetaValidationError",
+    "CatalogMetaValidationError",
+    "CatalogOrderingError",
+    "CatalogReadError",
+    "CatalogUsageError",
+    "CatalogWriteError",
     "ChannelBoundError",
     "CheckpointError",
     "CommandApplicationNotFoundError",

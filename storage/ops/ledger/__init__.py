@@ -26,7 +26,13 @@ from collections.abc import Iterator, Sequence
 from functools import partial
 
 from turnkeeper.spec import errors
-from turnkeeper.spec.ledger import AppendResult, CommandApplication, LedgerEntry, LedgerRecord
+from turnkeeper.spec.ledger import (
+    FENCE_KIND,
+    AppendResult,
+    CommandApplication,
+    LedgerEntry,
+    LedgerRecord,
+)
 from turnkeeper.spec.records import Lease
 
 from ...codec import check_id, check_text
@@ -34,19 +40,28 @@ from ...validate import check_int, check_session_lease
 from .. import leases
 from ..base import Area, Shared
 from . import journal
+from .catalog import Catalog, CatalogOptions
 from .replay import PAGE_ROWS, ledger_name, replay
 from .writer import LedgerWriter, RuntimeCommandLog, decode_application
 
-__all__ = ["PAGE_ROWS", "Ledger", "LedgerWriter", "RuntimeCommandLog", "ledger_name"]
+__all__ = ["PAGE_ROWS", "Catalog", "Ledger", "LedgerWriter", "RuntimeCommandLog", "ledger_name"]
 
 
 class Ledger(Area):
     """The ledger area of a store, for one tenant (see the module docstring)."""
 
-    def __init__(self, shared: Shared, tenant: str = "") -> None:
+    def __init__(
+        self, shared: Shared, tenant: str = "", options: CatalogOptions | None = None
+    ) -> None:
         super().__init__(shared)
         self._shared = shared
         self.tenant = tenant
+        self._catalog_options = options or CatalogOptions()
+        self.catalog = Catalog(
+            shared.db, tenant, lambda sid: self.replay(sid), self._catalog_options
+        )
+        """This tenant's catalog of sessions (``catalog``), updated after each
+        append and each writer's open."""
 
     def with_tenant(self, tenant: str) -> Ledger:
         """This store's ledger for ``tenant`` (sessionstore WithTenant): its
@@ -55,7 +70,7 @@ class Ledger(Area):
         Raises:
             InvalidInputError: ``tenant`` is not storable text.
         """
-        return Ledger(self._shared, check_text(tenant, "tenant"))
+        return Ledger(self._shared, check_text(tenant, "tenant"), self._catalog_options)
 
     def open(self, session_id: str, lease: Lease | None) -> LedgerWriter:
         """Open the single writer of ``session_id``'s ledger under ``lease``, a
@@ -98,17 +113,26 @@ class Ledger(Area):
                 exclusive=False,
             )
             raise
+        self.catalog.after_append(session_id, [(seq, FENCE_KIND, b"")])
         return LedgerWriter(self, session_id, lease, seq)
 
     def _write_entries(
         self, writer: LedgerWriter, entries: Sequence[LedgerEntry]
     ) -> list[AppendResult]:
-        """The fenced append transaction of ``writer`` (``LedgerWriter.append_many``)."""
-        return self._fenced(
+        """The fenced append transaction of ``writer`` (``LedgerWriter.append_many``),
+        then the catalog's best-effort update with the records it wrote."""
+        results = self._fenced(
             "ledger_append",
             writer.lease,
             lambda tx: journal.append(tx, self.tenant, writer.session_id, writer.lease, entries),
         )
+        written = [
+            (r.seq, e.kind, e.payload)
+            for e, r in zip(entries, results, strict=True)
+            if not r.duplicate
+        ]
+        self.catalog.after_append(writer.session_id, written)
+        return results
 
     def tip(self, session_id: str) -> int:
         """The sequence of the last record of ``session_id``'s ledger (0: none).

@@ -1,0 +1,311 @@
+"""``store.ledger.catalog``: one summary per session derived from its ledger
+(sessionstore Catalog: ListSessions, ReadMeta, RepairCatalog, UpdateOnEvent).
+
+- After every append (and every writer's open), the ledger area folds the
+  new records into the session's entry (:meth:`Catalog.after_append`),
+  best-effort: a failure is handed to the catalog's logger and never fails
+  the append. The write is a compare-and-set on the entry's ``revision``
+  (:func:`store_meta`), retried up to :data:`MAX_CAS_RETRIES` times on a
+  concurrent writer's revision.
+- :meth:`Catalog.list_sessions` and :meth:`Catalog.read_meta` read the
+  catalog table only, never a ledger.
+- :meth:`Catalog.repair` rebuilds an entry from the whole ledger.
+
+The record kinds folded and their payloads: :mod:`turnkeeper.spec.catalog`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from turnkeeper.spec import errors
+from turnkeeper.spec.catalog import SessionMeta
+from turnkeeper.spec.ledger import LedgerRecord
+
+from ...backend import STORE_NOW, Backend, Tx
+from ...codec import check_id
+from . import catalog_codec, catalog_fold
+
+MAX_CAS_RETRIES = 8
+"""How many compare-and-sets one catalog update tries before
+``CatalogConflictError`` (sessionstore catalogMaxCASRetries)."""
+
+LOG = logging.getLogger("turnkeeper.ledger.catalog")
+
+
+def _log(failure: Exception) -> None:
+    LOG.warning("ledger catalog update failed: %s", failure, exc_info=failure)
+
+
+@dataclass
+class CatalogOptions:
+    """The catalog's seams, shared by every tenant's handle of one store:
+    ``clock`` stamps ``last_active_at`` at an online update (sessionstore
+    CatalogClock), ``on_update_failed`` receives each error an online update
+    swallows (sessionstore CatalogLogger; by default a warning on the
+    ``turnkeeper.ledger.catalog`` logger)."""
+
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    on_update_failed: Callable[[Exception], None] = _log
+
+
+NewRecord = tuple[int, str, bytes]
+"""A record just appended: (seq, kind, payload)."""
+
+
+class _Stale(Exception):
+    """The stored entry folded more of the ledger than a repair's replay."""
+
+
+def store_meta(
+    tx: Tx, tenant: str, session_id: str, revision: int, text: str, now: datetime | None
+) -> bool:
+    """Write ``text`` as the entry if its revision is still ``revision`` (0:
+    no entry yet) and move the revision on; ``False`` when another writer's
+    revision is there (the revision compare-and-set)."""
+    if revision == 0:
+        taken = tx.one(
+            "SELECT 1 FROM ledger_catalog WHERE tenant = ? AND session_id = ?",
+            [tenant, session_id],
+        )
+        if taken is not None:
+            return False
+        tx.exec(
+            f"INSERT INTO ledger_catalog VALUES (?, ?, 1, ?, {STORE_NOW})",
+            [tenant, session_id, text, now],
+        )
+        return True
+    changed = tx.count(
+        f"UPDATE ledger_catalog SET revision = revision + 1, meta = ?, updated_at = {STORE_NOW} "
+        "WHERE tenant = ? AND session_id = ? AND revision = ?",
+        [text, now, tenant, session_id, revision],
+    )
+    return changed == 1
+
+
+class Catalog:
+    """The ledger's catalog for one tenant (see the module docstring)."""
+
+    def __init__(
+        self,
+        db: Backend,
+        tenant: str,
+        replay: Callable[[str], Iterator[LedgerRecord]],
+        options: CatalogOptions,
+    ) -> None:
+        self.db = db
+        self.tenant = tenant
+        self._replay = replay
+        self.options = options
+
+    def configure(
+        self,
+        *,
+        clock: Callable[[], datetime] | None = None,
+        on_update_failed: Callable[[Exception], None] | None = None,
+    ) -> None:
+        """Set the catalog's clock (sessionstore WithCatalogClock: returns an
+        aware datetime) and logger (WithCatalogLogger: called with each error
+        an online update swallows; it must not raise) for every tenant's handle."""
+        if clock is not None:
+            self.options.clock = clock
+        if on_update_failed is not None:
+            self.options.on_update_failed = on_update_failed
+
+    # -- reads -------------------------------------------------------------------
+
+    def _row(self, session_id: str) -> tuple[int, str] | None:
+        try:
+            row = self.db.read(
+                "ledger_catalog_read",
+                lambda tx: tx.one(
+                    "SELECT revision, meta FROM ledger_catalog WHERE tenant = ? AND session_id = ?",
+                    [self.tenant, session_id],
+                ),
+            )
+        except errors.DatabaseError as failure:
+            raise errors.CatalogReadError(session_id, detail="the read failed") from failure
+        return None if row is None else (int(row[0]), row[1])
+
+    def read_meta(self, session_id: str) -> SessionMeta | None:
+        """``session_id``'s entry, or ``None`` when it has none (sessionstore ReadMeta).
+
+        Raises:
+            CatalogReadError: the read failed (a ``DatabaseError`` as
+                ``__cause__``) or the value is malformed (a ``CatalogDecodeError``).
+            InvalidInputError: a malformed id.
+        """
+        check_id(session_id, "session_id")
+        row = self._row(session_id)
+        return None if row is None else catalog_codec.decode(session_id, row[1])
+
+    def list_sessions(
+        self, *, on_unreadable: Callable[[errors.CatalogReadError], None] | None = None
+    ) -> list[SessionMeta]:
+        """Every entry of this tenant, by session id, read from the catalog
+        alone: no ledger is read (sessionstore ListSessions).
+
+        A malformed entry raises ``CatalogReadError``; with ``on_unreadable``
+        it is passed there instead and the others are listed.
+
+        Raises:
+            CatalogReadError: the read failed (``session_id`` ``""``), or an
+                entry is malformed (its session, ``CatalogDecodeError`` as cause).
+        """
+        try:
+            rows = self.db.read(
+                "ledger_catalog_list",
+                lambda tx: tx.rows(
+                    "SELECT session_id, meta FROM ledger_catalog WHERE tenant = ? "
+                    "ORDER BY session_id",
+                    [self.tenant],
+                ),
+            )
+        except errors.DatabaseError as failure:
+            raise errors.CatalogReadError("", detail="the listing failed") from failure
+        found = []
+        for session_id, text in rows:
+            try:
+                found.append(catalog_codec.decode(session_id, text))
+            except errors.CatalogReadError as bad:
+                if on_unreadable is None:
+                    raise
+                on_unreadable(bad)
+        return found
+
+    # -- writes ------------------------------------------------------------------
+
+    def _update(
+        self,
+        session_id: str,
+        change: Callable[[SessionMeta | None], SessionMeta],
+        *,
+        replace_value: bool = False,
+    ) -> SessionMeta:
+        """Apply ``change`` to the entry under the revision compare-and-set,
+        retried up to ``MAX_CAS_RETRIES`` times; with ``replace_value`` the
+        stored value is not decoded (a repair replaces even a malformed one)."""
+        for _ in range(MAX_CAS_RETRIES):
+            row = self._row(session_id)
+            revision = 0 if row is None else row[0]
+            current = None
+            if row is not None and not replace_value:
+                current = catalog_codec.decode(session_id, row[1])
+            meta = change(current)
+            try:
+                text = catalog_codec.encode(meta)
+            except errors.CatalogEncodeError as bad:
+                raise errors.CatalogWriteError(session_id, detail="it does not encode") from bad
+            try:
+                won = self.db.write(
+                    "ledger_catalog_write",
+                    lambda tx, text=text, revision=revision: store_meta(
+                        tx, self.tenant, session_id, revision, text, tx.now
+                    ),
+                )
+            except errors.DatabaseError as failure:
+                raise errors.CatalogWriteError(session_id, detail="the write failed") from failure
+            if won:
+                return meta
+        raise errors.CatalogConflictError(session_id, MAX_CAS_RETRIES)
+
+    def update_on_event(self, session_id: str, records: Sequence[NewRecord]) -> SessionMeta:
+        """Fold ``records`` (``(seq, kind, payload)``, in sequence order, just
+        appended) into ``session_id``'s entry (sessionstore UpdateOnEvent),
+        without reading the ledger.
+
+        Raises:
+            CatalogOrderingError: a record is not after the entry's cursor, or
+                records between the cursor and the first record are missing.
+            CatalogReadError, CatalogWriteError, CatalogConflictError: the
+                entry could not be read or written.
+            ReplayDecodeError, CatalogUsageError, CatalogHustleError: a record
+                does not fold.
+        """
+        check_id(session_id, "session_id")
+        now = self.options.clock()
+
+        def change(meta: SessionMeta | None) -> SessionMeta:
+            meta = meta or SessionMeta(session_id)
+            if records and meta.last_journal_seq < records[0][0] - 1:
+                seq, kind, _ = records[0]
+                raise errors.CatalogOrderingError(
+                    kind, seq, meta.last_journal_seq, detail="records before it were not folded"
+                )
+            for seq, kind, payload in records:
+                meta = catalog_fold.fold(meta, seq, kind, payload, now)
+            return meta
+
+        return self._update(session_id, change)
+
+    def after_append(self, session_id: str, records: Sequence[NewRecord]) -> None:
+        """The best-effort update after an append: :meth:`update_on_event`; on
+        a gap before the new records, a ``CatalogOrderingError`` or a malformed
+        stored value, a :meth:`repair`. Any failure goes to ``on_update_failed``
+        and is not raised."""
+        if not records:
+            return
+        try:
+            try:
+                self.update_on_event(session_id, records)
+            except errors.CatalogOrderingError:
+                self.repair(session_id)
+            except errors.CatalogReadError as bad:
+                if not isinstance(bad.__cause__, errors.CatalogDecodeError):
+                    raise
+                self.repair(session_id)
+        except Exception as failure:
+            self.options.on_update_failed(failure)
+
+    def repair(self, session_id: str) -> SessionMeta:
+        """Rebuild ``session_id``'s entry from its whole ledger and store it
+        (sessionstore RepairCatalog); ``last_active_at`` is the ``written_at``
+        of the last record that marks activity.
+
+        Raises:
+            EmptySessionError: the ledger has no ``session_started`` record.
+            SessionNotFoundError: the session does not exist.
+            ReplayReadError, ReplayDecodeError: the ledger does not replay
+                (the entry is left as it was).
+            CatalogUsageError, CatalogHustleError, CatalogCompactionError:
+                its records contradict themselves.
+            CatalogWriteError, CatalogConflictError: the entry could not be stored.
+        """
+        check_id(session_id, "session_id")
+        for _ in range(MAX_CAS_RETRIES):
+            built = self._rebuild(session_id)
+
+            def change(_current: SessionMeta | None, built: SessionMeta = built) -> SessionMeta:
+                stored = self._row(session_id)
+                if stored is not None:
+                    try:
+                        ahead = catalog_codec.decode(session_id, stored[1]).last_journal_seq
+                    except errors.CatalogReadError:
+                        ahead = 0  # a malformed value is replaced
+                    if ahead > built.last_journal_seq:
+                        raise _Stale
+                return built
+
+            try:
+                return self._update(session_id, change, replace_value=True)
+            except _Stale:
+                continue  # an update folded newer records meanwhile: replay again
+        raise errors.CatalogConflictError(
+            session_id, MAX_CAS_RETRIES, detail="newer records kept landing during the repair"
+        )
+
+    def _rebuild(self, session_id: str) -> SessionMeta:
+        state = catalog_fold.RepairState()
+        meta = SessionMeta(session_id)
+        for record in self._replay(session_id):
+            meta = catalog_fold.fold(
+                meta, record.seq, record.kind, record.payload, record.written_at, state
+            )
+        if not state.session_started:
+            raise errors.EmptySessionError(
+                session_id, detail="its ledger has no session_started record"
+            )
+        return meta
