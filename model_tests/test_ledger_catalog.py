@@ -278,6 +278,14 @@ def test_control_without_the_compare_and_set_an_update_is_lost(store, monkeypatc
     assert (meta.last_journal_seq, meta.title) == (2, "")  # seq 3's fold is lost
 
 
+def test_control_without_the_repair_staleness_check_an_update_is_lost(store, monkeypatch):
+    """The compare-and-set makes the repair retry; on the retry, the repair
+    must see that the entry folded records past its replay and replay again."""
+    monkeypatch.setattr(catalog_mod, "stored_ahead", lambda stored, replayed: False)
+    meta = _race_repair_with_an_append(store, monkeypatch)
+    assert (meta.last_journal_seq, meta.title) == (2, "")
+
+
 # -- reads of malformed values ----------------------------------------------------
 
 

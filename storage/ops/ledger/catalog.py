@@ -86,6 +86,12 @@ def store_meta(
     return changed == 1
 
 
+def stored_ahead(stored_seq: int, replayed_seq: int) -> bool:
+    """Whether the stored entry folded records past a repair's replay (then
+    the repair replays again rather than overwrite that fold)."""
+    return stored_seq > replayed_seq
+
+
 class Catalog:
     """The ledger's catalog for one tenant (see the module docstring)."""
 
@@ -199,13 +205,12 @@ class Catalog:
                 text = catalog_codec.encode(meta)
             except errors.CatalogEncodeError as bad:
                 raise errors.CatalogWriteError(session_id, detail="it does not encode") from bad
+
+            def write(tx: Tx, text: str = text, revision: int = revision) -> bool:
+                return store_meta(tx, self.tenant, session_id, revision, text, tx.now)
+
             try:
-                won = self.db.write(
-                    "ledger_catalog_write",
-                    lambda tx, text=text, revision=revision: store_meta(
-                        tx, self.tenant, session_id, revision, text, tx.now
-                    ),
-                )
+                won = self.db.write("ledger_catalog_write", write)
             except errors.DatabaseError as failure:
                 raise errors.CatalogWriteError(session_id, detail="the write failed") from failure
             if won:
@@ -285,7 +290,7 @@ class Catalog:
                         ahead = catalog_codec.decode(session_id, stored[1]).last_journal_seq
                     except errors.CatalogReadError:
                         ahead = 0  # a malformed value is replaced
-                    if ahead > built.last_journal_seq:
+                    if stored_ahead(ahead, built.last_journal_seq):
                         raise _Stale
                 return built
 
