@@ -581,3 +581,16 @@ def test_deleting_the_session_removes_its_catalog_entry(store):
     w = _two_sessions(store)["s"]
     store.sessions.delete("s", lease=w.lease)
     assert [m.session_id for m in store.ledger.catalog.list_sessions()] == ["t"]
+
+
+def test_a_first_insert_that_finds_an_entry_loses_the_compare_and_set(store):
+    """Two first updates that both read no entry: the second insert changes
+    nothing and reports a lost compare-and-set (not a key violation)."""
+    w = _writer(store)
+    _start(w)
+    text = catalog_mod.catalog_codec.encode(c.SessionMeta("s"))
+    won = store.ledger.catalog.db.write(
+        "t", lambda tx: catalog_mod.store_meta(tx, "", "s", 0, text, None)
+    )
+    assert won is False
+    assert store.ledger.catalog.read_meta("s").created_at == T0

@@ -67,17 +67,14 @@ def store_meta(
     no entry yet) and move the revision on; ``False`` when another writer's
     revision is there (the revision compare-and-set)."""
     if revision == 0:
-        taken = tx.one(
-            "SELECT 1 FROM ledger_catalog WHERE tenant = ? AND session_id = ?",
-            [tenant, session_id],
-        )
-        if taken is not None:
-            return False
-        tx.exec(
-            f"INSERT INTO ledger_catalog VALUES (?, ?, 1, ?, {STORE_NOW})",
+        # ON CONFLICT: a concurrent first insert (PostgreSQL, read committed:
+        # both saw no row) loses the compare-and-set instead of failing.
+        inserted = tx.count(
+            f"INSERT INTO ledger_catalog VALUES (?, ?, 1, ?, {STORE_NOW}) "
+            "ON CONFLICT (tenant, session_id) DO NOTHING",
             [tenant, session_id, text, now],
         )
-        return True
+        return inserted == 1
     changed = tx.count(
         f"UPDATE ledger_catalog SET revision = revision + 1, meta = ?, updated_at = {STORE_NOW} "
         "WHERE tenant = ? AND session_id = ? AND revision = ?",
