@@ -29,6 +29,10 @@ from turnkeeper.spec.errors import (
     AlreadyExistsError,
     AmbiguousSessionIDError,
     BindingNotFoundError,
+    BlobIntegrityError,
+    BlobNotFoundError,
+    BlobPointerIDMismatchError,
+    BlobUnavailableError,
     BusyError,
     CapabilityEventConflictError,
     ChannelBoundError,
@@ -45,6 +49,7 @@ from turnkeeper.spec.errors import (
     DeliveryOperationNotFoundError,
     DeliveryPlanConflictError,
     DiskFullError,
+    DurableBodyTooLargeError,
     EmptySessionError,
     EntryCycleError,
     EntryExistsError,
@@ -64,6 +69,10 @@ from turnkeeper.spec.errors import (
     ForkSessionNotFoundError,
     ForkUnavailableError,
     ForkUnsupportedEntryError,
+    GCDeleteError,
+    GCLeaseNotHeldError,
+    GCListError,
+    GCScanError,
     GuidanceConflictError,
     IntegrityError,
     InterfaceError,
@@ -121,6 +130,7 @@ from turnkeeper.spec.ledger import (
     LEDGER_WRITER,
     AppendResult,
     CommandApplication,
+    GCResult,
     LedgerEntry,
     LedgerRecord,
 )
@@ -166,6 +176,7 @@ from turnkeeper.spec.tool_execution import ToolExecution
 from turnkeeper.spec.usage import UsageRecord
 from turnkeeper.storage import SCHEMA_VERSION, BaseStore, DuckDBStore, Store
 from turnkeeper.storage.ops.ledger import LedgerWriter, RuntimeCommandLog
+from turnkeeper.storage.ops.ledger.blobs import BlobStore, DatabaseBlobs, FsspecBlobs
 from turnkeeper.storage.ops.replays import REPLAY_CACHE_BYTES
 from turnkeeper.storage.wakeups import Subscription, Topic
 
@@ -183,6 +194,11 @@ __all__ = [
     "BaseStore",
     "Binding",
     "BindingNotFoundError",
+    "BlobIntegrityError",
+    "BlobNotFoundError",
+    "BlobPointerIDMismatchError",
+    "BlobStore",
+    "BlobUnavailableError",
     "BusyError",
     "CapabilityEvent",
     "CapabilityEventConflictError",
@@ -197,6 +213,7 @@ __all__ = [
     "ConversationTurnOpenError",
     "CorruptDatabaseError",
     "DataError",
+    "DatabaseBlobs",
     "DatabaseError",
     "DeletedSession",
     "DeliveryIntent",
@@ -211,6 +228,7 @@ __all__ = [
     "DetailPage",
     "DiskFullError",
     "DuckDBStore",
+    "DurableBodyTooLargeError",
     "EmptySessionError",
     "Entry",
     "EntryCycleError",
@@ -236,6 +254,12 @@ __all__ = [
     "ForkSessionNotFoundError",
     "ForkUnavailableError",
     "ForkUnsupportedEntryError",
+    "FsspecBlobs",
+    "GCDeleteError",
+    "GCLeaseNotHeldError",
+    "GCListError",
+    "GCResult",
+    "GCScanError",
     "Guidance",
     "GuidanceConflictError",
     "InputResourceEvent",

@@ -86,6 +86,7 @@ REMOVED: tuple[tuple[str, str], ...] = (
     ("session_forks", "fork_session_id = ?"),
     ("ledger_records", "session_id = ?"),
     ("ledger_tips", "session_id = ?"),
+    ("ledger_blobs", "session_id = ?"),
     ("entries", "session_id = ?"),
     ("sessions", "id = ?"),
 )
