@@ -5,7 +5,8 @@ session (:data:`REMOVED`): its row and entries, opaque import lines,
 execution intents, runs, run events, submissions, conversation turns, orphan
 recoveries and their events, response lineage, response archives (runs,
 turns, items), delivery intents with their operations and events,
-tool-execution records with their events, its ledger (records and tip, of
+tool-execution records with their events, its ledger (records, tip and the
+blobs in the database's blob table, of
 every tenant), its metadata, capability state and
 events, guidance, input resource events, usage records, its channel tool
 selection, its channel binding (the channel identity is free for another
