@@ -416,3 +416,37 @@ def test_a_session_delete_removes_its_database_blobs(store, tmp_path):
     assert store.query("SELECT count(*) AS n FROM ledger_blobs", []).to_pylist()[0]["n"] == 1
     store.sessions.delete("s", lease=w.lease)
     assert store.query("SELECT count(*) AS n FROM ledger_blobs", []).to_pylist()[0]["n"] == 0
+
+
+def test_a_listing_takes_its_prefix_literally(store, where, tmp_path):
+    """``_`` and ``%`` in a session id are not LIKE wildcards: GC of ``a_%``
+    neither counts nor deletes ``abc``'s blob."""
+    ledger = _ledger(store, where, tmp_path)
+    other = _open(store, ledger, sid="abc")
+    other.append("turn", BIG, "t1")
+    w = _open(store, ledger, sid="a_%")
+    orphan = blob_ops.offload(ledger.blobs, "", "a_%", LedgerEntry("turn", BIG, "x"), 10**6)
+    (key,) = ledger.blobs.list("sessions/a_%/")
+    assert json.loads(orphan.payload)["key"] == key
+    result = ledger.gc("a_%", w.lease)
+    assert (result.scanned, result.deleted_keys) == (1, (key,))
+    assert len(ledger.blobs.list("sessions/abc/")) == 1
+    assert [r.payload for r in ledger.replay("abc")][1:] == [BIG]
+
+
+def test_an_offloaded_command_application_reads_back_and_fails_closed_when_damaged(
+    store, where, tmp_path
+):
+    from turnkeeper import CommandApplication, CommandApplicationNotFoundError
+
+    ledger = _ledger(store, where, tmp_path)
+    w = _open(store, ledger)
+    log = ledger.command_log("s", w)
+    app = CommandApplication("cmd-1", {"text": "y" * 500})
+    seq = log.append_command_application(app).seq
+    assert _pointer(store, seq)["size"] > 500
+    assert log.read_command_application_at(seq) == app
+    _drop(store, ledger, _pointer(store, seq)["key"])
+    with pytest.raises(CommandApplicationNotFoundError) as err:
+        log.read_command_application_at(seq)
+    assert isinstance(err.value.__cause__, BlobUnavailableError)
