@@ -36,6 +36,10 @@ from turnkeeper.spec.errors import (
     AlreadyExistsError,
     AmbiguousSessionIDError,
     BindingNotFoundError,
+    BlobIntegrityError,
+    BlobNotFoundError,
+    BlobPointerIDMismatchError,
+    BlobUnavailableError,
     BusyError,
     CapabilityEventConflictError,
     CatalogCompactionError,
@@ -64,6 +68,7 @@ from turnkeeper.spec.errors import (
     DeliveryOperationNotFoundError,
     DeliveryPlanConflictError,
     DiskFullError,
+    DurableBodyTooLargeError,
     EmptySessionError,
     EntryCycleError,
     EntryExistsError,
@@ -83,6 +88,10 @@ from turnkeeper.spec.errors import (
     ForkSessionNotFoundError,
     ForkUnavailableError,
     ForkUnsupportedEntryError,
+    GCDeleteError,
+    GCLeaseNotHeldError,
+    GCListError,
+    GCScanError,
     GuidanceConflictError,
     IntegrityError,
     InterfaceError,
@@ -140,6 +149,7 @@ from turnkeeper.spec.ledger import (
     LEDGER_WRITER,
     AppendResult,
     CommandApplication,
+    GCResult,
     LedgerEntry,
     LedgerRecord,
 )
@@ -185,6 +195,7 @@ from turnkeeper.spec.tool_execution import ToolExecution
 from turnkeeper.spec.usage import UsageRecord
 from turnkeeper.storage import SCHEMA_VERSION, BaseStore, DuckDBStore, Store
 from turnkeeper.storage.ops.ledger import Catalog, LedgerWriter, RuntimeCommandLog
+from turnkeeper.storage.ops.ledger.blobs import BlobStore, DatabaseBlobs, FsspecBlobs
 from turnkeeper.storage.ops.replays import REPLAY_CACHE_BYTES
 from turnkeeper.storage.wakeups import Subscription, Topic
 
@@ -202,6 +213,11 @@ __all__ = [
     "BaseStore",
     "Binding",
     "BindingNotFoundError",
+    "BlobIntegrityError",
+    "BlobNotFoundError",
+    "BlobPointerIDMismatchError",
+    "BlobStore",
+    "BlobUnavailableError",
     "BusyError",
     "CapabilityEvent",
     "CapabilityEventConflictError",
@@ -230,6 +246,7 @@ __all__ = [
     "ConversationTurnOpenError",
     "CorruptDatabaseError",
     "DataError",
+    "DatabaseBlobs",
     "DatabaseError",
     "DeletedSession",
     "DeliveryIntent",
@@ -244,6 +261,7 @@ __all__ = [
     "DetailPage",
     "DiskFullError",
     "DuckDBStore",
+    "DurableBodyTooLargeError",
     "EmptySessionError",
     "Entry",
     "EntryCycleError",
@@ -270,6 +288,12 @@ __all__ = [
     "ForkSessionNotFoundError",
     "ForkUnavailableError",
     "ForkUnsupportedEntryError",
+    "FsspecBlobs",
+    "GCDeleteError",
+    "GCLeaseNotHeldError",
+    "GCListError",
+    "GCResult",
+    "GCScanError",
     "Guidance",
     "GuidanceConflictError",
     "HustleUsageAggregate",

@@ -9,8 +9,15 @@ landed and nothing acknowledged was lost; a writer whose lease expired or was
 taken over is refused with ``LeaseLostError`` and writes nothing; a
 redelivery returns the original sequence and other content under its id
 conflicts; a flipped payload byte is a ``ReplayDecodeError`` at its sequence,
-and nothing from it on is yielded. Blob offload, GC and crashes mid-offload
-belong to the rest of issue 19 (not built yet).
+and nothing from it on is yielded.
+
+Blob offload (payloads over :data:`THRESHOLD` bytes): crashes mid-offload (the
+blob written, the pointer's append killed) leave orphans replay never sees;
+GC by the current writer deletes exactly the blobs no acknowledged record
+references (``scanned == referenced + deleted``) and never a referenced one,
+GC by a stale writer is ``GCLeaseNotHeldError`` and deletes nothing; a
+flipped blob byte is ``BlobIntegrityError`` and a deleted blob
+``BlobUnavailableError`` at the record's sequence, nothing from it on yielded.
 
 ``make_machine(backend)`` returns the machine class for a backend.
 """
@@ -25,15 +32,23 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
 from turnkeeper import (
+    BlobIntegrityError,
+    BlobUnavailableError,
+    GCLeaseNotHeldError,
     LeaseLostError,
     LedgerEntry,
     LedgerIdempotencyConflictError,
     ReplayDecodeError,
 )
+from turnkeeper.storage.ops.ledger import blobs as blob_ops
+from turnkeeper.storage.ops.ledger import journal
 
 TTL = 20.0
 IDS = ("a", "b", "c", "d", "e")
-PAYLOADS = (b"", b"x", b"\x00\xff", b"long" * 50)
+PAYLOADS = (b"", b"x", b"\x00\xff", b"long" * 50, b"big\x00" * 30)
+THRESHOLD = 16
+"""Payloads longer than this are offloaded: the last two of :data:`PAYLOADS`."""
+PREFIX = "sessions/s/"
 KINDS = ("turn", "step")
 
 Row = tuple[int, str, str, bytes, int]
@@ -95,6 +110,7 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
             self.store = open_backend(backend, None, self.clock)
             self.oracle = Oracle()
             self.owners = 0
+            self.ledger = self.store.ledger.with_blobs(offload_threshold=THRESHOLD)
 
         def teardown(self) -> None:
             self.store.close()
@@ -108,7 +124,7 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
             self.owners += 1
             lease = self.store.leases.acquire("session:s", f"w{self.owners}", TTL)
             assert lease.epoch > self.oracle.epoch, "an epoch was granted twice"
-            writer = self.store.ledger.open("s", lease)
+            writer = self.ledger.open("s", lease)
             self.oracle.epoch = lease.epoch
             fence_id = f"fence:{lease.epoch}:{writer.fence_seq}"
             self.oracle.rows.append((writer.fence_seq, "fence", fence_id, b"", lease.epoch))
@@ -155,7 +171,7 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
         def flip_a_payload_byte(self, data: st.DataObject) -> None:
             """Damage one record's payload: replay fails closed at it, yielding
             only the records before it; then the damage is repaired."""
-            damaged = [r for r in self.oracle.rows if r[3]]
+            damaged = [r for r in self.oracle.rows if r[3] and len(r[3]) <= THRESHOLD]
             if not damaged:
                 return
             seq, _, _, payload, _ = data.draw(st.sampled_from(damaged))
@@ -173,11 +189,104 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
             assert seen == list(range(1, seq))
             forge(self.store, sql, [payload, seq], rows=1)
 
+        def _stale(self, handle: Handle) -> bool:
+            return (
+                handle.fenced
+                or handle.epoch != self.oracle.epoch
+                or self.clock() >= handle.expires_at
+            )
+
+        def _live_keys(self) -> set[str]:
+            """The blob keys the acknowledged offloaded records name."""
+            return {
+                PREFIX + journal.sha256(blob_ops.envelope(LedgerEntry(kind, payload, key)))
+                for _, kind, key, payload, _ in self.oracle.rows
+                if kind != "fence" and len(payload) > THRESHOLD
+            }
+
+        @rule(
+            handle=writers,
+            payload=st.sampled_from(PAYLOADS[3:]),
+            key=st.sampled_from(("x1", "x2", "x3")),
+        )
+        def crash_mid_offload(self, handle: Handle, payload: bytes, key: str) -> None:
+            """The blob is written, then the pointer's append is killed: an
+            orphan (unless that blob is already a live record's)."""
+            was_fenced = handle.fenced  # a writer refused before writes no blob
+            real = journal.append
+
+            def killed(*args: Any, **kwargs: Any) -> Any:
+                raise RuntimeError("killed between the blob and its pointer")
+
+            journal.append = killed  # type: ignore[assignment]
+            try:
+                handle.writer.append("turn", payload, key)
+            except LeaseLostError:
+                assert was_fenced, "a killed append was refused before its blob"
+                return
+            except RuntimeError:
+                pass
+            else:
+                raise AssertionError("the killed append was acknowledged")
+            finally:
+                journal.append = real  # type: ignore[assignment]
+            orphan = PREFIX + journal.sha256(blob_ops.envelope(LedgerEntry("turn", payload, key)))
+            assert orphan in self.ledger.blobs.list(PREFIX)
+
+        @rule(handle=writers)
+        def gc(self, handle: Handle) -> None:
+            listed = self.ledger.blobs.list(PREFIX)
+            live = self._live_keys()
+            assert live <= set(listed), "a referenced blob is missing"
+            if self._stale(handle):
+                try:
+                    self.ledger.gc("s", handle.writer.lease)
+                except GCLeaseNotHeldError:
+                    pass
+                else:
+                    raise AssertionError("a stale writer's GC ran")
+                assert self.ledger.blobs.list(PREFIX) == listed, "a refused GC deleted"
+                return
+            result = self.ledger.gc("s", handle.writer.lease)
+            assert result.deleted_keys == tuple(sorted(set(listed) - live))
+            assert result.scanned == result.referenced + result.deleted == len(listed)
+            assert result.referenced == len(live) and result.unreclaimable == 0
+            assert self.ledger.blobs.list(PREFIX) == sorted(live), "GC deleted a referenced blob"
+
+        @rule(data=st.data(), delete=st.booleans())
+        def damage_a_blob(self, data: st.DataObject, delete: bool) -> None:
+            """Flip a byte of (or delete) a live record's blob: replay fails
+            closed at its sequence; then the damage is repaired."""
+            offloaded = [r for r in self.oracle.rows if r[1] != "fence" and len(r[3]) > THRESHOLD]
+            if not offloaded:
+                return
+            seq, kind, key, payload, _ = data.draw(st.sampled_from(offloaded))
+            blob = blob_ops.envelope(LedgerEntry(kind, payload, key))
+            name = PREFIX + journal.sha256(blob)
+            if delete:
+                forge(self.store, "DELETE FROM ledger_blobs WHERE key = ?", [name], rows=1)
+            else:
+                flipped = blob[:-1] + bytes([blob[-1] ^ 0x01])
+                sql = "UPDATE ledger_blobs SET data = ? WHERE key = ?"
+                forge(self.store, sql, [flipped, name], rows=1)
+            seen: list[int] = []
+            try:
+                for record in self.ledger.replay("s", page_rows=3):
+                    seen.append(record.seq)
+            except (BlobIntegrityError, BlobUnavailableError) as failure:
+                assert isinstance(failure, BlobUnavailableError) == delete
+                assert (failure.seq, failure.key) == (seq, name)
+            else:
+                raise AssertionError(f"replay yielded a damaged blob at {seq}")
+            assert seen == list(range(1, seq))
+            self.ledger.blobs.delete(name)
+            self.ledger.blobs.put(name, blob)
+
         @invariant()
         def replay_is_what_was_acknowledged(self) -> None:
             got = [
                 (r.seq, r.kind, r.idempotency_id, r.payload, r.epoch)
-                for r in self.store.ledger.replay("s", page_rows=3)
+                for r in self.ledger.replay("s", page_rows=3)
             ]
             assert got == self.oracle.rows
 

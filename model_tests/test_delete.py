@@ -110,7 +110,9 @@ def populate(store: Any, sid: str) -> dict[str, Any]:
     store.bindings.bind(sid, "chat", f"secret-chat-{sid}")
     store.bindings.set_tools(sid, [ChannelToolConfig("secret_tool", True)])
     owner = store.leases.acquire(f"session:{sid}", "ledger-writer", 30)
-    store.ledger.open(sid, owner).append("turn", b"secret turn", f"turn-of-{sid}")
+    ledger_writer = store.ledger.with_blobs(offload_threshold=16).open(sid, owner)
+    ledger_writer.append("turn", b"secret turn", f"turn-of-{sid}")
+    ledger_writer.append("turn", b"a secret turn offloaded as a blob", f"blob-of-{sid}")
     store.leases.release(owner)
     fork = store.forks.fork(sid, request_id=f"fork-of-{sid}")
     return {"run": run, "orphan": orphan, "fork": fork}

@@ -197,6 +197,26 @@ def _append_ledger(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]
     )
 
 
+def _gc_ledger(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
+    """GC of the ledger's blobs by its writer, with an orphan blob (a blob
+    written, its pointer never appended) for the holder's pass to delete."""
+    from turnkeeper.storage.ops.ledger import blobs
+
+    lease = session(store)
+    ledger = store.ledger.with_blobs(offload_threshold=4)
+    ledger.open("s", lease)
+    blobs.offload(ledger.blobs, "", "s", turnkeeper.LedgerEntry("turn", b"lost body", "t"), 1024)
+
+    def call(lease: turnkeeper.Lease) -> Any:
+        try:
+            return ledger.gc("s", lease)
+        except turnkeeper.GCLeaseNotHeldError as refused:
+            assert isinstance(refused.__cause__, LeaseLostError)
+            raise refused.__cause__ from None
+
+    return lease, call
+
+
 def _save_response_run(store: turnkeeper.BaseStore) -> tuple[turnkeeper.Lease, Call]:
     lease = session(store)
     run = turnkeeper.ResponseRun("s", "bg-1", "openai", "responses", "queued")
@@ -502,6 +522,7 @@ WRITES: dict[str, Setup] = {
     "archives.save_run": _save_response_run,
     "ledger.open": _open_ledger,
     "ledger.open[append]": _append_ledger,
+    "ledger.gc": _gc_ledger,
     "archives.save_turn": _save_response_turn,
     "archives.save_item": _save_response_item,
     "sessions.delete": _delete_session,

@@ -1063,6 +1063,112 @@ class EmptySessionError(TurnkeeperError):
     session_id: str
 
 
+class BlobNotFoundError(TurnkeeperError):
+    """A blob store holds no blob under ``key`` (sessionstore storage.BlobNotFoundError)."""
+
+    fields = ("key",)
+    key: str
+
+
+class BlobIntegrityError(TurnkeeperError):
+    """An offloaded record's blob does not hash to the sha256 its pointer names
+    (sessionstore BlobIntegrityError).
+
+    The blob was corrupted or substituted; replay fails closed rather than
+    decode it. ``seq`` is the pointer record's sequence, ``key`` the blob's,
+    ``want`` the pointer's sha256 (hex), ``got`` the fetched bytes'."""
+
+    fields = ("seq", "key", "want", "got")
+    seq: int
+    key: str
+    want: str
+    got: str
+
+
+class BlobPointerIDMismatchError(TurnkeeperError):
+    """An offloaded record's pointer and the blob it names carry different
+    idempotency ids (sessionstore BlobPointerIDMismatchError).
+
+    The writer stamps one id on both halves of an offload, so the pointer and
+    blob have drifted apart; replay trusts neither. ``outer_id`` is the
+    pointer record's id, ``inner_id`` the one inside the resolved blob."""
+
+    fields = ("seq", "key", "outer_id", "inner_id")
+    seq: int
+    key: str
+    outer_id: str
+    inner_id: str
+
+
+class BlobUnavailableError(TurnkeeperError):
+    """An offloaded record's blob could not be fetched (sessionstore
+    BlobUnavailableError): absent (``__cause__`` is ``BlobNotFoundError``) or
+    a failed read (the store's error is ``__cause__``). Replay fails closed
+    rather than yield the record without its body."""
+
+    fields = ("seq", "key")
+    seq: int
+    key: str
+
+
+class DurableBodyTooLargeError(TurnkeeperError):
+    """A record's body is larger than the replay ceiling (sessionstore
+    DurableBodyTooLargeError).
+
+    A size refusal, not an integrity finding: nothing is known to be corrupt,
+    so it is deliberately not a ``BlobIntegrityError``. The write side refuses
+    such a body before storing anything (``seq`` 0: no sequence yet); replay
+    refuses a pointer declaring one without fetching the blob. Carries the
+    sequence, ``object_id`` (replay: the blob key; the write side: the
+    record's idempotency id), the ``declared_bytes`` (bytes) and the
+    ceiling ``max_bytes`` (bytes)."""
+
+    fields = ("seq", "object_id", "declared_bytes", "max_bytes")
+    seq: int
+    object_id: str
+    declared_bytes: int
+    max_bytes: int
+
+
+class GCLeaseNotHeldError(TurnkeeperError):
+    """Blob GC was refused: the session's writer lease is not held (sessionstore
+    GCLeaseNotHeldError).
+
+    GC deletes, so it runs only as the session's single writer (the lease
+    held, and the ledger's newest fence its epoch); nothing is deleted. The
+    ``LeaseLostError`` is ``__cause__``. ``epoch`` is the refused lease's."""
+
+    fields = ("session_id", "epoch")
+    session_id: str
+    epoch: int
+
+
+class GCScanError(TurnkeeperError):
+    """Blob GC could not scan the ledger for the blobs its pointers reference
+    (sessionstore GCScanError): a failed read or an undecodable pointer
+    (``__cause__``). Without the whole live set GC deletes nothing. ``name``
+    is the ledger (``ledger:<session id>``)."""
+
+    fields = ("name",)
+    name: str
+
+
+class GCListError(TurnkeeperError):
+    """Blob GC could not list the session's blob prefix (sessionstore
+    GCListError); the store's error is ``__cause__``. Nothing is deleted."""
+
+    fields = ("prefix",)
+    prefix: str
+
+
+class GCDeleteError(TurnkeeperError):
+    """Blob GC failed to delete the orphaned blob ``key`` (sessionstore
+    GCDeleteError); the store's error is ``__cause__``."""
+
+    fields = ("key",)
+    key: str
+
+
 class CommandApplicationNotFoundError(TurnkeeperError):
     """The ledger record at ``seq`` is not a readable command application
     (sessionstore CommandApplicationNotFoundError).
@@ -1201,6 +1307,10 @@ __all__ = [
     "AlreadyExistsError",
     "AmbiguousSessionIDError",
     "BindingNotFoundError",
+    "BlobIntegrityError",
+    "BlobNotFoundError",
+    "BlobPointerIDMismatchError",
+    "BlobUnavailableError",
     "BusyError",
     "CapabilityEventConflictError",
     "CatalogCompactionError",
@@ -1229,6 +1339,7 @@ __all__ = [
     "DeliveryOperationNotFoundError",
     "DeliveryPlanConflictError",
     "DiskFullError",
+    "DurableBodyTooLargeError",
     "EmptySessionError",
     "EntryCycleError",
     "EntryExistsError",
@@ -1248,6 +1359,10 @@ __all__ = [
     "ForkSessionNotFoundError",
     "ForkUnavailableError",
     "ForkUnsupportedEntryError",
+    "GCDeleteError",
+    "GCLeaseNotHeldError",
+    "GCListError",
+    "GCScanError",
     "GuidanceConflictError",
     "IntegrityError",
     "InterfaceError",

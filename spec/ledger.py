@@ -74,7 +74,11 @@ FENCE_KIND = "fence"
 COMMAND_APPLICATION_KIND = "command_application"
 """The kind of a command log record (sessionstore RuntimeCommandLog)."""
 
-RESERVED_KINDS = frozenset({FENCE_KIND})
+BLOB_POINTER_KIND = "blobptr"
+"""The kind of an offloaded record's pointer (its payload names the blob:
+key, sha256, size); replay resolves it to the record's own kind and payload."""
+
+RESERVED_KINDS = frozenset({FENCE_KIND, BLOB_POINTER_KIND})
 """Kinds only the store writes: an append of one is refused."""
 
 
@@ -130,3 +134,21 @@ class CommandApplication:
 
     command_id: str
     applied: dict[str, object]
+
+
+@dataclass(frozen=True)
+class GCResult:
+    """One blob GC pass over a session's blob prefix (sessionstore GCResult).
+
+    ``scanned``: blobs of the ledger's shape (``<prefix><sha256 hex>``) listed;
+    ``referenced``: those a pointer record of the ledger names (kept);
+    ``deleted``: the orphans reaped, ``deleted_keys`` their keys, sorted;
+    ``unreclaimable``: other keys under the prefix, left untouched. On a
+    pass that returns, ``scanned == referenced + deleted``; a failing pass
+    raises instead of returning a partial result."""
+
+    scanned: int
+    referenced: int
+    deleted: int
+    deleted_keys: tuple[str, ...]
+    unreclaimable: int

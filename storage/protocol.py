@@ -68,7 +68,7 @@ from typing import Any, Protocol, Self, TypeVar
 
 from turnkeeper.spec.delivery import DeliveryIntent, DeliveryOperation, DeliveryPlan
 from turnkeeper.spec.fork import Fork
-from turnkeeper.spec.ledger import CommandApplication, LedgerRecord
+from turnkeeper.spec.ledger import CommandApplication, GCResult, LedgerRecord
 from turnkeeper.spec.records import (
     ANY_LEAF,
     Binding,
@@ -111,6 +111,7 @@ from turnkeeper.spec.records import (
 from turnkeeper.spec.tool_execution import ToolExecution
 from turnkeeper.spec.usage import UsageRecord
 
+from .ops.ledger.blobs import BlobStore
 from .ops.ledger.writer import LedgerWriter, RuntimeCommandLog
 from .wakeups import Subscription, Topic
 
@@ -579,11 +580,22 @@ class ResourcesAPI(Protocol):
 class LedgerAPI(Protocol):
     """``store.ledger``: a session's fenced journal (sessionstore OpenJournal,
     OpenInternalRecordReplayer, OpenRuntimeCommandLog, ReadCommandApplicationAt,
-    WithTenant); see ``storage/ops/ledger``."""
+    WithTenant, WithOffloadThreshold, OpenObjectGC); see ``storage/ops/ledger``."""
 
     tenant: str
+    blobs: BlobStore
+    offload_threshold: int
+    max_body_bytes: int
 
     def with_tenant(self, tenant: str) -> LedgerAPI: ...
+    def with_blobs(
+        self,
+        blobs: BlobStore | None = None,
+        *,
+        offload_threshold: int = ...,
+        max_body_bytes: int = ...,
+    ) -> LedgerAPI: ...
+    def gc(self, session_id: str, lease: Lease | None) -> GCResult: ...
     def open(self, session_id: str, lease: Lease | None) -> LedgerWriter: ...
     def tip(self, session_id: str) -> int: ...
     def replay(

@@ -5,7 +5,8 @@ session (:data:`REMOVED`): its row and entries, opaque import lines,
 execution intents, runs, run events, submissions, conversation turns, orphan
 recoveries and their events, response lineage, response archives (runs,
 turns, items), delivery intents with their operations and events,
-tool-execution records with their events, its ledger (records, tip and catalog entry, of
+tool-execution records with their events, its ledger (records, tip, catalog
+entry and the blobs in the database's blob table, of
 every tenant), its metadata, capability state and
 events, guidance, input resource events, usage records, its channel tool
 selection, its channel binding (the channel identity is free for another
@@ -87,6 +88,7 @@ REMOVED: tuple[tuple[str, str], ...] = (
     ("ledger_records", "session_id = ?"),
     ("ledger_tips", "session_id = ?"),
     ("ledger_catalog", "session_id = ?"),
+    ("ledger_blobs", "session_id = ?"),
     ("entries", "session_id = ?"),
     ("sessions", "id = ?"),
 )

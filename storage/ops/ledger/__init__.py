@@ -27,9 +27,11 @@ from functools import partial
 
 from turnkeeper.spec import errors
 from turnkeeper.spec.ledger import (
+    BLOB_POINTER_KIND,
     FENCE_KIND,
     AppendResult,
     CommandApplication,
+    GCResult,
     LedgerEntry,
     LedgerRecord,
 )
@@ -39,23 +41,46 @@ from ...codec import check_id, check_text
 from ...validate import check_int, check_session_lease
 from .. import leases
 from ..base import Area, Shared
+from . import blobs as blob_ops
+from . import gc as gc_ops
 from . import journal
+from .blobs import DEFAULT_OFFLOAD_THRESHOLD, MAX_BODY_BYTES, BlobStore, DatabaseBlobs
 from .catalog import Catalog, CatalogOptions
 from .replay import PAGE_ROWS, ledger_name, replay
 from .writer import LedgerWriter, RuntimeCommandLog, decode_application
 
-__all__ = ["PAGE_ROWS", "Catalog", "Ledger", "LedgerWriter", "RuntimeCommandLog", "ledger_name"]
+__all__ = [
+    "DEFAULT_OFFLOAD_THRESHOLD",
+    "MAX_BODY_BYTES",
+    "PAGE_ROWS",
+    "BlobStore",
+    "Catalog",
+    "DatabaseBlobs",
+    "Ledger",
+    "LedgerWriter",
+    "RuntimeCommandLog",
+    "ledger_name",
+]
 
 
 class Ledger(Area):
     """The ledger area of a store, for one tenant (see the module docstring)."""
 
     def __init__(
-        self, shared: Shared, tenant: str = "", options: CatalogOptions | None = None
+        self,
+        shared: Shared,
+        tenant: str = "",
+        blobs: BlobStore | None = None,
+        offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        options: CatalogOptions | None = None,
     ) -> None:
         super().__init__(shared)
         self._shared = shared
         self.tenant = tenant
+        self.blobs: BlobStore = DatabaseBlobs(shared.db) if blobs is None else blobs
+        self.offload_threshold = offload_threshold
+        self.max_body_bytes = max_body_bytes
         self._catalog_options = options or CatalogOptions()
         self.catalog = Catalog(
             shared.db, tenant, lambda sid: self.replay(sid), self._catalog_options
@@ -66,11 +91,47 @@ class Ledger(Area):
     def with_tenant(self, tenant: str) -> Ledger:
         """This store's ledger for ``tenant`` (sessionstore WithTenant): its
         writers stamp their records with it and its reads see only its records.
+        The blob and catalog settings are kept.
 
         Raises:
             InvalidInputError: ``tenant`` is not storable text.
         """
-        return Ledger(self._shared, check_text(tenant, "tenant"), self._catalog_options)
+        return Ledger(
+            self._shared,
+            check_text(tenant, "tenant"),
+            self.blobs,
+            self.offload_threshold,
+            self.max_body_bytes,
+            self._catalog_options,
+        )
+
+    def with_blobs(
+        self,
+        blobs: BlobStore | None = None,
+        *,
+        offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD,
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ) -> Ledger:
+        """This ledger with its blob offload configured (sessionstore
+        WithOffloadThreshold): payloads longer than ``offload_threshold``
+        bytes are stored as sha256-named blobs in ``blobs`` (default: the
+        store's own table, :class:`DatabaseBlobs`; or a
+        :class:`~.blobs.FsspecBlobs` directory or object store) with a pointer
+        record in the ledger; a blob over ``max_body_bytes`` (the replay
+        ceiling, bytes) is refused. Writers, replays and GC made from the
+        returned ledger use these settings.
+
+        Raises:
+            InvalidInputError: a threshold < 0 or a ceiling < 1.
+        """
+        return Ledger(
+            self._shared,
+            self.tenant,
+            blobs,
+            check_int(offload_threshold, "offload_threshold", 0),
+            check_int(max_body_bytes, "max_body_bytes", 1),
+            self._catalog_options,
+        )
 
     def open(self, session_id: str, lease: Lease | None) -> LedgerWriter:
         """Open the single writer of ``session_id``'s ledger under ``lease``, a
@@ -120,11 +181,30 @@ class Ledger(Area):
         self, writer: LedgerWriter, entries: Sequence[LedgerEntry]
     ) -> list[AppendResult]:
         """The fenced append transaction of ``writer`` (``LedgerWriter.append_many``),
-        then the catalog's best-effort update with the records it wrote."""
+        after offloading each payload over the threshold (its blob first, then
+        its pointer in the transaction: a failed append leaves an orphan blob,
+        which GC reclaims), then the catalog's best-effort update with the
+        records it wrote (their logical kinds and payloads, not the pointers)."""
+        for entry in entries:  # refuse the whole batch before any blob is written
+            size = (
+                len(blob_ops.envelope(entry))
+                if len(entry.payload) > self.offload_threshold
+                else len(entry.payload)
+            )
+            if size > self.max_body_bytes:
+                raise errors.DurableBodyTooLargeError(
+                    0, entry.idempotency_id, size, self.max_body_bytes
+                )
+        stored = [
+            blob_ops.offload(self.blobs, self.tenant, writer.session_id, e, self.max_body_bytes)
+            if len(e.payload) > self.offload_threshold
+            else e
+            for e in entries
+        ]
         results = self._fenced(
             "ledger_append",
             writer.lease,
-            lambda tx: journal.append(tx, self.tenant, writer.session_id, writer.lease, entries),
+            lambda tx: journal.append(tx, self.tenant, writer.session_id, writer.lease, stored),
         )
         written = [
             (r.seq, e.kind, e.payload)
@@ -133,6 +213,46 @@ class Ledger(Area):
         ]
         self.catalog.after_append(writer.session_id, written)
         return results
+
+    def _resolve(
+        self, session_id: str, seq: int, outer_id: str, payload: bytes
+    ) -> tuple[str, bytes]:
+        """A pointer record's verified ``(kind, payload)`` (``blobs.resolve``)."""
+        return blob_ops.resolve(self.blobs, session_id, seq, outer_id, payload, self.max_body_bytes)
+
+    def gc(self, session_id: str, lease: Lease | None) -> GCResult:
+        """Reclaim ``session_id``'s blobs that no pointer record of its ledger
+        references (sessionstore OpenObjectGC + ObjectGC.GC), as its single
+        writer: ``lease`` must be held and be the epoch of the ledger's newest
+        fence (checked before the scan and again before the deletes). Must not
+        run concurrently with appends to the session (serialize it with the
+        writer). Returns a :class:`~turnkeeper.spec.ledger.GCResult`:
+        ``scanned == referenced + deleted``; keys of another shape under the
+        prefix are ``unreclaimable`` and left alone.
+
+        Raises:
+            NilLeaseError: ``lease`` is ``None``.
+            GCLeaseNotHeldError: the lease is not the writer's (the
+                ``LeaseLostError`` is ``__cause__``); nothing is deleted.
+            GCScanError: the ledger's pointers could not all be read and
+                decoded; nothing is deleted.
+            GCListError: the blob prefix could not be listed; nothing is deleted.
+            GCDeleteError: an orphan's delete failed (the blobs before it in
+                key order are deleted).
+            InvalidInputError: a malformed id, or a lease on another target.
+        """
+        check_id(session_id, "session_id")
+        if lease is None:
+            raise errors.NilLeaseError(session_id)
+        check_session_lease(session_id, lease)
+        return gc_ops.collect(
+            self.db,
+            self.blobs,
+            self.tenant,
+            session_id,
+            lease,
+            lambda body: self._fenced("ledger_gc", lease, body),
+        )
 
     def tip(self, session_id: str) -> int:
         """The sequence of the last record of ``session_id``'s ledger (0: none).
@@ -177,6 +297,7 @@ class Ledger(Area):
             start,
             rows,
             partial(self._inside, session_id, None),
+            partial(self._resolve, session_id),
         )
 
     def command_log(self, session_id: str, writer: LedgerWriter) -> RuntimeCommandLog:
@@ -209,7 +330,7 @@ class Ledger(Area):
         row = self.db.read(
             "ledger_command_at",
             lambda tx: tx.one(
-                "SELECT kind, payload, payload_sha256 FROM ledger_records "
+                "SELECT kind, payload, payload_sha256, idempotency_id FROM ledger_records "
                 "WHERE tenant = ? AND session_id = ? AND seq = ?",
                 [self.tenant, session_id, at],
             ),
@@ -226,4 +347,12 @@ class Ledger(Area):
             raise errors.CommandApplicationNotFoundError(
                 session_id, at, detail="the record does not decode"
             ) from cause
-        return decode_application(session_id, at, str(row[0]), payload)
+        kind = str(row[0])
+        if kind == BLOB_POINTER_KIND:
+            try:
+                kind, payload = self._resolve(session_id, at, str(row[3]), payload)
+            except errors.TurnkeeperError as failure:
+                raise errors.CommandApplicationNotFoundError(
+                    session_id, at, detail="its offloaded body does not resolve"
+                ) from failure
+        return decode_application(session_id, at, kind, payload)

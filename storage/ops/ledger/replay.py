@@ -16,6 +16,10 @@ typed, with the sequence:
   sha256 (flipped or truncated bytes), a fence's epoch is below an earlier
   fence's, or a record is stamped with another epoch than the fence before it
   (a stale writer's record);
+- the blob errors of an offloaded record (``blobs.resolve``:
+  ``DurableBodyTooLargeError``, ``BlobUnavailableError``,
+  ``BlobIntegrityError``, ``BlobPointerIDMismatchError``), with its sequence
+  and the blob's key; a pointer is yielded as the record it stands for;
 - ``EmptySessionError``: the ledger holds no record;
 - ``SessionNotFoundError``: nor does the session exist.
 
@@ -31,7 +35,7 @@ from functools import partial
 from typing import Any
 
 from turnkeeper.spec import errors
-from turnkeeper.spec.ledger import FENCE_KIND, LedgerRecord
+from turnkeeper.spec.ledger import BLOB_POINTER_KIND, FENCE_KIND, LedgerRecord
 
 from ...backend import Backend, Tx, utc
 from .journal import read_tip, sha256
@@ -102,10 +106,13 @@ def replay(
     from_seq: int,
     page_rows: int,
     check_session: Callable[[], object],
+    resolve: Callable[[int, str, bytes], tuple[str, bytes]],
 ) -> Iterator[LedgerRecord]:
     """The records of ``session_id``'s ledger from ``from_seq`` to the tip read
     at the start (see the module docstring). ``check_session`` raises
-    ``SessionNotFoundError`` when the session does not exist."""
+    ``SessionNotFoundError`` when the session does not exist; ``resolve(seq,
+    idempotency id, pointer payload)`` is a blob pointer's verified ``(kind,
+    payload)`` (``blobs.resolve``: it raises the blob errors)."""
     tip, _ = _read(db, session_id, from_seq, lambda tx: read_tip(tx, tenant, session_id))
     if tip == 0:
         check_session()
@@ -140,12 +147,15 @@ def replay(
                     ledger_name(session_id), expected, detail=f"record {expected} is missing"
                 )
             fence_epoch, _ = verify(session_id, row, fence_epoch)
+            kind, payload = str(row[1]), bytes(row[3])
+            if kind == BLOB_POINTER_KIND:
+                kind, payload = resolve(int(row[0]), str(row[2]), payload)
             yield LedgerRecord(
                 session_id,
                 int(row[0]),
-                str(row[1]),
+                kind,
                 str(row[2]),
-                bytes(row[3]),
+                payload,
                 int(row[5]),
                 utc(row[6]),
                 tenant,

@@ -1,0 +1,293 @@
+"""Blob offload of large ledger payloads (sessionstore WithOffloadThreshold,
+the offload and its pointer records, replay's blob verification).
+
+A payload longer than the ledger's offload threshold (bytes) is written as a
+*blob* before its record: the blob holds the record's envelope (the
+idempotency id and kind, then the payload), is named by its sha256
+(content-addressed: ``<prefix><sha256 hex>``, the prefix the session's, see
+:func:`blob_prefix`), and the ledger holds a *pointer record* in the
+record's place: kind ``blobptr``, the record's idempotency id, and a JSON
+payload naming the blob's key, sha256 and size. Both halves carry the same
+idempotency id. A blob written whose pointer append then fails is an orphan,
+never seen by replay, reclaimed by ledger GC (``gc.py``).
+
+Blobs live in a :class:`BlobStore`: :class:`DatabaseBlobs` (the store's own
+table ``ledger_blobs``, the default) or :class:`FsspecBlobs` (a directory or
+object store through ``fsspec``, the optional dependency ``turnkeeper[blobs]``).
+
+Replay resolves a pointer (:func:`resolve`) and fails closed, typed, with the
+pointer's sequence and the blob's key: ``DurableBodyTooLargeError`` (declared
+size over the ceiling, the blob never fetched), ``BlobUnavailableError``
+(absent or unreadable), ``BlobIntegrityError`` (bytes that do not hash to the
+pointer's sha256), ``BlobPointerIDMismatchError`` (the blob's id is not the
+pointer's), ``ReplayDecodeError`` (an undecodable pointer or envelope).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import posixpath
+import re
+import uuid
+from typing import Any, Protocol
+
+from turnkeeper.spec import errors
+from turnkeeper.spec.ledger import BLOB_POINTER_KIND, LedgerEntry
+
+from ...backend import STORE_NOW, Backend
+from .journal import sha256
+
+DEFAULT_OFFLOAD_THRESHOLD = 256 * 1024
+"""Payloads longer than this many bytes are offloaded (sessionstore OffloadThreshold)."""
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+"""The replay ceiling: the largest blob (bytes, envelope included) a write
+offloads and a replay fetches (sessionstore maxRuntimeBodyBytes)."""
+
+_MAGIC = b"turnkeeper-blob/1\n"
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+
+
+class BlobStore(Protocol):
+    """Where offloaded blobs live, by key (text). ``put`` is idempotent (a key
+    names its content); ``get`` raises ``BlobNotFoundError`` for an absent
+    key; ``list`` returns the keys under a prefix, sorted; ``delete`` of an
+    absent key does nothing. Other failures raise the store's own errors."""
+
+    def put(self, key: str, data: bytes) -> None: ...
+    def get(self, key: str) -> bytes: ...
+    def delete(self, key: str) -> None: ...
+    def list(self, prefix: str) -> list[str]: ...
+
+
+def blob_prefix(tenant: str, session_id: str) -> str:
+    """The key prefix of ``session_id``'s blobs for ``tenant``:
+    ``sessions/<id>/``, under ``tenants/<tenant>/`` for a tenant other than ``""``."""
+    head = f"tenants/{tenant}/" if tenant else ""
+    return f"{head}sessions/{session_id}/"
+
+
+def key_session(key: str) -> str:
+    """The session id in a blob key made by :func:`blob_prefix` (the segment
+    between ``sessions/`` and the digest).
+
+    Raises:
+        InvalidInputError: not a ledger blob key.
+    """
+    head, _, digest = key.rpartition("/")
+    marker = head.find("sessions/")
+    if marker < 0 or not _DIGEST.match(digest):
+        raise errors.InvalidInputError("key", f"{key!r} is not a ledger blob key")
+    return head[marker + len("sessions/") :]
+
+
+def is_blob_name(name: str) -> bool:
+    """Whether ``name`` (a key less its session prefix) has the offload shape:
+    a lowercase sha256 hex digest."""
+    return bool(_DIGEST.match(name))
+
+
+def envelope(entry: LedgerEntry) -> bytes:
+    """The blob of ``entry``: a magic line, a JSON line with its idempotency id
+    and kind, then its payload exactly."""
+    head = json.dumps({"id": entry.idempotency_id, "kind": entry.kind}, sort_keys=True)
+    return _MAGIC + head.encode() + b"\n" + entry.payload
+
+
+def offload(
+    blobs: BlobStore, tenant: str, session_id: str, entry: LedgerEntry, max_bytes: int
+) -> LedgerEntry:
+    """Write ``entry``'s blob to ``blobs`` and return its pointer entry (kind
+    ``blobptr``, the same idempotency id). The pointer is a function of the
+    entry, so a redelivery makes the same pointer (and finds the original).
+
+    Raises:
+        DurableBodyTooLargeError: the blob would exceed ``max_bytes`` (``seq``
+            0); nothing is written.
+        Exception: the blob store's failure; the pointer is not appended.
+    """
+    blob = envelope(entry)
+    digest = sha256(blob)
+    key = blob_prefix(tenant, session_id) + digest
+    if len(blob) > max_bytes:
+        raise errors.DurableBodyTooLargeError(0, key, len(blob), max_bytes)
+    blobs.put(key, blob)
+    pointer = json.dumps({"key": key, "sha256": digest, "size": len(blob)}, sort_keys=True)
+    return LedgerEntry(BLOB_POINTER_KIND, pointer.encode(), entry.idempotency_id)
+
+
+def parse_pointer(session_id: str, seq: int, payload: bytes) -> tuple[str, str, int]:
+    """A pointer record's ``(key, sha256, size)``.
+
+    Raises:
+        ReplayDecodeError: the payload is not a pointer.
+    """
+    try:
+        body: Any = json.loads(payload.decode())
+        key, digest, size = body["key"], body["sha256"], body["size"]
+        if not (isinstance(key, str) and isinstance(digest, str) and isinstance(size, int)):
+            raise ValueError("key, sha256 or size of the wrong type")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as failure:
+        raise errors.ReplayDecodeError(
+            session_id, seq, detail="its blob pointer does not decode"
+        ) from failure
+    return key, digest, size
+
+
+def blob_hash_ok(want: str, got: str) -> bool:
+    """Replay's hash fence: the fetched blob hashes to the pointer's sha256."""
+    return hmac.compare_digest(want, got)
+
+
+def resolve(
+    blobs: BlobStore, session_id: str, seq: int, outer_id: str, payload: bytes, max_bytes: int
+) -> tuple[str, bytes]:
+    """The ``(kind, payload)`` of the offloaded record whose pointer, at ``seq``
+    under idempotency id ``outer_id``, is ``payload``; verified (see the
+    module docstring for the errors, each carrying ``seq`` and the key)."""
+    key, want, size = parse_pointer(session_id, seq, payload)
+    if size > max_bytes:
+        raise errors.DurableBodyTooLargeError(seq, key, size, max_bytes)
+    try:
+        blob = blobs.get(key)
+    except Exception as failure:  # any store failure: fail closed, typed
+        raise errors.BlobUnavailableError(seq, key) from failure
+    got = sha256(blob)
+    if not blob_hash_ok(want, got):
+        raise errors.BlobIntegrityError(seq, key, want, got)
+    try:
+        if not blob.startswith(_MAGIC):
+            raise ValueError("no blob envelope")
+        head, _, body = blob[len(_MAGIC) :].partition(b"\n")
+        inner: Any = json.loads(head.decode())
+        inner_id, kind = inner["id"], inner["kind"]
+        if not isinstance(inner_id, str) or not isinstance(kind, str):
+            raise ValueError("id or kind of the wrong type")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as failure:
+        raise errors.ReplayDecodeError(
+            session_id, seq, detail=f"blob {key!r} does not decode"
+        ) from failure
+    if inner_id != outer_id:
+        raise errors.BlobPointerIDMismatchError(seq, key, outer_id, inner_id)
+    return kind, body
+
+
+def _like(prefix: str) -> str:
+    """``prefix`` as a LIKE pattern (escape ``\\``) matching the keys under it."""
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+class DatabaseBlobs:
+    """The default blob store: the store's own table ``ledger_blobs`` (each
+    call one transaction of its own). Keys are ledger blob keys
+    (:func:`blob_prefix`): the session id is kept with the blob, so a session
+    delete removes its blobs."""
+
+    def __init__(self, db: Backend) -> None:
+        self.db = db
+
+    def put(self, key: str, data: bytes) -> None:
+        """Store ``data`` under ``key``; a key already stored is left as it is.
+
+        Raises:
+            InvalidInputError: not a ledger blob key.
+            DatabaseError: the write failed.
+        """
+        session_id = key_session(key)
+        self.db.write(
+            "ledger_blob_put",
+            lambda tx: tx.exec(
+                "INSERT INTO ledger_blobs (key, session_id, data, size, written_at) "
+                f"VALUES (?, ?, ?, ?, {STORE_NOW}) ON CONFLICT (key) DO NOTHING",
+                [key, session_id, data, len(data), tx.now],
+            ),
+        )
+
+    def get(self, key: str) -> bytes:
+        """The bytes under ``key``.
+
+        Raises:
+            BlobNotFoundError: none. DatabaseError: the read failed.
+        """
+        row = self.db.read(
+            "ledger_blob_get",
+            lambda tx: tx.one("SELECT data FROM ledger_blobs WHERE key = ?", [key]),
+        )
+        if row is None:
+            raise errors.BlobNotFoundError(key)
+        return bytes(row[0])
+
+    def delete(self, key: str) -> None:
+        """Remove the blob under ``key`` (none: nothing). Raises: DatabaseError."""
+        self.db.write(
+            "ledger_blob_delete",
+            lambda tx: tx.exec("DELETE FROM ledger_blobs WHERE key = ?", [key]),
+        )
+
+    def list(self, prefix: str) -> list[str]:
+        """The keys under ``prefix``, sorted. Raises: DatabaseError."""
+        rows = self.db.read(
+            "ledger_blob_list",
+            lambda tx: tx.rows(
+                "SELECT key FROM ledger_blobs WHERE key LIKE ? ESCAPE '\\' ORDER BY key",
+                [_like(prefix)],
+            ),
+        )
+        return sorted(str(r[0]) for r in rows)
+
+
+class FsspecBlobs:
+    """A blob store in a directory or object store through ``fsspec``
+    (``turnkeeper[blobs]``): blob ``key`` is the file ``<root>/<key>``.
+    ``fs`` (an ``fsspec.AbstractFileSystem``) defaults to the local
+    filesystem. A put writes a temporary file next to the blob and moves it
+    into place, so a reader never sees half a blob under its key."""
+
+    def __init__(self, root: str, fs: Any = None) -> None:
+        if fs is None:
+            import fsspec  # type: ignore[import-untyped]
+
+            fs = fsspec.filesystem("file")
+        self.fs = fs
+        self.root = str(fs._strip_protocol(root)).rstrip("/")
+
+    def _path(self, key: str) -> str:
+        if key.startswith("/") or ".." in key.split("/"):
+            raise errors.InvalidInputError("key", f"{key!r} leaves the blob root")
+        return posixpath.join(self.root, key)
+
+    def put(self, key: str, data: bytes) -> None:
+        """Store ``data`` under ``key`` (a temporary file moved into place).
+
+        Raises: InvalidInputError (a key leaving the root); the filesystem's errors."""
+        path = self._path(key)
+        self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        temp = f"{path}.tmp-{uuid.uuid4().hex}"
+        self.fs.pipe_file(temp, data)
+        self.fs.mv(temp, path)
+
+    def get(self, key: str) -> bytes:
+        """The bytes under ``key``.
+
+        Raises: BlobNotFoundError (no such file); the filesystem's other errors."""
+        try:
+            return bytes(self.fs.cat_file(self._path(key)))
+        except FileNotFoundError as missing:
+            raise errors.BlobNotFoundError(key) from missing
+
+    def delete(self, key: str) -> None:
+        """Remove the blob under ``key`` (none: nothing). Raises: the filesystem's errors."""
+        path = self._path(key)
+        if self.fs.exists(path):
+            self.fs.rm_file(path)
+
+    def list(self, prefix: str) -> list[str]:
+        """The keys under ``prefix`` (a folder path ending in ``/``), sorted.
+
+        Raises: the filesystem's errors."""
+        folder = self._path(prefix.rstrip("/"))
+        if not self.fs.exists(folder):
+            return []
+        start = len(self.root) + 1
+        return sorted(str(p)[start:] for p in self.fs.find(folder))

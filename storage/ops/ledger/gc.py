@@ -1,0 +1,120 @@
+"""Ledger blob GC (sessionstore ObjectGC, OpenObjectGC, GCResult).
+
+A pass over one session's blob prefix, run only as the session's single
+writer:
+
+1. the lease fence (:func:`writer_fence`, in a transaction: the lease
+   machinery's ``leases.fence``, then the ledger's newest fence is the
+   lease's epoch, with the tip locked); refused: ``GCLeaseNotHeldError``;
+2. the scan: every pointer record of the ledger, each verified against its
+   sha256 and decoded, gives the referenced keys; a failed read or an
+   undecodable pointer is ``GCScanError``;
+3. the listing of the prefix; a failure is ``GCListError``;
+4. the lease fence again, then each listed blob of the offload shape that no
+   pointer references is deleted; a failure is ``GCDeleteError``.
+
+Each failure deletes nothing past it (steps 1 to 3 fail before any delete).
+GC must not run concurrently with appends of the same session (a blob whose
+pointer append is in flight looks unreferenced): the caller serializes it
+with its writer, as the seed says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from turnkeeper.spec import errors
+from turnkeeper.spec.ledger import BLOB_POINTER_KIND, GCResult
+from turnkeeper.spec.records import Lease
+
+from ...backend import Backend, Tx
+from .. import leases
+from . import journal
+from .blobs import BlobStore, blob_prefix, is_blob_name, parse_pointer
+from .replay import ledger_name
+
+
+def writer_fence(tx: Tx, tenant: str, session_id: str, lease: Lease) -> None:
+    """GC's lease check: ``lease`` is held (``leases.fence``) and is the
+    epoch of the ledger's newest fence (``journal.check_epoch``).
+
+    Raises:
+        LeaseLostError: either fence refused it.
+    """
+    leases.fence(tx, lease)
+    _, ledger_epoch = journal.read_tip(tx, tenant, session_id, lock=True)
+    journal.check_epoch(session_id, lease, ledger_epoch)
+
+
+def referenced_keys(db: Backend, tenant: str, session_id: str) -> set[str]:
+    """The blob keys named by the ledger's pointer records.
+
+    Raises:
+        GCScanError: the read failed, or a pointer fails its sha256 or does not
+            decode (the cause is ``__cause__``).
+    """
+    name = ledger_name(session_id)
+    try:
+        rows = db.read(
+            "ledger_gc_scan",
+            lambda tx: tx.rows(
+                "SELECT seq, payload, payload_sha256 FROM ledger_records "
+                "WHERE tenant = ? AND session_id = ? AND kind = ? ORDER BY seq",
+                [tenant, session_id, BLOB_POINTER_KIND],
+            ),
+        )
+    except errors.DatabaseError as failure:
+        raise errors.GCScanError(name) from failure
+    keys: set[str] = set()
+    for seq, payload, digest in rows:
+        body = bytes(payload)
+        try:
+            if journal.sha256(body) != str(digest):
+                raise errors.ReplayDecodeError(
+                    session_id, int(seq), detail="its payload does not hash to its stored sha256"
+                )
+            keys.add(parse_pointer(session_id, int(seq), body)[0])
+        except errors.ReplayDecodeError as failure:
+            raise errors.GCScanError(name, detail=f"pointer at seq {seq}") from failure
+    return keys
+
+
+def collect(
+    db: Backend,
+    blobs: BlobStore,
+    tenant: str,
+    session_id: str,
+    lease: Lease,
+    fenced: Callable[[Callable[[Tx], None]], None],
+) -> GCResult:
+    """One GC pass (see the module docstring). ``fenced(body)`` runs ``body``
+    as a fenced write (a refusal recorded in ``fence_events``)."""
+
+    def fence() -> None:
+        try:
+            fenced(lambda tx: writer_fence(tx, tenant, session_id, lease))
+        except errors.LeaseLostError as lost:
+            raise errors.GCLeaseNotHeldError(session_id, lease.epoch) from lost
+
+    fence()
+    live = referenced_keys(db, tenant, session_id)
+    prefix = blob_prefix(tenant, session_id)
+    try:
+        listed = blobs.list(prefix)
+    except Exception as failure:  # any store failure: fail closed, typed
+        raise errors.GCListError(prefix) from failure
+    shaped = [k for k in listed if k.startswith(prefix) and is_blob_name(k[len(prefix) :])]
+    orphans = sorted(k for k in shaped if k not in live)
+    fence()
+    for key in orphans:
+        try:
+            blobs.delete(key)
+        except Exception as failure:  # any store failure: surfaced, typed
+            raise errors.GCDeleteError(key) from failure
+    return GCResult(
+        scanned=len(shaped),
+        referenced=len(shaped) - len(orphans),
+        deleted=len(orphans),
+        deleted_keys=tuple(orphans),
+        unreclaimable=len(listed) - len(shaped),
+    )
