@@ -196,6 +196,24 @@ def test_the_listing_reads_the_catalog_alone_and_each_tenant_sees_its_own(store,
     assert store.ledger.with_tenant("other").catalog.list_sessions() == []
 
 
+def test_an_offloaded_record_is_folded_as_the_record_it_stands_for(store):
+    """The catalog folds the logical record of an offloaded append, not its
+    ``blobptr`` pointer: online, and again by ``repair`` through the replay."""
+    ledger = store.ledger.with_blobs(offload_threshold=200)
+    store.sessions.create("s")
+    w = ledger.open("s", store.leases.acquire("session:s", "w", TTL))
+    _start(w)
+    w.append("turn_started", _j(turn_id="t", user_text="big title\n" + "x" * 500), "t")
+    kinds = [
+        r["kind"] for r in store.query("SELECT kind FROM ledger_records ORDER BY seq").to_pylist()
+    ]
+    assert kinds == ["fence", "session_started", "blobptr"], kinds
+    [meta] = ledger.catalog.list_sessions()
+    assert (meta.title, meta.active_turn_id, meta.last_journal_seq) == ("big title", "t", 3)
+    repaired = ledger.catalog.repair("s")
+    assert (repaired.title, repaired.active_turn_id) == ("big title", "t")
+
+
 # -- best effort, and the compare-and-set ---------------------------------------------
 
 
