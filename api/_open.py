@@ -41,6 +41,7 @@ def open_store(
     replay_cache_bytes: int = REPLAY_CACHE_BYTES,
     pooler: str | None = None,
     listen_url: str | None = None,
+    tenant: str = "",
 ) -> BaseStore:
     """Open (creating if needed) the store at ``path``: a DuckDB file (the
     embedded default; ``":memory:"`` for a private one), or a PostgreSQL
@@ -56,6 +57,11 @@ def open_store(
     replay decodes the cached messages without reading an entry, and one
     that grew along its branch reads only the new entries.
 
+    ``tenant`` is the tenant this store files ledger records under and the
+    only one its ledger reads (``store.ledger``, the sessionstore seed's
+    WithTenant; ``""`` by default; ``store.ledger.with_tenant`` serves
+    another one through the same store).
+
     PostgreSQL behind a connection pooler (PgBouncer …): ``pooler`` is
     ``"transaction"`` (the pooler lends a server connection per transaction:
     the store prepares no statements and keeps no session state),
@@ -69,7 +75,8 @@ def open_store(
         StoreLockedError: (DuckDB) another process has the file open.
         StoreNotFoundError: (DuckDB) ``read_only`` and no file exists at ``path``.
         InvalidInputError: ``path`` is not a usable path (a directory, a new
-            file in a folder that does not exist, or a URL of another scheme).
+            file in a folder that does not exist, or a URL of another scheme),
+            or ``tenant`` is not storable text.
         ForeignDatabaseError: not a turnkeeper database (not a DuckDB file, or
             another application's tables).
         SchemaVersionError: the store was written by a newer turnkeeper, or
@@ -96,6 +103,7 @@ def open_store(
             replay_cache_bytes=replay_cache_bytes,
             pooler=pooler,
             listen_url=listen_url,
+            tenant=tenant,
         )
     for name, value in (("pooler", pooler), ("listen_url", listen_url)):
         if value is not None:
@@ -108,7 +116,11 @@ def open_store(
             "or a postgresql:// URL",
         )
     return DuckDBStore(
-        path, clock=clock, read_only=read_only, replay_cache_bytes=replay_cache_bytes
+        path,
+        clock=clock,
+        read_only=read_only,
+        replay_cache_bytes=replay_cache_bytes,
+        tenant=tenant,
     )
 
 

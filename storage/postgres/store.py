@@ -60,8 +60,10 @@ class PostgresStore(BaseStore):
         replay_cache_bytes: int = REPLAY_CACHE_BYTES,
         pooler: str | None = None,
         listen_url: str | None = None,
+        tenant: str = "",
     ) -> None:
         check_text(url, "url", allow_empty=False)
+        check_text(tenant, "tenant")
         check_bool(read_only, "read_only")
         check_int(pool_size, "pool_size", 1)
         cache = check_int(replay_cache_bytes, "replay_cache_bytes", 0)
@@ -75,6 +77,7 @@ class PostgresStore(BaseStore):
                 listen_url=listen_url,
             ),
             replay_cache_bytes=cache,
+            tenant=tenant,
         )
 
     @property
