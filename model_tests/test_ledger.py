@@ -26,6 +26,7 @@ from turnkeeper import (
     CommandApplication,
     CommandApplicationNotFoundError,
     EmptySessionError,
+    EnvelopeError,
     InterfaceError,
     InvalidInputError,
     LeaseLostError,
@@ -513,6 +514,10 @@ def test_the_command_log_appends_reads_back_and_fails_closed(store):
         with pytest.raises(CommandApplicationNotFoundError) as err:
             log.read_command_application_at(seq)
         assert (err.value.session_id, err.value.seq) == ("s", seq)
+    with pytest.raises(CommandApplicationNotFoundError) as err:
+        log.read_command_application_at(3)  # the body that is not JSON: an EnvelopeError
+    assert isinstance(err.value.__cause__, EnvelopeError)
+    assert isinstance(err.value.__cause__.__cause__, ValueError)
     forge(store, "UPDATE ledger_records SET payload = ? WHERE seq = 2", [b'{"x"}'], rows=1)
     with pytest.raises(CommandApplicationNotFoundError) as err:
         log.read_command_application_at(2)

@@ -27,14 +27,17 @@ from turnkeeper import (
     BlobPointerIDMismatchError,
     BlobUnavailableError,
     DurableBodyTooLargeError,
+    EnvelopeError,
     FsspecBlobs,
     GCDeleteError,
     GCLeaseNotHeldError,
     GCListError,
     GCScanError,
+    InvalidBackendError,
     LeaseLostError,
     LedgerEntry,
     NilLeaseError,
+    PersistencePathError,
     ReplayDecodeError,
 )
 from turnkeeper.storage.ops.ledger import blobs as blob_ops
@@ -263,6 +266,62 @@ def test_an_undecodable_blob_is_a_replay_decode_error(store, where, tmp_path):
     with pytest.raises(ReplayDecodeError) as err:
         list(ledger.replay("s"))
     assert err.value.seq == 2
+    assert isinstance(err.value.__cause__, EnvelopeError) and "envelope" in str(err.value.__cause__)
+
+
+def test_an_undecodable_pointer_is_a_replay_decode_error_caused_by_an_envelope_error(
+    store, where, tmp_path
+):
+    ledger = _ledger(store, where, tmp_path)
+    _open(store, ledger).append("turn", BIG, "t1")
+    for junk in (b'{"key', b'{"key": 1, "sha256": "x", "size": 3}', b"\xff"):
+        forge(
+            store,
+            "UPDATE ledger_records SET payload = ?, payload_sha256 = ? WHERE seq = 2",
+            [junk, hashlib.sha256(junk).hexdigest()],
+            rows=1,
+        )
+        with pytest.raises(ReplayDecodeError) as err:
+            list(ledger.replay("s"))
+        assert err.value.seq == 2
+        cause = err.value.__cause__
+        assert isinstance(cause, EnvelopeError) and "pointer" in cause.reason
+        assert isinstance(cause.__cause__, ValueError | KeyError | TypeError), cause.__cause__
+
+
+@pytest.mark.parametrize("missing", ["put", "get", "delete", "list"])
+def test_a_blob_store_lacking_a_method_is_an_invalid_backend(store, missing):
+    class Partial:
+        def put(self, key: str, data: bytes) -> None: ...
+        def get(self, key: str) -> bytes: ...
+        def delete(self, key: str) -> None: ...
+        def list(self, prefix: str) -> list[str]: ...
+
+    setattr(Partial, missing, None)  # present, not callable
+    with pytest.raises(InvalidBackendError) as err:
+        store.ledger.with_blobs(Partial())
+    assert err.value.missing == missing
+    with pytest.raises(InvalidBackendError) as err:
+        store.ledger.with_blobs(object())  # type: ignore[arg-type]
+    assert err.value.missing == "put"
+
+
+def test_a_blob_root_that_cannot_be_made_canonical_is_a_persistence_path_error(tmp_path):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    afile = tmp_path / "afile"
+    afile.write_bytes(b"x")
+    for bad in (loop, loop / "blobs", afile, afile / "blobs"):
+        with pytest.raises(PersistencePathError) as err:
+            FsspecBlobs(str(bad))
+        assert err.value.path == str(bad)
+    with pytest.raises(PersistencePathError):
+        FsspecBlobs(str(tmp_path / "a\x00b"))
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    assert FsspecBlobs(str(tmp_path / "link")).root == str(real)  # links resolved once
+    assert FsspecBlobs(str(tmp_path / "new" / "blobs")).root == str(tmp_path / "new" / "blobs")
 
 
 # -- GC -----------------------------------------------------------------------------

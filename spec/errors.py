@@ -1130,6 +1130,40 @@ class DurableBodyTooLargeError(TurnkeeperError):
     max_bytes: int
 
 
+class EnvelopeError(TurnkeeperError):
+    """A ledger frame could not be decoded (sessionstore EnvelopeError): a
+    blob pointer's body, a blob's envelope, or a command application's body
+    that is not the JSON of its shape. ``reason`` says which and what was
+    wrong; the decoder's own error, when there is one, is ``__cause__``.
+    Replay and the command log raise it as the ``__cause__`` of their own
+    error (``ReplayDecodeError``, ``CommandApplicationNotFoundError``)."""
+
+    fields = ("reason",)
+    reason: str
+
+
+class InvalidBackendError(TurnkeeperError):
+    """A blob store handed to the ledger lacks a capability it needs
+    (sessionstore InvalidBackendError): ``missing`` names the first absent
+    or non-callable method of ``put``, ``get``, ``delete`` and ``list``, or
+    ``"blobs"`` for no object at all. Refused when the ledger is configured,
+    before any write."""
+
+    fields = ("missing",)
+    missing: str
+
+
+class PersistencePathError(TurnkeeperError):
+    """A local blob directory whose path cannot be made canonical without
+    ambiguity (sessionstore PersistencePathError): it resolves through a
+    symbolic-link loop, or names something that is not a directory. ``path``
+    is the path given; the operating system's error, when there is one, is
+    ``__cause__``."""
+
+    fields = ("path",)
+    path: str
+
+
 class GCLeaseNotHeldError(TurnkeeperError):
     """Blob GC was refused: the session's writer lease is not held (sessionstore
     GCLeaseNotHeldError).
@@ -1341,6 +1375,7 @@ __all__ = [
     "DiskFullError",
     "DurableBodyTooLargeError",
     "EmptySessionError",
+    "EnvelopeError",
     "EntryCycleError",
     "EntryExistsError",
     "EntryIdReservedError",
@@ -1367,6 +1402,7 @@ __all__ = [
     "IntegrityError",
     "InterfaceError",
     "InternalError",
+    "InvalidBackendError",
     "InvalidInputError",
     "InvalidTransitionError",
     "LeaseLostError",
@@ -1376,6 +1412,7 @@ __all__ = [
     "NotSupportedError",
     "OpeningFenceConflictError",
     "OperationalError",
+    "PersistencePathError",
     "PoolerError",
     "ProgrammingError",
     "ProjectExistsError",

@@ -123,7 +123,11 @@ class Ledger(Area):
 
         Raises:
             InvalidInputError: a threshold < 0 or a ceiling < 1.
+            InvalidBackendError: ``blobs`` lacks a callable ``put``, ``get``,
+                ``delete`` or ``list`` (``missing`` names the first).
         """
+        if blobs is not None:
+            blob_ops.check_blob_store(blobs)
         return Ledger(
             self._shared,
             self.tenant,
