@@ -79,6 +79,10 @@ ASYNCHRONOUS = ("synchronous_standby_names=''",)
 """The primary acknowledges a commit once it flushed it itself (the standby may lag)."""
 
 
+PORT_TRIES = 5
+"""Ports tried for a server (another program may take a free port before it binds)."""
+
+
 def free_port() -> int:
     """A TCP port of 127.0.0.1 nothing listens on now."""
     with socket.socket() as s:
@@ -118,9 +122,7 @@ class Pair:
         )
 
     def start_standby(self) -> None:
-        options = [*with_postgres.COMMON, *with_postgres.FAST]
-        options.append(f"unix_socket_directories='{self.standby}'")
-        with_postgres.launch(self.bin, self.standby, [*options, *tcp(self.standby_port)])
+        self.standby_port = listen(self.bin, self.standby, (), port=self.standby_port)
 
     def promote(self) -> None:
         """Promote the standby and wait until it accepts writes."""
@@ -134,6 +136,28 @@ def tcp(port: int) -> tuple[str, ...]:
     return ("listen_addresses='127.0.0.1'", f"port={port}", "synchronous_commit=on")
 
 
+def listen(bin_: Path, folder: Path, extra: tuple[str, ...], *, port: int = 0) -> int:
+    """Start the cluster of ``folder`` (``with_postgres``'s test settings, then
+    :func:`tcp`'s and ``extra``) on ``port``, or on a free one; its port.
+    A port taken meanwhile ("could not bind") is replaced by another free one."""
+    log = folder / "server.log"
+    for attempt in range(PORT_TRIES):
+        port = port or free_port()
+        options = [*with_postgres.settings_for(folder, durable=False), *tcp(port), *extra]
+        seen = log.stat().st_size if log.exists() else 0
+        try:
+            with_postgres.launch(bin_, folder, options)
+            return port
+        except subprocess.CalledProcessError:
+            with log.open(errors="replace") as text:
+                text.seek(seen)
+                taken = "could not bind" in text.read()
+            if attempt == PORT_TRIES - 1 or not taken:
+                raise
+            port = 0
+    raise AssertionError("unreachable")
+
+
 @contextmanager
 def pair(replication: tuple[str, ...]) -> Iterator[Pair]:
     """A primary (``replication``: its settings) and a standby streaming from it,
@@ -144,13 +168,14 @@ def pair(replication: tuple[str, ...]) -> Iterator[Pair]:
     assert bin_ is not None, "PostgreSQL's initdb and pg_ctl are not installed"
     root = Path(tempfile.mkdtemp(prefix="turnkeeper-failover-"))
     with_postgres.give_to_server(root)
-    p = Pair(bin_, root, root / "primary", root / "standby", free_port(), free_port())
+    p = Pair(bin_, root, root / "primary", root / "standby", 0, 0)
     try:
         p.primary.mkdir()
         p.standby.mkdir()
         with_postgres.give_to_server(p.standby)
-        settings, port = (*tcp(p.primary_port), *replication), str(p.primary_port)
-        with_postgres.start(bin_, p.primary, durable=False, settings=settings)
+        with_postgres.create(bin_, p.primary)
+        p.primary_port = listen(bin_, p.primary, replication)
+        port = str(p.primary_port)
         subprocess.run(
             [str(bin_ / "pg_basebackup"), "-D", str(p.standby / "data"), *BASEBACKUP, "-p", port],
             check=True,
@@ -373,3 +398,28 @@ def test_a_worker_process_ends_on_an_untyped_error(monkeypatch):
     line = log.getvalue()
     assert line == f"OperationalError {turnkeeper.OperationalError('x')}\n"
     assert len(calls) == 2
+
+
+@pytest.mark.postgres
+@pytest.mark.own_servers
+def test_a_server_whose_port_was_taken_starts_on_another():
+    """``listen``'s retry: a port something else took before the server bound it
+    ("could not bind") is replaced by a free one (other programs on this machine
+    take ports too); a failure for another reason is not retried."""
+    bin_ = with_postgres.bindir()
+    assert bin_ is not None
+    folder = Path(tempfile.mkdtemp(prefix="turnkeeper-port-"))
+    try:
+        with_postgres.create(bin_, folder)
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            started = listen(bin_, folder, (), port=port)
+            assert started != port
+            assert rows(f"postgresql://postgres@127.0.0.1:{started}/postgres", "SELECT 1") == [(1,)]
+            with_postgres.halt(bin_, folder)
+            with pytest.raises(subprocess.CalledProcessError):
+                listen(bin_, folder, ("no_such_setting=1",))
+    finally:
+        with_postgres.stop(bin_, folder)

@@ -192,23 +192,29 @@ def launch(bin_: Path, folder: Path, options: list[str]) -> None:
     )
 
 
-def start(bin_: Path, folder: Path, *, durable: bool, settings: tuple[str, ...] = ()) -> str:
-    """initdb + pg_ctl start in ``folder``; the server's URL (its socket in
-    ``folder``). ``settings`` are ``-c`` settings after this file's own (they
-    override them; a ``port=`` one is not in the URL)."""
-    as_user = server_user()
+def create(bin_: Path, folder: Path) -> None:
+    """initdb a cluster in ``folder``/data (superuser ``postgres``, trust), ``folder``
+    given to the server user first."""
     give_to_server(folder)
-    data = folder / "data"
-    initdb = ["-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C"]
+    initdb = ["-D", str(folder / "data"), "-U", "postgres", "--auth=trust", "-E", "UTF8"]
     subprocess.run(
-        [str(bin_ / "initdb"), *initdb, "--no-sync"],
+        [str(bin_ / "initdb"), *initdb, "--locale=C", "--no-sync"],
         check=True,
         stdout=subprocess.DEVNULL,
         cwd=folder,
-        **as_user,
+        **server_user(),
     )
-    options = [*COMMON, *([] if durable else FAST), f"unix_socket_directories='{folder}'"]
-    launch(bin_, folder, [*options, *settings])
+
+
+def settings_for(folder: Path, *, durable: bool) -> list[str]:
+    """The ``-c`` settings of a test server whose socket is in ``folder``."""
+    return [*COMMON, *([] if durable else FAST), f"unix_socket_directories='{folder}'"]
+
+
+def start(bin_: Path, folder: Path, *, durable: bool) -> str:
+    """initdb + pg_ctl start in ``folder``; the server's URL (its socket in ``folder``)."""
+    create(bin_, folder)
+    launch(bin_, folder, settings_for(folder, durable=durable))
     return f"postgresql://postgres@/postgres?host={folder}"
 
 
