@@ -294,6 +294,7 @@ def test_failover_under_a_writing_fleet_loses_no_acknowledged_write(tmp_path):
             before = acked(acks)
             since = [by_worker(before, i) for i in range(WORKERS)]
             p.promote()
+            promoted = time.monotonic()
             until(
                 lambda: (
                     all(by_worker(acked(acks), i) >= since[i] + ACKS_AFTER for i in range(WORKERS))
@@ -302,6 +303,7 @@ def test_failover_under_a_writing_fleet_loses_no_acknowledged_write(tmp_path):
                 "every worker acknowledging writes after the failover",
             )
             assert [w.poll() for w in procs] == [None] * len(procs), "a process ended"
+            resumed_s = time.monotonic() - promoted  # reported, not judged
             for w in workers:
                 w.send_signal(signal.SIGTERM)
             for w in workers:  # each finishes its turn and exits
@@ -329,6 +331,7 @@ def test_failover_under_a_writing_fleet_loses_no_acknowledged_write(tmp_path):
         seen = errors.read_text().splitlines() if errors.exists() else []
         kinds = error_kinds(seen)
         print(f"\nacknowledged writes: {len(lines)} ({len(before)} before the failover)")
+        print(f"every worker writing again {resumed_s:.1f} s after the promotion")
         print(f"errors the fleet saw: {len(seen)}: {dict(kinds)}")
         for line in seen:
             print(f"  {line}")
