@@ -274,6 +274,11 @@ def by_worker(lines: list[str], index: int) -> int:
 @pytest.mark.own_servers
 @pytest.mark.slow
 def test_failover_under_a_writing_fleet_loses_no_acknowledged_write(tmp_path):
+    """(a), (b) and (c) of the module's docstring through one hard failover:
+    the primary stopped with ``-m immediate`` once every worker acknowledged
+    :data:`ACKS_BEFORE` writes, the standby promoted, and the same processes
+    waited for until each acknowledged :data:`ACKS_AFTER` more (or one ended:
+    an untyped error, a failure)."""
     acks, errors = tmp_path / "acks.log", tmp_path / "errors.log"
     workers: list[subprocess.Popen[bytes]] = []
     procs: list[subprocess.Popen[bytes]] = []
