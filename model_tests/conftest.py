@@ -216,7 +216,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     :func:`pi_dir`), and without a test server the PostgreSQL tests (one
     summary line says so for each); under ``CI=true`` the latter two are an
     error: CI must test both backends, on the real session files. Through
-    PgBouncer (:func:`through_pooler`) only the PostgreSQL tests run."""
+    PgBouncer (:func:`through_pooler`) only the PostgreSQL tests run, but for
+    those marked ``own_servers`` (they form servers of their own)."""
     if not SEARCHING and "search" not in (config.option.markexpr or ""):
         searches = [i for i in items if i.get_closest_marker("search") is not None]
         if searches:
@@ -234,9 +235,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=corpus)
         _CORPUS_LEFT_OUT.append(len(corpus))
     if through_pooler():  # the PostgreSQL part, through PgBouncer: DuckDB's ran already
-        duck = [i for i in items if not _on_postgres(i)]
-        items[:] = [i for i in items if _on_postgres(i)]
-        config.hook.pytest_deselected(items=duck)
+        # (and the tests forming servers of their own: the pooler changes nothing there)
+        def ran(i: pytest.Item) -> bool:
+            return not _on_postgres(i) or i.get_closest_marker("own_servers") is not None
+
+        done = [i for i in items if ran(i)]
+        items[:] = [i for i in items if not ran(i)]
+        config.hook.pytest_deselected(items=done)
         return
     if os.environ.get(PG_ENV):
         return
