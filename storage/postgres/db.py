@@ -78,7 +78,7 @@ from ..wakeups import Signals, Subscription, Topic
 from . import connect, faults, notify, text
 from .connect import redact
 from .faults import translate
-from .pool import Pool
+from .pool import POOL_TIMEOUT_S, RECONNECT_DELAY_S, RECONNECT_MAX_DELAY_S, Pool
 
 T = TypeVar("T")
 
@@ -291,7 +291,9 @@ class Database:
     ``options`` may set ``search_path`` to give the store its own schema.
     With ``read_only`` every transaction is ``READ ONLY`` and a write raises
     ``ReadOnlyError``. ``pool_size`` bounds the connections this store object
-    holds (threads beyond it wait up to ``pool_timeout_s`` seconds).
+    holds (threads beyond it wait up to ``pool_timeout_s`` seconds); a lost
+    connection is made again after ``reconnect_delay_s`` seconds, doubling
+    per failed attempt up to ``reconnect_max_delay_s`` (:mod:`.pool`).
     ``pooler`` and ``listen_url`` (also parameters of ``url``): the pooler
     mode and the direct URL for ``LISTEN`` (:mod:`.connect`). After the
     open, :attr:`pooler` is the mode in force: the one given, else
@@ -311,7 +313,9 @@ class Database:
         *,
         read_only: bool = False,
         pool_size: int = 8,
-        pool_timeout_s: float = 30.0,
+        pool_timeout_s: float = POOL_TIMEOUT_S,
+        reconnect_delay_s: float = RECONNECT_DELAY_S,
+        reconnect_max_delay_s: float = RECONNECT_MAX_DELAY_S,
         pooler: str | None = None,
         listen_url: str | None = None,
     ) -> None:
@@ -357,7 +361,14 @@ class Database:
         self._pinned = connect.pinned_path(found) if self.pooler == "transaction" else None
         self.channel = notify.channel(found.schema)
         self._prepared = self.pooler != "transaction"
-        self._pool = Pool(self.url, pool_size, _configure, prepared=self._prepared).pool
+        self._pool = Pool(
+            self.url,
+            pool_size,
+            _configure,
+            prepared=self._prepared,
+            reconnect_delay_s=reconnect_delay_s,
+            reconnect_max_delay_s=reconnect_max_delay_s,
+        ).pool
         try:
             self._pool.open(wait=True, timeout=pool_timeout_s)
         except PoolTimeout as exc:
