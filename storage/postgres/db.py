@@ -344,6 +344,7 @@ class Database:
                 connect_timeout=max(1, int(min(pool_timeout_s, 10))),
             ) as conn:
                 found = connect.probe(conn)
+                user = conn.info.user
         except psycopg.Error as exc:
             refused = connect.refused(exc, self.path)
             if refused is not None:
@@ -358,8 +359,11 @@ class Database:
             connect.check_schema(self.path, self.url, found)
         # behind a transaction pooler every transaction and autocommit statement
         # pins the search_path: a server connection may carry another client's SET
-        self._pinned = connect.pinned_path(found) if self.pooler == "transaction" else None
-        self.channel = notify.channel(found.schema)
+        self._pinned = connect.pinned_path(found, user) if self.pooler == "transaction" else None
+        # no schema of the search_path exists: the migration creates its first
+        self._missing = connect.missing_schema(found, user)
+        self._user = user
+        self.channel = notify.channel(found.schema or self._missing)
         self._prepared = self.pooler != "transaction"
         self._pool = Pool(
             self.url,
@@ -626,13 +630,49 @@ class Database:
     def lock_migrations(self, tx: AnyTx) -> None:
         """Take the migration advisory lock for this transaction: two processes
         opening a new store at once migrate one after the other (the second
-        then finds the schema current)."""
+        then finds the schema current). Then create the schema the
+        search_path names when none of its schemas existed at open
+        (:func:`.connect.missing_schema`), so that the store's tables have a
+        schema to go to.
+
+        Raises:
+            SchemaNotFoundError: that schema does not exist and the role may
+                not create it (``detail`` says what to run; nothing written).
+        """
         tx.exec("SELECT pg_advisory_xact_lock(?)", [MIGRATION_LOCK])
+        if self._missing is None:
+            return
+        name = psycopg.sql.Identifier(self._missing).as_string()
+        try:
+            tx.exec(f"CREATE SCHEMA IF NOT EXISTS {name}")
+        except pg_errors.InsufficientPrivilege as exc:
+            role = psycopg.sql.Identifier(self._user).as_string()
+            raise errors.SchemaNotFoundError(
+                self.path,
+                self._missing,
+                detail=(
+                    f"the search_path names it first, and role {self._user!r} may not "
+                    f"create it: run CREATE SCHEMA {name} AUTHORIZATION {role} as a role "
+                    "that may (the database's owner, a superuser), or GRANT CREATE ON "
+                    "DATABASE to the role"
+                ),
+            ) from exc
 
     def tables(self, tx: AnyTx) -> set[str]:
-        """The tables of the connection's current schema."""
+        """The tables of the connection's current schema (the one the store
+        creates its tables in) that no extension owns: ordinary, partitioned
+        and foreign tables. Not views (``pg_stat_statements`` is two), not
+        sequences or functions, not other schemas' tables, and not an
+        extension's own tables (``pg_depend`` deptype ``e``: PostGIS's
+        ``spatial_ref_sys``): a database other software shares holds these
+        without being another application's."""
         rows = tx.rows(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+            "SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+            "ON n.oid = c.relnamespace WHERE n.nspname = pg_catalog.current_schema() "
+            "AND c.relkind IN ('r', 'p', 'f') AND NOT EXISTS ("
+            "SELECT 1 FROM pg_catalog.pg_depend d "
+            "WHERE d.classid = 'pg_catalog.pg_class'::regclass "
+            "AND d.objid = c.oid AND d.deptype = 'e')"
         )
         return {r[0] for r in rows}
 
