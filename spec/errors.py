@@ -164,6 +164,21 @@ class ProgrammingError(DatabaseError):
     """The backend rejected a statement (schema or SQL fault)."""
 
 
+class SchemaNotFoundError(ProgrammingError):
+    """The schema the store is to use does not exist, and its role may not create it.
+
+    ``schema`` is the first schema of the connection's ``search_path`` (the
+    URL's ``options``, or the role's or database's default); the store
+    creates it at open where its role may (``CREATE`` on the database), and
+    otherwise ``detail`` names the ``CREATE SCHEMA`` to run as a role that
+    may. Nothing was written.
+    """
+
+    fields = ("path", "schema")
+    path: str
+    schema: str
+
+
 class InternalError(DatabaseError):
     """The backend reported an internal fault."""
 
@@ -1430,6 +1445,7 @@ __all__ = [
     "RunNotFoundError",
     "RuntimeLeaseRunMismatchError",
     "RuntimeSessionNotFoundError",
+    "SchemaNotFoundError",
     "SchemaVersionError",
     "SessionBoundError",
     "SessionFileError",
