@@ -147,11 +147,13 @@ from turnkeeper.spec.errors import (
     TurnkeeperError,
     UnexpectedResultError,
     UsageConflictError,
+    WorkspaceJournalScanError,
 )
 from turnkeeper.spec.fork import Fork
 from turnkeeper.spec.ledger import (
     LEDGER_WRITER,
     AppendResult,
+    CheckpointSummary,
     CommandApplication,
     GCResult,
     LedgerEntry,
@@ -241,6 +243,7 @@ __all__ = [
     "ChannelBoundError",
     "ChannelToolConfig",
     "CheckpointError",
+    "CheckpointSummary",
     "CommandApplication",
     "CommandApplicationNotFoundError",
     "ContextMeasurement",
@@ -397,6 +400,7 @@ __all__ = [
     "UnexpectedResultError",
     "UsageConflictError",
     "UsageRecord",
+    "WorkspaceJournalScanError",
     "acquire_many",
     "is_postgres",
     "open_store",

@@ -9,12 +9,16 @@ NilLeaseError from GC). A crash mid-offload (blob written, pointer append
 failed) leaves an orphan replay never sees and GC reclaims. Each fence is
 shown able to fail: GC's lease check patched out lets a stale lease delete,
 replay's hash check patched out yields a tampered body.
+
+Each test that takes ``where`` runs with the blobs in the database, in a
+local directory and on S3 (moto's server, started by the tests).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 from pathlib import Path
 from typing import Any
 
@@ -50,13 +54,30 @@ BIG = bytes(range(256)) * 2  # 512 bytes: offloaded
 SMALL = b"inline"
 
 
-@pytest.fixture(params=["database", "directory"])
-def where(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+class Where(str):
+    """The name of where the blobs live (compares as that text), with the blob
+    store itself in ``blobs`` (``None``: the database's table)."""
+
+    blobs: Any = None
+
+
+@pytest.fixture(params=["database", "directory", "s3"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> Where:
+    """Where the blobs live: the store's table, a local directory, or S3 (moto's
+    server, started by the tests: ``conftest.s3_endpoint``), a prefix per test."""
+    site = Where(request.param)
+    if site == "directory":
+        site.blobs = FsspecBlobs(str(tmp_path / "blobs"))
+    elif site == "s3":
+        site.blobs = request.getfixturevalue("s3_blobs")()
+    return site
 
 
 def _ledger(store: Any, where: str, tmp_path: Path, **kw: Any) -> Any:
-    blobs = FsspecBlobs(str(tmp_path / "blobs")) if where == "directory" else None
+    if isinstance(where, Where):
+        blobs = where.blobs
+    else:
+        blobs = FsspecBlobs(str(tmp_path / "blobs")) if where == "directory" else None
     return store.ledger.with_blobs(blobs, offload_threshold=THRESHOLD, **kw)
 
 
@@ -76,14 +97,16 @@ def _pointer(store: Any, seq: int) -> dict[str, Any]:
 
 def _damage(store: Any, ledger: Any, key: str, data: bytes) -> None:
     if isinstance(ledger.blobs, FsspecBlobs):
-        Path(ledger.blobs.root, key).write_bytes(data)
+        path = posixpath.join(ledger.blobs.root, key)
+        assert ledger.blobs.fs.exists(path)
+        ledger.blobs.fs.pipe_file(path, data)
     else:
         forge(store, "UPDATE ledger_blobs SET data = ? WHERE key = ?", [data, key], rows=1)
 
 
 def _drop(store: Any, ledger: Any, key: str) -> None:
     if isinstance(ledger.blobs, FsspecBlobs):
-        Path(ledger.blobs.root, key).unlink()
+        ledger.blobs.fs.rm_file(posixpath.join(ledger.blobs.root, key))
     else:
         forge(store, "DELETE FROM ledger_blobs WHERE key = ?", [key], rows=1)
 
@@ -364,12 +387,14 @@ def test_a_crash_mid_offload_leaves_an_orphan_replay_never_sees_and_gc_reclaims(
     assert w.append("turn", BIG + b"lost", "lost").seq == 3
 
 
-def test_gc_leaves_keys_of_another_shape_as_unreclaimable(store, tmp_path):
-    ledger = _ledger(store, "directory", tmp_path)
+@pytest.mark.parametrize("where", ["directory", "s3"], indirect=True)
+def test_gc_leaves_keys_of_another_shape_as_unreclaimable(store, where, tmp_path):
+    """(The database's table holds only keys of the offload shape.)"""
+    ledger = _ledger(store, where, tmp_path)
     w = _open(store, ledger)
-    (tmp_path / "blobs" / "sessions" / "s").mkdir(parents=True)
-    (tmp_path / "blobs" / "sessions" / "s" / "notes.txt").write_bytes(b"not ours")
     w.append("turn", BIG, "kept")
+    notes = posixpath.join(ledger.blobs.root, "sessions", "s", "notes.txt")
+    ledger.blobs.fs.pipe_file(notes, b"not ours")
     result = ledger.gc("s", w.lease)
     assert (result.scanned, result.referenced, result.deleted, result.unreclaimable) == (
         1,
@@ -377,7 +402,7 @@ def test_gc_leaves_keys_of_another_shape_as_unreclaimable(store, tmp_path):
         0,
         1,
     )
-    assert (tmp_path / "blobs" / "sessions" / "s" / "notes.txt").exists()
+    assert ledger.blobs.fs.cat_file(notes) == b"not ours"
 
 
 def test_gc_under_a_lost_lease_is_refused_and_deletes_nothing_and_the_fence_can_fail(

@@ -1218,6 +1218,23 @@ class GCDeleteError(TurnkeeperError):
     key: str
 
 
+class WorkspaceJournalScanError(TurnkeeperError):
+    """A session's ledger could not be scanned whole for its workspace records.
+
+    Sessionstore WorkspaceJournalScanError: the workspace checkpoint lookups
+    and the live references failed closed.
+
+    ``session_id`` is the session, ``seq`` the sequence where the scan
+    stopped (the damaged or unreadable record); the replay's typed error
+    (``ReplayDecodeError``, ``ReplayReadError``, a blob error …) is
+    ``__cause__``. A workspace GC must fail closed on it: an incomplete live
+    set is unsafe to collect against."""
+
+    fields = ("session_id", "seq")
+    session_id: str
+    seq: int
+
+
 class CommandApplicationNotFoundError(TurnkeeperError):
     """The ledger record at ``seq`` is not a readable command application
     (sessionstore CommandApplicationNotFoundError).
@@ -1467,6 +1484,7 @@ __all__ = [
     "TurnkeeperError",
     "UnexpectedResultError",
     "UsageConflictError",
+    "WorkspaceJournalScanError",
 ]
 """Every error class: the hierarchy under :class:`TurnkeeperError` (each is also
 exported by :mod:`turnkeeper`)."""
