@@ -148,9 +148,11 @@ def pg_ctl(bin_: Path, folder: Path, *args: str) -> None:
 
 
 def restart_options(folder: Path) -> list[str]:
-    """``pg_ctl start``'s arguments that start the server as with_postgres.py did."""
-    options = [*with_postgres.COMMON, *with_postgres.FAST]
-    options.append(f"unix_socket_directories='{folder}'")
+    """``pg_ctl start``'s arguments that start the server as with_postgres.py did
+    (``--durable``: with ``fsync`` or ``synchronous_commit`` off, a stop with
+    ``-m immediate`` just after the store's migrations can lose them, and the
+    write after the restart finds no ``sessions`` table)."""
+    options = with_postgres.settings_for(folder, durable=True)
     settings = " ".join(f"-c {o}" for o in options)
     return ["-l", str(folder / "server.log"), "-w", "-t", str(TIMEOUT_S), "-o", settings, "start"]
 
@@ -169,7 +171,7 @@ def test_a_write_waiting_through_an_outage_succeeds_soon_after_the_server_is_bac
         pytest.skip("PostgreSQL's initdb and pg_ctl are not installed")
     folder = Path(tempfile.mkdtemp(prefix="turnkeeper-reconnect-"))
     try:
-        url = with_postgres.start(bin_, folder, durable=False)
+        url = with_postgres.start(bin_, folder, durable=True)
         with turnkeeper.open_store(url) as store:
             pool = store.db._pool  # type: ignore[attr-defined]
             waits: list[float] = []
