@@ -18,6 +18,8 @@ references (``scanned == referenced + deleted``) and never a referenced one,
 GC by a stale writer is ``GCLeaseNotHeldError`` and deletes nothing; a
 flipped blob byte is ``BlobIntegrityError`` and a deleted blob
 ``BlobUnavailableError`` at the record's sequence, nothing from it on yielded.
+A record cut short by a byte is ``ReplayDecodeError`` and a record taken out
+of the ledger (the tail's too) ``ReplayReadError`` at its sequence, likewise.
 
 ``make_machine(backend)`` returns the machine class for a backend.
 """
@@ -39,6 +41,7 @@ from turnkeeper import (
     LedgerEntry,
     LedgerIdempotencyConflictError,
     ReplayDecodeError,
+    ReplayReadError,
 )
 from turnkeeper.storage.ops.ledger import blobs as blob_ops
 from turnkeeper.storage.ops.ledger import journal
@@ -188,6 +191,41 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
                 raise AssertionError(f"replay yielded a damaged record at {seq}")
             assert seen == list(range(1, seq))
             forge(self.store, sql, [payload, seq], rows=1)
+
+        @rule(data=st.data(), drop=st.booleans())
+        def truncate_a_record(self, data: st.DataObject, drop: bool) -> None:
+            """Cut a record's payload short by one byte, or take the record out
+            of the ledger (moved to another session's key, the tail's too):
+            replay fails closed at its sequence (``ReplayDecodeError`` for the
+            cut payload, ``ReplayReadError`` for the missing record), yielding
+            only the records before it; then the damage is repaired."""
+            cuttable = [r for r in self.oracle.rows if drop or (r[3] and len(r[3]) <= THRESHOLD)]
+            if not cuttable:
+                return
+            seq, _, _, payload, _ = data.draw(st.sampled_from(cuttable))
+            where = "WHERE session_id = ? AND seq = ?"
+            if drop:
+                moved = "UPDATE ledger_records SET session_id = ? " + where
+                forge(self.store, moved, ["s-moved", "s", seq], rows=1)
+            else:
+                cut = "UPDATE ledger_records SET payload = ? " + where
+                forge(self.store, cut, [payload[:-1], "s", seq], rows=1)
+            seen: list[int] = []
+            try:
+                for record in self.ledger.replay("s", page_rows=3):
+                    seen.append(record.seq)
+            except (ReplayDecodeError, ReplayReadError) as failure:
+                assert isinstance(failure, ReplayReadError) == drop, (
+                    f"a truncated record gave the wrong error: {failure!r}"
+                )
+                assert failure.seq == seq, f"a truncated record gave the wrong error: {failure!r}"
+            else:
+                raise AssertionError(f"replay yielded past a truncated record at {seq}")
+            assert seen == list(range(1, seq))
+            if drop:
+                forge(self.store, moved, ["s", "s-moved", seq], rows=1)
+            else:
+                forge(self.store, cut, [payload, "s", seq], rows=1)
 
         def _stale(self, handle: Handle) -> bool:
             return (

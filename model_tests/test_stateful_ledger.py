@@ -1,32 +1,36 @@
 """Run the differential ledger machine (``stateful_ledger``) over every backend,
 and show it catches a stale writer's append with the append fences patched out,
-a stale writer's GC with GC's lease check patched out, and an unverified blob
-with replay's hash check patched out."""
+a stale writer's GC with GC's lease check patched out, an unverified blob
+with replay's hash check patched out, and a replay past a missing record with
+replay's gap check patched out."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 from conftest import BACKENDS
-from hypothesis import settings
+from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 from stateful_ledger import make_machine
 
 from turnkeeper.storage.ops.ledger import blobs, gc, journal
 
 
-def _fails_with(text: str) -> None:
-    """Run the DuckDB machine and require a failure whose message holds
-    ``text`` (alone, or among the distinct failures Hypothesis groups)."""
+def _fails_with(*texts: str) -> None:
+    """Run the DuckDB machine and require a failure whose message holds one
+    of ``texts`` (alone, or among the distinct failures Hypothesis groups)."""
     try:
         run_state_machine_as_test(
-            make_machine("duckdb"), settings=settings(max_examples=200, database=None)
+            make_machine("duckdb"),
+            # no shrinking: the control needs the failure, not its smallest form
+            settings=settings(max_examples=200, database=None, phases=[Phase.generate]),
         )
-    except AssertionError as failure:
-        assert text in str(failure), failure
-    except ExceptionGroup as failures:
-        assert any(text in str(f) for f in failures.exceptions), failures
+    except Exception as failure:  # an assertion, a typed error from replay, or a group
+        found = failure.exceptions if isinstance(failure, ExceptionGroup) else (failure,)
+        assert any(t in str(f) for f in found for t in texts), failure
     else:
-        raise AssertionError(f"the machine passed; expected {text!r}")
+        raise AssertionError(f"the machine passed; expected one of {texts!r}")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -39,7 +43,13 @@ def test_the_machine_fails_with_the_append_fences_patched_out(
 ) -> None:
     monkeypatch.setattr(journal.leases, "fence", lambda tx, lease: tx.clock_after_locks())
     monkeypatch.setattr(journal, "check_epoch", lambda session_id, lease, epoch: None)
-    _fails_with("a stale writer's append was taken")
+    # GC judges its lease by the same fence, and replay checks each record's
+    # epoch against its fence's: whichever sees the stale write first
+    _fails_with(
+        "a stale writer's append was taken",
+        "a stale writer's GC ran",
+        "but the fence before it is epoch",
+    )
 
 
 def test_the_machine_fails_with_the_gc_lease_check_patched_out(
@@ -54,3 +64,14 @@ def test_the_machine_fails_with_the_blob_hash_check_patched_out(
 ) -> None:
     monkeypatch.setattr(blobs, "blob_hash_ok", lambda want, got: True)
     _fails_with("replay yielded a damaged blob")
+
+
+def test_the_machine_fails_with_the_replay_gap_check_patched_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the module (the package's ``replay`` attribute is its function)
+    replay = importlib.import_module("turnkeeper.storage.ops.ledger.replay")
+    monkeypatch.setattr(replay, "in_sequence", lambda seq, expected: True)
+    # a missing fence record also leaves its successors under no fence: the
+    # epoch check then names the wrong error for the gap
+    _fails_with("replay yielded past a truncated record", "a truncated record gave the wrong error")

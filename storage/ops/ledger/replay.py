@@ -70,6 +70,12 @@ def _page(
     )
 
 
+def in_sequence(seq: int, expected: int) -> bool:
+    """Replay's gap fence: the record read is the one expected next (a record
+    missing before the tip fails the replay closed, never shortens it)."""
+    return seq == expected
+
+
 def verify(session_id: str, row: tuple[Any, ...], fence_epoch: int) -> tuple[int, bool]:
     """Check one record ``(seq, kind, id, payload, sha256, epoch, …)`` read after
     a fence of ``fence_epoch`` (0: none yet); returns the fence epoch after it
@@ -142,7 +148,7 @@ def replay(
                 ledger_name(session_id), expected, detail=f"the ledger ends before its tip {tip}"
             )
         for row in rows:
-            if row[0] != expected:
+            if not in_sequence(int(row[0]), expected):
                 raise errors.ReplayReadError(
                     ledger_name(session_id), expected, detail=f"record {expected} is missing"
                 )
