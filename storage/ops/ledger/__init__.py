@@ -232,9 +232,10 @@ class Ledger(Area):
                 Merge(group_ops.append_group, request),
             )
         try:
-            return group_ops.batcher(self.db, "append").submit(
+            results: list[AppendResult] = group_ops.batcher(self.db, "append").submit(
                 request, partial(group_ops.run_group, self.db), self._append_alone
             )
+            return results
         except errors.LeaseLostError:
             self._record_fenced(request.lease, "ledger_append")
             raise

@@ -1,8 +1,9 @@
 """The catalog's best-effort updates after appends, folded per group: the
 updates that queue up together (one per session of a group commit, as each
 writer's caller hands its records over) are read in one statement and
-written in one transaction, one compare-and-set per session
-(:func:`~.catalog.store_meta`), instead of a read and a write transaction
+written in one transaction of two statements, each entry under its revision
+compare-and-set (:func:`store_metas`, :func:`~.catalog.store_meta` for a
+set), instead of a read and a write transaction
 per append. An update the group cannot make (its entry moved, is malformed
 or missing records, a record does not fold, the group's transaction
 failed) runs alone as :meth:`~.catalog.Catalog.after_append`, with its
@@ -16,9 +17,9 @@ from typing import Any
 
 from turnkeeper.spec import errors
 
-from ...backend import Backend, Tx
+from ...backend import STORE_NOW, Backend, Tx
 from . import catalog_codec
-from .catalog import Catalog, NewRecord, fold_new, store_meta
+from .catalog import Catalog, NewRecord, fold_new
 from .group import batcher
 
 
@@ -48,6 +49,53 @@ def after_append(catalog: Catalog, session_id: str, records: list[NewRecord]) ->
 
 def _alone(update: CatalogUpdate) -> None:
     update.catalog.after_append(update.session_id, update.records)
+
+
+def store_metas(
+    tx: Tx, planned: list[tuple[CatalogUpdate, int, str] | None]
+) -> set[tuple[str, str]]:
+    """:func:`~.catalog.store_meta` for every planned ``(update, revision,
+    text)`` in two statements (the new entries' insert, the others' update,
+    each under its revision compare-and-set); the (tenant, session) keys
+    written. A key not returned lost its compare-and-set."""
+    fresh = [p for p in planned if p is not None and p[1] == 0]
+    moved = [p for p in planned if p is not None and p[1] != 0]
+    won: set[tuple[str, str]] = set()
+    if fresh:
+        won |= {
+            (str(r[0]), str(r[1]))
+            for r in tx.rows(
+                "INSERT INTO ledger_catalog SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
+                f"1, unnest(?::VARCHAR[]), {STORE_NOW} "
+                "ON CONFLICT (tenant, session_id) DO NOTHING RETURNING tenant, session_id",
+                [
+                    [p[0].catalog.tenant for p in fresh],
+                    [p[0].session_id for p in fresh],
+                    [p[2] for p in fresh],
+                    tx.now,
+                ],
+            )
+        }
+    if moved:
+        won |= {
+            (str(r[0]), str(r[1]))
+            for r in tx.rows(
+                "UPDATE ledger_catalog SET revision = revision + 1, meta = v.meta, "
+                f"updated_at = {STORE_NOW} FROM (SELECT unnest(?::VARCHAR[]) AS t, "
+                "unnest(?::VARCHAR[]) AS s, unnest(?::BIGINT[]) AS rev, "
+                "unnest(?::VARCHAR[]) AS meta) AS v WHERE ledger_catalog.tenant = v.t "
+                "AND ledger_catalog.session_id = v.s AND ledger_catalog.revision = v.rev "
+                "RETURNING ledger_catalog.tenant, ledger_catalog.session_id",
+                [
+                    tx.now,
+                    [p[0].catalog.tenant for p in moved],
+                    [p[0].session_id for p in moved],
+                    [p[1] for p in moved],
+                    [p[2] for p in moved],
+                ],
+            )
+        }
+    return won
 
 
 def write_group(db: Backend, group: list[CatalogUpdate]) -> list[Any]:
@@ -84,18 +132,11 @@ def write_group(db: Backend, group: list[CatalogUpdate]) -> list[Any]:
                 continue  # malformed, out of order, not folding: alone (repair, logging)
     won = [False] * len(group)
     if any(p is not None for p in planned):
-
-        def body(tx: Tx) -> list[bool]:
-            return [
-                p is not None
-                and store_meta(tx, p[0].catalog.tenant, p[0].session_id, p[1], p[2], tx.now)
-                for p in planned
-            ]
-
         try:
-            won = db.write("ledger_catalog_write_group", body)
+            written = db.write("ledger_catalog_write_group", lambda tx: store_metas(tx, planned))
         except errors.DatabaseError:
-            won = [False] * len(group)
+            written = set()
+        won = [p is not None and (p[0].catalog.tenant, p[0].session_id) in written for p in planned]
     for u, done in zip(group, won, strict=True):
         if not done:
             _alone(u)

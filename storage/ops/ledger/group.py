@@ -35,6 +35,7 @@ Who groups:
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,7 +51,11 @@ from ..capabilities import session_exists
 from . import journal
 
 GROUP_MAX = 64
-"""Most appends one PostgreSQL group commit (:class:`Batcher`) takes."""
+"""Most calls one :class:`Batcher` group takes."""
+
+COMMIT_DELAY_S = 0.001
+"""Longest a :class:`Batcher` leader waits (seconds) for as many calls as its
+previous group ran (see :meth:`Batcher._gather`)."""
 
 COLUMNS = (
     "tenant",
@@ -256,8 +261,11 @@ class Batcher:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
+        self._grew = threading.Condition(self._lock)
         self._queue: list[_Item] = []
         self._leading = False
+        self._last = 1
+        self._gathering = 0
 
     def submit(
         self,
@@ -275,6 +283,8 @@ class Batcher:
         item = _Item(request)
         with self._lock:
             self._queue.append(item)
+            if self._gathering and len(self._queue) >= self._gathering:
+                self._grew.notify()
             while not item.done and self._leading:
                 self._changed.wait(1.0)
             lead = not item.done
@@ -301,8 +311,10 @@ class Batcher:
     ) -> None:
         while not item.done:
             with self._lock:
+                self._gather()
                 batch = self._queue[:GROUP_MAX]
                 del self._queue[:GROUP_MAX]
+                self._last = len(batch)
             try:
                 _run(batch, run_group, run_one)
             except BaseException:
@@ -312,6 +324,26 @@ class Batcher:
                 raise
             with self._lock:
                 self._changed.notify_all()
+
+    def _gather(self) -> None:
+        """With the lock held: wait until as many calls are queued as the
+        previous group ran, or for :data:`COMMIT_DELAY_S` (the writers a group
+        answered come back together; PostgreSQL's ``commit_delay`` with
+        ``commit_siblings``); not at all after a group of one, so a lone
+        writer never waits. It only shapes groups: no outcome depends on it."""
+        expected = min(self._last, GROUP_MAX)
+        if expected <= 1:
+            return
+        deadline = time.monotonic() + COMMIT_DELAY_S
+        self._gathering = expected
+        try:
+            while len(self._queue) < expected:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._grew.wait(remaining)
+        finally:
+            self._gathering = 0
 
 
 _BATCHERS: weakref.WeakKeyDictionary[Backend, dict[str, Batcher]] = weakref.WeakKeyDictionary()
