@@ -126,9 +126,7 @@ def test_concurrent_writers_commit_in_one_group_with_one_insert(store, monkeypat
         [
             (lambda w=w: w.append("turn", b"one", "a"))
             if i % 2
-            else (
-                lambda w=w: w.append_many([LedgerEntry("turn", b"x", f"m{k}") for k in range(3)])
-            )
+            else (lambda w=w: w.append_many([LedgerEntry("turn", b"x", f"m{k}") for k in range(3)]))
             for i, w in enumerate(writers)
         ]
     )
@@ -147,9 +145,7 @@ def test_concurrent_writers_commit_in_one_group_with_one_insert(store, monkeypat
     else:  # one group transaction beside the blocker's own
         assert stats["ledger_append_group"]["calls"] == 1
     for i, w in enumerate(writers):  # the catalog folded each member's records
-        assert store.ledger.catalog.read_meta(w.session_id).last_journal_seq == (
-            2 if i % 2 else 4
-        )
+        assert store.ledger.catalog.read_meta(w.session_id).last_journal_seq == (2 if i % 2 else 4)
 
 
 def test_a_failing_commit_fails_every_member_and_acknowledges_none(store, monkeypatch):
@@ -232,7 +228,7 @@ def _stale_in_a_group(store: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[list
 
 
 def test_a_stale_writer_in_a_group_is_refused_by_its_lease_fence(store, monkeypatch):
-    out, new = _stale_in_a_group(store, monkeypatch)
+    out, _ = _stale_in_a_group(store, monkeypatch)
     assert isinstance(out[0], LeaseLostError)
     assert [r[1] for r in _records(store, "stale")] == ["fence:1:1", "fence:2:2"]
 
@@ -243,9 +239,7 @@ def _pass_every_lease(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
-def test_control_without_the_lease_fence_the_ledger_epoch_fence_still_refuses(
-    store, monkeypatch
-):
+def test_control_without_the_lease_fence_the_ledger_epoch_fence_still_refuses(store, monkeypatch):
     """The group's lease fence patched out: the ledger's own epoch fence
     (``journal.check_epoch``, judged with the tip row locked) still refuses."""
     _pass_every_lease(monkeypatch)

@@ -157,9 +157,11 @@ def rows(section: dict[str, Any]) -> list[tuple[str, str]]:
 
 def main() -> int:
     out: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        with turnkeeper.open_store(f"{tmp}/ledger.duckdb") as store:
-            out["duckdb"] = ledger(store)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        turnkeeper.open_store(f"{tmp}/ledger.duckdb") as store,
+    ):
+        out["duckdb"] = ledger(store)
     url = os.environ.get("TURNKEEPER_TEST_PG")
     if url:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
