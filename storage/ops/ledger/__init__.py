@@ -305,7 +305,8 @@ class Ledger(Area):
 
         Reads pages of ``page_rows`` records and holds one at a time: memory
         is bounded by ``page_rows`` records (``page_rows`` × the largest
-        payload's bytes, plus about 300 bytes a record). Each record is
+        payload's bytes, plus about 512 bytes a record), plus about 256 KiB
+        whatever the ledger's length (measured by ``make bench``). Each record is
         verified before it is yielded: its payload against its sha256, its
         sequence against the one expected, its epoch against its fence's.
 
