@@ -747,11 +747,10 @@ def table(result: dict[str, Any]) -> str:
         if any(c != "—" for c in cells):
             lines.append(f"| LangGraph SqliteSaver: {peer}, same history | {' | '.join(cells)} |")
     ledger_cells = [
-        ledger_rows(b["ledger"]) if "ledger" in b else None for b in result["backends"].values()
+        dict(ledger_rows(b["ledger"])) if "ledger" in b else {} for b in result["backends"].values()
     ]
-    for k, (row, _) in enumerate(next((c for c in ledger_cells if c), [])):
-        cells = ["—" if c is None else c[k][1] for c in ledger_cells]
-        lines.append(f"| {row} | {' | '.join(cells)} |")
+    for row in dict.fromkeys(r for c in ledger_cells for r in c):
+        lines.append(f"| {row} | {' | '.join(c.get(row, '—') for c in ledger_cells)} |")
     m = result["machine"]
     lines += [
         "",
@@ -796,7 +795,7 @@ def main() -> int:
             backends["postgres"] = measure(
                 store, cold, pg_floor(schema), least, rows, "", dbos_url, pg_schema(url)
             )
-            backends["postgres"]["ledger"] = ledger(store)
+            backends["postgres"]["ledger"] = ledger(store, schema)
         backends["postgres"]["processes"] = multiples({n: processes(schema, n) for n in (1, 4, 8)})
     result = {
         "floor": FLOOR_SQL.format(p="?") + " (autocommit)",

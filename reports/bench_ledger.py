@@ -23,6 +23,7 @@ this section alone (DuckDB on a durable file, and PostgreSQL when
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import sys
 import tempfile
@@ -41,6 +42,8 @@ PAYLOAD = b'{"role":"assistant","text":"' + b"x" * 64 + b'"}'
 """A small record: 95 bytes."""
 SECONDS = float(os.environ.get("TURNKEEPER_BENCH_WRITERS_S", "2"))
 """How long each writer count appends (every writer at least 3 calls)."""
+PROCESSES = 8
+"""PostgreSQL: processes appending single records, one writer each."""
 REPLAY_RECORDS = int(os.environ.get("TURNKEEPER_BENCH_LEDGER_REPLAY", "100000"))
 RECORD_OVERHEAD = 512
 """Bytes a replayed record costs beyond its payload, as ``Ledger.replay`` states."""
@@ -48,9 +51,10 @@ REPLAY_FIXED = 256 * 1024
 """Bytes of replay's working set that do not grow with the ledger, as ``Ledger.replay`` states."""
 
 
-def writers(store: turnkeeper.BaseStore, count: int, batch: int) -> float:
+def writers(store: turnkeeper.BaseStore, count: int, batch: int, together: Any = None) -> float:
     """Durable records per second of ``count`` threads, each the writer of its own
-    session's ledger, appending ``batch`` records per call (``append`` for 1)."""
+    session's ledger, appending ``batch`` records per call (``append`` for 1);
+    ``together``: a barrier of other processes' writers, waited for too."""
     ready, go = threading.Barrier(count + 1), threading.Event()
     rates: list[float] = []
     lock = threading.Lock()
@@ -78,9 +82,32 @@ def writers(store: turnkeeper.BaseStore, count: int, batch: int) -> float:
     for t in pool:
         t.start()
     ready.wait()
+    if together is not None:
+        together.wait()
     go.set()
     for t in pool:
         t.join()
+    return sum(rates)
+
+
+def _process_writer(url: str, out: Any, together: Any) -> None:
+    with turnkeeper.open_store(url) as store:
+        out.put(writers(store, 1, 1, together))
+
+
+def processes(url: str, count: int) -> float:
+    """Durable records per second of ``count`` processes (PostgreSQL), each one
+    writer appending single records: no batch is shared across processes, so
+    this is the server's own commit grouping."""
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    together = ctx.Barrier(count)
+    procs = [ctx.Process(target=_process_writer, args=(url, out, together)) for _ in range(count)]
+    for p in procs:
+        p.start()
+    rates = [out.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(60)
     return sum(rates)
 
 
@@ -119,13 +146,24 @@ def replay_memory(store: turnkeeper.BaseStore, records: int) -> dict[str, Any]:
     }
 
 
-def ledger(store: turnkeeper.BaseStore) -> dict[str, Any]:
-    """The section: rates (records/s) and their ratios, and replay's memory."""
+def ledger(store: turnkeeper.BaseStore, url: str | None = None) -> dict[str, Any]:
+    """The section: rates (records/s) and their ratios, and replay's memory;
+    with ``url`` (PostgreSQL) also :data:`PROCESSES` processes against one."""
     one = writers(store, 1, 1)
     many_single = writers(store, WRITERS, 1)
     many_batched = writers(store, WRITERS, BATCH)
     stats = store.statement_stats()
-    return {
+    across: dict[str, Any] = {}
+    if url is not None:
+        alone, together = processes(url, 1), processes(url, PROCESSES)
+        across = {
+            "processes": {
+                "one_process_single_records_per_s": round(alone),
+                f"{PROCESSES}_processes_single_records_per_s": round(together),
+                f"{PROCESSES}_processes_x_one_process": round(together / alone, 2),
+            }
+        }
+    return across | {
         "one_writer_single_records_per_s": round(one),
         f"{WRITERS}_writers_single_records_per_s": round(many_single),
         f"{WRITERS}_writers_single_x_one_writer": round(many_single / one, 2),
@@ -144,6 +182,16 @@ def rows(section: dict[str, Any]) -> list[tuple[str, str]]:
     """The section's rows of ``reports/BENCH.md``: (row, cell)."""
     r = section["replay"]
     w = WRITERS
+    across: list[tuple[str, str]] = []
+    if "processes" in section:
+        p = section["processes"]
+        across = [
+            (
+                f"ledger: {PROCESSES} processes, single records (server's commit grouping)",
+                f"{p[f'{PROCESSES}_processes_x_one_process']}× one process "
+                f"({p[f'{PROCESSES}_processes_single_records_per_s']}/s)",
+            )
+        ]
     return [
         (
             "ledger: 1 writer, single records (one record per commit)",
@@ -161,8 +209,10 @@ def rows(section: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         (
             f"ledger: replay of {r['records']} records from seq 1, peak memory / bound",
-            f"{r['peak_x_bound']} ({r['peak_bytes']} / {r['bound_bytes']} bytes, {r['seconds']} s)",
+            f"{r['peak_x_bound']} ({r['peak_bytes']} / {r['bound_bytes']} bytes, "
+            f"{r['seconds']} s; last tenth: {r['last_tenth_peak_bytes']} bytes)",
         ),
+        *across,
     ]
 
 
@@ -178,8 +228,9 @@ def main() -> int:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from bench import pg_schema
 
-        with turnkeeper.open_store(pg_schema(url)) as store:
-            out["postgres"] = ledger(store)
+        schema = pg_schema(url)
+        with turnkeeper.open_store(schema) as store:
+            out["postgres"] = ledger(store, schema)
     print(json.dumps(out, indent=2))
     return 0
 

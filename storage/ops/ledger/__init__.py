@@ -8,8 +8,10 @@ sequence, written by one writer at a time under the session's lease:
 - :meth:`Ledger.open` returns a :class:`~.writer.LedgerWriter`, after
   planting its fence record (the lease epoch) with a compare-and-set on the
   tip it read (``journal.plant_fence``);
-- its appends are fenced by that epoch in their own transactions, and
-  idempotent by their idempotency ids (``journal.append``);
+- its appends are fenced by that epoch and idempotent by their
+  idempotency ids (``journal.append``); concurrent writers' appends are
+  group-committed, each member judged on its own (``group``), and their
+  catalog updates folded per group (``catalog_group``);
 - :meth:`Ledger.replay` streams the records, verified, in bounded pages
   (``replay``);
 - :meth:`Ledger.command_log` and :meth:`Ledger.read_command_application_at`
