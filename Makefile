@@ -29,9 +29,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip $(PIP_FILTER)
 
+# (A file of its own per make process: .ci/run runs two targets at once.)
 $(SOURCE_LIST): FORCE | $(BIN)/python
-	@printf '%s\n' $(SOURCES) > $@.new
-	@if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
+	@new=$@.new.$$$$; printf '%s\n' $(SOURCES) > $$new; \
+	if cmp -s $$new $@; then rm $$new; else mv $$new $@; fi
 
 # A normal (non-editable) install, so mypy checks the installed package.
 # setuptools' build/lib and build/bdist.* are removed first so a deleted module

@@ -41,6 +41,10 @@ def open_store(
     replay_cache_bytes: int = REPLAY_CACHE_BYTES,
     pooler: str | None = None,
     listen_url: str | None = None,
+    pool_timeout_s: float | None = None,
+    reconnect_delay_s: float | None = None,
+    reconnect_max_delay_s: float | None = None,
+    tenant: str = "",
 ) -> BaseStore:
     """Open (creating if needed) the store at ``path``: a DuckDB file (the
     embedded default; ``":memory:"`` for a private one), or a PostgreSQL
@@ -56,6 +60,11 @@ def open_store(
     replay decodes the cached messages without reading an entry, and one
     that grew along its branch reads only the new entries.
 
+    ``tenant`` is the tenant this store files ledger records under and the
+    only one its ledger reads (``store.ledger``, the sessionstore seed's
+    WithTenant; ``""`` by default; ``store.ledger.with_tenant`` serves
+    another one through the same store).
+
     PostgreSQL behind a connection pooler (PgBouncer …): ``pooler`` is
     ``"transaction"`` (the pooler lends a server connection per transaction:
     the store prepares no statements and keeps no session state),
@@ -65,11 +74,20 @@ def open_store(
     pooler cannot carry. Both may instead be parameters of the URL
     (``?pooler=transaction&listen_url=…``, the latter percent-encoded).
 
+    PostgreSQL's lost connections (a restart, a failover; ``None`` keeps the
+    default): ``pool_timeout_s`` is how long an operation waits for a
+    connection before ``OperationalError`` (30 s); a lost connection is made
+    again ``reconnect_delay_s`` after a failed attempt (0.1 s), doubling per
+    failure up to ``reconnect_max_delay_s`` (0.5 s), so writes resume at most
+    about that long after the server takes connections again.
+
     Raises:
         StoreLockedError: (DuckDB) another process has the file open.
         StoreNotFoundError: (DuckDB) ``read_only`` and no file exists at ``path``.
         InvalidInputError: ``path`` is not a usable path (a directory, a new
-            file in a folder that does not exist, or a URL of another scheme).
+            file in a folder that does not exist, or a URL of another scheme);
+            a PostgreSQL option given for a DuckDB file, or out of range; or
+            ``tenant`` is not storable text.
         ForeignDatabaseError: not a turnkeeper database (not a DuckDB file, or
             another application's tables).
         SchemaVersionError: the store was written by a newer turnkeeper, or
@@ -89,6 +107,8 @@ def open_store(
             raise NotSupportedError(
                 detail="PostgreSQL needs psycopg: pip install 'turnkeeper[postgres]'"
             ) from exc
+        from turnkeeper.storage.postgres import pool
+
         return PostgresStore(
             path,
             clock=clock,
@@ -96,10 +116,27 @@ def open_store(
             replay_cache_bytes=replay_cache_bytes,
             pooler=pooler,
             listen_url=listen_url,
+            pool_timeout_s=pool.POOL_TIMEOUT_S if pool_timeout_s is None else pool_timeout_s,
+            reconnect_delay_s=(
+                pool.RECONNECT_DELAY_S if reconnect_delay_s is None else reconnect_delay_s
+            ),
+            reconnect_max_delay_s=(
+                pool.RECONNECT_MAX_DELAY_S
+                if reconnect_max_delay_s is None
+                else reconnect_max_delay_s
+            ),
+            tenant=tenant,
         )
     for name, value in (("pooler", pooler), ("listen_url", listen_url)):
         if value is not None:
             raise InvalidInputError(name, "only a PostgreSQL store connects through a pooler")
+    for name, timing in (
+        ("pool_timeout_s", pool_timeout_s),
+        ("reconnect_delay_s", reconnect_delay_s),
+        ("reconnect_max_delay_s", reconnect_max_delay_s),
+    ):
+        if timing is not None:
+            raise InvalidInputError(name, "only a PostgreSQL store has a connection pool")
     if isinstance(path, str) and _URL_SCHEME.match(path):
         scheme = path.split(":", 1)[0]
         raise InvalidInputError(
@@ -108,7 +145,11 @@ def open_store(
             "or a postgresql:// URL",
         )
     return DuckDBStore(
-        path, clock=clock, read_only=read_only, replay_cache_bytes=replay_cache_bytes
+        path,
+        clock=clock,
+        read_only=read_only,
+        replay_cache_bytes=replay_cache_bytes,
+        tenant=tenant,
     )
 
 

@@ -216,7 +216,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     :func:`pi_dir`), and without a test server the PostgreSQL tests (one
     summary line says so for each); under ``CI=true`` the latter two are an
     error: CI must test both backends, on the real session files. Through
-    PgBouncer (:func:`through_pooler`) only the PostgreSQL tests run."""
+    PgBouncer (:func:`through_pooler`) only the PostgreSQL tests run, but for
+    those marked ``own_servers`` (they form servers of their own)."""
     if not SEARCHING and "search" not in (config.option.markexpr or ""):
         searches = [i for i in items if i.get_closest_marker("search") is not None]
         if searches:
@@ -234,9 +235,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=corpus)
         _CORPUS_LEFT_OUT.append(len(corpus))
     if through_pooler():  # the PostgreSQL part, through PgBouncer: DuckDB's ran already
-        duck = [i for i in items if not _on_postgres(i)]
-        items[:] = [i for i in items if _on_postgres(i)]
-        config.hook.pytest_deselected(items=duck)
+        # (and the tests forming servers of their own: the pooler changes nothing there)
+        def ran(i: pytest.Item) -> bool:
+            return not _on_postgres(i) or i.get_closest_marker("own_servers") is not None
+
+        done = [i for i in items if ran(i)]
+        items[:] = [i for i in items if not ran(i)]
+        config.hook.pytest_deselected(items=done)
         return
     if os.environ.get(PG_ENV):
         return
@@ -400,3 +405,57 @@ def forged_rows(store: turnkeeper.BaseStore, sql: str, params: list[Any] | None 
         "forge", lambda tx: tx.count(sql, params or []), transaction=False, retry=False
     )
     return count
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """An S3 endpoint for the tests: moto's server (``moto[server]``, the test
+    extra) in a thread on a free port of 127.0.0.1, with one bucket
+    ``turnkeeper-test``; stopped when the session ends. Nothing leaves the
+    machine (explicit fake credentials, the instance metadata lookup off)."""
+    import boto3  # moto's own dependency
+    from moto.server import ThreadedMotoServer
+
+    os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    try:
+        boto3.client(
+            "s3",
+            endpoint_url=url,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        ).create_bucket(Bucket="turnkeeper-test")
+        yield url
+    finally:
+        server.stop()
+
+
+def s3_options(endpoint: str) -> dict[str, Any]:
+    """``s3fs.S3FileSystem`` keywords for the test endpoint: fake credentials,
+    no instance cache and no listings cache (a listing reads the store)."""
+    return {
+        "key": "testing",
+        "secret": "testing",
+        "endpoint_url": endpoint,
+        "client_kwargs": {"region_name": "us-east-1"},
+        "skip_instance_cache": True,
+        "use_listings_cache": False,
+    }
+
+
+@pytest.fixture
+def s3_blobs(s3_endpoint: str) -> Callable[[], turnkeeper.FsspecBlobs]:
+    """Makes a :class:`turnkeeper.FsspecBlobs` on the test S3 endpoint, under a
+    prefix of its own in the bucket (one per test)."""
+    import s3fs  # type: ignore[import-untyped]
+
+    root = f"s3://turnkeeper-test/{uuid.uuid4().hex}"
+
+    def make() -> turnkeeper.FsspecBlobs:
+        return turnkeeper.FsspecBlobs(root, fs=s3fs.S3FileSystem(**s3_options(s3_endpoint)))
+
+    return make

@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import threading
 import tracemalloc
+from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import forge
+from conftest import BACKENDS, forge, new_pg_schema, open_pg
 
+import turnkeeper
 from turnkeeper import (
     CommandApplication,
     CommandApplicationNotFoundError,
     EmptySessionError,
+    EnvelopeError,
     InterfaceError,
     InvalidInputError,
     LeaseLostError,
@@ -185,6 +188,34 @@ def test_the_tenant_stamps_the_records_and_another_tenant_sees_none_of_them(stor
     assert store.ledger.tip("s") == 0 and len(_records(store, tenant="acme")) == 2
     with pytest.raises(CommandApplicationNotFoundError):
         store.ledger.read_command_application_at("s", 2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_store_opened_for_a_tenant_files_and_reads_only_its_records(backend, tmp_path: Path):
+    """``open_store(..., tenant=…)`` (sessionstore Open with WithTenant): the
+    ledger's records carry the store's tenant, and a store of the same
+    database opened for another tenant (or none) reads none of them; a
+    tenant that is not storable text is refused before the database opens."""
+    where = str(tmp_path / "t.duckdb") if backend == "duckdb" else new_pg_schema()
+
+    def opened(**kw: Any) -> Any:
+        return turnkeeper.open_store(where, **kw) if backend == "duckdb" else open_pg(where, **kw)
+
+    with opened(tenant="acme") as store:
+        assert store.ledger.tenant == "acme"
+        store.sessions.create("s")
+        with store.ledger.open("s", store.leases.acquire("session:s", "w", TTL)) as w:
+            w.append("turn", b"secret", "t1")
+        assert [(r.seq, r.tenant) for r in store.ledger.replay("s")] == [(1, "acme"), (2, "acme")]
+        assert store.ledger.with_tenant("").tip("s") == 0
+    with opened() as store:
+        assert store.ledger.tip("s") == 0 and len(_records(store, tenant="acme")) == 2
+        with pytest.raises(EmptySessionError):
+            list(store.ledger.replay("s"))
+        assert store.ledger.with_tenant("acme").tip("s") == 2
+    with pytest.raises(InvalidInputError) as refused:
+        opened(tenant="a\ud800b")
+    assert refused.value.field == "tenant"
 
 
 # -- the opening fence ------------------------------------------------------------
@@ -483,6 +514,10 @@ def test_the_command_log_appends_reads_back_and_fails_closed(store):
         with pytest.raises(CommandApplicationNotFoundError) as err:
             log.read_command_application_at(seq)
         assert (err.value.session_id, err.value.seq) == ("s", seq)
+    with pytest.raises(CommandApplicationNotFoundError) as err:
+        log.read_command_application_at(3)  # the body that is not JSON: an EnvelopeError
+    assert isinstance(err.value.__cause__, EnvelopeError)
+    assert isinstance(err.value.__cause__.__cause__, ValueError)
     forge(store, "UPDATE ledger_records SET payload = ? WHERE seq = 2", [b'{"x"}'], rows=1)
     with pytest.raises(CommandApplicationNotFoundError) as err:
         log.read_command_application_at(2)

@@ -9,12 +9,16 @@ NilLeaseError from GC). A crash mid-offload (blob written, pointer append
 failed) leaves an orphan replay never sees and GC reclaims. Each fence is
 shown able to fail: GC's lease check patched out lets a stale lease delete,
 replay's hash check patched out yields a tampered body.
+
+Each test that takes ``where`` runs with the blobs in the database, in a
+local directory and on S3 (moto's server, started by the tests).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +31,17 @@ from turnkeeper import (
     BlobPointerIDMismatchError,
     BlobUnavailableError,
     DurableBodyTooLargeError,
+    EnvelopeError,
     FsspecBlobs,
     GCDeleteError,
     GCLeaseNotHeldError,
     GCListError,
     GCScanError,
+    InvalidBackendError,
     LeaseLostError,
     LedgerEntry,
     NilLeaseError,
+    PersistencePathError,
     ReplayDecodeError,
 )
 from turnkeeper.storage.ops.ledger import blobs as blob_ops
@@ -47,13 +54,30 @@ BIG = bytes(range(256)) * 2  # 512 bytes: offloaded
 SMALL = b"inline"
 
 
-@pytest.fixture(params=["database", "directory"])
-def where(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+class Where(str):
+    """The name of where the blobs live (compares as that text), with the blob
+    store itself in ``blobs`` (``None``: the database's table)."""
+
+    blobs: Any = None
+
+
+@pytest.fixture(params=["database", "directory", "s3"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> Where:
+    """Where the blobs live: the store's table, a local directory, or S3 (moto's
+    server, started by the tests: ``conftest.s3_endpoint``), a prefix per test."""
+    site = Where(request.param)
+    if site == "directory":
+        site.blobs = FsspecBlobs(str(tmp_path / "blobs"))
+    elif site == "s3":
+        site.blobs = request.getfixturevalue("s3_blobs")()
+    return site
 
 
 def _ledger(store: Any, where: str, tmp_path: Path, **kw: Any) -> Any:
-    blobs = FsspecBlobs(str(tmp_path / "blobs")) if where == "directory" else None
+    if isinstance(where, Where):
+        blobs = where.blobs
+    else:
+        blobs = FsspecBlobs(str(tmp_path / "blobs")) if where == "directory" else None
     return store.ledger.with_blobs(blobs, offload_threshold=THRESHOLD, **kw)
 
 
@@ -73,14 +97,16 @@ def _pointer(store: Any, seq: int) -> dict[str, Any]:
 
 def _damage(store: Any, ledger: Any, key: str, data: bytes) -> None:
     if isinstance(ledger.blobs, FsspecBlobs):
-        Path(ledger.blobs.root, key).write_bytes(data)
+        path = posixpath.join(ledger.blobs.root, key)
+        assert ledger.blobs.fs.exists(path)
+        ledger.blobs.fs.pipe_file(path, data)
     else:
         forge(store, "UPDATE ledger_blobs SET data = ? WHERE key = ?", [data, key], rows=1)
 
 
 def _drop(store: Any, ledger: Any, key: str) -> None:
     if isinstance(ledger.blobs, FsspecBlobs):
-        Path(ledger.blobs.root, key).unlink()
+        ledger.blobs.fs.rm_file(posixpath.join(ledger.blobs.root, key))
     else:
         forge(store, "DELETE FROM ledger_blobs WHERE key = ?", [key], rows=1)
 
@@ -263,6 +289,62 @@ def test_an_undecodable_blob_is_a_replay_decode_error(store, where, tmp_path):
     with pytest.raises(ReplayDecodeError) as err:
         list(ledger.replay("s"))
     assert err.value.seq == 2
+    assert isinstance(err.value.__cause__, EnvelopeError) and "envelope" in str(err.value.__cause__)
+
+
+def test_an_undecodable_pointer_is_a_replay_decode_error_caused_by_an_envelope_error(
+    store, where, tmp_path
+):
+    ledger = _ledger(store, where, tmp_path)
+    _open(store, ledger).append("turn", BIG, "t1")
+    for junk in (b'{"key', b'{"key": 1, "sha256": "x", "size": 3}', b"\xff"):
+        forge(
+            store,
+            "UPDATE ledger_records SET payload = ?, payload_sha256 = ? WHERE seq = 2",
+            [junk, hashlib.sha256(junk).hexdigest()],
+            rows=1,
+        )
+        with pytest.raises(ReplayDecodeError) as err:
+            list(ledger.replay("s"))
+        assert err.value.seq == 2
+        cause = err.value.__cause__
+        assert isinstance(cause, EnvelopeError) and "pointer" in cause.reason
+        assert isinstance(cause.__cause__, ValueError | KeyError | TypeError), cause.__cause__
+
+
+@pytest.mark.parametrize("missing", ["put", "get", "delete", "list"])
+def test_a_blob_store_lacking_a_method_is_an_invalid_backend(store, missing):
+    class Partial:
+        def put(self, key: str, data: bytes) -> None: ...
+        def get(self, key: str) -> bytes: ...
+        def delete(self, key: str) -> None: ...
+        def list(self, prefix: str) -> list[str]: ...
+
+    setattr(Partial, missing, None)  # present, not callable
+    with pytest.raises(InvalidBackendError) as err:
+        store.ledger.with_blobs(Partial())
+    assert err.value.missing == missing
+    with pytest.raises(InvalidBackendError) as err:
+        store.ledger.with_blobs(object())  # type: ignore[arg-type]
+    assert err.value.missing == "put"
+
+
+def test_a_blob_root_that_cannot_be_made_canonical_is_a_persistence_path_error(tmp_path):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    afile = tmp_path / "afile"
+    afile.write_bytes(b"x")
+    for bad in (loop, loop / "blobs", afile, afile / "blobs"):
+        with pytest.raises(PersistencePathError) as err:
+            FsspecBlobs(str(bad))
+        assert err.value.path == str(bad)
+    with pytest.raises(PersistencePathError):
+        FsspecBlobs(str(tmp_path / "a\x00b"))
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    assert FsspecBlobs(str(tmp_path / "link")).root == str(real)  # links resolved once
+    assert FsspecBlobs(str(tmp_path / "new" / "blobs")).root == str(tmp_path / "new" / "blobs")
 
 
 # -- GC -----------------------------------------------------------------------------
@@ -305,12 +387,14 @@ def test_a_crash_mid_offload_leaves_an_orphan_replay_never_sees_and_gc_reclaims(
     assert w.append("turn", BIG + b"lost", "lost").seq == 3
 
 
-def test_gc_leaves_keys_of_another_shape_as_unreclaimable(store, tmp_path):
-    ledger = _ledger(store, "directory", tmp_path)
+@pytest.mark.parametrize("where", ["directory", "s3"], indirect=True)
+def test_gc_leaves_keys_of_another_shape_as_unreclaimable(store, where, tmp_path):
+    """(The database's table holds only keys of the offload shape.)"""
+    ledger = _ledger(store, where, tmp_path)
     w = _open(store, ledger)
-    (tmp_path / "blobs" / "sessions" / "s").mkdir(parents=True)
-    (tmp_path / "blobs" / "sessions" / "s" / "notes.txt").write_bytes(b"not ours")
     w.append("turn", BIG, "kept")
+    notes = posixpath.join(ledger.blobs.root, "sessions", "s", "notes.txt")
+    ledger.blobs.fs.pipe_file(notes, b"not ours")
     result = ledger.gc("s", w.lease)
     assert (result.scanned, result.referenced, result.deleted, result.unreclaimable) == (
         1,
@@ -318,7 +402,7 @@ def test_gc_leaves_keys_of_another_shape_as_unreclaimable(store, tmp_path):
         0,
         1,
     )
-    assert (tmp_path / "blobs" / "sessions" / "s" / "notes.txt").exists()
+    assert ledger.blobs.fs.cat_file(notes) == b"not ours"
 
 
 def test_gc_under_a_lost_lease_is_refused_and_deletes_nothing_and_the_fence_can_fail(

@@ -344,10 +344,14 @@ def test_a_schema_the_pooler_dropped_is_refused(schema):
 
 
 def test_a_missing_schema_is_named_as_missing(schema):
+    """The role's search_path names a missing schema first and an existing one
+    after it, where the connections land: refused, naming the missing one.
+    (A search_path none of whose schemas exists has its first created at
+    open: test_shared_databases.py.)"""
     pooled, _ = schema
     role = pooled.split("postgresql://")[1].split("@")[0]
     with psycopg.connect(direct_url(), autocommit=True) as conn:
-        conn.execute(f"ALTER ROLE {role} SET search_path = nowhere_{role}")
+        conn.execute(f"ALTER ROLE {role} SET search_path = nowhere_{role}, public")
     with pytest.raises(turnkeeper.PoolerError) as err:
         turnkeeper.open_store(pooled.replace(f"%3D{role}", f"%3Dnowhere_{role}"))
     assert err.value.feature == "search_path" and "does not exist" in str(err.value)

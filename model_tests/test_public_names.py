@@ -90,6 +90,7 @@ TOP = {
     "LedgerRecord",
     "LedgerWriter",
     "GCResult",
+    "CheckpointSummary",
     "BlobStore",
     "DatabaseBlobs",
     "FsspecBlobs",

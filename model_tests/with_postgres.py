@@ -127,12 +127,9 @@ def start_pgbouncer(
     ini = folder / f"pgbouncer-{port}.ini"
     ini.write_text(pgbouncer_config(folder, server, port, ignore))
     (folder / f"pgbouncer-{port}.users").write_text('"postgres" ""\n')
-    as_user = server_user()
-    if as_user:
-        entry = pwd.getpwnam("postgres")
-        os.chown(folder, entry.pw_uid, entry.pw_gid)
+    give_to_server(folder)
     out = subprocess.run(
-        [program, "-d", str(ini)], capture_output=True, text=True, cwd=folder, **as_user
+        [program, "-d", str(ini)], capture_output=True, text=True, cwd=folder, **server_user()
     )
     socket = folder / f".s.PGSQL.{port}"
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -173,36 +170,57 @@ def server_user() -> dict[str, Any]:
     return {"user": "postgres", "group": "postgres", "extra_groups": []}
 
 
-def start(bin_: Path, folder: Path, *, durable: bool) -> str:
-    """initdb + pg_ctl start in ``folder``; the server's URL."""
-    as_user = server_user()
-    if as_user:
+def give_to_server(folder: Path) -> None:
+    """Make ``folder`` the server user's (``postgres`` when we are root)."""
+    if server_user():
         entry = pwd.getpwnam("postgres")
         os.chown(folder, entry.pw_uid, entry.pw_gid)
-    data = folder / "data"
-    initdb = ["-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C"]
-    subprocess.run(
-        [str(bin_ / "initdb"), *initdb, "--no-sync"],
-        check=True,
-        stdout=subprocess.DEVNULL,
-        cwd=folder,
-        **as_user,
-    )
-    options = [*COMMON, *([] if durable else FAST), f"unix_socket_directories='{folder}'"]
+
+
+def launch(bin_: Path, folder: Path, options: list[str]) -> None:
+    """``pg_ctl start`` the cluster in ``folder``/data with the ``-c`` settings
+    ``options`` (a later one overrides an earlier one), logging to
+    ``folder``/server.log; returns once it accepts connections."""
     settings = " ".join(f"-c {o}" for o in options)
-    pg_ctl = ["-D", str(data), "-l", str(folder / "server.log"), "-w", "-t", str(START_TIMEOUT_S)]
+    pg_ctl = ["-D", str(folder / "data"), "-l", str(folder / "server.log")]
     subprocess.run(
-        [str(bin_ / "pg_ctl"), *pg_ctl, "-o", settings, "start"],
+        [str(bin_ / "pg_ctl"), *pg_ctl, "-w", "-t", str(START_TIMEOUT_S), "-o", settings, "start"],
         check=True,
         stdout=subprocess.DEVNULL,
         cwd=folder,
-        **as_user,
+        **server_user(),
     )
+
+
+def create(bin_: Path, folder: Path) -> None:
+    """initdb a cluster in ``folder``/data (superuser ``postgres``, trust), ``folder``
+    given to the server user first."""
+    give_to_server(folder)
+    initdb = ["-D", str(folder / "data"), "-U", "postgres", "--auth=trust", "-E", "UTF8"]
+    subprocess.run(
+        [str(bin_ / "initdb"), *initdb, "--locale=C", "--no-sync"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        cwd=folder,
+        **server_user(),
+    )
+
+
+def settings_for(folder: Path, *, durable: bool) -> list[str]:
+    """The ``-c`` settings of a test server whose socket is in ``folder``."""
+    return [*COMMON, *([] if durable else FAST), f"unix_socket_directories='{folder}'"]
+
+
+def start(bin_: Path, folder: Path, *, durable: bool) -> str:
+    """initdb + pg_ctl start in ``folder``; the server's URL (its socket in ``folder``)."""
+    create(bin_, folder)
+    launch(bin_, folder, settings_for(folder, durable=durable))
     return f"postgresql://postgres@/postgres?host={folder}"
 
 
-def stop(bin_: Path, folder: Path) -> None:
-    """Stop the server at once (its data is thrown away) and delete its folder."""
+def halt(bin_: Path, folder: Path) -> None:
+    """Stop the server of ``folder``/data at once (``-m immediate``: no checkpoint,
+    its clients cut off, as a crash would) and wait until it is gone; its data stays."""
     subprocess.run(
         [str(bin_ / "pg_ctl"), "-D", str(folder / "data"), "-m", "immediate", "-w", "stop"],
         stdout=subprocess.DEVNULL,
@@ -210,6 +228,11 @@ def stop(bin_: Path, folder: Path) -> None:
         cwd=folder,
         **server_user(),
     )
+
+
+def stop(bin_: Path, folder: Path) -> None:
+    """Stop the server at once (its data is thrown away) and delete its folder."""
+    halt(bin_, folder)
     shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -164,6 +164,21 @@ class ProgrammingError(DatabaseError):
     """The backend rejected a statement (schema or SQL fault)."""
 
 
+class SchemaNotFoundError(ProgrammingError):
+    """The schema the store is to use does not exist, and its role may not create it.
+
+    ``schema`` is the first schema of the connection's ``search_path`` (the
+    URL's ``options``, or the role's or database's default); the store
+    creates it at open where its role may (``CREATE`` on the database), and
+    otherwise ``detail`` names the ``CREATE SCHEMA`` to run as a role that
+    may. Nothing was written.
+    """
+
+    fields = ("path", "schema")
+    path: str
+    schema: str
+
+
 class InternalError(DatabaseError):
     """The backend reported an internal fault."""
 
@@ -1130,6 +1145,40 @@ class DurableBodyTooLargeError(TurnkeeperError):
     max_bytes: int
 
 
+class EnvelopeError(TurnkeeperError):
+    """A ledger frame could not be decoded (sessionstore EnvelopeError): a
+    blob pointer's body, a blob's envelope, or a command application's body
+    that is not the JSON of its shape. ``reason`` says which and what was
+    wrong; the decoder's own error, when there is one, is ``__cause__``.
+    Replay and the command log raise it as the ``__cause__`` of their own
+    error (``ReplayDecodeError``, ``CommandApplicationNotFoundError``)."""
+
+    fields = ("reason",)
+    reason: str
+
+
+class InvalidBackendError(TurnkeeperError):
+    """A blob store handed to the ledger lacks a capability it needs
+    (sessionstore InvalidBackendError): ``missing`` names the first absent
+    or non-callable method of ``put``, ``get``, ``delete`` and ``list``, or
+    ``"blobs"`` for no object at all. Refused when the ledger is configured,
+    before any write."""
+
+    fields = ("missing",)
+    missing: str
+
+
+class PersistencePathError(TurnkeeperError):
+    """A local blob directory whose path cannot be made canonical without
+    ambiguity (sessionstore PersistencePathError): it resolves through a
+    symbolic-link loop, or names something that is not a directory. ``path``
+    is the path given; the operating system's error, when there is one, is
+    ``__cause__``."""
+
+    fields = ("path",)
+    path: str
+
+
 class GCLeaseNotHeldError(TurnkeeperError):
     """Blob GC was refused: the session's writer lease is not held (sessionstore
     GCLeaseNotHeldError).
@@ -1167,6 +1216,23 @@ class GCDeleteError(TurnkeeperError):
 
     fields = ("key",)
     key: str
+
+
+class WorkspaceJournalScanError(TurnkeeperError):
+    """A session's ledger could not be scanned whole for its workspace records.
+
+    Sessionstore WorkspaceJournalScanError: the workspace checkpoint lookups
+    and the live references failed closed.
+
+    ``session_id`` is the session, ``seq`` the sequence where the scan
+    stopped (the damaged or unreadable record); the replay's typed error
+    (``ReplayDecodeError``, ``ReplayReadError``, a blob error …) is
+    ``__cause__``. A workspace GC must fail closed on it: an incomplete live
+    set is unsafe to collect against."""
+
+    fields = ("session_id", "seq")
+    session_id: str
+    seq: int
 
 
 class CommandApplicationNotFoundError(TurnkeeperError):
@@ -1345,6 +1411,7 @@ __all__ = [
     "EntryExistsError",
     "EntryIdReservedError",
     "EntryNotFoundError",
+    "EnvelopeError",
     "ExecutionIntentConflictError",
     "ExecutionIntentNotFoundError",
     "ForeignDatabaseError",
@@ -1367,6 +1434,7 @@ __all__ = [
     "IntegrityError",
     "InterfaceError",
     "InternalError",
+    "InvalidBackendError",
     "InvalidInputError",
     "InvalidTransitionError",
     "LeaseLostError",
@@ -1376,6 +1444,7 @@ __all__ = [
     "NotSupportedError",
     "OpeningFenceConflictError",
     "OperationalError",
+    "PersistencePathError",
     "PoolerError",
     "ProgrammingError",
     "ProjectExistsError",
@@ -1393,6 +1462,7 @@ __all__ = [
     "RunNotFoundError",
     "RuntimeLeaseRunMismatchError",
     "RuntimeSessionNotFoundError",
+    "SchemaNotFoundError",
     "SchemaVersionError",
     "SessionBoundError",
     "SessionFileError",
@@ -1414,6 +1484,7 @@ __all__ = [
     "TurnkeeperError",
     "UnexpectedResultError",
     "UsageConflictError",
+    "WorkspaceJournalScanError",
 ]
 """Every error class: the hierarchy under :class:`TurnkeeperError` (each is also
 exported by :mod:`turnkeeper`)."""

@@ -152,3 +152,38 @@ class GCResult:
     deleted: int
     deleted_keys: tuple[str, ...]
     unreclaimable: int
+
+
+WORKSPACE_CHECKPOINT_KIND = "workspace_checkpoint"
+"""The kind of a workspace checkpoint record (sessionstore CheckpointSummary,
+WorkspacePointerSourceCheckpoint): the runtime appends one through its writer
+after it has snapshotted the session's workspace. Its payload is a UTF-8 JSON
+object ``{"ref": text, "event_id": text, "turn_id"?: text, "consistency"?: text}``:
+``ref`` the snapshot's content identity in the workspace store
+(workspacestore.Ref), ``event_id`` the transition's id, ``turn_id`` the turn
+it was taken in, ``consistency`` the runtime's label for how consistent the
+snapshot is (event.SnapshotConsistency; stored as given)."""
+
+WORKSPACE_RESTORE_KIND = "workspace_restore"
+"""The kind of a workspace restore record (sessionstore
+WorkspacePointerSourceRestore): the runtime rewound the workspace to the
+snapshot ``ref``. Payload ``{"ref": text, "event_id": text}``. A restore is not
+a checkpoint (the checkpoint lookups skip it) but its ``ref`` is live."""
+
+WORKSPACE_KINDS = frozenset({WORKSPACE_CHECKPOINT_KIND, WORKSPACE_RESTORE_KIND})
+"""The kinds whose ``ref`` a workspace GC must keep (``workspace_live_refs``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointSummary:
+    """One workspace checkpoint of a session's ledger (sessionstore
+    CheckpointSummary): ``ref`` the snapshot's content identity, ``event_id``
+    and ``seq`` the ledger transition that recorded it, ``consistency`` its
+    label (``""``: none given), ``turn_id`` the turn it was taken in (``None``:
+    none). It names the checkpoint as recorded, whatever restores followed."""
+
+    ref: str
+    event_id: str
+    seq: int
+    consistency: str = ""
+    turn_id: str | None = None

@@ -68,7 +68,7 @@ from typing import Any, Protocol, Self, TypeVar
 
 from turnkeeper.spec.delivery import DeliveryIntent, DeliveryOperation, DeliveryPlan
 from turnkeeper.spec.fork import Fork
-from turnkeeper.spec.ledger import CommandApplication, GCResult, LedgerRecord
+from turnkeeper.spec.ledger import CheckpointSummary, CommandApplication, GCResult, LedgerRecord
 from turnkeeper.spec.records import (
     ANY_LEAF,
     Binding,
@@ -580,7 +580,8 @@ class ResourcesAPI(Protocol):
 class LedgerAPI(Protocol):
     """``store.ledger``: a session's fenced journal (sessionstore OpenJournal,
     OpenInternalRecordReplayer, OpenRuntimeCommandLog, ReadCommandApplicationAt,
-    WithTenant, WithOffloadThreshold, OpenObjectGC); see ``storage/ops/ledger``."""
+    WithTenant, WithOffloadThreshold, OpenObjectGC, WorkspaceCheckpointBySeq,
+    WorkspaceCheckpointByTurn, WorkspaceLiveRefs); see ``storage/ops/ledger``."""
 
     tenant: str
     blobs: BlobStore
@@ -603,6 +604,14 @@ class LedgerAPI(Protocol):
     ) -> Iterator[LedgerRecord]: ...
     def command_log(self, session_id: str, writer: LedgerWriter) -> RuntimeCommandLog: ...
     def read_command_application_at(self, session_id: str, seq: int) -> CommandApplication: ...
+    def workspace_checkpoint_by_seq(
+        self, session_id: str, seq: int
+    ) -> CheckpointSummary | None: ...
+    def workspace_checkpoint_by_turn(
+        self, session_id: str, turn_id: str
+    ) -> CheckpointSummary | None: ...
+    def workspace_live_refs(self, session_ids: Sequence[str] | None = None) -> frozenset[str]: ...
+    def sweep_deleted(self, session_ids: Sequence[str] | None = None) -> GCResult: ...
 
 
 class ArchivesAPI(Protocol):

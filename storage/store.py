@@ -122,7 +122,8 @@ class BaseStore:
     the schema must already be this turnkeeper's, nothing is changed, and
     writes raise ``ReadOnlyError``. ``replay_cache_bytes`` bounds the
     replay cache (bytes of cached message JSON; 0: none; see
-    ``storage.ops.replays``).
+    ``storage.ops.replays``). ``tenant`` is the tenant the ledger's records
+    carry and its reads see (``store.ledger``; sessionstore WithTenant).
 
     Raises (from the constructor):
         ForeignDatabaseError: the database holds another application's tables.
@@ -131,7 +132,9 @@ class BaseStore:
         DatabaseError: any other failure reading the schema.
     """
 
-    def __init__(self, backend: Backend, *, replay_cache_bytes: int = REPLAY_CACHE_BYTES) -> None:
+    def __init__(
+        self, backend: Backend, *, replay_cache_bytes: int = REPLAY_CACHE_BYTES, tenant: str = ""
+    ) -> None:
         self.db = backend
         shared = Shared(backend, secrets.token_bytes(32), OpeningCache())
         self.leases = Leases(shared)
@@ -151,7 +154,7 @@ class BaseStore:
         self.usage = Usage(shared)
         self.bindings = Bindings(shared)
         self.archives = Archives(shared)
-        self.ledger = Ledger(shared)
+        self.ledger = Ledger(shared, tenant)
         try:
             if backend.read_only:
                 self.db.read("check_schema", self._check_schema, snapshot=True)

@@ -547,8 +547,15 @@ class Database(GroupCommit):
         in it the migration runs under the write lock."""
 
     def tables(self, tx: AnyTx) -> set[str]:
-        """The tables of the database's main schema."""
-        return {r[0] for r in tx.rows("SELECT table_name FROM duckdb_tables()")}
+        """The tables of the database's main schema, where the store creates its
+        own (not views, sequences or macros, not another schema's tables)."""
+        return {
+            r[0]
+            for r in tx.rows(
+                "SELECT table_name FROM duckdb_tables() "
+                "WHERE database_name = current_database() AND schema_name = 'main'"
+            )
+        }
 
     def statement_stats(self) -> dict[str, dict[str, float]]:
         """Per operation: calls, statements per call (incl. BEGIN/COMMIT) and retries."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from ..backend import Clock
+from ..codec import check_text
 from ..ops.replays import REPLAY_CACHE_BYTES
 from ..store import BaseStore
 from ..validate import check_bool, check_int, check_path
@@ -48,9 +49,13 @@ class DuckDBStore(BaseStore):
         clock: Clock | None = None,
         read_only: bool = False,
         replay_cache_bytes: int = REPLAY_CACHE_BYTES,
+        tenant: str = "",
     ) -> None:
         check_bool(read_only, "read_only")
         cache = check_int(replay_cache_bytes, "replay_cache_bytes", 0)
+        check_text(tenant, "tenant")
         super().__init__(
-            Database(check_path(path), clock, read_only=read_only), replay_cache_bytes=cache
+            Database(check_path(path), clock, read_only=read_only),
+            replay_cache_bytes=cache,
+            tenant=tenant,
         )

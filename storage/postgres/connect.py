@@ -227,11 +227,38 @@ def probe(conn: psycopg.Connection[Any]) -> Probe:
     return Probe(pooled, schema, search_path, database, started, tuple(path))
 
 
-def pinned_path(found: Probe) -> str:
+def pinned_path(found: Probe, user: str) -> str:
     """The search_path a store behind a transaction pooler pins in every
     transaction and autocommit statement: the schemas of ``found.path`` as
-    quoted identifiers, comma-separated (``""`` for none)."""
-    return ", ".join(psycopg.sql.Identifier(name).as_string() for name in found.path)
+    quoted identifiers, comma-separated; when none exists, the one the store
+    creates (:func:`missing_schema`; ``""`` for none)."""
+    names = found.path or tuple(filter(None, [missing_schema(found, user)]))
+    return ", ".join(psycopg.sql.Identifier(name).as_string() for name in names)
+
+
+def missing_schema(found: Probe, user: str) -> str | None:
+    """The schema the store creates at open: the first of ``found``'s
+    search_path when no schema of it exists (``current_schema()`` is NULL,
+    where PostgreSQL says "no schema has been selected to create in"), as
+    the server names it (an unquoted name in lower case, ``$user`` as
+    ``user``); ``None`` when a schema of it exists, or it is empty."""
+    if found.schema is not None:
+        return None
+    first = first_in_path(found.search_path)
+    return user if first == "$user" else first
+
+
+def first_in_path(search_path: str) -> str | None:
+    """The first schema name of a ``search_path`` setting's text (``agents,
+    public``, ``"My Schema", public``, ``"$user", public``) as the server
+    reads it: quoted as written (``""`` for ``"``), unquoted in lower case;
+    ``None`` for an empty path."""
+    text = search_path.strip()
+    if text.startswith('"'):
+        found = re.match(r'"((?:[^"]|"")*)"', text)
+        return found.group(1).replace('""', '"') if found else None
+    first = text.split(",")[0].strip()
+    return first.lower() or None
 
 
 def pin_sql(path: str) -> str:
@@ -291,13 +318,17 @@ def check_schema(path: str, url: str, found: Probe) -> None:
 
     Raises:
         PoolerError: ``feature="search_path"``: it lands elsewhere (the pooler
-            dropped the URL's ``options``, or the schema does not exist).
+            dropped the URL's ``options``). A schema that does not exist
+            while its search_path names it first and no other of it exists
+            passes: the open creates it (:func:`missing_schema`).
     """
     wanted = url_schema(url)
     if wanted is None or found.schema == wanted:
         return
     path_now = found.search_path
-    if path_now.split(",")[0].strip().strip('"').lower() == wanted.lower():
+    if found.schema is None and first_in_path(path_now) == wanted:
+        return  # the role's search_path names it, and the open creates it
+    if first_in_path(path_now) == wanted:
         why = f"the search_path is {path_now!r}, but schema {wanted!r} does not exist"
     else:
         why = (

@@ -78,7 +78,7 @@ from ..wakeups import Signals, Subscription, Topic
 from . import connect, faults, notify, text
 from .connect import redact
 from .faults import translate
-from .pool import Pool
+from .pool import POOL_TIMEOUT_S, RECONNECT_DELAY_S, RECONNECT_MAX_DELAY_S, Pool
 
 T = TypeVar("T")
 
@@ -291,7 +291,9 @@ class Database:
     ``options`` may set ``search_path`` to give the store its own schema.
     With ``read_only`` every transaction is ``READ ONLY`` and a write raises
     ``ReadOnlyError``. ``pool_size`` bounds the connections this store object
-    holds (threads beyond it wait up to ``pool_timeout_s`` seconds).
+    holds (threads beyond it wait up to ``pool_timeout_s`` seconds); a lost
+    connection is made again after ``reconnect_delay_s`` seconds, doubling
+    per failed attempt up to ``reconnect_max_delay_s`` (:mod:`.pool`).
     ``pooler`` and ``listen_url`` (also parameters of ``url``): the pooler
     mode and the direct URL for ``LISTEN`` (:mod:`.connect`). After the
     open, :attr:`pooler` is the mode in force: the one given, else
@@ -311,7 +313,9 @@ class Database:
         *,
         read_only: bool = False,
         pool_size: int = 8,
-        pool_timeout_s: float = 30.0,
+        pool_timeout_s: float = POOL_TIMEOUT_S,
+        reconnect_delay_s: float = RECONNECT_DELAY_S,
+        reconnect_max_delay_s: float = RECONNECT_MAX_DELAY_S,
         pooler: str | None = None,
         listen_url: str | None = None,
     ) -> None:
@@ -340,6 +344,7 @@ class Database:
                 connect_timeout=max(1, int(min(pool_timeout_s, 10))),
             ) as conn:
                 found = connect.probe(conn)
+                user = conn.info.user
         except psycopg.Error as exc:
             refused = connect.refused(exc, self.path)
             if refused is not None:
@@ -354,10 +359,20 @@ class Database:
             connect.check_schema(self.path, self.url, found)
         # behind a transaction pooler every transaction and autocommit statement
         # pins the search_path: a server connection may carry another client's SET
-        self._pinned = connect.pinned_path(found) if self.pooler == "transaction" else None
-        self.channel = notify.channel(found.schema)
+        self._pinned = connect.pinned_path(found, user) if self.pooler == "transaction" else None
+        # no schema of the search_path exists: the migration creates its first
+        self._missing = connect.missing_schema(found, user)
+        self._user = user
+        self.channel = notify.channel(found.schema or self._missing)
         self._prepared = self.pooler != "transaction"
-        self._pool = Pool(self.url, pool_size, _configure, prepared=self._prepared).pool
+        self._pool = Pool(
+            self.url,
+            pool_size,
+            _configure,
+            prepared=self._prepared,
+            reconnect_delay_s=reconnect_delay_s,
+            reconnect_max_delay_s=reconnect_max_delay_s,
+        ).pool
         try:
             self._pool.open(wait=True, timeout=pool_timeout_s)
         except PoolTimeout as exc:
@@ -615,13 +630,49 @@ class Database:
     def lock_migrations(self, tx: AnyTx) -> None:
         """Take the migration advisory lock for this transaction: two processes
         opening a new store at once migrate one after the other (the second
-        then finds the schema current)."""
+        then finds the schema current). Then create the schema the
+        search_path names when none of its schemas existed at open
+        (:func:`.connect.missing_schema`), so that the store's tables have a
+        schema to go to.
+
+        Raises:
+            SchemaNotFoundError: that schema does not exist and the role may
+                not create it (``detail`` says what to run; nothing written).
+        """
         tx.exec("SELECT pg_advisory_xact_lock(?)", [MIGRATION_LOCK])
+        if self._missing is None:
+            return
+        name = psycopg.sql.Identifier(self._missing).as_string()
+        try:
+            tx.exec(f"CREATE SCHEMA IF NOT EXISTS {name}")
+        except pg_errors.InsufficientPrivilege as exc:
+            role = psycopg.sql.Identifier(self._user).as_string()
+            raise errors.SchemaNotFoundError(
+                self.path,
+                self._missing,
+                detail=(
+                    f"the search_path names it first, and role {self._user!r} may not "
+                    f"create it: run CREATE SCHEMA {name} AUTHORIZATION {role} as a role "
+                    "that may (the database's owner, a superuser), or GRANT CREATE ON "
+                    "DATABASE to the role"
+                ),
+            ) from exc
 
     def tables(self, tx: AnyTx) -> set[str]:
-        """The tables of the connection's current schema."""
+        """The tables of the connection's current schema (the one the store
+        creates its tables in) that no extension owns: ordinary, partitioned
+        and foreign tables. Not views (``pg_stat_statements`` is two), not
+        sequences or functions, not other schemas' tables, and not an
+        extension's own tables (``pg_depend`` deptype ``e``: PostGIS's
+        ``spatial_ref_sys``): a database other software shares holds these
+        without being another application's."""
         rows = tx.rows(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+            "SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+            "ON n.oid = c.relnamespace WHERE n.nspname = pg_catalog.current_schema() "
+            "AND c.relkind IN ('r', 'p', 'f') AND NOT EXISTS ("
+            "SELECT 1 FROM pg_catalog.pg_depend d "
+            "WHERE d.classid = 'pg_catalog.pg_class'::regclass "
+            "AND d.objid = c.oid AND d.deptype = 'e')"
         )
         return {r[0] for r in rows}
 

@@ -14,6 +14,17 @@ away.
   once (``ConnectionPool.check``): after a restart they are all dead, and
   ``psycopg_pool`` would otherwise back off 1, 2, 4, 8, 16 s between them,
   failing the first operation after a restart with a pool timeout.
+- **Reconnecting** after a connection was lost (a restart, a failover) or
+  while the server is down: each attempt that fails waits
+  ``reconnect_delay_s`` (default :data:`RECONNECT_DELAY_S`), doubling per
+  failure up to ``reconnect_max_delay_s`` (:data:`RECONNECT_MAX_DELAY_S`),
+  where ``psycopg_pool``'s own schedule (1, 2, 4, 8, 16 s … between
+  attempts, not a public setting) left writes failing or waiting up to 16 s
+  after the server took connections again. :class:`Backoff` is that
+  schedule; :class:`ConnectionPool` gives it to every new connection's
+  first attempt (``_add_connection``, a private seam of psycopg_pool 3.2
+  and 3.3: ``pyproject.toml`` pins that range, and
+  ``model_tests/test_postgres_reconnect.py`` fails if the seam changes).
 - **A silent server** (a host gone without a reset, a partition): TCP
   keepalives and ``tcp_user_timeout`` (:data:`TCP_DEFAULTS`) make the
   kernel fail the socket in about half a minute instead of the
@@ -31,8 +42,9 @@ import weakref
 from typing import Any
 
 import psycopg
+import psycopg_pool
 from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import ConnectionPool
+from psycopg_pool.base import AttemptWithBackoff
 
 IDLE_CHECK_S = 10.0
 """A connection idle this long (seconds) is checked with a round trip before it is lent."""
@@ -50,19 +62,89 @@ their environment variable (:data:`ENVIRONMENT`) does, or the URL or
 ``PGSERVICE`` names a service (whose file may set them): seconds, but
 ``tcp_user_timeout`` in milliseconds; they apply to TCP connections only."""
 
+RECONNECT_DELAY_S = 0.1
+"""The wait (seconds) after a first failed connection attempt; it doubles per failure."""
+
+RECONNECT_MAX_DELAY_S = 0.5
+"""The longest wait (seconds) between two connection attempts: the server is
+tried again at most this long after it takes connections again, and a
+refused attempt costs the server one short-lived process, so a fleet of 100
+store objects of 8 connections each tries about 1,600 times a second while
+a server is down."""
+
+POOL_TIMEOUT_S = 30.0
+"""How long (seconds) an operation waits for a pooled connection (all lent,
+or none can be made: the server is down) before ``OperationalError``."""
+
 ENVIRONMENT = {"connect_timeout": "PGCONNECT_TIMEOUT"}
 """The libpq environment variables of :data:`TCP_DEFAULTS`' parameters (the
 others have none)."""
 
 
+class Backoff(AttemptWithBackoff):
+    """The waits between one connection's attempts: ``first_s`` (seconds,
+    ±10 % jitter) after the first failure, doubled after each next one,
+    never more than ``max_s``; attempts stop ``timeout`` seconds after the
+    first failure (``psycopg_pool``'s ``reconnect_timeout``, 5 minutes: the
+    pool then gives that connection up and makes a new one when an
+    operation needs it)."""
+
+    def __init__(self, *, timeout: float, first_s: float, max_s: float) -> None:
+        super().__init__(timeout=timeout)
+        self.INITIAL_DELAY = first_s
+        self.max_s = max_s
+
+    def update_delay(self, now: float) -> None:
+        """Set :attr:`delay`, the wait (seconds) before the next attempt, after
+        a failure at ``now`` (``time.monotonic()`` seconds)."""
+        super().update_delay(now)
+        self.delay = min(self.delay, self.max_s)
+
+
+class ConnectionPool(psycopg_pool.ConnectionPool[psycopg.Connection[Any]]):
+    """``psycopg_pool.ConnectionPool`` whose new connections are attempted on
+    the :class:`Backoff` schedule of ``reconnect_delay_s`` and
+    ``reconnect_max_delay_s`` (seconds) instead of its 1, 2, 4, 8, 16 s …"""
+
+    def __init__(
+        self, *args: Any, reconnect_delay_s: float, reconnect_max_delay_s: float, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.reconnect_delay_s = reconnect_delay_s
+        self.reconnect_max_delay_s = reconnect_max_delay_s
+
+    def backoff(self) -> Backoff:
+        """A new connection's schedule of attempts."""
+        return Backoff(
+            timeout=self.reconnect_timeout,
+            first_s=self.reconnect_delay_s,
+            max_s=self.reconnect_max_delay_s,
+        )
+
+    def _add_connection(self, attempt: AttemptWithBackoff | None, growing: bool = False) -> None:
+        # psycopg_pool makes each new connection here (AddConnection), with no
+        # attempt the first time and the one it rescheduled after a failure
+        super()._add_connection(attempt or self.backoff(), growing=growing)
+
+
 class Pool:
-    """A ``psycopg_pool.ConnectionPool`` of ``size`` connections to ``url``,
-    each set up by ``configure`` (see the module docstring). Without
+    """A :class:`ConnectionPool` of ``size`` connections to ``url``, each set
+    up by ``configure``, reconnecting on the schedule of ``reconnect_delay_s``
+    and ``reconnect_max_delay_s`` (seconds; see the module docstring). Without
     ``prepared`` its connections prepare no statement (``prepare_threshold=None``:
     behind a transaction-mode pooler a prepared statement's name would reach
     another server connection)."""
 
-    def __init__(self, url: str, size: int, configure: Any, *, prepared: bool = True) -> None:
+    def __init__(
+        self,
+        url: str,
+        size: int,
+        configure: Any,
+        *,
+        prepared: bool = True,
+        reconnect_delay_s: float = RECONNECT_DELAY_S,
+        reconnect_max_delay_s: float = RECONNECT_MAX_DELAY_S,
+    ) -> None:
         given = conninfo_to_dict(url)
         if "service" in given or os.environ.get("PGSERVICE"):
             defaults = {}  # the service file may set them: its values win
@@ -73,8 +155,10 @@ class Pool:
                 if k not in given and not os.environ.get(ENVIRONMENT.get(k, ""))
             }
         self._lent: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
-        self.pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+        self.pool = ConnectionPool(
             url,
+            reconnect_delay_s=reconnect_delay_s,
+            reconnect_max_delay_s=reconnect_max_delay_s,
             min_size=1,
             max_size=size,
             kwargs={
@@ -107,7 +191,7 @@ class Pool:
         if not (stale or readable(conn.pgconn.socket)):
             return
         try:
-            ConnectionPool.check_connection(conn)
+            psycopg_pool.ConnectionPool.check_connection(conn)
         except Exception:  # a psycopg error, or a driver fault (see .faults)
             self.pool.check()  # the others are likely dead too: find them all now
             raise

@@ -7,12 +7,14 @@ The domain logic is ``BaseStore``'s (``storage/store.py``, over
 
 from __future__ import annotations
 
+from ...spec.errors import InvalidInputError
 from ..backend import Clock
 from ..codec import check_text
 from ..ops.replays import REPLAY_CACHE_BYTES
 from ..store import BaseStore
-from ..validate import check_bool, check_int
+from ..validate import check_bool, check_int, check_seconds
 from .db import Database
+from .pool import POOL_TIMEOUT_S, RECONNECT_DELAY_S, RECONNECT_MAX_DELAY_S
 
 
 class PostgresStore(BaseStore):
@@ -24,6 +26,14 @@ class PostgresStore(BaseStore):
     never a client's); ``read_only`` runs no migrations and refuses writes
     with ``ReadOnlyError``; ``pool_size`` bounds the connections this store
     object opens (threads beyond it wait for one).
+
+    Lost connections (a restart, a failover): an operation waits up to
+    ``pool_timeout_s`` seconds for a connection (default 30) before
+    ``OperationalError``; the pool makes a lost connection again
+    ``reconnect_delay_s`` seconds after a failed attempt (default 0.1),
+    doubling per failure up to ``reconnect_max_delay_s`` (default 0.5), so
+    writes resume at most about that long after the server takes
+    connections again.
 
     Behind a connection pooler: ``pooler="transaction"`` (PgBouncer's
     ``pool_mode = transaction``) prepares no statements and keeps no session
@@ -37,7 +47,8 @@ class PostgresStore(BaseStore):
     Raises (from the constructor):
         InvalidInputError: ``pooler`` is not ``"transaction"``, ``"session"``
             or ``None``; ``listen_url`` is empty; the URL and the arguments
-            disagree.
+            disagree; a duration is not positive finite seconds, or
+            ``reconnect_max_delay_s`` is below ``reconnect_delay_s``.
         OperationalError: the server cannot be reached or refused the login.
         PoolerError: behind a pooler, it refused the URL's ``options``
             (``feature="options"``), or its connections are not in the schema
@@ -60,10 +71,23 @@ class PostgresStore(BaseStore):
         replay_cache_bytes: int = REPLAY_CACHE_BYTES,
         pooler: str | None = None,
         listen_url: str | None = None,
+        pool_timeout_s: float = POOL_TIMEOUT_S,
+        reconnect_delay_s: float = RECONNECT_DELAY_S,
+        reconnect_max_delay_s: float = RECONNECT_MAX_DELAY_S,
+        tenant: str = "",
     ) -> None:
         check_text(url, "url", allow_empty=False)
+        check_text(tenant, "tenant")
         check_bool(read_only, "read_only")
         check_int(pool_size, "pool_size", 1)
+        timeout = check_seconds(pool_timeout_s, "pool_timeout_s", allow_zero=False)
+        first = check_seconds(reconnect_delay_s, "reconnect_delay_s", allow_zero=False)
+        most = check_seconds(reconnect_max_delay_s, "reconnect_max_delay_s", allow_zero=False)
+        if most < first:
+            raise InvalidInputError(
+                "reconnect_max_delay_s",
+                f"must be at least reconnect_delay_s ({first}), got {most}",
+            )
         cache = check_int(replay_cache_bytes, "replay_cache_bytes", 0)
         super().__init__(
             Database(
@@ -73,8 +97,12 @@ class PostgresStore(BaseStore):
                 pool_size=pool_size,
                 pooler=pooler,
                 listen_url=listen_url,
+                pool_timeout_s=timeout,
+                reconnect_delay_s=first,
+                reconnect_max_delay_s=most,
             ),
             replay_cache_bytes=cache,
+            tenant=tenant,
         )
 
     @property

@@ -15,7 +15,11 @@ sequence, written by one writer at a time under the session's lease:
 - :meth:`Ledger.replay` streams the records, verified, in bounded pages
   (``replay``);
 - :meth:`Ledger.command_log` and :meth:`Ledger.read_command_application_at`
-  are the command log over it (``writer.RuntimeCommandLog``).
+  are the command log over it (``writer.RuntimeCommandLog``);
+- :meth:`Ledger.workspace_checkpoint_by_seq`, :meth:`Ledger.workspace_checkpoint_by_turn`
+  and :meth:`Ledger.workspace_live_refs` read its workspace checkpoints
+  (``workspace``);
+- :meth:`Ledger.sweep_deleted` reclaims the blobs of deleted sessions (``sweep``).
 
 Records carry the tenant the area serves (:meth:`Ledger.with_tenant`,
 ``""`` by default); a reader for another tenant sees none of them. The
@@ -32,6 +36,7 @@ from turnkeeper.spec.ledger import (
     BLOB_POINTER_KIND,
     FENCE_KIND,
     AppendResult,
+    CheckpointSummary,
     CommandApplication,
     GCResult,
     LedgerEntry,
@@ -48,6 +53,8 @@ from . import blobs as blob_ops
 from . import catalog_group, journal
 from . import gc as gc_ops
 from . import group as group_ops
+from . import sweep as sweep_ops
+from . import workspace as workspace_ops
 from .blobs import DEFAULT_OFFLOAD_THRESHOLD, MAX_BODY_BYTES, BlobStore, DatabaseBlobs
 from .catalog import Catalog, CatalogOptions
 from .group import LedgerAppend
@@ -133,7 +140,11 @@ class Ledger(Area):
 
         Raises:
             InvalidInputError: a threshold < 0 or a ceiling < 1.
+            InvalidBackendError: ``blobs`` lacks a callable ``put``, ``get``,
+                ``delete`` or ``list`` (``missing`` names the first).
         """
+        if blobs is not None:
+            blob_ops.check_blob_store(blobs)
         return Ledger(
             self._shared,
             self.tenant,
@@ -390,3 +401,102 @@ class Ledger(Area):
                     session_id, at, detail="its offloaded body does not resolve"
                 ) from failure
         return decode_application(session_id, at, kind, payload)
+
+    def workspace_checkpoint_by_seq(self, session_id: str, seq: int) -> CheckpointSummary | None:
+        """The newest workspace checkpoint of ``session_id``'s ledger at or
+        before ``seq`` (sessionstore WorkspaceCheckpointBySeq): a record of kind
+        ``workspace_checkpoint`` (see
+        :data:`~turnkeeper.spec.ledger.WORKSPACE_CHECKPOINT_KIND`); ``None``
+        when there is none or the ledger holds no record. Reads the verified
+        replay from the first record to ``seq`` (memory: one replay page).
+
+        Raises:
+            WorkspaceJournalScanError: a record up to ``seq`` could not be read,
+                verified or decoded (the replay's error is ``__cause__``).
+            SessionNotFoundError: no such session.
+            InvalidInputError: a malformed id or ``seq`` < 1.
+        """
+        check_id(session_id, "session_id")
+        at = check_int(seq, "seq", 1)
+        return workspace_ops.checkpoint_by_seq(self.replay, session_id, at)
+
+    def workspace_checkpoint_by_turn(
+        self, session_id: str, turn_id: str
+    ) -> CheckpointSummary | None:
+        """The newest workspace checkpoint of ``session_id``'s ledger taken in
+        turn ``turn_id`` (its payload's ``turn_id``; sessionstore
+        WorkspaceCheckpointByTurn); ``None`` when there is none. Reads the
+        whole verified replay (memory: one replay page).
+
+        Raises:
+            WorkspaceJournalScanError: a record could not be read, verified or
+                decoded (the replay's error is ``__cause__``).
+            SessionNotFoundError: no such session.
+            InvalidInputError: a malformed id.
+        """
+        check_id(session_id, "session_id")
+        check_text(turn_id, "turn_id")
+        return workspace_ops.checkpoint_by_turn(self.replay, session_id, turn_id)
+
+    def workspace_live_refs(self, session_ids: Sequence[str] | None = None) -> frozenset[str]:
+        """The workspace refs still referenced by the retained sessions
+        (sessionstore WorkspaceLiveRefs): every ``ref`` of a
+        ``workspace_checkpoint`` or ``workspace_restore`` record in the ledgers
+        of ``session_ids`` (default: every session with a ledger for this
+        tenant). A workspace GC may drop any snapshot not in the set. A
+        session without ledger records (never written, or deleted)
+        contributes nothing; memory: one replay page plus the refs.
+
+        Raises:
+            WorkspaceJournalScanError: a retained session's ledger could not be
+                scanned whole (the first one found; ``__cause__`` the replay's
+                error): no partial set is returned.
+            InvalidInputError: a malformed id.
+            DatabaseError: listing the sessions failed.
+        """
+        if session_ids is None:
+            ids = self.db.read(
+                "ledger_sessions",
+                lambda tx: [
+                    str(r[0])
+                    for r in tx.rows(
+                        "SELECT session_id FROM ledger_tips WHERE tenant = ? UNION "
+                        "SELECT DISTINCT session_id FROM ledger_records WHERE tenant = ? "
+                        "ORDER BY 1",
+                        [self.tenant, self.tenant],
+                    )
+                ],
+            )
+        else:
+            ids = self._ids(session_ids)
+        return workspace_ops.live_refs(self.replay, ids)
+
+    def sweep_deleted(self, session_ids: Sequence[str] | None = None) -> GCResult:
+        """Delete the blobs of deleted sessions from this ledger's blob store:
+        an object store cannot join a session delete's transaction, so its
+        blobs outlive the delete (the store's own table is cleared by the
+        delete itself). A session counts as deleted when the database holds
+        its ``deleted_sessions`` tombstone (a deleted id is never reused) and
+        no ledger record of it for this tenant; a live session's blobs are
+        never swept, and no lease is needed. ``session_ids`` limits the sweep
+        to those sessions' prefixes (default: list every session prefix of
+        this tenant; memory: the keys listed). Returns a
+        :class:`~turnkeeper.spec.ledger.GCResult`: ``scanned == deleted``
+        (``referenced`` 0), ``unreclaimable`` the keys of another shape left
+        there. Safe to run at any time and again; see ``sweep.py``.
+
+        Raises:
+            GCListError: a listing failed; nothing is deleted.
+            GCDeleteError: a delete failed (the blobs before it in key order
+                are deleted).
+            InvalidInputError: a malformed id.
+            DatabaseError: the tombstones could not be read; nothing is deleted.
+        """
+        ids = None if session_ids is None else self._ids(session_ids)
+        return sweep_ops.sweep(self.db, self.blobs, self.tenant, ids)
+
+    @staticmethod
+    def _ids(session_ids: Sequence[str]) -> list[str]:
+        if isinstance(session_ids, str | bytes):
+            raise errors.InvalidInputError("session_ids", "expected a sequence of session ids")
+        return [check_id(s, "session_id") for s in session_ids]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
 import posixpath
 import re
 import uuid
@@ -36,7 +37,7 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.ledger import BLOB_POINTER_KIND, LedgerEntry
 
 from ...backend import STORE_NOW, Backend
-from .journal import sha256
+from .journal import envelope_error, sha256
 
 DEFAULT_OFFLOAD_THRESHOLD = 256 * 1024
 """Payloads longer than this many bytes are offloaded (sessionstore OffloadThreshold)."""
@@ -59,6 +60,20 @@ class BlobStore(Protocol):
     def get(self, key: str) -> bytes: ...
     def delete(self, key: str) -> None: ...
     def list(self, prefix: str) -> list[str]: ...
+
+
+def check_blob_store(blobs: object) -> None:
+    """Refuse an object that cannot serve as a :class:`BlobStore`.
+
+    Raises:
+        InvalidBackendError: it lacks a callable ``put``, ``get``, ``delete``
+            or ``list`` (``missing`` names the first).
+    """
+    for method in ("put", "get", "delete", "list"):
+        if not callable(getattr(blobs, method, None)):
+            raise errors.InvalidBackendError(
+                method, detail=f"a {type(blobs).__name__} is not a blob store"
+            )
 
 
 def blob_prefix(tenant: str, session_id: str) -> str:
@@ -131,7 +146,7 @@ def parse_pointer(session_id: str, seq: int, payload: bytes) -> tuple[str, str, 
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as failure:
         raise errors.ReplayDecodeError(
             session_id, seq, detail="its blob pointer does not decode"
-        ) from failure
+        ) from envelope_error("a blob pointer's body is not its JSON", failure)
     return key, digest, size
 
 
@@ -167,7 +182,7 @@ def resolve(
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as failure:
         raise errors.ReplayDecodeError(
             session_id, seq, detail=f"blob {key!r} does not decode"
-        ) from failure
+        ) from envelope_error("a blob's envelope is not its magic line and JSON head", failure)
     if inner_id != outer_id:
         raise errors.BlobPointerIDMismatchError(seq, key, outer_id, inner_id)
     return kind, body
@@ -237,12 +252,42 @@ class DatabaseBlobs:
         return sorted(str(r[0]) for r in rows)
 
 
+def canonical_directory(given: str, path: str) -> str:
+    """``path`` (the local directory ``given`` names, made absolute) with its
+    symbolic links resolved; it need not exist yet.
+
+    Raises:
+        PersistencePathError: a symbolic-link loop or another failure to
+            examine it (the ``OSError`` is ``__cause__``), a NUL byte in it, or
+            it is not a directory.
+    """
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        pass  # made on the first put: resolve what exists of it
+    except (OSError, ValueError) as failure:  # ValueError: a NUL byte in it
+        raise errors.PersistencePathError(given, detail=str(failure)) from failure
+    else:
+        if not os.path.isdir(path):
+            raise errors.PersistencePathError(given, detail="not a directory")
+    return os.path.realpath(path).rstrip("/") or "/"
+
+
 class FsspecBlobs:
     """A blob store in a directory or object store through ``fsspec``
     (``turnkeeper[blobs]``): blob ``key`` is the file ``<root>/<key>``.
     ``fs`` (an ``fsspec.AbstractFileSystem``) defaults to the local
     filesystem. A put writes a temporary file next to the blob and moves it
-    into place, so a reader never sees half a blob under its key."""
+    into place, so a reader never sees half a blob under its key.
+
+    A local ``root`` is made canonical once, here (absolute, its symbolic
+    links resolved), so a later change of directory or link does not move
+    the blobs.
+
+    Raises:
+        PersistencePathError: a local ``root`` that resolves through a
+            symbolic-link loop, cannot be examined, or is not a directory.
+    """
 
     def __init__(self, root: str, fs: Any = None) -> None:
         if fs is None:
@@ -251,6 +296,9 @@ class FsspecBlobs:
             fs = fsspec.filesystem("file")
         self.fs = fs
         self.root = str(fs._strip_protocol(root)).rstrip("/")
+        protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+        if "file" in protocols or "local" in protocols:
+            self.root = canonical_directory(root, self.root)
 
     def _path(self, key: str) -> str:
         if key.startswith("/") or ".." in key.split("/"):

@@ -40,6 +40,15 @@ def sha256(payload: bytes) -> str:
     return hashlib.sha256(payload).hexdigest()
 
 
+def envelope_error(reason: str, failure: BaseException) -> errors.EnvelopeError:
+    """An ``EnvelopeError`` for ``reason`` whose ``__cause__`` is the decoder's
+    ``failure``: raised as the cause of the caller's own error (replay's
+    ``ReplayDecodeError``, the command log's ``CommandApplicationNotFoundError``)."""
+    error = errors.EnvelopeError(reason, detail=str(failure))
+    error.__cause__ = failure
+    return error
+
+
 def read_tip(tx: Tx, tenant: str, session_id: str, *, lock: bool = False) -> tuple[int, int]:
     """The ledger's ``(tip, epoch of its newest fence)``; ``(0, 0)`` when it has
     no record. With ``lock``, the tip's row is locked (PostgreSQL) until the

@@ -162,7 +162,8 @@ def decode_application(session_id: str, seq: int, kind: str, payload: bytes) -> 
 
     Raises:
         CommandApplicationNotFoundError: another kind of record, or one that
-            does not decode (its error is ``__cause__``).
+            does not decode (``__cause__`` an ``EnvelopeError``, whose own
+            ``__cause__`` is the decoder's error).
     """
     if kind != COMMAND_APPLICATION_KIND:
         raise errors.CommandApplicationNotFoundError(
@@ -176,7 +177,7 @@ def decode_application(session_id: str, seq: int, kind: str, payload: bytes) -> 
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as failure:
         raise errors.CommandApplicationNotFoundError(
             session_id, seq, detail="the record does not decode"
-        ) from failure
+        ) from journal.envelope_error("a command application's body is not its JSON", failure)
     return CommandApplication(command_id, applied)
 
 

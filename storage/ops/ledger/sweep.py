@@ -1,0 +1,113 @@
+"""Reclaiming the blobs of deleted sessions (``Ledger.sweep_deleted``).
+
+A session delete removes the session's ledger and its blobs in the store's
+own table (``ledger_blobs``) in its transaction, but an object store
+(:class:`~.blobs.FsspecBlobs`) cannot join that transaction: its blobs
+outlive the delete. Once the session is deleted every blob under its prefix
+is an orphan (no ledger is left to point at it), so the sweep deletes them.
+
+Safety without a lease (a deleted session has none): a session counts as
+deleted only when the database holds its ``deleted_sessions`` row (a
+tombstone, permanent: a deleted id is never reused) and no ledger record or
+tip of it for the tenant (:func:`deleted_sessions`, the sweep's guard). A
+live session's blobs are never touched, and neither is a key of another
+shape under a deleted prefix (counted ``unreclaimable``). A writer that
+offloaded a blob just before the delete and then failed its append leaves
+one more orphan, which the next sweep reclaims.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import partial
+from typing import Any
+
+from turnkeeper.spec import errors
+from turnkeeper.spec.ledger import GCResult
+
+from ...backend import Backend, Tx
+from .blobs import BlobStore, blob_prefix, is_blob_name
+
+_CHUNK = 500
+
+
+def sessions_root(tenant: str) -> str:
+    """The key prefix holding every session prefix of ``tenant``
+    (``sessions/``, under ``tenants/<tenant>/`` for a tenant other than ``""``)."""
+    return blob_prefix(tenant, "x")[: -len("x/")]
+
+
+def _rows(sql: str, params: list[str], tx: Tx) -> list[Any]:
+    return list(tx.rows(sql, params))
+
+
+def deleted_sessions(db: Backend, tenant: str, session_ids: Iterable[str]) -> set[str]:
+    """Those of ``session_ids`` that are deleted: a ``deleted_sessions`` row,
+    and no ledger record or tip for ``tenant`` (the sweep's guard).
+
+    Raises:
+        DatabaseError: the read failed.
+    """
+    ids = sorted(set(session_ids))
+    found: set[str] = set()
+    for start in range(0, len(ids), _CHUNK):
+        chunk = ids[start : start + _CHUNK]
+        marks = ", ".join("?" * len(chunk))
+        sql = (
+            f"SELECT d.session_id FROM deleted_sessions d WHERE d.session_id IN ({marks}) "
+            "AND NOT EXISTS (SELECT 1 FROM ledger_records r "
+            "WHERE r.tenant = ? AND r.session_id = d.session_id) "
+            "AND NOT EXISTS (SELECT 1 FROM ledger_tips t "
+            "WHERE t.tenant = ? AND t.session_id = d.session_id)"
+        )
+        params = [*chunk, tenant, tenant]
+        rows = db.read("ledger_sweep_deleted", partial(_rows, sql, params))
+        found.update(str(r[0]) for r in rows)
+    return found
+
+
+def sweep(
+    db: Backend, blobs: BlobStore, tenant: str, session_ids: Iterable[str] | None
+) -> GCResult:
+    """Delete the blobs of ``tenant``'s deleted sessions among ``session_ids``
+    (``None``: every session with a blob prefix under :func:`sessions_root`).
+    ``scanned`` counts the blobs of the offload shape under deleted sessions'
+    prefixes, all of them ``deleted`` (``referenced`` is 0); ``unreclaimable``
+    the other keys there, left alone.
+
+    Raises:
+        GCListError: a listing failed; nothing is deleted.
+        GCDeleteError: a delete failed (the blobs before it in key order are deleted).
+        DatabaseError: the deleted sessions could not be read; nothing is deleted.
+    """
+    root = sessions_root(tenant)
+    prefixes = (
+        [root]
+        if session_ids is None
+        else [blob_prefix(tenant, s) for s in sorted(set(session_ids))]
+    )
+    by_session: dict[str, list[str]] = {}
+    for prefix in prefixes:
+        try:
+            listed = blobs.list(prefix)
+        except Exception as failure:  # any store failure: fail closed, typed
+            raise errors.GCListError(prefix) from failure
+        for key in listed:
+            if key.startswith(root) and "/" in key[len(root) :]:
+                session_id = key[len(root) :].rpartition("/")[0]
+                by_session.setdefault(session_id, []).append(key)
+    gone = deleted_sessions(db, tenant, by_session)
+    keys = sorted(k for s in gone for k in by_session[s])
+    shaped = [k for k in keys if is_blob_name(k.rpartition("/")[2])]
+    for key in shaped:
+        try:
+            blobs.delete(key)
+        except Exception as failure:  # any store failure: surfaced, typed
+            raise errors.GCDeleteError(key) from failure
+    return GCResult(
+        scanned=len(shaped),
+        referenced=0,
+        deleted=len(shaped),
+        deleted_keys=tuple(shaped),
+        unreclaimable=len(keys) - len(shaped),
+    )
