@@ -473,6 +473,7 @@ TINY_BENCH = {
     "TURNKEEPER_BENCH_RUNS": "3000",
     "TURNKEEPER_BENCH_BIG_SESSIONS": "3",
     "TURNKEEPER_BENCH_BIG_COPIES": "5",
+    "TURNKEEPER_BENCH_LEDGER_REPLAY": "2000",
 }
 """CI's size for reports/bench.py: enough to run every row, too small to mean anything."""
 
@@ -505,6 +506,11 @@ def run_tiny_bench(tmp_path: Path, pg: str | None) -> dict:
         assert backend["statements_per_call"]["append_many"] > 0
         assert backend["analytics_model_day"]["runs"] == 3000
         assert backend["dbos_three_steps"]["median"] > 0
+        ledger = backend["ledger"]
+        assert ledger["16_writers_batches_x_one_record_per_commit"] > 0
+        assert ledger["16_writers_single_x_one_writer"] > 0
+        assert ledger["replay"]["records"] == 2000
+        assert ledger["replay"]["peak_bytes"] > 0
     duck = data["backends"]["duckdb"]
     assert duck["analytics_model_day"]["x_faster_than_sqlite"] > 0
     assert set(duck["langgraph"]) == {
@@ -512,7 +518,9 @@ def run_tiny_bench(tmp_path: Path, pg: str | None) -> dict:
         "replay, cache off / get_tuple",
         "append (fenced) / put",
     }
-    assert (tmp_path / "BENCH.md").read_text(encoding="utf-8").startswith("# turnkeeper")
+    table = (tmp_path / "BENCH.md").read_text(encoding="utf-8")
+    assert table.startswith("# turnkeeper")
+    assert "| ledger: 16 writers, batches of 100 |" in table
     return data
 
 

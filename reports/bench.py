@@ -44,6 +44,8 @@ from turnkeeper import DeliveryPlan, DeliveryStep, EntryKind
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_bounds lies beside this script
 sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "model_tests"))  # grown
 from bench_bounds import duckdb_bounds, postgres_bounds
+from bench_ledger import ledger
+from bench_ledger import rows as ledger_rows
 
 HERE = Path(__file__).resolve().parent
 REPS = int(os.environ.get("TURNKEEPER_BENCH_REPS", "5"))
@@ -744,6 +746,11 @@ def table(result: dict[str, Any]) -> str:
             cells.append("—" if r is None else f"{r['median']}× [{r['min']}–{r['max']}]")
         if any(c != "—" for c in cells):
             lines.append(f"| LangGraph SqliteSaver: {peer}, same history | {' | '.join(cells)} |")
+    ledger_cells = [
+        dict(ledger_rows(b["ledger"])) if "ledger" in b else {} for b in result["backends"].values()
+    ]
+    for row in dict.fromkeys(r for c in ledger_cells for r in c):
+        lines.append(f"| {row} | {' | '.join(c.get(row, '—') for c in ledger_cells)} |")
     m = result["machine"]
     lines += [
         "",
@@ -775,6 +782,7 @@ def main() -> int:
                 f"sqlite:///{tmp}/dbos.sqlite",
                 f"{tmp}/big.duckdb",
             )
+            backends["duckdb"]["ledger"] = ledger(store)
     url = os.environ.get("TURNKEEPER_TEST_PG")
     if url:
         schema = pg_schema(url)
@@ -787,6 +795,7 @@ def main() -> int:
             backends["postgres"] = measure(
                 store, cold, pg_floor(schema), least, rows, "", dbos_url, pg_schema(url)
             )
+            backends["postgres"]["ledger"] = ledger(store, schema)
         backends["postgres"]["processes"] = multiples({n: processes(schema, n) for n in (1, 4, 8)})
     result = {
         "floor": FLOOR_SQL.format(p="?") + " (autocommit)",

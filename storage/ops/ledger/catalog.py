@@ -83,6 +83,27 @@ def store_meta(
     return changed == 1
 
 
+def fold_new(
+    session_id: str, meta: SessionMeta | None, records: Sequence[NewRecord], now: datetime
+) -> SessionMeta:
+    """``meta`` (``None``: no entry yet) with ``records`` folded at ``now``.
+
+    Raises:
+        CatalogOrderingError: the records do not follow the entry's cursor.
+        ReplayDecodeError, CatalogUsageError, CatalogHustleError: a record
+            does not fold.
+    """
+    meta = meta or SessionMeta(session_id)
+    if records and meta.last_journal_seq < records[0][0] - 1:
+        seq, kind, _ = records[0]
+        raise errors.CatalogOrderingError(
+            kind, seq, meta.last_journal_seq, detail="records before it were not folded"
+        )
+    for seq, kind, payload in records:
+        meta = catalog_fold.fold(meta, seq, kind, payload, now)
+    return meta
+
+
 def stored_ahead(stored_seq: int, replayed_seq: int) -> bool:
     """Whether the stored entry folded records past a repair's replay (then
     the repair replays again rather than overwrite that fold)."""
@@ -229,19 +250,7 @@ class Catalog:
         """
         check_id(session_id, "session_id")
         now = self.options.clock()
-
-        def change(meta: SessionMeta | None) -> SessionMeta:
-            meta = meta or SessionMeta(session_id)
-            if records and meta.last_journal_seq < records[0][0] - 1:
-                seq, kind, _ = records[0]
-                raise errors.CatalogOrderingError(
-                    kind, seq, meta.last_journal_seq, detail="records before it were not folded"
-                )
-            for seq, kind, payload in records:
-                meta = catalog_fold.fold(meta, seq, kind, payload, now)
-            return meta
-
-        return self._update(session_id, change)
+        return self._update(session_id, lambda meta: fold_new(session_id, meta, records, now))
 
     def after_append(self, session_id: str, records: Sequence[NewRecord]) -> None:
         """The best-effort update after an append: :meth:`update_on_event`; on

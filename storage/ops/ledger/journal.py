@@ -144,6 +144,28 @@ def append(
             [tenant, session_id, *ids],
         )
     }
+    results, new = sequence(session_id, tip, entries, known)
+    if new:
+        _insert(tx, tenant, session_id, lease.epoch, now, new)
+        _move_tip(tx, tenant, session_id, tip, new[-1][0], ledger_epoch)
+    return results
+
+
+def sequence(
+    session_id: str,
+    tip: int,
+    entries: Sequence[LedgerEntry],
+    known: dict[str, tuple[int, str, str]],
+) -> tuple[list[AppendResult], list[tuple[int, LedgerEntry]]]:
+    """Number ``entries`` from ``tip + 1``: an entry whose idempotency id is in
+    ``known`` (``(seq, kind, sha256)`` of the records already stored under
+    it; entries numbered here are added) with the same kind and payload takes
+    that record's sequence. Returns each entry's result and the records to
+    write, ``(seq, entry)``.
+
+    Raises:
+        LedgerIdempotencyConflictError: an id already names other content.
+    """
     results: list[AppendResult] = []
     new: list[tuple[int, LedgerEntry]] = []
     seq = tip
@@ -161,10 +183,7 @@ def append(
         known[entry.idempotency_id] = (seq, entry.kind, digest)
         new.append((seq, entry))
         results.append(AppendResult(seq))
-    if new:
-        _insert(tx, tenant, session_id, lease.epoch, now, new)
-        _move_tip(tx, tenant, session_id, tip, seq, ledger_epoch)
-    return results
+    return results, new
 
 
 def _insert(

@@ -5,7 +5,9 @@ A replay reads the ledger's tip once, then pages of at most ``page_rows``
 records in sequence order (each page one read of its own), and yields each
 record after verifying it; it holds one page at a time, so its memory is
 bounded by ``page_rows`` records: ``page_rows`` × (the largest payload's bytes
-+ a record's fixed fields, about 300 bytes). It never yields a record it has
++ a record's fixed fields, about 512 bytes), plus a working set that does not
+grow with the ledger (the driver's result and the verifier, about 256 KiB;
+``make bench`` measures both against a replay of 100,000 records). It never yields a record it has
 not verified, and never ends short of the tip it read: every failure raises,
 typed, with the sequence:
 
