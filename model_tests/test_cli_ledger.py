@@ -26,6 +26,7 @@ from click.testing import CliRunner, Result
 from conftest import BACKENDS, forge, new_pg_schema, open_pg
 
 import turnkeeper
+from turnkeeper.cli import report_ledger
 from turnkeeper.cli.main import cli
 from turnkeeper.spec.ledger import LedgerEntry
 from turnkeeper.storage.ops.ledger import blobs as blob_ops
@@ -363,3 +364,59 @@ def _forge_catalog_away(store: turnkeeper.BaseStore) -> None:
     """Drop ``s``'s catalog entry, so that only ``repair`` can bring it back."""
     forge(store, "DELETE FROM ledger_catalog WHERE session_id = 's'", [], rows=1)
     assert store.ledger.catalog.read_meta("s") is None
+
+
+# -- report -------------------------------------------------------------------------
+
+
+def test_report_counts_records_bytes_blobs_and_orphans_per_session(db, monkeypatch):
+    _ledger_of_s(db)
+    _append(db, "s", "big", BIG, "b1", "--tenant", "acme")  # the same blob, a tenant's key
+    _append(db, "t", "note", b"t1", "t1")
+    key = _pointer(db, 4)["key"]
+    blob_bytes = len(blob_ops.envelope(LedgerEntry("big", BIG, "b1")))
+    with _open(db) as store:
+        store.ledger.blobs.put("sessions/t/" + hashlib.sha256(b"o").hexdigest(), b"o")
+        stored = store.query(
+            "SELECT session_id, count(*) AS n, sum(octet_length(payload)) AS b "
+            "FROM ledger_records GROUP BY session_id ORDER BY session_id"
+        ).to_pylist()
+
+    def figures() -> dict[str, Any]:
+        r = tk("report", "--db", db, "--json")
+        assert r.exit_code == 0, r.output
+        return dict(json.loads(r.stdout)["ledger"])
+
+    data = figures()
+    by = {row["session_id"]: row for row in data["by_session"]}
+    assert [r["session_id"] for r in data["by_session"]] == ["s", "t"]  # largest first
+    assert (by["s"]["records"], by["s"]["ledger_bytes"]) == (stored[0]["n"], stored[0]["b"])
+    assert (by["s"]["pointers"], by["s"]["blobs"], by["s"]["blob_bytes"]) == (
+        2,
+        2,
+        2 * blob_bytes,
+    )
+    assert (by["s"]["orphan_blobs"], by["t"]["orphan_blobs"], by["t"]["orphan_bytes"]) == (0, 1, 1)
+    assert data["total"]["ledgers"] == 3 and data["total"]["orphan_blobs"] == 1
+    assert data["gc"]["recorded"] is False
+    # the default tenant's pointer gone, its blob is an orphan, though the tenant's
+    # pointer names a key that ends with its key (keys are matched whole, quoted)
+    _forge(
+        db,
+        "DELETE FROM ledger_records WHERE tenant = '' AND session_id = 's' AND seq = 4",
+        [],
+    )
+    data = figures()
+    by = {row["session_id"]: row for row in data["by_session"]}
+    assert (by["s"]["orphan_blobs"], by["s"]["orphan_bytes"]) == (1, blob_bytes), key
+    text = tk("report", "--db", db)
+    assert "Ledger per session" in text.stdout and "GC results are not recorded" in text.stdout
+    # control: keys matched unquoted, the tenant's pointer hides the orphan
+    unquoted = {
+        name: sql.replace("'\"' || b.key || '\"'", "b.key")
+        for name, sql in report_ledger._NAMED.items()
+    }
+    assert unquoted != report_ledger._NAMED
+    monkeypatch.setattr(report_ledger, "_NAMED", unquoted)
+    by = {row["session_id"]: row for row in figures()["by_session"]}
+    assert by["s"]["orphan_blobs"] == 0
