@@ -103,6 +103,9 @@ def test_short_demo_is_clean_and_fences_stale_writes(demo: DemoRun) -> None:
         "tool_results_in_context",
         "no_orphan_rows",
         "bindings_agree",
+        "ledger_tips_match_records",
+        "ledgers_verify",
+        "ledger_catalog_lists_sessions",
         "stale_delivery_acks_refused",
         "fleet_did_work",
     }
@@ -121,6 +124,13 @@ def test_short_demo_is_clean_and_fences_stale_writes(demo: DemoRun) -> None:
     checked = {c["name"]: c["checked"] for c in f["audit"]}
     assert checked["no_entry_under_lost_lease"] >= f["turns_committed"]
     assert checked["refused_writes_absent"] >= f["stale_writes_fenced"]
+    # every session the fleet wrote a turn of has a ledger, verified and listed
+    assert f["ledger_records"] >= 2 * f["turns_committed"]
+    assert f["stale_ledger_appends_fenced"] == f["stalls"]
+    written = {c["name"]: c["checked"] for c in f["audit"]}["ledger_tips_match_records"]
+    assert written >= 1
+    for name in ("ledgers_verify", "ledger_catalog_lists_sessions"):
+        assert checked[name] == written
 
 
 def test_demo_counts_match_the_stored_history(demo: DemoRun) -> None:

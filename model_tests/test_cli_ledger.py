@@ -420,3 +420,47 @@ def test_report_counts_records_bytes_blobs_and_orphans_per_session(db, monkeypat
     monkeypatch.setattr(report_ledger, "_NAMED", unquoted)
     by = {row["session_id"]: row for row in figures()["by_session"]}
     assert by["s"]["orphan_blobs"] == 0
+
+
+# -- audit ----------------------------------------------------------------------------
+
+
+def _audit(db: str, *args: str) -> dict[str, dict[str, Any]]:
+    r = tk("audit", "--db", db, "--json", *args)
+    return {c["name"]: c for c in json.loads(r.stdout)["audit"]}
+
+
+LEDGER_CHECKS = ("ledger_tips_match_records", "ledgers_verify", "ledger_catalog_lists_sessions")
+
+
+def test_audit_checks_every_ledger_and_each_check_can_fail(db):
+    _ledger_of_s(db)
+    _append(db, "t", "note", b"t1", "t1")
+    _append(db, "t", "note", b"t2", "t2", "--tenant", "acme")
+    found = _audit(db)
+    assert [(found[n]["passed"], found[n]["checked"]) for n in LEDGER_CHECKS] == [(True, 3)] * 3
+    scoped = _audit(db, "--session", "t")
+    assert [scoped[n]["checked"] for n in LEDGER_CHECKS] == [2, 2, 2]  # t and acme/t
+    # a tip that names a record the ledger does not hold
+    _forge(db, "UPDATE ledger_tips SET seq = 9 WHERE tenant = 'acme' AND session_id = 't'", [])
+    found = _audit(db)
+    assert not found["ledger_tips_match_records"]["passed"]
+    assert found["ledger_tips_match_records"]["detail"] == "acme/t"
+    assert "acme/t: ReplayReadError at seq 3" in found["ledgers_verify"]["detail"]
+    assert found["ledger_catalog_lists_sessions"]["detail"] == "acme/t (folded 2 of 9)"
+    _forge(db, "UPDATE ledger_tips SET seq = 2 WHERE tenant = 'acme' AND session_id = 't'", [])
+    # a flipped payload byte: only the replay sees it
+    _forge(
+        db, "UPDATE ledger_records SET payload = ? WHERE session_id = 's' AND seq = 6", [b"lost"]
+    )
+    found = _audit(db)
+    assert found["ledger_tips_match_records"]["passed"]
+    assert found["ledgers_verify"]["detail"].startswith("s: ReplayDecodeError at seq 6")
+    _forge(
+        db, "UPDATE ledger_records SET payload = ? WHERE session_id = 's' AND seq = 6", [b"last"]
+    )
+    # a session the catalog does not list
+    _forge(db, "DELETE FROM ledger_catalog WHERE tenant = '' AND session_id = 't'", [])
+    found = _audit(db)
+    assert [found[n]["passed"] for n in LEDGER_CHECKS] == [True, True, False]
+    assert found["ledger_catalog_lists_sessions"]["detail"] == "t (not listed)"
