@@ -31,6 +31,7 @@ from .audit import run_audit
 from .audit_base import Check
 from .common import EXIT_FAILED, dumps, fmt_num, open_db, stdout_console
 from .fleet import DEFAULT_TTL_S, FleetConfig, WorkerStats
+from .fleet_ledger import late_check
 from .fleet_runners import (
     JOIN_S,
     READY_S,
@@ -262,6 +263,7 @@ def run_fleet(store: BaseStore, cfg: FleetConfig, console: Console | None) -> di
             attempted,
         )
     )
+    checks.append(late_check(store, session_ids, stats))
     checks.append(
         Check(
             "stale_delivery_acks_refused",

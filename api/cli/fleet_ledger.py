@@ -17,12 +17,21 @@ fills in; idempotency ids are ``<run id>:<what>``.
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from turnkeeper.spec.ledger import LedgerEntry
 from turnkeeper.spec.records import Lease, Run
 from turnkeeper.storage import BaseStore
 from turnkeeper.storage.ops.ledger import LedgerWriter
+
+from .audit_base import Check
+
+if TYPE_CHECKING:
+    from .fleet import WorkerStats
+
+LATE = ":step:late"
+"""The end of a stalled worker's late ``step_done``'s idempotency id."""
 
 LOOP_ID = "main"
 """The loop every demo step belongs to."""
@@ -116,8 +125,32 @@ class TurnLedger:
             LeaseLostError: refused, as it must be.
         """
         body = {"loop_id": LOOP_ID, "turn_id": run.turn_id, "summary": "late"}
-        self._append(writer, [_entry("step_done", body, f"{run.id}:step:late")])
+        self._append(writer, [_entry("step_done", body, f"{run.id}{LATE}")])
 
     def _append(self, writer: LedgerWriter, entries: list[LedgerEntry]) -> None:
         results = writer.append_many(entries)
         self.records += sum(not r.duplicate for r in results)
+
+
+def late_records(store: BaseStore, sessions: list[str]) -> list[str]:
+    """The idempotency ids of stalled workers' late records stored in the
+    ledgers of ``sessions``: every one was refused, so this must be empty."""
+    found = store.query(
+        "SELECT idempotency_id FROM ledger_records WHERE session_id IN "
+        "(SELECT unnest(?::VARCHAR[])) AND idempotency_id LIKE ? ORDER BY idempotency_id",
+        [sessions, f"%{LATE}"],
+    ).to_pylist()
+    return [str(r["idempotency_id"]) for r in found]
+
+
+def late_check(store: BaseStore, sessions: list[str], stats: Sequence[WorkerStats]) -> Check:
+    """The demo's audit check ``stale_ledger_appends_absent``: no late record
+    (:func:`late_records`) was stored, out of the refused ones."""
+    late = late_records(store, sessions)
+    return Check(
+        "stale_ledger_appends_absent",
+        "no ledger record a stalled worker saw refused was stored",
+        len(late),
+        sum(s.stale_ledger_appends_fenced for s in stats),
+        ", ".join(late[:3]),
+    )
