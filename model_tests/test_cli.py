@@ -103,6 +103,10 @@ def test_short_demo_is_clean_and_fences_stale_writes(demo: DemoRun) -> None:
         "tool_results_in_context",
         "no_orphan_rows",
         "bindings_agree",
+        "ledger_tips_match_records",
+        "ledgers_verify",
+        "ledger_catalog_lists_sessions",
+        "stale_ledger_appends_absent",
         "stale_delivery_acks_refused",
         "fleet_did_work",
     }
@@ -120,7 +124,18 @@ def test_short_demo_is_clean_and_fences_stale_writes(demo: DemoRun) -> None:
     # The checks looked at real data.
     checked = {c["name"]: c["checked"] for c in f["audit"]}
     assert checked["no_entry_under_lost_lease"] >= f["turns_committed"]
-    assert checked["refused_writes_absent"] >= f["stale_writes_fenced"]
+    assert (
+        checked["refused_writes_absent"]
+        >= f["stale_writes_fenced"] - f["stale_ledger_appends_fenced"]
+    )
+    assert checked["stale_ledger_appends_absent"] == f["stale_ledger_appends_fenced"]
+    # every session the fleet wrote a turn of has a ledger, verified and listed
+    assert f["ledger_records"] >= 2 * f["turns_committed"]
+    assert f["stale_ledger_appends_fenced"] == f["stalls"]
+    written = {c["name"]: c["checked"] for c in f["audit"]}["ledger_tips_match_records"]
+    assert written >= 1
+    for name in ("ledgers_verify", "ledger_catalog_lists_sessions"):
+        assert checked[name] == written
 
 
 def test_demo_counts_match_the_stored_history(demo: DemoRun) -> None:
@@ -900,7 +915,8 @@ def test_demo_audit_catches_a_store_without_its_fence(
     from turnkeeper.cli.demo import run_fleet
     from turnkeeper.storage.ops import leases
 
-    monkeypatch.setattr(leases, "fence", lambda tx, lease: None)
+    # the fence's clock reading is still returned: the ledger stamps its records with it
+    monkeypatch.setattr(leases, "fence", lambda tx, lease: tx.clock_after_locks(None))
     cfg = FleetConfig(
         workers=3, sessions=3, duration_s=2.0, seed=11, ttl_s=0.3, stall_p=0.5, min_turns=6
     )

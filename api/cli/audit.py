@@ -32,6 +32,7 @@ from turnkeeper.storage import BaseStore
 from turnkeeper.storage.store import Snapshot
 
 from .audit_base import Check, Scope, rows, sample
+from .audit_ledger import check_ledger_tips, ledger_checks
 from .audit_orphans import check_bindings_agree, check_no_orphans
 from .audit_runs import run_checks
 
@@ -336,11 +337,12 @@ def run_audit(
     is ``None`` that check is skipped (a stored database alone cannot know
     which writes were refused). Every check reads the same snapshot of the
     store (:meth:`BaseStore.snapshot`), so an audit of a store that other
-    processes are writing to sees one consistent state.
+    processes are writing to sees one consistent state; then the ledger
+    checks that replay through ``store.ledger`` (:mod:`.audit_ledger`).
     """
-    return store.snapshot(
-        lambda snap: _checks(snap, Scope(sessions), refused_markers, refused_records)
-    )
+    scope = Scope(sessions)
+    checks = store.snapshot(lambda snap: _checks(snap, scope, refused_markers, refused_records))
+    return checks + ledger_checks(store, scope)
 
 
 def _checks(
@@ -362,4 +364,5 @@ def _checks(
     checks.extend(run_checks(store, scope))
     checks.append(check_no_orphans(store, scope))
     checks.append(check_bindings_agree(store, scope))
+    checks.append(check_ledger_tips(store, scope))
     return checks

@@ -31,6 +31,7 @@ from .audit import run_audit
 from .audit_base import Check
 from .common import EXIT_FAILED, dumps, fmt_num, open_db, stdout_console
 from .fleet import DEFAULT_TTL_S, FleetConfig, WorkerStats
+from .fleet_ledger import late_check
 from .fleet_runners import (
     JOIN_S,
     READY_S,
@@ -177,7 +178,10 @@ def _wait(
                 completed=min(now - start, cfg.duration_s),
                 turns=turns,
                 fenced=sum(
-                    s.stale_appends_fenced + s.stale_finalizes_fenced + s.stale_finishes_fenced
+                    s.stale_appends_fenced
+                    + s.stale_ledger_appends_fenced
+                    + s.stale_finalizes_fenced
+                    + s.stale_finishes_fenced
                     for s in stats
                 ),
                 busy=sum(s.busy_refusals for s in stats),
@@ -250,7 +254,7 @@ def run_fleet(store: BaseStore, cfg: FleetConfig, console: Console | None) -> di
         refused_markers=[m for s in stats for m in s.refused_markers],
         refused_records=[r for s in stats for r in s.refused_records],
     )
-    attempted = 3 * sum(s.stalls for s in stats)
+    attempted = 4 * sum(s.stalls for s in stats)  # append, ledger append, finish, finalize
     checks.append(
         Check(
             "stale_writes_refused",
@@ -259,6 +263,7 @@ def run_fleet(store: BaseStore, cfg: FleetConfig, console: Console | None) -> di
             attempted,
         )
     )
+    checks.append(late_check(store, session_ids, stats))
     checks.append(
         Check(
             "stale_delivery_acks_refused",
@@ -373,10 +378,13 @@ def summarize(
         "turns_committed": total("turns_committed"),
         "entries_written": total("entries_written"),
         "stale_writes_fenced": total("stale_appends_fenced")
+        + total("stale_ledger_appends_fenced")
         + total("stale_finalizes_fenced")
         + total("stale_finishes_fenced"),
         "stale_appends_fenced": total("stale_appends_fenced"),
         "stale_finalizes_fenced": total("stale_finalizes_fenced"),
+        "stale_ledger_appends_fenced": total("stale_ledger_appends_fenced"),
+        "ledger_records": total("ledger_records"),
         "stale_writes_accepted": total("stale_writes_accepted"),
         "lost_mid_turn": total("lost_mid_turn"),
         "busy_refusals": total("busy_refusals"),
@@ -427,7 +435,9 @@ def render(console: Console, figures: dict[str, Any]) -> None:
         (
             "stale writes fenced",
             fmt_num(f["stale_writes_fenced"]),
-            f"{f['stale_appends_fenced']} appends, {f['stale_finishes_fenced']} run ends, "
+            f"{f['stale_appends_fenced']} appends, "
+            f"{f['stale_ledger_appends_fenced']} ledger appends, "
+            f"{f['stale_finishes_fenced']} run ends, "
             f"{f['stale_finalizes_fenced']} finalizes after {f['stalls']} stalls",
         ),
         (
@@ -456,6 +466,11 @@ def render(console: Console, figures: dict[str, Any]) -> None:
         ("takeovers", fmt_num(f["takeovers"]), f"{f['abandoned']} leases abandoned"),
         ("busy refusals", fmt_num(f["busy_refusals"]), f"{f['iterations']:,} iterations"),
         ("thread records finalized", fmt_num(f["records_finalized"]), ""),
+        (
+            "ledger records appended",
+            fmt_num(f["ledger_records"]),
+            "turn_started, step_done, turn_done … under the session lease",
+        ),
         (
             "store operations / s",
             fmt_num(f["ops_per_s"]),

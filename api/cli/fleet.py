@@ -24,6 +24,13 @@ matter how the races turn out), takes the lease ``session:<id>`` (purpose
   be refused with ``LeaseLostError`` (a stale write that is accepted is an
   audit failure) and the run is left to recovery.
 
+Each turn also goes to the session's ledger (``store.ledger``, see
+:mod:`.fleet_ledger`): the worker opens the ledger's writer under its
+session lease after the admission and appends ``session_started`` and
+``turn_started``, a ``step_done`` per tool call, and the reply's
+``step_done`` and ``turn_done``; a stalled worker's late ledger append must
+be refused too.
+
 Every message a worker writes starts with a unique marker ``[run.w.i.n]`` so
 the audit can check that no write a worker saw refused was stored.
 """
@@ -48,8 +55,10 @@ from turnkeeper.spec.errors import (
 )
 from turnkeeper.spec.records import FinalizeRequest, Lease, Run, ThreadRecord
 from turnkeeper.storage import BaseStore
+from turnkeeper.storage.ops.ledger import LedgerWriter
 
 from .common import one_line
+from .fleet_ledger import TurnLedger
 
 MODELS: tuple[tuple[str, str], ...] = (
     ("anthropic", "claude-sonnet-4-5"),
@@ -162,7 +171,9 @@ class WorkerStats:
     stale_appends_fenced: int = 0
     stale_finalizes_fenced: int = 0
     stale_finishes_fenced: int = 0
+    stale_ledger_appends_fenced: int = 0
     stale_writes_accepted: int = 0
+    ledger_records: int = 0
     lost_mid_turn: int = 0
     conflicts: int = 0
     errors: list[str] = field(default_factory=list)
@@ -207,6 +218,7 @@ class Worker:
         self.rng = worker_rng(cfg, index)
         self.stats = WorkerStats(index)
         self._finalized_ids: set[str] = set()
+        self.ledger = TurnLedger(store)
 
     def run(self) -> None:
         """Loop over iterations; never raises (errors are recorded in ``stats``)."""
@@ -223,6 +235,7 @@ class Worker:
                 self.stats.conflicts += 1
             except Exception as exc:  # a bug or backend failure: recorded, shown, fails the run
                 self.stats.errors.append(f"{type(exc).__name__}: {one_line(str(exc))}")
+            self.stats.ledger_records = self.ledger.records
             if self.progress is not None:
                 self.progress(self.stats)
 
@@ -255,11 +268,16 @@ class Worker:
         except LeaseLostError:
             self.stats.lost_mid_turn += 1
             return
+        try:
+            writer = self.ledger.start(sid, lease, run, PROMPTS[it % len(PROMPTS)])
+        except LeaseLostError:
+            self.stats.lost_mid_turn += 1
+            return
         if plan.action == "stall":
-            self._stall(it, sid, lease, run)
+            self._stall(it, sid, lease, run, writer)
             return
         try:
-            leaf = self._run_turn(it, sid, lease, plan, run)
+            leaf = self._run_turn(it, sid, lease, plan, run, writer)
             if leaf is None:
                 self.stats.crashes += 1
                 return  # died mid-run: nothing released, recovery converges the run
@@ -321,9 +339,12 @@ class Worker:
         self.stats.entries_written += 1
         return entry.id
 
-    def _run_turn(self, it: int, sid: str, lease: Lease, plan: Plan, run: Run) -> str | None:
-        """Tool call (if planned) and termination; returns the turn-end entry id, or
-        ``None`` when the plan is a crash (the worker stops mid-run)."""
+    def _run_turn(
+        self, it: int, sid: str, lease: Lease, plan: Plan, run: Run, writer: LedgerWriter
+    ) -> str | None:
+        """Tool call (if planned) and termination, each step also in the ledger
+        through ``writer``; returns the turn-end entry id, or ``None`` when the
+        plan is a crash (the worker stops mid-run)."""
         provider, model = MODELS[plan.model]
         if plan.model_change:
             self.store.sessions.append(
@@ -337,6 +358,7 @@ class Worker:
             self._tool_call(it, sid, lease, run, assistant, crash_in_tool)
             if crash_in_tool:
                 return None
+            self.ledger.step(writer, run, f"{TOOLS[it % len(TOOLS)]}: ok", usage)
         if plan.action == "crash":
             return None
         lease = self.store.leases.renew(lease, self.cfg.ttl_s)  # the heartbeat before the end
@@ -360,6 +382,7 @@ class Worker:
             self.stats.refused_markers.append(m)
             raise
         self.stats.entries_written += 2  # assistant + turn end
+        self.ledger.done(writer, run, "Done.", usage)
         return f"{run.id}:turn-end"
 
     def _tool_call(
@@ -451,9 +474,9 @@ class Worker:
         self._finalized_ids.add(rec_id)
         self.stats.finalized += 1
 
-    def _stall(self, it: int, sid: str, lease: Lease, run: Run) -> None:
-        """Stall past the TTL mid-run, then try to write, end the run and finalize
-        with the old lease: all three must be refused. ``stalls`` counts the
+    def _stall(self, it: int, sid: str, lease: Lease, run: Run, writer: LedgerWriter) -> None:
+        """Stall past the TTL mid-run, then try to write, append to the ledger,
+        end the run and finalize with the old lease: all four must be refused. ``stalls`` counts the
         stalls that got that far (the fleet's end cuts a stall short)."""
         if self.stop.wait(self.cfg.ttl_s + STALL_MARGIN_S):
             return  # interrupted: the lease may still be live, so test nothing
@@ -465,6 +488,12 @@ class Worker:
         except LeaseLostError:
             self.stats.stale_appends_fenced += 1
             self.stats.refused_markers.append(m)
+        else:
+            self.stats.stale_writes_accepted += 1
+        try:
+            self.ledger.stale(writer, run)
+        except LeaseLostError:
+            self.stats.stale_ledger_appends_fenced += 1
         else:
             self.stats.stale_writes_accepted += 1
         m = self._marker(it, 3)

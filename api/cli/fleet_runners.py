@@ -48,6 +48,7 @@ LIVE_FIELDS = (
     "stale_appends_fenced",
     "stale_finalizes_fenced",
     "stale_finishes_fenced",
+    "stale_ledger_appends_fenced",
     "busy_refusals",
 )
 """The worker counters a process fleet publishes while it runs (progress, and

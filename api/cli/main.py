@@ -1,5 +1,6 @@
 """The ``turnkeeper`` command line: ``demo``, ``report``, ``sessions``, ``audit``,
-``import``, ``export`` and ``repair`` (each in its own module; this one holds the group).
+``import``, ``export``, ``repair`` and ``ledger`` (each in its own module; this one
+holds the group).
 
 Every command takes ``--db PATH`` (default ``turnkeeper.duckdb`` in the
 current directory; ``demo`` defaults to ``turnkeeper-demo.duckdb``). A
@@ -34,6 +35,7 @@ from .common import (
     open_db,
 )
 from .demo import demo_command
+from .ledger import ledger_group
 from .repair import repair_command
 from .report import report_command
 from .sessions_view import sessions_group
@@ -142,6 +144,7 @@ cli.add_command(sessions_group)
 cli.add_command(import_command)
 cli.add_command(export_command)
 cli.add_command(repair_command)
+cli.add_command(ledger_group)
 
 
 def main() -> None:

@@ -29,6 +29,11 @@ views as ``CREATE OR REPLACE TEMP VIEW`` statements plus every figure query,
 for a user to run in ``duckdb -readonly`` on the file. All durations are
 seconds.
 
+Ledger (:mod:`.report_ledger`, JSON key ``ledger``): ledgers, records,
+ledger bytes, blob pointers, the database's blobs and their bytes, and orphan
+blobs (no pointer names them: GC results are not recorded, so the report
+counts what GC would reclaim), in total and per session.
+
 ``--parquet DIR`` also writes the underlying tables as Parquet files
 (:data:`PARQUET_TABLES`); ``delivery_intents`` leaves out
 ``transport_context``, opaque runtime state that reports never project.
@@ -46,6 +51,7 @@ from rich.console import Console
 from turnkeeper.storage import BaseStore
 
 from .common import cell, db_option, dumps, fmt_num, open_db, stdout_console
+from .report_ledger import collect_ledger, render_ledger
 from .report_runs import collect_runs, render_runs, sql_script, table
 from .report_usage import collect_usage, render_usage
 
@@ -185,6 +191,7 @@ def collect(store: BaseStore) -> dict[str, Any]:
     out["timeline"] = timeline(store)
     out["usage"] = collect_usage(store)
     out["run_history"] = collect_runs(store)
+    out["ledger"] = collect_ledger(store)
     return out
 
 
@@ -331,6 +338,11 @@ def report_command(db: str, as_json: bool, parquet_dir: str | None, as_sql: bool
     claims per operation, requeues, outcomes per kind, failure reasons, tool
     executions by state.
 
+    Ledger: ledgers, records and ledger bytes, blob pointers, blobs in the
+    database and their bytes, orphan blobs (no pointer names them: what
+    ledger gc would delete; GC results are not recorded), in total and per
+    session (the 20 largest).
+
     The run-history figures are SQL views (run_history, intent_attempts,
     recovery_times, delivery_outcomes, delivery_intent_outcomes,
     failure_reasons, tool_outcomes). The report opens the database read-only,
@@ -356,5 +368,6 @@ def report_command(db: str, as_json: bool, parquet_dir: str | None, as_sql: bool
     render(console, data)
     render_usage(console, data["usage"])
     render_runs(console, data["run_history"])
+    render_ledger(console, data["ledger"])
     for name, info in data.get("parquet", {}).items():
         console.print(cell(f"wrote {info['path']} ({info['rows']:,} rows, table {name})"))

@@ -1,0 +1,554 @@
+"""``turnkeeper ledger``: a session's ledger from the command line
+(``store.ledger``): ``append``, ``replay``, ``verify``, ``gc`` and ``repair``.
+
+Every subcommand takes ``--db`` (a DuckDB file or a PostgreSQL URL) and
+``--tenant`` (default ``""``, sessionstore WithTenant). Blobs are read from
+and written to the database's own table (``ledger_blobs``) unless
+``--blobs ROOT`` names an fsspec directory or URL (``FsspecBlobs``).
+The commands that write (``append``, ``gc``) take the session's lease
+``session:<id>`` as ``--owner`` for ``--ttl`` seconds, open the writer (its
+fence record), do their work and release the lease; a lease another owner
+holds is refused (``BusyError``, exit 2).
+
+Exit statuses are the CLI's (``main``): 0 done; 1 ``verify`` found damage;
+2 refused (one stderr line naming the error class); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Any, TypeVar
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from turnkeeper.spec import errors
+from turnkeeper.spec.records import Lease
+from turnkeeper.storage import BaseStore
+from turnkeeper.storage.ops.ledger import Ledger
+from turnkeeper.storage.ops.ledger.blobs import DEFAULT_OFFLOAD_THRESHOLD, BlobStore
+
+from .common import EXIT_FAILED, db_option, dumps, one_line, open_db, stderr_console, visible
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_OWNER = "turnkeeper-cli"
+"""The lease owner ``append`` and ``gc`` take the session's lease as."""
+
+DEFAULT_TTL_S = 30.0
+"""The lease's time to live (seconds) ``append`` and ``gc`` ask for."""
+
+DAMAGE = (
+    errors.ReplayDecodeError,
+    errors.ReplayReadError,
+    errors.BlobIntegrityError,
+    errors.BlobPointerIDMismatchError,
+    errors.BlobUnavailableError,
+    errors.DurableBodyTooLargeError,
+)
+"""The replay failures ``verify`` reports as damage (exit 1); every other
+error (an unknown session, an empty ledger, a store it cannot open) is a
+refusal (exit 2)."""
+
+
+class CountingBlobs:
+    """A :class:`BlobStore` that counts the blobs (and their bytes) fetched
+    through it: ``verify``'s blob figures."""
+
+    def __init__(self, inner: BlobStore) -> None:
+        self.inner = inner
+        self.fetched = 0
+        self.bytes = 0
+
+    def put(self, key: str, data: bytes) -> None:
+        self.inner.put(key, data)
+
+    def get(self, key: str) -> bytes:
+        data = self.inner.get(key)
+        self.fetched += 1
+        self.bytes += len(data)
+        return data
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def list(self, prefix: str) -> list[str]:
+        return self.inner.list(prefix)
+
+
+def _options(*, blobs: bool, writes: bool) -> Callable[[F], F]:
+    """The options every ledger subcommand shares: ``--db``, ``--tenant``, and
+    ``--blobs`` (commands that read or write blobs), ``--owner``/``--ttl``
+    (commands that write under the session's lease)."""
+
+    def wrap(f: F) -> F:
+        f = db_option()(f)
+        f = click.option(
+            "--tenant", default="", show_default=False, help="The ledger's tenant (default: none)."
+        )(f)
+        if blobs:
+            f = click.option(
+                "--blobs",
+                "blobs_root",
+                default=None,
+                metavar="ROOT",
+                help="Blobs in this fsspec directory or URL (FsspecBlobs) instead of the "
+                "database's ledger_blobs table.",
+            )(f)
+        if writes:
+            f = click.option(
+                "--owner",
+                default=DEFAULT_OWNER,
+                show_default=True,
+                help="Owner the session's lease is taken as.",
+            )(f)
+            f = click.option(
+                "--ttl",
+                type=click.FloatRange(min=0.001, max=3600),
+                default=DEFAULT_TTL_S,
+                show_default=True,
+                help="Lease time to live, seconds.",
+            )(f)
+        return f
+
+    return wrap
+
+
+def _ledger(store: BaseStore, tenant: str, blobs_root: str | None, **kw: Any) -> Ledger:
+    """``store``'s ledger for ``tenant``, with its blobs under ``blobs_root``
+    (fsspec) or in the database."""
+    ledger: Ledger = store.ledger.with_tenant(tenant)
+    if blobs_root is None and not kw:
+        return ledger
+    blobs: BlobStore | None = None
+    if blobs_root is not None:
+        from turnkeeper.storage.ops.ledger.blobs import FsspecBlobs
+
+        blobs = FsspecBlobs(blobs_root)
+    return ledger.with_blobs(blobs, **kw)
+
+
+@contextmanager
+def _writer(
+    store: BaseStore, ledger: Ledger, session_id: str, owner: str, ttl: float
+) -> Iterator[Any]:
+    """The session's lease taken as ``owner`` and its ledger writer opened;
+    the lease is released afterwards (whatever happened)."""
+    if store.sessions.get(session_id) is None:
+        raise errors.SessionNotFoundError(session_id)
+    lease: Lease = store.leases.acquire(f"session:{session_id}", owner, ttl)
+    try:
+        yield ledger.open(session_id, lease)
+    finally:
+        store.leases.release(lease)  # idempotent: a lost or released lease is left alone
+
+
+def _progress(label: str, total: int) -> Progress:
+    """A progress bar on stderr for ``total`` records, shown only on a terminal."""
+    console = stderr_console()
+    return Progress(
+        TextColumn(f"[bold]{label}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not console.is_terminal,
+        transient=True,
+    )
+
+
+def _advance(bar: Progress, task: Any, base: int, n: int) -> None:
+    """Show ``base + n`` records done on ``bar``."""
+    bar.update(task, completed=base + n)
+
+
+PROGRESS_EVERY = 256
+"""Records between two updates of a progress bar."""
+
+
+@click.group("ledger")
+def ledger_group() -> None:
+    """A session's ledger: append, replay, verify, gc, repair (see each --help)."""
+
+
+@ledger_group.command("append")
+@click.argument("session_id")
+@click.option("--kind", required=True, help="The record's kind (not fence or blobptr).")
+@click.option(
+    "--id",
+    "idempotency_id",
+    default=None,
+    help="Idempotency id (default: sha256 of the kind and payload, so re-running the "
+    "same command is a duplicate).",
+)
+@click.option(
+    "--file",
+    "path",
+    type=click.Path(exists=True, dir_okay=False, readable=True),
+    default=None,
+    help="Read the payload from this file (default: stdin).",
+)
+@click.option(
+    "--offload-threshold",
+    type=click.IntRange(min=0),
+    default=DEFAULT_OFFLOAD_THRESHOLD,
+    show_default=True,
+    help="Payloads longer than this many bytes are stored as a blob and a pointer.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@_options(blobs=True, writes=True)
+def append_command(
+    session_id: str,
+    kind: str,
+    idempotency_id: str | None,
+    path: str | None,
+    offload_threshold: int,
+    as_json: bool,
+    db: str,
+    tenant: str,
+    blobs_root: str | None,
+    owner: str,
+    ttl: float,
+) -> None:
+    """Append one record to SESSION_ID's ledger: its payload is the bytes of
+    --file or of stdin, stored exactly.
+
+    Takes the lease session:SESSION_ID as --owner, opens the ledger's writer
+    (a fence record carrying the lease's epoch), appends, releases the lease.
+    Prints the record's sequence, and whether it was a duplicate (an
+    idempotency id already in the ledger with the same kind and payload: its
+    original sequence, nothing written). A lease held by another owner is
+    BusyError, an id already used for other content
+    LedgerIdempotencyConflictError (exit 2, nothing written).
+    """
+    if path is None:
+        payload = sys.stdin.buffer.read()
+    else:
+        with open(path, "rb") as f:
+            payload = f.read()
+    if idempotency_id is None:
+        digest = hashlib.sha256(kind.encode() + b"\0" + payload).hexdigest()
+        idempotency_id = f"sha256:{digest}"
+    with open_db(db) as store:
+        ledger = _ledger(store, tenant, blobs_root, offload_threshold=offload_threshold)
+        with _writer(store, ledger, session_id, owner, ttl) as writer:
+            result = writer.append(kind, payload, idempotency_id)
+    if as_json:
+        click.echo(
+            dumps(
+                {
+                    "session_id": session_id,
+                    "seq": result.seq,
+                    "duplicate": result.duplicate,
+                    "idempotency_id": idempotency_id,
+                    "bytes": len(payload),
+                }
+            )
+        )
+        return
+    dup = " (duplicate: already appended, nothing written)" if result.duplicate else ""
+    click.echo(f"{session_id}: seq {result.seq}, id {idempotency_id}, {len(payload)} bytes{dup}")
+
+
+def record_json(record: Any) -> dict[str, Any]:
+    """One replayed record as ``replay``'s JSON line: ``payload`` as UTF-8 text
+    when it decodes, else base64 (``encoding`` says which)."""
+    try:
+        payload, encoding = record.payload.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        payload, encoding = base64.b64encode(record.payload).decode("ascii"), "base64"
+    return {
+        "seq": record.seq,
+        "kind": record.kind,
+        "idempotency_id": record.idempotency_id,
+        "epoch": record.epoch,
+        "written_at": record.written_at,
+        "encoding": encoding,
+        "payload": payload,
+    }
+
+
+@ledger_group.command("replay")
+@click.argument("session_id")
+@click.option(
+    "--from", "from_seq", type=click.IntRange(min=1), default=1, help="First sequence (1-based)."
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["jsonl", "text"]),
+    default="jsonl",
+    show_default=True,
+    help="jsonl: one JSON object a record; text: one line a record.",
+)
+@_options(blobs=True, writes=False)
+def replay_command(
+    session_id: str, from_seq: int, fmt: str, db: str, tenant: str, blobs_root: str | None
+) -> None:
+    """Stream SESSION_ID's ledger from --from to its tip, verified, one record a line.
+
+    jsonl: {"seq", "kind", "idempotency_id", "epoch", "written_at",
+    "encoding", "payload"}: the payload as UTF-8 text ("encoding": "utf-8")
+    or, when it is not UTF-8, base64 ("encoding": "base64"); offloaded
+    records are resolved to their own kind and payload. text: "SEQ KIND ID
+    epoch E: PAYLOAD" (control characters escaped; a payload that is not
+    UTF-8 as base64:…). Reads one page of records at a time (bounded memory).
+    A damaged record stops the stream at its sequence with the typed error
+    (exit 2): nothing unverified is printed.
+    """
+    with open_db(db, read_only=True) as store:
+        ledger = _ledger(store, tenant, blobs_root)
+        total = max(0, ledger.tip(session_id) - from_seq + 1)
+        with _progress("replay", total) as bar:
+            task = bar.add_task("replay", total=total)
+            for n, record in enumerate(ledger.replay(session_id, from_seq), 1):
+                if fmt == "jsonl":
+                    click.echo(dumps(record_json(record)))
+                else:
+                    r = record_json(record)
+                    body = r["payload"]
+                    shown = (
+                        visible(one_line(body)) if r["encoding"] == "utf-8" else f"base64:{body}"
+                    )
+                    click.echo(
+                        f"{r['seq']} {r['kind']} {r['idempotency_id']} epoch {r['epoch']}: {shown}"
+                    )
+                if n % PROGRESS_EVERY == 0:
+                    bar.update(task, completed=n)
+
+
+@dataclass
+class Verified:
+    """What ``verify`` found in one session's ledger: counts when clean, the
+    damage (error class, sequence, blob key, message) when not."""
+
+    session_id: str
+    records: int = 0
+    bytes: int = 0
+    blobs: int = 0
+    blob_bytes: int = 0
+    error: str | None = None
+    seq: int | None = None
+    key: str | None = None
+    message: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def damage_seq(exc: errors.TurnkeeperError) -> int | None:
+    """The sequence a damage error names (``seq``), if any."""
+    seq = getattr(exc, "seq", None)
+    return int(seq) if isinstance(seq, int) else None
+
+
+def damage_key(exc: errors.TurnkeeperError) -> str | None:
+    """The blob key a damage error names (``key``, or a too-large body's ``object_id``)."""
+    key = getattr(exc, "key", None) or getattr(exc, "object_id", None)
+    return str(key) if key else None
+
+
+def verify_session(
+    store: BaseStore,
+    tenant: str,
+    blobs_root: str | None,
+    session_id: str,
+    tick: Callable[[int], None] = lambda n: None,
+) -> Verified:
+    """Replay ``session_id``'s whole ledger, verifying every record (hash,
+    sequence, fences, blob pointers and blobs); the damage found, if any, as
+    a :class:`Verified` (never raised). ``tick(n)`` is called every
+    :data:`PROGRESS_EVERY` records.
+
+    Raises:
+        EmptySessionError, SessionNotFoundError: nothing to verify.
+    """
+    ledger = _ledger(store, tenant, blobs_root)
+    counting = CountingBlobs(ledger.blobs)
+    ledger = ledger.with_blobs(
+        counting, offload_threshold=ledger.offload_threshold, max_body_bytes=ledger.max_body_bytes
+    )
+    found = Verified(session_id)
+    try:
+        for record in ledger.replay(session_id):
+            found.records += 1
+            found.bytes += len(record.payload)
+            if found.records % PROGRESS_EVERY == 0:
+                tick(found.records)
+    except DAMAGE as exc:
+        found.error = type(exc).__name__
+        found.seq = damage_seq(exc)
+        found.key = damage_key(exc)
+        found.message = one_line(str(exc))
+    found.blobs, found.blob_bytes = counting.fetched, counting.bytes
+    return found
+
+
+def ledger_sessions(store: BaseStore, tenant: str) -> list[str]:
+    """Every session with a ledger for ``tenant``, by id."""
+    rows = store.query(
+        "SELECT session_id FROM ledger_tips WHERE tenant = ? ORDER BY session_id", [tenant]
+    ).to_pylist()
+    return [str(r["session_id"]) for r in rows]
+
+
+def describe_verified(v: Verified) -> str:
+    """One ``verify`` line."""
+    if v.ok:
+        return (
+            f"ok {v.session_id}: {v.records} records, {v.bytes} bytes, "
+            f"{v.blobs} blobs ({v.blob_bytes} bytes)"
+        )
+    at = f" at seq {v.seq}" if v.seq is not None else ""
+    key = f" (blob {v.key})" if v.key else ""
+    return f"DAMAGED {v.session_id}: {v.error}{at}{key}: {v.message}"
+
+
+@ledger_group.command("verify")
+@click.argument("session_ids", nargs=-1)
+@click.option("--all", "every", is_flag=True, help="Verify every session with a ledger.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@_options(blobs=True, writes=False)
+@click.pass_context
+def verify_command(
+    ctx: click.Context,
+    session_ids: tuple[str, ...],
+    every: bool,
+    as_json: bool,
+    db: str,
+    tenant: str,
+    blobs_root: str | None,
+) -> None:
+    """Replay each SESSION_ID's ledger (or, with --all, every session's) and
+    verify every record: its payload against its sha256, the gapless sequence
+    up to the tip, fence epochs and each record's epoch, each blob pointer and
+    blob (present, its sha256, its idempotency id, the size ceiling).
+
+    Prints one line a session: "ok SESSION: N records, B bytes, K blobs (KB
+    bytes)", or "DAMAGED SESSION: ErrorClass at seq N (blob KEY): message"
+    (ReplayDecodeError, ReplayReadError, BlobIntegrityError,
+    BlobPointerIDMismatchError, BlobUnavailableError,
+    DurableBodyTooLargeError). Exits 1 if any ledger is damaged; 2 for a
+    session without a ledger (EmptySessionError) or an unknown one.
+    """
+    if every == bool(session_ids):
+        raise click.UsageError("name SESSION_IDs or pass --all (not both)")
+    found: list[Verified] = []
+    with open_db(db, read_only=True) as store:
+        ids = ledger_sessions(store, tenant) if every else list(session_ids)
+        total = sum(store.ledger.with_tenant(tenant).tip(s) for s in ids)
+        with _progress("verify", total) as bar:
+            task = bar.add_task("verify", total=total)
+            done = 0
+            for sid in ids:
+                v = verify_session(
+                    store,
+                    tenant,
+                    blobs_root,
+                    sid,
+                    partial(_advance, bar, task, done),
+                )
+                done += v.records
+                bar.update(task, completed=done)
+                found.append(v)
+                if not as_json:
+                    click.echo(describe_verified(v))
+    if as_json:
+        body = [{**asdict(v), "ok": v.ok} for v in found]
+        click.echo(dumps({"verify": body, "verified": all(v.ok for v in found)}))
+    if not all(v.ok for v in found):
+        ctx.exit(EXIT_FAILED)
+
+
+@ledger_group.command("gc")
+@click.argument("session_id")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@_options(blobs=True, writes=True)
+def gc_command(
+    session_id: str,
+    as_json: bool,
+    db: str,
+    tenant: str,
+    blobs_root: str | None,
+    owner: str,
+    ttl: float,
+) -> None:
+    """Reclaim SESSION_ID's blobs that no pointer record references
+    (store.ledger.gc), as its single writer.
+
+    Takes the lease session:SESSION_ID as --owner, opens the ledger's writer
+    (its fence record), runs GC, releases the lease. Prints scanned,
+    referenced, deleted (scanned = referenced + deleted) with each deleted
+    key, and the unreclaimable keys' count (keys under the session's prefix
+    not of the blob shape, left alone). A failed scan, listing or delete is
+    GCScanError, GCListError or GCDeleteError (exit 2; nothing deleted
+    before a scan or listing failure).
+    """
+    with open_db(db) as store:
+        ledger = _ledger(store, tenant, blobs_root)
+        with _writer(store, ledger, session_id, owner, ttl) as writer:
+            result = ledger.gc(session_id, writer.lease)
+    if as_json:
+        click.echo(dumps({"session_id": session_id, "gc": asdict(result)}))
+        return
+    click.echo(
+        f"{session_id}: scanned {result.scanned}, referenced {result.referenced}, "
+        f"deleted {result.deleted}, unreclaimable {result.unreclaimable}"
+    )
+    for key in result.deleted_keys:
+        click.echo(f"  deleted {key}")
+
+
+def meta_json(meta: Any) -> dict[str, Any]:
+    """A catalog entry's summary fields, as ``repair`` prints them."""
+    return {
+        "session_id": meta.session_id,
+        "title": meta.title,
+        "status": meta.status,
+        "state": meta.state,
+        "residency": meta.residency,
+        "created_at": meta.created_at,
+        "last_active_at": meta.last_active_at,
+        "last_journal_seq": meta.last_journal_seq,
+        "loop_count": meta.loop_count,
+        "active_turn_id": meta.active_turn_id,
+        "waiting_gate_id": meta.waiting_gate_id,
+        "last_turn": meta.last_turn.summary if meta.last_turn is not None else None,
+        "last_step": meta.last_step.summary if meta.last_step is not None else None,
+        "loops": len(meta.loops),
+        "hustle_buckets": len(meta.hustles),
+    }
+
+
+@ledger_group.command("repair")
+@click.argument("session_id")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@_options(blobs=True, writes=False)
+def repair_command(
+    session_id: str, as_json: bool, db: str, tenant: str, blobs_root: str | None
+) -> None:
+    """Rebuild SESSION_ID's catalog entry from its whole ledger
+    (store.ledger.catalog.repair) and print it: title, status, state,
+    residency, created and last active times, last sequence folded, loops,
+    active turn, open gate, last turn and step summaries.
+
+    A damaged ledger fails closed (its replay's error, exit 2) and leaves the
+    entry as it was; a ledger without session_started is EmptySessionError.
+    """
+    with open_db(db) as store:
+        meta = _ledger(store, tenant, blobs_root).catalog.repair(session_id)
+    data = meta_json(meta)
+    if as_json:
+        click.echo(dumps({"repair": data}))
+        return
+    click.echo(f"rebuilt the catalog entry of {session_id} from its ledger:")
+    for name, value in data.items():
+        if name != "session_id":
+            click.echo(f"  {name}: {'-' if value in (None, '') else value}")
