@@ -35,6 +35,7 @@ from conftest import direct_url, pg_url, pooler_url, through_pooler
 
 import turnkeeper
 from turnkeeper import EntryKind
+from turnkeeper.storage.postgres import connect
 
 MSG = {"message": {"role": "user", "content": "x"}}
 
@@ -239,3 +240,71 @@ def test_a_duckdb_table_in_main_beside_another_schema_is_still_foreign(tmp_path:
     with pytest.raises(turnkeeper.ForeignDatabaseError) as err:
         turnkeeper.open_store(str(path))
     assert "holds tables (notes)" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("agents, public", ["agents", "public"]),
+        ("AbC,Public", ["abc", "public"]),
+        ("Ägents, public", ["Ägents", "public"]),  # only ASCII letters fold
+        ("ÉTÉ", ["ÉtÉ"]),  # the T is ASCII
+        ('"Ägents", X', ["Ägents", "x"]),
+        ('"we""ird" , "$user", pg_temp', ['we"ird', "$user", "pg_temp"]),
+        ('"a,b", c', ["a,b", "c"]),
+        ("", []),
+    ],
+)
+def test_a_search_path_is_read_as_the_server_reads_it(text, names):
+    """Failed before for ``Ägents`` (``str.lower`` gave ``ägents``, a schema
+    PostgreSQL never looks in, so the open failed with "no schema has been
+    selected to create in") and for every name after the first."""
+    assert connect.path_names(text) == names
+    assert connect.first_in_path(text) == (names[0] if names else None)
+
+
+@pytest.mark.postgres
+def test_a_missing_schema_with_a_non_ascii_capital_is_created_as_the_server_names_it(database):
+    name, conn = database
+    schema = f"Ägents_{uuid.uuid4().hex[:8]}"  # unquoted: PostgreSQL keeps the Ä
+    role = new_role(conn, schema, superuser=True)
+    try:
+        use(schema_url(name, role, schema))
+        assert schemas(conn, schema) == [schema]
+        assert ("sessions", "r") in relations(conn, schema)
+    finally:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        conn.execute(f"DROP OWNED BY {role}")
+        conn.execute(f"DROP ROLE {role}")
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("path", ["pg_temp", "pg_temp, public", "nowhere_q, pg_temp, public"])
+def test_a_search_path_into_the_temporary_schema_is_refused(database, path):
+    """Failed before: the store migrated into ``pg_temp_N`` and every
+    acknowledged write was gone once its connection closed."""
+    name, conn = database
+    role = new_role(conn, path, superuser=True)
+    try:
+        url = f"{store_url(name, role)}&options=-csearch_path%3D{path.replace(' ', '')}"
+        with pytest.raises(turnkeeper.TemporarySchemaError) as refused:
+            turnkeeper.open_store(url)
+        assert refused.value.schema == connect.first_in_path(path)
+        assert "temporary schema" in str(refused.value)
+        rows = conn.execute("SELECT count(*) FROM pg_class WHERE relname = 'sessions'")
+        assert rows.fetchone() == (0,)
+    finally:
+        conn.execute(f"DROP OWNED BY {role}")
+        conn.execute(f"DROP ROLE {role}")
+
+
+@pytest.mark.postgres
+def test_a_temporary_schema_after_one_that_exists_is_not_used(database):
+    name, conn = database
+    role = new_role(conn, "public, pg_temp", superuser=True)
+    try:
+        use(f"{store_url(name, role)}&options=-csearch_path%3Dpublic,pg_temp")
+        assert ("sessions", "r") in relations(conn)
+    finally:
+        conn.execute(f"DROP OWNED BY {role}")
+        conn.execute(f"DROP ROLE {role}")

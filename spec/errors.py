@@ -179,6 +179,21 @@ class SchemaNotFoundError(ProgrammingError):
     schema: str
 
 
+class TemporarySchemaError(ProgrammingError):
+    """The search_path puts the store in the session's temporary schema.
+
+    ``schema`` is the first schema of the connection's ``search_path``
+    (``pg_temp``, or the ``$user`` or name before it). Tables created there
+    are dropped when the connection closes, so every write would be lost:
+    the open is refused before anything is written; ``detail`` says what to
+    name instead.
+    """
+
+    fields = ("path", "schema")
+    path: str
+    schema: str
+
+
 class InternalError(DatabaseError):
     """The backend reported an internal fault."""
 
@@ -1475,6 +1490,7 @@ __all__ = [
     "StoreLockedError",
     "StoreNotFoundError",
     "SubmissionConflictError",
+    "TemporarySchemaError",
     "ToolCallPairingError",
     "ToolCallsUnansweredError",
     "ToolExecutionConflictError",

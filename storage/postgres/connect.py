@@ -248,17 +248,49 @@ def missing_schema(found: Probe, user: str) -> str | None:
     return user if first == "$user" else first
 
 
+def path_names(search_path: str) -> list[str]:
+    """The schema names of a ``search_path`` setting's text (``agents,
+    public``, ``"My Schema", public``, ``"$user", public``), in order, as the
+    server reads them: quoted as written (``""`` for ``"``), unquoted folded
+    as PostgreSQL folds an identifier, its ASCII letters only to lower case
+    (``Ägents`` stays ``Ägents``, where ``str.lower`` would give ``ägents``)."""
+    names = []
+    for found in re.finditer(r'\s*(?:"((?:[^"]|"")*)"|([^,]*?))\s*(?:,|$)', search_path):
+        quoted, bare = found.group(1), found.group(2)
+        if quoted is not None:
+            names.append(quoted.replace('""', '"'))
+        elif bare:
+            names.append(bare.translate(_ASCII_LOWER))
+        if found.end() >= len(search_path):
+            break
+    return names
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
 def first_in_path(search_path: str) -> str | None:
-    """The first schema name of a ``search_path`` setting's text (``agents,
-    public``, ``"My Schema", public``, ``"$user", public``) as the server
-    reads it: quoted as written (``""`` for ``"``), unquoted in lower case;
-    ``None`` for an empty path."""
-    text = search_path.strip()
-    if text.startswith('"'):
-        found = re.match(r'"((?:[^"]|"")*)"', text)
-        return found.group(1).replace('""', '"') if found else None
-    first = text.split(",")[0].strip()
-    return first.lower() or None
+    """The first schema name of a ``search_path`` setting's text
+    (:func:`path_names`); ``None`` for an empty path."""
+    names = path_names(search_path)
+    return names[0] if names else None
+
+
+def creates_in_temporary(found: Probe, user: str) -> bool:
+    """Whether tables created on the probed connection would go to its
+    session's temporary schema, dropped when the connection closes: the
+    first schema of its search_path that exists (``$user`` as ``user``) or
+    ``pg_temp`` (which PostgreSQL makes on the first create) is ``pg_temp``,
+    or the connection's current schema is a temporary one."""
+    if found.schema is not None and found.schema.startswith("pg_temp_"):
+        return True
+    for name in path_names(found.search_path):
+        name = user if name == "$user" else name
+        if name == "pg_temp" or name.startswith("pg_temp_"):
+            return True
+        if name in found.path:
+            return False
+    return False
 
 
 def pin_sql(path: str) -> str:
@@ -296,7 +328,7 @@ def pinned(
 
 def url_schema(url: str) -> str | None:
     """The schema the URL's ``options`` (or ``PGOPTIONS``) put first on the
-    ``search_path``, as the server folds it (an unquoted name in lower case);
+    ``search_path``, as the server folds it (:func:`path_names`);
     ``None`` when they set none, or put ``$user`` first."""
     try:
         options = conninfo_to_dict(url).get("options")
@@ -307,10 +339,8 @@ def url_schema(url: str) -> str | None:
     found = _SEARCH_PATH.search(str(options or ""))
     if found is None:
         return None
-    first = re.sub(r"\\(.)", r"\1", found.group(1)).split(",")[0].strip()
-    if first.startswith('"') and first.endswith('"') and len(first) >= 2:
-        return first[1:-1].replace('""', '"')
-    return None if first == "$user" else first.lower()
+    first = first_in_path(re.sub(r"\\(.)", r"\1", found.group(1)))
+    return None if first == "$user" else first
 
 
 def check_schema(path: str, url: str, found: Probe) -> None:

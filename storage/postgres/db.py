@@ -355,6 +355,7 @@ class Database:
             ) from exc
         self.pooler: str | None = where.pooler or ("transaction" if found.pooled else None)
         self.pooler_detected = where.pooler is None and found.pooled
+        self._refuse_temporary(found, user)
         if self.pooler is not None:
             connect.check_schema(self.path, self.url, found)
         # behind a transaction pooler every transaction and autocommit statement
@@ -615,6 +616,24 @@ class Database:
                     self.listen_url or self.url, self._signals, self.channel, check
                 )
             return self._listener
+
+    def _refuse_temporary(self, found: connect.Probe, user: str) -> None:
+        """Refuse a search_path that puts the store in the session's temporary
+        schema (:func:`.connect.creates_in_temporary`).
+
+        Raises:
+            TemporarySchemaError: it does (nothing was written).
+        """
+        if connect.creates_in_temporary(found, user):
+            raise errors.TemporarySchemaError(
+                self.path,
+                connect.first_in_path(found.search_path) or "pg_temp",
+                detail=(
+                    f"search_path {found.search_path!r} would put the store's tables in the "
+                    "session's temporary schema, dropped when its connection closes: name a "
+                    "schema of its own first (options=-csearch_path%3Dagents)"
+                ),
+            )
 
     def migrations(self) -> list[tuple[int, str]]:
         """PostgreSQL's numbered migrations: the shared ones (``storage/migrations``),
