@@ -107,6 +107,7 @@ max_client_conn = 800
 default_pool_size = 20
 max_db_connections = 160
 server_idle_timeout = 5
+server_login_retry = 0.1
 logfile = {folder}/pgbouncer-{port}.log
 pidfile = {folder}/pgbouncer-{port}.pid
 """
