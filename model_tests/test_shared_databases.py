@@ -308,3 +308,50 @@ def test_a_temporary_schema_after_one_that_exists_is_not_used(database):
     finally:
         conn.execute(f"DROP OWNED BY {role}")
         conn.execute(f"DROP ROLE {role}")
+
+
+CLASHES = [
+    ("CREATE VIEW sessions AS SELECT 1 AS x", "sessions"),
+    ("CREATE MATERIALIZED VIEW runs AS SELECT 1 AS x", "runs"),
+    ("CREATE SEQUENCE leases", "leases"),
+    ("CREATE TYPE entries AS (x int)", "entries"),
+    (
+        "CREATE EXTENSION IF NOT EXISTS hstore; CREATE TABLE projects (id int); "
+        "ALTER EXTENSION hstore ADD TABLE projects",
+        "projects",
+    ),
+]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(("ddl", "clash"), CLASHES, ids=[c for _, c in CLASHES])
+def test_an_object_named_as_a_turnkeeper_table_is_foreign_and_named(database, ddl, clash):
+    """Failed before (attack F3): the open failed mid-migration with
+    ``ProgrammingError: relation "sessions" already exists``, naming neither
+    the object nor what to do."""
+    name, conn = database
+    conn.execute(ddl)
+    with pytest.raises(turnkeeper.ForeignDatabaseError) as refused:
+        turnkeeper.open_store(store_url(name))
+    assert clash in str(refused.value) and "named as turnkeeper's" in str(refused.value)
+    assert ("schema_migrations", "r") not in relations(conn)
+
+
+@pytest.mark.parametrize(
+    ("ddl", "clash"),
+    [
+        ("CREATE VIEW sessions AS SELECT 1 AS x", "sessions"),
+        ("CREATE SEQUENCE leases", "leases"),
+        ("CREATE TYPE entries AS STRUCT(x INTEGER)", "entries"),
+    ],
+)
+def test_a_duckdb_object_named_as_a_turnkeeper_table_is_foreign_and_named(
+    tmp_path: Path, ddl, clash
+):
+    path = tmp_path / "clash.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute(ddl)
+    con.close()
+    with pytest.raises(turnkeeper.ForeignDatabaseError) as refused:
+        turnkeeper.open_store(str(path))
+    assert clash in str(refused.value) and "named as turnkeeper's" in str(refused.value)

@@ -348,6 +348,12 @@ class Backend(Protocol):
         """The names of the tables in the store's schema."""
         ...
 
+    def object_names(self, tx: Tx) -> set[str]:
+        """The names of every relation (table, view, sequence, index …) and
+        type in the store's schema, an extension's too: what a name of the
+        store's own would clash with."""
+        ...
+
     def close(self) -> None:
         """Close the database once running operations finished."""
         ...

@@ -53,6 +53,21 @@ def load(dialect_package: str | None = None) -> list[tuple[int, str]]:
     return [(v, shared[v][1] + ("\n" + extra[v][1] if v in extra else "")) for v in sorted(shared)]
 
 
+_CREATED = re.compile(
+    r"CREATE\s+(?:UNIQUE\s+)?(?:TABLE|INDEX)\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)", re.IGNORECASE
+)
+
+
+def created_names(migrations: list[tuple[int, str]]) -> set[str]:
+    """The names of the tables and indexes ``migrations`` create, and
+    ``schema_migrations``: the names another object of the schema must not
+    hold for the store to be created there."""
+    names = {"schema_migrations"}
+    for _, sql in migrations:
+        names.update(m.group(1).lower() for m in _CREATED.finditer(sql))
+    return names
+
+
 def statements(sql: str) -> list[str]:
     """Split a migration file into statements (no semicolons inside literals here,
     except inside ``$$ … $$`` bodies, which are kept whole)."""

@@ -21,7 +21,7 @@ from turnkeeper.spec import errors
 
 from .backend import Backend, QueryFn, Tx
 from .codec import check_text
-from .migrations import SCHEMA_VERSION, statements
+from .migrations import SCHEMA_VERSION, created_names, statements
 from .ops.archives import Archives
 from .ops.base import Shared
 from .ops.bindings import Bindings
@@ -187,6 +187,17 @@ class BaseStore:
                 raise errors.ForeignDatabaseError(
                     self.path,
                     detail=f"it holds tables ({shown}) but no turnkeeper schema_migrations",
+                )
+            clash = sorted(self.db.object_names(tx) & created_names(self.db.migrations()))
+            if clash:
+                shown = ", ".join(clash[:5]) + (", …" if len(clash) > 5 else "")
+                raise errors.ForeignDatabaseError(
+                    self.path,
+                    detail=(
+                        f"it holds objects named as turnkeeper's tables or indexes ({shown}: "
+                        "views, sequences, types or an extension's): give the store a schema "
+                        "of its own (search_path) or a file of its own"
+                    ),
                 )
             return None
         columns = {

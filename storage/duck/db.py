@@ -557,6 +557,21 @@ class Database(GroupCommit):
             )
         }
 
+    def object_names(self, tx: AnyTx) -> set[str]:
+        """The names of every table, view, sequence, index and type of the
+        database's main schema."""
+        where = "WHERE database_name = current_database() AND schema_name = 'main'"
+        return {
+            r[0]
+            for r in tx.rows(
+                f"SELECT table_name FROM duckdb_tables() {where} "
+                f"UNION SELECT view_name FROM duckdb_views() {where} AND NOT internal "
+                f"UNION SELECT sequence_name FROM duckdb_sequences() {where} "
+                f"UNION SELECT index_name FROM duckdb_indexes() {where} "
+                f"UNION SELECT type_name FROM duckdb_types() {where} AND NOT internal"
+            )
+        }
+
     def statement_stats(self) -> dict[str, dict[str, float]]:
         """Per operation: calls, statements per call (incl. BEGIN/COMMIT) and retries."""
         return self._stats.as_dict()

@@ -695,6 +695,17 @@ class Database:
         )
         return {r[0] for r in rows}
 
+    def object_names(self, tx: AnyTx) -> set[str]:
+        """The names of every relation and type of the connection's current
+        schema (an extension's, a view's, an index's …)."""
+        rows = tx.rows(
+            "SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+            "ON n.oid = c.relnamespace WHERE n.nspname = pg_catalog.current_schema() "
+            "UNION SELECT t.typname FROM pg_catalog.pg_type t JOIN pg_catalog.pg_namespace n "
+            "ON n.oid = t.typnamespace WHERE n.nspname = pg_catalog.current_schema()"
+        )
+        return {r[0] for r in rows}
+
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
     """Set up a new pooled connection: the exact text code, UTC."""
