@@ -27,6 +27,8 @@ class Oracle:
     records: dict[str, tuple[str, str]] = field(default_factory=dict)  # id -> (key, status)
     bound: dict[str, str] = field(default_factory=dict)  # key -> active record id
     entries: dict[str, int] = field(default_factory=dict)  # session -> entry count
+    times: dict[str, tuple[datetime, datetime]] = field(default_factory=dict)
+    """record id -> (created_at, updated_at), as the store stamps them."""
 
     def live(self, target: str, now: datetime) -> OracleLease | None:
         cur = self.leases.get(target)
@@ -113,17 +115,25 @@ class Oracle:
         for old in archived:
             okey = self.records[old][0]
             self.records[old] = (okey, "archived")
+            self.times[old] = (self.times[old][0], now)
             if self.bound.get(okey) == old:
                 del self.bound[okey]
         if bound is not None and bound != rid:
             self.records[bound] = (key, "archived")
+            self.times[bound] = (self.times[bound][0], now)
         self.records[rid] = (key, "active")
+        self.times[rid] = (self.times.get(rid, (now, now))[0], now)
         self.bound[key] = rid
         return ("saved", rid)
 
     def resolve(self, rid: str | None, key: str | None, include_archived: bool) -> tuple:
         if key is not None:
             rid = self.bound.get(key)
+            if rid is None and include_archived:
+                # every record of the key archived: the one archived last
+                # (updated_at, then created_at, then the greatest id)
+                mine = [r for r, (k, _) in self.records.items() if k == key]
+                rid = max(mine, key=lambda r: (*self.times[r][::-1], r), default=None)
             if rid is None:
                 return ("none",)
         assert rid is not None
