@@ -119,6 +119,53 @@ def make_service(name: str, store: BaseStore, stop: Any, cfg: FleetConfig) -> Se
     return OutboxWorker(store, stop, ServiceStats(), i, cfg.seed, cfg.ttl_s)
 
 
+class UnitThreads:
+    """Daemon threads, each running one body, whose end is known by an event
+    each body sets as it returns (or raises), not by ``Thread.join`` or
+    ``is_alive``: on CPython before 3.13 a ``join`` that Ctrl-C interrupts
+    marks the thread it waited for as stopped (bpo-45274's handling), after
+    which ``join`` returns at once and ``is_alive`` says ``False`` while the
+    thread still runs; the demo then closed its store under a running worker."""
+
+    def __init__(self, bodies: list[tuple[str, Callable[[], None]]]) -> None:
+        self._done = [threading.Event() for _ in bodies]
+        self._threads = [
+            threading.Thread(target=self._ending(body, done), name=name, daemon=True)
+            for (name, body), done in zip(bodies, self._done, strict=True)
+        ]
+
+    @staticmethod
+    def _ending(body: Callable[[], None], done: threading.Event) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                body()
+            finally:
+                done.set()
+
+        return run
+
+    @property
+    def count(self) -> int:
+        return len(self._threads)
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def _running(self) -> list[threading.Event]:
+        """The end events of the threads started (``start()`` can be cut short)."""
+        return [d for t, d in zip(self._threads, self._done, strict=True) if t.ident is not None]
+
+    def alive(self) -> bool:
+        """Whether a started thread has not ended."""
+        return any(not d.is_set() for d in self._running())
+
+    def join(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` seconds for each started thread to end."""
+        for done in self._running():
+            done.wait(timeout_s)
+
+
 class ThreadFleet:
     """The fleet as threads sharing ``store`` (whose statement counts are the
     parent's: :meth:`finish` returns no separate ones)."""
@@ -134,14 +181,12 @@ class ThreadFleet:
             Worker(store, i, cfg, sessions, run_id, math.inf, self.stop) for i in range(cfg.workers)
         ]
         self.services = [make_service(n, store, self.service_stop, cfg) for n in SERVICES]
-        self._worker_threads = [
-            threading.Thread(target=self._unit(w.run), name=f"demo-worker-{i}", daemon=True)
-            for i, w in enumerate(self.workers)
-        ]
-        self._service_threads = [
-            threading.Thread(target=self._unit(s.run), name=f"demo-service-{i}", daemon=True)
-            for i, s in enumerate(self.services)
-        ]
+        self._worker_threads = UnitThreads(
+            [(f"demo-worker-{i}", self._unit(w.run)) for i, w in enumerate(self.workers)]
+        )
+        self._service_threads = UnitThreads(
+            [(f"demo-service-{i}", self._unit(s.run)) for i, s in enumerate(self.services)]
+        )
 
     def _unit(self, body: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
@@ -153,13 +198,13 @@ class ThreadFleet:
 
     def start(self) -> None:
         """Start every unit (each then waits for :meth:`go`)."""
-        for t in [*self._worker_threads, *self._service_threads]:
-            t.start()
+        self._worker_threads.start()
+        self._service_threads.start()
 
     def wait_ready(self, timeout_s: float) -> bool:
         """Wait until every unit is ready; ``False`` if one is not within ``timeout_s``."""
         give_up = time.monotonic() + timeout_s
-        for _ in range(len(self._worker_threads) + len(self._service_threads)):
+        for _ in range(self._worker_threads.count + self._service_threads.count):
             if not self._ready.acquire(timeout=max(0.0, give_up - time.monotonic())):
                 return False
         return True
@@ -169,15 +214,14 @@ class ThreadFleet:
         self._go.set()
 
     def workers_alive(self) -> bool:
-        return any(t.is_alive() for t in self._worker_threads)
+        return self._worker_threads.alive()
 
     def live_stats(self) -> list[WorkerStats]:
         """The workers' counters so far (threads share them)."""
         return [w.stats for w in self.workers]
 
     def join_workers(self, timeout_s: float) -> None:
-        for t in self._worker_threads:
-            t.join(timeout_s)
+        self._worker_threads.join(timeout_s)
 
     def finish(self) -> tuple[list[WorkerStats], list[ServiceStats], list[Statements]]:
         """Stop everything; every unit's counters (statements: none apart, the
@@ -185,9 +229,8 @@ class ThreadFleet:
         self.stop.set()
         self.service_stop.set()
         self._go.set()
-        for t in [*self._worker_threads, *self._service_threads]:
-            if t.ident is not None:  # started (start() can be cut short)
-                t.join(JOIN_S)
+        self._worker_threads.join(JOIN_S)
+        self._service_threads.join(JOIN_S)
         return [w.stats for w in self.workers], [s.stats for s in self.services], []
 
 
