@@ -13,6 +13,7 @@ second writer takes over while the first appends.
 
 from __future__ import annotations
 
+import importlib
 import threading
 import tracemalloc
 from pathlib import Path
@@ -490,6 +491,26 @@ def test_replay_of_a_missing_record_or_a_lost_tail_or_a_failed_read_is_a_read_er
     with pytest.raises(ReplayReadError) as err:
         list(store.ledger.replay("s"))
     assert isinstance(err.value.__cause__, OperationalError)
+
+
+def test_a_lowered_or_lost_tip_is_a_read_error_not_a_shorter_replay(store, monkeypatch):
+    """Failed before (attack): a lowered tip replayed 3 of 6 records with no
+    error, and a deleted tip row made the ledger EmptySessionError. The tip
+    fence (``replay.tip_covers``) patched out lets the replay end early."""
+    w = _writer(store)
+    w.append_many([LedgerEntry("turn", b"p", f"t{i}") for i in range(5)])  # tip 6
+    forge(store, "UPDATE ledger_tips SET seq = 3 WHERE session_id = 's'", rows=1)
+    with pytest.raises(ReplayReadError) as err:
+        list(store.ledger.replay("s"))
+    assert (err.value.seq, "reach 6" in str(err.value)) == (4, True)
+    replay_mod = importlib.import_module("turnkeeper.storage.ops.ledger.replay")
+    with monkeypatch.context() as m:
+        m.setattr(replay_mod, "tip_covers", lambda tip, last: True)
+        assert [r.seq for r in store.ledger.replay("s")] == [1, 2, 3]  # the control
+    forge(store, "DELETE FROM ledger_tips WHERE session_id = 's'", rows=1)
+    with pytest.raises(ReplayReadError) as err:
+        list(store.ledger.replay("s"))
+    assert err.value.seq == 1
 
 
 # -- the command log --------------------------------------------------------------

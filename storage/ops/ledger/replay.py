@@ -107,6 +107,25 @@ def verify(session_id: str, row: tuple[Any, ...], fence_epoch: int) -> tuple[int
     return fence_epoch, False
 
 
+def _tip_and_last(tenant: str, session_id: str, tx: Tx) -> tuple[int, int]:
+    """The ledger's tip and its last record's sequence, read in one snapshot
+    (an append moves both in one transaction, so they agree in every committed
+    state)."""
+    tip, _ = read_tip(tx, tenant, session_id)
+    row = tx.one(
+        "SELECT max(seq) FROM ledger_records WHERE tenant = ? AND session_id = ?",
+        [tenant, session_id],
+    )
+    return tip, int(row[0]) if row is not None and row[0] is not None else 0
+
+
+def tip_covers(tip: int, last: int) -> bool:
+    """Replay's tip fence: no record lies past the tip (a tip lowered or lost
+    would end the replay early, or call a ledger empty). Records missing
+    before the tip are found by the stream itself (``in_sequence``)."""
+    return last <= tip
+
+
 def replay(
     db: Backend,
     tenant: str,
@@ -121,7 +140,13 @@ def replay(
     ``SessionNotFoundError`` when the session does not exist; ``resolve(seq,
     idempotency id, pointer payload)`` is a blob pointer's verified ``(kind,
     payload)`` (``blobs.resolve``: it raises the blob errors)."""
-    tip, _ = _read(db, session_id, from_seq, lambda tx: read_tip(tx, tenant, session_id))
+    tip, last = _read(db, session_id, from_seq, partial(_tip_and_last, tenant, session_id))
+    if not tip_covers(tip, last):
+        raise errors.ReplayReadError(
+            ledger_name(session_id),
+            tip + 1,
+            detail=f"its tip says {tip} but its records reach {last}: the tip was damaged",
+        )
     if tip == 0:
         check_session()
         raise errors.EmptySessionError(session_id)
