@@ -172,6 +172,22 @@ def test_verify_of_a_clean_ledger_prints_its_counts(db):
     assert data["verified"] is True and data["verify"][0]["records"] == 6
 
 
+def test_verify_catches_a_lowered_or_lost_tip_and_all_finds_a_tipless_ledger(db):
+    """Failed before (attack on issue 19): a lowered tip verified ``ok`` with
+    half the records, and ``--all`` skipped a ledger whose tip row was lost."""
+    _ledger_of_s(db)
+    _append(db, "t", "note", b"t1", "t1")
+    _forge(db, "UPDATE ledger_tips SET seq = 3 WHERE session_id = 's'", [])
+    r = _verify(db, "s")
+    assert r.exit_code == 1 and r.stdout.startswith("DAMAGED s: ReplayReadError at seq 4"), r.output
+    _forge(db, "DELETE FROM ledger_tips WHERE session_id = 't'", [])
+    r = _verify(db, "--all")
+    assert r.exit_code == 1, r.output
+    assert any(
+        line.startswith("DAMAGED t: ReplayReadError at seq 1") for line in r.stdout.splitlines()
+    )
+
+
 def test_verify_catches_a_flipped_byte_in_a_record_payload(db):
     _ledger_of_s(db)
     flipped = bytes([SMALL[0] ^ 1]) + SMALL[1:]

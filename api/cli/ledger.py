@@ -392,9 +392,12 @@ def verify_session(
 
 
 def ledger_sessions(store: BaseStore, tenant: str) -> list[str]:
-    """Every session with a ledger for ``tenant``, by id."""
+    """Every session with a ledger for ``tenant``, by id: a tip or a record
+    (a ledger whose tip row was lost is still verified, and fails)."""
     rows = store.query(
-        "SELECT session_id FROM ledger_tips WHERE tenant = ? ORDER BY session_id", [tenant]
+        "SELECT session_id FROM ledger_tips WHERE tenant = ? "
+        "UNION SELECT session_id FROM ledger_records WHERE tenant = ? ORDER BY session_id",
+        [tenant, tenant],
     ).to_pylist()
     return [str(r["session_id"]) for r in rows]
 
