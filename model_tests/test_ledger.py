@@ -219,6 +219,19 @@ def test_a_store_opened_for_a_tenant_files_and_reads_only_its_records(backend, t
     assert refused.value.field == "tenant"
 
 
+def test_the_command_log_refuses_a_writer_of_another_tenant(store):
+    """Failed before (attack on issue 19, F8): the application was appended
+    to tenant acme's ledger and read back from the default tenant's."""
+    store.sessions.create("s")
+    acme = store.ledger.with_tenant("acme").open("s", _lease(store))
+    with pytest.raises(InvalidInputError) as refused:
+        store.ledger.command_log("s", acme)
+    assert refused.value.field == "writer" and "acme" in str(refused.value)
+    log = store.ledger.with_tenant("acme").command_log("s", acme)
+    app = CommandApplication("cmd-1", {"x": 1})
+    assert log.read_command_application_at(log.append_command_application(app).seq) == app
+
+
 # -- the opening fence ------------------------------------------------------------
 
 

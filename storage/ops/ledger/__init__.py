@@ -350,11 +350,18 @@ class Ledger(Area):
         OpenRuntimeCommandLog).
 
         Raises:
-            InvalidInputError: ``writer`` is not an open writer of this session.
+            InvalidInputError: ``writer`` is not an open writer of this
+                session's ledger for this tenant (one of another tenant would
+                append to its ledger and read back this one's).
         """
         check_id(session_id, "session_id")
         if not isinstance(writer, LedgerWriter) or writer.session_id != session_id:
             raise errors.InvalidInputError("writer", f"expected a ledger writer of {session_id!r}")
+        if writer.tenant != self.tenant:
+            raise errors.InvalidInputError(
+                "writer",
+                f"a writer of tenant {writer.tenant!r}, but this ledger serves {self.tenant!r}",
+            )
         return RuntimeCommandLog(
             writer, lambda seq: self.read_command_application_at(session_id, seq)
         )

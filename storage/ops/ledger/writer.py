@@ -67,6 +67,11 @@ class LedgerWriter:
         self.state = "open"
         self._lock = threading.Lock()
 
+    @property
+    def tenant(self) -> str:
+        """The tenant whose ledger this writer appends to (``""`` by default)."""
+        return self._ledger.tenant
+
     def append(self, kind: str, payload: bytes, idempotency_id: str) -> AppendResult:
         """Append one record (sessionstore SessionJournal.Append): ``kind``
         (text), ``payload`` (bytes, stored exactly) under ``idempotency_id``.
