@@ -38,6 +38,7 @@ from turnkeeper import (
     GCListError,
     GCScanError,
     InvalidBackendError,
+    InvalidInputError,
     LeaseLostError,
     LedgerEntry,
     NilLeaseError,
@@ -345,6 +346,21 @@ def test_a_blob_root_that_cannot_be_made_canonical_is_a_persistence_path_error(t
     (tmp_path / "link").symlink_to(real)
     assert FsspecBlobs(str(tmp_path / "link")).root == str(real)  # links resolved once
     assert FsspecBlobs(str(tmp_path / "new" / "blobs")).root == str(tmp_path / "new" / "blobs")
+
+
+def test_a_blob_root_url_names_its_filesystem(tmp_path):
+    """Failed before (attack on issue 19, F5): ``s3://bucket/prefix`` and
+    ``memory://…`` roots were local folders named ``s3:`` and ``memory:`` in
+    the current directory."""
+    memory = FsspecBlobs("memory://tk-test/blobs")
+    assert type(memory.fs).__name__ == "MemoryFileSystem" and memory.root == "/tk-test/blobs"
+    memory.put("sessions/s/k", b"x")
+    assert memory.get("sessions/s/k") == b"x" and not Path("memory:").exists()
+    local = FsspecBlobs(f"file://{tmp_path}/b")
+    assert local.root == str(tmp_path / "b")
+    with pytest.raises(InvalidInputError) as refused:
+        FsspecBlobs("nosuch://x/y")
+    assert refused.value.field == "root"
 
 
 # -- GC -----------------------------------------------------------------------------

@@ -276,8 +276,9 @@ def canonical_directory(given: str, path: str) -> str:
 class FsspecBlobs:
     """A blob store in a directory or object store through ``fsspec``
     (``turnkeeper[blobs]``): blob ``key`` is the file ``<root>/<key>``.
-    ``fs`` (an ``fsspec.AbstractFileSystem``) defaults to the local
-    filesystem. A put writes a temporary file next to the blob and moves it
+    Without ``fs`` (an ``fsspec.AbstractFileSystem``), ``root`` is a local
+    path or an fsspec URL naming its filesystem (``s3://bucket/prefix``:
+    ``turnkeeper[s3]``; ``file://…``). A put writes a temporary file next to the blob and moves it
     into place, so a reader never sees half a blob under its key.
 
     A local ``root`` is made canonical once, here (absolute, its symbolic
@@ -287,18 +288,26 @@ class FsspecBlobs:
     Raises:
         PersistencePathError: a local ``root`` that resolves through a
             symbolic-link loop, cannot be examined, or is not a directory.
+        InvalidInputError: a URL of a protocol fsspec does not know, or
+            whose filesystem's package is not installed.
     """
 
     def __init__(self, root: str, fs: Any = None) -> None:
+        given = root
         if fs is None:
-            import fsspec  # type: ignore[import-untyped]
+            from fsspec.core import url_to_fs  # type: ignore[import-untyped]
 
-            fs = fsspec.filesystem("file")
+            try:
+                fs, root = url_to_fs(root)
+            except (ValueError, ImportError) as failure:
+                raise errors.InvalidInputError(
+                    "root", f"{root!r} names no filesystem fsspec can open: {failure}"
+                ) from failure
         self.fs = fs
         self.root = str(fs._strip_protocol(root)).rstrip("/")
         protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
         if "file" in protocols or "local" in protocols:
-            self.root = canonical_directory(root, self.root)
+            self.root = canonical_directory(given, self.root)
 
     def _path(self, key: str) -> str:
         if key.startswith("/") or ".." in key.split("/"):
