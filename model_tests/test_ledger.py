@@ -33,6 +33,7 @@ from turnkeeper import (
     LeaseLostError,
     LedgerEntry,
     LedgerIdempotencyConflictError,
+    LedgerTipDamagedError,
     LedgerWriter,
     NilLeaseError,
     OpeningFenceConflictError,
@@ -40,6 +41,7 @@ from turnkeeper import (
     ReplayDecodeError,
     ReplayReadError,
     SessionNotFoundError,
+    TransactionConflictError,
 )
 from turnkeeper.storage.ops.ledger import journal
 
@@ -524,6 +526,88 @@ def test_a_lowered_or_lost_tip_is_a_read_error_not_a_shorter_replay(store, monke
     with pytest.raises(ReplayReadError) as err:
         list(store.ledger.replay("s"))
     assert err.value.seq == 1
+
+
+def test_a_write_on_a_lowered_or_lost_tip_is_refused_at_once_typed(store):
+    """Failed before (attack): on a lowered tip an append, and on a lost tip
+    row an open, collided with the records past the tip, which the write
+    path took for a write-write conflict: 40 retries of about a second each
+    into TransactionConflictError, holding the write path from every other
+    session's writer. The record past the tip is damage, refused typed at
+    once, nothing written; the single path and the group commit alike."""
+    w = _writer(store)
+    w.append_many([LedgerEntry("turn", b"p", f"t{i}") for i in range(5)])  # tip 6
+    forge(store, "UPDATE ledger_tips SET seq = 3 WHERE session_id = 's'", rows=1)
+    calls = store.statement_stats().get("ledger_append", {}).get("calls", 0)
+    for append in (
+        lambda: w.append("turn", b"new", "n1"),
+        lambda: w.append_many([LedgerEntry("turn", b"a", "n2"), LedgerEntry("turn", b"b", "n3")]),
+    ):
+        with pytest.raises(LedgerTipDamagedError) as err:
+            append()
+        assert (err.value.session_id, err.value.tip, err.value.seq) == ("s", 3, 4)
+    assert store.statement_stats()["ledger_append"]["retries"] == 0
+    assert store.statement_stats()["ledger_append"]["calls"] == calls + 2
+    # the group path: two writers' appends merged into one transaction
+    other = _writer(store, "o")
+    _group_of_two(
+        store, lambda: w.append("turn", b"g", "g1"), lambda: other.append("turn", b"h", "h1")
+    )
+    assert [r.seq for r in store.ledger.replay("o")] == [1, 2]
+    assert store.query(
+        "SELECT count(*) AS n FROM ledger_records WHERE session_id = 's'"
+    ).to_pylist() == [{"n": 6}]
+    # a lost tip row: a new writer's open finds the records at 1…
+    forge(store, "DELETE FROM ledger_tips WHERE session_id = 's'", rows=1)
+    store.leases.release(w.lease)
+    lease = store.leases.acquire("session:s", "other", ttl_s=60)
+    with pytest.raises(LedgerTipDamagedError) as err:
+        store.ledger.open("s", lease)
+    assert (err.value.tip, err.value.seq) == (0, 1)
+    assert store.query(
+        "SELECT count(*) AS n FROM ledger_records WHERE session_id = 's'"
+    ).to_pylist() == [{"n": 6}]
+
+
+def test_control_without_the_write_path_tip_fence_a_damaged_tip_is_retried_as_a_conflict(
+    store, monkeypatch
+):
+    """``journal.refuse_past_tip`` patched out: the append collides with the
+    record past the tip and is retried as a write-write conflict until the
+    retries run out (2 here, 40 shipped)."""
+    w = _writer(store)
+    w.append_many([LedgerEntry("turn", b"p", f"t{i}") for i in range(5)])
+    forge(store, "UPDATE ledger_tips SET seq = 3 WHERE session_id = 's'", rows=1)
+    monkeypatch.setattr(journal, "refuse_past_tip", lambda session_id, tip, seqs: None)
+    monkeypatch.setattr(importlib.import_module("turnkeeper.storage.retry"), "MAX_ATTEMPTS", 2)
+    with pytest.raises(TransactionConflictError):
+        w.append("turn", b"new", "n1")
+
+
+def _group_of_two(store: Any, damaged: Any, healthy: Any) -> None:
+    """Run ``damaged`` and ``healthy`` from two threads at once (whether they
+    merge into one transaction or not, the damaged one is refused typed and
+    the healthy one commits)."""
+    seen: dict[str, Any] = {}
+    start = threading.Barrier(2)
+
+    def run(name: str, call: Any) -> None:
+        start.wait()
+        try:
+            seen[name] = call()
+        except Exception as failure:
+            seen[name] = failure
+
+    threads = [
+        threading.Thread(target=run, args=("damaged", damaged)),
+        threading.Thread(target=run, args=("healthy", healthy)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert isinstance(seen["damaged"], LedgerTipDamagedError), seen
+    assert seen["healthy"].seq == 2, seen
 
 
 # -- the command log --------------------------------------------------------------

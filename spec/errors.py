@@ -1058,6 +1058,23 @@ class LedgerIdempotencyConflictError(TurnkeeperError):
     seq: int
 
 
+class LedgerTipDamagedError(TurnkeeperError):
+    """A ledger write found a record past the ledger's tip: the tip row was
+    lowered or lost by something outside the store (a restore, a hand edit).
+
+    ``tip`` is the tip the write read (0: no tip row), ``seq`` the first
+    record found past it. The open or append writes nothing and is not
+    retried (the record is damage, not a concurrent writer: the tip's row
+    lock orders every writer). Replay fails closed on the same ledger
+    (``ReplayReadError`` at ``tip + 1``), and ``turnkeeper ledger verify``
+    reports it."""
+
+    fields = ("session_id", "tip", "seq")
+    session_id: str
+    tip: int
+    seq: int
+
+
 class ReplayDecodeError(TurnkeeperError):
     """A replayed ledger record could not be decoded into its typed form
     (sessionstore ReplayDecodeError).
@@ -1455,6 +1472,7 @@ __all__ = [
     "LeaseLostError",
     "LeasePurposeError",
     "LedgerIdempotencyConflictError",
+    "LedgerTipDamagedError",
     "NilLeaseError",
     "NotSupportedError",
     "OpeningFenceConflictError",

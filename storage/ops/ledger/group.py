@@ -143,16 +143,25 @@ def _known(
     tx: Tx, requests: list[LedgerAppend], writing: list[int]
 ) -> dict[tuple[str, str], dict[str, tuple[int, str, str]]]:
     """The records already stored under the idempotency ids of the ``writing``
-    requests: per ledger (tenant, session), by id, ``(seq, kind, sha256)``."""
+    requests, and the record past each one's tip if one is there (damage:
+    :func:`.journal.sequence` refuses it): per ledger (tenant, session), by
+    id, ``(seq, kind, sha256)``."""
     wanted = {(requests[i].tenant, requests[i].session_id) for i in writing}
+    tenants, sessions = sorted({t for t, _ in wanted}), sorted({s for _, s in wanted})
     rows = tx.rows(
         "SELECT tenant, session_id, idempotency_id, seq, kind, payload_sha256 "
         "FROM ledger_records WHERE tenant = ANY(?::VARCHAR[]) "
-        "AND session_id = ANY(?::VARCHAR[]) AND idempotency_id = ANY(?::VARCHAR[])",
+        "AND session_id = ANY(?::VARCHAR[]) AND idempotency_id = ANY(?::VARCHAR[]) "
+        "UNION ALL SELECT r.tenant, r.session_id, r.idempotency_id, r.seq, r.kind, "
+        "r.payload_sha256 FROM ledger_tips t JOIN ledger_records r "
+        "ON r.tenant = t.tenant AND r.session_id = t.session_id AND r.seq = t.seq + 1 "
+        "WHERE t.tenant = ANY(?::VARCHAR[]) AND t.session_id = ANY(?::VARCHAR[])",
         [
-            sorted({t for t, _ in wanted}),
-            sorted({s for _, s in wanted}),
+            tenants,
+            sessions,
             sorted({e.idempotency_id for i in writing for e in requests[i].entries}),
+            tenants,
+            sessions,
         ],
     )
     known: dict[tuple[str, str], dict[str, tuple[int, str, str]]] = {}
@@ -192,7 +201,7 @@ def _round(tx: Tx, requests: list[LedgerAppend]) -> list[Any]:
             results, new = journal.sequence(
                 r.session_id, tip, r.entries, known.get((r.tenant, r.session_id), {})
             )
-        except errors.LedgerIdempotencyConflictError as conflict:
+        except (errors.LedgerIdempotencyConflictError, errors.LedgerTipDamagedError) as conflict:
             out[i] = conflict
             continue
         out[i] = results

@@ -3,11 +3,17 @@
 transaction.
 
 Statement budget (BEGIN and COMMIT aside): an open is the session's check,
-the lease fence, the tip's locked read, the fence record and the tip's
-compare-and-set; an append
-of n records is the lease fence, the tip's locked read, one read of the ids
-already in the ledger, one multi-row insert and the tip's compare-and-set,
-whatever n is.
+the lease fence, the tip's locked read, the look for a record past the tip,
+the fence record and the tip's compare-and-set; an append of n records is
+the lease fence, the tip's locked read, one read of the ids already in the
+ledger and of a record past the tip, one multi-row insert and the tip's
+compare-and-set, whatever n is.
+
+A record past the tip is damage (the tip row lowered or lost from outside):
+the tip's row lock orders every writer, so no concurrent writer can have
+put it there. The write is refused typed (``LedgerTipDamagedError``) instead
+of colliding with it on the primary key, which the write path would take
+for a write-write conflict and retry.
 
 Fencing is the lease machinery's (:func:`.leases.fence`, the expiry judged
 at a clock read after the lease row's lock), plus the ledger's own check
@@ -61,6 +67,18 @@ def read_tip(tx: Tx, tenant: str, session_id: str, *, lock: bool = False) -> tup
     return (0, 0) if row is None else (int(row[0]), int(row[1]))
 
 
+def refuse_past_tip(session_id: str, tip: int, seqs: Sequence[int]) -> None:
+    """The write path's tip fence: none of ``seqs`` (records found) lies past
+    ``tip``.
+
+    Raises:
+        LedgerTipDamagedError: one does (the first is named).
+    """
+    past = [seq for seq in seqs if seq > tip]
+    if past:
+        raise errors.LedgerTipDamagedError(session_id, tip, min(past))
+
+
 def tip_unmoved(expected: int, found: int) -> bool:
     """The opening compare-and-set's test: the tip is the one the open read."""
     return expected == found
@@ -86,6 +104,11 @@ def plant_fence(tx: Tx, tenant: str, session_id: str, lease: Lease, expected: in
     )
     if edge.name == "opening_conflict":
         raise errors.OpeningFenceConflictError(session_id, lease.epoch, expected, found)
+    past = tx.one(
+        f"SELECT seq FROM ledger_records WHERE {_WHERE} AND seq > ? ORDER BY seq LIMIT 1",
+        [tenant, session_id, found],
+    )
+    refuse_past_tip(session_id, found, [] if past is None else [int(past[0])])
     seq = expected + 1
     _insert(
         tx,
@@ -140,8 +163,10 @@ def append(
         str(r[0]): (int(r[1]), str(r[2]), str(r[3]))
         for r in tx.rows(
             "SELECT idempotency_id, seq, kind, payload_sha256 FROM ledger_records "
-            f"WHERE {_WHERE} AND idempotency_id IN ({marks})",
-            [tenant, session_id, *ids],
+            f"WHERE {_WHERE} AND idempotency_id IN ({marks}) UNION ALL "
+            "SELECT idempotency_id, seq, kind, payload_sha256 FROM ledger_records "
+            f"WHERE {_WHERE} AND seq = ?",
+            [tenant, session_id, *ids, tenant, session_id, tip + 1],
         )
     }
     results, new = sequence(session_id, tip, entries, known)
@@ -159,13 +184,16 @@ def sequence(
 ) -> tuple[list[AppendResult], list[tuple[int, LedgerEntry]]]:
     """Number ``entries`` from ``tip + 1``: an entry whose idempotency id is in
     ``known`` (``(seq, kind, sha256)`` of the records already stored under
-    it; entries numbered here are added) with the same kind and payload takes
-    that record's sequence. Returns each entry's result and the records to
-    write, ``(seq, entry)``.
+    it, and of the record at ``tip + 1`` if one is there; entries numbered
+    here are added) with the same kind and payload takes that record's
+    sequence. Returns each entry's result and the records to write,
+    ``(seq, entry)``.
 
     Raises:
+        LedgerTipDamagedError: a known record lies past the tip.
         LedgerIdempotencyConflictError: an id already names other content.
     """
+    refuse_past_tip(session_id, tip, [seq for seq, _, _ in known.values()])
     results: list[AppendResult] = []
     new: list[tuple[int, LedgerEntry]] = []
     seq = tip
