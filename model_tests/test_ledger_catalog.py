@@ -12,6 +12,7 @@ CatalogCompactionError, CatalogHustleError (every kind), EmptySessionError.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import UTC, datetime
 from typing import Any
@@ -33,6 +34,7 @@ from turnkeeper import (
     CatalogUsageError,
     CatalogWriteError,
     EmptySessionError,
+    InvalidInputError,
     LedgerEntry,
     OperationalError,
     ReplayDecodeError,
@@ -238,6 +240,107 @@ def test_a_failed_update_is_logged_and_never_fails_the_append(store, monkeypatch
     meta = store.ledger.catalog.read_meta("s")
     assert (meta.last_journal_seq, meta.created_at, meta.title) == (3, T0, "later")
     assert len(seen) == 1
+
+
+def _replays(store: Any, monkeypatch: Any) -> list[int]:
+    """The ``from_seq`` of every ledger replay the catalog starts."""
+    starts: list[int] = []
+    real = store.ledger.catalog._replay
+
+    def counted(sid: str, start: int) -> Any:
+        starts.append(start)
+        return real(sid, start)
+
+    monkeypatch.setattr(store.ledger.catalog, "_replay", counted)
+    return starts
+
+
+def _lose_one_update(store: Any, monkeypatch: Any, append: Any) -> None:
+    """Run ``append`` with its catalog update failing (a crash between the
+    append's commit and its update has the same effect)."""
+
+    def broken(*args: Any) -> bool:
+        raise OperationalError(detail="disk gone")
+
+    with monkeypatch.context() as m:
+        m.setattr(catalog_mod, "store_meta", broken)
+        append()
+
+
+def test_an_entry_behind_catches_up_from_its_cursor_without_session_started(store, monkeypatch):
+    """Failed before (attack on issue 19, F3a): a ledger with no
+    ``session_started`` whose entry missed one update (a kill -9 between an
+    append's commit and its update) could never be repaired
+    (EmptySessionError), so every later append replayed the whole ledger and
+    failed again, for good (0.5-1 s an append at 30-60k records). The update
+    now folds the records it missed, read from the entry's cursor."""
+    seen = _failures(store)
+    w = _writer(store)
+    for i in range(5):
+        w.append("note", b"n", f"n{i}")  # seqs 2-6, folded one by one
+    _lose_one_update(
+        store, monkeypatch, lambda: w.append("turn_started", _j(turn_id="t", user_text="hi"), "t")
+    )
+    assert len(seen) == 1 and store.ledger.catalog.read_meta("s").last_journal_seq == 6
+    starts = _replays(store, monkeypatch)
+    w.append("note", b"n", "after")  # seq 8
+    assert starts == [7]  # the record missed and the new one, not the ledger from 1
+    meta = store.ledger.catalog.read_meta("s")
+    assert (meta.last_journal_seq, meta.title, meta.active_turn_id) == (8, "hi", "t")
+    w.append("turn_done", _j(turn_id="t"), "d")
+    assert (store.ledger.catalog.read_meta("s").last_journal_seq, starts, len(seen)) == (9, [7], 1)
+
+
+def test_a_record_that_does_not_fold_is_reported_once_and_later_appends_do_not_replay(
+    store, monkeypatch
+):
+    """Failed before (attack on issue 19, F3c): a catalog-kind record that does
+    not fold (written before appends checked catalog payloads) made every
+    later append of the session replay its whole ledger and fail again."""
+    seen = _failures(store)
+    w = _writer(store)
+    _start(w)
+    _lose_one_update(store, monkeypatch, lambda: w.append("turn_started", _j(turn_id="t"), "t"))
+    bad = b"{not json"
+    forge(
+        store,
+        "UPDATE ledger_records SET payload = ?, payload_sha256 = ? "
+        "WHERE session_id = 's' AND seq = 3",
+        [bad, hashlib.sha256(bad).hexdigest()],
+        rows=1,
+    )
+    starts = _replays(store, monkeypatch)
+    w.append("note", b"n", "a")
+    assert starts == [3] and [type(e) for e in seen] == [CatalogWriteError, ReplayDecodeError]
+    assert store.ledger.catalog.is_stuck("s")
+    for i in range(3):
+        w.append("note", b"n", f"b{i}")
+    assert (starts, len(seen)) == ([3], 2)
+    assert store.ledger.catalog.read_meta("s").last_journal_seq == 2  # behind, as reported
+    with pytest.raises(ReplayDecodeError):
+        store.ledger.catalog.repair("s")  # the explicit repair still says why
+
+
+def test_an_append_refuses_a_catalog_kind_payload_the_catalog_cannot_fold(store):
+    """A catalog kind's payload that does not decode (not a JSON object, a
+    required id missing or not text) is refused at the append, typed,
+    nothing written: it used to be accepted, and the catalog could then
+    never fold the session again."""
+    w = _writer(store)
+    _start(w)
+    for kind, payload in [
+        ("turn_started", b"{not json"),
+        ("turn_started", b'["x"]'),
+        ("turn_done", b"{}"),
+        ("session_started", _j(created_at="yesterday")),
+        ("step_done", b"\xff"),
+    ]:
+        with pytest.raises(InvalidInputError) as err:
+            w.append(kind, payload, f"bad-{kind}")
+        assert err.value.field == "entries[0].payload", kind
+        assert isinstance(err.value.__cause__, ReplayDecodeError)
+    assert store.ledger.tip("s") == 2
+    assert w.append("my_own_kind", b"{not json", "free").seq == 3  # other kinds are the caller's
 
 
 def test_a_persistently_contended_entry_is_a_conflict_error(store, monkeypatch):
@@ -484,16 +587,56 @@ def test_a_record_behind_the_cursor_is_an_ordering_error_and_the_online_update_r
     assert seen == [] and store.ledger.catalog.read_meta("s").created_at == T0
 
 
-def test_text_that_does_not_encode_is_an_encode_error_wrapped_as_a_write_error(store):
+def test_a_lone_surrogate_in_a_title_is_replaced_and_the_entry_stays_current(store):
+    """Failed before (attack on issue 19, F3b): a ``turn_started`` whose text
+    holds a JSON-escaped lone surrogate (a client that cut an emoji in half)
+    made the entry unwritable: every later update and every repair failed
+    with CatalogWriteError. The catalog's text now holds U+FFFD instead."""
     seen = _failures(store)
     w = _writer(store)
     _start(w)
     w.append("turn_started", b'{"turn_id": "t", "user_text": "\\ud800 lone"}', "t")
+    w.append("turn_done", _j(turn_id="t"), "d")
+    assert seen == []
+    meta = store.ledger.catalog.read_meta("s")
+    assert (meta.title, meta.last_journal_seq) == ("\ufffd lone", 4)
+    repaired = store.ledger.catalog.repair("s")
+    assert (repaired.title, repaired.last_journal_seq) == ("\ufffd lone", 4)
+    assert next(r.payload for r in store.ledger.replay("s", 3)) == (
+        b'{"turn_id": "t", "user_text": "\\ud800 lone"}'
+    )  # the ledger keeps the bytes written
+
+
+def test_an_entry_that_does_not_encode_stops_online_updates_until_a_repair(store, monkeypatch):
+    """A failure that recurs is reported once: the session's later appends
+    no longer try (each used to replay the whole ledger and fail again);
+    a repair that succeeds resumes them."""
+    seen = _failures(store)
+    w = _writer(store)
+    _start(w)
+    real = catalog_mod.catalog_codec.encode
+    calls = []
+
+    def refuse(meta: Any) -> str:
+        calls.append(meta.last_journal_seq)
+        raise CatalogEncodeError(detail="forced")
+
+    monkeypatch.setattr(catalog_mod.catalog_codec, "encode", refuse)
+    w.append("turn_started", _j(turn_id="t", user_text="x"), "t")
     assert [type(e) for e in seen] == [CatalogWriteError]
     assert isinstance(seen[0].__cause__, CatalogEncodeError)
-    with pytest.raises(CatalogWriteError) as caught:
+    assert store.ledger.catalog.is_stuck("s")
+    tried = len(calls)
+    for i in range(3):
+        w.append("note", b"n", f"n{i}")
+    assert (len(calls), len(seen)) == (tried, 1)  # not tried again, not reported again
+    with pytest.raises(CatalogWriteError):
         store.ledger.catalog.repair("s")
-    assert isinstance(caught.value.__cause__, CatalogEncodeError)
+    monkeypatch.setattr(catalog_mod.catalog_codec, "encode", real)
+    assert store.ledger.catalog.repair("s").last_journal_seq == 6
+    assert not store.ledger.catalog.is_stuck("s")
+    w.append("turn_done", _j(turn_id="t"), "d")
+    assert store.ledger.catalog.read_meta("s").last_journal_seq == 7
 
 
 @pytest.mark.parametrize(

@@ -192,7 +192,7 @@ def test_an_undecodable_checkpoint_payload_fails_each_lookup_closed(store):
     with pytest.raises(WorkspaceJournalScanError) as err:
         ledger.workspace_live_refs()
     assert err.value.session_id == "bad0"  # the first session that fails, in id order
-    assert w.append("turn_done", b"{}", "after").seq == 9
+    assert w.append("turn_done", b'{"turn_id": "t"}', "after").seq == 9
 
 
 def test_a_missing_record_fails_each_lookup_closed(store):

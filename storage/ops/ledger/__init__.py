@@ -100,7 +100,7 @@ class Ledger(Area):
         self.max_body_bytes = max_body_bytes
         self._catalog_options = options or CatalogOptions()
         self.catalog = Catalog(
-            shared.db, tenant, lambda sid: self.replay(sid), self._catalog_options
+            shared.db, tenant, lambda sid, start: self.replay(sid, start), self._catalog_options
         )
         """This tenant's catalog of sessions (``catalog``), updated after each
         append and each writer's open."""

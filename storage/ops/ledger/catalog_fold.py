@@ -49,7 +49,22 @@ def payload_of(session_id: str, seq: int, payload: bytes) -> dict[str, Any]:
         raise errors.ReplayDecodeError(
             session_id, seq, detail="a catalog record's payload is not a JSON object"
         )
-    return body
+    return dict(_unicode(body))
+
+
+def _unicode(value: Any) -> Any:
+    """``value`` (decoded JSON) with every lone surrogate in its text (JSON
+    may escape one, ``"\\ud800"``; clients that cut an emoji in half write
+    them) replaced by U+FFFD: the catalog stores UTF-8, which cannot hold one,
+    and a derived title need not keep it (before, the entry could never be
+    written again, nor repaired)."""
+    if isinstance(value, str):
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, dict):
+        return {_unicode(k): _unicode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unicode(v) for v in value]
+    return value
 
 
 def _text(session_id: str, seq: int, body: dict[str, Any], key: str, required: bool = False) -> str:

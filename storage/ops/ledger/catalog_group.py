@@ -36,7 +36,7 @@ def after_append(catalog: Catalog, session_id: str, records: list[NewRecord]) ->
     """Fold ``records`` (just appended to ``session_id``'s ledger) into its
     entry, grouped with the updates queued beside it; never raises (a failure
     goes to the catalog's ``on_update_failed``)."""
-    if not records:
+    if not records or catalog.is_stuck(session_id):
         return
     update = CatalogUpdate(catalog, session_id, records)
     try:

@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from turnkeeper.spec import errors
+from turnkeeper.spec.catalog import CATALOG_KINDS, SessionMeta
 from turnkeeper.spec.ledger import (
     COMMAND_APPLICATION_KIND,
     RESERVED_KINDS,
@@ -21,10 +23,13 @@ from turnkeeper.spec.records import Lease
 
 from ...codec import check_id, to_json
 from ...validate import check_list
-from . import journal
+from . import catalog_fold, journal
 
 if TYPE_CHECKING:
     from . import Ledger
+
+_CHECKED_AT = datetime(2000, 1, 1, tzinfo=UTC)
+"""The time a catalog kind's payload is folded at when an append checks it."""
 
 MAX_BATCH = 1000
 """The most records one ``append_many`` takes (one transaction, one insert)."""
@@ -35,7 +40,9 @@ def check_entry(entry: object, field: str) -> LedgerEntry:
 
     Raises:
         InvalidInputError: not a LedgerEntry, an empty or reserved kind, a
-            payload that is not ``bytes``, or an empty idempotency id.
+            payload that is not ``bytes``, an empty idempotency id, or a
+            payload of a catalog kind (:data:`~turnkeeper.spec.catalog.CATALOG_KINDS`)
+            that is not what its kind holds (the catalog could never fold it).
     """
     if not isinstance(entry, LedgerEntry):
         raise errors.InvalidInputError(field, f"expected a LedgerEntry, got {type(entry).__name__}")
@@ -47,6 +54,15 @@ def check_entry(entry: object, field: str) -> LedgerEntry:
             f"{field}.payload", f"expected bytes, got {type(entry.payload).__name__}"
         )
     check_id(entry.idempotency_id, f"{field}.idempotency_id")
+    if entry.kind in CATALOG_KINDS:
+        try:
+            catalog_fold.fold(SessionMeta("-"), 1, entry.kind, entry.payload, _CHECKED_AT)
+        except errors.ReplayDecodeError as bad:
+            raise errors.InvalidInputError(
+                f"{field}.payload", f"a {entry.kind!r} record's payload: {bad.detail}"
+            ) from bad
+        except errors.TurnkeeperError:
+            pass  # a usage or hustle the session's entry judges: the catalog reports it
     return entry
 
 
