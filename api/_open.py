@@ -87,7 +87,8 @@ def open_store(
         InvalidInputError: ``path`` is not a usable path (a directory, a new
             file in a folder that does not exist, or a URL of another scheme);
             a PostgreSQL option given for a DuckDB file, or out of range; or
-            ``tenant`` is not storable text.
+            ``tenant`` is neither ``""`` nor an id (no control or invisible
+            characters, at most 512 bytes).
         ForeignDatabaseError: not a turnkeeper database (not a DuckDB file, or
             another application's tables).
         SchemaVersionError: the store was written by a newer turnkeeper, or

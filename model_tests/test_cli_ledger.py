@@ -480,3 +480,71 @@ def test_audit_checks_every_ledger_and_each_check_can_fail(db):
     found = _audit(db)
     assert [found[n]["passed"] for n in LEDGER_CHECKS] == [True, True, False]
     assert found["ledger_catalog_lists_sessions"]["detail"] == "t (not listed)"
+
+
+# -- a mistyped --db, an oversized payload -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["ledger", "append", "s", "--kind", "note"],
+        ["ledger", "repair", "s"],
+        ["ledger", "gc", "s"],
+        ["sessions", "delete", "s", "--yes"],
+        ["sessions", "retain", "--keep-last", "1"],
+    ],
+)
+def test_a_command_on_stored_sessions_never_creates_a_mistyped_database(
+    tmp_path: Path, args: list[str]
+) -> None:
+    """Failed before (attack on issue 19, minor): ``ledger append|repair|gc
+    --db missing.duckdb`` created an empty database, then said
+    SessionNotFoundError; ``sessions delete`` and ``retain`` did the same."""
+    missing = tmp_path / "mistyped.duckdb"
+    result = tk(*args, "--db", str(missing), stdin=b"x")
+    assert result.exit_code == 2, result.output
+    assert "StoreNotFoundError" in result.output
+    assert not missing.exists()
+
+
+def test_an_oversized_payload_is_refused_without_reading_it_whole(monkeypatch, tmp_path):
+    """Failed before (attack on issue 19, minor): ``ledger append`` read all
+    of stdin before its size check (400 MB of stdin: 925 MB RSS)."""
+    import io
+
+    from turnkeeper.cli import ledger as ledger_cli
+
+    monkeypatch.setattr(ledger_cli, "MAX_BODY_BYTES", 10)
+    source = io.BytesIO(b"y" * 1000)
+    with pytest.raises(turnkeeper.DurableBodyTooLargeError) as err:
+        ledger_cli._read_payload(source, "stdin")
+    assert (err.value.object_id, err.value.max_bytes, source.tell()) == ("stdin", 10, 11)
+    path = tmp_path / "db.duckdb"
+    with turnkeeper.open_store(str(path)) as store:
+        store.sessions.create("s")
+    result = tk("ledger", "append", "s", "--kind", "note", "--db", str(path), stdin=b"z" * 11)
+    assert result.exit_code == 2 and "DurableBodyTooLargeError" in result.output
+    assert (
+        tk("ledger", "append", "s", "--kind", "note", "--db", str(path), stdin=b"z" * 10).exit_code
+        == 0
+    )
+
+
+def test_a_failed_catalog_update_is_a_one_line_warning(db):
+    """Failed before (attack on issue 19, minor): ``ledger append`` exited 0
+    but printed the library's warning with a whole traceback on stderr."""
+    assert _append(db, "s", "turn_started", b'{"turn_id": "t"}', "t")["seq"] == 2
+    bad = b"{not json"
+    _forge(
+        db,
+        "UPDATE ledger_records SET payload = ?, payload_sha256 = ? "
+        "WHERE session_id = 's' AND seq = 2",
+        [bad, hashlib.sha256(bad).hexdigest()],
+    )
+    _forge(db, "DELETE FROM ledger_catalog WHERE session_id = 's'", [])
+    r = tk("ledger", "append", "s", "--kind", "note", "--db", db, stdin=b"x")
+    assert r.exit_code == 0, r.output
+    warning = [line for line in r.stderr.splitlines() if "warning" in line]
+    assert len(warning) == 1 and "ReplayDecodeError" in warning[0], r.stderr
+    assert "Traceback" not in r.stderr

@@ -216,9 +216,12 @@ def test_a_store_opened_for_a_tenant_files_and_reads_only_its_records(backend, t
         with pytest.raises(EmptySessionError):
             list(store.ledger.replay("s"))
         assert store.ledger.with_tenant("acme").tip("s") == 2
-    with pytest.raises(InvalidInputError) as refused:
-        opened(tenant="a\ud800b")
-    assert refused.value.field == "tenant"
+    for bad in ["a\ud800b", "a\x00b", "x" * 100_000, "acme\u202e", " ", "a\nb"]:
+        with pytest.raises(InvalidInputError) as refused:
+            opened(tenant=bad)  # NUL, 100k characters, a bidi override: taken before
+        assert refused.value.field == "tenant", repr(bad)
+        with opened() as store, pytest.raises(InvalidInputError):
+            store.ledger.with_tenant(bad)
 
 
 def test_the_command_log_refuses_a_writer_of_another_tenant(store):

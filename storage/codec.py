@@ -99,6 +99,19 @@ def check_clock(value: object) -> datetime:
     return now
 
 
+def check_tenant(value: object) -> str:
+    """Return ``value`` if it is a tenant: ``""`` (the default tenant) or an
+    identifier as :func:`check_id` judges one (a tenant names where records
+    and blobs are filed: NUL, 100k characters or a bidi override were taken).
+
+    Raises:
+        InvalidInputError: otherwise (field ``tenant``).
+    """
+    if value == "":
+        return ""
+    return check_id(value, "tenant")
+
+
 def check_id(value: object, field: str, *, max_bytes: int = MAX_ID_BYTES) -> str:
     """Return ``value`` if it is an identifier: a string that UTF-8 can hold, not
     blank, at most ``max_bytes`` UTF-8 bytes (:data:`MAX_ID_BYTES`), without

@@ -26,6 +26,8 @@ from rich.console import Console
 from rich.text import Text
 
 import turnkeeper
+from turnkeeper import is_postgres
+from turnkeeper.spec import errors
 from turnkeeper.storage import BaseStore
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -64,17 +66,19 @@ def db_option(default: str | None = turnkeeper.DEFAULT_PATH) -> Callable[[F], F]
 
 
 @contextmanager
-def open_db(path: str, *, read_only: bool = False) -> Iterator[BaseStore]:
+def open_db(path: str, *, read_only: bool = False, existing: bool = False) -> Iterator[BaseStore]:
     """Open the store at ``path`` and close it afterwards.
 
     ``read_only`` opens an existing file for inspection: a missing file is
     refused (never created), no migrations run, any write raises
     ``ReadOnlyError``, and other read-only openers may share the file (a
-    writing process still locks everyone out). Otherwise a missing file is
-    created.
+    writing process still locks everyone out). ``existing`` (a command that
+    acts on what is stored, such as a session's ledger) refuses a missing
+    file too, and writes. Otherwise a missing file is created.
 
     Raises:
-        StoreNotFoundError: ``read_only`` and there is no file at ``path``.
+        StoreNotFoundError: ``read_only`` or ``existing``, and there is no
+            file at ``path`` (a mistyped ``--db`` is never created).
         InvalidInputError: ``path`` is a directory, or a new file's folder is missing.
         StoreLockedError: another process holds the file.
         ForeignDatabaseError: the file is not a turnkeeper database.
@@ -83,6 +87,10 @@ def open_db(path: str, *, read_only: bool = False) -> Iterator[BaseStore]:
         CorruptDatabaseError: the file or its write-ahead log is corrupt.
     """
     in_memory = path == ":memory:"
+    if existing and not in_memory and not is_postgres(path) and not os.path.exists(path):
+        raise errors.StoreNotFoundError(
+            path, detail="this command acts on stored sessions and never creates a database"
+        )
     store = turnkeeper.open_store(path, read_only=read_only and not in_memory)
     try:
         yield store

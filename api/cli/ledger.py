@@ -32,7 +32,7 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.records import Lease
 from turnkeeper.storage import BaseStore
 from turnkeeper.storage.ops.ledger import Ledger
-from turnkeeper.storage.ops.ledger.blobs import DEFAULT_OFFLOAD_THRESHOLD, BlobStore
+from turnkeeper.storage.ops.ledger.blobs import DEFAULT_OFFLOAD_THRESHOLD, MAX_BODY_BYTES, BlobStore
 
 from .common import EXIT_FAILED, db_option, dumps, one_line, open_db, stderr_console, visible
 
@@ -120,9 +120,19 @@ def _options(*, blobs: bool, writes: bool) -> Callable[[F], F]:
     return wrap
 
 
+def _warn(failure: Exception) -> None:
+    click.echo(
+        f"turnkeeper: warning: the catalog entry was not updated: "
+        f"{type(failure).__name__}: {one_line(str(failure))}",
+        err=True,
+    )
+
+
 def _ledger(store: BaseStore, tenant: str, blobs_root: str | None, **kw: Any) -> Ledger:
     """``store``'s ledger for ``tenant``, with its blobs under ``blobs_root``
-    (fsspec) or in the database."""
+    (fsspec) or in the database; a catalog update that fails is a one-line
+    warning on stderr (the library's default logs a traceback)."""
+    store.ledger.catalog.configure(on_update_failed=_warn)
     ledger: Ledger = store.ledger.with_tenant(tenant)
     if blobs_root is None and not kw:
         return ledger
@@ -228,14 +238,14 @@ def append_command(
     LedgerIdempotencyConflictError (exit 2, nothing written).
     """
     if path is None:
-        payload = sys.stdin.buffer.read()
+        payload = _read_payload(sys.stdin.buffer, "stdin")
     else:
         with open(path, "rb") as f:
-            payload = f.read()
+            payload = _read_payload(f, path)
     if idempotency_id is None:
         digest = hashlib.sha256(kind.encode() + b"\0" + payload).hexdigest()
         idempotency_id = f"sha256:{digest}"
-    with open_db(db) as store:
+    with open_db(db, existing=True) as store:
         ledger = _ledger(store, tenant, blobs_root, offload_threshold=offload_threshold)
         with _writer(store, ledger, session_id, owner, ttl) as writer:
             result = writer.append(kind, payload, idempotency_id)
@@ -254,6 +264,21 @@ def append_command(
         return
     dup = " (duplicate: already appended, nothing written)" if result.duplicate else ""
     click.echo(f"{session_id}: seq {result.seq}, id {idempotency_id}, {len(payload)} bytes{dup}")
+
+
+def _read_payload(source: Any, name: str) -> bytes:
+    """At most :data:`MAX_BODY_BYTES` bytes of ``source`` (a binary file).
+
+    Raises:
+        DurableBodyTooLargeError: there are more (read stops one byte past the
+            ceiling: 400 MB on stdin used to be read whole first).
+    """
+    payload: bytes = source.read(MAX_BODY_BYTES + 1)
+    if len(payload) > MAX_BODY_BYTES:
+        raise errors.DurableBodyTooLargeError(
+            0, name, len(payload), MAX_BODY_BYTES, detail="the payload is longer than the ceiling"
+        )
+    return payload
 
 
 def record_json(record: Any) -> dict[str, Any]:
@@ -494,7 +519,7 @@ def gc_command(
     GCScanError, GCListError or GCDeleteError (exit 2; nothing deleted
     before a scan or listing failure).
     """
-    with open_db(db) as store:
+    with open_db(db, existing=True) as store:
         ledger = _ledger(store, tenant, blobs_root)
         with _writer(store, ledger, session_id, owner, ttl) as writer:
             result = ledger.gc(session_id, writer.lease)
@@ -545,7 +570,7 @@ def repair_command(
     A damaged ledger fails closed (its replay's error, exit 2) and leaves the
     entry as it was; a ledger without session_started is EmptySessionError.
     """
-    with open_db(db) as store:
+    with open_db(db, existing=True) as store:
         meta = _ledger(store, tenant, blobs_root).catalog.repair(session_id)
     data = meta_json(meta)
     if as_json:

@@ -81,7 +81,7 @@ def delete_command(
     session or a run of it is not terminal."""
     if not yes:
         click.confirm(f"Delete session {session_id!r} and everything stored of it?", abort=True)
-    with open_db(db or ctx.obj["db"]) as store:
+    with open_db(db or ctx.obj["db"], existing=True) as store:
         gone = store.sessions.delete(session_id)
     if as_json:
         click.echo(dumps({"deleted": _deleted_dict(gone)}))
@@ -137,7 +137,7 @@ def retain_command(
         raise CliError("give --max-age, --keep-last or both")
     max_age_s = None if max_age is None else parse_age(max_age)
     owner = f"turnkeeper-cli:{socket.gethostname()}:{os.getpid()}"
-    with open_db(db or ctx.obj["db"]) as store:
+    with open_db(db or ctx.obj["db"], existing=True) as store:
         lease = store.leases.acquire(f"retention:{name}", owner, RETENTION_TTL_S)
         try:
             report = store.sessions.retain(

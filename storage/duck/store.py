@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from ..backend import Clock
-from ..codec import check_text
+from ..codec import check_tenant
 from ..ops.replays import REPLAY_CACHE_BYTES
 from ..store import BaseStore
 from ..validate import check_bool, check_int, check_path
@@ -53,7 +53,7 @@ class DuckDBStore(BaseStore):
     ) -> None:
         check_bool(read_only, "read_only")
         cache = check_int(replay_cache_bytes, "replay_cache_bytes", 0)
-        check_text(tenant, "tenant")
+        check_tenant(tenant)
         super().__init__(
             Database(check_path(path), clock, read_only=read_only),
             replay_cache_bytes=cache,

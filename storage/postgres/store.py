@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ...spec.errors import InvalidInputError
 from ..backend import Clock
-from ..codec import check_text
+from ..codec import check_tenant, check_text
 from ..ops.replays import REPLAY_CACHE_BYTES
 from ..store import BaseStore
 from ..validate import check_bool, check_int, check_seconds
@@ -77,7 +77,7 @@ class PostgresStore(BaseStore):
         tenant: str = "",
     ) -> None:
         check_text(url, "url", allow_empty=False)
-        check_text(tenant, "tenant")
+        check_tenant(tenant)
         check_bool(read_only, "read_only")
         check_int(pool_size, "pool_size", 1)
         timeout = check_seconds(pool_timeout_s, "pool_timeout_s", allow_zero=False)

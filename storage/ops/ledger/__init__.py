@@ -45,7 +45,7 @@ from turnkeeper.spec.ledger import (
 from turnkeeper.spec.records import Lease
 
 from ...backend import Merge, Tx
-from ...codec import check_id, check_text
+from ...codec import check_id, check_tenant, check_text
 from ...validate import check_int, check_session_lease
 from .. import leases
 from ..base import Area, Shared
@@ -111,11 +111,12 @@ class Ledger(Area):
         The blob and catalog settings are kept.
 
         Raises:
-            InvalidInputError: ``tenant`` is not storable text.
+            InvalidInputError: ``tenant`` is neither ``""`` nor an id (no
+                control or invisible characters, at most 512 bytes).
         """
         return Ledger(
             self._shared,
-            check_text(tenant, "tenant"),
+            check_tenant(tenant),
             self.blobs,
             self.offload_threshold,
             self.max_body_bytes,
