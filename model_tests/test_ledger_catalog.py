@@ -41,6 +41,7 @@ from turnkeeper import (
 )
 from turnkeeper.spec import catalog as c
 from turnkeeper.storage.ops.ledger import catalog as catalog_mod
+from turnkeeper.storage.ops.ledger import catalog_group
 
 TTL = 30.0
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -219,6 +220,33 @@ def test_an_offloaded_record_is_folded_as_the_record_it_stands_for(store):
 # -- best effort, and the compare-and-set ---------------------------------------------
 
 
+def _after_commit(monkeypatch: Any) -> None:
+    """Leave every catalog update to the path after the append's COMMIT
+    (``Catalog.after_append``), as when the update in the append's
+    transaction cannot be made (a record that does not fold, a lost
+    compare-and-set, a malformed entry)."""
+    monkeypatch.setattr(catalog_group, "fold_in", lambda tx, updates: [False] * len(updates))
+
+
+def test_the_update_commits_with_the_append_or_not_at_all(store, monkeypatch):
+    """The entry is updated in the append's own transaction: an append whose
+    transaction fails leaves the entry as it was (and its records unwritten)."""
+    w = _writer(store)
+    _start(w)
+    before = store.ledger.catalog.read_meta("s")
+    real = catalog_group.store_metas
+
+    def then_fail(tx: Any, planned: Any) -> Any:
+        real(tx, planned)
+        raise OperationalError(detail="the commit failed")
+
+    monkeypatch.setattr(catalog_group, "store_metas", then_fail)
+    with pytest.raises(OperationalError):
+        w.append("turn_started", _j(turn_id="t", user_text="x"), "t")
+    monkeypatch.undo()
+    assert store.ledger.catalog.read_meta("s") == before and store.ledger.tip("s") == 2
+
+
 def test_a_failed_update_is_logged_and_never_fails_the_append(store, monkeypatch):
     seen = _failures(store)
     w = _writer(store)
@@ -226,6 +254,7 @@ def test_a_failed_update_is_logged_and_never_fails_the_append(store, monkeypatch
     def broken(*args: Any) -> bool:
         raise OperationalError(detail="disk gone")
 
+    _after_commit(monkeypatch)
     monkeypatch.setattr(catalog_mod, "store_meta", broken)
     assert w.append("session_started", _j(created_at=T0.isoformat()), "x").seq == 2
     assert [type(e) for e in seen] == [CatalogWriteError]
@@ -263,6 +292,7 @@ def _lose_one_update(store: Any, monkeypatch: Any, append: Any) -> None:
         raise OperationalError(detail="disk gone")
 
     with monkeypatch.context() as m:
+        _after_commit(m)
         m.setattr(catalog_mod, "store_meta", broken)
         append()
 
@@ -347,6 +377,7 @@ def test_a_persistently_contended_entry_is_a_conflict_error(store, monkeypatch):
     seen = _failures(store)
     w = _writer(store)
     _start(w)
+    monkeypatch.setattr(catalog_group, "store_metas", lambda tx, planned: set())
     monkeypatch.setattr(catalog_mod, "store_meta", lambda *a: False)
     w.append("turn_started", _j(turn_id="t", user_text="x"), "t")
     assert [type(e) for e in seen] == [CatalogConflictError]

@@ -10,8 +10,9 @@ sequence, written by one writer at a time under the session's lease:
   tip it read (``journal.plant_fence``);
 - its appends are fenced by that epoch and idempotent by their
   idempotency ids (``journal.append``); concurrent writers' appends are
-  group-committed, each member judged on its own (``group``), and their
-  catalog updates folded per group (``catalog_group``);
+  group-committed, each member judged on its own (``group``), and the
+  catalog entries of their sessions updated in the same transaction
+  (``catalog_group``);
 - :meth:`Ledger.replay` streams the records, verified, in bounded pages
   (``replay``);
 - :meth:`Ledger.command_log` and :meth:`Ledger.read_command_application_at`
@@ -57,6 +58,7 @@ from . import sweep as sweep_ops
 from . import workspace as workspace_ops
 from .blobs import DEFAULT_OFFLOAD_THRESHOLD, MAX_BODY_BYTES, BlobStore, DatabaseBlobs
 from .catalog import Catalog, CatalogOptions
+from .catalog_group import CatalogUpdate
 from .group import LedgerAppend
 from .replay import PAGE_ROWS, ledger_name, replay
 from .writer import LedgerWriter, RuntimeCommandLog, decode_application
@@ -76,8 +78,10 @@ __all__ = [
 
 
 def _append_alone(request: LedgerAppend, tx: Tx) -> list[AppendResult]:
-    """``journal.append`` of ``request`` in ``tx``."""
-    return journal.append(tx, request.tenant, request.session_id, request.lease, request.entries)
+    """``journal.append`` of ``request`` in ``tx``, and its catalog update."""
+    results = journal.append(tx, request.tenant, request.session_id, request.lease, request.entries)
+    group_ops.catalog_in_tx(tx, [(request, results)])
+    return results
 
 
 class Ledger(Area):
@@ -181,12 +185,14 @@ class Ledger(Area):
         expected = self.db.read(
             "ledger_tip", lambda tx: journal.read_tip(tx, self.tenant, session_id)
         )[0]
+
+        def opening(tx: Tx) -> tuple[int, bool]:
+            seq = journal.plant_fence(tx, self.tenant, session_id, lease, expected)
+            update = CatalogUpdate(self.catalog, session_id, [(seq, FENCE_KIND, b"")])
+            return seq, catalog_group.fold_in(tx, [update])[0]
+
         try:
-            seq = self._fenced(
-                "ledger_open",
-                lease,
-                lambda tx: journal.plant_fence(tx, self.tenant, session_id, lease, expected),
-            )
+            seq, catalogued = self._fenced("ledger_open", lease, opening)
         except errors.OpeningFenceConflictError:
             journal.MACHINE.require("open", "opening", {"lease_held": True, "tip_unmoved": False})
             self.db.write(
@@ -196,7 +202,8 @@ class Ledger(Area):
                 exclusive=False,
             )
             raise
-        self.catalog.after_append(session_id, [(seq, FENCE_KIND, b"")])
+        if not catalogued:
+            self.catalog.after_append(session_id, [(seq, FENCE_KIND, b"")])
         return LedgerWriter(self, session_id, lease, seq)
 
     def _write_entries(
@@ -223,13 +230,17 @@ class Ledger(Area):
             else e
             for e in entries
         ]
-        results = self._append(LedgerAppend(self.tenant, writer.session_id, writer.lease, stored))
-        written = [
-            (r.seq, e.kind, e.payload)
-            for e, r in zip(entries, results, strict=True)
-            if not r.duplicate
-        ]
-        catalog_group.after_append(self.catalog, writer.session_id, written)
+        request = LedgerAppend(
+            self.tenant, writer.session_id, writer.lease, stored, self.catalog, entries
+        )
+        results = self._append(request)
+        if not request.catalogued[0]:
+            written = [
+                (r.seq, e.kind, e.payload)
+                for e, r in zip(entries, results, strict=True)
+                if not r.duplicate
+            ]
+            self.catalog.after_append(writer.session_id, written)
         return results
 
     def _append(self, request: LedgerAppend) -> list[AppendResult]:

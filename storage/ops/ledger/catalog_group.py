@@ -1,54 +1,41 @@
-"""The catalog's best-effort updates after appends, folded per group: the
-updates that queue up together (one per session of a group commit, as each
-writer's caller hands its records over) are read in one statement and
-written in one transaction of two statements, each entry under its revision
-compare-and-set (:func:`store_metas`, :func:`~.catalog.store_meta` for a
-set), instead of a read and a write transaction
-per append. An update the group cannot make (its entry moved, is malformed
-or missing records, a record does not fold, the group's transaction
-failed) runs alone as :meth:`~.catalog.Catalog.after_append`, with its
-retries, its repair and its logging: as before, never raised to the append.
+"""The catalog's update in the append's own transaction: the entries of the
+sessions an append (or a group commit's round, or a writer's open) wrote
+are read in one statement and written in at most two (the new entries'
+insert, the others' update, each under its revision compare-and-set:
+:func:`store_metas`), before the COMMIT that holds the records. One commit
+per append instead of two (the update used to be a read and a write
+transaction of its own after the append's).
+
+An update this cannot make (the entry is malformed, records before the new
+ones are missing from it, a record does not fold, the entry's
+compare-and-set lost, the session's updates are stuck) is left to the
+caller, which runs :meth:`~.catalog.Catalog.after_append` after the COMMIT,
+with its catch-up, repair and logging: as before, never failing the append.
+The statements here touch only valid text (the entry is JSON encoded and
+checked as UTF-8 in Python first), so they fail only as the append's own
+statements would, with the database.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from turnkeeper.spec import errors
 
-from ...backend import STORE_NOW, Backend, Tx
+from ...backend import STORE_NOW, Tx
 from . import catalog_codec
 from .catalog import Catalog, NewRecord, fold_new
-from .group import batcher
 
 
 @dataclass(frozen=True, slots=True)
 class CatalogUpdate:
-    """One append's records for its session's catalog entry."""
+    """One append's records for its session's catalog entry: ``(seq, kind,
+    payload)`` of each record it wrote, its logical payload (an offloaded
+    one's, not its pointer)."""
 
     catalog: Catalog
     session_id: str
     records: list[NewRecord]
-
-
-def after_append(catalog: Catalog, session_id: str, records: list[NewRecord]) -> None:
-    """Fold ``records`` (just appended to ``session_id``'s ledger) into its
-    entry, grouped with the updates queued beside it; never raises (a failure
-    goes to the catalog's ``on_update_failed``)."""
-    if not records or catalog.is_stuck(session_id):
-        return
-    update = CatalogUpdate(catalog, session_id, records)
-    try:
-        batcher(catalog.db, "catalog").submit(
-            update, lambda group: write_group(catalog.db, group), _alone
-        )
-    except Exception as failure:  # after_append logs its own; this is the group's
-        catalog.options.on_update_failed(failure)
-
-
-def _alone(update: CatalogUpdate) -> None:
-    update.catalog.after_append(update.session_id, update.records)
 
 
 def store_metas(
@@ -98,46 +85,37 @@ def store_metas(
     return won
 
 
-def write_group(db: Backend, group: list[CatalogUpdate]) -> list[Any]:
-    """Fold every update of ``group`` in one read and one write transaction;
-    each one the group could not make runs alone (:func:`_alone`). One
-    outcome (``None``) per update."""
-    keys = sorted({(u.catalog.tenant, u.session_id) for u in group})
-    try:
-        rows = db.read(
-            "ledger_catalog_read_group",
-            lambda tx: tx.rows(
-                "SELECT tenant, session_id, revision, meta FROM ledger_catalog "
-                "WHERE tenant = ANY(?::VARCHAR[]) AND session_id = ANY(?::VARCHAR[])",
-                [sorted({k[0] for k in keys}), sorted({k[1] for k in keys})],
-            ),
-        )
-    except errors.DatabaseError:
-        rows = None
-    planned: list[tuple[CatalogUpdate, int, str] | None] = [None] * len(group)
-    if rows is not None:
-        stored = {(str(t), str(s)): (int(rev), str(meta)) for t, s, rev, meta in rows}
-        seen: set[tuple[str, str]] = set()
-        for i, u in enumerate(group):
-            key = (u.catalog.tenant, u.session_id)
-            if key in seen:
-                continue  # a second update of one entry: alone, after the group's
-            seen.add(key)
-            revision, text = stored.get(key, (0, ""))
-            try:
-                current = catalog_codec.decode(u.session_id, text) if revision else None
-                meta = fold_new(u.session_id, current, u.records, u.catalog.options.clock())
-                planned[i] = (u, revision, catalog_codec.encode(meta))
-            except Exception:
-                continue  # malformed, out of order, not folding: alone (repair, logging)
-    won = [False] * len(group)
-    if any(p is not None for p in planned):
+def fold_in(tx: Tx, updates: list[CatalogUpdate]) -> list[bool]:
+    """Fold each update into its entry in ``tx`` (sessions distinct); for
+    each, whether its entry now holds its records (``True`` also for an
+    update with no record). ``False``: the caller updates it after the
+    COMMIT (:meth:`~.catalog.Catalog.after_append`)."""
+    done = [not u.records for u in updates]
+    live = [i for i, u in enumerate(updates) if u.records and not u.catalog.is_stuck(u.session_id)]
+    if not live:
+        return done
+    rows = tx.rows(
+        "SELECT tenant, session_id, revision, meta FROM ledger_catalog "
+        "WHERE tenant = ANY(?::VARCHAR[]) AND session_id = ANY(?::VARCHAR[])",
+        [
+            sorted({updates[i].catalog.tenant for i in live}),
+            sorted({updates[i].session_id for i in live}),
+        ],
+    )
+    stored = {(str(t), str(s)): (int(rev), str(meta)) for t, s, rev, meta in rows}
+    planned: list[tuple[CatalogUpdate, int, str] | None] = [None] * len(updates)
+    for i in live:
+        u = updates[i]
+        revision, text = stored.get((u.catalog.tenant, u.session_id), (0, ""))
         try:
-            written = db.write("ledger_catalog_write_group", lambda tx: store_metas(tx, planned))
-        except errors.DatabaseError:
-            written = set()
-        won = [p is not None and (p[0].catalog.tenant, p[0].session_id) in written for p in planned]
-    for u, done in zip(group, won, strict=True):
-        if not done:
-            _alone(u)
-    return [None] * len(group)
+            current = catalog_codec.decode(u.session_id, text) if revision else None
+            meta = fold_new(u.session_id, current, u.records, u.catalog.options.clock())
+            planned[i] = (u, revision, catalog_codec.encode(meta))
+        except errors.TurnkeeperError:
+            continue  # malformed, out of order, not folding: after the COMMIT
+    if any(p is not None for p in planned):
+        written = store_metas(tx, planned)
+        for i, p in enumerate(planned):
+            if p is not None:
+                done[i] = (p[0].catalog.tenant, p[0].session_id) in written
+    return done

@@ -42,13 +42,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from turnkeeper.spec import errors
-from turnkeeper.spec.ledger import LedgerEntry
+from turnkeeper.spec.ledger import AppendResult, LedgerEntry
 from turnkeeper.spec.records import Lease
 
 from ...backend import Backend, Conflict, Tx
 from .. import leases
 from ..capabilities import session_exists
-from . import journal
+from . import catalog_group, journal
+from .catalog import Catalog
+from .catalog_group import CatalogUpdate
 
 GROUP_MAX = 64
 """Most calls one :class:`Batcher` group takes."""
@@ -74,12 +76,42 @@ COLUMNS = (
 @dataclass(frozen=True, slots=True)
 class LedgerAppend:
     """One writer's queued append: its ledger (``tenant``, ``session_id``), its
-    lease, and its entries as stored (offloaded payloads already pointers)."""
+    lease, and its entries as stored (offloaded payloads already pointers).
+
+    With ``catalog``, the transaction that writes its records also folds
+    them into the session's catalog entry (:func:`catalog_in_tx`):
+    ``logical`` are the entries as given (an offloaded payload's bytes, not
+    its pointer), and ``catalogued[0]`` says, once the append returned,
+    whether the committed transaction did (else the caller updates the
+    entry after it)."""
 
     tenant: str
     session_id: str
     lease: Lease
     entries: Sequence[LedgerEntry]
+    catalog: Catalog | None = None
+    logical: Sequence[LedgerEntry] = ()
+    catalogued: list[bool] = field(default_factory=lambda: [False])
+
+
+def catalog_in_tx(tx: Tx, done: list[tuple[LedgerAppend, list[AppendResult]]]) -> None:
+    """Fold the records each append of ``done`` (its request and results,
+    sessions distinct) wrote into its session's catalog entry, in ``tx``
+    (:func:`.catalog_group.fold_in`); sets each request's ``catalogued``."""
+    updates: list[CatalogUpdate] = []
+    for request, results in done:
+        request.catalogued[0] = False
+        if request.catalog is not None:
+            written = [
+                (r.seq, e.kind, e.payload)
+                for e, r in zip(request.logical, results, strict=True)
+                if not r.duplicate
+            ]
+            updates.append(CatalogUpdate(request.catalog, request.session_id, written))
+    folded = iter(catalog_group.fold_in(tx, updates))
+    for request, _ in done:
+        if request.catalog is not None:
+            request.catalogued[0] = next(folded)
 
 
 def _rounds(requests: Sequence[LedgerAppend]) -> list[list[int]]:
@@ -218,6 +250,7 @@ def _round(tx: Tx, requests: list[LedgerAppend]) -> list[Any]:
         tx.insert_rows("ledger_records", COLUMNS, rows)
     if moves:
         _move_tips(tx, moves)
+    catalog_in_tx(tx, [(requests[i], out[i]) for i in writing if isinstance(out[i], list)])
     return out
 
 
@@ -360,7 +393,7 @@ _BATCHERS_LOCK = threading.Lock()
 
 
 def batcher(db: Backend, name: str) -> Batcher:
-    """The :class:`Batcher` ``name`` (``"append"``, ``"catalog"``) of store
+    """The :class:`Batcher` ``name`` (``"append"``) of store
     backend ``db`` (one per store object, shared by its ledger areas of every
     tenant), made on first use."""
     with _BATCHERS_LOCK:

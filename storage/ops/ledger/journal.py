@@ -7,7 +7,8 @@ the lease fence, the tip's locked read, the look for a record past the tip,
 the fence record and the tip's compare-and-set; an append of n records is
 the lease fence, the tip's locked read, one read of the ids already in the
 ledger and of a record past the tip, one multi-row insert and the tip's
-compare-and-set, whatever n is.
+compare-and-set, whatever n is; the transaction then updates the session's
+catalog entry (a read and a compare-and-set: ``catalog_group``).
 
 A record past the tip is damage (the tip row lowered or lost from outside):
 the tip's row lock orders every writer, so no concurrent writer can have
