@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import posixpath
+import urllib.parse
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ from turnkeeper import BlobIntegrityError, BlobNotFoundError, InvalidInputError,
 from turnkeeper.cli.audit import run_audit
 from turnkeeper.storage.ops.ledger import blobs as blob_ops
 from turnkeeper.storage.ops.ledger import journal
+from turnkeeper.storage.ops.ledger import sweep as sweep_ops
 
 SAME_SEGMENT = [
     # (tenant, session) pairs whose blob keys were one key, or one folder, on main
@@ -283,3 +285,81 @@ def test_a_blob_longer_than_its_pointer_says_is_read_only_to_its_size_plus_one(
         list(ledger.with_blobs(reads, offload_threshold=THRESHOLD).replay("s"))
     assert (err.value.seq, err.value.key) == (2, key)
     assert reads.read == [size + 1]
+
+
+def _lenient_split(key: str) -> tuple[str, str, str] | None:
+    """split_key without its last check (the prefix is the one blob_prefix
+    makes of the decoded pair): any decodable key counts."""
+    parts = key[len(blob_ops.ROOT) :].split("/")
+    if not key.startswith(blob_ops.ROOT) or len(parts) != 3:
+        return None
+    tenant, sid = (urllib.parse.unquote(p[2:]) for p in parts[:2])
+    return tenant, sid, parts[2]
+
+
+@pytest.mark.parametrize("where", ["directory", "s3"], indirect=True)
+def test_the_sweep_takes_only_keys_in_the_exact_shape_of_a_deleted_sessions_prefix(
+    store, where, tmp_path, monkeypatch
+):
+    """A key that decodes to session ``gone`` but is not the key this
+    turnkeeper makes of it (``%67one``: an escaped ``g``) is another's file:
+    the sweep after deleting ``gone`` leaves it. Control: without the exact
+    check, the sweep deletes it."""
+    ledger = _ledger(store, where, tmp_path)
+    w = _open(store, ledger, sid="gone")
+    w.append("turn", BIG, "g1")
+    foreign = "blobs/t=/s=%67one/" + "0" * 64
+    ledger.blobs.put(foreign, b"not the ledger's")
+    store.sessions.delete("gone", lease=w.lease)
+    result = ledger.sweep_deleted()
+    assert result.deleted == 1 and foreign not in result.deleted_keys
+    assert ledger.blobs.get(foreign) == b"not the ledger's"
+    monkeypatch.setattr(sweep_ops, "split_key", _lenient_split)
+    assert ledger.sweep_deleted().deleted_keys == (foreign,)
+
+
+class _ListsEverything:
+    """A blob store whose listing ignores the prefix (a careless one)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def put(self, key: str, data: bytes) -> None:
+        self.inner.put(key, data)
+
+    def get(self, key: str, max_bytes: int | None = None) -> bytes:
+        return bytes(self.inner.get(key, max_bytes))
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def list(self, prefix: str) -> list[str]:
+        return list(self.inner.list(blob_ops.ROOT))
+
+
+@pytest.mark.parametrize("where", ["directory", "s3"], indirect=True)
+def test_a_tenants_sweep_takes_no_other_tenants_key_whatever_the_store_lists(
+    store, where, tmp_path, monkeypatch
+):
+    """Control: with the tenant check defeated (every key read as acme's),
+    tenant acme's sweep takes the default tenant's blob of the deleted
+    session too."""
+    base = _ledger(store, where, tmp_path)
+    everything = base.with_blobs(_ListsEverything(base.blobs), offload_threshold=THRESHOLD)
+    w = _open(store, base, sid="gone")
+    w.append("turn", BIG, "default")
+    acme = everything.with_tenant("acme")
+    acme.open("gone", w.lease).append("turn", BIG, "acme")
+    store.sessions.delete("gone", lease=w.lease)
+    taken = acme.sweep_deleted().deleted_keys
+    assert len(taken) == 1 and taken[0].startswith("blobs/t=acme/")
+    left = base.blobs.list(blob_ops.blob_prefix("", "gone"))
+    assert len(left) == 1
+    real = sweep_ops.split_key
+
+    def all_acme(key: str) -> tuple[str, str, str] | None:
+        found = real(key)
+        return None if found is None else ("acme", found[1], found[2])
+
+    monkeypatch.setattr(sweep_ops, "split_key", all_acme)
+    assert everything.with_tenant("acme").sweep_deleted().deleted_keys == tuple(left)
