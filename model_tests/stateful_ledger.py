@@ -51,7 +51,7 @@ IDS = ("a", "b", "c", "d", "e")
 PAYLOADS = (b"", b"x", b"\x00\xff", b"long" * 50, b"big\x00" * 30)
 THRESHOLD = 16
 """Payloads longer than this are offloaded: the last two of :data:`PAYLOADS`."""
-PREFIX = "sessions/s/"
+PREFIX = blob_ops.blob_prefix("", "s")
 KINDS = ("turn", "step")
 
 Row = tuple[int, str, str, bytes, int]

@@ -311,14 +311,14 @@ def test_gc_deletes_an_orphan_and_keeps_the_referenced_blob(db):
     _ledger_of_s(db)
     live = _pointer(db, 4)["key"]
     orphan_blob = blob_ops.envelope(LedgerEntry("big", BIG + b"!", "crashed"))
-    orphan = "sessions/s/" + hashlib.sha256(orphan_blob).hexdigest()
+    orphan = blob_ops.blob_prefix("", "s") + hashlib.sha256(orphan_blob).hexdigest()
     with _open(db) as store:
         store.ledger.blobs.put(orphan, orphan_blob)  # a blob whose pointer never landed
         forge(  # a key not of the blob shape (the store never writes one): left alone
             store,
             "INSERT INTO ledger_blobs (key, session_id, data, size, written_at) "
-            "VALUES ('sessions/s/not-a-digest', 's', ?, 1, CURRENT_TIMESTAMP)",
-            [b"x"],
+            "VALUES (?, 's', ?, 1, CURRENT_TIMESTAMP)",
+            [blob_ops.blob_prefix("", "s") + "not-a-digest", b"x"],
             rows=1,
         )
     r = tk("ledger", "gc", "s", "--db", db, "--json")
@@ -333,8 +333,8 @@ def test_gc_deletes_an_orphan_and_keeps_the_referenced_blob(db):
     }
     assert result["scanned"] == result["referenced"] + result["deleted"]
     with _open(db) as store:
-        assert sorted(store.ledger.blobs.list("sessions/s/")) == sorted(
-            [live, "sessions/s/not-a-digest"]
+        assert sorted(store.ledger.blobs.list(blob_ops.blob_prefix("", "s"))) == sorted(
+            [live, blob_ops.blob_prefix("", "s") + "not-a-digest"]
         )
     assert _verify(db, "s").exit_code == 0
     again = tk("ledger", "gc", "s", "--db", db)
@@ -343,14 +343,14 @@ def test_gc_deletes_an_orphan_and_keeps_the_referenced_blob(db):
 
 def test_gc_under_a_lease_another_owner_holds_is_refused_and_deletes_nothing(db):
     _ledger_of_s(db)
-    orphan = "sessions/s/" + hashlib.sha256(b"o").hexdigest()
+    orphan = blob_ops.blob_prefix("", "s") + hashlib.sha256(b"o").hexdigest()
     with _open(db) as store:
         store.ledger.blobs.put(orphan, b"o")
         store.leases.acquire("session:s", "someone-else", 60.0)
     r = tk("ledger", "gc", "s", "--db", db)
     assert r.exit_code == 2 and "BusyError" in r.stderr, r.output
     with _open(db) as store:
-        assert orphan in store.ledger.blobs.list("sessions/s/")
+        assert orphan in store.ledger.blobs.list(blob_ops.blob_prefix("", "s"))
 
 
 def test_repair_rebuilds_the_catalog_entry_from_the_ledger(db):
@@ -392,7 +392,8 @@ def test_report_counts_records_bytes_blobs_and_orphans_per_session(db, monkeypat
     key = _pointer(db, 4)["key"]
     blob_bytes = len(blob_ops.envelope(LedgerEntry("big", BIG, "b1")))
     with _open(db) as store:
-        store.ledger.blobs.put("sessions/t/" + hashlib.sha256(b"o").hexdigest(), b"o")
+        orphan = blob_ops.blob_prefix("", "t") + hashlib.sha256(b"o").hexdigest()
+        store.ledger.blobs.put(orphan, b"o")
         stored = store.query(
             "SELECT session_id, count(*) AS n, sum(octet_length(payload)) AS b "
             "FROM ledger_records GROUP BY session_id ORDER BY session_id"
@@ -415,27 +416,42 @@ def test_report_counts_records_bytes_blobs_and_orphans_per_session(db, monkeypat
     assert (by["s"]["orphan_blobs"], by["t"]["orphan_blobs"], by["t"]["orphan_bytes"]) == (0, 1, 1)
     assert data["total"]["ledgers"] == 3 and data["total"]["orphan_blobs"] == 1
     assert data["gc"]["recorded"] is False
-    # the default tenant's pointer gone, its blob is an orphan, though the tenant's
-    # pointer names a key that ends with its key (keys are matched whole, quoted)
+    # the default tenant's pointer names a longer key that ends with its blob's:
+    # its blob is an orphan (keys are matched whole, quoted)
     _forge(
         db,
-        "DELETE FROM ledger_records WHERE tenant = '' AND session_id = 's' AND seq = 4",
-        [],
+        "UPDATE ledger_records SET payload = ? WHERE tenant = '' AND session_id = 's' AND seq = 4",
+        [json.dumps({"key": "x" + key, "sha256": "0" * 64, "size": 1}).encode()],
     )
-    data = figures()
-    by = {row["session_id"]: row for row in data["by_session"]}
-    assert (by["s"]["orphan_blobs"], by["s"]["orphan_bytes"]) == (1, blob_bytes), key
     text = tk("report", "--db", db)
     assert "Ledger per session" in text.stdout and "GC results are not recorded" in text.stdout
-    # control: keys matched unquoted, the tenant's pointer hides the orphan
+    by = {row["session_id"]: row for row in figures()["by_session"]}
+    assert (by["s"]["orphan_blobs"], by["s"]["orphan_bytes"]) == (1, blob_bytes), key
     unquoted = {
         name: sql.replace("'\"' || b.key || '\"'", "b.key")
         for name, sql in report_ledger._NAMED.items()
     }
     assert unquoted != report_ledger._NAMED
-    monkeypatch.setattr(report_ledger, "_NAMED", unquoted)
+    with monkeypatch.context() as patch:  # control: keys matched unquoted, the orphan hides
+        patch.setattr(report_ledger, "_NAMED", unquoted)
+        assert {r["session_id"]: r for r in figures()["by_session"]}["s"]["orphan_blobs"] == 0
+    # that pointer gone, and tenant acme's pointer (forged) naming the default
+    # tenant's blob: still an orphan (a pointer names a blob of its own tenant);
+    # acme's blob, its pointer renamed, is one too
+    _forge(db, "DELETE FROM ledger_records WHERE tenant = '' AND session_id = 's' AND seq = 4", [])
+    _forge(
+        db,
+        "UPDATE ledger_records SET payload = ? "
+        "WHERE tenant = 'acme' AND session_id = 's' AND kind = 'blobptr'",
+        [json.dumps({"key": key, "sha256": "0" * 64, "size": 1}).encode()],
+    )
     by = {row["session_id"]: row for row in figures()["by_session"]}
-    assert by["s"]["orphan_blobs"] == 0
+    assert (by["s"]["orphan_blobs"], by["s"]["orphan_bytes"]) == (2, 2 * blob_bytes), key
+    across = report_ledger._ORPHANS.replace("r.tenant = b.tenant AND ", "")
+    assert across != report_ledger._ORPHANS
+    monkeypatch.setattr(report_ledger, "_ORPHANS", across)  # control: tenants not matched
+    by = {row["session_id"]: row for row in figures()["by_session"]}
+    assert by["s"]["orphan_blobs"] == 1
 
 
 # -- audit ----------------------------------------------------------------------------

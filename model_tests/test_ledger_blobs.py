@@ -52,6 +52,7 @@ from turnkeeper.storage.ops.ledger import journal
 TTL = 30.0
 THRESHOLD = 64
 BIG = bytes(range(256)) * 2  # 512 bytes: offloaded
+S = blob_ops.blob_prefix("", "s")  # session s's blob prefix
 SMALL = b"inline"
 
 
@@ -124,11 +125,7 @@ def test_a_payload_over_the_threshold_is_a_sha256_named_blob_and_a_pointer_with_
     assert w.append("turn", SMALL, "t2").seq == 3
     ptr = _pointer(store, 2)
     blob = ledger.blobs.get(ptr["key"])
-    assert (
-        ptr["key"]
-        == "sessions/s/" + hashlib.sha256(blob).hexdigest()
-        == "sessions/s/" + ptr["sha256"]
-    )
+    assert ptr["key"] == S + hashlib.sha256(blob).hexdigest() == S + ptr["sha256"]
     assert ptr["size"] == len(blob) and blob.endswith(BIG) and b'"id": "t1"' in blob
     ids = store.query(
         "SELECT seq, kind, idempotency_id FROM ledger_records ORDER BY seq", []
@@ -158,7 +155,7 @@ def test_the_write_side_refuses_a_body_over_the_ceiling_and_writes_nothing(store
     assert not isinstance(err.value, BlobIntegrityError)
     assert (err.value.seq, err.value.object_id, err.value.max_bytes) == (0, "big", 300)
     assert err.value.declared_bytes > 300
-    assert ledger.tip("s") == 1 and ledger.blobs.list("sessions/s/") == []
+    assert ledger.tip("s") == 1 and ledger.blobs.list(S) == []
     # inline too: a ceiling below the threshold refuses an inline body
     inline = ledger.with_blobs(ledger.blobs, offload_threshold=1000, max_body_bytes=10)
     w2 = inline.open("s", w.lease)
@@ -176,11 +173,11 @@ class _Counting:
     def put(self, key: str, data: bytes) -> None:
         self.inner.put(key, data)
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, max_bytes: int | None = None) -> bytes:
         self.gets += 1
         if self.fail is not None:
             raise self.fail
-        return bytes(self.inner.get(key))
+        return bytes(self.inner.get(key, max_bytes))
 
     def delete(self, key: str) -> None:
         self.inner.delete(key)
@@ -369,7 +366,7 @@ def test_a_blob_root_url_names_its_filesystem(tmp_path):
 def _crash_mid_offload(ledger: Any, w: Any, monkeypatch: Any, payload: bytes, rid: str) -> str:
     """Append ``payload`` with the pointer's append failing after the blob was
     written; returns the orphan's key."""
-    before = set(ledger.blobs.list("sessions/s/"))
+    before = set(ledger.blobs.list(S))
 
     def crash(*a: Any, **k: Any) -> Any:
         raise RuntimeError("killed between the blob and its pointer")
@@ -378,7 +375,7 @@ def _crash_mid_offload(ledger: Any, w: Any, monkeypatch: Any, payload: bytes, ri
         m.setattr(journal, "append", crash)
         with pytest.raises(RuntimeError):
             w.append("turn", payload, rid)
-    (orphan,) = set(ledger.blobs.list("sessions/s/")) - before
+    (orphan,) = set(ledger.blobs.list(S)) - before
     return orphan
 
 
@@ -395,7 +392,7 @@ def test_a_crash_mid_offload_leaves_an_orphan_replay_never_sees_and_gc_reclaims(
     assert (result.scanned, result.referenced, result.deleted) == (2, 1, 1)
     assert result.scanned == result.referenced + result.deleted
     assert result.deleted_keys == (orphan,) and result.unreclaimable == 0
-    assert ledger.blobs.list("sessions/s/") == [live]
+    assert ledger.blobs.list(S) == [live]
     assert [r.payload for r in ledger.replay("s")][1:] == [BIG]
     again = ledger.gc("s", w.lease)
     assert (again.scanned, again.referenced, again.deleted, again.deleted_keys) == (1, 1, 0, ())
@@ -409,7 +406,7 @@ def test_gc_leaves_keys_of_another_shape_as_unreclaimable(store, where, tmp_path
     ledger = _ledger(store, where, tmp_path)
     w = _open(store, ledger)
     w.append("turn", BIG, "kept")
-    notes = posixpath.join(ledger.blobs.root, "sessions", "s", "notes.txt")
+    notes = posixpath.join(ledger.blobs.root, S + "notes.txt")
     ledger.blobs.fs.pipe_file(notes, b"not ours")
     result = ledger.gc("s", w.lease)
     assert (result.scanned, result.referenced, result.deleted, result.unreclaimable) == (
@@ -436,11 +433,11 @@ def test_gc_under_a_lost_lease_is_refused_and_deletes_nothing_and_the_fence_can_
         ledger.gc("s", first.lease)
     assert (err.value.session_id, err.value.epoch) == ("s", 1)
     assert isinstance(err.value.__cause__, LeaseLostError)
-    assert ledger.blobs.list("sessions/s/") == [orphan]
+    assert ledger.blobs.list(S) == [orphan]
     # control: GC's lease check patched out, the stale lease deletes
     monkeypatch.setattr(gc_ops, "writer_fence", lambda tx, tenant, sid, lease: None)
     assert ledger.gc("s", first.lease).deleted_keys == (orphan,)
-    assert ledger.blobs.list("sessions/s/") == []
+    assert ledger.blobs.list(S) == []
 
 
 def test_gc_of_a_lease_held_but_fenced_out_of_the_ledger_is_refused(store, where, tmp_path):
@@ -463,7 +460,7 @@ def test_gc_fails_closed_on_an_undecodable_pointer(store, where, tmp_path, monke
         ledger.gc("s", w.lease)
     assert err.value.name == "ledger:s"
     assert isinstance(err.value.__cause__, ReplayDecodeError)
-    assert orphan in ledger.blobs.list("sessions/s/") and len(ledger.blobs.list("sessions/s/")) == 2
+    assert orphan in ledger.blobs.list(S) and len(ledger.blobs.list(S)) == 2
 
 
 class _Failing(_Counting):
@@ -490,23 +487,23 @@ def test_gc_fails_closed_on_a_failed_listing_and_surfaces_a_failed_delete(
     listing = _Failing(ledger.blobs, list_fails=True)
     with pytest.raises(GCListError) as err:
         ledger.with_blobs(listing, offload_threshold=THRESHOLD).gc("s", w.lease)
-    assert err.value.prefix == "sessions/s/" and isinstance(err.value.__cause__, OSError)
+    assert err.value.prefix == S and isinstance(err.value.__cause__, OSError)
     assert listing.deleted == 0
     deleting = _Failing(ledger.blobs)
     with pytest.raises(GCDeleteError) as derr:
         ledger.with_blobs(deleting, offload_threshold=THRESHOLD).gc("s", w.lease)
     assert derr.value.key == orphan and isinstance(derr.value.__cause__, OSError)
-    assert ledger.blobs.list("sessions/s/") == [orphan]
+    assert ledger.blobs.list(S) == [orphan]
 
 
 def test_tenants_have_their_own_blob_prefix(store, where, tmp_path):
     ledger = _ledger(store, where, tmp_path).with_tenant("acme")
     w = _open(store, ledger)
     w.append("turn", BIG, "t1")
-    (key,) = ledger.blobs.list("tenants/acme/sessions/s/")
-    assert ledger.blobs.list("sessions/s/") == []
+    (key,) = ledger.blobs.list(blob_ops.blob_prefix("acme", "s"))
+    assert ledger.blobs.list(S) == []
     assert [r.payload for r in ledger.replay("s")][1:] == [BIG]
-    assert ledger.gc("s", w.lease).referenced == 1 and ledger.blobs.list("tenants/") == [key]
+    assert ledger.gc("s", w.lease).referenced == 1 and ledger.blobs.list("blobs/t=acme/") == [key]
 
 
 def test_a_session_delete_removes_its_database_blobs(store, tmp_path):
@@ -526,11 +523,11 @@ def test_a_listing_takes_its_prefix_literally(store, where, tmp_path):
     other.append("turn", BIG, "t1")
     w = _open(store, ledger, sid="a_%")
     orphan = blob_ops.offload(ledger.blobs, "", "a_%", LedgerEntry("turn", BIG, "x"), 10**6)
-    (key,) = ledger.blobs.list("sessions/a_%/")
+    (key,) = ledger.blobs.list(blob_ops.blob_prefix("", "a_%"))
     assert json.loads(orphan.payload)["key"] == key
     result = ledger.gc("a_%", w.lease)
     assert (result.scanned, result.deleted_keys) == (1, (key,))
-    assert len(ledger.blobs.list("sessions/abc/")) == 1
+    assert len(ledger.blobs.list(blob_ops.blob_prefix("", "abc"))) == 1
     assert [r.payload for r in ledger.replay("abc")][1:] == [BIG]
 
 

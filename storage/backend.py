@@ -150,6 +150,13 @@ class Dialect:
             return f"epoch_us({expr})"
         return f"(extract(epoch FROM {expr}) * 1000000)::BIGINT"
 
+    def bytes_head(self, expr: str) -> str:
+        """SQL for the first ``?`` bytes (the one parameter, an integer) of the
+        binary ``expr``; all of it when shorter. Only those bytes are read out."""
+        if self.name == "duckdb":
+            return f"{expr}[1:?]"
+        return f"substring({expr} FROM 1 FOR ?)"
+
     def json(self, expr: str) -> str:
         """SQL for the stored JSON text ``expr`` (a column such as ``payload``) as
         the engine's JSON type, for every value the store holds: apply ``->``

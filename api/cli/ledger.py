@@ -69,8 +69,8 @@ class CountingBlobs:
     def put(self, key: str, data: bytes) -> None:
         self.inner.put(key, data)
 
-    def get(self, key: str) -> bytes:
-        data = self.inner.get(key)
+    def get(self, key: str, max_bytes: int | None = None) -> bytes:
+        data = self.inner.get(key, max_bytes)
         self.fetched += 1
         self.bytes += len(data)
         return data

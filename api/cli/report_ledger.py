@@ -36,14 +36,14 @@ _NAMED = {
     "postgres": "position(convert_to('\"' || b.key || '\"', 'UTF8') IN r.payload) > 0",
 }
 """Whether pointer record ``r``'s payload (JSON bytes) names blob ``b``'s key,
-quoted (so that ``sessions/a/<digest>`` does not match a tenant's
-``tenants/x/sessions/a/<digest>``), per dialect: DuckDB matches no BLOB
+quoted (the whole key: a key written before schema 24, ``sessions/a/<digest>``,
+is the tail of another, ``x/sessions/a/<digest>``), per dialect: DuckDB matches no BLOB
 inside a BLOB, so both sides are cast to text (a BLOB's text form spells
 quotes and other bytes as ``\\x..`` escapes, the same on both sides)."""
 
 _ORPHANS = (
     "SELECT b.session_id, b.size FROM ledger_blobs b WHERE NOT EXISTS ("
-    "SELECT 1 FROM ledger_records r WHERE r.session_id = b.session_id "
+    "SELECT 1 FROM ledger_records r WHERE r.tenant = b.tenant AND r.session_id = b.session_id "
     "AND r.kind = 'blobptr' AND {named})"
 )
 

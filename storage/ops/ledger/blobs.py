@@ -4,8 +4,8 @@ the offload and its pointer records, replay's blob verification).
 A payload longer than the ledger's offload threshold (bytes) is written as a
 *blob* before its record: the blob holds the record's envelope (the
 idempotency id and kind, then the payload), is named by its sha256
-(content-addressed: ``<prefix><sha256 hex>``, the prefix the session's, see
-:func:`blob_prefix`), and the ledger holds a *pointer record* in the
+(content-addressed: ``<prefix><sha256 hex>``, the prefix the tenant's and
+session's, see :func:`blob_prefix`), and the ledger holds a *pointer record* in the
 record's place: kind ``blobptr``, the record's idempotency id, and a JSON
 payload naming the blob's key, sha256 and size. Both halves carry the same
 idempotency id. A blob written whose pointer append then fails is an orphan,
@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from turnkeeper.spec import errors
 from turnkeeper.spec.ledger import BLOB_POINTER_KIND, LedgerEntry
 
-from ...backend import STORE_NOW, Backend
+from ...backend import STORE_NOW, Backend, Tx
 from .journal import envelope_error, sha256
 
 DEFAULT_OFFLOAD_THRESHOLD = 256 * 1024
@@ -52,12 +52,15 @@ _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 class BlobStore(Protocol):
     """Where offloaded blobs live, by key (text). ``put`` is idempotent (a key
-    names its content); ``get`` raises ``BlobNotFoundError`` for an absent
-    key; ``list`` returns the keys under a prefix, sorted; ``delete`` of an
-    absent key does nothing. Other failures raise the store's own errors."""
+    names its content); ``get`` returns the blob, only its first
+    ``max_bytes`` bytes when it is longer (``None``: all of it), and raises
+    ``BlobNotFoundError`` for an absent key; ``list`` returns the keys under
+    a prefix (text, not a folder: ``a/b`` is under ``a/``), sorted;
+    ``delete`` of an absent key does nothing. Other failures raise the
+    store's own errors."""
 
     def put(self, key: str, data: bytes) -> None: ...
-    def get(self, key: str) -> bytes: ...
+    def get(self, key: str, max_bytes: int | None = None) -> bytes: ...
     def delete(self, key: str) -> None: ...
     def list(self, prefix: str) -> list[str]: ...
 
@@ -76,25 +79,103 @@ def check_blob_store(blobs: object) -> None:
             )
 
 
+_SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789-_")
+"""The bytes a key keeps as they are; every other byte of an id's UTF-8 is
+``%XX`` (uppercase hex): no ``/``, ``.``, NUL or uppercase letter is left, so
+no store can split, normalize or case-fold one id into another."""
+
+_PIECE = 200
+"""Characters of an escaped id per key segment: a longer id continues over
+several segments, each but the last ending in ``+`` (so a segment stays
+under 255 bytes, the common file-name limit)."""
+
+ROOT = "blobs/"
+"""The first segment of every blob key this turnkeeper makes. Keys written
+before it (schema 23: ``[tenants/<tenant>/]sessions/<id>/<sha256>``, the ids
+unescaped) begin with ``tenants/`` or ``sessions/``: still read by their
+pointers, never taken for a key of this shape."""
+
+
+def _segments(marker: str, text: str) -> str:
+    escaped = "".join(chr(b) if b in _SAFE else f"%{b:02X}" for b in text.encode())
+    pieces = [escaped[i : i + _PIECE] for i in range(0, len(escaped), _PIECE)] or [""]
+    return marker + "+/".join(pieces) + "/"
+
+
 def blob_prefix(tenant: str, session_id: str) -> str:
     """The key prefix of ``session_id``'s blobs for ``tenant``:
-    ``sessions/<id>/``, under ``tenants/<tenant>/`` for a tenant other than ``""``."""
-    head = f"tenants/{tenant}/" if tenant else ""
-    return f"{head}sessions/{session_id}/"
+    ``blobs/t=<tenant>/s=<session id>/``, each id escaped (every UTF-8 byte
+    but ``a-z``, ``0-9``, ``-`` and ``_`` as ``%XX``) and, past 200
+    characters, continued over segments ending in ``+``.
+
+    The prefix is an injective function of the pair, no pair's prefix is a
+    prefix of another's (a session ``a/b`` is no child of ``a``), and its
+    segments are never empty, ``.``, ``..``, over 255 bytes, or different
+    once case-folded: a directory store keeps every pair apart."""
+    return ROOT + _segments("t=", tenant) + _segments("s=", session_id)
 
 
-def key_session(key: str) -> str:
-    """The session id in a blob key made by :func:`blob_prefix` (the segment
-    between ``sessions/`` and the digest).
+def _unescape(pieces: list[str]) -> str | None:
+    text = "".join(pieces)
+    try:
+        raw = bytearray()
+        at = 0
+        while at < len(text):
+            if text[at] == "%":
+                raw.append(int(text[at + 1 : at + 3], 16))
+                at += 3
+            else:
+                raw.append(ord(text[at]))
+                at += 1
+        return raw.decode()
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _take(parts: list[str], at: int, marker: str) -> tuple[str, int] | None:
+    """The id whose segments start at ``parts[at]`` with ``marker``, and the
+    index past them; ``None``: not an id's segments."""
+    if at >= len(parts) or not parts[at].startswith(marker):
+        return None
+    pieces = [parts[at][len(marker) :]]
+    while pieces[-1].endswith("+"):
+        pieces[-1] = pieces[-1][:-1]
+        at += 1
+        if at >= len(parts):
+            return None
+        pieces.append(parts[at])
+    text = _unescape(pieces)
+    return None if text is None else (text, at + 1)
+
+
+def split_key(key: str) -> tuple[str, str, str] | None:
+    """``(tenant, session_id, rest)`` of a key under a :func:`blob_prefix`
+    (``rest`` the text after it), only when the prefix is the one
+    :func:`blob_prefix` makes of that pair; ``None`` for any other key."""
+    if not key.startswith(ROOT):
+        return None
+    parts = key[len(ROOT) :].split("/")
+    tenant = _take(parts, 0, "t=")
+    session = _take(parts, tenant[1], "s=") if tenant else None
+    if tenant is None or session is None or session[1] >= len(parts):
+        return None
+    prefix = blob_prefix(tenant[0], session[0])
+    if not key.startswith(prefix):
+        return None  # an escape this turnkeeper never writes (%2f, a split id): another key
+    return tenant[0], session[0], key[len(prefix) :]
+
+
+def parse_key(key: str) -> tuple[str, str, str]:
+    """``(tenant, session_id, sha256 hex)`` of a blob key :func:`blob_prefix`
+    made (its exact inverse).
 
     Raises:
-        InvalidInputError: not a ledger blob key.
+        InvalidInputError: ``key`` is no such key.
     """
-    head, _, digest = key.rpartition("/")
-    marker = head.find("sessions/")
-    if marker < 0 or not _DIGEST.match(digest):
+    found = split_key(key)
+    if found is None or not _DIGEST.match(found[2]):
         raise errors.InvalidInputError("key", f"{key!r} is not a ledger blob key")
-    return head[marker + len("sessions/") :]
+    return found
 
 
 def is_blob_name(name: str) -> bool:
@@ -164,8 +245,8 @@ def resolve(
     key, want, size = parse_pointer(session_id, seq, payload)
     if size > max_bytes:
         raise errors.DurableBodyTooLargeError(seq, key, size, max_bytes)
-    try:
-        blob = blobs.get(key)
+    try:  # one byte over the declared size is enough to tell a longer blob
+        blob = blobs.get(key, size + 1)
     except Exception as failure:  # any store failure: fail closed, typed
         raise errors.BlobUnavailableError(seq, key) from failure
     got = sha256(blob)
@@ -196,8 +277,9 @@ def _like(prefix: str) -> str:
 class DatabaseBlobs:
     """The default blob store: the store's own table ``ledger_blobs`` (each
     call one transaction of its own). Keys are ledger blob keys
-    (:func:`blob_prefix`): the session id is kept with the blob, so a session
-    delete removes its blobs."""
+    (:func:`blob_prefix`): the tenant and session id are kept with the blob
+    in columns of their own (decoded exactly from the key), so a session
+    delete removes its blobs and nothing else."""
 
     def __init__(self, db: Backend) -> None:
         self.db = db
@@ -209,26 +291,31 @@ class DatabaseBlobs:
             InvalidInputError: not a ledger blob key.
             DatabaseError: the write failed.
         """
-        session_id = key_session(key)
+        tenant, session_id, _ = parse_key(key)
         self.db.write(
             "ledger_blob_put",
             lambda tx: tx.exec(
-                "INSERT INTO ledger_blobs (key, session_id, data, size, written_at) "
-                f"VALUES (?, ?, ?, ?, {STORE_NOW}) ON CONFLICT (key) DO NOTHING",
-                [key, session_id, data, len(data), tx.now],
+                "INSERT INTO ledger_blobs (key, tenant, session_id, data, size, written_at) "
+                f"VALUES (?, ?, ?, ?, ?, {STORE_NOW}) ON CONFLICT (key) DO NOTHING",
+                [key, tenant, session_id, data, len(data), tx.now],
             ),
         )
 
-    def get(self, key: str) -> bytes:
-        """The bytes under ``key``.
+    def get(self, key: str, max_bytes: int | None = None) -> bytes:
+        """The bytes under ``key`` (only the first ``max_bytes`` of a longer
+        blob: no more are read).
 
         Raises:
             BlobNotFoundError: none. DatabaseError: the read failed.
         """
-        row = self.db.read(
-            "ledger_blob_get",
-            lambda tx: tx.one("SELECT data FROM ledger_blobs WHERE key = ?", [key]),
-        )
+
+        def read(tx: Tx) -> Any:
+            if max_bytes is None:
+                return tx.one("SELECT data FROM ledger_blobs WHERE key = ?", [key])
+            head = tx.dialect.bytes_head("data")
+            return tx.one(f"SELECT {head} FROM ledger_blobs WHERE key = ?", [max_bytes, key])
+
+        row = self.db.read("ledger_blob_get", read)
         if row is None:
             raise errors.BlobNotFoundError(key)
         return bytes(row[0])
@@ -273,6 +360,26 @@ def canonical_directory(given: str, path: str) -> str:
     return os.path.realpath(path).rstrip("/") or "/"
 
 
+_LOCAL_PATH_BYTES = 4095
+"""The longest local path (bytes) a put makes (Linux's PATH_MAX less its NUL)."""
+
+_OBJECT_KEY_BYTES = 1024
+"""The longest path (bytes, the bucket's name included) a put makes on an
+object store: S3's key limit."""
+
+_TEMP_SUFFIX_BYTES = len(".tmp-") + 32
+"""What a put's temporary file adds to the blob's path."""
+
+
+def _longer_id(key: str) -> str:
+    """The field a too-long ``key`` is too long for: ``tenant`` or
+    ``session_id``, whichever is longer (``key`` for another key)."""
+    found = split_key(key)
+    if found is None:
+        return "key"
+    return "tenant" if len(found[0].encode()) > len(found[1].encode()) else "session_id"
+
+
 class FsspecBlobs:
     """A blob store in a directory or object store through ``fsspec``
     (``turnkeeper[blobs]``): blob ``key`` is the file ``<root>/<key>``.
@@ -306,8 +413,10 @@ class FsspecBlobs:
         self.fs = fs
         self.root = str(fs._strip_protocol(root)).rstrip("/")
         protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+        self.max_path = _OBJECT_KEY_BYTES
         if "file" in protocols or "local" in protocols:
             self.root = canonical_directory(given, self.root)
+            self.max_path = _LOCAL_PATH_BYTES
 
     def _path(self, key: str) -> str:
         if key.startswith("/") or ".." in key.split("/"):
@@ -317,19 +426,32 @@ class FsspecBlobs:
     def put(self, key: str, data: bytes) -> None:
         """Store ``data`` under ``key`` (a temporary file moved into place).
 
-        Raises: InvalidInputError (a key leaving the root); the filesystem's errors."""
+        Raises:
+            InvalidInputError: a key leaving the root (``key``), or whose path
+                (with its temporary suffix) is longer than the filesystem
+                takes (``tenant`` or ``session_id``, the longer: an id of
+                thousands of bytes); nothing is written.
+            Exception: the filesystem's errors.
+        """
         path = self._path(key)
+        if len(path.encode()) + _TEMP_SUFFIX_BYTES > self.max_path:
+            raise errors.InvalidInputError(
+                _longer_id(key),
+                f"its blob path is {len(path.encode())} bytes, over the "
+                f"{self.max_path - _TEMP_SUFFIX_BYTES} this blob store takes",
+            )
         self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
         temp = f"{path}.tmp-{uuid.uuid4().hex}"
         self.fs.pipe_file(temp, data)
         self.fs.mv(temp, path)
 
-    def get(self, key: str) -> bytes:
-        """The bytes under ``key``.
+    def get(self, key: str, max_bytes: int | None = None) -> bytes:
+        """The bytes under ``key`` (only the first ``max_bytes`` of a longer
+        blob: a ranged read).
 
         Raises: BlobNotFoundError (no such file); the filesystem's other errors."""
         try:
-            return bytes(self.fs.cat_file(self._path(key)))
+            return bytes(self.fs.cat_file(self._path(key), start=0, end=max_bytes))
         except FileNotFoundError as missing:
             raise errors.BlobNotFoundError(key) from missing
 

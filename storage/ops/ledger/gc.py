@@ -104,6 +104,7 @@ def collect(
     except Exception as failure:  # any store failure: fail closed, typed
         raise errors.GCListError(prefix) from failure
     shaped = [k for k in listed if k.startswith(prefix) and is_blob_name(k[len(prefix) :])]
+    # keys of blob_prefix's shape: no other pair's blob is under this prefix
     orphans = sorted(k for k in shaped if k not in live)
     fence()
     for key in orphans:

@@ -26,15 +26,15 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.ledger import GCResult
 
 from ...backend import Backend, Tx
-from .blobs import BlobStore, blob_prefix, is_blob_name
+from .blobs import BlobStore, blob_prefix, is_blob_name, split_key
 
 _CHUNK = 500
 
 
 def sessions_root(tenant: str) -> str:
     """The key prefix holding every session prefix of ``tenant``
-    (``sessions/``, under ``tenants/<tenant>/`` for a tenant other than ``""``)."""
-    return blob_prefix(tenant, "x")[: -len("x/")]
+    (``blobs/t=<tenant>/``, see :func:`~.blobs.blob_prefix`)."""
+    return blob_prefix(tenant, "")[: -len("s=/")]
 
 
 def _rows(sql: str, params: list[str], tx: Tx) -> list[Any]:
@@ -71,6 +71,10 @@ def sweep(
 ) -> GCResult:
     """Delete the blobs of ``tenant``'s deleted sessions among ``session_ids``
     (``None``: every session with a blob prefix under :func:`sessions_root`).
+    A key counts for the session whose :func:`~.blobs.blob_prefix` it is
+    under, decoded exactly (:func:`~.blobs.split_key`): never for another
+    session or tenant, nor for a key written before schema 24 (those are
+    left, see docs/ledger-status.md).
     ``scanned`` counts the blobs of the offload shape under deleted sessions'
     prefixes, all of them ``deleted`` (``referenced`` is 0); ``unreclaimable``
     the other keys there, left alone.
@@ -86,19 +90,20 @@ def sweep(
         if session_ids is None
         else [blob_prefix(tenant, s) for s in sorted(set(session_ids))]
     )
-    by_session: dict[str, list[str]] = {}
+    by_session: dict[str, dict[str, str]] = {}  # session id: {key: its rest}
     for prefix in prefixes:
         try:
             listed = blobs.list(prefix)
         except Exception as failure:  # any store failure: fail closed, typed
             raise errors.GCListError(prefix) from failure
         for key in listed:
-            if key.startswith(root) and "/" in key[len(root) :]:
-                session_id = key[len(root) :].rpartition("/")[0]
-                by_session.setdefault(session_id, []).append(key)
+            found = split_key(key)  # the pair blob_prefix made the key of, exactly
+            if found is not None and found[0] == tenant:
+                by_session.setdefault(found[1], {})[key] = found[2]
     gone = deleted_sessions(db, tenant, by_session)
     keys = sorted(k for s in gone for k in by_session[s])
-    shaped = [k for k in keys if is_blob_name(k.rpartition("/")[2])]
+    shaped = [k for s in sorted(gone) for k, rest in by_session[s].items() if is_blob_name(rest)]
+    shaped.sort()
     for key in shaped:
         try:
             blobs.delete(key)
