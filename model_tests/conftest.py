@@ -399,6 +399,43 @@ def forge(
     assert changed == rows, f"the forge changed {changed} rows, not {rows}: {sql}"
 
 
+def reseal(
+    store: turnkeeper.BaseStore,
+    seq: int,
+    payload: bytes | None = None,
+    session_id: str = "s",
+    tenant: str = "",
+    *,
+    epoch: int | None = None,
+) -> None:
+    """Forge record ``seq`` of ``tenant``'s ``session_id`` consistently: set its
+    ``payload`` and/or ``epoch`` (``None``: kept), with its sha256 and its
+    record digest recomputed (a forger who knows the format; tests use it to
+    reach the checks past the record's own, such as a blob pointer's or the
+    epoch fence)."""
+    from turnkeeper.storage.ops.ledger import journal
+
+    where = "WHERE tenant = ? AND session_id = ? AND seq = ?"
+    kind, rid, old_epoch, old_payload = store.db.read(
+        "forge",
+        lambda tx: tx.one(
+            f"SELECT kind, idempotency_id, epoch, payload FROM ledger_records {where}",
+            [tenant, session_id, seq],
+        ),
+    )
+    body = bytes(old_payload) if payload is None else payload
+    stamp = old_epoch if epoch is None else epoch
+    digest = journal.sha256(body)
+    sealed = journal.record_digest(tenant, session_id, seq, kind, rid, stamp, digest)
+    forge(
+        store,
+        "UPDATE ledger_records SET payload = ?, payload_sha256 = ?, epoch = ?, "
+        f"record_sha256 = ? {where}",
+        [body, digest, stamp, sealed, tenant, session_id, seq],
+        rows=1,
+    )
+
+
 def forged_rows(store: turnkeeper.BaseStore, sql: str, params: list[Any] | None = None) -> int:
     """Like :func:`forge`; returns how many rows ``sql`` changed, for the caller to check."""
     count: int = store.db.write(

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from conftest import BACKENDS, forge, new_pg_schema, open_pg
+from conftest import BACKENDS, forge, new_pg_schema, open_pg, reseal
 
 import turnkeeper
 from turnkeeper.cli import report_ledger
@@ -208,6 +208,10 @@ def test_verify_catches_a_record_stamped_with_a_stale_epoch(db):
     _ledger_of_s(db)
     _forge(db, "UPDATE ledger_records SET epoch = 1 WHERE session_id = 's' AND seq = 6", [])
     line = _damaged(_verify(db, "s"), "ReplayDecodeError", 6)
+    assert "record digest" in line  # the epoch is bound by the record's digest
+    with _open(db) as store:  # and a stale writer's record, consistently sealed
+        reseal(store, 6, epoch=1)
+    line = _damaged(_verify(db, "s"), "ReplayDecodeError", 6)
     assert "epoch 1" in line
 
 
@@ -245,19 +249,15 @@ def test_verify_catches_a_deleted_blob(db):
 
 def test_verify_catches_a_blob_whose_id_is_not_its_pointers(db):
     _ledger_of_s(db)
-    key = _pointer(db, 4)["key"]
     other = blob_ops.envelope(LedgerEntry("big", BIG, "someone-else"))
-    _forge(db, "UPDATE ledger_blobs SET data = ? WHERE key = ?", [other, key])
+    key = blob_ops.blob_prefix("", "s") + hashlib.sha256(other).hexdigest()
     pointer = json.dumps(
         {"key": key, "sha256": hashlib.sha256(other).hexdigest(), "size": len(other)},
         sort_keys=True,
     ).encode()
-    _forge(
-        db,
-        "UPDATE ledger_records SET payload = ?, payload_sha256 = ? "
-        "WHERE session_id = 's' AND seq = 4",
-        [pointer, hashlib.sha256(pointer).hexdigest()],
-    )
+    with _open(db) as store:  # a blob of s with another id, and s's pointer to it
+        store.ledger.blobs.put(key, other)
+        reseal(store, 4, pointer)
     line = _damaged(_verify(db, "s"), "BlobPointerIDMismatchError", 4, key)
     assert "someone-else" in line
 

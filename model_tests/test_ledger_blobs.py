@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import forge
+from conftest import forge, reseal
 
 from turnkeeper import (
     BlobIntegrityError,
@@ -104,6 +104,14 @@ def _damage(store: Any, ledger: Any, key: str, data: bytes) -> None:
         ledger.blobs.fs.pipe_file(path, data)
     else:
         forge(store, "UPDATE ledger_blobs SET data = ? WHERE key = ?", [data, key], rows=1)
+
+
+def _own_blob(ledger: Any, data: bytes) -> str:
+    """Put ``data`` among ``s``'s blobs under its content address; its key (a
+    pointer to it names its own ledger's blob)."""
+    key = blob_ops.blob_prefix("", "s") + hashlib.sha256(data).hexdigest()
+    ledger.blobs.put(key, data)
+    return key
 
 
 def _drop(store: Any, ledger: Any, key: str) -> None:
@@ -227,19 +235,13 @@ def test_a_blob_carrying_another_id_than_its_pointer_is_a_pointer_id_mismatch(
 ):
     ledger = _ledger(store, where, tmp_path)
     _open(store, ledger).append("turn", BIG, "t1")
-    key = _pointer(store, 2)["key"]
     other = blob_ops.envelope(LedgerEntry("turn", BIG, "someone-else"))
-    _damage(store, ledger, key, other)
+    key = _own_blob(ledger, other)
     pointer = json.dumps(
         {"key": key, "sha256": hashlib.sha256(other).hexdigest(), "size": len(other)},
         sort_keys=True,
     ).encode()
-    forge(
-        store,
-        "UPDATE ledger_records SET payload = ?, payload_sha256 = ? WHERE seq = 2",
-        [pointer, hashlib.sha256(pointer).hexdigest()],
-        rows=1,
-    )
+    reseal(store, 2, pointer)
     with pytest.raises(BlobPointerIDMismatchError) as err:
         list(ledger.replay("s"))
     assert (err.value.seq, err.value.key, err.value.outer_id, err.value.inner_id) == (
@@ -271,19 +273,13 @@ def test_a_missing_or_unreadable_blob_is_unavailable(store, where, tmp_path):
 def test_an_undecodable_blob_is_a_replay_decode_error(store, where, tmp_path):
     ledger = _ledger(store, where, tmp_path)
     _open(store, ledger).append("turn", BIG, "t1")
-    key = _pointer(store, 2)["key"]
     junk = b"not an envelope"
-    _damage(store, ledger, key, junk)
+    key = _own_blob(ledger, junk)
     pointer = json.dumps(
         {"key": key, "sha256": hashlib.sha256(junk).hexdigest(), "size": len(junk)},
         sort_keys=True,
     ).encode()
-    forge(
-        store,
-        "UPDATE ledger_records SET payload = ?, payload_sha256 = ? WHERE seq = 2",
-        [pointer, hashlib.sha256(pointer).hexdigest()],
-        rows=1,
-    )
+    reseal(store, 2, pointer)
     with pytest.raises(ReplayDecodeError) as err:
         list(ledger.replay("s"))
     assert err.value.seq == 2
@@ -296,12 +292,7 @@ def test_an_undecodable_pointer_is_a_replay_decode_error_caused_by_an_envelope_e
     ledger = _ledger(store, where, tmp_path)
     _open(store, ledger).append("turn", BIG, "t1")
     for junk in (b'{"key', b'{"key": 1, "sha256": "x", "size": 3}', b"\xff"):
-        forge(
-            store,
-            "UPDATE ledger_records SET payload = ?, payload_sha256 = ? WHERE seq = 2",
-            [junk, hashlib.sha256(junk).hexdigest()],
-            rows=1,
-        )
+        reseal(store, 2, junk)
         with pytest.raises(ReplayDecodeError) as err:
             list(ledger.replay("s"))
         assert err.value.seq == 2

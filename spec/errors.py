@@ -1080,8 +1080,12 @@ class ReplayDecodeError(TurnkeeperError):
     (sessionstore ReplayDecodeError).
 
     ``seq`` is the record's sequence; ``detail`` says what failed (its payload
-    does not hash to its stored sha256, a fence's epoch below an earlier
-    fence's, a record stamped with another epoch than the fence before it …).
+    does not hash to its stored sha256, the record does not match its record
+    digest (its tenant, session, sequence, kind, idempotency id, epoch or
+    payload changed, or copied from elsewhere), a blob pointer that does not
+    decode, is not its own ledger's or misstates its size, a fence's epoch
+    below an earlier fence's, a record stamped with another epoch than the
+    fence before it …).
     Replay raises it rather than skipping or zero-valuing the record."""
 
     fields = ("session_id", "seq")

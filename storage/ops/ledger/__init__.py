@@ -274,7 +274,9 @@ class Ledger(Area):
         self, session_id: str, seq: int, outer_id: str, payload: bytes
     ) -> tuple[str, bytes]:
         """A pointer record's verified ``(kind, payload)`` (``blobs.resolve``)."""
-        return blob_ops.resolve(self.blobs, session_id, seq, outer_id, payload, self.max_body_bytes)
+        return blob_ops.resolve(
+            self.blobs, self.tenant, session_id, seq, outer_id, payload, self.max_body_bytes
+        )
 
     def gc(self, session_id: str, lease: Lease | None) -> GCResult:
         """Reclaim ``session_id``'s blobs that no pointer record of its ledger
@@ -332,8 +334,11 @@ class Ledger(Area):
         is bounded by ``page_rows`` records (``page_rows`` × the largest
         payload's bytes, plus about 512 bytes a record), plus about 256 KiB
         whatever the ledger's length (measured by ``make bench``). Each record is
-        verified before it is yielded: its payload against its sha256, its
-        sequence against the one expected, its epoch against its fence's.
+        verified before it is yielded: its payload against its sha256, the
+        record against its record digest (tenant, session, sequence, kind,
+        idempotency id, epoch and payload: ``journal.record_digest``), its
+        sequence against the one expected, its epoch against its fence's, a
+        blob pointer's fields and its blob.
 
         Raises (from the iteration; the arguments are checked at the call):
             ReplayReadError: a page read failed (``__cause__``), or a record
@@ -384,8 +389,10 @@ class Ledger(Area):
 
         Raises:
             CommandApplicationNotFoundError: no record at ``seq``, another kind
-                of record, or one whose payload does not hash to its sha256 or
-                does not decode (the decoding error is ``__cause__``).
+                of record, or one whose payload does not hash to its sha256,
+                that does not match its record digest (another seq's, session's
+                or tenant's, relabelled …) or does not decode (the
+                ``ReplayDecodeError`` or decoding error is ``__cause__``).
             InvalidInputError: a malformed id or ``seq`` < 1.
             DatabaseError: the read failed.
         """
@@ -394,7 +401,8 @@ class Ledger(Area):
         row = self.db.read(
             "ledger_command_at",
             lambda tx: tx.one(
-                "SELECT kind, payload, payload_sha256, idempotency_id FROM ledger_records "
+                "SELECT seq, kind, idempotency_id, payload, payload_sha256, epoch, "
+                "written_at, record_sha256 FROM ledger_records "
                 "WHERE tenant = ? AND session_id = ? AND seq = ?",
                 [self.tenant, session_id, at],
             ),
@@ -403,18 +411,16 @@ class Ledger(Area):
             raise errors.CommandApplicationNotFoundError(
                 session_id, at, detail="the ledger holds no record at this sequence"
             )
-        payload = bytes(row[1])
-        if journal.sha256(payload) != row[2]:
-            cause = errors.ReplayDecodeError(
-                session_id, at, detail="its payload does not hash to its stored sha256"
-            )
+        try:
+            journal.check_record(self.tenant, session_id, row)
+        except errors.ReplayDecodeError as cause:
             raise errors.CommandApplicationNotFoundError(
-                session_id, at, detail="the record does not decode"
+                session_id, at, detail="the record does not verify"
             ) from cause
-        kind = str(row[0])
+        kind, payload = str(row[1]), bytes(row[3])
         if kind == BLOB_POINTER_KIND:
             try:
-                kind, payload = self._resolve(session_id, at, str(row[3]), payload)
+                kind, payload = self._resolve(session_id, at, str(row[2]), payload)
             except errors.TurnkeeperError as failure:
                 raise errors.CommandApplicationNotFoundError(
                     session_id, at, detail="its offloaded body does not resolve"

@@ -20,7 +20,9 @@ pointer's sequence and the blob's key: ``DurableBodyTooLargeError`` (declared
 size over the ceiling, the blob never fetched), ``BlobUnavailableError``
 (absent or unreadable), ``BlobIntegrityError`` (bytes that do not hash to the
 pointer's sha256), ``BlobPointerIDMismatchError`` (the blob's id is not the
-pointer's), ``ReplayDecodeError`` (an undecodable pointer or envelope).
+pointer's), ``ReplayDecodeError`` (an undecodable pointer or envelope, a
+pointer whose size is not a non-negative int or not the blob's length, or
+whose key is not its own ledger's: ``<tenant's session prefix><its sha256>``).
 """
 
 from __future__ import annotations
@@ -213,21 +215,64 @@ def offload(
     return LedgerEntry(BLOB_POINTER_KIND, pointer.encode(), entry.idempotency_id)
 
 
-def parse_pointer(session_id: str, seq: int, payload: bytes) -> tuple[str, str, int]:
-    """A pointer record's ``(key, sha256, size)``.
+def size_valid(size: object) -> bool:
+    """A pointer's declared size is a byte count: an ``int`` (not a ``bool``),
+    not negative."""
+    return isinstance(size, int) and not isinstance(size, bool) and size >= 0
+
+
+def legacy_prefix(tenant: str, session_id: str) -> str:
+    """The key prefix blobs had before schema 24 (``sessions/<id>/``, under
+    ``tenants/<tenant>/`` for a tenant other than ``""``): their pointers
+    still name such keys, read as before."""
+    head = f"tenants/{tenant}/" if tenant else ""
+    return f"{head}sessions/{session_id}/"
+
+
+def pointer_in_ledger(key: str, digest: str, tenant: str, session_id: str) -> bool:
+    """A pointer names its own ledger's blob: its key is ``tenant``'s
+    ``session_id``'s prefix (:func:`blob_prefix`, or for a blob written
+    before schema 24 :func:`legacy_prefix`) and its sha256, lowercase hex
+    (content addressing; a blob of another session or tenant, or a key
+    elsewhere, is refused whatever its id)."""
+    return bool(_DIGEST.match(digest)) and key in (
+        blob_prefix(tenant, session_id) + digest,
+        legacy_prefix(tenant, session_id) + digest,
+    )
+
+
+def size_matches(size: int, got: int) -> bool:
+    """The fetched blob is as long (bytes) as its pointer declares."""
+    return size == got
+
+
+def parse_pointer(tenant: str, session_id: str, seq: int, payload: bytes) -> tuple[str, str, int]:
+    """A pointer record's ``(key, sha256, size)``, checked: ``size`` a
+    non-negative ``int`` (:func:`size_valid`), the key the record's own
+    ledger's blob (:func:`pointer_in_ledger`).
 
     Raises:
-        ReplayDecodeError: the payload is not a pointer.
+        ReplayDecodeError: the payload is not a pointer (an ``EnvelopeError``
+            is ``__cause__``), or one whose size or key fails those checks.
     """
     try:
         body: Any = json.loads(payload.decode())
         key, digest, size = body["key"], body["sha256"], body["size"]
-        if not (isinstance(key, str) and isinstance(digest, str) and isinstance(size, int)):
-            raise ValueError("key, sha256 or size of the wrong type")
+        if not (isinstance(key, str) and isinstance(digest, str)):
+            raise ValueError("key or sha256 of the wrong type")
+        if not size_valid(size):
+            raise ValueError(f"size {size!r} is not a non-negative integer")
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as failure:
         raise errors.ReplayDecodeError(
             session_id, seq, detail="its blob pointer does not decode"
         ) from envelope_error("a blob pointer's body is not its JSON", failure)
+    if not pointer_in_ledger(key, digest, tenant, session_id):
+        raise errors.ReplayDecodeError(
+            session_id,
+            seq,
+            detail=f"its blob pointer names {key!r}, not a blob of this ledger "
+            f"({blob_prefix(tenant, session_id)}<its sha256>)",
+        )
     return key, digest, size
 
 
@@ -237,12 +282,20 @@ def blob_hash_ok(want: str, got: str) -> bool:
 
 
 def resolve(
-    blobs: BlobStore, session_id: str, seq: int, outer_id: str, payload: bytes, max_bytes: int
+    blobs: BlobStore,
+    tenant: str,
+    session_id: str,
+    seq: int,
+    outer_id: str,
+    payload: bytes,
+    max_bytes: int,
 ) -> tuple[str, bytes]:
     """The ``(kind, payload)`` of the offloaded record whose pointer, at ``seq``
-    under idempotency id ``outer_id``, is ``payload``; verified (see the
-    module docstring for the errors, each carrying ``seq`` and the key)."""
-    key, want, size = parse_pointer(session_id, seq, payload)
+    of ``tenant``'s ``session_id`` under idempotency id ``outer_id``, is
+    ``payload``; verified (see the module docstring for the errors, each
+    carrying ``seq`` and the key; a blob whose length is not the pointer's
+    declared size is a ``ReplayDecodeError``)."""
+    key, want, size = parse_pointer(tenant, session_id, seq, payload)
     if size > max_bytes:
         raise errors.DurableBodyTooLargeError(seq, key, size, max_bytes)
     try:  # one byte over the declared size is enough to tell a longer blob
@@ -252,6 +305,12 @@ def resolve(
     got = sha256(blob)
     if not blob_hash_ok(want, got):
         raise errors.BlobIntegrityError(seq, key, want, got)
+    if not size_matches(size, len(blob)):
+        raise errors.ReplayDecodeError(
+            session_id,
+            seq,
+            detail=f"its blob pointer says {size} bytes, blob {key!r} has {len(blob)}",
+        )
     try:
         if not blob.startswith(_MAGIC):
             raise ValueError("no blob envelope")

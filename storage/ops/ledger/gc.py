@@ -6,9 +6,10 @@ writer:
 1. the lease fence (:func:`writer_fence`, in a transaction: the lease
    machinery's ``leases.fence``, then the ledger's newest fence is the
    lease's epoch, with the tip locked); refused: ``GCLeaseNotHeldError``;
-2. the scan: every pointer record of the ledger, each verified against its
-   sha256 and decoded, gives the referenced keys; a failed read or an
-   undecodable pointer is ``GCScanError``;
+2. the scan: every record of the ledger, verified as replay verifies it
+   (payload sha256, record digest, sequence, fences), and each pointer
+   record's checked fields give the referenced keys; a failed read, a
+   record that does not verify or an undecodable pointer is ``GCScanError``;
 3. the listing of the prefix; a failure is ``GCListError``;
 4. the lease fence again, then each listed blob of the offload shape that no
    pointer references is deleted; a failure is ``GCDeleteError``.
@@ -31,7 +32,7 @@ from ...backend import Backend, Tx
 from .. import leases
 from . import journal
 from .blobs import BlobStore, blob_prefix, is_blob_name, parse_pointer
-from .replay import ledger_name
+from .replay import PAGE_ROWS, ledger_name, verified_rows
 
 
 def writer_fence(tx: Tx, tenant: str, session_id: str, lease: Lease) -> None:
@@ -47,35 +48,26 @@ def writer_fence(tx: Tx, tenant: str, session_id: str, lease: Lease) -> None:
 
 
 def referenced_keys(db: Backend, tenant: str, session_id: str) -> set[str]:
-    """The blob keys named by the ledger's pointer records.
+    """The blob keys named by the ledger's pointer records: a scan of the
+    whole ledger, each record verified as replay verifies it
+    (``replay.verified_rows``: its payload sha256, its record digest, the
+    sequence and the fences; a pointer relabelled as another kind no longer
+    matches its digest), each pointer decoded and checked
+    (``blobs.parse_pointer``). Memory: one replay page.
 
     Raises:
-        GCScanError: the read failed, or a pointer fails its sha256 or does not
-            decode (the cause is ``__cause__``).
+        GCScanError: a read failed, a record does not verify, or a pointer
+            does not decode (the replay error is ``__cause__``).
     """
     name = ledger_name(session_id)
-    try:
-        rows = db.read(
-            "ledger_gc_scan",
-            lambda tx: tx.rows(
-                "SELECT seq, payload, payload_sha256 FROM ledger_records "
-                "WHERE tenant = ? AND session_id = ? AND kind = ? ORDER BY seq",
-                [tenant, session_id, BLOB_POINTER_KIND],
-            ),
-        )
-    except errors.DatabaseError as failure:
-        raise errors.GCScanError(name) from failure
     keys: set[str] = set()
-    for seq, payload, digest in rows:
-        body = bytes(payload)
-        try:
-            if journal.sha256(body) != str(digest):
-                raise errors.ReplayDecodeError(
-                    session_id, int(seq), detail="its payload does not hash to its stored sha256"
-                )
-            keys.add(parse_pointer(session_id, int(seq), body)[0])
-        except errors.ReplayDecodeError as failure:
-            raise errors.GCScanError(name, detail=f"pointer at seq {seq}") from failure
+    try:
+        for row in verified_rows(db, tenant, session_id, 1, PAGE_ROWS, lambda: None):
+            if str(row[1]) == BLOB_POINTER_KIND:
+                keys.add(parse_pointer(tenant, session_id, int(row[0]), bytes(row[3]))[0])
+    except (errors.ReplayReadError, errors.ReplayDecodeError, errors.EmptySessionError) as failure:
+        seq = getattr(failure, "seq", None)
+        raise errors.GCScanError(name, detail=f"record {seq}" if seq else None) from failure
     return keys
 
 

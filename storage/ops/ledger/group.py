@@ -69,6 +69,7 @@ COLUMNS = (
     "payload_sha256",
     "epoch",
     "written_at",
+    "record_sha256",
 )
 """``ledger_records``'s columns, in table order (the bulk insert's)."""
 
@@ -238,12 +239,7 @@ def _round(tx: Tx, requests: list[LedgerAppend]) -> list[Any]:
             continue
         out[i] = results
         for seq, e in new:
-            rows.append(
-                (
-                    r.tenant, r.session_id, seq, e.kind, e.idempotency_id, e.payload,
-                    journal.sha256(e.payload), r.lease.epoch, now[i],
-                )
-            )  # fmt: skip
+            rows.append(journal.record_row(r.tenant, r.session_id, r.lease.epoch, now[i], seq, e))
         if new:
             moves.append((r.tenant, r.session_id, tip, new[-1][0], ledger_epoch))
     if rows:

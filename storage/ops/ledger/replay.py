@@ -15,9 +15,13 @@ typed, with the sequence:
   ``__cause__``), or a record is missing (a gap, or the ledger ends before
   its tip);
 - ``ReplayDecodeError``: a record's payload does not hash to its stored
-  sha256 (flipped or truncated bytes), a fence's epoch is below an earlier
-  fence's, or a record is stamped with another epoch than the fence before it
-  (a stale writer's record);
+  sha256 (flipped or truncated bytes), the record does not match its record
+  digest (``journal.record_digest``: its tenant, session, sequence, kind,
+  idempotency id, epoch or payload changed, or the row copied from elsewhere),
+  a fence's epoch is below an earlier fence's, or a record is stamped with
+  another epoch than the fence before it (a stale writer's record); or a blob
+  pointer does not decode or names a blob outside
+  the record's own ledger;
 - the blob errors of an offloaded record (``blobs.resolve``:
   ``DurableBodyTooLargeError``, ``BlobUnavailableError``,
   ``BlobIntegrityError``, ``BlobPointerIDMismatchError``), with its sequence
@@ -31,7 +35,6 @@ of the ledger as it stood when it started.
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
@@ -40,12 +43,12 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.ledger import BLOB_POINTER_KIND, FENCE_KIND, LedgerRecord
 
 from ...backend import Backend, Tx, utc
-from .journal import read_tip, sha256
+from .journal import check_record, read_tip
 
 PAGE_ROWS = 256
 """Records per page of a replay (its memory bound, with the largest payload)."""
 
-_COLS = "seq, kind, idempotency_id, payload, payload_sha256, epoch, written_at"
+_COLS = "seq, kind, idempotency_id, payload, payload_sha256, epoch, written_at, record_sha256"
 
 
 def ledger_name(session_id: str) -> str:
@@ -78,20 +81,21 @@ def in_sequence(seq: int, expected: int) -> bool:
     return seq == expected
 
 
-def verify(session_id: str, row: tuple[Any, ...], fence_epoch: int) -> tuple[int, bool]:
-    """Check one record ``(seq, kind, id, payload, sha256, epoch, …)`` read after
-    a fence of ``fence_epoch`` (0: none yet); returns the fence epoch after it
-    and whether it is a fence.
+def verify(
+    tenant: str, session_id: str, row: tuple[Any, ...], fence_epoch: int
+) -> tuple[int, bool]:
+    """Check one record ``(seq, kind, id, payload, sha256, epoch, written_at,
+    record digest)`` of ``tenant``'s ``session_id`` read after a fence of
+    ``fence_epoch`` (0: none yet); returns the fence epoch after it and whether
+    it is a fence.
 
     Raises:
-        ReplayDecodeError: its payload does not hash to its sha256, a fence
-            below an earlier fence's epoch, or another epoch than its fence's.
+        ReplayDecodeError: its payload does not hash to its sha256, it does not
+            match its record digest (``journal.check_record``), a fence below an
+            earlier fence's epoch, or another epoch than its fence's.
     """
-    seq, kind, _, payload, digest, epoch = row[:6]
-    if not hmac.compare_digest(sha256(bytes(payload)), str(digest)):
-        raise errors.ReplayDecodeError(
-            session_id, seq, detail="its payload does not hash to its stored sha256"
-        )
+    check_record(tenant, session_id, row)
+    seq, kind, epoch = row[0], row[1], row[5]
     if kind == FENCE_KIND:
         if epoch < fence_epoch:
             raise errors.ReplayDecodeError(
@@ -126,20 +130,20 @@ def tip_covers(tip: int, last: int) -> bool:
     return last <= tip
 
 
-def replay(
+def verified_rows(
     db: Backend,
     tenant: str,
     session_id: str,
     from_seq: int,
     page_rows: int,
     check_session: Callable[[], object],
-    resolve: Callable[[int, str, bytes], tuple[str, bytes]],
-) -> Iterator[LedgerRecord]:
-    """The records of ``session_id``'s ledger from ``from_seq`` to the tip read
-    at the start (see the module docstring). ``check_session`` raises
-    ``SessionNotFoundError`` when the session does not exist; ``resolve(seq,
-    idempotency id, pointer payload)`` is a blob pointer's verified ``(kind,
-    payload)`` (``blobs.resolve``: it raises the blob errors)."""
+) -> Iterator[tuple[Any, ...]]:
+    """The rows ``(seq, kind, idempotency id, payload, payload_sha256, epoch,
+    written_at, record_sha256)`` of ``session_id``'s ledger from ``from_seq``
+    to the tip read at the start, each verified (:func:`verify`, the gap and
+    tip fences) before it is yielded; blob pointers as stored (unresolved).
+    Replay and GC's reference scan read the ledger through it. Raises as the
+    module docstring says (the blob errors aside)."""
     tip, last = _read(db, session_id, from_seq, partial(_tip_and_last, tenant, session_id))
     if not tip_covers(tip, last):
         raise errors.ReplayReadError(
@@ -164,7 +168,7 @@ def replay(
             ),
         )
         if row is not None:
-            fence_epoch, _ = verify(session_id, row, 0)
+            fence_epoch, _ = verify(tenant, session_id, row, 0)
     expected = from_seq
     while expected <= tip:
         rows = _read(
@@ -179,19 +183,37 @@ def replay(
                 raise errors.ReplayReadError(
                     ledger_name(session_id), expected, detail=f"record {expected} is missing"
                 )
-            fence_epoch, _ = verify(session_id, row, fence_epoch)
-            kind, payload = str(row[1]), bytes(row[3])
-            if kind == BLOB_POINTER_KIND:
-                kind, payload = resolve(int(row[0]), str(row[2]), payload)
-            yield LedgerRecord(
-                session_id,
-                int(row[0]),
-                kind,
-                str(row[2]),
-                payload,
-                int(row[5]),
-                utc(row[6]),
-                tenant,
-            )
+            fence_epoch, _ = verify(tenant, session_id, row, fence_epoch)
+            yield row
             expected += 1
         del rows
+
+
+def replay(
+    db: Backend,
+    tenant: str,
+    session_id: str,
+    from_seq: int,
+    page_rows: int,
+    check_session: Callable[[], object],
+    resolve: Callable[[int, str, bytes], tuple[str, bytes]],
+) -> Iterator[LedgerRecord]:
+    """The records of ``session_id``'s ledger from ``from_seq`` to the tip read
+    at the start (see the module docstring). ``check_session`` raises
+    ``SessionNotFoundError`` when the session does not exist; ``resolve(seq,
+    idempotency id, pointer payload)`` is a blob pointer's verified ``(kind,
+    payload)`` (``blobs.resolve``: it raises the blob errors)."""
+    for row in verified_rows(db, tenant, session_id, from_seq, page_rows, check_session):
+        kind, payload = str(row[1]), bytes(row[3])
+        if kind == BLOB_POINTER_KIND:
+            kind, payload = resolve(int(row[0]), str(row[2]), payload)
+        yield LedgerRecord(
+            session_id,
+            int(row[0]),
+            kind,
+            str(row[2]),
+            payload,
+            int(row[5]),
+            utc(row[6]),
+            tenant,
+        )
