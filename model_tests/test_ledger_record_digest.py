@@ -174,7 +174,9 @@ DAMAGES: dict[str, tuple[int, Callable[[Any], None]]] = {
         3,
         lambda st: reseal(st, 3, json.dumps(_pointer(st, 3, S, "acme"), sort_keys=True).encode()),
     ),
-    "pointer_size_wrong": (3, lambda st: _pointer_as(st, size=1)),
+    # larger than the blob: a smaller size reads size + 1 bytes, whose hash
+    # fails first (BlobIntegrityError: test_ledger_blob_keys)
+    "pointer_size_wrong": (3, lambda st: _pointer_as(st, size=_pointer(st, 3)["size"] + 10)),
     "pointer_size_negative": (3, lambda st: _pointer_as(st, size=-5)),
     "pointer_size_bool": (3, lambda st: _pointer_as(st, size=True)),
 }
@@ -348,9 +350,15 @@ def test_control_without_the_pointer_checks_the_damage_replays(store, damage, gu
     from turnkeeper.storage.ops.ledger import blobs
 
     monkeypatch.setattr(blobs, guard, lambda *a: True)
-    if guard == "size_valid":  # a negative size passes the ceiling; the length check too
-        monkeypatch.setattr(blobs, "size_matches", lambda *a: True)
     ledger = world(store)
+    if guard == "size_valid":  # a negative size passes the ceiling; the length check too,
+        monkeypatch.setattr(blobs, "size_matches", lambda *a: True)
+        whole = type(ledger.blobs).get  # and the read bounded by the size reads it whole
+
+        def unbounded(self: Any, key: str, max_bytes: int | None = None) -> bytes:
+            return bytes(whole(self, key))
+
+        monkeypatch.setattr(type(ledger.blobs), "get", unbounded)
     DAMAGES[damage][1](store)
     records = list(ledger.replay(S))
     assert len(records) == 6 and records[2].kind == "big"
