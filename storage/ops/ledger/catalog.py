@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from turnkeeper.spec import errors
-from turnkeeper.spec.catalog import SessionMeta
+from turnkeeper.spec.catalog import CATALOG_KINDS, SessionMeta
 from turnkeeper.spec.ledger import LedgerRecord
 
 from ...backend import STORE_NOW, Backend, Tx
@@ -133,9 +133,18 @@ def fold_new(
         raise errors.CatalogOrderingError(
             kind, seq, meta.last_journal_seq, detail="records before it were not folded"
         )
+    skipped = 0  # the last of a run of records of other kinds: they only move the cursor
     for seq, kind, payload in records:
-        meta = catalog_fold.fold(meta, seq, kind, payload, now)
-    return meta
+        if kind in CATALOG_KINDS:
+            if skipped:
+                meta = replace(meta, last_journal_seq=skipped)
+                skipped = 0
+            meta = catalog_fold.fold(meta, seq, kind, payload, now)
+            continue
+        if seq <= max(skipped, meta.last_journal_seq):
+            raise errors.CatalogOrderingError(kind, seq, max(skipped, meta.last_journal_seq))
+        skipped = seq
+    return replace(meta, last_journal_seq=skipped) if skipped else meta
 
 
 def stored_ahead(stored_seq: int, replayed_seq: int) -> bool:

@@ -59,19 +59,6 @@ COMMIT_DELAY_S = 0.001
 """Longest a :class:`Batcher` leader waits (seconds) for as many calls as its
 previous group ran (see :meth:`Batcher._gather`)."""
 
-COLUMNS = (
-    "tenant",
-    "session_id",
-    "seq",
-    "kind",
-    "idempotency_id",
-    "payload",
-    "payload_sha256",
-    "epoch",
-    "written_at",
-    "record_sha256",
-)
-"""``ledger_records``'s columns, in table order (the bulk insert's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +230,7 @@ def _round(tx: Tx, requests: list[LedgerAppend]) -> list[Any]:
         if new:
             moves.append((r.tenant, r.session_id, tip, new[-1][0], ledger_epoch))
     if rows:
-        tx.insert_rows("ledger_records", COLUMNS, rows)
+        tx.insert_rows("ledger_records", journal.COLUMNS, rows)
     if moves:
         _move_tips(tx, moves)
     catalog_in_tx(tx, [(requests[i], out[i]) for i in writing if isinstance(out[i], list)])

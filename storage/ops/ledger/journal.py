@@ -43,6 +43,20 @@ MACHINE = machine_for(LEDGER_WRITER)
 
 _WHERE = "tenant = ? AND session_id = ?"
 
+COLUMNS = (
+    "tenant",
+    "session_id",
+    "seq",
+    "kind",
+    "idempotency_id",
+    "payload",
+    "payload_sha256",
+    "epoch",
+    "written_at",
+    "record_sha256",
+)
+"""``ledger_records``'s columns, in table order (the inserts')."""
+
 
 def sha256(payload: bytes) -> str:
     """The hex sha256 of ``payload``: what a record stores and replay checks."""
@@ -298,15 +312,18 @@ def _insert(
     now: object,
     rows: Sequence[tuple[int, LedgerEntry]],
 ) -> None:
-    """One multi-row insert of ``rows`` (sequence, entry) stamped ``epoch`` and ``now``."""
-    values = ", ".join("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)" for _ in rows)
-    params: list[object] = []
-    for seq, e in rows:
-        params += record_row(tenant, session_id, epoch, now, seq, e)
+    """One insert of ``rows`` (sequence, entry) stamped ``epoch`` and ``now``:
+    on DuckDB through ``Tx.insert_rows`` (a list per column: a parameter per
+    value cost it 7 ms for 100 records), on PostgreSQL one multi-row
+    ``INSERT`` (one round trip, where ``COPY`` takes two)."""
+    values = [record_row(tenant, session_id, epoch, now, seq, e) for seq, e in rows]
+    if tx.dialect.serialized_writes:
+        tx.insert_rows("ledger_records", COLUMNS, values)
+        return
+    marks = ", ".join("(" + ", ".join("?" for _ in COLUMNS) + ")" for _ in values)
     tx.exec(
-        "INSERT INTO ledger_records (tenant, session_id, seq, kind, idempotency_id, payload, "
-        f"payload_sha256, epoch, written_at, record_sha256) VALUES {values}",
-        params,
+        f"INSERT INTO ledger_records ({', '.join(COLUMNS)}) VALUES {marks}",
+        [v for row in values for v in row],
     )
 
 
@@ -314,7 +331,7 @@ def record_row(
     tenant: str, session_id: str, epoch: int, now: object, seq: int, e: LedgerEntry
 ) -> tuple[object, ...]:
     """The ``ledger_records`` row of entry ``e`` at ``seq``, in the column order
-    of ``group.COLUMNS``: its payload's sha256 and its record digest computed."""
+    of :data:`COLUMNS`: its payload's sha256 and its record digest computed."""
     digest = sha256(e.payload)
     sealed = record_digest(tenant, session_id, seq, e.kind, e.idempotency_id, epoch, digest)
     return (
