@@ -50,7 +50,7 @@ from ...validate import check_int, check_session_lease
 from .. import leases
 from ..base import Area, Shared
 from . import blobs as blob_ops
-from . import catalog_group, journal
+from . import catalog_group, condemn, journal
 from . import gc as gc_ops
 from . import group as group_ops
 from . import sweep as sweep_ops
@@ -204,8 +204,10 @@ class Ledger(Area):
         """The fenced append transaction of ``writer`` (``LedgerWriter.append_many``),
         after offloading each payload over the threshold (its blob first, then
         its pointer in the transaction: a failed append leaves an orphan blob,
-        which GC reclaims), then the catalog's best-effort update with the
-        records it wrote (their logical kinds and payloads, not the pointers)."""
+        which GC reclaims; a blob GC condemned is written again under its next
+        generation, ``condemn.write_offloaded``), then the catalog's
+        best-effort update with the records it wrote (their logical kinds and
+        payloads, not the pointers)."""
         for entry in entries:  # refuse the whole batch before any blob is written
             size = (
                 len(blob_ops.envelope(entry))
@@ -216,13 +218,16 @@ class Ledger(Area):
                 raise errors.DurableBodyTooLargeError(
                     0, entry.idempotency_id, size, self.max_body_bytes
                 )
-        stored = [
-            blob_ops.offload(self.blobs, self.tenant, writer.session_id, e, self.max_body_bytes)
-            if len(e.payload) > self.offload_threshold
-            else e
-            for e in entries
-        ]
-        results = self._append(LedgerAppend(self.tenant, writer.session_id, writer.lease, stored))
+        sid = writer.session_id
+        results = condemn.write_offloaded(
+            entries,
+            self.offload_threshold,
+            lambda e, gen: blob_ops.offload(
+                self.blobs, self.tenant, sid, e, self.max_body_bytes, gen
+            ),
+            lambda stored: self._append(LedgerAppend(self.tenant, sid, writer.lease, stored)),
+            partial(self._stored_at, sid),
+        )
         written = [
             (r.seq, e.kind, e.payload)
             for e, r in zip(entries, results, strict=True)
@@ -230,6 +235,18 @@ class Ledger(Area):
         ]
         catalog_group.after_append(self.catalog, writer.session_id, written)
         return results
+
+    def _stored_at(self, session_id: str, seq: int) -> tuple[str, bytes] | None:
+        """The ``(kind, payload)`` stored at ``seq`` of ``session_id``'s ledger (``None``: none)."""
+        row = self.db.read(
+            "ledger_record_at",
+            lambda tx: tx.one(
+                "SELECT kind, payload FROM ledger_records "
+                "WHERE tenant = ? AND session_id = ? AND seq = ?",
+                [self.tenant, session_id, seq],
+            ),
+        )
+        return None if row is None else (str(row[0]), bytes(row[1]))
 
     def _append(self, request: LedgerAppend) -> list[AppendResult]:
         """``request``'s fenced append, group-committed with the appends queued
@@ -268,9 +285,12 @@ class Ledger(Area):
         """Reclaim ``session_id``'s blobs that no pointer record of its ledger
         references (sessionstore OpenObjectGC + ObjectGC.GC), as its single
         writer: ``lease`` must be held and be the epoch of the ledger's newest
-        fence (checked before the scan and again before the deletes). Must not
-        run concurrently with appends to the session (serialize it with the
-        writer). Returns a :class:`~turnkeeper.spec.ledger.GCResult`:
+        fence (checked before the scan and again in the transaction that
+        condemns the orphans before their deletes: ``condemn.py``). A pass
+        whose lease lapses while it deletes, a writer of a newer epoch, or an
+        append of the same writer never loses an acknowledged record's blob:
+        an append refuses a pointer to a condemned blob and writes the blob
+        again under another name. Returns a :class:`~turnkeeper.spec.ledger.GCResult`:
         ``scanned == referenced + deleted``; keys of another shape under the
         prefix are ``unreclaimable`` and left alone.
 
@@ -282,7 +302,9 @@ class Ledger(Area):
                 decoded; nothing is deleted.
             GCListError: the blob prefix could not be listed; nothing is deleted.
             GCDeleteError: an orphan's delete failed (the blobs before it in
-                key order are deleted).
+                key order are deleted; the next pass deletes the rest).
+            DatabaseError: the condemned marks could not be written (nothing
+                deleted).
             InvalidInputError: a malformed id, or a lease on another target.
         """
         check_id(session_id, "session_id")

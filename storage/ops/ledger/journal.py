@@ -29,6 +29,7 @@ from turnkeeper.spec.records import Lease
 from ...backend import Conflict, Tx
 from .. import leases
 from ..capabilities import session_exists
+from . import condemn
 
 MACHINE = machine_for(LEDGER_WRITER)
 
@@ -126,6 +127,8 @@ def append(
     Raises:
         LeaseLostError: a fence refused the writer (edge ``overtaken``).
         LedgerIdempotencyConflictError: an id already names other content.
+        BlobCondemnedError: a new pointer names a blob GC condemned
+            (``condemn.check_append``).
         SessionNotFoundError: the ledger is gone with its session (deleted).
     """
     now = leases.fence(tx, lease)
@@ -145,6 +148,7 @@ def append(
         )
     }
     results, new = sequence(session_id, tip, entries, known)
+    condemn.check_append(tx, session_id, new)
     if new:
         _insert(tx, tenant, session_id, lease.epoch, now, new)
         _move_tip(tx, tenant, session_id, tip, new[-1][0], ledger_epoch)
