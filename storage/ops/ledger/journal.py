@@ -7,7 +7,8 @@ the lease fence, the tip's locked read, the fence record and the tip's
 compare-and-set; an append
 of n records is the lease fence, the tip's locked read, one read of the ids
 already in the ledger, one multi-row insert and the tip's compare-and-set,
-whatever n is.
+whatever n is, plus one read of GC's condemned blobs when it writes blob
+pointers (``condemn.check_append``).
 
 Fencing is the lease machinery's (:func:`.leases.fence`, the expiry judged
 at a clock read after the lease row's lock), plus the ledger's own check
