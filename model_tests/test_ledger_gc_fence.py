@@ -354,7 +354,7 @@ def test_a_session_delete_removes_its_marks(store, ledger):
 
 @pytest.mark.parametrize("checked", [True, False], ids=["checked", "control"])
 def test_a_group_member_whose_blob_is_condemned_takes_the_next_generation(
-    store, monkeypatch, checked
+    store, monkeypatch, tmp_path, checked
 ):
     """In one group commit (``group._round``): a member whose blob a dead GC
     pass condemned is refused alone, then lands under its blob's next
@@ -371,7 +371,11 @@ def test_a_group_member_whose_blob_is_condemned_takes_the_next_generation(
 
     if not checked:
         monkeypatch.setattr(condemn, "refuse_condemned", lambda sid, new, marked: None)
-    offloading = store.ledger.with_blobs(offload_threshold=THRESHOLD)
+    # blobs in a directory: a put in the database's table would be a write
+    # queued beside the appends, and the group would not be the four appends
+    offloading = store.ledger.with_blobs(
+        FsspecBlobs(str(tmp_path / "blobs")), offload_threshold=THRESHOLD
+    )
     writers = []
     for i in range(4):
         store.sessions.create(f"s{i}")
