@@ -21,11 +21,19 @@ flipped blob byte is ``BlobIntegrityError`` and a deleted blob
 A record cut short by a byte is ``ReplayDecodeError`` and a record taken out
 of the ledger (the tail's too) ``ReplayReadError`` at its sequence, likewise.
 
+GC whose lease lapses mid-delete (attack finding F6): the current writer's
+append of a fresh id is killed after its blob (an orphan); its GC, in its
+first delete, sees its lease lapse, another owner take over and redeliver
+that id (acknowledged); then the delete goes on. Every acknowledged
+record's blob is still there (``condemn.py``), whatever generation its
+pointer names.
+
 ``make_machine(backend)`` returns the machine class for a backend.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,6 +122,7 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
             self.oracle = Oracle()
             self.owners = 0
             self.ledger = self.store.ledger.with_blobs(offload_threshold=THRESHOLD)
+            self.current: Handle | None = None
 
         def teardown(self) -> None:
             self.store.close()
@@ -132,7 +141,8 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
             fence_id = f"fence:{lease.epoch}:{writer.fence_seq}"
             self.oracle.rows.append((writer.fence_seq, "fence", fence_id, b"", lease.epoch))
             assert writer.fence_seq == len(self.oracle.rows)
-            return Handle(writer, lease.epoch, lease.expires_at)
+            self.current = Handle(writer, lease.epoch, lease.expires_at)
+            return self.current
 
         @rule(target=writers)
         def take_over(self) -> Handle:
@@ -234,13 +244,25 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
                 or self.clock() >= handle.expires_at
             )
 
+        def _pointer_keys(self) -> dict[int, str]:
+            """The blob key each stored pointer names, by sequence (a pointer
+            names its blob's first generation unless GC had condemned it)."""
+            rows = self.store.query(
+                "SELECT seq, payload FROM ledger_records "
+                "WHERE session_id = 's' AND kind = 'blobptr' ORDER BY seq"
+            ).to_pylist()
+            return {int(r["seq"]): json.loads(bytes(r["payload"]))["key"] for r in rows}
+
         def _live_keys(self) -> set[str]:
             """The blob keys the acknowledged offloaded records name."""
-            return {
-                PREFIX + journal.sha256(blob_ops.envelope(LedgerEntry(kind, payload, key)))
-                for _, kind, key, payload, _ in self.oracle.rows
+            named = self._pointer_keys()
+            offloaded = {
+                seq
+                for seq, kind, _, payload, _ in self.oracle.rows
                 if kind != "fence" and len(payload) > THRESHOLD
             }
+            assert set(named) == offloaded, "an offloaded record has no pointer"
+            return set(named.values())
 
         @rule(
             handle=writers,
@@ -291,6 +313,56 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
             assert result.referenced == len(live) and result.unreclaimable == 0
             assert self.ledger.blobs.list(PREFIX) == sorted(live), "GC deleted a referenced blob"
 
+        @rule(target=writers, payload=st.sampled_from(PAYLOADS[3:]))
+        def gc_lapses_mid_delete(self, payload: bytes) -> Handle:
+            """The report's interleaving (F6): an orphan of a fresh id, then the
+            current writer's GC, in whose first delete the lease lapses and
+            the next owner redelivers that id, acknowledged."""
+            handle = self.current
+            assert handle is not None
+            if self._stale(handle):
+                handle = self.take_over()
+            key = f"lapse-{handle.epoch}"
+            real = journal.append
+
+            def killed(*args: Any, **kwargs: Any) -> Any:
+                raise RuntimeError("killed between the blob and its pointer")
+
+            journal.append = killed  # type: ignore[assignment]
+            try:
+                handle.writer.append("turn", payload, key)
+            except RuntimeError:
+                pass
+            finally:
+                journal.append = real  # type: ignore[assignment]
+            machine, taken = self, []
+
+            class Lapsing:
+                def put(self, k: str, data: bytes) -> None:
+                    machine.ledger.blobs.put(k, data)
+
+                def get(self, k: str) -> bytes:
+                    return bytes(machine.ledger.blobs.get(k))
+
+                def list(self, prefix: str) -> list[str]:
+                    return list(machine.ledger.blobs.list(prefix))
+
+                def delete(self, k: str) -> None:
+                    if not taken:
+                        taken.append(machine.take_over())
+                        expected = machine.oracle.expect([("turn", payload, key)])
+                        got = taken[0].writer.append("turn", payload, key)
+                        assert [(got.seq, got.duplicate)] == expected, (got, expected)
+                        machine.oracle.commit([("turn", payload, key)])
+                    machine.ledger.blobs.delete(k)
+
+            gc_ledger = self.store.ledger.with_blobs(Lapsing(), offload_threshold=THRESHOLD)
+            result = gc_ledger.gc("s", handle.writer.lease)
+            assert taken and result.deleted >= 1
+            listed = set(self.ledger.blobs.list(PREFIX))
+            assert self._live_keys() <= listed, "GC deleted an acknowledged record's blob"
+            return taken[0]
+
         @rule(data=st.data(), delete=st.booleans())
         def damage_a_blob(self, data: st.DataObject, delete: bool) -> None:
             """Flip a byte of (or delete) a live record's blob: replay fails
@@ -298,9 +370,9 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
             offloaded = [r for r in self.oracle.rows if r[1] != "fence" and len(r[3]) > THRESHOLD]
             if not offloaded:
                 return
-            seq, kind, key, payload, _ = data.draw(st.sampled_from(offloaded))
-            blob = blob_ops.envelope(LedgerEntry(kind, payload, key))
-            name = PREFIX + journal.sha256(blob)
+            seq = data.draw(st.sampled_from(offloaded))[0]
+            name = self._pointer_keys()[seq]
+            blob = self.ledger.blobs.get(name)
             if delete:
                 forge(self.store, "DELETE FROM ledger_blobs WHERE key = ?", [name], rows=1)
             else:

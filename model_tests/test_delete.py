@@ -22,6 +22,7 @@ from turnkeeper import (
     DeletedSession,
     DeliveryPlan,
     DeliveryStep,
+    GCDeleteError,
     Guidance,
     InputResourceEvent,
     InvalidInputError,
@@ -39,6 +40,7 @@ from turnkeeper.cli.audit import run_audit
 from turnkeeper.cli.audit_orphans import OWNED
 from turnkeeper.spec.records import ImportBatch, OpaqueRecord, SessionMetadata
 from turnkeeper.storage.ops import deletes
+from turnkeeper.storage.ops.ledger.blobs import blob_prefix
 
 USER = {"role": "user", "content": "my secret question"}
 REPLY = {"role": "assistant", "content": [{"type": "text", "text": "my secret answer"}]}
@@ -110,12 +112,36 @@ def populate(store: Any, sid: str) -> dict[str, Any]:
     store.bindings.bind(sid, "chat", f"secret-chat-{sid}")
     store.bindings.set_tools(sid, [ChannelToolConfig("secret_tool", True)])
     owner = store.leases.acquire(f"session:{sid}", "ledger-writer", 30)
-    ledger_writer = store.ledger.with_blobs(offload_threshold=16).open(sid, owner)
+    ledger = store.ledger.with_blobs(offload_threshold=16)
+    ledger_writer = ledger.open(sid, owner)
     ledger_writer.append("turn", b"secret turn", f"turn-of-{sid}")
     ledger_writer.append("turn", b"a secret turn offloaded as a blob", f"blob-of-{sid}")
+    # an orphan blob whose GC delete failed: its condemned mark stays (ledger_blob_condemned)
+    ledger.blobs.put(blob_prefix("", sid) + "0" * 64, b"a secret orphan")
+    with pytest.raises(GCDeleteError):
+        store.ledger.with_blobs(_Undeletable(ledger.blobs), offload_threshold=16).gc(sid, owner)
     store.leases.release(owner)
     fork = store.forks.fork(sid, request_id=f"fork-of-{sid}")
     return {"run": run, "orphan": orphan, "fork": fork}
+
+
+class _Undeletable:
+    """A blob store whose deletes fail."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def put(self, key: str, data: bytes) -> None:
+        self.inner.put(key, data)
+
+    def get(self, key: str) -> bytes:
+        return bytes(self.inner.get(key))
+
+    def delete(self, key: str) -> None:
+        raise OSError("delete refused")
+
+    def list(self, prefix: str) -> list[str]:
+        return list(self.inner.list(prefix))
 
 
 def session_rows(store: Any, sid: str) -> dict[str, int]:

@@ -44,6 +44,7 @@ from turnkeeper import (
     TransactionConflictError,
 )
 from turnkeeper.storage.ops.ledger import journal
+from turnkeeper.storage.ops.ledger.blobs import FsspecBlobs
 
 TTL = 30.0
 
@@ -654,3 +655,53 @@ def test_the_command_log_appends_reads_back_and_fails_closed(store):
     assert isinstance(err.value.__cause__, ReplayDecodeError)
     with pytest.raises(InvalidInputError):
         log.append_command_application(CommandApplication("cmd-2", {"when": object()}))
+
+
+# -- the opening append, persistence paths ----------------------------------------
+
+
+def test_an_opening_append_commits_with_the_fence_or_not_at_all(store):
+    """``open(..., opening=[…])`` (sessionstore OpenJournalWithOpeningAppend):
+    the entries follow the fence record in its transaction; a refused open
+    writes neither, and a malformed or oversized opening entry is refused
+    before anything is written."""
+    store.sessions.create("s")
+    lease = _lease(store)
+    started = LedgerEntry("session_started", b'{"created_at": "2026-01-02T03:04:05+00:00"}', "ss")
+    w = store.ledger.open("s", lease, opening=[started, LedgerEntry("note", b"n", "n1")])
+    assert (w.fence_seq, [(r.seq, r.duplicate) for r in w.opening]) == (1, [(2, False), (3, False)])
+    assert [(r.seq, r.kind) for r in store.ledger.replay("s")] == [
+        (1, "fence"),
+        (2, "session_started"),
+        (3, "note"),
+    ]
+    assert store.ledger.catalog.read_meta("s").last_journal_seq == 3  # folded in the same commit
+    for bad, field in [
+        ([LedgerEntry("note", b"x" * 300_000, "big")], "opening[0].payload"),
+        ([LedgerEntry("turn_started", b"{not json", "t")], "opening[0].payload"),
+        ([LedgerEntry("fence", b"", "f")], "opening[0].kind"),
+        (["not an entry"], "opening[0]"),
+    ]:
+        with pytest.raises(InvalidInputError) as err:
+            store.ledger.open("s", lease, opening=bad)
+        assert err.value.field == field
+    # a second writer's opening whose id names other content: nothing written, not even its fence
+    store.leases.release(lease)
+    other = store.leases.acquire("session:s", "other", ttl_s=TTL)
+    with pytest.raises(LedgerIdempotencyConflictError):
+        store.ledger.open("s", other, opening=[LedgerEntry("note", b"other", "n1")])
+    assert store.ledger.tip("s") == 3
+    again = store.ledger.open("s", other, opening=[LedgerEntry("note", b"n", "n1")])
+    assert (again.fence_seq, [(r.seq, r.duplicate) for r in again.opening]) == (4, [(3, True)])
+
+
+def test_persistence_paths_name_the_database_its_log_and_a_local_blob_root(tmp_path):
+    """sessionstore PersistencePaths: what a backup must copy."""
+    path = tmp_path / "p.duckdb"
+    with turnkeeper.open_store(str(path)) as store:
+        assert store.ledger.persistence_paths() == [str(path), f"{path}.wal"]
+        blobs = FsspecBlobs(str(tmp_path / "blobs"))
+        paths = store.ledger.with_blobs(blobs).persistence_paths()
+        assert paths == [str(path), f"{path}.wal", str(tmp_path / "blobs")]
+    with turnkeeper.open_store(":memory:") as store:
+        assert store.ledger.persistence_paths() == []

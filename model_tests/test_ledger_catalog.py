@@ -40,6 +40,7 @@ from turnkeeper import (
     ReplayDecodeError,
 )
 from turnkeeper.spec import catalog as c
+from turnkeeper.spec.ledger import CheckpointSummary
 from turnkeeper.storage.ops.ledger import catalog as catalog_mod
 from turnkeeper.storage.ops.ledger import catalog_group
 
@@ -786,3 +787,39 @@ def test_a_first_insert_that_finds_an_entry_loses_the_compare_and_set(store):
     )
     assert won is False
     assert store.ledger.catalog.read_meta("s").created_at == T0
+
+
+def test_the_entry_holds_the_last_checkpoint_and_the_current_workspace(store):
+    """sessionstore SessionMeta.LastCheckpoint and CurrentWorkspace
+    (WorkspacePointer, its Source): a checkpoint sets both, a restore moves
+    only the current workspace; a repair rebuilds the same; an entry stored
+    without them reads as none, a pointer stored without its source as
+    SOURCE_UNKNOWN (sessionstore WorkspacePointerSourceUnknown)."""
+    w = _writer(store)
+    _start(w)
+    w.append(
+        "workspace_checkpoint", _j(ref="r1", event_id="e1", turn_id="t1", consistency="fs"), "c1"
+    )
+    meta = store.ledger.catalog.read_meta("s")
+    assert meta.last_checkpoint == CheckpointSummary("r1", "e1", 3, "fs", "t1")
+    assert meta.current_workspace == c.WorkspacePointer("r1", "e1", 3, c.SOURCE_CHECKPOINT)
+    w.append("workspace_restore", _j(ref="r0", event_id="e2"), "r")
+    meta = store.ledger.catalog.read_meta("s")
+    assert meta.last_checkpoint == CheckpointSummary("r1", "e1", 3, "fs", "t1")
+    assert meta.current_workspace == c.WorkspacePointer("r0", "e2", 4, c.SOURCE_RESTORE)
+    repaired = store.ledger.catalog.repair("s")
+    assert (repaired.last_checkpoint, repaired.current_workspace) == (
+        meta.last_checkpoint,
+        meta.current_workspace,
+    )
+    body = _stored(store)
+    del body["last_checkpoint"]
+    del body["current_workspace"]["source"]
+    _put(store, body)
+    meta = store.ledger.catalog.read_meta("s")
+    assert meta.last_checkpoint is None
+    assert meta.current_workspace == c.WorkspacePointer("r0", "e2", 4, c.SOURCE_UNKNOWN)
+    body["current_workspace"]["source"] = "elsewhere"
+    _put(store, body)
+    with pytest.raises(CatalogReadError):
+        store.ledger.catalog.read_meta("s")

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import forge
+from conftest import forge, reseal
 
 from turnkeeper import (
     BlobUnavailableError,
@@ -182,7 +182,11 @@ def test_an_undecodable_checkpoint_payload_fails_each_lookup_closed(store):
     for n, payload in enumerate(bad):
         sid = f"bad{n}"
         wb = _open(ledger, store, sid)
-        seq = wb.append("workspace_checkpoint", payload, "bad").seq
+        with pytest.raises(InvalidInputError):  # refused at the append since the catalog folds it
+            wb.append("workspace_checkpoint", payload, "bad")
+        good = b'{"ref": "r", "event_id": "e"}'
+        seq = wb.append("workspace_checkpoint", good, "bad").seq
+        reseal(store, seq, payload, sid)  # written before the append checked it
         with pytest.raises(WorkspaceJournalScanError) as err:
             ledger.workspace_checkpoint_by_seq(sid, seq)
         assert (err.value.session_id, err.value.seq) == (sid, seq)

@@ -1,6 +1,8 @@
 """Run the differential ledger machine (``stateful_ledger``) over every backend,
 and show it catches a stale writer's append with the append fences patched out,
-a stale writer's GC with GC's lease check patched out, an unverified blob
+a stale writer's GC with GC's lease check patched out, an acknowledged
+blob lost to a GC whose lease lapsed mid-delete with the writer's check of
+GC's condemned blobs patched out, an unverified blob
 with replay's hash check patched out, and a replay past a missing record with
 replay's gap check patched out."""
 
@@ -14,7 +16,7 @@ from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 from stateful_ledger import make_machine
 
-from turnkeeper.storage.ops.ledger import blobs, gc, journal
+from turnkeeper.storage.ops.ledger import blobs, condemn, gc, journal
 
 
 def _fails_with(*texts: str) -> None:
@@ -57,6 +59,13 @@ def test_the_machine_fails_with_the_gc_lease_check_patched_out(
 ) -> None:
     monkeypatch.setattr(gc, "writer_fence", lambda tx, tenant, session_id, lease: None)
     _fails_with("a stale writer's GC ran")
+
+
+def test_the_machine_fails_with_the_condemned_blob_check_patched_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(condemn, "refuse_condemned", lambda session_id, new, marked: None)
+    _fails_with("GC deleted an acknowledged record's blob")
 
 
 def test_the_machine_fails_with_the_blob_hash_check_patched_out(

@@ -33,6 +33,11 @@ is a ``ReplayDecodeError`` at its sequence.
   (which replays the whole ledger); the online update folds terminals alone.
 - ``compaction_started`` / ``compaction_done`` ``{"attempt_id"}``: checked by
   ``repair`` (one terminal per attempt), not projected.
+- ``workspace_checkpoint`` ``{"ref", "event_id", "turn_id"?, "consistency"?}``
+  (:data:`~turnkeeper.spec.ledger.WORKSPACE_CHECKPOINT_KIND`): the last
+  checkpoint, and the current workspace (source ``checkpoint``);
+  ``workspace_restore`` ``{"ref", "event_id"}``: the current workspace
+  (source ``restore``; the last checkpoint stays).
 
 Timestamps: ``created_at`` is the payload's; ``last_active_at`` is the
 catalog's clock at an online update, or the record's ``written_at`` in a
@@ -44,6 +49,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final
+
+from .ledger import WORKSPACE_KINDS, CheckpointSummary
 
 # SessionStatus
 STATUS_ACTIVE: Final = "active"
@@ -128,8 +135,19 @@ CATALOG_KINDS: Final = frozenset(
         "compaction_started",
         "compaction_done",
     }
+    | WORKSPACE_KINDS
 )
 """The ledger record kinds the catalog folds (see the module docstring)."""
+
+# WorkspacePointerSource
+SOURCE_UNKNOWN: Final = ""
+"""A current workspace stored before its source was recorded (sessionstore
+WorkspacePointerSourceUnknown)."""
+SOURCE_CHECKPOINT: Final = "checkpoint"
+"""Selected by a workspace checkpoint (WorkspacePointerSourceCheckpoint)."""
+SOURCE_RESTORE: Final = "restore"
+"""Selected by a workspace restore (WorkspacePointerSourceRestore)."""
+WORKSPACE_SOURCES: Final = frozenset({SOURCE_UNKNOWN, SOURCE_CHECKPOINT, SOURCE_RESTORE})
 
 TITLE_MAX: Final = 80
 """The longest title, in characters."""
@@ -205,6 +223,20 @@ class HustleUsageAggregate:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkspacePointer:
+    """The session's current workspace (sessionstore WorkspacePointer): ``ref``
+    its snapshot's content identity, ``event_id`` and ``seq`` the ledger
+    transition that selected it, ``source`` which kind of transition
+    (:data:`SOURCE_CHECKPOINT`, :data:`SOURCE_RESTORE`, or
+    :data:`SOURCE_UNKNOWN` for an entry stored without it)."""
+
+    ref: str
+    event_id: str
+    seq: int
+    source: str = SOURCE_UNKNOWN
+
+
+@dataclass(frozen=True, slots=True)
 class SessionMeta:
     """A session's catalog entry (sessionstore SessionMeta), derived from its
     ledger and never the source of truth: rebuilt by ``repair``. Empty
@@ -227,3 +259,5 @@ class SessionMeta:
     last_step: EventSummary | None = None
     loops: tuple[LoopUsageMeta, ...] = field(default=())
     hustles: tuple[HustleUsageAggregate, ...] = field(default=())
+    last_checkpoint: CheckpointSummary | None = None
+    current_workspace: WorkspacePointer | None = None

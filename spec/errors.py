@@ -1121,6 +1121,21 @@ class BlobNotFoundError(TurnkeeperError):
     key: str
 
 
+class BlobCondemnedError(TurnkeeperError):
+    """An append's blob pointer names a blob that ledger GC has condemned
+    (deleted, or its delete under way): the append is refused and writes nothing.
+
+    The writer answers it itself, by writing the record's blob again under a
+    new name (the next *generation* of its envelope) and appending again, so
+    a caller sees it only when ``condemn.MAX_GENERATIONS`` generations of one
+    record's blob are all condemned. ``session_id`` is the ledger's, ``key``
+    the condemned blob's (see ``storage/ops/ledger/condemn.py``)."""
+
+    fields = ("session_id", "key")
+    session_id: str
+    key: str
+
+
 class BlobIntegrityError(TurnkeeperError):
     """An offloaded record's blob does not hash to the sha256 its pointer names
     (sessionstore BlobIntegrityError).
@@ -1409,6 +1424,7 @@ __all__ = [
     "AlreadyExistsError",
     "AmbiguousSessionIDError",
     "BindingNotFoundError",
+    "BlobCondemnedError",
     "BlobIntegrityError",
     "BlobNotFoundError",
     "BlobPointerIDMismatchError",

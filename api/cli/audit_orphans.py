@@ -46,6 +46,7 @@ OWNED: tuple[tuple[str, str, str, str], ...] = (
     ("ledger_tips", "session_id", "sessions", "id"),
     ("ledger_catalog", "session_id", "sessions", "id"),
     ("ledger_blobs", "session_id", "sessions", "id"),
+    ("ledger_blob_condemned", "session_id", "sessions", "id"),
     ("sessions", "sub_agent_of", "sessions", "id"),
     ("recovery_events", "run_id", "runs", "id"),
     ("delivery_operations", "intent_id", "delivery_intents", "id"),

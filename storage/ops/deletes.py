@@ -89,6 +89,7 @@ REMOVED: tuple[tuple[str, str], ...] = (
     ("ledger_tips", "session_id = ?"),
     ("ledger_catalog", "session_id = ?"),
     ("ledger_blobs", "session_id = ?"),
+    ("ledger_blob_condemned", "session_id = ?"),
     ("entries", "session_id = ?"),
     ("sessions", "id = ?"),
 )

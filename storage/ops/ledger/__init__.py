@@ -47,21 +47,27 @@ from turnkeeper.spec.records import Lease
 
 from ...backend import Merge, Tx
 from ...codec import check_id, check_tenant, check_text
-from ...validate import check_int, check_session_lease
+from ...validate import check_int, check_list, check_session_lease
 from .. import leases
 from ..base import Area, Shared
 from . import blobs as blob_ops
-from . import catalog_group, journal
+from . import catalog_group, condemn, journal
 from . import gc as gc_ops
 from . import group as group_ops
 from . import sweep as sweep_ops
 from . import workspace as workspace_ops
-from .blobs import DEFAULT_OFFLOAD_THRESHOLD, MAX_BODY_BYTES, BlobStore, DatabaseBlobs
+from .blobs import (
+    DEFAULT_OFFLOAD_THRESHOLD,
+    MAX_BODY_BYTES,
+    BlobStore,
+    DatabaseBlobs,
+    FsspecBlobs,
+)
 from .catalog import Catalog, CatalogOptions
 from .catalog_group import CatalogUpdate
 from .group import LedgerAppend
 from .replay import PAGE_ROWS, ledger_name, replay
-from .writer import LedgerWriter, RuntimeCommandLog, decode_application
+from .writer import MAX_BATCH, LedgerWriter, RuntimeCommandLog, check_entry, decode_application
 
 __all__ = [
     "DEFAULT_OFFLOAD_THRESHOLD",
@@ -159,9 +165,16 @@ class Ledger(Area):
             self._catalog_options,
         )
 
-    def open(self, session_id: str, lease: Lease | None) -> LedgerWriter:
+    def open(
+        self,
+        session_id: str,
+        lease: Lease | None,
+        *,
+        opening: Sequence[LedgerEntry] = (),
+    ) -> LedgerWriter:
         """Open the single writer of ``session_id``'s ledger under ``lease``, a
-        lease on ``session:<session_id>`` (sessionstore OpenJournal).
+        lease on ``session:<session_id>`` (sessionstore OpenJournal; with
+        ``opening``, OpenJournalWithOpeningAppend).
 
         Reads the ledger's tip, then in one transaction fences ``lease``,
         compares the tip with the one read and writes a fence record carrying
@@ -170,29 +183,45 @@ class Ledger(Area):
         grant, and is never retried under it (a grant is never rebased onto a
         newer tip); take a fresh lease, whose epoch is strictly higher.
 
+        ``opening`` (at most 1000 entries, each payload at most the offload
+        threshold in bytes) is appended right after the fence record in that
+        same transaction, as an append would (idempotency ids included): the
+        writer exists with its first records, or not at all (a
+        ``session_started`` record that must never be missing from a ledger
+        its writer opened). The writer's ``opening`` holds their results.
+
         Raises:
             NilLeaseError: ``lease`` is ``None``.
             OpeningFenceConflictError: the tip moved; the lease is released.
             LeaseLostError: the lease is not held (expired, released, taken over).
             LeasePurposeError: the lease row is held under another purpose.
-            InvalidInputError: a malformed id, or a lease on another target.
+            LedgerIdempotencyConflictError: an opening entry's id names other content.
+            InvalidInputError: a malformed id, a lease on another target, or
+                an opening entry that is malformed or over the offload threshold.
         On any error nothing is written.
         """
         check_id(session_id, "session_id")
         if lease is None:
             raise errors.NilLeaseError(session_id)
         check_session_lease(session_id, lease)
+        first = self._opening_entries(opening)
         expected = self.db.read(
             "ledger_tip", lambda tx: journal.read_tip(tx, self.tenant, session_id)
         )[0]
 
-        def opening(tx: Tx) -> tuple[int, bool]:
+        def planted(tx: Tx) -> tuple[int, list[AppendResult], bool]:
             seq = journal.plant_fence(tx, self.tenant, session_id, lease, expected)
-            update = CatalogUpdate(self.catalog, session_id, [(seq, FENCE_KIND, b"")])
-            return seq, catalog_group.fold_in(tx, [update])[0]
+            results = journal.append(tx, self.tenant, session_id, lease, first) if first else []
+            records = [(seq, FENCE_KIND, b"")] + [
+                (r.seq, e.kind, e.payload)
+                for e, r in zip(first, results, strict=True)
+                if not r.duplicate
+            ]
+            update = CatalogUpdate(self.catalog, session_id, records)
+            return seq, results, catalog_group.fold_in(tx, [update])[0]
 
         try:
-            seq, catalogued = self._fenced("ledger_open", lease, opening)
+            seq, results, catalogued = self._fenced("ledger_open", lease, planted)
         except errors.OpeningFenceConflictError:
             journal.MACHINE.require("open", "opening", {"lease_held": True, "tip_unmoved": False})
             self.db.write(
@@ -203,8 +232,56 @@ class Ledger(Area):
             )
             raise
         if not catalogued:
-            self.catalog.after_append(session_id, [(seq, FENCE_KIND, b"")])
-        return LedgerWriter(self, session_id, lease, seq)
+            self.catalog.after_append(
+                session_id,
+                [(seq, FENCE_KIND, b"")]
+                + [
+                    (r.seq, e.kind, e.payload)
+                    for e, r in zip(first, results, strict=True)
+                    if not r.duplicate
+                ],
+            )
+        writer = LedgerWriter(self, session_id, lease, seq)
+        writer.opening = results
+        return writer
+
+    def persistence_paths(self) -> list[str]:
+        """The paths of this machine that hold this ledger's data (sessionstore
+        PersistencePaths), absolute: a DuckDB store's database file and its
+        write-ahead log (``<file>.wal``, listed whether or not it exists at
+        this moment), and the root directory of blobs kept in a local
+        directory (``FsspecBlobs``). A PostgreSQL server's data and an object
+        store's blobs are not paths here: not listed; an in-memory store has
+        none. A backup copies them together, with the store closed."""
+        paths: list[str] = []
+        where = getattr(self.db, "path", None)
+        if not self.db.dialect.serialized_writes or where in (None, ":memory:"):
+            where = None
+        if where is not None:
+            paths += [str(where), f"{where}.wal"]
+        if isinstance(self.blobs, FsspecBlobs) and self.blobs.local:
+            paths.append(self.blobs.root)
+        return paths
+
+    def _opening_entries(self, opening: Sequence[LedgerEntry]) -> list[LedgerEntry]:
+        """``opening`` checked as an append's entries, each payload at most the
+        offload threshold (an opening is not offloaded).
+
+        Raises:
+            InvalidInputError: as named in :meth:`open`.
+        """
+        given = check_list(opening, "opening", "LedgerEntry")
+        if len(given) > MAX_BATCH:
+            raise errors.InvalidInputError("opening", f"expected at most {MAX_BATCH} entries")
+        checked = [check_entry(e, f"opening[{i}]") for i, e in enumerate(given)]
+        for i, e in enumerate(checked):
+            if len(e.payload) > self.offload_threshold:
+                raise errors.InvalidInputError(
+                    f"opening[{i}].payload",
+                    f"an opening record is at most the offload threshold "
+                    f"({self.offload_threshold} bytes; this one is {len(e.payload)})",
+                )
+        return checked
 
     def _write_entries(
         self, writer: LedgerWriter, entries: Sequence[LedgerEntry]
@@ -212,8 +289,10 @@ class Ledger(Area):
         """The fenced append transaction of ``writer`` (``LedgerWriter.append_many``),
         after offloading each payload over the threshold (its blob first, then
         its pointer in the transaction: a failed append leaves an orphan blob,
-        which GC reclaims), then the catalog's best-effort update with the
-        records it wrote (their logical kinds and payloads, not the pointers)."""
+        which GC reclaims; a blob GC condemned is written again under its next
+        generation, ``condemn.write_offloaded``), then the catalog's
+        best-effort update with the records it wrote (their logical kinds and
+        payloads, not the pointers)."""
         for entry in entries:  # refuse the whole batch before any blob is written
             size = (
                 len(blob_ops.envelope(entry))
@@ -224,24 +303,43 @@ class Ledger(Area):
                 raise errors.DurableBodyTooLargeError(
                     0, entry.idempotency_id, size, self.max_body_bytes
                 )
-        stored = [
-            blob_ops.offload(self.blobs, self.tenant, writer.session_id, e, self.max_body_bytes)
-            if len(e.payload) > self.offload_threshold
-            else e
-            for e in entries
-        ]
-        request = LedgerAppend(
-            self.tenant, writer.session_id, writer.lease, stored, self.catalog, entries
+        sid = writer.session_id
+        made: list[LedgerAppend] = []
+
+        def append(stored: list[LedgerEntry]) -> list[AppendResult]:
+            request = LedgerAppend(self.tenant, sid, writer.lease, stored, self.catalog, entries)
+            made[:] = [request]
+            return self._append(request)
+
+        results = condemn.write_offloaded(
+            entries,
+            self.offload_threshold,
+            lambda e, gen: blob_ops.offload(
+                self.blobs, self.tenant, sid, e, self.max_body_bytes, gen
+            ),
+            append,
+            partial(self._stored_at, sid),
         )
-        results = self._append(request)
-        if not request.catalogued[0]:
+        if not (made and made[0].catalogued[0]):
             written = [
                 (r.seq, e.kind, e.payload)
                 for e, r in zip(entries, results, strict=True)
                 if not r.duplicate
             ]
-            self.catalog.after_append(writer.session_id, written)
+            self.catalog.after_append(sid, written)
         return results
+
+    def _stored_at(self, session_id: str, seq: int) -> tuple[str, bytes] | None:
+        """The ``(kind, payload)`` stored at ``seq`` of ``session_id``'s ledger (``None``: none)."""
+        row = self.db.read(
+            "ledger_record_at",
+            lambda tx: tx.one(
+                "SELECT kind, payload FROM ledger_records "
+                "WHERE tenant = ? AND session_id = ? AND seq = ?",
+                [self.tenant, session_id, seq],
+            ),
+        )
+        return None if row is None else (str(row[0]), bytes(row[1]))
 
     def _append(self, request: LedgerAppend) -> list[AppendResult]:
         """``request``'s fenced append, group-committed with the appends queued
@@ -282,9 +380,12 @@ class Ledger(Area):
         """Reclaim ``session_id``'s blobs that no pointer record of its ledger
         references (sessionstore OpenObjectGC + ObjectGC.GC), as its single
         writer: ``lease`` must be held and be the epoch of the ledger's newest
-        fence (checked before the scan and again before the deletes). Must not
-        run concurrently with appends to the session (serialize it with the
-        writer). Returns a :class:`~turnkeeper.spec.ledger.GCResult`:
+        fence (checked before the scan and again in the transaction that
+        condemns the orphans before their deletes: ``condemn.py``). A pass
+        whose lease lapses while it deletes, a writer of a newer epoch, or an
+        append of the same writer never loses an acknowledged record's blob:
+        an append refuses a pointer to a condemned blob and writes the blob
+        again under another name. Returns a :class:`~turnkeeper.spec.ledger.GCResult`:
         ``scanned == referenced + deleted``; keys of another shape under the
         prefix are ``unreclaimable`` and left alone.
 
@@ -296,7 +397,9 @@ class Ledger(Area):
                 decoded; nothing is deleted.
             GCListError: the blob prefix could not be listed; nothing is deleted.
             GCDeleteError: an orphan's delete failed (the blobs before it in
-                key order are deleted).
+                key order are deleted; the next pass deletes the rest).
+            DatabaseError: the condemned marks could not be written (nothing
+                deleted).
             InvalidInputError: a malformed id, or a lease on another target.
         """
         check_id(session_id, "session_id")

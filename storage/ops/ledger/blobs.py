@@ -186,26 +186,36 @@ def is_blob_name(name: str) -> bool:
     return bool(_DIGEST.match(name))
 
 
-def envelope(entry: LedgerEntry) -> bytes:
+def envelope(entry: LedgerEntry, gen: int = 0) -> bytes:
     """The blob of ``entry``: a magic line, a JSON line with its idempotency id
-    and kind, then its payload exactly."""
-    head = json.dumps({"id": entry.idempotency_id, "kind": entry.kind}, sort_keys=True)
-    return _MAGIC + head.encode() + b"\n" + entry.payload
+    and kind (and ``gen``, its generation, when above 0), then its payload
+    exactly. A generation is the same record's blob under another sha256 (so
+    another key), written when GC condemned the earlier one's key (``condemn.py``)."""
+    head: dict[str, object] = {"id": entry.idempotency_id, "kind": entry.kind}
+    if gen:
+        head["gen"] = gen
+    return _MAGIC + json.dumps(head, sort_keys=True).encode() + b"\n" + entry.payload
 
 
 def offload(
-    blobs: BlobStore, tenant: str, session_id: str, entry: LedgerEntry, max_bytes: int
+    blobs: BlobStore,
+    tenant: str,
+    session_id: str,
+    entry: LedgerEntry,
+    max_bytes: int,
+    gen: int = 0,
 ) -> LedgerEntry:
-    """Write ``entry``'s blob to ``blobs`` and return its pointer entry (kind
-    ``blobptr``, the same idempotency id). The pointer is a function of the
-    entry, so a redelivery makes the same pointer (and finds the original).
+    """Write ``entry``'s blob (generation ``gen``, see :func:`envelope`) to
+    ``blobs`` and return its pointer entry (kind ``blobptr``, the same
+    idempotency id). The pointer is a function of the entry and generation,
+    so a redelivery makes the same pointer (and finds the original).
 
     Raises:
         DurableBodyTooLargeError: the blob would exceed ``max_bytes`` (``seq``
             0); nothing is written.
         Exception: the blob store's failure; the pointer is not appended.
     """
-    blob = envelope(entry)
+    blob = envelope(entry, gen)
     digest = sha256(blob)
     key = blob_prefix(tenant, session_id) + digest
     if len(blob) > max_bytes:
@@ -473,7 +483,9 @@ class FsspecBlobs:
         self.root = str(fs._strip_protocol(root)).rstrip("/")
         protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
         self.max_path = _OBJECT_KEY_BYTES
-        if "file" in protocols or "local" in protocols:
+        self.local = "file" in protocols or "local" in protocols
+        """Whether the blobs are files of this machine (under ``root``)."""
+        if self.local:
             self.root = canonical_directory(given, self.root)
             self.max_path = _LOCAL_PATH_BYTES
 

@@ -18,7 +18,9 @@ from turnkeeper.spec.catalog import (
     LoopUsageMeta,
     SessionMeta,
     Usage,
+    WorkspacePointer,
 )
+from turnkeeper.spec.ledger import CheckpointSummary
 
 
 def _usage(u: Usage) -> dict[str, int]:
@@ -80,6 +82,23 @@ def to_dict(meta: SessionMeta) -> dict[str, Any]:
             }
             for h in meta.hustles
         ],
+        "last_checkpoint": None
+        if meta.last_checkpoint is None
+        else {
+            "ref": meta.last_checkpoint.ref,
+            "event_id": meta.last_checkpoint.event_id,
+            "seq": meta.last_checkpoint.seq,
+            "consistency": meta.last_checkpoint.consistency,
+            "turn_id": meta.last_checkpoint.turn_id,
+        },
+        "current_workspace": None
+        if meta.current_workspace is None
+        else {
+            "ref": meta.current_workspace.ref,
+            "event_id": meta.current_workspace.event_id,
+            "seq": meta.current_workspace.seq,
+            "source": meta.current_workspace.source,
+        },
     }
 
 
@@ -184,6 +203,31 @@ def _decode_hustle(obj: Any) -> HustleUsageAggregate:
     )
 
 
+def _decode_checkpoint(obj: Any) -> CheckpointSummary | None:
+    value = _get(obj, "last_checkpoint", (dict, type(None)))
+    if value is None:
+        return None
+    return CheckpointSummary(
+        _get(value, "ref", str),
+        _get(value, "event_id", str),
+        _count(value, "seq"),
+        _get(value, "consistency", str, ""),
+        _get(value, "turn_id", (str, type(None))),
+    )
+
+
+def _decode_workspace(obj: Any) -> WorkspacePointer | None:
+    value = _get(obj, "current_workspace", (dict, type(None)))
+    if value is None:
+        return None
+    source = _get(value, "source", str, c.SOURCE_UNKNOWN)  # absent: stored before it existed
+    if source not in c.WORKSPACE_SOURCES:
+        raise _Bad(f"'source' is not one of {sorted(c.WORKSPACE_SOURCES)}")
+    return WorkspacePointer(
+        _get(value, "ref", str), _get(value, "event_id", str), _count(value, "seq"), source
+    )
+
+
 def from_dict(obj: Any) -> SessionMeta:
     """The entry ``obj`` (a decoded JSON object) holds; raises ``_Bad``."""
     enum_fields = {
@@ -213,6 +257,8 @@ def from_dict(obj: Any) -> SessionMeta:
         last_step=_decode_summary(obj, "last_step"),
         loops=tuple(_decode_loop(x) for x in _get(obj, "loops", list, [])),
         hustles=tuple(_decode_hustle(x) for x in _get(obj, "hustles", list, [])),
+        last_checkpoint=_decode_checkpoint(obj),
+        current_workspace=_decode_workspace(obj),
     )
 
 

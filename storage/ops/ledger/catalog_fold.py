@@ -18,8 +18,11 @@ from turnkeeper.spec.catalog import (
     LoopUsageMeta,
     SessionMeta,
     Usage,
+    WorkspacePointer,
 )
+from turnkeeper.spec.ledger import WORKSPACE_CHECKPOINT_KIND, WORKSPACE_KINDS
 
+from . import workspace
 from .catalog_codec import hustle_key
 
 
@@ -254,6 +257,20 @@ def fold(
     meta = replace(meta, last_journal_seq=seq)
     if kind not in c.CATALOG_KINDS:
         return meta
+    if kind in WORKSPACE_KINDS:
+        found = workspace.decode_payload(sid, seq, kind, payload)
+        point = replace(
+            found,
+            ref=_unicode(found.ref),
+            event_id=_unicode(found.event_id),
+            consistency=_unicode(found.consistency),
+            turn_id=_unicode(found.turn_id),
+        )  # the catalog's text holds no lone surrogate (see _unicode)
+        if kind == WORKSPACE_CHECKPOINT_KIND:
+            current = WorkspacePointer(point.ref, point.event_id, seq, c.SOURCE_CHECKPOINT)
+            return replace(meta, last_checkpoint=point, current_workspace=current)
+        current = WorkspacePointer(point.ref, point.event_id, seq, c.SOURCE_RESTORE)
+        return replace(meta, current_workspace=current)
     body = payload_of(sid, seq, payload)
     if repair is not None:
         _repair_checks(repair, sid, seq, kind, body)

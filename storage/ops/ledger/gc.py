@@ -6,23 +6,29 @@ writer:
 1. the lease fence (:func:`writer_fence`, in a transaction: the lease
    machinery's ``leases.fence``, then the ledger's newest fence is the
    lease's epoch, with the tip locked); refused: ``GCLeaseNotHeldError``;
-2. the scan: every record of the ledger, verified as replay verifies it
-   (payload sha256, record digest, sequence, fences), and each pointer
-   record's checked fields give the referenced keys; a failed read, a
-   record that does not verify or an undecodable pointer is ``GCScanError``;
+2. the scan: every record of the ledger up to its tip, verified as replay
+   verifies it (payload sha256, record digest, sequence, fences), and each
+   pointer record's checked fields give the referenced keys; a failed read,
+   a record that does not verify or an undecodable pointer is ``GCScanError``;
 3. the listing of the prefix; a failure is ``GCListError``;
-4. the lease fence again, then each listed blob of the offload shape that no
-   pointer references is deleted; a failure is ``GCDeleteError``.
+4. the condemn transaction, fenced as step 1 (refused:
+   ``GCLeaseNotHeldError``, nothing deleted): the listed blobs of the offload
+   shape that no pointer references, less those named by a pointer appended
+   since the scan, are marked condemned, for good (``condemn.py``);
+5. each condemned blob is deleted (a failure is ``GCDeleteError``).
 
-Each failure deletes nothing past it (steps 1 to 3 fail before any delete).
-GC must not run concurrently with appends of the same session (a blob whose
-pointer append is in flight looks unreferenced): the caller serializes it
-with its writer, as the seed says.
+Each failure deletes nothing past it (steps 1 to 4 fail before any delete).
+The lease is not checked again during the deletes, and need not be: a
+writer never acknowledges a pointer to a condemned blob (``condemn.py``
+gives the argument), so a pass whose lease lapses mid-delete, or that runs
+beside appends, deletes only blobs no acknowledged record names.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
+from typing import Any
 
 from turnkeeper.spec import errors
 from turnkeeper.spec.ledger import BLOB_POINTER_KIND, GCResult
@@ -30,9 +36,9 @@ from turnkeeper.spec.records import Lease
 
 from ...backend import Backend, Tx
 from .. import leases
-from . import journal
+from . import condemn, journal
 from .blobs import BlobStore, blob_prefix, is_blob_name, parse_pointer
-from .replay import PAGE_ROWS, ledger_name, verified_rows
+from .replay import PAGE_ROWS, RECORD_COLUMNS, ledger_name, verified_rows
 
 
 def writer_fence(tx: Tx, tenant: str, session_id: str, lease: Lease) -> None:
@@ -47,13 +53,25 @@ def writer_fence(tx: Tx, tenant: str, session_id: str, lease: Lease) -> None:
     journal.check_epoch(session_id, lease, ledger_epoch)
 
 
-def referenced_keys(db: Backend, tenant: str, session_id: str) -> set[str]:
-    """The blob keys named by the ledger's pointer records: a scan of the
-    whole ledger, each record verified as replay verifies it
-    (``replay.verified_rows``: its payload sha256, its record digest, the
-    sequence and the fences; a pointer relabelled as another kind no longer
-    matches its digest), each pointer decoded and checked
-    (``blobs.parse_pointer``). Memory: one replay page.
+def _pointers(tx: Tx, tenant: str, session_id: str, after: int) -> list[tuple[Any, ...]]:
+    """The rows (as ``replay.verified_rows`` reads them) of the ledger's
+    pointer records past ``after``."""
+    return list(
+        tx.rows(
+            f"SELECT {RECORD_COLUMNS} FROM ledger_records "
+            "WHERE tenant = ? AND session_id = ? AND kind = ? AND seq > ? ORDER BY seq",
+            [tenant, session_id, BLOB_POINTER_KIND, after],
+        )
+    )
+
+
+def referenced_keys(db: Backend, tenant: str, session_id: str) -> tuple[int, set[str]]:
+    """The ledger's tip when the scan began, and the blob keys named by its
+    pointer records up to it: a scan of the whole ledger, each record
+    verified as replay verifies it (``replay.verified_rows``: its payload
+    sha256, its record digest, the sequence and the fences; a pointer
+    relabelled as another kind no longer matches its digest), each pointer
+    decoded and checked (``blobs.parse_pointer``). Memory: one replay page.
 
     Raises:
         GCScanError: a read failed, a record does not verify, or a pointer
@@ -61,14 +79,61 @@ def referenced_keys(db: Backend, tenant: str, session_id: str) -> set[str]:
     """
     name = ledger_name(session_id)
     keys: set[str] = set()
+    tip = 0
     try:
         for row in verified_rows(db, tenant, session_id, 1, PAGE_ROWS, lambda: None):
+            tip = int(row[0])  # the last row is the tip read when the scan began
             if str(row[1]) == BLOB_POINTER_KIND:
-                keys.add(parse_pointer(tenant, session_id, int(row[0]), bytes(row[3]))[0])
+                keys.add(parse_pointer(tenant, session_id, tip, bytes(row[3]))[0])
     except (errors.ReplayReadError, errors.ReplayDecodeError, errors.EmptySessionError) as failure:
         seq = getattr(failure, "seq", None)
         raise errors.GCScanError(name, detail=f"record {seq}" if seq else None) from failure
+    return tip, keys
+
+
+def referenced_since(tx: Tx, tenant: str, session_id: str, after: int) -> set[str]:
+    """The blob keys named by the pointers appended after sequence ``after``
+    (in the condemn transaction: those orphans are not condemned), each
+    record verified (``journal.check_record``) and decoded.
+
+    Raises:
+        GCScanError: one does not verify or does not decode.
+    """
+    keys: set[str] = set()
+    try:
+        for row in _pointers(tx, tenant, session_id, after):
+            journal.check_record(tenant, session_id, row)
+            keys.add(parse_pointer(tenant, session_id, int(row[0]), bytes(row[3]))[0])
+    except errors.ReplayDecodeError as failure:
+        raise errors.GCScanError(
+            ledger_name(session_id), detail=f"record {failure.seq}"
+        ) from failure
     return keys
+
+
+def condemn_orphans(
+    tx: Tx,
+    tenant: str,
+    session_id: str,
+    lease: Lease,
+    scanned_tip: int,
+    orphans: list[str],
+    gc_id: str,
+) -> list[str]:
+    """The condemn transaction (step 4): GC's fence, then ``orphans`` less the
+    keys of pointers appended after ``scanned_tip``, marked for pass ``gc_id``.
+    Returns the keys marked, sorted.
+
+    Raises:
+        LeaseLostError: the fence refused the lease (nothing marked).
+        GCScanError: a pointer appended since the scan fails its sha256 or
+            does not decode (nothing marked).
+    """
+    writer_fence(tx, tenant, session_id, lease)
+    since = referenced_since(tx, tenant, session_id, scanned_tip)
+    doomed = sorted(k for k in orphans if k not in since)
+    condemn.mark(tx, tenant, session_id, lease.epoch, gc_id, doomed)
+    return doomed
 
 
 def collect(
@@ -77,19 +142,20 @@ def collect(
     tenant: str,
     session_id: str,
     lease: Lease,
-    fenced: Callable[[Callable[[Tx], None]], None],
+    fenced: Callable[[Callable[[Tx], Any]], Any],
 ) -> GCResult:
     """One GC pass (see the module docstring). ``fenced(body)`` runs ``body``
-    as a fenced write (a refusal recorded in ``fence_events``)."""
+    as a fenced write (a refusal recorded in ``fence_events``) and returns
+    its result."""
 
-    def fence() -> None:
+    def fence(body: Callable[[Tx], Any]) -> Any:
         try:
-            fenced(lambda tx: writer_fence(tx, tenant, session_id, lease))
+            return fenced(body)
         except errors.LeaseLostError as lost:
             raise errors.GCLeaseNotHeldError(session_id, lease.epoch) from lost
 
-    fence()
-    live = referenced_keys(db, tenant, session_id)
+    fence(lambda tx: writer_fence(tx, tenant, session_id, lease))
+    scanned_tip, live = referenced_keys(db, tenant, session_id)
     prefix = blob_prefix(tenant, session_id)
     try:
         listed = blobs.list(prefix)
@@ -98,16 +164,19 @@ def collect(
     shaped = [k for k in listed if k.startswith(prefix) and is_blob_name(k[len(prefix) :])]
     # keys of blob_prefix's shape: no other pair's blob is under this prefix
     orphans = sorted(k for k in shaped if k not in live)
-    fence()
-    for key in orphans:
+    gc_id = uuid.uuid4().hex
+    doomed: list[str] = fence(
+        lambda tx: condemn_orphans(tx, tenant, session_id, lease, scanned_tip, orphans, gc_id)
+    )
+    for key in doomed:
         try:
             blobs.delete(key)
         except Exception as failure:  # any store failure: surfaced, typed
             raise errors.GCDeleteError(key) from failure
     return GCResult(
         scanned=len(shaped),
-        referenced=len(shaped) - len(orphans),
-        deleted=len(orphans),
-        deleted_keys=tuple(orphans),
+        referenced=len(shaped) - len(doomed),
+        deleted=len(doomed),
+        deleted_keys=tuple(doomed),
         unreclaimable=len(listed) - len(shaped),
     )

@@ -9,13 +9,15 @@ and error order (:func:`.journal.append`): its lease fence
 (:func:`.leases.fence`, the very fence of the single path, judged after its
 lease row's lock), its ledger's tip read with the row locked, then its
 ledger's epoch fence (:func:`.journal.check_epoch`), then its idempotency
-ids. A member that fails any of them gets its own error as its outcome and
-writes nothing (the writes come after every check and touch only the
-members that passed); the others are written. An unexpected failure of the
-group's transaction (a database error, a lease that lapsed before the
-COMMIT, a conflict) commits nothing: every member then runs alone, with the
-single path's retries, so its outcome is its own. Every caller is answered
-only after the COMMIT that holds its records (or after its own failure).
+ids, then its new blob pointers against GC's condemned blobs
+(:func:`.condemn.refuse_condemned`). A member that fails any of them gets
+its own error as its outcome and writes nothing (the writes come after
+every check and touch only the members that passed); the others are
+written. An unexpected failure of the group's transaction (a database
+error, a lease that lapsed before the COMMIT, a conflict) commits nothing:
+every member then runs alone, with the single path's retries, so its
+outcome is its own. Every caller is answered only after the COMMIT that
+holds its records (or after its own failure).
 
 Who groups:
 
@@ -48,7 +50,7 @@ from turnkeeper.spec.records import Lease
 from ...backend import Backend, Conflict, Tx
 from .. import leases
 from ..capabilities import session_exists
-from . import catalog_group, journal
+from . import catalog_group, condemn, journal
 from .catalog import Catalog
 from .catalog_group import CatalogUpdate
 
@@ -58,7 +60,6 @@ GROUP_MAX = 64
 COMMIT_DELAY_S = 0.001
 """Longest a :class:`Batcher` leader waits (seconds) for as many calls as its
 previous group ran (see :meth:`Batcher._gather`)."""
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +213,9 @@ def _round(tx: Tx, requests: list[LedgerAppend]) -> list[Any]:
     if not writing:
         return out
     known = _known(tx, requests, writing)
+    marked = condemn.condemned(
+        tx, condemn.new_pointer_keys([(0, e) for i in writing for e in requests[i].entries])
+    )
     rows: list[tuple[Any, ...]] = []
     moves: list[tuple[str, str, int, int, int]] = []
     for i in writing:
@@ -221,8 +225,13 @@ def _round(tx: Tx, requests: list[LedgerAppend]) -> list[Any]:
             results, new = journal.sequence(
                 r.session_id, tip, r.entries, known.get((r.tenant, r.session_id), {})
             )
-        except (errors.LedgerIdempotencyConflictError, errors.LedgerTipDamagedError) as conflict:
-            out[i] = conflict
+            condemn.refuse_condemned(r.session_id, new, marked)
+        except (
+            errors.LedgerIdempotencyConflictError,
+            errors.LedgerTipDamagedError,
+            errors.BlobCondemnedError,
+        ) as refused:
+            out[i] = refused
             continue
         out[i] = results
         for seq, e in new:

@@ -7,8 +7,10 @@ the lease fence, the tip's locked read, the look for a record past the tip,
 the fence record and the tip's compare-and-set; an append of n records is
 the lease fence, the tip's locked read, one read of the ids already in the
 ledger and of a record past the tip, one multi-row insert and the tip's
-compare-and-set, whatever n is; the transaction then updates the session's
-catalog entry (a read and a compare-and-set: ``catalog_group``).
+compare-and-set, whatever n is, plus one read of GC's condemned blobs when
+it writes blob pointers (``condemn.check_append``); the transaction then
+updates the session's catalog entry (a read and a compare-and-set:
+``catalog_group``).
 
 A record past the tip is damage (the tip row lowered or lost from outside):
 the tip's row lock orders every writer, so no concurrent writer can have
@@ -38,6 +40,7 @@ from turnkeeper.spec.records import Lease
 from ...backend import Conflict, Tx
 from .. import leases
 from ..capabilities import session_exists
+from . import condemn
 
 MACHINE = machine_for(LEDGER_WRITER)
 
@@ -239,6 +242,8 @@ def append(
     Raises:
         LeaseLostError: a fence refused the writer (edge ``overtaken``).
         LedgerIdempotencyConflictError: an id already names other content.
+        BlobCondemnedError: a new pointer names a blob GC condemned
+            (``condemn.check_append``).
         SessionNotFoundError: the ledger is gone with its session (deleted).
     """
     now = leases.fence(tx, lease)
@@ -260,6 +265,7 @@ def append(
         )
     }
     results, new = sequence(session_id, tip, entries, known)
+    condemn.check_append(tx, session_id, new)
     if new:
         _insert(tx, tenant, session_id, lease.epoch, now, new)
         _move_tip(tx, tenant, session_id, tip, new[-1][0], ledger_epoch)

@@ -48,7 +48,10 @@ from .journal import check_record, read_tip
 PAGE_ROWS = 256
 """Records per page of a replay (its memory bound, with the largest payload)."""
 
-_COLS = "seq, kind, idempotency_id, payload, payload_sha256, epoch, written_at, record_sha256"
+RECORD_COLUMNS = (
+    "seq, kind, idempotency_id, payload, payload_sha256, epoch, written_at, record_sha256"
+)
+"""The columns a verified read of ``ledger_records`` takes, in ``verify``'s order."""
 
 
 def ledger_name(session_id: str) -> str:
@@ -69,7 +72,7 @@ def _page(
 ) -> list[tuple[Any, ...]]:
     """At most ``page_rows`` records from ``start`` up to ``tip``, in sequence order."""
     return tx.rows(
-        f"SELECT {_COLS} FROM ledger_records WHERE tenant = ? AND session_id = ? "
+        f"SELECT {RECORD_COLUMNS} FROM ledger_records WHERE tenant = ? AND session_id = ? "
         "AND seq >= ? AND seq <= ? ORDER BY seq LIMIT ?",
         [tenant, session_id, start, tip, page_rows],
     )
@@ -162,7 +165,7 @@ def verified_rows(
             session_id,
             from_seq,
             lambda tx: tx.one(
-                f"SELECT {_COLS} FROM ledger_records WHERE tenant = ? AND session_id = ? "
+                f"SELECT {RECORD_COLUMNS} FROM ledger_records WHERE tenant = ? AND session_id = ? "
                 "AND kind = ? AND seq < ? ORDER BY seq DESC LIMIT 1",
                 [tenant, session_id, FENCE_KIND, from_seq],
             ),

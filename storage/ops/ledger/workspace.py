@@ -54,7 +54,17 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def decode(session_id: str, record: LedgerRecord) -> CheckpointSummary:
-    """The checkpoint (or restore) ``record`` carries.
+    """The checkpoint (or restore) ``record`` carries (:func:`decode_payload`).
+
+    Raises:
+        ReplayDecodeError: as :func:`decode_payload`.
+    """
+    return decode_payload(session_id, record.seq, record.kind, record.payload)
+
+
+def decode_payload(session_id: str, seq: int, kind: str, payload: bytes) -> CheckpointSummary:
+    """The checkpoint (or restore) a ``kind`` record at ``seq`` carries in
+    ``payload``.
 
     Raises:
         ReplayDecodeError: the payload is not a JSON object with a non-empty
@@ -62,7 +72,7 @@ def decode(session_id: str, record: LedgerRecord) -> CheckpointSummary:
             ``consistency``, when present, text), or a member is duplicated.
     """
     try:
-        body: Any = json.loads(record.payload.decode(), object_pairs_hook=_no_duplicates)
+        body: Any = json.loads(payload.decode(), object_pairs_hook=_no_duplicates)
         if not isinstance(body, dict):
             raise ValueError("not a JSON object")
         ref, event_id = body["ref"], body["event_id"]
@@ -73,9 +83,9 @@ def decode(session_id: str, record: LedgerRecord) -> CheckpointSummary:
             raise ValueError("turn_id or consistency not text")
     except (ValueError, KeyError, UnicodeDecodeError) as failure:
         raise errors.ReplayDecodeError(
-            session_id, record.seq, detail=f"its {record.kind} payload does not decode"
+            session_id, seq, detail=f"its {kind} payload does not decode"
         ) from failure
-    return CheckpointSummary(ref, event_id, record.seq, consistency, turn_id)
+    return CheckpointSummary(ref, event_id, seq, consistency, turn_id)
 
 
 def _marks(replay: Replay, session_id: str, upto: int | None = None) -> Iterator[_Mark]:

@@ -72,7 +72,8 @@ class LedgerWriter:
     ``open``, ``fenced`` or ``closed`` (:data:`~turnkeeper.spec.ledger.LEDGER_WRITER`).
 
     ``session_id``, ``lease`` and ``epoch`` (the lease's) identify it;
-    ``fence_seq`` is the sequence of its fence record."""
+    ``fence_seq`` is the sequence of its fence record, ``opening`` the
+    results of the entries its open appended with it."""
 
     def __init__(self, ledger: Ledger, session_id: str, lease: Lease, fence_seq: int) -> None:
         self._ledger = ledger
@@ -80,6 +81,8 @@ class LedgerWriter:
         self.lease = lease
         self.epoch = lease.epoch
         self.fence_seq = fence_seq
+        self.opening: list[AppendResult] = []
+        """The results of the entries appended with the opening fence."""
         self.state = "open"
         self._lock = threading.Lock()
 

@@ -1,0 +1,223 @@
+"""GC's condemned blobs: the fence between ledger GC's deletes and a writer's
+blob pointers (attack finding F6 on issue 19; sessionstore ObjectGC's
+lease guard, made to hold for the whole pass).
+
+A blob store's delete cannot join a database transaction (an object store
+least of all), and it can land long after GC's lease was checked: a slow
+store, a paused process, a request still in flight after a timeout. A lease
+check before each delete narrows that window but cannot close it. So GC
+never deletes a blob it has not first *condemned* in the database, and no
+pointer to a condemned blob is ever appended:
+
+1. GC scans its ledger's pointers (noting the tip it scanned to) and lists
+   the session's blobs (``gc.py``);
+2. the *condemn* transaction, fenced by GC's lease (``gc.writer_fence``:
+   ``leases.fence``, then the ledger's newest fence is the lease's epoch,
+   read with the tip's row locked), drops from the orphans every key named
+   by a pointer appended since the scan, marks the rest in
+   ``ledger_blob_condemned`` and rewrites the tip row (:func:`mark`);
+3. GC deletes the marked blobs;
+4. an append's transaction, after its own fences (the tip's row locked),
+   refuses a new pointer whose key is marked (:func:`refuse_condemned`:
+   ``BlobCondemnedError``, nothing written); the writer then writes the
+   record's blob again as its next *generation* (the same envelope with
+   ``gen`` in its head, so another sha256 and key) and appends again
+   (:func:`write_offloaded`).
+
+A mark is permanent (a tombstone; a session delete removes its session's).
+Clearing it after the delete returned would reopen the hole: a writer whose
+put of the key ran before GC's delete and whose append runs after the clear
+would point at the deleted body, and how long a writer sits between its put
+and its append is unbounded. A condemned key is an orphan's, so a mark costs
+one row per blob GC reclaimed.
+
+Why no interleaving of GC and a writer (of any epoch, GC's own included)
+ends with an acknowledged pointer whose blob is gone, on
+:class:`~.blobs.DatabaseBlobs` and :class:`~.blobs.FsspecBlobs` alike:
+
+- GC deletes only keys marked by a committed condemn transaction (step 3
+  follows step 2's commit).
+- The condemn transaction and every append transaction that writes records
+  serialize: DuckDB runs writes one at a time; on PostgreSQL (``REPEATABLE
+  READ``) both write the session's lease row (``leases.fence``:
+  ``fenced_writes + 1``) and both lock and write the ledger's tip row (the
+  append's compare-and-set, the condemn's rewrite), so the later one waits,
+  fails with a serialization conflict and runs again on a snapshot holding
+  the earlier one's commit. So of a condemn of key K and an append of a
+  pointer to K, one sees the other:
+
+  - the append committed first: K is not condemned, because the pointer was
+    there at the scan (K is live, not an orphan) or was appended since (the
+    condemn transaction reads it and leaves K alone); and if that append was
+    by a newer epoch, its writer planted its fence before it, so GC's fence
+    refuses the whole pass (``GCLeaseNotHeldError``; nothing marked,
+    nothing deleted);
+  - the condemn committed first: the append sees the mark and is refused,
+    as is every later one (the mark is permanent).
+
+  So no pointer ever names a condemned key, and GC never deletes a key a
+  pointer names.
+- A pointer's writer put its blob before appending the pointer, and blob
+  content never changes under a key (content-addressed; a put of an existing
+  key writes the same bytes or nothing), so the body an acknowledged pointer
+  names is there, with its sha256, until its session is deleted.
+
+A pass that fails or is cancelled mid-delete leaves its marks: the next pass
+lists the blobs still there and deletes them.
+
+Idempotency across generations: a redelivery whose pointer differs from the
+stored one only by the generation is the same record. An append refused with
+``LedgerIdempotencyConflictError`` for an offloaded entry is checked against
+the stored pointer (:func:`generation_of`): when it names the same envelope
+at another generation, the writer appends that generation's pointer again
+and gets the original's sequence (``duplicate=True``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from turnkeeper.spec import errors
+from turnkeeper.spec.ledger import BLOB_POINTER_KIND, AppendResult, LedgerEntry
+
+from ...backend import STORE_NOW, Tx
+from . import blobs as blob_ops
+from . import journal
+
+MAX_GENERATIONS = 16
+"""The most generations of one record's blob a writer tries (each one
+condemned by a GC pass) before it raises ``BlobCondemnedError``."""
+
+TABLE = "ledger_blob_condemned"
+
+
+def pointer_key(payload: bytes) -> str:
+    """The blob key a pointer payload made by ``blobs.offload`` names."""
+    key: Any = json.loads(payload.decode())["key"]
+    return str(key)
+
+
+def condemned(tx: Tx, keys: Sequence[str]) -> set[str]:
+    """Which of ``keys`` a GC pass has marked (read in the caller's transaction)."""
+    if not keys:
+        return set()
+    rows = tx.rows(
+        f"SELECT DISTINCT key FROM {TABLE} WHERE key = ANY(?::VARCHAR[])", [sorted(set(keys))]
+    )
+    return {str(r[0]) for r in rows}
+
+
+def new_pointer_keys(new: Sequence[tuple[int, LedgerEntry]]) -> list[str]:
+    """The blob keys of the pointer records among ``new`` (``(seq, entry)``)."""
+    return [pointer_key(e.payload) for _, e in new if e.kind == BLOB_POINTER_KIND]
+
+
+def refuse_condemned(
+    session_id: str, new: Sequence[tuple[int, LedgerEntry]], marked: set[str]
+) -> None:
+    """The writer's half of the fence: no new pointer names a marked key.
+
+    Raises:
+        BlobCondemnedError: the first new pointer naming one (nothing is written).
+    """
+    for key in new_pointer_keys(new):
+        if key in marked:
+            raise errors.BlobCondemnedError(session_id, key)
+
+
+def check_append(tx: Tx, session_id: str, new: Sequence[tuple[int, LedgerEntry]]) -> None:
+    """:func:`refuse_condemned` of one append's new records, in its transaction
+    (after its fences, the tip's row locked)."""
+    refuse_condemned(session_id, new, condemned(tx, new_pointer_keys(new)))
+
+
+def mark(tx: Tx, tenant: str, session_id: str, epoch: int, gc_id: str, keys: Sequence[str]) -> None:
+    """GC's half, in its fenced condemn transaction: mark ``keys`` condemned
+    (pass ``gc_id`` under ``epoch``; a key already marked keeps its mark) and
+    rewrite the ledger's tip row (unchanged), so that on PostgreSQL an append
+    that locks or moves the tip concurrently conflicts with this transaction,
+    whatever lease row it wrote (see the module docstring)."""
+    tx.exec(
+        "UPDATE ledger_tips SET seq = seq WHERE tenant = ? AND session_id = ?",
+        [tenant, session_id],
+    )
+    if keys:
+        tx.exec(
+            f"INSERT INTO {TABLE} (key, gc_id, tenant, session_id, epoch, condemned_at) "
+            f"SELECT unnest(?::VARCHAR[]), ?, ?, ?, ?, {STORE_NOW} "
+            "ON CONFLICT (key) DO NOTHING",
+            [list(keys), gc_id, tenant, session_id, epoch, tx.now],
+        )
+
+
+def generation_of(entry: LedgerEntry, kind: str, payload: bytes) -> int | None:
+    """The generation at which the stored record (``kind``, ``payload``) is the
+    pointer of ``entry``'s blob; ``None`` when it is not one."""
+    if kind != BLOB_POINTER_KIND:
+        return None
+    try:
+        want: Any = json.loads(payload.decode())["sha256"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return None
+    for gen in range(MAX_GENERATIONS):
+        if journal.sha256(blob_ops.envelope(entry, gen)) == want:
+            return gen
+    return None
+
+
+def write_offloaded(
+    entries: Sequence[LedgerEntry],
+    threshold: int,
+    offload: Callable[[LedgerEntry, int], LedgerEntry],
+    append: Callable[[list[LedgerEntry]], list[AppendResult]],
+    stored_at: Callable[[int], tuple[str, bytes] | None],
+) -> list[AppendResult]:
+    """Append ``entries`` through ``append`` (one fenced transaction), each
+    payload longer than ``threshold`` bytes first offloaded by
+    ``offload(entry, generation)``; on ``BlobCondemnedError`` the condemned
+    blob's entry moves to its next generation, on
+    ``LedgerIdempotencyConflictError`` an offloaded entry takes the generation
+    of the stored pointer (``stored_at(seq)``: its ``(kind, payload)``) when
+    that is its own blob (see the module docstring), and the append runs
+    again.
+
+    Raises:
+        BlobCondemnedError: an entry's :data:`MAX_GENERATIONS` generations are
+            all condemned.
+        LedgerIdempotencyConflictError: the stored record is other content.
+        whatever ``offload`` and ``append`` raise.
+    """
+    gens = [0] * len(entries)
+    made: dict[tuple[int, int], LedgerEntry] = {}
+
+    def stored(i: int) -> LedgerEntry:
+        entry = entries[i]
+        if len(entry.payload) <= threshold:
+            return entry
+        if (i, gens[i]) not in made:
+            made[(i, gens[i])] = offload(entry, gens[i])
+        return made[(i, gens[i])]
+
+    while True:
+        batch = [stored(i) for i in range(len(entries))]
+        try:
+            return append(batch)
+        except errors.BlobCondemnedError as refused:
+            hit = [i for i, e in enumerate(batch) if e.kind == BLOB_POINTER_KIND
+                   and pointer_key(e.payload) == refused.key]  # fmt: skip
+            if not hit or gens[hit[0]] + 1 >= MAX_GENERATIONS:
+                raise
+            gens[hit[0]] += 1
+        except errors.LedgerIdempotencyConflictError as conflict:
+            moved = False
+            for i, e in enumerate(entries):
+                if e.idempotency_id != conflict.idempotency_id or len(e.payload) <= threshold:
+                    continue
+                found = stored_at(conflict.seq)
+                gen = None if found is None else generation_of(e, *found)
+                if gen is not None and gen != gens[i]:
+                    gens[i], moved = gen, True
+            if not moved:
+                raise
