@@ -413,7 +413,7 @@ def reseal(
     record digest recomputed (a forger who knows the format; tests use it to
     reach the checks past the record's own, such as a blob pointer's or the
     epoch fence)."""
-    from turnkeeper.storage.ops.ledger import journal
+    from turnkeeper.storage.ops.ledger import records
 
     where = "WHERE tenant = ? AND session_id = ? AND seq = ?"
     kind, rid, old_epoch, old_payload = store.db.read(
@@ -425,8 +425,8 @@ def reseal(
     )
     body = bytes(old_payload) if payload is None else payload
     stamp = old_epoch if epoch is None else epoch
-    digest = journal.sha256(body)
-    sealed = journal.record_digest(tenant, session_id, seq, kind, rid, stamp, digest)
+    digest = records.sha256(body)
+    sealed = records.record_digest(tenant, session_id, seq, kind, rid, stamp, digest)
     forge(
         store,
         "UPDATE ledger_records SET payload = ?, payload_sha256 = ?, epoch = ?, "

@@ -52,7 +52,7 @@ from turnkeeper import (
     ReplayReadError,
 )
 from turnkeeper.storage.ops.ledger import blobs as blob_ops
-from turnkeeper.storage.ops.ledger import journal
+from turnkeeper.storage.ops.ledger import journal, records
 
 TTL = 20.0
 IDS = ("a", "b", "c", "d", "e")
@@ -290,7 +290,7 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
                 raise AssertionError("the killed append was acknowledged")
             finally:
                 journal.append = real  # type: ignore[assignment]
-            orphan = PREFIX + journal.sha256(blob_ops.envelope(LedgerEntry("turn", payload, key)))
+            orphan = PREFIX + records.sha256(blob_ops.envelope(LedgerEntry("turn", payload, key)))
             assert orphan in self.ledger.blobs.list(PREFIX)
 
         @rule(handle=writers)

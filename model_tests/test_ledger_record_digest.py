@@ -1,6 +1,6 @@
 """A ledger record's stored digest binds everything replay yields or acts on
 (attack on issue 19, F7): its tenant, session id, sequence, kind, idempotency
-id, epoch and payload (``record_sha256``, see ``storage/ops/ledger/journal.py``
+id, epoch and payload (``record_sha256``, see ``storage/ops/ledger/records.py``
 ``record_digest``). Before it, replay checked only the payload against its
 sha256, the sequence and the epoch: a blob pointer relabelled as a ``note``
 replayed as the pointer's JSON, ``ledger verify`` said ok and GC then deleted
@@ -315,9 +315,9 @@ def _swap_23(store: Any) -> None:
     ],
 )
 def test_control_without_the_record_digest_check_the_damage_replays(store, damage, monkeypatch):
-    from turnkeeper.storage.ops.ledger import journal
+    from turnkeeper.storage.ops.ledger import records
 
-    monkeypatch.setattr(journal, "record_sealed", lambda *a: True)
+    monkeypatch.setattr(records, "record_sealed", lambda *a: True)
     ledger = world(store)
     DAMAGES[damage][1](store)
     assert len(list(ledger.replay(S))) == 6
@@ -328,9 +328,9 @@ def test_control_without_the_record_digest_check_the_damage_replays(store, damag
 
 
 def test_control_without_the_record_digest_check_the_command_log_reads_a_swap(store, monkeypatch):
-    from turnkeeper.storage.ops.ledger import journal
+    from turnkeeper.storage.ops.ledger import records
 
-    monkeypatch.setattr(journal, "record_sealed", lambda *a: True)
+    monkeypatch.setattr(records, "record_sealed", lambda *a: True)
     ledger = _commands(store)
     _swap_23(store)
     assert ledger.read_command_application_at(S, 2).command_id == "cmd-2"

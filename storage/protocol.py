@@ -68,7 +68,13 @@ from typing import Any, Protocol, Self, TypeVar
 
 from turnkeeper.spec.delivery import DeliveryIntent, DeliveryOperation, DeliveryPlan
 from turnkeeper.spec.fork import Fork
-from turnkeeper.spec.ledger import CheckpointSummary, CommandApplication, GCResult, LedgerRecord
+from turnkeeper.spec.ledger import (
+    CheckpointSummary,
+    CommandApplication,
+    GCResult,
+    LedgerEntry,
+    LedgerRecord,
+)
 from turnkeeper.spec.records import (
     ANY_LEAF,
     Binding,
@@ -581,7 +587,7 @@ class LedgerAPI(Protocol):
     """``store.ledger``: a session's fenced journal (sessionstore OpenJournal,
     OpenInternalRecordReplayer, OpenRuntimeCommandLog, ReadCommandApplicationAt,
     WithTenant, WithOffloadThreshold, OpenObjectGC, WorkspaceCheckpointBySeq,
-    WorkspaceCheckpointByTurn, WorkspaceLiveRefs); see ``storage/ops/ledger``."""
+    WorkspaceCheckpointByTurn, WorkspaceLiveRefs, PersistencePaths); see ``storage/ops/ledger``."""
 
     tenant: str
     blobs: BlobStore
@@ -597,7 +603,9 @@ class LedgerAPI(Protocol):
         max_body_bytes: int = ...,
     ) -> LedgerAPI: ...
     def gc(self, session_id: str, lease: Lease | None) -> GCResult: ...
-    def open(self, session_id: str, lease: Lease | None) -> LedgerWriter: ...
+    def open(
+        self, session_id: str, lease: Lease | None, *, opening: Sequence[LedgerEntry] = ...
+    ) -> LedgerWriter: ...
     def tip(self, session_id: str) -> int: ...
     def replay(
         self, session_id: str, from_seq: int = 1, *, page_rows: int = ...
@@ -612,6 +620,7 @@ class LedgerAPI(Protocol):
     ) -> CheckpointSummary | None: ...
     def workspace_live_refs(self, session_ids: Sequence[str] | None = None) -> frozenset[str]: ...
     def sweep_deleted(self, session_ids: Sequence[str] | None = None) -> GCResult: ...
+    def persistence_paths(self) -> list[str]: ...
 
 
 class ArchivesAPI(Protocol):

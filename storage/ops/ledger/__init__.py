@@ -51,7 +51,7 @@ from ...validate import check_int, check_list, check_session_lease
 from .. import leases
 from ..base import Area, Shared
 from . import blobs as blob_ops
-from . import catalog_group, condemn, journal
+from . import catalog_group, condemn, journal, records
 from . import gc as gc_ops
 from . import group as group_ops
 from . import sweep as sweep_ops
@@ -439,7 +439,7 @@ class Ledger(Area):
         whatever the ledger's length (measured by ``make bench``). Each record is
         verified before it is yielded: its payload against its sha256, the
         record against its record digest (tenant, session, sequence, kind,
-        idempotency id, epoch and payload: ``journal.record_digest``), its
+        idempotency id, epoch and payload: ``records.record_digest``), its
         sequence against the one expected, its epoch against its fence's, a
         blob pointer's fields and its blob.
 
@@ -515,7 +515,7 @@ class Ledger(Area):
                 session_id, at, detail="the ledger holds no record at this sequence"
             )
         try:
-            journal.check_record(self.tenant, session_id, row)
+            records.check_record(self.tenant, session_id, row)
         except errors.ReplayDecodeError as cause:
             raise errors.CommandApplicationNotFoundError(
                 session_id, at, detail="the record does not verify"

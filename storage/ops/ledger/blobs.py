@@ -39,7 +39,7 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.ledger import BLOB_POINTER_KIND, LedgerEntry
 
 from ...backend import STORE_NOW, Backend, Tx
-from .journal import envelope_error, sha256
+from .records import envelope_error, sha256
 
 DEFAULT_OFFLOAD_THRESHOLD = 256 * 1024
 """Payloads longer than this many bytes are offloaded (sessionstore OffloadThreshold)."""

@@ -84,7 +84,7 @@ from turnkeeper.spec.ledger import BLOB_POINTER_KIND, AppendResult, LedgerEntry
 
 from ...backend import STORE_NOW, Tx
 from . import blobs as blob_ops
-from . import journal
+from . import records
 
 MAX_GENERATIONS = 16
 """The most generations of one record's blob a writer tries (each one
@@ -162,7 +162,7 @@ def generation_of(entry: LedgerEntry, kind: str, payload: bytes) -> int | None:
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         return None
     for gen in range(MAX_GENERATIONS):
-        if journal.sha256(blob_ops.envelope(entry, gen)) == want:
+        if records.sha256(blob_ops.envelope(entry, gen)) == want:
             return gen
     return None
 

@@ -36,7 +36,7 @@ from turnkeeper.spec.records import Lease
 
 from ...backend import Backend, Tx
 from .. import leases
-from . import condemn, journal
+from . import condemn, journal, records
 from .blobs import BlobStore, blob_prefix, is_blob_name, parse_pointer
 from .replay import PAGE_ROWS, RECORD_COLUMNS, ledger_name, verified_rows
 
@@ -94,7 +94,7 @@ def referenced_keys(db: Backend, tenant: str, session_id: str) -> tuple[int, set
 def referenced_since(tx: Tx, tenant: str, session_id: str, after: int) -> set[str]:
     """The blob keys named by the pointers appended after sequence ``after``
     (in the condemn transaction: those orphans are not condemned), each
-    record verified (``journal.check_record``) and decoded.
+    record verified (``records.check_record``) and decoded.
 
     Raises:
         GCScanError: one does not verify or does not decode.
@@ -102,7 +102,7 @@ def referenced_since(tx: Tx, tenant: str, session_id: str, after: int) -> set[st
     keys: set[str] = set()
     try:
         for row in _pointers(tx, tenant, session_id, after):
-            journal.check_record(tenant, session_id, row)
+            records.check_record(tenant, session_id, row)
             keys.add(parse_pointer(tenant, session_id, int(row[0]), bytes(row[3]))[0])
     except errors.ReplayDecodeError as failure:
         raise errors.GCScanError(

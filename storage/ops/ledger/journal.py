@@ -27,10 +27,7 @@ refused all the same.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from collections.abc import Sequence
-from typing import Any
 
 from turnkeeper.machines import machine_for
 from turnkeeper.spec import errors
@@ -41,6 +38,7 @@ from ...backend import Conflict, Tx
 from .. import leases
 from ..capabilities import session_exists
 from . import condemn
+from .records import record_digest, sha256
 
 MACHINE = machine_for(LEDGER_WRITER)
 
@@ -59,93 +57,6 @@ COLUMNS = (
     "record_sha256",
 )
 """``ledger_records``'s columns, in table order (the inserts')."""
-
-
-def sha256(payload: bytes) -> str:
-    """The hex sha256 of ``payload``: what a record stores and replay checks."""
-    return hashlib.sha256(payload).hexdigest()
-
-
-RECORD_DIGEST_MAGIC = "turnkeeper-ledger-record/1"
-"""The first line of a record digest's canonical text (its format's version)."""
-
-
-def record_digest(
-    tenant: str,
-    session_id: str,
-    seq: int,
-    kind: str,
-    idempotency_id: str,
-    epoch: int,
-    payload_sha256: str,
-) -> str:
-    """A record's digest (``ledger_records.record_sha256``, hex): the sha256 of
-    the UTF-8 text of eight lines joined by ``\\n`` (no final newline):
-    :data:`RECORD_DIGEST_MAGIC`, the sha256 hex of ``tenant``, of
-    ``session_id``, ``seq`` in decimal, the sha256 hex of ``kind``, of
-    ``idempotency_id``, ``epoch`` in decimal, and the payload's sha256 hex as
-    stored (``payload_sha256``). Each text field is hashed so that no value can
-    run into the next (every line is fixed-width hex or a plain decimal); the
-    schema migration 25 computes the same digest in SQL for the records written
-    before it. It binds everything replay yields or acts on except
-    ``written_at`` (informational): a record changed, moved to another
-    sequence, session or tenant, or relabelled no longer matches it."""
-    lines = (
-        RECORD_DIGEST_MAGIC, sha256(tenant.encode()), sha256(session_id.encode()), str(seq),
-        sha256(kind.encode()), sha256(idempotency_id.encode()), str(epoch), payload_sha256,
-    )  # fmt: skip
-    return sha256("\n".join(lines).encode())
-
-
-def record_sealed(
-    stored: object,
-    tenant: str,
-    session_id: str,
-    seq: int,
-    kind: str,
-    idempotency_id: str,
-    epoch: int,
-    payload_sha256: str,
-) -> bool:
-    """Replay's record fence: ``stored`` (the row's ``record_sha256``) is the
-    digest of the record as read, for the ledger (tenant, session) it was
-    read for (:func:`record_digest`). Every reader of the ledger checks it."""
-    want = record_digest(tenant, session_id, seq, kind, idempotency_id, epoch, payload_sha256)
-    return isinstance(stored, str) and hmac.compare_digest(want, stored)
-
-
-def check_record(tenant: str, session_id: str, row: tuple[Any, ...]) -> None:
-    """Check a record read as ``(seq, kind, idempotency id, payload,
-    payload_sha256, epoch, written_at, record_sha256)`` for ``tenant``'s
-    ``session_id``: its payload against its sha256, then the record against
-    its digest (:func:`record_sealed`).
-
-    Raises:
-        ReplayDecodeError: either does not match (``seq`` the row's).
-    """
-    seq, kind, rid, payload, digest, epoch, _, sealed = row[:8]
-    if not (isinstance(digest, str) and hmac.compare_digest(sha256(bytes(payload)), digest)):
-        raise errors.ReplayDecodeError(
-            session_id, int(seq), detail="its payload does not hash to its stored sha256"
-        )
-    if not record_sealed(
-        sealed, tenant, session_id, int(seq), str(kind), str(rid), int(epoch), digest
-    ):
-        raise errors.ReplayDecodeError(
-            session_id,
-            int(seq),
-            detail="it does not match its record digest (its tenant, session, sequence, "
-            "kind, idempotency id, epoch or payload was changed, or it was copied)",
-        )
-
-
-def envelope_error(reason: str, failure: BaseException) -> errors.EnvelopeError:
-    """An ``EnvelopeError`` for ``reason`` whose ``__cause__`` is the decoder's
-    ``failure``: raised as the cause of the caller's own error (replay's
-    ``ReplayDecodeError``, the command log's ``CommandApplicationNotFoundError``)."""
-    error = errors.EnvelopeError(reason, detail=str(failure))
-    error.__cause__ = failure
-    return error
 
 
 def read_tip(tx: Tx, tenant: str, session_id: str, *, lock: bool = False) -> tuple[int, int]:

@@ -16,7 +16,7 @@ typed, with the sequence:
   its tip);
 - ``ReplayDecodeError``: a record's payload does not hash to its stored
   sha256 (flipped or truncated bytes), the record does not match its record
-  digest (``journal.record_digest``: its tenant, session, sequence, kind,
+  digest (``records.record_digest``: its tenant, session, sequence, kind,
   idempotency id, epoch or payload changed, or the row copied from elsewhere),
   a fence's epoch is below an earlier fence's, or a record is stamped with
   another epoch than the fence before it (a stale writer's record); or a blob
@@ -43,7 +43,8 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.ledger import BLOB_POINTER_KIND, FENCE_KIND, LedgerRecord
 
 from ...backend import Backend, Tx, utc
-from .journal import check_record, read_tip
+from .journal import read_tip
+from .records import check_record
 
 PAGE_ROWS = 256
 """Records per page of a replay (its memory bound, with the largest payload)."""
@@ -94,7 +95,7 @@ def verify(
 
     Raises:
         ReplayDecodeError: its payload does not hash to its sha256, it does not
-            match its record digest (``journal.check_record``), a fence below an
+            match its record digest (``records.check_record``), a fence below an
             earlier fence's epoch, or another epoch than its fence's.
     """
     check_record(tenant, session_id, row)

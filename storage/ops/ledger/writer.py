@@ -23,7 +23,7 @@ from turnkeeper.spec.records import Lease
 
 from ...codec import check_id, to_json
 from ...validate import check_list
-from . import catalog_fold, journal
+from . import catalog_fold, journal, records
 
 if TYPE_CHECKING:
     from . import Ledger
@@ -201,7 +201,7 @@ def decode_application(session_id: str, seq: int, kind: str, payload: bytes) -> 
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as failure:
         raise errors.CommandApplicationNotFoundError(
             session_id, seq, detail="the record does not decode"
-        ) from journal.envelope_error("a command application's body is not its JSON", failure)
+        ) from records.envelope_error("a command application's body is not its JSON", failure)
     return CommandApplication(command_id, applied)
 
 
