@@ -541,6 +541,71 @@ def test_a_lowered_or_lost_tip_is_a_read_error_not_a_shorter_replay(store, monke
     assert err.value.seq == 1
 
 
+def test_a_lost_tail_with_its_tip_lowered_is_a_read_error_the_catalog_exposes(store, monkeypatch):
+    """Failed before (attack round 2, F12): records past 4 deleted and the tip
+    lowered with them (an older copy of the ledger's tables restored) replayed
+    as a whole ledger of 4 records, though the catalog entry, updated in each
+    append's transaction, had folded 7. Replay (and so verify, GC's scan and
+    repair) now fails closed at the tip + 1; the control patches the fence
+    out and the short ledger replays again."""
+    w = _writer(store)
+    w.append("session_started", b'{"created_at":"2026-01-01T00:00:00+00:00"}', "st")
+    w.append_many([LedgerEntry("note", b"n", f"n{i}") for i in range(5)])  # tip 7
+    assert store.ledger.catalog.read_meta("s").last_journal_seq == 7
+    forge(store, "DELETE FROM ledger_records WHERE session_id = 's' AND seq > 4", rows=3)
+    forge(store, "UPDATE ledger_tips SET seq = 4 WHERE session_id = 's'", rows=1)
+    for start in (1, 5):
+        with pytest.raises(ReplayReadError) as err:
+            list(store.ledger.replay("s", start))
+        assert (err.value.seq, "folded records up to 7" in str(err.value)) == (5, True)
+    with pytest.raises(ReplayReadError):
+        store.ledger.catalog.repair("s")
+    replay_mod = importlib.import_module("turnkeeper.storage.ops.ledger.replay")
+    with monkeypatch.context() as m:  # the control: without the tip fence
+        m.setattr(replay_mod, "tip_covers", lambda tip, last: True)
+        assert [r.seq for r in store.ledger.replay("s")] == [1, 2, 3, 4]
+
+
+def test_a_malformed_catalog_entry_does_not_stop_a_replay(store):
+    """The lost-tail fence reads the catalog entry's cursor; an entry that
+    does not decode is the catalog's damage (its reads report it), not the
+    ledger's: the ledger still replays whole."""
+    w = _writer(store)
+    w.append("session_started", b'{"created_at":"2026-01-01T00:00:00+00:00"}', "st")
+    for bad in ("not json", "[]", '{"last_journal_seq": -3}', "[" * 100_000):
+        forge(store, "UPDATE ledger_catalog SET meta = ? WHERE session_id = 's'", [bad], rows=1)
+        assert [r.seq for r in store.ledger.replay("s")] == [1, 2]
+
+
+def test_an_append_committed_while_replay_starts_is_not_taken_for_a_damaged_tip(store, monkeypatch):
+    """Failed before (attack round 2, F1): replay read the tip and its last
+    record's sequence in two reads, so an append committed between them was
+    reported as a damaged tip (``ReplayReadError ... its records reach 3``;
+    1 in 10 replays beside a writer). Both are read in one snapshot now: the
+    append here, committed from another thread right after the tip's read,
+    is not seen by the replay, which yields the tip it read."""
+    w = _writer(store)
+    w.append("turn", b"p", "t1")  # tip 2
+    replay_mod = importlib.import_module("turnkeeper.storage.ops.ledger.replay")
+    real = replay_mod.read_tip
+    appended: list[int] = []
+
+    def read_tip_then_append(tx: Any, tenant: str, session_id: str, **kw: Any) -> Any:
+        tip = real(tx, tenant, session_id, **kw)
+        if not appended:
+            worker = threading.Thread(
+                target=lambda: appended.append(w.append("turn", b"q", "t2").seq)
+            )
+            worker.start()
+            worker.join(timeout=60)
+            assert appended == [3]
+        return tip
+
+    monkeypatch.setattr(replay_mod, "read_tip", read_tip_then_append)
+    assert [r.seq for r in store.ledger.replay("s")] == [1, 2]
+    assert [r.seq for r in store.ledger.replay("s")] == [1, 2, 3]
+
+
 def test_a_write_on_a_lowered_or_lost_tip_is_refused_at_once_typed(store):
     """Failed before (attack): on a lowered tip an append, and on a lost tip
     row an open, collided with the records past the tip, which the write

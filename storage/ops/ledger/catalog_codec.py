@@ -149,6 +149,17 @@ def _count(obj: Any, key: str) -> int:
     return int(value)
 
 
+def folded_through(text: object) -> int:
+    """The ``last_journal_seq`` of a stored entry's text: the sequence its
+    fold reached (replay's lost-tail fence reads it); 0 for an entry that is
+    malformed (catalog damage is the catalog's to report, not the ledger's)."""
+    try:
+        obj = json.loads(str(text))
+        return _count(obj, "last_journal_seq") if isinstance(obj, dict) else 0
+    except (ValueError, RecursionError, _Bad):
+        return 0
+
+
 def _decode_usage(obj: Any) -> Usage:
     return Usage(_count(obj, "input_tokens"), _count(obj, "output_tokens"))
 

@@ -13,7 +13,11 @@ typed, with the sequence:
 
 - ``ReplayReadError``: a page read failed (the backend's error is
   ``__cause__``), or a record is missing (a gap, or the ledger ends before
-  its tip);
+  its tip), or the ledger is shorter than it was (a record past its tip: the
+  tip lowered or lost; or its session's catalog entry, updated in each
+  append's transaction, folded records past the tip: a lost tail with the
+  tip lowered alongside, such as an older copy of the ledger's tables
+  restored beside a newer catalog);
 - ``ReplayDecodeError``: a record's payload does not hash to its stored
   sha256 (flipped or truncated bytes), the record does not match its record
   digest (``records.record_digest``: its tenant, session, sequence, kind,
@@ -43,6 +47,7 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.ledger import BLOB_POINTER_KIND, FENCE_KIND, LedgerRecord
 
 from ...backend import Backend, Tx, utc
+from . import catalog_codec
 from .journal import read_tip
 from .records import check_record
 
@@ -60,10 +65,13 @@ def ledger_name(session_id: str) -> str:
     return f"ledger:{session_id}"
 
 
-def _read(db: Backend, session_id: str, seq: int, body: Callable[[Tx], Any]) -> Any:
-    """``db.read(body)``; a backend failure is ``ReplayReadError`` at ``seq``."""
+def _read(
+    db: Backend, session_id: str, seq: int, body: Callable[[Tx], Any], *, snapshot: bool = False
+) -> Any:
+    """``db.read(body)`` (with ``snapshot``, its statements in one snapshot); a
+    backend failure is ``ReplayReadError`` at ``seq``."""
     try:
-        return db.read("ledger_replay", body)
+        return db.read("ledger_replay", body, snapshot=snapshot)
     except errors.DatabaseError as failure:
         raise errors.ReplayReadError(ledger_name(session_id), seq) from failure
 
@@ -115,22 +123,25 @@ def verify(
     return fence_epoch, False
 
 
-def _tip_and_last(tenant: str, session_id: str, tx: Tx) -> tuple[int, int]:
-    """The ledger's tip and its last record's sequence, read in one snapshot
-    (an append moves both in one transaction, so they agree in every committed
-    state)."""
+def _tip_and_last(tenant: str, session_id: str, tx: Tx) -> tuple[int, int, int]:
+    """The ledger's tip, its last record's sequence, and the sequence its
+    session's catalog entry folded through (0: no entry, or a malformed
+    one); run in one snapshot (an append moves all three in one transaction,
+    so the tip is the greatest in every committed state: read apart, an
+    append committed between the reads would look like a damaged tip)."""
     tip, _ = read_tip(tx, tenant, session_id)
-    row = tx.one(
-        "SELECT max(seq) FROM ledger_records WHERE tenant = ? AND session_id = ?",
-        [tenant, session_id],
-    )
-    return tip, int(row[0]) if row is not None and row[0] is not None else 0
+    where = "WHERE tenant = ? AND session_id = ?"
+    row = tx.one(f"SELECT max(seq) FROM ledger_records {where}", [tenant, session_id])
+    entry = tx.one(f"SELECT meta FROM ledger_catalog {where}", [tenant, session_id])
+    folded = catalog_codec.folded_through(entry[0]) if entry is not None else 0
+    return tip, int(row[0]) if row is not None and row[0] is not None else 0, folded
 
 
 def tip_covers(tip: int, last: int) -> bool:
-    """Replay's tip fence: no record lies past the tip (a tip lowered or lost
-    would end the replay early, or call a ledger empty). Records missing
-    before the tip are found by the stream itself (``in_sequence``)."""
+    """Replay's tip fence: nothing lies past the tip, neither a record nor
+    the catalog's fold (a tip lowered or lost would end the replay early, or
+    call a ledger empty). Records missing before the tip are found by the
+    stream itself (``in_sequence``)."""
     return last <= tip
 
 
@@ -148,12 +159,21 @@ def verified_rows(
     tip fences) before it is yielded; blob pointers as stored (unresolved).
     Replay and GC's reference scan read the ledger through it. Raises as the
     module docstring says (the blob errors aside)."""
-    tip, last = _read(db, session_id, from_seq, partial(_tip_and_last, tenant, session_id))
+    tip, last, folded = _read(
+        db, session_id, from_seq, partial(_tip_and_last, tenant, session_id), snapshot=True
+    )
     if not tip_covers(tip, last):
         raise errors.ReplayReadError(
             ledger_name(session_id),
             tip + 1,
             detail=f"its tip says {tip} but its records reach {last}: the tip was damaged",
+        )
+    if not tip_covers(tip, folded):
+        raise errors.ReplayReadError(
+            ledger_name(session_id),
+            tip + 1,
+            detail=f"its tip says {tip} but its catalog entry folded records up to {folded}: "
+            "the ledger lost its tail",
         )
     if tip == 0:
         check_session()
