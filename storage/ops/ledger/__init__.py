@@ -571,7 +571,10 @@ class Ledger(Area):
         (sessionstore WorkspaceLiveRefs): every ``ref`` of a
         ``workspace_checkpoint`` or ``workspace_restore`` record in the ledgers
         of ``session_ids`` (default: every session with a ledger for this
-        tenant). A workspace GC may drop any snapshot not in the set. A
+        tenant). A workspace GC may drop a snapshot not in the set that was
+        created before the call (with a grace period): the set is as of each
+        ledger's tip when the scan read it, so a checkpoint appended during the
+        scan, or in a session first written after it began, is not in it. A
         session without ledger records (never written, or deleted)
         contributes nothing; memory: one replay page plus the refs.
 
