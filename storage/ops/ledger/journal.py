@@ -31,7 +31,13 @@ from collections.abc import Sequence
 
 from turnkeeper.machines import machine_for
 from turnkeeper.spec import errors
-from turnkeeper.spec.ledger import FENCE_KIND, LEDGER_WRITER, AppendResult, LedgerEntry
+from turnkeeper.spec.ledger import (
+    FENCE_KIND,
+    LEDGER_WRITER,
+    AppendResult,
+    LedgerEntry,
+    fence_id,
+)
 from turnkeeper.spec.records import Lease
 
 from ...backend import Conflict, Tx
@@ -120,7 +126,7 @@ def plant_fence(tx: Tx, tenant: str, session_id: str, lease: Lease, expected: in
         session_id,
         lease.epoch,
         now,
-        [(seq, LedgerEntry(FENCE_KIND, b"", f"fence:{lease.epoch}:{seq}"))],
+        [(seq, LedgerEntry(FENCE_KIND, b"", fence_id(lease.epoch, seq)))],
     )
     _move_tip(tx, tenant, session_id, found, seq, lease.epoch)
     return seq
