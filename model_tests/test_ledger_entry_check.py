@@ -35,6 +35,7 @@ from turnkeeper import (
     DurableBodyTooLargeError,
     InvalidInputError,
     LedgerEntry,
+    LedgerIdempotencyConflictError,
     ReplayDecodeError,
     TransactionConflictError,
     WorkspaceJournalScanError,
@@ -43,7 +44,7 @@ from turnkeeper.cli.main import cli
 from turnkeeper.spec import catalog as c
 from turnkeeper.spec.catalog import SessionMeta
 from turnkeeper.spec.ledger import FENCE_ID_PREFIX, FENCE_KIND, MAX_PAYLOAD_DEPTH, fence_id
-from turnkeeper.storage.ops.ledger import catalog_codec, catalog_fold
+from turnkeeper.storage.ops.ledger import catalog_codec, catalog_fold, journal
 from turnkeeper.storage.ops.ledger import writer as writer_mod
 
 TTL = 30.0
@@ -257,16 +258,28 @@ def test_an_id_shaped_like_a_fence_id_is_refused_on_every_path_and_the_next_open
     assert [r.idempotency_id for r in fences] == [fence_id(lease.epoch, 1), squat]
 
 
-def test_control_without_the_reserved_prefix_a_squatted_fence_id_blocks_the_open(
-    store, monkeypatch
-):
-    monkeypatch.setattr(writer_mod, "FENCE_ID_PREFIX", "\x00not a prefix")
-    store.sessions.create("s")
-    lease = _lease(store)
-    w = store.ledger.open("s", lease)
-    w.append("note", b"a", fence_id(lease.epoch, 3))
-    with pytest.raises(TransactionConflictError):
+def test_a_fence_id_stored_before_the_check_refuses_the_open_typed(store, monkeypatch):
+    """A ledger an older version wrote may hold such an id (here: the check
+    patched out). Its open is refused at once, typed, nothing written (before:
+    40 retries, then TransactionConflictError); a fresh lease opens. The
+    control patches the open's own id fence out and sees the retried conflict."""
+    with monkeypatch.context() as m:
+        m.setattr(writer_mod, "FENCE_ID_PREFIX", "\x00not a prefix")
+        store.sessions.create("s")
+        lease = _lease(store)
+        w = store.ledger.open("s", lease)
+        w.append("note", b"a", fence_id(lease.epoch, 3))
+    with pytest.raises(LedgerIdempotencyConflictError) as err:
         store.ledger.open("s", lease)
+    assert (err.value.idempotency_id, err.value.seq) == (fence_id(lease.epoch, 3), 2)
+    assert store.ledger.tip("s") == 2
+    with monkeypatch.context() as m:
+        m.setattr(journal, "refuse_taken_fence_id", lambda session_id, fid, seq: None)
+        with pytest.raises(TransactionConflictError):
+            store.ledger.open("s", lease)
+    store.leases.release(lease)
+    fresh = _lease(store)
+    assert store.ledger.open("s", fresh).fence_seq == 3
 
 
 # -- F10: deeply nested JSON ----------------------------------------------------------
