@@ -43,6 +43,7 @@ from turnkeeper.spec import catalog as c
 from turnkeeper.spec.ledger import CheckpointSummary
 from turnkeeper.storage.ops.ledger import catalog as catalog_mod
 from turnkeeper.storage.ops.ledger import catalog_group
+from turnkeeper.storage.ops.ledger import writer as writer_mod
 
 TTL = 30.0
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -59,6 +60,13 @@ def _writer(store: Any, sid: str = "s") -> Any:
 
 def _start(w: Any, n: int = 0) -> None:
     w.append("session_started", _j(created_at=T0.isoformat(), agent_kind="coder"), f"ss{n}")
+
+
+def _unchecked(monkeypatch: Any) -> None:
+    """Appends of catalog kinds as before appends checked their usage (a
+    ledger written by an older version): the catalog's own errors for such a
+    record are what these tests see; ``check_catalog_payload`` is patched out."""
+    monkeypatch.setattr(writer_mod, "check_catalog_payload", lambda kind, payload, field: None)
 
 
 def _failures(store: Any) -> list[Exception]:
@@ -679,7 +687,8 @@ def test_an_entry_that_does_not_encode_stops_online_updates_until_a_repair(store
         [{"input_tokens": c.MAX_COUNT}, {"input_tokens": 1}],
     ],
 )
-def test_invalid_or_overflowing_usage_is_a_usage_error(store, usages):
+def test_invalid_or_overflowing_usage_is_a_usage_error(store, usages, monkeypatch):
+    _unchecked(monkeypatch)  # the append refuses the first two now (test_ledger_entry_check.py)
     seen = _failures(store)
     w = _writer(store)
     _start(w)
@@ -724,7 +733,8 @@ def _hustle(run_id: str = "r", **kw: Any) -> dict[str, Any]:
         ),
     ],
 )
-def test_a_hustle_history_that_does_not_fold_is_a_hustle_error(store, records, kind):
+def test_a_hustle_history_that_does_not_fold_is_a_hustle_error(store, records, kind, monkeypatch):
+    _unchecked(monkeypatch)  # invalid_lifecycle, usage_overflow: refused at the append now
     _failures(store)
     w = _writer(store)
     _start(w)

@@ -7,9 +7,12 @@ each payload is a UTF-8 JSON object. Every other kind (``fence``,
 ``last_journal_seq``. Fields marked ``?`` are optional; ids are text;
 ``usage`` is ``{"input_tokens": int, "output_tokens": int}`` (tokens, ≥ 0);
 ``context`` is ``{"tokens": int, "window": int}`` or ``null`` (an
-invalidation). A payload of these kinds that is not such an object is
-refused at the append (``InvalidInputError``); one stored before that check
-is a ``ReplayDecodeError`` at its sequence.
+invalidation). A payload of these kinds the fold refuses (not such an
+object, a usage that is not a count in 0 … ``MAX_COUNT``, a hustle's unknown
+source or status …) or nested deeper than ``MAX_PAYLOAD_DEPTH`` is refused
+at the append (``InvalidInputError``, the fold's error as ``__cause__``); one
+stored before that check is a ``ReplayDecodeError`` (or ``CatalogUsageError``,
+``CatalogHustleError``) at its sequence.
 
 - ``session_started`` ``{"created_at": ISO-8601, "agent_kind"?, "config_fingerprint"?}``:
   created time, status ``active``, state ``idle``, residency ``resident``, loop count 1.

@@ -81,6 +81,24 @@ key, sha256, size); replay resolves it to the record's own kind and payload."""
 RESERVED_KINDS = frozenset({FENCE_KIND, BLOB_POINTER_KIND})
 """Kinds only the store writes: an append of one is refused."""
 
+FENCE_ID_PREFIX = "fence:"
+"""The idempotency ids of the store's fence records start with it
+(:func:`fence_id`); an entry whose id starts with it is refused at every
+write path (``InvalidInputError``): it could take the id of a later fence,
+whose open would then collide with it."""
+
+MAX_PAYLOAD_DEPTH = 100
+"""The deepest nesting (JSON objects and arrays, the payload's own object
+counting 1) of a catalog kind's payload an append takes: deeper is refused
+(``InvalidInputError``), so that no fold of it later runs out of stack,
+however deep the call that folds it."""
+
+
+def fence_id(epoch: int, seq: int) -> str:
+    """The idempotency id of the fence record a writer of ``epoch`` plants at
+    ``seq``: ``fence:<epoch>:<seq>`` (:data:`FENCE_ID_PREFIX`)."""
+    return f"{FENCE_ID_PREFIX}{epoch}:{seq}"
+
 
 @dataclass(frozen=True, slots=True)
 class LedgerEntry:

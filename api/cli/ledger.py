@@ -29,6 +29,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from turnkeeper.spec import errors
+from turnkeeper.spec.ledger import LedgerEntry
 from turnkeeper.spec.records import Lease
 from turnkeeper.storage import BaseStore
 from turnkeeper.storage.ops.ledger import Ledger
@@ -235,7 +236,10 @@ def append_command(
     idempotency id already in the ledger with the same kind and payload: its
     original sequence, nothing written). A lease held by another owner is
     BusyError, an id already used for other content
-    LedgerIdempotencyConflictError (exit 2, nothing written).
+    LedgerIdempotencyConflictError (exit 2, nothing written). The entry is
+    checked before the lease is taken (a reserved kind or id, a catalog
+    kind's payload the catalog cannot fold: InvalidInputError, exit 2, no
+    fence record written).
     """
     if path is None:
         payload = _read_payload(sys.stdin.buffer, "stdin")
@@ -245,8 +249,10 @@ def append_command(
     if idempotency_id is None:
         digest = hashlib.sha256(kind.encode() + b"\0" + payload).hexdigest()
         idempotency_id = f"sha256:{digest}"
+    entry = LedgerEntry(kind, payload, idempotency_id)
     with open_db(db, existing=True) as store:
         ledger = _ledger(store, tenant, blobs_root, offload_threshold=offload_threshold)
+        ledger.check_entries([entry])  # refused input: no lease taken, no fence record written
         with _writer(store, ledger, session_id, owner, ttl) as writer:
             result = writer.append(kind, payload, idempotency_id)
     if as_json:

@@ -47,7 +47,7 @@ from turnkeeper.spec.records import Lease
 
 from ...backend import Merge, Tx
 from ...codec import check_id, check_tenant, check_text
-from ...validate import check_int, check_list, check_session_lease
+from ...validate import check_int, check_session_lease
 from .. import leases
 from ..base import Area, Shared
 from . import blobs as blob_ops
@@ -67,7 +67,7 @@ from .catalog import Catalog, CatalogOptions
 from .catalog_group import CatalogUpdate
 from .group import LedgerAppend
 from .replay import PAGE_ROWS, ledger_name, replay
-from .writer import MAX_BATCH, LedgerWriter, RuntimeCommandLog, check_entry, decode_application
+from .writer import LedgerWriter, RuntimeCommandLog, check_entries, decode_application
 
 __all__ = [
     "DEFAULT_OFFLOAD_THRESHOLD",
@@ -184,9 +184,10 @@ class Ledger(Area):
         newer tip); take a fresh lease, whose epoch is strictly higher.
 
         ``opening`` (at most 1000 entries, each payload at most the offload
-        threshold in bytes) is appended right after the fence record in that
-        same transaction, as an append would (idempotency ids included): the
-        writer exists with its first records, or not at all (a
+        threshold in bytes, each checked as an append's: :meth:`check_entries`)
+        is appended right after the fence record in that same transaction,
+        as an append would (idempotency ids included): the writer exists
+        with its first records, or not at all (a
         ``session_started`` record that must never be missing from a ledger
         its writer opened). The writer's ``opening`` holds their results.
 
@@ -198,13 +199,14 @@ class Ledger(Area):
             LedgerIdempotencyConflictError: an opening entry's id names other content.
             InvalidInputError: a malformed id, a lease on another target, or
                 an opening entry that is malformed or over the offload threshold.
+            DurableBodyTooLargeError: an opening entry over ``max_body_bytes``.
         On any error nothing is written.
         """
         check_id(session_id, "session_id")
         if lease is None:
             raise errors.NilLeaseError(session_id)
         check_session_lease(session_id, lease)
-        first = self._opening_entries(opening)
+        first = self.check_entries(opening, opening=True)
         expected = self.db.read(
             "ledger_tip", lambda tx: journal.read_tip(tx, self.tenant, session_id)
         )[0]
@@ -263,25 +265,34 @@ class Ledger(Area):
             paths.append(self.blobs.root)
         return paths
 
-    def _opening_entries(self, opening: Sequence[LedgerEntry]) -> list[LedgerEntry]:
-        """``opening`` checked as an append's entries, each payload at most the
-        offload threshold (an opening is not offloaded).
+    def check_entries(
+        self, entries: Sequence[LedgerEntry], *, opening: bool = False
+    ) -> list[LedgerEntry]:
+        """``entries`` checked as this ledger's writes check them, before
+        anything is written (the one entry check every write path runs:
+        ``LedgerWriter.append``/``append_many`` and the group commit they
+        queue into, :meth:`open`'s ``opening``, the command log, ``turnkeeper
+        ledger append``); a caller may run it before it takes a lease. Each
+        entry: a kind that is not reserved, ``bytes``, an idempotency id not
+        starting ``fence:``, a catalog kind's payload the catalog can fold
+        (decoded, ids present, usage counts in 0 … 2**63-1, at most
+        ``MAX_PAYLOAD_DEPTH`` deep), a body (an offloaded entry's blob) at
+        most ``max_body_bytes`` bytes; an append takes 1 to 1000 entries, an
+        ``opening`` 0 to 1000, each at most the offload threshold (bytes).
+        Returns them as a list.
 
         Raises:
-            InvalidInputError: as named in :meth:`open`.
+            InvalidInputError: a malformed entry or list (``field`` names it:
+                ``entries[i].kind``, ``opening[i].payload`` …).
+            DurableBodyTooLargeError: a body over ``max_body_bytes``.
         """
-        given = check_list(opening, "opening", "LedgerEntry")
-        if len(given) > MAX_BATCH:
-            raise errors.InvalidInputError("opening", f"expected at most {MAX_BATCH} entries")
-        checked = [check_entry(e, f"opening[{i}]") for i, e in enumerate(given)]
-        for i, e in enumerate(checked):
-            if len(e.payload) > self.offload_threshold:
-                raise errors.InvalidInputError(
-                    f"opening[{i}].payload",
-                    f"an opening record is at most the offload threshold "
-                    f"({self.offload_threshold} bytes; this one is {len(e.payload)})",
-                )
-        return checked
+        return check_entries(
+            entries,
+            "opening" if opening else "entries",
+            offload_threshold=self.offload_threshold,
+            max_body_bytes=self.max_body_bytes,
+            opening=opening,
+        )
 
     def _write_entries(
         self, writer: LedgerWriter, entries: Sequence[LedgerEntry]
@@ -293,16 +304,6 @@ class Ledger(Area):
         generation, ``condemn.write_offloaded``), then the catalog's
         best-effort update with the records it wrote (their logical kinds and
         payloads, not the pointers)."""
-        for entry in entries:  # refuse the whole batch before any blob is written
-            size = (
-                len(blob_ops.envelope(entry))
-                if len(entry.payload) > self.offload_threshold
-                else len(entry.payload)
-            )
-            if size > self.max_body_bytes:
-                raise errors.DurableBodyTooLargeError(
-                    0, entry.idempotency_id, size, self.max_body_bytes
-                )
         sid = writer.session_id
         made: list[LedgerAppend] = []
 

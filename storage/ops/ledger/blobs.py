@@ -39,7 +39,7 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.ledger import BLOB_POINTER_KIND, LedgerEntry
 
 from ...backend import STORE_NOW, Backend, Tx
-from .records import envelope_error, sha256
+from .records import envelope_error, loads_json, sha256
 
 DEFAULT_OFFLOAD_THRESHOLD = 256 * 1024
 """Payloads longer than this many bytes are offloaded (sessionstore OffloadThreshold)."""
@@ -266,7 +266,7 @@ def parse_pointer(tenant: str, session_id: str, seq: int, payload: bytes) -> tup
             is ``__cause__``), or one whose size or key fails those checks.
     """
     try:
-        body: Any = json.loads(payload.decode())
+        body: Any = loads_json(payload)
         key, digest, size = body["key"], body["sha256"], body["size"]
         if not (isinstance(key, str) and isinstance(digest, str)):
             raise ValueError("key or sha256 of the wrong type")
@@ -325,7 +325,7 @@ def resolve(
         if not blob.startswith(_MAGIC):
             raise ValueError("no blob envelope")
         head, _, body = blob[len(_MAGIC) :].partition(b"\n")
-        inner: Any = json.loads(head.decode())
+        inner: Any = loads_json(head)
         inner_id, kind = inner["id"], inner["kind"]
         if not isinstance(inner_id, str) or not isinstance(kind, str):
             raise ValueError("id or kind of the wrong type")

@@ -336,7 +336,8 @@ def decode(session_id: str, text: object) -> SessionMeta:
         CatalogReadError: it does not decode; ``__cause__`` is a
             ``CatalogDecodeError``, whose ``__cause__`` is the
             ``CatalogDuplicateFieldError``, ``CatalogMetaValidationError``,
-            ``CatalogHustleMetaValidationError`` or the structural failure.
+            ``CatalogHustleMetaValidationError`` or the structural failure
+            (a ``RecursionError`` for text nested too deeply to decode).
     """
     try:
         try:
@@ -349,6 +350,7 @@ def decode(session_id: str, text: object) -> SessionMeta:
         except (
             _Bad,
             ValueError,
+            RecursionError,  # a damaged entry nested too deeply: typed as any other
             errors.CatalogDuplicateFieldError,
             errors.CatalogMetaValidationError,
             errors.CatalogHustleMetaValidationError,

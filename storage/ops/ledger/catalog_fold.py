@@ -4,7 +4,6 @@ folded are listed in :mod:`turnkeeper.spec.catalog`."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -22,7 +21,7 @@ from turnkeeper.spec.catalog import (
 )
 from turnkeeper.spec.ledger import WORKSPACE_CHECKPOINT_KIND, WORKSPACE_KINDS
 
-from . import workspace
+from . import records, workspace
 from .catalog_codec import hustle_key
 
 
@@ -40,10 +39,12 @@ def payload_of(session_id: str, seq: int, payload: bytes) -> dict[str, Any]:
     """The JSON object a catalog kind's record holds.
 
     Raises:
-        ReplayDecodeError: not a UTF-8 JSON object.
+        ReplayDecodeError: not a UTF-8 JSON object, or one nested too deeply
+            to decode here (``RecursionError`` as ``__cause__``; an append
+            refuses a payload nested deeper than ``MAX_PAYLOAD_DEPTH``).
     """
     try:
-        body = json.loads(payload.decode("utf-8"))
+        body = records.loads_json(payload)
     except (ValueError, UnicodeDecodeError) as failure:
         raise errors.ReplayDecodeError(
             session_id, seq, detail="a catalog record's payload is not UTF-8 JSON"
@@ -52,7 +53,12 @@ def payload_of(session_id: str, seq: int, payload: bytes) -> dict[str, Any]:
         raise errors.ReplayDecodeError(
             session_id, seq, detail="a catalog record's payload is not a JSON object"
         )
-    return dict(_unicode(body))
+    try:
+        return dict(_unicode(body))
+    except RecursionError as deep:
+        raise errors.ReplayDecodeError(
+            session_id, seq, detail="a catalog record's payload is nested too deeply"
+        ) from deep
 
 
 def _unicode(value: Any) -> Any:
@@ -100,7 +106,7 @@ def usage_of(loop_id: str, value: object) -> Usage:
     for key in ("input_tokens", "output_tokens"):
         n = value.get(key, 0)
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= c.MAX_COUNT:
-            raise errors.CatalogUsageError(loop_id, detail=f"{key} is not a count: {n!r}")
+            raise errors.CatalogUsageError(loop_id, detail=f"usage.{key} is not a count: {n!r}")
         counts.append(n)
     return Usage(counts[0], counts[1])
 

@@ -158,7 +158,7 @@ def generation_of(entry: LedgerEntry, kind: str, payload: bytes) -> int | None:
     if kind != BLOB_POINTER_KIND:
         return None
     try:
-        want: Any = json.loads(payload.decode())["sha256"]
+        want: Any = records.loads_json(payload)["sha256"]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         return None
     for gen in range(MAX_GENERATIONS):

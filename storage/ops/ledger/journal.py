@@ -4,7 +4,8 @@ transaction.
 
 Statement budget (BEGIN and COMMIT aside): an open is the session's check,
 the lease fence, the tip's locked read, the look for a record past the tip,
-the fence record and the tip's compare-and-set; an append of n records is
+the look for its fence id (an index lookup), the fence record and the tip's
+compare-and-set; an append of n records is
 the lease fence, the tip's locked read, one read of the ids already in the
 ledger and of a record past the tip, one multi-row insert and the tip's
 compare-and-set, whatever n is, plus one read of GC's condemned blobs when
@@ -31,7 +32,13 @@ from collections.abc import Sequence
 
 from turnkeeper.machines import machine_for
 from turnkeeper.spec import errors
-from turnkeeper.spec.ledger import FENCE_KIND, LEDGER_WRITER, AppendResult, LedgerEntry
+from turnkeeper.spec.ledger import (
+    FENCE_KIND,
+    LEDGER_WRITER,
+    AppendResult,
+    LedgerEntry,
+    fence_id,
+)
 from turnkeeper.spec.records import Lease
 
 from ...backend import Conflict, Tx
@@ -99,6 +106,8 @@ def plant_fence(tx: Tx, tenant: str, session_id: str, lease: Lease, expected: in
         LeaseLostError: the lease fence refused ``lease`` (edge ``opening_lost``).
         OpeningFenceConflictError: the tip moved (edge ``opening_conflict``).
         SessionNotFoundError: the session does not exist (deleted under the lease).
+        LedgerIdempotencyConflictError: a record holds the fence's id
+            (:func:`refuse_taken_fence_id`).
     """
     session_exists(tx, session_id)
     now = leases.fence(tx, lease)
@@ -114,16 +123,43 @@ def plant_fence(tx: Tx, tenant: str, session_id: str, lease: Lease, expected: in
     )
     refuse_past_tip(session_id, found, [] if past is None else [int(past[0])])
     seq = expected + 1
+    fid = fence_id(lease.epoch, seq)
+    taken = tx.one(
+        f"SELECT seq FROM ledger_records WHERE {_WHERE} AND idempotency_id = ?",
+        [tenant, session_id, fid],
+    )
+    refuse_taken_fence_id(session_id, fid, None if taken is None else int(taken[0]))
     _insert(
         tx,
         tenant,
         session_id,
         lease.epoch,
         now,
-        [(seq, LedgerEntry(FENCE_KIND, b"", f"fence:{lease.epoch}:{seq}"))],
+        [(seq, LedgerEntry(FENCE_KIND, b"", fid))],
     )
     _move_tip(tx, tenant, session_id, found, seq, lease.epoch)
     return seq
+
+
+def refuse_taken_fence_id(session_id: str, fid: str, seq: int | None) -> None:
+    """The open's own id fence: no record holds the fence id ``fid`` it is
+    about to write (``seq``: the record that does, ``None``: none). Appends
+    refuse ids starting ``fence:`` (``writer.check_entry``); a record stored
+    before they did could hold one, and its open would otherwise collide with
+    it on the unique key, taken for a write-write conflict and retried.
+
+    Raises:
+        LedgerIdempotencyConflictError: one does; open under a fresh lease (a
+            higher epoch: another fence id).
+    """
+    if seq is not None:
+        raise errors.LedgerIdempotencyConflictError(
+            session_id,
+            fid,
+            seq,
+            detail="a record stored before fence ids were reserved holds this open's "
+            "fence id: open under a fresh lease (a higher epoch)",
+        )
 
 
 def check_epoch(session_id: str, lease: Lease, ledger_epoch: int) -> None:

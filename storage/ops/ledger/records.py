@@ -1,7 +1,9 @@
 """A ledger record's digests and checks, shared by its writers and readers:
 the payload's sha256, the record digest that binds a record to its ledger,
 sequence and epoch (``ledger_records.record_sha256``), the check every reader
-runs on a record read, and the ``EnvelopeError`` a decoder's failure becomes.
+runs on a record read, the ledger's JSON decoding of record bytes
+(:func:`loads_json`, :func:`json_depth`), and the ``EnvelopeError`` a
+decoder's failure becomes.
 Pure functions: no transaction, no store.
 """
 
@@ -10,6 +12,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
+import json
+from collections.abc import Callable
 from typing import Any
 
 from turnkeeper.spec import errors
@@ -107,3 +111,42 @@ def envelope_error(reason: str, failure: BaseException) -> errors.EnvelopeError:
     error = errors.EnvelopeError(reason, detail=str(failure))
     error.__cause__ = failure
     return error
+
+
+def loads_json(
+    data: bytes, object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None
+) -> Any:
+    """The JSON document ``data`` (UTF-8) holds: every place the ledger
+    decodes a record's bytes (a catalog kind's payload, a workspace record, a
+    command application, a blob pointer or envelope) decodes through it.
+
+    Raises:
+        UnicodeDecodeError: not UTF-8.
+        ValueError: not JSON, or nested too deeply for the decoder (its
+            ``RecursionError`` is ``__cause__``: never raised bare, so each
+            caller's typed error for a payload that does not decode covers it).
+    """
+    text = data.decode("utf-8")
+    try:
+        return json.loads(text, object_pairs_hook=object_pairs_hook)
+    except RecursionError as deep:
+        raise ValueError("the JSON is nested too deeply to decode") from deep
+
+
+def json_depth(value: Any) -> int:
+    """How deeply decoded JSON ``value`` nests: 0 for a scalar, 1 for an
+    object or array of scalars, one more per level. Iterative (no recursion,
+    so any depth is measured at any stack depth)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            inner: Any = item.values()
+        elif isinstance(item, list):
+            inner = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((v, depth + 1) for v in inner)
+    return deepest

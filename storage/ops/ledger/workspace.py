@@ -19,7 +19,6 @@ cause as ``__cause__``; never a shorter answer.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +30,8 @@ from turnkeeper.spec.ledger import (
     CheckpointSummary,
     LedgerRecord,
 )
+
+from . import records
 
 Replay = Callable[[str], Iterator[LedgerRecord]]
 """A session's verified replay from its first record (``Ledger.replay``)."""
@@ -69,10 +70,12 @@ def decode_payload(session_id: str, seq: int, kind: str, payload: bytes) -> Chec
     Raises:
         ReplayDecodeError: the payload is not a JSON object with a non-empty
             text ``ref`` and a text ``event_id`` (``turn_id`` and
-            ``consistency``, when present, text), or a member is duplicated.
+            ``consistency``, when present, text), or a member is duplicated;
+            a payload nested too deeply to decode too (never a bare
+            ``RecursionError``).
     """
     try:
-        body: Any = json.loads(payload.decode(), object_pairs_hook=_no_duplicates)
+        body: Any = records.loads_json(payload, object_pairs_hook=_no_duplicates)
         if not isinstance(body, dict):
             raise ValueError("not a JSON object")
         ref, event_id = body["ref"], body["event_id"]

@@ -14,6 +14,8 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.catalog import CATALOG_KINDS, SessionMeta
 from turnkeeper.spec.ledger import (
     COMMAND_APPLICATION_KIND,
+    FENCE_ID_PREFIX,
+    MAX_PAYLOAD_DEPTH,
     RESERVED_KINDS,
     AppendResult,
     CommandApplication,
@@ -23,6 +25,7 @@ from turnkeeper.spec.records import Lease
 
 from ...codec import check_id, to_json
 from ...validate import check_list
+from . import blobs as blob_ops
 from . import catalog_fold, journal, records
 
 if TYPE_CHECKING:
@@ -36,13 +39,19 @@ MAX_BATCH = 1000
 
 
 def check_entry(entry: object, field: str) -> LedgerEntry:
-    """``entry`` as a storable :class:`LedgerEntry`.
+    """``entry`` as a storable :class:`LedgerEntry`: the one entry check, run
+    by every write path before anything is written (through
+    :func:`check_entries`: ``LedgerWriter.append``/``append_many``, the group
+    commit they queue into, ``store.ledger.open(..., opening=[...])``, the
+    command log and ``turnkeeper ledger append``).
 
     Raises:
         InvalidInputError: not a LedgerEntry, an empty or reserved kind, a
-            payload that is not ``bytes``, an empty idempotency id, or a
-            payload of a catalog kind (:data:`~turnkeeper.spec.catalog.CATALOG_KINDS`)
-            that is not what its kind holds (the catalog could never fold it).
+            payload that is not ``bytes``, an empty idempotency id or one
+            starting with :data:`~turnkeeper.spec.ledger.FENCE_ID_PREFIX`
+            (the store's fence records'), or a payload of a catalog kind
+            (:data:`~turnkeeper.spec.catalog.CATALOG_KINDS`) the catalog
+            could never fold (:func:`check_catalog_payload`).
     """
     if not isinstance(entry, LedgerEntry):
         raise errors.InvalidInputError(field, f"expected a LedgerEntry, got {type(entry).__name__}")
@@ -54,16 +63,93 @@ def check_entry(entry: object, field: str) -> LedgerEntry:
             f"{field}.payload", f"expected bytes, got {type(entry.payload).__name__}"
         )
     check_id(entry.idempotency_id, f"{field}.idempotency_id")
+    if entry.idempotency_id.startswith(FENCE_ID_PREFIX):
+        raise errors.InvalidInputError(
+            f"{field}.idempotency_id",
+            f"ids starting {FENCE_ID_PREFIX!r} are the store's (its fence records')",
+        )
     if entry.kind in CATALOG_KINDS:
-        try:
-            catalog_fold.fold(SessionMeta("-"), 1, entry.kind, entry.payload, _CHECKED_AT)
-        except errors.ReplayDecodeError as bad:
-            raise errors.InvalidInputError(
-                f"{field}.payload", f"a {entry.kind!r} record's payload: {bad.detail}"
-            ) from bad
-        except errors.TurnkeeperError:
-            pass  # a usage or hustle the session's entry judges: the catalog reports it
+        check_catalog_payload(entry.kind, entry.payload, f"{field}.payload")
     return entry
+
+
+def check_catalog_payload(kind: str, payload: bytes, field: str) -> None:
+    """Refuse a catalog kind's ``payload`` the catalog could never fold: the
+    catalog's own fold (``catalog_fold.fold``) run on a fresh entry, so a
+    payload the fold refuses (one that does not decode, an id missing, a
+    usage that is not a count in 0 … ``MAX_COUNT``, a hustle's unknown source
+    or status …) is refused here by the same code. What only a session's
+    history can refuse (a cumulative usage past ``MAX_COUNT``, a hustle
+    started twice) stays the catalog's to report. The payload also nests at
+    most :data:`~turnkeeper.spec.ledger.MAX_PAYLOAD_DEPTH` deep.
+
+    Raises:
+        InvalidInputError: ``field``, the fold's error as ``__cause__`` (its
+            ``detail`` names the payload's member, e.g. ``usage.input_tokens``).
+    """
+    try:
+        catalog_fold.fold(SessionMeta("-"), 1, kind, payload, _CHECKED_AT)
+        depth = records.json_depth(records.loads_json(payload))
+    except (errors.TurnkeeperError, ValueError) as bad:
+        cause = bad.__cause__ if isinstance(bad, errors.TurnkeeperError) else None
+        said = "; ".join(_said(e) for e in (bad, cause) if e is not None)
+        raise errors.InvalidInputError(
+            field, f"a {kind!r} record's payload the catalog cannot fold: {said}"
+        ) from bad
+    if depth > MAX_PAYLOAD_DEPTH:
+        raise errors.InvalidInputError(
+            field,
+            f"a {kind!r} record's payload nests at most {MAX_PAYLOAD_DEPTH} deep "
+            f"(this one {depth})",
+        )
+
+
+def _said(failure: BaseException) -> str:
+    """``failure`` in a few words: its class, its fields and detail."""
+    if not isinstance(failure, errors.TurnkeeperError):
+        return f"{type(failure).__name__}: {failure}"
+    parts = [f"{name}={getattr(failure, name)!r}" for name in failure.fields]
+    parts += [failure.detail] if failure.detail else []
+    return f"{type(failure).__name__} ({', '.join(parts)})"
+
+
+def check_entries(
+    entries: object,
+    field: str,
+    *,
+    offload_threshold: int,
+    max_body_bytes: int,
+    opening: bool = False,
+) -> list[LedgerEntry]:
+    """``entries`` checked for one write (``Ledger.check_entries``): each by
+    :func:`check_entry`, then its body against the ceiling ``max_body_bytes``
+    (bytes; an offloaded entry's blob, envelope included, else its payload),
+    then, for an ``opening`` (never offloaded), against ``offload_threshold``.
+    An append takes 1 to :data:`MAX_BATCH` entries, an opening 0 to it.
+
+    Raises:
+        InvalidInputError: not a list of entries, too many (or none, for an
+            append), a malformed entry, or an opening entry over the threshold.
+        DurableBodyTooLargeError: a body over the ceiling (``seq`` 0, the
+            entry's idempotency id).
+    """
+    given = check_list(entries, field, "LedgerEntry")
+    if not (0 if opening else 1) <= len(given) <= MAX_BATCH:
+        least = "0" if opening else "1"
+        raise errors.InvalidInputError(field, f"expected {least} to {MAX_BATCH} entries")
+    checked = [check_entry(e, f"{field}[{i}]") for i, e in enumerate(given)]
+    for i, e in enumerate(checked):
+        offloaded = not opening and len(e.payload) > offload_threshold
+        size = len(blob_ops.envelope(e)) if offloaded else len(e.payload)
+        if size > max_body_bytes:
+            raise errors.DurableBodyTooLargeError(0, e.idempotency_id, size, max_body_bytes)
+        if opening and size > offload_threshold:
+            raise errors.InvalidInputError(
+                f"{field}[{i}].payload",
+                f"an opening record is at most the offload threshold "
+                f"({offload_threshold} bytes; this one is {size})",
+            )
+    return checked
 
 
 class LedgerWriter:
@@ -120,12 +206,12 @@ class LedgerWriter:
         earlier entry of the same call, gives the original's sequence).
 
         Raises:
-            as :meth:`append`; InvalidInputError for an empty or too long list.
+            as :meth:`append`; InvalidInputError for an empty or too long list;
+            DurableBodyTooLargeError for a body over the ledger's
+            ``max_body_bytes`` (every entry is checked before anything is
+            written: ``Ledger.check_entries``).
         """
-        given = check_list(entries, "entries", "LedgerEntry")
-        if not 1 <= len(given) <= MAX_BATCH:
-            raise errors.InvalidInputError("entries", f"expected 1 to {MAX_BATCH} entries")
-        checked = [check_entry(e, f"entries[{i}]") for i, e in enumerate(given)]
+        checked = self._ledger.check_entries(entries)
         with self._lock:
             self._usable()
             try:
@@ -194,7 +280,7 @@ def decode_application(session_id: str, seq: int, kind: str, payload: bytes) -> 
             session_id, seq, detail=f"the record is a {kind!r}, not a command application"
         )
     try:
-        body: Any = json.loads(payload.decode())
+        body: Any = records.loads_json(payload)
         command_id, applied = body["command_id"], body["applied"]
         if not isinstance(command_id, str) or not isinstance(applied, dict):
             raise ValueError("command_id or applied of the wrong type")
