@@ -328,3 +328,34 @@ def test_a_stored_bucket_breaking_the_runtime_rules_is_a_validation_error(store,
     bad = caught.value.__cause__.__cause__
     assert isinstance(bad, CatalogHustleMetaValidationError)
     assert (bad.index, bad.rule) == (len(hustles) - 1, c.RULE_INVALID)
+
+
+def test_one_round_moves_the_cursors_of_several_sessions_each_by_its_own_check(store, monkeypatch):
+    """A group commit's round folds several sessions' updates in one call
+    (``fold_in``): the cursor-only ones move in one statement, each under its
+    own compare-and-set; one whose cursor is elsewhere is left to the update
+    after the COMMIT (``False``), the others are done."""
+    writers = {sid: _writer(store, sid) for sid in ("s", "t", "u")}
+    for w in writers.values():
+        w.append("session_started", _j(created_at=T0.isoformat()), "ss")
+    with monkeypatch.context() as m:  # the records land, their catalog updates not yet
+        m.setattr(catalog_group, "fold_in", lambda tx, updates: [True] * len(updates))
+        for sid, w in writers.items():
+            w.append_many([LedgerEntry("note", b"x", f"{sid}{i}") for i in range(2)])
+    updates = [
+        catalog_group.CatalogUpdate(
+            store.ledger.catalog, "s", [(3, "note", b"x"), (4, "note", b"x")]
+        ),
+        catalog_group.CatalogUpdate(
+            store.ledger.catalog, "t", [(3, "note", b"x"), (4, "note", b"x")]
+        ),
+        catalog_group.CatalogUpdate(store.ledger.catalog, "u", [(4, "note", b"x")]),  # 3 missed
+    ]
+    calls = _codec_calls(monkeypatch)
+    done = store.ledger.db.write("t", lambda tx: catalog_group.fold_in(tx, updates))
+    assert done == [True, True, False]
+    assert calls == ["decode"]  # u's whole-entry attempt, which finds the gap
+    monkeypatch.undo()
+    assert [_row(store, sid)[1] for sid in ("s", "t", "u")] == [4, 4, 2]
+    for sid in ("s", "t"):
+        _same_as_repair(store, sid)
