@@ -108,6 +108,28 @@ def _columns(con: Any) -> dict[str, list[str]]:
     return out
 
 
+def _cursor_in_json(src: Any, names: list[str], rows: list[Any]) -> list[Any]:
+    """Catalog entries as a turnkeeper before schema 27 wrote them: the cursor
+    in the JSON alone (since 27 an append of kinds the catalog does not fold
+    moves only the ``folded_seq`` column, leaving the JSON's behind)."""
+    folded = dict(
+        ((t, s), n)
+        for t, s, n in src.execute(
+            "SELECT tenant, session_id, folded_seq FROM ledger_catalog"
+        ).fetchall()
+    )
+    at = {name: i for i, name in enumerate(names)}
+    out = []
+    for row in rows:
+        row = list(row)
+        meta = orjson.loads(row[at["meta"]])
+        cursor = folded[(row[at["tenant"]], row[at["session_id"]])]
+        meta["last_journal_seq"] = max(meta["last_journal_seq"], cursor)
+        row[at["meta"]] = orjson.dumps(meta, option=orjson.OPT_SORT_KEYS).decode()
+        out.append(row)
+    return out
+
+
 def _copy(backend: str, source: str, target: str, old: Mapping[str, str]) -> None:
     """Copy every row of ``source`` into ``target``, each table's columns that
     ``target`` has; then put each submission named in ``old`` (key digest →
@@ -122,6 +144,8 @@ def _copy(backend: str, source: str, target: str, old: Mapping[str, str]) -> Non
                 continue
             names = [c for c in columns if c in have[table]]
             rows = src.execute(f"SELECT {', '.join(names)} FROM {table}").fetchall()
+            if table == "ledger_catalog" and "folded_seq" not in names:
+                rows = _cursor_in_json(src, names, rows)
             if rows:
                 out.executemany(
                     f"INSERT INTO {table} ({', '.join(names)}) "

@@ -424,13 +424,15 @@ def test_the_revision_compare_and_set_keeps_a_racing_update(store, monkeypatch):
 def test_control_without_the_compare_and_set_an_update_is_lost(store, monkeypatch):
     real = catalog_mod.store_meta
 
-    def unconditional(tx: Any, tenant: str, sid: str, revision: int, text: str, now: Any) -> bool:
+    def unconditional(
+        tx: Any, tenant: str, sid: str, revision: int, text: str, now: Any, folded: int
+    ) -> bool:
         if revision == 0:
-            return real(tx, tenant, sid, revision, text, now)
+            return real(tx, tenant, sid, revision, text, now, folded)
         tx.exec(
-            "UPDATE ledger_catalog SET meta = ?, revision = revision + 1 "
+            "UPDATE ledger_catalog SET meta = ?, folded_seq = ?, revision = revision + 1 "
             "WHERE tenant = ? AND session_id = ?",
-            [text, tenant, sid],
+            [text, folded, tenant, sid],
         )
         return True
 
@@ -793,7 +795,7 @@ def test_a_first_insert_that_finds_an_entry_loses_the_compare_and_set(store):
     _start(w)
     text = catalog_mod.catalog_codec.encode(c.SessionMeta("s"))
     won = store.ledger.catalog.db.write(
-        "t", lambda tx: catalog_mod.store_meta(tx, "", "s", 0, text, None)
+        "t", lambda tx: catalog_mod.store_meta(tx, "", "s", 0, text, None, 0)
     )
     assert won is False
     assert store.ledger.catalog.read_meta("s").created_at == T0

@@ -31,9 +31,14 @@ stored before that check is a ``ReplayDecodeError`` (or ``CatalogUsageError``,
   ``cold``; ``restore_done`` ``{}``: residency ``resident``, last active.
 - ``hustle_started`` ``{"run_id", "name", "model_source", "named_model_key"?, "runtime"?}``
   and ``hustle_done`` (the same, plus ``"status"`` and ``"usage"?``): a
-  terminal run is added to its bounded aggregate bucket (name, model source,
-  named model key, runtime, status). Starts are matched only by ``repair``
-  (which replays the whole ledger); the online update folds terminals alone.
+  terminal run is added to its aggregate bucket (name, model source, named
+  model key, status; sessionstore catalogHustleKey). The runtime is not
+  part of the bucket: ``current_loop`` work records none (however many
+  runtimes the loop resolved, one bucket); ``named`` work records the one
+  runtime its named model key resolved to, on each of its buckets, and a
+  terminal naming another is ``CatalogHustleError`` ``runtime_mismatch``.
+  Starts are matched only by ``repair`` (which replays the whole ledger);
+  the online update folds terminals alone.
 - ``compaction_started`` / ``compaction_done`` ``{"attempt_id"}``: checked by
   ``repair`` (one terminal per attempt), not projected.
 - ``workspace_checkpoint`` ``{"ref", "event_id", "turn_id"?, "consistency"?}``
@@ -212,9 +217,14 @@ class LoopUsageMeta:
 @dataclass(frozen=True, slots=True)
 class HustleUsageAggregate:
     """One terminal bucket (sessionstore HustleUsageAggregate): ``runs``
-    terminal runs of ``name`` with ``status`` and their summed usage.
-    ``named_model_key`` is empty for ``current_loop`` work, so runtime keys
-    cannot grow the catalog."""
+    terminal runs of ``name`` with ``status`` and their summed usage, keyed
+    by (``name``, ``model_source``, ``named_model_key``, ``status``).
+    ``named_model_key`` and ``runtime`` are empty for ``current_loop`` work,
+    so the runtimes it resolves cannot grow the catalog; ``named`` work keeps
+    the runtime its key resolved to (the same on each status's bucket).
+    The number of buckets grows with the distinct names a session's runs
+    carry: the seed's names are its hustle definitions' (a fixed set),
+    here they are the caller's text (docs/ledger-status.md, limits)."""
 
     name: str
     model_source: str

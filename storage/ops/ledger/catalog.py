@@ -95,24 +95,32 @@ class _Stale(Exception):
 
 
 def store_meta(
-    tx: Tx, tenant: str, session_id: str, revision: int, text: str, now: datetime | None
+    tx: Tx,
+    tenant: str,
+    session_id: str,
+    revision: int,
+    text: str,
+    now: datetime | None,
+    folded: int,
 ) -> bool:
-    """Write ``text`` as the entry if its revision is still ``revision`` (0:
-    no entry yet) and move the revision on; ``False`` when another writer's
-    revision is there (the revision compare-and-set)."""
+    """Write ``text`` as the entry, and ``folded`` (its ``last_journal_seq``)
+    as its cursor column, if its revision is still ``revision`` (0: no entry
+    yet) and move the revision on; ``False`` when another writer's revision
+    is there (the revision compare-and-set)."""
     if revision == 0:
         # ON CONFLICT: a concurrent first insert (PostgreSQL, read committed:
         # both saw no row) loses the compare-and-set instead of failing.
         inserted = tx.count(
-            f"INSERT INTO ledger_catalog VALUES (?, ?, 1, ?, {STORE_NOW}) "
+            "INSERT INTO ledger_catalog (tenant, session_id, revision, meta, updated_at, "
+            f"folded_seq) VALUES (?, ?, 1, ?, {STORE_NOW}, ?) "
             "ON CONFLICT (tenant, session_id) DO NOTHING",
-            [tenant, session_id, text, now],
+            [tenant, session_id, text, now, folded],
         )
         return inserted == 1
     changed = tx.count(
-        f"UPDATE ledger_catalog SET revision = revision + 1, meta = ?, updated_at = {STORE_NOW} "
-        "WHERE tenant = ? AND session_id = ? AND revision = ?",
-        [text, now, tenant, session_id, revision],
+        "UPDATE ledger_catalog SET revision = revision + 1, meta = ?, folded_seq = ?, "
+        f"updated_at = {STORE_NOW} WHERE tenant = ? AND session_id = ? AND revision = ?",
+        [text, folded, now, tenant, session_id, revision],
     )
     return changed == 1
 
@@ -184,18 +192,20 @@ class Catalog:
 
     # -- reads -------------------------------------------------------------------
 
-    def _row(self, session_id: str) -> tuple[int, str] | None:
+    def _row(self, session_id: str) -> tuple[int, str, int] | None:
+        """``(revision, meta text, folded_seq)`` of the entry, or ``None``."""
         try:
             row = self.db.read(
                 "ledger_catalog_read",
                 lambda tx: tx.one(
-                    "SELECT revision, meta FROM ledger_catalog WHERE tenant = ? AND session_id = ?",
+                    "SELECT revision, meta, folded_seq FROM ledger_catalog "
+                    "WHERE tenant = ? AND session_id = ?",
                     [self.tenant, session_id],
                 ),
             )
         except errors.DatabaseError as failure:
             raise errors.CatalogReadError(session_id, detail="the read failed") from failure
-        return None if row is None else (int(row[0]), row[1])
+        return None if row is None else (int(row[0]), row[1], int(row[2]))
 
     def read_meta(self, session_id: str) -> SessionMeta | None:
         """``session_id``'s entry, or ``None`` when it has none (sessionstore ReadMeta).
@@ -207,7 +217,7 @@ class Catalog:
         """
         check_id(session_id, "session_id")
         row = self._row(session_id)
-        return None if row is None else catalog_codec.decode(session_id, row[1])
+        return None if row is None else catalog_codec.decode(session_id, row[1], row[2])
 
     def list_sessions(
         self, *, on_unreadable: Callable[[errors.CatalogReadError], None] | None = None
@@ -226,17 +236,17 @@ class Catalog:
             rows = self.db.read(
                 "ledger_catalog_list",
                 lambda tx: tx.rows(
-                    "SELECT session_id, meta FROM ledger_catalog WHERE tenant = ? "
-                    "ORDER BY session_id",
+                    "SELECT session_id, meta, folded_seq FROM ledger_catalog "
+                    "WHERE tenant = ? ORDER BY session_id",
                     [self.tenant],
                 ),
             )
         except errors.DatabaseError as failure:
             raise errors.CatalogReadError("", detail="the listing failed") from failure
         found = []
-        for session_id, text in rows:
+        for session_id, text, folded in rows:
             try:
-                found.append(catalog_codec.decode(session_id, text))
+                found.append(catalog_codec.decode(session_id, text, int(folded)))
             except errors.CatalogReadError as bad:
                 if on_unreadable is None:
                     raise
@@ -260,15 +270,17 @@ class Catalog:
             revision = 0 if row is None else row[0]
             current = None
             if row is not None and not replace_value:
-                current = catalog_codec.decode(session_id, row[1])
+                current = catalog_codec.decode(session_id, row[1], row[2])
             meta = change(current)
             try:
                 text = catalog_codec.encode(meta)
             except errors.CatalogEncodeError as bad:
                 raise errors.CatalogWriteError(session_id, detail="it does not encode") from bad
 
-            def write(tx: Tx, text: str = text, revision: int = revision) -> bool:
-                return store_meta(tx, self.tenant, session_id, revision, text, tx.now)
+            def write(
+                tx: Tx, text: str = text, revision: int = revision, seq: int = meta.last_journal_seq
+            ) -> bool:
+                return store_meta(tx, self.tenant, session_id, revision, text, tx.now, seq)
 
             try:
                 won = self.db.write("ledger_catalog_write", write)
@@ -341,7 +353,7 @@ class Catalog:
             row = self._row(session_id)
             meta = SessionMeta(session_id)
             if row is not None:
-                meta = catalog_codec.decode(session_id, row[1])
+                meta = catalog_codec.decode(session_id, row[1], row[2])
             cursor = meta.last_journal_seq
             for record in self._replay(session_id, cursor + 1):
                 meta = catalog_fold.fold(
@@ -385,7 +397,9 @@ class Catalog:
                 stored = self._row(session_id)
                 if stored is not None:
                     try:
-                        ahead = catalog_codec.decode(session_id, stored[1]).last_journal_seq
+                        ahead = catalog_codec.decode(
+                            session_id, stored[1], stored[2]
+                        ).last_journal_seq
                     except errors.CatalogReadError:
                         ahead = 0  # a malformed value is replaced
                     if stored_ahead(ahead, built.last_journal_seq):

@@ -6,6 +6,7 @@ and hustle projections are validated against their invariants."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -307,6 +308,7 @@ def validate(meta: SessionMeta) -> None:
             if lp.current_context.tokens > lp.current_context.window:
                 raise errors.CatalogMetaValidationError(i, c.FIELD_CURRENT_CONTEXT, c.RULE_INVALID)
     keys: list[tuple[str, ...]] = []
+    named_runtimes: dict[tuple[str, ...], str] = {}
     for i, h in enumerate(meta.hustles):
         if not h.name:
             raise errors.CatalogHustleMetaValidationError(i, c.RULE_REQUIRED)
@@ -314,10 +316,13 @@ def validate(meta: SessionMeta) -> None:
             h.model_source not in c.MODEL_SOURCES
             or h.status not in c.HUSTLE_STATUSES
             or h.runs < 1
-            or (h.model_source == "current_loop" and h.named_model_key)
+            or (h.model_source == "current_loop" and (h.named_model_key or h.runtime))
         ):
             raise errors.CatalogHustleMetaValidationError(i, c.RULE_INVALID)
         keys.append(hustle_key(h))
+        runtime = named_runtimes.setdefault(hustle_key(h)[:3], h.runtime)
+        if runtime != h.runtime:  # one named model key's buckets hold one runtime
+            raise errors.CatalogHustleMetaValidationError(i, c.RULE_INVALID)
     if keys != sorted(set(keys)):
         raise errors.CatalogHustleMetaValidationError(
             next(i for i in range(1, len(keys)) if keys[i] <= keys[i - 1]), c.RULE_SORTED_UNIQUE
@@ -325,12 +330,16 @@ def validate(meta: SessionMeta) -> None:
 
 
 def hustle_key(h: HustleUsageAggregate) -> tuple[str, ...]:
-    """The bucket an aggregate is sorted and merged by."""
-    return (h.name, h.model_source, h.named_model_key, h.runtime, h.status)
+    """The bucket an aggregate is sorted and merged by: name, model source,
+    named model key, status (sessionstore's catalogHustleKey; not the runtime)."""
+    return (h.name, h.model_source, h.named_model_key, h.status)
 
 
-def decode(session_id: str, text: object) -> SessionMeta:
-    """The entry stored as ``text`` for ``session_id``.
+def decode(session_id: str, text: object, folded: int = 0) -> SessionMeta:
+    """The entry stored as ``text`` for ``session_id``; its cursor
+    (``last_journal_seq``) is the larger of the JSON's and ``folded``, the
+    entry's ``folded_seq`` column (moved alone by an append of kinds the
+    catalog does not fold: ``catalog_group.move_cursors``).
 
     Raises:
         CatalogReadError: it does not decode; ``__cause__`` is a
@@ -347,6 +356,8 @@ def decode(session_id: str, text: object) -> SessionMeta:
             if meta.session_id != session_id:
                 raise _Bad(f"it names session {meta.session_id!r}")
             validate(meta)
+            if folded > meta.last_journal_seq:
+                meta = replace(meta, last_journal_seq=folded)
         except (
             _Bad,
             ValueError,

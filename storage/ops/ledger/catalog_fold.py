@@ -192,10 +192,23 @@ def _hustle(meta: SessionMeta, sid: str, seq: int, body: dict[str, Any]) -> Sess
         usage = usage_of(run_id, body.get("usage"))
     except errors.CatalogUsageError as bad:
         raise errors.CatalogHustleError(c.HUSTLE_USAGE_OVERFLOW, run_id) from bad
-    bucket = HustleUsageAggregate(
-        name, source, status, 1, key, _text(sid, seq, body, "runtime"), usage
-    )
+    # The bucket is (name, model source, named model key, status), never the
+    # run's runtime: current-loop work records none (its resolved runtimes
+    # cannot grow the catalog); named work keeps the one runtime its key
+    # resolved to, on every status's bucket of it (sessionstore
+    # HustleUsageAggregate, foldCatalogHustleTerminal).
+    runtime = _text(sid, seq, body, "runtime") if source == "named" else ""
     hustles = list(meta.hustles)
+    siblings = [i for i, h in enumerate(hustles) if hustle_key(h)[:3] == (name, source, key)]
+    resolved = {hustles[i].runtime for i in siblings} - {""}
+    if runtime and resolved - {runtime}:
+        raise errors.CatalogHustleError(
+            c.HUSTLE_RUNTIME_MISMATCH, run_id, detail="its named model resolved to another runtime"
+        )
+    runtime = runtime or next(iter(resolved), "")
+    for i in siblings:
+        hustles[i] = replace(hustles[i], runtime=runtime)
+    bucket = HustleUsageAggregate(name, source, status, 1, key, runtime, usage)
     for i, h in enumerate(hustles):
         if hustle_key(h) == hustle_key(bucket):
             if h.runs + 1 > c.MAX_COUNT:

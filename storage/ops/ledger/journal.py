@@ -11,7 +11,8 @@ ledger and of a record past the tip, one multi-row insert and the tip's
 compare-and-set, whatever n is, plus one read of GC's condemned blobs when
 it writes blob pointers (``condemn.check_append``); the transaction then
 updates the session's catalog entry (a read and a compare-and-set:
-``catalog_group``).
+``catalog_group``; records all of kinds the catalog does not fold, one
+compare-and-set of the entry's cursor).
 
 A record past the tip is damage (the tip row lowered or lost from outside):
 the tip's row lock orders every writer, so no concurrent writer can have
