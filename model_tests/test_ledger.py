@@ -560,6 +560,18 @@ def test_a_lost_tail_with_its_tip_lowered_is_a_read_error_the_catalog_exposes(st
         with pytest.raises(ReplayReadError) as err:
             list(store.ledger.replay("s", start))
         assert (err.value.seq, "folded records up to 7" in str(err.value)) == (5, True)
+    # an entry written before schema 27 keeps its cursor in its JSON alone
+    codec = importlib.import_module("turnkeeper.storage.ops.ledger.catalog_codec")
+    text = codec.encode(store.ledger.catalog.read_meta("s"))
+    forge(
+        store,
+        "UPDATE ledger_catalog SET meta = ?, folded_seq = 0 WHERE session_id = 's'",
+        [text],
+        rows=1,
+    )
+    with pytest.raises(ReplayReadError) as err:
+        list(store.ledger.replay("s"))
+    assert (err.value.seq, "folded records up to 7" in str(err.value)) == (5, True)
     with pytest.raises(ReplayReadError):
         store.ledger.catalog.repair("s")
     replay_mod = importlib.import_module("turnkeeper.storage.ops.ledger.replay")
@@ -575,7 +587,12 @@ def test_a_malformed_catalog_entry_does_not_stop_a_replay(store):
     w = _writer(store)
     w.append("session_started", b'{"created_at":"2026-01-01T00:00:00+00:00"}', "st")
     for bad in ("not json", "[]", '{"last_journal_seq": -3}', "[" * 100_000):
-        forge(store, "UPDATE ledger_catalog SET meta = ? WHERE session_id = 's'", [bad], rows=1)
+        forge(  # as written before schema 27: the cursor in the JSON alone
+            store,
+            "UPDATE ledger_catalog SET meta = ?, folded_seq = 0 WHERE session_id = 's'",
+            [bad],
+            rows=1,
+        )
         assert [r.seq for r in store.ledger.replay("s")] == [1, 2]
 
 

@@ -125,15 +125,21 @@ def verify(
 
 def _tip_and_last(tenant: str, session_id: str, tx: Tx) -> tuple[int, int, int]:
     """The ledger's tip, its last record's sequence, and the sequence its
-    session's catalog entry folded through (0: no entry, or a malformed
-    one); run in one snapshot (an append moves all three in one transaction,
-    so the tip is the greatest in every committed state: read apart, an
-    append committed between the reads would look like a damaged tip)."""
+    session's catalog entry folded through (its ``folded_seq``; 0: no entry,
+    or a malformed one written before the column); run in one snapshot (an
+    append moves all three in one transaction, so the tip is the greatest in
+    every committed state: read apart, an append committed between the reads
+    would look like a damaged tip)."""
     tip, _ = read_tip(tx, tenant, session_id)
     where = "WHERE tenant = ? AND session_id = ?"
     row = tx.one(f"SELECT max(seq) FROM ledger_records {where}", [tenant, session_id])
-    entry = tx.one(f"SELECT meta FROM ledger_catalog {where}", [tenant, session_id])
-    folded = catalog_codec.folded_through(entry[0]) if entry is not None else 0
+    entry = tx.one(
+        f"SELECT folded_seq, CASE WHEN folded_seq = 0 THEN meta END FROM ledger_catalog {where}",
+        [tenant, session_id],
+    )
+    folded = 0
+    if entry is not None:  # an entry written before schema 27 keeps its cursor in its JSON only
+        folded = int(entry[0]) or catalog_codec.folded_through(entry[1])
     return tip, int(row[0]) if row is not None and row[0] is not None else 0, folded
 
 
