@@ -614,16 +614,29 @@ class FsspecBlobs:
             raise errors.BlobNotFoundError(key) from missing
 
     def delete(self, key: str) -> None:
-        """Remove the blob under ``key`` (none: nothing). Raises: the filesystem's errors."""
+        """Remove the blob under ``key`` (none: nothing). The delete is asked
+        of the store itself, never judged from a cached listing (s3fs's
+        listings cache, on by default, answered ``exists`` from a listing
+        taken before another process wrote the blob: attack finding F3);
+        ``FileNotFoundError`` means it is already gone.
+
+        Raises: the filesystem's other errors."""
         path = self._path(key)
-        if self.fs.exists(path):
+        try:
             self.fs.rm_file(path)
+        except FileNotFoundError:
+            pass  # already gone
+        finally:
+            self.fs.invalidate_cache(path)
 
     def list(self, prefix: str) -> list[str]:
-        """The keys under ``prefix`` (a folder path ending in ``/``), sorted.
+        """The keys under ``prefix`` (a folder path ending in ``/``), sorted,
+        as the store holds them now: the filesystem's cached listings of the
+        folder and its parents are dropped first.
 
         Raises: the filesystem's errors."""
         folder = self._path(prefix.rstrip("/"))
+        self.fs.invalidate_cache(folder)
         if not self.fs.exists(folder):
             return []
         start = len(self.root) + 1
