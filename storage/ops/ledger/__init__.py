@@ -85,7 +85,9 @@ __all__ = [
 
 def _append_alone(request: LedgerAppend, tx: Tx) -> list[AppendResult]:
     """``journal.append`` of ``request`` in ``tx``, and its catalog update."""
-    results = journal.append(tx, request.tenant, request.session_id, request.lease, request.entries)
+    results = journal.append(
+        tx, request.tenant, request.session_id, request.lease, request.entries, request.logical
+    )
     group_ops.catalog_in_tx(tx, [(request, results)])
     return results
 
@@ -318,7 +320,6 @@ class Ledger(Area):
                 self.blobs, self.tenant, sid, e, self.max_body_bytes, gen
             ),
             append,
-            partial(self._stored_at, sid),
         )
         if not (made and made[0].catalogued[0]):
             written = [
@@ -328,18 +329,6 @@ class Ledger(Area):
             ]
             self.catalog.after_append(sid, written)
         return results
-
-    def _stored_at(self, session_id: str, seq: int) -> tuple[str, bytes] | None:
-        """The ``(kind, payload)`` stored at ``seq`` of ``session_id``'s ledger (``None``: none)."""
-        row = self.db.read(
-            "ledger_record_at",
-            lambda tx: tx.one(
-                "SELECT kind, payload FROM ledger_records "
-                "WHERE tenant = ? AND session_id = ? AND seq = ?",
-                [self.tenant, session_id, seq],
-            ),
-        )
-        return None if row is None else (str(row[0]), bytes(row[1]))
 
     def _append(self, request: LedgerAppend) -> list[AppendResult]:
         """``request``'s fenced append, group-committed with the appends queued

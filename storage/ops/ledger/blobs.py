@@ -193,10 +193,16 @@ def envelope(entry: LedgerEntry, gen: int = 0) -> bytes:
     and kind (and ``gen``, its generation, when above 0), then its payload
     exactly. A generation is the same record's blob under another sha256 (so
     another key), written when GC condemned the earlier one's key (``condemn.py``)."""
+    return envelope_head(entry, gen) + entry.payload
+
+
+def envelope_head(entry: LedgerEntry, gen: int = 0) -> bytes:
+    """What :func:`envelope` puts before the payload: the magic line and the
+    JSON head line (``id``, ``kind``, ``gen`` when above 0)."""
     head: dict[str, object] = {"id": entry.idempotency_id, "kind": entry.kind}
     if gen:
         head["gen"] = gen
-    return _MAGIC + json.dumps(head, sort_keys=True).encode() + b"\n" + entry.payload
+    return _MAGIC + json.dumps(head, sort_keys=True).encode() + b"\n"
 
 
 def offload(
