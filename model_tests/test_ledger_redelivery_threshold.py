@@ -123,9 +123,7 @@ def test_an_offloaded_redelivery_of_an_inline_original_is_a_duplicate_and_gc_tak
     assert [(r.seq, r.kind, r.payload) for r in low.replay("s")][1] == (2, "note", BODY)
 
 
-def test_a_group_commit_judges_each_redelivery_by_its_logical_content(
-    store, tmp_path, monkeypatch
-):
+def test_a_group_commit_judges_each_redelivery_by_its_logical_content(store, tmp_path, monkeypatch):
     """Four writers in one group (``group._round``): an inline redelivery of
     an offloaded original, an offloaded redelivery of an inline one (both
     duplicates), and other content under each id (both conflicts). Blobs in
