@@ -34,8 +34,11 @@ import json
 import os
 import posixpath
 import re
+import time
 import uuid
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, Protocol, runtime_checkable
 
 from turnkeeper.spec import errors
 from turnkeeper.spec.ledger import BLOB_POINTER_KIND, LedgerEntry
@@ -52,6 +55,12 @@ offloads and a replay fetches (sessionstore maxRuntimeBodyBytes)."""
 
 _MAGIC = b"turnkeeper-blob/1\n"
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
+_TEMP = re.compile(r"^[0-9a-f]{64}\.tmp-[0-9a-f]{32}$")
+
+DEFAULT_TEMP_GRACE_S = 3600.0
+"""How old (seconds) a put's temporary file must be before GC and the sweep
+reclaim it (``<blob key>.tmp-<32 hex>``, left by a put killed mid-write):
+younger, it may be a put still in progress in a live process."""
 
 
 class BlobStore(Protocol):
@@ -186,6 +195,24 @@ def is_blob_name(name: str) -> bool:
     """Whether ``name`` (a key less its session prefix) has the offload shape:
     a lowercase sha256 hex digest."""
     return bool(_DIGEST.match(name))
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether ``name`` (a key less its session prefix) is the temporary file
+    of a put (:class:`FsspecBlobs`): a blob name, ``.tmp-`` and 32 lowercase
+    hex digits."""
+    return bool(_TEMP.match(name))
+
+
+@runtime_checkable
+class TempFiles(Protocol):
+    """A blob store whose puts write temporary files under their keys'
+    prefixes (:class:`FsspecBlobs`): ``temp_ages`` gives the age in seconds
+    (its clock less the file's last modification) of each of ``keys`` still
+    there; a key gone meanwhile is left out. Other failures raise the
+    store's own errors."""
+
+    def temp_ages(self, keys: Sequence[str]) -> dict[str, float]: ...
 
 
 def envelope(entry: LedgerEntry, gen: int = 0) -> bytes:
@@ -508,6 +535,11 @@ class FsspecBlobs:
     directory fsync'd, :meth:`put`), so an acknowledged pointer's blob
     survives a power loss or an OS crash.
 
+    A put killed mid-write leaves its temporary file
+    (``<key>.tmp-<32 hex>``); :meth:`temp_ages` tells GC and the sweep how old
+    each is, by ``clock`` (default ``time.time``), so they reclaim those older
+    than their grace.
+
     A local ``root`` is made canonical once, here (absolute, its symbolic
     links resolved), so a later change of directory or link does not move
     the blobs.
@@ -519,8 +551,13 @@ class FsspecBlobs:
             whose filesystem's package is not installed.
     """
 
-    def __init__(self, root: str, fs: Any = None) -> None:
+    def __init__(
+        self, root: str, fs: Any = None, *, clock: Callable[[], float] = time.time
+    ) -> None:
         given = root
+        self.clock = clock
+        """The wall clock (seconds since the epoch) a temporary file's age is
+        judged by (:meth:`temp_ages`)."""
         if fs is None:
             from fsspec.core import url_to_fs  # type: ignore[import-untyped]
 
@@ -634,6 +671,23 @@ class FsspecBlobs:
             pass  # already gone
         finally:
             self.fs.invalidate_cache(path)
+
+    def temp_ages(self, keys: Sequence[str]) -> dict[str, float]:
+        """The age (seconds: :attr:`clock` less the file's last modification)
+        of each of ``keys`` still there (see :class:`TempFiles`).
+
+        Raises: the filesystem's errors but ``FileNotFoundError``."""
+        ages: dict[str, float] = {}
+        for key in keys:
+            try:
+                when = self.fs.modified(self._path(key))
+            except FileNotFoundError:
+                continue  # renamed into place or reclaimed meanwhile
+            if isinstance(when, datetime) and when.tzinfo is None:
+                when = when.replace(tzinfo=UTC)  # fsspec's naive times are UTC
+            stamp = when.timestamp() if isinstance(when, datetime) else float(when)
+            ages[key] = self.clock() - stamp
+        return ages
 
     def list(self, prefix: str) -> list[str]:
         """The keys under ``prefix`` (a folder path ending in ``/``), sorted,
