@@ -87,7 +87,8 @@ def sweep(
     ``unreclaimable`` the other keys there, left alone.
 
     Raises:
-        GCListError: a listing failed; nothing is deleted.
+        GCListError: a listing failed (nothing is deleted), or the ages of
+            the temporary files could not be read.
         GCDeleteError: a delete failed (the blobs before it in key order are deleted).
         DatabaseError: the deleted sessions could not be read; nothing is deleted.
     """
