@@ -6,7 +6,7 @@ A power loss cannot be simulated here, so the test records the calls: every
 the ledger's append transaction. The blob file must be synced before its
 rename, its directory after it, each directory the put made (its entry in
 its parent) before the put returns, and all of it before the append. Each
-half is shown able to fail: ``blobs.sync_file`` or ``blobs.sync_directory``
+half is shown able to fail: ``blob_files.sync_file`` or ``blob_files.sync_directory``
 patched to do nothing, the check reports what is missing.
 
 Manual confirmation (strace, not a test): ``strace -f -e
@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from turnkeeper import FsspecBlobs
-from turnkeeper.storage.ops.ledger import Ledger
+from turnkeeper.storage.ops.ledger import Ledger, blob_files
 from turnkeeper.storage.ops.ledger import blobs as blob_ops
 
 TTL = 30.0
@@ -98,7 +98,7 @@ def test_an_offloaded_append_syncs_its_blob_and_directories_before_the_append(
     store.sessions.create("s")
     w = ledger.open("s", store.leases.acquire("session:s", "w", TTL))
     if broken is not None:
-        monkeypatch.setattr(blob_ops, broken, lambda *a: None)
+        monkeypatch.setattr(blob_files, broken, lambda *a: None)
     calls = Calls(monkeypatch)
     assert w.append("turn", BIG, "t1").seq == 2
     (key,) = ledger.blobs.list(blob_ops.blob_prefix("", "s"))
@@ -162,7 +162,7 @@ def test_a_platform_without_directory_sync_skips_it_and_a_failed_file_sync_fails
 
     monkeypatch.setattr(os, "fsync", eio)  # a real failure of a directory's sync is not skipped
     with pytest.raises(OSError):
-        blob_ops.sync_directory(str(tmp_path))
+        blob_files.sync_directory(str(tmp_path))
 
 
 def _is_dir(fd: int) -> bool:

@@ -33,7 +33,7 @@ from conftest import s3_options
 
 from turnkeeper import FsspecBlobs, InvalidInputError
 from turnkeeper.cli.main import cli
-from turnkeeper.storage.ops.ledger import DEFAULT_TEMP_GRACE_S
+from turnkeeper.storage.ops.ledger import DEFAULT_TEMP_GRACE_S, blob_files
 from turnkeeper.storage.ops.ledger import blobs as blob_ops
 from turnkeeper.storage.ops.ledger import gc as gc_ops
 
@@ -140,14 +140,14 @@ def test_a_put_in_progress_keeps_its_temp_file_through_a_gc_pass(
     if not fixed:
         monkeypatch.setattr(gc_ops, "temp_stale", lambda age_s, grace_s: True)
     written, go = threading.Event(), threading.Event()
-    real_sync = blob_ops.sync_file
+    real_sync = blob_files.sync_file
 
     def paused(fd: int) -> None:
         real_sync(fd)
         written.set()
         assert go.wait(HANG_S)
 
-    monkeypatch.setattr(blob_ops, "sync_file", paused)
+    monkeypatch.setattr(blob_files, "sync_file", paused)
     out: list[Any] = []
 
     def append() -> None:

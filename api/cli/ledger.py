@@ -144,7 +144,7 @@ def _ledger(store: BaseStore, tenant: str, blobs_root: str | None, **kw: Any) ->
         return ledger
     blobs: BlobStore | None = None
     if blobs_root is not None:
-        from turnkeeper.storage.ops.ledger.blobs import FsspecBlobs
+        from turnkeeper.storage.ops.ledger.blob_files import FsspecBlobs
 
         blobs = FsspecBlobs(blobs_root)
     return ledger.with_blobs(blobs, **kw)

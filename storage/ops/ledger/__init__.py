@@ -56,13 +56,13 @@ from . import gc as gc_ops
 from . import group as group_ops
 from . import sweep as sweep_ops
 from . import workspace as workspace_ops
+from .blob_files import FsspecBlobs
 from .blobs import (
     DEFAULT_OFFLOAD_THRESHOLD,
     DEFAULT_TEMP_GRACE_S,
     MAX_BODY_BYTES,
     BlobStore,
     DatabaseBlobs,
-    FsspecBlobs,
 )
 from .catalog import Catalog, CatalogOptions
 from .catalog_group import CatalogUpdate
@@ -148,7 +148,7 @@ class Ledger(Area):
         WithOffloadThreshold): payloads longer than ``offload_threshold``
         bytes are stored as sha256-named blobs in ``blobs`` (default: the
         store's own table, :class:`DatabaseBlobs`; or a
-        :class:`~.blobs.FsspecBlobs` directory or object store) with a pointer
+        :class:`~.blob_files.FsspecBlobs` directory or object store) with a pointer
         record in the ledger; a blob over ``max_body_bytes`` (the replay
         ceiling, bytes) is refused. Writers, replays and GC made from the
         returned ledger use these settings.

@@ -33,7 +33,7 @@ one row per blob GC reclaimed.
 
 Why no interleaving of GC and a writer (of any epoch, GC's own included)
 ends with an acknowledged pointer whose blob is gone, on
-:class:`~.blobs.DatabaseBlobs` and :class:`~.blobs.FsspecBlobs` alike:
+:class:`~.blobs.DatabaseBlobs` and :class:`~.blob_files.FsspecBlobs` alike:
 
 - GC deletes only keys marked by a committed condemn transaction (step 3
   follows step 2's commit).

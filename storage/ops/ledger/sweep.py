@@ -2,7 +2,7 @@
 
 A session delete removes the session's ledger and its blobs in the store's
 own table (``ledger_blobs``) in its transaction, but an object store
-(:class:`~.blobs.FsspecBlobs`) cannot join that transaction: its blobs
+(:class:`~.blob_files.FsspecBlobs`) cannot join that transaction: its blobs
 outlive the delete. Once the session is deleted every blob under its prefix
 is an orphan (no ledger is left to point at it), so the sweep deletes them.
 
