@@ -204,7 +204,8 @@ from turnkeeper.spec.tool_execution import ToolExecution
 from turnkeeper.spec.usage import UsageRecord
 from turnkeeper.storage import SCHEMA_VERSION, BaseStore, DuckDBStore, Store
 from turnkeeper.storage.ops.ledger import Catalog, LedgerWriter, RuntimeCommandLog
-from turnkeeper.storage.ops.ledger.blobs import BlobStore, DatabaseBlobs, FsspecBlobs
+from turnkeeper.storage.ops.ledger.blob_files import FsspecBlobs
+from turnkeeper.storage.ops.ledger.blobs import BlobStore, DatabaseBlobs
 from turnkeeper.storage.ops.replays import REPLAY_CACHE_BYTES
 from turnkeeper.storage.wakeups import Subscription, Topic
 

@@ -330,6 +330,8 @@ def test_gc_deletes_an_orphan_and_keeps_the_referenced_blob(db):
         "deleted": 1,
         "deleted_keys": [orphan],
         "unreclaimable": 1,
+        "temps_deleted": 0,
+        "temps_deleted_keys": [],
     }
     assert result["scanned"] == result["referenced"] + result["deleted"]
     with _open(db) as store:
@@ -338,7 +340,9 @@ def test_gc_deletes_an_orphan_and_keeps_the_referenced_blob(db):
         )
     assert _verify(db, "s").exit_code == 0
     again = tk("ledger", "gc", "s", "--db", db)
-    assert again.stdout.startswith("s: scanned 1, referenced 1, deleted 0, unreclaimable 1")
+    assert again.stdout.startswith(
+        "s: scanned 1, referenced 1, deleted 0, temporary files deleted 0, unreclaimable 1"
+    )
 
 
 def test_gc_under_a_lease_another_owner_holds_is_refused_and_deletes_nothing(db):

@@ -44,7 +44,7 @@ from turnkeeper import (
     TransactionConflictError,
 )
 from turnkeeper.storage.ops.ledger import journal
-from turnkeeper.storage.ops.ledger.blobs import FsspecBlobs
+from turnkeeper.storage.ops.ledger.blob_files import FsspecBlobs
 
 TTL = 30.0
 

@@ -68,11 +68,11 @@ class Grouped:
         self._go = threading.Event()
         alone, together = journal.append, group.append_group
 
-        def held_append(tx: Any, tenant: str, sid: str, lease: Any, entries: Any) -> Any:
+        def held_append(tx: Any, tenant: str, sid: str, lease: Any, *entries: Any) -> Any:
             if sid == "blocker":
                 self._held.set()
                 assert self._go.wait(HANG_S)
-            return alone(tx, tenant, sid, lease, entries)
+            return alone(tx, tenant, sid, lease, *entries)
 
         def spy(tx: Any, requests: list[Any]) -> list[Any]:
             self.sizes.append(len(requests))

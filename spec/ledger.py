@@ -161,15 +161,21 @@ class GCResult:
     ``scanned``: blobs of the ledger's shape (``<prefix><sha256 hex>``) listed;
     ``referenced``: those a pointer record of the ledger names (kept);
     ``deleted``: the orphans reaped, ``deleted_keys`` their keys, sorted;
-    ``unreclaimable``: other keys under the prefix, left untouched. On a
-    pass that returns, ``scanned == referenced + deleted``; a failing pass
-    raises instead of returning a partial result."""
+    ``unreclaimable``: other keys under the prefix, left untouched (a put's
+    temporary file younger than the temp grace among them);
+    ``temps_deleted``: the temporary files of puts that can no longer finish
+    (``<sha256 hex>.tmp-<32 hex>``, older than the temp grace, seconds:
+    a put killed mid-write) reaped, ``temps_deleted_keys`` their keys,
+    sorted. On a pass that returns, ``scanned == referenced + deleted``; a
+    failing pass raises instead of returning a partial result."""
 
     scanned: int
     referenced: int
     deleted: int
     deleted_keys: tuple[str, ...]
     unreclaimable: int
+    temps_deleted: int = 0
+    temps_deleted_keys: tuple[str, ...] = ()
 
 
 WORKSPACE_CHECKPOINT_KIND = "workspace_checkpoint"

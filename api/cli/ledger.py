@@ -33,7 +33,13 @@ from turnkeeper.spec.ledger import LedgerEntry
 from turnkeeper.spec.records import Lease
 from turnkeeper.storage import BaseStore
 from turnkeeper.storage.ops.ledger import Ledger
-from turnkeeper.storage.ops.ledger.blobs import DEFAULT_OFFLOAD_THRESHOLD, MAX_BODY_BYTES, BlobStore
+from turnkeeper.storage.ops.ledger.blobs import (
+    DEFAULT_OFFLOAD_THRESHOLD,
+    DEFAULT_TEMP_GRACE_S,
+    MAX_BODY_BYTES,
+    BlobStore,
+)
+from turnkeeper.storage.validate import MAX_TTL_S as MAX_TEMP_GRACE_S
 
 from .common import EXIT_FAILED, db_option, dumps, one_line, open_db, stderr_console, visible
 
@@ -139,7 +145,7 @@ def _ledger(store: BaseStore, tenant: str, blobs_root: str | None, **kw: Any) ->
         return ledger
     blobs: BlobStore | None = None
     if blobs_root is not None:
-        from turnkeeper.storage.ops.ledger.blobs import FsspecBlobs
+        from turnkeeper.storage.ops.ledger.blob_files import FsspecBlobs
 
         blobs = FsspecBlobs(blobs_root)
     return ledger.with_blobs(blobs, **kw)
@@ -504,10 +510,19 @@ def verify_command(
 @ledger_group.command("gc")
 @click.argument("session_id")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option(
+    "--temp-grace",
+    "temp_grace_s",
+    type=click.FloatRange(min=0, max=MAX_TEMP_GRACE_S),
+    default=DEFAULT_TEMP_GRACE_S,
+    show_default=True,
+    help="Seconds a put's temporary file must be old before it is reclaimed.",
+)
 @_options(blobs=True, writes=True)
 def gc_command(
     session_id: str,
     as_json: bool,
+    temp_grace_s: float,
     db: str,
     tenant: str,
     blobs_root: str | None,
@@ -520,23 +535,25 @@ def gc_command(
     Takes the lease session:SESSION_ID as --owner, opens the ledger's writer
     (its fence record), runs GC, releases the lease. Prints scanned,
     referenced, deleted (scanned = referenced + deleted) with each deleted
-    key, and the unreclaimable keys' count (keys under the session's prefix
-    not of the blob shape, left alone). A failed scan, listing or delete is
+    key, the puts' temporary files older than --temp-grace seconds deleted
+    (a put killed mid-write), and the unreclaimable keys' count (other keys
+    under the session's prefix, left alone). A failed scan, listing or delete is
     GCScanError, GCListError or GCDeleteError (exit 2; nothing deleted
     before a scan or listing failure).
     """
     with open_db(db, existing=True) as store:
         ledger = _ledger(store, tenant, blobs_root)
         with _writer(store, ledger, session_id, owner, ttl) as writer:
-            result = ledger.gc(session_id, writer.lease)
+            result = ledger.gc(session_id, writer.lease, temp_grace_s=temp_grace_s)
     if as_json:
         click.echo(dumps({"session_id": session_id, "gc": asdict(result)}))
         return
     click.echo(
         f"{session_id}: scanned {result.scanned}, referenced {result.referenced}, "
-        f"deleted {result.deleted}, unreclaimable {result.unreclaimable}"
+        f"deleted {result.deleted}, temporary files deleted {result.temps_deleted}, "
+        f"unreclaimable {result.unreclaimable}"
     )
-    for key in result.deleted_keys:
+    for key in result.deleted_keys + result.temps_deleted_keys:
         click.echo(f"  deleted {key}")
 
 

@@ -47,7 +47,7 @@ from turnkeeper.spec.records import Lease
 
 from ...backend import Merge, Tx
 from ...codec import check_id, check_tenant, check_text
-from ...validate import check_int, check_session_lease
+from ...validate import check_int, check_seconds, check_session_lease
 from .. import leases
 from ..base import Area, Shared
 from . import blobs as blob_ops
@@ -56,12 +56,13 @@ from . import gc as gc_ops
 from . import group as group_ops
 from . import sweep as sweep_ops
 from . import workspace as workspace_ops
+from .blob_files import FsspecBlobs
 from .blobs import (
     DEFAULT_OFFLOAD_THRESHOLD,
+    DEFAULT_TEMP_GRACE_S,
     MAX_BODY_BYTES,
     BlobStore,
     DatabaseBlobs,
-    FsspecBlobs,
 )
 from .catalog import Catalog, CatalogOptions
 from .catalog_group import CatalogUpdate
@@ -71,6 +72,7 @@ from .writer import LedgerWriter, RuntimeCommandLog, check_entries, decode_appli
 
 __all__ = [
     "DEFAULT_OFFLOAD_THRESHOLD",
+    "DEFAULT_TEMP_GRACE_S",
     "MAX_BODY_BYTES",
     "PAGE_ROWS",
     "BlobStore",
@@ -85,7 +87,9 @@ __all__ = [
 
 def _append_alone(request: LedgerAppend, tx: Tx) -> list[AppendResult]:
     """``journal.append`` of ``request`` in ``tx``, and its catalog update."""
-    results = journal.append(tx, request.tenant, request.session_id, request.lease, request.entries)
+    results = journal.append(
+        tx, request.tenant, request.session_id, request.lease, request.entries, request.logical
+    )
     group_ops.catalog_in_tx(tx, [(request, results)])
     return results
 
@@ -144,7 +148,7 @@ class Ledger(Area):
         WithOffloadThreshold): payloads longer than ``offload_threshold``
         bytes are stored as sha256-named blobs in ``blobs`` (default: the
         store's own table, :class:`DatabaseBlobs`; or a
-        :class:`~.blobs.FsspecBlobs` directory or object store) with a pointer
+        :class:`~.blob_files.FsspecBlobs` directory or object store) with a pointer
         record in the ledger; a blob over ``max_body_bytes`` (the replay
         ceiling, bytes) is refused. Writers, replays and GC made from the
         returned ledger use these settings.
@@ -319,7 +323,6 @@ class Ledger(Area):
                 self.blobs, self.tenant, sid, e, self.max_body_bytes, gen
             ),
             append,
-            partial(self._stored_at, sid),
         )
         if not (made and made[0].catalogued[0]):
             written = [
@@ -329,18 +332,6 @@ class Ledger(Area):
             ]
             self.catalog.after_append(sid, written)
         return results
-
-    def _stored_at(self, session_id: str, seq: int) -> tuple[str, bytes] | None:
-        """The ``(kind, payload)`` stored at ``seq`` of ``session_id``'s ledger (``None``: none)."""
-        row = self.db.read(
-            "ledger_record_at",
-            lambda tx: tx.one(
-                "SELECT kind, payload FROM ledger_records "
-                "WHERE tenant = ? AND session_id = ? AND seq = ?",
-                [self.tenant, session_id, seq],
-            ),
-        )
-        return None if row is None else (str(row[0]), bytes(row[1]))
 
     def _append(self, request: LedgerAppend) -> list[AppendResult]:
         """``request``'s fenced append, group-committed with the appends queued
@@ -377,7 +368,13 @@ class Ledger(Area):
             self.blobs, self.tenant, session_id, seq, outer_id, payload, self.max_body_bytes
         )
 
-    def gc(self, session_id: str, lease: Lease | None) -> GCResult:
+    def gc(
+        self,
+        session_id: str,
+        lease: Lease | None,
+        *,
+        temp_grace_s: float = DEFAULT_TEMP_GRACE_S,
+    ) -> GCResult:
         """Reclaim ``session_id``'s blobs that no pointer record of its ledger
         references (sessionstore OpenObjectGC + ObjectGC.GC), as its single
         writer: ``lease`` must be held and be the epoch of the ledger's newest
@@ -386,9 +383,13 @@ class Ledger(Area):
         whose lease lapses while it deletes, a writer of a newer epoch, or an
         append of the same writer never loses an acknowledged record's blob:
         an append refuses a pointer to a condemned blob and writes the blob
-        again under another name. Returns a :class:`~turnkeeper.spec.ledger.GCResult`:
-        ``scanned == referenced + deleted``; keys of another shape under the
-        prefix are ``unreclaimable`` and left alone.
+        again under another name. Then the temporary files of puts that can
+        no longer finish (a put killed mid-write: ``<key>.tmp-<32 hex>``) older
+        than ``temp_grace_s`` seconds (default one hour; a put in progress
+        keeps its file) are deleted. Returns a
+        :class:`~turnkeeper.spec.ledger.GCResult`: ``scanned == referenced +
+        deleted``, ``temps_deleted`` the temporary files; keys of another
+        shape under the prefix are ``unreclaimable`` and left alone.
 
         Raises:
             NilLeaseError: ``lease`` is ``None``.
@@ -396,14 +397,19 @@ class Ledger(Area):
                 ``LeaseLostError`` is ``__cause__``); nothing is deleted.
             GCScanError: the ledger's pointers could not all be read and
                 decoded; nothing is deleted.
-            GCListError: the blob prefix could not be listed; nothing is deleted.
-            GCDeleteError: an orphan's delete failed (the blobs before it in
-                key order are deleted; the next pass deletes the rest).
+            GCListError: the blob prefix could not be listed (nothing is
+                deleted), or the temporary files' ages could not be read (the
+                orphans are deleted, no temporary file).
+            GCDeleteError: an orphan's or a temporary file's delete failed
+                (those before it in key order are deleted; the next pass
+                deletes the rest).
             DatabaseError: the condemned marks could not be written (nothing
                 deleted).
-            InvalidInputError: a malformed id, or a lease on another target.
+            InvalidInputError: a malformed id, a lease on another target, or
+                ``temp_grace_s`` not finite seconds in [0, ten years].
         """
         check_id(session_id, "session_id")
+        grace = check_seconds(temp_grace_s, "temp_grace_s")
         if lease is None:
             raise errors.NilLeaseError(session_id)
         check_session_lease(session_id, lease)
@@ -414,6 +420,7 @@ class Ledger(Area):
             session_id,
             lease,
             lambda body: self._fenced("ledger_gc", lease, body),
+            grace,
         )
 
     def tip(self, session_id: str) -> int:
@@ -603,7 +610,12 @@ class Ledger(Area):
             ids = self._ids(session_ids)
         return workspace_ops.live_refs(self.replay, ids)
 
-    def sweep_deleted(self, session_ids: Sequence[str] | None = None) -> GCResult:
+    def sweep_deleted(
+        self,
+        session_ids: Sequence[str] | None = None,
+        *,
+        temp_grace_s: float = DEFAULT_TEMP_GRACE_S,
+    ) -> GCResult:
         """Delete the blobs of deleted sessions from this ledger's blob store:
         an object store cannot join a session delete's transaction, so its
         blobs outlive the delete (the store's own table is cleared by the
@@ -614,18 +626,23 @@ class Ledger(Area):
         to those sessions' prefixes (default: list every session prefix of
         this tenant; memory: the keys listed). Returns a
         :class:`~turnkeeper.spec.ledger.GCResult`: ``scanned == deleted``
-        (``referenced`` 0), ``unreclaimable`` the keys of another shape left
-        there. Safe to run at any time and again; see ``sweep.py``.
+        (``referenced`` 0), ``temps_deleted`` the temporary files of puts
+        there older than ``temp_grace_s`` seconds (default one hour),
+        ``unreclaimable`` the keys of another shape left there. Safe to run
+        at any time and again; see ``sweep.py``.
 
         Raises:
-            GCListError: a listing failed; nothing is deleted.
+            GCListError: a listing failed (nothing is deleted), or the
+                temporary files' ages could not be read.
             GCDeleteError: a delete failed (the blobs before it in key order
                 are deleted).
-            InvalidInputError: a malformed id.
+            InvalidInputError: a malformed id, or ``temp_grace_s`` not finite
+                seconds in [0, ten years].
             DatabaseError: the tombstones could not be read; nothing is deleted.
         """
         ids = None if session_ids is None else self._ids(session_ids)
-        return sweep_ops.sweep(self.db, self.blobs, self.tenant, ids)
+        grace = check_seconds(temp_grace_s, "temp_grace_s")
+        return sweep_ops.sweep(self.db, self.blobs, self.tenant, ids, grace)
 
     @staticmethod
     def _ids(session_ids: Sequence[str]) -> list[str]:

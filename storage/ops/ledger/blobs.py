@@ -12,8 +12,9 @@ idempotency id. A blob written whose pointer append then fails is an orphan,
 never seen by replay, reclaimed by ledger GC (``gc.py``).
 
 Blobs live in a :class:`BlobStore`: :class:`DatabaseBlobs` (the store's own
-table ``ledger_blobs``, the default) or :class:`FsspecBlobs` (a directory or
-object store through ``fsspec``, the optional dependency ``turnkeeper[blobs]``).
+table ``ledger_blobs``, the default) or :class:`~.blob_files.FsspecBlobs` (a directory or
+object store through ``fsspec``, the optional dependency ``turnkeeper[blobs]``,
+in ``blob_files.py``).
 
 Replay resolves a pointer (:func:`resolve`) and fails closed, typed, with the
 pointer's sequence and the blob's key: ``DurableBodyTooLargeError`` (declared
@@ -29,11 +30,9 @@ from __future__ import annotations
 
 import hmac
 import json
-import os
-import posixpath
 import re
-import uuid
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from turnkeeper.spec import errors
 from turnkeeper.spec.ledger import BLOB_POINTER_KIND, LedgerEntry
@@ -50,6 +49,12 @@ offloads and a replay fetches (sessionstore maxRuntimeBodyBytes)."""
 
 _MAGIC = b"turnkeeper-blob/1\n"
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
+_TEMP = re.compile(r"^[0-9a-f]{64}\.tmp-[0-9a-f]{32}$")
+
+DEFAULT_TEMP_GRACE_S = 3600.0
+"""How old (seconds) a put's temporary file must be before GC and the sweep
+reclaim it (``<blob key>.tmp-<32 hex>``, left by a put killed mid-write):
+younger, it may be a put still in progress in a live process."""
 
 
 class BlobStore(Protocol):
@@ -186,15 +191,39 @@ def is_blob_name(name: str) -> bool:
     return bool(_DIGEST.match(name))
 
 
+def is_temp_name(name: str) -> bool:
+    """Whether ``name`` (a key less its session prefix) is the temporary file
+    of a put (:class:`~.blob_files.FsspecBlobs`): a blob name, ``.tmp-`` and 32 lowercase
+    hex digits."""
+    return bool(_TEMP.match(name))
+
+
+@runtime_checkable
+class TempFiles(Protocol):
+    """A blob store whose puts write temporary files under their keys'
+    prefixes (:class:`~.blob_files.FsspecBlobs`): ``temp_ages`` gives the age in seconds
+    (its clock less the file's last modification) of each of ``keys`` still
+    there; a key gone meanwhile is left out. Other failures raise the
+    store's own errors."""
+
+    def temp_ages(self, keys: Sequence[str]) -> dict[str, float]: ...
+
+
 def envelope(entry: LedgerEntry, gen: int = 0) -> bytes:
     """The blob of ``entry``: a magic line, a JSON line with its idempotency id
     and kind (and ``gen``, its generation, when above 0), then its payload
     exactly. A generation is the same record's blob under another sha256 (so
     another key), written when GC condemned the earlier one's key (``condemn.py``)."""
+    return envelope_head(entry, gen) + entry.payload
+
+
+def envelope_head(entry: LedgerEntry, gen: int = 0) -> bytes:
+    """What :func:`envelope` puts before the payload: the magic line and the
+    JSON head line (``id``, ``kind``, ``gen`` when above 0)."""
     head: dict[str, object] = {"id": entry.idempotency_id, "kind": entry.kind}
     if gen:
         head["gen"] = gen
-    return _MAGIC + json.dumps(head, sort_keys=True).encode() + b"\n" + entry.payload
+    return _MAGIC + json.dumps(head, sort_keys=True).encode() + b"\n"
 
 
 def offload(
@@ -406,138 +435,3 @@ class DatabaseBlobs:
             ),
         )
         return sorted(str(r[0]) for r in rows)
-
-
-def canonical_directory(given: str, path: str) -> str:
-    """``path`` (the local directory ``given`` names, made absolute) with its
-    symbolic links resolved; it need not exist yet.
-
-    Raises:
-        PersistencePathError: a symbolic-link loop or another failure to
-            examine it (the ``OSError`` is ``__cause__``), a NUL byte in it, or
-            it is not a directory.
-    """
-    try:
-        os.stat(path)
-    except FileNotFoundError:
-        pass  # made on the first put: resolve what exists of it
-    except (OSError, ValueError) as failure:  # ValueError: a NUL byte in it
-        raise errors.PersistencePathError(given, detail=str(failure)) from failure
-    else:
-        if not os.path.isdir(path):
-            raise errors.PersistencePathError(given, detail="not a directory")
-    return os.path.realpath(path).rstrip("/") or "/"
-
-
-_LOCAL_PATH_BYTES = 4095
-"""The longest local path (bytes) a put makes (Linux's PATH_MAX less its NUL)."""
-
-_OBJECT_KEY_BYTES = 1024
-"""The longest path (bytes, the bucket's name included) a put makes on an
-object store: S3's key limit."""
-
-_TEMP_SUFFIX_BYTES = len(".tmp-") + 32
-"""What a put's temporary file adds to the blob's path."""
-
-
-def _longer_id(key: str) -> str:
-    """The field a too-long ``key`` is too long for: ``tenant`` or
-    ``session_id``, whichever is longer (``key`` for another key)."""
-    found = split_key(key)
-    if found is None:
-        return "key"
-    return "tenant" if len(found[0].encode()) > len(found[1].encode()) else "session_id"
-
-
-class FsspecBlobs:
-    """A blob store in a directory or object store through ``fsspec``
-    (``turnkeeper[blobs]``): blob ``key`` is the file ``<root>/<key>``.
-    Without ``fs`` (an ``fsspec.AbstractFileSystem``), ``root`` is a local
-    path or an fsspec URL naming its filesystem (``s3://bucket/prefix``:
-    ``turnkeeper[s3]``; ``file://…``). A put writes a temporary file next to the blob and moves it
-    into place, so a reader never sees half a blob under its key.
-
-    A local ``root`` is made canonical once, here (absolute, its symbolic
-    links resolved), so a later change of directory or link does not move
-    the blobs.
-
-    Raises:
-        PersistencePathError: a local ``root`` that resolves through a
-            symbolic-link loop, cannot be examined, or is not a directory.
-        InvalidInputError: a URL of a protocol fsspec does not know, or
-            whose filesystem's package is not installed.
-    """
-
-    def __init__(self, root: str, fs: Any = None) -> None:
-        given = root
-        if fs is None:
-            from fsspec.core import url_to_fs  # type: ignore[import-untyped]
-
-            try:
-                fs, root = url_to_fs(root)
-            except (ValueError, ImportError) as failure:
-                raise errors.InvalidInputError(
-                    "root", f"{root!r} names no filesystem fsspec can open: {failure}"
-                ) from failure
-        self.fs = fs
-        self.root = str(fs._strip_protocol(root)).rstrip("/")
-        protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-        self.max_path = _OBJECT_KEY_BYTES
-        self.local = "file" in protocols or "local" in protocols
-        """Whether the blobs are files of this machine (under ``root``)."""
-        if self.local:
-            self.root = canonical_directory(given, self.root)
-            self.max_path = _LOCAL_PATH_BYTES
-
-    def _path(self, key: str) -> str:
-        if key.startswith("/") or ".." in key.split("/"):
-            raise errors.InvalidInputError("key", f"{key!r} leaves the blob root")
-        return posixpath.join(self.root, key)
-
-    def put(self, key: str, data: bytes) -> None:
-        """Store ``data`` under ``key`` (a temporary file moved into place).
-
-        Raises:
-            InvalidInputError: a key leaving the root (``key``), or whose path
-                (with its temporary suffix) is longer than the filesystem
-                takes (``tenant`` or ``session_id``, the longer: an id of
-                thousands of bytes); nothing is written.
-            Exception: the filesystem's errors.
-        """
-        path = self._path(key)
-        if len(path.encode()) + _TEMP_SUFFIX_BYTES > self.max_path:
-            raise errors.InvalidInputError(
-                _longer_id(key),
-                f"its blob path is {len(path.encode())} bytes, over the "
-                f"{self.max_path - _TEMP_SUFFIX_BYTES} this blob store takes",
-            )
-        self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        temp = f"{path}.tmp-{uuid.uuid4().hex}"
-        self.fs.pipe_file(temp, data)
-        self.fs.mv(temp, path)
-
-    def get(self, key: str, max_bytes: int | None = None) -> bytes:
-        """The bytes under ``key`` (only the first ``max_bytes`` of a longer
-        blob: a ranged read).
-
-        Raises: BlobNotFoundError (no such file); the filesystem's other errors."""
-        try:
-            return bytes(self.fs.cat_file(self._path(key), start=0, end=max_bytes))
-        except FileNotFoundError as missing:
-            raise errors.BlobNotFoundError(key) from missing
-
-    def delete(self, key: str) -> None:
-        """Remove the blob under ``key`` (none: nothing). Raises: the filesystem's errors."""
-        path = self._path(key)
-        if self.fs.exists(path):
-            self.fs.rm_file(path)
-
-    def list(self, prefix: str) -> list[str]:
-        """The keys under ``prefix`` (a folder path ending in ``/``), sorted.
-
-        Raises: the filesystem's errors."""
-        folder = self._path(prefix.rstrip("/"))
-        if not self.fs.exists(folder):
-            return []
-        start = len(self.root) + 1
-        return sorted(str(p)[start:] for p in self.fs.find(folder))

@@ -33,7 +33,7 @@ one row per blob GC reclaimed.
 
 Why no interleaving of GC and a writer (of any epoch, GC's own included)
 ends with an acknowledged pointer whose blob is gone, on
-:class:`~.blobs.DatabaseBlobs` and :class:`~.blobs.FsspecBlobs` alike:
+:class:`~.blobs.DatabaseBlobs` and :class:`~.blob_files.FsspecBlobs` alike:
 
 - GC deletes only keys marked by a committed condemn transaction (step 3
   follows step 2's commit).
@@ -66,15 +66,19 @@ A pass that fails or is cancelled mid-delete leaves its marks: the next pass
 lists the blobs still there and deletes them.
 
 Idempotency across generations: a redelivery whose pointer differs from the
-stored one only by the generation is the same record. An append refused with
-``LedgerIdempotencyConflictError`` for an offloaded entry is checked against
-the stored pointer (:func:`generation_of`): when it names the same envelope
-at another generation, the writer appends that generation's pointer again
-and gets the original's sequence (``duplicate=True``).
+stored one only by the generation is the same record. The append's
+idempotency check compares logical content (:func:`same_record`): a stored
+pointer is matched against every generation of the entry's envelope
+(:func:`generation_of`), so the redelivery gets the original's sequence
+(``duplicate=True``); so is an inline redelivery of an offloaded original
+and an offloaded redelivery of an inline one (attack finding F5). A blob
+such a redelivery put before its append found the original is referenced
+by no pointer: GC reclaims it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -154,17 +158,48 @@ def mark(tx: Tx, tenant: str, session_id: str, epoch: int, gc_id: str, keys: Seq
 
 def generation_of(entry: LedgerEntry, kind: str, payload: bytes) -> int | None:
     """The generation at which the stored record (``kind``, ``payload``) is the
-    pointer of ``entry``'s blob; ``None`` when it is not one."""
+    pointer of ``entry``'s blob (``entry`` as given, its payload not
+    offloaded); ``None`` when it is not one. Only the generations whose
+    envelope is as long as the pointer's declared size are hashed."""
     if kind != BLOB_POINTER_KIND:
         return None
     try:
-        want: Any = records.loads_json(payload)["sha256"]
+        body: Any = records.loads_json(payload)
+        want, size = body["sha256"], body["size"]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         return None
     for gen in range(MAX_GENERATIONS):
-        if records.sha256(blob_ops.envelope(entry, gen)) == want:
+        head = blob_ops.envelope_head(entry, gen)
+        if len(head) + len(entry.payload) != size:
+            continue
+        digest = hashlib.sha256(head)
+        digest.update(entry.payload)
+        if digest.hexdigest() == want:
             return gen
     return None
+
+
+def same_record(
+    found: tuple[int, str, str, bytes | None],
+    stored: LedgerEntry,
+    digest: str,
+    logical: LedgerEntry,
+) -> bool:
+    """Whether the record ``found`` under an idempotency id (``(seq, kind,
+    payload sha256, payload when it is a blob pointer)``) is the entry about
+    to be stored: ``stored`` as it would be written (a pointer when
+    offloaded; ``digest`` its payload's sha256), ``logical`` as given. The
+    same logical content (kind and payload bytes) is the same record
+    whichever side of the offload threshold each was written on (attack
+    finding F5 on issue 19) and whatever generation its blob took: an inline
+    record and the pointer of a blob of the same kind and payload, or two
+    pointers to generations of one envelope (:func:`generation_of`)."""
+    _, kind, sha, pointer = found
+    if (kind, sha) == (stored.kind, digest):
+        return True
+    if kind == BLOB_POINTER_KIND:
+        return pointer is not None and generation_of(logical, kind, pointer) is not None
+    return (kind, sha) == (logical.kind, records.sha256(logical.payload))
 
 
 def write_offloaded(
@@ -172,16 +207,13 @@ def write_offloaded(
     threshold: int,
     offload: Callable[[LedgerEntry, int], LedgerEntry],
     append: Callable[[list[LedgerEntry]], list[AppendResult]],
-    stored_at: Callable[[int], tuple[str, bytes] | None],
 ) -> list[AppendResult]:
     """Append ``entries`` through ``append`` (one fenced transaction), each
     payload longer than ``threshold`` bytes first offloaded by
     ``offload(entry, generation)``; on ``BlobCondemnedError`` the condemned
-    blob's entry moves to its next generation, on
-    ``LedgerIdempotencyConflictError`` an offloaded entry takes the generation
-    of the stored pointer (``stored_at(seq)``: its ``(kind, payload)``) when
-    that is its own blob (see the module docstring), and the append runs
-    again.
+    blob's entry moves to its next generation and the append runs again. A
+    redelivery is recognised in the append itself (:func:`same_record`),
+    whichever generation or side of the threshold the original took.
 
     Raises:
         BlobCondemnedError: an entry's :data:`MAX_GENERATIONS` generations are
@@ -210,14 +242,3 @@ def write_offloaded(
             if not hit or gens[hit[0]] + 1 >= MAX_GENERATIONS:
                 raise
             gens[hit[0]] += 1
-        except errors.LedgerIdempotencyConflictError as conflict:
-            moved = False
-            for i, e in enumerate(entries):
-                if e.idempotency_id != conflict.idempotency_id or len(e.payload) <= threshold:
-                    continue
-                found = stored_at(conflict.seq)
-                gen = None if found is None else generation_of(e, *found)
-                if gen is not None and gen != gens[i]:
-                    gens[i], moved = gen, True
-            if not moved:
-                raise

@@ -15,7 +15,10 @@ writer:
    ``GCLeaseNotHeldError``, nothing deleted): the listed blobs of the offload
    shape that no pointer references, less those named by a pointer appended
    since the scan, are marked condemned, for good (``condemn.py``);
-5. each condemned blob is deleted (a failure is ``GCDeleteError``).
+5. each condemned blob is deleted (a failure is ``GCDeleteError``);
+6. the temporary files of puts that can no longer finish (older than the
+   temp grace, :data:`~.blobs.DEFAULT_TEMP_GRACE_S` by default: a put
+   killed mid-write, attack finding F7) are deleted (:func:`reclaim_temps`).
 
 Each failure deletes nothing past it (steps 1 to 4 fail before any delete).
 The lease is not checked again during the deletes, and need not be: a
@@ -37,7 +40,7 @@ from turnkeeper.spec.records import Lease
 from ...backend import Backend, Tx
 from .. import leases
 from . import condemn, journal, records
-from .blobs import BlobStore, blob_prefix, is_blob_name, parse_pointer
+from .blobs import BlobStore, TempFiles, blob_prefix, is_blob_name, is_temp_name, parse_pointer
 from .replay import PAGE_ROWS, RECORD_COLUMNS, ledger_name, verified_rows
 
 
@@ -136,6 +139,52 @@ def condemn_orphans(
     return doomed
 
 
+def stale_temps(blobs: BlobStore, keys: list[str], grace_s: float) -> list[str]:
+    """Those of ``keys`` (temporary files of puts) older than ``grace_s``
+    seconds by the store's own clock (:class:`~.blobs.TempFiles`), sorted:
+    puts that can no longer finish. A store without temporary files has none.
+
+    Raises:
+        Exception: the store's failure to tell their ages.
+    """
+    if not keys or not isinstance(blobs, TempFiles):
+        return []
+    ages = blobs.temp_ages(keys)
+    return sorted(k for k, age in ages.items() if temp_stale(age, grace_s))
+
+
+def temp_stale(age_s: float, grace_s: float) -> bool:
+    """A temporary file ``age_s`` seconds old is a put that can no longer
+    finish: older than the grace (a put in progress keeps its file)."""
+    return age_s > grace_s
+
+
+def reclaim_temps(blobs: BlobStore, prefix: str, listed: list[str], grace_s: float) -> list[str]:
+    """Delete the temporary files among ``listed`` (keys under ``prefix``:
+    ``<sha256 hex>.tmp-<32 hex>``, :func:`~.blobs.is_temp_name`) older than
+    ``grace_s`` seconds (:func:`stale_temps`); returns their keys, sorted.
+    A temporary file is never a blob a pointer names: no condemn is needed
+    (a put that did finish renamed it away; one still writing past the grace
+    fails its rename and its append is never made).
+
+    Raises:
+        GCListError: their ages could not be read (the store's error is
+            ``__cause__``); nothing is deleted.
+        GCDeleteError: a delete failed (those before it are deleted).
+    """
+    temps = [k for k in listed if k.startswith(prefix) and is_temp_name(k[len(prefix) :])]
+    try:
+        stale = stale_temps(blobs, temps, grace_s)
+    except Exception as failure:  # any store failure: fail closed, typed
+        raise errors.GCListError(prefix) from failure
+    for key in stale:
+        try:
+            blobs.delete(key)
+        except Exception as failure:  # any store failure: surfaced, typed
+            raise errors.GCDeleteError(key) from failure
+    return stale
+
+
 def collect(
     db: Backend,
     blobs: BlobStore,
@@ -143,10 +192,12 @@ def collect(
     session_id: str,
     lease: Lease,
     fenced: Callable[[Callable[[Tx], Any]], Any],
+    temp_grace_s: float,
 ) -> GCResult:
     """One GC pass (see the module docstring). ``fenced(body)`` runs ``body``
     as a fenced write (a refusal recorded in ``fence_events``) and returns
-    its result."""
+    its result. The orphans deleted, the puts' temporary files older than
+    ``temp_grace_s`` seconds are reclaimed (:func:`reclaim_temps`)."""
 
     def fence(body: Callable[[Tx], Any]) -> Any:
         try:
@@ -173,10 +224,13 @@ def collect(
             blobs.delete(key)
         except Exception as failure:  # any store failure: surfaced, typed
             raise errors.GCDeleteError(key) from failure
+    temps = reclaim_temps(blobs, prefix, listed, temp_grace_s)
     return GCResult(
         scanned=len(shaped),
         referenced=len(shaped) - len(doomed),
         deleted=len(doomed),
         deleted_keys=tuple(doomed),
-        unreclaimable=len(listed) - len(shaped),
+        unreclaimable=len(listed) - len(shaped) - len(temps),
+        temps_deleted=len(temps),
+        temps_deleted_keys=tuple(temps),
     )

@@ -162,19 +162,21 @@ def _tips(tx: Tx, requests: list[LedgerAppend]) -> dict[tuple[str, str], tuple[i
 
 def _known(
     tx: Tx, requests: list[LedgerAppend], writing: list[int]
-) -> dict[tuple[str, str], dict[str, tuple[int, str, str]]]:
+) -> dict[tuple[str, str], dict[str, journal.Known]]:
     """The records already stored under the idempotency ids of the ``writing``
     requests, and the record past each one's tip if one is there (damage:
     :func:`.journal.sequence` refuses it): per ledger (tenant, session), by
-    id, ``(seq, kind, sha256)``."""
+    id, a :data:`.journal.Known`."""
     wanted = {(requests[i].tenant, requests[i].session_id) for i in writing}
     tenants, sessions = sorted({t for t, _ in wanted}), sorted({s for _, s in wanted})
     rows = tx.rows(
-        "SELECT tenant, session_id, idempotency_id, seq, kind, payload_sha256 "
+        "SELECT tenant, session_id, idempotency_id, seq, kind, payload_sha256, "
+        f"{journal.known_pointer()} "
         "FROM ledger_records WHERE tenant = ANY(?::VARCHAR[]) "
         "AND session_id = ANY(?::VARCHAR[]) AND idempotency_id = ANY(?::VARCHAR[]) "
         "UNION ALL SELECT r.tenant, r.session_id, r.idempotency_id, r.seq, r.kind, "
-        "r.payload_sha256 FROM ledger_tips t JOIN ledger_records r "
+        f"r.payload_sha256, {journal.known_pointer('r')} "
+        "FROM ledger_tips t JOIN ledger_records r "
         "ON r.tenant = t.tenant AND r.session_id = t.session_id AND r.seq = t.seq + 1 "
         "WHERE t.tenant = ANY(?::VARCHAR[]) AND t.session_id = ANY(?::VARCHAR[])",
         [
@@ -185,10 +187,11 @@ def _known(
             sessions,
         ],
     )
-    known: dict[tuple[str, str], dict[str, tuple[int, str, str]]] = {}
-    for t, s, k, seq, kind, h in rows:
+    known: dict[tuple[str, str], dict[str, journal.Known]] = {}
+    for t, s, k, seq, kind, h, pointer in rows:
         if (t, s) in wanted:
-            known.setdefault((str(t), str(s)), {})[str(k)] = (int(seq), str(kind), str(h))
+            found = (int(seq), str(kind), str(h), None if pointer is None else bytes(pointer))
+            known.setdefault((str(t), str(s)), {})[str(k)] = found
     return known
 
 
@@ -223,7 +226,7 @@ def _round(tx: Tx, requests: list[LedgerAppend]) -> list[Any]:
         tip, ledger_epoch = tips[(r.tenant, r.session_id)]
         try:
             results, new = journal.sequence(
-                r.session_id, tip, r.entries, known.get((r.tenant, r.session_id), {})
+                r.session_id, tip, r.entries, known.get((r.tenant, r.session_id), {}), r.logical
             )
             condemn.refuse_condemned(r.session_id, new, marked)
         except (

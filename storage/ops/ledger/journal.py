@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from turnkeeper.machines import machine_for
 from turnkeeper.spec import errors
 from turnkeeper.spec.ledger import (
+    BLOB_POINTER_KIND,
     FENCE_KIND,
     LEDGER_WRITER,
     AppendResult,
@@ -65,6 +66,18 @@ COLUMNS = (
     "record_sha256",
 )
 """``ledger_records``'s columns, in table order (the inserts')."""
+
+Known = tuple[int, str, str, bytes | None]
+"""A record already stored under an idempotency id, as the append's check
+reads it: ``(seq, kind, payload sha256, payload when it is a blob pointer)``."""
+
+
+def known_pointer(table: str = "") -> str:
+    """The select expression of :data:`Known`'s last field, over the
+    ``ledger_records`` columns of alias ``table`` (a pointer's payload is a
+    short JSON object; another record's payload is not read)."""
+    at = f"{table}." if table else ""
+    return f"CASE WHEN {at}kind = '{BLOB_POINTER_KIND}' THEN {at}payload END"
 
 
 def read_tip(tx: Tx, tenant: str, session_id: str, *, lock: bool = False) -> tuple[int, int]:
@@ -179,13 +192,20 @@ def check_epoch(session_id: str, lease: Lease, ledger_epoch: int) -> None:
 
 
 def append(
-    tx: Tx, tenant: str, session_id: str, lease: Lease, entries: Sequence[LedgerEntry]
+    tx: Tx,
+    tenant: str,
+    session_id: str,
+    lease: Lease,
+    entries: Sequence[LedgerEntry],
+    logical: Sequence[LedgerEntry] = (),
 ) -> list[AppendResult]:
-    """Append ``entries`` in order under ``lease`` (edge ``append``): the lease
-    fence, then the ledger's (:func:`check_epoch`), judged with the tip's row
-    locked; an entry whose idempotency id is already in the ledger (or earlier
-    in ``entries``) with the same kind and payload takes that record's
-    sequence and writes nothing.
+    """Append ``entries`` (as stored: an offloaded payload already its
+    pointer; ``logical`` the same entries as given, default ``entries``) in
+    order under ``lease`` (edge ``append``): the lease fence, then the
+    ledger's (:func:`check_epoch`), judged with the tip's row locked; an
+    entry whose idempotency id is already in the ledger (or earlier in
+    ``entries``) with the same kind and payload, inline or offloaded
+    (``condemn.same_record``), takes that record's sequence and writes nothing.
 
     Raises:
         LeaseLostError: a fence refused the writer (edge ``overtaken``).
@@ -202,17 +222,17 @@ def append(
     MACHINE.require("append", "open", {"lease_held": True})
     ids = list(dict.fromkeys(e.idempotency_id for e in entries))
     marks = ", ".join("?" for _ in ids)
-    known: dict[str, tuple[int, str, str]] = {
-        str(r[0]): (int(r[1]), str(r[2]), str(r[3]))
+    known: dict[str, Known] = {
+        str(r[0]): (int(r[1]), str(r[2]), str(r[3]), None if r[4] is None else bytes(r[4]))
         for r in tx.rows(
-            "SELECT idempotency_id, seq, kind, payload_sha256 FROM ledger_records "
-            f"WHERE {_WHERE} AND idempotency_id IN ({marks}) UNION ALL "
-            "SELECT idempotency_id, seq, kind, payload_sha256 FROM ledger_records "
-            f"WHERE {_WHERE} AND seq = ?",
+            f"SELECT idempotency_id, seq, kind, payload_sha256, {known_pointer()} "
+            f"FROM ledger_records WHERE {_WHERE} AND idempotency_id IN ({marks}) UNION ALL "
+            f"SELECT idempotency_id, seq, kind, payload_sha256, {known_pointer()} "
+            f"FROM ledger_records WHERE {_WHERE} AND seq = ?",
             [tenant, session_id, *ids, tenant, session_id, tip + 1],
         )
     }
-    results, new = sequence(session_id, tip, entries, known)
+    results, new = sequence(session_id, tip, entries, known, logical)
     condemn.check_append(tx, session_id, new)
     if new:
         _insert(tx, tenant, session_id, lease.epoch, now, new)
@@ -224,35 +244,38 @@ def sequence(
     session_id: str,
     tip: int,
     entries: Sequence[LedgerEntry],
-    known: dict[str, tuple[int, str, str]],
+    known: dict[str, Known],
+    logical: Sequence[LedgerEntry] = (),
 ) -> tuple[list[AppendResult], list[tuple[int, LedgerEntry]]]:
-    """Number ``entries`` from ``tip + 1``: an entry whose idempotency id is in
-    ``known`` (``(seq, kind, sha256)`` of the records already stored under
-    it, and of the record at ``tip + 1`` if one is there; entries numbered
-    here are added) with the same kind and payload takes that record's
-    sequence. Returns each entry's result and the records to write,
-    ``(seq, entry)``.
+    """Number ``entries`` (as stored; ``logical``: as given, default
+    ``entries``) from ``tip + 1``: an entry whose idempotency id is in
+    ``known`` (:data:`Known` of the records already stored under it, and of
+    the record at ``tip + 1`` if one is there; entries numbered here are
+    added) with the same logical content (``condemn.same_record``: kind and
+    payload, inline or offloaded) takes that record's sequence. Returns each
+    entry's result and the records to write, ``(seq, entry)``.
 
     Raises:
         LedgerTipDamagedError: a known record lies past the tip.
         LedgerIdempotencyConflictError: an id already names other content.
     """
-    refuse_past_tip(session_id, tip, [seq for seq, _, _ in known.values()])
+    refuse_past_tip(session_id, tip, [k[0] for k in known.values()])
     results: list[AppendResult] = []
     new: list[tuple[int, LedgerEntry]] = []
     seq = tip
-    for entry in entries:
+    for entry, given in zip(entries, logical or entries, strict=True):
         digest = sha256(entry.payload)
         first = known.get(entry.idempotency_id)
         if first is not None:
-            if (first[1], first[2]) != (entry.kind, digest):
+            if not condemn.same_record(first, entry, digest, given):
                 raise errors.LedgerIdempotencyConflictError(
                     session_id, entry.idempotency_id, first[0]
                 )
             results.append(AppendResult(first[0], duplicate=True))
             continue
         seq += 1
-        known[entry.idempotency_id] = (seq, entry.kind, digest)
+        pointer = entry.payload if entry.kind == BLOB_POINTER_KIND else None
+        known[entry.idempotency_id] = (seq, entry.kind, digest, pointer)
         new.append((seq, entry))
         results.append(AppendResult(seq))
     return results, new

@@ -2,7 +2,7 @@
 
 A session delete removes the session's ledger and its blobs in the store's
 own table (``ledger_blobs``) in its transaction, but an object store
-(:class:`~.blobs.FsspecBlobs`) cannot join that transaction: its blobs
+(:class:`~.blob_files.FsspecBlobs`) cannot join that transaction: its blobs
 outlive the delete. Once the session is deleted every blob under its prefix
 is an orphan (no ledger is left to point at it), so the sweep deletes them.
 
@@ -27,6 +27,7 @@ from turnkeeper.spec.ledger import GCResult
 
 from ...backend import Backend, Tx
 from .blobs import BlobStore, blob_prefix, is_blob_name, split_key
+from .gc import reclaim_temps
 
 _CHUNK = 500
 
@@ -67,7 +68,11 @@ def deleted_sessions(db: Backend, tenant: str, session_ids: Iterable[str]) -> se
 
 
 def sweep(
-    db: Backend, blobs: BlobStore, tenant: str, session_ids: Iterable[str] | None
+    db: Backend,
+    blobs: BlobStore,
+    tenant: str,
+    session_ids: Iterable[str] | None,
+    temp_grace_s: float,
 ) -> GCResult:
     """Delete the blobs of ``tenant``'s deleted sessions among ``session_ids``
     (``None``: every session with a blob prefix under :func:`sessions_root`).
@@ -76,11 +81,14 @@ def sweep(
     session or tenant, nor for a key written before schema 24 (those are
     left, see docs/ledger-status.md).
     ``scanned`` counts the blobs of the offload shape under deleted sessions'
-    prefixes, all of them ``deleted`` (``referenced`` is 0); ``unreclaimable``
-    the other keys there, left alone.
+    prefixes, all of them ``deleted`` (``referenced`` is 0);
+    ``temps_deleted`` the puts' temporary files there older than
+    ``temp_grace_s`` seconds, deleted (``gc.reclaim_temps``);
+    ``unreclaimable`` the other keys there, left alone.
 
     Raises:
-        GCListError: a listing failed; nothing is deleted.
+        GCListError: a listing failed (nothing is deleted), or the ages of
+            the temporary files could not be read.
         GCDeleteError: a delete failed (the blobs before it in key order are deleted).
         DatabaseError: the deleted sessions could not be read; nothing is deleted.
     """
@@ -109,10 +117,16 @@ def sweep(
             blobs.delete(key)
         except Exception as failure:  # any store failure: surfaced, typed
             raise errors.GCDeleteError(key) from failure
+    temps: list[str] = []
+    for s in sorted(gone):
+        temps += reclaim_temps(blobs, blob_prefix(tenant, s), sorted(by_session[s]), temp_grace_s)
+    temps.sort()
     return GCResult(
         scanned=len(shaped),
         referenced=0,
         deleted=len(shaped),
         deleted_keys=tuple(shaped),
-        unreclaimable=len(keys) - len(shaped),
+        unreclaimable=len(keys) - len(shaped) - len(temps),
+        temps_deleted=len(temps),
+        temps_deleted_keys=tuple(temps),
     )
