@@ -359,3 +359,74 @@ def test_one_round_moves_the_cursors_of_several_sessions_each_by_its_own_check(s
     assert [_row(store, sid)[1] for sid in ("s", "t", "u")] == [4, 4, 2]
     for sid in ("s", "t"):
         _same_as_repair(store, sid)
+
+
+def test_an_entry_stored_before_schema_27_upgrades_its_runtime_keyed_buckets(store, monkeypatch):
+    """An entry written before schema 27 keyed hustle buckets by runtime too
+    (one current-loop bucket per resolved runtime; a named key's failed run
+    without a runtime beside its succeeded run's): read as the seed's buckets
+    (``catalog_codec.upgraded_hustles``), not refused, and the next append
+    stores them so. A named key that resolved to two runtimes stays refused.
+    The control reads without the upgrade: the entry is unreadable."""
+    w = _writer(store)
+    w.append("session_started", _j(created_at=T0.isoformat()), "ss")
+    body = json.loads(_row(store)[0])
+
+    def bucket(source: str, status: str, runtime: str, runs: int, key: str = "") -> Any:
+        usage = {"input_tokens": runs, "output_tokens": 2 * runs}
+        return {
+            "name": "lint",
+            "model_source": source,
+            "named_model_key": key,
+            "runtime": runtime,
+        } | {"status": status, "runs": runs, "cumulative_usage": usage}
+
+    body["hustles"] = [
+        bucket("current_loop", "succeeded", "m1", 2),
+        bucket("current_loop", "succeeded", "m2", 3),
+        bucket("named", "failed", "", 1, "k"),
+        bucket("named", "succeeded", "m9", 4, "k"),
+    ]
+    old = json.dumps(body)
+    forge(
+        store,
+        "UPDATE ledger_catalog SET meta = ?, folded_seq = 0 WHERE session_id = 's'",
+        [old],
+        rows=1,
+    )
+    want = [
+        ("current_loop", "succeeded", "", 5, c.Usage(5, 10)),
+        ("named", "failed", "m9", 1, c.Usage(1, 2)),
+        ("named", "succeeded", "m9", 4, c.Usage(4, 8)),
+    ]
+
+    def seen(meta: Any) -> list[Any]:
+        return [
+            (h.model_source, h.status, h.runtime, h.runs, h.cumulative_usage) for h in meta.hustles
+        ]
+
+    assert seen(store.ledger.catalog.read_meta("s")) == want
+    assert [seen(m) for m in store.ledger.catalog.list_sessions()] == [want]
+    w.append("note", b"x", "n")
+    assert _row(store)[1] == 3
+    assert seen(store.ledger.catalog.read_meta("s")) == want
+    with monkeypatch.context() as m:  # the control: without the upgrade
+        m.setattr(catalog_codec, "upgraded_hustles", lambda hustles: hustles)
+        forge(
+            store,
+            "UPDATE ledger_catalog SET meta = ?, folded_seq = 0 WHERE session_id = 's'",
+            [old],
+            rows=1,
+        )
+        with pytest.raises(CatalogReadError):
+            store.ledger.catalog.read_meta("s")
+    body["hustles"][2]["runtime"] = "m8"  # one named key, two runtimes: refused
+    forge(
+        store,
+        "UPDATE ledger_catalog SET meta = ?, folded_seq = 0 WHERE session_id = 's'",
+        [json.dumps(body)],
+        rows=1,
+    )
+    with pytest.raises(CatalogReadError) as caught:
+        store.ledger.catalog.read_meta("s")
+    assert isinstance(caught.value.__cause__.__cause__, CatalogHustleMetaValidationError)

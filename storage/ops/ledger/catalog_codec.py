@@ -329,6 +329,42 @@ def validate(meta: SessionMeta) -> None:
         )
 
 
+def upgraded_hustles(
+    hustles: tuple[HustleUsageAggregate, ...],
+) -> tuple[HustleUsageAggregate, ...]:
+    """The hustle buckets of an entry written before schema 27, which keyed a
+    bucket by its runtime too, as the seed keys them (what a repair of the
+    same ledger folds): current-loop buckets lose their runtime and merge
+    (runs and usage summed), and a named key's buckets take the one runtime
+    it resolved to. Returned unchanged when they cannot be: a named key that
+    resolved to two runtimes (``validate`` then refuses the entry and a
+    repair reports ``runtime_mismatch``), or a sum past ``MAX_COUNT``."""
+    resolved: dict[tuple[str, ...], set[str]] = {}
+    for h in hustles:
+        if h.model_source != "current_loop" and h.runtime:
+            resolved.setdefault(hustle_key(h)[:3], set()).add(h.runtime)
+    if any(len(runtimes) > 1 for runtimes in resolved.values()):
+        return hustles
+    merged: dict[tuple[str, ...], HustleUsageAggregate] = {}
+    for h in hustles:
+        if h.model_source == "current_loop":
+            h = replace(h, runtime="")
+        else:
+            h = replace(h, runtime=next(iter(resolved.get(hustle_key(h)[:3], {""}))))
+        seen = merged.get(hustle_key(h))
+        if seen is not None:
+            usage = Usage(
+                seen.cumulative_usage.input_tokens + h.cumulative_usage.input_tokens,
+                seen.cumulative_usage.output_tokens + h.cumulative_usage.output_tokens,
+            )
+            runs = seen.runs + h.runs
+            if max(runs, usage.input_tokens, usage.output_tokens) > c.MAX_COUNT:
+                return hustles
+            h = replace(seen, runs=runs, cumulative_usage=usage)
+        merged[hustle_key(h)] = h
+    return tuple(sorted(merged.values(), key=hustle_key))
+
+
 def hustle_key(h: HustleUsageAggregate) -> tuple[str, ...]:
     """The bucket an aggregate is sorted and merged by: name, model source,
     named model key, status (sessionstore's catalogHustleKey; not the runtime)."""
@@ -355,6 +391,8 @@ def decode(session_id: str, text: object, folded: int = 0) -> SessionMeta:
             meta = from_dict(json.loads(text, object_pairs_hook=_pairs([])))
             if meta.session_id != session_id:
                 raise _Bad(f"it names session {meta.session_id!r}")
+            if folded == 0:  # written before schema 27 (every entry since sets the column)
+                meta = replace(meta, hustles=upgraded_hustles(meta.hustles))
             validate(meta)
             if folded > meta.last_journal_seq:
                 meta = replace(meta, last_journal_seq=folded)
