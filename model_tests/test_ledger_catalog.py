@@ -835,3 +835,32 @@ def test_the_entry_holds_the_last_checkpoint_and_the_current_workspace(store):
     _put(store, body)
     with pytest.raises(CatalogReadError):
         store.ledger.catalog.read_meta("s")
+
+
+def test_the_audit_takes_an_append_between_its_reads_for_no_lag(store, monkeypatch):
+    """Failed before (CI, an audit while a demo wrote through PgBouncer:
+    "demo-7-1 (folded 129 of 127)"): ``ledger_catalog_lists_sessions``
+    compared the catalog with tips read before its listing, so an append in
+    between was a violation. The entry is judged between the tips read
+    before and after the listing; one ahead of both (a tail lost with its
+    tip) or behind both is still one."""
+    from turnkeeper.cli import audit_ledger
+    from turnkeeper.cli.audit_base import Scope
+    from turnkeeper.storage.ops.ledger.catalog import Catalog
+
+    store.sessions.create("s")
+    w = store.ledger.open("s", store.leases.acquire("session:s", "w", 30.0))
+    w.append("session_started", _j(created_at="2026-01-01T00:00:00+00:00"), "ss")
+    listing = Catalog.list_sessions
+
+    def append_then_list(self: Any, **kw: Any) -> Any:
+        w.append("note", b"n", f"n{store.ledger.tip('s')}")
+        return listing(self, **kw)
+
+    with monkeypatch.context() as m:
+        m.setattr(Catalog, "list_sessions", append_then_list)
+        assert audit_ledger.check_catalog(store, Scope(None)).violations == 0
+        m.setattr(audit_ledger, "catalog_within", lambda before, folded, after: before == folded)
+        assert audit_ledger.check_catalog(store, Scope(None)).violations == 1  # the control
+    forge(store, "UPDATE ledger_tips SET seq = seq - 1 WHERE session_id = 's'", rows=1)
+    assert audit_ledger.check_catalog(store, Scope(None)).violations == 1

@@ -66,6 +66,9 @@ EXCEPTIONS = {
 }
 """Operations whose one transaction may write rows of two shards, and why."""
 
+OCCASIONAL = {"ledger_append_group"}
+"""Exceptions a run of the workload may not show (they depend on timing)."""
+
 WRITES_TABLE = "CREATE TABLE tk_writes (xid BIGINT, op TEXT, tbl TEXT, shard TEXT)"
 
 SHARD_OF = """
@@ -283,7 +286,8 @@ def test_every_write_transaction_stays_in_one_session_or_lease_target(monkeypatc
     wide = [r for r in rows if len(r["shards"]) > 1]
     unexplained = [r for r in wide if r["op"] not in EXCEPTIONS]
     assert unexplained == []
-    assert {r["op"] for r in wide} == set(EXCEPTIONS)  # the list holds only what is needed
+    # the list holds only what is needed (the group commit forms only sometimes)
+    assert set(EXCEPTIONS) - OCCASIONAL <= {r["op"] for r in wide} <= set(EXCEPTIONS)
 
 
 def test_control_a_transaction_that_writes_two_sessions_is_caught(monkeypatch):
