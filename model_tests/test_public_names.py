@@ -134,6 +134,7 @@ PINNED: dict[str, set[str]] = {
     "turnkeeper.storage": {"SCHEMA_VERSION", "BaseStore", "DuckDBStore", "Store"},
     "turnkeeper.storage.duck": {"DuckDBStore"},
     "turnkeeper.storage.postgres": {"PostgresStore"},
+    "turnkeeper.langgraph": {"LEASE_KEY", "TurnkeeperSaver"},
 }
 """The other public surfaces, name by name."""
 

@@ -1,0 +1,101 @@
+"""The reads the savers make: a thread's checkpoints and a checkpoint's writes,
+found by entry-id prefix (``_records``), never the whole session.
+
+They run as one read query each (``store.query``: a ``LIKE`` on the entries'
+key ``(session_id, id)``, in the snapshot of one read transaction); each
+entry's payload is decoded by the store's own JSON codec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from turnkeeper.storage.codec import from_json
+
+from ._records import (
+    CHANNEL_TYPE,
+    CHECKPOINT,
+    StoredCheckpoint,
+    StoredWrite,
+    checkpoint_entry_id,
+    checkpoint_prefix,
+    writes_prefix,
+)
+
+
+def _rows(store: Any, sql: str, params: Sequence[Any]) -> list[tuple[str, Any]]:
+    table = store.query(sql, list(params))
+    return [(r["id"], from_json(r["payload"])) for r in table.to_pylist()]
+
+
+def checkpoints(
+    store: Any,
+    session_id: str,
+    ns: str | None,
+    *,
+    checkpoint_id: str | None = None,
+    before: str | None = None,
+    limit: int | None = None,
+) -> list[StoredCheckpoint]:
+    """The session's checkpoints of namespace ``ns`` (all: ``None``), newest
+    checkpoint id first; only ``checkpoint_id`` when given; only ids below
+    ``before``; at most ``limit`` (``None``: all). With a namespace, the order
+    and the bounds are the query's (the id's hex keeps the order)."""
+    sql = "SELECT id, payload FROM entries WHERE session_id = ? AND kind = 'custom'"
+    params: list[Any] = [session_id]
+    if checkpoint_id is not None and ns is not None:
+        sql += " AND id = ?"
+        params.append(checkpoint_entry_id(ns, checkpoint_id))
+    else:
+        sql += " AND id LIKE ?"
+        params.append(checkpoint_prefix(ns) + "%")
+    pushed = ns is not None
+    if pushed and before is not None:
+        sql += " AND id < ?"
+        params.append(checkpoint_entry_id(ns or "", before))
+    if pushed:
+        sql += " ORDER BY id DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(max(limit, 0))
+    found = [StoredCheckpoint.of(i, p) for i, p in _rows(store, sql, params)]
+    if not pushed:
+        found = [
+            c
+            for c in found
+            if (checkpoint_id is None or c.checkpoint_id == checkpoint_id)
+            and (before is None or c.checkpoint_id < before)
+        ]
+        found.sort(key=lambda c: c.checkpoint_id, reverse=True)
+        if limit is not None:
+            found = found[: max(limit, 0)]
+    return found
+
+
+def writes(store: Any, session_id: str, ns: str, checkpoint_id: str) -> list[StoredWrite]:
+    """Every stored write entry of one checkpoint (every version)."""
+    sql = "SELECT id, payload FROM entries WHERE session_id = ? AND kind = 'custom' AND id LIKE ?"
+    rows = _rows(store, sql, [session_id, writes_prefix(ns, checkpoint_id) + "%"])
+    return [
+        w
+        for w in (StoredWrite.of(i, p) for i, p in rows)
+        if w.ns == ns and w.checkpoint_id == checkpoint_id
+    ]
+
+
+def sessions_with_runs(store: Any, run_ids: Sequence[str]) -> list[str]:
+    """The LangGraph sessions holding a checkpoint of one of ``run_ids``."""
+    if not run_ids:
+        return []
+    payload = store.json_sql("e.payload")
+    marks = ", ".join("?" for _ in run_ids)
+    sql = (
+        "SELECT DISTINCT e.session_id AS id FROM entries e "
+        "JOIN sessions s ON s.id = e.session_id "
+        "WHERE s.channel_type = ? AND e.kind = 'custom' AND e.id LIKE 'lgc/%' "
+        f"AND {payload} ->> 'customType' = ? "
+        f"AND {payload} -> 'data' ->> 'run_id' IN ({marks}) ORDER BY 1"
+    )
+    table = store.query(sql, [CHANNEL_TYPE, CHECKPOINT, *run_ids])
+    return [r["id"] for r in table.to_pylist()]

@@ -1,0 +1,34 @@
+"""LangGraph's own checkpointer conformance suite (``langgraph-checkpoint-conformance``,
+run from the installed package with its ``validate``) over ``turnkeeper.langgraph``'s
+savers, on both backends: every capability, base and extended, must be detected and pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.conformance import checkpointer_test, validate
+from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
+
+import turnkeeper
+from turnkeeper.langgraph import TurnkeeperSaver
+
+
+def _run(saver: BaseCheckpointSaver[str], name: str) -> dict[str, tuple[int, int]]:
+    @checkpointer_test(name=name)
+    async def factory() -> AsyncIterator[BaseCheckpointSaver[str]]:
+        yield saver
+
+    report = asyncio.run(validate(factory))
+    failures = {cap: result.failures for cap, result in report.results.items() if not result.passed}
+    assert not failures, failures
+    assert set(report.results) == {c.value for c in ALL_CAPABILITIES}
+    assert all(r.detected for r in report.results.values())
+    return {cap: (r.tests_passed, r.tests_failed) for cap, r in report.results.items()}
+
+
+def test_sync_saver_passes_conformance(store: turnkeeper.BaseStore) -> None:
+    passed = _run(TurnkeeperSaver(store), "TurnkeeperSaver")
+    assert sum(p for p, _ in passed.values()) >= 70, passed
