@@ -13,7 +13,8 @@ from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
 
 import turnkeeper
-from turnkeeper.langgraph import TurnkeeperSaver
+import turnkeeper.aio
+from turnkeeper.langgraph import AsyncTurnkeeperSaver, TurnkeeperSaver
 
 
 def _run(saver: BaseCheckpointSaver[str], name: str) -> dict[str, tuple[int, int]]:
@@ -29,6 +30,24 @@ def _run(saver: BaseCheckpointSaver[str], name: str) -> dict[str, tuple[int, int
     return {cap: (r.tests_passed, r.tests_failed) for cap, r in report.results.items()}
 
 
+def test_async_saver_refuses_a_sync_store(store: turnkeeper.BaseStore) -> None:
+    try:
+        AsyncTurnkeeperSaver(store)  # type: ignore[arg-type]
+    except turnkeeper.InvalidInputError as refused:
+        assert refused.field == "store"
+    else:
+        raise AssertionError("a sync store was taken for an async one")
+
+
 def test_sync_saver_passes_conformance(store: turnkeeper.BaseStore) -> None:
     passed = _run(TurnkeeperSaver(store), "TurnkeeperSaver")
+    assert sum(p for p, _ in passed.values()) >= 70, passed
+
+
+def test_async_saver_passes_conformance(store: turnkeeper.BaseStore) -> None:
+    astore = turnkeeper.aio.AsyncStore.wrap(store)
+    try:
+        passed = _run(AsyncTurnkeeperSaver(astore), "AsyncTurnkeeperSaver")
+    finally:
+        asyncio.run(astore.close())
     assert sum(p for p, _ in passed.values()) >= 70, passed

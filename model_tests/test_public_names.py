@@ -146,7 +146,7 @@ PINNED: dict[str, set[str]] = {
     "turnkeeper.storage": {"SCHEMA_VERSION", "BaseStore", "DuckDBStore", "Store"},
     "turnkeeper.storage.duck": {"DuckDBStore"},
     "turnkeeper.storage.postgres": {"PostgresStore"},
-    "turnkeeper.langgraph": {"LEASE_KEY", "TurnkeeperSaver"},
+    "turnkeeper.langgraph": {"LEASE_KEY", "AsyncTurnkeeperSaver", "TurnkeeperSaver"},
 }
 """The other public surfaces, name by name."""
 

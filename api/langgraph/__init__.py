@@ -8,6 +8,7 @@
   (``langgraph-checkpoint-sqlite``'s ``SqliteSaver``) into a store, each thread a session.
 """
 
+from turnkeeper.langgraph._aio import AsyncTurnkeeperSaver
 from turnkeeper.langgraph._saver import LEASE_KEY, TurnkeeperSaver
 
-__all__ = ["LEASE_KEY", "TurnkeeperSaver"]
+__all__ = ["LEASE_KEY", "AsyncTurnkeeperSaver", "TurnkeeperSaver"]

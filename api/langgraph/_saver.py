@@ -7,7 +7,7 @@ import builtins
 import random
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -39,6 +39,8 @@ from ._records import (
     new_writes,
     to_tuple,
 )
+
+T = TypeVar("T")
 
 LEASE_KEY = "turnkeeper_lease"
 """The ``configurable`` key of a per-call lease (a ``turnkeeper.Lease`` on the
@@ -462,9 +464,19 @@ class TurnkeeperSaver(BaseCheckpointSaver[str]):
 
     # -- async: the same calls in a worker thread ------------------------------
 
+    async def _call(self, fn: Callable[..., T], /, *args: Any) -> T:
+        """``fn(*args)`` on a worker thread (``asyncio.to_thread``). A cancelled
+        call raises ``CancelledError`` at once while ``fn`` runs on to its end
+        (its writes may then commit): :class:`AsyncTurnkeeperSaver` waits for it."""
+        return await asyncio.to_thread(fn, *args)
+
+    async def asession_id(self, thread_id: str, *, create: bool = False) -> str | None:
+        """:meth:`session_id` in a worker thread."""
+        return await self._call(lambda: self.session_id(thread_id, create=create))
+
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """:meth:`get_tuple` in a worker thread (the event loop never blocks)."""
-        return await asyncio.to_thread(self.get_tuple, config)
+        return await self._call(self.get_tuple, config)
 
     async def alist(
         self,
@@ -475,7 +487,7 @@ class TurnkeeperSaver(BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
         """:meth:`list` in a worker thread."""
-        found = await asyncio.to_thread(
+        found = await self._call(
             lambda: list(self.list(config, filter=filter, before=before, limit=limit))
         )
         for item in found:
@@ -489,7 +501,7 @@ class TurnkeeperSaver(BaseCheckpointSaver[str]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         """:meth:`put` in a worker thread."""
-        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+        return await self._call(self.put, config, checkpoint, metadata, new_versions)
 
     async def aput_writes(
         self,
@@ -499,23 +511,23 @@ class TurnkeeperSaver(BaseCheckpointSaver[str]):
         task_path: str = "",
     ) -> None:
         """:meth:`put_writes` in a worker thread."""
-        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+        await self._call(self.put_writes, config, writes, task_id, task_path)
 
     async def adelete_thread(self, thread_id: str) -> None:
         """:meth:`delete_thread` in a worker thread."""
-        await asyncio.to_thread(self.delete_thread, thread_id)
+        await self._call(self.delete_thread, thread_id)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """:meth:`copy_thread` in a worker thread."""
-        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+        await self._call(self.copy_thread, source_thread_id, target_thread_id)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """:meth:`prune` in a worker thread."""
-        await asyncio.to_thread(lambda: self.prune(thread_ids, strategy=strategy))
+        await self._call(lambda: self.prune(thread_ids, strategy=strategy))
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """:meth:`delete_for_runs` in a worker thread."""
-        await asyncio.to_thread(self.delete_for_runs, run_ids)
+        await self._call(self.delete_for_runs, run_ids)
 
 
 def _write_key(entry: Entry) -> tuple[str, str]:
