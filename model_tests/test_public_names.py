@@ -146,7 +146,14 @@ PINNED: dict[str, set[str]] = {
     "turnkeeper.storage": {"SCHEMA_VERSION", "BaseStore", "DuckDBStore", "Store"},
     "turnkeeper.storage.duck": {"DuckDBStore"},
     "turnkeeper.storage.postgres": {"PostgresStore"},
-    "turnkeeper.langgraph": {"LEASE_KEY", "AsyncTurnkeeperSaver", "TurnkeeperSaver"},
+    "turnkeeper.langgraph": {
+        "LEASE_KEY",
+        "AsyncTurnkeeperSaver",
+        "SqliteImport",
+        "TurnkeeperSaver",
+        "import_sqlite",
+        "looks_like_sqlite",
+    },
 }
 """The other public surfaces, name by name."""
 

@@ -10,5 +10,13 @@
 
 from turnkeeper.langgraph._aio import AsyncTurnkeeperSaver
 from turnkeeper.langgraph._saver import LEASE_KEY, TurnkeeperSaver
+from turnkeeper.langgraph._sqlite_import import SqliteImport, import_sqlite, looks_like_sqlite
 
-__all__ = ["LEASE_KEY", "AsyncTurnkeeperSaver", "TurnkeeperSaver"]
+__all__ = [
+    "LEASE_KEY",
+    "AsyncTurnkeeperSaver",
+    "SqliteImport",
+    "TurnkeeperSaver",
+    "import_sqlite",
+    "looks_like_sqlite",
+]
