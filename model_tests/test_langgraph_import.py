@@ -5,6 +5,7 @@ does; idempotent, a grown database adds only its new rows. Both backends."""
 
 from __future__ import annotations
 
+import json
 import operator
 import sqlite3
 from collections.abc import Iterator
@@ -12,11 +13,13 @@ from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
+from click.testing import CliRunner
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
 import turnkeeper
+from turnkeeper.cli.main import cli
 from turnkeeper.langgraph import TurnkeeperSaver, import_sqlite
 
 
@@ -124,3 +127,24 @@ def test_a_file_that_is_no_langgraph_database_is_refused(
         with pytest.raises(turnkeeper.SessionFileError):
             import_sqlite(store, path)
     assert store.bindings.list(channel_type="langgraph") == []
+
+
+def test_turnkeeper_import_takes_a_langgraph_database(
+    tmp_path: Path, sqlite_db: tuple[Path, SqliteSaver]
+) -> None:
+    path, sqlite_saver = sqlite_db
+    db = str(tmp_path / "cli.duckdb")
+    first = CliRunner().invoke(cli, ["import", str(path), "--db", db], catch_exceptions=False)
+    assert first.exit_code == 0, first.output
+    assert "langgraph sqlite: 2 threads (2 new)" in first.stdout
+    again = CliRunner().invoke(
+        cli, ["import", str(path), "--db", db, "--json"], catch_exceptions=False
+    )
+    data = json.loads(again.stdout)["files"][0]
+    assert (data["format"], data["created"], data["checkpoints_added"]) == (
+        "langgraph-sqlite",
+        [],
+        0,
+    )
+    with turnkeeper.open_store(db) as store:
+        assert _all(TurnkeeperSaver(store), None) == _all(sqlite_saver, None)

@@ -16,6 +16,7 @@ from turnkeeper.spec.errors import (
 )
 
 from .common import EXIT_FAILED, CliError, db_option, dumps, one_line, open_db
+from .import_langgraph import import_langgraph, is_sqlite
 
 FILE_ERRORS = (
     SessionFileError,
@@ -55,7 +56,9 @@ def _file_dict(fi: Any) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
 def import_command(ctx: click.Context, paths: tuple[str, ...], db: str, as_json: bool) -> None:
-    """Import pi session files (JSONL) into the store; re-importing adds only new entries.
+    """Import pi session files (JSONL) and LangGraph SQLite checkpoint databases
+    (each thread a session, served by turnkeeper.langgraph) into the store;
+    re-importing adds only new entries.
 
     Prints one line per file (path, session id, format version, entries
     added and skipped, usage records of assistant messages added) and every
@@ -70,6 +73,9 @@ def import_command(ctx: click.Context, paths: tuple[str, ...], db: str, as_json:
     with open_db(db) as store:
         for path in paths:
             try:
+                if is_sqlite(path):  # a LangGraph SQLite checkpoint database
+                    imported.append(import_langgraph(store, path, quiet=as_json))
+                    continue
                 fi = pi.import_file(store, path)
             except FILE_ERRORS as exc:
                 message = one_line(str(exc))
