@@ -5,6 +5,7 @@ loses state), and a lease fences a stale writer. Both backends."""
 
 from __future__ import annotations
 
+import asyncio
 import operator
 from collections.abc import Sequence
 from typing import Annotated, Any, TypedDict
@@ -20,8 +21,9 @@ from langgraph.checkpoint.conformance.test_utils import (
 from langgraph.graph import END, START, StateGraph
 
 import turnkeeper
+import turnkeeper.aio
 import turnkeeper.langgraph._saver as saver_module
-from turnkeeper.langgraph import TurnkeeperSaver
+from turnkeeper.langgraph import LEASE_KEY, AsyncTurnkeeperSaver, TurnkeeperSaver
 from turnkeeper.langgraph._records import StoredCheckpoint
 
 
@@ -189,3 +191,67 @@ def test_a_checkpoint_is_never_rewritten(store: turnkeeper.BaseStore) -> None:
         saver.put(config, changed, generate_metadata(), {"x": 2})  # type: ignore[arg-type]
     got = saver.get_tuple(_cfg("r1"))
     assert got is not None and got.checkpoint["channel_values"] == {"x": 1}
+
+
+def test_prune_under_the_savers_lease_moves_the_fence_to_the_new_session(
+    store: turnkeeper.BaseStore,
+) -> None:
+    sid = TurnkeeperSaver(store).session_id("f1", create=True)
+    assert sid is not None
+    lease = store.leases.acquire(f"session:{sid}", "writer-a", ttl_s=60)
+    saver = TurnkeeperSaver(store, lease=lease)
+    graph = _graph(Plain, saver)
+    for i in range(2):
+        graph.invoke({"items": [f"in-{i}"]}, _cfg("f1"))
+    with pytest.raises(turnkeeper.BusyError):  # another pruner is refused; nothing changes
+        TurnkeeperSaver(store).prune(["f1"])
+    assert saver.session_id("f1") == sid
+    saver.prune(["f1"])
+    moved = saver.session_id("f1")
+    assert moved not in (None, sid) and saver.lease is not None
+    assert saver.lease.target == f"session:{moved}" and saver.lease.owner == "writer-a"
+    graph.invoke({"items": ["after"]}, _cfg("f1"))  # still writing, fenced
+    with pytest.raises(turnkeeper.BusyError):
+        _put(TurnkeeperSaver(store), "f1", saver.get_tuple(_cfg("f1")).config)  # type: ignore[union-attr]
+
+
+def test_a_lease_given_per_call_fences_that_write(
+    store: turnkeeper.BaseStore, clock: FakeClock
+) -> None:
+    saver = TurnkeeperSaver(store)
+    sid = saver.session_id("c1", create=True)
+    lease = store.leases.acquire(f"session:{sid}", "writer-a", ttl_s=10)
+    config = generate_config("c1")
+    config["configurable"][LEASE_KEY] = lease
+    first = saver.put(config, generate_checkpoint(), generate_metadata(), {})
+    with pytest.raises(turnkeeper.BusyError):
+        _put(saver, "c1", first)  # the same saver without the lease
+    clock.advance(11)
+    store.leases.acquire(f"session:{sid}", "writer-b", ttl_s=10)
+    with pytest.raises(turnkeeper.LeaseLostError):
+        saver.put(config, generate_checkpoint(), generate_metadata(), {})
+    assert _checkpoint_count(saver, "c1") == 1
+
+
+def test_the_async_saver_runs_a_graph_and_fences_a_stale_writer(
+    store: turnkeeper.BaseStore, clock: FakeClock
+) -> None:
+    async def body() -> None:
+        async with turnkeeper.aio.AsyncStore.wrap(store) as astore:
+            sid = await AsyncTurnkeeperSaver(astore).asession_id("a1", create=True)
+            lease_a = await astore.leases.acquire(f"session:{sid}", "writer-a", ttl_s=10)
+            saver_a = AsyncTurnkeeperSaver(astore, lease=lease_a)
+            graph = _graph(Plain, saver_a)
+            out = await graph.ainvoke({"items": ["x"]}, _cfg("a1"))
+            assert out["items"] == ["x", "echo-1"]
+            clock.advance(11)
+            lease_b = await astore.leases.acquire(f"session:{sid}", "writer-b", ttl_s=10)
+            before = [t async for t in saver_a.alist(_cfg("a1"))]
+            with pytest.raises(turnkeeper.LeaseLostError):
+                await graph.ainvoke({"items": ["y"]}, _cfg("a1"))
+            assert [t async for t in saver_a.alist(_cfg("a1"))] == before
+            saver_b = AsyncTurnkeeperSaver(astore, lease=lease_b)
+            out = await _graph(Plain, saver_b).ainvoke({"items": ["y"]}, _cfg("a1"))
+            assert out["items"] == ["x", "echo-1", "y", "echo-3"]
+
+    asyncio.run(body())
