@@ -255,3 +255,27 @@ def test_the_async_saver_runs_a_graph_and_fences_a_stale_writer(
             assert out["items"] == ["x", "echo-1", "y", "echo-3"]
 
     asyncio.run(body())
+
+
+def test_put_writes_judges_again_after_a_concurrent_writer_won(
+    store: turnkeeper.BaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saver = TurnkeeperSaver(store)
+    stored = saver.put(generate_config("k1"), generate_checkpoint(), generate_metadata(), {})
+    saver.put_writes(stored, [("ch", "first")], "task-1")
+    real = saver_module._reads.writes
+    calls: list[int] = []
+
+    def stale(*args: Any) -> Any:  # the first read misses the other writer's rows
+        calls.append(1)
+        return [] if len(calls) == 1 else real(*args)
+
+    monkeypatch.setattr(saver_module._reads, "writes", stale)
+    saver.put_writes(stored, [("ch", "second")], "task-1")  # loses the race: kept as it was
+    assert len(calls) == 2
+    got = saver.get_tuple(stored)
+    assert got is not None and got.pending_writes == [("task-1", "ch", "first")]
+    calls.clear()
+    monkeypatch.setattr(saver_module, "WRITE_ATTEMPTS", 1)  # control: no second judgement
+    with pytest.raises(turnkeeper.EntryExistsError):
+        saver.put_writes(stored, [("ch", "second")], "task-1")

@@ -48,6 +48,9 @@ thread's session): ``{"configurable": {"thread_id": …, "turnkeeper_lease": lea
 REWRITE_TTL_S = 60.0
 """The lease ``prune`` and ``delete_for_runs`` hold on a thread's session
 while they rewrite it, when the saver holds none of its own."""
+WRITE_ATTEMPTS = 5
+"""How many times ``put_writes`` judges its writes again after a concurrent
+``put_writes`` of the same task stored one of its keys first."""
 CHUNK = 500
 """Entries per ``append_many`` when a thread is copied or rewritten."""
 
@@ -269,13 +272,15 @@ class TurnkeeperSaver(BaseCheckpointSaver[str]):
 
         Raises:
             LeaseLostError, BusyError: see the class; nothing is stored.
+            EntryExistsError: concurrent writers of the same keys won
+                ``WRITE_ATTEMPTS`` times running; nothing is stored.
         """
         thread_id, ns = _thread(config)
         checkpoint_id = str(config["configurable"]["checkpoint_id"])
         sid = self.session_id(thread_id, create=True)
         assert sid is not None
         lease = self._lease_for(sid, config)
-        while True:
+        for attempt in range(WRITE_ATTEMPTS):
             existing = _reads.writes(self.store, sid, ns, checkpoint_id)
             added = new_writes(ns, checkpoint_id, writes, task_id, task_path, existing, self.serde)
             if not added:
@@ -288,7 +293,9 @@ class TurnkeeperSaver(BaseCheckpointSaver[str]):
                 )
                 return
             except errors.EntryExistsError:
-                continue  # a concurrent put_writes stored a key first: judge again
+                if attempt == WRITE_ATTEMPTS - 1:
+                    raise
+                # a concurrent put_writes stored a key first: judge again
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete the thread: its session, with every checkpoint and write of
