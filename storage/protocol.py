@@ -243,6 +243,27 @@ class SessionsAPI(Protocol):
     def latest(self, session_id: str, kind: str) -> Entry | None: ...
     def header(self, session_id: str) -> Mapping[str, Any]: ...
     def execution_facts(self, session_id: str) -> ExecutionFacts: ...
+    def path_after(
+        self,
+        session_id: str,
+        after_seq: int = 0,
+        *,
+        leaf_id: str | None = None,
+        limit: int | None = None,
+    ) -> list[Entry]: ...
+    def path_latest(
+        self, session_id: str, limit: int, *, leaf_id: str | None = None
+    ) -> list[Entry]: ...
+    def custom_entry(self, session_id: str, custom_type: str, key: str) -> Entry | None: ...
+    def custom_entries(
+        self,
+        session_id: str,
+        custom_type: str,
+        *,
+        before_seq: int | None = None,
+        key_prefix: str = "",
+        limit: int = 100,
+    ) -> list[Entry]: ...
     def list(
         self,
         *,
