@@ -612,12 +612,14 @@ def rarer_operations(store: turnkeeper.BaseStore, profiler: Profiler, sid: str) 
         )
     with on("detach_recovery"):
         store.recovery.detach(orphan.id, recovery)
+    reply = store.sessions.path_latest(sid, 1)[0].id
+    steps = (DeliveryStep("upload", "f"), DeliveryStep("send", "m", entry_id=reply))
     with on("create_delivery_plan"):
-        store.outbox.create_plan(
-            runs[1].id, DeliveryPlan("chat", "t", (DeliveryStep("upload", "f"),)), lease=recovery
-        )
+        store.outbox.create_plan(runs[1].id, DeliveryPlan("chat", "t", steps), lease=recovery)
     with on("get_delivery_operation"):
         store.outbox.get_operation(f"{runs[1].id}:delivery:upload")
+    with on("delivered_entry"):
+        assert store.outbox.delivered_entry(f"{runs[1].id}:delivery:send") is not None
 
 
 def _report(scans: dict[str, list[tuple[str, str, int, str]]]) -> str:
