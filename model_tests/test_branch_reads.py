@@ -86,6 +86,24 @@ def test_path_reads_follow_the_current_leaf(store, handed):
     assert _path(store, "s", side[-1].id) == current  # the reference agrees
 
 
+def test_pop_newest_is_a_compare_and_set_on_the_leaf(store):
+    """An OpenAI Agents ``pop_item``: the newest entry, then the leaf moved to its
+    parent only if it is still the leaf; a second popper that read the same
+    newest entry is refused and reads again."""
+    store.sessions.create("p")
+    items = store.sessions.append_many("p", [(EntryKind.MESSAGE, _msg(i)) for i in range(3)])
+    (mine,) = store.sessions.path_latest("p", 1)
+    (theirs,) = store.sessions.path_latest("p", 1)
+    assert mine == theirs == items[-1]
+    store.sessions.branch("p", mine.parent_id, expected_leaf=mine.id)
+    with pytest.raises(errors.SessionModifiedError):
+        store.sessions.branch("p", theirs.parent_id, expected_leaf=theirs.id)
+    (again,) = store.sessions.path_latest("p", 1)
+    store.sessions.branch("p", again.parent_id, expected_leaf=again.id)
+    assert [mine.id, again.id] == [items[2].id, items[1].id]
+    assert store.sessions.path_after("p") == items[:1]
+
+
 def test_path_reads_hand_over_only_the_tail(store, handed):
     store.sessions.create("long")
     for chunk in range(10):

@@ -211,7 +211,10 @@ class BranchReadsPart(Area):
     ) -> list[Entry]:
         """The ``limit`` newest entries of the branch ending at the current leaf
         (or at ``leaf_id``), root first (an OpenAI Agents session's
-        ``get_items(limit)``); fewer when the branch is shorter.
+        ``get_items(limit)``); fewer when the branch is shorter. Its
+        ``pop_item`` is ``path_latest(s, 1)`` then ``branch(s, newest.parent_id,
+        expected_leaf=newest.id)``: of two concurrent pops one gets
+        ``SessionModifiedError`` and reads again, so no two get the same entry.
 
         Cost: a few statements (the ``seq`` range doubles from ``2 * limit``
         below the leaf until the walk has ``limit`` entries or reaches the
