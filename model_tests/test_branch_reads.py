@@ -15,6 +15,12 @@ from turnkeeper.spec.records import Entry, ImportBatch, ImportEntry
 from turnkeeper.storage.ops import branch_reads, entry_rows
 
 
+@pytest.fixture
+def store(any_store: Any) -> Any:
+    """Each backend, called directly and through ``turnkeeper.aio``."""
+    return any_store
+
+
 def _msg(i: int) -> dict[str, Any]:
     return {"message": {"role": "user", "content": f"m{i}"}}
 

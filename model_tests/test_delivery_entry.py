@@ -5,6 +5,7 @@ beside its claim (``outbox.delivered_entry``)."""
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import orjson
 import pytest
@@ -21,6 +22,12 @@ from turnkeeper.storage.ops import entry_rows, outbox_plans
 
 USER = {"role": "user", "content": "go"}
 REPLY = {"role": "assistant", "content": [{"type": "text", "text": "the answer"}]}
+
+
+@pytest.fixture
+def store(any_store: Any) -> Any:
+    """Each backend, called directly and through ``turnkeeper.aio``."""
+    return any_store
 
 
 def _plan(*steps: DeliveryStep) -> DeliveryPlan:
