@@ -1,9 +1,15 @@
-"""The reads the savers make: a thread's checkpoints and a checkpoint's writes,
-found by entry-id prefix (``_records``), never the whole session.
+"""The reads the savers make: a checkpoint by its key, a namespace's
+checkpoints, a checkpoint's writes, never the whole session.
 
-They run as one read query each (``store.query``: a ``LIKE`` on the entries'
-key ``(session_id, id)``, in the snapshot of one read transaction); each
-entry's payload is decoded by the store's own JSON codec.
+A checkpoint named by its id is one ``store.sessions.custom_entry`` (a lookup
+through the entries' id index). The others are one read query each
+(``store.query``, in one read transaction's snapshot): a ``LIKE`` on the id
+prefix (``_records``) of the session's entries, each payload decoded by the
+store's own JSON codec. ``sessions.custom_entries`` pages a type's entries
+newest first by ``seq`` and matches a key prefix after reading them: the
+writes of one checkpoint would read every write of the session, and
+LangGraph orders checkpoints by id, not by when they were stored (an import,
+a copy or a put of an older id).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from turnkeeper.spec import errors
 from turnkeeper.storage.codec import from_json
 
 from ._records import (
@@ -42,14 +49,18 @@ def checkpoints(
     checkpoint id first; only ``checkpoint_id`` when given; only ids below
     ``before``; at most ``limit`` (``None``: all). With a namespace, the order
     and the bounds are the query's (the id's hex keeps the order)."""
-    sql = "SELECT id, payload FROM entries WHERE session_id = ? AND kind = 'custom'"
-    params: list[Any] = [session_id]
     if checkpoint_id is not None and ns is not None:
-        sql += " AND id = ?"
-        params.append(checkpoint_entry_id(ns, checkpoint_id))
-    else:
-        sql += " AND id LIKE ?"
-        params.append(checkpoint_prefix(ns) + "%")
+        if (limit is not None and limit <= 0) or (before is not None and checkpoint_id >= before):
+            return []
+        try:
+            found = store.sessions.custom_entry(
+                session_id, CHECKPOINT, checkpoint_entry_id(ns, checkpoint_id)
+            )
+        except errors.SessionNotFoundError:
+            return []  # deleted meanwhile
+        return [] if found is None else [StoredCheckpoint.of(found.id, found.payload)]
+    sql = "SELECT id, payload FROM entries WHERE session_id = ? AND kind = 'custom' AND id LIKE ?"
+    params: list[Any] = [session_id, checkpoint_prefix(ns) + "%"]
     pushed = ns is not None
     if pushed and before is not None:
         sql += " AND id < ?"

@@ -246,7 +246,7 @@ class TurnkeeperSaver(BaseCheckpointSaver[str]):
                 lease=self._lease_for(sid, config),
             )
         except errors.EntryExistsError:
-            same = self.store.sessions.entry(sid, stored.entry_id)
+            same = self.store.sessions.custom_entry(sid, CHECKPOINT, stored.entry_id)
             if same is None or StoredCheckpoint.of(same.id, same.payload) != stored:
                 raise
         return {
