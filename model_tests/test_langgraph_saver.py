@@ -279,3 +279,24 @@ def test_put_writes_judges_again_after_a_concurrent_writer_won(
     monkeypatch.setattr(saver_module, "WRITE_ATTEMPTS", 1)  # control: no second judgement
     with pytest.raises(turnkeeper.EntryExistsError):
         saver.put_writes(stored, [("ch", "second")], "task-1")
+
+
+def test_reads_and_writes_never_read_the_whole_session(
+    store: turnkeeper.BaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saver = TurnkeeperSaver(store)
+    graph = _graph(Plain, saver)
+    graph.invoke({"items": ["a"]}, _cfg("b1"))
+
+    def whole(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("read the whole session")
+
+    for name in ("entries", "replay", "path_after", "messages_with_seq"):
+        monkeypatch.setattr(store.sessions, name, whole)
+    out = graph.invoke({"items": ["b"]}, _cfg("b1"))  # get_tuple, put, put_writes
+    assert out["items"] == ["a", "echo-1", "b", "echo-3"]
+    assert len(list(saver.list(_cfg("b1"), limit=2))) == 2
+    latest = saver.get_tuple(_cfg("b1"))
+    assert latest is not None and saver.get_tuple(latest.config) == latest
+    with pytest.raises(AssertionError, match="whole session"):  # control: the patch bites
+        saver.copy_thread("b1", "b2")  # a copy reads the whole thread, as it must
