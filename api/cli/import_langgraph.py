@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import click
@@ -20,7 +21,8 @@ def is_sqlite(path: str) -> bool:
 def import_langgraph(store: Any, path: str, *, quiet: bool) -> dict[str, Any]:
     """Import the LangGraph SQLite checkpoint database at ``path`` (each thread a
     session, ``turnkeeper.langgraph.import_sqlite``); prints one line unless
-    ``quiet`` and returns the JSON summary.
+    ``quiet`` (and, on a terminal, a progress bar of the threads on stderr) and
+    returns the JSON summary.
 
     Raises:
         InvalidInputError: the ``langgraph`` extra is not installed (field ``path``).
@@ -32,7 +34,16 @@ def import_langgraph(store: Any, path: str, *, quiet: bool) -> dict[str, Any]:
         raise InvalidInputError(
             "path", "a LangGraph database needs: pip install 'turnkeeper[langgraph]'"
         ) from exc
-    r = import_sqlite(store, path)
+    show = not quiet and sys.stderr.isatty()
+    with click.progressbar(
+        length=0, label=f"{path}: threads", file=sys.stderr, hidden=not show
+    ) as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.length = total
+            bar.update(done - bar.pos)
+
+        r = import_sqlite(store, path, progress=progress)
     info = {
         "path": path,
         "format": "langgraph-sqlite",
