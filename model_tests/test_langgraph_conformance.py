@@ -30,13 +30,18 @@ def _run(saver: BaseCheckpointSaver[str], name: str) -> dict[str, tuple[int, int
     return {cap: (r.tests_passed, r.tests_failed) for cap, r in report.results.items()}
 
 
-def test_async_saver_refuses_a_sync_store(store: turnkeeper.BaseStore) -> None:
+def test_each_saver_refuses_the_other_kind_of_store(store: turnkeeper.BaseStore) -> None:
+    astore = turnkeeper.aio.AsyncStore.wrap(store)
     try:
-        AsyncTurnkeeperSaver(store)  # type: ignore[arg-type]
-    except turnkeeper.InvalidInputError as refused:
-        assert refused.field == "store"
-    else:
-        raise AssertionError("a sync store was taken for an async one")
+        for make, given in ((AsyncTurnkeeperSaver, store), (TurnkeeperSaver, astore)):
+            try:
+                make(given)  # type: ignore[arg-type]
+            except turnkeeper.InvalidInputError as refused:
+                assert refused.field == "store"
+            else:
+                raise AssertionError(f"{make.__name__} took {type(given).__name__}")
+    finally:
+        asyncio.run(astore.close())
 
 
 def test_sync_saver_passes_conformance(store: turnkeeper.BaseStore) -> None:

@@ -25,6 +25,7 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.entries import EntryKind
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.records import Entry, Lease, NewEntry
+from turnkeeper.storage import BaseStore
 
 from . import _reads
 from ._records import (
@@ -90,6 +91,10 @@ class TurnkeeperSaver(BaseCheckpointSaver[str]):
     call in ``config["configurable"]["turnkeeper_lease"]``. The stock savers
     have no fence: two writers on one thread both "succeed".
 
+    Raises (constructor): ``turnkeeper.InvalidInputError`` when ``store`` is
+    not an open turnkeeper store (field ``store``; an async store goes to
+    :class:`AsyncTurnkeeperSaver`).
+
     Raises (every method): ``turnkeeper.InvalidInputError`` for a thread id
     turnkeeper cannot hold as an id (empty, control characters, over 512
     bytes); backend failures as turnkeeper's ``OperationalError`` family.
@@ -102,6 +107,11 @@ class TurnkeeperSaver(BaseCheckpointSaver[str]):
         serde: SerializerProtocol | None = None,
         lease: Lease | None = None,
     ) -> None:
+        if not isinstance(store, BaseStore):
+            raise errors.InvalidInputError(
+                "store",
+                "expected an open turnkeeper store (AsyncTurnkeeperSaver takes an async one)",
+            )
         super().__init__(serde=serde)
         self.store = store
         self.lease = lease
@@ -139,7 +149,8 @@ class TurnkeeperSaver(BaseCheckpointSaver[str]):
         """The checkpoint ``config`` names (``checkpoint_id``), else the latest of
         its thread and ``checkpoint_ns`` (the greatest checkpoint id), with its
         pending writes in ``writes_sort_key`` order; ``None`` when there is none.
-        Two point reads, whatever the thread's length."""
+        Two bounded reads (the checkpoint; its writes), whatever the thread's
+        length."""
         thread_id, ns = _thread(config)
         sid = self.session_id(thread_id)
         if sid is None:
