@@ -24,10 +24,10 @@ import orjson
 
 from turnkeeper.spec.entries import validate_payload
 from turnkeeper.spec.errors import InvalidInputError, SessionFileError
-from turnkeeper.spec.records import ImportResult, OpaqueRecord
+from turnkeeper.spec.records import ImportBatch, ImportResult, OpaqueRecord
 from turnkeeper.storage.codec import check_id
 
-from .pi_parse import Piece, storable_text
+from .pi_parse import Piece, split_lines, storable_text
 
 GZIP_MAGIC = b"\x1f\x8b"
 """The first two bytes of a gzip stream (RFC 1952); such a file is read decompressed."""
@@ -43,7 +43,9 @@ class LineIssue:
     be stored, kept as an opaque record), ``"unknown"`` (a row of a type the
     importer does not map, kept verbatim as an entry of its own kind) or
     ``"reference"`` (a row names a session or entry the import cannot find:
-    a sub-agent's absent parent, a summary's ``leafUuid`` in another session).
+    a sub-agent's absent parent, a summary's ``leafUuid`` in another session)
+    or ``"sub-agent"`` (a sub-agent file beside this one could not be
+    imported; line 0). Line 0 is about the file as a whole.
     """
 
     path: str
@@ -150,12 +152,57 @@ def opaque_records(
     return out
 
 
-def split_detail(found: list[Piece]) -> str:
-    """The detail of a ``repaired`` issue for a line split into ``found``."""
+def _split_detail(found: list[Piece]) -> str:
     bad = sum(not p.ok for p in found)
     if not bad:
         return f"{len(found)} records glued on one line, split apart"
     return f"line split into {len(found)} parts, {bad} of them unparseable"
+
+
+@dataclass(frozen=True, slots=True)
+class Pieces:
+    """A file's records in order (:func:`~.pi_parse.split_lines`) and the lines
+    that were split into several (line → its text and pieces)."""
+
+    pieces: list[Piece]
+    split: dict[int, tuple[str, list[Piece]]]
+
+    @classmethod
+    def of(cls, text: str) -> Pieces:
+        """Split ``text`` into its records; never raises."""
+        pieces: list[Piece] = []
+        split: dict[int, tuple[str, list[Piece]]] = {}
+        for number, raw, found in split_lines(text):
+            pieces.extend(found)
+            if len(found) > 1:
+                split[number] = (raw, found)
+        return cls(pieces, split)
+
+    def repaired(self, path: str) -> list[LineIssue]:
+        """A ``repaired`` issue per split line."""
+        return [
+            LineIssue(path, n, "repaired", _split_detail(found))
+            for n, (_, found) in self.split.items()
+        ]
+
+    def raw_lines(self) -> dict[int, str]:
+        """The text of each split line, by line."""
+        return {n: raw for n, (raw, _) in self.split.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedFile:
+    """A parsed session file: the batch to import, the format version
+    (:attr:`FileImport.version`) and the issues found, in line order."""
+
+    batch: ImportBatch
+    version: int | str
+    issues: tuple[LineIssue, ...]
+
+
+def sorted_issues(issues: list[LineIssue]) -> tuple[LineIssue, ...]:
+    """``issues`` by line, a line's ``repaired`` issue first."""
+    return tuple(sorted(issues, key=lambda i: (i.line, i.kind != "repaired")))
 
 
 Row = tuple[str, str | None, str, datetime | None, dict[str, Any]]

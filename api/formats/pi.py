@@ -42,14 +42,15 @@ from turnkeeper.storage.protocol import Store
 
 from ._rows import (
     FileImport,
-    LineIssue,
+    ParsedFile,
+    Pieces,
     Row,
     Rows,
     opaque_records,
     read_text,
-    split_detail,
+    sorted_issues,
 )
-from .pi_parse import Piece, format_timestamp, parse_timestamp, split_lines
+from .pi_parse import Piece, format_timestamp, parse_timestamp
 
 FORMAT = "pi"
 """The ``format`` of a :class:`FileImport` of a pi file."""
@@ -61,16 +62,6 @@ SUPPORTED_VERSIONS = (1, 2, 3)
 """Header versions this module reads. Version 4 is the oh-my-pi fork, not upstream pi."""
 
 _HEADER_FIRST = ("type", "version", "id", "timestamp", "cwd")
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedFile:
-    """A parsed session file: the batch to import, the header's format version
-    (1 when missing) and the issues found, in line order."""
-
-    batch: ImportBatch
-    version: int
-    issues: tuple[LineIssue, ...]
 
 
 def v1_entry_id(session_id: str, record_index: int) -> str:
@@ -199,21 +190,15 @@ def parse_text(text: str, path: str = "<text>") -> ParsedFile:
             string id and a supported version (1–3), or nothing in the file
             has a usable timestamp; ``line`` says where. Nothing is returned.
     """
-    pieces: list[Piece] = []
-    split: dict[int, tuple[str, list[Piece]]] = {}
-    for number, raw, found in split_lines(text):
-        pieces.extend(found)
-        if len(found) > 1:
-            split[number] = (raw, found)
+    lines = Pieces.of(text)
+    pieces = lines.pieces
     if not pieces:
         raise SessionFileError(path, 1, detail="the file has no records")
     header, version = _header(pieces[0], path)
     reader = _Reader(path, header["id"], version)
     for index, piece in enumerate(pieces[1:], start=1):
         reader.add(piece, index)
-    issues = [
-        LineIssue(path, n, "repaired", split_detail(found)) for n, (_, found) in split.items()
-    ]
+    issues = lines.repaired(path)
     created = parse_timestamp(header.get("timestamp"))
     if created is None:
         created = next((e[3] for e in reader.rows.entries if e[3] is not None), None)
@@ -228,14 +213,11 @@ def parse_text(text: str, path: str = "<text>") -> ParsedFile:
         header={k: v for k, v in header.items() if k != "type"},
         entries=entries,
         leaf_id=entries[-1].id if entries else None,
-        opaque=opaque_records(
-            path, reader.rows.rejected, {n: raw for n, (raw, _) in split.items()}
-        ),
+        opaque=opaque_records(path, reader.rows.rejected, lines.raw_lines()),
         source=path,
     )
     issues.extend(reader.rows.issues)
-    issues.sort(key=lambda i: (i.line, i.kind != "repaired"))
-    return ParsedFile(batch, version, tuple(issues))
+    return ParsedFile(batch, version, sorted_issues(issues))
 
 
 def parse_file(path: str | os.PathLike[str]) -> ParsedFile:
