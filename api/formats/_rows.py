@@ -27,7 +27,7 @@ from turnkeeper.spec.errors import InvalidInputError, SessionFileError
 from turnkeeper.spec.records import ImportBatch, ImportResult, OpaqueRecord
 from turnkeeper.storage.codec import check_id
 
-from .pi_parse import Piece, split_lines, storable_text
+from .pi_parse import Piece, split_line, split_lines, storable_text
 
 GZIP_MAGIC = b"\x1f\x8b"
 """The first two bytes of a gzip stream (RFC 1952); such a file is read decompressed."""
@@ -98,6 +98,32 @@ def read_text(path: str | os.PathLike[str]) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         return data.decode("utf-8", "surrogateescape")
+
+
+def first_record(path: str | os.PathLike[str]) -> tuple[int, Piece | None]:
+    """The first record of the session file at ``path`` and its line (gzipped
+    or not), reading no further than its line: ``(0, None)`` when the file
+    has none.
+
+    Raises:
+        OSError: the file cannot be read.
+        SessionFileError: a gzip file is corrupt (``line`` 0).
+    """
+    with open(path, "rb") as raw:
+        gz = raw.read(2) == GZIP_MAGIC
+    opener: Any = gzip.open if gz else open
+    try:
+        with opener(path, "rb") as stream:
+            for number, data in enumerate(stream, start=1):
+                text = data.decode("utf-8", "surrogateescape")
+                if number == 1:
+                    text = text.removeprefix("\ufeff")
+                pieces = split_line(text.rstrip("\r\n"), number)
+                if pieces:
+                    return number, pieces[0]
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise SessionFileError(os.fspath(path), 0, detail=f"bad gzip data: {exc}") from None
+    return 0, None
 
 
 def scrub(value: Any) -> tuple[Any, bool]:
