@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import BACKENDS, open_backend
 
 import turnkeeper
 from turnkeeper.formats import claude_code
 from turnkeeper.formats import import_file as import_any
-
-from conftest import BACKENDS, open_backend
 
 SESSION = "258c7280-ae70-4798-800f-63464d01a85d"
 
