@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import click
@@ -70,6 +71,8 @@ def _progress(shown: bool) -> Progress:
         console=console,
         disable=not (shown and console.is_terminal),
         transient=True,
+        redirect_stdout=False,
+        redirect_stderr=False,
     )
 
 
@@ -88,8 +91,10 @@ def _summary(path: str, info: dict[str, Any]) -> str:
 
 
 def _echo(bar: Progress, line: str, err: bool) -> None:
-    """Print ``line`` (to stderr when ``err``), above the progress bar when it is shown."""
-    if bar.live.is_started:
+    """Print ``line`` (to stderr when ``err``); while the progress bar is shown,
+    through its console (above the bar) when the line is for stderr or stdout
+    is the same kind of terminal, so a piped stdout stays clean."""
+    if bar.live.is_started and (err or sys.stdout.isatty()):
         bar.console.print(line, markup=False, highlight=False, soft_wrap=True)
     else:
         click.echo(line, err=err)

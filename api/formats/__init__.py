@@ -10,8 +10,6 @@ not map verbatim and reports it (:class:`LineIssue`), and keeps unparseable
 text as opaque records (``store.sessions.opaque_records``).
 """
 
-from __future__ import annotations
-
 import os as _os
 from collections.abc import Callable as _Callable
 
