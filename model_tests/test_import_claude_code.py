@@ -221,3 +221,45 @@ def test_summary_rows_unknown_types_and_malformed_lines_are_kept_and_reported(
     (opaque,) = store.sessions.opaque_records(SESSION)
     assert (opaque.line, opaque.raw) == (6, lines[5])
     assert_replays_as_claude_code(store, SESSION, rows)
+
+
+def test_a_sub_agent_file_that_cannot_be_imported_is_an_issue_of_its_parent(
+    store: turnkeeper.BaseStore, corpus_dir: Path, tmp_path: Path
+) -> None:
+    rows = rows_of(sub_file(corpus_dir, "agent-a881341.jsonl").read_text())
+    main_rows = [{**r, "isSidechain": False} for r in rows]
+    for r in main_rows:
+        r.pop("agentId")
+    main = tmp_path / f"{SESSION}.jsonl"
+    main.write_text("".join(json.dumps(r) + "\n" for r in main_rows))
+    subs = tmp_path / SESSION / "subagents"
+    subs.mkdir(parents=True)
+    (subs / "agent-broken.jsonl").write_text("\n")  # no records at all
+    good = [{**r, "agentId": "b2", "uuid": f"b2-{i}"} for i, r in enumerate(rows)]
+    for i, r in enumerate(good):
+        r["parentUuid"] = f"b2-{i - 1}" if i else None
+    (subs / "agent-b2.jsonl").write_text("".join(json.dumps(r) + "\n" for r in good))
+    done = claude_code.import_file(store, main)
+    assert done.result.added == len(rows)
+    (issue,) = done.issues
+    assert (issue.line, issue.kind) == (0, "sub-agent")
+    assert "agent-broken.jsonl" in issue.detail and "SessionFileError" in issue.detail
+    assert [s.session_id for s in done.sub_agents] == [f"{SESSION}/agent-b2"]
+    assert [s.id for s in store.sessions.sub_agents(SESSION)] == [f"{SESSION}/agent-b2"]
+    assert len(store.sessions.replay(f"{SESSION}/agent-b2").messages) == len(expected_context(good))
+
+
+def test_a_batch_naming_a_bad_parent_id_writes_nothing(store: turnkeeper.BaseStore) -> None:
+    from datetime import UTC, datetime
+
+    from turnkeeper.spec.records import ImportBatch
+
+    batch = ImportBatch("s-bad", "/w", datetime(2026, 1, 1, tzinfo=UTC), {}, [], None)
+    with pytest.raises(turnkeeper.InvalidInputError) as err:
+        store.sessions.import_batch(ImportBatch(**{**_fields(batch), "sub_agent_of": "bad\nid"}))
+    assert err.value.field == "sub_agent_of"
+    assert store.sessions.get("s-bad") is None
+
+
+def _fields(batch: Any) -> dict[str, Any]:
+    return {name: getattr(batch, name) for name in batch.__slots__}

@@ -210,7 +210,12 @@ def test_unknown_lines_malformed_text_and_an_old_compaction(
         "payload": {"message": "the summary so far"},
     }
     after = next(x for x in lines if x["payload"].get("type") == "message")
-    text = [json.dumps(x) for x in [*lines, novel, ghost]]
+    rolled = {
+        "timestamp": "2025-09-25T01:30:01.500Z",
+        "type": "event_msg",
+        "payload": {"type": "thread_rolled_back", "num_turns": 1},
+    }
+    text = [json.dumps(x) for x in [*lines, novel, ghost, rolled]]
     text.append(json.dumps(after)[:50])  # cut off mid-write
     text += [json.dumps(old), json.dumps(after)]
     target = tmp_path / "r.jsonl"
@@ -220,13 +225,21 @@ def test_unknown_lines_malformed_text_and_an_old_compaction(
     assert [(i.line, i.kind) for i in done.issues] == [
         (n + 1, "unknown"),
         (n + 2, "unknown"),
-        (n + 3, "opaque"),
+        (n + 3, "unknown"),  # a rollback: kept, and replay does not apply it
+        (n + 4, "opaque"),
     ]
+    assert "thread_rolled_back" in done.issues[2].detail
     sid = done.session_id
     kinds = [e.kind for e in store.sessions.entries(sid)][n:]
-    assert kinds == ["codex.future_kind", "codex.response_item", "compaction", "message"]
+    assert kinds == [
+        "codex.future_kind",
+        "codex.response_item",
+        "codex.event_msg",
+        "compaction",
+        "message",
+    ]
     (opaque,) = store.sessions.opaque_records(sid)
-    assert opaque.line == n + 3 and opaque.raw == text[n + 2].rstrip()
+    assert opaque.line == n + 4 and opaque.raw == text[n + 3].rstrip()
     replay = store.sessions.replay(sid).messages
     assert [m["role"] for m in replay] == ["compactionSummary", after["payload"]["role"]]
     assert replay[0]["summary"] == "the summary so far"
