@@ -263,3 +263,44 @@ def test_a_batch_naming_a_bad_parent_id_writes_nothing(store: turnkeeper.BaseSto
 
 def _fields(batch: Any) -> dict[str, Any]:
     return {name: getattr(batch, name) for name in batch.__slots__}
+
+
+def test_damaged_lines_keep_the_records_they_hold(
+    store: turnkeeper.BaseStore, corpus_dir: Path, tmp_path: Path
+) -> None:
+    """A first line of NUL bytes, a record cut off with the next record on its
+    line (``…"prNu{"parentUuid"…``, anthropics/claude-code#52387) and a NUL run
+    before a record: the records are split back out, the rest kept opaque."""
+    rows = rows_of(sub_file(corpus_dir, "agent-a881341.jsonl").read_text())
+    for r in rows:
+        r.pop("agentId")
+        r["isSidechain"] = False
+    text = [json.dumps(r) for r in rows]
+    lines = [
+        "\0" * 40,
+        text[0],
+        text[1][:60] + text[2],  # row 1 cut off, row 2 on the same line
+        text[3],
+        "\0" * 12 + text[4],
+        *text[5:],
+    ]
+    target = tmp_path / "t.jsonl"
+    target.write_text("\n".join(lines) + "\n")
+    done = import_any(store, target)
+    assert done.format == "claude-code"
+    assert [(i.line, i.kind) for i in done.issues] == [
+        (1, "opaque"),
+        (3, "repaired"),
+        (3, "opaque"),
+        (3, "reference"),  # row 2's parent is the row cut off
+        (5, "repaired"),
+        (5, "opaque"),
+    ]
+    stored = {e.id for e in store.sessions.entries(SESSION)}
+    assert {r["uuid"] for r in rows} - stored == {rows[1]["uuid"]}
+    kept = store.sessions.opaque_records(SESSION)
+    assert [(o.line, o.raw) for o in kept] == [
+        (1, "\0" * 40),
+        (3, text[1][:60]),
+        (5, "\0" * 12),
+    ]

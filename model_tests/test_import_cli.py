@@ -44,7 +44,7 @@ def test_detect_tells_each_sample_apart(corpus_dir: Path, tmp_path: Path) -> Non
     ("text", "line", "detail"),
     [
         ("", 0, "no records"),
-        ("\n\nnot json at all\n", 3, "not JSON"),
+        ("\n\nnot json at all\n", 3, "no JSON record found"),
         ('{"type": "message", "id": "a"}\n', 1, "type 'message'"),
         ("[1, 2]\n", 1, "type list"),
         ('{"type": "session_meta", "payload": "x"}\n', 1, "session_meta"),

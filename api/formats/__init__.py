@@ -34,7 +34,9 @@ def detect(path: str | _os.PathLike[str]) -> str:
     """The format of the session file at ``path`` (plain or gzipped), one of
     :data:`FORMATS`, from its first record: a pi ``session`` header, a Codex
     ``session_meta`` envelope (:func:`.codex.looks_like`) or a Claude Code
-    row (:func:`.claude_code.looks_like`). Reads only the first record's line.
+    row (:func:`.claude_code.looks_like`). Reads no further than that record
+    (:func:`~._rows.first_record`: unparseable lines before it are passed
+    over, as the importers keep them as opaque).
 
     Raises:
         OSError: the file cannot be read.
@@ -47,7 +49,7 @@ def detect(path: str | _os.PathLike[str]) -> str:
     if piece is None:
         raise _Unknown(where, 0, detail="the file has no records")
     if not piece.ok:
-        raise _Unknown(where, line, detail=f"the first record is not JSON: {piece.reason}")
+        raise _Unknown(where, line, detail=f"no JSON record found: {piece.reason}")
     value = piece.value
     if isinstance(value, dict) and value.get("type") == "session":
         return "pi"

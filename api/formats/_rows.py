@@ -100,10 +100,16 @@ def read_text(path: str | os.PathLike[str]) -> str:
         return data.decode("utf-8", "surrogateescape")
 
 
+DETECT_LINES = 50
+"""Lines :func:`first_record` reads at most, looking past damaged ones."""
+
+
 def first_record(path: str | os.PathLike[str]) -> tuple[int, Piece | None]:
-    """The first record of the session file at ``path`` and its line (gzipped
-    or not), reading no further than its line: ``(0, None)`` when the file
-    has none.
+    """The first JSON object record of the session file at ``path`` (gzipped
+    or not) and its line, looking past unparseable text (a cut-off or
+    NUL-filled first line) for up to :data:`DETECT_LINES` lines; when none
+    is found there, the first piece (its ``reason`` says why it is none);
+    ``(0, None)`` when the file has no record.
 
     Raises:
         OSError: the file cannot be read.
@@ -112,18 +118,23 @@ def first_record(path: str | os.PathLike[str]) -> tuple[int, Piece | None]:
     with open(path, "rb") as raw:
         gz = raw.read(2) == GZIP_MAGIC
     opener: Any = gzip.open if gz else open
+    first: tuple[int, Piece | None] = (0, None)
     try:
         with opener(path, "rb") as stream:
             for number, data in enumerate(stream, start=1):
+                if number > DETECT_LINES:
+                    break
                 text = data.decode("utf-8", "surrogateescape")
                 if number == 1:
                     text = text.removeprefix("\ufeff")
-                pieces = split_line(text.rstrip("\r\n"), number)
-                if pieces:
-                    return number, pieces[0]
+                for piece in split_line(text.rstrip("\r\n"), number):
+                    if piece.ok and isinstance(piece.value, dict):
+                        return number, piece
+                    if first[1] is None:
+                        first = (number, piece)
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
         raise SessionFileError(os.fspath(path), 0, detail=f"bad gzip data: {exc}") from None
-    return 0, None
+    return first
 
 
 def scrub(value: Any) -> tuple[Any, bool]:

@@ -119,13 +119,17 @@ SUB_AGENT_FAILURES = (
 
 
 def looks_like(record: object) -> bool:
-    """Whether a file's first record is a Claude Code row: a JSON object whose
-    ``type`` is one of :data:`KNOWN_TYPES` and that carries ``sessionId``,
-    ``uuid``, ``messageId`` or ``leafUuid`` (every row kind seen so far does)."""
-    return (
-        isinstance(record, dict)
-        and record.get("type") in KNOWN_TYPES
-        and any(k in record for k in ("sessionId", "uuid", "messageId", "leafUuid"))
+    """Whether a file's first record is a Claude Code row: a JSON object with a
+    string ``type`` that carries a string ``sessionId`` (every conversation
+    row, and bookkeeping rows of kinds new to this module), or whose ``type``
+    is one of :data:`KNOWN_TYPES` and that carries ``uuid``, ``messageId`` or
+    ``leafUuid`` (the file-history snapshot, the summary)."""
+    if not isinstance(record, dict) or not isinstance(record.get("type"), str):
+        return False
+    if isinstance(record.get("sessionId"), str):
+        return True
+    return record["type"] in KNOWN_TYPES and any(
+        k in record for k in ("uuid", "messageId", "leafUuid")
     )
 
 
