@@ -127,14 +127,14 @@ def test_progress_is_drawn_on_a_terminal_and_never_with_json(
 
     monkeypatch.setattr(transfer, "stderr_console", terminal)
     db = str(tmp_path / "i.duckdb")
-    path = str(corpus_dir / CODEX_OLD)
+    path = str(corpus_dir / CC_SUB)
     shown = run("import", path, "--db", db)
     assert shown.exit_code == 0
     drawn = screens[-1].getvalue()
     assert "importing" in drawn and "0/1" in drawn
-    assert "codex 0.40.0: added 823" in shown.stdout  # a piped stdout stays clean
+    assert "claude-code 2.1.39: added 10" in shown.stdout  # a piped stdout stays clean
     quiet = run("import", path, "--db", db, "--json")
     assert quiet.exit_code == 0 and screens[-1].getvalue() == ""
-    assert json.loads(quiet.stdout)["files"][0]["skipped"] == 823
+    assert json.loads(quiet.stdout)["files"][0]["skipped"] == 10
     plain = run("import", path, "--db", db)  # stderr not a terminal: no bar
-    assert "importing" not in plain.stderr and "skipped 823" in plain.stdout
+    assert "importing" not in plain.stderr and "skipped 10" in plain.stdout
