@@ -109,6 +109,18 @@ TOP = {
 
 PINNED: dict[str, set[str]] = {
     "turnkeeper.formats": {"FORMATS", "FileImport", "LineIssue", "detect", "import_file"},
+    "turnkeeper.aio": {
+        "WORKERS",
+        "AsyncCatalog",
+        "AsyncCommandLog",
+        "AsyncLedger",
+        "AsyncLedgerWriter",
+        "AsyncStore",
+        "AsyncSubscription",
+        "Opening",
+        "Runner",
+        "open_store",
+    },
     "turnkeeper.spec": {
         "DELIVERY",
         "GRANTING_EDGES",
