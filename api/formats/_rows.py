@@ -277,7 +277,8 @@ class Rows:
         """The storable row for an entry, or why the store would refuse it: the
         id is not an id or is taken, the parent is not a string, the payload
         lacks what ``kind`` requires or is not JSON. Text UTF-8 cannot hold is
-        replaced (a ``repaired`` issue). Nothing is recorded: see :meth:`add`."""
+        replaced (a ``repaired`` issue, the one thing recorded here: the row
+        is recorded by :meth:`add`)."""
         if not isinstance(eid, str) or not eid:
             return f"{kind} entry without a string id"
         if parent is not None and not isinstance(parent, str):

@@ -50,6 +50,7 @@ from ._rows import (
     read_text,
     sorted_issues,
 )
+from ._rows import LineIssue as LineIssue  # re-exported: it was defined here
 from .pi_parse import Piece, format_timestamp, parse_timestamp
 
 FORMAT = "pi"
