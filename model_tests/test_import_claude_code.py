@@ -41,7 +41,9 @@ def sub_file(corpus: Path, name: str) -> Path:
 def expected_context(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Claude Code's own rebuild: from the last message row back to a root."""
     by_uuid = {r["uuid"]: r for r in rows if "uuid" in r}
-    leaf = [r for r in rows if r.get("type") in ("user", "assistant")][-1]
+    messages = [r for r in rows if r.get("type") in ("user", "assistant")]
+    main = [r for r in messages if not r.get("isSidechain")]
+    leaf = (main or messages)[-1]  # a main file's sidechain rows are a sub-agent's
     chain = []
     node: dict[str, Any] | None = leaf
     while node is not None:
@@ -304,3 +306,20 @@ def test_damaged_lines_keep_the_records_they_hold(
         (3, text[1][:60]),
         (5, "\0" * 12),
     ]
+
+
+def test_a_sidechain_row_in_a_main_file_is_not_the_leaf(
+    store: turnkeeper.BaseStore, corpus_dir: Path, tmp_path: Path
+) -> None:
+    """Older CLIs wrote sub-agents' rows (``isSidechain``) into the main file."""
+    rows = rows_of(sub_file(corpus_dir, "agent-a881341.jsonl").read_text())
+    for r in rows:
+        r.pop("agentId")
+        r["isSidechain"] = False
+    side = {**rows[-1], "uuid": "side-1", "parentUuid": rows[-1]["uuid"], "isSidechain": True}
+    target = tmp_path / "t.jsonl"
+    target.write_text("".join(json.dumps(r) + "\n" for r in [*rows, side]))
+    done = claude_code.import_file(store, target)
+    assert done.result.added == len(rows) + 1
+    assert store.sessions.get(SESSION).leaf_id == rows[-1]["uuid"]
+    assert_replays_as_claude_code(store, SESSION, [*rows, side])

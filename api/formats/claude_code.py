@@ -27,8 +27,10 @@ and ``timestamp`` (those are the entry's kind and timestamp), key order kept:
   ``uuid`` gets a deterministic id from its line (:func:`~._rows.line_entry_id`)
   and no parent.
 
-The leaf is the last ``user``/``assistant`` row of the file (Claude Code
-resumes from the latest message row, walking ``parentUuid`` back). Parents
+The leaf is the last ``user``/``assistant`` row of the file that is not a
+sidechain's (Claude Code resumes from the latest message row, walking
+``parentUuid`` back; older CLIs wrote sub-agents' rows, ``isSidechain``,
+into the main file). Parents
 outside the file (a compaction agent's rows point into its parent's
 transcript) and ``summary`` rows whose ``leafUuid`` names no row of the file
 (older CLIs' titles of other sessions) are kept as written and reported (a
@@ -164,9 +166,10 @@ def _is_message(kind: str, record: Mapping[str, Any]) -> bool:
 class _Reader:
     """One parse: rows as entries, the line of each id, the message rows, summaries."""
 
-    def __init__(self, path: str, session_id: str) -> None:
+    def __init__(self, path: str, session_id: str, sub_agent: bool) -> None:
         self.rows = Rows(path)
         self.session_id = session_id
+        self.sub_agent = sub_agent
         self.line_of: dict[str, int] = {}
         self.leaf: str | None = None
         self.summaries: list[tuple[int, object]] = []
@@ -177,8 +180,12 @@ class _Reader:
         if eid is None:
             return
         self.line_of[eid] = piece.line
-        if not isinstance(found, str) and found[2] in (EntryKind.MESSAGE, EntryKind.COMPACTION):
-            self.leaf = eid
+        if (
+            not isinstance(found, str)
+            and found[2] in (EntryKind.MESSAGE, EntryKind.COMPACTION)
+            and (self.sub_agent or piece.value.get("isSidechain") is not True)
+        ):
+            self.leaf = eid  # a sidechain row in a main file is a sub-agent's (older CLIs)
 
     def _convert(self, piece: Piece, part: int) -> Row | str:
         record = piece.value
@@ -290,7 +297,7 @@ def parse_text(text: str, path: str = "<text>") -> ParsedFile:
         check_id(session_id, "session_id")
     except InvalidInputError as exc:
         raise SessionFileError(path, 1, detail=f"bad session id: {exc}") from None
-    reader = _Reader(path, session_id)
+    reader = _Reader(path, session_id, sub_agent)
     part = 0
     for i, piece in enumerate(pieces):
         part = part + 1 if i and pieces[i - 1].line == piece.line else 0
