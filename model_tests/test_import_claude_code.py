@@ -20,6 +20,7 @@ import pytest
 from conftest import BACKENDS, open_backend
 
 import turnkeeper
+from turnkeeper.cli.audit import run_audit
 from turnkeeper.formats import claude_code
 from turnkeeper.formats import import_file as import_any
 
@@ -149,11 +150,22 @@ def test_sub_agent_files_are_sub_agent_sessions_of_the_parent(
         name = sid.split("/")[-1] + ".jsonl"
         rows = rows_of(sub_file(corpus_dir, name).read_text())
         assert_replays_as_claude_code(store, sid, rows)
-    # The compaction agent's rows point into the parent's file: kept, reported.
+    # The compaction agent's rows point into the parent's file: roots here,
+    # the parent kept as written, and reported.
     compactor = next(d for d in done.sub_agents if "acompact" in d.session_id)
     assert [i.kind for i in compactor.issues] == ["reference"] * 3
+    raw = rows_of(sub_file(corpus_dir, "agent-acompact-fffbd0.jsonl").read_text())
+    kept = store.sessions.entries(compactor.session_id)
+    assert [e.parent_id for e in kept[:3]] == [None, None, None]
+    assert [e.payload["parentUuid"] for e in kept] == [r["parentUuid"] for r in raw]
     listed = {s.id for s in store.sessions.list().sessions}
     assert SESSION in listed and not set(subs) & listed  # sub-agents are left out
+
+
+def test_the_imported_sessions_pass_the_audit(imported: Any) -> None:
+    store, done, _ = imported
+    sessions = [done.session_id, *(s.session_id for s in done.sub_agents)]
+    assert [(c.name, c.detail) for c in run_audit(store, sessions) if not c.passed] == []
 
 
 def test_importing_the_sample_again_adds_nothing(imported: Any, corpus_dir: Path) -> None:

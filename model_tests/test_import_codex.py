@@ -18,6 +18,7 @@ import pytest
 from conftest import BACKENDS, open_backend
 
 import turnkeeper
+from turnkeeper.cli.audit import run_audit
 from turnkeeper.formats import codex
 from turnkeeper.formats import import_file as import_any
 
@@ -130,6 +131,12 @@ def test_event_and_context_lines_are_kept_verbatim(imported: Any, corpus_dir: Pa
     raw = [line for line in lines if line["type"] == "event_msg"]
     assert [dict(e.payload) for e in events] == [{"payload": r["payload"]} for r in raw]
     assert sum(e.kind == "codex.turn_context" for e in entries) == 136
+
+
+def test_the_imported_sessions_pass_the_audit(imported: Any) -> None:
+    store, done = imported
+    checks = run_audit(store, [d.session_id for d in done.values()])
+    assert [(c.name, c.detail) for c in checks if not c.passed] == []
 
 
 def test_importing_again_adds_nothing(imported: Any, corpus_dir: Path) -> None:

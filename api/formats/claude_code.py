@@ -30,10 +30,11 @@ and ``timestamp`` (those are the entry's kind and timestamp), key order kept:
 The leaf is the last ``user``/``assistant`` row of the file that is not a
 sidechain's (Claude Code resumes from the latest message row, walking
 ``parentUuid`` back; older CLIs wrote sub-agents' rows, ``isSidechain``,
-into the main file). Parents
-outside the file (a compaction agent's rows point into its parent's
-transcript) and ``summary`` rows whose ``leafUuid`` names no row of the file
-(older CLIs' titles of other sessions) are kept as written and reported (a
+into the main file). Parents outside the file (a compaction agent's rows
+point into its parent's transcript: such an entry is a root of the
+sub-agent session, the parent kept in its payload's ``parentUuid``) and
+``summary`` rows whose ``leafUuid`` names no row of the file (older CLIs'
+titles of other sessions) are kept as written and reported (a
 ``reference`` issue). Unparseable text is kept as opaque records.
 
 A sub-agent transcript (``<session>/subagents/agent-<id>.jsonl``: rows with
@@ -225,15 +226,26 @@ class _Reader:
         return self.rows.entry(piece.line, eid, parent, entry_kind, ts, payload)
 
     def references(self) -> None:
-        """Report parents outside the file and summaries of other sessions' leaves."""
+        """Report parents outside the file and summaries of other sessions' leaves.
+
+        In a sub-agent's file such a parent is a row of the parent session's
+        transcript (the compaction agent's rows point there): the entry is a
+        root of the sub-agent session, the parent kept in its payload's
+        ``parentUuid``. In a session's own file the parent stays the entry's,
+        as pi's importer keeps one (a later import may supply it).
+        """
         ids = self.rows.ids
-        for eid, parent, kind, _, _ in self.rows.entries:
-            if parent is not None and parent not in ids:
-                self.rows.note(
-                    self.line_of[eid],
-                    "reference",
-                    f"{kind} entry {eid}: parent {parent} is not in this file (kept)",
-                )
+        for i, (eid, parent, kind, ts, payload) in enumerate(self.rows.entries):
+            if parent is None or parent in ids:
+                continue
+            if self.sub_agent:
+                self.rows.entries[i] = (eid, None, kind, ts, payload)
+                where = "the parent session's row, not this file's: a root here, kept as parentUuid"
+            else:
+                where = "not in this file (kept)"
+            self.rows.note(
+                self.line_of[eid], "reference", f"{kind} entry {eid}: parent {parent} is {where}"
+            )
         for line, leaf in self.summaries:
             if leaf not in ids:
                 self.rows.note(
