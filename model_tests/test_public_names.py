@@ -108,6 +108,7 @@ TOP = {
 """``turnkeeper``'s names besides its errors (it exports every one of those)."""
 
 PINNED: dict[str, set[str]] = {
+    "turnkeeper.formats": {"FORMATS", "FileImport", "LineIssue", "detect", "import_file"},
     "turnkeeper.aio": {
         "WORKERS",
         "AsyncCatalog",
