@@ -5,8 +5,8 @@ See :mod:`turnkeeper.adk` for the mapping and the two guards.
 
 from __future__ import annotations
 
+import time
 import uuid
-from datetime import UTC, datetime
 from typing import Any
 
 from google.adk.errors import StaleSessionError as _AdkStale
@@ -106,11 +106,12 @@ class TurnkeeperSessionService(BaseSessionService):
     worker its own); ``ttl_s`` is each lease's time to live in seconds.
 
     Every ``append_event`` writes under this service's lease on the session
-    (taken at its first append, renewed when less than half of ``ttl_s``
-    is left, by this process's clock), so a second writer is refused while
-    the first lives, and a first writer whose lease another writer took over
-    is refused on its next append. ``release_session`` and ``close`` give
-    the leases back. Reads take no lease.
+    (taken at its first append, renewed at an append once half of ``ttl_s``
+    has passed since it was granted, by this process's monotonic clock), so
+    a second writer is refused while the first lives, and a first writer
+    whose lease another writer took over is refused on its next append.
+    ``release_session`` and ``close`` give the leases back. Reads take no
+    lease.
 
     Raises (besides what each method says): ``turnkeeper.InvalidInputError``
     for an address no session id can hold (over 512 UTF-8 bytes once encoded).
@@ -120,7 +121,7 @@ class TurnkeeperSessionService(BaseSessionService):
         self._store = store
         self._owner = owner or f"adk-{uuid.uuid4().hex[:12]}"
         self._ttl_s = ttl_s
-        self._leases: dict[str, Lease] = {}
+        self._leases: dict[str, tuple[Lease, float]] = {}  # lease, monotonic time granted
 
     @property
     def store(self) -> AsyncStore:
@@ -286,9 +287,9 @@ class TurnkeeperSessionService(BaseSessionService):
             turnkeeper.LeaseLostError: this service's lease was lost.
         """
         key = _codec.session_key(app_name, user_id, session_id.strip())
-        lease = self._leases.get(key)
+        held = self._leases.get(key)
         try:
-            await self._store.sessions.delete(key, lease=lease)
+            await self._store.sessions.delete(key, lease=None if held is None else held[0])
         except errors.SessionNotFoundError:
             pass
         except errors.LeaseLostError:
@@ -390,34 +391,37 @@ class TurnkeeperSessionService(BaseSessionService):
     # -- leases ---------------------------------------------------------------
 
     async def _lease(self, key: str) -> Lease:
-        lease = self._leases.get(key)
-        if lease is None:
+        held = self._leases.get(key)
+        if held is None:
             lease = await self._store.leases.acquire(
                 f"session:{key}", self._owner, ttl_s=self._ttl_s
             )
-        elif (lease.expires_at - datetime.now(UTC)).total_seconds() < self._ttl_s / 2:
+        elif time.monotonic() - held[1] < self._ttl_s / 2:
+            return held[0]
+        else:
             try:
-                lease = await self._store.leases.renew(lease, self._ttl_s)
+                lease = await self._store.leases.renew(held[0], self._ttl_s)
             except errors.LeaseLostError:
                 self._leases.pop(key, None)
                 raise
-        self._leases[key] = lease
+        self._leases[key] = (lease, time.monotonic())
         return lease
 
     def lease(self, *, app_name: str, user_id: str, session_id: str) -> Lease | None:
         """The lease this service holds on the session, ``None`` before its first append."""
-        return self._leases.get(_codec.session_key(app_name, user_id, session_id))
+        held = self._leases.get(_codec.session_key(app_name, user_id, session_id))
+        return None if held is None else held[0]
 
     async def release_session(self, *, app_name: str, user_id: str, session_id: str) -> bool:
         """Give back this service's lease on the session (``leases.release``);
         ``False`` when it held none or had lost it."""
-        lease = self._leases.pop(_codec.session_key(app_name, user_id, session_id), None)
-        return lease is not None and await self._store.leases.release(lease)
+        held = self._leases.pop(_codec.session_key(app_name, user_id, session_id), None)
+        return held is not None and await self._store.leases.release(held[0])
 
     async def close(self) -> None:
         """Give back every lease this service holds. The store stays open."""
         while self._leases:
-            _, lease = self._leases.popitem()
+            _, (lease, _granted) = self._leases.popitem()
             await self._store.leases.release(lease)
 
     async def _merged(
