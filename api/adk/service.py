@@ -418,6 +418,13 @@ class TurnkeeperSessionService(BaseSessionService):
         held = self._leases.pop(_codec.session_key(app_name, user_id, session_id), None)
         return held is not None and await self._store.leases.release(held[0])
 
+    async def __aenter__(self) -> TurnkeeperSessionService:
+        """``async with`` the service: :meth:`close` at the end (as ADK's database service)."""
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
     async def close(self) -> None:
         """Give back every lease this service holds. The store stays open."""
         while self._leases:
