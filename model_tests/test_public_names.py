@@ -108,6 +108,12 @@ TOP = {
 """``turnkeeper``'s names besides its errors (it exports every one of those)."""
 
 PINNED: dict[str, set[str]] = {
+    "turnkeeper.adk": {
+        "SessionExistsError",
+        "SessionNotFoundError",
+        "StaleSessionError",
+        "TurnkeeperSessionService",
+    },
     "turnkeeper.aio": {
         "WORKERS",
         "AsyncCatalog",
