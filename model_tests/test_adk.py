@@ -137,7 +137,7 @@ async def test_control_without_the_leaf_fence_the_stale_append_lands(
     monkeypatch.setattr(
         TurnkeeperSessionService,
         "_expected_leaf",
-        lambda self, key, session, leaf: None if leaf is None else leaf.id,
+        lambda self, key, session, stored, last: stored.leaf_id,
     )
     await service.append_event(stale, event("late", k="late"))
     assert await stored_events(service, "s") == ["fresh", "late"]
@@ -277,6 +277,29 @@ async def test_two_sessions_of_a_user_write_user_state_at_once(astore: AsyncStor
         service.append_event(two, event("two", **{"user:two": 2})),
     )
     assert await service.get_user_state(app_name=APP, user_id=USER) == {"one": 1, "two": 2}
+
+
+@pytest.mark.asyncio
+async def test_state_survives_an_entry_of_another_kind_on_the_leaf(astore: AsyncStore) -> None:
+    """A title set through the store (a ``session_info`` entry) becomes the leaf:
+    the session's state, time and next append still come from its last event."""
+    service = TurnkeeperSessionService(astore, owner="w1")
+    session = await service.create_session(app_name=APP, user_id=USER, session_id="s")
+    first = event("first", k=1)
+    await service.append_event(session, first)
+    key = _codec.session_key(APP, USER, "s")
+    await service.release_session(app_name=APP, user_id=USER, session_id="s")
+    await astore.sessions.set_title(key, "named")
+    got = await service.get_session(app_name=APP, user_id=USER, session_id="s")
+    assert got is not None and got.state == {"k": 1} and got.events == [first]
+    assert got.last_update_time == first.timestamp
+    listed = (await service.list_sessions(app_name=APP, user_id=USER)).sessions
+    assert [(s.state, s.last_update_time) for s in listed] == [({"k": 1}, first.timestamp)]
+    with pytest.raises(StaleSessionError):  # loaded before the title
+        await service.append_event(session, event("stale"))
+    await service.append_event(got, event("second", j=2))
+    again = await service.get_session(app_name=APP, user_id=USER, session_id="s")
+    assert again is not None and again.state == {"k": 1, "j": 2}
 
 
 # -- delete, ids, typed errors -------------------------------------------------------

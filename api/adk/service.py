@@ -60,17 +60,19 @@ def _created_at(stored: StoredSession) -> float:
     return stored.created_at.timestamp()
 
 
-def _session_state(stored: StoredSession, leaf: Entry | None) -> dict[str, Any]:
-    if leaf is not None and _codec.is_event(leaf.payload):
-        return _codec.state_of(leaf.payload)
+def _session_state(stored: StoredSession, last: Entry | None) -> dict[str, Any]:
+    """The session-scoped state after the event entry ``last`` (at creation without one)."""
+    if last is not None:
+        return _codec.state_of(last.payload)
     header = stored.header.get(_codec.HEADER_KEY)
     state = header.get("state") if isinstance(header, dict) else None
     return dict(state) if isinstance(state, dict) else {}
 
 
-def _update_time(stored: StoredSession, leaf: Entry | None) -> float:
-    if leaf is not None and _codec.is_event(leaf.payload):
-        return _codec.timestamp_of(leaf.payload)
+def _update_time(stored: StoredSession, last: Entry | None) -> float:
+    """ADK's ``last_update_time``: the event entry ``last``'s timestamp, else the creation's."""
+    if last is not None:
+        return _codec.timestamp_of(last.payload)
     return _created_at(stored)
 
 
@@ -209,14 +211,15 @@ class TurnkeeperSessionService(BaseSessionService):
         except errors.SessionNotFoundError:
             return None
         leaf = entries[-1] if entries else None
+        last = next((e for e in reversed(entries) if _codec.is_event(e.payload)), None)
         events = [_codec.event_of(e.payload) for e in entries if _codec.is_event(e.payload)]
         session = Session(
             id=session_id.strip(),
             app_name=app_name,
             user_id=user_id,
-            state=await self._merged(app_name, user_id, _session_state(stored, leaf)),
+            state=await self._merged(app_name, user_id, _session_state(stored, last)),
             events=_filtered(events, config),
-            last_update_time=_update_time(stored, leaf),
+            last_update_time=_update_time(stored, last),
         )
         session._storage_update_marker = _codec.marker(None if leaf is None else leaf.id)
         return session
@@ -255,11 +258,7 @@ class TurnkeeperSessionService(BaseSessionService):
         user_states: dict[str, dict[str, Any]] = {}
         sessions = []
         for stored, (_, uid, sid) in found:
-            leaf = (
-                None
-                if stored.leaf_id is None
-                else await self._store.sessions.entry(stored.id, stored.leaf_id)
-            )
+            last = await self._last_event(stored)
             if uid not in user_states:
                 user_states[uid] = await _scoped.read(
                     self._store, _codec.user_state_key(app_name, uid)
@@ -269,8 +268,8 @@ class TurnkeeperSessionService(BaseSessionService):
                     id=sid,
                     app_name=app_name,
                     user_id=uid,
-                    state=_codec.merged(_session_state(stored, leaf), app_state, user_states[uid]),
-                    last_update_time=_update_time(stored, leaf),
+                    state=_codec.merged(_session_state(stored, last), app_state, user_states[uid]),
+                    last_update_time=_update_time(stored, last),
                 )
             )
         sessions.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
@@ -332,17 +331,13 @@ class TurnkeeperSessionService(BaseSessionService):
         stored = await self._store.sessions.get(key)
         if stored is None:
             raise SessionNotFoundError(key)
-        leaf = (
-            None
-            if stored.leaf_id is None
-            else await self._store.sessions.entry(key, stored.leaf_id)
-        )
-        expected = self._expected_leaf(key, session, leaf)
+        last = await self._last_event(stored)
+        expected = self._expected_leaf(key, session, stored, last)
         if expected != stored.leaf_id:
             raise StaleSessionError(key, expected, stored.leaf_id)
         delta = dict(event.actions.state_delta) if event.actions else {}
         app_delta, user_delta, session_delta = _codec.split_state(delta)
-        state_after = {**_session_state(stored, leaf), **session_delta}
+        state_after = {**_session_state(stored, last), **session_delta}
         lease = await self._lease(key)
         try:
             entry = await self._store.sessions.append(
@@ -367,10 +362,12 @@ class TurnkeeperSessionService(BaseSessionService):
         session._storage_update_marker = _codec.marker(entry.id)
         return self._commit_event_to_session(session, event)
 
-    def _expected_leaf(self, key: str, session: Session, leaf: Entry | None) -> str | None:
+    def _expected_leaf(
+        self, key: str, session: Session, stored: StoredSession, last: Entry | None
+    ) -> str | None:
         """The leaf ``session`` was loaded at. A session this service did not
-        load (no marker) is current only if its events end where the stored
-        ones do: its last event is the leaf's, or both have none.
+        load (no marker) is current only if its last event is the last stored
+        one (or both have none); it then expects the stored leaf.
 
         Raises:
             StaleSessionError: a session without a marker that is not current.
@@ -378,15 +375,22 @@ class TurnkeeperSessionService(BaseSessionService):
         known, expected = _codec.leaf_of(session._storage_update_marker)
         if known:
             return expected
-        stored_last = (
-            _codec.event_of(leaf.payload)
-            if leaf is not None and _codec.is_event(leaf.payload)
-            else None
-        )
+        stored_last = None if last is None else _codec.event_of(last.payload)
         mine = session.events[-1] if session.events else None
         if mine != stored_last:
-            raise StaleSessionError(key, None, None if leaf is None else leaf.id)
-        return None if leaf is None else leaf.id
+            raise StaleSessionError(key, None, stored.leaf_id)
+        return stored.leaf_id
+
+    async def _last_event(self, stored: StoredSession) -> Entry | None:
+        """The newest event entry of ``stored``: its leaf, unless another kind of
+        entry was written after (a title, say), when the entries are read."""
+        if stored.leaf_id is None:
+            return None
+        leaf = await self._store.sessions.entry(stored.id, stored.leaf_id)
+        if leaf is not None and _codec.is_event(leaf.payload):
+            return leaf
+        entries = await self._store.sessions.entries(stored.id)
+        return next((e for e in reversed(entries) if _codec.is_event(e.payload)), None)
 
     # -- leases ---------------------------------------------------------------
 
