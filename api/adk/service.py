@@ -113,7 +113,10 @@ class TurnkeeperSessionService(BaseSessionService):
     a second writer is refused while the first lives, and a first writer
     whose lease another writer took over is refused on its next append.
     ``release_session`` and ``close`` give the leases back. Reads take no
-    lease.
+    lease. A lease that runs out between two appends (a pause longer than
+    ``ttl_s``, such as a slow model call) is lost all the same: that append
+    raises ``LeaseLostError`` and the next one takes the lease again if it is
+    free, so set ``ttl_s`` above the longest pause of a turn.
 
     Raises (besides what each method says): ``turnkeeper.InvalidInputError``
     for an address no session id can hold (over 512 UTF-8 bytes once encoded).
