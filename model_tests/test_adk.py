@@ -188,6 +188,21 @@ async def test_a_writer_whose_lease_was_taken_over_is_refused(
 
 
 @pytest.mark.asyncio
+async def test_a_lease_that_ran_out_between_appends_is_lost_once(
+    astore: AsyncStore, clock: FakeClock
+) -> None:
+    service = TurnkeeperSessionService(astore, owner="w1", ttl_s=30)
+    session = await service.create_session(app_name=APP, user_id=USER, session_id="s")
+    await service.append_event(session, event("first"))
+    clock.advance(31)  # a pause longer than ttl_s; nobody takes the session
+    with pytest.raises(turnkeeper.LeaseLostError):
+        await service.append_event(session, event("late"))
+    assert await stored_events(service, "s") == ["first"]
+    await service.append_event(session, event("retried"))
+    assert await stored_events(service, "s") == ["first", "retried"]
+
+
+@pytest.mark.asyncio
 async def test_a_second_writer_is_refused_while_the_first_holds_the_lease(
     astore: AsyncStore,
 ) -> None:
