@@ -45,7 +45,7 @@ T_co = TypeVar("T_co", covariant=True)
 WORKERS = 8
 """Default number of worker threads (operations running at once) of an async
 store: enough for DuckDB's group commit to gather concurrent writes into one
-commit, and below PostgreSQL's default pool size so none waits for a connection."""
+commit, and no more than PostgreSQL's default pool (8 connections), so none waits for one."""
 
 
 class Call(Protocol):
