@@ -10,8 +10,10 @@ id encoding.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pickle
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -33,6 +35,7 @@ from turnkeeper.adk import (
     _codec,
     _scoped,
 )
+from turnkeeper.adk import service as adk_service
 from turnkeeper.aio import AsyncStore
 from turnkeeper.spec.records import FinalizeRequest
 
@@ -315,6 +318,53 @@ async def test_state_survives_an_entry_of_another_kind_on_the_leaf(astore: Async
     await service.append_event(got, event("second", j=2))
     again = await service.get_session(app_name=APP, user_id=USER, session_id="s")
     assert again is not None and again.state == {"k": 1, "j": 2}
+
+
+async def _cancel_while_scopes_write(
+    astore: AsyncStore, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, Any]:
+    """Cancel an append once its event is stored and its ``user:`` change is
+    under way; let that change go on; the user state then."""
+    service = TurnkeeperSessionService(astore, owner="w1")
+    session = await service.create_session(app_name=APP, user_id=USER, session_id="s")
+    real = _scoped.update
+    started, go = asyncio.Event(), asyncio.Event()
+    writers: list[asyncio.Task[Any]] = []
+
+    async def slow(store: AsyncStore, key: str, delta: dict[str, Any]) -> None:
+        if delta:
+            writers.append(asyncio.current_task())  # type: ignore[arg-type]
+            started.set()
+            await go.wait()
+        await real(store, key, delta)
+
+    monkeypatch.setattr(_scoped, "update", slow)
+    append = asyncio.create_task(service.append_event(session, event("e", **{"user:u": 1})))
+    await started.wait()
+    append.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await append
+    go.set()
+    with contextlib.suppress(asyncio.CancelledError):
+        await writers[0]
+    assert await stored_events(service, "s") == ["e"]
+    return await service.get_user_state(app_name=APP, user_id=USER)
+
+
+@pytest.mark.asyncio
+async def test_a_cancel_after_the_event_is_stored_keeps_its_scope_changes(
+    astore: AsyncStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert await _cancel_while_scopes_write(astore, monkeypatch) == {"u": 1}
+
+
+@pytest.mark.asyncio
+async def test_control_without_the_shield_a_cancel_loses_the_scope_changes(
+    astore: AsyncStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    unshielded = SimpleNamespace(shield=lambda f: f, ensure_future=asyncio.ensure_future)
+    monkeypatch.setattr(adk_service, "asyncio", unshielded)
+    assert await _cancel_while_scopes_write(astore, monkeypatch) == {}
 
 
 # -- delete, ids, typed errors -------------------------------------------------------

@@ -5,6 +5,7 @@ See :mod:`turnkeeper.adk` for the mapping and the two guards.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
@@ -317,6 +318,10 @@ class TurnkeeperSessionService(BaseSessionService):
         in their scope's record after it). Then ``session`` gets the event, the
         delta, ``last_update_time = event.timestamp`` and the new leaf.
 
+        A cancellation (``asyncio.CancelledError``, never wrapped) before the
+        event is stored leaves nothing written; after, the event's ``app:`` and
+        ``user:`` changes are still written, and ``session`` is left as it was.
+
         Raises (each with nothing written and ``session`` unchanged):
             StaleSessionError: the session was appended to since ``session`` was
                 loaded (``session`` is stale: reload it).
@@ -357,13 +362,22 @@ class TurnkeeperSessionService(BaseSessionService):
         except errors.LeaseLostError:
             self._leases.pop(key, None)
             raise
-        await _scoped.update(self._store, _codec.app_state_key(session.app_name), app_delta)
-        await _scoped.update(
-            self._store, _codec.user_state_key(session.app_name, session.user_id), user_delta
+        # The event is stored: a cancellation from here on does not cut its
+        # scope changes off (they finish in a task of their own).
+        await asyncio.shield(
+            asyncio.ensure_future(
+                self._update_scopes(session.app_name, session.user_id, app_delta, user_delta)
+            )
         )
         session.last_update_time = event.timestamp
         session._storage_update_marker = _codec.marker(entry.id)
         return self._commit_event_to_session(session, event)
+
+    async def _update_scopes(
+        self, app_name: str, user_id: str, app_delta: dict[str, Any], user_delta: dict[str, Any]
+    ) -> None:
+        await _scoped.update(self._store, _codec.app_state_key(app_name), app_delta)
+        await _scoped.update(self._store, _codec.user_state_key(app_name, user_id), user_delta)
 
     def _expected_leaf(
         self, key: str, session: Session, stored: StoredSession, last: Entry | None
