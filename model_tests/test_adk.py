@@ -413,6 +413,24 @@ async def test_addresses_with_separators_stay_apart(astore: AsyncStore) -> None:
     assert [s.id for s in (await service.list_sessions(app_name="X")).sessions] == []
 
 
+@pytest.mark.asyncio
+async def test_a_value_with_no_json_form_is_refused_typed(astore: AsyncStore) -> None:
+    """ADK's database services store such a value's repr; here it is refused
+    before anything is written."""
+    service = TurnkeeperSessionService(astore, owner="w1")
+    with pytest.raises(turnkeeper.InvalidInputError) as refused:
+        await service.create_session(app_name=APP, user_id=USER, session_id="s", state={"f": len})
+    assert refused.value.field == "state"
+    assert await service.get_session(app_name=APP, user_id=USER, session_id="s") is None
+    session = await service.create_session(app_name=APP, user_id=USER, session_id="s")
+    with pytest.raises(turnkeeper.InvalidInputError) as refused:
+        await service.append_event(session, event("e", k=1, **{"user:f": len}))
+    assert refused.value.field == "event.actions.state_delta"
+    assert await stored_events(service, "s") == []
+    assert await service.get_user_state(app_name=APP, user_id=USER) == {}
+    assert service.lease(app_name=APP, user_id=USER, session_id="s") is None
+
+
 def test_the_errors_are_turnkeepers_and_adks_and_pickle() -> None:
     err = StaleSessionError("adk:a/u/s", "e1", "e2")
     assert isinstance(err, turnkeeper.TurnkeeperError)

@@ -25,7 +25,9 @@ from urllib.parse import quote
 
 from google.adk.events.event import Event
 from google.adk.sessions.state import State
-from pydantic_core import to_jsonable_python
+from pydantic_core import PydanticSerializationError, to_jsonable_python
+
+from turnkeeper.spec import errors
 
 EVENT_TYPE = "adk.event"
 """The ``customType`` of an entry that holds one ADK event."""
@@ -65,12 +67,19 @@ def user_state_key(app_name: str, user_id: str) -> str:
     return f"adk-user:{_q(app_name)}/{_q(user_id)}"
 
 
-def split_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def split_state(
+    state: dict[str, Any], field: str
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """``state`` split by ADK's scopes into (app, user, session) parts, as JSON.
 
     ``app:`` and ``user:`` keys lose their prefix; ``temp:`` keys are dropped
     (ADK never persists them); values become JSON data by pydantic's
     ``to_jsonable_python``, as ADK's database services store them.
+
+    Raises:
+        InvalidInputError: ``field`` (the argument ``state`` came from) holds a
+            value with no JSON form (a function, say). ADK's database services
+            store such a value's ``repr`` instead; here it is refused.
     """
     app: dict[str, Any] = {}
     user: dict[str, Any] = {}
@@ -82,9 +91,12 @@ def split_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], 
             user[key.removeprefix(State.USER_PREFIX)] = value
         elif not key.startswith(State.TEMP_PREFIX):
             session[key] = value
-    jsonable: tuple[dict[str, Any], dict[str, Any], dict[str, Any]] = to_jsonable_python(
-        (app, user, session)
-    )
+    try:
+        jsonable: tuple[dict[str, Any], dict[str, Any], dict[str, Any]] = to_jsonable_python(
+            (app, user, session)
+        )
+    except PydanticSerializationError as exc:
+        raise errors.InvalidInputError(field, f"a value has no JSON form: {exc}") from None
     return jsonable
 
 
@@ -97,11 +109,16 @@ def merged(session: dict[str, Any], app: dict[str, Any], user: dict[str, Any]) -
 
 
 def event_payload(event: Event, session_state: dict[str, Any]) -> dict[str, Any]:
-    """The ``custom`` entry payload of ``event`` with the session state after it."""
-    return {
-        "customType": EVENT_TYPE,
-        "data": {"event": event.model_dump(mode="json"), "state": session_state},
-    }
+    """The ``custom`` entry payload of ``event`` with the session state after it.
+
+    Raises:
+        InvalidInputError: the event has no JSON form (``field="event"``).
+    """
+    try:
+        dumped = event.model_dump(mode="json")
+    except PydanticSerializationError as exc:
+        raise errors.InvalidInputError("event", f"no JSON form: {exc}") from None
+    return {"customType": EVENT_TYPE, "data": {"event": dumped, "state": session_state}}
 
 
 def is_event(payload: Any) -> bool:

@@ -159,10 +159,12 @@ class TurnkeeperSessionService(BaseSessionService):
         Raises:
             SessionExistsError: the id is taken in this (app, user), now or before
                 a delete; nothing is written.
+            turnkeeper.InvalidInputError: ``state`` holds a value with no JSON
+                form (``field="state"``); nothing is written.
         """
         sid = (session_id or "").strip() or str(uuid.uuid4())
         key = _codec.session_key(app_name, user_id, sid)
-        app_delta, user_delta, session_state = _codec.split_state(state or {})
+        app_delta, user_delta, session_state = _codec.split_state(state or {}, "state")
         header = {
             _codec.HEADER_KEY: {
                 "app_name": app_name,
@@ -326,6 +328,8 @@ class TurnkeeperSessionService(BaseSessionService):
             StaleSessionError: the session was appended to since ``session`` was
                 loaded (``session`` is stale: reload it).
             SessionNotFoundError: no such session (or it was deleted).
+            turnkeeper.InvalidInputError: the event or its state delta holds a
+                value with no JSON form (``field`` names which).
             turnkeeper.BusyError: another writer holds the session's lease.
             turnkeeper.LeaseLostError: this service's lease was lost (another
                 writer took the session over); the next append tries to take it
@@ -344,14 +348,16 @@ class TurnkeeperSessionService(BaseSessionService):
         if expected != stored.leaf_id:
             raise StaleSessionError(key, expected, stored.leaf_id)
         delta = dict(event.actions.state_delta) if event.actions else {}
-        app_delta, user_delta, session_delta = _codec.split_state(delta)
-        state_after = {**_session_state(stored, last), **session_delta}
+        app_delta, user_delta, session_delta = _codec.split_state(
+            delta, "event.actions.state_delta"
+        )
+        payload = _codec.event_payload(event, {**_session_state(stored, last), **session_delta})
         lease = await self._lease(key)
         try:
             entry = await self._store.sessions.append(
                 key,
                 EntryKind.CUSTOM,
-                _codec.event_payload(event, state_after),
+                payload,
                 expected_leaf=expected,
                 lease=lease,
             )
