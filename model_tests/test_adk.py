@@ -23,6 +23,7 @@ from google.adk.errors import StaleSessionError as AdkStaleSessionError
 from google.adk.errors.already_exists_error import AlreadyExistsError as AdkAlreadyExistsError
 from google.adk.events.event import Event
 from google.adk.events.event_actions import EventActions
+from google.adk.sessions.base_session_service import GetSessionConfig
 from google.adk.sessions.session import Session
 from google.genai import types
 
@@ -411,6 +412,34 @@ async def test_addresses_with_separators_stay_apart(astore: AsyncStore) -> None:
     ]
     assert [s.id for s in (await service.list_sessions(app_name="x/y")).sessions] == ["s"]
     assert [s.id for s in (await service.list_sessions(app_name="X")).sessions] == []
+
+
+@pytest.mark.asyncio
+async def test_recent_events_are_read_without_reading_the_session(
+    astore: AsyncStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = TurnkeeperSessionService(astore, owner="w1")
+    session = await service.create_session(app_name=APP, user_id=USER, session_id="s")
+    for i in range(5):
+        await service.append_event(session, event(f"e{i}", k=i))
+    await service.release_session(app_name=APP, user_id=USER, session_id="s")
+    await astore.sessions.set_title(_codec.session_key(APP, USER, "s"), "titled")
+    whole = await service.get_session(app_name=APP, user_id=USER, session_id="s")
+    assert whole is not None
+
+    async def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("read the whole session")
+
+    monkeypatch.setattr(astore.sessions, "entries", refuse)
+    for n in (0, 2, 9):
+        got = await service.get_session(
+            app_name=APP, user_id=USER, session_id="s", config=GetSessionConfig(num_recent_events=n)
+        )
+        assert got is not None
+        assert got.events == (whole.events[-n:] if n else [])
+        assert (got.state, got.last_update_time) == (whole.state, whole.last_update_time)
+        assert got._storage_update_marker == whole._storage_update_marker
+    await service.append_event(got, event("after a bounded read"))
 
 
 @pytest.mark.asyncio

@@ -27,6 +27,7 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.entries import EntryKind
 from turnkeeper.spec.records import Entry, Lease
 from turnkeeper.spec.records import Session as StoredSession
+from turnkeeper.storage.validate import MAX_LIMIT
 
 from . import _codec, _scoped
 
@@ -213,22 +214,42 @@ class TurnkeeperSessionService(BaseSessionService):
         if stored is None:
             return None
         try:
-            entries = await self._store.sessions.entries(key)
+            entries, last, leaf_id = await self._event_entries(stored, config)
         except errors.SessionNotFoundError:
             return None
-        leaf = entries[-1] if entries else None
-        last = next((e for e in reversed(entries) if _codec.is_event(e.payload)), None)
-        events = [_codec.event_of(e.payload) for e in entries if _codec.is_event(e.payload)]
         session = Session(
             id=session_id.strip(),
             app_name=app_name,
             user_id=user_id,
             state=await self._merged(app_name, user_id, _session_state(stored, last)),
-            events=_filtered(events, config),
+            events=_filtered([_codec.event_of(e.payload) for e in entries], config),
             last_update_time=_update_time(stored, last),
         )
-        session._storage_update_marker = _codec.marker(None if leaf is None else leaf.id)
+        session._storage_update_marker = _codec.marker(leaf_id)
         return session
+
+    async def _event_entries(
+        self, stored: StoredSession, config: GetSessionConfig | None
+    ) -> tuple[list[Entry], Entry | None, str | None]:
+        """The event entries ``config`` may keep, oldest first; the newest event
+        entry; the leaf they were read at.
+
+        With ``num_recent_events`` only the newest that many are read
+        (``sessions.custom_entries``) and the leaf is the one ``stored`` was
+        read at, before them: an append in between makes the session look
+        stale, never current. Otherwise every entry is read.
+        """
+        recent = None if config is None else config.num_recent_events
+        if recent == 0:
+            return [], await self._last_event(stored), stored.leaf_id
+        if recent is not None and recent <= MAX_LIMIT:
+            newest = await self._store.sessions.custom_entries(
+                stored.id, _codec.EVENT_TYPE, limit=recent
+            )
+            return newest[::-1], (newest[0] if newest else None), stored.leaf_id
+        entries = await self._store.sessions.entries(stored.id)
+        events = [e for e in entries if _codec.is_event(e.payload)]
+        return events, (events[-1] if events else None), (entries[-1].id if entries else None)
 
     @override
     async def list_sessions(
@@ -406,14 +427,14 @@ class TurnkeeperSessionService(BaseSessionService):
 
     async def _last_event(self, stored: StoredSession) -> Entry | None:
         """The newest event entry of ``stored``: its leaf, unless another kind of
-        entry was written after (a title, say), when the entries are read."""
+        entry was written after (a title, say), when it is looked up by type."""
         if stored.leaf_id is None:
             return None
         leaf = await self._store.sessions.entry(stored.id, stored.leaf_id)
         if leaf is not None and _codec.is_event(leaf.payload):
             return leaf
-        entries = await self._store.sessions.entries(stored.id)
-        return next((e for e in reversed(entries) if _codec.is_event(e.payload)), None)
+        newest = await self._store.sessions.custom_entries(stored.id, _codec.EVENT_TYPE, limit=1)
+        return newest[0] if newest else None
 
     # -- leases ---------------------------------------------------------------
 
