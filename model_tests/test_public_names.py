@@ -109,6 +109,12 @@ TOP = {
 
 PINNED: dict[str, set[str]] = {
     "turnkeeper.formats": {"FORMATS", "FileImport", "LineIssue", "detect", "import_file"},
+    "turnkeeper.adk": {
+        "SessionExistsError",
+        "SessionNotFoundError",
+        "StaleSessionError",
+        "TurnkeeperSessionService",
+    },
     "turnkeeper.aio": {
         "WORKERS",
         "AsyncCatalog",
