@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Callable
 from typing import Any
-
-import click
 
 from turnkeeper.spec.errors import InvalidInputError
 
@@ -18,11 +16,19 @@ def is_sqlite(path: str) -> bool:
         return f.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
 
 
-def import_langgraph(store: Any, path: str, *, quiet: bool) -> dict[str, Any]:
+def import_langgraph(
+    store: Any,
+    path: str,
+    *,
+    echo: Callable[[str, bool], None],
+    quiet: bool,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
     """Import the LangGraph SQLite checkpoint database at ``path`` (each thread a
-    session, ``turnkeeper.langgraph.import_sqlite``); prints one line unless
-    ``quiet`` (and, on a terminal, a progress bar of the threads on stderr) and
-    returns the JSON summary.
+    session, ``turnkeeper.langgraph.import_sqlite``): ``echo(line, to_stderr)``
+    prints its conflicts and unknown tables, and its summary line unless
+    ``quiet``; ``progress(threads done, threads)`` after each thread. Returns
+    the JSON summary.
 
     Raises:
         InvalidInputError: the ``langgraph`` extra is not installed (field ``path``).
@@ -34,17 +40,19 @@ def import_langgraph(store: Any, path: str, *, quiet: bool) -> dict[str, Any]:
         raise InvalidInputError(
             "path", "a LangGraph database needs: pip install 'turnkeeper[langgraph]'"
         ) from exc
-    show = not quiet and sys.stderr.isatty()
-    with click.progressbar(
-        length=0, label=f"{path}: threads", file=sys.stderr, hidden=not show
-    ) as bar:
-
-        def progress(done: int, total: int) -> None:
-            bar.length = total
-            bar.update(done - bar.pos)
-
-        r = import_sqlite(store, path, progress=progress)
-    info = {
+    r = import_sqlite(store, path, progress=progress)
+    for where in r.conflicts:
+        echo(f"{path}: conflict: checkpoint {where} is stored with other content", True)
+    for table in r.unknown_tables:
+        echo(f"{path}: unknown table {table!r} not imported", True)
+    if not quiet:
+        echo(
+            f"{path}: langgraph sqlite: {len(r.threads)} threads ({len(r.created)} new): "
+            f"added {r.checkpoints_added} checkpoints, {r.writes_added} writes, "
+            f"skipped {r.skipped}",
+            False,
+        )
+    return {
         "path": path,
         "format": "langgraph-sqlite",
         "threads": r.threads,
@@ -55,14 +63,3 @@ def import_langgraph(store: Any, path: str, *, quiet: bool) -> dict[str, Any]:
         "conflicts": r.conflicts,
         "unknown_tables": r.unknown_tables,
     }
-    for where in r.conflicts:
-        click.echo(f"{path}: conflict: checkpoint {where} is stored with other content", err=True)
-    for table in r.unknown_tables:
-        click.echo(f"{path}: unknown table {table!r} not imported", err=True)
-    if not quiet:
-        click.echo(
-            f"{path}: langgraph sqlite: {len(r.threads)} threads ({len(r.created)} new): "
-            f"added {r.checkpoints_added} checkpoints, {r.writes_added} writes, "
-            f"skipped {r.skipped}"
-        )
-    return info
