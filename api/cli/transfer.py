@@ -112,6 +112,19 @@ def _report(bar: Progress, fi: FileImport, as_json: bool) -> None:
         _report(bar, sub, as_json)
 
 
+def _import_langgraph(store: Any, path: str, bar: Progress, task: Any, as_json: bool) -> Any:
+    """A LangGraph SQLite database (``import_langgraph``), its lines through the
+    bar's console and its threads in the bar's description."""
+
+    def echo(line: str, err: bool) -> None:
+        _echo(bar, line, err)
+
+    def progress(done: int, total: int) -> None:
+        bar.update(task, description=f"{path} (thread {done} of {total})")
+
+    return import_langgraph(store, path, echo=echo, quiet=as_json, progress=progress)
+
+
 @click.command("import")
 @click.argument(
     "paths",
@@ -147,17 +160,7 @@ def import_command(ctx: click.Context, paths: tuple[str, ...], db: str, as_json:
             bar.update(task, description=path)
             try:
                 if is_sqlite(path):  # a LangGraph SQLite checkpoint database
-                    imported.append(
-                        import_langgraph(
-                            store,
-                            path,
-                            echo=lambda line, err: _echo(bar, line, err),
-                            quiet=as_json,
-                            progress=lambda done, total, path=path: bar.update(
-                                task, description=f"{path} (thread {done} of {total})"
-                            ),
-                        )
-                    )
+                    imported.append(_import_langgraph(store, path, bar, task, as_json))
                     bar.advance(task)
                     continue
                 fi = formats.import_file(store, path)
