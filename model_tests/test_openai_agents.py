@@ -14,6 +14,7 @@ import pytest_asyncio
 from agents.memory import OpenAIResponsesCompactionSession, Session
 from aio_standin import AsyncStore
 from conftest import FakeClock
+from openai_agents_fakes import COMPACTED, FakeClient
 from openai_agents_items import every_item, item_types
 
 import turnkeeper
@@ -211,35 +212,6 @@ async def test_control_a_stale_writer_that_rebinds_writes_into_the_new_session(
     monkeypatch.setattr(TurnkeeperSession, "_gone", rebind)
     await a.add_items([_text(99)])  # a stale writer's item lands in b's fresh session
     assert await TurnkeeperSession("chat", astore).get_items() == [_text(99)]
-
-
-class _Compacted:
-    def __init__(self, output: list[Any]) -> None:
-        self.output = output
-        self.usage = None
-
-
-class _FakeResponses:
-    def __init__(self, output: list[Any]) -> None:
-        self.output = output
-        self.calls: list[dict[str, Any]] = []
-
-    async def compact(self, **kwargs: Any) -> _Compacted:
-        self.calls.append(kwargs)
-        return _Compacted(self.output)
-
-
-class FakeClient:
-    """The one call the compaction session makes: ``client.responses.compact``."""
-
-    def __init__(self, output: list[Any]) -> None:
-        self.responses = _FakeResponses(output)
-
-
-COMPACTED = [
-    {"type": "compaction", "id": "cmp_1", "encrypted_content": "gAAAA-summary"},
-    {"role": "user", "content": "message 9"},
-]
 
 
 async def test_compaction_through_the_sdk_replaces_in_one_write(
