@@ -179,6 +179,10 @@ class TurnkeeperSession:
         self._lease = await self.store.leases.renew(self._lease, ttl_s)
         return self._lease
 
+    def close(self) -> None:
+        """Nothing to release: the store is the caller's to close. (For code written
+        against the SDK's ``SQLiteSession``, which has ``close``.)"""
+
     # --- the binding --------------------------------------------------------------
 
     async def _resolve(self, *, create: bool) -> str | None:

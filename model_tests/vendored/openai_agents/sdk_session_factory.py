@@ -1,0 +1,66 @@
+"""The one adaptation of the vendored SDK session tests: what constructs the session.
+
+``make_session(session_id, db_path=":memory:", session_settings=None)`` takes
+``SQLiteSession``'s arguments and builds the session of the current ``session_backend``:
+the SDK's ``SQLiteSession`` (the control), or ``TurnkeeperSession`` on a DuckDB store or
+a PostgreSQL schema. Sessions given the same ``db_path`` share one store, as
+``SQLiteSession``'s share one file; each ``":memory:"`` session gets a store of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agents import SQLiteSession
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from aio_standin import AsyncStore  # noqa: E402
+from conftest import new_pg_schema, open_pg  # noqa: E402
+
+import turnkeeper  # noqa: E402
+from turnkeeper.openai_agents import TurnkeeperSession  # noqa: E402
+
+# Offline: the SDK's tracing would export to OpenAI (it only warns without a key).
+os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
+
+_current: list[Callable[..., Any]] = []
+
+
+def make_session(session_id: str, db_path: str | Path = ":memory:", **kwargs: Any) -> Any:
+    """The session under test, built as ``SQLiteSession(session_id, db_path, **kwargs)``."""
+    return _current[-1](session_id, db_path, **kwargs)
+
+
+@pytest.fixture(params=["sqlite", "duckdb", "postgres"])
+def session_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    stores: dict[str, turnkeeper.BaseStore] = {}
+
+    def open_for(db_path: str | Path) -> turnkeeper.BaseStore:
+        key = str(db_path)
+        if key == ":memory:":
+            key = f":memory:{len(stores)}"
+        if key not in stores:
+            if request.param == "duckdb":
+                stores[key] = turnkeeper.open_store(str(tmp_path / f"store{len(stores)}.duckdb"))
+            else:
+                stores[key] = open_pg(new_pg_schema())
+        return stores[key]
+
+    def turnkeeper_session(
+        session_id: str, db_path: str | Path = ":memory:", **kwargs: Any
+    ) -> TurnkeeperSession:
+        return TurnkeeperSession(session_id, AsyncStore.wrap(open_for(db_path)), **kwargs)
+
+    _current.append(SQLiteSession if request.param == "sqlite" else turnkeeper_session)
+    try:
+        yield request.param
+    finally:
+        _current.pop()
+        for store in stores.values():
+            store.close()
