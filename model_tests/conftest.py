@@ -351,6 +351,34 @@ def store(
     s.close()
 
 
+FACADES = ["sync", "aio"]
+"""How the conformance suite calls the store: directly, or through ``turnkeeper.aio``."""
+
+
+@pytest.fixture(params=FACADES)
+def facade(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(params=BACKENDS)
+def any_store(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock, facade: str
+) -> Iterator[Any]:
+    """The conformance modules' store (they take it as ``store``): each backend,
+    called directly and through the async store (``through_aio.ThroughAio``:
+    every area call is ``turnkeeper.aio``'s, awaited on an event loop)."""
+    from through_aio import ThroughAio
+
+    s = open_backend(request.param, tmp_path, clock)
+    if facade == "sync":
+        yield s
+    else:
+        with ThroughAio(s) as view:
+            yield view
+            assert view.area_calls() > 0, "the test made no call through the async store"
+    s.close()
+
+
 @pytest.fixture(params=BACKENDS)
 def real_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[turnkeeper.BaseStore]:
     """A store on the database's own clock."""

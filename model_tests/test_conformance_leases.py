@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 import pytest
 
 import turnkeeper
 from turnkeeper import BusyError, InvalidInputError, LeaseLostError, LeasePurposeError
 from turnkeeper.storage.validate import MAX_TTL_S
+
+
+@pytest.fixture
+def store(any_store: Any) -> Any:
+    """Each backend, called directly and through ``turnkeeper.aio`` (conftest's ``any_store``)."""
+    return any_store
 
 
 def test_acquire_grants_epoch_one_then_busy_for_others(store, clock):

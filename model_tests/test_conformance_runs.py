@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from conftest import forge
 
@@ -17,6 +19,13 @@ from turnkeeper import (
     SessionRunActiveError,
     SubmissionConflictError,
 )
+
+
+@pytest.fixture
+def store(any_store: Any) -> Any:
+    """Each backend, called directly and through ``turnkeeper.aio`` (conftest's ``any_store``)."""
+    return any_store
+
 
 USER = {"role": "user", "content": "do it"}
 ASSISTANT = {"role": "assistant", "content": "done"}

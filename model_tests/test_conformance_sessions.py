@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,12 @@ from turnkeeper import (
     SessionModifiedError,
     SessionNotFoundError,
 )
+
+
+@pytest.fixture
+def store(any_store: Any) -> Any:
+    """Each backend, called directly and through ``turnkeeper.aio`` (conftest's ``any_store``)."""
+    return any_store
 
 
 def user(text: str) -> dict:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from turnkeeper import (
@@ -15,6 +17,12 @@ from turnkeeper import (
     RecordStatus,
     ThreadRecord,
 )
+
+
+@pytest.fixture
+def store(any_store: Any) -> Any:
+    """Each backend, called directly and through ``turnkeeper.aio`` (conftest's ``any_store``)."""
+    return any_store
 
 
 def rec(rid: str, key: str = "k", **kw) -> ThreadRecord:

@@ -12,11 +12,19 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 
 from turnkeeper import DeliveryPlan, DeliveryStep, EntryKind, FinalizeRequest, ThreadRecord
 from turnkeeper.spec.records import ImportBatch, ImportEntry, OpaqueRecord
+
+
+@pytest.fixture
+def store(any_store: Any) -> Any:
+    """Each backend, called directly and through ``turnkeeper.aio`` (conftest's ``any_store``)."""
+    return any_store
+
 
 TRICKY = [
     "\x00",

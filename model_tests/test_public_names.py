@@ -108,6 +108,18 @@ TOP = {
 """``turnkeeper``'s names besides its errors (it exports every one of those)."""
 
 PINNED: dict[str, set[str]] = {
+    "turnkeeper.aio": {
+        "WORKERS",
+        "AsyncCatalog",
+        "AsyncCommandLog",
+        "AsyncLedger",
+        "AsyncLedgerWriter",
+        "AsyncStore",
+        "AsyncSubscription",
+        "Opening",
+        "Runner",
+        "open_store",
+    },
     "turnkeeper.spec": {
         "DELIVERY",
         "GRANTING_EDGES",

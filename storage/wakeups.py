@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from enum import StrEnum
 
 from turnkeeper.spec import errors
@@ -67,12 +67,33 @@ class Signals:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._counts: Counter[str] = Counter()
+        self._watchers: dict[int, Callable[[], None]] = {}
+        self._next_watcher = 0
 
     def fire(self, topic: str) -> None:
-        """Count one wake-up of ``topic`` and wake every waiter."""
+        """Count one wake-up of ``topic``, wake every waiter and call every
+        watcher (on the firing thread, outside the lock)."""
         with self._cond:
             self._counts[topic] += 1
             self._cond.notify_all()
+            watchers = list(self._watchers.values())
+        for watcher in watchers:
+            watcher()
+
+    def watch(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` after every wake-up, on the thread that fires it
+        (it must be quick and must not raise: the async store's subscriptions
+        hand it to their event loop); returns the function that stops it."""
+        with self._cond:
+            key = self._next_watcher
+            self._next_watcher += 1
+            self._watchers[key] = callback
+
+        def unwatch() -> None:
+            with self._cond:
+                self._watchers.pop(key, None)
+
+        return unwatch
 
     def counts(self, topics: Iterable[str]) -> dict[str, int]:
         """The current count of each of ``topics``."""
@@ -116,3 +137,9 @@ class Subscription:
 
         wait_s = check_seconds(timeout_s, "timeout_s")
         return [Topic(t) for t in self._signals.wait(self._since, wait_s)]
+
+    def watch(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` after each wake-up of any topic from now on (see
+        :meth:`Signals.watch`); returns the function that stops it. What fired
+        is then learnt from :meth:`wait` with ``timeout_s=0``."""
+        return self._signals.watch(callback)

@@ -1,0 +1,289 @@
+"""``AsyncStore``: the store with ``async def`` methods, and ``open_store``.
+
+One domain layer: each area of the async store (:mod:`.areas`, generated
+from ``storage/protocol.py``) awaits the sync area's method on a worker of
+the store's :class:`~.runner.Runner`; nothing of the store runs on the event
+loop (see :mod:`.runner` for the workers, the bounded queue and what a
+cancellation leaves).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable, Generator, Iterator, Sequence
+from datetime import datetime
+from typing import Any, Self, TypeVar
+
+from turnkeeper._open import DEFAULT_PATH
+from turnkeeper._open import open_store as open_sync_store
+from turnkeeper.spec import errors
+from turnkeeper.storage import BaseStore
+from turnkeeper.storage.ops.replays import REPLAY_CACHE_BYTES
+from turnkeeper.storage.store import Snapshot
+from turnkeeper.storage.wakeups import Subscription, Topic
+
+from . import areas
+from .ledger import AsyncLedger
+from .runner import WORKERS, Runner, settled
+
+T = TypeVar("T")
+
+
+class AsyncStore:
+    """The store with ``async def`` methods: the same areas as
+    :class:`~turnkeeper.BaseStore` (``store.leases``, ``store.sessions``,
+    ``store.runs`` … ``store.ledger``), the same methods, arguments, results
+    and errors, awaited. ``sync`` is the sync store it drives (for code that
+    must call it from a thread of its own). Made by :func:`open_store`, or
+    by :meth:`wrap` around an open sync store; an async context manager that
+    closes it.
+    """
+
+    def __init__(self, store: BaseStore, runner: Runner, *, owns_store: bool) -> None:
+        self.sync = store
+        """The sync store whose methods this one awaits."""
+        self.runner = runner
+        """The workers that run them (see :mod:`turnkeeper.aio.runner`)."""
+        self._owns_store = owns_store
+        run = runner.__call__
+        self.leases = areas.AsyncLeases(store.leases, run)
+        self.threads = areas.AsyncThreads(store.threads, run)
+        self.sessions = areas.AsyncSessions(store.sessions, run)
+        self.runs = areas.AsyncRuns(store.runs, run)
+        self.lineage = areas.AsyncLineage(store.lineage, run)
+        self.recovery = areas.AsyncRecovery(store.recovery, run)
+        self.outbox = areas.AsyncOutbox(store.outbox, run)
+        self.tools = areas.AsyncTools(store.tools, run)
+        self.forks = areas.AsyncForks(store.forks, run)
+        self.capabilities = areas.AsyncCapabilities(store.capabilities, run)
+        self.guidance = areas.AsyncGuidance(store.guidance, run)
+        self.resources = areas.AsyncResources(store.resources, run)
+        self.projects = areas.AsyncProjects(store.projects, run)
+        self.usage = areas.AsyncUsage(store.usage, run)
+        self.bindings = areas.AsyncBindings(store.bindings, run)
+        self.archives = areas.AsyncArchives(store.archives, run)
+        self.ledger = AsyncLedger(store.ledger, run)
+
+    @classmethod
+    def wrap(cls, store: BaseStore, *, workers: int = WORKERS) -> AsyncStore:
+        """An async store over ``store``, an open sync store, with ``workers``
+        worker threads. Closing the async store does not close ``store``.
+
+        Raises:
+            InvalidInputError: ``store`` is not a turnkeeper store, or a bad ``workers``.
+        """
+        if not isinstance(store, BaseStore):
+            raise errors.InvalidInputError("store", "expected an open turnkeeper store")
+        return cls(store, Runner(workers), owns_store=False)
+
+    # -- the store's own methods -------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        """The store's path or URL (password removed), as the sync store's."""
+        return self.sync.path
+
+    def json_sql(self, expr: str) -> str:
+        """:meth:`BaseStore.json_sql` (no I/O)."""
+        return self.sync.json_sql(expr)
+
+    def statement_stats(self) -> dict[str, dict[str, float]]:
+        """:meth:`BaseStore.statement_stats` (no I/O)."""
+        return self.sync.statement_stats()
+
+    async def schema_version(self) -> int:
+        """Awaits :meth:`BaseStore.schema_version`."""
+        return await self.runner(self.sync.schema_version)
+
+    async def query(self, sql: str, params: Sequence[Any] | None = None) -> Any:
+        """Awaits :meth:`BaseStore.query`: a ``pyarrow.Table`` (same checks, same errors)."""
+        return await self.runner(self.sync.query, sql, params)
+
+    async def snapshot(self, body: Callable[[Snapshot], T]) -> T:
+        """Awaits :meth:`BaseStore.snapshot`: ``body`` runs on a worker thread
+        (its reads are sync calls of the snapshot, in one transaction)."""
+        return await self.runner(self.sync.snapshot, body)
+
+    async def query_batches(
+        self,
+        sql: str,
+        consume: Callable[[Any, Iterator[Any]], T],
+        params: Sequence[Any] | None = None,
+    ) -> T:
+        """Awaits :meth:`BaseStore.query_batches`: ``consume`` runs on a worker thread."""
+        return await self.runner(self.sync.query_batches, sql, consume, params)
+
+    async def subscribe(self, *topics: str) -> AsyncSubscription:
+        """Awaits :meth:`BaseStore.subscribe`: an :class:`AsyncSubscription`,
+        whose wake-ups come as an async iterator (``async for fired in sub``).
+
+        Raises:
+            InvalidInputError: an unknown topic, or none.
+            InterfaceError: the store is closed.
+            OperationalError: (PostgreSQL) the listening connection could not be made.
+        """
+        subscription = await self.runner(self.sync.subscribe, *topics)
+        return AsyncSubscription(subscription)
+
+    async def wait_for(self, *topics: str, timeout_s: float) -> list[Topic]:
+        """``(await subscribe(*topics)).wait(timeout_s)``: the topics that fired
+        within ``timeout_s`` seconds from now (empty after the timeout).
+
+        Raises:
+            InvalidInputError: an unknown topic, or a bad ``timeout_s``.
+        """
+        async with await self.subscribe(*topics) as subscription:
+            return await subscription.wait(timeout_s)
+
+    async def close(self) -> None:
+        """Wait for the operations still running, stop the workers, and close
+        the sync store if this async store opened it. Idempotent."""
+        if self.runner.closed:
+            return
+        await asyncio.to_thread(self.runner.close)
+        if self._owns_store:
+            await asyncio.to_thread(self.sync.close)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncSubscription:
+    """Wake-ups of some topics (:class:`~turnkeeper.storage.wakeups.Subscription`)
+    awaited on the event loop: ``await sub.wait(timeout_s)``, or ``async for
+    fired in sub`` (each step: the topics that fired since the last, after at
+    least one did). Advisory, as the sync ones: look in the store after each.
+    An async context manager; :meth:`close` stops it. Use it on the event loop
+    it was made on."""
+
+    def __init__(self, subscription: Subscription) -> None:
+        self.sync = subscription
+        self.topics = subscription.topics
+        self._loop = asyncio.get_running_loop()
+        self._fired = asyncio.Event()
+        self._unwatch = subscription.watch(self._on_fire)
+
+    def _on_fire(self) -> None:  # on the firing thread
+        with contextlib.suppress(RuntimeError):  # the loop was closed
+            self._loop.call_soon_threadsafe(self._fired.set)
+
+    async def wait(self, timeout_s: float) -> list[Topic]:
+        """The topics that fired since the last wait, waiting up to ``timeout_s``
+        seconds (without blocking the loop) for one to; empty after the timeout.
+
+        Raises:
+            InvalidInputError: ``timeout_s`` is not finite seconds >= 0.
+        """
+        fired = self.sync.wait(0)
+        if fired:
+            return fired
+        from turnkeeper.storage.validate import check_seconds
+
+        deadline = self._loop.time() + check_seconds(timeout_s, "timeout_s")
+        while True:
+            self._fired.clear()
+            fired = self.sync.wait(0)
+            left = deadline - self._loop.time()
+            if fired or left <= 0:
+                return fired
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self._fired.wait()
+
+    def __aiter__(self) -> AsyncSubscription:
+        return self
+
+    async def __anext__(self) -> list[Topic]:
+        while True:
+            self._fired.clear()
+            fired = self.sync.wait(0)
+            if fired:
+                return fired
+            await self._fired.wait()
+
+    def close(self) -> None:
+        """Stop receiving wake-ups (idempotent)."""
+        self._unwatch()
+
+    async def __aenter__(self) -> AsyncSubscription:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Opening:
+    """What :func:`open_store` returns: await it for the store, or use it as
+    ``async with open_store(...) as store:`` (closed at the block's end)."""
+
+    def __init__(self, path: str | os.PathLike[str], workers: int, kwargs: dict[str, Any]) -> None:
+        self._path = path
+        self._workers = workers
+        self._kwargs = kwargs
+        self._store: AsyncStore | None = None
+
+    async def _open(self) -> AsyncStore:
+        runner = Runner(self._workers)
+        job = runner.submit(open_sync_store, self._path, **self._kwargs)
+        try:
+            store = await settled(job)
+        except BaseException:
+            if job.done() and not job.cancelled() and job.exception() is None:
+                job.result().close()  # opened after all: a cancelled open leaves nothing open
+            await asyncio.to_thread(runner.close)
+            raise
+        return AsyncStore(store, runner, owns_store=True)
+
+    def __await__(self) -> Generator[Any, None, AsyncStore]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> AsyncStore:
+        self._store = await self._open()
+        return self._store
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._store is not None:
+            await self._store.close()
+
+
+def open_store(
+    path: str | os.PathLike[str] = DEFAULT_PATH,
+    *,
+    workers: int = WORKERS,
+    clock: Callable[[], datetime] | None = None,
+    read_only: bool = False,
+    replay_cache_bytes: int = REPLAY_CACHE_BYTES,
+    pooler: str | None = None,
+    listen_url: str | None = None,
+    pool_timeout_s: float | None = None,
+    reconnect_delay_s: float | None = None,
+    reconnect_max_delay_s: float | None = None,
+    tenant: str = "",
+) -> Opening:
+    """Open (creating if needed) the store at ``path`` as :func:`turnkeeper.open_store`
+    does (same arguments, same errors, raised when awaited), for ``async``
+    code: ``store = await open_store(...)`` or ``async with open_store(...) as
+    store:``. ``workers`` (1 to 64, default 8) is how many of its operations
+    run at once, each on a worker thread (see :mod:`turnkeeper.aio.runner`);
+    further ones wait for a free worker without blocking the event loop.
+
+    Raises (when awaited):
+        InvalidInputError: a bad ``workers``; and as :func:`turnkeeper.open_store`.
+    """
+    kwargs: dict[str, Any] = {
+        "clock": clock,
+        "read_only": read_only,
+        "replay_cache_bytes": replay_cache_bytes,
+        "pooler": pooler,
+        "listen_url": listen_url,
+        "pool_timeout_s": pool_timeout_s,
+        "reconnect_delay_s": reconnect_delay_s,
+        "reconnect_max_delay_s": reconnect_max_delay_s,
+        "tenant": tenant,
+    }
+    return Opening(path, workers, kwargs)
