@@ -1,36 +1,24 @@
-"""TEMPORARY, tests only: a thin async stand-in for turnkeeper.aio until it lands on
-main (then removed). Each area method runs the sync one in a thread; path_latest is
-computed from the whole session until h/reads lands."""
+"""TEMPORARY, tests only, until ``sessions.path_latest`` (branch h/reads) lands on main:
+``wrap`` is ``turnkeeper.aio.AsyncStore.wrap`` plus an interim ``path_latest`` read from
+the whole session. Removed when the real read lands."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import turnkeeper
+import turnkeeper.aio
 
 
-class _Area:
-    def __init__(self, area: Any) -> None:
-        self._area = area
+def wrap(sync: turnkeeper.BaseStore) -> turnkeeper.aio.AsyncStore:
+    store = turnkeeper.aio.AsyncStore.wrap(sync)
+    if not hasattr(store.sessions, "path_latest"):
 
-    def __getattr__(self, name: str) -> Any:
-        fn = getattr(self._area, name)
-
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            return await asyncio.to_thread(fn, *args, **kwargs)
-
-        return call
-
-
-class _Sessions(_Area):
-    async def path_latest(self, session_id: str, limit: int) -> list[Any]:
-        def read() -> list[Any]:
-            s = self._area
-            row = s.get(session_id)
+        def read(session_id: str, limit: int) -> list[Any]:
+            row = sync.sessions.get(session_id)
             if row is None:
                 raise turnkeeper.SessionNotFoundError(session_id)
-            by_id = {e.id: e for e in s.entries(session_id)}
+            by_id = {e.id: e for e in sync.sessions.entries(session_id)}
             out = []
             node = row.leaf_id
             while node is not None and len(out) < limit:
@@ -38,16 +26,8 @@ class _Sessions(_Area):
                 node = by_id[node].parent_id
             return out[::-1]
 
-        return await asyncio.to_thread(read)
+        async def path_latest(session_id: str, limit: int) -> list[Any]:
+            return await store.runner(read, session_id, limit)
 
-
-class AsyncStore:
-    def __init__(self, sync: turnkeeper.BaseStore) -> None:
-        self.sync = sync
-        self.sessions = _Sessions(sync.sessions)
-        self.bindings = _Area(sync.bindings)
-        self.leases = _Area(sync.leases)
-
-    @classmethod
-    def wrap(cls, sync: turnkeeper.BaseStore) -> AsyncStore:
-        return cls(sync)
+        store.sessions.path_latest = path_latest  # type: ignore[attr-defined]
+    return store

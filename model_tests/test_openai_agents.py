@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from agents.memory import OpenAIResponsesCompactionSession, Session
-from aio_standin import AsyncStore
+from aio_standin import wrap
 from conftest import FakeClock
 from openai_agents_fakes import COMPACTED, FakeClient
 from openai_agents_items import every_item, item_types
 
 import turnkeeper
+from turnkeeper.aio import AsyncStore
 from turnkeeper.openai_agents import REPLACED_TYPE, TurnkeeperSession
 
 pytestmark = pytest.mark.asyncio
@@ -25,7 +26,8 @@ pytestmark = pytest.mark.asyncio
 
 @pytest_asyncio.fixture
 async def astore(store: turnkeeper.BaseStore) -> AsyncIterator[AsyncStore]:
-    yield AsyncStore.wrap(store)
+    async with wrap(store) as wrapped:  # closes its workers, not the store
+        yield wrapped
 
 
 def _text(n: int) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from agents import SQLiteSession
-from aio_standin import AsyncStore
+from aio_standin import wrap
 from openai_agents_items import every_item
 
 import turnkeeper
@@ -27,8 +27,13 @@ def _sdk(db: Path, sid: str, op: str, *args: Any) -> Any:
         session.close()
 
 
+async def _read(store: turnkeeper.BaseStore, sid: str, limit: int | None) -> Any:
+    async with wrap(store) as astore:
+        return await TurnkeeperSession(sid, astore).get_items(limit)
+
+
 def _ours(store: turnkeeper.BaseStore, sid: str, limit: int | None = None) -> Any:
-    return asyncio.run(TurnkeeperSession(sid, AsyncStore.wrap(store)).get_items(limit))
+    return asyncio.run(_read(store, sid, limit))
 
 
 def test_import_gives_identical_items_and_is_idempotent(

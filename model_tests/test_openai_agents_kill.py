@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from agents import SQLiteSession
-from aio_standin import AsyncStore
+from aio_standin import wrap
 from conftest import BACKENDS, new_pg_schema, open_pg
 from openai_agents_fakes import COMPACTED, text
 
@@ -39,13 +39,18 @@ def _open(backend: str, target: str) -> turnkeeper.BaseStore:
     return turnkeeper.open_store(target) if backend == "duckdb" else open_pg(target)
 
 
+async def _in_session(store: turnkeeper.BaseStore, op: str, *args: Any) -> Any:
+    async with wrap(store) as astore:
+        return await getattr(TurnkeeperSession("chat", astore), op)(*args)
+
+
 def _items_after_kill(backend: str, tmp_path: Path, kind: str) -> list[Any]:
     target = str(tmp_path / "store.duckdb") if backend == "duckdb" else new_pg_schema()
     with _open(backend, target) as store:
-        asyncio.run(TurnkeeperSession("chat", AsyncStore.wrap(store)).add_items(HISTORY))
+        asyncio.run(_in_session(store, "add_items", HISTORY))
     _kill_during_compaction(kind, target)
     with _open(backend, target) as store:  # after the restart
-        return asyncio.run(TurnkeeperSession("chat", AsyncStore.wrap(store)).get_items())
+        return list(asyncio.run(_in_session(store, "get_items")))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

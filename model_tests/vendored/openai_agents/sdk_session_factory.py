@@ -20,10 +20,11 @@ from agents import SQLiteSession
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from aio_standin import AsyncStore  # noqa: E402
+from aio_standin import wrap  # noqa: E402
 from conftest import new_pg_schema, open_pg  # noqa: E402
 
 import turnkeeper  # noqa: E402
+from turnkeeper.aio import AsyncStore  # noqa: E402
 from turnkeeper.openai_agents import TurnkeeperSession  # noqa: E402
 
 # Offline: the SDK's tracing would export to OpenAI (it only warns without a key).
@@ -40,8 +41,9 @@ def make_session(session_id: str, db_path: str | Path = ":memory:", **kwargs: An
 @pytest.fixture(params=["sqlite", "duckdb", "postgres"])
 def session_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     stores: dict[str, turnkeeper.BaseStore] = {}
+    wrapped: dict[str, AsyncStore] = {}
 
-    def open_for(db_path: str | Path) -> turnkeeper.BaseStore:
+    def open_for(db_path: str | Path) -> AsyncStore:
         key = str(db_path)
         if key == ":memory:":
             key = f":memory:{len(stores)}"
@@ -50,17 +52,20 @@ def session_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
                 stores[key] = turnkeeper.open_store(str(tmp_path / f"store{len(stores)}.duckdb"))
             else:
                 stores[key] = open_pg(new_pg_schema())
-        return stores[key]
+            wrapped[key] = wrap(stores[key])
+        return wrapped[key]
 
     def turnkeeper_session(
         session_id: str, db_path: str | Path = ":memory:", **kwargs: Any
     ) -> TurnkeeperSession:
-        return TurnkeeperSession(session_id, AsyncStore.wrap(open_for(db_path)), **kwargs)
+        return TurnkeeperSession(session_id, open_for(db_path), **kwargs)
 
     _current.append(SQLiteSession if request.param == "sqlite" else turnkeeper_session)
     try:
         yield request.param
     finally:
         _current.pop()
+        for astore in wrapped.values():
+            astore.runner.close()  # its worker threads; the sync store next
         for store in stores.values():
             store.close()
