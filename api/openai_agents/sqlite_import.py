@@ -19,7 +19,7 @@ from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from turnkeeper.spec import errors
 from turnkeeper.spec.entries import EntryKind
@@ -54,7 +54,7 @@ def _new_entry(row_id: int, raw: Any) -> tuple[NewEntry, bool]:
     except (json.JSONDecodeError, TypeError):
         item = None
     if isinstance(item, dict):
-        return item_entry(item, entry_id=_entry_id(row_id)), True
+        return item_entry(cast(Any, item), entry_id=_entry_id(row_id)), True
     payload = {"customType": UNPARSED_TYPE, "data": {"message_data": raw}}
     return NewEntry(EntryKind.CUSTOM, payload, entry_id=_entry_id(row_id)), False
 
