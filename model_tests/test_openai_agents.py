@@ -73,13 +73,13 @@ async def test_reads_never_read_the_whole_session(
     asked: list[int] = []
     real = astore.sessions.path_latest
 
-    async def spy(session_id: str, limit: int) -> Any:
+    async def spy(session_id: str, limit: int, **kwargs: Any) -> Any:
         asked.append(limit)
-        return await real(session_id, limit)
+        return await real(session_id, limit, **kwargs)
 
     monkeypatch.setattr(astore.sessions, "path_latest", spy)
     assert await session.get_items(limit=3) == [_text(297), _text(298), _text(299)]
-    assert asked == [3]
+    assert asked == [4]  # one more than asked: to know whether any item precedes
     await session.replace_items([_text(1000), _text(1001)])
     asked.clear()
     assert await session.get_items() == [_text(1000), _text(1001)]
@@ -120,8 +120,8 @@ async def _race_on_leaf(
     barrier = asyncio.Barrier(poppers)
     first_reads = {"left": poppers}
 
-    async def read_together(session_id: str, limit: int) -> Any:
-        found = await real(session_id, limit)
+    async def read_together(session_id: str, limit: int, **kwargs: Any) -> Any:
+        found = await real(session_id, limit, **kwargs)
         if first_reads["left"] > 0:
             first_reads["left"] -= 1
             await barrier.wait()
@@ -244,4 +244,54 @@ async def test_compaction_through_the_sdk_replaces_in_one_write(
     bound = session.bound_session_id
     assert bound is not None
     path = await astore.sessions.path_latest(bound, 3)
-    assert path[0].payload == {"customType": REPLACED_TYPE}
+    assert path[0].payload == {"customType": REPLACED_TYPE, "data": {"keep": None}}
+
+
+async def test_a_suffix_replacement_keeps_the_history_before_it(astore: AsyncStore) -> None:
+    session = TurnkeeperSession("chat", astore)
+    await session.add_items([_text(i) for i in range(6)])
+    snapshot = await session._get_compaction_snapshot(4)
+    assert snapshot is not None and not snapshot.complete
+    assert snapshot.items == [_text(i) for i in range(2, 6)]
+    assert await snapshot.replace_suffix(1, [_text(100)])  # items 3..5 become 100
+    assert await session.get_items() == [_text(0), _text(1), _text(2), _text(100)]
+    assert await session.get_items(limit=2) == [_text(2), _text(100)]
+    again = await session._get_compaction_snapshot(10)
+    assert again is not None and again.complete and len(again.items) == 4
+    assert await again.replace_suffix(0, [_text(200)])  # the whole history
+    assert await session.get_items() == [_text(200)]
+    # pops walk back through what a replacement kept, one compare-and-set each
+    await session.add_items([_text(300)])
+    snap = await session._get_compaction_snapshot(1)
+    assert snap is not None and await snap.replace_suffix(0, [])  # keeps [200]
+    assert await session.pop_item() == _text(200)
+    assert await session.pop_item() is None
+
+
+async def test_a_suffix_replacement_of_a_changed_session_writes_nothing(
+    astore: AsyncStore,
+) -> None:
+    session = TurnkeeperSession("chat", astore)
+    await session.add_items([_text(i) for i in range(3)])
+    snapshot = await session._get_compaction_snapshot(2)
+    assert snapshot is not None
+    await TurnkeeperSession("chat", astore).add_items([_text(3)])
+    assert not await snapshot.replace_suffix(0, [_text(100)])
+    assert await session.get_items() == [_text(i) for i in range(4)]
+    late = await session._get_compaction_snapshot(2)
+    assert late is not None
+    assert await session.pop_item() == _text(3)
+    assert not await late.replace_suffix(0, [_text(100)])  # a pop changed it too
+    assert await session.get_items() == [_text(i) for i in range(3)]
+
+
+async def test_pops_after_a_suffix_replacement_race_like_any_pop(
+    astore: AsyncStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = TurnkeeperSession("chat", astore)
+    await session.add_items([_text(i) for i in range(5)])
+    snapshot = await session._get_compaction_snapshot(2)
+    assert snapshot is not None and await snapshot.replace_suffix(0, [])  # keeps 0..2
+    popped = await _race_on_leaf(astore, monkeypatch, 3)
+    assert sorted(p["content"] for p in popped) == ["message 0", "message 1", "message 2"]
+    assert await session.get_items() == []

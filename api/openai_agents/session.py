@@ -26,10 +26,11 @@ How an SDK session maps onto turnkeeper:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from agents.items import TResponseInputItem
+from agents.memory.session import _CompactionSnapshot
 from agents.memory.session_settings import (
     SessionSettings,
     coerce_session_settings,
@@ -60,6 +61,23 @@ _FIRST_WINDOW = 64
 
 def _custom_type(entry: Entry) -> object:
     return entry.payload.get("customType") if entry.kind == EntryKind.CUSTOM else None
+
+
+def _item(entry: Entry) -> TResponseInputItem:
+    return cast(TResponseInputItem, entry.payload["data"])
+
+
+def _kept(marker: Entry) -> str | None:
+    """The item a :data:`REPLACED_TYPE` entry keeps the history up to (``None``: none)."""
+    data = marker.payload.get("data")
+    keep = data.get("keep") if isinstance(data, Mapping) else None
+    return keep if isinstance(keep, str) else None
+
+
+def _replaced(keep: str | None) -> NewEntry:
+    """A :data:`REPLACED_TYPE` entry: the history before it is the one ending at the
+    item ``keep`` (``None``: no history)."""
+    return NewEntry(EntryKind.CUSTOM, {"customType": REPLACED_TYPE, "data": {"keep": keep}})
 
 
 def item_entry(item: TResponseInputItem, *, entry_id: str | None = None) -> NewEntry:
@@ -209,27 +227,45 @@ class TurnkeeperSession:
 
     # --- reads --------------------------------------------------------------------
 
-    async def _tail(self, bound: str, limit: int | None) -> list[Entry]:
-        """The item entries after the last replacement on the path, newest ``limit``
-        (``None``: all), root first; reads windows of the path from the leaf, doubling,
-        never the whole session."""
-        window = _FIRST_WINDOW if limit is None else max(limit, 1)
+    async def _chain(
+        self, bound: str, limit: int | None, leaf_id: str | None = None
+    ) -> tuple[list[Entry], bool, str | None]:
+        """The item entries of the history ending at ``leaf_id`` (``None``: the
+        session's leaf), the newest ``limit`` of them (``None``: all), root first;
+        whether no item precedes them (``complete``); and the id of the leaf read first
+        (``None``: an empty session).
+
+        Reads windows of the path back from the leaf (``sessions.path_latest``),
+        doubling, never the whole session; a :data:`REPLACED_TYPE` entry ends the
+        history, or continues it at the item its ``data.keep`` names."""
+        found: list[Entry] = []
+        first, unread = leaf_id, leaf_id is None
+        cursor = leaf_id
+        window = _FIRST_WINDOW if limit is None else limit + 1
+        segment = 0  # len(found) when the reads from ``cursor`` began
         while True:
-            path = await self.store.sessions.path_latest(bound, window)
-            found: list[Entry] = []
-            cut = False
+            path = await self.store.sessions.path_latest(bound, window, leaf_id=cursor)
+            if unread:
+                first, unread = (path[-1].id if path else None), False
+            del found[segment:]
+            marker: Entry | None = None
             for entry in reversed(path):
                 kind = _custom_type(entry)
                 if kind == REPLACED_TYPE:
-                    cut = True
+                    marker = entry
                     break
                 if kind == ITEM_TYPE:
-                    found.append(entry)
                     if limit is not None and len(found) == limit:
-                        break
-            if cut or len(path) < window or (limit is not None and len(found) >= limit):
-                return found[::-1]
-            window *= 2
+                        return found[::-1], False, first
+                    found.append(entry)
+            if marker is None and len(path) == window:
+                window *= 2  # the window ended inside this part of the history
+                continue
+            keep = None if marker is None else _kept(marker)
+            if keep is None:
+                return found[::-1], True, first
+            cursor, segment = keep, len(found)
+            window = _FIRST_WINDOW if limit is None else limit - len(found) + 1
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The session's items, oldest first; with ``limit`` (or
@@ -246,11 +282,11 @@ class TurnkeeperSession:
             if bound is None:
                 return []
             try:
-                tail = await self._tail(bound, resolved)
+                tail, _, _ = await self._chain(bound, resolved)
             except errors.SessionNotFoundError:
                 self._gone()
                 continue
-            return [cast(TResponseInputItem, e.payload["data"]) for e in tail]
+            return [_item(e) for e in tail]
 
     # --- writes -------------------------------------------------------------------
 
@@ -275,9 +311,7 @@ class TurnkeeperSession:
         (a :data:`REPLACED_TYPE` entry, then the items). A crash leaves the old history
         or the new one. The history it replaces is whatever is current when the
         transaction runs (as the SDK's own atomic replacements do)."""
-        entries = [NewEntry(EntryKind.CUSTOM, {"customType": REPLACED_TYPE})]
-        entries += [item_entry(item) for item in items]
-        await self._append(entries)
+        await self._append([_replaced(None), *(item_entry(item) for item in items)])
 
     async def _atomic_replace_items(self, items: list[TResponseInputItem]) -> bool:
         """The SDK's compaction hook (``OpenAIResponsesCompactionSession`` looks it up on
@@ -286,28 +320,85 @@ class TurnkeeperSession:
         return True
 
     async def pop_item(self) -> TResponseInputItem | None:
-        """Remove and return the latest item (``None`` when there is none). Atomic: the
-        leaf moves to the item's parent with a compare-and-set on the leaf read, so
-        concurrent callers, in any process, never get the same item."""
+        """Remove and return the latest item (``None`` when there is none). Atomic, a
+        compare-and-set on the leaf read, so concurrent callers, in any process, never
+        get the same item: the leaf moves back to the item's parent
+        (``sessions.branch(..., expected_leaf=...)``), or, when the leaf is a
+        replacement that keeps an earlier item, a replacement keeping the item before
+        that one is appended (``expected_leaf`` too)."""
         while True:
             bound = await self._resolve(create=False)
             if bound is None:
                 return None
             try:
                 path = await self.store.sessions.path_latest(bound, 1)
-                if not path or _custom_type(path[-1]) == REPLACED_TYPE:
+                if not path:
                     return None
                 leaf = path[-1]
-                await self.store.sessions.branch(
-                    bound, leaf.parent_id, expected_leaf=leaf.id, lease=self._lease
+                if _custom_type(leaf) != REPLACED_TYPE:
+                    await self.store.sessions.branch(
+                        bound, leaf.parent_id, expected_leaf=leaf.id, lease=self._lease
+                    )
+                    if _custom_type(leaf) == ITEM_TYPE:
+                        return _item(leaf)
+                    continue  # not an item (an unparsed import): dropped, as SQLite does
+                keep = _kept(leaf)
+                if keep is None:
+                    return None
+                last_two, _, _ = await self._chain(bound, 2, leaf_id=keep)
+                before = last_two[0].id if len(last_two) == 2 else None
+                await self.store.sessions.append_many(
+                    bound, [_replaced(before)], expected_leaf=leaf.id, lease=self._lease
                 )
+                return _item(last_two[-1])
             except errors.SessionNotFoundError:
                 self._gone()
-                continue
             except errors.SessionModifiedError:
-                continue  # another writer moved the leaf: read it again
-            if _custom_type(leaf) == ITEM_TYPE:
-                return cast(TResponseInputItem, leaf.payload["data"])
+                pass  # another writer moved the leaf: read it again
+
+    async def _get_compaction_snapshot(
+        self, limit: int, *, prune_prefix: Callable[[TResponseInputItem], bool] | None = None
+    ) -> _CompactionSnapshot | None:
+        """The SDK's hook for automatic compaction (``OpenAIResponsesCompactionSession``):
+        the latest ``limit`` items, whether they are all, and ``replace_suffix(start,
+        output)``, which replaces the items from ``start`` on with ``output`` in one
+        transaction (a :data:`REPLACED_TYPE` entry keeping the items before ``start``,
+        then ``output``), a compare-and-set on the leaf read here: ``False`` and nothing
+        written when the session changed since. ``prune_prefix`` (items a wrapping
+        ``EncryptedSession`` finds expired) is not applied: entries are never deleted
+        but with their session, and that session filters expired items on read."""
+        del prune_prefix
+        bound = await self._resolve(create=False)
+        if bound is None:
+            return None
+        try:
+            found, complete, leaf = await self._chain(bound, limit + 1)
+        except errors.SessionNotFoundError:
+            self._gone()
+            return None
+        before = found[0].id if len(found) > limit else None
+        window = found[-limit:] if limit > 0 else []
+        complete = complete and len(found) <= limit
+
+        async def replace_suffix(start: int, output: list[TResponseInputItem]) -> bool:
+            if not window[start:]:
+                return False
+            keep = window[start - 1].id if start > 0 else before
+            try:
+                await self.store.sessions.append_many(
+                    bound,
+                    [_replaced(keep), *(item_entry(item) for item in output)],
+                    expected_leaf=leaf,
+                    lease=self._lease,
+                )
+            except errors.SessionModifiedError:
+                return False
+            except errors.SessionNotFoundError:
+                self._gone()
+                return False
+            return True
+
+        return _CompactionSnapshot([_item(e) for e in window], complete, replace_suffix)
 
     async def clear_session(self) -> None:
         """Delete the bound turnkeeper session and everything stored of it (README

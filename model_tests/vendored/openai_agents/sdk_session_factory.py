@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agents import SQLiteSession
+from agents import OpenAIChatCompletionsModel, OpenAIResponsesModel, SQLiteSession
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -38,8 +38,25 @@ def make_session(session_id: str, db_path: str | Path = ":memory:", **kwargs: An
     return _current[-1](session_id, db_path, **kwargs)
 
 
+def _offline(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """The SDK's own test conftest's ``disable_real_model_clients``: a real model's
+    calls fail the test, unless it is marked ``allow_call_model_methods``."""
+    if request.node.get_closest_marker("allow_call_model_methods"):
+        return
+
+    def failing_version(*args: Any, **kwargs: Any) -> Any:
+        pytest.fail("Real models should not be used in tests!")
+
+    for model in (OpenAIResponsesModel, OpenAIChatCompletionsModel):
+        monkeypatch.setattr(model, "get_response", failing_version)
+        monkeypatch.setattr(model, "stream_response", failing_version)
+
+
 @pytest.fixture(params=["sqlite", "duckdb", "postgres"])
-def session_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+def session_backend(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    _offline(monkeypatch, request)
     stores: dict[str, turnkeeper.BaseStore] = {}
     wrapped: dict[str, AsyncStore] = {}
 
