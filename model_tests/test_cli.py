@@ -114,6 +114,7 @@ def test_short_demo_is_clean_and_fences_stale_writes(demo: DemoRun) -> None:
     assert f["runs_admitted"] >= f["turns_committed"]
     assert f["recoveries_converged"] > 0  # stalled and crashed workers' runs
     assert f["deliveries"]["delivered"] > 0
+    assert f["deliveries"]["replies_read"] > 0  # the workers read the replies they send
     assert checked_of(f, "one_active_run_per_session") >= 2 * f["runs_admitted"] - 8
     assert f["stale_writes_fenced"] > 0
     assert f["stale_writes_accepted"] == 0

@@ -155,6 +155,13 @@ SESSION_READS = {
     + r"( AND seq [<>] \?)? ORDER BY seq (ASC|DESC) LIMIT \?": (
         "message paging (messages_after, _before, _latest): a range of the session's messages"
     ),
+    _lit(f"{_ENTRY} FROM entries WHERE session_id = ? AND seq > ? AND seq <= ?"): (
+        "path_after, path_latest: the session's entries in a seq range below the leaf"
+    ),
+    _lit(
+        f"{_ENTRY} FROM entries WHERE session_id = ? AND kind = 'custom' AND seq < ? "
+        "AND strpos(payload, ?) > 0 ORDER BY seq DESC LIMIT ?"
+    ): "custom_entries: a page of the session's custom entries, newest first",
     _lit("SELECT count(*) FROM entries WHERE session_id = ? AND kind = 'message'"): (
         "list_detailed: a listed session's message count"
     ),
@@ -444,6 +451,7 @@ def listing_operations(store: turnkeeper.BaseStore, profiler: Profiler, sid: str
         store.sessions.continue_recent(cwd)
     store.sessions.create(mine, cwd=cwd)
     store.sessions.append(mine, EntryKind.MESSAGE, MSG)
+    store.sessions.append(mine, EntryKind.CUSTOM, {"customType": "cp"}, entry_id="ck")
     with on("continue_recent"):
         store.sessions.continue_recent(cwd)
     with on("open (whole id)"):
@@ -472,6 +480,10 @@ def listing_operations(store: turnkeeper.BaseStore, profiler: Profiler, sid: str
         "latest": lambda: store.sessions.latest(sid, EntryKind.COMPACTION),
         "header": lambda: store.sessions.header(sid),
         "execution_facts": lambda: store.sessions.execution_facts(sid),
+        "path_after": lambda: store.sessions.path_after(sid, 2, limit=3),
+        "path_latest": lambda: store.sessions.path_latest(sid, 3),
+        "custom_entry": lambda: store.sessions.custom_entry(mine, "cp", "ck"),
+        "custom_entries": lambda: store.sessions.custom_entries(mine, "cp", limit=2),
     }.items():
         with on(name):
             read()
@@ -600,12 +612,14 @@ def rarer_operations(store: turnkeeper.BaseStore, profiler: Profiler, sid: str) 
         )
     with on("detach_recovery"):
         store.recovery.detach(orphan.id, recovery)
+    reply = store.sessions.path_latest(sid, 1)[0].id
+    steps = (DeliveryStep("upload", "f"), DeliveryStep("send", "m", entry_id=reply))
     with on("create_delivery_plan"):
-        store.outbox.create_plan(
-            runs[1].id, DeliveryPlan("chat", "t", (DeliveryStep("upload", "f"),)), lease=recovery
-        )
+        store.outbox.create_plan(runs[1].id, DeliveryPlan("chat", "t", steps), lease=recovery)
     with on("get_delivery_operation"):
         store.outbox.get_operation(f"{runs[1].id}:delivery:upload")
+    with on("delivered_entry"):
+        assert store.outbox.delivered_entry(f"{runs[1].id}:delivery:send") is not None
 
 
 def _report(scans: dict[str, list[tuple[str, str, int, str]]]) -> str:

@@ -127,6 +127,9 @@ class DeliveryStep:
     ``<intent id>:<key>``); ``depends_on`` is the key of an earlier step;
     ``idempotency_key`` is what the provider deduplicates on (default: the
     operation id); ``payload_digest`` identifies the bytes to send.
+    ``entry_id`` names the entry of the run's session the step delivers (a
+    reply message): the plan is refused when the session has no such entry,
+    and a worker reads it with ``store.outbox.delivered_entry``.
     """
 
     key: str
@@ -135,6 +138,7 @@ class DeliveryStep:
     depends_on: str | None = None
     idempotency_key: str = ""
     payload_digest: str = ""
+    entry_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +181,8 @@ class DeliveryOperation:
     the operation it waits for. The claim is ``lease_owner`` +
     ``lease_epoch`` (raised by one on every claim) until
     ``lease_expires_at``; ``attempt_count`` counts claims.
-    ``next_attempt_at`` is set by a requeue.
+    ``next_attempt_at`` is set by a requeue. ``entry_id`` is the session
+    entry the operation delivers (its step's), or ``None``.
     """
 
     id: str
@@ -201,3 +206,4 @@ class DeliveryOperation:
     lease_expires_at: datetime | None
     created_at: datetime
     updated_at: datetime
+    entry_id: str | None = None

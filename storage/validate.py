@@ -222,6 +222,8 @@ def check_plan(plan: object) -> DeliveryPlan:
         check_text(step.kind, f"{where}.kind", allow_empty=False)
         for name in ("artifact_id", "idempotency_key", "payload_digest"):
             check_text(getattr(step, name), f"{where}.{name}")
+        if step.entry_id is not None:
+            check_id(step.entry_id, f"{where}.entry_id")
         if step.key in seen:
             raise errors.InvalidInputError(f"{where}.key", f"duplicate step key {step.key!r}")
         if step.depends_on is not None and step.depends_on not in seen:

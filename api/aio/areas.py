@@ -547,6 +547,10 @@ class AsyncOutbox:
         """The sync ``outbox.get_operation``, awaited (same arguments and errors)."""
         return await self._run(self.sync.get_operation, operation_id)
 
+    async def delivered_entry(self, operation_id: str) -> Entry | None:
+        """The sync ``outbox.delivered_entry``, awaited (same arguments and errors)."""
+        return await self._run(self.sync.delivered_entry, operation_id)
+
     async def list_due(self, *, limit: int = 100) -> list[DeliveryOperation]:
         """The sync ``outbox.list_due``, awaited (same arguments and errors)."""
         return await self._run(self.sync.list_due, limit=limit)
@@ -1257,6 +1261,56 @@ class AsyncSessions:
     async def execution_facts(self, session_id: str) -> ExecutionFacts:
         """The sync ``sessions.execution_facts``, awaited (same arguments and errors)."""
         return await self._run(self.sync.execution_facts, session_id)
+
+    async def path_after(
+        self,
+        session_id: str,
+        after_seq: int = 0,
+        *,
+        leaf_id: str | None = None,
+        limit: int | None = None,
+    ) -> list[Entry]:
+        """The sync ``sessions.path_after``, awaited (same arguments and errors)."""
+        return await self._run(
+            self.sync.path_after,
+            session_id,
+            after_seq,
+            leaf_id=leaf_id,
+            limit=limit,
+        )
+
+    async def path_latest(
+        self,
+        session_id: str,
+        limit: int,
+        *,
+        leaf_id: str | None = None,
+    ) -> list[Entry]:
+        """The sync ``sessions.path_latest``, awaited (same arguments and errors)."""
+        return await self._run(self.sync.path_latest, session_id, limit, leaf_id=leaf_id)
+
+    async def custom_entry(self, session_id: str, custom_type: str, key: str) -> Entry | None:
+        """The sync ``sessions.custom_entry``, awaited (same arguments and errors)."""
+        return await self._run(self.sync.custom_entry, session_id, custom_type, key)
+
+    async def custom_entries(
+        self,
+        session_id: str,
+        custom_type: str,
+        *,
+        before_seq: int | None = None,
+        key_prefix: str = "",
+        limit: int = 100,
+    ) -> list[Entry]:
+        """The sync ``sessions.custom_entries``, awaited (same arguments and errors)."""
+        return await self._run(
+            self.sync.custom_entries,
+            session_id,
+            custom_type,
+            before_seq=before_seq,
+            key_prefix=key_prefix,
+            limit=limit,
+        )
 
     async def list(
         self,

@@ -347,6 +347,7 @@ def services_summary(stats: ServiceStats) -> dict[str, Any]:
             "failed": stats.failed,
             "uncertain": stats.uncertain,
             "repeated_acks": stats.repeated_acks,
+            "replies_read": stats.replies_read,
             "stale_acks_fenced": stats.stale_acks_fenced,
             "claims_lost": stats.claims_lost,
         },

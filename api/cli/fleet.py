@@ -522,13 +522,17 @@ class Worker:
 
 def reply_plan(sid: str, run: Run, marker: str, *, with_attachment: bool) -> DeliveryPlan:
     """The outbox plan for a run's reply: an optional attachment upload, then the
-    message (sent only after the upload is delivered)."""
-    steps = [DeliveryStep("send", "message", payload_digest=marker)]
+    message (sent only after the upload is delivered), which names the reply's
+    entry (``run.assistant_entry_id``, written by the same ``runs.finish``)."""
+    reply = run.assistant_entry_id
+    steps = [DeliveryStep("send", "message", payload_digest=marker, entry_id=reply)]
     if with_attachment:
         upload = DeliveryStep("upload", "attachment", artifact_id=f"{marker}-log")
         steps = [
             upload,
-            DeliveryStep("send", "message", depends_on="upload", payload_digest=marker),
+            DeliveryStep(
+                "send", "message", depends_on="upload", payload_digest=marker, entry_id=reply
+            ),
         ]
     return DeliveryPlan(
         platform="demo-chat",

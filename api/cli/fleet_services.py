@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import zlib
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 
 from turnkeeper.spec import LeasePurpose
-from turnkeeper.spec.delivery import DeliveryPlan, DeliveryStep
+from turnkeeper.spec.delivery import DeliveryOperation, DeliveryPlan, DeliveryStep
 from turnkeeper.spec.errors import (
     BusyError,
     DeliveryLeaseLostError,
@@ -65,6 +66,7 @@ class ServiceStats:
     failed: int = 0
     uncertain: int = 0
     repeated_acks: int = 0
+    replies_read: int = 0
     stale_acks_fenced: int = 0
     stale_acks_accepted: int = 0
     errors: list[str] = field(default_factory=list)
@@ -231,8 +233,20 @@ class OutboxWorker(Service):
                 self.stats.claim_refusals += 1
                 continue
             self.stats.claims += 1
+            self._read_reply(claim)
             self._deliver(claim.id, claim.lease_epoch, claim.kind)
         return bool(due)
+
+    def _read_reply(self, claim: DeliveryOperation) -> None:
+        """What the provider would send: the entry the operation names, read
+        beside the claim (``outbox.delivered_entry``); the reply carries the
+        marker the plan gave as its payload digest."""
+        if claim.entry_id is None:
+            return
+        body = self.store.outbox.delivered_entry(claim.id)
+        self.stats.replies_read += 1
+        if body is None or claim.payload_digest not in json.dumps(body.payload):
+            self.stats.errors.append(f"{claim.id}: the delivered entry lacks its marker")
 
     def _deliver(self, op_id: str, epoch: int, kind: str) -> None:
         """Play the provider for one claimed operation and acknowledge its result.

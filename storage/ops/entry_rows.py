@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
+
 from turnkeeper.spec.records import Entry
 
 from ..backend import Tx, keyed, utc
@@ -39,6 +41,13 @@ def entry_columns(tx: Tx) -> str:
 
 OF_SESSION = "session_id = ?"
 """An entry found by its id (``entries_by_id`` on DuckDB) that is the session's."""
+
+
+def custom_type_text(custom_type: str) -> str:
+    """The text a custom entry's stored payload holds for its type,
+    ``"customType":"<type>"`` as the store encodes JSON (orjson, compact): what
+    a statement looks for with ``strpos`` before the decoded payload is checked."""
+    return '"customType":' + orjson.dumps(custom_type).decode("utf-8")
 
 
 def entry_row(row: Sequence[Any]) -> Entry:

@@ -30,7 +30,7 @@ from turnkeeper.spec.delivery import (
 )
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.lifecycle import Edge
-from turnkeeper.spec.records import Lease, Run
+from turnkeeper.spec.records import Entry, Lease, Run
 
 from ..backend import Tx, present, utc
 from ..codec import check_id, derived_id, from_json, to_json
@@ -41,7 +41,7 @@ from ..validate import (
     check_session_lease,
 )
 from ..wakeups import Topic
-from . import leases, run_reads
+from . import entry_rows, leases, run_reads
 from .base import Area
 
 MACHINE = machine_for(DELIVERY)
@@ -54,7 +54,7 @@ OP_COLS = (
     "id, intent_id, operation_key, kind, artifact_id, sequence, depends_on, idempotency_key, "
     "payload_digest, status, provider_asset_id, provider_message_id, provider_state, "
     "attempt_count, next_attempt_at, failure_code, lease_owner, lease_epoch, lease_expires_at, "
-    "created_at, updated_at"
+    "created_at, updated_at, entry_id"
 )
 
 
@@ -96,6 +96,7 @@ def op_row(row: Sequence[Any]) -> DeliveryOperation:
         lease_expires_at=None if row[18] is None else utc(row[18]),
         created_at=utc(row[19]),
         updated_at=utc(row[20]),
+        entry_id=row[21],
     )
 
 
@@ -108,6 +109,8 @@ def plan_digest(plan: DeliveryPlan) -> str:
         "context": dict(plan.transport_context),
         "steps": [
             [s.key, s.kind, s.artifact_id, s.depends_on, s.idempotency_key, s.payload_digest]
+            # an entry only where named: a plan of schema 27 keeps its digest
+            + ([] if s.entry_id is None else [s.entry_id])
             for s in plan.steps
         ],
     }
@@ -141,6 +144,21 @@ def get_operation(tx: Tx, operation_id: str, lock: str = "") -> DeliveryOperatio
     return None if row is None else op_row(row)
 
 
+def delivered_entry(tx: Tx, operation_id: str) -> Entry | None:
+    """See ``OutboxPlansPart.delivered_entry``."""
+    op = load(tx, operation_id)
+    if op.entry_id is None:
+        return None
+    intent = present(
+        tx.one("SELECT session_id FROM delivery_intents WHERE id = ?", [op.intent_id]),
+        "the operation's intent",
+    )
+    found = entry_rows.entry(tx, intent[0], op.entry_id)
+    if found is None:
+        raise errors.EntryNotFoundError(intent[0], op.entry_id)
+    return found
+
+
 def event(tx: Tx, op: DeliveryOperation, edge: Edge) -> None:
     tx.exec(
         "INSERT INTO delivery_events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -167,6 +185,7 @@ def create_plan(tx: Tx, run: Run, plan: DeliveryPlan, *, first: bool = False) ->
 
     Raises:
         DeliveryPlanConflictError: the run already has a different plan.
+        EntryNotFoundError: a step's ``entry_id`` is no entry of the run's session.
     """
     intent_id = intent_id_for(run.id)
     digest = plan_digest(plan)
@@ -181,6 +200,12 @@ def create_plan(tx: Tx, run: Run, plan: DeliveryPlan, *, first: bool = False) ->
         existing = get_intent(tx, intent_id)
         existing = present(existing, "the delivery intent whose digest it read")
         return existing
+    for step in plan.steps:  # before any write: a refused plan leaves nothing
+        if (
+            step.entry_id is not None
+            and entry_rows.entry(tx, run.session_id, step.entry_id) is None
+        ):
+            raise errors.EntryNotFoundError(run.session_id, step.entry_id)
     tx.notify(Topic.DELIVERY_DUE)
     now = tx.now
     intent = (
@@ -207,7 +232,7 @@ def create_plan(tx: Tx, run: Run, plan: DeliveryPlan, *, first: bool = False) ->
         row = tx.one(
             f"INSERT INTO delivery_operations ({OP_COLS}, lease_ttl_s) VALUES "
             "(?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', '', '', '{}', 0, NULL, '', '', 0, NULL, "
-            f"?, ?, 0) RETURNING {OP_COLS}",
+            f"?, ?, ?, 0) RETURNING {OP_COLS}",
             [
                 op_id,
                 intent_id,
@@ -220,6 +245,7 @@ def create_plan(tx: Tx, run: Run, plan: DeliveryPlan, *, first: bool = False) ->
                 step.payload_digest,
                 now,
                 now,
+                step.entry_id,
             ],
         )
         row = present(row, "the delivery operation row its INSERT returns")
@@ -334,6 +360,22 @@ class OutboxPlansPart(Area):
         GetDeliveryOperation), or ``None``."""
         check_id(operation_id, "operation_id")
         return self.db.read("get_delivery_operation", lambda tx: get_operation(tx, operation_id))
+
+    def delivered_entry(self, operation_id: str) -> Entry | None:
+        """The session entry the operation delivers (its step's ``entry_id``, in
+        its run's session), or ``None`` when it names none: what a worker sends
+        after :meth:`outbox.claim`, read by id (three index lookups), with no
+        guess at an entry id.
+
+        Raises:
+            DeliveryOperationNotFoundError: no such operation.
+            EntryNotFoundError: the entry it names is gone from the session.
+            InvalidInputError: a bad ``operation_id``.
+        """
+        check_id(operation_id, "operation_id")
+        return self.db.read(
+            "delivered_entry", lambda tx: delivered_entry(tx, operation_id), snapshot=True
+        )
 
     def list_due(self, *, limit: int = 100) -> list[DeliveryOperation]:
         """Operations a worker may claim now, oldest first (session seed

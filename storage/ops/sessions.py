@@ -9,6 +9,7 @@ One area object assembled from parts, each in its own module beside this one:
 - :mod:`.listing`: list, list_detailed, count and continue_recent;
 - :mod:`.open_ids`: open (by id, prefix or file), new_sub_agent and sub_agents;
 - :mod:`.session_reads`: message paging, latest, header and execution_facts;
+- :mod:`.branch_reads`: path_after, path_latest, custom_entry, custom_entries;
 - :mod:`.imports`: import_batch and opaque records;
 - :mod:`.deletes`: delete, deleted, retain;
 - :mod:`.metadata`: get_metadata, set_metadata.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from .appends import AppendsPart
 from .base import Shared
+from .branch_reads import BranchReadsPart
 from .deletes import DeletesPart
 from .imports import ImportsPart
 from .listing import ListingPart
@@ -38,6 +40,7 @@ class Sessions(
     MetadataPart,
     OpenIdsPart,
     SessionReadsPart,
+    BranchReadsPart,
 ):
     """``store.sessions``: see the module docstring; ``branches`` is the store
     object's replay cache."""
