@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agents import SQLiteSession
 from agents.memory import OpenAIResponsesCompactionSession
-from aio_standin import wrap
 from openai_agents_fakes import FakeClient
 
 import turnkeeper
+from turnkeeper.aio import AsyncStore
 from turnkeeper.openai_agents import TurnkeeperSession
 
 WRITES = ("clear_session", "add_items", "replace_items")
@@ -65,7 +65,7 @@ def main(kind: str, target: str) -> int:
     if kind == "turnkeeper-unguarded":
         del TurnkeeperSession._atomic_replace_items
     with turnkeeper.open_store(target) as store:
-        asyncio.run(compact(TurnkeeperSession("chat", wrap(store))))
+        asyncio.run(compact(TurnkeeperSession("chat", AsyncStore.wrap(store))))
     return 3
 
 

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from agents.memory import OpenAIResponsesCompactionSession, Session
-from aio_standin import wrap
 from conftest import FakeClock
 from openai_agents_fakes import COMPACTED, FakeClient
 from openai_agents_items import every_item, item_types
@@ -26,7 +25,7 @@ pytestmark = pytest.mark.asyncio
 
 @pytest_asyncio.fixture
 async def astore(store: turnkeeper.BaseStore) -> AsyncIterator[AsyncStore]:
-    async with wrap(store) as wrapped:  # closes its workers, not the store
+    async with AsyncStore.wrap(store) as wrapped:  # closes its workers, not the store
         yield wrapped
 
 
@@ -63,6 +62,11 @@ async def test_limits_follow_sqlite_session(astore: AsyncStore) -> None:
     assert await session.get_items(limit=0) == []
     assert await session.get_items(limit=-1) == [_text(i) for i in range(5)]
     assert await session.get_items(limit=10) == [_text(i) for i in range(5)]
+    await session.add_items([_text(i) for i in range(5, 300)])  # several windows of reads
+    every = [_text(i) for i in range(300)]
+    assert await session.get_items(limit=2**31 - 1) == every  # the SDK's "all" limit
+    assert await session.get_items(limit=-1) == every
+    assert await session.get_items(limit=299) == every[1:]
 
 
 async def test_reads_never_read_the_whole_session(

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 from agents import SQLiteSession
-from aio_standin import wrap
 from openai_agents_items import every_item
 
 import turnkeeper
+from turnkeeper.aio import AsyncStore
 from turnkeeper.openai_agents import UNPARSED_TYPE, TurnkeeperSession, import_sqlite
 
 
@@ -28,7 +28,7 @@ def _sdk(db: Path, sid: str, op: str, *args: Any) -> Any:
 
 
 async def _read(store: turnkeeper.BaseStore, sid: str, limit: int | None) -> Any:
-    async with wrap(store) as astore:
+    async with AsyncStore.wrap(store) as astore:
         return await TurnkeeperSession(sid, astore).get_items(limit)
 
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 from agents import SQLiteSession
-from aio_standin import wrap
 from conftest import BACKENDS, new_pg_schema, open_pg
 from openai_agents_fakes import COMPACTED, text
 
 import turnkeeper
+from turnkeeper.aio import AsyncStore
 from turnkeeper.openai_agents import TurnkeeperSession
 
 CHILD = Path(__file__).resolve().parent / "openai_agents_compaction_process.py"
@@ -40,7 +40,7 @@ def _open(backend: str, target: str) -> turnkeeper.BaseStore:
 
 
 async def _in_session(store: turnkeeper.BaseStore, op: str, *args: Any) -> Any:
-    async with wrap(store) as astore:
+    async with AsyncStore.wrap(store) as astore:
         return await getattr(TurnkeeperSession("chat", astore), op)(*args)
 
 

@@ -57,6 +57,9 @@ UNPARSED_TYPE: Final = "openai_agents.unparsed"
 ``SQLiteSession`` skips and drops it)."""
 
 _FIRST_WINDOW = 64
+_MAX_WINDOW = 65_536
+"""The most entries one read of the path asks for (``sessions.path_latest`` takes up to
+1,000,000; the SDK asks for up to 2**31 - 1 items)."""
 
 
 def _custom_type(entry: Entry) -> object:
@@ -235,19 +238,19 @@ class TurnkeeperSession:
         whether no item precedes them (``complete``); and the id of the leaf read first
         (``None``: an empty session).
 
-        Reads windows of the path back from the leaf (``sessions.path_latest``),
-        doubling, never the whole session; a :data:`REPLACED_TYPE` entry ends the
-        history, or continues it at the item its ``data.keep`` names."""
+        Reads the path back from the leaf in windows (``sessions.path_latest``), each
+        continuing where the last ended, doubling, never the whole session; a
+        :data:`REPLACED_TYPE` entry ends the history, or continues it at the item its
+        ``data.keep`` names."""
         found: list[Entry] = []
         first, unread = leaf_id, leaf_id is None
         cursor = leaf_id
-        window = _FIRST_WINDOW if limit is None else limit + 1
-        segment = 0  # len(found) when the reads from ``cursor`` began
+        fresh = _FIRST_WINDOW if limit is None else min(limit + 1, _MAX_WINDOW)
+        window = fresh
         while True:
             path = await self.store.sessions.path_latest(bound, window, leaf_id=cursor)
             if unread:
                 first, unread = (path[-1].id if path else None), False
-            del found[segment:]
             marker: Entry | None = None
             for entry in reversed(path):
                 kind = _custom_type(entry)
@@ -258,14 +261,15 @@ class TurnkeeperSession:
                     if limit is not None and len(found) == limit:
                         return found[::-1], False, first
                     found.append(entry)
-            if marker is None and len(path) == window:
-                window *= 2  # the window ended inside this part of the history
+            if marker is None:
+                if len(path) < window or path[0].parent_id is None:
+                    return found[::-1], True, first  # the root
+                cursor, window = path[0].parent_id, min(2 * window, _MAX_WINDOW)
                 continue
-            keep = None if marker is None else _kept(marker)
+            keep = _kept(marker)
             if keep is None:
                 return found[::-1], True, first
-            cursor, segment = keep, len(found)
-            window = _FIRST_WINDOW if limit is None else limit - len(found) + 1
+            cursor, window = keep, fresh
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The session's items, oldest first; with ``limit`` (or

@@ -20,7 +20,6 @@ from agents import OpenAIChatCompletionsModel, OpenAIResponsesModel, SQLiteSessi
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from aio_standin import wrap  # noqa: E402
 from conftest import new_pg_schema, open_pg  # noqa: E402
 
 import turnkeeper  # noqa: E402
@@ -69,7 +68,7 @@ def session_backend(
                 stores[key] = turnkeeper.open_store(str(tmp_path / f"store{len(stores)}.duckdb"))
             else:
                 stores[key] = open_pg(new_pg_schema())
-            wrapped[key] = wrap(stores[key])
+            wrapped[key] = AsyncStore.wrap(stores[key])
         return wrapped[key]
 
     def turnkeeper_session(
