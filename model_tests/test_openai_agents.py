@@ -299,3 +299,22 @@ async def test_pops_after_a_suffix_replacement_race_like_any_pop(
     popped = await _race_on_leaf(astore, monkeypatch, 3)
     assert sorted(p["content"] for p in popped) == ["message 0", "message 1", "message 2"]
     assert await session.get_items() == []
+
+
+async def test_control_without_the_expected_leaf_a_stale_replacement_drops_an_item(
+    astore: AsyncStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = TurnkeeperSession("chat", astore)
+    await session.add_items([_text(i) for i in range(3)])
+    snapshot = await session._get_compaction_snapshot(2)
+    assert snapshot is not None
+    await TurnkeeperSession("chat", astore).add_items([_text(3)])
+    real = astore.sessions.append_many
+
+    async def unguarded(session_id: str, entries: Any, **kwargs: Any) -> Any:
+        kwargs.pop("expected_leaf", None)
+        return await real(session_id, entries, **kwargs)
+
+    monkeypatch.setattr(astore.sessions, "append_many", unguarded)
+    assert await snapshot.replace_suffix(0, [_text(100)])
+    assert _text(3) not in await session.get_items()  # the guard is what keeps it

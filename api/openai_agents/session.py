@@ -8,20 +8,24 @@ How an SDK session maps onto turnkeeper:
   turnkeeper session, created on the first write (``bindings.create_bound``).
 - Each input item is one custom entry (``customType`` :data:`ITEM_TYPE`, the item
   under ``data``, stored as given: key order, unicode and NUL round-trip), appended
-  under the leaf; the SDK session's items are the entries on the root → leaf path
-  after the last :data:`REPLACED_TYPE` entry.
+  under the leaf. The SDK session's items are the items on the root → leaf path back
+  to the last :data:`REPLACED_TYPE` entry, and from there on back from the item that
+  entry keeps (``data.keep``; ``None``: none).
 - ``pop_item`` moves the leaf back to the popped entry's parent with a compare-and-set
-  on the leaf it read (``sessions.branch(..., expected_leaf=...)``): of concurrent
+  on the leaf it read (``sessions.branch(..., expected_leaf=...)``), or appends a
+  replacement keeping one item fewer when the leaf is a replacement: of concurrent
   callers one wins each item, the others read the new leaf and try again.
 - ``clear_session`` deletes the turnkeeper session (README "Deleting sessions"; its
   binding goes with it); the next write creates a fresh bound session, because a
   deleted id is never reused.
-- A compaction (the SDK's ``OpenAIResponsesCompactionSession``) replaces the history
-  through :meth:`TurnkeeperSession.replace_items`, which the SDK finds as its
-  ``_atomic_replace_items`` hook: one transaction appends a :data:`REPLACED_TYPE`
-  entry and the new items, so a crash leaves the old history or the new one, never
-  the cleared gap of the SDK's clear-then-add fallback. The older entries stay in the
-  session's tree, as turnkeeper's own compactions keep theirs.
+- A compaction (the SDK's ``OpenAIResponsesCompactionSession``) replaces history
+  through the SDK's hooks: ``_atomic_replace_items`` (manual compaction,
+  :meth:`TurnkeeperSession.replace_items`) and ``_get_compaction_snapshot`` (automatic
+  compaction of a suffix, a compare-and-set on the leaf read). Each is one transaction
+  appending a :data:`REPLACED_TYPE` entry and the new items, so a crash leaves the old
+  history or the new one, never the cleared gap of the SDK's clear-then-add fallback.
+  The older entries stay in the session's tree, as turnkeeper's own compactions keep
+  theirs.
 """
 
 from __future__ import annotations
