@@ -51,7 +51,9 @@ def test_import_gives_identical_items_and_is_idempotent(
         )
     _sdk(db, "gamma", "add_items", [{"role": "user", "content": "x"}])
     _sdk(db, "gamma", "clear_session")
-    report = import_sqlite(store, db)
+    shown: list[tuple[str, int]] = []
+    report = import_sqlite(store, db, progress=lambda sid, n: shown.append((sid, n)))
+    assert shown == [("alpha", len(items)), ("beta", 2)]
     assert sorted(report.sessions) == ["alpha", "beta"]
     assert report.added == {"alpha": len(items), "beta": 2}
     assert list(report.unparsed) == ["beta"]
