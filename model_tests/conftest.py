@@ -207,13 +207,13 @@ def _in_ci() -> bool:
 
 
 def _uses_corpus(item: pytest.Item) -> bool:
-    return "pi_dir" in getattr(item, "fixturenames", ())
+    return bool({"pi_dir", "corpus_dir"} & set(getattr(item, "fixturenames", ())))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Leave the ``search`` tests out unless :data:`SEARCHING` or ``-m`` names
     them; without the shared corpus the tests that read it (those using
-    :func:`pi_dir`), and without a test server the PostgreSQL tests (one
+    :func:`pi_dir` or :func:`corpus_dir`), and without a test server the PostgreSQL tests (one
     summary line says so for each); under ``CI=true`` the latter two are an
     error: CI must test both backends, on the real session files. Through
     PgBouncer (:func:`through_pooler`) only the PostgreSQL tests run, but for
@@ -335,6 +335,16 @@ def pi_dir() -> Path:
     if not folder.is_dir():
         pytest.fail(f"corpus folder {folder} is missing (set {CORPUS_ENV})")
     return folder
+
+
+@pytest.fixture(scope="session")
+def corpus_dir() -> Path:
+    """The shared corpus folder (``claude-code/``, ``codex/``, ``pi/``), left
+    out or failing under ``CI=true`` as :func:`pi_dir` is."""
+    for sub in ("pi", "claude-code", "codex"):
+        if not (CORPUS / sub).is_dir():
+            pytest.fail(f"corpus folder {CORPUS / sub} is missing (set {CORPUS_ENV})")
+    return CORPUS
 
 
 @pytest.fixture

@@ -361,3 +361,231 @@ def test_the_ledger_through_the_async_store(tmp_path: Path) -> None:
             return [r.seq async for r in astore.ledger.replay("s1", page_rows=1)]
 
     assert asyncio.run(main()) == [1, 2]
+
+
+# -- what the attack on the async store found (each failed before its fix) --------------
+
+
+def test_a_stop_iteration_from_a_callback_is_a_runtime_error_and_frees_its_worker() -> None:
+    """A ``consume`` that calls ``next()`` on no batches raised StopIteration
+    on the worker, which no asyncio future can carry: the call hung for good,
+    holding its worker (and with one worker, the store). Now it is the
+    ``RuntimeError`` any coroutine raises for it (PEP 479), cause kept."""
+
+    async def main() -> None:
+        async with aio.open_store(":memory:", workers=1) as astore:
+            async with asyncio.timeout(60):
+                with pytest.raises(RuntimeError) as stopped:
+                    await astore.query_batches(
+                        "SELECT id FROM sessions WHERE false", lambda schema, b: next(b)
+                    )
+                assert isinstance(stopped.value.__cause__, StopIteration)
+                assert await astore.sessions.count() == 0  # the one worker is free
+
+    asyncio.run(main())
+
+
+def test_one_async_store_serves_several_event_loops(tmp_path: Path) -> None:
+    """Two loops on two threads at once, then a third after them, on one
+    store with two workers (before: RuntimeError 'bound to a different event
+    loop', or a hang)."""
+    store = turnkeeper.open_store(str(tmp_path / "s.duckdb"))
+    astore = aio.AsyncStore.wrap(store, workers=2)
+    results: dict[str, Any] = {}
+
+    def loop_body(tag: str) -> None:
+        async def main() -> list[Any]:
+            async with asyncio.timeout(120):
+                return await asyncio.gather(
+                    *(astore.sessions.create(f"{tag}{i}") for i in range(30)),
+                    return_exceptions=True,
+                )
+
+        results[tag] = asyncio.run(main())
+
+    threads = [threading.Thread(target=loop_body, args=(t,)) for t in "AB"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    loop_body("C")
+    for tag in "ABC":
+        assert [r for r in results[tag] if isinstance(r, BaseException)] == [], tag
+    assert store.sessions.count() == 90
+    asyncio.run(astore.close())
+    store.close()
+
+
+def test_a_cancelled_close_still_closes_and_every_close_waits_for_it(tmp_path: Path) -> None:
+    """A close cancelled while calls run, and a second close: the second
+    returns only once the store is closed (before: the first's cancellation
+    left the file open for good, and the second returned at once)."""
+    path = str(tmp_path / "s.duckdb")
+    entered, gate = threading.Event(), threading.Event()
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        gate.wait(60)
+        return 0
+
+    async def main() -> turnkeeper.BaseStore:
+        astore = await aio.open_store(path)
+        astore.sessions.sync = _Patched(astore.sync.sessions, count=slow)
+        running = asyncio.create_task(astore.sessions.count())
+        await asyncio.to_thread(entered.wait, 60)
+        first = asyncio.create_task(astore.close())
+        await asyncio.sleep(0)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        threading.Timer(0.05, gate.set).start()
+        await astore.close()
+        assert running.done()
+        return astore.sync
+
+    sync = asyncio.run(main())
+    with pytest.raises(turnkeeper.InterfaceError):
+        sync.sessions.count()
+
+
+def test_a_ledger_writer_closes_off_the_loop(tmp_path: Path) -> None:
+    """``AsyncLedgerWriter.close`` waits for the appends in flight (the sync
+    writer's lock): awaited, on a worker, never on the loop's thread."""
+    seen: list[int] = []
+
+    async def main() -> int:
+        async with aio.open_store(str(tmp_path / "s.duckdb")) as astore:
+            await astore.sessions.create("s1")
+            lease = await astore.leases.acquire("session:s1", "w1", ttl_s=30)
+            writer = await astore.ledger.open("s1", lease)
+            real = writer.sync.close
+
+            def close() -> None:
+                seen.append(threading.get_ident())
+                real()
+
+            writer.sync.close = close  # type: ignore[method-assign]
+            await writer.close()
+            assert writer.state == "closed"
+            return threading.get_ident()
+
+    loop_thread = asyncio.run(main())
+    assert seen and loop_thread not in seen
+
+
+def test_closing_a_subscription_or_its_store_ends_its_iteration(tmp_path: Path) -> None:
+    async def main() -> None:
+        astore = await aio.open_store(str(tmp_path / "s.duckdb"))
+        subs = [await astore.subscribe("lease_released") for _ in range(2)]
+
+        async def drain(sub: aio.AsyncSubscription) -> str:
+            async for _ in sub:
+                pass
+            return "ended"
+
+        tasks = [asyncio.create_task(drain(sub)) for sub in subs]
+        await asyncio.sleep(0.01)
+        subs[0].close()
+        async with asyncio.timeout(60):
+            assert await tasks[0] == "ended"
+            await astore.close()
+            assert await tasks[1] == "ended"
+        with pytest.raises(turnkeeper.InterfaceError):
+            await subs[1].wait(0)
+
+    asyncio.run(main())
+
+
+def test_a_dropped_subscription_is_freed() -> None:
+    """The store's signals held every async subscription made (and called
+    each on every wake-up) until it was closed; a dropped one is freed now."""
+    import gc
+    import weakref
+
+    async def main() -> None:
+        async with aio.open_store(":memory:") as astore:
+            sub = await astore.subscribe("lease_released")
+            gone = weakref.ref(sub)
+            del sub
+            gc.collect()
+            assert gone() is None
+            assert astore.sync.db._file.signals._watchers == {}  # type: ignore[attr-defined]
+
+    asyncio.run(main())
+
+
+def test_a_forked_child_gets_interface_error_not_a_hang(tmp_path: Path) -> None:
+    """The child of a fork has none of the runner's threads: a call there
+    waited forever; now it raises ``InterfaceError``, as the sync store does."""
+    import os
+
+    async def opened() -> aio.AsyncStore:
+        return await aio.open_store(str(tmp_path / "s.duckdb"))
+
+    astore = asyncio.run(opened())
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what the call raised, then leave at once
+        code = b"none"
+        try:
+
+            async def call() -> None:
+                async with asyncio.timeout(30):
+                    await astore.sessions.count()
+
+            asyncio.run(call())
+        except turnkeeper.InterfaceError:
+            code = b"InterfaceError"
+        except BaseException as other:
+            code = type(other).__name__.encode()
+        os.write(write, code)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as answer:
+        got = answer.read()
+    os.waitpid(pid, 0)
+    asyncio.run(astore.close())
+    assert got == b"InterfaceError"
+
+
+def test_open_store_is_a_coroutine_too(tmp_path: Path) -> None:
+    """``asyncio.run(aio.open_store(...))`` and ``create_task`` take it
+    (before: 'a coroutine was expected')."""
+    astore = asyncio.run(aio.open_store(str(tmp_path / "s.duckdb")))
+
+    async def main() -> int:
+        other = await asyncio.create_task(aio.open_store(":memory:"))
+        await other.close()
+        return await astore.sessions.count()
+
+    assert asyncio.run(main()) == 0
+    asyncio.run(astore.close())
+
+
+def test_an_async_callback_is_refused_typed() -> None:
+    async def body(snapshot: Any) -> None:
+        return None
+
+    async def main() -> None:
+        async with aio.open_store(":memory:") as astore:
+            with pytest.raises(turnkeeper.InvalidInputError) as refused:
+                await astore.snapshot(body)
+            assert refused.value.field == "body"
+            with pytest.raises(turnkeeper.InvalidInputError):
+                await astore.query_batches("SELECT 1", body)
+
+    asyncio.run(main())
+
+
+@pytest.mark.postgres
+def test_workers_never_outnumber_the_postgresql_pool() -> None:
+    """A worker beyond the pool's connections only waits for one and times
+    out (before: 111 of 128 calls OperationalError with workers=64)."""
+    store = open_backend("postgres", None, None)
+    try:
+        assert aio.AsyncStore.wrap(store).runner.workers == store.db.pool_size  # type: ignore[attr-defined]
+        with pytest.raises(turnkeeper.InvalidInputError) as refused:
+            aio.AsyncStore.wrap(store, workers=store.db.pool_size + 1)  # type: ignore[attr-defined]
+        assert refused.value.field == "workers"
+    finally:
+        store.close()

@@ -774,7 +774,7 @@ def test_import_reports_each_file_and_continues_after_a_bad_one(tmp_path: Path) 
     assert "session sess-one v3: added 3, skipped 0" in lines[0]
     assert "sess-two" in lines[1]
     assert f"{one}:3: repaired:" in result.stderr
-    assert f"{bad}: error: SessionFileError" in result.stderr
+    assert f"{bad}: error: SessionFormatUnknownError" in result.stderr  # no format knows it
     again = run("import", str(one), "--db", db, "--json")
     assert again.exit_code == 0
     data = json.loads(again.stdout)

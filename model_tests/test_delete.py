@@ -8,6 +8,7 @@ same check fails.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from datetime import UTC, datetime
 from typing import Any
@@ -596,7 +597,57 @@ def test_the_sub_agent_race_test_fails_without_the_parent_write(real_store, monk
         check_sub_agent_race(real_store, monkeypatch, "v")
 
 
-def check_sub_agent_race(store: Any, monkeypatch: Any, sid: str) -> None:
+def import_sub_agent(store: Any, parent: str) -> Any:
+    """A sub-agent of ``parent`` made by an import (as a Claude Code or Codex
+    sub-agent file is): ``ImportBatch.sub_agent_of``."""
+    from turnkeeper.spec.records import ImportBatch
+
+    batch = ImportBatch(f"{parent}/agent", "/w", datetime(2026, 1, 1, tzinfo=UTC), {}, [], None)
+    store.sessions.import_batch(dataclasses.replace(batch, sub_agent_of=parent))
+    return store.sessions.get(f"{parent}/agent")
+
+
+def test_a_sub_agent_imported_while_its_parent_is_deleted_goes_with_it(real_store, monkeypatch):
+    """As for new_sub_agent: an import that creates a sub-agent session writes
+    the parent's row, so a concurrent delete of the parent takes it too."""
+    if real_store.db.dialect.serialized_writes:
+        pytest.skip("DuckDB: the write lock orders a delete and a sub-agent's import")
+    check_sub_agent_race(real_store, monkeypatch, "w", import_sub_agent)
+
+
+def test_the_imported_sub_agent_race_test_fails_without_the_parent_write(real_store, monkeypatch):
+    if real_store.db.dialect.serialized_writes:
+        pytest.skip("DuckDB: the write lock orders a delete and a sub-agent's import")
+
+    class NoParentWrite:
+        """A transaction whose import write of the parent's row is skipped."""
+
+        def __init__(self, tx: Any) -> None:
+            self._tx = tx
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._tx, name)
+
+        def count(self, sql: str, params: Any = ()) -> int:
+            if sql.startswith("UPDATE sessions SET updated_at = updated_at"):
+                return 1
+            return int(self._tx.count(sql, params))
+
+    real_write = real_store.db.write
+
+    def write(operation: str, body: Any, **kw: Any) -> Any:
+        if operation == "import":
+            return real_write(operation, lambda tx: body(NoParentWrite(tx)), **kw)
+        return real_write(operation, body, **kw)
+
+    monkeypatch.setattr(real_store.db, "write", write)
+    with pytest.raises(AssertionError, match="left behind"):
+        check_sub_agent_race(real_store, monkeypatch, "x", import_sub_agent)
+
+
+def check_sub_agent_race(
+    store: Any, monkeypatch: Any, sid: str, make: Any = lambda s, p: s.sessions.new_sub_agent(p)
+) -> None:
     import threading
 
     store.sessions.create(sid)
@@ -608,7 +659,7 @@ def check_sub_agent_race(store: Any, monkeypatch: Any, sid: str) -> None:
         if first[0] and session_id == sid:
             first[0] = False
             tx.one("SELECT 1 FROM sessions WHERE id = ?", [sid])  # the snapshot is taken
-            t = threading.Thread(target=lambda: made.append(store.sessions.new_sub_agent(sid)))
+            t = threading.Thread(target=lambda: made.append(make(store, sid)))
             t.start()
             t.join(60)
             assert made, "the sub-agent's create did not commit"

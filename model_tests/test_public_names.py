@@ -108,6 +108,13 @@ TOP = {
 """``turnkeeper``'s names besides its errors (it exports every one of those)."""
 
 PINNED: dict[str, set[str]] = {
+    "turnkeeper.formats": {"FORMATS", "FileImport", "LineIssue", "detect", "import_file"},
+    "turnkeeper.adk": {
+        "SessionExistsError",
+        "SessionNotFoundError",
+        "StaleSessionError",
+        "TurnkeeperSessionService",
+    },
     "turnkeeper.aio": {
         "WORKERS",
         "AsyncCatalog",

@@ -106,7 +106,7 @@ class _Area:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._area.close()
+        self.close()
 
 
 class ThroughAio:

@@ -666,6 +666,14 @@ class SessionFileError(TurnkeeperError):
     line: int
 
 
+class SessionFormatUnknownError(SessionFileError):
+    """No importer knows this session file's format (pi, Claude Code, Codex).
+
+    ``line`` is the line of the first record (0: the file has none);
+    ``detail`` says what was found there.
+    """
+
+
 # --- runs (session seed) -------------------------------------------------------
 
 
@@ -1519,6 +1527,7 @@ __all__ = [
     "SchemaVersionError",
     "SessionBoundError",
     "SessionFileError",
+    "SessionFormatUnknownError",
     "SessionIDExistsError",
     "SessionModifiedError",
     "SessionNotFoundError",

@@ -287,6 +287,12 @@ class ImportBatch:
     source: str = ""
     """The file the batch was read from; a re-import of the same ``source``
     drops its opaque lines that now parse."""
+    sub_agent_of: str | None = None
+    """The parent session of a sub-agent's transcript (as ``sessions.new_sub_agent``
+    links one): set when the import creates the session, which is then left
+    out of listings and found through ``sessions.sub_agents(parent)``. The
+    parent need not be stored yet (a sub-agent file imported before, or
+    without, its parent's)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -142,15 +142,16 @@ class AsyncLedgerWriter:
         """Awaits :meth:`LedgerWriter.append_many` (same arguments, result and errors)."""
         return await self._run(self.sync.append_many, entries)
 
-    def close(self) -> None:
-        """:meth:`LedgerWriter.close` (no I/O)."""
-        self.sync.close()
+    async def close(self) -> None:
+        """Awaits :meth:`LedgerWriter.close` (idempotent), on a worker: it waits
+        for the writer's appends in flight, which the event loop must not."""
+        await self._run(self.sync.close)
 
     async def __aenter__(self) -> AsyncLedgerWriter:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self.close()
+        await self.close()
 
 
 class AsyncCommandLog:

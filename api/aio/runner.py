@@ -8,9 +8,10 @@ backend's group commit (``storage/duck/group.py``) already gathers into
 shared commits; on PostgreSQL each takes a connection of the store's pool.
 
 The runner is bounded: at most ``workers`` operations run at once, and
-further callers wait, asynchronously, for a free worker (a bounded queue:
-the loop is never blocked, and a burst of callers never makes an unbounded
-backlog of threads or connections).
+further callers wait, asynchronously and first come first served, for a
+free worker (:class:`Slots`, a queue that serves callers from any event
+loop): the loop is never blocked, and a burst of callers never makes a
+backlog of threads or connections.
 
 Cancellation. ``asyncio.CancelledError`` is never wrapped, and a cancelled
 call never leaves an operation half-done or still running:
@@ -32,6 +33,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import os
+import threading
+from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ParamSpec, Protocol, TypeVar
@@ -56,53 +60,139 @@ class Call(Protocol):
     ) -> Awaitable[T]: ...
 
 
+def check_workers(workers: object) -> int:
+    """``workers``, a number of worker threads.
+
+    Raises:
+        InvalidInputError: not an integer from 1 to 64.
+    """
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 64:
+        raise errors.InvalidInputError("workers", "expected an integer from 1 to 64")
+    return workers
+
+
+class Slots:
+    """At most ``size`` holders at once; callers from any event loop (and any
+    thread) wait for a slot without blocking their loop, first come first
+    served. A waiter cancelled before it got its slot leaves the queue; one
+    cancelled just as its slot was handed over gives it to the next."""
+
+    def __init__(self, size: int) -> None:
+        self._lock = threading.Lock()
+        self._free = size
+        self._waiters: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = deque()
+
+    async def acquire(self) -> None:
+        """Wait for a slot (cancellable; see the class docstring)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._free > 0 and not self._waiters:
+                self._free -= 1
+                return
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiters.append((loop, waiter))
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            with self._lock:
+                try:
+                    self._waiters.remove((loop, waiter))
+                    handed = False
+                except ValueError:  # its slot was handed over already
+                    handed = True
+            if handed:
+                self.release()
+            raise
+
+    def release(self) -> None:
+        """Give the slot back: to the first waiter whose loop still runs, else free it."""
+        with self._lock:
+            while self._waiters:
+                loop, waiter = self._waiters.popleft()
+                try:
+                    loop.call_soon_threadsafe(_hand_over, waiter)
+                except RuntimeError:  # its loop is closed: nobody waits there any more
+                    continue
+                return
+            self._free += 1
+
+
+def _hand_over(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():  # cancelled meanwhile: its acquire gives the slot on
+        waiter.set_result(None)
+
+
 class Runner:
-    """A bounded pool of worker threads running sync store calls for the
-    event loop (see the module docstring). ``workers`` is how many run at once
-    (1 to 64). Usable from any event loop; :meth:`close` waits for the calls
-    still running.
+    """A bounded pool of worker threads running sync store calls for event
+    loops (see the module docstring). ``workers`` is how many run at once (1
+    to 64); usable from any event loop and thread; :meth:`close` waits for the
+    calls still running. A runner belongs to the process that made it: in a
+    process forked from it, every call raises ``InterfaceError``.
 
     Raises (from the constructor):
         InvalidInputError: ``workers`` is not an integer from 1 to 64.
     """
 
     def __init__(self, workers: int = WORKERS) -> None:
-        if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 64:
-            raise errors.InvalidInputError("workers", "expected an integer from 1 to 64")
-        self.workers = workers
+        self.workers = check_workers(workers)
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="turnkeeper-aio")
-        self._slots = asyncio.Semaphore(workers)
+        self._slots = Slots(workers)
+        self._pid = os.getpid()
         self.closed = False
 
     async def __call__(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn(*args, **kwargs)`` on a worker thread, once one is free.
 
         Raises:
-            whatever ``fn`` raises, unchanged.
-            InterfaceError: the store was closed.
+            whatever ``fn`` raises, unchanged, except ``StopIteration``, which
+                no coroutine can raise (PEP 479): ``RuntimeError`` with it as
+                ``__cause__``, as from any coroutine.
+            InterfaceError: the store was closed, or this process was forked
+                from the one that opened it.
             asyncio.CancelledError: the call was cancelled (see the module
                 docstring: the operation is then over, committed or not).
         """
-        async with self._slots:
+        self._usable()
+        await self._slots.acquire()
+        try:
             return await settled(self.submit(fn, *args, **kwargs))
+        finally:
+            self._slots.release()
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         """``fn(*args, **kwargs)`` handed to a worker, in the caller's context
         (``contextvars``); await it with :func:`settled`.
 
         Raises:
-            InterfaceError: the store was closed.
+            InterfaceError: the store was closed, or this process is a fork.
         """
+        self._usable()
+        call = functools.partial(_no_stop_iteration, fn, *args, **kwargs)
+        return self._executor.submit(contextvars.copy_context().run, call)
+
+    def _usable(self) -> None:
+        if os.getpid() != self._pid:
+            raise errors.InterfaceError(
+                detail=f"this async store was opened in process {self._pid}, and this process "
+                f"({os.getpid()}) was forked from it: open the store again in this process"
+            )
         if self.closed:
             raise errors.InterfaceError(detail="the async store is closed")
-        call = functools.partial(fn, *args, **kwargs)
-        return self._executor.submit(contextvars.copy_context().run, call)
 
     def close(self) -> None:
         """Refuse new calls and wait for the running ones to end (blocking:
         run it on a thread of its own, as :meth:`AsyncStore.close` does)."""
         self.closed = True
         self._executor.shutdown(wait=True)
+
+
+def _no_stop_iteration(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """``fn(*args, **kwargs)``, its ``StopIteration`` raised as ``RuntimeError``
+    (an awaited future cannot carry one: asyncio would never complete it)."""
+    try:
+        return fn(*args, **kwargs)
+    except StopIteration as stop:
+        raise RuntimeError(f"{getattr(fn, '__name__', 'the call')} raised StopIteration") from stop
 
 
 async def settled(job: Future[T]) -> T:

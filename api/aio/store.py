@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
-from collections.abc import Callable, Generator, Iterator, Sequence
+import threading
+import weakref
+from collections.abc import Callable, Coroutine, Generator, Iterator, Sequence
+from concurrent.futures import Future
 from datetime import datetime
 from typing import Any, Self, TypeVar
 
@@ -22,11 +26,12 @@ from turnkeeper.spec import errors
 from turnkeeper.storage import BaseStore
 from turnkeeper.storage.ops.replays import REPLAY_CACHE_BYTES
 from turnkeeper.storage.store import Snapshot
+from turnkeeper.storage.validate import check_seconds
 from turnkeeper.storage.wakeups import Subscription, Topic
 
 from . import areas
 from .ledger import AsyncLedger
-from .runner import WORKERS, Runner, settled
+from .runner import WORKERS, Runner, check_workers, settled
 
 T = TypeVar("T")
 
@@ -47,6 +52,9 @@ class AsyncStore:
         self.runner = runner
         """The workers that run them (see :mod:`turnkeeper.aio.runner`)."""
         self._owns_store = owns_store
+        self._closing: Future[None] | None = None
+        self._close_lock = threading.Lock()
+        self._subscriptions: weakref.WeakSet[AsyncSubscription] = weakref.WeakSet()
         run = runner.__call__
         self.leases = areas.AsyncLeases(store.leases, run)
         self.threads = areas.AsyncThreads(store.threads, run)
@@ -67,16 +75,17 @@ class AsyncStore:
         self.ledger = AsyncLedger(store.ledger, run)
 
     @classmethod
-    def wrap(cls, store: BaseStore, *, workers: int = WORKERS) -> AsyncStore:
+    def wrap(cls, store: BaseStore, *, workers: int | None = None) -> AsyncStore:
         """An async store over ``store``, an open sync store, with ``workers``
-        worker threads. Closing the async store does not close ``store``.
+        worker threads (see :func:`open_store`). Closing the async store does
+        not close ``store``.
 
         Raises:
             InvalidInputError: ``store`` is not a turnkeeper store, or a bad ``workers``.
         """
         if not isinstance(store, BaseStore):
             raise errors.InvalidInputError("store", "expected an open turnkeeper store")
-        return cls(store, Runner(workers), owns_store=False)
+        return cls(store, Runner(workers_for(store, workers)), owns_store=False)
 
     # -- the store's own methods -------------------------------------------------------
 
@@ -103,7 +112,12 @@ class AsyncStore:
 
     async def snapshot(self, body: Callable[[Snapshot], T]) -> T:
         """Awaits :meth:`BaseStore.snapshot`: ``body`` runs on a worker thread
-        (its reads are sync calls of the snapshot, in one transaction)."""
+        (its reads are sync calls of the snapshot, in one transaction).
+
+        Raises:
+            InvalidInputError: ``body`` is an ``async def`` function (it must be sync).
+        """
+        _sync_callable(body, "body")
         return await self.runner(self.sync.snapshot, body)
 
     async def query_batches(
@@ -112,7 +126,12 @@ class AsyncStore:
         consume: Callable[[Any, Iterator[Any]], T],
         params: Sequence[Any] | None = None,
     ) -> T:
-        """Awaits :meth:`BaseStore.query_batches`: ``consume`` runs on a worker thread."""
+        """Awaits :meth:`BaseStore.query_batches`: ``consume`` runs on a worker thread.
+
+        Raises:
+            InvalidInputError: ``consume`` is an ``async def`` function (it must be sync).
+        """
+        _sync_callable(consume, "consume")
         return await self.runner(self.sync.query_batches, sql, consume, params)
 
     async def subscribe(self, *topics: str) -> AsyncSubscription:
@@ -124,8 +143,9 @@ class AsyncStore:
             InterfaceError: the store is closed.
             OperationalError: (PostgreSQL) the listening connection could not be made.
         """
-        subscription = await self.runner(self.sync.subscribe, *topics)
-        return AsyncSubscription(subscription)
+        subscription = AsyncSubscription(await self.runner(self.sync.subscribe, *topics))
+        self._subscriptions.add(subscription)
+        return subscription
 
     async def wait_for(self, *topics: str, timeout_s: float) -> list[Topic]:
         """``(await subscribe(*topics)).wait(timeout_s)``: the topics that fired
@@ -138,13 +158,35 @@ class AsyncStore:
             return await subscription.wait(timeout_s)
 
     async def close(self) -> None:
-        """Wait for the operations still running, stop the workers, and close
-        the sync store if this async store opened it. Idempotent."""
-        if self.runner.closed:
-            return
-        await asyncio.to_thread(self.runner.close)
-        if self._owns_store:
-            await asyncio.to_thread(self.sync.close)
+        """Refuse new calls, end every subscription's iteration, wait for the
+        operations still running, stop the workers, and close the sync store
+        if this async store opened it. Idempotent: every call returns once all
+        that is done. A cancelled close raises ``CancelledError`` at once and
+        still finishes, on a thread of its own."""
+        with self._close_lock:
+            if self._closing is None:
+                self.runner.closed = True
+                for subscription in list(self._subscriptions):
+                    subscription.close()
+                self._closing = Future()
+                threading.Thread(
+                    target=self._finish_close,
+                    args=(self._closing,),
+                    name="turnkeeper-aio-close",
+                    daemon=True,
+                ).start()
+            closing = self._closing
+        await asyncio.shield(asyncio.wrap_future(closing))
+
+    def _finish_close(self, closing: Future[None]) -> None:
+        try:
+            self.runner.close()
+            if self._owns_store:
+                self.sync.close()
+        except BaseException as failure:  # handed to every close() awaiting it
+            closing.set_exception(failure)
+        else:
+            closing.set_result(None)
 
     async def __aenter__(self) -> Self:
         return self
@@ -157,18 +199,28 @@ class AsyncSubscription:
     """Wake-ups of some topics (:class:`~turnkeeper.storage.wakeups.Subscription`)
     awaited on the event loop: ``await sub.wait(timeout_s)``, or ``async for
     fired in sub`` (each step: the topics that fired since the last, after at
-    least one did). Advisory, as the sync ones: look in the store after each.
-    An async context manager; :meth:`close` stops it. Use it on the event loop
-    it was made on."""
+    least one did; the iteration ends when the subscription or its store is
+    closed). Advisory, as the sync ones: look in the store after each. An
+    async context manager; :meth:`close` stops it, and so does dropping it.
+    Use it on the event loop it was made on."""
 
     def __init__(self, subscription: Subscription) -> None:
         self.sync = subscription
         self.topics = subscription.topics
+        self.closed = False
         self._loop = asyncio.get_running_loop()
         self._fired = asyncio.Event()
-        self._unwatch = subscription.watch(self._on_fire)
+        me = weakref.ref(self)  # the store's signals must not keep a dropped one alive
 
-    def _on_fire(self) -> None:  # on the firing thread
+        def on_fire() -> None:  # on the firing thread
+            found = me()
+            if found is not None:
+                found._wake()
+
+        self._unwatch = subscription.watch(on_fire)
+        weakref.finalize(self, self._unwatch)
+
+    def _wake(self) -> None:
         with contextlib.suppress(RuntimeError):  # the loop was closed
             self._loop.call_soon_threadsafe(self._fired.set)
 
@@ -178,15 +230,13 @@ class AsyncSubscription:
 
         Raises:
             InvalidInputError: ``timeout_s`` is not finite seconds >= 0.
+            InterfaceError: the subscription (or its store) was closed.
         """
-        fired = self.sync.wait(0)
-        if fired:
-            return fired
-        from turnkeeper.storage.validate import check_seconds
-
-        deadline = self._loop.time() + check_seconds(timeout_s, "timeout_s")
+        wait_s = check_seconds(timeout_s, "timeout_s")
+        deadline = self._loop.time() + wait_s
         while True:
             self._fired.clear()
+            self._open()
             fired = self.sync.wait(0)
             left = deadline - self._loop.time()
             if fired or left <= 0:
@@ -195,20 +245,29 @@ class AsyncSubscription:
                 async with asyncio.timeout(left):
                     await self._fired.wait()
 
+    def _open(self) -> None:
+        if self.closed:
+            raise errors.InterfaceError(detail="the subscription was closed")
+
     def __aiter__(self) -> AsyncSubscription:
         return self
 
     async def __anext__(self) -> list[Topic]:
         while True:
             self._fired.clear()
+            if self.closed:
+                raise StopAsyncIteration
             fired = self.sync.wait(0)
             if fired:
                 return fired
             await self._fired.wait()
 
     def close(self) -> None:
-        """Stop receiving wake-ups (idempotent)."""
+        """Stop receiving wake-ups and end the iteration (idempotent)."""
+        self.closed = True
         self._unwatch()
+        with contextlib.suppress(RuntimeError):  # the loop was closed
+            self._loop.call_soon_threadsafe(self._fired.set)
 
     async def __aenter__(self) -> AsyncSubscription:
         return self
@@ -217,30 +276,81 @@ class AsyncSubscription:
         self.close()
 
 
-class Opening:
-    """What :func:`open_store` returns: await it for the store, or use it as
-    ``async with open_store(...) as store:`` (closed at the block's end)."""
+def _sync_callable(fn: object, field: str) -> None:
+    if inspect.iscoroutinefunction(fn) or not callable(fn):
+        raise errors.InvalidInputError(
+            field, "expected a sync callable (it runs on a worker thread), not an async one"
+        )
 
-    def __init__(self, path: str | os.PathLike[str], workers: int, kwargs: dict[str, Any]) -> None:
+
+def workers_for(store: BaseStore, workers: int | None) -> int:
+    """How many workers an async store over ``store`` gets: ``workers``, or by
+    default :data:`~.runner.WORKERS`, at most the PostgreSQL pool's connections
+    (a worker beyond them would only wait for one, and time out).
+
+    Raises:
+        InvalidInputError: ``workers`` is more than the pool's connections.
+    """
+    connections = getattr(store.db, "pool_size", None)
+    if workers is None:
+        return WORKERS if connections is None else min(WORKERS, connections)
+    if connections is not None and isinstance(workers, int) and workers > connections:
+        raise errors.InvalidInputError(
+            "workers", f"at most the PostgreSQL pool's {connections} connections"
+        )
+    return workers
+
+
+class Opening(Coroutine[Any, Any, "AsyncStore"]):
+    """What :func:`open_store` returns: a coroutine giving the store (``await
+    open_store(...)``, ``asyncio.run``, ``create_task``), and an async context
+    manager (``async with open_store(...) as store:``, closed at the block's end)."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], workers: int | None, kwargs: dict[str, Any]
+    ) -> None:
         self._path = path
         self._workers = workers
         self._kwargs = kwargs
         self._store: AsyncStore | None = None
+        self._coroutine: Coroutine[Any, Any, AsyncStore] | None = None
 
     async def _open(self) -> AsyncStore:
-        runner = Runner(self._workers)
-        job = runner.submit(open_sync_store, self._path, **self._kwargs)
+        if self._workers is not None:
+            check_workers(self._workers)  # a bad count fails before anything opens
+        opener = Runner(1)
+        job = opener.submit(open_sync_store, self._path, **self._kwargs)
         try:
             store = await settled(job)
         except BaseException:
             if job.done() and not job.cancelled() and job.exception() is None:
                 job.result().close()  # opened after all: a cancelled open leaves nothing open
-            await asyncio.to_thread(runner.close)
             raise
-        return AsyncStore(store, runner, owns_store=True)
+        finally:
+            opener.close()  # its one call is over
+        try:
+            return AsyncStore(store, Runner(workers_for(store, self._workers)), owns_store=True)
+        except BaseException:
+            store.close()
+            raise
+
+    def _started(self) -> Coroutine[Any, Any, AsyncStore]:
+        if self._coroutine is None:
+            self._coroutine = self._open()
+        return self._coroutine
+
+    def send(self, value: Any) -> Any:
+        return self._started().send(value)
+
+    def throw(self, *args: Any) -> Any:
+        return self._started().throw(*args)
+
+    def close(self) -> None:
+        if self._coroutine is not None:
+            self._coroutine.close()
 
     def __await__(self) -> Generator[Any, None, AsyncStore]:
-        return self._open().__await__()
+        return self._started().__await__()
 
     async def __aenter__(self) -> AsyncStore:
         self._store = await self._open()
@@ -254,7 +364,7 @@ class Opening:
 def open_store(
     path: str | os.PathLike[str] = DEFAULT_PATH,
     *,
-    workers: int = WORKERS,
+    workers: int | None = None,
     clock: Callable[[], datetime] | None = None,
     read_only: bool = False,
     replay_cache_bytes: int = REPLAY_CACHE_BYTES,
@@ -268,12 +378,16 @@ def open_store(
     """Open (creating if needed) the store at ``path`` as :func:`turnkeeper.open_store`
     does (same arguments, same errors, raised when awaited), for ``async``
     code: ``store = await open_store(...)`` or ``async with open_store(...) as
-    store:``. ``workers`` (1 to 64, default 8) is how many of its operations
-    run at once, each on a worker thread (see :mod:`turnkeeper.aio.runner`);
-    further ones wait for a free worker without blocking the event loop.
+    store:``. ``workers`` (1 to 64; default 8, on PostgreSQL at most the pool's
+    8 connections) is how many of its operations run at once, each on a worker
+    thread (see :mod:`turnkeeper.aio.runner`); further ones wait for a free
+    worker without blocking the event loop. A cancelled open waits for the open
+    under way to end (on PostgreSQL up to ``pool_timeout_s``), closes what it
+    opened, and raises ``CancelledError``.
 
     Raises (when awaited):
-        InvalidInputError: a bad ``workers``; and as :func:`turnkeeper.open_store`.
+        InvalidInputError: a bad ``workers`` (more than the PostgreSQL pool's
+            connections, too); and as :func:`turnkeeper.open_store`.
     """
     kwargs: dict[str, Any] = {
         "clock": clock,

@@ -1,12 +1,23 @@
-"""``turnkeeper import`` and ``turnkeeper export``: thin wrappers over ``turnkeeper.formats.pi``."""
+"""``turnkeeper import`` and ``turnkeeper export``: thin wrappers over
+``turnkeeper.formats`` (import: every format it detects; export: pi)."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import click
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
-from turnkeeper.formats import pi
+from turnkeeper import formats
+from turnkeeper.formats import FileImport, pi
 from turnkeeper.spec.errors import (
     EntryCycleError,
     EntryIdReservedError,
@@ -15,7 +26,7 @@ from turnkeeper.spec.errors import (
     ToolCallPairingError,
 )
 
-from .common import EXIT_FAILED, CliError, db_option, dumps, one_line, open_db
+from .common import EXIT_FAILED, CliError, db_option, dumps, one_line, open_db, stderr_console
 
 FILE_ERRORS = (
     SessionFileError,
@@ -29,10 +40,11 @@ FILE_ERRORS = (
 """Failures that sink one file of an import; the other files still go in."""
 
 
-def _file_dict(fi: Any) -> dict[str, Any]:
+def _file_dict(fi: FileImport) -> dict[str, Any]:
     r = fi.result
     return {
         "path": str(fi.path),
+        "format": fi.format,
         "session_id": fi.session_id,
         "version": fi.version,
         "created": r.created,
@@ -41,7 +53,62 @@ def _file_dict(fi: Any) -> dict[str, Any]:
         "opaque_added": r.opaque_added,
         "usage_added": r.usage_added,
         "issues": [str(i) for i in fi.issues],
+        "sub_agents": [_file_dict(sub) for sub in fi.sub_agents],
     }
+
+
+def _progress(shown: bool) -> Progress:
+    """A progress bar of files imported, on stderr, shown only when ``shown``
+    and stderr is a terminal (the current file's name beside it)."""
+    console = stderr_console()
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]importing"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.description}", markup=False),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not (shown and console.is_terminal),
+        transient=True,
+        redirect_stdout=False,
+        redirect_stderr=False,
+    )
+
+
+def _summary(path: str, info: dict[str, Any]) -> str:
+    """The line printed for one imported file (or sub-agent file)."""
+    extra = f", {info['opaque_added']} opaque" if info["opaque_added"] else ""
+    if info["usage_added"]:
+        extra += f", {info['usage_added']} usage records"
+    new = " (new session)" if info["created"] else ""
+    version = info["version"]
+    label = f"v{version}" if info["format"] == "pi" else f"{info['format']} {version}".rstrip()
+    return (
+        f"{path}: session {info['session_id']} {label}: "
+        f"added {info['added']}, skipped {info['skipped']}{extra}{new}"
+    )
+
+
+def _echo(bar: Progress, line: str, err: bool) -> None:
+    """Print ``line`` (to stderr when ``err``); while the progress bar is shown,
+    through its console (above the bar) when the line is for stderr or stdout
+    is the same kind of terminal, so a piped stdout stays clean."""
+    if bar.live.is_started and (err or sys.stdout.isatty()):
+        bar.console.print(line, markup=False, highlight=False, soft_wrap=True)
+    else:
+        click.echo(line, err=err)
+
+
+def _report(bar: Progress, fi: FileImport, as_json: bool) -> None:
+    """Print ``fi``'s issues (stderr) and, unless ``as_json``, its summary line
+    and its sub-agent files' (stdout)."""
+    for issue in fi.issues:
+        _echo(bar, str(issue), True)
+    if not as_json:
+        _echo(bar, _summary(fi.path, _file_dict(fi)), False)
+    for sub in fi.sub_agents:
+        _report(bar, sub, as_json)
 
 
 @click.command("import")
@@ -55,40 +122,37 @@ def _file_dict(fi: Any) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
 def import_command(ctx: click.Context, paths: tuple[str, ...], db: str, as_json: bool) -> None:
-    """Import pi session files (JSONL) into the store; re-importing adds only new entries.
+    """Import session files: pi (JSONL), Claude Code transcripts (JSONL or
+    .jsonl.gz, with the sub-agent files beside them) and Codex rollouts, each
+    detected by its first record; re-importing adds only new entries.
 
-    Prints one line per file (path, session id, format version, entries
+    Prints one line per file (path, session id, format and version, entries
     added and skipped, usage records of assistant messages added) and every
-    repaired or opaque line as an issue line
-    ``path:line: kind: detail`` on stderr. A path that does not exist, is a
+    repaired, opaque, unknown or unresolved row as an issue line
+    ``path:line: kind: detail`` on stderr; a progress bar on stderr when it
+    is a terminal (none with --json). A path that does not exist, is a
     directory or cannot be read is refused before anything is imported (exit
-    2). A file whose content cannot be imported is reported on stderr and the
-    others continue; exits 1 if any file failed.
+    2). A file whose content cannot be imported (a format no importer knows
+    among them) is reported on stderr and the others continue; exits 1 if
+    any file failed.
     """
     imported: list[dict[str, Any]] = []
     failed: list[dict[str, str]] = []
-    with open_db(db) as store:
+    with open_db(db) as store, _progress(not as_json) as bar:
+        task = bar.add_task("", total=len(paths))
         for path in paths:
+            bar.update(task, description=path)
             try:
-                fi = pi.import_file(store, path)
+                fi = formats.import_file(store, path)
             except FILE_ERRORS as exc:
                 message = one_line(str(exc))
                 failed.append({"path": path, "error": f"{type(exc).__name__}: {message}"})
-                click.echo(f"{path}: error: {type(exc).__name__}: {message}", err=True)
+                _echo(bar, f"{path}: error: {type(exc).__name__}: {message}", True)
+                bar.advance(task)
                 continue
-            for issue in fi.issues:
-                click.echo(str(issue), err=True)
-            info = _file_dict(fi)
-            imported.append(info)
-            if not as_json:
-                extra = f", {info['opaque_added']} opaque" if info["opaque_added"] else ""
-                if info["usage_added"]:
-                    extra += f", {info['usage_added']} usage records"
-                new = " (new session)" if info["created"] else ""
-                click.echo(
-                    f"{path}: session {info['session_id']} v{info['version']}: "
-                    f"added {info['added']}, skipped {info['skipped']}{extra}{new}"
-                )
+            imported.append(_file_dict(fi))
+            _report(bar, fi, as_json)
+            bar.advance(task)
     if as_json:
         click.echo(dumps({"files": imported, "failed": failed}))
     if failed:

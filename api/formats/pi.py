@@ -30,19 +30,31 @@ import secrets
 import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from turnkeeper.spec.entries import BASE_FIELDS, EntryKind, validate_payload
-from turnkeeper.spec.errors import InvalidInputError, SessionFileError, SessionNotFoundError
-from turnkeeper.spec.records import ImportBatch, ImportEntry, ImportResult, OpaqueRecord
-from turnkeeper.storage.codec import check_id
+from turnkeeper.spec.entries import BASE_FIELDS, EntryKind
+from turnkeeper.spec.errors import SessionFileError, SessionNotFoundError
+from turnkeeper.spec.records import ImportBatch, ImportEntry
 from turnkeeper.storage.protocol import Store
 
-from .pi_parse import Piece, format_timestamp, parse_timestamp, split_lines, storable_text
+from ._rows import (
+    FileImport,
+    ParsedFile,
+    Pieces,
+    Row,
+    Rows,
+    opaque_records,
+    read_text,
+    sorted_issues,
+)
+from ._rows import LineIssue as LineIssue  # re-exported: it was defined here
+from .pi_parse import Piece, format_timestamp, parse_timestamp
+
+FORMAT = "pi"
+"""The ``format`` of a :class:`FileImport` of a pi file."""
 
 CURRENT_VERSION = 3
 """The pi session format version this module writes (pi ``CURRENT_SESSION_VERSION``)."""
@@ -51,45 +63,6 @@ SUPPORTED_VERSIONS = (1, 2, 3)
 """Header versions this module reads. Version 4 is the oh-my-pi fork, not upstream pi."""
 
 _HEADER_FIRST = ("type", "version", "id", "timestamp", "cwd")
-
-
-@dataclass(frozen=True, slots=True)
-class LineIssue:
-    """One problem found in a session file, at ``path``:``line`` (1-based).
-
-    ``kind`` is ``"repaired"`` (a line held several records, or a record and
-    unparseable text, and was split) or ``"opaque"`` (text that could not be
-    parsed, or a record that could not be stored, kept as an opaque record).
-    """
-
-    path: str
-    line: int
-    kind: str
-    detail: str
-
-    def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.kind}: {self.detail}"
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedFile:
-    """A parsed session file: the batch to import, the header's format version
-    (1 when missing) and the issues found, in line order."""
-
-    batch: ImportBatch
-    version: int
-    issues: tuple[LineIssue, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class FileImport:
-    """What :func:`import_file` did: the store's result plus the parse issues."""
-
-    path: str
-    session_id: str
-    version: int
-    result: ImportResult
-    issues: tuple[LineIssue, ...]
 
 
 def v1_entry_id(session_id: str, record_index: int) -> str:
@@ -148,62 +121,26 @@ def _first_kept(payload: dict[str, Any], ids_by_index: Mapping[int, str]) -> dic
     return out
 
 
-def _scrub(value: Any) -> tuple[Any, bool]:
-    """``value`` with every string UTF-8 cannot hold made storable, and whether any was.
-
-    JavaScript's ``JSON.stringify`` writes lone surrogates as ``\\udXXX``
-    escapes; refusing such a record would cut every later entry off its
-    parent, so the text is repaired (U+FFFD per bad code unit) and reported.
-    """
-    if isinstance(value, str):
-        fixed = storable_text(value)
-        return fixed, fixed is not value
-    if isinstance(value, dict):
-        out: dict[Any, Any] = {}
-        changed = False
-        for k, v in value.items():
-            (k2, v2), c = _scrub((k, v))
-            out[k2] = v2
-            changed = changed or c
-        return (out if changed else value), changed
-    if isinstance(value, list | tuple):
-        items = [_scrub(v) for v in value]
-        if not any(c for _, c in items):
-            return value, False
-        seq = [v for v, _ in items]
-        return (tuple(seq) if isinstance(value, tuple) else seq), True
-    return value, False
-
-
-_Row = tuple[str, str | None, str, datetime | None, dict[str, Any]]
-"""An entry being read: id, parent id, kind, timestamp (``None``: fall back), payload."""
-
-
 @dataclass(slots=True)
 class _Reader:
-    """State of one parse: the entries so far, rejected pieces by line, issues."""
+    """State of one parse: the rows so far (:class:`~._rows.Rows`) and the ids by record index."""
 
     path: str
     session_id: str
     version: int
-    entries: list[_Row] = field(default_factory=list)
-    ids: set[str] = field(default_factory=set)
+    rows: Rows = field(init=False)
     ids_by_index: dict[int, str] = field(default_factory=dict)
-    rejected: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
-    issues: list[LineIssue] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.rows = Rows(self.path)
 
     def add(self, piece: Piece, index: int) -> None:
         """Make the record at ``index`` a tree entry, or reject it as opaque."""
-        found = self._convert(piece, index)
-        if isinstance(found, str):
-            self.rejected.setdefault(piece.line, []).append((piece.text, found))
-            self.issues.append(LineIssue(self.path, piece.line, "opaque", found))
-        else:
-            self.ids_by_index[index] = found[0]
-            self.ids.add(found[0])
-            self.entries.append(found)
+        eid = self.rows.add(piece, self._convert(piece, index))
+        if eid is not None:
+            self.ids_by_index[index] = eid
 
-    def _convert(self, piece: Piece, index: int) -> _Row | str:
+    def _convert(self, piece: Piece, index: int) -> Row | str:
         """The entry row for a record, or why it cannot be one."""
         record = piece.value
         if not piece.ok:
@@ -215,55 +152,21 @@ class _Reader:
             return "record without a string 'type'"
         if self.version == 1:
             eid: Any = v1_entry_id(self.session_id, index)
-            parent: Any = self.entries[-1][0] if self.entries else None
+            entries = self.rows.entries
+            parent: Any = entries[-1][0] if entries else None
         else:
             eid, parent = record.get("id"), record.get("parentId")
             if not isinstance(eid, str) or not eid:
                 return f"{kind} entry without a string 'id'"
             if parent is not None and not isinstance(parent, str):
                 return f"{kind} entry {eid}: parentId is not a string or null"
-        (eid, parent, record), scrubbed = _scrub((eid, parent, record))
-        if scrubbed:
-            self.issues.append(
-                LineIssue(
-                    self.path,
-                    piece.line,
-                    "repaired",
-                    f"{kind} entry {eid}: text UTF-8 cannot hold (a lone surrogate) "
-                    "replaced by U+FFFD",
-                )
-            )
-        try:
-            check_id(eid, "id")
-        except InvalidInputError as exc:
-            return f"{kind} entry: its id is not an id: {getattr(exc, 'reason', exc)}"
-        if eid in self.ids:
-            return f"{kind} entry {eid}: duplicate entry id"
         payload = {k: v for k, v in record.items() if k not in BASE_FIELDS}
         if self.version < 3 and kind == EntryKind.MESSAGE:
             payload = _rename_hook_role(payload)
         if self.version == 1 and kind == EntryKind.COMPACTION:
             payload = _first_kept(payload, self.ids_by_index)
-        try:
-            validate_payload(kind, payload, strict=False)
-            orjson.dumps([eid, parent, payload])
-        except InvalidInputError as exc:
-            return f"{kind} entry {eid}: {getattr(exc, 'reason', exc)}"
-        except orjson.JSONEncodeError as exc:
-            return f"{kind} entry {eid}: not storable: {exc}"
-        return (eid, parent, kind, parse_timestamp(record.get("timestamp")), payload)
-
-    def opaque(self, raw_lines: Mapping[int, str]) -> list[OpaqueRecord]:
-        """One opaque record per line (the store keys them by line); when one
-        line has several rejected pieces, the record is the whole line."""
-        out: list[OpaqueRecord] = []
-        for line, found in sorted(self.rejected.items()):
-            raw, reason = found[0]
-            if len(found) > 1:
-                raw = raw_lines[line]
-                reason = "; ".join(f"part {n}: {r}" for n, (_, r) in enumerate(found, 1))
-            out.append(OpaqueRecord(self.path, line, storable_text(raw), reason))
-        return out
+        ts = parse_timestamp(record.get("timestamp"))
+        return self.rows.entry(piece.line, eid, parent, kind, ts, payload)
 
 
 def parse_text(text: str, path: str = "<text>") -> ParsedFile:
@@ -288,27 +191,21 @@ def parse_text(text: str, path: str = "<text>") -> ParsedFile:
             string id and a supported version (1–3), or nothing in the file
             has a usable timestamp; ``line`` says where. Nothing is returned.
     """
-    pieces: list[Piece] = []
-    split: dict[int, tuple[str, list[Piece]]] = {}
-    for number, raw, found in split_lines(text):
-        pieces.extend(found)
-        if len(found) > 1:
-            split[number] = (raw, found)
+    lines = Pieces.of(text)
+    pieces = lines.pieces
     if not pieces:
         raise SessionFileError(path, 1, detail="the file has no records")
     header, version = _header(pieces[0], path)
     reader = _Reader(path, header["id"], version)
     for index, piece in enumerate(pieces[1:], start=1):
         reader.add(piece, index)
-    issues = [
-        LineIssue(path, n, "repaired", _split_detail(found)) for n, (_, found) in split.items()
-    ]
+    issues = lines.repaired(path)
     created = parse_timestamp(header.get("timestamp"))
     if created is None:
-        created = next((e[3] for e in reader.entries if e[3] is not None), None)
+        created = next((e[3] for e in reader.rows.entries if e[3] is not None), None)
     if created is None:
         raise SessionFileError(path, pieces[0].line, detail="no usable timestamp in the file")
-    entries = [ImportEntry(i, p, k, t or created, pl) for i, p, k, t, pl in reader.entries]
+    entries = [ImportEntry(i, p, k, t or created, pl) for i, p, k, t, pl in reader.rows.entries]
     cwd = header.get("cwd")
     batch = ImportBatch(
         session_id=reader.session_id,
@@ -317,37 +214,25 @@ def parse_text(text: str, path: str = "<text>") -> ParsedFile:
         header={k: v for k, v in header.items() if k != "type"},
         entries=entries,
         leaf_id=entries[-1].id if entries else None,
-        opaque=reader.opaque({n: raw for n, (raw, _) in split.items()}),
+        opaque=opaque_records(path, reader.rows.rejected, lines.raw_lines()),
         source=path,
     )
-    issues.extend(reader.issues)
-    issues.sort(key=lambda i: (i.line, i.kind != "repaired"))
-    return ParsedFile(batch, version, tuple(issues))
-
-
-def _split_detail(found: list[Piece]) -> str:
-    bad = sum(not p.ok for p in found)
-    if not bad:
-        return f"{len(found)} records glued on one line, split apart"
-    return f"line split into {len(found)} parts, {bad} of them unparseable"
+    issues.extend(reader.rows.issues)
+    return ParsedFile(batch, version, sorted_issues(issues))
 
 
 def parse_file(path: str | os.PathLike[str]) -> ParsedFile:
     """Read and parse the pi session file at ``path`` (UTF-8); see :func:`parse_text`.
 
     Bytes that are not UTF-8 make their line unparseable (kept as opaque,
-    with U+FFFD in place of the bad bytes) instead of failing the file.
+    with U+FFFD in place of the bad bytes) instead of failing the file; a
+    gzipped file is read decompressed (:func:`~._rows.read_text`).
 
     Raises:
         OSError: the file cannot be read.
-        SessionFileError: as :func:`parse_text`.
+        SessionFileError: as :func:`parse_text`, or a corrupt gzip file.
     """
-    data = Path(path).read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        text = data.decode("utf-8", "surrogateescape")
-    return parse_text(text, os.fspath(path))
+    return parse_text(read_text(path), os.fspath(path))
 
 
 def import_file(store: Store, path: str | os.PathLike[str]) -> FileImport:
@@ -369,7 +254,7 @@ def import_file(store: Store, path: str | os.PathLike[str]) -> FileImport:
     parsed = parse_file(path)
     result = store.sessions.import_batch(parsed.batch)
     return FileImport(
-        os.fspath(path), parsed.batch.session_id, parsed.version, result, parsed.issues
+        os.fspath(path), parsed.batch.session_id, parsed.version, result, parsed.issues, FORMAT
     )
 
 

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-_RECORD_START = '{"type"'
-"""How every record pi writes begins (``type`` is always its first key)."""
+_RECORD_STARTS = ('{"type"', '{"parentUuid"', '{"timestamp"')
+"""How the records of the JSONL formats read here begin: every pi record and
+Claude Code bookkeeping row with ``type``, a Claude Code conversation row with
+``parentUuid``, a Codex rollout line with ``timestamp``."""
 
 _WS = " \t\r\n"
 
@@ -56,23 +58,31 @@ def _skip_ws(text: str, pos: int) -> int:
     return pos
 
 
-def _next_record_start(text: str, start: int) -> int | None:
-    """Offset of the first record pi could have written that starts at or after ``start``.
+def _find_start(text: str, start: int) -> int:
+    """Offset of the first of :data:`_RECORD_STARTS` at or after ``start``, or -1."""
+    found = [p for p in (text.find(s, start) for s in _RECORD_STARTS) if p != -1]
+    return min(found, default=-1)
 
-    A candidate starts with ``{"type"``, decodes as a JSON object and has a
-    ``timestamp`` (every pi header and entry does; the content blocks nested
-    inside messages, which also start with ``{"type"``, do not).
+
+def _next_record_start(text: str, start: int) -> int | None:
+    """Offset of the first record a writer could have written that starts at or
+    after ``start``.
+
+    A candidate starts as a record does (:data:`_RECORD_STARTS`), decodes as
+    a JSON object and has a ``timestamp`` or a ``uuid`` (every pi header and
+    entry, Claude Code conversation row and Codex line does; the content
+    blocks nested inside messages, which also start with ``{"type"``, do not).
     """
-    pos = text.find(_RECORD_START, start)
+    pos = _find_start(text, start)
     while pos != -1:
         try:
             value, _ = _DECODER.raw_decode(text, pos)
         except ValueError:
             pass
         else:
-            if isinstance(value, dict) and "timestamp" in value:
+            if isinstance(value, dict) and ("timestamp" in value or "uuid" in value):
                 return pos
-        pos = text.find(_RECORD_START, pos + 1)
+        pos = _find_start(text, pos + 1)
     return None
 
 

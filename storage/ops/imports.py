@@ -41,6 +41,7 @@ def import_rows(
     opaque: Sequence[tuple[int, str, str]],
     source: str,
     lease: Lease | None = None,
+    sub_agent_of: str | None = None,
 ) -> tuple[bool, int, int, int]:
     """Insert the entries of an imported file that the session lacks, and the
     usage its assistant messages carry that the session has not recorded.
@@ -54,7 +55,8 @@ def import_rows(
     its usage on its next import). Returns ``(created, added, opaque_added,
     usage_added)``. A ``lease`` is
     fenced, also when the import creates the session; without one, an
-    existing session must be unheld.
+    existing session must be unheld. ``sub_agent_of`` links a session the
+    import creates to its parent (an existing session keeps its link).
 
     Raises:
         LeaseLostError, BusyError: as for an append.
@@ -84,10 +86,23 @@ def import_rows(
         leases.fence_or_unheld(tx, session_target(session_id), lease)
     if created:
         deletes.refuse_deleted(tx, session_id)
+        if sub_agent_of is not None:
+            # As sessions.new_sub_agent: the parent's row is written (to its own
+            # values), so a concurrent delete of the parent conflicts with this
+            # transaction and, retried, deletes the new sub-agent with it.
+            tx.count("UPDATE sessions SET updated_at = updated_at WHERE id = ?", [sub_agent_of])
         tx.exec(
             f"INSERT INTO sessions ({SESSION_COLS}, id_head) "
-            "VALUES (?, ?, ?, ?, NULL, NULL, 0, 1, ?, NULL, NULL, NULL, ?)",
-            [session_id, cwd, created_at, created_at, header_json, session_id[:ID_HEAD]],
+            "VALUES (?, ?, ?, ?, NULL, NULL, 0, 1, ?, ?, NULL, NULL, ?)",
+            [
+                session_id,
+                cwd,
+                created_at,
+                created_at,
+                header_json,
+                sub_agent_of,
+                session_id[:ID_HEAD],
+            ],
         )
         next_seq = 1
         have: set[str] = set()
@@ -232,7 +247,9 @@ class ImportsPart(Area):
     def import_batch(self, batch: ImportBatch, *, lease: Lease | None = None) -> ImportResult:
         """Store a parsed session file: creates the session if needed and adds only
         entries it lacks (by entry id); the leaf moves to ``batch.leaf_id`` when
-        anything is added. The usage each assistant message carries (pi's
+        anything is added; a session it creates is a sub-agent of
+        ``batch.sub_agent_of`` when that is set (``sessions.sub_agents``).
+        The usage each assistant message carries (pi's
         ``usage``) is recorded once, keyed by its entry (``store.usage.list``;
         an odd figure is recorded as unknown, never refusing the import).
         Re-importing the same file changes nothing. Into an
@@ -281,6 +298,8 @@ class ImportsPart(Area):
             rows.append((e.id, e.parent_id, e.kind, ts, to_json(dict(e.payload), "payload")))
         opaque = [(o.line, check_text(o.raw, "raw"), o.reason) for o in batch.opaque]
         source = batch.source or (batch.opaque[0].source if batch.opaque else "")
+        if batch.sub_agent_of is not None:
+            check_id(batch.sub_agent_of, "sub_agent_of")
 
         def body(tx: Tx) -> ImportResult:
             created, added, opaque_added, usage_added = import_rows(
@@ -294,6 +313,7 @@ class ImportsPart(Area):
                 opaque,
                 source,
                 lease,
+                batch.sub_agent_of,
             )
             return ImportResult(
                 batch.session_id, created, added, len(rows) - added, opaque_added, usage_added

@@ -366,6 +366,8 @@ class Database:
         self._user = user
         self.channel = notify.channel(found.schema or self._missing)
         self._prepared = self.pooler != "transaction"
+        self.pool_size = pool_size
+        """The most connections this store object holds at once."""
         self._pool = Pool(
             self.url,
             pool_size,

@@ -1,0 +1,331 @@
+"""OpenAI Codex CLI rollouts (JSONL): import into a store.
+
+A rollout (``corpus/FORMATS.md`` §3) is one envelope per line,
+``{"timestamp", "type", "payload"}``, line 1 the ``session_meta``; both
+layouts in the corpus (0.40's ``instructions``, 0.104's
+``base_instructions``, ``model_provider`` …) are read alike, as is the
+earlier ``compacted`` row with only ``message``. A rollout is linear: each
+line becomes one entry whose parent is the previous line's entry, with a
+deterministic id from its line (:func:`~._rows.line_entry_id`), and the leaf
+is the last line's entry (Codex resumes at the end of the file).
+
+- A ``response_item`` whose payload the model sees (:data:`CONTEXT_ITEMS`; a
+  ``message`` of role ``system`` excepted, as Codex's history leaves it out)
+  is a ``message`` entry: ``{"message": <the item>}`` plus the envelope's
+  other fields (``ordinal``). An item without a role (``function_call``,
+  ``function_call_output``, ``reasoning`` …) gets its ``type`` as its
+  ``role`` (a role no item of the Responses API has), so replay keeps it in
+  its place and the store does not take it for a pi or chat call or result:
+  a rollout that ends on a call with no output replays ending on that call,
+  as Codex's own history holds it.
+- A ``compacted`` row with ``replacement_history`` (Codex: the history
+  *becomes* that list): an entry ``codex.compacted`` that is a new root
+  (``logicalParentId``, beside the row in its payload, names the entry
+  before it, as Claude Code's compact boundary does), then one ``message``
+  entry per replacement item (id ``<its id>.<index>``); what follows hangs
+  under them, so replay is the replacement history plus what follows, and
+  the history before stays stored as its own branch. Without
+  ``replacement_history`` (older Codex) the row is the store's
+  ``compaction`` (``summary``: its ``message``; nothing kept), which
+  replays the summary and what follows (Codex also re-sends the earlier user
+  messages there, which this does not rebuild).
+- Every other line (``session_meta``, ``event_msg``, ``turn_context``, other
+  ``response_item`` payloads, types of later releases) is an entry of its
+  own kind, ``codex.<type>``, carrying the envelope unchanged (without
+  ``type`` and ``timestamp``, the entry's kind and timestamp) and playing no
+  part in replay; a type outside :data:`KNOWN_TYPES` or a response item
+  outside :data:`CONTEXT_ITEMS` is reported (``unknown``), and so is an
+  ``event_msg`` ``thread_rolled_back``, whose dropping of turns replay does
+  not apply.
+
+A sub-agent rollout (``session_meta`` ``source.subagent.thread_spawn.
+parent_thread_id`` or ``parent_thread_id``) is the sub-agent session of that
+thread (``store.sessions.sub_agents``), imported even when the parent is
+absent (reported, the parent reference kept in the header). Unparseable text
+is kept as opaque records.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from turnkeeper.spec.entries import EntryKind
+from turnkeeper.spec.errors import InvalidInputError, SessionFileError
+from turnkeeper.spec.records import ImportBatch, ImportEntry
+from turnkeeper.storage.codec import check_id
+from turnkeeper.storage.protocol import Store
+
+from ._rows import (
+    FileImport,
+    LineIssue,
+    ParsedFile,
+    Pieces,
+    Row,
+    Rows,
+    line_entry_id,
+    opaque_records,
+    read_text,
+    sorted_issues,
+)
+from .pi_parse import Piece, parse_timestamp
+
+FORMAT = "codex"
+"""The ``format`` of a :class:`~._rows.FileImport` of a Codex rollout."""
+
+KIND_PREFIX = "codex."
+"""Prefix of the entry kind of a line that is not a context message (``codex.event_msg``)."""
+
+KNOWN_TYPES = frozenset(
+    {
+        "session_meta",
+        "response_item",
+        "event_msg",
+        "turn_context",
+        "compacted",
+        "world_state",
+        "inter_agent_communication",
+        "inter_agent_communication_metadata",
+    }
+)
+"""Envelope types ``corpus/FORMATS.md`` §3.2 describes; any other is reported as unknown."""
+
+CONTEXT_ITEMS = frozenset(
+    {
+        "message",
+        "reasoning",
+        "function_call",
+        "function_call_output",
+        "custom_tool_call",
+        "custom_tool_call_output",
+        "local_shell_call",
+        "web_search_call",
+        "image_generation_call",
+        "tool_search_call",
+        "tool_search_output",
+        "compaction",
+    }
+)
+"""Response item types Codex keeps in the model's history (its ``is_api_message``)."""
+
+
+def looks_like(record: object) -> bool:
+    """Whether a file's first record is a Codex rollout's: a ``session_meta``
+    envelope whose payload is an object."""
+    return (
+        isinstance(record, dict)
+        and record.get("type") == "session_meta"
+        and isinstance(record.get("payload"), dict)
+    )
+
+
+def context_message(item: object) -> dict[str, Any] | None:
+    """The message entry's ``message`` for a response item Codex keeps in the
+    model's history (the item, with its ``type`` as ``role`` when it has no
+    string role), or ``None``."""
+    if not isinstance(item, dict) or item.get("type") not in CONTEXT_ITEMS:
+        return None
+    role = item.get("role")
+    if item.get("type") == "message":
+        return item if isinstance(role, str) and role != "system" else None
+    return item if isinstance(role, str) else {**item, "role": item["type"]}
+
+
+def _parent_thread(meta: Mapping[str, Any]) -> str | None:
+    """The parent thread of a sub-agent rollout's ``session_meta`` payload."""
+    source = meta.get("source")
+    if isinstance(source, dict):
+        sub = source.get("subagent")
+        spawn = sub.get("thread_spawn") if isinstance(sub, dict) else None
+        if isinstance(spawn, dict) and isinstance(spawn.get("parent_thread_id"), str):
+            return str(spawn["parent_thread_id"])
+    parent = meta.get("parent_thread_id")
+    return parent if isinstance(parent, str) else None
+
+
+class _Reader:
+    """One parse: the chain of entries so far (``cur`` its end)."""
+
+    def __init__(self, path: str, session_id: str) -> None:
+        self.rows = Rows(path)
+        self.session_id = session_id
+        self.cur: str | None = None
+
+    def add(self, piece: Piece, part: int) -> None:
+        eid = line_entry_id(self.session_id, piece.line, part)
+        record = piece.value
+        if piece.ok and isinstance(record, dict) and record.get("type") == "compacted":
+            item = record.get("payload")
+            history = item.get("replacement_history") if isinstance(item, dict) else None
+            if isinstance(history, list):
+                self._replace(piece, eid, record, history)
+                return
+        found = self._convert(piece, eid)
+        self.cur = self.rows.add(piece, found) or self.cur
+
+    def _replace(self, piece: Piece, eid: str, record: dict[str, Any], history: list[Any]) -> None:
+        """A compaction with replacement history: a new root, then the history."""
+        payload = {k: v for k, v in record.items() if k not in ("type", "timestamp")}
+        payload["logicalParentId"] = self.cur
+        ts = parse_timestamp(record.get("timestamp"))
+        root = self.rows.add(
+            piece, self.rows.entry(piece.line, eid, None, KIND_PREFIX + "compacted", ts, payload)
+        )
+        if root is None:
+            return
+        self.cur = root
+        for index, item in enumerate(history):
+            message = context_message(item)
+            kind = str(EntryKind.MESSAGE) if message is not None else KIND_PREFIX + "replaced"
+            body = {"message": message} if message is not None else {"item": item}
+            found = self.rows.entry(piece.line, f"{eid}.{index}", self.cur, kind, ts, body)
+            self.cur = self.rows.add(piece, found) or self.cur
+
+    def _convert(self, piece: Piece, eid: str) -> Row | str:
+        record = piece.value
+        if not piece.ok:
+            return piece.reason
+        if not isinstance(record, dict):
+            return f"not a JSON object but {type(record).__name__}"
+        kind = record.get("type")
+        if not isinstance(kind, str) or not kind:
+            return "line without a string 'type'"
+        rest = {k: v for k, v in record.items() if k not in ("type", "timestamp")}
+        ts = parse_timestamp(record.get("timestamp"))
+        item = record.get("payload")
+        item_type = item.get("type") if isinstance(item, dict) else None
+        if kind == "response_item":
+            message = context_message(item)
+            if message is not None:
+                body = {"message": message, **{k: v for k, v in rest.items() if k != "payload"}}
+                return self.rows.entry(piece.line, eid, self.cur, str(EntryKind.MESSAGE), ts, body)
+            if item_type not in CONTEXT_ITEMS:
+                self.rows.note(piece.line, "unknown", f"response item {item_type!r} kept verbatim")
+        elif kind == "compacted" and isinstance(item, dict):
+            message = item.get("message")
+            body = {"summary": message if isinstance(message, str) else "", **rest}
+            body["firstKeptEntryId"] = None
+            return self.rows.entry(piece.line, eid, self.cur, str(EntryKind.COMPACTION), ts, body)
+        elif kind not in KNOWN_TYPES:
+            self.rows.note(piece.line, "unknown", f"line type {kind!r} kept verbatim")
+        elif kind == "event_msg" and item_type == "thread_rolled_back":
+            self.rows.note(
+                piece.line,
+                "unknown",
+                "thread_rolled_back kept verbatim; replay does not drop the rolled-back turns",
+            )
+        return self.rows.entry(piece.line, eid, self.cur, KIND_PREFIX + kind, ts, rest)
+
+
+def parse_text(text: str, path: str = "<text>") -> ParsedFile:
+    """Parse the text of a Codex rollout into an import batch (see the module
+    docstring for the mapping).
+
+    The batch's ``session_id`` is the ``session_meta`` ``id`` (or
+    ``session_id``), ``cwd`` its ``cwd`` (or ``""``), ``created_at`` its
+    ``timestamp`` (or the envelope's), ``header`` ``{"format": "codex",
+    "version": <cli_version>, "originator", "source"}`` as present (a
+    sub-agent's adds ``parentSession`` and ``subAgent``; ``forked_from_id``
+    is kept as ``forkedFrom``). Lines without a usable timestamp take the
+    previous line's. The version returned is ``cli_version`` (``""`` when
+    none).
+
+    Raises:
+        SessionFileError: the first record is not a ``session_meta`` envelope
+            with a usable id and timestamp. Nothing is returned.
+    """
+    lines = Pieces.of(text)
+    pieces = lines.pieces
+    if not pieces:
+        raise SessionFileError(path, 1, detail="the file has no records")
+    first = pieces[0]
+    if not first.ok or not looks_like(first.value):
+        raise SessionFileError(path, first.line, detail="the first record is not a session_meta")
+    envelope = first.value
+    meta: dict[str, Any] = envelope["payload"]
+    sid = meta.get("id", meta.get("session_id"))
+    try:
+        session_id = check_id(sid, "session_id")
+    except InvalidInputError as exc:
+        raise SessionFileError(path, first.line, detail=f"bad session id: {exc}") from None
+    created = parse_timestamp(meta.get("timestamp")) or parse_timestamp(envelope.get("timestamp"))
+    if created is None:
+        raise SessionFileError(path, first.line, detail="the session_meta has no usable timestamp")
+    reader = _Reader(path, session_id)
+    part = 0
+    for i, piece in enumerate(pieces):
+        part = part + 1 if i and pieces[i - 1].line == piece.line else 0
+        reader.add(piece, part)
+    out: list[ImportEntry] = []
+    last = created
+    for eid, parent, kind, ts, payload in reader.rows.entries:
+        last = ts or last
+        out.append(ImportEntry(eid, parent, kind, last, payload))
+    version = meta.get("cli_version")
+    version = version if isinstance(version, str) else ""
+    header: dict[str, Any] = {"format": FORMAT, "version": version}
+    header.update((k, meta[k]) for k in ("originator", "source") if k in meta)
+    if isinstance(meta.get("forked_from_id"), str):
+        header["forkedFrom"] = meta["forked_from_id"]
+    parent = _parent_thread(meta)
+    if parent is not None:
+        header.update(parentSession=parent, subAgent=True)
+    cwd = meta.get("cwd")
+    batch = ImportBatch(
+        session_id=session_id,
+        cwd=cwd if isinstance(cwd, str) else "",
+        created_at=created,
+        header=header,
+        entries=out,
+        leaf_id=reader.cur,
+        opaque=opaque_records(path, reader.rows.rejected, lines.raw_lines()),
+        source=path,
+        sub_agent_of=parent,
+    )
+    return ParsedFile(batch, version, sorted_issues(lines.repaired(path) + reader.rows.issues))
+
+
+def parse_file(path: str | os.PathLike[str]) -> ParsedFile:
+    """Read and parse the rollout at ``path`` (plain or gzipped JSONL); see
+    :func:`parse_text`.
+
+    Raises:
+        OSError: the file cannot be read.
+        SessionFileError: as :func:`parse_text`, or a corrupt gzip file.
+    """
+    return parse_text(read_text(path), os.fspath(path))
+
+
+def import_file(store: Store, path: str | os.PathLike[str]) -> FileImport:
+    """Parse the Codex rollout at ``path`` and import it into ``store``.
+
+    The session id is the ``session_meta`` id: importing the same file again
+    adds nothing, importing it after it grew (a resumed thread) adds only the
+    new lines and moves the leaf to the last (``Store.sessions.import_batch``).
+    A sub-agent rollout whose parent thread is not in the store is imported
+    all the same, linked to it, and reported (a ``reference`` issue).
+
+    Raises:
+        OSError: the file cannot be read.
+        SessionFileError: the file is not a usable rollout; nothing is written.
+        ToolCallPairingError, EntryCycleError, EntryIdReservedError: the
+            lines would make a tree no write may make; nothing is written.
+        DatabaseError: the store failed; nothing is written.
+    """
+    parsed = parse_file(path)
+    batch = parsed.batch
+    issues = list(parsed.issues)
+    if batch.sub_agent_of is not None and store.sessions.get(batch.sub_agent_of) is None:
+        issues.append(
+            LineIssue(
+                os.fspath(path),
+                0,
+                "reference",
+                f"parent thread {batch.sub_agent_of} is not in the store (linked when imported)",
+            )
+        )
+    result = store.sessions.import_batch(batch)
+    return FileImport(
+        os.fspath(path), batch.session_id, parsed.version, result, sorted_issues(issues), FORMAT
+    )
