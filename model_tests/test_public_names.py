@@ -127,6 +127,15 @@ PINNED: dict[str, set[str]] = {
         "Runner",
         "open_store",
     },
+    "turnkeeper.openai_agents": {
+        "CHANNEL_TYPE",
+        "ITEM_TYPE",
+        "REPLACED_TYPE",
+        "UNPARSED_TYPE",
+        "SQLiteImportReport",
+        "TurnkeeperSession",
+        "import_sqlite",
+    },
     "turnkeeper.spec": {
         "DELIVERY",
         "GRANTING_EDGES",
