@@ -85,3 +85,33 @@ def test_a_file_that_is_not_a_session_database_imports_nothing(
     with pytest.raises(turnkeeper.SessionFileError):
         import_sqlite(store, bad)
     assert store.bindings.list() == []
+
+
+def test_turnkeeper_import_takes_an_openai_agents_database(tmp_path: Path) -> None:
+    """The CLI tells the SDK's database from LangGraph's by its tables, imports
+    it once (a second import adds nothing), and refuses an SQLite database of
+    neither kind as a format no importer knows (exit 1, nothing imported)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from turnkeeper.cli.main import cli
+
+    db = tmp_path / "agents.db"
+    _sdk(db, "alpha", "add_items", [{"role": "user", "content": "hi"}])
+    store_path = str(tmp_path / "cli.duckdb")
+    first = CliRunner().invoke(cli, ["import", str(db), "--db", store_path])
+    assert first.exit_code == 0, first.output
+    assert "openai-agents sqlite: 1 sessions: added 1 items" in first.stdout
+    again = CliRunner().invoke(cli, ["import", str(db), "--db", store_path, "--json"])
+    data = json.loads(again.stdout)["files"][0]
+    assert (data["format"], data["added"]) == ("openai-agents-sqlite", {"alpha": 0})
+    with turnkeeper.open_store(store_path) as store:
+        assert _ours(store, "alpha") == [{"role": "user", "content": "hi"}]
+
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE t (x)")
+    refused = CliRunner().invoke(cli, ["import", str(other), "--db", store_path])
+    assert refused.exit_code == 1
+    assert "SessionFormatUnknownError" in refused.stderr

@@ -27,7 +27,7 @@ from turnkeeper.spec.errors import (
 )
 
 from .common import EXIT_FAILED, CliError, db_option, dumps, one_line, open_db, stderr_console
-from .import_langgraph import import_langgraph, is_sqlite
+from .import_databases import import_database, is_sqlite
 
 FILE_ERRORS = (
     SessionFileError,
@@ -112,17 +112,17 @@ def _report(bar: Progress, fi: FileImport, as_json: bool) -> None:
         _report(bar, sub, as_json)
 
 
-def _import_langgraph(store: Any, path: str, bar: Progress, task: Any, as_json: bool) -> Any:
-    """A LangGraph SQLite database (``import_langgraph``), its lines through the
-    bar's console and its threads in the bar's description."""
+def _import_database(store: Any, path: str, bar: Progress, task: Any, as_json: bool) -> Any:
+    """A LangGraph or OpenAI Agents SQLite database (``import_database``), its
+    lines through the bar's console and its progress in the bar's description."""
 
     def echo(line: str, err: bool) -> None:
         _echo(bar, line, err)
 
-    def progress(done: int, total: int) -> None:
-        bar.update(task, description=f"{path} (thread {done} of {total})")
+    def progress(where: str) -> None:
+        bar.update(task, description=f"{path} ({where})")
 
-    return import_langgraph(store, path, echo=echo, quiet=as_json, progress=progress)
+    return import_database(store, path, echo=echo, quiet=as_json, progress=progress)
 
 
 @click.command("import")
@@ -138,8 +138,10 @@ def _import_langgraph(store: Any, path: str, bar: Progress, task: Any, as_json: 
 def import_command(ctx: click.Context, paths: tuple[str, ...], db: str, as_json: bool) -> None:
     """Import session files: pi (JSONL), Claude Code transcripts (JSONL or
     .jsonl.gz, with the sub-agent files beside them) and Codex rollouts, each
-    detected by its first record, and LangGraph SQLite checkpoint databases
-    (each thread a session, served by turnkeeper.langgraph); re-importing adds
+    detected by its first record, LangGraph SQLite checkpoint databases (each
+    thread a session, served by turnkeeper.langgraph) and OpenAI Agents SDK
+    SQLite session databases (each SDK session a session, served by
+    turnkeeper.openai_agents), told apart by their tables; re-importing adds
     only new entries.
 
     Prints one line per file (path, session id, format and version, entries
@@ -159,8 +161,8 @@ def import_command(ctx: click.Context, paths: tuple[str, ...], db: str, as_json:
         for path in paths:
             bar.update(task, description=path)
             try:
-                if is_sqlite(path):  # a LangGraph SQLite checkpoint database
-                    imported.append(_import_langgraph(store, path, bar, task, as_json))
+                if is_sqlite(path):  # a LangGraph or OpenAI Agents SQLite database
+                    imported.append(_import_database(store, path, bar, task, as_json))
                     bar.advance(task)
                     continue
                 fi = formats.import_file(store, path)
