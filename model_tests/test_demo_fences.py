@@ -36,6 +36,8 @@ from turnkeeper.cli.main import cli
 
 TTL_S = 2.0
 SID = "demo-0-0"
+REPLY = {"role": "assistant", "content": [{"type": "text", "text": "[m] Done."}]}
+"""A run's reply carrying the marker ``m`` its delivery plan names (as the demo's do)."""
 NO_FAULTS = Faults(transient=0.0, permanent=0.0, uncertain=0.0, stall=0.0, repeat_ack=0.0)
 
 
@@ -182,8 +184,11 @@ def test_an_outbox_worker_counts_its_lost_claim_as_fenced(
         store.sessions.create(SID)
         run = store.runs.admit(SID, {"prompt": "x"})
         store.runs.start(run.id)
-        store.runs.finish(
-            run.id, "succeeded", delivery_plan=reply_plan(SID, run, "m", with_attachment=attachment)
+        store.runs.finish(  # as the demo does: the reply the plan names, carrying its marker
+            run.id,
+            "succeeded",
+            assistant_message=REPLY,
+            delivery_plan=reply_plan(SID, run, "m", with_attachment=attachment),
         )
         stop = threading.Event()
         worker = OutboxWorker(store, stop, ServiceStats(), 0, 0, TTL_S, faults)
@@ -214,7 +219,7 @@ def test_the_drain_ends_when_only_operations_blocked_for_good_are_left(
         run = store.runs.admit(SID, {"prompt": "x"})
         store.runs.start(run.id)
         plan = reply_plan(SID, run, "m", with_attachment=True)
-        store.runs.finish(run.id, "succeeded", delivery_plan=plan)
+        store.runs.finish(run.id, "succeeded", assistant_message=REPLY, delivery_plan=plan)
         (upload,) = store.outbox.list_due()
         claim = store.outbox.claim(upload.id, "w", TTL_S)
         store.outbox.finish(upload.id, "w", claim.lease_epoch, "failed", failure_code="gone")
