@@ -146,8 +146,9 @@ class AsyncStore:
         return self.sync.json_sql(expr)
 
     def statement_stats(self) -> dict[str, dict[str, float]]:
-        """:meth:`BaseStore.statement_stats` (no I/O)."""
-        return self.sync.statement_stats()
+        """:meth:`BaseStore.statement_stats` (no I/O) of the store whose
+        operations this one runs (on a native store: the native one's)."""
+        return self._domain.statement_stats()
 
     async def schema_version(self) -> int:
         """Awaits :meth:`BaseStore.schema_version`."""
@@ -252,10 +253,13 @@ class AsyncStore:
             await runner.drain()
             if self.native_store is not None:
                 await spawn(self.native_store.db.close)
+            rest: Future[None] = Future()
+            self._close_thread(rest)
+            await asyncio.wrap_future(rest)
         except BaseException as failure:  # handed to every close() awaiting it
             closing.set_exception(failure)
-            return
-        await asyncio.get_running_loop().run_in_executor(None, self._finish_close, closing)
+        else:
+            closing.set_result(None)  # (the task's last step: nothing of it left pending)
 
     def _finish_close(self, closing: Future[None]) -> None:
         try:
