@@ -336,6 +336,47 @@ def test_a_retry_waits_on_the_loop_not_with_time_sleep(monkeypatch: pytest.Monke
     assert len(waits) == 2 and all(w > 0 for w in waits), waits
 
 
+def test_blob_files_are_written_and_read_off_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocking I/O that is not the database's: a ledger offloading to an
+    fsspec directory (``FsspecBlobs``, files and fsync) puts, gets and lists
+    its blobs on worker threads (``bridge.off_loop``), never on the loop's
+    thread, inside the native operation."""
+    from turnkeeper.storage.ops.ledger.blob_files import FsspecBlobs
+
+    seen: dict[str, set[int]] = {}
+    for name in ("put", "get", "list"):
+        real = getattr(FsspecBlobs, name)
+
+        def spied(self: Any, *args: Any, _real: Any = real, _name: str = name) -> Any:
+            seen.setdefault(_name, set()).add(threading.get_ident())
+            return _real(self, *args)
+
+        monkeypatch.setattr(FsspecBlobs, name, spied)
+
+    async def main() -> tuple[int, list[bytes]]:
+        async with open_native() as store:
+            ledger = store.ledger.with_blobs(
+                FsspecBlobs(str(tmp_path / "blobs")), offload_threshold=8
+            )
+            await store.sessions.create("s1")
+            lease = await store.leases.acquire("session:s1", "w", ttl_s=60)
+            async with await ledger.open("s1", lease) as writer:
+                for i in range(3):
+                    await writer.append(
+                        "note", b"a payload longer than eight bytes %d" % i, f"i{i}"
+                    )
+            payloads = [r.payload async for r in ledger.replay("s1")]
+            await ledger.gc("s1", lease)
+            return threading.get_ident(), payloads
+
+    loop_thread, payloads = bounded(main)
+    assert payloads[-3:] == [b"a payload longer than eight bytes %d" % i for i in range(3)]
+    assert seen.get("put") and seen.get("get") and seen.get("list"), seen
+    assert all(loop_thread not in threads for threads in seen.values()), seen
+
+
 # -- cancellation, other loops, wake-ups -------------------------------------------------
 
 

@@ -15,8 +15,10 @@ waits for another operation's progress with a thread primitive (a held
 ``threading.Lock``, a ``Condition``) would stop the loop and with it the
 operation it waits for: a deadlock. :class:`Lock` is the lock for state held
 across I/O (a ledger writer's appends); :func:`sleep` waits without stopping
-the loop; :func:`in_bridge` lets a caller choose a path that waits on no
-other operation (the ledger's appends commit alone there, not in a group).
+the loop; :func:`off_loop` runs blocking I/O that is not the database's (blob
+files, object stores) on a worker thread; :func:`in_bridge` lets a caller
+choose a path that waits on no other operation (the ledger's appends commit
+alone there, not in a group).
 """
 
 from __future__ import annotations
@@ -95,6 +97,20 @@ def await_only(awaitable: Awaitable[T]) -> T:
     assert parent is not None  # a spawned greenlet's parent is the awaiting one
     result: T = parent.switch(awaitable)
     return result
+
+
+def off_loop(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """``fn(*args, **kwargs)``, blocking I/O that is not the database's (a
+    blob's file or object store): inside :func:`spawn` on a worker thread of
+    the loop's default executor (``asyncio.to_thread``), awaited by the loop,
+    which runs other tasks meanwhile; elsewhere called directly.
+
+    Raises:
+        whatever ``fn`` raises.
+    """
+    if in_bridge():
+        return await_only(asyncio.to_thread(fn, *args, **kwargs))
+    return fn(*args, **kwargs)
 
 
 def sleep(seconds: float) -> None:
