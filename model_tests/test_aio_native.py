@@ -475,8 +475,22 @@ def test_a_call_from_another_running_loop_runs_on_the_home_loop() -> None:
         home.close()
 
 
-def test_wake_ups_of_a_native_store_come_as_an_async_iterator() -> None:
-    async def main() -> list[Any]:
+def test_wake_ups_of_a_native_store_come_from_listen_on_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``LISTEN`` natively: the wake-ups come as an async iterator, from an
+    ``AsyncConnection``'s ``notifies()`` read on the loop's thread (behind
+    PgBouncer on the direct ``listen_url``), with no listener thread."""
+    read_on: list[int] = []
+    real_notifies = psycopg.AsyncConnection.notifies
+
+    def notifies(self: Any, *args: Any, **kwargs: Any) -> Any:
+        read_on.append(threading.get_ident())
+        return real_notifies(self, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "notifies", notifies)
+
+    async def main() -> tuple[list[Any], list[str], int]:
         async with open_native() as store:
             await store.sessions.create("s1")
             got: list[Any] = []
@@ -486,9 +500,13 @@ def test_wake_ups_of_a_native_store_come_as_an_async_iterator() -> None:
                 async for fired in sub:
                     got.append(fired)
                     break
-            return got
+                listeners = [t.name for t in threading.enumerate() if "listen" in t.name]
+            return got, listeners, threading.get_ident()
 
-    assert bounded(main) == [[turnkeeper.Topic.LEASE_RELEASED]]
+    got, listeners, loop_thread = bounded(main)
+    assert got == [[turnkeeper.Topic.LEASE_RELEASED]]
+    assert listeners == []
+    assert read_on and set(read_on) == {loop_thread}
 
 
 def test_lease_tokens_are_shared_with_the_sync_twin() -> None:

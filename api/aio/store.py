@@ -1,10 +1,13 @@
 """``AsyncStore``: the store with ``async def`` methods, and ``open_store``.
 
 One domain layer: each area of the async store (:mod:`.areas`, generated
-from ``storage/protocol.py``) awaits the sync area's method on a worker of
-the store's :class:`~.runner.Runner`; nothing of the store runs on the event
-loop (see :mod:`.runner` for the workers, the bounded queue and what a
-cancellation leaves).
+from ``storage/protocol.py``) awaits the sync area's method through the
+store's runner: on a worker of a :class:`~.runner.Runner` (DuckDB, and a
+wrapped sync store), where nothing of the store runs on the event loop (see
+:mod:`.runner` for the workers, the bounded queue and what a cancellation
+leaves); or natively on PostgreSQL, in a greenlet on the event loop whose
+every statement the loop awaits (:class:`~.native.NativeRunner`, with the
+same bound and the same promise on cancellation).
 """
 
 from __future__ import annotations
@@ -194,8 +197,8 @@ class AsyncStore:
             InterfaceError: the store is closed.
             OperationalError: (PostgreSQL) the listening connection could not be made.
         """
-        # on a worker thread (natively too: the listener's start waits for it)
-        subscription = AsyncSubscription(await self._blocking(self.sync.subscribe, *topics))
+        # natively on the loop (a NativeListener: LISTEN over an AsyncConnection)
+        subscription = AsyncSubscription(await self.runner(self._domain.subscribe, *topics))
         self._subscriptions.add(subscription)
         return subscription
 
@@ -467,10 +470,12 @@ def open_store(
     code: ``store = await open_store(...)`` or ``async with open_store(...) as
     store:``. ``workers`` (1 to 64; default 8, on PostgreSQL at most the pool's
     8 connections) is how many of its operations run at once, each on a worker
-    thread (see :mod:`turnkeeper.aio.runner`); further ones wait for a free
-    worker without blocking the event loop. A cancelled open waits for the open
-    under way to end (on PostgreSQL up to ``pool_timeout_s``), closes what it
-    opened, and raises ``CancelledError``.
+    thread on DuckDB (see :mod:`turnkeeper.aio.runner`), natively on the event
+    loop with psycopg's async pool on PostgreSQL (:mod:`turnkeeper.aio.native`;
+    ``store.sync`` is then a sync twin on the same database, opened with it);
+    further ones wait for their turn without blocking the event loop. A
+    cancelled open waits for the open under way to end (on PostgreSQL up to
+    ``pool_timeout_s``), closes what it opened, and raises ``CancelledError``.
 
     Raises (when awaited):
         InvalidInputError: a bad ``workers`` (more than the PostgreSQL pool's

@@ -408,7 +408,7 @@ class Database:
         self._pool_timeout_s = opened.pool_timeout_s
         self._stats = Stats()
         self._signals = Signals()
-        self._listener: notify.Listener | None = None
+        self._listener: notify.Listening | None = None
         self._gate = Gate()
         self._lock = self._gate.lock
         self.pooler: str | None = where.pooler or ("transaction" if found.pooled else None)
@@ -629,7 +629,7 @@ class Database:
             raise errors.PoolerError(self.path, "listen_url", detail=listener.problem)
         return Subscription(self._signals, topics)
 
-    def _start_listener(self) -> notify.Listener:
+    def _start_listener(self) -> notify.Listening:
         """This store object's listener (started by the first subscriber)."""
         if self.listen_url is None and self.pooler == "transaction":
             how = (
@@ -657,10 +657,12 @@ class Database:
             if self._gate.closed:
                 raise errors.InterfaceError(detail="the store is closed")
             if self._listener is None:
-                self._listener = notify.Listener(
-                    self.listen_url or self.url, self._signals, self.channel, check
-                )
+                self._listener = self._new_listener(self.listen_url or self.url, check)
             return self._listener
+
+    def _new_listener(self, url: str, check: Callable[[Any, bool], str | None]) -> notify.Listening:
+        """This store object's listener on ``url`` (a thread: :class:`.notify.Listener`)."""
+        return notify.Listener(url, self._signals, self.channel, check)
 
     def _refuse_temporary(self, found: connect.Probe, user: str) -> None:
         """Refuse a search_path that puts the store in the session's temporary

@@ -24,19 +24,22 @@ named server-side cursors (``execute``, ``fetchone``, ``fetchmany``,
 A native database is a twin of an open sync :class:`~.db.Database`
 (:attr:`~.db.Database.opened`): the same URL, schema, pooler mode, pool
 size and reconnection schedule, with no probe of its own. Its pool belongs
-to the event loop that opened it (:meth:`NativeDatabase.open`). What blocks
-without being database I/O stays off the loop: ``LISTEN`` (wake-ups) is the
-sync twin's listener thread (:meth:`NativeDatabase.subscribe` delegates to it,
-and must be called from a thread); the async store runs it, and its own
-close of the sync twin, on worker threads (``turnkeeper.aio``).
+to the event loop that opened it (:meth:`NativeDatabase.open`). Wake-ups
+(``LISTEN``) come from a :class:`NativeListener`: the sync listener's loop
+(:func:`.notify.listen`) as a task on the event loop, over an
+``AsyncConnection``'s ``notifies()`` (behind a transaction pooler on
+``listen_url``, exactly as the sync listener). What blocks without being
+database I/O stays off the loop: blob files and object stores
+(``bridge.off_loop``), and the async store closes the sync twin on a thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import psycopg
@@ -47,8 +50,8 @@ from turnkeeper.spec import errors
 from .. import bridge
 from ..bridge import await_only
 from ..store import BaseStore
-from ..wakeups import Subscription, Topic
-from . import text
+from ..wakeups import Signals
+from . import notify, text
 from .db import SETUP_SQL, Database, Opened
 from .pool import AsyncPool
 
@@ -178,6 +181,88 @@ class Connection:
     def close(self) -> None:
         await_only(self.aconn.close())
 
+    def notifies(self, *, timeout: float | None = None) -> Iterator[psycopg.Notify]:
+        """The notifications that arrive within ``timeout`` seconds
+        (``AsyncConnection.notifies``), each awaited on the loop."""
+        found = self.aconn.notifies(timeout=timeout)
+        while True:
+            try:
+                yield await_only(found.__anext__())
+            except StopAsyncIteration:
+                return
+
+
+@contextlib.contextmanager
+def _listen_connection(url: str) -> Iterator[Connection]:
+    """A connection of its own (not pooled) for ``LISTEN``, closed at the end."""
+    conn = await_only(psycopg.AsyncConnection.connect(url, autocommit=True, prepare_threshold=None))
+    try:
+        yield Connection(conn)
+    finally:
+        await_only(conn.close())
+
+
+class _Ready:
+    """A :class:`.notify.Ready` on the event loop (waited for inside the bridge)."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    def set(self) -> None:
+        self.event.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return bool(await_only(_waited(self.event, timeout)))
+
+
+async def _waited(event: asyncio.Event, timeout: float | None) -> bool:
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
+class NativeListener:
+    """The native store's ``LISTEN``: :func:`.notify.listen` (the sync
+    listener's very loop) in a greenlet task on the event loop, over an
+    ``AsyncConnection`` and its ``notifies()`` generator, firing the store
+    object's signals on the loop's thread (its async subscriptions wake at
+    once). Made and closed inside the bridge."""
+
+    def __init__(
+        self, url: str, signals: Signals, name: str, check: Callable[[Any, bool], str | None]
+    ) -> None:
+        self.ready = _Ready()
+        self.problem: str | None = None
+        self._stopped = False
+        self._task = asyncio.get_running_loop().create_task(
+            bridge.spawn(self._run, url, signals, name, check), name="turnkeeper-listen"
+        )
+
+    def _run(
+        self, url: str, signals: Signals, name: str, check: Callable[[Any, bool], str | None]
+    ) -> None:
+        self.problem = notify.listen(
+            url,
+            signals,
+            name,
+            check,
+            connect=_listen_connection,
+            stopped=lambda: self._stopped,
+            pause=bridge.sleep,
+            ready=self.ready.set,
+        )
+        if self.problem is not None:
+            self.ready.set()
+
+    def close(self) -> None:
+        """Stop listening: the task is cancelled, its connection closed (inside the bridge)."""
+        self._stopped = True
+        self._task.cancel()
+        await_only(asyncio.wait([self._task]))
+
 
 class NativeDatabase(Database):
     """:class:`~.db.Database` on a ``psycopg_pool.AsyncConnectionPool`` (see the
@@ -239,21 +324,21 @@ class NativeDatabase(Database):
             self._gate.leave(me)
 
     def close(self) -> None:
-        """Close the gate and the pool (inside :func:`~turnkeeper.storage.bridge.spawn`:
-        the async store calls it once its operations in flight ended). Idempotent."""
+        """Close the gate, the listener and the pool (inside
+        :func:`~turnkeeper.storage.bridge.spawn`: the async store calls it once
+        its operations in flight ended). Idempotent."""
         self._gate.shut()
         if self._gate.forked():
             return
+        with self._lock:
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
         await_only(self._pool_async.close())
 
-    def subscribe(self, topics: tuple[Topic, ...]) -> Subscription:
-        """The sync twin's :meth:`~.db.Database.subscribe` (its listener hears this
-        database's commits too): blocking, call it from a thread.
-
-        Raises:
-            as :meth:`~.db.Database.subscribe`.
-        """
-        return self.twin.subscribe(topics)
+    def _new_listener(self, url: str, check: Callable[[Any, bool], str | None]) -> notify.Listening:
+        """A :class:`NativeListener` (on the event loop, inside the bridge)."""
+        return NativeListener(url, self._signals, self.channel, check)
 
 
 class NativeStore(BaseStore):
