@@ -146,3 +146,12 @@ class ThroughAio:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+async def async_store(store: turnkeeper.BaseStore) -> AsyncStore:
+    """The async store the adapters' tests use over the open sync ``store``, on
+    the running loop: native on PostgreSQL (as ``turnkeeper.aio.open_store``
+    gives), worker threads on DuckDB; closing it leaves ``store`` open."""
+    if isinstance(store, turnkeeper.DuckDBStore):
+        return AsyncStore.wrap(store)
+    return await AsyncStore.native(store)

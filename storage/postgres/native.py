@@ -301,6 +301,9 @@ class NativeDatabase(Database):
             raise errors.OperationalError(
                 detail=f"cannot connect to {self.path} within {self._pool_timeout_s} s: {exc}"
             ) from exc
+        except BaseException:  # a cancelled open leaves no pool open
+            await asyncio.shield(self._pool_async.close())
+            raise
 
     @contextlib.contextmanager
     def connection(self) -> Any:
