@@ -24,7 +24,8 @@ from typing import Any
 import psycopg
 import pytest
 import with_postgres
-from conftest import listen_for, new_pg_schema, pg_url
+from conftest import direct_for, listen_for, new_pg_schema, new_pooled_schema, pg_url
+from test_postgres_lost_connections import ENTRIES, USER, assert_lost, cut_off
 from test_postgres_reconnect import pg_ctl, restart_options
 
 import turnkeeper
@@ -521,6 +522,78 @@ def test_lease_tokens_are_shared_with_the_sync_twin() -> None:
             return renewed.epoch
 
     assert bounded(main) >= 1
+
+
+@pytest.fixture(params=["direct", "pgbouncer"])
+def lost_url(request: pytest.FixtureRequest) -> str:
+    """A fresh schema's URL: on the server itself, or through PgBouncer."""
+    if request.param == "direct":
+        return direct_for(new_pg_schema())
+    return new_pooled_schema()[0]
+
+
+@pytest.mark.parametrize("moment", ["copy_start", "statement"])
+def test_a_connection_lost_in_a_native_operation_is_operational_error_then_calls_succeed(
+    lost_url: str, moment: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A native operation's server connection terminated mid-transaction (a
+    ``COPY`` about to start, or a statement after it; directly and through
+    PgBouncer): the error is translated as the sync store's
+    (``OperationalError``, nothing written, psycopg's exception as its cause),
+    and the next operation gets another connection and succeeds."""
+    from turnkeeper.storage.postgres import db as pg_db
+
+    real_insert = pg_db.Tx.insert_rows
+    cut: list[bool] = []
+
+    def insert_rows(tx: Any, *args: Any) -> None:
+        if not cut:  # the first COPY only
+            cut.append(True)
+            cut_off(tx.conn)
+            if moment == "statement":
+                tx.exec("SELECT 1")
+        real_insert(tx, *args)
+
+    async def main() -> list[str]:
+        async with aio.open_store(lost_url) as store:
+            await store.sessions.create("s")
+            run = await store.runs.admit("s", {"q": 1}, user_message=USER, start=True)
+            before = await store.sessions.entries("s")
+
+            def finish() -> Coroutine[Any, Any, Any]:
+                return store.runs.finish(
+                    run.id,
+                    "succeeded",
+                    entries=ENTRIES,
+                    assistant_message={"role": "assistant", "content": "ok"},
+                )
+
+            monkeypatch.setattr(pg_db.Tx, "insert_rows", insert_rows)
+            with pytest.raises(turnkeeper.TurnkeeperError) as err:
+                await finish()
+            assert_lost(err.value)
+            assert await store.sessions.entries("s") == before
+            await finish()
+            return [r.status for r in await store.runs.list("s")]
+
+    assert bounded(main) == ["succeeded"]
+
+
+def test_a_server_error_translates_as_on_the_sync_store() -> None:
+    """The same bad query on the native store and on its sync twin: the same
+    class and words (``faults.translate``, shared)."""
+
+    async def main() -> tuple[BaseException, BaseException]:
+        async with open_native() as store:
+            with pytest.raises(turnkeeper.TurnkeeperError) as native:
+                await store.query("SELECT * FROM no_such_table")
+            with pytest.raises(turnkeeper.TurnkeeperError) as sync:
+                await asyncio.to_thread(store.sync.query, "SELECT * FROM no_such_table")
+            return native.value, sync.value
+
+    native, sync = bounded(main)
+    assert type(native) is type(sync) is turnkeeper.ProgrammingError
+    assert str(native) == str(sync)
 
 
 # -- a server killed and started again under async calls ----------------------------------
