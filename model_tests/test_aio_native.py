@@ -428,6 +428,48 @@ def test_a_call_cancelled_while_its_operation_runs_ends_after_it_committed() -> 
     assert any(e.startswith("append") for e in seen) and there
 
 
+def test_a_call_cancelled_while_it_waits_for_its_turn_never_runs() -> None:
+    """One operation at a time, the first held inside its operation: a
+    second call cancelled while it queues writes nothing."""
+
+    async def main() -> tuple[bool, int]:
+        async with open_native(workers=1) as store:
+            assert store.native_store is not None
+            await store.sessions.create("s1")
+            db = store.native_store.db
+            real_write = db.write
+            entered = asyncio.Event()
+            gate = asyncio.Event()
+
+            def write(operation: str, body: Any, **kwargs: Any) -> Any:
+                def held(tx: Any) -> Any:
+                    entered.set()
+                    bridge.await_only(gate.wait())
+                    return body(tx)
+
+                return real_write(operation, held, **kwargs)
+
+            db.write = write  # type: ignore[method-assign]
+            first = asyncio.create_task(store.sessions.append("s1", EntryKind.MESSAGE, MESSAGE))
+            await entered.wait()
+            db.write = real_write  # type: ignore[method-assign]
+            queued = asyncio.create_task(
+                store.sessions.append("s1", EntryKind.MESSAGE, MESSAGE, entry_id="queued")
+            )
+            await asyncio.sleep(0.01)
+            queued.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await queued
+            gate.set()
+            await first
+            return (
+                await store.sessions.entry("s1", "queued") is None,
+                len(await store.sessions.entries("s1")),
+            )
+
+    assert bounded(main) == (True, 1)
+
+
 def test_a_call_from_another_running_loop_runs_on_the_home_loop() -> None:
     """The store's home loop runs on a thread; two other loops on other
     threads call it at once: their operations run on the home loop and all

@@ -26,13 +26,25 @@ promises:
   closes under them (the backend's gate counts operations per thread, and
   every greenlet runs on the loop's thread: it cannot tell them apart).
 
-What blocks but is not database I/O stays on worker threads (the store's
-:class:`~.runner.Runner`): subscribing (the sync twin's ``LISTEN`` thread
-and its start), and closing the sync twin. A ledger with an fsspec or file
-blob store (``with_blobs``) writes its blobs inside the operation, on the
-loop's thread: use a database-backed blob store (the default) with the
-native store, or the threaded store (:meth:`AsyncStore.wrap`) for blobs on
-files or object stores.
+What blocks but is not database I/O never runs on the loop: a ledger's
+blobs in files or an object store (``with_blobs(FsspecBlobs(...))``: their
+puts with fsync, gets, lists and deletes) run on worker threads of the
+loop's default executor, awaited by the operation (``bridge.off_loop``);
+closing the sync twin runs on a thread of its own. ``LISTEN`` is native
+too: a task on the loop reads an ``AsyncConnection``'s ``notifies()``
+(``storage/postgres/native.py``). A retry's wait is ``asyncio.sleep``.
+
+Lock audit (sync code on one thread: a wait on another greenlet's progress
+would stop the loop that progress needs): the ledger's group commit
+(``group.Batcher``, followers wait on a ``Condition`` for a leader) is not
+used inside the bridge, each append commits itself; a ledger writer's lock,
+held across its append's I/O, is a ``bridge.Lock`` (greenlets wait for it on
+the loop); the backend's ``Gate`` counts operations per thread, so this
+runner drains its operations before the pool closes; ``run_attempts``
+sleeps through ``bridge.sleep``. The other locks reachable from an
+operation (the replay and pairing caches, statistics, the gate's own lock,
+the wake-up signals' condition) are held for no I/O and never waited on
+across a switch.
 """
 
 from __future__ import annotations

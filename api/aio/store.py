@@ -48,10 +48,11 @@ class AsyncStore:
     """The store with ``async def`` methods: the same areas as
     :class:`~turnkeeper.BaseStore` (``store.leases``, ``store.sessions``,
     ``store.runs`` … ``store.ledger``), the same methods, arguments, results
-    and errors, awaited. ``sync`` is the sync store it drives (for code that
-    must call it from a thread of its own). Made by :func:`open_store`, or
-    by :meth:`wrap` around an open sync store; an async context manager that
-    closes it.
+    and errors, awaited. ``sync`` is the sync store it drives, or on
+    PostgreSQL its sync twin (for code that must call it from a thread of its
+    own). Made by :func:`open_store` (native on PostgreSQL), by :meth:`wrap`
+    around an open sync store (worker threads), or by :meth:`native`; an
+    async context manager that closes it.
     """
 
     def __init__(
@@ -74,7 +75,6 @@ class AsyncStore:
         """The native store whose methods run on the loop (PostgreSQL), or ``None``."""
         domain: BaseStore = store if native is None else native
         self._domain = domain
-        self._blocking = runner if isinstance(runner, Runner) else Runner(2)
         self._owns_store = owns_store
         self._closing: Future[None] | None = None
         self._close_lock = threading.Lock()
@@ -267,8 +267,6 @@ class AsyncStore:
     def _finish_close(self, closing: Future[None]) -> None:
         try:
             self.runner.close()
-            if self._blocking is not self.runner:
-                self._blocking.close()
             if self._owns_store:
                 self.sync.close()
         except BaseException as failure:  # handed to every close() awaiting it
