@@ -385,6 +385,42 @@ def test_a_stop_iteration_from_a_callback_is_a_runtime_error_and_frees_its_worke
     asyncio.run(main())
 
 
+HANGS_WITHOUT_THE_GUARD = """
+import asyncio, sys
+from turnkeeper import aio
+from turnkeeper.aio import runner
+runner._no_stop_iteration = lambda fn, *a, **kw: fn(*a, **kw)
+
+async def main():
+    async with aio.open_store(":memory:", workers=1) as astore:
+        print("calling", flush=True)
+        await astore.query_batches("SELECT id FROM sessions WHERE false", lambda s, b: next(b))
+
+try:
+    asyncio.run(main())
+except BaseException as exc:
+    print("ended:", type(exc).__name__, flush=True)
+"""
+
+
+def test_control_without_the_stop_iteration_guard_the_call_never_ends() -> None:
+    """The guard above shown necessary: with the runner calling the callback
+    bare, the same call never ends, nor does anything that waits for it (a
+    child process, killed after it made the call and stayed silent for 10 s;
+    no figure is asserted: a loaded machine can only delay the hang)."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", HANGS_WITHOUT_THE_GUARD], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "calling\n"
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.wait(timeout=10)
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_one_async_store_serves_several_event_loops(tmp_path: Path) -> None:
     """Two loops on two threads at once, then a third after them, on one
     store with two workers (before: RuntimeError 'bound to a different event

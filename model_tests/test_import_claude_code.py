@@ -335,3 +335,80 @@ def test_a_sidechain_row_in_a_main_file_is_not_the_leaf(
     assert done.result.added == len(rows) + 1
     assert store.sessions.get(SESSION).leaf_id == rows[-1]["uuid"]
     assert_replays_as_claude_code(store, SESSION, [*rows, side])
+
+
+def expected_usage(rows: list[dict[str, Any]]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Per API response (``message.id``): its model and the figures of its last
+    row in file order (FORMATS.md: one response is written as one row per
+    content block, each with the response's usage so far; the last row's is
+    the response's whole, its ``output_tokens`` grown), as (input, output,
+    cache read, cache creation, their sum)."""
+    found: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for r in rows:
+        m = r.get("message")
+        if r.get("type") == "assistant" and isinstance(m, dict) and "usage" in m:
+            u = m["usage"]
+            parts = (
+                u["input_tokens"],
+                u["output_tokens"],
+                u.get("cache_read_input_tokens", 0),
+                u.get("cache_creation_input_tokens", 0),
+            )
+            found[m["id"]] = (m["model"], (*parts, sum(parts)))
+    return found
+
+
+def _usage_of(store: turnkeeper.BaseStore, sid: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+    entries = {e.id: e for e in store.sessions.entries(sid)}
+    got: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for r in store.usage.list(sid):
+        assert (r.provider, r.protocol, r.source) == ("anthropic", "anthropic-messages", "import")
+        response = entries[r.entry_id].payload["message"]["id"]
+        assert response not in got  # one record per API response, never one per row
+        figures = (
+            r.input_tokens,
+            r.output_tokens,
+            r.cache_read_tokens,
+            r.cache_write_tokens,
+            r.total_tokens,
+        )
+        got[response] = (r.model, figures)
+    return got
+
+
+def test_usage_is_recorded_once_per_api_response_with_its_last_rows_figures(
+    imported: Any, corpus_dir: Path
+) -> None:
+    store, done, rows = imported
+    want = expected_usage(rows)
+    assert len(want) == 152 and sum(r.get("type") == "assistant" for r in rows) == 299
+    assert done.result.usage_added == len(want)
+    assert _usage_of(store, SESSION) == want
+    for sub in done.sub_agents:
+        name = sub.session_id.split("/")[-1] + ".jsonl"
+        assert _usage_of(store, sub.session_id) == expected_usage(
+            rows_of(sub_file(corpus_dir, name).read_text())
+        )
+    again = import_any(store, main_file(corpus_dir))
+    assert again.result.usage_added == 0
+
+
+def test_a_grown_file_records_no_response_twice(
+    store: Any, corpus_dir: Path, tmp_path: Path
+) -> None:
+    """Imported while a response was still being written (only its first rows),
+    then whole: each response is recorded once (a response recorded from its
+    first rows keeps those figures; see the README)."""
+    text = sub_file(corpus_dir, "agent-a881341.jsonl").read_text()
+    lines = text.splitlines(keepends=True)
+    rows = rows_of(text)
+    ids = [r["message"]["id"] if r.get("type") == "assistant" else None for r in rows]
+    split = next(i for i, x in enumerate(ids) if x is not None and ids.count(x) > 1) + 1
+    target = tmp_path / "agent-a881341.jsonl"
+    target.write_text("".join(lines[:split]))
+    first = claude_code.import_file(store, target)
+    target.write_text(text)
+    grown = claude_code.import_file(store, target)
+    want = expected_usage(rows)
+    assert first.result.usage_added + grown.result.usage_added == len(want) == 3
+    assert set(_usage_of(store, first.session_id)) == set(want)

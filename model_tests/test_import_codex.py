@@ -4,7 +4,11 @@ the shared corpus (read in place from ``$TURNKEEPER_CORPUS``).
 The replay test computes the history Codex rebuilds on resume straight from
 the raw file, following ``corpus/FORMATS.md`` §3.2: the ``response_item``
 payloads the model sees, in file order, except ``system`` messages; a
-``compacted`` row's ``replacement_history`` replaces everything before it.
+``compacted`` row's ``replacement_history`` replaces everything before it; an
+``event_msg`` ``thread_rolled_back`` drops the last ``num_turns`` user turns
+(Codex's ``drop_last_n_user_turns``: cut at the ``num_turns``-th user message
+from the end, or at the first when there are fewer; contextual user messages,
+such as ``<environment_context>``, are not turns; no user turn, no change).
 """
 
 from __future__ import annotations
@@ -42,6 +46,25 @@ def seen(item: dict[str, Any]) -> bool:
     return item.get("type") in MODEL_SEES and item.get("role") != "system"
 
 
+CONTEXTUAL = (
+    "<environment_context>",
+    "<user_instructions>",
+    "# agents.md instructions",
+    "<skill>",
+    "<user_shell_command>",
+    "<turn_aborted>",
+    "<subagent_notification>",
+)
+
+
+def user_turn(item: dict[str, Any]) -> bool:
+    """A user message that opens a turn (Codex's ``is_user_turn_boundary``)."""
+    if item.get("type") != "message" or item.get("role") != "user":
+        return False
+    texts = [c.get("text", "") for c in item.get("content", []) if isinstance(c, dict)]
+    return not any(t.lstrip().lower().startswith(CONTEXTUAL) for t in texts)
+
+
 def expected_history(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Codex's own rebuild of the model's history from a rollout."""
     history: list[dict[str, Any]] = []
@@ -51,6 +74,11 @@ def expected_history(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
             history.append(payload)
         elif line.get("type") == "compacted" and "replacement_history" in payload:
             history = [i for i in payload["replacement_history"] if seen(i)]
+        elif line.get("type") == "event_msg" and payload.get("type") == "thread_rolled_back":
+            n = payload["num_turns"]
+            turns = [i for i, item in enumerate(history) if user_turn(item)]
+            if n and turns:
+                history = history[: turns[0] if n >= len(turns) else turns[-n]]
     return history
 
 
@@ -217,12 +245,7 @@ def test_unknown_lines_malformed_text_and_an_old_compaction(
         "payload": {"message": "the summary so far"},
     }
     after = next(x for x in lines if x["payload"].get("type") == "message")
-    rolled = {
-        "timestamp": "2025-09-25T01:30:01.500Z",
-        "type": "event_msg",
-        "payload": {"type": "thread_rolled_back", "num_turns": 1},
-    }
-    text = [json.dumps(x) for x in [*lines, novel, ghost, rolled]]
+    text = [json.dumps(x) for x in [*lines, novel, ghost]]
     text.append(json.dumps(after)[:50])  # cut off mid-write
     text += [json.dumps(old), json.dumps(after)]
     target = tmp_path / "r.jsonl"
@@ -232,21 +255,64 @@ def test_unknown_lines_malformed_text_and_an_old_compaction(
     assert [(i.line, i.kind) for i in done.issues] == [
         (n + 1, "unknown"),
         (n + 2, "unknown"),
-        (n + 3, "unknown"),  # a rollback: kept, and replay does not apply it
-        (n + 4, "opaque"),
+        (n + 3, "opaque"),
     ]
-    assert "thread_rolled_back" in done.issues[2].detail
     sid = done.session_id
     kinds = [e.kind for e in store.sessions.entries(sid)][n:]
     assert kinds == [
         "codex.future_kind",
         "codex.response_item",
-        "codex.event_msg",
         "compaction",
         "message",
     ]
     (opaque,) = store.sessions.opaque_records(sid)
-    assert opaque.line == n + 4 and opaque.raw == text[n + 3].rstrip()
+    assert opaque.line == n + 3 and opaque.raw == text[n + 2].rstrip()
     replay = store.sessions.replay(sid).messages
     assert [m["role"] for m in replay] == ["compactionSummary", after["payload"]["role"]]
     assert replay[0]["summary"] == "the summary so far"
+
+
+def _said(role: str, text: str, at: str) -> dict[str, Any]:
+    kind = "input_text" if role == "user" else "output_text"
+    return {
+        "timestamp": at,
+        "type": "response_item",
+        "payload": {"type": "message", "role": role, "content": [{"type": kind, "text": text}]},
+    }
+
+
+@pytest.mark.parametrize("name", [OLD, NEW])
+@pytest.mark.parametrize("turns", [0, 1, 2, 10_000])
+def test_a_rollback_drops_the_last_user_turns_from_replay_and_keeps_them_stored(
+    store: turnkeeper.BaseStore, corpus_dir: Path, tmp_path: Path, name: str, turns: int
+) -> None:
+    """``thread_rolled_back`` (FORMATS.md §3.4: readers must drop the turns): the
+    replay is the history Codex rebuilds, the turns after the rollback follow the
+    cut, and every line stays stored (the rolled-back turns as their own branch).
+    The sample's contextual user messages (``<environment_context>``) are no turns."""
+    lines = lines_of((corpus_dir / "codex" / name).read_text())
+    at = lines[-1]["timestamp"]
+    rolled = {
+        "timestamp": at,
+        "type": "event_msg",
+        "payload": {"type": "thread_rolled_back", "num_turns": turns},
+    }
+    more = [_said("user", "try that again", at), _said("assistant", "done again", at)]
+    whole = [*lines, rolled, *more]
+    target = tmp_path / "rolled.jsonl"
+    target.write_text("".join(json.dumps(x) + "\n" for x in whole))
+    done = import_any(store, target)
+    assert done.issues == ()
+    replaced = sum(  # a compaction's replacement items are entries of their own
+        len(x["payload"].get("replacement_history", ())) for x in whole if x["type"] == "compacted"
+    )
+    assert len(store.sessions.entries(done.session_id)) == len(whole) + replaced
+    assert_replays_as_codex(store, done.session_id, whole)
+    kept = len(expected_history(whole)) - len(more)
+    unrolled = len(expected_history(lines))
+    if turns == 0:
+        assert kept == unrolled
+    else:  # the reference itself drops something: the comparison above can fail
+        assert kept < unrolled
+    if turns == 10_000:  # every turn dropped: only what came before the first is left
+        assert not any(user_turn(m) for m in expected_history(whole)[:kept])

@@ -159,6 +159,37 @@ def from_pi_message(message: object) -> UsageFigures | None:
     )
 
 
+ANTHROPIC_KEYS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+)
+
+
+def from_anthropic_message(message: object) -> UsageFigures | None:
+    """The figures an Anthropic Messages API response's ``usage`` carries (a
+    Claude Code ``assistant`` row's ``message``), read leniently as
+    :func:`from_pi_message`: ``input_tokens`` (the prompt's uncached part),
+    ``output_tokens``, ``cache_read_input_tokens``,
+    ``cache_creation_input_tokens`` (written to the cache), and their sum as
+    the total (the API gives none; unknown when a part is). ``None`` when the
+    message is not an assistant message or its ``usage`` holds neither
+    ``input_tokens`` nor ``output_tokens``. No cost (the API gives none)."""
+    if not isinstance(message, Mapping) or message.get("role") != "assistant":
+        return None
+    usage = message.get("usage")
+    if not isinstance(usage, Mapping) or not any(k in usage for k in ANTHROPIC_KEYS[:2]):
+        return None
+    parts = [
+        lenient_count(usage.get(k, 0) if k in ANTHROPIC_KEYS[2:] else usage.get(k))
+        for k in ANTHROPIC_KEYS
+    ]
+    known = [p for p in parts if p is not None]
+    total = sum(known) if len(known) == len(parts) and sum(known) <= MAX_TOKENS else None
+    return UsageFigures(parts[0], parts[1], parts[2], parts[3], total, None)
+
+
 def text_of(message: Mapping[str, Any], key: str) -> str:
     """A message's ``key`` when it is a string, else ``""``."""
     value = message.get(key)

@@ -34,9 +34,19 @@ is the last line's entry (Codex resumes at the end of the file).
   own kind, ``codex.<type>``, carrying the envelope unchanged (without
   ``type`` and ``timestamp``, the entry's kind and timestamp) and playing no
   part in replay; a type outside :data:`KNOWN_TYPES` or a response item
-  outside :data:`CONTEXT_ITEMS` is reported (``unknown``), and so is an
-  ``event_msg`` ``thread_rolled_back``, whose dropping of turns replay does
-  not apply.
+  outside :data:`CONTEXT_ITEMS` is reported (``unknown``).
+- An ``event_msg`` ``thread_rolled_back`` (``num_turns``; FORMATS.md §3.4:
+  readers drop the turns themselves) hangs from where the rollback cuts,
+  as Codex's ``drop_last_n_user_turns`` cuts its history: before the
+  ``num_turns``-th user turn from the end (before the first when there are
+  fewer; nothing when there is none or ``num_turns`` is 0). A user turn is
+  a user ``message`` entry of the current history (since the last
+  compaction's replacement history) that is not contextual
+  (:data:`CONTEXTUAL_USER_PREFIXES`, ``<environment_context>`` …). The lines
+  after follow it, so replay leaves the rolled-back turns out and they stay
+  stored as a branch of their own. (After an older compaction without
+  replacement history, whose rebuilt history re-sends the earlier user
+  messages, a rollback cuts no further back than that compaction.)
 
 A sub-agent rollout (``session_meta`` ``source.subagent.thread_spawn.
 parent_thread_id`` or ``parent_thread_id``) is the sub-agent session of that
@@ -110,6 +120,34 @@ CONTEXT_ITEMS = frozenset(
 """Response item types Codex keeps in the model's history (its ``is_api_message``)."""
 
 
+CONTEXTUAL_USER_PREFIXES = (
+    "<environment_context>",
+    "<user_instructions>",
+    "# agents.md instructions",
+    "<skill>",
+    "<user_shell_command>",
+    "<turn_aborted>",
+    "<subagent_notification>",
+)
+"""Lower-cased starts of the text of a user message that Codex injects as
+context, not a turn of the user's (its ``is_contextual_user_fragment``)."""
+
+
+def user_turn(message: Mapping[str, Any]) -> bool:
+    """Whether a context message opens a user turn (Codex's
+    ``is_user_turn_boundary``): a user ``message`` with no contextual text part."""
+    if message.get("type") != "message" or message.get("role") != "user":
+        return False
+    content = message.get("content")
+    parts = content if isinstance(content, list) else []
+    return not any(
+        isinstance(p, dict)
+        and isinstance(p.get("text"), str)
+        and p["text"].lstrip().lower().startswith(CONTEXTUAL_USER_PREFIXES)
+        for p in parts
+    )
+
+
 def looks_like(record: object) -> bool:
     """Whether a file's first record is a Codex rollout's: a ``session_meta``
     envelope whose payload is an object."""
@@ -151,18 +189,46 @@ class _Reader:
         self.rows = Rows(path)
         self.session_id = session_id
         self.cur: str | None = None
+        self.turns: list[tuple[str, str | None]] = []
+        """The user turns of the current history: (entry id, its parent)."""
+
+    def _took(self, piece: Piece, found: Row | str, message: Mapping[str, Any] | None) -> None:
+        """Record ``found`` at the end of the chain (a user turn when ``message`` is one)."""
+        parent = self.cur
+        eid = self.rows.add(piece, found)
+        if eid is None:
+            return
+        self.cur = eid
+        if message is not None and user_turn(message):
+            self.turns.append((eid, parent))
+
+    def _rollback(self, item: Mapping[str, Any]) -> None:
+        """Move the chain's end to where dropping the last ``num_turns`` turns cuts."""
+        n = item.get("num_turns")
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0 or not self.turns:
+            return
+        at = 0 if n >= len(self.turns) else len(self.turns) - n
+        self.cur = self.turns[at][1]
+        del self.turns[at:]
 
     def add(self, piece: Piece, part: int) -> None:
         eid = line_entry_id(self.session_id, piece.line, part)
         record = piece.value
-        if piece.ok and isinstance(record, dict) and record.get("type") == "compacted":
-            item = record.get("payload")
-            history = item.get("replacement_history") if isinstance(item, dict) else None
+        item = record.get("payload") if piece.ok and isinstance(record, dict) else None
+        if isinstance(item, dict) and record.get("type") == "compacted":
+            history = item.get("replacement_history")
             if isinstance(history, list):
                 self._replace(piece, eid, record, history)
                 return
+            self.turns = []  # an older compaction: no cut reaches back past it
+        if isinstance(item, dict) and (record.get("type"), item.get("type")) == (
+            "event_msg",
+            "thread_rolled_back",
+        ):
+            self._rollback(item)
         found = self._convert(piece, eid)
-        self.cur = self.rows.add(piece, found) or self.cur
+        message = found[4].get("message") if not isinstance(found, str) else None
+        self._took(piece, found, message if isinstance(message, dict) else None)
 
     def _replace(self, piece: Piece, eid: str, record: dict[str, Any], history: list[Any]) -> None:
         """A compaction with replacement history: a new root, then the history."""
@@ -175,12 +241,13 @@ class _Reader:
         if root is None:
             return
         self.cur = root
+        self.turns = []  # the history becomes the replacement
         for index, item in enumerate(history):
             message = context_message(item)
             kind = str(EntryKind.MESSAGE) if message is not None else KIND_PREFIX + "replaced"
             body = {"message": message} if message is not None else {"item": item}
             found = self.rows.entry(piece.line, f"{eid}.{index}", self.cur, kind, ts, body)
-            self.cur = self.rows.add(piece, found) or self.cur
+            self._took(piece, found, message)
 
     def _convert(self, piece: Piece, eid: str) -> Row | str:
         record = piece.value
@@ -209,12 +276,6 @@ class _Reader:
             return self.rows.entry(piece.line, eid, self.cur, str(EntryKind.COMPACTION), ts, body)
         elif kind not in KNOWN_TYPES:
             self.rows.note(piece.line, "unknown", f"line type {kind!r} kept verbatim")
-        elif kind == "event_msg" and item_type == "thread_rolled_back":
-            self.rows.note(
-                piece.line,
-                "unknown",
-                "thread_rolled_back kept verbatim; replay does not drop the rolled-back turns",
-            )
         return self.rows.entry(piece.line, eid, self.cur, KIND_PREFIX + kind, ts, rest)
 
 

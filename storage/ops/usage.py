@@ -27,6 +27,7 @@ from turnkeeper.spec.usage import (
     UsageRecord,
     check_cost,
     check_count,
+    from_anthropic_message,
     from_pi_message,
     from_provider,
     text_of,
@@ -146,45 +147,78 @@ def import_usage(
     entries: Iterable[tuple[str, str, datetime, Mapping[str, Any]]],
 ) -> int:
     """Record the usage of every assistant message among ``entries`` (``(id,
-    kind, timestamp, payload)`` as the session holds them) that has none yet
-    under ``entry:<id>``; returns how many it recorded. Figures are read
-    leniently (:func:`turnkeeper.spec.usage.from_pi_message`): an import never
-    fails on them, an odd figure is unknown (``None``)."""
-    found: list[UsageRecord] = []
+    kind, timestamp, payload)`` as the session holds them, in file order)
+    that has none yet under ``entry:<id>``; returns how many it recorded.
+    Figures are read leniently (:func:`turnkeeper.spec.usage.from_pi_message`,
+    else :func:`~turnkeeper.spec.usage.from_anthropic_message`): an import
+    never fails on them, an odd figure is unknown (``None``).
+
+    An Anthropic response is recorded once, not once per row: Claude Code
+    writes one row per content block, each with the same ``message.id`` and
+    the response's usage so far. The record is the last row's (its figures
+    the response's whole), unless a row of that response has a record
+    already (a file imported while the response was being written keeps the
+    figures it was recorded with: never two records of one response)."""
+    found: list[tuple[str, UsageRecord]] = []  # (what is recorded once, the record)
     for entry_id, kind, ts, payload in entries:
         if kind != EntryKind.MESSAGE:
             continue
         message = payload.get("message")
         figures = from_pi_message(message)
-        if figures is None:
-            continue
-        assert isinstance(message, Mapping)
-        found.append(
-            _make(
-                session_id,
-                entry_usage_id(entry_id),
-                (text_of(message, "provider"), text_of(message, "api"), text_of(message, "model")),
-                figures,
-                duration_ms=None,
-                recorded_at=utc(ts),
-                run_id=None,
-                entry_id=entry_id,
-                source="import",
+        once = f"entry:{entry_id}"
+        if figures is not None:
+            assert isinstance(message, Mapping)
+            names = (
+                text_of(message, "provider"),
+                text_of(message, "api"),
+                text_of(message, "model"),
             )
+        else:
+            figures = from_anthropic_message(message)
+            if figures is None:
+                continue
+            assert isinstance(message, Mapping)
+            names = (ANTHROPIC, ANTHROPIC_MESSAGES, text_of(message, "model"))
+            response = text_of(message, "id")
+            once = f"response:{response}" if response else once
+        record = _make(
+            session_id,
+            entry_usage_id(entry_id),
+            names,
+            figures,
+            duration_ms=None,
+            recorded_at=utc(ts),
+            run_id=None,
+            entry_id=entry_id,
+            source="import",
         )
+        found.append((once, record))
     if not found:
         return 0
     have = {
         r[0]
         for r in tx.rows(
-            "SELECT id FROM usage_records WHERE session_id = ? AND entry_id IS NOT NULL",
+            "SELECT entry_id FROM usage_records WHERE session_id = ? AND entry_id IS NOT NULL",
             [session_id],
         )
     }
-    fresh = [r for r in found if r.id not in have]
+    last: dict[str, UsageRecord] = {}
+    recorded: set[str] = set()
+    for once, record in found:
+        last[once] = record
+        if record.entry_id in have:
+            recorded.add(once)
+    fresh = [r for once, r in last.items() if once not in recorded]
     if fresh:
         tx.insert_rows("usage_records", USAGE_COLUMNS, [_values(r) for r in fresh])
     return len(fresh)
+
+
+ANTHROPIC = "anthropic"
+"""The ``provider`` of usage imported from an Anthropic response (Claude Code)."""
+
+ANTHROPIC_MESSAGES = "anthropic-messages"
+"""The ``protocol`` of usage imported from an Anthropic response (pi's ``api`` name for it)."""
 
 
 def _make(
