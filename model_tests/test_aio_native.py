@@ -621,6 +621,35 @@ def test_a_connection_lost_in_a_native_operation_is_operational_error_then_calls
     assert bounded(main) == ["succeeded"]
 
 
+def test_analytics_reads_stream_natively() -> None:
+    """``query``, ``snapshot`` and ``query_batches`` (a server-side
+    ``AsyncServerCursor``) on the native store: the rows of text with U+0000
+    come back exactly, each snapshot read sees one state."""
+
+    async def main() -> tuple[list[str], list[int], int]:
+        async with open_native() as store:
+            for sid, cwd in (("a", "/a\x00z"), ("b", "/b"), ("c", "/c")):
+                await store.sessions.create(sid, cwd=cwd)
+            table = await store.query("SELECT cwd FROM sessions ORDER BY id")
+
+            def consume(schema: Any, batches: Any) -> int:
+                return sum(batch.num_rows for batch in batches)
+
+            streamed = await store.query_batches("SELECT id FROM sessions", consume)
+
+            def body(snap: Any) -> list[int]:
+                return [
+                    snap.query("SELECT count(*) AS n FROM sessions").column("n").to_pylist()[0]
+                    for _ in range(2)
+                ]
+
+            return table.column("cwd").to_pylist(), await store.snapshot(body), streamed
+
+    ids, counts, streamed = bounded(main)
+    assert ids == ["/a\x00z", "/b", "/c"]
+    assert counts == [3, 3] and streamed == 3
+
+
 def test_a_server_error_translates_as_on_the_sync_store() -> None:
     """The same bad query on the native store and on its sync twin: the same
     class and words (``faults.translate``, shared)."""
