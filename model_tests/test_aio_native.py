@@ -518,6 +518,57 @@ def test_a_call_from_another_running_loop_runs_on_the_home_loop() -> None:
         home.close()
 
 
+def test_a_call_whose_home_loop_stops_under_it_is_refused_typed_never_hangs() -> None:
+    """A call from another loop is running on the home loop when that loop
+    stops: the caller gets ``InterfaceError`` (outcome unknown), not a hang."""
+    home = asyncio.new_event_loop()
+    home_thread = threading.Thread(target=home.run_forever, daemon=True)
+    home_thread.start()
+    try:
+        store = asyncio.run_coroutine_threadsafe(open_native(), home).result(HANG_S)
+        assert store.native_store is not None
+        db = store.native_store.db
+        real_write = db.write
+        entered = threading.Event()
+        gate = asyncio.Event()
+
+        def write(operation: str, body: Any, **kwargs: Any) -> Any:
+            def held(tx: Any) -> Any:
+                entered.set()
+                bridge.await_only(gate.wait())
+                return body(tx)
+
+            return real_write(operation, held, **kwargs)
+
+        db.write = write  # type: ignore[method-assign]
+
+        def stop_home() -> None:
+            entered.wait(HANG_S)
+            home.call_soon_threadsafe(home.stop)
+
+        stopper = threading.Thread(target=stop_home, daemon=True)
+        stopper.start()
+
+        async def create() -> Any:
+            return await store.sessions.create("x")
+
+        with pytest.raises(turnkeeper.InterfaceError) as refused:
+            bounded(create)
+        assert "stopped while this call's operation ran" in str(refused.value)
+        stopper.join(HANG_S)
+        home_thread.join(HANG_S)
+        db.write = real_write  # type: ignore[method-assign]
+        home_thread = threading.Thread(target=home.run_forever, daemon=True)
+        home_thread.start()  # again: the held operation ends, and the store closes there
+        home.call_soon_threadsafe(gate.set)
+        asyncio.run_coroutine_threadsafe(store.close(), home).result(HANG_S)
+    finally:
+        if home.is_running():
+            home.call_soon_threadsafe(home.stop)
+            home_thread.join(HANG_S)
+        home.close()
+
+
 def test_wake_ups_of_a_native_store_come_from_listen_on_the_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -21,7 +21,9 @@ promises:
 - one home loop: the loop that opened the store. A call from another
   running loop (on another thread) is handed to the home loop and awaited
   (its operation runs there); once the home loop stopped or closed, every
-  call raises ``InterfaceError`` naming it, at once (never a hang);
+  call raises ``InterfaceError`` naming it, at once, and a call handed over
+  whose home loop stops under it raises it too, its outcome unknown
+  (never a hang);
 - :meth:`close` waits for the operations in flight before the store's pool
   closes under them (the backend's gate counts operations per thread, and
   every greenlet runs on the loop's thread: it cannot tell them apart).
@@ -61,6 +63,9 @@ from .runner import Slots, check_workers, outlast
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+LOOK_S = 1.0
+"""How often (seconds) a call handed to the home loop looks whether that loop still runs."""
 
 
 class NativeRunner:
@@ -117,11 +122,25 @@ class NativeRunner:
             )
         job = asyncio.run_coroutine_threadsafe(self(fn, *args, **kwargs), home)
         waiter = asyncio.wrap_future(job)
-        try:
-            return await asyncio.shield(waiter)
-        except asyncio.CancelledError:
-            await outlast(waiter)  # the operation runs on to its end on the home loop
-            raise
+        cancelled = False
+        while not waiter.done():  # a cancelled call waits for its operation's end
+            try:
+                await asyncio.wait([waiter], timeout=LOOK_S)
+            except asyncio.CancelledError:
+                cancelled = True
+                continue
+            if not waiter.done() and (home.is_closed() or not home.is_running()):
+                job.cancel()
+                raise errors.InterfaceError(
+                    detail=f"the event loop this async store's operations run on ({home!r}) "
+                    "stopped while this call's operation ran there: whether it took effect "
+                    "is unknown (read the store to learn)"
+                )
+        if cancelled:
+            if not waiter.cancelled():
+                waiter.exception()  # (retrieved: the caller was cancelled)
+            raise asyncio.CancelledError
+        return waiter.result()
 
     def _usable(self) -> None:
         if os.getpid() != self._pid:
