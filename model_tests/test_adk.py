@@ -26,6 +26,7 @@ from google.adk.events.event_actions import EventActions
 from google.adk.sessions.base_session_service import GetSessionConfig
 from google.adk.sessions.session import Session
 from google.genai import types
+from through_aio import async_store
 
 import turnkeeper
 from turnkeeper.adk import (
@@ -45,7 +46,7 @@ APP, USER = "app", "user"
 
 @pytest_asyncio.fixture
 async def astore(store: turnkeeper.BaseStore) -> AsyncIterator[AsyncStore]:
-    wrapped = AsyncStore.wrap(store)
+    wrapped = await async_store(store)  # native on PostgreSQL
     yield wrapped
     await wrapped.close()
 

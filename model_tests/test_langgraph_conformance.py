@@ -6,21 +6,33 @@ savers, on both backends: every capability, base and extended, must be detected 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
+from through_aio import async_store
 
 import turnkeeper
 import turnkeeper.aio
 from turnkeeper.langgraph import AsyncTurnkeeperSaver, TurnkeeperSaver
 
 
-def _run(saver: BaseCheckpointSaver[str], name: str) -> dict[str, tuple[int, int]]:
+def _run(
+    saver: BaseCheckpointSaver[str] | Callable[[], AbstractAsyncContextManager[Any]], name: str
+) -> dict[str, tuple[int, int]]:
+    """The conformance report of ``saver``, or of the saver each test gets
+    from ``saver()`` (an async context manager, entered on the suite's loop)."""
+
     @checkpointer_test(name=name)
     async def factory() -> AsyncIterator[BaseCheckpointSaver[str]]:
-        yield saver
+        if isinstance(saver, BaseCheckpointSaver):
+            yield saver
+        else:
+            async with saver() as made:
+                yield made
 
     report = asyncio.run(validate(factory))
     failures = {cap: result.failures for cap, result in report.results.items() if not result.passed}
@@ -50,9 +62,12 @@ def test_sync_saver_passes_conformance(store: turnkeeper.BaseStore) -> None:
 
 
 def test_async_saver_passes_conformance(store: turnkeeper.BaseStore) -> None:
-    astore = turnkeeper.aio.AsyncStore.wrap(store)
-    try:
-        passed = _run(AsyncTurnkeeperSaver(astore), "AsyncTurnkeeperSaver")
-    finally:
-        asyncio.run(astore.close())
+    """Over the async store as the suite's loop opens it (native on PostgreSQL)."""
+
+    @asynccontextmanager
+    async def saver() -> AsyncIterator[AsyncTurnkeeperSaver]:
+        async with await async_store(store) as astore:
+            yield AsyncTurnkeeperSaver(astore)
+
+    passed = _run(saver, "AsyncTurnkeeperSaver")
     assert sum(p for p, _ in passed.values()) >= 81, passed  # 0.0.2 has 81

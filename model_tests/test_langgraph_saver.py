@@ -19,6 +19,7 @@ from langgraph.checkpoint.conformance.test_utils import (
     generate_metadata,
 )
 from langgraph.graph import END, START, StateGraph
+from through_aio import async_store
 
 import turnkeeper
 import turnkeeper.aio
@@ -237,7 +238,7 @@ def test_the_async_saver_runs_a_graph_and_fences_a_stale_writer(
     store: turnkeeper.BaseStore, clock: FakeClock
 ) -> None:
     async def body() -> None:
-        async with turnkeeper.aio.AsyncStore.wrap(store) as astore:
+        async with await async_store(store) as astore:  # native on PostgreSQL
             sid = await AsyncTurnkeeperSaver(astore).asession_id("a1", create=True)
             lease_a = await astore.leases.acquire(f"session:{sid}", "writer-a", ttl_s=10)
             saver_a = AsyncTurnkeeperSaver(astore, lease=lease_a)

@@ -15,6 +15,7 @@ from agents.memory import OpenAIResponsesCompactionSession, Session
 from conftest import FakeClock
 from openai_agents_fakes import COMPACTED, FakeClient
 from openai_agents_items import every_item, item_types
+from through_aio import async_store
 
 import turnkeeper
 from turnkeeper.aio import AsyncStore
@@ -25,7 +26,8 @@ pytestmark = pytest.mark.asyncio
 
 @pytest_asyncio.fixture
 async def astore(store: turnkeeper.BaseStore) -> AsyncIterator[AsyncStore]:
-    async with AsyncStore.wrap(store) as wrapped:  # closes its workers, not the store
+    # native on PostgreSQL; closing it closes its workers or pool, not the store
+    async with await async_store(store) as wrapped:
         yield wrapped
 
 

@@ -18,6 +18,7 @@ time is printed.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import shutil
 import subprocess
@@ -109,6 +110,50 @@ def test_the_pool_attempts_on_the_capped_schedule(monkeypatch: pytest.MonkeyPatc
         assert enough.wait(TIMEOUT_S), f"the pool scheduled {waits} only"
     finally:
         pool.close()
+    cap = pg_pool.RECONNECT_MAX_DELAY_S
+    assert all(wait <= cap for wait in waits), (
+        f"the pool waited {waits} s between attempts, not at most {cap} s"
+    )
+    first = pg_pool.RECONNECT_DELAY_S
+    assert first * 0.9 <= waits[0] <= first * 1.1, waits
+
+
+def test_the_native_pool_attempts_on_the_capped_schedule() -> None:
+    """The same seam of ``psycopg_pool.AsyncConnectionPool``, which the native
+    async store's pool (``pool.AsyncPool``) overrides the same way."""
+    from psycopg_pool.pool_async import AddConnection as AsyncAddConnection
+
+    seam = inspect.signature(psycopg_pool.AsyncConnectionPool._add_connection)
+    assert list(seam.parameters) == ["self", "attempt", "growing"], (
+        f"psycopg_pool {psycopg_pool.__version__} changed AsyncConnectionPool._add_connection "
+        f"{seam}: the native store's pool (storage/postgres/pool.py) overrides it"
+    )
+
+    async def main() -> list[float]:
+        waits: list[float] = []
+        enough = asyncio.Event()
+        pool = pg_pool.AsyncPool(NOWHERE, 1, None).pool
+        real = pool.schedule_task
+
+        async def scheduled(task: Any, delay: float) -> None:
+            if not isinstance(task, AsyncAddConnection):  # the pool's other chores
+                return await real(task, delay)
+            waits.append(delay)
+            if len(waits) >= 6:
+                enough.set()
+                return None  # no more attempts
+            return await real(task, 0.0)  # attempt again at once: no clock is waited for
+
+        pool.schedule_task = scheduled  # type: ignore[method-assign]
+        await pool.open(wait=False)
+        try:
+            async with asyncio.timeout(TIMEOUT_S):
+                await enough.wait()
+        finally:
+            await pool.close()
+        return waits
+
+    waits = asyncio.run(main())
     cap = pg_pool.RECONNECT_MAX_DELAY_S
     assert all(wait <= cap for wait in waits), (
         f"the pool waited {waits} s between attempts, not at most {cap} s"

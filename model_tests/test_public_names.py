@@ -123,6 +123,7 @@ PINNED: dict[str, set[str]] = {
         "AsyncLedgerWriter",
         "AsyncStore",
         "AsyncSubscription",
+        "NativeRunner",
         "Opening",
         "Runner",
         "open_store",

@@ -3,9 +3,11 @@
 async facade too, on both backends").
 
 :class:`ThroughAio` wraps an open sync store in an :class:`~turnkeeper.aio.AsyncStore`
-driven by an event loop on a thread of its own; every area method the test
-calls is the async store's, awaited on that loop (which hands it to the async
-store's workers), and its result or exception comes back unchanged. What is
+driven by an event loop on a thread of its own (on PostgreSQL the native
+store, :meth:`AsyncStore.native`, whose operations run on that loop with
+psycopg's async pool, sharing the sync store's lease secret); every area
+method the test calls is the async store's, awaited on that loop, and its
+result or exception comes back unchanged. What is
 not an area method (``store.db``, ``store.query`` …) is the sync store's.
 """
 
@@ -19,6 +21,7 @@ from typing import Any, Self
 
 import turnkeeper
 from turnkeeper.aio import AsyncCatalog, AsyncCommandLog, AsyncLedger, AsyncLedgerWriter, AsyncStore
+from turnkeeper.aio.native import NativeRunner
 
 AREAS = [
     "leases",
@@ -116,12 +119,18 @@ class ThroughAio:
     def __init__(self, store: turnkeeper.BaseStore) -> None:
         self.sync = store
         self._loop = _Loop()
-        self.aio = AsyncStore.wrap(store)
+        if isinstance(store, turnkeeper.DuckDBStore):
+            self.aio = AsyncStore.wrap(store)
+        else:  # PostgreSQL: the native store (psycopg's async pool), as open_store gives
+            self.aio = self._loop.run(AsyncStore.native(store))
+            assert isinstance(self.aio.runner, NativeRunner)
         self.areas = {name: _Area(getattr(self.aio, name), self._loop) for name in AREAS}
 
     def __getattr__(self, name: str) -> Any:
         if name in AREAS:
             return self.areas[name]
+        if name == "statement_stats":  # the counts of the operations the areas ran
+            return self.aio.statement_stats
         return getattr(self.sync, name)
 
     def area_calls(self) -> int:
@@ -137,3 +146,12 @@ class ThroughAio:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+async def async_store(store: turnkeeper.BaseStore) -> AsyncStore:
+    """The async store the adapters' tests use over the open sync ``store``, on
+    the running loop: native on PostgreSQL (as ``turnkeeper.aio.open_store``
+    gives), worker threads on DuckDB; closing it leaves ``store`` open."""
+    if isinstance(store, turnkeeper.DuckDBStore):
+        return AsyncStore.wrap(store)
+    return await AsyncStore.native(store)

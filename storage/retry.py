@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -79,11 +80,17 @@ class Stats:
 
 
 def run_attempts(
-    operation: str, attempt: Callable[[], T], stats: Stats, statements: Callable[[], int]
+    operation: str,
+    attempt: Callable[[], T],
+    stats: Stats,
+    statements: Callable[[], int],
+    sleep: Callable[[float], None] = time.sleep,
 ) -> T:
     """Run ``attempt`` until it does not raise ``Conflict`` (at most
     :data:`MAX_ATTEMPTS` times); count the call in ``stats``, with the
-    statements ``statements()`` reports once it is done.
+    statements ``statements()`` reports once it is done. ``sleep(seconds)``
+    waits between attempts (``time.sleep``; the native async store's waits
+    on its event loop: ``storage/bridge.py``).
 
     Raises:
         TransactionConflictError: every attempt lost a race.
@@ -100,6 +107,7 @@ def run_attempts(
         retry=retry_if_exception_type(Conflict),
         stop=stop_after_attempt(MAX_ATTEMPTS),
         wait=wait_random_exponential(multiplier=0.001, max=0.05),
+        sleep=sleep,
         reraise=False,
     )
     try:

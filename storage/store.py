@@ -124,6 +124,8 @@ class BaseStore:
     replay cache (bytes of cached message JSON; 0: none; see
     ``storage.ops.replays``). ``tenant`` is the tenant the ledger's records
     carry and its reads see (``store.ledger``; sessionstore WithTenant).
+    ``secret`` is the key of the lease tokens the store object issues and
+    accepts (default: random, its own; a twin shares it: :meth:`_twin_options`).
 
     Raises (from the constructor):
         ForeignDatabaseError: the database holds another application's tables.
@@ -133,10 +135,16 @@ class BaseStore:
     """
 
     def __init__(
-        self, backend: Backend, *, replay_cache_bytes: int = REPLAY_CACHE_BYTES, tenant: str = ""
+        self,
+        backend: Backend,
+        *,
+        replay_cache_bytes: int = REPLAY_CACHE_BYTES,
+        tenant: str = "",
+        secret: bytes | None = None,
     ) -> None:
         self.db = backend
-        shared = Shared(backend, secrets.token_bytes(32), OpeningCache())
+        key = secrets.token_bytes(32) if secret is None else secret
+        shared = Shared(backend, key, OpeningCache())
         self.leases = Leases(shared)
         self.threads = Threads(shared)
         branches = BranchCache(replay_cache_bytes)
@@ -163,6 +171,18 @@ class BaseStore:
         except BaseException:
             self.db.close()
             raise
+
+    def _twin_options(self) -> dict[str, Any]:
+        """What a twin of this store object on the same database (the native
+        async store's, ``storage/postgres/native.py``) is opened with to behave
+        as this one: ``secret``, the key of the lease tokens it issues and
+        accepts (so tokens of either are the other's), ``replay_cache_bytes``
+        and ``tenant``."""
+        return {
+            "secret": self.leases._secret,
+            "replay_cache_bytes": self.sessions._branches.max_bytes,
+            "tenant": self.ledger.tenant,
+        }
 
     @property
     def path(self) -> str:

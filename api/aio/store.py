@@ -1,10 +1,13 @@
 """``AsyncStore``: the store with ``async def`` methods, and ``open_store``.
 
 One domain layer: each area of the async store (:mod:`.areas`, generated
-from ``storage/protocol.py``) awaits the sync area's method on a worker of
-the store's :class:`~.runner.Runner`; nothing of the store runs on the event
-loop (see :mod:`.runner` for the workers, the bounded queue and what a
-cancellation leaves).
+from ``storage/protocol.py``) awaits the sync area's method through the
+store's runner: on a worker of a :class:`~.runner.Runner` (DuckDB, and a
+wrapped sync store), where nothing of the store runs on the event loop (see
+:mod:`.runner` for the workers, the bounded queue and what a cancellation
+leaves); or natively on PostgreSQL, in a greenlet on the event loop whose
+every statement the loop awaits (:class:`~.native.NativeRunner`, with the
+same bound and the same promise on cancellation).
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ import weakref
 from collections.abc import Callable, Coroutine, Generator, Iterator, Sequence
 from concurrent.futures import Future
 from datetime import datetime
-from typing import Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from turnkeeper._open import DEFAULT_PATH
 from turnkeeper._open import open_store as open_sync_store
 from turnkeeper.spec import errors
 from turnkeeper.storage import BaseStore
+from turnkeeper.storage.bridge import spawn
 from turnkeeper.storage.ops.replays import REPLAY_CACHE_BYTES
 from turnkeeper.storage.store import Snapshot
 from turnkeeper.storage.validate import check_seconds
@@ -31,7 +35,11 @@ from turnkeeper.storage.wakeups import Subscription, Topic
 
 from . import areas
 from .ledger import AsyncLedger
+from .native import NativeRunner
 from .runner import WORKERS, Runner, check_workers, settled
+
+if TYPE_CHECKING:  # (psycopg is the optional extra turnkeeper[postgres])
+    from turnkeeper.storage.postgres.native import NativeStore
 
 T = TypeVar("T")
 
@@ -40,21 +48,39 @@ class AsyncStore:
     """The store with ``async def`` methods: the same areas as
     :class:`~turnkeeper.BaseStore` (``store.leases``, ``store.sessions``,
     ``store.runs`` … ``store.ledger``), the same methods, arguments, results
-    and errors, awaited. ``sync`` is the sync store it drives (for code that
-    must call it from a thread of its own). Made by :func:`open_store`, or
-    by :meth:`wrap` around an open sync store; an async context manager that
-    closes it.
+    and errors, awaited. ``sync`` is the sync store it drives, or on
+    PostgreSQL its sync twin (for code that must call it from a thread of its
+    own). Made by :func:`open_store` (native on PostgreSQL), by :meth:`wrap`
+    around an open sync store (worker threads), or by :meth:`native`; an
+    async context manager that closes it.
     """
 
-    def __init__(self, store: BaseStore, runner: Runner, *, owns_store: bool) -> None:
+    def __init__(
+        self,
+        store: BaseStore,
+        runner: Runner | NativeRunner,
+        *,
+        owns_store: bool,
+        native: NativeStore | None = None,
+    ) -> None:
         self.sync = store
-        """The sync store whose methods this one awaits."""
+        """The sync store: the one whose methods this one awaits on worker
+        threads, or, on a native store (PostgreSQL), its sync twin on the same
+        database (sharing its lease secret: tokens of either are the other's),
+        for code that must call the store from a thread of its own."""
         self.runner = runner
-        """The workers that run them (see :mod:`turnkeeper.aio.runner`)."""
+        """What runs the operations: worker threads (:class:`~.runner.Runner`),
+        or greenlets on the event loop (:class:`~.native.NativeRunner`)."""
+        self.native_store = native
+        """The native store whose methods run on the loop (PostgreSQL), or ``None``."""
+        domain: BaseStore = store if native is None else native
+        self._domain = domain
         self._owns_store = owns_store
         self._closing: Future[None] | None = None
         self._close_lock = threading.Lock()
+        self._closer: asyncio.Task[None] | None = None
         self._subscriptions: weakref.WeakSet[AsyncSubscription] = weakref.WeakSet()
+        store = domain
         run = runner.__call__
         self.leases = areas.AsyncLeases(store.leases, run)
         self.threads = areas.AsyncThreads(store.threads, run)
@@ -87,6 +113,30 @@ class AsyncStore:
             raise errors.InvalidInputError("store", "expected an open turnkeeper store")
         return cls(store, Runner(workers_for(store, workers)), owns_store=False)
 
+    @classmethod
+    async def native(
+        cls, store: BaseStore, *, workers: int | None = None, owns_store: bool = False
+    ) -> AsyncStore:
+        """The native async store over ``store``, an open sync PostgreSQL store:
+        its operations run on the running event loop (its home loop) with
+        psycopg's ``AsyncConnection`` from a pool of its own of the same size
+        (:mod:`~turnkeeper.aio.native`); ``sync`` is ``store``, whose lease
+        tokens it shares. Closing it closes ``store`` only with ``owns_store``.
+        :func:`open_store` gives this on PostgreSQL.
+
+        Raises:
+            InvalidInputError: ``store`` is not an open PostgreSQL store, or a
+                bad ``workers``.
+            OperationalError: no connection within the store's ``pool_timeout_s``.
+        """
+        if not isinstance(store, BaseStore):
+            raise errors.InvalidInputError("store", "expected an open turnkeeper store")
+        from turnkeeper.storage.postgres.native import open_twin
+
+        runner = NativeRunner(workers_for(store, workers))
+        twin = await open_twin(store)
+        return cls(store, runner, owns_store=owns_store, native=twin)
+
     # -- the store's own methods -------------------------------------------------------
 
     @property
@@ -99,26 +149,29 @@ class AsyncStore:
         return self.sync.json_sql(expr)
 
     def statement_stats(self) -> dict[str, dict[str, float]]:
-        """:meth:`BaseStore.statement_stats` (no I/O)."""
-        return self.sync.statement_stats()
+        """:meth:`BaseStore.statement_stats` (no I/O) of the store whose
+        operations this one runs (on a native store: the native one's)."""
+        return self._domain.statement_stats()
 
     async def schema_version(self) -> int:
         """Awaits :meth:`BaseStore.schema_version`."""
-        return await self.runner(self.sync.schema_version)
+        return await self.runner(self._domain.schema_version)
 
     async def query(self, sql: str, params: Sequence[Any] | None = None) -> Any:
         """Awaits :meth:`BaseStore.query`: a ``pyarrow.Table`` (same checks, same errors)."""
-        return await self.runner(self.sync.query, sql, params)
+        return await self.runner(self._domain.query, sql, params)
 
     async def snapshot(self, body: Callable[[Snapshot], T]) -> T:
-        """Awaits :meth:`BaseStore.snapshot`: ``body`` runs on a worker thread
-        (its reads are sync calls of the snapshot, in one transaction).
+        """Awaits :meth:`BaseStore.snapshot`: ``body`` runs on a worker thread,
+        or on a native store in the operation's greenlet on the event loop (its
+        reads are sync calls of the snapshot, in one transaction; keep it short
+        of other blocking work there).
 
         Raises:
             InvalidInputError: ``body`` is an ``async def`` function (it must be sync).
         """
         _sync_callable(body, "body")
-        return await self.runner(self.sync.snapshot, body)
+        return await self.runner(self._domain.snapshot, body)
 
     async def query_batches(
         self,
@@ -126,13 +179,14 @@ class AsyncStore:
         consume: Callable[[Any, Iterator[Any]], T],
         params: Sequence[Any] | None = None,
     ) -> T:
-        """Awaits :meth:`BaseStore.query_batches`: ``consume`` runs on a worker thread.
+        """Awaits :meth:`BaseStore.query_batches`: ``consume`` runs where
+        :meth:`snapshot`'s ``body`` does.
 
         Raises:
             InvalidInputError: ``consume`` is an ``async def`` function (it must be sync).
         """
         _sync_callable(consume, "consume")
-        return await self.runner(self.sync.query_batches, sql, consume, params)
+        return await self.runner(self._domain.query_batches, sql, consume, params)
 
     async def subscribe(self, *topics: str) -> AsyncSubscription:
         """Awaits :meth:`BaseStore.subscribe`: an :class:`AsyncSubscription`,
@@ -143,7 +197,8 @@ class AsyncStore:
             InterfaceError: the store is closed.
             OperationalError: (PostgreSQL) the listening connection could not be made.
         """
-        subscription = AsyncSubscription(await self.runner(self.sync.subscribe, *topics))
+        # natively on the loop (a NativeListener: LISTEN over an AsyncConnection)
+        subscription = AsyncSubscription(await self.runner(self._domain.subscribe, *topics))
         self._subscriptions.add(subscription)
         return subscription
 
@@ -169,14 +224,45 @@ class AsyncStore:
                 for subscription in list(self._subscriptions):
                     subscription.close()
                 self._closing = Future()
-                threading.Thread(
-                    target=self._finish_close,
-                    args=(self._closing,),
-                    name="turnkeeper-aio-close",
-                    daemon=True,
-                ).start()
+                if isinstance(self.runner, NativeRunner):
+                    self._close_native(self.runner, self._closing)
+                else:
+                    self._close_thread(self._closing)
             closing = self._closing
         await asyncio.shield(asyncio.wrap_future(closing))
+
+    def _close_thread(self, closing: Future[None]) -> None:
+        threading.Thread(
+            target=self._finish_close,
+            args=(closing,),
+            name="turnkeeper-aio-close",
+            daemon=True,
+        ).start()
+
+    def _close_native(self, runner: NativeRunner, closing: Future[None]) -> None:
+        """Close a native store on its home loop: wait for its operations in
+        flight, close its pool, then the rest on a thread. A home loop that no
+        longer runs has taken its pool's connections with it: the rest closes."""
+        home = runner.loop
+        if home.is_closed() or not home.is_running():
+            self._close_thread(closing)
+        elif asyncio.get_running_loop() is home:
+            self._closer = home.create_task(self._finish_native(runner, closing))
+        else:
+            asyncio.run_coroutine_threadsafe(self._finish_native(runner, closing), home)
+
+    async def _finish_native(self, runner: NativeRunner, closing: Future[None]) -> None:
+        try:
+            await runner.drain()
+            if self.native_store is not None:
+                await spawn(self.native_store.db.close)
+            rest: Future[None] = Future()
+            self._close_thread(rest)
+            await asyncio.wrap_future(rest)
+        except BaseException as failure:  # handed to every close() awaiting it
+            closing.set_exception(failure)
+        else:
+            closing.set_result(None)  # (the task's last step: nothing of it left pending)
 
     def _finish_close(self, closing: Future[None]) -> None:
         try:
@@ -329,9 +415,11 @@ class Opening(Coroutine[Any, Any, "AsyncStore"]):
         finally:
             opener.close()  # its one call is over
         try:
+            if _on_postgres(store):
+                return await AsyncStore.native(store, workers=self._workers, owns_store=True)
             return AsyncStore(store, Runner(workers_for(store, self._workers)), owns_store=True)
         except BaseException:
-            store.close()
+            await asyncio.get_running_loop().run_in_executor(None, store.close)
             raise
 
     def _started(self) -> Coroutine[Any, Any, AsyncStore]:
@@ -380,10 +468,12 @@ def open_store(
     code: ``store = await open_store(...)`` or ``async with open_store(...) as
     store:``. ``workers`` (1 to 64; default 8, on PostgreSQL at most the pool's
     8 connections) is how many of its operations run at once, each on a worker
-    thread (see :mod:`turnkeeper.aio.runner`); further ones wait for a free
-    worker without blocking the event loop. A cancelled open waits for the open
-    under way to end (on PostgreSQL up to ``pool_timeout_s``), closes what it
-    opened, and raises ``CancelledError``.
+    thread on DuckDB (see :mod:`turnkeeper.aio.runner`), natively on the event
+    loop with psycopg's async pool on PostgreSQL (:mod:`turnkeeper.aio.native`;
+    ``store.sync`` is then a sync twin on the same database, opened with it);
+    further ones wait for their turn without blocking the event loop. A
+    cancelled open waits for the open under way to end (on PostgreSQL up to
+    ``pool_timeout_s``), closes what it opened, and raises ``CancelledError``.
 
     Raises (when awaited):
         InvalidInputError: a bad ``workers`` (more than the PostgreSQL pool's
@@ -401,3 +491,13 @@ def open_store(
         "tenant": tenant,
     }
     return Opening(path, workers, kwargs)
+
+
+def _on_postgres(store: BaseStore) -> bool:
+    """Whether ``store`` is a sync PostgreSQL store (without importing psycopg
+    for a DuckDB one: it is the optional extra ``turnkeeper[postgres]``)."""
+    if type(store).__module__.startswith("turnkeeper.storage.duck"):
+        return False
+    from turnkeeper.storage.postgres import PostgresStore
+
+    return isinstance(store, PostgresStore)

@@ -58,7 +58,9 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, TypeVar
@@ -111,6 +113,24 @@ _CONFLICT = (
     pg_errors.UniqueViolation,
     pg_errors.LockNotAvailable,
 )
+
+
+@dataclass(frozen=True)
+class Opened:
+    """What a :class:`Database` was opened with (``where``: the URL and
+    turnkeeper's parameters; the pool's settings) and what its first
+    connection found (``found``, ``user``): all a twin of it needs to reach
+    the same server and schema the same way without probing again."""
+
+    where: connect.Target
+    found: connect.Probe
+    user: str
+    clock: Clock | None
+    read_only: bool
+    pool_size: int
+    pool_timeout_s: float
+    reconnect_delay_s: float
+    reconnect_max_delay_s: float
 
 
 _NO_LOCKS = Dialect("postgres", skip_locked=False, one_statement_appends=True)
@@ -306,6 +326,9 @@ class Database:
             connections are not in the schema they name.
     """
 
+    _sleep: Callable[[float], None] = staticmethod(time.sleep)
+    """How a retry waits between attempts (a native twin's waits on its event loop)."""
+
     def __init__(
         self,
         url: str,
@@ -320,25 +343,14 @@ class Database:
         listen_url: str | None = None,
     ) -> None:
         where = connect.target(url, pooler, listen_url)
-        self.url = where.url
-        self.path = redact(where.url)
-        self.listen_url = where.listen_url
-        self.clock = clock
-        self.read_only = read_only
-        self.dialect = DIALECT
-        self._pool_timeout_s = pool_timeout_s
-        self._stats = Stats()
-        self._signals = Signals()
-        self._listener: notify.Listener | None = None
-        self._gate = Gate()
-        self._lock = self._gate.lock
         # One connection of its own first: a login refused, a missing database or a
         # closed port fails at once with the server's own words (the pool would
         # retry for pool_timeout_s and say only that it timed out); it also
         # tells whether a pooler sits between, and which schema the store is in.
+        redacted = redact(where.url)
         try:
             with psycopg.connect(
-                self.url,
+                where.url,
                 autocommit=True,
                 prepare_threshold=None,
                 connect_timeout=max(1, int(min(pool_timeout_s, 10))),
@@ -346,28 +358,24 @@ class Database:
                 found = connect.probe(conn)
                 user = conn.info.user
         except psycopg.Error as exc:
-            refused = connect.refused(exc, self.path)
+            refused = connect.refused(exc, redacted)
             if refused is not None:
                 raise refused from exc
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise errors.OperationalError(
-                detail=f"cannot connect to {self.path}: {reason}"
-            ) from exc
-        self.pooler: str | None = where.pooler or ("transaction" if found.pooled else None)
-        self.pooler_detected = where.pooler is None and found.pooled
-        self._refuse_temporary(found, user)
-        if self.pooler is not None:
-            connect.check_schema(self.path, self.url, found)
-        # behind a transaction pooler every transaction and autocommit statement
-        # pins the search_path: a server connection may carry another client's SET
-        self._pinned = connect.pinned_path(found, user) if self.pooler == "transaction" else None
-        # no schema of the search_path exists: the migration creates its first
-        self._missing = connect.missing_schema(found, user)
-        self._user = user
-        self.channel = notify.channel(found.schema or self._missing)
-        self._prepared = self.pooler != "transaction"
-        self.pool_size = pool_size
-        """The most connections this store object holds at once."""
+            raise errors.OperationalError(detail=f"cannot connect to {redacted}: {reason}") from exc
+        self.opened = Opened(
+            where,
+            found,
+            user,
+            clock,
+            read_only,
+            pool_size,
+            pool_timeout_s,
+            reconnect_delay_s,
+            reconnect_max_delay_s,
+        )
+        """What it was opened with and found (for a twin: ``storage/postgres/native.py``)."""
+        self._adopt(self.opened)
         self._pool = Pool(
             self.url,
             pool_size,
@@ -383,6 +391,41 @@ class Database:
             raise errors.OperationalError(
                 detail=f"cannot connect to {self.path} within {pool_timeout_s} s: {exc}"
             ) from exc
+
+    def _adopt(self, opened: Opened) -> None:
+        """Take the settings and what the first connection found (no I/O).
+
+        Raises:
+            TemporarySchemaError, PoolerError: see the class docstring.
+        """
+        where, found, user = opened.where, opened.found, opened.user
+        self.url = where.url
+        self.path = redact(where.url)
+        self.listen_url = where.listen_url
+        self.clock = opened.clock
+        self.read_only = opened.read_only
+        self.dialect = DIALECT
+        self._pool_timeout_s = opened.pool_timeout_s
+        self._stats = Stats()
+        self._signals = Signals()
+        self._listener: notify.Listening | None = None
+        self._gate = Gate()
+        self._lock = self._gate.lock
+        self.pooler: str | None = where.pooler or ("transaction" if found.pooled else None)
+        self.pooler_detected = where.pooler is None and found.pooled
+        self._refuse_temporary(found, user)
+        if self.pooler is not None:
+            connect.check_schema(self.path, self.url, found)
+        # behind a transaction pooler every transaction and autocommit statement
+        # pins the search_path: a server connection may carry another client's SET
+        self._pinned = connect.pinned_path(found, user) if self.pooler == "transaction" else None
+        # no schema of the search_path exists: the migration creates its first
+        self._missing = connect.missing_schema(found, user)
+        self._user = user
+        self.channel = notify.channel(found.schema or self._missing)
+        self._prepared = self.pooler != "transaction"
+        self.pool_size = opened.pool_size
+        """The most connections this store object holds at once."""
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -518,7 +561,7 @@ class Database:
 
         if not transaction and self.read_only and commit:
             raise errors.ReadOnlyError(self.path, detail="the store was opened read-only")
-        return run_attempts(operation, attempt, self._stats, lambda: statements)
+        return run_attempts(operation, attempt, self._stats, lambda: statements, self._sleep)
 
     def statement_stats(self) -> dict[str, dict[str, float]]:
         """Per operation: calls, statements per call (incl. BEGIN/COMMIT) and retries."""
@@ -586,7 +629,7 @@ class Database:
             raise errors.PoolerError(self.path, "listen_url", detail=listener.problem)
         return Subscription(self._signals, topics)
 
-    def _start_listener(self) -> notify.Listener:
+    def _start_listener(self) -> notify.Listening:
         """This store object's listener (started by the first subscriber)."""
         if self.listen_url is None and self.pooler == "transaction":
             how = (
@@ -614,10 +657,12 @@ class Database:
             if self._gate.closed:
                 raise errors.InterfaceError(detail="the store is closed")
             if self._listener is None:
-                self._listener = notify.Listener(
-                    self.listen_url or self.url, self._signals, self.channel, check
-                )
+                self._listener = self._new_listener(self.listen_url or self.url, check)
             return self._listener
+
+    def _new_listener(self, url: str, check: Callable[[Any, bool], str | None]) -> notify.Listening:
+        """This store object's listener on ``url`` (a thread: :class:`.notify.Listener`)."""
+        return notify.Listener(url, self._signals, self.channel, check)
 
     def _refuse_temporary(self, found: connect.Probe, user: str) -> None:
         """Refuse a search_path that puts the store in the session's temporary
@@ -709,10 +754,14 @@ class Database:
         return {r[0] for r in rows}
 
 
+SETUP_SQL = "SET TIME ZONE 'UTC'"
+"""What every new pooled connection runs (after :func:`.text.register`)."""
+
+
 def _configure(conn: psycopg.Connection[Any]) -> None:
     """Set up a new pooled connection: the exact text code, UTC."""
     text.register(conn)
-    conn.execute("SET TIME ZONE 'UTC'")
+    conn.execute(SETUP_SQL)
 
 
 def _rollback(conn: psycopg.Connection[Any], transaction: bool) -> None:

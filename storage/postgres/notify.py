@@ -22,7 +22,8 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable
-from typing import Any
+from contextlib import AbstractContextManager as ContextManager
+from typing import Any, Protocol
 
 import psycopg
 
@@ -44,17 +45,86 @@ def send(conn: psycopg.Connection[Any], name: str, topics: list[str]) -> None:
             conn.execute("SELECT pg_notify(%s, %s)", [name, topic])
 
 
+class Ready(Protocol):
+    """Set once a listener listens (or its first connection was refused)."""
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+class Listening(Protocol):
+    """What a store object's listener offers its subscribers: :class:`Listener`
+    (a thread), or the native store's task (``storage/postgres/native.py``)."""
+
+    @property
+    def ready(self) -> Ready: ...
+
+    @property
+    def problem(self) -> str | None: ...
+
+    def close(self) -> None: ...
+
+
+def listen(
+    url: str,
+    signals: Signals,
+    name: str,
+    check: Callable[[Any, bool], str | None],
+    *,
+    connect: Callable[[str], ContextManager[Any]],
+    stopped: Callable[[], bool],
+    pause: Callable[[float], object],
+    ready: Callable[[], None],
+) -> str | None:
+    """``LISTEN`` on channel ``name`` at ``url`` and fire ``signals`` with each
+    notification until ``stopped()``: each connection (``connect(url)``, a
+    context manager giving a connection in autocommit) vetted by ``check``,
+    ``ready()`` called once it listens, and after a failure ``pause(delay)``
+    (from 0.1 s, doubling to 5 s) before connecting again and firing every
+    topic once. Returns what ``check`` found wrong with the first connection
+    (nothing listens then), else ``None`` once stopped. Shared by the
+    :class:`Listener` thread and the native store's listener task
+    (``storage/postgres/native.py``)."""
+    delay = 0.1
+    first = True
+    while not stopped():
+        try:
+            with connect(url) as conn:
+                text.register(conn)
+                problem = check(conn, first)
+                if problem is not None:
+                    if first:  # a wrong URL: the subscriber raises it
+                        return problem
+                    raise psycopg.OperationalError(problem)  # try again later
+                conn.execute(f"LISTEN {psycopg.sql.Identifier(name).as_string()}")
+                ready()
+                if not first:  # what was sent while we were away is lost: look again
+                    for topic in Topic:
+                        signals.fire(topic.value)
+                first, delay = False, 0.1
+                while not stopped():
+                    for note in conn.notifies(timeout=0.5):
+                        signals.fire(note.payload)
+        except Exception:  # psycopg's errors, a driver fault (.faults), a check's error
+            pause(delay)
+            delay = min(delay * 2, 5.0)
+    return None
+
+
+def _connect(url: str) -> ContextManager[Any]:
+    return psycopg.connect(url, autocommit=True, prepare_threshold=None)
+
+
 class Listener:
     """A thread that ``LISTEN``s on channel ``name`` at ``url`` and fires
-    ``signals``; ``check(conn, first)`` vets each connection it opens (what is
-    wrong with it, or ``None``)."""
+    ``signals`` (:func:`listen`); ``check(conn, first)`` vets each connection
+    it opens (what is wrong with it, or ``None``)."""
 
     def __init__(
         self,
         url: str,
         signals: Signals,
         name: str,
-        check: Callable[[psycopg.Connection[Any], bool], str | None],
+        check: Callable[[Any, bool], str | None],
     ) -> None:
         self._url = url
         self._signals = signals
@@ -68,31 +138,18 @@ class Listener:
         self._thread.start()
 
     def _run(self) -> None:
-        delay = 0.1
-        first = True
-        while not self._stop.is_set():
-            try:
-                with psycopg.connect(self._url, autocommit=True, prepare_threshold=None) as conn:
-                    text.register(conn)
-                    problem = self._check(conn, first)
-                    if problem is not None:
-                        if first:  # a wrong URL: the subscriber raises it
-                            self.problem = problem
-                            self.ready.set()
-                            return
-                        raise psycopg.OperationalError(problem)  # try again later
-                    conn.execute(f"LISTEN {psycopg.sql.Identifier(self._name).as_string(conn)}")
-                    self.ready.set()
-                    if not first:  # what was sent while we were away is lost: look again
-                        for topic in Topic:
-                            self._signals.fire(topic.value)
-                    first, delay = False, 0.1
-                    while not self._stop.is_set():
-                        for note in conn.notifies(timeout=0.5):
-                            self._signals.fire(note.payload)
-            except Exception:  # psycopg's errors, a driver fault (.faults), a check's error
-                self._stop.wait(delay)
-                delay = min(delay * 2, 5.0)
+        self.problem = listen(
+            self._url,
+            self._signals,
+            self._name,
+            self._check,
+            connect=_connect,
+            stopped=self._stop.is_set,
+            pause=self._stop.wait,
+            ready=self.ready.set,
+        )
+        if self.problem is not None:
+            self.ready.set()
 
     def close(self) -> None:
         """Stop listening (within about half a second)."""

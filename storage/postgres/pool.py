@@ -127,6 +127,47 @@ class ConnectionPool(psycopg_pool.ConnectionPool[psycopg.Connection[Any]]):
         super()._add_connection(attempt or self.backoff(), growing=growing)
 
 
+def connection_kwargs(url: str, prepared: bool) -> dict[str, Any]:
+    """The keyword arguments of every pooled connection to ``url``: autocommit,
+    no prepared statements without ``prepared``, and :data:`TCP_DEFAULTS`
+    where neither the URL, the environment nor a service sets them."""
+    given = conninfo_to_dict(url)
+    if "service" in given or os.environ.get("PGSERVICE"):
+        defaults = {}  # the service file may set them: its values win
+    else:
+        defaults = {
+            k: v
+            for k, v in TCP_DEFAULTS.items()
+            if k not in given and not os.environ.get(ENVIRONMENT.get(k, ""))
+        }
+    return {"autocommit": True, **({} if prepared else {"prepare_threshold": None}), **defaults}
+
+
+class Lends:
+    """When each connection was last lent, to judge whether the check before a
+    lend needs a round trip (module docstring)."""
+
+    def __init__(self) -> None:
+        self._lent: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+    def needs_round_trip(self, conn: Any) -> bool:
+        """Whether ``conn`` (about to be lent: stamped now) must be asked:
+        its socket has something to read or was hung up, or it was last lent
+        :data:`IDLE_CHECK_S` seconds ago or more.
+
+        Raises:
+            psycopg.OperationalError: it is closed or broken already.
+        """
+        if conn.closed or conn.broken:
+            raise psycopg.OperationalError("the connection is closed")
+        # Idle since its last lend at most (a ``reset`` callback would stamp its
+        # return, but makes the pool give connections back on a worker thread).
+        now = time.monotonic()
+        last, self._lent[conn] = self._lent.get(conn), now
+        stale = last is not None and now - last >= IDLE_CHECK_S
+        return stale or readable(conn.pgconn.socket)
+
+
 class Pool:
     """A :class:`ConnectionPool` of ``size`` connections to ``url``, each set
     up by ``configure``, reconnecting on the schedule of ``reconnect_delay_s``
@@ -145,27 +186,14 @@ class Pool:
         reconnect_delay_s: float = RECONNECT_DELAY_S,
         reconnect_max_delay_s: float = RECONNECT_MAX_DELAY_S,
     ) -> None:
-        given = conninfo_to_dict(url)
-        if "service" in given or os.environ.get("PGSERVICE"):
-            defaults = {}  # the service file may set them: its values win
-        else:
-            defaults = {
-                k: v
-                for k, v in TCP_DEFAULTS.items()
-                if k not in given and not os.environ.get(ENVIRONMENT.get(k, ""))
-            }
-        self._lent: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+        self._lends = Lends()
         self.pool = ConnectionPool(
             url,
             reconnect_delay_s=reconnect_delay_s,
             reconnect_max_delay_s=reconnect_max_delay_s,
             min_size=1,
             max_size=size,
-            kwargs={
-                "autocommit": True,
-                **({} if prepared else {"prepare_threshold": None}),
-                **defaults,
-            },
+            kwargs=connection_kwargs(url, prepared),
             configure=configure,
             check=self.check,
             open=False,
@@ -181,14 +209,7 @@ class Pool:
                 or psycopg failed on it in another way: the pool drops it and
                 lends another; every other idle one was checked too.
         """
-        if conn.closed or conn.broken:
-            raise psycopg.OperationalError("the connection is closed")
-        # Idle since its last lend at most (a ``reset`` callback would stamp its
-        # return, but makes the pool give connections back on a worker thread).
-        now = time.monotonic()
-        last, self._lent[conn] = self._lent.get(conn), now
-        stale = last is not None and now - last >= IDLE_CHECK_S
-        if not (stale or readable(conn.pgconn.socket)):
+        if not self._lends.needs_round_trip(conn):
             return
         try:
             psycopg_pool.ConnectionPool.check_connection(conn)
@@ -206,3 +227,75 @@ def readable(fd: int) -> bool:
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     return bool(poller.poll(0))
+
+
+class AsyncConnectionPool(psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]]):
+    """:class:`ConnectionPool`'s twin for the native async store
+    (``storage/postgres/native.py``): ``psycopg_pool.AsyncConnectionPool``
+    whose new connections are attempted on the :class:`Backoff` schedule."""
+
+    def __init__(
+        self, *args: Any, reconnect_delay_s: float, reconnect_max_delay_s: float, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.reconnect_delay_s = reconnect_delay_s
+        self.reconnect_max_delay_s = reconnect_max_delay_s
+
+    async def _add_connection(
+        self, attempt: AttemptWithBackoff | None, growing: bool = False
+    ) -> None:
+        await super()._add_connection(
+            attempt
+            or Backoff(
+                timeout=self.reconnect_timeout,
+                first_s=self.reconnect_delay_s,
+                max_s=self.reconnect_max_delay_s,
+            ),
+            growing=growing,
+        )
+
+
+class AsyncPool:
+    """:class:`Pool` for the native async store: an :class:`AsyncConnectionPool`
+    of ``size`` ``psycopg.AsyncConnection`` to ``url``, set up by the coroutine
+    function ``configure``, with the same connection arguments, the same check
+    before a lend and the same reconnection schedule. Open it with ``await
+    pool.pool.open(...)`` on the event loop that will use it."""
+
+    def __init__(
+        self,
+        url: str,
+        size: int,
+        configure: Any,
+        *,
+        prepared: bool = True,
+        reconnect_delay_s: float = RECONNECT_DELAY_S,
+        reconnect_max_delay_s: float = RECONNECT_MAX_DELAY_S,
+    ) -> None:
+        self._lends = Lends()
+        self.pool = AsyncConnectionPool(
+            url,
+            reconnect_delay_s=reconnect_delay_s,
+            reconnect_max_delay_s=reconnect_max_delay_s,
+            min_size=1,
+            max_size=size,
+            kwargs=connection_kwargs(url, prepared),
+            configure=configure,
+            check=self.check,
+            open=False,
+            name="turnkeeper-native",
+        )
+
+    async def check(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """:meth:`Pool.check`, awaited.
+
+        Raises:
+            Exception: as :meth:`Pool.check`.
+        """
+        if not self._lends.needs_round_trip(conn):
+            return
+        try:
+            await psycopg_pool.AsyncConnectionPool.check_connection(conn)
+        except Exception:
+            await self.pool.check()
+            raise

@@ -45,6 +45,7 @@ from turnkeeper.spec.ledger import (
 )
 from turnkeeper.spec.records import Lease
 
+from ... import bridge
 from ...backend import Merge, Tx
 from ...codec import check_id, check_tenant, check_text
 from ...validate import check_int, check_seconds, check_session_lease
@@ -346,6 +347,15 @@ class Ledger(Area):
                 partial(_append_alone, request),
                 Merge(group_ops.append_group, request),
             )
+        if bridge.in_bridge():
+            # a native async store's greenlets share the event loop's thread: a
+            # follower waiting on the Batcher's Condition for its leader would stop
+            # the loop the leader's I/O needs, so each append commits itself there
+            try:
+                return self._append_alone(request)
+            except errors.LeaseLostError:
+                self._record_fenced(request.lease, "ledger_append")
+                raise
         try:
             results: list[AppendResult] = group_ops.batcher(self.db, "append").submit(
                 request, partial(group_ops.run_group, self.db), self._append_alone

@@ -37,6 +37,7 @@ from typing import Any, Protocol, runtime_checkable
 from turnkeeper.spec import errors
 from turnkeeper.spec.ledger import BLOB_POINTER_KIND, LedgerEntry
 
+from ... import bridge
 from ...backend import STORE_NOW, Backend, Tx
 from .records import envelope_error, loads_json, sha256
 
@@ -70,6 +71,16 @@ class BlobStore(Protocol):
     def get(self, key: str, max_bytes: int | None = None) -> bytes: ...
     def delete(self, key: str) -> None: ...
     def list(self, prefix: str) -> list[str]: ...
+
+
+def blob_call(blobs: Any, method: str, *args: Any) -> Any:
+    """``blobs.<method>(*args)``: a store of files or objects off the event loop
+    of a native async store (``bridge.off_loop``); the database's own
+    (:class:`DatabaseBlobs`) in the operation, as any of its statements."""
+    call = getattr(blobs, method)
+    if isinstance(blobs, DatabaseBlobs):
+        return call(*args)
+    return bridge.off_loop(call, *args)
 
 
 def check_blob_store(blobs: object) -> None:
@@ -249,7 +260,7 @@ def offload(
     key = blob_prefix(tenant, session_id) + digest
     if len(blob) > max_bytes:
         raise errors.DurableBodyTooLargeError(0, key, len(blob), max_bytes)
-    blobs.put(key, blob)
+    blob_call(blobs, "put", key, blob)
     pointer = json.dumps({"key": key, "sha256": digest, "size": len(blob)}, sort_keys=True)
     return LedgerEntry(BLOB_POINTER_KIND, pointer.encode(), entry.idempotency_id)
 
@@ -338,7 +349,7 @@ def resolve(
     if size > max_bytes:
         raise errors.DurableBodyTooLargeError(seq, key, size, max_bytes)
     try:  # one byte over the declared size is enough to tell a longer blob
-        blob = blobs.get(key, size + 1)
+        blob = blob_call(blobs, "get", key, size + 1)
     except Exception as failure:  # any store failure: fail closed, typed
         raise errors.BlobUnavailableError(seq, key) from failure
     got = sha256(blob)

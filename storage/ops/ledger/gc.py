@@ -40,7 +40,15 @@ from turnkeeper.spec.records import Lease
 from ...backend import Backend, Tx
 from .. import leases
 from . import condemn, journal, records
-from .blobs import BlobStore, TempFiles, blob_prefix, is_blob_name, is_temp_name, parse_pointer
+from .blobs import (
+    BlobStore,
+    TempFiles,
+    blob_call,
+    blob_prefix,
+    is_blob_name,
+    is_temp_name,
+    parse_pointer,
+)
 from .replay import PAGE_ROWS, RECORD_COLUMNS, ledger_name, verified_rows
 
 
@@ -149,7 +157,7 @@ def stale_temps(blobs: BlobStore, keys: list[str], grace_s: float) -> list[str]:
     """
     if not keys or not isinstance(blobs, TempFiles):
         return []
-    ages = blobs.temp_ages(keys)
+    ages = blob_call(blobs, "temp_ages", keys)
     return sorted(k for k, age in ages.items() if temp_stale(age, grace_s))
 
 
@@ -179,7 +187,7 @@ def reclaim_temps(blobs: BlobStore, prefix: str, listed: list[str], grace_s: flo
         raise errors.GCListError(prefix) from failure
     for key in stale:
         try:
-            blobs.delete(key)
+            blob_call(blobs, "delete", key)
         except Exception as failure:  # any store failure: surfaced, typed
             raise errors.GCDeleteError(key) from failure
     return stale
@@ -209,7 +217,7 @@ def collect(
     scanned_tip, live = referenced_keys(db, tenant, session_id)
     prefix = blob_prefix(tenant, session_id)
     try:
-        listed = blobs.list(prefix)
+        listed = blob_call(blobs, "list", prefix)
     except Exception as failure:  # any store failure: fail closed, typed
         raise errors.GCListError(prefix) from failure
     shaped = [k for k in listed if k.startswith(prefix) and is_blob_name(k[len(prefix) :])]
@@ -221,7 +229,7 @@ def collect(
     )
     for key in doomed:
         try:
-            blobs.delete(key)
+            blob_call(blobs, "delete", key)
         except Exception as failure:  # any store failure: surfaced, typed
             raise errors.GCDeleteError(key) from failure
     temps = reclaim_temps(blobs, prefix, listed, temp_grace_s)

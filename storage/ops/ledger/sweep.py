@@ -26,7 +26,7 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.ledger import GCResult
 
 from ...backend import Backend, Tx
-from .blobs import BlobStore, blob_prefix, is_blob_name, split_key
+from .blobs import BlobStore, blob_call, blob_prefix, is_blob_name, split_key
 from .gc import reclaim_temps
 
 _CHUNK = 500
@@ -101,7 +101,7 @@ def sweep(
     by_session: dict[str, dict[str, str]] = {}  # session id: {key: its rest}
     for prefix in prefixes:
         try:
-            listed = blobs.list(prefix)
+            listed = blob_call(blobs, "list", prefix)
         except Exception as failure:  # any store failure: fail closed, typed
             raise errors.GCListError(prefix) from failure
         for key in listed:
@@ -114,7 +114,7 @@ def sweep(
     shaped.sort()
     for key in shaped:
         try:
-            blobs.delete(key)
+            blob_call(blobs, "delete", key)
         except Exception as failure:  # any store failure: surfaced, typed
             raise errors.GCDeleteError(key) from failure
     temps: list[str] = []

@@ -5,7 +5,6 @@ it (sessionstore RuntimeCommandLog). Their lifecycle is
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -23,6 +22,7 @@ from turnkeeper.spec.ledger import (
 )
 from turnkeeper.spec.records import Lease
 
+from ... import bridge
 from ...codec import check_id, to_json
 from ...validate import check_list
 from . import blobs as blob_ops
@@ -170,7 +170,9 @@ class LedgerWriter:
         self.opening: list[AppendResult] = []
         """The results of the entries appended with the opening fence."""
         self.state = "open"
-        self._lock = threading.Lock()
+        # held across the append's I/O: a bridge.Lock, which a native async
+        # store's greenlets wait for on the event loop (storage/bridge.py)
+        self._lock = bridge.Lock()
 
     @property
     def tenant(self) -> str:
