@@ -56,6 +56,36 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 BACKENDS = ["duckdb", "postgres"]
 """Every backend the conformance suite and the stateful machines run over."""
 
+POSTGRES_SHARE = 2
+"""The stateful machines' examples on PostgreSQL are the profile's divided by
+this, and through PgBouncer by :data:`POOLER_SHARE` (under the ``ci``
+profile: 120 on DuckDB, 60 on PostgreSQL, 30 through the pooler). An
+example costs 4 to 8 times as much on PostgreSQL (round trips) as on DuckDB,
+and the machines' domain logic is the same one on both: PostgreSQL's share
+checks the SQL dialect, the locking and the isolation, which every operation
+of every example runs through; the pooler's share checks that the
+statements work through a transaction pooler, which the first examples
+already send. The search for new interleavings is DuckDB's share, and the
+``nightly`` profile's (every backend at full budget)."""
+
+POOLER_SHARE = 4
+"""See :data:`POSTGRES_SHARE`."""
+
+
+def machine_settings(backend: str, *, max_examples: int | None = None) -> settings:
+    """The settings a stateful machine runs with on ``backend``: the loaded
+    profile's, its examples (at most ``max_examples``) divided by the
+    backend's share (:data:`POSTGRES_SHARE`) unless the profile is
+    ``nightly`` (at least 10)."""
+    profile = settings.default
+    examples = profile.max_examples
+    if max_examples is not None:
+        examples = min(examples, max_examples)
+    if backend == "postgres" and os.environ.get("HYPOTHESIS_PROFILE") != "nightly":
+        examples = max(10, examples // (POOLER_SHARE if through_pooler() else POSTGRES_SHARE))
+    return settings(profile, max_examples=examples)
+
+
 PG_ENV = "TURNKEEPER_TEST_PG"
 """A PostgreSQL URL the tests may create schemas in (``make test`` starts a
 throwaway server and sets it); unset, the PostgreSQL tests skip (and fail

@@ -582,19 +582,23 @@ HELD_BY = {"leases.release"}
 
 def everything(store: turnkeeper.BaseStore) -> dict[str, list[str]]:
     """Every row of every table (``fence_events`` aside: a refused fenced write
-    records one), each table's rows sorted."""
-    tables = store.query(
-        "SELECT table_name FROM information_schema.tables "
-        "WHERE table_schema = current_schema() AND table_name <> 'fence_events'"
-    ).to_pylist()
-    assert len(tables) > 20, tables
-    return {
-        t["table_name"]: sorted(
-            repr(sorted(r.items()))
-            for r in store.query(f"SELECT * FROM {t['table_name']}").to_pylist()
-        )
-        for t in tables
-    }
+    records one), each table's rows sorted, read in one snapshot."""
+
+    def read(snap: Any) -> dict[str, list[str]]:
+        tables = snap.query(
+            "SELECT table_name FROM information_schema.tables "
+            "WHERE table_schema = current_schema() AND table_name <> 'fence_events'"
+        ).to_pylist()
+        assert len(tables) > 20, tables
+        return {
+            t["table_name"]: sorted(
+                repr(sorted(r.items()))
+                for r in snap.query(f"SELECT * FROM {t['table_name']}").to_pylist()
+            )
+            for t in tables
+        }
+
+    return store.snapshot(read)
 
 
 def fence_events(store: turnkeeper.BaseStore) -> list[tuple[str, str, int, str]]:

@@ -14,7 +14,7 @@ import types
 
 import pytest
 from by_hand import Steps, kill_tests
-from conftest import BACKENDS
+from conftest import BACKENDS, machine_settings
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 from stateful_deletes import on
@@ -27,14 +27,10 @@ STEPS = 20
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_deletes_and_retention_agree_with_the_model(backend: str) -> None:
-    profile = settings.default
+    budget = machine_settings(backend, max_examples=MAX_EXAMPLES)
     run_state_machine_as_test(
         on(backend),
-        settings=settings(
-            profile,
-            max_examples=min(profile.max_examples, MAX_EXAMPLES),
-            stateful_step_count=min(profile.stateful_step_count, STEPS),
-        ),
+        settings=settings(budget, stateful_step_count=min(budget.stateful_step_count, STEPS)),
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 
 import pytest
-from conftest import BACKENDS
+from conftest import BACKENDS, machine_settings
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 from stateful_ledger import make_machine
@@ -37,7 +37,7 @@ def _fails_with(*texts: str) -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_ledger_agrees_with_its_oracle(backend: str) -> None:
-    run_state_machine_as_test(make_machine(backend))
+    run_state_machine_as_test(make_machine(backend), settings=machine_settings(backend))
 
 
 def test_the_machine_fails_with_the_append_fences_patched_out(

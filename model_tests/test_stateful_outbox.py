@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from by_hand import Steps, kill_tests
-from conftest import BACKENDS
+from conftest import BACKENDS, machine_settings
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 from stateful_outbox import on
@@ -28,7 +28,7 @@ SEARCH = settings(
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_outbox_agrees_with_the_model(backend: str) -> None:
-    run_state_machine_as_test(on(backend))
+    run_state_machine_as_test(on(backend), settings=machine_settings(backend))
 
 
 def drop_owner_epoch_check(mp: pytest.MonkeyPatch) -> None:

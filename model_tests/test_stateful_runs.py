@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from by_hand import Steps, kill_tests
-from conftest import BACKENDS
+from conftest import BACKENDS, machine_settings
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 from stateful_runs import on
@@ -29,7 +29,7 @@ SEARCH = settings(
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_runs_and_recovery_agree_with_the_oracle(backend: str) -> None:
-    run_state_machine_as_test(on(backend))
+    run_state_machine_as_test(on(backend), settings=machine_settings(backend))
 
 
 def drop_finish_fence(mp: pytest.MonkeyPatch) -> None:
