@@ -14,6 +14,7 @@ runs over the native store too (conftest ``any_store``, ``through_aio.py``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import tempfile
 import threading
@@ -381,11 +382,12 @@ def test_blob_files_are_written_and_read_off_the_loop(
 # -- cancellation, other loops, wake-ups -------------------------------------------------
 
 
-def test_a_call_cancelled_while_its_operation_runs_ends_after_it_committed() -> None:
-    """Cancelled between its body and its COMMIT: ``CancelledError`` (never
-    wrapped) comes only once the transaction committed, and the entry is there."""
+def _gated_append(at_commit: bool) -> Any:
+    """An append held (until the returned gate opens) in its body, or just
+    before its ``COMMIT`` is sent; the caller is cancelled there. Returns
+    ``(what came out of the call, whether the entry is stored)``."""
 
-    async def main() -> tuple[list[str], bool]:
+    async def main() -> tuple[str, bool]:
         async with open_native() as store:
             assert store.native_store is not None
             await store.sessions.create("s1")
@@ -393,19 +395,29 @@ def test_a_call_cancelled_while_its_operation_runs_ends_after_it_committed() -> 
             real_write = db.write
             entered = asyncio.Event()
             gate = asyncio.Event()
-            events: list[str] = []
 
             def write(operation: str, body: Any, **kwargs: Any) -> Any:
-                def gated(tx: Any) -> Any:
+                if not operation.startswith("append"):
+                    return real_write(operation, body, **kwargs)
+
+                def held(tx: Any) -> Any:
                     result = body(tx)
-                    if operation.startswith("append"):
+                    real_exec = tx.exec
+
+                    def exec_(sql: str, params: Any = ()) -> None:
+                        if "COMMIT" in sql:
+                            entered.set()
+                            bridge.await_only(gate.wait())  # the cancel lands here
+                        real_exec(sql, params)
+
+                    if at_commit:
+                        tx.exec = exec_
+                    else:
                         entered.set()
                         bridge.await_only(gate.wait())  # the cancel lands here
                     return result
 
-                result = real_write(operation, gated, **kwargs)
-                events.append(f"{operation} committed")
-                return result
+                return real_write(operation, held, **kwargs)
 
             db.write = write  # type: ignore[method-assign]
             task = asyncio.create_task(
@@ -413,19 +425,86 @@ def test_a_call_cancelled_while_its_operation_runs_ends_after_it_committed() -> 
             )
             await entered.wait()
             task.cancel()
-            await asyncio.sleep(0)
-            asyncio.get_running_loop().call_later(0.05, gate.set)
-            seen: list[str] = []
+            if at_commit:  # past its point of no return: the call waits for it
+                asyncio.get_running_loop().call_later(0.05, gate.set)
             try:
                 await task
+                came = "returned"
             except asyncio.CancelledError as cancelled:
-                assert type(cancelled) is asyncio.CancelledError
-                seen = list(events)
+                came = type(cancelled).__name__
+            gate.set()
             db.write = real_write  # type: ignore[method-assign]
-            return seen, await store.sessions.entry("s1", "e1") is not None
+            return came, await store.sessions.entry("s1", "e1") is not None
 
-    seen, there = bounded(main)
-    assert any(e.startswith("append") for e in seen) and there
+    return bounded(main)
+
+
+def test_a_call_cancelled_before_its_commit_ends_at_once_and_writes_nothing() -> None:
+    """Cancelled in its body (the gate never opens while it runs): the
+    operation is cancelled where it awaits, its transaction rolls back, and
+    ``CancelledError`` (never wrapped) comes at once (before: the call waited
+    for the operation however long it took; a harness timeout makes that a
+    failure)."""
+    assert _gated_append(at_commit=False) == ("CancelledError", False)
+
+
+def test_a_call_cancelled_at_its_commit_ends_after_it_committed() -> None:
+    """Cancelled as its ``COMMIT`` is about to go (past its point of no return,
+    ``bridge.committing``): ``CancelledError`` comes only once the transaction
+    committed, and the entry is there."""
+    assert _gated_append(at_commit=True) == ("CancelledError", True)
+
+
+def test_control_without_the_commit_mark_a_cancel_at_the_commit_writes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The mark is what holds the cancel back at the ``COMMIT``: without it the
+    same cancel lands there and the append is rolled back (so the test above
+    can fail)."""
+    monkeypatch.setattr(bridge, "committing", lambda on=True: contextlib.nullcontext())
+    assert _gated_append(at_commit=True) == ("CancelledError", False)
+
+
+def test_a_call_cancelled_while_its_statement_waits_for_a_lock_ends_at_once() -> None:
+    """Another session holds ``entries`` locked: an append waits on the server.
+    Cancelled, psycopg cancels the statement on the server and the call ends
+    while the lock is still held (before: it waited for the lock, then
+    committed after the caller's timeout), writing nothing."""
+    url = new_pg_schema()
+
+    async def main() -> tuple[bool, bool]:
+        listen = listen_for(url)
+        async with aio.open_store(
+            url, **({} if listen is None else {"listen_url": listen})
+        ) as store:
+            await store.sessions.create("s1")
+            holder = await psycopg.AsyncConnection.connect(direct_for(url))
+            try:
+                await holder.execute("BEGIN")
+                await holder.execute("LOCK TABLE entries IN ACCESS EXCLUSIVE MODE")
+                task = asyncio.create_task(
+                    store.sessions.append("s1", EntryKind.MESSAGE, MESSAGE, entry_id="e1")
+                )
+                while True:  # until the append waits for the lock on the server
+                    cur = await holder.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND pid <> pg_backend_pid()"
+                    )
+                    row = await cur.fetchone()
+                    if row is not None and row[0] > 0:
+                        break
+                    await asyncio.sleep(0.05)
+                task.cancel()
+                done, _ = await asyncio.wait([task], timeout=HANG_S / 2)
+                ended_under_the_lock = task in done
+                await holder.execute("ROLLBACK")
+            finally:
+                await holder.close()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return ended_under_the_lock, await store.sessions.entry("s1", "e1") is None
+
+    assert bounded(main) == (True, True)
 
 
 def test_a_call_cancelled_while_it_waits_for_its_turn_never_runs() -> None:
@@ -515,6 +594,68 @@ def test_a_call_from_another_running_loop_runs_on_the_home_loop() -> None:
         if home.is_running():
             home.call_soon_threadsafe(home.stop)
             home_thread.join(HANG_S)
+        home.close()
+
+
+def test_a_call_from_another_loop_cancelled_while_it_waits_for_its_turn_never_runs() -> None:
+    """The home loop on a thread with one worker, held inside an operation; a
+    call from another loop, cancelled while it queues there, raises
+    ``CancelledError`` and writes nothing (before: the cancel was not passed
+    on, and the call ran once the worker was free)."""
+    home = asyncio.new_event_loop()
+    home_thread = threading.Thread(target=home.run_forever, daemon=True)
+    home_thread.start()
+    try:
+        store = asyncio.run_coroutine_threadsafe(open_native(workers=1), home).result(HANG_S)
+        assert store.native_store is not None
+        asyncio.run_coroutine_threadsafe(store.sessions.create("s1"), home).result(HANG_S)
+        db = store.native_store.db
+        real_write = db.write
+        entered = threading.Event()
+        gate = asyncio.Event()  # (set on the home loop)
+
+        def write(operation: str, body: Any, **kwargs: Any) -> Any:
+            def held(tx: Any) -> Any:
+                entered.set()
+                bridge.await_only(gate.wait())
+                return body(tx)
+
+            return real_write(operation, held, **kwargs)
+
+        db.write = write  # type: ignore[method-assign]
+        first = asyncio.run_coroutine_threadsafe(
+            store.sessions.append("s1", EntryKind.MESSAGE, MESSAGE, entry_id="first"), home
+        )
+        assert entered.wait(HANG_S)
+        db.write = real_write  # type: ignore[method-assign]
+
+        async def caller() -> str:
+            task = asyncio.create_task(
+                store.sessions.append("s1", EntryKind.MESSAGE, MESSAGE, entry_id="queued")
+            )
+            await asyncio.sleep(0.2)  # handed to the home loop, queued there
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError as cancelled:
+                return type(cancelled).__name__
+            return "returned"
+
+        came = bounded(caller)
+        home.call_soon_threadsafe(gate.set)
+        first.result(HANG_S)
+
+        async def queued() -> bool:
+            return await store.sessions.entry("s1", "queued") is None
+
+        assert (came, asyncio.run_coroutine_threadsafe(queued(), home).result(HANG_S)) == (
+            "CancelledError",
+            True,
+        )
+        asyncio.run_coroutine_threadsafe(store.close(), home).result(HANG_S)
+    finally:
+        home.call_soon_threadsafe(home.stop)
+        home_thread.join(HANG_S)
         home.close()
 
 

@@ -24,13 +24,15 @@ alone there, not in a group).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import functools
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import ParamSpec, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from typing import Generic, ParamSpec, TypeVar
 
 import greenlet
 
@@ -43,11 +45,65 @@ T = TypeVar("T")
 class _Bridged(greenlet.greenlet):
     """A greenlet running one sync call for :func:`spawn` (its parent awaits for it)."""
 
+    committing = False
+    """Whether the call is past its point of no return (:func:`committing`)."""
+
 
 def in_bridge() -> bool:
     """Whether the caller runs inside a greenlet of :func:`spawn` (so
     :func:`await_only` may be called)."""
     return isinstance(greenlet.getcurrent(), _Bridged)
+
+
+@contextlib.contextmanager
+def committing(on: bool = True) -> Iterator[None]:
+    """Mark the calling operation, inside a greenlet of :func:`spawn`, as past
+    its point of no return while the block runs (with ``on``): its ``COMMIT``,
+    an autocommit write's statement, the wake-ups sent after a commit. A
+    caller cancelled meanwhile lets the operation end (:attr:`Operation.committing`)
+    instead of cancelling it, whose outcome would then be unknown. Outside
+    the bridge, nothing."""
+    current = greenlet.getcurrent()
+    if not on or not isinstance(current, _Bridged):
+        yield
+        return
+    before = current.committing
+    current.committing = True
+    try:
+        yield
+    finally:
+        current.committing = before
+
+
+class Operation(Generic[T]):
+    """One sync call run in a greenlet on this event loop (:meth:`run`), whose
+    task may be cancelled while :attr:`committing` is false: the cancellation
+    lands in the call where it awaits (psycopg then cancels the statement on
+    the server and the transaction rolls back), so nothing of it is written."""
+
+    def __init__(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> None:
+        self._call = functools.partial(fn, *args, **kwargs)
+        self._child: _Bridged | None = None
+
+    @property
+    def committing(self) -> bool:
+        """Whether the call is past its point of no return (:func:`committing`)."""
+        return self._child is not None and self._child.committing
+
+    async def run(self) -> T:
+        """The call's result, as :func:`spawn` gives it."""
+        child = self._child = _Bridged(self._call, greenlet.getcurrent())
+        child.gr_context = contextvars.copy_context()
+        handed = child.switch()
+        while not child.dead:
+            try:
+                value = await handed
+            except BaseException:
+                handed = child.throw(*sys.exc_info())
+            else:
+                handed = child.switch(value)
+        result: T = handed
+        return result
 
 
 async def spawn(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
@@ -60,18 +116,7 @@ async def spawn(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         ``RuntimeError``, as from any coroutine); an exception of an awaited
         call (a cancellation included) is raised inside ``fn`` where it awaited.
     """
-    child = _Bridged(fn, greenlet.getcurrent())
-    child.gr_context = contextvars.copy_context()
-    handed = child.switch(*args, **kwargs)
-    while not child.dead:
-        try:
-            value = await handed
-        except BaseException:
-            handed = child.throw(*sys.exc_info())
-        else:
-            handed = child.switch(value)
-    result: T = handed
-    return result
+    return await Operation(fn, *args, **kwargs).run()
 
 
 def await_only(awaitable: Awaitable[T]) -> T:

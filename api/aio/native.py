@@ -14,10 +14,16 @@ promises:
 - bounded: at most ``workers`` operations at once (the pool's connections
   by default); further callers wait, asynchronously, first come first
   served (:class:`~.runner.Slots`);
-- cancellation: cancelled while it waits for its turn, nothing ran;
-  cancelled while its operation runs, the operation (a task of its own,
-  shielded) runs to its end, committed in full or rolled back, and then the
-  call raises ``CancelledError``, never wrapped;
+- cancellation (``CancelledError``, never wrapped): cancelled while it
+  waits for its turn, nothing ran; cancelled while its operation runs
+  before its point of no return (``bridge.committing``: its ``COMMIT``, an
+  autocommit write's statement), the operation is cancelled where it awaits
+  (psycopg cancels a statement under way on the server) and rolls back, so
+  the call ends at once with nothing written, whatever the statement waited
+  for (a lock, a slow query, a connection during an outage); cancelled past
+  that point, the operation (a task of its own, shielded) runs to its end
+  and the call then raises. A call from another loop is cancelled on the
+  home loop the same way;
 - one home loop: the loop that opened the store. A call from another
   running loop (on another thread) is handed to the home loop and awaited
   (its operation runs there); once the home loop stopped or closed, every
@@ -54,7 +60,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from turnkeeper.spec import errors
 from turnkeeper.storage import bridge
@@ -101,13 +107,16 @@ class NativeRunner:
         await self._slots.acquire()
         try:
             self._usable()
-            task: asyncio.Task[T] = self.loop.create_task(bridge.spawn(fn, *args, **kwargs))
+            operation = bridge.Operation(fn, *args, **kwargs)
+            task: asyncio.Task[T] = self.loop.create_task(operation.run())
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
             try:
                 return await asyncio.shield(task)
             except asyncio.CancelledError:
                 if not task.done():
+                    if not operation.committing:  # nothing written yet: cancel it
+                        task.cancel()
                     await outlast(task)
                 raise
         finally:
@@ -120,12 +129,31 @@ class NativeRunner:
                 detail=f"this async store's operations run on the event loop that opened it "
                 f"({home!r}), which no longer runs: open the store on this event loop"
             )
-        job = asyncio.run_coroutine_threadsafe(self(fn, *args, **kwargs), home)
-        waiter = asyncio.wrap_future(job)
-        cancelled = False
-        while not waiter.done():  # a cancelled call waits for its operation's end
+        started: list[asyncio.Task[Any]] = []
+
+        async def on_home() -> tuple[bool, T | None]:
+            """The call on the home loop: ``(True, result)``, or ``(False, None)``
+            when it was cancelled there (as this caller asked, or by that loop)."""
+            task = asyncio.current_task()
+            assert task is not None
+            started.append(task)
             try:
-                await asyncio.wait([waiter], timeout=LOOK_S)
+                return True, await self(fn, *args, **kwargs)
+            except asyncio.CancelledError:
+                return False, None
+
+        job = asyncio.run_coroutine_threadsafe(on_home(), home)
+        waiter = asyncio.wrap_future(job)
+        cancelled = asked = False
+        while not waiter.done():  # a cancelled call waits for its operation's end
+            if cancelled and not asked:  # cancel it on the home loop, as a call made there
+                if job.cancel():  # not started there: it never runs
+                    break
+                if started:
+                    home.call_soon_threadsafe(started[0].cancel)
+                    asked = True
+            try:
+                await asyncio.wait([waiter], timeout=LOOK_S if not cancelled or asked else 0.01)
             except asyncio.CancelledError:
                 cancelled = True
                 continue
@@ -137,10 +165,13 @@ class NativeRunner:
                     "is unknown (read the store to learn)"
                 )
         if cancelled:
-            if not waiter.cancelled():
+            if waiter.done() and not waiter.cancelled():
                 waiter.exception()  # (retrieved: the caller was cancelled)
             raise asyncio.CancelledError
-        return waiter.result()
+        ran, result = waiter.result()
+        if not ran:  # cancelled by the home loop (its shutdown): as any cancellation
+            raise asyncio.CancelledError
+        return result  # type: ignore[return-value]  # (ran: the call's result)
 
     def _usable(self) -> None:
         if os.getpid() != self._pid:

@@ -71,6 +71,7 @@ from psycopg_pool import PoolTimeout
 
 from turnkeeper.spec import errors
 
+from .. import bridge
 from ..backend import Clock, Conflict, Dialect, Merge, QueryFn, present
 from ..backend import Tx as AnyTx
 from ..codec import check_clock
@@ -536,13 +537,18 @@ class Database:
                         tx.exec(self._begin(commit, locking, isolation))
                     else:  # an autocommit write's statement is its commit
                         tx.committing = commit
-                    result = body(tx)
+                    # (bridge.committing: a native caller cancelled from here on
+                    # lets the operation end; before, it cancels it, nothing written)
+                    with bridge.committing(tx.committing):
+                        result = body(tx)
                     if transaction:
                         ending = tx.commit_statement() if commit else "ROLLBACK"
                         tx.committing = commit
-                        tx.exec(ending)
-                    if tx.pending:  # committed: wake the listening processes
-                        notify.send(conn, self.channel, tx.pending)
+                    with bridge.committing(tx.committing):
+                        if transaction:
+                            tx.exec(ending)
+                        if tx.pending:  # committed: wake the listening processes
+                            notify.send(conn, self.channel, tx.pending)
                     return result
                 except psycopg.Error as exc:
                     lost = faults.settle(conn, transaction, exc)  # rolled back
