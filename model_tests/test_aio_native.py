@@ -465,6 +465,61 @@ def test_control_without_the_commit_mark_a_cancel_at_the_commit_writes_nothing(
     assert _gated_append(at_commit=True) == ("CancelledError", False)
 
 
+def _two_transactions(sticky: bool, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """One operation of two write transactions (two session creates), its
+    caller cancelled between them: the sessions stored afterwards."""
+    if not sticky:  # the mark lifted again after its block (test-only)
+
+        @contextlib.contextmanager
+        def passing(on: bool = True) -> Any:
+            current = bridge.greenlet.getcurrent()
+            before = getattr(current, "committing", False)
+            if on and bridge.in_bridge():
+                current.committing = True
+            try:
+                yield
+            finally:
+                if bridge.in_bridge():
+                    current.committing = before
+
+        monkeypatch.setattr(bridge, "committing", passing)
+
+    async def main() -> list[str]:
+        async with open_native() as store:
+            assert store.native_store is not None
+            domain = store.native_store
+            between = asyncio.Event()
+            gate = asyncio.Event()
+
+            def two() -> None:
+                domain.sessions.create("a")
+                between.set()
+                bridge.await_only(gate.wait())  # the cancel lands here
+                domain.sessions.create("b")
+
+            task = asyncio.create_task(store.runner(two))
+            await between.wait()
+            task.cancel()
+            asyncio.get_running_loop().call_later(0.05, gate.set)
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            gate.set()
+            return sorted(s.id for s in (await store.sessions.list()).sessions)
+
+    return list(bounded(main))
+
+
+def test_an_operation_past_its_first_commit_is_never_cut_before_its_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The point of no return stays passed: an operation of two transactions
+    whose caller is cancelled between them runs to its end (both stored),
+    never left half-done. The control lifts the mark after each commit: the
+    same cancel then cuts it between the two."""
+    assert _two_transactions(True, monkeypatch) == ["a", "b"]
+    assert _two_transactions(False, monkeypatch) == ["a"]
+
+
 def test_a_call_cancelled_while_its_statement_waits_for_a_lock_ends_at_once() -> None:
     """Another session holds ``entries`` locked: an append waits on the server.
     Cancelled, psycopg cancels the statement on the server and the call ends

@@ -46,7 +46,7 @@ class _Bridged(greenlet.greenlet):
     """A greenlet running one sync call for :func:`spawn` (its parent awaits for it)."""
 
     committing = False
-    """Whether the call is past its point of no return (:func:`committing`)."""
+    """Whether the call reached its point of no return (:func:`committing`)."""
 
 
 def in_bridge() -> bool:
@@ -58,21 +58,16 @@ def in_bridge() -> bool:
 @contextlib.contextmanager
 def committing(on: bool = True) -> Iterator[None]:
     """Mark the calling operation, inside a greenlet of :func:`spawn`, as past
-    its point of no return while the block runs (with ``on``): its ``COMMIT``,
-    an autocommit write's statement, the wake-ups sent after a commit. A
-    caller cancelled meanwhile lets the operation end (:attr:`Operation.committing`)
-    instead of cancelling it, whose outcome would then be unknown. Outside
-    the bridge, nothing."""
+    its point of no return from the block on (with ``on``): its ``COMMIT``, an
+    autocommit write's statement, the wake-ups sent after a commit. The mark
+    stays for the rest of the operation: a caller cancelled after it lets the
+    operation end (:attr:`Operation.committing`) instead of cancelling it, so
+    an operation of several transactions is never cut between them, and a
+    ``COMMIT`` is never cut with its outcome unknown. Outside the bridge, nothing."""
     current = greenlet.getcurrent()
-    if not on or not isinstance(current, _Bridged):
-        yield
-        return
-    before = current.committing
-    current.committing = True
-    try:
-        yield
-    finally:
-        current.committing = before
+    if on and isinstance(current, _Bridged):
+        current.committing = True
+    yield
 
 
 class Operation(Generic[T]):
