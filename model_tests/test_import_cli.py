@@ -82,7 +82,10 @@ def test_import_takes_every_format_and_refuses_an_unknown_one(
     out = result.stdout.splitlines()
     assert len(out) == 3
     assert "session 01997e76-d124-7592-9cac-2ec05abbca08 codex 0.40.0: added 823" in out[0]
-    assert "/agent-a881341 claude-code 2.1.39: added 10, skipped 0 (new session)" in out[1]
+    assert (
+        "/agent-a881341 claude-code 2.1.39: added 10, skipped 0, 3 usage records (new session)"
+        in out[1]
+    )
     assert " v3: added " in out[2]
     errors = [line for line in result.stderr.splitlines() if ": error: " in line]
     assert errors == [
