@@ -131,9 +131,9 @@ def test_control_a_cache_that_never_checks_the_row_fails(
     patched out) is caught: the session grew, the stale replay differs."""
     real = replays.cached_replay
 
-    def stale(tx: Any, session_id: str, cache: replays.BranchCache) -> Replay:
+    def stale(tx: Any, session_id: str, cache: replays.BranchCache, *more: Any) -> Replay:
         known = cache.get(session_id)
-        return known.replay() if known is not None else real(tx, session_id, cache)
+        return known.replay() if known is not None else real(tx, session_id, cache, *more)
 
     monkeypatch.setattr(replays, "cached_replay", stale)
     with turnkeeper.open_store(str(tmp_path / "s.duckdb")) as store, pytest.raises(AssertionError):
