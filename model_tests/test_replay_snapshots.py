@@ -220,7 +220,7 @@ def status(name):
 with turnkeeper.open_store(sys.argv[1], replay_cache_bytes=0) as store:
     store.sessions.replay("small")
     with open("/proc/self/clear_refs", "w") as clear:
-        clear.write("5")  # the peak (VmHWM) restarts from the RSS now: the open's own peak is not counted
+        clear.write("5")  # VmHWM restarts from VmRSS: the open's own peak is not counted
     base = status("VmRSS")
     got = store.sessions.replay("big")
     print(len(got.messages), status("VmHWM") - base)
