@@ -381,9 +381,15 @@ def langgraph_peer(
         checkpoint = empty_checkpoint()
         checkpoint["channel_values"] = {"messages": [*messages, MSG["message"]]}
         checkpoint["channel_versions"] = {"messages": version[0]}
-        saver.put(config, checkpoint, {"source": "loop", "step": version[0]}, {"messages": 1})
+        # new_versions names the version the blob is stored under: PostgresSaver keeps
+        # channel values apart and get_tuple reads them at the checkpoint's versions
+        step = {"source": "loop", "step": version[0]}
+        saver.put(config, checkpoint, step, {"messages": version[0]})
 
     put()
+    held = saver.get_tuple(config).checkpoint["channel_values"].get("messages", [])
+    if len(held) != REPLAY_ENTRIES + 1:  # the peer must load what we replay
+        raise RuntimeError(f"the LangGraph checkpoint holds {len(held)} messages")
     store.sessions.create("peer")
     lease = store.leases.acquire("session:peer", "bench", 3600, purpose="execution")
     pairs = {

@@ -85,12 +85,16 @@ def head(
     header (with part 0's contents when ``with_first``), in one statement;
     ``None`` when there is no such session."""
     more = ", r.messages, r.entry_ids, r.digest" if with_first else ""
-    row = tx.one(
+    sql = (
         "SELECT s.leaf_id, s.next_seq, r.parts, r.leaf_id, r.next_seq, r.rooted, r.model, "
         f"r.thinking{more} FROM sessions s LEFT JOIN (SELECT * FROM replay_snapshots "
-        "WHERE session_id = ? AND part = 0) r ON true WHERE s.id = ?",
-        [session_id, session_id],
+        "WHERE session_id = ? AND part = 0) r ON true WHERE s.id = ?"
     )
+    if with_first:
+        found = tx.rows(sql, [session_id, session_id], binary=True)
+        row = found[0] if found else None
+    else:
+        row = tx.one(sql, [session_id, session_id])
     if row is None:
         return None
     if row[2] is None:
@@ -125,14 +129,15 @@ def load(tx: Tx, session_id: str, stored: Stored) -> Replay | None:
         if part == 0 and stored.first is not None:
             text, id_text, digest = stored.first
         else:
-            row = tx.one(
+            found = tx.rows(
                 "SELECT messages, entry_ids, digest FROM replay_snapshots "
                 "WHERE session_id = ? AND part = ?",
                 [session_id, part],
+                binary=True,
             )
-            if row is None:
+            if not found:
                 return None
-            text, id_text, digest = _bytes(row[0]), _bytes(row[1]), row[2]
+            text, id_text, digest = _bytes(found[0][0]), _bytes(found[0][1]), found[0][2]
         if _digest(session_id, part, stored, text, id_text) != digest:
             return None
         messages.extend(ormsgpack.unpackb(text))
