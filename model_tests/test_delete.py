@@ -23,6 +23,7 @@ from turnkeeper import (
     DeletedSession,
     DeliveryPlan,
     DeliveryStep,
+    EntryKind,
     GCDeleteError,
     Guidance,
     InputResourceEvent,
@@ -42,6 +43,7 @@ from turnkeeper.cli.audit_orphans import OWNED
 from turnkeeper.spec.records import ImportBatch, OpaqueRecord, SessionMetadata
 from turnkeeper.storage.ops import deletes
 from turnkeeper.storage.ops.ledger.blobs import blob_prefix
+from turnkeeper.storage.ops.replay_snapshots import PERSIST_ROWS
 
 USER = {"role": "user", "content": "my secret question"}
 REPLY = {"role": "assistant", "content": [{"type": "text", "text": "my secret answer"}]}
@@ -58,7 +60,7 @@ def populate(store: Any, sid: str) -> dict[str, Any]:
     opaque line, a finished run (submission, turn, events, tool record, delivery
     plan), an orphan run recovered, response lineage and archives, metadata, a label,
     capability state and an event, guidance, a resource event, a usage record, a
-    channel binding and tool selection, a fork."""
+    channel binding and tool selection, a stored replay snapshot, a fork."""
     store.sessions.import_batch(
         ImportBatch(
             session_id=sid,
@@ -122,6 +124,10 @@ def populate(store: Any, sid: str) -> dict[str, Any]:
     with pytest.raises(GCDeleteError):
         store.ledger.with_blobs(_Undeletable(ledger.blobs), offload_threshold=16).gc(sid, owner)
     store.leases.release(owner)
+    # a replay long enough to store the branch's snapshot (replay_snapshots)
+    secret = {"message": {"role": "user", "content": "a secret turn"}}
+    store.sessions.append_many(sid, [(EntryKind.MESSAGE, secret)] * PERSIST_ROWS)
+    store.sessions.replay(sid)
     fork = store.forks.fork(sid, request_id=f"fork-of-{sid}")
     return {"run": run, "orphan": orphan, "fork": fork}
 

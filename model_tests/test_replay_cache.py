@@ -10,7 +10,6 @@ agreement test fail.
 
 from __future__ import annotations
 
-import tracemalloc
 import uuid
 from pathlib import Path
 from typing import Any
@@ -131,9 +130,9 @@ def test_control_a_cache_that_never_checks_the_row_fails(
     patched out) is caught: the session grew, the stale replay differs."""
     real = replays.cached_replay
 
-    def stale(tx: Any, session_id: str, cache: replays.BranchCache) -> Replay:
+    def stale(tx: Any, session_id: str, cache: replays.BranchCache, *more: Any) -> Replay:
         known = cache.get(session_id)
-        return known.replay() if known is not None else real(tx, session_id, cache)
+        return known.replay() if known is not None else real(tx, session_id, cache, *more)
 
     monkeypatch.setattr(replays, "cached_replay", stale)
     with turnkeeper.open_store(str(tmp_path / "s.duckdb")) as store, pytest.raises(AssertionError):
@@ -239,11 +238,10 @@ def test_the_cache_stays_within_its_bound(tmp_path: Path) -> None:
     assert err.value.field == "replay_cache_bytes"
 
 
-def test_replay_of_100k_entries_stays_within_its_memory_bound(tmp_path: Path) -> None:
-    """The bound the docs state: a cold replay of a 100,000-entry session peaks
-    below 6 × the session's stored payload bytes in Python allocations
-    (measured with tracemalloc; the returned replay included), and the cached
-    copy counts about its message bytes."""
+def test_the_cached_copy_of_100k_entries_counts_about_its_message_bytes(tmp_path: Path) -> None:
+    """The cached copy of a 100,000-entry replay counts about its message bytes
+    against the bound. (A cold replay's peak memory is measured as RSS in a
+    subprocess: ``test_replay_snapshots``.)"""
     n, text = 100_000, "x" * 200
     with turnkeeper.open_store(str(tmp_path / "s.duckdb")) as store:
         store.sessions.create("big")
@@ -256,15 +254,8 @@ def test_replay_of_100k_entries_stays_within_its_memory_bound(tmp_path: Path) ->
             .column(0)[0]
             .as_py()
         )
-        tracemalloc.start()
-        try:
-            got = store.sessions.replay("big")
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
+        got = store.sessions.replay("big")
         assert len(got.messages) == n
-        print(f"stored {stored / 1e6:.1f} MB, peak {peak / 1e6:.1f} MB ({peak / stored:.2f}x)")
-        assert peak < 6 * stored
         assert store.sessions._branches.nbytes < 1.5 * stored
 
 

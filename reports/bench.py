@@ -331,24 +331,47 @@ def multiples(rates: dict[int, float]) -> dict[str, dict[str, float]]:
 # -- peers: LangGraph's SqliteSaver, and the analytics figure on SQLite --------------------
 
 
-def langgraph_peer(
-    store: turnkeeper.BaseStore, cold: turnkeeper.BaseStore, folder: str
-) -> dict[str, Any]:
-    """Replay of the :data:`REPLAY_ENTRIES`-entry session (cached, and with the
-    cache off) against LangGraph's
-    ``SqliteSaver.get_tuple`` of a checkpoint holding the same messages, and an
-    append against the ``put`` of that checkpoint with one message more (LangGraph
-    writes the whole state), interleaved, median over :data:`REPS`."""
-    try:
-        from langgraph.checkpoint.base import empty_checkpoint
-        from langgraph.checkpoint.sqlite import SqliteSaver
-    except ImportError as exc:  # the bench extra is not installed
-        return {"skipped": f"langgraph-checkpoint-sqlite is not installed ({exc})"}
+def _sqlite_saver(folder: str) -> tuple[Any, Callable[[], None]]:
+    """LangGraph's ``SqliteSaver`` on a file in ``folder``, and its closer."""
     import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
 
     con = sqlite3.connect(f"{folder}/langgraph.sqlite", check_same_thread=False)
     saver = SqliteSaver(con)
     saver.setup()
+    return saver, con.close
+
+
+def _postgres_saver(url: str) -> tuple[Any, Callable[[], None]]:
+    """LangGraph's ``PostgresSaver`` in a schema of its own at ``url`` (one
+    connection, autocommit, rows as dicts, as ``PostgresSaver.from_conn_string``
+    makes it), and its closer."""
+    import psycopg
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from psycopg.rows import dict_row
+
+    con = psycopg.connect(url, autocommit=True, prepare_threshold=0, row_factory=dict_row)
+    saver = PostgresSaver(con)
+    saver.setup()
+    return saver, con.close
+
+
+def langgraph_peer(
+    store: turnkeeper.BaseStore, cold: turnkeeper.BaseStore, folder: str, pg_url: str = ""
+) -> dict[str, Any]:
+    """Replay of the :data:`REPLAY_ENTRIES`-entry session (cached, and with the
+    cache off) against LangGraph's ``get_tuple`` of a checkpoint holding the same
+    messages (``SqliteSaver`` in ``folder`` beside DuckDB, ``PostgresSaver`` in a
+    schema of its own at ``pg_url`` beside PostgreSQL), and an append against
+    the ``put`` of that checkpoint with one message more (LangGraph writes the
+    whole state), interleaved, median over :data:`REPS`."""
+    try:
+        from langgraph.checkpoint.base import empty_checkpoint
+
+        saver, close = _postgres_saver(pg_url) if pg_url else _sqlite_saver(folder)
+    except ImportError as exc:  # the bench extra is not installed
+        return {"skipped": f"the LangGraph checkpointer is not installed ({exc})"}
     messages = [MSG["message"]] * REPLAY_ENTRIES
     config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
     version = [0]
@@ -358,9 +381,15 @@ def langgraph_peer(
         checkpoint = empty_checkpoint()
         checkpoint["channel_values"] = {"messages": [*messages, MSG["message"]]}
         checkpoint["channel_versions"] = {"messages": version[0]}
-        saver.put(config, checkpoint, {"source": "loop", "step": version[0]}, {"messages": 1})
+        # new_versions names the version the blob is stored under: PostgresSaver keeps
+        # channel values apart and get_tuple reads them at the checkpoint's versions
+        step = {"source": "loop", "step": version[0]}
+        saver.put(config, checkpoint, step, {"messages": version[0]})
 
     put()
+    held = saver.get_tuple(config).checkpoint["channel_values"].get("messages", [])
+    if len(held) != REPLAY_ENTRIES + 1:  # the peer must load what we replay
+        raise RuntimeError(f"the LangGraph checkpoint holds {len(held)} messages")
     store.sessions.create("peer")
     lease = store.leases.acquire("session:peer", "bench", 3600, purpose="execution")
     pairs = {
@@ -381,8 +410,75 @@ def langgraph_peer(
     for _ in range(REPS):
         for name, (ours, theirs) in pairs.items():
             ratios[name].append(per_call(ours) / per_call(theirs))
-    con.close()
+    close()
     return {name: _spread(r) for name, r in ratios.items()}
+
+
+RSS_ENTRIES = int(os.environ.get("TURNKEEPER_BENCH_RSS_ENTRIES", "100000"))
+_RSS_CHILD = """
+import sys, turnkeeper
+
+def status(name):
+    with open("/proc/self/status") as lines:
+        for line in lines:
+            if line.startswith(name + ":"):
+                return int(line.split()[1]) * 1024
+
+with turnkeeper.open_store(sys.argv[1], replay_cache_bytes=0) as store:
+    store.sessions.replay("rss-small")
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")  # VmHWM restarts from VmRSS
+    base = status("VmRSS")
+    got = store.sessions.replay(sys.argv[2])
+    print(len(got.messages), status("VmHWM") - base)
+"""
+
+
+def replay_rss(where: str) -> dict[str, Any]:
+    """Peak RSS of a cold replay of an :data:`RSS_ENTRIES`-entry session in a
+    fresh process (its peak reset right before the replay), over the session's
+    stored payload bytes: the first replay, from the rows (it stores the
+    snapshot), and the next, from the stored snapshot; over ``min(REPS, 3)``
+    sessions in a store of their own at ``where`` (closed before the children
+    open it: one process at a time writes a DuckDB file). Linux only (``/proc``)."""
+    import subprocess
+
+    if not Path("/proc/self/clear_refs").exists():
+        return {"skipped": "no /proc/self/clear_refs"}
+    sids = [f"rss-{rep}" for rep in range(max(1, min(REPS, 3)))]
+    payloads: dict[str, int] = {}
+    with turnkeeper.open_store(where) as store:
+        store.sessions.create("rss-small")
+        store.sessions.append("rss-small", EntryKind.MESSAGE, MSG)
+        for sid in sids:
+            store.sessions.create(sid)
+            for done in range(0, RSS_ENTRIES, 10_000):
+                batch = min(10_000, RSS_ENTRIES - done)
+                store.sessions.append_many(sid, [(EntryKind.MESSAGE, MSG)] * batch)
+            payloads[sid] = store.db.read(
+                "rss_payload",
+                lambda tx, sid=sid: tx.one(
+                    "SELECT sum(length(payload)) FROM entries WHERE session_id = ?", [sid]
+                ),
+            )[0]
+
+    def child(sid: str) -> float:
+        out = subprocess.run(
+            [sys.executable, "-c", _RSS_CHILD, where, sid],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        return int(out[1]) / payloads[sid]
+
+    first = [child(sid) for sid in sids]
+    stored = [child(sid) for sid in sids]
+    return {
+        "entries": RSS_ENTRIES,
+        "payload_mb": round(payloads[sids[0]] / 1e6, 2),
+        "from the rows (stores the snapshot)": _spread(first),
+        "from the stored snapshot": _spread(stored),
+    }
 
 
 _DBOS: dict[str, Any] = {}
@@ -622,11 +718,14 @@ def measure(
     folder: str,
     dbos_url: str,
     big: str,
+    lg_url: str = "",
+    rss: str = "",
 ) -> dict[str, Any]:
     """Every figure of one backend (``cold``: the same database, replay cache
-    off; ``least``: the engine's bounds, ``bench_bounds``); with ``folder``,
-    the LangGraph peer beside it; DBOS on ``dbos_url``; the big store
-    (:func:`big_store`) opened at ``big``."""
+    off; ``least``: the engine's bounds, ``bench_bounds``); the LangGraph peer
+    beside it (``SqliteSaver`` in ``folder``, or ``PostgresSaver`` at
+    ``lg_url``); DBOS on ``dbos_url``; the big store (:func:`big_store`) opened
+    at ``big``; the replay's peak RSS (:func:`replay_rss`) in a store at ``rss``."""
     ops = operations(store, cold) | least
     ratios: dict[str, list[float]] = {name: [] for name in ops}
     floors: list[float] = []
@@ -636,7 +735,7 @@ def measure(
             floors.append(base)
             ratios[name].append(per_call(op) / base)
     stats = store.statement_stats()
-    peers = langgraph_peer(store, cold, folder) if folder else {}
+    peers = langgraph_peer(store, cold, folder, lg_url) if folder or lg_url else {}
     dbos = dbos_peer(ops[TURN_THREE], dbos_url)
     ours, sqlite_s = analytics(store, rows, folder)
     beside = f"turn, 3 transactions, beside {len(rows)} runs' history ({3 * len(rows)} run events)"
@@ -652,6 +751,7 @@ def measure(
         "floor_ms": round(statistics.median(floors) * 1000, 3),
         "analytics_model_day": figure,
         **({"langgraph": peers} if peers else {}),
+        **({"replay_rss": replay_rss(rss)} if rss else {}),
         "dbos_three_steps": dbos,
         "operations": {
             name: {
@@ -745,7 +845,11 @@ def table(result: dict[str, Any]) -> str:
             r = result["backends"][n].get("langgraph", {}).get(peer)
             cells.append("—" if r is None else f"{r['median']}× [{r['min']}–{r['max']}]")
         if any(c != "—" for c in cells):
-            lines.append(f"| LangGraph SqliteSaver: {peer}, same history | {' | '.join(cells)} |")
+            lines.append(
+                f"| LangGraph SqliteSaver (DuckDB) / PostgresSaver (PostgreSQL): {peer}, "
+                f"same history | {' | '.join(cells)} |"
+            )
+    lines += rss_rows(result)
     ledger_cells = [
         dict(ledger_rows(b["ledger"])) if "ledger" in b else {} for b in result["backends"].values()
     ]
@@ -761,7 +865,91 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def rss_rows(result: dict[str, Any]) -> list[str]:
+    """The table's rows of :func:`replay_rss` (× the stored payload, median [min–max])."""
+    lines = []
+    for path in ("from the stored snapshot", "from the rows (stores the snapshot)"):
+        cells = []
+        for b in result["backends"].values():
+            r = b.get("replay_rss", {})
+            cells.append(
+                f"{r[path]['median']}× [{r[path]['min']}–{r[path]['max']}] of {r['payload_mb']} MB"
+                if path in r
+                else "—"
+            )
+        if any(c != "—" for c in cells):
+            entries = next(b["replay_rss"]["entries"] for b in result["backends"].values())
+            lines.append(
+                f"| cold replay of {entries} entries, {path}: peak RSS / stored payload "
+                f"(fresh process) | {' | '.join(cells)} |"
+            )
+    return lines
+
+
+def replay_only(
+    store: turnkeeper.BaseStore,
+    cold: turnkeeper.BaseStore,
+    floor: Op,
+    folder: str,
+    lg_url: str,
+    rss: str,
+) -> dict[str, Any]:
+    """The replay's rows alone (``TURNKEEPER_BENCH_ONLY=replay``): the cold
+    replay × floor, the LangGraph peer, the peak RSS."""
+    store.sessions.create("r")
+    for done in range(0, REPLAY_ENTRIES, 1000):
+        batch = min(1000, REPLAY_ENTRIES - done)
+        store.sessions.append_many("r", [(EntryKind.MESSAGE, MSG)] * batch)
+    name = f"replay ({REPLAY_ENTRIES} entries), cache off"
+    op = timed(lambda: cold.sessions.replay("r"))
+    ratios, floors = [], []
+    for _ in range(REPS):
+        base = per_call(floor)
+        floors.append(base)
+        ratios.append(per_call(op) / base)
+    return {
+        "floor_ms": round(statistics.median(floors) * 1000, 3),
+        "operations": {name: _spread(ratios)},
+        "langgraph": langgraph_peer(store, cold, folder, lg_url),
+        "replay_rss": replay_rss(rss),
+        "statements_per_call": {
+            "replay": round(cold.statement_stats()["replay"]["statements_per_call"], 2)
+        },
+    }
+
+
+def main_replay() -> int:
+    """``TURNKEEPER_BENCH_ONLY=replay``: the replay's rows on each backend, as
+    JSON to :data:`OUT` (the table is left alone)."""
+    backends: dict[str, Any] = {"load_average": [round(x, 2) for x in os.getloadavg()]}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/store.duckdb"
+        with (
+            turnkeeper.open_store(path) as store,
+            turnkeeper.open_store(path, replay_cache_bytes=0) as cold,
+        ):
+            backends["duckdb"] = replay_only(
+                store, cold, duck_floor(tmp), tmp, "", f"{tmp}/rss.duckdb"
+            )
+    url = os.environ.get("TURNKEEPER_TEST_PG")
+    if url:
+        schema = pg_schema(url)
+        with (
+            turnkeeper.open_store(schema) as store,
+            turnkeeper.open_store(schema, replay_cache_bytes=0) as cold,
+        ):
+            backends["postgres"] = replay_only(
+                store, cold, pg_floor(schema), "", pg_schema(url), pg_schema(url)
+            )
+    backends["cores"] = os.cpu_count()
+    OUT.write_text(json.dumps(backends, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(backends, indent=2))
+    return 0
+
+
 def main() -> int:
+    if os.environ.get("TURNKEEPER_BENCH_ONLY") == "replay":
+        return main_replay()
     load = [round(x, 2) for x in os.getloadavg()]
     backends: dict[str, Any] = {}
     rows = history(RUNS)
@@ -781,6 +969,7 @@ def main() -> int:
                 tmp,
                 f"sqlite:///{tmp}/dbos.sqlite",
                 f"{tmp}/big.duckdb",
+                rss=f"{tmp}/rss.duckdb",
             )
             backends["duckdb"]["ledger"] = ledger(store)
     url = os.environ.get("TURNKEEPER_TEST_PG")
@@ -793,7 +982,16 @@ def main() -> int:
             dbos_url = url.replace("postgresql://", "postgresql+psycopg://", 1)
             least = postgres_bounds(pg_schema(url))
             backends["postgres"] = measure(
-                store, cold, pg_floor(schema), least, rows, "", dbos_url, pg_schema(url)
+                store,
+                cold,
+                pg_floor(schema),
+                least,
+                rows,
+                "",
+                dbos_url,
+                pg_schema(url),
+                lg_url=pg_schema(url),
+                rss=pg_schema(url),
             )
             backends["postgres"]["ledger"] = ledger(store, schema)
         backends["postgres"]["processes"] = multiples({n: processes(schema, n) for n in (1, 4, 8)})

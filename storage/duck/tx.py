@@ -178,8 +178,10 @@ class Tx:
                 lock.release()  # released before it is forgotten: a cancellation never leaks one
             del self._held[stripe]
 
-    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        """Execute one statement and return all rows."""
+    def rows(
+        self, sql: str, params: Sequence[Any] = (), *, binary: bool = False
+    ) -> list[tuple[Any, ...]]:
+        """Execute one statement and return all rows (``binary``: DuckDB has one form)."""
         return self._execute(sql, params).fetchall()
 
     def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:

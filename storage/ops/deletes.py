@@ -90,6 +90,7 @@ REMOVED: tuple[tuple[str, str], ...] = (
     ("ledger_catalog", "session_id = ?"),
     ("ledger_blobs", "session_id = ?"),
     ("ledger_blob_condemned", "session_id = ?"),
+    ("replay_snapshots", "session_id = ?"),
     ("entries", "session_id = ?"),
     ("sessions", "id = ?"),
 )

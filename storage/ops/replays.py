@@ -16,6 +16,13 @@ to another branch, a new compaction, an unrooted branch) is replayed from
 the rows. Writers in other processes or store objects are seen the same
 way: the check reads the row.
 
+Beneath this cache, in the database, each session may keep one stored
+snapshot of a replay (``replay_snapshots``): a replay that finds nothing
+usable cached reads it with the session row (the same statement) and uses
+it by the same rules, so a fresh process or store object (cache off) replays
+a long session from one stored value; a replay that decoded many rows stores
+its result there after the read (see ``storage.ops.replay_snapshots``).
+
 Every replay returns fresh objects (decoded from the cached JSON text), so a
 caller that changes the messages it got changes nothing cached. Memory: the
 cache keeps each branch's context messages as JSON text, and counts what
@@ -42,6 +49,7 @@ from ..backend import Tx
 from ..codec import check_id, from_json, stored_json
 from ..replay import build_replay, context_message, path_settings
 from . import entry_rows
+from . import replay_snapshots as snapshots
 from .base import Area
 
 REPLAY_CACHE_BYTES = 64 * 2**20
@@ -185,37 +193,94 @@ def _tail(rows: Sequence[Sequence[Any]], leaf: str | None, stop: str | None) -> 
     return [entry_rows.entry_row(row) for row in reversed(chain)]
 
 
-def cached_replay(tx: Tx, session_id: str, cache: BranchCache) -> Replay:
-    """The session's replay through ``cache`` (see the module docstring); one
-    snapshot.
+def cached_replay(
+    tx: Tx, session_id: str, cache: BranchCache, pending: list[snapshots.Pending] | None = None
+) -> Replay:
+    """The session's replay through ``cache`` and the session's stored snapshot
+    (see the module docstring and ``replay_snapshots``); one snapshot of the
+    database. A replay that decoded at least ``replay_snapshots.PERSIST_ROWS``
+    entry rows is appended to ``pending``, for the caller to store after the read.
 
     Raises:
         SessionNotFoundError: no such session.
     """
-    head = tx.one("SELECT leaf_id, next_seq FROM sessions WHERE id = ?", [session_id])
+    known = cache.get(session_id)
+    head = snapshots.head(tx, session_id, with_first=known is None)
     if head is None:
         raise errors.SessionNotFoundError(session_id)
-    leaf, next_seq = head
-    known = cache.get(session_id)
+    leaf, next_seq, stored = head
     if known is not None and known.leaf_id == leaf and known.next_seq == next_seq:
         return known.replay()
     if known is not None and known.rooted and known.next_seq < next_seq:
-        rows = tx.rows(
-            f"SELECT {entry_rows.entry_columns(tx)} FROM entries WHERE session_id = ? AND seq >= ?",
-            [session_id, known.next_seq],
-        )
-        tail = _tail(rows, leaf, known.leaf_id)
+        tail = _tail(_rows_from(tx, session_id, known.next_seq), leaf, known.leaf_id)
         if tail is not None and all(e.kind != EntryKind.COMPACTION for e in tail):
             branch = known.extended(tail, leaf, next_seq)
             cache.put(session_id, branch)
-            return branch.replay()
-    path = entry_rows.path_to_leaf(tx, session_id, leaf)
-    rooted = not path or path[0].parent_id is None
-    replay = build_replay(path)
-    del path  # its entries are let go before the cached copy is made
+            grown = branch.replay()
+            _keep(pending, len(tail), grown, True, leaf, next_seq)
+            return grown
+    replay = _from_stored(tx, session_id, stored, leaf, next_seq, pending)
+    if replay is None:
+        path = entry_rows.path_to_leaf(tx, session_id, leaf)
+        rooted = not path or path[0].parent_id is None
+        replay = build_replay(path)
+        rows = len(path)
+        del path  # its entries are let go before the cached copy is made
+        _keep(pending, rows, replay, rooted, leaf, next_seq)
+    else:
+        rooted = stored is not None and stored.rooted
     if cache.max_bytes:
         cache.put(session_id, Branch.of(replay, rooted, leaf, next_seq))
     return replay
+
+
+def _rows_from(tx: Tx, session_id: str, seq: int) -> list[tuple[Any, ...]]:
+    """The session's entry rows at or above ``seq``."""
+    return tx.rows(
+        f"SELECT {entry_rows.entry_columns(tx)} FROM entries WHERE session_id = ? AND seq >= ?",
+        [session_id, seq],
+    )
+
+
+def _from_stored(
+    tx: Tx,
+    session_id: str,
+    stored: snapshots.Stored | None,
+    leaf: str | None,
+    next_seq: int,
+    pending: list[snapshots.Pending] | None,
+) -> Replay | None:
+    """The replay from the stored snapshot: as stored when the session row still
+    names it, carried on along the new rows when it is rooted and they continue
+    it without a compaction; ``None`` when it does not hold (or is damaged)."""
+    if stored is None:
+        return None
+    if stored.leaf_id == leaf and stored.next_seq == next_seq:
+        return snapshots.load(tx, session_id, stored)
+    if not stored.rooted or stored.next_seq >= next_seq:
+        return None
+    tail = _tail(_rows_from(tx, session_id, stored.next_seq), leaf, stored.leaf_id)
+    if tail is None or any(e.kind == EntryKind.COMPACTION for e in tail):
+        return None
+    base = snapshots.load(tx, session_id, stored)
+    if base is None:
+        return None
+    replay = snapshots.carried_on(base, tail)
+    _keep(pending, len(tail), replay, True, leaf, next_seq)
+    return replay
+
+
+def _keep(
+    pending: list[snapshots.Pending] | None,
+    rows: int,
+    replay: Replay,
+    rooted: bool,
+    leaf: str | None,
+    next_seq: int,
+) -> None:
+    """Ask for ``replay`` to be stored when it decoded enough rows to pay for it."""
+    if pending is not None and rows >= snapshots.PERSIST_ROWS:
+        pending.append(snapshots.Pending(replay, rooted, leaf, next_seq))
 
 
 class ReplaysPart(Area):
@@ -234,6 +299,12 @@ class ReplaysPart(Area):
             SessionNotFoundError: no such session.
         """
         check_id(session_id, "session_id")
-        return self.db.read(
-            "replay", lambda tx: cached_replay(tx, session_id, self._branches), snapshot=True
+        pending: list[snapshots.Pending] = []
+        replay = self.db.read(
+            "replay",
+            lambda tx: cached_replay(tx, session_id, self._branches, pending),
+            snapshot=True,
         )
+        for kept in pending[-1:]:  # a retried read may have asked more than once
+            snapshots.store(self.db, session_id, kept)
+        return replay

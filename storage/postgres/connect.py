@@ -300,7 +300,11 @@ def pin_sql(path: str) -> str:
 
 
 def pinned(
-    conn: psycopg.Connection[Any], path: str, query: str, params: list[Any] | None
+    conn: psycopg.Connection[Any],
+    path: str,
+    query: str,
+    params: list[Any] | None,
+    binary: bool = False,
 ) -> psycopg.Cursor[Any]:
     """Run one autocommit statement with the search_path pinned to ``path``:
     :data:`PIN_SQL` and the statement in one pipeline, one implicit
@@ -314,10 +318,10 @@ def pinned(
     if psycopg.Pipeline.is_supported():
         with conn.pipeline():
             conn.execute(PIN_SQL, [path])
-            return conn.execute(query, params)
+            return conn.execute(query, params, binary=binary)
     conn.execute(f"BEGIN; {pin_sql(path)}")
     try:
-        cur = conn.execute(query, params)
+        cur = conn.execute(query, params, binary=binary)
         conn.execute("COMMIT")
     except BaseException:
         with contextlib.suppress(Exception):

@@ -241,15 +241,17 @@ class Tx:
         """The kept error of the earliest expiry (its check failed as it committed)."""
         return min(self._until, key=lambda u: u[0])[1]
 
-    def _execute(self, sql: str, params: Sequence[Any]) -> psycopg.Cursor[Any]:
+    def _execute(
+        self, sql: str, params: Sequence[Any], binary: bool = False
+    ) -> psycopg.Cursor[Any]:
         self.statements += 1
         self._snapshot = self._snapshot or not sql.startswith("BEGIN")
         # sent as it is without parameters: psycopg then reads no placeholders
         query, args = (_pg(sql), list(params)) if params else (sql, None)
         with faults.driver():
             if self._search_path is not None and not self._in_transaction:
-                return connect.pinned(self._conn, self._search_path, query, args)
-            return self._conn.execute(query, args)
+                return connect.pinned(self._conn, self._search_path, query, args, binary)
+            return self._conn.execute(query, args, binary=binary)
 
     def notify(self, topic: str) -> None:
         """Publish wake-up ``topic`` once this transaction commits."""
@@ -258,9 +260,12 @@ class Tx:
     def hold(self, target: str) -> None:
         """Nothing: the lease row's lock orders this transaction with a renewal."""
 
-    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        """Execute one statement and return all rows."""
-        cur = self._execute(sql, params)
+    def rows(
+        self, sql: str, params: Sequence[Any] = (), *, binary: bool = False
+    ) -> list[tuple[Any, ...]]:
+        """Execute one statement and return all rows (``binary``: in binary form,
+        so a ``BYTEA`` value arrives as its bytes rather than hex text)."""
+        cur = self._execute(sql, params, binary)
         with faults.driver():
             return cur.fetchall() if cur.description is not None else []
 

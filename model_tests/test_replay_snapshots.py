@@ -1,0 +1,266 @@
+"""Stored replay snapshots (``storage/ops/replay_snapshots.py``): a replay by a
+store object without a cache (a fresh process) served from the session's
+stored snapshot always equals one built from the rows, on both backends,
+across appends, batches, branch moves, compactions, labels, settings
+changes and imports of a missing parent; a damaged part is never
+served; the lazy write stores nothing for a session deleted or written
+since, and never replaces a later snapshot; the peak RSS of a cold replay of
+100,000 entries, measured in a subprocess, stays within its stated bound.
+
+Controls: serving the stored snapshot whatever the session row says, and a
+part check that passes anything, each make the agreement fail.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from test_replay_cache import STEPS, apply, uncached, user
+
+import turnkeeper
+from turnkeeper import EntryKind
+from turnkeeper.spec.records import ImportBatch, ImportEntry
+from turnkeeper.storage.ops import replay_snapshots, replays
+
+M = EntryKind.MESSAGE
+
+
+def cold_store(backend: str, tmp_path: Path) -> turnkeeper.BaseStore:
+    """A store object without a replay cache: every replay reads the database."""
+    if backend == "duckdb":
+        return turnkeeper.open_store(str(tmp_path / "s.duckdb"), replay_cache_bytes=0)
+    from conftest import new_pg_schema
+
+    return turnkeeper.open_store(new_pg_schema(), replay_cache_bytes=0)
+
+
+def stored(store: turnkeeper.BaseStore, sid: str) -> list[tuple[Any, ...]]:
+    return store.db.read(
+        "stored",
+        lambda tx: tx.rows(
+            "SELECT part, leaf_id, next_seq FROM replay_snapshots WHERE session_id = ? "
+            "ORDER BY part",
+            [sid],
+        ),
+    )
+
+
+@pytest.fixture
+def every_replay_stored(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every replay that read a row stores its snapshot; counts the snapshots loaded."""
+    monkeypatch.setattr(replay_snapshots, "PERSIST_ROWS", 1)
+    loads: list[int] = []
+    real = replay_snapshots.load
+
+    def counted(tx: Any, session_id: str, head: Any) -> Any:
+        got = real(tx, session_id, head)
+        loads.append(0 if got is None else 1)
+        return got
+
+    monkeypatch.setattr(replay_snapshots, "load", counted)
+    return loads
+
+
+def agree(store: turnkeeper.BaseStore, steps: list[tuple[str, int | str]]) -> None:
+    sid = uuid.uuid4().hex
+    store.sessions.create(sid)
+    ids: list[str] = []
+    assert store.sessions.replay(sid) == uncached(store, sid)
+    for step in steps:
+        apply(store, sid, step, ids)
+        assert store.sessions.replay(sid) == uncached(store, sid), step
+        assert store.sessions.replay(sid) == uncached(store, sid), step  # served as stored
+
+
+@pytest.mark.parametrize("backend", ["duckdb", "postgres"])
+def test_a_replay_from_the_stored_snapshot_equals_the_rows_replayed(
+    backend: str, tmp_path: Path, every_replay_stored: list[int]
+) -> None:
+    store = cold_store(backend, tmp_path)
+
+    @settings(suppress_health_check=[HealthCheck.too_slow], deadline=None, max_examples=25)
+    @given(STEPS)
+    def check(steps: list[tuple[str, int | str]]) -> None:
+        agree(store, steps)
+
+    try:
+        check()
+        agree(store, [("append", 1), ("append", 2), ("compaction", 0), ("branch", 0)])
+    finally:
+        store.close()
+    assert sum(every_replay_stored) > 0  # the snapshots were served, not only written
+
+
+def test_control_a_snapshot_served_whatever_the_row_says_fails(
+    tmp_path: Path, every_replay_stored: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The freshness rules patched out (any stored snapshot served as it is): the
+    session grew, the stale replay differs."""
+
+    def stale(tx: Any, session_id: str, found: Any, *rest: Any) -> Any:
+        return None if found is None else replay_snapshots.load(tx, session_id, found)
+
+    monkeypatch.setattr(replays, "_from_stored", stale)
+    with cold_store("duckdb", tmp_path) as store, pytest.raises(AssertionError):
+        agree(store, [("append", 1), ("replay", 0), ("append", 2)])
+
+
+def _damage(store: turnkeeper.BaseStore, sid: str) -> None:
+    """Replace the stored messages by other valid ones, the check value kept."""
+    import ormsgpack
+
+    other = ormsgpack.packb([{"role": "user", "content": "forged"}])
+    store.db.write(
+        "damage",
+        lambda tx: tx.exec(
+            "UPDATE replay_snapshots SET messages = ? WHERE session_id = ?", [other, sid]
+        ),
+    )
+
+
+def test_a_damaged_part_is_never_served(tmp_path: Path, every_replay_stored: list[int]) -> None:
+    with cold_store("duckdb", tmp_path) as store:
+        store.sessions.create("s")
+        store.sessions.append("s", M, user("real"))
+        store.sessions.replay("s")
+        assert len(stored(store, "s")) == 1
+        _damage(store, "s")
+        assert [m["content"] for m in store.sessions.replay("s").messages] == ["real"]
+        assert store.sessions.replay("s") == uncached(store, "s")
+
+
+def test_control_a_part_check_that_passes_anything_serves_the_damage(
+    tmp_path: Path, every_replay_stored: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(replay_snapshots, "_digest", lambda *args: "same")
+    with cold_store("duckdb", tmp_path) as store:
+        store.sessions.create("s")
+        store.sessions.append("s", M, user("real"))
+        store.sessions.replay("s")
+        _damage(store, "s")
+        assert [m["content"] for m in store.sessions.replay("s").messages] == ["forged"]
+
+
+def test_an_imported_missing_parent_is_replayed_above_the_stored_snapshot(
+    tmp_path: Path, every_replay_stored: list[int]
+) -> None:
+    """A snapshot of a branch whose first entry's parent is missing is never
+    carried on: the import that supplies the parent puts it above."""
+    t = datetime(2024, 1, 1, tzinfo=UTC)
+    with cold_store("duckdb", tmp_path) as store:
+
+        def imported(entries: list[ImportEntry], leaf: str) -> None:
+            header = {"type": "session", "version": 3, "id": "s"}
+            store.sessions.import_batch(ImportBatch("s", "/", t, header, entries, leaf))
+
+        imported([ImportEntry("B", "X", "message", t, user("b"))], "B")
+        assert [m["content"] for m in store.sessions.replay("s").messages] == ["b"]
+        assert stored(store, "s") != []
+        imported([ImportEntry("X", None, "message", t, user("x"))], "B")
+        assert [m["content"] for m in store.sessions.replay("s").messages] == ["x", "b"]
+        store.sessions.append("s", M, user("c"))
+        assert [m["content"] for m in store.sessions.replay("s").messages] == ["x", "b", "c"]
+        assert store.sessions.replay("s") == uncached(store, "s")
+
+
+def test_the_lazy_write_is_fenced(tmp_path: Path) -> None:
+    """Nothing is stored for a session deleted or written since the replay, and
+    a snapshot at a later ``next_seq`` is never replaced by an earlier one."""
+    with cold_store("duckdb", tmp_path) as store:
+        for sid in ("gone", "grown"):
+            store.sessions.create(sid)
+            store.sessions.append(sid, M, user("a"))
+        pending = {
+            sid: store.db.read(
+                "head", lambda tx, sid=sid: replay_snapshots.head(tx, sid, with_first=False)
+            )
+            for sid in ("gone", "grown")
+        }
+
+        def pend(sid: str) -> replay_snapshots.Pending:
+            leaf, next_seq, _ = pending[sid]
+            return replay_snapshots.Pending(uncached(store, sid), True, leaf, next_seq)
+
+        gone = pend("gone")
+        store.sessions.delete("gone")
+        replay_snapshots.store(store.db, "gone", gone)
+        assert stored(store, "gone") == []
+
+        old = pend("grown")
+        store.sessions.append("grown", M, user("b"))
+        replay_snapshots.store(store.db, "grown", old)
+        assert stored(store, "grown") == []  # written since: a later replay stores its own
+
+        leaf, next_seq, _ = store.db.read(
+            "head", lambda tx: replay_snapshots.head(tx, "grown", with_first=False)
+        )
+        now = replay_snapshots.Pending(uncached(store, "grown"), True, leaf, next_seq)
+        replay_snapshots.store(store.db, "grown", now)
+        assert stored(store, "grown") == [(0, leaf, next_seq)]
+        replay_snapshots.store(store.db, "grown", old)
+        assert stored(store, "grown") == [(0, leaf, next_seq)]
+
+
+_RSS_SCRIPT = """
+import sys, turnkeeper
+
+def status(name):
+    with open("/proc/self/status") as lines:
+        for line in lines:
+            if line.startswith(name + ":"):
+                return int(line.split()[1]) * 1024
+
+with turnkeeper.open_store(sys.argv[1], replay_cache_bytes=0) as store:
+    store.sessions.replay("small")
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")  # VmHWM restarts from VmRSS: the open's own peak is not counted
+    base = status("VmRSS")
+    got = store.sessions.replay("big")
+    print(len(got.messages), status("VmHWM") - base)
+"""
+RSS_BOUND = 8
+"""Peak RSS of a cold replay from a stored snapshot, over the session's stored
+payload bytes. Measured 4.4-5.8 on a loaded 2-core machine (before stored
+snapshots, from the rows: 6.2, and 9.7 for the replay that stores one): the
+replay's own objects are 2.3 times the payload for 200-character messages
+(tracemalloc: 54 MB for 24 MB), and DuckDB holds about twice the bytes of
+the blobs it read. The issue's goal of 3 is not met (reports/BENCH.md)."""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads VmRSS from /proc")
+def test_a_cold_replay_of_100k_entries_stays_within_its_rss_bound(tmp_path: Path) -> None:
+    """A fresh process replays a 100,000-entry session from its stored snapshot:
+    its peak RSS above what it held before stays below :data:`RSS_BOUND` times
+    the session's stored payload bytes (RSS, measured in a subprocess)."""
+    n, path = 100_000, str(tmp_path / "s.duckdb")
+    with turnkeeper.open_store(path) as store:
+        store.sessions.create("big")
+        store.sessions.create("small")
+        store.sessions.append("small", M, user("s"))
+        for _ in range(0, n, 10_000):
+            store.sessions.append_many("big", [(M, user("x" * 200))] * 10_000)
+        payload = int(
+            store.query("SELECT sum(strlen(payload)) FROM entries WHERE session_id = 'big'")
+            .column(0)[0]
+            .as_py()
+        )
+        store.sessions.replay("big")  # stores the snapshot
+        assert stored(store, "big")
+    out = subprocess.run(
+        [sys.executable, "-c", _RSS_SCRIPT, path],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout.split()
+    count, grew = int(out[0]), int(out[1])
+    print(f"payload {payload / 1e6:.1f} MB, peak RSS +{grew / 1e6:.1f} MB ({grew / payload:.2f}x)")
+    assert count == n
+    assert grew < RSS_BOUND * payload
