@@ -1,0 +1,70 @@
+"""The statements a turn costs (issue 21, part 2): ``reports/bench.py``'s
+three-transaction turn (admit+start with the user message, ``append_many``
+of 3, finish with its last entry, the reply and a one-step delivery plan),
+counted by the store's own statement counter (``statement_stats``: every
+statement sent, BEGIN and COMMIT included), on both backends.
+
+A count, not a timing: the same on a loaded machine. The ceilings are what
+the store costs now; a change that adds a statement to the turn fails here.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+import turnkeeper
+from turnkeeper import DeliveryPlan, DeliveryStep, EntryKind
+
+MSG = {"message": {"role": "user", "content": "x" * 200}}
+REPLY = {"role": "assistant", "content": "done"}
+USER = {"role": "user", "content": "go"}
+
+PHASES = ("admit_run", "append_many", "finish_run")
+
+CEILINGS = {
+    "duckdb": {"admit_run": 13, "append_many": 6, "finish_run": 20},
+    "postgres": {"admit_run": 13, "append_many": 1, "finish_run": 20},
+}
+"""Statements per phase of the turn, at most (BEGIN and COMMIT included)."""
+
+
+def _turn(store: turnkeeper.BaseStore, lease: turnkeeper.Lease) -> None:
+    run = store.runs.admit("s", {"i": uuid.uuid4().hex}, user_message=USER, lease=lease, start=True)
+    store.sessions.append_many("s", [(EntryKind.MESSAGE, MSG)] * 3, lease=lease)
+    store.runs.finish(
+        run.id,
+        "succeeded",
+        entries=[(EntryKind.MESSAGE, MSG)],
+        assistant_message=REPLY,
+        delivery_plan=DeliveryPlan("chat", "t", (DeliveryStep("send", "msg"),)),
+        lease=lease,
+    )
+
+
+def _statements(store: turnkeeper.BaseStore) -> dict[str, float]:
+    stats = store.statement_stats()
+    return {
+        op: stats[op]["statements_per_call"] * stats[op]["calls"] if op in stats else 0.0
+        for op in PHASES
+    }
+
+
+def test_a_turn_costs_at_most_its_ceiling_of_statements(
+    real_store: turnkeeper.BaseStore, request: pytest.FixtureRequest
+) -> None:
+    backend = request.node.callspec.params["real_store"]
+    store = real_store
+    store.sessions.create("s")
+    lease = store.leases.acquire("session:s", "w", 3600, purpose="execution")
+    _turn(store, lease)  # the first turn warms what the store object remembers
+    before = _statements(store)
+    _turn(store, lease)
+    after = _statements(store)
+    spent = {op: round(after[op] - before[op]) for op in PHASES}
+    assert spent == {op: min(spent[op], CEILINGS[backend][op]) for op in PHASES}, spent
+    assert sum(spent.values()) <= sum(CEILINGS[backend].values())
+    entries = store.sessions.entries("s")
+    # both turns wrote everything: start, user, 3 messages, the last entry, reply, end
+    assert len(entries) == 2 * 8
