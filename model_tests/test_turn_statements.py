@@ -24,8 +24,8 @@ USER = {"role": "user", "content": "go"}
 PHASES = ("admit_run", "append_many", "finish_run")
 
 CEILINGS = {
-    "duckdb": {"admit_run": 13, "append_many": 6, "finish_run": 20},
-    "postgres": {"admit_run": 13, "append_many": 1, "finish_run": 20},
+    "duckdb": {"admit_run": 11, "append_many": 5, "finish_run": 17},
+    "postgres": {"admit_run": 11, "append_many": 1, "finish_run": 17},
 }
 """Statements per phase of the turn, at most (BEGIN and COMMIT included)."""
 
@@ -68,3 +68,26 @@ def test_a_turn_costs_at_most_its_ceiling_of_statements(
     entries = store.sessions.entries("s")
     # both turns wrote everything: start, user, 3 messages, the last entry, reply, end
     assert len(entries) == 2 * 8
+
+
+def test_a_stale_finish_is_refused_by_the_fence_in_its_first_read(
+    store: turnkeeper.BaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``runs.finish`` reads the run and fences the lease in one statement
+    (``leases.fenced_read``): a stale holder's finish is refused and writes
+    nothing; with the judge of that fence (``leases.fenced``) patched out
+    (the control), the stale finish is stored."""
+    from turnkeeper.storage.ops import leases
+
+    store.sessions.create("s")
+    stale = store.leases.acquire("session:s", "w1", 60, purpose="execution")
+    run = store.runs.admit("s", {"q": 1}, user_message=USER, lease=stale, start=True)
+    assert store.leases.release(stale)
+    count = store.sessions.get("s").entry_count
+    with pytest.raises(turnkeeper.LeaseLostError):
+        store.runs.finish(run.id, "succeeded", assistant_message=REPLY, lease=stale)
+    assert store.runs.get(run.id).status == "running"
+    assert store.sessions.get("s").entry_count == count
+    monkeypatch.setattr(leases, "fenced", lambda tx, lease, part: None)
+    store.runs.finish(run.id, "succeeded", assistant_message=REPLY, lease=stale)  # a defect
+    assert store.runs.get(run.id).status == "succeeded"

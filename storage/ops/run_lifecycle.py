@@ -63,6 +63,16 @@ def check_outcome(status: RunStatus, error: str | None) -> None:
         raise errors.InvalidInputError("error", "a run that succeeded carries no error")
 
 
+_TURN_STATUS = "SELECT status FROM conversation_turns WHERE id = ?"
+
+_RUN_HEAD_TURN = (
+    f"SELECT {', '.join('r.' + c.strip() for c in RUN_COLS.split(','))}, "
+    "s.leaf_id, s.next_seq, t.status FROM runs AS r LEFT JOIN sessions AS s ON s.id = r.session_id "
+    "LEFT JOIN conversation_turns AS t ON t.id = ? WHERE r.id = ?"
+)
+"""A run, its session's head and the status of its first turn (``<run id>:turn``)."""
+
+
 def _load(tx: Tx, run_id: str) -> Run:
     run = get(tx, run_id)
     if run is None:
@@ -139,7 +149,15 @@ def finish(
         revived or re-terminalized differently; cancel needs a cancel
         request), LeaseLostError, ToolCallPairingError (one of ``drafts``).
     """
-    run = _load(tx, run_id)
+    fence: tuple[Any, ...] | None = None
+    read: tuple[Any, ...] | None = None  # the session's head and the first turn's status
+    if lease is not None and fenced_epoch is None:  # the reads and the fence as one
+        row, fence = leases.fenced_read(tx, lease, _RUN_HEAD_TURN, [f"{run_id}:turn", run_id])
+        if row is None:
+            raise errors.RunNotFoundError(run_id)
+        run, read = run_row(row), row[-3:]
+    else:
+        run = _load(tx, run_id)
     check_session_lease(run.session_id, lease)
     if run.status == status:  # a repeated terminalization after an unknown commit
         if plan is not None:
@@ -149,7 +167,9 @@ def finish(
                 leases.fence_or_unheld(tx, session_target(run.session_id), lease)
             outbox_plans.create_plan(tx, run, plan)  # the stored plan, or a conflict
         return run, False, None
-    if fenced_epoch is None:  # (recovery fenced its own lease before calling)
+    if fence is not None and lease is not None:  # a stale holder learns it lost
+        leases.fenced(tx, lease, fence)
+    elif fenced_epoch is None:  # (recovery fenced its own lease before calling)
         # a stale holder learns it lost, whatever the run did since; without a lease,
         # nobody else may hold the session
         leases.fence_or_unheld(tx, session_target(run.session_id), lease)
@@ -165,7 +185,11 @@ def finish(
         f"DELETE FROM active_runs WHERE {keyed('session_id', 'run_id = ?')}",
         [run.session_id, run.id],
     )
-    head: tuple[str | None, int] | None = None  # the session's, once this call wrote it
+    # the session's head: as read above (nothing wrote the session since), or as
+    # this call wrote it
+    head: tuple[str | None, int] | None = (
+        None if read is None or read[1] is None else (read[0], read[1])
+    )
     known = None if openings is None else openings.get(run.session_id)
     opening = known
     if drafts:
@@ -177,6 +201,7 @@ def finish(
             lease=None,
             fenced_epoch=epoch,
             checked=True,
+            head=head,
             known=known,
         )
         last = chain.entries[-1]
@@ -188,7 +213,8 @@ def finish(
     # The run's open turn: its first (admission opened it) unless its runtime
     # ended that one and opened another (run_turns); none when it ended its last.
     turn_id: str | None = run.turn_id
-    first = tx.one("SELECT status FROM conversation_turns WHERE id = ?", [turn_id])
+    # (read above when it was: nothing here writes the turns)
+    first = tx.one(_TURN_STATUS, [turn_id]) if read is None else read[2:]
     if first is None or first[0] != TURN_OPEN:
         turn_id = run_turns.open_turn(tx, run.session_id)
     own = [] if assistant_message is None else [{"message": assistant_message}]

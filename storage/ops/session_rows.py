@@ -257,6 +257,10 @@ def append_drafts(
     ).entries
 
 
+HEAD_READ = "SELECT leaf_id, next_seq FROM sessions WHERE id = ?"
+"""A session's head: its leaf and next seq."""
+
+
 def append_chain(
     tx: Tx,
     session_id: str,
@@ -294,11 +298,17 @@ def append_chain(
         parent: writing it would move that entry's branch, unjudged),
         ToolCallPairingError (``ToolCallsUnansweredError`` among them).
     """
-    row = head or tx.one("SELECT leaf_id, next_seq FROM sessions WHERE id = ?", [session_id])
-    if row is None:
-        raise errors.SessionNotFoundError(session_id)
-    if not checked:
-        leases.fence_or_unheld(tx, session_target(session_id), lease)
+    if head is None and not checked and lease is not None:  # the read and the fence as one
+        row, fence = leases.fenced_read(tx, lease, HEAD_READ, [session_id])
+        if row is None:
+            raise errors.SessionNotFoundError(session_id)
+        leases.fenced(tx, lease, fence)
+    else:
+        row = head or tx.one(HEAD_READ, [session_id])
+        if row is None:
+            raise errors.SessionNotFoundError(session_id)
+        if not checked:
+            leases.fence_or_unheld(tx, session_target(session_id), lease)
     leaf, seq = row
     now = tx.now
     assert now is not None  # always set inside a transaction
