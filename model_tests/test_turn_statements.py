@@ -24,8 +24,8 @@ USER = {"role": "user", "content": "go"}
 PHASES = ("admit_run", "append_many", "finish_run")
 
 CEILINGS = {
-    "duckdb": {"admit_run": 11, "append_many": 5, "finish_run": 17},
-    "postgres": {"admit_run": 11, "append_many": 1, "finish_run": 17},
+    "duckdb": {"admit_run": 10, "append_many": 5, "finish_run": 16},
+    "postgres": {"admit_run": 10, "append_many": 1, "finish_run": 16},
 }
 """Statements per phase of the turn, at most (BEGIN and COMMIT included)."""
 

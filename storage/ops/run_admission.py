@@ -235,6 +235,11 @@ def admit(
     if user_message is not None:
         message = {"message": user_message}
         drafts.append(session_rows.own_draft(EntryKind.MESSAGE, message, f"{run_id}:user"))
+    events: list[tuple[Edge, str, Mapping[str, Any]]] = [
+        (RUN.edge("admit"), f"{run_id}:admitted", {"attempt": attempt})
+    ]
+    if start:
+        events.append((RUN.edge("start"), f"{run_id}:start:{secrets.token_hex(4)}", {}))
     chain = session_rows.append_chain(
         tx,
         session_id,
@@ -245,6 +250,7 @@ def admit(
         checked=True,
         head=(head[0], head[1]),  # nothing above moved the leaf or the seq
         known=known,
+        events=len(events),  # the run events' seqs, taken by the same update
     )
     written = chain.entries
     tx.exec(
@@ -267,12 +273,7 @@ def admit(
         None,
         f"{run_id}:turn",
     )
-    events: list[tuple[Edge, str, Mapping[str, Any]]] = [
-        (RUN.edge("admit"), f"{run_id}:admitted", {"attempt": attempt})
-    ]
-    if start:
-        events.append((RUN.edge("start"), f"{run_id}:start:{secrets.token_hex(4)}", {}))
-    run_events.append_events(tx, run, events)
+    run_events.append_events(tx, run, events, taken=True)
     for event, data in resource_events:  # session seed AppendInputResourceEventTx
         resources.write(tx, replace(event, run_id=run_id), data)
     if key_digest is not None:

@@ -241,14 +241,18 @@ def finish(
             checked=True,
             head=head,
             known=opening,
+            events=1,  # the terminal event's seq, taken by the same update
         )
     if turn_id is not None:
         tx.exec(
             "UPDATE conversation_turns SET status = ?, end_seq = ?, ended_at = ? WHERE id = ?",
             [status.value, ended.entries[-1].seq, tx.now, turn_id],
         )
-    run_events.append_event(
-        tx, moved, edge, f"{run_id}:{status.value}", {"error": error, "stopReason": stop_reason}
+    run_events.append_events(
+        tx,
+        moved,
+        [(edge, f"{run_id}:{status.value}", {"error": error, "stopReason": stop_reason})],
+        taken=bool(drafts_own),
     )
     if plan is not None:  # the run ended just now: it can have no plan yet
         outbox_plans.create_plan(tx, moved, plan, first=True)

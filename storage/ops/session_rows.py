@@ -42,7 +42,7 @@ from ..validate import (
     check_header,
     check_session_lease,
 )
-from . import leases, pairing_checks
+from . import leases, pairing_checks, run_events
 from .base import Area
 from .entry_rows import (
     ENTRY_COLUMNS,
@@ -273,6 +273,7 @@ def append_chain(
     checked: bool = False,
     head: tuple[str | None, int] | None = None,
     known: Opening | None = None,
+    events: int = 0,
 ) -> Chain:
     """Append ``drafts`` as a chain under the leaf (or ``parent_override``), the
     first one's parent the leaf, each next one's the one before; see the
@@ -289,7 +290,10 @@ def append_chain(
     written (``pairing_checks.check``; ``known``: the calls open at the
     session's head, if the caller knows them). ``head``: the session's leaf
     and next seq as the caller read them in this transaction, with nothing
-    written to the session since (one read less).
+    written to the session since (one read less). ``events``: run events the
+    caller writes next in this transaction, whose seqs the same update takes
+    from the session's event cursor (``run_events.append_events`` with
+    ``taken=True``: one update of the session row, not two).
 
     Raises:
         LeaseLostError, BusyError, SessionNotFoundError, SessionModifiedError,
@@ -348,11 +352,12 @@ def append_chain(
     opening = pairing_checks.check(tx, session_id, below, seq, out, known)
     names = [d.payload["name"] for d in drafts if d.kind == EntryKind.SESSION_INFO]
     title = "title = ?, " if names else ""  # a column not set is not written
+    cursor, bump = run_events.cursor_bump(tx, session_id, events) if events else ("", [])
     moved = tx.count(
-        f"UPDATE sessions SET {title}leaf_id = ?, next_seq = next_seq + ?, "
+        f"UPDATE sessions SET {title}{cursor}leaf_id = ?, next_seq = next_seq + ?, "
         "entry_count = entry_count + ?, updated_at = ? "
         f"WHERE {keyed('id', HEAD_IS)}",
-        [*names[-1:], out[-1].id, len(out), len(out), now, session_id, seq, leaf],
+        [*names[-1:], *bump, out[-1].id, len(out), len(out), now, session_id, seq, leaf],
     )
     if moved != 1:
         raise Conflict(f"session {session_id!r} moved during append")
