@@ -10,6 +10,7 @@ the store costs now; a change that adds a statement to the turn fails here.
 
 from __future__ import annotations
 
+import itertools
 import uuid
 
 import pytest
@@ -24,8 +25,8 @@ USER = {"role": "user", "content": "go"}
 PHASES = ("admit_run", "append_many", "finish_run")
 
 CEILINGS = {
-    "duckdb": {"admit_run": 10, "append_many": 5, "finish_run": 16},
-    "postgres": {"admit_run": 10, "append_many": 1, "finish_run": 16},
+    "duckdb": {"admit_run": 10, "append_many": 5, "finish_run": 14},
+    "postgres": {"admit_run": 10, "append_many": 1, "finish_run": 14},
 }
 """Statements per phase of the turn, at most (BEGIN and COMMIT included)."""
 
@@ -91,3 +92,68 @@ def test_a_stale_finish_is_refused_by_the_fence_in_its_first_read(
     monkeypatch.setattr(leases, "fenced", lambda tx, lease, part: None)
     store.runs.finish(run.id, "succeeded", assistant_message=REPLY, lease=stale)  # a defect
     assert store.runs.get(run.id).status == "succeeded"
+
+
+def _call(call_id: str) -> dict[str, object]:
+    content = [{"type": "toolCall", "id": call_id, "name": "ls", "arguments": {}}]
+    return {"message": {"role": "assistant", "content": content}}
+
+
+@pytest.mark.parametrize("open_call", [False, True], ids=["closed", "open"])
+def test_finish_entries_are_stored_before_the_closing_results_reply_and_turn_end(
+    store: turnkeeper.BaseStore, open_call: bool
+) -> None:
+    """``runs.finish`` writes its ``entries`` with the reply and the turn end
+    as one chain when no call is open after them, else first, with the
+    interrupted result of the open call between: the stored order is the
+    same either way (entries, closing results, reply, turn end)."""
+    store.sessions.create("s")
+    lease = store.leases.acquire("session:s", "w", 60, purpose="execution")
+    run = store.runs.admit("s", {"q": 1}, user_message=USER, lease=lease, start=True)
+    last = _call("c1") if open_call else MSG
+    store.runs.finish(
+        run.id,
+        "succeeded",
+        entries=[(EntryKind.MESSAGE, last)],
+        lease=lease,
+        assistant_message=REPLY,
+    )
+    path = store.sessions.entries("s")
+    kinds = [e.kind for e in path]
+    closing = ["message"] if open_call else []  # the interrupted result of c1
+    assert kinds == ["turn_start", "message", "message", *closing, "message", "turn_end"]
+    assert [e.seq for e in path] == list(range(path[0].seq, path[0].seq + len(path)))
+    assert all(b.parent_id == a.id for a, b in itertools.pairwise(path))
+    assert path[-2].payload["message"] == REPLY
+    if open_call:
+        assert path[3].payload["message"]["role"] == "toolResult"
+    events = store.runs.events("s")
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+
+
+def test_a_refused_finish_entry_writes_nothing(store: turnkeeper.BaseStore) -> None:
+    """A finish whose entries break the pairing rule (a result of no call) is
+    refused whole: the run stays running, no entry, no event is written."""
+    store.sessions.create("s")
+    lease = store.leases.acquire("session:s", "w", 60, purpose="execution")
+    run = store.runs.admit("s", {"q": 1}, user_message=USER, lease=lease, start=True)
+    before = (len(store.sessions.entries("s")), len(store.runs.events("s")))
+    stray = {
+        "message": {
+            "role": "toolResult",
+            "toolCallId": "nope",
+            "toolName": "ls",
+            "content": [{"type": "text", "text": "x"}],
+            "isError": False,
+        }
+    }
+    with pytest.raises(turnkeeper.ToolCallPairingError):
+        store.runs.finish(
+            run.id,
+            "succeeded",
+            entries=[(EntryKind.MESSAGE, stray)],
+            lease=lease,
+            assistant_message=REPLY,
+        )
+    assert store.runs.get(run.id).status == "running"
+    assert (len(store.sessions.entries("s")), len(store.runs.events("s"))) == before

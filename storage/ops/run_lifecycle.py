@@ -73,6 +73,11 @@ _RUN_HEAD_TURN = (
 """A run, its session's head and the status of its first turn (``<run id>:turn``)."""
 
 
+def _closed(opening: Opening | None, head: tuple[str | None, int]) -> bool:
+    """Whether ``opening`` is known at ``head`` with no call open there."""
+    return opening is not None and (opening.leaf_id, opening.next_seq) == head and not opening.calls
+
+
 def _load(tx: Tx, run_id: str) -> Run:
     run = get(tx, run_id)
     if run is None:
@@ -192,20 +197,23 @@ def finish(
     )
     known = None if openings is None else openings.get(run.session_id)
     opening = known
+    # ``drafts`` are written with the reply and the turn end as one chain when
+    # no call is open after them (nothing for close_turn to append between):
+    # judged here, written below from the head they were judged at.
+    deferred: list[session_rows.Draft] = []
+    start, start_known = head, known
     if drafts:
-        chain = session_rows.append_chain(
-            tx,
-            run.session_id,
-            drafts,
-            expected_leaf=ANY_LEAF,
-            lease=None,
-            fenced_epoch=epoch,
-            checked=True,
-            head=head,
-            known=known,
-        )
+        args: dict[str, Any] = {"expected_leaf": ANY_LEAF, "lease": None, "checked": True}
+        args |= {"fenced_epoch": epoch, "head": head, "known": known}
+        judged = head is not None  # else written at once (a judging call would read the head)
+        chain = session_rows.append_chain(tx, run.session_id, drafts, **args, write=not judged)
         last = chain.entries[-1]
-        head, opening = (last.id, last.seq + 1), chain.opening
+        after = (last.id, last.seq + 1)
+        if judged and _closed(chain.opening, after):
+            deferred = list(drafts)
+        elif judged:  # calls open after them: written now (checked again: rare, a read or two)
+            chain = session_rows.append_chain(tx, run.session_id, drafts, **args)
+        head, opening = after, chain.opening
     closed, opening = tool_pairing.close_turn(tx, moved, epoch, head, opening)
     if closed is not None:
         last = closed.entries[-1]
@@ -230,17 +238,18 @@ def finish(
             session_rows.own_draft(EntryKind.TURN_END, end, turn_id + run_turns.END, chosen=True)
         )
     ended = session_rows.Chain([], opening)
-    if drafts_own:
+    final = [*deferred, *drafts_own]
+    if final:
         ended = session_rows.append_chain(
             tx,
             run.session_id,
-            drafts_own,
+            final,
             expected_leaf=ANY_LEAF,
             lease=None,
             fenced_epoch=epoch,
             checked=True,
-            head=head,
-            known=opening,
+            head=start if deferred else head,
+            known=start_known if deferred else opening,
             events=1,  # the terminal event's seq, taken by the same update
         )
     if turn_id is not None:
@@ -252,7 +261,7 @@ def finish(
         tx,
         moved,
         [(edge, f"{run_id}:{status.value}", {"error": error, "stopReason": stop_reason})],
-        taken=bool(drafts_own),
+        taken=bool(final),
     )
     if plan is not None:  # the run ended just now: it can have no plan yet
         outbox_plans.create_plan(tx, moved, plan, first=True)

@@ -274,6 +274,7 @@ def append_chain(
     head: tuple[str | None, int] | None = None,
     known: Opening | None = None,
     events: int = 0,
+    write: bool = True,
 ) -> Chain:
     """Append ``drafts`` as a chain under the leaf (or ``parent_override``), the
     first one's parent the leaf, each next one's the one before; see the
@@ -293,7 +294,9 @@ def append_chain(
     written to the session since (one read less). ``events``: run events the
     caller writes next in this transaction, whose seqs the same update takes
     from the session's event cursor (``run_events.append_events`` with
-    ``taken=True``: one update of the session row, not two).
+    ``taken=True``: one update of the session row, not two). Without
+    ``write``: every check and read, nothing written (the chain as it would be
+    stored, for a caller that writes it with more entries after it).
 
     Raises:
         LeaseLostError, BusyError, SessionNotFoundError, SessionModifiedError,
@@ -350,6 +353,8 @@ def append_chain(
         parent = d.entry_id
     below = leaf if parent_override is None else parent_override
     opening = pairing_checks.check(tx, session_id, below, seq, out, known)
+    if not write:
+        return Chain(out, opening)
     names = [d.payload["name"] for d in drafts if d.kind == EntryKind.SESSION_INFO]
     title = "title = ?, " if names else ""  # a column not set is not written
     cursor, bump = run_events.cursor_bump(tx, session_id, events) if events else ("", [])
