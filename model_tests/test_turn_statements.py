@@ -25,8 +25,8 @@ USER = {"role": "user", "content": "go"}
 PHASES = ("admit_run", "append_many", "finish_run")
 
 CEILINGS = {
-    "duckdb": {"admit_run": 10, "append_many": 5, "finish_run": 14},
-    "postgres": {"admit_run": 10, "append_many": 1, "finish_run": 14},
+    "duckdb": {"admit_run": 10, "append_many": 5, "finish_run": 12},
+    "postgres": {"admit_run": 10, "append_many": 1, "finish_run": 12},
 }
 """Statements per phase of the turn, at most (BEGIN and COMMIT included)."""
 

@@ -67,10 +67,27 @@ _TURN_STATUS = "SELECT status FROM conversation_turns WHERE id = ?"
 
 _RUN_HEAD_TURN = (
     f"SELECT {', '.join('r.' + c.strip() for c in RUN_COLS.split(','))}, "
-    "s.leaf_id, s.next_seq, t.status FROM runs AS r LEFT JOIN sessions AS s ON s.id = r.session_id "
+    "s.leaf_id, s.next_seq, t.status, "
+    "EXISTS (SELECT 1 FROM tool_executions AS x WHERE x.run_id = ?) "
+    "OR EXISTS (SELECT 1 FROM tool_executions AS x WHERE x.local_turn_id = ?), "
+    "EXISTS (SELECT 1 FROM entries AS e WHERE e.id IN (?, ?)) "
+    "FROM runs AS r LEFT JOIN sessions AS s ON s.id = r.session_id "
     "LEFT JOIN conversation_turns AS t ON t.id = ? WHERE r.id = ?"
 )
-"""A run, its session's head and the status of its first turn (``<run id>:turn``)."""
+"""A run, its session's head, the status of its first turn (``<run id>:turn``),
+whether any tool record names the run or that turn, and whether an entry (of
+any session) has the id of the run's reply or of that turn's end."""
+
+
+def _run_head_turn(run_id: str) -> list[str]:
+    """The values of :data:`_RUN_HEAD_TURN` for ``run_id``."""
+    turn = f"{run_id}:turn"
+    return [run_id, turn, f"{run_id}:assistant", turn + run_turns.END, turn, run_id]
+
+
+def _own_ids(run: Run) -> frozenset[str]:
+    """The ids of the run's reply and of its first turn's end (read above as absent)."""
+    return frozenset({run.assistant_entry_id, run.turn_id + run_turns.END})
 
 
 def _closed(opening: Opening | None, head: tuple[str | None, int]) -> bool:
@@ -157,10 +174,10 @@ def finish(
     fence: tuple[Any, ...] | None = None
     read: tuple[Any, ...] | None = None  # the session's head and the first turn's status
     if lease is not None and fenced_epoch is None:  # the reads and the fence as one
-        row, fence = leases.fenced_read(tx, lease, _RUN_HEAD_TURN, [f"{run_id}:turn", run_id])
+        row, fence = leases.fenced_read(tx, lease, _RUN_HEAD_TURN, _run_head_turn(run_id))
         if row is None:
             raise errors.RunNotFoundError(run_id)
-        run, read = run_row(row), row[-3:]
+        run, read = run_row(row), row[-5:]
     else:
         run = _load(tx, run_id)
     check_session_lease(run.session_id, lease)
@@ -214,7 +231,11 @@ def finish(
         elif judged:  # calls open after them: written now (checked again: rare, a read or two)
             chain = session_rows.append_chain(tx, run.session_id, drafts, **args)
         head, opening = after, chain.opening
-    closed, opening = tool_pairing.close_turn(tx, moved, epoch, head, opening)
+    # no tool record of the run or its turn (read above): none to interrupt
+    any_records = read is None or bool(read[3])
+    closed, opening = tool_pairing.close_turn(
+        tx, moved, epoch, head, opening, any_records=any_records
+    )
     if closed is not None:
         last = closed.entries[-1]
         head = (last.id, last.seq + 1)
@@ -222,7 +243,7 @@ def finish(
     # ended that one and opened another (run_turns); none when it ended its last.
     turn_id: str | None = run.turn_id
     # (read above when it was: nothing here writes the turns)
-    first = tx.one(_TURN_STATUS, [turn_id]) if read is None else read[2:]
+    first = tx.one(_TURN_STATUS, [turn_id]) if read is None else read[2:3]
     if first is None or first[0] != TURN_OPEN:
         turn_id = run_turns.open_turn(tx, run.session_id)
     own = [] if assistant_message is None else [{"message": assistant_message}]
@@ -251,6 +272,8 @@ def finish(
             head=start if deferred else head,
             known=start_known if deferred else opening,
             events=1,  # the terminal event's seq, taken by the same update
+            # (never one of ``drafts``' ids: a caller's id cannot end as the store's own)
+            absent=_own_ids(run) if read is not None and not read[4] else frozenset(),
         )
     if turn_id is not None:
         tx.exec(

@@ -275,6 +275,7 @@ def append_chain(
     known: Opening | None = None,
     events: int = 0,
     write: bool = True,
+    absent: frozenset[str] = frozenset(),
 ) -> Chain:
     """Append ``drafts`` as a chain under the leaf (or ``parent_override``), the
     first one's parent the leaf, each next one's the one before; see the
@@ -297,6 +298,8 @@ def append_chain(
     ``taken=True``: one update of the session row, not two). Without
     ``write``: every check and read, nothing written (the chain as it would be
     stored, for a caller that writes it with more entries after it).
+    ``absent``: ids of ``chosen`` drafts the caller read, in this
+    transaction, to be no entry's (not looked up again).
 
     Raises:
         LeaseLostError, BusyError, SessionNotFoundError, SessionModifiedError,
@@ -327,7 +330,7 @@ def append_chain(
         for i, d in enumerate(drafts)
         if d.kind == EntryKind.LABEL and d.payload["targetId"] not in ids[:i]
     ]
-    chosen = [d.entry_id for d in drafts if d.chosen]
+    chosen = [d.entry_id for d in drafts if d.chosen and d.entry_id not in absent]
     looked_up = [*([parent_override] if parent_override is not None else []), *targets, *chosen]
     found = existing(tx, session_id, sorted(set(looked_up)))
     if parent_override is not None and parent_override not in found:
