@@ -143,3 +143,29 @@ def test_the_copied_duckdb_file_is_a_new_files_catalog(tmp_path: Path) -> None:
     copied.close()
     turnkeeper.open_store(str(tmp_path / "new.duckdb")).close()
     assert _catalog(tmp_path / "a" / "store.duckdb") == _catalog(tmp_path / "new.duckdb")
+
+
+@pytest.mark.postgres
+def test_a_test_patching_the_migrations_gets_a_schema_they_make(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A test that patches the migrations (``test_fence_kills`` leaves an index
+    out) gets a new schema, migrated by its patch, and no DuckDB copy."""
+    from turnkeeper.storage.duck import db as duck_db
+    from turnkeeper.storage.postgres import db as pg_db
+
+    spare = _spare_after_use(None)
+    assert spare is not None
+    monkeypatch.setattr(pg_db, "MIGRATIONS", list(pg_db.MIGRATIONS[:-1]))
+    store = open_backend("postgres", None, None)
+    try:
+        assert _OPENED[id(store)] != spare, "a patched migration got a reused schema"
+        assert store.schema_version() == len(pg_db.MIGRATIONS)
+    finally:
+        close_backend(store)
+    monkeypatch.setattr(duck_db, "MIGRATIONS", list(duck_db.MIGRATIONS[:-1]))
+    duck = open_backend("duckdb", tmp_path, None)
+    try:
+        assert duck.schema_version() == len(duck_db.MIGRATIONS)
+    finally:
+        duck.close()
