@@ -130,6 +130,22 @@ def test_the_fence_check_fails_with_it_patched_out(store, monkeypatch):
     assert store.runs.get(run.id).status == "cancelled"
 
 
+def test_the_fence_of_a_leased_admission_fails_with_it_patched_out(store, clock, monkeypatch):
+    """Control for the stale worker's refused admission above: the one
+    statement that reads the session and fences the lease (``fenced_read``)
+    refuses it through ``leases.fenced``; patched out, the stale admission
+    is stored."""
+    store.sessions.create("s")
+    worker = store.leases.acquire("session:s", "w", 5, purpose="execution")
+    clock.advance(6)
+    store.leases.acquire("session:s", "t", 60, purpose="execution")
+    with pytest.raises(LeaseLostError):
+        store.runs.admit("s", {"q": 1}, lease=worker)
+    monkeypatch.setattr(lease_ops, "fenced", lambda tx, lease, part: None)
+    run = store.runs.admit("s", {"q": 1}, lease=worker)  # accepted: a defect
+    assert store.runs.get(run.id).status == "admitted"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [

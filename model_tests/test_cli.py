@@ -918,6 +918,7 @@ def test_demo_audit_catches_a_store_without_its_fence(
 
     # the fence's clock reading is still returned: the ledger stamps its records with it
     monkeypatch.setattr(leases, "fence", lambda tx, lease: tx.clock_after_locks(None))
+    monkeypatch.setattr(leases, "fenced", lambda tx, lease, part: tx.clock_after_locks(None))
     cfg = FleetConfig(
         workers=3, sessions=3, duration_s=2.0, seed=11, ttl_s=0.3, stall_p=0.5, min_turns=6
     )

@@ -225,7 +225,7 @@ def append_between_check_and_commit(
     """An append to session ``s`` (under ``lease``, or without one) that calls
     ``hook`` right after its lease check, before its commit; what it got.
     Merged: queued into a group with an append to ``t`` (the check is
-    ``appends._heads``); else alone (``leases.fence`` or
+    ``appends._heads``); else alone (``leases.fence``, ``leases.fenced`` or
     ``leases.fence_or_unheld``)."""
     if merged:
         real = appends._heads
@@ -249,6 +249,14 @@ def append_between_check_and_commit(
             hook()
 
         monkeypatch.setattr(leases, "fence", fence)
+        real_fenced = leases.fenced  # the fence of a read and fence in one statement
+
+        def fenced(tx: Any, held: Any, part: Any) -> Any:
+            at = real_fenced(tx, held, part)
+            hook()
+            return at
+
+        monkeypatch.setattr(leases, "fenced", fenced)
     else:
         real_check = leases.fence_or_unheld
 

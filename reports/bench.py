@@ -171,6 +171,34 @@ def three_transaction_turn(
     )
 
 
+TURN_PHASES = ("admit_run", "append_many", "finish_run")
+"""The store operations of :func:`three_transaction_turn`, in order."""
+
+
+def turn_statements(store: turnkeeper.BaseStore) -> dict[str, int]:
+    """The statements one :func:`three_transaction_turn` sends, per phase
+    (BEGIN and COMMIT included; the store's own counter), and their total:
+    the second turn on a new session (the first warms what the store object
+    remembers of it), as ``model_tests/test_turn_statements.py`` counts it."""
+    session_id = f"stmts{uuid.uuid4().hex[:8]}"
+    store.sessions.create(session_id)
+    lease = store.leases.acquire(f"session:{session_id}", "bench", 3600, purpose="execution")
+    three_transaction_turn(store, session_id, lease, USER)
+
+    def spent() -> dict[str, float]:
+        stats = store.statement_stats()
+        return {
+            op: stats[op]["statements_per_call"] * stats[op]["calls"] if op in stats else 0.0
+            for op in TURN_PHASES
+        }
+
+    before = spent()
+    three_transaction_turn(store, session_id, lease, USER)
+    after = spent()
+    phases = {op: round(after[op] - before[op]) for op in TURN_PHASES}
+    return phases | {"total": sum(phases.values())}
+
+
 def operations(store: turnkeeper.BaseStore, cold: turnkeeper.BaseStore) -> dict[str, Op]:
     """The rows of the table: name → one timed call (per entry for the batch).
     ``cold`` is a second store object on the same database with its replay
@@ -761,6 +789,7 @@ def measure(
             }
             for name, r in ratios.items()
         },
+        "statements_per_turn": turn_statements(store),
         "threads": multiples({n: threads(store, n) for n in (1, 4, 16)}),
         "statements_per_call": {
             op: round(s["statements_per_call"], 2)
@@ -781,6 +810,14 @@ def measure(
             )
         },
     }
+
+
+def _turn_cell(result: dict[str, Any], backend: str) -> str:
+    """Statements per turn: the total (admit+start / append_many / finish)."""
+    t = result["backends"][backend].get("statements_per_turn")
+    if t is None:
+        return "—"
+    return f"{t['total']} ({' / '.join(str(t[op]) for op in TURN_PHASES)})"
 
 
 def table(result: dict[str, Any]) -> str:
@@ -814,6 +851,10 @@ def table(result: dict[str, Any]) -> str:
             r = result["backends"][n]["operations"].get(row)
             cells.append("—" if r is None else f"{r['median']} [{r['min']}–{r['max']}]")
         lines.append(f"| {row} | {' | '.join(cells)} |")
+        if row == TURN_THREE and any(_turn_cell(result, n) != "—" for n in names):
+            lines.append(
+                f"| {row}: statements | {' | '.join(_turn_cell(result, n) for n in names)} |"
+            )
     for kind in ("threads", "processes"):
         for count in ("1", "4", "8", "16"):
             cells = []
@@ -894,7 +935,7 @@ def replay_only(
     lg_url: str,
     rss: str,
 ) -> dict[str, Any]:
-    """The replay's rows alone (``TURNKEEPER_BENCH_ONLY=replay``): the cold
+    """The replay's rows alone (``reports/bench.py replay``): the cold
     replay × floor, the LangGraph peer, the peak RSS."""
     store.sessions.create("r")
     for done in range(0, REPLAY_ENTRIES, 1000):
@@ -919,7 +960,7 @@ def replay_only(
 
 
 def main_replay() -> int:
-    """``TURNKEEPER_BENCH_ONLY=replay``: the replay's rows on each backend, as
+    """``reports/bench.py replay``: the replay's rows on each backend, as
     JSON to :data:`OUT` (the table is left alone)."""
     backends: dict[str, Any] = {"load_average": [round(x, 2) for x in os.getloadavg()]}
     with tempfile.TemporaryDirectory() as tmp:
@@ -947,9 +988,44 @@ def main_replay() -> int:
     return 0
 
 
+def turn_rows() -> int:
+    """``reports/bench.py turn``: only the turn's rows (issue 21 part 2), on
+    DuckDB and, with ``TURNKEEPER_TEST_PG``, PostgreSQL: the three-transaction
+    turn × floor (median [min–max] over :data:`REPS`, the floor timed right
+    before each), its milliseconds, and its statements per phase. Printed, not
+    written to ``reports/BENCH.md`` (``make bench`` writes that)."""
+
+    def row(name: str, store: turnkeeper.BaseStore, floor: Op) -> None:
+        store.sessions.create("runs")
+        lease = store.leases.acquire("session:runs", "bench", 3600, purpose="execution")
+        turn = timed(lambda: three_transaction_turn(store, "runs", lease, USER))
+        ratios, floors, spent = [], [], []
+        for _ in range(REPS):
+            base = per_call(floor)
+            took = per_call(turn)
+            floors.append(base)
+            spent.append(took)
+            ratios.append(took / base)
+        stmts = turn_statements(store)
+        print(
+            f"{name}: {TURN_THREE}: {statistics.median(ratios):.2f}× floor "
+            f"[{min(ratios):.2f}–{max(ratios):.2f}], {statistics.median(spent) * 1000:.3f} ms "
+            f"(floor {statistics.median(floors) * 1000:.3f} ms); statements {stmts['total']} "
+            f"({' / '.join(f'{op} {stmts[op]}' for op in TURN_PHASES)}); "
+            f"{os.cpu_count()} cores, load average {[round(x, 2) for x in os.getloadavg()]}"
+        )
+
+    with tempfile.TemporaryDirectory() as tmp, turnkeeper.open_store(f"{tmp}/s.duckdb") as store:
+        row("duckdb", store, duck_floor(tmp))
+    url = os.environ.get("TURNKEEPER_TEST_PG")
+    if url:
+        schema = pg_schema(url)
+        with turnkeeper.open_store(schema) as store:
+            row("postgres", store, pg_floor(schema))
+    return 0
+
+
 def main() -> int:
-    if os.environ.get("TURNKEEPER_BENCH_ONLY") == "replay":
-        return main_replay()
     load = [round(x, 2) for x in os.getloadavg()]
     backends: dict[str, Any] = {}
     rows = history(RUNS)
@@ -1021,4 +1097,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    ONLY = {"turn": turn_rows, "replay": main_replay}
+    sys.exit(ONLY[sys.argv[1]]() if sys.argv[1:2] and sys.argv[1] in ONLY else main())

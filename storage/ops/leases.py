@@ -44,13 +44,13 @@ import hashlib
 import hmac
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from turnkeeper.machines import machine_for
 from turnkeeper.spec import GRANTING_EDGES, LEASE, LeasePurpose, errors
 from turnkeeper.spec.records import Lease
 
-from ..backend import STORE_NOW, Conflict, Tx, keyed, utc
+from ..backend import STORE_NOW, Conflict, Tx, keyed, present, utc
 from ..codec import check_id
 from ..validate import check_lease, check_purpose, check_target, check_ttl
 from ..wakeups import Topic
@@ -374,6 +374,54 @@ def fence(tx: Tx, lease: Lease) -> datetime:
     if row is None:
         _refused(tx, lease)
     return unexpired(tx, lease.target, row[0], row[1])
+
+
+def fenced_read(
+    tx: Tx, lease: Lease, read_sql: str, params: Sequence[object]
+) -> tuple[tuple[Any, ...] | None, tuple[Any, ...]]:
+    """:func:`fence`'s statement and a read in one statement: ``read_sql`` (a
+    ``SELECT`` of at most one row, ``params`` its values) beside the lease
+    row the fence finds, on a server row-locked by the same ``UPDATE``
+    (a data-modifying ``WITH``, which runs whether or not a row is read).
+    Returns ``(read row or None, fence part)``; the caller judges the read
+    first (its errors come before the lease's, as in the separate
+    statements), then the fence part with :func:`fenced`. Nothing is judged
+    here: a caller that returns without judging it (a repeated call) never
+    raises a lease error.
+
+    Raises:
+        Conflict: (DuckDB) as :func:`fence` raises it.
+    """
+    tx.hold(lease.target)
+    condition = fence_condition(lambda c: "?")
+    read = f"LEFT JOIN (SELECT TRUE AS found_, q.* FROM ({read_sql}) AS q) AS r ON TRUE"
+    if tx.dialect.serialized_writes:
+        sql = (
+            f"SELECT r.*, f.* FROM (SELECT 1 AS one_) AS o {read} LEFT JOIN "
+            f"(SELECT expires_at, NULL AS srv FROM leases WHERE {condition}) AS f ON TRUE"
+        )
+        values = [*params, *fence_values(lease)]
+    else:
+        sql = (
+            "WITH f AS (UPDATE leases SET fenced_writes = fenced_writes + 1 "
+            f"WHERE {condition} RETURNING expires_at, clock_timestamp() AS srv) "
+            f"SELECT r.*, f.* FROM (SELECT 1 AS one_) AS o {read} LEFT JOIN f ON TRUE"
+        )
+        values = [*fence_values(lease), *params]
+    row = present(tx.one(sql, values), "a fenced read's one row")
+    found = None if row[0] is None else tuple(row[1:-2])
+    return found, tuple(row[-2:])
+
+
+def fenced(tx: Tx, lease: Lease, part: tuple[Any, ...]) -> datetime:
+    """Judge the fence part of :func:`fenced_read` as :func:`fence` judges its row.
+
+    Raises:
+        LeaseLostError, LeasePurposeError: as :func:`fence` raises them.
+    """
+    if part[0] is None:
+        _refused(tx, lease)
+    return unexpired(tx, lease.target, part[0], part[1])
 
 
 def fence_many(tx: Tx, held: Sequence[Lease]) -> list[datetime | Exception]:

@@ -56,6 +56,52 @@ AcquireExecutionAdmission) or an execution lease; never a ``mutation``,
 ``fork`` or ``recovery`` one."""
 
 
+_HEAD_AND_ACTIVE = (
+    "SELECT s.leaf_id, s.next_seq, a.run_id FROM sessions AS s "
+    "LEFT JOIN active_runs AS a ON a.session_id = s.id WHERE s.id = ?"
+)
+"""A session's head and its active run (``NULL``: none)."""
+
+
+def _head(
+    tx: Tx,
+    session_id: str,
+    key_digest: str | None,
+    admission: submissions.Admission,
+    lease: Lease | None,
+) -> tuple[tuple[Any, ...], tuple[Any, ...] | None, Run | None]:
+    """The session's head, its active run (``(run_id,)`` or ``None``), past
+    the fence; or, when ``key_digest``'s submission was admitted before, its
+    run (third), with neither fenced. Without a key and with a lease the
+    reads and the fence are one statement (``leases.fenced_read``).
+
+    Raises:
+        SessionNotFoundError, SubmissionConflictError, LeaseLostError, BusyError.
+    """
+    if key_digest is None and lease is not None:
+        row, fence = leases.fenced_read(tx, lease, _HEAD_AND_ACTIVE, [session_id])
+        if row is None:
+            raise errors.SessionNotFoundError(session_id)
+        leases.fenced(tx, lease, fence)
+        return row[:2], None if row[2] is None else row[2:], None
+    head = tx.one("SELECT leaf_id, next_seq FROM sessions WHERE id = ?", [session_id])
+    if head is None:
+        raise errors.SessionNotFoundError(session_id)
+    if key_digest is not None:
+        sub = tx.one(
+            "SELECT run_id, request_fingerprint FROM submissions "
+            f"WHERE {keyed('key_digest', 'session_id = ?')}",
+            [key_digest, session_id],
+        )
+        if sub is not None:
+            if not submissions.same_admission(tx, sub[0], sub[1], admission):
+                raise errors.SubmissionConflictError(session_id, sub[0])
+            return head, None, present(get(tx, sub[0]), "the run its submission names")
+    leases.fence_or_unheld(tx, session_target(session_id), lease)
+    current = tx.one("SELECT run_id FROM active_runs WHERE session_id = ?", [session_id])
+    return head, current, None
+
+
 def admit(
     tx: Tx,
     session_id: str,
@@ -95,23 +141,9 @@ def admit(
         ToolCallsUnansweredError, ResourceEventConflictError,
         ExecutionIntentNotFoundError.
     """
-    head = tx.one("SELECT leaf_id, next_seq FROM sessions WHERE id = ?", [session_id])
-    if head is None:
-        raise errors.SessionNotFoundError(session_id)
-    if key_digest is not None:
-        sub = tx.one(
-            "SELECT run_id, request_fingerprint FROM submissions "
-            f"WHERE {keyed('key_digest', 'session_id = ?')}",
-            [key_digest, session_id],
-        )
-        if sub is not None:
-            if not submissions.same_admission(tx, sub[0], sub[1], admission):
-                raise errors.SubmissionConflictError(session_id, sub[0])
-            found = get(tx, sub[0])
-            found = present(found, "the run its submission names")
-            return found, False, None
-    leases.fence_or_unheld(tx, session_target(session_id), lease)
-    current = tx.one("SELECT run_id FROM active_runs WHERE session_id = ?", [session_id])
+    head, current, found = _head(tx, session_id, key_digest, admission, lease)
+    if found is not None:  # the submission's run, admitted before
+        return found, False, None
     if current is not None and on_active == ActiveRunPolicy.USE_EXISTING:
         found = present(get(tx, current[0]), "the session's active run")
         if key_digest is not None:  # the key now names that run
@@ -203,6 +235,11 @@ def admit(
     if user_message is not None:
         message = {"message": user_message}
         drafts.append(session_rows.own_draft(EntryKind.MESSAGE, message, f"{run_id}:user"))
+    events: list[tuple[Edge, str, Mapping[str, Any]]] = [
+        (RUN.edge("admit"), f"{run_id}:admitted", {"attempt": attempt})
+    ]
+    if start:
+        events.append((RUN.edge("start"), f"{run_id}:start:{secrets.token_hex(4)}", {}))
     chain = session_rows.append_chain(
         tx,
         session_id,
@@ -213,6 +250,7 @@ def admit(
         checked=True,
         head=(head[0], head[1]),  # nothing above moved the leaf or the seq
         known=known,
+        events=len(events),  # the run events' seqs, taken by the same update
     )
     written = chain.entries
     tx.exec(
@@ -235,12 +273,7 @@ def admit(
         None,
         f"{run_id}:turn",
     )
-    events: list[tuple[Edge, str, Mapping[str, Any]]] = [
-        (RUN.edge("admit"), f"{run_id}:admitted", {"attempt": attempt})
-    ]
-    if start:
-        events.append((RUN.edge("start"), f"{run_id}:start:{secrets.token_hex(4)}", {}))
-    run_events.append_events(tx, run, events)
+    run_events.append_events(tx, run, events, taken=True)
     for event, data in resource_events:  # session seed AppendInputResourceEventTx
         resources.write(tx, replace(event, run_id=run_id), data)
     if key_digest is not None:

@@ -47,12 +47,33 @@ def append_event(tx: Tx, run: Run, edge: Edge, event_id: str, data: Mapping[str,
     append_events(tx, run, [(edge, event_id, data)])
 
 
-def append_events(tx: Tx, run: Run, events: Sequence[tuple[Edge, str, Mapping[str, Any]]]) -> None:
+def cursor_bump(tx: Tx, session_id: str, n: int) -> tuple[str, list[Any]]:
+    """The ``SET`` item (with its trailing comma) and its values that move
+    the session's event cursor past ``n`` new run events, for an update of
+    the session row (see :func:`append_events` for the server's ``greatest``)."""
+    if tx.dialect.serialized_writes:
+        return "event_seq = event_seq + ?, ", [n]
+    last = (
+        "greatest(event_seq, (SELECT coalesce(max(seq), 0) FROM run_events WHERE session_id = ?))"
+    )
+    return f"event_seq = {last} + ?, ", [session_id, n]
+
+
+def append_events(
+    tx: Tx,
+    run: Run,
+    events: Sequence[tuple[Edge, str, Mapping[str, Any]]],
+    *,
+    taken: bool = False,
+) -> None:
     """Append run events (edge, event id, data), in order, with the session's
     next sequence numbers, taken from its event cursor (``session_rows.event_seq``,
     the seq of its last run event): a point update and one insert however
     many, whatever the size of the history (the largest seq is never searched
     for among the events, which on DuckDB reads every run event in the store).
+
+    ``taken``: the caller's update of the session row in this transaction
+    already moved the cursor past them (``cursor_bump``), so no update here.
 
     Raises:
         Conflict: the session row is gone (the transaction retries).
@@ -63,16 +84,11 @@ def append_events(tx: Tx, run: Run, events: Sequence[tuple[Edge, str, Mapping[st
     # fleet beside a migrated database numbers events by it and leaves the cursor
     # behind. A DuckDB file has one writing process, and an older turnkeeper
     # cannot open a migrated file (SchemaVersionError): the cursor alone.
-    serial = tx.dialect.serialized_writes
-    last = (
-        "event_seq"
-        if serial
-        else "greatest(event_seq, (SELECT coalesce(max(seq), 0) FROM run_events "
-        "WHERE session_id = ?))"
-    )
-    bump = [*([] if serial else [run.session_id]), n, run.session_id]
-    if tx.count(f"UPDATE sessions SET event_seq = {last} + ? WHERE id = ?", bump) != 1:
-        raise Conflict(f"session {run.session_id!r} of run {run.id!r} is gone")
+    if not taken:
+        item, values = cursor_bump(tx, run.session_id, n)
+        sql = f"UPDATE sessions SET {item.removesuffix(', ')} WHERE id = ?"
+        if tx.count(sql, [*values, run.session_id]) != 1:
+            raise Conflict(f"session {run.session_id!r} of run {run.id!r} is gone")
     row = "SELECT ?::BIGINT, ?, ?, ?, ?, ?, ?, ?, ?::TIMESTAMPTZ"
     rows = " UNION ALL ".join([row] * n)
     params: list[Any] = []

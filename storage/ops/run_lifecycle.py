@@ -63,6 +63,38 @@ def check_outcome(status: RunStatus, error: str | None) -> None:
         raise errors.InvalidInputError("error", "a run that succeeded carries no error")
 
 
+_TURN_STATUS = "SELECT status FROM conversation_turns WHERE id = ?"
+
+_RUN_HEAD_TURN = (
+    f"SELECT {', '.join('r.' + c.strip() for c in RUN_COLS.split(','))}, "
+    "s.leaf_id, s.next_seq, t.status, "
+    "EXISTS (SELECT 1 FROM tool_executions AS x WHERE x.run_id = ?) "
+    "OR EXISTS (SELECT 1 FROM tool_executions AS x WHERE x.local_turn_id = ?), "
+    "EXISTS (SELECT 1 FROM entries AS e WHERE e.id IN (?, ?)) "
+    "FROM runs AS r LEFT JOIN sessions AS s ON s.id = r.session_id "
+    "LEFT JOIN conversation_turns AS t ON t.id = ? WHERE r.id = ?"
+)
+"""A run, its session's head, the status of its first turn (``<run id>:turn``),
+whether any tool record names the run or that turn, and whether an entry (of
+any session) has the id of the run's reply or of that turn's end."""
+
+
+def _run_head_turn(run_id: str) -> list[str]:
+    """The values of :data:`_RUN_HEAD_TURN` for ``run_id``."""
+    turn = f"{run_id}:turn"
+    return [run_id, turn, f"{run_id}:assistant", turn + run_turns.END, turn, run_id]
+
+
+def _own_ids(run: Run) -> frozenset[str]:
+    """The ids of the run's reply and of its first turn's end (read above as absent)."""
+    return frozenset({run.assistant_entry_id, run.turn_id + run_turns.END})
+
+
+def _closed(opening: Opening | None, head: tuple[str | None, int]) -> bool:
+    """Whether ``opening`` is known at ``head`` with no call open there."""
+    return opening is not None and (opening.leaf_id, opening.next_seq) == head and not opening.calls
+
+
 def _load(tx: Tx, run_id: str) -> Run:
     run = get(tx, run_id)
     if run is None:
@@ -139,7 +171,15 @@ def finish(
         revived or re-terminalized differently; cancel needs a cancel
         request), LeaseLostError, ToolCallPairingError (one of ``drafts``).
     """
-    run = _load(tx, run_id)
+    fence: tuple[Any, ...] | None = None
+    read: tuple[Any, ...] | None = None  # the session's head and the first turn's status
+    if lease is not None and fenced_epoch is None:  # the reads and the fence as one
+        row, fence = leases.fenced_read(tx, lease, _RUN_HEAD_TURN, _run_head_turn(run_id))
+        if row is None:
+            raise errors.RunNotFoundError(run_id)
+        run, read = run_row(row), row[-5:]
+    else:
+        run = _load(tx, run_id)
     check_session_lease(run.session_id, lease)
     if run.status == status:  # a repeated terminalization after an unknown commit
         if plan is not None:
@@ -149,7 +189,9 @@ def finish(
                 leases.fence_or_unheld(tx, session_target(run.session_id), lease)
             outbox_plans.create_plan(tx, run, plan)  # the stored plan, or a conflict
         return run, False, None
-    if fenced_epoch is None:  # (recovery fenced its own lease before calling)
+    if fence is not None and lease is not None:  # a stale holder learns it lost
+        leases.fenced(tx, lease, fence)
+    elif fenced_epoch is None:  # (recovery fenced its own lease before calling)
         # a stale holder learns it lost, whatever the run did since; without a lease,
         # nobody else may hold the session
         leases.fence_or_unheld(tx, session_target(run.session_id), lease)
@@ -165,30 +207,43 @@ def finish(
         f"DELETE FROM active_runs WHERE {keyed('session_id', 'run_id = ?')}",
         [run.session_id, run.id],
     )
-    head: tuple[str | None, int] | None = None  # the session's, once this call wrote it
+    # the session's head: as read above (nothing wrote the session since), or as
+    # this call wrote it
+    head: tuple[str | None, int] | None = (
+        None if read is None or read[1] is None else (read[0], read[1])
+    )
     known = None if openings is None else openings.get(run.session_id)
     opening = known
+    # ``drafts`` are written with the reply and the turn end as one chain when
+    # no call is open after them (nothing for close_turn to append between):
+    # judged here, written below from the head they were judged at.
+    deferred: list[session_rows.Draft] = []
+    start, start_known = head, known
     if drafts:
-        chain = session_rows.append_chain(
-            tx,
-            run.session_id,
-            drafts,
-            expected_leaf=ANY_LEAF,
-            lease=None,
-            fenced_epoch=epoch,
-            checked=True,
-            known=known,
-        )
+        args: dict[str, Any] = {"expected_leaf": ANY_LEAF, "lease": None, "checked": True}
+        args |= {"fenced_epoch": epoch, "head": head, "known": known}
+        judged = head is not None  # else written at once (a judging call would read the head)
+        chain = session_rows.append_chain(tx, run.session_id, drafts, **args, write=not judged)
         last = chain.entries[-1]
-        head, opening = (last.id, last.seq + 1), chain.opening
-    closed, opening = tool_pairing.close_turn(tx, moved, epoch, head, opening)
+        after = (last.id, last.seq + 1)
+        if judged and _closed(chain.opening, after):
+            deferred = list(drafts)
+        elif judged:  # calls open after them: written now (checked again: rare, a read or two)
+            chain = session_rows.append_chain(tx, run.session_id, drafts, **args)
+        head, opening = after, chain.opening
+    # no tool record of the run or its turn (read above): none to interrupt
+    any_records = read is None or bool(read[3])
+    closed, opening = tool_pairing.close_turn(
+        tx, moved, epoch, head, opening, any_records=any_records
+    )
     if closed is not None:
         last = closed.entries[-1]
         head = (last.id, last.seq + 1)
     # The run's open turn: its first (admission opened it) unless its runtime
     # ended that one and opened another (run_turns); none when it ended its last.
     turn_id: str | None = run.turn_id
-    first = tx.one("SELECT status FROM conversation_turns WHERE id = ?", [turn_id])
+    # (read above when it was: nothing here writes the turns)
+    first = tx.one(_TURN_STATUS, [turn_id]) if read is None else read[2:3]
     if first is None or first[0] != TURN_OPEN:
         turn_id = run_turns.open_turn(tx, run.session_id)
     own = [] if assistant_message is None else [{"message": assistant_message}]
@@ -204,25 +259,32 @@ def finish(
             session_rows.own_draft(EntryKind.TURN_END, end, turn_id + run_turns.END, chosen=True)
         )
     ended = session_rows.Chain([], opening)
-    if drafts_own:
+    final = [*deferred, *drafts_own]
+    if final:
         ended = session_rows.append_chain(
             tx,
             run.session_id,
-            drafts_own,
+            final,
             expected_leaf=ANY_LEAF,
             lease=None,
             fenced_epoch=epoch,
             checked=True,
-            head=head,
-            known=opening,
+            head=start if deferred else head,
+            known=start_known if deferred else opening,
+            events=1,  # the terminal event's seq, taken by the same update
+            # (never one of ``drafts``' ids: a caller's id cannot end as the store's own)
+            absent=_own_ids(run) if read is not None and not read[4] else frozenset(),
         )
     if turn_id is not None:
         tx.exec(
             "UPDATE conversation_turns SET status = ?, end_seq = ?, ended_at = ? WHERE id = ?",
             [status.value, ended.entries[-1].seq, tx.now, turn_id],
         )
-    run_events.append_event(
-        tx, moved, edge, f"{run_id}:{status.value}", {"error": error, "stopReason": stop_reason}
+    run_events.append_events(
+        tx,
+        moved,
+        [(edge, f"{run_id}:{status.value}", {"error": error, "stopReason": stop_reason})],
+        taken=bool(final),
     )
     if plan is not None:  # the run ended just now: it can have no plan yet
         outbox_plans.create_plan(tx, moved, plan, first=True)

@@ -42,7 +42,7 @@ from ..validate import (
     check_header,
     check_session_lease,
 )
-from . import leases, pairing_checks
+from . import leases, pairing_checks, run_events
 from .base import Area
 from .entry_rows import (
     ENTRY_COLUMNS,
@@ -257,6 +257,10 @@ def append_drafts(
     ).entries
 
 
+HEAD_READ = "SELECT leaf_id, next_seq FROM sessions WHERE id = ?"
+"""A session's head: its leaf and next seq."""
+
+
 def append_chain(
     tx: Tx,
     session_id: str,
@@ -269,6 +273,9 @@ def append_chain(
     checked: bool = False,
     head: tuple[str | None, int] | None = None,
     known: Opening | None = None,
+    events: int = 0,
+    write: bool = True,
+    absent: frozenset[str] = frozenset(),
 ) -> Chain:
     """Append ``drafts`` as a chain under the leaf (or ``parent_override``), the
     first one's parent the leaf, each next one's the one before; see the
@@ -285,7 +292,14 @@ def append_chain(
     written (``pairing_checks.check``; ``known``: the calls open at the
     session's head, if the caller knows them). ``head``: the session's leaf
     and next seq as the caller read them in this transaction, with nothing
-    written to the session since (one read less).
+    written to the session since (one read less). ``events``: run events the
+    caller writes next in this transaction, whose seqs the same update takes
+    from the session's event cursor (``run_events.append_events`` with
+    ``taken=True``: one update of the session row, not two). Without
+    ``write``: every check and read, nothing written (the chain as it would be
+    stored, for a caller that writes it with more entries after it).
+    ``absent``: ids of ``chosen`` drafts the caller read, in this
+    transaction, to be no entry's (not looked up again).
 
     Raises:
         LeaseLostError, BusyError, SessionNotFoundError, SessionModifiedError,
@@ -294,11 +308,17 @@ def append_chain(
         parent: writing it would move that entry's branch, unjudged),
         ToolCallPairingError (``ToolCallsUnansweredError`` among them).
     """
-    row = head or tx.one("SELECT leaf_id, next_seq FROM sessions WHERE id = ?", [session_id])
-    if row is None:
-        raise errors.SessionNotFoundError(session_id)
-    if not checked:
-        leases.fence_or_unheld(tx, session_target(session_id), lease)
+    if head is None and not checked and lease is not None:  # the read and the fence as one
+        row, fence = leases.fenced_read(tx, lease, HEAD_READ, [session_id])
+        if row is None:
+            raise errors.SessionNotFoundError(session_id)
+        leases.fenced(tx, lease, fence)
+    else:
+        row = head or tx.one(HEAD_READ, [session_id])
+        if row is None:
+            raise errors.SessionNotFoundError(session_id)
+        if not checked:
+            leases.fence_or_unheld(tx, session_target(session_id), lease)
     leaf, seq = row
     now = tx.now
     assert now is not None  # always set inside a transaction
@@ -310,7 +330,7 @@ def append_chain(
         for i, d in enumerate(drafts)
         if d.kind == EntryKind.LABEL and d.payload["targetId"] not in ids[:i]
     ]
-    chosen = [d.entry_id for d in drafts if d.chosen]
+    chosen = [d.entry_id for d in drafts if d.chosen and d.entry_id not in absent]
     looked_up = [*([parent_override] if parent_override is not None else []), *targets, *chosen]
     found = existing(tx, session_id, sorted(set(looked_up)))
     if parent_override is not None and parent_override not in found:
@@ -336,13 +356,16 @@ def append_chain(
         parent = d.entry_id
     below = leaf if parent_override is None else parent_override
     opening = pairing_checks.check(tx, session_id, below, seq, out, known)
+    if not write:
+        return Chain(out, opening)
     names = [d.payload["name"] for d in drafts if d.kind == EntryKind.SESSION_INFO]
     title = "title = ?, " if names else ""  # a column not set is not written
+    cursor, bump = run_events.cursor_bump(tx, session_id, events) if events else ("", [])
     moved = tx.count(
-        f"UPDATE sessions SET {title}leaf_id = ?, next_seq = next_seq + ?, "
+        f"UPDATE sessions SET {title}{cursor}leaf_id = ?, next_seq = next_seq + ?, "
         "entry_count = entry_count + ?, updated_at = ? "
         f"WHERE {keyed('id', HEAD_IS)}",
-        [*names[-1:], out[-1].id, len(out), len(out), now, session_id, seq, leaf],
+        [*names[-1:], *bump, out[-1].id, len(out), len(out), now, session_id, seq, leaf],
     )
     if moved != 1:
         raise Conflict(f"session {session_id!r} moved during append")

@@ -241,12 +241,19 @@ def close_session(
     return sorted([*done, *more], key=lambda r: (r.created_at, r.execution_key))
 
 
+def records_of_run(tx: Tx, run: Run) -> list[Any]:
+    """The session's tool records of ``run`` or of its turn (``records.of_run``)."""
+    return records.of_run(tx, run.session_id, run.id, run.turn_id)
+
+
 def close_turn(
     tx: Tx,
     run: Run,
     epoch: int | None,
     head: tuple[str | None, int] | None = None,
     known: Opening | None = None,
+    *,
+    any_records: bool = True,
 ) -> tuple[session_rows.Chain | None, Opening | None]:
     """Before ``run``'s turn closes, end every tool call open in the replayed
     context at the session's leaf: running records of the run are marked
@@ -262,11 +269,14 @@ def close_turn(
     session's leaf and next seq as the caller knows them in this
     transaction; ``known``: the calls open at some head. Returns what was
     appended (``None``: nothing) and the calls open after it (none, at the
-    head it leaves; ``None``: not known).
+    head it leaves; ``None``: not known). ``any_records=False``: the caller read
+    in this transaction that no tool record names the run or its turn (none
+    is read).
     """
     interrupted_now: set[str] = set()
     reason = f"the run ended {run.status}"
-    for found in records.of_run(tx, run.session_id, run.id, run.turn_id):
+    mine = records_of_run(tx, run) if any_records else []
+    for found in mine:
         if found.state == ToolExecutionState.RUNNING:
             edge = records.MACHINE.require("interrupt", found.state, records.facts(found))
             found = records.move(tx, found, edge, "reason = ?", [reason])

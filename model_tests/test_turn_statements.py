@@ -1,0 +1,159 @@
+"""The statements a turn costs (issue 21, part 2): ``reports/bench.py``'s
+three-transaction turn (admit+start with the user message, ``append_many``
+of 3, finish with its last entry, the reply and a one-step delivery plan),
+counted by the store's own statement counter (``statement_stats``: every
+statement sent, BEGIN and COMMIT included), on both backends.
+
+A count, not a timing: the same on a loaded machine. The ceilings are what
+the store costs now; a change that adds a statement to the turn fails here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+
+import pytest
+
+import turnkeeper
+from turnkeeper import DeliveryPlan, DeliveryStep, EntryKind
+
+MSG = {"message": {"role": "user", "content": "x" * 200}}
+REPLY = {"role": "assistant", "content": "done"}
+USER = {"role": "user", "content": "go"}
+
+PHASES = ("admit_run", "append_many", "finish_run")
+
+CEILINGS = {
+    "duckdb": {"admit_run": 10, "append_many": 5, "finish_run": 12},
+    "postgres": {"admit_run": 10, "append_many": 1, "finish_run": 12},
+}
+"""Statements per phase of the turn, at most (BEGIN and COMMIT included)."""
+
+
+def _turn(store: turnkeeper.BaseStore, lease: turnkeeper.Lease) -> None:
+    run = store.runs.admit("s", {"i": uuid.uuid4().hex}, user_message=USER, lease=lease, start=True)
+    store.sessions.append_many("s", [(EntryKind.MESSAGE, MSG)] * 3, lease=lease)
+    store.runs.finish(
+        run.id,
+        "succeeded",
+        entries=[(EntryKind.MESSAGE, MSG)],
+        assistant_message=REPLY,
+        delivery_plan=DeliveryPlan("chat", "t", (DeliveryStep("send", "msg"),)),
+        lease=lease,
+    )
+
+
+def _statements(store: turnkeeper.BaseStore) -> dict[str, float]:
+    stats = store.statement_stats()
+    return {
+        op: stats[op]["statements_per_call"] * stats[op]["calls"] if op in stats else 0.0
+        for op in PHASES
+    }
+
+
+def test_a_turn_costs_at_most_its_ceiling_of_statements(
+    real_store: turnkeeper.BaseStore, request: pytest.FixtureRequest
+) -> None:
+    backend = request.node.callspec.params["real_store"]
+    store = real_store
+    store.sessions.create("s")
+    lease = store.leases.acquire("session:s", "w", 3600, purpose="execution")
+    _turn(store, lease)  # the first turn warms what the store object remembers
+    before = _statements(store)
+    _turn(store, lease)
+    after = _statements(store)
+    spent = {op: round(after[op] - before[op]) for op in PHASES}
+    assert spent == {op: min(spent[op], CEILINGS[backend][op]) for op in PHASES}, spent
+    assert sum(spent.values()) <= sum(CEILINGS[backend].values())
+    entries = store.sessions.entries("s")
+    # both turns wrote everything: start, user, 3 messages, the last entry, reply, end
+    assert len(entries) == 2 * 8
+
+
+def test_a_stale_finish_is_refused_by_the_fence_in_its_first_read(
+    store: turnkeeper.BaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``runs.finish`` reads the run and fences the lease in one statement
+    (``leases.fenced_read``): a stale holder's finish is refused and writes
+    nothing; with the judge of that fence (``leases.fenced``) patched out
+    (the control), the stale finish is stored."""
+    from turnkeeper.storage.ops import leases
+
+    store.sessions.create("s")
+    stale = store.leases.acquire("session:s", "w1", 60, purpose="execution")
+    run = store.runs.admit("s", {"q": 1}, user_message=USER, lease=stale, start=True)
+    assert store.leases.release(stale)
+    count = store.sessions.get("s").entry_count
+    with pytest.raises(turnkeeper.LeaseLostError):
+        store.runs.finish(run.id, "succeeded", assistant_message=REPLY, lease=stale)
+    assert store.runs.get(run.id).status == "running"
+    assert store.sessions.get("s").entry_count == count
+    monkeypatch.setattr(leases, "fenced", lambda tx, lease, part: None)
+    store.runs.finish(run.id, "succeeded", assistant_message=REPLY, lease=stale)  # a defect
+    assert store.runs.get(run.id).status == "succeeded"
+
+
+def _call(call_id: str) -> dict[str, object]:
+    content = [{"type": "toolCall", "id": call_id, "name": "ls", "arguments": {}}]
+    return {"message": {"role": "assistant", "content": content}}
+
+
+@pytest.mark.parametrize("open_call", [False, True], ids=["closed", "open"])
+def test_finish_entries_are_stored_before_the_closing_results_reply_and_turn_end(
+    store: turnkeeper.BaseStore, open_call: bool
+) -> None:
+    """``runs.finish`` writes its ``entries`` with the reply and the turn end
+    as one chain when no call is open after them, else first, with the
+    interrupted result of the open call between: the stored order is the
+    same either way (entries, closing results, reply, turn end)."""
+    store.sessions.create("s")
+    lease = store.leases.acquire("session:s", "w", 60, purpose="execution")
+    run = store.runs.admit("s", {"q": 1}, user_message=USER, lease=lease, start=True)
+    last = _call("c1") if open_call else MSG
+    store.runs.finish(
+        run.id,
+        "succeeded",
+        entries=[(EntryKind.MESSAGE, last)],
+        lease=lease,
+        assistant_message=REPLY,
+    )
+    path = store.sessions.entries("s")
+    kinds = [e.kind for e in path]
+    closing = ["message"] if open_call else []  # the interrupted result of c1
+    assert kinds == ["turn_start", "message", "message", *closing, "message", "turn_end"]
+    assert [e.seq for e in path] == list(range(path[0].seq, path[0].seq + len(path)))
+    assert all(b.parent_id == a.id for a, b in itertools.pairwise(path))
+    assert path[-2].payload["message"] == REPLY
+    if open_call:
+        assert path[3].payload["message"]["role"] == "toolResult"
+    events = store.runs.events("s")
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+
+
+def test_a_refused_finish_entry_writes_nothing(store: turnkeeper.BaseStore) -> None:
+    """A finish whose entries break the pairing rule (a result of no call) is
+    refused whole: the run stays running, no entry, no event is written."""
+    store.sessions.create("s")
+    lease = store.leases.acquire("session:s", "w", 60, purpose="execution")
+    run = store.runs.admit("s", {"q": 1}, user_message=USER, lease=lease, start=True)
+    before = (len(store.sessions.entries("s")), len(store.runs.events("s")))
+    stray = {
+        "message": {
+            "role": "toolResult",
+            "toolCallId": "nope",
+            "toolName": "ls",
+            "content": [{"type": "text", "text": "x"}],
+            "isError": False,
+        }
+    }
+    with pytest.raises(turnkeeper.ToolCallPairingError):
+        store.runs.finish(
+            run.id,
+            "succeeded",
+            entries=[(EntryKind.MESSAGE, stray)],
+            lease=lease,
+            assistant_message=REPLY,
+        )
+    assert store.runs.get(run.id).status == "running"
+    assert (len(store.sessions.entries("s")), len(store.runs.events("s"))) == before
