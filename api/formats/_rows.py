@@ -24,7 +24,7 @@ import orjson
 
 from turnkeeper.spec.entries import validate_payload
 from turnkeeper.spec.errors import InvalidInputError, SessionFileError
-from turnkeeper.spec.records import ImportBatch, ImportResult, OpaqueRecord
+from turnkeeper.spec.records import ImportBatch, ImportedSource, ImportResult, OpaqueRecord
 from turnkeeper.storage.codec import check_id
 
 from .pi_parse import Piece, split_line, split_lines, storable_text
@@ -75,6 +75,44 @@ class FileImport:
     issues: tuple[LineIssue, ...]
     format: str = "pi"
     sub_agents: tuple[FileImport, ...] = ()
+    unchanged: bool = False
+    """The file was as its last import into this store read it (the same bytes,
+    ``sessions.imported_source``): it was not parsed, nothing was written, and
+    ``result.skipped`` counts the entries it held; ``issues`` is then empty."""
+
+
+DIGEST_CHUNK = 1 << 20
+"""Bytes :func:`file_digest` reads at a time."""
+
+
+def file_digest(path: str | os.PathLike[str]) -> tuple[int, str]:
+    """``(bytes, sha256 hex)`` of the file at ``path`` as stored (a gzipped file's
+    compressed bytes), read :data:`DIGEST_CHUNK` bytes at a time: memory does
+    not grow with the file.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(DIGEST_CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+def read_source(path: str | os.PathLike[str]) -> tuple[str, ImportedSource]:
+    """The text of the session file at ``path`` (:func:`read_text`) and what was
+    read of it (:class:`~turnkeeper.spec.records.ImportedSource`: its resolved
+    path, bytes and their sha256; ``entries`` 0, for the importer to fill in).
+
+    Raises:
+        OSError, SessionFileError: as :func:`read_text`.
+    """
+    data = Path(path).read_bytes()
+    read = ImportedSource(os.path.realpath(path), len(data), hashlib.sha256(data).hexdigest(), 0)
+    return _decode(data, path), read
 
 
 def read_text(path: str | os.PathLike[str]) -> str:
@@ -88,7 +126,10 @@ def read_text(path: str | os.PathLike[str]) -> str:
         OSError: the file cannot be read.
         SessionFileError: a gzip file is corrupt or cut off (``line`` 0).
     """
-    data = Path(path).read_bytes()
+    return _decode(Path(path).read_bytes(), path)
+
+
+def _decode(data: bytes, path: str | os.PathLike[str]) -> str:
     if data.startswith(GZIP_MAGIC):
         try:
             data = gzip.decompress(data)

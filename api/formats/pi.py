@@ -29,15 +29,15 @@ import os
 import secrets
 import stat
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from turnkeeper.spec.entries import BASE_FIELDS, EntryKind
-from turnkeeper.spec.errors import SessionFileError, SessionNotFoundError
-from turnkeeper.spec.records import ImportBatch, ImportEntry
+from turnkeeper.spec.errors import InvalidInputError, SessionFileError, SessionNotFoundError
+from turnkeeper.spec.records import ImportBatch, ImportEntry, ImportResult
 from turnkeeper.storage.protocol import Store
 
 from ._rows import (
@@ -46,8 +46,10 @@ from ._rows import (
     Pieces,
     Row,
     Rows,
+    file_digest,
+    first_record,
     opaque_records,
-    read_text,
+    read_source,
     sorted_issues,
 )
 from ._rows import LineIssue as LineIssue  # re-exported: it was defined here
@@ -232,7 +234,39 @@ def parse_file(path: str | os.PathLike[str]) -> ParsedFile:
         OSError: the file cannot be read.
         SessionFileError: as :func:`parse_text`, or a corrupt gzip file.
     """
-    return parse_text(read_text(path), os.fspath(path))
+    text, read = read_source(path)
+    parsed = parse_text(text, os.fspath(path))
+    del text
+    batch = replace(parsed.batch, read=replace(read, entries=len(parsed.batch.entries)))
+    return replace(parsed, batch=batch)
+
+
+def unchanged(store: Store, path: str | os.PathLike[str]) -> FileImport | None:
+    """The :class:`FileImport` of a file its last import into ``store`` read as it
+    is now (``store.sessions.imported_source``: the same size and sha256 at
+    the same resolved path, into the session its header names), or ``None``
+    (never imported, or changed since: grown, cut or edited anywhere). Reads
+    the header line and, when a record exists, the file's bytes once through
+    a digest (no parse, memory independent of the file's size).
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    _, first = first_record(path)
+    value = first.value if first is not None and first.ok else None
+    if not isinstance(value, dict) or value.get("type") != "session":
+        return None
+    sid, version = value.get("id"), value.get("version", 1)
+    if not isinstance(sid, str) or not sid or version not in SUPPORTED_VERSIONS:
+        return None
+    try:
+        known = store.sessions.imported_source(sid, os.path.realpath(path))
+    except InvalidInputError:
+        return None  # the full import reports what is wrong with it
+    if known is None or file_digest(path) != (known.bytes, known.sha256):
+        return None
+    result = ImportResult(sid, False, 0, known.entries, 0, 0)
+    return FileImport(os.fspath(path), sid, version, result, (), FORMAT, unchanged=True)
 
 
 def import_file(store: Store, path: str | os.PathLike[str]) -> FileImport:
@@ -241,7 +275,11 @@ def import_file(store: Store, path: str | os.PathLike[str]) -> FileImport:
     The session id is the header's: importing the same file again adds
     nothing, importing it after it grew (a resumed session) adds only the new
     entries and moves the leaf to the file's last entry
-    (``Store.sessions.import_batch``).
+    (``Store.sessions.import_batch``). The import records what it read (the
+    file's size and sha256, ``ImportBatch.read``), so a re-import of the
+    unchanged file is not parsed at all (:func:`unchanged`: its
+    ``FileImport.unchanged`` is true); a file changed in any way since
+    (grown, cut or edited) is parsed and imported whole, as above.
 
     Raises:
         OSError: the file cannot be read.
@@ -251,6 +289,9 @@ def import_file(store: Store, path: str | os.PathLike[str]) -> FileImport:
             (``Store.sessions.import_batch``); nothing is written.
         DatabaseError: the store failed; nothing is written.
     """
+    same = unchanged(store, path)
+    if same is not None:
+        return same
     parsed = parse_file(path)
     result = store.sessions.import_batch(parsed.batch)
     return FileImport(

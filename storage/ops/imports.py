@@ -12,12 +12,13 @@ from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.records import (
     Entry,
     ImportBatch,
+    ImportedSource,
     ImportResult,
     Lease,
     OpaqueRecord,
 )
 
-from ..backend import Tx
+from ..backend import Tx, keyed
 from ..codec import check_id, check_instant, check_text, from_json, to_json
 from ..pairing import cycles, tree_faults
 from ..validate import (
@@ -226,6 +227,29 @@ def run_owns(run_id: str, entry_id: str) -> bool:
     return entry_id.startswith(f"{run_id}:") and entry_id.endswith(RESERVED_ENTRY_SUFFIXES)
 
 
+_SOURCE = keyed("session_id", "source = ?")
+
+
+def record_source(tx: Tx, session_id: str, read: ImportedSource) -> None:
+    """Record what an import read of its file (``import_sources``), replacing
+    what an earlier import of the same file recorded."""
+    tx.exec(
+        "INSERT INTO import_sources VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id, source) "
+        "DO UPDATE SET bytes = excluded.bytes, sha256 = excluded.sha256, "
+        "entries = excluded.entries",
+        [session_id, read.source, read.bytes, read.sha256, read.entries],
+    )
+
+
+def imported_source(tx: Tx, session_id: str, source: str) -> ImportedSource | None:
+    """What the last import of ``source`` into the session read, or ``None``."""
+    row = tx.one(
+        f"SELECT bytes, sha256, entries FROM import_sources WHERE {_SOURCE}",
+        [session_id, source],
+    )
+    return None if row is None else ImportedSource(source, row[0], row[1], row[2])
+
+
 def opaque(tx: Tx, session_id: str) -> list[tuple[str, int, str, str]]:
     """Opaque (unparseable) lines kept for a session: (source, line, raw, reason)."""
     return [
@@ -300,6 +324,8 @@ class ImportsPart(Area):
         source = batch.source or (batch.opaque[0].source if batch.opaque else "")
         if batch.sub_agent_of is not None:
             check_id(batch.sub_agent_of, "sub_agent_of")
+        if batch.read is not None:
+            _check_read(batch.read)
 
         def body(tx: Tx) -> ImportResult:
             created, added, opaque_added, usage_added = import_rows(
@@ -315,11 +341,29 @@ class ImportsPart(Area):
                 lease,
                 batch.sub_agent_of,
             )
+            if batch.read is not None:
+                record_source(tx, batch.session_id, batch.read)
             return ImportResult(
                 batch.session_id, created, added, len(rows) - added, opaque_added, usage_added
             )
 
         return self._fenced("import", lease, body)
+
+    def imported_source(self, session_id: str, source: str) -> ImportedSource | None:
+        """What the last import of the file ``source`` (its resolved path) into the
+        session read (``ImportBatch.read``: bytes, their sha256, the file's
+        entries), or ``None`` when none recorded it (an import by an older
+        turnkeeper, or of another path). An importer reads this before parsing:
+        a file whose size and digest match was imported whole and adds nothing
+        (``turnkeeper.formats.pi.import_file`` skips it). Deleting the session
+        deletes it.
+
+        Raises:
+            InvalidInputError: a bad ``session_id`` or ``source``.
+        """
+        check_id(session_id, "session_id")
+        check_text(source, "source", allow_empty=False)
+        return self.db.read("imported_source", lambda tx: imported_source(tx, session_id, source))
 
     def opaque_records(self, session_id: str) -> list[OpaqueRecord]:
         """Unparseable lines kept from imports of this session, by line.
@@ -332,3 +376,14 @@ class ImportsPart(Area):
             session_id, self.db.read("opaque_records", lambda tx: opaque(tx, session_id))
         )
         return [OpaqueRecord(*r) for r in rows]
+
+
+def _check_read(read: ImportedSource) -> None:
+    check_text(read.source, "read.source", allow_empty=False)
+    for name in ("bytes", "entries"):
+        value = getattr(read, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise errors.InvalidInputError(f"read.{name}", "not a non-negative int")
+    digest = read.sha256
+    if not isinstance(digest, str) or len(digest) != 64 or digest.strip("0123456789abcdef"):
+        raise errors.InvalidInputError("read.sha256", "not 64 lowercase hex digits")
