@@ -1143,11 +1143,20 @@ class AsyncSessions:
         return await self._run(self.sync.entries, session_id)
 
     async def entries_after(
-        self, session_id: str, after_seq: int = 0, *, offset: int = 0, limit: int = 100
+        self,
+        session_id: str,
+        after_seq: int = 0,
+        *,
+        offset: int = 0,
+        limit: int = 100,
     ) -> list[Entry]:
         """The sync ``sessions.entries_after``, awaited (same arguments and errors)."""
         return await self._run(
-            self.sync.entries_after, session_id, after_seq, offset=offset, limit=limit
+            self.sync.entries_after,
+            session_id,
+            after_seq,
+            offset=offset,
+            limit=limit,
         )
 
     async def entry(self, session_id: str, entry_id: str) -> Entry | None:
