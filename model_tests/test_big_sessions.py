@@ -15,36 +15,42 @@ from click.testing import CliRunner
 import turnkeeper
 from turnkeeper.cli import sessions_pages
 from turnkeeper.cli.main import cli
-from turnkeeper.formats import pi
+from turnkeeper.formats import _rows, pi, pi_parse
 from turnkeeper.spec.errors import SessionIDExistsError
 
 ENTRIES = 2400
 
 
 @pytest.fixture
-def parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The paths ``pi.parse_text`` parsed (a spy: the parse itself runs)."""
-    seen: list[str] = []
-    real = pi.parse_text
+def parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The line numbers every pi line reader split into records (a spy on
+    ``split_line``, which every reader of a file's lines calls once per
+    line: the header's detection included; the split itself runs)."""
+    seen: list[int] = []
+    real = pi_parse.split_line
 
-    def spy(text: str, path: str = "<text>") -> pi.ParsedFile:
-        seen.append(path)
-        return real(text, path)
+    def spy(text: str, line: int) -> list[pi_parse.Piece]:
+        seen.append(line)
+        return real(text, line)
 
-    monkeypatch.setattr(pi, "parse_text", spy)
+    monkeypatch.setattr(pi_parse, "split_line", spy)
+    monkeypatch.setattr(_rows, "split_line", spy)
     return seen
 
 
 def test_an_unchanged_file_is_not_parsed_again(store, tmp_path: Path, parses: list[str]):
-    """Old code: the second import parsed the file again (``parses`` had 2)."""
+    """Only the header line is read as records again (old code: every line,
+    ``parses`` grew by ENTRIES + 1 and this failed)."""
     path = tmp_path / "big.jsonl"
     size = pi_big.write(path, ENTRIES)
     first = pi.import_file(store, path)
-    assert (first.result.added, first.unchanged, len(parses)) == (ENTRIES, False, 1)
+    assert (first.result.added, first.unchanged) == (ENTRIES, False)
+    assert len(parses) > ENTRIES
     known = store.sessions.imported_source("big-1", str(path.resolve()))
     assert known is not None and (known.bytes, known.entries) == (size, ENTRIES)
+    parses.clear()
     again = pi.import_file(store, path)
-    assert again.unchanged and len(parses) == 1
+    assert again.unchanged and parses == [1]
     assert (again.result.added, again.result.skipped, again.result.created) == (0, ENTRIES, False)
 
 
@@ -57,11 +63,13 @@ def test_a_file_changed_in_the_middle_is_imported_whole(store, tmp_path: Path, p
     data = path.read_bytes()
     at = data.index(b'"id":"e0000010"')  # entry 16: a user message, a new branch
     path.write_bytes(data[:at] + b'"id":"f0000010"' + data[at + 15 :])
+    parses.clear()
     changed = pi.import_file(store, path)
-    assert not changed.unchanged and len(parses) == 2
+    assert not changed.unchanged and len(parses) > ENTRIES
     assert changed.result.added == 1
     assert store.sessions.entry("big-1", "f0000010") is not None
-    assert pi.import_file(store, path).unchanged and len(parses) == 2
+    parses.clear()
+    assert pi.import_file(store, path).unchanged and parses == [1]
 
 
 def test_a_grown_file_adds_its_new_entries_then_is_unchanged(store, tmp_path: Path, parses):
@@ -69,10 +77,12 @@ def test_a_grown_file_adds_its_new_entries_then_is_unchanged(store, tmp_path: Pa
     pi_big.write(path, ENTRIES)
     pi.import_file(store, path)
     pi_big.append(path, ENTRIES, 8)
+    parses.clear()
     grown = pi.import_file(store, path)
-    assert (grown.unchanged, grown.result.added, len(parses)) == (False, 8, 2)
+    assert (grown.unchanged, grown.result.added) == (False, 8) and len(parses) > ENTRIES
     assert store.sessions.get("big-1").leaf_id == f"e{ENTRIES + 7:07x}"
-    assert pi.import_file(store, path).unchanged and len(parses) == 2
+    parses.clear()
+    assert pi.import_file(store, path).unchanged and parses == [1]
 
 
 def test_a_deleted_session_is_no_longer_unchanged(store, tmp_path: Path, parses):
@@ -83,9 +93,10 @@ def test_a_deleted_session_is_no_longer_unchanged(store, tmp_path: Path, parses)
     pi.import_file(store, path)
     store.sessions.delete("big-1")
     assert store.sessions.imported_source("big-1", str(path.resolve())) is None
+    parses.clear()
     with pytest.raises(SessionIDExistsError):
         pi.import_file(store, path)
-    assert len(parses) == 2
+    assert len(parses) > 8
 
 
 def test_the_cli_says_a_file_is_unchanged(tmp_path: Path):
@@ -164,3 +175,18 @@ def test_show_marks_a_fork_and_a_label(tmp_path: Path):
     assert "[start]" in lines[1] and "↳ under" not in lines[1]
     assert "↳ under" in lines[3]  # c hangs from a, not from b above it
     assert " label " in lines[4] and lines[4].rstrip().endswith("◀ leaf")
+
+
+def test_control_without_the_check_a_reimport_reads_every_line(
+    store, tmp_path: Path, parses: list[int], monkeypatch: pytest.MonkeyPatch
+):
+    """The spy sees a re-parse: with the unchanged-file check patched out (as
+    the code before it), the re-import splits every line again."""
+    path = tmp_path / "big.jsonl"
+    pi_big.write(path, ENTRIES)
+    pi.import_file(store, path)
+    monkeypatch.setattr(pi, "unchanged", lambda store, path: None)
+    parses.clear()
+    again = pi.import_file(store, path)
+    assert (again.unchanged, again.result.added) == (False, 0)
+    assert len(parses) == ENTRIES + 1

@@ -14,7 +14,7 @@ import gzip
 import hashlib
 import os
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -24,7 +24,7 @@ import orjson
 
 from turnkeeper.spec.entries import validate_payload
 from turnkeeper.spec.errors import InvalidInputError, SessionFileError
-from turnkeeper.spec.records import ImportBatch, ImportedSource, ImportResult, OpaqueRecord
+from turnkeeper.spec.records import ImportBatch, ImportResult, OpaqueRecord
 from turnkeeper.storage.codec import check_id
 
 from .pi_parse import Piece, split_line, split_lines, storable_text
@@ -100,19 +100,6 @@ def file_digest(path: str | os.PathLike[str]) -> tuple[int, str]:
             h.update(chunk)
             size += len(chunk)
     return size, h.hexdigest()
-
-
-def read_source(path: str | os.PathLike[str]) -> tuple[str, ImportedSource]:
-    """The text of the session file at ``path`` (:func:`read_text`) and what was
-    read of it (:class:`~turnkeeper.spec.records.ImportedSource`: its resolved
-    path, bytes and their sha256; ``entries`` 0, for the importer to fill in).
-
-    Raises:
-        OSError, SessionFileError: as :func:`read_text`.
-    """
-    data = Path(path).read_bytes()
-    read = ImportedSource(os.path.realpath(path), len(data), hashlib.sha256(data).hexdigest(), 0)
-    return _decode(data, path), read
 
 
 def read_text(path: str | os.PathLike[str]) -> str:
@@ -235,6 +222,40 @@ def _split_detail(found: list[Piece]) -> str:
     if not bad:
         return f"{len(found)} records glued on one line, split apart"
     return f"line split into {len(found)} parts, {bad} of them unparseable"
+
+
+def stream_lines(
+    path: str | os.PathLike[str],
+) -> Iterator[tuple[int, str, list[Piece]]]:
+    """``(line number, line text, pieces)`` for every non-blank line of the file
+    at ``path``, as :func:`~.pi_parse.split_lines` gives them for its text
+    (:func:`read_text`), read one line at a time: memory holds one line, not
+    the file. A gzipped file is read decompressed; a line that is not UTF-8
+    keeps its bad bytes as surrogates (``surrogateescape``), as
+    :func:`read_text` does.
+
+    Raises:
+        OSError: the file cannot be read.
+        SessionFileError: a gzip file is corrupt or cut off (``line`` 0).
+    """
+    with open(path, "rb") as raw:
+        gz = raw.read(2) == GZIP_MAGIC
+    opener: Any = gzip.open if gz else open
+    try:
+        with opener(path, "rb") as stream:
+            for number, data in enumerate(stream, start=1):
+                try:
+                    text = data.decode("utf-8")
+                except UnicodeDecodeError:
+                    text = data.decode("utf-8", "surrogateescape")
+                if number == 1:
+                    text = text.removeprefix("\ufeff")
+                text = text.removesuffix("\n").removesuffix("\r")
+                pieces = split_line(text, number)
+                if pieces:
+                    yield number, text, pieces
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise SessionFileError(os.fspath(path), 0, detail=f"bad gzip data: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,8 +3,9 @@ with the unparseable lines kept as opaque records."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 from turnkeeper.spec import errors
 from turnkeeper.spec.entries import RESERVED_ENTRY_SUFFIXES, EntryKind, validate_payload
@@ -30,6 +31,16 @@ from .entry_rows import ENTRY_COLUMNS
 from .leases import NOW
 from .session_rows import ID_HEAD, SESSION_COLS
 
+Row = tuple[str, str | None, str, datetime, str, Mapping[str, Any] | None]
+"""An entry to import: ``(id, parent_id, kind, timestamp, payload_json, payload)``,
+``payload`` the decoded JSON when the caller holds it (the judge reads it
+instead of decoding ``payload_json`` a second time), else ``None``."""
+
+
+def _payload(row: Row) -> Mapping[str, Any]:
+    decoded = row[5]
+    return from_json(row[4]) if decoded is None else decoded
+
 
 def import_rows(
     tx: Tx,
@@ -37,7 +48,7 @@ def import_rows(
     cwd: str,
     header_json: str,
     created_at: datetime,
-    rows: Sequence[tuple[str, str | None, str, datetime, str]],
+    rows: Sequence[Row],
     leaf_id: str | None,
     opaque: Sequence[tuple[int, str, str]],
     source: str,
@@ -47,15 +58,14 @@ def import_rows(
     """Insert the entries of an imported file that the session lacks, and the
     usage its assistant messages carry that the session has not recorded.
 
-    ``rows`` are ``(id, parent_id, kind, timestamp, payload_json)`` in file
-    order. Existing ids are skipped (a re-import changes nothing; a grown file
-    adds only its new entries). When anything is added the leaf becomes
-    ``leaf_id``. Every assistant message of the file whose usage has no record
-    yet (``entry:<id>``, :func:`usage.import_usage`) gets one, from the entry
-    as the session holds it (so a file imported before usage was recorded gets
-    its usage on its next import). Returns ``(created, added, opaque_added,
-    usage_added)``. A ``lease`` is
-    fenced, also when the import creates the session; without one, an
+    ``rows`` are :data:`Row` in file order. Existing ids are skipped (a
+    re-import changes nothing; a grown file adds only its new entries). When
+    anything is added the leaf becomes ``leaf_id``. Every assistant message of
+    the file whose usage has no record yet (``entry:<id>``,
+    :func:`usage.import_usage`) gets one, from the entry as the session holds
+    it (so a file imported before usage was recorded gets its usage on its
+    next import). Returns ``(created, added, opaque_added, usage_added)``. A
+    ``lease`` is fenced, also when the import creates the session; without one, an
     existing session must be unheld. ``sub_agent_of`` links a session the
     import creates to its parent (an existing session keeps its link).
 
@@ -145,7 +155,7 @@ def import_rows(
                 for i, r in enumerate(new)
             ],
         )
-        names = [from_json(r[4]).get("name") for r in new if r[2] == EntryKind.SESSION_INFO]
+        names = [_payload(r).get("name") for r in new if r[2] == EntryKind.SESSION_INFO]
         title = next((n for n in reversed(names) if isinstance(n, str)), None)
         tx.exec(
             "UPDATE sessions SET leaf_id = ?, next_seq = next_seq + ?, "
@@ -173,7 +183,7 @@ def import_rows(
     messages = [
         (e.id, e.kind, e.timestamp, e.payload)
         if (e := held.get(r[0])) is not None
-        else (r[0], r[2], r[3], from_json(r[4]))
+        else (r[0], r[2], r[3], _payload(r))
         for r in rows
         if r[2] == EntryKind.MESSAGE and '"usage"' in r[4]
     ]
@@ -183,7 +193,7 @@ def import_rows(
 def _judge(
     session_id: str,
     stored: dict[str, Entry],
-    new: Sequence[tuple[str, str | None, str, datetime, str]],
+    new: Sequence[Row],
     next_seq: int,
     live_run: str | None = None,
 ) -> None:
@@ -204,10 +214,9 @@ def _judge(
         ToolCallPairingError: the first fault the import brings.
     """
     tree = dict(stored)
-    for i, (entry_id, parent, kind, ts, payload) in enumerate(new):
-        tree[entry_id] = Entry(
-            session_id, entry_id, parent, kind, next_seq + i, ts, from_json(payload)
-        )
+    for i, row in enumerate(new):
+        entry_id, parent, kind, ts = row[:4]
+        tree[entry_id] = Entry(session_id, entry_id, parent, kind, next_seq + i, ts, _payload(row))
     added = {r[0] for r in new}
     for cycle in cycles(tree):
         if added.intersection(cycle):
@@ -319,7 +328,8 @@ class ImportsPart(Area):
             check_id(e.id, "entry.id")
             validate_payload(e.kind, e.payload, strict=False)
             ts = check_instant(e.timestamp, "entry.timestamp")
-            rows.append((e.id, e.parent_id, e.kind, ts, to_json(dict(e.payload), "payload")))
+            payload = dict(e.payload)
+            rows.append((e.id, e.parent_id, e.kind, ts, to_json(payload, "payload"), payload))
         opaque = [(o.line, check_text(o.raw, "raw"), o.reason) for o in batch.opaque]
         source = batch.source or (batch.opaque[0].source if batch.opaque else "")
         if batch.sub_agent_of is not None:
