@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar
 
-from conftest import FakeClock, open_backend
+from conftest import FakeClock, close_backend, open_backend
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, rule
 from oracle import Oracle
@@ -122,7 +122,7 @@ class DeletesMachine(RuleBasedStateMachine):
             self.sessions[sid] = SessionModel(self.clock(), messages=[ask, REPLY], turn_end=2)
 
     def teardown(self) -> None:
-        self.store.close()
+        close_backend(self.store)
 
     def _next(self, prefix: str) -> str:
         self.n += 1

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from conftest import FakeClock, open_backend
+from conftest import FakeClock, close_backend, open_backend
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -107,7 +107,7 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
                 self.store.sessions.create(sid)
 
         def teardown(self) -> None:
-            self.store.close()
+            close_backend(self.store)
 
         # -- steps -------------------------------------------------------------
 

@@ -37,7 +37,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from conftest import FakeClock, forge, open_backend
+from conftest import FakeClock, close_backend, forge, open_backend
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
@@ -125,7 +125,7 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
             self.current: Handle | None = None
 
         def teardown(self) -> None:
-            self.store.close()
+            close_backend(self.store)
 
         @initialize(target=writers)
         def first_writer(self) -> Handle:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import ClassVar
 
-from conftest import FakeClock, open_backend
+from conftest import FakeClock, close_backend, open_backend
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
@@ -89,7 +89,7 @@ class OutboxMachine(RuleBasedStateMachine):
         self.results: dict[str, str] = {}
 
     def teardown(self) -> None:
-        self.store.close()
+        close_backend(self.store)
 
     def op_id(self, key: str) -> str:
         return f"{self.intent}:{key}"

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from conftest import FakeClock, open_backend
+from conftest import FakeClock, close_backend, open_backend
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -118,7 +118,7 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
             self.store.sessions.create(sid)
 
     def teardown(self) -> None:
-        self.store.close()
+        close_backend(self.store)
 
     def _held(self, session: str) -> bool:
         """Someone holds a live lease on the session (by the oracle)."""

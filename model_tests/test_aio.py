@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BACKENDS, open_backend
+from conftest import BACKENDS, close_backend, open_backend
 
 import turnkeeper
 from turnkeeper import EntryKind, aio
@@ -35,7 +35,7 @@ MESSAGE = {"message": {"role": "user", "content": "hello"}}
 def sync_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     s = open_backend(request.param, tmp_path, None)
     yield s
-    s.close()
+    close_backend(s)
 
 
 def test_the_generated_facade_is_current() -> None:

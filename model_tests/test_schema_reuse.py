@@ -1,0 +1,145 @@
+"""The test fixtures' stores start from a schema made before, and that schema is
+exactly a new one (``conftest.open_backend`` / ``close_backend``).
+
+A DuckDB store starts as a byte copy of a file migrated once per process; a
+PostgreSQL store gets a schema an earlier test emptied, when
+``schema_fingerprint`` says it is still made exactly as a new one. Here: a
+reused schema holds no row, any change to what a schema is made of keeps it
+out of reuse (each change alone), and the copied DuckDB file has a new
+file's catalog.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+import pytest
+from conftest import (
+    _OPENED,
+    _SPARE,
+    _schema_of,
+    close_backend,
+    direct_for,
+    new_pg_schema,
+    open_backend,
+    open_pg,
+)
+
+import turnkeeper
+
+
+def _tables(conn: psycopg.Connection, schema: str) -> list[str]:
+    rows = conn.execute(
+        "SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", [schema]
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def _spare_after_use(change: Callable[[psycopg.Connection, str], object] | None) -> str | None:
+    """Open a store on a fresh or reused schema, write to it, apply ``change``
+    to the schema, close it: the schema's URL when it went back for reuse."""
+    store = open_backend("postgres", None, None)
+    store.sessions.create("s1")
+    store.sessions.append("s1", "message", {"message": {"role": "user", "content": "hi"}})
+    url = _OPENED[id(store)]
+    if change is not None:
+        with psycopg.connect(direct_for(url), autocommit=True) as conn:
+            change(conn, _schema_of(url))
+    close_backend(store)
+    return url if url in _SPARE else None
+
+
+@pytest.mark.postgres
+def test_a_reused_schema_holds_no_row_and_serves_a_new_store() -> None:
+    url = _spare_after_use(None)
+    assert url is not None, "an unchanged schema was not kept for reuse"
+    store = open_backend("postgres", None, None)
+    try:
+        assert _OPENED[id(store)] == url, "open_backend did not hand out the spare schema"
+        assert store.sessions.list().sessions == ()
+        with psycopg.connect(direct_for(url), autocommit=True) as conn:
+            schema = _schema_of(url)
+            for table in _tables(conn, schema):
+                if table == "schema_migrations":
+                    continue
+                count = conn.execute(f"SELECT count(*) FROM {schema}.{table}").fetchone()
+                assert count is not None and count[0] == 0, table
+    finally:
+        close_backend(store)
+
+
+def _revoke_reader_grant(conn: psycopg.Connection, schema: str) -> None:
+    row = conn.execute(
+        "SELECT grantee FROM information_schema.role_table_grants "
+        "WHERE table_schema = %s AND table_name = 'sessions' "
+        "AND grantee LIKE 'turnkeeper_reader%%'",
+        [schema],
+    ).fetchone()
+    assert row is not None, "the schema's reader role has no grant to revoke"
+    conn.execute(f"REVOKE SELECT ON {schema}.sessions FROM {row[0]}")
+
+
+CHANGES: dict[str, Callable[[psycopg.Connection, str], object]] = {
+    "index dropped": lambda c, s: c.execute(f"DROP INDEX {s}.sessions_by_cwd"),
+    "column added": lambda c, s: c.execute(f"ALTER TABLE {s}.sessions ADD COLUMN x INTEGER"),
+    "default changed": lambda c, s: c.execute(
+        f"ALTER TABLE {s}.leases ALTER COLUMN fenced_writes SET DEFAULT 1"
+    ),
+    "check dropped": lambda c, s: c.execute(
+        f"ALTER TABLE {s}.leases DROP CONSTRAINT leases_epoch_check"
+    ),
+    "table added": lambda c, s: c.execute(f"CREATE TABLE {s}.extra (x INTEGER)"),
+    "version removed": lambda c, s: c.execute(
+        f"DELETE FROM {s}.schema_migrations WHERE version = "
+        f"(SELECT max(version) FROM {s}.schema_migrations)"
+    ),
+    "grant revoked": _revoke_reader_grant,
+    "function added": lambda c, s: c.execute(
+        f"CREATE FUNCTION {s}.f() RETURNS int LANGUAGE sql AS 'SELECT 1'"
+    ),
+}
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_a_schema_changed_in_any_way_is_not_reused(change: str) -> None:
+    assert _spare_after_use(CHANGES[change]) is None, f"{change}: the schema went back for reuse"
+
+
+@pytest.mark.postgres
+def test_the_changes_name_real_objects() -> None:
+    """Each change above succeeds on a new schema (a change that failed would
+    prove nothing about the fingerprint)."""
+    for name, change in CHANGES.items():
+        url = new_pg_schema()
+        open_pg(url).close()
+        with psycopg.connect(direct_for(url), autocommit=True) as conn:
+            change(conn, _schema_of(url))  # raises on a name that does not exist
+        assert name
+
+
+def _catalog(path: Path) -> list[tuple[object, ...]]:
+    import duckdb
+
+    with duckdb.connect(str(path), read_only=True) as conn:
+        rows = conn.execute(
+            "SELECT 'c', table_name, column_name, data_type, is_nullable, column_default "
+            "FROM information_schema.columns WHERE table_schema = 'main' "
+            "UNION ALL SELECT 'i', table_name, index_name, sql, NULL, NULL FROM duckdb_indexes() "
+            "UNION ALL SELECT 'k', table_name, constraint_type, constraint_text, NULL, NULL "
+            "FROM duckdb_constraints() "
+            "UNION ALL SELECT 'v', CAST(version AS VARCHAR), NULL, NULL, NULL, NULL "
+            "FROM schema_migrations ORDER BY ALL"
+        ).fetchall()
+    return [tuple(r) for r in rows]
+
+
+def test_the_copied_duckdb_file_is_a_new_files_catalog(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    copied = open_backend("duckdb", tmp_path / "a", None)
+    copied.sessions.create("s1")
+    copied.close()
+    turnkeeper.open_store(str(tmp_path / "new.duckdb")).close()
+    assert _catalog(tmp_path / "a" / "store.duckdb") == _catalog(tmp_path / "new.duckdb")
