@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from turnkeeper import DeliveryPlan, DeliveryStep, EntryKind, FinalizeRequest, ThreadRecord
-from turnkeeper.spec.records import ImportBatch, ImportEntry, OpaqueRecord
+from turnkeeper.spec.records import ImportBatch, ImportedSource, ImportEntry, OpaqueRecord
 
 MSG = {"message": {"role": "user", "content": "hi"}}
 USER = {"role": "user", "content": "go"}
@@ -156,6 +156,7 @@ def populate(store: Any, n: int) -> None:
                 f"imp{i}",
                 tuple(OpaqueRecord(f"f{i}.jsonl", n, "{", "truncated") for n in (2, 3 + i)),
                 f"f{i}.jsonl",
+                read=ImportedSource(f"/w/f{i}.jsonl", 100 + i, f"{i:064x}", 1),
             )
         )
 

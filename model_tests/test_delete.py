@@ -40,7 +40,7 @@ from turnkeeper import (
 )
 from turnkeeper.cli.audit import run_audit
 from turnkeeper.cli.audit_orphans import OWNED
-from turnkeeper.spec.records import ImportBatch, OpaqueRecord, SessionMetadata
+from turnkeeper.spec.records import ImportBatch, ImportedSource, OpaqueRecord, SessionMetadata
 from turnkeeper.storage.ops import deletes
 from turnkeeper.storage.ops.ledger.blobs import blob_prefix
 from turnkeeper.storage.ops.replay_snapshots import PERSIST_ROWS
@@ -57,7 +57,7 @@ def rows(store: Any, sql: str, params: list[Any] | None = None) -> list[dict[str
 
 def populate(store: Any, sid: str) -> dict[str, Any]:
     """A session with a row in every table a session has rows in: an import's
-    opaque line, a finished run (submission, turn, events, tool record, delivery
+    opaque line and what it read, a finished run (submission, turn, events, tool record, delivery
     plan), an orphan run recovered, response lineage and archives, metadata, a label,
     capability state and an event, guidance, a resource event, a usage record, a
     channel binding and tool selection, a stored replay snapshot, a fork."""
@@ -71,6 +71,7 @@ def populate(store: Any, sid: str) -> dict[str, Any]:
             leaf_id=None,
             opaque=[OpaqueRecord(f"{sid}.jsonl", 1, "{not json: secret}", "unparseable")],
             source=f"{sid}.jsonl",
+            read=ImportedSource(f"/home/alice/{sid}.jsonl", 40, "0" * 64, 0),
         )
     )
     run = store.runs.admit(sid, {"q": "secret"}, user_message=USER, submission_key=f"k-{sid}")

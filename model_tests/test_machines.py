@@ -474,6 +474,7 @@ TINY_BENCH = {
     "TURNKEEPER_BENCH_BIG_SESSIONS": "3",
     "TURNKEEPER_BENCH_BIG_COPIES": "5",
     "TURNKEEPER_BENCH_LEDGER_REPLAY": "2000",
+    "TURNKEEPER_BENCH_CLI_ENTRIES": "400",
 }
 """CI's size for reports/bench.py: enough to run every row, too small to mean anything."""
 
@@ -513,6 +514,7 @@ def run_tiny_bench(tmp_path: Path, pg: str | None) -> dict:
         assert ledger["replay"]["peak_bytes"] > 0
     duck = data["backends"]["duckdb"]
     assert duck["analytics_model_day"]["x_faster_than_sqlite"] > 0
+    assert duck["cli"]["entries"] == 400 and duck["cli"]["noop_over_first"]["median"] > 0
     assert set(duck["langgraph"]) == {
         "replay / get_tuple",
         "replay, cache off / get_tuple",
@@ -521,6 +523,7 @@ def run_tiny_bench(tmp_path: Path, pg: str | None) -> dict:
     table = (tmp_path / "BENCH.md").read_text(encoding="utf-8")
     assert table.startswith("# turnkeeper")
     assert "| ledger: 16 writers, batches of 100 |" in table
+    assert "| pi import, 400 entries: no-op re-import |" in table
     return data
 
 

@@ -44,6 +44,8 @@ from turnkeeper import DeliveryPlan, DeliveryStep, EntryKind
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_bounds lies beside this script
 sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "model_tests"))  # grown
 from bench_bounds import duckdb_bounds, postgres_bounds
+from bench_cli import big_session
+from bench_cli import rows as cli_rows
 from bench_ledger import ledger
 from bench_ledger import rows as ledger_rows
 
@@ -896,6 +898,11 @@ def table(result: dict[str, Any]) -> str:
     ]
     for row in dict.fromkeys(r for c in ledger_cells for r in c):
         lines.append(f"| {row} | {' | '.join(c.get(row, '—') for c in ledger_cells)} |")
+    cli_cells = [
+        dict(cli_rows(b["cli"])) if "cli" in b else {} for b in result["backends"].values()
+    ]
+    for row in dict.fromkeys(r for c in cli_cells for r in c):
+        lines.append(f"| {row} | {' | '.join(c.get(row, '—') for c in cli_cells)} |")
     m = result["machine"]
     lines += [
         "",
@@ -1048,6 +1055,7 @@ def main() -> int:
                 rss=f"{tmp}/rss.duckdb",
             )
             backends["duckdb"]["ledger"] = ledger(store)
+        backends["duckdb"]["cli"] = big_session(tmp)
     url = os.environ.get("TURNKEEPER_TEST_PG")
     if url:
         schema = pg_schema(url)

@@ -274,6 +274,19 @@ class OpaqueRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class ImportedSource:
+    """What an import read of one session file (``sessions.imported_source``):
+    ``source`` is the file's resolved path, ``bytes`` how many bytes of it were
+    read, ``sha256`` their digest (64 hex digits) and ``entries`` the entries
+    the file held then (stored or skipped)."""
+
+    source: str
+    bytes: int
+    sha256: str
+    entries: int
+
+
+@dataclass(frozen=True, slots=True)
 class ImportBatch:
     """A whole session file, parsed: header facts, entries in file order, the leaf."""
 
@@ -293,6 +306,10 @@ class ImportBatch:
     out of listings and found through ``sessions.sub_agents(parent)``. The
     parent need not be stored yet (a sub-agent file imported before, or
     without, its parent's)."""
+    read: ImportedSource | None = None
+    """What was read of the file (its bytes and their digest): recorded with the
+    import, in its transaction, so a re-import of the unchanged file can be
+    skipped unparsed (``sessions.imported_source``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,7 @@ from turnkeeper.spec.records import (
     FinalizeRequest,
     Guidance,
     ImportBatch,
+    ImportedSource,
     ImportResult,
     InputResourceEvent,
     Lease,
@@ -1141,6 +1142,23 @@ class AsyncSessions:
         """The sync ``sessions.entries``, awaited (same arguments and errors)."""
         return await self._run(self.sync.entries, session_id)
 
+    async def entries_after(
+        self,
+        session_id: str,
+        after_seq: int = 0,
+        *,
+        offset: int = 0,
+        limit: int = 100,
+    ) -> list[Entry]:
+        """The sync ``sessions.entries_after``, awaited (same arguments and errors)."""
+        return await self._run(
+            self.sync.entries_after,
+            session_id,
+            after_seq,
+            offset=offset,
+            limit=limit,
+        )
+
     async def entry(self, session_id: str, entry_id: str) -> Entry | None:
         """The sync ``sessions.entry``, awaited (same arguments and errors)."""
         return await self._run(self.sync.entry, session_id, entry_id)
@@ -1156,6 +1174,10 @@ class AsyncSessions:
     async def import_batch(self, batch: ImportBatch, *, lease: Lease | None = None) -> ImportResult:
         """The sync ``sessions.import_batch``, awaited (same arguments and errors)."""
         return await self._run(self.sync.import_batch, batch, lease=lease)
+
+    async def imported_source(self, session_id: str, source: str) -> ImportedSource | None:
+        """The sync ``sessions.imported_source``, awaited (same arguments and errors)."""
+        return await self._run(self.sync.imported_source, session_id, source)
 
     async def opaque_records(self, session_id: str) -> list[OpaqueRecord]:
         """The sync ``sessions.opaque_records``, awaited (same arguments and errors)."""

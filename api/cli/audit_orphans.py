@@ -19,6 +19,7 @@ OWNED: tuple[tuple[str, str, str, str], ...] = (
     ("entries", "session_id", "sessions", "id"),
     ("replay_snapshots", "session_id", "sessions", "id"),
     ("opaque_records", "session_id", "sessions", "id"),
+    ("import_sources", "session_id", "sessions", "id"),
     ("execution_intents", "session_id", "sessions", "id"),
     ("runs", "session_id", "sessions", "id"),
     ("active_runs", "session_id", "sessions", "id"),

@@ -8,14 +8,15 @@ each entry's kind, short id (:func:`short_ids`: a prefix that tells the
 session's entries apart, plus the suffix of ids derived from a run, such as
 ``01a23082-e5a4:turn-start``) and a one-line summary, with the current leaf
 and labels marked. Linear stretches of the tree are printed flat; where the
-tree forks, each child branch is an indented ``branch i/n`` node.
+tree forks, each child branch is an indented ``branch i/n`` node. A session
+of more than 2,000 entries (or ``show --offset/--limit/--flat``) is listed a
+page at a time instead (:mod:`.sessions_pages`).
 ``sessions delete`` and ``sessions retain`` are in :mod:`.sessions_delete`.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,51 +31,12 @@ from turnkeeper.storage import BaseStore
 from turnkeeper.storage.ops.listing import STATUSES
 
 from .common import F, cell, db_option, dumps, open_db, stdout_console, visible
+from .entry_summary import short_ids, summarize_entry
 from .sessions_delete import delete_command, retain_command
+from .sessions_pages import TREE_MAX, print_pages
 
 PAGE_SIZE = 100
 """Sessions fetched per ``sessions.list`` call."""
-
-SUMMARY_CHARS = 90
-"""Longest one-line summary of an entry."""
-
-SHORT_ID = 8
-"""Fewest characters of an entry id's base shown in the tree (see :func:`short_ids`)."""
-
-
-def _common_prefix(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def short_ids(ids: Iterable[str], minimum: int = SHORT_ID) -> dict[str, str]:
-    """A short display form of each id that still tells them apart: ``{id: shown}``.
-
-    An id ``<base>:<suffix>`` (the store derives entry ids from their run:
-    ``<run id>:turn-start``, ``<run id>:user`` …) shows its base cut short and
-    its whole suffix; any other id is all base. A base is cut to its shortest
-    prefix of at least ``minimum`` characters that no other base among
-    ``ids`` shares: UUIDv7 run ids share their first 8 characters (a time
-    prefix) for about a minute, so theirs are longer. A prefix never ends
-    with ``-``. Two ids never get the same form.
-    """
-    parts = {i: i.partition(":") for i in ids}
-    bases = sorted({base for base, _, _ in parts.values()})
-    cut: dict[str, str] = {}
-    for k, base in enumerate(bases):
-        shared = max(
-            _common_prefix(base, bases[k - 1]) if k > 0 else 0,
-            _common_prefix(base, bases[k + 1]) if k + 1 < len(bases) else 0,
-        )
-        n = min(len(base), max(minimum, shared + 1))
-        while n < len(base) and base[n - 1] == "-":
-            n += 1
-        cut[base] = base[:n]
-    return {i: cut[base] + sep + suffix for i, (base, sep, suffix) in parts.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,78 +168,6 @@ def list_sessions(
 # -- one session as a tree ------------------------------------------------------
 
 
-def _clip(text: str, limit: int = SUMMARY_CHARS) -> str:
-    flat = " ".join(visible(text).split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
-
-
-def _content_text(content: Any) -> str:
-    """The text of a message ``content`` (a string or a list of blocks)."""
-    if isinstance(content, str):
-        return content
-    parts: list[str] = []
-    if isinstance(content, list):
-        for block in content:
-            if not isinstance(block, Mapping):
-                continue
-            kind = block.get("type")
-            if kind == "text":
-                parts.append(str(block.get("text", "")))
-            elif kind == "toolCall":
-                args = json.dumps(block.get("arguments", {}), ensure_ascii=False)
-                parts.append(f"→ {block.get('name', '?')}({args})")
-            elif kind == "image":
-                parts.append("[image]")
-            elif kind == "thinking":
-                parts.append("[thinking]")
-    return " ".join(p for p in parts if p)
-
-
-def _message_summary(message: Mapping[str, Any]) -> str:
-    role = str(message.get("role", "?"))
-    if role == "toolResult":
-        err = " (error)" if message.get("isError") else ""
-        body = f"{message.get('toolName', '?')}{err}: {_content_text(message.get('content'))}"
-    elif role == "bashExecution":
-        body = f"$ {message.get('command', '')}"
-    else:
-        body = _content_text(message.get("content"))
-        if role == "assistant" and message.get("model"):
-            body = f"({message.get('model')}) {body}"
-    return f"{role}: {body}"
-
-
-def summarize_entry(entry: Entry, shown: Mapping[str, str] | None = None) -> str:
-    """A one-line summary of an entry: role and text for messages, the key field
-    otherwise. ``shown`` maps entry ids to their display form (:func:`short_ids`),
-    for the entry a label names."""
-    p = entry.payload
-    kind = entry.kind
-    if kind == "message" and isinstance(p.get("message"), Mapping):
-        text = _message_summary(p["message"])
-    elif kind == "model_change":
-        text = f"{p.get('provider', '?')}/{p.get('modelId', p.get('model', '?'))}"
-    elif kind == "thinking_level_change":
-        text = str(p.get("thinkingLevel", ""))
-    elif kind == "session_info":
-        text = f"title: {p.get('name', '')}"
-    elif kind == "label":
-        target_id = str(p.get("targetId", ""))
-        target = (shown or {}).get(target_id, target_id[:SHORT_ID])
-        text = f"{target} = {p['label']}" if "label" in p else f"{target} cleared"
-    elif kind in ("compaction", "branch_summary"):
-        text = str(p.get("summary", ""))
-    elif kind in ("custom", "custom_message"):
-        text = f"{p.get('customType', '')} {_content_text(p.get('content', ''))}"
-    elif kind in ("turn_start", "turn_end"):
-        text = f"{p.get('turnId', '')} {p.get('status', '')}"
-    elif kind == "mode_change":
-        text = str(p.get("mode", ""))
-    else:
-        text = ", ".join(list(p)[:4])
-    return _clip(text)
-
-
 def _label(
     entry: Entry, shown: Mapping[str, str], on_path: bool, is_leaf: bool, label: str | None
 ) -> Text:
@@ -350,9 +240,20 @@ def build_tree(session: Session, entries: Sequence[Entry], labels: Mapping[str, 
     return root
 
 
-def show_session(db: str, session_id: str) -> None:
-    """Print one session as a tree; ``session_id`` is a whole id or a prefix of
-    at least 8 characters (``store.sessions.open``).
+def show_session(
+    db: str,
+    session_id: str,
+    *,
+    offset: int = 0,
+    limit: int | None = None,
+    flat: bool = False,
+) -> None:
+    """Print one session: as a tree when it has at most :data:`TREE_MAX` entries
+    and neither ``flat``, ``offset`` nor ``limit`` is given; otherwise as a
+    list in append order (:func:`.sessions_pages.print_pages`), from entry
+    ``offset`` (0-based), at most ``limit`` entries, read a page at a time.
+    ``session_id`` is a whole id or a prefix of at least 8 characters
+    (``store.sessions.open``).
 
     Raises:
         SessionNotFoundError: no session has this id.
@@ -360,8 +261,12 @@ def show_session(db: str, session_id: str) -> None:
     """
     with open_db(db, read_only=True) as store:
         session = store.sessions.open(session_id)
-        entries = store.sessions.entries(session.id)
         labels = store.sessions.labels(session.id)
+        paged = flat or offset or limit is not None or session.entry_count > TREE_MAX
+        if paged:
+            print_pages(store, session, labels, offset, limit)
+            return
+        entries = store.sessions.entries(session.id)
     stdout_console().print(build_tree(session, entries, labels))
 
 
@@ -473,11 +378,36 @@ def _list(
 @sessions_group.command("show")
 @click.argument("session_id")
 @db_option(default=None)
+@click.option(
+    "--offset",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Entries to skip first, in append order (lists them).",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Most entries to print (lists them). Default: all.",
+)
+@click.option("--flat", is_flag=True, help="List the entries in append order, even a small tree.")
 @click.pass_context
-def show_command(ctx: click.Context, session_id: str, db: str | None) -> None:
-    """Print session SESSION_ID as a tree: kind, short id and summary per entry,
-    the leaf and labels marked; entries off the current branch are dimmed."""
-    show_session(db or ctx.obj["db"], session_id)
+def show_command(
+    ctx: click.Context,
+    session_id: str,
+    db: str | None,
+    offset: int,
+    limit: int | None,
+    flat: bool,
+) -> None:
+    """Print session SESSION_ID: kind, short id and summary per entry, the leaf
+    and labels marked. A session of at most 2,000 entries is drawn as a tree
+    (entries off the current branch dimmed); a bigger one, or with --offset,
+    --limit or --flat, is listed in append order, a page at a time, printing
+    from the first page on (a progress bar on stderr when it is a terminal
+    and stdout is not)."""
+    show_session(db or ctx.obj["db"], session_id, offset=offset, limit=limit, flat=flat)
 
 
 sessions_group.add_command(delete_command)

@@ -53,6 +53,7 @@ def _file_dict(fi: FileImport) -> dict[str, Any]:
         "skipped": r.skipped,
         "opaque_added": r.opaque_added,
         "usage_added": r.usage_added,
+        "unchanged": fi.unchanged,
         "issues": [str(i) for i in fi.issues],
         "sub_agents": [_file_dict(sub) for sub in fi.sub_agents],
     }
@@ -85,6 +86,11 @@ def _summary(path: str, info: dict[str, Any]) -> str:
     new = " (new session)" if info["created"] else ""
     version = info["version"]
     label = f"v{version}" if info["format"] == "pi" else f"{info['format']} {version}".rstrip()
+    if info["unchanged"]:
+        return (
+            f"{path}: session {info['session_id']} {label}: unchanged since its last import, "
+            f"skipped {info['skipped']}"
+        )
     return (
         f"{path}: session {info['session_id']} {label}: "
         f"added {info['added']}, skipped {info['skipped']}{extra}{new}"

@@ -14,7 +14,7 @@ import gzip
 import hashlib
 import os
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -75,6 +75,31 @@ class FileImport:
     issues: tuple[LineIssue, ...]
     format: str = "pi"
     sub_agents: tuple[FileImport, ...] = ()
+    unchanged: bool = False
+    """The file was as its last import into this store read it (the same bytes,
+    ``sessions.imported_source``): it was not parsed, nothing was written, and
+    ``result.skipped`` counts the entries it held; ``issues`` is then empty."""
+
+
+DIGEST_CHUNK = 1 << 20
+"""Bytes :func:`file_digest` reads at a time."""
+
+
+def file_digest(path: str | os.PathLike[str]) -> tuple[int, str]:
+    """``(bytes, sha256 hex)`` of the file at ``path`` as stored (a gzipped file's
+    compressed bytes), read :data:`DIGEST_CHUNK` bytes at a time: memory does
+    not grow with the file.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(DIGEST_CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
 
 
 def read_text(path: str | os.PathLike[str]) -> str:
@@ -88,7 +113,10 @@ def read_text(path: str | os.PathLike[str]) -> str:
         OSError: the file cannot be read.
         SessionFileError: a gzip file is corrupt or cut off (``line`` 0).
     """
-    data = Path(path).read_bytes()
+    return _decode(Path(path).read_bytes(), path)
+
+
+def _decode(data: bytes, path: str | os.PathLike[str]) -> str:
     if data.startswith(GZIP_MAGIC):
         try:
             data = gzip.decompress(data)
@@ -194,6 +222,40 @@ def _split_detail(found: list[Piece]) -> str:
     if not bad:
         return f"{len(found)} records glued on one line, split apart"
     return f"line split into {len(found)} parts, {bad} of them unparseable"
+
+
+def stream_lines(
+    path: str | os.PathLike[str],
+) -> Iterator[tuple[int, str, list[Piece]]]:
+    """``(line number, line text, pieces)`` for every non-blank line of the file
+    at ``path``, as :func:`~.pi_parse.split_lines` gives them for its text
+    (:func:`read_text`), read one line at a time: memory holds one line, not
+    the file. A gzipped file is read decompressed; a line that is not UTF-8
+    keeps its bad bytes as surrogates (``surrogateescape``), as
+    :func:`read_text` does.
+
+    Raises:
+        OSError: the file cannot be read.
+        SessionFileError: a gzip file is corrupt or cut off (``line`` 0).
+    """
+    with open(path, "rb") as raw:
+        gz = raw.read(2) == GZIP_MAGIC
+    opener: Any = gzip.open if gz else open
+    try:
+        with opener(path, "rb") as stream:
+            for number, data in enumerate(stream, start=1):
+                try:
+                    text = data.decode("utf-8")
+                except UnicodeDecodeError:
+                    text = data.decode("utf-8", "surrogateescape")
+                if number == 1:
+                    text = text.removeprefix("\ufeff")
+                text = text.removesuffix("\n").removesuffix("\r")
+                pieces = split_line(text, number)
+                if pieces:
+                    yield number, text, pieces
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise SessionFileError(os.fspath(path), 0, detail=f"bad gzip data: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,16 +28,16 @@ import hashlib
 import os
 import secrets
 import stat
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from turnkeeper.spec.entries import BASE_FIELDS, EntryKind
-from turnkeeper.spec.errors import SessionFileError, SessionNotFoundError
-from turnkeeper.spec.records import ImportBatch, ImportEntry
+from turnkeeper.spec.errors import InvalidInputError, SessionFileError, SessionNotFoundError
+from turnkeeper.spec.records import ImportBatch, ImportedSource, ImportEntry, ImportResult
 from turnkeeper.storage.protocol import Store
 
 from ._rows import (
@@ -46,12 +46,14 @@ from ._rows import (
     Pieces,
     Row,
     Rows,
+    file_digest,
+    first_record,
     opaque_records,
-    read_text,
     sorted_issues,
+    stream_lines,
 )
 from ._rows import LineIssue as LineIssue  # re-exported: it was defined here
-from .pi_parse import Piece, format_timestamp, parse_timestamp
+from .pi_parse import Piece, format_timestamp, parse_timestamp, split_lines
 
 FORMAT = "pi"
 """The ``format`` of a :class:`FileImport` of a pi file."""
@@ -191,21 +193,40 @@ def parse_text(text: str, path: str = "<text>") -> ParsedFile:
             string id and a supported version (1–3), or nothing in the file
             has a usable timestamp; ``line`` says where. Nothing is returned.
     """
-    lines = Pieces.of(text)
-    pieces = lines.pieces
-    if not pieces:
+    return _parse(split_lines(text), path)
+
+
+def _parse(lines: Iterable[tuple[int, str, list[Piece]]], path: str) -> ParsedFile:
+    """:func:`parse_text` of a file's lines (``(number, text, pieces)``, as
+    :func:`~.pi_parse.split_lines` gives them), consumed one at a time: each
+    record is made an entry (or kept as opaque) and let go before the next
+    line is read, so only the entries are held, never the file's text."""
+    split: dict[int, tuple[str, list[Piece]]] = {}
+    reader: _Reader | None = None
+    header: dict[str, Any] = {}
+    version, index, first_line = 1, 0, 1
+    for number, raw, found in lines:
+        if len(found) > 1:
+            split[number] = (raw, found)
+        for piece in found:
+            if reader is None:
+                header, version = _header(piece, path)
+                reader = _Reader(path, header["id"], version)
+                first_line = piece.line
+            else:
+                reader.add(piece, index)
+            index += 1
+    if reader is None:
         raise SessionFileError(path, 1, detail="the file has no records")
-    header, version = _header(pieces[0], path)
-    reader = _Reader(path, header["id"], version)
-    for index, piece in enumerate(pieces[1:], start=1):
-        reader.add(piece, index)
-    issues = lines.repaired(path)
+    lines_split = Pieces([], split)
+    issues = lines_split.repaired(path)
     created = parse_timestamp(header.get("timestamp"))
     if created is None:
         created = next((e[3] for e in reader.rows.entries if e[3] is not None), None)
     if created is None:
-        raise SessionFileError(path, pieces[0].line, detail="no usable timestamp in the file")
+        raise SessionFileError(path, first_line, detail="no usable timestamp in the file")
     entries = [ImportEntry(i, p, k, t or created, pl) for i, p, k, t, pl in reader.rows.entries]
+    reader.rows.entries.clear()
     cwd = header.get("cwd")
     batch = ImportBatch(
         session_id=reader.session_id,
@@ -214,7 +235,7 @@ def parse_text(text: str, path: str = "<text>") -> ParsedFile:
         header={k: v for k, v in header.items() if k != "type"},
         entries=entries,
         leaf_id=entries[-1].id if entries else None,
-        opaque=opaque_records(path, reader.rows.rejected, lines.raw_lines()),
+        opaque=opaque_records(path, reader.rows.rejected, lines_split.raw_lines()),
         source=path,
     )
     issues.extend(reader.rows.issues)
@@ -224,15 +245,53 @@ def parse_text(text: str, path: str = "<text>") -> ParsedFile:
 def parse_file(path: str | os.PathLike[str]) -> ParsedFile:
     """Read and parse the pi session file at ``path`` (UTF-8); see :func:`parse_text`.
 
-    Bytes that are not UTF-8 make their line unparseable (kept as opaque,
-    with U+FFFD in place of the bad bytes) instead of failing the file; a
-    gzipped file is read decompressed (:func:`~._rows.read_text`).
+    The file is read a line at a time (:func:`~._rows.stream_lines`), never
+    held whole; then its bytes once more through their digest
+    (:func:`~._rows.file_digest`, ``ImportBatch.read``), so a file changed
+    while it was parsed is never recorded as read (its next import parses
+    it again). Bytes that are not UTF-8 make their line unparseable (kept
+    as opaque, with U+FFFD in place of the bad bytes) instead of failing the
+    file; a gzipped file is read decompressed.
 
     Raises:
         OSError: the file cannot be read.
         SessionFileError: as :func:`parse_text`, or a corrupt gzip file.
     """
-    return parse_text(read_text(path), os.fspath(path))
+    before = file_digest(path)
+    parsed = _parse(stream_lines(path), os.fspath(path))
+    size, digest = file_digest(path)
+    if (size, digest) != before:
+        return parsed  # changed while read: imported, never recorded as read
+    read = ImportedSource(os.path.realpath(path), size, digest, len(parsed.batch.entries))
+    return replace(parsed, batch=replace(parsed.batch, read=read))
+
+
+def unchanged(store: Store, path: str | os.PathLike[str]) -> FileImport | None:
+    """The :class:`FileImport` of a file its last import into ``store`` read as it
+    is now (``store.sessions.imported_source``: the same size and sha256 at
+    the same resolved path, into the session its header names), or ``None``
+    (never imported, or changed since: grown, cut or edited anywhere). Reads
+    the header line and, when a record exists, the file's bytes once through
+    a digest (no parse, memory independent of the file's size).
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    _, first = first_record(path)
+    value = first.value if first is not None and first.ok else None
+    if not isinstance(value, dict) or value.get("type") != "session":
+        return None
+    sid, version = value.get("id"), value.get("version", 1)
+    if not isinstance(sid, str) or not sid or version not in SUPPORTED_VERSIONS:
+        return None
+    try:
+        known = store.sessions.imported_source(sid, os.path.realpath(path))
+    except InvalidInputError:
+        return None  # the full import reports what is wrong with it
+    if known is None or file_digest(path) != (known.bytes, known.sha256):
+        return None
+    result = ImportResult(sid, False, 0, known.entries, 0, 0)
+    return FileImport(os.fspath(path), sid, version, result, (), FORMAT, unchanged=True)
 
 
 def import_file(store: Store, path: str | os.PathLike[str]) -> FileImport:
@@ -241,7 +300,11 @@ def import_file(store: Store, path: str | os.PathLike[str]) -> FileImport:
     The session id is the header's: importing the same file again adds
     nothing, importing it after it grew (a resumed session) adds only the new
     entries and moves the leaf to the file's last entry
-    (``Store.sessions.import_batch``).
+    (``Store.sessions.import_batch``). The import records what it read (the
+    file's size and sha256, ``ImportBatch.read``), so a re-import of the
+    unchanged file is not parsed at all (:func:`unchanged`: its
+    ``FileImport.unchanged`` is true); a file changed in any way since
+    (grown, cut or edited) is parsed and imported whole, as above.
 
     Raises:
         OSError: the file cannot be read.
@@ -251,6 +314,9 @@ def import_file(store: Store, path: str | os.PathLike[str]) -> FileImport:
             (``Store.sessions.import_batch``); nothing is written.
         DatabaseError: the store failed; nothing is written.
     """
+    same = unchanged(store, path)
+    if same is not None:
+        return same
     parsed = parse_file(path)
     result = store.sessions.import_batch(parsed.batch)
     return FileImport(

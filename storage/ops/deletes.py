@@ -75,6 +75,7 @@ REMOVED: tuple[tuple[str, str], ...] = (
     ("response_turns", "session_id = ?"),
     ("response_items", "session_id = ?"),
     ("opaque_records", "session_id = ?"),
+    ("import_sources", "session_id = ?"),
     ("session_metadata", "session_id = ?"),
     ("session_capabilities", "session_id = ?"),
     ("capability_events", "session_id = ?"),

@@ -3,8 +3,9 @@ with the unparseable lines kept as opaque records."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 from turnkeeper.spec import errors
 from turnkeeper.spec.entries import RESERVED_ENTRY_SUFFIXES, EntryKind, validate_payload
@@ -12,12 +13,13 @@ from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.records import (
     Entry,
     ImportBatch,
+    ImportedSource,
     ImportResult,
     Lease,
     OpaqueRecord,
 )
 
-from ..backend import Tx
+from ..backend import Tx, keyed
 from ..codec import check_id, check_instant, check_text, from_json, to_json
 from ..pairing import cycles, tree_faults
 from ..validate import (
@@ -29,6 +31,16 @@ from .entry_rows import ENTRY_COLUMNS
 from .leases import NOW
 from .session_rows import ID_HEAD, SESSION_COLS
 
+Row = tuple[str, str | None, str, datetime, str, Mapping[str, Any] | None]
+"""An entry to import: ``(id, parent_id, kind, timestamp, payload_json, payload)``,
+``payload`` the decoded JSON when the caller holds it (the judge reads it
+instead of decoding ``payload_json`` a second time), else ``None``."""
+
+
+def _payload(row: Row) -> Mapping[str, Any]:
+    decoded = row[5]
+    return from_json(row[4]) if decoded is None else decoded
+
 
 def import_rows(
     tx: Tx,
@@ -36,7 +48,7 @@ def import_rows(
     cwd: str,
     header_json: str,
     created_at: datetime,
-    rows: Sequence[tuple[str, str | None, str, datetime, str]],
+    rows: Sequence[Row],
     leaf_id: str | None,
     opaque: Sequence[tuple[int, str, str]],
     source: str,
@@ -46,15 +58,14 @@ def import_rows(
     """Insert the entries of an imported file that the session lacks, and the
     usage its assistant messages carry that the session has not recorded.
 
-    ``rows`` are ``(id, parent_id, kind, timestamp, payload_json)`` in file
-    order. Existing ids are skipped (a re-import changes nothing; a grown file
-    adds only its new entries). When anything is added the leaf becomes
-    ``leaf_id``. Every assistant message of the file whose usage has no record
-    yet (``entry:<id>``, :func:`usage.import_usage`) gets one, from the entry
-    as the session holds it (so a file imported before usage was recorded gets
-    its usage on its next import). Returns ``(created, added, opaque_added,
-    usage_added)``. A ``lease`` is
-    fenced, also when the import creates the session; without one, an
+    ``rows`` are :data:`Row` in file order. Existing ids are skipped (a
+    re-import changes nothing; a grown file adds only its new entries). When
+    anything is added the leaf becomes ``leaf_id``. Every assistant message of
+    the file whose usage has no record yet (``entry:<id>``,
+    :func:`usage.import_usage`) gets one, from the entry as the session holds
+    it (so a file imported before usage was recorded gets its usage on its
+    next import). Returns ``(created, added, opaque_added, usage_added)``. A
+    ``lease`` is fenced, also when the import creates the session; without one, an
     existing session must be unheld. ``sub_agent_of`` links a session the
     import creates to its parent (an existing session keeps its link).
 
@@ -144,7 +155,7 @@ def import_rows(
                 for i, r in enumerate(new)
             ],
         )
-        names = [from_json(r[4]).get("name") for r in new if r[2] == EntryKind.SESSION_INFO]
+        names = [_payload(r).get("name") for r in new if r[2] == EntryKind.SESSION_INFO]
         title = next((n for n in reversed(names) if isinstance(n, str)), None)
         tx.exec(
             "UPDATE sessions SET leaf_id = ?, next_seq = next_seq + ?, "
@@ -172,7 +183,7 @@ def import_rows(
     messages = [
         (e.id, e.kind, e.timestamp, e.payload)
         if (e := held.get(r[0])) is not None
-        else (r[0], r[2], r[3], from_json(r[4]))
+        else (r[0], r[2], r[3], _payload(r))
         for r in rows
         if r[2] == EntryKind.MESSAGE and '"usage"' in r[4]
     ]
@@ -182,7 +193,7 @@ def import_rows(
 def _judge(
     session_id: str,
     stored: dict[str, Entry],
-    new: Sequence[tuple[str, str | None, str, datetime, str]],
+    new: Sequence[Row],
     next_seq: int,
     live_run: str | None = None,
 ) -> None:
@@ -203,10 +214,9 @@ def _judge(
         ToolCallPairingError: the first fault the import brings.
     """
     tree = dict(stored)
-    for i, (entry_id, parent, kind, ts, payload) in enumerate(new):
-        tree[entry_id] = Entry(
-            session_id, entry_id, parent, kind, next_seq + i, ts, from_json(payload)
-        )
+    for i, row in enumerate(new):
+        entry_id, parent, kind, ts = row[:4]
+        tree[entry_id] = Entry(session_id, entry_id, parent, kind, next_seq + i, ts, _payload(row))
     added = {r[0] for r in new}
     for cycle in cycles(tree):
         if added.intersection(cycle):
@@ -224,6 +234,29 @@ def run_owns(run_id: str, entry_id: str) -> bool:
     """Whether ``entry_id`` is one the store derives from ``run_id`` (a run's
     turn entries, reply and the results its end writes)."""
     return entry_id.startswith(f"{run_id}:") and entry_id.endswith(RESERVED_ENTRY_SUFFIXES)
+
+
+_SOURCE = keyed("session_id", "source = ?")
+
+
+def record_source(tx: Tx, session_id: str, read: ImportedSource) -> None:
+    """Record what an import read of its file (``import_sources``), replacing
+    what an earlier import of the same file recorded."""
+    tx.exec(
+        "INSERT INTO import_sources VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id, source) "
+        "DO UPDATE SET bytes = excluded.bytes, sha256 = excluded.sha256, "
+        "entries = excluded.entries",
+        [session_id, read.source, read.bytes, read.sha256, read.entries],
+    )
+
+
+def imported_source(tx: Tx, session_id: str, source: str) -> ImportedSource | None:
+    """What the last import of ``source`` into the session read, or ``None``."""
+    row = tx.one(
+        f"SELECT bytes, sha256, entries FROM import_sources WHERE {_SOURCE}",
+        [session_id, source],
+    )
+    return None if row is None else ImportedSource(source, row[0], row[1], row[2])
 
 
 def opaque(tx: Tx, session_id: str) -> list[tuple[str, int, str, str]]:
@@ -295,11 +328,14 @@ class ImportsPart(Area):
             check_id(e.id, "entry.id")
             validate_payload(e.kind, e.payload, strict=False)
             ts = check_instant(e.timestamp, "entry.timestamp")
-            rows.append((e.id, e.parent_id, e.kind, ts, to_json(dict(e.payload), "payload")))
+            payload = dict(e.payload)
+            rows.append((e.id, e.parent_id, e.kind, ts, to_json(payload, "payload"), payload))
         opaque = [(o.line, check_text(o.raw, "raw"), o.reason) for o in batch.opaque]
         source = batch.source or (batch.opaque[0].source if batch.opaque else "")
         if batch.sub_agent_of is not None:
             check_id(batch.sub_agent_of, "sub_agent_of")
+        if batch.read is not None:
+            _check_read(batch.read)
 
         def body(tx: Tx) -> ImportResult:
             created, added, opaque_added, usage_added = import_rows(
@@ -315,11 +351,29 @@ class ImportsPart(Area):
                 lease,
                 batch.sub_agent_of,
             )
+            if batch.read is not None:
+                record_source(tx, batch.session_id, batch.read)
             return ImportResult(
                 batch.session_id, created, added, len(rows) - added, opaque_added, usage_added
             )
 
         return self._fenced("import", lease, body)
+
+    def imported_source(self, session_id: str, source: str) -> ImportedSource | None:
+        """What the last import of the file ``source`` (its resolved path) into the
+        session read (``ImportBatch.read``: bytes, their sha256, the file's
+        entries), or ``None`` when none recorded it (an import by an older
+        turnkeeper, or of another path). An importer reads this before parsing:
+        a file whose size and digest match was imported whole and adds nothing
+        (``turnkeeper.formats.pi.import_file`` skips it). Deleting the session
+        deletes it.
+
+        Raises:
+            InvalidInputError: a bad ``session_id`` or ``source``.
+        """
+        check_id(session_id, "session_id")
+        check_text(source, "source", allow_empty=False)
+        return self.db.read("imported_source", lambda tx: imported_source(tx, session_id, source))
 
     def opaque_records(self, session_id: str) -> list[OpaqueRecord]:
         """Unparseable lines kept from imports of this session, by line.
@@ -332,3 +386,14 @@ class ImportsPart(Area):
             session_id, self.db.read("opaque_records", lambda tx: opaque(tx, session_id))
         )
         return [OpaqueRecord(*r) for r in rows]
+
+
+def _check_read(read: ImportedSource) -> None:
+    check_text(read.source, "read.source", allow_empty=False)
+    for name in ("bytes", "entries"):
+        value = getattr(read, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise errors.InvalidInputError(f"read.{name}", "not a non-negative int")
+    digest = read.sha256
+    if not isinstance(digest, str) or len(digest) != 64 or digest.strip("0123456789abcdef"):
+        raise errors.InvalidInputError("read.sha256", "not 64 lowercase hex digits")

@@ -2,6 +2,7 @@
 branch, the header and the execution facts (session seed ListSessionMessages*,
 Manager.GetLatest*, GetHeader, ReadSessionExecutionFacts).
 
+``entries_after`` pages through every entry of the session the same way.
 Message paging reads a session's ``message`` entries by ``seq`` (the
 ``(session_id, seq)`` key on PostgreSQL; on DuckDB a read of the session's
 rows, as a replay is). ``after``/``before``/``latest`` page through every
@@ -50,6 +51,18 @@ def _page(
     _known(tx, session_id)
     rows = tx.rows(f"{_MESSAGES}{cond} ORDER BY seq {order} LIMIT ?", [session_id, *params, limit])
     return [SequencedMessage(r[0], r[1], from_json(r[2])["message"]) for r in rows]
+
+
+def entries_after(tx: Tx, session_id: str, after_seq: int, offset: int, limit: int) -> list[Entry]:
+    """A page of the session's entries in sequence order: those with ``seq >
+    after_seq``, the first ``offset`` of them skipped, at most ``limit``."""
+    _known(tx, session_id)
+    rows = tx.rows(
+        f"SELECT {entry_rows.entry_columns(tx)} FROM entries WHERE session_id = ? AND seq > ? "
+        "ORDER BY seq LIMIT ? OFFSET ?",
+        [session_id, after_seq, limit, offset],
+    )
+    return [entry_rows.entry_row(r) for r in rows]
 
 
 def with_seq(tx: Tx, session_id: str) -> list[SequencedMessage]:
@@ -161,6 +174,33 @@ class SessionReadsPart(Area):
         return self.db.read(
             "messages_latest",
             lambda tx: _page(tx, session_id, "", [], "DESC", limit),
+            snapshot=True,
+        )
+
+    def entries_after(
+        self, session_id: str, after_seq: int = 0, *, offset: int = 0, limit: int = 100
+    ) -> list[Entry]:
+        """A page of the session's entries (every branch) in sequence (append)
+        order: those with ``seq > after_seq`` (``0``: from the first), the first
+        ``offset`` of them skipped, at most ``limit``; page on with the last
+        one's ``seq``. ``turnkeeper sessions show`` prints a big session this
+        way, a page at a time, never holding the whole session.
+
+        Cost: one statement reading the page's rows (the ``(session_id, seq)``
+        key on PostgreSQL; on DuckDB a scan of the session's rows that hands
+        over only the page, as message paging does).
+
+        Raises:
+            SessionNotFoundError: no such session.
+            InvalidInputError: a negative ``after_seq`` or ``offset``, a bad ``limit``.
+        """
+        check_id(session_id, "session_id")
+        check_int(after_seq, "after_seq", 0)
+        check_int(offset, "offset", 0)
+        check_limit(limit)
+        return self.db.read(
+            "entries_after",
+            lambda tx: entries_after(tx, session_id, after_seq, offset, limit),
             snapshot=True,
         )
 

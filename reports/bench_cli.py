@@ -1,0 +1,181 @@
+"""Big sessions in the CLI (issue 21, part 3): the rows of ``make bench`` for a
+pi session file of :data:`ENTRIES` entries (synthetic, ``model_tests/pi_big.py``:
+200,000 entries make 72 MB, the size issue 21 measured at 66 MB).
+
+Each repetition, on a new DuckDB file, each step in a child process of its own
+(its peak RSS from ``os.wait4``, its time measured inside it, around the call):
+
+- the first import of the file (``turnkeeper.formats.import_file``): seconds,
+  and the child's peak RSS over the file's size;
+- a re-import of the unchanged file: seconds, and × the first import (goal
+  at most 0.1);
+- ``turnkeeper sessions show`` of the session, stdout to a pipe: seconds to
+  its first entry's line, seconds to the end, peak RSS.
+
+Import memory is also measured for files of :data:`SMALL` and :data:`ENTRIES`
+entries (``rss_by_size``), in children that import only, so its growth with
+the file's size shows. Measured, never asserted. ``python reports/bench_cli.py``
+runs this section alone and prints it as JSON; ``TURNKEEPER_BENCH_CLI_ENTRIES``
+sets the size (CI runs it small), ``TURNKEEPER_BENCH_REPS`` the repetitions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "model_tests"))
+import pi_big  # noqa: E402
+
+ENTRIES = int(os.environ.get("TURNKEEPER_BENCH_CLI_ENTRIES", "200000"))
+SMALL = max(ENTRIES // 10, 100)
+REPS = int(os.environ.get("TURNKEEPER_BENCH_REPS", "5"))
+BIN = Path(sys.executable).parent
+
+_IMPORT = """
+import json, sys, time
+import turnkeeper
+from turnkeeper.formats import import_file
+with turnkeeper.open_store(sys.argv[1]) as store:
+    start = time.perf_counter()
+    done = import_file(store, sys.argv[2])
+    seconds = time.perf_counter() - start
+print(json.dumps({"seconds": seconds, "added": done.result.added, "unchanged": done.unchanged}))
+"""
+
+
+def _child(args: list[str], first_line: bool = False) -> dict[str, Any]:
+    """Run ``args``; its JSON output (or, with ``first_line``, the seconds to its
+    first stdout line and to its end), its peak RSS (bytes) from ``os.wait4``."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    out: dict[str, Any] = {}
+    if first_line:
+        lines = 0
+        for _line in proc.stdout:
+            lines += 1
+            if lines == 2:  # the title, then the first entry
+                out["first_entry_s"] = time.perf_counter() - start
+        out["lines"] = lines
+    else:
+        out |= json.loads(proc.stdout.read())
+    _, status, usage = os.wait4(proc.pid, 0)
+    out["total_s"] = time.perf_counter() - start
+    if status != 0:
+        raise RuntimeError(f"{args[:3]} failed: {proc.stderr.read()!r}")  # type: ignore[union-attr]
+    out["peak_rss"] = usage.ru_maxrss * 1024
+    return out
+
+
+def _import(db: str, path: str) -> dict[str, Any]:
+    return _child([sys.executable, "-c", _IMPORT, db, path])
+
+
+def _spread(values: list[float], digits: int = 3) -> dict[str, float]:
+    return {
+        "median": round(statistics.median(values), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+    }
+
+
+def big_session(folder: str) -> dict[str, Any]:
+    """Every figure of this section (see the module docstring)."""
+    path = f"{folder}/big.jsonl"
+    size = pi_big.write(path, ENTRIES)
+    first, again, ratio, rss_x, show_first, show_total, show_rss = ([] for _ in range(7))
+    for rep in range(REPS):
+        db = f"{folder}/cli{rep}.duckdb"
+        a = _import(db, path)
+        b = _import(db, path)
+        assert a["added"] == ENTRIES and b["unchanged"], (a, b)
+        first.append(a["seconds"])
+        again.append(b["seconds"])
+        ratio.append(b["seconds"] / a["seconds"])
+        rss_x.append(a["peak_rss"] / size)
+        s = _child(
+            [str(BIN / "turnkeeper"), "sessions", "--db", db, "show", "big-1"], first_line=True
+        )
+        show_first.append(s["first_entry_s"])
+        show_total.append(s["total_s"])
+        show_rss.append(s["peak_rss"] / 2**20)
+        for f in (db, f"{db}.wal"):
+            Path(f).unlink(missing_ok=True)
+    small = f"{folder}/small.jsonl"
+    small_size = pi_big.write(small, SMALL)
+    by_size = {}
+    for name, p, n, b in (("small", small, SMALL, small_size), ("big", path, ENTRIES, size)):
+        rss = [_import(f"{folder}/rss-{name}-{k}.duckdb", p)["peak_rss"] for k in range(REPS)]
+        by_size[name] = {
+            "entries": n,
+            "mb": round(b / 1e6, 1),
+            "peak_rss_mib": _spread([r / 2**20 for r in rss], 1),
+        }
+    return {
+        "entries": ENTRIES,
+        "file_mb": round(size / 1e6, 1),
+        "reps": REPS,
+        "first_import_s": _spread(first),
+        "noop_reimport_s": _spread(again),
+        "noop_over_first": _spread(ratio),
+        "import_peak_rss_over_file": _spread(rss_x, 2),
+        "show_first_entry_s": _spread(show_first),
+        "show_total_s": _spread(show_total),
+        "show_peak_rss_mib": _spread(show_rss, 1),
+        "rss_by_size": by_size,
+    }
+
+
+def rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """The section's rows of ``reports/BENCH.md``: (row, cell)."""
+
+    def cell(r: dict[str, float], unit: str = "") -> str:
+        return f"{r['median']}{unit} [{r['min']}–{r['max']}]"
+
+    n, mb = f"{result['entries']:,}", result["file_mb"]
+    by = result["rss_by_size"]
+    return [
+        (f"pi import, {n} entries ({mb} MB): first import", cell(result["first_import_s"], " s")),
+        (f"pi import, {n} entries: no-op re-import", cell(result["noop_reimport_s"], " s")),
+        (
+            f"pi import, {n} entries: no-op / first import (goal ≤ 0.1)",
+            cell(result["noop_over_first"]),
+        ),
+        (
+            f"pi import, {n} entries: peak RSS / file size",
+            cell(result["import_peak_rss_over_file"], "×"),
+        ),
+        (
+            f"pi import peak RSS, {by['small']['mb']} MB vs {by['big']['mb']} MB file",
+            f"{cell(by['small']['peak_rss_mib'], ' MiB')} vs "
+            f"{cell(by['big']['peak_rss_mib'], ' MiB')}",
+        ),
+        (
+            f"sessions show, {n} entries: first entry printed",
+            cell(result["show_first_entry_s"], " s"),
+        ),
+        (f"sessions show, {n} entries: all printed", cell(result["show_total_s"], " s")),
+        (f"sessions show, {n} entries: peak RSS", cell(result["show_peak_rss_mib"], " MiB")),
+    ]
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        result = big_session(tmp)
+    print(json.dumps(result, indent=2))
+    for row, value in rows(result):
+        print(f"| {row} | {value} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
