@@ -263,11 +263,23 @@ def _held_at_version(
     from conftest import new_pg_schema
 
     from turnkeeper.storage.duck import db as duck_db
-    from turnkeeper.storage.ops import session_rows
+    from turnkeeper.storage.ops import replay_snapshots, session_rows
 
     # what that version's turnkeeper wrote: no deleted ids (version 16) to consult
     # when it took a session id (the API writes the old store's rows here)
     monkeypatch.setattr(session_rows, "TAKEN", "SELECT 1 FROM sessions WHERE id = ? AND id = ?")
+    # and no stored replays (version 29) to read or keep
+    monkeypatch.setattr(
+        replay_snapshots,
+        "head",
+        lambda tx, session_id, with_first: (
+            None
+            if (row := tx.one("SELECT leaf_id, next_seq FROM sessions WHERE id = ?", [session_id]))
+            is None
+            else (row[0], row[1], None)
+        ),
+    )
+    monkeypatch.setattr(replay_snapshots, "store", lambda db, session_id, pending: None)
     if backend == "postgres":
         from turnkeeper.storage.postgres import db as pg_db
 

@@ -87,7 +87,7 @@ def test_a_file_imported_before_usage_was_recorded_gets_it_on_its_next_import(
 ):
     """The control first: with the usage step patched out an import records
     nothing (what a store imported into before schema 16 holds: nor what the
-    import read, recorded since schema 29); the next import, unpatched,
+    import read, recorded since schema 30); the next import, unpatched,
     records every message's usage from the stored entries."""
     path = pi_dir / CORPUS_FILES[0]
     monkeypatch.setattr(imports.usage, "import_usage", lambda tx, sid, entries: 0)

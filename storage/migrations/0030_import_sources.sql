@@ -1,6 +1,5 @@
--- turnkeeper schema version 29 (issue 21, "big sessions in the CLI"; the lead renumbers
--- it at merge if another version 29 lands first): what each import of a session file
--- read, so that a re-import of the unchanged file is told apart without parsing it
+-- turnkeeper schema version 30 (issue 21, "big sessions in the CLI"): what each import
+-- of a session file read, so that a re-import of the unchanged file is told apart without parsing it
 -- (storage/ops/imports.py, turnkeeper.formats.pi.import_file). One row per session and
 -- source file (its resolved path): the bytes it read, their sha256 (hex) and the
 -- entries the file held. Written in the import's own transaction, deleted with the
