@@ -46,6 +46,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "model_tests"))  # 
 from bench_bounds import duckdb_bounds, postgres_bounds
 from bench_cli import big_session
 from bench_cli import rows as cli_rows
+from bench_goals import rows as goal_rows
 from bench_ledger import ledger
 from bench_ledger import rows as ledger_rows
 
@@ -904,8 +905,8 @@ def table(result: dict[str, Any]) -> str:
     for row in dict.fromkeys(r for c in cli_cells for r in c):
         lines.append(f"| {row} | {' | '.join(c.get(row, '—') for c in cli_cells)} |")
     m = result["machine"]
+    lines += ["", *goal_rows(result)]
     lines += [
-        "",
         f"Machine: {m['cores']} cores, load average {m['load_average']} at the start, "
         f"Python {m['python']}, DuckDB {m['duckdb']}.",
         "",

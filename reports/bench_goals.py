@@ -1,0 +1,168 @@
+"""The performance goals of issue 21, judged from one ``make bench`` result.
+
+Each goal is a row of ``reports/BENCH.md``'s goals table: the figure on each
+backend, the bound, and whether it is met. A goal not met carries what the
+instrumented cost says about why (statements per phase, the bytes a replay
+holds), written here next to the goal so that the reason stays beside the
+figure it explains. A figure the run did not measure (a backend left out, a
+tiny CI run) is "—" and judges nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+TURN_THREE = "turn, 3 transactions (admit+start, append_many, finish+entries)"
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One goal: its name, its bound on each backend (``None``: not a goal
+    there), whether a figure must be at most (``True``) or at least the bound,
+    how to read the figure from one backend's result, and why it may be missed."""
+
+    name: str
+    bounds: dict[str, float | None]
+    at_most: bool
+    figure: Callable[[dict[str, Any]], float | None]
+    unit: str
+    why_not: str
+
+
+def _get(b: dict[str, Any], *path: str) -> float | None:
+    for key in path:
+        if not isinstance(b, dict) or key not in b:
+            return None
+        b = b[key]
+    return float(b) if isinstance(b, int | float) else None
+
+
+def _rss_growth(b: dict[str, Any]) -> float | None:
+    big = _get(b, "cli", "rss_by_size", "big", "peak_rss_mib", "median")
+    small = _get(b, "cli", "rss_by_size", "small", "peak_rss_mib", "median")
+    return None if big is None or not small else round(big / small, 2)
+
+
+GOALS = [
+    Goal(
+        "cold replay of 10,000 entries / LangGraph get_tuple (SqliteSaver; PostgresSaver)",
+        {"duckdb": 1.0, "postgres": 1.0},
+        True,
+        lambda b: _get(b, "langgraph", "replay, cache off / get_tuple", "median"),
+        "×",
+        "the replay reads its stored snapshot (one value per 16,384 messages) and decodes it; "
+        "a session with no snapshot yet is replayed from its rows and stores one",
+    ),
+    Goal(
+        "cold replay of 100,000 entries, from the stored snapshot: peak RSS / payload",
+        {"duckdb": 3.0, "postgres": 3.0},
+        True,
+        lambda b: _get(b, "replay_rss", "from the stored snapshot", "median"),
+        "×",
+        "the returned message objects alone are about 2.3× their JSON payload (Python dicts "
+        "of short strings), and DuckDB holds about twice the bytes of a blob it returns; "
+        "bounding it needs a replay that yields its messages a part at a time",
+    ),
+    Goal(
+        "turn (admit+start, append_many, finish): statements, BEGIN and COMMIT counted",
+        {"duckdb": 15, "postgres": 15},
+        True,
+        lambda b: _get(b, "statements_per_turn", "total"),
+        "",
+        "each phase is down to one read (its lease fence joined in) and one statement per "
+        "table it writes: admit writes 7 tables, finish 9; fewer needs fewer tables per turn "
+        "(a schema change) or, on PostgreSQL only, data-modifying WITH chains",
+    ),
+    Goal(
+        "turn × floor",
+        {"duckdb": 12.0, "postgres": 10.0},
+        True,
+        lambda b: _get(b, "operations", TURN_THREE, "median"),
+        "× floor",
+        "the cost follows the statements counted in the row above: on PostgreSQL each is "
+        "a round trip and a plan, on DuckDB each has a fixed cost of its own",
+    ),
+    Goal(
+        "turn / a 3-step DBOS workflow on the same engine (SQLite; PostgreSQL)",
+        {"duckdb": 0.5, "postgres": 0.5},
+        True,
+        lambda b: _get(b, "dbos_three_steps", "median"),
+        "×",
+        "a DBOS step writes one row; the turn's 3 transactions run the statements counted "
+        "above, one per table written",
+    ),
+    Goal(
+        "pi import, no-op re-import / first import",
+        {"duckdb": 0.1, "postgres": None},
+        True,
+        lambda b: _get(b, "cli", "noop_over_first", "median"),
+        "×",
+        "",
+    ),
+    Goal(
+        "pi import memory bounded, not grown with the file: peak RSS importing a 10× bigger "
+        "file / the smaller file's",
+        {"duckdb": 1.5, "postgres": None},
+        True,
+        _rss_growth,
+        "×",
+        "the import holds every new entry of the file for its one-transaction check of the "
+        "tool-call pairing; a constant bound needs that check made incrementally or in SQL",
+    ),
+    Goal(
+        "sessions show of a 200,000-entry session: seconds to the first entry",
+        {"duckdb": 2.0, "postgres": None},
+        True,
+        lambda b: _get(b, "cli", "show_first_entry_s", "median"),
+        " s",
+        "",
+    ),
+    Goal(
+        "fenced appends, 16 threads on their own sessions / one thread",
+        {"duckdb": 8.0, "postgres": None},
+        False,
+        lambda b: _get(b, "threads", "16", "x_one_writer"),
+        "×",
+        "DuckDB's fixed cost per list-keyed statement of the group commit",
+    ),
+]
+
+
+def rows(result: dict[str, Any]) -> list[str]:
+    """The goals section of ``reports/BENCH.md``: a table (goal, each backend's
+    figure against its bound, met or not) and, below it, why each goal missed."""
+    names = list(result["backends"])
+    lines = [
+        "## Goals (issue 21)",
+        "",
+        f"| goal | {' | '.join(names)} |",
+        "| --- |" + " --- |" * len(names),
+    ]
+    missed: list[str] = []
+    for goal in GOALS:
+        cells = []
+        for n in names:
+            bound = goal.bounds.get(n)
+            value = goal.figure(result["backends"][n])
+            if bound is None or value is None:
+                cells.append("—")
+                continue
+            met = value <= bound if goal.at_most else value >= bound
+            sign = "≤" if goal.at_most else "≥"
+            cells.append(
+                f"{value:g}{goal.unit} ({sign} {bound:g}{goal.unit}: {'met' if met else 'NOT met'})"
+            )
+            if not met and goal.why_not:
+                missed.append(f"- {goal.name}, {n}: {goal.why_not}.")
+        lines.append(f"| {goal.name} | {' | '.join(cells)} |")
+    lines.append("")
+    if missed:
+        lines += [
+            "Each goal not met, and what its instrumented cost says about why:",
+            "",
+            *missed,
+            "",
+        ]
+    return lines
