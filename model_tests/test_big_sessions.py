@@ -158,6 +158,9 @@ def test_show_lists_a_big_session_a_page_at_a_time(tmp_path: Path, monkeypatch):
     assert window.exit_code == 0, window.output
     assert _shown(window.stdout) == list(range(46, 96))
     assert "entries 46–95 of 130" in window.stdout
+    past = runner.invoke(cli, ["sessions", "--db", db, "show", "big-1", "--offset", "500"])
+    assert past.exit_code == 0, past.output
+    assert _shown(past.stdout) == [] and "no entries at offset 500 (130 in all)" in past.stdout
 
 
 def test_show_marks_a_fork_and_a_label(tmp_path: Path):

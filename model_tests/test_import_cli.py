@@ -141,3 +141,23 @@ def test_progress_is_drawn_on_a_terminal_and_never_with_json(
     assert json.loads(quiet.stdout)["files"][0]["skipped"] == 10
     plain = run("import", path, "--db", db)  # stderr not a terminal: no bar
     assert "importing" not in plain.stderr and "skipped 10" in plain.stdout
+
+
+def test_a_file_whose_session_cannot_take_it_fails_alone(corpus_dir: Path, tmp_path: Path) -> None:
+    """A file whose session was deleted since (its id stays taken,
+    SessionIDExistsError) is reported as failed; the files before and after it
+    are imported and reported, one JSON object, exit 1."""
+    import turnkeeper
+
+    db = str(tmp_path / "i.duckdb")
+    first, gone, last = (corpus_dir / p for p in (CODEX_OLD, PI, CC_SUB))
+    assert run("import", str(gone), "--db", db).exit_code == 0
+    with turnkeeper.open_store(db) as store:
+        (session,) = store.sessions.list().sessions
+        store.sessions.delete(session.id)
+    result = run("import", str(first), str(gone), str(last), "--db", db, "--json")
+    assert result.exit_code == 1, result.output
+    out = json.loads(result.stdout)
+    assert [f["format"] for f in out["files"]] == ["codex", "claude-code"]
+    assert [f["path"] for f in out["failed"]] == [str(gone)]
+    assert out["failed"][0]["error"].startswith("SessionIDExistsError: ")

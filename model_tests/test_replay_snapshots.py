@@ -136,6 +136,43 @@ def test_a_damaged_part_is_never_served(tmp_path: Path, every_replay_stored: lis
         assert store.sessions.replay("s") == uncached(store, "s")
 
 
+@pytest.mark.parametrize("parts", [0, -1])
+def test_a_header_naming_no_part_is_never_served(
+    tmp_path: Path, every_replay_stored: list[int], parts: int
+) -> None:
+    """A header whose part count is 0 or less names no part to check: it is
+    damage, and the replay comes from the rows (an attack saw an empty context)."""
+    with cold_store("duckdb", tmp_path) as store:
+        store.sessions.create("s")
+        store.sessions.append("s", M, user("real"))
+        store.sessions.replay("s")
+        store.db.write(
+            "damage",
+            lambda tx: tx.exec(
+                "UPDATE replay_snapshots SET parts = ? WHERE session_id = ?", [parts, "s"]
+            ),
+        )
+        assert [m["content"] for m in store.sessions.replay("s").messages] == ["real"]
+        store.sessions.append("s", M, user("more"))
+        assert store.sessions.replay("s") == uncached(store, "s")
+
+
+def test_a_damaged_snapshot_is_stored_again_by_the_replay_that_found_it(
+    tmp_path: Path, every_replay_stored: list[int]
+) -> None:
+    """The replay that found the damage stores its snapshot in its place, so
+    the next cold replay is served from it (not from every row again)."""
+    with cold_store("duckdb", tmp_path) as store:
+        store.sessions.create("s")
+        store.sessions.append("s", M, user("real"))
+        store.sessions.replay("s")
+        _damage(store, "s")
+        store.sessions.replay("s")  # from the rows: stores the snapshot again
+        every_replay_stored.clear()
+        assert [m["content"] for m in store.sessions.replay("s").messages] == ["real"]
+        assert every_replay_stored == [1], "the next replay was not served from a snapshot"
+
+
 def test_control_a_part_check_that_passes_anything_serves_the_damage(
     tmp_path: Path, every_replay_stored: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -120,6 +120,10 @@ def print_pages(
             if len(page) < size:
                 break
     end = offset + printed
-    if printed == 0 or end < session.entry_count:
+    if printed == 0:
+        out.print(
+            Text(f"no entries at offset {offset} ({session.entry_count} in all)", style="dim")
+        )
+    elif end < session.entry_count:
         out.print(Text(f"entries {offset + 1}–{end} of {session.entry_count}", style="dim"))
     return printed

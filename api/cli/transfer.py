@@ -18,27 +18,20 @@ from rich.progress import (
 
 from turnkeeper import formats
 from turnkeeper.formats import FileImport, pi
-from turnkeeper.spec.errors import (
-    EntryCycleError,
-    EntryIdReservedError,
-    InvalidInputError,
-    SessionFileError,
-    ToolCallPairingError,
-)
+from turnkeeper.spec.errors import DatabaseError, InterfaceError, TurnkeeperError
 
 from .common import EXIT_FAILED, CliError, db_option, dumps, one_line, open_db, stderr_console
 from .import_databases import import_database, is_sqlite
 
-FILE_ERRORS = (
-    SessionFileError,
-    InvalidInputError,
-    ToolCallPairingError,
-    EntryCycleError,
-    EntryIdReservedError,
-    OSError,
-    UnicodeDecodeError,
-)
-"""Failures that sink one file of an import; the other files still go in."""
+FILE_ERRORS = (TurnkeeperError, OSError, UnicodeDecodeError)
+"""Failures that sink one file of an import; the other files still go in: the
+file's own faults (its format, its records, its tool-call pairing) and its
+session's (a deleted session's id, a lease another owner holds), but not the
+store's (:data:`STORE_ERRORS`), which end the command."""
+
+STORE_ERRORS = (DatabaseError, InterfaceError)
+"""Failures of the store itself (a lost server, a full disk, a closed store): the
+import ends there, exit 2."""
 
 
 def _file_dict(fi: FileImport) -> dict[str, Any]:
@@ -172,6 +165,8 @@ def import_command(ctx: click.Context, paths: tuple[str, ...], db: str, as_json:
                     bar.advance(task)
                     continue
                 fi = formats.import_file(store, path)
+            except STORE_ERRORS:
+                raise
             except FILE_ERRORS as exc:
                 message = one_line(str(exc))
                 failed.append({"path": path, "error": f"{type(exc).__name__}: {message}"})

@@ -123,6 +123,8 @@ def load(tx: Tx, session_id: str, stored: Stored) -> Replay | None:
     """The stored snapshot's replay (fresh objects), or ``None`` when a part is
     missing, belongs to another snapshot or fails its digest (then the caller
     replays from the rows)."""
+    if stored.parts < 1:  # a header naming no part to check is damage too
+        return None
     messages: list[Any] = []
     ids: list[str] = []
     for part in range(stored.parts):
@@ -175,8 +177,10 @@ class Pending:
 def store(db: Backend, session_id: str, pending: Pending) -> None:
     """Store ``pending`` as the session's snapshot (see the module docstring),
     unless the store is read-only, the session is gone, or a snapshot at a later
-    ``next_seq`` (or this very one) is stored; a failure in :data:`_SKIPPED`
-    stores nothing and is not raised (the replay stands)."""
+    ``next_seq`` is stored (one at this very row is replaced: a replay asks to
+    store one there only when the stored one failed its check, or raced it); a
+    failure in :data:`_SKIPPED` stores nothing and is not raised (the replay
+    stands)."""
     if db.read_only:
         return
     replay = pending.replay
@@ -202,15 +206,8 @@ def store(db: Backend, session_id: str, pending: Pending) -> None:
             "SELECT next_seq, leaf_id FROM replay_snapshots WHERE session_id = ? AND part = 0",
             [session_id],
         )
-        if have is not None and (
-            have[0] > header.next_seq
-            or tuple(have)
-            == (
-                header.next_seq,
-                header.leaf_id,
-            )
-        ):
-            return
+        if have is not None and have[0] > header.next_seq:
+            return  # a later one is stored; one at this very row is replaced (it was damaged)
         tx.exec("DELETE FROM replay_snapshots WHERE session_id = ?", [session_id])
         for part in range(header.parts):
             at = part * PART
