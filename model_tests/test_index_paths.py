@@ -253,7 +253,7 @@ class Profiler:
         return traced
 
     def postgres(self, real: Callable[..., Any]) -> Callable[..., Any]:
-        def traced(tx: pg_db.Tx, sql: str, params: Any) -> Any:
+        def traced(tx: pg_db.Tx, sql: str, params: Any, *rest: Any) -> Any:
             if self.operation and sql.split(None, 1)[0].upper() in PLANNED:
                 explain = f"EXPLAIN (FORMAT JSON) {sql}"
                 args = list(params) if params else None
@@ -261,7 +261,7 @@ class Profiler:
                 for table in _seq_scans(plan[0]["Plan"]):
                     if self.sizes.get(table, 0) > VECTOR:
                         self._found(table, "Seq Scan", self.sizes[table], " ".join(sql.split()))
-            return real(tx, sql, params)
+            return real(tx, sql, params, *rest)
 
         return traced
 
