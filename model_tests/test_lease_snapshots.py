@@ -32,15 +32,22 @@ MSG = {"message": {"role": "user", "content": "hi"}}
 
 
 def _between_snapshot_and_hold(
-    monkeypatch: pytest.MonkeyPatch, target: str, action: Callable[[], Any]
+    monkeypatch: pytest.MonkeyPatch,
+    target: str,
+    action: Callable[[], Any],
+    snapshots: list[bool] | None = None,
 ) -> list[Any]:
     """Run ``action`` in another thread, once: the first time a transaction that
-    has taken its snapshot goes to hold ``target``. Returns what it returned."""
+    has taken its snapshot goes to hold ``target`` (with ``snapshots`` given:
+    the first time any transaction does, noting there whether it had taken
+    its snapshot). Returns what ``action`` returned."""
     done: list[Any] = []
     hold = duck_db.Tx.hold
 
     def hold_after(self: duck_db.Tx, held: str) -> None:
-        if held == target and self._snapshot and not done:
+        if held == target and not done and (self._snapshot or snapshots is not None):
+            if snapshots is not None:
+                snapshots.append(self._snapshot)
             done.append(None)
             worker = threading.Thread(target=lambda: done.__setitem__(0, action()))
             worker.start()
@@ -64,10 +71,16 @@ def _fenced_writes(
             sid, [(EntryKind.MESSAGE, MSG), (EntryKind.MESSAGE, MSG)], lease=lease
         ),
         "admit_run": lambda: store.runs.admit(sid, {"input": "x"}, lease=lease),
+        "branch": lambda: store.sessions.branch(sid, store.sessions.get(sid).leaf_id, lease=lease),
     }
 
 
-WRITES = ["append with its own id", "append", "append_many", "admit_run"]
+WRITES = ["append with its own id", "append", "append_many", "admit_run", "branch"]
+AFTER_SNAPSHOT = {"branch"}
+"""The writes that hold the target after their first statement (the snapshot):
+the held target's check (``stale_since``) is what sees a renewal or release
+committed in between. The others hold it before any statement (their first
+read carries the fence, ``leases.fenced_read``), so nothing can commit between."""
 
 
 def _lease_row(store: turnkeeper.BaseStore, target: str) -> dict[str, Any]:
@@ -101,21 +114,25 @@ def test_a_lease_write_committed_after_the_snapshot_is_seen(
     sid, lease = leased
     before = duck_store.sessions.get(sid)
     renew = between == "renewal"
+    snapshots: list[bool] = []
     done = _between_snapshot_and_hold(
         monkeypatch,
         lease.target,
         (lambda: duck_store.leases.renew(lease, 30))
         if renew
         else (lambda: duck_store.leases.release(lease)),
+        snapshots,
     )
     if renew:
         _fenced_writes(duck_store, sid, lease)[write]()
+        assert snapshots == [write in AFTER_SNAPSHOT]
         assert done and done[0].expires_at > lease.expires_at
         row = _lease_row(duck_store, lease.target)
         assert (row["state"], row["expires_at"]) == ("held", done[0].expires_at)
         return
     with pytest.raises(turnkeeper.LeaseLostError):
         _fenced_writes(duck_store, sid, lease)[write]()
+    assert snapshots == [write in AFTER_SNAPSHOT]
     assert done == [True]
     assert _lease_row(duck_store, lease.target)["state"] == "released"
     assert duck_store.sessions.get(sid) == before
@@ -130,13 +147,15 @@ def test_control_without_the_check_a_write_commits_after_the_release(
     written after the snapshot patched out, the fence reads the lease as its
     snapshot shows it, held, and the write commits after the release returned."""
     sid, lease = leased
+    first = duck_store.sessions.get(sid).leaf_id
+    duck_store.sessions.append(sid, EntryKind.MESSAGE, MSG, lease=lease)
     monkeypatch.setattr(duck_tx, "stale_since", lambda tx, stripe: False)
     released = _between_snapshot_and_hold(
         monkeypatch, lease.target, lambda: duck_store.leases.release(lease)
     )
-    duck_store.sessions.append(sid, EntryKind.MESSAGE, MSG, lease=lease, entry_id="chosen")
+    duck_store.sessions.branch(sid, first, lease=lease)
     assert released == [True]
-    assert duck_store.sessions.get(sid).leaf_id == "chosen"
+    assert duck_store.sessions.get(sid).leaf_id == first
 
 
 def test_a_renewal_at_the_worst_moment_of_every_attempt_costs_one_retry(
@@ -166,10 +185,12 @@ def test_a_renewal_at_the_worst_moment_of_every_attempt_costs_one_retry(
         hold(self, held)
         holding.append(self)
 
+    first = duck_store.sessions.get(sid).leaf_id
+    duck_store.sessions.append(sid, EntryKind.MESSAGE, MSG, lease=lease)
     monkeypatch.setattr(duck_db.Tx, "hold", hold_after)
-    duck_store.sessions.append(sid, EntryKind.MESSAGE, MSG, lease=lease, entry_id="chosen")
+    duck_store.sessions.branch(sid, first, lease=lease)
     assert len(renewals) == 1
-    assert duck_store.statement_stats()["append"]["retries"] == 1
+    assert duck_store.statement_stats()["branch"]["retries"] == 1
     assert _lease_row(duck_store, lease.target)["expires_at"] == renewals[0].expires_at
 
 
