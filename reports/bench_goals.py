@@ -52,8 +52,8 @@ GOALS = [
         True,
         lambda b: _get(b, "langgraph", "replay, cache off / get_tuple", "median"),
         "×",
-        "the replay reads its stored snapshot (one value per 16,384 messages) and decodes it; "
-        "a session with no snapshot yet is replayed from its rows and stores one",
+        "the replay reads its stored snapshot (one value per 16,384 messages) and decodes "
+        "every message into a Python object; get_tuple reads one row",
     ),
     Goal(
         "cold replay of 100,000 entries, from the stored snapshot: peak RSS / payload",
@@ -62,7 +62,7 @@ GOALS = [
         lambda b: _get(b, "replay_rss", "from the stored snapshot", "median"),
         "×",
         "the returned message objects alone are about 2.3× their JSON payload (Python dicts "
-        "of short strings), and DuckDB holds about twice the bytes of a blob it returns; "
+        "of short strings; DuckDB also holds about twice the bytes of a blob it returns); "
         "bounding it needs a replay that yields its messages a part at a time",
     ),
     Goal(
