@@ -11,18 +11,21 @@ the store costs now; a change that adds a statement to the turn fails here.
 from __future__ import annotations
 
 import itertools
-import uuid
+import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 import turnkeeper
-from turnkeeper import DeliveryPlan, DeliveryStep, EntryKind
+from turnkeeper import EntryKind
 
 MSG = {"message": {"role": "user", "content": "x" * 200}}
 REPLY = {"role": "assistant", "content": "done"}
 USER = {"role": "user", "content": "go"}
 
 PHASES = ("admit_run", "append_many", "finish_run")
+REPORTS = Path(__file__).resolve().parents[1] / "reports"
 
 CEILINGS = {
     "duckdb": {"admit_run": 10, "append_many": 5, "finish_run": 12},
@@ -31,25 +34,14 @@ CEILINGS = {
 """Statements per phase of the turn, at most (BEGIN and COMMIT included)."""
 
 
-def _turn(store: turnkeeper.BaseStore, lease: turnkeeper.Lease) -> None:
-    run = store.runs.admit("s", {"i": uuid.uuid4().hex}, user_message=USER, lease=lease, start=True)
-    store.sessions.append_many("s", [(EntryKind.MESSAGE, MSG)] * 3, lease=lease)
-    store.runs.finish(
-        run.id,
-        "succeeded",
-        entries=[(EntryKind.MESSAGE, MSG)],
-        assistant_message=REPLY,
-        delivery_plan=DeliveryPlan("chat", "t", (DeliveryStep("send", "msg"),)),
-        lease=lease,
-    )
-
-
-def _statements(store: turnkeeper.BaseStore) -> dict[str, float]:
-    stats = store.statement_stats()
-    return {
-        op: stats[op]["statements_per_call"] * stats[op]["calls"] if op in stats else 0.0
-        for op in PHASES
-    }
+def _bench() -> Any:
+    """``reports/bench.py``: the turn and its count are the bench's own."""
+    sys.path.insert(0, str(REPORTS))
+    try:
+        import bench
+    finally:
+        sys.path.remove(str(REPORTS))
+    return bench
 
 
 def test_a_turn_costs_at_most_its_ceiling_of_statements(
@@ -57,18 +49,13 @@ def test_a_turn_costs_at_most_its_ceiling_of_statements(
 ) -> None:
     backend = request.node.callspec.params["real_store"]
     store = real_store
-    store.sessions.create("s")
-    lease = store.leases.acquire("session:s", "w", 3600, purpose="execution")
-    _turn(store, lease)  # the first turn warms what the store object remembers
-    before = _statements(store)
-    _turn(store, lease)
-    after = _statements(store)
-    spent = {op: round(after[op] - before[op]) for op in PHASES}
+    counted = _bench().turn_statements(store)  # its second turn on a new session
+    spent = {op: counted[op] for op in PHASES}
     assert spent == {op: min(spent[op], CEILINGS[backend][op]) for op in PHASES}, spent
-    assert sum(spent.values()) <= sum(CEILINGS[backend].values())
-    entries = store.sessions.entries("s")
+    assert counted["total"] == sum(spent.values()) <= sum(CEILINGS[backend].values())
+    (session,) = store.sessions.list().sessions
     # both turns wrote everything: start, user, 3 messages, the last entry, reply, end
-    assert len(entries) == 2 * 8
+    assert len(store.sessions.entries(session.id)) == 2 * 8
 
 
 def test_a_stale_finish_is_refused_by_the_fence_in_its_first_read(
