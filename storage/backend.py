@@ -242,6 +242,23 @@ class Tx(Protocol):
         """Insert ``rows`` (values in ``columns`` order) in bulk."""
         ...
 
+    def later(self, sql: str, params: Sequence[Any] = (), *, changes: int | None = None) -> None:
+        """Execute one ``INSERT``, ``UPDATE`` or ``DELETE`` (without ``RETURNING``)
+        whose outcome nothing reads before the transaction's next other
+        statement: a backend may hold it and send the writes held so far as
+        one statement (PostgreSQL: data-modifying ``WITH``, one round trip
+        instead of one per write) right before that next statement, or
+        before COMMIT. So a held write must read no row that another one
+        held since the last other statement writes (held together, they all
+        read the transaction's state before any of them, and no two may
+        change one row). ``changes``: the number of rows it must change (a
+        compare-and-set); another number raises ``Conflict`` when it is
+        sent (the transaction is retried). A database error it meets is
+        raised when it is sent; either way the transaction rolls back whole.
+        DuckDB (no data-modifying ``WITH``) and an autocommit statement run
+        it at once."""
+        ...
+
     def notify(self, topic: str) -> None:
         """Publish the wake-up ``topic`` once this transaction commits (advisory:
         see ``storage/wakeups.py``)."""

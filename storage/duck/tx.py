@@ -198,6 +198,18 @@ class Tx:
         row = self._execute(sql, params).fetchone()
         return 0 if row is None else int(row[0])
 
+    def later(self, sql: str, params: Sequence[Any] = (), *, changes: int | None = None) -> None:
+        """Execute one write now (DuckDB has no data-modifying ``WITH`` to send
+        it with others; see ``storage/backend.py``).
+
+        Raises:
+            Conflict: it changed another number of rows than ``changes``.
+        """
+        if changes is None:
+            self.exec(sql, params)
+        elif self.count(sql, params) != changes:
+            raise Conflict(f"a compare-and-set changed no row: {sql[:60]}")
+
     def insert_rows(
         self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
     ) -> None:

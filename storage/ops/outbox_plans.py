@@ -58,6 +58,19 @@ OP_COLS = (
 )
 
 
+_INSERT_OPS = (
+    "INSERT INTO delivery_operations (intent_id, created_at, updated_at, id, operation_key, "
+    "kind, artifact_id, sequence, depends_on, idempotency_key, payload_digest, entry_id, "
+    "status, provider_asset_id, provider_message_id, provider_state, attempt_count, "
+    "next_attempt_at, failure_code, lease_owner, lease_epoch, lease_expires_at, lease_ttl_s) "
+    "SELECT ?::VARCHAR, ?::TIMESTAMPTZ, ?::TIMESTAMPTZ, unnest(?::VARCHAR[]), "
+    "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::INTEGER[]), "
+    "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
+    "'pending', '', '', '{}', 0, NULL, '', '', 0, NULL, 0"
+)
+"""A plan's ``pending`` operations, one array per varying column (see ``create_plan``)."""
+
+
 def intent_row(row: Sequence[Any]) -> DeliveryIntent:
     return DeliveryIntent(
         id=row[0],
@@ -220,36 +233,38 @@ def create_plan(tx: Tx, run: Run, plan: DeliveryPlan, *, first: bool = False) ->
         now,
         to_json(dict(plan.transport_context), "transport_context"),
     )
-    tx.exec(
+    # Three held writes (``Tx.later``; none reads another's rows): the intent,
+    # every operation, and every operation's ``plan`` event, each one statement
+    # however many steps (one array per column).
+    tx.later(
         f"INSERT INTO delivery_intents ({_INTENT_COLS}, plan_digest) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [*intent, digest],
     )
     edge = MACHINE.require("plan", "absent", {})
-    for seq, step in enumerate(plan.steps, start=1):
-        op_id = derived_id(f"{intent_id}:", step.key)
-        dep = None if step.depends_on is None else derived_id(f"{intent_id}:", step.depends_on)
-        row = tx.one(
-            f"INSERT INTO delivery_operations ({OP_COLS}, lease_ttl_s) VALUES "
-            "(?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', '', '', '{}', 0, NULL, '', '', 0, NULL, "
-            f"?, ?, ?, 0) RETURNING {OP_COLS}",
-            [
-                op_id,
-                intent_id,
-                step.key,
-                step.kind,
-                step.artifact_id,
-                seq,
-                dep,
-                step.idempotency_key or op_id,
-                step.payload_digest,
-                now,
-                now,
-                step.entry_id,
-            ],
+    op_ids = [derived_id(f"{intent_id}:", step.key) for step in plan.steps]
+    steps = [
+        (
+            op_id,
+            step.key,
+            step.kind,
+            step.artifact_id,
+            seq,
+            None if step.depends_on is None else derived_id(f"{intent_id}:", step.depends_on),
+            step.idempotency_key or op_id,
+            step.payload_digest,
+            step.entry_id,
         )
-        row = present(row, "the delivery operation row its INSERT returns")
-        event(tx, op_row(row), edge)
+        for seq, (op_id, step) in enumerate(zip(op_ids, plan.steps, strict=True), start=1)
+    ]
+    if not steps:
+        return intent_row(intent)
+    tx.later(_INSERT_OPS, [intent_id, now, now, *(list(c) for c in zip(*steps, strict=True))])
+    tx.later(
+        "INSERT INTO delivery_events SELECT unnest(?::VARCHAR[]), ?::VARCHAR, ?::VARCHAR, "
+        "?::VARCHAR, ?::VARCHAR, ?::VARCHAR, '', 0, ?::TIMESTAMPTZ",
+        [op_ids, intent_id, edge.name, edge.trigger, edge.source, edge.dest, now],
+    )
     return intent_row(intent)  # as stored: no read back
 
 

@@ -192,9 +192,14 @@ def admit(
         intent_id = saved_intent
     now = tx.now
     run_id = str(uuid6.uuid7())
+    # The writes of the run, its intent and the session's active run are held
+    # (``Tx.later``): none reads another's rows (the run's model is the new
+    # intent's, given as a value), so a server sends them as one statement.
+    fresh = intent_id is None
+    model = "?" if fresh else "(SELECT model FROM execution_intents WHERE id = ?)"
     if intent_id is None:
         intent_id = str(uuid6.uuid7())
-        tx.exec(
+        tx.later(
             "INSERT INTO execution_intents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 intent_id,
@@ -210,10 +215,9 @@ def admit(
             ],
         )
     status = (RunStatus.RUNNING if start else RunStatus.ADMITTED).value
-    tx.exec(
+    tx.later(
         f"INSERT INTO runs ({RUN_BASE_COLS}, lease_epoch, model) "
-        "VALUES (?, ?, ?, ?, ?, ?, FALSE, NULL, ?, ?, NULL, ?, "
-        "(SELECT model FROM execution_intents WHERE id = ?))",
+        f"VALUES (?, ?, ?, ?, ?, ?, FALSE, NULL, ?, ?, NULL, ?, {model})",
         [
             run_id,
             session_id,
@@ -224,10 +228,10 @@ def admit(
             now,
             now,
             lease and lease.epoch,
-            intent_id,
+            intent["model"] if fresh else intent_id,
         ],
     )
-    tx.exec("INSERT INTO active_runs VALUES (?, ?)", [session_id, run_id])
+    tx.later("INSERT INTO active_runs VALUES (?, ?)", [session_id, run_id])
     turn = {"turnId": f"{run_id}:turn", "intentId": intent_id, "runId": run_id, "attempt": attempt}
     epoch = None if lease is None else lease.epoch
     # The entry ids derive from a run id made just now: no existence check is needed.
@@ -251,9 +255,10 @@ def admit(
         head=(head[0], head[1]),  # nothing above moved the leaf or the seq
         known=known,
         events=len(events),  # the run events' seqs, taken by the same update
+        hold=True,  # with the writes above (none writes the session row or entries)
     )
     written = chain.entries
-    tx.exec(
+    tx.later(
         "INSERT INTO conversation_turns VALUES (?, ?, ?, ?, ?, 'open', ?, NULL, ?, NULL)",
         [f"{run_id}:turn", session_id, intent_id, run_id, attempt, written[0].seq, now],
     )

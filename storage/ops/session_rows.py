@@ -64,6 +64,19 @@ ID_HEAD = 8
 id prefix; PostgreSQL indexes ``substr(id, 1, 8)``): see ``open_ids.py``."""
 _MARKS = ", ".join("?" * len(ENTRY_COLUMNS))
 
+HELD_ROWS = 256
+"""A held chain (``append_chain(hold=True)``) of up to this many entries is
+inserted by one statement of one array per column, which a server sends with
+the other held writes; a longer one is bulk loaded (``Tx.insert_rows``)."""
+
+_ENTRY_TYPES = ("VARCHAR",) * 4 + ("BIGINT", "TIMESTAMPTZ", "VARCHAR", "BIGINT", "TIMESTAMPTZ")
+"""The SQL type of each of :data:`ENTRY_COLUMNS`, in its order."""
+
+_INSERT_ARRAYS = f"INSERT INTO entries ({', '.join(ENTRY_COLUMNS)}) SELECT " + ", ".join(
+    f"unnest(?::{kind}[])" for kind in _ENTRY_TYPES
+)
+"""The entries' insert from one array per column (:data:`ENTRY_COLUMNS`' order)."""
+
 HEAD_IS = "next_seq = ? AND leaf_id IS NOT DISTINCT FROM ?"
 """A session row whose head is still this next seq and leaf: an append's compare-and-set."""
 
@@ -276,6 +289,7 @@ def append_chain(
     events: int = 0,
     write: bool = True,
     absent: frozenset[str] = frozenset(),
+    hold: bool = False,
 ) -> Chain:
     """Append ``drafts`` as a chain under the leaf (or ``parent_override``), the
     first one's parent the leaf, each next one's the one before; see the
@@ -299,7 +313,10 @@ def append_chain(
     ``write``: every check and read, nothing written (the chain as it would be
     stored, for a caller that writes it with more entries after it).
     ``absent``: ids of ``chosen`` drafts the caller read, in this
-    transaction, to be no entry's (not looked up again).
+    transaction, to be no entry's (not looked up again). ``hold``: the
+    session row's compare-and-set and the insert are held (``Tx.later``) to
+    go with the caller's other held writes, none of which may write the
+    session row or these entries (a server sends them as one statement).
 
     Raises:
         LeaseLostError, BusyError, SessionNotFoundError, SessionModifiedError,
@@ -361,20 +378,25 @@ def append_chain(
     names = [d.payload["name"] for d in drafts if d.kind == EntryKind.SESSION_INFO]
     title = "title = ?, " if names else ""  # a column not set is not written
     cursor, bump = run_events.cursor_bump(tx, session_id, events) if events else ("", [])
-    moved = tx.count(
+    update = (
         f"UPDATE sessions SET {title}{cursor}leaf_id = ?, next_seq = next_seq + ?, "
         "entry_count = entry_count + ?, updated_at = ? "
-        f"WHERE {keyed('id', HEAD_IS)}",
-        [*names[-1:], *bump, out[-1].id, len(out), len(out), now, session_id, seq, leaf],
+        f"WHERE {keyed('id', HEAD_IS)}"
     )
-    if moved != 1:
-        raise Conflict(f"session {session_id!r} moved during append")
+    values = [*names[-1:], *bump, out[-1].id, len(out), len(out), now, session_id, seq, leaf]
     stored = [
         (session_id, e.id, e.parent_id, e.kind, e.seq, e.timestamp, d.payload_json, epoch, now)
         for e, d in zip(out, drafts, strict=True)
     ]
+    if hold:
+        tx.later(update, values, changes=1)  # a moved session is a Conflict, retried
+    elif tx.count(update, values) != 1:
+        raise Conflict(f"session {session_id!r} moved during append")
     if len(stored) == 1:
-        tx.exec(f"INSERT INTO entries ({', '.join(ENTRY_COLUMNS)}) VALUES ({_MARKS})", stored[0])
+        insert = tx.later if hold else tx.exec
+        insert(f"INSERT INTO entries ({', '.join(ENTRY_COLUMNS)}) VALUES ({_MARKS})", stored[0])
+    elif hold and len(stored) <= HELD_ROWS:
+        tx.later(_INSERT_ARRAYS, [list(column) for column in zip(*stored, strict=True)])
     else:
         tx.insert_rows("entries", ENTRY_COLUMNS, stored)
     return Chain(out, opening)
