@@ -81,6 +81,18 @@ class Merge:
     request: Any
 
 
+def check_changes(sql: str, changes: int | None, changed: int) -> None:
+    """Judge a held write (``Tx.later``) by the rows it changed: ``changes``
+    (``None``: any number) is what its compare-and-set must change.
+
+    Raises:
+        Conflict: it changed another number (a row moved since it was read;
+            the transaction is retried).
+    """
+    if changes is not None and changed != changes:
+        raise Conflict(f"a held write changed {changed} rows, not {changes}: {sql[:60]}")
+
+
 def present(value: T | None, expected: str) -> T:
     """``value``, a result the database always gives: a row an ``INSERT …
     RETURNING`` wrote, an aggregate's one row, a row this transaction read or

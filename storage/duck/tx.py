@@ -15,7 +15,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from ..backend import Clock, Conflict
+from ..backend import Clock, Conflict, check_changes
 from ..codec import check_clock
 from .dialect import DIALECT, commit
 from .files import Targets
@@ -207,8 +207,8 @@ class Tx:
         """
         if changes is None:
             self.exec(sql, params)
-        elif self.count(sql, params) != changes:
-            raise Conflict(f"a compare-and-set changed no row: {sql[:60]}")
+        else:
+            check_changes(sql, changes, self.count(sql, params))
 
     def insert_rows(
         self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]

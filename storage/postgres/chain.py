@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..backend import Conflict
+from ..backend import check_changes
 
 Held = tuple[str, Sequence[Any], int | None]
 """One held write: its SQL (``?`` placeholders), its parameters, and the rows
@@ -31,12 +31,11 @@ def statement(held: Sequence[Held]) -> tuple[str, list[Any]]:
 
 
 def check(held: Sequence[Held], counts: Sequence[int]) -> None:
-    """Judge each held compare-and-set by the rows it changed.
+    """Judge each held write by the rows it changed (``check_changes``).
 
     Raises:
         Conflict: a write changed another number of rows than it must (a
             row moved since it was read: the transaction is retried).
     """
     for (sql, _, changes), n in zip(held, counts, strict=True):
-        if changes is not None and n != changes:
-            raise Conflict(f"a held write changed {n} rows, not {changes}: {sql[:60]}")
+        check_changes(sql, changes, n)
