@@ -12,6 +12,7 @@ unknown commit result is idempotent.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from typing import Any
@@ -32,7 +33,7 @@ from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.lifecycle import Edge
 from turnkeeper.spec.records import Entry, Lease, Run
 
-from ..backend import Tx, present, utc
+from ..backend import Dialect, Tx, present, utc
 from ..codec import check_id, derived_id, from_json, to_json
 from ..validate import (
     check_lease,
@@ -58,17 +59,44 @@ OP_COLS = (
 )
 
 
-_INSERT_OPS = (
-    "INSERT INTO delivery_operations (intent_id, created_at, updated_at, id, operation_key, "
-    "kind, artifact_id, sequence, depends_on, idempotency_key, payload_digest, entry_id, "
-    "status, provider_asset_id, provider_message_id, provider_state, attempt_count, "
-    "next_attempt_at, failure_code, lease_owner, lease_epoch, lease_expires_at, lease_ttl_s) "
-    "SELECT ?::VARCHAR, ?::TIMESTAMPTZ, ?::TIMESTAMPTZ, unnest(?::VARCHAR[]), "
-    "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::INTEGER[]), "
-    "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
-    "'pending', '', '', '{}', 0, NULL, '', '', 0, NULL, 0"
+_OP_VALUES = (
+    ("intent_id", "VARCHAR"),
+    ("created_at", "TIMESTAMPTZ"),
+    ("updated_at", "TIMESTAMPTZ"),
+    ("id", "VARCHAR[]"),
+    ("operation_key", "VARCHAR[]"),
+    ("kind", "VARCHAR[]"),
+    ("artifact_id", "VARCHAR[]"),
+    ("sequence", "INTEGER[]"),
+    ("depends_on", "VARCHAR[]"),
+    ("idempotency_key", "VARCHAR[]"),
+    ("payload_digest", "VARCHAR[]"),
+    ("entry_id", "VARCHAR[]"),
 )
-"""A plan's ``pending`` operations, one array per varying column (see ``create_plan``)."""
+"""The columns of a plan's operations its insert is given, and their types
+(an array: one value per step; else one for all)."""
+
+
+@functools.cache
+def _insert_ops(dialect: Dialect) -> str:
+    """A plan's ``pending`` operations as one insert (see ``create_plan``)."""
+    values = ", ".join(
+        f"unnest({dialect.typed(t)})" if t.endswith("[]") else dialect.typed(t)
+        for _, t in _OP_VALUES
+    )
+    return (
+        f"INSERT INTO delivery_operations ({', '.join(c for c, _ in _OP_VALUES)}, "
+        "status, provider_asset_id, provider_message_id, provider_state, attempt_count, "
+        "next_attempt_at, failure_code, lease_owner, lease_epoch, lease_expires_at, lease_ttl_s) "
+        f"SELECT {values}, 'pending', '', '', '{{}}', 0, NULL, '', '', 0, NULL, 0"
+    )
+
+
+@functools.cache
+def _insert_events(dialect: Dialect) -> str:
+    """The ``plan`` event of each of a plan's operations as one insert."""
+    ids, one, at = (dialect.typed(t) for t in ("VARCHAR[]", "VARCHAR", "TIMESTAMPTZ"))
+    return f"INSERT INTO delivery_events SELECT unnest({ids}), {', '.join([one] * 5)}, '', 0, {at}"
 
 
 def intent_row(row: Sequence[Any]) -> DeliveryIntent:
@@ -259,10 +287,10 @@ def create_plan(tx: Tx, run: Run, plan: DeliveryPlan, *, first: bool = False) ->
     ]
     if not steps:
         return intent_row(intent)
-    tx.later(_INSERT_OPS, [intent_id, now, now, *(list(c) for c in zip(*steps, strict=True))])
+    columns = [list(c) for c in zip(*steps, strict=True)]
+    tx.later(_insert_ops(tx.dialect), [intent_id, now, now, *columns])
     tx.later(
-        "INSERT INTO delivery_events SELECT unnest(?::VARCHAR[]), ?::VARCHAR, ?::VARCHAR, "
-        "?::VARCHAR, ?::VARCHAR, ?::VARCHAR, '', 0, ?::TIMESTAMPTZ",
+        _insert_events(tx.dialect),
         [op_ids, intent_id, edge.name, edge.trigger, edge.source, edge.dest, now],
     )
     return intent_row(intent)  # as stored: no read back

@@ -15,6 +15,7 @@ creates a second child.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from turnkeeper.spec.records import (
     Session,
 )
 
-from ..backend import Conflict, Tx, keyed, present, utc
+from ..backend import Conflict, Dialect, Tx, keyed, present, utc
 from ..codec import check_id, check_instant, check_text, from_json, to_json, to_json_exact
 from ..pairing import Opening
 from ..validate import (
@@ -72,10 +73,13 @@ the other held writes; a longer one is bulk loaded (``Tx.insert_rows``)."""
 _ENTRY_TYPES = ("VARCHAR",) * 4 + ("BIGINT", "TIMESTAMPTZ", "VARCHAR", "BIGINT", "TIMESTAMPTZ")
 """The SQL type of each of :data:`ENTRY_COLUMNS`, in its order."""
 
-_INSERT_ARRAYS = f"INSERT INTO entries ({', '.join(ENTRY_COLUMNS)}) SELECT " + ", ".join(
-    f"unnest(?::{kind}[])" for kind in _ENTRY_TYPES
-)
-"""The entries' insert from one array per column (:data:`ENTRY_COLUMNS`' order)."""
+
+@functools.cache
+def _insert_arrays(dialect: Dialect) -> str:
+    """The entries' insert from one array per column (:data:`ENTRY_COLUMNS`' order)."""
+    arrays = ", ".join(f"unnest({dialect.typed(kind + '[]')})" for kind in _ENTRY_TYPES)
+    return f"INSERT INTO entries ({', '.join(ENTRY_COLUMNS)}) SELECT {arrays}"
+
 
 HEAD_IS = "next_seq = ? AND leaf_id IS NOT DISTINCT FROM ?"
 """A session row whose head is still this next seq and leaf: an append's compare-and-set."""
@@ -396,7 +400,7 @@ def append_chain(
         insert = tx.later if hold else tx.exec
         insert(f"INSERT INTO entries ({', '.join(ENTRY_COLUMNS)}) VALUES ({_MARKS})", stored[0])
     elif hold and len(stored) <= HELD_ROWS:
-        tx.later(_INSERT_ARRAYS, [list(column) for column in zip(*stored, strict=True)])
+        tx.later(_insert_arrays(tx.dialect), [list(column) for column in zip(*stored, strict=True)])
     else:
         tx.insert_rows("entries", ENTRY_COLUMNS, stored)
     return Chain(out, opening)
