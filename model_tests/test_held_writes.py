@@ -18,6 +18,8 @@ import turnkeeper
 from turnkeeper.storage import backend
 
 TITLE = "SELECT title FROM sessions WHERE id = ?"
+USER = {"role": "user", "content": "go"}
+REPLY = {"role": "assistant", "content": "done"}
 RETITLE = "UPDATE sessions SET title = ? WHERE id = ?"
 
 
@@ -143,3 +145,25 @@ def test_a_fresh_intent_s_model_is_its_run_s(store: turnkeeper.BaseStore) -> Non
     store.runs.admit("a", {"q": 1}, retry_of=run.id)
     models = store.query("SELECT model FROM runs ORDER BY attempt").to_pylist()
     assert models == [{"model": "m1"}, {"model": "m1"}]
+
+
+def test_held_run_events_follow_a_cursor_left_behind_on_a_server(
+    pg_store: turnkeeper.BaseStore,
+) -> None:
+    """On PostgreSQL a turnkeeper older than schema 10 numbers run events by the
+    largest seq and leaves the session's cursor behind. Admission and finish
+    hold their events' insert with the session row's update (one statement,
+    one snapshot): both number from the larger of the cursor and the largest
+    seq, so the events stay gap-free and the cursor ends on the last one."""
+    from conftest import forge
+
+    store = pg_store
+    store.sessions.create("a")
+    lease = store.leases.acquire("session:a", "w", 60, purpose="execution")
+    run = store.runs.admit("a", {"q": 1}, user_message=USER, lease=lease, start=True)
+    forge(store, "UPDATE sessions SET event_seq = 0 WHERE id = ?", ["a"], rows=1)  # behind
+    store.runs.finish(run.id, "succeeded", assistant_message=REPLY, lease=lease)
+    second = store.runs.admit("a", {"q": 2}, user_message=USER, lease=lease, start=True)
+    seqs = [e.seq for e in store.runs.events("a")]
+    assert seqs == list(range(1, 6))  # admit, start, succeeded, admit, start
+    assert store.runs.latest_event_seq(second.id) == 5

@@ -29,12 +29,12 @@ REPORTS = Path(__file__).resolve().parents[1] / "reports"
 
 CEILINGS = {
     "duckdb": {"admit_run": 10, "append_many": 5, "finish_run": 12},
-    "postgres": {"admit_run": 5, "append_many": 1, "finish_run": 5},
+    "postgres": {"admit_run": 4, "append_many": 1, "finish_run": 4},
 }
 """Statements per phase of the turn, at most (BEGIN and COMMIT included).
 On PostgreSQL the writes held (``Tx.later``) between two other statements are
 one statement (``storage/postgres/chain.py``): admit+start and finish are
-BEGIN, the fenced read, the held writes, the run events' insert and COMMIT
+BEGIN, the fenced read, the held writes (run events among them) and COMMIT
 (sent with the lease's expiry check as one simple query)."""
 
 

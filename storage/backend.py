@@ -274,8 +274,7 @@ class Tx(Protocol):
         compare-and-set); another number raises ``Conflict`` when it is
         sent (the transaction is retried). A database error it meets is
         raised when it is sent; either way the transaction rolls back whole.
-        DuckDB (no data-modifying ``WITH``) and an autocommit statement run
-        it at once."""
+        DuckDB (no data-modifying ``WITH``) runs it at once."""
         ...
 
     def notify(self, topic: str) -> None:

@@ -39,7 +39,6 @@ from ..validate import check_bool, check_list, check_session_lease
 from . import (
     leases,
     resources,
-    run_events,
     run_intents,
     run_lifecycle,
     session_rows,
@@ -244,24 +243,6 @@ def admit(
     ]
     if start:
         events.append((RUN.edge("start"), f"{run_id}:start:{secrets.token_hex(4)}", {}))
-    chain = session_rows.append_chain(
-        tx,
-        session_id,
-        drafts,
-        expected_leaf=ANY_LEAF,
-        lease=None,
-        fenced_epoch=epoch,
-        checked=True,
-        head=(head[0], head[1]),  # nothing above moved the leaf or the seq
-        known=known,
-        events=len(events),  # the run events' seqs, taken by the same update
-        hold=True,  # with the writes above (none writes the session row or entries)
-    )
-    written = chain.entries
-    tx.later(
-        "INSERT INTO conversation_turns VALUES (?, ?, ?, ?, ?, 'open', ?, NULL, ?, NULL)",
-        [f"{run_id}:turn", session_id, intent_id, run_id, attempt, written[0].seq, now],
-    )
     assert now is not None  # always set inside a transaction
     at = utc(now)
     run = Run(
@@ -278,7 +259,24 @@ def admit(
         None,
         f"{run_id}:turn",
     )
-    run_events.append_events(tx, run, events, taken=True)
+    chain = session_rows.append_chain(
+        tx,
+        session_id,
+        drafts,
+        expected_leaf=ANY_LEAF,
+        lease=None,
+        fenced_epoch=epoch,
+        checked=True,
+        head=(head[0], head[1]),  # nothing above moved the leaf or the seq
+        known=known,
+        new_events=(run, events),  # their seqs taken by the same update of the session
+        hold=True,  # with the writes above (none writes the session, entries or events)
+    )
+    written = chain.entries
+    tx.later(
+        "INSERT INTO conversation_turns VALUES (?, ?, ?, ?, ?, 'open', ?, NULL, ?, NULL)",
+        [f"{run_id}:turn", session_id, intent_id, run_id, attempt, written[0].seq, now],
+    )
     for event, data in resource_events:  # session seed AppendInputResourceEventTx
         resources.write(tx, replace(event, run_id=run_id), data)
     if key_digest is not None:

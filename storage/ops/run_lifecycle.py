@@ -259,6 +259,7 @@ def finish(
         )
     ended = session_rows.Chain([], opening)
     final = [*deferred, *drafts_own]
+    terminal = [(edge, f"{run_id}:{status.value}", {"error": error, "stopReason": stop_reason})]
     if final:
         ended = session_rows.append_chain(
             tx,
@@ -270,7 +271,8 @@ def finish(
             checked=True,
             head=start if deferred else head,
             known=start_known if deferred else opening,
-            events=1,  # the terminal event's seq, taken by the same update
+            # the terminal event, its seq taken by the same update of the session
+            new_events=(moved, terminal),
             # (never one of ``drafts``' ids: a caller's id cannot end as the store's own)
             absent=_own_ids(run) if read is not None and not read[4] else frozenset(),
             hold=True,  # with the writes held above and below (none writes the session)
@@ -280,15 +282,10 @@ def finish(
             "UPDATE conversation_turns SET status = ?, end_seq = ?, ended_at = ? WHERE id = ?",
             [status.value, ended.entries[-1].seq, tx.now, turn_id],
         )
+    if not final:  # no entry written: the event alone (and its cursor's update)
+        run_events.append_events(tx, moved, terminal)
     if plan is not None:  # the run ended just now: it can have no plan yet (its writes held)
         outbox_plans.create_plan(tx, moved, plan, first=True)
-    # last: it reads the session row's event cursor as the held writes leave it
-    run_events.append_events(
-        tx,
-        moved,
-        [(edge, f"{run_id}:{status.value}", {"error": error, "stopReason": stop_reason})],
-        taken=bool(final),
-    )
     tx.notify(Topic.RUN_ENDED)
     return moved, True, ended.opening
 

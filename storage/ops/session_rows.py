@@ -290,7 +290,7 @@ def append_chain(
     checked: bool = False,
     head: tuple[str | None, int] | None = None,
     known: Opening | None = None,
-    events: int = 0,
+    new_events: run_events.NewEvents | None = None,
     write: bool = True,
     absent: frozenset[str] = frozenset(),
     hold: bool = False,
@@ -310,17 +310,18 @@ def append_chain(
     written (``pairing_checks.check``; ``known``: the calls open at the
     session's head, if the caller knows them). ``head``: the session's leaf
     and next seq as the caller read them in this transaction, with nothing
-    written to the session since (one read less). ``events``: run events the
-    caller writes next in this transaction, whose seqs the same update takes
-    from the session's event cursor (``run_events.append_events`` with
-    ``taken=True``: one update of the session row, not two). Without
+    written to the session since (one read less). ``new_events``: run events
+    written with the entries, whose seqs the same update takes from the
+    session's event cursor (one update of the session row, not two; held
+    with it under ``hold``, ``run_events.hold_events``). Without
     ``write``: every check and read, nothing written (the chain as it would be
     stored, for a caller that writes it with more entries after it).
     ``absent``: ids of ``chosen`` drafts the caller read, in this
     transaction, to be no entry's (not looked up again). ``hold``: the
     session row's compare-and-set and the insert are held (``Tx.later``) to
     go with the caller's other held writes, none of which may write the
-    session row or these entries (a server sends them as one statement).
+    session row, these entries or run events (a server sends them as one
+    statement).
 
     Raises:
         LeaseLostError, BusyError, SessionNotFoundError, SessionModifiedError,
@@ -381,6 +382,7 @@ def append_chain(
         return Chain(out, opening)
     names = [d.payload["name"] for d in drafts if d.kind == EntryKind.SESSION_INFO]
     title = "title = ?, " if names else ""  # a column not set is not written
+    events = 0 if new_events is None else len(new_events[1])
     cursor, bump = run_events.cursor_bump(tx, session_id, events) if events else ("", [])
     update = (
         f"UPDATE sessions SET {title}{cursor}leaf_id = ?, next_seq = next_seq + ?, "
@@ -393,9 +395,13 @@ def append_chain(
         for e, d in zip(out, drafts, strict=True)
     ]
     if hold:
+        if new_events is not None:  # numbered from the cursor the update below moves
+            run_events.hold_events(tx, new_events)
         tx.later(update, values, changes=1)  # a moved session is a Conflict, retried
     elif tx.count(update, values) != 1:
         raise Conflict(f"session {session_id!r} moved during append")
+    elif new_events is not None:  # numbered from the cursor the update above moved
+        run_events.append_events(tx, new_events[0], new_events[1], taken=True)
     if len(stored) == 1:
         insert = tx.later if hold else tx.exec
         insert(f"INSERT INTO entries ({', '.join(ENTRY_COLUMNS)}) VALUES ({_MARKS})", stored[0])

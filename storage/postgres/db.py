@@ -243,16 +243,11 @@ class Tx:
         return min(self._until, key=lambda u: u[0])[1]
 
     def later(self, sql: str, params: Sequence[Any] = (), *, changes: int | None = None) -> None:
-        """Hold one write until the next other statement or COMMIT, where the
-        writes held are sent as one statement (:mod:`.chain`; see
-        ``storage/backend.py``). In an autocommit statement it runs at once.
-
-        Raises:
-            Conflict: (run at once) it changed another number of rows than ``changes``.
-        """
+        """Hold one write until the next other statement, or the end of the
+        operation's body (before its COMMIT), where the writes held are sent as
+        one statement (:mod:`.chain`; see ``storage/backend.py``); outside a
+        transaction that statement is an autocommit write of its own."""
         self._held.append((sql, list(params), changes))
-        if not self._in_transaction:
-            self.flush()
 
     def flush(self) -> None:
         """Send the writes :meth:`later` held, as one statement, and judge their counts.
