@@ -72,7 +72,8 @@ GOALS = [
         lambda b: _get(b, "statements_per_turn", "total"),
         "",
         "PostgreSQL: each phase's writes are held and sent as one data-modifying WITH "
-        "(admit+start and finish: BEGIN, the fenced read, the held writes, COMMIT). "
+        "(admit+start and finish: BEGIN, the fenced read, the held writes, the lease's "
+        "expiry check and COMMIT, the last two one round trip). "
         "DuckDB has no data-modifying WITH: each phase is one read (its lease "
         "fence joined in) and one statement per table it writes (admit 7 tables, finish 9), "
         "and 3 × BEGIN and COMMIT; fewer needs fewer tables per turn (a schema change)",

@@ -280,6 +280,7 @@ class Tx:
         query, args = (_pg(sql), list(params)) if params else (sql, None)
         with faults.driver():
             if self._search_path is not None and not self._in_transaction:
+                self.statements += 1  # the pin, sent in the same round trip
                 return connect.pinned(self._conn, self._search_path, query, args, binary)
             return self._conn.execute(query, args, binary=binary)
 
@@ -571,6 +572,7 @@ class Database:
                 try:
                     if transaction:
                         tx.exec(self._begin(commit, locking, isolation))
+                        tx.statements += self._pinned is not None  # its SET LOCAL, sent with it
                     else:  # an autocommit write's statement is its commit
                         tx.committing = commit
                     # (bridge.committing: a native caller cancelled from here on
@@ -584,6 +586,7 @@ class Database:
                     with bridge.committing(tx.committing):
                         if transaction:
                             tx.exec(ending)
+                            tx.statements += ending != "COMMIT" and commit  # the DO before it
                         if tx.pending:  # committed: wake the listening processes
                             notify.send(conn, self.channel, tx.pending)
                     return result
