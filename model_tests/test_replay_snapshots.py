@@ -112,17 +112,43 @@ def test_control_a_snapshot_served_whatever_the_row_says_fails(
         agree(store, [("append", 1), ("replay", 0), ("append", 2)])
 
 
-def _damage(store: turnkeeper.BaseStore, sid: str) -> None:
-    """Replace the stored messages by other valid ones, the check value kept."""
+def _body(ids: list[str], messages: list[Any]) -> bytes:
+    """A part's body in the stored format (``replay_snapshots.FORMAT``)."""
     import ormsgpack
+    import zstandard
 
-    other = ormsgpack.packb([{"role": "user", "content": "forged"}])
+    return zstandard.compress(ormsgpack.packb([ids, messages]))
+
+
+def _damage(store: turnkeeper.BaseStore, sid: str) -> None:
+    """Replace the stored part by another valid one, the check value kept."""
+    (entry_id,) = store.sessions.replay(sid).entry_ids
+    other = _body([entry_id], [{"role": "user", "content": "forged"}])
     store.db.write(
         "damage",
         lambda tx: tx.exec(
-            "UPDATE replay_snapshots SET messages = ? WHERE session_id = ?", [other, sid]
+            "UPDATE replay_snapshots SET body = ? WHERE session_id = ?", [other, sid]
         ),
     )
+
+
+def _forge(store: turnkeeper.BaseStore, sid: str, body: bytes, format: int) -> None:
+    """Replace part 0 by ``body`` in ``format``, with the digest its header and body have."""
+
+    def write(tx: Any) -> None:
+        row = tx.one(
+            "SELECT parts, leaf_id, next_seq, rooted, model, thinking FROM replay_snapshots "
+            "WHERE part_key = ?",
+            [replay_snapshots.key(sid, 0)],
+        )
+        header = replay_snapshots.Stored(row[0], format, *row[1:], None)
+        digest = replay_snapshots._digest(sid, 0, header, body)
+        tx.exec(
+            "UPDATE replay_snapshots SET body = ?, format = ?, digest = ? WHERE part_key = ?",
+            [body, format, digest, replay_snapshots.key(sid, 0)],
+        )
+
+    store.db.write("forge", write)
 
 
 def test_a_damaged_part_is_never_served(tmp_path: Path, every_replay_stored: list[int]) -> None:
@@ -171,6 +197,52 @@ def test_a_damaged_snapshot_is_stored_again_by_the_replay_that_found_it(
         every_replay_stored.clear()
         assert [m["content"] for m in store.sessions.replay("s").messages] == ["real"]
         assert every_replay_stored == [1], "the next replay was not served from a snapshot"
+
+
+def test_a_part_of_another_format_is_never_served_and_is_replaced(
+    tmp_path: Path, every_replay_stored: list[int]
+) -> None:
+    """A part stored under another format number, its digest right for its
+    header, is never served, even when the current decoder would read its body:
+    the replay reads the rows and stores the snapshot again in the current
+    format, which the next replay is served from. (Control: run against the load
+    without its format check, the forged part was served.)"""
+    with cold_store("duckdb", tmp_path) as store:
+        store.sessions.create("s")
+        store.sessions.append("s", M, user("real"))
+        store.sessions.replay("s")
+        (entry_id,) = store.sessions.replay("s").entry_ids
+        old = _body([entry_id], [{"role": "user", "content": "old"}])
+        _forge(store, "s", old, replay_snapshots.FORMAT - 1)
+        every_replay_stored.clear()
+        assert [m["content"] for m in store.sessions.replay("s").messages] == ["real"]
+        assert every_replay_stored == [0]
+        formats = store.db.read(
+            "formats", lambda tx: tx.rows("SELECT format FROM replay_snapshots", [])
+        )
+        assert formats == [(replay_snapshots.FORMAT,)]
+        assert [m["content"] for m in store.sessions.replay("s").messages] == ["real"]
+        assert every_replay_stored == [0, 1]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"not a frame", _body(["a"], []), __import__("zstandard").compress(b"\xc1")],
+    ids=["no frame", "ids and messages differ", "no msgpack"],
+)
+def test_a_part_that_does_not_decode_is_never_served(
+    tmp_path: Path, every_replay_stored: list[int], body: bytes
+) -> None:
+    """A part whose digest holds but whose body is no frame of msgpack ``[ids,
+    messages]`` of equal lengths is damage too: the replay comes from the rows."""
+    with cold_store("duckdb", tmp_path) as store:
+        store.sessions.create("s")
+        store.sessions.append("s", M, user("real"))
+        store.sessions.replay("s")
+        _forge(store, "s", body, replay_snapshots.FORMAT)
+        every_replay_stored.clear()
+        assert [m["content"] for m in store.sessions.replay("s").messages] == ["real"]
+        assert every_replay_stored == [0]
 
 
 def test_control_a_part_check_that_passes_anything_serves_the_damage(
