@@ -98,6 +98,46 @@ def test_a_replay_from_the_stored_snapshot_equals_the_rows_replayed(
     assert sum(every_replay_stored) > 0  # the snapshots were served, not only written
 
 
+@pytest.mark.parametrize("backend", ["duckdb", "postgres"])
+def test_parts_are_bounded_in_messages_and_bytes(
+    backend: str,
+    tmp_path: Path,
+    every_replay_stored: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Parts hold at most ``PART`` messages and ``PART_BYTES`` bytes of msgpack
+    (one larger message is a part of its own), and a replay from many parts
+    equals the rows replayed."""
+    import ormsgpack
+    import zstandard
+
+    monkeypatch.setattr(replay_snapshots, "PART", 4)
+    monkeypatch.setattr(replay_snapshots, "PART_BYTES", 300)
+    sizes = [10, 10, 10, 10, 10, 10, 150, 150, 600, 10, 10, 120, 120, 120, 10]
+    with cold_store(backend, tmp_path) as store:
+        store.sessions.create("s")
+        store.sessions.append_many("s", [(M, user("x" * n)) for n in sizes])
+        want = uncached(store, "s")
+        assert store.sessions.replay("s") == want  # from the rows: stores the snapshot
+        every_replay_stored.clear()
+        assert store.sessions.replay("s") == want
+        assert every_replay_stored == [1]
+        bodies = store.db.read(
+            "parts",
+            lambda tx: tx.rows(
+                "SELECT body FROM replay_snapshots WHERE session_id = ? ORDER BY part",
+                ["s"],
+                binary=True,
+            ),
+        )
+    parts = [zstandard.decompress(bytes(row[0])) for row in bodies]
+    counts = [len(ormsgpack.unpackb(part)[1]) for part in parts]
+    assert sum(counts) == len(sizes) and max(counts) <= 4
+    assert all(len(part) <= 300 or n == 1 for part, n in zip(parts, counts, strict=True))
+    lengths = [[len(m["content"]) for m in ormsgpack.unpackb(part)[1]] for part in parts]
+    assert [600] in lengths  # the one larger message, alone
+
+
 def test_control_a_snapshot_served_whatever_the_row_says_fails(
     tmp_path: Path, every_replay_stored: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -7,27 +7,27 @@ the branch.
 A snapshot is derived from the entries, never their source of truth. It is
 the replay (``sessions.replay``) of the session as its row stood at
 ``(leaf_id, next_seq)``: its context messages and their entry ids in parts
-of :data:`PART` messages, each part one row under ``part_key`` (see
-:func:`key`) whose body is a Zstandard frame of the msgpack array ``[entry
-ids, messages]`` (msgpack holds every JSON value, and ``ormsgpack`` decodes
-it faster than JSON; the frame decodes into one buffer of the size it
-states), with the CRC-32 of the part's header and body, checked on every
-read; the model and the thinking level; and ``rooted`` (the branch starts at
-an entry without a parent). A read fetches one part at a time through the
-one-column key (DuckDB reads a row through an index only for one filter on
-one indexed column) and lets its bytes go before the next, so a replay holds
-one part's decoded bytes beside its result, and the database holds and
-caches only the compressed ones. ``storage.ops.replays`` uses a snapshot
-only where the session row says it still holds, by the same rules as its
-in-process cache: served as is when the row's ``(leaf_id, next_seq)`` equals
-the snapshot's (every write of entries moves ``next_seq``; a branch move
-changes ``leaf_id``); carried on along the entries at or above its
-``next_seq`` when it is rooted and the walk from the row's leaf reaches its
-leaf through those entries alone, none of them a compaction; else ignored
-(another branch, a new compaction, an import that supplied a missing parent,
-a fork: a new session has none). A part whose digest or header disagrees,
-that does not decode, or of another format makes the replay read the rows
-(and store its snapshot in its place).
+of at most :data:`PART` messages and :data:`PART_BYTES` bytes, each part one
+row under ``part_key`` (see :func:`key`) whose body is a Zstandard frame of
+the msgpack array ``[entry ids, messages]`` (msgpack holds every JSON value,
+and ``ormsgpack`` decodes it faster than JSON; the frame decodes into one
+buffer of the size it states), with the CRC-32 of the part's header and
+body, checked on every read; the model and the thinking level; and
+``rooted`` (the branch starts at an entry without a parent). A read fetches
+one part at a time through the one-column key (DuckDB reads a row through an
+index only for one filter on one indexed column) and lets its bytes go
+before the next, so a replay holds one part's decoded bytes beside its
+result, and the database holds and caches only the compressed ones.
+``storage.ops.replays`` uses a snapshot only where the session row says it
+still holds, by the same rules as its in-process cache: served as is when
+the row's ``(leaf_id, next_seq)`` equals the snapshot's (every write of
+entries moves ``next_seq``; a branch move changes ``leaf_id``); carried on
+along the entries at or above its ``next_seq`` when it is rooted and the
+walk from the row's leaf reaches its leaf through those entries alone, none
+of them a compaction; else ignored (another branch, a new compaction, an
+import that supplied a missing parent, a fork: a new session has none). A
+part whose digest or header disagrees, that does not decode, or of another
+format makes the replay read the rows (and store its snapshot in its place).
 
 Written lazily by the reader, fenced: a replay that decoded at least
 :data:`PERSIST_ROWS` entry rows (a whole branch, or a long tail past a
@@ -43,6 +43,7 @@ snapshot with its entries (``deletes.REMOVED``).
 
 from __future__ import annotations
 
+import contextlib
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -60,8 +61,11 @@ from ..codec import from_json, stored_json
 from ..replay import context_message, path_settings
 
 PART = 16384
-"""Context messages per stored part: a part is decoded and let go before the
-next is read, so a replay holds one part's bytes beside its result."""
+"""Most context messages in one stored part."""
+PART_BYTES = 4 * 2**20
+"""Most bytes of one part's msgpack (unless it is one message): a part is
+decoded and let go before the next is read, so a replay holds one part's
+bytes (this many at most, and their compressed frame) beside its result."""
 FORMAT = 2
 """The stored format: each part's body a Zstandard frame (level
 :data:`LEVEL`, its content size stated) of the msgpack array
@@ -210,6 +214,33 @@ class Pending:
     next_seq: int
 
 
+def _bodies(replay: Replay) -> list[bytes]:
+    """The parts' bodies (see :data:`FORMAT`): the messages in order, at most
+    :data:`PART` to a part, a part whose msgpack is over :data:`PART_BYTES`
+    split into as many equal runs as that takes, again until each fits or is
+    one message (an empty replay is one part of none).
+
+    Raises:
+        ormsgpack.MsgpackEncodeError: a message msgpack cannot hold.
+    """
+    bodies: list[bytes] = []
+
+    def add(at: int, end: int) -> None:
+        packed = ormsgpack.packb([replay.entry_ids[at:end], replay.messages[at:end]])
+        if len(packed) <= PART_BYTES or end - at == 1:
+            bodies.append(zstandard.compress(packed, LEVEL))
+            return
+        step = -(-(end - at) // -(-len(packed) // PART_BYTES))
+        del packed
+        for start in range(at, end, step):
+            add(start, min(start + step, end))
+
+    count = len(replay.messages)
+    for at in range(0, max(count, 1), PART):
+        add(at, min(at + PART, count))
+    return bodies
+
+
 def store(db: Backend, session_id: str, pending: Pending) -> None:
     """Store ``pending`` as the session's snapshot (see the module docstring),
     unless the store is read-only, the session is gone, or a snapshot at a later
@@ -220,10 +251,13 @@ def store(db: Backend, session_id: str, pending: Pending) -> None:
     if db.read_only:
         return
     replay = pending.replay
-    count = len(replay.messages)
     model = None if replay.model is None else stored_json(replay.model)
+    try:
+        bodies = _bodies(replay)
+    except ormsgpack.MsgpackEncodeError:
+        return  # a message msgpack cannot hold (none that JSON holds) is replayed from the rows
     header = Stored(
-        max(1, -(-count // PART)),
+        len(bodies),
         FORMAT,
         pending.leaf_id,
         pending.next_seq,
@@ -245,13 +279,7 @@ def store(db: Backend, session_id: str, pending: Pending) -> None:
         if have is not None and have[0] > header.next_seq:
             return  # a later one is stored; one at this very row is replaced (it was damaged)
         tx.exec("DELETE FROM replay_snapshots WHERE session_id = ?", [session_id])
-        for part in range(header.parts):
-            at = part * PART
-            packed = ormsgpack.packb(
-                [replay.entry_ids[at : at + PART], replay.messages[at : at + PART]]
-            )
-            data = zstandard.compress(packed, LEVEL)
-            del packed
+        for part, data in enumerate(bodies):
             tx.exec(
                 "INSERT INTO replay_snapshots (part_key, session_id, part, parts, format, "
                 "leaf_id, next_seq, rooted, model, thinking, body, digest) "
@@ -272,7 +300,5 @@ def store(db: Backend, session_id: str, pending: Pending) -> None:
                 ],
             )
 
-    try:
+    with contextlib.suppress(*_SKIPPED):
         db.write("store_replay_snapshot", body)
-    except (*_SKIPPED, ormsgpack.MsgpackEncodeError):
-        pass  # a message msgpack cannot hold (none that JSON holds) is replayed from the rows
