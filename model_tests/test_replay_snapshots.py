@@ -152,7 +152,7 @@ def test_control_a_snapshot_served_whatever_the_row_says_fails(
         agree(store, [("append", 1), ("replay", 0), ("append", 2)])
 
 
-def _body(ids: list[str], messages: list[Any]) -> bytes:
+def _body(ids: Any, messages: Any) -> bytes:
     """A part's body in the stored format (``replay_snapshots.FORMAT``)."""
     import ormsgpack
     import zstandard
@@ -267,8 +267,13 @@ def test_a_part_of_another_format_is_never_served_and_is_replaced(
 
 @pytest.mark.parametrize(
     "body",
-    [b"not a frame", _body(["a"], []), __import__("zstandard").compress(b"\xc1")],
-    ids=["no frame", "ids and messages differ", "no msgpack"],
+    [
+        b"not a frame",
+        _body(["a"], []),
+        __import__("zstandard").compress(b"\xc1"),
+        _body(1, 2),
+    ],
+    ids=["no frame", "ids and messages differ", "no msgpack", "no lists"],
 )
 def test_a_part_that_does_not_decode_is_never_served(
     tmp_path: Path, every_replay_stored: list[int], body: bytes

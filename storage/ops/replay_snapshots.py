@@ -182,6 +182,8 @@ def load(tx: Tx, session_id: str, stored: Stored) -> Replay | None:
         except _UNDECODABLE:
             return None
         del found  # the part's bytes go before the next part is read
+        if not isinstance(part_ids, list) or not isinstance(part_messages, list):
+            return None
         if len(part_ids) != len(part_messages):
             return None
         messages.extend(part_messages)
