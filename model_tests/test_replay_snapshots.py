@@ -422,3 +422,51 @@ def test_a_cold_replay_of_100k_entries_stays_within_its_rss_bound(tmp_path: Path
     print(f"payload {payload / 1e6:.1f} MB, peak RSS +{grew / 1e6:.1f} MB ({grew / payload:.2f}x)")
     assert count == n
     assert grew < RSS_BOUND * payload
+
+
+@pytest.mark.parametrize("backend", ["duckdb", "postgres"])
+def test_an_upgrade_drops_the_older_snapshots_and_a_replay_stores_its_own(
+    backend: str,
+    tmp_path: Path,
+    every_replay_stored: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A store at schema version 30 holding a format 1 snapshot (its messages
+    forged): opened by this turnkeeper, the snapshot is gone with its table; the
+    replay comes from the rows and stores one in the current format, which the
+    next replay is served from."""
+    from older_stores import _database, _where
+
+    db = _database(backend)
+    where = _where(backend, tmp_path, "v30")
+    with monkeypatch.context() as patch:
+        patch.setattr(db.Database, "migrations", lambda self: db.MIGRATIONS[:30])
+        with turnkeeper.open_store(where, replay_cache_bytes=0) as store:
+            store.sessions.create("s")
+            entry = store.sessions.append("s", M, user("real"))
+            leaf, next_seq = store.db.read(
+                "row", lambda tx: tx.one("SELECT leaf_id, next_seq FROM sessions WHERE id = 's'")
+            )
+            store.db.write(
+                "format 1",
+                lambda tx: tx.exec(
+                    "INSERT INTO replay_snapshots (session_id, part, parts, leaf_id, next_seq, "
+                    "rooted, model, thinking, messages, entry_ids, digest) "
+                    "VALUES (?, 0, 1, ?, ?, true, NULL, 'off', ?, ?, 'crc32:00000000')",
+                    [
+                        "s",
+                        leaf,
+                        next_seq,
+                        __import__("ormsgpack").packb([user("forged")["message"]]),
+                        __import__("ormsgpack").packb([entry.id]),
+                    ],
+                ),
+            )
+    with turnkeeper.open_store(where, replay_cache_bytes=0) as store:
+        assert stored(store, "s") == []
+        every_replay_stored.clear()
+        assert [m["content"] for m in store.sessions.replay("s").messages] == ["real"]
+        assert every_replay_stored == []  # no snapshot to load: read from the rows
+        assert stored(store, "s") == [(0, leaf, next_seq)]
+        assert store.sessions.replay("s") == uncached(store, "s")
+        assert every_replay_stored == [1]
