@@ -470,3 +470,18 @@ def test_an_upgrade_drops_the_older_snapshots_and_a_replay_stores_its_own(
         assert stored(store, "s") == [(0, leaf, next_seq)]
         assert store.sessions.replay("s") == uncached(store, "s")
         assert every_replay_stored == [1]
+
+
+def test_a_part_without_a_body_is_never_served(
+    tmp_path: Path, every_replay_stored: list[int]
+) -> None:
+    """DuckDB's body column is nullable (added to an indexed table): a part
+    whose body is missing fails its digest, and the replay reads the rows."""
+    with cold_store("duckdb", tmp_path) as store:
+        store.sessions.create("s")
+        store.sessions.append("s", M, user("real"))
+        store.sessions.replay("s")
+        store.db.write("damage", lambda tx: tx.exec("UPDATE replay_snapshots SET body = NULL", []))
+        every_replay_stored.clear()
+        assert [m["content"] for m in store.sessions.replay("s").messages] == ["real"]
+        assert every_replay_stored == [0]

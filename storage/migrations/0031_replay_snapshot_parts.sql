@@ -6,9 +6,10 @@
 -- through an index only for one filter on one indexed column, and scanned the whole table's
 -- blobs for a (session_id, part) filter (every session's snapshot, for each part read).
 -- A part's body is a Zstandard frame of the msgpack array [entry ids, messages], so what the
--- database holds and caches of it is the compressed bytes (DuckDB no longer compresses
--- it again, which cost more to read than the frame does to decode), with a CRC-32 of its
--- header and body. Part 0 also carries the snapshot's model (JSON) and thinking level.
+-- database holds and caches of it is the compressed bytes, with a CRC-32 of its header and
+-- body. Part 0 also carries the snapshot's model (JSON) and thinking level. The body column
+-- is each dialect's addition: DuckDB stores it uncompressed (its own ZSTD of a frame saves
+-- nothing, and made each part's read decompress the blocks it shares with other parts).
 --
 -- Snapshots are derived, never the source: the version 29 ones are dropped with their
 -- table, and each session gets its snapshot anew at its next long replay.
@@ -26,7 +27,6 @@ CREATE TABLE replay_snapshots (
     rooted     BOOLEAN NOT NULL,
     model      VARCHAR,
     thinking   VARCHAR NOT NULL,
-    body       BYTEA NOT NULL,
     digest     VARCHAR NOT NULL
 );
 CREATE INDEX replay_snapshots_by_session ON replay_snapshots (session_id);

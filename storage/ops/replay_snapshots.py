@@ -138,8 +138,9 @@ def head(
 
 
 def _bytes(value: Any) -> bytes:
-    """A ``BYTEA`` value as ``bytes`` (a driver may give a ``memoryview``)."""
-    return value if isinstance(value, bytes) else bytes(value)
+    """A ``BYTEA`` value as ``bytes`` (a driver may give a ``memoryview``; a
+    missing one, DuckDB's column being nullable, is empty: it fails its digest)."""
+    return value if isinstance(value, bytes) else b"" if value is None else bytes(value)
 
 
 def _digest(session_id: str, part: int, stored: Stored, body: bytes) -> str:
