@@ -381,15 +381,15 @@ with turnkeeper.open_store(sys.argv[1], replay_cache_bytes=0) as store:
 """
 RSS_BOUND = 3.5
 """Peak RSS of a cold replay from a stored snapshot, over the session's stored
-payload bytes (the issue's goal is 3). Measured on a loaded 2-core machine:
-2.84-2.90 here, 2.93-3.07 in ``reports/bench.py replay`` (three such sessions
-in the file; before format 2, 4.4-9.9). Of that, the replay's own objects are
-2.36 (tracemalloc: 57 MB for 24 MB of 200-character messages, their 100,000
-dicts, strings and entry ids), DuckDB's cache of the blocks read (the
-compressed parts and the session row's table) about 0.25, and the allocator's
-kept free space and arenas the rest (about 5 MB of it freed by a
-``malloc_trim``). With real messages (30,000 from the pi corpus, 62 MB) it
-is 2.5-2.6."""
+payload bytes (the issue's goal is 3). Measured on a loaded 2-core machine
+(load 3-6): 2.87-2.88 here, 2.87-2.91 in ``reports/bench.py replay`` (three
+such sessions in the file); before format 2, 4.4-9.9. Of that, the replay's
+own objects are 2.36 (tracemalloc: 57 MB for 24 MB of 200-character
+messages: a dict, two strings and an entry id each), DuckDB's cache of the
+blocks read (the compressed parts, the session row, their indexes) about
+0.18, and the allocator's kept free space and arenas the rest (about 5 MB of
+it freed by a ``malloc_trim``). With real messages (30,000 from the pi
+corpus, 62 MB of payload) it is 2.5-2.6."""
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads VmRSS from /proc")

@@ -66,7 +66,7 @@ GOALS = [
         "×",
         "the returned objects alone are 2.36× the payload of the bench's 200-character "
         "messages (tracemalloc: a dict, two strings and an entry id each); DuckDB's cache of "
-        "the blocks read (compressed parts, the session row) adds about 0.25×, the "
+        "the blocks read (compressed parts, the session row) adds about 0.2×, the "
         "allocator's kept free space the rest; with real messages (the pi corpus) it is 2.5×",
     ),
     Goal(
