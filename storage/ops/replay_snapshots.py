@@ -1,24 +1,33 @@
 """Stored replay snapshots: a branch's replayed context kept in the database
-(``replay_snapshots``, schema version 29), so that a fresh process or store
-object replays a long session from one stored value plus the entries after
-it, instead of reading and decoding every entry of the branch.
+(``replay_snapshots``, schema version 31, format :data:`FORMAT`), so that a
+fresh process or store object replays a long session from one stored value
+plus the entries after it, instead of reading and decoding every entry of
+the branch.
 
 A snapshot is derived from the entries, never their source of truth. It is
 the replay (``sessions.replay``) of the session as its row stood at
-``(leaf_id, next_seq)``: its context messages and their entry ids as
-arrays in parts of :data:`PART` messages (msgpack, which ``ormsgpack`` decodes
-faster than JSON, and holds every JSON value; each part with the
-CRC-32 of its header and contents, checked on every read), the model and
-the thinking level, and ``rooted`` (the branch starts at an entry without a
-parent). ``storage.ops.replays`` uses it only where the session row says it
+``(leaf_id, next_seq)``: its context messages and their entry ids in parts
+of at most :data:`PART` messages and :data:`PART_BYTES` bytes, each part one
+row under ``part_key`` (see :func:`key`) whose body is a Zstandard frame of
+the msgpack array ``[entry ids, messages]`` (msgpack holds every JSON value,
+and ``ormsgpack`` decodes it faster than JSON; the frame decodes into one
+buffer of the size it states), with the CRC-32 of the part's header and
+body, checked on every read; the model and the thinking level; and
+``rooted`` (the branch starts at an entry without a parent). A read fetches
+one part at a time through the one-column key (DuckDB reads a row through an
+index only for one filter on one indexed column) and lets its bytes go
+before the next, so a replay holds one part's decoded bytes beside its
+result, and the database holds and caches only the compressed ones.
+``storage.ops.replays`` uses a snapshot only where the session row says it
 still holds, by the same rules as its in-process cache: served as is when
 the row's ``(leaf_id, next_seq)`` equals the snapshot's (every write of
 entries moves ``next_seq``; a branch move changes ``leaf_id``); carried on
 along the entries at or above its ``next_seq`` when it is rooted and the
 walk from the row's leaf reaches its leaf through those entries alone, none
 of them a compaction; else ignored (another branch, a new compaction, an
-import that supplied a missing parent, a fork: a new session has none), and
-a part whose digest or header disagrees makes the replay read the rows.
+import that supplied a missing parent, a fork: a new session has none). A
+part whose digest or header disagrees, that does not decode, or of another
+format makes the replay read the rows (and store its snapshot in its place).
 
 Written lazily by the reader, fenced: a replay that decoded at least
 :data:`PERSIST_ROWS` entry rows (a whole branch, or a long tail past a
@@ -34,6 +43,7 @@ snapshot with its entries (``deletes.REMOVED``).
 
 from __future__ import annotations
 
+import contextlib
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,6 +51,7 @@ from typing import Any
 
 import orjson
 import ormsgpack
+import zstandard
 
 from turnkeeper.spec import errors
 from turnkeeper.spec.records import Entry, Replay
@@ -50,8 +61,17 @@ from ..codec import from_json, stored_json
 from ..replay import context_message, path_settings
 
 PART = 16384
-"""Context messages per stored part: a part's text is decoded and let go
-before the next is read, so a replay holds one part's bytes beside its result."""
+"""Most context messages in one stored part."""
+PART_BYTES = 4 * 2**20
+"""Most bytes of one part's msgpack (unless it is one message): a part is
+decoded and let go before the next is read, so a replay holds one part's
+bytes (this many at most, and their compressed frame) beside its result."""
+FORMAT = 2
+"""The stored format: each part's body a Zstandard frame (level
+:data:`LEVEL`, its content size stated) of the msgpack array
+``[entry ids, messages]`` (schema 31). Format 1 (schema 29: two msgpack
+arrays, uncompressed) went with its table; a part stored in any other format
+is never served (the replay reads the rows and stores its own in its place)."""
 PERSIST_ROWS = 256
 """A replay that decoded at least this many entry rows stores a snapshot."""
 _SKIPPED = (
@@ -62,91 +82,114 @@ _SKIPPED = (
     errors.BusyError,
 )
 """Failures of a snapshot's write that leave the replay standing (nothing stored)."""
+LEVEL = 1
+"""Zstandard level of the parts (a decode costs the same at any level; 1 writes fastest)."""
+_UNDECODABLE = (zstandard.ZstdError, ValueError, TypeError, ormsgpack.MsgpackDecodeError)
+"""What a body that is no Zstandard frame of msgpack ``[ids, messages]`` raises
+(unpacking a value that is no pair: ``ValueError`` or ``TypeError``)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Stored:
-    """A stored snapshot's header (part 0's row), and part 0's contents when
-    they were read with it."""
+    """A stored snapshot's header (part 0's row), and part 0's ``(body,
+    digest)`` when they were read with it."""
 
     parts: int
+    format: int
     leaf_id: str | None
     next_seq: int
     rooted: bool
     model: str | None
     thinking: str
-    first: tuple[bytes, bytes, str] | None
+    first: tuple[bytes, str] | None
+
+
+def key(session_id: str, part: int) -> str:
+    """Part ``part``'s ``part_key``: ``session_id/part`` (one per pair: the part
+    number, after the last ``/``, holds none)."""
+    return f"{session_id}/{part}"
 
 
 def head(
     tx: Tx, session_id: str, *, with_first: bool
 ) -> tuple[str | None, int, Stored | None] | None:
     """The session row's ``(leaf_id, next_seq)`` and its stored snapshot's
-    header (with part 0's contents when ``with_first``), in one statement;
+    header (with part 0's body when ``with_first``), in one statement;
     ``None`` when there is no such session."""
-    more = ", r.messages, r.entry_ids, r.digest" if with_first else ""
+    more = ", r.body, r.digest" if with_first else ""
     sql = (
-        "SELECT s.leaf_id, s.next_seq, r.parts, r.leaf_id, r.next_seq, r.rooted, r.model, "
-        f"r.thinking{more} FROM sessions s LEFT JOIN (SELECT * FROM replay_snapshots "
-        "WHERE session_id = ? AND part = 0) r ON true WHERE s.id = ?"
+        "SELECT s.leaf_id, s.next_seq, r.parts, r.format, r.leaf_id, r.next_seq, r.rooted, "
+        f"r.model, r.thinking{more} FROM sessions s LEFT JOIN (SELECT * FROM replay_snapshots "
+        "WHERE part_key = ?) r ON true WHERE s.id = ?"
     )
+    params = [key(session_id, 0), session_id]
     if with_first:
-        found = tx.rows(sql, [session_id, session_id], binary=True)
+        found = tx.rows(sql, params, binary=True)
         row = found[0] if found else None
     else:
-        row = tx.one(sql, [session_id, session_id])
+        row = tx.one(sql, params)
     if row is None:
         return None
     if row[2] is None:
         return row[0], row[1], None
-    first = (_bytes(row[8]), _bytes(row[9]), row[10]) if with_first else None
-    return row[0], row[1], Stored(row[2], row[3], row[4], row[5], row[6], row[7], first)
+    first = (_bytes(row[9]), row[10]) if with_first else None
+    parts, form, leaf_id, next_seq, rooted, model, thinking = row[2:9]
+    return row[0], row[1], Stored(parts, form, leaf_id, next_seq, rooted, model, thinking, first)
 
 
 def _bytes(value: Any) -> bytes:
-    """A ``BYTEA`` value as ``bytes`` (a driver may give a ``memoryview``)."""
-    return value if isinstance(value, bytes) else bytes(value)
+    """A ``BYTEA`` value as ``bytes`` (a driver may give a ``memoryview``; a
+    missing one, DuckDB's column being nullable, is empty: it fails its digest)."""
+    return value if isinstance(value, bytes) else b"" if value is None else bytes(value)
 
 
-def _digest(session_id: str, part: int, stored: Stored, messages: bytes, ids: bytes) -> str:
-    """A part's check value: CRC-32 of its header, its ids and its messages
+def _digest(session_id: str, part: int, stored: Stored, body: bytes) -> str:
+    """A part's check value: CRC-32 of its header and its (compressed) body
     (``crc32:`` and 8 hex digits). It catches a damaged or misplaced part on
     every read at a fraction of a decode's cost; it is no defence against a
     writer of the database, who could as well change the entries."""
-    header = [session_id, part, stored.parts, stored.leaf_id, stored.next_seq, stored.rooted]
-    crc = zlib.crc32(orjson.dumps([*header, stored.model, stored.thinking]))
-    crc = zlib.crc32(messages, zlib.crc32(b"\0" + ids + b"\0", crc))
-    return f"crc32:{crc:08x}"
+    header = [session_id, part, stored.parts, stored.format, stored.leaf_id, stored.next_seq]
+    crc = zlib.crc32(orjson.dumps([*header, stored.rooted, stored.model, stored.thinking]))
+    return f"crc32:{zlib.crc32(body, crc):08x}"
+
+
+def _part(tx: Tx, session_id: str, part: int, stored: Stored) -> tuple[bytes, str] | None:
+    """Part ``part``'s ``(body, digest)``: part 0's as read with the header, else
+    read by its key (``None``: there is no such part)."""
+    if part == 0 and stored.first is not None:
+        return stored.first
+    found = tx.rows(
+        "SELECT body, digest FROM replay_snapshots WHERE part_key = ?",
+        [key(session_id, part)],
+        binary=True,
+    )
+    return (_bytes(found[0][0]), found[0][1]) if found else None
 
 
 def load(tx: Tx, session_id: str, stored: Stored) -> Replay | None:
-    """The stored snapshot's replay (fresh objects), or ``None`` when a part is
-    missing, belongs to another snapshot or fails its digest (then the caller
-    replays from the rows)."""
-    if stored.parts < 1:  # a header naming no part to check is damage too
+    """The stored snapshot's replay (fresh objects), or ``None`` when it is of
+    another :data:`FORMAT`, or a part is missing, belongs to another snapshot,
+    fails its digest or does not decode (then the caller replays from the rows)."""
+    if stored.parts < 1 or stored.format != FORMAT:  # a header naming no part is damage too
         return None
     messages: list[Any] = []
     ids: list[str] = []
     for part in range(stored.parts):
-        if part == 0 and stored.first is not None:
-            text, id_text, digest = stored.first
-        else:
-            found = tx.rows(
-                "SELECT messages, entry_ids, digest FROM replay_snapshots "
-                "WHERE session_id = ? AND part = ?",
-                [session_id, part],
-                binary=True,
-            )
-            if not found:
-                return None
-            text, id_text, digest = _bytes(found[0][0]), _bytes(found[0][1]), found[0][2]
-        if _digest(session_id, part, stored, text, id_text) != digest:
+        found = _part(tx, session_id, part, stored)
+        if found is None or _digest(session_id, part, stored, found[0]) != found[1]:
             return None
-        messages.extend(ormsgpack.unpackb(text))
-        ids.extend(ormsgpack.unpackb(id_text))
-        del text, id_text
-    if len(messages) != len(ids):
-        return None
+        try:
+            part_ids, part_messages = ormsgpack.unpackb(zstandard.decompress(found[0]))
+        except _UNDECODABLE:
+            return None
+        del found  # the part's bytes go before the next part is read
+        if not isinstance(part_ids, list) or not isinstance(part_messages, list):
+            return None
+        if len(part_ids) != len(part_messages):
+            return None
+        messages.extend(part_messages)
+        ids.extend(part_ids)
+        del part_ids, part_messages
     model = None if stored.model is None else from_json(stored.model)
     return Replay(tuple(messages), tuple(ids), model, stored.thinking)
 
@@ -174,6 +217,33 @@ class Pending:
     next_seq: int
 
 
+def _bodies(replay: Replay) -> list[bytes]:
+    """The parts' bodies (see :data:`FORMAT`): the messages in order, at most
+    :data:`PART` to a part, a part whose msgpack is over :data:`PART_BYTES`
+    split into as many equal runs as that takes, again until each fits or is
+    one message (an empty replay is one part of none).
+
+    Raises:
+        ormsgpack.MsgpackEncodeError: a message msgpack cannot hold.
+    """
+    bodies: list[bytes] = []
+
+    def add(at: int, end: int) -> None:
+        packed = ormsgpack.packb([replay.entry_ids[at:end], replay.messages[at:end]])
+        if len(packed) <= PART_BYTES or end - at == 1:
+            bodies.append(zstandard.compress(packed, LEVEL))
+            return
+        step = -(-(end - at) // -(-len(packed) // PART_BYTES))
+        del packed
+        for start in range(at, end, step):
+            add(start, min(start + step, end))
+
+    count = len(replay.messages)
+    for at in range(0, max(count, 1), PART):
+        add(at, min(at + PART, count))
+    return bodies
+
+
 def store(db: Backend, session_id: str, pending: Pending) -> None:
     """Store ``pending`` as the session's snapshot (see the module docstring),
     unless the store is read-only, the session is gone, or a snapshot at a later
@@ -184,10 +254,14 @@ def store(db: Backend, session_id: str, pending: Pending) -> None:
     if db.read_only:
         return
     replay = pending.replay
-    count = len(replay.messages)
     model = None if replay.model is None else stored_json(replay.model)
+    try:
+        bodies = _bodies(replay)
+    except ormsgpack.MsgpackEncodeError:
+        return  # a message msgpack cannot hold (none that JSON holds) is replayed from the rows
     header = Stored(
-        max(1, -(-count // PART)),
+        len(bodies),
+        FORMAT,
         pending.leaf_id,
         pending.next_seq,
         pending.rooted,
@@ -203,36 +277,31 @@ def store(db: Backend, session_id: str, pending: Pending) -> None:
         if row is None or row[0] != header.next_seq:
             return  # deleted, or written since: a later replay stores its own
         have = tx.one(
-            "SELECT next_seq, leaf_id FROM replay_snapshots WHERE session_id = ? AND part = 0",
-            [session_id],
+            "SELECT next_seq FROM replay_snapshots WHERE part_key = ?", [key(session_id, 0)]
         )
         if have is not None and have[0] > header.next_seq:
             return  # a later one is stored; one at this very row is replaced (it was damaged)
         tx.exec("DELETE FROM replay_snapshots WHERE session_id = ?", [session_id])
-        for part in range(header.parts):
-            at = part * PART
-            text = ormsgpack.packb(replay.messages[at : at + PART])
-            id_text = ormsgpack.packb(replay.entry_ids[at : at + PART])
+        for part, data in enumerate(bodies):
             tx.exec(
-                "INSERT INTO replay_snapshots (session_id, part, parts, leaf_id, next_seq, "
-                "rooted, model, thinking, messages, entry_ids, digest) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO replay_snapshots (part_key, session_id, part, parts, format, "
+                "leaf_id, next_seq, rooted, model, thinking, body, digest) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
+                    key(session_id, part),
                     session_id,
                     part,
                     header.parts,
+                    header.format,
                     header.leaf_id,
                     header.next_seq,
                     header.rooted,
                     header.model,
                     header.thinking,
-                    text,
-                    id_text,
-                    _digest(session_id, part, header, text, id_text),
+                    data,
+                    _digest(session_id, part, header, data),
                 ],
             )
 
-    try:
+    with contextlib.suppress(*_SKIPPED):
         db.write("store_replay_snapshot", body)
-    except (*_SKIPPED, ormsgpack.MsgpackEncodeError):
-        pass  # a message msgpack cannot hold (none that JSON holds) is replayed from the rows
