@@ -14,7 +14,7 @@ import gzip
 import hashlib
 import os
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -224,15 +224,24 @@ def _split_detail(found: list[Piece]) -> str:
     return f"line split into {len(found)} parts, {bad} of them unparseable"
 
 
+PROGRESS_BYTES = 1 << 20
+"""Bytes :func:`stream_lines` reads between two calls of its ``progress``."""
+
+Progress = Callable[[int, int], None]
+"""Told ``(bytes read, bytes in all)`` of a file as it is read (for a gzipped
+file, of its compressed bytes)."""
+
+
 def stream_lines(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str], progress: Progress | None = None
 ) -> Iterator[tuple[int, str, list[Piece]]]:
     """``(line number, line text, pieces)`` for every non-blank line of the file
     at ``path``, as :func:`~.pi_parse.split_lines` gives them for its text
     (:func:`read_text`), read one line at a time: memory holds one line, not
     the file. A gzipped file is read decompressed; a line that is not UTF-8
     keeps its bad bytes as surrogates (``surrogateescape``), as
-    :func:`read_text` does.
+    :func:`read_text` does. ``progress`` is told the bytes read every
+    :data:`PROGRESS_BYTES` and at the end.
 
     Raises:
         OSError: the file cannot be read.
@@ -240,22 +249,30 @@ def stream_lines(
     """
     with open(path, "rb") as raw:
         gz = raw.read(2) == GZIP_MAGIC
-    opener: Any = gzip.open if gz else open
-    try:
-        with opener(path, "rb") as stream:
-            for number, data in enumerate(stream, start=1):
-                try:
-                    text = data.decode("utf-8")
-                except UnicodeDecodeError:
-                    text = data.decode("utf-8", "surrogateescape")
-                if number == 1:
-                    text = text.removeprefix("\ufeff")
-                text = text.removesuffix("\n").removesuffix("\r")
-                pieces = split_line(text, number)
-                if pieces:
-                    yield number, text, pieces
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise SessionFileError(os.fspath(path), 0, detail=f"bad gzip data: {exc}") from None
+        raw.seek(0)
+        total = os.fstat(raw.fileno()).st_size
+        stream: Any = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+        told = 0
+        try:
+            with stream:
+                for number, data in enumerate(stream, start=1):
+                    if progress is not None and (done := raw.tell()) - told >= PROGRESS_BYTES:
+                        told = done
+                        progress(done, total)
+                    try:
+                        text = data.decode("utf-8")
+                    except UnicodeDecodeError:
+                        text = data.decode("utf-8", "surrogateescape")
+                    if number == 1:
+                        text = text.removeprefix("\ufeff")
+                    text = text.removesuffix("\n").removesuffix("\r")
+                    pieces = split_line(text, number)
+                    if pieces:
+                        yield number, text, pieces
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            raise SessionFileError(os.fspath(path), 0, detail=f"bad gzip data: {exc}") from None
+        if progress is not None:
+            progress(total, total)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ import secrets
 import stat
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +38,21 @@ import orjson
 
 from turnkeeper.spec.entries import BASE_FIELDS, EntryKind
 from turnkeeper.spec.errors import InvalidInputError, SessionFileError, SessionNotFoundError
-from turnkeeper.spec.records import ImportBatch, ImportedSource, ImportEntry, ImportResult
+from turnkeeper.spec.records import (
+    ImportBatch,
+    ImportedSource,
+    ImportEntry,
+    ImportResult,
+    ImportStream,
+    OpaqueRecord,
+)
 from turnkeeper.storage.protocol import Store
 
 from ._rows import (
     FileImport,
     ParsedFile,
     Pieces,
-    Row,
+    Progress,
     Rows,
     file_digest,
     first_record,
@@ -53,6 +61,7 @@ from ._rows import (
     stream_lines,
 )
 from ._rows import LineIssue as LineIssue  # re-exported: it was defined here
+from ._rows import Row as _Row
 from .pi_parse import Piece, format_timestamp, parse_timestamp, split_lines
 
 FORMAT = "pi"
@@ -103,7 +112,7 @@ def _rename_hook_role(payload: dict[str, Any]) -> dict[str, Any]:
     return payload
 
 
-def _first_kept(payload: dict[str, Any], ids_by_index: Mapping[int, str]) -> dict[str, Any]:
+def _first_kept(payload: dict[str, Any], ids_by_index: _V1Ids) -> dict[str, Any]:
     """v1 compaction: add ``firstKeptEntryId`` for ``firstKeptEntryIndex``, in its place.
 
     ``None`` when the index is the header, an opaque record, out of range or
@@ -124,25 +133,49 @@ def _first_kept(payload: dict[str, Any], ids_by_index: Mapping[int, str]) -> dic
 
 
 @dataclass(slots=True)
+class _V1Ids:
+    """The ids of a version 1 file's records read so far, by record index,
+    without holding them: record ``i`` is an entry when ``0 < i < count`` and
+    it was not rejected, and its id is ``v1_entry_id(session_id, i)``."""
+
+    session_id: str
+    count: int = 0
+    rejected: set[int] = field(default_factory=set)
+
+    def get(self, index: int) -> str | None:
+        """The id of the entry at record ``index``, or ``None``."""
+        if 0 < index < self.count and index not in self.rejected:
+            return v1_entry_id(self.session_id, index)
+        return None
+
+
+@dataclass(slots=True)
 class _Reader:
-    """State of one parse: the rows so far (:class:`~._rows.Rows`) and the ids by record index."""
+    """State of one parse: the rows so far (:class:`~._rows.Rows`, taken away
+    as they are read) and, for version 1, the ids by record index and the
+    last entry's id."""
 
     path: str
     session_id: str
     version: int
     rows: Rows = field(init=False)
-    ids_by_index: dict[int, str] = field(default_factory=dict)
+    ids_by_index: _V1Ids = field(init=False)
+    last_id: str | None = None
 
     def __post_init__(self) -> None:
         self.rows = Rows(self.path)
+        self.ids_by_index = _V1Ids(self.session_id)
 
     def add(self, piece: Piece, index: int) -> None:
         """Make the record at ``index`` a tree entry, or reject it as opaque."""
+        self.ids_by_index.count = index
         eid = self.rows.add(piece, self._convert(piece, index))
-        if eid is not None:
-            self.ids_by_index[index] = eid
+        if eid is None:
+            self.ids_by_index.rejected.add(index)
+        else:
+            self.last_id = eid
 
-    def _convert(self, piece: Piece, index: int) -> Row | str:
+    def _convert(self, piece: Piece, index: int) -> _Row | str:
         """The entry row for a record, or why it cannot be one."""
         record = piece.value
         if not piece.ok:
@@ -154,8 +187,7 @@ class _Reader:
             return "record without a string 'type'"
         if self.version == 1:
             eid: Any = v1_entry_id(self.session_id, index)
-            entries = self.rows.entries
-            parent: Any = entries[-1][0] if entries else None
+            parent: Any = self.last_id
         else:
             eid, parent = record.get("id"), record.get("parentId")
             if not isinstance(eid, str) or not eid:
@@ -196,50 +228,185 @@ def parse_text(text: str, path: str = "<text>") -> ParsedFile:
     return _parse(split_lines(text), path)
 
 
-def _parse(lines: Iterable[tuple[int, str, list[Piece]]], path: str) -> ParsedFile:
-    """:func:`parse_text` of a file's lines (``(number, text, pieces)``, as
-    :func:`~.pi_parse.split_lines` gives them), consumed one at a time: each
-    record is made an entry (or kept as opaque) and let go before the next
-    line is read, so only the entries are held, never the file's text."""
-    split: dict[int, tuple[str, list[Piece]]] = {}
+@dataclass(slots=True)
+class _Scan:
+    """What one pass over a file's lines (:func:`_records`) found besides its
+    entries: the header, its version and line, the reader (its opaque pieces
+    and issues) and the lines split into several records."""
+
+    path: str
+    header: dict[str, Any] = field(default_factory=dict)
+    version: int = 1
+    first_line: int = 1
     reader: _Reader | None = None
-    header: dict[str, Any] = {}
-    version, index, first_line = 1, 0, 1
+    split: dict[int, tuple[str, list[Piece]]] = field(default_factory=dict)
+
+    def created(self) -> datetime | None:
+        """The header's timestamp, when usable."""
+        return parse_timestamp(self.header.get("timestamp"))
+
+    def cwd(self) -> str:
+        """The header's ``cwd`` (``""`` when it is not a string)."""
+        cwd = self.header.get("cwd")
+        return cwd if isinstance(cwd, str) else ""
+
+    def ends(self) -> tuple[list[OpaqueRecord], tuple[LineIssue, ...]]:
+        """The opaque records and the issues (in line order) of the pass, once
+        it has read every line."""
+        assert self.reader is not None
+        lines_split = Pieces([], self.split)
+        issues = lines_split.repaired(self.path) + self.reader.rows.issues
+        opaque = opaque_records(self.path, self.reader.rows.rejected, lines_split.raw_lines())
+        return opaque, sorted_issues(issues)
+
+
+def _records(
+    lines: Iterable[tuple[int, str, list[Piece]]], scan: _Scan, header_only: bool = False
+) -> Iterator[_Row]:
+    """The entries of a file's lines (``(number, text, pieces)``, as
+    :func:`~.pi_parse.split_lines` gives them), each made an entry (or kept
+    as opaque, in ``scan``) and given up as it is read: only the current line
+    and the file's entry ids (to refuse a duplicate) are held. The header
+    goes to ``scan`` (with ``header_only``, nothing more is read); a timestamp
+    is ``None`` where the entry's is unusable.
+
+    Raises:
+        SessionFileError: the first record is not a usable header, or the file
+            has no records.
+    """
+    index = 0
     for number, raw, found in lines:
         if len(found) > 1:
-            split[number] = (raw, found)
+            scan.split[number] = (raw, found)
         for piece in found:
-            if reader is None:
-                header, version = _header(piece, path)
-                reader = _Reader(path, header["id"], version)
-                first_line = piece.line
+            if scan.reader is None:
+                scan.header, scan.version = _header(piece, scan.path)
+                scan.reader = _Reader(scan.path, scan.header["id"], scan.version)
+                scan.first_line = piece.line
+                if header_only:
+                    return
             else:
-                reader.add(piece, index)
+                scan.reader.add(piece, index)
+                taken = scan.reader.rows.entries
+                if taken:
+                    yield from taken
+                    taken.clear()
             index += 1
-    if reader is None:
-        raise SessionFileError(path, 1, detail="the file has no records")
-    lines_split = Pieces([], split)
-    issues = lines_split.repaired(path)
-    created = parse_timestamp(header.get("timestamp"))
+    if scan.reader is None:
+        raise SessionFileError(scan.path, 1, detail="the file has no records")
+
+
+def _parse(lines: Iterable[tuple[int, str, list[Piece]]], path: str) -> ParsedFile:
+    """:func:`parse_text` of a file's lines (``(number, text, pieces)``, as
+    :func:`~.pi_parse.split_lines` gives them), consumed one at a time
+    (:func:`_records`): only the entries are held, never the file's text."""
+    scan = _Scan(path)
+    rows = list(_records(lines, scan))
+    assert scan.reader is not None
+    created = scan.created() or next((r[3] for r in rows if r[3] is not None), None)
     if created is None:
-        created = next((e[3] for e in reader.rows.entries if e[3] is not None), None)
-    if created is None:
-        raise SessionFileError(path, first_line, detail="no usable timestamp in the file")
-    entries = [ImportEntry(i, p, k, t or created, pl) for i, p, k, t, pl in reader.rows.entries]
-    reader.rows.entries.clear()
-    cwd = header.get("cwd")
+        raise SessionFileError(path, scan.first_line, detail="no usable timestamp in the file")
+    entries = [ImportEntry(i, p, k, t or created, pl) for i, p, k, t, pl in rows]
+    rows.clear()
+    opaque, issues = scan.ends()
     batch = ImportBatch(
-        session_id=reader.session_id,
-        cwd=cwd if isinstance(cwd, str) else "",
+        session_id=scan.reader.session_id,
+        cwd=scan.cwd(),
         created_at=created,
-        header={k: v for k, v in header.items() if k != "type"},
+        header={k: v for k, v in scan.header.items() if k != "type"},
         entries=entries,
         leaf_id=entries[-1].id if entries else None,
-        opaque=opaque_records(path, reader.rows.rejected, lines_split.raw_lines()),
+        opaque=opaque,
         source=path,
     )
-    issues.extend(reader.rows.issues)
-    return ParsedFile(batch, version, sorted_issues(issues))
+    return ParsedFile(batch, scan.version, issues)
+
+
+class FileStream(ImportStream):
+    """The entries of the pi file at ``path``, read as the store imports them
+    (:class:`~turnkeeper.spec.records.ImportStream`): each iteration parses
+    the file again from its start (:func:`_records`), holding one line and
+    the file's entry ids, never its entries. Made by :func:`open_stream`,
+    which reads the header and ``created_at`` first. After a whole
+    iteration, :attr:`issues` holds what it found (in line order) and
+    :attr:`read` what it read (``None`` if the file changed meanwhile)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        scan: _Scan,
+        created_at: datetime,
+        progress: Progress | None = None,
+    ) -> None:
+        assert scan.reader is not None
+        self.path = os.fspath(path)
+        self.session_id = scan.reader.session_id
+        self.version = scan.version
+        self.cwd = scan.cwd()
+        self.header = {k: v for k, v in scan.header.items() if k != "type"}
+        self.created_at = created_at
+        self.issues: tuple[LineIssue, ...] = ()
+        self._progress = progress
+        self._leaf: str | None = None
+        self._opaque: list[OpaqueRecord] = []
+        self._read: ImportedSource | None = None
+
+    @property
+    def leaf_id(self) -> str | None:
+        """The last entry's id (pi's leaf), after a whole iteration."""
+        return self._leaf
+
+    @property
+    def opaque(self) -> list[OpaqueRecord]:
+        """The unparseable lines kept, after a whole iteration."""
+        return self._opaque
+
+    @property
+    def read(self) -> ImportedSource | None:
+        """What a whole iteration read (the file's size and sha256, and its
+        entries), or ``None`` when the file changed while it was read."""
+        return self._read
+
+    def __iter__(self) -> Iterator[ImportEntry]:
+        self._leaf, self._opaque, self._read, self.issues = None, [], None, ()
+        before = file_digest(self.path)
+        scan = _Scan(self.path)
+        count = 0
+        for eid, parent, kind, ts, payload in _records(
+            stream_lines(self.path, self._progress), scan
+        ):
+            yield ImportEntry(eid, parent, kind, ts or self.created_at, payload)
+            self._leaf = eid
+            count += 1
+        self._opaque, self.issues = list(scan.ends()[0]), scan.ends()[1]
+        after = file_digest(self.path)
+        if after == before:  # else changed while read: imported, never recorded as read
+            self._read = ImportedSource(os.path.realpath(self.path), *after, count)
+
+
+def open_stream(path: str | os.PathLike[str], progress: Progress | None = None) -> FileStream:
+    """The :class:`FileStream` of the pi file at ``path``, its header read (and,
+    when the header's timestamp is unusable, the file as far as the first
+    entry's usable one, which is then ``created_at``).
+
+    Raises:
+        OSError: the file cannot be read.
+        SessionFileError: as :func:`parse_text`.
+    """
+    where = os.fspath(path)
+    scan = _Scan(where)
+    for _ in _records(stream_lines(path), scan, header_only=True):
+        pass
+    created = scan.created()
+    if created is None:
+        records = _records(stream_lines(path), _Scan(where))
+        try:
+            created = next((r[3] for r in records if r[3] is not None), None)
+        finally:
+            records.close()
+    if created is None:
+        raise SessionFileError(where, scan.first_line, detail="no usable timestamp in the file")
+    return FileStream(path, scan, created, progress)
 
 
 def parse_file(path: str | os.PathLike[str]) -> ParsedFile:
@@ -294,8 +461,14 @@ def unchanged(store: Store, path: str | os.PathLike[str]) -> FileImport | None:
     return FileImport(os.fspath(path), sid, version, result, (), FORMAT, unchanged=True)
 
 
-def import_file(store: Store, path: str | os.PathLike[str]) -> FileImport:
-    """Parse the pi session file at ``path`` and import it into ``store``.
+def import_file(
+    store: Store, path: str | os.PathLike[str], *, progress: Progress | None = None
+) -> FileImport:
+    """Parse the pi session file at ``path`` and import it into ``store``, a
+    line at a time as the store takes its entries (:class:`FileStream`):
+    memory holds a chunk of entries (``storage/ops/import_chunks.py``
+    ``CHUNK``) and the file's entry ids, not the file. ``progress`` is told
+    the bytes read as the file is read (``(read, total)``).
 
     The session id is the header's: importing the same file again adds
     nothing, importing it after it grew (a resumed session) adds only the new
@@ -317,10 +490,19 @@ def import_file(store: Store, path: str | os.PathLike[str]) -> FileImport:
     same = unchanged(store, path)
     if same is not None:
         return same
-    parsed = parse_file(path)
-    result = store.sessions.import_batch(parsed.batch)
+    stream = open_stream(path, progress)
+    batch = ImportBatch(
+        stream.session_id,
+        stream.cwd,
+        stream.created_at,
+        stream.header,
+        stream,
+        None,
+        source=os.fspath(path),
+    )
+    result = store.sessions.import_batch(batch)
     return FileImport(
-        os.fspath(path), parsed.batch.session_id, parsed.version, result, parsed.issues, FORMAT
+        os.fspath(path), stream.session_id, stream.version, result, stream.issues, FORMAT
     )
 
 
