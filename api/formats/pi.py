@@ -28,7 +28,7 @@ import hashlib
 import os
 import secrets
 import stat
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -262,7 +262,7 @@ class _Scan:
 
 def _records(
     lines: Iterable[tuple[int, str, list[Piece]]], scan: _Scan, header_only: bool = False
-) -> Iterator[_Row]:
+) -> Generator[_Row, None, None]:
     """The entries of a file's lines (``(number, text, pieces)``, as
     :func:`~.pi_parse.split_lines` gives them), each made an entry (or kept
     as opaque, in ``scan``) and given up as it is read: only the current line
@@ -429,7 +429,9 @@ def parse_file(path: str | os.PathLike[str]) -> ParsedFile:
     size, digest = file_digest(path)
     if (size, digest) != before:
         return parsed  # changed while read: imported, never recorded as read
-    read = ImportedSource(os.path.realpath(path), size, digest, len(parsed.batch.entries))
+    entries = parsed.batch.entries
+    assert not isinstance(entries, ImportStream)  # _parse holds them all
+    read = ImportedSource(os.path.realpath(path), size, digest, len(entries))
     return replace(parsed, batch=replace(parsed.batch, read=read))
 
 

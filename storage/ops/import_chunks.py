@@ -238,8 +238,8 @@ def add_entries(
         done.added += len(new)
         done.skipped += len(chunk) - len(new)
         messages = [
-            (e.id, e.kind, e.timestamp, e.payload)
-            if (e := stored.get(r[0])) is not None
+            (held.id, held.kind, held.timestamp, held.payload)
+            if (held := stored.get(r[0])) is not None
             else (r[0], r[2], r[3], payload_of(r))
             for r in chunk
             if r[2] == EntryKind.MESSAGE and '"usage"' in r[4]

@@ -1,0 +1,161 @@
+"""A pi import reads its file as it stores it (issue 21, part 3): the store takes
+the entries a chunk at a time (``storage/ops/import_chunks.py``) in the one
+import transaction, so the parser is never more than a chunk ahead of the
+store, and the import stays all or nothing. What is asserted is counted
+(lines parsed when a chunk is taken, rows stored), never timed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pi_big
+import pytest
+
+from turnkeeper.formats import _rows, pi, pi_parse
+from turnkeeper.spec.errors import ToolCallPairingError
+from turnkeeper.storage.ops import import_chunks
+
+ENTRIES = 1200
+CHUNK = 100
+
+
+@pytest.fixture
+def chunked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Chunks of :data:`CHUNK` entries; returns, for each chunk the store takes,
+    how many lines the parser had split into records by then (a spy on
+    ``split_line``, which every reader of a file's lines calls once per line)."""
+    monkeypatch.setattr(import_chunks, "CHUNK", CHUNK)
+    parsed = [0]
+    real_split = pi_parse.split_line
+
+    def split(text: str, line: int) -> list[pi_parse.Piece]:
+        parsed[0] += 1
+        return real_split(text, line)
+
+    monkeypatch.setattr(pi_parse, "split_line", split)
+    monkeypatch.setattr(_rows, "split_line", split)
+    taken: list[int] = []
+    real_chunks = import_chunks._chunks
+
+    def chunks(rows: Any) -> Any:
+        for chunk in real_chunks(rows):
+            taken.append(parsed[0])
+            yield chunk
+
+    monkeypatch.setattr(import_chunks, "_chunks", chunks)
+    return taken
+
+
+def test_the_parser_stays_within_a_chunk_of_the_store(store, tmp_path: Path, chunked):
+    """When the store takes chunk k, the parser has read the header (twice: once
+    to open the stream) and the k chunks' lines, one line ahead at most."""
+    path = tmp_path / "big.jsonl"
+    pi_big.write(path, ENTRIES)
+    done = pi.import_file(store, path)
+    assert done.result.added == ENTRIES
+    assert len(chunked) == ENTRIES // CHUNK
+    for k, lines in enumerate(chunked, start=1):
+        assert lines <= 2 + k * CHUNK + 1, (k, lines)
+    assert store.sessions.get("big-1").entry_count == ENTRIES
+
+
+def test_control_a_parsed_batch_is_held_whole(store, tmp_path: Path, chunked):
+    """Control: the whole-file path (``parse_file``, then ``import_batch``, as
+    ``import_file`` did before) has parsed every line before the first chunk."""
+    path = tmp_path / "big.jsonl"
+    pi_big.write(path, ENTRIES)
+    store.sessions.import_batch(pi.parse_file(path).batch)
+    assert chunked[0] == ENTRIES + 1
+
+
+def _write(path: Path, records: list[dict[str, Any]]) -> None:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+
+
+def _records(count: int) -> list[dict[str, Any]]:
+    return [pi_big.header("big-1"), *(pi_big.entry(i) for i in range(count))]
+
+
+def test_a_fault_in_the_last_chunk_stores_nothing(store, tmp_path: Path, chunked):
+    """Chunks before the fault were inserted in the import's transaction: the
+    fault rolls them back with it (no session, no entries, no record of the
+    file)."""
+    records = _records(ENTRIES)
+    records.append(
+        {
+            **pi_big.entry(ENTRIES),
+            "message": {"role": "toolResult", "toolCallId": "nowhere", "content": []},
+        }
+    )
+    path = tmp_path / "bad.jsonl"
+    _write(path, records)
+    with pytest.raises(ToolCallPairingError) as raised:
+        pi.import_file(store, path)
+    assert raised.value.reason == "unpaired"
+    assert len(chunked) > 1
+    assert store.sessions.get("big-1") is None
+    assert store.sessions.imported_source("big-1", str(path.resolve())) is None
+
+
+def test_a_parent_further_down_the_file_is_judged_with_its_tree(
+    store, tmp_path: Path, chunked, monkeypatch: pytest.MonkeyPatch
+):
+    """A result whose call's message comes later in the file (its parent): judged
+    alone it is unpaired, but the file's tree is valid, so the whole tree is
+    judged at the end (``judge_tree``) and the import goes in, as before."""
+    records = _records(ENTRIES + 1)
+    call, result, reply = (pi_big.entry(ENTRIES + k) for k in (1, 2, 3))
+    records += [result, call, reply]  # the result (parent: the call) before its call
+    monkeypatch.setattr(import_chunks, "CHUNK", ENTRIES + 2)  # the call in the next chunk
+    path = tmp_path / "late.jsonl"
+    _write(path, records)
+    judged: list[str] = []
+    real = import_chunks.judge_tree
+
+    def spy(tx: Any, session_id: str, *args: Any) -> None:
+        judged.append(session_id)
+        real(tx, session_id, *args)
+
+    monkeypatch.setattr(import_chunks, "judge_tree", spy)
+    done = pi.import_file(store, path)
+    assert done.result.added == ENTRIES + 4
+    assert judged == ["big-1"]
+    replay = store.sessions.replay("big-1")
+    assert [m["role"] for m in replay.messages[-3:]] == ["assistant", "toolResult", "assistant"]
+
+
+def test_control_the_late_parent_judged_alone_is_refused(
+    store, tmp_path: Path, chunked, monkeypatch: pytest.MonkeyPatch
+):
+    """Control for the test above: with the end's whole-tree judgment patched
+    to the fault found on the way, the import is refused, so it is that
+    judgment that lets the file in."""
+    records = _records(ENTRIES + 1)
+    records += [pi_big.entry(ENTRIES + k) for k in (2, 1, 3)]
+    monkeypatch.setattr(import_chunks, "CHUNK", ENTRIES + 2)
+    path = tmp_path / "late.jsonl"
+    _write(path, records)
+
+    def finish(self: Any, tx: Any) -> None:
+        if self.deferred is not None:
+            raise self.deferred
+
+    monkeypatch.setattr(import_chunks._Judge, "finish", finish)
+    with pytest.raises(ToolCallPairingError):
+        pi.import_file(store, path)
+    assert store.sessions.get("big-1") is None
+
+
+def test_a_grown_file_skips_its_stored_entries_chunk_by_chunk(store, tmp_path: Path, chunked):
+    """A file imported, grown, imported again: the stored entries are skipped
+    (found per chunk), the new ones added and judged under the stored ones."""
+    path = tmp_path / "big.jsonl"
+    pi_big.write(path, ENTRIES)
+    pi.import_file(store, path)
+    pi_big.append(path, ENTRIES, 2 * CHUNK + 8)
+    again = pi.import_file(store, path)
+    assert (again.result.added, again.result.skipped) == (2 * CHUNK + 8, ENTRIES)
+    assert store.sessions.get("big-1").entry_count == ENTRIES + 2 * CHUNK + 8
+    assert len(store.usage.list("big-1")) == (ENTRIES + 2 * CHUNK + 8) // 4
