@@ -14,8 +14,8 @@ import gzip
 import hashlib
 import os
 import zlib
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -24,8 +24,15 @@ import orjson
 
 from turnkeeper.spec.entries import validate_payload
 from turnkeeper.spec.errors import InvalidInputError, SessionFileError
-from turnkeeper.spec.records import ImportBatch, ImportResult, OpaqueRecord
+from turnkeeper.spec.records import (
+    ImportBatch,
+    ImportedSource,
+    ImportResult,
+    ImportStream,
+    OpaqueRecord,
+)
 from turnkeeper.storage.codec import check_id
+from turnkeeper.storage.protocol import Store
 
 from .pi_parse import Piece, split_line, split_lines, storable_text
 
@@ -114,6 +121,86 @@ def read_text(path: str | os.PathLike[str]) -> str:
         SessionFileError: a gzip file is corrupt or cut off (``line`` 0).
     """
     return _decode(Path(path).read_bytes(), path)
+
+
+def read_source(path: str | os.PathLike[str]) -> tuple[str, tuple[int, str]]:
+    """:func:`read_text` of the file at ``path`` and ``(bytes, sha256 hex)`` of
+    exactly the bytes it read (as :func:`file_digest` gives them): what an
+    import of that text records it read (``ImportBatch.read``).
+
+    Raises:
+        OSError: the file cannot be read.
+        SessionFileError: a gzip file is corrupt or cut off (``line`` 0).
+    """
+    data = Path(path).read_bytes()
+    return _decode(data, path), (len(data), hashlib.sha256(data).hexdigest())
+
+
+def first_records(path: str | os.PathLike[str]) -> Iterator[Any]:
+    """The JSON values of the records on the first :data:`DETECT_LINES` lines of
+    the file at ``path`` (gzipped or not), unparseable text passed over.
+
+    Raises:
+        OSError: the file cannot be read.
+        SessionFileError: a gzip file is corrupt (``line`` 0).
+    """
+    with open(path, "rb") as raw:
+        gz = raw.read(2) == GZIP_MAGIC
+    opener: Any = gzip.open if gz else open
+    try:
+        with opener(path, "rb") as stream:
+            for number, data in enumerate(stream, start=1):
+                if number > DETECT_LINES:
+                    return
+                text = data.decode("utf-8", "surrogateescape")
+                if number == 1:
+                    text = text.removeprefix("\ufeff")
+                for piece in split_line(text.rstrip("\r\n"), number):
+                    if piece.ok:
+                        yield piece.value
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise SessionFileError(os.fspath(path), 0, detail=f"bad gzip data: {exc}") from None
+
+
+def unchanged_source(
+    store: Store, path: str | os.PathLike[str], session_ids: Iterable[Any]
+) -> tuple[str, ImportedSource] | None:
+    """The first of ``session_ids`` (the sessions the file's first records say it
+    is, a value that is no id passed over) into which the last import of the
+    file at ``path`` (its resolved path) read the file as it is now (the same
+    size and sha256, ``store.sessions.imported_source``), with that record;
+    or ``None``. Reads the file's bytes once through a digest, only when a
+    record exists: memory does not grow with the file.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    source = os.path.realpath(path)
+    now: tuple[int, str] | None = None
+    for sid in session_ids:
+        if not isinstance(sid, str) or not sid:
+            continue
+        try:
+            known = store.sessions.imported_source(sid, source)
+        except InvalidInputError:
+            continue  # the full import reports what is wrong with it
+        if known is None:
+            continue
+        now = now or file_digest(path)
+        if now == (known.bytes, known.sha256):
+            return sid, known
+    return None
+
+
+def read_record(
+    parsed: ParsedFile, path: str | os.PathLike[str], read: tuple[int, str]
+) -> ParsedFile:
+    """``parsed`` with its batch's ``read``: the file at ``path`` (its resolved
+    path) read as ``read`` (``(bytes, sha256)``), with the batch's entries."""
+    entries = parsed.batch.entries
+    assert not isinstance(entries, ImportStream)  # a parsed text holds them all
+    done = ImportedSource(os.path.realpath(path), read[0], read[1], len(entries))
+    return replace(parsed, batch=replace(parsed.batch, read=done))
 
 
 def _decode(data: bytes, path: str | os.PathLike[str]) -> str:

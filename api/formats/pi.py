@@ -37,7 +37,7 @@ from typing import Any
 import orjson
 
 from turnkeeper.spec.entries import BASE_FIELDS, EntryKind
-from turnkeeper.spec.errors import InvalidInputError, SessionFileError, SessionNotFoundError
+from turnkeeper.spec.errors import SessionFileError, SessionNotFoundError
 from turnkeeper.spec.records import (
     ImportBatch,
     ImportedSource,
@@ -59,6 +59,7 @@ from ._rows import (
     opaque_records,
     sorted_issues,
     stream_lines,
+    unchanged_source,
 )
 from ._rows import LineIssue as LineIssue  # re-exported: it was defined here
 from ._rows import Row as _Row
@@ -453,13 +454,10 @@ def unchanged(store: Store, path: str | os.PathLike[str]) -> FileImport | None:
     sid, version = value.get("id"), value.get("version", 1)
     if not isinstance(sid, str) or not sid or version not in SUPPORTED_VERSIONS:
         return None
-    try:
-        known = store.sessions.imported_source(sid, os.path.realpath(path))
-    except InvalidInputError:
-        return None  # the full import reports what is wrong with it
-    if known is None or file_digest(path) != (known.bytes, known.sha256):
+    found = unchanged_source(store, path, [sid])
+    if found is None:
         return None
-    result = ImportResult(sid, False, 0, known.entries, 0, 0)
+    result = ImportResult(sid, False, 0, found[1].entries, 0, 0)
     return FileImport(os.fspath(path), sid, version, result, (), FORMAT, unchanged=True)
 
 
