@@ -73,13 +73,16 @@ def test_a_file_changed_in_the_middle_is_imported_whole(store, tmp_path: Path, p
 
 
 def test_a_grown_file_adds_its_new_entries_then_is_unchanged(store, tmp_path: Path, parses):
+    """Appended to, the file is read from where its last import stopped: its
+    header, then only the new lines (``test_import_tail.py``)."""
     path = tmp_path / "big.jsonl"
     pi_big.write(path, ENTRIES)
     pi.import_file(store, path)
     pi_big.append(path, ENTRIES, 8)
     parses.clear()
     grown = pi.import_file(store, path)
-    assert (grown.unchanged, grown.result.added) == (False, 8) and len(parses) > ENTRIES
+    assert (grown.unchanged, grown.result.added, grown.result.skipped) == (False, 8, ENTRIES)
+    assert parses == [1, 1, *range(ENTRIES + 2, ENTRIES + 10)]
     assert store.sessions.get("big-1").leaf_id == f"e{ENTRIES + 7:07x}"
     parses.clear()
     assert pi.import_file(store, path).unchanged and parses == [1]

@@ -148,9 +148,14 @@ def test_control_the_late_parent_judged_alone_is_refused(
     assert store.sessions.get("big-1") is None
 
 
-def test_a_grown_file_skips_its_stored_entries_chunk_by_chunk(store, tmp_path: Path, chunked):
-    """A file imported, grown, imported again: the stored entries are skipped
-    (found per chunk), the new ones added and judged under the stored ones."""
+def test_a_grown_file_skips_its_stored_entries_chunk_by_chunk(
+    store, tmp_path: Path, chunked, monkeypatch: pytest.MonkeyPatch
+):
+    """A file imported, grown, imported again whole (not only its new lines, as
+    a file grown in place is: ``test_import_tail.py``): the stored entries are
+    skipped (found per chunk), the new ones added and judged under the stored
+    ones."""
+    monkeypatch.setattr(pi, "_appended", lambda store, path, stream: None)
     path = tmp_path / "big.jsonl"
     pi_big.write(path, ENTRIES)
     pi.import_file(store, path)

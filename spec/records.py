@@ -319,6 +319,13 @@ class ImportStream(ABC):
         """What the last whole iteration read of the file (``ImportBatch.read``),
         or ``None`` when the file changed meanwhile."""
 
+    @property
+    def from_line(self) -> int:
+        """The first line of the file it reads (1; more when it reads only what
+        was appended since an import that read the lines before): the opaque
+        lines of the file stored before it are kept."""
+        return 1
+
 
 @dataclass(frozen=True, slots=True)
 class ImportBatch:

@@ -319,8 +319,34 @@ Progress = Callable[[int, int], None]
 file, of its compressed bytes)."""
 
 
+def prefix_digest(path: str | os.PathLike[str], size: int) -> tuple[str, int] | None:
+    """``(sha256 hex, lines)`` of the first ``size`` bytes of the plain (not
+    gzipped) file at ``path``, ``lines`` the newlines among them, when the
+    file is longer than that and those bytes end a line; else ``None``. Read
+    :data:`DIGEST_CHUNK` bytes at a time.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    h = hashlib.sha256()
+    lines, left, last = 0, size, b""
+    with open(path, "rb") as f:
+        if size < 1 or os.fstat(f.fileno()).st_size <= size or f.read(2) == GZIP_MAGIC:
+            return None
+        f.seek(0)
+        while left and (chunk := f.read(min(DIGEST_CHUNK, left))):
+            h.update(chunk)
+            lines += chunk.count(b"\n")
+            left -= len(chunk)
+            last = chunk[-1:]
+    return (h.hexdigest(), lines) if not left and last == b"\n" else None
+
+
 def stream_lines(
-    path: str | os.PathLike[str], progress: Progress | None = None
+    path: str | os.PathLike[str],
+    progress: Progress | None = None,
+    offset: int = 0,
+    first_line: int = 1,
 ) -> Iterator[tuple[int, str, list[Piece]]]:
     """``(line number, line text, pieces)`` for every non-blank line of the file
     at ``path``, as :func:`~.pi_parse.split_lines` gives them for its text
@@ -328,7 +354,9 @@ def stream_lines(
     the file. A gzipped file is read decompressed; a line that is not UTF-8
     keeps its bad bytes as surrogates (``surrogateescape``), as
     :func:`read_text` does. ``progress`` is told the bytes read every
-    :data:`PROGRESS_BYTES` and at the end.
+    :data:`PROGRESS_BYTES` and at the end. With ``offset`` (a plain file's
+    byte where a line starts, ``first_line`` its number), the file is read
+    from there.
 
     Raises:
         OSError: the file cannot be read.
@@ -336,13 +364,15 @@ def stream_lines(
     """
     with open(path, "rb") as raw:
         gz = raw.read(2) == GZIP_MAGIC
-        raw.seek(0)
+        if gz and offset:
+            raise ValueError("a gzipped file is read from its start")
+        raw.seek(offset)
         total = os.fstat(raw.fileno()).st_size
         stream: Any = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
-        told = 0
+        told = offset
         try:
             with stream:
-                for number, data in enumerate(stream, start=1):
+                for number, data in enumerate(stream, start=first_line):
                     if progress is not None and (done := raw.tell()) - told >= PROGRESS_BYTES:
                         told = done
                         progress(done, total)

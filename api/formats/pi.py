@@ -37,7 +37,7 @@ from typing import Any
 import orjson
 
 from turnkeeper.spec.entries import BASE_FIELDS, EntryKind
-from turnkeeper.spec.errors import SessionFileError, SessionNotFoundError
+from turnkeeper.spec.errors import InvalidInputError, SessionFileError, SessionNotFoundError
 from turnkeeper.spec.records import (
     ImportBatch,
     ImportedSource,
@@ -57,6 +57,7 @@ from ._rows import (
     file_digest,
     first_record,
     opaque_records,
+    prefix_digest,
     sorted_issues,
     stream_lines,
     unchanged_source,
@@ -330,7 +331,12 @@ class FileStream(ImportStream):
     the file's entry ids, never its entries. Made by :func:`open_stream`,
     which reads the header and ``created_at`` first. After a whole
     iteration, :attr:`issues` holds what it found (in line order) and
-    :attr:`read` what it read (``None`` if the file changed meanwhile)."""
+    :attr:`read` what it read (``None`` if the file changed meanwhile).
+
+    With ``tail`` (what an import read of the file before, and the line after
+    it), an iteration reads only the lines appended since: from that byte and
+    line, the header already known (:func:`import_file` checks that the
+    bytes before are the ones read then)."""
 
     def __init__(
         self,
@@ -338,8 +344,11 @@ class FileStream(ImportStream):
         scan: _Scan,
         created_at: datetime,
         progress: Progress | None = None,
+        tail: tuple[ImportedSource, int] | None = None,
     ) -> None:
         assert scan.reader is not None
+        self.tail = tail
+        self._scan = scan
         self.path = os.fspath(path)
         self.session_id = scan.reader.session_id
         self.version = scan.version
@@ -368,14 +377,23 @@ class FileStream(ImportStream):
         entries), or ``None`` when the file changed while it was read."""
         return self._read
 
+    @property
+    def from_line(self) -> int:
+        """The first line an iteration reads (1, or the tail's first)."""
+        return 1 if self.tail is None else self.tail[1]
+
     def __iter__(self) -> Iterator[ImportEntry]:
         self._leaf, self._opaque, self._read, self.issues = None, [], None, ()
         before = file_digest(self.path)
         scan = _Scan(self.path)
-        count = 0
-        for eid, parent, kind, ts, payload in _records(
-            stream_lines(self.path, self._progress), scan
-        ):
+        count, offset = 0, 0
+        if self.tail is not None:  # the header known: the reader starts at the tail
+            head = self._scan
+            scan = _Scan(self.path, head.header, head.version, head.first_line)
+            scan.reader = _Reader(self.path, self.session_id, self.version)
+            count, offset = self.tail[0].entries, self.tail[0].bytes
+        lines = stream_lines(self.path, self._progress, offset, self.from_line)
+        for eid, parent, kind, ts, payload in _records(lines, scan):
             yield ImportEntry(eid, parent, kind, ts or self.created_at, payload)
             self._leaf = eid
             count += 1
@@ -476,8 +494,12 @@ def import_file(
     (``Store.sessions.import_batch``). The import records what it read (the
     file's size and sha256, ``ImportBatch.read``), so a re-import of the
     unchanged file is not parsed at all (:func:`unchanged`: its
-    ``FileImport.unchanged`` is true); a file changed in any way since
-    (grown, cut or edited) is parsed and imported whole, as above.
+    ``FileImport.unchanged`` is true); a file changed otherwise since
+    (cut, or edited anywhere before its end) is parsed and imported whole,
+    as above; a file that has only grown since (a version 2 or 3 file, its
+    bytes read then unchanged and ending a line) is read from where the last
+    import stopped (:func:`_appended`), its new entries judged under the
+    stored ones (``result.skipped`` counts the entries read before).
 
     Raises:
         OSError: the file cannot be read.
@@ -491,6 +513,7 @@ def import_file(
     if same is not None:
         return same
     stream = open_stream(path, progress)
+    stream.tail = _appended(store, path, stream)
     batch = ImportBatch(
         stream.session_id,
         stream.cwd,
@@ -501,9 +524,37 @@ def import_file(
         source=os.fspath(path),
     )
     result = store.sessions.import_batch(batch)
+    if stream.tail is not None:  # the entries read before: in the file, and stored
+        result = replace(result, skipped=result.skipped + stream.tail[0].entries)
     return FileImport(
         os.fspath(path), stream.session_id, stream.version, result, stream.issues, FORMAT
     )
+
+
+def _appended(
+    store: Store, path: str | os.PathLike[str], stream: FileStream
+) -> tuple[ImportedSource, int] | None:
+    """What the last import of the file read (``sessions.imported_source``) and
+    the first line after it, when the file has only grown since: longer, its
+    bytes up to there the same (their sha256) and ending a line. ``None``
+    for any other change, and for a version 1 file (its ids count every
+    record from the header) or a gzipped one.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    if stream.version < 2:
+        return None
+    try:
+        known = store.sessions.imported_source(stream.session_id, os.path.realpath(path))
+    except InvalidInputError:
+        return None
+    if known is None:
+        return None
+    prefix = prefix_digest(path, known.bytes)
+    if prefix is None or prefix[0] != known.sha256:
+        return None
+    return known, prefix[1] + 1
 
 
 def _dumps(value: Mapping[str, Any]) -> str:

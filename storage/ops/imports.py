@@ -42,6 +42,7 @@ def import_rows(
     source: str,
     lease: Lease | None = None,
     sub_agent_of: str | None = None,
+    from_line: int = 1,
 ) -> tuple[bool, int, int, int, int]:
     """Insert the entries of an imported file that the session lacks, and the
     usage its assistant messages carry that the session has not recorded.
@@ -58,7 +59,8 @@ def import_rows(
     opaque_added, usage_added)``. A ``lease`` is fenced, also when the
     import creates the session; without one, an existing session must be
     unheld. ``sub_agent_of`` links a session the import creates to its parent
-    (an existing session keeps its link).
+    (an existing session keeps its link). ``from_line``: the first line of
+    the file the rows were read from (the opaque lines before it are kept).
 
     Raises:
         LeaseLostError, BusyError: as for an append.
@@ -132,8 +134,8 @@ def import_rows(
         current = [o[0] for o in lines]
         tx.exec(
             "DELETE FROM opaque_records WHERE session_id = ? AND source = ? "
-            "AND line <> ALL(?::BIGINT[])",
-            [session_id, source, current],
+            "AND line >= ? AND line <> ALL(?::BIGINT[])",
+            [session_id, source, from_line, current],
         )
         have_lines &= set(current)
     fresh = [o for o in lines if o[0] not in have_lines]
@@ -264,6 +266,7 @@ class ImportsPart(Area):
                 source,
                 lease,
                 batch.sub_agent_of,
+                1 if stream is None else stream.from_line,
             )
             read = batch.read if stream is None else stream.read
             if read is not None:
