@@ -6,13 +6,19 @@ store, and the import stays all or nothing. What is asserted is counted
 
 from __future__ import annotations
 
+import io
+import re
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pi_big
 import pytest
+from click.testing import CliRunner
+from rich.console import Console
 
+from turnkeeper.cli import transfer
+from turnkeeper.cli.main import cli
 from turnkeeper.formats import _rows, pi, pi_parse
 from turnkeeper.spec.errors import ToolCallPairingError
 from turnkeeper.storage.ops import import_chunks
@@ -164,3 +170,36 @@ def test_a_grown_file_skips_its_stored_entries_chunk_by_chunk(
     assert (again.result.added, again.result.skipped) == (2 * CHUNK + 8, ENTRIES)
     assert store.sessions.get("big-1").entry_count == ENTRIES + 2 * CHUNK + 8
     assert len(store.usage.list("big-1")) == (ENTRIES + 2 * CHUNK + 8) // 4
+
+
+def test_the_cli_draws_the_bytes_read_of_a_file_on_a_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """On a terminal, a bar counts the bytes read of the file as it is read
+    (every ``PROGRESS_BYTES``, here 64 KiB), up to its size; with --json, or
+    when stderr is no terminal, nothing is drawn."""
+    screens: list[io.StringIO] = []
+
+    def terminal() -> Console:
+        screens.append(io.StringIO())
+        return Console(file=screens[-1], force_terminal=True, width=160)
+
+    monkeypatch.setattr(transfer, "stderr_console", terminal)
+    monkeypatch.setattr(_rows, "PROGRESS_BYTES", 1 << 16)
+    monkeypatch.chdir(tmp_path)  # a short path: the columns keep their room
+    path = Path("big.jsonl")
+    size = pi_big.write(path, 2000)  # 718 kB
+    runner = CliRunner()
+    shown = runner.invoke(cli, ["import", str(path), "--db", str(tmp_path / "a.duckdb")])
+    assert shown.exit_code == 0, shown.output
+    steps = re.findall(r"([\d.]+)/([\d.]+) kB", screens[-1].getvalue())
+    total = f"{size / 1000:.1f}"
+    assert {t for _, t in steps} == {total}
+    read = sorted({float(done) for done, _ in steps})
+    assert len(read) >= size // (1 << 16) and read[-1] == float(total)
+    assert "added 2000" in shown.stdout
+    quiet = runner.invoke(cli, ["import", str(path), "--db", str(tmp_path / "b.duckdb"), "--json"])
+    assert quiet.exit_code == 0 and screens[-1].getvalue() == ""
+    monkeypatch.setattr(transfer, "stderr_console", lambda: Console(file=io.StringIO()))
+    plain = runner.invoke(cli, ["import", str(path), "--db", str(tmp_path / "c.duckdb")])
+    assert plain.exit_code == 0 and "kB" not in plain.stderr
