@@ -203,3 +203,38 @@ def test_the_cli_draws_the_bytes_read_of_a_file_on_a_terminal(
     monkeypatch.setattr(transfer, "stderr_console", lambda: Console(file=io.StringIO()))
     plain = runner.invoke(cli, ["import", str(path), "--db", str(tmp_path / "c.duckdb")])
     assert plain.exit_code == 0 and "kB" not in plain.stderr
+
+
+def test_a_fault_grown_into_a_stored_session_is_raised_at_the_end(
+    store, tmp_path: Path, chunked, monkeypatch: pytest.MonkeyPatch
+):
+    """Into a session that held entries (a later entry might still supply a
+    stored one's missing parent), a fault is raised once the file is read:
+    nothing of this import is stored, the session stays as it was, and no
+    entry after the fault is judged (each would read its whole branch)."""
+    monkeypatch.setattr(pi, "_appended", lambda store, path, stream: None)
+    path = tmp_path / "big.jsonl"
+    pi_big.write(path, ENTRIES)
+    pi.import_file(store, path)
+    records = _records(ENTRIES)
+    records.append(
+        {
+            **pi_big.entry(ENTRIES),
+            "message": {"role": "toolResult", "toolCallId": "nowhere", "content": []},
+        }
+    )
+    records += [pi_big.entry(ENTRIES + k) for k in range(1, 2 * CHUNK)]
+    _write(path, records)
+    judged: list[str] = []
+    real = import_chunks.pairing_checks.check
+
+    def spy(tx: Any, session_id: str, parent: Any, seq: int, new: Any, known: Any = None) -> Any:
+        judged.append(new[0].id)
+        return real(tx, session_id, parent, seq, new, known)
+
+    monkeypatch.setattr(import_chunks.pairing_checks, "check", spy)
+    with pytest.raises(ToolCallPairingError) as raised:
+        pi.import_file(store, path)
+    assert raised.value.reason == "unpaired"
+    assert judged == [f"e{ENTRIES:07x}"]
+    assert store.sessions.get("big-1").entry_count == ENTRIES

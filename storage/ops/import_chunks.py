@@ -127,6 +127,8 @@ class _Judge:
         if entry_id in self.missing:  # it supplies a parent: branches change
             self.supplied = True
             return
+        if self.deferred is not None:  # refused at the end, or the whole tree judged
+            return
         here = Opening(None, seq) if here is None else replace(here, next_seq=seq)
         new = Entry(self.session_id, entry_id, parent, kind, seq, ts, payload_of(row))
         try:
