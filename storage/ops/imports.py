@@ -217,6 +217,14 @@ class ImportsPart(Area):
         missing parent. Entries with the store's ids of runs that ended (an
         exported session's) import as they are.
 
+        ``batch.entries`` may be an :class:`~turnkeeper.spec.records.ImportStream`
+        (``turnkeeper.formats.pi`` makes one per file): its entries are read
+        as they are stored, 2,000 at a time (``storage/ops/import_chunks.py``
+        ``CHUNK``), each checked, stored and judged in the one transaction, so
+        memory holds a chunk, not the file; a refusal, or an error the stream
+        raises (``SessionFileError``, ``OSError``), rolls back everything.
+        Its ``leaf_id``, ``opaque`` and ``read`` replace the batch's.
+
         Raises:
             ToolCallPairingError: the entries break the tool-call pairing
                 (``ToolCallsUnansweredError`` among them); nothing is written.
@@ -225,7 +233,8 @@ class ImportsPart(Area):
             EntryIdReservedError: an entry takes, or hangs under, an id of the
                 session's run that has not ended (``reason`` ``"run"``, ``by``
                 the run); nothing is written.
-            InvalidInputError: an entry or header is not storable.
+            InvalidInputError: an entry or header is not storable, or two
+                entries share an id; nothing is written.
             LeaseLostError: ``lease`` is no longer valid (nothing is written,
                 not even a new session).
             BusyError: no ``lease`` given and someone holds the session.
@@ -285,8 +294,9 @@ class ImportsPart(Area):
         entries), or ``None`` when none recorded it (an import by an older
         turnkeeper, or of another path). An importer reads this before parsing:
         a file whose size and digest match was imported whole and adds nothing
-        (``turnkeeper.formats.pi.import_file`` skips it). Deleting the session
-        deletes it.
+        (``turnkeeper.formats`` skips a pi, Claude Code or Codex file so), and
+        a pi file whose first ``bytes`` still hash to ``sha256`` has only grown
+        (its import reads from there). Deleting the session deletes it.
 
         Raises:
             InvalidInputError: a bad ``session_id`` or ``source``.
