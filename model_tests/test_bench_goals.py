@@ -42,3 +42,19 @@ def test_an_unmeasured_figure_judges_nothing() -> None:
         for line in lines
         if line.startswith("| ") and "---" not in line and not line.startswith("| goal |")
     ) and not any(line.startswith("- ") for line in lines)
+
+
+def test_the_import_memory_goal_judges_the_memory_beyond_duckdbs_floor() -> None:
+    """The goal reads the import's own peak RSS beyond DuckDB's floor for the
+    same uncommitted rows (``own_mib``), not the whole peak, which grows with
+    the file through DuckDB's transaction (``reports/bench_cli.py``)."""
+
+    def size(peak: float, own: float) -> dict:
+        return {"peak_rss_mib": {"median": peak}, "own_mib": {"median": own}}
+
+    cli = {"rss_by_size": {"small": size(210.7, 8.9), "big": size(392.7, 4.5)}}
+    row = _row(_rows({"cli": cli}, {}), "pi import memory bounded")
+    assert "| 0.51× (≤ 1.5×: met) | — |" in row, row
+    cli["rss_by_size"]["big"] = size(392.7, 18.0)
+    row = _row(_rows({"cli": cli}, {}), "pi import memory bounded")
+    assert "2.02× (≤ 1.5×: NOT met)" in row, row

@@ -73,13 +73,16 @@ def test_a_file_changed_in_the_middle_is_imported_whole(store, tmp_path: Path, p
 
 
 def test_a_grown_file_adds_its_new_entries_then_is_unchanged(store, tmp_path: Path, parses):
+    """Appended to, the file is read from where its last import stopped: its
+    header, then only the new lines (``test_import_tail.py``)."""
     path = tmp_path / "big.jsonl"
     pi_big.write(path, ENTRIES)
     pi.import_file(store, path)
     pi_big.append(path, ENTRIES, 8)
     parses.clear()
     grown = pi.import_file(store, path)
-    assert (grown.unchanged, grown.result.added) == (False, 8) and len(parses) > ENTRIES
+    assert (grown.unchanged, grown.result.added, grown.result.skipped) == (False, 8, ENTRIES)
+    assert parses == [1, 1, *range(ENTRIES + 2, ENTRIES + 10)]
     assert store.sessions.get("big-1").leaf_id == f"e{ENTRIES + 7:07x}"
     parses.clear()
     assert pi.import_file(store, path).unchanged and parses == [1]
@@ -87,7 +90,9 @@ def test_a_grown_file_adds_its_new_entries_then_is_unchanged(store, tmp_path: Pa
 
 def test_a_deleted_session_is_no_longer_unchanged(store, tmp_path: Path, parses):
     """The record goes with the session: a re-import after a delete is the full
-    path's, which refuses the deleted session's id."""
+    path's, which refuses the deleted session's id (as it creates the session,
+    before it reads the entries: the skip read the header line, then the
+    full path read it again, and nothing more)."""
     path = tmp_path / "small.jsonl"
     pi_big.write(path, 8)
     pi.import_file(store, path)
@@ -96,7 +101,7 @@ def test_a_deleted_session_is_no_longer_unchanged(store, tmp_path: Path, parses)
     parses.clear()
     with pytest.raises(SessionIDExistsError):
         pi.import_file(store, path)
-    assert len(parses) > 8
+    assert parses == [1, 1]
 
 
 def test_the_cli_says_a_file_is_unchanged(tmp_path: Path):
@@ -192,4 +197,4 @@ def test_control_without_the_check_a_reimport_reads_every_line(
     parses.clear()
     again = pi.import_file(store, path)
     assert (again.unchanged, again.result.added) == (False, 0)
-    assert len(parses) == ENTRIES + 1
+    assert len(parses) == ENTRIES + 2  # the header read first, then every line

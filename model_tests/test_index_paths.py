@@ -146,7 +146,7 @@ SESSION_READS = {
     _lit("SELECT line FROM opaque_records WHERE session_id = ?"): "an import: the lines it kept",
     _lit(
         "DELETE FROM opaque_records WHERE session_id = ? AND source = ? "
-        "AND line <> ALL(?::BIGINT[])"
+        "AND line >= ? AND line <> ALL(?::BIGINT[])"
     ): "a re-import: the file's kept lines that now parse",
     _lit(
         "SELECT source, line, raw, reason FROM opaque_records WHERE session_id = ? ORDER BY line"

@@ -18,7 +18,7 @@ from usage_expected import Expected, expected_file, expected_usage
 import turnkeeper
 from turnkeeper.formats import pi
 from turnkeeper.spec import errors
-from turnkeeper.storage.ops import imports
+from turnkeeper.storage.ops import import_chunks, imports
 
 CORPUS_FILES = [
     "pi-mono-zig_v3_2026-05-17T13-51-26-739Z_019e3634-be13-7330-a2a4-ffab205872d1.jsonl",
@@ -90,7 +90,9 @@ def test_a_file_imported_before_usage_was_recorded_gets_it_on_its_next_import(
     import read, recorded since schema 30); the next import, unpatched,
     records every message's usage from the stored entries."""
     path = pi_dir / CORPUS_FILES[0]
-    monkeypatch.setattr(imports.usage, "import_usage", lambda tx, sid, entries: 0)
+    monkeypatch.setattr(
+        import_chunks.usage, "import_usage", lambda tx, sid, entries, responses=None: 0
+    )
     monkeypatch.setattr(imports, "record_source", lambda tx, sid, read: None)
     done = pi.import_file(store, path)
     assert store.usage.list(done.session_id) == []

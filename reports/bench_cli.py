@@ -15,7 +15,14 @@ it, around the call):
 
 Import memory is also measured for files of :data:`SMALL` and :data:`ENTRIES`
 entries (``rss_by_size``), in children that import only, so its growth with
-the file's size shows. Measured, never asserted. ``python reports/bench_cli.py``
+the file's size shows, each beside its floor: a child that only inserts the
+file's lines as entries into the same store's ``entries`` table, in chunks
+of the import's ``CHUNK`` in one transaction, with the same statements
+(``tx.insert_rows``), parsing and judging nothing (``duckdb_floor_mib``):
+what DuckDB itself holds for a transaction of that many uncommitted rows,
+which an all-or-nothing import cannot go below. The import's own memory is
+its peak beyond that floor (``own_mib``): the goal row judges its growth.
+Measured, never asserted. ``python reports/bench_cli.py``
 runs this section alone and prints it as JSON; ``TURNKEEPER_BENCH_CLI_ENTRIES``
 sets the size (CI runs it small), ``TURNKEEPER_BENCH_REPS`` the repetitions.
 """
@@ -70,6 +77,36 @@ with turnkeeper.open_store(sys.argv[1]) as store:
 print(json.dumps({"seconds": seconds, "added": done.result.added, "unchanged": done.unchanged}))
 """
 )
+
+
+_FLOOR = (
+    _HWM
+    + """
+import datetime, json, sys
+import turnkeeper
+from turnkeeper.storage.ops.entry_rows import ENTRY_COLUMNS
+from turnkeeper.storage.ops.import_chunks import CHUNK
+now = datetime.datetime.now(datetime.timezone.utc)
+def body(tx):
+    rows = 0
+    with open(sys.argv[2], "rb") as f:
+        next(f)  # the header
+        chunk = []
+        for seq, line in enumerate(f, 1):
+            text = line.decode("utf-8").rstrip("\\n")
+            chunk.append(("floor", f"e{seq:07x}", None, "message", seq, now, text, None, now))
+            if len(chunk) == CHUNK:
+                tx.insert_rows("entries", ENTRY_COLUMNS, chunk)
+                rows, chunk = rows + len(chunk), []
+        tx.insert_rows("entries", ENTRY_COLUMNS, chunk)
+        return rows + len(chunk)
+with turnkeeper.open_store(sys.argv[1]) as store:
+    rows = store.db.write("floor", body)
+print(json.dumps({"rows": rows}))
+"""
+)
+"""The floor of an import's memory (see the module docstring): the file's lines
+inserted as entries, in one transaction, nothing parsed or judged."""
 
 
 def _child(args: list[str], first_line: bool = False) -> dict[str, Any]:
@@ -145,11 +182,21 @@ def big_session(folder: str) -> dict[str, Any]:
     small_size = pi_big.write(small, SMALL)
     by_size = {}
     for name, p, n, b in (("small", small, SMALL, small_size), ("big", path, ENTRIES, size)):
-        rss = [_import(f"{folder}/rss-{name}-{k}.duckdb", p)["peak_rss"] for k in range(REPS)]
+        rss, floor, own = [], [], []
+        for k in range(REPS):  # the floor interleaved with the import it bounds
+            db = f"{folder}/rss-{name}-{k}"
+            got = _import(f"{db}.duckdb", p)["peak_rss"] / 2**20
+            base = _child([sys.executable, "-c", _FLOOR, f"{db}-floor.duckdb", p])
+            assert base["rows"] == n, base
+            rss.append(got)
+            floor.append(base["peak_rss"] / 2**20)
+            own.append(got - floor[-1])
         by_size[name] = {
             "entries": n,
             "mb": round(b / 1e6, 1),
-            "peak_rss_mib": _spread([r / 2**20 for r in rss], 1),
+            "peak_rss_mib": _spread(rss, 1),
+            "duckdb_floor_mib": _spread(floor, 1),
+            "own_mib": _spread(own, 1),
         }
     return {
         "entries": ENTRIES,
@@ -174,7 +221,7 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str]]:
 
     n, mb = f"{result['entries']:,}", result["file_mb"]
     by = result["rss_by_size"]
-    return [
+    out = [
         (f"pi import, {n} entries ({mb} MB): first import", cell(result["first_import_s"], " s")),
         (f"pi import, {n} entries: no-op re-import", cell(result["noop_reimport_s"], " s")),
         (
@@ -190,6 +237,22 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str]]:
             f"{cell(by['small']['peak_rss_mib'], ' MiB')} vs "
             f"{cell(by['big']['peak_rss_mib'], ' MiB')}",
         ),
+    ]
+    if "own_mib" in by["big"]:  # measured since the import reads a chunk at a time
+        out += [
+            (
+                f"DuckDB floor (the file's rows inserted in one transaction), "
+                f"{by['small']['mb']} MB vs {by['big']['mb']} MB file",
+                f"{cell(by['small']['duckdb_floor_mib'], ' MiB')} vs "
+                f"{cell(by['big']['duckdb_floor_mib'], ' MiB')}",
+            ),
+            (
+                f"pi import peak RSS beyond the floor, {by['small']['mb']} MB vs "
+                f"{by['big']['mb']} MB file",
+                f"{cell(by['small']['own_mib'], ' MiB')} vs {cell(by['big']['own_mib'], ' MiB')}",
+            ),
+        ]
+    out += [
         (
             f"sessions show, {n} entries: first entry printed",
             cell(result["show_first_entry_s"], " s"),
@@ -197,6 +260,7 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str]]:
         (f"sessions show, {n} entries: all printed", cell(result["show_total_s"], " s")),
         (f"sessions show, {n} entries: peak RSS", cell(result["show_peak_rss_mib"], " MiB")),
     ]
+    return out
 
 
 def main() -> int:

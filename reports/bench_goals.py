@@ -40,8 +40,10 @@ def _get(b: dict[str, Any], *path: str) -> float | None:
 
 
 def _rss_growth(b: dict[str, Any]) -> float | None:
-    big = _get(b, "cli", "rss_by_size", "big", "peak_rss_mib", "median")
-    small = _get(b, "cli", "rss_by_size", "small", "peak_rss_mib", "median")
+    """The import's own peak RSS (beyond DuckDB's floor for the same uncommitted
+    rows, ``reports/bench_cli.py``) for the 10× bigger file / the smaller's."""
+    big = _get(b, "cli", "rss_by_size", "big", "own_mib", "median")
+    small = _get(b, "cli", "rss_by_size", "small", "own_mib", "median")
     return None if big is None or not small else round(big / small, 2)
 
 
@@ -109,14 +111,16 @@ GOALS = [
         "",
     ),
     Goal(
-        "pi import memory bounded, not grown with the file: peak RSS importing a 10× bigger "
-        "file / the smaller file's",
+        "pi import memory bounded, not grown with the file: the import's own peak RSS "
+        "(beyond DuckDB's floor for the same uncommitted rows) importing a 10× bigger file "
+        "/ the smaller file's",
         {"duckdb": 1.5, "postgres": None},
         True,
         _rss_growth,
         "×",
-        "the import holds every new entry of the file for its one-transaction check of the "
-        "tool-call pairing; a constant bound needs that check made incrementally or in SQL",
+        "the import holds a chunk of 2,000 entries and the calls open at the last 4,000, "
+        "but also the file's entry ids (to keep a duplicate id as an opaque line, as pi "
+        "drops it), about 100 bytes an entry",
     ),
     Goal(
         "sessions show of a 200,000-entry session: seconds to the first entry",

@@ -6,7 +6,8 @@ checkpoint state, agent identity) are plain ``dict``/``list``/scalar values.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -286,15 +287,59 @@ class ImportedSource:
     entries: int
 
 
+class ImportStream(ABC):
+    """A session file's entries read while they are imported, never all held
+    (``ImportBatch.entries``; ``turnkeeper.formats.pi`` makes one per file).
+
+    The store iterates it once per attempt of the import's transaction, in
+    chunks (``storage/ops/import_chunks.py``), and each iteration reads the
+    file again from its start. Once an iteration has ended, :attr:`leaf_id`,
+    :attr:`opaque` and :attr:`read` say what that iteration read; the store
+    takes them in place of the batch's own fields. An iteration that cannot
+    go on raises (``SessionFileError``, ``OSError``): the import's
+    transaction is rolled back and nothing is written."""
+
+    @abstractmethod
+    def __iter__(self) -> Iterator[ImportEntry]:
+        """The entries, in file order, read from the file's start."""
+
+    @property
+    @abstractmethod
+    def leaf_id(self) -> str | None:
+        """The leaf the last whole iteration found (pi: its last entry)."""
+
+    @property
+    @abstractmethod
+    def opaque(self) -> Sequence[OpaqueRecord]:
+        """The unparseable lines the last whole iteration kept."""
+
+    @property
+    @abstractmethod
+    def read(self) -> ImportedSource | None:
+        """What the last whole iteration read of the file (``ImportBatch.read``),
+        or ``None`` when the file changed meanwhile."""
+
+    @property
+    def from_line(self) -> int:
+        """The first line of the file it reads (1; more when it reads only what
+        was appended since an import that read the lines before): the opaque
+        lines of the file stored before it are kept."""
+        return 1
+
+
 @dataclass(frozen=True, slots=True)
 class ImportBatch:
-    """A whole session file, parsed: header facts, entries in file order, the leaf."""
+    """A whole session file, parsed: header facts, entries in file order, the leaf.
+
+    ``entries`` is a sequence, or an :class:`ImportStream` read as it is
+    imported (its ``leaf_id``, ``opaque`` and ``read`` then replace the
+    batch's, which are left empty)."""
 
     session_id: str
     cwd: str
     created_at: datetime
     header: Mapping[str, JSON]
-    entries: Sequence[ImportEntry]
+    entries: Sequence[ImportEntry] | ImportStream
     leaf_id: str | None
     opaque: Sequence[OpaqueRecord] = ()
     source: str = ""

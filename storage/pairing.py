@@ -241,17 +241,28 @@ def walk(path: Sequence[Entry]) -> tuple[Context, list[Fault], int]:
     last_reset = 0
     for i, entry in enumerate(path):
         if entry.kind == EntryKind.COMPACTION:
-            context = Context()
             last_reset = len(faults)
             first_kept = entry.payload.get("firstKeptEntryId")
             start = next((k for k in range(i) if path[k].id == first_kept), i)
-            for kept in path[start:i]:
-                for fault in context.add(kept):
-                    reason = "unanswered" if fault.reason == "unanswered" else "cut"
-                    faults.append(Fault(entry.id, fault.tool_call_id, reason, kept.id))
+            context, kept_faults = restart(entry, path[start:i])
+            faults += kept_faults
             continue
         faults += context.add(entry)
     return context, faults, last_reset
+
+
+def restart(compaction: Entry, kept: Sequence[Entry]) -> tuple[Context, list[Fault]]:
+    """The context a compaction starts (replay starts afresh from its kept tail,
+    ``kept``: the branch from its ``firstKeptEntryId`` to its parent, or
+    nothing when that id is not on its branch) and the faults of that tail,
+    each the compaction's (``cut`` for a result's, else its own reason)."""
+    context = Context()
+    faults: list[Fault] = []
+    for entry in kept:
+        for fault in context.add(entry):
+            reason = "unanswered" if fault.reason == "unanswered" else "cut"
+            faults.append(Fault(compaction.id, fault.tool_call_id, reason, entry.id))
+    return context, faults
 
 
 def unanswered_calls(

@@ -9,12 +9,16 @@ from typing import Any
 import click
 from rich.progress import (
     BarColumn,
+    DownloadColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     SpinnerColumn,
+    Task,
     TextColumn,
     TimeElapsedColumn,
 )
+from rich.text import Text
 
 from turnkeeper import formats
 from turnkeeper.formats import FileImport, pi
@@ -52,15 +56,29 @@ def _file_dict(fi: FileImport) -> dict[str, Any]:
     }
 
 
+class _Count(ProgressColumn):
+    """Files imported of all (``3/10``), or for a file's own task (its field
+    ``bytes``) the bytes read of it (``12.3/71.8 MB``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._files = MofNCompleteColumn()
+        self._bytes = DownloadColumn()
+
+    def render(self, task: Task) -> Text:
+        return (self._bytes if task.fields.get("bytes") else self._files).render(task)
+
+
 def _progress(shown: bool) -> Progress:
-    """A progress bar of files imported, on stderr, shown only when ``shown``
-    and stderr is a terminal (the current file's name beside it)."""
+    """A progress bar of files imported, and one of the bytes read of the file
+    being read, on stderr, shown only when ``shown`` and stderr is a
+    terminal (the current file's name beside them)."""
     console = stderr_console()
     return Progress(
         SpinnerColumn(),
         TextColumn("[bold]importing"),
         BarColumn(),
-        MofNCompleteColumn(),
+        _Count(),
         TextColumn("{task.description}", markup=False),
         TimeElapsedColumn(),
         console=console,
@@ -124,6 +142,21 @@ def _import_database(store: Any, path: str, bar: Progress, task: Any, as_json: b
     return import_database(store, path, echo=echo, quiet=as_json, progress=progress)
 
 
+def _import_file(store: Any, path: str, bar: Progress) -> FileImport:
+    """``formats.import_file``, the bytes it reads of the file drawn as a bar of
+    their own (redrawn at once, so that each step shows), removed after."""
+    task = bar.add_task(path, total=None, bytes=True)
+
+    def progress(done: int, total: int) -> None:
+        bar.update(task, completed=done, total=total)
+        bar.refresh()
+
+    try:
+        return formats.import_file(store, path, progress=progress)
+    finally:
+        bar.remove_task(task)
+
+
 @click.command("import")
 @click.argument(
     "paths",
@@ -146,8 +179,9 @@ def import_command(ctx: click.Context, paths: tuple[str, ...], db: str, as_json:
     Prints one line per file (path, session id, format and version, entries
     added and skipped, usage records of assistant messages added) and every
     repaired, opaque, unknown or unresolved row as an issue line
-    ``path:line: kind: detail`` on stderr; a progress bar on stderr when it
-    is a terminal (none with --json). A path that does not exist, is a
+    ``path:line: kind: detail`` on stderr; progress bars on stderr when it
+    is a terminal (none with --json): files imported, and bytes read of a
+    pi file as it is read. A path that does not exist, is a
     directory or cannot be read is refused before anything is imported (exit
     2). A file whose content cannot be imported (a format no importer knows
     among them) is reported on stderr and the others continue; exits 1 if
@@ -164,7 +198,7 @@ def import_command(ctx: click.Context, paths: tuple[str, ...], db: str, as_json:
                     imported.append(_import_database(store, path, bar, task, as_json))
                     bar.advance(task)
                     continue
-                fi = formats.import_file(store, path)
+                fi = _import_file(store, path, bar)
             except STORE_ERRORS:
                 raise
             except FILE_ERRORS as exc:

@@ -63,17 +63,26 @@ def detect(path: str | _os.PathLike[str]) -> str:
     )
 
 
-def import_file(store: _Store, path: str | _os.PathLike[str]) -> FileImport:
+def import_file(
+    store: _Store,
+    path: str | _os.PathLike[str],
+    *,
+    progress: _Callable[[int, int], None] | None = None,
+) -> FileImport:
     """Import the session file at ``path`` with the importer of its format
     (:func:`detect`): :func:`.pi.import_file`, :func:`.claude_code.import_file`
     or :func:`.codex.import_file`; returns its :class:`FileImport`.
+    ``progress`` is told ``(bytes read, bytes in all)`` as a pi file is read.
 
     Raises:
         SessionFormatUnknownError: no importer knows the file; nothing is written.
         OSError, SessionFileError, ToolCallPairingError, EntryCycleError,
         EntryIdReservedError, DatabaseError: as the format's importer.
     """
-    return _IMPORTERS[detect(path)](store, path)
+    found = detect(path)
+    if found == "pi":
+        return pi.import_file(store, path, progress=progress)
+    return _IMPORTERS[found](store, path)
 
 
 __all__ = ["FORMATS", "FileImport", "LineIssue", "detect", "import_file"]

@@ -14,8 +14,8 @@ import gzip
 import hashlib
 import os
 import zlib
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -24,8 +24,15 @@ import orjson
 
 from turnkeeper.spec.entries import validate_payload
 from turnkeeper.spec.errors import InvalidInputError, SessionFileError
-from turnkeeper.spec.records import ImportBatch, ImportResult, OpaqueRecord
+from turnkeeper.spec.records import (
+    ImportBatch,
+    ImportedSource,
+    ImportResult,
+    ImportStream,
+    OpaqueRecord,
+)
 from turnkeeper.storage.codec import check_id
+from turnkeeper.storage.protocol import Store
 
 from .pi_parse import Piece, split_line, split_lines, storable_text
 
@@ -114,6 +121,86 @@ def read_text(path: str | os.PathLike[str]) -> str:
         SessionFileError: a gzip file is corrupt or cut off (``line`` 0).
     """
     return _decode(Path(path).read_bytes(), path)
+
+
+def read_source(path: str | os.PathLike[str]) -> tuple[str, tuple[int, str]]:
+    """:func:`read_text` of the file at ``path`` and ``(bytes, sha256 hex)`` of
+    exactly the bytes it read (as :func:`file_digest` gives them): what an
+    import of that text records it read (``ImportBatch.read``).
+
+    Raises:
+        OSError: the file cannot be read.
+        SessionFileError: a gzip file is corrupt or cut off (``line`` 0).
+    """
+    data = Path(path).read_bytes()
+    return _decode(data, path), (len(data), hashlib.sha256(data).hexdigest())
+
+
+def first_records(path: str | os.PathLike[str]) -> Iterator[Any]:
+    """The JSON values of the records on the first :data:`DETECT_LINES` lines of
+    the file at ``path`` (gzipped or not), unparseable text passed over.
+
+    Raises:
+        OSError: the file cannot be read.
+        SessionFileError: a gzip file is corrupt (``line`` 0).
+    """
+    with open(path, "rb") as raw:
+        gz = raw.read(2) == GZIP_MAGIC
+    opener: Any = gzip.open if gz else open
+    try:
+        with opener(path, "rb") as stream:
+            for number, data in enumerate(stream, start=1):
+                if number > DETECT_LINES:
+                    return
+                text = data.decode("utf-8", "surrogateescape")
+                if number == 1:
+                    text = text.removeprefix("\ufeff")
+                for piece in split_line(text.rstrip("\r\n"), number):
+                    if piece.ok:
+                        yield piece.value
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise SessionFileError(os.fspath(path), 0, detail=f"bad gzip data: {exc}") from None
+
+
+def unchanged_source(
+    store: Store, path: str | os.PathLike[str], session_ids: Iterable[Any]
+) -> tuple[str, ImportedSource] | None:
+    """The first of ``session_ids`` (the sessions the file's first records say it
+    is, a value that is no id passed over) into which the last import of the
+    file at ``path`` (its resolved path) read the file as it is now (the same
+    size and sha256, ``store.sessions.imported_source``), with that record;
+    or ``None``. Reads the file's bytes once through a digest, only when a
+    record exists: memory does not grow with the file.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    source = os.path.realpath(path)
+    now: tuple[int, str] | None = None
+    for sid in session_ids:
+        if not isinstance(sid, str) or not sid:
+            continue
+        try:
+            known = store.sessions.imported_source(sid, source)
+        except InvalidInputError:
+            continue  # the full import reports what is wrong with it
+        if known is None:
+            continue
+        now = now or file_digest(path)
+        if now == (known.bytes, known.sha256):
+            return sid, known
+    return None
+
+
+def read_record(
+    parsed: ParsedFile, path: str | os.PathLike[str], read: tuple[int, str]
+) -> ParsedFile:
+    """``parsed`` with its batch's ``read``: the file at ``path`` (its resolved
+    path) read as ``read`` (``(bytes, sha256)``), with the batch's entries."""
+    entries = parsed.batch.entries
+    assert not isinstance(entries, ImportStream)  # a parsed text holds them all
+    done = ImportedSource(os.path.realpath(path), read[0], read[1], len(entries))
+    return replace(parsed, batch=replace(parsed.batch, read=done))
 
 
 def _decode(data: bytes, path: str | os.PathLike[str]) -> str:
@@ -224,15 +311,52 @@ def _split_detail(found: list[Piece]) -> str:
     return f"line split into {len(found)} parts, {bad} of them unparseable"
 
 
+PROGRESS_BYTES = 1 << 20
+"""Bytes :func:`stream_lines` reads between two calls of its ``progress``."""
+
+Progress = Callable[[int, int], None]
+"""Told ``(bytes read, bytes in all)`` of a file as it is read (for a gzipped
+file, of its compressed bytes)."""
+
+
+def prefix_digest(path: str | os.PathLike[str], size: int) -> tuple[str, int] | None:
+    """``(sha256 hex, lines)`` of the first ``size`` bytes of the plain (not
+    gzipped) file at ``path``, ``lines`` the newlines among them, when the
+    file is longer than that and those bytes end a line; else ``None``. Read
+    :data:`DIGEST_CHUNK` bytes at a time.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    h = hashlib.sha256()
+    lines, left, last = 0, size, b""
+    with open(path, "rb") as f:
+        if size < 1 or os.fstat(f.fileno()).st_size <= size or f.read(2) == GZIP_MAGIC:
+            return None
+        f.seek(0)
+        while left and (chunk := f.read(min(DIGEST_CHUNK, left))):
+            h.update(chunk)
+            lines += chunk.count(b"\n")
+            left -= len(chunk)
+            last = chunk[-1:]
+    return (h.hexdigest(), lines) if not left and last == b"\n" else None
+
+
 def stream_lines(
     path: str | os.PathLike[str],
+    progress: Progress | None = None,
+    offset: int = 0,
+    first_line: int = 1,
 ) -> Iterator[tuple[int, str, list[Piece]]]:
     """``(line number, line text, pieces)`` for every non-blank line of the file
     at ``path``, as :func:`~.pi_parse.split_lines` gives them for its text
     (:func:`read_text`), read one line at a time: memory holds one line, not
     the file. A gzipped file is read decompressed; a line that is not UTF-8
     keeps its bad bytes as surrogates (``surrogateescape``), as
-    :func:`read_text` does.
+    :func:`read_text` does. ``progress`` is told the bytes read every
+    :data:`PROGRESS_BYTES` and at the end. With ``offset`` (a plain file's
+    byte where a line starts, ``first_line`` its number), the file is read
+    from there.
 
     Raises:
         OSError: the file cannot be read.
@@ -240,22 +364,32 @@ def stream_lines(
     """
     with open(path, "rb") as raw:
         gz = raw.read(2) == GZIP_MAGIC
-    opener: Any = gzip.open if gz else open
-    try:
-        with opener(path, "rb") as stream:
-            for number, data in enumerate(stream, start=1):
-                try:
-                    text = data.decode("utf-8")
-                except UnicodeDecodeError:
-                    text = data.decode("utf-8", "surrogateescape")
-                if number == 1:
-                    text = text.removeprefix("\ufeff")
-                text = text.removesuffix("\n").removesuffix("\r")
-                pieces = split_line(text, number)
-                if pieces:
-                    yield number, text, pieces
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise SessionFileError(os.fspath(path), 0, detail=f"bad gzip data: {exc}") from None
+        if gz and offset:
+            raise ValueError("a gzipped file is read from its start")
+        raw.seek(offset)
+        total = os.fstat(raw.fileno()).st_size
+        stream: Any = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+        told = offset
+        try:
+            with stream:
+                for number, data in enumerate(stream, start=first_line):
+                    if progress is not None and (done := raw.tell()) - told >= PROGRESS_BYTES:
+                        told = done
+                        progress(done, total)
+                    try:
+                        text = data.decode("utf-8")
+                    except UnicodeDecodeError:
+                        text = data.decode("utf-8", "surrogateescape")
+                    if number == 1:
+                        text = text.removeprefix("\ufeff")
+                    text = text.removesuffix("\n").removesuffix("\r")
+                    pieces = split_line(text, number)
+                    if pieces:
+                        yield number, text, pieces
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            raise SessionFileError(os.fspath(path), 0, detail=f"bad gzip data: {exc}") from None
+        if progress is not None:
+            progress(total, total)
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ from turnkeeper.spec.errors import (
     SessionFileError,
     ToolCallPairingError,
 )
-from turnkeeper.spec.records import ImportBatch, ImportEntry
+from turnkeeper.spec.records import ImportBatch, ImportEntry, ImportResult
 from turnkeeper.storage.codec import check_id
 from turnkeeper.storage.protocol import Store
 
@@ -72,10 +73,13 @@ from ._rows import (
     Pieces,
     Row,
     Rows,
+    first_records,
     line_entry_id,
     opaque_records,
-    read_text,
+    read_record,
+    read_source,
     sorted_issues,
+    unchanged_source,
 )
 from .pi_parse import Piece, parse_timestamp
 
@@ -354,7 +358,42 @@ def parse_file(path: str | os.PathLike[str]) -> ParsedFile:
         OSError: the file cannot be read.
         SessionFileError: as :func:`parse_text`, or a corrupt gzip file.
     """
-    return parse_text(read_text(path), os.fspath(path))
+    text, read = read_source(path)
+    return read_record(parse_text(text, os.fspath(path)), path, read)
+
+
+def unchanged(store: Store, path: str | os.PathLike[str]) -> FileImport | None:
+    """The :class:`FileImport` of a transcript its last import into ``store``
+    read as it is now (``store.sessions.imported_source``: the same size and
+    sha256 at the same resolved path, into the session its rows name: the
+    first ``sessionId``, or the sub-agent session of the first ``agentId``,
+    of the first records, :func:`~._rows.first_records`), or ``None`` (never
+    imported, or changed since in any way). Its sub-agent files are not
+    looked at (:func:`import_file` imports each, or finds it unchanged). Reads
+    the first records and, when a record of the file exists, its bytes once
+    through a digest: no parse.
+
+    Raises:
+        OSError: the file cannot be read.
+        SessionFileError: a gzip file is corrupt.
+    """
+    first: dict[str, str] = {}
+    for value in first_records(path):
+        if isinstance(value, dict):
+            for key in ("sessionId", "agentId", "version"):
+                if isinstance(value.get(key), str):
+                    first.setdefault(key, value[key])
+    sid = first.get("sessionId")
+    if sid is None:
+        return None
+    agent = first.get("agentId")
+    found = unchanged_source(store, path, [f"{sid}/agent-{agent}", sid] if agent else [sid])
+    if found is None:
+        return None
+    session_id, known = found
+    result = ImportResult(session_id, False, 0, known.entries, 0, 0)
+    version = first.get("version", "")
+    return FileImport(os.fspath(path), session_id, version, result, (), FORMAT, unchanged=True)
 
 
 def sub_agent_files(path: str | os.PathLike[str], session_id: str) -> list[Path]:
@@ -385,6 +424,12 @@ def import_file(store: Store, path: str | os.PathLike[str]) -> FileImport:
             would make a tree no write may make; nothing is written.
         DatabaseError: the store failed; nothing of this file is written.
     """
+    same = unchanged(store, path)
+    if same is not None:
+        if "/agent-" in same.session_id:
+            return same
+        subs, issues = _sub_agents(store, path, same.session_id)
+        return replace(same, issues=sorted_issues(issues), sub_agents=tuple(subs))
     parsed = parse_file(path)
     batch = parsed.batch
     issues = list(parsed.issues)
@@ -398,20 +443,10 @@ def import_file(store: Store, path: str | os.PathLike[str]) -> FileImport:
             )
         )
     result = store.sessions.import_batch(batch)
-    subs: list[FileImport] = []
+    subs = []
     if batch.sub_agent_of is None:
-        for sub in sub_agent_files(path, batch.session_id):
-            try:
-                subs.append(import_file(store, sub))
-            except SUB_AGENT_FAILURES as exc:
-                issues.append(
-                    LineIssue(
-                        os.fspath(path),
-                        0,
-                        "sub-agent",
-                        f"sub-agent file {sub} not imported: {type(exc).__name__}: {exc}",
-                    )
-                )
+        subs, failed = _sub_agents(store, path, batch.session_id)
+        issues += failed
     return FileImport(
         os.fspath(path),
         batch.session_id,
@@ -421,3 +456,26 @@ def import_file(store: Store, path: str | os.PathLike[str]) -> FileImport:
         FORMAT,
         tuple(subs),
     )
+
+
+def _sub_agents(
+    store: Store, path: str | os.PathLike[str], session_id: str
+) -> tuple[list[FileImport], list[LineIssue]]:
+    """Import the sub-agent files of the transcript at ``path`` (session
+    ``session_id``): their imports, and a ``sub-agent`` issue (line 0) for
+    each that could not be imported."""
+    subs: list[FileImport] = []
+    issues: list[LineIssue] = []
+    for sub in sub_agent_files(path, session_id):
+        try:
+            subs.append(import_file(store, sub))
+        except SUB_AGENT_FAILURES as exc:
+            issues.append(
+                LineIssue(
+                    os.fspath(path),
+                    0,
+                    "sub-agent",
+                    f"sub-agent file {sub} not imported: {type(exc).__name__}: {exc}",
+                )
+            )
+    return subs, issues

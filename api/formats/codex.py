@@ -63,7 +63,7 @@ from typing import Any
 
 from turnkeeper.spec.entries import EntryKind
 from turnkeeper.spec.errors import InvalidInputError, SessionFileError
-from turnkeeper.spec.records import ImportBatch, ImportEntry
+from turnkeeper.spec.records import ImportBatch, ImportEntry, ImportResult
 from turnkeeper.storage.codec import check_id
 from turnkeeper.storage.protocol import Store
 
@@ -74,10 +74,13 @@ from ._rows import (
     Pieces,
     Row,
     Rows,
+    first_record,
     line_entry_id,
     opaque_records,
-    read_text,
+    read_record,
+    read_source,
     sorted_issues,
+    unchanged_source,
 )
 from .pi_parse import Piece, parse_timestamp
 
@@ -355,7 +358,42 @@ def parse_file(path: str | os.PathLike[str]) -> ParsedFile:
         OSError: the file cannot be read.
         SessionFileError: as :func:`parse_text`, or a corrupt gzip file.
     """
-    return parse_text(read_text(path), os.fspath(path))
+    text, read = read_source(path)
+    return read_record(parse_text(text, os.fspath(path)), path, read)
+
+
+def unchanged(store: Store, path: str | os.PathLike[str]) -> FileImport | None:
+    """The :class:`FileImport` of a rollout its last import into ``store`` read as
+    it is now (``store.sessions.imported_source``: the same size and sha256 at
+    the same resolved path, into the thread its ``session_meta`` names), or
+    ``None`` (never imported, or changed since in any way). Reads the first
+    record and, when a record of the file exists, its bytes once through a
+    digest: no parse.
+
+    Raises:
+        OSError: the file cannot be read.
+        SessionFileError: a gzip file is corrupt.
+    """
+    _, first = first_record(path)
+    envelope = first.value if first is not None and first.ok else None
+    if envelope is None or not looks_like(envelope):
+        return None
+    meta = envelope["payload"]
+    found = unchanged_source(store, path, [meta.get("id", meta.get("session_id"))])
+    if found is None:
+        return None
+    sid, known = found
+    version = meta.get("cli_version")
+    result = ImportResult(sid, False, 0, known.entries, 0, 0)
+    return FileImport(
+        os.fspath(path),
+        sid,
+        version if isinstance(version, str) else "",
+        result,
+        (),
+        FORMAT,
+        unchanged=True,
+    )
 
 
 def import_file(store: Store, path: str | os.PathLike[str]) -> FileImport:
@@ -365,7 +403,10 @@ def import_file(store: Store, path: str | os.PathLike[str]) -> FileImport:
     adds nothing, importing it after it grew (a resumed thread) adds only the
     new lines and moves the leaf to the last (``Store.sessions.import_batch``).
     A sub-agent rollout whose parent thread is not in the store is imported
-    all the same, linked to it, and reported (a ``reference`` issue).
+    all the same, linked to it, and reported (a ``reference`` issue). The
+    import records what it read (``ImportBatch.read``), so a re-import of
+    the unchanged file is not parsed at all (:func:`unchanged`); a file
+    changed in any way is parsed and imported whole, as above.
 
     Raises:
         OSError: the file cannot be read.
@@ -374,6 +415,9 @@ def import_file(store: Store, path: str | os.PathLike[str]) -> FileImport:
             lines would make a tree no write may make; nothing is written.
         DatabaseError: the store failed; nothing is written.
     """
+    same = unchanged(store, path)
+    if same is not None:
+        return same
     parsed = parse_file(path)
     batch = parsed.batch
     issues = list(parsed.issues)

@@ -23,48 +23,54 @@ unparseable text, or a record the store would refuse, is kept as an
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
-import secrets
-import stat
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from datetime import datetime
 from typing import Any
 
 import orjson
 
 from turnkeeper.spec.entries import BASE_FIELDS, EntryKind
-from turnkeeper.spec.errors import InvalidInputError, SessionFileError, SessionNotFoundError
-from turnkeeper.spec.records import ImportBatch, ImportedSource, ImportEntry, ImportResult
+from turnkeeper.spec.errors import InvalidInputError, SessionFileError
+from turnkeeper.spec.records import (
+    ImportBatch,
+    ImportedSource,
+    ImportEntry,
+    ImportResult,
+    ImportStream,
+    OpaqueRecord,
+)
 from turnkeeper.storage.protocol import Store
 
 from ._rows import (
     FileImport,
     ParsedFile,
     Pieces,
-    Row,
+    Progress,
     Rows,
     file_digest,
     first_record,
     opaque_records,
+    prefix_digest,
     sorted_issues,
     stream_lines,
+    unchanged_source,
 )
 from ._rows import LineIssue as LineIssue  # re-exported: it was defined here
-from .pi_parse import Piece, format_timestamp, parse_timestamp, split_lines
+from ._rows import Row as _Row
+from .pi_export import CURRENT_VERSION as CURRENT_VERSION  # re-exported: defined here before
+from .pi_export import export_file as export_file
+from .pi_export import export_lines as export_lines
+from .pi_parse import Piece, parse_timestamp, split_lines
 
 FORMAT = "pi"
 """The ``format`` of a :class:`FileImport` of a pi file."""
 
-CURRENT_VERSION = 3
-"""The pi session format version this module writes (pi ``CURRENT_SESSION_VERSION``)."""
 
 SUPPORTED_VERSIONS = (1, 2, 3)
 """Header versions this module reads. Version 4 is the oh-my-pi fork, not upstream pi."""
-
-_HEADER_FIRST = ("type", "version", "id", "timestamp", "cwd")
 
 
 def v1_entry_id(session_id: str, record_index: int) -> str:
@@ -103,7 +109,7 @@ def _rename_hook_role(payload: dict[str, Any]) -> dict[str, Any]:
     return payload
 
 
-def _first_kept(payload: dict[str, Any], ids_by_index: Mapping[int, str]) -> dict[str, Any]:
+def _first_kept(payload: dict[str, Any], ids_by_index: _V1Ids) -> dict[str, Any]:
     """v1 compaction: add ``firstKeptEntryId`` for ``firstKeptEntryIndex``, in its place.
 
     ``None`` when the index is the header, an opaque record, out of range or
@@ -124,25 +130,49 @@ def _first_kept(payload: dict[str, Any], ids_by_index: Mapping[int, str]) -> dic
 
 
 @dataclass(slots=True)
+class _V1Ids:
+    """The ids of a version 1 file's records read so far, by record index,
+    without holding them: record ``i`` is an entry when ``0 < i < count`` and
+    it was not rejected, and its id is ``v1_entry_id(session_id, i)``."""
+
+    session_id: str
+    count: int = 0
+    rejected: set[int] = field(default_factory=set)
+
+    def get(self, index: int) -> str | None:
+        """The id of the entry at record ``index``, or ``None``."""
+        if 0 < index < self.count and index not in self.rejected:
+            return v1_entry_id(self.session_id, index)
+        return None
+
+
+@dataclass(slots=True)
 class _Reader:
-    """State of one parse: the rows so far (:class:`~._rows.Rows`) and the ids by record index."""
+    """State of one parse: the rows so far (:class:`~._rows.Rows`, taken away
+    as they are read) and, for version 1, the ids by record index and the
+    last entry's id."""
 
     path: str
     session_id: str
     version: int
     rows: Rows = field(init=False)
-    ids_by_index: dict[int, str] = field(default_factory=dict)
+    ids_by_index: _V1Ids = field(init=False)
+    last_id: str | None = None
 
     def __post_init__(self) -> None:
         self.rows = Rows(self.path)
+        self.ids_by_index = _V1Ids(self.session_id)
 
     def add(self, piece: Piece, index: int) -> None:
         """Make the record at ``index`` a tree entry, or reject it as opaque."""
+        self.ids_by_index.count = index
         eid = self.rows.add(piece, self._convert(piece, index))
-        if eid is not None:
-            self.ids_by_index[index] = eid
+        if eid is None:
+            self.ids_by_index.rejected.add(index)
+        else:
+            self.last_id = eid
 
-    def _convert(self, piece: Piece, index: int) -> Row | str:
+    def _convert(self, piece: Piece, index: int) -> _Row | str:
         """The entry row for a record, or why it cannot be one."""
         record = piece.value
         if not piece.ok:
@@ -154,8 +184,7 @@ class _Reader:
             return "record without a string 'type'"
         if self.version == 1:
             eid: Any = v1_entry_id(self.session_id, index)
-            entries = self.rows.entries
-            parent: Any = entries[-1][0] if entries else None
+            parent: Any = self.last_id
         else:
             eid, parent = record.get("id"), record.get("parentId")
             if not isinstance(eid, str) or not eid:
@@ -196,50 +225,202 @@ def parse_text(text: str, path: str = "<text>") -> ParsedFile:
     return _parse(split_lines(text), path)
 
 
-def _parse(lines: Iterable[tuple[int, str, list[Piece]]], path: str) -> ParsedFile:
-    """:func:`parse_text` of a file's lines (``(number, text, pieces)``, as
-    :func:`~.pi_parse.split_lines` gives them), consumed one at a time: each
-    record is made an entry (or kept as opaque) and let go before the next
-    line is read, so only the entries are held, never the file's text."""
-    split: dict[int, tuple[str, list[Piece]]] = {}
+@dataclass(slots=True)
+class _Scan:
+    """What one pass over a file's lines (:func:`_records`) found besides its
+    entries: the header, its version and line, the reader (its opaque pieces
+    and issues) and the lines split into several records."""
+
+    path: str
+    header: dict[str, Any] = field(default_factory=dict)
+    version: int = 1
+    first_line: int = 1
     reader: _Reader | None = None
-    header: dict[str, Any] = {}
-    version, index, first_line = 1, 0, 1
+    split: dict[int, tuple[str, list[Piece]]] = field(default_factory=dict)
+
+    def created(self) -> datetime | None:
+        """The header's timestamp, when usable."""
+        return parse_timestamp(self.header.get("timestamp"))
+
+    def cwd(self) -> str:
+        """The header's ``cwd`` (``""`` when it is not a string)."""
+        cwd = self.header.get("cwd")
+        return cwd if isinstance(cwd, str) else ""
+
+    def ends(self) -> tuple[list[OpaqueRecord], tuple[LineIssue, ...]]:
+        """The opaque records and the issues (in line order) of the pass, once
+        it has read every line."""
+        assert self.reader is not None
+        lines_split = Pieces([], self.split)
+        issues = lines_split.repaired(self.path) + self.reader.rows.issues
+        opaque = opaque_records(self.path, self.reader.rows.rejected, lines_split.raw_lines())
+        return opaque, sorted_issues(issues)
+
+
+def _records(
+    lines: Iterable[tuple[int, str, list[Piece]]], scan: _Scan, header_only: bool = False
+) -> Generator[_Row, None, None]:
+    """The entries of a file's lines (``(number, text, pieces)``, as
+    :func:`~.pi_parse.split_lines` gives them), each made an entry (or kept
+    as opaque, in ``scan``) and given up as it is read: only the current line
+    and the file's entry ids (to refuse a duplicate) are held. The header
+    goes to ``scan`` (with ``header_only``, nothing more is read); a timestamp
+    is ``None`` where the entry's is unusable.
+
+    Raises:
+        SessionFileError: the first record is not a usable header, or the file
+            has no records.
+    """
+    index = 0
     for number, raw, found in lines:
         if len(found) > 1:
-            split[number] = (raw, found)
+            scan.split[number] = (raw, found)
         for piece in found:
-            if reader is None:
-                header, version = _header(piece, path)
-                reader = _Reader(path, header["id"], version)
-                first_line = piece.line
+            if scan.reader is None:
+                scan.header, scan.version = _header(piece, scan.path)
+                scan.reader = _Reader(scan.path, scan.header["id"], scan.version)
+                scan.first_line = piece.line
+                if header_only:
+                    return
             else:
-                reader.add(piece, index)
+                scan.reader.add(piece, index)
+                taken = scan.reader.rows.entries
+                if taken:
+                    yield from taken
+                    taken.clear()
             index += 1
-    if reader is None:
-        raise SessionFileError(path, 1, detail="the file has no records")
-    lines_split = Pieces([], split)
-    issues = lines_split.repaired(path)
-    created = parse_timestamp(header.get("timestamp"))
+    if scan.reader is None:
+        raise SessionFileError(scan.path, 1, detail="the file has no records")
+
+
+def _parse(lines: Iterable[tuple[int, str, list[Piece]]], path: str) -> ParsedFile:
+    """:func:`parse_text` of a file's lines (``(number, text, pieces)``, as
+    :func:`~.pi_parse.split_lines` gives them), consumed one at a time
+    (:func:`_records`): only the entries are held, never the file's text."""
+    scan = _Scan(path)
+    rows = list(_records(lines, scan))
+    assert scan.reader is not None
+    created = scan.created() or next((r[3] for r in rows if r[3] is not None), None)
     if created is None:
-        created = next((e[3] for e in reader.rows.entries if e[3] is not None), None)
-    if created is None:
-        raise SessionFileError(path, first_line, detail="no usable timestamp in the file")
-    entries = [ImportEntry(i, p, k, t or created, pl) for i, p, k, t, pl in reader.rows.entries]
-    reader.rows.entries.clear()
-    cwd = header.get("cwd")
+        raise SessionFileError(path, scan.first_line, detail="no usable timestamp in the file")
+    entries = [ImportEntry(i, p, k, t or created, pl) for i, p, k, t, pl in rows]
+    rows.clear()
+    opaque, issues = scan.ends()
     batch = ImportBatch(
-        session_id=reader.session_id,
-        cwd=cwd if isinstance(cwd, str) else "",
+        session_id=scan.reader.session_id,
+        cwd=scan.cwd(),
         created_at=created,
-        header={k: v for k, v in header.items() if k != "type"},
+        header={k: v for k, v in scan.header.items() if k != "type"},
         entries=entries,
         leaf_id=entries[-1].id if entries else None,
-        opaque=opaque_records(path, reader.rows.rejected, lines_split.raw_lines()),
+        opaque=opaque,
         source=path,
     )
-    issues.extend(reader.rows.issues)
-    return ParsedFile(batch, version, sorted_issues(issues))
+    return ParsedFile(batch, scan.version, issues)
+
+
+class FileStream(ImportStream):
+    """The entries of the pi file at ``path``, read as the store imports them
+    (:class:`~turnkeeper.spec.records.ImportStream`): each iteration parses
+    the file again from its start (:func:`_records`), holding one line and
+    the file's entry ids, never its entries. Made by :func:`open_stream`,
+    which reads the header and ``created_at`` first. After a whole
+    iteration, :attr:`issues` holds what it found (in line order) and
+    :attr:`read` what it read (``None`` if the file changed meanwhile).
+
+    With ``tail`` (what an import read of the file before, and the line after
+    it), an iteration reads only the lines appended since: from that byte and
+    line, the header already known (:func:`import_file` checks that the
+    bytes before are the ones read then)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        scan: _Scan,
+        created_at: datetime,
+        progress: Progress | None = None,
+        tail: tuple[ImportedSource, int] | None = None,
+    ) -> None:
+        assert scan.reader is not None
+        self.tail = tail
+        self._scan = scan
+        self.path = os.fspath(path)
+        self.session_id = scan.reader.session_id
+        self.version = scan.version
+        self.cwd = scan.cwd()
+        self.header = {k: v for k, v in scan.header.items() if k != "type"}
+        self.created_at = created_at
+        self.issues: tuple[LineIssue, ...] = ()
+        self._progress = progress
+        self._leaf: str | None = None
+        self._opaque: list[OpaqueRecord] = []
+        self._read: ImportedSource | None = None
+
+    @property
+    def leaf_id(self) -> str | None:
+        """The last entry's id (pi's leaf), after a whole iteration."""
+        return self._leaf
+
+    @property
+    def opaque(self) -> list[OpaqueRecord]:
+        """The unparseable lines kept, after a whole iteration."""
+        return self._opaque
+
+    @property
+    def read(self) -> ImportedSource | None:
+        """What a whole iteration read (the file's size and sha256, and its
+        entries), or ``None`` when the file changed while it was read."""
+        return self._read
+
+    @property
+    def from_line(self) -> int:
+        """The first line an iteration reads (1, or the tail's first)."""
+        return 1 if self.tail is None else self.tail[1]
+
+    def __iter__(self) -> Iterator[ImportEntry]:
+        self._leaf, self._opaque, self._read, self.issues = None, [], None, ()
+        before = file_digest(self.path)
+        scan = _Scan(self.path)
+        count, offset = 0, 0
+        if self.tail is not None:  # the header known: the reader starts at the tail
+            head = self._scan
+            scan = _Scan(self.path, head.header, head.version, head.first_line)
+            scan.reader = _Reader(self.path, self.session_id, self.version)
+            count, offset = self.tail[0].entries, self.tail[0].bytes
+        lines = stream_lines(self.path, self._progress, offset, self.from_line)
+        for eid, parent, kind, ts, payload in _records(lines, scan):
+            yield ImportEntry(eid, parent, kind, ts or self.created_at, payload)
+            self._leaf = eid
+            count += 1
+        self._opaque, self.issues = list(scan.ends()[0]), scan.ends()[1]
+        after = file_digest(self.path)
+        if after == before:  # else changed while read: imported, never recorded as read
+            self._read = ImportedSource(os.path.realpath(self.path), *after, count)
+
+
+def open_stream(path: str | os.PathLike[str], progress: Progress | None = None) -> FileStream:
+    """The :class:`FileStream` of the pi file at ``path``, its header read (and,
+    when the header's timestamp is unusable, the file as far as the first
+    entry's usable one, which is then ``created_at``).
+
+    Raises:
+        OSError: the file cannot be read.
+        SessionFileError: as :func:`parse_text`.
+    """
+    where = os.fspath(path)
+    scan = _Scan(where)
+    for _ in _records(stream_lines(path), scan, header_only=True):
+        pass
+    created = scan.created()
+    if created is None:
+        records = _records(stream_lines(path), _Scan(where))
+        try:
+            created = next((r[3] for r in records if r[3] is not None), None)
+        finally:
+            records.close()
+    if created is None:
+        raise SessionFileError(where, scan.first_line, detail="no usable timestamp in the file")
+    return FileStream(path, scan, created, progress)
 
 
 def parse_file(path: str | os.PathLike[str]) -> ParsedFile:
@@ -262,7 +443,9 @@ def parse_file(path: str | os.PathLike[str]) -> ParsedFile:
     size, digest = file_digest(path)
     if (size, digest) != before:
         return parsed  # changed while read: imported, never recorded as read
-    read = ImportedSource(os.path.realpath(path), size, digest, len(parsed.batch.entries))
+    entries = parsed.batch.entries
+    assert not isinstance(entries, ImportStream)  # _parse holds them all
+    read = ImportedSource(os.path.realpath(path), size, digest, len(entries))
     return replace(parsed, batch=replace(parsed.batch, read=read))
 
 
@@ -284,18 +467,21 @@ def unchanged(store: Store, path: str | os.PathLike[str]) -> FileImport | None:
     sid, version = value.get("id"), value.get("version", 1)
     if not isinstance(sid, str) or not sid or version not in SUPPORTED_VERSIONS:
         return None
-    try:
-        known = store.sessions.imported_source(sid, os.path.realpath(path))
-    except InvalidInputError:
-        return None  # the full import reports what is wrong with it
-    if known is None or file_digest(path) != (known.bytes, known.sha256):
+    found = unchanged_source(store, path, [sid])
+    if found is None:
         return None
-    result = ImportResult(sid, False, 0, known.entries, 0, 0)
+    result = ImportResult(sid, False, 0, found[1].entries, 0, 0)
     return FileImport(os.fspath(path), sid, version, result, (), FORMAT, unchanged=True)
 
 
-def import_file(store: Store, path: str | os.PathLike[str]) -> FileImport:
-    """Parse the pi session file at ``path`` and import it into ``store``.
+def import_file(
+    store: Store, path: str | os.PathLike[str], *, progress: Progress | None = None
+) -> FileImport:
+    """Parse the pi session file at ``path`` and import it into ``store``, a
+    line at a time as the store takes its entries (:class:`FileStream`):
+    memory holds a chunk of entries (``storage/ops/import_chunks.py``
+    ``CHUNK``) and the file's entry ids, not the file. ``progress`` is told
+    the bytes read as the file is read (``(read, total)``).
 
     The session id is the header's: importing the same file again adds
     nothing, importing it after it grew (a resumed session) adds only the new
@@ -303,8 +489,12 @@ def import_file(store: Store, path: str | os.PathLike[str]) -> FileImport:
     (``Store.sessions.import_batch``). The import records what it read (the
     file's size and sha256, ``ImportBatch.read``), so a re-import of the
     unchanged file is not parsed at all (:func:`unchanged`: its
-    ``FileImport.unchanged`` is true); a file changed in any way since
-    (grown, cut or edited) is parsed and imported whole, as above.
+    ``FileImport.unchanged`` is true); a file changed otherwise since
+    (cut, or edited anywhere before its end) is parsed and imported whole,
+    as above; a file that has only grown since (a version 2 or 3 file, its
+    bytes read then unchanged and ending a line) is read from where the last
+    import stopped (:func:`_appended`), its new entries judged under the
+    stored ones (``result.skipped`` counts the entries read before).
 
     Raises:
         OSError: the file cannot be read.
@@ -317,140 +507,46 @@ def import_file(store: Store, path: str | os.PathLike[str]) -> FileImport:
     same = unchanged(store, path)
     if same is not None:
         return same
-    parsed = parse_file(path)
-    result = store.sessions.import_batch(parsed.batch)
+    stream = open_stream(path, progress)
+    stream.tail = _appended(store, path, stream)
+    batch = ImportBatch(
+        stream.session_id,
+        stream.cwd,
+        stream.created_at,
+        stream.header,
+        stream,
+        None,
+        source=os.fspath(path),
+    )
+    result = store.sessions.import_batch(batch)
+    if stream.tail is not None:  # the entries read before: in the file, and stored
+        result = replace(result, skipped=result.skipped + stream.tail[0].entries)
     return FileImport(
-        os.fspath(path), parsed.batch.session_id, parsed.version, result, parsed.issues, FORMAT
+        os.fspath(path), stream.session_id, stream.version, result, stream.issues, FORMAT
     )
 
 
-def _dumps(value: Mapping[str, Any]) -> str:
-    return orjson.dumps(value).decode("utf-8")
-
-
-def export_lines(store: Store, session_id: str) -> Iterator[str]:
-    """The session as pi version 3 JSONL lines (no trailing newlines), header first.
-
-    Header: ``type``, ``version`` (3), ``id``, ``timestamp`` (the session's
-    creation time, see :func:`~turnkeeper.formats.pi_parse.format_timestamp`),
-    ``cwd``, then every other stored header field (``parentSession``, fields
-    pi ignores) in stored order, ``channelType`` and ``channelId`` those of the
-    session's binding when it is bound (``store.bindings``). Then every entry in sequence order as
-    ``{"type", "id", "parentId", "timestamp", **payload}``. Opaque records
-    are not exported.
-
-    pi takes the last entry of a file as the leaf, so a leaf moved elsewhere
-    with ``Store.branch`` (not persisted by pi either) is not represented.
+def _appended(
+    store: Store, path: str | os.PathLike[str], stream: FileStream
+) -> tuple[ImportedSource, int] | None:
+    """What the last import of the file read (``sessions.imported_source``) and
+    the first line after it, when the file has only grown since: longer, its
+    bytes up to there the same (their sha256) and ending a line. ``None``
+    for any other change, and for a version 1 file (its ids count every
+    record from the header) or a gzipped one.
 
     Raises:
-        SessionNotFoundError: no session has this id (raised on first iteration).
+        OSError: the file cannot be read.
     """
-    session = store.sessions.get(session_id)
-    if session is None:
-        raise SessionNotFoundError(session_id)
-    header: dict[str, Any] = {
-        "type": "session",
-        "version": CURRENT_VERSION,
-        "id": session.id,
-        "timestamp": format_timestamp(session.created_at),
-        "cwd": session.cwd,
-    }
-    header.update((k, v) for k, v in session.header.items() if k not in _HEADER_FIRST)
-    if session.channel_type is not None:  # its binding (store.bindings), as the seed's Header
-        header["channelType"] = session.channel_type
-        header["channelId"] = session.channel_id
-    yield _dumps(header)
-    for e in store.sessions.entries(session_id):
-        base = {"type": e.kind, "id": e.id, "parentId": e.parent_id}
-        yield _dumps({**base, "timestamp": format_timestamp(e.timestamp), **e.payload})
-
-
-def export_file(store: Store, session_id: str, path: str | os.PathLike[str]) -> int:
-    """Write the session to ``path`` as a pi version 3 file (UTF-8, ``\\n`` after
-    every line; see :func:`export_lines`) and return the number of lines.
-
-    The file is written to a new file in the target's folder, flushed to disk
-    and renamed over the target, so a failure never leaves a half-written
-    session file. When ``path`` is a symbolic link, the file it points at is
-    replaced and the link kept (see :func:`_resolve_target`). A new file gets
-    mode ``0o666`` less the umask (as ``open(path, "w")`` would); a replaced
-    file keeps its permission bits. A target that is not a regular file (a
-    device such as ``/dev/stdout``, a FIFO) is written to, never replaced.
-
-    Raises:
-        SessionNotFoundError: no session has this id; nothing is written.
-        OSError: the file cannot be written (``ELOOP`` for a symlink loop); its
-            ``filename`` is ``path`` as given, never the temporary file's.
-    """
-    target = _resolve_target(path)
-    lines = list(export_lines(store, session_id))
+    if stream.version < 2:
+        return None
     try:
-        st: os.stat_result | None = os.stat(target)
-    except FileNotFoundError:
-        st = None
-    mode = None if st is None else stat.S_IMODE(st.st_mode)
-    data = "".join(f"{line}\n" for line in lines).encode("utf-8")
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        # A device, pipe or socket (/dev/stdout, a FIFO): written to, never replaced.
-        try:
-            with open(target, "wb") as out:
-                out.write(data)
-        except OSError as exc:
-            if exc.errno is None:
-                raise
-            raise OSError(exc.errno, exc.strerror, os.fspath(path)) from exc
-        return len(lines)
-    try:
-        fd, tmp = _create_beside(target)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                if mode is not None:
-                    os.fchmod(out.fileno(), mode)
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, target)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
-    except OSError as exc:  # name the file the caller asked for, not the temporary one
-        if exc.errno is None:
-            raise
-        raise OSError(exc.errno, exc.strerror, os.fspath(path)) from exc
-    return len(lines)
-
-
-def _resolve_target(path: str | os.PathLike[str]) -> Path:
-    """The file that writing ``path`` should replace: ``path`` with every symbolic
-    link followed (a dangling link gives the missing file it names).
-
-    Raises:
-        OSError: ``ELOOP`` when the links form a loop.
-    """
-    target = Path(os.path.realpath(path))
-    if target.is_symlink():  # realpath stops inside a loop without raising
-        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), os.fspath(path))
-    return target
-
-
-_CREATE_ATTEMPTS = 100
-"""Unique temporary names tried before giving up (a clash is ~impossible)."""
-
-
-def _create_beside(target: Path) -> tuple[int, str]:
-    """Create a new, empty file in ``target``'s folder: ``(descriptor, path)``.
-
-    Created with ``os.open(..., O_CREAT | O_EXCL, 0o666)`` under a random
-    name, so the process umask applies as for any new file (no umask read,
-    which would race with other threads) and no existing file is reused.
-
-    Raises:
-        OSError: the folder does not exist or is not writable.
-    """
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-    for _ in range(_CREATE_ATTEMPTS):
-        tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
-        try:
-            return os.open(tmp, flags, 0o666), os.fspath(tmp)
-        except FileExistsError:
-            continue
-    raise FileExistsError(errno.EEXIST, "no free temporary name", os.fspath(target.parent))
+        known = store.sessions.imported_source(stream.session_id, os.path.realpath(path))
+    except InvalidInputError:
+        return None
+    if known is None:
+        return None
+    prefix = prefix_digest(path, known.bytes)
+    if prefix is None or prefix[0] != known.sha256:
+        return None
+    return known, prefix[1] + 1

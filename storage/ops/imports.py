@@ -3,43 +3,31 @@ with the unparseable lines kept as opaque records."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any
 
 from turnkeeper.spec import errors
-from turnkeeper.spec.entries import RESERVED_ENTRY_SUFFIXES, EntryKind, validate_payload
+from turnkeeper.spec.entries import validate_payload
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.records import (
-    Entry,
     ImportBatch,
     ImportedSource,
+    ImportEntry,
     ImportResult,
+    ImportStream,
     Lease,
     OpaqueRecord,
 )
 
 from ..backend import Tx, keyed
-from ..codec import check_id, check_instant, check_text, from_json, to_json
-from ..pairing import cycles, tree_faults
+from ..codec import check_id, check_instant, check_text, to_json
 from ..validate import (
     check_session_lease,
 )
-from . import deletes, entry_rows, leases, pairing_checks, usage
+from . import deletes, import_chunks, leases
 from .base import Area
-from .entry_rows import ENTRY_COLUMNS
 from .leases import NOW
 from .session_rows import ID_HEAD, SESSION_COLS
-
-Row = tuple[str, str | None, str, datetime, str, Mapping[str, Any] | None]
-"""An entry to import: ``(id, parent_id, kind, timestamp, payload_json, payload)``,
-``payload`` the decoded JSON when the caller holds it (the judge reads it
-instead of decoding ``payload_json`` a second time), else ``None``."""
-
-
-def _payload(row: Row) -> Mapping[str, Any]:
-    decoded = row[5]
-    return from_json(row[4]) if decoded is None else decoded
 
 
 def import_rows(
@@ -48,46 +36,42 @@ def import_rows(
     cwd: str,
     header_json: str,
     created_at: datetime,
-    rows: Sequence[Row],
-    leaf_id: str | None,
-    opaque: Sequence[tuple[int, str, str]],
+    rows: Iterable[import_chunks.Row],
+    leaf_id: Callable[[], str | None],
+    opaque: Callable[[], Sequence[tuple[int, str, str]]],
     source: str,
     lease: Lease | None = None,
     sub_agent_of: str | None = None,
-) -> tuple[bool, int, int, int]:
+    from_line: int = 1,
+) -> tuple[bool, int, int, int, int]:
     """Insert the entries of an imported file that the session lacks, and the
     usage its assistant messages carry that the session has not recorded.
 
-    ``rows`` are :data:`Row` in file order. Existing ids are skipped (a
-    re-import changes nothing; a grown file adds only its new entries). When
-    anything is added the leaf becomes ``leaf_id``. Every assistant message of
-    the file whose usage has no record yet (``entry:<id>``,
-    :func:`usage.import_usage`) gets one, from the entry as the session holds
-    it (so a file imported before usage was recorded gets its usage on its
-    next import). Returns ``(created, added, opaque_added, usage_added)``. A
-    ``lease`` is fenced, also when the import creates the session; without one, an
-    existing session must be unheld. ``sub_agent_of`` links a session the
-    import creates to its parent (an existing session keeps its link).
+    ``rows`` are :data:`~.import_chunks.Row` in file order, read once, a
+    chunk at a time (``import_chunks.add_entries``: never all held). Existing
+    ids are skipped (a re-import changes nothing; a grown file adds only its
+    new entries). When anything is added the leaf becomes ``leaf_id()`` (read
+    once ``rows`` is consumed, as is ``opaque()``, the file's opaque lines).
+    Every assistant message of the file whose usage has no record yet
+    (``entry:<id>``, :func:`usage.import_usage`) gets one, from the entry as
+    the session holds it (so a file imported before usage was recorded gets
+    its usage on its next import). Returns ``(created, added, skipped,
+    opaque_added, usage_added)``. A ``lease`` is fenced, also when the
+    import creates the session; without one, an existing session must be
+    unheld. ``sub_agent_of`` links a session the import creates to its parent
+    (an existing session keeps its link). ``from_line``: the first line of
+    the file the rows were read from (the opaque lines before it are kept).
 
     Raises:
         LeaseLostError, BusyError: as for an append.
         ToolCallPairingError: the new entries break the tool-call pairing
-            (``ToolCallsUnansweredError`` among them; see :func:`_judge`).
-        EntryCycleError, EntryIdReservedError: see :func:`_judge`.
+            (``ToolCallsUnansweredError`` among them).
+        EntryCycleError, EntryIdReservedError: see ``import_chunks.judge_tree``.
         InvalidInputError: two rows share an id, or two opaque records a line
             (the keys of the tables; left unchecked they surfaced as an
-            aborted transaction or 40 retried "conflicts").
+            aborted transaction or 40 retried "conflicts"), or a row is not
+            storable.
     """
-    seen_ids: set[str] = set()
-    for r in rows:
-        if r[0] in seen_ids:
-            raise errors.InvalidInputError("entries", f"duplicate entry id {r[0]!r} in the batch")
-        seen_ids.add(r[0])
-    seen_lines: set[int] = set()
-    for o in opaque:
-        if o[0] in seen_lines:
-            raise errors.InvalidInputError("opaque", f"two opaque records for line {o[0]}")
-        seen_lines.add(o[0])
     head = tx.one("SELECT next_seq FROM sessions WHERE id = ?", [session_id])
     created = head is None
     if not created or lease is not None:
@@ -116,124 +100,51 @@ def import_rows(
             ],
         )
         next_seq = 1
-        have: set[str] = set()
-        have_lines: set[int] = set()
+        live = None
     else:
         assert head is not None
         next_seq = head[0]
-        stored = {
-            e.id: e
-            for e in map(
-                entry_rows.entry_row,
-                tx.rows(
-                    f"SELECT {entry_rows.entry_columns(tx)} FROM entries WHERE session_id = ?",
-                    [session_id],
-                ),
-            )
-        }
-        have = set(stored)
-        have_lines = {
-            r[0]
-            for r in tx.rows("SELECT line FROM opaque_records WHERE session_id = ?", [session_id])
-        }
-    new = [r for r in rows if r[0] not in have]
-    if new:
-        live = (
-            None
-            if created
-            else tx.one("SELECT run_id FROM active_runs WHERE session_id = ?", [session_id])
-        )
-        _judge(
-            session_id, {} if created else stored, new, next_seq, None if live is None else live[0]
-        )
+        live = tx.one("SELECT run_id FROM active_runs WHERE session_id = ?", [session_id])
+    done = import_chunks.add_entries(
+        tx, session_id, rows, next_seq, created, None if live is None else live[0]
+    )
+    if done.added:
         now = tx.now
-        tx.insert_rows(
-            "entries",
-            ENTRY_COLUMNS,
-            [
-                (session_id, r[0], r[1], r[2], next_seq + i, r[3], r[4], None, now)
-                for i, r in enumerate(new)
-            ],
-        )
-        names = [_payload(r).get("name") for r in new if r[2] == EntryKind.SESSION_INFO]
-        title = next((n for n in reversed(names) if isinstance(n, str)), None)
         tx.exec(
             "UPDATE sessions SET leaf_id = ?, next_seq = next_seq + ?, "
             f"entry_count = entry_count + ?, updated_at = greatest(updated_at, {NOW}), "
             "title = coalesce(?, title) WHERE id = ?",
-            [leaf_id, len(new), len(new), now, title, session_id],
+            [leaf_id(), done.added, done.added, now, done.title, session_id],
         )
+    lines = opaque()
+    seen_lines: set[int] = set()
+    for o in lines:
+        if o[0] in seen_lines:
+            raise errors.InvalidInputError("opaque", f"two opaque records for line {o[0]}")
+        seen_lines.add(o[0])
+    have_lines: set[int] = set()
+    if not created:
+        have_lines = {
+            r[0]
+            for r in tx.rows("SELECT line FROM opaque_records WHERE session_id = ?", [session_id])
+        }
     if source and not created:
         # Lines of this file that were unparseable before and parse now (a
         # truncated last line the file has since completed) are no longer opaque.
-        current = [o[0] for o in opaque]
+        current = [o[0] for o in lines]
         tx.exec(
             "DELETE FROM opaque_records WHERE session_id = ? AND source = ? "
-            "AND line <> ALL(?::BIGINT[])",
-            [session_id, source, current],
+            "AND line >= ? AND line <> ALL(?::BIGINT[])",
+            [session_id, source, from_line, current],
         )
         have_lines &= set(current)
-    fresh = [o for o in opaque if o[0] not in have_lines]
+    fresh = [o for o in lines if o[0] not in have_lines]
     for line, raw, reason in fresh:
         tx.exec(
             "INSERT INTO opaque_records VALUES (?, ?, ?, ?, ?)",
             [session_id, source, line, raw, reason],
         )
-    held = {} if created else stored
-    messages = [
-        (e.id, e.kind, e.timestamp, e.payload)
-        if (e := held.get(r[0])) is not None
-        else (r[0], r[2], r[3], _payload(r))
-        for r in rows
-        if r[2] == EntryKind.MESSAGE and '"usage"' in r[4]
-    ]
-    return created, len(new), len(fresh), usage.import_usage(tx, session_id, messages)
-
-
-def _judge(
-    session_id: str,
-    stored: dict[str, Entry],
-    new: Sequence[Row],
-    next_seq: int,
-    live_run: str | None = None,
-) -> None:
-    """Refuse an import whose new entries would make the session's tree one that
-    no write may make: a cycle of parents through a new entry; an id that
-    ``live_run`` (the session's run that has not ended) will write itself, or
-    a new entry whose missing parent is such an id; an entry that breaks the
-    tool-call pairing anywhere in the tree (``storage/pairing.py``, judged
-    as ``turnkeeper audit`` judges a tree: every entry, along the branch to
-    it). A fault the tree held before the import is not the import's (an
-    entry's faults depend only on the branch to it, unless the import
-    supplies an entry's missing parent, and then the faults it brings are
-    the ones that are new).
-
-    Raises:
-        EntryCycleError: the first cycle through a new entry.
-        EntryIdReservedError: (``reason`` ``"run"``) an id ``live_run`` owns.
-        ToolCallPairingError: the first fault the import brings.
-    """
-    tree = dict(stored)
-    for i, row in enumerate(new):
-        entry_id, parent, kind, ts = row[:4]
-        tree[entry_id] = Entry(session_id, entry_id, parent, kind, next_seq + i, ts, _payload(row))
-    added = {r[0] for r in new}
-    for cycle in cycles(tree):
-        if added.intersection(cycle):
-            raise errors.EntryCycleError(session_id, tuple(cycle))
-    if live_run is not None:
-        for entry_id, parent, *_ in new:
-            for named in (entry_id, parent if parent not in tree else None):
-                if named is not None and run_owns(live_run, named):
-                    raise errors.EntryIdReservedError(session_id, named, "run", live_run)
-    before = set(tree_faults(stored)) if stored else set()
-    pairing_checks.refuse(session_id, [f for f in tree_faults(tree) if f not in before])
-
-
-def run_owns(run_id: str, entry_id: str) -> bool:
-    """Whether ``entry_id`` is one the store derives from ``run_id`` (a run's
-    turn entries, reply and the results its end writes)."""
-    return entry_id.startswith(f"{run_id}:") and entry_id.endswith(RESERVED_ENTRY_SUFFIXES)
+    return created, done.added, done.skipped, len(fresh), done.usage_added
 
 
 _SOURCE = keyed("session_id", "source = ?")
@@ -306,6 +217,14 @@ class ImportsPart(Area):
         missing parent. Entries with the store's ids of runs that ended (an
         exported session's) import as they are.
 
+        ``batch.entries`` may be an :class:`~turnkeeper.spec.records.ImportStream`
+        (``turnkeeper.formats.pi`` makes one per file): its entries are read
+        as they are stored, 2,000 at a time (``storage/ops/import_chunks.py``
+        ``CHUNK``), each checked, stored and judged in the one transaction, so
+        memory holds a chunk, not the file; a refusal, or an error the stream
+        raises (``SessionFileError``, ``OSError``), rolls back everything.
+        Its ``leaf_id``, ``opaque`` and ``read`` replace the batch's.
+
         Raises:
             ToolCallPairingError: the entries break the tool-call pairing
                 (``ToolCallsUnansweredError`` among them); nothing is written.
@@ -314,7 +233,8 @@ class ImportsPart(Area):
             EntryIdReservedError: an entry takes, or hangs under, an id of the
                 session's run that has not ended (``reason`` ``"run"``, ``by``
                 the run); nothing is written.
-            InvalidInputError: an entry or header is not storable.
+            InvalidInputError: an entry or header is not storable, or two
+                entries share an id; nothing is written.
             LeaseLostError: ``lease`` is no longer valid (nothing is written,
                 not even a new session).
             BusyError: no ``lease`` given and someone holds the session.
@@ -323,14 +243,11 @@ class ImportsPart(Area):
         check_instant(batch.created_at, "created_at")
         check_session_lease(batch.session_id, lease)
         header_json = to_json(dict(batch.header), "header")
-        rows = []
-        for e in batch.entries:
-            check_id(e.id, "entry.id")
-            validate_payload(e.kind, e.payload, strict=False)
-            ts = check_instant(e.timestamp, "entry.timestamp")
-            payload = dict(e.payload)
-            rows.append((e.id, e.parent_id, e.kind, ts, to_json(payload, "payload"), payload))
-        opaque = [(o.line, check_text(o.raw, "raw"), o.reason) for o in batch.opaque]
+        stream = batch.entries if isinstance(batch.entries, ImportStream) else None
+        if stream is None:
+            # A whole batch in hand: every entry and line is checked before any I/O.
+            checked = [_row(e) for e in batch.entries]
+            lines = _opaque(batch.opaque)
         source = batch.source or (batch.opaque[0].source if batch.opaque else "")
         if batch.sub_agent_of is not None:
             check_id(batch.sub_agent_of, "sub_agent_of")
@@ -338,23 +255,35 @@ class ImportsPart(Area):
             _check_read(batch.read)
 
         def body(tx: Tx) -> ImportResult:
-            created, added, opaque_added, usage_added = import_rows(
+            if stream is None:
+                rows: Iterable[import_chunks.Row] = checked
+                leaf: Callable[[], str | None] = lambda: batch.leaf_id  # noqa: E731
+                opaque: Callable[[], Sequence[tuple[int, str, str]]] = lambda: lines  # noqa: E731
+            else:  # checked as it is read, inside the transaction: refused, it writes nothing
+                rows = map(_row, stream)
+                leaf = lambda: stream.leaf_id  # noqa: E731
+                opaque = lambda: _opaque(stream.opaque)  # noqa: E731
+            created, added, skipped, opaque_added, usage_added = import_rows(
                 tx,
                 batch.session_id,
                 batch.cwd,
                 header_json,
                 batch.created_at,
                 rows,
-                batch.leaf_id,
+                leaf,
                 opaque,
                 source,
                 lease,
                 batch.sub_agent_of,
+                1 if stream is None else stream.from_line,
             )
-            if batch.read is not None:
-                record_source(tx, batch.session_id, batch.read)
+            read = batch.read if stream is None else stream.read
+            if read is not None:
+                if stream is not None:
+                    _check_read(read)
+                record_source(tx, batch.session_id, read)
             return ImportResult(
-                batch.session_id, created, added, len(rows) - added, opaque_added, usage_added
+                batch.session_id, created, added, skipped, opaque_added, usage_added
             )
 
         return self._fenced("import", lease, body)
@@ -365,8 +294,9 @@ class ImportsPart(Area):
         entries), or ``None`` when none recorded it (an import by an older
         turnkeeper, or of another path). An importer reads this before parsing:
         a file whose size and digest match was imported whole and adds nothing
-        (``turnkeeper.formats.pi.import_file`` skips it). Deleting the session
-        deletes it.
+        (``turnkeeper.formats`` skips a pi, Claude Code or Codex file so), and
+        a pi file whose first ``bytes`` still hash to ``sha256`` has only grown
+        (its import reads from there). Deleting the session deletes it.
 
         Raises:
             InvalidInputError: a bad ``session_id`` or ``source``.
@@ -386,6 +316,20 @@ class ImportsPart(Area):
             session_id, self.db.read("opaque_records", lambda tx: opaque(tx, session_id))
         )
         return [OpaqueRecord(*r) for r in rows]
+
+
+def _row(e: ImportEntry) -> import_chunks.Row:
+    """An entry of a batch, checked, as a row to import."""
+    check_id(e.id, "entry.id")
+    validate_payload(e.kind, e.payload, strict=False)
+    ts = check_instant(e.timestamp, "entry.timestamp")
+    payload = dict(e.payload)
+    return (e.id, e.parent_id, e.kind, ts, to_json(payload, "payload"), payload)
+
+
+def _opaque(records: Sequence[OpaqueRecord]) -> list[tuple[int, str, str]]:
+    """A batch's opaque lines, checked: ``(line, raw, reason)``."""
+    return [(o.line, check_text(o.raw, "raw"), o.reason) for o in records]
 
 
 def _check_read(read: ImportedSource) -> None:

@@ -145,6 +145,7 @@ def import_usage(
     tx: Tx,
     session_id: str,
     entries: Iterable[tuple[str, str, datetime, Mapping[str, Any]]],
+    responses: set[str] | None = None,
 ) -> int:
     """Record the usage of every assistant message among ``entries`` (``(id,
     kind, timestamp, payload)`` as the session holds them, in file order)
@@ -158,7 +159,12 @@ def import_usage(
     the response's usage so far. The record is the last row's (its figures
     the response's whole), unless a row of that response has a record
     already (a file imported while the response was being written keeps the
-    figures it was recorded with: never two records of one response)."""
+    figures it was recorded with: never two records of one response).
+
+    ``responses``: an import that calls this once per chunk of its entries
+    passes the same set each time; it holds the responses recorded (or found
+    recorded) by the calls before, so a response whose rows two chunks share
+    is recorded once, with the figures of its rows in the first chunk."""
     found: list[tuple[str, UsageRecord]] = []  # (what is recorded once, the record)
     for entry_id, kind, ts, payload in entries:
         if kind != EntryKind.MESSAGE:
@@ -198,17 +204,20 @@ def import_usage(
     have = {
         r[0]
         for r in tx.rows(
-            "SELECT entry_id FROM usage_records WHERE session_id = ? AND entry_id IS NOT NULL",
-            [session_id],
+            "SELECT entry_id FROM usage_records WHERE session_id = ? "
+            "AND entry_id = ANY(?::VARCHAR[])",
+            [session_id, sorted({r.entry_id for _, r in found if r.entry_id is not None})],
         )
     }
     last: dict[str, UsageRecord] = {}
-    recorded: set[str] = set()
+    recorded: set[str] = set() if responses is None else set(responses)
     for once, record in found:
         last[once] = record
         if record.entry_id in have:
             recorded.add(once)
     fresh = [r for once, r in last.items() if once not in recorded]
+    if responses is not None:
+        responses.update(once for once in last if once.startswith("response:"))
     if fresh:
         tx.insert_rows("usage_records", USAGE_COLUMNS, [_values(r) for r in fresh])
     return len(fresh)
