@@ -112,13 +112,49 @@ def append_group(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
     return outcomes
 
 
+def _assumed(requests: Sequence[AppendRequest]) -> bool:
+    """Whether a round's heads are taken from what the store object remembers
+    (every request's ``known``: the steady state of a runtime writing its
+    own sessions) instead of read: then :func:`_heads` reads only the lease
+    rows, and the session rows' compare-and-set checks each head."""
+    return all(r.known is not None for r in requests)
+
+
 def _heads(tx: Tx, requests: list[AppendRequest]) -> list[tuple[Any, ...] | None]:
     """Per request (distinct sessions): ``None`` when its session is missing,
     else its session's leaf and next seq, whether its lease matches the lease
     row (``leases.fence_condition``; ``None`` without a lease or lease row),
-    and the lease row's owner, state and expiry (``None``: no row). One read
-    of the sessions and their lease rows; expiry is judged by the caller, at a
-    clock read after it (``leases.unexpired``)."""
+    and the lease row's owner, state and expiry (``None``: no row). One read;
+    expiry is judged by the caller, at a clock read after it
+    (``leases.unexpired``).
+
+    When :func:`_assumed`, the read is of the lease rows alone, found by their
+    targets through the index (the fence judged on them by
+    ``leases.fence_holds``), and each head is the one its request's ``known``
+    names, unread: the caller's compare-and-set of the session rows checks
+    it, and judges again on a read head any request refused, or not written,
+    at an assumed one (:func:`_round`). Otherwise one read of the sessions and
+    their lease rows, the fence evaluated by it."""
+    if _assumed(requests):
+        targets = [session_target(r.session_id) for r in requests]
+        found = {
+            row[0]: row
+            for row in tx.rows(
+                f"SELECT {', '.join(leases.FENCED)}, state, owner, expires_at FROM leases "
+                "WHERE target = ANY(?::VARCHAR[])",
+                [targets],
+            )
+        }
+        heads: list[tuple[Any, ...] | None] = []
+        for r, target in zip(requests, targets, strict=True):
+            known = r.known
+            assert known is not None  # _assumed
+            row = found.get(target)
+            fenced = None if row is None or r.lease is None else leases.fence_holds(row, r.lease)
+            lease_row = (None, None, None) if row is None else row[len(leases.FENCED) :]
+            state, owner, expires_at = lease_row
+            heads.append((known.leaf_id, known.next_seq, fenced, owner, state, expires_at))
+        return heads
     cols = ", ".join(
         f"unnest(?::{'BIGINT' if c == 'epoch' else 'VARCHAR'}[]) AS {c}" for c in leases.FENCED
     )
@@ -137,8 +173,8 @@ def _heads(tx: Tx, requests: list[AppendRequest]) -> list[tuple[Any, ...] | None
             ),
         ],
     )
-    found = {row[0]: row[1:] for row in rows}
-    return [found.get(r.session_id) for r in requests]
+    by_session = {row[0]: row[1:] for row in rows}
+    return [by_session.get(r.session_id) for r in requests]
 
 
 def _judged(tx: Tx, r: AppendRequest, head: tuple[Any, ...]) -> Exception | None:
@@ -165,8 +201,14 @@ def _round(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
     read: a merged group runs under the backend's in-process write
     serialization (see :class:`~turnkeeper.storage.backend.Merge`), so no
     takeover or grant can commit between it and the group's commit, and it
-    holds its targets (``Tx.hold``), so no renewal or release can either."""
-    out: list[Any] = [None] * len(requests)
+    holds its targets (``Tx.hold``), so no renewal or release can either.
+
+    At heads assumed from what the store object remembers (:func:`_heads`), a
+    request refused there, or whose session row's compare-and-set did not
+    take (another store object wrote the session, or deleted it), has
+    written nothing: it is judged again, and written if it passes, in a
+    round of its own that reads every head (the remembered ones set aside),
+    so its outcome is the one a read head gives."""
     # Every target is held until the group commits (Tx.hold), before any
     # read: a renewal or a release, which skip the write lock, cannot commit
     # between the reads below and the commit (a release would leave a fenced
@@ -174,7 +216,9 @@ def _round(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
     # lease), and one committed after the group's snapshot is a conflict.
     for r in requests:
         tx.hold(session_target(r.session_id))
+    assumed = _assumed(requests)
     heads = _heads(tx, requests)
+    out: list[Any] = [None] * len(requests)
     for i, (r, head) in enumerate(zip(requests, heads, strict=True)):
         # the single path's order: the session, the lease, then the expected leaf
         if head is None:
@@ -184,12 +228,47 @@ def _round(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
         elif r.expected_leaf is not ANY_LEAF and r.expected_leaf != head[0]:
             out[i] = errors.SessionModifiedError(r.session_id, r.expected_leaf, head[0])
     openings = _judge_round(tx, requests, heads, out)
+    again = _refused_at_assumed(assumed, out)
+    writing = [i for i in range(len(requests)) if out[i] is None]
+    written = _write_round(tx, requests, heads, openings, writing, out, assumed)
+    again += [i for i in writing if i not in written]
+    if again:
+        redo = [dataclasses.replace(requests[i], known=None) for i in sorted(again)]
+        for i, outcome in zip(sorted(again), _round(tx, redo), strict=True):
+            out[i] = outcome
+    return out
+
+
+def _refused_at_assumed(assumed: bool, out: list[Any]) -> list[int]:
+    """The requests of a round refused at assumed heads (:func:`_heads`): each
+    is judged again at its read head, its error here set aside (a head the
+    store object remembers can be behind the session's)."""
+    return [i for i, refused in enumerate(out) if assumed and refused is not None]
+
+
+def _write_round(
+    tx: Tx,
+    requests: list[AppendRequest],
+    heads: list[tuple[Any, ...] | None],
+    openings: list[Opening | None],
+    writing: list[int],
+    out: list[Any],
+    assumed: bool,
+) -> set[int]:
+    """Write the requests ``writing`` of a round at their heads: one
+    compare-and-set of their session rows, one insert of every entry of
+    those it moved; each one written gets its outcome in ``out``. Returns
+    the ones written (at assumed heads, those whose row the compare-and-set
+    moved; else all of them).
+
+    Raises:
+        Conflict: a session row read in this transaction moved under the group.
+    """
+    if not writing:
+        return set()
     now = tx.now
     assert now is not None  # always set inside a transaction
-    writing = [i for i in range(len(requests)) if out[i] is None]
-    if not writing:
-        return out
-    stored: list[tuple[Any, ...]] = []
+    stored: dict[int, list[tuple[Any, ...]]] = {}
     moves: list[tuple[Any, ...]] = []
     for i in writing:
         r = requests[i]
@@ -197,14 +276,15 @@ def _round(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
         assert head is not None
         leaf, seq = head[0], head[1]
         epoch = None if r.lease is None else r.lease.epoch
-        parent, entries = leaf, []
+        parent, entries, rows = leaf, [], []
         for n, d in enumerate(r.drafts):
             ts = now if d.timestamp is None else d.timestamp
             e = Entry(r.session_id, d.entry_id, parent, d.kind, seq + n, utc(ts), d.payload, epoch)
             entries.append(e)
             row = (r.session_id, e.id, e.parent_id, e.kind, e.seq, e.timestamp, d.payload_json)
-            stored.append((*row, epoch, now))
+            rows.append((*row, epoch, now))
             parent = d.entry_id
+        stored[i] = rows
         names = [d.payload["name"] for d in r.drafts if d.kind == EntryKind.SESSION_INFO]
         moves.append((r.session_id, parent, len(entries), names[-1] if names else None, seq, leaf))
         out[i] = (entries[0] if r.one else entries, openings[i])
@@ -217,10 +297,31 @@ def _round(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
         f"WHERE {keyed('id', _HEADS_ARE, 'ANY(?::VARCHAR[])')}",
         [leaves, ids, counts, ids, counts, ids, now, titles, ids, ids, seqs, ids, old_leaves, ids],
     )
+    written = set(writing)
     if moved != len(moves):
-        raise Conflict("a session moved during a merged append")
-    tx.insert_rows("entries", ENTRY_COLUMNS, stored)
-    return out
+        if not assumed:
+            raise Conflict("a session moved during a merged append")
+        written = _moved(tx, requests, writing, leaves)
+        for i in set(writing) - written:
+            out[i] = None
+    tx.insert_rows(
+        "entries", ENTRY_COLUMNS, [row for i in writing if i in written for row in stored[i]]
+    )
+    return written
+
+
+def _moved(
+    tx: Tx, requests: list[AppendRequest], writing: list[int], leaves: list[Any]
+) -> set[int]:
+    """The requests ``writing`` whose session row the group's compare-and-set
+    moved: its leaf is now their last entry (a fresh id no other row names)."""
+    ids = [requests[i].session_id for i in writing]
+    now_at = dict(tx.rows("SELECT id, leaf_id FROM sessions WHERE id = ANY(?::VARCHAR[])", [ids]))
+    return {
+        i
+        for i, leaf in zip(writing, leaves, strict=True)
+        if now_at.get(requests[i].session_id) == leaf
+    }
 
 
 def _judge_round(
