@@ -7,7 +7,13 @@ queued beside each other through :func:`append_group`, the ``many`` of their
 :class:`~turnkeeper.storage.backend.Merge`: one read of their session rows
 and lease rows (the full fence, ``leases.fence_condition``, evaluated by
 it), one compare-and-set of their session rows and one insert of every
-entry, instead of three statements per append. The fence is a read there
+entry, instead of three statements per append. When the store object
+remembers every session's head (``pairing_checks.OpeningCache``: each
+session last written by it, the steady state of a runtime), the read is of
+the lease rows alone (the fence judged on them by ``leases.fence_holds``)
+and the compare-and-set checks the remembered heads; an append refused at
+one, or whose compare-and-set finds another head, wrote nothing and is
+judged again at its read head (:func:`_round`). The fence is a read there
 because a merged group runs under the backend's in-process write
 serialization and holds its targets (``Tx.hold``): no grant, takeover,
 renewal or release can commit between the read and the group's commit. Each append is judged on
