@@ -296,6 +296,31 @@ def test_control_the_assumed_heads_fence_is_caught(
         check_stale_at_assumed_heads(duck_store, got)
 
 
+def test_a_later_round_assumes_the_head_the_earlier_round_left(
+    duck_real_store: turnkeeper.BaseStore,
+) -> None:
+    """Two queued appends to ``s`` (two rounds) and one to ``t``, every head
+    remembered: the second append to ``s`` assumes the head the first left,
+    so each round is a read of the lease rows, the compare-and-set and the
+    insert: 8 statements for the three with BEGIN and COMMIT (a head taken
+    from before the group would miss, and be read again with its branch)."""
+    store = duck_real_store
+    for sid in ("s", "t"):
+        store.sessions.create(sid)
+    got = queued_together(
+        store,
+        [
+            lambda: store.sessions.append("s", M, user("s1")),
+            lambda: store.sessions.append("t", M, user("t1")),
+            lambda: store.sessions.append("s", M, user("s2")),
+        ],
+    )
+    assert [type(g).__name__ for g in got] == ["Entry", "Entry", "Entry"], got
+    assert got[2].parent_id == got[0].id and got[2].seq == got[0].seq + 1
+    assert grouped(store, "append") == 3
+    assert store.statement_stats()["append"]["statements_per_call"] * 3 == pytest.approx(8)
+
+
 def test_queued_appends_are_merged(duck_real_store: turnkeeper.BaseStore) -> None:
     """Sixteen queued appends to sixteen sessions run as one merged call: a
     handful of statements for all of them, not four or five each."""

@@ -112,9 +112,21 @@ def append_group(tx: Tx, requests: list[AppendRequest]) -> list[Any]:
             each append runs alone, with retries).
     """
     outcomes: list[Any] = [None] * len(requests)
+    # Per session written in an earlier round: what its append left open there
+    # (its head now), which a later append's ``known``, taken before the group,
+    # is behind; with it, the later append's head is assumed, not read again.
+    left: dict[str, Opening | None] = {}
     for members in _rounds(requests):
-        for i, out in zip(members, _round(tx, [requests[i] for i in members]), strict=True):
+        batch = [
+            requests[i]
+            if requests[i].session_id not in left
+            else dataclasses.replace(requests[i], known=left[requests[i].session_id])
+            for i in members
+        ]
+        for i, r, out in zip(members, batch, _round(tx, batch), strict=True):
             outcomes[i] = out
+            if not isinstance(out, Exception):
+                left[r.session_id] = out[1]
     return outcomes
 
 
