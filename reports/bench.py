@@ -1000,10 +1000,12 @@ def turn_rows() -> int:
     """``reports/bench.py turn``: only the turn's rows (issue 21 part 2), on
     DuckDB and, with ``TURNKEEPER_TEST_PG``, PostgreSQL: the three-transaction
     turn × floor (median [min–max] over :data:`REPS`, the floor timed right
-    before each), its milliseconds, and its statements per phase. Printed, not
+    before each), its milliseconds, the turn × a three-step DBOS workflow
+    (:func:`dbos_peer`: SQLite beside DuckDB, the same server beside
+    PostgreSQL) and its statements per phase. Printed, not
     written to ``reports/BENCH.md`` (``make bench`` writes that)."""
 
-    def row(name: str, store: turnkeeper.BaseStore, floor: Op) -> None:
+    def row(name: str, store: turnkeeper.BaseStore, floor: Op, dbos_url: str) -> None:
         store.sessions.create("runs")
         lease = store.leases.acquire("session:runs", "bench", 3600, purpose="execution")
         turn = timed(lambda: three_transaction_turn(store, "runs", lease, USER))
@@ -1015,21 +1017,27 @@ def turn_rows() -> int:
             spent.append(took)
             ratios.append(took / base)
         stmts = turn_statements(store)
+        dbos = dbos_peer(turn, dbos_url)
+        versus = (
+            f"{dbos['median']}× DBOS [{dbos['min']}–{dbos['max']}]" if "median" in dbos else dbos
+        )
         print(
             f"{name}: {TURN_THREE}: {statistics.median(ratios):.2f}× floor "
             f"[{min(ratios):.2f}–{max(ratios):.2f}], {statistics.median(spent) * 1000:.3f} ms "
-            f"(floor {statistics.median(floors) * 1000:.3f} ms); statements {stmts['total']} "
+            f"(floor {statistics.median(floors) * 1000:.3f} ms); {versus}; "
+            f"statements {stmts['total']} "
             f"({' / '.join(f'{op} {stmts[op]}' for op in TURN_PHASES)}); "
             f"{os.cpu_count()} cores, load average {[round(x, 2) for x in os.getloadavg()]}"
         )
 
     with tempfile.TemporaryDirectory() as tmp, turnkeeper.open_store(f"{tmp}/s.duckdb") as store:
-        row("duckdb", store, duck_floor(tmp))
+        row("duckdb", store, duck_floor(tmp), f"sqlite:///{tmp}/dbos.sqlite")
     url = os.environ.get("TURNKEEPER_TEST_PG")
     if url:
         schema = pg_schema(url)
         with turnkeeper.open_store(schema) as store:
-            row("postgres", store, pg_floor(schema))
+            dbos_url = url.replace("postgresql://", "postgresql+psycopg://", 1)
+            row("postgres", store, pg_floor(schema), dbos_url)
     return 0
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from ..backend import Clock, Conflict
+from ..backend import Clock, Conflict, check_changes
 from ..codec import check_clock
 from .dialect import DIALECT, commit
 from .files import Targets
@@ -197,6 +197,18 @@ class Tx:
         """Execute one data-changing statement; the number of rows it changed."""
         row = self._execute(sql, params).fetchone()
         return 0 if row is None else int(row[0])
+
+    def later(self, sql: str, params: Sequence[Any] = (), *, changes: int | None = None) -> None:
+        """Execute one write now (DuckDB has no data-modifying ``WITH`` to send
+        it with others; see ``storage/backend.py``).
+
+        Raises:
+            Conflict: it changed another number of rows than ``changes``.
+        """
+        if changes is None:
+            self.exec(sql, params)
+        else:
+            check_changes(sql, changes, self.count(sql, params))
 
     def insert_rows(
         self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]

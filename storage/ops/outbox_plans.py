@@ -12,6 +12,7 @@ unknown commit result is idempotent.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from typing import Any
@@ -32,7 +33,7 @@ from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.lifecycle import Edge
 from turnkeeper.spec.records import Entry, Lease, Run
 
-from ..backend import Tx, present, utc
+from ..backend import Dialect, Tx, present, utc
 from ..codec import check_id, derived_id, from_json, to_json
 from ..validate import (
     check_lease,
@@ -56,6 +57,46 @@ OP_COLS = (
     "attempt_count, next_attempt_at, failure_code, lease_owner, lease_epoch, lease_expires_at, "
     "created_at, updated_at, entry_id"
 )
+
+
+_OP_VALUES = (
+    ("intent_id", "VARCHAR"),
+    ("created_at", "TIMESTAMPTZ"),
+    ("updated_at", "TIMESTAMPTZ"),
+    ("id", "VARCHAR[]"),
+    ("operation_key", "VARCHAR[]"),
+    ("kind", "VARCHAR[]"),
+    ("artifact_id", "VARCHAR[]"),
+    ("sequence", "INTEGER[]"),
+    ("depends_on", "VARCHAR[]"),
+    ("idempotency_key", "VARCHAR[]"),
+    ("payload_digest", "VARCHAR[]"),
+    ("entry_id", "VARCHAR[]"),
+)
+"""The columns of a plan's operations its insert is given, and their types
+(an array: one value per step; else one for all)."""
+
+
+@functools.cache
+def _insert_ops(dialect: Dialect) -> str:
+    """A plan's ``pending`` operations as one insert (see ``create_plan``)."""
+    values = ", ".join(
+        f"unnest({dialect.typed(t)})" if t.endswith("[]") else dialect.typed(t)
+        for _, t in _OP_VALUES
+    )
+    return (
+        f"INSERT INTO delivery_operations ({', '.join(c for c, _ in _OP_VALUES)}, "
+        "status, provider_asset_id, provider_message_id, provider_state, attempt_count, "
+        "next_attempt_at, failure_code, lease_owner, lease_epoch, lease_expires_at, lease_ttl_s) "
+        f"SELECT {values}, 'pending', '', '', '{{}}', 0, NULL, '', '', 0, NULL, 0"
+    )
+
+
+@functools.cache
+def _insert_events(dialect: Dialect) -> str:
+    """The ``plan`` event of each of a plan's operations as one insert."""
+    ids, one, at = (dialect.typed(t) for t in ("VARCHAR[]", "VARCHAR", "TIMESTAMPTZ"))
+    return f"INSERT INTO delivery_events SELECT unnest({ids}), {', '.join([one] * 5)}, '', 0, {at}"
 
 
 def intent_row(row: Sequence[Any]) -> DeliveryIntent:
@@ -220,36 +261,38 @@ def create_plan(tx: Tx, run: Run, plan: DeliveryPlan, *, first: bool = False) ->
         now,
         to_json(dict(plan.transport_context), "transport_context"),
     )
-    tx.exec(
+    # Three held writes (``Tx.later``; none reads another's rows): the intent,
+    # every operation, and every operation's ``plan`` event, each one statement
+    # however many steps (one array per column).
+    tx.later(
         f"INSERT INTO delivery_intents ({_INTENT_COLS}, plan_digest) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [*intent, digest],
     )
     edge = MACHINE.require("plan", "absent", {})
-    for seq, step in enumerate(plan.steps, start=1):
-        op_id = derived_id(f"{intent_id}:", step.key)
-        dep = None if step.depends_on is None else derived_id(f"{intent_id}:", step.depends_on)
-        row = tx.one(
-            f"INSERT INTO delivery_operations ({OP_COLS}, lease_ttl_s) VALUES "
-            "(?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', '', '', '{}', 0, NULL, '', '', 0, NULL, "
-            f"?, ?, ?, 0) RETURNING {OP_COLS}",
-            [
-                op_id,
-                intent_id,
-                step.key,
-                step.kind,
-                step.artifact_id,
-                seq,
-                dep,
-                step.idempotency_key or op_id,
-                step.payload_digest,
-                now,
-                now,
-                step.entry_id,
-            ],
+    op_ids = [derived_id(f"{intent_id}:", step.key) for step in plan.steps]
+    steps = [
+        (
+            op_id,
+            step.key,
+            step.kind,
+            step.artifact_id,
+            seq,
+            None if step.depends_on is None else derived_id(f"{intent_id}:", step.depends_on),
+            step.idempotency_key or op_id,
+            step.payload_digest,
+            step.entry_id,
         )
-        row = present(row, "the delivery operation row its INSERT returns")
-        event(tx, op_row(row), edge)
+        for seq, (op_id, step) in enumerate(zip(op_ids, plan.steps, strict=True), start=1)
+    ]
+    if not steps:
+        return intent_row(intent)
+    columns = [list(c) for c in zip(*steps, strict=True)]
+    tx.later(_insert_ops(tx.dialect), [intent_id, now, now, *columns])
+    tx.later(
+        _insert_events(tx.dialect),
+        [op_ids, intent_id, edge.name, edge.trigger, edge.source, edge.dest, now],
+    )
     return intent_row(intent)  # as stored: no read back
 
 

@@ -39,7 +39,6 @@ from ..validate import check_bool, check_list, check_session_lease
 from . import (
     leases,
     resources,
-    run_events,
     run_intents,
     run_lifecycle,
     session_rows,
@@ -192,9 +191,14 @@ def admit(
         intent_id = saved_intent
     now = tx.now
     run_id = str(uuid6.uuid7())
+    # The writes of the run, its intent and the session's active run are held
+    # (``Tx.later``): none reads another's rows (the run's model is the new
+    # intent's, given as a value), so a server sends them as one statement.
+    fresh = intent_id is None
+    model = "?" if fresh else "(SELECT model FROM execution_intents WHERE id = ?)"
     if intent_id is None:
         intent_id = str(uuid6.uuid7())
-        tx.exec(
+        tx.later(
             "INSERT INTO execution_intents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 intent_id,
@@ -210,10 +214,9 @@ def admit(
             ],
         )
     status = (RunStatus.RUNNING if start else RunStatus.ADMITTED).value
-    tx.exec(
+    tx.later(
         f"INSERT INTO runs ({RUN_BASE_COLS}, lease_epoch, model) "
-        "VALUES (?, ?, ?, ?, ?, ?, FALSE, NULL, ?, ?, NULL, ?, "
-        "(SELECT model FROM execution_intents WHERE id = ?))",
+        f"VALUES (?, ?, ?, ?, ?, ?, FALSE, NULL, ?, ?, NULL, ?, {model})",
         [
             run_id,
             session_id,
@@ -224,10 +227,10 @@ def admit(
             now,
             now,
             lease and lease.epoch,
-            intent_id,
+            intent["model"] if fresh else intent_id,
         ],
     )
-    tx.exec("INSERT INTO active_runs VALUES (?, ?)", [session_id, run_id])
+    tx.later("INSERT INTO active_runs VALUES (?, ?)", [session_id, run_id])
     turn = {"turnId": f"{run_id}:turn", "intentId": intent_id, "runId": run_id, "attempt": attempt}
     epoch = None if lease is None else lease.epoch
     # The entry ids derive from a run id made just now: no existence check is needed.
@@ -240,23 +243,6 @@ def admit(
     ]
     if start:
         events.append((RUN.edge("start"), f"{run_id}:start:{secrets.token_hex(4)}", {}))
-    chain = session_rows.append_chain(
-        tx,
-        session_id,
-        drafts,
-        expected_leaf=ANY_LEAF,
-        lease=None,
-        fenced_epoch=epoch,
-        checked=True,
-        head=(head[0], head[1]),  # nothing above moved the leaf or the seq
-        known=known,
-        events=len(events),  # the run events' seqs, taken by the same update
-    )
-    written = chain.entries
-    tx.exec(
-        "INSERT INTO conversation_turns VALUES (?, ?, ?, ?, ?, 'open', ?, NULL, ?, NULL)",
-        [f"{run_id}:turn", session_id, intent_id, run_id, attempt, written[0].seq, now],
-    )
     assert now is not None  # always set inside a transaction
     at = utc(now)
     run = Run(
@@ -273,7 +259,24 @@ def admit(
         None,
         f"{run_id}:turn",
     )
-    run_events.append_events(tx, run, events, taken=True)
+    chain = session_rows.append_chain(
+        tx,
+        session_id,
+        drafts,
+        expected_leaf=ANY_LEAF,
+        lease=None,
+        fenced_epoch=epoch,
+        checked=True,
+        head=(head[0], head[1]),  # nothing above moved the leaf or the seq
+        known=known,
+        new_events=(run, events),  # their seqs taken by the same update of the session
+        hold=True,  # with the writes above (none writes the session, entries or events)
+    )
+    written = chain.entries
+    tx.later(
+        "INSERT INTO conversation_turns VALUES (?, ?, ?, ?, ?, 'open', ?, NULL, ?, NULL)",
+        [f"{run_id}:turn", session_id, intent_id, run_id, attempt, written[0].seq, now],
+    )
     for event, data in resource_events:  # session seed AppendInputResourceEventTx
         resources.write(tx, replace(event, run_id=run_id), data)
     if key_digest is not None:

@@ -89,19 +89,53 @@ def append_events(
         sql = f"UPDATE sessions SET {item.removesuffix(', ')} WHERE id = ?"
         if tx.count(sql, [*values, run.session_id]) != 1:
             raise Conflict(f"session {run.session_id!r} of run {run.id!r} is gone")
+    sql, params = _insert(tx, run, events, "s.event_seq - ?")
+    tx.exec(sql, [n, *params])
+
+
+NewEvents = tuple[Run, Sequence[tuple[Edge, str, Mapping[str, Any]]]]
+"""Run events a write appends with its entries: the run, and each event's
+edge, id and data (``session_rows.append_chain``'s ``new_events``)."""
+
+
+def hold_events(tx: Tx, new: NewEvents) -> None:
+    """Hold (``Tx.later``) the insert of ``new``'s events numbered from the
+    session's event cursor as it is before :func:`cursor_bump`'s update of
+    the session row moves it past them: the caller holds that update right
+    after this, in the same transaction, with nothing between, so a server
+    sends both in one statement (both read the state before it) and DuckDB
+    runs this one first. The numbers are the same as :func:`append_events`'
+    (the cursor, on a server at least the largest seq, plus 1, 2 …)."""
+    run, events = new
+    base = "s.event_seq"
+    if not tx.dialect.serialized_writes:  # as cursor_bump reads it
+        base = (
+            "greatest(s.event_seq, (SELECT coalesce(max(e.seq), 0) FROM run_events AS e "
+            "WHERE e.session_id = s.id))"
+        )
+    sql, params = _insert(tx, run, events, base)
+    tx.later(sql, params)
+
+
+def _insert(
+    tx: Tx, run: Run, events: Sequence[tuple[Edge, str, Mapping[str, Any]]], base: str
+) -> tuple[str, list[Any]]:
+    """The insert of ``events`` numbered ``base`` + 1, 2 … (``base``: SQL over
+    the session row ``s``; its parameters come first), and its parameters
+    after ``base``'s."""
     row = "SELECT ?::BIGINT, ?, ?, ?, ?, ?, ?, ?, ?::TIMESTAMPTZ"
-    rows = " UNION ALL ".join([row] * n)
+    rows = " UNION ALL ".join([row] * len(events))
     params: list[Any] = []
     for k, (edge, event_id, data) in enumerate(events, start=1):
         params += [k, event_id, run.id, edge.name, edge.trigger, edge.source, edge.dest]
         params += [to_json(dict(data), "data"), tx.now]
-    tx.exec(
-        "INSERT INTO run_events SELECT s.id, s.event_seq - ? + v.n, v.id, v.run_id, v.edge, "
+    sql = (
+        f"INSERT INTO run_events SELECT s.id, {base} + v.n, v.id, v.run_id, v.edge, "
         "v.trigger, v.source, v.dest, v.data, v.occurred_at FROM sessions AS s, "
         f"({rows}) AS v (n, id, run_id, edge, trigger, source, dest, data, occurred_at) "
-        "WHERE s.id = ?",
-        [n, *params, run.session_id],
+        "WHERE s.id = ?"
     )
+    return sql, [*params, run.session_id]
 
 
 def stored(tx: Tx, event_id: str) -> RunEvent | None:

@@ -108,13 +108,12 @@ def _move(tx: Tx, run: Run, edge: Edge, error: str | None = None) -> Run:
     assert now is not None  # always set inside a transaction
     done = "finished_at = ?, " if edge.dest in TERMINAL else ""
     params: list[Any] = [edge.dest, now] + ([now] if done else []) + [error, run.id, edge.source]
-    moved = tx.count(
+    tx.later(  # held: a server sends it with the writes after it (a moved row: Conflict)
         f"UPDATE runs SET status = ?, updated_at = ?, {done}error = coalesce(?, error) "
         f"WHERE {keyed('id', 'status = ?')}",
         params,
+        changes=1,
     )
-    if moved != 1:
-        raise Conflict(f"run {run.id!r} moved")
     at = utc(now)
     return dataclasses.replace(
         run,
@@ -203,7 +202,7 @@ def finish(
         )
     moved = _move(tx, run, edge, error)
     epoch = fenced_epoch if lease is None else lease.epoch
-    tx.exec(
+    tx.later(
         f"DELETE FROM active_runs WHERE {keyed('session_id', 'run_id = ?')}",
         [run.session_id, run.id],
     )
@@ -260,6 +259,7 @@ def finish(
         )
     ended = session_rows.Chain([], opening)
     final = [*deferred, *drafts_own]
+    terminal = [(edge, f"{run_id}:{status.value}", {"error": error, "stopReason": stop_reason})]
     if final:
         ended = session_rows.append_chain(
             tx,
@@ -271,22 +271,20 @@ def finish(
             checked=True,
             head=start if deferred else head,
             known=start_known if deferred else opening,
-            events=1,  # the terminal event's seq, taken by the same update
+            # the terminal event, its seq taken by the same update of the session
+            new_events=(moved, terminal),
             # (never one of ``drafts``' ids: a caller's id cannot end as the store's own)
             absent=_own_ids(run) if read is not None and not read[4] else frozenset(),
+            hold=True,  # with the writes held above and below (none writes the session)
         )
     if turn_id is not None:
-        tx.exec(
+        tx.later(
             "UPDATE conversation_turns SET status = ?, end_seq = ?, ended_at = ? WHERE id = ?",
             [status.value, ended.entries[-1].seq, tx.now, turn_id],
         )
-    run_events.append_events(
-        tx,
-        moved,
-        [(edge, f"{run_id}:{status.value}", {"error": error, "stopReason": stop_reason})],
-        taken=bool(final),
-    )
-    if plan is not None:  # the run ended just now: it can have no plan yet
+    if not final:  # no entry written: the event alone (and its cursor's update)
+        run_events.append_events(tx, moved, terminal)
+    if plan is not None:  # the run ended just now: it can have no plan yet (its writes held)
         outbox_plans.create_plan(tx, moved, plan, first=True)
     tx.notify(Topic.RUN_ENDED)
     return moved, True, ended.opening

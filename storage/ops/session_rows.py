@@ -15,6 +15,7 @@ creates a second child.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from turnkeeper.spec.records import (
     Session,
 )
 
-from ..backend import Conflict, Tx, keyed, present, utc
+from ..backend import Conflict, Dialect, Tx, keyed, present, utc
 from ..codec import check_id, check_instant, check_text, from_json, to_json, to_json_exact
 from ..pairing import Opening
 from ..validate import (
@@ -63,6 +64,22 @@ ID_HEAD = 8
 """Characters of a session id kept in ``sessions.id_head`` (DuckDB's index of an
 id prefix; PostgreSQL indexes ``substr(id, 1, 8)``): see ``open_ids.py``."""
 _MARKS = ", ".join("?" * len(ENTRY_COLUMNS))
+
+HELD_ROWS = 256
+"""A held chain (``append_chain(hold=True)``) of up to this many entries is
+inserted by one statement of one array per column, which a server sends with
+the other held writes; a longer one is bulk loaded (``Tx.insert_rows``)."""
+
+_ENTRY_TYPES = ("VARCHAR",) * 4 + ("BIGINT", "TIMESTAMPTZ", "VARCHAR", "BIGINT", "TIMESTAMPTZ")
+"""The SQL type of each of :data:`ENTRY_COLUMNS`, in its order."""
+
+
+@functools.cache
+def _insert_arrays(dialect: Dialect) -> str:
+    """The entries' insert from one array per column (:data:`ENTRY_COLUMNS`' order)."""
+    arrays = ", ".join(f"unnest({dialect.typed(kind + '[]')})" for kind in _ENTRY_TYPES)
+    return f"INSERT INTO entries ({', '.join(ENTRY_COLUMNS)}) SELECT {arrays}"
+
 
 HEAD_IS = "next_seq = ? AND leaf_id IS NOT DISTINCT FROM ?"
 """A session row whose head is still this next seq and leaf: an append's compare-and-set."""
@@ -273,9 +290,10 @@ def append_chain(
     checked: bool = False,
     head: tuple[str | None, int] | None = None,
     known: Opening | None = None,
-    events: int = 0,
+    new_events: run_events.NewEvents | None = None,
     write: bool = True,
     absent: frozenset[str] = frozenset(),
+    hold: bool = False,
 ) -> Chain:
     """Append ``drafts`` as a chain under the leaf (or ``parent_override``), the
     first one's parent the leaf, each next one's the one before; see the
@@ -292,14 +310,18 @@ def append_chain(
     written (``pairing_checks.check``; ``known``: the calls open at the
     session's head, if the caller knows them). ``head``: the session's leaf
     and next seq as the caller read them in this transaction, with nothing
-    written to the session since (one read less). ``events``: run events the
-    caller writes next in this transaction, whose seqs the same update takes
-    from the session's event cursor (``run_events.append_events`` with
-    ``taken=True``: one update of the session row, not two). Without
+    written to the session since (one read less). ``new_events``: run events
+    written with the entries, whose seqs the same update takes from the
+    session's event cursor (one update of the session row, not two; held
+    with it under ``hold``, ``run_events.hold_events``). Without
     ``write``: every check and read, nothing written (the chain as it would be
     stored, for a caller that writes it with more entries after it).
     ``absent``: ids of ``chosen`` drafts the caller read, in this
-    transaction, to be no entry's (not looked up again).
+    transaction, to be no entry's (not looked up again). ``hold``: the
+    session row's compare-and-set and the insert are held (``Tx.later``) to
+    go with the caller's other held writes, none of which may write the
+    session row, these entries or run events (a server sends them as one
+    statement).
 
     Raises:
         LeaseLostError, BusyError, SessionNotFoundError, SessionModifiedError,
@@ -360,21 +382,31 @@ def append_chain(
         return Chain(out, opening)
     names = [d.payload["name"] for d in drafts if d.kind == EntryKind.SESSION_INFO]
     title = "title = ?, " if names else ""  # a column not set is not written
+    events = 0 if new_events is None else len(new_events[1])
     cursor, bump = run_events.cursor_bump(tx, session_id, events) if events else ("", [])
-    moved = tx.count(
+    update = (
         f"UPDATE sessions SET {title}{cursor}leaf_id = ?, next_seq = next_seq + ?, "
         "entry_count = entry_count + ?, updated_at = ? "
-        f"WHERE {keyed('id', HEAD_IS)}",
-        [*names[-1:], *bump, out[-1].id, len(out), len(out), now, session_id, seq, leaf],
+        f"WHERE {keyed('id', HEAD_IS)}"
     )
-    if moved != 1:
-        raise Conflict(f"session {session_id!r} moved during append")
+    values = [*names[-1:], *bump, out[-1].id, len(out), len(out), now, session_id, seq, leaf]
     stored = [
         (session_id, e.id, e.parent_id, e.kind, e.seq, e.timestamp, d.payload_json, epoch, now)
         for e, d in zip(out, drafts, strict=True)
     ]
+    if hold:
+        if new_events is not None:  # numbered from the cursor the update below moves
+            run_events.hold_events(tx, new_events)
+        tx.later(update, values, changes=1)  # a moved session is a Conflict, retried
+    elif tx.count(update, values) != 1:
+        raise Conflict(f"session {session_id!r} moved during append")
+    elif new_events is not None:  # numbered from the cursor the update above moved
+        run_events.append_events(tx, new_events[0], new_events[1], taken=True)
     if len(stored) == 1:
-        tx.exec(f"INSERT INTO entries ({', '.join(ENTRY_COLUMNS)}) VALUES ({_MARKS})", stored[0])
+        insert = tx.later if hold else tx.exec
+        insert(f"INSERT INTO entries ({', '.join(ENTRY_COLUMNS)}) VALUES ({_MARKS})", stored[0])
+    elif hold and len(stored) <= HELD_ROWS:
+        tx.later(_insert_arrays(tx.dialect), [list(column) for column in zip(*stored, strict=True)])
     else:
         tx.insert_rows("entries", ENTRY_COLUMNS, stored)
     return Chain(out, opening)

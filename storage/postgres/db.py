@@ -78,7 +78,7 @@ from ..codec import check_clock
 from ..migrations import load
 from ..retry import Gate, Stats, run_attempts
 from ..wakeups import Signals, Subscription, Topic
-from . import connect, faults, notify, text
+from . import chain, connect, faults, notify, text
 from .connect import redact
 from .faults import translate
 from .pool import POOL_TIMEOUT_S, RECONNECT_DELAY_S, RECONNECT_MAX_DELAY_S, Pool
@@ -166,6 +166,7 @@ class Tx:
         self._snapshot = False  # a statement other than BEGIN has run (it took the snapshot)
         self.committing = False
         self.pending: list[str] = []
+        self._held: list[chain.Held] = []
 
     @property
     def conn(self) -> psycopg.Connection[Any]:
@@ -241,9 +242,38 @@ class Tx:
         """The kept error of the earliest expiry (its check failed as it committed)."""
         return min(self._until, key=lambda u: u[0])[1]
 
+    def later(self, sql: str, params: Sequence[Any] = (), *, changes: int | None = None) -> None:
+        """Hold one write until the next other statement, or the end of the
+        operation's body (before its COMMIT), where the writes held are sent as
+        one statement (:mod:`.chain`; see ``storage/backend.py``); outside a
+        transaction that statement is an autocommit write of its own."""
+        self._held.append((sql, list(params), changes))
+
+    def flush(self) -> None:
+        """Send the writes :meth:`later` held, as one statement, and judge their counts.
+
+        Raises:
+            Conflict: a held compare-and-set changed another number of rows.
+        """
+        held, self._held = self._held, []
+        if not held:
+            return
+        if len(held) == 1:
+            sql, params, _ = held[0]
+            counts = [max(self._execute(sql, params).rowcount, 0)]
+        else:
+            sql, params = chain.statement(held)
+            cur = self._execute(sql, params)
+            with faults.driver():
+                row = cur.fetchone()
+            counts = list(present(row, "the counts of the held writes"))
+        chain.check(held, counts)
+
     def _execute(
         self, sql: str, params: Sequence[Any], binary: bool = False
     ) -> psycopg.Cursor[Any]:
+        if self._held:
+            self.flush()
         self.statements += 1
         self._snapshot = self._snapshot or not sql.startswith("BEGIN")
         # sent as it is without parameters: psycopg then reads no placeholders
@@ -294,6 +324,7 @@ class Tx:
         """
         if not rows:
             return
+        self.flush()
         if self._search_path is not None and not self._in_transaction:
             raise errors.InternalError(
                 detail="a bulk insert (COPY) runs only inside a transaction behind a "
@@ -546,6 +577,7 @@ class Database:
                     # lets the operation end; before, it cancels it, nothing written)
                     with bridge.committing(tx.committing):
                         result = body(tx)
+                        tx.flush()  # the held writes, before the COMMIT's judgement
                     if transaction:
                         ending = tx.commit_statement() if commit else "ROLLBACK"
                         tx.committing = commit
