@@ -44,3 +44,20 @@ def test_processes_with_no_time_still_measure_appends(bench) -> None:
     with turnkeeper.open_store(url) as store:
         appended = store.query("SELECT count(*) AS n FROM entries").to_pylist()[0]["n"]
     assert appended >= 2 * (1 + bench.MIN_APPENDS)
+
+
+def test_the_threads_rows_alone_print_each_count_and_the_appends_statements(
+    bench, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``reports/bench.py threads`` (issue 21 part 4's rows alone) runs at no
+    time per count: a line per writer count, its multiple of one writer and
+    its rate, then the floor and the appends' statements per call."""
+    monkeypatch.setattr(bench, "REPS", 2)
+    monkeypatch.setattr(bench, "MIN_S", 0.0)
+    assert bench.thread_rows() == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[1].strip() for line in lines[:-1]] == [
+        f"fenced appends, {n} threads, own sessions" for n in bench.THREAD_COUNTS
+    ]
+    assert "1.00× one thread" in lines[0]
+    assert "statements per call" in lines[-1] and "2 repetitions" in lines[-1]

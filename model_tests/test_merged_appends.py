@@ -41,7 +41,7 @@ CALL = st.tuples(
 class World:
     """One store with the sessions and leases the calls use."""
 
-    def __init__(self, path: Path, clock: Any) -> None:
+    def __init__(self, path: Path, clock: Any, behind: tuple[str, ...] = ()) -> None:
         self.store = turnkeeper.open_store(str(path), clock=clock)
         self.leases: dict[str, tuple[turnkeeper.Lease, turnkeeper.Lease]] = {}
         for sid in ("a", "b", "c", "held"):
@@ -55,6 +55,19 @@ class World:
         for sid in ("a", "b"):
             valid = self.store.leases.acquire(f"session:{sid}", "w1", 3600)
             self.leases[sid] = (valid, self.leases[sid][0])
+        for sid in behind:
+            self.move_behind(sid)
+
+    def move_behind(self, sid: str) -> None:
+        """Append to ``sid`` and then have the store object remember the head
+        before it (``pairing_checks.OpeningCache``), as if another store
+        object had appended: the merged path's assumed head is behind."""
+        remembered = self.store.sessions._openings  # type: ignore[attr-defined]
+        before = remembered.get(sid)
+        assert before is not None, sid
+        lease = self.leases[sid][0] if sid in self.leases else None
+        self.store.sessions.append(sid, M, user(f"behind {sid}"), lease=lease)
+        remembered.put(sid, before)
 
     def call(self, spec: tuple[str, str, str, int], n: int) -> Any:
         sid, lease_kind, leaf_kind, count = spec
@@ -97,9 +110,14 @@ def outcome(value: Any) -> Any:
     return [(e.session_id, e.seq, e.payload["message"]["content"]) for e in entries]
 
 
-def differential(tmp: Path, clock_factory: Any, calls: list[tuple[str, str, str, int]]) -> None:
-    grouped_world = World(tmp / f"g{next(_n)}.duckdb", clock_factory())
-    serial_world = World(tmp / f"s{next(_n)}.duckdb", clock_factory())
+def differential(
+    tmp: Path,
+    clock_factory: Any,
+    calls: list[tuple[str, str, str, int]],
+    behind: tuple[str, ...] = (),
+) -> None:
+    grouped_world = World(tmp / f"g{next(_n)}.duckdb", clock_factory(), behind)
+    serial_world = World(tmp / f"s{next(_n)}.duckdb", clock_factory(), behind)
     try:
         # the expected leaf of "right" is read before the batch (all see the same)
         got = queued_together(
@@ -135,6 +153,172 @@ def test_merged_appends_agree_with_the_same_calls_one_after_another(tmp_path: Pa
         differential(tmp_path, FakeClock, calls)
 
     agree()
+
+
+def test_merged_appends_at_heads_remembered_behind_agree_with_one_after_another(
+    tmp_path: Path,
+) -> None:
+    """As above, with the heads the store object remembers for some sessions
+    behind theirs (another store object appended since): the merged path
+    assumes the remembered heads (``appends._heads``), and each append whose
+    compare-and-set finds another head, or that is refused at the assumed
+    one, is judged again at its read head, with the outcome of a call alone."""
+    from conftest import FakeClock
+
+    @settings(
+        max_examples=25,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    @given(
+        st.lists(CALL.filter(lambda c: c[0] != "missing"), min_size=2, max_size=12),
+        st.sets(st.sampled_from(["a", "b", "c"]), min_size=1),
+    )
+    def agree(calls: list[tuple[str, str, str, int]], behind: set[str]) -> None:
+        differential(tmp_path, FakeClock, calls, tuple(sorted(behind)))
+
+    agree()
+
+
+def remembered_behind(
+    store: turnkeeper.BaseStore, other: turnkeeper.BaseStore, *, expect: bool
+) -> list[Any]:
+    """Sessions ``s`` and ``t`` written through ``store`` (which remembers their
+    heads), then ``s`` appended to through ``other``, a second store object on
+    the same file; then, queued together on ``store``: an append to ``s``
+    (``expect``: expecting its leaf as it now is), and one to ``t``."""
+    for sid in ("s", "t"):
+        store.sessions.create(sid)
+        store.sessions.append(sid, M, user(f"{sid} first"))
+    moved = other.sessions.append("s", M, user("s by the other"))
+    return queued_together(
+        store,
+        [
+            lambda: store.sessions.append(
+                "s", M, user("s second"), expected_leaf=moved.id if expect else ANY_LEAF
+            ),
+            lambda: store.sessions.append("t", M, user("t second")),
+        ],
+    )
+
+
+def check_behind(store: turnkeeper.BaseStore, got: list[Any]) -> None:
+    assert [type(g).__name__ for g in got] == ["Entry", "Entry"], got
+    s = store.sessions.entries("s")
+    assert [e.payload["message"]["content"] for e in s] == ["s first", "s by the other", "s second"]
+    assert [e.seq for e in s] == [s[0].seq, s[0].seq + 1, s[0].seq + 2]
+    assert s[2].parent_id == s[1].id
+    assert store.sessions.get("s").leaf_id == s[2].id  # type: ignore[union-attr]
+    t = store.sessions.entries("t")
+    assert [e.seq for e in t] == [t[0].seq, t[0].seq + 1]
+    assert grouped(store, "append") == 2
+
+
+@pytest.fixture
+def twin_stores(tmp_path: Path) -> Any:
+    path = tmp_path / "twins.duckdb"
+    with turnkeeper.open_store(path) as store, turnkeeper.open_store(path) as other:
+        yield store, other
+
+
+@pytest.mark.parametrize("expect", [False, True], ids=["any-leaf", "expected-leaf"])
+def test_a_merged_append_at_a_head_remembered_behind_is_judged_at_the_read_one(
+    twin_stores: Any, expect: bool
+) -> None:
+    store, other = twin_stores
+    check_behind(store, remembered_behind(store, other, expect=expect))
+
+
+def test_control_written_at_a_head_remembered_behind_is_caught(
+    twin_stores: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Control: a round that takes every compare-and-set as taken (the
+    session row of ``s`` did not move) stores ``s``'s entry at the old head."""
+    monkeypatch.setattr(appends, "_moved", lambda tx, requests, writing, leaves: set(writing))
+    store, other = twin_stores
+    got = remembered_behind(store, other, expect=False)
+    with pytest.raises(AssertionError):
+        check_behind(store, got)
+
+
+def test_control_refused_at_a_head_remembered_behind_is_caught(
+    twin_stores: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Control: a round that keeps the error judged at the assumed head gives
+    ``s``'s caller a ``SessionModifiedError`` its call alone never gets."""
+    monkeypatch.setattr(appends, "_refused_at_assumed", lambda assumed, out: [])
+    store, other = twin_stores
+    got = remembered_behind(store, other, expect=True)
+    assert type(got[0]).__name__ == "SessionModifiedError", got
+    with pytest.raises(AssertionError):
+        check_behind(store, got)
+
+
+def stale_at_assumed_heads(store: turnkeeper.BaseStore, clock: Any) -> list[Any]:
+    """Queued together, at heads the store object remembers (each session's
+    first append in the group: the assumed path): the stale holder's append
+    to ``s`` (its lease taken over), and a plain append to ``t``."""
+    for sid in ("s", "t"):
+        store.sessions.create(sid)
+    old = store.leases.acquire("session:s", "w1", 5)
+    clock.advance(6)
+    store.leases.acquire("session:s", "w2", 600)
+    return queued_together(
+        store,
+        [
+            lambda: store.sessions.append("s", M, user("stale"), lease=old),
+            lambda: store.sessions.append("t", M, user("plain")),
+        ],
+    )
+
+
+def check_stale_at_assumed_heads(store: turnkeeper.BaseStore, got: list[Any]) -> None:
+    assert [type(g).__name__ for g in got] == ["LeaseLostError", "Entry"], got
+    assert store.sessions.entries("s") == []
+    assert grouped(store, "append") == 2
+
+
+def test_a_merged_group_fences_each_append_at_assumed_heads(
+    duck_store: turnkeeper.BaseStore, clock: Any
+) -> None:
+    check_stale_at_assumed_heads(duck_store, stale_at_assumed_heads(duck_store, clock))
+
+
+def test_control_the_assumed_heads_fence_is_caught(
+    duck_store: turnkeeper.BaseStore, clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Control: the fence on the lease rows read alone (``leases.fence_holds``,
+    at assumed heads) patched to pass every lease lets the stale holder's
+    append in."""
+    monkeypatch.setattr(leases, "fence_holds", lambda row, lease: True)
+    got = stale_at_assumed_heads(duck_store, clock)
+    with pytest.raises(AssertionError):
+        check_stale_at_assumed_heads(duck_store, got)
+
+
+def test_a_later_round_assumes_the_head_the_earlier_round_left(
+    duck_real_store: turnkeeper.BaseStore,
+) -> None:
+    """Two queued appends to ``s`` (two rounds) and one to ``t``, every head
+    remembered: the second append to ``s`` assumes the head the first left,
+    so each round is a read of the lease rows, the compare-and-set and the
+    insert: 8 statements for the three with BEGIN and COMMIT (a head taken
+    from before the group would miss, and be read again with its branch)."""
+    store = duck_real_store
+    for sid in ("s", "t"):
+        store.sessions.create(sid)
+    got = queued_together(
+        store,
+        [
+            lambda: store.sessions.append("s", M, user("s1")),
+            lambda: store.sessions.append("t", M, user("t1")),
+            lambda: store.sessions.append("s", M, user("s2")),
+        ],
+    )
+    assert [type(g).__name__ for g in got] == ["Entry", "Entry", "Entry"], got
+    assert got[2].parent_id == got[0].id and got[2].seq == got[0].seq + 1
+    assert grouped(store, "append") == 3
+    assert store.statement_stats()["append"]["statements_per_call"] * 3 == pytest.approx(8)
 
 
 def test_queued_appends_are_merged(duck_real_store: turnkeeper.BaseStore) -> None:
@@ -199,7 +383,7 @@ def _patched_heads(monkeypatch: pytest.MonkeyPatch, change: Any) -> None:
 def test_control_a_merge_without_its_fence_is_caught(
     duck_store: turnkeeper.BaseStore, clock: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _patched_heads(monkeypatch, lambda h: (h[0], h[1], True, h[3]))  # every lease passes
+    _patched_heads(monkeypatch, lambda h: (*h[:2], True, *h[3:]))  # every lease passes
     got = stale_scenario(duck_store, clock)
     with pytest.raises(AssertionError):
         check_stale(duck_store, got)
@@ -208,7 +392,7 @@ def test_control_a_merge_without_its_fence_is_caught(
 def test_control_a_merge_that_ignores_the_holder_is_caught(
     duck_store: turnkeeper.BaseStore, clock: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _patched_heads(monkeypatch, lambda h: (h[0], h[1], h[2], None))  # nobody holds anything
+    _patched_heads(monkeypatch, lambda h: (*h[:4], None, h[5]))  # nobody holds anything
     got = stale_scenario(duck_store, clock)
     with pytest.raises(AssertionError):
         check_stale(duck_store, got)

@@ -1041,6 +1041,51 @@ def turn_rows() -> int:
     return 0
 
 
+THREAD_COUNTS = (1, 16)
+"""The writer counts of ``reports/bench.py threads`` (issue 21 part 4: 16 against one)."""
+
+
+def thread_rows() -> int:
+    """``reports/bench.py threads``: only the DuckDB writers' rows (issue 21
+    part 4), on a durable file: per repetition (:data:`REPS`), the floor, then
+    each count of :data:`THREAD_COUNTS` writers' fenced appends per second
+    (:func:`threads`, each for :data:`WRITERS_S`), one right after the other,
+    so each multiple of one writer compares rates taken under the same load;
+    the median [min–max] of each multiple, each rate and the floor, and the
+    appends' statements per call (a group commit's share, BEGIN and COMMIT
+    included) and how many of them committed grouped. Printed, not written
+    to ``reports/BENCH.md`` (``make bench`` writes that)."""
+    multiples_of: dict[int, list[float]] = {n: [] for n in THREAD_COUNTS}
+    rates: dict[int, list[float]] = {n: [] for n in THREAD_COUNTS}
+    floors: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        floor = duck_floor(tmp)
+        with turnkeeper.open_store(f"{tmp}/s.duckdb") as store:
+            for _ in range(REPS):
+                floors.append(per_call(floor))
+                taken = {n: threads(store, n) for n in THREAD_COUNTS}
+                for n, rate in taken.items():
+                    rates[n].append(rate)
+                    multiples_of[n].append(rate / taken[THREAD_COUNTS[0]])
+            stats = store.statement_stats()["append"]
+    for n in THREAD_COUNTS:
+        x = multiples_of[n]
+        print(
+            f"duckdb: fenced appends, {n} threads, own sessions: "
+            f"{statistics.median(x):.2f}× one thread [{min(x):.2f}–{max(x):.2f}], "
+            f"{statistics.median(rates[n]):.0f}/s [{min(rates[n]):.0f}–{max(rates[n]):.0f}]"
+        )
+    print(
+        f"floor {statistics.median(floors) * 1000:.3f} ms "
+        f"[{min(floors) * 1000:.3f}–{max(floors) * 1000:.3f}]; append: "
+        f"{stats['statements_per_call']:.2f} statements per call, "
+        f"{stats['grouped']:.0f} of {stats['calls']:.0f} calls grouped; {REPS} repetitions "
+        f"of {WRITERS_S} s; {os.cpu_count()} cores, load average "
+        f"{[round(x, 2) for x in os.getloadavg()]}"
+    )
+    return 0
+
+
 def main() -> int:
     load = [round(x, 2) for x in os.getloadavg()]
     backends: dict[str, Any] = {}
@@ -1114,5 +1159,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    ONLY = {"turn": turn_rows, "replay": main_replay}
+    ONLY = {"turn": turn_rows, "replay": main_replay, "threads": thread_rows}
     sys.exit(ONLY[sys.argv[1]]() if sys.argv[1:2] and sys.argv[1] in ONLY else main())

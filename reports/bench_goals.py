@@ -149,7 +149,11 @@ GOALS = [
         False,
         lambda b: _get(b, "threads", "16", "x_one_writer"),
         "×",
-        "DuckDB's fixed cost per list-keyed statement of the group commit",
+        "a group commit of 16 appends is 5 statements, each a fixed cost of DuckDB's "
+        "planner, not of its rows (instrumented, 16 rows: BEGIN 0.15 ms, the lease rows' "
+        "read 1.0, the session rows' compare-and-set 1.6, the entries' insert 0.8, COMMIT "
+        "0.8), about 0.6 ms of Python beside them, and between groups the 16 callers' own "
+        "Python on 2 cores before they queue again",
     ),
 ]
 
