@@ -5,6 +5,7 @@ counted (lines split into records), never timed."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pi_big
@@ -164,3 +165,55 @@ def _numbered_from(real, first: int):  # type: ignore[no-untyped-def]
         return real(path, progress, offset, first if offset else first_line)
 
     return lines
+
+
+def _lines(*records: dict[str, object]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in records)
+
+
+def _msg(eid: str, parent: str | None, text: str) -> dict[str, object]:
+    message = {"role": "user", "content": text, "timestamp": 1}
+    return {
+        "type": "message",
+        "id": eid,
+        "parentId": parent,
+        "timestamp": "2026-01-01T00:00:01.000Z",
+        "message": message,
+    }
+
+
+HEAD = {"type": "session", "version": 3, "id": "dup-1", "timestamp": "2026-01-01T00:00:00.000Z"}
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["guard", "control"])
+def test_an_appended_line_repeating_an_old_id_is_what_a_whole_import_makes_it(
+    store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, guarded: bool
+):
+    """A line appended to an imported file that repeats the id of a line read
+    before is kept as an opaque line with its issue, as an import of the whole
+    final file keeps it (the tail's import meets a stored id, writes nothing,
+    and the file is read whole). Control: with the stored-id check patched
+    out, the tail's import counts the line as skipped and keeps nothing."""
+    from turnkeeper.storage.ops import import_chunks
+
+    if not guarded:
+        real = import_chunks.add_entries
+        monkeypatch.setattr(
+            import_chunks,
+            "add_entries",
+            lambda tx, sid, rows, seq, created, live, tail=False: real(
+                tx, sid, rows, seq, created, live
+            ),
+        )
+    old = [HEAD, _msg("a", None, "first"), _msg("b", "a", "second")]
+    tail = [_msg("a", "b", "the first entry's id, other text"), _msg("c", "b", "third")]
+    path = tmp_path / "grown.jsonl"
+    path.write_text(_lines(*old))
+    pi.import_file(store, path)
+    path.write_text(_lines(*old, *tail))
+    grown = pi.import_file(store, path)
+    assert [e.id for e in store.sessions.entries("dup-1")] == ["a", "b", "c"]
+    opaque = store.sessions.opaque_records("dup-1")
+    assert (len(opaque), grown.result.opaque_added) == ((1, 1) if guarded else (0, 0))
+    assert any("duplicate entry id" in str(i) for i in grown.issues) is guarded
+    assert pi.import_file(store, path).unchanged

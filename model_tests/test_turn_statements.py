@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import through_pooler
+from conftest import new_pg_schema, open_pg, through_pooler
 
 import turnkeeper
 from turnkeeper import EntryKind
@@ -30,15 +30,17 @@ REPORTS = Path(__file__).resolve().parents[1] / "reports"
 
 CEILINGS = {
     "duckdb": {"admit_run": 10, "append_many": 5, "finish_run": 12},
-    "postgres": {"admit_run": 5, "append_many": 1, "finish_run": 5},
+    "postgres": {"admit_run": 5, "append_many": 1, "finish_run": 6},
 }
 """Statements per phase of the turn, at most (BEGIN and COMMIT included).
 On PostgreSQL the writes held (``Tx.later``) between two other statements are
 one statement (``storage/postgres/chain.py``): admit+start and finish are
 BEGIN, the fenced read, the held writes (run events among them), the lease's
 expiry check (a ``DO`` block) and COMMIT, the last two sent as one simple
-query and counted as two. Behind a transaction pooler each phase also pins
-its search_path (:data:`PINNED`)."""
+query and counted as two; finish then sends its wake-ups (run ended, delivery
+due: one ``pg_notify`` statement after the COMMIT, ``storage/postgres/notify.py``).
+Behind a transaction pooler each phase also pins its search_path
+(:data:`PINNED`)."""
 
 PINNED = 1
 """Statements a phase adds behind a transaction pooler: the ``SET LOCAL
@@ -193,3 +195,75 @@ def test_a_plan_costs_the_same_statements_however_many_steps(
         assert found is not None and len(found[1]) == steps
         assert [op.sequence for op in found[1]] == list(range(1, steps + 1))
     assert spent[0] == spent[1], spent
+
+
+def _tool_turn(store: turnkeeper.BaseStore, session_id: str, lease: turnkeeper.Lease) -> None:
+    """A turn shaped like the README's example: a tool call and its result in
+    one ``append_many``, a plan step naming the reply entry."""
+    run = store.runs.admit(session_id, {"q": 2}, user_message=USER, lease=lease, start=True)
+    result = {"role": "toolResult", "toolCallId": "c9", "toolName": "ls", "content": []}
+    store.sessions.append_many(
+        session_id,
+        [(EntryKind.MESSAGE, _call("c9")), (EntryKind.MESSAGE, {"message": result})],
+        lease=lease,
+    )
+    step = turnkeeper.DeliveryStep("send", "message", entry_id=run.assistant_entry_id)
+    store.runs.finish(
+        run.id,
+        "succeeded",
+        assistant_message=REPLY,
+        delivery_plan=turnkeeper.DeliveryPlan("chat", "t", (step,)),
+        lease=lease,
+    )
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("counted", [True, False], ids=["counter", "control"])
+def test_the_counter_counts_every_statement_the_driver_sends(
+    monkeypatch: pytest.MonkeyPatch, counted: bool
+) -> None:
+    """On PostgreSQL the store's statement counter equals what psycopg sends
+    for a turn (each driver call, plus the second statement of the two
+    simple queries that carry two: the lease's expiry check before COMMIT and
+    the pooler's search_path pin after BEGIN), the finish's wake-ups after
+    its COMMIT included, for the bench's turn and one with a tool call.
+    Control: the wake-ups left uncounted (as they were), the counts differ."""
+    import psycopg
+
+    from turnkeeper.storage.postgres import notify
+
+    if not counted:
+        real_send = notify.send
+        monkeypatch.setattr(notify, "send", lambda *a: real_send(*a) and 0)
+    sent: list[str] = []
+    for name in ("execute", "executemany", "copy"):
+        real = getattr(psycopg.Cursor, name)
+
+        def spy(cur: Any, query: Any, *a: Any, __real: Any = real, **k: Any) -> Any:
+            sent.append(query if isinstance(query, str) else str(query))
+            return __real(cur, query, *a, **k)
+
+        monkeypatch.setattr(psycopg.Cursor, name, spy)
+    store = open_pg(new_pg_schema())
+    bench = _bench()
+
+    def own() -> float:
+        stats = store.statement_stats()
+        return sum(
+            stats[op]["statements_per_call"] * stats[op]["calls"] for op in PHASES if op in stats
+        )
+
+    store.sessions.create("s")
+    lease = store.leases.acquire("session:s", "w", 600, purpose="execution")
+    for turn in (
+        lambda: bench.three_transaction_turn(store, "s", lease, USER),
+        lambda: _tool_turn(store, "s", lease),
+    ):
+        before, sent[:] = own(), []
+        turn()
+        honest = len(sent) + sum(
+            ("$lapse$; COMMIT" in q) + (q.startswith("BEGIN") and "; " in q) for q in sent
+        )
+        assert sum("pg_notify" in q for q in sent) >= 1  # the finish's wake-ups were sent
+        assert (round(own() - before) == honest) is counted, (own() - before, honest, sent)
+    store.close()

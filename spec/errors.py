@@ -643,6 +643,20 @@ class EntryIdReservedError(TurnkeeperError):
     by: str
 
 
+class ImportTailStoredError(TurnkeeperError):
+    """An import that read only the lines appended to a file since its last
+    import (``ImportStream.from_line`` above 1) met an entry id the session
+    already holds. The line may repeat an id read before (an import of the
+    whole file keeps such a line as an opaque record, with the issue
+    "duplicate entry id") or name an entry stored another way (skipped):
+    only the whole file tells which. Nothing is written;
+    ``turnkeeper.formats`` then imports the file whole."""
+
+    fields = ("session_id", "entry_id")
+    session_id: str
+    entry_id: str
+
+
 class EntryCycleError(TurnkeeperError):
     """The entries' parents would form a cycle: no branch through them has a root.
 
@@ -1491,6 +1505,7 @@ __all__ = [
     "GCListError",
     "GCScanError",
     "GuidanceConflictError",
+    "ImportTailStoredError",
     "IntegrityError",
     "InterfaceError",
     "InternalError",

@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 
 from turnkeeper.spec.entries import BASE_FIELDS, EntryKind
-from turnkeeper.spec.errors import InvalidInputError, SessionFileError
+from turnkeeper.spec.errors import ImportTailStoredError, InvalidInputError, SessionFileError
 from turnkeeper.spec.records import (
     ImportBatch,
     ImportedSource,
@@ -494,7 +494,10 @@ def import_file(
     as above; a file that has only grown since (a version 2 or 3 file, its
     bytes read then unchanged and ending a line) is read from where the last
     import stopped (:func:`_appended`), its new entries judged under the
-    stored ones (``result.skipped`` counts the entries read before).
+    stored ones (``result.skipped`` counts the entries read before); when an
+    appended line names an id the session holds, the file is read whole
+    instead (``ImportTailStoredError``), so the line is what an import of
+    the whole file makes it (a repeated id: an opaque line).
 
     Raises:
         OSError: the file cannot be read.
@@ -518,7 +521,11 @@ def import_file(
         None,
         source=os.fspath(path),
     )
-    result = store.sessions.import_batch(batch)
+    try:
+        result = store.sessions.import_batch(batch)
+    except ImportTailStoredError:  # an appended line names a stored id: read it all
+        stream.tail = None
+        result = store.sessions.import_batch(batch)
     if stream.tail is not None:  # the entries read before: in the file, and stored
         result = replace(result, skipped=result.skipped + stream.tail[0].entries)
     return FileImport(

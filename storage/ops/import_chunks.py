@@ -184,6 +184,7 @@ def add_entries(
     next_seq: int,
     created: bool,
     live_run: str | None,
+    tail: bool = False,
 ) -> Added:
     """Store the entries of ``rows`` (file order) the session lacks, :data:`CHUNK`
     at a time from ``next_seq``, judged as they go, and the usage their
@@ -196,6 +197,8 @@ def add_entries(
             (``ToolCallsUnansweredError`` among them).
         EntryCycleError, EntryIdReservedError: see :func:`judge_tree`.
         InvalidInputError: two rows share an id.
+        ImportTailStoredError: ``tail`` (the rows are the lines appended to
+            a file since its last import) and a row's id is stored.
     """
     judge = _Judge(session_id, next_seq, live_run, not created)
     done = Added()
@@ -215,6 +218,8 @@ def add_entries(
                         "entries", f"duplicate entry id {e.id!r} in the batch"
                     )
                 stored[e.id] = e
+        if tail and stored:  # a repeated line of the file, or an entry stored otherwise
+            raise errors.ImportTailStoredError(session_id, next(iter(stored)))
         new = [r for r in chunk if r[0] not in stored]
         if (
             new

@@ -67,6 +67,9 @@ def import_rows(
         ToolCallPairingError: the new entries break the tool-call pairing
             (``ToolCallsUnansweredError`` among them).
         EntryCycleError, EntryIdReservedError: see ``import_chunks.judge_tree``.
+        ImportTailStoredError: ``from_line`` is above 1 (the rows are the
+            lines appended since the file's last import) and a row's id is
+            stored: only the whole file says what that line is.
         InvalidInputError: two rows share an id, or two opaque records a line
             (the keys of the tables; left unchecked they surfaced as an
             aborted transaction or 40 retried "conflicts"), or a row is not
@@ -106,7 +109,7 @@ def import_rows(
         next_seq = head[0]
         live = tx.one("SELECT run_id FROM active_runs WHERE session_id = ?", [session_id])
     done = import_chunks.add_entries(
-        tx, session_id, rows, next_seq, created, None if live is None else live[0]
+        tx, session_id, rows, next_seq, created, None if live is None else live[0], from_line > 1
     )
     if done.added:
         now = tx.now

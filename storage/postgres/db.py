@@ -588,7 +588,7 @@ class Database:
                             tx.exec(ending)
                             tx.statements += ending != "COMMIT" and commit  # the DO before it
                         if tx.pending:  # committed: wake the listening processes
-                            notify.send(conn, self.channel, tx.pending)
+                            tx.statements += notify.send(conn, self.channel, tx.pending)
                     return result
                 except psycopg.Error as exc:
                     lost = faults.settle(conn, transaction, exc)  # rolled back
