@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from conftest import through_pooler
 
 import turnkeeper
 from turnkeeper import EntryKind
@@ -124,7 +125,9 @@ def test_path_reads_hand_over_only_the_tail(store, handed):
     assert after == tail[1:] and handed == [4]
     stats = store.statement_stats()
     # BEGIN, the leaf's id, the leaf, the range, the parent the walk stopped at, COMMIT
-    assert stats["path_after"]["statements_per_call"] <= 6, stats["path_after"]
+    # (behind a transaction pooler BEGIN carries the search_path's pin too)
+    pinned = store.db.dialect.name == "postgres" and through_pooler()
+    assert stats["path_after"]["statements_per_call"] <= 6 + pinned, stats["path_after"]
 
 
 def test_path_latest_widens_over_other_branches(store, handed):

@@ -150,13 +150,6 @@ CASES: dict[str, Case] = {
         lambda s, run: s.outbox.get_plan(f"{run.id}:delivery") is not None,
         "the delivery intent whose digest it read",
     ),
-    "finish_run with a plan": (
-        r"^INSERT INTO delivery_operations",
-        lambda s, k: (s.sessions.create(k), s.runs.admit(k, {}, user_message=USER, start=True))[1],
-        lambda s, run: s.runs.finish(run.id, "succeeded", delivery_plan=PLAN),
-        lambda s, run: s.runs.get(run.id).status == "running",
-        "the delivery operation row its INSERT returns",
-    ),
     "finish_delivery": (
         r"^SELECT id, .* FROM delivery_intents WHERE id = \?",
         delivered_claim,
