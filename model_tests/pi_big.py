@@ -97,3 +97,21 @@ def append(path: str | os.PathLike[str], start: int, count: int) -> None:
     with open(path, "ab") as f:
         for i in range(start, start + count):
             f.write(orjson.dumps(entry(i)) + b"\n")
+
+
+def spy_parses(monkeypatch: Any) -> list[int]:
+    """The line numbers every pi line reader splits into records from now on
+    (a spy on ``split_line``, which every reader of a file's lines calls once
+    per line: the header's detection included; the split itself runs)."""
+    from turnkeeper.formats import _rows, pi_parse
+
+    seen: list[int] = []
+    real = pi_parse.split_line
+
+    def spy(text: str, line: int) -> list[pi_parse.Piece]:
+        seen.append(line)
+        return real(text, line)
+
+    monkeypatch.setattr(pi_parse, "split_line", spy)
+    monkeypatch.setattr(_rows, "split_line", spy)
+    return seen

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 import turnkeeper
 from turnkeeper.cli import sessions_pages
 from turnkeeper.cli.main import cli
-from turnkeeper.formats import _rows, pi, pi_parse
+from turnkeeper.formats import pi
 from turnkeeper.spec.errors import SessionIDExistsError
 
 ENTRIES = 2400
@@ -23,19 +23,8 @@ ENTRIES = 2400
 
 @pytest.fixture
 def parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The line numbers every pi line reader split into records (a spy on
-    ``split_line``, which every reader of a file's lines calls once per
-    line: the header's detection included; the split itself runs)."""
-    seen: list[int] = []
-    real = pi_parse.split_line
-
-    def spy(text: str, line: int) -> list[pi_parse.Piece]:
-        seen.append(line)
-        return real(text, line)
-
-    monkeypatch.setattr(pi_parse, "split_line", spy)
-    monkeypatch.setattr(_rows, "split_line", spy)
-    return seen
+    """The line numbers every pi line reader split into records (``pi_big.spy_parses``)."""
+    return pi_big.spy_parses(monkeypatch)
 
 
 def test_an_unchanged_file_is_not_parsed_again(store, tmp_path: Path, parses: list[str]):

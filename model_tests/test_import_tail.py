@@ -11,24 +11,15 @@ from pathlib import Path
 import pi_big
 import pytest
 
-from turnkeeper.formats import _rows, pi, pi_parse
+from turnkeeper.formats import _rows, pi
 
 ENTRIES = 400
 
 
 @pytest.fixture
 def parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The line numbers every pi line reader split into records."""
-    seen: list[int] = []
-    real = pi_parse.split_line
-
-    def spy(text: str, line: int) -> list[pi_parse.Piece]:
-        seen.append(line)
-        return real(text, line)
-
-    monkeypatch.setattr(pi_parse, "split_line", spy)
-    monkeypatch.setattr(_rows, "split_line", spy)
-    return seen
+    """The line numbers every pi line reader split into records (``pi_big.spy_parses``)."""
+    return pi_big.spy_parses(monkeypatch)
 
 
 def _grown(path: Path, extra: bytes = b"") -> None:

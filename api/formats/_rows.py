@@ -144,22 +144,9 @@ def first_records(path: str | os.PathLike[str]) -> Iterator[Any]:
         OSError: the file cannot be read.
         SessionFileError: a gzip file is corrupt (``line`` 0).
     """
-    with open(path, "rb") as raw:
-        gz = raw.read(2) == GZIP_MAGIC
-    opener: Any = gzip.open if gz else open
-    try:
-        with opener(path, "rb") as stream:
-            for number, data in enumerate(stream, start=1):
-                if number > DETECT_LINES:
-                    return
-                text = data.decode("utf-8", "surrogateescape")
-                if number == 1:
-                    text = text.removeprefix("\ufeff")
-                for piece in split_line(text.rstrip("\r\n"), number):
-                    if piece.ok:
-                        yield piece.value
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise SessionFileError(os.fspath(path), 0, detail=f"bad gzip data: {exc}") from None
+    for _, piece in _first_pieces(path):
+        if piece.ok:
+            yield piece.value
 
 
 def unchanged_source(
@@ -230,26 +217,38 @@ def first_record(path: str | os.PathLike[str]) -> tuple[int, Piece | None]:
         OSError: the file cannot be read.
         SessionFileError: a gzip file is corrupt (``line`` 0).
     """
+    first: tuple[int, Piece | None] = (0, None)
+    for number, piece in _first_pieces(path):
+        if piece.ok and isinstance(piece.value, dict):
+            return number, piece
+        if first[1] is None:
+            first = (number, piece)
+    return first
+
+
+def _first_pieces(path: str | os.PathLike[str]) -> Iterator[tuple[int, Piece]]:
+    """The pieces of the first :data:`DETECT_LINES` lines of the file at
+    ``path`` (gzipped or not; a leading BOM dropped), each with its line.
+
+    Raises:
+        OSError: the file cannot be read.
+        SessionFileError: a gzip file is corrupt (``line`` 0).
+    """
     with open(path, "rb") as raw:
         gz = raw.read(2) == GZIP_MAGIC
     opener: Any = gzip.open if gz else open
-    first: tuple[int, Piece | None] = (0, None)
     try:
         with opener(path, "rb") as stream:
             for number, data in enumerate(stream, start=1):
                 if number > DETECT_LINES:
-                    break
+                    return
                 text = data.decode("utf-8", "surrogateescape")
                 if number == 1:
                     text = text.removeprefix("\ufeff")
                 for piece in split_line(text.rstrip("\r\n"), number):
-                    if piece.ok and isinstance(piece.value, dict):
-                        return number, piece
-                    if first[1] is None:
-                        first = (number, piece)
+                    yield number, piece
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
         raise SessionFileError(os.fspath(path), 0, detail=f"bad gzip data: {exc}") from None
-    return first
 
 
 def scrub(value: Any) -> tuple[Any, bool]:
