@@ -71,6 +71,7 @@ from turnkeeper.spec.errors import (
     DiskFullError,
     DurableBodyTooLargeError,
     EmptySessionError,
+    EncryptionError,
     EntryCycleError,
     EntryExistsError,
     EntryIdReservedError,
@@ -102,6 +103,8 @@ from turnkeeper.spec.errors import (
     InvalidBackendError,
     InvalidInputError,
     InvalidTransitionError,
+    KeyUnavailableError,
+    KeyUnwrapError,
     LeaseLostError,
     LeasePurposeError,
     LedgerIdempotencyConflictError,
@@ -110,6 +113,7 @@ from turnkeeper.spec.errors import (
     NotSupportedError,
     OpeningFenceConflictError,
     OperationalError,
+    PayloadAuthenticationError,
     PersistencePathError,
     PoolerError,
     ProgrammingError,
@@ -205,6 +209,7 @@ from turnkeeper.spec.records import (
 from turnkeeper.spec.tool_execution import ToolExecution
 from turnkeeper.spec.usage import UsageRecord
 from turnkeeper.storage import SCHEMA_VERSION, BaseStore, DuckDBStore, Store
+from turnkeeper.storage.crypto import KeyProvider, LocalKeyProvider
 from turnkeeper.storage.ops.ledger import Catalog, LedgerWriter, RuntimeCommandLog
 from turnkeeper.storage.ops.ledger.blob_files import FsspecBlobs
 from turnkeeper.storage.ops.ledger.blobs import BlobStore, DatabaseBlobs
@@ -277,6 +282,7 @@ __all__ = [
     "DuckDBStore",
     "DurableBodyTooLargeError",
     "EmptySessionError",
+    "EncryptionError",
     "Entry",
     "EntryCycleError",
     "EntryExistsError",
@@ -320,6 +326,9 @@ __all__ = [
     "InvalidBackendError",
     "InvalidInputError",
     "InvalidTransitionError",
+    "KeyProvider",
+    "KeyUnavailableError",
+    "KeyUnwrapError",
     "Lease",
     "LeaseLostError",
     "LeasePurpose",
@@ -330,12 +339,14 @@ __all__ = [
     "LedgerRecord",
     "LedgerTipDamagedError",
     "LedgerWriter",
+    "LocalKeyProvider",
     "LoopUsageMeta",
     "NewEntry",
     "NilLeaseError",
     "NotSupportedError",
     "OpeningFenceConflictError",
     "OperationalError",
+    "PayloadAuthenticationError",
     "PersistencePathError",
     "PoolerError",
     "ProgrammingError",

@@ -94,6 +94,8 @@ TOP = {
     "BlobStore",
     "DatabaseBlobs",
     "FsspecBlobs",
+    "KeyProvider",
+    "LocalKeyProvider",
     "RuntimeCommandLog",
     "Catalog",
     "ContextMeasurement",
@@ -108,6 +110,7 @@ TOP = {
 """``turnkeeper``'s names besides its errors (it exports every one of those)."""
 
 PINNED: dict[str, set[str]] = {
+    "turnkeeper.storage.crypto": {"DataKey", "KeyProvider", "LocalKeyProvider"},
     "turnkeeper.formats": {"FORMATS", "FileImport", "LineIssue", "detect", "import_file"},
     "turnkeeper.adk": {
         "SessionExistsError",

@@ -1442,6 +1442,58 @@ class CatalogCompactionError(TurnkeeperError):
     attempt_id: str
 
 
+# --- encryption at rest (payloads sealed per session) ----------------------
+
+
+class EncryptionError(TurnkeeperError):
+    """A payload of an encrypted store could not be sealed or opened.
+
+    Nothing is returned in place of a payload that cannot be opened: no
+    garbage, no partial read presented as whole.
+    """
+
+
+class KeyUnavailableError(EncryptionError):
+    """The key a session's payloads need is not available.
+
+    The store was opened without ``encryption=`` (``key_id`` is ``None``),
+    the key provider does not hold the master key ``key_id`` that wrapped the
+    session's data key (retired, or a wrong key under that id), or the
+    session has no data key left (it was deleted: crypto-shredded). Nothing
+    is written by the call that raised it.
+    """
+
+    fields: tuple[str, ...] = ("session_id", "key_id")
+    session_id: str
+    key_id: str | None
+
+
+class KeyUnwrapError(EncryptionError):
+    """A key provider could not unwrap a data key: it does not hold the master
+    key ``key_id``, or the wrapped bytes fail authentication under it.
+
+    Raised by key providers (a KMS adapter raises it too); the store reports
+    it as :class:`KeyUnavailableError` naming the session, with this error as
+    ``__cause__``.
+    """
+
+    fields: tuple[str, ...] = ("key_id",)
+    key_id: str
+
+
+class PayloadAuthenticationError(EncryptionError):
+    """A stored ciphertext failed authentication: a flipped byte, a value moved
+    to another row, session or field, a value sealed under a data key the
+    session does not hold, or a clear value where the session's payloads are
+    sealed. ``record_id`` is the entry's (or record's) id, ``field`` the
+    column's name (``payload``, ``result`` …)."""
+
+    fields: tuple[str, ...] = ("session_id", "record_id", "field")
+    session_id: str
+    record_id: str
+    field: str
+
+
 __all__ = [
     "AlreadyExistsError",
     "AmbiguousSessionIDError",
@@ -1481,6 +1533,7 @@ __all__ = [
     "DiskFullError",
     "DurableBodyTooLargeError",
     "EmptySessionError",
+    "EncryptionError",
     "EntryCycleError",
     "EntryExistsError",
     "EntryIdReservedError",
@@ -1512,6 +1565,8 @@ __all__ = [
     "InvalidBackendError",
     "InvalidInputError",
     "InvalidTransitionError",
+    "KeyUnavailableError",
+    "KeyUnwrapError",
     "LeaseLostError",
     "LeasePurposeError",
     "LedgerIdempotencyConflictError",
@@ -1520,6 +1575,7 @@ __all__ = [
     "NotSupportedError",
     "OpeningFenceConflictError",
     "OperationalError",
+    "PayloadAuthenticationError",
     "PersistencePathError",
     "PoolerError",
     "ProgrammingError",
