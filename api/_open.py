@@ -9,6 +9,7 @@ from datetime import datetime
 
 from turnkeeper.spec.errors import InvalidInputError, NotSupportedError
 from turnkeeper.storage import BaseStore, DuckDBStore
+from turnkeeper.storage.crypto import KeyProvider
 from turnkeeper.storage.ops.replays import REPLAY_CACHE_BYTES
 
 DEFAULT_PATH = "turnkeeper.duckdb"
@@ -45,6 +46,7 @@ def open_store(
     reconnect_delay_s: float | None = None,
     reconnect_max_delay_s: float | None = None,
     tenant: str = "",
+    encryption: KeyProvider | None = None,
 ) -> BaseStore:
     """Open (creating if needed) the store at ``path``: a DuckDB file (the
     embedded default; ``":memory:"`` for a private one), or a PostgreSQL
@@ -64,6 +66,16 @@ def open_store(
     only one its ledger reads (``store.ledger``, the sessionstore seed's
     WithTenant; ``""`` by default; ``store.ledger.with_tenant`` serves
     another one through the same store).
+
+    ``encryption`` turns on encryption at rest (``pip install
+    'turnkeeper[encryption]'``): a :class:`~turnkeeper.KeyProvider` such as
+    ``turnkeeper.LocalKeyProvider.from_env()`` (the master key in
+    ``TURNKEEPER_MASTER_KEY``). Each session created from then on gets a
+    random data key, wrapped by the provider and stored beside it; its entry
+    payloads are sealed with AES-256-GCM under that key. The first such open
+    marks the store encrypted: opened later without a provider it still
+    serves metadata, but payload reads and writes of sealed sessions, and new
+    sessions, raise ``KeyUnavailableError`` (README "Encryption at rest").
 
     PostgreSQL behind a connection pooler (PgBouncer …): ``pooler`` is
     ``"transaction"`` (the pooler lends a server connection per transaction:
@@ -88,7 +100,7 @@ def open_store(
             file in a folder that does not exist, or a URL of another scheme);
             a PostgreSQL option given for a DuckDB file, or out of range; or
             ``tenant`` is neither ``""`` nor an id (no control or invisible
-            characters, at most 512 bytes).
+            characters, at most 512 bytes); ``encryption`` is not a key provider.
         ForeignDatabaseError: not a turnkeeper database (not a DuckDB file, or
             another application's tables).
         SchemaVersionError: the store was written by a newer turnkeeper, or
@@ -127,6 +139,7 @@ def open_store(
                 else reconnect_max_delay_s
             ),
             tenant=tenant,
+            encryption=encryption,
         )
     for name, value in (("pooler", pooler), ("listen_url", listen_url)):
         if value is not None:
@@ -151,6 +164,7 @@ def open_store(
         read_only=read_only,
         replay_cache_bytes=replay_cache_bytes,
         tenant=tenant,
+        encryption=encryption,
     )
 
 

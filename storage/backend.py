@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from turnkeeper.spec import errors
 
 if TYPE_CHECKING:
+    from .crypto.keyring import Keyring
     from .wakeups import Subscription, Topic
 
 T = TypeVar("T")
@@ -225,9 +226,12 @@ class Tx(Protocol):
     value, or the database server's clock read once the transaction's
     snapshot exists), or ``None`` in an autocommit statement, whose SQL then
     uses ``now()``. SQL spells it ``coalesce(?::TIMESTAMPTZ, now())``.
+    ``keys`` is the store object's keyring (sessions' data keys: what seals
+    and opens payloads in this transaction; ``storage/crypto/keyring.py``).
     """
 
     dialect: Dialect
+    keys: Keyring
 
     @property
     def now(self) -> datetime | None: ...
@@ -323,6 +327,8 @@ class Backend(Protocol):
     """The file's absolute path, ``":memory:"``, or the server URL without its password."""
     read_only: bool
     clock: Clock | None
+    keyring: Keyring
+    """The store object's data keys, handed to every transaction as ``Tx.keys``."""
 
     def write(
         self,

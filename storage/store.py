@@ -21,6 +21,8 @@ from turnkeeper.spec import errors
 
 from .backend import Backend, QueryFn, Tx
 from .codec import check_text
+from .crypto.keyring import Keyring
+from .crypto.keys import KeyProvider
 from .migrations import SCHEMA_VERSION, created_names, statements
 from .ops.archives import Archives
 from .ops.base import Shared
@@ -126,11 +128,15 @@ class BaseStore:
     carry and its reads see (``store.ledger``; sessionstore WithTenant).
     ``secret`` is the key of the lease tokens the store object issues and
     accepts (default: random, its own; a twin shares it: :meth:`_twin_options`).
+    ``encryption`` is a :class:`~turnkeeper.storage.crypto.KeyProvider`: entry
+    payloads of sessions created from then on are sealed under per-session data
+    keys it wraps, and the store is marked encrypted (``storage/crypto/keyring.py``).
 
     Raises (from the constructor):
         ForeignDatabaseError: the database holds another application's tables.
         SchemaVersionError: its schema is newer than this turnkeeper's, or
             older and the open is read-only.
+        InvalidInputError: ``encryption`` is not a key provider.
         DatabaseError: any other failure reading the schema.
     """
 
@@ -141,8 +147,10 @@ class BaseStore:
         replay_cache_bytes: int = REPLAY_CACHE_BYTES,
         tenant: str = "",
         secret: bytes | None = None,
+        encryption: KeyProvider | None = None,
     ) -> None:
         self.db = backend
+        backend.keyring = Keyring(encryption)
         key = secrets.token_bytes(32) if secret is None else secret
         shared = Shared(backend, key, OpeningCache())
         self.leases = Leases(shared)
@@ -166,6 +174,7 @@ class BaseStore:
         try:
             if backend.read_only:
                 self.db.read("check_schema", self._check_schema, snapshot=True)
+                self.db.read("check_encryption", self._adopt_keys, snapshot=True)
             else:
                 self.db.migrate("migrate", self._migrate)
         except BaseException:
@@ -182,6 +191,7 @@ class BaseStore:
             "secret": self.leases._secret,
             "replay_cache_bytes": self.sessions._branches.max_bytes,
             "tenant": self.ledger.tenant,
+            "encryption": self.db.keyring.provider,
         }
 
     @property
@@ -270,6 +280,12 @@ class BaseStore:
             for stmt in statements(sql):
                 tx.exec(stmt)
             tx.exec("INSERT INTO schema_migrations VALUES (?, now())", [version])
+        self._adopt_keys(tx)
+
+    def _adopt_keys(self, tx: Tx) -> None:
+        """Read (and, opening with ``encryption=`` for the first time, write)
+        the store's encryption marker (``storage/crypto/keyring.py``)."""
+        self.db.keyring.adopt(tx, writable=not self.db.read_only)
 
     def schema_version(self) -> int:
         """The schema version recorded in the database."""

@@ -28,6 +28,7 @@ from turnkeeper._open import open_store as open_sync_store
 from turnkeeper.spec import errors
 from turnkeeper.storage import BaseStore
 from turnkeeper.storage.bridge import spawn
+from turnkeeper.storage.crypto import KeyProvider
 from turnkeeper.storage.ops.replays import REPLAY_CACHE_BYTES
 from turnkeeper.storage.store import Snapshot
 from turnkeeper.storage.validate import check_seconds
@@ -462,6 +463,7 @@ def open_store(
     reconnect_delay_s: float | None = None,
     reconnect_max_delay_s: float | None = None,
     tenant: str = "",
+    encryption: KeyProvider | None = None,
 ) -> Opening:
     """Open (creating if needed) the store at ``path`` as :func:`turnkeeper.open_store`
     does (same arguments, same errors, raised when awaited), for ``async``
@@ -489,6 +491,7 @@ def open_store(
         "reconnect_delay_s": reconnect_delay_s,
         "reconnect_max_delay_s": reconnect_max_delay_s,
         "tenant": tenant,
+        "encryption": encryption,
     }
     return Opening(path, workers, kwargs)
 

@@ -104,6 +104,7 @@ from turnkeeper.spec import errors
 
 from ..backend import Clock, Conflict, Merge, QueryFn, present
 from ..backend import Tx as AnyTx
+from ..crypto.keyring import CLEAR, Keyring
 from ..migrations import load
 from ..retry import Gate, Stats, run_attempts
 from ..wakeups import Subscription, Topic
@@ -139,6 +140,7 @@ class Database(GroupCommit):
         self.clock = clock
         self.read_only = read_only
         self.dialect = DIALECT
+        self.keyring: Keyring = CLEAR
         given: list[SharedFile] = []
         try:
             self._file = open_shared(self.path, read_only=read_only, user=self, given=given)
@@ -354,6 +356,7 @@ class Database(GroupCommit):
                 self._file.targets,
                 skips_write_lock=skips_write_lock,
             )
+            tx.keys = self.keyring
             if item is not None:
                 item.committing = False
             try:

@@ -16,6 +16,7 @@ import duckdb
 
 from ..backend import Clock, Merge
 from ..backend import Tx as AnyTx
+from ..crypto.keyring import Keyring
 from ..retry import Stats
 from .cursors import Cursors, Holder
 from .dialect import interrupted
@@ -114,6 +115,7 @@ class GroupCommit:
     _cursors: Cursors
     _stats: Stats
     clock: Clock | None
+    keyring: Keyring
     _run: Callable[..., Any]
     _rollback: Callable[[Holder, bool], bool | None]
 
@@ -239,6 +241,7 @@ class GroupCommit:
         the commit failed): nothing was kept."""
         holder = self._cursors.holder()
         tx = Tx(holder.cursor, self.clock, True, self._file.targets)
+        tx.keys = self.keyring
         try:
             return self._shared_in(batch, holder, tx)
         finally:

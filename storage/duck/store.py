@@ -12,6 +12,8 @@ import os
 from ..backend import Clock
 from ..codec import check_tenant
 from ..ops.replays import REPLAY_CACHE_BYTES
+from ..crypto.keyring import check_provider
+from ..crypto.keys import KeyProvider
 from ..store import BaseStore
 from ..validate import check_bool, check_int, check_path
 from .db import Database
@@ -50,12 +52,15 @@ class DuckDBStore(BaseStore):
         read_only: bool = False,
         replay_cache_bytes: int = REPLAY_CACHE_BYTES,
         tenant: str = "",
+        encryption: KeyProvider | None = None,
     ) -> None:
         check_bool(read_only, "read_only")
         cache = check_int(replay_cache_bytes, "replay_cache_bytes", 0)
         check_tenant(tenant)
+        check_provider(encryption)
         super().__init__(
             Database(check_path(path), clock, read_only=read_only),
             replay_cache_bytes=cache,
             tenant=tenant,
+            encryption=encryption,
         )

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from ..backend import Clock, Conflict, check_changes
 from ..codec import check_clock
+from ..crypto.keyring import CLEAR, Keyring
 from .dialect import DIALECT, commit
 from .files import Targets
 
@@ -44,6 +45,7 @@ class Tx:
 
     PIN = "SELECT 1 FROM schema_migrations LIMIT 1"
     dialect = DIALECT
+    keys: Keyring = CLEAR
 
     def __init__(
         self,

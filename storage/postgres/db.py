@@ -75,6 +75,7 @@ from .. import bridge
 from ..backend import Clock, Conflict, Dialect, Merge, QueryFn, present
 from ..backend import Tx as AnyTx
 from ..codec import check_clock
+from ..crypto.keyring import CLEAR, Keyring
 from ..migrations import load
 from ..retry import Gate, Stats, run_attempts
 from ..wakeups import Signals, Subscription, Topic
@@ -156,6 +157,7 @@ class Tx:
         search_path: str | None = None,
     ) -> None:
         self.dialect = DIALECT if locking else _NO_LOCKS
+        self.keys: Keyring = CLEAR
         self._conn = conn
         self._search_path = search_path  # pinned in an autocommit statement (pooler mode)
         self._clock = clock
@@ -443,6 +445,7 @@ class Database:
         self.clock = opened.clock
         self.read_only = opened.read_only
         self.dialect = DIALECT
+        self.keyring: Keyring = CLEAR
         self._pool_timeout_s = opened.pool_timeout_s
         self._stats = Stats()
         self._signals = Signals()
@@ -569,6 +572,7 @@ class Database:
             with self.connection() as conn:
                 may_lock = transaction and (commit or locking) and not self.read_only
                 tx = Tx(conn, self.clock, transaction, locking=may_lock, search_path=self._pinned)
+                tx.keys = self.keyring
                 try:
                     if transaction:
                         tx.exec(self._begin(commit, locking, isolation))

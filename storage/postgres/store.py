@@ -11,6 +11,8 @@ from ...spec.errors import InvalidInputError
 from ..backend import Clock
 from ..codec import check_tenant, check_text
 from ..ops.replays import REPLAY_CACHE_BYTES
+from ..crypto.keyring import check_provider
+from ..crypto.keys import KeyProvider
 from ..store import BaseStore
 from ..validate import check_bool, check_int, check_seconds
 from .db import Database
@@ -75,6 +77,7 @@ class PostgresStore(BaseStore):
         reconnect_delay_s: float = RECONNECT_DELAY_S,
         reconnect_max_delay_s: float = RECONNECT_MAX_DELAY_S,
         tenant: str = "",
+        encryption: KeyProvider | None = None,
     ) -> None:
         check_text(url, "url", allow_empty=False)
         check_tenant(tenant)
@@ -89,6 +92,7 @@ class PostgresStore(BaseStore):
                 f"must be at least reconnect_delay_s ({first}), got {most}",
             )
         cache = check_int(replay_cache_bytes, "replay_cache_bytes", 0)
+        check_provider(encryption)
         super().__init__(
             Database(
                 url,
@@ -103,6 +107,7 @@ class PostgresStore(BaseStore):
             ),
             replay_cache_bytes=cache,
             tenant=tenant,
+            encryption=encryption,
         )
 
     @property
