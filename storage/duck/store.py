@@ -11,9 +11,9 @@ import os
 
 from ..backend import Clock
 from ..codec import check_tenant
-from ..ops.replays import REPLAY_CACHE_BYTES
 from ..crypto.keyring import check_provider
 from ..crypto.keys import KeyProvider
+from ..ops.replays import REPLAY_CACHE_BYTES
 from ..store import BaseStore
 from ..validate import check_bool, check_int, check_path
 from .db import Database

@@ -557,7 +557,8 @@ class AppendsPart(Area):
         remembered for the session (``pairing_checks``)."""
         sid = request.session_id
         r = dataclasses.replace(request, known=self._openings.get(sid))
-        plain = mergeable(r.drafts)
+        # Sealed payloads take the transaction (append_chain seals them there).
+        plain = mergeable(r.drafts) and not self.db.keyring.encrypted
         if plain and self.db.dialect.one_statement_appends:
             done = self._one_statement(operation, r)
             if done is not None:

@@ -35,7 +35,7 @@ from .base import Area
 _RANGE = "FROM entries WHERE session_id = ? AND seq > ? AND seq <= ?"
 _CUSTOM = (
     "FROM entries WHERE session_id = ? AND kind = 'custom' AND seq < ? "
-    "AND strpos(payload, ?) > 0 ORDER BY seq DESC LIMIT ?"
+    "AND {match} ORDER BY seq DESC LIMIT ?"
 )
 _MAX_SEQ = 2**63 - 1
 
@@ -56,7 +56,7 @@ def _leaf(tx: Tx, session_id: str, leaf_id: str | None) -> Entry | None:
 
 
 def _walk(
-    rows: list[tuple[Any, ...]], leaf_id: str, most: int | None
+    tx: Tx, rows: list[tuple[Any, ...]], leaf_id: str, most: int | None
 ) -> tuple[list[Entry], str | None]:
     """Root → leaf through ``rows``, at most ``most`` entries from the leaf end;
     returns them and the next parent not walked (``None``: the root or a cycle)."""
@@ -71,7 +71,7 @@ def _walk(
         seen.add(node)
         ids.append(node)
         node = by_id[node][2]
-    return [entry_rows.entry_row(by_id[i]) for i in reversed(ids)], node
+    return [entry_rows.entry_row(tx, by_id[i]) for i in reversed(ids)], node
 
 
 def _suffix(path: list[Entry], after_seq: int, most: int | None) -> list[Entry]:
@@ -102,7 +102,7 @@ def path_tail(
     cols = entry_rows.entry_columns(tx)
     while True:
         rows = tx.rows(f"SELECT {cols} {_RANGE}", [session_id, lo, leaf.seq])
-        path, parent = _walk(rows, leaf.id, most)
+        path, parent = _walk(tx, rows, leaf.id, most)
         if parent is None or (most is not None and len(path) >= most):
             return path
         above = entry_rows.entry(tx, session_id, parent)
@@ -140,12 +140,13 @@ def custom_entries(
         raise errors.SessionNotFoundError(session_id)
     needle = entry_rows.custom_type_text(custom_type)
     cols = entry_rows.entry_columns(tx)
+    custom = _CUSTOM.format(match=entry_rows.or_sealed(tx, "strpos(payload, ?) > 0"))
     found: list[Entry] = []
     cursor = before_seq
     while len(found) < limit:
-        rows = tx.rows(f"SELECT {cols} {_CUSTOM}", [session_id, cursor, needle, limit])
+        rows = tx.rows(f"SELECT {cols} {custom}", [session_id, cursor, needle, limit])
         for row in rows:
-            e = entry_rows.entry_row(row)
+            e = entry_rows.entry_row(tx, row)
             if _custom_type(e) == custom_type and e.id.startswith(id_prefix):
                 found.append(e)
         if len(rows) < limit:

@@ -41,8 +41,8 @@ from datetime import datetime
 from turnkeeper.spec.tool_execution import ToolExecution
 
 from ..backend import Tx, keyed, utc
-from ..codec import from_json
 from ..pairing import Opening, calls_of
+from . import entry_rows
 from . import tool_records as records
 
 _PLAIN_ID = re.compile(r"[A-Za-z0-9_.:\-]+")
@@ -79,11 +79,12 @@ def makers(tx: Tx, session_id: str, call_ids: Sequence[str]) -> dict[str, list[M
     sql = "SELECT id, seq, written_at, payload FROM entries WHERE session_id = ? AND kind = ?"
     params: list[object] = [session_id, "message"]
     if all(_PLAIN_ID.fullmatch(c) for c in wanted):
-        sql += " AND (" + " OR ".join("strpos(payload, ?) > 0" for _ in wanted) + ")"
+        match = "(" + " OR ".join("strpos(payload, ?) > 0" for _ in wanted) + ")"
+        sql += " AND " + entry_rows.or_sealed(tx, match)
         params += wanted
     out: dict[str, list[Maker]] = {c: [] for c in wanted}
     for entry_id, seq, written_at, payload in tx.rows(sql + " ORDER BY seq", params):
-        message = from_json(payload).get("message")
+        message = entry_rows.payload_of(tx, session_id, entry_id, payload).get("message")
         if not isinstance(message, dict):
             continue
         when = None if written_at is None else utc(written_at)

@@ -92,6 +92,7 @@ REMOVED: tuple[tuple[str, str], ...] = (
     ("ledger_blobs", "session_id = ?"),
     ("ledger_blob_condemned", "session_id = ?"),
     ("replay_snapshots", "session_id = ?"),
+    ("session_keys", "session_id = ?"),
     ("entries", "session_id = ?"),
     ("sessions", "id = ?"),
 )
@@ -109,6 +110,7 @@ KEPT = {
     "projects": "projects are not a session's (store.projects.delete removes one)",
     "deleted_sessions": "the delete's own aggregate row",
     "schema_migrations": "the schema",
+    "store_encryption": "the store's marker that it is encrypted, no content",
 }
 """Tables a session delete leaves alone, and why (a test holds REMOVED and KEPT
 to every table of the schema)."""
@@ -312,6 +314,7 @@ class DeletesPart(Area):
         """Drop this store object's caches of a deleted session."""
         self._branches.drop(session_id)
         self._openings.put(session_id, None)
+        self.db.keyring.forget(session_id)
 
     def delete(self, session_id: str, *, lease: Lease | None = None) -> DeletedSession:
         """Delete the session and everything stored of it, in one transaction

@@ -11,10 +11,13 @@ from typing import Any
 
 import orjson
 
+from turnkeeper.spec import errors
 from turnkeeper.spec.records import Entry
 
 from ..backend import Tx, keyed, utc
 from ..codec import from_json
+from ..crypto.keyring import PAYLOAD
+from ..crypto.seal import TEXT_PREFIX, is_sealed_text
 
 ENTRY_COLUMNS = (
     "session_id",
@@ -50,12 +53,73 @@ def custom_type_text(custom_type: str) -> str:
     return '"customType":' + orjson.dumps(custom_type).decode("utf-8")
 
 
-def entry_row(row: Sequence[Any]) -> Entry:
+def entry_row(tx: Tx, row: Sequence[Any]) -> Entry:
     """An :class:`Entry` from a row of :data:`ENTRY_SELECT` (``ts`` a datetime, or
-    epoch microseconds as :func:`entry_columns` reads it)."""
+    epoch microseconds as :func:`entry_columns` reads it), its payload opened
+    with the session's data key when sealed (``tx.keys``).
+
+    Raises:
+        KeyUnavailableError, PayloadAuthenticationError: a sealed payload
+            that cannot be opened (see ``Keyring.open_json``).
+    """
+    ts = row[5]
+    when = _EPOCH + timedelta(microseconds=ts) if isinstance(ts, int) else utc(ts)
+    payload = payload_of(tx, row[0], row[1], row[6])
+    return Entry(row[0], row[1], row[2], row[3], row[4], when, payload, row[7])
+
+
+def or_sealed(tx: Tx, condition: str) -> str:
+    """``condition``, a filter on the payload's JSON text (``strpos(payload, ?)
+    > 0`` …), widened in an encrypted store to every sealed payload too (whose
+    text hides what it holds): the caller checks the opened payloads, as it
+    does already for a text match that sits deeper in another field."""
+    if not tx.keys.encrypted:
+        return condition
+    return f"({condition} OR strpos(payload, '{TEXT_PREFIX}') = 1)"
+
+
+def clear_entry_row(row: Sequence[Any]) -> Entry:
+    """:func:`entry_row` outside a transaction (an analytics read: ``turnkeeper
+    audit``), for clear payloads only.
+
+    Raises:
+        KeyUnavailableError: (``key_id`` ``None``) the payload is sealed: an
+            analytics read holds no data keys.
+    """
+    if isinstance(row[6], str) and is_sealed_text(row[6]):
+        raise errors.KeyUnavailableError(
+            row[0], None, detail="a sealed payload is opened only by the store's own reads"
+        )
     ts = row[5]
     when = _EPOCH + timedelta(microseconds=ts) if isinstance(ts, int) else utc(ts)
     return Entry(row[0], row[1], row[2], row[3], row[4], when, from_json(row[6]), row[7])
+
+
+def payload_of(tx: Tx, session_id: str, entry_id: str, stored: str) -> Any:
+    """An entry's stored payload decoded (opened first when sealed).
+
+    Raises:
+        KeyUnavailableError, PayloadAuthenticationError: see ``Keyring.open_json``.
+    """
+    keys = tx.keys
+    if not keys.encrypted:
+        return from_json(stored)
+    return keys.open_json(tx, session_id, entry_id, PAYLOAD, stored)
+
+
+def seal_payloads(tx: Tx, session_id: str, payloads: Sequence[tuple[str, str]]) -> list[str]:
+    """The stored form of ``(entry id, payload JSON)`` pairs of ``session_id``:
+    sealed under the session's data key (``enc1:…``, read in ``tx``) when it has
+    one, else as given.
+
+    Raises:
+        KeyUnavailableError: the session's key cannot be had (see
+            ``Keyring.writing_key``); nothing is written.
+    """
+    key = tx.keys.writing_key(tx, session_id)
+    if key is None:
+        return [text for _, text in payloads]
+    return [key.seal_text(entry_id, PAYLOAD, text) for entry_id, text in payloads]
 
 
 def entry(tx: Tx, session_id: str, entry_id: str) -> Entry | None:
@@ -64,7 +128,7 @@ def entry(tx: Tx, session_id: str, entry_id: str) -> Entry | None:
         f"SELECT {entry_columns(tx)} FROM entries WHERE {keyed('id', OF_SESSION)}",
         [entry_id, session_id],
     )
-    return None if row is None else entry_row(row)
+    return None if row is None else entry_row(tx, row)
 
 
 def path_to_leaf(tx: Tx, session_id: str, leaf: str | None) -> list[Entry]:
@@ -75,10 +139,10 @@ def path_to_leaf(tx: Tx, session_id: str, leaf: str | None) -> list[Entry]:
     if leaf is None:
         return []
     rows = tx.rows(f"SELECT {entry_columns(tx)} FROM entries WHERE session_id = ?", [session_id])
-    return walk_rows(rows, leaf)
+    return walk_rows(tx, rows, leaf)
 
 
-def walk_rows(rows: list[tuple[Any, ...]], leaf: str | None) -> list[Entry]:
+def walk_rows(tx: Tx, rows: list[tuple[Any, ...]], leaf: str | None) -> list[Entry]:
     """Root → ``leaf`` through ``rows`` (``entries`` rows by :data:`ENTRY_SELECT`),
     decoding only the path; ends at a parent not among them or a cycle.
     Consumes ``rows`` (the list is emptied, and each row let go once decoded,
@@ -93,4 +157,4 @@ def walk_rows(rows: list[tuple[Any, ...]], leaf: str | None) -> list[Entry]:
         ids.append(node)
         node = by_id[node][2]
     del seen
-    return [entry_row(by_id.pop(i)) for i in reversed(ids)]
+    return [entry_row(tx, by_id.pop(i)) for i in reversed(ids)]

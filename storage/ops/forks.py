@@ -56,11 +56,12 @@ from turnkeeper.spec.records import Entry, Lease
 
 from ..backend import Tx, keyed, present, utc
 from ..codec import check_id, from_json, to_json
+from ..crypto.keyring import PAYLOAD
 from ..pairing import tree_faults
 from ..validate import check_int, check_session_lease
 from . import leases, session_rows
 from .base import Area
-from .entry_rows import ENTRY_COLUMNS
+from .entry_rows import ENTRY_COLUMNS, seal_payloads
 from .session_rows import ID_HEAD, new_entry_id
 
 _FORK_COLS = (
@@ -213,7 +214,13 @@ def _source_entries(tx: Tx, session_id: str) -> dict[str, SourceEntry]:
         "ORDER BY seq",
         [session_id],
     )
-    return {r[0]: SourceEntry(r[0], r[1], r[2], r[3], utc(r[4]), r[5]) for r in rows}
+    keys = tx.keys  # a sealed payload is opened: the fork's copy is sealed under its own key
+    return {
+        r[0]: SourceEntry(
+            r[0], r[1], r[2], r[3], utc(r[4]), keys.open_text(tx, session_id, r[0], PAYLOAD, r[5])
+        )
+        for r in rows
+    }
 
 
 def _walk(source: Mapping[str, SourceEntry], leaf: str) -> list[SourceEntry]:
@@ -405,12 +412,14 @@ def fork(tx: Tx, req: Request, new_id: Callable[[], str]) -> Fork:
             fid[:ID_HEAD],
         ],
     )
+    tx.keys.new_session(tx, fid)
+    sealed = seal_payloads(tx, fid, [(c.id, c.payload) for c in copied])
     tx.insert_rows(
         "entries",
         ENTRY_COLUMNS,
         [
-            (fid, c.id, c.parent_id, c.kind, i, c.ts, c.payload, None, now)
-            for i, c in enumerate(copied, start=1)
+            (fid, c.id, c.parent_id, c.kind, i, c.ts, text, None, now)
+            for i, (c, text) in enumerate(zip(copied, sealed, strict=True), start=1)
         ],
     )
     row = tx.one(

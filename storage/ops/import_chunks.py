@@ -228,12 +228,13 @@ def add_entries(
         ):
             judge.supplied = True  # an entry the session held hangs under a new one
         if new:
+            sealed = entry_rows.seal_payloads(tx, session_id, [(r[0], r[4]) for r in new])
             tx.insert_rows(
                 "entries",
                 ENTRY_COLUMNS,
                 [
-                    (session_id, r[0], r[1], r[2], next_seq + i, r[3], r[4], None, now)
-                    for i, r in enumerate(new)
+                    (session_id, r[0], r[1], r[2], next_seq + i, r[3], text, None, now)
+                    for i, (r, text) in enumerate(zip(new, sealed, strict=True))
                 ],
             )
             for i, r in enumerate(new):
@@ -259,7 +260,7 @@ def add_entries(
 def _existing(tx: Tx, session_id: str, ids: Sequence[str]) -> list[Entry]:
     """The entries of the session among ``ids`` (one statement)."""
     return [
-        entry_rows.entry_row(r)
+        entry_rows.entry_row(tx, r)
         for r in tx.rows(
             f"SELECT {entry_rows.entry_columns(tx)} FROM entries "
             f"WHERE {keyed('id', OF_SESSION, 'ANY(?::VARCHAR[])')}",
@@ -284,13 +285,13 @@ def judge_tree(tx: Tx, session_id: str, start: int, live_run: str | None) -> Non
     """
     tree = {
         e.id: e
-        for e in map(
-            entry_rows.entry_row,
-            tx.rows(
+        for e in (
+            entry_rows.entry_row(tx, row)
+            for row in tx.rows(
                 f"SELECT {entry_rows.entry_columns(tx)} FROM entries WHERE session_id = ? "
                 "ORDER BY seq",
                 [session_id],
-            ),
+            )
         )
     }
     stored = {i: e for i, e in tree.items() if e.seq < start}

@@ -102,6 +102,7 @@ def import_rows(
                 session_id[:ID_HEAD],
             ],
         )
+        tx.keys.new_session(tx, session_id)
         next_seq = 1
         live = None
     else:

@@ -18,10 +18,10 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.records import DetailPage, Session, SessionDetail, SessionPage
 
 from ..backend import Tx, keyed, present
-from ..codec import check_id, check_instant, check_text, from_json, to_json
+from ..codec import check_id, check_instant, check_text, to_json
 from ..pairing import Opening
 from ..validate import check_bool, check_header, check_int, check_limit
-from . import session_rows
+from . import entry_rows, session_rows
 from .base import Area
 from .session_rows import SESSION_COLS, session_row
 
@@ -208,13 +208,14 @@ CANDIDATE_ROWS = 20
 
 
 def _preview(tx: Tx, session_id: str) -> str:
+    match = entry_rows.or_sealed(tx, "(strpos(payload, ?) > 0 OR strpos(payload, ?) > 0)")
     rows = tx.rows(
-        "SELECT payload FROM entries WHERE session_id = ? AND kind = 'message' "
-        "AND (strpos(payload, ?) > 0 OR strpos(payload, ?) > 0) ORDER BY seq LIMIT ?",
+        "SELECT id, payload FROM entries WHERE session_id = ? AND kind = 'message' "
+        f"AND {match} ORDER BY seq LIMIT ?",
         [session_id, *_USER_ROLE, CANDIDATE_ROWS],
     )
-    for (payload,) in rows:  # the spelling may sit inside another message's content
-        message = from_json(payload).get("message")
+    for entry_id, payload in rows:  # the spelling may sit inside another message's content
+        message = entry_rows.payload_of(tx, session_id, entry_id, payload).get("message")
         if isinstance(message, dict) and message.get("role") == "user":
             text = " ".join(_text(message).split())
             if len(text) > PREVIEW_CHARS:

@@ -176,7 +176,9 @@ class BranchCache:
         return len(self._branches)
 
 
-def _tail(rows: Sequence[Sequence[Any]], leaf: str | None, stop: str | None) -> list[Entry] | None:
+def _tail(
+    tx: Tx, rows: Sequence[Sequence[Any]], leaf: str | None, stop: str | None
+) -> list[Entry] | None:
     """Root-first entries from ``stop`` (exclusive) to ``leaf`` through ``rows``
     (``entries`` rows by ``entry_rows.ENTRY_SELECT``), or ``None`` when the walk
     from ``leaf`` leaves ``rows`` anywhere but at ``stop`` (or finds a cycle)."""
@@ -190,7 +192,7 @@ def _tail(rows: Sequence[Sequence[Any]], leaf: str | None, stop: str | None) -> 
         seen.add(node)
         chain.append(by_id[node])
         node = by_id[node][2]
-    return [entry_rows.entry_row(row) for row in reversed(chain)]
+    return [entry_rows.entry_row(tx, row) for row in reversed(chain)]
 
 
 def cached_replay(
@@ -212,7 +214,7 @@ def cached_replay(
     if known is not None and known.leaf_id == leaf and known.next_seq == next_seq:
         return known.replay()
     if known is not None and known.rooted and known.next_seq < next_seq:
-        tail = _tail(_rows_from(tx, session_id, known.next_seq), leaf, known.leaf_id)
+        tail = _tail(tx, _rows_from(tx, session_id, known.next_seq), leaf, known.leaf_id)
         if tail is not None and all(e.kind != EntryKind.COMPACTION for e in tail):
             branch = known.extended(tail, leaf, next_seq)
             cache.put(session_id, branch)
@@ -252,14 +254,16 @@ def _from_stored(
 ) -> Replay | None:
     """The replay from the stored snapshot: as stored when the session row still
     names it, carried on along the new rows when it is rooted and they continue
-    it without a compaction; ``None`` when it does not hold (or is damaged)."""
-    if stored is None:
+    it without a compaction; ``None`` when it does not hold (or is damaged).
+    An encrypted store neither stores nor uses snapshots (a snapshot of a
+    sealed session would be a clear copy of its messages)."""
+    if stored is None or tx.keys.encrypted:
         return None
     if stored.leaf_id == leaf and stored.next_seq == next_seq:
         return snapshots.load(tx, session_id, stored)
     if not stored.rooted or stored.next_seq >= next_seq:
         return None
-    tail = _tail(_rows_from(tx, session_id, stored.next_seq), leaf, stored.leaf_id)
+    tail = _tail(tx, _rows_from(tx, session_id, stored.next_seq), leaf, stored.leaf_id)
     if tail is None or any(e.kind == EntryKind.COMPACTION for e in tail):
         return None
     base = snapshots.load(tx, session_id, stored)
@@ -306,5 +310,6 @@ class ReplaysPart(Area):
             snapshot=True,
         )
         for kept in pending[-1:]:  # a retried read may have asked more than once
-            snapshots.store(self.db, session_id, kept)
+            if not self.db.keyring.encrypted:  # never a clear copy of sealed payloads
+                snapshots.store(self.db, session_id, kept)
         return replay

@@ -28,7 +28,7 @@ from turnkeeper.spec.records import (
 from turnkeeper.spec.run import NON_TERMINAL
 
 from ..backend import Tx, present, utc
-from ..codec import check_id, check_text, from_json
+from ..codec import check_id, check_text
 from ..replay import build_replay
 from ..validate import check_int, check_limit
 from . import archives, entry_rows, recovery, session_rows
@@ -50,7 +50,10 @@ def _page(
 ) -> list[SequencedMessage]:
     _known(tx, session_id)
     rows = tx.rows(f"{_MESSAGES}{cond} ORDER BY seq {order} LIMIT ?", [session_id, *params, limit])
-    return [SequencedMessage(r[0], r[1], from_json(r[2])["message"]) for r in rows]
+    return [
+        SequencedMessage(r[0], r[1], entry_rows.payload_of(tx, session_id, r[1], r[2])["message"])
+        for r in rows
+    ]
 
 
 def entries_after(tx: Tx, session_id: str, after_seq: int, offset: int, limit: int) -> list[Entry]:
@@ -62,7 +65,7 @@ def entries_after(tx: Tx, session_id: str, after_seq: int, offset: int, limit: i
         "ORDER BY seq LIMIT ? OFFSET ?",
         [session_id, after_seq, limit, offset],
     )
-    return [entry_rows.entry_row(r) for r in rows]
+    return [entry_rows.entry_row(tx, r) for r in rows]
 
 
 def with_seq(tx: Tx, session_id: str) -> list[SequencedMessage]:

@@ -52,6 +52,8 @@ from .entry_rows import (
     entry_columns,
     entry_row,
     path_to_leaf,
+    payload_of,
+    seal_payloads,
 )
 
 NOW = leases.NOW
@@ -145,6 +147,7 @@ def create(
         ],
     )
     row = present(row, "the session row its INSERT returns")
+    tx.keys.new_session(tx, session_id)
     return session_row(row)
 
 
@@ -390,9 +393,12 @@ def append_chain(
         f"WHERE {keyed('id', HEAD_IS)}"
     )
     values = [*names[-1:], *bump, out[-1].id, len(out), len(out), now, session_id, seq, leaf]
+    sealed = seal_payloads(
+        tx, session_id, [(e.id, d.payload_json) for e, d in zip(out, drafts, strict=True)]
+    )
     stored = [
-        (session_id, e.id, e.parent_id, e.kind, e.seq, e.timestamp, d.payload_json, epoch, now)
-        for e, d in zip(out, drafts, strict=True)
+        (session_id, e.id, e.parent_id, e.kind, e.seq, e.timestamp, text, epoch, now)
+        for e, text in zip(out, sealed, strict=True)
     ]
     if hold:
         if new_events is not None:  # numbered from the cursor the update below moves
@@ -449,7 +455,7 @@ def entries(tx: Tx, session_id: str) -> list[Entry]:
     rows = tx.rows(
         f"SELECT {entry_columns(tx)} FROM entries WHERE session_id = ? ORDER BY seq", [session_id]
     )
-    return [entry_row(r) for r in rows]
+    return [entry_row(tx, r) for r in rows]
 
 
 def branch_path(tx: Tx, session_id: str) -> list[Entry]:
@@ -467,12 +473,12 @@ def branch_path(tx: Tx, session_id: str) -> list[Entry]:
 def labels(tx: Tx, session_id: str) -> dict[str, str]:
     """Current label per target entry id (the latest label entry wins; absent clears)."""
     rows = tx.rows(
-        "SELECT payload FROM entries WHERE session_id = ? AND kind = 'label' ORDER BY seq",
+        "SELECT id, payload FROM entries WHERE session_id = ? AND kind = 'label' ORDER BY seq",
         [session_id],
     )
     out: dict[str, str] = {}
-    for (payload,) in rows:
-        fields = from_json(payload)
+    for entry_id, payload in rows:
+        fields = payload_of(tx, session_id, entry_id, payload)
         target, label = fields.get("targetId"), fields.get("label")
         if not isinstance(target, str):
             continue  # an imported label without a usable target names nothing

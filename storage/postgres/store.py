@@ -10,9 +10,9 @@ from __future__ import annotations
 from ...spec.errors import InvalidInputError
 from ..backend import Clock
 from ..codec import check_tenant, check_text
-from ..ops.replays import REPLAY_CACHE_BYTES
 from ..crypto.keyring import check_provider
 from ..crypto.keys import KeyProvider
+from ..ops.replays import REPLAY_CACHE_BYTES
 from ..store import BaseStore
 from ..validate import check_bool, check_int, check_seconds
 from .db import Database
