@@ -7,6 +7,7 @@ for CI), ``nightly`` (long runs on demand).
 from __future__ import annotations
 
 import atexit
+import base64
 import os
 import shutil
 import signal
@@ -59,6 +60,28 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 BACKENDS = ["duckdb", "postgres"]
 """Every backend the conformance suite and the stateful machines run over."""
 
+ENCRYPTED_ENV = "TURNKEEPER_TEST_ENCRYPTED"
+"""Set to ``1``: the ``store`` and ``any_store`` fixtures and the stateful
+machines run over :data:`ENCRYPTED` too (encryption at rest on, issue 23)."""
+
+ENCRYPTED = ["duckdb+enc", "postgres+enc"]
+"""Each backend with encryption at rest on (``open_store(..., encryption=TEST_KEYS)``)."""
+
+STORES = BACKENDS + (ENCRYPTED if os.environ.get(ENCRYPTED_ENV) == "1" else [])
+"""The store configurations the conformance suite and the machines run over:
+:data:`BACKENDS`, and :data:`ENCRYPTED` when :data:`ENCRYPTED_ENV` is ``1``."""
+
+TEST_KEYS = turnkeeper.LocalKeyProvider.from_text(
+    "test-master:" + base64.b64encode(bytes(range(32))).decode()
+)
+"""The master key of the encrypted configurations (a fixed test key)."""
+
+
+def engine(backend: str) -> str:
+    """The engine of a store configuration (``"postgres+enc"`` → ``"postgres"``)."""
+    return backend.split("+", 1)[0]
+
+
 POSTGRES_SHARE = 2
 """The stateful machines' examples on PostgreSQL are the profile's divided by
 this, and through PgBouncer by :data:`POOLER_SHARE` (under the ``ci``
@@ -84,7 +107,7 @@ def machine_settings(backend: str, *, max_examples: int | None = None) -> settin
     examples = profile.max_examples
     if max_examples is not None:
         examples = min(examples, max_examples)
-    if backend == "postgres" and os.environ.get("HYPOTHESIS_PROFILE") != "nightly":
+    if engine(backend) == "postgres" and os.environ.get("HYPOTHESIS_PROFILE") != "nightly":
         examples = max(10, examples // (POOLER_SHARE if through_pooler() else POSTGRES_SHARE))
     return settings(profile, max_examples=examples)
 
@@ -220,7 +243,9 @@ def listen_for(url: str) -> str | None:
 def _on_postgres(item: pytest.Item) -> bool:
     callspec = getattr(item, "callspec", None)
     params = callspec.params.values() if callspec is not None else ()
-    return item.get_closest_marker("postgres") is not None or "postgres" in params
+    return item.get_closest_marker("postgres") is not None or any(
+        isinstance(p, str) and engine(p) == "postgres" for p in params
+    )
 
 
 _LEFT_OUT: list[int] = []
@@ -350,16 +375,18 @@ def open_backend(
     on DuckDB and 0.4 s on PostgreSQL (90 DDL statements, server-side work),
     paid by every test before this (about a quarter of CI's time)."""
     shipped = _migrations_as_shipped()
+    keys = TEST_KEYS if backend in ENCRYPTED else None
+    backend = engine(backend)
     if backend == "duckdb":
         if path is None:
-            return turnkeeper.open_store(":memory:", clock=clock)
+            return turnkeeper.open_store(":memory:", clock=clock, encryption=keys)
         where = path / "store.duckdb"
         if shipped and not where.exists():
             shutil.copyfile(_duckdb_template(), where)
-        return turnkeeper.open_store(str(where), clock=clock)
+        return turnkeeper.open_store(str(where), clock=clock, encryption=keys)
     if backend == "postgres":
         url = _SPARE.pop() if _SPARE and shipped else new_pg_schema()
-        store = open_pg(url, clock=clock)
+        store = open_pg(url, clock=clock, encryption=keys)
         _OPENED[id(store)] = url
         return store
     raise ValueError(backend)
@@ -551,7 +578,7 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=STORES)
 def store(
     request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
 ) -> Iterator[turnkeeper.BaseStore]:
@@ -569,7 +596,7 @@ def facade(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=STORES)
 def any_store(
     request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock, facade: str
 ) -> Iterator[Any]:

@@ -14,7 +14,7 @@ import types
 
 import pytest
 from by_hand import Steps, kill_tests
-from conftest import BACKENDS, machine_settings
+from conftest import STORES, machine_settings
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 from stateful_deletes import on
@@ -25,7 +25,7 @@ MAX_EXAMPLES = 15
 STEPS = 20
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", STORES)
 def test_deletes_and_retention_agree_with_the_model(backend: str) -> None:
     budget = machine_settings(backend, max_examples=MAX_EXAMPLES)
     run_state_machine_as_test(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import BACKENDS, machine_settings
+from conftest import STORES, machine_settings
 from hypothesis.stateful import run_state_machine_as_test
 from oracle import Oracle
 from stateful_leases import make_machine
@@ -11,7 +11,7 @@ from stateful_leases import make_machine
 from turnkeeper import FinalizeRequest, ThreadRecord
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", STORES)
 def test_store_agrees_with_oracle_and_invariants_hold(backend: str) -> None:
     run_state_machine_as_test(make_machine(backend), settings=machine_settings(backend))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 
 import pytest
-from conftest import BACKENDS, machine_settings
+from conftest import STORES, machine_settings
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 from stateful_ledger import make_machine
@@ -35,7 +35,7 @@ def _fails_with(*texts: str) -> None:
         raise AssertionError(f"the machine passed; expected one of {texts!r}")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", STORES)
 def test_the_ledger_agrees_with_its_oracle(backend: str) -> None:
     run_state_machine_as_test(make_machine(backend), settings=machine_settings(backend))
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from by_hand import Steps, kill_tests
-from conftest import BACKENDS, machine_settings
+from conftest import STORES, machine_settings
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 from stateful_outbox import on
@@ -26,7 +26,7 @@ SEARCH = settings(
 )
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", STORES)
 def test_outbox_agrees_with_the_model(backend: str) -> None:
     run_state_machine_as_test(on(backend), settings=machine_settings(backend))
 
@@ -83,7 +83,7 @@ KILLS = {
 
 
 @pytest.mark.search
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", STORES)
 @pytest.mark.parametrize("fence", sorted(KILLS))
 def test_machine_finds_a_counterexample_with_the_fence_patched_out(
     fence: str, backend: str, monkeypatch: pytest.MonkeyPatch

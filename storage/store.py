@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Self, TypeVar
 
 from turnkeeper.spec import errors
+from turnkeeper.spec.records import Entry
 
 from .backend import Backend, QueryFn, Tx
 from .codec import check_text
@@ -28,6 +29,7 @@ from .ops.archives import Archives
 from .ops.base import Shared
 from .ops.bindings import Bindings
 from .ops.capabilities import Capabilities
+from .ops.entry_rows import clear_entry_row, entry_row
 from .ops.forks import Forks
 from .ops.guidance import GuidanceQueue
 from .ops.leases import Leases
@@ -62,10 +64,23 @@ class Snapshot:
     """Analytics reads that all see one consistent state of the store (see
     :meth:`BaseStore.snapshot`); valid only inside that call, on its thread."""
 
-    def __init__(self, run: QueryFn) -> None:
+    def __init__(self, run: QueryFn, entries: Callable[[list[Sequence[Any]]], list[Entry]]) -> None:
         self._run = run
+        self._entries = entries
         self._thread = threading.get_ident()
         self.open = True
+
+    def entries(self, rows: list[Sequence[Any]]) -> list[Entry]:
+        """``entries`` rows read by :meth:`query` (columns as
+        ``storage.ops.entry_rows.ENTRY_SELECT``) as :class:`Entry` values,
+        sealed payloads opened with the store's keys (read outside the
+        snapshot: a data key never changes once written).
+
+        Raises:
+            KeyUnavailableError, PayloadAuthenticationError: a sealed payload
+                that cannot be opened.
+        """
+        return self._entries(rows)
 
     def query(self, sql: str, params: Sequence[Any] | None = None) -> Any:
         """As :meth:`BaseStore.query` (same checks, same errors), in the snapshot.
@@ -284,8 +299,10 @@ class BaseStore:
 
     def _adopt_keys(self, tx: Tx) -> None:
         """Read (and, opening with ``encryption=`` for the first time, write)
-        the store's encryption marker (``storage/crypto/keyring.py``)."""
-        self.db.keyring.adopt(tx, writable=not self.db.read_only)
+        the store's encryption marker (``storage/crypto/keyring.py``); a schema
+        older than version 32 (a test's migrations stopped early) has none."""
+        if "store_encryption" in self.db.tables(tx):
+            self.db.keyring.adopt(tx, writable=not self.db.read_only)
 
     def schema_version(self) -> int:
         """The schema version recorded in the database."""
@@ -420,8 +437,13 @@ class BaseStore:
             ``body`` raises.
         """
 
+        def entries(rows: list[Sequence[Any]]) -> list[Entry]:
+            if not self.db.keyring.encrypted:
+                return [clear_entry_row(r) for r in rows]
+            return self.db.read("open_entries", lambda tx: [entry_row(tx, r) for r in rows])
+
         def run(query: QueryFn) -> T:
-            snap = Snapshot(query)
+            snap = Snapshot(query, entries)
             try:
                 return body(snap)
             finally:

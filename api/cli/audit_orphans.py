@@ -18,6 +18,7 @@ from .audit_base import rows as query_rows
 OWNED: tuple[tuple[str, str, str, str], ...] = (
     ("entries", "session_id", "sessions", "id"),
     ("replay_snapshots", "session_id", "sessions", "id"),
+    ("session_keys", "session_id", "sessions", "id"),
     ("opaque_records", "session_id", "sessions", "id"),
     ("import_sources", "session_id", "sessions", "id"),
     ("execution_intents", "session_id", "sessions", "id"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from turnkeeper.spec.records import Entry
 from turnkeeper.spec.run import TERMINAL
-from turnkeeper.storage.ops.entry_rows import ENTRY_SELECT, clear_entry_row
+from turnkeeper.storage.ops.entry_rows import ENTRY_SELECT
 from turnkeeper.storage.pairing import calls_of, tree_faults, unanswered_calls
 from turnkeeper.storage.replay import context_message, path_to
 from turnkeeper.storage.store import Snapshot
@@ -125,8 +125,7 @@ def _trees(store: Snapshot, scope: Scope) -> dict[str, dict[str, Entry]]:
         scope.params(),
     )
     out: dict[str, dict[str, Entry]] = {}
-    for row in found:
-        entry = clear_entry_row(list(row.values()))
+    for entry in store.entries([list(row.values()) for row in found]):
         out.setdefault(entry.session_id, {})[entry.id] = entry
     return out
 
