@@ -1,0 +1,327 @@
+"""Encryption at rest, part 1 (issue 23): entry payloads sealed under per-session
+data keys on both engines, typed and closed failure, crypto-shredding.
+
+Each failure test flips, moves or swaps stored bytes with SQL, as someone
+with the database (or a backup) in hand would, and a control test patches
+the guard out to show the test can fail.
+"""
+
+from __future__ import annotations
+
+import base64
+import shutil
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TEST_KEYS, FakeClock, close_backend, open_backend
+
+import turnkeeper
+from turnkeeper import EntryKind, LocalKeyProvider
+from turnkeeper.spec.records import ImportBatch, ImportEntry
+from turnkeeper.storage.crypto import keyring as keyring_module
+from turnkeeper.storage.crypto.seal import wrap_context
+
+SECRET = "the launch code is 0000"
+MSG = {"message": {"role": "user", "content": SECRET}}
+REPLY = {"message": {"role": "assistant", "content": f"noted: {SECRET}"}}
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _key(seed: int, key_id: str) -> str:
+    return f"{key_id}:{base64.b64encode(bytes([seed]) * 32).decode()}"
+
+
+@pytest.fixture(params=["duckdb", "postgres"])
+def enc(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
+) -> Iterator[turnkeeper.BaseStore]:
+    """An encrypted store (``conftest.TEST_KEYS``) on each engine."""
+    s = open_backend(f"{request.param}+enc", tmp_path, clock)
+    yield s
+    close_backend(s)
+
+
+def _sql(store: Any, sql: str, params: list[Any] | None = None) -> None:
+    store.db.write("forge", lambda tx: tx.exec(sql, params or []))
+
+
+def _payloads(store: Any, sid: str) -> dict[str, str]:
+    rows = store.query("SELECT id, payload FROM entries WHERE session_id = ?", [sid]).to_pylist()
+    return {r["id"]: r["payload"] for r in rows}
+
+
+def _reopen(store: Any, **kwargs: Any) -> Any:
+    """Another store object on the same database (its own key cache)."""
+    url = getattr(store.db, "url", None) or store.path
+    return turnkeeper.open_store(url, **kwargs)
+
+
+def test_every_entry_write_path_stores_sealed_payloads_and_reads_them_back(enc):
+    enc.sessions.create("s", cwd="/w")
+    one = enc.sessions.append("s", EntryKind.MESSAGE, MSG)
+    enc.sessions.append_many("s", [(EntryKind.MESSAGE, REPLY)])
+    enc.sessions.set_title("s", SECRET)
+    enc.sessions.append("s", EntryKind.LABEL, {"targetId": one.id, "label": SECRET})
+    enc.sessions.append(
+        "s", EntryKind.CUSTOM, {"customType": "note", "text": SECRET}, entry_id="c-1"
+    )
+    run = enc.runs.admit("s", {"q": 1}, user_message={"role": "user", "content": SECRET})
+    enc.runs.start(run.id)
+    enc.runs.finish(run.id, "succeeded", assistant_message={"role": "assistant", "content": "ok"})
+    enc.sessions.import_batch(
+        ImportBatch(
+            session_id="imp",
+            cwd="/w",
+            created_at=T0,
+            header={},
+            entries=[ImportEntry("i1", None, EntryKind.MESSAGE, T0, MSG)],
+            leaf_id="i1",
+        )
+    )
+    fork = enc.forks.fork("s", request_id="f")
+    for sid in ("s", "imp", fork.fork_session_id):
+        stored = _payloads(enc, sid)
+        assert stored and all(p.startswith("enc1:") for p in stored.values()), sid
+        assert not any(SECRET in p for p in stored.values())
+    # read back through a store object with a cold key cache, every read path
+    with _reopen(enc, encryption=TEST_KEYS) as fresh:
+        contents = [m["content"] for m in fresh.sessions.replay("s").messages]
+        assert contents[:2] == [SECRET, f"noted: {SECRET}"]
+        assert fresh.sessions.labels("s") == {one.id: SECRET}
+        assert fresh.sessions.custom_entry("s", "note", "c-1").payload["text"] == SECRET
+        assert [e.id for e in fresh.sessions.custom_entries("s", "note", limit=5)] == ["c-1"]
+        assert fresh.sessions.messages_after("s", 0, limit=1)[0].message["content"] == SECRET
+        assert fresh.sessions.entry("imp", "i1").payload == MSG
+        forked = fresh.sessions.replay(fork.fork_session_id)
+        assert [m["content"] for m in forked.messages] == contents
+    # a fork's copy is sealed under its own data key, never the source's ciphertext
+    src, copy = _payloads(enc, "s"), _payloads(enc, fork.fork_session_id)
+    assert not set(src.values()) & set(copy.values())
+    keys = enc.query("SELECT session_id, wrapped FROM session_keys ORDER BY session_id")
+    wrapped = keys.to_pylist()
+    assert len({bytes(r["wrapped"]) for r in wrapped}) == len(wrapped) == 3
+
+
+def test_opened_without_its_key_serves_metadata_and_refuses_payloads(enc):
+    enc.sessions.create("s", cwd="/w")
+    enc.sessions.append("s", EntryKind.MESSAGE, MSG)
+    run = enc.runs.admit("s", {"q": 1}, user_message={"role": "user", "content": SECRET})
+    before = _payloads(enc, "s")
+    with _reopen(enc) as bare:
+        assert [s.id for s in bare.sessions.list().sessions] == ["s"]
+        assert bare.sessions.get("s").entry_count == len(before)
+        assert bare.runs.get(run.id).status == run.status
+        for read in (
+            lambda: bare.sessions.replay("s"),
+            lambda: bare.sessions.entries("s"),
+            lambda: bare.sessions.messages_after("s", 0, limit=5),
+        ):
+            with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
+                read()
+            assert (refused.value.session_id, refused.value.key_id) == ("s", None)
+        with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
+            bare.sessions.append("s", EntryKind.MESSAGE, REPLY)
+        assert refused.value.session_id == "s"
+        with pytest.raises(turnkeeper.KeyUnavailableError):
+            bare.sessions.create("new", cwd="/w")
+        assert bare.sessions.get("new") is None
+    assert _payloads(enc, "s") == before  # nothing written
+
+
+def test_a_provider_without_the_master_key_or_a_wrong_key_is_key_unavailable(enc):
+    enc.sessions.create("s", cwd="/w")
+    enc.sessions.append("s", EntryKind.MESSAGE, MSG)
+    other_id = LocalKeyProvider.from_text(_key(7, "another"))
+    wrong_bytes = LocalKeyProvider.from_text(_key(9, TEST_KEYS.key_id))
+    for provider, cause in ((other_id, "not hold"), (wrong_bytes, "fails authentication")):
+        with _reopen(enc, encryption=provider) as s:
+            with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
+                s.sessions.replay("s")
+            assert (refused.value.session_id, refused.value.key_id) == ("s", TEST_KEYS.key_id)
+            assert isinstance(refused.value.__cause__, turnkeeper.KeyUnwrapError)
+            assert cause in str(refused.value.__cause__)
+            with pytest.raises(turnkeeper.KeyUnavailableError):
+                s.sessions.append("s", EntryKind.MESSAGE, REPLY)
+    assert len(_payloads(enc, "s")) == 1
+
+
+def _fresh(enc: Any) -> Any:
+    return _reopen(enc, encryption=TEST_KEYS)
+
+
+def _refused(store: Any, sid: str, entry_id: str) -> None:
+    with pytest.raises(turnkeeper.PayloadAuthenticationError) as refused:
+        store.sessions.replay(sid)  # never a partial list as if whole
+    assert (refused.value.session_id, refused.value.record_id, refused.value.field) == (
+        sid,
+        entry_id,
+        "payload",
+    )
+    with pytest.raises(turnkeeper.PayloadAuthenticationError):
+        store.sessions.entry(sid, entry_id)
+
+
+def test_a_flipped_byte_fails_authentication(enc):
+    enc.sessions.create("s", cwd="/w")
+    first = enc.sessions.append("s", EntryKind.MESSAGE, MSG)
+    enc.sessions.append("s", EntryKind.MESSAGE, REPLY)
+    stored = _payloads(enc, "s")[first.id]
+    raw = bytearray(base64.b64decode(stored[5:]))
+    raw[-1] ^= 1
+    flipped = "enc1:" + base64.b64encode(bytes(raw)).decode()
+    _sql(enc, "UPDATE entries SET payload = ? WHERE id = ?", [flipped, first.id])
+    with _fresh(enc) as s:
+        _refused(s, "s", first.id)
+
+
+def test_a_value_moved_to_another_entry_or_session_fails_authentication(enc):
+    enc.sessions.create("s", cwd="/w")
+    enc.sessions.create("t", cwd="/w")
+    a = enc.sessions.append("s", EntryKind.MESSAGE, MSG)
+    b = enc.sessions.append("s", EntryKind.MESSAGE, REPLY)
+    c = enc.sessions.append("t", EntryKind.MESSAGE, MSG)
+    stored = {**_payloads(enc, "s"), **_payloads(enc, "t")}
+    _sql(enc, "UPDATE entries SET payload = ? WHERE id = ?", [stored[a.id], b.id])
+    with _fresh(enc) as s:
+        _refused(s, "s", b.id)
+    _sql(enc, "UPDATE entries SET payload = ? WHERE id = ?", [stored[b.id], b.id])
+    _sql(enc, "UPDATE entries SET payload = ? WHERE id = ?", [stored[c.id], a.id])
+    with _fresh(enc) as s:
+        _refused(s, "s", a.id)
+
+
+def test_a_clear_value_in_a_sealed_session_is_a_downgrade(enc):
+    enc.sessions.create("s", cwd="/w")
+    a = enc.sessions.append("s", EntryKind.MESSAGE, MSG)
+    _sql(enc, "UPDATE entries SET payload = ? WHERE id = ?", ['{"message":{"role":"user"}}', a.id])
+    with _fresh(enc) as s:
+        _refused(s, "s", a.id)
+
+
+def test_control_without_the_downgrade_check_a_forged_clear_value_is_served(enc, monkeypatch):
+    """The control of the test above: with the check patched out, the forged
+    clear payload is returned as if it were the session's."""
+    enc.sessions.create("s", cwd="/w")
+    a = enc.sessions.append("s", EntryKind.MESSAGE, MSG)
+    forged = '{"message":{"role":"user","content":"forged"}}'
+    _sql(enc, "UPDATE entries SET payload = ? WHERE id = ?", [forged, a.id])
+    monkeypatch.setattr(keyring_module.Keyring, "_has_key", lambda self, tx, sid: False)
+    with _fresh(enc) as s:
+        assert s.sessions.replay("s").messages[0]["content"] == "forged"
+
+
+def test_a_value_sealed_under_a_version_the_session_does_not_hold(enc):
+    enc.sessions.create("s", cwd="/w")
+    a = enc.sessions.append("s", EntryKind.MESSAGE, MSG)
+    raw = bytearray(base64.b64decode(_payloads(enc, "s")[a.id][5:]))
+    raw[4:8] = (2).to_bytes(4, "big")
+    _sql(
+        enc,
+        "UPDATE entries SET payload = ? WHERE id = ?",
+        ["enc1:" + base64.b64encode(bytes(raw)).decode(), a.id],
+    )
+    with _fresh(enc) as s:
+        _refused(s, "s", a.id)
+
+
+def test_swapped_wrapped_keys_are_key_unavailable(enc):
+    enc.sessions.create("s", cwd="/w")
+    enc.sessions.create("t", cwd="/w")
+    enc.sessions.append("s", EntryKind.MESSAGE, MSG)
+    wrapped = {
+        r["session_id"]: bytes(r["wrapped"])
+        for r in enc.query("SELECT session_id, wrapped FROM session_keys").to_pylist()
+    }
+    _sql(enc, "UPDATE session_keys SET wrapped = ? WHERE session_id = 's'", [wrapped["t"]])
+    with _fresh(enc) as s:
+        with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
+            s.sessions.replay("s")
+        assert refused.value.session_id == "s"
+        assert isinstance(refused.value.__cause__, turnkeeper.KeyUnwrapError)
+
+
+def test_a_clear_store_is_unchanged_and_a_session_from_before_stays_clear(tmp_path: Path):
+    path = str(tmp_path / "s.duckdb")
+    with turnkeeper.open_store(path) as clear:
+        clear.sessions.create("old", cwd="/w")
+        clear.sessions.append("old", EntryKind.MESSAGE, MSG)
+        assert clear.query("SELECT count(*) AS n FROM store_encryption").to_pylist()[0]["n"] == 0
+    with turnkeeper.open_store(path, encryption=TEST_KEYS) as s:
+        s.sessions.append("old", EntryKind.MESSAGE, REPLY)  # no data key: clear, as before
+        assert all(SECRET in p for p in _payloads(s, "old").values())
+        assert s.sessions.replay("old").messages[0]["content"] == SECRET
+        s.sessions.create("new", cwd="/w")
+        s.sessions.append("new", EntryKind.MESSAGE, MSG)
+        assert all(p.startswith("enc1:") for p in _payloads(s, "new").values())
+    with turnkeeper.open_store(path) as bare:  # marked: no new clear session
+        with pytest.raises(turnkeeper.KeyUnavailableError):
+            bare.sessions.create("later", cwd="/w")
+        assert bare.sessions.replay("old").messages[0]["content"] == SECRET
+
+
+def test_a_delete_shreds_the_key_and_a_backup_cannot_be_read_once_the_old_master_key_retires(
+    tmp_path: Path,
+):
+    """A backup (a copy of the DuckDB file) taken before a delete holds the
+    session's entries and its data key wrapped by master key ``k1``. After
+    the delete the live store holds no key of that session; its remaining
+    data keys are rewrapped to ``k2`` (by hand here: rotation is part 2) and
+    ``k1`` is retired. The backup opened with the provider the user still
+    holds (``k2`` only) cannot open the deleted session's payloads; before
+    the retirement (``k1`` held) it still could: what crypto-shredding
+    guarantees is exactly that, once every master key that wrapped a
+    deleted session's data key is retired."""
+    k1 = LocalKeyProvider.from_text(_key(1, "k1"))
+    live, backup = tmp_path / "live.duckdb", tmp_path / "backup.duckdb"
+    with turnkeeper.open_store(str(live), encryption=k1) as s:
+        for sid in ("gone", "kept"):
+            s.sessions.create(sid, cwd="/w")
+            s.sessions.append(sid, EntryKind.MESSAGE, MSG)
+    shutil.copyfile(live, backup)
+    with turnkeeper.open_store(str(live), encryption=k1) as s:
+        s.sessions.delete("gone")
+        assert s.query("SELECT session_id FROM session_keys").to_pylist() == [
+            {"session_id": "kept"}
+        ]
+        # rotation by hand: every remaining data key rewrapped from k1 to k2
+        both = LocalKeyProvider.from_text(_key(2, "k2") + "\n" + _key(1, "k1"))
+        for row in s.query(
+            "SELECT session_id, version, key_id, wrapped FROM session_keys"
+        ).to_pylist():
+            ctx = wrap_context(row["session_id"], row["version"])
+            plain = both.unwrap(bytes(row["wrapped"]), row["key_id"], ctx)
+            _sql(
+                s,
+                "UPDATE session_keys SET key_id = ?, wrapped = ? WHERE session_id = ?",
+                [both.key_id, both.wrap(plain, ctx), row["session_id"]],
+            )
+    k2 = LocalKeyProvider.from_text(_key(2, "k2"))  # k1 retired
+    with turnkeeper.open_store(str(live), encryption=k2) as s:
+        assert s.sessions.replay("kept").messages[0]["content"] == SECRET
+    with turnkeeper.open_store(str(backup), encryption=k2) as old:
+        assert SECRET not in str(old.query("SELECT payload FROM entries").to_pylist())
+        with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
+            old.sessions.replay("gone")
+        assert (refused.value.session_id, refused.value.key_id) == ("gone", "k1")
+    with turnkeeper.open_store(str(backup), encryption=k1) as old:  # before retirement: readable
+        assert old.sessions.replay("gone").messages[0]["content"] == SECRET
+
+
+def test_a_delete_drops_the_cached_key(enc):
+    enc.sessions.create("s", cwd="/w")
+    enc.sessions.append("s", EntryKind.MESSAGE, MSG)
+    enc.sessions.replay("s")
+    assert enc.db.keyring._cached("s")
+    enc.sessions.delete("s")
+    assert enc.db.keyring._cached("s") is None
+    assert enc.query("SELECT count(*) AS n FROM session_keys").to_pylist()[0]["n"] == 0
+
+
+def test_encryption_must_be_a_key_provider(tmp_path: Path):
+    with pytest.raises(turnkeeper.InvalidInputError) as bad:
+        turnkeeper.open_store(str(tmp_path / "x.duckdb"), encryption="secret")  # type: ignore[arg-type]
+    assert bad.value.field == "encryption"
+    assert not (tmp_path / "x.duckdb").exists()
