@@ -325,3 +325,34 @@ def test_encryption_must_be_a_key_provider(tmp_path: Path):
         turnkeeper.open_store(str(tmp_path / "x.duckdb"), encryption="secret")  # type: ignore[arg-type]
     assert bad.value.field == "encryption"
     assert not (tmp_path / "x.duckdb").exists()
+
+
+def test_the_cli_generates_a_key_and_reads_it_from_a_file_or_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from click.testing import CliRunner
+
+    from turnkeeper.cli.main import cli
+
+    monkeypatch.delenv("TURNKEEPER_MASTER_KEY", raising=False)
+    runner = CliRunner()
+    made = runner.invoke(cli, ["keys", "generate", "--id", "cli-key"], catch_exceptions=False)
+    line = made.output.strip()
+    assert made.exit_code == 0 and line.startswith("cli-key:")
+    assert LocalKeyProvider.from_text(line).key_id == "cli-key"
+    key_file = tmp_path / "master.key"
+    key_file.write_text(line + "\n")
+    db = str(tmp_path / "c.duckdb")
+    with turnkeeper.open_store(db, encryption=LocalKeyProvider.from_text(line)) as s:
+        s.sessions.create("s", cwd="/w")
+        s.sessions.append("s", EntryKind.MESSAGE, MSG)
+    show = ["sessions", "show", "s", "--db", db, "--flat"]
+    bare = runner.invoke(cli, show, catch_exceptions=False)
+    assert bare.exit_code == 2 and "KeyUnavailableError" in bare.output, bare.output
+    keyed = runner.invoke(cli, ["--key-file", str(key_file), *show], catch_exceptions=False)
+    assert keyed.exit_code == 0 and SECRET in keyed.output, keyed.output
+    monkeypatch.setenv("TURNKEEPER_MASTER_KEY", line)
+    from_env = runner.invoke(cli, show, catch_exceptions=False)
+    assert from_env.exit_code == 0 and SECRET in from_env.output, from_env.output
+    report = runner.invoke(cli, ["report", "--db", db], catch_exceptions=False)
+    assert report.exit_code == 0, report.output  # a sealed payload is skipped by SQL figures

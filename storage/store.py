@@ -24,6 +24,7 @@ from .backend import Backend, QueryFn, Tx
 from .codec import check_text
 from .crypto.keyring import Keyring
 from .crypto.keys import KeyProvider
+from .crypto.seal import TEXT_PREFIX
 from .migrations import SCHEMA_VERSION, created_names, statements
 from .ops.archives import Archives
 from .ops.base import Shared
@@ -415,10 +416,16 @@ class BaseStore:
         ``expr`` is SQL, not a value: pass a column name or expression of your
         query, never text from outside.
 
+        In an encrypted store (``open_store(..., encryption=…)``) a sealed
+        value (``enc1:…``, as :meth:`query` sees it) reads as SQL ``NULL``:
+        SQL cannot open it, and a figure over it skips it instead of failing.
+
         Raises:
             InvalidInputError: ``expr`` is not a string, or is empty.
         """
         check_text(expr, "expr", allow_empty=False)
+        if self.db.keyring.encrypted:  # a sealed value reads as SQL NULL, never a failed cast
+            expr = f"(CASE WHEN strpos({expr}, '{TEXT_PREFIX}') = 1 THEN NULL ELSE {expr} END)"
         return self.db.dialect.json(expr)
 
     def snapshot(self, body: Callable[[Snapshot], T]) -> T:

@@ -29,6 +29,7 @@ import turnkeeper
 from turnkeeper import is_postgres
 from turnkeeper.spec import errors
 from turnkeeper.storage import BaseStore
+from turnkeeper.storage.crypto.keys import KEY_ENV
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -65,6 +66,28 @@ def db_option(default: str | None = turnkeeper.DEFAULT_PATH) -> Callable[[F], F]
     )
 
 
+KEY_FILE_META = "turnkeeper.key_file"
+"""Where the group's ``--key-file`` is kept in the click context's ``meta``."""
+
+
+def key_provider() -> turnkeeper.KeyProvider | None:
+    """The master key a command opens the store with: the group's ``--key-file``,
+    else ``$TURNKEEPER_MASTER_KEY`` when set, else none (a store marked
+    encrypted then serves metadata only, ``KeyUnavailableError`` otherwise).
+
+    Raises:
+        InvalidInputError: (field ``encryption``) the file or variable is not
+            a key line (``turnkeeper keys generate`` makes one).
+    """
+    ctx = click.get_current_context(silent=True)
+    path = None if ctx is None else ctx.meta.get(KEY_FILE_META)
+    if path:
+        return turnkeeper.LocalKeyProvider.from_file(path)
+    if os.environ.get(KEY_ENV):
+        return turnkeeper.LocalKeyProvider.from_env()
+    return None
+
+
 @contextmanager
 def open_db(path: str, *, read_only: bool = False, existing: bool = False) -> Iterator[BaseStore]:
     """Open the store at ``path`` and close it afterwards.
@@ -91,7 +114,9 @@ def open_db(path: str, *, read_only: bool = False, existing: bool = False) -> It
         raise errors.StoreNotFoundError(
             path, detail="this command acts on stored sessions and never creates a database"
         )
-    store = turnkeeper.open_store(path, read_only=read_only and not in_memory)
+    store = turnkeeper.open_store(
+        path, read_only=read_only and not in_memory, encryption=key_provider()
+    )
     try:
         yield store
     finally:

@@ -22,12 +22,14 @@ from typing import Any
 import click
 
 from turnkeeper.spec.errors import SessionNotFoundError, TurnkeeperError
+from turnkeeper.storage.crypto.keys import KEY_ENV, LocalKeyProvider
 
 from .audit import run_audit
 from .common import (
     EXIT_ERROR,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
+    KEY_FILE_META,
     CliError,
     db_option,
     dumps,
@@ -92,8 +94,30 @@ class TurnkeeperGroup(click.Group):
 
 @click.group(cls=TurnkeeperGroup)
 @click.version_option(package_name="turnkeeper", prog_name="turnkeeper")
-def cli() -> None:
+@click.option(
+    "--key-file",
+    "key_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help=f"Master key file of an encrypted store (default: ${KEY_ENV} when set).",
+)
+@click.pass_context
+def cli(ctx: click.Context, key_file: str | None) -> None:
     """turnkeeper: durable state for AI-agent runtimes (a DuckDB file or PostgreSQL)."""
+    ctx.meta[KEY_FILE_META] = key_file
+
+
+@cli.group("keys")
+def keys_group() -> None:
+    """Master keys of encrypted stores (open_store(..., encryption=...))."""
+
+
+@keys_group.command("generate")
+@click.option("--id", "key_id", default=None, help="The key's id (default: key-<date>-<hex>).")
+def keys_generate(key_id: str | None) -> None:
+    """Print a new master key line, '<key id>:<base64 of 32 bytes>': put it in
+    a key file (--key-file, readable by its owner only) or in $TURNKEEPER_MASTER_KEY."""
+    click.echo(LocalKeyProvider.generate(key_id))
 
 
 @cli.command("audit")
