@@ -62,12 +62,15 @@ BACKENDS = ["duckdb", "postgres"]
 
 ENCRYPTED_ENV = "TURNKEEPER_TEST_ENCRYPTED"
 """Set to ``1``: the ``store`` and ``any_store`` fixtures and the stateful
-machines run over :data:`ENCRYPTED` too (encryption at rest on, issue 23)."""
+machines run over :data:`ENCRYPTED` too (encryption at rest on, issue 23);
+``only``: over :data:`ENCRYPTED` alone (a CI job of its own)."""
 
 ENCRYPTED = ["duckdb+enc", "postgres+enc"]
 """Each backend with encryption at rest on (``open_store(..., encryption=TEST_KEYS)``)."""
 
-STORES = BACKENDS + (ENCRYPTED if os.environ.get(ENCRYPTED_ENV) == "1" else [])
+STORES = {"1": BACKENDS + ENCRYPTED, "only": ENCRYPTED}.get(
+    os.environ.get(ENCRYPTED_ENV, ""), BACKENDS
+)
 """The store configurations the conformance suite and the machines run over:
 :data:`BACKENDS`, and :data:`ENCRYPTED` when :data:`ENCRYPTED_ENV` is ``1``."""
 
@@ -697,6 +700,18 @@ def reseal(
         f"record_sha256 = ? {where}",
         [body, digest, stamp, sealed, tenant, session_id, seq],
         rows=1,
+    )
+
+
+def stored_payload(store: Any, session_id: str, entry_id: str, payload_json: str) -> str:
+    """``payload_json`` as the store would hold it for entry ``entry_id`` of
+    ``session_id``: sealed under the session's data key in an encrypted store
+    (for a forge of an entry row), else as given."""
+    from turnkeeper.storage.ops.entry_rows import seal_payloads
+
+    db = getattr(store, "sync", store).db
+    return str(
+        db.read("seal", lambda tx: seal_payloads(tx, session_id, [(entry_id, payload_json)])[0])
     )
 
 

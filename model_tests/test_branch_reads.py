@@ -47,9 +47,9 @@ def handed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     seen: list[int] = []
     real = branch_reads._walk
 
-    def counted(rows: list[tuple[Any, ...]], leaf_id: str, most: int | None) -> Any:
+    def counted(tx: Any, rows: list[tuple[Any, ...]], leaf_id: str, most: int | None) -> Any:
         seen.append(len(rows))
-        return real(rows, leaf_id, most)
+        return real(tx, rows, leaf_id, most)
 
     def whole(*_: Any) -> Any:
         raise AssertionError("the read walked the whole session")

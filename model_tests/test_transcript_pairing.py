@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from conftest import forge
+from conftest import forge, stored_payload
 
 import turnkeeper
 from turnkeeper import EntryKind, ToolCallPairingError, ToolCallsUnansweredError
@@ -225,7 +225,14 @@ def forge_entry(store, sid: str, entry_id: str, parent: str | None, kind: str, p
         store,
         "INSERT INTO entries (session_id, id, parent_id, kind, seq, ts, payload, lease_epoch, "
         "written_at) VALUES (?, ?, ?, ?, ?, now(), ?, NULL, now())",
-        [sid, entry_id, parent, kind, seq, json.dumps(payload)],
+        [
+            sid,
+            entry_id,
+            parent,
+            kind,
+            seq,
+            stored_payload(store, sid, entry_id, json.dumps(payload)),
+        ],
         rows=1,
     )
     forge(

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import forge
+from conftest import forge, stored_payload
 
 from turnkeeper import (
     EntryCycleError,
@@ -120,7 +120,7 @@ def test_the_audit_judges_entries_on_a_cycle(store):
         store,
         "INSERT INTO entries (session_id, id, parent_id, kind, seq, ts, payload, lease_epoch, "
         "written_at) VALUES ('s', 'b1', 'a1', 'message', 2, now(), ?, NULL, now())",
-        [json.dumps(NOCALL)],
+        [stored_payload(store, "s", "b1", json.dumps(NOCALL))],
         rows=1,
     )
     forge(store, "UPDATE entries SET parent_id = 'b1' WHERE session_id = 's' AND id = 'a1'", rows=1)
