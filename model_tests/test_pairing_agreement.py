@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 import pytest
-from conftest import forge
+from conftest import forge, stored_payload
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
@@ -168,7 +168,7 @@ def test_a_write_is_refused_exactly_when_the_audit_flags_what_it_would_store(sto
         store,
         "INSERT INTO entries (session_id, id, parent_id, kind, seq, ts, payload, lease_epoch, "
         "written_at) VALUES ('raw', 'raw-w', ?, ?, ?, now(), ?, NULL, now())",
-        [leaf, kind, seq, json.dumps(_ids("raw", payload))],
+        [leaf, kind, seq, stored_payload(store, "raw", "raw-w", json.dumps(_ids("raw", payload)))],
         rows=1,
     )
     forge(

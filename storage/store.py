@@ -21,7 +21,7 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.records import Entry
 
 from .backend import Backend, QueryFn, Tx
-from .codec import check_text
+from .codec import check_text, from_json
 from .crypto.keyring import Keyring
 from .crypto.keys import KeyProvider
 from .crypto.seal import TEXT_PREFIX
@@ -30,7 +30,7 @@ from .ops.archives import Archives
 from .ops.base import Shared
 from .ops.bindings import Bindings
 from .ops.capabilities import Capabilities
-from .ops.entry_rows import clear_entry_row, entry_row
+from .ops.entry_rows import clear_entry_row, entry_row, payload_of
 from .ops.forks import Forks
 from .ops.guidance import GuidanceQueue
 from .ops.leases import Leases
@@ -399,6 +399,21 @@ class BaseStore:
         """
         check_text(sql, "sql", allow_empty=False)
         return self.db.query(sql, _params(params))
+
+    def _payloads(self, session_id: str, rows: Sequence[tuple[str, str]]) -> list[tuple[str, Any]]:
+        """``(entry id, stored payload)`` pairs of ``session_id`` that a
+        :meth:`query` read (an adapter's own lookup), decoded: sealed ones
+        opened with the session's data key.
+
+        Raises:
+            KeyUnavailableError, PayloadAuthenticationError: a sealed payload
+                that cannot be opened.
+        """
+        if not self.db.keyring.encrypted:
+            return [(i, from_json(p)) for i, p in rows]
+        return self.db.read(
+            "open_payloads", lambda tx: [(i, payload_of(tx, session_id, i, p)) for i, p in rows]
+        )
 
     def json_sql(self, expr: str) -> str:
         """SQL, in this backend's dialect, for the JSON text the store keeps in

@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from turnkeeper.spec import errors
-from turnkeeper.storage.codec import from_json
 
 from ._records import (
     CHANNEL_TYPE,
@@ -32,8 +31,10 @@ from ._records import (
 
 
 def _rows(store: Any, sql: str, params: Sequence[Any]) -> list[tuple[str, Any]]:
+    """``(id, decoded payload)`` of the session's entries ``sql`` selects
+    (``params[0]`` the session id); sealed payloads opened by the store."""
     table = store.query(sql, list(params))
-    return [(r["id"], from_json(r["payload"])) for r in table.to_pylist()]
+    return list(store._payloads(params[0], [(r["id"], r["payload"]) for r in table.to_pylist()]))
 
 
 def checkpoints(
@@ -99,6 +100,8 @@ def sessions_with_runs(store: Any, run_ids: Sequence[str]) -> list[str]:
     """The LangGraph sessions holding a checkpoint of one of ``run_ids``."""
     if not run_ids:
         return []
+    if store.db.keyring.encrypted:
+        return _sealed_sessions_with_runs(store, run_ids)
     payload = store.json_sql("e.payload")
     marks = ", ".join("?" for _ in run_ids)
     sql = (
@@ -110,3 +113,32 @@ def sessions_with_runs(store: Any, run_ids: Sequence[str]) -> list[str]:
     )
     table = store.query(sql, [CHANNEL_TYPE, CHECKPOINT, *run_ids])
     return [r["id"] for r in table.to_pylist()]
+
+
+def _sealed_sessions_with_runs(store: Any, run_ids: Sequence[str]) -> list[str]:
+    """:func:`sessions_with_runs` in an encrypted store: SQL cannot read a
+    sealed payload, so every checkpoint entry of the LangGraph sessions is
+    read and opened (a scan of them all, per call)."""
+    table = store.query(
+        "SELECT e.session_id AS sid, e.id AS id, e.payload AS payload FROM entries e "
+        "JOIN sessions s ON s.id = e.session_id "
+        "WHERE s.channel_type = ? AND e.kind = 'custom' AND e.id LIKE 'lgc/%' "
+        "ORDER BY e.session_id",
+        [CHANNEL_TYPE],
+    )
+    by_session: dict[str, list[tuple[str, str]]] = {}
+    for r in table.to_pylist():
+        by_session.setdefault(r["sid"], []).append((r["id"], r["payload"]))
+    wanted = set(run_ids)
+    found: list[str] = []
+    for sid, rows in by_session.items():
+        for _, payload in store._payloads(sid, rows):
+            data = payload.get("data") if isinstance(payload, dict) else None
+            if (
+                payload.get("customType") == CHECKPOINT
+                and isinstance(data, dict)
+                and data.get("run_id") in wanted
+            ):
+                found.append(sid)
+                break
+    return sorted(found)

@@ -17,7 +17,6 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from turnkeeper.spec import errors
 from turnkeeper.spec.entries import EntryKind
 from turnkeeper.spec.records import NewEntry
-from turnkeeper.storage.codec import from_json
 
 from . import _reads
 from ._records import (
@@ -190,4 +189,5 @@ def _stored_writes(saver: TurnkeeperSaver, session_id: str) -> list[StoredWrite]
         "AND id LIKE 'lgw/%'",
         [session_id],
     )
-    return [StoredWrite.of(r["id"], from_json(r["payload"])) for r in table.to_pylist()]
+    rows = [(r["id"], r["payload"]) for r in table.to_pylist()]
+    return [StoredWrite.of(i, p) for i, p in saver.store._payloads(session_id, rows)]
