@@ -356,3 +356,21 @@ def test_the_cli_generates_a_key_and_reads_it_from_a_file_or_the_environment(
     assert from_env.exit_code == 0 and SECRET in from_env.output, from_env.output
     report = runner.invoke(cli, ["report", "--db", db], catch_exceptions=False)
     assert report.exit_code == 0, report.output  # a sealed payload is skipped by SQL figures
+
+
+def test_a_store_object_opened_before_the_store_was_encrypted_refuses_sealed_payloads(
+    tmp_path: Path,
+):
+    """Opened clear, then the store is marked encrypted by another opener: the
+    first store object's reads of a sealed payload are typed, never a JSON
+    decoding error or ciphertext."""
+    path = str(tmp_path / "s.duckdb")
+    with (
+        turnkeeper.open_store(path) as early,
+        turnkeeper.open_store(path, encryption=TEST_KEYS) as s,
+    ):
+        s.sessions.create("s", cwd="/w")
+        s.sessions.append("s", EntryKind.MESSAGE, MSG)
+        with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
+            early.sessions.replay("s")
+        assert (refused.value.session_id, refused.value.key_id) == ("s", None)

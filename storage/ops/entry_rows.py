@@ -103,6 +103,10 @@ def payload_of(tx: Tx, session_id: str, entry_id: str, stored: str) -> Any:
     """
     keys = tx.keys
     if not keys.encrypted:
+        if stored.startswith(TEXT_PREFIX):  # marked encrypted since this store object opened
+            raise errors.KeyUnavailableError(
+                session_id, None, detail="a sealed payload, and the store was opened without keys"
+            )
         return from_json(stored)
     return keys.open_json(tx, session_id, entry_id, PAYLOAD, stored)
 
