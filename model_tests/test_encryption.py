@@ -374,3 +374,49 @@ def test_a_store_object_opened_before_the_store_was_encrypted_refuses_sealed_pay
         with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
             early.sessions.replay("s")
         assert (refused.value.session_id, refused.value.key_id) == ("s", None)
+
+
+def test_a_writer_seals_under_the_newest_key_version_even_with_an_older_one_cached(enc):
+    """The writer reads the session's newest key row in its transaction: a data
+    key replaced since (rotation, part 2 of the issue, adds version 2; here by
+    hand) is never used again by a store object that cached it."""
+    from turnkeeper.storage.crypto.seal import DataKey, key_version, text_bytes
+
+    enc.sessions.create("s", cwd="/w")
+    first = enc.sessions.append("s", EntryKind.MESSAGE, MSG)  # version 1 now cached
+    newer = DataKey.new("s", 2)
+    _sql(
+        enc,
+        "INSERT INTO session_keys (session_id, version, key_id, wrapped, created_at) "
+        "VALUES ('s', 2, ?, ?, now())",
+        [TEST_KEYS.key_id, TEST_KEYS.wrap(newer.key, wrap_context("s", 2))],
+    )
+    second = enc.sessions.append("s", EntryKind.MESSAGE, REPLY)
+    stored = _payloads(enc, "s")
+    assert key_version(text_bytes(stored[first.id]) or b"") == 1
+    assert key_version(text_bytes(stored[second.id]) or b"") == 2
+    assert newer.open_text(second.id, "payload", stored[second.id]).startswith("{")
+    with _fresh(enc) as s:
+        assert [m["content"] for m in s.sessions.replay("s").messages] == [
+            SECRET,
+            f"noted: {SECRET}",
+        ]
+
+
+def test_control_a_writer_reading_an_older_key_row_seals_under_the_stale_version(enc, monkeypatch):
+    """The control of the test above: with the writer's key read patched to
+    take the oldest row, the append seals under version 1 although version 2
+    exists: the check the test above relies on is that read."""
+    from turnkeeper.storage.crypto.seal import DataKey, key_version, text_bytes
+
+    enc.sessions.create("s", cwd="/w")
+    newer = DataKey.new("s", 2)
+    _sql(
+        enc,
+        "INSERT INTO session_keys (session_id, version, key_id, wrapped, created_at) "
+        "VALUES ('s', 2, ?, ?, now())",
+        [TEST_KEYS.key_id, TEST_KEYS.wrap(newer.key, wrap_context("s", 2))],
+    )
+    monkeypatch.setattr(keyring_module, "_NEWEST", keyring_module._NEWEST.replace("DESC", "ASC"))
+    written = enc.sessions.append("s", EntryKind.MESSAGE, MSG)
+    assert key_version(text_bytes(_payloads(enc, "s")[written.id]) or b"") == 1
