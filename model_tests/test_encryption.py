@@ -420,3 +420,26 @@ def test_control_a_writer_reading_an_older_key_row_seals_under_the_stale_version
     monkeypatch.setattr(keyring_module, "_NEWEST", keyring_module._NEWEST.replace("DESC", "ASC"))
     written = enc.sessions.append("s", EntryKind.MESSAGE, MSG)
     assert key_version(text_bytes(_payloads(enc, "s")[written.id]) or b"") == 1
+
+
+ENCRYPTED_TURN = {"duckdb": 30, "postgres": 22}
+"""Statements of ``reports/bench.py``'s three-transaction turn with encryption
+on, at most (clear: 27 and 12, ``test_turn_statements.py``): every encrypted
+append runs in a transaction that reads the session's newest key row (no
+merged group commit on DuckDB, no one-statement append on PostgreSQL)."""
+
+
+@pytest.mark.parametrize("backend", ["duckdb", "postgres"])
+def test_an_encrypted_turn_costs_at_most_its_ceiling_of_statements(backend, tmp_path: Path):
+    from conftest import through_pooler
+    from test_turn_statements import PINNED, _bench
+
+    store = open_backend(f"{backend}+enc", tmp_path, None)
+    try:
+        counted = _bench().turn_statements(store)
+        pinned = 3 * PINNED if backend == "postgres" and through_pooler() else 0
+        assert counted["total"] <= ENCRYPTED_TURN[backend] + pinned, counted
+        (session,) = store.sessions.list().sessions
+        assert all(p.startswith("enc1:") for p in _payloads(store, session.id).values())
+    finally:
+        close_backend(store)
