@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import through_pooler
+from conftest import engine, through_pooler
 
 import turnkeeper
 from turnkeeper.storage import backend
@@ -25,8 +25,8 @@ RETITLE = "UPDATE sessions SET title = ? WHERE id = ?"
 
 
 def _backend(request: pytest.FixtureRequest) -> str:
-    """The ``store`` fixture's backend of the running test."""
-    return str(request.node.callspec.params["store"])
+    """The ``store`` fixture's engine of the running test (``postgres+enc``: ``postgres``)."""
+    return engine(str(request.node.callspec.params["store"]))
 
 
 def test_held_writes_go_as_one_statement_on_a_server(
