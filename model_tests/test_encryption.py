@@ -443,3 +443,53 @@ def test_an_encrypted_turn_costs_at_most_its_ceiling_of_statements(backend, tmp_
         assert all(p.startswith("enc1:") for p in _payloads(store, session.id).values())
     finally:
         close_backend(store)
+
+
+class _Refusing:
+    """A key provider (a KMS stand-in) whose ``wrap`` fails, for telling
+    whether a write wrapped before its transaction began."""
+
+    def __init__(self, inner: LocalKeyProvider) -> None:
+        self.inner = inner
+        self.refuse = False
+
+    @property
+    def key_id(self) -> str:
+        return self.inner.key_id
+
+    def wrap(self, data_key: bytes, context: bytes) -> bytes:
+        if self.refuse:
+            raise OSError("the KMS is unreachable")
+        return self.inner.wrap(data_key, context)
+
+    def unwrap(self, wrapped: bytes, key_id: str, context: bytes) -> bytes:
+        return self.inner.unwrap(wrapped, key_id, context)
+
+
+def test_a_new_sessions_data_key_is_wrapped_before_its_transaction(tmp_path: Path):
+    """A KMS's wrap is a network call: ``sessions.create`` and ``forks.fork``
+    make it before their transaction begins (a failed wrap sends no statement)."""
+    provider = _Refusing(TEST_KEYS)
+    with turnkeeper.open_store(str(tmp_path / "k.duckdb"), encryption=provider) as s:
+        provider.refuse = True
+        with pytest.raises(OSError):
+            s.sessions.create("s", cwd="/w")
+        assert "create_session" not in s.statement_stats()
+        provider.refuse = False
+        s.sessions.create("s", cwd="/w")
+        assert s.sessions.get("s") is not None
+        assert not s.db.keyring._prepared  # the prepared key was used
+
+
+def test_control_without_preparing_the_wrap_runs_inside_the_transaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The control of the test above: with ``prepare`` patched out the wrap
+    is made inside the creating transaction, which has begun (and is counted)."""
+    monkeypatch.setattr(keyring_module.Keyring, "prepare", lambda self, sid: None)
+    provider = _Refusing(TEST_KEYS)
+    with turnkeeper.open_store(str(tmp_path / "k.duckdb"), encryption=provider) as s:
+        provider.refuse = True
+        with pytest.raises(OSError):
+            s.sessions.create("s", cwd="/w")
+        assert "create_session" in s.statement_stats()

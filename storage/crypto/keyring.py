@@ -54,6 +54,9 @@ _AT = "SELECT key_id, wrapped FROM session_keys WHERE session_id = ? AND version
 _ANY = "SELECT 1 FROM session_keys WHERE session_id = ? LIMIT 1"
 _MARKER = "SELECT key_id FROM store_encryption WHERE id = 1"
 
+PREPARED = 256
+"""Data keys wrapped ahead of their sessions' creation a store object keeps at most."""
+
 PAYLOAD = "payload"
 """The field name an entry's payload is sealed under (``entries.payload``)."""
 
@@ -87,6 +90,8 @@ class Keyring:
         self._lock = threading.Lock()
         # session id -> {version: DataKey}; an empty dict: the session holds no key.
         self._cache: OrderedDict[str, dict[int, DataKey]] = OrderedDict()
+        # session id -> (key id, wrapped key) made before the creating transaction.
+        self._prepared: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
 
     # -- the store marker -------------------------------------------------------
 
@@ -106,6 +111,21 @@ class Keyring:
 
     # -- writes -----------------------------------------------------------------
 
+    def prepare(self, session_id: str) -> None:
+        """Make and wrap the data key of a session about to be created, before
+        its transaction (a KMS's wrap is a network call: never made while
+        the transaction holds locks); :meth:`new_session` stores it. A
+        prepared key the transaction did not use (it failed) is dropped with
+        the oldest once :data:`PREPARED` are kept."""
+        if not self.encrypted or self.provider is None:
+            return
+        key = DataKey.new(session_id, 1)
+        wrapped = self.provider.wrap(key.key, wrap_context(session_id, 1))
+        with self._lock:
+            self._prepared[session_id] = (self.provider.key_id, wrapped)
+            while len(self._prepared) > PREPARED:
+                self._prepared.popitem(last=False)
+
     def new_session(self, tx: Tx, session_id: str) -> None:
         """Give a session being created in ``tx`` its data key (version 1),
         wrapped by the provider, when the store is encrypted.
@@ -123,12 +143,16 @@ class Keyring:
                 None,
                 detail="the store is encrypted and was opened without encryption=",
             )
-        key = DataKey.new(session_id, 1)
-        wrapped = self.provider.wrap(key.key, wrap_context(session_id, 1))
+        with self._lock:  # a retried transaction wraps its own (the first took this one)
+            prepared = self._prepared.pop(session_id, None)
+        if prepared is None:  # a creation path that did not prepare (an import, a binding)
+            key = DataKey.new(session_id, 1)
+            wrapped = self.provider.wrap(key.key, wrap_context(session_id, 1))
+            prepared = (self.provider.key_id, wrapped)
         tx.exec(
             "INSERT INTO session_keys (session_id, version, key_id, wrapped, created_at) "
             "VALUES (?, 1, ?, ?, coalesce(?::TIMESTAMPTZ, now()))",
-            [session_id, self.provider.key_id, wrapped, tx.now],
+            [session_id, prepared[0], prepared[1], tx.now],
         )
         # Not cached here: the transaction may yet roll back (a retry makes another key).
 

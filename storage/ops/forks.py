@@ -559,6 +559,7 @@ class Forks(Area):
         def body(tx: Tx) -> Fork:
             return fork(tx, req, new_entry_id)
 
+        self.db.keyring.prepare(fid)  # the fork's data key wrapped before the transaction
         return self._fenced("fork_session", lease, body)
 
     def get(self, request_id: str) -> Fork | None:

@@ -591,6 +591,7 @@ class SessionRecordsPart(Area):
         check_text(cwd, "cwd")
         header_json = to_json(check_header(header), "header")
         _aware(created_at, "created_at")
+        self.db.keyring.prepare(sid)  # its data key wrapped before the transaction
         session = self.db.write(
             "create_session", lambda tx: create(tx, sid, cwd, header_json, created_at)
         )
