@@ -86,16 +86,19 @@ def _configure_profiled(con: duckdb.DuckDBPyConnection) -> None:
     the configuration's lock, so that each cursor can turn DuckDB's profiler on
     (a per-connection setting) as :func:`_traced` first meets it; under a
     :data:`DEFAULT_THREADS` folder all but ``threads``."""
-    skip = (
-        "lock_configuration"
-        if _profiled(con)
-        else dialect.THREADS[0]
-        if _under(con, DEFAULT_THREADS)
-        else None
-    )
+    skip = set()
+    if _profiled(con):
+        skip.add("lock_configuration")
+    if _under(con, DEFAULT_THREADS) or (_profiled(con) and _before()):
+        skip.add(dialect.THREADS[0])
     for name, _, statement in dialect.CONNECTION_SETTINGS:
-        if name != skip:
+        if name not in skip:
             con.execute(statement)
+
+
+def _before() -> bool:
+    """Whether the traced and profiled turns run at DuckDB's default threads."""
+    return os.environ.get("TURNKEEPER_PROFILE_THREADS") == "default"
 
 
 files.configure = _configure_profiled
@@ -422,9 +425,7 @@ def main() -> int:
     ``TURNKEEPER_PROFILE_THREADS=default`` the traced and profiled turns run at
     DuckDB's default threads (the code before the step)."""
     load_before = [round(x, 2) for x in os.getloadavg()]
-    traced_folder = (
-        DEFAULT_THREADS if os.environ.get("TURNKEEPER_PROFILE_THREADS") == "default" else "store"
-    )
+    traced_folder = DEFAULT_THREADS if _before() else "store"
     with tempfile.TemporaryDirectory() as tmp:
         for folder in (PROFILED, "hand", "hand1", DEFAULT_THREADS, "store"):
             os.makedirs(f"{tmp}/{folder}")
@@ -442,14 +443,11 @@ def main() -> int:
                 )
                 for _ in range(WARM):
                     three_transaction_turn(st, "runs", leases[id(st)], USER)
-            traced = before if traced_folder == DEFAULT_THREADS else store
-            if traced is before:  # profiled at the default threads too
-                profiled.close()
-                profiled = turnkeeper.open_store(f"{tmp}/{PROFILED}/store.duckdb")
-                profiled.query("SET GLOBAL threads = 2")
-                leases[id(profiled)] = profiled.leases.acquire(
-                    "session:runs", "bench", 3600, purpose="execution"
-                )
+            traced = before if _before() else store
+            threads_of = [
+                int(st.query("SELECT current_setting('threads') AS n").to_pylist()[0]["n"])
+                for st in (traced, profiled)
+            ]
             wal = Path(f"{tmp}/{traced_folder}/store.duckdb.wal")
             wal_before = wal.stat().st_size if wal.exists() else 0
             (walls, traced_walls), (prof, _) = traced_turns(
@@ -507,15 +505,10 @@ def main() -> int:
                 else:
                     b, a = second(), first()
                 pairs.append(a / b)
-        if profiled is not None:
-            profiled.close()
         table_text = keys_and_indexes(path)
     load_after = [round(x, 2) for x in os.getloadavg()]
     inside = [sum(s[1] for s in t) for t in walls]
-    print(
-        f"Traced and profiled turns at "
-        f"{'DuckDB default threads' if traced is before else 'threads = 1'}:"
-    )
+    print(f"Traced turns at threads = {threads_of[0]}, profiled at threads = {threads_of[1]}:")
     print()
     print(statement_table(walls, prof))
     print()
