@@ -86,3 +86,49 @@ def test_readers_and_writers_on_many_threads_all_finish(tmp_path):
         for t in pool:
             t.join(timeout=60)
         assert not errors and done == [5] * 8
+
+
+def _tiny(script: list[str], extra: dict[str, str]) -> str:
+    """Run a report script at CI's tiny size on DuckDB alone; its stdout."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TURNKEEPER_TEST_PG"}
+    env.update({"TURNKEEPER_BENCH_REPS": "1", "TURNKEEPER_BENCH_SECONDS": "0.01", **extra})
+    reports = Path(__file__).resolve().parents[1] / "reports"
+    done = subprocess.run(
+        [sys.executable, str(reports / script[0]), *script[1:]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_the_turn_profile_runs_at_a_tiny_size():
+    """reports/duck_turn_profile.py (the figures of docs/duckdb-turn-profile.md)
+    runs at a tiny size: a row per statement of the turn (27 on DuckDB), each
+    with DuckDB's own profile read (numbers, not NaN: the profiler was on), the
+    by-hand rows and the before/after pairs. Sizes are CI's, figures not asserted."""
+    out = _tiny(
+        ["duck_turn_profile.py"],
+        {"TURNKEEPER_PROFILE_TURNS": "2", "TURNKEEPER_PROFILE_WARM": "2"},
+    )
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "`" in line]
+    assert len(rows) == 27, out
+    assert all("nan" not in row for row in rows), out
+    assert "| the same rows by hand, threads = 1 |" in out
+    assert "threads = 1 / default threads, turn by turn (4 pairs" in out
+    assert "| delivery_operations | 23 |" in out
+
+
+def test_the_turn_rows_run_at_a_tiny_size():
+    """``reports/bench.py turn`` prints the DuckDB turn and, beside it, the same
+    turn at DuckDB's default threads with the ratio of the two."""
+    out = _tiny(["bench.py", "turn"], {})
+    assert "duckdb: turn, 3 transactions" in out and "statements 27" in out, out
+    assert "the same turn at DuckDB's default threads (before threads = 1)" in out, out

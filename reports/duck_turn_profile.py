@@ -44,7 +44,7 @@ from bench import USER, duck_floor, per_call, three_transaction_turn, timed
 
 TURNS = int(os.environ.get("TURNKEEPER_PROFILE_TURNS", "40"))
 REPS = int(os.environ.get("TURNKEEPER_BENCH_REPS", "5"))
-WARM = 20
+WARM = int(os.environ.get("TURNKEEPER_PROFILE_WARM", "20"))
 TABLES = (
     "leases",
     "sessions",
