@@ -25,7 +25,7 @@ def _threads(store: turnkeeper.BaseStore) -> int:
 
 def test_a_store_runs_each_statement_on_its_callers_thread(tmp_path):
     """A new file, a second store object on it and a read-only open all run at
-    ``threads = 1``; the setting is locked with the rest (``SET`` is refused)."""
+    ``threads = 1``; a ``SET`` through ``store.query`` is refused and changes nothing."""
     path = tmp_path / "s.duckdb"
     with turnkeeper.open_store(path) as a, turnkeeper.open_store(path) as b:
         assert _threads(a) == _threads(b) == 1
