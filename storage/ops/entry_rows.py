@@ -11,10 +11,15 @@ from typing import Any
 
 import orjson
 
+from turnkeeper.spec.clear_facts import ClearFacts
 from turnkeeper.spec.records import Entry
 
 from ..backend import Tx, keyed, utc
 from ..codec import from_json
+
+CLEAR_COLUMNS = ClearFacts._fields
+"""The columns of ``entries`` that keep what analytics reads of a payload in
+clear (``role``, ``provider``, ``model``; :mod:`turnkeeper.spec.clear_facts`)."""
 
 ENTRY_COLUMNS = (
     "session_id",
@@ -26,8 +31,10 @@ ENTRY_COLUMNS = (
     "payload",
     "lease_epoch",
     "written_at",
+    *CLEAR_COLUMNS,
 )
-"""Every column of ``entries``, in table order (bulk inserts give them all)."""
+"""Every column of ``entries``, in table order (bulk inserts give them all): the
+last ones the clear facts of its payload (:func:`clear_facts`)."""
 ENTRY_SELECT = "session_id, id, parent_id, kind, seq, ts, payload, lease_epoch"
 """The columns :func:`entry_row` reads, in its order."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

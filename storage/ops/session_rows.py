@@ -25,6 +25,7 @@ from typing import Any
 import uuid6
 
 from turnkeeper.spec import errors
+from turnkeeper.spec.clear_facts import ClearFacts, clear_facts
 from turnkeeper.spec.entries import RESERVED_ENTRY_SUFFIXES, EntryKind, validate_payload
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.records import (
@@ -46,6 +47,7 @@ from ..validate import (
 from . import leases, pairing_checks, run_events
 from .base import Area
 from .entry_rows import (
+    CLEAR_COLUMNS,
     ENTRY_COLUMNS,
     OF_SESSION,
     entry,
@@ -70,7 +72,11 @@ HELD_ROWS = 256
 inserted by one statement of one array per column, which a server sends with
 the other held writes; a longer one is bulk loaded (``Tx.insert_rows``)."""
 
-_ENTRY_TYPES = ("VARCHAR",) * 4 + ("BIGINT", "TIMESTAMPTZ", "VARCHAR", "BIGINT", "TIMESTAMPTZ")
+_ENTRY_TYPES = (
+    ("VARCHAR",) * 4
+    + ("BIGINT", "TIMESTAMPTZ", "VARCHAR", "BIGINT", "TIMESTAMPTZ")
+    + ("VARCHAR",) * len(CLEAR_COLUMNS)
+)
 """The SQL type of each of :data:`ENTRY_COLUMNS`, in its order."""
 
 
@@ -207,6 +213,12 @@ class Draft:
     caller: bool = False
     """The caller chose the id: an entry imported without its parent may name
     it as that parent (checked: ``EntryIdReservedError``)."""
+
+    @property
+    def clear(self) -> ClearFacts:
+        """The clear facts of its payload, for ``entries``' last columns
+        (:data:`~.entry_rows.CLEAR_COLUMNS`)."""
+        return clear_facts(self.kind, self.payload)
 
 
 def append(
@@ -391,7 +403,18 @@ def append_chain(
     )
     values = [*names[-1:], *bump, out[-1].id, len(out), len(out), now, session_id, seq, leaf]
     stored = [
-        (session_id, e.id, e.parent_id, e.kind, e.seq, e.timestamp, d.payload_json, epoch, now)
+        (
+            session_id,
+            e.id,
+            e.parent_id,
+            e.kind,
+            e.seq,
+            e.timestamp,
+            d.payload_json,
+            epoch,
+            now,
+            *d.clear,
+        )
         for e, d in zip(out, drafts, strict=True)
     ]
     if hold:

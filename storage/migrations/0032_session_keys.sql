@@ -1,0 +1,3 @@
+-- turnkeeper schema version 32: reserved for the session data keys of encryption at rest
+-- (issue 23, worktree enccore: session_keys). This branch (encreport) holds only the number
+-- so that its version 33 loads; the merge takes enccore's file of this name in its place.
