@@ -27,7 +27,7 @@ import pytest
 
 import turnkeeper
 from turnkeeper import EntryKind
-from turnkeeper.cli.report import SQL
+from turnkeeper.cli.report import SQL, collect
 from turnkeeper.formats import import_file
 from turnkeeper.spec.clear_facts import CUT, NAME_MAX, NONE, ClearFacts, bounded, clear_facts
 from turnkeeper.spec.records import ImportBatch, ImportEntry
@@ -265,7 +265,8 @@ def test_turns_and_models_equal_the_json_queries_over_the_corpus(
 ) -> None:
     """The corpus's pi, Claude Code and Codex sessions imported (and a session
     of odd names: U+0000, U+E000, markup), the figures over the columns equal
-    the ones the report computed from the payload JSON before."""
+    the ones the report computed from the payload JSON before; and the whole
+    report (``--json``'s figures) stays the same once no payload is JSON."""
     files = sorted(
         p
         for pattern in ("pi/*.jsonl", "codex/*.jsonl", "claude-code/*.jsonl.gz")
@@ -287,6 +288,13 @@ def test_turns_and_models_equal_the_json_queries_over_the_corpus(
     figures = _figures(store)
     for name, (old, new) in figures.items():
         assert new == old, name
+    before = collect(store)
+    # every payload replaced by text that is no JSON, as encryption at rest seals it:
+    # the whole report is unchanged, while the JSON queries no longer run
+    store.db.write("seal", lambda tx: tx.exec("UPDATE entries SET payload = 'enc1:' || id"))
+    assert collect(store) == before
+    with pytest.raises(turnkeeper.DatabaseError):
+        _figures(store)
     turns, models = figures["turns"][1][0], figures["models"][1]
     assert turns["total"] >= 300 and turns["max"] > turns["min"] > 0
     assert {m["source"] for m in models} == {"assistant", "model_change"}

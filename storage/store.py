@@ -355,6 +355,13 @@ class BaseStore:
         tables when the server lets the store create one (see
         ``storage/postgres``).
 
+        It reads stored values as they are: a column that encryption at rest
+        seals (``entries.payload`` of an encrypted session …) comes back as its
+        ciphertext (``enc1:…`` text), never decrypted. What analytics reads of
+        a payload is kept in clear columns (``entries.role``, ``provider``,
+        ``model``: :mod:`turnkeeper.spec.clear_facts`; the README's "What
+        stays clear" lists every column the report reads).
+
         Raises:
             InvalidInputError: ``sql`` is not exactly one read statement
                 (``UPDATE``, ``COPY … TO``, ``ATTACH``, ``SET``, a CTE that
