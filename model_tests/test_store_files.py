@@ -280,14 +280,26 @@ def _held_at_version(
         ),
     )
     monkeypatch.setattr(replay_snapshots, "store", lambda db, session_id, pending: None)
+
+    def held(migrations: list[tuple[int, str]]) -> list[tuple[int, str]]:
+        # and entries with the clear facts (version 33) every entry insert names:
+        # the last held version adds the columns, which version 33 then finds
+        cut = migrations[:version]
+        return [*cut[:-1], (cut[-1][0], cut[-1][1] + "\n" + _CLEAR_COLUMNS)]
+
     if backend == "postgres":
         from turnkeeper.storage.postgres import db as pg_db
 
         old = pg_db.Database.migrations
-        monkeypatch.setattr(pg_db.Database, "migrations", lambda self: old(self)[:version])
+        monkeypatch.setattr(pg_db.Database, "migrations", lambda self: held(old(self)))
         return new_pg_schema()
-    monkeypatch.setattr(duck_db.Database, "migrations", lambda self: duck_db.MIGRATIONS[:version])
+    monkeypatch.setattr(duck_db.Database, "migrations", lambda self: held(duck_db.MIGRATIONS))
     return str(tmp_path / f"v{version}.duckdb")
+
+
+_CLEAR_COLUMNS = "".join(
+    f"ALTER TABLE entries ADD COLUMN {c} VARCHAR;\n" for c in ("role", "provider", "model")
+)
 
 
 _INDEX = re.compile(r"CREATE\s+(?:UNIQUE\s+)?INDEX\s+(?:IF NOT EXISTS\s+)?(\w+)", re.I)

@@ -14,7 +14,9 @@
 -- the same rule in its own SQL (model_tests/test_clear_facts.py holds the three equal).
 -- On PostgreSQL the columns are added without a default (no table rewrite); the backfill
 -- rewrites the message and model_change rows once, in the migration's transaction.
+-- IF NOT EXISTS: the tests that hold a store at an older version while this turnkeeper
+-- writes into it (model_tests/test_store_files.py) add the columns its inserts name.
 
-ALTER TABLE entries ADD COLUMN role VARCHAR;
-ALTER TABLE entries ADD COLUMN provider VARCHAR;
-ALTER TABLE entries ADD COLUMN model VARCHAR;
+ALTER TABLE entries ADD COLUMN IF NOT EXISTS role VARCHAR;
+ALTER TABLE entries ADD COLUMN IF NOT EXISTS provider VARCHAR;
+ALTER TABLE entries ADD COLUMN IF NOT EXISTS model VARCHAR;
