@@ -387,7 +387,9 @@ class BaseStore:
         exactly, U+0000 included (see ``storage/postgres/text.py``).
 
         ``expr`` is SQL, not a value: pass a column name or expression of your
-        query, never text from outside.
+        query, never text from outside. A value sealed by encryption at rest
+        (``enc1:…``) is no JSON: a query that reads one through this fails
+        (``DatabaseError``); read the clear columns instead (see :meth:`query`).
 
         Raises:
             InvalidInputError: ``expr`` is not a string, or is empty.
