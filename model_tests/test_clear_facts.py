@@ -18,6 +18,7 @@ a payload that encryption at rest may seal. Shown here, on both backends:
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -323,10 +324,29 @@ HOSTILE_MODELS: list[Any] = [
 ]
 
 
+ALPHABET = ["x", "\x00", "\ue000", "\ue001", '"', "\\", "\\u0000", "é", "😀", "e\u0301", "\n"]
+
+
+def random_names(n: int) -> list[str]:
+    """``n`` names of :data:`ALPHABET`'s pieces (seeded), most near the bound."""
+    rng = random.Random(33)
+    out = []
+    for _ in range(n):
+        size = rng.choice([rng.randint(1, 20), rng.randint(NAME_MAX - 8, NAME_MAX + 8)])
+        text = ""
+        while len(text) < size:
+            text += rng.choice(ALPHABET)
+        out.append(text[:size])
+    return out
+
+
 def _old_rows(store: turnkeeper.BaseStore) -> dict[str, str]:
     store.sessions.create("h")
     store.sessions.append("h", M, user("hi"))
     store.sessions.append("h", M, {"message": {"role": "r\x00" * 150, "content": "x"}})
+    store.sessions.append_many(
+        "h", [(M, {"message": assistant("r", name, name[::-1])}) for name in random_names(120)]
+    )
     for model in HOSTILE_MODELS:
         store.sessions.append("h", M, {"message": assistant("a", "prov\x00", model)})
     for model in HOSTILE_MODELS:
@@ -404,7 +424,9 @@ def test_migration_33_fills_the_facts_of_what_an_older_turnkeeper_stored(
         assert "x" * (NAME_MAX - 2) + "\x00" + CUT in models
         assert "x" * (NAME_MAX - 2) + "\ue000" + CUT in models
         assert "nul\x00inside" in models and "m" * (NAME_MAX - 1) + CUT in models
-        assert sum(1 for f in facts.values() if f[0].role == "assistant") == len(HOSTILE_MODELS)
+        assistants = sum(1 for f in facts.values() if f[0].role == "assistant")
+        assert assistants == len(HOSTILE_MODELS) + 120
+        assert sum(1 for f in facts.values() if (f[0].model or "").endswith(CUT)) > 30
         store.sessions.create("n")  # and it goes on (h holds a forged payload no read decodes)
         store.sessions.append("n", M, {"message": assistant("n", "p", "new")})
         leaf = store.sessions.get("n").leaf_id
