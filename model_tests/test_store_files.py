@@ -261,6 +261,7 @@ def _held_at_version(
     (its migrations patched to the first ``version``; ``monkeypatch.undo()``
     lets the next open run the rest)."""
     from conftest import new_pg_schema
+    from older_stores import written_by_now
 
     from turnkeeper.storage.duck import db as duck_db
     from turnkeeper.storage.ops import replay_snapshots, session_rows
@@ -282,10 +283,8 @@ def _held_at_version(
     monkeypatch.setattr(replay_snapshots, "store", lambda db, session_id, pending: None)
 
     def held(migrations: list[tuple[int, str]]) -> list[tuple[int, str]]:
-        # and entries with the clear facts (version 33) every entry insert names:
-        # the last held version adds the columns, which version 33 then finds
-        cut = migrations[:version]
-        return [*cut[:-1], (cut[-1][0], cut[-1][1] + "\n" + _CLEAR_COLUMNS)]
+        # and entries with the clear facts (version 33) every entry insert names
+        return written_by_now(migrations, version)
 
     if backend == "postgres":
         from turnkeeper.storage.postgres import db as pg_db
@@ -295,11 +294,6 @@ def _held_at_version(
         return new_pg_schema()
     monkeypatch.setattr(duck_db.Database, "migrations", lambda self: held(duck_db.MIGRATIONS))
     return str(tmp_path / f"v{version}.duckdb")
-
-
-_CLEAR_COLUMNS = "".join(
-    f"ALTER TABLE entries ADD COLUMN {c} VARCHAR;\n" for c in ("role", "provider", "model")
-)
 
 
 _INDEX = re.compile(r"CREATE\s+(?:UNIQUE\s+)?INDEX\s+(?:IF NOT EXISTS\s+)?(\w+)", re.I)

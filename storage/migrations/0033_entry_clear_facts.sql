@@ -15,7 +15,7 @@
 -- On PostgreSQL the columns are added without a default (no table rewrite); the backfill
 -- rewrites the message and model_change rows once, in the migration's transaction.
 -- IF NOT EXISTS: the tests that hold a store at an older version while this turnkeeper
--- writes into it (model_tests/test_store_files.py) add the columns its inserts name.
+-- writes into it (model_tests/older_stores.py, written_by_now) add the columns its inserts name.
 
 ALTER TABLE entries ADD COLUMN IF NOT EXISTS role VARCHAR;
 ALTER TABLE entries ADD COLUMN IF NOT EXISTS provider VARCHAR;
