@@ -34,7 +34,7 @@ ENTRY_COLUMNS = (
     *CLEAR_COLUMNS,
 )
 """Every column of ``entries``, in table order (bulk inserts give them all): the
-last ones the clear facts of its payload (:func:`clear_facts`)."""
+last ones the clear facts of its payload (:func:`turnkeeper.spec.clear_facts.clear_facts`)."""
 ENTRY_SELECT = "session_id, id, parent_id, kind, seq, ts, payload, lease_epoch"
 """The columns :func:`entry_row` reads, in its order."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
