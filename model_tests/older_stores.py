@@ -42,6 +42,25 @@ FIRST_V1 = "\n".join(
 entries without that column."""
 
 
+CLEAR_COLUMNS_SQL = "".join(
+    f"ALTER TABLE entries ADD COLUMN {c} VARCHAR;\n" for c in ("role", "provider", "model")
+)
+"""The columns of ``entries`` schema 33 added (the clear facts), which every entry
+insert of this turnkeeper names."""
+
+
+def written_by_now(migrations: list[tuple[int, str]], version: int) -> list[tuple[int, str]]:
+    """``migrations`` cut to the first ``version``, for a store this turnkeeper
+    writes into while it is held there: its last version also adds the columns
+    of ``entries`` that every entry insert names (:data:`CLEAR_COLUMNS_SQL`,
+    which version 33 adds ``IF NOT EXISTS`` and fills). A store that must hold
+    what an older turnkeeper wrote is made by :func:`store_at` instead."""
+    cut = list(migrations[:version])
+    if version >= 33:
+        return cut
+    return [*cut[:-1], (cut[-1][0], cut[-1][1] + "\n" + CLEAR_COLUMNS_SQL)]
+
+
 def request_only(request: Mapping[str, Any]) -> str:
     """The submission digest turnkeeper wrote before commit 651f01c (schema
     versions 2 to 8): sha256 of the request alone, as canonical JSON

@@ -268,7 +268,8 @@ def _append_corrupt_entry(
     ).fetchone() or (None, None)
     changed(
         con,
-        "INSERT INTO entries VALUES ('demo-1-0', 'forged01', ?, 'message', ?, now(), ?, ?, now())",
+        "INSERT INTO entries (session_id, id, parent_id, kind, seq, ts, payload, lease_epoch, "
+        "written_at) VALUES ('demo-1-0', 'forged01', ?, 'message', ?, now(), ?, ?, now())",
         [
             leaf if parent is None else parent,
             seq,

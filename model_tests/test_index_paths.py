@@ -116,9 +116,9 @@ SESSION_READS = {
     + r"( AND \(strpos\(payload, \?\) > 0( OR strpos\(payload, \?\) > 0)*\))?"
     + _lit(" ORDER BY seq"): "closing open calls: the messages that make their calls",
     _lit(
-        "SELECT id, parent_id, kind, seq, ts, payload FROM entries WHERE session_id = ? "
-        "ORDER BY seq"
-    ): "a fork: the source session's entries",
+        "SELECT id, parent_id, kind, seq, ts, payload, role, provider, model FROM entries "
+        "WHERE session_id = ? ORDER BY seq"
+    ): "a fork: the source session's entries (and their clear facts)",
     _lit("SELECT 1 FROM entries WHERE session_id = ? AND seq = ?"): "a fork at an entry (by seq)",
     _lit(
         "SELECT session_id, seq, id, run_id, edge, source, dest, data, occurred_at "

@@ -435,12 +435,12 @@ def test_an_upgrade_drops_the_older_snapshots_and_a_replay_stores_its_own(
     forged): opened by this turnkeeper, the snapshot is gone with its table; the
     replay comes from the rows and stores one in the current format, which the
     next replay is served from."""
-    from older_stores import _database, _where
+    from older_stores import _database, _where, written_by_now
 
     db = _database(backend)
     where = _where(backend, tmp_path, "v30")
     with monkeypatch.context() as patch:
-        patch.setattr(db.Database, "migrations", lambda self: db.MIGRATIONS[:30])
+        patch.setattr(db.Database, "migrations", lambda self: written_by_now(db.MIGRATIONS, 30))
         with turnkeeper.open_store(where, replay_cache_bytes=0) as store:
             store.sessions.create("s")
             entry = store.sessions.append("s", M, user("real"))

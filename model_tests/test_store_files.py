@@ -261,6 +261,7 @@ def _held_at_version(
     (its migrations patched to the first ``version``; ``monkeypatch.undo()``
     lets the next open run the rest)."""
     from conftest import new_pg_schema
+    from older_stores import written_by_now
 
     from turnkeeper.storage.duck import db as duck_db
     from turnkeeper.storage.ops import replay_snapshots, session_rows
@@ -280,13 +281,18 @@ def _held_at_version(
         ),
     )
     monkeypatch.setattr(replay_snapshots, "store", lambda db, session_id, pending: None)
+
+    def held(migrations: list[tuple[int, str]]) -> list[tuple[int, str]]:
+        # and entries with the clear facts (version 33) every entry insert names
+        return written_by_now(migrations, version)
+
     if backend == "postgres":
         from turnkeeper.storage.postgres import db as pg_db
 
         old = pg_db.Database.migrations
-        monkeypatch.setattr(pg_db.Database, "migrations", lambda self: old(self)[:version])
+        monkeypatch.setattr(pg_db.Database, "migrations", lambda self: held(old(self)))
         return new_pg_schema()
-    monkeypatch.setattr(duck_db.Database, "migrations", lambda self: duck_db.MIGRATIONS[:version])
+    monkeypatch.setattr(duck_db.Database, "migrations", lambda self: held(duck_db.MIGRATIONS))
     return str(tmp_path / f"v{version}.duckdb")
 
 

@@ -84,7 +84,7 @@ _FLOOR = (
     + """
 import datetime, json, sys
 import turnkeeper
-from turnkeeper.storage.ops.entry_rows import ENTRY_COLUMNS
+from turnkeeper.storage.ops.entry_rows import CLEAR_COLUMNS, ENTRY_COLUMNS
 from turnkeeper.storage.ops.import_chunks import CHUNK
 now = datetime.datetime.now(datetime.timezone.utc)
 def body(tx):
@@ -94,7 +94,8 @@ def body(tx):
         chunk = []
         for seq, line in enumerate(f, 1):
             text = line.decode("utf-8").rstrip("\\n")
-            chunk.append(("floor", f"e{seq:07x}", None, "message", seq, now, text, None, now))
+            no = (None,) * len(CLEAR_COLUMNS)  # unparsed: no clear facts (a few bytes)
+            chunk.append(("floor", f"e{seq:07x}", None, "message", seq, now, text, None, now, *no))
             if len(chunk) == CHUNK:
                 tx.insert_rows("entries", ENTRY_COLUMNS, chunk)
                 rows, chunk = rows + len(chunk), []

@@ -389,6 +389,13 @@ class BaseStore:
         tables when the server lets the store create one (see
         ``storage/postgres``).
 
+        It reads stored values as they are: a column that encryption at rest
+        seals (``entries.payload`` of an encrypted session …) comes back as its
+        ciphertext (``enc1:…`` text), never decrypted. What analytics reads of
+        a payload is kept in clear columns (``entries.role``, ``provider``,
+        ``model``: :mod:`turnkeeper.spec.clear_facts`; the README's "What
+        stays clear" lists every column the report reads).
+
         Raises:
             InvalidInputError: ``sql`` is not exactly one read statement
                 (``UPDATE``, ``COPY … TO``, ``ATTACH``, ``SET``, a CTE that
@@ -429,7 +436,9 @@ class BaseStore:
         exactly, U+0000 included (see ``storage/postgres/text.py``).
 
         ``expr`` is SQL, not a value: pass a column name or expression of your
-        query, never text from outside.
+        query, never text from outside. A value sealed by encryption at rest
+        (``enc1:…``) is no JSON: a query that reads one through this fails
+        (``DatabaseError``); read the clear columns instead (see :meth:`query`).
 
         In an encrypted store (``open_store(..., encryption=…)``) a sealed
         value (``enc1:…``, as :meth:`query` sees it) reads as SQL ``NULL``:

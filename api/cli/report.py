@@ -6,7 +6,10 @@ entries by kind, user turns per session (min/avg/max), models used (assistant
 messages' ``provider``/``model`` and ``model_change`` entries), lease events
 by edge, fenced writes by operation, takeovers and fenced writes over time
 (per second when the events span under two minutes, else per minute) and
-thread records by status.
+thread records by status. No figure reads a payload: turns and models read
+the clear columns ``entries.role``, ``provider`` and ``model``
+(:mod:`turnkeeper.spec.clear_facts`), so the report works unchanged on a
+store whose payloads are encrypted at rest.
 
 Usage (:mod:`.report_usage`, JSON key ``usage``): tokens (input not read
 from a cache, output, cache read, cache write, total) and cost in US dollars,
@@ -82,34 +85,6 @@ SECOND_BUCKETS_BELOW_S = 120
 TIMELINE_ROWS_SHOWN = 40
 """Most timeline buckets the table prints (the latest ones); JSON has all."""
 
-JSON_SQL: dict[str, str] = {
-    "turns": (
-        "WITH t AS (SELECT s.id, count(e.id) AS turns FROM sessions s LEFT JOIN ("
-        "SELECT session_id, id FROM (SELECT session_id, id, {payload} AS p FROM entries "
-        "WHERE kind = 'message') m WHERE (p -> 'message' ->> 'role') = 'user'"
-        ") e ON e.session_id = s.id GROUP BY s.id) "
-        "SELECT min(turns) AS min, round((avg(turns))::NUMERIC, 2)::DOUBLE PRECISION AS avg, "
-        "max(turns) AS max, "
-        "coalesce(sum(turns), 0)::BIGINT AS total FROM t"
-    ),
-    "models": (
-        "SELECT source, provider, model, count(*) AS entries FROM ("
-        "SELECT 'assistant' AS source, (p -> 'message' ->> 'provider') AS provider, "
-        "(p -> 'message' ->> 'model') AS model FROM ("
-        "SELECT {payload} AS p FROM entries WHERE kind = 'message') a "
-        "WHERE (p -> 'message' ->> 'role') = 'assistant' "
-        "UNION ALL SELECT 'model_change', (p ->> 'provider'), "
-        "coalesce((p ->> 'modelId'), (p ->> 'model')) FROM ("
-        "SELECT {payload} AS p FROM entries WHERE kind = 'model_change') c) m "
-        "GROUP BY source, provider, model ORDER BY entries DESC, source, provider, model"
-    ),
-}
-"""The figures that read fields of entries' stored JSON (user turns per session,
-models used), with ``{payload}`` where the payload is read as JSON: through
-:meth:`BaseStore.json_sql`, which reads every payload the store accepts on
-either backend (``payload::json`` fails on PostgreSQL for a payload holding
-U+0000)."""
-
 SQL: dict[str, str] = {
     "sessions": (
         "SELECT count(*) AS sessions, coalesce(sum(entry_count), 0)::BIGINT AS entries, "
@@ -128,8 +103,27 @@ SQL: dict[str, str] = {
     "thread_records": (
         "SELECT status, count(*) AS records FROM thread_records GROUP BY status ORDER BY status"
     ),
+    "turns": (
+        "WITH t AS (SELECT s.id, count(e.id) AS turns FROM sessions s LEFT JOIN ("
+        "SELECT session_id, id FROM entries WHERE kind = 'message' AND role = 'user'"
+        ") e ON e.session_id = s.id GROUP BY s.id) "
+        "SELECT min(turns) AS min, round((avg(turns))::NUMERIC, 2)::DOUBLE PRECISION AS avg, "
+        "max(turns) AS max, "
+        "coalesce(sum(turns), 0)::BIGINT AS total FROM t"
+    ),
+    "models": (
+        "SELECT source, provider, model, count(*) AS entries FROM ("
+        "SELECT 'assistant' AS source, provider, model FROM entries "
+        "WHERE kind = 'message' AND role = 'assistant' "
+        "UNION ALL SELECT 'model_change', provider, model FROM entries "
+        "WHERE kind = 'model_change') m "
+        "GROUP BY source, provider, model ORDER BY entries DESC, source, provider, model"
+    ),
 }
-"""The figures over columns only."""
+"""Every figure's query, in the SQL both backends speak, over columns only: user
+turns per session and models used read the clear facts of the entries' payloads
+(``entries.role``, ``provider``, ``model``; :mod:`turnkeeper.spec.clear_facts`),
+never the payload, so they work unchanged on a store whose payloads are sealed."""
 
 FIGURE_ORDER = (
     "sessions",
@@ -140,15 +134,7 @@ FIGURE_ORDER = (
     "fenced_by_operation",
     "thread_records",
 )
-"""Every figure of :data:`SQL` and :data:`JSON_SQL`, in report order."""
-
-
-def figure_queries(store: BaseStore) -> dict[str, str]:
-    """Every figure's query for ``store``'s backend: :data:`SQL`, then
-    :data:`JSON_SQL` with the backend's JSON reading of ``payload``."""
-    payload = store.json_sql("payload")
-    json_figures = {name: sql.format(payload=payload) for name, sql in JSON_SQL.items()}
-    return {name: SQL.get(name) or json_figures[name] for name in FIGURE_ORDER}
+"""Every figure of :data:`SQL`, in report order."""
 
 
 EVENTS = (
@@ -185,7 +171,7 @@ def timeline(store: BaseStore) -> dict[str, Any]:
 
 def collect(store: BaseStore) -> dict[str, Any]:
     """Every report figure as one JSON-ready dict."""
-    out: dict[str, Any] = {name: _rows(store, sql) for name, sql in figure_queries(store).items()}
+    out: dict[str, Any] = {name: _rows(store, SQL[name]) for name in FIGURE_ORDER}
     out["sessions"] = out["sessions"][0]
     out["turns_per_session"] = out.pop("turns")[0]
     out["timeline"] = timeline(store)

@@ -55,7 +55,7 @@ from ..replay import context_message
 from ..validate import check_expected_leaf, check_session_lease
 from . import leases, pairing_checks
 from .base import Area
-from .entry_rows import ENTRY_COLUMNS
+from .entry_rows import CLEAR_COLUMNS, ENTRY_COLUMNS
 from .session_rows import Draft, append_chain, draft_of, drafts_of
 
 NOW = leases.NOW
@@ -300,7 +300,7 @@ def _write_round(
             e = Entry(r.session_id, d.entry_id, parent, d.kind, seq + n, utc(ts), d.payload, epoch)
             entries.append(e)
             row = (r.session_id, e.id, e.parent_id, e.kind, e.seq, e.timestamp, d.payload_json)
-            rows.append((*row, epoch, now))
+            rows.append((*row, epoch, now, *d.clear))
             parent = d.entry_id
         stored[i] = rows
         names = [d.payload["name"] for d in r.drafts if d.kind == EntryKind.SESSION_INFO]
@@ -437,26 +437,33 @@ def _at(epoch_us: int) -> datetime:
     return _EPOCH + timedelta(microseconds=epoch_us)
 
 
+_CLEAR = ", ".join(f"d.{c}" for c in CLEAR_COLUMNS)
+"""The clear facts of ``d``'s rows, as ``entries`` takes them last."""
 _ONE_DRAFT = (
     "(SELECT ?::VARCHAR AS id, ?::VARCHAR AS parent, ?::VARCHAR AS kind, "
-    "?::TIMESTAMPTZ AS ts, ?::VARCHAR AS payload, 0::BIGINT AS ord) AS d"
+    "?::TIMESTAMPTZ AS ts, ?::VARCHAR AS payload, 0::BIGINT AS ord, "
+    + ", ".join(f"?::VARCHAR AS {c}" for c in CLEAR_COLUMNS)
+    + ") AS d"
 )
 _DRAFTS = (
     "(SELECT unnest(?::VARCHAR[]) AS id, unnest(?::VARCHAR[]) AS parent, "
     "unnest(?::VARCHAR[]) AS kind, unnest(?::TIMESTAMPTZ[]) AS ts, "
-    "unnest(?::VARCHAR[]) AS payload, unnest(?::BIGINT[]) AS ord) AS d"
+    "unnest(?::VARCHAR[]) AS payload, unnest(?::BIGINT[]) AS ord, "
+    + ", ".join(f"unnest(?::VARCHAR[]) AS {c}" for c in CLEAR_COLUMNS)
+    + ") AS d"
 )
 
 
 def _draft_rows(drafts: Sequence[Draft]) -> tuple[str, list[Any]]:
     """The drafts as the relation ``d`` of :func:`one_statement` (id, parent
-    within the batch, kind, timestamp, payload, position) and its parameters:
+    within the batch, kind, timestamp, payload, position, clear facts) and its parameters:
     one draft as plain values (array parameters cost the client more to send
     than the statement costs the server), several as one array per column."""
     if len(drafts) == 1:
         d = drafts[0]
-        return _ONE_DRAFT, [d.entry_id, None, d.kind, d.timestamp, d.payload_json]
+        return _ONE_DRAFT, [d.entry_id, None, d.kind, d.timestamp, d.payload_json, *d.clear]
     ids = [d.entry_id for d in drafts]
+    facts = [d.clear for d in drafts]
     return _DRAFTS, [
         ids,
         [None, *ids[:-1]],
@@ -464,6 +471,7 @@ def _draft_rows(drafts: Sequence[Draft]) -> tuple[str, list[Any]]:
         [d.timestamp for d in drafts],
         [d.payload_json for d in drafts],
         list(range(len(ids))),
+        *([f[i] for f in facts] for i in range(len(CLEAR_COLUMNS))),
     ]
 
 
@@ -512,7 +520,7 @@ def one_statement(tx: Tx, r: AppendRequest) -> Any:
         "RETURNING o.leaf_id AS parent, o.next_seq AS seq) "
         f"INSERT INTO entries ({', '.join(ENTRY_COLUMNS)}) SELECT ?, d.id, "
         "CASE WHEN d.ord = 0 THEN s.parent ELSE d.parent END, d.kind, s.seq + d.ord, "
-        f"coalesce(d.ts, {NOW}), d.payload, ?::BIGINT, {NOW} FROM s, {drafts} "
+        f"coalesce(d.ts, {NOW}), d.payload, ?::BIGINT, {NOW}, {_CLEAR} FROM s, {drafts} "
         f"RETURNING seq, parent_id, {tx.dialect.epoch_us('ts')}"
     )
     params: list[Any] = [

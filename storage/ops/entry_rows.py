@@ -12,12 +12,17 @@ from typing import Any
 import orjson
 
 from turnkeeper.spec import errors
+from turnkeeper.spec.clear_facts import ClearFacts
 from turnkeeper.spec.records import Entry
 
 from ..backend import Tx, keyed, utc
 from ..codec import from_json
 from ..crypto.keyring import PAYLOAD
 from ..crypto.seal import TEXT_PREFIX, is_sealed_text
+
+CLEAR_COLUMNS = ClearFacts._fields
+"""The columns of ``entries`` that keep what analytics reads of a payload in
+clear (``role``, ``provider``, ``model``; :mod:`turnkeeper.spec.clear_facts`)."""
 
 ENTRY_COLUMNS = (
     "session_id",
@@ -29,8 +34,10 @@ ENTRY_COLUMNS = (
     "payload",
     "lease_epoch",
     "written_at",
+    *CLEAR_COLUMNS,
 )
-"""Every column of ``entries``, in table order (bulk inserts give them all)."""
+"""Every column of ``entries``, in table order (bulk inserts give them all): the
+last ones the clear facts of its payload (:func:`turnkeeper.spec.clear_facts.clear_facts`)."""
 ENTRY_SELECT = "session_id, id, parent_id, kind, seq, ts, payload, lease_epoch"
 """The columns :func:`entry_row` reads, in its order."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -61,7 +61,7 @@ from ..pairing import tree_faults
 from ..validate import check_int, check_session_lease
 from . import leases, session_rows
 from .base import Area
-from .entry_rows import ENTRY_COLUMNS, seal_payloads
+from .entry_rows import CLEAR_COLUMNS, ENTRY_COLUMNS, seal_payloads
 from .session_rows import ID_HEAD, new_entry_id
 
 _FORK_COLS = (
@@ -93,7 +93,8 @@ class Request:
 
 @dataclass(frozen=True, slots=True)
 class SourceEntry:
-    """A source entry as stored; ``payload`` is the stored JSON text."""
+    """A source entry as stored; ``payload`` is the stored JSON text, ``clear``
+    its clear facts as stored (``entry_rows.CLEAR_COLUMNS``)."""
 
     id: str
     parent_id: str | None
@@ -101,6 +102,7 @@ class SourceEntry:
     seq: int
     ts: datetime
     payload: str
+    clear: tuple[str | None, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +115,8 @@ class CopiedEntry:
     ts: datetime
     payload: str
     source_id: str
+    clear: tuple[str | None, ...]
+    """The source entry's clear facts, copied as they are."""
 
 
 def _fork(request_id: str, row: Sequence[Any]) -> Fork:
@@ -210,14 +214,20 @@ def _boundary(tx: Tx, req: Request) -> tuple[str, int]:
 
 def _source_entries(tx: Tx, session_id: str) -> dict[str, SourceEntry]:
     rows = tx.rows(
-        "SELECT id, parent_id, kind, seq, ts, payload FROM entries WHERE session_id = ? "
-        "ORDER BY seq",
+        f"SELECT id, parent_id, kind, seq, ts, payload, {', '.join(CLEAR_COLUMNS)} "
+        "FROM entries WHERE session_id = ? ORDER BY seq",
         [session_id],
     )
     keys = tx.keys  # a sealed payload is opened: the fork's copy is sealed under its own key
     return {
         r[0]: SourceEntry(
-            r[0], r[1], r[2], r[3], utc(r[4]), keys.open_text(tx, session_id, r[0], PAYLOAD, r[5])
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            utc(r[4]),
+            keys.open_text(tx, session_id, r[0], PAYLOAD, r[5]),
+            r[6:],
         )
         for r in rows
     }
@@ -324,6 +334,7 @@ def plan_copy(
                 entry.ts,
                 payload,
                 entry.id,
+                entry.clear,
             )
         )
     return out
@@ -418,7 +429,7 @@ def fork(tx: Tx, req: Request, new_id: Callable[[], str]) -> Fork:
         "entries",
         ENTRY_COLUMNS,
         [
-            (fid, c.id, c.parent_id, c.kind, i, c.ts, text, None, now)
+            (fid, c.id, c.parent_id, c.kind, i, c.ts, text, None, now, *c.clear)
             for i, (c, text) in enumerate(zip(copied, sealed, strict=True), start=1)
         ],
     )

@@ -34,6 +34,7 @@ from datetime import datetime
 from typing import Any
 
 from turnkeeper.spec import errors
+from turnkeeper.spec.clear_facts import clear_facts
 from turnkeeper.spec.entries import RESERVED_ENTRY_SUFFIXES, EntryKind
 from turnkeeper.spec.records import Entry
 
@@ -233,7 +234,18 @@ def add_entries(
                 "entries",
                 ENTRY_COLUMNS,
                 [
-                    (session_id, r[0], r[1], r[2], next_seq + i, r[3], text, None, now)
+                    (
+                        session_id,
+                        r[0],
+                        r[1],
+                        r[2],
+                        next_seq + i,
+                        r[3],
+                        text,
+                        None,
+                        now,
+                        *clear_facts(r[2], payload_of(r)),
+                    )
                     for i, (r, text) in enumerate(zip(new, sealed, strict=True))
                 ],
             )

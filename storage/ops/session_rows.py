@@ -25,6 +25,7 @@ from typing import Any
 import uuid6
 
 from turnkeeper.spec import errors
+from turnkeeper.spec.clear_facts import ClearFacts, clear_facts
 from turnkeeper.spec.entries import RESERVED_ENTRY_SUFFIXES, EntryKind, validate_payload
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.records import (
@@ -46,6 +47,7 @@ from ..validate import (
 from . import leases, pairing_checks, run_events
 from .base import Area
 from .entry_rows import (
+    CLEAR_COLUMNS,
     ENTRY_COLUMNS,
     OF_SESSION,
     entry,
@@ -72,7 +74,11 @@ HELD_ROWS = 256
 inserted by one statement of one array per column, which a server sends with
 the other held writes; a longer one is bulk loaded (``Tx.insert_rows``)."""
 
-_ENTRY_TYPES = ("VARCHAR",) * 4 + ("BIGINT", "TIMESTAMPTZ", "VARCHAR", "BIGINT", "TIMESTAMPTZ")
+_ENTRY_TYPES = (
+    ("VARCHAR",) * 4
+    + ("BIGINT", "TIMESTAMPTZ", "VARCHAR", "BIGINT", "TIMESTAMPTZ")
+    + ("VARCHAR",) * len(CLEAR_COLUMNS)
+)
 """The SQL type of each of :data:`ENTRY_COLUMNS`, in its order."""
 
 
@@ -210,6 +216,12 @@ class Draft:
     caller: bool = False
     """The caller chose the id: an entry imported without its parent may name
     it as that parent (checked: ``EntryIdReservedError``)."""
+
+    @property
+    def clear(self) -> ClearFacts:
+        """The clear facts of its payload, for ``entries``' last columns
+        (:data:`~.entry_rows.CLEAR_COLUMNS`)."""
+        return clear_facts(self.kind, self.payload)
 
 
 def append(
@@ -397,8 +409,8 @@ def append_chain(
         tx, session_id, [(e.id, d.payload_json) for e, d in zip(out, drafts, strict=True)]
     )
     stored = [
-        (session_id, e.id, e.parent_id, e.kind, e.seq, e.timestamp, text, epoch, now)
-        for e, text in zip(out, sealed, strict=True)
+        (session_id, e.id, e.parent_id, e.kind, e.seq, e.timestamp, text, epoch, now, *d.clear)
+        for e, d, text in zip(out, drafts, sealed, strict=True)
     ]
     if hold:
         if new_events is not None:  # numbered from the cursor the update below moves
