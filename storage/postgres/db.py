@@ -78,7 +78,7 @@ from ..codec import check_clock
 from ..migrations import load
 from ..retry import Gate, Stats, run_attempts
 from ..wakeups import Signals, Subscription, Topic
-from . import chain, connect, faults, notify, text
+from . import ahead, chain, connect, faults, notify, text
 from .connect import redact
 from .faults import translate
 from .pool import POOL_TIMEOUT_S, RECONNECT_DELAY_S, RECONNECT_MAX_DELAY_S, Pool
@@ -167,11 +167,39 @@ class Tx:
         self.committing = False
         self.pending: list[str] = []
         self._held: list[chain.Held] = []
+        self._ahead: list[str] = []  # BEGIN and its pin, not sent yet (:mod:`.ahead`)
 
     @property
     def conn(self) -> psycopg.Connection[Any]:
-        """The connection this transaction runs on."""
+        """The connection this transaction runs on (its ``BEGIN`` sent first,
+        if still held: the caller runs statements on it directly)."""
+        self._send_ahead()
         return self._conn
+
+    def begin(self, statements: Sequence[str]) -> None:
+        """Open the transaction with ``statements`` (its ``BEGIN``, and the
+        pin of its search_path behind a transaction pooler: parameterless,
+        one command each), sent with its next statement in one round trip
+        (:mod:`.ahead`); each is counted as it is sent."""
+        self._ahead = list(statements)
+
+    def _send_ahead(self) -> None:
+        """Send the statements :meth:`begin` holds, alone (a ``COPY`` or a
+        simple query of two commands cannot go in a pipeline with them)."""
+        held, self._ahead = self._ahead, []
+        if held:
+            self.statements += len(held)
+            with faults.driver():
+                ahead.send(self._conn, held)
+
+    def end(self, sql: str) -> None:
+        """Send the statement that ends the transaction (``COMMIT``, the
+        expiry check and ``COMMIT``: :meth:`commit_statement`, or
+        ``ROLLBACK``); a ``BEGIN`` still held (the body ran no statement)
+        goes with a one-command ending, else before it."""
+        if sql not in ("COMMIT", "ROLLBACK"):
+            self._send_ahead()
+        self.exec(sql)
 
     @property
     def now(self) -> datetime | None:
@@ -279,6 +307,11 @@ class Tx:
         # sent as it is without parameters: psycopg then reads no placeholders
         query, args = (_pg(sql), list(params)) if params else (sql, None)
         with faults.driver():
+            if self._ahead:  # the BEGIN (and pin) go with it, in one round trip
+                held, self._ahead = self._ahead, []
+                self.statements += len(held)
+                cur = ahead.send(self._conn, held, query, args, binary)
+                return present(cur, "the cursor of the statement sent with BEGIN")
             if self._search_path is not None and not self._in_transaction:
                 self.statements += 1  # the pin, sent in the same round trip
                 return connect.pinned(self._conn, self._search_path, query, args, binary)
@@ -326,6 +359,7 @@ class Tx:
         if not rows:
             return
         self.flush()
+        self._send_ahead()  # (a COPY cannot share a pipeline)
         if self._search_path is not None and not self._in_transaction:
             raise errors.InternalError(
                 detail="a bulk insert (COPY) runs only inside a transaction behind a "
@@ -546,10 +580,13 @@ class Database:
         and the locks go at once. Read-only stores scan without locks."""
         return self._run(operation, body, True, True, commit=False, locking=True)
 
-    def _begin(self, commit: bool, locking: bool, isolation: str) -> str:
+    def _begin(self, commit: bool, locking: bool, isolation: str) -> list[str]:
+        """The statements that open a transaction: its ``BEGIN``, then behind a
+        transaction pooler the pin of its search_path (sent with the
+        transaction's first statement: :meth:`Tx.begin`)."""
         ro = ", READ ONLY" if self.read_only or not (commit or locking) else ""
-        pin = "" if self._pinned is None else f"; {connect.pin_sql(self._pinned)}"
-        return f"BEGIN ISOLATION LEVEL {isolation}{ro}{pin}"  # one simple query
+        pin = [] if self._pinned is None else [connect.pin_sql(self._pinned)]
+        return [f"BEGIN ISOLATION LEVEL {isolation}{ro}", *pin]
 
     def _run(
         self,
@@ -571,8 +608,7 @@ class Database:
                 tx = Tx(conn, self.clock, transaction, locking=may_lock, search_path=self._pinned)
                 try:
                     if transaction:
-                        tx.exec(self._begin(commit, locking, isolation))
-                        tx.statements += self._pinned is not None  # its SET LOCAL, sent with it
+                        tx.begin(self._begin(commit, locking, isolation))
                     else:  # an autocommit write's statement is its commit
                         tx.committing = commit
                     # (bridge.committing: a native caller cancelled from here on
@@ -585,7 +621,7 @@ class Database:
                         tx.committing = commit
                     with bridge.committing(tx.committing):
                         if transaction:
-                            tx.exec(ending)
+                            tx.end(ending)
                             tx.statements += ending != "COMMIT" and commit  # the DO before it
                         if tx.pending:  # committed: wake the listening processes
                             tx.statements += notify.send(conn, self.channel, tx.pending)
