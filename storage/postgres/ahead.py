@@ -1,20 +1,22 @@
-"""PostgreSQL: statements a transaction sends ahead of its next one, in the
-same round trip.
+"""PostgreSQL: statements sent together, in one round trip (a libpq pipeline).
 
 A transaction's ``BEGIN`` (and, behind a transaction pooler, the ``SET
 LOCAL`` that pins its search_path: :func:`.connect.pin_sql`) returns nothing
 an operation needs, so :class:`.db.Tx` holds them (``Tx.begin``) and sends
-them with its first statement, in one libpq pipeline (psycopg's
-``Connection.pipeline()``): the statements go out together, followed by one
-Sync, and the server runs them in order, so the transaction starts exactly
-as if each had been sent alone (its snapshot is still taken by the first
-statement after ``BEGIN``). An error in one of them (a ``BEGIN`` refused, the
-statement failing) makes the server skip the rest up to the Sync; psycopg
-raises the error as the pipeline ends, the statement's own class and
-SQLSTATE, and the transaction is left failed, rolled back as after any
-failed statement. Each statement is counted as one, as it was when sent
-alone (``Tx.statements``). Where libpq has no pipeline mode (before 14)
-each statement is sent in a round trip of its own.
+them with its first statement (:func:`send`); and the writes a transaction
+held until its end go with the check before its ``COMMIT`` and the
+``COMMIT`` (``Tx.commit_held``, :mod:`.chain`). The statements go out in
+one pipeline (psycopg's ``Connection.pipeline()``) followed by one Sync,
+and the server runs them in order, exactly as if each had been sent alone
+(a transaction's snapshot is still taken by its first statement after
+``BEGIN``). An error in one of them (a ``BEGIN`` refused, a statement
+failing, the check before ``COMMIT`` raising) makes the server skip the
+rest up to the Sync (a ``COMMIT`` after it never runs); psycopg raises the
+error as the pipeline ends, with the statement's own class and SQLSTATE,
+and the transaction is left failed, rolled back as after any failed
+statement. Each statement is counted as one, as when sent alone
+(``Tx.statements``). Where libpq has no pipeline mode (before 14) each
+statement is sent in a round trip of its own.
 """
 
 from __future__ import annotations
@@ -23,6 +25,39 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
+
+Statement = tuple[str, Sequence[Any] | None]
+"""One statement: its SQL (psycopg's ``%s`` placeholders) and its parameters
+(``None``: none, the SQL sent as it is)."""
+
+
+def supported() -> bool:
+    """Whether this libpq has pipeline mode (14 and later)."""
+    return bool(psycopg.Pipeline.is_supported())
+
+
+def run(
+    conn: psycopg.Connection[Any],
+    statements: Sequence[Statement],
+    cursors: list[psycopg.Cursor[Any]],
+    binary: bool = False,
+) -> None:
+    """Send ``statements`` in one round trip; each one's cursor is appended to
+    ``cursors`` as it is sent (so a caller keeps the results of the ones
+    before a failure), its result read once this returns (the last one's in
+    binary form with ``binary``).
+
+    Raises:
+        psycopg.Error: the server failed one of them (the ones after it were
+            not run).
+    """
+    if not supported():
+        for n, (sql, params) in enumerate(statements, 1):
+            cursors.append(conn.execute(sql, params, binary=binary and n == len(statements)))
+        return
+    with conn.pipeline():
+        for n, (sql, params) in enumerate(statements, 1):
+            cursors.append(conn.execute(sql, params, binary=binary and n == len(statements)))
 
 
 def send(
@@ -33,19 +68,16 @@ def send(
     binary: bool = False,
 ) -> psycopg.Cursor[Any] | None:
     """Send the parameterless statements ``ahead`` and then ``query`` (with
-    ``params``; none: only ``ahead``) in one round trip; ``query``'s cursor,
-    its result read (``None`` without ``query``).
+    ``params``; no ``query``: only ``ahead``) in one round trip (:func:`run`);
+    ``query``'s cursor, its result read (``None`` without ``query``).
 
     Raises:
         psycopg.Error: the server failed one of them (the ones after it were
             not run).
     """
-    if not psycopg.Pipeline.is_supported():
-        for sql in ahead:
-            conn.execute(sql)
-        return None if query is None else conn.execute(query, params, binary=binary)
-    with conn.pipeline():
-        for sql in ahead:
-            conn.execute(sql)
-        cur = None if query is None else conn.execute(query, params, binary=binary)
-    return cur
+    statements: list[Statement] = [(sql, None) for sql in ahead]
+    if query is not None:
+        statements.append((query, params))
+    cursors: list[psycopg.Cursor[Any]] = []
+    run(conn, statements, cursors, binary)
+    return cursors[-1] if query is not None else None

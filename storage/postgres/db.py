@@ -168,6 +168,8 @@ class Tx:
         self.pending: list[str] = []
         self._held: list[chain.Held] = []
         self._ahead: list[str] = []  # BEGIN and its pin, not sent yet (:mod:`.ahead`)
+        self._judged: list[chain.Held] = []  # the held writes sent with COMMIT
+        self._cursors: list[psycopg.Cursor[Any]] = []  # … and their statements' cursors
 
     @property
     def conn(self) -> psycopg.Connection[Any]:
@@ -251,20 +253,83 @@ class Tx:
             the kept error of the earliest expiry, when it has passed by the
             injected clock (a server's check fails with :data:`LAPSED`).
         """
+        check = self._commit_check()
+        return "COMMIT" if check is None else f"{check}; COMMIT"
+
+    def _commit_check(self, held: bool = False) -> str | None:
+        """The ``DO`` block that checks the earliest expiry :meth:`valid_until`
+        kept against the server's clock (first, with ``held``, the mark of
+        the held writes: :data:`.chain.HELD_CHECK`); ``None`` when there is
+        nothing for the server to check.
+
+        Raises:
+            the kept error of the earliest expiry, when it has passed by the
+            injected clock.
+        """
         if not self._until:
-            return "COMMIT"
+            return None
         expires_at, lost = min(self._until, key=lambda u: u[0])
         if self._clock is not None:
             if expires_at <= check_clock(self._clock()):
                 raise lost
-            return "COMMIT"
+            return None
         at = expires_at.astimezone(UTC).isoformat()
         return (
-            "DO $lapse$BEGIN IF clock_timestamp() >= "
+            f"DO $lapse$BEGIN {chain.HELD_CHECK if held else ''}IF clock_timestamp() >= "
             f"'{at}'::TIMESTAMPTZ THEN RAISE EXCEPTION USING ERRCODE = '{LAPSED}', "
-            "MESSAGE = 'turnkeeper: a fenced lease expired before COMMIT'; END IF; END$lapse$; "
-            "COMMIT"
+            "MESSAGE = 'turnkeeper: a fenced lease expired before COMMIT'; END IF; END$lapse$"
         )
+
+    def commits_held(self) -> bool:
+        """Whether the writes still held go with the ``COMMIT``
+        (:meth:`commit_held`): there are some, and the server checks an
+        expiry before the ``COMMIT`` (so the check of their counts joins a
+        statement sent anyway)."""
+        return (
+            bool(self._held)
+            and bool(self._until)
+            and self._clock is None
+            and not self._ahead
+            and ahead.supported()
+        )
+
+    def commit_held(self) -> None:
+        """Send the held writes (one marked statement: :mod:`.chain`), the
+        check before ``COMMIT`` (their mark, then the expiry) and ``COMMIT``
+        in one round trip (:mod:`.ahead`); the server judges the held
+        writes' counts, so nothing commits when one lost its race.
+
+        Raises:
+            psycopg.Error: with SQLSTATE :data:`.chain.HELD` (a held write
+                changed another number of rows: :meth:`held_lost`) or
+                :data:`LAPSED` (the lease expired), or the server's own;
+                the ``COMMIT`` did not run.
+        """
+        held, self._held = self._held, []
+        sql, params = chain.statement(held, marked=True)
+        check = present(self._commit_check(held=True), "the expiry check before COMMIT")
+        self._judged = held
+        self._cursors = []
+        self.statements += 3
+        self._snapshot = True
+        with faults.driver():
+            ahead.run(
+                self._conn, [(_pg(sql), params), (check, None), ("COMMIT", None)], self._cursors
+            )
+
+    def held_lost(self) -> Conflict:
+        """The lost race :meth:`commit_held`'s check found (its error:
+        :data:`.chain.HELD`): the held write that changed another number of
+        rows, judged by the counts the marked statement returned."""
+        try:
+            with faults.driver():
+                row = self._cursors[0].fetchone() if self._cursors else None
+            chain.check(self._judged, present(row, "the counts of the held writes"))
+        except Conflict as exc:
+            return exc
+        except Exception:  # (no counts to name it by: the server's judgement stands)
+            pass
+        return Conflict("the check before COMMIT found a held write's count changed")
 
     def lapsed(self) -> Exception:
         """The kept error of the earliest expiry (its check failed as it committed)."""
@@ -615,12 +680,18 @@ class Database:
                     # lets the operation end; before, it cancels it, nothing written)
                     with bridge.committing(tx.committing):
                         result = body(tx)
-                        tx.flush()  # the held writes, before the COMMIT's judgement
+                        # the held writes: with the COMMIT when the server checks an
+                        # expiry before it, else now, judged before the COMMIT is sent
+                        with_commit = transaction and commit and tx.commits_held()
+                        if not with_commit:
+                            tx.flush()
                     if transaction:
-                        ending = tx.commit_statement() if commit else "ROLLBACK"
+                        ending = tx.commit_statement() if commit and not with_commit else "ROLLBACK"
                         tx.committing = commit
                     with bridge.committing(tx.committing):
-                        if transaction:
+                        if with_commit:
+                            tx.commit_held()
+                        elif transaction:
                             tx.end(ending)
                             tx.statements += ending != "COMMIT" and commit  # the DO before it
                         if tx.pending:  # committed: wake the listening processes
@@ -628,6 +699,8 @@ class Database:
                     return result
                 except psycopg.Error as exc:
                     lost = faults.settle(conn, transaction, exc)  # rolled back
+                    if exc.sqlstate == chain.HELD:  # a held write lost its race: retried,
+                        raise tx.held_lost() from None  # named as the judge in Python names it
                     if exc.sqlstate == LAPSED:  # the COMMIT's check: nothing committed
                         raise tx.lapsed() from exc
                     if retry and isinstance(exc, _CONFLICT):
