@@ -193,9 +193,9 @@ def _spy_pipelines(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     sent: list[list[str]] = []
     real = ahead.run
 
-    def run(conn: Any, statements: Any, *rest: Any) -> None:
-        sent.append([sql for sql, _ in statements])
-        real(conn, statements, *rest)
+    def run(conn: Any, statements: Any, *rest: Any, advisory: Any = None) -> None:
+        sent.append([sql for sql, _ in statements] + ([advisory[0]] if advisory else []))
+        real(conn, statements, *rest, advisory=advisory)
 
     monkeypatch.setattr(ahead, "run", run)
     return sent
@@ -258,3 +258,50 @@ def test_an_expiry_checked_with_held_writes_commits_nothing(
     with pytest.raises(_Lapsed):
         pg_store.db.write("lapsed", lambda tx: _checked_commit(tx, writes, -1))
     assert pg_store.sessions.get("a").title is None
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["guard", "control"])
+@pytest.mark.parametrize("fault", ["server", "driver"])
+def test_wake_ups_sent_with_the_commit_never_fail_the_committed_write(
+    pg_store: turnkeeper.BaseStore, monkeypatch: pytest.MonkeyPatch, guarded: bool, fault: str
+) -> None:
+    """A fenced finish sends its held writes, the check, COMMIT and its
+    wake-ups in one round trip: the wake-ups failing there (on the server,
+    or psycopg failing to send them) leaves the finish committed and
+    answered as such. Control: with the pipeline's COMMIT taken as not
+    committed (``db._committed``), the server's failure reaches the caller
+    of the committed finish (the defect the guard stops)."""
+    import psycopg
+
+    from turnkeeper.storage.postgres import db as pg_db
+    from turnkeeper.storage.postgres import notify
+
+    pg_store.sessions.create("s")
+    lease = pg_store.leases.acquire("session:s", "w", 600, purpose="execution")
+    run = pg_store.runs.admit("s", {"q": 1}, user_message=USER, lease=lease, start=True)
+    if fault == "server":
+        monkeypatch.setattr(notify, "statement", lambda name, topics: ("SELECT 1/0", None))
+    else:
+        real = psycopg.Connection.execute
+
+        def execute(conn: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            if query == notify.SQL:
+                raise ValueError("a driver fault while notifying")
+            return real(conn, query, *args, **kwargs)
+
+        monkeypatch.setattr(psycopg.Connection, "execute", execute)
+    if not guarded:
+        monkeypatch.setattr(pg_db, "_committed", lambda cursors: False)
+    sent = _spy_pipelines(monkeypatch)
+
+    def finish() -> None:
+        pg_store.runs.finish(run.id, "succeeded", assistant_message=REPLY, lease=lease)
+
+    if guarded or fault == "driver":  # (psycopg never sent the driver's: nothing failed)
+        finish()
+    else:
+        with pytest.raises(turnkeeper.TurnkeeperError):
+            finish()
+    assert sent[-1][2:] == ["COMMIT", notify.SQL if fault == "driver" else "SELECT 1/0"]
+    monkeypatch.undo()
+    assert pg_store.runs.get(run.id).status == "succeeded"

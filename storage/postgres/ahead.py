@@ -21,6 +21,7 @@ statement is sent in a round trip of its own.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,11 +42,16 @@ def run(
     statements: Sequence[Statement],
     cursors: list[psycopg.Cursor[Any]],
     binary: bool = False,
+    *,
+    advisory: Statement | None = None,
 ) -> None:
     """Send ``statements`` in one round trip; each one's cursor is appended to
     ``cursors`` as it is sent (so a caller keeps the results of the ones
     before a failure), its result read once this returns (the last one's in
-    binary form with ``binary``).
+    binary form with ``binary``). ``advisory`` goes last in the same round
+    trip when given (a commit's wake-ups): a failure to send it is ignored,
+    its cursor is not kept, and a failure of it on the server is raised
+    after the results of the ones before it were read.
 
     Raises:
         psycopg.Error: the server failed one of them (the ones after it were
@@ -54,10 +60,16 @@ def run(
     if not supported():
         for n, (sql, params) in enumerate(statements, 1):
             cursors.append(conn.execute(sql, params, binary=binary and n == len(statements)))
+        if advisory is not None:
+            with contextlib.suppress(Exception):
+                conn.execute(*advisory)
         return
     with conn.pipeline():
         for n, (sql, params) in enumerate(statements, 1):
             cursors.append(conn.execute(sql, params, binary=binary and n == len(statements)))
+        if advisory is not None:
+            with contextlib.suppress(Exception):  # (a driver fault: the rest still goes)
+                conn.execute(*advisory)
 
 
 def send(

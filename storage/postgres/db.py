@@ -293,11 +293,13 @@ class Tx:
             and ahead.supported()
         )
 
-    def commit_held(self) -> None:
+    def commit_held(self, channel: str) -> None:
         """Send the held writes (one marked statement: :mod:`.chain`), the
-        check before ``COMMIT`` (their mark, then the expiry) and ``COMMIT``
-        in one round trip (:mod:`.ahead`); the server judges the held
-        writes' counts, so nothing commits when one lost its race.
+        check before ``COMMIT`` (their mark, then the expiry), ``COMMIT`` and
+        the wake-ups :meth:`notify` kept (on ``channel``, advisory: a failure
+        of theirs never fails the committed write) in one round trip
+        (:mod:`.ahead`); the server judges the held writes' counts, so
+        nothing commits when one lost its race.
 
         Raises:
             psycopg.Error: with SQLSTATE :data:`.chain.HELD` (a held write
@@ -312,10 +314,20 @@ class Tx:
         self._cursors = []
         self.statements += 3
         self._snapshot = True
+        topics, self.pending = self.pending, []
+        wake = notify.statement(channel, topics) if topics else None
+        self.statements += notify.counted(topics)
         with faults.driver():
-            ahead.run(
-                self._conn, [(_pg(sql), params), (check, None), ("COMMIT", None)], self._cursors
-            )
+            try:
+                ahead.run(
+                    self._conn,
+                    [(_pg(sql), params), (check, None), ("COMMIT", None)],
+                    self._cursors,
+                    advisory=wake,
+                )
+            except psycopg.Error:
+                if wake is None or not _committed(self._cursors):
+                    raise  # (else the wake-ups failed after the COMMIT: advisory)
 
     def held_lost(self) -> Conflict:
         """The lost race :meth:`commit_held`'s check found (its error:
@@ -690,7 +702,7 @@ class Database:
                         tx.committing = commit
                     with bridge.committing(tx.committing):
                         if with_commit:
-                            tx.commit_held()
+                            tx.commit_held(self.channel)
                         elif transaction:
                             tx.end(ending)
                             tx.statements += ending != "COMMIT" and commit  # the DO before it
@@ -917,6 +929,13 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
     """Set up a new pooled connection: the exact text code, UTC."""
     text.register(conn)
     conn.execute(SETUP_SQL)
+
+
+def _committed(cursors: Sequence[psycopg.Cursor[Any]]) -> bool:
+    """Whether the last of ``cursors`` (a pipeline's ``COMMIT``) committed."""
+    with contextlib.suppress(Exception):
+        return cursors[-1].statusmessage == "COMMIT"
+    return False
 
 
 def _rollback(conn: psycopg.Connection[Any], transaction: bool) -> None:
