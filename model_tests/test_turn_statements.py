@@ -266,3 +266,78 @@ def test_the_counter_counts_every_statement_the_driver_sends(
         assert sum("pg_notify" in q for q in sent) >= 1  # the finish's wake-ups were sent
         assert (round(own() - before) == honest) is counted, (own() - before, honest, sent)
     store.close()
+
+
+ROUND_TRIPS = {"admit_run": 2, "append_many": 1, "finish_run": 2}
+"""Round trips per phase of the turn on PostgreSQL, at most (through a
+transaction pooler too: the pin goes in the same pipelines). admit+start and
+finish: BEGIN with the fenced read (``storage/postgres/ahead.py``), then the
+held writes with the expiry check, COMMIT and (finish) the wake-ups;
+``append_many``: one autocommit statement."""
+
+
+@pytest.mark.postgres
+def test_a_turn_costs_at_most_its_round_trips(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The round trips of the bench's turn (its second, on a new session),
+    counted from libpq's own protocol trace of every pooled connection the
+    store lends: each simple ``Query`` and each ``Sync`` (a pipeline's end)
+    is one wait for the server."""
+    import contextlib
+
+    from turnkeeper.storage.postgres import db as pg_db
+
+    store = open_pg(new_pg_schema())
+    bench = _bench()
+    store.sessions.create("s")
+    lease = store.leases.acquire("session:s", "w", 600, purpose="execution")
+    bench.three_transaction_turn(store, "s", lease, USER)
+    real = pg_db.Database.connection
+    trace = tmp_path / "trace.txt"
+    phases: list[tuple[str, int]] = []
+
+    @contextlib.contextmanager
+    def traced(db: Any) -> Any:
+        with real(db) as conn, trace.open("w") as out:
+            conn.pgconn.trace(out.fileno())
+            try:
+                yield conn
+            finally:
+                conn.pgconn.untrace()
+                out.flush()
+                messages = [line.split("\t")[3] for line in trace.read_text().splitlines()]
+                phases.append(("?", sum(m.split()[0] in ("Sync", "Query") for m in messages)))
+
+    def phase(name: str, call: Any) -> Any:
+        before = len(phases)
+        result = call()
+        spent = sum(n for _, n in phases[before:])
+        phases[before:] = [(name, spent)]
+        return result
+
+    monkeypatch.setattr(pg_db.Database, "connection", traced)
+    run = phase(
+        "admit_run",
+        lambda: store.runs.admit("s", {"i": 2}, user_message=USER, lease=lease, start=True),
+    )
+    phase(
+        "append_many",
+        lambda: store.sessions.append_many("s", [(EntryKind.MESSAGE, MSG)] * 3, lease=lease),
+    )
+    phase(
+        "finish_run",
+        lambda: store.runs.finish(
+            run.id,
+            "succeeded",
+            entries=[(EntryKind.MESSAGE, MSG)],
+            assistant_message=REPLY,
+            delivery_plan=bench.PLAN,
+            lease=lease,
+        ),
+    )
+    monkeypatch.undo()
+    spent = dict(phases)
+    assert spent == {op: min(spent[op], n) for op, n in ROUND_TRIPS.items()}, spent
+    assert sum(spent.values()) <= 5
+    store.close()

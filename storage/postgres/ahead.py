@@ -28,8 +28,18 @@ from typing import Any
 import psycopg
 
 Statement = tuple[str, Sequence[Any] | None]
-"""One statement: its SQL (psycopg's ``%s`` placeholders) and its parameters
-(``None``: none, the SQL sent as it is)."""
+"""One statement: its SQL (PostgreSQL's numbered placeholders, ``$1`` …:
+:func:`cursor`) and its parameters (``None``: none)."""
+
+
+def cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
+    """A cursor of ``conn`` that sends its SQL as written, with PostgreSQL's
+    numbered placeholders (psycopg's ``RawCursor``: psycopg parses no
+    placeholders, which it would do for every run of a statement of more
+    than 50 parameters, such as the held writes'); a native async store's
+    connection proxy gives its own (``raw_cursor``)."""
+    raw = getattr(conn, "raw_cursor", None)
+    return raw() if raw is not None else psycopg.RawCursor(conn)
 
 
 def supported() -> bool:
@@ -48,7 +58,8 @@ def run(
     """Send ``statements`` in one round trip; each one's cursor is appended to
     ``cursors`` as it is sent (so a caller keeps the results of the ones
     before a failure), its result read once this returns (the last one's in
-    binary form with ``binary``). ``advisory`` goes last in the same round
+    binary form with ``binary``). ``advisory`` (psycopg's ``%s``
+    placeholders: ``Connection.execute``) goes last in the same round
     trip when given (a commit's wake-ups): a failure to send it is ignored,
     its cursor is not kept, and a failure of it on the server is raised
     after the results of the ones before it were read.
@@ -59,14 +70,16 @@ def run(
     """
     if not supported():
         for n, (sql, params) in enumerate(statements, 1):
-            cursors.append(conn.execute(sql, params, binary=binary and n == len(statements)))
+            last = binary and n == len(statements)
+            cursors.append(cursor(conn).execute(sql, params, binary=last))
         if advisory is not None:
             with contextlib.suppress(Exception):
                 conn.execute(*advisory)
         return
     with conn.pipeline():
         for n, (sql, params) in enumerate(statements, 1):
-            cursors.append(conn.execute(sql, params, binary=binary and n == len(statements)))
+            last = binary and n == len(statements)
+            cursors.append(cursor(conn).execute(sql, params, binary=last))
         if advisory is not None:
             with contextlib.suppress(Exception):  # (a driver fault: the rest still goes)
                 conn.execute(*advisory)

@@ -56,6 +56,7 @@ strings stay equal. JSON is stored as text (``jsonb`` refuses ``\\u0000``).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 import threading
 import time
@@ -99,6 +100,7 @@ MIGRATION_LOCK = 0x7475726E6B656570  # "turnkeep"
 """The advisory lock key that serializes migrations of several processes."""
 
 _PLACEHOLDER = re.compile(r"%|\?")
+_QUESTION = re.compile(r"\?")
 
 
 @lru_cache(maxsize=1024)
@@ -106,6 +108,14 @@ def _pg(sql: str) -> str:
     """The domain SQL's ``?`` placeholders as psycopg's ``%s`` (a literal ``%``
     doubled); the domain SQL holds no ``?`` inside literals."""
     return _PLACEHOLDER.sub(lambda m: "%%" if m.group() == "%" else "%s", sql)
+
+
+@lru_cache(maxsize=1024)
+def _numbered(sql: str) -> str:
+    """The domain SQL's ``?`` placeholders as PostgreSQL's ``$1``, ``$2`` … in
+    order, for a raw cursor (:func:`.ahead.cursor`; a ``%`` stays as written)."""
+    numbers = itertools.count(1)
+    return _QUESTION.sub(lambda m: f"${next(numbers)}", sql)
 
 
 _CONFLICT = (
@@ -321,7 +331,7 @@ class Tx:
             try:
                 ahead.run(
                     self._conn,
-                    [(_pg(sql), params), (check, None), ("COMMIT", None)],
+                    [(_numbered(sql), params), (check, None), ("COMMIT", None)],
                     self._cursors,
                     advisory=wake,
                 )
@@ -381,8 +391,8 @@ class Tx:
             self.flush()
         self.statements += 1
         self._snapshot = self._snapshot or not sql.startswith("BEGIN")
-        # sent as it is without parameters: psycopg then reads no placeholders
-        query, args = (_pg(sql), list(params)) if params else (sql, None)
+        # numbered placeholders for a raw cursor; without parameters sent as it is
+        query, args = (_numbered(sql), list(params)) if params else (sql, None)
         with faults.driver():
             if self._ahead:  # the BEGIN (and pin) go with it, in one round trip
                 held, self._ahead = self._ahead, []
@@ -391,8 +401,9 @@ class Tx:
                 return present(cur, "the cursor of the statement sent with BEGIN")
             if self._search_path is not None and not self._in_transaction:
                 self.statements += 1  # the pin, sent in the same round trip
+                query = _pg(sql) if params else sql  # (psycopg's placeholders)
                 return connect.pinned(self._conn, self._search_path, query, args, binary)
-            return self._conn.execute(query, args, binary=binary)
+            return ahead.cursor(self._conn).execute(query, args, binary=binary)
 
     def notify(self, topic: str) -> None:
         """Publish wake-up ``topic`` once this transaction commits."""
