@@ -40,6 +40,12 @@ and its search path pinned in every transaction and autocommit statement
 and wake-ups listen on the direct ``listen_url``; a prepared statement the
 server does not know, while the store prepares, says which option stops it.
 
+Round trips: a transaction's ``BEGIN`` goes with its first statement, and
+the writes it held to its end with the expiry check before ``COMMIT``, the
+``COMMIT`` and its wake-ups, each group in one libpq pipeline (:mod:`.ahead`;
+the held writes' compare-and-sets then judged on the server: :mod:`.chain`).
+Statements go through a raw cursor, with PostgreSQL's numbered placeholders.
+
 The store's clock is the server's: inside a transaction ``now`` is
 ``clock_timestamp()`` read once the snapshot exists (``now()`` is the
 transaction's start there, which may predate commits the snapshot holds),
