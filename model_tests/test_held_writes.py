@@ -193,9 +193,10 @@ def _spy_pipelines(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     sent: list[list[str]] = []
     real = ahead.run
 
-    def run(conn: Any, statements: Any, *rest: Any, advisory: Any = None) -> None:
+    def run(conn: Any, statements: Any, *rest: Any, advisory: Any = None, **kw: Any) -> None:
+        assert kw.get("pipeline", True)  # (the tests that spy send pipelines)
         sent.append([sql for sql, _ in statements] + ([advisory[0]] if advisory else []))
-        real(conn, statements, *rest, advisory=advisory)
+        real(conn, statements, *rest, advisory=advisory, **kw)
 
     monkeypatch.setattr(ahead, "run", run)
     return sent
@@ -207,6 +208,7 @@ def test_held_writes_before_a_checked_commit_go_with_it(
     """On PostgreSQL a transaction of a read, a kept expiry and two held
     writes is two round trips: BEGIN with the read, then the held writes,
     the check before COMMIT and COMMIT; five statements, both writes stored."""
+    pg_store.db.pipelines = True  # (where a round trip is long: see ahead.py)
     for sid in ("a", "b"):
         pg_store.sessions.create(sid)
     sent = _spy_pipelines(monkeypatch)
@@ -230,6 +232,7 @@ def test_a_held_write_sent_with_the_commit_that_lost_its_race_commits_nothing(
     race is retried and then ``TransactionConflictError``, naming the write.
     Control: with the statement's mark (``chain.mark``) always ``'ok'``, the
     server commits the write before it (the defect the check stops)."""
+    pg_store.db.pipelines = True  # (where a round trip is long: see ahead.py)
     from turnkeeper.storage.postgres import chain
 
     pg_store.sessions.create("a")
@@ -253,6 +256,7 @@ def test_an_expiry_checked_with_held_writes_commits_nothing(
     """The expiry kept before held writes sent with the COMMIT has passed:
     the check fails (``LAPSED``), the kept error is raised, and neither the
     held writes nor anything else of the transaction is stored."""
+    pg_store.db.pipelines = True  # (where a round trip is long: see ahead.py)
     pg_store.sessions.create("a")
     writes = [(RETITLE, ["moved", "a"])]
     with pytest.raises(_Lapsed):
@@ -271,6 +275,7 @@ def test_wake_ups_sent_with_the_commit_never_fail_the_committed_write(
     answered as such. Control: with the pipeline's COMMIT taken as not
     committed (``db._committed``), the server's failure reaches the caller
     of the committed finish (the defect the guard stops)."""
+    pg_store.db.pipelines = True  # (where a round trip is long: see ahead.py)
     import psycopg
 
     from turnkeeper.storage.postgres import db as pg_db

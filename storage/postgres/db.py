@@ -148,6 +148,7 @@ class Opened:
     pool_timeout_s: float
     reconnect_delay_s: float
     reconnect_max_delay_s: float
+    pipelines: bool = False
 
 
 _NO_LOCKS = Dialect("postgres", skip_locked=False, one_statement_appends=True)
@@ -170,8 +171,10 @@ class Tx:
         *,
         locking: bool = True,
         search_path: str | None = None,
+        pipelines: bool = False,
     ) -> None:
         self.dialect = DIALECT if locking else _NO_LOCKS
+        self._pipelines = pipelines  # statements travel together (:mod:`.ahead`)
         self._conn = conn
         self._search_path = search_path  # pinned in an autocommit statement (pooler mode)
         self._clock = clock
@@ -208,7 +211,7 @@ class Tx:
         if held:
             self.statements += len(held)
             with faults.driver():
-                ahead.send(self._conn, held)
+                ahead.send(self._conn, held, pipeline=self._pipelines)
 
     def end(self, sql: str) -> None:
         """Send the statement that ends the transaction (``COMMIT``, the
@@ -306,7 +309,7 @@ class Tx:
             and bool(self._until)
             and self._clock is None
             and not self._ahead
-            and ahead.supported()
+            and self._pipelines
         )
 
     def commit_held(self, channel: str) -> None:
@@ -340,6 +343,7 @@ class Tx:
                     [(_numbered(sql), params), (check, None), ("COMMIT", None)],
                     self._cursors,
                     advisory=wake,
+                    pipeline=self._pipelines,
                 )
             except psycopg.Error:
                 if wake is None or not _committed(self._cursors):
@@ -403,7 +407,7 @@ class Tx:
             if self._ahead:  # the BEGIN (and pin) go with it, in one round trip
                 held, self._ahead = self._ahead, []
                 self.statements += len(held)
-                cur = ahead.send(self._conn, held, query, args, binary)
+                cur = ahead.send(self._conn, held, query, args, binary, self._pipelines)
                 return present(cur, "the cursor of the statement sent with BEGIN")
             if self._search_path is not None and not self._in_transaction:
                 self.statements += 1  # the pin, sent in the same round trip
@@ -523,6 +527,7 @@ class Database:
             ) as conn:
                 found = connect.probe(conn)
                 user = conn.info.user
+                pipelines = ahead.pays(conn)
         except psycopg.Error as exc:
             refused = connect.refused(exc, redacted)
             if refused is not None:
@@ -539,6 +544,7 @@ class Database:
             pool_timeout_s,
             reconnect_delay_s,
             reconnect_max_delay_s,
+            pipelines,
         )
         """What it was opened with and found (for a twin: ``storage/postgres/native.py``)."""
         self._adopt(self.opened)
@@ -592,6 +598,11 @@ class Database:
         self._prepared = self.pooler != "transaction"
         self.pool_size = opened.pool_size
         """The most connections this store object holds at once."""
+        self.pipelines = opened.pipelines
+        """Whether transactions send their statements in libpq pipelines
+        (:mod:`.ahead`: ``BEGIN`` with the first statement; held writes with
+        the expiry check, ``COMMIT`` and wake-ups): chosen at open, where the
+        server's round trip is long enough for them to pay; may be set."""
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -699,7 +710,14 @@ class Database:
             nonlocal statements
             with self.connection() as conn:
                 may_lock = transaction and (commit or locking) and not self.read_only
-                tx = Tx(conn, self.clock, transaction, locking=may_lock, search_path=self._pinned)
+                tx = Tx(
+                    conn,
+                    self.clock,
+                    transaction,
+                    locking=may_lock,
+                    search_path=self._pinned,
+                    pipelines=self.pipelines,
+                )
                 try:
                     if transaction:
                         tx.begin(self._begin(commit, locking, isolation))
