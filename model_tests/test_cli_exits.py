@@ -1,12 +1,15 @@
 """Every CLI command keeps the README's exit statuses: 0 done; 1 ran and found
 failures; 2 refused, with ONE line on stderr and no traceback (a turnkeeper
 error, a bad option value, a path that cannot be read or written, an unknown
-id); 130 interrupted."""
+id); 130 interrupted; 141 when the reader of stdout stopped (``| head``),
+quietly."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -183,3 +186,47 @@ def test_export_writes_to_a_fifo_or_device_and_never_replaces_it(tmp_path: Path)
         full = run("export", "--db", str(db), "s1", "-o", "/dev/full")
         assert full.exit_code == 2
         assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+
+# -- a reader that stops early (`| head`) --------------------------------------------------
+
+
+@pytest.fixture
+def long_db(tmp_path: Path) -> str:
+    """A session ``long`` whose export and listing far outgrow a pipe's buffer."""
+    path = str(tmp_path / "long.duckdb")
+    with turnkeeper.open_store(path) as store:
+        store.sessions.create("long")
+        text = "x" * 200
+        store.sessions.append_many(
+            "long",
+            [("message", {"message": {"role": "user", "content": text}}) for _ in range(2_000)],
+        )
+    return path
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["export", "long"], ["sessions", "show", "long", "--flat"]],
+)
+def test_a_reader_that_stops_early_ends_the_command_quietly_with_141(
+    long_db: str, args: list[str]
+) -> None:
+    """``turnkeeper export long | head -1``: 141 (128 + SIGPIPE, as a shell
+    reports coreutils ended by a closed pipe), nothing on stderr; before, click's
+    and rich's own handling exited 1, the status of a command that found
+    failures. Each command here writes many times, so one write meets the
+    closed pipe whatever the timing (a command whose last write is cut short
+    instead exits 0: Python reports no error for a write the pipe took in
+    part)."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "turnkeeper.cli.main", *args, "--db", long_db],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert child.stdout is not None and child.stderr is not None
+    assert child.stdout.readline()
+    child.stdout.close()
+    stderr = child.stderr.read().decode()
+    assert child.wait(timeout=120) == 141, stderr
+    assert stderr == ""

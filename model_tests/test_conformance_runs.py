@@ -138,6 +138,25 @@ def test_repeating_the_same_terminalization_is_idempotent(store, sid):
     assert (len(store.sessions.entries(sid)), count(store, "run_events")) == before
 
 
+def test_a_repeated_finish_keeps_the_first_reply_and_writes_nothing_of_its_own(store, sid):
+    """The first finish stands (README, "A turn in three transactions"): a
+    repeat in the same status with another reply, more entries or another
+    stop reason returns the stored run and stores none of them."""
+    run = store.runs.admit(sid, {"n": 1}, user_message=USER, start=True)
+    first = store.runs.finish(run.id, "succeeded", assistant_message=ASSISTANT)
+    before = (store.sessions.entries(sid), count(store, "run_events"))
+    again = store.runs.finish(
+        run.id,
+        "succeeded",
+        assistant_message={"role": "assistant", "content": "another reply"},
+        entries=[("message", {"message": {"role": "user", "content": "more"}})],
+        stop_reason="length",
+    )
+    assert again == first == store.runs.get(run.id)
+    assert (store.sessions.entries(sid), count(store, "run_events")) == before
+    assert store.sessions.replay(sid).messages[-1] == ASSISTANT
+
+
 def test_a_terminal_run_is_never_revived_or_re_ended(store, sid):
     run = store.runs.admit(sid, {"n": 1})
     store.runs.finish(run.id, "abandoned")

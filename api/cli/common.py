@@ -12,6 +12,7 @@ Audit failures and per-file import failures exit with 1; an interrupt
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -40,6 +41,10 @@ EXIT_ERROR = 2
 
 EXIT_INTERRUPTED = 130
 """Exit status after an interrupt (Ctrl-C): 128 + SIGINT, as shells report it."""
+
+EXIT_PIPE_CLOSED = 141
+"""Exit status when the reader of stdout stopped reading (``| head``): 128 +
+SIGPIPE, as shells report a command that a closed pipe ended, quietly."""
 
 
 class CliError(Exception):
@@ -117,9 +122,19 @@ PIPE_WIDTH = 160
 """Columns rich lays out for when stdout is not a terminal and ``COLUMNS`` is unset."""
 
 
+class _PipeConsole(Console):
+    """A rich console whose closed stdout is the command's ``EPIPE`` (exit
+    :data:`EXIT_PIPE_CLOSED`), not rich's own exit 1, which is
+    :data:`EXIT_FAILED`'s status."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, "stdout closed")
+
+
 def stdout_console() -> Console:
     """A rich console on stdout (plain text, :data:`PIPE_WIDTH` wide, when not a terminal)."""
-    console = Console(highlight=False)
+    console = _PipeConsole(highlight=False)
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console.width = PIPE_WIDTH
     return console

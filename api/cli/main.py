@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
+import sys
 from typing import Any
 
 import click
@@ -28,6 +30,7 @@ from .common import (
     EXIT_ERROR,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
+    EXIT_PIPE_CLOSED,
     CliError,
     db_option,
     dumps,
@@ -81,8 +84,8 @@ class TurnkeeperGroup(click.Group):
         except CliError as exc:
             click.echo(f"turnkeeper: error: {one_line(str(exc))}", err=True)
         except OSError as exc:
-            if exc.errno == errno.EPIPE:
-                raise  # stdout closed early (`| head`): click exits quietly
+            if exc.errno == errno.EPIPE:  # stdout closed early (`| head`)
+                ctx.exit(_pipe_closed())
             click.echo(f"turnkeeper: error: {type(exc).__name__}: {one_line(str(exc))}", err=True)
         except KeyboardInterrupt:
             click.echo("turnkeeper: interrupted", err=True)
@@ -152,7 +155,23 @@ def main() -> None:
     connection-retry log lines are silenced: a failure is the one line the
     command prints."""
     logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
-    cli(prog_name="turnkeeper")
+    try:
+        cli(prog_name="turnkeeper")
+    except SystemExit:
+        try:  # what is still buffered meets a closed pipe here, not at shutdown
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise SystemExit(_pipe_closed()) from None
+        raise
+
+
+def _pipe_closed() -> int:
+    """Point stdout at ``/dev/null`` (so nothing more fails writing to it, nor
+    the interpreter's last flush) and return :data:`EXIT_PIPE_CLOSED`."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_PIPE_CLOSED
 
 
 if __name__ == "__main__":
