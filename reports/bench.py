@@ -1041,26 +1041,59 @@ def main_replay() -> int:
     return 0
 
 
+def default_threads_store(path: str) -> turnkeeper.BaseStore:
+    """A DuckDB store on ``path`` opened with DuckDB's default worker threads
+    (one per core) instead of the store's ``threads = 1``
+    (``storage/duck/dialect.py`` ``THREADS``): the turn before that step, timed
+    beside the store's. Each file is a DuckDB instance of its own, so the
+    setting holds for this file only."""
+    from turnkeeper.storage.duck import dialect
+
+    settings = dialect.CONNECTION_SETTINGS
+    dialect.CONNECTION_SETTINGS = tuple(s for s in settings if s[0] != dialect.THREADS[0])
+    try:
+        return turnkeeper.open_store(path)
+    finally:
+        dialect.CONNECTION_SETTINGS = settings
+
+
 def turn_rows() -> int:
     """``reports/bench.py turn``: only the turn's rows (issue 21 part 2), on
     DuckDB and, with ``TURNKEEPER_TEST_PG``, PostgreSQL: the three-transaction
     turn × floor (median [min–max] over :data:`REPS`, the floor timed right
     before each), its milliseconds, the turn × a three-step DBOS workflow
     (:func:`dbos_peer`: SQLite beside DuckDB, the same server beside
-    PostgreSQL) and its statements per phase. Printed, not
+    PostgreSQL) and its statements per phase. On DuckDB also the same turn on
+    a store at DuckDB's default threads (:func:`default_threads_store`, the
+    code before ``threads = 1``), timed in the same repetitions, and the
+    ratio of the two per repetition. Printed, not
     written to ``reports/BENCH.md`` (``make bench`` writes that)."""
 
-    def row(name: str, store: turnkeeper.BaseStore, floor: Op, dbos_url: str) -> None:
+    def row(
+        name: str,
+        store: turnkeeper.BaseStore,
+        floor: Op,
+        dbos_url: str,
+        before: turnkeeper.BaseStore | None = None,
+    ) -> None:
         store.sessions.create("runs")
         lease = store.leases.acquire("session:runs", "bench", 3600, purpose="execution")
         turn = timed(lambda: three_transaction_turn(store, "runs", lease, USER))
-        ratios, floors, spent = [], [], []
+        other: Op | None = None
+        if before is not None:
+            before.sessions.create("runs")
+            held = before.leases.acquire("session:runs", "bench", 3600, purpose="execution")
+            other = timed(lambda: three_transaction_turn(before, "runs", held, USER))
+        ratios, floors, spent, was, was_ratios = [], [], [], [], []
         for _ in range(REPS):
             base = per_call(floor)
             took = per_call(turn)
             floors.append(base)
             spent.append(took)
             ratios.append(took / base)
+            if other is not None:
+                was.append(per_call(other))
+                was_ratios.append(was[-1] / base)
         stmts = turn_statements(store)
         trips = turn_round_trips(store) if not isinstance(store, turnkeeper.DuckDBStore) else None
         dbos = dbos_peer(turn, dbos_url)
@@ -1081,9 +1114,23 @@ def turn_rows() -> int:
             )
             + f"{os.cpu_count()} cores, load average {[round(x, 2) for x in os.getloadavg()]}"
         )
+        if was:
+            now_over_was = [a / b for a, b in zip(spent, was, strict=True)]
+            print(
+                f"{name}: the same turn at DuckDB's default threads (before threads = 1): "
+                f"{statistics.median(was_ratios):.2f}× floor "
+                f"[{min(was_ratios):.2f}–{max(was_ratios):.2f}], "
+                f"{statistics.median(was) * 1000:.3f} ms; threads = 1 / default, per "
+                f"repetition: {statistics.median(now_over_was):.3f} "
+                f"[{min(now_over_was):.3f}–{max(now_over_was):.3f}]"
+            )
 
-    with tempfile.TemporaryDirectory() as tmp, turnkeeper.open_store(f"{tmp}/s.duckdb") as store:
-        row("duckdb", store, duck_floor(tmp), f"sqlite:///{tmp}/dbos.sqlite")
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        turnkeeper.open_store(f"{tmp}/s.duckdb") as store,
+        default_threads_store(f"{tmp}/before.duckdb") as before,
+    ):
+        row("duckdb", store, duck_floor(tmp), f"sqlite:///{tmp}/dbos.sqlite", before)
     url = os.environ.get("TURNKEEPER_TEST_PG")
     if url:
         schema = pg_schema(url)

@@ -172,6 +172,9 @@ def is_conflict(exc: duckdb.Error) -> bool:
     return isinstance(exc, duckdb.ConstraintException) and "duplicate key" in text
 
 
+THREADS = ("threads", "1")
+"""DuckDB's worker threads for the store's database: ``(setting, value)``."""
+
 CONNECTION_SETTINGS = (
     ("TimeZone", "Etc/UTC", "SET TimeZone = 'UTC'"),
     ("python_enable_replacements", "false", "SET GLOBAL python_enable_replacements = false"),
@@ -179,6 +182,13 @@ CONNECTION_SETTINGS = (
     # list of them, which its index takes (see storage.backend.keyed): a merged
     # group of up to GROUP_MAX appends reads its sessions and leases by index.
     ("dynamic_or_filter_threshold", "64", "SET GLOBAL dynamic_or_filter_threshold = 64"),
+    # Each statement runs on its caller's thread alone. With DuckDB's default
+    # (one worker per core) every statement's tasks are handed to the pool and
+    # waited for, a fixed cost per statement that a turn of 27 statements pays
+    # 27 times (docs/duckdb-turn-profile.md: about a tenth of a turn, more under
+    # load); the store's writers are its callers' threads, which run their
+    # statements side by side all the same.
+    (THREADS[0], THREADS[1], f"SET GLOBAL threads = {THREADS[1]}"),
     ("enable_external_access", "false", "SET enable_external_access = false"),
     ("lock_configuration", "true", "SET lock_configuration = true"),
 )
