@@ -169,3 +169,144 @@ def test_held_run_events_follow_a_cursor_left_behind_on_a_server(
     seqs = [e.seq for e in store.runs.events("a")]
     assert seqs == list(range(1, 6))  # admit, start, succeeded, admit, start
     assert store.runs.latest_event_seq(second.id) == 5
+
+
+class _Lapsed(Exception):
+    """The error a test's lease expiry keeps (``Tx.valid_until``)."""
+
+
+def _checked_commit(tx: Any, writes: list[tuple[str, list[str]]], expires_in_s: float) -> None:
+    """A body whose COMMIT the server checks (an expiry kept by ``valid_until``,
+    as a fenced read keeps its lease's), ending in held compare-and-sets."""
+    from datetime import UTC, datetime, timedelta
+
+    tx.one(TITLE, ["a"])  # the first statement (BEGIN goes with it)
+    tx.valid_until(datetime.now(UTC) + timedelta(seconds=expires_in_s), _Lapsed("expired"))
+    for sql, params in writes:
+        tx.later(sql, params, changes=1)
+
+
+def _spy_pipelines(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The SQL of each round trip ``storage/postgres/ahead.py`` sends."""
+    from turnkeeper.storage.postgres import ahead
+
+    sent: list[list[str]] = []
+    real = ahead.run
+
+    def run(conn: Any, statements: Any, *rest: Any, advisory: Any = None, **kw: Any) -> None:
+        assert kw.get("pipeline", True)  # (the tests that spy send pipelines)
+        sent.append([sql for sql, _ in statements] + ([advisory[0]] if advisory else []))
+        real(conn, statements, *rest, advisory=advisory, **kw)
+
+    monkeypatch.setattr(ahead, "run", run)
+    return sent
+
+
+def test_held_writes_before_a_checked_commit_go_with_it(
+    pg_store: turnkeeper.BaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL a transaction of a read, a kept expiry and two held
+    writes is two round trips: BEGIN with the read, then the held writes,
+    the check before COMMIT and COMMIT; five statements, both writes stored."""
+    pg_store.db.pipelines = True  # (where a round trip is long: see ahead.py)
+    for sid in ("a", "b"):
+        pg_store.sessions.create(sid)
+    sent = _spy_pipelines(monkeypatch)
+    writes = [(RETITLE, ["t-a", "a"]), (RETITLE, ["t-b", "b"])]
+    pg_store.db.write("checked", lambda tx: _checked_commit(tx, writes, 3600))
+    assert [[sql.split()[0] for sql in trip] for trip in sent] == [
+        ["BEGIN", "SELECT"],
+        ["WITH", "DO", "COMMIT"],
+    ]
+    pinned = through_pooler()
+    assert pg_store.statement_stats()["checked"]["statements_per_call"] == 5 + pinned
+    assert [pg_store.sessions.get(s).title for s in ("a", "b")] == ["t-a", "t-b"]
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["guard", "control"])
+def test_a_held_write_sent_with_the_commit_that_lost_its_race_commits_nothing(
+    pg_store: turnkeeper.BaseStore, monkeypatch: pytest.MonkeyPatch, guarded: bool
+) -> None:
+    """A held compare-and-set sent with the COMMIT that finds no row: the
+    server's check before COMMIT fails (``chain.HELD``), nothing commits, the
+    race is retried and then ``TransactionConflictError``, naming the write.
+    Control: with the statement's mark (``chain.mark``) always ``'ok'``, the
+    server commits the write before it (the defect the check stops)."""
+    pg_store.db.pipelines = True  # (where a round trip is long: see ahead.py)
+    from turnkeeper.storage.postgres import chain
+
+    pg_store.sessions.create("a")
+    if not guarded:
+        monkeypatch.setattr(chain, "mark", lambda held: f"set_config('{chain.MARK}', 'ok', true)")
+    writes = [(RETITLE, ["moved", "a"]), (RETITLE, ["never", "no-such-session"])]
+    body = lambda tx: _checked_commit(tx, writes, 3600)  # noqa: E731
+    if guarded:
+        with pytest.raises(turnkeeper.TransactionConflictError) as err:
+            pg_store.db.write("held_cas", body)
+        assert "a held write changed 0 rows, not 1: UPDATE sessions" in str(err.value)
+        assert pg_store.sessions.get("a").title is None
+    else:
+        pg_store.db.write("held_cas", body)
+        assert pg_store.sessions.get("a").title == "moved"
+
+
+def test_an_expiry_checked_with_held_writes_commits_nothing(
+    pg_store: turnkeeper.BaseStore,
+) -> None:
+    """The expiry kept before held writes sent with the COMMIT has passed:
+    the check fails (``LAPSED``), the kept error is raised, and neither the
+    held writes nor anything else of the transaction is stored."""
+    pg_store.db.pipelines = True  # (where a round trip is long: see ahead.py)
+    pg_store.sessions.create("a")
+    writes = [(RETITLE, ["moved", "a"])]
+    with pytest.raises(_Lapsed):
+        pg_store.db.write("lapsed", lambda tx: _checked_commit(tx, writes, -1))
+    assert pg_store.sessions.get("a").title is None
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["guard", "control"])
+@pytest.mark.parametrize("fault", ["server", "driver"])
+def test_wake_ups_sent_with_the_commit_never_fail_the_committed_write(
+    pg_store: turnkeeper.BaseStore, monkeypatch: pytest.MonkeyPatch, guarded: bool, fault: str
+) -> None:
+    """A fenced finish sends its held writes, the check, COMMIT and its
+    wake-ups in one round trip: the wake-ups failing there (on the server,
+    or psycopg failing to send them) leaves the finish committed and
+    answered as such. Control: with the pipeline's COMMIT taken as not
+    committed (``db._committed``), the server's failure reaches the caller
+    of the committed finish (the defect the guard stops)."""
+    pg_store.db.pipelines = True  # (where a round trip is long: see ahead.py)
+    import psycopg
+
+    from turnkeeper.storage.postgres import db as pg_db
+    from turnkeeper.storage.postgres import notify
+
+    pg_store.sessions.create("s")
+    lease = pg_store.leases.acquire("session:s", "w", 600, purpose="execution")
+    run = pg_store.runs.admit("s", {"q": 1}, user_message=USER, lease=lease, start=True)
+    if fault == "server":
+        monkeypatch.setattr(notify, "statement", lambda name, topics: ("SELECT 1/0", None))
+    else:
+        real = psycopg.Connection.execute
+
+        def execute(conn: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            if query == notify.SQL:
+                raise ValueError("a driver fault while notifying")
+            return real(conn, query, *args, **kwargs)
+
+        monkeypatch.setattr(psycopg.Connection, "execute", execute)
+    if not guarded:
+        monkeypatch.setattr(pg_db, "_committed", lambda cursors: False)
+    sent = _spy_pipelines(monkeypatch)
+
+    def finish() -> None:
+        pg_store.runs.finish(run.id, "succeeded", assistant_message=REPLY, lease=lease)
+
+    if guarded or fault == "driver":  # (psycopg never sent the driver's: nothing failed)
+        finish()
+    else:
+        with pytest.raises(turnkeeper.TurnkeeperError):
+            finish()
+    assert sent[-1][2:] == ["COMMIT", notify.SQL if fault == "driver" else "SELECT 1/0"]
+    monkeypatch.undo()
+    assert pg_store.runs.get(run.id).status == "succeeded"

@@ -232,9 +232,8 @@ def test_the_counter_counts_every_statement_the_driver_sends(
 
     from turnkeeper.storage.postgres import notify
 
-    if not counted:
-        real_send = notify.send
-        monkeypatch.setattr(notify, "send", lambda *a: real_send(*a) and 0)
+    if not counted:  # (both ways of sending them: after the COMMIT, or with it)
+        monkeypatch.setattr(notify, "counted", lambda topics: 0)
     sent: list[str] = []
     for name in ("execute", "executemany", "copy"):
         real = getattr(psycopg.Cursor, name)
@@ -267,3 +266,49 @@ def test_the_counter_counts_every_statement_the_driver_sends(
         assert sum("pg_notify" in q for q in sent) >= 1  # the finish's wake-ups were sent
         assert (round(own() - before) == honest) is counted, (own() - before, honest, sent)
     store.close()
+
+
+ROUND_TRIPS = {"admit_run": 2, "append_many": 1, "finish_run": 2}
+"""Round trips per phase of the turn on PostgreSQL with pipelines (a server
+whose round trip is long: ``storage/postgres/ahead.py``), at most (through a
+transaction pooler too: the pin goes in the same pipelines). admit+start and
+finish: BEGIN with the fenced read (``storage/postgres/ahead.py``), then the
+held writes with the expiry check, COMMIT and (finish) the wake-ups;
+``append_many``: one autocommit statement. (Before the pipelines: 4, 1 and 6.)"""
+
+
+@pytest.mark.postgres
+def test_a_turn_costs_at_most_its_round_trips() -> None:
+    """The round trips of the bench's turn (its second, on a new session),
+    as ``reports/bench.py`` counts them from libpq's protocol trace of each
+    connection the store lends: each simple ``Query`` and each ``Sync`` (a
+    pipeline's end) the client sends is one wait for the server."""
+    store = open_pg(new_pg_schema())
+    store.db.pipelines = True  # (as a store does where a round trip is long: see ahead.py)
+    counted = _bench().turn_round_trips(store)
+    spent = {op: counted[op] for op in PHASES}
+    assert spent == {op: min(spent[op], n) for op, n in ROUND_TRIPS.items()}, spent
+    assert counted["total"] == sum(spent.values()) <= 5
+    store.close()
+
+
+@pytest.mark.postgres
+def test_a_store_sends_pipelines_only_where_a_round_trip_is_long(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A store measures its server's round trip at open and sends pipelines
+    only when it is at least ``ahead.PIPELINE_RTT_S`` (where they pay);
+    without them a turn is one round trip per statement sent (BEGIN its own:
+    more than the pipelined ceilings), with them within the ceilings."""
+    from turnkeeper.storage.postgres import ahead
+
+    for shortest, expected in ((3600.0, False), (0.0, ahead.supported())):
+        monkeypatch.setattr(ahead, "PIPELINE_RTT_S", shortest)
+        store = open_pg(new_pg_schema())
+        try:
+            assert store.db.pipelines is expected
+            trips = _bench().turn_round_trips(store)
+            within = all(trips[op] <= n for op, n in ROUND_TRIPS.items())
+            assert within is expected, trips
+        finally:
+            store.close()

@@ -202,6 +202,46 @@ def turn_statements(store: turnkeeper.BaseStore) -> dict[str, int]:
     return phases | {"total": sum(phases.values())}
 
 
+def turn_round_trips(store: turnkeeper.BaseStore) -> dict[str, int]:
+    """PostgreSQL only: the round trips one :func:`three_transaction_turn`
+    makes, per phase, and their total: its second turn on a new session,
+    counted from libpq's protocol trace (``PQtrace``, Linux) of each
+    connection the store lends (one per phase): each simple ``Query`` and
+    each ``Sync`` (a pipeline's end) the client sends is one wait for the
+    server, as ``model_tests/test_turn_statements.py`` counts it."""
+    import contextlib
+
+    session_id = f"trips{uuid.uuid4().hex[:8]}"
+    store.sessions.create(session_id)
+    lease = store.leases.acquire(f"session:{session_id}", "bench", 3600, purpose="execution")
+    three_transaction_turn(store, session_id, lease, USER)
+    db: Any = store.db
+    real = db.connection
+    lends: list[int] = []
+
+    @contextlib.contextmanager
+    def traced() -> Any:
+        with real() as conn, tempfile.TemporaryFile("w+") as out:
+            conn.pgconn.trace(out.fileno())
+            try:
+                yield conn
+            finally:
+                conn.pgconn.untrace()
+                out.seek(0)
+                sent = [line.split("\t") for line in out if line.count("\t") >= 3]
+                lends.append(
+                    sum(f[1] == "F" and f[3].split()[0] in ("Query", "Sync") for f in sent)
+                )
+
+    db.connection = traced  # this store object's lends only, for one turn
+    try:
+        three_transaction_turn(store, session_id, lease, USER)
+    finally:
+        del db.connection
+    phases = dict(zip(TURN_PHASES, lends, strict=True))
+    return phases | {"total": sum(phases.values())}
+
+
 def operations(store: turnkeeper.BaseStore, cold: turnkeeper.BaseStore) -> dict[str, Op]:
     """The rows of the table: name → one timed call (per entry for the batch).
     ``cold`` is a second store object on the same database with its replay
@@ -793,6 +833,11 @@ def measure(
             for name, r in ratios.items()
         },
         "statements_per_turn": turn_statements(store),
+        **(
+            {"round_trips_per_turn": turn_round_trips(store)}
+            if not isinstance(store, turnkeeper.DuckDBStore)
+            else {}
+        ),
         "threads": multiples({n: threads(store, n) for n in (1, 4, 16)}),
         "statements_per_call": {
             op: round(s["statements_per_call"], 2)
@@ -1050,6 +1095,7 @@ def turn_rows() -> int:
                 was.append(per_call(other))
                 was_ratios.append(was[-1] / base)
         stmts = turn_statements(store)
+        trips = turn_round_trips(store) if not isinstance(store, turnkeeper.DuckDBStore) else None
         dbos = dbos_peer(turn, dbos_url)
         versus = (
             f"{dbos['median']}× DBOS [{dbos['min']}–{dbos['max']}]" if "median" in dbos else dbos
@@ -1060,7 +1106,13 @@ def turn_rows() -> int:
             f"(floor {statistics.median(floors) * 1000:.3f} ms); {versus}; "
             f"statements {stmts['total']} "
             f"({' / '.join(f'{op} {stmts[op]}' for op in TURN_PHASES)}); "
-            f"{os.cpu_count()} cores, load average {[round(x, 2) for x in os.getloadavg()]}"
+            + (
+                f"round trips {trips['total']} "
+                f"({' / '.join(str(trips[op]) for op in TURN_PHASES)}); "
+                if trips
+                else ""
+            )
+            + f"{os.cpu_count()} cores, load average {[round(x, 2) for x in os.getloadavg()]}"
         )
         if was:
             now_over_was = [a / b for a, b in zip(spent, was, strict=True)]

@@ -295,7 +295,8 @@ def creates_in_temporary(found: Probe, user: str) -> bool:
 
 def pin_sql(path: str) -> str:
     """The ``SET LOCAL`` that pins a transaction's search_path to ``path``
-    (:func:`pinned_path`), sent in one simple query with its ``BEGIN``."""
+    (:func:`pinned_path`), sent in one pipeline with its ``BEGIN`` and its
+    first statement (:mod:`.ahead`)."""
     return f"SET LOCAL search_path TO {path or repr('')}"
 
 

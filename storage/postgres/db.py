@@ -40,6 +40,12 @@ and its search path pinned in every transaction and autocommit statement
 and wake-ups listen on the direct ``listen_url``; a prepared statement the
 server does not know, while the store prepares, says which option stops it.
 
+Round trips: a transaction's ``BEGIN`` goes with its first statement, and
+the writes it held to its end with the expiry check before ``COMMIT``, the
+``COMMIT`` and its wake-ups, each group in one libpq pipeline (:mod:`.ahead`;
+the held writes' compare-and-sets then judged on the server: :mod:`.chain`).
+Statements go through a raw cursor, with PostgreSQL's numbered placeholders.
+
 The store's clock is the server's: inside a transaction ``now`` is
 ``clock_timestamp()`` read once the snapshot exists (``now()`` is the
 transaction's start there, which may predate commits the snapshot holds),
@@ -56,6 +62,7 @@ strings stay equal. JSON is stored as text (``jsonb`` refuses ``\\u0000``).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 import threading
 import time
@@ -79,7 +86,7 @@ from ..crypto.keyring import CLEAR, Keyring
 from ..migrations import load
 from ..retry import Gate, Stats, run_attempts
 from ..wakeups import Signals, Subscription, Topic
-from . import chain, connect, faults, notify, text
+from . import ahead, chain, connect, faults, notify, text
 from .connect import redact
 from .faults import translate
 from .pool import POOL_TIMEOUT_S, RECONNECT_DELAY_S, RECONNECT_MAX_DELAY_S, Pool
@@ -100,6 +107,7 @@ MIGRATION_LOCK = 0x7475726E6B656570  # "turnkeep"
 """The advisory lock key that serializes migrations of several processes."""
 
 _PLACEHOLDER = re.compile(r"%|\?")
+_QUESTION = re.compile(r"\?")
 
 
 @lru_cache(maxsize=1024)
@@ -107,6 +115,14 @@ def _pg(sql: str) -> str:
     """The domain SQL's ``?`` placeholders as psycopg's ``%s`` (a literal ``%``
     doubled); the domain SQL holds no ``?`` inside literals."""
     return _PLACEHOLDER.sub(lambda m: "%%" if m.group() == "%" else "%s", sql)
+
+
+@lru_cache(maxsize=1024)
+def _numbered(sql: str) -> str:
+    """The domain SQL's ``?`` placeholders as PostgreSQL's ``$1``, ``$2`` … in
+    order, for a raw cursor (:func:`.ahead.cursor`; a ``%`` stays as written)."""
+    numbers = itertools.count(1)
+    return _QUESTION.sub(lambda m: f"${next(numbers)}", sql)
 
 
 _CONFLICT = (
@@ -133,6 +149,7 @@ class Opened:
     pool_timeout_s: float
     reconnect_delay_s: float
     reconnect_max_delay_s: float
+    pipelines: bool = False
 
 
 _NO_LOCKS = Dialect("postgres", skip_locked=False, one_statement_appends=True)
@@ -155,9 +172,11 @@ class Tx:
         *,
         locking: bool = True,
         search_path: str | None = None,
+        pipelines: bool = False,
     ) -> None:
         self.dialect = DIALECT if locking else _NO_LOCKS
         self.keys: Keyring = CLEAR
+        self._pipelines = pipelines  # statements travel together (:mod:`.ahead`)
         self._conn = conn
         self._search_path = search_path  # pinned in an autocommit statement (pooler mode)
         self._clock = clock
@@ -169,11 +188,41 @@ class Tx:
         self.committing = False
         self.pending: list[str] = []
         self._held: list[chain.Held] = []
+        self._ahead: list[str] = []  # BEGIN and its pin, not sent yet (:mod:`.ahead`)
+        self._judged: list[chain.Held] = []  # the held writes sent with COMMIT
+        self._cursors: list[psycopg.Cursor[Any]] = []  # … and their statements' cursors
 
     @property
     def conn(self) -> psycopg.Connection[Any]:
-        """The connection this transaction runs on."""
+        """The connection this transaction runs on (its ``BEGIN`` sent first,
+        if still held: the caller runs statements on it directly)."""
+        self._send_ahead()
         return self._conn
+
+    def begin(self, statements: Sequence[str]) -> None:
+        """Open the transaction with ``statements`` (its ``BEGIN``, and the
+        pin of its search_path behind a transaction pooler: parameterless,
+        one command each), sent with its next statement in one round trip
+        (:mod:`.ahead`); each is counted as it is sent."""
+        self._ahead = list(statements)
+
+    def _send_ahead(self) -> None:
+        """Send the statements :meth:`begin` holds, alone (a ``COPY`` or a
+        simple query of two commands cannot go in a pipeline with them)."""
+        held, self._ahead = self._ahead, []
+        if held:
+            self.statements += len(held)
+            with faults.driver():
+                ahead.send(self._conn, held, pipeline=self._pipelines)
+
+    def end(self, sql: str) -> None:
+        """Send the statement that ends the transaction (``COMMIT``, the
+        expiry check and ``COMMIT``: :meth:`commit_statement`, or
+        ``ROLLBACK``); a ``BEGIN`` still held (the body ran no statement)
+        goes with a one-command ending, else before it."""
+        if sql not in ("COMMIT", "ROLLBACK"):
+            self._send_ahead()
+        self.exec(sql)
 
     @property
     def now(self) -> datetime | None:
@@ -225,20 +274,96 @@ class Tx:
             the kept error of the earliest expiry, when it has passed by the
             injected clock (a server's check fails with :data:`LAPSED`).
         """
+        check = self._commit_check()
+        return "COMMIT" if check is None else f"{check}; COMMIT"
+
+    def _commit_check(self, held: bool = False) -> str | None:
+        """The ``DO`` block that checks the earliest expiry :meth:`valid_until`
+        kept against the server's clock (first, with ``held``, the mark of
+        the held writes: :data:`.chain.HELD_CHECK`); ``None`` when there is
+        nothing for the server to check.
+
+        Raises:
+            the kept error of the earliest expiry, when it has passed by the
+            injected clock.
+        """
         if not self._until:
-            return "COMMIT"
+            return None
         expires_at, lost = min(self._until, key=lambda u: u[0])
         if self._clock is not None:
             if expires_at <= check_clock(self._clock()):
                 raise lost
-            return "COMMIT"
+            return None
         at = expires_at.astimezone(UTC).isoformat()
         return (
-            "DO $lapse$BEGIN IF clock_timestamp() >= "
+            f"DO $lapse$BEGIN {chain.HELD_CHECK if held else ''}IF clock_timestamp() >= "
             f"'{at}'::TIMESTAMPTZ THEN RAISE EXCEPTION USING ERRCODE = '{LAPSED}', "
-            "MESSAGE = 'turnkeeper: a fenced lease expired before COMMIT'; END IF; END$lapse$; "
-            "COMMIT"
+            "MESSAGE = 'turnkeeper: a fenced lease expired before COMMIT'; END IF; END$lapse$"
         )
+
+    def commits_held(self) -> bool:
+        """Whether the writes still held go with the ``COMMIT``
+        (:meth:`commit_held`): there are some, and the server checks an
+        expiry before the ``COMMIT`` (so the check of their counts joins a
+        statement sent anyway)."""
+        return (
+            bool(self._held)
+            and bool(self._until)
+            and self._clock is None
+            and not self._ahead
+            and self._pipelines
+        )
+
+    def commit_held(self, channel: str) -> None:
+        """Send the held writes (one marked statement: :mod:`.chain`), the
+        check before ``COMMIT`` (their mark, then the expiry), ``COMMIT`` and
+        the wake-ups :meth:`notify` kept (on ``channel``, advisory: a failure
+        of theirs never fails the committed write) in one round trip
+        (:mod:`.ahead`); the server judges the held writes' counts, so
+        nothing commits when one lost its race.
+
+        Raises:
+            psycopg.Error: with SQLSTATE :data:`.chain.HELD` (a held write
+                changed another number of rows: :meth:`held_lost`) or
+                :data:`LAPSED` (the lease expired), or the server's own;
+                the ``COMMIT`` did not run.
+        """
+        held, self._held = self._held, []
+        sql, params = chain.statement(held, marked=True)
+        check = present(self._commit_check(held=True), "the expiry check before COMMIT")
+        self._judged = held
+        self._cursors = []
+        self.statements += 3
+        self._snapshot = True
+        topics, self.pending = self.pending, []
+        wake = notify.statement(channel, topics) if topics else None
+        self.statements += notify.counted(topics)
+        with faults.driver():
+            try:
+                ahead.run(
+                    self._conn,
+                    [(_numbered(sql), params), (check, None), ("COMMIT", None)],
+                    self._cursors,
+                    advisory=wake,
+                    pipeline=self._pipelines,
+                )
+            except psycopg.Error:
+                if wake is None or not _committed(self._cursors):
+                    raise  # (else the wake-ups failed after the COMMIT: advisory)
+
+    def held_lost(self) -> Conflict:
+        """The lost race :meth:`commit_held`'s check found (its error:
+        :data:`.chain.HELD`): the held write that changed another number of
+        rows, judged by the counts the marked statement returned."""
+        try:
+            with faults.driver():
+                row = self._cursors[0].fetchone() if self._cursors else None
+            chain.check(self._judged, present(row, "the counts of the held writes"))
+        except Conflict as exc:
+            return exc
+        except Exception:  # (no counts to name it by: the server's judgement stands)
+            pass
+        return Conflict("the check before COMMIT found a held write's count changed")
 
     def lapsed(self) -> Exception:
         """The kept error of the earliest expiry (its check failed as it committed)."""
@@ -278,13 +403,19 @@ class Tx:
             self.flush()
         self.statements += 1
         self._snapshot = self._snapshot or not sql.startswith("BEGIN")
-        # sent as it is without parameters: psycopg then reads no placeholders
-        query, args = (_pg(sql), list(params)) if params else (sql, None)
+        # numbered placeholders for a raw cursor; without parameters sent as it is
+        query, args = (_numbered(sql), list(params)) if params else (sql, None)
         with faults.driver():
+            if self._ahead:  # the BEGIN (and pin) go with it, in one round trip
+                held, self._ahead = self._ahead, []
+                self.statements += len(held)
+                cur = ahead.send(self._conn, held, query, args, binary, self._pipelines)
+                return present(cur, "the cursor of the statement sent with BEGIN")
             if self._search_path is not None and not self._in_transaction:
                 self.statements += 1  # the pin, sent in the same round trip
+                query = _pg(sql) if params else sql  # (psycopg's placeholders)
                 return connect.pinned(self._conn, self._search_path, query, args, binary)
-            return self._conn.execute(query, args, binary=binary)
+            return ahead.cursor(self._conn).execute(query, args, binary=binary)
 
     def notify(self, topic: str) -> None:
         """Publish wake-up ``topic`` once this transaction commits."""
@@ -328,6 +459,7 @@ class Tx:
         if not rows:
             return
         self.flush()
+        self._send_ahead()  # (a COPY cannot share a pipeline)
         if self._search_path is not None and not self._in_transaction:
             raise errors.InternalError(
                 detail="a bulk insert (COPY) runs only inside a transaction behind a "
@@ -397,6 +529,7 @@ class Database:
             ) as conn:
                 found = connect.probe(conn)
                 user = conn.info.user
+                pipelines = ahead.pays(conn)
         except psycopg.Error as exc:
             refused = connect.refused(exc, redacted)
             if refused is not None:
@@ -413,6 +546,7 @@ class Database:
             pool_timeout_s,
             reconnect_delay_s,
             reconnect_max_delay_s,
+            pipelines,
         )
         """What it was opened with and found (for a twin: ``storage/postgres/native.py``)."""
         self._adopt(self.opened)
@@ -467,6 +601,11 @@ class Database:
         self._prepared = self.pooler != "transaction"
         self.pool_size = opened.pool_size
         """The most connections this store object holds at once."""
+        self.pipelines = opened.pipelines
+        """Whether transactions send their statements in libpq pipelines
+        (:mod:`.ahead`: ``BEGIN`` with the first statement; held writes with
+        the expiry check, ``COMMIT`` and wake-ups): chosen at open, where the
+        server's round trip is long enough for them to pay; may be set."""
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -549,10 +688,13 @@ class Database:
         and the locks go at once. Read-only stores scan without locks."""
         return self._run(operation, body, True, True, commit=False, locking=True)
 
-    def _begin(self, commit: bool, locking: bool, isolation: str) -> str:
+    def _begin(self, commit: bool, locking: bool, isolation: str) -> list[str]:
+        """The statements that open a transaction: its ``BEGIN``, then behind a
+        transaction pooler the pin of its search_path (sent with the
+        transaction's first statement: :meth:`Tx.begin`)."""
         ro = ", READ ONLY" if self.read_only or not (commit or locking) else ""
-        pin = "" if self._pinned is None else f"; {connect.pin_sql(self._pinned)}"
-        return f"BEGIN ISOLATION LEVEL {isolation}{ro}{pin}"  # one simple query
+        pin = [] if self._pinned is None else [connect.pin_sql(self._pinned)]
+        return [f"BEGIN ISOLATION LEVEL {isolation}{ro}", *pin]
 
     def _run(
         self,
@@ -571,31 +713,45 @@ class Database:
             nonlocal statements
             with self.connection() as conn:
                 may_lock = transaction and (commit or locking) and not self.read_only
-                tx = Tx(conn, self.clock, transaction, locking=may_lock, search_path=self._pinned)
+                tx = Tx(
+                    conn,
+                    self.clock,
+                    transaction,
+                    locking=may_lock,
+                    search_path=self._pinned,
+                    pipelines=self.pipelines,
+                )
                 tx.keys = self.keyring
                 try:
                     if transaction:
-                        tx.exec(self._begin(commit, locking, isolation))
-                        tx.statements += self._pinned is not None  # its SET LOCAL, sent with it
+                        tx.begin(self._begin(commit, locking, isolation))
                     else:  # an autocommit write's statement is its commit
                         tx.committing = commit
                     # (bridge.committing: a native caller cancelled from here on
                     # lets the operation end; before, it cancels it, nothing written)
                     with bridge.committing(tx.committing):
                         result = body(tx)
-                        tx.flush()  # the held writes, before the COMMIT's judgement
+                        # the held writes: with the COMMIT when the server checks an
+                        # expiry before it, else now, judged before the COMMIT is sent
+                        with_commit = transaction and commit and tx.commits_held()
+                        if not with_commit:
+                            tx.flush()
                     if transaction:
-                        ending = tx.commit_statement() if commit else "ROLLBACK"
+                        ending = tx.commit_statement() if commit and not with_commit else "ROLLBACK"
                         tx.committing = commit
                     with bridge.committing(tx.committing):
-                        if transaction:
-                            tx.exec(ending)
+                        if with_commit:
+                            tx.commit_held(self.channel)
+                        elif transaction:
+                            tx.end(ending)
                             tx.statements += ending != "COMMIT" and commit  # the DO before it
                         if tx.pending:  # committed: wake the listening processes
                             tx.statements += notify.send(conn, self.channel, tx.pending)
                     return result
                 except psycopg.Error as exc:
                     lost = faults.settle(conn, transaction, exc)  # rolled back
+                    if exc.sqlstate == chain.HELD:  # a held write lost its race: retried,
+                        raise tx.held_lost() from None  # named as the judge in Python names it
                     if exc.sqlstate == LAPSED:  # the COMMIT's check: nothing committed
                         raise tx.lapsed() from exc
                     if retry and isinstance(exc, _CONFLICT):
@@ -812,6 +968,13 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
     """Set up a new pooled connection: the exact text code, UTC."""
     text.register(conn)
     conn.execute(SETUP_SQL)
+
+
+def _committed(cursors: Sequence[psycopg.Cursor[Any]]) -> bool:
+    """Whether the last of ``cursors`` (a pipeline's ``COMMIT``) committed."""
+    with contextlib.suppress(Exception):
+        return cursors[-1].statusmessage == "COMMIT"
+    return False
 
 
 def _rollback(conn: psycopg.Connection[Any], transaction: bool) -> None:

@@ -15,7 +15,8 @@ loop's thread, and other tasks run while it waits. Retries wait on the loop
 
 The proxies cover exactly what the backend does on a connection
 (``db.py``, ``faults.py``, ``connect.py``, ``notify.py``, ``query.py``,
-``text.py``): ``execute`` (with ``prepare``), ``pipeline``, ``cursor()`` and
+``text.py``, ``ahead.py``): ``execute`` (with ``prepare``), ``pipeline``,
+``raw_cursor()``, ``cursor()`` and
 named server-side cursors (``execute``, ``fetchone``, ``fetchmany``,
 ``fetchall``, ``nextset``, ``description``, ``rowcount``, ``adapters``,
 ``close``), ``COPY`` (``copy``, ``write_row``), and ``closed``, ``broken``,
@@ -167,6 +168,11 @@ class Connection:
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Cursor:
         return Cursor(await_only(self.aconn.execute(query, params, **kwargs)))
+
+    def raw_cursor(self) -> Cursor:
+        """A cursor that sends its SQL as written (``AsyncRawCursor``:
+        :func:`.ahead.cursor`)."""
+        return Cursor(psycopg.AsyncRawCursor(self.aconn))
 
     def cursor(self, name: str = "") -> Cursor:
         if name:

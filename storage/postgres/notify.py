@@ -37,20 +37,34 @@ def channel(schema: str | None) -> str:
     return f"turnkeeper:{schema or ''}"
 
 
+SQL = "SELECT pg_notify(%s, topic) FROM unnest(%s::TEXT[]) AS topic"
+"""The one statement that sends a commit's wake-ups (psycopg placeholders)."""
+
+
+def statement(name: str, topics: list[str]) -> tuple[str, list[Any]]:
+    """The statement that sends each of ``topics`` on channel ``name``, and its
+    parameters (the topics once each, in order)."""
+    return SQL, [name, list(dict.fromkeys(topics))]
+
+
+def counted(topics: list[str]) -> int:
+    """The statements that send ``topics``: one, or none when there is no topic."""
+    return 1 if topics else 0
+
+
 def send(conn: psycopg.Connection[Any], name: str, topics: list[str]) -> int:
     """Send each of ``topics`` on channel ``name`` (after its commit), all in
-    one statement; the number of statements sent (0 when there is no topic).
-    Never raises (but cancellation): a wake-up is advisory, and the write
+    one statement; the number of statements sent (:func:`counted`). Never
+    raises (but cancellation): a wake-up is advisory, and the write
     committed. The statement is a transaction of its own that writes no WAL
-    before its commit record, so its commit waits for no flush."""
+    before its commit record, so its commit waits for no flush. (A write
+    whose held writes go with its ``COMMIT`` sends it in that same round
+    trip instead: ``Tx.commit_held``.)"""
     if not topics:
         return 0
     with contextlib.suppress(Exception):  # a driver fault too (see .faults): advisory
-        conn.execute(
-            "SELECT pg_notify(%s, topic) FROM unnest(%s::TEXT[]) AS topic",
-            [name, list(dict.fromkeys(topics))],
-        )
-    return 1
+        conn.execute(*statement(name, topics))
+    return counted(topics)
 
 
 class Ready(Protocol):
