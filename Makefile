@@ -69,6 +69,12 @@ test: lint typecheck
 test-pgbouncer: install
 	$(BIN)/python model_tests/with_postgres.py --through-pgbouncer $(BIN)/python -m pytest
 
+# The conformance suite and the stateful machines again with encryption at rest on
+# (the store configurations duckdb+enc and postgres+enc; the tests that run over
+# them alone).
+test-encrypted: install
+	TURNKEEPER_TEST_ENCRYPTED=only $(BIN)/python model_tests/with_postgres.py $(BIN)/python -m pytest
+
 # Regenerates every file in reports/: the diagrams (deterministic) and the benchmark (measured).
 reports: install bench
 	$(BIN)/python reports/generate.py

@@ -63,7 +63,8 @@ BACKENDS = ["duckdb", "postgres"]
 ENCRYPTED_ENV = "TURNKEEPER_TEST_ENCRYPTED"
 """Set to ``1``: the ``store`` and ``any_store`` fixtures and the stateful
 machines run over :data:`ENCRYPTED` too (encryption at rest on, issue 23);
-``only``: over :data:`ENCRYPTED` alone (a CI job of its own)."""
+``only``: over :data:`ENCRYPTED` alone, and only the tests that run over them
+(``make test-encrypted``, a CI pass of its own)."""
 
 ENCRYPTED = ["duckdb+enc", "postgres+enc"]
 """Each backend with encryption at rest on (``open_store(..., encryption=TEST_KEYS)``)."""
@@ -251,6 +252,13 @@ def _on_postgres(item: pytest.Item) -> bool:
     )
 
 
+def _encrypted(item: pytest.Item) -> bool:
+    """Whether ``item`` runs over an encrypted configuration (:data:`ENCRYPTED`)."""
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params.values() if callspec is not None else ()
+    return any(isinstance(p, str) and p in ENCRYPTED for p in params)
+
+
 _LEFT_OUT: list[int] = []
 _SEARCHES_LEFT_OUT: list[int] = []
 _CORPUS_LEFT_OUT: list[int] = []
@@ -295,6 +303,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [i for i in items if not _uses_corpus(i)]
         config.hook.pytest_deselected(items=corpus)
         _CORPUS_LEFT_OUT.append(len(corpus))
+    if os.environ.get(ENCRYPTED_ENV) == "only":  # the encrypted configurations alone:
+        # every other test ran in the clear pass already
+        clear = [i for i in items if not _encrypted(i)]
+        items[:] = [i for i in items if _encrypted(i)]
+        config.hook.pytest_deselected(items=clear)
     if through_pooler():  # the PostgreSQL part, through PgBouncer: DuckDB's ran already
         # (and the tests forming servers of their own: the pooler changes nothing there)
         def ran(i: pytest.Item) -> bool:
