@@ -166,8 +166,8 @@ SESSION_READS = {
         "list_detailed: a listed session's message count"
     ),
     _lit(
-        "SELECT payload FROM entries WHERE session_id = ? AND kind = 'message' "
-        "AND (strpos(payload, ?) > 0 OR strpos(payload, ?) > 0) ORDER BY seq LIMIT ?"
+        "SELECT id, payload FROM entries WHERE session_id = ? AND CASE WHEN kind = 'message' "
+        "AND role = 'user' THEN session_id END IS NOT NULL ORDER BY seq LIMIT 1"
     ): "list_detailed: a listed session's first user message (its preview)",
     _lit(
         f"{_RUN} FROM runs WHERE session_id = ? AND status IN (?, ?, ?) ORDER BY started_at, id"

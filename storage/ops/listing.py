@@ -200,28 +200,21 @@ def _text(message: Any) -> str:
     return ""
 
 
-_USER_ROLE = ('"role":"user"', '"role": "user"')
-"""How a stored payload spells a user message's role (compact JSON, or spaced)."""
-
-CANDIDATE_ROWS = 20
-"""Messages a preview reads that spell a user role, the first that is one wins."""
-
-
 def _preview(tx: Tx, session_id: str) -> str:
-    match = entry_rows.or_sealed(tx, "(strpos(payload, ?) > 0 OR strpos(payload, ?) > 0)")
-    rows = tx.rows(
-        "SELECT id, payload FROM entries WHERE session_id = ? AND kind = 'message' "
-        f"AND {match} ORDER BY seq LIMIT ?",
-        [session_id, *_USER_ROLE, CANDIDATE_ROWS],
+    """The text of the session's first user message (by its clear ``role``,
+    ``spec/clear_facts.py``: a sealed payload is opened only for the one
+    row), cut to :data:`PREVIEW_CHARS`; ``""`` when it has none."""
+    first_user = keyed("session_id", "kind = 'message' AND role = 'user'")
+    row = tx.one(
+        f"SELECT id, payload FROM entries WHERE {first_user} ORDER BY seq LIMIT 1", [session_id]
     )
-    for entry_id, payload in rows:  # the spelling may sit inside another message's content
-        message = entry_rows.payload_of(tx, session_id, entry_id, payload).get("message")
-        if isinstance(message, dict) and message.get("role") == "user":
-            text = " ".join(_text(message).split())
-            if len(text) > PREVIEW_CHARS:
-                text = text[: PREVIEW_CHARS - 1] + "\u2026"
-            return text
-    return ""
+    if row is None:
+        return ""
+    message = entry_rows.payload_of(tx, session_id, row[0], row[1]).get("message")
+    text = " ".join(_text(message).split())
+    if len(text) > PREVIEW_CHARS:
+        text = text[: PREVIEW_CHARS - 1] + "\u2026"
+    return text
 
 
 def details(tx: Tx, sessions: Sequence[Session]) -> list[SessionDetail]:
