@@ -190,3 +190,13 @@ _JSON = st.recursive(
 @given(_JSON)
 def test_no_json_text_looks_sealed(value: object) -> None:
     assert not is_sealed_text(orjson.dumps(value).decode())
+
+
+@pytest.mark.parametrize("size", [0, 7, 12, 28])
+def test_a_wrapped_key_too_short_to_hold_a_nonce_and_tag_is_refused_typed(size: int) -> None:
+    """Cut below 8 bytes, ``cryptography`` refused the nonce with a bare
+    ``ValueError`` (attack F5)."""
+    provider = _provider("a")
+    wrapped = provider.wrap(b"k" * 32, wrap_context("s1", 1))
+    with pytest.raises(KeyUnwrapError):
+        provider.unwrap(wrapped[:size], "a", wrap_context("s1", 1))

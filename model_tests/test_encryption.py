@@ -493,3 +493,27 @@ def test_control_without_preparing_the_wrap_runs_inside_the_transaction(
         with pytest.raises(OSError):
             s.sessions.create("s", cwd="/w")
         assert "create_session" in s.statement_stats()
+
+
+class _Misbehaving(_Refusing):
+    """A key provider whose ``unwrap`` gives back something that is no data key."""
+
+    def __init__(self, inner: LocalKeyProvider, gives: Any) -> None:
+        super().__init__(inner)
+        self.gives = gives
+
+    def unwrap(self, wrapped: bytes, key_id: str, context: bytes) -> bytes:
+        return self.gives  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("gives", [b"k" * 16, None, "k" * 32])
+def test_a_provider_that_unwraps_no_32_byte_key_is_key_unavailable(enc, gives: Any):
+    """Its 16 bytes were reported as a flipped byte of the data, its ``None``
+    as a bare ``TypeError`` (attack F7): the provider's fault is named."""
+    enc.sessions.create("s", cwd="/w")
+    enc.sessions.append("s", EntryKind.MESSAGE, MSG)
+    with _reopen(enc, encryption=_Misbehaving(TEST_KEYS, gives)) as s:
+        with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
+            s.sessions.replay("s")
+        assert (refused.value.session_id, refused.value.key_id) == ("s", TEST_KEYS.key_id)
+        assert "32-byte key" in str(refused.value)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from turnkeeper.spec import errors
 
 from ..codec import from_json
-from .keys import KeyProvider
+from .keys import KEY_BYTES, KeyProvider
 from .seal import DataKey, is_sealed_text, key_version, text_bytes, wrap_context
 
 if TYPE_CHECKING:
@@ -280,6 +280,10 @@ class Keyring:
             plain = self.provider.unwrap(bytes(wrapped), key_id, wrap_context(session_id, version))
         except errors.KeyUnwrapError as exc:
             raise errors.KeyUnavailableError(session_id, key_id, detail=str(exc)) from exc
+        if not isinstance(plain, bytes) or len(plain) != KEY_BYTES:  # a provider's fault
+            raise errors.KeyUnavailableError(
+                session_id, key_id, detail=f"the key provider's unwrap gave no {KEY_BYTES}-byte key"
+            )
         key = DataKey(session_id, version, plain)
         self._remember(session_id, key)
         return key

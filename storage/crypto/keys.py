@@ -33,6 +33,7 @@ KEY_BYTES = 32
 
 _WRAP_LABEL = b"turnkeeper-data-key/1\x00"
 _NONCE_BYTES = 12
+_TAG_BYTES = 16
 
 
 @runtime_checkable
@@ -122,6 +123,8 @@ class LocalKeyProvider:
                 or version's wrapped key, a flipped byte).
         """
         aead = self._aeads.get(key_id)
+        if len(wrapped) <= _NONCE_BYTES + _TAG_BYTES:  # AESGCM refuses a short nonce untyped
+            raise KeyUnwrapError(key_id, detail="the wrapped data key is too short")
         if aead is None:
             raise KeyUnwrapError(key_id, detail="this provider does not hold that key")
         aad = _WRAP_LABEL + key_id.encode() + b"\x00" + context
