@@ -101,18 +101,27 @@ already send. The search for new interleavings is DuckDB's share, and the
 POOLER_SHARE = 4
 """See :data:`POSTGRES_SHARE`."""
 
+ENCRYPTED_SHARE = 2
+"""An encrypted configuration's examples are its backend's divided by this
+too (60 on duckdb+enc, 30 on postgres+enc under ``ci``): every operation of
+the first examples already seals and opens what it writes and reads; the
+search for new interleavings is the clear configurations'."""
+
 
 def machine_settings(backend: str, *, max_examples: int | None = None) -> settings:
     """The settings a stateful machine runs with on ``backend``: the loaded
     profile's, its examples (at most ``max_examples``) divided by the
-    backend's share (:data:`POSTGRES_SHARE`) unless the profile is
-    ``nightly`` (at least 10)."""
+    backend's share (:data:`POSTGRES_SHARE`, :data:`ENCRYPTED_SHARE`) unless
+    the profile is ``nightly`` (at least 10)."""
     profile = settings.default
     examples = profile.max_examples
     if max_examples is not None:
         examples = min(examples, max_examples)
-    if engine(backend) == "postgres" and os.environ.get("HYPOTHESIS_PROFILE") != "nightly":
-        examples = max(10, examples // (POOLER_SHARE if through_pooler() else POSTGRES_SHARE))
+    if os.environ.get("HYPOTHESIS_PROFILE") != "nightly":
+        if engine(backend) == "postgres":
+            examples = max(10, examples // (POOLER_SHARE if through_pooler() else POSTGRES_SHARE))
+        if backend in ENCRYPTED:
+            examples = max(10, examples // ENCRYPTED_SHARE)
     return settings(profile, max_examples=examples)
 
 
@@ -259,6 +268,12 @@ def _encrypted(item: pytest.Item) -> bool:
     return any(isinstance(p, str) and p in ENCRYPTED for p in params)
 
 
+def _param(item: pytest.Item, name: str) -> object:
+    """``item``'s parameter ``name`` (``None`` when it has none)."""
+    callspec = getattr(item, "callspec", None)
+    return None if callspec is None else callspec.params.get(name)
+
+
 _LEFT_OUT: list[int] = []
 _SEARCHES_LEFT_OUT: list[int] = []
 _CORPUS_LEFT_OUT: list[int] = []
@@ -308,6 +323,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         clear = [i for i in items if not _encrypted(i)]
         items[:] = [i for i in items if _encrypted(i)]
         config.hook.pytest_deselected(items=clear)
+
+    # The async facade over an encrypted DuckDB store runs the synchronous
+    # store's own calls on a thread (AsyncStore.wrap): the same sealing as the
+    # sync facade's, and its own calls are the clear pass's. (On PostgreSQL it
+    # is the native async store, a runner of its own: that one runs.)
+    def twin(i: pytest.Item) -> bool:
+        return _param(i, "any_store") == "duckdb+enc" and _param(i, "facade") == "aio"
+
+    twins = [i for i in items if twin(i)]
+    if twins:
+        items[:] = [i for i in items if not twin(i)]
+        config.hook.pytest_deselected(items=twins)
     if through_pooler():  # the PostgreSQL part, through PgBouncer: DuckDB's ran already
         # (and the tests forming servers of their own: the pooler changes nothing there)
         def ran(i: pytest.Item) -> bool:
