@@ -751,7 +751,7 @@ def stored_payload(store: Any, session_id: str, entry_id: str, payload_json: str
 
     db = getattr(store, "sync", store).db
     return str(
-        db.read("seal", lambda tx: seal_payloads(tx, session_id, [(entry_id, payload_json)])[0])
+        db.read("seal", lambda tx: seal_payloads(tx, session_id, [(entry_id, payload_json)])[0][0])
     )
 
 

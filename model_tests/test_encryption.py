@@ -131,20 +131,78 @@ def test_opened_without_its_key_serves_metadata_and_refuses_payloads(enc):
     assert _payloads(enc, "s") == before  # nothing written
 
 
-def test_a_provider_without_the_master_key_or_a_wrong_key_is_key_unavailable(enc):
+def test_a_provider_without_the_master_key_or_a_wrong_key_is_refused_at_open(enc):
+    """Attack F4: a provider lacking the store's master key, or holding another
+    key under its id (a mistyped key file), is refused when the store opens,
+    by the marker's check value: before it could wrap a new session's key
+    under the wrong key (which the right key could then never open)."""
     enc.sessions.create("s", cwd="/w")
     enc.sessions.append("s", EntryKind.MESSAGE, MSG)
     other_id = LocalKeyProvider.from_text(_key(7, "another"))
     wrong_bytes = LocalKeyProvider.from_text(_key(9, TEST_KEYS.key_id))
     for provider, cause in ((other_id, "not hold"), (wrong_bytes, "fails authentication")):
-        with _reopen(enc, encryption=provider) as s:
-            with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
-                s.sessions.replay("s")
-            assert (refused.value.session_id, refused.value.key_id) == ("s", TEST_KEYS.key_id)
-            assert isinstance(refused.value.__cause__, turnkeeper.KeyUnwrapError)
-            assert cause in str(refused.value.__cause__)
-            with pytest.raises(turnkeeper.KeyUnavailableError):
-                s.sessions.append("s", EntryKind.MESSAGE, REPLY)
+        with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
+            _reopen(enc, encryption=provider)
+        assert refused.value.key_id == TEST_KEYS.key_id
+        assert "check value" in str(refused.value)
+        assert isinstance(refused.value.__cause__, turnkeeper.KeyUnwrapError)
+        assert cause in str(refused.value.__cause__)
+    with _fresh(enc) as s:  # the right key opens it, and nothing was written
+        assert [m["content"] for m in s.sessions.replay("s").messages] == [SECRET]
+        assert len(_payloads(enc, "s")) == 1
+
+
+def test_control_without_the_check_value_a_wrong_key_opens_and_writes(enc, monkeypatch):
+    """Control for the check at open: with it skipped, a wrong key under the
+    right id opens the store and wraps a new session's key that the right
+    key cannot open."""
+    enc.sessions.create("s", cwd="/w")
+    wrong = LocalKeyProvider.from_text(_key(9, TEST_KEYS.key_id))
+    real = keyring_module.Keyring.adopt
+
+    def unchecked(self: Any, tx: Any, *, writable: bool) -> None:
+        saved, self.provider = self.provider, None
+        try:
+            real(self, tx, writable=writable)
+        finally:
+            self.provider = saved
+
+    monkeypatch.setattr(keyring_module.Keyring, "adopt", unchecked)
+    with _reopen(enc, encryption=wrong) as s:
+        s.sessions.create("t", cwd="/w")
+        s.sessions.append("t", EntryKind.MESSAGE, MSG)
+    monkeypatch.undo()
+    with _fresh(enc) as s, pytest.raises(turnkeeper.KeyUnavailableError):
+        s.sessions.replay("t")
+
+
+class _SessionKeysLost:
+    """A provider holding the store's master key whose unwrap of any
+    session's data key fails (a KMS that lost access to one key version)."""
+
+    def __init__(self, inner: LocalKeyProvider) -> None:
+        self.inner = inner
+        self.key_id = inner.key_id
+
+    def wrap(self, key: bytes, context: bytes) -> bytes:
+        return self.inner.wrap(key, context)
+
+    def unwrap(self, wrapped: bytes, key_id: str, context: bytes) -> bytes:
+        if context != keyring_module.CHECK_CONTEXT:
+            raise turnkeeper.KeyUnwrapError(key_id, detail="this provider does not hold that key")
+        return self.inner.unwrap(wrapped, key_id, context)
+
+
+def test_a_session_key_the_provider_cannot_unwrap_is_key_unavailable(enc):
+    enc.sessions.create("s", cwd="/w")
+    enc.sessions.append("s", EntryKind.MESSAGE, MSG)
+    with _reopen(enc, encryption=_SessionKeysLost(TEST_KEYS)) as s:
+        with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
+            s.sessions.replay("s")
+        assert (refused.value.session_id, refused.value.key_id) == ("s", TEST_KEYS.key_id)
+        assert isinstance(refused.value.__cause__, turnkeeper.KeyUnwrapError)
+        with pytest.raises(turnkeeper.KeyUnavailableError):
+            s.sessions.append("s", EntryKind.MESSAGE, REPLY)
     assert len(_payloads(enc, "s")) == 1
 
 
@@ -268,12 +326,14 @@ def test_a_delete_shreds_the_key_and_a_backup_cannot_be_read_once_the_old_master
     """A backup (a copy of the DuckDB file) taken before a delete holds the
     session's entries and its data key wrapped by master key ``k1``. After
     the delete the live store holds no key of that session; its remaining
-    data keys are rewrapped to ``k2`` (by hand here: rotation is part 2) and
+    data keys and its check value are rewrapped to ``k2`` (by hand here) and
     ``k1`` is retired. The backup opened with the provider the user still
-    holds (``k2`` only) cannot open the deleted session's payloads; before
-    the retirement (``k1`` held) it still could: what crypto-shredding
-    guarantees is exactly that, once every master key that wrapped a
-    deleted session's data key is retired."""
+    holds (``k2`` only) is refused (its check value is ``k1``'s); given the
+    live store's wrapped keys and check value (a restore), it reads the kept
+    session and not the deleted one: no key of it is left anywhere. Before
+    the retirement (``k1`` held) the backup could still be read: what
+    crypto-shredding guarantees is exactly that, once every master key that
+    wrapped a deleted session's data key is retired."""
     k1 = LocalKeyProvider.from_text(_key(1, "k1"))
     live, backup = tmp_path / "live.duckdb", tmp_path / "backup.duckdb"
     with turnkeeper.open_store(str(live), encryption=k1) as s:
@@ -281,13 +341,13 @@ def test_a_delete_shreds_the_key_and_a_backup_cannot_be_read_once_the_old_master
             s.sessions.create(sid, cwd="/w")
             s.sessions.append(sid, EntryKind.MESSAGE, MSG)
     shutil.copyfile(live, backup)
+    both = LocalKeyProvider.from_text(_key(2, "k2") + "\n" + _key(1, "k1"))
     with turnkeeper.open_store(str(live), encryption=k1) as s:
         s.sessions.delete("gone")
         assert s.query("SELECT session_id FROM session_keys").to_pylist() == [
             {"session_id": "kept"}
         ]
-        # rotation by hand: every remaining data key rewrapped from k1 to k2
-        both = LocalKeyProvider.from_text(_key(2, "k2") + "\n" + _key(1, "k1"))
+        # rotation by hand: every remaining data key and the check rewrapped from k1 to k2
         for row in s.query(
             "SELECT session_id, version, key_id, wrapped FROM session_keys"
         ).to_pylist():
@@ -298,16 +358,41 @@ def test_a_delete_shreds_the_key_and_a_backup_cannot_be_read_once_the_old_master
                 "UPDATE session_keys SET key_id = ?, wrapped = ? WHERE session_id = ?",
                 [both.key_id, both.wrap(plain, ctx), row["session_id"]],
             )
+        check = both.wrap(keyring_module.CHECK_PLAIN, keyring_module.CHECK_CONTEXT)
+        _sql(
+            s,
+            "UPDATE store_encryption SET check_key_id = ?, check_wrapped = ?",
+            [both.key_id, check],
+        )
+        keys = s.query("SELECT * FROM session_keys").to_pylist()
     k2 = LocalKeyProvider.from_text(_key(2, "k2"))  # k1 retired
     with turnkeeper.open_store(str(live), encryption=k2) as s:
         assert s.sessions.replay("kept").messages[0]["content"] == SECRET
-    with turnkeeper.open_store(str(backup), encryption=k2) as old:
-        assert SECRET not in str(old.query("SELECT payload FROM entries").to_pylist())
-        with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
-            old.sessions.replay("gone")
-        assert (refused.value.session_id, refused.value.key_id) == ("gone", "k1")
+    with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
+        turnkeeper.open_store(str(backup), encryption=k2)
+    assert refused.value.key_id == "k1"
     with turnkeeper.open_store(str(backup), encryption=k1) as old:  # before retirement: readable
         assert old.sessions.replay("gone").messages[0]["content"] == SECRET
+        # a restore: the live store's wrapped keys and check value into the backup
+        _sql(old, "DELETE FROM session_keys")
+        for row in keys:
+            _sql(
+                old,
+                "INSERT INTO session_keys VALUES (?, ?, ?, ?, ?)",
+                [row[c] for c in ("session_id", "version", "key_id", "wrapped", "created_at")],
+            )
+        _sql(
+            old,
+            "UPDATE store_encryption SET check_key_id = ?, check_wrapped = ?",
+            ["k2", check],
+        )
+    with turnkeeper.open_store(str(backup), encryption=k2) as old:
+        assert SECRET not in str(old.query("SELECT payload FROM entries").to_pylist())
+        assert old.sessions.replay("kept").messages[0]["content"] == SECRET
+        with pytest.raises(turnkeeper.KeyUnavailableError) as shredded:
+            old.sessions.replay("gone")
+        assert (shredded.value.session_id, shredded.value.key_id) == ("gone", None)
+        assert "crypto-shredded" in str(shredded.value)
 
 
 def test_a_delete_drops_the_cached_key(enc):
@@ -376,21 +461,31 @@ def test_a_store_object_opened_before_the_store_was_encrypted_refuses_sealed_pay
         assert (refused.value.session_id, refused.value.key_id) == ("s", None)
 
 
-def test_a_writer_seals_under_the_newest_key_version_even_with_an_older_one_cached(enc):
-    """The writer reads the session's newest key row in its transaction: a data
-    key replaced since (rotation, part 2 of the issue, adds version 2; here by
-    hand) is never used again by a store object that cached it."""
-    from turnkeeper.storage.crypto.seal import DataKey, key_version, text_bytes
+def _rotate_by_hand(store: Any, sid: str) -> Any:
+    """Version 2 of ``sid``'s data key, stored and named on the session row as
+    a rotation does (its payloads not re-sealed: not needed here)."""
+    from turnkeeper.storage.crypto.seal import DataKey
+
+    newer = DataKey.new(sid, 2)
+    _sql(
+        store,
+        "INSERT INTO session_keys (session_id, version, key_id, wrapped, created_at) "
+        "VALUES (?, 2, ?, ?, now())",
+        [sid, TEST_KEYS.key_id, TEST_KEYS.wrap(newer.key, wrap_context(sid, 2))],
+    )
+    _sql(store, "UPDATE sessions SET key_version = 2 WHERE id = ?", [sid])
+    return newer
+
+
+def test_a_writer_seals_under_the_session_rows_key_version_with_an_older_one_cached(enc):
+    """The writer seals under the version the session row names (read with
+    its head): a data key replaced since (a rotation; here by hand) is never
+    used again by a store object that cached it."""
+    from turnkeeper.storage.crypto.seal import key_version, text_bytes
 
     enc.sessions.create("s", cwd="/w")
     first = enc.sessions.append("s", EntryKind.MESSAGE, MSG)  # version 1 now cached
-    newer = DataKey.new("s", 2)
-    _sql(
-        enc,
-        "INSERT INTO session_keys (session_id, version, key_id, wrapped, created_at) "
-        "VALUES ('s', 2, ?, ?, now())",
-        [TEST_KEYS.key_id, TEST_KEYS.wrap(newer.key, wrap_context("s", 2))],
-    )
+    newer = _rotate_by_hand(enc, "s")
     second = enc.sessions.append("s", EntryKind.MESSAGE, REPLY)
     stored = _payloads(enc, "s")
     assert key_version(text_bytes(stored[first.id]) or b"") == 1
@@ -403,30 +498,68 @@ def test_a_writer_seals_under_the_newest_key_version_even_with_an_older_one_cach
         ]
 
 
-def test_control_a_writer_reading_an_older_key_row_seals_under_the_stale_version(enc, monkeypatch):
-    """The control of the test above: with the writer's key read patched to
-    take the oldest row, the append seals under version 1 although version 2
-    exists: the check the test above relies on is that read."""
-    from turnkeeper.storage.crypto.seal import DataKey, key_version, text_bytes
+def _append_at(store: Any, head: tuple[Any, ...]) -> str:
+    """An append judged at ``head`` (leaf, next seq, key version) as a writer
+    read it earlier: ``"written"``, or ``"lost"`` when its compare-and-set
+    of the session row failed (nothing written)."""
+    from turnkeeper.storage.backend import Conflict
+    from turnkeeper.storage.ops import session_rows
+
+    def body(tx: Any) -> str:
+        draft = session_rows.own_draft(EntryKind.MESSAGE, MSG, "late")
+        try:
+            session_rows.append_chain(
+                tx, "s", [draft], expected_leaf=session_rows.ANY_LEAF, lease=None, head=head
+            )
+        except Conflict:
+            return "lost"
+        return "written"
+
+    return str(store.db.write("late", body))
+
+
+def test_an_append_judged_at_an_older_key_version_loses_its_compare_and_set(enc):
+    """A writer that read the session's head before a rotation committed (its
+    key version 1, the row's now 2) loses the head's compare-and-set: it
+    never writes values sealed under a key the session moved off."""
+    enc.sessions.create("s", cwd="/w")
+    enc.sessions.append("s", EntryKind.MESSAGE, MSG)
+    (head,) = enc.query("SELECT leaf_id, next_seq FROM sessions WHERE id = 's'").to_pylist()
+    leaf, seq = head["leaf_id"], head["next_seq"]
+    _rotate_by_hand(enc, "s")
+    assert _append_at(enc, (leaf, seq, 1)) == "lost"
+    assert "late" not in _payloads(enc, "s")
+    assert _append_at(enc, (leaf, seq, 2)) == "written"
+
+
+def test_control_without_the_key_version_in_the_compare_and_set_the_stale_append_lands(
+    enc, monkeypatch
+):
+    """Control of the test above: with the key version left out of the head's
+    compare-and-set, the append judged at version 1 writes a value sealed
+    under version 1 into a session whose row names version 2."""
+    from turnkeeper.storage.ops import session_rows
 
     enc.sessions.create("s", cwd="/w")
-    newer = DataKey.new("s", 2)
-    _sql(
-        enc,
-        "INSERT INTO session_keys (session_id, version, key_id, wrapped, created_at) "
-        "VALUES ('s', 2, ?, ?, now())",
-        [TEST_KEYS.key_id, TEST_KEYS.wrap(newer.key, wrap_context("s", 2))],
+    enc.sessions.append("s", EntryKind.MESSAGE, MSG)
+    (head,) = enc.query("SELECT leaf_id, next_seq FROM sessions WHERE id = 's'").to_pylist()
+    leaf, seq = head["leaf_id"], head["next_seq"]
+    _rotate_by_hand(enc, "s")
+    monkeypatch.setattr(
+        session_rows,
+        "HEAD_IS",
+        "next_seq = ? AND leaf_id IS NOT DISTINCT FROM ? AND ?::BIGINT IS NOT NULL",
     )
-    monkeypatch.setattr(keyring_module, "_NEWEST", keyring_module._NEWEST.replace("DESC", "ASC"))
-    written = enc.sessions.append("s", EntryKind.MESSAGE, MSG)
-    assert key_version(text_bytes(_payloads(enc, "s")[written.id]) or b"") == 1
+    assert _append_at(enc, (leaf, seq, 1)) == "written"
 
 
-ENCRYPTED_TURN = {"duckdb": 30, "postgres": 22}
+ENCRYPTED_TURN = {"duckdb": 27, "postgres": 17}
 """Statements of ``reports/bench.py``'s three-transaction turn with encryption
-on, at most (clear: 27 and 12, ``test_turn_statements.py``): every encrypted
-append runs in a transaction that reads the session's newest key row (no
-merged group commit on DuckDB, no one-statement append on PostgreSQL)."""
+on, at most (clear: 27 and 12, ``test_turn_statements.py``): the writers
+take the session's data key version from the head they read anyway
+(schema 34), so DuckDB's turn costs what a clear one does; PostgreSQL's
+sealed append runs in a transaction (5 statements more: no one-statement
+append for sealed payloads)."""
 
 
 @pytest.mark.parametrize("backend", ["duckdb", "postgres"])
@@ -503,7 +636,21 @@ class _Misbehaving(_Refusing):
         self.gives = gives
 
     def unwrap(self, wrapped: bytes, key_id: str, context: bytes) -> bytes:
+        if context == keyring_module.CHECK_CONTEXT and not self.at_check:
+            return self.inner.unwrap(wrapped, key_id, context)
         return self.gives  # type: ignore[no-any-return]
+
+    at_check = False
+
+
+@pytest.mark.parametrize("gives", [b"k" * 16, None, "k" * 32, b"k" * 32])
+def test_a_provider_that_unwraps_other_bytes_at_the_check_is_refused_at_open(enc, gives: Any):
+    provider = _Misbehaving(TEST_KEYS, gives)
+    provider.at_check = True
+    with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
+        _reopen(enc, encryption=provider)
+    assert (refused.value.session_id, refused.value.key_id) == ("", TEST_KEYS.key_id)
+    assert "check value gave other bytes" in str(refused.value)
 
 
 @pytest.mark.parametrize("gives", [b"k" * 16, None, "k" * 32])
@@ -517,3 +664,69 @@ def test_a_provider_that_unwraps_no_32_byte_key_is_key_unavailable(enc, gives: A
             s.sessions.replay("s")
         assert (refused.value.session_id, refused.value.key_id) == ("s", TEST_KEYS.key_id)
         assert "32-byte key" in str(refused.value)
+
+
+def _forked_after_a_retry(enc: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fork whose first transaction made the fork's data key, sealed its
+    copy, and then lost (a conflict, as a racing delete of its source gave
+    attack F1): the retry makes a key of its own. The fork's id."""
+    from turnkeeper.storage.backend import Conflict
+    from turnkeeper.storage.ops import forks
+
+    enc.sessions.create("s", cwd="/w")
+    run = enc.runs.admit("s", {"q": 1}, user_message={"role": "user", "content": SECRET})
+    enc.runs.start(run.id)
+    enc.runs.finish(run.id, "succeeded", assistant_message={"role": "assistant", "content": "ok"})
+    real = forks.seal_payloads
+    attempts: list[int] = []
+
+    def losing_once(tx: Any, *args: Any) -> Any:
+        sealed = real(tx, *args)
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise Conflict("the first attempt loses after sealing")
+        return sealed
+
+    monkeypatch.setattr(forks, "seal_payloads", losing_once)
+    fork = enc.forks.fork("s", request_id="f")
+    monkeypatch.undo()
+    assert len(attempts) == 2
+    return fork.fork_session_id
+
+
+def test_a_fork_retried_after_sealing_seals_under_the_key_it_stored(enc, monkeypatch):
+    """Attack F1: the first attempt's key (made in a transaction that rolled
+    back) is never taken for the key the retry stored: the fork reads back
+    in the store object that made it and in a fresh one (a restart)."""
+    fid = _forked_after_a_retry(enc, monkeypatch)
+    assert next(m["content"] for m in enc.sessions.replay(fid).messages) == SECRET
+    with _fresh(enc) as s:
+        assert next(m["content"] for m in s.sessions.replay(fid).messages) == SECRET
+
+
+def test_control_a_made_key_cached_as_the_stores_seals_the_retry_under_the_lost_key(
+    enc, monkeypatch
+):
+    """Control of the test above: with the key a transaction made cached for
+    the store object at once (as before the fix: a key unwrapped from the
+    row the same transaction inserted was cached), the retry seals under
+    the first attempt's key, and a fresh store object cannot open the fork."""
+    real_new, real_sealing = keyring_module.Keyring.new_session, keyring_module.Keyring.sealing
+
+    def new_session(self: Any, tx: Any, sid: str) -> Any:
+        version = real_new(self, tx, sid)
+        if version is not None and self._cached(sid) is None:
+            self._remember(sid, tx.made_keys.pop((sid, version)))
+        return version
+
+    def sealing(self: Any, tx: Any, sid: str, version: Any = keyring_module.UNREAD) -> Any:
+        held = self._cached(sid)  # the store object's cache before the transaction's own
+        if held and version in held:
+            return held[version], version
+        return real_sealing(self, tx, sid, version)
+
+    monkeypatch.setattr(keyring_module.Keyring, "new_session", new_session)
+    monkeypatch.setattr(keyring_module.Keyring, "sealing", sealing)
+    fid = _forked_after_a_retry(enc, monkeypatch)
+    with _fresh(enc) as s, pytest.raises(turnkeeper.PayloadAuthenticationError):
+        s.sessions.replay(fid)

@@ -21,6 +21,7 @@ from turnkeeper.spec import errors
 
 if TYPE_CHECKING:
     from .crypto.keyring import Keyring
+    from .crypto.seal import DataKey
     from .wakeups import Subscription, Topic
 
 T = TypeVar("T")
@@ -232,6 +233,11 @@ class Tx(Protocol):
 
     dialect: Dialect
     keys: Keyring
+    made_keys: dict[tuple[str, int], DataKey]
+    """The data keys this transaction made (a new session's, a rotation's),
+    by session id and version: used in it, and remembered by the keyring
+    only once read back from committed rows (a rolled-back transaction's
+    key is never taken for the stored one)."""
 
     @property
     def now(self) -> datetime | None: ...

@@ -7,7 +7,7 @@ transaction).
 Every transaction carries the store object's :class:`Keyring` as ``tx.keys``
 (:data:`CLEAR` for a store opened without ``encryption=`` on a store never
 encrypted: nothing here runs then). Sealing a column is a call:
-:meth:`Keyring.writing_key` in the writing transaction, then
+:meth:`Keyring.sealing` in the writing transaction, then
 ``key.seal_text(record_id, field, text)``; reading one is
 :meth:`Keyring.open_text`.
 
@@ -20,11 +20,21 @@ a later open without a provider refuses what it cannot do (new sessions,
 payload writes to sessions with a data key, payload reads of them) instead
 of writing clear payloads into an encrypted store.
 
-A writer reads the session's newest key row (``version``, ``key_id``,
-``wrapped``) in its transaction: the cached data key is used only while
-its version is still the newest, so a writer holding a key that a later
-rotation replaced loses (it unwraps the new one), and a session whose keys
-are gone (deleted) writes nothing.
+Schema (version 34): ``sessions.key_version`` names the data key version
+a session's payloads are sealed under (``NULL``: clear). A writer seals
+under the version it read with the session's head (or reads it) and names
+that version in the head's compare-and-set: a writer that raced a rotation
+loses, a store object opened without keys (before the store was marked)
+refuses to write a clear payload into a sealed session, and a session whose
+key row is gone refuses writes instead of writing clear. The marker holds a
+check value the master key wrapped: an open with a provider that cannot
+unwrap it (a wrong key under the right id) is refused before it wraps
+anything.
+
+A data key a transaction made (a new session's) is used from
+``tx.made_keys`` in that transaction and cached only once unwrapped from
+its committed row: a retried transaction makes a key of its own, and none
+is ever taken for the stored one.
 """
 
 from __future__ import annotations
@@ -46,13 +56,20 @@ CACHE_SESSIONS = 4096
 """How many sessions' unwrapped data keys a store object keeps (least
 recently used evicted)."""
 
-_NEWEST = (
-    "SELECT version, key_id, wrapped FROM session_keys WHERE session_id = ? "
-    "ORDER BY version DESC LIMIT 1"
-)
 _AT = "SELECT key_id, wrapped FROM session_keys WHERE session_id = ? AND version = ?"
-_ANY = "SELECT 1 FROM session_keys WHERE session_id = ? LIMIT 1"
-_MARKER = "SELECT key_id FROM store_encryption WHERE id = 1"
+_VERSION = "SELECT key_version FROM sessions WHERE id = ?"
+_MARKER = "SELECT * FROM store_encryption WHERE id = 1"
+
+UNREAD = -1
+"""A session's key version its writer has not read (``Keyring.sealing``
+reads it when the store is encrypted; a clear store object writes clear,
+and its compare-and-set checks that the session is clear)."""
+
+CHECK_CONTEXT = b"turnkeeper-store-check/1"
+"""The wrap context of the marker's check value."""
+
+CHECK_PLAIN = b"turnkeeper: the store's master key".ljust(KEY_BYTES, b"\0")
+"""The 32 bytes the marker's check value wraps."""
 
 PREPARED = 256
 """Data keys wrapped ahead of their sessions' creation a store object keeps at most."""
@@ -90,23 +107,62 @@ class Keyring:
         self._lock = threading.Lock()
         # session id -> {version: DataKey}; an empty dict: the session holds no key.
         self._cache: OrderedDict[str, dict[int, DataKey]] = OrderedDict()
-        # session id -> (key id, wrapped key) made before the creating transaction.
-        self._prepared: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
+        # session id -> (key id, wrapped key, key) made before the creating transaction.
+        self._prepared: OrderedDict[str, tuple[str, bytes, DataKey]] = OrderedDict()
 
     # -- the store marker -------------------------------------------------------
 
     def adopt(self, tx: Tx, *, writable: bool) -> None:
         """Read the store's marker (opening): a store marked encrypted is
         treated as encrypted with or without a provider; a store opened with
-        a provider for the first time is marked (``writable``)."""
+        a provider for the first time is marked (``writable``), with the
+        check value the provider's current key wraps.
+
+        Raises:
+            KeyUnavailableError: (``session_id`` ``""``, ``key_id`` the
+                check's) the provider cannot unwrap the marker's check
+                value: it lacks that master key, or holds another key under
+                its id (a mistyped key file, another store's key). Nothing
+                is written.
+        """
         found = tx.one(_MARKER)
-        if found is not None:
-            self.encrypted = True
-        elif self.provider is not None and writable:
-            tx.exec(
-                "INSERT INTO store_encryption (id, key_id, enabled_at) VALUES (1, ?, now()) "
-                "ON CONFLICT (id) DO NOTHING",
-                [self.provider.key_id],
+        provider = self.provider
+        if found is None:
+            if provider is not None and writable:
+                key_id, wrapped = provider.key_id, provider.wrap(CHECK_PLAIN, CHECK_CONTEXT)
+                tx.exec(
+                    "INSERT INTO store_encryption (id, key_id, enabled_at, check_key_id, "
+                    "check_wrapped) VALUES (1, ?, now(), ?, ?) ON CONFLICT (id) DO NOTHING",
+                    [key_id, key_id, wrapped],
+                )
+            return
+        self.encrypted = True
+        if provider is None or len(found) < 5:  # (a schema before version 34: no check)
+            return
+        check_key_id, check_wrapped = found[3], found[4]
+        if check_wrapped is None:  # marked before version 34: the first provider's sets it
+            if writable:
+                tx.exec(
+                    "UPDATE store_encryption SET check_key_id = ?, check_wrapped = ? "
+                    "WHERE id = 1 AND check_wrapped IS NULL",
+                    [provider.key_id, provider.wrap(CHECK_PLAIN, CHECK_CONTEXT)],
+                )
+            return
+        try:
+            plain = provider.unwrap(bytes(check_wrapped), str(check_key_id), CHECK_CONTEXT)
+        except errors.KeyUnwrapError as exc:
+            raise errors.KeyUnavailableError(
+                "",
+                str(check_key_id),
+                detail="the key provider cannot open the store's check value: it does not "
+                f"hold the master key {check_key_id!r} this store was encrypted with, or "
+                f"holds another key under that id ({exc.detail or exc})",
+            ) from exc
+        if plain != CHECK_PLAIN:
+            raise errors.KeyUnavailableError(
+                "",
+                str(check_key_id),
+                detail="the key provider's unwrap of the check value gave other bytes",
             )
 
     # -- writes -----------------------------------------------------------------
@@ -122,13 +178,16 @@ class Keyring:
         key = DataKey.new(session_id, 1)
         wrapped = self.provider.wrap(key.key, wrap_context(session_id, 1))
         with self._lock:
-            self._prepared[session_id] = (self.provider.key_id, wrapped)
+            self._prepared[session_id] = (self.provider.key_id, wrapped, key)
             while len(self._prepared) > PREPARED:
                 self._prepared.popitem(last=False)
 
-    def new_session(self, tx: Tx, session_id: str) -> None:
+    def new_session(self, tx: Tx, session_id: str) -> int | None:
         """Give a session being created in ``tx`` its data key (version 1),
-        wrapped by the provider, when the store is encrypted.
+        wrapped by the provider, when the store is encrypted (the session
+        row's ``key_version`` set to it, the key in ``tx.made_keys``); the
+        version, or ``None`` (clear). A store object that took the store for
+        clear reads the marker first (marked since it opened: encrypted now).
 
         Raises:
             KeyUnavailableError: (``key_id`` ``None``) the store is encrypted
@@ -136,7 +195,9 @@ class Keyring:
                 it that would hold clear payloads.
         """
         if not self.encrypted:
-            return
+            if tx.one(_MARKER) is None:
+                return None
+            self._marked()
         if self.provider is None:
             raise errors.KeyUnavailableError(
                 session_id,
@@ -148,31 +209,64 @@ class Keyring:
         if prepared is None:  # a creation path that did not prepare (an import, a binding)
             key = DataKey.new(session_id, 1)
             wrapped = self.provider.wrap(key.key, wrap_context(session_id, 1))
-            prepared = (self.provider.key_id, wrapped)
+            prepared = (self.provider.key_id, wrapped, key)
         tx.exec(
             "INSERT INTO session_keys (session_id, version, key_id, wrapped, created_at) "
             "VALUES (?, 1, ?, ?, coalesce(?::TIMESTAMPTZ, now()))",
             [session_id, prepared[0], prepared[1], tx.now],
         )
-        # Not cached here: the transaction may yet roll back (a retry makes another key).
+        tx.exec("UPDATE sessions SET key_version = 1 WHERE id = ?", [session_id])
+        # Not cached: the transaction may yet roll back (a retry makes another key).
+        tx.made_keys[(session_id, 1)] = prepared[2]
+        return 1
 
-    def writing_key(self, tx: Tx, session_id: str) -> DataKey | None:
+    def sealing(
+        self, tx: Tx, session_id: str, version: int | None = UNREAD
+    ) -> tuple[DataKey | None, int | None]:
         """The data key a write of ``session_id``'s payloads in ``tx`` seals
-        with (its newest version, read in ``tx``), or ``None`` when the store
-        is not encrypted or the session holds no data key (clear).
+        with, and its version: the one ``version`` names (the session row's
+        ``key_version`` as the writer read it with its head; :data:`UNREAD`:
+        read here when the store is encrypted, taken for clear otherwise),
+        or ``(None, None)`` for a clear session. The writer names the
+        version in its compare-and-set of the session row.
 
         Raises:
-            KeyUnavailableError: the session has a data key and the store was
-                opened without a provider (``key_id`` ``None``), or the
-                provider cannot unwrap it (``key_id`` named, the provider's
-                ``KeyUnwrapError`` as ``__cause__``). Nothing is written.
+            KeyUnavailableError: the session's payloads are sealed and the
+                store was opened without a provider (``key_id`` ``None``),
+                its key row is gone, or the provider cannot unwrap it
+                (``key_id`` named, the provider's ``KeyUnwrapError`` as
+                ``__cause__``). Nothing is written.
         """
-        if not self.encrypted:
-            return None
-        row = tx.one(_NEWEST, [session_id])
+        if version == UNREAD:
+            if not self.encrypted:
+                return None, None  # the compare-and-set checks the session is clear
+            row = tx.one(_VERSION, [session_id])
+            version = None if row is None or row[0] is None else int(row[0])
+        if version is None:
+            return None, None
+        if self.provider is None:
+            self._marked()
+            raise errors.KeyUnavailableError(
+                session_id,
+                None,
+                detail="the session's payloads are sealed and the store was opened "
+                "without encryption=",
+            )
+        made = tx.made_keys.get((session_id, version))
+        if made is not None:
+            return made, version
+        held = self._cached(session_id)
+        if held and version in held:
+            return held[version], version
+        row = tx.one(_AT, [session_id, version])
         if row is None:
-            return None
-        return self._key(session_id, int(row[0]), str(row[1]), row[2])
+            raise errors.KeyUnavailableError(
+                session_id,
+                None,
+                detail=f"the session's data key (version {version}) is gone: its key row "
+                "was removed",
+            )
+        return self._key(session_id, version, str(row[0]), row[1]), version
 
     # -- reads ------------------------------------------------------------------
 
@@ -180,7 +274,7 @@ class Keyring:
         """The decoded JSON a column holds (sealed or clear).
 
         Raises:
-            KeyUnavailableError: as :meth:`writing_key`.
+            KeyUnavailableError: as :meth:`sealing`.
             PayloadAuthenticationError: a sealed value that fails
                 authentication (a flipped byte, moved from another row,
                 session or field), names a key version the session does not
@@ -218,6 +312,11 @@ class Keyring:
         with self._lock:
             self._cache.pop(session_id, None)
 
+    def _marked(self) -> None:
+        """The store was marked encrypted since this store object opened."""
+        if self is not CLEAR:  # (the default of a transaction outside a store)
+            self.encrypted = True
+
     # -- the cache ----------------------------------------------------------------
 
     def _cached(self, session_id: str) -> dict[int, DataKey] | None:
@@ -242,12 +341,17 @@ class Keyring:
             return True
         if held is not None:  # known clear
             return False
-        if tx.one(_ANY, [session_id]) is None:
-            self._remember(session_id, None)
+        row = tx.one(_VERSION, [session_id])
+        if row is None or row[0] is None:  # (no such session: nothing to remember)
+            if row is not None:
+                self._remember(session_id, None)
             return False
         return True
 
     def _key_at(self, tx: Tx, session_id: str, version: int, record_id: str, field: str) -> DataKey:
+        made = tx.made_keys.get((session_id, version))
+        if made is not None:
+            return made
         held = self._cached(session_id)
         if held and version in held:
             return held[version]
@@ -256,6 +360,14 @@ class Keyring:
             if self.provider is None:
                 raise errors.KeyUnavailableError(
                     session_id, None, detail="the store was opened without encryption="
+                )
+            newest = tx.one(_VERSION, [session_id])
+            if newest is not None and newest[0] is not None and version <= int(newest[0]):
+                raise errors.KeyUnavailableError(
+                    session_id,
+                    None,
+                    detail=f"the session holds no data key version {version} any more "
+                    "(crypto-shredded: its key row was deleted)",
                 )
             raise errors.PayloadAuthenticationError(
                 session_id,

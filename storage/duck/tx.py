@@ -18,6 +18,7 @@ import pyarrow as pa
 from ..backend import Clock, Conflict, check_changes
 from ..codec import check_clock
 from ..crypto.keyring import CLEAR, Keyring
+from ..crypto.seal import DataKey
 from .dialect import DIALECT, commit
 from .files import Targets
 
@@ -71,6 +72,7 @@ class Tx:
         self.item = 0
         """The position in its group of the queued write running now (0 alone)."""
         self._until: list[tuple[int, datetime, Exception]] = []
+        self.made_keys: dict[tuple[str, int], DataKey] = {}
 
     @property
     def cursor(self) -> duckdb.DuckDBPyConnection:

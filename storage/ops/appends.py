@@ -367,6 +367,12 @@ def _preview(r: AppendRequest, leaf: str | None, seq: int) -> list[Entry]:
     return out
 
 
+CLEAR_SESSION = "sessions.key_version IS NULL"
+"""The condition on a session row a clear write (the one-statement and the
+merged appends: a store object that took the store for clear) names: the
+session's payloads are clear. A sealed session's append takes the
+transaction, which seals or refuses (``Keyring.sealing``)."""
+
 _MOVE_HEADS = (
     "UPDATE sessions SET leaf_id = v.leaf, next_seq = sessions.next_seq + v.n, "
     "entry_count = sessions.entry_count + v.n, updated_at = ?, "
@@ -375,10 +381,13 @@ _MOVE_HEADS = (
     "unnest(?::BIGINT[]) AS n, unnest(?::VARCHAR[]) AS title, unnest(?::BIGINT[]) AS seq, "
     "unnest(?::VARCHAR[]) AS old) AS v "
     "WHERE sessions.id = v.id AND CASE WHEN sessions.next_seq = v.seq "
-    "AND sessions.leaf_id IS NOT DISTINCT FROM v.old THEN sessions.id END IS NOT NULL"
+    f"AND sessions.leaf_id IS NOT DISTINCT FROM v.old AND {CLEAR_SESSION} "
+    "THEN sessions.id END IS NOT NULL"
 )
 """The merged session rows' compare-and-set: each row whose head is still the
-one its append was judged at (``next_seq`` and ``leaf_id``) moves to its new
+one its append was judged at (``next_seq`` and ``leaf_id``), and whose
+payloads are clear (``key_version`` NULL: a merged append writes clear
+payloads, in a store object that took the store for clear), moves to its new
 leaf, in one statement for the group. A join with the group's values, each
 a list parameter unnested once: DuckDB gives the scan of ``sessions`` the
 list of the join's keys, which its index takes (up to the
@@ -516,7 +525,8 @@ def one_statement(tx: Tx, r: AppendRequest) -> Any:
         f"entry_count = sessions.entry_count + ?, updated_at = {NOW}, "
         "title = coalesce(?, sessions.title) FROM o WHERE sessions.id = ? "
         "AND sessions.next_seq = o.next_seq AND sessions.leaf_id IS NOT DISTINCT FROM o.leaf_id "
-        f"AND sessions.xmin = o.xmin AND {holds}{expected}{at_judged} "
+        f"AND sessions.xmin = o.xmin AND {CLEAR_SESSION} "
+        f"AND {holds}{expected}{at_judged} "
         "RETURNING o.leaf_id AS parent, o.next_seq AS seq) "
         f"INSERT INTO entries ({', '.join(ENTRY_COLUMNS)}) SELECT ?, d.id, "
         "CASE WHEN d.ord = 0 THEN s.parent ELSE d.parent END, d.kind, s.seq + d.ord, "

@@ -17,7 +17,7 @@ from turnkeeper.spec.records import Entry
 
 from ..backend import Tx, keyed, utc
 from ..codec import from_json
-from ..crypto.keyring import PAYLOAD
+from ..crypto.keyring import PAYLOAD, UNREAD
 from ..crypto.seal import TEXT_PREFIX, is_sealed_text
 
 CLEAR_COLUMNS = ClearFacts._fields
@@ -118,19 +118,24 @@ def payload_of(tx: Tx, session_id: str, entry_id: str, stored: str) -> Any:
     return keys.open_json(tx, session_id, entry_id, PAYLOAD, stored)
 
 
-def seal_payloads(tx: Tx, session_id: str, payloads: Sequence[tuple[str, str]]) -> list[str]:
-    """The stored form of ``(entry id, payload JSON)`` pairs of ``session_id``:
-    sealed under the session's data key (``enc1:…``, read in ``tx``) when it has
-    one, else as given.
+def seal_payloads(
+    tx: Tx, session_id: str, payloads: Sequence[tuple[str, str]], version: int | None = UNREAD
+) -> tuple[list[str], int | None]:
+    """The stored form of ``(entry id, payload JSON)`` pairs of ``session_id``
+    (sealed under the session's data key, ``enc1:…``, when it has one, else
+    as given) and the key version they are sealed under (``None``: clear),
+    which the writer names in its compare-and-set of the session row.
+    ``version``: the session row's ``key_version`` as the writer read it
+    (see ``Keyring.sealing``).
 
     Raises:
         KeyUnavailableError: the session's key cannot be had (see
-            ``Keyring.writing_key``); nothing is written.
+            ``Keyring.sealing``); nothing is written.
     """
-    key = tx.keys.writing_key(tx, session_id)
+    key, version = tx.keys.sealing(tx, session_id, version)
     if key is None:
-        return [text for _, text in payloads]
-    return [key.seal_text(entry_id, PAYLOAD, text) for entry_id, text in payloads]
+        return [text for _, text in payloads], None
+    return [key.seal_text(entry_id, PAYLOAD, text) for entry_id, text in payloads], version
 
 
 def entry(tx: Tx, session_id: str, entry_id: str) -> Entry | None:

@@ -423,8 +423,8 @@ def fork(tx: Tx, req: Request, new_id: Callable[[], str]) -> Fork:
             fid[:ID_HEAD],
         ],
     )
-    tx.keys.new_session(tx, fid)
-    sealed = seal_payloads(tx, fid, [(c.id, c.payload) for c in copied])
+    version = tx.keys.new_session(tx, fid)
+    sealed, _ = seal_payloads(tx, fid, [(c.id, c.payload) for c in copied], version)
     tx.insert_rows(
         "entries",
         ENTRY_COLUMNS,

@@ -40,6 +40,7 @@ from turnkeeper.spec.records import Entry
 
 from ..backend import Tx, keyed
 from ..codec import from_json
+from ..crypto.keyring import UNREAD
 from ..pairing import Opening, cycles, restart, tree_faults
 from . import entry_rows, pairing_checks, session_rows, usage
 from .entry_rows import ENTRY_COLUMNS, OF_SESSION
@@ -186,12 +187,15 @@ def add_entries(
     created: bool,
     live_run: str | None,
     tail: bool = False,
+    version: int | None = UNREAD,
 ) -> Added:
     """Store the entries of ``rows`` (file order) the session lacks, :data:`CHUNK`
     at a time from ``next_seq``, judged as they go, and the usage their
     assistant messages carry that the session has not recorded (from the
     entry as the session holds it, when it held it before). Does not move the
-    session's head (the caller does, with :attr:`Added.added`).
+    session's head (the caller does, with :attr:`Added.added`). ``version``:
+    the session row's data key version as the caller read it (see
+    ``Keyring.sealing``).
 
     Raises:
         ToolCallPairingError: the new entries break the tool-call pairing
@@ -229,7 +233,9 @@ def add_entries(
         ):
             judge.supplied = True  # an entry the session held hangs under a new one
         if new:
-            sealed = entry_rows.seal_payloads(tx, session_id, [(r[0], r[4]) for r in new])
+            sealed, _ = entry_rows.seal_payloads(
+                tx, session_id, [(r[0], r[4]) for r in new], version
+            )
             tx.insert_rows(
                 "entries",
                 ENTRY_COLUMNS,

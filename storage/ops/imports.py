@@ -75,7 +75,7 @@ def import_rows(
             aborted transaction or 40 retried "conflicts"), or a row is not
             storable.
     """
-    head = tx.one("SELECT next_seq FROM sessions WHERE id = ?", [session_id])
+    head = tx.one("SELECT next_seq, key_version FROM sessions WHERE id = ?", [session_id])
     created = head is None
     if not created or lease is not None:
         # A lease given is fenced even when the import creates the session (a
@@ -102,15 +102,22 @@ def import_rows(
                 session_id[:ID_HEAD],
             ],
         )
-        tx.keys.new_session(tx, session_id)
+        version = tx.keys.new_session(tx, session_id)
         next_seq = 1
         live = None
     else:
         assert head is not None
-        next_seq = head[0]
+        next_seq, version = head[0], head[1]
         live = tx.one("SELECT run_id FROM active_runs WHERE session_id = ?", [session_id])
     done = import_chunks.add_entries(
-        tx, session_id, rows, next_seq, created, None if live is None else live[0], from_line > 1
+        tx,
+        session_id,
+        rows,
+        next_seq,
+        created,
+        None if live is None else live[0],
+        from_line > 1,
+        version,
     )
     if done.added:
         now = tx.now

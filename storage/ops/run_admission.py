@@ -56,10 +56,10 @@ AcquireExecutionAdmission) or an execution lease; never a ``mutation``,
 
 
 _HEAD_AND_ACTIVE = (
-    "SELECT s.leaf_id, s.next_seq, a.run_id FROM sessions AS s "
+    "SELECT s.leaf_id, s.next_seq, s.key_version, a.run_id FROM sessions AS s "
     "LEFT JOIN active_runs AS a ON a.session_id = s.id WHERE s.id = ?"
 )
-"""A session's head and its active run (``NULL``: none)."""
+"""A session's head (leaf, next seq, data key version) and its active run (``NULL``: none)."""
 
 
 def _head(
@@ -82,8 +82,8 @@ def _head(
         if row is None:
             raise errors.SessionNotFoundError(session_id)
         leases.fenced(tx, lease, fence)
-        return row[:2], None if row[2] is None else row[2:], None
-    head = tx.one("SELECT leaf_id, next_seq FROM sessions WHERE id = ?", [session_id])
+        return row[:3], None if row[3] is None else row[3:], None
+    head = tx.one(session_rows.HEAD_READ, [session_id])
     if head is None:
         raise errors.SessionNotFoundError(session_id)
     if key_digest is not None:
@@ -163,7 +163,7 @@ def admit(
             lease=lease,
         )
         head = present(
-            tx.one("SELECT leaf_id, next_seq FROM sessions WHERE id = ?", [session_id]),
+            tx.one(session_rows.HEAD_READ, [session_id]),
             "the session the replaced run ended in",
         )
         current = None
@@ -267,7 +267,7 @@ def admit(
         lease=None,
         fenced_epoch=epoch,
         checked=True,
-        head=(head[0], head[1]),  # nothing above moved the leaf or the seq
+        head=head,  # nothing above moved the leaf, the seq or the key version
         known=known,
         new_events=(run, events),  # their seqs taken by the same update of the session
         hold=True,  # with the writes above (none writes the session, entries or events)

@@ -70,13 +70,14 @@ _RUN_HEAD_TURN = (
     "s.leaf_id, s.next_seq, t.status, "
     "EXISTS (SELECT 1 FROM tool_executions AS x WHERE x.run_id = ?) "
     "OR EXISTS (SELECT 1 FROM tool_executions AS x WHERE x.local_turn_id = ?), "
-    "EXISTS (SELECT 1 FROM entries AS e WHERE e.id IN (?, ?)) "
+    "EXISTS (SELECT 1 FROM entries AS e WHERE e.id IN (?, ?)), s.key_version "
     "FROM runs AS r LEFT JOIN sessions AS s ON s.id = r.session_id "
     "LEFT JOIN conversation_turns AS t ON t.id = ? WHERE r.id = ?"
 )
 """A run, its session's head, the status of its first turn (``<run id>:turn``),
-whether any tool record names the run or that turn, and whether an entry (of
-any session) has the id of the run's reply or of that turn's end."""
+whether any tool record names the run or that turn, whether an entry (of
+any session) has the id of the run's reply or of that turn's end, and the
+session's data key version."""
 
 
 def _run_head_turn(run_id: str) -> list[str]:
@@ -90,9 +91,13 @@ def _own_ids(run: Run) -> frozenset[str]:
     return frozenset({run.assistant_entry_id, run.turn_id + run_turns.END})
 
 
-def _closed(opening: Opening | None, head: tuple[str | None, int]) -> bool:
-    """Whether ``opening`` is known at ``head`` with no call open there."""
-    return opening is not None and (opening.leaf_id, opening.next_seq) == head and not opening.calls
+def _closed(opening: Opening | None, head: tuple[Any, ...]) -> bool:
+    """Whether ``opening`` is known at ``head`` (leaf, next seq, …) with no call open there."""
+    return (
+        opening is not None
+        and (opening.leaf_id, opening.next_seq) == head[:2]
+        and not opening.calls
+    )
 
 
 def _load(tx: Tx, run_id: str) -> Run:
@@ -176,7 +181,7 @@ def finish(
         row, fence = leases.fenced_read(tx, lease, _RUN_HEAD_TURN, _run_head_turn(run_id))
         if row is None:
             raise errors.RunNotFoundError(run_id)
-        run, read = run_row(row), row[-5:]
+        run, read = run_row(row), row[-6:]
     else:
         run = _load(tx, run_id)
     check_session_lease(run.session_id, lease)
@@ -208,8 +213,8 @@ def finish(
     )
     # the session's head: as read above (nothing wrote the session since), or as
     # this call wrote it
-    head: tuple[str | None, int] | None = (
-        None if read is None or read[1] is None else (read[0], read[1])
+    head: tuple[Any, ...] | None = (
+        None if read is None or read[1] is None else (read[0], read[1], read[5])
     )
     known = None if openings is None else openings.get(run.session_id)
     opening = known
@@ -224,7 +229,7 @@ def finish(
         judged = head is not None  # else written at once (a judging call would read the head)
         chain = session_rows.append_chain(tx, run.session_id, drafts, **args, write=not judged)
         last = chain.entries[-1]
-        after = (last.id, last.seq + 1)
+        after = (last.id, last.seq + 1, *(head or ())[2:])  # (the key version: unchanged)
         if judged and _closed(chain.opening, after):
             deferred = list(drafts)
         elif judged:  # calls open after them: written now (checked again: rare, a read or two)

@@ -141,10 +141,8 @@ def end_turn(
         if turn.status == status:
             return turn, False, None
         raise errors.ConversationTurnNotOpenError(turn_id, sid, turn.status)
-    leaf, next_seq = present(
-        tx.one("SELECT leaf_id, next_seq FROM sessions WHERE id = ?", [sid]),
-        "the session of a turn",
-    )
+    head = present(tx.one(session_rows.HEAD_READ, [sid]), "the session of a turn")
+    leaf, next_seq = head[0], head[1]
     opening = tool_pairing.open_at_head(tx, sid, (leaf, next_seq), known)
     if opening.calls and not opening.optional:
         raise errors.ToolCallsUnansweredError(
@@ -169,7 +167,7 @@ def end_turn(
         lease=None,
         fenced_epoch=None if lease is None else lease.epoch,
         checked=True,
-        head=(leaf, next_seq),
+        head=head,
         known=opening,
     )
     tx.exec(

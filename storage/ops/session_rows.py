@@ -38,6 +38,7 @@ from turnkeeper.spec.records import (
 
 from ..backend import Conflict, Dialect, Tx, keyed, present, utc
 from ..codec import check_id, check_instant, check_text, from_json, to_json, to_json_exact
+from ..crypto.keyring import UNREAD
 from ..pairing import Opening
 from ..validate import (
     check_expected_leaf,
@@ -89,8 +90,10 @@ def _insert_arrays(dialect: Dialect) -> str:
     return f"INSERT INTO entries ({', '.join(ENTRY_COLUMNS)}) SELECT {arrays}"
 
 
-HEAD_IS = "next_seq = ? AND leaf_id IS NOT DISTINCT FROM ?"
-"""A session row whose head is still this next seq and leaf: an append's compare-and-set."""
+HEAD_IS = "next_seq = ? AND leaf_id IS NOT DISTINCT FROM ? AND key_version IS NOT DISTINCT FROM ?"
+"""A session row whose head is still this next seq and leaf, and whose
+payloads are still sealed under this data key version (``NULL``: clear): an
+append's compare-and-set."""
 
 
 TAKEN = (
@@ -271,7 +274,7 @@ def append_drafts(
     parent_override: str | None = None,
     fenced_epoch: int | None = None,
     checked: bool = False,
-    head: tuple[str | None, int] | None = None,
+    head: tuple[Any, ...] | None = None,
     known: Opening | None = None,
 ) -> list[Entry]:
     """:func:`append_chain`'s entries."""
@@ -289,8 +292,8 @@ def append_drafts(
     ).entries
 
 
-HEAD_READ = "SELECT leaf_id, next_seq FROM sessions WHERE id = ?"
-"""A session's head: its leaf and next seq."""
+HEAD_READ = "SELECT leaf_id, next_seq, key_version FROM sessions WHERE id = ?"
+"""A session's head: its leaf, next seq and data key version (``NULL``: clear)."""
 
 
 def append_chain(
@@ -303,7 +306,7 @@ def append_chain(
     parent_override: str | None = None,
     fenced_epoch: int | None = None,
     checked: bool = False,
-    head: tuple[str | None, int] | None = None,
+    head: tuple[Any, ...] | None = None,
     known: Opening | None = None,
     new_events: run_events.NewEvents | None = None,
     write: bool = True,
@@ -356,7 +359,8 @@ def append_chain(
             raise errors.SessionNotFoundError(session_id)
         if not checked:
             leases.fence_or_unheld(tx, session_target(session_id), lease)
-    leaf, seq = row
+    leaf, seq = row[0], row[1]
+    version = row[2] if len(row) > 2 else UNREAD  # (a head read without it: sealing reads it)
     now = tx.now
     assert now is not None  # always set inside a transaction
     if expected_leaf is not ANY_LEAF and expected_leaf != leaf:
@@ -404,10 +408,24 @@ def append_chain(
         "entry_count = entry_count + ?, updated_at = ? "
         f"WHERE {keyed('id', HEAD_IS)}"
     )
-    values = [*names[-1:], *bump, out[-1].id, len(out), len(out), now, session_id, seq, leaf]
-    sealed = seal_payloads(
-        tx, session_id, [(e.id, d.payload_json) for e, d in zip(out, drafts, strict=True)]
+    sealed, version = seal_payloads(
+        tx,
+        session_id,
+        [(e.id, d.payload_json) for e, d in zip(out, drafts, strict=True)],
+        version,
     )
+    values = [
+        *names[-1:],
+        *bump,
+        out[-1].id,
+        len(out),
+        len(out),
+        now,
+        session_id,
+        seq,
+        leaf,
+        version,
+    ]
     stored = [
         (session_id, e.id, e.parent_id, e.kind, e.seq, e.timestamp, text, epoch, now, *d.clear)
         for e, d, text in zip(out, drafts, sealed, strict=True)

@@ -85,11 +85,12 @@ def head_of(tx: Tx, session_id: str) -> tuple[str | None, int]:
 
 
 def open_at_head(
-    tx: Tx, session_id: str, head: tuple[str | None, int] | None, known: Opening | None
+    tx: Tx, session_id: str, head: tuple[Any, ...] | None, known: Opening | None
 ) -> Opening:
-    """The calls open at the session's head (``head``: as the caller knows it in
-    this transaction; ``known``: the calls open at some head)."""
-    leaf, next_seq = head if head is not None else head_of(tx, session_id)
+    """The calls open at the session's head (``head``: its leaf and next seq,
+    then anything, as the caller knows it in this transaction; ``known``: the
+    calls open at some head)."""
+    leaf, next_seq = head[:2] if head is not None else head_of(tx, session_id)
     if known is not None and (known.leaf_id, known.next_seq) == (leaf, next_seq):
         return known
     return pairing_checks.opening_at(tx, session_id, leaf, next_seq)
@@ -250,7 +251,7 @@ def close_turn(
     tx: Tx,
     run: Run,
     epoch: int | None,
-    head: tuple[str | None, int] | None = None,
+    head: tuple[Any, ...] | None = None,
     known: Opening | None = None,
     *,
     any_records: bool = True,

@@ -83,6 +83,7 @@ from ..backend import Clock, Conflict, Dialect, Merge, QueryFn, present
 from ..backend import Tx as AnyTx
 from ..codec import check_clock
 from ..crypto.keyring import CLEAR, Keyring
+from ..crypto.seal import DataKey
 from ..migrations import load
 from ..retry import Gate, Stats, run_attempts
 from ..wakeups import Signals, Subscription, Topic
@@ -176,6 +177,7 @@ class Tx:
     ) -> None:
         self.dialect = DIALECT if locking else _NO_LOCKS
         self.keys: Keyring = CLEAR
+        self.made_keys: dict[tuple[str, int], DataKey] = {}
         self._pipelines = pipelines  # statements travel together (:mod:`.ahead`)
         self._conn = conn
         self._search_path = search_path  # pinned in an autocommit statement (pooler mode)

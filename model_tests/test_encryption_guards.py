@@ -1,0 +1,229 @@
+"""Encryption at rest (issue 23): the session row's data key version guards.
+
+``sessions.key_version`` (schema 34) is read with every append's head and
+named in its compare-and-set: a store object that took the store for clear
+(opened before the store was first opened with a key: attack F2) never
+writes a clear payload into a sealed session or creates a clear session
+once the store is marked, and a session whose key row is gone (attack F3)
+refuses writes and clear values instead of downgrading. Each guard has a
+control that patches it out and sees the clear write land.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TEST_KEYS, FakeClock, close_backend, open_backend
+
+import turnkeeper
+from turnkeeper import EntryKind
+from turnkeeper.storage.crypto import keyring as keyring_module
+from turnkeeper.storage.ops import appends, session_rows
+
+SECRET = "the launch code is 0000"
+MSG = {"message": {"role": "user", "content": SECRET}}
+
+
+def _reopen(store: Any, **kwargs: Any) -> Any:
+    url = getattr(store.db, "url", None) or store.path
+    return turnkeeper.open_store(url, **kwargs)
+
+
+def _sql(store: Any, sql: str, params: list[Any] | None = None) -> None:
+    store.db.write("forge", lambda tx: tx.exec(sql, params or []))
+
+
+def _payloads(store: Any, sid: str) -> list[str]:
+    rows = store.query(
+        "SELECT payload FROM entries WHERE session_id = ? ORDER BY seq", [sid]
+    ).to_pylist()
+    return [r["payload"] for r in rows]
+
+
+@pytest.fixture(params=["duckdb", "postgres"])
+def before_marking(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
+) -> Iterator[tuple[Any, Any]]:
+    """A store object opened without keys on a clear store, then another one
+    opened with keys (which marks the store encrypted) holding a sealed
+    session ``sealed``: (clear object, keyed object)."""
+    clear = open_backend(request.param, tmp_path, clock)
+    keyed = _reopen(clear, encryption=TEST_KEYS, clock=clock)
+    keyed.sessions.create("sealed", cwd="/w")
+    keyed.sessions.append("sealed", EntryKind.MESSAGE, MSG)
+    try:
+        yield clear, keyed
+    finally:
+        keyed.close()
+        close_backend(clear)
+
+
+def test_a_store_object_opened_before_marking_writes_nothing_clear(before_marking):
+    clear, keyed = before_marking
+    keyed.sessions.create("empty", cwd="/w")
+    custom = {"customType": "n", "text": SECRET}  # (PostgreSQL: the one-statement append)
+    for sid, kind, payload in (
+        ("empty", EntryKind.CUSTOM, custom),
+        ("sealed", EntryKind.MESSAGE, MSG),
+        ("empty", EntryKind.MESSAGE, MSG),
+    ):
+        with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
+            clear.sessions.append(sid, kind, payload)
+        assert (refused.value.session_id, refused.value.key_id) == (sid, None)
+    assert not _payloads(keyed, "empty")
+    with pytest.raises(turnkeeper.KeyUnavailableError):
+        clear.sessions.append_many("sealed", [(EntryKind.MESSAGE, MSG)] * 2)
+    with pytest.raises(turnkeeper.KeyUnavailableError) as created:
+        clear.sessions.create("late", cwd="/w")
+    assert created.value.session_id == "late"
+    assert clear.sessions.get("late") is None
+    stored = _payloads(keyed, "sealed")
+    assert len(stored) == 1 and stored[0].startswith("enc1:")
+    assert [m["content"] for m in keyed.sessions.replay("sealed").messages] == [SECRET]
+
+
+def test_control_without_the_key_version_in_the_head_a_clear_append_lands(
+    before_marking, monkeypatch
+):
+    """Control: with the head read and compare-and-set blind to the key
+    version (as before schema 34), and the one-statement append's check of
+    it dropped, the store object that took the store for clear writes a
+    clear payload into the sealed session."""
+    clear, keyed = before_marking
+    keyed.sessions.create("empty", cwd="/w")  # (no sealed entry the append reads)
+    monkeypatch.setattr(
+        session_rows, "HEAD_READ", "SELECT leaf_id, next_seq, NULL FROM sessions WHERE id = ?"
+    )
+    monkeypatch.setattr(
+        session_rows,
+        "HEAD_IS",
+        "next_seq = ? AND leaf_id IS NOT DISTINCT FROM ? AND ?::BIGINT IS NULL",
+    )
+    monkeypatch.setattr(appends, "CLEAR_SESSION", "TRUE")
+    clear.sessions.append("empty", EntryKind.MESSAGE, MSG)
+    assert _payloads(keyed, "empty")[0].startswith("{")
+
+
+def test_a_session_whose_key_row_is_gone_refuses_writes_and_clear_values(before_marking):
+    """Attack F3: a session's key row deleted (by SQL, a partial restore):
+    an append is refused, typed, instead of being stored clear; an empty
+    session's too; and a clear payload forged into it is refused on read."""
+    _, keyed = before_marking
+    keyed.sessions.create("empty", cwd="/w")
+    _sql(keyed, "DELETE FROM session_keys")
+    with _reopen(keyed, encryption=TEST_KEYS) as fresh:
+        for sid in ("sealed", "empty"):
+            with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
+                fresh.sessions.append(sid, EntryKind.MESSAGE, MSG)
+            assert refused.value.session_id == sid
+        assert len(_payloads(keyed, "sealed")) == 1 and not _payloads(keyed, "empty")
+    _sql(keyed, "UPDATE entries SET payload = ? WHERE session_id = 'sealed'", ['{"x": 1}'])
+    with _reopen(keyed, encryption=TEST_KEYS) as fresh:
+        with pytest.raises(turnkeeper.PayloadAuthenticationError):
+            fresh.sessions.replay("sealed")
+
+
+def test_control_a_session_taken_for_clear_by_its_key_row_accepts_a_forged_clear_value(
+    before_marking, monkeypatch
+):
+    """Control: judged by its key rows (as before schema 34) instead of the
+    session row's key version, the session whose key row was deleted passes
+    a forged clear payload off as its own."""
+    _, keyed = before_marking
+    _sql(keyed, "DELETE FROM session_keys")
+    _sql(keyed, "UPDATE entries SET payload = ? WHERE session_id = 'sealed'", ['{"x": 1}'])
+    monkeypatch.setattr(
+        keyring_module,
+        "_VERSION",
+        "SELECT max(version) FROM session_keys WHERE session_id = ?",
+    )
+    with _reopen(keyed, encryption=TEST_KEYS) as fresh:
+        assert fresh.sessions.entry("sealed", _ids(keyed)[0]).payload == {"x": 1}
+
+
+def _ids(store: Any) -> list[str]:
+    rows = store.query("SELECT id FROM entries WHERE session_id = 'sealed' ORDER BY seq")
+    return [r["id"] for r in rows.to_pylist()]
+
+
+def _merged_appends(clear: Any, sids: list[str], monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Appends of ``sids`` queued together behind DuckDB's write lock, tried
+    as one merged group (``appends.append_group``; a lost compare-and-set
+    splits it, each append then runs alone): each caller's outcome."""
+    from test_group_commit import queued_together
+
+    real, groups = appends.append_group, []
+
+    def counted(tx: Any, requests: list[Any]) -> list[Any]:
+        groups.append(len(requests))
+        return real(tx, requests)
+
+    monkeypatch.setattr(appends, "append_group", counted)
+    got = queued_together(
+        clear, [lambda s=s: clear.sessions.append(s, EntryKind.MESSAGE, MSG) for s in sids]
+    )
+    assert groups and groups[0] == len(sids), f"the appends were not merged: {groups}"
+    return got
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["guard", "control"])
+def test_a_merged_clear_append_never_lands_in_a_sealed_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, guarded: bool
+):
+    """DuckDB's merged appends (a clear store object's plain appends, queued
+    together) name the session's clear key version in their compare-and-set:
+    the one into a sealed session loses and, alone, is refused typed; the
+    clear ones land. Control: with that condition patched out (as before
+    schema 34, ``appends.CLEAR_SESSION`` and the head's key version), the
+    clear payload lands in the sealed session."""
+    path = str(tmp_path / "s.duckdb")
+    with turnkeeper.open_store(path) as clear:
+        for sid in ("c1", "c2"):
+            clear.sessions.create(sid, cwd="/w")
+        with turnkeeper.open_store(path, encryption=TEST_KEYS) as keyed:
+            keyed.sessions.create("empty", cwd="/w")
+        if not guarded:
+            monkeypatch.setattr(
+                appends, "_MOVE_HEADS", appends._MOVE_HEADS.replace(appends.CLEAR_SESSION, "TRUE")
+            )
+            monkeypatch.setattr(
+                session_rows,
+                "HEAD_READ",
+                "SELECT leaf_id, next_seq, NULL FROM sessions WHERE id = ?",
+            )
+            monkeypatch.setattr(
+                session_rows,
+                "HEAD_IS",
+                "next_seq = ? AND leaf_id IS NOT DISTINCT FROM ? AND ?::BIGINT IS NULL",
+            )
+        got = _merged_appends(clear, ["c1", "empty", "c2"], monkeypatch)
+        stored = clear.query("SELECT payload FROM entries WHERE session_id = 'empty'").to_pylist()
+    assert isinstance(got[0], turnkeeper.Entry) and isinstance(got[2], turnkeeper.Entry)
+    if guarded:
+        assert isinstance(got[1], turnkeeper.KeyUnavailableError), got
+        assert stored == []
+    else:
+        assert isinstance(got[1], turnkeeper.Entry) and stored[0]["payload"].startswith("{")
+
+
+def test_control_without_its_clear_check_the_one_statement_append_lands_clear(
+    monkeypatch, tmp_path: Path, clock: FakeClock
+):
+    """PostgreSQL's one-statement append (a clear store object's plain
+    append) is refused in a sealed session by its own condition
+    (``appends.CLEAR_SESSION``; the guard's test is
+    ``test_a_store_object_opened_before_marking_writes_nothing_clear``),
+    before the transaction's: patched out alone, the clear payload lands."""
+    clear = open_backend("postgres", tmp_path, clock)
+    try:
+        with _reopen(clear, encryption=TEST_KEYS) as keyed:
+            keyed.sessions.create("empty", cwd="/w")
+        monkeypatch.setattr(appends, "CLEAR_SESSION", "TRUE")
+        # (a custom entry: the pairing rule needs no head the object knows)
+        clear.sessions.append("empty", EntryKind.CUSTOM, {"customType": "n", "text": SECRET})
+        assert _payloads(clear, "empty")[0].startswith("{")
+    finally:
+        close_backend(clear)
