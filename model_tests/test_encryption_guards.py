@@ -121,9 +121,11 @@ def test_a_session_whose_key_row_is_gone_refuses_writes_and_clear_values(before_
             assert refused.value.session_id == sid
         assert len(_payloads(keyed, "sealed")) == 1 and not _payloads(keyed, "empty")
     _sql(keyed, "UPDATE entries SET payload = ? WHERE session_id = 'sealed'", ['{"x": 1}'])
-    with _reopen(keyed, encryption=TEST_KEYS) as fresh:
-        with pytest.raises(turnkeeper.PayloadAuthenticationError):
-            fresh.sessions.replay("sealed")
+    with (
+        _reopen(keyed, encryption=TEST_KEYS) as fresh,
+        pytest.raises(turnkeeper.PayloadAuthenticationError),
+    ):
+        fresh.sessions.replay("sealed")
 
 
 def test_control_a_session_taken_for_clear_by_its_key_row_accepts_a_forged_clear_value(
