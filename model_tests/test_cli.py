@@ -96,6 +96,7 @@ def test_short_demo_is_clean_and_fences_stale_writes(demo: DemoRun) -> None:
         "session_trees_well_formed",
         "stale_writes_refused",
         "workers_error_free",
+        "payloads_open",
         "one_active_run_per_session",
         "no_run_revived",
         "delivered_at_most_once",

@@ -229,3 +229,48 @@ def test_control_without_its_clear_check_the_one_statement_append_lands_clear(
         assert _payloads(clear, "empty")[0].startswith("{")
     finally:
         close_backend(clear)
+
+
+@pytest.mark.parametrize("keyed_audit", [True, False], ids=["with-key", "without-key"])
+def test_audit_reports_a_damaged_ciphertext_and_checks_the_rest(tmp_path: Path, keyed_audit: bool):
+    """Attack F6: ``turnkeeper audit`` of an encrypted store with one flipped
+    byte in session ``a`` exits 1 with ``payloads_open`` failing and naming
+    the session and entry, the other checks run (it stopped at the first
+    sealed payload with exit 2). Without the key it opens no payload, says
+    so, and runs the metadata checks (exit 0)."""
+    import base64
+    import json
+
+    from click.testing import CliRunner
+
+    from turnkeeper.cli.main import cli
+
+    key = tmp_path / "key"
+    key.write_text(turnkeeper.LocalKeyProvider.generate("k1") + "\n")
+    key.chmod(0o600)
+    path = str(tmp_path / "s.duckdb")
+    with turnkeeper.open_store(path, encryption=turnkeeper.LocalKeyProvider.from_file(key)) as s:
+        for sid in ("a", "b"):
+            s.sessions.create(sid, cwd="/w")
+            s.sessions.append(sid, EntryKind.MESSAGE, MSG)
+            s.sessions.append(sid, EntryKind.MESSAGE, MSG)
+        (row,) = s.query(
+            "SELECT id, payload FROM entries WHERE session_id = 'a' LIMIT 1"
+        ).to_pylist()
+        raw = bytearray(base64.b64decode(row["payload"][5:]))
+        raw[-1] ^= 1
+        flipped = "enc1:" + base64.b64encode(bytes(raw)).decode()
+        _sql(s, "UPDATE entries SET payload = ? WHERE id = ?", [flipped, row["id"]])
+    args = ["--key-file", str(key)] if keyed_audit else []
+    result = CliRunner().invoke(cli, [*args, "audit", "--db", path, "--json"])
+    checks = {c["name"]: c for c in json.loads(result.output)["audit"]}
+    assert "session_trees_well_formed" in checks and "no_orphan_rows" in checks
+    if keyed_audit:
+        assert result.exit_code == 1, result.output
+        assert checks["payloads_open"]["violations"] == 1
+        assert f"a/{row['id']}" in checks["payloads_open"]["detail"]
+        assert [n for n, c in checks.items() if not c["passed"]] == ["payloads_open"]
+    else:
+        assert result.exit_code == 0, result.output
+        assert checks["payloads_open"]["passed"]
+        assert "2 session(s) are sealed" in checks["payloads_open"]["detail"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import secrets
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 
 from turnkeeper.spec import errors
@@ -61,13 +62,33 @@ def _params(params: Sequence[Any] | None) -> list[Any]:
     return list(params or [])
 
 
+@dataclass(frozen=True)
+class Unopened:
+    """An entry whose sealed payload could not be opened
+    (:meth:`Snapshot.opened_entries`): ``error`` is the
+    ``PayloadAuthenticationError`` or ``KeyUnavailableError`` a read raises;
+    ``keyless`` when the store was opened without a key provider (the
+    payload was not tried: nothing is known to be wrong with it)."""
+
+    session_id: str
+    entry_id: str
+    error: errors.EncryptionError
+    keyless: bool
+
+
 class Snapshot:
     """Analytics reads that all see one consistent state of the store (see
     :meth:`BaseStore.snapshot`); valid only inside that call, on its thread."""
 
-    def __init__(self, run: QueryFn, entries: Callable[[list[Sequence[Any]]], list[Entry]]) -> None:
+    def __init__(
+        self,
+        run: QueryFn,
+        entries: Callable[[list[Sequence[Any]]], list[Entry]],
+        opened: Callable[[list[Sequence[Any]]], tuple[list[Entry], list[Unopened]]],
+    ) -> None:
         self._run = run
         self._entries = entries
+        self._opened = opened
         self._thread = threading.get_ident()
         self.open = True
 
@@ -82,6 +103,12 @@ class Snapshot:
                 that cannot be opened.
         """
         return self._entries(rows)
+
+    def opened_entries(self, rows: list[Sequence[Any]]) -> tuple[list[Entry], list[Unopened]]:
+        """As :meth:`entries`, each row on its own: the entries whose
+        payloads opened, and one :class:`Unopened` per row whose payload did
+        not (an audit reports them and goes on)."""
+        return self._opened(rows)
 
     def query(self, sql: str, params: Sequence[Any] | None = None) -> Any:
         """As :meth:`BaseStore.query` (same checks, same errors), in the snapshot.
@@ -473,8 +500,25 @@ class BaseStore:
                 return [clear_entry_row(r) for r in rows]
             return self.db.read("open_entries", lambda tx: [entry_row(tx, r) for r in rows])
 
+        def opened(rows: list[Sequence[Any]]) -> tuple[list[Entry], list[Unopened]]:
+            if not self.db.keyring.encrypted:
+                return [clear_entry_row(r) for r in rows], []
+            keyless = self.db.keyring.provider is None
+
+            def each(tx: Tx) -> tuple[list[Entry], list[Unopened]]:
+                good: list[Entry] = []
+                bad: list[Unopened] = []
+                for r in rows:
+                    try:
+                        good.append(entry_row(tx, r))
+                    except (errors.PayloadAuthenticationError, errors.KeyUnavailableError) as e:
+                        bad.append(Unopened(str(r[0]), str(r[1]), e, keyless))
+                return good, bad
+
+            return self.db.read("open_entries", each)
+
         def run(query: QueryFn) -> T:
-            snap = Snapshot(query, entries)
+            snap = Snapshot(query, entries, opened)
             try:
                 return body(snap)
             finally:

@@ -8,12 +8,14 @@ that moves the run), delivery claims carry the operation's epoch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from turnkeeper.spec.records import Entry
 from turnkeeper.spec.run import TERMINAL
 from turnkeeper.storage.ops.entry_rows import ENTRY_SELECT
 from turnkeeper.storage.pairing import calls_of, tree_faults, unanswered_calls
 from turnkeeper.storage.replay import context_message, path_to
-from turnkeeper.storage.store import Snapshot
+from turnkeeper.storage.store import Snapshot, Unopened
 
 from .audit_base import Check, Scope, sample
 from .audit_base import rows as query_rows
@@ -116,18 +118,49 @@ def check_delivered_once(store: Snapshot, scope: Scope) -> Check:
     )
 
 
-def _trees(store: Snapshot, scope: Scope) -> dict[str, dict[str, Entry]]:
-    """Every in-scope session's entries by id."""
+def _trees(store: Snapshot, scope: Scope) -> tuple[dict[str, dict[str, Entry]], Check]:
+    """Every in-scope session's entries by id (a session with an entry whose
+    sealed payload did not open left out: its tree is not known), and the
+    check of those payloads (:func:`check_payloads_open`)."""
     found = query_rows(
         store,
         f"WITH {scope.cte()} SELECT {ENTRY_SELECT} FROM entries "
         f"WHERE {scope.sessions_in('session_id')} ORDER BY session_id, seq",
         scope.params(),
     )
+    opened, unopened = store.opened_entries([list(row.values()) for row in found])
     out: dict[str, dict[str, Entry]] = {}
-    for entry in store.entries([list(row.values()) for row in found]):
+    for entry in opened:
         out.setdefault(entry.session_id, {})[entry.id] = entry
-    return out
+    for u in unopened:
+        out.pop(u.session_id, None)
+    return out, check_payloads_open(len(found), unopened)
+
+
+def check_payloads_open(checked: int, unopened: Sequence[Unopened]) -> Check:
+    """Every sealed payload opens under its session's data key (encryption at
+    rest): one that fails authentication (a flipped byte, a value moved from
+    another row) or whose key is gone is a violation. A store opened
+    without its key opens none; that is said, not counted, and the sessions'
+    tree checks below skip them."""
+    bad = [u for u in unopened if not u.keyless]
+    skipped = sorted({u.session_id for u in unopened if u.keyless})
+    detail = ""
+    if bad:
+        detail = sample(sorted(f"{u.session_id}/{u.entry_id}: {u.error}" for u in bad))
+    elif skipped:
+        detail = (
+            f"the payloads of {len(skipped)} session(s) are sealed and the store was opened "
+            "without its key (--key-file or $TURNKEEPER_MASTER_KEY): not opened, their trees "
+            "not checked"
+        )
+    return Check(
+        "payloads_open",
+        "every sealed payload opens under its session's data key",
+        len(bad),
+        checked - sum(1 for u in unopened if u.keyless),
+        detail,
+    )
 
 
 def check_tool_calls_paired(
@@ -217,8 +250,9 @@ def check_tool_results_in_context(trees: dict[str, dict[str, Entry]]) -> Check:
 
 def run_checks(store: Snapshot, scope: Scope) -> list[Check]:
     """Every check of this module."""
-    trees = _trees(store, scope)
+    trees, payloads = _trees(store, scope)
     return [
+        payloads,
         check_one_active_run(store, scope),
         check_no_revival(store, scope),
         check_delivered_once(store, scope),
