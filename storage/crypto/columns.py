@@ -1,0 +1,33 @@
+"""Every stored column encryption at rest seals, in one list.
+
+What walks all sealed values of a session (rotating its data key,
+``turnkeeper encrypt`` sealing a clear session, a test that checks nothing
+is left clear) reads :data:`SEALED` instead of naming tables itself; a part
+that seals a new column adds it here, with the field name its writes and
+reads pass to ``DataKey.seal``/``open`` (bound into the associated data).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SealedColumn:
+    """One sealed column: ``table.column`` holds a value of session
+    ``table.session`` (a column naming a ``sessions.id``), sealed for record
+    id ``table.record`` and field name ``field``; ``binary``: the column holds
+    the sealed bytes (``BLOB``/``BYTEA``), else their text form (``enc1:``)."""
+
+    table: str
+    column: str
+    session: str
+    record: str
+    field: str
+    binary: bool = False
+
+
+SEALED: tuple[SealedColumn, ...] = (
+    SealedColumn("entries", "payload", "session_id", "id", "payload"),
+)
+"""The sealed columns (the README's "What is sealed" lists the same)."""
