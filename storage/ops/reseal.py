@@ -39,7 +39,7 @@ from ..crypto.seal import DataKey, is_sealed, is_sealed_text, wrap_context
 from . import leases
 from .session_rows import HEAD_IS, HEAD_READ
 
-PAGE_ROWS = 2000
+PAGE_ROWS = 5000
 """Values of one sealed column the walk reads, re-seals and writes back at a time."""
 
 
