@@ -111,3 +111,35 @@ def test_keys_rotate_refusals_are_typed_one_line_exit_2(db: str) -> None:
         store.leases.release(other)
         rows = store.query("SELECT key_id FROM session_keys").to_pylist()
     assert {r["key_id"] for r in rows} == {"k1"}
+
+
+def test_encrypt_into_a_new_duckdb_file_leaves_no_clear_copy(tmp_path: Path) -> None:
+    """The old file keeps the clear values' freed blocks after ``CHECKPOINT``
+    (the bytes are still in it: what the README warns of); the copy holds
+    none and reads back whole."""
+    old, new = str(tmp_path / "old.duckdb"), str(tmp_path / "new.duckdb")
+    with turnkeeper.open_store(old) as store:
+        store.sessions.create("a")
+        store.sessions.append("a", EntryKind.MESSAGE, MSG)
+    result = run("encrypt", "--db", old, "--into", new, key=K1)
+    assert result.exit_code == 0, result.output
+    assert f"copied into {new}" in result.stdout
+    assert SECRET.encode() in Path(old).read_bytes()
+    assert SECRET.encode() not in Path(new).read_bytes()
+    with turnkeeper.open_store(new, encryption=LocalKeyProvider.from_text(K1)) as store:
+        assert store.sessions.replay("a").messages[0]["content"] == SECRET
+    again = run("encrypt", "--db", old, "--into", new, key=K1)
+    assert again.exit_code == 2 and "the file exists" in again.stderr
+
+
+def test_encrypt_into_is_refused_on_postgres_and_while_a_session_stays_clear(db: str) -> None:
+    into = str(Path(db).parent / "copy.duckdb") if not db.startswith("postgres") else "x.duckdb"
+    if db.startswith("postgres"):
+        refused = run("encrypt", "--db", db, "--into", into, key=K1)
+        assert refused.exit_code == 2 and "--into copies a DuckDB file" in refused.stderr
+        return
+    with turnkeeper.open_store(db) as store:
+        store.leases.acquire("session:b", "runtime-1", ttl_s=600)
+    partial = run("encrypt", "--db", db, "--into", into, key=K1)
+    assert partial.exit_code == 1 and "not copied into" in partial.stderr
+    assert not Path(into).exists()

@@ -15,8 +15,10 @@ import socket
 from typing import Any
 
 import click
+import duckdb
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from turnkeeper import is_postgres
 from turnkeeper.spec import errors
 from turnkeeper.storage.ops.keys import BATCH_ROWS, ROTATION_TARGET
 
@@ -44,6 +46,38 @@ def _progress(label: str) -> Progress:
         disable=not console.is_terminal,
         transient=True,
     )
+
+
+def _check_into(db: str, into: str) -> None:
+    if is_postgres(db):
+        raise CliError("--into copies a DuckDB file; on PostgreSQL see the README")
+    if os.path.exists(into):
+        raise CliError(f"--into {into}: the file exists (give a new path)")
+
+
+def _literal(path: str) -> str:
+    return "'" + path.replace("'", "''") + "'"
+
+
+def copy_database(source: str, target: str) -> None:
+    """Copy the DuckDB store ``source`` into the new file ``target``: its
+    schema and live rows (``COPY FROM DATABASE``), none of its freed blocks.
+
+    Raises:
+        CliError: DuckDB refused (the message in one line).
+    """
+    con = duckdb.connect()
+    try:
+        con.execute(f"ATTACH {_literal(source)} AS tk_source (READ_ONLY)")
+        con.execute(f"ATTACH {_literal(target)} AS tk_target")
+        con.execute("COPY FROM DATABASE tk_source TO tk_target")
+    except duckdb.Error as exc:
+        con.close()
+        for leftover in (target, target + ".wal"):  # never a half copy taken for a store
+            if os.path.exists(leftover):
+                os.remove(leftover)
+        raise CliError(f"copying {source} into {target}: {exc}") from exc
+    con.close()
 
 
 def _need_key() -> None:
@@ -119,9 +153,18 @@ def keys_rotate_command(ctx: click.Context, db: str, batch_rows: int, as_json: b
     is_flag=True,
     help="Do not run CHECKPOINT (DuckDB) / VACUUM (PostgreSQL) afterwards.",
 )
+@click.option(
+    "--into",
+    "into",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="DuckDB: then copy the sealed store into this new file (no freed blocks).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
-def encrypt_command(ctx: click.Context, db: str, no_reclaim: bool, as_json: bool) -> None:
+def encrypt_command(
+    ctx: click.Context, db: str, no_reclaim: bool, into: str | None, as_json: bool
+) -> None:
     """Seal an existing clear store in place: the store is marked encrypted,
     then each clear session gets a data key and its payloads sealed, one
     session per transaction under that session's lease (a session another
@@ -129,9 +172,14 @@ def encrypt_command(ctx: click.Context, db: str, no_reclaim: bool, as_json: bool
     sessions are skipped. Then the engine's free pages are reclaimed (DuckDB
     CHECKPOINT, PostgreSQL VACUUM); see the README ("Encryption at rest")
     for the copies that may still hold clear payloads and how to leave none.
-    Exits 1 when a session was skipped, 2 on a refusal.
+    With --into NEW (DuckDB), once every session is sealed, the store is
+    copied into the new file NEW (COPY FROM DATABASE: live rows only, none of
+    the old file's freed blocks); replace the old file with it. Exits 1 when
+    a session was skipped (nothing copied), 2 on a refusal.
     """
     _need_key()
+    if into is not None:
+        _check_into(db, into)
     sealed: list[str] = []
     skipped: dict[str, str] = {}
     owner = _owner()
@@ -155,11 +203,16 @@ def encrypt_command(ctx: click.Context, db: str, no_reclaim: bool, as_json: bool
                         store.leases.release(lease)
                 bar.update(task, completed=n)
         reclaimed = [] if no_reclaim else store.keys.reclaim()
+    copied = None
+    if into is not None and not skipped:
+        copy_database(db, into)
+        copied = into
     out: dict[str, Any] = {
         "sealed": len(sealed),
         "already_sealed": int(total) - len(clear),
         "skipped": skipped,
         "reclaimed": reclaimed,
+        "into": copied,
     }
     if as_json:
         click.echo(dumps(out))
@@ -169,6 +222,9 @@ def encrypt_command(ctx: click.Context, db: str, no_reclaim: bool, as_json: bool
         click.echo(
             f"{len(sealed)} sessions sealed, {out['already_sealed']} already sealed, "
             f"{len(skipped)} skipped; reclaimed: {', '.join(reclaimed) or 'nothing'}"
+            + (f"; copied into {copied}" if copied else "")
         )
+        if into is not None and skipped:
+            click.echo(f"not copied into {into}: sessions are still clear", err=True)
     if skipped:
         ctx.exit(EXIT_FAILED)

@@ -110,10 +110,12 @@ def _reseal_column(
 ) -> None:
     """Re-seal ``column``'s values of ``session_id`` page by page."""
     t, c, s, r = column.table, column.column, column.session, column.record
-    select = (
-        f"SELECT {r}, {c} FROM {t} WHERE {keyed(s, f'{r} > ? AND {c} IS NOT NULL')} "
-        f"ORDER BY {r} LIMIT {PAGE_ROWS}"
-    )
+    page = f"{r} > ? AND {c} IS NOT NULL"
+    # DuckDB reaches the session's rows through its index only by the one-filter
+    # form (``keyed``), and sorts them for each page; PostgreSQL walks the
+    # (session, record) key from the page's start with plain conditions.
+    where = keyed(s, page) if tx.dialect.name == "duckdb" else f"{s} = ? AND {page}"
+    select = f"SELECT {r}, {c} FROM {t} WHERE {where} ORDER BY {r} LIMIT {PAGE_ROWS}"
     array = "BYTEA[]" if column.binary else "VARCHAR[]"
     update = (
         f"UPDATE {t} SET {c} = v.val FROM (SELECT unnest({tx.dialect.typed('VARCHAR[]')}) AS rid, "
