@@ -8,6 +8,7 @@ import base64
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -17,6 +18,7 @@ import turnkeeper
 from turnkeeper import EntryKind, LocalKeyProvider
 from turnkeeper.cli.main import cli
 from turnkeeper.storage.crypto.keys import KEY_ENV
+from turnkeeper.storage.ops.rekeying import RekeyingPart
 
 SECRET = "the launch code is 0000"
 MSG = {"message": {"role": "user", "content": SECRET}}
@@ -143,3 +145,29 @@ def test_encrypt_into_is_refused_on_postgres_and_while_a_session_stays_clear(db:
     partial = run("encrypt", "--db", db, "--into", into, key=K1)
     assert partial.exit_code == 1 and "not copied into" in partial.stderr
     assert not Path(into).exists()
+
+
+def test_encrypt_stopped_between_sessions_is_finished_by_the_next_run(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = RekeyingPart.encrypt
+    done: list[str] = []
+
+    def stop_after_one(self: Any, session_id: str, **kwargs: Any) -> bool:
+        if done:
+            raise KeyboardInterrupt  # the process stops here (Ctrl-C, a crash)
+        done.append(session_id)
+        return real(self, session_id, **kwargs)
+
+    monkeypatch.setattr(RekeyingPart, "encrypt", stop_after_one)
+    stopped = CliRunner().invoke(cli, ["encrypt", "--db", db], env={KEY_ENV: K1})
+    assert stopped.exit_code == 130 and "interrupted" in stopped.stderr
+    assert _clear_payloads(db) == 1
+    monkeypatch.setattr(RekeyingPart, "encrypt", real)
+    resumed = run("encrypt", "--db", db, "--json", key=K1)
+    assert resumed.exit_code == 0, resumed.output
+    assert (json.loads(resumed.stdout)["sealed"], json.loads(resumed.stdout)["already_sealed"]) == (
+        1,
+        1,
+    )
+    assert _clear_payloads(db) == 0
