@@ -392,3 +392,17 @@ def test_master_rotation_refuses_typed_without_the_old_key(under_k1: Any) -> Non
     assert missing.value.key_id == "k1" and missing.value.session_id == "a"
     with _reopen(under_k1) as keyless, pytest.raises(turnkeeper.KeyUnavailableError):
         keyless.keys.rotate(keyless.leases.acquire("keys:x", "r", ttl_s=60))
+
+
+def test_a_key_prepared_for_another_version_is_not_used(enc: Any) -> None:
+    """The key ``rotate_key`` wraps before its transaction is used only for
+    the version the session row calls for once locked (a rotation between
+    its read and its transaction made that version already)."""
+    _fill(enc, ("s",), 1)
+    stale = reseal_module.prepare(TEST_KEYS, "s", 1)  # version 1 is already the session's
+    made = enc.db.write(
+        "rotate", lambda tx: reseal_module.reseal(tx, "s", None, clear_only=False, prepared=stale)
+    )
+    assert made == 2
+    with _reopen(enc, encryption=TEST_KEYS) as other:
+        assert _contents(other, "s") == [f"{SECRET} 0"]

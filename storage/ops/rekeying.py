@@ -9,7 +9,9 @@ from turnkeeper.spec.records import Lease
 from ..codec import check_id
 from ..validate import check_session_lease
 from .base import Area
-from .reseal import reseal
+from .reseal import prepare, reseal
+
+_VERSION = "SELECT key_version FROM sessions WHERE id = ?"
 
 
 class RekeyingPart(Area):
@@ -27,8 +29,10 @@ class RekeyingPart(Area):
         ``session_keys`` row is deleted: a copy of the session's payloads
         from before (a backup, the WAL) can no longer be opened with this
         store's keys. The session's stored replay snapshots are dropped.
-        The store object must hold a key provider; the provider's
-        ``wrap`` runs inside the transaction.
+        The store object must hold a key provider; its ``wrap`` of the new
+        key runs before the transaction (inside it only when the session's
+        key changed in between); an unwrap of the current key not yet
+        cached runs inside it.
 
         Raises:
             SessionNotFoundError: no session has this id.
@@ -64,8 +68,17 @@ class RekeyingPart(Area):
     ) -> int | None:
         check_id(session_id, "session_id")
         check_session_lease(session_id, lease)
+        provider = self.db.keyring.provider
+        prepared = None
+        if provider is not None:  # the new key wrapped before the transaction
+            row = self.db.read("read_key_version", lambda tx: tx.one(_VERSION, [session_id]))
+            old = None if row is None or row[0] is None else int(row[0])
+            if row is not None and not (clear_only and old is not None):
+                prepared = prepare(provider, session_id, 1 if old is None else old + 1)
         version = self._fenced(
-            operation, lease, lambda tx: reseal(tx, session_id, lease, clear_only=clear_only)
+            operation,
+            lease,
+            lambda tx: reseal(tx, session_id, lease, clear_only=clear_only, prepared=prepared),
         )
         if version is not None:
             self.db.keyring.forget(session_id)  # it may hold "clear", or the old version

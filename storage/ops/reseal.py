@@ -35,6 +35,7 @@ from turnkeeper.spec.records import Lease
 from ..backend import STORE_NOW, Conflict, Tx, keyed
 from ..crypto.columns import SEALED, SealedColumn
 from ..crypto.keyring import Keyring
+from ..crypto.keys import KeyProvider
 from ..crypto.seal import DataKey, is_sealed, is_sealed_text, wrap_context
 from . import leases
 from .session_rows import HEAD_IS, HEAD_READ
@@ -43,13 +44,36 @@ PAGE_ROWS = 5000
 """Values of one sealed column the walk reads, re-seals and writes back at a time."""
 
 
-def reseal(tx: Tx, session_id: str, lease: Lease | None, *, clear_only: bool) -> int | None:
+Prepared = tuple[DataKey, str, bytes]
+"""A new data key made and wrapped before the transaction (a KMS's wrap is a
+network call, never made while the transaction holds the session row): the
+key (its version the one the caller expects to make), the master key id
+that wrapped it, the wrapped bytes."""
+
+
+def prepare(provider: KeyProvider, session_id: str, version: int) -> Prepared:
+    """A new data key of ``session_id`` at ``version``, wrapped by ``provider``."""
+    key = DataKey.new(session_id, version)
+    return key, provider.key_id, provider.wrap(key.key, wrap_context(session_id, version))
+
+
+def reseal(
+    tx: Tx,
+    session_id: str,
+    lease: Lease | None,
+    *,
+    clear_only: bool,
+    prepared: Prepared | None = None,
+) -> int | None:
     """Seal every sealed column of ``session_id`` under a new data key
     version inside ``tx`` (see the module docstring); returns the new
     version, or ``None`` when ``clear_only`` and the session is already
     sealed (nothing written: ``turnkeeper encrypt`` resumes past it).
 
     ``lease``: the session's lease (fenced), else nobody may hold a live one.
+    ``prepared``: the new key made before the transaction (:func:`prepare`),
+    used when its version is the one the session row calls for (else a key
+    is made and wrapped here).
 
     Raises:
         SessionNotFoundError: no such session.
@@ -73,12 +97,13 @@ def reseal(tx: Tx, session_id: str, lease: Lease | None, *, clear_only: bool) ->
     provider = _provider(keys, session_id)
     opener = None if old is None else keys.sealing(tx, session_id, old)[0]
     version = 1 if old is None else old + 1
-    key = DataKey.new(session_id, version)
-    wrapped = provider.wrap(key.key, wrap_context(session_id, version))
+    if prepared is None or prepared[0].version != version:
+        prepared = prepare(provider, session_id, version)
+    key, key_id, wrapped = prepared
     tx.exec(
         "INSERT INTO session_keys (session_id, version, key_id, wrapped, created_at) "
         f"VALUES (?, ?, ?, ?, {STORE_NOW})",
-        [session_id, version, provider.key_id, wrapped, tx.now],
+        [session_id, version, key_id, wrapped, tx.now],
     )
     tx.made_keys[(session_id, version)] = key
     for column in SEALED:
@@ -95,7 +120,7 @@ def reseal(tx: Tx, session_id: str, lease: Lease | None, *, clear_only: bool) ->
     return version
 
 
-def _provider(keys: Keyring, session_id: str) -> Any:
+def _provider(keys: Keyring, session_id: str) -> KeyProvider:
     if keys.provider is None:
         raise errors.KeyUnavailableError(
             session_id,
