@@ -22,7 +22,8 @@ from conftest import TEST_KEYS, FakeClock, close_backend, open_backend
 import turnkeeper
 from turnkeeper import EntryKind, LocalKeyProvider
 from turnkeeper.spec.records import ANY_LEAF
-from turnkeeper.storage.crypto.seal import key_version, text_bytes
+from turnkeeper.storage.crypto.columns import SealedColumn
+from turnkeeper.storage.crypto.seal import DataKey, key_version, text_bytes, wrap_context
 from turnkeeper.storage.ops import keys as keys_module
 from turnkeeper.storage.ops import reseal as reseal_module
 from turnkeeper.storage.ops import session_rows
@@ -406,3 +407,50 @@ def test_a_key_prepared_for_another_version_is_not_used(enc: Any) -> None:
     assert made == 2
     with _reopen(enc, encryption=TEST_KEYS) as other:
         assert _contents(other, "s") == [f"{SECRET} 0"]
+
+
+def _data_key(store: Any, sid: str, version: int) -> DataKey:
+    row = store.query(
+        "SELECT key_id, wrapped FROM session_keys WHERE session_id = ? AND version = ?",
+        [sid, version],
+    ).to_pylist()[0]
+    plain = TEST_KEYS.unwrap(bytes(row["wrapped"]), row["key_id"], wrap_context(sid, version))
+    return DataKey(sid, version, plain)
+
+
+def test_the_walk_reseals_every_column_the_list_names_binary_ones_too(
+    enc: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A binary sealed column (``BYTEA``/``BLOB``, the form a blob takes) of
+    another table, added to ``SEALED``, is re-sealed with the entries by
+    the same walk; a ``NULL`` value stays ``NULL``."""
+    _fill(enc, ("s",), 1)
+    enc.db.write(
+        "t",
+        lambda tx: tx.exec(
+            "CREATE TABLE sealed_blobs (session_id VARCHAR, id VARCHAR, body BYTEA, "
+            "PRIMARY KEY (session_id, id))"
+        ),
+    )
+    v1 = _data_key(enc, "s", 1)
+    bodies = {f"b{i}": bytes([i]) * (i + 1) for i in range(5)}
+    for rid, body in bodies.items():
+        enc.db.write(
+            "t",
+            lambda tx, rid=rid, body=body: tx.exec(
+                "INSERT INTO sealed_blobs VALUES ('s', ?, ?)", [rid, v1.seal(rid, "body", body)]
+            ),
+        )
+    enc.db.write("t", lambda tx: tx.exec("INSERT INTO sealed_blobs VALUES ('s', 'none', NULL)"))
+    column = SealedColumn("sealed_blobs", "body", "session_id", "id", "body", binary=True)
+    monkeypatch.setattr(reseal_module, "SEALED", (*reseal_module.SEALED, column))
+    monkeypatch.setattr(reseal_module, "PAGE_ROWS", 2)  # several pages
+    assert enc.sessions.rotate_key("s") == 2
+    v2 = _data_key(enc, "s", 2)
+    stored = {
+        r["id"]: r["body"]
+        for r in enc.query("SELECT id, body FROM sealed_blobs ORDER BY id").to_pylist()
+    }
+    assert stored.pop("none") is None
+    assert {rid: v2.open(rid, "body", bytes(value)) for rid, value in stored.items()} == bodies
+    assert _contents(enc, "s") == [f"{SECRET} 0"]
