@@ -69,7 +69,7 @@ def test_the_section_alone_is_merged_keeping_every_other_figure(bench, tmp_path:
     for section in sections.values():
         assert section["alone"] is True and section["reps"] == 1
         ratios = section["encrypted_over_clear"]
-        assert len(ratios) == 3 and all(r["median"] > 0 for r in ratios.values())
+        assert len(ratios) == 4 and all(r["median"] > 0 for r in ratios.values())
         turns = section["statements_per_turn"]
         assert turns["clear"]["total"] > 0 and turns["encrypted"]["total"] > 0
         assert all(v > 0 for k, v in section["per_payload"].items())
@@ -111,6 +111,13 @@ def test_a_twin_not_stored_as_named_is_refused(bench, tmp_path: Path) -> None:
             bench_encryption.sealed_check(sealed, "r", sealed=False)
         with pytest.raises(RuntimeError, match="holds 0 sealed payloads of 0"):
             bench_encryption.sealed_check(sealed, "nothing", sealed=True)
+    bench.REPLAY_ENTRIES = 20  # the module is this test's own (the fixture drops it after)
+    with (
+        turnkeeper.open_store(str(tmp_path / "twin.duckdb")) as clear,
+        turnkeeper.open_store(str(tmp_path / "twin.duckdb"), replay_cache_bytes=0) as cold,
+        pytest.raises(RuntimeError, match="sealed twin's session 'r' holds 0 sealed"),
+    ):
+        bench_encryption.twin(bench, clear, cold, sealed=True)
 
 
 def _section(load: float) -> dict:
@@ -123,20 +130,96 @@ def _section(load: float) -> dict:
         "ms": {"encrypted": {"append (fenced)": 3.0}, "clear": {"append (fenced)": 2.0}},
         "statements_per_turn": {"encrypted": stmts, "clear": stmts},
         "append_statements_per_call": {"encrypted": 4.0, "clear": 1.0},
-        "per_payload": {"seal_us": 5.0, "open_us": 4.0, "unwrap_us": 9.0, "payload_bytes": 220},
+        "per_payload": {
+            "seal_us": 5.0,
+            "open_us": 4.0,
+            "aes_gcm_decrypt_us": 1.0,
+            "unwrap_us": 9.0,
+            "payload_bytes": 220,
+        },
     }
 
 
 def test_the_notes_say_the_figures_were_taken_under_load_when_they_were(bench) -> None:
     import bench_encryption
 
-    busy = bench_encryption.note([_section(1.0), None], cores=2)[0]
-    idle = bench_encryption.note([_section(0.99), None], cores=2)[0]
-    assert "taken under load" in busy and "[1.0, 1.0, 1.0]" in busy
-    assert "taken under load" not in idle and "[0.99, 1.0, 1.0]" in idle
-    assert bench_encryption.note([None, None], cores=2) == []
+    busy = bench_encryption.note({"duckdb": _section(1.0), "postgres": None}, cores=2)[0]
+    idle = bench_encryption.note({"duckdb": _section(0.99), "postgres": None}, cores=2)[0]
+    assert "taken under load" in busy and "duckdb [1.0, 1.0, 1.0] on 2 cores" in busy
+    assert "taken under load" not in idle and "duckdb [0.99, 1.0, 1.0] on 2 cores" in idle
+    assert bench_encryption.note({"duckdb": None, "postgres": None}, cores=2) == []
     rows = bench_encryption.rows([_section(0.5), None], bench.TURN_PHASES)
     assert rows[0] == (
         "| encryption: append (fenced), encrypted / clear | 1.5× [1.2–2.0] (3.0 vs 2.0 ms) | — |"
     )
     assert "| 27 (10 / 5 / 12) vs 27 (10 / 5 / 12) | — |" in rows[1]
+
+
+def test_the_notes_split_the_cold_replay_into_the_snapshot_and_the_opening(bench) -> None:
+    """Clear from its snapshot 2 ms, from its rows 8 ms (4× for the snapshot's
+    absence), encrypted from its rows 12 ms (1.5× for the opening)."""
+    import bench_encryption
+
+    snap = bench_encryption.REPLAY.format(entries=10)
+    rows = bench_encryption.ROWS.format(entries=10)
+    section = _section(0.5)
+    section["encrypted_over_clear"] = {
+        snap: {"median": 6.0, "min": 6.0, "max": 6.0},
+        rows: {"median": 1.5, "min": 1.5, "max": 1.5},
+    }
+    section["ms"] = {"encrypted": {snap: 12.0, rows: 12.0}, "clear": {snap: 2.0, rows: 8.0}}
+    lines = bench_encryption.note({"duckdb": None, "postgres": section}, cores=2)
+    split = [line for line in lines if line.startswith("- postgres:")]
+    assert split == [
+        "- postgres: the encrypted cold replay (6.0× clear) reads its rows, as an encrypted "
+        "store keeps no snapshot: the snapshot's absence is 4× (clear from its rows / from its "
+        "snapshot, medians) and the opening 1.5× (encrypted / clear, both from their rows); "
+        "opening a payload costs 4.0 µs, AES-GCM's decrypt 1.0 µs of it."
+    ]
+    assert lines[-2] == f"- {bench_encryption.OPENING}."
+    assert not any(line.startswith("- ") for line in bench_encryption.note({"d": _section(0.5)}, 2))
+
+
+def test_the_clear_twin_from_its_rows_reads_and_stores_no_snapshot(
+    bench, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``from_rows`` sets the stored snapshot aside for its one call: the
+    clear cold replay it wraps loads none and stores none, and gives the
+    same replay; before and after it, the store reads its snapshot again."""
+    import bench_encryption
+
+    from turnkeeper.storage.ops import replay_snapshots
+
+    loads: list[str] = []
+    real = replay_snapshots.load
+
+    def counted(tx, session_id, stored):
+        loads.append(session_id)
+        return real(tx, session_id, stored)
+
+    monkeypatch.setattr(replay_snapshots, "load", counted)
+    msg = {"message": {"role": "user", "content": "x"}}
+    path = str(tmp_path / "clear.duckdb")
+    entries = replay_snapshots.PERSIST_ROWS + 10
+    with (
+        turnkeeper.open_store(path) as store,
+        turnkeeper.open_store(path, replay_cache_bytes=0) as cold,
+    ):
+        store.sessions.create("r")
+        store.sessions.append_many("r", [("message", msg)] * entries)
+        first = cold.sessions.replay("r")  # from the rows: stores the snapshot
+
+        def snapshots() -> int:
+            return store.query("SELECT count(*) AS n FROM replay_snapshots").to_pylist()[0]["n"]
+
+        stored = snapshots()
+        assert stored > 0 and loads == []
+        assert cold.sessions.replay("r").messages == first.messages and loads == ["r"]
+        rows = bench_encryption.from_rows(lambda: cold.sessions.replay("r"))
+        assert rows().messages == first.messages and len(first.messages) == entries
+        assert loads == ["r"]  # the stored snapshot not read
+        store.db.write("drop", lambda tx: tx.exec("DELETE FROM replay_snapshots"))
+        assert rows().messages == first.messages
+        assert loads == ["r"] and snapshots() == 0  # and none stored
+        cold.sessions.replay("r")  # unpatched again: stores it anew
+        assert snapshots() == stored

@@ -513,7 +513,7 @@ def run_tiny_bench(tmp_path: Path, pg: str | None) -> dict:
         assert ledger["replay"]["records"] == 2000
         assert ledger["replay"]["peak_bytes"] > 0
         encrypted = backend["encryption"]["encrypted_over_clear"]
-        assert len(encrypted) == 3 and all(row["median"] > 0 for row in encrypted.values())
+        assert len(encrypted) == 4 and all(row["median"] > 0 for row in encrypted.values())
     duck = data["backends"]["duckdb"]
     assert duck["analytics_model_day"]["x_faster_than_sqlite"] > 0
     assert duck["cli"]["entries"] == 400 and duck["cli"]["noop_over_first"]["median"] > 0

@@ -956,7 +956,9 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"| {row} | {' | '.join(c.get(row, '—') for c in cli_cells)} |")
     m = result["machine"]
     lines += ["", *goal_rows(result)]
-    lines += encryption_note(encrypted, m["cores"])
+    lines += encryption_note(
+        {n: b.get("encryption") for n, b in result["backends"].items()}, m["cores"]
+    )
     lines += [
         f"Machine: {m['cores']} cores, load average {m['load_average']} at the start, "
         f"Python {m['python']}, DuckDB {m['duckdb']}.",
