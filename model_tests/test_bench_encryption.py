@@ -143,8 +143,9 @@ def _section(load: float) -> dict:
 def test_the_notes_say_the_figures_were_taken_under_load_when_they_were(bench) -> None:
     import bench_encryption
 
-    busy = bench_encryption.note({"duckdb": _section(1.0), "postgres": None}, cores=2)[0]
-    idle = bench_encryption.note({"duckdb": _section(0.99), "postgres": None}, cores=2)[0]
+    busy = bench_encryption.note({"duckdb": _section(1.0), "postgres": None}, cores=2)[2]
+    idle = bench_encryption.note({"duckdb": _section(0.99), "postgres": None}, cores=2)[2]
+    assert busy.startswith("The encryption rows: measured alone")
     assert "taken under load" in busy and "duckdb [1.0, 1.0, 1.0] on 2 cores" in busy
     assert "taken under load" not in idle and "duckdb [0.99, 1.0, 1.0] on 2 cores" in idle
     assert bench_encryption.note({"duckdb": None, "postgres": None}, cores=2) == []

@@ -317,7 +317,7 @@ OPENING = (
     "profiled (cProfile of the encrypted cold replay on DuckDB): opening a payload is the "
     "text form's base64 decoded twice (once for the key version, `Keyring.open_text`, once "
     "more by `DataKey.open_text`), the key version read twice, the associated data packed per "
-    "entry and the JSON decoded; AES-GCM's own decrypt is the smaller part; the data key is "
+    "entry; AES-GCM's own decrypt is the smaller part; the data key is "
     "unwrapped once per session per store object (the keyring caches it), not per replay"
 )
 """Where an encrypted replay's time goes beyond the figures' own split (the
@@ -345,7 +345,9 @@ def note(named: dict[str, dict[str, Any] | None], cores: int) -> list[str]:
     )
     at = ", ".join(f"{n} {s['load_average']}" for n, s in have.items())
     lines = [
-        f"Encryption rows (issue 23): {how}; load average at the start of each backend's: "
+        "## Encryption's cost (issue 23)",
+        "",
+        f"The encryption rows: {how}; load average at the start of each backend's: "
         f"{at} on {cores} cores"
         + (
             " (taken under load: each ratio compares twins timed one right after the other, "
