@@ -101,7 +101,7 @@ def from_rows(replay: Any) -> Any:
 
 
 def twin(bench: Any, store: turnkeeper.BaseStore, cold: turnkeeper.BaseStore, sealed: bool) -> Any:
-    """The three timed operations on one store (``cold``: the same database,
+    """The four timed operations on one store (``cold``: the same database,
     replay cache off), its sessions written first; name → ``bench.Op``."""
     store.sessions.create("a")
     lease = store.leases.acquire("session:a", "bench", 3600, purpose="execution")
