@@ -310,9 +310,14 @@ class Keyring:
             raise errors.PayloadAuthenticationError(
                 session_id, record_id, field, detail="not a well-formed sealed value"
             )
-        return self._key_at(tx, session_id, version, record_id, field).open_text(
-            record_id, field, stored
-        )
+        assert raw is not None  # (a version was read from it)
+        plain = self._key_at(tx, session_id, version, record_id, field).open(record_id, field, raw)
+        try:  # (the bytes decoded once: DataKey.open_text would decode the base64 again)
+            return plain.decode("utf-8")
+        except UnicodeDecodeError:  # pragma: no cover - authenticated bytes are ours
+            raise errors.PayloadAuthenticationError(
+                session_id, record_id, field, detail="not UTF-8"
+            ) from None
 
     def forget(self, session_id: str) -> None:
         """Drop the cached keys of ``session_id`` (deleted: its rows are gone)."""
