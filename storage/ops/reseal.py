@@ -87,7 +87,7 @@ def reseal(
         Conflict: the session row moved under the walk (retried).
     """
     keys = tx.keys
-    head = tx.one(HEAD_READ + tx.dialect.update_lock(), [session_id])
+    head = _lock_head(tx, session_id)
     if head is None:
         raise errors.SessionNotFoundError(session_id)
     leases.fence_or_unheld(tx, session_target(session_id), lease)
@@ -118,6 +118,12 @@ def reseal(
         tx.exec("DELETE FROM session_keys WHERE session_id = ? AND version = ?", [session_id, old])
     tx.exec("DELETE FROM replay_snapshots WHERE session_id = ?", [session_id])
     return version
+
+
+def _lock_head(tx: Tx, session_id: str) -> tuple[Any, ...] | None:
+    """The session's head, its row locked until the transaction ends
+    (PostgreSQL ``FOR UPDATE``: a writer of the session waits for the walk)."""
+    return tx.one(HEAD_READ + tx.dialect.update_lock(), [session_id])
 
 
 def _provider(keys: Keyring, session_id: str) -> KeyProvider:
