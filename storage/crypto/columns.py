@@ -29,5 +29,11 @@ class SealedColumn:
 
 SEALED: tuple[SealedColumn, ...] = (
     SealedColumn("entries", "payload", "session_id", "id", "payload"),
+    SealedColumn("tool_executions", "result", "session_id", "execution_key", "result"),
+    SealedColumn(
+        "tool_executions", "provider_metadata", "session_id", "execution_key", "provider_metadata"
+    ),
+    SealedColumn("execution_intents", "request", "session_id", "id", "request"),
+    SealedColumn("run_events", "data", "session_id", "id", "data"),
 )
 """The sealed columns (the README's "What is sealed" lists the same)."""

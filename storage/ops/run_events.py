@@ -20,12 +20,13 @@ from turnkeeper.spec.lifecycle import Edge
 from turnkeeper.spec.records import Lease, Run, RunEvent
 from turnkeeper.spec.run import TERMINAL
 
-from ..backend import Conflict, Tx, present, utc
+from ..backend import Conflict, Tx, present
 from ..codec import check_id, from_json, to_json
+from ..crypto.keyring import UNREAD
 from ..validate import check_lease, check_session_lease
-from . import leases
+from . import leases, sealed_json
 from .base import Area
-from .run_reads import get
+from .run_reads import EVENT_DATA, event_row, get
 
 DECISION = "decision"
 """The ``edge`` of a run event that records a decision resolution: not a
@@ -43,7 +44,8 @@ _EVENT_COLS = "session_id, seq, id, run_id, edge, source, dest, data, occurred_a
 
 
 def append_event(tx: Tx, run: Run, edge: Edge, event_id: str, data: Mapping[str, Any]) -> None:
-    """Append a run event with the session's next sequence number."""
+    """Append a run event with the session's next sequence number (its data
+    sealed in a sealed session: :func:`append_events`)."""
     append_events(tx, run, [(edge, event_id, data)])
 
 
@@ -65,6 +67,7 @@ def append_events(
     events: Sequence[tuple[Edge, str, Mapping[str, Any]]],
     *,
     taken: bool = False,
+    version: int | None = UNREAD,
 ) -> None:
     """Append run events (edge, event id, data), in order, with the session's
     next sequence numbers, taken from its event cursor (``session_rows.event_seq``,
@@ -74,6 +77,10 @@ def append_events(
 
     ``taken``: the caller's update of the session row in this transaction
     already moved the cursor past them (``cursor_bump``), so no update here.
+    Each event's data is sealed (record id: the event's id, field ``data``)
+    under the data key version ``version`` names (the session row's
+    ``key_version`` as the caller read it with its head, named in its
+    compare-and-set; :data:`UNREAD`: read here when the store is encrypted).
 
     Raises:
         Conflict: the session row is gone (the transaction retries).
@@ -89,7 +96,7 @@ def append_events(
         sql = f"UPDATE sessions SET {item.removesuffix(', ')} WHERE id = ?"
         if tx.count(sql, [*values, run.session_id]) != 1:
             raise Conflict(f"session {run.session_id!r} of run {run.id!r} is gone")
-    sql, params = _insert(tx, run, events, "s.event_seq - ?")
+    sql, params = _insert(tx, run, events, "s.event_seq - ?", version)
     tx.exec(sql, [n, *params])
 
 
@@ -98,14 +105,15 @@ NewEvents = tuple[Run, Sequence[tuple[Edge, str, Mapping[str, Any]]]]
 edge, id and data (``session_rows.append_chain``'s ``new_events``)."""
 
 
-def hold_events(tx: Tx, new: NewEvents) -> None:
+def hold_events(tx: Tx, new: NewEvents, version: int | None = UNREAD) -> None:
     """Hold (``Tx.later``) the insert of ``new``'s events numbered from the
     session's event cursor as it is before :func:`cursor_bump`'s update of
     the session row moves it past them: the caller holds that update right
     after this, in the same transaction, with nothing between, so a server
     sends both in one statement (both read the state before it) and DuckDB
     runs this one first. The numbers are the same as :func:`append_events`'
-    (the cursor, on a server at least the largest seq, plus 1, 2 …)."""
+    (the cursor, on a server at least the largest seq, plus 1, 2 …), and
+    ``version`` is as there."""
     run, events = new
     base = "s.event_seq"
     if not tx.dialect.serialized_writes:  # as cursor_bump reads it
@@ -113,22 +121,28 @@ def hold_events(tx: Tx, new: NewEvents) -> None:
             "greatest(s.event_seq, (SELECT coalesce(max(e.seq), 0) FROM run_events AS e "
             "WHERE e.session_id = s.id))"
         )
-    sql, params = _insert(tx, run, events, base)
+    sql, params = _insert(tx, run, events, base, version)
     tx.later(sql, params)
 
 
 def _insert(
-    tx: Tx, run: Run, events: Sequence[tuple[Edge, str, Mapping[str, Any]]], base: str
+    tx: Tx,
+    run: Run,
+    events: Sequence[tuple[Edge, str, Mapping[str, Any]]],
+    base: str,
+    version: int | None,
 ) -> tuple[str, list[Any]]:
     """The insert of ``events`` numbered ``base`` + 1, 2 … (``base``: SQL over
     the session row ``s``; its parameters come first), and its parameters
-    after ``base``'s."""
+    after ``base``'s; the data sealed as :func:`append_events` says."""
     row = "SELECT ?::BIGINT, ?, ?, ?, ?, ?, ?, ?, ?::TIMESTAMPTZ"
     rows = " UNION ALL ".join([row] * len(events))
+    texts = [(event_id, EVENT_DATA, to_json(dict(data), "data")) for _, event_id, data in events]
+    stored_data = sealed_json.seal(tx, run.session_id, texts, version)
     params: list[Any] = []
-    for k, (edge, event_id, data) in enumerate(events, start=1):
+    for k, ((edge, event_id, _), text) in enumerate(zip(events, stored_data, strict=True), 1):
         params += [k, event_id, run.id, edge.name, edge.trigger, edge.source, edge.dest]
-        params += [to_json(dict(data), "data"), tx.now]
+        params += [text, tx.now]
     sql = (
         f"INSERT INTO run_events SELECT s.id, {base} + v.n, v.id, v.run_id, v.edge, "
         "v.trigger, v.source, v.dest, v.data, v.occurred_at FROM sessions AS s, "
@@ -141,9 +155,7 @@ def _insert(
 def stored(tx: Tx, event_id: str) -> RunEvent | None:
     """The run event, or ``None``."""
     r = tx.one(f"SELECT {_EVENT_COLS} FROM run_events WHERE id = ?", [event_id])
-    if r is None:
-        return None
-    return RunEvent(r[0], r[1], r[2], r[3], r[4], r[5], r[6], from_json(r[7]), utc(r[8]))
+    return None if r is None else event_row(tx, r)
 
 
 def record_event(
