@@ -21,7 +21,7 @@ import pytest
 from conftest import TEST_KEYS, FakeClock, close_backend, open_backend
 
 import turnkeeper
-from turnkeeper import EntryKind
+from turnkeeper import EntryKind, Guidance
 from turnkeeper.cli.report import collect
 from turnkeeper.storage.crypto.columns import SEALED
 from turnkeeper.storage.ops import sealed_json
@@ -76,7 +76,14 @@ def _work(store: Any, sid: str = "s") -> dict[str, str]:
     store.tools.complete(key, {"stdout": SECRET})
     event = store.runs.record_event(run.id, "note", {"text": SECRET}, event_id=f"{sid}-e1")
     store.runs.finish(run.id, "succeeded", assistant_message={"role": "assistant", "content": "k"})
-    return {"run": run.id, "intent": run.intent_id, "key": key, "event": event.id}
+    store.guidance.save(Guidance(f"{sid}-g1", sid, SECRET, "v1"))
+    return {
+        "run": run.id,
+        "intent": run.intent_id,
+        "key": key,
+        "event": event.id,
+        "guidance": f"{sid}-g1",
+    }
 
 
 def _stored(store: Any, table: str, sid: str) -> list[dict[str, Any]]:
@@ -105,6 +112,7 @@ def test_every_sealed_column_is_in_the_list():
         ("tool_executions", "provider_metadata", "execution_key", "provider_metadata"),
         ("execution_intents", "request", "id", "request"),
         ("run_events", "data", "id", "data"),
+        ("esm_guidance", "guidance", "id", "guidance"),
     }
 
 
@@ -120,6 +128,8 @@ def test_tool_records_and_run_messages_are_stored_sealed_and_read_back(enc):
         events = {e.id: e for e in s.runs.events("s")}
         assert events[ids["event"]].data == {"text": SECRET}
         assert events[f"{ids['run']}:succeeded"].data == {"error": None, "stopReason": None}
+        assert [g.guidance for g in s.guidance.list("s")] == [SECRET]
+        assert s.guidance.save(Guidance(ids["guidance"], "s", SECRET, "v1")).guidance == SECRET
         # Retries compare clear values, never two seals of one value.
         assert s.tools.complete(ids["key"], {"stdout": SECRET}).state == "completed"
         again = s.runs.record_event(ids["run"], "note", {"text": SECRET}, event_id=ids["event"])
@@ -169,6 +179,7 @@ READS: dict[str, Callable[[Any, dict[str, str]], Any]] = {
     "provider_metadata": lambda s, ids: s.tools.list("s"),
     "request": lambda s, ids: s.runs.intent(ids["intent"]),
     "data": lambda s, ids: s.runs.events("s"),
+    "guidance": lambda s, ids: s.guidance.list("s"),
 }
 
 
@@ -178,9 +189,12 @@ def _value(store: Any, table: str, column: str, record: str, rid: str) -> str:
 
 
 def _record(ids: dict[str, str], table: str) -> str:
-    return {"tool_executions": ids["key"], "execution_intents": ids["intent"]}.get(
-        table, ids["event"]
-    )
+    return {
+        "tool_executions": ids["key"],
+        "execution_intents": ids["intent"],
+        "run_events": ids["event"],
+        "esm_guidance": ids["guidance"],
+    }[table]
 
 
 def _refused(store: Any, field: str, ids: dict[str, str], sid: str, rid: str) -> None:
@@ -241,12 +255,15 @@ def test_a_store_opened_without_its_key_refuses_these_reads_and_serves_metadata(
             lambda: bare.tools.list("s"),
             lambda: bare.runs.intent(ids["intent"]),
             lambda: bare.runs.events("s"),
+            lambda: bare.guidance.list("s"),
         ):
             with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
                 read()
             assert (refused.value.session_id, refused.value.key_id) == ("s", None)
         with pytest.raises(turnkeeper.KeyUnavailableError):
             bare.runs.save_intent("s", {"prompt": SECRET}, intent_id="i-2")
+        with pytest.raises(turnkeeper.KeyUnavailableError):
+            bare.guidance.save(Guidance("g2", "s", SECRET))
         with pytest.raises(turnkeeper.KeyUnavailableError):
             bare.tools.claim(
                 "k2",

@@ -35,5 +35,6 @@ SEALED: tuple[SealedColumn, ...] = (
     ),
     SealedColumn("execution_intents", "request", "session_id", "id", "request"),
     SealedColumn("run_events", "data", "session_id", "id", "data"),
+    SealedColumn("esm_guidance", "guidance", "session_id", "id", "guidance"),
 )
 """The sealed columns (the README's "What is sealed" lists the same)."""

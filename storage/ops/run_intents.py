@@ -72,9 +72,7 @@ def save(
     Raises:
         SessionNotFoundError, LeaseLostError, BusyError, ExecutionIntentConflictError.
     """
-    session = tx.one("SELECT key_version FROM sessions WHERE id = ?", [session_id])
-    if session is None:
-        raise errors.SessionNotFoundError(session_id)
+    version = sealed_json.session_version(tx, session_id)
     leases.fence_or_unheld(tx, session_target(session_id), lease)
     found = stored_intent(tx, intent_id)
     if found is not None:
@@ -89,7 +87,7 @@ def save(
             session_id,
             *(fields[name] for name in FIELDS),
             submissions.request_digest(request),
-            sealed_json.seal_one(tx, session_id, intent_id, REQUEST, fields["request"], session[0]),
+            sealed_json.seal_one(tx, session_id, intent_id, REQUEST, fields["request"], version),
             fields["policy"],
             tx.now,
         ],

@@ -1,6 +1,7 @@
-"""JSON columns of a session's records other than entry payloads, sealed and
-opened: tool-execution results and provider metadata, run requests, run
-event data (``storage/crypto/columns.py`` lists each with its field name).
+"""Columns of a session's records, JSON or text, sealed and opened: entry
+payloads, tool-execution results and provider metadata, run requests, run
+event data, guidance text (``storage/crypto/columns.py`` lists each with its
+field name).
 
 A column's value is sealed under the session's data key, with the record's
 id and the column's name as associated data (``Keyring.sealing`` then
@@ -21,6 +22,21 @@ from ..backend import Tx
 from ..codec import from_json
 from ..crypto.keyring import UNREAD
 from ..crypto.seal import is_sealed_text
+
+
+def session_version(tx: Tx, session_id: str) -> int | None:
+    """The session's data key version (``sessions.key_version``; ``None``: its
+    payloads are clear), for a writer to seal under (:func:`seal`): read by
+    every store object, so one that took the store for clear refuses to
+    write a clear value into a sealed session.
+
+    Raises:
+        SessionNotFoundError: no such session.
+    """
+    row = tx.one("SELECT key_version FROM sessions WHERE id = ?", [session_id])
+    if row is None:
+        raise errors.SessionNotFoundError(session_id)
+    return None if row[0] is None else int(row[0])
 
 
 def seal(
@@ -62,11 +78,17 @@ def open_json(tx: Tx, session_id: str, record_id: str, field: str, stored: str) 
             from another row, session or column), or a clear value in a
             session whose payloads are sealed.
     """
+    return from_json(open_text(tx, session_id, record_id, field, stored))
+
+
+def open_text(tx: Tx, session_id: str, record_id: str, field: str, stored: str) -> str:
+    """A stored text column's clear text, opened first when sealed (raises as
+    :func:`open_json`)."""
     keys = tx.keys
     if not keys.encrypted:
         if is_sealed_text(stored):  # marked encrypted since this store object opened
             raise errors.KeyUnavailableError(
                 session_id, None, detail="a sealed value, and the store was opened without keys"
             )
-        return from_json(stored)
-    return keys.open_json(tx, session_id, record_id, field, stored)
+        return stored
+    return keys.open_text(tx, session_id, record_id, field, stored)

@@ -156,10 +156,7 @@ def require_session(tx: Tx, session_id: str) -> int | None:
     Raises:
         SessionNotFoundError: no such session.
     """
-    row = tx.one("SELECT key_version FROM sessions WHERE id = ?", [session_id])
-    if row is None:
-        raise errors.SessionNotFoundError(session_id)
-    return None if row[0] is None else int(row[0])
+    return sealed_json.session_version(tx, session_id)
 
 
 def own_session(session_id: str, lease: Lease | None) -> None:
