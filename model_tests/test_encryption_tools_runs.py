@@ -307,3 +307,65 @@ def test_the_report_reads_the_same_figures_from_an_encrypted_store(tmp_path: Pat
     with turnkeeper.open_store(str(tmp_path / "sealed.duckdb")) as bare:  # the report holds no key
         assert _figures(bare) == expected
         assert expected["tool_executions_by_state"]  # (the figures are not empty)
+
+
+@pytest.fixture(params=["duckdb", "postgres"])
+def before_marking(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
+) -> Iterator[tuple[Any, Any, Any]]:
+    """A store object opened without keys on a clear store, then one opened
+    with keys (which marks the store encrypted) holding the sealed session
+    ``s`` with a running run: (clear object, keyed object, the run)."""
+    clear = open_backend(request.param, tmp_path, clock)
+    keyed = _reopen(clear, encryption=TEST_KEYS, clock=clock)
+    keyed.sessions.create("s", cwd="/w")
+    run = keyed.runs.admit("s", {"prompt": "p"}, start=True)
+    try:
+        yield clear, keyed, run
+    finally:
+        keyed.close()
+        close_backend(clear)
+
+
+def _clear_writes(clear: Any, run: Any) -> list[Callable[[], Any]]:
+    return [
+        lambda: clear.tools.claim(
+            "k9",
+            "s",
+            local_turn_id=run.turn_id,
+            provider_call_id="c9",
+            tool_name="bash",
+            side_effecting=False,
+            provider_metadata={"note": SECRET},
+        ),
+        lambda: clear.runs.save_intent("s", {"prompt": SECRET}, intent_id="i9"),
+        lambda: clear.guidance.save(Guidance("g9", "s", SECRET)),
+        lambda: clear.runs.record_event(run.id, "note", {"text": SECRET}, event_id="e9"),
+    ]
+
+
+def test_a_store_object_opened_before_marking_writes_nothing_clear(before_marking):
+    clear, keyed, run = before_marking
+    for write in _clear_writes(clear, run):
+        with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
+            write()
+        assert (refused.value.session_id, refused.value.key_id) == ("s", None)
+    assert _leaks(keyed, "s") == []
+    assert keyed.tools.list("s") == [] and keyed.guidance.list("s") == []
+
+
+def test_control_without_the_key_version_checks_a_clear_object_writes_clear(
+    before_marking, monkeypatch
+):
+    """Control: with the writers' read of the session's key version and the
+    event cursor's compare-and-set on it patched out, the store object that
+    took the store for clear writes the secret clear into the sealed session."""
+    from turnkeeper.storage.ops import run_events
+
+    clear, keyed, run = before_marking
+    monkeypatch.setattr(sealed_json, "session_version", lambda tx, sid: None)
+    monkeypatch.setattr(run_events, "CURSOR_IS", "id = ? AND ?::BIGINT IS NULL")
+    for write in _clear_writes(clear, run):
+        write()
+    leaked = {table for table, _ in _leaks(keyed, "s")}
+    assert leaked == {"tool_executions", "execution_intents", "esm_guidance", "run_events"}

@@ -40,6 +40,11 @@ RESERVED = frozenset({*(e.name for e in RUN.edges), DECISION})
 """Event types a runtime cannot record: the lifecycle's own edges (the audit and
 the report read them as transitions) and ``decision``."""
 
+CURSOR_IS = "id = ? AND key_version IS NOT DISTINCT FROM ?"
+"""The session row whose event cursor :func:`append_events` moves, still
+sealed under the key version its events' data is sealed under (``NULL``:
+clear): its compare-and-set."""
+
 _EVENT_COLS = "session_id, seq, id, run_id, edge, source, dest, data, occurred_at"
 
 
@@ -80,12 +85,19 @@ def append_events(
     Each event's data is sealed (record id: the event's id, field ``data``)
     under the data key version ``version`` names (the session row's
     ``key_version`` as the caller read it with its head, named in its
-    compare-and-set; :data:`UNREAD`: read here when the store is encrypted).
+    compare-and-set; :data:`UNREAD`: read here when the store is encrypted,
+    and named in the cursor's update, its compare-and-set).
 
     Raises:
-        Conflict: the session row is gone (the transaction retries).
+        Conflict: the session row is gone, or its data key version moved
+            (the transaction retries).
+        KeyUnavailableError: (``key_id`` ``None``) the session's payloads are
+            sealed and this store object holds no keys (it took the store
+            for clear: opened before the store was marked). Nothing is written.
     """
     n = len(events)
+    if version == UNREAD:  # (a clear store object: None, checked by the update below)
+        version = tx.keys.sealing(tx, run.session_id)[1]
     # On a server the largest seq is also read, through the (session_id, seq) key
     # (an index probe): a turnkeeper older than schema 10 still running in the
     # fleet beside a migrated database numbers events by it and leaves the cursor
@@ -93,11 +105,27 @@ def append_events(
     # cannot open a migrated file (SchemaVersionError): the cursor alone.
     if not taken:
         item, values = cursor_bump(tx, run.session_id, n)
-        sql = f"UPDATE sessions SET {item.removesuffix(', ')} WHERE id = ?"
-        if tx.count(sql, [*values, run.session_id]) != 1:
-            raise Conflict(f"session {run.session_id!r} of run {run.id!r} is gone")
+        sql = f"UPDATE sessions SET {item.removesuffix(', ')} WHERE {CURSOR_IS}"
+        if tx.count(sql, [*values, run.session_id, version]) != 1:
+            _lost(tx, run)
     sql, params = _insert(tx, run, events, "s.event_seq - ?", version)
     tx.exec(sql, [n, *params])
+
+
+def _lost(tx: Tx, run: Run) -> None:
+    """Why the cursor's compare-and-set of ``run``'s session changed no row.
+
+    Raises:
+        KeyUnavailableError: the session is sealed and this store object
+            holds no keys (``Keyring.sealing``'s refusal).
+        Conflict: the session is gone, or its key version moved.
+    """
+    found = tx.one("SELECT key_version FROM sessions WHERE id = ?", [run.session_id])
+    if found is None:
+        raise Conflict(f"session {run.session_id!r} of run {run.id!r} is gone")
+    if found[0] is not None and not tx.keys.encrypted:  # this store object took it for clear
+        tx.keys.sealing(tx, run.session_id, int(found[0]))
+    raise Conflict(f"the data key version of session {run.session_id!r} moved")
 
 
 NewEvents = tuple[Run, Sequence[tuple[Edge, str, Mapping[str, Any]]]]
