@@ -21,7 +21,7 @@ import pytest
 from conftest import TEST_KEYS, FakeClock, close_backend, open_backend
 
 import turnkeeper
-from turnkeeper import EntryKind, Guidance
+from turnkeeper import EntryKind, Guidance, InputResourceEvent
 from turnkeeper.cli.report import collect
 from turnkeeper.storage.crypto.columns import SEALED
 from turnkeeper.storage.ops import sealed_json
@@ -77,13 +77,21 @@ def _work(store: Any, sid: str = "s") -> dict[str, str]:
     event = store.runs.record_event(run.id, "note", {"text": SECRET}, event_id=f"{sid}-e1")
     store.runs.finish(run.id, "succeeded", assistant_message={"role": "assistant", "content": "k"})
     store.guidance.save(Guidance(f"{sid}-g1", sid, SECRET, "v1"))
+    store.resources.record_event(_resource(sid, run.id, f"{sid}-r1"))
     return {
         "run": run.id,
         "intent": run.intent_id,
         "key": key,
         "event": event.id,
         "guidance": f"{sid}-g1",
+        "resource": f"{sid}-r1",
     }
+
+
+def _resource(sid: str, run_id: str, event_id: str) -> InputResourceEvent:
+    return InputResourceEvent(
+        sid, "file-1", "materialized", id=event_id, run_id=run_id, data={"path": SECRET}
+    )
 
 
 def _stored(store: Any, table: str, sid: str) -> list[dict[str, Any]]:
@@ -113,6 +121,7 @@ def test_every_sealed_column_is_in_the_list():
         ("execution_intents", "request", "id", "request"),
         ("run_events", "data", "id", "data"),
         ("esm_guidance", "guidance", "id", "guidance"),
+        ("input_resource_events", "data", "id", "data"),
     }
 
 
@@ -130,6 +139,8 @@ def test_tool_records_and_run_messages_are_stored_sealed_and_read_back(enc):
         assert events[f"{ids['run']}:succeeded"].data == {"error": None, "stopReason": None}
         assert [g.guidance for g in s.guidance.list("s")] == [SECRET]
         assert s.guidance.save(Guidance(ids["guidance"], "s", SECRET, "v1")).guidance == SECRET
+        assert [e.data for e in s.resources.events("s")] == [{"path": SECRET}]
+        assert s.resources.record_event(_resource("s", ids["run"], ids["resource"])) == "s-r1"
         # Retries compare clear values, never two seals of one value.
         assert s.tools.complete(ids["key"], {"stdout": SECRET}).state == "completed"
         again = s.runs.record_event(ids["run"], "note", {"text": SECRET}, event_id=ids["event"])
@@ -175,12 +186,14 @@ def _flip(stored: str) -> str:
 
 
 READS: dict[str, Callable[[Any, dict[str, str]], Any]] = {
-    "result": lambda s, ids: s.tools.get(ids["key"]),
-    "provider_metadata": lambda s, ids: s.tools.list("s"),
-    "request": lambda s, ids: s.runs.intent(ids["intent"]),
-    "data": lambda s, ids: s.runs.events("s"),
-    "guidance": lambda s, ids: s.guidance.list("s"),
+    "tool_executions.result": lambda s, ids: s.tools.get(ids["key"]),
+    "tool_executions.provider_metadata": lambda s, ids: s.tools.list("s"),
+    "execution_intents.request": lambda s, ids: s.runs.intent(ids["intent"]),
+    "run_events.data": lambda s, ids: s.runs.events("s"),
+    "esm_guidance.guidance": lambda s, ids: s.guidance.list("s"),
+    "input_resource_events.data": lambda s, ids: s.resources.events("s"),
 }
+"""Per sealed column, a read that opens it."""
 
 
 def _value(store: Any, table: str, column: str, record: str, rid: str) -> str:
@@ -194,17 +207,18 @@ def _record(ids: dict[str, str], table: str) -> str:
         "execution_intents": ids["intent"],
         "run_events": ids["event"],
         "esm_guidance": ids["guidance"],
+        "input_resource_events": ids["resource"],
     }[table]
 
 
-def _refused(store: Any, field: str, ids: dict[str, str], sid: str, rid: str) -> None:
+def _refused(store: Any, column: Any, ids: dict[str, str], sid: str, rid: str) -> None:
     with (
         _reopen(store, encryption=TEST_KEYS) as s,
         pytest.raises(turnkeeper.PayloadAuthenticationError) as refused,
     ):
-        READS[field](s, ids)
+        READS[f"{column.table}.{column.column}"](s, ids)
     got = refused.value
-    assert (got.session_id, got.record_id, got.field) == (sid, rid, field)
+    assert (got.session_id, got.record_id, got.field) == (sid, rid, column.field)
 
 
 @pytest.mark.parametrize("column", OURS, ids=lambda c: f"{c.table}.{c.column}")
@@ -217,7 +231,7 @@ def test_a_flipped_byte_fails_authentication_naming_the_record(enc, column):
         f"UPDATE {column.table} SET {column.column} = ? WHERE {column.record} = ?",
         [_flip(stored), rid],
     )
-    _refused(enc, column.field, ids, "s", rid)
+    _refused(enc, column, ids, "s", rid)
 
 
 @pytest.mark.parametrize("column", OURS, ids=lambda c: f"{c.table}.{c.column}")
@@ -228,12 +242,12 @@ def test_a_value_moved_from_another_session_or_column_fails_authentication(enc, 
     theirs = _value(enc, column.table, column.column, column.record, _record(other, column.table))
     update = f"UPDATE {column.table} SET {column.column} = ? WHERE {column.record} = ?"
     _sql(enc, update, [theirs, rid])  # the same row's column of another session
-    _refused(enc, column.field, ids, "s", rid)
+    _refused(enc, column, ids, "s", rid)
     if column.table == "tool_executions":  # the record's other sealed column
         moved = "provider_metadata" if column.column == "result" else "result"
         mine = _value(enc, "tool_executions", moved, "execution_key", rid)
         _sql(enc, update, [mine, rid])
-        _refused(enc, column.field, ids, "s", rid)
+        _refused(enc, column, ids, "s", rid)
 
 
 @pytest.mark.parametrize("column", OURS, ids=lambda c: f"{c.table}.{c.column}")
@@ -242,7 +256,7 @@ def test_a_clear_value_in_a_sealed_session_is_a_downgrade(enc, column):
     rid = _record(ids, column.table)
     update = f"UPDATE {column.table} SET {column.column} = ? WHERE {column.record} = ?"
     _sql(enc, update, ['{"forged": true}', rid])
-    _refused(enc, column.field, ids, "s", rid)
+    _refused(enc, column, ids, "s", rid)
 
 
 def test_a_store_opened_without_its_key_refuses_these_reads_and_serves_metadata(enc):
@@ -256,6 +270,7 @@ def test_a_store_opened_without_its_key_refuses_these_reads_and_serves_metadata(
             lambda: bare.runs.intent(ids["intent"]),
             lambda: bare.runs.events("s"),
             lambda: bare.guidance.list("s"),
+            lambda: bare.resources.events("s"),
         ):
             with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
                 read()
@@ -341,6 +356,7 @@ def _clear_writes(clear: Any, run: Any) -> list[Callable[[], Any]]:
         lambda: clear.runs.save_intent("s", {"prompt": SECRET}, intent_id="i9"),
         lambda: clear.guidance.save(Guidance("g9", "s", SECRET)),
         lambda: clear.runs.record_event(run.id, "note", {"text": SECRET}, event_id="e9"),
+        lambda: clear.resources.record_event(_resource("s", run.id, "r9")),
     ]
 
 
@@ -368,4 +384,4 @@ def test_control_without_the_key_version_checks_a_clear_object_writes_clear(
     for write in _clear_writes(clear, run):
         write()
     leaked = {table for table, _ in _leaks(keyed, "s")}
-    assert leaked == {"tool_executions", "execution_intents", "esm_guidance", "run_events"}
+    assert leaked == {c.table for c in OURS}

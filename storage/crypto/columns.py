@@ -36,5 +36,6 @@ SEALED: tuple[SealedColumn, ...] = (
     SealedColumn("execution_intents", "request", "session_id", "id", "request"),
     SealedColumn("run_events", "data", "session_id", "id", "data"),
     SealedColumn("esm_guidance", "guidance", "session_id", "id", "guidance"),
+    SealedColumn("input_resource_events", "data", "session_id", "id", "data"),
 )
 """The sealed columns (the README's "What is sealed" lists the same)."""
