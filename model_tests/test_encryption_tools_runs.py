@@ -21,7 +21,7 @@ import pytest
 from conftest import TEST_KEYS, FakeClock, close_backend, open_backend
 
 import turnkeeper
-from turnkeeper import EntryKind, Guidance, InputResourceEvent
+from turnkeeper import EntryKind, Guidance, InputResourceEvent, ResponseItem, ResponseTurn
 from turnkeeper.cli.report import collect
 from turnkeeper.storage.crypto.columns import SEALED
 from turnkeeper.storage.ops import sealed_json
@@ -51,7 +51,7 @@ def _reopen(store: Any, **kwargs: Any) -> Any:
     return turnkeeper.open_store(url, **kwargs)
 
 
-def _work(store: Any, sid: str = "s") -> dict[str, str]:
+def _work(store: Any, sid: str = "s") -> dict[str, Any]:
     """A run with a tool call and a recorded event, each carrying ``SECRET``;
     the ids of what it wrote."""
     store.sessions.create(sid, cwd="/w")
@@ -78,6 +78,22 @@ def _work(store: Any, sid: str = "s") -> dict[str, str]:
     store.runs.finish(run.id, "succeeded", assistant_message={"role": "assistant", "content": "k"})
     store.guidance.save(Guidance(f"{sid}-g1", sid, SECRET, "v1"))
     store.resources.record_event(_resource(sid, run.id, f"{sid}-r1"))
+    turn = store.archives.save_turn(
+        ResponseTurn(
+            sid,
+            f"{sid}-rt",
+            "openai",
+            "responses",
+            "gpt-5",
+            "auto",
+            "completed",
+            request_summary={"q": SECRET},
+            response_summary={"a": SECRET},
+        )
+    )
+    item = store.archives.save_item(
+        ResponseItem(sid, f"{sid}-rt", "message", {"text": SECRET}, item_id="it-1")
+    )
     return {
         "run": run.id,
         "intent": run.intent_id,
@@ -85,6 +101,8 @@ def _work(store: Any, sid: str = "s") -> dict[str, str]:
         "event": event.id,
         "guidance": f"{sid}-g1",
         "resource": f"{sid}-r1",
+        "response_turn": turn.id,
+        "response_item": item.id,
     }
 
 
@@ -122,6 +140,9 @@ def test_every_sealed_column_is_in_the_list():
         ("run_events", "data", "id", "data"),
         ("esm_guidance", "guidance", "id", "guidance"),
         ("input_resource_events", "data", "id", "data"),
+        ("response_turns", "request_summary", "id", "request_summary"),
+        ("response_turns", "response_summary", "id", "response_summary"),
+        ("response_items", "sanitized", "id", "sanitized"),
     }
 
 
@@ -140,6 +161,11 @@ def test_tool_records_and_run_messages_are_stored_sealed_and_read_back(enc):
         assert [g.guidance for g in s.guidance.list("s")] == [SECRET]
         assert s.guidance.save(Guidance(ids["guidance"], "s", SECRET, "v1")).guidance == SECRET
         assert [e.data for e in s.resources.events("s")] == [{"path": SECRET}]
+        turn = s.archives.get_turn("s", "s-rt")
+        assert (turn.request_summary, turn.response_summary) == ({"q": SECRET}, {"a": SECRET})
+        assert [i.sanitized for i in s.archives.items("s", "s-rt")] == [{"text": SECRET}]
+        assert s.archives.replay_items("s") == [{"text": SECRET}]
+        assert [t.items for t in s.archives.replay_turns("s")] == [({"text": SECRET},)]
         assert s.resources.record_event(_resource("s", ids["run"], ids["resource"])) == "s-r1"
         # Retries compare clear values, never two seals of one value.
         assert s.tools.complete(ids["key"], {"stdout": SECRET}).state == "completed"
@@ -192,45 +218,58 @@ READS: dict[str, Callable[[Any, dict[str, str]], Any]] = {
     "run_events.data": lambda s, ids: s.runs.events("s"),
     "esm_guidance.guidance": lambda s, ids: s.guidance.list("s"),
     "input_resource_events.data": lambda s, ids: s.resources.events("s"),
+    "response_turns.request_summary": lambda s, ids: s.archives.get_turn("s", "s-rt"),
+    "response_turns.response_summary": lambda s, ids: s.archives.get_turn("s", "s-rt"),
+    "response_items.sanitized": lambda s, ids: s.archives.replay_items("s"),
 }
 """Per sealed column, a read that opens it."""
 
 
-def _value(store: Any, table: str, column: str, record: str, rid: str) -> str:
-    rows = store.query(f"SELECT {column} FROM {table} WHERE {record} = ?", [rid]).to_pylist()
-    return str(rows[0][column])
+def _value(store: Any, column: Any, sid: str, rid: Any) -> str:
+    rows = store.query(
+        f"SELECT {column.column} AS v FROM {column.table} "
+        f"WHERE {column.record} = ? AND session_id = ?",
+        [rid, sid],
+    ).to_pylist()
+    return str(rows[0]["v"])
 
 
-def _record(ids: dict[str, str], table: str) -> str:
+def _put(store: Any, column: Any, sid: str, rid: Any, value: str) -> None:
+    _sql(
+        store,
+        f"UPDATE {column.table} SET {column.column} = ? "
+        f"WHERE {column.record} = ? AND session_id = ?",
+        [value, rid, sid],
+    )
+
+
+def _record(ids: dict[str, Any], table: str) -> Any:
     return {
         "tool_executions": ids["key"],
         "execution_intents": ids["intent"],
         "run_events": ids["event"],
         "esm_guidance": ids["guidance"],
         "input_resource_events": ids["resource"],
+        "response_turns": ids["response_turn"],
+        "response_items": ids["response_item"],
     }[table]
 
 
-def _refused(store: Any, column: Any, ids: dict[str, str], sid: str, rid: str) -> None:
+def _refused(store: Any, column: Any, ids: dict[str, Any], sid: str, rid: Any) -> None:
     with (
         _reopen(store, encryption=TEST_KEYS) as s,
         pytest.raises(turnkeeper.PayloadAuthenticationError) as refused,
     ):
         READS[f"{column.table}.{column.column}"](s, ids)
     got = refused.value
-    assert (got.session_id, got.record_id, got.field) == (sid, rid, column.field)
+    assert (got.session_id, got.record_id, got.field) == (sid, str(rid), column.field)
 
 
 @pytest.mark.parametrize("column", OURS, ids=lambda c: f"{c.table}.{c.column}")
 def test_a_flipped_byte_fails_authentication_naming_the_record(enc, column):
     ids = _work(enc)
     rid = _record(ids, column.table)
-    stored = _value(enc, column.table, column.column, column.record, rid)
-    _sql(
-        enc,
-        f"UPDATE {column.table} SET {column.column} = ? WHERE {column.record} = ?",
-        [_flip(stored), rid],
-    )
+    _put(enc, column, "s", rid, _flip(_value(enc, column, "s", rid)))
     _refused(enc, column, ids, "s", rid)
 
 
@@ -239,14 +278,12 @@ def test_a_value_moved_from_another_session_or_column_fails_authentication(enc, 
     ids = _work(enc)
     other = _work(enc, "t")
     rid = _record(ids, column.table)
-    theirs = _value(enc, column.table, column.column, column.record, _record(other, column.table))
-    update = f"UPDATE {column.table} SET {column.column} = ? WHERE {column.record} = ?"
-    _sql(enc, update, [theirs, rid])  # the same row's column of another session
+    theirs = _value(enc, column, "t", _record(other, column.table))
+    _put(enc, column, "s", rid, theirs)  # the same row's column of another session
     _refused(enc, column, ids, "s", rid)
-    if column.table == "tool_executions":  # the record's other sealed column
-        moved = "provider_metadata" if column.column == "result" else "result"
-        mine = _value(enc, "tool_executions", moved, "execution_key", rid)
-        _sql(enc, update, [mine, rid])
+    siblings = [c for c in OURS if c.table == column.table and c.column != column.column]
+    for sibling in siblings:  # the same row's other sealed column
+        _put(enc, column, "s", rid, _value(enc, sibling, "s", rid))
         _refused(enc, column, ids, "s", rid)
 
 
@@ -254,8 +291,7 @@ def test_a_value_moved_from_another_session_or_column_fails_authentication(enc, 
 def test_a_clear_value_in_a_sealed_session_is_a_downgrade(enc, column):
     ids = _work(enc)
     rid = _record(ids, column.table)
-    update = f"UPDATE {column.table} SET {column.column} = ? WHERE {column.record} = ?"
-    _sql(enc, update, ['{"forged": true}', rid])
+    _put(enc, column, "s", rid, '{"forged": true}')
     _refused(enc, column, ids, "s", rid)
 
 
@@ -271,6 +307,9 @@ def test_a_store_opened_without_its_key_refuses_these_reads_and_serves_metadata(
             lambda: bare.runs.events("s"),
             lambda: bare.guidance.list("s"),
             lambda: bare.resources.events("s"),
+            lambda: bare.archives.get_turn("s", "s-rt"),
+            lambda: bare.archives.items("s", "s-rt"),
+            lambda: bare.archives.replay_turns("s"),
         ):
             with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
                 read()
@@ -357,6 +396,12 @@ def _clear_writes(clear: Any, run: Any) -> list[Callable[[], Any]]:
         lambda: clear.guidance.save(Guidance("g9", "s", SECRET)),
         lambda: clear.runs.record_event(run.id, "note", {"text": SECRET}, event_id="e9"),
         lambda: clear.resources.record_event(_resource("s", run.id, "r9")),
+        lambda: clear.archives.save_item(
+            ResponseItem("s", "rt9", "message", {"text": SECRET}, item_id="it-9")
+        ),
+        lambda: clear.archives.save_turn(
+            ResponseTurn("s", "rt9", "o", "r", "m", "auto", "completed", request_summary=SECRET)
+        ),
     ]
 
 
