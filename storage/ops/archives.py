@@ -36,6 +36,7 @@ from turnkeeper.spec.records import (
 
 from ..backend import Conflict, Tx, keyed, present, utc
 from ..codec import check_id
+from ..crypto.columns import SEALED
 from ..validate import check_limit, check_session_lease
 from . import leases, sealed_json
 from .archive_checks import check_item, check_run, check_turn
@@ -107,10 +108,11 @@ def remote_terminal(state: str) -> bool:
     return state.strip().lower() in REMOTE_TERMINAL
 
 
-SEALED_TURN = ("request_summary", "response_summary")
-"""The sealed columns of ``response_turns`` (record id: the row's ``id``)."""
+SEALED_TURN = tuple(c.column for c in SEALED if c.table == "response_turns")
+"""The sealed columns of ``response_turns`` (record id: the row's ``id``;
+each column's name is its field name)."""
 
-SEALED_ITEM = ("sanitized",)
+SEALED_ITEM = tuple(c.column for c in SEALED if c.table == "response_items")
 """The sealed column of ``response_items`` (record id: the row's ``id``)."""
 
 
