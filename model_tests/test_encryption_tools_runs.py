@@ -430,3 +430,48 @@ def test_control_without_the_key_version_checks_a_clear_object_writes_clear(
         write()
     leaked = {table for table, _ in _leaks(keyed, "s")}
     assert leaked == {c.table for c in OURS}
+
+
+def _missed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The archive upsert's read of an item's row misses it once, as one that
+    a concurrent transaction inserted would be missed: the upsert seals the
+    item for a new number while the row keeps its own."""
+    from turnkeeper.storage.ops import archives
+
+    real, fired = archives.keyed, []
+
+    def keyed(key: str, rest: str, *args: Any) -> str:
+        found = str(real(key, rest, *args))
+        if "item_key" in rest and not fired:
+            fired.append(rest)
+            return f"({found}) AND FALSE"
+        return found
+
+    monkeypatch.setattr(archives, "keyed", keyed)
+
+
+def test_an_item_sealed_for_a_number_its_row_did_not_keep_is_retried(enc, monkeypatch):
+    ids = _work(enc)
+    _missed_once(monkeypatch)
+    again = enc.archives.save_item(
+        ResponseItem("s", "s-rt", "message", {"text": "new"}, item_id="it-1")
+    )
+    assert again.id == ids["response_item"]
+    monkeypatch.undo()
+    assert [i.sanitized for i in enc.archives.items("s", "s-rt")] == [{"text": "new"}]
+
+
+def test_control_without_the_kept_number_check_the_item_no_longer_opens(enc, monkeypatch):
+    """Control: without ``archives.kept`` the upsert writes the item sealed for
+    the number it took into the row that kept its own: the save's read-back
+    of the row refuses it (the transaction rolls back) instead of a retry."""
+    from turnkeeper.storage.ops import archives
+
+    ids = _work(enc)
+    monkeypatch.setattr(archives, "kept", lambda *args: None)
+    _missed_once(monkeypatch)
+    with pytest.raises(turnkeeper.PayloadAuthenticationError) as refused:  # its read-back
+        enc.archives.save_item(
+            ResponseItem("s", "s-rt", "message", {"text": "new"}, item_id="it-1")
+        )
+    assert refused.value.record_id == str(ids["response_item"])

@@ -157,9 +157,22 @@ def _upsert(
         [number, *values.values()],
     )
     row = present(row, f"the {table} row its upsert returns")
-    if moved and row[cols.index("id")] != number:
-        raise Conflict(f"a {table} row of session {values['session_id']!r} was inserted meanwhile")
+    if moved:
+        kept(table, values["session_id"], number, row[cols.index("id")])
     return row
+
+
+def kept(table: str, session_id: str, number: int, stored: int) -> None:
+    """Check that the row an upsert sealed values for as number ``number``
+    kept that number (``stored``): a row inserted under its key by a
+    concurrent transaction, unseen by the upsert's read, keeps its own, and
+    the values sealed for ``number`` would not open there.
+
+    Raises:
+        Conflict: it did not (the transaction retries, and reads that row).
+    """
+    if stored != number:
+        raise Conflict(f"a {table} row of session {session_id!r} was inserted meanwhile")
 
 
 def _write_guard(tx: Tx, session_id: str, lease: Lease | None) -> int | None:
