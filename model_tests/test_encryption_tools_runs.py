@@ -475,3 +475,42 @@ def test_control_without_the_kept_number_check_the_item_no_longer_opens(enc, mon
             ResponseItem("s", "s-rt", "message", {"text": "new"}, item_id="it-1")
         )
     assert refused.value.record_id == str(ids["response_item"])
+
+
+def test_rotating_and_encrypting_a_session_reseal_every_sealed_column(enc, tmp_path: Path):
+    """``sessions.rotate_key`` walks every column of ``columns.SEALED``
+    (numeric record ids among them: ``response_turns``, ``response_items``),
+    and ``sessions.encrypt`` seals a clear session's: each value reads back
+    through the API afterwards, and none is left under the old version or
+    clear."""
+    from turnkeeper.storage.crypto.seal import key_version, text_bytes
+
+    ids = _work(enc)
+    assert enc.sessions.rotate_key("s") == 2
+    for c in OURS:
+        for row in _stored(enc, c.table, "s"):
+            if row[c.column] is not None:
+                assert key_version(text_bytes(row[c.column]) or b"") == 2, (c.table, c.column)
+    with _reopen(enc, encryption=TEST_KEYS) as s:
+        assert s.tools.get(ids["key"]).result == {"stdout": SECRET}
+        assert s.runs.intent(ids["intent"]).request == {"prompt": SECRET}
+        assert {e.id: e.data for e in s.runs.events("s")}[ids["event"]] == {"text": SECRET}
+        assert [g.guidance for g in s.guidance.list("s")] == [SECRET]
+        assert [e.data for e in s.resources.events("s")] == [{"path": SECRET}]
+        assert s.archives.get_turn("s", "s-rt").request_summary == {"q": SECRET}
+        assert [i.sanitized for i in s.archives.items("s", "s-rt")] == [{"text": SECRET}]
+    (tmp_path / "clear").mkdir()
+    clear = open_backend(enc_engine(enc), tmp_path / "clear", None)
+    try:
+        cids = _work(clear, "c")
+        with _reopen(clear, encryption=TEST_KEYS) as keyed:
+            assert keyed.sessions.encrypt("c") is True
+            assert _leaks(keyed, "c") == []
+            assert keyed.tools.get(cids["key"]).result == {"stdout": SECRET}
+            assert [i.sanitized for i in keyed.archives.items("c", "c-rt")] == [{"text": SECRET}]
+    finally:
+        close_backend(clear)
+
+
+def enc_engine(store: Any) -> str:
+    return "duckdb" if isinstance(store, turnkeeper.DuckDBStore) else "postgres"

@@ -140,7 +140,10 @@ def _reseal_column(
     tx: Tx, column: SealedColumn, session_id: str, opener: DataKey | None, key: DataKey
 ) -> None:
     """Re-seal ``column``'s values of ``session_id`` page by page."""
-    t, c, s, r = column.table, column.column, column.session, column.record
+    t, c, s = column.table, column.column, column.session
+    # the record id as text, as the associated data names it (a numeric id too:
+    # pages are in text order, which the text comparison below follows)
+    r = f"CAST({t}.{column.record} AS VARCHAR)"
     page = f"{r} > ? AND {c} IS NOT NULL"
     # DuckDB reaches the session's rows through its index only by the one-filter
     # form (``keyed``), and sorts them for each page; PostgreSQL walks the
@@ -151,7 +154,7 @@ def _reseal_column(
     update = (
         f"UPDATE {t} SET {c} = v.val FROM (SELECT unnest({tx.dialect.typed('VARCHAR[]')}) AS rid, "
         f"unnest({tx.dialect.typed(array)}) AS val) AS v "
-        f"WHERE {t}.{s} = ? AND {t}.{r} = v.rid"
+        f"WHERE {t}.{s} = ? AND {r} = v.rid"
     )
     after = ""
     while True:
