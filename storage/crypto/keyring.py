@@ -247,6 +247,7 @@ class Keyring:
         if version == UNREAD:
             if not self.encrypted:
                 return None, None  # the compare-and-set checks the session is clear
+            # (the writer names it in its compare-and-set of the session row)
             row = tx.one(_VERSION, [session_id])
             version = None if row is None or row[0] is None else int(row[0])
         if version is None:
