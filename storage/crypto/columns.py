@@ -16,7 +16,8 @@ from dataclasses import dataclass
 class SealedColumn:
     """One sealed column: ``table.column`` holds a value of session
     ``table.session`` (a column naming a ``sessions.id``), sealed for record
-    id ``table.record`` and field name ``field``; ``binary``: the column holds
+    id ``table.record`` (a column, or an SQL expression over the row's
+    columns both engines evaluate) and field name ``field``; ``binary``: the column holds
     the sealed bytes (``BLOB``/``BYTEA``), else their text form (``enc1:``)."""
 
     table: str
@@ -29,5 +30,11 @@ class SealedColumn:
 
 SEALED: tuple[SealedColumn, ...] = (
     SealedColumn("entries", "payload", "session_id", "id", "payload"),
+    # ops/imports.opaque_record_id: <source>:<line>
+    SealedColumn(
+        "opaque_records", "raw", "session_id", "source || ':' || CAST(line AS VARCHAR)", "raw"
+    ),
+    # ops/replay_snapshots.MESSAGES: the clear bytes start with the part's header
+    SealedColumn("replay_snapshots", "body", "session_id", "part_key", "messages", binary=True),
 )
 """The sealed columns (the README's "What is sealed" lists the same)."""
