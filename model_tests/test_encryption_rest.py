@@ -9,8 +9,10 @@ sealing out to show the stored-value test can fail.
 
 from __future__ import annotations
 
+import base64
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,17 @@ from conftest import TEST_KEYS, FakeClock, close_backend, open_backend
 
 import turnkeeper
 from turnkeeper import EntryKind
-from turnkeeper.spec.records import ImportBatch, ImportEntry, OpaqueRecord
+from turnkeeper.spec.delivery import DeliveryPlan, DeliveryStep
+from turnkeeper.spec.records import (
+    CapabilityEvent,
+    Guidance,
+    ImportBatch,
+    ImportEntry,
+    InputResourceEvent,
+    OpaqueRecord,
+    ResponseItem,
+    ResponseTurn,
+)
 from turnkeeper.storage.crypto.columns import SEALED
 from turnkeeper.storage.ops import imports, replay_snapshots
 
@@ -42,6 +54,13 @@ def enc(
 
 def _sql(store: Any, sql: str, params: list[Any] | None = None) -> None:
     store.db.write("forge", lambda tx: tx.exec(sql, params or []))
+
+
+def _flipped(text: str) -> str:
+    """A sealed text value with one byte of its ciphertext flipped."""
+    raw = bytearray(base64.b64decode(text.removeprefix("enc1:")))
+    raw[len(raw) // 2] ^= 1
+    return "enc1:" + base64.b64encode(bytes(raw)).decode()
 
 
 def _reopen(store: Any, **kwargs: Any) -> Any:
@@ -117,7 +136,7 @@ def test_a_flipped_moved_or_clear_opaque_line_fails_authentication(enc):
     stored, elsewhere = _raw(enc), _raw(enc, "other")
     read = lambda: enc.sessions.opaque_records("imp")  # noqa: E731
     # a flipped byte of line 2's ciphertext
-    body = stored[2][:-6] + ("A" if stored[2][-6] != "A" else "B") + stored[2][-5:]
+    body = _flipped(stored[2])
     _sql(enc, "UPDATE opaque_records SET raw = ? WHERE session_id = 'imp' AND line = 2", [body])
     _refused(read, "imp", f"{SRC}:2", "raw")
     # line 3's value moved to line 2 (same session, same file)
@@ -300,3 +319,161 @@ def test_a_sealed_snapshot_is_refused_without_the_key(enc, loads):
         with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
             bare.sessions.replay("s")
         assert (refused.value.session_id, refused.value.key_id) == ("s", None)
+
+
+# -- the JSON and text columns of a session's rows (crypto/fields.py) ------------------
+
+
+@dataclass(frozen=True)
+class Column:
+    """A sealed column (as ``columns.SEALED`` lists it), how the API writes it
+    (once per session) and reads it back in clear (the readers in a tuple)."""
+
+    table: str
+    column: str
+    write: Callable[[Any, str], object]
+    read: Callable[[Any, str], Any]
+    clear: str = '{"forged": 1}'
+
+
+def _delivery(store: Any, sid: str) -> None:
+    run = store.runs.admit(sid, {"q": 1}, user_message={"role": "user", "content": "go"})
+    store.runs.start(run.id)
+    context = {"token": SECRET}
+    plan = DeliveryPlan(
+        "chat", "room", (DeliveryStep("send", "message"),), transport_context=context
+    )
+    reply = {"role": "assistant", "content": "ok"}
+    store.runs.finish(run.id, "succeeded", assistant_message=reply, delivery_plan=plan)
+
+
+def _intent(store: Any, sid: str) -> Any:
+    (intent_id,) = [
+        r["id"]
+        for r in store.query(
+            "SELECT id FROM delivery_intents WHERE session_id = ?", [sid]
+        ).to_pylist()
+    ]
+    return store.outbox.get_plan(intent_id)[0].transport_context
+
+
+def _turn(sid: str, **kw: Any) -> ResponseTurn:
+    return ResponseTurn(
+        sid, "t:1", "openai", "openai-responses", "gpt-x", "replay", "completed", **kw
+    )
+
+
+def _item(sid: str) -> ResponseItem:
+    text = [{"type": "output_text", "text": SECRET}]
+    body = {"type": "message", "role": "assistant", "content": text}
+    return ResponseItem(sid, "t:1", "message", body, item_id="it", output_index=0)
+
+
+COLUMNS = {
+    "capability_events.data": Column(
+        "capability_events",
+        "data",
+        lambda s, sid: s.capabilities.record_event(
+            CapabilityEvent(sid, "web_search", "enabled", id=f"{sid}-cap", data={"q": SECRET})
+        ),
+        lambda s, sid: (s.capabilities.events(sid)[0].event.data,),
+    ),
+    "input_resource_events.data": Column(
+        "input_resource_events",
+        "data",
+        lambda s, sid: s.resources.record_event(
+            InputResourceEvent(sid, "file-1", "attached", id=f"{sid}-res", data={"text": SECRET})
+        ),
+        lambda s, sid: (s.resources.events(sid)[0].data,),
+    ),
+    "esm_guidance.guidance": Column(
+        "esm_guidance",
+        "guidance",
+        lambda s, sid: s.guidance.save(Guidance(f"{sid}-g", sid, SECRET)),
+        lambda s, sid: (s.guidance.list(sid)[0].guidance,),
+        clear="forged",
+    ),
+    "response_turns.request_summary": Column(
+        "response_turns",
+        "request_summary",
+        lambda s, sid: s.archives.save_turn(_turn(sid, request_summary={"input": SECRET})),
+        lambda s, sid: (s.archives.get_turn(sid, "t:1").request_summary,),
+    ),
+    "response_turns.response_summary": Column(
+        "response_turns",
+        "response_summary",
+        lambda s, sid: s.archives.save_turn(_turn(sid, response_summary={"output": SECRET})),
+        lambda s, sid: (s.archives.get_turn(sid, "t:1").response_summary,),
+    ),
+    "response_items.sanitized": Column(
+        "response_items",
+        "sanitized",
+        lambda s, sid: (s.archives.save_turn(_turn(sid)), s.archives.save_item(_item(sid))),
+        lambda s, sid: (
+            s.archives.items(sid, "t:1")[0].sanitized,
+            s.archives.replay_items(sid)[0],
+            s.archives.replay_turns(sid)[0].items[0],
+        ),
+    ),
+    "delivery_intents.transport_context": Column(
+        "delivery_intents", "transport_context", _delivery, lambda s, sid: (_intent(s, sid),)
+    ),
+}
+
+
+def _sealed(case: Column) -> Any:
+    (found,) = [c for c in SEALED if (c.table, c.column) == (case.table, case.column)]
+    return found
+
+
+def _stored(store: Any, case: Column, sid: str) -> tuple[str, str]:
+    """The row's record id (by ``SEALED``'s expression) and stored value."""
+    col = _sealed(case)
+    sql = f"SELECT {col.record} AS r, {col.column} AS v FROM {col.table} WHERE {col.session} = ?"
+    (row,) = store.query(sql, [sid]).to_pylist()
+    return row["r"], row["v"]
+
+
+def _set(store: Any, case: Column, sid: str, value: str) -> None:
+    col = _sealed(case)
+    _sql(store, f"UPDATE {col.table} SET {col.column} = ? WHERE {col.session} = ?", [value, sid])
+
+
+@pytest.mark.parametrize("name", list(COLUMNS))
+def test_a_sessions_column_is_stored_sealed_and_fails_closed(enc, name):
+    case = COLUMNS[name]
+    field = _sealed(case).field
+    for sid in ("s", "other", "w"):
+        enc.sessions.create(sid, cwd="/w")
+        case.write(enc, sid)
+    record, stored = _stored(enc, case, "s")
+    assert stored.startswith("enc1:") and SECRET not in stored, stored
+    with _reopen(enc, encryption=TEST_KEYS) as fresh:  # a cold key cache
+        for got in case.read(fresh, "s"):
+            assert SECRET in json.dumps(got), got
+        reads = lambda: case.read(fresh, "s")  # noqa: E731
+        body = _flipped(stored)
+        _set(enc, case, "s", body)  # a flipped byte
+        _refused(reads, "s", record, field)
+        _set(enc, case, "s", _stored(enc, case, "other")[1])  # moved from another session
+        _refused(reads, "s", record, field)
+        _set(enc, case, "s", case.clear)  # a clear value in a sealed session
+        _refused(reads, "s", record, field)
+        _set(enc, case, "s", stored)
+        assert case.read(fresh, "s")
+    with _reopen(enc) as bare:
+        with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
+            case.read(bare, "s")
+        assert (refused.value.session_id, refused.value.key_id) == ("s", None)
+        with pytest.raises(turnkeeper.KeyUnavailableError):
+            case.write(bare, "w")  # (again: its stored row is opened, or a new one sealed)
+
+
+def test_a_clear_store_keeps_these_columns_clear(tmp_path: Path):
+    with turnkeeper.open_store(str(tmp_path / "c.duckdb")) as clear:
+        for name, case in COLUMNS.items():
+            sid = name.replace(".", "-").replace("_", "-")
+            clear.sessions.create(sid, cwd="/w")
+            case.write(clear, sid)
+            assert SECRET in _stored(clear, case, sid)[1]
+            assert all(SECRET in json.dumps(got) for got in case.read(clear, sid))

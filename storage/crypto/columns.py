@@ -36,5 +36,24 @@ SEALED: tuple[SealedColumn, ...] = (
     ),
     # ops/replay_snapshots.MESSAGES: the clear bytes start with the part's header
     SealedColumn("replay_snapshots", "body", "session_id", "part_key", "messages", binary=True),
+    # crypto/fields.py: JSON or text of a session's row, sealed as text
+    SealedColumn("capability_events", "data", "session_id", "id", "data"),
+    SealedColumn("input_resource_events", "data", "session_id", "id", "data"),
+    SealedColumn("esm_guidance", "guidance", "session_id", "id", "guidance"),
+    SealedColumn(
+        "response_turns", "request_summary", "session_id", "local_turn_id", "request_summary"
+    ),
+    SealedColumn(
+        "response_turns", "response_summary", "session_id", "local_turn_id", "response_summary"
+    ),
+    # ops/archives.item_record
+    SealedColumn(
+        "response_items",
+        "sanitized",
+        "session_id",
+        "CAST(length(local_turn_id) AS VARCHAR) || ':' || local_turn_id || '/' || item_key",
+        "sanitized",
+    ),
+    SealedColumn("delivery_intents", "transport_context", "session_id", "id", "transport_context"),
 )
 """The sealed columns (the README's "What is sealed" lists the same)."""

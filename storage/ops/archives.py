@@ -35,7 +35,8 @@ from turnkeeper.spec.records import (
 )
 
 from ..backend import Tx, keyed, present, utc
-from ..codec import check_id, from_json
+from ..codec import check_id
+from ..crypto.fields import open_json_value, seal_value
 from ..validate import check_limit, check_session_lease
 from . import leases
 from .archive_checks import check_item, check_run, check_turn
@@ -154,19 +155,36 @@ def _run(row: Sequence[Any]) -> ResponseRun:
     return ResponseRun(**named)
 
 
-def _turn(row: Sequence[Any]) -> ResponseTurn:
+def item_record(local_turn_id: str, item_key: str) -> str:
+    """The record id an item's ``sanitized`` is sealed under:
+    ``<length of the turn id>:<turn id>/<item key>`` (no two keys share one)."""
+    return f"{len(local_turn_id)}:{local_turn_id}/{item_key}"
+
+
+SANITIZED = "sanitized"
+"""The field an item's ``sanitized`` value is sealed under (record :func:`item_record`)."""
+SUMMARIES = ("request_summary", "response_summary")
+"""A turn's summary columns, each sealed under its own name as the field
+(record id the turn's ``local_turn_id``)."""
+
+
+def _turn(tx: Tx, row: Sequence[Any]) -> ResponseTurn:
     named = dict(zip(_TURN_COLS, row, strict=True))
-    for name in ("request_summary", "response_summary"):
-        named[name] = None if named[name] is None else from_json(named[name])
+    sid, turn_id = named["session_id"], named["local_turn_id"]
+    for name in SUMMARIES:
+        named[name] = open_json_value(tx, sid, turn_id, name, named[name])
     named["created_at"] = utc(named["created_at"])
     if named["completed_at"] is not None:
         named["completed_at"] = utc(named["completed_at"])
     return ResponseTurn(**named)
 
 
-def _item(row: Sequence[Any]) -> ResponseItem:
+def _item(tx: Tx, row: Sequence[Any]) -> ResponseItem:
     named = dict(zip(_ITEM_COLS, row, strict=True))
-    named["sanitized"] = from_json(named["sanitized"])
+    record = item_record(named["local_turn_id"], named["item_key"])
+    named["sanitized"] = open_json_value(
+        tx, named["session_id"], record, SANITIZED, named["sanitized"]
+    )
     named["created_at"] = utc(named["created_at"])
     return ResponseItem(**named)
 
@@ -212,14 +230,18 @@ def save_turn(
         "state_mode": turn.state_mode,
         "status": turn.status,
         "incomplete_reason": turn.incomplete_reason,
-        "request_summary": summaries[0],
-        "response_summary": summaries[1],
+        "request_summary": seal_value(
+            tx, turn.session_id, turn.local_turn_id, SUMMARIES[0], summaries[0]
+        ),
+        "response_summary": seal_value(
+            tx, turn.session_id, turn.local_turn_id, SUMMARIES[1], summaries[1]
+        ),
         "created_at": turn.created_at or tx.now,
         "completed_at": turn.completed_at,
     }
     keys = ("session_id", "local_turn_id")
     row = _upsert(tx, "response_turns", keys, values, ("created_at",), "response_turn", _TURN_COLS)
-    return _turn(row)
+    return _turn(tx, row)
 
 
 def save_item(tx: Tx, item: ResponseItem, sanitized: str, lease: Lease | None) -> ResponseItem:
@@ -234,13 +256,19 @@ def save_item(tx: Tx, item: ResponseItem, sanitized: str, lease: Lease | None) -
         "output_index": item.output_index,
         "item_type": item.item_type,
         "item_status": item.item_status,
-        "sanitized": sanitized,
+        "sanitized": seal_value(
+            tx,
+            item.session_id,
+            item_record(item.local_turn_id, item.item_key),
+            SANITIZED,
+            sanitized,
+        ),
         "created_at": created,
         "updated_at": created,
     }
     keys = ("session_id", "local_turn_id", "item_key")
     row = _upsert(tx, "response_items", keys, values, ("created_at",), "response_item", _ITEM_COLS)
-    return _item(row)
+    return _item(tx, row)
 
 
 def get_run(tx: Tx, session_id: str, local_run_id: str) -> ResponseRun | None:
@@ -285,7 +313,7 @@ def get_turn(tx: Tx, session_id: str, local_turn_id: str) -> ResponseTurn | None
         f"WHERE {keyed('session_id', 'local_turn_id = ?')}",
         [session_id, local_turn_id],
     )
-    return None if row is None else _turn(row)
+    return None if row is None else _turn(tx, row)
 
 
 def list_items(tx: Tx, session_id: str, local_turn_id: str) -> list[ResponseItem]:
@@ -295,11 +323,11 @@ def list_items(tx: Tx, session_id: str, local_turn_id: str) -> list[ResponseItem
         f"WHERE {keyed('session_id', 'local_turn_id = ?')} ORDER BY id",
         [session_id, local_turn_id],
     )
-    return [_item(r) for r in rows]
+    return [_item(tx, r) for r in rows]
 
 
 _REPLAY = (
-    "SELECT t.local_turn_id, i.sanitized FROM response_turns t "
+    "SELECT t.local_turn_id, i.item_key, i.sanitized FROM response_turns t "
     "JOIN response_items i ON i.session_id = t.session_id AND i.local_turn_id = t.local_turn_id "
     f"WHERE t.session_id = ? AND t.status IN ({', '.join(repr(s) for s in REPLAYED)}) "
     "ORDER BY t.created_at, t.id, i.output_index, i.id"
@@ -308,7 +336,13 @@ _REPLAY = (
 
 def replay_items(tx: Tx, session_id: str, limit: int) -> list[Any]:
     session_exists(tx, session_id)
-    return [from_json(r[1]) for r in tx.rows(f"{_REPLAY} LIMIT ?", [session_id, limit])]
+    rows = tx.rows(f"{_REPLAY} LIMIT ?", [session_id, limit])
+    return [_replayed(tx, session_id, r) for r in rows]
+
+
+def _replayed(tx: Tx, session_id: str, row: Sequence[Any]) -> Any:
+    """A :data:`_REPLAY` row's item, opened."""
+    return open_json_value(tx, session_id, item_record(row[0], row[1]), SANITIZED, row[2])
 
 
 def _call_identity(item: Any) -> str | None:
@@ -324,8 +358,8 @@ def replay_turns(tx: Tx, session_id: str, limit: int) -> list[ResponseReplayTurn
     session_exists(tx, session_id)
     grouped: dict[str, list[Any]] = {}
     seen: dict[str, set[str]] = {}
-    for turn_id, text in tx.rows(_REPLAY, [session_id]):
-        item = from_json(text)
+    for row in tx.rows(_REPLAY, [session_id]):
+        turn_id, item = row[0], _replayed(tx, session_id, row)
         # An archive may hold both the streamed item and the completed
         # response's copy of one call: replay each call once per turn.
         call = _call_identity(item)

@@ -21,6 +21,7 @@ from turnkeeper.spec.records import Guidance, Lease
 
 from ..backend import Tx, utc
 from ..codec import check_id, check_instant, check_text
+from ..crypto.fields import open_value, seal_value
 from ..validate import check_limit, check_session_lease
 from . import leases
 from .base import Area
@@ -36,10 +37,13 @@ _COLS = (
     "consumed_at",
 )
 _STATUSES = ("pending", "consumed")
+TEXT = "guidance"
+"""The field a guidance's text is sealed under (record id the guidance's id)."""
 
 
-def _row(row: Sequence[Any]) -> Guidance:
+def _row(tx: Tx, row: Sequence[Any]) -> Guidance:
     named = dict(zip(_COLS, row, strict=True))
+    named["guidance"] = open_value(tx, named["session_id"], named["id"], TEXT, named["guidance"])
     named["created_at"] = utc(named["created_at"])
     if named["consumed_at"] is not None:
         named["consumed_at"] = utc(named["consumed_at"])
@@ -59,7 +63,7 @@ def save(tx: Tx, g: Guidance) -> Guidance:
     leases.touch_session(tx, session_target(g.session_id))
     found = tx.one(f"SELECT {', '.join(_COLS)} FROM esm_guidance WHERE id = ?", [g.id])
     if found is not None:
-        stored = _row(found)
+        stored = _row(tx, found)
         same = (stored.session_id, stored.objective_version, stored.guidance) == (
             g.session_id,
             g.objective_version,
@@ -71,7 +75,13 @@ def save(tx: Tx, g: Guidance) -> Guidance:
     created = g.created_at or tx.now
     tx.exec(
         f"INSERT INTO esm_guidance ({', '.join(_COLS)}) VALUES (?, ?, ?, ?, 'pending', ?, NULL)",
-        [g.id, g.session_id, g.objective_version, g.guidance, created],
+        [
+            g.id,
+            g.session_id,
+            g.objective_version,
+            seal_value(tx, g.session_id, g.id, TEXT, g.guidance),
+            created,
+        ],
     )
     return Guidance(g.id, g.session_id, g.guidance, g.objective_version, "pending", created)
 
@@ -86,7 +96,7 @@ def listed(tx: Tx, session_id: str, status: str, limit: int | None) -> list[Guid
         f"SELECT {', '.join(_COLS)} FROM esm_guidance WHERE {where} ORDER BY created_at, id{bound}",
         params,
     )
-    return [_row(r) for r in rows]
+    return [_row(tx, r) for r in rows]
 
 
 def consume(tx: Tx, session_id: str, ids: Sequence[str], lease: Lease | None) -> int:

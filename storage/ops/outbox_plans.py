@@ -35,6 +35,7 @@ from turnkeeper.spec.records import Entry, Lease, Run
 
 from ..backend import Dialect, Tx, present, utc
 from ..codec import check_id, derived_id, from_json, to_json
+from ..crypto.fields import open_json_value, seal_value
 from ..validate import (
     check_lease,
     check_limit,
@@ -99,7 +100,16 @@ def _insert_events(dialect: Dialect) -> str:
     return f"INSERT INTO delivery_events SELECT unnest({ids}), {', '.join([one] * 5)}, '', 0, {at}"
 
 
-def intent_row(row: Sequence[Any]) -> DeliveryIntent:
+CONTEXT = "transport_context"
+"""The field an intent's transport context is sealed under (record id the intent's id)."""
+
+
+def intent_row(tx: Tx, row: Sequence[Any]) -> DeliveryIntent:
+    """A delivery intent read (``_INTENT_COLS``), its transport context opened.
+
+    Raises:
+        KeyUnavailableError, PayloadAuthenticationError: as ``Keyring.open_json``.
+    """
     return DeliveryIntent(
         id=row[0],
         session_id=row[1],
@@ -110,7 +120,7 @@ def intent_row(row: Sequence[Any]) -> DeliveryIntent:
         status=row[6],
         created_at=utc(row[7]),
         updated_at=utc(row[8]),
-        transport_context=from_json(row[9]),
+        transport_context=open_json_value(tx, row[1], row[0], CONTEXT, row[9]),
     )
 
 
@@ -166,7 +176,7 @@ def intent_id_for(run_id: str) -> str:
 def get_intent(tx: Tx, intent_id: str) -> DeliveryIntent | None:
     """The intent, or ``None``."""
     row = tx.one(f"SELECT {_INTENT_COLS} FROM delivery_intents WHERE id = ?", [intent_id])
-    return None if row is None else intent_row(row)
+    return None if row is None else intent_row(tx, row)
 
 
 def operations(tx: Tx, intent_id: str) -> list[DeliveryOperation]:
@@ -259,7 +269,13 @@ def create_plan(tx: Tx, run: Run, plan: DeliveryPlan, *, first: bool = False) ->
         "pending",
         now,
         now,
-        to_json(dict(plan.transport_context), "transport_context"),
+        seal_value(
+            tx,
+            run.session_id,
+            intent_id,
+            CONTEXT,
+            to_json(dict(plan.transport_context), "transport_context"),
+        ),
     )
     # Three held writes (``Tx.later``; none reads another's rows): the intent,
     # every operation, and every operation's ``plan`` event, each one statement
@@ -286,14 +302,14 @@ def create_plan(tx: Tx, run: Run, plan: DeliveryPlan, *, first: bool = False) ->
         for seq, (op_id, step) in enumerate(zip(op_ids, plan.steps, strict=True), start=1)
     ]
     if not steps:
-        return intent_row(intent)
+        return intent_row(tx, intent)
     columns = [list(c) for c in zip(*steps, strict=True)]
     tx.later(_insert_ops(tx.dialect), [intent_id, now, now, *columns])
     tx.later(
         _insert_events(tx.dialect),
         [op_ids, intent_id, edge.name, edge.trigger, edge.source, edge.dest, now],
     )
-    return intent_row(intent)  # as stored: no read back
+    return intent_row(tx, intent)  # as stored: no read back
 
 
 def due(tx: Tx, limit: int) -> list[DeliveryOperation]:

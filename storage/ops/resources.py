@@ -23,7 +23,8 @@ from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.records import InputResourceEvent, Lease
 
 from ..backend import Tx, utc
-from ..codec import check_id, check_instant, check_text, from_json, to_json
+from ..codec import check_id, check_instant, check_text, to_json
+from ..crypto.fields import open_json_value, seal_value
 from ..validate import check_session_lease
 from . import leases
 from .base import Area
@@ -31,14 +32,16 @@ from .capabilities import next_seq, session_exists
 
 _TEXTS = ("resource_id", "run_id", "event_type", "status")
 _COLS = ("id", "session_id", "seq", *_TEXTS, "happened_at", "data")
+DATA = "data"
+"""The field an event's ``data`` is sealed under (record id the event's id)."""
 
 
-def _row(row: Sequence[Any]) -> InputResourceEvent:
+def _row(tx: Tx, row: Sequence[Any]) -> InputResourceEvent:
     named = dict(zip(_COLS, row, strict=True))
     named.pop("seq")
     named["timestamp"] = utc(named.pop("happened_at"))
-    data = named.pop("data")
-    return InputResourceEvent(**named, data=None if data is None else from_json(data))
+    data = open_json_value(tx, named["session_id"], named["id"], DATA, named.pop("data"))
+    return InputResourceEvent(**named, data=data)
 
 
 def checked(event: InputResourceEvent) -> tuple[InputResourceEvent, str | None]:
@@ -87,7 +90,7 @@ def write(tx: Tx, event: InputResourceEvent, data: str | None) -> str:
     """
     found = tx.one(f"SELECT {', '.join(_COLS)} FROM input_resource_events WHERE id = ?", [event.id])
     if found is not None:
-        stored = _row(found)
+        stored = _row(tx, found)
         if stored != replace(event, timestamp=event.timestamp or stored.timestamp):
             raise errors.ResourceEventConflictError(event.id, stored.session_id)
         return event.id
@@ -101,7 +104,7 @@ def write(tx: Tx, event: InputResourceEvent, data: str | None) -> str:
             seq,
             *(getattr(event, name) for name in _TEXTS),
             event.timestamp or tx.now,
-            data,
+            seal_value(tx, event.session_id, event.id, DATA, data),
         ],
     )
     return event.id
@@ -113,7 +116,7 @@ def events(tx: Tx, session_id: str) -> list[InputResourceEvent]:
         f"SELECT {', '.join(_COLS)} FROM input_resource_events WHERE session_id = ? ORDER BY seq",
         [session_id],
     )
-    return [_row(r) for r in rows]
+    return [_row(tx, r) for r in rows]
 
 
 # -- the store's methods ------------------------------------------------------------
