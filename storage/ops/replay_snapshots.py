@@ -324,9 +324,9 @@ def store(db: Backend, session_id: str, pending: Pending) -> None:
     )
 
     def body(tx: Tx) -> None:
-        sealing, _ = tx.keys.sealing(tx, session_id)
         row = tx.one(
-            f"SELECT next_seq FROM sessions WHERE id = ?{tx.dialect.update_lock()}", [session_id]
+            f"SELECT next_seq, key_version FROM sessions WHERE id = ?{tx.dialect.update_lock()}",
+            [session_id],
         )
         if row is None or row[0] != header.next_seq:
             return  # deleted, or written since: a later replay stores its own
@@ -335,6 +335,8 @@ def store(db: Backend, session_id: str, pending: Pending) -> None:
         )
         if have is not None and have[0] > header.next_seq:
             return  # a later one is stored; one at this very row is replaced (it was damaged)
+        # Sealed under the key version the session row names, read under its lock.
+        sealing, _ = tx.keys.sealing(tx, session_id, row[1])
         tx.exec("DELETE FROM replay_snapshots WHERE session_id = ?", [session_id])
         for part, data in enumerate(bodies):
             if sealing is not None:
