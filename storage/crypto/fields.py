@@ -15,22 +15,32 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..codec import from_json
+from .keyring import UNREAD
 
 if TYPE_CHECKING:
     from ..backend import Tx
 
 
-def seal_value(tx: Tx, session_id: str, record_id: str, field: str, text: str | None) -> str | None:
+def seal_value(
+    tx: Tx,
+    session_id: str,
+    record_id: str,
+    field: str,
+    text: str | None,
+    version: int | None = UNREAD,
+) -> str | None:
     """``text`` as the column stores it: sealed under the session's data key
     (record ``record_id``, field ``field``) when its payloads are sealed,
-    else as it is; ``None`` stays ``None``.
+    else as it is; ``None`` stays ``None``. ``version``: the session row's
+    ``key_version`` as the writer read it in this transaction (no statement
+    more), else :data:`~.keyring.UNREAD` (read here when the store is encrypted).
 
     Raises:
         KeyUnavailableError: as ``Keyring.sealing`` (nothing is written).
     """
     if text is None:
         return None
-    key, _ = tx.keys.sealing(tx, session_id)
+    key, _ = tx.keys.sealing(tx, session_id, version)
     return text if key is None else key.seal_text(record_id, field, text)
 
 

@@ -36,6 +36,7 @@ from turnkeeper.spec.records import Entry, Lease, Run
 from ..backend import Dialect, Tx, present, utc
 from ..codec import check_id, derived_id, from_json, to_json
 from ..crypto.fields import open_json_value, seal_value
+from ..crypto.keyring import UNREAD
 from ..validate import (
     check_lease,
     check_limit,
@@ -227,12 +228,16 @@ def event(tx: Tx, op: DeliveryOperation, edge: Edge) -> None:
     )
 
 
-def create_plan(tx: Tx, run: Run, plan: DeliveryPlan, *, first: bool = False) -> DeliveryIntent:
+def create_plan(
+    tx: Tx, run: Run, plan: DeliveryPlan, *, first: bool = False, version: int | None = UNREAD
+) -> DeliveryIntent:
     """Write the run's intent and its ``pending`` operations (``plan`` edges).
 
     The same plan again returns the stored intent and writes nothing.
     ``first``: the run ended in this transaction, so it has no plan yet (a
-    plan follows its run's termination): nothing is looked up.
+    plan follows its run's termination): nothing is looked up. ``version``:
+    the session's data key version as the caller read it in ``tx`` (the
+    transport context is sealed under it), else read here.
 
     Raises:
         DeliveryPlanConflictError: the run already has a different plan.
@@ -275,6 +280,7 @@ def create_plan(tx: Tx, run: Run, plan: DeliveryPlan, *, first: bool = False) ->
             intent_id,
             CONTEXT,
             to_json(dict(plan.transport_context), "transport_context"),
+            version,
         ),
     )
     # Three held writes (``Tx.later``; none reads another's rows): the intent,

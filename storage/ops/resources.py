@@ -25,6 +25,7 @@ from turnkeeper.spec.records import InputResourceEvent, Lease
 from ..backend import Tx, utc
 from ..codec import check_id, check_instant, check_text, to_json
 from ..crypto.fields import open_json_value, seal_value
+from ..crypto.keyring import UNREAD
 from ..validate import check_session_lease
 from . import leases
 from .base import Area
@@ -79,11 +80,13 @@ def record(tx: Tx, event: InputResourceEvent, data: str | None, lease: Lease | N
     return write(tx, event, data)
 
 
-def write(tx: Tx, event: InputResourceEvent, data: str | None) -> str:
+def write(tx: Tx, event: InputResourceEvent, data: str | None, version: int | None = UNREAD) -> str:
     """Append ``event`` (checked by :func:`checked`) in a transaction that
     already fenced its session's lease, or found nobody holding it (session
     seed AppendInputResourceEventTx: ``record`` and ``runs.admit`` call it);
     returns its id. The same event under its id again writes nothing.
+    ``version``: the session's data key version as the caller read it in
+    ``tx`` (``data`` is sealed under it), else read here.
 
     Raises:
         ResourceEventConflictError: the id names a different event.
@@ -104,7 +107,7 @@ def write(tx: Tx, event: InputResourceEvent, data: str | None) -> str:
             seq,
             *(getattr(event, name) for name in _TEXTS),
             event.timestamp or tx.now,
-            seal_value(tx, event.session_id, event.id, DATA, data),
+            seal_value(tx, event.session_id, event.id, DATA, data, version),
         ],
     )
     return event.id

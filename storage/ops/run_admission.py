@@ -278,7 +278,7 @@ def admit(
         [f"{run_id}:turn", session_id, intent_id, run_id, attempt, written[0].seq, now],
     )
     for event, data in resource_events:  # session seed AppendInputResourceEventTx
-        resources.write(tx, replace(event, run_id=run_id), data)
+        resources.write(tx, replace(event, run_id=run_id), data, head[2])
     if key_digest is not None:
         tx.exec(
             "INSERT INTO submissions VALUES (?, ?, ?, ?, ?, ?)",
