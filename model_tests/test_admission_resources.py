@@ -90,7 +90,9 @@ def test_the_admission_is_one_transaction_with_its_events(store, sid, monkeypatc
     with pytest.raises(ResourceEventConflictError):
         store.runs.admit(sid, {"q": 1}, resource_events=[prepared("img-1", "ev-1")])
     assert store.runs.list(sid) == []
-    monkeypatch.setattr(run_admission.resources, "write", lambda tx, event, data, version=None: event.id)
+    monkeypatch.setattr(
+        run_admission.resources, "write", lambda tx, event, data, version=None: event.id
+    )
     run = store.runs.admit(sid, {"q": 1}, resource_events=[prepared("img-1", "ev-1")])
     assert store.resources.events(sid) == []  # a defect: run.id has no resource events
     assert run.status == "admitted"
