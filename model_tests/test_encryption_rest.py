@@ -431,7 +431,7 @@ def _stored(store: Any, case: Column, sid: str) -> tuple[str, str]:
     col = _sealed(case)
     sql = f"SELECT {col.record} AS r, {col.column} AS v FROM {col.table} WHERE {col.session} = ?"
     (row,) = store.query(sql, [sid]).to_pylist()
-    return row["r"], row["v"]
+    return str(row["r"]), row["v"]
 
 
 def _set(store: Any, case: Column, sid: str, value: str) -> None:

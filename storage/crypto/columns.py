@@ -17,7 +17,8 @@ class SealedColumn:
     """One sealed column: ``table.column`` holds a value of session
     ``table.session`` (a column naming a ``sessions.id``), sealed for record
     id ``table.record`` (a column, or an SQL expression over the row's
-    columns both engines evaluate) and field name ``field``; ``binary``: the column holds
+    columns both engines evaluate; its value as text: a number's decimal
+    digits; unique within the session) and field name ``field``; ``binary``: the column holds
     the sealed bytes (``BLOB``/``BYTEA``), else their text form (``enc1:``)."""
 
     table: str
@@ -30,30 +31,24 @@ class SealedColumn:
 
 SEALED: tuple[SealedColumn, ...] = (
     SealedColumn("entries", "payload", "session_id", "id", "payload"),
+    SealedColumn("tool_executions", "result", "session_id", "execution_key", "result"),
+    SealedColumn(
+        "tool_executions", "provider_metadata", "session_id", "execution_key", "provider_metadata"
+    ),
+    SealedColumn("execution_intents", "request", "session_id", "id", "request"),
+    SealedColumn("run_events", "data", "session_id", "id", "data"),
+    SealedColumn("esm_guidance", "guidance", "session_id", "id", "guidance"),
+    SealedColumn("input_resource_events", "data", "session_id", "id", "data"),
+    SealedColumn("response_turns", "request_summary", "session_id", "id", "request_summary"),
+    SealedColumn("response_turns", "response_summary", "session_id", "id", "response_summary"),
+    SealedColumn("response_items", "sanitized", "session_id", "id", "sanitized"),
     # ops/imports.opaque_record_id: <source>:<line>
     SealedColumn(
         "opaque_records", "raw", "session_id", "source || ':' || CAST(line AS VARCHAR)", "raw"
     ),
     # ops/replay_snapshots.MESSAGES: the clear bytes start with the part's header
     SealedColumn("replay_snapshots", "body", "session_id", "part_key", "messages", binary=True),
-    # crypto/fields.py: JSON or text of a session's row, sealed as text
     SealedColumn("capability_events", "data", "session_id", "id", "data"),
-    SealedColumn("input_resource_events", "data", "session_id", "id", "data"),
-    SealedColumn("esm_guidance", "guidance", "session_id", "id", "guidance"),
-    SealedColumn(
-        "response_turns", "request_summary", "session_id", "local_turn_id", "request_summary"
-    ),
-    SealedColumn(
-        "response_turns", "response_summary", "session_id", "local_turn_id", "response_summary"
-    ),
-    # ops/archives.item_record
-    SealedColumn(
-        "response_items",
-        "sanitized",
-        "session_id",
-        "CAST(length(local_turn_id) AS VARCHAR) || ':' || local_turn_id || '/' || item_key",
-        "sanitized",
-    ),
     SealedColumn("delivery_intents", "transport_context", "session_id", "id", "transport_context"),
 )
 """The sealed columns (the README's "What is sealed" lists the same)."""

@@ -34,11 +34,11 @@ from turnkeeper.spec.records import (
     ResponseTurn,
 )
 
-from ..backend import Tx, keyed, present, utc
+from ..backend import Conflict, Tx, keyed, present, utc
 from ..codec import check_id
-from ..crypto.fields import open_json_value, seal_value
+from ..crypto.columns import SEALED
 from ..validate import check_limit, check_session_lease
-from . import leases
+from . import leases, sealed_json
 from .archive_checks import check_item, check_run, check_turn
 from .base import Area
 from .capabilities import next_seq, session_exists
@@ -108,6 +108,14 @@ def remote_terminal(state: str) -> bool:
     return state.strip().lower() in REMOTE_TERMINAL
 
 
+SEALED_TURN = tuple(c.column for c in SEALED if c.table == "response_turns")
+"""The sealed columns of ``response_turns`` (record id: the row's ``id``;
+each column's name is its field name)."""
+
+SEALED_ITEM = tuple(c.column for c in SEALED if c.table == "response_items")
+"""The sealed column of ``response_items`` (record id: the row's ``id``)."""
+
+
 def _upsert(
     tx: Tx,
     table: str,
@@ -116,17 +124,31 @@ def _upsert(
     keep: Sequence[str],
     stream: str,
     cols: Sequence[str],
+    sealed: tuple[Sequence[str], int | None] = ((), None),
 ) -> Sequence[Any]:
     """Insert the row ``values`` (every column but ``id``) or, when a row has its
     ``keys`` already, replace its other columns but ``id`` and ``keep``; returns
     the stored row as ``cols``. A new row's ``id`` is the next number of its
     session's ``stream``; a row inserted concurrently under the same key wins
-    and keeps its number (the upsert then updates it)."""
+    and keeps its number (the upsert then updates it). ``sealed``: the columns
+    of ``values`` (JSON text or ``None``) sealed with the row's ``id`` as
+    record id, and the session's key version (``sealed_json.seal``).
+
+    Raises:
+        Conflict: a value was sealed for a number the row did not keep (a
+            concurrent insert won): the transaction retries.
+    """
     rest = " AND ".join(f"{k} = ?" for k in keys[1:])
     found = tx.one(
         f"SELECT id FROM {table} WHERE {keyed(keys[0], rest)}", [values[k] for k in keys]
     )
     number = found[0] if found is not None else next_seq(tx, values["session_id"], stream)
+    names_sealed, version = sealed
+    given = [n for n in names_sealed if values[n] is not None]
+    texts = [(str(number), n, values[n]) for n in given]
+    stored = sealed_json.seal(tx, values["session_id"], texts, version) if texts else []
+    moved = any(s != t for s, (_, _, t) in zip(stored, texts, strict=True))
+    values = {**values, **dict(zip(given, stored, strict=True))}
     names = ["id", *values]
     sets = ", ".join(f"{c} = excluded.{c}" for c in values if c not in keys and c not in keep)
     row = tx.one(
@@ -134,17 +156,35 @@ def _upsert(
         f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {sets} RETURNING {', '.join(cols)}",
         [number, *values.values()],
     )
-    return present(row, f"the {table} row its upsert returns")
+    row = present(row, f"the {table} row its upsert returns")
+    if moved:
+        kept(table, values["session_id"], number, row[cols.index("id")])
+    return row
 
 
-def _write_guard(tx: Tx, session_id: str, lease: Lease | None) -> None:
-    """The session-write rule, inside the write's transaction.
+def kept(table: str, session_id: str, number: int, stored: int) -> None:
+    """Check that the row an upsert sealed values for as number ``number``
+    kept that number (``stored``): a row inserted under its key by a
+    concurrent transaction, unseen by the upsert's read, keeps its own, and
+    the values sealed for ``number`` would not open there.
+
+    Raises:
+        Conflict: it did not (the transaction retries, and reads that row).
+    """
+    if stored != number:
+        raise Conflict(f"a {table} row of session {session_id!r} was inserted meanwhile")
+
+
+def _write_guard(tx: Tx, session_id: str, lease: Lease | None) -> int | None:
+    """The session-write rule, inside the write's transaction; returns the
+    session's data key version (``None``: clear).
 
     Raises:
         SessionNotFoundError, LeaseLostError, BusyError.
     """
-    session_exists(tx, session_id)
+    version = sealed_json.session_version(tx, session_id)
     leases.fence_or_unheld(tx, session_target(session_id), lease)
+    return version
 
 
 def _run(row: Sequence[Any]) -> ResponseRun:
@@ -155,24 +195,22 @@ def _run(row: Sequence[Any]) -> ResponseRun:
     return ResponseRun(**named)
 
 
-def item_record(local_turn_id: str, item_key: str) -> str:
-    """The record id an item's ``sanitized`` is sealed under:
-    ``<length of the turn id>:<turn id>/<item key>`` (no two keys share one)."""
-    return f"{len(local_turn_id)}:{local_turn_id}/{item_key}"
+def _opened(tx: Tx, named: dict[str, Any], name: str) -> Any:
+    """A row's sealed column ``name`` opened (record id: the row's ``id``).
 
-
-SANITIZED = "sanitized"
-"""The field an item's ``sanitized`` value is sealed under (record :func:`item_record`)."""
-SUMMARIES = ("request_summary", "response_summary")
-"""A turn's summary columns, each sealed under its own name as the field
-(record id the turn's ``local_turn_id``)."""
+    Raises:
+        KeyUnavailableError, PayloadAuthenticationError: see ``sealed_json.open_json``.
+    """
+    stored = named[name]
+    if stored is None:
+        return None
+    return sealed_json.open_json(tx, named["session_id"], str(named["id"]), name, stored)
 
 
 def _turn(tx: Tx, row: Sequence[Any]) -> ResponseTurn:
     named = dict(zip(_TURN_COLS, row, strict=True))
-    sid, turn_id = named["session_id"], named["local_turn_id"]
-    for name in SUMMARIES:
-        named[name] = open_json_value(tx, sid, turn_id, name, named[name])
+    for name in SEALED_TURN:
+        named[name] = _opened(tx, named, name)
     named["created_at"] = utc(named["created_at"])
     if named["completed_at"] is not None:
         named["completed_at"] = utc(named["completed_at"])
@@ -181,10 +219,7 @@ def _turn(tx: Tx, row: Sequence[Any]) -> ResponseTurn:
 
 def _item(tx: Tx, row: Sequence[Any]) -> ResponseItem:
     named = dict(zip(_ITEM_COLS, row, strict=True))
-    record = item_record(named["local_turn_id"], named["item_key"])
-    named["sanitized"] = open_json_value(
-        tx, named["session_id"], record, SANITIZED, named["sanitized"]
-    )
+    named["sanitized"] = _opened(tx, named, "sanitized")
     named["created_at"] = utc(named["created_at"])
     return ResponseItem(**named)
 
@@ -215,7 +250,7 @@ def save_run(tx: Tx, run: ResponseRun, lease: Lease | None) -> ResponseRun:
 def save_turn(
     tx: Tx, turn: ResponseTurn, summaries: tuple[str | None, str | None], lease: Lease | None
 ) -> ResponseTurn:
-    _write_guard(tx, turn.session_id, lease)
+    version = _write_guard(tx, turn.session_id, lease)
     values = {
         "session_id": turn.session_id,
         "local_turn_id": turn.local_turn_id,
@@ -230,22 +265,27 @@ def save_turn(
         "state_mode": turn.state_mode,
         "status": turn.status,
         "incomplete_reason": turn.incomplete_reason,
-        "request_summary": seal_value(
-            tx, turn.session_id, turn.local_turn_id, SUMMARIES[0], summaries[0]
-        ),
-        "response_summary": seal_value(
-            tx, turn.session_id, turn.local_turn_id, SUMMARIES[1], summaries[1]
-        ),
+        "request_summary": summaries[0],
+        "response_summary": summaries[1],
         "created_at": turn.created_at or tx.now,
         "completed_at": turn.completed_at,
     }
     keys = ("session_id", "local_turn_id")
-    row = _upsert(tx, "response_turns", keys, values, ("created_at",), "response_turn", _TURN_COLS)
+    row = _upsert(
+        tx,
+        "response_turns",
+        keys,
+        values,
+        ("created_at",),
+        "response_turn",
+        _TURN_COLS,
+        (SEALED_TURN, version),
+    )
     return _turn(tx, row)
 
 
 def save_item(tx: Tx, item: ResponseItem, sanitized: str, lease: Lease | None) -> ResponseItem:
-    _write_guard(tx, item.session_id, lease)
+    version = _write_guard(tx, item.session_id, lease)
     created = item.created_at or tx.now
     values = {
         "session_id": item.session_id,
@@ -256,18 +296,21 @@ def save_item(tx: Tx, item: ResponseItem, sanitized: str, lease: Lease | None) -
         "output_index": item.output_index,
         "item_type": item.item_type,
         "item_status": item.item_status,
-        "sanitized": seal_value(
-            tx,
-            item.session_id,
-            item_record(item.local_turn_id, item.item_key),
-            SANITIZED,
-            sanitized,
-        ),
+        "sanitized": sanitized,
         "created_at": created,
         "updated_at": created,
     }
     keys = ("session_id", "local_turn_id", "item_key")
-    row = _upsert(tx, "response_items", keys, values, ("created_at",), "response_item", _ITEM_COLS)
+    row = _upsert(
+        tx,
+        "response_items",
+        keys,
+        values,
+        ("created_at",),
+        "response_item",
+        _ITEM_COLS,
+        (SEALED_ITEM, version),
+    )
     return _item(tx, row)
 
 
@@ -327,7 +370,7 @@ def list_items(tx: Tx, session_id: str, local_turn_id: str) -> list[ResponseItem
 
 
 _REPLAY = (
-    "SELECT t.local_turn_id, i.item_key, i.sanitized FROM response_turns t "
+    "SELECT t.local_turn_id, i.sanitized, i.id FROM response_turns t "
     "JOIN response_items i ON i.session_id = t.session_id AND i.local_turn_id = t.local_turn_id "
     f"WHERE t.session_id = ? AND t.status IN ({', '.join(repr(s) for s in REPLAYED)}) "
     "ORDER BY t.created_at, t.id, i.output_index, i.id"
@@ -341,8 +384,8 @@ def replay_items(tx: Tx, session_id: str, limit: int) -> list[Any]:
 
 
 def _replayed(tx: Tx, session_id: str, row: Sequence[Any]) -> Any:
-    """A :data:`_REPLAY` row's item, opened."""
-    return open_json_value(tx, session_id, item_record(row[0], row[1]), SANITIZED, row[2])
+    """An item of :data:`_REPLAY`'s row (turn id, sanitized, id), opened."""
+    return sealed_json.open_json(tx, session_id, str(row[2]), "sanitized", row[1])
 
 
 def _call_identity(item: Any) -> str | None:

@@ -33,9 +33,8 @@ from turnkeeper.spec.records import (
 
 from ..backend import Tx, present, utc
 from ..codec import check_id, check_instant, check_text, to_json
-from ..crypto.fields import open_json_value, seal_value
 from ..validate import check_bool, check_int, check_limit, check_session_lease
-from . import leases
+from . import leases, sealed_json
 from .base import Area
 
 _FLAGS = ("delegate_mode", "multi_agent", "workflows", "web_search", "browser", "a2a_master")
@@ -104,7 +103,8 @@ def record(tx: Tx, event: CapabilityEvent, data: str | None, lease: Lease | None
         SessionNotFoundError, LeaseLostError, BusyError,
         CapabilityEventConflictError: the id names another event.
     """
-    session_exists(tx, event.session_id)
+    # (the session's key version, read by every store object: also its existence check)
+    version = sealed_json.session_version(tx, event.session_id)
     leases.fence_or_unheld(tx, session_target(event.session_id), lease)
     found = tx.one(
         f"SELECT {', '.join(_EVENT_COLS)} FROM capability_events WHERE id = ?", [event.id]
@@ -126,7 +126,9 @@ def record(tx: Tx, event: CapabilityEvent, data: str | None, lease: Lease | None
             seq,
             *texts,
             event.timestamp or tx.now,
-            seal_value(tx, event.session_id, event.id, DATA, data),
+            None
+            if data is None
+            else sealed_json.seal_one(tx, event.session_id, event.id, DATA, data, version),
         ],
     )
     return event.id
@@ -149,7 +151,9 @@ def _event(tx: Tx, row: Sequence[Any]) -> SequencedCapabilityEvent:
     named = dict(zip(_EVENT_COLS, row, strict=True))
     seq = named.pop("seq")
     named["timestamp"] = utc(named.pop("happened_at"))
-    data = open_json_value(tx, named["session_id"], named["id"], DATA, named.pop("data"))
+    data = named.pop("data")
+    if data is not None:
+        data = sealed_json.open_json(tx, named["session_id"], named["id"], DATA, data)
     return SequencedCapabilityEvent(seq, CapabilityEvent(**named, data=data))
 
 

@@ -21,9 +21,8 @@ from turnkeeper.spec.records import Guidance, Lease
 
 from ..backend import Tx, utc
 from ..codec import check_id, check_instant, check_text
-from ..crypto.fields import open_value, seal_value
 from ..validate import check_limit, check_session_lease
-from . import leases
+from . import leases, sealed_json
 from .base import Area
 from .capabilities import session_exists
 
@@ -37,13 +36,22 @@ _COLS = (
     "consumed_at",
 )
 _STATUSES = ("pending", "consumed")
-TEXT = "guidance"
-"""The field a guidance's text is sealed under (record id the guidance's id)."""
+
+
+GUIDANCE = "guidance"
+"""The field name guidance text is sealed under (``esm_guidance.guidance``)."""
 
 
 def _row(tx: Tx, row: Sequence[Any]) -> Guidance:
+    """A stored row as guidance, its text opened when sealed (record id: its id).
+
+    Raises:
+        KeyUnavailableError, PayloadAuthenticationError: see ``sealed_json.open_text``.
+    """
     named = dict(zip(_COLS, row, strict=True))
-    named["guidance"] = open_value(tx, named["session_id"], named["id"], TEXT, named["guidance"])
+    named[GUIDANCE] = sealed_json.open_text(
+        tx, named["session_id"], named["id"], GUIDANCE, named[GUIDANCE]
+    )
     named["created_at"] = utc(named["created_at"])
     if named["consumed_at"] is not None:
         named["consumed_at"] = utc(named["consumed_at"])
@@ -56,7 +64,7 @@ def save(tx: Tx, g: Guidance) -> Guidance:
     Raises:
         SessionNotFoundError, GuidanceConflictError.
     """
-    session_exists(tx, g.session_id)
+    version = sealed_json.session_version(tx, g.session_id)
     # No lease (guidance is queued while a run holds the session), but the
     # session's row is written all the same: a concurrent delete then
     # conflicts with this save and, retried, deletes the guidance too.
@@ -79,7 +87,7 @@ def save(tx: Tx, g: Guidance) -> Guidance:
             g.id,
             g.session_id,
             g.objective_version,
-            seal_value(tx, g.session_id, g.id, TEXT, g.guidance),
+            sealed_json.seal_one(tx, g.session_id, g.id, GUIDANCE, g.guidance, version),
             created,
         ],
     )

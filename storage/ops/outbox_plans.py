@@ -35,7 +35,6 @@ from turnkeeper.spec.records import Entry, Lease, Run
 
 from ..backend import Dialect, Tx, present, utc
 from ..codec import check_id, derived_id, from_json, to_json
-from ..crypto.fields import open_json_value, seal_value
 from ..crypto.keyring import UNREAD
 from ..validate import (
     check_lease,
@@ -44,7 +43,7 @@ from ..validate import (
     check_session_lease,
 )
 from ..wakeups import Topic
-from . import entry_rows, leases, run_reads
+from . import entry_rows, leases, run_reads, sealed_json
 from .base import Area
 
 MACHINE = machine_for(DELIVERY)
@@ -121,7 +120,7 @@ def intent_row(tx: Tx, row: Sequence[Any]) -> DeliveryIntent:
         status=row[6],
         created_at=utc(row[7]),
         updated_at=utc(row[8]),
-        transport_context=open_json_value(tx, row[1], row[0], CONTEXT, row[9]),
+        transport_context=sealed_json.open_json(tx, row[1], row[0], CONTEXT, row[9]),
     )
 
 
@@ -274,13 +273,13 @@ def create_plan(
         "pending",
         now,
         now,
-        seal_value(
+        sealed_json.seal_one(
             tx,
             run.session_id,
             intent_id,
             CONTEXT,
             to_json(dict(plan.transport_context), "transport_context"),
-            version,
+            sealed_json.session_version(tx, run.session_id) if version == UNREAD else version,
         ),
     )
     # Three held writes (``Tx.later``; none reads another's rows): the intent,

@@ -24,24 +24,32 @@ from turnkeeper.spec.records import InputResourceEvent, Lease
 
 from ..backend import Tx, utc
 from ..codec import check_id, check_instant, check_text, to_json
-from ..crypto.fields import open_json_value, seal_value
-from ..crypto.keyring import UNREAD
 from ..validate import check_session_lease
-from . import leases
+from . import leases, sealed_json
 from .base import Area
 from .capabilities import next_seq, session_exists
 
 _TEXTS = ("resource_id", "run_id", "event_type", "status")
 _COLS = ("id", "session_id", "seq", *_TEXTS, "happened_at", "data")
+
+
 DATA = "data"
-"""The field an event's ``data`` is sealed under (record id the event's id)."""
+"""The field name a resource event's data is sealed under
+(``input_resource_events.data``)."""
 
 
 def _row(tx: Tx, row: Sequence[Any]) -> InputResourceEvent:
+    """A stored row as an event, its data opened when sealed (record id: its id).
+
+    Raises:
+        KeyUnavailableError, PayloadAuthenticationError: see ``sealed_json.open_json``.
+    """
     named = dict(zip(_COLS, row, strict=True))
     named.pop("seq")
     named["timestamp"] = utc(named.pop("happened_at"))
-    data = open_json_value(tx, named["session_id"], named["id"], DATA, named.pop("data"))
+    data = named.pop("data")
+    if data is not None:
+        data = sealed_json.open_json(tx, named["session_id"], named["id"], DATA, data)
     return InputResourceEvent(**named, data=data)
 
 
@@ -75,18 +83,18 @@ def record(tx: Tx, event: InputResourceEvent, data: str | None, lease: Lease | N
     Raises:
         SessionNotFoundError, LeaseLostError, BusyError, ResourceEventConflictError.
     """
-    session_exists(tx, event.session_id)
+    version = sealed_json.session_version(tx, event.session_id)
     leases.fence_or_unheld(tx, session_target(event.session_id), lease)
-    return write(tx, event, data)
+    return write(tx, event, data, version)
 
 
-def write(tx: Tx, event: InputResourceEvent, data: str | None, version: int | None = UNREAD) -> str:
+def write(tx: Tx, event: InputResourceEvent, data: str | None, version: int | None) -> str:
     """Append ``event`` (checked by :func:`checked`) in a transaction that
     already fenced its session's lease, or found nobody holding it (session
     seed AppendInputResourceEventTx: ``record`` and ``runs.admit`` call it);
     returns its id. The same event under its id again writes nothing.
-    ``version``: the session's data key version as the caller read it in
-    ``tx`` (``data`` is sealed under it), else read here.
+    ``data`` is sealed under the session's data key version ``version`` (as
+    the caller read it: ``None``, clear).
 
     Raises:
         ResourceEventConflictError: the id names a different event.
@@ -107,7 +115,9 @@ def write(tx: Tx, event: InputResourceEvent, data: str | None, version: int | No
             seq,
             *(getattr(event, name) for name in _TEXTS),
             event.timestamp or tx.now,
-            seal_value(tx, event.session_id, event.id, DATA, data, version),
+            None
+            if data is None
+            else sealed_json.seal_one(tx, event.session_id, event.id, DATA, data, version),
         ],
     )
     return event.id
