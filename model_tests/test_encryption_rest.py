@@ -477,3 +477,55 @@ def test_a_clear_store_keeps_these_columns_clear(tmp_path: Path):
             case.write(clear, sid)
             assert SECRET in _stored(clear, case, sid)[1]
             assert all(SECRET in json.dumps(got) for got in case.read(clear, sid))
+
+
+# -- rotation and encrypt walk these columns (columns.SEALED) ---------------------------------
+
+MINE = {
+    name: COLUMNS[name] for name in ("capability_events.data", "delivery_intents.transport_context")
+}
+
+
+def _every_copy(store: Any, sid: str) -> None:
+    """Opaque lines, a stored snapshot and the columns of :data:`MINE` of ``sid``."""
+    _import_opaque(store, sid, 2)
+    for case in MINE.values():
+        case.write(store, sid)
+    with _cold(store, encryption=TEST_KEYS) as cold:
+        cold.sessions.replay(sid)
+
+
+def _read_every_copy(store: Any, sid: str) -> None:
+    assert SECRET in store.sessions.opaque_records(sid)[0].raw
+    for case in MINE.values():
+        assert all(SECRET in json.dumps(got) for got in case.read(store, sid))
+    assert store.sessions.replay(sid).messages
+
+
+def test_rotating_a_sessions_key_reseals_these_columns(enc, loads):
+    _every_copy(enc, "imp")
+    before = {**_raw(enc, "imp"), **{n: _stored(enc, c, "imp")[1] for n, c in MINE.items()}}
+    assert enc.sessions.rotate_key("imp") == 2
+    after = {**_raw(enc, "imp"), **{n: _stored(enc, c, "imp")[1] for n, c in MINE.items()}}
+    assert after.keys() == before.keys()
+    assert all(after[k] != before[k] and after[k].startswith("enc1:") for k in after)
+    for body in _parts(enc, "imp"):  # a snapshot kept is sealed under the new version
+        assert body.startswith(b"TKE1") and int.from_bytes(body[4:8], "big") == 2
+    with _cold(enc, encryption=TEST_KEYS) as fresh:
+        _read_every_copy(fresh, "imp")
+
+
+def test_encrypting_a_clear_session_seals_these_columns(tmp_path: Path, loads):
+    path = str(tmp_path / "late.duckdb")
+    with turnkeeper.open_store(path) as clear:
+        _every_copy(clear, "imp")
+        assert SECRET in _raw(clear, "imp")[2]
+        assert [b[:4] for b in _parts(clear, "imp")] == [b"\x28\xb5\x2f\xfd"]  # a clear frame
+    with turnkeeper.open_store(path, encryption=TEST_KEYS) as enc:
+        assert enc.sessions.encrypt("imp") is True
+        assert all(v.startswith("enc1:") for v in _raw(enc, "imp").values())
+        for case in MINE.values():
+            assert _stored(enc, case, "imp")[1].startswith("enc1:")
+        assert all(b.startswith(b"TKE1") for b in _parts(enc, "imp"))  # (none clear left)
+    with turnkeeper.open_store(path, encryption=TEST_KEYS, replay_cache_bytes=0) as fresh:
+        _read_every_copy(fresh, "imp")
