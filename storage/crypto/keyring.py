@@ -47,7 +47,7 @@ from turnkeeper.spec import errors
 
 from ..codec import check_id, from_json
 from .keys import KEY_BYTES, KeyProvider
-from .seal import DataKey, is_sealed_text, key_version, text_bytes, wrap_context
+from .seal import DataKey, is_sealed, is_sealed_text, key_version, text_bytes, wrap_context
 
 if TYPE_CHECKING:
     from ..backend import Tx
@@ -319,6 +319,36 @@ class Keyring:
             raise errors.PayloadAuthenticationError(
                 session_id, record_id, field, detail="not UTF-8"
             ) from None
+
+    def open_bytes(
+        self, tx: Tx, session_id: str, record_id: str, field: str, stored: bytes
+    ) -> bytes:
+        """The clear bytes of a binary column's value (sealed: starts with
+        ``TKE1``; clear bytes are returned as they are), by the rules of
+        :meth:`open_json`. A sealed value is opened (or refused) also by a
+        store object that took the store for clear.
+
+        Raises:
+            KeyUnavailableError, PayloadAuthenticationError: as :meth:`open_json`.
+        """
+        if not is_sealed(stored):
+            if self.encrypted and self._has_key(tx, session_id):
+                raise errors.PayloadAuthenticationError(
+                    session_id,
+                    record_id,
+                    field,
+                    detail="a clear value in a session whose payloads are sealed",
+                )
+            return stored
+        version = key_version(stored)
+        if version is None:
+            raise errors.PayloadAuthenticationError(
+                session_id, record_id, field, detail="not a well-formed sealed value"
+            )
+        self._marked()
+        return self._key_at(tx, session_id, version, record_id, field).open(
+            record_id, field, stored
+        )
 
     def forget(self, session_id: str) -> None:
         """Drop the cached keys of ``session_id`` (deleted: its rows are gone)."""
