@@ -10,13 +10,12 @@ without, and on each the same three operations:
 - the three-transaction turn (``bench.three_transaction_turn``: admit+start,
   ``append_many`` of 3, finish with its last entry, the reply and a plan);
 - a cold replay of a :data:`bench.REPLAY_ENTRIES`-entry session, on a second
-  store object with its replay cache off (``replay_cache_bytes=0``). The
-  clear twin reads the session's stored snapshot; an encrypted store stores
-  none (it would be a clear copy) and reads the branch's rows, opening each;
-- the same cold replay with the clear twin's snapshot set aside
-  (:func:`from_rows`: both read and decode every row, the clear one without
-  opening), so that the cost of opening is told apart from the snapshot's
-  absence.
+  store object with its replay cache off (``replay_cache_bytes=0``): each
+  reads the session's stored snapshot (an encrypted store's is sealed under
+  the session's data key, opened part by part);
+- the same cold replay with both twins' snapshots set aside
+  (:func:`from_rows`: both read and decode every row, the encrypted one
+  opening each), the cost of opening every entry.
 
 Every repetition (:data:`bench.REPS`) times the backend's floor, then each
 twin right after the other (the order alternating per repetition, so a drift
@@ -49,8 +48,8 @@ from turnkeeper import EntryKind
 
 APPEND = "append (fenced)"
 TURN = "turn, 3 transactions (admit+start, append_many, finish+entries)"
-REPLAY = "replay ({entries} entries), cache off (clear: its stored snapshot; encrypted: its rows)"
-ROWS = "replay ({entries} entries), cache off, both from their rows (clear: its snapshot set aside)"
+REPLAY = "replay ({entries} entries), cache off, from the stored snapshot (encrypted: sealed)"
+ROWS = "replay ({entries} entries), cache off, both from their rows (snapshots set aside)"
 MICRO_CALLS = 2000
 """Calls per timing of the per-payload figures (sealing, opening, unwrapping)."""
 
@@ -314,11 +313,11 @@ def rows(sections: list[dict[str, Any] | None], phases: tuple[str, ...]) -> list
 
 
 OPENING = (
-    "profiled (cProfile of the encrypted cold replay on DuckDB): opening a payload is the "
-    "text form's base64 decoded twice (once for the key version, `Keyring.open_text`, once "
-    "more by `DataKey.open_text`), the key version read twice, the associated data packed per "
-    "entry; AES-GCM's own decrypt is the smaller part; the data key is "
-    "unwrapped once per session per store object (the keyring caches it), not per replay"
+    "profiled (cProfile of the encrypted cold replay from the rows on DuckDB): opening a "
+    "payload is the text form's base64 decoded (once since `Keyring.open_text` hands the bytes "
+    "on; it was decoded twice, a third of the opening), the key version read from the header, "
+    "the associated data packed per entry; AES-GCM's own decrypt is the smaller part; the data "
+    "key is unwrapped once per session per store object (the keyring caches it), not per replay"
 )
 """Where an encrypted replay's time goes beyond the figures' own split (the
 profile this section was written with; the figures above are measured)."""
@@ -328,10 +327,9 @@ def note(named: dict[str, dict[str, Any] | None], cores: int) -> list[str]:
     """The notes on the section: how it was measured (alone, merged into the
     full run's file, or with it), and under load when the 1-minute load
     average at a backend's start was at least half the cores; then, per
-    backend, the cold replay's ratio split into the snapshot's absence
-    (clear from its rows / clear from its snapshot) and the opening
-    (encrypted / clear, both from their rows), and a payload's opening
-    against AES-GCM's decrypt alone (:data:`OPENING`)."""
+    backend, the cold replay from the stored snapshot beside the one from
+    the rows (each encrypted / clear), and a payload's opening against
+    AES-GCM's decrypt alone (:data:`OPENING`)."""
     have = {n: s for n, s in named.items() if s is not None}
     if not have:
         return []
@@ -364,15 +362,12 @@ def note(named: dict[str, dict[str, Any] | None], cores: int) -> list[str]:
         rows = next((op for op in s["ms"]["clear"] if "from their rows" in op), None)
         if snap is None or rows is None:
             continue
-        absent = s["ms"]["clear"][rows] / s["ms"]["clear"][snap]
         opening = s["encrypted_over_clear"][rows]["median"]
         p = s["per_payload"]
         split += [
-            f"- {name}: the encrypted cold replay "
-            f"({s['encrypted_over_clear'][snap]['median']}× clear) reads its rows, as an "
-            f"encrypted store keeps no snapshot: the snapshot's absence is {absent:.3g}× "
-            f"(clear from its rows / from its snapshot, medians) and the opening "
-            f"{opening}× (encrypted / clear, both from their rows); opening a payload costs "
+            f"- {name}: the encrypted cold replay from its sealed snapshot is "
+            f"{s['encrypted_over_clear'][snap]['median']}× the clear one from its snapshot; "
+            f"from their rows (every entry opened) {opening}×; opening a payload costs "
             f"{p['open_us']} µs, AES-GCM's decrypt {p['aes_gcm_decrypt_us']} µs of it."
         ]
     return lines + ([*split, f"- {OPENING}.", ""] if split else [])
