@@ -29,5 +29,9 @@ class SealedColumn:
 
 SEALED: tuple[SealedColumn, ...] = (
     SealedColumn("entries", "payload", "session_id", "id", "payload"),
+    # the ledger (storage/ops/ledger/sealing.py): record id the sequence in decimal;
+    # a blob's its key. Blob files outside the database: sealing.reseal_blob.
+    SealedColumn("ledger_records", "payload", "session_id", "seq", "payload", binary=True),
+    SealedColumn("ledger_blobs", "data", "session_id", "key", "data", binary=True),
 )
 """The sealed columns (the README's "What is sealed" lists the same)."""

@@ -307,6 +307,37 @@ class Keyring:
             record_id, field, stored
         )
 
+    def open_bytes(
+        self, tx: Tx, session_id: str, record_id: str, field: str, stored: bytes
+    ) -> bytes:
+        """The clear bytes of a binary column's value (``BLOB``/``BYTEA``, or a
+        blob file's body): sealed bytes (``TKE1…``) opened under the data key
+        version they name, when the session has a data key; the stored bytes
+        as they are when it has none (a clear session: caller bytes are
+        arbitrary, so one starting ``TKE1`` is still clear there).
+
+        Raises:
+            KeyUnavailableError: as :meth:`sealing`.
+            PayloadAuthenticationError: in a session that has a data key,
+                bytes that are not a well-formed sealed value (clear bytes
+                included), fail authentication (a flipped byte, moved from
+                another row, session or field), or name a key version the
+                session does not hold.
+        """
+        if not self.encrypted or not self._has_key(tx, session_id):
+            return stored
+        version = key_version(stored)
+        if version is None:
+            raise errors.PayloadAuthenticationError(
+                session_id,
+                record_id,
+                field,
+                detail="not a sealed value, in a session whose payloads are sealed",
+            )
+        return self._key_at(tx, session_id, version, record_id, field).open(
+            record_id, field, stored
+        )
+
     def forget(self, session_id: str) -> None:
         """Drop the cached keys of ``session_id`` (deleted: its rows are gone)."""
         with self._lock:
