@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from conftest import ledger_payload
-from test_ledger_blobs import BIG, THRESHOLD, _damage, _ledger, _open
+from test_ledger_blobs import BIG, THRESHOLD, _clear, _damage, _ledger, _open
 from test_ledger_blobs import where as where  # the fixture: database, directory, s3
 
 from turnkeeper import (
@@ -297,7 +297,7 @@ def test_a_blob_longer_than_its_pointer_says_is_read_only_to_its_size_plus_one(
     key = _pointer_key(store, "", "s", "t1")
     seq = store.query("SELECT seq FROM ledger_records WHERE blob_key = ?", [key]).to_pylist()
     size = json.loads(ledger_payload(store, seq[0]["seq"]))["size"]
-    _damage(store, ledger, key, ledger.blobs.get(key) + b"x" * 2**20)
+    _damage(store, ledger, key, _clear(store, ledger, key) + b"x" * 2**20)
     reads = _Reads(ledger.blobs)
     with pytest.raises((BlobIntegrityError, PayloadAuthenticationError)) as err:
         list(ledger.with_blobs(reads, offload_threshold=THRESHOLD).replay("s"))
