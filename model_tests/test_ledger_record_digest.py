@@ -39,8 +39,8 @@ from conftest import (
 
 from turnkeeper import (
     CommandApplicationNotFoundError,
-    PayloadAuthenticationError,
     GCScanError,
+    PayloadAuthenticationError,
     ReplayDecodeError,
     WorkspaceJournalScanError,
 )
