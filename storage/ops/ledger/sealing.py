@@ -43,6 +43,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from turnkeeper.spec import errors
+
 from ...backend import Backend, Tx
 from ...crypto.seal import key_version
 
@@ -95,8 +97,17 @@ def open_row(tx: Tx, session_id: str, row: Sequence[Any]) -> tuple[Any, ...]:
 
 
 def open_rows(tx: Tx, session_id: str, rows: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
-    """Each of ``rows`` opened (:func:`open_row`)."""
-    return [open_row(tx, session_id, row) for row in rows]
+    """Each of ``rows`` opened (:func:`open_row`) in ``tx``, a row that does
+    not open carrying its error in its payload's place: raised when a reader
+    reaches it (``records.check_record``), so a replay still yields every
+    record before it, and none from it on."""
+    opened: list[tuple[Any, ...]] = []
+    for row in rows:
+        try:
+            opened.append(open_row(tx, session_id, row))
+        except (errors.PayloadAuthenticationError, errors.KeyUnavailableError) as failure:
+            opened.append((*row[:3], failure, *row[4:]))
+    return opened
 
 
 def seal_blob(db: Backend, session_id: str, key: str, blob: bytes) -> bytes:
