@@ -50,9 +50,15 @@ def _item(turn_id: str, index: int, body: Any, sid: str = "s", **kw: Any) -> Res
 
 
 def _stored(store: Any, sid: str = "s") -> tuple[Any, ...]:
-    """Everything the area stores for session ``sid``."""
+    """Everything the area stores for session ``sid``; a sealed value (an
+    encrypted store's: each seal of a value differs) as ``"sealed"``."""
     return tuple(
-        store.query(f"SELECT * FROM {t} WHERE session_id = ? ORDER BY id", [sid]).to_pylist()
+        [
+            {k: "sealed" if str(v).startswith("enc1:") else v for k, v in row.items()}
+            for row in store.query(
+                f"SELECT * FROM {t} WHERE session_id = ? ORDER BY id", [sid]
+            ).to_pylist()
+        ]
         for t in ("response_runs", "response_turns", "response_items")
     )
 
@@ -200,7 +206,8 @@ def test_a_missing_session_is_refused_for_every_read_and_write(store):
 
 def test_the_existence_check_fails_with_it_patched_out(store, monkeypatch):
     """Control: with the session check patched out, a save to no session is written."""
-    monkeypatch.setattr(archives_ops, "session_exists", lambda tx, session_id: None)
+    # (a write reads the session's key version, which is its existence check)
+    monkeypatch.setattr(archives_ops.sealed_json, "session_version", lambda tx, session_id: None)
     store.archives.save_run(_run("nope"))
     assert len(_stored(store, "nope")[0]) == 1
 

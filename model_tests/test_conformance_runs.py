@@ -57,7 +57,13 @@ def test_admission_writes_everything_in_one_go(store, sid):
     assert store.runs.active(sid) == run
     assert [(e.seq, e.edge) for e in store.runs.events(sid)] == [(1, "admit")]
     intent = store.query("SELECT model, request FROM execution_intents").to_pylist()
-    assert intent == [{"model": "m1", "request": '{"text":"do it"}'}]
+    assert [i["model"] for i in intent] == ["m1"]
+    stored = intent[0]["request"]
+    if store.db.keyring.encrypted:  # sealed (test_encryption_tools_runs)
+        assert stored.startswith("enc1:") and "do it" not in stored
+    else:
+        assert stored == '{"text":"do it"}'
+    assert store.runs.intent(run.intent_id).request == {"text": "do it"}
     turn = store.query("SELECT status, end_seq FROM conversation_turns").to_pylist()
     assert turn == [{"status": "open", "end_seq": None}]
 

@@ -326,7 +326,7 @@ def test_a_delete_shreds_the_key_and_a_backup_cannot_be_read_once_the_old_master
     """A backup (a copy of the DuckDB file) taken before a delete holds the
     session's entries and its data key wrapped by master key ``k1``. After
     the delete the live store holds no key of that session; its remaining
-    data keys and its check value are rewrapped to ``k2`` (by hand here) and
+    data keys and its check value are rewrapped to ``k2`` (``store.keys.rotate``) and
     ``k1`` is retired. The backup opened with the provider the user still
     holds (``k2`` only) is refused (its check value is ``k1``'s); given the
     live store's wrapped keys and check value (a restore), it reads the kept
@@ -347,22 +347,13 @@ def test_a_delete_shreds_the_key_and_a_backup_cannot_be_read_once_the_old_master
         assert s.query("SELECT session_id FROM session_keys").to_pylist() == [
             {"session_id": "kept"}
         ]
-        # rotation by hand: every remaining data key and the check rewrapped from k1 to k2
-        for row in s.query(
-            "SELECT session_id, version, key_id, wrapped FROM session_keys"
-        ).to_pylist():
-            ctx = wrap_context(row["session_id"], row["version"])
-            plain = both.unwrap(bytes(row["wrapped"]), row["key_id"], ctx)
-            _sql(
-                s,
-                "UPDATE session_keys SET key_id = ?, wrapped = ? WHERE session_id = ?",
-                [both.key_id, both.wrap(plain, ctx), row["session_id"]],
-            )
-        check = both.wrap(keyring_module.CHECK_PLAIN, keyring_module.CHECK_CONTEXT)
-        _sql(
-            s,
-            "UPDATE store_encryption SET check_key_id = ?, check_wrapped = ?",
-            [both.key_id, check],
+    with turnkeeper.open_store(str(live), encryption=both) as s:  # k2 current, k1 old
+        # the rotation: every remaining data key and the check rewrapped from k1 to k2
+        lease = s.leases.acquire("keys:rotation", "rotator", ttl_s=60)
+        report = s.keys.rotate(lease)
+        assert (report.rewrapped, report.remaining, report.check_rewrapped) == (1, 0, True)
+        check = bytes(
+            s.query("SELECT check_wrapped FROM store_encryption").to_pylist()[0]["check_wrapped"]
         )
         keys = s.query("SELECT * FROM session_keys").to_pylist()
     k2 = LocalKeyProvider.from_text(_key(2, "k2"))  # k1 retired

@@ -274,3 +274,29 @@ def test_audit_reports_a_damaged_ciphertext_and_checks_the_rest(tmp_path: Path, 
         assert result.exit_code == 0, result.output
         assert checks["payloads_open"]["passed"]
         assert "2 session(s) are sealed" in checks["payloads_open"]["detail"]
+
+
+class _Named:
+    """A key provider (the protocol's three members) with any ``key_id``."""
+
+    def __init__(self, key_id: Any) -> None:
+        self.key_id = key_id
+
+    def wrap(self, key: bytes, context: bytes) -> bytes:
+        return TEST_KEYS.wrap(key, context)
+
+    def unwrap(self, wrapped: bytes, key_id: str, context: bytes) -> bytes:
+        return TEST_KEYS.unwrap(wrapped, TEST_KEYS.key_id, context)
+
+
+@pytest.mark.parametrize("key_id", ["", " ", "k\n1", "k\x00", 7])
+def test_a_provider_whose_key_id_is_no_identifier_is_refused_at_open(tmp_path: Path, key_id):
+    """Attack F7: a custom provider's empty or multi-line key id was stored
+    beside every data key it wrapped; it is refused when the store opens,
+    typed, and nothing is written (the file is not even marked)."""
+    path = str(tmp_path / "s.duckdb")
+    with pytest.raises(turnkeeper.InvalidInputError) as refused:
+        turnkeeper.open_store(path, encryption=_Named(key_id))
+    assert refused.value.field == "encryption"
+    with turnkeeper.open_store(path) as clear:  # (a clear open: nothing marked it)
+        clear.sessions.create("s", cwd="/w")

@@ -512,6 +512,8 @@ def run_tiny_bench(tmp_path: Path, pg: str | None) -> dict:
         assert ledger["16_writers_single_x_one_writer"] > 0
         assert ledger["replay"]["records"] == 2000
         assert ledger["replay"]["peak_bytes"] > 0
+        encrypted = backend["encryption"]["encrypted_over_clear"]
+        assert len(encrypted) == 4 and all(row["median"] > 0 for row in encrypted.values())
     duck = data["backends"]["duckdb"]
     assert duck["analytics_model_day"]["x_faster_than_sqlite"] > 0
     assert duck["cli"]["entries"] == 400 and duck["cli"]["noop_over_first"]["median"] > 0
@@ -524,6 +526,7 @@ def run_tiny_bench(tmp_path: Path, pg: str | None) -> dict:
     assert table.startswith("# turnkeeper")
     assert "| ledger: 16 writers, batches of 100 |" in table
     assert "| pi import, 400 entries: no-op re-import |" in table
+    assert "| encryption: append (fenced), encrypted / clear |" in table
     return data
 
 
@@ -554,6 +557,8 @@ def test_the_committed_benchmark_is_well_formed_and_its_table_is_current():
     for backend in data["backends"].values():
         assert backend["floor_ms"] > 0
         assert all(row["median"] > 0 for row in backend["operations"].values())
+        assert backend["encryption"]["reps"] >= 5
+        assert all(r["median"] > 0 for r in backend["encryption"]["encrypted_over_clear"].values())
     assert data["machine"]["cores"] >= 1
     spec = importlib.util.spec_from_file_location("bench", ROOT / "reports" / "bench.py")
     assert spec is not None and spec.loader is not None

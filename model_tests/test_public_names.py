@@ -59,6 +59,7 @@ TOP = {
     "ResponseState",
     "ResponseTurn",
     "RetentionReport",
+    "KeyRotationReport",
     "Run",
     "RunEvent",
     "ConversationTurn",

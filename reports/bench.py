@@ -46,6 +46,9 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "model_tests"))  # 
 from bench_bounds import duckdb_bounds, postgres_bounds
 from bench_cli import big_session
 from bench_cli import rows as cli_rows
+from bench_encryption import note as encryption_note
+from bench_encryption import rows as encryption_rows
+from bench_encryption import section as encryption_section
 from bench_goals import rows as goal_rows
 from bench_ledger import ledger
 from bench_ledger import rows as ledger_rows
@@ -939,6 +942,8 @@ def table(result: dict[str, Any]) -> str:
                 f"same history | {' | '.join(cells)} |"
             )
     lines += rss_rows(result)
+    encrypted = [b.get("encryption") for b in result["backends"].values()]
+    lines += encryption_rows(encrypted, TURN_PHASES)
     ledger_cells = [
         dict(ledger_rows(b["ledger"])) if "ledger" in b else {} for b in result["backends"].values()
     ]
@@ -951,6 +956,9 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"| {row} | {' | '.join(c.get(row, '—') for c in cli_cells)} |")
     m = result["machine"]
     lines += ["", *goal_rows(result)]
+    lines += encryption_note(
+        {n: b.get("encryption") for n, b in result["backends"].items()}, m["cores"]
+    )
     lines += [
         f"Machine: {m['cores']} cores, load average {m['load_average']} at the start, "
         f"Python {m['python']}, DuckDB {m['duckdb']}.",
@@ -1232,6 +1240,9 @@ def main() -> int:
             )
             backends["postgres"]["ledger"] = ledger(store, schema)
         backends["postgres"]["processes"] = multiples({n: processes(schema, n) for n in (1, 4, 8)})
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, measured in encryption_section(sys.modules[__name__], tmp, url or "").items():
+            backends[name]["encryption"] = measured
     result = {
         "floor": FLOOR_SQL.format(p="?") + " (autocommit)",
         "backends": backends,
@@ -1257,6 +1268,42 @@ def main() -> int:
     return 0
 
 
+def encryption_alone() -> int:
+    """``reports/bench.py encryption``: only the encryption section
+    (``reports/bench_encryption.py``), on DuckDB and, with
+    ``TURNKEEPER_TEST_PG``, PostgreSQL, merged into the existing :data:`OUT`
+    (each measured backend's ``encryption`` replaced, marked ``alone``, every
+    other figure kept as it was measured) and :data:`TABLE` regenerated from
+    it, so that the two stay one.
+
+    Raises:
+        SystemExit: :data:`OUT` does not exist or lacks a measured backend
+            (run the whole ``make bench`` first); nothing is written.
+    """
+    if not OUT.exists():
+        raise SystemExit(f"{OUT} does not exist: run the whole benchmark first")
+    result = json.loads(OUT.read_text(encoding="utf-8"))
+    url = os.environ.get("TURNKEEPER_TEST_PG", "")
+    with tempfile.TemporaryDirectory() as tmp:
+        measured = encryption_section(sys.modules[__name__], tmp, url)
+    missing = sorted(set(measured) - set(result["backends"]))
+    if missing:
+        raise SystemExit(
+            f"{OUT} has no {', '.join(missing)} figures: run the whole benchmark first"
+        )
+    for name, section in measured.items():
+        result["backends"][name]["encryption"] = section | {"alone": True}
+    OUT.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    TABLE.write_text(table(result), encoding="utf-8")
+    print(table(result))
+    return 0
+
+
 if __name__ == "__main__":
-    ONLY = {"turn": turn_rows, "replay": main_replay, "threads": thread_rows}
+    ONLY = {
+        "turn": turn_rows,
+        "replay": main_replay,
+        "threads": thread_rows,
+        "encryption": encryption_alone,
+    }
     sys.exit(ONLY[sys.argv[1]]() if sys.argv[1:2] and sys.argv[1] in ONLY else main())

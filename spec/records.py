@@ -694,6 +694,22 @@ class RetentionReport:
 
 
 @dataclass(frozen=True, slots=True)
+class KeyRotationReport:
+    """What one master-key rotation (``store.keys.rotate``, ``turnkeeper keys
+    rotate``) did: ``rewrapped``: data keys it rewrapped under the current
+    master key; ``already_current``: data keys wrapped by it before the call
+    (skipped); ``remaining``: data keys not wrapped by it after the call
+    (``limit`` reached, or rewritten meanwhile: run it again; 0: the old
+    master keys can be retired); ``check_rewrapped``: the store's check
+    value was rewrapped by this call."""
+
+    rewrapped: int
+    already_current: int
+    remaining: int
+    check_rewrapped: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Project:
     """A project (session seed Project): ``id``, display ``name``, times."""
 

@@ -92,6 +92,7 @@ from turnkeeper.spec.records import (
     ImportedSource,
     ImportResult,
     InputResourceEvent,
+    KeyRotationReport,
     Lease,
     NewEntry,
     OpaqueRecord,
@@ -294,6 +295,8 @@ class SessionsAPI(Protocol):
         keep_last: int | None = None,
         limit: int = 1000,
     ) -> RetentionReport: ...
+    def rotate_key(self, session_id: str, *, lease: Lease | None = None) -> int: ...
+    def encrypt(self, session_id: str, *, lease: Lease | None = None) -> bool: ...
     def get_metadata(self, session_id: str) -> SessionMetadata: ...
     def set_metadata(
         self, session_id: str, metadata: SessionMetadata, *, lease: Lease | None = None
@@ -784,6 +787,15 @@ class UsageAPI(Protocol):
     def list(self, session_id: str, *, run_id: str | None = None) -> list[UsageRecord]: ...
 
 
+class KeysAPI(Protocol):
+    """``store.keys``: master-key rotation and reclaiming pages (``storage/ops/keys.py``)."""
+
+    def rotate(
+        self, lease: Lease, *, limit: int | None = None, batch_rows: int = ...
+    ) -> KeyRotationReport: ...
+    def reclaim(self) -> list[str]: ...
+
+
 class Store(Protocol):
     """The store: one object per area (threadstore Store + session seed Store),
     the analytics reads, the wake-ups and the store's own life (a context
@@ -841,5 +853,7 @@ class Store(Protocol):
     def archives(self) -> ArchivesAPI: ...
     @property
     def ledger(self) -> LedgerAPI: ...
+    @property
+    def keys(self) -> KeysAPI: ...
 
     def close(self) -> None: ...

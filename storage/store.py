@@ -34,6 +34,7 @@ from .ops.capabilities import Capabilities
 from .ops.entry_rows import clear_entry_row, entry_row, payload_of
 from .ops.forks import Forks
 from .ops.guidance import GuidanceQueue
+from .ops.keys import Keys
 from .ops.leases import Leases
 from .ops.ledger import Ledger
 from .ops.lineage import Lineage
@@ -156,6 +157,7 @@ class BaseStore:
     - :attr:`archives` (a session's Responses runs, turns and output items);
     - :attr:`ledger` (a session's fenced journal: open a writer, append, replay,
       the command log);
+    - :attr:`keys` (encryption at rest: master-key rotation, reclaiming pages);
 
     and the store itself: :meth:`query`, :meth:`snapshot`,
     :meth:`query_batches`, :meth:`json_sql`, :meth:`subscribe`,
@@ -214,6 +216,7 @@ class BaseStore:
         self.bindings = Bindings(shared)
         self.archives = Archives(shared)
         self.ledger = Ledger(shared, tenant)
+        self.keys = Keys(shared)
         try:
             if backend.read_only:
                 self.db.read("check_schema", self._check_schema, snapshot=True)

@@ -45,6 +45,7 @@ from turnkeeper.spec.records import (
     ImportedSource,
     ImportResult,
     InputResourceEvent,
+    KeyRotationReport,
     Lease,
     NewEntry,
     OpaqueRecord,
@@ -77,6 +78,7 @@ from turnkeeper.storage.protocol import (
     CapabilitiesAPI,
     ForksAPI,
     GuidanceAPI,
+    KeysAPI,
     LeasesAPI,
     LedgerAPI,
     LineageAPI,
@@ -355,6 +357,29 @@ class AsyncGuidance:
     ) -> list[Guidance]:
         """The sync ``guidance.list``, awaited (same arguments and errors)."""
         return await self._run(self.sync.list, session_id, status=status, limit=limit)
+
+
+class AsyncKeys:
+    """``store.keys`` with ``async def`` methods (:class:`KeysAPI`)."""
+
+    def __init__(self, area: KeysAPI, run: Call) -> None:
+        self.sync = area
+        """The sync ``store.keys`` this one awaits."""
+        self._run = run
+
+    async def rotate(
+        self,
+        lease: Lease,
+        *,
+        limit: int | None = None,
+        batch_rows: int = 500,
+    ) -> KeyRotationReport:
+        """The sync ``keys.rotate``, awaited (same arguments and errors)."""
+        return await self._run(self.sync.rotate, lease, limit=limit, batch_rows=batch_rows)
+
+    async def reclaim(self) -> list[str]:
+        """The sync ``keys.reclaim``, awaited (same arguments and errors)."""
+        return await self._run(self.sync.reclaim)
 
 
 class AsyncLeases:
@@ -1389,6 +1414,14 @@ class AsyncSessions:
             keep_last=keep_last,
             limit=limit,
         )
+
+    async def rotate_key(self, session_id: str, *, lease: Lease | None = None) -> int:
+        """The sync ``sessions.rotate_key``, awaited (same arguments and errors)."""
+        return await self._run(self.sync.rotate_key, session_id, lease=lease)
+
+    async def encrypt(self, session_id: str, *, lease: Lease | None = None) -> bool:
+        """The sync ``sessions.encrypt``, awaited (same arguments and errors)."""
+        return await self._run(self.sync.encrypt, session_id, lease=lease)
 
     async def get_metadata(self, session_id: str) -> SessionMetadata:
         """The sync ``sessions.get_metadata``, awaited (same arguments and errors)."""

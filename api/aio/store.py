@@ -100,6 +100,7 @@ class AsyncStore:
         self.bindings = areas.AsyncBindings(store.bindings, run)
         self.archives = areas.AsyncArchives(store.archives, run)
         self.ledger = AsyncLedger(store.ledger, run)
+        self.keys = areas.AsyncKeys(store.keys, run)
 
     @classmethod
     def wrap(cls, store: BaseStore, *, workers: int | None = None) -> AsyncStore:

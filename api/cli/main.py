@@ -1,6 +1,6 @@
 """The ``turnkeeper`` command line: ``demo``, ``report``, ``sessions``, ``audit``,
-``import``, ``export``, ``repair`` and ``ledger`` (each in its own module; this one
-holds the group).
+``import``, ``export``, ``repair``, ``ledger``, ``keys`` and ``encrypt`` (each
+in its own module; this one holds the group).
 
 Every command takes ``--db PATH`` (default ``turnkeeper.duckdb`` in the
 current directory; ``demo`` defaults to ``turnkeeper-demo.duckdb``). A
@@ -40,6 +40,7 @@ from .common import (
     open_db,
 )
 from .demo import demo_command
+from .encrypt import encrypt_command, keys_rotate_command
 from .ledger import ledger_group
 from .repair import repair_command
 from .report import report_command
@@ -172,6 +173,8 @@ cli.add_command(import_command)
 cli.add_command(export_command)
 cli.add_command(repair_command)
 cli.add_command(ledger_group)
+cli.add_command(encrypt_command)
+keys_group.add_command(keys_rotate_command)
 
 
 def main() -> None:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 class SealedColumn:
     """One sealed column: ``table.column`` holds a value of session
     ``table.session`` (a column naming a ``sessions.id``), sealed for record
-    id ``table.record`` and field name ``field``; ``binary``: the column holds
+    id ``table.record`` (its value as text: a number's decimal digits; unique
+    within the session) and field name ``field``; ``binary``: the column holds
     the sealed bytes (``BLOB``/``BYTEA``), else their text form (``enc1:``)."""
 
     table: str
@@ -29,6 +30,17 @@ class SealedColumn:
 
 SEALED: tuple[SealedColumn, ...] = (
     SealedColumn("entries", "payload", "session_id", "id", "payload"),
+    SealedColumn("tool_executions", "result", "session_id", "execution_key", "result"),
+    SealedColumn(
+        "tool_executions", "provider_metadata", "session_id", "execution_key", "provider_metadata"
+    ),
+    SealedColumn("execution_intents", "request", "session_id", "id", "request"),
+    SealedColumn("run_events", "data", "session_id", "id", "data"),
+    SealedColumn("esm_guidance", "guidance", "session_id", "id", "guidance"),
+    SealedColumn("input_resource_events", "data", "session_id", "id", "data"),
+    SealedColumn("response_turns", "request_summary", "session_id", "id", "request_summary"),
+    SealedColumn("response_turns", "response_summary", "session_id", "id", "response_summary"),
+    SealedColumn("response_items", "sanitized", "session_id", "id", "sanitized"),
     # the ledger (storage/ops/ledger/sealing.py): record id the sequence in decimal;
     # a blob's its key. Blob files outside the database: sealing.reseal_blob.
     SealedColumn("ledger_records", "payload", "session_id", "seq", "payload", binary=True),

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from turnkeeper.spec import errors
 
-from ..codec import from_json
+from ..codec import check_id, from_json
 from .keys import KEY_BYTES, KeyProvider
 from .seal import DataKey, is_sealed_text, key_version, text_bytes, wrap_context
 
@@ -83,12 +83,19 @@ def check_provider(provider: object) -> KeyProvider | None:
     :class:`KeyProvider`.
 
     Raises:
-        InvalidInputError: (field ``encryption``) anything else.
+        InvalidInputError: (field ``encryption``) anything else, or a
+            provider whose ``key_id`` is not an identifier (empty, a line
+            break, …: it is stored beside every data key it wraps).
     """
     if provider is not None and not isinstance(provider, KeyProvider):
         raise errors.InvalidInputError(
             "encryption", "expected a key provider (key_id, wrap, unwrap), e.g. LocalKeyProvider"
         )
+    if provider is not None:  # stored beside each wrapped key: an identifier, as the store's ids
+        key_id = provider.key_id
+        if not isinstance(key_id, str):
+            raise errors.InvalidInputError("encryption", "the provider's key_id is not a string")
+        check_id(key_id, "encryption")
     return provider
 
 
@@ -303,9 +310,14 @@ class Keyring:
             raise errors.PayloadAuthenticationError(
                 session_id, record_id, field, detail="not a well-formed sealed value"
             )
-        return self._key_at(tx, session_id, version, record_id, field).open_text(
-            record_id, field, stored
-        )
+        assert raw is not None  # (a version was read from it)
+        plain = self._key_at(tx, session_id, version, record_id, field).open(record_id, field, raw)
+        try:  # (the bytes decoded once: DataKey.open_text would decode the base64 again)
+            return plain.decode("utf-8")
+        except UnicodeDecodeError:  # pragma: no cover - authenticated bytes are ours
+            raise errors.PayloadAuthenticationError(
+                session_id, record_id, field, detail="not UTF-8"
+            ) from None
 
     def open_bytes(
         self, tx: Tx, session_id: str, record_id: str, field: str, stored: bytes

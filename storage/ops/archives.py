@@ -34,10 +34,11 @@ from turnkeeper.spec.records import (
     ResponseTurn,
 )
 
-from ..backend import Tx, keyed, present, utc
-from ..codec import check_id, from_json
+from ..backend import Conflict, Tx, keyed, present, utc
+from ..codec import check_id
+from ..crypto.columns import SEALED
 from ..validate import check_limit, check_session_lease
-from . import leases
+from . import leases, sealed_json
 from .archive_checks import check_item, check_run, check_turn
 from .base import Area
 from .capabilities import next_seq, session_exists
@@ -107,6 +108,14 @@ def remote_terminal(state: str) -> bool:
     return state.strip().lower() in REMOTE_TERMINAL
 
 
+SEALED_TURN = tuple(c.column for c in SEALED if c.table == "response_turns")
+"""The sealed columns of ``response_turns`` (record id: the row's ``id``;
+each column's name is its field name)."""
+
+SEALED_ITEM = tuple(c.column for c in SEALED if c.table == "response_items")
+"""The sealed column of ``response_items`` (record id: the row's ``id``)."""
+
+
 def _upsert(
     tx: Tx,
     table: str,
@@ -115,17 +124,31 @@ def _upsert(
     keep: Sequence[str],
     stream: str,
     cols: Sequence[str],
+    sealed: tuple[Sequence[str], int | None] = ((), None),
 ) -> Sequence[Any]:
     """Insert the row ``values`` (every column but ``id``) or, when a row has its
     ``keys`` already, replace its other columns but ``id`` and ``keep``; returns
     the stored row as ``cols``. A new row's ``id`` is the next number of its
     session's ``stream``; a row inserted concurrently under the same key wins
-    and keeps its number (the upsert then updates it)."""
+    and keeps its number (the upsert then updates it). ``sealed``: the columns
+    of ``values`` (JSON text or ``None``) sealed with the row's ``id`` as
+    record id, and the session's key version (``sealed_json.seal``).
+
+    Raises:
+        Conflict: a value was sealed for a number the row did not keep (a
+            concurrent insert won): the transaction retries.
+    """
     rest = " AND ".join(f"{k} = ?" for k in keys[1:])
     found = tx.one(
         f"SELECT id FROM {table} WHERE {keyed(keys[0], rest)}", [values[k] for k in keys]
     )
     number = found[0] if found is not None else next_seq(tx, values["session_id"], stream)
+    names_sealed, version = sealed
+    given = [n for n in names_sealed if values[n] is not None]
+    texts = [(str(number), n, values[n]) for n in given]
+    stored = sealed_json.seal(tx, values["session_id"], texts, version) if texts else []
+    moved = any(s != t for s, (_, _, t) in zip(stored, texts, strict=True))
+    values = {**values, **dict(zip(given, stored, strict=True))}
     names = ["id", *values]
     sets = ", ".join(f"{c} = excluded.{c}" for c in values if c not in keys and c not in keep)
     row = tx.one(
@@ -133,17 +156,35 @@ def _upsert(
         f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {sets} RETURNING {', '.join(cols)}",
         [number, *values.values()],
     )
-    return present(row, f"the {table} row its upsert returns")
+    row = present(row, f"the {table} row its upsert returns")
+    if moved:
+        kept(table, values["session_id"], number, row[cols.index("id")])
+    return row
 
 
-def _write_guard(tx: Tx, session_id: str, lease: Lease | None) -> None:
-    """The session-write rule, inside the write's transaction.
+def kept(table: str, session_id: str, number: int, stored: int) -> None:
+    """Check that the row an upsert sealed values for as number ``number``
+    kept that number (``stored``): a row inserted under its key by a
+    concurrent transaction, unseen by the upsert's read, keeps its own, and
+    the values sealed for ``number`` would not open there.
+
+    Raises:
+        Conflict: it did not (the transaction retries, and reads that row).
+    """
+    if stored != number:
+        raise Conflict(f"a {table} row of session {session_id!r} was inserted meanwhile")
+
+
+def _write_guard(tx: Tx, session_id: str, lease: Lease | None) -> int | None:
+    """The session-write rule, inside the write's transaction; returns the
+    session's data key version (``None``: clear).
 
     Raises:
         SessionNotFoundError, LeaseLostError, BusyError.
     """
-    session_exists(tx, session_id)
+    version = sealed_json.session_version(tx, session_id)
     leases.fence_or_unheld(tx, session_target(session_id), lease)
+    return version
 
 
 def _run(row: Sequence[Any]) -> ResponseRun:
@@ -154,19 +195,31 @@ def _run(row: Sequence[Any]) -> ResponseRun:
     return ResponseRun(**named)
 
 
-def _turn(row: Sequence[Any]) -> ResponseTurn:
+def _opened(tx: Tx, named: dict[str, Any], name: str) -> Any:
+    """A row's sealed column ``name`` opened (record id: the row's ``id``).
+
+    Raises:
+        KeyUnavailableError, PayloadAuthenticationError: see ``sealed_json.open_json``.
+    """
+    stored = named[name]
+    if stored is None:
+        return None
+    return sealed_json.open_json(tx, named["session_id"], str(named["id"]), name, stored)
+
+
+def _turn(tx: Tx, row: Sequence[Any]) -> ResponseTurn:
     named = dict(zip(_TURN_COLS, row, strict=True))
-    for name in ("request_summary", "response_summary"):
-        named[name] = None if named[name] is None else from_json(named[name])
+    for name in SEALED_TURN:
+        named[name] = _opened(tx, named, name)
     named["created_at"] = utc(named["created_at"])
     if named["completed_at"] is not None:
         named["completed_at"] = utc(named["completed_at"])
     return ResponseTurn(**named)
 
 
-def _item(row: Sequence[Any]) -> ResponseItem:
+def _item(tx: Tx, row: Sequence[Any]) -> ResponseItem:
     named = dict(zip(_ITEM_COLS, row, strict=True))
-    named["sanitized"] = from_json(named["sanitized"])
+    named["sanitized"] = _opened(tx, named, "sanitized")
     named["created_at"] = utc(named["created_at"])
     return ResponseItem(**named)
 
@@ -197,7 +250,7 @@ def save_run(tx: Tx, run: ResponseRun, lease: Lease | None) -> ResponseRun:
 def save_turn(
     tx: Tx, turn: ResponseTurn, summaries: tuple[str | None, str | None], lease: Lease | None
 ) -> ResponseTurn:
-    _write_guard(tx, turn.session_id, lease)
+    version = _write_guard(tx, turn.session_id, lease)
     values = {
         "session_id": turn.session_id,
         "local_turn_id": turn.local_turn_id,
@@ -218,12 +271,21 @@ def save_turn(
         "completed_at": turn.completed_at,
     }
     keys = ("session_id", "local_turn_id")
-    row = _upsert(tx, "response_turns", keys, values, ("created_at",), "response_turn", _TURN_COLS)
-    return _turn(row)
+    row = _upsert(
+        tx,
+        "response_turns",
+        keys,
+        values,
+        ("created_at",),
+        "response_turn",
+        _TURN_COLS,
+        (SEALED_TURN, version),
+    )
+    return _turn(tx, row)
 
 
 def save_item(tx: Tx, item: ResponseItem, sanitized: str, lease: Lease | None) -> ResponseItem:
-    _write_guard(tx, item.session_id, lease)
+    version = _write_guard(tx, item.session_id, lease)
     created = item.created_at or tx.now
     values = {
         "session_id": item.session_id,
@@ -239,8 +301,17 @@ def save_item(tx: Tx, item: ResponseItem, sanitized: str, lease: Lease | None) -
         "updated_at": created,
     }
     keys = ("session_id", "local_turn_id", "item_key")
-    row = _upsert(tx, "response_items", keys, values, ("created_at",), "response_item", _ITEM_COLS)
-    return _item(row)
+    row = _upsert(
+        tx,
+        "response_items",
+        keys,
+        values,
+        ("created_at",),
+        "response_item",
+        _ITEM_COLS,
+        (SEALED_ITEM, version),
+    )
+    return _item(tx, row)
 
 
 def get_run(tx: Tx, session_id: str, local_run_id: str) -> ResponseRun | None:
@@ -285,7 +356,7 @@ def get_turn(tx: Tx, session_id: str, local_turn_id: str) -> ResponseTurn | None
         f"WHERE {keyed('session_id', 'local_turn_id = ?')}",
         [session_id, local_turn_id],
     )
-    return None if row is None else _turn(row)
+    return None if row is None else _turn(tx, row)
 
 
 def list_items(tx: Tx, session_id: str, local_turn_id: str) -> list[ResponseItem]:
@@ -295,11 +366,11 @@ def list_items(tx: Tx, session_id: str, local_turn_id: str) -> list[ResponseItem
         f"WHERE {keyed('session_id', 'local_turn_id = ?')} ORDER BY id",
         [session_id, local_turn_id],
     )
-    return [_item(r) for r in rows]
+    return [_item(tx, r) for r in rows]
 
 
 _REPLAY = (
-    "SELECT t.local_turn_id, i.sanitized FROM response_turns t "
+    "SELECT t.local_turn_id, i.sanitized, i.id FROM response_turns t "
     "JOIN response_items i ON i.session_id = t.session_id AND i.local_turn_id = t.local_turn_id "
     f"WHERE t.session_id = ? AND t.status IN ({', '.join(repr(s) for s in REPLAYED)}) "
     "ORDER BY t.created_at, t.id, i.output_index, i.id"
@@ -308,7 +379,13 @@ _REPLAY = (
 
 def replay_items(tx: Tx, session_id: str, limit: int) -> list[Any]:
     session_exists(tx, session_id)
-    return [from_json(r[1]) for r in tx.rows(f"{_REPLAY} LIMIT ?", [session_id, limit])]
+    rows = tx.rows(f"{_REPLAY} LIMIT ?", [session_id, limit])
+    return [_replayed(tx, session_id, r) for r in rows]
+
+
+def _replayed(tx: Tx, session_id: str, row: Sequence[Any]) -> Any:
+    """An item of :data:`_REPLAY`'s row (turn id, sanitized, id), opened."""
+    return sealed_json.open_json(tx, session_id, str(row[2]), "sanitized", row[1])
 
 
 def _call_identity(item: Any) -> str | None:
@@ -324,8 +401,8 @@ def replay_turns(tx: Tx, session_id: str, limit: int) -> list[ResponseReplayTurn
     session_exists(tx, session_id)
     grouped: dict[str, list[Any]] = {}
     seen: dict[str, set[str]] = {}
-    for turn_id, text in tx.rows(_REPLAY, [session_id]):
-        item = from_json(text)
+    for row in tx.rows(_REPLAY, [session_id]):
+        turn_id, item = row[0], _replayed(tx, session_id, row)
         # An archive may hold both the streamed item and the completed
         # response's copy of one call: replay each call once per turn.
         call = _call_identity(item)

@@ -19,6 +19,7 @@ from ..backend import Tx, keyed, utc
 from ..codec import from_json
 from ..crypto.keyring import PAYLOAD, UNREAD
 from ..crypto.seal import TEXT_PREFIX, is_sealed_text
+from . import sealed_json
 
 CLEAR_COLUMNS = ClearFacts._fields
 """The columns of ``entries`` that keep what analytics reads of a payload in
@@ -106,16 +107,9 @@ def payload_of(tx: Tx, session_id: str, entry_id: str, stored: str) -> Any:
     """An entry's stored payload decoded (opened first when sealed).
 
     Raises:
-        KeyUnavailableError, PayloadAuthenticationError: see ``Keyring.open_json``.
+        KeyUnavailableError, PayloadAuthenticationError: see ``sealed_json.open_json``.
     """
-    keys = tx.keys
-    if not keys.encrypted:
-        if stored.startswith(TEXT_PREFIX):  # marked encrypted since this store object opened
-            raise errors.KeyUnavailableError(
-                session_id, None, detail="a sealed payload, and the store was opened without keys"
-            )
-        return from_json(stored)
-    return keys.open_json(tx, session_id, entry_id, PAYLOAD, stored)
+    return sealed_json.open_json(tx, session_id, entry_id, PAYLOAD, stored)
 
 
 def seal_payloads(

@@ -22,7 +22,7 @@ from turnkeeper.spec.records import Guidance, Lease
 from ..backend import Tx, utc
 from ..codec import check_id, check_instant, check_text
 from ..validate import check_limit, check_session_lease
-from . import leases
+from . import leases, sealed_json
 from .base import Area
 from .capabilities import session_exists
 
@@ -38,8 +38,20 @@ _COLS = (
 _STATUSES = ("pending", "consumed")
 
 
-def _row(row: Sequence[Any]) -> Guidance:
+GUIDANCE = "guidance"
+"""The field name guidance text is sealed under (``esm_guidance.guidance``)."""
+
+
+def _row(tx: Tx, row: Sequence[Any]) -> Guidance:
+    """A stored row as guidance, its text opened when sealed (record id: its id).
+
+    Raises:
+        KeyUnavailableError, PayloadAuthenticationError: see ``sealed_json.open_text``.
+    """
     named = dict(zip(_COLS, row, strict=True))
+    named[GUIDANCE] = sealed_json.open_text(
+        tx, named["session_id"], named["id"], GUIDANCE, named[GUIDANCE]
+    )
     named["created_at"] = utc(named["created_at"])
     if named["consumed_at"] is not None:
         named["consumed_at"] = utc(named["consumed_at"])
@@ -52,14 +64,14 @@ def save(tx: Tx, g: Guidance) -> Guidance:
     Raises:
         SessionNotFoundError, GuidanceConflictError.
     """
-    session_exists(tx, g.session_id)
+    version = sealed_json.session_version(tx, g.session_id)
     # No lease (guidance is queued while a run holds the session), but the
     # session's row is written all the same: a concurrent delete then
     # conflicts with this save and, retried, deletes the guidance too.
     leases.touch_session(tx, session_target(g.session_id))
     found = tx.one(f"SELECT {', '.join(_COLS)} FROM esm_guidance WHERE id = ?", [g.id])
     if found is not None:
-        stored = _row(found)
+        stored = _row(tx, found)
         same = (stored.session_id, stored.objective_version, stored.guidance) == (
             g.session_id,
             g.objective_version,
@@ -71,7 +83,13 @@ def save(tx: Tx, g: Guidance) -> Guidance:
     created = g.created_at or tx.now
     tx.exec(
         f"INSERT INTO esm_guidance ({', '.join(_COLS)}) VALUES (?, ?, ?, ?, 'pending', ?, NULL)",
-        [g.id, g.session_id, g.objective_version, g.guidance, created],
+        [
+            g.id,
+            g.session_id,
+            g.objective_version,
+            sealed_json.seal_one(tx, g.session_id, g.id, GUIDANCE, g.guidance, version),
+            created,
+        ],
     )
     return Guidance(g.id, g.session_id, g.guidance, g.objective_version, "pending", created)
 
@@ -86,7 +104,7 @@ def listed(tx: Tx, session_id: str, status: str, limit: int | None) -> list[Guid
         f"SELECT {', '.join(_COLS)} FROM esm_guidance WHERE {where} ORDER BY created_at, id{bound}",
         params,
     )
-    return [_row(r) for r in rows]
+    return [_row(tx, r) for r in rows]
 
 
 def consume(tx: Tx, session_id: str, ids: Sequence[str], lease: Lease | None) -> int:

@@ -23,9 +23,9 @@ from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.records import InputResourceEvent, Lease
 
 from ..backend import Tx, utc
-from ..codec import check_id, check_instant, check_text, from_json, to_json
+from ..codec import check_id, check_instant, check_text, to_json
 from ..validate import check_session_lease
-from . import leases
+from . import leases, sealed_json
 from .base import Area
 from .capabilities import next_seq, session_exists
 
@@ -33,12 +33,24 @@ _TEXTS = ("resource_id", "run_id", "event_type", "status")
 _COLS = ("id", "session_id", "seq", *_TEXTS, "happened_at", "data")
 
 
-def _row(row: Sequence[Any]) -> InputResourceEvent:
+DATA = "data"
+"""The field name a resource event's data is sealed under
+(``input_resource_events.data``)."""
+
+
+def _row(tx: Tx, row: Sequence[Any]) -> InputResourceEvent:
+    """A stored row as an event, its data opened when sealed (record id: its id).
+
+    Raises:
+        KeyUnavailableError, PayloadAuthenticationError: see ``sealed_json.open_json``.
+    """
     named = dict(zip(_COLS, row, strict=True))
     named.pop("seq")
     named["timestamp"] = utc(named.pop("happened_at"))
     data = named.pop("data")
-    return InputResourceEvent(**named, data=None if data is None else from_json(data))
+    if data is not None:
+        data = sealed_json.open_json(tx, named["session_id"], named["id"], DATA, data)
+    return InputResourceEvent(**named, data=data)
 
 
 def checked(event: InputResourceEvent) -> tuple[InputResourceEvent, str | None]:
@@ -71,23 +83,25 @@ def record(tx: Tx, event: InputResourceEvent, data: str | None, lease: Lease | N
     Raises:
         SessionNotFoundError, LeaseLostError, BusyError, ResourceEventConflictError.
     """
-    session_exists(tx, event.session_id)
+    version = sealed_json.session_version(tx, event.session_id)
     leases.fence_or_unheld(tx, session_target(event.session_id), lease)
-    return write(tx, event, data)
+    return write(tx, event, data, version)
 
 
-def write(tx: Tx, event: InputResourceEvent, data: str | None) -> str:
+def write(tx: Tx, event: InputResourceEvent, data: str | None, version: int | None) -> str:
     """Append ``event`` (checked by :func:`checked`) in a transaction that
     already fenced its session's lease, or found nobody holding it (session
     seed AppendInputResourceEventTx: ``record`` and ``runs.admit`` call it);
     returns its id. The same event under its id again writes nothing.
+    ``data`` is sealed under the session's data key version ``version`` (as
+    the caller read it: ``None``, clear).
 
     Raises:
         ResourceEventConflictError: the id names a different event.
     """
     found = tx.one(f"SELECT {', '.join(_COLS)} FROM input_resource_events WHERE id = ?", [event.id])
     if found is not None:
-        stored = _row(found)
+        stored = _row(tx, found)
         if stored != replace(event, timestamp=event.timestamp or stored.timestamp):
             raise errors.ResourceEventConflictError(event.id, stored.session_id)
         return event.id
@@ -101,7 +115,9 @@ def write(tx: Tx, event: InputResourceEvent, data: str | None) -> str:
             seq,
             *(getattr(event, name) for name in _TEXTS),
             event.timestamp or tx.now,
-            data,
+            None
+            if data is None
+            else sealed_json.seal_one(tx, event.session_id, event.id, DATA, data, version),
         ],
     )
     return event.id
@@ -113,7 +129,7 @@ def events(tx: Tx, session_id: str) -> list[InputResourceEvent]:
         f"SELECT {', '.join(_COLS)} FROM input_resource_events WHERE session_id = ? ORDER BY seq",
         [session_id],
     )
-    return [_row(r) for r in rows]
+    return [_row(tx, r) for r in rows]
 
 
 # -- the store's methods ------------------------------------------------------------

@@ -41,11 +41,13 @@ from . import (
     resources,
     run_intents,
     run_lifecycle,
+    sealed_json,
     session_rows,
     submissions,
 )
 from .base import Area
 from .run_reads import RUN_BASE_COLS, get
+from .run_records import REQUEST
 
 _MACHINE = machine_for(RUN)
 
@@ -208,7 +210,10 @@ def admit(
                 intent["mode"],
                 intent["work_dir"],
                 admission.fingerprint,
-                intent["request"],
+                # sealed under the head's key version, named in its compare-and-set below
+                sealed_json.seal_one(
+                    tx, session_id, intent_id, REQUEST, intent["request"], head[2]
+                ),
                 intent["policy"],
                 now,
             ],
@@ -278,7 +283,7 @@ def admit(
         [f"{run_id}:turn", session_id, intent_id, run_id, attempt, written[0].seq, now],
     )
     for event, data in resource_events:  # session seed AppendInputResourceEventTx
-        resources.write(tx, replace(event, run_id=run_id), data)
+        resources.write(tx, replace(event, run_id=run_id), data, head[2])
     if key_digest is not None:
         tx.exec(
             "INSERT INTO submissions VALUES (?, ?, ?, ?, ?, ?)",

@@ -20,12 +20,13 @@ from turnkeeper.spec.lifecycle import Edge
 from turnkeeper.spec.records import Lease, Run, RunEvent
 from turnkeeper.spec.run import TERMINAL
 
-from ..backend import Conflict, Tx, present, utc
+from ..backend import Conflict, Tx, present
 from ..codec import check_id, from_json, to_json
+from ..crypto.keyring import UNREAD
 from ..validate import check_lease, check_session_lease
-from . import leases
+from . import leases, sealed_json
 from .base import Area
-from .run_reads import get
+from .run_reads import EVENT_DATA, event_row, get
 
 DECISION = "decision"
 """The ``edge`` of a run event that records a decision resolution: not a
@@ -39,11 +40,17 @@ RESERVED = frozenset({*(e.name for e in RUN.edges), DECISION})
 """Event types a runtime cannot record: the lifecycle's own edges (the audit and
 the report read them as transitions) and ``decision``."""
 
+CURSOR_IS = "id = ? AND key_version IS NOT DISTINCT FROM ?"
+"""The session row whose event cursor :func:`append_events` moves, still
+sealed under the key version its events' data is sealed under (``NULL``:
+clear): its compare-and-set."""
+
 _EVENT_COLS = "session_id, seq, id, run_id, edge, source, dest, data, occurred_at"
 
 
 def append_event(tx: Tx, run: Run, edge: Edge, event_id: str, data: Mapping[str, Any]) -> None:
-    """Append a run event with the session's next sequence number."""
+    """Append a run event with the session's next sequence number (its data
+    sealed in a sealed session: :func:`append_events`)."""
     append_events(tx, run, [(edge, event_id, data)])
 
 
@@ -65,6 +72,7 @@ def append_events(
     events: Sequence[tuple[Edge, str, Mapping[str, Any]]],
     *,
     taken: bool = False,
+    version: int | None = UNREAD,
 ) -> None:
     """Append run events (edge, event id, data), in order, with the session's
     next sequence numbers, taken from its event cursor (``session_rows.event_seq``,
@@ -74,11 +82,22 @@ def append_events(
 
     ``taken``: the caller's update of the session row in this transaction
     already moved the cursor past them (``cursor_bump``), so no update here.
+    Each event's data is sealed (record id: the event's id, field ``data``)
+    under the data key version ``version`` names (the session row's
+    ``key_version`` as the caller read it with its head, named in its
+    compare-and-set; :data:`UNREAD`: read here when the store is encrypted,
+    and named in the cursor's update, its compare-and-set).
 
     Raises:
-        Conflict: the session row is gone (the transaction retries).
+        Conflict: the session row is gone, or its data key version moved
+            (the transaction retries).
+        KeyUnavailableError: (``key_id`` ``None``) the session's payloads are
+            sealed and this store object holds no keys (it took the store
+            for clear: opened before the store was marked). Nothing is written.
     """
     n = len(events)
+    if version == UNREAD:  # (a clear store object: None, checked by the update below)
+        version = tx.keys.sealing(tx, run.session_id)[1]
     # On a server the largest seq is also read, through the (session_id, seq) key
     # (an index probe): a turnkeeper older than schema 10 still running in the
     # fleet beside a migrated database numbers events by it and leaves the cursor
@@ -86,11 +105,27 @@ def append_events(
     # cannot open a migrated file (SchemaVersionError): the cursor alone.
     if not taken:
         item, values = cursor_bump(tx, run.session_id, n)
-        sql = f"UPDATE sessions SET {item.removesuffix(', ')} WHERE id = ?"
-        if tx.count(sql, [*values, run.session_id]) != 1:
-            raise Conflict(f"session {run.session_id!r} of run {run.id!r} is gone")
-    sql, params = _insert(tx, run, events, "s.event_seq - ?")
+        sql = f"UPDATE sessions SET {item.removesuffix(', ')} WHERE {CURSOR_IS}"
+        if tx.count(sql, [*values, run.session_id, version]) != 1:
+            _lost(tx, run)
+    sql, params = _insert(tx, run, events, "s.event_seq - ?", version)
     tx.exec(sql, [n, *params])
+
+
+def _lost(tx: Tx, run: Run) -> None:
+    """Why the cursor's compare-and-set of ``run``'s session changed no row.
+
+    Raises:
+        KeyUnavailableError: the session is sealed and this store object
+            holds no keys (``Keyring.sealing``'s refusal).
+        Conflict: the session is gone, or its key version moved.
+    """
+    found = tx.one("SELECT key_version FROM sessions WHERE id = ?", [run.session_id])
+    if found is None:
+        raise Conflict(f"session {run.session_id!r} of run {run.id!r} is gone")
+    if found[0] is not None and not tx.keys.encrypted:  # this store object took it for clear
+        tx.keys.sealing(tx, run.session_id, int(found[0]))
+    raise Conflict(f"the data key version of session {run.session_id!r} moved")
 
 
 NewEvents = tuple[Run, Sequence[tuple[Edge, str, Mapping[str, Any]]]]
@@ -98,14 +133,15 @@ NewEvents = tuple[Run, Sequence[tuple[Edge, str, Mapping[str, Any]]]]
 edge, id and data (``session_rows.append_chain``'s ``new_events``)."""
 
 
-def hold_events(tx: Tx, new: NewEvents) -> None:
+def hold_events(tx: Tx, new: NewEvents, version: int | None = UNREAD) -> None:
     """Hold (``Tx.later``) the insert of ``new``'s events numbered from the
     session's event cursor as it is before :func:`cursor_bump`'s update of
     the session row moves it past them: the caller holds that update right
     after this, in the same transaction, with nothing between, so a server
     sends both in one statement (both read the state before it) and DuckDB
     runs this one first. The numbers are the same as :func:`append_events`'
-    (the cursor, on a server at least the largest seq, plus 1, 2 …)."""
+    (the cursor, on a server at least the largest seq, plus 1, 2 …), and
+    ``version`` is as there."""
     run, events = new
     base = "s.event_seq"
     if not tx.dialect.serialized_writes:  # as cursor_bump reads it
@@ -113,22 +149,28 @@ def hold_events(tx: Tx, new: NewEvents) -> None:
             "greatest(s.event_seq, (SELECT coalesce(max(e.seq), 0) FROM run_events AS e "
             "WHERE e.session_id = s.id))"
         )
-    sql, params = _insert(tx, run, events, base)
+    sql, params = _insert(tx, run, events, base, version)
     tx.later(sql, params)
 
 
 def _insert(
-    tx: Tx, run: Run, events: Sequence[tuple[Edge, str, Mapping[str, Any]]], base: str
+    tx: Tx,
+    run: Run,
+    events: Sequence[tuple[Edge, str, Mapping[str, Any]]],
+    base: str,
+    version: int | None,
 ) -> tuple[str, list[Any]]:
     """The insert of ``events`` numbered ``base`` + 1, 2 … (``base``: SQL over
     the session row ``s``; its parameters come first), and its parameters
-    after ``base``'s."""
+    after ``base``'s; the data sealed as :func:`append_events` says."""
     row = "SELECT ?::BIGINT, ?, ?, ?, ?, ?, ?, ?, ?::TIMESTAMPTZ"
     rows = " UNION ALL ".join([row] * len(events))
+    texts = [(event_id, EVENT_DATA, to_json(dict(data), "data")) for _, event_id, data in events]
+    stored_data = sealed_json.seal(tx, run.session_id, texts, version)
     params: list[Any] = []
-    for k, (edge, event_id, data) in enumerate(events, start=1):
+    for k, ((edge, event_id, _), text) in enumerate(zip(events, stored_data, strict=True), 1):
         params += [k, event_id, run.id, edge.name, edge.trigger, edge.source, edge.dest]
-        params += [to_json(dict(data), "data"), tx.now]
+        params += [text, tx.now]
     sql = (
         f"INSERT INTO run_events SELECT s.id, {base} + v.n, v.id, v.run_id, v.edge, "
         "v.trigger, v.source, v.dest, v.data, v.occurred_at FROM sessions AS s, "
@@ -141,9 +183,7 @@ def _insert(
 def stored(tx: Tx, event_id: str) -> RunEvent | None:
     """The run event, or ``None``."""
     r = tx.one(f"SELECT {_EVENT_COLS} FROM run_events WHERE id = ?", [event_id])
-    if r is None:
-        return None
-    return RunEvent(r[0], r[1], r[2], r[3], r[4], r[5], r[6], from_json(r[7]), utc(r[8]))
+    return None if r is None else event_row(tx, r)
 
 
 def record_event(

@@ -22,8 +22,9 @@ from turnkeeper.spec.records import ExecutionIntent, Lease
 from ..backend import Tx, present
 from ..codec import check_id, check_text, from_json, to_json
 from ..validate import check_session_lease
-from . import leases, submissions
+from . import leases, sealed_json, submissions
 from .base import Area
+from .run_records import REQUEST
 from .run_records import intent as stored_intent
 
 FIELDS = ("source", "model", "mode", "work_dir")
@@ -71,8 +72,7 @@ def save(
     Raises:
         SessionNotFoundError, LeaseLostError, BusyError, ExecutionIntentConflictError.
     """
-    if tx.one("SELECT 1 FROM sessions WHERE id = ?", [session_id]) is None:
-        raise errors.SessionNotFoundError(session_id)
+    version = sealed_json.session_version(tx, session_id)
     leases.fence_or_unheld(tx, session_target(session_id), lease)
     found = stored_intent(tx, intent_id)
     if found is not None:
@@ -87,7 +87,7 @@ def save(
             session_id,
             *(fields[name] for name in FIELDS),
             submissions.request_digest(request),
-            fields["request"],
+            sealed_json.seal_one(tx, session_id, intent_id, REQUEST, fields["request"], version),
             fields["policy"],
             tx.now,
         ],

@@ -19,7 +19,11 @@ from ..validate import (
     check_int,
     check_limit,
 )
+from . import sealed_json
 from .base import Area
+
+EVENT_DATA = "data"
+"""The field name a run event's data is sealed under (``run_events.data``)."""
 
 RUN_BASE_COLS = (
     "id, session_id, intent_id, retry_of, attempt, status, cancel_requested, error, "
@@ -34,6 +38,17 @@ a runtime updates apart from the status (``runs.update_usage`` …)."""
 
 def _json(text: str | None) -> Any:
     return None if text is None else from_json(text)
+
+
+def event_row(tx: Tx, r: Sequence[Any]) -> RunEvent:
+    """A stored run event (session id, seq, id, run id, edge, source, dest,
+    data, occurred at), its data opened when sealed (record id: the event's id).
+
+    Raises:
+        KeyUnavailableError, PayloadAuthenticationError: see ``sealed_json.open_json``.
+    """
+    data = sealed_json.open_json(tx, r[0], r[2], EVENT_DATA, r[7])
+    return RunEvent(r[0], r[1], r[2], r[3], r[4], r[5], r[6], data, utc(r[8]))
 
 
 def run_row(row: Sequence[Any]) -> Run:
@@ -105,9 +120,7 @@ def events(
         f"FROM run_events WHERE {' AND '.join(where)} ORDER BY seq {order} LIMIT ?",
         [*params, limit],
     )
-    found = [
-        RunEvent(r[0], r[1], r[2], r[3], r[4], r[5], r[6], from_json(r[7]), utc(r[8])) for r in rows
-    ]
+    found = [event_row(tx, r) for r in rows]
     return sorted(found, key=lambda e: e.seq)
 
 

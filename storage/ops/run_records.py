@@ -14,7 +14,7 @@ from turnkeeper.spec.records import ConversationTurn, ExecutionIntent, Run, Runt
 
 from ..backend import Tx, keyed, utc
 from ..codec import check_id, from_json
-from . import submissions
+from . import sealed_json, submissions
 from .base import Area
 from .run_reads import RUN_COLS, run_row
 
@@ -51,8 +51,17 @@ def turns(tx: Tx, session_id: str) -> list[ConversationTurn]:
     return [turn_row(r) for r in rows]
 
 
+REQUEST = "request"
+"""The field name an intent's request is sealed under (``execution_intents.request``)."""
+
+
 def intent(tx: Tx, intent_id: str) -> ExecutionIntent | None:
-    """The intent, or ``None``."""
+    """The intent, or ``None``; its request opened when sealed (record id:
+    the intent's id).
+
+    Raises:
+        KeyUnavailableError, PayloadAuthenticationError: see ``sealed_json.open_json``.
+    """
     row = tx.one(f"SELECT {_INTENT_COLS} FROM execution_intents WHERE id = ?", [intent_id])
     if row is None:
         return None
@@ -64,7 +73,7 @@ def intent(tx: Tx, intent_id: str) -> ExecutionIntent | None:
         mode=row[4],
         work_dir=row[5],
         request_fingerprint=row[6],
-        request=from_json(row[7]),
+        request=sealed_json.open_json(tx, row[1], row[0], REQUEST, row[7]),
         policy=from_json(row[8]),
         created_at=utc(row[9]),
     )

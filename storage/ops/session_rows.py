@@ -432,12 +432,12 @@ def append_chain(
     ]
     if hold:
         if new_events is not None:  # numbered from the cursor the update below moves
-            run_events.hold_events(tx, new_events)
+            run_events.hold_events(tx, new_events, version)
         tx.later(update, values, changes=1)  # a moved session is a Conflict, retried
     elif tx.count(update, values) != 1:
         raise Conflict(f"session {session_id!r} moved during append")
     elif new_events is not None:  # numbered from the cursor the update above moved
-        run_events.append_events(tx, new_events[0], new_events[1], taken=True)
+        run_events.append_events(tx, new_events[0], new_events[1], taken=True, version=version)
     if len(stored) == 1:
         insert = tx.later if hold else tx.exec
         insert(f"INSERT INTO entries ({', '.join(ENTRY_COLUMNS)}) VALUES ({_MARKS})", stored[0])

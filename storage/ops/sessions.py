@@ -12,7 +12,8 @@ One area object assembled from parts, each in its own module beside this one:
 - :mod:`.branch_reads`: path_after, path_latest, custom_entry, custom_entries;
 - :mod:`.imports`: import_batch and opaque records;
 - :mod:`.deletes`: delete, deleted, retain;
-- :mod:`.metadata`: get_metadata, set_metadata.
+- :mod:`.metadata`: get_metadata, set_metadata;
+- :mod:`.rekeying`: rotate_key, encrypt (encryption at rest).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .imports import ImportsPart
 from .listing import ListingPart
 from .metadata import MetadataPart
 from .open_ids import OpenIdsPart
+from .rekeying import RekeyingPart
 from .replays import BranchCache, ReplaysPart
 from .session_reads import SessionReadsPart
 from .session_rows import SessionRecordsPart
@@ -41,6 +43,7 @@ class Sessions(
     OpenIdsPart,
     SessionReadsPart,
     BranchReadsPart,
+    RekeyingPart,
 ):
     """``store.sessions``: see the module docstring; ``branches`` is the store
     object's replay cache."""

@@ -23,8 +23,7 @@ from turnkeeper.spec.tool_execution import (
 )
 
 from ..backend import Conflict, Tx, keyed, utc
-from ..codec import from_json
-from . import leases
+from . import leases, sealed_json
 
 MACHINE = machine_for(TOOL_EXECUTION)
 
@@ -37,11 +36,26 @@ COLS = (
 )
 
 
+RESULT = "result"
+"""The field name a record's result is sealed under (``tool_executions.result``)."""
+
+METADATA = "provider_metadata"
+"""The field name a record's provider metadata is sealed under
+(``tool_executions.provider_metadata``)."""
+
 STATE_AT = "state = ? AND attempt = ?"
 """A record still in this state at this attempt: its compare-and-set."""
 
 
-def record_row(row: Sequence[Any]) -> ToolExecution:
+def record_row(tx: Tx, row: Sequence[Any]) -> ToolExecution:
+    """A stored row (:data:`COLS`) as a record, its result and provider
+    metadata opened when sealed (record id: the execution key).
+
+    Raises:
+        KeyUnavailableError, PayloadAuthenticationError: see
+            ``sealed_json.open_json``.
+    """
+    session_id, key = row[1], row[0]
     return ToolExecution(
         execution_key=row[0],
         session_id=row[1],
@@ -56,9 +70,11 @@ def record_row(row: Sequence[Any]) -> ToolExecution:
         args_digest=row[10],
         side_effecting=row[11],
         state=row[12],
-        result=None if row[13] is None else from_json(row[13]),
+        result=None
+        if row[13] is None
+        else sealed_json.open_json(tx, session_id, key, RESULT, row[13]),
         is_error=row[14],
-        provider_metadata=from_json(row[15]),
+        provider_metadata=sealed_json.open_json(tx, session_id, key, METADATA, row[15]),
         reason=row[16],
         attempt=row[17],
         lease_epoch=row[18],
@@ -75,7 +91,7 @@ def facts(rec: ToolExecution) -> dict[str, object]:
 def get(tx: Tx, execution_key: str) -> ToolExecution | None:
     """The record of ``execution_key``, or ``None``."""
     row = tx.one(f"SELECT {COLS} FROM tool_executions WHERE execution_key = ?", [execution_key])
-    return None if row is None else record_row(row)
+    return None if row is None else record_row(tx, row)
 
 
 def load(tx: Tx, execution_key: str) -> ToolExecution:
@@ -95,7 +111,7 @@ def select(
         "ORDER BY created_at, execution_key",
         [session_id, *params],
     )
-    return [record_row(r) for r in rows]
+    return [record_row(tx, r) for r in rows]
 
 
 def of_turn(
@@ -118,7 +134,7 @@ def of_run(tx: Tx, session_id: str, run_id: str, turn_id: str) -> list[ToolExecu
         "ORDER BY created_at, execution_key",
         [run_id, session_id, turn_id, session_id],
     )
-    return [record_row(r) for r in rows]
+    return [record_row(tx, r) for r in rows]
 
 
 def _keyed(
@@ -130,12 +146,17 @@ def _keyed(
         "ORDER BY created_at, execution_key",
         [value, session_id, *params],
     )
-    return [record_row(r) for r in rows]
+    return [record_row(tx, r) for r in rows]
 
 
-def require_session(tx: Tx, session_id: str) -> None:
-    if tx.one("SELECT 1 FROM sessions WHERE id = ?", [session_id]) is None:
-        raise errors.SessionNotFoundError(session_id)
+def require_session(tx: Tx, session_id: str) -> int | None:
+    """The session's data key version (``sessions.key_version``; ``None``:
+    its payloads are clear).
+
+    Raises:
+        SessionNotFoundError: no such session.
+    """
+    return sealed_json.session_version(tx, session_id)
 
 
 def own_session(session_id: str, lease: Lease | None) -> None:
@@ -184,6 +205,6 @@ def move(
     )
     if row is None:
         raise Conflict(f"tool execution {rec.execution_key!r} moved")
-    moved = record_row(row)
+    moved = record_row(tx, row)
     event(tx, moved, edge)
     return moved

@@ -35,7 +35,7 @@ from turnkeeper.spec.tool_execution import (
 from ..backend import Conflict, Tx, keyed, present
 from ..codec import check_id, check_text, from_json, to_json
 from ..validate import check_bool, check_lease, check_session_lease
-from . import run_reads, tool_pairing
+from . import run_reads, sealed_json, tool_pairing
 from . import tool_records as records
 from .base import Area
 
@@ -77,7 +77,7 @@ def claim(tx: Tx, columns: Mapping[str, Any], lease: Lease | None) -> tuple[Tool
             raise errors.ToolExecutionConflictError(found.execution_key, differs, found.run_id)
         return found, False
     session_id = columns["session_id"]
-    records.require_session(tx, session_id)
+    version = records.require_session(tx, session_id)
     if lease is not None:  # a stale holder learns it lost, whatever its run did since
         records.no_other_owner(tx, session_id, lease)
     run_id = columns["run_id"]
@@ -96,8 +96,11 @@ def claim(tx: Tx, columns: Mapping[str, Any], lease: Lease | None) -> tuple[Tool
     if lease is None:  # without a lease, nobody else may hold the session
         records.no_other_owner(tx, session_id, None)
     edge = records.MACHINE.require("claim", "absent", {"side_effecting": columns["side_effecting"]})
+    key, metadata = columns["execution_key"], columns["provider_metadata"]
+    metadata = sealed_json.seal_one(tx, session_id, key, records.METADATA, metadata, version)
     values = {
         **columns,
+        "provider_metadata": metadata,
         "state": edge.dest,
         "result": None,
         "is_error": False,
@@ -115,7 +118,7 @@ def claim(tx: Tx, columns: Mapping[str, Any], lease: Lease | None) -> tuple[Tool
         [values[n] for n in names],
     )
     row = present(row, "the tool record its INSERT returns")
-    rec = records.record_row(row)
+    rec = records.record_row(tx, row)
     records.event(tx, rec, edge)
     return rec, True
 
@@ -139,8 +142,10 @@ def complete(
         return rec  # a repeated completion after an unknown commit result
     records.no_other_owner(tx, rec.session_id, lease)
     edge = records.MACHINE.require("complete", rec.state, records.facts(rec))
+    key = rec.execution_key
+    stored = sealed_json.seal_one(tx, rec.session_id, key, records.RESULT, result_json)
     return records.move(
-        tx, rec, edge, "result = ?, is_error = ?, completed_at = ?", [result_json, is_error, tx.now]
+        tx, rec, edge, "result = ?, is_error = ?, completed_at = ?", [stored, is_error, tx.now]
     )
 
 
@@ -221,7 +226,7 @@ def reclaim(tx: Tx, execution_key: str, run_id: str | None, lease: Lease | None)
     )
     if row is None:
         raise Conflict(f"tool execution {rec.execution_key!r} moved")
-    reopened = records.record_row(row)
+    reopened = records.record_row(tx, row)
     records.event(tx, reopened, edge)
     return reopened
 
