@@ -36,7 +36,7 @@ from turnkeeper.cli.main import cli
 from turnkeeper.cli.report_ledger import collect_ledger
 from turnkeeper.spec.ledger import CommandApplication
 from turnkeeper.storage.crypto.columns import SEALED
-from turnkeeper.storage.crypto.seal import DataKey, key_version, wrap_context
+from turnkeeper.storage.crypto.seal import key_version
 from turnkeeper.storage.ops.ledger import blobs as blob_ops
 from turnkeeper.storage.ops.ledger import sealing
 
@@ -311,27 +311,24 @@ def test_the_sealed_columns_list_names_the_ledgers(enc):
     assert ("ledger_blobs", "data", "key", "data", True) in named
 
 
-def test_reseal_blob_seals_a_blob_again_under_the_sessions_new_key_version(enc, tmp_path):
-    ledger = _written(enc, FsspecBlobs(str(tmp_path / "blobs")))
+def test_rotating_the_sessions_data_key_reseals_its_ledger_in_the_database(enc):
+    """``sessions.rotate_key`` walks ``columns.SEALED``: the ledger's records and
+    its blobs in the database's table are sealed again under version 2 (the
+    old version's key row dropped), and replay, redelivery and GC read them."""
+    ledger = _written(enc, None)
     key = _blob_key(enc)
-    raw = _raw_blob(enc, ledger, key)
-    assert sealing.reseal_blob(enc.db, "s", key, raw) is None  # already current
-    # a rotation's new data key version 2, as the rotation stores it
-    provider = enc.db.keyring.provider
-    new = DataKey.new("s", 2)
-    forge(
-        enc,
-        "INSERT INTO session_keys (session_id, version, key_id, wrapped, created_at) "
-        "VALUES ('s', 2, ?, ?, now())",
-        [provider.key_id, provider.wrap(new.key, wrap_context("s", 2))],
-        rows=1,
-    )
-    forge(enc, "UPDATE sessions SET key_version = 2 WHERE id = 's'", rows=1)
-    again = sealing.reseal_blob(enc.db, "s", key, raw)
-    assert again is not None and key_version(again) == 2 and SECRET not in again
-    ledger.blobs.put(key, again)  # FsspecBlobs.put keeps an existing key
-    _put_raw_blob(enc, ledger, key, again)
-    assert [r.payload for r in ledger.replay("s")][2] == BIG
+    before = _raw_blob(enc, ledger, key)
+    assert enc.sessions.rotate_key("s") == 2
+    assert {key_version(bytes(r["payload"])) for r in _rows(enc)} == {2}
+    after = _raw_blob(enc, ledger, key)
+    assert key_version(after) == 2 and after != before and SECRET not in after
+    got = [(r.seq, r.payload) for r in ledger.replay("s")]
+    assert got[1:3] == [(2, SMALL), (3, BIG)]
+    lease = enc.leases.acquire("session:s", "w2", TTL)
+    w = ledger.open("s", lease)
+    assert w.append("turn", BIG, "t2").duplicate  # the redelivery's digest check
+    assert key_version(bytes(_rows(enc)[-1]["payload"])) == 2  # the new fence
+    assert ledger.gc("s", lease).deleted == 0
 
 
 def test_audit_ledger_checks_on_a_sealed_store_with_and_without_the_key(enc):

@@ -41,8 +41,9 @@ SEALED: tuple[SealedColumn, ...] = (
     SealedColumn("response_turns", "request_summary", "session_id", "id", "request_summary"),
     SealedColumn("response_turns", "response_summary", "session_id", "id", "response_summary"),
     SealedColumn("response_items", "sanitized", "session_id", "id", "sanitized"),
-    # the ledger (storage/ops/ledger/sealing.py): record id the sequence in decimal;
-    # a blob's its key. Blob files outside the database: sealing.reseal_blob.
+    # the ledger (storage/ops/ledger/sealing.py): record id the sequence in decimal
+    # (unique per session only within one tenant: see sealing.py's known gaps);
+    # a blob's its key. Blob files outside the database are not walked (sealing.py).
     SealedColumn("ledger_records", "payload", "session_id", "seq", "payload", binary=True),
     SealedColumn("ledger_blobs", "data", "session_id", "key", "data", binary=True),
 )

@@ -28,14 +28,19 @@ session delete shreds its ledger with it.
   (schema 35): what GC's condemn checks, the redelivery check and the
   report's orphan figures read instead of the sealed pointer payload.
 
-A blob is sealed directly under the session's data key (no per-blob key):
-rotating a session's data key reaches the database's ``ledger_blobs.data``
-through ``storage/crypto/columns.py``; blob files outside the database are
-re-sealed by :func:`reseal_blob` over the session's blob prefix (the rotation
-runs it for each key ``BlobStore.list`` gives under ``blob_prefix``), before
-the old key version is dropped. A blob file sealed under a dropped version
-is unreadable (``KeyUnavailableError``): crypto-shredding reaches the blob
-files of a deleted session even before the sweep deletes them.
+A blob is sealed directly under the session's data key (no per-blob key).
+Rotating a session's data key (``sessions.rotate_key``, ``storage/ops/reseal.py``)
+reaches ``ledger_records.payload`` and the database's ``ledger_blobs.data``
+through ``storage/crypto/columns.py``. Known gaps (issue 23, for the next
+part): blob files outside the database (``FsspecBlobs``) are not walked by
+the rotation, which drops the old key version, so after a rotation they no
+longer open (``PayloadAuthenticationError``: a version the session does not
+hold); the fix is an envelope (a per-blob key wrapped in the sealed pointer,
+which the rotation re-seals). And the rotation's walk keys a column by
+(session, record id): a session whose ledger exists under several tenants
+has one sequence number per tenant, which that walk does not tell apart.
+Crypto-shredding reaches blob files: a deleted session's key is gone, so
+its blob files do not open even before the sweep deletes them.
 """
 
 from __future__ import annotations
@@ -46,7 +51,6 @@ from typing import Any
 from turnkeeper.spec import errors
 
 from ...backend import Backend, Tx
-from ...crypto.seal import key_version
 
 PAYLOAD = "payload"
 """The field name a record's payload is sealed under (``ledger_records.payload``)."""
@@ -137,27 +141,3 @@ def open_blob(db: Backend, session_id: str, key: str, stored: bytes) -> bytes:
         "ledger_blob_open", lambda tx: tx.keys.open_bytes(tx, session_id, key, DATA, stored)
     )
     return opened
-
-
-def reseal_blob(db: Backend, session_id: str, key: str, stored: bytes) -> bytes | None:
-    """The blob ``stored`` under ``key`` sealed again under the session's
-    current data key (a rotation's walk over blob files: put the result back
-    under ``key``); ``None`` when it already is, or the session is clear.
-
-    Raises:
-        KeyUnavailableError, PayloadAuthenticationError: as :func:`open_blob`.
-    """
-    if not db.keyring.encrypted:
-        return None
-
-    def body(tx: Tx) -> bytes | None:
-        key_now, version = tx.keys.sealing(tx, session_id)
-        if key_now is None:
-            return None
-        clear = tx.keys.open_bytes(tx, session_id, key, DATA, stored)
-        if key_version(stored) == version:
-            return None
-        return key_now.seal(key, DATA, clear)
-
-    resealed: bytes | None = db.read("ledger_blob_reseal", body)
-    return resealed
