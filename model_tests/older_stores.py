@@ -49,16 +49,26 @@ CLEAR_COLUMNS_SQL = "".join(
 insert of this turnkeeper names."""
 
 
+KEY_VERSION_SQL = "ALTER TABLE sessions ADD COLUMN key_version BIGINT;\n"
+"""The column of ``sessions`` schema 34 added (its data key version), which every
+append's head read and compare-and-set of this turnkeeper names."""
+
+NAMED_BY_NOW = {33: CLEAR_COLUMNS_SQL, 34: KEY_VERSION_SQL}
+"""Per schema version, the columns it added (``IF NOT EXISTS``) that this
+turnkeeper's writes name."""
+
+
 def written_by_now(migrations: list[tuple[int, str]], version: int) -> list[tuple[int, str]]:
     """``migrations`` cut to the first ``version``, for a store this turnkeeper
-    writes into while it is held there: its last version also adds the columns
-    of ``entries`` that every entry insert names (:data:`CLEAR_COLUMNS_SQL`,
-    which version 33 adds ``IF NOT EXISTS`` and fills). A store that must hold
-    what an older turnkeeper wrote is made by :func:`store_at` instead."""
+    writes into while it is held there: its last version also adds the
+    columns later versions add that every write names (:data:`NAMED_BY_NOW`;
+    those versions add them ``IF NOT EXISTS``). A store that must hold what
+    an older turnkeeper wrote is made by :func:`store_at` instead."""
     cut = list(migrations[:version])
-    if version >= 33:
+    extra = "".join(sql for v, sql in sorted(NAMED_BY_NOW.items()) if v > version)
+    if not extra:
         return cut
-    return [*cut[:-1], (cut[-1][0], cut[-1][1] + "\n" + CLEAR_COLUMNS_SQL)]
+    return [*cut[:-1], (cut[-1][0], cut[-1][1] + "\n" + extra)]
 
 
 def request_only(request: Mapping[str, Any]) -> str:

@@ -83,14 +83,16 @@ def test_the_admission_is_one_transaction_with_its_events(store, sid, monkeypatc
     check fails with the write taken out of admission (the run is then
     admitted without its resources' events)."""
 
-    def fails(tx, event, data):
+    def fails(tx, event, data, version=None):
         raise ResourceEventConflictError(event.id, event.session_id)
 
     monkeypatch.setattr(run_admission.resources, "write", fails)
     with pytest.raises(ResourceEventConflictError):
         store.runs.admit(sid, {"q": 1}, resource_events=[prepared("img-1", "ev-1")])
     assert store.runs.list(sid) == []
-    monkeypatch.setattr(run_admission.resources, "write", lambda tx, event, data: event.id)
+    monkeypatch.setattr(
+        run_admission.resources, "write", lambda tx, event, data, version=None: event.id
+    )
     run = store.runs.admit(sid, {"q": 1}, resource_events=[prepared("img-1", "ev-1")])
     assert store.resources.events(sid) == []  # a defect: run.id has no resource events
     assert run.status == "admitted"

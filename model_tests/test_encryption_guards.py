@@ -300,3 +300,61 @@ def test_a_provider_whose_key_id_is_no_identifier_is_refused_at_open(tmp_path: P
     assert refused.value.field == "encryption"
     with turnkeeper.open_store(path) as clear:  # (a clear open: nothing marked it)
         clear.sessions.create("s", cwd="/w")
+
+
+@pytest.mark.postgres
+def test_a_sealed_write_racing_a_key_rotation_never_outlives_its_key(
+    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+):
+    """PostgreSQL: a writer of a sealed row that is no append (here
+    ``runs.save_intent`` under the session's lease) reads the session's key
+    version (1) and seals under it; a ``sessions.rotate_key`` of that
+    session under the same lease (another thread of the holder) runs and
+    commits before the writer goes on. The writer's fence then writes the
+    lease's row, which the rotation wrote after the writer's snapshot: a
+    lost race, retried with version 2, so the value reads back after version
+    1's key is gone. (A lease-less writer and rotation meet on the session
+    row, ``leases.touch_session``; the fences' own tests patch those writes
+    out.)"""
+    import threading
+
+    from turnkeeper.storage.ops import sealed_json
+
+    store = open_backend("postgres+enc", tmp_path, clock)
+    try:
+        store.sessions.create("s", cwd="/w")
+        store.sessions.append("s", EntryKind.MESSAGE, MSG)
+        lease = store.leases.acquire("session:s", "w", 600)
+        real = sealed_json.session_version
+        read, go = threading.Event(), threading.Event()
+
+        def paused(tx: Any, sid: str) -> Any:
+            version = real(tx, sid)
+            if not read.is_set():
+                read.set()
+                assert go.wait(120), "never released"
+            return version
+
+        monkeypatch.setattr(sealed_json, "session_version", paused)
+        outcome: list[Any] = []
+        writer = threading.Thread(
+            target=lambda: outcome.append(
+                store.runs.save_intent("s", {"q": SECRET}, intent_id="i1", lease=lease)
+            )
+        )
+        writer.start()
+        assert read.wait(120), "the writer never read the key version"
+        rotated: list[int] = []
+        rotation = threading.Thread(
+            target=lambda: rotated.append(store.sessions.rotate_key("s", lease=lease))
+        )
+        rotation.start()
+        rotation.join()  # done while the writer's snapshot predates it
+        go.set()
+        writer.join()
+        rotation.join()
+        assert rotated == [2] and len(outcome) == 1
+        with _reopen(store, encryption=TEST_KEYS) as fresh:
+            assert fresh.runs.intent("i1").request == {"q": SECRET}
+    finally:
+        close_backend(store)

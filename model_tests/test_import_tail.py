@@ -192,8 +192,8 @@ def test_an_appended_line_repeating_an_old_id_is_what_a_whole_import_makes_it(
         monkeypatch.setattr(
             import_chunks,
             "add_entries",
-            lambda tx, sid, rows, seq, created, live, tail=False: real(
-                tx, sid, rows, seq, created, live
+            lambda tx, sid, rows, seq, created, live, tail=False, *version: real(
+                tx, sid, rows, seq, created, live, False, *version
             ),
         )
     old = [HEAD, _msg("a", None, "first"), _msg("b", "a", "second")]

@@ -334,6 +334,8 @@ class BaseStore:
         older than version 32 (a test's migrations stopped early) has none."""
         if "store_encryption" in self.db.tables(tx):
             self.db.keyring.adopt(tx, writable=not self.db.read_only)
+        else:
+            self.db.keyring.markable = False
 
     def schema_version(self) -> int:
         """The schema version recorded in the database."""

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 class SealedColumn:
     """One sealed column: ``table.column`` holds a value of session
     ``table.session`` (a column naming a ``sessions.id``), sealed for record
-    id ``table.record`` (its value as text: a number's decimal digits; unique
-    within the session) and field name ``field``; ``binary``: the column holds
+    id ``table.record`` (a column, or an SQL expression over the row's
+    columns both engines evaluate; its value as text: a number's decimal
+    digits; unique within the session) and field name ``field``; ``binary``: the column holds
     the sealed bytes (``BLOB``/``BYTEA``), else their text form (``enc1:``)."""
 
     table: str
@@ -41,6 +42,14 @@ SEALED: tuple[SealedColumn, ...] = (
     SealedColumn("response_turns", "request_summary", "session_id", "id", "request_summary"),
     SealedColumn("response_turns", "response_summary", "session_id", "id", "response_summary"),
     SealedColumn("response_items", "sanitized", "session_id", "id", "sanitized"),
+    # ops/imports.opaque_record_id: <source>:<line>
+    SealedColumn(
+        "opaque_records", "raw", "session_id", "source || ':' || CAST(line AS VARCHAR)", "raw"
+    ),
+    # ops/replay_snapshots.MESSAGES: the clear bytes start with the part's header
+    SealedColumn("replay_snapshots", "body", "session_id", "part_key", "messages", binary=True),
+    SealedColumn("capability_events", "data", "session_id", "id", "data"),
+    SealedColumn("delivery_intents", "transport_context", "session_id", "id", "transport_context"),
     # the ledger (storage/ops/ledger/sealing.py): record id the sequence in decimal
     # (unique per session only within one tenant: see sealing.py's known gaps);
     # a blob's its key. Blob files outside the database are not walked (sealing.py).

@@ -47,7 +47,7 @@ from turnkeeper.spec import errors
 
 from ..codec import check_id, from_json
 from .keys import KEY_BYTES, KeyProvider
-from .seal import DataKey, is_sealed_text, key_version, text_bytes, wrap_context
+from .seal import DataKey, is_sealed, is_sealed_text, key_version, text_bytes, wrap_context
 
 if TYPE_CHECKING:
     from ..backend import Tx
@@ -110,6 +110,9 @@ class Keyring:
     def __init__(self, provider: KeyProvider | None, cache_sessions: int = CACHE_SESSIONS) -> None:
         self.provider = check_provider(provider)
         self.encrypted = provider is not None
+        self.markable = True
+        """Whether the schema holds the marker (version 32 on; a test holding a
+        store at an older version sets it ``False``: nothing is read)."""
         self._max = cache_sessions
         self._lock = threading.Lock()
         # session id -> {version: DataKey}; an empty dict: the session holds no key.
@@ -202,7 +205,7 @@ class Keyring:
                 it that would hold clear payloads.
         """
         if not self.encrypted:
-            if tx.one(_MARKER) is None:
+            if not self.markable or tx.one(_MARKER) is None:
                 return None
             self._marked()
         if self.provider is None:
@@ -247,6 +250,7 @@ class Keyring:
         if version == UNREAD:
             if not self.encrypted:
                 return None, None  # the compare-and-set checks the session is clear
+            # (the writer names it in its compare-and-set of the session row)
             row = tx.one(_VERSION, [session_id])
             version = None if row is None or row[0] is None else int(row[0])
         if version is None:
@@ -322,6 +326,7 @@ class Keyring:
     def open_bytes(
         self, tx: Tx, session_id: str, record_id: str, field: str, stored: bytes
     ) -> bytes:
+<<<<<<< HEAD
         """The clear bytes of a binary column's value (``BLOB``/``BYTEA``, or a
         blob file's body): sealed bytes (``TKE1…``) opened under the data key
         version they name, when the session has a data key; the stored bytes
@@ -337,15 +342,39 @@ class Keyring:
                 session does not hold.
         """
         if not self.encrypted or not self._has_key(tx, session_id):
+=======
+        """The clear bytes of a binary column's value (sealed: starts with
+        ``TKE1``; clear bytes are returned as they are), by the rules of
+        :meth:`open_json`. A sealed value is opened (or refused) also by a
+        store object that took the store for clear.
+
+        Raises:
+            KeyUnavailableError, PayloadAuthenticationError: as :meth:`open_json`.
+        """
+        if not is_sealed(stored):
+            if self.encrypted and self._has_key(tx, session_id):
+                raise errors.PayloadAuthenticationError(
+                    session_id,
+                    record_id,
+                    field,
+                    detail="a clear value in a session whose payloads are sealed",
+                )
+>>>>>>> main
             return stored
         version = key_version(stored)
         if version is None:
             raise errors.PayloadAuthenticationError(
+<<<<<<< HEAD
                 session_id,
                 record_id,
                 field,
                 detail="not a sealed value, in a session whose payloads are sealed",
             )
+=======
+                session_id, record_id, field, detail="not a well-formed sealed value"
+            )
+        self._marked()
+>>>>>>> main
         return self._key_at(tx, session_id, version, record_id, field).open(
             record_id, field, stored
         )

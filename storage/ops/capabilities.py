@@ -32,15 +32,17 @@ from turnkeeper.spec.records import (
 )
 
 from ..backend import Tx, present, utc
-from ..codec import check_id, check_instant, check_text, from_json, to_json
+from ..codec import check_id, check_instant, check_text, to_json
 from ..validate import check_bool, check_int, check_limit, check_session_lease
-from . import leases
+from . import leases, sealed_json
 from .base import Area
 
 _FLAGS = ("delegate_mode", "multi_agent", "workflows", "web_search", "browser", "a2a_master")
 _STATE_COLS = ("session_id", "mode", "display_mode", *_FLAGS, "updated_at")
 _TEXTS = ("run_id", "event_type", "source", "actor", "capability", "old_value", "new_value")
 _EVENT_COLS = ("id", "session_id", "seq", *_TEXTS, "happened_at", "data")
+DATA = "data"
+"""The field an event's ``data`` is sealed under (record id the event's id)."""
 
 
 def next_seq(tx: Tx, session_id: str, stream: str) -> int:
@@ -101,13 +103,14 @@ def record(tx: Tx, event: CapabilityEvent, data: str | None, lease: Lease | None
         SessionNotFoundError, LeaseLostError, BusyError,
         CapabilityEventConflictError: the id names another event.
     """
-    session_exists(tx, event.session_id)
+    # (the session's key version, read by every store object: also its existence check)
+    version = sealed_json.session_version(tx, event.session_id)
     leases.fence_or_unheld(tx, session_target(event.session_id), lease)
     found = tx.one(
         f"SELECT {', '.join(_EVENT_COLS)} FROM capability_events WHERE id = ?", [event.id]
     )
     if found is not None:
-        stored = _event(found).event
+        stored = _event(tx, found).event
         given = replace(event, timestamp=event.timestamp or stored.timestamp)
         if stored != given:
             raise errors.CapabilityEventConflictError(event.id, stored.session_id)
@@ -117,7 +120,16 @@ def record(tx: Tx, event: CapabilityEvent, data: str | None, lease: Lease | None
     tx.exec(
         f"INSERT INTO capability_events ({', '.join(_EVENT_COLS)}) "
         f"VALUES ({', '.join('?' for _ in _EVENT_COLS)})",
-        [event.id, event.session_id, seq, *texts, event.timestamp or tx.now, data],
+        [
+            event.id,
+            event.session_id,
+            seq,
+            *texts,
+            event.timestamp or tx.now,
+            None
+            if data is None
+            else sealed_json.seal_one(tx, event.session_id, event.id, DATA, data, version),
+        ],
     )
     return event.id
 
@@ -132,17 +144,17 @@ def events(
         f"WHERE session_id = ? AND seq > ? ORDER BY seq{bound}",
         [session_id, after_seq],
     )
-    return [_event(row) for row in rows]
+    return [_event(tx, row) for row in rows]
 
 
-def _event(row: Sequence[Any]) -> SequencedCapabilityEvent:
+def _event(tx: Tx, row: Sequence[Any]) -> SequencedCapabilityEvent:
     named = dict(zip(_EVENT_COLS, row, strict=True))
     seq = named.pop("seq")
     named["timestamp"] = utc(named.pop("happened_at"))
     data = named.pop("data")
-    return SequencedCapabilityEvent(
-        seq, CapabilityEvent(**named, data=None if data is None else from_json(data))
-    )
+    if data is not None:
+        data = sealed_json.open_json(tx, named["session_id"], named["id"], DATA, data)
+    return SequencedCapabilityEvent(seq, CapabilityEvent(**named, data=data))
 
 
 # -- the store's methods ------------------------------------------------------------

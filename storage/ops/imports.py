@@ -150,11 +150,15 @@ def import_rows(
         )
         have_lines &= set(current)
     fresh = [o for o in lines if o[0] not in have_lines]
-    for line, raw, reason in fresh:
-        tx.exec(
-            "INSERT INTO opaque_records VALUES (?, ?, ?, ?, ?)",
-            [session_id, source, line, raw, reason],
-        )
+    if fresh:
+        key, _ = tx.keys.sealing(tx, session_id, version)
+        for line, raw, reason in fresh:
+            if key is not None:
+                raw = key.seal_text(opaque_record_id(source, line), RAW, raw)
+            tx.exec(
+                "INSERT INTO opaque_records VALUES (?, ?, ?, ?, ?)",
+                [session_id, source, line, raw, reason],
+            )
     return created, done.added, done.skipped, len(fresh), done.usage_added
 
 
@@ -181,10 +185,31 @@ def imported_source(tx: Tx, session_id: str, source: str) -> ImportedSource | No
     return None if row is None else ImportedSource(source, row[0], row[1], row[2])
 
 
+RAW = "raw"
+"""The field name an opaque line's text is sealed under (``opaque_records.raw``)."""
+
+
+def opaque_record_id(source: str, line: int) -> str:
+    """The record id an opaque line's ``raw`` is sealed under: ``<source>:<line>``
+    (a value moved to another line or file fails to open)."""
+    return f"{source}:{line}"
+
+
 def opaque(tx: Tx, session_id: str) -> list[tuple[str, int, str, str]]:
-    """Opaque (unparseable) lines kept for a session: (source, line, raw, reason)."""
+    """Opaque (unparseable) lines kept for a session: (source, line, raw, reason),
+    ``raw`` opened (clear) when the session's are sealed.
+
+    Raises:
+        KeyUnavailableError, PayloadAuthenticationError: as
+            ``Keyring.open_text`` (field ``raw``, record ``<source>:<line>``).
+    """
     return [
-        (r[0], r[1], r[2], r[3])
+        (
+            r[0],
+            r[1],
+            tx.keys.open_text(tx, session_id, opaque_record_id(r[0], r[1]), RAW, r[2]),
+            r[3],
+        )
         for r in tx.rows(
             "SELECT source, line, raw, reason FROM opaque_records WHERE session_id = ? "
             "ORDER BY line",
@@ -249,6 +274,9 @@ class ImportsPart(Area):
             LeaseLostError: ``lease`` is no longer valid (nothing is written,
                 not even a new session).
             BusyError: no ``lease`` given and someone holds the session.
+            KeyUnavailableError: the store is encrypted and the session's
+                data key cannot be had (opened without ``encryption=``, or
+                the provider cannot unwrap it); nothing is written.
         """
         check_id(batch.session_id, "session_id")
         check_instant(batch.created_at, "created_at")
@@ -317,10 +345,18 @@ class ImportsPart(Area):
         return self.db.read("imported_source", lambda tx: imported_source(tx, session_id, source))
 
     def opaque_records(self, session_id: str) -> list[OpaqueRecord]:
-        """Unparseable lines kept from imports of this session, by line.
+        """Unparseable lines kept from imports of this session, by line, their
+        ``raw`` text clear (in an encrypted store it is stored sealed under the
+        session's data key, record id ``<source>:<line>``, field ``raw``).
 
         Raises:
             SessionNotFoundError: no such session.
+            KeyUnavailableError: the session's lines are sealed and the store
+                was opened without its key (``key_id`` ``None``), or the
+                provider cannot unwrap the session's data key.
+            PayloadAuthenticationError: a stored ``raw`` fails authentication
+                (a flipped byte, moved from another line, file or session), or
+                is clear in a session whose payloads are sealed.
         """
         check_id(session_id, "session_id")
         rows = self._inside(

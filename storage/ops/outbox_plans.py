@@ -35,6 +35,7 @@ from turnkeeper.spec.records import Entry, Lease, Run
 
 from ..backend import Dialect, Tx, present, utc
 from ..codec import check_id, derived_id, from_json, to_json
+from ..crypto.keyring import UNREAD
 from ..validate import (
     check_lease,
     check_limit,
@@ -42,7 +43,7 @@ from ..validate import (
     check_session_lease,
 )
 from ..wakeups import Topic
-from . import entry_rows, leases, run_reads
+from . import entry_rows, leases, run_reads, sealed_json
 from .base import Area
 
 MACHINE = machine_for(DELIVERY)
@@ -99,7 +100,16 @@ def _insert_events(dialect: Dialect) -> str:
     return f"INSERT INTO delivery_events SELECT unnest({ids}), {', '.join([one] * 5)}, '', 0, {at}"
 
 
-def intent_row(row: Sequence[Any]) -> DeliveryIntent:
+CONTEXT = "transport_context"
+"""The field an intent's transport context is sealed under (record id the intent's id)."""
+
+
+def intent_row(tx: Tx, row: Sequence[Any]) -> DeliveryIntent:
+    """A delivery intent read (``_INTENT_COLS``), its transport context opened.
+
+    Raises:
+        KeyUnavailableError, PayloadAuthenticationError: as ``Keyring.open_json``.
+    """
     return DeliveryIntent(
         id=row[0],
         session_id=row[1],
@@ -110,7 +120,7 @@ def intent_row(row: Sequence[Any]) -> DeliveryIntent:
         status=row[6],
         created_at=utc(row[7]),
         updated_at=utc(row[8]),
-        transport_context=from_json(row[9]),
+        transport_context=sealed_json.open_json(tx, row[1], row[0], CONTEXT, row[9]),
     )
 
 
@@ -166,7 +176,7 @@ def intent_id_for(run_id: str) -> str:
 def get_intent(tx: Tx, intent_id: str) -> DeliveryIntent | None:
     """The intent, or ``None``."""
     row = tx.one(f"SELECT {_INTENT_COLS} FROM delivery_intents WHERE id = ?", [intent_id])
-    return None if row is None else intent_row(row)
+    return None if row is None else intent_row(tx, row)
 
 
 def operations(tx: Tx, intent_id: str) -> list[DeliveryOperation]:
@@ -217,12 +227,16 @@ def event(tx: Tx, op: DeliveryOperation, edge: Edge) -> None:
     )
 
 
-def create_plan(tx: Tx, run: Run, plan: DeliveryPlan, *, first: bool = False) -> DeliveryIntent:
+def create_plan(
+    tx: Tx, run: Run, plan: DeliveryPlan, *, first: bool = False, version: int | None = UNREAD
+) -> DeliveryIntent:
     """Write the run's intent and its ``pending`` operations (``plan`` edges).
 
     The same plan again returns the stored intent and writes nothing.
     ``first``: the run ended in this transaction, so it has no plan yet (a
-    plan follows its run's termination): nothing is looked up.
+    plan follows its run's termination): nothing is looked up. ``version``:
+    the session's data key version as the caller read it in ``tx`` (the
+    transport context is sealed under it), else read here.
 
     Raises:
         DeliveryPlanConflictError: the run already has a different plan.
@@ -259,7 +273,14 @@ def create_plan(tx: Tx, run: Run, plan: DeliveryPlan, *, first: bool = False) ->
         "pending",
         now,
         now,
-        to_json(dict(plan.transport_context), "transport_context"),
+        sealed_json.seal_one(
+            tx,
+            run.session_id,
+            intent_id,
+            CONTEXT,
+            to_json(dict(plan.transport_context), "transport_context"),
+            sealed_json.session_version(tx, run.session_id) if version == UNREAD else version,
+        ),
     )
     # Three held writes (``Tx.later``; none reads another's rows): the intent,
     # every operation, and every operation's ``plan`` event, each one statement
@@ -286,14 +307,14 @@ def create_plan(tx: Tx, run: Run, plan: DeliveryPlan, *, first: bool = False) ->
         for seq, (op_id, step) in enumerate(zip(op_ids, plan.steps, strict=True), start=1)
     ]
     if not steps:
-        return intent_row(intent)
+        return intent_row(tx, intent)
     columns = [list(c) for c in zip(*steps, strict=True)]
     tx.later(_insert_ops(tx.dialect), [intent_id, now, now, *columns])
     tx.later(
         _insert_events(tx.dialect),
         [op_ids, intent_id, edge.name, edge.trigger, edge.source, edge.dest, now],
     )
-    return intent_row(intent)  # as stored: no read back
+    return intent_row(tx, intent)  # as stored: no read back
 
 
 def due(tx: Tx, limit: int) -> list[DeliveryOperation]:

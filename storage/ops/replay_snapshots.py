@@ -36,7 +36,10 @@ write locks the session row (PostgreSQL ``FOR UPDATE``; DuckDB serializes
 its writes), stores nothing for a session deleted meanwhile, and never
 replaces a snapshot taken at a later ``next_seq``; it replaces every part at
 once. Failing to store one (a lost race, a full disk, a read-only store)
-fails nothing: the replay was already made. Appends and turns write no
+fails nothing: the replay was already made. In a session whose payloads
+are sealed (encryption at rest) each part's body is sealed under the
+session's data key (record id its ``part_key``, field :data:`MESSAGES`),
+read and written as above. Appends and turns write no
 snapshot, so their cost is unchanged; a session's delete removes its
 snapshot with its entries (``deletes.REMOVED``).
 """
@@ -58,6 +61,7 @@ from turnkeeper.spec.records import Entry, Replay
 
 from ..backend import Backend, Tx
 from ..codec import from_json, stored_json
+from ..crypto.seal import is_sealed
 from ..replay import context_message, path_settings
 
 PART = 16384
@@ -72,6 +76,13 @@ FORMAT = 2
 ``[entry ids, messages]`` (schema 31). Format 1 (schema 29: two msgpack
 arrays, uncompressed) went with its table; a part stored in any other format
 is never served (the replay reads the rows and stores its own in its place)."""
+MESSAGES = "messages"
+"""The field name a part is sealed under (``replay_snapshots.body``, record id
+the part's ``part_key``). A sealed part's clear bytes are the part's header
+(:func:`_bound`: session, part, parts, format, leaf, ``next_seq``, rooted,
+model, thinking) and then its Zstandard frame, so a header row changed to
+serve an old snapshot for a newer branch, or fewer parts than it has, no
+longer matches what was sealed: the part is not served."""
 PERSIST_ROWS = 256
 """A replay that decoded at least this many entry rows stores a snapshot."""
 _SKIPPED = (
@@ -166,10 +177,48 @@ def _part(tx: Tx, session_id: str, part: int, stored: Stored) -> tuple[bytes, st
     return (_bytes(found[0][0]), found[0][1]) if found else None
 
 
+def _bound(session_id: str, part: int, stored: Stored) -> bytes:
+    """The header a sealed part's clear bytes start with (see :data:`MESSAGES`):
+    its length (4 bytes, big-endian) and the msgpack of the part's header."""
+    fields = (stored.parts, stored.format, stored.leaf_id, stored.next_seq, stored.rooted)
+    header = ormsgpack.packb([session_id, part, *fields, stored.model, stored.thinking])
+    return len(header).to_bytes(4, "big") + header
+
+
+def _opened(
+    tx: Tx, session_id: str, part: int, stored: Stored, body: bytes
+) -> bytes | memoryview | None:
+    """Part ``part``'s Zstandard frame: ``body`` itself when clear (in a clear
+    session); opened when sealed, ``None`` when the header it was sealed with
+    is not the row's (the row's header was changed: the part is not served).
+
+    Raises:
+        KeyUnavailableError, PayloadAuthenticationError: as
+            ``Keyring.open_bytes`` (record the part's key, field
+            :data:`MESSAGES`): a sealed part that fails authentication, a
+            clear part in a sealed session, a sealed one without its key.
+    """
+    if not is_sealed(body) and not tx.keys.encrypted:
+        return body
+    plain = tx.keys.open_bytes(tx, session_id, key(session_id, part), MESSAGES, body)
+    if not is_sealed(body):
+        return plain  # a clear session's part in an encrypted store
+    bound = _bound(session_id, part, stored)
+    if plain[: len(bound)] != bound:
+        return None
+    return memoryview(plain)[len(bound) :]
+
+
 def load(tx: Tx, session_id: str, stored: Stored) -> Replay | None:
     """The stored snapshot's replay (fresh objects), or ``None`` when it is of
     another :data:`FORMAT`, or a part is missing, belongs to another snapshot,
-    fails its digest or does not decode (then the caller replays from the rows)."""
+    fails its digest or does not decode, or a sealed part's header is not its
+    row's (then the caller replays from the rows).
+
+    Raises:
+        KeyUnavailableError, PayloadAuthenticationError: a sealed part (see
+            :func:`_opened`); never a partial replay.
+    """
     if stored.parts < 1 or stored.format != FORMAT:  # a header naming no part is damage too
         return None
     messages: list[Any] = []
@@ -178,11 +227,15 @@ def load(tx: Tx, session_id: str, stored: Stored) -> Replay | None:
         found = _part(tx, session_id, part, stored)
         if found is None or _digest(session_id, part, stored, found[0]) != found[1]:
             return None
+        frame = _opened(tx, session_id, part, stored, found[0])
+        del found
+        if frame is None:
+            return None
         try:
-            part_ids, part_messages = ormsgpack.unpackb(zstandard.decompress(found[0]))
+            part_ids, part_messages = ormsgpack.unpackb(zstandard.decompress(frame))
         except _UNDECODABLE:
             return None
-        del found  # the part's bytes go before the next part is read
+        del frame  # the part's bytes go before the next part is read
         if not isinstance(part_ids, list) or not isinstance(part_messages, list):
             return None
         if len(part_ids) != len(part_messages):
@@ -272,7 +325,8 @@ def store(db: Backend, session_id: str, pending: Pending) -> None:
 
     def body(tx: Tx) -> None:
         row = tx.one(
-            f"SELECT next_seq FROM sessions WHERE id = ?{tx.dialect.update_lock()}", [session_id]
+            f"SELECT next_seq, key_version FROM sessions WHERE id = ?{tx.dialect.update_lock()}",
+            [session_id],
         )
         if row is None or row[0] != header.next_seq:
             return  # deleted, or written since: a later replay stores its own
@@ -281,8 +335,13 @@ def store(db: Backend, session_id: str, pending: Pending) -> None:
         )
         if have is not None and have[0] > header.next_seq:
             return  # a later one is stored; one at this very row is replaced (it was damaged)
+        # Sealed under the key version the session row names, read under its lock.
+        sealing, _ = tx.keys.sealing(tx, session_id, row[1])
         tx.exec("DELETE FROM replay_snapshots WHERE session_id = ?", [session_id])
         for part, data in enumerate(bodies):
+            if sealing is not None:
+                bound = _bound(session_id, part, header) + data
+                data = sealing.seal(key(session_id, part), MESSAGES, bound)
             tx.exec(
                 "INSERT INTO replay_snapshots (part_key, session_id, part, parts, format, "
                 "leaf_id, next_seq, rooted, model, thinking, body, digest) "
@@ -303,5 +362,5 @@ def store(db: Backend, session_id: str, pending: Pending) -> None:
                 ],
             )
 
-    with contextlib.suppress(*_SKIPPED):
+    with contextlib.suppress(*_SKIPPED, errors.KeyUnavailableError):
         db.write("store_replay_snapshot", body)

@@ -255,9 +255,13 @@ def _from_stored(
     """The replay from the stored snapshot: as stored when the session row still
     names it, carried on along the new rows when it is rooted and they continue
     it without a compaction; ``None`` when it does not hold (or is damaged).
-    An encrypted store neither stores nor uses snapshots (a snapshot of a
-    sealed session would be a clear copy of its messages)."""
-    if stored is None or tx.keys.encrypted:
+    A sealed session's snapshot is sealed (``replay_snapshots.MESSAGES``).
+
+    Raises:
+        KeyUnavailableError, PayloadAuthenticationError: a sealed part
+            (``replay_snapshots.load``).
+    """
+    if stored is None:
         return None
     if stored.leaf_id == leaf and stored.next_seq == next_seq:
         return snapshots.load(tx, session_id, stored)
@@ -297,10 +301,16 @@ class ReplaysPart(Area):
         model-context messages, the entry id each came from, the model and the
         thinking level. Served from this store object's replay cache when the
         session did not change since its last replay (see ``storage.ops.replays``);
-        always fresh objects the caller may change.
+        always fresh objects the caller may change. In an encrypted store the
+        stored snapshot of a sealed session is sealed too (a cold replay reads
+        it, not every row).
 
         Raises:
             SessionNotFoundError: no such session.
+            KeyUnavailableError: the session's payloads are sealed and its
+                data key cannot be had (opened without ``encryption=``).
+            PayloadAuthenticationError: a sealed entry or snapshot part fails
+                authentication (never a partial replay).
         """
         check_id(session_id, "session_id")
         pending: list[snapshots.Pending] = []
@@ -310,6 +320,5 @@ class ReplaysPart(Area):
             snapshot=True,
         )
         for kept in pending[-1:]:  # a retried read may have asked more than once
-            if not self.db.keyring.encrypted:  # never a clear copy of sealed payloads
-                snapshots.store(self.db, session_id, kept)
+            snapshots.store(self.db, session_id, kept)  # sealed in a sealed session
         return replay

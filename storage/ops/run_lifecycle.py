@@ -37,6 +37,7 @@ from turnkeeper.spec.run import (
 
 from ..backend import Conflict, Tx, keyed, utc
 from ..codec import check_id, check_text, to_json
+from ..crypto.keyring import UNREAD
 from ..pairing import Opening
 from ..validate import (
     check_lease,
@@ -290,7 +291,9 @@ def finish(
     if not final:  # no entry written: the event alone (and its cursor's update)
         run_events.append_events(tx, moved, terminal)
     if plan is not None:  # the run ended just now: it can have no plan yet (its writes held)
-        outbox_plans.create_plan(tx, moved, plan, first=True)
+        # (the key version as read with the run: nothing here changes it)
+        version = UNREAD if start is None else start[2]
+        outbox_plans.create_plan(tx, moved, plan, first=True, version=version)
     tx.notify(Topic.RUN_ENDED)
     return moved, True, ended.opening
 

@@ -33,7 +33,12 @@ def session_version(tx: Tx, session_id: str) -> int | None:
     Raises:
         SessionNotFoundError: no such session.
     """
-    row = tx.one("SELECT key_version FROM sessions WHERE id = ?", [session_id])
+    # (No lock needed against a rotation of the session's key: every sealed
+    # write is a session write, fenced by the session's lease or made while
+    # none is held, as the rotation is: on a server both then write the
+    # lease's or the session's row, and the second to commit is retried.)
+    sql = "SELECT key_version FROM sessions WHERE id = ?"
+    row = tx.one(sql, [session_id])
     if row is None:
         raise errors.SessionNotFoundError(session_id)
     return None if row[0] is None else int(row[0])
