@@ -213,7 +213,7 @@ def test_a_flipped_byte_or_a_moved_payload_is_an_authentication_error_naming_the
         [SMALL],
         rows=1,
     )
-    with pytest.raises(PayloadAuthenticationError, match="not a sealed value"):
+    with pytest.raises(PayloadAuthenticationError, match="a clear value"):
         list(ledger.replay("s"))
 
 

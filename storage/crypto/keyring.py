@@ -326,23 +326,6 @@ class Keyring:
     def open_bytes(
         self, tx: Tx, session_id: str, record_id: str, field: str, stored: bytes
     ) -> bytes:
-<<<<<<< HEAD
-        """The clear bytes of a binary column's value (``BLOB``/``BYTEA``, or a
-        blob file's body): sealed bytes (``TKE1…``) opened under the data key
-        version they name, when the session has a data key; the stored bytes
-        as they are when it has none (a clear session: caller bytes are
-        arbitrary, so one starting ``TKE1`` is still clear there).
-
-        Raises:
-            KeyUnavailableError: as :meth:`sealing`.
-            PayloadAuthenticationError: in a session that has a data key,
-                bytes that are not a well-formed sealed value (clear bytes
-                included), fail authentication (a flipped byte, moved from
-                another row, session or field), or name a key version the
-                session does not hold.
-        """
-        if not self.encrypted or not self._has_key(tx, session_id):
-=======
         """The clear bytes of a binary column's value (sealed: starts with
         ``TKE1``; clear bytes are returned as they are), by the rules of
         :meth:`open_json`. A sealed value is opened (or refused) also by a
@@ -359,22 +342,13 @@ class Keyring:
                     field,
                     detail="a clear value in a session whose payloads are sealed",
                 )
->>>>>>> main
             return stored
         version = key_version(stored)
         if version is None:
             raise errors.PayloadAuthenticationError(
-<<<<<<< HEAD
-                session_id,
-                record_id,
-                field,
-                detail="not a sealed value, in a session whose payloads are sealed",
-            )
-=======
                 session_id, record_id, field, detail="not a well-formed sealed value"
             )
         self._marked()
->>>>>>> main
         return self._key_at(tx, session_id, version, record_id, field).open(
             record_id, field, stored
         )

@@ -96,6 +96,8 @@ def open_row(tx: Tx, session_id: str, row: Sequence[Any]) -> tuple[Any, ...]:
             (record id the sequence, field ``payload``).
     """
     stored = bytes(row[3])
+    if not tx.keys.encrypted:  # a clear store: the caller's bytes, whatever they start with
+        return tuple(row)
     clear = tx.keys.open_bytes(tx, session_id, record_id(int(row[0])), PAYLOAD, stored)
     return (*row[:3], clear, *row[4:])
 
