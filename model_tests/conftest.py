@@ -730,17 +730,77 @@ def reseal(
             [tenant, session_id, seq],
         ),
     )
-    body = bytes(old_payload) if payload is None else payload
+    body = (
+        ledger_payload(store, seq, session_id, tenant, stored=bytes(old_payload))
+        if payload is None
+        else payload
+    )
     stamp = old_epoch if epoch is None else epoch
     digest = records.sha256(body)
     sealed = records.record_digest(tenant, session_id, seq, kind, rid, stamp, digest)
+    stored = (stored_ledger_payload(store, session_id, seq, body), digest, stamp, sealed)
     forge(
         store,
         "UPDATE ledger_records SET payload = ?, payload_sha256 = ?, epoch = ?, "
         f"record_sha256 = ? {where}",
-        [body, digest, stamp, sealed, tenant, session_id, seq],
+        [*stored, tenant, session_id, seq],
         rows=1,
     )
+
+
+def ledger_payload(
+    store: Any, seq: int, session_id: str = "s", tenant: str = "", *, stored: bytes | None = None
+) -> bytes:
+    """The clear payload of ledger record ``seq`` of ``tenant``'s ``session_id``
+    (``stored``: those stored bytes instead of the row's): opened under the
+    session's data key in an encrypted store (``Keyring.open_bytes``), else as
+    stored."""
+    from turnkeeper.storage.ops.ledger import sealing
+
+    db = getattr(store, "sync", store).db
+
+    def body(tx: Any) -> bytes:
+        raw = stored
+        if raw is None:
+            raw = bytes(
+                tx.one(
+                    "SELECT payload FROM ledger_records "
+                    "WHERE tenant = ? AND session_id = ? AND seq = ?",
+                    [tenant, session_id, seq],
+                )[0]
+            )
+        opened: bytes = tx.keys.open_bytes(
+            tx, session_id, sealing.record_id(seq), sealing.PAYLOAD, raw
+        )
+        return opened
+
+    return bytes(db.read("open", body))
+
+
+def stored_ledger_payload(store: Any, session_id: str, seq: int, payload: bytes) -> bytes:
+    """``payload`` as the store would hold it at ledger record ``seq`` of
+    ``session_id``: sealed under the session's data key in an encrypted store
+    (for a forge of a ledger row), else as given."""
+    from turnkeeper.storage.ops.ledger import sealing
+
+    db = getattr(store, "sync", store).db
+    return bytes(db.read("seal", lambda tx: sealing.sealer(tx, session_id)(seq, payload)))
+
+
+def stored_blob(store: Any, session_id: str, key: str, blob: bytes) -> bytes:
+    """The clear blob ``blob`` as the store would hold it under ``key`` (a
+    blob of ``session_id``): sealed in an encrypted store, else as given."""
+    from turnkeeper.storage.ops.ledger import sealing
+
+    return sealing.seal_blob(getattr(store, "sync", store).db, session_id, key, blob)
+
+
+def clear_blob(store: Any, session_id: str, key: str, stored: bytes) -> bytes:
+    """The clear envelope of the blob ``stored`` under ``key``: opened in an
+    encrypted store, else as stored."""
+    from turnkeeper.storage.ops.ledger import sealing
+
+    return sealing.open_blob(getattr(store, "sync", store).db, session_id, key, stored)
 
 
 def stored_payload(store: Any, session_id: str, entry_id: str, payload_json: str) -> str:

@@ -48,6 +48,7 @@ from turnkeeper import (
     LeaseLostError,
     LedgerEntry,
     LedgerIdempotencyConflictError,
+    PayloadAuthenticationError,
     ReplayDecodeError,
     ReplayReadError,
 )
@@ -187,7 +188,8 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
             damaged = [r for r in self.oracle.rows if r[3] and len(r[3]) <= THRESHOLD]
             if not damaged:
                 return
-            seq, _, _, payload, _ = data.draw(st.sampled_from(damaged))
+            seq, _, _, _, _ = data.draw(st.sampled_from(damaged))
+            payload = self._stored(seq)  # a sealed store's: the sealed bytes
             flipped = bytes([payload[0] ^ 0x01]) + payload[1:]
             sql = "UPDATE ledger_records SET payload = ? WHERE session_id = 's' AND seq = ?"
             forge(self.store, sql, [flipped, seq], rows=1)
@@ -195,12 +197,37 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
             try:
                 for record in self.store.ledger.replay("s"):
                     seen.append(record.seq)
-            except ReplayDecodeError as failure:
-                assert failure.seq == seq
+            except (ReplayDecodeError, PayloadAuthenticationError) as failure:
+                self._failed_at(failure, seq)
             else:
                 raise AssertionError(f"replay yielded a damaged record at {seq}")
             assert seen == list(range(1, seq))
             forge(self.store, sql, [payload, seq], rows=1)
+
+        @property
+        def sealed(self) -> bool:
+            """Whether the store seals the ledger (an encrypted configuration)."""
+            return bool(self.store.db.keyring.encrypted)
+
+        def _stored(self, seq: int) -> bytes:
+            """Record ``seq``'s payload as stored (sealed in a sealed store)."""
+            rows = self.store.query(
+                "SELECT payload FROM ledger_records WHERE session_id = 's' AND seq = ?", [seq]
+            ).to_pylist()
+            return bytes(rows[0]["payload"])
+
+        def _failed_at(self, failure: Exception, seq: int) -> None:
+            """A damaged payload at ``seq`` failed the replay there: its digest
+            (clear store) or its authentication (sealed store, where every
+            record is sealed: record id the sequence, field ``payload``)."""
+            if self.sealed:
+                assert isinstance(failure, PayloadAuthenticationError), repr(failure)
+                assert (failure.session_id, failure.record_id, failure.field) == (
+                    "s", str(seq), "payload",
+                )  # fmt: skip
+            else:
+                assert isinstance(failure, ReplayDecodeError), repr(failure)
+                assert failure.seq == seq, f"the wrong sequence: {failure!r}"
 
         @rule(data=st.data(), drop=st.booleans())
         def truncate_a_record(self, data: st.DataObject, drop: bool) -> None:
@@ -212,7 +239,8 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
             cuttable = [r for r in self.oracle.rows if drop or (r[3] and len(r[3]) <= THRESHOLD)]
             if not cuttable:
                 return
-            seq, _, _, payload, _ = data.draw(st.sampled_from(cuttable))
+            seq = data.draw(st.sampled_from(cuttable))[0]
+            payload = self._stored(seq)
             where = "WHERE session_id = ? AND seq = ?"
             if drop:
                 moved = "UPDATE ledger_records SET session_id = ? " + where
@@ -224,11 +252,14 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
             try:
                 for record in self.ledger.replay("s", page_rows=3):
                     seen.append(record.seq)
-            except (ReplayDecodeError, ReplayReadError) as failure:
+            except (ReplayDecodeError, ReplayReadError, PayloadAuthenticationError) as failure:
                 assert isinstance(failure, ReplayReadError) == drop, (
                     f"a truncated record gave the wrong error: {failure!r}"
                 )
-                assert failure.seq == seq, f"a truncated record gave the wrong error: {failure!r}"
+                if drop:
+                    assert failure.seq == seq, f"a dropped record gave the wrong error: {failure!r}"
+                else:
+                    self._failed_at(failure, seq)
             else:
                 raise AssertionError(f"replay yielded past a truncated record at {seq}")
             assert seen == list(range(1, seq))
@@ -248,10 +279,17 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
             """The blob key each stored pointer names, by sequence (a pointer
             names its blob's first generation unless GC had condemned it)."""
             rows = self.store.query(
-                "SELECT seq, payload FROM ledger_records "
+                "SELECT seq, blob_key FROM ledger_records "
                 "WHERE session_id = 's' AND kind = 'blobptr' ORDER BY seq"
             ).to_pylist()
-            return {int(r["seq"]): json.loads(bytes(r["payload"]))["key"] for r in rows}
+            keys = {int(r["seq"]): str(r["blob_key"]) for r in rows}
+            if not self.sealed:  # the clear column is the pointer's key
+                for r in self.store.query(
+                    "SELECT seq, payload FROM ledger_records "
+                    "WHERE session_id = 's' AND kind = 'blobptr' ORDER BY seq"
+                ).to_pylist():
+                    assert json.loads(bytes(r["payload"]))["key"] == keys[int(r["seq"])]
+            return keys
 
         def _live_keys(self) -> set[str]:
             """The blob keys the acknowledged offloaded records name."""
@@ -383,9 +421,18 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
             try:
                 for record in self.ledger.replay("s", page_rows=3):
                     seen.append(record.seq)
-            except (BlobIntegrityError, BlobUnavailableError) as failure:
-                assert isinstance(failure, BlobUnavailableError) == delete
-                assert (failure.seq, failure.key) == (seq, name)
+            except (
+                BlobIntegrityError,
+                BlobUnavailableError,
+                PayloadAuthenticationError,
+            ) as failure:
+                assert isinstance(failure, BlobUnavailableError) == delete, repr(failure)
+                if isinstance(failure, PayloadAuthenticationError):  # a sealed blob flipped
+                    assert self.sealed and not delete
+                    assert (failure.record_id, failure.field) == (name, "data")
+                else:
+                    assert not self.sealed or delete, repr(failure)
+                    assert (failure.seq, failure.key) == (seq, name)
             else:
                 raise AssertionError(f"replay yielded a damaged blob at {seq}")
             assert seen == list(range(1, seq))

@@ -20,7 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BACKENDS, forge, new_pg_schema, open_pg, through_pooler
+from conftest import (
+    BACKENDS,
+    forge,
+    ledger_payload,
+    new_pg_schema,
+    open_pg,
+    stored_ledger_payload,
+    through_pooler,
+)
 
 import turnkeeper
 from turnkeeper import (
@@ -61,7 +69,14 @@ def _records(store: Any, sid: str = "s", tenant: str = "") -> list[tuple[Any, ..
         [tenant, sid],
     ).to_pylist()
     return [
-        (r["seq"], r["kind"], r["idempotency_id"], bytes(r["payload"]), r["epoch"]) for r in rows
+        (
+            r["seq"],
+            r["kind"],
+            r["idempotency_id"],
+            ledger_payload(store, r["seq"], sid, tenant, stored=bytes(r["payload"])),
+            r["epoch"],
+        )
+        for r in rows
     ]
 
 
@@ -132,9 +147,10 @@ def test_an_append_takes_the_same_statements_for_one_record_or_a_thousand(store)
     w.append_many([LedgerEntry("turn", b"x", f"t{i}") for i in range(1000)])
     stats = store.statement_stats()
     pinned = store.db.dialect.name == "postgres" and through_pooler()  # SET LOCAL with BEGIN
+    sealed = store.db.keyring.encrypted  # the session's key version, read to seal
     assert (stats["ledger_append"]["calls"], stats["ledger_append"]["statements_per_call"]) == (
         2,
-        8.0 + pinned,
+        8.0 + pinned + sealed,
     )
     assert {k: v["calls"] for k, v in stats.items() if v != before.get(k)} == {"ledger_append": 2}
     assert store.ledger.tip("s") == 1002
@@ -482,15 +498,18 @@ def test_replay_of_a_flipped_or_truncated_payload_is_a_decode_error_at_its_seque
     w.append_many([LedgerEntry("turn", b"payload-%d" % i, f"t{i}") for i in range(4)])
     for damage, seq in ((b"payload-X", 3), (b"payl", 5)):  # a flipped byte, a cut tail
         original = b"payload-%d" % (seq - 2)
-        forge(store, "UPDATE ledger_records SET payload = ? WHERE seq = ?", [damage, seq], rows=1)
+        damaged = stored_ledger_payload(store, "s", seq, damage)  # sealed: a valid seal
+        forge(store, "UPDATE ledger_records SET payload = ? WHERE seq = ?", [damaged, seq], rows=1)
         seen: list[int] = []
         with pytest.raises(ReplayDecodeError) as err:
             for r in store.ledger.replay("s", page_rows=2):
                 seen.append(r.seq)
         assert (err.value.seq, seen) == (seq, list(range(1, seq)))  # nothing from it on
-        forge(store, "UPDATE ledger_records SET payload = ? WHERE seq = ?", [original, seq], rows=1)
+        restored = stored_ledger_payload(store, "s", seq, original)
+        forge(store, "UPDATE ledger_records SET payload = ? WHERE seq = ?", [restored, seq], rows=1)
     assert len(list(store.ledger.replay("s"))) == 5
-    forge(store, "UPDATE ledger_records SET payload = ? WHERE seq = 5", [b"payl"], rows=1)
+    cut = stored_ledger_payload(store, "s", 5, b"payl")
+    forge(store, "UPDATE ledger_records SET payload = ? WHERE seq = 5", [cut], rows=1)
     with pytest.raises(ReplayDecodeError) as err:
         list(store.ledger.replay("s", from_seq=4))
     assert err.value.seq == 5
@@ -734,7 +753,8 @@ def test_the_command_log_appends_reads_back_and_fails_closed(store):
         log.read_command_application_at(3)  # the body that is not JSON: an EnvelopeError
     assert isinstance(err.value.__cause__, EnvelopeError)
     assert isinstance(err.value.__cause__.__cause__, ValueError)
-    forge(store, "UPDATE ledger_records SET payload = ? WHERE seq = 2", [b'{"x"}'], rows=1)
+    bad = stored_ledger_payload(store, "s", 2, b'{"x"}')
+    forge(store, "UPDATE ledger_records SET payload = ? WHERE seq = 2", [bad], rows=1)
     with pytest.raises(CommandApplicationNotFoundError) as err:
         log.read_command_application_at(2)
     assert isinstance(err.value.__cause__, ReplayDecodeError)

@@ -20,11 +20,19 @@ import urllib.parse
 from typing import Any
 
 import pytest
-from test_ledger_blobs import BIG, THRESHOLD, _damage, _ledger, _open
+from conftest import ledger_payload
+from test_ledger_blobs import BIG, THRESHOLD, _clear, _damage, _ledger, _open
 from test_ledger_blobs import where as where  # the fixture: database, directory, s3
 
-from turnkeeper import BlobIntegrityError, BlobNotFoundError, InvalidInputError, LedgerEntry
+from turnkeeper import (
+    BlobIntegrityError,
+    BlobNotFoundError,
+    InvalidInputError,
+    LedgerEntry,
+    PayloadAuthenticationError,
+)
 from turnkeeper.cli.audit import run_audit
+from turnkeeper.storage.crypto.seal import OVERHEAD
 from turnkeeper.storage.ops.ledger import blobs as blob_ops
 from turnkeeper.storage.ops.ledger import journal
 from turnkeeper.storage.ops.ledger import sweep as sweep_ops
@@ -43,12 +51,14 @@ IDS = ["joined-text", "trailing-slash", "double-slash", "dot-segment", "child", 
 
 def _pointer_key(store: Any, tenant: str, sid: str, rid: str) -> str:
     rows = store.query(
-        "SELECT payload FROM ledger_records WHERE tenant = ? AND session_id = ? "
+        "SELECT seq, blob_key FROM ledger_records WHERE tenant = ? AND session_id = ? "
         "AND idempotency_id = ? AND kind = 'blobptr'",
         [tenant, sid, rid],
     ).to_pylist()
     assert len(rows) == 1, (tenant, sid, rid)
-    return str(json.loads(bytes(rows[0]["payload"]))["key"])
+    key = str(json.loads(ledger_payload(store, rows[0]["seq"], sid, tenant))["key"])
+    assert rows[0]["blob_key"] == key  # the clear column names the pointer's key
+    return key
 
 
 def _orphan(ledger: Any, w: Any, monkeypatch: Any, payload: bytes, rid: str) -> str:
@@ -279,17 +289,26 @@ class _Reads:
 def test_a_blob_longer_than_its_pointer_says_is_read_only_to_its_size_plus_one(
     store, where, tmp_path
 ):
-    """Before the fix the whole 1 MB blob was read, then BlobIntegrityError."""
+    """Before the fix the whole 1 MB blob was read, then BlobIntegrityError
+    (a sealed blob: PayloadAuthenticationError naming its key). The read is
+    the pointer's size (the clear envelope's) plus a seal's overhead, plus one."""
     ledger = _ledger(store, where, tmp_path)
     _open(store, ledger).append("turn", BIG, "t1")
     key = _pointer_key(store, "", "s", "t1")
-    size = len(ledger.blobs.get(key))
-    _damage(store, ledger, key, ledger.blobs.get(key) + b"x" * 2**20)
+    seq = store.query("SELECT seq FROM ledger_records WHERE blob_key = ?", [key]).to_pylist()
+    size = json.loads(ledger_payload(store, seq[0]["seq"]))["size"]
+    _damage(store, ledger, key, _clear(store, ledger, key) + b"x" * 2**20)
     reads = _Reads(ledger.blobs)
-    with pytest.raises(BlobIntegrityError) as err:
+    with pytest.raises((BlobIntegrityError, PayloadAuthenticationError)) as err:
         list(ledger.with_blobs(reads, offload_threshold=THRESHOLD).replay("s"))
-    assert (err.value.seq, err.value.key) == (2, key)
-    assert reads.read == [size + 1]
+    if isinstance(err.value, PayloadAuthenticationError):
+        assert store.db.keyring.encrypted and (err.value.record_id, err.value.field) == (
+            key,
+            "data",
+        )
+    else:
+        assert (err.value.seq, err.value.key) == (2, key)
+    assert reads.read == [size + OVERHEAD + 1]
 
 
 def _lenient_split(key: str) -> tuple[str, str, str] | None:

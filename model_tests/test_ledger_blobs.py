@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import forge, reseal
+from conftest import clear_blob, forge, ledger_payload, reseal, stored_blob, stored_ledger_payload
 
 from turnkeeper import (
     BlobIntegrityError,
@@ -94,10 +94,19 @@ def _pointer(store: Any, seq: int) -> dict[str, Any]:
         "SELECT kind, payload FROM ledger_records WHERE session_id = 's' AND seq = ?", [seq]
     ).to_pylist()
     assert rows[0]["kind"] == "blobptr"
-    return dict(json.loads(bytes(rows[0]["payload"])))
+    return dict(json.loads(ledger_payload(store, seq)))
+
+
+def _clear(store: Any, ledger: Any, key: str) -> bytes:
+    """The clear envelope of the blob under ``key`` (opened in a sealed store)."""
+    return clear_blob(store, "s", key, ledger.blobs.get(key))
 
 
 def _damage(store: Any, ledger: Any, key: str, data: bytes) -> None:
+    """Store the clear blob ``data`` under ``key`` as the store would hold it
+    (sealed for ``key`` in a sealed store: a valid seal of damaged content,
+    so the checks past its authentication are reached)."""
+    data = stored_blob(store, "s", key, data)
     if isinstance(ledger.blobs, FsspecBlobs):
         path = posixpath.join(ledger.blobs.root, key)
         assert ledger.blobs.fs.exists(path)
@@ -106,11 +115,11 @@ def _damage(store: Any, ledger: Any, key: str, data: bytes) -> None:
         forge(store, "UPDATE ledger_blobs SET data = ? WHERE key = ?", [data, key], rows=1)
 
 
-def _own_blob(ledger: Any, data: bytes) -> str:
+def _own_blob(store: Any, ledger: Any, data: bytes) -> str:
     """Put ``data`` among ``s``'s blobs under its content address; its key (a
     pointer to it names its own ledger's blob)."""
     key = blob_ops.blob_prefix("", "s") + hashlib.sha256(data).hexdigest()
-    ledger.blobs.put(key, data)
+    ledger.blobs.put(key, stored_blob(store, "s", key, data))
     return key
 
 
@@ -132,7 +141,7 @@ def test_a_payload_over_the_threshold_is_a_sha256_named_blob_and_a_pointer_with_
     assert w.append("turn", BIG, "t1").seq == 2
     assert w.append("turn", SMALL, "t2").seq == 3
     ptr = _pointer(store, 2)
-    blob = ledger.blobs.get(ptr["key"])
+    blob = _clear(store, ledger, ptr["key"])
     assert ptr["key"] == S + hashlib.sha256(blob).hexdigest() == S + ptr["sha256"]
     assert ptr["size"] == len(blob) and blob.endswith(BIG) and b'"id": "t1"' in blob
     ids = store.query(
@@ -215,7 +224,7 @@ def test_a_flipped_blob_byte_is_an_integrity_error_and_the_hash_fence_can_fail(
     ledger = _ledger(store, where, tmp_path)
     _open(store, ledger).append("turn", BIG, "t1")
     ptr = _pointer(store, 2)
-    blob = ledger.blobs.get(ptr["key"])
+    blob = _clear(store, ledger, ptr["key"])
     flipped = blob[:-1] + bytes([blob[-1] ^ 1])
     _damage(store, ledger, ptr["key"], flipped)
     seen: list[int] = []
@@ -236,7 +245,7 @@ def test_a_blob_carrying_another_id_than_its_pointer_is_a_pointer_id_mismatch(
     ledger = _ledger(store, where, tmp_path)
     _open(store, ledger).append("turn", BIG, "t1")
     other = blob_ops.envelope(LedgerEntry("turn", BIG, "someone-else"))
-    key = _own_blob(ledger, other)
+    key = _own_blob(store, ledger, other)
     pointer = json.dumps(
         {"key": key, "sha256": hashlib.sha256(other).hexdigest(), "size": len(other)},
         sort_keys=True,
@@ -274,7 +283,7 @@ def test_an_undecodable_blob_is_a_replay_decode_error(store, where, tmp_path):
     ledger = _ledger(store, where, tmp_path)
     _open(store, ledger).append("turn", BIG, "t1")
     junk = b"not an envelope"
-    key = _own_blob(ledger, junk)
+    key = _own_blob(store, ledger, junk)
     pointer = json.dumps(
         {"key": key, "sha256": hashlib.sha256(junk).hexdigest(), "size": len(junk)},
         sort_keys=True,
@@ -446,7 +455,8 @@ def test_gc_fails_closed_on_an_undecodable_pointer(store, where, tmp_path, monke
     w = _open(store, ledger)
     w.append("turn", BIG, "kept")
     orphan = _crash_mid_offload(ledger, w, monkeypatch, BIG + b"x", "lost")
-    forge(store, "UPDATE ledger_records SET payload = ? WHERE seq = 2", [b'{"key'], rows=1)
+    bad = stored_ledger_payload(store, "s", 2, b'{"key')
+    forge(store, "UPDATE ledger_records SET payload = ? WHERE seq = 2", [bad], rows=1)
     with pytest.raises(GCScanError) as err:
         ledger.gc("s", w.lease)
     assert err.value.name == "ledger:s"

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from conftest import forge
+from conftest import forge, stored_ledger_payload
 
 from turnkeeper import (
     CatalogCompactionError,
@@ -345,7 +345,7 @@ def test_a_record_that_does_not_fold_is_reported_once_and_later_appends_do_not_r
         store,
         "UPDATE ledger_records SET payload = ?, payload_sha256 = ? "
         "WHERE session_id = 's' AND seq = 3",
-        [bad, hashlib.sha256(bad).hexdigest()],
+        [stored_ledger_payload(store, "s", 3, bad), hashlib.sha256(bad).hexdigest()],
         rows=1,
     )
     starts = _replays(store, monkeypatch)
@@ -592,7 +592,7 @@ def test_a_corrupt_ledger_fails_its_repair_and_breaks_no_other_listing(store):
     forge(
         store,
         "UPDATE ledger_records SET payload = ? WHERE session_id = 's' AND seq = 2",
-        [b"{}"],
+        [stored_ledger_payload(store, "s", 2, b"{}")],
         rows=1,
     )
     with pytest.raises(ReplayDecodeError) as caught:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import ledger_payload
 
 from turnkeeper import (
     BlobUnavailableError,
@@ -393,11 +394,7 @@ def test_a_group_member_whose_blob_is_condemned_takes_the_next_generation(
     assert g.sizes[0] == 4
     for i in range(4):
         assert (out[i].seq, out[i].duplicate) == (2, False), out[i]
-        named = json.loads(
-            store.query(
-                "SELECT payload FROM ledger_records WHERE session_id = ? AND seq = 2", [f"s{i}"]
-            ).to_pylist()[0]["payload"]
-        )["key"]
+        named = json.loads(ledger_payload(store, 2, f"s{i}"))["key"]
         gen = 1 if (i == 1 and checked) else 0
         want = hashlib.sha256(blob_ops.envelope(entry, gen)).hexdigest()
         assert named == blob_ops.blob_prefix("", f"s{i}") + want

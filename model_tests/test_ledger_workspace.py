@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import forge, reseal
+from conftest import forge, reseal, stored_ledger_payload
 
 from turnkeeper import (
     BlobUnavailableError,
@@ -152,7 +152,12 @@ def _flip(store: Any, seq: int) -> None:
     forge(
         store,
         "UPDATE ledger_records SET payload = ? WHERE session_id = 's' AND seq = ?",
-        [b'{"ref": "s-z", "event_id": "ev-s-b", "turn_id": "t1"}', seq],
+        [
+            stored_ledger_payload(
+                store, "s", seq, b'{"ref": "s-z", "event_id": "ev-s-b", "turn_id": "t1"}'
+            ),
+            seq,
+        ],
         rows=1,
     )
 

@@ -18,7 +18,7 @@ from importlib import resources
 
 _NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
-SCHEMA_VERSION = 34
+SCHEMA_VERSION = 35
 """The newest schema version this turnkeeper knows (a test holds the shared
 migrations to 1 … it)."""
 

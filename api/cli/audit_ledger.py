@@ -6,8 +6,10 @@ the sessions in scope:
   the tip's epoch is its newest fence record's: read in the audit's snapshot;
 - ``ledgers_verify``: each ledger replays whole and verified, as
   ``turnkeeper ledger verify`` does (hashes, sequence, fences, blob pointers
-  and blobs in the database's table); the damage is named (error class,
-  sequence, blob key);
+  and blobs in the database's table; a sealed ledger's payloads and blobs
+  opened first, a value failing authentication is damage); the damage is
+  named (error class, sequence, blob key). A store opened without its key
+  verifies its clear ledgers; the sealed ones are said, not counted;
 - ``ledger_catalog_lists_sessions``: the catalog lists each ledger's session
   (``catalog.list_sessions``, the catalog alone), readable, with the ledger's
   tip as the last sequence folded.
@@ -27,6 +29,7 @@ from turnkeeper.storage.store import Snapshot
 
 from .audit_base import Check, Scope, sample
 from .audit_base import rows as query_rows
+from .common import one_line
 from .ledger import describe_verified, verify_session
 
 
@@ -80,18 +83,33 @@ def _ledgers(store: BaseStore, scope: Scope) -> list[tuple[str, str, int]]:
 def check_ledgers_verify(store: BaseStore, scope: Scope) -> Check:
     """``ledgers_verify`` (see the module docstring)."""
     damaged = []
+    sealed: list[str] = []
     ledgers = _ledgers(store, scope)
+    keyless = store.db.keyring.provider is None
     for tenant, sid, _ in ledgers:
-        v = verify_session(store, tenant, None, sid)
+        try:
+            v = verify_session(store, tenant, None, sid)
+        except errors.KeyUnavailableError as exc:
+            if keyless:
+                sealed.append(_name(tenant, sid))
+            else:
+                damaged.append(f"{_name(tenant, sid)}: {type(exc).__name__}: {one_line(str(exc))}")
+            continue
         if not v.ok:
             found = describe_verified(v).removeprefix(f"DAMAGED {sid}: ")
             damaged.append(f"{_name(tenant, sid)}: {found}")
+    detail = sample(damaged)
+    if not damaged and sealed:
+        detail = (
+            f"{len(sealed)} ledger(s) are sealed and the store was opened without its key "
+            "(--key-file or $TURNKEEPER_MASTER_KEY): not verified"
+        )
     return Check(
         "ledgers_verify",
         "every ledger replays whole and verified (hashes, sequence, fences, blobs)",
         len(damaged),
-        len(ledgers),
-        sample(damaged),
+        len(ledgers) - len(sealed),
+        detail,
     )
 
 

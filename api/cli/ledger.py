@@ -32,7 +32,7 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.ledger import LedgerEntry
 from turnkeeper.spec.records import Lease
 from turnkeeper.storage import BaseStore
-from turnkeeper.storage.ops.ledger import Ledger
+from turnkeeper.storage.ops.ledger import Ledger, sealing
 from turnkeeper.storage.ops.ledger.blobs import (
     DEFAULT_OFFLOAD_THRESHOLD,
     DEFAULT_TEMP_GRACE_S,
@@ -58,8 +58,10 @@ DAMAGE = (
     errors.BlobPointerIDMismatchError,
     errors.BlobUnavailableError,
     errors.DurableBodyTooLargeError,
+    errors.PayloadAuthenticationError,
 )
-"""The replay failures ``verify`` reports as damage (exit 1); every other
+"""The replay failures ``verify`` reports as damage (exit 1: a sealed
+payload or blob that fails authentication is one); every other
 error (an unknown session, an empty ledger, a store it cannot open) is a
 refusal (exit 2)."""
 
@@ -383,11 +385,15 @@ class Verified:
 def damage_seq(exc: errors.TurnkeeperError) -> int | None:
     """The sequence a damage error names (``seq``), if any."""
     seq = getattr(exc, "seq", None)
+    if isinstance(exc, errors.PayloadAuthenticationError) and exc.field == sealing.PAYLOAD:
+        return int(exc.record_id) if exc.record_id.isdigit() else None
     return int(seq) if isinstance(seq, int) else None
 
 
 def damage_key(exc: errors.TurnkeeperError) -> str | None:
     """The blob key a damage error names (``key``, or a too-large body's ``object_id``)."""
+    if isinstance(exc, errors.PayloadAuthenticationError) and exc.field == sealing.DATA:
+        return exc.record_id
     key = getattr(exc, "key", None) or getattr(exc, "object_id", None)
     return str(key) if key else None
 

@@ -29,17 +29,11 @@ from .report_runs import table
 SESSIONS_SHOWN = 20
 """Most sessions the table prints (the largest: ledger bytes plus blob bytes); JSON has all."""
 
-_NAMED = {
-    "duckdb": (
-        "contains(CAST(r.payload AS VARCHAR), CAST(encode('\"' || b.key || '\"') AS VARCHAR))"
-    ),
-    "postgres": "position(convert_to('\"' || b.key || '\"', 'UTF8') IN r.payload) > 0",
-}
-"""Whether pointer record ``r``'s payload (JSON bytes) names blob ``b``'s key,
-quoted (the whole key: a key written before schema 24, ``sessions/a/<digest>``,
-is the tail of another, ``x/sessions/a/<digest>``), per dialect: DuckDB matches no BLOB
-inside a BLOB, so both sides are cast to text (a BLOB's text form spells
-quotes and other bytes as ``\\x..`` escapes, the same on both sides)."""
+_NAMED = "r.blob_key = b.key"
+"""Whether pointer record ``r`` names blob ``b``: its clear ``blob_key``
+column (schema 35; a sealed session's pointer payload is ciphertext, never
+searched), the whole key (a key written before schema 24,
+``sessions/a/<digest>``, is the tail of another, ``x/sessions/a/<digest>``)."""
 
 _ORPHANS = (
     "SELECT b.session_id, b.size FROM ledger_blobs b WHERE NOT EXISTS ("
@@ -90,7 +84,7 @@ GC_NOTE = (
 
 def ledger_sql(store: BaseStore) -> dict[str, str]:
     """The ledger figures' queries in ``store``'s dialect: ``total``, ``by_session``."""
-    orphans = _ORPHANS.format(named=_NAMED[store.db.dialect.name])
+    orphans = _ORPHANS.format(named=_NAMED)
     return {
         "total": _TOTAL.format(orphans=orphans),
         "by_session": _BY_SESSION.format(orphans=orphans),

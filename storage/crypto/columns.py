@@ -50,5 +50,10 @@ SEALED: tuple[SealedColumn, ...] = (
     SealedColumn("replay_snapshots", "body", "session_id", "part_key", "messages", binary=True),
     SealedColumn("capability_events", "data", "session_id", "id", "data"),
     SealedColumn("delivery_intents", "transport_context", "session_id", "id", "transport_context"),
+    # the ledger (storage/ops/ledger/sealing.py): record id the sequence in decimal
+    # (unique per session only within one tenant: see sealing.py's known gaps);
+    # a blob's its key. Blob files outside the database are not walked (sealing.py).
+    SealedColumn("ledger_records", "payload", "session_id", "seq", "payload", binary=True),
+    SealedColumn("ledger_blobs", "data", "session_id", "key", "data", binary=True),
 )
 """The sealed columns (the README's "What is sealed" lists the same)."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from functools import partial
+from typing import Any
 
 from turnkeeper.spec import errors
 from turnkeeper.spec.ledger import (
@@ -52,7 +53,7 @@ from ...validate import check_int, check_seconds, check_session_lease
 from .. import leases
 from ..base import Area, Shared
 from . import blobs as blob_ops
-from . import catalog_group, condemn, journal, records
+from . import catalog_group, condemn, journal, records, sealing
 from . import gc as gc_ops
 from . import group as group_ops
 from . import sweep as sweep_ops
@@ -68,7 +69,7 @@ from .blobs import (
 from .catalog import Catalog, CatalogOptions
 from .catalog_group import CatalogUpdate
 from .group import LedgerAppend
-from .replay import PAGE_ROWS, ledger_name, replay
+from .replay import PAGE_ROWS, RECORD_COLUMNS, ledger_name, replay
 from .writer import LedgerWriter, RuntimeCommandLog, check_entries, decode_application
 
 __all__ = [
@@ -321,7 +322,13 @@ class Ledger(Area):
             entries,
             self.offload_threshold,
             lambda e, gen: blob_ops.offload(
-                self.blobs, self.tenant, sid, e, self.max_body_bytes, gen
+                self.blobs,
+                self.tenant,
+                sid,
+                e,
+                self.max_body_bytes,
+                gen,
+                partial(sealing.seal_blob, self.db, sid),
             ),
             append,
         )
@@ -375,7 +382,14 @@ class Ledger(Area):
     ) -> tuple[str, bytes]:
         """A pointer record's verified ``(kind, payload)`` (``blobs.resolve``)."""
         return blob_ops.resolve(
-            self.blobs, self.tenant, session_id, seq, outer_id, payload, self.max_body_bytes
+            self.blobs,
+            self.tenant,
+            session_id,
+            seq,
+            outer_id,
+            payload,
+            self.max_body_bytes,
+            partial(sealing.open_blob, self.db, session_id),
         )
 
     def gc(
@@ -513,21 +527,32 @@ class Ledger(Area):
                 of record, or one whose payload does not hash to its sha256,
                 that does not match its record digest (another seq's, session's
                 or tenant's, relabelled …) or does not decode (the
-                ``ReplayDecodeError`` or decoding error is ``__cause__``).
+                ``ReplayDecodeError`` or decoding error is ``__cause__``), or
+                a sealed payload that fails to open (the
+                ``PayloadAuthenticationError`` is ``__cause__``).
+            KeyUnavailableError: a sealed session and no key to open it.
             InvalidInputError: a malformed id or ``seq`` < 1.
             DatabaseError: the read failed.
         """
         check_id(session_id, "session_id")
         at = check_int(seq, "seq", 1)
-        row = self.db.read(
-            "ledger_command_at",
-            lambda tx: tx.one(
-                "SELECT seq, kind, idempotency_id, payload, payload_sha256, epoch, "
-                "written_at, record_sha256 FROM ledger_records "
+
+        def read(tx: Tx) -> tuple[Any, ...] | None:
+            row = tx.one(
+                f"SELECT {RECORD_COLUMNS} FROM ledger_records "
                 "WHERE tenant = ? AND session_id = ? AND seq = ?",
                 [self.tenant, session_id, at],
-            ),
-        )
+            )
+            if row is None:
+                return None
+            try:
+                return sealing.open_row(tx, session_id, row)
+            except errors.PayloadAuthenticationError as cause:
+                raise errors.CommandApplicationNotFoundError(
+                    session_id, at, detail="its sealed payload does not open"
+                ) from cause
+
+        row = self.db.read("ledger_command_at", read)
         if row is None:
             raise errors.CommandApplicationNotFoundError(
                 session_id, at, detail="the ledger holds no record at this sequence"

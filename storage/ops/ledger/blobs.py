@@ -31,7 +31,7 @@ from __future__ import annotations
 import hmac
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from turnkeeper.spec import errors
@@ -39,6 +39,7 @@ from turnkeeper.spec.ledger import BLOB_POINTER_KIND, LedgerEntry
 
 from ... import bridge
 from ...backend import STORE_NOW, Backend, Tx
+from ...crypto.seal import OVERHEAD
 from .records import envelope_error, loads_json, sha256
 
 DEFAULT_OFFLOAD_THRESHOLD = 256 * 1024
@@ -244,15 +245,20 @@ def offload(
     entry: LedgerEntry,
     max_bytes: int,
     gen: int = 0,
+    seal: Callable[[str, bytes], bytes] | None = None,
 ) -> LedgerEntry:
     """Write ``entry``'s blob (generation ``gen``, see :func:`envelope`) to
     ``blobs`` and return its pointer entry (kind ``blobptr``, the same
     idempotency id). The pointer is a function of the entry and generation,
     so a redelivery makes the same pointer (and finds the original).
+    ``seal(key, envelope)`` is the blob as stored (``sealing.seal_blob``: a
+    sealed session's blob is sealed under its data key; default: as it is);
+    the key, the pointer's ``sha256`` and ``size`` are the clear envelope's.
 
     Raises:
         DurableBodyTooLargeError: the blob would exceed ``max_bytes`` (``seq``
             0); nothing is written.
+        KeyUnavailableError: ``seal``'s: no key for a sealed session.
         Exception: the blob store's failure; the pointer is not appended.
     """
     blob = envelope(entry, gen)
@@ -260,7 +266,7 @@ def offload(
     key = blob_prefix(tenant, session_id) + digest
     if len(blob) > max_bytes:
         raise errors.DurableBodyTooLargeError(0, key, len(blob), max_bytes)
-    blob_call(blobs, "put", key, blob)
+    blob_call(blobs, "put", key, blob if seal is None else seal(key, blob))
     pointer = json.dumps({"key": key, "sha256": digest, "size": len(blob)}, sort_keys=True)
     return LedgerEntry(BLOB_POINTER_KIND, pointer.encode(), entry.idempotency_id)
 
@@ -339,19 +345,30 @@ def resolve(
     outer_id: str,
     payload: bytes,
     max_bytes: int,
+    open_blob: Callable[[str, bytes], bytes] | None = None,
 ) -> tuple[str, bytes]:
     """The ``(kind, payload)`` of the offloaded record whose pointer, at ``seq``
     of ``tenant``'s ``session_id`` under idempotency id ``outer_id``, is
     ``payload``; verified (see the module docstring for the errors, each
     carrying ``seq`` and the key; a blob whose length is not the pointer's
-    declared size is a ``ReplayDecodeError``)."""
+    declared size is a ``ReplayDecodeError``). ``open_blob(key, stored)`` is
+    the clear envelope of the stored blob (``sealing.open_blob``; default: as
+    stored): it is opened before it is hashed and measured (a sealed blob is
+    read up to its declared size plus the seal's overhead, and one byte).
+
+    Raises (besides those above):
+        PayloadAuthenticationError: a sealed session's blob that is clear or
+            fails authentication (record id its key, field ``data``).
+        KeyUnavailableError: no key to open it."""
     key, want, size = parse_pointer(tenant, session_id, seq, payload)
     if size > max_bytes:
         raise errors.DurableBodyTooLargeError(seq, key, size, max_bytes)
     try:  # one byte over the declared size is enough to tell a longer blob
-        blob = blob_call(blobs, "get", key, size + 1)
+        blob = blob_call(blobs, "get", key, size + OVERHEAD + 1)
     except Exception as failure:  # any store failure: fail closed, typed
         raise errors.BlobUnavailableError(seq, key) from failure
+    if open_blob is not None:
+        blob = open_blob(key, blob)
     got = sha256(blob)
     if not blob_hash_ok(want, got):
         raise errors.BlobIntegrityError(seq, key, want, got)

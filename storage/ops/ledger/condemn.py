@@ -79,6 +79,7 @@ by no pointer: GC reclaims it.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -156,49 +157,46 @@ def mark(tx: Tx, tenant: str, session_id: str, epoch: int, gc_id: str, keys: Seq
         )
 
 
-def generation_of(entry: LedgerEntry, kind: str, payload: bytes) -> int | None:
-    """The generation at which the stored record (``kind``, ``payload``) is the
-    pointer of ``entry``'s blob (``entry`` as given, its payload not
-    offloaded); ``None`` when it is not one. Only the generations whose
-    envelope is as long as the pointer's declared size are hashed."""
+def generation_of(entry: LedgerEntry, kind: str, key: str) -> int | None:
+    """The generation at which the stored record of kind ``kind`` whose blob
+    key (``ledger_records.blob_key``, clear also in a sealed ledger) is
+    ``key`` is the pointer of ``entry``'s blob (``entry`` as given, its
+    payload not offloaded); ``None`` when it is not one. A key ends with the
+    sha256 of its clear envelope: each generation's envelope is hashed, the
+    first that matches is the one (at most :data:`MAX_GENERATIONS`)."""
     if kind != BLOB_POINTER_KIND:
         return None
-    try:
-        body: Any = records.loads_json(payload)
-        want, size = body["sha256"], body["size"]
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        return None
+    want = key[-64:]
     for gen in range(MAX_GENERATIONS):
-        head = blob_ops.envelope_head(entry, gen)
-        if len(head) + len(entry.payload) != size:
-            continue
-        digest = hashlib.sha256(head)
+        digest = hashlib.sha256(blob_ops.envelope_head(entry, gen))
         digest.update(entry.payload)
-        if digest.hexdigest() == want:
+        if hmac.compare_digest(digest.hexdigest(), want):
             return gen
     return None
 
 
 def same_record(
-    found: tuple[int, str, str, bytes | None],
+    found: tuple[int, str, str, str | None],
     stored: LedgerEntry,
     digest: str,
     logical: LedgerEntry,
 ) -> bool:
     """Whether the record ``found`` under an idempotency id (``(seq, kind,
-    payload sha256, payload when it is a blob pointer)``) is the entry about
-    to be stored: ``stored`` as it would be written (a pointer when
-    offloaded; ``digest`` its payload's sha256), ``logical`` as given. The
-    same logical content (kind and payload bytes) is the same record
-    whichever side of the offload threshold each was written on (attack
-    finding F5 on issue 19) and whatever generation its blob took: an inline
-    record and the pointer of a blob of the same kind and payload, or two
-    pointers to generations of one envelope (:func:`generation_of`)."""
-    _, kind, sha, pointer = found
+    payload sha256, blob key when it is a blob pointer)``, digests over the
+    clear payload) is the entry about to be stored: ``stored`` as it would be
+    written (a pointer when offloaded; ``digest`` its clear payload's
+    sha256), ``logical`` as given. Digests are compared, never stored
+    payloads (two seals of one value differ). The same logical content
+    (kind and payload bytes) is the same record whichever side of the
+    offload threshold each was written on (attack finding F5 on issue 19)
+    and whatever generation its blob took: an inline record and the pointer
+    of a blob of the same kind and payload, or two pointers to generations
+    of one envelope (:func:`generation_of`)."""
+    _, kind, sha, key = found
     if (kind, sha) == (stored.kind, digest):
         return True
     if kind == BLOB_POINTER_KIND:
-        return pointer is not None and generation_of(logical, kind, pointer) is not None
+        return key is not None and generation_of(logical, kind, key) is not None
     return (kind, sha) == (logical.kind, records.sha256(logical.payload))
 
 

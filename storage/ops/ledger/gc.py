@@ -39,7 +39,7 @@ from turnkeeper.spec.records import Lease
 
 from ...backend import Backend, Tx
 from .. import leases
-from . import condemn, journal, records
+from . import condemn, journal, records, sealing
 from .blobs import (
     BlobStore,
     TempFiles,
@@ -65,15 +65,14 @@ def writer_fence(tx: Tx, tenant: str, session_id: str, lease: Lease) -> None:
 
 
 def _pointers(tx: Tx, tenant: str, session_id: str, after: int) -> list[tuple[Any, ...]]:
-    """The rows (as ``replay.verified_rows`` reads them) of the ledger's
-    pointer records past ``after``."""
-    return list(
-        tx.rows(
-            f"SELECT {RECORD_COLUMNS} FROM ledger_records "
-            "WHERE tenant = ? AND session_id = ? AND kind = ? AND seq > ? ORDER BY seq",
-            [tenant, session_id, BLOB_POINTER_KIND, after],
-        )
+    """The rows (as ``replay.verified_rows`` reads them, payloads opened) of
+    the ledger's pointer records past ``after``."""
+    rows = tx.rows(
+        f"SELECT {RECORD_COLUMNS} FROM ledger_records "
+        "WHERE tenant = ? AND session_id = ? AND kind = ? AND seq > ? ORDER BY seq",
+        [tenant, session_id, BLOB_POINTER_KIND, after],
     )
+    return sealing.open_rows(tx, session_id, rows)
 
 
 def referenced_keys(db: Backend, tenant: str, session_id: str) -> tuple[int, set[str]]:
@@ -96,7 +95,12 @@ def referenced_keys(db: Backend, tenant: str, session_id: str) -> tuple[int, set
             tip = int(row[0])  # the last row is the tip read when the scan began
             if str(row[1]) == BLOB_POINTER_KIND:
                 keys.add(parse_pointer(tenant, session_id, tip, bytes(row[3]))[0])
-    except (errors.ReplayReadError, errors.ReplayDecodeError, errors.EmptySessionError) as failure:
+    except (
+        errors.ReplayReadError,
+        errors.ReplayDecodeError,
+        errors.EmptySessionError,
+        errors.PayloadAuthenticationError,
+    ) as failure:
         seq = getattr(failure, "seq", None)
         raise errors.GCScanError(name, detail=f"record {seq}" if seq else None) from failure
     return tip, keys
@@ -118,6 +122,10 @@ def referenced_since(tx: Tx, tenant: str, session_id: str, after: int) -> set[st
     except errors.ReplayDecodeError as failure:
         raise errors.GCScanError(
             ledger_name(session_id), detail=f"record {failure.seq}"
+        ) from failure
+    except errors.PayloadAuthenticationError as failure:
+        raise errors.GCScanError(
+            ledger_name(session_id), detail=f"record {failure.record_id}"
         ) from failure
     return keys
 

@@ -50,7 +50,7 @@ from turnkeeper.spec.records import Lease
 from ...backend import Backend, Conflict, Tx
 from .. import leases
 from ..capabilities import session_exists
-from . import catalog_group, condemn, journal
+from . import catalog_group, condemn, journal, sealing
 from .catalog import Catalog
 from .catalog_group import CatalogUpdate
 
@@ -190,7 +190,7 @@ def _known(
     known: dict[tuple[str, str], dict[str, journal.Known]] = {}
     for t, s, k, seq, kind, h, pointer in rows:
         if (t, s) in wanted:
-            found = (int(seq), str(kind), str(h), None if pointer is None else bytes(pointer))
+            found = (int(seq), str(kind), str(h), None if pointer is None else str(pointer))
             known.setdefault((str(t), str(s)), {})[str(k)] = found
     return known
 
@@ -236,9 +236,16 @@ def _round(tx: Tx, requests: list[LedgerAppend]) -> list[Any]:
         ) as refused:
             out[i] = refused
             continue
+        try:
+            seal = sealing.sealer(tx, r.session_id)
+        except errors.KeyUnavailableError as refused:
+            out[i] = refused
+            continue
         out[i] = results
         for seq, e in new:
-            rows.append(journal.record_row(r.tenant, r.session_id, r.lease.epoch, now[i], seq, e))
+            rows.append(
+                journal.record_row(r.tenant, r.session_id, r.lease.epoch, now[i], seq, e, seal)
+            )
         if new:
             moves.append((r.tenant, r.session_id, tip, new[-1][0], ledger_epoch))
     if rows:

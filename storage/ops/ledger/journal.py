@@ -9,7 +9,9 @@ compare-and-set; an append of n records is
 the lease fence, the tip's locked read, one read of the ids already in the
 ledger and of a record past the tip, one multi-row insert and the tip's
 compare-and-set, whatever n is, plus one read of GC's condemned blobs when
-it writes blob pointers (``condemn.check_append``); the transaction then
+it writes blob pointers (``condemn.check_append``), plus one read of the
+session's data key version in an encrypted store (``sealing.sealer``: the
+key itself is cached); the transaction then
 updates the session's catalog entry (a read and a compare-and-set:
 ``catalog_group``; records all of kinds the catalog does not fold, one
 compare-and-set of the entry's cursor).
@@ -46,7 +48,7 @@ from turnkeeper.spec.records import Lease
 from ...backend import Conflict, Tx
 from .. import leases
 from ..capabilities import session_exists
-from . import condemn
+from . import condemn, sealing
 from .records import record_digest, sha256
 
 MACHINE = machine_for(LEDGER_WRITER)
@@ -64,20 +66,23 @@ COLUMNS = (
     "epoch",
     "written_at",
     "record_sha256",
+    "blob_key",
 )
 """``ledger_records``'s columns, in table order (the inserts')."""
 
-Known = tuple[int, str, str, bytes | None]
+Known = tuple[int, str, str, str | None]
 """A record already stored under an idempotency id, as the append's check
-reads it: ``(seq, kind, payload sha256, payload when it is a blob pointer)``."""
+reads it: ``(seq, kind, payload sha256, blob key when it is a blob pointer)``
+(the digest is the clear payload's; the key is the clear ``blob_key``
+column: a sealed payload is never read for it)."""
 
 
 def known_pointer(table: str = "") -> str:
     """The select expression of :data:`Known`'s last field, over the
-    ``ledger_records`` columns of alias ``table`` (a pointer's payload is a
-    short JSON object; another record's payload is not read)."""
+    ``ledger_records`` columns of alias ``table``: the clear ``blob_key``
+    (``NULL`` but for a blob pointer)."""
     at = f"{table}." if table else ""
-    return f"CASE WHEN {at}kind = '{BLOB_POINTER_KIND}' THEN {at}payload END"
+    return f"{at}blob_key"
 
 
 def read_tip(tx: Tx, tenant: str, session_id: str, *, lock: bool = False) -> tuple[int, int]:
@@ -223,7 +228,7 @@ def append(
     ids = list(dict.fromkeys(e.idempotency_id for e in entries))
     marks = ", ".join("?" for _ in ids)
     known: dict[str, Known] = {
-        str(r[0]): (int(r[1]), str(r[2]), str(r[3]), None if r[4] is None else bytes(r[4]))
+        str(r[0]): (int(r[1]), str(r[2]), str(r[3]), None if r[4] is None else str(r[4]))
         for r in tx.rows(
             f"SELECT idempotency_id, seq, kind, payload_sha256, {known_pointer()} "
             f"FROM ledger_records WHERE {_WHERE} AND idempotency_id IN ({marks}) UNION ALL "
@@ -274,7 +279,7 @@ def sequence(
             results.append(AppendResult(first[0], duplicate=True))
             continue
         seq += 1
-        pointer = entry.payload if entry.kind == BLOB_POINTER_KIND else None
+        pointer = condemn.pointer_key(entry.payload) if entry.kind == BLOB_POINTER_KIND else None
         known[entry.idempotency_id] = (seq, entry.kind, digest, pointer)
         new.append((seq, entry))
         results.append(AppendResult(seq))
@@ -289,11 +294,17 @@ def _insert(
     now: object,
     rows: Sequence[tuple[int, LedgerEntry]],
 ) -> None:
-    """One insert of ``rows`` (sequence, entry) stamped ``epoch`` and ``now``:
-    on DuckDB through ``Tx.insert_rows`` (a list per column: a parameter per
-    value cost it 7 ms for 100 records), on PostgreSQL one multi-row
-    ``INSERT`` (one round trip, where ``COPY`` takes two)."""
-    values = [record_row(tenant, session_id, epoch, now, seq, e) for seq, e in rows]
+    """One insert of ``rows`` (sequence, entry) stamped ``epoch`` and ``now``,
+    each payload sealed under the session's data key when it has one
+    (``sealing.sealer``): on DuckDB through ``Tx.insert_rows`` (a list per
+    column: a parameter per value cost it 7 ms for 100 records), on
+    PostgreSQL one multi-row ``INSERT`` (one round trip, where ``COPY`` takes two).
+
+    Raises:
+        KeyUnavailableError: a sealed session and no key for it (nothing written).
+    """
+    seal = sealing.sealer(tx, session_id)
+    values = [record_row(tenant, session_id, epoch, now, seq, e, seal) for seq, e in rows]
     if tx.dialect.serialized_writes:
         tx.insert_rows("ledger_records", COLUMNS, values)
         return
@@ -305,14 +316,24 @@ def _insert(
 
 
 def record_row(
-    tenant: str, session_id: str, epoch: int, now: object, seq: int, e: LedgerEntry
+    tenant: str,
+    session_id: str,
+    epoch: int,
+    now: object,
+    seq: int,
+    e: LedgerEntry,
+    seal: sealing.Sealer,
 ) -> tuple[object, ...]:
     """The ``ledger_records`` row of entry ``e`` at ``seq``, in the column order
-    of :data:`COLUMNS`: its payload's sha256 and its record digest computed."""
+    of :data:`COLUMNS`: its clear payload's sha256 and its record digest
+    computed, the payload as ``seal(seq, payload)`` stores it, and a blob
+    pointer's key in the clear ``blob_key`` column."""
     digest = sha256(e.payload)
     sealed = record_digest(tenant, session_id, seq, e.kind, e.idempotency_id, epoch, digest)
+    key = condemn.pointer_key(e.payload) if e.kind == BLOB_POINTER_KIND else None
     return (
-        tenant, session_id, seq, e.kind, e.idempotency_id, e.payload, digest, epoch, now, sealed,
+        tenant, session_id, seq, e.kind, e.idempotency_id, seal(seq, e.payload), digest, epoch,
+        now, sealed, key,
     )  # fmt: skip
 
 

@@ -85,10 +85,16 @@ def check_record(tenant: str, session_id: str, row: tuple[Any, ...]) -> None:
     ``session_id``: its payload against its sha256, then the record against
     its digest (:func:`record_sealed`).
 
+    A row whose sealed payload did not open (``sealing.open_rows``) carries
+    the error in the payload's place: it is raised here.
+
     Raises:
         ReplayDecodeError: either does not match (``seq`` the row's).
+        PayloadAuthenticationError, KeyUnavailableError: the payload did not open.
     """
     seq, kind, rid, payload, digest, epoch, _, sealed = row[:8]
+    if isinstance(payload, errors.TurnkeeperError):
+        raise payload
     if not (isinstance(digest, str) and hmac.compare_digest(sha256(bytes(payload)), digest)):
         raise errors.ReplayDecodeError(
             session_id, int(seq), detail="its payload does not hash to its stored sha256"

@@ -30,6 +30,12 @@ typed, with the sequence:
   ``DurableBodyTooLargeError``, ``BlobUnavailableError``,
   ``BlobIntegrityError``, ``BlobPointerIDMismatchError``), with its sequence
   and the blob's key; a pointer is yielded as the record it stands for;
+- in a sealed session's ledger (``sealing.py``), ``PayloadAuthenticationError``
+  (session, record id the sequence, field ``payload``): a payload that is
+  clear or fails authentication (a flipped byte, moved from another
+  sequence or session); ``KeyUnavailableError``: no key to open it (a store
+  object opened without ``encryption=``, a shredded key). A payload is
+  opened before its digests are checked: they are over the clear bytes;
 - ``EmptySessionError``: the ledger holds no record;
 - ``SessionNotFoundError``: nor does the session exist.
 
@@ -47,7 +53,7 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.ledger import BLOB_POINTER_KIND, FENCE_KIND, LedgerRecord
 
 from ...backend import Backend, Tx, utc
-from . import catalog_codec
+from . import catalog_codec, sealing
 from .journal import read_tip
 from .records import check_record
 
@@ -79,12 +85,24 @@ def _read(
 def _page(
     tenant: str, session_id: str, start: int, tip: int, page_rows: int, tx: Tx
 ) -> list[tuple[Any, ...]]:
-    """At most ``page_rows`` records from ``start`` up to ``tip``, in sequence order."""
-    return tx.rows(
+    """At most ``page_rows`` records from ``start`` up to ``tip``, in sequence
+    order, their payloads opened (``sealing.open_rows``)."""
+    rows = tx.rows(
         f"SELECT {RECORD_COLUMNS} FROM ledger_records WHERE tenant = ? AND session_id = ? "
         "AND seq >= ? AND seq <= ? ORDER BY seq LIMIT ?",
         [tenant, session_id, start, tip, page_rows],
     )
+    return sealing.open_rows(tx, session_id, rows)
+
+
+def _fence_before(tenant: str, session_id: str, seq: int, tx: Tx) -> tuple[Any, ...] | None:
+    """The newest fence record before ``seq``, its payload opened; ``None``: none."""
+    row = tx.one(
+        f"SELECT {RECORD_COLUMNS} FROM ledger_records WHERE tenant = ? AND session_id = ? "
+        "AND kind = ? AND seq < ? ORDER BY seq DESC LIMIT 1",
+        [tenant, session_id, FENCE_KIND, seq],
+    )
+    return None if row is None else sealing.open_row(tx, session_id, row)
 
 
 def in_sequence(seq: int, expected: int) -> bool:
@@ -191,11 +209,7 @@ def verified_rows(
             db,
             session_id,
             from_seq,
-            lambda tx: tx.one(
-                f"SELECT {RECORD_COLUMNS} FROM ledger_records WHERE tenant = ? AND session_id = ? "
-                "AND kind = ? AND seq < ? ORDER BY seq DESC LIMIT 1",
-                [tenant, session_id, FENCE_KIND, from_seq],
-            ),
+            partial(_fence_before, tenant, session_id, from_seq),
         )
         if row is not None:
             fence_epoch, _ = verify(tenant, session_id, row, 0)
