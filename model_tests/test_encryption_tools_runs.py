@@ -33,10 +33,13 @@ ELSEWHERE = (
     "replay_snapshots",
     "capability_events",
     "delivery_intents",
+    "ledger_records",
+    "ledger_blobs",
 )
 OURS = [c for c in SEALED if c.table not in ELSEWHERE]
 """The sealed columns this part added (entries' payload is tested in test_encryption,
-the other copies of users' text in test_encryption_rest)."""
+the other copies of users' text in test_encryption_rest, the ledger's in
+test_ledger_encryption)."""
 
 
 @pytest.fixture(params=["duckdb", "postgres"])

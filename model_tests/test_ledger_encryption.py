@@ -409,3 +409,68 @@ def test_the_migration_backfills_blob_key_from_clear_pointers(tmp_path, clock):
         assert json.loads(bytes(_rows(store)[2]["payload"]))["key"] == key
     finally:
         close_backend(store)
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["guard", "control"])
+def test_a_blob_file_outside_the_database_still_opens_after_a_rotation(
+    enc, tmp_path, monkeypatch, keep: bool
+):
+    """A blob in an fsspec blob store (a directory here) is out of the
+    rotation's reach: it stays sealed under version 1, and the rotation keeps
+    version 1's key row for it, so the blob (and the replay of the record
+    that points at it) still opens. Control: with the old version's key row
+    dropped whatever the blobs (as before), the blob no longer opens."""
+    from turnkeeper.storage.ops import reseal
+
+    if not keep:
+        monkeypatch.setattr(reseal, "_EXTERNAL_BLOBS", "SELECT 1 WHERE CAST(? AS VARCHAR) IS NULL")
+    ledger = _written(enc, FsspecBlobs(str(tmp_path / "blobs")))
+    key = _blob_key(enc)
+    assert key_version(_raw_blob(enc, ledger, key)) == 1
+    assert enc.sessions.rotate_key("s") == 2
+    assert {key_version(bytes(r["payload"])) for r in _rows(enc)} == {2}
+    with _reopen(enc, encryption=TEST_KEYS) as fresh:
+        again = fresh.ledger.with_blobs(ledger.blobs, offload_threshold=THRESHOLD)
+        if keep:
+            got = [(r.seq, r.payload) for r in again.replay("s")]
+            assert got[1:3] == [(2, SMALL), (3, BIG)]
+        else:
+            with pytest.raises(turnkeeper.KeyUnavailableError):
+                list(again.replay("s"))
+    enc.sessions.delete("s")  # crypto-shredding: every version goes
+    assert enc.query("SELECT count(*) AS n FROM session_keys").to_pylist() == [{"n": 0}]
+
+
+@pytest.mark.parametrize("refuse", [True, False], ids=["guard", "control"])
+def test_a_session_whose_ledger_spans_two_tenants_is_not_rotated(enc, monkeypatch, refuse: bool):
+    """Two tenants' ledgers of one session both hold sequence 2 (a record is
+    sealed for its sequence alone): ``rotate_key`` refuses the session,
+    typed, re-sealing nothing, and both ledgers replay. Control: with the
+    refusal patched out, the walk writes one tenant's re-sealed record over
+    the other's, which then fails to replay."""
+    from turnkeeper.storage.ops import reseal
+
+    if not refuse:
+        monkeypatch.setattr(reseal, "_TENANTS", "SELECT 1 WHERE CAST(? AS VARCHAR) IS NULL")
+    enc.sessions.create("s")
+    for tenant, body in (("a", SMALL), ("b", BIG)):
+        ledger = enc.ledger.with_tenant(tenant)
+        lease = enc.leases.acquire("session:s", "w", TTL)
+        w = ledger.open("s", lease)
+        assert w.append("turn", body, "t1").seq == 2
+        w.close()
+        enc.leases.release(lease)
+
+    def replays() -> list[Any]:
+        return [[r.payload for r in enc.ledger.with_tenant(t).replay("s")][1] for t in ("a", "b")]
+
+    assert replays() == [SMALL, BIG]
+    if refuse:
+        with pytest.raises(turnkeeper.NotSupportedError):
+            enc.sessions.rotate_key("s")
+        assert replays() == [SMALL, BIG]
+        assert {key_version(bytes(r["payload"])) for r in _rows(enc)} == {1}
+    else:
+        enc.sessions.rotate_key("s")
+        with pytest.raises(turnkeeper.TurnkeeperError):
+            assert replays() == [SMALL, BIG]

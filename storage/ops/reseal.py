@@ -84,6 +84,8 @@ def reseal(
         PayloadAuthenticationError: a stored value fails to open under the
             session's current key, or a clear session holds a sealed value:
             nothing is re-sealed, the transaction rolls back.
+        NotSupportedError: the session's ledger has records under more
+            than one tenant (their record ids, the sequences, collide).
         Conflict: the session row moved under the walk (retried).
     """
     keys = tx.keys
@@ -94,6 +96,13 @@ def reseal(
     leaf, seq, old = head[0], head[1], None if head[2] is None else int(head[2])
     if old is not None and clear_only:
         return None
+    tenants = tx.one(_TENANTS, [session_id])
+    if tenants is not None and int(tenants[0]) > 1:
+        raise errors.NotSupportedError(
+            detail=f"session {session_id!r} has ledger records under {int(tenants[0])} tenants: "
+            "their sequences share record ids, which the walk cannot tell apart; nothing "
+            "was re-sealed"
+        )
     provider = _provider(keys, session_id)
     opener = None if old is None else keys.sealing(tx, session_id, old)[0]
     version = 1 if old is None else old + 1
@@ -114,10 +123,24 @@ def reseal(
     )
     if moved != 1:
         raise Conflict(f"session {session_id!r} moved while its payloads were re-sealed")
-    if old is not None:
+    if old is not None and tx.one(_EXTERNAL_BLOBS, [session_id]) is None:
         tx.exec("DELETE FROM session_keys WHERE session_id = ? AND version = ?", [session_id, old])
     tx.exec("DELETE FROM replay_snapshots WHERE session_id = ?", [session_id])
     return version
+
+
+_TENANTS = "SELECT count(DISTINCT tenant) FROM ledger_records WHERE session_id = ?"
+"""How many tenants hold a ledger of the session (a ledger record is sealed for
+its sequence alone: two tenants' records of one session share record ids)."""
+
+_EXTERNAL_BLOBS = (
+    "SELECT 1 FROM ledger_records AS r WHERE r.session_id = ? AND r.blob_key IS NOT NULL "
+    "AND NOT EXISTS (SELECT 1 FROM ledger_blobs AS b WHERE b.key = r.blob_key) LIMIT 1"
+)
+"""A ledger blob of the session kept outside the database (an fsspec blob
+store: a directory, S3), which the walk cannot reach: its file stays sealed
+under the old data key version, so that version's key row is kept (a delete
+of the session still removes every version: crypto-shredding holds)."""
 
 
 def _lock_head(tx: Tx, session_id: str) -> tuple[Any, ...] | None:

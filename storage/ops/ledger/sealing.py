@@ -33,12 +33,13 @@ Rotating a session's data key (``sessions.rotate_key``, ``storage/ops/reseal.py`
 reaches ``ledger_records.payload`` and the database's ``ledger_blobs.data``
 through ``storage/crypto/columns.py``. Known gaps (issue 23, for the next
 part): blob files outside the database (``FsspecBlobs``) are not walked by
-the rotation, which drops the old key version, so after a rotation they no
-longer open (``PayloadAuthenticationError``: a version the session does not
-hold); the fix is an envelope (a per-blob key wrapped in the sealed pointer,
-which the rotation re-seals). And the rotation's walk keys a column by
-(session, record id): a session whose ledger exists under several tenants
-has one sequence number per tenant, which that walk does not tell apart.
+the rotation, which therefore keeps the old key version's row while such a
+blob exists (``reseal._EXTERNAL_BLOBS``); the fix is an envelope (a
+per-blob key wrapped in the sealed pointer, which the rotation re-seals).
+And the rotation's walk keys a column by (session, record id): a session
+whose ledger exists under several tenants has one sequence number per
+tenant, which that walk does not tell apart, so it refuses such a session
+(``NotSupportedError``).
 Crypto-shredding reaches blob files: a deleted session's key is gone, so
 its blob files do not open even before the sweep deletes them.
 """
