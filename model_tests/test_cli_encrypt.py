@@ -67,7 +67,9 @@ def test_encrypt_seals_every_session_skips_a_held_one_and_a_second_run_resumes(d
     assert second.exit_code == 0, second.output
     report = json.loads(second.stdout)
     assert (report["sealed"], report["already_sealed"], report["skipped"]) == (1, 1, {})
-    assert report["reclaimed"] and report["reclaimed"][0] in ("CHECKPOINT", "VACUUM entries")
+    first = report["reclaimed"][0] if report["reclaimed"] else ""
+    # (PostgreSQL: each table named with the store's schema, VACUUM running unpinned)
+    assert first == "CHECKPOINT" or (first.startswith("VACUUM ") and first.endswith(".entries"))
     assert _clear_payloads(db) == 0
     with turnkeeper.open_store(db, encryption=LocalKeyProvider.from_text(K1)) as store:
         for sid in ("a", "b"):

@@ -522,3 +522,41 @@ def test_an_append_racing_the_walk_is_never_left_under_the_old_version(
         assert _versions(_payloads(store, "s")) == {2}
     finally:
         close_backend(store)
+
+
+@pytest.mark.parametrize("write", ["sessions.rotate_key", "sessions.encrypt", "keys.rotate"])
+def test_a_forged_token_is_refused_by_the_key_writes(
+    under_k1: Any, write: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The forged-token case (``test_forged_tokens.py``) of the fenced writes
+    that need a key provider: a lease with the holder's target, owner, epoch
+    and purpose but another token is refused (LeaseLostError), nothing
+    written; the holder's own token is then taken (``sessions.encrypt`` of
+    a sealed session: nothing to do, past the fence). Control: with the
+    token left out of the fence's condition, the forged token is taken."""
+    from test_forged_tokens import everything, forge, token_blind_fence
+
+    store = under_k1
+    if write == "keys.rotate":
+        lease = store.leases.acquire(keys_module.ROTATION_TARGET, "rotator", ttl_s=60)
+
+        def call(held: Any) -> Any:
+            return store.keys.rotate(held)
+    else:
+        lease = store.leases.acquire("session:a", "w", ttl_s=60)
+        method = getattr(store.sessions, write.split(".")[1])
+
+        def call(held: Any) -> Any:
+            return method("a", lease=held)
+
+    before = everything(store)
+    with pytest.raises(turnkeeper.LeaseLostError):
+        call(forge(lease))
+    assert everything(store) == before
+    done = call(lease)
+    if write == "sessions.encrypt":
+        assert done is False
+    else:
+        assert everything(store) != before
+    token_blind_fence(monkeypatch)
+    call(forge(lease))  # no LeaseLostError: the check above rests on the token

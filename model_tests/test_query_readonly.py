@@ -324,7 +324,11 @@ def test_the_audit_reads_one_snapshot(
         turnkeeper.BaseStore,
         "snapshot",
         lambda self, body: body(
-            Snapshot(self.db.query, lambda rows: [clear_entry_row(r) for r in rows])
+            Snapshot(
+                self.db.query,
+                lambda rows: [clear_entry_row(r) for r in rows],
+                lambda rows: ([clear_entry_row(r) for r in rows], []),
+            )
         ),
     )
     trees = next(

@@ -175,9 +175,11 @@ class Keys(Area):
         """
         if self.db.dialect.name == "duckdb":
             done = ["CHECKPOINT"]
-        else:
+        else:  # (each table named with the store's schema: behind a pooler, VACUUM is unpinned)
+            schema = self.db.read("store_schema", lambda tx: tx.one("SELECT current_schema()"))
+            at = "" if schema is None or schema[0] is None else _quoted(str(schema[0])) + "."
             tables = dict.fromkeys([c.table for c in SEALED] + ["replay_snapshots", "session_keys"])
-            done = [f"VACUUM {t}" for t in tables]
+            done = [f"VACUUM {at}{t}" for t in tables]
         for sql in done:
             self.db.write("reclaim_pages", partial(_run, sql=sql), transaction=False)
         return done
@@ -218,6 +220,11 @@ class Keys(Area):
         return self._fenced(
             "rotate_data_keys", lease, lambda tx: rewrap_batch(tx, lease, current, pairs)
         )
+
+
+def _quoted(name: str) -> str:
+    """``name`` as an SQL identifier (double quotes, a quote doubled)."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _run(tx: Tx, *, sql: str) -> None:

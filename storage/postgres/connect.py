@@ -313,9 +313,14 @@ def pinned(
     14) the statement runs in a transaction of its own instead (three round
     trips).
 
+    A ``VACUUM`` (which cannot run in a pipeline or a transaction) is sent
+    alone, unpinned: its caller names its tables with their schema.
+
     Raises:
         psycopg.Error: the server failed the statement (nothing of it is kept).
     """
+    if query.lstrip()[:6].upper() == "VACUUM":
+        return conn.execute(query, params, binary=binary)
     if psycopg.Pipeline.is_supported():
         with conn.pipeline():
             conn.execute(PIN_SQL, [path])
