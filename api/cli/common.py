@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 import turnkeeper
@@ -196,3 +197,18 @@ def cell(text: str) -> Text:
     rich markup, so a stored value holding ``[/]`` or ``[red]`` is printed,
     not interpreted (or refused with a ``MarkupError``)."""
     return Text(visible(text))
+
+
+def progress_bar(label: str) -> Progress:
+    """A progress bar on stderr for a long command (``label`` in bold, done of
+    total, time elapsed), shown only on a terminal and removed when it ends."""
+    console = stderr_console()
+    return Progress(
+        TextColumn(f"[bold]{label}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not console.is_terminal,
+        transient=True,
+    )

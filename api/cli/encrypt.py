@@ -16,13 +16,20 @@ from typing import Any
 
 import click
 import duckdb
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from turnkeeper import is_postgres
 from turnkeeper.spec import errors
 from turnkeeper.storage.ops.keys import BATCH_ROWS, ROTATION_TARGET
 
-from .common import EXIT_FAILED, CliError, db_option, dumps, key_provider, open_db, stderr_console
+from .common import (
+    EXIT_FAILED,
+    CliError,
+    db_option,
+    dumps,
+    key_provider,
+    open_db,
+    progress_bar,
+)
 
 TTL_S = 60.0
 """The leases' time to live, renewed between batches (rotation)."""
@@ -32,20 +39,6 @@ _CLEAR = "SELECT id FROM sessions WHERE key_version IS NULL ORDER BY id"
 
 def _owner() -> str:
     return f"turnkeeper-cli:{socket.gethostname()}:{os.getpid()}"
-
-
-def _progress(label: str) -> Progress:
-    """A progress bar on stderr, shown only on a terminal."""
-    console = stderr_console()
-    return Progress(
-        TextColumn(f"[bold]{label}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        disable=not console.is_terminal,
-        transient=True,
-    )
 
 
 def _check_into(db: str, into: str) -> None:
@@ -114,7 +107,7 @@ def keys_rotate_command(ctx: click.Context, db: str, batch_rows: int, as_json: b
         try:
             first = store.keys.rotate(lease, limit=0)
             rewrapped, remaining = 0, first.remaining
-            with _progress("rewrapping data keys") as bar:
+            with progress_bar("rewrapping data keys") as bar:
                 task = bar.add_task("rotate", total=first.remaining)
                 while remaining:
                     lease = store.leases.renew(lease, TTL_S)
@@ -186,7 +179,7 @@ def encrypt_command(
     with open_db(db, existing=True) as store:
         clear = [str(r["id"]) for r in store.query(_CLEAR).to_pylist()]
         total = store.query("SELECT count(*) AS n FROM sessions").to_pylist()[0]["n"]
-        with _progress("sealing sessions") as bar:
+        with progress_bar("sealing sessions") as bar:
             task = bar.add_task("encrypt", total=len(clear))
             for n, session_id in enumerate(clear, 1):
                 try:

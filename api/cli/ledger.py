@@ -26,7 +26,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 
 from turnkeeper.spec import errors
 from turnkeeper.spec.ledger import LedgerEntry
@@ -41,7 +41,7 @@ from turnkeeper.storage.ops.ledger.blobs import (
 )
 from turnkeeper.storage.validate import MAX_TTL_S as MAX_TEMP_GRACE_S
 
-from .common import EXIT_FAILED, db_option, dumps, one_line, open_db, stderr_console, visible
+from .common import EXIT_FAILED, db_option, dumps, one_line, open_db, progress_bar, visible
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -166,20 +166,6 @@ def _writer(
         yield ledger.open(session_id, lease)
     finally:
         store.leases.release(lease)  # idempotent: a lost or released lease is left alone
-
-
-def _progress(label: str, total: int) -> Progress:
-    """A progress bar on stderr for ``total`` records, shown only on a terminal."""
-    console = stderr_console()
-    return Progress(
-        TextColumn(f"[bold]{label}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        disable=not console.is_terminal,
-        transient=True,
-    )
 
 
 def _advance(bar: Progress, task: Any, base: int, n: int) -> None:
@@ -344,7 +330,7 @@ def replay_command(
     with open_db(db, read_only=True) as store:
         ledger = _ledger(store, tenant, blobs_root)
         total = max(0, ledger.tip(session_id) - from_seq + 1)
-        with _progress("replay", total) as bar:
+        with progress_bar("replay") as bar:
             task = bar.add_task("replay", total=total)
             for n, record in enumerate(ledger.replay(session_id, from_seq), 1):
                 if fmt == "jsonl":
@@ -490,7 +476,7 @@ def verify_command(
     with open_db(db, read_only=True) as store:
         ids = ledger_sessions(store, tenant) if every else list(session_ids)
         total = sum(store.ledger.with_tenant(tenant).tip(s) for s in ids)
-        with _progress("verify", total) as bar:
+        with progress_bar("verify") as bar:
             task = bar.add_task("verify", total=total)
             done = 0
             for sid in ids:
