@@ -685,6 +685,23 @@ def duck_store(tmp_path: Path, clock: FakeClock) -> Iterator[turnkeeper.DuckDBSt
     s.close()
 
 
+@pytest.fixture(params=["duckdb", "postgres"])
+def enc(request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock) -> Iterator[Any]:
+    """An encrypted store (:data:`TEST_KEYS`) on each engine, DuckDB's in a
+    file (so :func:`reopen` can open another object on it)."""
+    s = open_backend(f"{request.param}+enc", tmp_path, clock)
+    yield s
+    close_backend(s)
+
+
+def reopen(store: turnkeeper.BaseStore, **kwargs: Any) -> Any:
+    """Another store object on the same database as ``store`` (its own
+    caches, keys and connections), opened with ``kwargs``
+    (``encryption=``, ``clock=``…); the caller closes it."""
+    url = getattr(store.db, "url", None) or getattr(store, "path", None)
+    return turnkeeper.open_store(url, **kwargs)
+
+
 def forge(
     store: turnkeeper.BaseStore, sql: str, params: list[Any] | None = None, *, rows: int | None
 ) -> None:

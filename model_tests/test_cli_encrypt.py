@@ -18,6 +18,7 @@ import turnkeeper
 from turnkeeper import EntryKind, LocalKeyProvider
 from turnkeeper.cli.main import cli
 from turnkeeper.storage.crypto.keys import KEY_ENV
+from turnkeeper.storage.ops import reseal as reseal_module
 from turnkeeper.storage.ops.rekeying import RekeyingPart
 
 SECRET = "the launch code is 0000"
@@ -173,3 +174,59 @@ def test_encrypt_stopped_between_sessions_is_finished_by_the_next_run(
         1,
     )
     assert _clear_payloads(db) == 0
+
+
+BIG = (SECRET * 16).encode()  # offloaded at a 64-byte threshold
+
+
+@pytest.mark.parametrize("refused", [True, False], ids=["refused", "control"])
+def test_encrypt_skips_and_names_a_session_it_cannot_seal_and_seals_the_rest(
+    db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused: bool
+) -> None:
+    """A session whose ledger keeps blobs in a directory (which the walk
+    cannot reach: they would stay clear in a sealed session) and one whose
+    ledger spans two tenants (their record ids collide) are skipped and
+    named, exit 1; the others are sealed. Control: without the blob refusal
+    the directory session is sealed and its ledger no longer replays (a
+    clear blob in a sealed session)."""
+    blobs = turnkeeper.FsspecBlobs(str(tmp_path / "blobs"))
+    with turnkeeper.open_store(db) as store:
+        for sid in ("files", "tenants"):
+            store.sessions.create(sid)
+        lease = store.leases.acquire("session:files", "w", ttl_s=60)
+        with store.ledger.with_blobs(blobs, offload_threshold=64).open("files", lease) as w:
+            w.append("note", BIG, "n1")
+        store.leases.release(lease)
+        lease = store.leases.acquire("session:tenants", "w", ttl_s=60)
+        for tenant in ("t1", "t2"):
+            with store.ledger.with_tenant(tenant).open("tenants", lease) as w:
+                w.append("note", b"x", "n1")
+        store.leases.release(lease)
+    if not refused:
+        monkeypatch.setattr(
+            reseal_module, "_EXTERNAL_BLOBS", "SELECT 1 FROM sessions WHERE id = ? AND FALSE"
+        )
+    result = run("encrypt", "--db", db, key=K1)
+    assert result.exit_code == 1, result.output
+    assert "skipped tenants: not sealed: session 'tenants' has ledger records under 2" in (
+        result.stderr
+    )
+    key = LocalKeyProvider.from_text(K1)
+    with turnkeeper.open_store(db, encryption=key) as store:
+        ledger = store.ledger.with_blobs(blobs, offload_threshold=64)
+        if not refused:
+            with pytest.raises(turnkeeper.PayloadAuthenticationError):
+                list(ledger.replay("files"))
+            return
+        assert "skipped files: not sealed: session 'files' has ledger blobs outside" in (
+            result.stderr
+        )
+        assert "2 sessions sealed, 0 already sealed, 2 skipped" in result.stdout
+        assert [r.payload for r in ledger.replay("files")][1] == BIG
+        versions = store.query("SELECT id, key_version FROM sessions ORDER BY id").to_pylist()
+        assert {r["id"]: r["key_version"] for r in versions} == {
+            "a": 1,
+            "b": 1,
+            "files": None,
+            "tenants": None,
+        }

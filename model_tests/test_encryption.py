@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import base64
 import shutil
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TEST_KEYS, FakeClock, close_backend, open_backend
+from conftest import TEST_KEYS, close_backend, open_backend, reopen
 
 import turnkeeper
 from turnkeeper import EntryKind, LocalKeyProvider
@@ -34,16 +33,6 @@ def _key(seed: int, key_id: str) -> str:
     return f"{key_id}:{base64.b64encode(bytes([seed]) * 32).decode()}"
 
 
-@pytest.fixture(params=["duckdb", "postgres"])
-def enc(
-    request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
-) -> Iterator[turnkeeper.BaseStore]:
-    """An encrypted store (``conftest.TEST_KEYS``) on each engine."""
-    s = open_backend(f"{request.param}+enc", tmp_path, clock)
-    yield s
-    close_backend(s)
-
-
 def _sql(store: Any, sql: str, params: list[Any] | None = None) -> None:
     store.db.write("forge", lambda tx: tx.exec(sql, params or []))
 
@@ -51,12 +40,6 @@ def _sql(store: Any, sql: str, params: list[Any] | None = None) -> None:
 def _payloads(store: Any, sid: str) -> dict[str, str]:
     rows = store.query("SELECT id, payload FROM entries WHERE session_id = ?", [sid]).to_pylist()
     return {r["id"]: r["payload"] for r in rows}
-
-
-def _reopen(store: Any, **kwargs: Any) -> Any:
-    """Another store object on the same database (its own key cache)."""
-    url = getattr(store.db, "url", None) or store.path
-    return turnkeeper.open_store(url, **kwargs)
 
 
 def test_every_entry_write_path_stores_sealed_payloads_and_reads_them_back(enc):
@@ -87,7 +70,7 @@ def test_every_entry_write_path_stores_sealed_payloads_and_reads_them_back(enc):
         assert stored and all(p.startswith("enc1:") for p in stored.values()), sid
         assert not any(SECRET in p for p in stored.values())
     # read back through a store object with a cold key cache, every read path
-    with _reopen(enc, encryption=TEST_KEYS) as fresh:
+    with reopen(enc, encryption=TEST_KEYS) as fresh:
         contents = [m["content"] for m in fresh.sessions.replay("s").messages]
         assert contents[:2] == [SECRET, f"noted: {SECRET}"]
         assert fresh.sessions.labels("s") == {one.id: SECRET}
@@ -110,7 +93,7 @@ def test_opened_without_its_key_serves_metadata_and_refuses_payloads(enc):
     enc.sessions.append("s", EntryKind.MESSAGE, MSG)
     run = enc.runs.admit("s", {"q": 1}, user_message={"role": "user", "content": SECRET})
     before = _payloads(enc, "s")
-    with _reopen(enc) as bare:
+    with reopen(enc) as bare:
         assert [s.id for s in bare.sessions.list().sessions] == ["s"]
         assert bare.sessions.get("s").entry_count == len(before)
         assert bare.runs.get(run.id).status == run.status
@@ -142,7 +125,7 @@ def test_a_provider_without_the_master_key_or_a_wrong_key_is_refused_at_open(enc
     wrong_bytes = LocalKeyProvider.from_text(_key(9, TEST_KEYS.key_id))
     for provider, cause in ((other_id, "not hold"), (wrong_bytes, "fails authentication")):
         with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
-            _reopen(enc, encryption=provider)
+            reopen(enc, encryption=provider)
         assert refused.value.key_id == TEST_KEYS.key_id
         assert "check value" in str(refused.value)
         assert isinstance(refused.value.__cause__, turnkeeper.KeyUnwrapError)
@@ -168,7 +151,7 @@ def test_control_without_the_check_value_a_wrong_key_opens_and_writes(enc, monke
             self.provider = saved
 
     monkeypatch.setattr(keyring_module.Keyring, "adopt", unchecked)
-    with _reopen(enc, encryption=wrong) as s:
+    with reopen(enc, encryption=wrong) as s:
         s.sessions.create("t", cwd="/w")
         s.sessions.append("t", EntryKind.MESSAGE, MSG)
     monkeypatch.undo()
@@ -196,7 +179,7 @@ class _SessionKeysLost:
 def test_a_session_key_the_provider_cannot_unwrap_is_key_unavailable(enc):
     enc.sessions.create("s", cwd="/w")
     enc.sessions.append("s", EntryKind.MESSAGE, MSG)
-    with _reopen(enc, encryption=_SessionKeysLost(TEST_KEYS)) as s:
+    with reopen(enc, encryption=_SessionKeysLost(TEST_KEYS)) as s:
         with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
             s.sessions.replay("s")
         assert (refused.value.session_id, refused.value.key_id) == ("s", TEST_KEYS.key_id)
@@ -207,7 +190,7 @@ def test_a_session_key_the_provider_cannot_unwrap_is_key_unavailable(enc):
 
 
 def _fresh(enc: Any) -> Any:
-    return _reopen(enc, encryption=TEST_KEYS)
+    return reopen(enc, encryption=TEST_KEYS)
 
 
 def _refused(store: Any, sid: str, entry_id: str) -> None:
@@ -639,7 +622,7 @@ def test_a_provider_that_unwraps_other_bytes_at_the_check_is_refused_at_open(enc
     provider = _Misbehaving(TEST_KEYS, gives)
     provider.at_check = True
     with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
-        _reopen(enc, encryption=provider)
+        reopen(enc, encryption=provider)
     assert (refused.value.session_id, refused.value.key_id) == ("", TEST_KEYS.key_id)
     assert "check value gave other bytes" in str(refused.value)
 
@@ -650,7 +633,7 @@ def test_a_provider_that_unwraps_no_32_byte_key_is_key_unavailable(enc, gives: A
     as a bare ``TypeError`` (attack F7): the provider's fault is named."""
     enc.sessions.create("s", cwd="/w")
     enc.sessions.append("s", EntryKind.MESSAGE, MSG)
-    with _reopen(enc, encryption=_Misbehaving(TEST_KEYS, gives)) as s:
+    with reopen(enc, encryption=_Misbehaving(TEST_KEYS, gives)) as s:
         with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
             s.sessions.replay("s")
         assert (refused.value.session_id, refused.value.key_id) == ("s", TEST_KEYS.key_id)

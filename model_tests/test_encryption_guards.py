@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TEST_KEYS, FakeClock, close_backend, open_backend
+from conftest import TEST_KEYS, FakeClock, close_backend, open_backend, reopen
 
 import turnkeeper
 from turnkeeper import EntryKind
@@ -25,11 +25,6 @@ from turnkeeper.storage.ops import appends, session_rows
 
 SECRET = "the launch code is 0000"
 MSG = {"message": {"role": "user", "content": SECRET}}
-
-
-def _reopen(store: Any, **kwargs: Any) -> Any:
-    url = getattr(store.db, "url", None) or store.path
-    return turnkeeper.open_store(url, **kwargs)
 
 
 def _sql(store: Any, sql: str, params: list[Any] | None = None) -> None:
@@ -51,7 +46,7 @@ def before_marking(
     opened with keys (which marks the store encrypted) holding a sealed
     session ``sealed``: (clear object, keyed object)."""
     clear = open_backend(request.param, tmp_path, clock)
-    keyed = _reopen(clear, encryption=TEST_KEYS, clock=clock)
+    keyed = reopen(clear, encryption=TEST_KEYS, clock=clock)
     keyed.sessions.create("sealed", cwd="/w")
     keyed.sessions.append("sealed", EntryKind.MESSAGE, MSG)
     try:
@@ -114,7 +109,7 @@ def test_a_session_whose_key_row_is_gone_refuses_writes_and_clear_values(before_
     _, keyed = before_marking
     keyed.sessions.create("empty", cwd="/w")
     _sql(keyed, "DELETE FROM session_keys")
-    with _reopen(keyed, encryption=TEST_KEYS) as fresh:
+    with reopen(keyed, encryption=TEST_KEYS) as fresh:
         for sid in ("sealed", "empty"):
             with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
                 fresh.sessions.append(sid, EntryKind.MESSAGE, MSG)
@@ -122,7 +117,7 @@ def test_a_session_whose_key_row_is_gone_refuses_writes_and_clear_values(before_
         assert len(_payloads(keyed, "sealed")) == 1 and not _payloads(keyed, "empty")
     _sql(keyed, "UPDATE entries SET payload = ? WHERE session_id = 'sealed'", ['{"x": 1}'])
     with (
-        _reopen(keyed, encryption=TEST_KEYS) as fresh,
+        reopen(keyed, encryption=TEST_KEYS) as fresh,
         pytest.raises(turnkeeper.PayloadAuthenticationError),
     ):
         fresh.sessions.replay("sealed")
@@ -142,7 +137,7 @@ def test_control_a_session_taken_for_clear_by_its_key_row_accepts_a_forged_clear
         "_VERSION",
         "SELECT max(version) FROM session_keys WHERE session_id = ?",
     )
-    with _reopen(keyed, encryption=TEST_KEYS) as fresh:
+    with reopen(keyed, encryption=TEST_KEYS) as fresh:
         assert fresh.sessions.entry("sealed", _ids(keyed)[0]).payload == {"x": 1}
 
 
@@ -221,7 +216,7 @@ def test_control_without_its_clear_check_the_one_statement_append_lands_clear(
     before the transaction's: patched out alone, the clear payload lands."""
     clear = open_backend("postgres", tmp_path, clock)
     try:
-        with _reopen(clear, encryption=TEST_KEYS) as keyed:
+        with reopen(clear, encryption=TEST_KEYS) as keyed:
             keyed.sessions.create("empty", cwd="/w")
         monkeypatch.setattr(appends, "CLEAR_SESSION", "TRUE")
         # (a custom entry: the pairing rule needs no head the object knows)
@@ -354,7 +349,7 @@ def test_a_sealed_write_racing_a_key_rotation_never_outlives_its_key(
         writer.join()
         rotation.join()
         assert rotated == [2] and len(outcome) == 1
-        with _reopen(store, encryption=TEST_KEYS) as fresh:
+        with reopen(store, encryption=TEST_KEYS) as fresh:
             assert fresh.runs.intent("i1").request == {"q": SECRET}
     finally:
         close_backend(store)

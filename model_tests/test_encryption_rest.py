@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TEST_KEYS, FakeClock, close_backend, open_backend
+from conftest import TEST_KEYS, reopen
 
 import turnkeeper
 from turnkeeper import EntryKind
@@ -42,16 +42,6 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 SRC = "/home/u/s.jsonl"
 
 
-@pytest.fixture(params=["duckdb", "postgres"])
-def enc(
-    request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
-) -> Iterator[turnkeeper.BaseStore]:
-    """An encrypted store (``conftest.TEST_KEYS``) on each engine."""
-    s = open_backend(f"{request.param}+enc", tmp_path, clock)
-    yield s
-    close_backend(s)
-
-
 def _sql(store: Any, sql: str, params: list[Any] | None = None) -> None:
     store.db.write("forge", lambda tx: tx.exec(sql, params or []))
 
@@ -61,12 +51,6 @@ def _flipped(text: str) -> str:
     raw = bytearray(base64.b64decode(text.removeprefix("enc1:")))
     raw[len(raw) // 2] ^= 1
     return "enc1:" + base64.b64encode(bytes(raw)).decode()
-
-
-def _reopen(store: Any, **kwargs: Any) -> Any:
-    """Another store object on the same database (its own key cache)."""
-    url = getattr(store.db, "url", None) or store.path
-    return turnkeeper.open_store(url, **kwargs)
 
 
 def _refused(call: Any, sid: str, record: str, field: str) -> None:
@@ -121,7 +105,7 @@ def test_opaque_lines_are_stored_sealed_and_read_back_clear(enc):
     again = _import_opaque(enc, "imp", 2, 3, 4)
     assert (again.added, again.opaque_added) == (0, 1)
     assert {k: v for k, v in _raw(enc).items() if k != 4} == stored
-    with _reopen(enc, encryption=TEST_KEYS) as fresh:  # a cold key cache
+    with reopen(enc, encryption=TEST_KEYS) as fresh:  # a cold key cache
         got = fresh.sessions.opaque_records("imp")
     assert [(o.source, o.line, o.reason) for o in got] == [
         (SRC, n, "message entry i1: duplicate entry id") for n in (2, 3, 4)
@@ -176,7 +160,7 @@ def test_a_flipped_moved_or_clear_opaque_line_fails_authentication(enc):
 def test_opaque_lines_of_a_sealed_session_are_refused_without_the_key(enc):
     _import_opaque(enc, "imp", 2)
     before = _raw(enc)
-    with _reopen(enc) as bare:
+    with reopen(enc) as bare:
         assert bare.sessions.get("imp") is not None  # metadata still served
         with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
             bare.sessions.opaque_records("imp")
@@ -207,7 +191,7 @@ def loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def _cold(store: Any, **kwargs: Any) -> Any:
-    return _reopen(store, replay_cache_bytes=0, **kwargs)
+    return reopen(store, replay_cache_bytes=0, **kwargs)
 
 
 def _parts(store: Any, sid: str) -> list[bytes]:
@@ -448,7 +432,7 @@ def test_a_sessions_column_is_stored_sealed_and_fails_closed(enc, name):
         case.write(enc, sid)
     record, stored = _stored(enc, case, "s")
     assert stored.startswith("enc1:") and SECRET not in stored, stored
-    with _reopen(enc, encryption=TEST_KEYS) as fresh:  # a cold key cache
+    with reopen(enc, encryption=TEST_KEYS) as fresh:  # a cold key cache
         for got in case.read(fresh, "s"):
             assert SECRET in json.dumps(got), got
         reads = lambda: case.read(fresh, "s")  # noqa: E731
@@ -461,7 +445,7 @@ def test_a_sessions_column_is_stored_sealed_and_fails_closed(enc, name):
         _refused(reads, "s", record, field)
         _set(enc, case, "s", stored)
         assert case.read(fresh, "s")
-    with _reopen(enc) as bare:
+    with reopen(enc) as bare:
         with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
             case.read(bare, "s")
         assert (refused.value.session_id, refused.value.key_id) == ("s", None)

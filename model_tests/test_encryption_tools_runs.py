@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import TEST_KEYS, FakeClock, close_backend, open_backend
+from conftest import TEST_KEYS, FakeClock, close_backend, open_backend, reopen
 
 import turnkeeper
 from turnkeeper import EntryKind, Guidance, InputResourceEvent, ResponseItem, ResponseTurn
@@ -42,24 +42,8 @@ the other copies of users' text in test_encryption_rest, the ledger's in
 test_ledger_encryption)."""
 
 
-@pytest.fixture(params=["duckdb", "postgres"])
-def enc(
-    request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
-) -> Iterator[turnkeeper.BaseStore]:
-    """An encrypted store (``conftest.TEST_KEYS``) on each engine."""
-    s = open_backend(f"{request.param}+enc", tmp_path, clock)
-    yield s
-    close_backend(s)
-
-
 def _sql(store: Any, sql: str, params: list[Any] | None = None) -> None:
     store.db.write("forge", lambda tx: tx.exec(sql, params or []))
-
-
-def _reopen(store: Any, **kwargs: Any) -> Any:
-    """Another store object on the same database (its own key cache)."""
-    url = getattr(store.db, "url", None) or store.path
-    return turnkeeper.open_store(url, **kwargs)
 
 
 def _work(store: Any, sid: str = "s") -> dict[str, Any]:
@@ -161,7 +145,7 @@ def test_tool_records_and_run_messages_are_stored_sealed_and_read_back(enc):
     ids = _work(enc)
     assert _leaks(enc, "s") == []
     assert len(_stored(enc, "run_events", "s")) >= 4  # admit, start, note, succeeded: all sealed
-    with _reopen(enc, encryption=TEST_KEYS) as s:  # another key cache
+    with reopen(enc, encryption=TEST_KEYS) as s:  # another key cache
         rec = s.tools.get(ids["key"])
         assert (rec.result, rec.provider_metadata) == ({"stdout": SECRET}, {"note": SECRET})
         assert [r.execution_key for r in s.tools.list("s")] == [ids["key"]]
@@ -268,7 +252,7 @@ def _record(ids: dict[str, Any], table: str) -> Any:
 
 def _refused(store: Any, column: Any, ids: dict[str, Any], sid: str, rid: Any) -> None:
     with (
-        _reopen(store, encryption=TEST_KEYS) as s,
+        reopen(store, encryption=TEST_KEYS) as s,
         pytest.raises(turnkeeper.PayloadAuthenticationError) as refused,
     ):
         READS[f"{column.table}.{column.column}"](s, ids)
@@ -309,7 +293,7 @@ def test_a_clear_value_in_a_sealed_session_is_a_downgrade(enc, column):
 def test_a_store_opened_without_its_key_refuses_these_reads_and_serves_metadata(enc):
     ids = _work(enc)
     before = {c.table: _stored(enc, c.table, "s") for c in OURS}
-    with _reopen(enc) as bare:
+    with reopen(enc) as bare:
         assert bare.runs.get(ids["run"]).status == "succeeded"
         for read in (
             lambda: bare.tools.get(ids["key"]),
@@ -346,7 +330,7 @@ def test_control_without_the_keyless_guard_a_sealed_value_is_no_typed_error(enc,
     of a store object that took the store for clear: without it the sealed
     text reaches the JSON decoder."""
     ids = _work(enc)
-    with _reopen(enc) as bare:
+    with reopen(enc) as bare:
         bare.db.keyring.encrypted = False  # as a store object opened before the store was marked
         with pytest.raises(turnkeeper.KeyUnavailableError):
             bare.tools.get(ids["key"])
@@ -382,7 +366,7 @@ def before_marking(
     with keys (which marks the store encrypted) holding the sealed session
     ``s`` with a running run: (clear object, keyed object, the run)."""
     clear = open_backend(request.param, tmp_path, clock)
-    keyed = _reopen(clear, encryption=TEST_KEYS, clock=clock)
+    keyed = reopen(clear, encryption=TEST_KEYS, clock=clock)
     keyed.sessions.create("s", cwd="/w")
     run = keyed.runs.admit("s", {"prompt": "p"}, start=True)
     try:
@@ -502,7 +486,7 @@ def test_rotating_and_encrypting_a_session_reseal_every_sealed_column(enc, tmp_p
         for row in _stored(enc, c.table, "s"):
             if row[c.column] is not None:
                 assert key_version(text_bytes(row[c.column]) or b"") == 2, (c.table, c.column)
-    with _reopen(enc, encryption=TEST_KEYS) as s:
+    with reopen(enc, encryption=TEST_KEYS) as s:
         assert s.tools.get(ids["key"]).result == {"stdout": SECRET}
         assert s.runs.intent(ids["intent"]).request == {"prompt": SECRET}
         assert {e.id: e.data for e in s.runs.events("s")}[ids["event"]] == {"text": SECRET}
@@ -514,7 +498,7 @@ def test_rotating_and_encrypting_a_session_reseal_every_sealed_column(enc, tmp_p
     clear = open_backend(enc_engine(enc), tmp_path / "clear", None)
     try:
         cids = _work(clear, "c")
-        with _reopen(clear, encryption=TEST_KEYS) as keyed:
+        with reopen(clear, encryption=TEST_KEYS) as keyed:
             assert keyed.sessions.encrypt("c") is True
             assert _leaks(keyed, "c") == []
             assert keyed.tools.get(cids["key"]).result == {"stdout": SECRET}

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TEST_KEYS, FakeClock, close_backend, open_backend
+from conftest import TEST_KEYS, FakeClock, close_backend, open_backend, reopen
 
 import turnkeeper
 from turnkeeper import EntryKind, LocalKeyProvider
@@ -41,12 +41,6 @@ def _key(seed: int, key_id: str) -> str:
 K1 = LocalKeyProvider.from_text(_key(1, "k1"))
 BOTH = LocalKeyProvider.from_text(_key(2, "k2") + "\n" + _key(1, "k1"))
 K2 = LocalKeyProvider.from_text(_key(2, "k2"))
-
-
-def _reopen(store: Any, **kwargs: Any) -> Any:
-    """Another store object on the same database (its own key cache)."""
-    url = getattr(store.db, "url", None) or store.path
-    return turnkeeper.open_store(url, **kwargs)
 
 
 def _payloads(store: Any, sid: str) -> list[str]:
@@ -81,22 +75,14 @@ def _contents(store: Any, sid: str) -> list[str]:
 
 
 @pytest.fixture(params=ENGINES)
-def enc(request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock) -> Iterator[Any]:
-    """An encrypted store (``conftest.TEST_KEYS``) on each engine."""
-    s = open_backend(f"{request.param}+enc", tmp_path, clock)
-    yield s
-    close_backend(s)
-
-
-@pytest.fixture(params=ENGINES)
 def under_k1(request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock) -> Iterator[Any]:
     """A store on each engine first opened with master key ``k1``, holding
     sessions a, b and c (three messages each); yields a store object opened
     with ``k2`` current and ``k1`` old (a rotation's provider)."""
     clear = open_backend(request.param, tmp_path, clock)
-    with _reopen(clear, encryption=K1) as first:
+    with reopen(clear, encryption=K1) as first:
         _fill(first)
-    rotating = _reopen(clear, encryption=BOTH)
+    rotating = reopen(clear, encryption=BOTH)
     yield rotating
     rotating.close()
     close_backend(clear)
@@ -115,7 +101,7 @@ def test_rotate_key_reseals_every_value_and_drops_the_old_version(enc: Any) -> N
     assert [(s, v) for s, v, _ in _key_rows(enc)] == [("s", 2)]
     assert enc.query("SELECT key_version FROM sessions").to_pylist() == [{"key_version": 2}]
     assert _contents(enc, "s") == [f"{SECRET} {i}" for i in range(3)]
-    with _reopen(enc, encryption=TEST_KEYS) as other:  # a cold key cache reads version 2
+    with reopen(enc, encryption=TEST_KEYS) as other:  # a cold key cache reads version 2
         assert _contents(other, "s") == [f"{SECRET} {i}" for i in range(3)]
     enc.sessions.append("s", EntryKind.MESSAGE, MSG)
     assert _versions(_payloads(enc, "s")) == {2}
@@ -159,7 +145,7 @@ def _stale_append(writer: Any, head: tuple[Any, ...]) -> None:
 def test_an_append_judged_at_the_old_key_version_loses_its_compare_and_set(enc: Any) -> None:
     _fill(enc, ("s",), 1)
     head = enc.db.read("head", lambda tx: tx.one(session_rows.HEAD_READ, ["s"]))
-    with _reopen(enc, encryption=TEST_KEYS) as rotator:
+    with reopen(enc, encryption=TEST_KEYS) as rotator:
         assert rotator.sessions.rotate_key("s") == 2
     with pytest.raises(turnkeeper.TransactionConflictError, match="moved during append"):
         _stale_append(enc, head)  # its version-1 key still cached: only the CAS refuses it
@@ -172,14 +158,14 @@ def test_control_without_the_key_version_in_the_compare_and_set_a_stale_append_l
 ) -> None:
     _fill(enc, ("s",), 1)
     head = enc.db.read("head", lambda tx: tx.one(session_rows.HEAD_READ, ["s"]))
-    with _reopen(enc, encryption=TEST_KEYS) as rotator:
+    with reopen(enc, encryption=TEST_KEYS) as rotator:
         rotator.sessions.rotate_key("s")
     monkeypatch.setattr(
         session_rows, "HEAD_IS", "next_seq = ? AND leaf_id IS NOT DISTINCT FROM ? AND ? IS NOT NULL"
     )
     _stale_append(enc, head)
     with (
-        _reopen(enc, encryption=TEST_KEYS) as reader,
+        reopen(enc, encryption=TEST_KEYS) as reader,
         pytest.raises(turnkeeper.KeyUnavailableError),
     ):
         reader.sessions.replay("s")  # sealed under version 1, whose key is gone
@@ -187,7 +173,7 @@ def test_control_without_the_key_version_in_the_compare_and_set_a_stale_append_l
 
 def test_rotate_key_without_a_provider_is_refused_typed(enc: Any) -> None:
     _fill(enc, ("s",), 1)
-    with _reopen(enc) as keyless, pytest.raises(turnkeeper.KeyUnavailableError) as refused:
+    with reopen(enc) as keyless, pytest.raises(turnkeeper.KeyUnavailableError) as refused:
         keyless.sessions.rotate_key("s")
     assert (refused.value.session_id, refused.value.key_id) == ("s", None)
     with pytest.raises(turnkeeper.SessionNotFoundError):
@@ -223,7 +209,7 @@ def clear_store(request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
     """A store on each engine written clear (sessions a, b, c), then opened with keys."""
     clear = open_backend(request.param, tmp_path, clock)
     _fill(clear)
-    keyed = _reopen(clear, encryption=TEST_KEYS)
+    keyed = reopen(clear, encryption=TEST_KEYS)
     yield keyed
     keyed.close()
     close_backend(clear)
@@ -238,7 +224,7 @@ def test_encrypt_seals_a_clear_session_in_place_and_a_second_run_skips_it(clear_
     assert store.sessions.encrypt("a") is False
     assert _contents(store, "a") == [f"{SECRET} {i}" for i in range(3)]
     assert any(SECRET in p for p in _payloads(store, "b"))  # one session per call
-    with _reopen(store) as keyless:
+    with reopen(store) as keyless:
         assert _contents(keyless, "b")[0] == f"{SECRET} 0"  # still clear
         with pytest.raises(turnkeeper.KeyUnavailableError):
             keyless.sessions.replay("a")
@@ -275,7 +261,7 @@ def test_encrypt_drops_the_clear_replay_snapshot(
         clear.sessions.replay("long")
         count = "SELECT count(*) AS n FROM replay_snapshots WHERE session_id = 'long'"
         assert clear.query(count).to_pylist()[0]["n"] >= 1
-        with _reopen(clear, encryption=TEST_KEYS) as store:
+        with reopen(clear, encryption=TEST_KEYS) as store:
             assert store.sessions.encrypt("long") is True
             assert store.query(count).to_pylist()[0]["n"] == 0
             assert len(_contents(store, "long")) == 300
@@ -299,11 +285,11 @@ def test_master_rotation_rewraps_every_data_key_and_the_check_without_touching_p
     check = store.query("SELECT check_key_id FROM store_encryption").to_pylist()
     assert check == [{"check_key_id": "k2"}]
     assert store.keys.rotate(lease) == turnkeeper.KeyRotationReport(0, 3, 0, False)
-    with _reopen(store, encryption=K2) as retired:  # k1 retired: everything still reads
+    with reopen(store, encryption=K2) as retired:  # k1 retired: everything still reads
         for sid in "abc":
             assert _contents(retired, sid) == [f"{SECRET} {i}" for i in range(3)]
     with pytest.raises(turnkeeper.KeyUnavailableError):
-        _reopen(store, encryption=K1)  # the check value is k2's now
+        reopen(store, encryption=K1)  # the check value is k2's now
 
 
 def test_control_without_the_check_rewrap_a_retired_key_store_cannot_open(
@@ -313,7 +299,7 @@ def test_control_without_the_check_rewrap_a_retired_key_store_cannot_open(
     lease = under_k1.leases.acquire(keys_module.ROTATION_TARGET, "rotator", ttl_s=60)
     under_k1.keys.rotate(lease)
     with pytest.raises(turnkeeper.KeyUnavailableError):
-        _reopen(under_k1, encryption=K2)
+        reopen(under_k1, encryption=K2)
 
 
 def test_a_rotation_stopped_between_batches_is_finished_by_the_next_run(
@@ -338,7 +324,7 @@ def test_a_rotation_stopped_between_batches_is_finished_by_the_next_run(
     report = store.keys.rotate(lease, batch_rows=1)
     assert (report.rewrapped, report.already_current, report.remaining) == (2, 1, 0)
     assert report.check_rewrapped is False  # the first run's first step
-    with _reopen(store, encryption=K2) as retired:
+    with reopen(store, encryption=K2) as retired:
         assert [_contents(retired, sid)[2] for sid in "abc"] == [f"{SECRET} 2"] * 3
 
 
@@ -385,14 +371,14 @@ def test_control_without_its_fence_a_released_lease_rotates(
 def test_master_rotation_refuses_typed_without_the_old_key(under_k1: Any) -> None:
     lease = under_k1.leases.acquire(keys_module.ROTATION_TARGET, "rotator", ttl_s=60)
     k3 = LocalKeyProvider.from_text(_key(3, "k3") + "\n" + _key(2, "k2"))
-    with _reopen(under_k1, encryption=BOTH) as s:
+    with reopen(under_k1, encryption=BOTH) as s:
         s.keys.rotate(lease, limit=0)  # the check value to k2 only
-    with _reopen(under_k1, encryption=k3) as s:
+    with reopen(under_k1, encryption=k3) as s:
         lease3 = s.leases.acquire("keys:other", "rotator", ttl_s=60)
         with pytest.raises(turnkeeper.KeyUnavailableError) as missing:
             s.keys.rotate(lease3)
     assert missing.value.key_id == "k1" and missing.value.session_id == "a"
-    with _reopen(under_k1) as keyless, pytest.raises(turnkeeper.KeyUnavailableError):
+    with reopen(under_k1) as keyless, pytest.raises(turnkeeper.KeyUnavailableError):
         keyless.keys.rotate(keyless.leases.acquire("keys:x", "r", ttl_s=60))
 
 
@@ -406,7 +392,7 @@ def test_a_key_prepared_for_another_version_is_not_used(enc: Any) -> None:
         "rotate", lambda tx: reseal_module.reseal(tx, "s", None, clear_only=False, prepared=stale)
     )
     assert made == 2
-    with _reopen(enc, encryption=TEST_KEYS) as other:
+    with reopen(enc, encryption=TEST_KEYS) as other:
         assert _contents(other, "s") == [f"{SECRET} 0"]
 
 
@@ -483,7 +469,7 @@ def _race_an_append_into_the_walk(
     rotator = threading.Thread(target=rotate)
     rotator.start()
     assert walked.wait(30)
-    with _reopen(store, encryption=TEST_KEYS) as writer:
+    with reopen(store, encryption=TEST_KEYS) as writer:
         writer.sessions.replay("s")  # its key cache holds version 1
 
         def append() -> None:
@@ -517,7 +503,7 @@ def test_an_append_racing_the_walk_is_never_left_under_the_old_version(
     try:
         _fill(store, ("s",), 1)
         _race_an_append_into_the_walk(store, monkeypatch, 1.0)
-        with _reopen(store, encryption=TEST_KEYS) as reader:
+        with reopen(store, encryption=TEST_KEYS) as reader:
             assert _contents(reader, "s") == [f"{SECRET} 0", SECRET]
         assert _versions(_payloads(store, "s")) == {2}
     finally:

@@ -17,13 +17,12 @@ import base64
 import hashlib
 import json
 import posixpath
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import TEST_KEYS, FakeClock, close_backend, forge, open_backend
+from conftest import TEST_KEYS, close_backend, forge, open_backend, reopen
 
 import turnkeeper
 from turnkeeper import (
@@ -47,17 +46,6 @@ BIG = SECRET * 8  # over the threshold: offloaded
 SMALL = b"inline: " + SECRET
 
 
-@pytest.fixture(params=["duckdb", "postgres"])
-def enc(
-    request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
-) -> Iterator[turnkeeper.BaseStore]:
-    """An encrypted store (``conftest.TEST_KEYS``) on each engine, in a file
-    (DuckDB) so another store object can open it."""
-    s = open_backend(f"{request.param}+enc", tmp_path, clock)
-    yield s
-    close_backend(s)
-
-
 @pytest.fixture(params=["database", "directory", "s3"])
 def blobs(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     """Where the blobs live: the store's table (``None``), a directory, S3."""
@@ -66,12 +54,6 @@ def blobs(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     if request.param == "s3":
         return request.getfixturevalue("s3_blobs")()
     return None
-
-
-def _reopen(store: Any, **kwargs: Any) -> Any:
-    """Another store object on the same database (its own key cache)."""
-    url = getattr(store.db, "url", None) or store.path
-    return turnkeeper.open_store(url, **kwargs)
 
 
 def _written(store: Any, blobs: Any, sid: str = "s") -> Any:
@@ -158,7 +140,7 @@ def test_records_and_blobs_are_stored_sealed_and_read_back_clear(enc, blobs):
     assert (w.append("turn", SMALL, "t1").seq, w.append("turn", BIG, "t2").seq) == (2, 3)
     assert w.append("turn", SMALL, "t1").duplicate
     # another store object (its own key cache) reads it too
-    other = _reopen(enc, encryption=TEST_KEYS)
+    other = reopen(enc, encryption=TEST_KEYS)
     try:
         assert [r.payload for r in other.ledger.with_blobs(blobs).replay("s")][1:3] == [SMALL, BIG]
     finally:
@@ -257,7 +239,7 @@ def test_a_flipped_or_moved_blob_is_an_authentication_error_naming_its_key(enc, 
 
 def test_a_store_opened_without_the_key_refuses_payloads_typed_and_serves_metadata(enc, blobs):
     _written(enc, blobs)
-    keyless = _reopen(enc)
+    keyless = reopen(enc)
     try:
         ledger = keyless.ledger.with_blobs(blobs, offload_threshold=THRESHOLD)
         with pytest.raises(KeyUnavailableError) as refused:
@@ -335,7 +317,7 @@ def test_audit_ledger_checks_on_a_sealed_store_with_and_without_the_key(enc):
     _written(enc, None)
     checks = {c.name: c for c in run_audit(enc, None)}
     assert checks["ledgers_verify"].passed and checks["ledgers_verify"].checked == 1
-    keyless = _reopen(enc)
+    keyless = reopen(enc)
     try:
         checks = {c.name: c for c in run_audit(keyless, None)}
         verify = checks["ledgers_verify"]
@@ -429,7 +411,7 @@ def test_a_blob_file_outside_the_database_still_opens_after_a_rotation(
     assert key_version(_raw_blob(enc, ledger, key)) == 1
     assert enc.sessions.rotate_key("s") == 2
     assert {key_version(bytes(r["payload"])) for r in _rows(enc)} == {2}
-    with _reopen(enc, encryption=TEST_KEYS) as fresh:
+    with reopen(enc, encryption=TEST_KEYS) as fresh:
         again = fresh.ledger.with_blobs(ledger.blobs, offload_threshold=THRESHOLD)
         if keep:
             got = [(r.seq, r.payload) for r in again.replay("s")]

@@ -161,7 +161,9 @@ def encrypt_command(
     """Seal an existing clear store in place: the store is marked encrypted,
     then each clear session gets a data key and its payloads sealed, one
     session per transaction under that session's lease (a session another
-    worker holds is skipped and named: run again later). Resumable: sealed
+    worker holds is skipped and named: run again later; so is one this
+    turnkeeper cannot seal: a ledger under several tenants, or with blobs
+    outside the database). Resumable: sealed
     sessions are skipped. Then the engine's free pages are reclaimed (DuckDB
     CHECKPOINT, PostgreSQL VACUUM); see the README ("Encryption at rest")
     for the copies that may still hold clear payloads and how to leave none.
@@ -192,6 +194,8 @@ def encrypt_command(
                             sealed.append(session_id)
                     except errors.SessionNotFoundError:
                         skipped[session_id] = "deleted meanwhile"
+                    except errors.NotSupportedError as refused:
+                        skipped[session_id] = f"not sealed: {refused.detail}"
                     finally:
                         store.leases.release(lease)
                 bar.update(task, completed=n)

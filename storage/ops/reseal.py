@@ -85,7 +85,10 @@ def reseal(
             session's current key, or a clear session holds a sealed value:
             nothing is re-sealed, the transaction rolls back.
         NotSupportedError: the session's ledger has records under more
-            than one tenant (their record ids, the sequences, collide).
+            than one tenant (their record ids, the sequences, collide); or,
+            sealing a clear session, its ledger has blobs outside the
+            database (an ``FsspecBlobs`` store the walk cannot reach: they
+            would stay clear in a sealed session). Nothing is written.
         Conflict: the session row moved under the walk (retried).
     """
     keys = tx.keys
@@ -102,6 +105,12 @@ def reseal(
             detail=f"session {session_id!r} has ledger records under {int(tenants[0])} tenants: "
             "their sequences share record ids, which the walk cannot tell apart; nothing "
             "was re-sealed"
+        )
+    if old is None and tx.one(_EXTERNAL_BLOBS, [session_id]) is not None:
+        raise errors.NotSupportedError(
+            detail=f"session {session_id!r} has ledger blobs outside the database (a blob "
+            "store of files or objects), which sealing a session cannot reach: nothing was "
+            "sealed; the session stays clear"
         )
     provider = _provider(keys, session_id)
     opener = None if old is None else keys.sealing(tx, session_id, old)[0]
@@ -140,7 +149,8 @@ _EXTERNAL_BLOBS = (
 """A ledger blob of the session kept outside the database (an fsspec blob
 store: a directory, S3), which the walk cannot reach: its file stays sealed
 under the old data key version, so that version's key row is kept (a delete
-of the session still removes every version: crypto-shredding holds)."""
+of the session still removes every version: crypto-shredding holds); a clear
+session with one is not sealed (its files would stay clear)."""
 
 
 def _lock_head(tx: Tx, session_id: str) -> tuple[Any, ...] | None:

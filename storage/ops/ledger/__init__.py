@@ -90,7 +90,13 @@ __all__ = [
 def _append_alone(request: LedgerAppend, tx: Tx) -> list[AppendResult]:
     """``journal.append`` of ``request`` in ``tx``, and its catalog update."""
     results = journal.append(
-        tx, request.tenant, request.session_id, request.lease, request.entries, request.logical
+        tx,
+        request.tenant,
+        request.session_id,
+        request.lease,
+        request.entries,
+        request.logical,
+        request.blob_versions,
     )
     group_ops.catalog_in_tx(tx, [(request, results)])
     return results
@@ -307,14 +313,24 @@ class Ledger(Area):
         after offloading each payload over the threshold (its blob first, then
         its pointer in the transaction: a failed append leaves an orphan blob,
         which GC reclaims; a blob GC condemned is written again under its next
-        generation, ``condemn.write_offloaded``), then the catalog's
+        generation, one sealed under a key version a rotation or an encrypt
+        replaced meanwhile is put again, ``condemn.write_offloaded``,
+        ``sealing.current_blobs``), then the catalog's
         best-effort update with the records it wrote (their logical kinds and
         payloads, not the pointers)."""
         sid = writer.session_id
         made: list[LedgerAppend] = []
+        versions: dict[str, int | None] = {}  # each blob put: the key version it is sealed under
+
+        def seal(key: str, blob: bytes) -> bytes:
+            stored = sealing.seal_blob(self.db, sid, key, blob)
+            versions[key] = sealing.stored_version(stored)
+            return stored
 
         def append(stored: list[LedgerEntry]) -> list[AppendResult]:
-            request = LedgerAppend(self.tenant, sid, writer.lease, stored, self.catalog, entries)
+            request = LedgerAppend(
+                self.tenant, sid, writer.lease, stored, self.catalog, entries, [False], versions
+            )
             made[:] = [request]
             return self._append(request)
 
@@ -322,13 +338,7 @@ class Ledger(Area):
             entries,
             self.offload_threshold,
             lambda e, gen: blob_ops.offload(
-                self.blobs,
-                self.tenant,
-                sid,
-                e,
-                self.max_body_bytes,
-                gen,
-                partial(sealing.seal_blob, self.db, sid),
+                self.blobs, self.tenant, sid, e, self.max_body_bytes, gen, seal
             ),
             append,
         )

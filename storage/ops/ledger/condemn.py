@@ -95,7 +95,24 @@ MAX_GENERATIONS = 16
 """The most generations of one record's blob a writer tries (each one
 condemned by a GC pass) before it raises ``BlobCondemnedError``."""
 
+MAX_RESEALS = 8
+"""The most times a writer puts one blob again because the session's data key
+moved between its put and its append (:class:`StaleBlob`)."""
+
 TABLE = "ledger_blob_condemned"
+
+
+class StaleBlob(Exception):
+    """A new pointer's blob, kept outside the database, was sealed under
+    another data key version than the one its append seals under (a
+    ``sessions.rotate_key`` or ``sessions.encrypt`` committed between the
+    put and the append): the writer puts it again and appends again
+    (:func:`write_offloaded`; ``sealing.current_blobs`` raises it)."""
+
+    def __init__(self, session_id: str, key: str) -> None:
+        super().__init__(f"blob {key!r} of session {session_id!r} was sealed under a stale key")
+        self.session_id = session_id
+        self.key = key
 
 
 def pointer_key(payload: bytes) -> str:
@@ -213,9 +230,16 @@ def write_offloaded(
     redelivery is recognised in the append itself (:func:`same_record`),
     whichever generation or side of the threshold the original took.
 
+    On :class:`StaleBlob` (a blob kept outside the database sealed under a
+    key version a rotation or an encrypt of the session replaced before the
+    append) that entry's blob is put again, sealed under the version then
+    current, and the append runs again.
+
     Raises:
         BlobCondemnedError: an entry's :data:`MAX_GENERATIONS` generations are
             all condemned.
+        TransactionConflictError: the session's key moved under
+            :data:`MAX_RESEALS` puts in a row.
         LedgerIdempotencyConflictError: the stored record is other content.
         whatever ``offload`` and ``append`` raise.
     """
@@ -230,10 +254,24 @@ def write_offloaded(
             made[(i, gens[i])] = offload(entry, gens[i])
         return made[(i, gens[i])]
 
+    stale = 0
     while True:
         batch = [stored(i) for i in range(len(entries))]
         try:
             return append(batch)
+        except StaleBlob as refused:
+            stale += 1
+            hit = [i for i, e in enumerate(batch) if e.kind == BLOB_POINTER_KIND
+                   and pointer_key(e.payload) == refused.key]  # fmt: skip
+            if not hit or stale >= MAX_RESEALS:
+                raise errors.TransactionConflictError(
+                    "ledger_append",
+                    stale,
+                    detail=f"the data key of session {refused.session_id!r} moved "
+                    f"{stale} times while blob {refused.key!r} was put",
+                ) from refused
+            for i in hit:
+                made.pop((i, gens[i]), None)  # put again, sealed under the current version
         except errors.BlobCondemnedError as refused:
             hit = [i for i, e in enumerate(batch) if e.kind == BLOB_POINTER_KIND
                    and pointer_key(e.payload) == refused.key]  # fmt: skip

@@ -39,7 +39,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,7 +72,9 @@ class LedgerAppend:
     ``logical`` are the entries as given (an offloaded payload's bytes, not
     its pointer), and ``catalogued[0]`` says, once the append returned,
     whether the committed transaction did (else the caller updates the
-    entry after it)."""
+    entry after it). ``blob_versions``: the data key version each blob
+    of its pointers was sealed under when it was put (``None``: clear;
+    ``sealing.current_blobs``)."""
 
     tenant: str
     session_id: str
@@ -81,6 +83,7 @@ class LedgerAppend:
     catalog: Catalog | None = None
     logical: Sequence[LedgerEntry] = ()
     catalogued: list[bool] = field(default_factory=lambda: [False])
+    blob_versions: Mapping[str, int | None] = field(default_factory=dict)
 
 
 def catalog_in_tx(tx: Tx, done: list[tuple[LedgerAppend, list[AppendResult]]]) -> None:
@@ -237,8 +240,9 @@ def _round(tx: Tx, requests: list[LedgerAppend]) -> list[Any]:
             out[i] = refused
             continue
         try:
+            sealing.current_blobs(tx, r.session_id, new, r.logical or r.entries, r.blob_versions)
             seal = sealing.sealer(tx, r.session_id)
-        except errors.KeyUnavailableError as refused:
+        except (errors.KeyUnavailableError, condemn.StaleBlob) as refused:
             out[i] = refused
             continue
         out[i] = results

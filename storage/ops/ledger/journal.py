@@ -31,7 +31,7 @@ refused all the same.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from turnkeeper.machines import machine_for
 from turnkeeper.spec import errors
@@ -203,9 +203,12 @@ def append(
     lease: Lease,
     entries: Sequence[LedgerEntry],
     logical: Sequence[LedgerEntry] = (),
+    blob_versions: Mapping[str, int | None] | None = None,
 ) -> list[AppendResult]:
     """Append ``entries`` (as stored: an offloaded payload already its
-    pointer; ``logical`` the same entries as given, default ``entries``) in
+    pointer; ``logical`` the same entries as given, default ``entries``;
+    ``blob_versions`` the key version each pointer's blob was sealed
+    under, ``sealing.current_blobs``) in
     order under ``lease`` (edge ``append``): the lease fence, then the
     ledger's (:func:`check_epoch`), judged with the tip's row locked; an
     entry whose idempotency id is already in the ledger (or earlier in
@@ -217,6 +220,8 @@ def append(
         LedgerIdempotencyConflictError: an id already names other content.
         BlobCondemnedError: a new pointer names a blob GC condemned
             (``condemn.check_append``).
+        condemn.StaleBlob: a new pointer's blob outside the database was sealed
+            under a stale key version (``sealing.current_blobs``).
         SessionNotFoundError: the ledger is gone with its session (deleted).
     """
     now = leases.fence(tx, lease)
@@ -239,6 +244,7 @@ def append(
     }
     results, new = sequence(session_id, tip, entries, known, logical)
     condemn.check_append(tx, session_id, new)
+    sealing.current_blobs(tx, session_id, new, logical or entries, blob_versions or {})
     if new:
         _insert(tx, tenant, session_id, lease.epoch, now, new)
         _move_tip(tx, tenant, session_id, tip, new[-1][0], ledger_epoch)

@@ -46,12 +46,16 @@ its blob files do not open even before the sweep deletes them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from turnkeeper.spec import errors
+from turnkeeper.spec.ledger import BLOB_POINTER_KIND, LedgerEntry
 
 from ...backend import Backend, Tx
+from ...crypto import seal
+from ...crypto.seal import DataKey
+from . import blobs, condemn
 
 PAYLOAD = "payload"
 """The field name a record's payload is sealed under (``ledger_records.payload``)."""
@@ -72,17 +76,36 @@ def _clear(seq: int, payload: bytes) -> bytes:
     return payload
 
 
-def sealer(tx: Tx, session_id: str) -> Sealer:
-    """What seals ``session_id``'s record payloads written in ``tx``: under
-    the session's data key (its ``key_version`` read in ``tx``), or as they
-    are for a clear session.
+def session_key(tx: Tx, session_id: str) -> tuple[DataKey | None, int | None]:
+    """The data key and version a ledger write of ``session_id`` in ``tx``
+    seals under (``Keyring.sealing``), its ``key_version`` read in ``tx``
+    whatever this store object took the store for: a ledger write does not
+    compare-and-set the session row, so a store object opened before the
+    store was marked encrypted (which takes every session for clear) must
+    still see that this one is sealed. ``(None, None)``: a clear session.
 
     Raises:
         KeyUnavailableError: the session is sealed and this store object has
             no key for it (opened without ``encryption=``, or its key row is
             gone); nothing is written.
     """
-    key, _ = tx.keys.sealing(tx, session_id)
+    row = tx.one(_VERSION, [session_id])
+    version = None if row is None or row[0] is None else int(row[0])
+    return tx.keys.sealing(tx, session_id, version)
+
+
+_VERSION = "SELECT key_version FROM sessions WHERE id = ?"
+
+
+def sealer(tx: Tx, session_id: str) -> Sealer:
+    """What seals ``session_id``'s record payloads written in ``tx``: under
+    the session's data key (:func:`session_key`), or as they are for a clear
+    session.
+
+    Raises:
+        KeyUnavailableError: as :func:`session_key`; nothing is written.
+    """
+    key, _ = session_key(tx, session_id)
     if key is None:
         return _clear
     return lambda seq, payload: key.seal(record_id(seq), PAYLOAD, payload)
@@ -119,16 +142,88 @@ def open_rows(tx: Tx, session_id: str, rows: Sequence[Sequence[Any]]) -> list[tu
 
 def seal_blob(db: Backend, session_id: str, key: str, blob: bytes) -> bytes:
     """``blob`` (a clear envelope) as stored under ``key``: sealed under the
-    session's data key (read in a read transaction of its own, before the
-    put), or as it is for a clear session or a clear store.
+    session's data key (:func:`session_key`, read in a read transaction of
+    its own, before the put), or as it is for a clear session. The version
+    may move before the pointer's append: that append checks it
+    (:func:`current_blobs`).
 
     Raises:
-        KeyUnavailableError: as :func:`sealer`; nothing is written.
+        KeyUnavailableError: as :func:`session_key`; nothing is written.
     """
-    if not db.keyring.encrypted:
-        return blob
-    key_now = db.read("ledger_blob_key", lambda tx: tx.keys.sealing(tx, session_id)[0])
+    key_now = db.read("ledger_blob_key", lambda tx: session_key(tx, session_id)[0])
     return blob if key_now is None else key_now.seal(key, DATA, blob)
+
+
+def stored_version(stored: bytes) -> int | None:
+    """The data key version a stored blob (or its first 8 bytes) is sealed
+    under; ``None``: clear (a clear envelope starts with its own magic line,
+    never with ``seal.MAGIC``)."""
+    if len(stored) < _HEAD or not seal.is_sealed(stored):
+        return None
+    return int.from_bytes(stored[len(seal.MAGIC) : _HEAD], "big")
+
+
+_HEAD = len(seal.MAGIC) + 4
+"""Bytes of a stored blob that name its key version (``seal.MAGIC`` and the version)."""
+
+
+def current_blobs(
+    tx: Tx,
+    session_id: str,
+    new: Sequence[tuple[int, LedgerEntry]],
+    logical: Sequence[LedgerEntry],
+    written: Mapping[str, int | None],
+) -> None:
+    """An append's blob check, in its transaction (after its fences): every
+    blob a new pointer names is sealed under the data key version the
+    append seals its records under (:func:`session_key`), or clear in a
+    clear session. A blob is sealed before its pointer's append, in a
+    transaction of its own (:func:`seal_blob`); a key rotation or an
+    encrypt of the session committed in between leaves it under a version
+    whose key row is gone, or clear in a sealed session (attack finding on
+    issue 23). A blob in the database's ``ledger_blobs`` is read here (the
+    stored one: a put of a key already there writes nothing) and one under
+    another version is sealed again in place, from the entry's envelope
+    (``logical``: the entries as given); no committed pointer names such a
+    blob (this check ran before each one, and a rotation re-seals every
+    blob row of the session), so nothing else reads it. A blob kept outside
+    the database is judged by the version its writer sealed it under
+    (``written``: blob key to version, ``None`` clear).
+
+    Raises:
+        condemn.StaleBlob: a blob outside the database sealed under another version
+            (nothing is written; the writer puts it again).
+        KeyUnavailableError: as :func:`session_key`.
+    """
+    pointers = {condemn.pointer_key(e.payload): e for _, e in new if e.kind == BLOB_POINTER_KIND}
+    if not pointers:
+        return
+    key, version = session_key(tx, session_id)
+    head = tx.dialect.bytes_head("data")
+    stored = {
+        str(r[0]): stored_version(bytes(r[1]))
+        for r in tx.rows(
+            f"SELECT key, {head} FROM ledger_blobs WHERE key = ANY(?::VARCHAR[])",
+            [_HEAD, sorted(pointers)],
+        )
+    }
+    by_id = {e.idempotency_id: e for e in logical}
+    for blob_key, pointer in pointers.items():
+        if blob_key not in stored:
+            if written.get(blob_key, version) != version:
+                raise condemn.StaleBlob(session_id, blob_key)
+            continue
+        if stored[blob_key] == version or key is None:
+            continue
+        entry = by_id[pointer.idempotency_id]
+        gen = condemn.generation_of(entry, BLOB_POINTER_KIND, blob_key)
+        if gen is None:  # not this entry's blob: its digest fence refuses it at replay
+            continue
+        sealed = key.seal(blob_key, DATA, blobs.envelope(entry, gen))
+        tx.exec(
+            "UPDATE ledger_blobs SET data = ?, size = ? WHERE key = ?",
+            [sealed, len(sealed), blob_key],
+        )
 
 
 def open_blob(db: Backend, session_id: str, key: str, stored: bytes) -> bytes:
