@@ -263,7 +263,7 @@ def test_audit_reports_a_damaged_ciphertext_and_checks_the_rest(tmp_path: Path, 
     if keyed_audit:
         assert result.exit_code == 1, result.output
         assert checks["payloads_open"]["violations"] == 1
-        assert f"a/{row['id']}" in checks["payloads_open"]["detail"]
+        assert f"a/entries.payload/{row['id']}" in checks["payloads_open"]["detail"]
         assert [n for n, c in checks.items() if not c["passed"]] == ["payloads_open"]
     else:
         assert result.exit_code == 0, result.output

@@ -23,6 +23,7 @@ from turnkeeper.spec.records import Entry
 
 from .backend import Backend, QueryFn, Tx
 from .codec import check_text, from_json
+from .crypto.columns import SealedColumn
 from .crypto.keyring import Keyring
 from .crypto.keys import KeyProvider
 from .crypto.seal import TEXT_PREFIX
@@ -65,16 +66,24 @@ def _params(params: Sequence[Any] | None) -> list[Any]:
 
 @dataclass(frozen=True)
 class Unopened:
-    """An entry whose sealed payload could not be opened
-    (:meth:`Snapshot.opened_entries`): ``error`` is the
+    """A sealed value that could not be opened (:meth:`Snapshot.opened_entries`,
+    :meth:`Snapshot.unopened_values`): of session ``session_id``, record
+    ``entry_id`` (an entry's id, or the record id the value is sealed for) of
+    ``column`` (``table.column``); ``error`` is the
     ``PayloadAuthenticationError`` or ``KeyUnavailableError`` a read raises;
     ``keyless`` when the store was opened without a key provider (the
-    payload was not tried: nothing is known to be wrong with it)."""
+    value was not tried: nothing is known to be wrong with it)."""
 
     session_id: str
     entry_id: str
     error: errors.EncryptionError
     keyless: bool
+    column: str = "entries.payload"
+
+
+ValuesOpener = Callable[[SealedColumn, list[Sequence[Any]]], list[Unopened]]
+"""Opens ``(session id, record id, stored value)`` rows of a sealed column,
+returning those that did not open."""
 
 
 class Snapshot:
@@ -86,10 +95,12 @@ class Snapshot:
         run: QueryFn,
         entries: Callable[[list[Sequence[Any]]], list[Entry]],
         opened: Callable[[list[Sequence[Any]]], tuple[list[Entry], list[Unopened]]],
+        values: ValuesOpener | None = None,
     ) -> None:
         self._run = run
         self._entries = entries
         self._opened = opened
+        self._values = values
         self._thread = threading.get_ident()
         self.open = True
 
@@ -110,6 +121,14 @@ class Snapshot:
         payloads opened, and one :class:`Unopened` per row whose payload did
         not (an audit reports them and goes on)."""
         return self._opened(rows)
+
+    def unopened_values(self, column: SealedColumn, rows: list[Sequence[Any]]) -> list[Unopened]:
+        """Which of ``rows`` (``(session id, record id as text, stored value)``
+        of the sealed column ``column``, read by :meth:`query`) do not open
+        under their session's data key (read outside the snapshot): one per
+        such row; a clear value in a sealed session is one (``Keyring.open_bytes``
+        / ``open_text``). A clear store object opens every value as it is."""
+        return [] if self._values is None else self._values(column, rows)
 
     def query(self, sql: str, params: Sequence[Any] | None = None) -> Any:
         """As :meth:`BaseStore.query` (same checks, same errors), in the snapshot.
@@ -522,8 +541,28 @@ class BaseStore:
 
             return self.db.read("open_entries", each)
 
+        def values(column: SealedColumn, rows: list[Sequence[Any]]) -> list[Unopened]:
+            if not self.db.keyring.encrypted:
+                return []
+            keyless = self.db.keyring.provider is None
+            where = f"{column.table}.{column.column}"
+
+            def each(tx: Tx) -> list[Unopened]:
+                bad: list[Unopened] = []
+                for sid, rid, stored in rows:
+                    try:
+                        if column.binary:
+                            tx.keys.open_bytes(tx, sid, rid, column.field, bytes(stored))
+                        else:
+                            tx.keys.open_text(tx, sid, rid, column.field, str(stored))
+                    except (errors.PayloadAuthenticationError, errors.KeyUnavailableError) as e:
+                        bad.append(Unopened(str(sid), str(rid), e, keyless, where))
+                return bad
+
+            return self.db.read("open_values", each)
+
         def run(query: QueryFn) -> T:
-            snap = Snapshot(query, entries, opened)
+            snap = Snapshot(query, entries, opened, values)
             try:
                 return body(snap)
             finally:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from turnkeeper.spec.records import Entry
 from turnkeeper.spec.run import TERMINAL
+from turnkeeper.storage.crypto.columns import SEALED
 from turnkeeper.storage.ops.entry_rows import ENTRY_SELECT
 from turnkeeper.storage.pairing import calls_of, tree_faults, unanswered_calls
 from turnkeeper.storage.replay import context_message, path_to
@@ -134,20 +135,65 @@ def _trees(store: Snapshot, scope: Scope) -> tuple[dict[str, dict[str, Entry]], 
         out.setdefault(entry.session_id, {})[entry.id] = entry
     for u in unopened:
         out.pop(u.session_id, None)
-    return out, check_payloads_open(len(found), unopened)
+    checked, other = _sealed_values(store, scope)
+    return out, check_payloads_open(len(found) + checked, [*unopened, *other])
+
+
+_NOT_WALKED = {("entries", "payload"), ("replay_snapshots", "body")}
+"""Sealed columns :func:`_sealed_values` leaves out: the entries (opened with
+the trees) and the replay snapshots (a cache: one that fails its checks is
+dropped and rebuilt from the entries at the next replay)."""
+
+
+def _sealed_values(store: Snapshot, scope: Scope) -> tuple[int, list[Unopened]]:
+    """Every other sealed column's values of the in-scope sessions
+    (``crypto/columns.py``), each opened: how many, and those that did not
+    open. A ledger blob is read one at a time (up to 64 MiB each)."""
+    checked = 0
+    unopened: list[Unopened] = []
+    for column in SEALED:
+        if (column.table, column.column) in _NOT_WALKED:
+            continue
+        t, c, sid = column.table, column.column, column.session
+        record = f"CAST({column.record} AS VARCHAR)"
+        where = f"{scope.sessions_in(sid)} AND {c} IS NOT NULL"
+        if column.table != "ledger_blobs":
+            found = query_rows(
+                store,
+                f"WITH {scope.cte()} SELECT {sid} AS s, {record} AS r, {c} AS v FROM {t} "
+                f"WHERE {where}",
+                scope.params(),
+            )
+            rows = [[row["s"], row["r"], row["v"]] for row in found]
+            checked += len(rows)
+            unopened += store.unopened_values(column, rows)
+            continue
+        keys = query_rows(
+            store,
+            f"WITH {scope.cte()} SELECT {sid} AS s, {record} AS r FROM {t} WHERE {where}",
+            scope.params(),
+        )
+        for key in keys:
+            blob = query_rows(store, f"SELECT {c} AS v FROM {t} WHERE key = ?", [key["r"]])
+            checked += 1
+            unopened += store.unopened_values(column, [[key["s"], key["r"], blob[0]["v"]]])
+    return checked, unopened
 
 
 def check_payloads_open(checked: int, unopened: Sequence[Unopened]) -> Check:
-    """Every sealed payload opens under its session's data key (encryption at
-    rest): one that fails authentication (a flipped byte, a value moved from
-    another row) or whose key is gone is a violation. A store opened
+    """Every sealed value opens under its session's data key (encryption at
+    rest): the entries' payloads and every other sealed column
+    (``crypto/columns.py``: tool results, run requests and events, the
+    ledger's records and blobs …); one that fails authentication (a flipped
+    byte, a value moved from another row, a clear value in a sealed
+    session) or whose key is gone is a violation. A store opened
     without its key opens none; that is said, not counted, and the sessions'
     tree checks below skip them."""
     bad = [u for u in unopened if not u.keyless]
     skipped = sorted({u.session_id for u in unopened if u.keyless})
     detail = ""
     if bad:
-        detail = sample(sorted(f"{u.session_id}/{u.entry_id}: {u.error}" for u in bad))
+        detail = sample(sorted(f"{u.session_id}/{u.column}/{u.entry_id}: {u.error}" for u in bad))
     elif skipped:
         detail = (
             f"the payloads of {len(skipped)} session(s) are sealed and the store was opened "
@@ -156,7 +202,7 @@ def check_payloads_open(checked: int, unopened: Sequence[Unopened]) -> Check:
         )
     return Check(
         "payloads_open",
-        "every sealed payload opens under its session's data key",
+        "every sealed value opens under its session's data key",
         len(bad),
         checked - sum(1 for u in unopened if u.keyless),
         detail,

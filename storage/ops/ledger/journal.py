@@ -9,9 +9,12 @@ compare-and-set; an append of n records is
 the lease fence, the tip's locked read, one read of the ids already in the
 ledger and of a record past the tip, one multi-row insert and the tip's
 compare-and-set, whatever n is, plus one read of GC's condemned blobs when
-it writes blob pointers (``condemn.check_append``), plus one read of the
-session's data key version in an encrypted store (``sealing.sealer``: the
-key itself is cached); the transaction then
+it writes blob pointers (``condemn.check_append``) and, then, one read of
+their stored blobs' heads and of the session's key version
+(``sealing.current_blobs``), plus one read of the session's data key
+version (``sealing.sealer``, in a clear store object too: a ledger write
+compares no session row, and the session may have been sealed since this
+object took the store for clear; the key itself is cached); the transaction then
 updates the session's catalog entry (a read and a compare-and-set:
 ``catalog_group``; records all of kinds the catalog does not fold, one
 compare-and-set of the entry's cursor).
