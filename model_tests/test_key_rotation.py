@@ -23,6 +23,7 @@ from conftest import TEST_KEYS, FakeClock, close_backend, open_backend, reopen
 import turnkeeper
 from turnkeeper import EntryKind, LocalKeyProvider
 from turnkeeper.spec.records import ANY_LEAF
+from turnkeeper.storage.crypto import keyring as keyring_module
 from turnkeeper.storage.crypto.columns import SealedColumn
 from turnkeeper.storage.crypto.seal import DataKey, key_version, text_bytes, wrap_context
 from turnkeeper.storage.ops import keys as keys_module
@@ -300,6 +301,48 @@ def test_control_without_the_check_rewrap_a_retired_key_store_cannot_open(
     under_k1.keys.rotate(lease)
     with pytest.raises(turnkeeper.KeyUnavailableError):
         reopen(under_k1, encryption=K2)
+
+
+@pytest.mark.parametrize("checked", [True, False], ids=["checked", "control"])
+def test_a_process_left_on_the_old_key_text_is_refused_new_keys_after_a_master_rotation(
+    under_k1: Any, monkeypatch: pytest.MonkeyPatch, checked: bool
+) -> None:
+    """Attack finding (issue 23, part 2): a worker opened with ``k1`` alone
+    before ``keys rotate`` moved the store to ``k2`` would wrap the data keys
+    of sessions it creates or rotates under ``k1``, which the operator then
+    retires. Its new keys are stored on the condition that the check value
+    is still the one it verified (``keyring.CHECK_UNMOVED``): it is refused
+    (KeyUnavailableError naming ``k2``, nothing written), while a process
+    given the new key text (``k2`` and ``k1``, the rollout's) goes on, and
+    the stale one's appends to sessions whose keys it holds still land (the
+    data keys did not change). Control: without the condition its session
+    is created under ``k1`` and does not open once ``k1`` is retired."""
+    if not checked:
+        monkeypatch.setattr(keyring_module, "CHECK_UNMOVED", "(CAST(? AS VARCHAR) IS NULL OR TRUE)")
+    with reopen(under_k1, encryption=K1) as stale:
+        assert _contents(stale, "a")  # opened (and verified k1's check) before the rotation
+        lease = under_k1.leases.acquire(keys_module.ROTATION_TARGET, "rotator", ttl_s=60)
+        under_k1.keys.rotate(lease)
+        if checked:
+            with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
+                stale.sessions.create("late")
+            assert refused.value.key_id == "k2" and "keys rotate" in str(refused.value)
+            with pytest.raises(turnkeeper.KeyUnavailableError):
+                stale.sessions.rotate_key("a")
+            assert under_k1.query("SELECT id FROM sessions WHERE id = 'late'").to_pylist() == []
+            stale.sessions.append("a", EntryKind.MESSAGE, MSG)
+        else:
+            stale.sessions.create("late")
+            stale.sessions.append("late", EntryKind.MESSAGE, MSG)
+    under_k1.sessions.create("fresh")  # the rollout's provider (k2 current, k1 old) goes on
+    under_k1.sessions.append("fresh", EntryKind.MESSAGE, MSG)
+    with reopen(under_k1, encryption=K2) as retired:  # k1 retired
+        assert _contents(retired, "fresh") == [SECRET]
+        if checked:
+            assert _contents(retired, "a")[-1] == SECRET
+        else:
+            with pytest.raises(turnkeeper.KeyUnavailableError):
+                _contents(retired, "late")
 
 
 def test_a_rotation_stopped_between_batches_is_finished_by_the_next_run(

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from turnkeeper.spec import errors
 
+from ..backend import STORE_NOW, Conflict
 from ..codec import check_id, from_json
 from .keys import KEY_BYTES, KeyProvider
 from .seal import DataKey, is_sealed, is_sealed_text, key_version, text_bytes, wrap_context
@@ -59,6 +60,13 @@ recently used evicted)."""
 _AT = "SELECT key_id, wrapped FROM session_keys WHERE session_id = ? AND version = ?"
 _VERSION = "SELECT key_version FROM sessions WHERE id = ?"
 _MARKER = "SELECT * FROM store_encryption WHERE id = 1"
+
+CHECK_UNMOVED = (
+    "NOT EXISTS (SELECT 1 FROM store_encryption WHERE id = 1 AND check_key_id <> ?)"
+)
+"""The condition a new data key is stored on (:meth:`Keyring.store_key`): the
+store's check value is wrapped by the master key this object verified (its
+parameter; ``NULL``: none verified, no condition)."""
 
 UNREAD = -1
 """A session's key version its writer has not read (``Keyring.sealing``
@@ -115,6 +123,9 @@ class Keyring:
         store at an older version sets it ``False``: nothing is read)."""
         self._max = cache_sessions
         self._lock = threading.Lock()
+        # The master key id of the store's check value this object verified
+        # (``None``: none read, a marker written before schema 34).
+        self._check_id: str | None = None
         # session id -> {version: DataKey}; an empty dict: the session holds no key.
         self._cache: OrderedDict[str, dict[int, DataKey]] = OrderedDict()
         # session id -> (key id, wrapped key, key) made before the creating transaction.
@@ -145,6 +156,7 @@ class Keyring:
                     "check_wrapped) VALUES (1, ?, now(), ?, ?) ON CONFLICT (id) DO NOTHING",
                     [key_id, key_id, wrapped],
                 )
+                self._check_id = key_id
             return
         self.encrypted = True
         if provider is None or len(found) < 5:  # (a schema before version 34: no check)
@@ -157,23 +169,73 @@ class Keyring:
                     "WHERE id = 1 AND check_wrapped IS NULL",
                     [provider.key_id, provider.wrap(CHECK_PLAIN, CHECK_CONTEXT)],
                 )
+                self._check_id = provider.key_id
             return
+        self._verify_check(provider, "", str(check_key_id), bytes(check_wrapped))
+
+    def _verify_check(
+        self, provider: KeyProvider, session_id: str, check_key_id: str, check_wrapped: bytes
+    ) -> None:
+        """The provider unwraps the marker's check value (wrapped by master
+        key ``check_key_id``) to :data:`CHECK_PLAIN`; that key id is then
+        the one this object's new data keys are stored against
+        (:meth:`store_key`).
+
+        Raises:
+            KeyUnavailableError: (``session_id``, ``key_id`` the check's) it
+                cannot: it does not hold that master key, or holds another
+                key under its id.
+        """
         try:
-            plain = provider.unwrap(bytes(check_wrapped), str(check_key_id), CHECK_CONTEXT)
+            plain = provider.unwrap(check_wrapped, check_key_id, CHECK_CONTEXT)
         except errors.KeyUnwrapError as exc:
             raise errors.KeyUnavailableError(
-                "",
-                str(check_key_id),
+                session_id,
+                check_key_id,
                 detail="the key provider cannot open the store's check value: it does not "
-                f"hold the master key {check_key_id!r} this store was encrypted with, or "
-                f"holds another key under that id ({exc.detail or exc})",
+                f"hold the master key {check_key_id!r} the store's keys are wrapped with "
+                "(rotated by `turnkeeper keys rotate` since this store object opened? "
+                "restart it with the new key text), or holds another key under that id "
+                f"({exc.detail or exc}); nothing was written",
             ) from exc
         if plain != CHECK_PLAIN:
             raise errors.KeyUnavailableError(
-                "",
-                str(check_key_id),
+                session_id,
+                check_key_id,
                 detail="the key provider's unwrap of the check value gave other bytes",
             )
+        self._check_id = check_key_id
+
+    def store_key(self, tx: Tx, session_id: str, version: int, key_id: str, wrapped: bytes) -> None:
+        """Insert data key ``version`` of ``session_id`` (wrapped by master key
+        ``key_id``) in ``tx``, on the condition that the store's check value
+        is still wrapped by the master key this object verified at open (one
+        statement). After ``turnkeeper keys rotate`` moved it, the marker is
+        read again and the provider must open the new check value: a process
+        still running with the old key text only would otherwise wrap new
+        data keys under a master key the operator is about to retire (attack
+        finding on issue 23, part 2); one given the new key text (and the
+        old, during a rollout) goes on.
+
+        Raises:
+            KeyUnavailableError: (``key_id`` the store's current one) this
+                object's provider does not hold the store's current master
+                key; nothing is written.
+            Conflict: the marker moved again meanwhile (the transaction retries).
+        """
+        sql = (
+            "INSERT INTO session_keys (session_id, version, key_id, wrapped, created_at) "
+            f"SELECT ?, ?, ?, ?, {STORE_NOW} WHERE {CHECK_UNMOVED}"
+        )
+        params = [session_id, version, key_id, wrapped, tx.now]
+        if tx.count(sql, [*params, self._check_id]) == 1:
+            return
+        found = tx.one(_MARKER)
+        if found is None or len(found) < 5 or found[4] is None or self.provider is None:
+            raise Conflict("the store's marker moved while a data key was stored")
+        self._verify_check(self.provider, session_id, str(found[3]), bytes(found[4]))
+        if tx.count(sql, [*params, self._check_id]) != 1:
+            raise Conflict("the store's check value moved while a data key was stored")
 
     # -- writes -----------------------------------------------------------------
 
@@ -220,11 +282,7 @@ class Keyring:
             key = DataKey.new(session_id, 1)
             wrapped = self.provider.wrap(key.key, wrap_context(session_id, 1))
             prepared = (self.provider.key_id, wrapped, key)
-        tx.exec(
-            "INSERT INTO session_keys (session_id, version, key_id, wrapped, created_at) "
-            "VALUES (?, 1, ?, ?, coalesce(?::TIMESTAMPTZ, now()))",
-            [session_id, prepared[0], prepared[1], tx.now],
-        )
+        self.store_key(tx, session_id, 1, prepared[0], prepared[1])
         tx.exec("UPDATE sessions SET key_version = 1 WHERE id = ?", [session_id])
         # Not cached: the transaction may yet roll back (a retry makes another key).
         tx.made_keys[(session_id, 1)] = prepared[2]

@@ -32,7 +32,7 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.lease import session_target
 from turnkeeper.spec.records import Lease
 
-from ..backend import STORE_NOW, Conflict, Tx, keyed
+from ..backend import Conflict, Tx, keyed
 from ..crypto.columns import SEALED, SealedColumn
 from ..crypto.keyring import Keyring
 from ..crypto.keys import KeyProvider
@@ -118,11 +118,7 @@ def reseal(
     if prepared is None or prepared[0].version != version:
         prepared = prepare(provider, session_id, version)
     key, key_id, wrapped = prepared
-    tx.exec(
-        "INSERT INTO session_keys (session_id, version, key_id, wrapped, created_at) "
-        f"VALUES (?, ?, ?, ?, {STORE_NOW})",
-        [session_id, version, key_id, wrapped, tx.now],
-    )
+    keys.store_key(tx, session_id, version, key_id, wrapped)
     tx.made_keys[(session_id, version)] = key
     for column in SEALED:
         _reseal_column(tx, column, session_id, opener, key)
