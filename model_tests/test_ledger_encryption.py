@@ -362,6 +362,24 @@ def test_cli_ledger_verify_reports_a_sealed_records_damage(tmp_path, clock):
     assert "KeyUnavailableError" in keyless.output
 
 
+def test_cli_ledger_verify_reports_a_session_whose_key_row_is_gone_as_damage(tmp_path, clock):
+    """A sealed ledger whose data key row was removed (a shredded version,
+    a row lost) does not open: with the key, that is damage (exit 1, the
+    session named), as a flipped byte is; without it, a refusal (exit 2)."""
+    store = open_backend("duckdb+enc", tmp_path, clock)
+    _written(store, None)
+    forge(store, "DELETE FROM session_keys WHERE session_id = 's'", rows=1)
+    path = str(store.path)
+    close_backend(store)
+    key_file = tmp_path / "master.key"
+    key_file.write_text("test-master:" + base64.b64encode(bytes(range(32))).decode() + "\n")
+    out = CliRunner().invoke(
+        cli, ["--key-file", str(key_file), "ledger", "verify", "--db", path, "s"]
+    )
+    assert out.exit_code == 1, out.output
+    assert "DAMAGED s: KeyUnavailableError" in out.output
+
+
 def test_report_orphan_figures_read_the_clear_blob_key_column(enc):
     ledger = _written(enc, None)
     orphan = blob_ops.blob_prefix("", "s") + hashlib.sha256(b"orphan").hexdigest()

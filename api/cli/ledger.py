@@ -61,7 +61,9 @@ DAMAGE = (
     errors.PayloadAuthenticationError,
 )
 """The replay failures ``verify`` reports as damage (exit 1: a sealed
-payload or blob that fails authentication is one); every other
+payload or blob that fails authentication is one, and so is a
+``KeyUnavailableError`` of a store opened with its key: the session's data
+key row is gone); every other
 error (an unknown session, an empty ledger, a store it cannot open) is a
 refusal (exit 2)."""
 
@@ -411,7 +413,9 @@ def verify_session(
             found.bytes += len(record.payload)
             if found.records % PROGRESS_EVERY == 0:
                 tick(found.records)
-    except DAMAGE as exc:
+    except (*DAMAGE, errors.KeyUnavailableError) as exc:
+        if isinstance(exc, errors.KeyUnavailableError) and store.db.keyring.provider is None:
+            raise  # opened without the key: nothing could be checked (a refusal)
         found.error = type(exc).__name__
         found.seq = damage_seq(exc)
         found.key = damage_key(exc)

@@ -31,11 +31,13 @@ session delete shreds its ledger with it.
 A blob is sealed directly under the session's data key (no per-blob key).
 Rotating a session's data key (``sessions.rotate_key``, ``storage/ops/reseal.py``)
 reaches ``ledger_records.payload`` and the database's ``ledger_blobs.data``
-through ``storage/crypto/columns.py``. Known gaps (issue 23, for the next
-part): blob files outside the database (``FsspecBlobs``) are not walked by
-the rotation, which therefore keeps the old key version's row while such a
-blob exists (``reseal._EXTERNAL_BLOBS``); the fix is an envelope (a
-per-blob key wrapped in the sealed pointer, which the rotation re-seals).
+through ``storage/crypto/columns.py``. A blob is sealed before its pointer's
+append, so the append checks it against the version it seals under
+(:func:`current_blobs`). Limits: blob files outside the database
+(``FsspecBlobs``) are not walked by the rotation, which therefore keeps the
+old key version's row while such a blob exists (``reseal._EXTERNAL_BLOBS``),
+and are not sealed by ``sessions.encrypt``, which refuses such a session
+(an envelope, a per-blob key wrapped in the sealed pointer, would lift both).
 And the rotation's walk keys a column by (session, record id): a session
 whose ledger exists under several tenants has one sequence number per
 tenant, which that walk does not tell apart, so it refuses such a session
