@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TEST_KEYS, close_backend, open_backend, reopen
+from conftest import TEST_KEYS, close_backend, forged_rows, open_backend, reopen
 
 import turnkeeper
 from turnkeeper import EntryKind, LocalKeyProvider
@@ -31,10 +31,6 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 def _key(seed: int, key_id: str) -> str:
     return f"{key_id}:{base64.b64encode(bytes([seed]) * 32).decode()}"
-
-
-def _sql(store: Any, sql: str, params: list[Any] | None = None) -> None:
-    store.db.write("forge", lambda tx: tx.exec(sql, params or []))
 
 
 def _payloads(store: Any, sid: str) -> dict[str, str]:
@@ -213,7 +209,7 @@ def test_a_flipped_byte_fails_authentication(enc):
     raw = bytearray(base64.b64decode(stored[5:]))
     raw[-1] ^= 1
     flipped = "enc1:" + base64.b64encode(bytes(raw)).decode()
-    _sql(enc, "UPDATE entries SET payload = ? WHERE id = ?", [flipped, first.id])
+    assert forged_rows(enc, "UPDATE entries SET payload = ? WHERE id = ?", [flipped, first.id])
     with _fresh(enc) as s:
         _refused(s, "s", first.id)
 
@@ -225,11 +221,11 @@ def test_a_value_moved_to_another_entry_or_session_fails_authentication(enc):
     b = enc.sessions.append("s", EntryKind.MESSAGE, REPLY)
     c = enc.sessions.append("t", EntryKind.MESSAGE, MSG)
     stored = {**_payloads(enc, "s"), **_payloads(enc, "t")}
-    _sql(enc, "UPDATE entries SET payload = ? WHERE id = ?", [stored[a.id], b.id])
+    assert forged_rows(enc, "UPDATE entries SET payload = ? WHERE id = ?", [stored[a.id], b.id])
     with _fresh(enc) as s:
         _refused(s, "s", b.id)
-    _sql(enc, "UPDATE entries SET payload = ? WHERE id = ?", [stored[b.id], b.id])
-    _sql(enc, "UPDATE entries SET payload = ? WHERE id = ?", [stored[c.id], a.id])
+    assert forged_rows(enc, "UPDATE entries SET payload = ? WHERE id = ?", [stored[b.id], b.id])
+    assert forged_rows(enc, "UPDATE entries SET payload = ? WHERE id = ?", [stored[c.id], a.id])
     with _fresh(enc) as s:
         _refused(s, "s", a.id)
 
@@ -237,7 +233,9 @@ def test_a_value_moved_to_another_entry_or_session_fails_authentication(enc):
 def test_a_clear_value_in_a_sealed_session_is_a_downgrade(enc):
     enc.sessions.create("s", cwd="/w")
     a = enc.sessions.append("s", EntryKind.MESSAGE, MSG)
-    _sql(enc, "UPDATE entries SET payload = ? WHERE id = ?", ['{"message":{"role":"user"}}', a.id])
+    assert forged_rows(
+        enc, "UPDATE entries SET payload = ? WHERE id = ?", ['{"message":{"role":"user"}}', a.id]
+    )
     with _fresh(enc) as s:
         _refused(s, "s", a.id)
 
@@ -248,7 +246,7 @@ def test_control_without_the_downgrade_check_a_forged_clear_value_is_served(enc,
     enc.sessions.create("s", cwd="/w")
     a = enc.sessions.append("s", EntryKind.MESSAGE, MSG)
     forged = '{"message":{"role":"user","content":"forged"}}'
-    _sql(enc, "UPDATE entries SET payload = ? WHERE id = ?", [forged, a.id])
+    assert forged_rows(enc, "UPDATE entries SET payload = ? WHERE id = ?", [forged, a.id])
     monkeypatch.setattr(keyring_module.Keyring, "_has_key", lambda self, tx, sid: False)
     with _fresh(enc) as s:
         assert s.sessions.replay("s").messages[0]["content"] == "forged"
@@ -259,7 +257,7 @@ def test_a_value_sealed_under_a_version_the_session_does_not_hold(enc):
     a = enc.sessions.append("s", EntryKind.MESSAGE, MSG)
     raw = bytearray(base64.b64decode(_payloads(enc, "s")[a.id][5:]))
     raw[4:8] = (2).to_bytes(4, "big")
-    _sql(
+    assert forged_rows(
         enc,
         "UPDATE entries SET payload = ? WHERE id = ?",
         ["enc1:" + base64.b64encode(bytes(raw)).decode(), a.id],
@@ -276,7 +274,9 @@ def test_swapped_wrapped_keys_are_key_unavailable(enc):
         r["session_id"]: bytes(r["wrapped"])
         for r in enc.query("SELECT session_id, wrapped FROM session_keys").to_pylist()
     }
-    _sql(enc, "UPDATE session_keys SET wrapped = ? WHERE session_id = 's'", [wrapped["t"]])
+    assert forged_rows(
+        enc, "UPDATE session_keys SET wrapped = ? WHERE session_id = 's'", [wrapped["t"]]
+    )
     with _fresh(enc) as s:
         with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
             s.sessions.replay("s")
@@ -348,14 +348,14 @@ def test_a_delete_shreds_the_key_and_a_backup_cannot_be_read_once_the_old_master
     with turnkeeper.open_store(str(backup), encryption=k1) as old:  # before retirement: readable
         assert old.sessions.replay("gone").messages[0]["content"] == SECRET
         # a restore: the live store's wrapped keys and check value into the backup
-        _sql(old, "DELETE FROM session_keys")
+        assert forged_rows(old, "DELETE FROM session_keys")
         for row in keys:
-            _sql(
+            assert forged_rows(
                 old,
                 "INSERT INTO session_keys VALUES (?, ?, ?, ?, ?)",
                 [row[c] for c in ("session_id", "version", "key_id", "wrapped", "created_at")],
             )
-        _sql(
+        assert forged_rows(
             old,
             "UPDATE store_encryption SET check_key_id = ?, check_wrapped = ?",
             ["k2", check],
@@ -441,13 +441,13 @@ def _rotate_by_hand(store: Any, sid: str) -> Any:
     from turnkeeper.storage.crypto.seal import DataKey
 
     newer = DataKey.new(sid, 2)
-    _sql(
+    assert forged_rows(
         store,
         "INSERT INTO session_keys (session_id, version, key_id, wrapped, created_at) "
         "VALUES (?, 2, ?, ?, now())",
         [sid, TEST_KEYS.key_id, TEST_KEYS.wrap(newer.key, wrap_context(sid, 2))],
     )
-    _sql(store, "UPDATE sessions SET key_version = 2 WHERE id = ?", [sid])
+    assert forged_rows(store, "UPDATE sessions SET key_version = 2 WHERE id = ?", [sid])
     return newer
 
 

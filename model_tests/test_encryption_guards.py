@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TEST_KEYS, FakeClock, close_backend, open_backend, reopen
+from conftest import TEST_KEYS, FakeClock, close_backend, forged_rows, open_backend, reopen
 
 import turnkeeper
 from turnkeeper import EntryKind
@@ -25,10 +25,6 @@ from turnkeeper.storage.ops import appends, session_rows
 
 SECRET = "the launch code is 0000"
 MSG = {"message": {"role": "user", "content": SECRET}}
-
-
-def _sql(store: Any, sql: str, params: list[Any] | None = None) -> None:
-    store.db.write("forge", lambda tx: tx.exec(sql, params or []))
 
 
 def _payloads(store: Any, sid: str) -> list[str]:
@@ -108,14 +104,16 @@ def test_a_session_whose_key_row_is_gone_refuses_writes_and_clear_values(before_
     session's too; and a clear payload forged into it is refused on read."""
     _, keyed = before_marking
     keyed.sessions.create("empty", cwd="/w")
-    _sql(keyed, "DELETE FROM session_keys")
+    assert forged_rows(keyed, "DELETE FROM session_keys")
     with reopen(keyed, encryption=TEST_KEYS) as fresh:
         for sid in ("sealed", "empty"):
             with pytest.raises(turnkeeper.KeyUnavailableError) as refused:
                 fresh.sessions.append(sid, EntryKind.MESSAGE, MSG)
             assert refused.value.session_id == sid
         assert len(_payloads(keyed, "sealed")) == 1 and not _payloads(keyed, "empty")
-    _sql(keyed, "UPDATE entries SET payload = ? WHERE session_id = 'sealed'", ['{"x": 1}'])
+    assert forged_rows(
+        keyed, "UPDATE entries SET payload = ? WHERE session_id = 'sealed'", ['{"x": 1}']
+    )
     with (
         reopen(keyed, encryption=TEST_KEYS) as fresh,
         pytest.raises(turnkeeper.PayloadAuthenticationError),
@@ -130,8 +128,10 @@ def test_control_a_session_taken_for_clear_by_its_key_row_accepts_a_forged_clear
     session row's key version, the session whose key row was deleted passes
     a forged clear payload off as its own."""
     _, keyed = before_marking
-    _sql(keyed, "DELETE FROM session_keys")
-    _sql(keyed, "UPDATE entries SET payload = ? WHERE session_id = 'sealed'", ['{"x": 1}'])
+    assert forged_rows(keyed, "DELETE FROM session_keys")
+    assert forged_rows(
+        keyed, "UPDATE entries SET payload = ? WHERE session_id = 'sealed'", ['{"x": 1}']
+    )
     monkeypatch.setattr(
         keyring_module,
         "_VERSION",
@@ -255,7 +255,7 @@ def test_audit_reports_a_damaged_ciphertext_and_checks_the_rest(tmp_path: Path, 
         raw = bytearray(base64.b64decode(row["payload"][5:]))
         raw[-1] ^= 1
         flipped = "enc1:" + base64.b64encode(bytes(raw)).decode()
-        _sql(s, "UPDATE entries SET payload = ? WHERE id = ?", [flipped, row["id"]])
+        assert forged_rows(s, "UPDATE entries SET payload = ? WHERE id = ?", [flipped, row["id"]])
     args = ["--key-file", str(key)] if keyed_audit else []
     result = CliRunner().invoke(cli, [*args, "audit", "--db", path, "--json"])
     checks = {c["name"]: c for c in json.loads(result.output)["audit"]}

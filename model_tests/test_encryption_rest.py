@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TEST_KEYS, reopen
+from conftest import TEST_KEYS, forged_rows, reopen
 
 import turnkeeper
 from turnkeeper import EntryKind
@@ -40,10 +40,6 @@ SECRET = "the launch code is 0000"
 MSG = {"message": {"role": "user", "content": SECRET}}
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 SRC = "/home/u/s.jsonl"
-
-
-def _sql(store: Any, sql: str, params: list[Any] | None = None) -> None:
-    store.db.write("forge", lambda tx: tx.exec(sql, params or []))
 
 
 def _flipped(text: str) -> str:
@@ -121,22 +117,24 @@ def test_a_flipped_moved_or_clear_opaque_line_fails_authentication(enc):
     read = lambda: enc.sessions.opaque_records("imp")  # noqa: E731
     # a flipped byte of line 2's ciphertext
     body = _flipped(stored[2])
-    _sql(enc, "UPDATE opaque_records SET raw = ? WHERE session_id = 'imp' AND line = 2", [body])
+    assert forged_rows(
+        enc, "UPDATE opaque_records SET raw = ? WHERE session_id = 'imp' AND line = 2", [body]
+    )
     _refused(read, "imp", f"{SRC}:2", "raw")
     # line 3's value moved to line 2 (same session, same file)
-    _sql(
+    assert forged_rows(
         enc, "UPDATE opaque_records SET raw = ? WHERE session_id = 'imp' AND line = 2", [stored[3]]
     )
     _refused(read, "imp", f"{SRC}:2", "raw")
     # the same line of another session
-    _sql(
+    assert forged_rows(
         enc,
         "UPDATE opaque_records SET raw = ? WHERE session_id = 'imp' AND line = 2",
         [elsewhere[2]],
     )
     _refused(read, "imp", f"{SRC}:2", "raw")
     # the same line and session, another file
-    _sql(
+    assert forged_rows(
         enc,
         "UPDATE opaque_records SET raw = ?, source = 'b.jsonl' "
         "WHERE session_id = 'imp' AND line = 2",
@@ -144,14 +142,14 @@ def test_a_flipped_moved_or_clear_opaque_line_fails_authentication(enc):
     )
     _refused(read, "imp", "b.jsonl:2", "raw")
     # a clear value in a sealed session (a downgrade)
-    _sql(
+    assert forged_rows(
         enc,
         "UPDATE opaque_records SET raw = 'forged', source = ? "
         "WHERE session_id = 'imp' AND line = 2",
         [SRC],
     )
     _refused(read, "imp", f"{SRC}:2", "raw")
-    _sql(
+    assert forged_rows(
         enc, "UPDATE opaque_records SET raw = ? WHERE session_id = 'imp' AND line = 2", [stored[2]]
     )
     assert [o.line for o in read()] == [2, 3]
@@ -420,7 +418,9 @@ def _stored(store: Any, case: Column, sid: str) -> tuple[str, str]:
 
 def _set(store: Any, case: Column, sid: str, value: str) -> None:
     col = _sealed(case)
-    _sql(store, f"UPDATE {col.table} SET {col.column} = ? WHERE {col.session} = ?", [value, sid])
+    assert forged_rows(
+        store, f"UPDATE {col.table} SET {col.column} = ? WHERE {col.session} = ?", [value, sid]
+    )
 
 
 @pytest.mark.parametrize("name", list(COLUMNS))

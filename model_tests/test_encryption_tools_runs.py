@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import TEST_KEYS, FakeClock, close_backend, open_backend, reopen
+from conftest import TEST_KEYS, FakeClock, close_backend, forged_rows, open_backend, reopen
 
 import turnkeeper
 from turnkeeper import EntryKind, Guidance, InputResourceEvent, ResponseItem, ResponseTurn
@@ -40,10 +40,6 @@ OURS = [c for c in SEALED if c.table not in ELSEWHERE]
 """The sealed columns this part added (entries' payload is tested in test_encryption,
 the other copies of users' text in test_encryption_rest, the ledger's in
 test_ledger_encryption)."""
-
-
-def _sql(store: Any, sql: str, params: list[Any] | None = None) -> None:
-    store.db.write("forge", lambda tx: tx.exec(sql, params or []))
 
 
 def _work(store: Any, sid: str = "s") -> dict[str, Any]:
@@ -230,7 +226,7 @@ def _value(store: Any, column: Any, sid: str, rid: Any) -> str:
 
 
 def _put(store: Any, column: Any, sid: str, rid: Any, value: str) -> None:
-    _sql(
+    assert forged_rows(
         store,
         f"UPDATE {column.table} SET {column.column} = ? "
         f"WHERE {column.record} = ? AND session_id = ?",
