@@ -81,7 +81,7 @@ class Unopened:
     column: str = "entries.payload"
 
 
-ValuesOpener = Callable[[SealedColumn, list[Sequence[Any]]], list[Unopened]]
+ValuesOpener = Callable[[SealedColumn, Sequence[Sequence[Any]]], list[Unopened]]
 """Opens ``(session id, record id, stored value)`` rows of a sealed column,
 returning those that did not open."""
 
@@ -122,7 +122,9 @@ class Snapshot:
         not (an audit reports them and goes on)."""
         return self._opened(rows)
 
-    def unopened_values(self, column: SealedColumn, rows: list[Sequence[Any]]) -> list[Unopened]:
+    def unopened_values(
+        self, column: SealedColumn, rows: Sequence[Sequence[Any]]
+    ) -> list[Unopened]:
         """Which of ``rows`` (``(session id, record id as text, stored value)``
         of the sealed column ``column``, read by :meth:`query`) do not open
         under their session's data key (read outside the snapshot): one per
@@ -541,7 +543,7 @@ class BaseStore:
 
             return self.db.read("open_entries", each)
 
-        def values(column: SealedColumn, rows: list[Sequence[Any]]) -> list[Unopened]:
+        def values(column: SealedColumn, rows: Sequence[Sequence[Any]]) -> list[Unopened]:
             if not self.db.keyring.encrypted:
                 return []
             keyless = self.db.keyring.provider is None
