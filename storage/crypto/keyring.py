@@ -61,9 +61,7 @@ _AT = "SELECT key_id, wrapped FROM session_keys WHERE session_id = ? AND version
 _VERSION = "SELECT key_version FROM sessions WHERE id = ?"
 _MARKER = "SELECT * FROM store_encryption WHERE id = 1"
 
-CHECK_UNMOVED = (
-    "NOT EXISTS (SELECT 1 FROM store_encryption WHERE id = 1 AND check_key_id <> ?)"
-)
+CHECK_UNMOVED = "NOT EXISTS (SELECT 1 FROM store_encryption WHERE id = 1 AND check_key_id <> ?)"
 """The condition a new data key is stored on (:meth:`Keyring.store_key`): the
 store's check value is wrapped by the master key this object verified (its
 parameter; ``NULL``: none verified, no condition)."""

@@ -9,9 +9,9 @@ compare-and-set; an append of n records is
 the lease fence, the tip's locked read, one read of the ids already in the
 ledger and of a record past the tip, one multi-row insert and the tip's
 compare-and-set, whatever n is, plus one read of GC's condemned blobs when
-it writes blob pointers (``condemn.check_append``) and, then, one read of
-their stored blobs' heads and of the session's key version
-(``sealing.current_blobs``), plus one read of the session's data key
+it writes blob pointers (``condemn.check_append``) and, then, a read of
+the session's key version and, in a sealed session, of their stored blobs'
+heads (``sealing.current_blobs``), plus one read of the session's data key
 version (``sealing.sealer``, in a clear store object too: a ledger write
 compares no session row, and the session may have been sealed since this
 object took the store for clear; the key itself is cached); the transaction then

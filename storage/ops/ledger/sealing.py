@@ -201,6 +201,8 @@ def current_blobs(
     if not pointers:
         return
     key, version = session_key(tx, session_id)
+    if key is None:  # a clear session: every blob put clear (a session never turns clear)
+        return
     head = tx.dialect.bytes_head("data")
     stored = {
         str(r[0]): stored_version(bytes(r[1]))
@@ -215,7 +217,7 @@ def current_blobs(
             if written.get(blob_key, version) != version:
                 raise condemn.StaleBlob(session_id, blob_key)
             continue
-        if stored[blob_key] == version or key is None:
+        if stored[blob_key] == version:
             continue
         entry = by_id[pointer.idempotency_id]
         gen = condemn.generation_of(entry, BLOB_POINTER_KIND, blob_key)
