@@ -219,7 +219,7 @@ def test_encrypt_skips_and_names_a_session_it_cannot_seal_and_seals_the_rest(
             with pytest.raises(turnkeeper.PayloadAuthenticationError):
                 list(ledger.replay("files"))
             return
-        assert "skipped files: not sealed: session 'files' has ledger blobs outside" in (
+        assert "skipped files: not sealed: session 'files' has ledger blob pointers" in (
             result.stderr
         )
         assert "2 sessions sealed, 0 already sealed, 2 skipped" in result.stdout

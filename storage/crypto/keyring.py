@@ -470,7 +470,7 @@ class Keyring:
                     session_id,
                     None,
                     detail=f"the session's data key (version {version}) is gone: its key "
-                    "row was removed",
+                    "row was removed (crypto-shredded by a delete, or lost)",
                 )
             # another version (a flipped header, a value left from before a rotation):
             # this value is damaged, not the session's key
