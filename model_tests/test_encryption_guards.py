@@ -21,7 +21,7 @@ from conftest import TEST_KEYS, FakeClock, close_backend, forged_rows, open_back
 import turnkeeper
 from turnkeeper import EntryKind
 from turnkeeper.storage.crypto import keyring as keyring_module
-from turnkeeper.storage.ops import appends, session_rows
+from turnkeeper.storage.ops import appends, listing, session_rows
 
 SECRET = "the launch code is 0000"
 MSG = {"message": {"role": "user", "content": SECRET}}
@@ -353,3 +353,40 @@ def test_a_sealed_write_racing_a_key_rotation_never_outlives_its_key(
             assert fresh.runs.intent("i1").request == {"q": SECRET}
     finally:
         close_backend(store)
+
+
+@pytest.mark.parametrize("checked", [True, False], ids=["checked", "control"])
+def test_search_never_matches_a_sealed_session_by_its_ciphertext(
+    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, checked: bool
+) -> None:
+    """Attack finding (issue 23, part 2): ``sessions.list(search=…)`` matched a
+    sealed session's ``enc1:`` base64 (``enc1``, ``Qz``, ``+/`` found sessions
+    holding none of it). A sealed session's payloads are not searched; a
+    session still clear is, in its messages. Control: the old condition
+    (every session's payloads) lists the sealed one for ``enc1``."""
+    clear = open_backend("duckdb", tmp_path, clock)
+    try:
+        clear.sessions.create("plain", cwd="/w")  # before the store was marked: stays clear
+        clear.sessions.append("plain", EntryKind.MESSAGE, MSG)
+        with reopen(clear, encryption=TEST_KEYS, clock=clock) as keyed:
+            for n in range(20):
+                keyed.sessions.create(f"sealed-{n}", cwd="/w")
+                keyed.sessions.append(f"sealed-{n}", EntryKind.MESSAGE, MSG)
+            if not checked:
+                monkeypatch.setattr(
+                    listing, "_SEARCH", listing._SEARCH.replace("s.key_version IS NULL", "TRUE")
+                )
+
+            def found(text: str) -> list[str]:
+                return [s.id for s in keyed.sessions.list(search=text, limit=100).sessions]
+
+            if not checked:  # the wrong answer the condition prevents
+                assert len(found("enc1")) == 20
+                return
+            for noise in ("enc1", "Qz", "+/", "=="):
+                assert found(noise) == [], noise
+            assert found("launch code") == ["plain"]  # a clear session's message text
+            ids = {f"sealed-{n}" for n in (1, *range(10, 20))}
+            assert set(found("sealed-1")) == ids  # ids are still searched
+    finally:
+        close_backend(clear)

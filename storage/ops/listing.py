@@ -29,11 +29,16 @@ _SEARCH = (
     "(s.id ILIKE ? ESCAPE '\\' OR s.cwd ILIKE ? ESCAPE '\\' "
     "OR coalesce(s.title, '') ILIKE ? ESCAPE '\\' "
     "OR coalesce(s.channel_type, '') ILIKE ? ESCAPE '\\' "
-    "OR coalesce(s.channel_id, '') ILIKE ? ESCAPE '\\' OR EXISTS "
+    "OR coalesce(s.channel_id, '') ILIKE ? ESCAPE '\\' "
+    "OR (s.key_version IS NULL AND EXISTS "
     "(SELECT 1 FROM entries e WHERE e.session_id = s.id "
     "AND e.kind IN ('message', 'session_info', 'custom_message') "
-    "AND e.payload ILIKE ? ESCAPE '\\'))"
+    "AND e.payload ILIKE ? ESCAPE '\\')))"
 )
+"""What ``search`` matches: ids, directories, titles, channels, and the message
+text of a clear session (``key_version`` NULL); a sealed session's payloads are
+ciphertext, never searched (their ``enc1:`` base64 would match arbitrary
+text: attack finding on issue 23, part 2)."""
 
 
 def _like(search: str) -> str:
