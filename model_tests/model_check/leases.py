@@ -22,7 +22,6 @@ from typing import NamedTuple
 from model_check import leasing
 from model_check.explorer import Label
 from model_check.leasing import Row, put
-
 from turnkeeper.spec.lease import GRANTING_EDGES, LEASE
 from turnkeeper.spec.lifecycle import Lifecycle
 
@@ -154,9 +153,7 @@ class LeaseModel:
         else:  # release: the row keeps its epoch; its expiry is at most now
             new = row._replace(state="released", expires=min(row.expires, s.clock))
             told = None
-        return True, s._replace(
-            rows=put(s.rows, t, new), mem=put(s.mem, w, put(s.mem[w], t, told))
-        )
+        return True, s._replace(rows=put(s.rows, t, new), mem=put(s.mem, w, put(s.mem[w], t, told)))
 
     def actions(self, s: State) -> Iterator[tuple[Label, State]]:
         for label in self.labels(s):
@@ -167,7 +164,8 @@ class LeaseModel:
     def _tick(self, s: State) -> State:
         now = s.clock + 1
         lapsed = tuple(
-            lap | {row.epoch} if row is not None and row.state == "held" and now >= row.expires
+            lap | {row.epoch}
+            if row is not None and row.state == "held" and now >= row.expires
             else lap
             for row, lap in zip(s.rows, s.lapsed, strict=True)
         )

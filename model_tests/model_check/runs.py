@@ -37,7 +37,6 @@ from typing import NamedTuple
 from model_check import leasing
 from model_check.explorer import Label
 from model_check.leasing import Row, put
-
 from turnkeeper.spec.lease import GRANTING_EDGES, LEASE
 from turnkeeper.spec.lifecycle import Lifecycle
 from turnkeeper.spec.recovery import RECOVERY
@@ -202,6 +201,8 @@ class RunsModel:
             return self._admit(s, a, t, retry)
         i = int(label[2][1:])
         t = s.runs[i].session
+        if s.mem[a][t] is None:
+            return False, s  # no lease to present
         if kind == "finish" and s.runs[i].status == label[3]:
             return True, s  # a repeated terminalization is a no-op (before the fence)
         if not self._fence(s, a, t):
