@@ -21,7 +21,7 @@ from model_check.__main__ import BOUNDS, COUNTEREXAMPLES, counterexample, path_o
 from model_check.catalog import EQUIVALENT, FOUND, KEYWORD, LIFECYCLES
 from model_check.explorer import Label, Result, explore
 from model_check.mutations import guard_pairs, without
-from model_check.replay import build, replay
+from model_check.replay import build, replay, script
 
 import turnkeeper
 from turnkeeper.machines import machine_for
@@ -150,3 +150,18 @@ def test_replay_catches_a_store_whose_fence_is_gone(
     cx = json.loads(path_of(pair).read_text())
     verdicts = replay(store, clock, cx["model"], cx["bound"], cx["steps"], cx["mutation"])
     assert [v.store for v in verdicts] == [v.mutant for v in verdicts], verdicts
+
+
+def test_a_counterexample_prints_as_a_script_that_replays(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The script a violation prints runs (DuckDB, from ``model_tests/``) and
+    shows the store refusing the step the mutant took."""
+    cx = json.loads(path_of(("lease", "takeover", "expired")).read_text())
+    source = script(cx)
+    exec(compile(source, "counterexample", "exec"), {})
+    out = capsys.readouterr().out
+    assert (
+        "Verdict(label=('acquire', 'B', 's1'), mutant='ok', model='refused', store='refused')"
+        in (out)
+    )
