@@ -19,6 +19,7 @@ from turnkeeper import EntryKind, LocalKeyProvider
 from turnkeeper.cli.main import cli
 from turnkeeper.storage.crypto.keys import KEY_ENV
 from turnkeeper.storage.ops import reseal as reseal_module
+from turnkeeper.storage.ops.leases import Leases
 from turnkeeper.storage.ops.rekeying import RekeyingPart
 
 SECRET = "the launch code is 0000"
@@ -218,7 +219,7 @@ def test_encrypt_skips_and_names_a_session_it_cannot_seal_and_seals_the_rest(
             with pytest.raises(turnkeeper.PayloadAuthenticationError):
                 list(ledger.replay("files"))
             return
-        assert "skipped files: not sealed: session 'files' has ledger blobs outside" in (
+        assert "skipped files: not sealed: session 'files' has ledger blob pointers" in (
             result.stderr
         )
         assert "2 sessions sealed, 0 already sealed, 2 skipped" in result.stdout
@@ -230,3 +231,42 @@ def test_encrypt_skips_and_names_a_session_it_cannot_seal_and_seals_the_rest(
             "files": None,
             "tenants": None,
         }
+
+
+def test_encrypt_seals_a_session_with_a_run_not_ended_and_no_live_holder(db: str) -> None:
+    """Attack finding (issue 23, part 2): a session whose run was admitted and
+    waits for a worker (or whose worker crashed) refuses the command's
+    session lease (``SessionRecoveryRequiredError``, an idle-session
+    purpose); the pass stopped there with exit 2, every later session left
+    clear, run after run. It is sealed without a lease now (the reseal
+    refuses while anyone holds a live one), and the pass goes on."""
+    with turnkeeper.open_store(db) as store:
+        store.runs.admit("a", {"q": SECRET})  # queued: no worker took it
+    result = run("encrypt", "--db", db, key=K1)
+    assert result.exit_code == 0, result.output
+    assert "2 sessions sealed, 0 already sealed, 0 skipped" in result.stdout
+    assert _clear_payloads(db) == 0
+    with turnkeeper.open_store(db, encryption=LocalKeyProvider.from_text(K1)) as store:
+        (queued,) = store.runs.list("a")
+        assert store.runs.intent(queued.intent_id).request == {"q": SECRET}
+
+
+def test_encrypt_skips_and_names_a_session_deleted_while_it_ran(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session deleted after the pass listed it (``RuntimeSessionNotFoundError``
+    at its lease) is skipped and named (exit 1); the pass seals the others
+    (it stopped with exit 2 and ran no reclaim)."""
+    real = Leases.acquire
+
+    def deleted_first(self: Any, target: str, *args: Any, **kwargs: Any) -> Any:
+        if target == "session:a":  # what the lease of a session deleted meanwhile raises
+            raise turnkeeper.RuntimeSessionNotFoundError("a")
+        return real(self, target, *args, **kwargs)
+
+    monkeypatch.setattr(Leases, "acquire", deleted_first)
+    result = run("encrypt", "--db", db, "--json", key=K1)
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert report["skipped"] == {"a": "deleted meanwhile"} and report["sealed"] == 1
+    assert report["reclaimed"]

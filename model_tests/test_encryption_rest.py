@@ -250,28 +250,36 @@ def test_a_sealed_sessions_snapshot_is_stored_sealed_and_served(enc, loads):
     assert loads == [1]  # served from the sealed snapshot, not the rows
 
 
-def test_a_flipped_moved_or_clear_snapshot_part_fails_authentication(enc, loads):
-    _snapshotted(enc, "s")
+def test_a_flipped_moved_stale_or_clear_snapshot_part_is_not_served(enc, loads):
+    """A snapshot is a cache: a part that does not open (a flipped byte, another
+    session's part, one sealed under a key version the session no longer
+    holds, a clear part in a sealed session; each with its digest made to
+    match) is not served: the replay reads the rows, each authenticated, and
+    stores a new sealed snapshot in its place (attack finding on issue 23,
+    part 2: a stale or clear part failed every cold replay and was never
+    replaced). ``turnkeeper audit`` names such a part (test_audit_sealed)."""
+    want = _snapshotted(enc, "s")
     _snapshotted(enc, "t")
     (body,) = _parts(enc, "s")
     (other,) = _parts(enc, "t")
-    with _cold(enc, encryption=TEST_KEYS) as cold:
-        replay = lambda: cold.sessions.replay("s")  # noqa: E731
-        flipped = body[:-1] + bytes([body[-1] ^ 1])
-        _put_part(enc, "s", flipped)
-        _refused(replay, "s", "s/0", "messages")
-        _put_part(enc, "s", other)  # another session's part, its digest made to match
-        _refused(replay, "s", "s/0", "messages")
-        import ormsgpack
-        import zstandard
+    import ormsgpack
+    import zstandard
 
-        clear = zstandard.compress(
-            ormsgpack.packb([["x"], [{"role": "user", "content": "forged"}]])
-        )
-        _put_part(enc, "s", clear)  # a clear part in a sealed session (a downgrade)
-        _refused(replay, "s", "s/0", "messages")
-        _put_part(enc, "s", body)
-        assert replay().messages[0]["content"] == f"{SECRET} 0"
+    clear = zstandard.compress(ormsgpack.packb([["x"], [{"role": "user", "content": "forged"}]]))
+    flipped = body[:-1] + bytes([body[-1] ^ 1])
+    stale = body[:4] + (7).to_bytes(4, "big") + body[8:]  # a version the session never had
+    for bad in (flipped, other, stale, clear):
+        _put_part(enc, "s", bad)
+        loads.clear()
+        with _cold(enc, encryption=TEST_KEYS) as cold:
+            assert cold.sessions.replay("s") == want
+        assert loads == [0]  # not served: read from the rows
+        (replaced,) = _parts(enc, "s")
+        assert replaced != bad and replaced.startswith(b"TKE1")
+        loads.clear()
+        with _cold(enc, encryption=TEST_KEYS) as cold:
+            assert cold.sessions.replay("s") == want
+        assert loads == [1]  # the new snapshot is served
 
 
 def test_a_snapshot_header_moved_to_a_newer_branch_is_not_served(enc, loads):

@@ -167,7 +167,7 @@ def test_control_without_the_key_version_in_the_compare_and_set_a_stale_append_l
     _stale_append(enc, head)
     with (
         reopen(enc, encryption=TEST_KEYS) as reader,
-        pytest.raises(turnkeeper.KeyUnavailableError),
+        pytest.raises(turnkeeper.PayloadAuthenticationError),
     ):
         reader.sessions.replay("s")  # sealed under version 1, whose key is gone
 

@@ -139,10 +139,11 @@ def _trees(store: Snapshot, scope: Scope) -> tuple[dict[str, dict[str, Entry]], 
     return out, check_payloads_open(len(found) + checked, [*unopened, *other])
 
 
-_NOT_WALKED = {("entries", "payload"), ("replay_snapshots", "body")}
-"""Sealed columns :func:`_sealed_values` leaves out: the entries (opened with
-the trees) and the replay snapshots (a cache: one that fails its checks is
-dropped and rebuilt from the entries at the next replay)."""
+_NOT_WALKED = {("entries", "payload")}
+"""Sealed columns :func:`_sealed_values` leaves out: the entries, opened with
+the trees. (A replay snapshot that does not open is not served, the replay
+reads the rows; the audit still names it: a clear snapshot in a sealed
+session is a clear copy at rest.)"""
 
 
 def _sealed_values(store: Snapshot, scope: Scope) -> tuple[int, list[Unopened]]:

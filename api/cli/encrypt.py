@@ -17,8 +17,9 @@ from typing import Any
 import click
 import duckdb
 
-from turnkeeper import is_postgres
+from turnkeeper import BaseStore, is_postgres
 from turnkeeper.spec import errors
+from turnkeeper.spec.records import Lease
 from turnkeeper.storage.ops.keys import BATCH_ROWS, ROTATION_TARGET
 
 from .common import (
@@ -139,6 +140,33 @@ def keys_rotate_command(ctx: click.Context, db: str, batch_rows: int, as_json: b
         ctx.exit(EXIT_FAILED)
 
 
+def _seal_one(store: BaseStore, session_id: str, owner: str) -> str | None:
+    """Seal clear session ``session_id`` under its lease (``sessions.encrypt``):
+    ``None`` when sealed now, ``""`` when it was sealed already, else why it
+    was skipped (it stays clear: a later run seals it). A session with a run
+    not ended and no live holder (a queued run, a crashed worker's: its
+    session lease refuses an idle-session purpose,
+    ``SessionRecoveryRequiredError``) is sealed without a lease: the reseal
+    refuses while anyone holds a live one, in its own transaction."""
+    lease: Lease | None = None
+    try:
+        try:
+            lease = store.leases.acquire(f"session:{session_id}", owner, TTL_S)
+        except errors.SessionRecoveryRequiredError:
+            lease = None
+        try:
+            return None if store.sessions.encrypt(session_id, lease=lease) else ""
+        finally:
+            if lease is not None:
+                store.leases.release(lease)
+    except errors.BusyError as busy:
+        return f"held by another worker ({busy})"
+    except (errors.SessionNotFoundError, errors.RuntimeSessionNotFoundError):
+        return "deleted meanwhile"
+    except errors.NotSupportedError as refused:
+        return f"not sealed: {refused.detail}"
+
+
 @click.command("encrypt")
 @db_option()
 @click.option(
@@ -184,20 +212,11 @@ def encrypt_command(
         with progress_bar("sealing sessions") as bar:
             task = bar.add_task("encrypt", total=len(clear))
             for n, session_id in enumerate(clear, 1):
-                try:
-                    lease = store.leases.acquire(f"session:{session_id}", owner, TTL_S)
-                except errors.BusyError as busy:
-                    skipped[session_id] = f"held by another worker ({busy})"
-                else:
-                    try:
-                        if store.sessions.encrypt(session_id, lease=lease):
-                            sealed.append(session_id)
-                    except errors.SessionNotFoundError:
-                        skipped[session_id] = "deleted meanwhile"
-                    except errors.NotSupportedError as refused:
-                        skipped[session_id] = f"not sealed: {refused.detail}"
-                    finally:
-                        store.leases.release(lease)
+                why = _seal_one(store, session_id, owner)
+                if why is None:
+                    sealed.append(session_id)
+                elif why:
+                    skipped[session_id] = why
                 bar.update(task, completed=n)
         reclaimed = [] if no_reclaim else store.keys.reclaim()
     copied = None

@@ -464,18 +464,22 @@ class Keyring:
                     session_id, None, detail="the store was opened without encryption="
                 )
             newest = tx.one(_VERSION, [session_id])
-            if newest is not None and newest[0] is not None and version <= int(newest[0]):
+            current = None if newest is None or newest[0] is None else int(newest[0])
+            if version == current:  # the session's own key row is gone
                 raise errors.KeyUnavailableError(
                     session_id,
                     None,
-                    detail=f"the session holds no data key version {version} any more "
-                    "(crypto-shredded: its key row was deleted)",
+                    detail=f"the session's data key (version {version}) is gone: its key "
+                    "row was removed (crypto-shredded by a delete, or lost)",
                 )
+            # another version (a flipped header, a value left from before a rotation):
+            # this value is damaged, not the session's key
             raise errors.PayloadAuthenticationError(
                 session_id,
                 record_id,
                 field,
-                detail=f"sealed under data key version {version}, which the session does not hold",
+                detail=f"sealed under data key version {version}, which the session does not "
+                f"hold (its payloads are sealed under version {current})",
             )
         return self._key(session_id, version, str(row[0]), row[1])
 

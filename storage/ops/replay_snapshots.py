@@ -189,18 +189,25 @@ def _opened(
     tx: Tx, session_id: str, part: int, stored: Stored, body: bytes
 ) -> bytes | memoryview | None:
     """Part ``part``'s Zstandard frame: ``body`` itself when clear (in a clear
-    session); opened when sealed, ``None`` when the header it was sealed with
-    is not the row's (the row's header was changed: the part is not served).
+    session); opened when sealed. ``None`` when the part is not served: the
+    header it was sealed with is not the row's (the row's header was
+    changed), or it does not open (``PayloadAuthenticationError``: a part
+    sealed under a key version the session no longer holds, restored from
+    before a rotation, or a clear part in a sealed session). A snapshot is a
+    cache: the replay then reads the rows, each authenticated, and stores a
+    new snapshot (attack finding on issue 23, part 2: such a part failed
+    every cold replay and was never replaced).
 
     Raises:
-        KeyUnavailableError, PayloadAuthenticationError: as
-            ``Keyring.open_bytes`` (record the part's key, field
-            :data:`MESSAGES`): a sealed part that fails authentication, a
-            clear part in a sealed session, a sealed one without its key.
+        KeyUnavailableError: as ``Keyring.open_bytes``: a sealed part and no
+            key (the rows would need it too).
     """
     if not is_sealed(body) and not tx.keys.encrypted:
         return body
-    plain = tx.keys.open_bytes(tx, session_id, key(session_id, part), MESSAGES, body)
+    try:
+        plain = tx.keys.open_bytes(tx, session_id, key(session_id, part), MESSAGES, body)
+    except errors.PayloadAuthenticationError:
+        return None
     if not is_sealed(body):
         return plain  # a clear session's part in an encrypted store
     bound = _bound(session_id, part, stored)
@@ -216,8 +223,8 @@ def load(tx: Tx, session_id: str, stored: Stored) -> Replay | None:
     row's (then the caller replays from the rows).
 
     Raises:
-        KeyUnavailableError, PayloadAuthenticationError: a sealed part (see
-            :func:`_opened`); never a partial replay.
+        KeyUnavailableError: a sealed part and no key (see :func:`_opened`);
+            never a partial replay.
     """
     if stored.parts < 1 or stored.format != FORMAT:  # a header naming no part is damage too
         return None

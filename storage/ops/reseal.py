@@ -108,9 +108,9 @@ def reseal(
         )
     if old is None and tx.one(_EXTERNAL_BLOBS, [session_id]) is not None:
         raise errors.NotSupportedError(
-            detail=f"session {session_id!r} has ledger blobs outside the database (a blob "
-            "store of files or objects), which sealing a session cannot reach: nothing was "
-            "sealed; the session stays clear"
+            detail=f"session {session_id!r} has ledger blob pointers whose blobs are not in the "
+            "database (kept in a blob store of files or objects, or lost), which sealing a "
+            "session cannot reach: nothing was sealed; the session stays clear"
         )
     provider = _provider(keys, session_id)
     opener = None if old is None else keys.sealing(tx, session_id, old)[0]
