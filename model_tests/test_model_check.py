@@ -108,7 +108,7 @@ def test_equivalent_guard_removed_finds_nothing(pair: tuple[str, str, str]) -> N
     """The reason is in ``catalog.EQUIVALENT``; the mutant explores without a
     violation and, unless listed in CHANGES_STATES, the very same state space."""
     lifecycle, edge, guard = pair
-    name = "leases" if lifecycle == "lease" else "runs"
+    name = {"lease": "leases", "delivery": "delivery"}.get(lifecycle, "runs")
     kwargs = dict(BOUNDS["ci"])[name]
     plain = _plain(name)
     mutant = explore(

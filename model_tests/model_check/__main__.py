@@ -27,6 +27,7 @@ BOUNDS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "ci": [
         ("leases", {"workers": ["A", "B"], "targets": ["s1", "s2"], "ticks": 4, "grants": 2}),
         ("runs", {"actors": ["W1", "R1"], "sessions": ["s1"], "ticks": 3, "max_runs": 2}),
+        ("delivery", {"workers": ["O1", "O2"], "ticks": 4}),
     ],
     "large": [
         (
@@ -43,6 +44,7 @@ BOUNDS: dict[str, list[tuple[str, dict[str, Any]]]] = {
                 "grants": 2,
             },
         ),
+        ("delivery", {"workers": ["O1", "O2", "O3"], "ticks": 4}),
     ],
 }
 """The bounds per model: each model's keyword arguments."""

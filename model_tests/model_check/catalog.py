@@ -4,27 +4,34 @@ with it removed, or why its removal changes nothing the invariants see.
 ``FOUND`` maps ``(lifecycle, edge, guard)`` to the model and bound that
 exhibit the counterexample (stored under ``counterexamples/``);
 ``EQUIVALENT`` maps the others to the reason. The two together cover every
-guard pair of ``LEASE``, ``RUN`` and ``RECOVERY`` (a test checks that).
+guard pair of ``LEASE``, ``RUN``, ``RECOVERY`` and ``DELIVERY`` (a test checks that).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from turnkeeper.spec.delivery import DELIVERY
 from turnkeeper.spec.lease import LEASE
 from turnkeeper.spec.lifecycle import Lifecycle
 from turnkeeper.spec.recovery import RECOVERY
 from turnkeeper.spec.run import RUN
 
-LIFECYCLES: dict[str, Lifecycle] = {"lease": LEASE, "run": RUN, "recovery": RECOVERY}
+LIFECYCLES: dict[str, Lifecycle] = {
+    "lease": LEASE,
+    "run": RUN,
+    "recovery": RECOVERY,
+    "delivery": DELIVERY,
+}
 """The modelled lifecycles, by name."""
 
-KEYWORD = {"lease": "lifecycle", "run": "run", "recovery": "recovery"}
+KEYWORD = {"lease": "lifecycle", "run": "run", "recovery": "recovery", "delivery": "delivery"}
 """The keyword each model takes a lifecycle by (the leases model: ``lifecycle``)."""
 
 Pair = tuple[str, str, str]
 
 _LEASES: dict[str, Any] = {"workers": ["A", "B"], "targets": ["s1"], "ticks": 4, "grants": 3}
+_DELIVERY: dict[str, Any] = {"workers": ["O1", "O2"], "ticks": 3}
 _RUNS: dict[str, Any] = {"actors": ["W1", "R1"], "sessions": ["s1"], "ticks": 3, "max_runs": 2}
 
 FOUND: dict[Pair, tuple[str, dict[str, Any]]] = {
@@ -39,6 +46,10 @@ FOUND: dict[Pair, tuple[str, dict[str, Any]]] = {
     ("run", "cancel_waiting", "cancel_requested"): ("runs", _RUNS),
     ("recovery", "retry", "due"): ("runs", _RUNS),
     ("recovery", "fail", "attempts_exhausted"): ("runs", _RUNS),
+    ("delivery", "claim", "due"): ("delivery", _DELIVERY),
+    ("delivery", "claim", "dependency_done"): ("delivery", _DELIVERY),
+    ("delivery", "reclaim_claimed", "claim_expired"): ("delivery", _DELIVERY),
+    ("delivery", "reclaim_in_progress", "claim_expired"): ("delivery", _DELIVERY),
 }
 
 _TOKEN = (

@@ -20,13 +20,18 @@ from typing import Any
 
 import turnkeeper
 from model_check.catalog import KEYWORD, LIFECYCLES
+from model_check.delivery import DEPENDS, OPS, DeliveryModel
 from model_check.explorer import Label
 from model_check.leases import PURPOSE, LeaseModel
 from model_check.mutations import without
 from model_check.runs import MAX_ATTEMPTS, RunsModel, purpose_of
-from turnkeeper import Lease, TurnkeeperError
+from turnkeeper import DeliveryPlan, DeliveryStep, Lease, TurnkeeperError
 
-MODELS: dict[str, Callable[..., Any]] = {"leases": LeaseModel, "runs": RunsModel}
+MODELS: dict[str, Callable[..., Any]] = {
+    "leases": LeaseModel,
+    "runs": RunsModel,
+    "delivery": DeliveryModel,
+}
 """The models by name, as counterexample files name them."""
 
 
@@ -46,6 +51,8 @@ class Replayer:
     model: str = "leases"
     held: dict[tuple[str, str], Lease] = field(default_factory=dict)
     run_ids: list[str] = field(default_factory=list)
+    claims: dict[tuple[str, str], int] = field(default_factory=dict)
+    intent: str = ""
 
     def apply(self, label: Label) -> str:
         """Run ``label`` on the store: its :func:`outcome` (``ok``, ``refused`` …)."""
@@ -59,7 +66,11 @@ class Replayer:
         if kind == "crash":
             for key in [k for k in self.held if k[0] == label[1]]:
                 del self.held[key]
+            for key in [k for k in self.claims if k[0] == label[1]]:
+                del self.claims[key]
             return True
+        if self.model == "delivery":
+            return self._delivery(label)
         if kind == "request_cancel":
             return _ok(self.store.runs.request_cancel, self._run(label[1]))
         actor = label[1]
@@ -133,6 +144,40 @@ class Replayer:
             return _ok(store.recovery.converge, run_id, lease)
         raise ValueError(f"unknown step {label!r}")
 
+    def _delivery(self, label: Label) -> bool:
+        kind, worker, key = label
+        op_id, outbox = f"{self.intent}:{key}", self.store.outbox
+        if kind == "claim":
+            try:
+                claimed = outbox.claim(op_id, worker, self.ttl)
+            except TurnkeeperError:
+                return False
+            self.claims[(worker, key)] = claimed.lease_epoch
+            return True
+        epoch = self.claims.get((worker, key))
+        if epoch is None:
+            return False
+        if kind == "progress":
+            return _ok(outbox.update_progress, op_id, worker, epoch)
+        if kind == "deliver":
+            done = _ok(outbox.finish, op_id, worker, epoch, "delivered")
+        else:
+            done = _ok(outbox.requeue, op_id, worker, epoch, delay_s=1.0)
+        if done:
+            del self.claims[(worker, key)]
+        return done
+
+    def plan(self) -> None:
+        """The delivery model's intent: a run of session ``s1`` ended with a
+        plan of :data:`OPS` (``b`` depends on ``a``)."""
+        run = self.store.runs.admit("s1", {"q": 1}, start=True)
+        steps = tuple(
+            DeliveryStep(k, "message", depends_on=OPS[DEPENDS[i]] if i in DEPENDS else None)
+            for i, k in enumerate(OPS)
+        )
+        self.store.runs.finish(run.id, "succeeded", delivery_plan=DeliveryPlan("chat", "t", steps))
+        self.intent = f"{run.id}:delivery"
+
 
 def _ok(fn: Callable[..., object], *args: object, **kwargs: object) -> bool:
     try:
@@ -190,10 +235,12 @@ def replay(
         lifecycle, edge, guard = mutation.split(".")
         changed = without(LIFECYCLES[lifecycle], edge, guard)
         mutant = build(model, {**bound, "grants": 10_000}, **{KEYWORD[lifecycle]: changed})
-    sessions = spec.targets if model == "leases" else spec.sessions
-    for sid in sessions:
+    sessions = {"leases": "targets", "runs": "sessions"}
+    for sid in getattr(spec, sessions[model]) if model in sessions else ("s1",):
         store.sessions.create(sid)
     player = Replayer(store, clock, float(spec.ttl), model=model)
+    if model == "delivery":
+        player.plan()
     state, mutated = spec.initial(), mutant.initial()
     verdicts = []
     for raw in steps:
