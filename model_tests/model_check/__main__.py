@@ -44,7 +44,7 @@ BOUNDS: dict[str, list[tuple[str, dict[str, Any]]]] = {
                 "grants": 2,
             },
         ),
-        ("delivery", {"workers": ["O1", "O2", "O3"], "ticks": 4}),
+        ("delivery", {"workers": ["O1", "O2", "O3"], "ticks": 5, "grants": 4}),
     ],
 }
 """The bounds per model: each model's keyword arguments."""
