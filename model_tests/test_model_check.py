@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FakeClock
-from model_check.__main__ import BOUNDS, COUNTEREXAMPLES, counterexample, path_of
+from model_check.__main__ import BOUNDS, COUNTEREXAMPLES, counterexample, main, path_of
 from model_check.catalog import EQUIVALENT, FOUND, KEYWORD, LIFECYCLES
 from model_check.explorer import Label, Result, explore
 from model_check.mutations import guard_pairs, without
@@ -165,3 +165,10 @@ def test_a_counterexample_prints_as_a_script_that_replays(
         "Verdict(label=('acquire', 'B', 's1'), mutant='ok', model='refused', store='refused')"
         in (out)
     )
+
+
+def test_a_violation_exits_1_with_its_script(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--mutate", "run.admit.no_active_run"]) == 1
+    out = capsys.readouterr().out
+    assert "from model_check.replay import replay" in out
+    assert "('admit', 'W1', 's1')," in out and "'one active run'" in out

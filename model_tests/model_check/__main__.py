@@ -4,7 +4,10 @@ Explores every model at the bound (``ci``: the test suite's; ``large``:
 ``make modelcheck``'s, at least 3 actors x 2 targets x expiry per model) and
 prints states, transitions, depth and time per model; exits 1 if an
 invariant breaks (printing the counterexample as a replay script). With
-``--write``, regenerates ``counterexamples/`` from :data:`catalog.FOUND`.
+``--write``, regenerates ``counterexamples/`` from :data:`catalog.FOUND`;
+with ``--mutate lease.takeover.expired`` (a pair of ``catalog.FOUND``),
+explores with that guard removed and prints the counterexample's script
+(exit 1).
 """
 
 from __future__ import annotations
@@ -96,7 +99,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m model_check")
     parser.add_argument("--bound", choices=sorted(BOUNDS), default="ci")
     parser.add_argument("--write", action="store_true", help="regenerate counterexamples/")
+    parser.add_argument(
+        "--mutate",
+        metavar="LIFECYCLE.EDGE.GUARD",
+        help="explore with that guard removed; print the counterexample as a script",
+    )
     args = parser.parse_args(argv)
+    if args.mutate:
+        lifecycle, edge, guard = args.mutate.split(".")
+        cx = counterexample((lifecycle, edge, guard))
+        print(f"{cx['mutation']}: {cx['states']} states explored")
+        print(script(cx))
+        return 1
     if args.write:
         for pair in FOUND:
             cx = counterexample(pair)
