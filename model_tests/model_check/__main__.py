@@ -42,7 +42,7 @@ BOUNDS: dict[str, list[tuple[str, dict[str, Any]]]] = {
             {
                 "actors": ["W1", "W2", "R1"],
                 "sessions": ["s1", "s2"],
-                "ticks": 3,
+                "ticks": 2,
                 "max_runs": 2,
                 "grants": 2,
             },

@@ -18,7 +18,7 @@ checkout's virtualenv is 3.11), so it cannot be a test dependency at all.
 ``minicheck`` is not on PyPI (its README says to install it from GitHub,
 "PyPI release pending"), so it cannot go in the ``test`` extra either. What
 this project needs of either is a breadth-first search with a parent map
-(about sixty lines, below), with a step vocabulary the replayer turns into
+(under a hundred lines, below), with a step vocabulary the replayer turns into
 store calls; nothing else of theirs (LTL, fairness, probabilities) is used.
 """
 
