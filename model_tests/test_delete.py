@@ -43,6 +43,7 @@ from turnkeeper.cli.audit_orphans import OWNED
 from turnkeeper.spec.records import ImportBatch, ImportedSource, OpaqueRecord, SessionMetadata
 from turnkeeper.storage.ops import deletes
 from turnkeeper.storage.ops.ledger.blobs import blob_prefix
+from turnkeeper.storage.ops.ledger.sealing import seal_blob
 from turnkeeper.storage.ops.replay_snapshots import PERSIST_ROWS
 
 USER = {"role": "user", "content": "my secret question"}
@@ -121,7 +122,9 @@ def populate(store: Any, sid: str) -> dict[str, Any]:
     ledger_writer.append("turn", b"secret turn", f"turn-of-{sid}")
     ledger_writer.append("turn", b"a secret turn offloaded as a blob", f"blob-of-{sid}")
     # an orphan blob whose GC delete failed: its condemned mark stays (ledger_blob_condemned)
-    ledger.blobs.put(blob_prefix("", sid) + "0" * 64, b"a secret orphan")
+    # (as a writer puts it: sealed in a sealed session)
+    orphan_key = blob_prefix("", sid) + "0" * 64
+    ledger.blobs.put(orphan_key, seal_blob(store.db, sid, orphan_key, b"a secret orphan"))
     with pytest.raises(GCDeleteError):
         store.ledger.with_blobs(_Undeletable(ledger.blobs), offload_threshold=16).gc(sid, owner)
     store.leases.release(owner)

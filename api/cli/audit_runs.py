@@ -147,7 +147,7 @@ session is a clear copy at rest.)"""
 
 
 def _sealed_values(store: Snapshot, scope: Scope) -> tuple[int, list[Unopened]]:
-    """Every other sealed column's values of the in-scope sessions
+    """Every other sealed column's values of the in-scope sessions that exist
     (``crypto/columns.py``), each opened: how many, and those that did not
     open. A ledger blob is read one at a time (up to 64 MiB each)."""
     checked = 0
@@ -157,7 +157,11 @@ def _sealed_values(store: Snapshot, scope: Scope) -> tuple[int, list[Unopened]]:
             continue
         t, c, sid = column.table, column.column, column.session
         record = f"CAST({column.record} AS VARCHAR)"
-        where = f"{scope.sessions_in(sid)} AND {c} IS NOT NULL"
+        # (a row of a session that no longer exists is an orphan, no_orphan_rows' to
+        # name: its key went with the session, so it does not open)
+        where = (
+            f"{scope.sessions_in(sid)} AND {sid} IN (SELECT id FROM sessions) AND {c} IS NOT NULL"
+        )
         if column.table != "ledger_blobs":
             found = query_rows(
                 store,
