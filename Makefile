@@ -23,7 +23,7 @@ SOURCE_LIST := $(VENV)/.sources
 # (a find-links folder that does not exist); drop those, keep everything else.
 PIP_FILTER := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: install demo test test-pgbouncer lint typecheck reports bench clean FORCE
+.PHONY: install demo test test-pgbouncer lint typecheck modelcheck reports bench clean FORCE
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +74,13 @@ test-pgbouncer: install
 # them alone).
 test-encrypted: install
 	TURNKEEPER_TEST_ENCRYPTED=only $(BIN)/python model_tests/with_postgres.py $(BIN)/python -m pytest
+
+# The bounded model checker (model_tests/model_check/) at its larger bound: at least
+# 3 actors x 2 targets x lease expiry per model (the CI bound runs in
+# model_tests/test_model_check.py). Prints states, transitions, depth and time per
+# model; fails with the counterexample as a replay script if an invariant breaks.
+modelcheck: install
+	cd model_tests && ../$(BIN)/python -m model_check --bound large
 
 # Regenerates every file in reports/: the diagrams (deterministic) and the benchmark (measured).
 reports: install bench
