@@ -107,13 +107,15 @@ class Filter:
 def _source(f: Filter) -> tuple[str, list[Any]]:
     """The ``FROM`` of a listing (alias ``s``) and its parameters: with ``cwd``, the
     directory's sessions read through ``sessions_by_cwd`` first (materialized, so
-    that DuckDB keeps the scan's one filter: a top-N pushes its own into the scan)."""
+    that DuckDB keeps the scan's one filter: a top-N pushes its own into the scan),
+    with the columns the filters read (``key_version``: :data:`_SEARCH`)."""
     cols = ", ".join(c.strip() for c in SESSION_COLS.split(","))
     if f.cwd is None:
         return "sessions s", []
     only = "TRUE" if f.include_sub_agents else "sub_agent_of IS NULL"
     return (
-        f"(WITH d AS MATERIALIZED (SELECT {cols} FROM sessions WHERE {keyed('cwd', only)}) "
+        f"(WITH d AS MATERIALIZED (SELECT {cols}, key_version FROM sessions "
+        f"WHERE {keyed('cwd', only)}) "
         "SELECT * FROM d) s",
         [f.cwd],
     )
