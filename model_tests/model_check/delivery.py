@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import NamedTuple
 
-from model_check.explorer import Label
+from model_check.explorer import Label, Stepped
 from model_check.leasing import put
 from turnkeeper.spec.delivery import DELIVERY
 from turnkeeper.spec.lifecycle import Lifecycle
@@ -59,7 +59,7 @@ class State(NamedTuple):
     dependency_skipped: bool = False
 
 
-class DeliveryModel:
+class DeliveryModel(Stepped[State]):
     """Workers ``workers`` on the operations :data:`OPS`, the clock from 0 to
     ``ticks``, claims for ``ttl`` ticks, at most ``grants`` claims per operation."""
 
@@ -108,12 +108,6 @@ class DeliveryModel:
                     yield ("requeue", name, op)
             if any(m is not None for m in s.mem[w]):
                 yield ("crash", name)
-
-    def actions(self, s: State) -> Iterator[tuple[Label, State]]:
-        for label in self.labels(s):
-            ok, nxt = self.step(s, label)
-            if ok:
-                yield label, nxt
 
     def step(self, s: State, label: Label) -> tuple[bool, State]:
         """``(accepted, next state)``; a refused step leaves the state as it was."""

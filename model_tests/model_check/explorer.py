@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 S = TypeVar("S", bound=Hashable)
 Label = tuple[str, ...]
@@ -44,6 +44,26 @@ class Model(Protocol[S]):
     def initial(self) -> S: ...
 
     def actions(self, state: S) -> Iterable[tuple[Label, S]]: ...
+
+
+class Stepped(Generic[S]):
+    """A model given as its candidate steps (:meth:`labels`) and a step
+    function (:meth:`step`): its actions are the candidates the step accepts."""
+
+    def labels(self, state: S) -> Iterable[Label]:
+        """Every step to try from ``state`` (a refused one is dropped)."""
+        raise NotImplementedError
+
+    def step(self, state: S, label: Label) -> tuple[bool, S]:
+        """``(accepted, next state)``; a refused step leaves the state as it was."""
+        raise NotImplementedError
+
+    def actions(self, state: S) -> Iterator[tuple[Label, S]]:
+        """The accepted steps from ``state`` and the states they reach."""
+        for label in self.labels(state):
+            ok, nxt = self.step(state, label)
+            if ok:
+                yield label, nxt
 
 
 @dataclass(frozen=True)

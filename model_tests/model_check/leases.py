@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import NamedTuple
 
 from model_check import leasing
-from model_check.explorer import Label
+from model_check.explorer import Label, Stepped
 from model_check.leasing import Row, put
 from turnkeeper.spec.lease import GRANTING_EDGES, LEASE
 from turnkeeper.spec.lifecycle import Lifecycle
@@ -42,7 +42,7 @@ class State(NamedTuple):
     epoch_reused: bool = False
 
 
-class LeaseModel:
+class LeaseModel(Stepped[State]):
     """Workers ``workers`` on targets ``targets`` (session ids), the clock
     from 0 to ``ticks``, every lease for ``ttl`` ticks, at most ``grants``
     epochs per target (an acquire that would grant more is not offered)."""
@@ -154,12 +154,6 @@ class LeaseModel:
             new = row._replace(state="released", expires=min(row.expires, s.clock))
             told = None
         return True, s._replace(rows=put(s.rows, t, new), mem=put(s.mem, w, put(s.mem[w], t, told)))
-
-    def actions(self, s: State) -> Iterator[tuple[Label, State]]:
-        for label in self.labels(s):
-            ok, nxt = self.step(s, label)
-            if ok:
-                yield label, nxt
 
     def _tick(self, s: State) -> State:
         now = s.clock + 1

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import NamedTuple
 
 from model_check import leasing
-from model_check.explorer import Label
+from model_check.explorer import Label, Stepped
 from model_check.leasing import Row, put
 from turnkeeper.spec.lease import GRANTING_EDGES, LEASE
 from turnkeeper.spec.lifecycle import Lifecycle
@@ -82,7 +82,7 @@ def purpose_of(actor: str) -> str:
     return "recovery" if actor.startswith("R") else "execution"
 
 
-class RunsModel:
+class RunsModel(Stepped[State]):
     """Actors ``actors`` on sessions ``sessions``, at most ``max_runs`` runs
     in all, the clock from 0 to ``ticks``, leases for ``ttl`` ticks, at most
     ``grants`` lease epochs per session."""
@@ -171,12 +171,6 @@ class RunsModel:
                         yield ("converge", actor, f"r{i}")
             if any(m is not None for m in s.mem[a]):
                 yield ("crash", actor)
-
-    def actions(self, s: State) -> Iterator[tuple[Label, State]]:
-        for label in self.labels(s):
-            ok, nxt = self.step(s, label)
-            if ok:
-                yield label, nxt
 
     def step(self, s: State, label: Label) -> tuple[bool, State]:
         """``(accepted, next state)``; a refused step leaves the state as it was."""
