@@ -475,6 +475,7 @@ TINY_BENCH = {
     "TURNKEEPER_BENCH_BIG_COPIES": "5",
     "TURNKEEPER_BENCH_LEDGER_REPLAY": "2000",
     "TURNKEEPER_BENCH_CLI_ENTRIES": "400",
+    "TURNKEEPER_BENCH_RSS_ENTRIES": "2000",
 }
 """CI's size for reports/bench.py: enough to run every row, too small to mean anything."""
 

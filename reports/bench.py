@@ -959,6 +959,18 @@ def table(result: dict[str, Any]) -> str:
     lines += encryption_note(
         {n: b.get("encryption") for n, b in result["backends"].items()}, m["cores"]
     )
+    alone = {n: b["replay_alone"] for n, b in result["backends"].items() if "replay_alone" in b}
+    if alone:
+        at = "; ".join(
+            f"{n}: load average {a['load_average']}, floor {a['floor_ms']} ms"
+            for n, a in alone.items()
+        )
+        lines += [
+            "The cold replay's rows (cache off, the LangGraph peers, the replay's peak RSS) were "
+            "measured again alone (`python reports/bench.py replay`, each ratio against the floor "
+            f"timed in that run) and merged into the full run's figures: {at}.",
+            "",
+        ]
     lines += [
         f"Machine: {m['cores']} cores, load average {m['load_average']} at the start, "
         f"Python {m['python']}, DuckDB {m['duckdb']}.",
@@ -1021,31 +1033,60 @@ def replay_only(
 
 
 def main_replay() -> int:
-    """``reports/bench.py replay``: the replay's rows on each backend, as
-    JSON to :data:`OUT` (the table is left alone)."""
-    backends: dict[str, Any] = {"load_average": [round(x, 2) for x in os.getloadavg()]}
+    """``reports/bench.py replay``: only the replay's rows (:func:`replay_only`),
+    on DuckDB and, with ``TURNKEEPER_TEST_PG``, PostgreSQL, merged into the
+    existing :data:`OUT` (each measured backend's cold replay row, LangGraph
+    peers, replay RSS and replay statements replaced, the load average at its
+    start kept under ``replay_alone``, every other figure kept as it was
+    measured) and :data:`TABLE` regenerated from it, as ``encryption`` does.
+
+    Raises:
+        SystemExit: :data:`OUT` does not exist or lacks a measured backend
+            (run the whole ``make bench`` first); nothing is written.
+    """
+    if not OUT.exists():
+        raise SystemExit(f"{OUT} does not exist: run the whole benchmark first")
+    result = json.loads(OUT.read_text(encoding="utf-8"))
+    measured: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = f"{tmp}/store.duckdb"
+        load = [round(x, 2) for x in os.getloadavg()]
         with (
             turnkeeper.open_store(path) as store,
             turnkeeper.open_store(path, replay_cache_bytes=0) as cold,
         ):
-            backends["duckdb"] = replay_only(
+            measured["duckdb"] = replay_only(
                 store, cold, duck_floor(tmp), tmp, "", f"{tmp}/rss.duckdb"
-            )
+            ) | {"load_average": load}
     url = os.environ.get("TURNKEEPER_TEST_PG")
     if url:
         schema = pg_schema(url)
+        load = [round(x, 2) for x in os.getloadavg()]
         with (
             turnkeeper.open_store(schema) as store,
             turnkeeper.open_store(schema, replay_cache_bytes=0) as cold,
         ):
-            backends["postgres"] = replay_only(
+            measured["postgres"] = replay_only(
                 store, cold, pg_floor(schema), "", pg_schema(url), pg_schema(url)
-            )
-    backends["cores"] = os.cpu_count()
-    OUT.write_text(json.dumps(backends, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps(backends, indent=2))
+            ) | {"load_average": load}
+    missing = sorted(set(measured) - set(result["backends"]))
+    if missing:
+        raise SystemExit(
+            f"{OUT} has no {', '.join(missing)} figures: run the whole benchmark first"
+        )
+    for name, section in measured.items():
+        have = result["backends"][name]
+        have["operations"].update(section["operations"])
+        have["langgraph"] = section["langgraph"]
+        have["replay_rss"] = section["replay_rss"]
+        have["statements_per_call"].update(section["statements_per_call"])
+        have["replay_alone"] = {
+            "load_average": section["load_average"],
+            "floor_ms": section["floor_ms"],
+        }
+    OUT.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    TABLE.write_text(table(result), encoding="utf-8")
+    print(table(result))
     return 0
 
 
