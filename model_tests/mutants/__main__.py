@@ -37,6 +37,10 @@ HERE = Path(__file__).resolve().parent
 MODEL_TESTS = HERE.parent
 WITH_POSTGRES = MODEL_TESTS / "with_postgres.py"
 
+WRAPPED = "TURNKEEPER_MUTANTS_UNDER_WITH_POSTGRES"
+"""Set once this command ran itself again under ``with_postgres.py`` (which,
+where no server can start, runs it without one: then it goes on without)."""
+
 TIMEOUT_S = 900.0
 """A mutant's tests that run longer than this are stopped: not a kill (a hang
 is not a failing fixed test), reported as ``timeout``."""
@@ -94,12 +98,14 @@ def pytest_run(
 
 
 def failed_ids(output: str) -> tuple[str, ...]:
-    """The node ids pytest's short summary (``-ra``) names as failed or errored."""
+    """The node ids pytest's short summary (``-ra``) names as failed or errored
+    (relative to ``model_tests/``)."""
     found = []
     for line in output.splitlines():
         for word in ("FAILED ", "ERROR "):
             if line.startswith(word):
-                found.append(line[len(word) :].split(" - ", 1)[0].strip())
+                node = line[len(word) :].split(" - ", 1)[0].strip()
+                found.append(node.removeprefix("model_tests/"))
     return tuple(found)
 
 
@@ -195,10 +201,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    {t}")
         return 0
     if not os.environ.get("TURNKEEPER_TEST_PG"):  # the PostgreSQL cases need a server
-        os.execv(
-            sys.executable,
-            [sys.executable, str(WITH_POSTGRES), sys.executable, "-m", "mutants", *args_in],
-        )
+        if not os.environ.get(WRAPPED):
+            os.environ[WRAPPED] = "1"
+            os.execv(
+                sys.executable,
+                [sys.executable, str(WITH_POSTGRES), sys.executable, "-m", "mutants", *args_in],
+            )
+        print("no PostgreSQL server: the killing tests' PostgreSQL cases are skipped", flush=True)
     package = installed_package()
     for m in selected:  # a stale entry stops the run before anything runs
         mutated_text(m, package)

@@ -334,6 +334,15 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_conformance_threads.py::test_key_bound_elsewhere_without_rebind_is_refused"
         ),
     ),
+    Mutant(
+        id="thread-finalize-fence",
+        kind="token",
+        guards="finalize fences every held lease in its transaction",
+        file="storage/ops/threads.py",
+        old="    for lease in req.held_leases:\n        leases.fence(tx, lease)",
+        new="    for lease in req.held_leases:\n        pass",
+        tests=(f"{_FORGED}[duckdb-threads.finalize]", f"{_FORGED}[postgres-threads.finalize]"),
+    ),
     # -- runs -------------------------------------------------------------------------------
     Mutant(
         id="run-one-active",
@@ -563,11 +572,16 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         id="query-duckdb-one-select",
         kind="read-only-query",
-        guards="DuckDB: one SELECT statement, nothing else",
+        guards="DuckDB: one SELECT statement, nothing else (a SELECT among others refused)",
         file="storage/duck/query.py",
         old="    if kinds != [duckdb.StatementType.SELECT]:",
-        new="    if duckdb.StatementType.SELECT not in kinds and False:",
-        tests=("test_query_readonly.py::test_every_statement_kind_but_a_read_is_refused",),
+        new="    if duckdb.StatementType.SELECT not in kinds:",
+        tests=(
+            "test_query_readonly.py::"
+            "test_every_statement_kind_but_a_read_is_refused[SELECT 1; DELETE FROM sessions]",
+            "test_query_readonly.py::"
+            "test_every_statement_kind_but_a_read_is_refused[SELECT 1; SELECT 2]",
+        ),
     ),
     Mutant(
         id="query-duckdb-write-nodes",
@@ -576,7 +590,10 @@ MUTANTS: tuple[Mutant, ...] = (
         file="storage/duck/query.py",
         old="    writes = _nodes(tree) - READ_NODES",
         new="    writes = set()",
-        tests=("test_query_readonly.py::test_a_write_inside_a_read_is_refused",),
+        tests=(
+            "test_query_readonly.py::test_a_write_inside_a_read_is_refused"
+            "[WITH d AS (DELETE FROM sessions RETURNING *) SELECT * FROM d]",
+        ),
     ),
     Mutant(
         id="query-postgres-read-only",
@@ -688,10 +705,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    leases.fence(tx, lease)\n    _, ledger_epoch = journal.read_tip("
         "tx, tenant, session_id, lock=True)",
         new="    _, ledger_epoch = journal.read_tip(tx, tenant, session_id, lock=True)",
-        tests=(
-            "test_ledger_gc_fence.py::"
-            "test_gc_whose_lease_lapses_before_it_condemns_deletes_nothing_and_the_fence_can_fail",
-        ),
+        tests=(f"{_FORGED}[duckdb-ledger.gc]", f"{_FORGED}[postgres-ledger.gc]"),
     ),
     Mutant(
         id="ledger-blob-hash",
@@ -739,7 +753,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    channel = binding_of(tx, session_id)\n"
         "    leases.fence_or_unheld(tx, session_target(session_id), lease)",
         new="    channel = binding_of(tx, session_id)",
-        tests=_cases("test_bindings.py::test_a_wrong_lease_is_refused"),
+        tests=_cases("test_bindings.py::test_binding_writes_obey_the_session_write_rule"),
     ),
     Mutant(
         id="binding-channel-taken",
@@ -792,6 +806,16 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_delete.py::"
             "test_a_deleted_session_is_gone_for_every_write_and_its_id_is_never_reused"
         ),
+    ),
+    Mutant(
+        id="retention-lease-fence",
+        kind="deletes",
+        guards="each retention delete fences the pass's lease (a pass whose lease expired "
+        "meanwhile deletes nothing more)",
+        file="storage/ops/deletes.py",
+        old="    leases.fence(tx, lease)\n    heads = _family_heads(tx, session_id)",
+        new="    heads = _family_heads(tx, session_id)",
+        tests=_cases("test_retention.py::test_a_pass_stops_when_its_lease_is_lost"),
     ),
     Mutant(
         id="retention-changed",
