@@ -105,7 +105,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         id="lease-merged-fence-token",
         kind="token",
-        guards="DuckDB's merged appends judge the fence in Python (fence_holds): every column",
+        guards="DuckDB's merged appends judge the fence in Python (fence_holds): any "
+        "64-character value (a token digest) taken as equal",
         file="storage/ops/leases.py",
         old="        mine is not None and mine == theirs",
         new="        mine is not None and (mine == theirs or len(str(mine)) == 64)",
