@@ -23,7 +23,7 @@ SOURCE_LIST := $(VENV)/.sources
 # (a find-links folder that does not exist); drop those, keep everything else.
 PIP_FILTER := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: install demo test test-pgbouncer lint typecheck modelcheck reports bench clean FORCE
+.PHONY: install demo test test-pgbouncer lint typecheck modelcheck mutants reports bench clean FORCE
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,15 @@ test-encrypted: install
 # model; fails with the counterexample as a replay script if an invariant breaks.
 modelcheck: install
 	cd model_tests && ../$(BIN)/python -m model_check --bound large
+
+# The fence-mutant catalog (model_tests/mutants/catalog.py): each entry's one source
+# replacement applied in turn to a temporary copy of the installed package (nothing
+# shipped changes), its fixed killing tests run against that copy on both backends (a
+# throwaway PostgreSQL server) and required to fail, after passing once on an unmutated
+# copy. Prints mutant, killed, killing test and seconds; fails if a mutant survives.
+# model_tests/test_mutants.py is its CI part. `make mutants ONLY=id,id` runs those.
+mutants: install
+	cd model_tests && ../$(BIN)/python -m mutants $(if $(ONLY),--only $(ONLY))
 
 # Regenerates every file in reports/: the diagrams (deterministic) and the benchmark (measured).
 reports: install bench

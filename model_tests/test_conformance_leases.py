@@ -9,6 +9,7 @@ import pytest
 
 import turnkeeper
 from turnkeeper import BusyError, InvalidInputError, LeaseLostError, LeasePurposeError
+from turnkeeper.storage.ops import leases as lease_ops
 from turnkeeper.storage.validate import MAX_TTL_S
 
 
@@ -93,6 +94,47 @@ def test_renew_after_expiry_is_lease_lost_even_if_nobody_took_it(store, clock):
     with pytest.raises(LeaseLostError) as err:
         store.leases.renew(lease, 10)
     assert err.value.target == "t"
+
+
+def check_expired_at_its_instant(store, clock) -> None:
+    """At exactly ``expires_at`` a lease is expired (live iff now < expires_at):
+    renew and validate refuse it, and nothing was written."""
+    lease = store.leases.acquire("t", "a", 10)
+    clock.advance(10)
+    assert clock() == lease.expires_at
+    with pytest.raises(LeaseLostError, match="expired"):
+        store.leases.renew(lease, 10)
+    with pytest.raises(LeaseLostError, match="expired"):
+        store.leases.validate(lease)
+    rows = store.query("SELECT epoch, expires_at FROM leases").to_pylist()
+    assert rows == [{"epoch": 1, "expires_at": lease.expires_at}]
+
+
+def test_a_lease_at_its_expiry_instant_fences_nothing(store, clock):
+    check_expired_at_its_instant(store, clock)
+
+
+def test_the_expiry_instant_check_fails_with_the_boundary_counted_live(store, clock, monkeypatch):
+    """Control: the fence judging ``expires_at < now`` (the instant counted live)."""
+    real = lease_ops.unexpired
+
+    def at_instant_live(tx: Any, target: str, expires_at: Any, server_now: Any = None) -> Any:
+        now = tx.clock_after_locks(server_now)
+        return real(tx, target, expires_at, server_now) if expires_at < now else now
+
+    monkeypatch.setattr(lease_ops, "unexpired", at_instant_live)
+    with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):
+        check_expired_at_its_instant(store, clock)
+
+
+def test_a_lease_at_its_expiry_instant_is_taken_over(store, clock):
+    lease = store.leases.acquire("t", "a", 10)
+    clock.advance(10)
+    assert clock() == lease.expires_at
+    taken = store.leases.acquire("t", "b", 10)
+    assert (taken.owner, taken.epoch) == ("b", 2)
+    with pytest.raises(LeaseLostError):
+        store.leases.validate(lease)
 
 
 def test_release_is_idempotent_and_frees_the_target(store):

@@ -20,6 +20,8 @@ from turnkeeper import (
     RunNotFoundError,
 )
 from turnkeeper.spec.errors import DeliveryPlanConflictError
+from turnkeeper.storage.ops import outbox as outbox_ops
+from turnkeeper.storage.ops import outbox_plans
 
 USER = {"role": "user", "content": "go"}
 REPLY = {"role": "assistant", "content": [{"type": "text", "text": "done"}]}
@@ -220,6 +222,61 @@ def test_requeue_releases_the_claim_until_the_next_attempt_time(store, clock):
     assert [o.id for o in store.outbox.list_due()] == [op.id]
     again = store.outbox.claim(op.id, "b", 5)
     assert (again.lease_epoch, again.attempt_count, again.next_attempt_at) == (2, 2, None)
+
+
+def test_an_update_by_another_owner_under_the_current_epoch_is_refused(store):
+    """The claim's owner and epoch both decide: a worker that names the current
+    epoch but is not its owner updates nothing. (The owner left out of the
+    fence: mutant ``delivery-claim-owner``, ``make mutants``.)"""
+    run = finished(store, plan())
+    (op,) = store.outbox.get_plan(f"{run.id}:delivery")[1]
+    claimed = store.outbox.claim(op.id, "a", 30)
+    for update in (
+        lambda: store.outbox.update_progress(op.id, "b", claimed.lease_epoch),
+        lambda: store.outbox.finish(op.id, "b", claimed.lease_epoch, "delivered"),
+        lambda: store.outbox.requeue(op.id, "b", claimed.lease_epoch, delay_s=1),
+    ):
+        with pytest.raises(DeliveryLeaseLostError) as err:
+            update()
+        assert (err.value.owner, err.value.epoch) == ("b", claimed.lease_epoch)
+    assert store.outbox.get_operation(op.id) == claimed
+    done = store.outbox.finish(op.id, "a", claimed.lease_epoch, "delivered")
+    assert done.status == "delivered"
+
+
+def check_claim_expired_at_its_instant(store, clock) -> None:
+    """At exactly ``lease_expires_at`` a claim is expired (live iff now <
+    expires_at): its holder's update is refused, writing nothing, and another
+    worker claims the operation under the next epoch."""
+    run = finished(store, plan())
+    (op,) = store.outbox.get_plan(f"{run.id}:delivery")[1]
+    first = store.outbox.claim(op.id, "a", 10)
+    clock.advance(10)
+    assert clock() == first.lease_expires_at
+    with pytest.raises(DeliveryLeaseLostError, match="expired"):
+        store.outbox.update_progress(op.id, "a", first.lease_epoch, provider_state={"p": 1})
+    assert store.outbox.get_plan(f"{run.id}:delivery")[1] == [first]
+    second = store.outbox.claim(op.id, "b", 10)
+    assert (second.lease_owner, second.lease_epoch) == ("b", first.lease_epoch + 1)
+
+
+def test_a_claim_at_its_expiry_instant_is_expired(store, clock):
+    check_claim_expired_at_its_instant(store, clock)
+
+
+def test_the_claim_instant_check_fails_with_the_instant_counted_live(store, clock, monkeypatch):
+    """Control: the claim's fence and its re-check at COMMIT judging the instant live."""
+    real = outbox_ops._fence
+
+    def at_instant_live(tx, operation_id, owner, epoch):
+        op = outbox_plans.load(tx, operation_id)
+        if op.lease_expires_at is not None and op.lease_expires_at == tx.clock_after_locks():
+            return op
+        return real(tx, operation_id, owner, epoch)
+
+    monkeypatch.setattr(outbox_ops, "_fence", at_instant_live)
+    with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):
+        check_claim_expired_at_its_instant(store, clock)
 
 
 def test_an_expired_claim_is_listed_as_due(store, clock):

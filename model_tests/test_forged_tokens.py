@@ -693,6 +693,70 @@ def test_the_forged_token_check_fails_with_the_token_left_out_of_the_fence(
         check_forged_token_refused(store, write)
 
 
+# -- the fence's epoch and owner columns (the holder's token kept) --------------------------
+
+RELABELLED = ["sessions.append", "runs.finish", "tools.claim"]
+"""Writes a lease relabelled with another epoch or owner is tried on: an append
+(the one-statement path on PostgreSQL, a transaction's fence on DuckDB), a run
+transition and a tool claim."""
+
+
+def check_relabelled_refused(store: turnkeeper.BaseStore, write: str, field: str) -> None:
+    """A copy of the holder's lease, its token kept, with another ``field``
+    (``epoch``: the next one; ``owner``) is refused with nothing written (``AssertionError``
+    when it is taken): the fence compares every column of the lease row, not
+    only the token's digest."""
+    lease, call = WRITES[write](store)
+    before = everything(store)
+    other = lease.epoch + 1 if field == "epoch" else "mallory"
+    try:
+        got = call(dataclasses.replace(lease, **{field: other}))
+    except LeaseLostError as lost:
+        assert lost.target == lease.target
+    else:
+        raise AssertionError(f"{write} took a lease with {field} {other!r}: {got!r}")
+    assert everything(store) == before, f"{write} under a relabelled lease wrote"
+    store.leases.validate(lease)  # the holder's lease is untouched
+
+
+def blind_fence(mp: pytest.MonkeyPatch, column: str) -> None:
+    """The fence's condition without ``column`` (``FENCED`` and ``fence_values``
+    with it left out; test-only)."""
+    columns, values = leases.FENCED, leases.fence_values
+    kept = [i for i, c in enumerate(columns) if c != column]
+    assert len(kept) == len(columns) - 1, columns
+    mp.setattr(leases, "FENCED", tuple(columns[i] for i in kept))
+    mp.setattr(leases, "fence_values", lambda lease: [values(lease)[i] for i in kept])
+
+
+@pytest.mark.parametrize("write", RELABELLED)
+def test_a_lease_with_another_epoch_is_refused(store, write: str) -> None:
+    check_relabelled_refused(store, write, "epoch")
+
+
+@pytest.mark.parametrize("write", RELABELLED)
+def test_the_other_epoch_check_fails_with_the_epoch_left_out_of_the_fence(
+    store, write: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blind_fence(monkeypatch, "epoch")
+    with pytest.raises(AssertionError, match="took a lease"):
+        check_relabelled_refused(store, write, "epoch")
+
+
+@pytest.mark.parametrize("write", RELABELLED)
+def test_a_lease_with_another_owner_is_refused(store, write: str) -> None:
+    check_relabelled_refused(store, write, "owner")
+
+
+@pytest.mark.parametrize("write", RELABELLED)
+def test_the_other_owner_check_fails_with_the_owner_left_out_of_the_fence(
+    store, write: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blind_fence(monkeypatch, "owner")
+    with pytest.raises(AssertionError, match="took a lease"):
+        check_relabelled_refused(store, write, "owner")
+
+
 # -- DuckDB's merged appends (a group commit's one read of the fence) ---------------------
 
 

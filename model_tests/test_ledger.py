@@ -400,6 +400,23 @@ def test_control_both_append_fences_patched_out_a_stale_append_lands_and_replay_
     assert second.state == "open"
 
 
+def test_replay_refuses_a_fence_below_an_earlier_fences_epoch(store, clock, monkeypatch):
+    """A stale writer's open that got past the lease fence (patched out here, as
+    in the control above) plants a fence of epoch 1 after epoch 2's: replay
+    refuses that fence at its sequence, so the older epoch never governs the
+    records after it. (The check patched out: mutant
+    ``ledger-replay-fence-order``, ``make mutants``.)"""
+    first = _writer(store)
+    _takeover(store, clock, first, open_it=True)  # records: fence 1, a1, fence 2
+    monkeypatch.setattr(journal.leases, "fence", lambda tx, lease: tx.clock_after_locks())
+    stale = store.ledger.open("s", first.lease)
+    assert (stale.fence_seq, stale.epoch) == (4, 1)
+    assert [r[1] for r in _records(store)][-1] == "fence" and _records(store)[-1][-1] == 1
+    with pytest.raises(ReplayDecodeError, match="a fence of epoch 1 after one of 2") as err:
+        list(store.ledger.replay("s"))
+    assert (err.value.session_id, err.value.seq) == ("s", 4)
+
+
 def test_a_second_writer_takes_over_while_the_first_appends_and_the_first_is_refused(store, clock):
     first = _writer(store)
     appended = threading.Event()

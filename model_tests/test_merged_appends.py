@@ -371,6 +371,32 @@ def test_a_merged_group_fences_each_append(duck_store: turnkeeper.BaseStore, clo
     check_stale(duck_store, stale_scenario(duck_store, clock))
 
 
+def test_a_stale_expected_leaf_in_a_group_is_refused(duck_store: turnkeeper.BaseStore) -> None:
+    """Queued together: an append expecting a leaf its session has left, and a
+    plain append to another session. The stale one is ``SessionModifiedError``
+    (never a second child), the other commits, both ran merged. (The guard
+    patched out: mutant ``append-expected-leaf-merged``, ``make mutants``.)"""
+    store = duck_store
+    for sid in ("s", "t"):
+        store.sessions.create(sid)
+    a = store.sessions.append("s", M, user("a"))
+    b = store.sessions.append("s", M, user("b"), expected_leaf=a.id)
+    before = grouped(store, "append")
+    stale, plain = queued_together(
+        store,
+        [
+            lambda: store.sessions.append("s", M, user("stale"), expected_leaf=a.id),
+            lambda: store.sessions.append("t", M, user("plain")),
+        ],
+    )
+    assert isinstance(stale, errors.SessionModifiedError), stale
+    assert (stale.expected_leaf, stale.actual_leaf) == (a.id, b.id)
+    assert isinstance(plain, turnkeeper.Entry), plain
+    assert grouped(store, "append") == before + 2, "the appends did not run merged"
+    assert [e.id for e in store.sessions.entries("s")] == [a.id, b.id]
+    assert store.sessions.get("s").leaf_id == b.id
+
+
 def _patched_heads(monkeypatch: pytest.MonkeyPatch, change: Any) -> None:
     real = appends._heads
 

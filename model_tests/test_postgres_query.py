@@ -87,6 +87,29 @@ def test_control_without_the_schemas_role_another_schema_is_readable(
     assert store.query(f"SELECT id FROM {schema}.sessions").column(0).to_pylist() == ["theirs"]
 
 
+LOCKING_READS = ["SELECT id FROM sessions FOR UPDATE", "SELECT id FROM sessions FOR SHARE"]
+"""Reads that would lock the store's rows while they stream (a worker's write
+would wait on them): in a ``READ ONLY`` transaction the server refuses them."""
+
+
+@pytest.mark.parametrize("sql", LOCKING_READS)
+def test_a_locking_read_is_refused_by_the_read_only_transaction(
+    store: turnkeeper.BaseStore, sql: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``READ ONLY`` transaction alone refuses a read that locks rows, also
+    where the store's login has no reader role (one that may not create roles:
+    the role patched away here; the role would refuse it for want of
+    ``UPDATE``), and nothing is left locked: a write right after it commits.
+    (The transaction left writable: mutant ``query-postgres-read-only``,
+    ``make mutants``.)"""
+    monkeypatch.setattr(pg_query, "_reader_role", lambda tx: None)
+    with pytest.raises(errors.InvalidInputError, match="cannot write") as caught:
+        store.query(sql)
+    assert caught.value.field == "sql"
+    store.sessions.set_title("mine", "after")
+    assert store.sessions.get("mine").title == "after"
+
+
 @pytest.mark.parametrize(
     "change",
     [

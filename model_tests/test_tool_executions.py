@@ -166,8 +166,9 @@ def test_claim_needs_the_session_and_a_run_of_that_session(store):
         claim(store, run_id="missing")
     store.sessions.create("other")
     run = store.runs.admit("other", {"q": 1})
-    with pytest.raises(InvalidInputError):
-        claim(store, run_id=run.id)
+    with pytest.raises(InvalidInputError) as err:  # its own turn: the session decides
+        claim(store, run_id=run.id, turn=run.turn_id)
+    assert err.value.field == "run_id"
     mine = store.runs.admit("s", {"q": 1})
     rec, _ = claim(store, run_id=mine.id, turn=mine.turn_id)
     assert (rec.run_id, rec.local_turn_id) == (mine.id, mine.turn_id)
