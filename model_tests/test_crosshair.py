@@ -1,0 +1,217 @@
+"""CrossHair over the pure guard and decision functions of ``spec/`` (issue 22).
+
+Each function in :data:`CONTRACTED` carries PEP 316 contracts in its docstring
+(``pre:``, ``post:``, ``raises:``); ``crosshair check`` searches for inputs that
+break a postcondition, with a bounded time per condition and per path. Three
+kinds of test:
+
+- no counterexample in the installed package's contracted modules;
+- every ``post:`` line of the source was checked (its line is in CrossHair's
+  ``--report_all`` answer), and the functions carrying contracts are exactly
+  :data:`CONTRACTED`: a contract removed, or one CrossHair no longer reaches,
+  fails here;
+- one control per module: a copy with one rule broken (:data:`CONTROLS`),
+  where CrossHair must report a counterexample to that function's contract.
+
+The CI bound is small (CI's time budget): ``TURNKEEPER_CROSSHAIR_CONDITION_S``
+and ``TURNKEEPER_CROSSHAIR_PATH_S`` (CPU seconds per condition and per path)
+raise it; ``make crosshair`` runs this file with a bound of minutes. The check
+and the controls run as two processes at once (one per core).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import turnkeeper.spec
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = Path(turnkeeper.spec.__file__).resolve().parent
+"""The installed ``spec`` package: CrossHair checks what the tests import."""
+
+CONDITION_S = os.environ.get("TURNKEEPER_CROSSHAIR_CONDITION_S", "0.5")
+PATH_S = os.environ.get("TURNKEEPER_CROSSHAIR_PATH_S", "0.25")
+
+CROSSHAIR = [
+    sys.executable,
+    "-m",
+    "crosshair",
+    "check",
+    "--analysis_kind=PEP316",
+    f"--per_condition_timeout={CONDITION_S}",
+    f"--per_path_timeout={PATH_S}",
+]
+
+CONTRACTED = {
+    "lease": ("acquire_decision",),
+    "thread_record": ("save_decision",),
+    "recovery": ("retry_delay_s",),
+    "delivery": ("intent_status",),
+    "ledger": ("fence_id",),
+    "fork": ("check_request_id", "referenced_id", "remap_reference"),
+    "entries": ("validate_payload",),
+    "clear_facts": ("bounded", "clear_facts"),
+    "usage": ("lenient_count", "lenient_cost", "check_count", "check_cost"),
+}
+"""Per ``spec`` module, the functions with contracts (the store's callers are in
+``storage/ops/``; ``acquire_decision`` and ``save_decision`` are the lease and
+thread-record decisions the store's machine is checked against, edge by edge,
+in ``test_machines.py``)."""
+
+CONTROLS = {
+    "lease": (
+        "acquire_decision",
+        "epoch + 1 if edge.name in GRANTING_EDGES else epoch",
+        "epoch",
+    ),  # a grant keeps the old epoch
+    "thread_record": (
+        "save_decision",
+        'return "revive"',
+        'return "key_taken"',
+    ),  # an archived record is not refused as a revival
+    "recovery": (
+        "retry_delay_s",
+        "min(max_s, base_s * 2.0 ** min(attempt - 1, 62))",
+        "base_s * 2.0 ** min(attempt - 1, 62)",
+    ),  # the backoff is not capped
+    "delivery": (
+        "intent_status",
+        '    if "failed" in statuses:',
+        '    if "uncertain" in statuses:',
+    ),  # an intent with a failed operation called uncertain
+    "ledger": (
+        "fence_id",
+        'f"{FENCE_ID_PREFIX}{epoch}:{seq}"',
+        'f"{FENCE_ID_PREFIX}{epoch}{seq}"',
+    ),  # epoch 1 at 12 and epoch 11 at 2 share an id
+    "fork": (
+        "referenced_id",
+        " or (kind == EntryKind.BRANCH_SUMMARY and value == ROOT_SENTINEL)",
+        "",
+    ),  # a branch summary from the root names an entry "root"
+    "entries": (
+        "validate_payload",
+        "for base in BASE_FIELDS:",
+        "for base in BASE_FIELDS[1:]:",
+    ),  # a payload may carry "type"
+    "clear_facts": (
+        "clear_facts",
+        "if role != ASSISTANT:",
+        "if role is None:",
+    ),  # a user message discloses a provider and model
+    "usage": (
+        "lenient_count",
+        "return isinstance(value, int | float) and not isinstance(value, bool)",
+        "return isinstance(value, int | float)",
+    ),  # a JSON true counts one token
+}
+"""Per module: the function whose contract must catch it, and the rule broken
+(text replaced, text put in its place) in a copy of the module."""
+
+
+def contracted_source() -> dict[str, dict[str, list[int]]]:
+    """Per module, per function whose docstring has ``post:`` lines, their line numbers."""
+    found: dict[str, dict[str, list[int]]] = {}
+    for path in sorted(SPEC.glob("*.py")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(node, ast.FunctionDef | ast.ClassDef) or not node.body:
+                continue
+            doc = node.body[0]
+            if not (isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)):
+                continue
+            assert doc.end_lineno is not None
+            posts = [
+                n
+                for n in range(doc.lineno, doc.end_lineno + 1)
+                if lines[n - 1].strip().startswith("post:")
+            ]
+            if posts:
+                found.setdefault(path.stem, {})[node.name] = posts
+    return found
+
+
+def _broken_copy(module: str, tmp: Path) -> str:
+    """A copy of ``module`` with its control's rule broken; the CrossHair target
+    naming the broken function (``file:line`` of its ``def``)."""
+    function, rule, broken_rule = CONTROLS[module]
+    src = (SPEC / f"{module}.py").read_text(encoding="utf-8")
+    assert src.count(rule) == 1, f"{module}: the control's rule is not in the source once"
+    broken = src.replace(rule, broken_rule)
+    broken = re.sub(r"^from \.(\w+)", r"from turnkeeper.spec.\1", broken, flags=re.M)
+    path = tmp / f"broken_{module}.py"
+    path.write_text(broken, encoding="utf-8")
+    line = broken.splitlines().index(
+        next(x for x in broken.splitlines() if x.startswith(f"def {function}("))
+    )
+    return f"{path}:{line + 1}"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The check over the installed modules and the controls, run at once."""
+    tmp = tmp_path_factory.mktemp("crosshair")
+    check = subprocess.Popen(
+        [*CROSSHAIR, "--report_all", *(f"turnkeeper.spec.{m}" for m in CONTRACTED)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    controls = subprocess.Popen(
+        [*CROSSHAIR, *(_broken_copy(m, tmp) for m in CONTROLS)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp,
+    )
+    out = {}
+    for name, proc in (("check", check), ("controls", controls)):
+        stdout, stderr = proc.communicate(timeout=3600)
+        out[name] = (proc.returncode, stdout, stderr)
+    return out
+
+
+def test_no_counterexample(runs):
+    code, out, err = runs["check"]
+    assert code == 0 and ": error:" not in out, out + err
+
+
+def test_every_condition_in_the_source_was_checked(runs):
+    """CrossHair answered for each ``post:`` line of the contracted functions, and
+    those functions are exactly :data:`CONTRACTED` (a contract removed fails)."""
+    source = contracted_source()
+    assert {m: set(fs) for m, fs in source.items()} == {m: set(fs) for m, fs in CONTRACTED.items()}
+    expected = {(m, n) for m, fs in source.items() for lines in fs.values() for n in lines}
+    _, out, _ = runs["check"]
+    checked = {
+        (m.group(1), int(m.group(2)))
+        for m in re.finditer(r"/spec/(\w+)\.py:(\d+): (?:info|error): ", out)
+    }
+    assert checked == expected, (sorted(expected - checked), sorted(checked - expected))
+
+
+@pytest.mark.parametrize("module", sorted(CONTROLS))
+def test_control_with_a_broken_rule_is_caught(runs, module):
+    code, out, err = runs["controls"]
+    function = CONTROLS[module][0]
+    caught = [
+        line
+        for line in out.splitlines()
+        if f"broken_{module}.py:" in line and ": error: " in line and f"{function}(" in line
+    ]
+    assert code != 0 and caught, out + err
+
+
+def test_readme_names_every_contracted_function():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### CrossHair contracts", 1)[1].split("\n## ", 1)[0]
+    for module, functions in CONTRACTED.items():
+        for function in functions:
+            assert f"`{module}.{function}`" in section, f"{module}.{function}"
