@@ -98,18 +98,18 @@ CONTROLS = {
     ),  # a branch summary from the root names an entry "root"
     "entries": (
         "validate_payload",
-        "for base in BASE_FIELDS:",
-        "for base in BASE_FIELDS[1:]:",
-    ),  # a payload may carry "type"
+        "        if strict:",
+        "        if not strict:",
+    ),  # an API append of an unknown kind passes
     "clear_facts": (
-        "clear_facts",
-        "if role != ASSISTANT:",
-        "if role is None:",
-    ),  # a user message discloses a provider and model
+        "bounded",
+        "value[: NAME_MAX - 1] + CUT",
+        "value[:NAME_MAX] + CUT",
+    ),  # a cut value is one character too long
     "usage": (
         "lenient_count",
-        "return isinstance(value, int | float) and not isinstance(value, bool)",
-        "return isinstance(value, int | float)",
+        "return isinstance(value, (int, float)) and not isinstance(value, bool)",
+        "return isinstance(value, (int, float))",
     ),  # a JSON true counts one token
 }
 """Per module: the function whose contract must catch it, and the rule broken

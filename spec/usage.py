@@ -109,7 +109,10 @@ class UsageRecord:
 
 
 def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    # A tuple, not ``int | float``: CrossHair (crosshair-tool 0.0.113) judges a
+    # symbolic int an instance of neither member of a union, which made every
+    # contract below this hold vacuously.
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def lenient_count(value: Any) -> int | None:
@@ -122,7 +125,7 @@ def lenient_count(value: Any) -> int | None:
     """
     if not _number(value):
         return None
-    assert isinstance(value, int | float)
+    assert isinstance(value, (int, float))
     if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
         return None
     count = int(value)
@@ -139,7 +142,7 @@ def lenient_cost(value: Any) -> float | None:
     """
     if not _number(value):
         return None
-    assert isinstance(value, int | float)
+    assert isinstance(value, (int, float))
     cost = float(value)
     return cost if math.isfinite(cost) and 0 <= cost <= MAX_COST_USD else None
 
@@ -216,7 +219,7 @@ def check_count(value: Any, field: str) -> int:
     raises: InvalidInputError
     pre: type(value) in (str, int, float, bool, list, dict, type(None))
     post: 0 <= __return__ <= MAX_TOKENS
-    post: __return__ == value and not isinstance(value, bool | float)
+    post: __return__ == value and not isinstance(value, (bool, float))
     """
     if not isinstance(value, int) or isinstance(value, bool):
         raise InvalidInputError(field, f"expected an int, got {type(value).__name__}")
@@ -239,7 +242,7 @@ def check_cost(value: Any, field: str) -> float:
     """
     if not _number(value):
         raise InvalidInputError(field, f"expected a number, got {type(value).__name__}")
-    assert isinstance(value, int | float)
+    assert isinstance(value, (int, float))
     cost = float(value)
     if not (math.isfinite(cost) and 0 <= cost <= MAX_COST_USD):
         raise InvalidInputError(field, f"must be a finite number from 0 to {MAX_COST_USD}")
