@@ -23,7 +23,7 @@ SOURCE_LIST := $(VENV)/.sources
 # (a find-links folder that does not exist); drop those, keep everything else.
 PIP_FILTER := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: install demo test test-pgbouncer lint typecheck modelcheck mutants reports bench clean FORCE
+.PHONY: install demo test test-pgbouncer lint typecheck modelcheck mutants crosshair reports bench clean FORCE
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -90,6 +90,13 @@ modelcheck: install
 # model_tests/test_mutants.py is its CI part. `make mutants ONLY=id,id` runs those.
 mutants: install
 	cd model_tests && ../$(BIN)/python -m mutants $(if $(ONLY),--only $(ONLY))
+
+# CrossHair over the contracts of spec/ (model_tests/test_crosshair.py: no counterexample,
+# every condition checked, each module's control caught) at a larger bound: 10 CPU
+# seconds per condition and 3 per path (CI's bound: 0.5 and 0.25).
+crosshair: install
+	TURNKEEPER_CROSSHAIR_CONDITION_S=10 TURNKEEPER_CROSSHAIR_PATH_S=3 \
+		$(BIN)/python -m pytest model_tests/test_crosshair.py -q
 
 # Regenerates every file in reports/: the diagrams (deterministic) and the benchmark (measured).
 reports: install bench

@@ -48,7 +48,14 @@ NONE = ClearFacts()
 
 def bounded(value: Any) -> str | None:
     """``value`` as a clear fact: ``None`` unless it is a string; cut to
-    :data:`NAME_MAX` characters (the last one :data:`CUT`) when longer."""
+    :data:`NAME_MAX` characters (the last one :data:`CUT`) when longer.
+
+    pre: type(value) in (str, int, float, bool, list, dict, type(None))
+    post: (__return__ is None) == (not isinstance(value, str))
+    post: __return__ is None or len(__return__) <= NAME_MAX
+    post: __return__ in (None, value) or len(value) > NAME_MAX == len(__return__)
+    post: __return__ in (None, value) or value.startswith(__return__[:-1]) and __return__[-1] == CUT
+    """
     if not isinstance(value, str):
         return None
     if len(value) <= NAME_MAX:
@@ -67,6 +74,12 @@ def clear_facts(kind: str, payload: Mapping[str, Any]) -> ClearFacts:
     - any other kind: nothing.
 
     Each value as :func:`bounded` keeps it. Pure; never raises.
+
+    pre: type(payload) is dict and type(payload.get(MESSAGE, {})) in (str, int, dict, type(None))
+    post: kind in (MESSAGE, MODEL_CHANGE) or __return__ == NONE
+    post: __return__.role == ASSISTANT or __return__[1:] == (None, None) or kind == MODEL_CHANGE
+    post: kind != MODEL_CHANGE or __return__.role is None
+    post: all(v is None or len(v) <= NAME_MAX for v in __return__)
     """
     if kind == MESSAGE:
         message = payload.get("message")

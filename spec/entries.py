@@ -70,6 +70,12 @@ def validate_payload(kind: str, payload: Mapping[str, Any], *, strict: bool = Tr
 
     Raises:
         InvalidInputError: a kind, field or type is wrong; ``field`` names it.
+
+    raises: InvalidInputError
+    post: kind != "session" and (kind in _REQUIRED or not strict)
+    post: not any(base in payload for base in BASE_FIELDS)
+    post: all(isinstance(payload[n], t) for n, t in _REQUIRED.get(kind, {}).items())
+    post: kind != EntryKind.MESSAGE or isinstance(payload["message"]["role"], str)
     """
     if not isinstance(kind, str) or not kind or kind == "session":
         raise InvalidInputError("kind", f"not an entry kind: {kind!r}")

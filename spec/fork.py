@@ -90,6 +90,10 @@ def check_request_id(session_id: str, request_id: object) -> str:
         ForkRequestIDTooLongError: over :data:`FORK_REQUEST_ID_MAX_BYTES` UTF-8 bytes
             (``length`` is its byte length).
         InvalidInputError: not a string, or text UTF-8 cannot hold.
+
+    raises: ForkRequestIDRequiredError, ForkRequestIDTooLongError, InvalidInputError
+    post: __return__ is request_id and __return__.strip() != ""
+    post: len(__return__.encode("utf-8")) <= FORK_REQUEST_ID_MAX_BYTES
     """
     if request_id is None or (isinstance(request_id, str) and not request_id.strip()):
         raise ForkRequestIDRequiredError(session_id)
@@ -108,6 +112,9 @@ def referenced_id(kind: str, payload: Mapping[str, Any]) -> str | None:
     """The entry id ``payload`` refers to (see :data:`ENTRY_REFERENCES`), or ``None``.
 
     ``None`` also for a null first-kept pointer and for ``fromId == "root"``.
+
+    post: __return__ is None or __return__ == payload[ENTRY_REFERENCES[kind]]
+    post: not (kind == EntryKind.BRANCH_SUMMARY and __return__ == ROOT_SENTINEL)
     """
     name = ENTRY_REFERENCES.get(kind)
     if name is None:
@@ -124,6 +131,12 @@ def remap_reference(
     """A copy of ``payload`` whose reference names the new id, or ``None`` if unchanged.
 
     Key order is kept. The caller guarantees the referenced id is in ``new_ids``.
+
+    pre: referenced_id(kind, payload) in (None, *new_ids)
+    post: (__return__ is None) == (referenced_id(kind, payload) is None)
+    post: __return__ is None or list(__return__) == list(payload)
+    post: __return__ is None or __return__[n := ENTRY_REFERENCES[kind]] == new_ids[payload[n]]
+    post: __return__ is None or sum(__return__[k] is not payload[k] for k in payload) <= 1
     """
     old = referenced_id(kind, payload)
     if old is None:

@@ -96,7 +96,15 @@ however deep the call that folds it."""
 
 def fence_id(epoch: int, seq: int) -> str:
     """The idempotency id of the fence record a writer of ``epoch`` plants at
-    ``seq``: ``fence:<epoch>:<seq>`` (:data:`FENCE_ID_PREFIX`)."""
+    ``seq``: ``fence:<epoch>:<seq>`` (:data:`FENCE_ID_PREFIX`).
+
+    The id names one fence: it carries the prefix every write path refuses
+    from callers, and reads back as exactly its epoch and sequence.
+
+    pre: epoch >= 1 and seq >= 1
+    post: __return__.startswith(FENCE_ID_PREFIX)
+    post: __return__[len(FENCE_ID_PREFIX) :].split(":") == [str(epoch), str(seq)]
+    """
     return f"{FENCE_ID_PREFIX}{epoch}:{seq}"
 
 

@@ -109,27 +109,40 @@ class UsageRecord:
 
 
 def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    # A tuple, not ``int | float``: CrossHair (crosshair-tool 0.0.113) judges a
+    # symbolic int an instance of neither member of a union, which made every
+    # contract below this hold vacuously.
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def lenient_count(value: object) -> int | None:
+def lenient_count(value: Any) -> int | None:
     """A token count read from a file: a non-negative whole number up to
-    :data:`MAX_TOKENS` (an integral float counts), else ``None`` (unknown)."""
+    :data:`MAX_TOKENS` (an integral float counts), else ``None`` (unknown).
+
+    pre: type(value) in (str, int, float, bool, list, dict, type(None))
+    post: __return__ is None or 0 <= __return__ <= MAX_TOKENS
+    post: __return__ is None or (__return__ == value and not isinstance(value, bool))
+    """
     if not _number(value):
         return None
-    assert isinstance(value, int | float)
+    assert isinstance(value, (int, float))
     if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
         return None
     count = int(value)
     return count if 0 <= count <= MAX_TOKENS else None
 
 
-def lenient_cost(value: object) -> float | None:
+def lenient_cost(value: Any) -> float | None:
     """A cost read from a file: a finite number from 0 to :data:`MAX_COST_USD`
-    (US dollars), else ``None`` (unknown)."""
+    (US dollars), else ``None`` (unknown).
+
+    pre: type(value) in (str, int, float, bool, list, dict, type(None))
+    post: __return__ is None or (math.isfinite(__return__) and 0 <= __return__ <= MAX_COST_USD)
+    post: __return__ is None or (__return__ == value and not isinstance(value, bool))
+    """
     if not _number(value):
         return None
-    assert isinstance(value, int | float)
+    assert isinstance(value, (int, float))
     cost = float(value)
     return cost if math.isfinite(cost) and 0 <= cost <= MAX_COST_USD else None
 
@@ -196,12 +209,17 @@ def text_of(message: Mapping[str, Any], key: str) -> str:
     return value if isinstance(value, str) else ""
 
 
-def check_count(value: object, field: str) -> int:
+def check_count(value: Any, field: str) -> int:
     """A token count or duration given by a caller: an ``int`` from 0 to
     :data:`MAX_TOKENS`.
 
     Raises:
         InvalidInputError: anything else (a bool, a float, a negative number …).
+
+    raises: InvalidInputError
+    pre: type(value) in (str, int, float, bool, list, dict, type(None))
+    post: 0 <= __return__ <= MAX_TOKENS
+    post: __return__ == value and not isinstance(value, (bool, float))
     """
     if not isinstance(value, int) or isinstance(value, bool):
         raise InvalidInputError(field, f"expected an int, got {type(value).__name__}")
@@ -210,16 +228,21 @@ def check_count(value: object, field: str) -> int:
     return int(value)
 
 
-def check_cost(value: object, field: str) -> float:
+def check_cost(value: Any, field: str) -> float:
     """A cost in US dollars given by a caller: a finite number from 0 to
     :data:`MAX_COST_USD`.
 
     Raises:
         InvalidInputError: anything else.
+
+    raises: InvalidInputError
+    pre: type(value) in (str, int, float, bool, list, dict, type(None))
+    post: math.isfinite(__return__) and 0 <= __return__ <= MAX_COST_USD
+    post: __return__ == value and not isinstance(value, bool)
     """
     if not _number(value):
         raise InvalidInputError(field, f"expected a number, got {type(value).__name__}")
-    assert isinstance(value, int | float)
+    assert isinstance(value, (int, float))
     cost = float(value)
     if not (math.isfinite(cost) and 0 <= cost <= MAX_COST_USD):
         raise InvalidInputError(field, f"must be a finite number from 0 to {MAX_COST_USD}")
