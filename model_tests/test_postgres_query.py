@@ -126,3 +126,46 @@ def test_a_connection_that_can_never_succeed_fails_with_the_servers_reason(chang
         turnkeeper.open_store(url)
     assert "does not exist" in str(caught.value)
     assert isinstance(caught.value.__cause__, psycopg.Error)
+
+
+EXPLAINED_READS = [
+    "EXPLAIN SELECT * FROM sessions",
+    "EXPLAIN ANALYZE SELECT * FROM sessions",
+    "explain (FORMAT JSON) SELECT 1",
+    "/* a plan */ EXPLAIN VERBOSE SELECT id FROM sessions WHERE id = ?",
+]
+
+
+@pytest.mark.parametrize("sql", EXPLAINED_READS)
+def test_an_explained_read_is_answered_with_its_plan(
+    store: turnkeeper.BaseStore, sql: str
+) -> None:
+    """``EXPLAIN`` of a read is one of the reads ``store.query`` accepts (the
+    module's docstring): PostgreSQL refuses it in a server-side cursor
+    (``DECLARE … CURSOR FOR`` takes a SELECT or VALUES only), so it runs in a
+    client-side one, in the same read-only transaction and role (found by the
+    fence-mutant work: it was a ProgrammingError)."""
+    table = store.query(sql, ["mine"] if "?" in sql else None)
+    assert table.column_names == ["QUERY PLAN"] and table.num_rows >= 1
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "EXPLAIN ANALYZE DELETE FROM sessions",
+        "EXPLAIN (ANALYZE, FORMAT JSON) UPDATE sessions SET title = 'x'",
+        "EXPLAIN ANALYZE WITH d AS (DELETE FROM sessions RETURNING *) SELECT * FROM d",
+    ],
+)
+def test_an_explained_write_is_refused_and_changes_nothing(
+    store: turnkeeper.BaseStore, sql: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``EXPLAIN ANALYZE`` runs what it explains: a write is refused by the read-only
+    transaction (the reader role patched away: a login that may not create roles),
+    and the session is still there, untitled."""
+    monkeypatch.setattr(pg_query, "_reader_role", lambda tx: None)
+    with pytest.raises(errors.InvalidInputError, match="cannot write") as caught:
+        store.query(sql)
+    assert caught.value.field == "sql"
+    got = store.sessions.get("mine")
+    assert got is not None and got.title is None

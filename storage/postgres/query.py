@@ -93,8 +93,10 @@ def placeholders(sql: str) -> str:
     return _TOKENS.sub(one, sql)
 
 
-def check_read(sql: str) -> None:
-    """Refuse ``sql`` unless it is one statement that starts as a read.
+def check_read(sql: str) -> str:
+    """Refuse ``sql`` unless it is one statement that starts as a read; its
+    first word (lower case: one of ``select``, ``with``, ``values``,
+    ``table``, ``explain``).
 
     Raises:
         InvalidInputError: ``field="sql"``; nothing has been run.
@@ -108,6 +110,7 @@ def check_read(sql: str) -> None:
         raise errors.InvalidInputError(
             "sql", f"one read query expected (SELECT, WITH, VALUES, TABLE, EXPLAIN), got {first!r}"
         )
+    return first
 
 
 _ARROW: dict[str, pa.DataType] = {
@@ -209,14 +212,14 @@ def stream_query(
         InvalidInputError: not one read statement (or one that tried to write).
         ProgrammingError: the server rejected it (an unknown table …).
     """
-    check_read(sql)
+    first = check_read(sql)
     check_functions(sql)
     reader = _reader_role(tx)
     if reader is not None:
         tx.exec(f'SET LOCAL ROLE "{reader}"')
     conn = tx.conn  # type: ignore[attr-defined]
     tx.statements += 1  # type: ignore[attr-defined]
-    with _server_cursor(conn) as cur:
+    with _cursor(conn, server=first != "explain") as cur:
         text.register_query(cur)
         try:
             with faults.driver():
@@ -228,10 +231,14 @@ def stream_query(
 
 
 @contextlib.contextmanager
-def _server_cursor(conn: psycopg.Connection[Any]) -> Iterator[psycopg.ServerCursor[Any]]:
-    """The query's server-side cursor, closed at the end (psycopg's calls in
-    :func:`.faults.driver`; what consumes the batches is not psycopg)."""
-    cur = conn.cursor(name="turnkeeper_query")
+def _cursor(conn: psycopg.Connection[Any], *, server: bool) -> Iterator[psycopg.Cursor[Any]]:
+    """The query's cursor, closed at the end (psycopg's calls in
+    :func:`.faults.driver`; what consumes the batches is not psycopg):
+    server-side, so that a large result streams, unless ``server`` is false,
+    for ``EXPLAIN``, which PostgreSQL does not take in a cursor it declares
+    (``DECLARE … CURSOR FOR`` takes a ``SELECT`` or ``VALUES``); a plan is a
+    few rows, and the transaction and role are the same."""
+    cur: psycopg.Cursor[Any] = conn.cursor(name="turnkeeper_query") if server else conn.cursor()
     try:
         yield cur
     finally:
