@@ -1,6 +1,7 @@
 """Regenerate the deterministic files in reports/ from spec/ (run: make reports).
 
-One markdown page with a mermaid diagram per lifecycle. ``model_tests``
+One markdown page with a mermaid diagram per lifecycle, the README's
+lifecycle tables, and the assurance report (``reports/assurance.py``). ``model_tests``
 compares these files with fresh output, so a stale diagram fails CI.
 """
 
@@ -8,6 +9,9 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+from assurance import OUT as ASSURANCE
+from assurance import report as assurance_report
 
 from turnkeeper.machines import markdown
 from turnkeeper.spec import LIFECYCLES
@@ -45,6 +49,7 @@ def expected() -> dict[Path, str]:
     """Every deterministic generated file and its content (README included)."""
     files = {HERE / f"machine_{lc.name}.md": markdown(lc) for lc in LIFECYCLES}
     files[README] = readme()
+    files[ASSURANCE] = assurance_report()
     return files
 
 
