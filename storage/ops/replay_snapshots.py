@@ -9,7 +9,8 @@ the replay (``sessions.replay``) of the session as its row stood at
 ``(leaf_id, next_seq)``: its context messages and their entry ids in parts
 of at most :data:`PART` messages and :data:`PART_BYTES` bytes, each part one
 row under ``part_key`` (see :func:`key`) whose body is a Zstandard frame of
-the msgpack array ``[entry ids, messages]`` (msgpack holds every JSON value,
+the msgpack array ``[entry ids, messages]`` (the ids one string: see
+:data:`FORMAT`; msgpack holds every JSON value,
 and ``ormsgpack`` decodes it faster than JSON; the frame decodes into one
 buffer of the size it states), with the CRC-32 of the part's header and
 body, checked on every read; the model and the thinking level; and
@@ -47,6 +48,7 @@ snapshot with its entries (``deletes.REMOVED``).
 from __future__ import annotations
 
 import contextlib
+import threading
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -70,12 +72,20 @@ PART_BYTES = 4 * 2**20
 """Most bytes of one part's msgpack (unless it is one message): a part is
 decoded and let go before the next is read, so a replay holds one part's
 bytes (this many at most, and their compressed frame) beside its result."""
-FORMAT = 2
+FORMAT = 3
 """The stored format: each part's body a Zstandard frame (level
 :data:`LEVEL`, its content size stated) of the msgpack array
-``[entry ids, messages]`` (schema 31). Format 1 (schema 29: two msgpack
-arrays, uncompressed) went with its table; a part stored in any other format
-is never served (the replay reads the rows and stores its own in its place)."""
+``[entry ids, messages]`` (schema 31), the entry ids one string joined by
+newlines (:data:`_IDS_SEP`) when none holds one (else an array of strings).
+A 10,000-id array decoded with the messages cost about as much again as
+the string split (issue 21: ids 16 characters long, the replay's decode about
+a third slower). Format 2 (the ids always an array) and format 1 (schema 29:
+two msgpack arrays, uncompressed, gone with its table) are not served: a part
+stored in any other format is never served (the replay reads the rows and
+stores its own in its place)."""
+_IDS_SEP = "\n"
+"""What joins a part's entry ids into one string (no id the store checks holds
+one: ``codec.check_id``; a part with one that does keeps them an array)."""
 MESSAGES = "messages"
 """The field name a part is sealed under (``replay_snapshots.body``, record id
 the part's ``part_key``). A sealed part's clear bytes are the part's header
@@ -98,6 +108,24 @@ LEVEL = 1
 _UNDECODABLE = (zstandard.ZstdError, ValueError, TypeError, ormsgpack.MsgpackDecodeError)
 """What a body that is no Zstandard frame of msgpack ``[ids, messages]`` raises
 (unpacking a value that is no pair: ``ValueError`` or ``TypeError``)."""
+
+
+_LOCAL = threading.local()
+"""Each thread's Zstandard decompression context, about 96 KB kept per thread that
+decoded a part (a ``ZstdDecompressor`` is used by one thread at a time; making one
+per part cost about a third of a 10,000-message part's decompression)."""
+
+
+def _decompress(frame: bytes | memoryview) -> bytes:
+    """``frame`` decompressed into one buffer of the size it states.
+
+    Raises:
+        zstandard.ZstdError: not a Zstandard frame, or one without its size.
+    """
+    dctx: zstandard.ZstdDecompressor | None = getattr(_LOCAL, "dctx", None)
+    if dctx is None:
+        dctx = _LOCAL.dctx = zstandard.ZstdDecompressor()
+    return dctx.decompress(frame)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +244,23 @@ def _opened(
     return memoryview(plain)[len(bound) :]
 
 
+def _unpacked(frame: bytes | memoryview) -> tuple[list[str], list[Any]] | None:
+    """A part's ``(entry ids, messages)`` from its Zstandard frame (see
+    :data:`FORMAT`: the ids one string or an array), or ``None`` when it is no
+    frame of msgpack ``[ids, messages]`` of equal lengths."""
+    try:
+        ids, messages = ormsgpack.unpackb(_decompress(frame))
+    except _UNDECODABLE:
+        return None
+    if isinstance(ids, str):
+        ids = ids.split(_IDS_SEP)
+    if not isinstance(ids, list) or not isinstance(messages, list):
+        return None
+    if len(ids) != len(messages):
+        return None
+    return ids, messages
+
+
 def load(tx: Tx, session_id: str, stored: Stored) -> Replay | None:
     """The stored snapshot's replay (fresh objects), or ``None`` when it is of
     another :data:`FORMAT`, or a part is missing, belongs to another snapshot,
@@ -238,17 +283,17 @@ def load(tx: Tx, session_id: str, stored: Stored) -> Replay | None:
         del found
         if frame is None:
             return None
-        try:
-            part_ids, part_messages = ormsgpack.unpackb(zstandard.decompress(frame))
-        except _UNDECODABLE:
-            return None
+        unpacked = _unpacked(frame)
         del frame  # the part's bytes go before the next part is read
-        if not isinstance(part_ids, list) or not isinstance(part_messages, list):
+        if unpacked is None:
             return None
-        if len(part_ids) != len(part_messages):
-            return None
-        messages.extend(part_messages)
-        ids.extend(part_ids)
+        part_ids, part_messages = unpacked
+        del unpacked
+        if stored.parts == 1:  # one part: its lists are the replay's (no copy)
+            messages, ids = part_messages, part_ids
+        else:
+            messages.extend(part_messages)
+            ids.extend(part_ids)
         del part_ids, part_messages
     model = None if stored.model is None else from_json(stored.model)
     return Replay(tuple(messages), tuple(ids), model, stored.thinking)
@@ -278,7 +323,8 @@ class Pending:
 
 
 def _bodies(replay: Replay) -> list[bytes]:
-    """The parts' bodies (see :data:`FORMAT`): the messages in order, at most
+    """The parts' bodies (see :data:`FORMAT`: the ids of a part joined into one
+    string unless one holds the separator): the messages in order, at most
     :data:`PART` to a part, a part whose msgpack is over :data:`PART_BYTES`
     split into as many equal runs as that takes, again until each fits or is
     one message (an empty replay is one part of none).
@@ -289,7 +335,10 @@ def _bodies(replay: Replay) -> list[bytes]:
     bodies: list[bytes] = []
 
     def add(at: int, end: int) -> None:
-        packed = ormsgpack.packb([replay.entry_ids[at:end], replay.messages[at:end]])
+        ids = replay.entry_ids[at:end]
+        joined = _IDS_SEP.join(ids)
+        one = bool(ids) and joined.count(_IDS_SEP) == len(ids) - 1  # no id holds one
+        packed = ormsgpack.packb([joined if one else ids, replay.messages[at:end]])
         if len(packed) <= PART_BYTES or end - at == 1:
             bodies.append(zstandard.compress(packed, LEVEL))
             return
