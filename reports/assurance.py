@@ -103,21 +103,30 @@ def _marked(cls: type, marker: str) -> list[str]:
     return sorted(n for n, f in inspect.getmembers(cls) if getattr(f, marker, None) is not None)
 
 
+def _divided(examples: int, shares: tuple[int, ...]) -> int:
+    """A configuration's examples: the profile's divided by each of its shares
+    in turn, at least 10 after each (``conftest.machine_settings``)."""
+    for share in shares:
+        examples = max(10, examples // share)
+    return examples
+
+
 def stateful() -> list[str]:
     """The stateful machines' section: rules, invariants, CI's step budget."""
     _tests_on_path()
     import importlib
 
-    from conftest import ENCRYPTED_SHARE, POOLER_SHARE, POSTGRES_SHARE
+    from conftest import DUCKDB_SHARE, ENCRYPTED_SHARE, POOLER_SHARE, POSTGRES_SHARE
     from hypothesis import settings
     from hypothesis.stateful import INVARIANT_MARKER, RULE_MARKER
 
     ci, nightly = settings.get_profile("ci"), settings.get_profile("nightly")
     shares = {
-        "duckdb": 1,
-        "postgres": POSTGRES_SHARE,
-        "PgBouncer": POOLER_SHARE,
-        "duckdb+enc": ENCRYPTED_SHARE,
+        "duckdb": (DUCKDB_SHARE,),
+        "postgres": (POSTGRES_SHARE,),
+        "PgBouncer": (POOLER_SHARE,),
+        "duckdb+enc": (DUCKDB_SHARE, ENCRYPTED_SHARE),
+        "postgres+enc": (POSTGRES_SHARE, ENCRYPTED_SHARE),
     }
     lines = [
         "## Differential stateful machines",
@@ -142,10 +151,7 @@ def stateful() -> list[str]:
         steps = (
             ci.stateful_step_count if cap_steps is None else min(ci.stateful_step_count, cap_steps)
         )
-        budgets = [
-            f"{max(10, examples // share) if share > 1 else examples} × {steps}"
-            for share in shares.values()
-        ]
+        budgets = [f"{_divided(examples, by)} × {steps}" for by in shares.values()]
         lines.append(
             f"| `{module}` | {covers} | {', '.join(rules)} | {', '.join(invariants)} | "
             f"{' / '.join(budgets)} |"
