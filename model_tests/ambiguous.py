@@ -56,11 +56,15 @@ def ambiguous_commits(store: turnkeeper.BaseStore) -> Iterator[list[str]]:
         committed.append(operation)
         raise OperationalError(detail=INJECTED)
 
+    own = vars(db).get("write")  # an instance attribute already there (another patch)
     db.write = write
     try:
         yield committed
     finally:
-        del db.write  # the class's method again
+        if own is None:
+            del db.write  # the class's method again
+        else:
+            db.write = own
 
 
 def ambiguously(
