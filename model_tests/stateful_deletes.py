@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar
 
+from ambiguous import ambiguously, replayable
 from conftest import FakeClock, close_backend, open_backend
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, rule
@@ -323,16 +324,7 @@ class DeletesMachine(RuleBasedStateMachine):
     @rule(session=st.sampled_from(SESSIONS))
     def fork(self, session: str) -> None:
         model = self.sessions.get(session)
-        if model is None:
-            expected = "missing"
-        elif model.active_run is not None:
-            expected = "active"  # judged before the lease (both are ForkSessionActiveError)
-        elif self._held(session):
-            expected = "busy"
-        elif model.turn_end == 0:
-            expected = "no_turn"
-        else:
-            expected = "ok"
+        expected = self._fork_expected(session)
         got = attempt(self.store.forks.fork, session, request_id=self._next("fork "))
         assert got[0] == expected, (got, expected)
         if expected == "ok":
@@ -342,6 +334,51 @@ class DeletesMachine(RuleBasedStateMachine):
             self.sessions[got[1].fork_session_id] = SessionModel(
                 self.clock(), messages=model.messages[: model.turn_end]
             )
+
+    def _fork_expected(self, session: str) -> str:
+        model = self.sessions.get(session)
+        if model is None:
+            return "missing"
+        if model.active_run is not None:
+            return "active"  # judged before the lease (both are ForkSessionActiveError)
+        if self._held(session):
+            return "busy"
+        if model.turn_end == 0:
+            return "no_turn"
+        return "ok"
+
+    @rule(session=st.sampled_from(SESSIONS))
+    def fork_ambiguously(self, session: str) -> None:
+        """A fork that commits while its caller sees a lost connection, then
+        the caller's retry under the same request id: the same fork (one new
+        session, not two)."""
+        replayable("fork_ambiguously", session=session)
+        expected = self._fork_expected(session)
+        request = self._next("fork ")
+        call = (self.store.forks.fork, session)
+        before = self._stored_ids()
+        got = ambiguously(self.store, attempt, *call, request_id=request)
+        if expected != "ok":
+            assert got[0] == expected, (got, expected)
+            return
+        assert got == ("ambiguous", ("fork_session",)), (got, expected)
+        made = self._stored_ids() - before
+        assert len(made) == 1, f"the ambiguous fork made {sorted(made)}"
+        (fork_id,) = made
+        model = self.sessions[session]
+        copied = model.messages[: model.turn_end]
+        self.sessions[fork_id] = SessionModel(self.clock(), messages=copied)
+        retried = attempt(*call, request_id=request)
+        assert retried[0] == "ok", f"the retry of a committed fork: {retried}"
+        assert retried[1].fork_session_id == fork_id, (
+            f"the retry of a committed fork made another: {retried[1]} besides {fork_id}"
+        )
+        stored = self.store.forks.get(request)
+        assert stored is not None and stored.fork_session_id == fork_id, stored
+
+    def _stored_ids(self) -> set[str]:
+        rows = self.store.db.read("test-sessions", lambda tx: tx.rows("SELECT id FROM sessions"))
+        return {r[0] for r in rows}
 
     # -- deletes, retention, creates ---------------------------------------------
 
@@ -356,6 +393,33 @@ class DeletesMachine(RuleBasedStateMachine):
         if expected == "ok":
             self._gone(session)
             self.audit_is_clean()
+
+    @rule(session=st.sampled_from(SESSIONS), lease=st.none() | leases)
+    def delete_ambiguously(self, session: str, lease: Any) -> None:
+        """A delete that commits while its caller sees a lost connection, then
+        the caller's retry: refused as a missing session (a second delete),
+        with the first one's ``deleted_sessions`` row readable (how the caller
+        learns its delete happened)."""
+        lease = self._own(session, lease)
+        replayable(
+            "delete_ambiguously",
+            session=session,
+            lease=None if lease is None else (lease.owner, lease.epoch),
+        )
+        expected = self._expect(session, lease)
+        if expected == "ok" and self.sessions[session].active_run is not None:
+            expected = "active"
+        call = (self.store.sessions.delete, session)
+        got = ambiguously(self.store, attempt, *call, lease=lease)
+        if expected != "ok":
+            assert got[0] == expected, (got, expected)
+            return
+        assert got == ("ambiguous", ("delete_session",)), (got, expected)
+        self._gone(session)
+        retried = attempt(*call, lease=lease)
+        assert retried == ("missing",), f"the retry of a committed delete: {retried}"
+        assert self.store.sessions.deleted(session) is not None, session
+        self.audit_is_clean()
 
     @rule(keep_last=st.integers(0, 4))
     def retain(self, keep_last: int) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ambiguous import ambiguously, replayable
 from conftest import FakeClock, close_backend, open_backend
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -147,6 +148,68 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
             expected = self.oracle.release(*held.ident, self.clock())
             got = ("released", self.store.leases.release(held.lease))
             assert got == expected, (got, expected)
+
+        @rule(
+            target=leases,
+            owner=st.sampled_from(OWNERS),
+            tgt=st.sampled_from(TARGETS),
+            ttl=st.sampled_from(TTLS),
+            purpose=st.sampled_from(PURPOSES),
+        )
+        def acquire_ambiguously(self, owner: str, tgt: str, ttl: float, purpose: str):
+            """An acquire that commits while its caller sees a lost connection,
+            then the runtime's retry: the same owner and purpose re-acquire the
+            lease it was granted (the same epoch, no second grant); a refusal
+            commits nothing and is the oracle's."""
+            replayable("acquire_ambiguously", owner=owner, tgt=tgt, ttl=ttl, purpose=purpose)
+            expected = self.oracle.acquire(tgt, owner, ttl, purpose, self.clock())
+            got = ambiguously(
+                self.store, outcome, self.store.leases.acquire, tgt, owner, ttl, purpose=purpose
+            )
+            if expected[0] not in ("granted", "reacquired"):
+                assert got == expected, (got, expected)
+                return multiple()
+            assert got == ("ambiguous", ("acquire_lease",)), (got, expected)
+            if expected[0] == "granted":
+                self.grants[tgt].append(expected[1])
+            retry = self.oracle.acquire(tgt, owner, ttl, purpose, self.clock())
+            assert retry == ("reacquired", expected[1]), (retry, expected)
+            got = outcome(self.store.leases.acquire, tgt, owner, ttl, purpose=purpose)
+            assert got[0] == "ok", f"the retry of a committed acquire: {got}, oracle {retry}"
+            assert ("reacquired", got[1].epoch) == retry, (got, retry)
+            held = Held(got[1])
+            self.given.append(held)
+            return held
+
+        @rule(held=leases, ttl=st.sampled_from(TTLS))
+        def renew_ambiguously(self, held: Held, ttl: float) -> None:
+            """A renewal committed but reported lost to its caller, then retried:
+            the retry renews the same epoch again."""
+            replayable("renew_ambiguously", held=held.ident, ttl=ttl)
+            expected = self.oracle.renew(*held.ident, ttl, self.clock())
+            got = ambiguously(self.store, outcome, self.store.leases.renew, held.lease, ttl)
+            if expected[0] != "renewed":
+                assert got == expected, (got, expected)
+                return
+            assert got == ("ambiguous", ("renew_lease",)), (got, expected)
+            retry = self.oracle.renew(*held.ident, ttl, self.clock())
+            got = outcome(self.store.leases.renew, held.lease, ttl)
+            if got[0] == "ok":
+                got = ("renewed", got[1].epoch)
+            assert got == retry, (got, retry)
+
+        @rule(held=consumes(leases))
+        def release_ambiguously(self, held: Held) -> None:
+            """A release committed but reported lost, then retried: the retry is
+            a no-op (``False``: nothing held to release), never an error."""
+            replayable("release_ambiguously", held=held.ident)
+            expected = self.oracle.release(*held.ident, self.clock())
+            got = ambiguously(self.store, outcome, self.store.leases.release, held.lease)
+            assert got == ("ambiguous", ("release_lease",)), (got, expected)
+            retry = self.oracle.release(*held.ident, self.clock())
+            assert retry == ("released", False), retry
+            got = outcome(self.store.leases.release, held.lease)
+            assert got == ("ok", False), (got, retry)
 
         @rule(seconds=st.sampled_from((0.5, 1.0, 2.0, 3.0)))
         def advance_clock(self, seconds: float) -> None:

@@ -37,6 +37,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ambiguous import ambiguously, replayable
 from conftest import FakeClock, close_backend, forge, open_backend
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
@@ -110,6 +111,19 @@ class Oracle:
 
 
 entry = st.tuples(st.sampled_from(KINDS), st.sampled_from(PAYLOADS), st.sampled_from(IDS))
+inline = st.tuples(st.sampled_from(KINDS), st.sampled_from(PAYLOADS[:3]), st.sampled_from(IDS))
+"""An entry stored inline: its append is the call's one write (an offloaded
+one writes its blob first)."""
+
+
+def outcome(fn: Any, *args: Any) -> tuple[Any, ...]:
+    """A writer's append, the way :func:`ambiguous.ambiguously` reports it."""
+    try:
+        return ("ok", [(r.seq, r.duplicate) for r in fn(*args)])
+    except LeaseLostError:
+        return ("lost",)
+    except LedgerIdempotencyConflictError:
+        return ("conflict",)
 
 
 def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
@@ -180,6 +194,30 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
                     self.oracle.commit(entries)
             if got in ("lost", "conflict"):
                 assert self.oracle.rows == before
+
+        @rule(handle=writers, entries=st.lists(inline, min_size=1, max_size=3))
+        def append_ambiguously(self, handle: Handle, entries: list[tuple[str, bytes, str]]) -> None:
+            """An append that commits while its writer sees a lost connection,
+            then the writer's retry of the same entries: each is a duplicate
+            with the sequence the lost reply would have given (nothing is
+            written twice); a stale writer's is refused, a conflict too."""
+            replayable("append_ambiguously", handle=f"epoch {handle.epoch}", entries=entries)
+            batch = [LedgerEntry(k, p, i) for k, p, i in entries]
+            got = ambiguously(self.store, outcome, handle.writer.append_many, batch)
+            if self._stale(handle):
+                assert got == ("lost",), f"a stale writer's append was taken: {got}"
+                handle.fenced = True
+                return
+            expected = self.oracle.expect(entries)
+            if expected == "conflict":
+                assert got == ("conflict",), (got, expected)
+                return
+            assert got[0] == "ambiguous", (got, expected)
+            assert got[1][0] in ("ledger_append", "ledger_append_group"), got
+            self.oracle.commit(entries)
+            retried = outcome(handle.writer.append_many, batch)
+            again = [(seq, True) for seq, _ in expected]
+            assert retried == ("ok", again), f"the retry of a committed append: {retried}, {again}"
 
         @rule(data=st.data())
         def flip_a_payload_byte(self, data: st.DataObject) -> None:

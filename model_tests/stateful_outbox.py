@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import ClassVar
 
+from ambiguous import ambiguously, replayable
 from conftest import FakeClock, close_backend, open_backend
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
@@ -104,6 +105,21 @@ class OutboxMachine(RuleBasedStateMachine):
             and m.expires > self.clock()
         )
 
+    def _claim_expected(self, key: str) -> str:
+        m, now = self.model[key], self.clock()
+        dep = DEPENDS.get(key)
+        dep_done = dep is None or self.model[dep].status in ("delivered", "unsupported")
+        free = m.status == "pending" and (m.next_attempt is None or m.next_attempt <= now)
+        lapsed = m.status in HELD and m.expires is not None and m.expires <= now
+        return "ok" if (free and dep_done) or lapsed else "busy"
+
+    def _finish_expected(self, claim: Claim, result: str) -> str:
+        m = self.model[claim.key]
+        mine = m.owner == claim.owner and m.epoch == claim.epoch
+        if m.status not in HELD and m.status != "pending" and mine:
+            return "ok" if m.status == result else "transition"  # a repeated result
+        return "ok" if self.current(claim) else "lost"
+
     # -- steps -------------------------------------------------------------------
 
     @rule(
@@ -114,11 +130,7 @@ class OutboxMachine(RuleBasedStateMachine):
     )
     def claim(self, key: str, owner: str, ttl: float):
         m, now = self.model[key], self.clock()
-        dep = DEPENDS.get(key)
-        dep_done = dep is None or self.model[dep].status in ("delivered", "unsupported")
-        free = m.status == "pending" and (m.next_attempt is None or m.next_attempt <= now)
-        lapsed = m.status in HELD and m.expires is not None and m.expires <= now
-        expected = "ok" if (free and dep_done) or lapsed else "busy"
+        expected = self._claim_expected(key)
         got = attempt(self.store.outbox.claim, self.op_id(key), owner, ttl)
         assert got[0] == expected, (key, owner, m, got)
         if got[0] != "ok":
@@ -143,11 +155,7 @@ class OutboxMachine(RuleBasedStateMachine):
     @rule(claim=claims, result=st.sampled_from(RESULTS))
     def finish(self, claim: Claim, result: str) -> None:
         m = self.model[claim.key]
-        mine = m.owner == claim.owner and m.epoch == claim.epoch
-        if m.status not in HELD and m.status != "pending" and mine:
-            expected = "ok" if m.status == result else "transition"  # a repeated result
-        else:
-            expected = "ok" if self.current(claim) else "lost"
+        expected = self._finish_expected(claim, result)
         got = attempt(
             self.store.outbox.finish,
             self.op_id(claim.key),
@@ -159,6 +167,55 @@ class OutboxMachine(RuleBasedStateMachine):
         if expected == "ok" and m.status in HELD:
             m.status, m.expires = result, None
             m.delivered_count += result == "delivered"
+
+    @rule(
+        target=claims,
+        key=st.sampled_from(KEYS),
+        owner=st.sampled_from(OWNERS),
+        ttl=st.sampled_from((1.0, 5.0)),
+    )
+    def claim_ambiguously(self, key: str, owner: str, ttl: float):
+        """A claim that commits while its worker sees a lost connection, then
+        the worker's retry: refused as busy (its own live claim: a claim is
+        not idempotent, each raises the epoch), so the worker reads the
+        operation to learn the claim it holds (owner and epoch its own)."""
+        replayable("claim_ambiguously", key=key, owner=owner, ttl=ttl)
+        expected = self._claim_expected(key)
+        got = ambiguously(self.store, attempt, self.store.outbox.claim, self.op_id(key), owner, ttl)
+        if expected != "ok":
+            assert got[0] == expected, (key, owner, self.model[key], got)
+            return Claim(key, owner, NEVER)
+        assert got == ("ambiguous", ("claim_delivery",)), (key, owner, got)
+        m = self.model[key]
+        m.status, m.owner, m.epoch = "claimed", owner, m.epoch + 1
+        m.expires, m.next_attempt = self.clock() + timedelta(seconds=ttl), None
+        retried = attempt(self.store.outbox.claim, self.op_id(key), owner, ttl)
+        assert retried[0] == self._claim_expected(key) == "busy", (retried, m)
+        op = self.store.outbox.get_operation(self.op_id(key))
+        assert (op.lease_owner, op.lease_epoch) == (owner, m.epoch), (op, m)
+        return Claim(key, owner, op.lease_epoch)
+
+    @rule(claim=claims, result=st.sampled_from(RESULTS))
+    def finish_ambiguously(self, claim: Claim, result: str) -> None:
+        """A result (a delivery …) recorded while its worker sees a lost
+        connection, then the worker's retry of the same result under the same
+        claim: idempotent (the operation is not delivered twice)."""
+        replayable("finish_ambiguously", claim=claim, result=result)
+        m = self.model[claim.key]
+        expected = self._finish_expected(claim, result)
+        call = (self.store.outbox.finish, self.op_id(claim.key), claim.owner, claim.epoch, result)
+        got = ambiguously(self.store, attempt, *call)
+        if expected != "ok":
+            assert got[0] == expected, (claim, result, m, got)
+            return
+        assert got == ("ambiguous", ("finish_delivery",)), (claim, result, m, got)
+        if m.status in HELD:
+            m.status, m.expires = result, None
+            m.delivered_count += result == "delivered"
+        assert self._finish_expected(claim, result) == "ok"
+        retried = attempt(*call)
+        assert retried[0] == "ok", f"the retry of a recorded result: {retried}, {m}"
+        assert retried[1].status == result, retried
 
     @rule(claim=claims, delay=st.sampled_from((0.0, 3.0)))
     def requeue(self, claim: Claim, delay: float) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from ambiguous import ambiguously, replayable
 from conftest import FakeClock, close_backend, open_backend
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -127,6 +128,29 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
     def _valid(self, lease: turnkeeper.Lease) -> bool:
         return self.oracle.valid(lease.target, lease.owner, lease.epoch, self.clock())
 
+    def _admit_expected(self, session: str, lease) -> tuple:
+        """What an admission without a known submission key gets (by the oracle)."""
+        if lease is not None and lease.purpose not in ("admission", "execution"):
+            return ("purpose",)  # a recovery lease never admits a run (checked first)
+        if lease is not None and not self._valid(lease):
+            return ("lost",)
+        if lease is None and self._held(session):
+            return ("busy",)  # without a lease, only while nobody holds the session
+        if self.world.active(session) is not None:
+            return ("active",)
+        return ("ok",)
+
+    def _finish_expected(self, model: RunModel, status: str, lease) -> str:
+        if model.status == status:
+            return "ok"  # a repeated terminalization is idempotent
+        if lease is not None and not self._valid(lease):
+            return "lost"
+        if lease is None and self._held(model.session):
+            return "busy"
+        if legal(status, model.status, model.cancel_requested):
+            return "ok"
+        return "transition"
+
     # -- steps -------------------------------------------------------------------
 
     @rule(
@@ -163,16 +187,7 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
     def admit(self, session: str, lease, start: bool):
         if lease is not None and lease.target != f"session:{session}":
             lease = None
-        if lease is not None and lease.purpose not in ("admission", "execution"):
-            expected = ("purpose",)  # a recovery lease never admits a run (checked first)
-        elif lease is not None and not self._valid(lease):
-            expected = ("lost",)
-        elif lease is None and self._held(session):
-            expected = ("busy",)  # without a lease, only while nobody holds the session
-        elif self.world.active(session) is not None:
-            expected = ("active",)
-        else:
-            expected = ("ok",)
+        expected = self._admit_expected(session, lease)
         got = attempt(self.store.runs.admit, session, {"q": 1}, lease=lease, start=start)
         assert got[0] == expected[0], (got, expected)
         if got[0] != "ok":
@@ -213,16 +228,7 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
         model = self.world.runs[run]
         if lease is not None and lease.target != f"session:{model.session}":
             lease = None
-        if model.status == status:
-            expected = "ok"  # a repeated terminalization is idempotent
-        elif lease is not None and not self._valid(lease):
-            expected = "lost"
-        elif lease is None and self._held(model.session):
-            expected = "busy"
-        elif legal(status, model.status, model.cancel_requested):
-            expected = "ok"
-        else:
-            expected = "transition"
+        expected = self._finish_expected(model, status, lease)
         self.marks += 1
         mark = f"last entry {self.marks}"
         entries = [("message", {"message": {"role": "user", "content": mark}})]
@@ -245,6 +251,107 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
         if got[0] == "ok":
             assert expected == "ok", f"run ended under a lost lease {lease}"
             model.status = status
+
+    @rule(
+        target=runs,
+        session=st.sampled_from(SESSIONS),
+        lease=st.none() | leases,
+        start=st.booleans(),
+        keyed=st.booleans(),
+    )
+    def admit_ambiguously(self, session: str, lease, start: bool, keyed: bool):
+        """An admission that commits while its caller sees a lost connection,
+        then the runtime's retry. With a submission key the retry returns the
+        run admitted (the same id, as stored, under any lease or none); without
+        one it is refused as the session's active run (nothing admitted twice)."""
+        if lease is not None and lease.target != f"session:{session}":
+            lease = None
+        self.marks += 1
+        key = f"sub-{self.marks}" if keyed else None
+        replayable(
+            "admit_ambiguously",
+            session=session,
+            lease=None if lease is None else (lease.owner, lease.epoch),
+            start=start,
+            keyed=keyed,
+        )
+        expected = self._admit_expected(session, lease)
+        call = (self.store.runs.admit, session, {"q": self.marks})
+        kw = {"lease": lease, "start": start, "submission_key": key}
+        got = ambiguously(self.store, attempt, *call, **kw)
+        if expected[0] != "ok":
+            assert got == expected, (got, expected)
+            return multiple()
+        assert got == ("ambiguous", ("admit_run",)), (got, expected)
+        stored = self.store.runs.active(session)
+        assert stored is not None, "the ambiguous admission committed no run"
+        model = RunModel(session, status="running" if start else "admitted")
+        self.world.runs[stored.id] = model
+        retried = attempt(*call, **kw)
+        if keyed:  # the submission's run, whatever happened to the session since
+            assert retried[0] == "ok", f"the retry of a keyed admission: {retried}"
+            assert (retried[1].id, retried[1].status) == (stored.id, model.status), retried
+        else:  # the lease and the session are as the admission left them
+            assert retried == self._admit_expected(session, lease) == ("active",), retried
+        return stored.id
+
+    @rule(run=runs)
+    def start_ambiguously(self, run: str) -> None:
+        """A start committed but reported lost, then retried: the run is already
+        running, so the retry is the lifecycle's refusal (not idempotent)."""
+        replayable("start_ambiguously", run=run)
+        model = self.world.runs[run]
+        ok = legal("start", model.status, model.cancel_requested)
+        expected = "transition" if not ok else "busy" if self._held(model.session) else "ok"
+        got = ambiguously(self.store, attempt, self.store.runs.start, run)
+        if expected != "ok":
+            assert got[0] == expected, (got, model)
+            return
+        assert got == ("ambiguous", ("start_run",)), (got, model)
+        model.status = "running"
+        retried = attempt(self.store.runs.start, run)
+        assert retried[0] == "transition", (retried, model)
+
+    @rule(
+        run=runs,
+        status=st.sampled_from(TERMINAL),
+        lease=st.none() | leases,
+    )
+    def finish_ambiguously(self, run: str, status: str, lease) -> None:
+        """A termination (with the turn's last entry) committed but reported
+        lost, then retried: the retry succeeds as a repeated termination and
+        writes the entry no second time."""
+        model = self.world.runs[run]
+        if lease is not None and lease.target != f"session:{model.session}":
+            lease = None
+        replayable(
+            "finish_ambiguously",
+            run=run,
+            status=status,
+            lease=None if lease is None else (lease.owner, lease.epoch),
+        )
+        expected = self._finish_expected(model, status, lease)
+        self.marks += 1
+        mark = f"last entry {self.marks}"
+        entries = [("message", {"message": {"role": "user", "content": mark}})]
+        call = (self.store.runs.finish, run, status)
+        got = ambiguously(self.store, attempt, *call, lease=lease, entries=entries)
+        if expected != "ok" or model.status == status:
+            # a refusal, or a repeated termination: nothing to commit, but the
+            # call still ran its write (which the caller saw fail)
+            assert got[0] == (expected if expected != "ok" else "ambiguous"), (got, expected)
+            return
+        assert got == ("ambiguous", ("finish_run",)), (got, expected)
+        model.status = status
+        retried = attempt(*call, lease=lease, entries=entries)
+        assert retried[0] == "ok", f"the retry of a committed finish: {retried}, {model}"
+        assert retried[1].status == status, retried
+        stored = [
+            e
+            for e in self.store.sessions.entries(model.session)
+            if e.payload.get("message", {}).get("content") == mark
+        ]
+        assert len(stored) == 1, f"the turn's last entry written {len(stored)} times"
 
     @rule(run=runs, lease=leases)
     def recover(self, run: str, lease) -> None:

@@ -10,16 +10,18 @@ The machine checks the audit after every step, so its examples are kept few
 
 from __future__ import annotations
 
+import dataclasses
 import types
+import uuid
 
 import pytest
-from by_hand import Steps, kill_tests
-from conftest import STORES, machine_settings
+from by_hand import Steps, kill_tests, replay
+from conftest import BACKENDS, STORES, machine_settings
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 from stateful_deletes import on
 
-from turnkeeper.storage.ops import deletes
+from turnkeeper.storage.ops import deletes, forks
 
 MAX_EXAMPLES = 15
 STEPS = 20
@@ -73,3 +75,40 @@ KILLS = {
     test_stored_counterexample_passes_on_the_real_store,
     test_stored_counterexample_fails_with_the_guard_patched_out,
 ) = kill_tests(KILLS, on)
+
+
+def fork_and_delete_each_ambiguously(m: Steps) -> None:
+    """A fork and deletes each commit while the caller sees a lost
+    connection: the fork's retry under its request id returns the same fork
+    (one new session), a delete's retry is refused as a missing session with
+    the first delete's row readable, under the session's lease or none."""
+    m.fork_ambiguously(session="s1")
+    m.delete_ambiguously(session="s1", lease=None)
+    lease = m.acquire(owner="W1", session="s2", ttl=3.0)
+    m.delete_ambiguously(session="s2", lease=lease)
+    m.fork_ambiguously(session="s3")
+
+
+def drop_the_fork_dedupe(mp: pytest.MonkeyPatch) -> None:
+    """The fork's idempotency: its request id is never found (each call's
+    digest is new), so a retry forks again."""
+    real = forks.fork
+
+    def fork(tx, req, new_id):
+        return real(tx, dataclasses.replace(req, digest=uuid.uuid4().hex), new_id)
+
+    mp.setattr(forks, "fork", fork)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ambiguous_forks_and_deletes_retry_as_the_model_says(backend: str) -> None:
+    replay(on(backend), fork_and_delete_each_ambiguously)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ambiguous_fork_fails_with_the_fork_dedupe_patched_out(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drop_the_fork_dedupe(monkeypatch)
+    with pytest.raises(AssertionError, match="the retry of a committed fork made another"):
+        replay(on(backend), fork_and_delete_each_ambiguously)

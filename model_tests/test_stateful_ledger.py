@@ -11,11 +11,13 @@ from __future__ import annotations
 import importlib
 
 import pytest
-from conftest import STORES, machine_settings
+from by_hand import Steps
+from conftest import BACKENDS, STORES, machine_settings
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 from stateful_ledger import make_machine
 
+from turnkeeper import TransactionConflictError
 from turnkeeper.storage.ops.ledger import blobs, condemn, gc, journal
 
 
@@ -84,3 +86,52 @@ def test_the_machine_fails_with_the_replay_gap_check_patched_out(
     # a missing fence record also leaves its successors under no fence: the
     # epoch check then names the wrong error for the gap
     _fails_with("replay yielded past a truncated record", "a truncated record gave the wrong error")
+
+
+def append_ambiguously_then_retry(m: Steps) -> None:
+    """Appends that commit while the writer sees a lost connection: each
+    retry gives the acknowledged sequences back as duplicates (one of a batch
+    already stored), a stale writer's retry is refused, and replay yields
+    every record once."""
+    first = m.first_writer()
+    m.append_ambiguously(handle=first, entries=[("turn", b"x", "a")])
+    m.append_ambiguously(handle=first, entries=[("turn", b"x", "a"), ("step", b"", "b")])
+    second = m.take_over()
+    m.append_ambiguously(handle=first, entries=[("turn", b"\x00\xff", "c")])  # stale: refused
+    m.append_ambiguously(handle=second, entries=[("turn", b"\x00\xff", "c")])
+
+
+def drop_the_idempotency_lookup(mp: pytest.MonkeyPatch) -> None:
+    """The append's idempotency: no record is found under an entry's id (a
+    retry appends the entry again, which the unique index on the id refuses:
+    every attempt a conflict, ``TransactionConflictError``)."""
+    real = journal.sequence
+
+    def sequence(session_id, tip, entries, known, logical=()):
+        return real(session_id, tip, entries, {}, logical)
+
+    mp.setattr(journal, "sequence", sequence)
+
+
+def _replay_from_scratch(backend: str, script) -> None:
+    """``replay`` without the machine's ``@initialize`` (the script opens the
+    first writer itself, to hold its handle)."""
+    machine = make_machine(backend)()
+    try:
+        script(Steps(machine))
+    finally:
+        machine.teardown()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ambiguous_appends_retry_as_the_oracle_says(backend: str) -> None:
+    _replay_from_scratch(backend, append_ambiguously_then_retry)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ambiguous_append_fails_with_the_idempotency_lookup_patched_out(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drop_the_idempotency_lookup(monkeypatch)
+    with pytest.raises(TransactionConflictError, match="ledger_append"):
+        _replay_from_scratch(backend, append_ambiguously_then_retry)

@@ -6,8 +6,8 @@ one from scratch runs on demand (``search``: ``HYPOTHESIS_PROFILE=nightly``)."""
 from __future__ import annotations
 
 import pytest
-from by_hand import Steps, kill_tests
-from conftest import STORES, machine_settings
+from by_hand import Steps, kill_tests, replay
+from conftest import BACKENDS, STORES, machine_settings
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 from stateful_outbox import on
@@ -91,3 +91,36 @@ def test_machine_finds_a_counterexample_with_the_fence_patched_out(
     KILLS[fence][0](monkeypatch)
     with pytest.raises(AssertionError):
         run_state_machine_as_test(on(backend), settings=SEARCH)
+
+
+def claim_and_deliver_each_ambiguously(m: Steps) -> None:
+    """A claim and a delivery each commit while the worker sees a lost
+    connection: the claim's retry is refused as busy (the worker reads the
+    claim it holds), the delivery's retry under that claim is idempotent, and
+    nothing is delivered twice; the dependent step then claims and delivers."""
+    upload = m.claim_ambiguously(key="upload", owner="W1", ttl=5.0)
+    m.finish_ambiguously(claim=upload, result="delivered")
+    send = m.claim_ambiguously(key="send", owner="W2", ttl=1.0)
+    m.progress(claim=send)
+    m.finish_ambiguously(claim=send, result="delivered")
+    m.finish(claim=send, result="delivered")  # a third time: still one delivery
+
+
+def drop_the_repeated_result_check(mp: pytest.MonkeyPatch) -> None:
+    """The result's idempotency: a result already stored under the claim is
+    never recognised as this one (its retry is another result)."""
+    mp.setattr(outbox, "_same_result", lambda *args: False)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ambiguous_outbox_writes_retry_as_the_model_says(backend: str) -> None:
+    replay(on(backend), claim_and_deliver_each_ambiguously)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ambiguous_delivery_fails_with_the_repeated_result_check_patched_out(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drop_the_repeated_result_check(monkeypatch)
+    with pytest.raises(AssertionError, match="the retry of a recorded result"):
+        replay(on(backend), claim_and_deliver_each_ambiguously)

@@ -6,15 +6,15 @@ finds one from scratch runs on demand (``search``: ``HYPOTHESIS_PROFILE=nightly`
 from __future__ import annotations
 
 import pytest
-from by_hand import Steps, kill_tests
-from conftest import STORES, machine_settings
+from by_hand import Steps, kill_tests, replay
+from conftest import BACKENDS, STORES, machine_settings
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 from stateful_runs import on
 
 from turnkeeper.spec import errors
 from turnkeeper.spec.lease import LeasePurpose, session_target
-from turnkeeper.storage.ops import recovery, run_lifecycle
+from turnkeeper.storage.ops import recovery, run_admission, run_lifecycle
 
 SEARCH = settings(
     max_examples=3000,
@@ -91,3 +91,43 @@ def test_machine_finds_a_counterexample_with_the_fence_patched_out(
     KILLS[fence][0](monkeypatch)
     with pytest.raises(AssertionError):
         run_state_machine_as_test(on(backend), settings=SEARCH)
+
+
+def admit_start_finish_each_ambiguously(m: Steps) -> None:
+    """Each run write commits and its caller sees a lost connection; each
+    retry is the oracle's: a keyed admission's returns the run admitted (under
+    its lease and without one), a start's is refused (the run is running), a
+    finish's succeeds once more and writes the turn's last entry once."""
+    lease = m.acquire(owner="W1", session="s1", ttl=3.0)
+    run = m.admit_ambiguously(session="s1", lease=lease, start=False, keyed=True)
+    m.finish_ambiguously(run=run, status="failed", lease=lease)
+    unkeyed = m.admit_ambiguously(session="s1", lease=lease, start=False, keyed=False)
+    m.start_ambiguously(run=unkeyed)
+    m.finish_ambiguously(run=unkeyed, status="succeeded", lease=lease)
+    m.advance(seconds=4.0)  # the lease expires: nobody holds s2 or s1
+    m.admit_ambiguously(session="s2", lease=None, start=True, keyed=True)
+
+
+def drop_the_submission_lookup(mp: pytest.MonkeyPatch) -> None:
+    """The admission's idempotency: its submission key's earlier run is not
+    looked up (the retry is judged as a new admission)."""
+    real = run_admission._head
+
+    def head(tx, session_id, key_digest, admission, lease):
+        return real(tx, session_id, None, admission, lease)
+
+    mp.setattr(run_admission, "_head", head)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ambiguous_run_writes_retry_as_the_oracle_says(backend: str) -> None:
+    replay(on(backend), admit_start_finish_each_ambiguously)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ambiguous_admission_fails_with_the_submission_lookup_patched_out(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drop_the_submission_lookup(monkeypatch)
+    with pytest.raises(AssertionError, match="the retry of a keyed admission"):
+        replay(on(backend), admit_start_finish_each_ambiguously)
