@@ -137,9 +137,7 @@ EXPLAINED_READS = [
 
 
 @pytest.mark.parametrize("sql", EXPLAINED_READS)
-def test_an_explained_read_is_answered_with_its_plan(
-    store: turnkeeper.BaseStore, sql: str
-) -> None:
+def test_an_explained_read_is_answered_with_its_plan(store: turnkeeper.BaseStore, sql: str) -> None:
     """``EXPLAIN`` of a read is one of the reads ``store.query`` accepts (the
     module's docstring): PostgreSQL refuses it in a server-side cursor
     (``DECLARE … CURSOR FOR`` takes a SELECT or VALUES only), so it runs in a
