@@ -4,7 +4,7 @@ Writers race on the sessions' leaves as explicit steps: each writer remembers
 the leaf it last saw (``look``) and appends, appends a batch, branches or
 compacts with ``expected_leaf`` set to it, a compare-and-set on the leaf; a
 stale one must be refused with ``SessionModifiedError`` and nothing written.
-Blind writers append and title without it; turns (a run admitted and finished
+Blind writers append, title and label without it; turns (a run admitted and finished
 ``succeeded``) add their entries under the leaf; forks copy a session up to
 its latest completed turn, once per request id (the same request gives the
 same fork, even after the source moved on; another source under it
@@ -18,18 +18,20 @@ with the fork it made. All on an injected clock.
 The model is a plain tree per session (entry id → parent and what it adds to
 the context); after every step:
 
-- each session's leaf, entry count, title and entries are the model's, and
+- each session's leaf, entry count, title, labels and entries are the model's, and
   its replay is the context the model builds at the leaf (pi's rule: the last
   compaction on the path gives its summary, then the entries from its
   ``firstKeptEntryId``, then those after it);
-- each fork's replay, count and title are its source's at the turn it was
-  made at, and the store holds exactly the model's sessions (a fork retried
+- each fork's replay is its source's at the turn it was made at, and its
+  entry count, title and labels are those of what it copied (the path to that
+  turn, and the path to every entry a copied compaction or label names,
+  until closed); and the store holds exactly the model's sessions (a fork retried
   after an ambiguous commit made no second one).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -67,6 +69,8 @@ class Node:
     first_kept: str | None = None  # a compaction's firstKeptEntryId
     compaction: bool = False
     title: str | None = None  # a session_info entry's name
+    target: str | None = None  # a label entry's targetId
+    label: str | None = None  # its label (None: it clears)
 
 
 @dataclass
@@ -100,10 +104,38 @@ class SessionModel:
         kept = before[before.index(comp.first_kept) :] if comp.first_kept in before else []
         return [(path[cut], "compactionSummary", comp.text), *said(kept), *said(path[cut + 1 :])]
 
-    def title(self, leaf: str | None = None) -> str | None:
-        """The latest title on the path (a fork's title: those it copied)."""
-        titles = [n.title for e in self.path(leaf) if (n := self.nodes[e]).title is not None]
+    def title(self, among: Iterable[str] | None = None) -> str | None:
+        """The latest title written (``set_title``: the latest one wins, on any
+        branch), among the entries ``among`` if given (a fork's: those it copied)."""
+        keep = set(self.nodes if among is None else among)
+        titles = [n.title for e, n in self.nodes.items() if e in keep and n.title is not None]
         return titles[-1] if titles else None
+
+    def labels(self, among: Iterable[str] | None = None) -> dict[str, str]:
+        """Target → label, by the label entries (in order; ``None`` clears) among ``among``."""
+        keep, out = set(self.nodes if among is None else among), {}
+        for e, n in self.nodes.items():
+            if e in keep and n.target is not None:
+                if n.label is None:
+                    out.pop(n.target, None)
+                else:
+                    out[n.target] = n.label
+        return out
+
+    def copied(self, boundary: str) -> set[str]:
+        """What a fork at ``boundary`` copies: the path to it, and the path to
+        every entry a copied entry refers to (compaction, label), until closed."""
+        taken: set[str] = set()
+        pending = [boundary]
+        while pending:
+            for e in self.path(pending.pop()):
+                if e not in taken:
+                    taken.add(e)
+                    node = self.nodes[e]
+                    ref = node.first_kept if node.compaction else node.target
+                    if ref is not None and ref not in taken:
+                        pending.append(ref)
+        return taken
 
 
 @dataclass
@@ -112,6 +144,7 @@ class ForkModel:
     context: list[tuple[str, str]]  # roles and texts (a fork's entries have new ids)
     count: int
     title: str | None
+    labels: list[tuple[str, str]]  # (the labelled entry's text, its label), sorted
     fork_id: str | None = None  # None: made by an ambiguous commit, not yet learned
 
 
@@ -133,6 +166,15 @@ def say(step: str) -> None:
     Hypothesis runs it (a stored counterexample replays outside a test)."""
     if currently_in_test_context():
         note(step)
+
+
+def text_of(entry: Any) -> str:
+    """An entry's text as the model holds it (a message's content, else empty)."""
+    if entry.kind == EntryKind.MESSAGE:
+        return str(entry.payload["message"]["content"])
+    if entry.kind == EntryKind.COMPACTION:
+        return str(entry.payload["summary"])
+    return ""
 
 
 def seen_context(replay: Any) -> Context:
@@ -262,7 +304,7 @@ class SessionsMachine(RuleBasedStateMachine):
     def branch(self, writer: str, session: str, pick: int) -> None:
         """Move the leaf to an earlier entry (any branch's), or to none (a new root)."""
         model = self.sessions[session]
-        ids = sorted(model.nodes)
+        ids = list(model.nodes)  # in sequence order: a script replays alike
         target = None if pick == 0 else ids[pick % len(ids)]
         expected, refused = self._expected(writer, session)
         got = attempt(self.store.sessions.branch, session, target, expected_leaf=expected)
@@ -318,6 +360,16 @@ class SessionsMachine(RuleBasedStateMachine):
         say(f"title {session} {name!r}")
         self._add(session, entry.id, Node(self.sessions[session].leaf, title=name))
 
+    @rule(session=st.sampled_from(SESSIONS), pick=st.integers(0, 30), clear=st.booleans())
+    def label(self, session: str, pick: int, clear: bool) -> None:
+        """Label an entry (of any branch), or clear its label: a label entry under the leaf."""
+        model = self.sessions[session]
+        ids = list(model.nodes)  # in sequence order: a script replays alike
+        target, name = ids[pick % len(ids)], None if clear else self._next("label ")
+        entry = self.store.sessions.set_label(session, target, name)
+        say(f"label {target} of {session} {name!r}")
+        self._add(session, entry.id, Node(model.leaf, target=target, label=name))
+
     @rule(session=st.sampled_from(SESSIONS))
     def turn(self, session: str) -> None:
         """A run admitted and finished ``succeeded``: its entries go under the leaf,
@@ -361,9 +413,11 @@ class SessionsMachine(RuleBasedStateMachine):
         if made is not None:
             return ("same" if made.source == session else "conflict"), made
         model = self.sessions[session]
+        assert model.turn_end is not None  # every session has a completed turn
         context = [(role, text) for _, role, text in model.context(model.turn_end)]
-        count = len(model.path(model.turn_end))
-        return "new", ForkModel(session, context, count, model.title(model.turn_end))
+        copied = model.copied(model.turn_end)
+        labels = sorted((model.nodes[t].text, v) for t, v in model.labels(copied).items())
+        return "new", ForkModel(session, context, len(copied), model.title(copied), labels)
 
     @rule(session=st.sampled_from(SESSIONS), request=st.sampled_from(REQUESTS))
     def fork(self, session: str, request: str) -> None:
@@ -431,6 +485,7 @@ class SessionsMachine(RuleBasedStateMachine):
             assert got.leaf_id == model.leaf, (sid, got.leaf_id, model.leaf)
             assert got.entry_count == len(model.nodes), (sid, got.entry_count, len(model.nodes))
             assert got.title == model.title(), (sid, got.title)
+            assert self.store.sessions.labels(sid) == model.labels(), sid
             stored = {e.id: e.parent_id for e in self.store.sessions.entries(sid)}
             assert stored == {e: n.parent for e, n in model.nodes.items()}, sid
             context = seen_context(self.store.sessions.replay(sid))
@@ -448,6 +503,9 @@ class SessionsMachine(RuleBasedStateMachine):
             got = self.store.sessions.get(made.fork_id)
             assert got is not None and got.entry_count == made.count, (request, got)
             assert got.title == made.title, (request, got.title, made.title)
+            texts = {e.id: text_of(e) for e in self.store.sessions.entries(made.fork_id)}
+            labels = self.store.sessions.labels(made.fork_id)
+            assert sorted((texts[t], v) for t, v in labels.items()) == made.labels, request
             context = [(r, t) for _, r, t in seen_context(self.store.sessions.replay(made.fork_id))]
             assert context == made.context, (request, context, made.context)
 

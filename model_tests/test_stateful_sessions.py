@@ -102,6 +102,10 @@ def retry_an_ambiguous_append(m: Steps) -> None:
 
 
 def fork_twice(m: Steps) -> None:
+    m.append(writer="w1", session="s1")  # the fifth entry, after the first turn's four
+    m.branch(writer="w1", session="s1", pick=2)
+    m.label(session="s1", pick=4, clear=False)  # names the abandoned branch: a fork copies it
+    m.turn(session="s1")
     m.fork(session="s1", request="f1")
     m.append(writer="w1", session="s1")
     m.turn(session="s1")  # the source moved on: the same request is the same fork
