@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, ClassVar
 
 from conftest import FakeClock, close_backend, open_backend
@@ -75,6 +76,7 @@ class Node:
 
 @dataclass
 class SessionModel:
+    updated: datetime  # the last write's time (a refused write leaves it)
     nodes: dict[str, Node] = field(default_factory=dict)
     leaf: str | None = None
     turn_end: str | None = None  # the latest completed turn's turn_end entry
@@ -145,6 +147,7 @@ class ForkModel:
     count: int
     title: str | None
     labels: list[tuple[str, str]]  # (the labelled entry's text, its label), sorted
+    created: datetime
     fork_id: str | None = None  # None: made by an ambiguous commit, not yet learned
 
 
@@ -203,7 +206,7 @@ class SessionsMachine(RuleBasedStateMachine):
         """Each session begins with one completed turn (so that forks can succeed)."""
         for sid in SESSIONS:
             self.store.sessions.create(sid)
-            self.sessions[sid] = SessionModel()
+            self.sessions[sid] = SessionModel(self.clock())
             self.turn(sid)
             for writer in WRITERS:
                 self.seen[writer, sid] = self.sessions[sid].leaf
@@ -238,6 +241,11 @@ class SessionsMachine(RuleBasedStateMachine):
             yield
         finally:
             del self.store.db.write  # the class's method again
+
+    @rule(seconds=st.sampled_from((0.5, 2.0)))
+    def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+        say(f"clock +{seconds} s")
 
     # -- writers with a view of the leaf -------------------------------------------
 
@@ -313,7 +321,7 @@ class SessionsMachine(RuleBasedStateMachine):
             assert got == refused, (got, refused)
             return
         assert got == ("ok", None), got
-        model.leaf = target
+        model.leaf, model.updated = target, self.clock()
         self.seen[writer, session] = target
 
     @rule(
@@ -404,7 +412,7 @@ class SessionsMachine(RuleBasedStateMachine):
         model = self.sessions[session]
         assert entry_id not in model.nodes, entry_id
         model.nodes[entry_id] = node
-        model.leaf = entry_id
+        model.leaf, model.updated = entry_id, self.clock()
 
     # -- forks -------------------------------------------------------------------------
 
@@ -417,7 +425,8 @@ class SessionsMachine(RuleBasedStateMachine):
         context = [(role, text) for _, role, text in model.context(model.turn_end)]
         copied = model.copied(model.turn_end)
         labels = sorted((model.nodes[t].text, v) for t, v in model.labels(copied).items())
-        return "new", ForkModel(session, context, len(copied), model.title(copied), labels)
+        title = model.title(copied)
+        return "new", ForkModel(session, context, len(copied), title, labels, self.clock())
 
     @rule(session=st.sampled_from(SESSIONS), request=st.sampled_from(REQUESTS))
     def fork(self, session: str, request: str) -> None:
@@ -485,6 +494,7 @@ class SessionsMachine(RuleBasedStateMachine):
             assert got.leaf_id == model.leaf, (sid, got.leaf_id, model.leaf)
             assert got.entry_count == len(model.nodes), (sid, got.entry_count, len(model.nodes))
             assert got.title == model.title(), (sid, got.title)
+            assert got.updated_at == model.updated, (sid, got.updated_at, model.updated)
             assert self.store.sessions.labels(sid) == model.labels(), sid
             stored = {e.id: e.parent_id for e in self.store.sessions.entries(sid)}
             assert stored == {e: n.parent for e, n in model.nodes.items()}, sid
@@ -503,6 +513,7 @@ class SessionsMachine(RuleBasedStateMachine):
             got = self.store.sessions.get(made.fork_id)
             assert got is not None and got.entry_count == made.count, (request, got)
             assert got.title == made.title, (request, got.title, made.title)
+            assert got.updated_at == made.created, (request, got.updated_at, made.created)
             texts = {e.id: text_of(e) for e in self.store.sessions.entries(made.fork_id)}
             labels = self.store.sessions.labels(made.fork_id)
             assert sorted((texts[t], v) for t, v in labels.items()) == made.labels, request
