@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar
 
+import conftest
 from conftest import FakeClock, close_backend, open_backend
 from hypothesis import note
 from hypothesis import strategies as st
@@ -196,6 +197,15 @@ class SessionsMachine(RuleBasedStateMachine):
         super().__init__()
         self.clock = FakeClock()
         self.store = open_backend(self.backend, None, self.clock)
+        self.other = self.store
+        if conftest.engine(self.backend) == "postgres":  # another worker's store object
+            keys = conftest.TEST_KEYS if self.backend in conftest.ENCRYPTED else None
+            url = conftest._OPENED[id(self.store)]
+            self.other = conftest.open_pg(url, clock=self.clock, encryption=keys)
+        # w3 writes through its own store object on PostgreSQL (its own caches:
+        # the replay cache, the calls open at each session's head), as a
+        # worker process of its own would
+        self.of = {"w1": self.store, "w2": self.store, "w3": self.other}
         self.sessions: dict[str, SessionModel] = {}
         self.seen: dict[tuple[str, str], str | None] = {}  # (writer, session) -> leaf it saw
         self.forks: dict[str, ForkModel] = {}  # request id -> the fork it made
@@ -212,6 +222,8 @@ class SessionsMachine(RuleBasedStateMachine):
                 self.seen[writer, sid] = self.sessions[sid].leaf
 
     def teardown(self) -> None:
+        if self.other is not self.store:
+            self.other.close()
         close_backend(self.store)
 
     def _next(self, prefix: str) -> str:
@@ -222,10 +234,10 @@ class SessionsMachine(RuleBasedStateMachine):
         return {"message": {"role": "user", "content": text}}
 
     @contextmanager
-    def _ambiguous(self, operation: str) -> Iterator[None]:
+    def _ambiguous(self, store: Any, operation: str) -> Iterator[None]:
         """The first ``operation`` write that commits raises OperationalError
         after its commit, as a connection lost with the COMMIT in flight."""
-        real = self.store.db.write
+        real = store.db.write
         fired: list[str] = []
 
         def write(name: str, body: Any, **kw: Any) -> Any:
@@ -236,11 +248,11 @@ class SessionsMachine(RuleBasedStateMachine):
                 raise OperationalError(detail="connection lost: the COMMIT's outcome is unknown")
             return result
 
-        self.store.db.write = write  # type: ignore[method-assign]
+        store.db.write = write
         try:
             yield
         finally:
-            del self.store.db.write  # the class's method again
+            del store.db.write  # the class's method again
 
     @rule(seconds=st.sampled_from((0.5, 2.0)))
     def advance(self, seconds: float) -> None:
@@ -252,7 +264,7 @@ class SessionsMachine(RuleBasedStateMachine):
     @rule(writer=st.sampled_from(WRITERS), session=st.sampled_from(SESSIONS))
     def look(self, writer: str, session: str) -> None:
         """The writer reads the session's leaf."""
-        got = self.store.sessions.get(session)
+        got = self.of[writer].sessions.get(session)
         assert got is not None and got.leaf_id == self.sessions[session].leaf
         self.seen[writer, session] = got.leaf_id
         say(f"{writer} sees {session} at {got.leaf_id}")
@@ -267,7 +279,7 @@ class SessionsMachine(RuleBasedStateMachine):
         expected, refused = self._expected(writer, session)
         text = self._next("note ")
         got = attempt(
-            self.store.sessions.append,
+            self.of[writer].sessions.append,
             session,
             EntryKind.MESSAGE,
             self._message(text),
@@ -290,7 +302,7 @@ class SessionsMachine(RuleBasedStateMachine):
         expected, refused = self._expected(writer, session)
         texts = [self._next("batch ") for _ in range(size)]
         got = attempt(
-            self.store.sessions.append_many,
+            self.of[writer].sessions.append_many,
             session,
             [(EntryKind.MESSAGE, self._message(t)) for t in texts],
             expected_leaf=expected,
@@ -315,7 +327,7 @@ class SessionsMachine(RuleBasedStateMachine):
         ids = list(model.nodes)  # in sequence order: a script replays alike
         target = None if pick == 0 else ids[pick % len(ids)]
         expected, refused = self._expected(writer, session)
-        got = attempt(self.store.sessions.branch, session, target, expected_leaf=expected)
+        got = attempt(self.of[writer].sessions.branch, session, target, expected_leaf=expected)
         say(f"{writer} branches {session} from {expected} to {target}: {got[0]}")
         if refused is not None:
             assert got == refused, (got, refused)
@@ -336,7 +348,7 @@ class SessionsMachine(RuleBasedStateMachine):
         payload = {"summary": summary, "firstKeptEntryId": first_kept, "tokensBefore": 100}
         expected, refused = self._expected(writer, session)
         got = attempt(
-            self.store.sessions.append,
+            self.of[writer].sessions.append,
             session,
             EntryKind.COMPACTION,
             payload,
@@ -451,7 +463,7 @@ class SessionsMachine(RuleBasedStateMachine):
         """A fork that commits while its caller sees OperationalError; a later
         fork under the same request id must answer with it."""
         outcome, made = self._fork_outcome(session, request)
-        with self._ambiguous("fork_session"):
+        with self._ambiguous(self.store, "fork_session"):
             got = attempt(self.store.forks.fork, session, request_id=request)
         say(f"fork {session} as {request}, outcome unknown: {got[0]} ({outcome})")
         if outcome == "conflict":
@@ -470,17 +482,21 @@ class SessionsMachine(RuleBasedStateMachine):
         expected, refused = self._expected(writer, session)
         eid, text = self._next("own-"), self._next("own ")
         args = (session, EntryKind.MESSAGE, self._message(text))
-        with self._ambiguous("append"):
-            got = attempt(self.store.sessions.append, *args, expected_leaf=expected, entry_id=eid)
+        with self._ambiguous(self.of[writer], "append"):
+            got = attempt(
+                self.of[writer].sessions.append, *args, expected_leaf=expected, entry_id=eid
+            )
         say(f"{writer} appends {eid} to {session} at {expected}, outcome unknown: {got[0]}")
         if refused is not None:
             assert got == refused, (got, refused)
             return
         assert got == ("unknown",), got
         self._add(session, eid, Node(expected, "user", text))
-        again = attempt(self.store.sessions.append, *args, expected_leaf=expected, entry_id=eid)
+        again = attempt(
+            self.of[writer].sessions.append, *args, expected_leaf=expected, entry_id=eid
+        )
         assert again == ("modified", eid), again  # the leaf is the retried entry: it committed
-        blind = attempt(self.store.sessions.append, *args, entry_id=eid)
+        blind = attempt(self.of[writer].sessions.append, *args, entry_id=eid)
         assert blind == ("exists",), blind
         self.seen[writer, session] = eid
 
@@ -498,8 +514,9 @@ class SessionsMachine(RuleBasedStateMachine):
             assert self.store.sessions.labels(sid) == model.labels(), sid
             stored = {e.id: e.parent_id for e in self.store.sessions.entries(sid)}
             assert stored == {e: n.parent for e, n in model.nodes.items()}, sid
-            context = seen_context(self.store.sessions.replay(sid))
-            assert context == model.context(), (sid, context, model.context())
+            for store in {id(self.store): self.store, id(self.other): self.other}.values():
+                context = seen_context(store.sessions.replay(sid))
+                assert context == model.context(), (sid, context, model.context())
 
     @invariant()
     def forks_are_the_models(self) -> None:

@@ -78,7 +78,7 @@ def drop_the_fork_dedupe(mp: pytest.MonkeyPatch) -> None:
 
 def append_on_a_stale_leaf(m: Steps) -> None:
     m.append(writer="w1", session="s1")
-    m.append(writer="w2", session="s1")  # w2's leaf is stale: refused, nothing written
+    m.append(writer="w3", session="s1")  # w3's leaf is stale (on PostgreSQL, through another store)
 
 
 def append_many_on_a_stale_leaf(m: Steps) -> None:
