@@ -48,6 +48,7 @@ from turnkeeper import (
     EntryExistsError,
     EntryKind,
     ForkRequestConflictError,
+    NewEntry,
     OperationalError,
     SessionModifiedError,
 )
@@ -243,7 +244,8 @@ class SessionsMachine(RuleBasedStateMachine):
         def write(name: str, body: Any, **kw: Any) -> Any:
             result = real(name, body, **kw)
             # a one-statement append that wrote nothing returns None: not a commit
-            if name == operation and result is not None and not fired:
+            wrote = result is not None or kw.get("transaction", True)
+            if name == operation and wrote and not fired:
                 fired.append(name)
                 raise OperationalError(detail="connection lost: the COMMIT's outcome is unknown")
             return result
@@ -473,32 +475,68 @@ class SessionsMachine(RuleBasedStateMachine):
         assert made is not None
         self.forks[request] = made  # a new fork's id is not known yet
 
-    @rule(writer=st.sampled_from(WRITERS), session=st.sampled_from(SESSIONS))
-    def ambiguous_append(self, writer: str, session: str) -> None:
-        """An append with its own entry id that commits while its caller sees
-        OperationalError, retried as the README says (look before writing it
-        again): the retry under the same ``expected_leaf`` is refused with the
-        leaf now that id, and one without is refused as the id taken."""
+    @rule(
+        writer=st.sampled_from(WRITERS), session=st.sampled_from(SESSIONS), size=st.integers(1, 3)
+    )
+    def ambiguous_append(self, writer: str, session: str, size: int) -> None:
+        """An append (``size`` 1) or a batch, each entry with its own id, that
+        commits while its caller sees OperationalError, retried as the README
+        says (look before writing it again): the retry under the same
+        ``expected_leaf`` is refused with the leaf now its last id, and one
+        without is refused as its first id taken."""
+        store = self.of[writer]
         expected, refused = self._expected(writer, session)
-        eid, text = self._next("own-"), self._next("own ")
-        args = (session, EntryKind.MESSAGE, self._message(text))
-        with self._ambiguous(self.of[writer], "append"):
-            got = attempt(
-                self.of[writer].sessions.append, *args, expected_leaf=expected, entry_id=eid
-            )
-        say(f"{writer} appends {eid} to {session} at {expected}, outcome unknown: {got[0]}")
+        ids = [self._next("own-") for _ in range(size)]
+        texts = [self._next("own ") for _ in ids]
+        if size == 1:
+            operation, args = "append", (session, EntryKind.MESSAGE, self._message(texts[0]))
+            call = store.sessions.append
+        else:
+            batch = [
+                NewEntry(EntryKind.MESSAGE, self._message(t), entry_id=e)
+                for e, t in zip(ids, texts, strict=True)
+            ]
+            operation, args, call = "append_many", (session, batch), store.sessions.append_many
+        own = {"entry_id": ids[0]} if size == 1 else {}
+        with self._ambiguous(store, operation):
+            got = attempt(call, *args, expected_leaf=expected, **own)
+        say(f"{writer} appends {ids} to {session} at {expected}, outcome unknown: {got[0]}")
         if refused is not None:
             assert got == refused, (got, refused)
             return
         assert got == ("unknown",), got
-        self._add(session, eid, Node(expected, "user", text))
-        again = attempt(
-            self.of[writer].sessions.append, *args, expected_leaf=expected, entry_id=eid
-        )
-        assert again == ("modified", eid), again  # the leaf is the retried entry: it committed
-        blind = attempt(self.of[writer].sessions.append, *args, entry_id=eid)
+        parent = expected
+        for e, t in zip(ids, texts, strict=True):
+            self._add(session, e, Node(parent, "user", t))
+            parent = e
+        again = attempt(call, *args, expected_leaf=expected, **own)
+        assert again == ("modified", ids[-1]), again  # the leaf is its last entry: it committed
+        blind = attempt(call, *args, **own)
         assert blind == ("exists",), blind
-        self.seen[writer, session] = eid
+        self.seen[writer, session] = ids[-1]
+
+    @rule(
+        writer=st.sampled_from(WRITERS), session=st.sampled_from(SESSIONS), pick=st.integers(0, 30)
+    )
+    def ambiguous_branch(self, writer: str, session: str, pick: int) -> None:
+        """A branch that commits while its caller sees OperationalError; its
+        retry under the same ``expected_leaf`` is refused with the leaf its
+        target (or, the target being that leaf, moves nothing)."""
+        model = self.sessions[session]
+        ids = list(model.nodes)  # in sequence order: a script replays alike
+        target = None if pick == 0 else ids[pick % len(ids)]
+        expected, refused = self._expected(writer, session)
+        with self._ambiguous(self.of[writer], "branch"):
+            got = attempt(self.of[writer].sessions.branch, session, target, expected_leaf=expected)
+        say(f"{writer} branches {session} from {expected} to {target}, outcome unknown: {got[0]}")
+        if refused is not None:
+            assert got == refused, (got, refused)
+            return
+        assert got == ("unknown",), got
+        model.leaf, model.updated = target, self.clock()
+        again = attempt(self.of[writer].sessions.branch, session, target, expected_leaf=expected)
+        assert again == (("ok", None) if target == expected else ("modified", target)), again
+        self.seen[writer, session] = target
 
     # -- invariants ------------------------------------------------------------------
 

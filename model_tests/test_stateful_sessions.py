@@ -97,8 +97,14 @@ def branch_on_a_stale_leaf(m: Steps) -> None:
 
 
 def retry_an_ambiguous_append(m: Steps) -> None:
-    m.ambiguous_append(writer="w1", session="s2")
+    m.ambiguous_append(writer="w1", session="s2", size=1)
+    m.ambiguous_append(writer="w1", session="s2", size=3)
     m.append(writer="w2", session="s2")  # w2 never saw the committed entry
+
+
+def retry_an_ambiguous_branch(m: Steps) -> None:
+    m.ambiguous_branch(writer="w3", session="s1", pick=0)
+    m.ambiguous_branch(writer="w2", session="s1", pick=0)  # w2 never saw the move
 
 
 def fork_twice(m: Steps) -> None:
@@ -124,6 +130,10 @@ KILLS = {
     "expected-leaf-compaction": (drop_the_expected_leaf_guard, compact_on_a_stale_leaf),
     "expected-leaf-ambiguous-retry": (drop_the_expected_leaf_guard, retry_an_ambiguous_append),
     "expected-leaf-branch": (drop_the_branch_expected_leaf_guard, branch_on_a_stale_leaf),
+    "expected-leaf-branch-ambiguous-retry": (
+        drop_the_branch_expected_leaf_guard,
+        retry_an_ambiguous_branch,
+    ),
     "fork-dedupe": (drop_the_fork_dedupe, fork_twice),
     "fork-dedupe-ambiguous-retry": (drop_the_fork_dedupe, retry_an_ambiguous_fork),
 }
