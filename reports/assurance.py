@@ -43,6 +43,7 @@ MACHINES = (
     ("stateful_outbox", "on", "the delivery outbox"),
     ("stateful_deletes", "on", "deletes and retention"),
     ("stateful_ledger", "make_machine", "the ledger (writers, GC, replay)"),
+    ("stateful_sessions", "on", "sessions and forks (leaf races, branch, compaction, fork)"),
 )
 """Each differential machine: its module in ``model_tests/``, the function that
 makes its class for a backend, and what it covers."""
