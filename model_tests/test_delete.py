@@ -29,6 +29,7 @@ from turnkeeper import (
     InputResourceEvent,
     InvalidInputError,
     LeaseLostError,
+    OperationalError,
     ResponseItem,
     ResponseRun,
     ResponseState,
@@ -757,3 +758,69 @@ def test_retention_keeps_a_family_whose_sub_agent_was_written_since_it_chose(
     report = store.sessions.retain(janitor, max_age_s=50)
     assert report.removed == [] and report.skipped == {"fam": "changed"}
     assert store.sessions.get(child) is not None
+
+
+@pytest.mark.parametrize("enc", ["duckdb", "postgres"], indirect=True)
+def test_an_ambiguous_delete_leaves_no_data_key_cached(enc: Any) -> None:
+    """A delete that commits while its caller sees an error (a lost connection
+    at COMMIT): this store object drops its caches of the session all the same,
+    the session's data key among them (crypto-shredding: the key rows went with
+    the delete, no copy stays in memory), and the retry says the session is
+    gone. Control: with the forget on failure patched out the key stays cached."""
+    from ambiguous import ambiguous_commits
+
+    enc.sessions.create("doomed")
+    enc.sessions.append("doomed", EntryKind.MESSAGE, {"message": {"role": "user", "content": "x"}})
+    assert enc.db.keyring._cached("doomed")
+    with pytest.raises(OperationalError), ambiguous_commits(enc):
+        enc.sessions.delete("doomed")
+    assert not enc.db.keyring._cached("doomed")
+    assert enc.sessions.deleted("doomed") is not None
+    with pytest.raises(SessionNotFoundError):
+        enc.sessions.delete("doomed")
+
+
+@pytest.mark.parametrize("enc", ["duckdb"], indirect=True)
+def test_control_without_the_forget_on_failure_the_key_stays_cached(
+    enc: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Control: with the failed delete's forget patched out (here only), the
+    ambiguous delete leaves the deleted session's data key cached."""
+    from ambiguous import ambiguous_commits
+
+    monkeypatch.setattr(deletes.DeletesPart, "_forget_unsure", lambda self, session_id: None)
+    enc.sessions.create("doomed")
+    enc.sessions.append("doomed", EntryKind.MESSAGE, {"message": {"role": "user", "content": "x"}})
+    with pytest.raises(OperationalError), ambiguous_commits(enc):
+        enc.sessions.delete("doomed")
+    assert enc.db.keyring._cached("doomed")
+
+
+@pytest.mark.parametrize("enc", ["duckdb", "postgres"], indirect=True)
+def test_an_ambiguous_retention_delete_leaves_no_data_key_cached(
+    enc: Any, clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for a retention pass: its delete of a session commits while the
+    pass sees an error at COMMIT (raised to the caller), and the session's data
+    key is not left cached; the next pass has nothing of it to remove."""
+    db: Any = enc.db
+    real = db.write
+
+    def commit_then_fail(operation: str, body: Any, **kwargs: Any) -> Any:
+        result = real(operation, body, **kwargs)
+        if operation == "retain_session":
+            raise OperationalError("injected: the connection was lost at COMMIT")
+        return result
+
+    enc.sessions.create("old")
+    enc.sessions.append("old", EntryKind.MESSAGE, {"message": {"role": "user", "content": "x"}})
+    clock.advance(100)
+    assert enc.db.keyring._cached("old")
+    lease = enc.leases.acquire("retention:main", "janitor", 60)
+    monkeypatch.setattr(db, "write", commit_then_fail)
+    with pytest.raises(OperationalError):
+        enc.sessions.retain(lease, max_age_s=10)
+    monkeypatch.setattr(db, "write", real)
+    assert not enc.db.keyring._cached("old")
+    assert enc.sessions.deleted("old") is not None
+    assert enc.sessions.retain(lease, max_age_s=10).removed == []

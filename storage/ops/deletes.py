@@ -349,12 +349,23 @@ class DeletesPart(Area):
         """
         check_id(session_id, "session_id")
         check_session_lease(session_id, lease)
-        done = self._fenced(
-            "delete_session", lease, lambda tx: delete(tx, session_id, lease, "delete")
-        )
+        try:
+            done = self._fenced(
+                "delete_session", lease, lambda tx: delete(tx, session_id, lease, "delete")
+            )
+        except BaseException:
+            self._forget_unsure(session_id)
+            raise
         for gone in done:
             self._forget(gone.session_id)
         return done[0]
+
+    def _forget_unsure(self, session_id: str) -> None:
+        """Drop this store object's caches of a session whose delete failed: it
+        may have committed all the same (an error at ``COMMIT``: the caller
+        cannot tell), and its data key must not outlive its key rows in memory
+        (crypto-shredding). A session still there loses only re-derivable caches."""
+        self._forget(session_id)
 
     def deleted(self, session_id: str) -> DeletedSession | None:
         """What remains of a deleted session (its ``deleted_sessions`` row), or
@@ -444,6 +455,9 @@ class DeletesPart(Area):
             except errors.SessionNotFoundError:
                 skipped[session_id] = "gone"
                 continue
+            except BaseException:  # an error at COMMIT: the delete may have committed
+                self._forget_unsure(session_id)
+                raise
             for gone in done:
                 self._forget(gone.session_id)
             removed += done
