@@ -34,7 +34,9 @@ def bench(monkeypatch: pytest.MonkeyPatch):
         sys.modules.pop(name, None)
 
 
-def _alone(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def alone(tmp_path: Path, section: str = "encryption") -> subprocess.CompletedProcess[str]:
+    """``reports/bench.py <section>`` at the tiny size, its bench.json and
+    BENCH.md in ``tmp_path`` (PostgreSQL too when the tests have a server)."""
     env = {k: v for k, v in os.environ.items() if k != "TURNKEEPER_TEST_PG"}
     env.update(TINY_BENCH)
     env["TURNKEEPER_BENCH_OUT"] = str(tmp_path / "bench.json")
@@ -42,7 +44,7 @@ def _alone(tmp_path: Path) -> subprocess.CompletedProcess[str]:
     if os.environ.get("TURNKEEPER_TEST_PG"):
         env["TURNKEEPER_TEST_PG"] = os.environ["TURNKEEPER_TEST_PG"]
     return subprocess.run(
-        [sys.executable, str(REPORTS / "bench.py"), "encryption"],
+        [sys.executable, str(REPORTS / "bench.py"), section],
         env=env,
         capture_output=True,
         text=True,
@@ -59,7 +61,7 @@ def test_the_section_alone_is_merged_keeping_every_other_figure(bench, tmp_path:
     for backend in before["backends"].values():
         backend.pop("encryption", None)  # as a file from before this section
     (tmp_path / "bench.json").write_text(json.dumps(before), encoding="utf-8")
-    done = _alone(tmp_path)
+    done = alone(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     after = json.loads((tmp_path / "bench.json").read_text(encoding="utf-8"))
     measured = {"duckdb", *(["postgres"] if os.environ.get("TURNKEEPER_TEST_PG") else [])}
@@ -83,7 +85,7 @@ def test_the_section_alone_is_merged_keeping_every_other_figure(bench, tmp_path:
 
 def test_the_section_alone_refuses_without_a_full_run(tmp_path: Path) -> None:
     """No bench.json to merge into: exit non-zero, nothing written."""
-    done = _alone(tmp_path)
+    done = alone(tmp_path)
     assert done.returncode != 0 and "run the whole benchmark first" in done.stderr
     assert not (tmp_path / "bench.json").exists() and not (tmp_path / "BENCH.md").exists()
 

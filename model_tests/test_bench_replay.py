@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from test_bench_encryption import alone
 from test_machines import TINY_BENCH
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,22 +29,6 @@ def bench(monkeypatch: pytest.MonkeyPatch):
     sys.modules.pop("bench", None)
 
 
-def _alone(tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "TURNKEEPER_TEST_PG"}
-    env.update(TINY_BENCH)
-    env["TURNKEEPER_BENCH_OUT"] = str(tmp_path / "bench.json")
-    env["TURNKEEPER_BENCH_TABLE"] = str(tmp_path / "BENCH.md")
-    if os.environ.get("TURNKEEPER_TEST_PG"):
-        env["TURNKEEPER_TEST_PG"] = os.environ["TURNKEEPER_TEST_PG"]
-    return subprocess.run(
-        [sys.executable, str(REPORTS / "bench.py"), "replay"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
 def test_the_replay_rows_alone_are_merged_keeping_every_other_figure(bench, tmp_path: Path) -> None:
     """``bench.py replay`` at a tiny size on a copy of the committed bench.json:
     each measured backend's cold replay row, LangGraph peers, replay RSS and
@@ -55,7 +39,7 @@ def test_the_replay_rows_alone_are_merged_keeping_every_other_figure(bench, tmp_
     for backend in before["backends"].values():
         backend.pop("replay_alone", None)
     (tmp_path / "bench.json").write_text(json.dumps(before), encoding="utf-8")
-    done = _alone(tmp_path)
+    done = alone(tmp_path, "replay")
     assert done.returncode == 0, done.stdout + done.stderr
     after = json.loads((tmp_path / "bench.json").read_text(encoding="utf-8"))
     measured = {"duckdb", *(["postgres"] if os.environ.get("TURNKEEPER_TEST_PG") else [])}
@@ -68,8 +52,8 @@ def test_the_replay_rows_alone_are_merged_keeping_every_other_figure(bench, tmp_
         assert set(got["langgraph"]) == set(had["langgraph"])
         assert all(r["median"] > 0 for r in got["langgraph"].values())
         assert got["operations"].pop(tiny)["median"] > 0
-        alone = got.pop("replay_alone")
-        assert alone["floor_ms"] > 0 and len(alone["load_average"]) == 3
+        alone_at = got.pop("replay_alone")
+        assert alone_at["floor_ms"] > 0 and len(alone_at["load_average"]) == 3
         assert got["statements_per_call"].pop("replay") > 0
         had["statements_per_call"].pop("replay")
         for key in ("langgraph", "replay_rss"):
@@ -83,6 +67,6 @@ def test_the_replay_rows_alone_are_merged_keeping_every_other_figure(bench, tmp_
 
 def test_the_replay_rows_alone_refuse_without_a_full_run(tmp_path: Path) -> None:
     """No bench.json to merge into: exit non-zero, nothing written."""
-    done = _alone(tmp_path)
+    done = alone(tmp_path, "replay")
     assert done.returncode != 0 and "run the whole benchmark first" in done.stderr
     assert not (tmp_path / "bench.json").exists() and not (tmp_path / "BENCH.md").exists()
