@@ -17,17 +17,21 @@ DEMO_DB ?= turnkeeper-demo.duckdb
 SOURCES := $(sort $(wildcard $(shell git ls-files --cached --others --exclude-standard \
 	spec machines storage api 2>/dev/null || find spec machines storage api -type f)))
 STAMP := $(VENV)/.installed
+# The exact versions installed (constraints/venv.txt, and the setuptools that builds
+# the wheel, constraints/build.txt): `make lock` writes them afresh.
+PIN := -c constraints/venv.txt
+BUILD_PIN := --build-constraint constraints/build.txt
 SOURCE_LIST := $(VENV)/.sources
 
 # pip -q still prints this machine's "WARNING: Location … is ignored" lines
 # (a find-links folder that does not exist); drop those, keep everything else.
 PIP_FILTER := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: install demo test test-pgbouncer lint typecheck modelcheck mutants crosshair reports bench clean FORCE
+.PHONY: install lock demo test test-pgbouncer lint typecheck modelcheck mutants crosshair reports bench clean FORCE
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip $(PIP_FILTER)
+	$(BIN)/pip install -q $(PIN) --upgrade pip $(PIP_FILTER)
 
 # (A file of its own per make process: .ci/run runs two targets at once.)
 $(SOURCE_LIST): FORCE | $(BIN)/python
@@ -39,14 +43,21 @@ $(SOURCE_LIST): FORCE | $(BIN)/python
 # cannot linger in the wheel (build/__editable__.* is an editable install's).
 # The stamp carries the time the install started: a file saved meanwhile is
 # newer, so the next run installs again.
-$(STAMP): $(BIN)/python pyproject.toml README.md $(SOURCES) $(SOURCE_LIST)
+$(STAMP): $(BIN)/python pyproject.toml README.md constraints/venv.txt constraints/build.txt \
+		$(SOURCES) $(SOURCE_LIST)
 	touch $@.new
 	rm -rf build/lib build/bdist.*
-	$(BIN)/pip install -q '.[test]' $(PIP_FILTER)
-	$(BIN)/pip install -q --no-deps --force-reinstall . $(PIP_FILTER)
+	$(BIN)/pip install -q $(PIN) --upgrade pip $(PIP_FILTER)
+	$(BIN)/pip install -q $(PIN) $(BUILD_PIN) '.[test]' $(PIP_FILTER)
+	$(BIN)/pip install -q --no-deps --force-reinstall $(BUILD_PIN) . $(PIP_FILTER)
 	mv $@.new $@
 
 install: $(STAMP)
+
+# constraints/venv.txt and constraints/build.txt resolved afresh from pyproject.toml's
+# ranges (a new virtual environment, a few minutes); run `make test` after it.
+lock:
+	$(PYTHON) constraints/lock.py
 
 demo: install
 	$(BIN)/turnkeeper demo --db $(DEMO_DB)
