@@ -47,7 +47,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, ClassVar, cast
 
-from ambiguous import ambiguously, replayable
+from ambiguous import INJECTED, ambiguously, replayable
 from conftest import FakeClock, close_backend, open_backend
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -56,6 +56,7 @@ from hypothesis.stateful import (
     initialize,
     invariant,
     multiple,
+    precondition,
     rule,
 )
 from oracle import Oracle
@@ -71,10 +72,12 @@ from turnkeeper import (
     Lease,
     LeaseLostError,
     LeasePurposeError,
+    OperationalError,
     RuntimeSessionNotFoundError,
     SessionBoundError,
     SessionIDExistsError,
     SessionNotFoundError,
+    TurnkeeperError,
 )
 
 
@@ -100,7 +103,9 @@ TOOLS = (
 
 def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Outcome:
     """``fn(*args, **kwargs)`` as an outcome: ``("ok", what it returned)``, or a
-    refusal with the fields that say why."""
+    refusal with the fields that say why (``("error", …)``: a typed error no
+    rule expects, such as the conflict a database key raises when a typed
+    check before it is gone)."""
     try:
         return ("ok", fn(*args, **kwargs))
     except RuntimeSessionNotFoundError:
@@ -123,6 +128,12 @@ def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Outcome:
         return ("exists",)
     except InvalidInputError as e:
         return ("invalid", e.field)
+    except OperationalError as e:
+        if e.detail == INJECTED:
+            raise  # a lost reply (``ambiguous.py``)
+        return ("error", type(e).__name__, str(e))
+    except TurnkeeperError as e:  # one the model never expects: it differs from every outcome
+        return ("error", type(e).__name__, str(e))
 
 
 def target_of(session_id: str) -> str:
@@ -504,13 +515,23 @@ class BindingsMachine(RuleBasedStateMachine):
         from_id=sessions,
         to_id=sessions,
         leases=st.lists(leases, max_size=2),
+        current=st.booleans(),
         lost_reply=st.booleans(),
     )
     def transfer(
-        self, channel: Channel, from_id: str, to_id: str, leases: list[Lease], lost_reply: bool
+        self,
+        channel: Channel,
+        from_id: str,
+        to_id: str,
+        leases: list[Lease],
+        current: bool,
+        lost_reply: bool,
     ) -> None:
-        """Move a channel between two sessions, with leases (each session's own,
-        or some other session's, which the move ignores)."""
+        """Move a channel between two sessions (from ``from_id``, or from where it
+        is bound when ``current``), with leases (each session's own, or some
+        other session's, which the move ignores)."""
+        if current:
+            from_id = self.model.session_on(channel) or from_id
         replayable(
             "transfer",
             channel=channel,
@@ -569,10 +590,14 @@ class BindingsMachine(RuleBasedStateMachine):
         target=sessions,
         channel=st.sampled_from(CHANNELS),
         which=st.sampled_from(("new", "existing", "deleted")),
+        free=st.booleans(),
         lost_reply=st.booleans(),
     )
-    def create_bound(self, channel: Channel, which: str, lost_reply: bool) -> Any:
-        """Create a session bound to a channel: a new id, or one taken or deleted."""
+    def create_bound(self, channel: Channel, which: str, free: bool, lost_reply: bool) -> Any:
+        """Create a session bound to a channel (a free one, if any, when
+        ``free``): a new id, or one taken or deleted."""
+        if free:
+            channel = next((c for c in CHANNELS if c not in self.model.bound), channel)
         session = self._pick_id(which)
         replayable("create_bound", channel=channel, session=session, lost=lost_reply)
 
@@ -609,12 +634,22 @@ class BindingsMachine(RuleBasedStateMachine):
         old=sessions,
         which=st.sampled_from(("new", "existing", "deleted")),
         lease=st.none() | leases,
+        current=st.booleans(),
         lost_reply=st.booleans(),
     )
     def rotate(
-        self, channel: Channel, old: str, which: str, lease: Lease | None, lost_reply: bool
+        self,
+        channel: Channel,
+        old: str,
+        which: str,
+        lease: Lease | None,
+        current: bool,
+        lost_reply: bool,
     ) -> Any:
-        """Replace the channel's session (``old``, or the lease's) with a new one."""
+        """Replace the channel's session (``old``; the lease's, when a lease is
+        given; else where the channel is bound, when ``current``) with a new one."""
+        if current:
+            old = self.model.session_on(channel) or old
         old = old if lease is None else session_of(lease)
         session = self._pick_id(which)
         replayable(
@@ -677,9 +712,11 @@ class BindingsMachine(RuleBasedStateMachine):
             lost_reply,
         )
 
+    @precondition(lambda self: len(self.model.deleted) < 2)
     @rule(session=sessions, lease=st.none() | leases, lost_reply=st.booleans())
     def delete(self, session: str, lease: Lease | None, lost_reply: bool) -> None:
-        """Delete a session: its channel is free for another, its id is gone for good."""
+        """Delete a session: its channel is free for another, its id is gone for
+        good (at most two per example: the other rules need sessions)."""
         session = session if lease is None else session_of(lease)
         replayable("delete", session=session, lease=label(lease), lost=lost_reply)
 
