@@ -62,8 +62,8 @@ from hypothesis.stateful import (
 from oracle import Oracle
 
 from turnkeeper import (
-    Binding,
     BaseStore,
+    Binding,
     BindingNotFoundError,
     BusyError,
     ChannelBoundError,
@@ -79,7 +79,6 @@ from turnkeeper import (
     SessionNotFoundError,
     TurnkeeperError,
 )
-
 
 Channel = tuple[str, str]
 """``(channel_type, channel_id)``."""
@@ -417,9 +416,7 @@ class BindingsMachine(RuleBasedStateMachine):
         replayable("acquire", owner=owner, session=session, ttl=ttl, purpose=purpose)
         now = self.clock()
         expected = self.model.acquire(session, owner, ttl, purpose, now)
-        got = attempt(
-            self.store.leases.acquire, target_of(session), owner, ttl, purpose=purpose
-        )
+        got = attempt(self.store.leases.acquire, target_of(session), owner, ttl, purpose=purpose)
         if expected[0] in ("granted", "reacquired"):
             assert got[0] == "ok" and got[1].epoch == expected[1], (got, expected)
             lease = cast(Lease, got[1])
