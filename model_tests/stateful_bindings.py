@@ -13,8 +13,9 @@ leases; a lease of one session given for a write to another is refused
 before any I/O. Two gateways race for one channel: each ``look``s where the
 channel is bound and later acts on what it saw (binds a channel it saw free,
 transfers one from the session it saw), so the loser of a race acts on a
-stale view and must get the typed error of its lost race. Sessions that were
-deleted or never existed are written too.
+stale view and must get the typed error of its lost race (on PostgreSQL the
+second gateway writes through a store object of its own, as another process
+would). Sessions that were deleted or never existed are written too.
 
 Every write rule takes ``lost_reply``: the write commits and its caller sees
 ``OperationalError`` (``ambiguous.py``), then retries the same call; the
@@ -47,6 +48,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, ClassVar, cast
 
+import conftest
 from ambiguous import INJECTED, ambiguously, replayable
 from conftest import FakeClock, close_backend, open_backend
 from hypothesis import strategies as st
@@ -341,6 +343,8 @@ class Write:
     apply: Callable[[Outcome], None]
     leased: bool
     """Whether a lease was given (a lost lease is then recorded)."""
+    store: BaseStore | None = None
+    """The store object it writes through (``None``: the machine's own)."""
 
 
 class BindingsMachine(RuleBasedStateMachine):
@@ -355,9 +359,19 @@ class BindingsMachine(RuleBasedStateMachine):
         self.store: BaseStore = open_backend(self.backend, None, self.clock)
         self.model = BindingsModel()
         self.views: dict[str, dict[Channel, str | None]] = {g: {} for g in GATEWAYS}
+        self.other = self.store
+        if conftest.engine(self.backend) == "postgres":
+            keys = conftest.TEST_KEYS if self.backend in conftest.ENCRYPTED else None
+            url = conftest._OPENED[id(self.store)]
+            self.other = conftest.open_pg(url, clock=self.clock, encryption=keys)
+        self.of = {"G1": self.store, "G2": self.other}
+        """Each gateway's store object: on PostgreSQL G2 has its own (its own
+        connections and caches), as a gateway process of its own would."""
         self.n = 0
 
     def teardown(self) -> None:
+        if self.other is not self.store:
+            self.other.close()
         close_backend(self.store)
 
     @initialize(target=sessions)
@@ -381,7 +395,7 @@ class BindingsMachine(RuleBasedStateMachine):
             assert got == expected, (write.operation, got, expected)
             self._record(write, got)
             return got
-        got = ambiguously(self.store, attempt, write.call)
+        got = ambiguously(write.store or self.store, attempt, write.call)
         if expected[0] != "ok":
             assert got == expected, (write.operation, got, expected)
             self.model.refused(got, write.leased)
@@ -450,30 +464,43 @@ class BindingsMachine(RuleBasedStateMachine):
 
     # -- the binding writes ---------------------------------------------------------------
 
-    def _bind(self, session: str, channel: Channel, lease: Lease | None) -> Write:
+    def _bind(
+        self, session: str, channel: Channel, lease: Lease | None, store: BaseStore | None = None
+    ) -> Write:
+        via = store or self.store
+
         def apply(_: Outcome) -> None:
             self.model.apply_bind(session, channel, self.clock())
 
         return Write(
             "bind_session",
-            lambda: self.store.bindings.bind(session, *channel, lease=lease),
+            lambda: via.bindings.bind(session, *channel, lease=lease),
             lambda: self.model.expect_bind(session, channel, lease, self.clock()),
             apply,
             lease is not None,
+            via,
         )
 
     def _transfer(
-        self, channel: Channel, from_id: str, to_id: str, leases: Sequence[Lease]
+        self,
+        channel: Channel,
+        from_id: str,
+        to_id: str,
+        leases: Sequence[Lease],
+        store: BaseStore | None = None,
     ) -> Write:
+        via = store or self.store
+
         def apply(_: Outcome) -> None:
             self.model.apply_transfer(channel, to_id, self.clock())
 
         return Write(
             "transfer_binding",
-            lambda: self.store.bindings.transfer(*channel, from_id, to_id, leases=leases),
+            lambda: via.bindings.transfer(*channel, from_id, to_id, leases=leases),
             lambda: self.model.expect_transfer(channel, from_id, to_id, leases, self.clock()),
             apply,
             bool(leases),
+            via,
         )
 
     @rule(
@@ -543,7 +570,7 @@ class BindingsMachine(RuleBasedStateMachine):
     def look(self, gateway: str, channel: Channel) -> None:
         """A gateway reads where a channel is bound, to act on it later."""
         replayable("look", gateway=gateway, channel=channel)
-        found = self.store.bindings.find(*channel)
+        found = self.of[gateway].bindings.find(*channel)
         seen = None if found is None else found.session_id
         assert seen == self.model.session_on(channel), (channel, found)
         self.views[gateway][channel] = seen
@@ -578,10 +605,10 @@ class BindingsMachine(RuleBasedStateMachine):
             lost=lost_reply,
         )
         if seen is None:
-            self._run(self._bind(session, channel, lease), lost_reply)
+            self._run(self._bind(session, channel, lease, self.of[gateway]), lost_reply)
         else:
             held = [] if lease is None else [lease]
-            self._run(self._transfer(channel, seen, session, held), lost_reply)
+            self._run(self._transfer(channel, seen, session, held, self.of[gateway]), lost_reply)
 
     @rule(
         target=sessions,
