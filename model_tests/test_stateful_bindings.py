@@ -387,9 +387,7 @@ KILLS: dict[str, Kill] = {
 
 @pytest.mark.search
 @pytest.mark.parametrize("backend", STORES)
-@pytest.mark.parametrize(
-    "guard", ["binding-lease-token", "binding-unheld", "binding-transfer-compare"]
-)
+@pytest.mark.parametrize("guard", sorted(KILLS))
 def test_machine_finds_a_counterexample_with_the_guard_patched_out(
     guard: str, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
