@@ -46,6 +46,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from json import loads
 from typing import Any, ClassVar, cast
 
 import conftest
@@ -725,7 +726,7 @@ class BindingsMachine(RuleBasedStateMachine):
         def call() -> int:
             return self.store.bindings.set_tools(session, list(tools), lease=lease)
 
-        self._run(
+        got = self._run(
             Write(
                 "set_channel_tools",
                 call,
@@ -735,6 +736,9 @@ class BindingsMachine(RuleBasedStateMachine):
             ),
             lost_reply,
         )
+        if got[0] == "ok":  # read back as a runtime reads it
+            assert self.store.bindings.tool_generation(session) == got[1], (session, got)
+            assert tuple(self.store.bindings.tools(session)) == tools, session
 
     @precondition(lambda self: len(self.model.deleted) < 2)
     @rule(session=sessions, lease=st.none() | leases, lost_reply=st.booleans())
@@ -831,12 +835,19 @@ class BindingsMachine(RuleBasedStateMachine):
 
     @invariant()
     def sessions_and_tools_are_the_models(self) -> None:
+        """The sessions stored, and the ``channel_tools`` rows (read as one
+        table: ``set_tools`` reads each selection it wrote back through the API)."""
         ids = self.store.db.read("test-sessions", lambda tx: tx.rows("SELECT id FROM sessions"))
         assert {r[0] for r in ids} == self.model.sessions, (ids, self.model.sessions)
-        for sid in sorted(self.model.sessions):
-            generation, tools = self.model.tools.get(sid, (0, ()))
-            assert self.store.bindings.tool_generation(sid) == generation, sid
-            assert tuple(self.store.bindings.tools(sid)) == tools, sid
+        rows = self.store.db.read(
+            "test-tools",
+            lambda tx: tx.rows("SELECT session_id, generation, tools FROM channel_tools"),
+        )
+        stored = {
+            r[0]: (r[1], tuple(ChannelToolConfig(t["toolName"], t["enabled"]) for t in loads(r[2])))
+            for r in rows
+        }
+        assert stored == self.model.tools, (stored, self.model.tools)
 
     @invariant()
     def every_lost_lease_write_is_recorded(self) -> None:

@@ -29,7 +29,7 @@ from turnkeeper.storage.ops import bindings, deletes, leases
 from turnkeeper.storage.ops.base import Area
 
 MAX_EXAMPLES = 20
-STEPS = 25
+STEPS = 20
 
 SEARCH = settings(
     max_examples=2000,
