@@ -44,6 +44,11 @@ MACHINES = (
     ("stateful_deletes", "on", "deletes and retention"),
     ("stateful_ledger", "make_machine", "the ledger (writers, GC, replay)"),
     ("stateful_sessions", "on", "sessions and forks (leaf races, branch, compaction, fork)"),
+    (
+        "stateful_bindings",
+        "make_machine",
+        "channel bindings (bind, transfer, rotate, tools; gateways on stale views)",
+    ),
 )
 """Each differential machine: its module in ``model_tests/``, the function that
 makes its class for a backend, and what it covers."""
