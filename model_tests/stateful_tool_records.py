@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from ambiguous import ambiguously, replayable
+from ambiguous import INJECTED, ambiguously, replayable
 from conftest import FakeClock, close_backend, open_backend
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
@@ -372,7 +372,9 @@ def attempt(
     shape: Callable[[Any], Outcome], fn: Callable[..., Any], *args: Any, **kwargs: Any
 ) -> Outcome:
     """``fn(*args, **kwargs)`` as an outcome: ``("ok", *shape(result))`` or the
-    refusal; an ``OperationalError`` (a lost reply) propagates."""
+    refusal; the injected ``OperationalError`` (a lost reply) propagates, and
+    any other error of the store is ``("unexpected", …)``, which no model
+    outcome equals."""
     try:
         return ("ok", *shape(fn(*args, **kwargs)))
     except ToolExecutionConflictError as e:
@@ -391,8 +393,10 @@ def attempt(
         return ("lost",)
     except BusyError:
         return ("busy",)
-    except OperationalError:
-        raise
+    except OperationalError as e:
+        if e.detail == INJECTED:  # a lost reply: ``ambiguously`` tells the caller
+            raise
+        return ("unexpected", type(e).__name__, str(e))
     except TurnkeeperError as e:  # any other typed error disagrees with the model
         return ("unexpected", type(e).__name__, str(e))
 
