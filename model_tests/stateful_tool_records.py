@@ -114,6 +114,11 @@ Event = tuple[str, int, str, int]
 """(execution key, attempt, edge, lease epoch or -1): one tool-execution event."""
 
 
+def other_session(session: str) -> str:
+    """The session that is not ``session``."""
+    return next(s for s in SESSIONS if s != session)
+
+
 def digest(arguments: Any) -> str:
     """sha256 hex of ``arguments`` as canonical JSON (sorted keys, compact), as
     the README says a claim stores them."""
@@ -219,7 +224,8 @@ class ToolModel:
             return ("invalid", "lease"), None
         found = self.records.get(key)
         if found is not None:
-            differs = [f for f, a, b in zip(BINDING, found.binding(), call.binding()) if a != b]
+            pairs = zip(BINDING, found.binding(), call.binding(), strict=True)
+            differs = [f for f, a, b in pairs if a != b]
             if differs:
                 name = "args_digest" if differs[0] == "args" else differs[0]
                 return ("conflict", name), None
@@ -344,9 +350,7 @@ class ToolModel:
         if refused := self.fence(session, lease, now):
             return refused, None
         found = [
-            r
-            for r in self.of_session(session)
-            if r.local_turn_id == turn and r.state in UNCERTAIN
+            r for r in self.of_session(session) if r.local_turn_id == turn and r.state in UNCERTAIN
         ]
 
         def apply() -> None:
@@ -487,7 +491,7 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
             return got
 
         def _call(self, key: str, session: str, run_pick: str, side_effecting: bool) -> Call:
-            other = [s for s in SESSIONS if s != session][0]
+            other = other_session(session)
             run = self.model.latest(other if run_pick == "other" else session)
             if run_pick == "none" or run is None:
                 run = None
@@ -504,8 +508,8 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
         def _varied(self, rec: RecordModel, vary: str) -> Call:
             """``rec``'s call (the same call claimed again), with ``vary`` changed."""
             call = Call(**{f: getattr(rec, f) for f in BINDING})
-            other = [s for s in SESSIONS if s != rec.session_id][0]
-            change: dict[str, Any] = {
+            other = other_session(rec.session_id)
+            changes: dict[str, dict[str, Any]] = {
                 "none": {},
                 "session_id": {"session_id": other},
                 "run_id": {"run_id": "run-x" if rec.run_id is None else None},
@@ -516,8 +520,8 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
                 "tool_name": {"tool_name": f"{rec.tool_name}-x"},
                 "side_effecting": {"side_effecting": not rec.side_effecting},
                 "args": {"args": {"key": rec.key, "v": 2}},
-            }[vary]
-            return replace(call, **change)
+            }
+            return replace(call, **changes[vary])
 
         def _turn(self, session: str, pick: str) -> str:
             run = self.model.latest(session)
@@ -703,9 +707,7 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
             lease=st.none() | leases,
             lost_reply=st.booleans(),
         )
-        def interrupt(
-            self, session: str, turn: str, lease: Lease | None, lost_reply: bool
-        ) -> None:
+        def interrupt(self, session: str, turn: str, lease: Lease | None, lost_reply: bool) -> None:
             """The session's running records (of one turn, or all) are marked
             interrupted: their process is gone."""
             turn_id = None if turn == "all" else self._turn(session, turn)
@@ -754,7 +756,7 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
             rec = self.model.records.get(key)
             run_id: str | None = None
             if rec is not None and run_pick != "own":
-                other = [s for s in SESSIONS if s != rec.session_id][0]
+                other = other_session(rec.session_id)
                 run = self.model.latest(rec.session_id if run_pick == "latest" else other)
                 run_id = None if run is None else run.id
             self._write(
@@ -854,9 +856,11 @@ def make_machine(backend: str = "duckdb") -> type[RuleBasedStateMachine]:
                 assert last["dest"] == rec.state, (key, last, rec.state)
                 granted = self.model.leases.leases.get(f"session:{last['session_id']}")
                 top = 0 if granted is None else granted.epoch
-                assert all(
-                    e["lease_epoch"] is None or e["lease_epoch"] <= top for e in events
-                ), (key, "an epoch never granted", events)
+                assert all(e["lease_epoch"] is None or e["lease_epoch"] <= top for e in events), (
+                    key,
+                    "an epoch never granted",
+                    events,
+                )
 
     return ToolRecordsMachine
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from by_hand import Steps, kill_tests, replay
+from by_hand import Kill, Steps, kill_tests, replay
 from conftest import BACKENDS, STORES, machine_settings
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
@@ -26,7 +26,7 @@ from turnkeeper.spec.lifecycle import Edge
 from turnkeeper.spec.tool_execution import ToolExecutionState
 from turnkeeper.storage.ops import tool_records, tools
 
-MAX_EXAMPLES = 60
+MAX_EXAMPLES = 40
 STEPS = 25
 
 SEARCH = settings(
@@ -241,7 +241,7 @@ def abandon_a_turn_with_a_completed_call(m: Steps) -> None:
     m.abandon(session="s1", turn="free", lease=lease, lost_reply=False)
 
 
-KILLS = {
+KILLS: dict[str, Kill] = {
     "tool-claim-binding": (drop_the_binding_check, claim_another_call_under_a_key),
     "tool-claim-key-present": (drop_the_claimed_key_lookup, claim_again_after_a_lost_reply),
     "tool-fence-claim-expiry": (drop_the_session_fence, claim_under_a_lapsed_lease),
@@ -277,18 +277,20 @@ def every_write_with_a_lost_reply(m: Steps) -> None:
     """Each of the area's writes commits while its caller sees a lost
     connection, and its retry gives what the model says: the same record for
     the claim, the stored record for the completion, nothing more to interrupt,
-    the retry already requested, a second reclaim of a read-only call (a
-    reclaim is not idempotent: attempt 3), nothing left to abandon."""
+    the retry already requested; a reclaim is not idempotent: a side-effecting
+    call's is refused (``needs_confirmation``: it is running again), a
+    read-only call's reclaims it again (attempt 3); nothing left to abandon."""
     lease = m.acquire(owner="W1", session="s1", ttl=5.0)
     m.admit_run(lease=lease)
     se = {**CALL, "run_pick": "latest", "side_effecting": True}
+    read_only = {**se, "side_effecting": False}
     m.claim(key="k1", session="s1", **se, lease=lease, lost_reply=True)
-    m.claim(key="k2", session="s1", **{**se, "side_effecting": False}, lease=lease, lost_reply=True)
+    m.claim(key="k2", session="s1", **read_only, lease=lease, lost_reply=True)
     m.complete(key="k2", result=1, is_error=False, lease=lease, lost_reply=True)
     m.interrupt(session="s1", turn="latest", lease=lease, lost_reply=True)
     m.request_recovery(session="s1", turn="latest", calls=["k1", "k2"], lost_reply=True)
     m.reclaim(key="k1", run_pick="own", lease=lease, lost_reply=True)
-    m.claim(key="k3", session="s1", **{**se, "side_effecting": False}, lease=lease, lost_reply=False)
+    m.claim(key="k3", session="s1", **read_only, lease=lease, lost_reply=False)
     m.interrupt(session="s1", turn="all", lease=lease, lost_reply=False)
     m.reclaim(key="k3", run_pick="latest", lease=lease, lost_reply=True)
     m.abandon(session="s1", turn="latest", lease=lease, lost_reply=True)
