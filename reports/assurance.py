@@ -44,6 +44,12 @@ MACHINES = (
     ("stateful_deletes", "on", "deletes and retention"),
     ("stateful_ledger", "make_machine", "the ledger (writers, GC, replay)"),
     ("stateful_sessions", "on", "sessions and forks (leaf races, branch, compaction, fork)"),
+    (
+        "stateful_tool_records",
+        "make_machine",
+        "tool-execution records (claims, results, interrupts, retry requests, reclaims, "
+        "abandons under session leases)",
+    ),
 )
 """Each differential machine: its module in ``model_tests/``, the function that
 makes its class for a backend, and what it covers."""
