@@ -13,6 +13,8 @@ of at most :data:`STEPS` steps.
 
 from __future__ import annotations
 
+import dataclasses
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -24,7 +26,7 @@ from stateful_tool_records import make_machine
 
 from turnkeeper.spec.lifecycle import Edge
 from turnkeeper.spec.tool_execution import ToolExecutionState
-from turnkeeper.storage.ops import tool_records, tools
+from turnkeeper.storage.ops import run_reads, tool_records, tools
 
 MAX_EXAMPLES = 40
 STEPS = 25
@@ -76,6 +78,42 @@ def drop_the_lease_session_check(mp: pytest.MonkeyPatch) -> None:
 def drop_the_ended_run_check(mp: pytest.MonkeyPatch) -> None:
     """A claim or a reclaim accepts a run that has ended."""
     mp.setattr(tools, "TERMINAL", frozenset())
+
+
+class _Matches(str):
+    """A run's field as a patched-out check sees it: equal to whatever it is
+    compared with (``!=`` is False: the subclass's reflected method decides)."""
+
+    __hash__ = str.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __ne__(self, other: object) -> bool:
+        return False
+
+
+def _runs_matching(mp: pytest.MonkeyPatch, field: str) -> None:
+    """The tool records' run reads give runs whose ``field`` matches anything."""
+
+    def get(tx: Any, run_id: str) -> Any:
+        run = run_reads.get(tx, run_id)
+        if run is None:
+            return None
+        changed: dict[str, Any] = {field: _Matches(getattr(run, field))}
+        return dataclasses.replace(run, **changed)
+
+    mp.setattr(tools, "run_reads", SimpleNamespace(get=get))
+
+
+def drop_the_run_session_check(mp: pytest.MonkeyPatch) -> None:
+    """A claim accepts a run of another session."""
+    _runs_matching(mp, "session_id")
+
+
+def drop_the_run_turn_check(mp: pytest.MonkeyPatch) -> None:
+    """A claim accepts a run whatever turn it names."""
+    _runs_matching(mp, "turn_id")
 
 
 def drop_the_complete_state_guard(mp: pytest.MonkeyPatch) -> None:
@@ -199,6 +237,20 @@ def reclaim_into_a_finished_run(m: Steps) -> None:
     m.reclaim(key="k1", run_pick="own", lease=lease, lost_reply=False)
 
 
+def claim_under_another_sessions_run(m: Steps) -> None:
+    theirs = m.acquire(owner="W2", session="s2", ttl=5.0)
+    m.admit_run(lease=theirs)
+    mine = m.acquire(owner="W1", session="s1", ttl=5.0)
+    m.claim(key="k1", session="s1", **{**CALL, "run_pick": "other"}, lease=mine, lost_reply=False)
+
+
+def claim_naming_another_turn(m: Steps) -> None:
+    lease = m.acquire(owner="W1", session="s1", ttl=5.0)
+    m.admit_run(lease=lease)
+    wrong = {**CALL, "run_pick": "wrong_turn"}
+    m.claim(key="k2", session="s1", **wrong, lease=lease, lost_reply=False)
+
+
 def complete_an_interrupted_call(m: Steps) -> None:
     lease = m.acquire(owner="W1", session="s1", ttl=5.0)
     m.claim(key="k1", session="s1", **CALL, lease=lease, lost_reply=False)
@@ -252,6 +304,8 @@ KILLS: dict[str, Kill] = {
     "tool-lease-session": (drop_the_lease_session_check, complete_under_another_sessions_lease),
     "tool-claim-run-ended": (drop_the_ended_run_check, claim_under_a_finished_run),
     "tool-reclaim-run-ended": (drop_the_ended_run_check, reclaim_into_a_finished_run),
+    "tool-claim-run-session": (drop_the_run_session_check, claim_under_another_sessions_run),
+    "tool-claim-run-turn": (drop_the_run_turn_check, claim_naming_another_turn),
     "tool-complete-state": (drop_the_complete_state_guard, complete_an_interrupted_call),
     "tool-complete-repeat": (drop_the_repeated_result_check, complete_again_after_a_lost_reply),
     "tool-reclaim-confirmation": (
