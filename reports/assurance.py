@@ -49,6 +49,12 @@ MACHINES = (
         "make_machine",
         "channel bindings (bind, transfer, rotate, tools; gateways on stale views)",
     ),
+    (
+        "stateful_tool_records",
+        "make_machine",
+        "tool-execution records (claims, results, interrupts, retry requests, reclaims, "
+        "abandons under session leases)",
+    ),
 )
 """Each differential machine: its module in ``model_tests/``, the function that
 makes its class for a backend, and what it covers."""
