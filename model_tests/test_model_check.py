@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import FakeClock
 from model_check.__main__ import BOUNDS, COUNTEREXAMPLES, counterexample, main, path_of
-from model_check.catalog import EQUIVALENT, FOUND, KEYWORD, LIFECYCLES
+from model_check.catalog import EQUIVALENT, FOUND, KEYWORD, LIFECYCLES, MODEL_OF
 from model_check.explorer import Label, Result, explore
 from model_check.mutations import guard_pairs, without
 from model_check.replay import build, replay, script
@@ -108,7 +108,7 @@ def test_equivalent_guard_removed_finds_nothing(pair: tuple[str, str, str]) -> N
     """The reason is in ``catalog.EQUIVALENT``; the mutant explores without a
     violation and, unless listed in CHANGES_STATES, the very same state space."""
     lifecycle, edge, guard = pair
-    name = {"lease": "leases", "delivery": "delivery"}.get(lifecycle, "runs")
+    name = MODEL_OF.get(lifecycle, "runs")
     kwargs = dict(BOUNDS["ci"])[name]
     plain = _plain(name)
     mutant = explore(

@@ -31,6 +31,16 @@ BOUNDS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("leases", {"workers": ["A", "B"], "targets": ["s1", "s2"], "ticks": 4, "grants": 2}),
         ("runs", {"actors": ["W1", "R1"], "sessions": ["s1"], "ticks": 3, "max_runs": 2}),
         ("delivery", {"workers": ["O1", "O2"], "ticks": 4}),
+        (
+            "ledger",
+            {"workers": ["A", "B"], "sessions": ["s1"], "ticks": 2, "grants": 2, "length": 3,
+             "gc": 0},
+        ),
+        (
+            "ledger_gc",
+            {"workers": ["A"], "sessions": ["s1"], "ticks": 2, "grants": 2, "length": 2,
+             "gc": 1, "deleter": False},
+        ),
     ],
     "large": [
         (

@@ -555,7 +555,7 @@ class LedgerModel(Stepped[State]):
 
     # -- the replay's view --------------------------------------------------------
 
-    def outcome(self, label: Label, accepted: bool, before: State, after: State) -> str:
+    def outcome(self, label: Label, accepted: bool, after: State) -> str:
         """What the store says to ``label``: ``ok``, or ``refused`` (the
         opening and append edges into ``fenced`` raise, and a condemned
         pointer is written again by the same call: ``ok:regen``)."""

@@ -14,7 +14,8 @@ the injected clock; a lease lasts the model's ``ttl`` ticks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,14 +24,18 @@ from model_check.catalog import KEYWORD, LIFECYCLES
 from model_check.delivery import DEPENDS, OPS, DeliveryModel
 from model_check.explorer import Label
 from model_check.leases import PURPOSE, LeaseModel
+from model_check.ledger import DELETER, LedgerModel
 from model_check.mutations import without
 from model_check.runs import MAX_ATTEMPTS, RunsModel, purpose_of
 from turnkeeper import DeliveryPlan, DeliveryStep, Lease, TurnkeeperError
+from turnkeeper.storage.ops.ledger import journal
 
 MODELS: dict[str, Callable[..., Any]] = {
     "leases": LeaseModel,
     "runs": RunsModel,
     "delivery": DeliveryModel,
+    "ledger": LedgerModel,
+    "ledger_gc": LedgerModel,
 }
 """The models by name, as counterexample files name them."""
 
@@ -53,6 +58,10 @@ class Replayer:
     run_ids: list[str] = field(default_factory=list)
     claims: dict[tuple[str, str], int] = field(default_factory=dict)
     intent: str = ""
+    writers: dict[tuple[str, str, str], Any] = field(default_factory=dict)
+    """The ledger's writer handles by (worker, session, slot): ``(lease, tip
+    read)`` while opening, then the ``LedgerWriter``."""
+    appended: int = 0
 
     def apply(self, label: Label) -> str:
         """Run ``label`` on the store: its :func:`outcome` (``ok``, ``refused`` …)."""
@@ -68,14 +77,18 @@ class Replayer:
                 del self.held[key]
             for key in [k for k in self.claims if k[0] == label[1]]:
                 del self.claims[key]
+            for key in [k for k in self.writers if k[0] == label[1]]:
+                del self.writers[key]
             return True
         if self.model == "delivery":
             return self._delivery(label)
+        if self.model.startswith("ledger") and kind not in ("acquire", "release"):
+            return self._ledger(label)
         if kind == "request_cancel":
             return _ok(self.store.runs.request_cancel, self._run(label[1]))
         actor = label[1]
         if kind == "acquire":
-            purpose = PURPOSE if self.model == "leases" else purpose_of(actor)
+            purpose = PURPOSE if self.model == "leases" or self.model.startswith("ledger") else purpose_of(actor)
             try:
                 lease = self.store.leases.acquire(
                     f"session:{label[2]}", actor, self.ttl, purpose=purpose
@@ -167,6 +180,47 @@ class Replayer:
             del self.claims[(worker, key)]
         return done
 
+    def _ledger(self, label: Label) -> bool:
+        """A ledger model's step (``model_check.ledger``): ``open`` reads the
+        tip (``store.ledger.tip``, as ``Ledger.open`` reads it), ``plant`` runs
+        the rest of ``store.ledger.open`` on the tip that read gave (its read
+        answered from it: :func:`tip_read_as`), ``append`` and ``close`` go
+        through the writer, ``delete`` is ``store.sessions.delete`` (``D``:
+        without a lease). Blob puts, GC passes and sweeps are not replayed
+        (no stored counterexample has them: ``catalog.FOUND``)."""
+        kind, actor, session = label[0], label[1], label[2]
+        if kind == "delete":
+            lease = None if actor == DELETER else self.held.get((actor, session))
+            if actor != DELETER and lease is None:
+                return False
+            return _ok(self.store.sessions.delete, session, lease=lease)
+        if kind not in ("open", "plant", "append", "close"):
+            raise ValueError(f"step {label!r} is not replayed")
+        key = (actor, session, label[3])
+        if kind == "open":
+            lease = self.held.get((actor, session))
+            if lease is None:
+                return False
+            self.writers[key] = (lease, self.store.ledger.tip(session))
+            return True
+        handle = self.writers.get(key)
+        if kind == "plant":
+            if not isinstance(handle, tuple):
+                return False
+            lease, tip = handle
+            with tip_read_as(tip):
+                try:
+                    self.writers[key] = self.store.ledger.open(session, lease)
+                except TurnkeeperError:
+                    return False
+            return True
+        if handle is None or isinstance(handle, tuple):
+            return False
+        if kind == "close":
+            return _ok(handle.close)
+        self.appended += 1
+        return _ok(handle.append, "note", b"x", f"note-{self.appended}")
+
     def plan(self) -> None:
         """The delivery model's intent: a run of session ``s1`` ended with a
         plan of :data:`OPS` (``b`` depends on ``a``)."""
@@ -177,6 +231,26 @@ class Replayer:
         )
         self.store.runs.finish(run.id, "succeeded", delivery_plan=DeliveryPlan("chat", "t", steps))
         self.intent = f"{run.id}:delivery"
+
+
+@contextmanager
+def tip_read_as(tip: int) -> Iterator[None]:
+    """``Ledger.open``'s read of the tip (``journal.read_tip`` without the
+    lock, before its transaction) answers ``tip``, the read a model's ``open``
+    step made earlier; the opening transaction's own locked read is the
+    store's. So an open replays cut where the model cuts it."""
+    real = journal.read_tip
+
+    def read_tip(tx: Any, tenant: str, session_id: str, *, lock: bool = False) -> tuple[int, int]:
+        if lock:
+            return real(tx, tenant, session_id, lock=True)
+        return (tip, 0)
+
+    journal.read_tip = read_tip  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        journal.read_tip = real  # type: ignore[assignment]
 
 
 def _ok(fn: Callable[..., object], *args: object, **kwargs: object) -> bool:
@@ -235,7 +309,7 @@ def replay(
         lifecycle, edge, guard = mutation.split(".")
         changed = without(LIFECYCLES[lifecycle], edge, guard)
         mutant = build(model, {**bound, "grants": 10_000}, **{KEYWORD[lifecycle]: changed})
-    sessions = {"leases": "targets", "runs": "sessions"}
+    sessions = {"leases": "targets", "runs": "sessions", "ledger": "sessions", "ledger_gc": "sessions"}
     for sid in getattr(spec, sessions[model]) if model in sessions else ("s1",):
         store.sessions.create(sid)
     player = Replayer(store, clock, float(spec.ttl), model=model)
@@ -247,11 +321,12 @@ def replay(
         label = tuple(raw)
         accepted, state = spec.step(state, label)
         mutant_accepted, mutated = mutant.step(mutated, label)
+        said = getattr(spec, "outcome", outcome)
         verdicts.append(
             Verdict(
                 label,
-                outcome(label, mutant_accepted, mutated),
-                outcome(label, accepted, state),
+                said(label, mutant_accepted, mutated),
+                said(label, accepted, state),
                 player.apply(label),
             )
         )
