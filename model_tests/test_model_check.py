@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FakeClock
+from model_check import ledger as ledger_model
 from model_check.__main__ import BOUNDS, COUNTEREXAMPLES, counterexample, main, path_of
 from model_check.catalog import EQUIVALENT, FOUND, KEYWORD, LIFECYCLES, MODEL_OF
 from model_check.explorer import Label, Result, explore
@@ -26,6 +27,8 @@ from model_check.replay import build, replay, script
 import turnkeeper
 from turnkeeper.machines import machine_for
 from turnkeeper.storage.ops import leases as lease_ops
+from turnkeeper.storage.ops.ledger import condemn as condemn_ops
+from turnkeeper.storage.ops.ledger import journal as journal_ops
 
 ALL_PAIRS = {(name, e, g) for name, lc in LIFECYCLES.items() for e, g in guard_pairs(lc)}
 STORED = sorted(COUNTEREXAMPLES.glob("*.json"))
@@ -172,3 +175,75 @@ def test_a_violation_exits_1_with_its_script(capsys: pytest.CaptureFixture[str])
     out = capsys.readouterr().out
     assert "from model_check.replay import replay" in out
     assert "('admit', 'W1', 's1')," in out and "'one active run'" in out
+
+
+# -- the ledger's GC and deleters: their fences, shown able to fail ----------------------
+
+
+def _ledger_gc(**extra: object) -> Result:
+    """The ``ledger_gc`` model at its CI bound (with ``extra``), explored."""
+    return explore(build("ledger_gc", {**dict(BOUNDS["ci"])["ledger_gc"], **extra}))
+
+
+def test_ledger_gc_control_without_the_condemn_fence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Control: with the append's condemn check (``condemn.refuse_condemned``,
+    which the model calls) patched out, GC condemns a put blob, the writer
+    points at it, GC deletes it: an acknowledged pointer dangles."""
+    monkeypatch.setattr(condemn_ops, "refuse_condemned", lambda *a: None)
+    result = _ledger_gc()
+    assert result.violation is not None and result.violation.invariant == "no dangling pointer"
+    kinds = [s[0] for s in result.violation.steps]
+    assert kinds.index("gc_condemn") < kinds.index("append_ptr") < kinds.index("gc_delete")
+
+
+def test_ledger_gc_control_without_referenced_since(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Control: with the condemn transaction's re-read of the pointers
+    appended since the scan (``gc.referenced_since``) taken away, a pointer
+    appended between GC's scan and its condemn loses its blob."""
+    monkeypatch.setattr(ledger_model, "referenced_since", lambda *a: frozenset())
+    result = _ledger_gc()
+    assert result.violation is not None and result.violation.invariant == "no dangling pointer"
+    kinds = [s[0] for s in result.violation.steps]
+    assert kinds.index("gc_scan") < kinds.index("append_ptr") < kinds.index("gc_condemn")
+
+
+def test_ledger_gc_control_without_the_ledger_epoch_fence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Control: with the ledger's own fence (``journal.check_epoch``, GC's
+    ``writer_fence`` after the lease fence) patched out, a pass condemns
+    under a lease that is not the ledger's newest fence's."""
+    monkeypatch.setattr(journal_ops, "check_epoch", lambda *a: None)
+    result = _ledger_gc()
+    assert result.violation is not None and result.violation.invariant == "no stale GC"
+
+
+def test_ledger_sweep_control_without_its_guard(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Control: a sweep that takes every session for deleted (its guard,
+    ``sweep.deleted_sessions``, gone) deletes a live ledger's blob."""
+    monkeypatch.setattr(ledger_model, "sweepable", lambda s, t: True)
+    result = _ledger_gc(deleter=True)
+    assert result.violation is not None and result.violation.invariant == "no dangling pointer"
+    assert result.violation.steps[-1] == ("sweep", "D")
+
+
+@pytest.mark.parametrize("store", ["duckdb"], indirect=True)
+def test_replay_catches_a_ledger_open_without_its_lease_fence(
+    store: turnkeeper.BaseStore, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Control: with the lease fence of the opening transaction gone from the
+    store (``journal.leases.fence`` returning the clock unchecked), the stored
+    counterexample of ``plant_fence`` without ``lease_held`` replays through:
+    the store plants a released lease's fence, as the mutant does."""
+    real = lease_ops.fence
+
+    def unchecked(tx: object, lease: turnkeeper.Lease) -> object:
+        try:
+            return real(tx, lease)  # type: ignore[arg-type]
+        except turnkeeper.LeaseLostError:
+            return clock()
+
+    monkeypatch.setattr(lease_ops, "fence", unchecked)
+    cx = json.loads(path_of(("ledger_writer", "plant_fence", "lease_held")).read_text())
+    verdicts = replay(store, clock, cx["model"], cx["bound"], cx["steps"], cx["mutation"])
+    assert [v.store for v in verdicts] == [v.mutant for v in verdicts], verdicts

@@ -33,13 +33,26 @@ BOUNDS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("delivery", {"workers": ["O1", "O2"], "ticks": 4}),
         (
             "ledger",
-            {"workers": ["A", "B"], "sessions": ["s1"], "ticks": 2, "grants": 2, "length": 3,
-             "gc": 0},
+            {
+                "workers": ["A", "B"],
+                "sessions": ["s1"],
+                "ticks": 2,
+                "grants": 2,
+                "length": 3,
+                "gc": 0,
+            },
         ),
         (
             "ledger_gc",
-            {"workers": ["A"], "sessions": ["s1"], "ticks": 2, "grants": 2, "length": 2,
-             "gc": 1, "deleter": False},
+            {
+                "workers": ["A"],
+                "sessions": ["s1"],
+                "ticks": 2,
+                "grants": 2,
+                "length": 2,
+                "gc": 1,
+                "deleter": False,
+            },
         ),
     ],
     "large": [

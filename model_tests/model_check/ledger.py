@@ -265,10 +265,7 @@ class LedgerModel(Stepped[State]):
     @staticmethod
     def _no_dangling(s: State) -> bool:
         return all(
-            (t, r.key) in s.blobs
-            for t, led in enumerate(s.ledgers)
-            for r in led
-            if r.kind == "P"
+            (t, r.key) in s.blobs for t, led in enumerate(s.ledgers) for r in led if r.kind == "P"
         )
 
     # -- steps ------------------------------------------------------------------
@@ -368,7 +365,9 @@ class LedgerModel(Stepped[State]):
     # -- helpers ----------------------------------------------------------------
 
     def _handle(self, s: State, w: int, t: int, i: int, h: Handle | None) -> State:
-        return s._replace(handles=put(s.handles, w, put(s.handles[w], t, put(s.handles[w][t], i, h))))
+        return s._replace(
+            handles=put(s.handles, w, put(s.handles[w], t, put(s.handles[w][t], i, h)))
+        )
 
     def _lease_ok(self, s: State, w: int, t: int, epoch: int) -> bool:
         """The lease fence (``leases.fence``, the ``renew`` edge's guards) for ``epoch``."""
@@ -410,7 +409,9 @@ class LedgerModel(Stepped[State]):
         mem = put(s.mem, w, put(s.mem[w], t, None)) if forget else s.mem
         return True, s._replace(rows=put(s.rows, t, new), mem=mem)
 
-    def _write(self, s: State, w: int, t: int, recs: tuple[Rec, ...], tip: tuple[int, int]) -> State:
+    def _write(
+        self, s: State, w: int, t: int, recs: tuple[Rec, ...], tip: tuple[int, int]
+    ) -> State:
         return s._replace(
             ledgers=put(s.ledgers, t, tuple(sorted((*s.ledgers[t], *recs)))),
             tips=put(s.tips, t, tip),
@@ -460,7 +461,9 @@ class LedgerModel(Stepped[State]):
         if tip + 1 > self.length:
             return False, s  # beyond the bound: not explored
         if not offloaded:
-            return True, self._write(nxt, w, t, (Rec(tip + 1, h.epoch, "R"),), (tip + 1, ledger_epoch))
+            return True, self._write(
+                nxt, w, t, (Rec(tip + 1, h.epoch, "R"),), (tip + 1, ledger_epoch)
+            )
         assert pend is not None
         key = f"{self.workers[w]}{pend.gen}"
         marked = {k for u, k in s.condemned if u == t}
@@ -468,9 +471,13 @@ class LedgerModel(Stepped[State]):
             if pend.gen + 1 >= self.gens:
                 return False, s  # beyond the bound: not explored
             # condemn.write_offloaded: the next generation, put again
-            return True, s._replace(pend=put(s.pend, w, put(s.pend[w], t, Pend(i, pend.gen + 1, False))))
+            return True, s._replace(
+                pend=put(s.pend, w, put(s.pend[w], t, Pend(i, pend.gen + 1, False)))
+            )
         nxt = nxt._replace(pend=put(s.pend, w, put(s.pend[w], t, None)))
-        return True, self._write(nxt, w, t, (Rec(tip + 1, h.epoch, "P", key),), (tip + 1, ledger_epoch))
+        return True, self._write(
+            nxt, w, t, (Rec(tip + 1, h.epoch, "P", key),), (tip + 1, ledger_epoch)
+        )
 
     def _put(self, s: State, w: int, t: int, i: int, h: Handle) -> tuple[bool, State]:
         if h.state != "open":

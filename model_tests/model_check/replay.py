@@ -88,7 +88,11 @@ class Replayer:
             return _ok(self.store.runs.request_cancel, self._run(label[1]))
         actor = label[1]
         if kind == "acquire":
-            purpose = PURPOSE if self.model == "leases" or self.model.startswith("ledger") else purpose_of(actor)
+            purpose = (
+                PURPOSE
+                if self.model == "leases" or self.model.startswith("ledger")
+                else purpose_of(actor)
+            )
             try:
                 lease = self.store.leases.acquire(
                     f"session:{label[2]}", actor, self.ttl, purpose=purpose
@@ -309,7 +313,12 @@ def replay(
         lifecycle, edge, guard = mutation.split(".")
         changed = without(LIFECYCLES[lifecycle], edge, guard)
         mutant = build(model, {**bound, "grants": 10_000}, **{KEYWORD[lifecycle]: changed})
-    sessions = {"leases": "targets", "runs": "sessions", "ledger": "sessions", "ledger_gc": "sessions"}
+    sessions = {
+        "leases": "targets",
+        "runs": "sessions",
+        "ledger": "sessions",
+        "ledger_gc": "sessions",
+    }
     for sid in getattr(spec, sessions[model]) if model in sessions else ("s1",):
         store.sessions.create(sid)
     player = Replayer(store, clock, float(spec.ttl), model=model)
