@@ -60,6 +60,7 @@ Invariants (``LEDGER_WRITER``'s, then GC's and the deleter's):
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
@@ -142,6 +143,7 @@ class State(NamedTuple):
 _AT = datetime(2000, 1, 1, tzinfo=UTC)
 
 
+@functools.cache
 def lease_of(session: str, owner: str, epoch: int) -> Lease:
     """The lease a worker presents, as ``journal.check_epoch`` reads it (target and epoch)."""
     return Lease(f"session:{session}", owner, "-", epoch, PURPOSE, _AT)
@@ -245,9 +247,9 @@ class LedgerModel(Stepped[State]):
 
     @staticmethod
     def _follow_fence(s: State) -> bool:
-        for led in s.ledgers:
+        for led in s.ledgers:  # each kept sorted by sequence (_write)
             fence = None
-            for r in sorted(led):
+            for r in led:
                 if r.kind == "F":
                     fence = r.epoch
                 elif r.epoch != fence:
@@ -257,7 +259,7 @@ class LedgerModel(Stepped[State]):
     @staticmethod
     def _fences_rise(s: State) -> bool:
         for led in s.ledgers:
-            epochs = [r.epoch for r in sorted(led) if r.kind == "F"]
+            epochs = [r.epoch for r in led if r.kind == "F"]
             if epochs != sorted(epochs):
                 return False
         return True
