@@ -111,9 +111,12 @@ EQUIVALENT: dict[Pair, str] = {
         "both edges end the opening fenced and raise: without the guard a conflict "
         "with the lease lost is taken for a conflict, whose release of the grant the "
         "lease fence makes a no-op (taken over: the token no longer matches) or "
-        "releases a lease already expired; the tip moves under an opening with its "
-        "lease lost only by another epoch's fence (a takeover), so at the CI bound "
-        "(one handle a worker) the state space is the same"
+        "releases a lease already expired; with one handle a worker (the CI bound) "
+        "only another epoch's fence moves the tip under an opening whose lease is "
+        "lost (a takeover), so the state space is the same; with two, the same epoch "
+        "can move it before its lease expires, and the mutant then releases the "
+        "expired lease (a later acquire regrants where it would take over: epoch + 1 "
+        "either way)"
     ),
     ("ledger_writer", "opening_conflict", "tip_unmoved"): (
         "edge order: plant_fence comes first and fires whenever the lease is held "
