@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import FakeClock
@@ -247,3 +248,49 @@ def test_replay_catches_a_ledger_open_without_its_lease_fence(
     cx = json.loads(path_of(("ledger_writer", "plant_fence", "lease_held")).read_text())
     verdicts = replay(store, clock, cx["model"], cx["bound"], cx["steps"], cx["mutation"])
     assert [v.store for v in verdicts] == [v.mutant for v in verdicts], verdicts
+
+
+WITNESSES: dict[str, tuple[Callable[[Any], bool], tuple[Label, ...]]] = {
+    "a condemned blob's record written again": (
+        lambda s: any(r.kind == "P" and r.key.endswith("1") for led in s.ledgers for r in led),
+        (),
+    ),
+    "an orphan deleted by GC": (lambda s: any(c not in s.blobs for c in s.condemned), ()),
+    "a pass whose lease was taken over, then its condemn": (
+        lambda s: any(p is not None and p.epoch < s.top[0] for row in s.passes for p in row),
+        (("gc_condemn", "A", "s1"),),
+    ),
+    "a pointer appended between the scan and the condemn, then the condemn": (
+        lambda s: any(
+            p is not None
+            and p.doomed is None
+            and any(r.kind == "P" and r.seq > p.tip and r.key in p.orphans for r in s.ledgers[0])
+            for row in s.passes
+            for p in row
+        ),
+        (("gc_condemn", "A", "s1"), ("gc_delete", "A", "s1")),
+    ),
+}
+"""States of the ``ledger_gc`` model (CI bound, worker ``A`` on ``s1``)
+whose shortest paths race GC with a writer, and the steps then probed (the
+model refusing some): each replayed against the real store."""
+
+
+@pytest.mark.parametrize("witness", sorted(WITNESSES))
+def test_ledger_gc_race_replays_as_the_model_says(
+    witness: str, store: turnkeeper.BaseStore, clock: FakeClock
+) -> None:
+    """The shortest path to each witness state of ``ledger_gc`` (puts, pointer
+    appends, GC scans, condemns and deletes interleaved), then its probes,
+    replay against the real store with the store agreeing with the model at
+    every step, refusals included: the model's GC rules are the store's."""
+    reached, probes = WITNESSES[witness]
+    bound = dict(BOUNDS["ci"])["ledger_gc"]
+    model = build("ledger_gc", bound)
+    model.invariants = {witness: lambda s: not reached(s)}
+    found = explore(model).violation
+    assert found is not None, witness
+    verdicts = replay(store, clock, "ledger_gc", bound, [*found.steps, *probes])
+    assert [v.store for v in verdicts] == [v.model for v in verdicts], verdicts
+    kinds = {v.label[0] for v in verdicts}
+    assert {"gc_scan", "gc_condemn"} <= kinds, verdicts

@@ -14,9 +14,11 @@ the injected clock; a lease lasts the model's ``ttl`` ticks.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import turnkeeper
@@ -28,7 +30,16 @@ from model_check.ledger import DELETER, LedgerModel
 from model_check.mutations import without
 from model_check.runs import MAX_ATTEMPTS, RunsModel, purpose_of
 from turnkeeper import DeliveryPlan, DeliveryStep, Lease, TurnkeeperError
+from turnkeeper.spec import errors
+from turnkeeper.spec.ledger import LedgerEntry
+from turnkeeper.storage.ops.ledger import blobs as blob_ops
+from turnkeeper.storage.ops.ledger import gc as gc_ops
 from turnkeeper.storage.ops.ledger import journal
+from turnkeeper.storage.ops.ledger.group import LedgerAppend
+
+OFFLOAD = 16
+"""The ledger models' offload threshold (bytes) in the replay: the worker's
+offloaded record is one byte over it, every other record under it."""
 
 MODELS: dict[str, Callable[..., Any]] = {
     "leases": LeaseModel,
@@ -62,6 +73,98 @@ class Replayer:
     """The ledger's writer handles by (worker, session, slot): ``(lease, tip
     read)`` while opening, then the ``LedgerWriter``."""
     appended: int = 0
+    puts: dict[tuple[str, str], tuple[int, Any]] = field(default_factory=dict)
+    """Each worker's offloaded record in flight, by (worker, session): its
+    generation and, once put, its pointer entry."""
+    passes: dict[tuple[str, str], Any] = field(default_factory=dict)
+    """Each worker's GC pass, by (worker, session)."""
+    _area: Any = None
+
+    def area(self) -> Any:
+        """The ledger area the steps use: offloading every payload over
+        :data:`OFFLOAD` bytes (``store.ledger.with_blobs``, the database's blob table)."""
+        if self._area is None:
+            self._area = self.store.ledger.with_blobs(offload_threshold=OFFLOAD)
+        return self._area
+
+    def _blobs(self, label: Label) -> Any:
+        """A ``ledger_gc`` step, as the store's own functions run it, cut
+        where the model cuts it: ``put`` is ``blobs.offload`` of the worker's
+        record (its generation's blob), ``append_ptr`` the fenced append of
+        its pointer (``Ledger._append``: ``journal.append`` and its condemn
+        check; a ``BlobCondemnedError`` moves the record to its next
+        generation, as ``condemn.write_offloaded`` does: ``ok:regen``);
+        ``gc_scan`` is ``gc.collect``'s fence, scan and listing, ``gc_condemn``
+        its condemn transaction, ``gc_delete`` its deletes."""
+        kind, actor, session = label[0], label[1], label[2]
+        area, mine = self.area(), (actor, session)
+        if kind in ("put", "append_ptr"):
+            writer = self.writers.get((actor, session, label[3]))
+            if writer is None or isinstance(writer, tuple):
+                return False
+            entry = LedgerEntry("note", b"x" * (OFFLOAD + 1), f"big-{actor}")
+            gen, pointer = self.puts.get(mine, (0, None))
+            if kind == "put":
+                if writer.state != "open":
+                    return False
+                pointer = blob_ops.offload(
+                    area.blobs, area.tenant, session, entry, area.max_body_bytes, gen
+                )
+                self.puts[mine] = (gen, pointer)
+                return True
+            if pointer is None:
+                return False
+            request = LedgerAppend(
+                area.tenant, session, writer.lease, [pointer], area.catalog, [entry]
+            )
+            try:
+                area._append(request)
+            except errors.BlobCondemnedError:
+                self.puts[mine] = (gen + 1, None)
+                return "ok:regen"
+            except TurnkeeperError:
+                return False
+            del self.puts[mine]
+            return True
+        lease = self.held.get(mine)
+        if kind == "gc_scan":
+            if lease is None:
+                return False
+            fence = partial(gc_ops.writer_fence, tenant=area.tenant, session_id=session)
+            try:
+                area._fenced("ledger_gc", lease, lambda tx: fence(tx, lease=lease))
+            except TurnkeeperError:
+                return False
+            tip, live = gc_ops.referenced_keys(area.db, area.tenant, session)
+            prefix = blob_ops.blob_prefix(area.tenant, session)
+            listed = blob_ops.blob_call(area.blobs, "list", prefix)
+            self.passes[mine] = (lease, tip, sorted(k for k in listed if k not in live), None)
+            return True
+        found = self.passes.get(mine)
+        if found is None:
+            return False
+        lease, tip, orphans, doomed = found
+        if kind == "gc_condemn":
+
+            def condemn(tx: Any) -> list[str]:
+                return gc_ops.condemn_orphans(
+                    tx, area.tenant, session, lease, tip, orphans, uuid.uuid4().hex
+                )
+
+            try:
+                doomed = area._fenced("ledger_gc", lease, condemn)
+            except TurnkeeperError:
+                return False
+            self.passes[mine] = (lease, tip, orphans, doomed)
+            if not doomed:
+                del self.passes[mine]
+            return True
+        if not doomed:
+            return False
+        for key in doomed:
+            blob_ops.blob_call(area.blobs, "delete", key)
+        del self.passes[mine]
+        return True
 
     def apply(self, label: Label) -> str:
         """Run ``label`` on the store: its :func:`outcome` (``ok``, ``refused`` …)."""
@@ -79,6 +182,9 @@ class Replayer:
                 del self.claims[key]
             for key in [k for k in self.writers if k[0] == label[1]]:
                 del self.writers[key]
+            for gone in (self.puts, self.passes):
+                for key in [k for k in gone if k[0] == label[1]]:
+                    del gone[key]
             return True
         if self.model == "delivery":
             return self._delivery(label)
@@ -190,9 +296,13 @@ class Replayer:
         the rest of ``store.ledger.open`` on the tip that read gave (its read
         answered from it: :func:`tip_read_as`), ``append`` and ``close`` go
         through the writer, ``delete`` is ``store.sessions.delete`` (``D``:
-        without a lease). Blob puts, GC passes and sweeps are not replayed
-        (no stored counterexample has them: ``catalog.FOUND``)."""
-        kind, actor, session = label[0], label[1], label[2]
+        without a lease); the blob and GC steps are :meth:`_blobs`'."""
+        kind = label[0]
+        if kind == "sweep":
+            return _ok(self.area().sweep_deleted)
+        actor, session = label[1], label[2]
+        if kind in ("put", "append_ptr") or kind.startswith("gc_"):
+            return self._blobs(label)
         if kind == "delete":
             lease = None if actor == DELETER else self.held.get((actor, session))
             if actor != DELETER and lease is None:
@@ -214,7 +324,7 @@ class Replayer:
             lease, tip = handle
             with tip_read_as(tip):
                 try:
-                    self.writers[key] = self.store.ledger.open(session, lease)
+                    self.writers[key] = self.area().open(session, lease)
                 except TurnkeeperError:
                     return False
             return True
