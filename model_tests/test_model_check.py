@@ -2,7 +2,9 @@
 at the CI bound, every guard of the modelled lifecycles removed gives its
 stored counterexample (or is explained as equivalent), and every stored
 counterexample replays against the real store on both backends, which
-refuses where the mutant did not.
+refuses where the mutant did not. The ledger's GC and sweep rules, patched
+out of the model one at a time, give counterexamples (controls), and the GC
+races the ``ledger_gc`` model finds replay against the store step by step.
 
 ``make modelcheck`` runs the larger bound (``python -m model_check --bound large``).
 """
