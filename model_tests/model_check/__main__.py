@@ -1,7 +1,8 @@
 """``python -m model_check [--bound ci|large] [--write]`` (from ``model_tests/``).
 
 Explores every model at the bound (``ci``: the test suite's; ``large``:
-``make modelcheck``'s, at least 3 actors x 2 targets x expiry per model) and
+``make modelcheck``'s, at least 3 actors x 2 targets x expiry per model; the
+ledger's cut at a depth, ``steps``) and
 prints states, transitions, depth and time per model; exits 1 if an
 invariant breaks (printing the counterexample as a replay script). With
 ``--write``, regenerates ``counterexamples/`` from :data:`catalog.FOUND`;

@@ -214,8 +214,8 @@ class LedgerModel(Stepped[State]):
         self.lease, self.ledger = lease, ledger
         actors = [f"{len(workers)} writers"] + [f"{gc} GC"] * bool(gc) + ["deleter"] * deleter
         self.name = (
-            f"ledger[{' + '.join(actors)} x {len(sessions)} sessions x {ticks} ticks"
-            f" x {grants} grants x {length} records x {handles} handles]"
+            f"{'ledger_gc' if gc else 'ledger'}[{' + '.join(actors)} x {len(sessions)} sessions"
+            f" x {ticks} ticks x {grants} grants x {length} records x {handles} handles]"
         )
         invariants: dict[str, Callable[[State], bool]] = {
             "sequences gapless": lambda s: all(
