@@ -296,3 +296,13 @@ def test_ledger_gc_race_replays_as_the_model_says(
     assert [v.store for v in verdicts] == [v.model for v in verdicts], verdicts
     kinds = {v.label[0] for v in verdicts}
     assert {"gc_scan", "gc_condemn"} <= kinds, verdicts
+
+
+def test_ledger_control_without_the_session_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Control: with the write paths' session check (``session_exists``) gone
+    from the model, a writer whose lease outlived its session's delete writes
+    to the deleted session's ledger."""
+    monkeypatch.setattr(ledger_model, "session_exists", lambda s, t: True)
+    result = explore(build("ledger", dict(BOUNDS["ci"])["ledger"]))
+    assert result.violation is not None and result.violation.invariant == "deleted stays empty"
+    assert "delete" in [s[0] for s in result.violation.steps]

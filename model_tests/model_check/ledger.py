@@ -179,6 +179,12 @@ def referenced_since(ledger: tuple[Rec, ...], after: int) -> frozenset[str]:
     return frozenset(r.key for r in ledger if r.kind == "P" and r.seq > after)
 
 
+def session_exists(s: State, t: int) -> bool:
+    """The write paths' session check (``capabilities.session_exists``: the
+    opening transaction's first read, an append's when the tip is gone)."""
+    return not s.deleted[t]
+
+
 def sweepable(s: State, t: int) -> bool:
     """The sweep's guard (``sweep.deleted_sessions``): a tombstone, and no
     ledger record or tip of the session."""
@@ -428,7 +434,7 @@ class LedgerModel(Stepped[State]):
     # -- the writer -------------------------------------------------------------
 
     def _plant(self, s: State, w: int, t: int, i: int, h: Handle) -> tuple[bool, State]:
-        if s.deleted[t]:
+        if not session_exists(s, t):
             return False, s  # plant_fence: session_exists refuses first
         facts = {
             "lease_held": self._lease_ok(s, w, t, h.epoch),
@@ -455,7 +461,7 @@ class LedgerModel(Stepped[State]):
             return False, s
         tip, ledger_epoch = s.tips[t]
         lease_ok = self._lease_ok(s, w, t, h.epoch)
-        if lease_ok and tip == 0 and s.deleted[t]:
+        if lease_ok and tip == 0 and not session_exists(s, t):
             return False, s  # journal.append: the tip is gone with its session
         held = lease_ok and epoch_fenced(self.sessions[t], self.workers[w], h.epoch, ledger_epoch)
         edge = self.ledger.select("append", h.state, {"lease_held": held})
