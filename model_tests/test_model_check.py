@@ -2,7 +2,9 @@
 at the CI bound, every guard of the modelled lifecycles removed gives its
 stored counterexample (or is explained as equivalent), and every stored
 counterexample replays against the real store on both backends, which
-refuses where the mutant did not.
+refuses where the mutant did not. The ledger's GC and sweep rules, patched
+out of the model one at a time, give counterexamples (controls), and the GC
+races the ``ledger_gc`` model finds replay against the store step by step.
 
 ``make modelcheck`` runs the larger bound (``python -m model_check --bound large``).
 """
@@ -11,14 +13,16 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import FakeClock
+from model_check import ledger as ledger_model
 from model_check.__main__ import BOUNDS, COUNTEREXAMPLES, counterexample, main, path_of
-from model_check.catalog import EQUIVALENT, FOUND, KEYWORD, LIFECYCLES
+from model_check.catalog import EQUIVALENT, FOUND, KEYWORD, LIFECYCLES, MODEL_OF
 from model_check.explorer import Label, Result, explore
 from model_check.mutations import guard_pairs, without
 from model_check.replay import build, replay, script
@@ -26,6 +30,8 @@ from model_check.replay import build, replay, script
 import turnkeeper
 from turnkeeper.machines import machine_for
 from turnkeeper.storage.ops import leases as lease_ops
+from turnkeeper.storage.ops.ledger import condemn as condemn_ops
+from turnkeeper.storage.ops.ledger import journal as journal_ops
 
 ALL_PAIRS = {(name, e, g) for name, lc in LIFECYCLES.items() for e, g in guard_pairs(lc)}
 STORED = sorted(COUNTEREXAMPLES.glob("*.json"))
@@ -108,7 +114,7 @@ def test_equivalent_guard_removed_finds_nothing(pair: tuple[str, str, str]) -> N
     """The reason is in ``catalog.EQUIVALENT``; the mutant explores without a
     violation and, unless listed in CHANGES_STATES, the very same state space."""
     lifecycle, edge, guard = pair
-    name = {"lease": "leases", "delivery": "delivery"}.get(lifecycle, "runs")
+    name = MODEL_OF.get(lifecycle, "runs")
     kwargs = dict(BOUNDS["ci"])[name]
     plain = _plain(name)
     mutant = explore(
@@ -172,3 +178,131 @@ def test_a_violation_exits_1_with_its_script(capsys: pytest.CaptureFixture[str])
     out = capsys.readouterr().out
     assert "from model_check.replay import replay" in out
     assert "('admit', 'W1', 's1')," in out and "'one active run'" in out
+
+
+# -- the ledger's GC and deleters: their fences, shown able to fail ----------------------
+
+
+def _ledger_gc(**extra: object) -> Result:
+    """The ``ledger_gc`` model at its CI bound (with ``extra``), explored."""
+    return explore(build("ledger_gc", {**dict(BOUNDS["ci"])["ledger_gc"], **extra}))
+
+
+def test_ledger_gc_control_without_the_condemn_fence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Control: with the append's condemn check (``condemn.refuse_condemned``,
+    which the model calls) patched out, GC condemns a put blob, the writer
+    points at it, GC deletes it: an acknowledged pointer dangles."""
+    monkeypatch.setattr(condemn_ops, "refuse_condemned", lambda *a: None)
+    result = _ledger_gc()
+    assert result.violation is not None and result.violation.invariant == "no dangling pointer"
+    kinds = [s[0] for s in result.violation.steps]
+    assert kinds.index("gc_condemn") < kinds.index("append_ptr") < kinds.index("gc_delete")
+
+
+def test_ledger_gc_control_without_referenced_since(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Control: with the condemn transaction's re-read of the pointers
+    appended since the scan (``gc.referenced_since``) taken away, a pointer
+    appended between GC's scan and its condemn loses its blob."""
+    monkeypatch.setattr(ledger_model, "referenced_since", lambda *a: frozenset())
+    result = _ledger_gc()
+    assert result.violation is not None and result.violation.invariant == "no dangling pointer"
+    kinds = [s[0] for s in result.violation.steps]
+    assert kinds.index("gc_scan") < kinds.index("append_ptr") < kinds.index("gc_condemn")
+
+
+def test_ledger_gc_control_without_the_ledger_epoch_fence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Control: with the ledger's own fence (``journal.check_epoch``, GC's
+    ``writer_fence`` after the lease fence) patched out, a pass condemns
+    under a lease that is not the ledger's newest fence's."""
+    monkeypatch.setattr(journal_ops, "check_epoch", lambda *a: None)
+    result = _ledger_gc()
+    assert result.violation is not None and result.violation.invariant == "no stale GC"
+
+
+def test_ledger_sweep_control_without_its_guard(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Control: a sweep that takes every session for deleted (its guard,
+    ``sweep.deleted_sessions``, gone) deletes a live ledger's blob."""
+    monkeypatch.setattr(ledger_model, "sweepable", lambda s, t: True)
+    result = _ledger_gc(deleter=True)
+    assert result.violation is not None and result.violation.invariant == "no dangling pointer"
+    assert result.violation.steps[-1] == ("sweep", "D")
+
+
+@pytest.mark.parametrize("store", ["duckdb"], indirect=True)
+def test_replay_catches_a_ledger_open_without_its_lease_fence(
+    store: turnkeeper.BaseStore, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Control: with the lease fence of the opening transaction gone from the
+    store (``journal.leases.fence`` returning the clock unchecked), the stored
+    counterexample of ``plant_fence`` without ``lease_held`` replays through:
+    the store plants a released lease's fence, as the mutant does."""
+    real = lease_ops.fence
+
+    def unchecked(tx: object, lease: turnkeeper.Lease) -> object:
+        try:
+            return real(tx, lease)  # type: ignore[arg-type]
+        except turnkeeper.LeaseLostError:
+            return clock()
+
+    monkeypatch.setattr(lease_ops, "fence", unchecked)
+    cx = json.loads(path_of(("ledger_writer", "plant_fence", "lease_held")).read_text())
+    verdicts = replay(store, clock, cx["model"], cx["bound"], cx["steps"], cx["mutation"])
+    assert [v.store for v in verdicts] == [v.mutant for v in verdicts], verdicts
+
+
+WITNESSES: dict[str, tuple[Callable[[Any], bool], tuple[Label, ...]]] = {
+    "a condemned blob's record written again": (
+        lambda s: any(r.kind == "P" and r.key.endswith("1") for led in s.ledgers for r in led),
+        (),
+    ),
+    "an orphan deleted by GC": (lambda s: any(c not in s.blobs for c in s.condemned), ()),
+    "a pass whose lease was taken over, then its condemn": (
+        lambda s: any(p is not None and p.epoch < s.top[0] for row in s.passes for p in row),
+        (("gc_condemn", "A", "s1"),),
+    ),
+    "a pointer appended between the scan and the condemn, then the condemn": (
+        lambda s: any(
+            p is not None
+            and p.doomed is None
+            and any(r.kind == "P" and r.seq > p.tip and r.key in p.orphans for r in s.ledgers[0])
+            for row in s.passes
+            for p in row
+        ),
+        (("gc_condemn", "A", "s1"), ("gc_delete", "A", "s1")),
+    ),
+}
+"""States of the ``ledger_gc`` model (CI bound, worker ``A`` on ``s1``)
+whose shortest paths race GC with a writer, and the steps then probed (the
+model refusing some): each replayed against the real store."""
+
+
+@pytest.mark.parametrize("witness", sorted(WITNESSES))
+def test_ledger_gc_race_replays_as_the_model_says(
+    witness: str, store: turnkeeper.BaseStore, clock: FakeClock
+) -> None:
+    """The shortest path to each witness state of ``ledger_gc`` (puts, pointer
+    appends, GC scans, condemns and deletes interleaved), then its probes,
+    replay against the real store with the store agreeing with the model at
+    every step, refusals included: the model's GC rules are the store's."""
+    reached, probes = WITNESSES[witness]
+    bound = dict(BOUNDS["ci"])["ledger_gc"]
+    model = build("ledger_gc", bound)
+    model.invariants = {witness: lambda s: not reached(s)}
+    found = explore(model).violation
+    assert found is not None, witness
+    verdicts = replay(store, clock, "ledger_gc", bound, [*found.steps, *probes])
+    assert [v.store for v in verdicts] == [v.model for v in verdicts], verdicts
+    kinds = {v.label[0] for v in verdicts}
+    assert {"gc_scan", "gc_condemn"} <= kinds, verdicts
+
+
+def test_ledger_control_without_the_session_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Control: with the write paths' session check (``session_exists``) gone
+    from the model, a writer whose lease outlived its session's delete writes
+    to the deleted session's ledger."""
+    monkeypatch.setattr(ledger_model, "session_exists", lambda s, t: True)
+    result = explore(build("ledger", dict(BOUNDS["ci"])["ledger"]))
+    assert result.violation is not None and result.violation.invariant == "deleted stays empty"
+    assert "delete" in [s[0] for s in result.violation.steps]

@@ -1,7 +1,8 @@
 """``python -m model_check [--bound ci|large] [--write]`` (from ``model_tests/``).
 
 Explores every model at the bound (``ci``: the test suite's; ``large``:
-``make modelcheck``'s, at least 3 actors x 2 targets x expiry per model) and
+``make modelcheck``'s, at least 3 actors x 2 targets x expiry per model; the
+ledger's cut at a depth, ``steps``) and
 prints states, transitions, depth and time per model; exits 1 if an
 invariant breaks (printing the counterexample as a replay script). With
 ``--write``, regenerates ``counterexamples/`` from :data:`catalog.FOUND`;
@@ -31,6 +32,29 @@ BOUNDS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("leases", {"workers": ["A", "B"], "targets": ["s1", "s2"], "ticks": 4, "grants": 2}),
         ("runs", {"actors": ["W1", "R1"], "sessions": ["s1"], "ticks": 3, "max_runs": 2}),
         ("delivery", {"workers": ["O1", "O2"], "ticks": 4}),
+        (
+            "ledger",
+            {
+                "workers": ["A", "B"],
+                "sessions": ["s1"],
+                "ticks": 2,
+                "grants": 2,
+                "length": 3,
+                "gc": 0,
+            },
+        ),
+        (
+            "ledger_gc",
+            {
+                "workers": ["A"],
+                "sessions": ["s1"],
+                "ticks": 2,
+                "grants": 2,
+                "length": 2,
+                "gc": 1,
+                "deleter": False,
+            },
+        ),
     ],
     "large": [
         (
@@ -48,17 +72,53 @@ BOUNDS: dict[str, list[tuple[str, dict[str, Any]]]] = {
             },
         ),
         ("delivery", {"workers": ["O1", "O2", "O3"], "ticks": 5, "grants": 4}),
+        (
+            "ledger",
+            {
+                "workers": ["A", "B", "C"],
+                "sessions": ["s1", "s2"],
+                "ticks": 2,
+                "grants": 2,
+                "length": 2,
+                "gc": 0,
+                "steps": 10,
+            },
+        ),
+        (
+            "ledger_gc",
+            {
+                "workers": ["A", "B"],
+                "sessions": ["s1", "s2"],
+                "ticks": 2,
+                "grants": 2,
+                "length": 2,
+                "gc": 2,
+                "steps": 10,
+            },
+        ),
     ],
 }
-"""The bounds per model: each model's keyword arguments."""
+"""The bounds per model: each model's keyword arguments, and ``steps``: every
+interleaving of at most that many steps (``explore``'s ``max_depth``; none:
+every reachable state). The ledger's two sessions multiply its state space, so
+its large bounds cut the depth."""
+
+
+def explore_at(name: str, bound: dict[str, Any], **lifecycles: Any) -> Result:
+    """Explore model ``name`` at ``bound`` (its ``steps``, if any, as the depth cut)."""
+    kwargs = {k: v for k, v in bound.items() if k != "steps"}
+    return explore(build(name, kwargs, **lifecycles), max_depth=bound.get("steps"))
 
 
 def check(bound: str) -> list[tuple[dict[str, Any], Result]]:
     """Explore every model at ``bound``; print one summary line each."""
     results = []
     for name, kwargs in BOUNDS[bound]:
-        result = explore(build(name, kwargs))
-        print(result.summary(), flush=True)
+        result = explore_at(name, kwargs)
+        cut = (
+            f" (every interleaving of at most {kwargs['steps']} steps)" if "steps" in kwargs else ""
+        )
+        print(result.summary() + cut, flush=True)
         if result.violation is not None:
             cx = {
                 "model": name,

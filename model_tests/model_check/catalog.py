@@ -4,7 +4,8 @@ with it removed, or why its removal changes nothing the invariants see.
 ``FOUND`` maps ``(lifecycle, edge, guard)`` to the model and bound that
 exhibit the counterexample (stored under ``counterexamples/``);
 ``EQUIVALENT`` maps the others to the reason. The two together cover every
-guard pair of ``LEASE``, ``RUN``, ``RECOVERY`` and ``DELIVERY`` (a test checks that).
+guard pair of ``LEASE``, ``RUN``, ``RECOVERY``, ``DELIVERY`` and
+``LEDGER_WRITER`` (a test checks that).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from turnkeeper.spec.delivery import DELIVERY
 from turnkeeper.spec.lease import LEASE
+from turnkeeper.spec.ledger import LEDGER_WRITER
 from turnkeeper.spec.lifecycle import Lifecycle
 from turnkeeper.spec.recovery import RECOVERY
 from turnkeeper.spec.run import RUN
@@ -22,17 +24,35 @@ LIFECYCLES: dict[str, Lifecycle] = {
     "run": RUN,
     "recovery": RECOVERY,
     "delivery": DELIVERY,
+    "ledger_writer": LEDGER_WRITER,
 }
 """The modelled lifecycles, by name."""
 
-KEYWORD = {"lease": "lifecycle", "run": "run", "recovery": "recovery", "delivery": "delivery"}
+KEYWORD = {
+    "lease": "lifecycle",
+    "run": "run",
+    "recovery": "recovery",
+    "delivery": "delivery",
+    "ledger_writer": "ledger",
+}
 """The keyword each model takes a lifecycle by (the leases model: ``lifecycle``)."""
+
+MODEL_OF = {"lease": "leases", "delivery": "delivery", "ledger_writer": "ledger"}
+"""The model whose CI bound explores a lifecycle's equivalent mutants (else ``runs``)."""
 
 Pair = tuple[str, str, str]
 
 _LEASES: dict[str, Any] = {"workers": ["A", "B"], "targets": ["s1"], "ticks": 4, "grants": 3}
 _DELIVERY: dict[str, Any] = {"workers": ["O1", "O2"], "ticks": 3}
 _RUNS: dict[str, Any] = {"actors": ["W1", "R1"], "sessions": ["s1"], "ticks": 3, "max_runs": 2}
+_LEDGER: dict[str, Any] = {
+    "workers": ["A", "B"],
+    "sessions": ["s1"],
+    "ticks": 2,
+    "grants": 2,
+    "length": 3,
+    "gc": 0,
+}
 
 FOUND: dict[Pair, tuple[str, dict[str, Any]]] = {
     ("lease", "takeover", "expired"): ("leases", _LEASES),
@@ -50,6 +70,9 @@ FOUND: dict[Pair, tuple[str, dict[str, Any]]] = {
     ("delivery", "claim", "dependency_done"): ("delivery", _DELIVERY),
     ("delivery", "reclaim_claimed", "claim_expired"): ("delivery", _DELIVERY),
     ("delivery", "reclaim_in_progress", "claim_expired"): ("delivery", _DELIVERY),
+    ("ledger_writer", "plant_fence", "lease_held"): ("ledger", _LEDGER),
+    ("ledger_writer", "plant_fence", "tip_unmoved"): ("ledger", {**_LEDGER, "handles": 2}),
+    ("ledger_writer", "append", "lease_held"): ("ledger", _LEDGER),
 }
 
 _TOKEN = (
@@ -83,6 +106,29 @@ EQUIVALENT: dict[Pair, str] = {
     ("recovery", "dead_letter", "attempts_exhausted"): (
         "edge order: fail (unless attempts_exhausted) comes before dead_letter, so "
         "dead_letter is selected only when the attempts are exhausted, with or without the guard"
+    ),
+    ("ledger_writer", "opening_conflict", "lease_held"): (
+        "both edges end the opening fenced and raise: without the guard a conflict "
+        "with the lease lost is taken for a conflict, whose release of the grant the "
+        "lease fence makes a no-op (taken over: the token no longer matches) or "
+        "releases a lease already expired; with one handle a worker (the CI bound) "
+        "only another epoch's fence moves the tip under an opening whose lease is "
+        "lost (a takeover), so the state space is the same; with two, the same epoch "
+        "can move it before its lease expires, and the mutant then releases the "
+        "expired lease (a later acquire regrants where it would take over: epoch + 1 "
+        "either way)"
+    ),
+    ("ledger_writer", "opening_conflict", "tip_unmoved"): (
+        "edge order: plant_fence comes first and fires whenever the lease is held "
+        "and the tip unmoved, so opening_conflict is selected only on a moved tip"
+    ),
+    ("ledger_writer", "opening_lost", "lease_held"): (
+        "edge order: plant_fence and opening_conflict together fire whenever the "
+        "lease is held, so opening_lost is selected only when it is not"
+    ),
+    ("ledger_writer", "overtaken", "lease_held"): (
+        "edge order: append comes first and fires whenever the lease is held, so "
+        "overtaken is selected only when it is not"
     ),
     ("recovery", "reclaim", "remote_ended"): (
         "not modelled: detach needs the run's remote run record (store.archives), which "

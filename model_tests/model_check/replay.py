@@ -14,8 +14,11 @@ the injected clock; a lease lasts the model's ``ttl`` ticks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import turnkeeper
@@ -23,14 +26,27 @@ from model_check.catalog import KEYWORD, LIFECYCLES
 from model_check.delivery import DEPENDS, OPS, DeliveryModel
 from model_check.explorer import Label
 from model_check.leases import PURPOSE, LeaseModel
+from model_check.ledger import DELETER, LedgerModel
 from model_check.mutations import without
 from model_check.runs import MAX_ATTEMPTS, RunsModel, purpose_of
 from turnkeeper import DeliveryPlan, DeliveryStep, Lease, TurnkeeperError
+from turnkeeper.spec import errors
+from turnkeeper.spec.ledger import LedgerEntry
+from turnkeeper.storage.ops.ledger import blobs as blob_ops
+from turnkeeper.storage.ops.ledger import gc as gc_ops
+from turnkeeper.storage.ops.ledger import journal
+from turnkeeper.storage.ops.ledger.group import LedgerAppend
+
+OFFLOAD = 16
+"""The ledger models' offload threshold (bytes) in the replay: the worker's
+offloaded record is one byte over it, every other record under it."""
 
 MODELS: dict[str, Callable[..., Any]] = {
     "leases": LeaseModel,
     "runs": RunsModel,
     "delivery": DeliveryModel,
+    "ledger": LedgerModel,
+    "ledger_gc": LedgerModel,
 }
 """The models by name, as counterexample files name them."""
 
@@ -53,6 +69,102 @@ class Replayer:
     run_ids: list[str] = field(default_factory=list)
     claims: dict[tuple[str, str], int] = field(default_factory=dict)
     intent: str = ""
+    writers: dict[tuple[str, str, str], Any] = field(default_factory=dict)
+    """The ledger's writer handles by (worker, session, slot): ``(lease, tip
+    read)`` while opening, then the ``LedgerWriter``."""
+    appended: int = 0
+    puts: dict[tuple[str, str], tuple[int, Any]] = field(default_factory=dict)
+    """Each worker's offloaded record in flight, by (worker, session): its
+    generation and, once put, its pointer entry."""
+    passes: dict[tuple[str, str], Any] = field(default_factory=dict)
+    """Each worker's GC pass, by (worker, session)."""
+    _area: Any = None
+
+    def area(self) -> Any:
+        """The ledger area the steps use: offloading every payload over
+        :data:`OFFLOAD` bytes (``store.ledger.with_blobs``, the database's blob table)."""
+        if self._area is None:
+            self._area = self.store.ledger.with_blobs(offload_threshold=OFFLOAD)
+        return self._area
+
+    def _blobs(self, label: Label) -> Any:
+        """A ``ledger_gc`` step, as the store's own functions run it, cut
+        where the model cuts it: ``put`` is ``blobs.offload`` of the worker's
+        record (its generation's blob), ``append_ptr`` the fenced append of
+        its pointer (``Ledger._append``: ``journal.append`` and its condemn
+        check; a ``BlobCondemnedError`` moves the record to its next
+        generation, as ``condemn.write_offloaded`` does: ``ok:regen``);
+        ``gc_scan`` is ``gc.collect``'s fence, scan and listing, ``gc_condemn``
+        its condemn transaction, ``gc_delete`` its deletes."""
+        kind, actor, session = label[0], label[1], label[2]
+        area, mine = self.area(), (actor, session)
+        if kind in ("put", "append_ptr"):
+            writer = self.writers.get((actor, session, label[3]))
+            if writer is None or isinstance(writer, tuple):
+                return False
+            entry = LedgerEntry("note", b"x" * (OFFLOAD + 1), f"big-{actor}")
+            gen, pointer = self.puts.get(mine, (0, None))
+            if kind == "put":
+                if writer.state != "open":
+                    return False
+                pointer = blob_ops.offload(
+                    area.blobs, area.tenant, session, entry, area.max_body_bytes, gen
+                )
+                self.puts[mine] = (gen, pointer)
+                return True
+            if pointer is None:
+                return False
+            request = LedgerAppend(
+                area.tenant, session, writer.lease, [pointer], area.catalog, [entry]
+            )
+            try:
+                area._append(request)
+            except errors.BlobCondemnedError:
+                self.puts[mine] = (gen + 1, None)
+                return "ok:regen"
+            except TurnkeeperError:
+                return False
+            del self.puts[mine]
+            return True
+        lease = self.held.get(mine)
+        if kind == "gc_scan":
+            if lease is None:
+                return False
+            fence = partial(gc_ops.writer_fence, tenant=area.tenant, session_id=session)
+            try:
+                area._fenced("ledger_gc", lease, lambda tx: fence(tx, lease=lease))
+            except TurnkeeperError:
+                return False
+            tip, live = gc_ops.referenced_keys(area.db, area.tenant, session)
+            prefix = blob_ops.blob_prefix(area.tenant, session)
+            listed = blob_ops.blob_call(area.blobs, "list", prefix)
+            self.passes[mine] = (lease, tip, sorted(k for k in listed if k not in live), None)
+            return True
+        found = self.passes.get(mine)
+        if found is None:
+            return False
+        lease, tip, orphans, doomed = found
+        if kind == "gc_condemn":
+
+            def condemn(tx: Any) -> list[str]:
+                return gc_ops.condemn_orphans(
+                    tx, area.tenant, session, lease, tip, orphans, uuid.uuid4().hex
+                )
+
+            try:
+                doomed = area._fenced("ledger_gc", lease, condemn)
+            except TurnkeeperError:
+                return False
+            self.passes[mine] = (lease, tip, orphans, doomed)
+            if not doomed:
+                del self.passes[mine]
+            return True
+        if not doomed:
+            return False
+        for key in doomed:
+            blob_ops.blob_call(area.blobs, "delete", key)
+        del self.passes[mine]
+        return True
 
     def apply(self, label: Label) -> str:
         """Run ``label`` on the store: its :func:`outcome` (``ok``, ``refused`` …)."""
@@ -68,14 +180,25 @@ class Replayer:
                 del self.held[key]
             for key in [k for k in self.claims if k[0] == label[1]]:
                 del self.claims[key]
+            for key in [k for k in self.writers if k[0] == label[1]]:
+                del self.writers[key]
+            for gone in (self.puts, self.passes):
+                for key in [k for k in gone if k[0] == label[1]]:
+                    del gone[key]
             return True
         if self.model == "delivery":
             return self._delivery(label)
+        if self.model.startswith("ledger") and kind not in ("acquire", "release"):
+            return self._ledger(label)
         if kind == "request_cancel":
             return _ok(self.store.runs.request_cancel, self._run(label[1]))
         actor = label[1]
         if kind == "acquire":
-            purpose = PURPOSE if self.model == "leases" else purpose_of(actor)
+            purpose = (
+                PURPOSE
+                if self.model == "leases" or self.model.startswith("ledger")
+                else purpose_of(actor)
+            )
             try:
                 lease = self.store.leases.acquire(
                     f"session:{label[2]}", actor, self.ttl, purpose=purpose
@@ -167,6 +290,51 @@ class Replayer:
             del self.claims[(worker, key)]
         return done
 
+    def _ledger(self, label: Label) -> bool:
+        """A ledger model's step (``model_check.ledger``): ``open`` reads the
+        tip (``store.ledger.tip``, as ``Ledger.open`` reads it), ``plant`` runs
+        the rest of ``store.ledger.open`` on the tip that read gave (its read
+        answered from it: :func:`tip_read_as`), ``append`` and ``close`` go
+        through the writer, ``delete`` is ``store.sessions.delete`` (``D``:
+        without a lease); the blob and GC steps are :meth:`_blobs`'."""
+        kind = label[0]
+        if kind == "sweep":
+            return _ok(self.area().sweep_deleted)
+        actor, session = label[1], label[2]
+        if kind in ("put", "append_ptr") or kind.startswith("gc_"):
+            return self._blobs(label)
+        if kind == "delete":
+            lease = None if actor == DELETER else self.held.get((actor, session))
+            if actor != DELETER and lease is None:
+                return False
+            return _ok(self.store.sessions.delete, session, lease=lease)
+        if kind not in ("open", "plant", "append", "close"):
+            raise ValueError(f"step {label!r} is not replayed")
+        key = (actor, session, label[3])
+        if kind == "open":
+            lease = self.held.get((actor, session))
+            if lease is None:
+                return False
+            self.writers[key] = (lease, self.store.ledger.tip(session))
+            return True
+        handle = self.writers.get(key)
+        if kind == "plant":
+            if not isinstance(handle, tuple):
+                return False
+            lease, tip = handle
+            with tip_read_as(tip):
+                try:
+                    self.writers[key] = self.area().open(session, lease)
+                except TurnkeeperError:
+                    return False
+            return True
+        if handle is None or isinstance(handle, tuple):
+            return False
+        if kind == "close":
+            return _ok(handle.close)
+        self.appended += 1
+        return _ok(handle.append, "note", b"x", f"note-{self.appended}")
+
     def plan(self) -> None:
         """The delivery model's intent: a run of session ``s1`` ended with a
         plan of :data:`OPS` (``b`` depends on ``a``)."""
@@ -177,6 +345,26 @@ class Replayer:
         )
         self.store.runs.finish(run.id, "succeeded", delivery_plan=DeliveryPlan("chat", "t", steps))
         self.intent = f"{run.id}:delivery"
+
+
+@contextmanager
+def tip_read_as(tip: int) -> Iterator[None]:
+    """``Ledger.open``'s read of the tip (``journal.read_tip`` without the
+    lock, before its transaction) answers ``tip``, the read a model's ``open``
+    step made earlier; the opening transaction's own locked read is the
+    store's. So an open replays cut where the model cuts it."""
+    real = journal.read_tip
+
+    def read_tip(tx: Any, tenant: str, session_id: str, *, lock: bool = False) -> tuple[int, int]:
+        if lock:
+            return real(tx, tenant, session_id, lock=True)
+        return (tip, 0)
+
+    journal.read_tip = read_tip  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        journal.read_tip = real  # type: ignore[assignment]
 
 
 def _ok(fn: Callable[..., object], *args: object, **kwargs: object) -> bool:
@@ -235,7 +423,12 @@ def replay(
         lifecycle, edge, guard = mutation.split(".")
         changed = without(LIFECYCLES[lifecycle], edge, guard)
         mutant = build(model, {**bound, "grants": 10_000}, **{KEYWORD[lifecycle]: changed})
-    sessions = {"leases": "targets", "runs": "sessions"}
+    sessions = {
+        "leases": "targets",
+        "runs": "sessions",
+        "ledger": "sessions",
+        "ledger_gc": "sessions",
+    }
     for sid in getattr(spec, sessions[model]) if model in sessions else ("s1",):
         store.sessions.create(sid)
     player = Replayer(store, clock, float(spec.ttl), model=model)
@@ -247,11 +440,12 @@ def replay(
         label = tuple(raw)
         accepted, state = spec.step(state, label)
         mutant_accepted, mutated = mutant.step(mutated, label)
+        said = getattr(spec, "outcome", outcome)
         verdicts.append(
             Verdict(
                 label,
-                outcome(label, mutant_accepted, mutated),
-                outcome(label, accepted, state),
+                said(label, mutant_accepted, mutated),
+                said(label, accepted, state),
                 player.apply(label),
             )
         )
