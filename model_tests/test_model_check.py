@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import FakeClock
 from model_check.__main__ import BOUNDS, COUNTEREXAMPLES, counterexample, main, path_of
 from model_check.catalog import EQUIVALENT, FOUND, KEYWORD, LIFECYCLES
 from model_check.explorer import Label, Result, explore
@@ -24,6 +23,7 @@ from model_check.mutations import guard_pairs, without
 from model_check.replay import build, replay, script
 
 import turnkeeper
+from turnkeeper.fuzz import FakeClock
 from turnkeeper.machines import machine_for
 from turnkeeper.storage.ops import leases as lease_ops
 
