@@ -158,15 +158,16 @@ def run(
 
 
 def _batch(cls: type[FuzzMachine], batch: settings) -> Failure | None:
-    """One batch of ``cls``; its failure (the report Hypothesis printed, and
-    the error), or ``None``."""
+    """One batch of ``cls``; its failure (what Hypothesis reported and noted
+    on the error: the shrunk steps and the machine's notes; and the error),
+    or ``None``."""
     printed: list[str] = []
     with with_reporter(lambda value: printed.append(str(value))):
         try:
             run_state_machine_as_test(cls, settings=batch)
         except Exception as exc:  # an assertion, a store error, a Hypothesis error
             return Failure(
-                steps="\n".join(printed).strip(),
+                steps="\n".join([*printed, *getattr(exc, "__notes__", ())]).strip(),
                 error=f"{type(exc).__name__}: {exc}".strip(),
                 traceback="".join(traceback.format_exception(exc)),
             )

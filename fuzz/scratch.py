@@ -65,6 +65,20 @@ def redacted(target: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+def libpq(target: str) -> str:
+    """``target`` without turnkeeper's own URL parameters (``pooler``,
+    ``listen_url``), for a plain ``psycopg`` connection."""
+    if "://" not in target:
+        return target
+    parts = urlsplit(target)
+    query = [
+        (k, v)
+        for k, v in parse_qsl(parts.query, keep_blank_values=True)
+        if k not in ("pooler", "listen_url")
+    ]
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(query), parts.fragment))
+
+
 def in_schema(target: str, schema: str) -> str:
     """The PostgreSQL ``target`` with its ``search_path`` set to ``schema``
     (libpq ``options``; any ``search_path`` the target set is replaced)."""
@@ -151,6 +165,8 @@ class PostgresScratch:
             NotSupportedError: ``psycopg`` is not installed.
             OperationalError: the server cannot be reached with ``target``.
             ProgrammingError: the role may not create a schema in the database.
+            InvalidInputError: (field ``db``) its connections do not keep the
+                scratch schema as their ``search_path`` (a transaction pooler).
         """
         try:
             import psycopg
@@ -159,7 +175,8 @@ class PostgresScratch:
                 detail="PostgreSQL needs psycopg: pip install 'turnkeeper[postgres]'"
             ) from exc
         self._psycopg: Any = psycopg
-        self.target = target
+        self.target = libpq(target)
+        target = self.target
         self.schema = SCHEMA_PREFIX + secrets.token_hex(8)
         self.encryption = encryption
         self.name = "postgres" + ("+enc" if encryption is not None else "")
@@ -184,6 +201,7 @@ class PostgresScratch:
                 ) from exc
         self.url = in_schema(target, self.schema)
         try:
+            self._check_search_path()
             turnkeeper.open_store(self.url).close()
             with psycopg.connect(target, autocommit=True) as conn:
                 self._tables = [
@@ -197,6 +215,24 @@ class PostgresScratch:
         except BaseException:
             self.remove()
             raise
+
+    def _check_search_path(self) -> None:
+        """Refuse a connection that does not keep the scratch schema as its
+        ``search_path`` (a transaction pooler drops libpq ``options``): its
+        stores would be made in the role's own schema, the user's data.
+
+        Raises:
+            InvalidInputError: (field ``db``) the connection is not in the schema.
+        """
+        with self._psycopg.connect(self.url, autocommit=True) as conn:
+            row = conn.execute("SELECT current_schema()").fetchone()
+        if row is None or row[0] != self.schema:
+            raise InvalidInputError(
+                "db",
+                f"a connection to {redacted(self.target)} is not in the scratch schema its "
+                f"options set (it is in {None if row is None else row[0]!r}): give a direct "
+                "URL to the server, not one through a transaction pooler",
+            )
 
     def open(self, clock: Callable[[], datetime]) -> BaseStore:
         """The run's schema as a store on ``clock`` (empty: see :meth:`close`)."""
@@ -249,6 +285,8 @@ def scratch(target: str, *, encrypted: bool = False) -> Iterator[Scratch]:
         NotSupportedError: a PostgreSQL target without ``psycopg`` installed.
         OperationalError: the PostgreSQL server cannot be reached.
         ProgrammingError: the PostgreSQL role may not create a schema.
+        InvalidInputError: (field ``db``) PostgreSQL connections that do not
+            keep the scratch schema's ``search_path`` (a transaction pooler).
     """
     keys = None
     if encrypted:

@@ -117,12 +117,6 @@ def fuzz_command(
     names = list(dict.fromkeys(machines)) or list(MACHINE_NAMES)
     console = stderr_console()
     target = scratch.redacted(db)
-    console.print(
-        f"turnkeeper fuzz: {', '.join(names)} on scratch stores beside {target}, {minutes:g} min",
-        markup=False,
-        highlight=False,
-        soft_wrap=True,
-    )
 
     def progress(result: FuzzResult, elapsed_s: float) -> None:
         done = ", ".join(
@@ -135,6 +129,13 @@ def fuzz_command(
 
     with scratch.scratch(db, encrypted=encrypted) as opener:
         backend = opener.name
+        console.print(
+            f"turnkeeper fuzz: {', '.join(names)} on scratch stores ({backend}) "
+            f"beside {target}, {minutes:g} min",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
         result = runner.run(
             opener,
             names,
