@@ -311,3 +311,29 @@ def test_redacted_removes_every_form_of_password() -> None:
     )
     assert scratch.redacted("host=h password='a b' dbname=d") == "host=h password=*** dbname=d"
     assert scratch.redacted("/srv/x.duckdb") == "/srv/x.duckdb"
+
+
+def test_ctrl_c_removes_the_scratch_writes_the_report_and_exits_130(
+    user_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupt during the second batch: exit 130, the report of the
+    first batch written (marked interrupted), no scratch folder left."""
+    from turnkeeper.fuzz import runner
+
+    real, calls = runner._batch, []
+
+    def interrupted(cls: Any, batch: Any) -> Any:
+        calls.append(cls)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(cls, batch)
+
+    monkeypatch.setattr(runner, "_batch", interrupted)
+    listing = sorted(p.name for p in user_file.parent.iterdir())
+    report = tmp_path / "int.md"
+    result = fuzz("--db", str(user_file), *SHORT, "--report", str(report))
+    assert result.exit_code == 130, (result.output, result.stderr)
+    data = json.loads(report.with_suffix(".json").read_text(encoding="utf-8"))
+    assert data["interrupted"] and data["machines"][0]["examples"] > 0, data
+    assert "(interrupted)" in report.read_text(encoding="utf-8")
+    assert sorted(p.name for p in user_file.parent.iterdir()) == listing
