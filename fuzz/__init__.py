@@ -10,8 +10,6 @@ commits (:mod:`.ambiguous`), the runner and its report need Hypothesis
 (``pip install 'turnkeeper[fuzz]'``); this package's own names do not.
 """
 
-from __future__ import annotations
-
 from .clock import FakeClock
 from .opener import StoreOpener
 from .oracle import Oracle, OracleLease, Outcome
