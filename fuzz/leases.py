@@ -65,7 +65,8 @@ class Held:
 
 
 def outcome(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Outcome:
-    """Run a store call and express its result the oracle's way."""
+    """Run a store call and express its result the oracle's way: ``("ok",
+    value)`` or the refusal's kind and field; other errors propagate."""
     try:
         return ("ok", fn(*args, **kwargs))
     except BusyError as e:

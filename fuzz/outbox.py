@@ -49,6 +49,9 @@ NEVER = 10**9  # the epoch of a claim that failed: no operation reaches it
 
 @dataclass
 class OpModel:
+    """An outbox operation as the model holds it (``expires`` and
+    ``next_attempt``: aware datetimes of the injected clock)."""
+
     status: str = "pending"
     owner: str = ""
     epoch: int = 0
@@ -59,12 +62,16 @@ class OpModel:
 
 @dataclass(frozen=True)
 class Claim:
+    """A claim some worker was given (``epoch`` :data:`NEVER` when refused)."""
+
     key: str
     owner: str
     epoch: int
 
 
 def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Outcome:
+    """``fn(*args, **kwargs)`` as an outcome: ``("ok", value)``, ``("busy",)``,
+    ``("lost",)`` or ``("transition",)``; other errors propagate."""
     try:
         return ("ok", fn(*args, **kwargs))
     except DeliveryOperationBusyError:
@@ -76,6 +83,8 @@ def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Outcome:
 
 
 class OutboxMachine(FuzzMachine):
+    """Workers W1, W2, W3 delivering one plan's three operations."""
+
     claims = Bundle("claims")
 
     def __init__(self) -> None:

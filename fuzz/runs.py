@@ -48,6 +48,9 @@ LIVE = ("admitted", "running", "waiting")
 
 @dataclass
 class RunModel:
+    """A run as the model holds it: its session, status, whether a cancel
+    was requested, and the recovery that began on it (lease epoch, state)."""
+
     session: str
     status: str = "admitted"
     cancel_requested: bool = False
@@ -57,9 +60,12 @@ class RunModel:
 
 @dataclass
 class World:
+    """Every run the machine admitted, by id."""
+
     runs: dict[str, RunModel] = field(default_factory=dict)
 
     def active(self, session: str) -> str | None:
+        """The session's non-terminal run's id, else ``None``."""
         found = [r for r, m in self.runs.items() if m.session == session and m.status in LIVE]
         return found[0] if found else None
 
@@ -79,6 +85,8 @@ def legal(trigger: str, status: str, cancel_requested: bool) -> bool:
 
 
 def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Outcome:
+    """``fn(*args, **kwargs)`` as an outcome: ``("ok", value)``, or the
+    refusal's kind (``("busy",)``, ``("lost",)`` …); other errors propagate."""
     try:
         return ("ok", fn(*args, **kwargs))
     except BusyError:
@@ -98,6 +106,8 @@ def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Outcome:
 
 
 class RunsAndRecoveryMachine(FuzzMachine):
+    """Workers W1, W2 and recovery worker R1 on two sessions' runs."""
+
     leases = Bundle("leases")
     runs = Bundle("runs")
 
