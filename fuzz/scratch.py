@@ -182,6 +182,7 @@ class PostgresScratch:
         self.name = "postgres" + ("+enc" if encryption is not None else "")
         self._open: dict[int, BaseStore] = {}
         self._tables: list[str] = []
+        self.url = in_schema(target, self.schema)
         shown = redacted(target)
         try:
             conn = psycopg.connect(target, autocommit=True)
@@ -199,7 +200,6 @@ class PostgresScratch:
                 raise OperationalError(
                     detail=f"cannot create a scratch schema in {shown}: {exc}"
                 ) from exc
-        self.url = in_schema(target, self.schema)
         try:
             self._check_search_path()
             turnkeeper.open_store(self.url).close()

@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 from conftest import as_user, direct_url, with_schema
-from test_fence_kills import without_expiry_check
 
 import turnkeeper
 from turnkeeper.cli.main import cli
 from turnkeeper.fuzz import scratch
+from turnkeeper.storage.ops import leases
 
 SHORT = ["--minutes", "0", "--examples", "2", "--steps", "8", "--seed", "11"]
 """One batch per machine: two examples of at most eight steps."""
@@ -130,26 +130,48 @@ def test_control_scratch_stores_in_the_users_file_change_it(
     assert digest(user_file) != before
 
 
-def test_control_a_fence_patched_out_fails_the_run_and_the_report_shows_the_steps(
-    user_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The lease fence's expiry check patched out (as ``test_fence_kills``):
-    the lease machine finds a write under an expired lease; exit 1, and the
-    report names the machine and gives its shrunk steps and the error."""
-    without_expiry_check(monkeypatch)
+def take_any_lease(mp: pytest.MonkeyPatch) -> None:
+    """The lease's busy fence patched out (test-only): every acquire of a held
+    lease is decided as if it had expired, so another owner (or the holder's
+    own retry) takes it over with a new epoch."""
+    real = leases._MACHINE
+
+    class TakeAnyway:
+        def decide(self, trigger: str, source: str, facts: dict[str, Any]) -> Any:
+            if trigger == "acquire":
+                facts = {**facts, "expired": True}
+            return real.decide(trigger, source, facts)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    mp.setattr(leases, "_MACHINE", TakeAnyway())
+
+
+def a_fence_patched_out_fails_the_run(target: str, backend: str, tmp_path: Path) -> None:
+    """With :func:`take_any_lease` applied, the lease machine finds a grant the
+    oracle refuses: exit 1, and the report names the machine and gives its
+    shrunk steps and the error."""
     report = tmp_path / "kill.md"
-    args = ["--minutes", "0", "--examples", "60", "--steps", "20", "--seed", "5"]
-    result = fuzz("--db", str(user_file), *args, "--machine", "leases", "--report", str(report))
+    args = ["--minutes", "0", "--examples", "30", "--steps", "8", "--seed", "3"]
+    result = fuzz("--db", target, *args, "--machine", "leases", "--report", str(report))
     assert result.exit_code == 1, (result.output, result.stderr)
     assert "FAILED: leases" in result.stderr
     text = report.read_text(encoding="utf-8")
     assert "## leases failed" in text and "result: **FAILED**" in text
     data = json.loads(report.with_suffix(".json").read_text(encoding="utf-8"))
     failure = data["machines"][0]["failure"]
-    assert "state = LeaseAndThreadMachine[duckdb]()" in failure["steps"], failure["steps"]
-    assert "state.acquire(" in failure["steps"] and "state.teardown()" in failure["steps"]
+    assert f"state = LeaseAndThreadMachine[{backend}]()" in failure["steps"], failure["steps"]
+    assert "state.acquire" in failure["steps"] and "state.teardown()" in failure["steps"]
     assert failure["error"].startswith("AssertionError"), failure["error"]
     assert failure["steps"] in text
+
+
+def test_control_a_fence_patched_out_fails_the_run_and_the_report_shows_the_steps(
+    user_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    take_any_lease(monkeypatch)
+    a_fence_patched_out_fails_the_run(str(user_file), "duckdb", tmp_path)
 
 
 def test_without_hypothesis_the_command_names_the_extra(
@@ -246,6 +268,16 @@ def test_a_short_run_on_postgres_reports_and_leaves_the_users_rows_as_they_were(
     data = well_formed(report, ["leases", "runs", "outbox"], backend="postgres")
     assert data["target"] == scratch.redacted(url)
     assert rows(server, schema) == before
+    assert scratch_schemas(server) == []
+
+
+@pytest.mark.postgres
+def test_control_a_fence_patched_out_fails_the_run_on_postgres(
+    user_schema: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, url, _ = user_schema
+    take_any_lease(monkeypatch)
+    a_fence_patched_out_fails_the_run(url, "postgres", tmp_path)
     assert scratch_schemas(server) == []
 
 
