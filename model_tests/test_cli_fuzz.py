@@ -369,3 +369,33 @@ def test_ctrl_c_removes_the_scratch_writes_the_report_and_exits_130(
     assert data["interrupted"] and data["machines"][0]["examples"] > 0, data
     assert "(interrupted)" in report.read_text(encoding="utf-8")
     assert sorted(p.name for p in user_file.parent.iterdir()) == listing
+
+
+def test_sigterm_removes_the_scratch_writes_the_report_and_exits_143(
+    user_file: Path, tmp_path: Path
+) -> None:
+    """A cancelled CI job (``SIGTERM`` to the process, once a batch is done):
+    exit 143, the report written (interrupted), no scratch folder left."""
+    import signal
+    import subprocess
+    import time
+
+    report = tmp_path / "term.md"
+    listing = sorted(p.name for p in user_file.parent.iterdir())
+    args = ["--db", str(user_file), "--minutes", "10", "--examples", "2", "--steps", "5"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "turnkeeper.cli.main", "fuzz", *args, "--report", str(report)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:  # the first batch's progress line
+        if " ex/" in line:
+            break
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    proc.stderr.read()
+    assert proc.wait(timeout=120) == 143
+    data = json.loads(report.with_suffix(".json").read_text(encoding="utf-8"))
+    assert data["interrupted"], data
+    assert sorted(p.name for p in user_file.parent.iterdir()) == listing

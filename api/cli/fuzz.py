@@ -6,13 +6,19 @@ Exit status: 0 when no machine failed, 1 when one did (the report shows its
 shrunk steps), 2 when refused (a usage error; a target it cannot make
 scratch stores beside: ``InvalidInputError``, ``OperationalError``, a role
 without ``CREATE``: ``ProgrammingError``; Hypothesis not installed:
-``NotSupportedError``), 130 on Ctrl-C (the scratch stores removed and the
-report of what ran written first).
+``NotSupportedError``), 130 on Ctrl-C and 143 on ``SIGTERM`` (a cancelled
+CI job; either way the scratch stores removed and the report of what ran
+written first).
 """
 
 from __future__ import annotations
 
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -47,6 +53,32 @@ def _fuzz_modules() -> tuple[Any, Any, Any]:
             ) from exc
         raise
     return runner, report, scratch
+
+
+EXIT_TERMINATED = 128 + signal.SIGTERM
+"""Exit status after ``SIGTERM`` (a CI job cancelled), as shells report it."""
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[list[int]]:
+    """Within the block, ``SIGTERM`` (a cancelled CI job) ends the run as
+    Ctrl-C does (a ``KeyboardInterrupt``: the scratch removed, the report
+    written); yields a list that holds the signal's number once one came.
+    Outside the main thread (where no handler can be set) it does nothing."""
+    came: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield came
+        return
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        came.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield came
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @click.command("fuzz")
@@ -127,7 +159,10 @@ def fuzz_command(
             f"  {elapsed_s:6.0f} s  {done}", markup=False, highlight=False, soft_wrap=True
         )
 
-    with scratch.scratch(db, encrypted=encrypted) as opener:
+    with (
+        _terminate_as_interrupt() as terminated,
+        scratch.scratch(db, encrypted=encrypted) as opener,
+    ):
         backend = opener.name
         console.print(
             f"turnkeeper fuzz: {', '.join(names)} on scratch stores ({backend}) "
@@ -164,6 +199,6 @@ def fuzz_command(
         soft_wrap=True,
     )
     if result.interrupted:
-        ctx.exit(EXIT_INTERRUPTED)
+        ctx.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
     if failed:
         ctx.exit(EXIT_FAILED)
