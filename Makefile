@@ -71,8 +71,12 @@ typecheck: install
 
 # The suite runs over both backends: with_postgres.py starts a throwaway
 # PostgreSQL server for it (or says in one line why the PostgreSQL tests skip).
+# in_shards.py runs it as TEST_SHARDS processes side by side, each on a share of
+# the test files with a server of its own (TEST_SHARDS=1: one process).
+TEST_SHARDS ?= 2
 test: lint typecheck
-	$(BIN)/python model_tests/with_postgres.py $(BIN)/python -m pytest
+	$(BIN)/python model_tests/in_shards.py $(TEST_SHARDS) \
+		$(BIN)/python model_tests/with_postgres.py $(BIN)/python -m pytest
 
 # The PostgreSQL part of the suite again, through PgBouncer in transaction mode in
 # front of the throwaway server (each test schema gets a role of its own; the tests

@@ -305,7 +305,47 @@ def _uses_corpus(item: pytest.Item) -> bool:
     return bool({"pi_dir", "corpus_dir"} & set(getattr(item, "fixturenames", ())))
 
 
+SHARD_ENV = "TURNKEEPER_TEST_SHARD"
+"""``i/n``: this process runs the ``i``-th of ``n`` shares of the suite's files
+(``model_tests/in_shards.py``, which ``make test`` runs it under); unset, all of them."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The selection below (:func:`_select`), then this process's share of it
+    (:data:`SHARD_ENV`, :func:`shard`)."""
+    _select(config, items)
+    spec = os.environ.get(SHARD_ENV)
+    if not spec:
+        return
+    index, count = (int(part) for part in spec.split("/"))
+    keep = shard([i.nodeid for i in items], index, count)
+    others = [i for i in items if i.nodeid not in keep]
+    items[:] = [i for i in items if i.nodeid in keep]
+    config.hook.pytest_deselected(items=others)
+
+
+def shard(nodeids: list[str], index: int, count: int) -> set[str]:
+    """The node ids of share ``index`` (0-based) of ``count``: whole files (a file's
+    fixtures are set up in one process), each to the share with the fewest tests
+    so far, the files with the most tests first (ties by name): every test in
+    exactly one share, and the same shares in every process that collected the
+    same ids."""
+    if not 0 <= index < count:
+        raise pytest.UsageError(f"{SHARD_ENV}={index}/{count}: no such share")
+    files: dict[str, list[str]] = {}
+    for nodeid in nodeids:
+        files.setdefault(nodeid.split("::", 1)[0], []).append(nodeid)
+    loads = [0] * count
+    mine: set[str] = set()
+    for name in sorted(files, key=lambda f: (-len(files[f]), f)):
+        lightest = loads.index(min(loads))
+        loads[lightest] += len(files[name])
+        if lightest == index:
+            mine.update(files[name])
+    return mine
+
+
+def _select(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Leave the ``search`` tests out unless :data:`SEARCHING` or ``-m`` names
     them; without the shared corpus the tests that read it (those using
     :func:`pi_dir` or :func:`corpus_dir`), and without a test server the PostgreSQL tests (one

@@ -49,6 +49,17 @@ MACHINES = (
         "test_stateful_sessions",
         "sessions and forks (leaf races, branch, compaction, fork)",
     ),
+    (
+        "stateful_bindings",
+        "test_stateful_bindings",
+        "channel bindings (bind, transfer, rotate, tools; gateways on stale views)",
+    ),
+    (
+        "stateful_tool_records",
+        "test_stateful_tool_records",
+        "tool-execution records (claims, results, interrupts, retry requests, reclaims, "
+        "abandons under session leases)",
+    ),
 )
 """Each differential machine: its module (in ``fuzz/``, ``turnkeeper fuzz`` runs
 it, or in ``model_tests/``), the test module that runs it in CI, and what it
