@@ -15,7 +15,7 @@ DEMO_DB ?= turnkeeper-demo.duckdb
 # the files git tracks or would track (ignored files such as __pycache__ left
 # out), or every file when this is not a git checkout.
 SOURCES := $(sort $(wildcard $(shell git ls-files --cached --others --exclude-standard \
-	spec machines storage api 2>/dev/null || find spec machines storage api -type f)))
+	spec machines storage api fuzz 2>/dev/null || find spec machines storage api fuzz -type f)))
 STAMP := $(VENV)/.installed
 # The exact versions installed (constraints/venv.txt, and the setuptools that builds
 # the wheel, constraints/build.txt): `make lock` writes them afresh.

@@ -12,10 +12,10 @@ import os
 import shutil
 import signal
 import tempfile
-import threading
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -24,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 import turnkeeper
+from turnkeeper.fuzz import FakeClock
 
 settings.register_profile(
     "dev",
@@ -438,20 +439,23 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             conn.execute(f"DROP ROLE IF EXISTS {role}")
 
 
-class FakeClock:
-    """An injectable store clock that only moves when a test advances it."""
+@dataclass(frozen=True)
+class BackendOpener:
+    """The machines' opener (``turnkeeper.fuzz.StoreOpener``) on a store
+    configuration of :data:`STORES`: :func:`open_backend` and :func:`close_backend`."""
 
-    def __init__(self, start: datetime | None = None) -> None:
-        self.now = start or datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
-        self._lock = threading.Lock()
+    name: str
 
-    def __call__(self) -> datetime:
-        with self._lock:
-            return self.now
+    def open(self, clock: Callable[[], datetime]) -> turnkeeper.BaseStore:
+        return open_backend(self.name, None, clock)
 
-    def advance(self, seconds: float) -> None:
-        with self._lock:
-            self.now += timedelta(seconds=seconds)
+    def close(self, store: turnkeeper.BaseStore) -> None:
+        close_backend(store)
+
+
+def opener(backend: str) -> BackendOpener:
+    """The stateful machines' opener on ``backend`` (a :data:`STORES` configuration)."""
+    return BackendOpener(backend)
 
 
 def open_backend(

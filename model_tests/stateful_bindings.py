@@ -50,8 +50,7 @@ from json import loads
 from typing import Any, ClassVar, cast
 
 import conftest
-from ambiguous import INJECTED, ambiguously, replayable
-from conftest import FakeClock, close_backend, open_backend
+from conftest import close_backend, open_backend
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -62,7 +61,6 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from oracle import Oracle
 
 from turnkeeper import (
     BaseStore,
@@ -82,6 +80,9 @@ from turnkeeper import (
     SessionNotFoundError,
     TurnkeeperError,
 )
+from turnkeeper.fuzz import FakeClock
+from turnkeeper.fuzz.ambiguous import INJECTED, ambiguously, replayable
+from turnkeeper.fuzz.oracle import Oracle
 
 Channel = tuple[str, str]
 """``(channel_type, channel_id)``."""

@@ -24,11 +24,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar
 
-from ambiguous import ambiguously, replayable
-from conftest import FakeClock, close_backend, open_backend
+from conftest import close_backend, open_backend
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, rule
-from oracle import Oracle
 
 from turnkeeper import (
     BusyError,
@@ -50,6 +48,9 @@ from turnkeeper import (
     SessionRunActiveError,
 )
 from turnkeeper.cli.audit import run_audit
+from turnkeeper.fuzz import FakeClock
+from turnkeeper.fuzz.ambiguous import ambiguously, replayable
+from turnkeeper.fuzz.oracle import Oracle
 from turnkeeper.storage.ops import deletes
 
 SESSIONS = ("s1", "s2", "s3")

@@ -37,8 +37,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ambiguous import ambiguously, replayable
-from conftest import FakeClock, close_backend, forge, open_backend
+from conftest import close_backend, forge, open_backend
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
@@ -53,6 +52,8 @@ from turnkeeper import (
     ReplayDecodeError,
     ReplayReadError,
 )
+from turnkeeper.fuzz import FakeClock
+from turnkeeper.fuzz.ambiguous import ambiguously, replayable
 from turnkeeper.storage.ops.ledger import blobs as blob_ops
 from turnkeeper.storage.ops.ledger import journal, records
 

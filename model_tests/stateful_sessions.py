@@ -38,7 +38,7 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 import conftest
-from conftest import FakeClock, close_backend, open_backend
+from conftest import close_backend, open_backend
 from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
@@ -52,6 +52,7 @@ from turnkeeper import (
     OperationalError,
     SessionModifiedError,
 )
+from turnkeeper.fuzz import FakeClock
 
 SESSIONS = ("s1", "s2")
 WRITERS = ("w1", "w2", "w3")

@@ -40,11 +40,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from ambiguous import INJECTED, ambiguously, replayable
-from conftest import FakeClock, close_backend, open_backend
+from conftest import close_backend, open_backend
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
-from oracle import Oracle
 
 from turnkeeper import (
     BusyError,
@@ -62,6 +60,9 @@ from turnkeeper import (
     ToolExecutionNotReclaimableError,
     TurnkeeperError,
 )
+from turnkeeper.fuzz import FakeClock
+from turnkeeper.fuzz.ambiguous import INJECTED, ambiguously, replayable
+from turnkeeper.fuzz.oracle import Oracle
 
 SESSIONS = ("s1", "s2")
 WORKERS = ("W1", "W2", "R1")

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from conftest import FakeClock
 from google.adk.errors import StaleSessionError as AdkStaleSessionError
 from google.adk.errors.already_exists_error import AlreadyExistsError as AdkAlreadyExistsError
 from google.adk.events.event import Event
@@ -39,6 +38,7 @@ from turnkeeper.adk import (
 )
 from turnkeeper.adk import service as adk_service
 from turnkeeper.aio import AsyncStore
+from turnkeeper.fuzz import FakeClock
 from turnkeeper.spec.records import FinalizeRequest
 
 APP, USER = "app", "user"

@@ -16,10 +16,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from conftest import FakeClock, forge
+from conftest import forge
 
 from turnkeeper import EntryKind, ToolCallPairingError, ToolCallsUnansweredError
 from turnkeeper.cli.audit import run_audit
+from turnkeeper.fuzz import FakeClock
 from turnkeeper.spec.records import ImportBatch, ImportEntry
 from turnkeeper.spec.tool_execution import INTERRUPTED_TEXT
 

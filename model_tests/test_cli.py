@@ -1512,9 +1512,8 @@ def test_report_on_an_empty_database_is_zeros(tmp_path: Path) -> None:
 def test_report_recovery_latency_runs_from_the_end_of_the_runs_lease(tmp_path: Path) -> None:
     """A scripted history on an injected clock, with every recovery state, a retry, a
     requeued delivery and an interrupted tool: the figures are the hand-counted ones."""
-    from conftest import FakeClock
-
     from turnkeeper import DeliveryPlan, DeliveryStep
+    from turnkeeper.fuzz import FakeClock
 
     user = {"role": "user", "content": "go"}
     reply = {"role": "assistant", "content": [{"type": "text", "text": "done"}]}

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from conftest import BACKENDS, FakeClock, new_pg_schema
+from conftest import BACKENDS, new_pg_schema
 
 import turnkeeper
 from turnkeeper import EntryKind
 from turnkeeper.cli.main import cli
 from turnkeeper.cli.sessions_delete import parse_age
+from turnkeeper.fuzz import FakeClock
 
 USER = {"role": "user", "content": "q"}
 

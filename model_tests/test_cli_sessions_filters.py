@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from conftest import BACKENDS, FakeClock, new_pg_schema
+from conftest import BACKENDS, new_pg_schema
 
 import turnkeeper
 from turnkeeper import EntryKind
 from turnkeeper.cli import sessions_view
 from turnkeeper.cli.main import cli
+from turnkeeper.fuzz import FakeClock
 
 
 def run(*args: str) -> Result:

@@ -767,7 +767,7 @@ def test_an_ambiguous_delete_leaves_no_data_key_cached(enc: Any) -> None:
     the session's data key among them (crypto-shredding: the key rows went with
     the delete, no copy stays in memory), and the retry says the session is
     gone. Control: with the forget on failure patched out the key stays cached."""
-    from ambiguous import ambiguous_commits
+    from turnkeeper.fuzz.ambiguous import ambiguous_commits
 
     enc.sessions.create("doomed")
     enc.sessions.append("doomed", EntryKind.MESSAGE, {"message": {"role": "user", "content": "x"}})
@@ -786,7 +786,7 @@ def test_control_without_the_forget_on_failure_the_key_stays_cached(
 ) -> None:
     """Control: with the failed delete's forget patched out (here only), the
     ambiguous delete leaves the deleted session's data key cached."""
-    from ambiguous import ambiguous_commits
+    from turnkeeper.fuzz.ambiguous import ambiguous_commits
 
     monkeypatch.setattr(deletes.DeletesPart, "_forget_unsure", lambda self, session_id: None)
     enc.sessions.create("doomed")

@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import FakeClock
 
 import turnkeeper
 from turnkeeper.cli.audit import run_audit
@@ -33,6 +32,7 @@ from turnkeeper.cli.fleet_services import (
     ServiceStats,
 )
 from turnkeeper.cli.main import cli
+from turnkeeper.fuzz import FakeClock
 
 TTL_S = 2.0
 SID = "demo-0-0"

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TEST_KEYS, FakeClock, close_backend, forged_rows, open_backend, reopen
+from conftest import TEST_KEYS, close_backend, forged_rows, open_backend, reopen
 
 import turnkeeper
 from turnkeeper import EntryKind
+from turnkeeper.fuzz import FakeClock
 from turnkeeper.storage.crypto import keyring as keyring_module
 from turnkeeper.storage.ops import appends, listing, session_rows
 

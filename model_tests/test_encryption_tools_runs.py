@@ -18,11 +18,12 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import TEST_KEYS, FakeClock, close_backend, forged_rows, open_backend, reopen
+from conftest import TEST_KEYS, close_backend, forged_rows, open_backend, reopen
 
 import turnkeeper
 from turnkeeper import EntryKind, Guidance, InputResourceEvent, ResponseItem, ResponseTurn
 from turnkeeper.cli.report import collect
+from turnkeeper.fuzz import FakeClock
 from turnkeeper.storage.crypto.columns import SEALED
 from turnkeeper.storage.ops import sealed_json
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from conftest import FakeClock, open_backend
+from conftest import open_backend
 from test_group_commit import queued_together
 
 import turnkeeper
@@ -43,6 +43,7 @@ from turnkeeper import (
     LeaseLostError,
     ThreadRecord,
 )
+from turnkeeper.fuzz import FakeClock
 from turnkeeper.storage.duck import db as duck_db
 
 M = EntryKind.MESSAGE

@@ -20,14 +20,20 @@ from collections.abc import Callable
 
 import pytest
 from by_hand import Steps, kill_tests
-from conftest import BACKENDS
+from conftest import BACKENDS, opener
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
-from stateful_leases import make_machine
 
+from turnkeeper.fuzz.leases import LeaseAndThreadMachine, machine
 from turnkeeper.spec import LEASE
 from turnkeeper.storage.backend import Tx
 from turnkeeper.storage.ops import appends, leases, threads
+
+
+def make_machine(backend: str) -> type[LeaseAndThreadMachine]:
+    """The machine on the test store configuration ``backend`` (``conftest.opener``)."""
+    return machine(opener(backend))
+
 
 SEARCH = settings(
     max_examples=3000,

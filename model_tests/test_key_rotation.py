@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TEST_KEYS, FakeClock, close_backend, open_backend, reopen
+from conftest import TEST_KEYS, close_backend, open_backend, reopen
 
 import turnkeeper
 from turnkeeper import EntryKind, LocalKeyProvider
+from turnkeeper.fuzz import FakeClock
 from turnkeeper.spec.records import ANY_LEAF
 from turnkeeper.storage.crypto import keyring as keyring_module
 from turnkeeper.storage.crypto.columns import SealedColumn

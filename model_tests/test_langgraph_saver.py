@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from typing import Annotated, Any, TypedDict
 
 import pytest
-from conftest import FakeClock
 from langgraph.channels import DeltaChannel
 from langgraph.checkpoint.conformance.test_utils import (
     generate_checkpoint,
@@ -24,6 +23,7 @@ from through_aio import async_store
 import turnkeeper
 import turnkeeper.aio
 import turnkeeper.langgraph._saver as saver_module
+from turnkeeper.fuzz import FakeClock
 from turnkeeper.langgraph import LEASE_KEY, AsyncTurnkeeperSaver, TurnkeeperSaver
 from turnkeeper.langgraph._records import StoredCheckpoint
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TEST_KEYS, FakeClock, close_backend, open_backend, reopen
+from conftest import TEST_KEYS, close_backend, open_backend, reopen
 
 import turnkeeper
 from turnkeeper import (
@@ -36,6 +36,7 @@ from turnkeeper import (
     PayloadAuthenticationError,
     TransactionConflictError,
 )
+from turnkeeper.fuzz import FakeClock
 from turnkeeper.storage.crypto.seal import MAGIC
 from turnkeeper.storage.ops.ledger import DatabaseBlobs, sealing
 from turnkeeper.storage.ops.ledger.blobs import BlobStore

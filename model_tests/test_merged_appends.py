@@ -141,7 +141,7 @@ _n = itertools.count()
 
 
 def test_merged_appends_agree_with_the_same_calls_one_after_another(tmp_path: Path) -> None:
-    from conftest import FakeClock
+    from turnkeeper.fuzz import FakeClock
 
     @settings(
         max_examples=25,
@@ -163,7 +163,7 @@ def test_merged_appends_at_heads_remembered_behind_agree_with_one_after_another(
     assumes the remembered heads (``appends._heads``), and each append whose
     compare-and-set finds another head, or that is refused at the assumed
     one, is judged again at its read head, with the outcome of a call alone."""
-    from conftest import FakeClock
+    from turnkeeper.fuzz import FakeClock
 
     @settings(
         max_examples=25,

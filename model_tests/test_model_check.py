@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FakeClock
 from model_check import ledger as ledger_model
 from model_check.__main__ import BOUNDS, COUNTEREXAMPLES, counterexample, main, path_of
 from model_check.catalog import EQUIVALENT, FOUND, KEYWORD, LIFECYCLES, MODEL_OF
@@ -28,6 +27,7 @@ from model_check.mutations import guard_pairs, without
 from model_check.replay import build, replay, script
 
 import turnkeeper
+from turnkeeper.fuzz import FakeClock
 from turnkeeper.machines import machine_for
 from turnkeeper.storage.ops import leases as lease_ops
 from turnkeeper.storage.ops.ledger import condemn as condemn_ops

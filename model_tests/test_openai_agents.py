@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from agents.memory import OpenAIResponsesCompactionSession, Session
-from conftest import FakeClock
 from openai_agents_fakes import COMPACTED, FakeClient
 from openai_agents_items import every_item, item_types
 from through_aio import async_store
 
 import turnkeeper
 from turnkeeper.aio import AsyncStore
+from turnkeeper.fuzz import FakeClock
 from turnkeeper.openai_agents import REPLACED_TYPE, TurnkeeperSession
 
 pytestmark = pytest.mark.asyncio

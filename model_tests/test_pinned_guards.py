@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from conftest import FakeClock, forge, new_pg_schema
+from conftest import forge, new_pg_schema
 
 import turnkeeper
 from turnkeeper import (
@@ -39,6 +39,7 @@ from turnkeeper import (
     RetryNotAllowedError,
     SchemaVersionError,
 )
+from turnkeeper.fuzz import FakeClock
 from turnkeeper.spec import LEASE, RECOVERY, errors
 from turnkeeper.storage.ops import outbox, outbox_plans, recovery, run_admission
 from turnkeeper.storage.store import BaseStore

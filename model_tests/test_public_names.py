@@ -111,6 +111,7 @@ TOP = {
 """``turnkeeper``'s names besides its errors (it exports every one of those)."""
 
 PINNED: dict[str, set[str]] = {
+    "turnkeeper.fuzz": {"FakeClock", "Oracle", "OracleLease", "Outcome", "StoreOpener"},
     "turnkeeper.storage.crypto": {"DataKey", "KeyProvider", "LocalKeyProvider"},
     "turnkeeper.formats": {"FORMATS", "FileImport", "LineIssue", "detect", "import_file"},
     "turnkeeper.adk": {

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import pytest
 from by_hand import replay
-from conftest import BACKENDS, STORES, machine_settings
+from conftest import BACKENDS, STORES, machine_settings, opener
 from hypothesis.stateful import run_state_machine_as_test
-from oracle import Oracle
-from stateful_leases import make_machine
 
 from turnkeeper import FinalizeRequest, ThreadRecord
+from turnkeeper.fuzz.leases import LeaseAndThreadMachine, machine
+from turnkeeper.fuzz.oracle import Oracle
 from turnkeeper.storage.ops import leases
+
+
+def make_machine(backend: str) -> type[LeaseAndThreadMachine]:
+    """The machine on the test store configuration ``backend`` (``conftest.opener``)."""
+    return machine(opener(backend))
 
 
 @pytest.mark.parametrize("backend", STORES)

@@ -7,13 +7,19 @@ from __future__ import annotations
 
 import pytest
 from by_hand import Steps, kill_tests, replay
-from conftest import BACKENDS, STORES, machine_settings
+from conftest import BACKENDS, STORES, machine_settings, opener
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
-from stateful_outbox import on
 
+from turnkeeper.fuzz.outbox import OutboxMachine, machine
 from turnkeeper.spec import errors
 from turnkeeper.storage.ops import outbox, outbox_plans
+
+
+def on(backend: str) -> type[OutboxMachine]:
+    """The machine on the test store configuration ``backend`` (``conftest.opener``)."""
+    return machine(opener(backend))
+
 
 SEARCH = settings(
     max_examples=2000,

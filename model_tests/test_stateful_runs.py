@@ -7,14 +7,20 @@ from __future__ import annotations
 
 import pytest
 from by_hand import Steps, kill_tests, replay
-from conftest import BACKENDS, STORES, machine_settings
+from conftest import BACKENDS, STORES, machine_settings, opener
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
-from stateful_runs import on
 
+from turnkeeper.fuzz.runs import RunsAndRecoveryMachine, machine
 from turnkeeper.spec import errors
 from turnkeeper.spec.lease import LeasePurpose, session_target
 from turnkeeper.storage.ops import recovery, run_admission, run_lifecycle
+
+
+def on(backend: str) -> type[RunsAndRecoveryMachine]:
+    """The machine on the test store configuration ``backend`` (``conftest.opener``)."""
+    return machine(opener(backend))
+
 
 SEARCH = settings(
     max_examples=3000,

@@ -932,7 +932,9 @@ def test_a_turn_closes_its_calls_in_call_order_whatever_order_the_database_lists
     item 3: neither decides; the results follow the calls' order in their
     assistant message, as a provider reads them."""
     import psycopg
-    from conftest import FakeClock, pg_url
+    from conftest import pg_url
+
+    from turnkeeper.fuzz import FakeClock
 
     url = pg_url()
     name = f"tk_icu_{uuid.uuid4().hex[:12]}"

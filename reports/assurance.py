@@ -9,7 +9,8 @@ compares the committed file with fresh output and a stale report fails CI:
   a fixed state space gives the same figures on every run), its invariants,
   and the spec guards removed: each with its stored counterexample, or why
   none exists;
-- the differential stateful machines (``model_tests/stateful_*.py``): per
+- the differential stateful machines (``fuzz/``, ``turnkeeper fuzz``'s, and
+  ``model_tests/stateful_*.py``): per
   machine, its rules and invariants (read off the classes), and the steps a CI
   run takes at most per store configuration (examples times steps per
   example, under the ``ci`` profile): an invariant is checked after every step;
@@ -38,26 +39,45 @@ TESTS = HERE.parent / "model_tests"
 OUT = HERE / "ASSURANCE.md"
 
 MACHINES = (
-    ("stateful_leases", "make_machine", "leases and thread records"),
-    ("stateful_runs", "on", "runs and recovery"),
-    ("stateful_outbox", "on", "the delivery outbox"),
-    ("stateful_deletes", "on", "deletes and retention"),
-    ("stateful_ledger", "make_machine", "the ledger (writers, GC, replay)"),
-    ("stateful_sessions", "on", "sessions and forks (leaf races, branch, compaction, fork)"),
+    ("turnkeeper.fuzz.leases", "test_stateful_leases", "leases and thread records"),
+    ("turnkeeper.fuzz.runs", "test_stateful_runs", "runs and recovery"),
+    ("turnkeeper.fuzz.outbox", "test_stateful_outbox", "the delivery outbox"),
+    ("stateful_deletes", "test_stateful_deletes", "deletes and retention"),
+    ("stateful_ledger", "test_stateful_ledger", "the ledger (writers, GC, replay)"),
+    (
+        "stateful_sessions",
+        "test_stateful_sessions",
+        "sessions and forks (leaf races, branch, compaction, fork)",
+    ),
     (
         "stateful_bindings",
-        "make_machine",
+        "test_stateful_bindings",
         "channel bindings (bind, transfer, rotate, tools; gateways on stale views)",
     ),
     (
         "stateful_tool_records",
-        "make_machine",
+        "test_stateful_tool_records",
         "tool-execution records (claims, results, interrupts, retry requests, reclaims, "
         "abandons under session leases)",
     ),
 )
-"""Each differential machine: its module in ``model_tests/``, the function that
-makes its class for a backend, and what it covers."""
+"""Each differential machine: its module (in ``fuzz/``, ``turnkeeper fuzz`` runs
+it, or in ``model_tests/``), the test module that runs it in CI, and what it
+covers."""
+
+
+def _machine_class(module: str) -> type:
+    """A machine module's class on DuckDB: ``machine(opener)`` in ``turnkeeper.fuzz``,
+    ``on(backend)`` or ``make_machine(backend)`` in ``model_tests/``."""
+    import importlib
+
+    from conftest import opener
+
+    found = importlib.import_module(module)
+    if hasattr(found, "machine"):
+        return found.machine(opener("duckdb"))
+    maker = found.on if hasattr(found, "on") else found.make_machine
+    return maker("duckdb")
 
 
 def _tests_on_path() -> None:
@@ -152,11 +172,11 @@ def stateful() -> list[str]:
         "| machine | covers | rules | invariants | CI steps at most (" + ", ".join(shares) + ") |",
         "| --- | --- | --- | --- | --- |",
     ]
-    for module, maker, covers in MACHINES:
-        cls = getattr(importlib.import_module(module), maker)("duckdb")
+    for module, test_module, covers in MACHINES:
+        cls = _machine_class(module)
         rules = _marked(cls, RULE_MARKER)
         invariants = _marked(cls, INVARIANT_MARKER)
-        tests = importlib.import_module(f"test_{module}")
+        tests = importlib.import_module(test_module)
         cap_examples = getattr(tests, "MAX_EXAMPLES", None)
         cap_steps = getattr(tests, "STEPS", None)
         examples = ci.max_examples if cap_examples is None else min(ci.max_examples, cap_examples)

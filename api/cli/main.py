@@ -1,5 +1,5 @@
 """The ``turnkeeper`` command line: ``demo``, ``report``, ``sessions``, ``audit``,
-``import``, ``export``, ``repair``, ``ledger``, ``keys`` and ``encrypt`` (each
+``import``, ``export``, ``repair``, ``ledger``, ``keys``, ``encrypt`` and ``fuzz`` (each
 in its own module; this one holds the group).
 
 Every command takes ``--db PATH`` (default ``turnkeeper.duckdb`` in the
@@ -41,6 +41,7 @@ from .common import (
 )
 from .demo import demo_command
 from .encrypt import encrypt_command, keys_rotate_command
+from .fuzz import fuzz_command
 from .ledger import ledger_group
 from .repair import repair_command
 from .report import report_command
@@ -174,6 +175,7 @@ cli.add_command(export_command)
 cli.add_command(repair_command)
 cli.add_command(ledger_group)
 cli.add_command(encrypt_command)
+cli.add_command(fuzz_command)
 keys_group.add_command(keys_rotate_command)
 
 

@@ -457,7 +457,8 @@ def script(cx: dict[str, Any]) -> str:
     steps = "".join(f"        {tuple(s)!r},\n" for s in cx["steps"])
     return (
         f"# {cx['model']}: {cx['mutation']} removed breaks {cx['invariant']!r}\n"
-        "from conftest import FakeClock, close_backend, open_backend\n"
+        "from conftest import close_backend, open_backend\n"
+        "from turnkeeper.fuzz import FakeClock\n"
         "from model_check.replay import replay\n\n"
         "clock = FakeClock()\n"
         "store = open_backend('duckdb', None, clock)\n"

@@ -18,14 +18,13 @@ again. Every outcome is compared with a hand-written model (independent of
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import ClassVar
+from typing import Any
 
-from ambiguous import ambiguously, replayable
-from conftest import FakeClock, close_backend, open_backend
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import Bundle, rule
 
 from turnkeeper import (
     DeliveryLeaseLostError,
@@ -34,6 +33,11 @@ from turnkeeper import (
     DeliveryStep,
     InvalidTransitionError,
 )
+
+from .ambiguous import ambiguously, replayable
+from .base import FuzzMachine, bound, checked
+from .opener import StoreOpener
+from .oracle import Outcome
 
 OWNERS = ("W1", "W2", "W3")
 KEYS = ("upload", "send", "react")
@@ -45,6 +49,9 @@ NEVER = 10**9  # the epoch of a claim that failed: no operation reaches it
 
 @dataclass
 class OpModel:
+    """An outbox operation as the model holds it (``expires`` and
+    ``next_attempt``: aware datetimes of the injected clock)."""
+
     status: str = "pending"
     owner: str = ""
     epoch: int = 0
@@ -55,12 +62,16 @@ class OpModel:
 
 @dataclass(frozen=True)
 class Claim:
+    """A claim some worker was given (``epoch`` :data:`NEVER` when refused)."""
+
     key: str
     owner: str
     epoch: int
 
 
-def attempt(fn, *args, **kwargs) -> tuple:
+def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Outcome:
+    """``fn(*args, **kwargs)`` as an outcome: ``("ok", value)``, ``("busy",)``,
+    ``("lost",)`` or ``("transition",)``; other errors propagate."""
     try:
         return ("ok", fn(*args, **kwargs))
     except DeliveryOperationBusyError:
@@ -71,15 +82,13 @@ def attempt(fn, *args, **kwargs) -> tuple:
         return ("transition",)
 
 
-class OutboxMachine(RuleBasedStateMachine):
-    backend: ClassVar[str] = "duckdb"
-    """The backend each example's store is opened on (see :func:`on`)."""
+class OutboxMachine(FuzzMachine):
+    """Workers W1, W2, W3 delivering one plan's three operations."""
+
     claims = Bundle("claims")
 
     def __init__(self) -> None:
         super().__init__()
-        self.clock = FakeClock()
-        self.store = open_backend(self.backend, None, self.clock)
         self.store.sessions.create("s")
         run = self.store.runs.admit("s", {"q": 1})
         self.store.runs.start(run.id)
@@ -88,9 +97,6 @@ class OutboxMachine(RuleBasedStateMachine):
         self.intent = f"{run.id}:delivery"
         self.model = {k: OpModel() for k in KEYS}
         self.results: dict[str, str] = {}
-
-    def teardown(self) -> None:
-        close_backend(self.store)
 
     def op_id(self, key: str) -> str:
         return f"{self.intent}:{key}"
@@ -128,7 +134,7 @@ class OutboxMachine(RuleBasedStateMachine):
         owner=st.sampled_from(OWNERS),
         ttl=st.sampled_from((1.0, 5.0)),
     )
-    def claim(self, key: str, owner: str, ttl: float):
+    def claim(self, key: str, owner: str, ttl: float) -> Claim:
         m, now = self.model[key], self.clock()
         expected = self._claim_expected(key)
         got = attempt(self.store.outbox.claim, self.op_id(key), owner, ttl)
@@ -150,6 +156,7 @@ class OutboxMachine(RuleBasedStateMachine):
         if expected == "ok":
             m = self.model[claim.key]
             row = self.store.outbox.get_operation(self.op_id(claim.key))
+            assert row is not None, claim
             m.status, m.expires = "in_progress", row.lease_expires_at
 
     @rule(claim=claims, result=st.sampled_from(RESULTS))
@@ -174,7 +181,7 @@ class OutboxMachine(RuleBasedStateMachine):
         owner=st.sampled_from(OWNERS),
         ttl=st.sampled_from((1.0, 5.0)),
     )
-    def claim_ambiguously(self, key: str, owner: str, ttl: float):
+    def claim_ambiguously(self, key: str, owner: str, ttl: float) -> Claim:
         """A claim that commits while its worker sees a lost connection, then
         the worker's retry: refused as busy (its own live claim: a claim is
         not idempotent, each raises the epoch), so the worker reads the
@@ -192,6 +199,7 @@ class OutboxMachine(RuleBasedStateMachine):
         retried = attempt(self.store.outbox.claim, self.op_id(key), owner, ttl)
         assert retried[0] == self._claim_expected(key) == "busy", (retried, m)
         op = self.store.outbox.get_operation(self.op_id(key))
+        assert op is not None, key
         assert (op.lease_owner, op.lease_epoch) == (owner, m.epoch), (op, m)
         return Claim(key, owner, op.lease_epoch)
 
@@ -246,7 +254,7 @@ class OutboxMachine(RuleBasedStateMachine):
 
     # -- invariants ----------------------------------------------------------------
 
-    @invariant()
+    @checked
     def operations_match_the_model(self) -> None:
         plan = self.store.outbox.get_plan(self.intent)
         assert plan is not None
@@ -258,7 +266,7 @@ class OutboxMachine(RuleBasedStateMachine):
         statuses = {m.status for m in self.model.values()}
         assert (intent.status == "delivered") == (statuses <= {"delivered", "unsupported"})
 
-    @invariant()
+    @checked
     def each_operation_is_delivered_at_most_once(self) -> None:
         rows = self.store.query(
             "SELECT operation_id, count(*) AS n FROM delivery_events "
@@ -275,6 +283,6 @@ class OutboxMachine(RuleBasedStateMachine):
             assert seen == list(range(1, len(seen) + 1)), (op, seen)
 
 
-def on(backend: str) -> type[OutboxMachine]:
-    """The machine with its stores on ``backend``."""
-    return type(f"OutboxMachine_{backend}", (OutboxMachine,), {"backend": backend})
+def machine(opener: StoreOpener) -> type[OutboxMachine]:
+    """The machine with its stores from ``opener``."""
+    return bound(OutboxMachine, opener, f"OutboxMachine[{opener.name}]")

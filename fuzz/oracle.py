@@ -1,4 +1,4 @@
-"""A plain-Python oracle for leases and thread records.
+"""A plain-Python oracle for leases and thread records (what the store must answer).
 
 It states what the store must answer, with no SQL and no concurrency: the
 stateful tests apply every step to the store and to the oracle and require
@@ -10,10 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
+
+Outcome = tuple[Any, ...]
+"""An outcome: its kind first (``"granted"``, ``"busy"``, ``"lost"`` …), then its values."""
 
 
 @dataclass
 class OracleLease:
+    """A lease as the oracle holds it (``expires_at``: an aware datetime)."""
+
     owner: str
     epoch: int
     purpose: str
@@ -23,6 +29,10 @@ class OracleLease:
 
 @dataclass
 class Oracle:
+    """Leases by target, thread records by id, the active record per key and
+    the entry count per session. Each method applies one store call to the
+    model and returns its :data:`Outcome`; none raises."""
+
     leases: dict[str, OracleLease] = field(default_factory=dict)
     records: dict[str, tuple[str, str]] = field(default_factory=dict)  # id -> (key, status)
     bound: dict[str, str] = field(default_factory=dict)  # key -> active record id
@@ -31,10 +41,15 @@ class Oracle:
     """record id -> (created_at, updated_at), as the store stamps them."""
 
     def live(self, target: str, now: datetime) -> OracleLease | None:
+        """The unexpired, held lease on ``target`` at ``now``, else ``None``."""
         cur = self.leases.get(target)
         return cur if cur is not None and cur.held and now < cur.expires_at else None
 
-    def acquire(self, target: str, owner: str, ttl_s: float, purpose: str, now: datetime) -> tuple:
+    def acquire(
+        self, target: str, owner: str, ttl_s: float, purpose: str, now: datetime
+    ) -> Outcome:
+        """``("granted", epoch)``, ``("reacquired", epoch)``, ``("busy", holder)``
+        or ``("purpose", held)``; ``ttl_s`` in seconds."""
         cur = self.leases.get(target)
         expiry = now + timedelta(seconds=ttl_s)
         live = self.live(target, now)
@@ -50,16 +65,19 @@ class Oracle:
         return ("granted", epoch)
 
     def valid(self, target: str, owner: str, epoch: int, now: datetime) -> bool:
+        """Whether ``owner``'s lease of ``epoch`` on ``target`` passes the fence at ``now``."""
         live = self.live(target, now)
         return live is not None and live.owner == owner and live.epoch == epoch
 
-    def renew(self, target: str, owner: str, epoch: int, ttl_s: float, now: datetime) -> tuple:
+    def renew(self, target: str, owner: str, epoch: int, ttl_s: float, now: datetime) -> Outcome:
+        """``("renewed", epoch)`` or ``("lost", target)``; ``ttl_s`` in seconds."""
         if not self.valid(target, owner, epoch, now):
             return ("lost", target)
         self.leases[target].expires_at = now + timedelta(seconds=ttl_s)
         return ("renewed", epoch)
 
-    def release(self, target: str, owner: str, epoch: int, now: datetime) -> tuple:
+    def release(self, target: str, owner: str, epoch: int, now: datetime) -> Outcome:
+        """``("released", True)`` when the lease was held, else ``("released", False)``."""
         cur = self.leases.get(target)
         if cur is None or not cur.held or cur.owner != owner or cur.epoch != epoch:
             return ("released", False)
@@ -69,7 +87,7 @@ class Oracle:
 
     def append(
         self, session: str, lease: tuple[str, str, int] | None, now: datetime, n: int = 1
-    ) -> tuple:
+    ) -> Outcome:
         """An append of ``n`` entries in one write: all under a valid lease, or none."""
         if lease is not None and not self.valid(*lease, now):
             return ("lost", lease[0])
@@ -86,7 +104,9 @@ class Oracle:
         rebind: bool,
         require_absent: bool,
         now: datetime,
-    ) -> tuple:
+    ) -> Outcome:
+        """A thread record saved (``("saved", rid)``) under every lease in
+        ``held``, or the refusal the store gives."""
         for target, owner, epoch in held:
             if not self.valid(target, owner, epoch, now):
                 return ("lost", target)
@@ -126,7 +146,8 @@ class Oracle:
         self.bound[key] = rid
         return ("saved", rid)
 
-    def resolve(self, rid: str | None, key: str | None, include_archived: bool) -> tuple:
+    def resolve(self, rid: str | None, key: str | None, include_archived: bool) -> Outcome:
+        """``("record", id, key, status)`` or ``("none",)``."""
         if key is not None:
             rid = self.bound.get(key)
             if rid is None and include_archived:

@@ -2,8 +2,9 @@
 happened, but the caller saw an error, so a runtime retries it.
 
 :func:`ambiguous_commits` patches the store's backend ``write`` (every area
-shares one backend object, ``store.db``; the patch is an instance attribute,
-test-only, removed on exit): each write runs and commits as usual, then the
+shares one backend object, ``store.db``; the patch is an instance attribute
+of that one store's backend, removed on exit: ``turnkeeper fuzz`` applies it
+to its scratch stores only): each write runs and commits as usual, then the
 caller gets ``OperationalError``, the PEP 249 class the store raises for a
 lost connection (``turnkeeper.spec.errors``). A write whose body refuses
 (a typed domain error) commits nothing and raises that error unchanged.
@@ -17,7 +18,7 @@ applies the write to its oracle on ``"ambiguous"`` (it happened), retries
 the same call normally and compares the retry with the oracle.
 
 :func:`replayable` formats a step as the line that replays it with
-``by_hand.Steps`` (``m.rule(arg=value, …)``), for ``hypothesis.note``.
+``model_tests/by_hand.py``'s ``Steps`` (``m.rule(arg=value, …)``), for ``hypothesis.note``.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def ambiguously(
 
 
 def replayable(rule: str, **args: Any) -> str:
-    """The ``by_hand.Steps`` line that replays ``rule(**args)``, noted for a
+    """The ``model_tests/by_hand.py``'s ``Steps`` line that replays ``rule(**args)``, noted for a
     shrunk failure (``hypothesis.note``; outside a Hypothesis test, only
     returned)."""
     line = f"m.{rule}(" + ", ".join(f"{k}={v!r}" for k, v in args.items()) + ")"

@@ -15,21 +15,12 @@ Every outcome is compared with a plain-Python oracle, and after every step:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any
 
-from ambiguous import ambiguously, replayable
-from conftest import FakeClock, close_backend, open_backend
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    Bundle,
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    multiple,
-    rule,
-)
-from oracle import Oracle
+from hypothesis.stateful import Bundle, MultipleResults, initialize, multiple, rule
 
 import turnkeeper
 from turnkeeper import (
@@ -42,6 +33,13 @@ from turnkeeper import (
     SessionRunActiveError,
 )
 
+from .ambiguous import ambiguously, replayable
+from .base import FuzzMachine, bound, checked
+from .opener import StoreOpener
+from .oracle import Oracle, Outcome
+
+Lease = turnkeeper.Lease
+
 SESSIONS = ("s1", "s2")
 OWNERS = ("W1", "W2", "R1")
 TERMINAL = ("succeeded", "failed", "cancelled", "interrupted", "abandoned")
@@ -50,6 +48,9 @@ LIVE = ("admitted", "running", "waiting")
 
 @dataclass
 class RunModel:
+    """A run as the model holds it: its session, status, whether a cancel
+    was requested, and the recovery that began on it (lease epoch, state)."""
+
     session: str
     status: str = "admitted"
     cancel_requested: bool = False
@@ -59,9 +60,12 @@ class RunModel:
 
 @dataclass
 class World:
+    """Every run the machine admitted, by id."""
+
     runs: dict[str, RunModel] = field(default_factory=dict)
 
     def active(self, session: str) -> str | None:
+        """The session's non-terminal run's id, else ``None``."""
         found = [r for r, m in self.runs.items() if m.session == session and m.status in LIVE]
         return found[0] if found else None
 
@@ -80,7 +84,9 @@ def legal(trigger: str, status: str, cancel_requested: bool) -> bool:
     }[trigger]
 
 
-def attempt(fn, *args, **kwargs) -> tuple:
+def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Outcome:
+    """``fn(*args, **kwargs)`` as an outcome: ``("ok", value)``, or the
+    refusal's kind (``("busy",)``, ``("lost",)`` …); other errors propagate."""
     try:
         return ("ok", fn(*args, **kwargs))
     except BusyError:
@@ -99,17 +105,15 @@ def attempt(fn, *args, **kwargs) -> tuple:
         return ("transition",)
 
 
-class RunsAndRecoveryMachine(RuleBasedStateMachine):
-    backend: ClassVar[str] = "duckdb"
-    """The backend each example's store is opened on (see :func:`on`)."""
+class RunsAndRecoveryMachine(FuzzMachine):
+    """Workers W1, W2 and recovery worker R1 on two sessions' runs."""
+
     leases = Bundle("leases")
     runs = Bundle("runs")
 
     def __init__(self) -> None:
         self.marks = 0
         super().__init__()
-        self.clock = FakeClock()
-        self.store = open_backend(self.backend, None, self.clock)
         self.oracle = Oracle()
         self.world = World()
 
@@ -118,9 +122,6 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
         for sid in SESSIONS:
             self.store.sessions.create(sid)
 
-    def teardown(self) -> None:
-        close_backend(self.store)
-
     def _held(self, session: str) -> bool:
         """Someone holds a live lease on the session (by the oracle)."""
         return self.oracle.live(f"session:{session}", self.clock()) is not None
@@ -128,7 +129,7 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
     def _valid(self, lease: turnkeeper.Lease) -> bool:
         return self.oracle.valid(lease.target, lease.owner, lease.epoch, self.clock())
 
-    def _admit_expected(self, session: str, lease) -> tuple:
+    def _admit_expected(self, session: str, lease: Lease | None) -> Outcome:
         """What an admission without a known submission key gets (by the oracle)."""
         if lease is not None and lease.purpose not in ("admission", "execution"):
             return ("purpose",)  # a recovery lease never admits a run (checked first)
@@ -140,7 +141,7 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
             return ("active",)
         return ("ok",)
 
-    def _finish_expected(self, model: RunModel, status: str, lease) -> str:
+    def _finish_expected(self, model: RunModel, status: str, lease: Lease | None) -> str:
         if model.status == status:
             return "ok"  # a repeated terminalization is idempotent
         if lease is not None and not self._valid(lease):
@@ -159,13 +160,13 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
         session=st.sampled_from(SESSIONS),
         ttl=st.sampled_from((1.0, 3.0)),
     )
-    def acquire(self, owner: str, session: str, ttl: float):
+    def acquire(self, owner: str, session: str, ttl: float) -> Lease | MultipleResults[Lease]:
         purpose = "recovery" if owner.startswith("R") else "execution"
         target, now = f"session:{session}", self.clock()
         active = self.world.active(session) is not None
         if self.oracle.live(target, now) is None and active != (purpose == "recovery"):
             # a grant needs an idle session (execution) or an orphan (recovery)
-            expected: tuple = ("not_needed",) if purpose == "recovery" else ("recovery_required",)
+            expected: Outcome = ("not_needed",) if purpose == "recovery" else ("recovery_required",)
         else:
             expected = self.oracle.acquire(target, owner, ttl, purpose, now)
         got = attempt(self.store.leases.acquire, f"session:{session}", owner, ttl, purpose=purpose)
@@ -184,7 +185,7 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
         lease=st.none() | leases,
         start=st.booleans(),
     )
-    def admit(self, session: str, lease, start: bool):
+    def admit(self, session: str, lease: Lease | None, start: bool) -> str | MultipleResults[str]:
         if lease is not None and lease.target != f"session:{session}":
             lease = None
         expected = self._admit_expected(session, lease)
@@ -196,8 +197,9 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
         if start:  # admitted and started in one transaction
             model.status = "running"
         assert got[1].status == model.status, (got, model)
-        self.world.runs[got[1].id] = model
-        return got[1].id
+        run_id: str = got[1].id
+        self.world.runs[run_id] = model
+        return run_id
 
     @rule(run=runs)
     def start(self, run: str) -> None:
@@ -224,7 +226,7 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
         lease=st.none() | leases,
         with_entries=st.booleans(),
     )
-    def finish(self, run: str, status: str, lease, with_entries: bool) -> None:
+    def finish(self, run: str, status: str, lease: Lease | None, with_entries: bool) -> None:
         model = self.world.runs[run]
         if lease is not None and lease.target != f"session:{model.session}":
             lease = None
@@ -259,7 +261,9 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
         start=st.booleans(),
         keyed=st.booleans(),
     )
-    def admit_ambiguously(self, session: str, lease, start: bool, keyed: bool):
+    def admit_ambiguously(
+        self, session: str, lease: Lease | None, start: bool, keyed: bool
+    ) -> str | MultipleResults[str]:
         """An admission that commits while its caller sees a lost connection,
         then the runtime's retry. With a submission key the retry returns the
         run admitted (the same id, as stored, under any lease or none); without
@@ -277,7 +281,7 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
         )
         expected = self._admit_expected(session, lease)
         call = (self.store.runs.admit, session, {"q": self.marks})
-        kw = {"lease": lease, "start": start, "submission_key": key}
+        kw: dict[str, Any] = {"lease": lease, "start": start, "submission_key": key}
         got = ambiguously(self.store, attempt, *call, **kw)
         if expected[0] != "ok":
             assert got == expected, (got, expected)
@@ -317,7 +321,7 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
         status=st.sampled_from(TERMINAL),
         lease=st.none() | leases,
     )
-    def finish_ambiguously(self, run: str, status: str, lease) -> None:
+    def finish_ambiguously(self, run: str, status: str, lease: Lease | None) -> None:
         """A termination (with the turn's last entry) committed but reported
         lost, then retried: the retry succeeds as a repeated termination and
         writes the entry no second time."""
@@ -354,7 +358,7 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
         assert len(stored) == 1, f"the turn's last entry written {len(stored)} times"
 
     @rule(run=runs, lease=leases)
-    def recover(self, run: str, lease) -> None:
+    def recover(self, run: str, lease: Lease) -> None:
         model = self.world.runs[run]
         if lease.target != f"session:{model.session}" or lease.purpose != "recovery":
             return
@@ -370,7 +374,7 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
             model.recovery_epoch, model.recovery_state = lease.epoch, "recovering"
 
     @rule(run=runs, lease=leases)
-    def converge(self, run: str, lease) -> None:
+    def converge(self, run: str, lease: Lease) -> None:
         model = self.world.runs[run]
         if lease.target != f"session:{model.session}" or lease.purpose != "recovery":
             return
@@ -391,7 +395,7 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
 
     # -- invariants --------------------------------------------------------------
 
-    @invariant()
+    @checked
     def one_non_terminal_run_per_session_and_none_revived(self) -> None:
         rows = self.store.db.read(
             "test-query",
@@ -414,7 +418,6 @@ class RunsAndRecoveryMachine(RuleBasedStateMachine):
             assert len(ids) <= 1, f"{session}: several non-terminal runs {ids}"
 
 
-def on(backend: str) -> type[RunsAndRecoveryMachine]:
-    """The machine with its stores on ``backend``."""
-    name = f"RunsAndRecoveryMachine_{backend}"
-    return type(name, (RunsAndRecoveryMachine,), {"backend": backend})
+def machine(opener: StoreOpener) -> type[RunsAndRecoveryMachine]:
+    """The machine with its stores from ``opener``."""
+    return bound(RunsAndRecoveryMachine, opener, f"RunsAndRecoveryMachine[{opener.name}]")
