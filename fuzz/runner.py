@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, Verbosity, settings
+from hypothesis import seed as hypothesis_seed
 from hypothesis.configuration import set_hypothesis_home_dir, storage_directory
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
@@ -138,7 +139,7 @@ def run(
             for machine in live:
                 cls = classes[machine.name]
                 if seed is not None:
-                    cls._hypothesis_internal_use_seed = seed + machine.batches
+                    hypothesis_seed(seed + machine.batches)(cls)
                 machine.batches += 1
                 machine.failure = _batch(cls, batch_settings(examples, steps, seed))
                 tally = cls.tally

@@ -104,6 +104,23 @@ def test_a_short_run_on_duckdb_reports_and_leaves_the_users_file_as_it_was(
     assert "passed" in result.stderr
 
 
+def test_a_run_without_a_seed_reports_the_one_it_drew_and_that_seed_repeats_it(
+    user_file: Path, tmp_path: Path
+) -> None:
+    quick = ["--minutes", "0", "--examples", "2", "--steps", "8", "--machine", "leases"]
+    first = tmp_path / "first.md"
+    assert fuzz("--db", str(user_file), *quick, "--report", str(first)).exit_code == 0
+    drawn = json.loads(first.with_suffix(".json").read_text(encoding="utf-8"))
+    assert isinstance(drawn["seed"], int)
+    assert f"- seed: {drawn['seed']}" in first.read_text(encoding="utf-8")
+    again = tmp_path / "again.md"
+    args = ["--db", str(user_file), *quick, "--seed", str(drawn["seed"]), "--report", str(again)]
+    assert fuzz(*args).exit_code == 0
+    repeated = json.loads(again.with_suffix(".json").read_text(encoding="utf-8"))
+    # the same examples, step for step (the clock is the machine's own)
+    assert repeated["machines"] == drawn["machines"]
+
+
 def test_encrypted_runs_on_a_throwaway_key(user_file: Path, tmp_path: Path) -> None:
     report = tmp_path / "enc.md"
     result = fuzz(

@@ -13,6 +13,7 @@ written first).
 
 from __future__ import annotations
 
+import random
 import signal
 import threading
 from collections.abc import Iterator
@@ -113,7 +114,12 @@ def _terminate_as_interrupt() -> Iterator[list[int]]:
     show_default=True,
     help="The Markdown report (the same as JSON beside it, suffix .json).",
 )
-@click.option("--seed", type=int, default=None, help="Repeat a run: the same seed, the same run.")
+@click.option(
+    "--seed",
+    type=int,
+    default=None,
+    help="Repeat a run: the same seed, the same run (default: a random one, in the report).",
+)
 @click.option("--encrypted", is_flag=True, help="Encrypt the scratch stores (a throwaway key).")
 @click.option(
     "--examples",
@@ -146,6 +152,8 @@ def fuzz_command(
     ambiguous commits and an injected clock, for MINUTES; write the report.
     Exits 0 when nothing failed, 1 when a machine failed, 2 when refused."""
     runner, report, scratch = _fuzz_modules()
+    if seed is None:  # a random run, its seed in the report: `--seed` repeats it
+        seed = random.SystemRandom().randrange(2**32)
     names = list(dict.fromkeys(machines)) or list(MACHINE_NAMES)
     console = stderr_console()
     target = scratch.redacted(db)
