@@ -45,7 +45,9 @@ def test_every_classification_is_well_formed_and_current(site: Site, verdict: Ve
     else:
         assert not verdict.tests and not verdict.catalog
     assert not verdict.catalog or verdict.catalog in CATALOG_IDS, verdict.catalog
-    assert all(not t.startswith("test_stateful_") for t in verdict.tests), "a search, not a fixed test"
+    assert all(not t.startswith("test_stateful_") for t in verdict.tests), (
+        "a search, not a fixed test"
+    )
 
 
 def test_every_killing_test_exists() -> None:
@@ -63,7 +65,12 @@ def test_the_areas_cover_spec_and_exist() -> None:
     assert spec <= set(mutated), spec - set(mutated)
     assert all((PACKAGE / m).is_file() for m in mutated)
     assert len({a.name for a in AREAS}) == len(AREAS)
-    gone = [t for a in AREAS for t in tests_of(a) if not (Path(__file__).parent / t.split("::")[0]).is_file()]
+    gone = [
+        t
+        for a in AREAS
+        for t in tests_of(a)
+        if not (Path(__file__).parent / t.split("::")[0]).is_file()
+    ]
     assert gone == []
 
 
@@ -104,4 +111,4 @@ def test_two_mutants_made_by_cosmic_ray_are_killed(tmp_path: Path) -> None:
     assert {(m.operator, m.source) for m in found} == PICKS
     assert all(m.verdict == "killed" for m in found), found
     assert all(m.diff.startswith("---") for m in found), found
-    assert all(line in _lines("spec/lease.py") for _, line in PICKS), "the installed package changed"
+    assert all(line in _lines("spec/lease.py") for _, line in PICKS), "the package changed"

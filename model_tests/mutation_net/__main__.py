@@ -10,6 +10,9 @@ kept). Prints one line per area: mutants, killed, survived, timed out,
 seconds. Exits 1 when a survivor has no entry in ``survivors.SURVIVORS``,
 2 when an area's tests fail unmutated. ``--report-only`` rewrites the
 report from the JSON (after a classification changed) and runs nothing.
+``--check-kills`` runs, for every survivor classified ``killed``, that
+mutant alone against its killing tests and requires them to fail (exit 1
+when one does not).
 """
 
 from __future__ import annotations
@@ -21,8 +24,31 @@ import time
 from pathlib import Path
 
 from mutation_net import report
-from mutation_net.areas import by_name
+from mutation_net.areas import Area, by_name
 from mutation_net.run import TIMEOUT_S, baseline, prepare_copy, run_area
+from mutation_net.survivors import SURVIVORS
+
+
+def check_kills(timeout_s: float) -> int:
+    """Each ``killed`` survivor's mutant alone against its killing tests: 0 when
+    every one fails them, else 1 (the survivors not killed printed)."""
+    bad = 0
+    for site, verdict in SURVIVORS.items():
+        if verdict.kind != "killed":
+            continue
+        area = Area("kill", (site.file,), verdict.tests)
+        with tempfile.TemporaryDirectory(prefix="turnkeeper-net-kill-") as tmp:
+            folder = Path(tmp)
+            copy = prepare_copy(folder)
+            found = run_area(
+                area, folder, copy, timeout_s=timeout_s,
+                keep=lambda op, line, s=site: (op, line) == (s.operator, s.line),
+            )  # fmt: skip
+        verdicts = sorted({m.verdict for m in found})
+        ok = bool(found) and verdicts == ["killed"]
+        bad += not ok
+        print(f"{site.file} {site.operator} {site.line!r}: {verdicts} ({len(found)})", flush=True)
+    return 1 if bad else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--module", action="append", help="only this module (repeat)")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per mutant")
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--check-kills", action="store_true")
     args = parser.parse_args(argv)
+    if args.check_kills:
+        return check_kills(args.timeout)
     areas = [] if args.report_only else by_name(args.area)
     if args.module:
         areas = [a for a in areas if set(a.modules) & set(args.module)]

@@ -49,6 +49,19 @@ DECORATOR_FLAG = re.compile(r"^\s*@")
 (``@dataclass(frozen=True)``) is skipped, not run (it changes no guard)."""
 
 
+MACHINE_TESTS = (
+    "test_transitions_library_agrees_with_every_edge",
+    "test_machine_decision_equals_spec_over_every_fact_combination",
+    "test_unknown_trigger_is_the_projects_error",
+    "test_acquire_decision_matches_the_lease_machine_exhaustively",
+    "test_transitions_the_store_accepts_equal_the_spec_edges",
+    "test_check_constraints_list_exactly_the_spec_states",
+    "test_save_decision_never_revives_an_archived_record",
+)
+"""The spec-checking tests of ``test_machines.py`` (its report, layering and
+benchmark tests left out: they check no guard and take most of its minute)."""
+
+
 @dataclass(frozen=True)
 class Area:
     """Modules mutated together and the fixed tests that judge their mutants."""
@@ -62,11 +75,27 @@ AREAS: tuple[Area, ...] = (
     # -- spec/ (all of it) ------------------------------------------------------------
     Area(
         "spec-lifecycles",
-        ("spec/lifecycle.py", "spec/lease.py", "spec/thread_record.py", "spec/run.py",
-         "spec/recovery.py"),
-        ("test_machines.py", "test_conformance_leases.py", "test_recovery.py"),
+        (
+            "spec/lifecycle.py",
+            "spec/lease.py",
+            "spec/thread_record.py",
+            "spec/run.py",
+            "spec/recovery.py",
+        ),
+        (
+            *(f"test_machines.py::{t}" for t in MACHINE_TESTS),
+            "test_conformance_leases.py",
+            "test_recovery.py",
+        ),
     ),
-    Area("spec-delivery", ("spec/delivery.py",), ("test_machines.py", "test_delivery.py")),
+    Area(
+        "spec-delivery",
+        ("spec/delivery.py",),
+        (
+            *(f"test_machines.py::{t}" for t in MACHINE_TESTS),
+            "test_delivery.py",
+        ),
+    ),
     Area("spec-tools", ("spec/tool_execution.py",), ("test_tool_executions.py",)),
     Area("spec-fork", ("spec/fork.py",), ("test_forks.py",)),
     Area(
@@ -92,8 +121,13 @@ AREAS: tuple[Area, ...] = (
     Area("storage-threads", ("storage/ops/threads.py",), ("test_conformance_threads.py",)),
     Area(
         "storage-runs",
-        ("storage/ops/run_lifecycle.py", "storage/ops/runs.py", "storage/ops/recovery.py",
-         "storage/ops/run_admission.py", "storage/ops/submissions.py"),
+        (
+            "storage/ops/run_lifecycle.py",
+            "storage/ops/runs.py",
+            "storage/ops/recovery.py",
+            "storage/ops/run_admission.py",
+            "storage/ops/submissions.py",
+        ),
         ("test_conformance_runs.py", "test_recovery.py"),
     ),
     Area("storage-delivery", ("storage/ops/outbox.py",), ("test_delivery.py",)),
@@ -110,9 +144,15 @@ AREAS: tuple[Area, ...] = (
 """Every area, spec/ first (the order ``make mutation-net`` runs them in)."""
 
 
+SPEC_KILLS = "test_spec_survivors.py"
+"""The fixed tests written for the net's survivors in ``spec/`` (pure, fast):
+every spec area runs them first."""
+
+
 def tests_of(area: Area) -> tuple[str, ...]:
     """The area's tests and the catalog's killing tests for its modules (their
-    DuckDB cases: a PostgreSQL case would only be skipped), files first."""
+    DuckDB cases: a PostgreSQL case would only be skipped), files first; a
+    spec area's begin with :data:`SPEC_KILLS`."""
     caught = [
         t
         for m in MUTANTS
@@ -120,7 +160,8 @@ def tests_of(area: Area) -> tuple[str, ...]:
         for t in m.tests
         if "postgres" not in t and t.split("::", 1)[0] not in area.tests
     ]
-    return tuple(dict.fromkeys((*area.tests, *caught)))
+    first = (SPEC_KILLS,) if any(m.startswith("spec/") for m in area.modules) else ()
+    return tuple(dict.fromkeys((*first, *area.tests, *caught)))
 
 
 def by_name(names: list[str] | None) -> list[Area]:

@@ -115,7 +115,10 @@ def markdown(data: dict[str, Any]) -> str:
     for s in data["survivors"]:
         c = s["classification"]
         verdict = "UNCLASSIFIED" if c is None else c["kind"]
-        out += [f"### `{s['file']}:{s['line']}` {s['operator'].removeprefix('core/')}: {verdict}", ""]
+        out += [
+            f"### `{s['file']}:{s['line']}` {s['operator'].removeprefix('core/')}: {verdict}",
+            "",
+        ]
         if c is not None:
             out.append(c["why"])
             if c["tests"]:

@@ -28,11 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mutants.apply import copy_package, installed_package
+
+from mutation_net.areas import DECORATOR_FLAG, OPERATORS, Area, tests_of
+
 Keep = Callable[[str, str], bool]
 """Whether to run a mutant, given its operator and its stripped source line."""
-
-from mutants.apply import copy_package, installed_package
-from mutation_net.areas import DECORATOR_FLAG, OPERATORS, Area, tests_of
 
 MODEL_TESTS = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -181,7 +182,7 @@ def read_session(session: Path, copy: Path) -> list[Mutation]:
             Mutation(
                 file=str(path.relative_to(copy)), line=line, col=col,
                 operator=m["operator_name"], source=source, verdict=verdict,
-                diff=_as_text(result.get("diff")),
+                diff=_as_text(result.get("diff")).replace(f"{copy.parent}/", ""),
             )
         )  # fmt: skip
     return sorted(found, key=lambda x: (x.file, x.line, x.col, x.operator))

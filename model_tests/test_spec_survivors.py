@@ -1,0 +1,73 @@
+"""Fixed tests for the survivors of the second mutation net in ``spec/``
+(``mutation_net/survivors.py`` names each one's mutant): pure functions of
+``spec/``, no store, so every spec area of the net runs them first."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from turnkeeper.spec.tool_execution import (
+    ToolExecution,
+    is_content,
+    openai_content,
+    recorded_result,
+    result_json,
+)
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _completed(result: Any) -> ToolExecution:
+    return ToolExecution(
+        execution_key="r1:c1", session_id="s", run_id="r1", local_turn_id="t1",
+        provider="p", api="a", response_id="resp", provider_call_id="c1",
+        tool_kind="function", tool_name="ls", args_digest="0" * 64, side_effecting=False,
+        state="completed", result=result, is_error=False, provider_metadata=None,
+        reason=None, attempt=1, lease_epoch=1, created_at=NOW, updated_at=NOW,
+        completed_at=NOW,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("result", "kept"),
+    [
+        ("a.txt", False),
+        ([{"type": "text", "text": "x"}], False),
+        ({"code": 0}, True),
+        ([1, 2], True),
+        (None, True),
+    ],
+    ids=["text", "blocks", "object", "list-of-values", "null"],
+)
+def test_a_rebuilt_result_keeps_in_details_only_a_value_without_content_form(
+    result: Any, kept: bool
+) -> None:
+    """``recorded_result``: text and content blocks are the content and nothing
+    more; any other value is also kept as it is in ``details.result``."""
+    details = recorded_result(_completed(result), 5)["details"]
+    assert ("result" in details) == kept
+    assert not kept or details["result"] == result
+
+
+def test_content_blocks_are_a_list_of_objects_each_with_a_string_type() -> None:
+    assert is_content([{"type": "text", "text": "x"}, {"type": "image"}])
+    assert is_content([])
+    assert not is_content([{"type": 1}])
+    assert not is_content([{"text": "x"}])
+    assert not is_content(["text"])
+    assert not is_content({"type": "text"})
+
+
+def test_an_openai_tool_message_carries_text_and_blocks_as_they_are_other_values_as_json() -> None:
+    blocks = [{"type": "text", "text": "x"}]
+    assert openai_content("a.txt") == "a.txt"
+    assert openai_content(blocks) is blocks
+    assert openai_content({"b": 1, "a": [2]}) == '{"a":[2],"b":1}'
+    assert openai_content(3) == "3"
+
+
+def test_result_json_sorts_keys_drops_spaces_and_keeps_non_ascii() -> None:
+    assert result_json({"b": "é", "a": 1}) == '{"a":1,"b":"é"}'
