@@ -66,7 +66,7 @@ SURVIVORS: dict[Site, Verdict] = {
         _TOOLS,
         "core/ReplaceAndWithOr",
         "if not isinstance(result, str) and not is_content(result):",
-    ): Verdict("killed", _REBUILT_WHY, _REBUILT),  # fmt: skip
+    ): Verdict("killed", _REBUILT_WHY, _REBUILT),
     Site(_TOOLS, "core/AddNot", "if isinstance(result, str) or is_content(result):"): Verdict(
         "killed",
         "a real hole: no test read an OpenAI tool message's content for a text result "
@@ -90,7 +90,7 @@ SURVIVORS: dict[Site, Verdict] = {
         "a real hole: no test stored a non-ASCII value without content form; a pure test "
         "of result_json now does",
         (f"{_SPEC_KILLS}test_result_json_sorts_keys_drops_spaces_and_keeps_non_ascii",),
-    ),  # fmt: skip
+    ),
     Site(
         _TOOLS,
         "core/ReplaceAndWithOr",
@@ -100,6 +100,6 @@ SURVIVORS: dict[Site, Verdict] = {
         "a real hole: no test gave is_content a list whose items are not objects, or "
         "objects without a string type; a pure test now does",
         (f"{_SPEC_KILLS}test_content_blocks_are_a_list_of_objects_each_with_a_string_type",),
-    ),  # fmt: skip
+    ),
 }
 """Every survivor the runs found, with its classification."""
