@@ -15,6 +15,7 @@ from turnkeeper.spec.tool_execution import (
     openai_content,
     recorded_result,
     result_json,
+    unrecorded_interrupted_result,
 )
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -71,3 +72,10 @@ def test_an_openai_tool_message_carries_text_and_blocks_as_they_are_other_values
 
 def test_result_json_sorts_keys_drops_spaces_and_keeps_non_ascii() -> None:
     assert result_json({"b": "é", "a": 1}) == '{"a":1,"b":"é"}'
+    assert result_json([{"z": 1, "y": None}]) == '[{"y":null,"z":1}]'
+
+
+def test_an_interrupted_result_without_a_record_says_it_has_none() -> None:
+    message = unrecorded_interrupted_result("c1", "ls", 5)
+    assert message["details"] == {"executionState": "interrupted", "recorded": False}
+    assert message["isError"] is True

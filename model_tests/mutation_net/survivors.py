@@ -101,5 +101,30 @@ SURVIVORS: dict[Site, Verdict] = {
         "objects without a string type; a pure test now does",
         (f"{_SPEC_KILLS}test_content_blocks_are_a_list_of_objects_each_with_a_string_type",),
     ),
+    Site(
+        _TOOLS,
+        "core/ReplaceFalseWithTrue",
+        '"details": {"executionState": ToolExecutionState.INTERRUPTED.value, "recorded": False},',
+    ): Verdict(
+        "killed",
+        "a real hole: no test read the details of an interrupted result that has no "
+        "record; a pure test now does",
+        (f"{_SPEC_KILLS}test_an_interrupted_result_without_a_record_says_it_has_none",),
+    ),
+    Site(_TOOLS, "core/ReplaceAndWithOr", "return isinstance(value, list) and all("): Verdict(
+        "killed",
+        "a real hole: no test gave is_content an object that is not a list; a pure test now does",
+        (f"{_SPEC_KILLS}test_content_blocks_are_a_list_of_objects_each_with_a_string_type",),
+    ),
+    Site(
+        _TOOLS,
+        "core/ReplaceTrueWithFalse",
+        'return json.dumps(result, sort_keys=True, separators=(",", ":"), ensure_ascii=False)',
+    ): Verdict(
+        "killed",
+        "a real hole: no test stored a result whose keys were out of order; a pure test "
+        "of result_json now does",
+        (f"{_SPEC_KILLS}test_result_json_sorts_keys_drops_spaces_and_keeps_non_ascii",),
+    ),
 }
 """Every survivor the runs found, with its classification."""
