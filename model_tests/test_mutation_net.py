@@ -12,15 +12,17 @@ killed by their fixed test (which passes on the installed package, in
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mutants.apply import installed_package
 from mutants.catalog import MUTANTS
 from mutants.collect import missing
 from mutation_net import report
-from mutation_net.areas import AREAS, OPERATORS, Area, tests_of
+from mutation_net.areas import AREAS, OPERATORS, Area, judging_tests
 from mutation_net.run import prepare_copy, run_area
 from mutation_net.survivors import KINDS, SURVIVORS, Site, Verdict
 
@@ -33,21 +35,40 @@ def _lines(file: str) -> set[str]:
     return {line.strip() for line in path.read_text().splitlines()} if path.is_file() else set()
 
 
+def site_problems(site: Site, verdict: Verdict) -> list[str]:
+    """What is wrong with one classification (nothing, for a good one)."""
+    wrong = []
+    if site.operator not in OPERATORS:
+        wrong.append("an operator the net does not run")
+    if site.line not in _lines(site.file):
+        wrong.append(f"stale: the line is not in {site.file} any more")
+    if verdict.kind not in KINDS or not verdict.why.strip():
+        wrong.append("no kind or no why")
+    if verdict.kind == "killed" and not verdict.tests:
+        wrong.append("killed by no test")
+    if verdict.kind == "equivalent" and (verdict.tests or verdict.catalog):
+        wrong.append("equivalent, yet killed")
+    if verdict.catalog and verdict.catalog not in CATALOG_IDS:
+        wrong.append(f"no catalog entry {verdict.catalog}")
+    if any(t.startswith("test_stateful_") for t in verdict.tests):
+        wrong.append("a search, not a fixed test")
+    return wrong
+
+
 @pytest.mark.parametrize(
     ("site", "verdict"), list(SURVIVORS.items()), ids=[f"{s.file}:{s.operator}" for s in SURVIVORS]
 )
 def test_every_classification_is_well_formed_and_current(site: Site, verdict: Verdict) -> None:
-    assert site.operator in OPERATORS, f"{site}: an operator the net does not run"
-    assert site.line in _lines(site.file), f"stale: the line is not in {site.file} any more"
-    assert verdict.kind in KINDS and verdict.why.strip()
-    if verdict.kind == "killed":
-        assert verdict.tests, f"{site}: killed by no test"
-    else:
-        assert not verdict.tests and not verdict.catalog
-    assert not verdict.catalog or verdict.catalog in CATALOG_IDS, verdict.catalog
-    assert all(not t.startswith("test_stateful_") for t in verdict.tests), (
-        "a search, not a fixed test"
-    )
+    assert site_problems(site, verdict) == []
+
+
+def test_control_a_stale_or_malformed_classification_is_refused() -> None:
+    site, verdict = next(iter(SURVIVORS.items()))
+    assert site_problems(dataclasses.replace(site, line=site.line + "  # gone"), verdict)
+    assert site_problems(dataclasses.replace(site, operator="core/NumberReplacer"), verdict)
+    assert site_problems(site, dataclasses.replace(verdict, kind="killed", tests=()))
+    assert site_problems(site, dataclasses.replace(verdict, catalog="no-such-entry"))
+    assert site_problems(site, Verdict("equivalent", "x", ("test_machines.py",)))
 
 
 def test_every_killing_test_exists() -> None:
@@ -68,31 +89,54 @@ def test_the_areas_cover_spec_and_exist() -> None:
     gone = [
         t
         for a in AREAS
-        for t in tests_of(a)
+        for t in judging_tests(a)
         if not (Path(__file__).parent / t.split("::")[0]).is_file()
     ]
     assert gone == []
 
 
+def report_problems(data: dict[str, Any]) -> list[str]:
+    """What is wrong with the report ``data`` (nothing, for a good one)."""
+    wrong = []
+    if data["tool"] != "cosmic-ray" or not data["version"]:
+        wrong.append("tool or version")
+    if data["operators"] != list(OPERATORS):
+        wrong.append("operators")
+    for name, m in data["modules"].items():
+        if not (PACKAGE / name).is_file() or m["mutants"] != sum(m[v] for v in report.VERDICTS):
+            wrong.append(f"module {name}")
+    if data["totals"]["survived"] != len(data["survivors"]):
+        wrong.append("survivor count")
+    for s in data["survivors"]:
+        if not s["diff"] or s["file"] not in data["modules"]:
+            wrong.append(f"survivor {s['file']}:{s['line']} without diff or module")
+        if Site(s["file"], s["operator"], s["source"]) not in SURVIVORS:
+            wrong.append(f"unclassified survivor {s['file']}:{s['line']} {s['operator']}")
+    return wrong
+
+
 def test_the_report_is_well_formed_and_every_survivor_classified() -> None:
     data = json.loads(report.JSON_PATH.read_text())
-    assert data["tool"] == "cosmic-ray" and data["version"] and data["operators"] == list(OPERATORS)
-    for name, m in data["modules"].items():
-        assert (PACKAGE / name).is_file(), name
-        assert m["mutants"] == sum(m[v] for v in report.VERDICTS), name
-    assert data["totals"]["survived"] == len(data["survivors"])
-    for s in data["survivors"]:
-        assert s["diff"] and s["file"] in data["modules"], s
-        assert SURVIVORS.get(Site(s["file"], s["operator"], s["source"])) is not None, (
-            f"unclassified survivor {s['file']}:{s['line']} {s['operator']}"
-        )
+    assert report_problems(data) == []
     assert report.MD_PATH.read_text() == report.markdown(report.finish(data))
+
+
+def test_control_an_unclassified_survivor_in_the_report_is_found() -> None:
+    data = json.loads(report.JSON_PATH.read_text())
+    name = next(iter(data["modules"]))
+    fake = {"file": name, "line": 1, "col": 0, "operator": "core/AddNot",
+            "source": "not a line of it", "diff": "--- x", "verdict": "survived"}  # fmt: skip
+    data["survivors"].append(fake)
+    data["modules"][name]["survived"] += 1
+    data["modules"][name]["mutants"] += 1
+    data["totals"]["survived"] += 1
+    assert report_problems(data) == [f"unclassified survivor {name}:1 core/AddNot"]
 
 
 PICKS = {
     ("core/ReplaceAndWithOr", 'refusal = "purpose" if same_owner and not same_purpose else "busy"'),
     (
-        "core/ReplaceComparisonOperator_In_NotIn",
+        "core/AddNot",
         "return (edge.name, epoch + 1 if edge.name in GRANTING_EDGES else epoch)",
     ),
 }

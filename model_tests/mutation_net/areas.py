@@ -4,7 +4,7 @@ An :class:`Area` is a group of modules of the installed package (paths inside
 ``turnkeeper/``) and the fixed tests that judge their mutants: node ids or
 files relative to ``model_tests/``, run DuckDB only (no ``TURNKEEPER_TEST_PG``)
 with ``-x``. Each storage area also gets the DuckDB cases of the killing tests
-the fence-mutant catalog names for its modules (:func:`tests_of`).
+the fence-mutant catalog names for its modules (:func:`judging_tests`).
 
 :data:`OPERATORS` are the cosmic-ray operators run: the ones that break a
 guard (a comparison flipped to its neighbour, a condition negated, ``and`` and
@@ -149,7 +149,7 @@ SPEC_KILLS = "test_spec_survivors.py"
 every spec area runs them first."""
 
 
-def tests_of(area: Area) -> tuple[str, ...]:
+def judging_tests(area: Area) -> tuple[str, ...]:
     """The area's tests and the catalog's killing tests for its modules (their
     DuckDB cases: a PostgreSQL case would only be skipped), files first; a
     spec area's begin with :data:`SPEC_KILLS`."""

@@ -15,7 +15,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from mutation_net.areas import AREAS, OPERATORS, Area, tests_of
+from mutation_net.areas import AREAS, OPERATORS, Area, judging_tests
 from mutation_net.run import Mutation
 from mutation_net.survivors import SURVIVORS, Site
 
@@ -49,7 +49,7 @@ def merge(
         mine = [m for m in found if m.file == module]
         counts = {v: sum(1 for m in mine if m.verdict == v) for v in VERDICTS}
         data["modules"][module] = {
-            "area": area.name, "tests": list(tests_of(area)), "run_at": when,
+            "area": area.name, "tests": list(judging_tests(area)), "run_at": when,
             "area_seconds": round(seconds, 1), "mutants": len(mine), **counts,
         }  # fmt: skip
     data["survivors"] = [s for s in data["survivors"] if s["file"] not in modules] + [

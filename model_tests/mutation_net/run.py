@@ -30,7 +30,7 @@ from typing import Any
 
 from mutants.apply import copy_package, installed_package
 
-from mutation_net.areas import DECORATOR_FLAG, OPERATORS, Area, tests_of
+from mutation_net.areas import DECORATOR_FLAG, OPERATORS, Area, judging_tests
 
 Keep = Callable[[str, str], bool]
 """Whether to run a mutant, given its operator and its stripped source line."""
@@ -69,7 +69,7 @@ def test_command(area: Area, folder: Path) -> list[str]:
     """The pytest command that judges ``area``'s mutants (DuckDB only, ``-x``)."""
     return [
         sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-        "--basetemp", str(folder / "pytest-tmp"), *tests_of(area),
+        "--basetemp", str(folder / "pytest-tmp"), *judging_tests(area),
     ]  # fmt: skip
 
 
