@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from turnkeeper.spec.lifecycle import Edge, Lifecycle, fact
 from turnkeeper.spec.tool_execution import (
     ToolExecution,
     is_content,
@@ -79,3 +80,53 @@ def test_an_interrupted_result_without_a_record_says_it_has_none() -> None:
     message = unrecorded_interrupted_result("c1", "ls", 5)
     assert message["details"] == {"executionState": "interrupted", "recorded": False}
     assert message["isError"] is True
+
+
+def _lifecycle(**changed: Any) -> Lifecycle:
+    parts: dict[str, Any] = {
+        "name": "t",
+        "states": ("a", "b"),
+        "initial": "a",
+        "edges": (Edge("go", "go", "a", "b", guards=("ok",), unless=("no",)),),
+        "guards": {"ok": (fact("ok"), "ok"), "no": (fact("no"), "no")},
+        "invariants": (),
+    }
+    return Lifecycle(**{**parts, **changed})
+
+
+@pytest.mark.parametrize(
+    ("changed", "message"),
+    [
+        ({"edges": (Edge("go", "go", "a", "b"), Edge("go", "back", "b", "a"))}, "unique"),
+        ({"edges": (Edge("go", "go", "x", "b"),)}, "unknown state"),
+        ({"edges": (Edge("go", "go", "a", "x"),)}, "unknown state"),
+        ({"edges": (Edge("go", "go", "a", "b", guards=("ok", "gone")),)}, "unknown guard gone"),
+        ({"edges": (Edge("go", "go", "a", "b", unless=("gone",)),)}, "unknown guard gone"),
+        ({"initial": "x"}, "unknown initial state"),
+    ],
+    ids=["same-name", "source", "dest", "guard", "unless", "initial"],
+)
+def test_a_lifecycle_refuses_malformed_data(changed: dict[str, Any], message: str) -> None:
+    """Each check of ``Lifecycle.__post_init__`` alone (one flaw per case), and a
+    well-formed twin accepted."""
+    with pytest.raises(ValueError, match=message):
+        _lifecycle(**changed)
+    assert _lifecycle().edge("go").dest == "b"
+
+
+def test_a_lifecycle_finds_edges_by_name_and_selects_by_facts() -> None:
+    two = _lifecycle(
+        edges=(Edge("stay", "go", "a", "a", guards=("no",)), Edge("go", "go", "a", "b")),
+    )
+    assert two.edge("go").name == "go" and two.edge("stay").name == "stay"
+    with pytest.raises(KeyError):
+        two.edge("gone")
+    assert two.select("go", "a", {"no": True}).name == "stay"  # type: ignore[union-attr]
+    assert two.select("go", "a", {}).name == "go"  # type: ignore[union-attr]
+    assert two.select("go", "b", {}) is None
+    assert two.triggers == ("go",)
+    one = _lifecycle()
+    assert one.allowed(one.edge("go"), {"ok": True})
+    assert not one.allowed(one.edge("go"), {"ok": True, "no": True})
+    assert not one.allowed(one.edge("go"), {"ok": 1})  # a fact is true only when it is True
+    assert not one.allowed(one.edge("go"), {})

@@ -44,6 +44,7 @@ class Verdict:
 KINDS = ("equivalent", "killed")
 
 _TOOLS = "spec/tool_execution.py"
+_LIFECYCLE = "spec/lifecycle.py"
 _SPEC_KILLS = "test_spec_survivors.py::"
 _REBUILT = (
     f"{_SPEC_KILLS}test_a_rebuilt_result_keeps_in_details_only_a_value_without_content_form",
@@ -125,6 +126,13 @@ SURVIVORS: dict[Site, Verdict] = {
         "a real hole: no test stored a result whose keys were out of order; a pure test "
         "of result_json now does",
         (f"{_SPEC_KILLS}test_result_json_sorts_keys_drops_spaces_and_keeps_non_ascii",),
+    ),
+    # -- spec/lifecycle.py: a lifecycle's own well-formedness checks ---------------------
+    Site(_LIFECYCLE, "core/ZeroIterationForLoop", "for edge in self.edges:"): Verdict(
+        "killed",
+        "a real hole: every shipped lifecycle is well formed, so no test met the checks "
+        "of an edge's states and guards; a pure test builds one flawed lifecycle per check",
+        (f"{_SPEC_KILLS}test_a_lifecycle_refuses_malformed_data",),
     ),
 }
 """Every survivor the runs found, with its classification."""
