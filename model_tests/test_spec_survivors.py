@@ -4,12 +4,17 @@
 
 from __future__ import annotations
 
+import pickle
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+from turnkeeper.spec.clear_facts import CUT, NAME_MAX, NONE, ClearFacts, bounded, clear_facts
+from turnkeeper.spec.delivery import DeliveryIntent, DeliveryPlan, intent_status
+from turnkeeper.spec.errors import LeaseLostError, TurnkeeperError
 from turnkeeper.spec.lifecycle import Edge, Lifecycle, fact
+from turnkeeper.spec.records import Lease
 from turnkeeper.spec.tool_execution import (
     ToolExecution,
     is_content,
@@ -130,3 +135,68 @@ def test_a_lifecycle_finds_edges_by_name_and_selects_by_facts() -> None:
     assert not one.allowed(one.edge("go"), {"ok": True, "no": True})
     assert not one.allowed(one.edge("go"), {"ok": 1})  # a fact is true only when it is True
     assert not one.allowed(one.edge("go"), {})
+
+
+def test_an_error_sets_its_fields_from_positions_and_names_and_refuses_others() -> None:
+    lost = LeaseLostError("session:s")
+    assert lost.target == "session:s" and lost.detail is None
+    assert (
+        str(lost)
+        == "The caller no longer owns the lease (expired, released or taken over) (target='session:s')"
+    )
+    assert str(LeaseLostError(target="t", detail="why")).endswith("(target='t'): why")
+    assert LeaseLostError().target is None  # fewer positions than fields: the rest None
+    with pytest.raises(TypeError, match="duplicate"):
+        LeaseLostError("t", target="t")
+    with pytest.raises(TypeError, match="unknown"):
+        LeaseLostError(owner="o")
+    assert str(TurnkeeperError()) == "Root of every error turnkeeper raises"
+    back = pickle.loads(pickle.dumps(LeaseLostError("t", detail="d")))
+    assert (type(back), back.target, back.detail) == (LeaseLostError, "t", "d")
+
+
+@pytest.mark.parametrize(
+    ("statuses", "aggregate"),
+    [
+        ((), "delivered"),
+        (("delivered", "unsupported"), "delivered"),
+        (("delivered", "pending"), "pending"),
+        (("failed", "uncertain"), "failed"),
+        (("delivered", "uncertain"), "uncertain"),
+        (("failed", "claimed"), "pending"),
+    ],
+)
+def test_an_intents_status_is_the_aggregate_of_its_operations(
+    statuses: tuple[str, ...], aggregate: str
+) -> None:
+    assert intent_status(statuses) == aggregate
+
+
+def test_a_reprs_never_show_a_lease_token_or_a_transport_context() -> None:
+    lease = Lease("session:s", "o", "secret-token", 1, "execution", NOW)
+    assert "secret-token" not in repr(lease) and "o" in repr(lease)
+    plan = DeliveryPlan("p", "t", (), transport_context={"k": "secret-context"})
+    assert "secret-context" not in repr(plan)
+    intent = DeliveryIntent(
+        "i", "s", "r", "p", "t", "", "pending", NOW, NOW, {"k": "secret-context"}
+    )
+    assert "secret-context" not in repr(intent)
+
+
+def test_a_clear_fact_is_a_string_cut_past_its_bound() -> None:
+    assert bounded(None) is None and bounded(3) is None and bounded(["a"]) is None
+    assert bounded("x" * NAME_MAX) == "x" * NAME_MAX
+    assert bounded("x" * (NAME_MAX + 1)) == "x" * (NAME_MAX - 1) + CUT
+
+
+def test_clear_facts_per_kind() -> None:
+    said = {"message": {"role": "assistant", "provider": "p", "model": "m"}}
+    assert clear_facts("message", said) == ClearFacts("assistant", "p", "m")
+    asked = {"message": {"role": "user", "provider": "p", "model": "m"}}
+    assert clear_facts("message", asked) == ClearFacts("user")
+    assert clear_facts("message", {"message": "text"}) == NONE
+    assert clear_facts("message", {}) == NONE
+    changed = {"provider": "p", "model": "old", "modelId": "new"}
+    assert clear_facts("model_change", changed) == ClearFacts(None, "p", "new")
+    assert clear_facts("model_change", {**changed, "modelId": None}) == ClearFacts(None, "p", "old")
+    assert clear_facts("custom", said) == NONE
