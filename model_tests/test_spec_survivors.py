@@ -140,10 +140,8 @@ def test_a_lifecycle_finds_edges_by_name_and_selects_by_facts() -> None:
 def test_an_error_sets_its_fields_from_positions_and_names_and_refuses_others() -> None:
     lost = LeaseLostError("session:s")
     assert lost.target == "session:s" and lost.detail is None
-    assert (
-        str(lost)
-        == "The caller no longer owns the lease (expired, released or taken over) (target='session:s')"
-    )
+    doc = "The caller no longer owns the lease (expired, released or taken over)"
+    assert str(lost) == f"{doc} (target='session:s')"
     assert str(LeaseLostError(target="t", detail="why")).endswith("(target='t'): why")
     assert LeaseLostError().target is None  # fewer positions than fields: the rest None
     with pytest.raises(TypeError, match="duplicate"):
