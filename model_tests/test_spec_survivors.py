@@ -12,7 +12,8 @@ import pytest
 
 from turnkeeper.spec.clear_facts import CUT, NAME_MAX, NONE, ClearFacts, bounded, clear_facts
 from turnkeeper.spec.delivery import DeliveryIntent, DeliveryPlan, intent_status
-from turnkeeper.spec.errors import LeaseLostError, TurnkeeperError
+from turnkeeper.spec.entries import validate_payload
+from turnkeeper.spec.errors import InvalidInputError, LeaseLostError, TurnkeeperError
 from turnkeeper.spec.lifecycle import Edge, Lifecycle, fact
 from turnkeeper.spec.records import Lease
 from turnkeeper.spec.tool_execution import (
@@ -198,3 +199,19 @@ def test_clear_facts_per_kind() -> None:
     assert clear_facts("model_change", changed) == ClearFacts(None, "p", "new")
     assert clear_facts("model_change", {**changed, "modelId": None}) == ClearFacts(None, "p", "old")
     assert clear_facts("custom", said) == NONE
+
+
+@pytest.mark.parametrize("kind", [5, None, "", "session"], ids=["int", "none", "empty", "session"])
+def test_an_entry_kind_that_is_no_kind_is_refused_even_when_unknown_kinds_pass(kind: Any) -> None:
+    """``strict=False`` (imports) keeps unknown kinds, never a non-string, empty
+    or ``session`` kind (its own check, not the unknown-kind one)."""
+    with pytest.raises(InvalidInputError, match="not an entry kind"):
+        validate_payload(kind, {}, strict=False)
+    validate_payload("pi_extension", {}, strict=False)
+
+
+def test_only_a_label_entry_needs_its_label_to_be_a_string() -> None:
+    with pytest.raises(InvalidInputError, match="a label is a string"):
+        validate_payload("label", {"targetId": "e1", "label": 3})
+    validate_payload("label", {"targetId": "e1"})
+    validate_payload("message", {"message": {"role": "user"}, "label": 3})

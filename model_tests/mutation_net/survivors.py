@@ -45,6 +45,9 @@ KINDS = ("equivalent", "killed")
 
 _TOOLS = "spec/tool_execution.py"
 _LIFECYCLE = "spec/lifecycle.py"
+_ENTRIES = "spec/entries.py"
+_NO_KIND = 'if not isinstance(kind, str) or not kind or kind == "session":'
+_LABEL = 'if kind == EntryKind.LABEL and not isinstance(payload.get("label", ""), str):'
 _SPEC_KILLS = "test_spec_survivors.py::"
 _REBUILT = (
     f"{_SPEC_KILLS}test_a_rebuilt_result_keeps_in_details_only_a_value_without_content_form",
@@ -133,6 +136,27 @@ SURVIVORS: dict[Site, Verdict] = {
         "a real hole: every shipped lifecycle is well formed, so no test met the checks "
         "of an edge's states and guards; a pure test builds one flawed lifecycle per check",
         (f"{_SPEC_KILLS}test_a_lifecycle_refuses_malformed_data",),
+    ),
+    # -- spec/entries.py: validate_payload, the guard of every appended payload ----------
+    Site(_ENTRIES, "core/ReplaceOrWithAnd", _NO_KIND): Verdict(
+        "killed",
+        "a real hole: with strict=True the unknown-kind check refuses the same kinds (same "
+        "InvalidInputError field), so only strict=False (imports) tells them apart, and no "
+        "test gave an import a non-string, empty or session kind; a pure test now does",
+        (
+            f"{_SPEC_KILLS}test_an_entry_kind_that_is_no_kind_is_refused_even_when_unknown_kinds_pass",
+        ),
+    ),
+    Site(_ENTRIES, "core/AddNot", _LABEL): Verdict(
+        "killed",
+        "a real hole: no test appended a label entry whose label is not a string, nor "
+        "another kind with a label field; a pure test now does both",
+        (f"{_SPEC_KILLS}test_only_a_label_entry_needs_its_label_to_be_a_string",),
+    ),
+    Site(_ENTRIES, "core/ReplaceComparisonOperator_Eq_NotEq", _LABEL): Verdict(
+        "killed",
+        "a real hole (as the AddNot mutant of the same line); the same pure test",
+        (f"{_SPEC_KILLS}test_only_a_label_entry_needs_its_label_to_be_a_string",),
     ),
 }
 """Every survivor the runs found, with its classification."""
