@@ -4,12 +4,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+from turnkeeper.spec import records
 from turnkeeper.spec.clear_facts import CUT, NAME_MAX, NONE, ClearFacts, bounded, clear_facts
 from turnkeeper.spec.delivery import DeliveryIntent, DeliveryPlan, intent_status
 from turnkeeper.spec.entries import validate_payload
@@ -215,3 +217,20 @@ def test_only_a_label_entry_needs_its_label_to_be_a_string() -> None:
         validate_payload("label", {"targetId": "e1", "label": 3})
     validate_payload("label", {"targetId": "e1"})
     validate_payload("message", {"message": {"role": "user"}, "label": 3})
+
+
+def test_every_flag_a_caller_leaves_out_of_a_record_is_off() -> None:
+    """Each ``bool`` field of ``spec.records`` with a default defaults to False
+    (a feature, a cancel request, an archive, a pin: never on unasked)."""
+    flags = [
+        (cls.__name__, f.name, f.default)
+        for cls in vars(records).values()
+        if dataclasses.is_dataclass(cls) and isinstance(cls, type)
+        for f in dataclasses.fields(cls)
+        if f.type in (bool, "bool") and f.default is not dataclasses.MISSING
+    ]
+    assert ("SessionCapabilities", "multi_agent", False) in flags
+    assert ("ResponseRun", "cancel_requested", False) in flags
+    assert [f for f in flags if f[2] is not False] == []
+    capabilities = records.SessionCapabilities("s")
+    assert not any(getattr(capabilities, n) for n in ("delegate_mode", "multi_agent", "browser"))

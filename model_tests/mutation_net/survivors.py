@@ -46,6 +46,8 @@ KINDS = ("equivalent", "killed")
 _TOOLS = "spec/tool_execution.py"
 _LIFECYCLE = "spec/lifecycle.py"
 _ENTRIES = "spec/entries.py"
+_RECORDS = "spec/records.py"
+_FLAGS = f"{_SPEC_KILLS}test_every_flag_a_caller_leaves_out_of_a_record_is_off"
 _NO_KIND = 'if not isinstance(kind, str) or not kind or kind == "session":'
 _LABEL = 'if kind == EntryKind.LABEL and not isinstance(payload.get("label", ""), str):'
 _SPEC_KILLS = "test_spec_survivors.py::"
@@ -158,5 +160,24 @@ SURVIVORS: dict[Site, Verdict] = {
         "a real hole (as the AddNot mutant of the same line); the same pure test",
         (f"{_SPEC_KILLS}test_only_a_label_entry_needs_its_label_to_be_a_string",),
     ),
+    # -- spec/records.py: the defaults of the records' flags --------------------------
+    Site(_RECORDS, "core/ReplaceFalseWithTrue", "require_key_absent: bool = False"): Verdict(
+        "killed",
+        "a real hole, and a guard: FinalizeRequest's require_key_absent defaulting to on "
+        "refuses a save of a record whose key is bound to itself; the net's spec-records "
+        "tests never finalized (test_conformance_threads does); a pure test now pins every "
+        "flag's default",
+        (_FLAGS, "test_conformance_threads.py::test_save_is_an_upsert_by_record_id"),
+        catalog="thread-key-absent-default",
+    ),
+    **{
+        Site(_RECORDS, "core/ReplaceFalseWithTrue", f"{flag}: bool = False"): Verdict(
+            "killed",
+            f"a real hole: no test built the record without {flag} and read it back; a pure "
+            "test now pins every flag's default (off)",
+            (_FLAGS,),
+        )
+        for flag in ("multi_agent", "cancel_requested", "pinned")
+    },
 }
 """Every survivor the runs found, with its classification."""
