@@ -47,10 +47,10 @@ _TOOLS = "spec/tool_execution.py"
 _LIFECYCLE = "spec/lifecycle.py"
 _ENTRIES = "spec/entries.py"
 _RECORDS = "spec/records.py"
-_FLAGS = f"{_SPEC_KILLS}test_every_flag_a_caller_leaves_out_of_a_record_is_off"
 _NO_KIND = 'if not isinstance(kind, str) or not kind or kind == "session":'
 _LABEL = 'if kind == EntryKind.LABEL and not isinstance(payload.get("label", ""), str):'
 _SPEC_KILLS = "test_spec_survivors.py::"
+_FLAGS = f"{_SPEC_KILLS}test_every_flag_a_caller_leaves_out_of_a_record_is_off"
 _REBUILT = (
     f"{_SPEC_KILLS}test_a_rebuilt_result_keeps_in_details_only_a_value_without_content_form",
     "test_recovery.py::test_a_recorded_result_keeps_every_value_it_was_given",
