@@ -15,7 +15,14 @@ from turnkeeper.spec import records
 from turnkeeper.spec.clear_facts import CUT, NAME_MAX, NONE, ClearFacts, bounded, clear_facts
 from turnkeeper.spec.delivery import DeliveryIntent, DeliveryPlan, intent_status
 from turnkeeper.spec.entries import validate_payload
-from turnkeeper.spec.errors import InvalidInputError, LeaseLostError, TurnkeeperError
+from turnkeeper.spec.errors import (
+    InvalidInputError,
+    LeaseLostError,
+    ToolCallPairingError,
+    ToolCallsUnansweredError,
+    ToolExecutionNotReclaimableError,
+    TurnkeeperError,
+)
 from turnkeeper.spec.lifecycle import Edge, Lifecycle, fact
 from turnkeeper.spec.records import Lease
 from turnkeeper.spec.tool_execution import (
@@ -234,3 +241,24 @@ def test_every_flag_a_caller_leaves_out_of_a_record_is_off() -> None:
     assert [f for f in flags if f[2] is not False] == []
     capabilities = records.SessionCapabilities("s")
     assert not any(getattr(capabilities, n) for n in ("delegate_mode", "multi_agent", "browser"))
+
+
+def test_a_refused_reclaim_says_what_to_do_for_each_state() -> None:
+    says = {
+        ("completed", "terminal"): "never reopened: use its stored result",
+        ("abandoned", "terminal"): "never reopened: a new run makes a new call",
+        ("running", "needs_confirmation"): "(tools.request_recovery, once the record is inter",
+        ("interrupted", "needs_confirmation"): "user confirms (tools.request_recovery) (",
+    }
+    for (source, reason), text in says.items():
+        assert text in str(ToolExecutionNotReclaimableError("k", source, reason)), source
+
+
+def test_a_pairing_error_names_the_first_open_call_and_keeps_its_detail() -> None:
+    open_calls = ToolCallsUnansweredError("s", "e", ["c1", "c2"])
+    assert open_calls.tool_call_id == "c1" and open_calls.tool_call_ids == ("c1", "c2")
+    assert ToolCallsUnansweredError("s", "e", []).tool_call_id == ""
+    plain = ToolCallPairingError("s", "e", "c1", "late")
+    assert str(plain).endswith("reason='late')")
+    detailed = ToolCallPairingError("s", "e", "c1", "late", detail="more")
+    assert str(detailed).endswith("reason='late'): more")

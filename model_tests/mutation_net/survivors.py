@@ -47,6 +47,8 @@ _TOOLS = "spec/tool_execution.py"
 _LIFECYCLE = "spec/lifecycle.py"
 _ENTRIES = "spec/entries.py"
 _RECORDS = "spec/records.py"
+_ERRORS = "spec/errors.py"
+_RUNNING = '+ (", once the record is interrupted)" if self.source == "running" else ")"),'
 _NO_KIND = 'if not isinstance(kind, str) or not kind or kind == "session":'
 _LABEL = 'if kind == EntryKind.LABEL and not isinstance(payload.get("label", ""), str):'
 _SPEC_KILLS = "test_spec_survivors.py::"
@@ -179,5 +181,35 @@ SURVIVORS: dict[Site, Verdict] = {
         )
         for flag in ("multi_agent", "cancel_requested", "pinned")
     },
+    # -- spec/errors.py: what an error tells its reader ---------------------------------
+    Site(_ERRORS, "core/ReplaceComparisonOperator_Eq_NotEq", 'if self.source == "completed"'): (
+        Verdict(
+            "killed",
+            "a real hole: no test read a refused reclaim's advice per state (a completed "
+            "record's result is kept, an abandoned one's run makes a new call); a pure test "
+            "now does",
+            (f"{_SPEC_KILLS}test_a_refused_reclaim_says_what_to_do_for_each_state",),
+        )
+    ),
+    Site(_ERRORS, "core/ReplaceComparisonOperator_Eq_NotEq", _RUNNING): Verdict(
+        "killed",
+        "a real hole: no test read the advice for a running side-effecting record (it is "
+        "interrupted first); the same pure test",
+        (f"{_SPEC_KILLS}test_a_refused_reclaim_says_what_to_do_for_each_state",),
+    ),
+    Site(_ERRORS, "core/AddNot", 'return f"{text}: {self.detail}" if self.detail else text'): (
+        Verdict(
+            "killed",
+            "a real hole: no test read a pairing error without a detail (its own _message, "
+            "not the root's); a pure test now reads one with and one without",
+            (f"{_SPEC_KILLS}test_a_pairing_error_names_the_first_open_call_and_keeps_its_detail",),
+        )
+    ),
+    Site(_ERRORS, "core/AddNot", 'self.tool_call_id = ids[0] if ids else ""'): Verdict(
+        "killed",
+        "a real hole: no test read ToolCallsUnansweredError.tool_call_id (the first open "
+        "call); a pure test now does",
+        (f"{_SPEC_KILLS}test_a_pairing_error_names_the_first_open_call_and_keeps_its_detail",),
+    ),
 }
 """Every survivor the runs found, with its classification."""
