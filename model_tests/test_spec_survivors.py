@@ -252,12 +252,18 @@ def test_a_refused_reclaim_says_what_to_do_for_each_state() -> None:
     }
     for (source, reason), text in says.items():
         assert text in str(ToolExecutionNotReclaimableError("k", source, reason)), source
+    refused = ToolExecutionNotReclaimableError("k", "abandoned", "terminal")
+    assert str(refused).endswith("reason='terminal')")
+    refused = ToolExecutionNotReclaimableError("k", "abandoned", "terminal", detail="more")
+    assert str(refused).endswith("reason='terminal'): more")
 
 
 def test_a_pairing_error_names_the_first_open_call_and_keeps_its_detail() -> None:
     open_calls = ToolCallsUnansweredError("s", "e", ["c1", "c2"])
     assert open_calls.tool_call_id == "c1" and open_calls.tool_call_ids == ("c1", "c2")
     assert ToolCallsUnansweredError("s", "e", []).tool_call_id == ""
+    assert str(open_calls).endswith("at the run's end)")
+    assert str(ToolCallsUnansweredError("s", "e", ["c1"], detail="more")).endswith("end): more")
     plain = ToolCallPairingError("s", "e", "c1", "late")
     assert str(plain).endswith("reason='late')")
     detailed = ToolCallPairingError("s", "e", "c1", "late", detail="more")

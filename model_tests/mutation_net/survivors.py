@@ -201,8 +201,13 @@ SURVIVORS: dict[Site, Verdict] = {
         Verdict(
             "killed",
             "a real hole: no test read a pairing error without a detail (its own _message, "
-            "not the root's); a pure test now reads one with and one without",
-            (f"{_SPEC_KILLS}test_a_pairing_error_names_the_first_open_call_and_keeps_its_detail",),
+            "not the root's); pure tests now read, with and without a detail, each error "
+            "whose _message has this line (the root, pairing, unanswered calls, reclaim)",
+            (
+                f"{_SPEC_KILLS}test_a_pairing_error_names_the_first_open_call_and_keeps_its_detail",
+                f"{_SPEC_KILLS}test_a_refused_reclaim_says_what_to_do_for_each_state",
+                f"{_SPEC_KILLS}test_an_error_sets_its_fields_from_positions_and_names_and_refuses_others",
+            ),
         )
     ),
     Site(_ERRORS, "core/AddNot", 'self.tool_call_id = ids[0] if ids else ""'): Verdict(
