@@ -33,6 +33,14 @@ from turnkeeper.spec.tool_execution import (
     result_json,
     unrecorded_interrupted_result,
 )
+from turnkeeper.spec.usage import (
+    MAX_COST_USD,
+    MAX_TOKENS,
+    check_cost,
+    check_count,
+    lenient_cost,
+    lenient_count,
+)
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -268,3 +276,24 @@ def test_a_pairing_error_names_the_first_open_call_and_keeps_its_detail() -> Non
     assert str(plain).endswith("reason='late')")
     detailed = ToolCallPairingError("s", "e", "c1", "late", detail="more")
     assert str(detailed).endswith("reason='late'): more")
+
+
+def test_usage_figures_are_taken_up_to_their_bounds_inclusive() -> None:
+    """The bounds of counts and costs, read leniently from a file (``None`` =
+    unknown) and checked strictly from a caller (refused), at each edge."""
+    assert lenient_count(0) == 0 and lenient_count(MAX_TOKENS) == MAX_TOKENS
+    assert lenient_count(3.0) == 3 and lenient_count(3.5) is None
+    assert lenient_count(float("inf")) is None and lenient_count(float("nan")) is None
+    assert lenient_count(-1) is None and lenient_count(MAX_TOKENS + 1) is None
+    assert lenient_count(True) is None and lenient_count("3") is None
+    assert lenient_cost(0) == 0.0 and lenient_cost(MAX_COST_USD) == MAX_COST_USD
+    assert lenient_cost(0.25) == 0.25 and lenient_cost(-0.01) is None
+    assert lenient_cost(MAX_COST_USD * 2) is None and lenient_cost(float("nan")) is None
+    assert check_count(0, "f") == 0 and check_count(MAX_TOKENS, "f") == MAX_TOKENS
+    assert check_cost(0, "f") == 0.0 and check_cost(MAX_COST_USD, "f") == MAX_COST_USD
+    for bad_count in (-1, MAX_TOKENS + 1, True, 1.0):
+        with pytest.raises(InvalidInputError):
+            check_count(bad_count, "f")
+    for bad_cost in (-0.01, MAX_COST_USD * 2, float("inf"), True, "1"):
+        with pytest.raises(InvalidInputError):
+            check_cost(bad_cost, "f")
