@@ -36,8 +36,11 @@ from turnkeeper.spec.tool_execution import (
 from turnkeeper.spec.usage import (
     MAX_COST_USD,
     MAX_TOKENS,
+    UsageFigures,
     check_cost,
     check_count,
+    from_anthropic_message,
+    from_pi_message,
     lenient_cost,
     lenient_count,
 )
@@ -297,3 +300,21 @@ def test_usage_figures_are_taken_up_to_their_bounds_inclusive() -> None:
     for bad_cost in (-0.01, MAX_COST_USD * 2, float("inf"), True, "1"):
         with pytest.raises(InvalidInputError):
             check_cost(bad_cost, "f")
+
+
+def test_usage_is_read_from_assistant_messages_only_and_totals_only_known_parts() -> None:
+    pi = {"role": "assistant", "usage": {"input": 3, "output": 4, "cost": {"total": 0.5}}}
+    figures = from_pi_message(pi)
+    assert figures is not None
+    assert (figures.input_tokens, figures.output_tokens, figures.cost_usd) == (3, 4, 0.5)
+    assert from_pi_message({**pi, "role": "user"}) is None
+    assert from_pi_message({**pi, "usage": {}}) is None
+    assert from_pi_message({**pi, "usage": "3"}) is None
+    assert from_pi_message("assistant") is None
+    claude = {"role": "assistant", "usage": {"input_tokens": 3, "output_tokens": 4}}
+    assert from_anthropic_message(claude) == UsageFigures(3, 4, 0, 0, 7, None)
+    odd = {**claude, "usage": {"input_tokens": 3, "output_tokens": "4"}}
+    assert from_anthropic_message(odd) == UsageFigures(3, None, 0, 0, None, None)
+    assert from_anthropic_message({**claude, "role": "user"}) is None
+    assert from_anthropic_message({**claude, "usage": {"cache_read_input_tokens": 1}}) is None
+    assert from_anthropic_message(None) is None
