@@ -41,8 +41,10 @@ from turnkeeper.spec.usage import (
     check_count,
     from_anthropic_message,
     from_pi_message,
+    from_provider,
     lenient_cost,
     lenient_count,
+    text_of,
 )
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -318,3 +320,16 @@ def test_usage_is_read_from_assistant_messages_only_and_totals_only_known_parts(
     assert from_anthropic_message({**claude, "role": "user"}) is None
     assert from_anthropic_message({**claude, "usage": {"cache_read_input_tokens": 1}}) is None
     assert from_anthropic_message(None) is None
+
+
+def test_a_usage_object_of_no_shape_or_two_says_which_it_found() -> None:
+    with pytest.raises(InvalidInputError, match="shape, found none"):
+        from_provider({"tokens": 3})
+    with pytest.raises(InvalidInputError, match="shape, found chat and messages"):
+        from_provider({"prompt_tokens": 3, "input_tokens": 3})
+
+
+def test_text_of_is_a_string_field_or_empty() -> None:
+    assert text_of({"model": "m"}, "model") == "m"
+    assert text_of({"model": 3}, "model") == ""
+    assert text_of({}, "model") == ""
