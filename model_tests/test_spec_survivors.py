@@ -333,3 +333,18 @@ def test_text_of_is_a_string_field_or_empty() -> None:
     assert text_of({"model": "m"}, "model") == "m"
     assert text_of({"model": 3}, "model") == ""
     assert text_of({}, "model") == ""
+
+
+def test_usage_at_the_edges_a_total_at_the_bound_and_a_prompt_all_cached() -> None:
+    at_bound = {"role": "assistant", "usage": {"input_tokens": MAX_TOKENS, "output_tokens": 0}}
+    assert from_anthropic_message(at_bound) == UsageFigures(MAX_TOKENS, 0, 0, 0, MAX_TOKENS, None)
+    past = {"role": "assistant", "usage": {"input_tokens": MAX_TOKENS, "output_tokens": 1}}
+    assert from_anthropic_message(past) == UsageFigures(MAX_TOKENS, 1, 0, 0, None, None)
+    cached = {
+        "prompt_tokens": 5,
+        "completion_tokens": 1,
+        "prompt_tokens_details": {"cached_tokens": 5},
+    }
+    assert from_provider(cached) == UsageFigures(0, 1, 5, 0, 6)
+    with pytest.raises(InvalidInputError, match="6 cached tokens of a 5-token prompt"):
+        from_provider({**cached, "prompt_tokens_details": {"cached_tokens": 6}})

@@ -48,10 +48,13 @@ _LIFECYCLE = "spec/lifecycle.py"
 _ENTRIES = "spec/entries.py"
 _RECORDS = "spec/records.py"
 _ERRORS = "spec/errors.py"
+_USAGE = "spec/usage.py"
+_TOTAL = "total = sum(known) if len(known) == len(parts) and sum(known) <= MAX_TOKENS else None"
 _RUNNING = '+ (", once the record is interrupted)" if self.source == "running" else ")"),'
 _NO_KIND = 'if not isinstance(kind, str) or not kind or kind == "session":'
 _LABEL = 'if kind == EntryKind.LABEL and not isinstance(payload.get("label", ""), str):'
 _SPEC_KILLS = "test_spec_survivors.py::"
+_EDGES = f"{_SPEC_KILLS}test_usage_at_the_edges_a_total_at_the_bound_and_a_prompt_all_cached"
 _FLAGS = f"{_SPEC_KILLS}test_every_flag_a_caller_leaves_out_of_a_record_is_off"
 _REBUILT = (
     f"{_SPEC_KILLS}test_a_rebuilt_result_keeps_in_details_only_a_value_without_content_form",
@@ -215,6 +218,31 @@ SURVIVORS: dict[Site, Verdict] = {
         "a real hole: no test read ToolCallsUnansweredError.tool_call_id (the first open "
         "call); a pure test now does",
         (f"{_SPEC_KILLS}test_a_pairing_error_names_the_first_open_call_and_keeps_its_detail",),
+    ),
+    # -- spec/usage.py: usage figures (its run met the bounds tests written after a
+    # -- partial run that found them; these four remained) -------------------------
+    Site(_USAGE, "core/ReplaceComparisonOperator_LtE_Lt", _TOTAL): Verdict(
+        "killed",
+        "a real hole: no test gave an Anthropic usage whose parts sum to exactly MAX_TOKENS "
+        "(a total at the bound is kept); a pure test now does",
+        (_EDGES,),
+    ),
+    Site(_USAGE, "core/AddNot", 'return value if isinstance(value, str) else ""'): Verdict(
+        "killed",
+        "a real hole: no test of the net's choice read text_of; a pure test now does",
+        (f"{_SPEC_KILLS}test_text_of_is_a_string_field_or_empty",),
+    ),
+    Site(_USAGE, "core/ReplaceComparisonOperator_Gt_GtE", "if cached > prompt:"): Verdict(
+        "killed",
+        "a real hole: no test gave a prompt whose every token was cached (allowed: none "
+        "new); a pure test now does, and one with more cached than prompt tokens",
+        (_EDGES,),
+    ),
+    Site(_USAGE, "core/AddNot", 'found = " and ".join(shapes) if shapes else "none"'): Verdict(
+        "killed",
+        "a real hole: no test read which shapes a usage object of two shapes (or none) "
+        "showed; a pure test now does",
+        (f"{_SPEC_KILLS}test_a_usage_object_of_no_shape_or_two_says_which_it_found",),
     ),
 }
 """Every survivor the runs found, with its classification."""
