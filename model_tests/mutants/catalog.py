@@ -325,6 +325,19 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        id="thread-key-absent-default",
+        kind="key-absent",
+        guards="require_key_absent is off unless asked: on by default, a save of a record "
+        "whose key is bound (to itself) would be refused (found by the mutation net)",
+        file="spec/records.py",
+        old="    require_key_absent: bool = False\n",
+        new="    require_key_absent: bool = True\n",
+        tests=(
+            *_cases("test_conformance_threads.py::test_save_is_an_upsert_by_record_id"),
+            "test_spec_survivors.py::test_every_flag_a_caller_leaves_out_of_a_record_is_off",
+        ),
+    ),
+    Mutant(
         id="thread-one-active",
         kind="one-active",
         guards="a key bound to another record is refused without rebind_active",

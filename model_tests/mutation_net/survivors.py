@@ -1,0 +1,248 @@
+"""Every survivor of the second mutation net, classified.
+
+A survivor is a mutant whose area's tests all passed. Each gets an entry here,
+keyed by :class:`Site`: its file (inside the installed ``turnkeeper/``), the
+cosmic-ray operator and the text of the mutated source line, stripped (found
+in the file at least once, else the entry is stale: ``test_mutation_net.py``
+checks it). Its :class:`Verdict` is either
+
+- ``equivalent``: no test can tell the mutant from the shipped code; ``why``
+  says why; or
+- ``killed``: a real hole, closed since by the fixed tests ``tests`` (node ids
+  relative to ``model_tests/``; they fail with the mutant applied and pass on
+  the real code). When it is a fence or guard, the fence-mutant catalog
+  (``mutants/catalog.py``) carries it too, under ``catalog``.
+
+The report (``reports/MUTATION_NET.md``) reads this list; a survivor without
+an entry makes ``make mutation-net`` fail.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a mutant is: file inside ``turnkeeper/``, operator, stripped source line."""
+
+    file: str
+    operator: str
+    line: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a survivor is: ``equivalent`` (with ``why``) or ``killed`` (by ``tests``)."""
+
+    kind: str  # "equivalent" or "killed"
+    why: str
+    tests: tuple[str, ...] = ()
+    catalog: str = ""  # the fence-mutant catalog's id, for a fence or guard
+
+
+KINDS = ("equivalent", "killed")
+
+_TOOLS = "spec/tool_execution.py"
+_LIFECYCLE = "spec/lifecycle.py"
+_ENTRIES = "spec/entries.py"
+_RECORDS = "spec/records.py"
+_ERRORS = "spec/errors.py"
+_USAGE = "spec/usage.py"
+_TOTAL = "total = sum(known) if len(known) == len(parts) and sum(known) <= MAX_TOKENS else None"
+_RUNNING = '+ (", once the record is interrupted)" if self.source == "running" else ")"),'
+_NO_KIND = 'if not isinstance(kind, str) or not kind or kind == "session":'
+_LABEL = 'if kind == EntryKind.LABEL and not isinstance(payload.get("label", ""), str):'
+_SPEC_KILLS = "test_spec_survivors.py::"
+_EDGES = f"{_SPEC_KILLS}test_usage_at_the_edges_a_total_at_the_bound_and_a_prompt_all_cached"
+_FLAGS = f"{_SPEC_KILLS}test_every_flag_a_caller_leaves_out_of_a_record_is_off"
+_REBUILT = (
+    f"{_SPEC_KILLS}test_a_rebuilt_result_keeps_in_details_only_a_value_without_content_form",
+    "test_recovery.py::test_a_recorded_result_keeps_every_value_it_was_given",
+)
+_OPENAI = (
+    f"{_SPEC_KILLS}test_an_openai_tool_message_carries_text_and_blocks_as_they_are_other_values_as_json",
+)
+_REBUILT_WHY = (
+    "a hole in the net's test choice: test_recovery.py pins it (not among spec-tools' "
+    "tests then); a pure test of recorded_result now pins it in spec-tools' tests too"
+)
+
+SURVIVORS: dict[Site, Verdict] = {
+    # -- spec/tool_execution.py: how a tool's stored result becomes a message ---------
+    Site(_TOOLS, "core/AddNot", "if not isinstance(result, str) and not is_content(result):"): (
+        Verdict("killed", _REBUILT_WHY, _REBUILT)
+    ),
+    Site(
+        _TOOLS,
+        "core/ReplaceAndWithOr",
+        "if not isinstance(result, str) and not is_content(result):",
+    ): Verdict("killed", _REBUILT_WHY, _REBUILT),
+    Site(_TOOLS, "core/AddNot", "if isinstance(result, str) or is_content(result):"): Verdict(
+        "killed",
+        "a real hole: no test read an OpenAI tool message's content for a text result "
+        "(openai_content); a pure test now does",
+        _OPENAI,
+    ),
+    Site(_TOOLS, "core/ReplaceOrWithAnd", "if isinstance(result, str) or is_content(result):"): (
+        Verdict(
+            "killed",
+            "a real hole: no test gave openai_content content blocks or a text alone; "
+            "a pure test now does",
+            _OPENAI,
+        )
+    ),
+    Site(
+        _TOOLS,
+        "core/ReplaceFalseWithTrue",
+        'return json.dumps(result, sort_keys=True, separators=(",", ":"), ensure_ascii=False)',
+    ): Verdict(
+        "killed",
+        "a real hole: no test stored a non-ASCII value without content form; a pure test "
+        "of result_json now does",
+        (f"{_SPEC_KILLS}test_result_json_sorts_keys_drops_spaces_and_keeps_non_ascii",),
+    ),
+    Site(
+        _TOOLS,
+        "core/ReplaceAndWithOr",
+        'isinstance(b, dict) and isinstance(b.get("type"), str) for b in value',
+    ): Verdict(
+        "killed",
+        "a real hole: no test gave is_content a list whose items are not objects, or "
+        "objects without a string type; a pure test now does",
+        (f"{_SPEC_KILLS}test_content_blocks_are_a_list_of_objects_each_with_a_string_type",),
+    ),
+    Site(
+        _TOOLS,
+        "core/ReplaceFalseWithTrue",
+        '"details": {"executionState": ToolExecutionState.INTERRUPTED.value, "recorded": False},',
+    ): Verdict(
+        "killed",
+        "a real hole: no test read the details of an interrupted result that has no "
+        "record; a pure test now does",
+        (f"{_SPEC_KILLS}test_an_interrupted_result_without_a_record_says_it_has_none",),
+    ),
+    Site(_TOOLS, "core/ReplaceAndWithOr", "return isinstance(value, list) and all("): Verdict(
+        "killed",
+        "a real hole: no test gave is_content an object that is not a list; a pure test now does",
+        (f"{_SPEC_KILLS}test_content_blocks_are_a_list_of_objects_each_with_a_string_type",),
+    ),
+    Site(
+        _TOOLS,
+        "core/ReplaceTrueWithFalse",
+        'return json.dumps(result, sort_keys=True, separators=(",", ":"), ensure_ascii=False)',
+    ): Verdict(
+        "killed",
+        "a real hole: no test stored a result whose keys were out of order; a pure test "
+        "of result_json now does",
+        (f"{_SPEC_KILLS}test_result_json_sorts_keys_drops_spaces_and_keeps_non_ascii",),
+    ),
+    # -- spec/lifecycle.py: a lifecycle's own well-formedness checks ---------------------
+    Site(_LIFECYCLE, "core/ZeroIterationForLoop", "for edge in self.edges:"): Verdict(
+        "killed",
+        "a real hole: every shipped lifecycle is well formed, so no test met the checks "
+        "of an edge's states and guards; a pure test builds one flawed lifecycle per check",
+        (f"{_SPEC_KILLS}test_a_lifecycle_refuses_malformed_data",),
+    ),
+    # -- spec/entries.py: validate_payload, the guard of every appended payload ----------
+    Site(_ENTRIES, "core/ReplaceOrWithAnd", _NO_KIND): Verdict(
+        "killed",
+        "a real hole: with strict=True the unknown-kind check refuses the same kinds (same "
+        "InvalidInputError field), so only strict=False (imports) tells them apart, and no "
+        "test gave an import a non-string, empty or session kind; a pure test now does",
+        (
+            f"{_SPEC_KILLS}test_an_entry_kind_that_is_no_kind_is_refused_even_when_unknown_kinds_pass",
+        ),
+    ),
+    Site(_ENTRIES, "core/AddNot", _LABEL): Verdict(
+        "killed",
+        "a real hole: no test appended a label entry whose label is not a string, nor "
+        "another kind with a label field; a pure test now does both",
+        (f"{_SPEC_KILLS}test_only_a_label_entry_needs_its_label_to_be_a_string",),
+    ),
+    Site(_ENTRIES, "core/ReplaceComparisonOperator_Eq_NotEq", _LABEL): Verdict(
+        "killed",
+        "a real hole (as the AddNot mutant of the same line); the same pure test",
+        (f"{_SPEC_KILLS}test_only_a_label_entry_needs_its_label_to_be_a_string",),
+    ),
+    # -- spec/records.py: the defaults of the records' flags --------------------------
+    Site(_RECORDS, "core/ReplaceFalseWithTrue", "require_key_absent: bool = False"): Verdict(
+        "killed",
+        "a real hole, and a guard: FinalizeRequest's require_key_absent defaulting to on "
+        "refuses a save of a record whose key is bound to itself; the net's spec-records "
+        "tests never finalized (test_conformance_threads does); a pure test now pins every "
+        "flag's default",
+        (_FLAGS, "test_conformance_threads.py::test_save_is_an_upsert_by_record_id"),
+        catalog="thread-key-absent-default",
+    ),
+    **{
+        Site(_RECORDS, "core/ReplaceFalseWithTrue", f"{flag}: bool = False"): Verdict(
+            "killed",
+            f"a real hole: no test built the record without {flag} and read it back; a pure "
+            "test now pins every flag's default (off)",
+            (_FLAGS,),
+        )
+        for flag in ("multi_agent", "cancel_requested", "pinned")
+    },
+    # -- spec/errors.py: what an error tells its reader ---------------------------------
+    Site(_ERRORS, "core/ReplaceComparisonOperator_Eq_NotEq", 'if self.source == "completed"'): (
+        Verdict(
+            "killed",
+            "a real hole: no test read a refused reclaim's advice per state (a completed "
+            "record's result is kept, an abandoned one's run makes a new call); a pure test "
+            "now does",
+            (f"{_SPEC_KILLS}test_a_refused_reclaim_says_what_to_do_for_each_state",),
+        )
+    ),
+    Site(_ERRORS, "core/ReplaceComparisonOperator_Eq_NotEq", _RUNNING): Verdict(
+        "killed",
+        "a real hole: no test read the advice for a running side-effecting record (it is "
+        "interrupted first); the same pure test",
+        (f"{_SPEC_KILLS}test_a_refused_reclaim_says_what_to_do_for_each_state",),
+    ),
+    Site(_ERRORS, "core/AddNot", 'return f"{text}: {self.detail}" if self.detail else text'): (
+        Verdict(
+            "killed",
+            "a real hole: no test read a pairing error without a detail (its own _message, "
+            "not the root's); pure tests now read, with and without a detail, each error "
+            "whose _message has this line (the root, pairing, unanswered calls, reclaim)",
+            (
+                f"{_SPEC_KILLS}test_a_pairing_error_names_the_first_open_call_and_keeps_its_detail",
+                f"{_SPEC_KILLS}test_a_refused_reclaim_says_what_to_do_for_each_state",
+                f"{_SPEC_KILLS}test_an_error_sets_its_fields_from_positions_and_names_and_refuses_others",
+            ),
+        )
+    ),
+    Site(_ERRORS, "core/AddNot", 'self.tool_call_id = ids[0] if ids else ""'): Verdict(
+        "killed",
+        "a real hole: no test read ToolCallsUnansweredError.tool_call_id (the first open "
+        "call); a pure test now does",
+        (f"{_SPEC_KILLS}test_a_pairing_error_names_the_first_open_call_and_keeps_its_detail",),
+    ),
+    # -- spec/usage.py: usage figures (its run met the bounds tests written after a
+    # -- partial run that found them; these four remained) -------------------------
+    Site(_USAGE, "core/ReplaceComparisonOperator_LtE_Lt", _TOTAL): Verdict(
+        "killed",
+        "a real hole: no test gave an Anthropic usage whose parts sum to exactly MAX_TOKENS "
+        "(a total at the bound is kept); a pure test now does",
+        (_EDGES,),
+    ),
+    Site(_USAGE, "core/AddNot", 'return value if isinstance(value, str) else ""'): Verdict(
+        "killed",
+        "a real hole: no test of the net's choice read text_of; a pure test now does",
+        (f"{_SPEC_KILLS}test_text_of_is_a_string_field_or_empty",),
+    ),
+    Site(_USAGE, "core/ReplaceComparisonOperator_Gt_GtE", "if cached > prompt:"): Verdict(
+        "killed",
+        "a real hole: no test gave a prompt whose every token was cached (allowed: none "
+        "new); a pure test now does, and one with more cached than prompt tokens",
+        (_EDGES,),
+    ),
+    Site(_USAGE, "core/AddNot", 'found = " and ".join(shapes) if shapes else "none"'): Verdict(
+        "killed",
+        "a real hole: no test read which shapes a usage object of two shapes (or none) "
+        "showed; a pure test now does",
+        (f"{_SPEC_KILLS}test_a_usage_object_of_no_shape_or_two_says_which_it_found",),
+    ),
+}
+"""Every survivor the runs found, with its classification."""
