@@ -309,15 +309,19 @@ SHARD_ENV = "TURNKEEPER_TEST_SHARD"
 """``i/n``: this process runs the ``i``-th of ``n`` shares of the suite's files
 (``model_tests/in_shards.py``, which ``make test`` runs it under); unset, all of them."""
 
+_SHARE = os.environ.pop(SHARD_ENV, None)
+"""This process's share, taken out of the environment when the suite starts: the
+pytest runs the tests start (killing-test collection, mutants, suite gates) are
+whole suites of their own, never a share of theirs."""
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The selection below (:func:`_select`), then this process's share of it
     (:data:`SHARD_ENV`, :func:`shard`)."""
     _select(config, items)
-    spec = os.environ.get(SHARD_ENV)
-    if not spec:
+    if not _SHARE:
         return
-    index, count = (int(part) for part in spec.split("/"))
+    index, count = (int(part) for part in _SHARE.split("/"))
     keep = shard([i.nodeid for i in items], index, count)
     others = [i for i in items if i.nodeid not in keep]
     items[:] = [i for i in items if i.nodeid in keep]

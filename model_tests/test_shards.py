@@ -72,6 +72,32 @@ def test_the_suite_collected_in_two_shares_is_the_suite():
     assert sorted(first + second) == whole
 
 
+def test_a_share_is_not_passed_on_to_the_processes_its_tests_start():
+    # Run in a share of its own, this file's check below must see no share: the
+    # pytest runs tests start (killing-test collection, mutant runs) are whole.
+    env = {**os.environ, SHARD_ENV: "0/1"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "model_tests/test_shards.py::test_no_share_in_the_environment",
+        ],
+        cwd=HERE.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout + done.stderr
+
+
+def test_no_share_in_the_environment():
+    assert SHARD_ENV not in os.environ
+
+
 def _run(*argv: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != SHARD_ENV}  # this test may run in a share
     return subprocess.run(
