@@ -37,3 +37,12 @@ class StoreOpener(Protocol):
     def close(self, store: BaseStore) -> None:
         """Close ``store`` (one this opener opened) and discard its data."""
         ...
+
+    def peer(self, store: BaseStore, clock: Callable[[], datetime]) -> BaseStore | None:
+        """A second store object on ``store``'s data, on ``clock``: another
+        worker's connections, for machines that race two workers. ``None``
+        where the engine gives one process one store per file (DuckDB).
+
+        The caller closes a peer with its ``close()`` before it closes
+        ``store`` with :meth:`close`. Raises what :meth:`open` raises."""
+        ...

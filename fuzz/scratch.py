@@ -145,6 +145,10 @@ class DuckDBScratch:
             for name in (where, where.with_name(where.name + ".wal")):
                 name.unlink(missing_ok=True)
 
+    def peer(self, store: BaseStore, clock: Callable[[], datetime]) -> None:
+        """No peer: a DuckDB file is one store per process."""
+        return None
+
     def remove(self) -> None:
         """Close every store still open and remove the folder. Never raises."""
         for store, _ in list(self._open.values()):
@@ -181,6 +185,7 @@ class PostgresScratch:
         self.encryption = encryption
         self.name = "postgres" + ("+enc" if encryption is not None else "")
         self._open: dict[int, BaseStore] = {}
+        self._peers: list[BaseStore] = []
         self._tables: list[str] = []
         self.url = in_schema(target, self.schema)
         shown = redacted(target)
@@ -240,17 +245,34 @@ class PostgresScratch:
         self._open[id(store)] = store
         return store
 
+    def peer(self, store: BaseStore, clock: Callable[[], datetime]) -> BaseStore:
+        """Another store object on the run's schema, on ``clock`` (its own
+        connections); closed by the caller, and at the latest by :meth:`close`
+        of the example's store or :meth:`remove`."""
+        other = turnkeeper.open_store(self.url, clock=clock, encryption=self.encryption)
+        self._peers.append(other)
+        return other
+
     def close(self, store: BaseStore) -> None:
         """Close ``store`` and empty the schema for the next example."""
         self._open.pop(id(store), None)
+        self._close_peers()
         store.close()
         with self._psycopg.connect(self.target, autocommit=True) as conn, conn.transaction():
             for table in self._tables:
                 conn.execute(f"DELETE FROM {self.schema}.{table}")
 
+    def _close_peers(self) -> None:
+        """Close the peers the example made (closing one twice is a no-op)."""
+        peers, self._peers = self._peers, []
+        for other in peers:
+            with contextlib.suppress(Exception):  # a peer's failure is the machine's, not ours
+                other.close()
+
     def remove(self) -> None:
         """Close every store still open and drop the schema. Never raises
         (a server gone away leaves the schema, named in the warning)."""
+        self._close_peers()
         for store in list(self._open.values()):
             with contextlib.suppress(Exception):  # the run is over: drop the schema
                 store.close()

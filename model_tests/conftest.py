@@ -456,6 +456,15 @@ class BackendOpener:
     def close(self, store: turnkeeper.BaseStore) -> None:
         close_backend(store)
 
+    def peer(
+        self, store: turnkeeper.BaseStore, clock: Callable[[], datetime]
+    ) -> turnkeeper.BaseStore | None:
+        """Another store object on ``store``'s schema (PostgreSQL), else ``None``."""
+        if engine(self.name) != "postgres":
+            return None
+        keys = TEST_KEYS if self.name in ENCRYPTED else None
+        return open_pg(_OPENED[id(store)], clock=clock, encryption=keys)
+
 
 def opener(backend: str) -> BackendOpener:
     """The stateful machines' opener on ``backend`` (a :data:`STORES` configuration)."""

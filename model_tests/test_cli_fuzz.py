@@ -416,3 +416,36 @@ def test_sigterm_removes_the_scratch_writes_the_report_and_exits_143(
     data = json.loads(report.with_suffix(".json").read_text(encoding="utf-8"))
     assert data["interrupted"], data
     assert sorted(p.name for p in user_file.parent.iterdir()) == listing
+
+
+@pytest.mark.postgres
+def test_a_peer_sees_the_examples_data_and_closes_with_the_example(user_schema: Any) -> None:
+    """A machine racing two workers gets a second store object on the
+    example's schema (``peer``); closing the example closes its peers too, so
+    no connection of the example holds the schema while it is emptied."""
+    server, _, _ = user_schema
+    from turnkeeper.fuzz import FakeClock
+
+    clock = FakeClock()
+    with scratch.scratch(server) as made:
+        store = made.open(clock)
+        other = made.peer(store, clock)
+        assert other is not None
+        store.sessions.create("seen")
+        assert other.sessions.get("seen") is not None  # the same data, another store object
+        made.close(store)
+        with pytest.raises(turnkeeper.InterfaceError):
+            other.sessions.get("seen")  # closed with its example
+        again = made.open(clock)
+        assert again.sessions.get("seen") is None  # the next example starts empty
+        made.close(again)
+
+
+def test_duckdb_scratch_has_no_peer(tmp_path: Path) -> None:
+    """A DuckDB file is one store per process: no peer."""
+    from turnkeeper.fuzz import FakeClock
+
+    with scratch.scratch(str(tmp_path / "x.duckdb")) as made:
+        store = made.open(FakeClock())
+        assert made.peer(store, FakeClock()) is None
+        made.close(store)
