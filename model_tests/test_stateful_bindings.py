@@ -1,4 +1,4 @@
-"""Run the differential bindings machine (``stateful_bindings``: binds, unbinds,
+"""Run the differential bindings machine (``turnkeeper.fuzz.bindings``: binds, unbinds,
 transfers, bound creates, rotations, tool selections and deletes by runtimes
 and gateways racing on channels, under live, expired, taken-over, forged and
 foreign leases, with ambiguous commits and their retries), and show its
@@ -18,18 +18,24 @@ from typing import Any
 
 import pytest
 from by_hand import Kill, Steps, kill_tests
-from conftest import STORES, machine_settings
+from conftest import STORES, machine_settings, opener
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
-from stateful_bindings import TOOLS, make_machine
 
 from turnkeeper import Lease
+from turnkeeper.fuzz.bindings import TOOLS, BindingsMachine, machine
 from turnkeeper.spec import errors
 from turnkeeper.storage.ops import bindings, deletes, leases
 from turnkeeper.storage.ops.base import Area
 
 MAX_EXAMPLES = 20
 STEPS = 20
+
+
+def make_machine(backend: str) -> type[BindingsMachine]:
+    """The machine on the test store configuration ``backend`` (``conftest.opener``)."""
+    return machine(opener(backend))
+
 
 SEARCH = settings(
     max_examples=2000,

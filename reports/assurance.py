@@ -50,7 +50,7 @@ MACHINES = (
         "sessions and forks (leaf races, branch, compaction, fork)",
     ),
     (
-        "stateful_bindings",
+        "turnkeeper.fuzz.bindings",
         "test_stateful_bindings",
         "channel bindings (bind, transfer, rotate, tools; gateways on stale views)",
     ),
