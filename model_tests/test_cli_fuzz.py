@@ -7,7 +7,9 @@ zero, leaves no scratch folder or schema behind, and leaves the user's store
 byte for byte (DuckDB) or row for row (PostgreSQL) as it was; controls show
 those checks fail when the scratch isolation is patched out. With a fence
 patched out (in-process, through click's ``CliRunner``) the run exits 1 and
-the report names the machine and shows its failing steps. An unusable URL, a
+the report names the machine and shows its failing steps (the lease
+machine's with the busy fence out, the bindings machine's with the session
+check out); ``--machine``'s choices are the runner's machines. An unusable URL, a
 role without ``CREATE``, a connection that loses the scratch ``search_path``
 and a missing Hypothesis are refused with the typed error, exit 2.
 """
@@ -24,10 +26,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 from conftest import as_user, direct_url, with_schema
+from test_stateful_bindings import drop_the_session_check
 
 import turnkeeper
+from turnkeeper.cli import fuzz as command
 from turnkeeper.cli.main import cli
-from turnkeeper.fuzz import scratch
+from turnkeeper.fuzz import runner, scratch
 from turnkeeper.storage.ops import leases
 
 SHORT = ["--minutes", "0", "--examples", "2", "--steps", "8", "--seed", "11"]
@@ -97,7 +101,7 @@ def test_a_short_run_on_duckdb_reports_and_leaves_the_users_file_as_it_was(
     report.parent.mkdir()
     result = fuzz("--db", str(user_file), *SHORT, "--report", str(report))
     assert result.exit_code == 0, (result.output, result.stderr)
-    data = well_formed(report, ["leases", "runs", "outbox"], backend="duckdb")
+    data = well_formed(report, list(runner.MACHINES), backend="duckdb")
     assert not data["failed"] and data["target"] == str(user_file)
     assert digest(user_file) == before  # never opened: the same bytes
     assert sorted(p.name for p in user_file.parent.iterdir()) == listing  # no scratch left
@@ -165,23 +169,33 @@ def take_any_lease(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(leases, "_MACHINE", TakeAnyway())
 
 
+def failed_run(target: str, machine: str, tmp_path: Path) -> dict[str, Any]:
+    """Run ``machine`` alone (a seeded batch of 30 examples of at most 8
+    steps) with a guard patched out: it exits 1, the report names the machine
+    and gives its shrunk steps (in the Markdown too) and an ``AssertionError``;
+    returns the failure as the JSON gives it."""
+    report = tmp_path / "kill.md"
+    args = ["--minutes", "0", "--examples", "30", "--steps", "8", "--seed", "3"]
+    result = fuzz("--db", target, *args, "--machine", machine, "--report", str(report))
+    assert result.exit_code == 1, (result.output, result.stderr)
+    assert f"FAILED: {machine}" in result.stderr
+    text = report.read_text(encoding="utf-8")
+    assert f"## {machine} failed" in text and "result: **FAILED**" in text
+    data = json.loads(report.with_suffix(".json").read_text(encoding="utf-8"))
+    failure: dict[str, Any] = data["machines"][0]["failure"]
+    assert "state.teardown()" in failure["steps"], failure["steps"]
+    assert failure["error"].startswith("AssertionError"), failure["error"]
+    assert failure["steps"] in text
+    return failure
+
+
 def a_fence_patched_out_fails_the_run(target: str, backend: str, tmp_path: Path) -> None:
     """With :func:`take_any_lease` applied, the lease machine finds a grant the
     oracle refuses: exit 1, and the report names the machine and gives its
     shrunk steps and the error."""
-    report = tmp_path / "kill.md"
-    args = ["--minutes", "0", "--examples", "30", "--steps", "8", "--seed", "3"]
-    result = fuzz("--db", target, *args, "--machine", "leases", "--report", str(report))
-    assert result.exit_code == 1, (result.output, result.stderr)
-    assert "FAILED: leases" in result.stderr
-    text = report.read_text(encoding="utf-8")
-    assert "## leases failed" in text and "result: **FAILED**" in text
-    data = json.loads(report.with_suffix(".json").read_text(encoding="utf-8"))
-    failure = data["machines"][0]["failure"]
+    failure = failed_run(target, "leases", tmp_path)
     assert f"state = LeaseAndThreadMachine[{backend}]()" in failure["steps"], failure["steps"]
-    assert "state.acquire" in failure["steps"] and "state.teardown()" in failure["steps"]
-    assert failure["error"].startswith("AssertionError"), failure["error"]
-    assert failure["steps"] in text
+    assert "state.acquire" in failure["steps"]
 
 
 def test_control_a_fence_patched_out_fails_the_run_and_the_report_shows_the_steps(
@@ -189,6 +203,37 @@ def test_control_a_fence_patched_out_fails_the_run_and_the_report_shows_the_step
 ) -> None:
     take_any_lease(monkeypatch)
     a_fence_patched_out_fails_the_run(str(user_file), "duckdb", tmp_path)
+
+
+def test_control_a_bindings_guard_patched_out_fails_the_run(
+    user_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the bindings' session check patched out (test-only: a binding
+    write to a session that never existed goes ahead), the bindings machine
+    finds a write its model refuses, and its note gives the step that
+    replays it."""
+    drop_the_session_check(monkeypatch)
+    failure = failed_run(str(user_file), "bindings", tmp_path)
+    assert "state = BindingsMachine[duckdb]()" in failure["steps"], failure["steps"]
+    assert "session='ghost'" in failure["steps"], failure["steps"]  # the replayable note
+    assert "'missing', 'ghost'" in failure["error"], failure["error"]
+
+
+def test_the_bindings_machine_alone_on_duckdb(user_file: Path, tmp_path: Path) -> None:
+    report = tmp_path / "bindings.md"
+    result = fuzz("--db", str(user_file), *SHORT, "--machine", "bindings", "--report", str(report))
+    assert result.exit_code == 0, (result.output, result.stderr)
+    well_formed(report, ["bindings"], backend="duckdb")
+
+
+def test_the_machine_choices_and_the_help_follow_the_runners_machines() -> None:
+    """``--machine``'s choices (kept in the CLI, so ``--help`` needs no
+    Hypothesis) are ``runner.MACHINES``' names in order, each with what it
+    covers, and ``--help`` lists them."""
+    assert tuple(runner.MACHINES) == command.MACHINE_NAMES
+    assert list(runner.COVERS) == list(runner.MACHINES)
+    shown = CliRunner().invoke(cli, ["fuzz", "--help"]).output
+    assert "[" + "|".join(runner.MACHINES) + "]" in shown, shown
 
 
 def test_without_hypothesis_the_command_names_the_extra(
@@ -282,7 +327,7 @@ def test_a_short_run_on_postgres_reports_and_leaves_the_users_rows_as_they_were(
     report = tmp_path / "pg.md"
     result = fuzz("--db", url, *SHORT, "--report", str(report))
     assert result.exit_code == 0, (result.output, result.stderr)
-    data = well_formed(report, ["leases", "runs", "outbox"], backend="postgres")
+    data = well_formed(report, list(runner.MACHINES), backend="postgres")
     assert data["target"] == scratch.redacted(url)
     assert rows(server, schema) == before
     assert scratch_schemas(server) == []
@@ -295,6 +340,22 @@ def test_control_a_fence_patched_out_fails_the_run_on_postgres(
     server, url, _ = user_schema
     take_any_lease(monkeypatch)
     a_fence_patched_out_fails_the_run(url, "postgres", tmp_path)
+    assert scratch_schemas(server) == []
+
+
+@pytest.mark.postgres
+def test_the_bindings_machine_alone_on_postgres_with_a_peer(
+    user_schema: Any, tmp_path: Path
+) -> None:
+    """The bindings machine's second gateway writes through a peer store
+    object; the run passes and leaves no scratch schema."""
+    server, url, schema = user_schema
+    before = rows(server, schema)
+    report = tmp_path / "bindings-pg.md"
+    result = fuzz("--db", url, *SHORT, "--machine", "bindings", "--report", str(report))
+    assert result.exit_code == 0, (result.output, result.stderr)
+    well_formed(report, ["bindings"], backend="postgres")
+    assert rows(server, schema) == before
     assert scratch_schemas(server) == []
 
 
