@@ -124,6 +124,7 @@ class BindingsMachine(BindingsBase):
 
     @rule(session=sessions, lease=st.none() | leases, lost_reply=st.booleans())
     def unbind(self, session: str, lease: Lease | None, lost_reply: bool) -> None:
+        """Unbind a session (the lease's own, when a lease is given) from its channel."""
         session = session if lease is None else session_of(lease)
         replayable("unbind", session=session, lease=label(lease), lost=lost_reply)
 
@@ -319,6 +320,8 @@ class BindingsMachine(BindingsBase):
         lease: Lease | None,
         lost_reply: bool,
     ) -> None:
+        """Replace a session's channel tools (the lease's session, when a lease
+        is given), then read them back as a runtime does."""
         session = session if lease is None else session_of(lease)
         replayable("set_tools", session=session, tools=tools, lease=label(lease), lost=lost_reply)
 

@@ -74,12 +74,14 @@ class BindingsBase(FuzzMachine):
         self.n = 0
 
     def teardown(self) -> None:
+        """Close the second gateway's store object, then the example's store."""
         if self.other is not None:
             self.other.close()
         super().teardown()
 
     @initialize(target=sessions)
     def create_sessions(self) -> Any:
+        """Create s1, s2 and s3; the sessions bundle also holds ``ghost``."""
         for sid in SESSIONS:
             self.store.sessions.create(sid)
             self.model.sessions.add(sid)
@@ -146,6 +148,7 @@ class BindingsBase(FuzzMachine):
 
     @rule(lease=leases)
     def release(self, lease: Lease) -> None:
+        """Release a lease (a stale or forged one releases nothing)."""
         replayable("release", lease=label(lease))
         self.model.release(lease, self.clock())
         self.store.leases.release(lease)
@@ -204,6 +207,7 @@ class BindingsBase(FuzzMachine):
 
     @checked
     def lookups_are_the_models(self) -> None:
+        """``find``, ``find_by_session`` and ``list`` (all, and by type) agree with the model."""
         for channel in CHANNELS:
             found = self.store.bindings.find(*channel)
             assert (found.session_id if found else None) == self.model.session_on(channel)
