@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from by_hand import Kill, Steps, kill_tests
-from conftest import STORES, machine_settings, opener
+from conftest import STORES, engine, machine_settings, opener
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
@@ -55,6 +55,22 @@ def test_bindings_agree_with_the_model(backend: str) -> None:
         make_machine(backend),
         settings=settings(budget, stateful_step_count=min(budget.stateful_step_count, STEPS)),
     )
+
+
+@pytest.mark.parametrize("backend", STORES)
+def test_the_second_gateway_writes_through_a_store_object_of_its_own_on_postgres(
+    backend: str,
+) -> None:
+    """On PostgreSQL G2's store object is the opener's peer (its own
+    connections and caches, as another process's); on DuckDB, one store per
+    file, it is the machine's own."""
+    m = make_machine(backend)()
+    try:
+        own = m.of["G2"] is not m.store
+        assert own == (engine(backend) == "postgres"), (backend, own)
+        assert m.of["G2"] is (m.other or m.store)
+    finally:
+        m.teardown()
 
 
 # -- the guards, patched out (test-only) ----------------------------------------------
