@@ -26,12 +26,16 @@ from click.testing import CliRunner, Result
 from conftest import as_user, direct_url, with_schema
 
 import turnkeeper
+from turnkeeper.cli.fuzz import MACHINE_NAMES
 from turnkeeper.cli.main import cli
-from turnkeeper.fuzz import scratch
-from turnkeeper.storage.ops import leases
+from turnkeeper.fuzz import runner, scratch
+from turnkeeper.storage.ops import leases, tool_records
 
 SHORT = ["--minutes", "0", "--examples", "2", "--steps", "8", "--seed", "11"]
 """One batch per machine: two examples of at most eight steps."""
+
+ALL = list(runner.MACHINES)
+"""The machines a run without ``--machine`` runs, in order."""
 
 
 def fuzz(*args: str) -> Result:
@@ -97,7 +101,7 @@ def test_a_short_run_on_duckdb_reports_and_leaves_the_users_file_as_it_was(
     report.parent.mkdir()
     result = fuzz("--db", str(user_file), *SHORT, "--report", str(report))
     assert result.exit_code == 0, (result.output, result.stderr)
-    data = well_formed(report, ["leases", "runs", "outbox"], backend="duckdb")
+    data = well_formed(report, ALL, backend="duckdb")
     assert not data["failed"] and data["target"] == str(user_file)
     assert digest(user_file) == before  # never opened: the same bytes
     assert sorted(p.name for p in user_file.parent.iterdir()) == listing  # no scratch left
@@ -165,21 +169,31 @@ def take_any_lease(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(leases, "_MACHINE", TakeAnyway())
 
 
-def a_fence_patched_out_fails_the_run(target: str, backend: str, tmp_path: Path) -> None:
-    """With :func:`take_any_lease` applied, the lease machine finds a grant the
-    oracle refuses: exit 1, and the report names the machine and gives its
-    shrunk steps and the error."""
+def a_fence_patched_out_fails_the_run(
+    target: str,
+    backend: str,
+    tmp_path: Path,
+    machine: str = "leases",
+    cls: str = "LeaseAndThreadMachine",
+    step: str = "acquire",
+    steps: int = 8,
+    seed: int = 3,
+) -> None:
+    """With a fence patched out (:func:`take_any_lease` for the lease machine),
+    ``machine`` finds an outcome its oracle refuses in a batch of 30 examples
+    of at most ``steps`` steps: exit 1, and the report names the machine and
+    gives its shrunk steps (``cls``'s, ``step`` among them) and the error."""
     report = tmp_path / "kill.md"
-    args = ["--minutes", "0", "--examples", "30", "--steps", "8", "--seed", "3"]
-    result = fuzz("--db", target, *args, "--machine", "leases", "--report", str(report))
+    args = ["--minutes", "0", "--examples", "30", "--steps", str(steps), "--seed", str(seed)]
+    result = fuzz("--db", target, *args, "--machine", machine, "--report", str(report))
     assert result.exit_code == 1, (result.output, result.stderr)
-    assert "FAILED: leases" in result.stderr
+    assert f"FAILED: {machine}" in result.stderr
     text = report.read_text(encoding="utf-8")
-    assert "## leases failed" in text and "result: **FAILED**" in text
+    assert f"## {machine} failed" in text and "result: **FAILED**" in text
     data = json.loads(report.with_suffix(".json").read_text(encoding="utf-8"))
     failure = data["machines"][0]["failure"]
-    assert f"state = LeaseAndThreadMachine[{backend}]()" in failure["steps"], failure["steps"]
-    assert "state.acquire" in failure["steps"] and "state.teardown()" in failure["steps"]
+    assert f"state = {cls}[{backend}]()" in failure["steps"], failure["steps"]
+    assert f"state.{step}" in failure["steps"] and "state.teardown()" in failure["steps"]
     assert failure["error"].startswith("AssertionError"), failure["error"]
     assert failure["steps"] in text
 
@@ -189,6 +203,41 @@ def test_control_a_fence_patched_out_fails_the_run_and_the_report_shows_the_step
 ) -> None:
     take_any_lease(monkeypatch)
     a_fence_patched_out_fails_the_run(str(user_file), "duckdb", tmp_path)
+
+
+def forget_claimed_keys(mp: pytest.MonkeyPatch) -> None:
+    """A tool claim's lookup of its execution key patched out (test-only): a
+    claim never finds the key's record, so the retry of a claim whose reply
+    was lost inserts it again instead of returning the stored record."""
+    mp.setattr(tool_records, "get", lambda tx, execution_key: None)
+
+
+def test_the_tool_records_machine_runs_on_its_own(user_file: Path, tmp_path: Path) -> None:
+    report = tmp_path / "tools.md"
+    result = fuzz("--db", str(user_file), *SHORT, "--machine", "tools", "--report", str(report))
+    assert result.exit_code == 0, (result.output, result.stderr)
+    assert not well_formed(report, ["tools"], backend="duckdb")["failed"]
+
+
+def test_control_a_tool_guard_patched_out_fails_the_tools_run(
+    user_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shipped tool-records machine is a real check from the command: with
+    the claimed-key lookup patched out, a claim retried after a lost reply
+    does not give the stored record (one step: short examples keep the
+    shrinking cheap)."""
+    forget_claimed_keys(monkeypatch)
+    a_fence_patched_out_fails_the_run(
+        str(user_file), "duckdb", tmp_path, "tools", "ToolRecordsMachine", "claim", steps=3, seed=1
+    )
+
+
+def test_the_machine_choices_and_the_help_follow_the_runners_machines() -> None:
+    """``--machine``'s choices (kept in the command so ``--help`` needs no
+    Hypothesis) are the runner's machines, in order, and ``--help`` names each."""
+    assert list(MACHINE_NAMES) == ALL
+    shown = CliRunner().invoke(cli, ["fuzz", "--help"], terminal_width=200).output
+    assert "[" + "|".join(ALL) + "]" in shown, shown
 
 
 def test_without_hypothesis_the_command_names_the_extra(
@@ -282,7 +331,7 @@ def test_a_short_run_on_postgres_reports_and_leaves_the_users_rows_as_they_were(
     report = tmp_path / "pg.md"
     result = fuzz("--db", url, *SHORT, "--report", str(report))
     assert result.exit_code == 0, (result.output, result.stderr)
-    data = well_formed(report, ["leases", "runs", "outbox"], backend="postgres")
+    data = well_formed(report, ALL, backend="postgres")
     assert data["target"] == scratch.redacted(url)
     assert rows(server, schema) == before
     assert scratch_schemas(server) == []
