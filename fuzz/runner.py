@@ -24,7 +24,7 @@ from hypothesis.configuration import set_hypothesis_home_dir, storage_directory
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
-from . import bindings, leases, outbox, runs
+from . import bindings, leases, outbox, runs, tools
 from .base import FuzzMachine
 from .opener import StoreOpener
 
@@ -33,6 +33,7 @@ MACHINES: dict[str, Callable[[StoreOpener], type[FuzzMachine]]] = {
     "runs": runs.machine,
     "outbox": outbox.machine,
     "bindings": bindings.machine,
+    "tools": tools.machine,
 }
 """Each machine ``turnkeeper fuzz`` runs (``--machine NAME``), by name."""
 
@@ -42,6 +43,8 @@ COVERS = {
     "outbox": "the delivery outbox: claims, progress, results, requeues, crashed workers",
     "bindings": "channel bindings: bind, unbind, transfer, bound creates, rotations, tool "
     "selections, deletes under session leases; gateways racing on stale views",
+    "tools": "tool-execution records: claims, results, interrupts, retry requests, reclaims, "
+    "abandons under session leases",
 }
 """What each machine races, for the report."""
 

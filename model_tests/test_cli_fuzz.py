@@ -32,7 +32,7 @@ import turnkeeper
 from turnkeeper.cli import fuzz as command
 from turnkeeper.cli.main import cli
 from turnkeeper.fuzz import runner, scratch
-from turnkeeper.storage.ops import leases
+from turnkeeper.storage.ops import leases, tool_records
 
 SHORT = ["--minutes", "0", "--examples", "2", "--steps", "8", "--seed", "11"]
 """One batch per machine: two examples of at most eight steps."""
@@ -169,13 +169,15 @@ def take_any_lease(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(leases, "_MACHINE", TakeAnyway())
 
 
-def failed_run(target: str, machine: str, tmp_path: Path) -> dict[str, Any]:
-    """Run ``machine`` alone (a seeded batch of 30 examples of at most 8
-    steps) with a guard patched out: it exits 1, the report names the machine
+def failed_run(
+    target: str, machine: str, tmp_path: Path, *, steps: int = 8, seed: int = 3
+) -> dict[str, Any]:
+    """Run ``machine`` alone (a seeded batch of 30 examples of at most
+    ``steps`` steps) with a guard patched out: it exits 1, the report names the machine
     and gives its shrunk steps (in the Markdown too) and an ``AssertionError``;
     returns the failure as the JSON gives it."""
     report = tmp_path / "kill.md"
-    args = ["--minutes", "0", "--examples", "30", "--steps", "8", "--seed", "3"]
+    args = ["--minutes", "0", "--examples", "30", "--steps", str(steps), "--seed", str(seed)]
     result = fuzz("--db", target, *args, "--machine", machine, "--report", str(report))
     assert result.exit_code == 1, (result.output, result.stderr)
     assert f"FAILED: {machine}" in result.stderr
@@ -226,13 +228,40 @@ def test_the_bindings_machine_alone_on_duckdb(user_file: Path, tmp_path: Path) -
     well_formed(report, ["bindings"], backend="duckdb")
 
 
+def forget_claimed_keys(mp: pytest.MonkeyPatch) -> None:
+    """A tool claim's lookup of its execution key patched out (test-only): a
+    claim never finds the key's record, so the retry of a claim whose reply
+    was lost inserts it again instead of returning the stored record."""
+    mp.setattr(tool_records, "get", lambda tx, execution_key: None)
+
+
+def test_the_tool_records_machine_runs_on_its_own(user_file: Path, tmp_path: Path) -> None:
+    report = tmp_path / "tools.md"
+    result = fuzz("--db", str(user_file), *SHORT, "--machine", "tools", "--report", str(report))
+    assert result.exit_code == 0, (result.output, result.stderr)
+    assert not well_formed(report, ["tools"], backend="duckdb")["failed"]
+
+
+def test_control_a_tool_guard_patched_out_fails_the_tools_run(
+    user_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shipped tool-records machine is a real check from the command: with
+    the claimed-key lookup patched out, a claim retried after a lost reply
+    does not give the stored record (one step: short examples keep the
+    shrinking cheap)."""
+    forget_claimed_keys(monkeypatch)
+    failure = failed_run(str(user_file), "tools", tmp_path, steps=3, seed=1)
+    assert "state = ToolRecordsMachine[duckdb]()" in failure["steps"], failure["steps"]
+    assert "state.claim" in failure["steps"], failure["steps"]
+
+
 def test_the_machine_choices_and_the_help_follow_the_runners_machines() -> None:
     """``--machine``'s choices (kept in the CLI, so ``--help`` needs no
     Hypothesis) are ``runner.MACHINES``' names in order, each with what it
     covers, and ``--help`` lists them."""
     assert tuple(runner.MACHINES) == command.MACHINE_NAMES
     assert list(runner.COVERS) == list(runner.MACHINES)
-    shown = CliRunner().invoke(cli, ["fuzz", "--help"]).output
+    shown = CliRunner().invoke(cli, ["fuzz", "--help"], terminal_width=200).output
     assert "[" + "|".join(runner.MACHINES) + "]" in shown, shown
 
 

@@ -1,4 +1,4 @@
-"""Run the differential tool-records machine (``stateful_tool_records``) over
+"""Run the differential tool-records machine (``turnkeeper.fuzz.tools``) over
 every store configuration, and show each guard of the area can fail: each
 guard's stored counterexample is replayed (``by_hand``) on the store with the
 guard patched out (test-only), where it fails, and on the real one, where it
@@ -20,14 +20,20 @@ from typing import Any
 
 import pytest
 from by_hand import Kill, Steps, kill_tests, replay
-from conftest import BACKENDS, SEARCHING, STORES, machine_settings
+from conftest import BACKENDS, SEARCHING, STORES, machine_settings, opener
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
-from stateful_tool_records import make_machine
 
+from turnkeeper.fuzz.tools import ToolRecordsMachine, machine
 from turnkeeper.spec.lifecycle import Edge
 from turnkeeper.spec.tool_execution import ToolExecutionState
 from turnkeeper.storage.ops import run_reads, tool_records, tools
+
+
+def make_machine(backend: str) -> type[ToolRecordsMachine]:
+    """The machine on the test store configuration ``backend`` (``conftest.opener``)."""
+    return machine(opener(backend))
+
 
 MAX_EXAMPLES = 40
 STEPS = 25

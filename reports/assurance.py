@@ -55,7 +55,7 @@ MACHINES = (
         "channel bindings (bind, transfer, rotate, tools; gateways on stale views)",
     ),
     (
-        "stateful_tool_records",
+        "turnkeeper.fuzz.tools",
         "test_stateful_tool_records",
         "tool-execution records (claims, results, interrupts, retry requests, reclaims, "
         "abandons under session leases)",
