@@ -24,14 +24,19 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 from conftest import as_user, direct_url, with_schema
+from test_stateful_sessions import drop_the_expected_leaf_guard
 
 import turnkeeper
+from turnkeeper.cli import fuzz as fuzz_command
 from turnkeeper.cli.main import cli
-from turnkeeper.fuzz import scratch
+from turnkeeper.fuzz import runner, scratch
 from turnkeeper.storage.ops import leases
 
 SHORT = ["--minutes", "0", "--examples", "2", "--steps", "8", "--seed", "11"]
 """One batch per machine: two examples of at most eight steps."""
+
+EVERY = list(runner.MACHINES)
+"""The machines a run without ``--machine`` runs: every one of ``runner.MACHINES``."""
 
 
 def fuzz(*args: str) -> Result:
@@ -97,7 +102,7 @@ def test_a_short_run_on_duckdb_reports_and_leaves_the_users_file_as_it_was(
     report.parent.mkdir()
     result = fuzz("--db", str(user_file), *SHORT, "--report", str(report))
     assert result.exit_code == 0, (result.output, result.stderr)
-    data = well_formed(report, ["leases", "runs", "outbox"], backend="duckdb")
+    data = well_formed(report, EVERY, backend="duckdb")
     assert not data["failed"] and data["target"] == str(user_file)
     assert digest(user_file) == before  # never opened: the same bytes
     assert sorted(p.name for p in user_file.parent.iterdir()) == listing  # no scratch left
@@ -128,6 +133,50 @@ def test_encrypted_runs_on_a_throwaway_key(user_file: Path, tmp_path: Path) -> N
     )
     assert result.exit_code == 0, (result.output, result.stderr)
     well_formed(report, ["runs"], backend="duckdb+enc")
+
+
+def test_the_machine_choices_and_help_follow_the_runners_machines() -> None:
+    """``--machine``'s choices (kept in the CLI so that ``--help`` needs no
+    Hypothesis) are ``runner.MACHINES``' names, in order, each in the help,
+    and the report has a line of what each covers."""
+    assert tuple(runner.MACHINES) == fuzz_command.MACHINE_NAMES
+    assert set(runner.COVERS) == set(runner.MACHINES)
+    shown = CliRunner().invoke(cli, ["fuzz", "--help"], terminal_width=200).output
+    assert "[" + "|".join(runner.MACHINES) + "]" in shown, shown
+
+
+def a_short_sessions_run(target: str, backend: str, tmp_path: Path) -> None:
+    """``--machine sessions`` for one small batch: exit 0, counts above zero."""
+    report = tmp_path / "sessions.md"
+    result = fuzz("--db", target, *SHORT, "--machine", "sessions", "--report", str(report))
+    assert result.exit_code == 0, (result.output, result.stderr)
+    data = well_formed(report, ["sessions"], backend=backend)
+    assert not data["failed"], data
+
+
+def test_the_sessions_machine_runs_on_duckdb(user_file: Path, tmp_path: Path) -> None:
+    a_short_sessions_run(str(user_file), "duckdb", tmp_path)
+
+
+def test_control_the_expected_leaf_patched_out_fails_the_sessions_run(
+    user_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sessions machine is a real check from the CLI: with the appends'
+    ``expected_leaf`` guard patched out (test-only: an append on a stale leaf
+    goes in), the run exits 1 and the report shows the shrunk steps."""
+    drop_the_expected_leaf_guard(monkeypatch)
+    report = tmp_path / "kill.md"
+    args = ["--minutes", "0", "--examples", "10", "--steps", "8", "--seed", "3"]
+    result = fuzz("--db", str(user_file), *args, "--machine", "sessions", "--report", str(report))
+    assert result.exit_code == 1, (result.output, result.stderr)
+    assert "FAILED: sessions" in result.stderr
+    data = json.loads(report.with_suffix(".json").read_text(encoding="utf-8"))
+    failure = data["machines"][0]["failure"]
+    assert "state = SessionsMachine[duckdb]()" in failure["steps"], failure["steps"]
+    assert "state.teardown()" in failure["steps"], failure["steps"]
+    assert "appends" in failure["steps"], failure["steps"]  # the machine's notes
+    assert failure["error"].startswith("AssertionError"), failure["error"]
+    assert failure["steps"] in report.read_text(encoding="utf-8")
 
 
 def test_control_scratch_stores_in_the_users_file_change_it(
@@ -282,8 +331,20 @@ def test_a_short_run_on_postgres_reports_and_leaves_the_users_rows_as_they_were(
     report = tmp_path / "pg.md"
     result = fuzz("--db", url, *SHORT, "--report", str(report))
     assert result.exit_code == 0, (result.output, result.stderr)
-    data = well_formed(report, ["leases", "runs", "outbox"], backend="postgres")
+    data = well_formed(report, EVERY, backend="postgres")
     assert data["target"] == scratch.redacted(url)
+    assert rows(server, schema) == before
+    assert scratch_schemas(server) == []
+
+
+@pytest.mark.postgres
+def test_the_sessions_machine_runs_on_postgres_with_a_peer(
+    user_schema: Any, tmp_path: Path
+) -> None:
+    """On PostgreSQL writer w3 writes through the scratch opener's peer."""
+    server, url, schema = user_schema
+    before = rows(server, schema)
+    a_short_sessions_run(url, "postgres", tmp_path)
     assert rows(server, schema) == before
     assert scratch_schemas(server) == []
 
