@@ -148,9 +148,10 @@ def fuzz_command(
     steps: int,
 ) -> None:
     """Race simulated writers against an oracle on scratch stores made with
-    your configuration (leases, runs and recovery, the outbox), with
-    ambiguous commits and an injected clock, for MINUTES; write the report.
-    Exits 0 when nothing failed, 1 when a machine failed, 2 when refused."""
+    your configuration (leases, runs and recovery, the outbox, sessions
+    and forks), with ambiguous commits and an injected clock, for MINUTES;
+    write the report. Exits 0 when nothing failed, 1 when a machine failed,
+    2 when refused."""
     runner, report, scratch = _fuzz_modules()
     if seed is None:  # a random run, its seed in the report: `--seed` repeats it
         seed = random.SystemRandom().randrange(2**32)
