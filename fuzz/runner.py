@@ -24,7 +24,7 @@ from hypothesis.configuration import set_hypothesis_home_dir, storage_directory
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
-from . import bindings, leases, outbox, runs, tools
+from . import bindings, leases, outbox, runs, sessions, tools
 from .base import FuzzMachine
 from .opener import StoreOpener
 
@@ -34,6 +34,7 @@ MACHINES: dict[str, Callable[[StoreOpener], type[FuzzMachine]]] = {
     "outbox": outbox.machine,
     "bindings": bindings.machine,
     "tools": tools.machine,
+    "sessions": sessions.machine,
 }
 """Each machine ``turnkeeper fuzz`` runs (``--machine NAME``), by name."""
 
@@ -45,6 +46,8 @@ COVERS = {
     "selections, deletes under session leases; gateways racing on stale views",
     "tools": "tool-execution records: claims, results, interrupts, retry requests, reclaims, "
     "abandons under session leases",
+    "sessions": "sessions and forks: appends under leaf races, batches, branches, compactions, "
+    "titles, labels, turns, forks by request id; two workers' store objects (PostgreSQL)",
 }
 """What each machine races, for the report."""
 

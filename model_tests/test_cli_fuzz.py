@@ -27,6 +27,7 @@ import pytest
 from click.testing import CliRunner, Result
 from conftest import as_user, direct_url, with_schema
 from test_stateful_bindings import drop_the_session_check
+from test_stateful_sessions import drop_the_expected_leaf_guard
 
 import turnkeeper
 from turnkeeper.cli import fuzz as command
@@ -134,6 +135,32 @@ def test_encrypted_runs_on_a_throwaway_key(user_file: Path, tmp_path: Path) -> N
     well_formed(report, ["runs"], backend="duckdb+enc")
 
 
+def a_short_sessions_run(target: str, backend: str, tmp_path: Path) -> None:
+    """``--machine sessions`` for one small batch: exit 0, counts above zero."""
+    report = tmp_path / "sessions.md"
+    result = fuzz("--db", target, *SHORT, "--machine", "sessions", "--report", str(report))
+    assert result.exit_code == 0, (result.output, result.stderr)
+    data = well_formed(report, ["sessions"], backend=backend)
+    assert not data["failed"], data
+
+
+def test_the_sessions_machine_runs_on_duckdb(user_file: Path, tmp_path: Path) -> None:
+    a_short_sessions_run(str(user_file), "duckdb", tmp_path)
+
+
+def test_control_the_expected_leaf_patched_out_fails_the_sessions_run(
+    user_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sessions machine is a real check from the CLI: with the appends'
+    ``expected_leaf`` guard patched out (test-only: an append on a stale leaf
+    goes in), the run exits 1 and the report shows the shrunk steps."""
+    drop_the_expected_leaf_guard(monkeypatch)
+    # found and shrunk in 36 examples (17 s at load 4; the shrinking is most of it)
+    failure = failed_run(str(user_file), "sessions", tmp_path, examples=10, steps=5, seed=2)
+    assert "state = SessionsMachine[duckdb]()" in failure["steps"], failure["steps"]
+    assert "appends" in failure["steps"], failure["steps"]  # the machine's notes
+
+
 def test_control_scratch_stores_in_the_users_file_change_it(
     user_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -170,14 +197,21 @@ def take_any_lease(mp: pytest.MonkeyPatch) -> None:
 
 
 def failed_run(
-    target: str, machine: str, tmp_path: Path, *, steps: int = 8, seed: int = 3
+    target: str,
+    machine: str,
+    tmp_path: Path,
+    *,
+    examples: int = 30,
+    steps: int = 8,
+    seed: int = 3,
 ) -> dict[str, Any]:
-    """Run ``machine`` alone (a seeded batch of 30 examples of at most
-    ``steps`` steps) with a guard patched out: it exits 1, the report names the machine
+    """Run ``machine`` alone (a seeded batch of ``examples`` examples of at
+    most ``steps`` steps) with a guard patched out: it exits 1, the report names the machine
     and gives its shrunk steps (in the Markdown too) and an ``AssertionError``;
     returns the failure as the JSON gives it."""
     report = tmp_path / "kill.md"
-    args = ["--minutes", "0", "--examples", "30", "--steps", str(steps), "--seed", str(seed)]
+    args = ["--minutes", "0", "--examples", str(examples), "--steps", str(steps)]
+    args += ["--seed", str(seed)]
     result = fuzz("--db", target, *args, "--machine", machine, "--report", str(report))
     assert result.exit_code == 1, (result.output, result.stderr)
     assert f"FAILED: {machine}" in result.stderr
@@ -358,6 +392,18 @@ def test_a_short_run_on_postgres_reports_and_leaves_the_users_rows_as_they_were(
     assert result.exit_code == 0, (result.output, result.stderr)
     data = well_formed(report, list(runner.MACHINES), backend="postgres")
     assert data["target"] == scratch.redacted(url)
+    assert rows(server, schema) == before
+    assert scratch_schemas(server) == []
+
+
+@pytest.mark.postgres
+def test_the_sessions_machine_runs_on_postgres_with_a_peer(
+    user_schema: Any, tmp_path: Path
+) -> None:
+    """On PostgreSQL writer w3 writes through the scratch opener's peer."""
+    server, url, schema = user_schema
+    before = rows(server, schema)
+    a_short_sessions_run(url, "postgres", tmp_path)
     assert rows(server, schema) == before
     assert scratch_schemas(server) == []
 

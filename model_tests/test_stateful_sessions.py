@@ -17,23 +17,28 @@ from typing import Any
 
 import pytest
 from by_hand import Steps, kill_tests
-from conftest import STORES, machine_settings
+from conftest import STORES, machine_settings, opener
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
-from stateful_sessions import on
 
 from turnkeeper import ANY_LEAF
+from turnkeeper.fuzz.sessions import SessionsMachine, machine
 from turnkeeper.storage.ops import appends, forks, session_rows
 
 MAX_EXAMPLES = 15
 STEPS = 20
 
 
+def make_machine(backend: str) -> type[SessionsMachine]:
+    """The machine on the test store configuration ``backend`` (``conftest.opener``)."""
+    return machine(opener(backend))
+
+
 @pytest.mark.parametrize("backend", STORES)
 def test_sessions_and_forks_agree_with_the_model(backend: str) -> None:
     budget = machine_settings(backend, max_examples=MAX_EXAMPLES)
     run_state_machine_as_test(
-        on(backend),
+        make_machine(backend),
         settings=settings(budget, stateful_step_count=min(budget.stateful_step_count, STEPS)),
     )
 
@@ -142,4 +147,4 @@ KILLS = {
 (
     test_stored_counterexample_passes_on_the_real_store,
     test_stored_counterexample_fails_with_the_guard_patched_out,
-) = kill_tests(KILLS, on)
+) = kill_tests(KILLS, make_machine)

@@ -42,13 +42,13 @@ MACHINES = (
     ("turnkeeper.fuzz.leases", "test_stateful_leases", "leases and thread records"),
     ("turnkeeper.fuzz.runs", "test_stateful_runs", "runs and recovery"),
     ("turnkeeper.fuzz.outbox", "test_stateful_outbox", "the delivery outbox"),
-    ("stateful_deletes", "test_stateful_deletes", "deletes and retention"),
-    ("stateful_ledger", "test_stateful_ledger", "the ledger (writers, GC, replay)"),
     (
-        "stateful_sessions",
+        "turnkeeper.fuzz.sessions",
         "test_stateful_sessions",
         "sessions and forks (leaf races, branch, compaction, fork)",
     ),
+    ("stateful_deletes", "test_stateful_deletes", "deletes and retention"),
+    ("stateful_ledger", "test_stateful_ledger", "the ledger (writers, GC, replay)"),
     (
         "turnkeeper.fuzz.bindings",
         "test_stateful_bindings",

@@ -4,206 +4,69 @@ Writers race on the sessions' leaves as explicit steps: each writer remembers
 the leaf it last saw (``look``) and appends, appends a batch, branches or
 compacts with ``expected_leaf`` set to it, a compare-and-set on the leaf; a
 stale one must be refused with ``SessionModifiedError`` and nothing written.
-Blind writers append, title and label without it; turns (a run admitted and finished
-``succeeded``) add their entries under the leaf; forks copy a session up to
-its latest completed turn, once per request id (the same request gives the
-same fork, even after the source moved on; another source under it
-conflicts). Ambiguous commits: the write commits, but its caller sees
-``OperationalError`` (``store.db.write`` wrapped on the instance, test-only),
-and retries: an append given its own ``entry_id`` is then refused by name
+Blind writers append, title and label without it; turns (a run admitted and
+finished ``succeeded``) add their entries under the leaf; forks copy a session
+up to its latest completed turn, once per request id (the same request gives
+the same fork, even after the source moved on; another source under it
+conflicts). Writer ``w3`` writes through a second store object where the
+opener gives one (:meth:`~.opener.StoreOpener.peer`: another worker's
+connections and caches, on PostgreSQL). Ambiguous commits: the write commits,
+but its caller sees ``OperationalError`` (:func:`.sessions_model.lost_reply`), and retries: an
+append given its own ``entry_id`` is then refused by name
 (``SessionModifiedError`` whose ``actual_leaf`` is that id, then
 ``EntryExistsError`` without ``expected_leaf``), a fork's request id answers
 with the fork it made. All on an injected clock.
 
-The model is a plain tree per session (entry id → parent and what it adds to
-the context); after every step:
+The model is a plain tree per session (:mod:`.sessions_model`); after every step:
 
 - each session's leaf, entry count, title, labels and entries are the model's, and
-  its replay is the context the model builds at the leaf (pi's rule: the last
-  compaction on the path gives its summary, then the entries from its
-  ``firstKeptEntryId``, then those after it);
+  its replay (through each store object) is the context the model builds at the leaf;
 - each fork's replay is its source's at the turn it was made at, and its
   entry count, title and labels are those of what it copied (the path to that
   turn, and the path to every entry a copied compaction or label names,
   until closed); and the store holds exactly the model's sessions (a fork retried
   after an ambiguous commit made no second one).
+
+``machine(opener)`` returns the machine class with its stores from ``opener``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any
 
-import conftest
-from conftest import close_backend, open_backend
-from hypothesis import note
 from hypothesis import strategies as st
-from hypothesis.control import currently_in_test_context
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import initialize, rule
 
-from turnkeeper import (
-    EntryExistsError,
-    EntryKind,
-    ForkRequestConflictError,
-    NewEntry,
-    OperationalError,
-    SessionModifiedError,
+from turnkeeper import BaseStore, EntryKind, NewEntry
+
+from .base import FuzzMachine, bound, checked
+from .opener import StoreOpener
+from .sessions_model import (
+    ForkModel,
+    Node,
+    SessionModel,
+    attempt,
+    lost_reply,
+    say,
+    seen_context,
+    text_of,
 )
-from turnkeeper.fuzz import FakeClock
 
 SESSIONS = ("s1", "s2")
 WRITERS = ("w1", "w2", "w3")
 REQUESTS = ("f1", "f2", "f3")
 REPLY = {"role": "assistant", "content": "done"}
 
-Context = list[tuple[str, str, str]]
-"""A replayed context as compared: (entry id, role, text) per message."""
 
-
-@dataclass(frozen=True)
-class Node:
-    """One entry: its parent, and what it adds to the context (``role`` None: nothing)."""
-
-    parent: str | None
-    role: str | None = None
-    text: str = ""
-    first_kept: str | None = None  # a compaction's firstKeptEntryId
-    compaction: bool = False
-    title: str | None = None  # a session_info entry's name
-    target: str | None = None  # a label entry's targetId
-    label: str | None = None  # its label (None: it clears)
-
-
-@dataclass
-class SessionModel:
-    updated: datetime  # the last write's time (a refused write leaves it)
-    nodes: dict[str, Node] = field(default_factory=dict)
-    leaf: str | None = None
-    turn_end: str | None = None  # the latest completed turn's turn_end entry
-
-    def path(self, leaf: str | None = None) -> list[str]:
-        """Entry ids from the root to ``leaf`` (default: the leaf)."""
-        out, at = [], self.leaf if leaf is None else leaf
-        while at is not None:
-            out.append(at)
-            at = self.nodes[at].parent
-        return out[::-1]
-
-    def context(self, leaf: str | None = None) -> Context:
-        """The replay at ``leaf`` (``storage/replay.py``'s rule, restated)."""
-        path = self.path(leaf)
-        cut = max((i for i, e in enumerate(path) if self.nodes[e].compaction), default=-1)
-
-        def said(ids: list[str]) -> Context:
-            return [
-                (e, n.role, n.text) for e in ids if (n := self.nodes[e]).role and not n.compaction
-            ]
-
-        if cut < 0:
-            return said(path)
-        comp = self.nodes[path[cut]]
-        before = path[:cut]
-        kept = before[before.index(comp.first_kept) :] if comp.first_kept in before else []
-        return [(path[cut], "compactionSummary", comp.text), *said(kept), *said(path[cut + 1 :])]
-
-    def title(self, among: Iterable[str] | None = None) -> str | None:
-        """The latest title written (``set_title``: the latest one wins, on any
-        branch), among the entries ``among`` if given (a fork's: those it copied)."""
-        keep = set(self.nodes if among is None else among)
-        titles = [n.title for e, n in self.nodes.items() if e in keep and n.title is not None]
-        return titles[-1] if titles else None
-
-    def labels(self, among: Iterable[str] | None = None) -> dict[str, str]:
-        """Target → label, by the label entries (in order; ``None`` clears) among ``among``."""
-        keep, out = set(self.nodes if among is None else among), {}
-        for e, n in self.nodes.items():
-            if e in keep and n.target is not None:
-                if n.label is None:
-                    out.pop(n.target, None)
-                else:
-                    out[n.target] = n.label
-        return out
-
-    def copied(self, boundary: str) -> set[str]:
-        """What a fork at ``boundary`` copies: the path to it, and the path to
-        every entry a copied entry refers to (compaction, label), until closed."""
-        taken: set[str] = set()
-        pending = [boundary]
-        while pending:
-            for e in self.path(pending.pop()):
-                if e not in taken:
-                    taken.add(e)
-                    node = self.nodes[e]
-                    ref = node.first_kept if node.compaction else node.target
-                    if ref is not None and ref not in taken:
-                        pending.append(ref)
-        return taken
-
-
-@dataclass
-class ForkModel:
-    source: str
-    context: list[tuple[str, str]]  # roles and texts (a fork's entries have new ids)
-    count: int
-    title: str | None
-    labels: list[tuple[str, str]]  # (the labelled entry's text, its label), sorted
-    created: datetime
-    fork_id: str | None = None  # None: made by an ambiguous commit, not yet learned
-
-
-def attempt(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-    try:
-        return ("ok", fn(*args, **kwargs))
-    except SessionModifiedError as e:
-        return ("modified", e.actual_leaf)
-    except EntryExistsError:
-        return ("exists",)
-    except ForkRequestConflictError:
-        return ("conflict",)
-    except OperationalError:
-        return ("unknown",)  # the ambiguous commit: the caller cannot tell
-
-
-def say(step: str) -> None:
-    """``note`` the step (so that a shrunk failure reads as a script), when
-    Hypothesis runs it (a stored counterexample replays outside a test)."""
-    if currently_in_test_context():
-        note(step)
-
-
-def text_of(entry: Any) -> str:
-    """An entry's text as the model holds it (a message's content, else empty)."""
-    if entry.kind == EntryKind.MESSAGE:
-        return str(entry.payload["message"]["content"])
-    if entry.kind == EntryKind.COMPACTION:
-        return str(entry.payload["summary"])
-    return ""
-
-
-def seen_context(replay: Any) -> Context:
-    """A replay as the model holds it."""
-    return [
-        (e, m["role"], m["summary"] if m["role"] == "compactionSummary" else m["content"])
-        for e, m in zip(replay.entry_ids, replay.messages, strict=True)
-    ]
-
-
-class SessionsMachine(RuleBasedStateMachine):
-    backend: ClassVar[str] = "duckdb"
-    """The backend each example's store is opened on (see :func:`on`)."""
+class SessionsMachine(FuzzMachine):
+    """Writers w1, w2 (through the store) and w3 (through the opener's peer, if
+    any) racing on two sessions' leaves; forks under three request ids."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.clock = FakeClock()
-        self.store = open_backend(self.backend, None, self.clock)
-        self.other = self.store
-        if conftest.engine(self.backend) == "postgres":  # another worker's store object
-            keys = conftest.TEST_KEYS if self.backend in conftest.ENCRYPTED else None
-            url = conftest._OPENED[id(self.store)]
-            self.other = conftest.open_pg(url, clock=self.clock, encryption=keys)
+        self.peer = self.opener.peer(self.store, self.clock)
+        self.other: BaseStore = self.store if self.peer is None else self.peer
         # w3 writes through its own store object on PostgreSQL (its own caches:
         # the replay cache, the calls open at each session's head), as a
         # worker process of its own would
@@ -224,9 +87,12 @@ class SessionsMachine(RuleBasedStateMachine):
                 self.seen[writer, sid] = self.sessions[sid].leaf
 
     def teardown(self) -> None:
-        if self.other is not self.store:
-            self.other.close()
-        close_backend(self.store)
+        """Close the peer, then the store (the opener's)."""
+        try:
+            if self.peer is not None:
+                self.peer.close()
+        finally:
+            super().teardown()
 
     def _next(self, prefix: str) -> str:
         self.n += 1
@@ -234,28 +100,6 @@ class SessionsMachine(RuleBasedStateMachine):
 
     def _message(self, text: str) -> dict[str, Any]:
         return {"message": {"role": "user", "content": text}}
-
-    @contextmanager
-    def _ambiguous(self, store: Any, operation: str) -> Iterator[None]:
-        """The first ``operation`` write that commits raises OperationalError
-        after its commit, as a connection lost with the COMMIT in flight."""
-        real = store.db.write
-        fired: list[str] = []
-
-        def write(name: str, body: Any, **kw: Any) -> Any:
-            result = real(name, body, **kw)
-            # a one-statement append that wrote nothing returns None: not a commit
-            wrote = result is not None or kw.get("transaction", True)
-            if name == operation and wrote and not fired:
-                fired.append(name)
-                raise OperationalError(detail="connection lost: the COMMIT's outcome is unknown")
-            return result
-
-        store.db.write = write
-        try:
-            yield
-        finally:
-            del store.db.write  # the class's method again
 
     @rule(seconds=st.sampled_from((0.5, 2.0)))
     def advance(self, seconds: float) -> None:
@@ -411,7 +255,8 @@ class SessionsMachine(RuleBasedStateMachine):
         parent, said = model.leaf, []
         for e in new:
             assert e.parent_id == parent, (e, parent)  # a chain under the leaf
-            message = e.payload.get("message") if e.kind == EntryKind.MESSAGE else None
+            payload: Any = e.payload
+            message = payload.get("message") if e.kind == EntryKind.MESSAGE else None
             if message is not None:
                 said.append((message["role"], message["content"]))
             role = None if message is None else message["role"]
@@ -466,7 +311,7 @@ class SessionsMachine(RuleBasedStateMachine):
         """A fork that commits while its caller sees OperationalError; a later
         fork under the same request id must answer with it."""
         outcome, made = self._fork_outcome(session, request)
-        with self._ambiguous(self.store, "fork_session"):
+        with lost_reply(self.store, "fork_session"):
             got = attempt(self.store.forks.fork, session, request_id=request)
         say(f"fork {session} as {request}, outcome unknown: {got[0]} ({outcome})")
         if outcome == "conflict":
@@ -489,6 +334,8 @@ class SessionsMachine(RuleBasedStateMachine):
         expected, refused = self._expected(writer, session)
         ids = [self._next("own-") for _ in range(size)]
         texts = [self._next("own ") for _ in ids]
+        call: Callable[..., Any]
+        args: tuple[Any, ...]
         if size == 1:
             operation, args = "append", (session, EntryKind.MESSAGE, self._message(texts[0]))
             call = store.sessions.append
@@ -499,7 +346,7 @@ class SessionsMachine(RuleBasedStateMachine):
             ]
             operation, args, call = "append_many", (session, batch), store.sessions.append_many
         own = {"entry_id": ids[0]} if size == 1 else {}
-        with self._ambiguous(store, operation):
+        with lost_reply(store, operation):
             got = attempt(call, *args, expected_leaf=expected, **own)
         say(f"{writer} appends {ids} to {session} at {expected}, outcome unknown: {got[0]}")
         if refused is not None:
@@ -527,7 +374,7 @@ class SessionsMachine(RuleBasedStateMachine):
         ids = list(model.nodes)  # in sequence order: a script replays alike
         target = None if pick == 0 else ids[pick % len(ids)]
         expected, refused = self._expected(writer, session)
-        with self._ambiguous(self.of[writer], "branch"):
+        with lost_reply(self.of[writer], "branch"):
             got = attempt(self.of[writer].sessions.branch, session, target, expected_leaf=expected)
         say(f"{writer} branches {session} from {expected} to {target}, outcome unknown: {got[0]}")
         if refused is not None:
@@ -541,7 +388,7 @@ class SessionsMachine(RuleBasedStateMachine):
 
     # -- invariants ------------------------------------------------------------------
 
-    @invariant()
+    @checked
     def sessions_are_the_models(self) -> None:
         for sid, model in self.sessions.items():
             got = self.store.sessions.get(sid)
@@ -557,12 +404,10 @@ class SessionsMachine(RuleBasedStateMachine):
                 context = seen_context(store.sessions.replay(sid))
                 assert context == model.context(), (sid, context, model.context())
 
-    @invariant()
+    @checked
     def forks_are_the_models(self) -> None:
-        rows = self.store.db.read(
-            "test-sessions", lambda tx: tx.one("SELECT count(*) FROM sessions")
-        )
-        assert rows == (len(self.sessions) + len(self.forks),), (rows, self.forks)
+        count = self.store.sessions.count(include_sub_agents=True)
+        assert count == len(self.sessions) + len(self.forks), (count, self.forks)
         for request, made in self.forks.items():
             if made.fork_id is None:
                 continue
@@ -577,6 +422,6 @@ class SessionsMachine(RuleBasedStateMachine):
             assert context == made.context, (request, context, made.context)
 
 
-def on(backend: str) -> type[SessionsMachine]:
-    """The machine with its stores on ``backend``."""
-    return type(f"SessionsMachine_{backend}", (SessionsMachine,), {"backend": backend})
+def machine(opener: StoreOpener) -> type[SessionsMachine]:
+    """The machine with its stores (and ``w3``'s peer) from ``opener``."""
+    return bound(SessionsMachine, opener, f"SessionsMachine[{opener.name}]")
