@@ -31,7 +31,7 @@ from .common import EXIT_FAILED, EXIT_INTERRUPTED, stderr_console
 if TYPE_CHECKING:
     from turnkeeper.fuzz.runner import FuzzResult
 
-MACHINE_NAMES = ("leases", "runs", "outbox")
+MACHINE_NAMES = ("leases", "runs", "outbox", "ledger")
 """``--machine``'s choices (``turnkeeper.fuzz.runner.MACHINES``' keys, kept
 here so ``--help`` works without Hypothesis installed)."""
 
@@ -148,7 +148,7 @@ def fuzz_command(
     steps: int,
 ) -> None:
     """Race simulated writers against an oracle on scratch stores made with
-    your configuration (leases, runs and recovery, the outbox), with
+    your configuration (leases, runs and recovery, the outbox, the ledger), with
     ambiguous commits and an injected clock, for MINUTES; write the report.
     Exits 0 when nothing failed, 1 when a machine failed, 2 when refused."""
     runner, report, scratch = _fuzz_modules()
