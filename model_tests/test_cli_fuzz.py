@@ -26,9 +26,11 @@ from click.testing import CliRunner, Result
 from conftest import as_user, direct_url, with_schema
 
 import turnkeeper
+from turnkeeper.cli import fuzz as fuzz_command
 from turnkeeper.cli.main import cli
-from turnkeeper.fuzz import scratch
+from turnkeeper.fuzz import runner, scratch
 from turnkeeper.storage.ops import leases
+from turnkeeper.storage.ops.ledger import condemn
 
 SHORT = ["--minutes", "0", "--examples", "2", "--steps", "8", "--seed", "11"]
 """One batch per machine: two examples of at most eight steps."""
@@ -97,7 +99,7 @@ def test_a_short_run_on_duckdb_reports_and_leaves_the_users_file_as_it_was(
     report.parent.mkdir()
     result = fuzz("--db", str(user_file), *SHORT, "--report", str(report))
     assert result.exit_code == 0, (result.output, result.stderr)
-    data = well_formed(report, ["leases", "runs", "outbox"], backend="duckdb")
+    data = well_formed(report, list(runner.MACHINES), backend="duckdb")
     assert not data["failed"] and data["target"] == str(user_file)
     assert digest(user_file) == before  # never opened: the same bytes
     assert sorted(p.name for p in user_file.parent.iterdir()) == listing  # no scratch left
@@ -191,6 +193,45 @@ def test_control_a_fence_patched_out_fails_the_run_and_the_report_shows_the_step
     a_fence_patched_out_fails_the_run(str(user_file), "duckdb", tmp_path)
 
 
+def test_the_machine_choices_are_the_runners_machines() -> None:
+    """``--machine``'s choices (kept in the CLI for ``--help`` without
+    Hypothesis) are ``runner.MACHINES``' keys, in order: a machine added to
+    the runner is one a user can name, and the default run's list."""
+    assert tuple(runner.MACHINES) == fuzz_command.MACHINE_NAMES
+    assert set(runner.COVERS) == set(runner.MACHINES)
+
+
+def test_the_ledger_machine_alone_on_duckdb(user_file: Path, tmp_path: Path) -> None:
+    """``--machine ledger``: the shipped ledger machine (public API only; the
+    damage rules are the test suite's) runs, passes and counts."""
+    report = tmp_path / "ledger.md"
+    result = fuzz("--db", str(user_file), *SHORT, "--machine", "ledger", "--report", str(report))
+    assert result.exit_code == 0, (result.output, result.stderr)
+    well_formed(report, ["ledger"], backend="duckdb")
+
+
+def test_control_the_condemned_blob_check_patched_out_fails_the_ledger_run(
+    user_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Control: with the writer's refusal of a pointer to a blob GC condemned
+    patched out (test-only), the ledger machine's GC whose lease lapses
+    mid-delete deletes an acknowledged record's blob: exit 1, the report
+    shows the shrunk steps. (A fixed seed whose search and shrink take
+    about 30 examples.)"""
+    monkeypatch.setattr(condemn, "refuse_condemned", lambda session_id, new, marked: None)
+    report = tmp_path / "kill.md"
+    args = ["--minutes", "0", "--examples", "20", "--steps", "4", "--seed", "4"]
+    result = fuzz("--db", str(user_file), *args, "--machine", "ledger", "--report", str(report))
+    assert result.exit_code == 1, (result.output, result.stderr)
+    assert "FAILED: ledger" in result.stderr
+    data = json.loads(report.with_suffix(".json").read_text(encoding="utf-8"))
+    failure = data["machines"][0]["failure"]
+    assert "state = LedgerMachine[duckdb]()" in failure["steps"], failure["steps"]
+    assert "state.gc_lapses_mid_delete(" in failure["steps"], failure["steps"]
+    assert "GC deleted an acknowledged record's blob" in failure["error"], failure["error"]
+    assert failure["steps"] in report.read_text(encoding="utf-8")
+
+
 def test_without_hypothesis_the_command_names_the_extra(
     user_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -282,7 +323,7 @@ def test_a_short_run_on_postgres_reports_and_leaves_the_users_rows_as_they_were(
     report = tmp_path / "pg.md"
     result = fuzz("--db", url, *SHORT, "--report", str(report))
     assert result.exit_code == 0, (result.output, result.stderr)
-    data = well_formed(report, ["leases", "runs", "outbox"], backend="postgres")
+    data = well_formed(report, list(runner.MACHINES), backend="postgres")
     assert data["target"] == scratch.redacted(url)
     assert rows(server, schema) == before
     assert scratch_schemas(server) == []
