@@ -34,6 +34,7 @@ from turnkeeper.cli import fuzz as command
 from turnkeeper.cli.main import cli
 from turnkeeper.fuzz import runner, scratch
 from turnkeeper.storage.ops import leases, tool_records
+from turnkeeper.storage.ops.ledger import condemn
 
 SHORT = ["--minutes", "0", "--examples", "2", "--steps", "8", "--seed", "11"]
 """One batch per machine: two examples of at most eight steps."""
@@ -297,6 +298,30 @@ def test_the_machine_choices_and_the_help_follow_the_runners_machines() -> None:
     assert list(runner.COVERS) == list(runner.MACHINES)
     shown = CliRunner().invoke(cli, ["fuzz", "--help"], terminal_width=200).output
     assert "[" + "|".join(runner.MACHINES) + "]" in shown, shown
+
+
+def test_the_ledger_machine_alone_on_duckdb(user_file: Path, tmp_path: Path) -> None:
+    """``--machine ledger``: the shipped ledger machine (public API only; the
+    damage rules are the test suite's) runs, passes and counts."""
+    report = tmp_path / "ledger.md"
+    result = fuzz("--db", str(user_file), *SHORT, "--machine", "ledger", "--report", str(report))
+    assert result.exit_code == 0, (result.output, result.stderr)
+    well_formed(report, ["ledger"], backend="duckdb")
+
+
+def test_control_the_condemned_blob_check_patched_out_fails_the_ledger_run(
+    user_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Control: with the writer's refusal of a pointer to a blob GC condemned
+    patched out (test-only), the ledger machine's GC whose lease lapses
+    mid-delete deletes an acknowledged record's blob: exit 1, the report
+    shows the shrunk steps. (A fixed seed whose search and shrink take
+    about 30 examples.)"""
+    monkeypatch.setattr(condemn, "refuse_condemned", lambda session_id, new, marked: None)
+    failure = failed_run(str(user_file), "ledger", tmp_path, examples=20, steps=4, seed=4)
+    assert "state = LedgerMachine[duckdb]()" in failure["steps"], failure["steps"]
+    assert "state.gc_lapses_mid_delete(" in failure["steps"], failure["steps"]
+    assert "GC deleted an acknowledged record's blob" in failure["error"], failure["error"]
 
 
 def test_without_hypothesis_the_command_names_the_extra(

@@ -1,10 +1,11 @@
-"""Run the differential ledger machine (``stateful_ledger``) over every backend,
-and show it catches a stale writer's append with the append fences patched out,
-a stale writer's GC with GC's lease check patched out, an acknowledged
-blob lost to a GC whose lease lapsed mid-delete with the writer's check of
-GC's condemned blobs patched out, an unverified blob
-with replay's hash check patched out, and a replay past a missing record with
-replay's gap check patched out."""
+"""Run the differential ledger machine over every backend: the shipped one
+(``turnkeeper.fuzz.ledger``) with the test suite's damage rules
+(``ledger_damage``: raw writes, never shipped). Show it catches a stale
+writer's append with the append fences patched out, a stale writer's GC with
+GC's lease check patched out, an acknowledged blob lost to a GC whose lease
+lapsed mid-delete with the writer's check of GC's condemned blobs patched
+out, an unverified blob with replay's hash check patched out, and a replay
+past a missing record with replay's gap check patched out."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from by_hand import Steps
 from conftest import BACKENDS, STORES, machine_settings
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
-from stateful_ledger import make_machine
+from ledger_damage import make_machine
 
 from turnkeeper import TransactionConflictError
 from turnkeeper.storage.ops.ledger import blobs, condemn, gc, journal

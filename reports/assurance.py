@@ -10,7 +10,8 @@ compares the committed file with fresh output and a stale report fails CI:
   and the spec guards removed: each with its stored counterexample, or why
   none exists;
 - the differential stateful machines (``fuzz/``, ``turnkeeper fuzz``'s, and
-  ``model_tests/stateful_*.py``): per
+  ``model_tests/stateful_*.py``; the ledger's as the suite runs it,
+  ``model_tests/ledger_damage.py``): per
   machine, its rules and invariants (read off the classes), and the steps a CI
   run takes at most per store configuration (examples times steps per
   example, under the ``ci`` profile): an invariant is checked after every step;
@@ -48,7 +49,11 @@ MACHINES = (
         "sessions and forks (leaf races, branch, compaction, fork)",
     ),
     ("stateful_deletes", "test_stateful_deletes", "deletes and retention"),
-    ("stateful_ledger", "test_stateful_ledger", "the ledger (writers, GC, replay)"),
+    (
+        "ledger_damage",
+        "test_stateful_ledger",
+        "the ledger (writers, GC, replay; `turnkeeper.fuzz.ledger` with the suite's damage rules)",
+    ),
     (
         "turnkeeper.fuzz.bindings",
         "test_stateful_bindings",

@@ -31,7 +31,7 @@ from .common import EXIT_FAILED, EXIT_INTERRUPTED, stderr_console
 if TYPE_CHECKING:
     from turnkeeper.fuzz.runner import FuzzResult
 
-MACHINE_NAMES = ("leases", "runs", "outbox", "bindings", "tools", "sessions")
+MACHINE_NAMES = ("leases", "runs", "outbox", "bindings", "tools", "sessions", "ledger")
 """``--machine``'s choices (``turnkeeper.fuzz.runner.MACHINES``' keys, kept
 here so ``--help`` works without Hypothesis installed)."""
 
@@ -149,9 +149,9 @@ def fuzz_command(
 ) -> None:
     """Race simulated writers against an oracle on scratch stores made with
     your configuration (leases, runs and recovery, the outbox, channel
-    bindings, tool records, sessions and forks), with ambiguous commits and an
-    injected clock, for MINUTES; write the report. Exits 0 when nothing failed,
-    1 when a machine failed, 2 when refused."""
+    bindings, tool records, sessions and forks, the ledger), with ambiguous
+    commits and an injected clock, for MINUTES; write the report. Exits 0 when
+    nothing failed, 1 when a machine failed, 2 when refused."""
     runner, report, scratch = _fuzz_modules()
     if seed is None:  # a random run, its seed in the report: `--seed` repeats it
         seed = random.SystemRandom().randrange(2**32)
