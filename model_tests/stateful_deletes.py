@@ -47,10 +47,10 @@ from turnkeeper import (
     SessionRecoveryRequiredError,
     SessionRunActiveError,
 )
-from turnkeeper.cli.audit import run_audit
 from turnkeeper.fuzz import FakeClock
 from turnkeeper.fuzz.ambiguous import ambiguously, replayable
 from turnkeeper.fuzz.oracle import Oracle
+from turnkeeper.storage.audit import run_audit
 from turnkeeper.storage.ops import deletes
 
 SESSIONS = ("s1", "s2", "s3")
