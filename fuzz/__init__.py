@@ -5,9 +5,10 @@ with ambiguous commits (the write committed, the caller saw an error), each
 machine on stores from an injected opener: the test suite's, or the scratch
 stores ``turnkeeper fuzz`` makes beside a user's configuration.
 
-The machines (:mod:`.leases`, :mod:`.runs`, :mod:`.outbox`), the ambiguous
-commits (:mod:`.ambiguous`), the runner and its report need Hypothesis
-(``pip install 'turnkeeper[fuzz]'``); this package's own names do not.
+The machines (:mod:`.leases`, :mod:`.runs`, :mod:`.outbox`, :mod:`.deletes`),
+the ambiguous commits (:mod:`.ambiguous`), the runner and its report need
+Hypothesis (``pip install 'turnkeeper[fuzz]'``); this package's own names do
+not.
 """
 
 from .clock import FakeClock

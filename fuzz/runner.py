@@ -24,7 +24,7 @@ from hypothesis.configuration import set_hypothesis_home_dir, storage_directory
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
-from . import leases, outbox, runs
+from . import deletes, leases, outbox, runs
 from .base import FuzzMachine
 from .opener import StoreOpener
 
@@ -32,6 +32,7 @@ MACHINES: dict[str, Callable[[StoreOpener], type[FuzzMachine]]] = {
     "leases": leases.machine,
     "runs": runs.machine,
     "outbox": outbox.machine,
+    "deletes": deletes.machine,
 }
 """Each machine ``turnkeeper fuzz`` runs (``--machine NAME``), by name."""
 
@@ -39,6 +40,7 @@ COVERS = {
     "leases": "leases (acquire, renew, release, expiry), fenced appends, thread records",
     "runs": "runs: admission, start, finish, cancel; recovery of orphans",
     "outbox": "the delivery outbox: claims, progress, results, requeues, crashed workers",
+    "deletes": "deletes and retention passes among every other writer; the audit after each",
 }
 """What each machine races, for the report."""
 

@@ -24,14 +24,19 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 from conftest import as_user, direct_url, with_schema
+from hypothesis import Phase, settings
 
 import turnkeeper
+from turnkeeper.cli.fuzz import MACHINE_NAMES
 from turnkeeper.cli.main import cli
-from turnkeeper.fuzz import scratch
-from turnkeeper.storage.ops import leases
+from turnkeeper.fuzz import runner, scratch
+from turnkeeper.storage.ops import deletes, leases
 
 SHORT = ["--minutes", "0", "--examples", "2", "--steps", "8", "--seed", "11"]
 """One batch per machine: two examples of at most eight steps."""
+
+EVERY = list(runner.MACHINES)
+"""The machines a run without ``--machine`` runs, in order."""
 
 
 def fuzz(*args: str) -> Result:
@@ -97,7 +102,7 @@ def test_a_short_run_on_duckdb_reports_and_leaves_the_users_file_as_it_was(
     report.parent.mkdir()
     result = fuzz("--db", str(user_file), *SHORT, "--report", str(report))
     assert result.exit_code == 0, (result.output, result.stderr)
-    data = well_formed(report, ["leases", "runs", "outbox"], backend="duckdb")
+    data = well_formed(report, EVERY, backend="duckdb")
     assert not data["failed"] and data["target"] == str(user_file)
     assert digest(user_file) == before  # never opened: the same bytes
     assert sorted(p.name for p in user_file.parent.iterdir()) == listing  # no scratch left
@@ -119,6 +124,51 @@ def test_a_run_without_a_seed_reports_the_one_it_drew_and_that_seed_repeats_it(
     repeated = json.loads(again.with_suffix(".json").read_text(encoding="utf-8"))
     # the same examples, step for step (the clock is the machine's own)
     assert repeated["machines"] == drawn["machines"]
+
+
+def test_the_machine_option_offers_every_machine_of_the_runner() -> None:
+    """``--machine``'s choices (kept in the CLI so ``--help`` works without
+    Hypothesis) are the runner's machines, in order, each with what it covers."""
+    assert tuple(runner.MACHINES) == MACHINE_NAMES
+    assert list(runner.COVERS) == list(runner.MACHINES)
+    assert "|".join(MACHINE_NAMES) in " ".join(fuzz("--help").output.split())
+
+
+def test_the_deletes_machine_runs_alone(user_file: Path, tmp_path: Path) -> None:
+    report = tmp_path / "deletes.md"
+    result = fuzz("--db", str(user_file), *SHORT, "--machine", "deletes", "--report", str(report))
+    assert result.exit_code == 0, (result.output, result.stderr)
+    well_formed(report, ["deletes"], backend="duckdb")
+
+
+def test_control_the_active_run_guard_patched_out_fails_the_deletes_run(
+    user_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The delete's active-run guard patched out (test-only: no status counts
+    as a live run): the deletes machine deletes (or retains past) a session
+    mid-run where its model refuses: exit 1, the report gives the failing
+    steps. Shrinking is left out (test-only, for CI's time: an example of this
+    machine costs about a second, and the leases control above shows the
+    shrunk report); the seed's eighth example is the first to fail."""
+    monkeypatch.setattr(deletes, "NON_TERMINAL", ("none", "none", "none"))
+    real = runner.batch_settings
+
+    def unshrunk(examples: int, steps: int, seed: int | None) -> Any:
+        return settings(real(examples, steps, seed), phases=(Phase.explicit, Phase.generate))
+
+    monkeypatch.setattr(runner, "batch_settings", unshrunk)
+    report = tmp_path / "kill.md"
+    args = ["--minutes", "0", "--examples", "30", "--steps", "8", "--seed", "3"]
+    result = fuzz("--db", str(user_file), *args, "--machine", "deletes", "--report", str(report))
+    assert result.exit_code == 1, (result.output, result.stderr)
+    assert "FAILED: deletes" in result.stderr
+    data = json.loads(report.with_suffix(".json").read_text(encoding="utf-8"))
+    failure = data["machines"][0]["failure"]
+    steps = failure["steps"]
+    assert "state = DeletesMachine[duckdb]()" in steps, steps
+    assert "state.admit(" in steps and ("state.delete" in steps or "state.retain(" in steps)
+    assert failure["error"].startswith("AssertionError"), failure["error"]
+    assert steps in report.read_text(encoding="utf-8")
 
 
 def test_encrypted_runs_on_a_throwaway_key(user_file: Path, tmp_path: Path) -> None:
@@ -282,7 +332,7 @@ def test_a_short_run_on_postgres_reports_and_leaves_the_users_rows_as_they_were(
     report = tmp_path / "pg.md"
     result = fuzz("--db", url, *SHORT, "--report", str(report))
     assert result.exit_code == 0, (result.output, result.stderr)
-    data = well_formed(report, ["leases", "runs", "outbox"], backend="postgres")
+    data = well_formed(report, EVERY, backend="postgres")
     assert data["target"] == scratch.redacted(url)
     assert rows(server, schema) == before
     assert scratch_schemas(server) == []

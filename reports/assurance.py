@@ -42,7 +42,7 @@ MACHINES = (
     ("turnkeeper.fuzz.leases", "test_stateful_leases", "leases and thread records"),
     ("turnkeeper.fuzz.runs", "test_stateful_runs", "runs and recovery"),
     ("turnkeeper.fuzz.outbox", "test_stateful_outbox", "the delivery outbox"),
-    ("stateful_deletes", "test_stateful_deletes", "deletes and retention"),
+    ("turnkeeper.fuzz.deletes", "test_stateful_deletes", "deletes and retention"),
     ("stateful_ledger", "test_stateful_ledger", "the ledger (writers, GC, replay)"),
     (
         "stateful_sessions",
