@@ -6,10 +6,10 @@ machine on stores from an injected opener: the test suite's, or the scratch
 stores ``turnkeeper fuzz`` makes beside a user's configuration.
 
 The machines (:mod:`.leases`, :mod:`.runs`, :mod:`.outbox`,
-:mod:`.bindings`, :mod:`.tools`, :mod:`.sessions`, :mod:`.ledger`), the
-ambiguous commits (:mod:`.ambiguous`), the runner and its report need
-Hypothesis (``pip install 'turnkeeper[fuzz]'``); this package's own names do
-not.
+:mod:`.bindings`, :mod:`.tools`, :mod:`.sessions`, :mod:`.ledger`,
+:mod:`.deletes`), the ambiguous commits (:mod:`.ambiguous`), the runner and
+its report need Hypothesis (``pip install 'turnkeeper[fuzz]'``); this
+package's own names do not.
 """
 
 from .clock import FakeClock

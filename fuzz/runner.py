@@ -24,7 +24,7 @@ from hypothesis.configuration import set_hypothesis_home_dir, storage_directory
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
-from . import bindings, leases, ledger, outbox, runs, sessions, tools
+from . import bindings, deletes, leases, ledger, outbox, runs, sessions, tools
 from .base import FuzzMachine
 from .opener import StoreOpener
 
@@ -36,6 +36,7 @@ MACHINES: dict[str, Callable[[StoreOpener], type[FuzzMachine]]] = {
     "tools": tools.machine,
     "sessions": sessions.machine,
     "ledger": ledger.machine,
+    "deletes": deletes.machine,
 }
 """Each machine ``turnkeeper fuzz`` runs (``--machine NAME``), by name."""
 
@@ -51,6 +52,7 @@ COVERS = {
     "titles, labels, turns, forks by request id; two workers' store objects (PostgreSQL)",
     "ledger": "the ledger: fenced writers, takeovers, redeliveries, blob offload, crashes "
     "mid-offload, GC (its lease lapsing mid-delete); damage injection is the test suite's",
+    "deletes": "deletes and retention passes among every other writer; the audit after each",
 }
 """What each machine races, for the report."""
 

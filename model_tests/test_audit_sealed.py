@@ -27,10 +27,10 @@ from turnkeeper import (
     ResponseItem,
     ResponseTurn,
 )
-from turnkeeper.cli import audit_runs
 from turnkeeper.cli.main import cli
 from turnkeeper.spec.delivery import DeliveryPlan, DeliveryStep
 from turnkeeper.spec.records import ImportBatch, ImportEntry, OpaqueRecord
+from turnkeeper.storage.audit import runs as audit_runs
 from turnkeeper.storage.crypto.columns import SEALED, SealedColumn
 from turnkeeper.storage.ops import replay_snapshots
 

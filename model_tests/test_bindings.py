@@ -35,8 +35,8 @@ from turnkeeper import (
     SessionNotFoundError,
     TransactionConflictError,
 )
-from turnkeeper.cli.audit import run_audit
 from turnkeeper.formats.pi import export_lines
+from turnkeeper.storage.audit import run_audit
 from turnkeeper.storage.ops import bindings
 
 MSG = {"message": {"role": "user", "content": "hi"}}

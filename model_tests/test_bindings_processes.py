@@ -21,7 +21,7 @@ from conftest import new_pg_schema
 from test_bindings import state
 
 import turnkeeper
-from turnkeeper.cli.audit import run_audit
+from turnkeeper.storage.audit import run_audit
 
 pytestmark = pytest.mark.postgres
 

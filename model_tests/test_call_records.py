@@ -19,10 +19,10 @@ import pytest
 from conftest import forge
 
 from turnkeeper import EntryKind, ToolCallPairingError, ToolCallsUnansweredError
-from turnkeeper.cli.audit import run_audit
 from turnkeeper.fuzz import FakeClock
 from turnkeeper.spec.records import ImportBatch, ImportEntry
 from turnkeeper.spec.tool_execution import INTERRUPTED_TEXT
+from turnkeeper.storage.audit import run_audit
 
 USER = {"role": "user", "content": "go"}
 REPLY = {"role": "assistant", "content": "done"}

@@ -24,9 +24,9 @@ from click.testing import CliRunner, Result
 
 import turnkeeper
 from turnkeeper.cli import sessions_view
-from turnkeeper.cli.audit import tree_problems
 from turnkeeper.cli.fleet import MODELS, FleetConfig, plan_iteration
 from turnkeeper.cli.main import cli
+from turnkeeper.storage.audit.checks import tree_problems
 
 pq = importlib.import_module("pyarrow.parquet")
 
@@ -884,7 +884,7 @@ def test_import_export_round_trip_with_the_real_format(tmp_path: Path) -> None:
 
 
 def test_audit_flags_a_refused_write_that_is_stored(demo: DemoRun, tmp_path: Path) -> None:
-    from turnkeeper.cli.audit import run_audit
+    from turnkeeper.storage.audit import run_audit
 
     db = demo.copy(tmp_path)
     sessions = [f"demo-1-{n}" for n in range(4)]

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 from conftest import as_user, direct_url, with_schema
+from hypothesis import Phase, settings
 from test_stateful_bindings import drop_the_session_check
 from test_stateful_sessions import drop_the_expected_leaf_guard
 
@@ -33,7 +34,7 @@ import turnkeeper
 from turnkeeper.cli import fuzz as command
 from turnkeeper.cli.main import cli
 from turnkeeper.fuzz import runner, scratch
-from turnkeeper.storage.ops import leases, tool_records
+from turnkeeper.storage.ops import deletes, leases, tool_records
 from turnkeeper.storage.ops.ledger import condemn
 
 SHORT = ["--minutes", "0", "--examples", "2", "--steps", "8", "--seed", "11"]
@@ -125,6 +126,43 @@ def test_a_run_without_a_seed_reports_the_one_it_drew_and_that_seed_repeats_it(
     repeated = json.loads(again.with_suffix(".json").read_text(encoding="utf-8"))
     # the same examples, step for step (the clock is the machine's own)
     assert repeated["machines"] == drawn["machines"]
+
+
+def test_the_deletes_machine_runs_alone(user_file: Path, tmp_path: Path) -> None:
+    report = tmp_path / "deletes.md"
+    result = fuzz("--db", str(user_file), *SHORT, "--machine", "deletes", "--report", str(report))
+    assert result.exit_code == 0, (result.output, result.stderr)
+    well_formed(report, ["deletes"], backend="duckdb")
+
+
+def test_control_the_active_run_guard_patched_out_fails_the_deletes_run(
+    user_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The delete's active-run guard patched out (test-only: no status counts
+    as a live run): the deletes machine deletes (or retains past) a session
+    mid-run where its model refuses: exit 1, the report gives the failing
+    steps. Shrinking is left out (test-only, for CI's time: an example of this
+    machine costs about a second, and the leases control above shows the
+    shrunk report); the seed's eighth example is the first to fail."""
+    monkeypatch.setattr(deletes, "NON_TERMINAL", ("none", "none", "none"))
+    real = runner.batch_settings
+
+    def unshrunk(examples: int, steps: int, seed: int | None) -> Any:
+        return settings(real(examples, steps, seed), phases=(Phase.explicit, Phase.generate))
+
+    monkeypatch.setattr(runner, "batch_settings", unshrunk)
+    report = tmp_path / "kill.md"
+    args = ["--minutes", "0", "--examples", "30", "--steps", "8", "--seed", "3"]
+    result = fuzz("--db", str(user_file), *args, "--machine", "deletes", "--report", str(report))
+    assert result.exit_code == 1, (result.output, result.stderr)
+    assert "FAILED: deletes" in result.stderr
+    data = json.loads(report.with_suffix(".json").read_text(encoding="utf-8"))
+    failure = data["machines"][0]["failure"]
+    steps = failure["steps"]
+    assert "state = DeletesMachine[duckdb]()" in steps, steps
+    assert "state.admit(" in steps and ("state.delete" in steps or "state.retain(" in steps)
+    assert failure["error"].startswith("AssertionError"), failure["error"]
+    assert steps in report.read_text(encoding="utf-8")
 
 
 def test_encrypted_runs_on_a_throwaway_key(user_file: Path, tmp_path: Path) -> None:

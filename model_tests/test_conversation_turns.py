@@ -258,7 +258,7 @@ def test_the_unheld_check_fails_with_it_patched_out(store, monkeypatch, write):
 def test_the_audit_stays_clean_over_turns_events_and_runs(store):
     """A run over three turns, with a tool call answered inside one, its own
     events and a retry: every check of ``turnkeeper audit`` passes."""
-    from turnkeeper.cli.audit import run_audit
+    from turnkeeper.storage.audit import run_audit
 
     store.sessions.create("s")
     run = store.runs.admit("s", {"q": 1}, user_message=USER, start=True)

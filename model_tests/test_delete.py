@@ -39,9 +39,9 @@ from turnkeeper import (
     SessionNotFoundError,
     SessionRunActiveError,
 )
-from turnkeeper.cli.audit import run_audit
-from turnkeeper.cli.audit_orphans import OWNED
 from turnkeeper.spec.records import ImportBatch, ImportedSource, OpaqueRecord, SessionMetadata
+from turnkeeper.storage.audit import run_audit
+from turnkeeper.storage.audit.orphans import OWNED
 from turnkeeper.storage.ops import deletes
 from turnkeeper.storage.ops.ledger.blobs import blob_prefix
 from turnkeeper.storage.ops.ledger.sealing import seal_blob

@@ -22,7 +22,6 @@ import pytest
 from click.testing import CliRunner
 
 import turnkeeper
-from turnkeeper.cli.audit import run_audit
 from turnkeeper.cli.demo import _drain
 from turnkeeper.cli.fleet import FleetConfig, Worker, reply_plan
 from turnkeeper.cli.fleet_services import (
@@ -33,6 +32,7 @@ from turnkeeper.cli.fleet_services import (
 )
 from turnkeeper.cli.main import cli
 from turnkeeper.fuzz import FakeClock
+from turnkeeper.storage.audit import run_audit
 
 TTL_S = 2.0
 SID = "demo-0-0"

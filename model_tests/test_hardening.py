@@ -198,7 +198,7 @@ def test_written_at_is_the_store_clock_not_the_callers_timestamp(store, clock):
     store.sessions.append("s", EntryKind.MESSAGE, MSG, lease=lease, timestamp=old)
     rows = store.query("SELECT ts, written_at FROM entries").to_pylist()
     assert rows[0]["ts"] == old and rows[0]["written_at"] == clock.now
-    from turnkeeper.cli.audit import run_audit
+    from turnkeeper.storage.audit import run_audit
 
     assert all(c.passed for c in run_audit(store, ["s"])), run_audit(store, ["s"])
 

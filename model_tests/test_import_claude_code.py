@@ -20,9 +20,9 @@ import pytest
 from conftest import BACKENDS, open_backend
 
 import turnkeeper
-from turnkeeper.cli.audit import run_audit
 from turnkeeper.formats import claude_code
 from turnkeeper.formats import import_file as import_any
+from turnkeeper.storage.audit import run_audit
 
 SESSION = "258c7280-ae70-4798-800f-63464d01a85d"
 

@@ -22,9 +22,9 @@ import pytest
 from conftest import BACKENDS, open_backend
 
 import turnkeeper
-from turnkeeper.cli.audit import run_audit
 from turnkeeper.formats import codex
 from turnkeeper.formats import import_file as import_any
+from turnkeeper.storage.audit import run_audit
 
 OLD = "rollout-2025-09-24T19-22-20-01997e76-d124-7592-9cac-2ec05abbca08.jsonl"
 NEW = "rollout-2026-02-23T12-54-34-019c8a59-e9dd-71f0-9ae3-4079fe9726a9.jsonl"

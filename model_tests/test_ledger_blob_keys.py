@@ -31,7 +31,7 @@ from turnkeeper import (
     LedgerEntry,
     PayloadAuthenticationError,
 )
-from turnkeeper.cli.audit import run_audit
+from turnkeeper.storage.audit import run_audit
 from turnkeeper.storage.crypto.seal import OVERHEAD
 from turnkeeper.storage.ops.ledger import blobs as blob_ops
 from turnkeeper.storage.ops.ledger import journal

@@ -16,7 +16,7 @@ import pytest
 from older_stores import store_at
 
 import turnkeeper
-from turnkeeper.cli.audit import run_audit
+from turnkeeper.storage.audit import run_audit
 from turnkeeper.storage.ops.ledger import blobs as blob_ops
 
 BIG = bytes(range(256)) * 2

@@ -844,8 +844,8 @@ def test_the_audit_takes_an_append_between_its_reads_for_no_lag(store, monkeypat
     between was a violation. The entry is judged between the tips read
     before and after the listing; one ahead of both (a tail lost with its
     tip) or behind both is still one."""
-    from turnkeeper.cli import audit_ledger
-    from turnkeeper.cli.audit_base import Scope
+    from turnkeeper.storage.audit import Scope
+    from turnkeeper.storage.audit import ledger as audit_ledger
     from turnkeeper.storage.ops.ledger.catalog import Catalog
 
     store.sessions.create("s")

@@ -30,10 +30,10 @@ from turnkeeper import (
     KeyUnavailableError,
     PayloadAuthenticationError,
 )
-from turnkeeper.cli.audit import run_audit
 from turnkeeper.cli.main import cli
 from turnkeeper.cli.report_ledger import collect_ledger
 from turnkeeper.spec.ledger import CommandApplication
+from turnkeeper.storage.audit import run_audit
 from turnkeeper.storage.crypto.columns import SEALED
 from turnkeeper.storage.crypto.seal import key_version
 from turnkeeper.storage.ops.ledger import blobs as blob_ops

@@ -24,8 +24,8 @@ from hypothesis.errors import Flaky
 
 import turnkeeper
 from turnkeeper import EntryKind, NewEntry, ToolCallPairingError, ToolCallsUnansweredError
-from turnkeeper.cli.audit import run_audit
 from turnkeeper.spec.records import Entry
+from turnkeeper.storage.audit import run_audit
 from turnkeeper.storage.ops import pairing_checks
 from turnkeeper.storage.pairing import tree_faults
 

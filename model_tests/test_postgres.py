@@ -26,7 +26,7 @@ from conftest import direct_for, new_pg_schema, open_pg, with_listen
 
 import turnkeeper
 from turnkeeper import EntryKind
-from turnkeeper.cli.audit import run_audit
+from turnkeeper.storage.audit import run_audit
 
 pytestmark = pytest.mark.postgres
 

@@ -54,8 +54,8 @@ import with_postgres
 
 import turnkeeper
 from turnkeeper import EntryKind
-from turnkeeper.cli.audit import run_audit
 from turnkeeper.spec import errors as error_types
+from turnkeeper.storage.audit import run_audit
 
 T = TypeVar("T")
 

@@ -23,7 +23,7 @@ from turnkeeper import (
     SessionNotFoundError,
     SessionRunActiveError,
 )
-from turnkeeper.cli.audit import run_audit
+from turnkeeper.storage.audit import run_audit
 from turnkeeper.storage.ops import deletes, metadata
 
 USER = {"role": "user", "content": "go"}

@@ -113,6 +113,7 @@ TOP = {
 PINNED: dict[str, set[str]] = {
     "turnkeeper.fuzz": {"FakeClock", "Oracle", "OracleLease", "Outcome", "StoreOpener"},
     "turnkeeper.storage.crypto": {"DataKey", "KeyProvider", "LocalKeyProvider"},
+    "turnkeeper.storage.audit": {"Check", "Scope", "run_audit"},
     "turnkeeper.formats": {"FORMATS", "FileImport", "LineIssue", "detect", "import_file"},
     "turnkeeper.adk": {
         "SessionExistsError",

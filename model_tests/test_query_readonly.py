@@ -294,7 +294,7 @@ def test_the_audit_reads_one_snapshot(
     """The audit of a store being written to sees one state: an append committed
     between its queries is no "counts 1/2 for 2 entries" violation. With each
     query in its own read (the snapshot patched out) the same schedule fails."""
-    from turnkeeper.cli import audit
+    from turnkeeper.storage import audit
     from turnkeeper.storage.ops.entry_rows import clear_entry_row
     from turnkeeper.storage.store import Snapshot
 

@@ -17,7 +17,7 @@ from turnkeeper import (
     RecoveryNotNeededError,
     SessionRecoveryRequiredError,
 )
-from turnkeeper.cli.audit import run_audit
+from turnkeeper.storage.audit import run_audit
 
 USER = {"role": "user", "content": "go"}
 

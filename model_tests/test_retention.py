@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from turnkeeper import InvalidInputError, LeaseLostError, RetentionReport
-from turnkeeper.cli.audit import run_audit
+from turnkeeper.storage.audit import run_audit
 from turnkeeper.storage.ops import deletes
 
 USER = {"role": "user", "content": "hello"}

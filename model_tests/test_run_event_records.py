@@ -17,7 +17,7 @@ from turnkeeper import (
     RunNotFoundError,
     SessionNotFoundError,
 )
-from turnkeeper.cli.audit import run_audit
+from turnkeeper.storage.audit import run_audit
 from turnkeeper.storage.ops import leases, run_events
 
 USER = {"role": "user", "content": "go"}

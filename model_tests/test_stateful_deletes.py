@@ -16,22 +16,27 @@ import uuid
 
 import pytest
 from by_hand import Steps, kill_tests, replay
-from conftest import BACKENDS, STORES, machine_settings
+from conftest import BACKENDS, STORES, machine_settings, opener
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
-from stateful_deletes import on
 
+from turnkeeper.fuzz.deletes import DeletesMachine, machine
 from turnkeeper.storage.ops import deletes, forks
 
 MAX_EXAMPLES = 15
 STEPS = 20
 
 
+def make_machine(backend: str) -> type[DeletesMachine]:
+    """The machine on the test store configuration ``backend`` (``conftest.opener``)."""
+    return machine(opener(backend))
+
+
 @pytest.mark.parametrize("backend", STORES)
 def test_deletes_and_retention_agree_with_the_model(backend: str) -> None:
     budget = machine_settings(backend, max_examples=MAX_EXAMPLES)
     run_state_machine_as_test(
-        on(backend),
+        make_machine(backend),
         settings=settings(budget, stateful_step_count=min(budget.stateful_step_count, STEPS)),
     )
 
@@ -74,7 +79,7 @@ KILLS = {
 (
     test_stored_counterexample_passes_on_the_real_store,
     test_stored_counterexample_fails_with_the_guard_patched_out,
-) = kill_tests(KILLS, on)
+) = kill_tests(KILLS, make_machine)
 
 
 def fork_and_delete_each_ambiguously(m: Steps) -> None:
@@ -102,7 +107,7 @@ def drop_the_fork_dedupe(mp: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ambiguous_forks_and_deletes_retry_as_the_model_says(backend: str) -> None:
-    replay(on(backend), fork_and_delete_each_ambiguously)
+    replay(make_machine(backend), fork_and_delete_each_ambiguously)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -111,4 +116,4 @@ def test_ambiguous_fork_fails_with_the_fork_dedupe_patched_out(
 ) -> None:
     drop_the_fork_dedupe(monkeypatch)
     with pytest.raises(AssertionError, match="the retry of a committed fork made another"):
-        replay(on(backend), fork_and_delete_each_ambiguously)
+        replay(make_machine(backend), fork_and_delete_each_ambiguously)

@@ -22,8 +22,8 @@ from conftest import forge, stored_payload
 
 import turnkeeper
 from turnkeeper import EntryKind, ToolCallPairingError, ToolCallsUnansweredError
-from turnkeeper.cli.audit import run_audit
 from turnkeeper.formats import pi
+from turnkeeper.storage.audit import run_audit
 from turnkeeper.storage.ops import entry_rows, pairing_checks
 from turnkeeper.storage.pairing import REASONS, context_faults
 from turnkeeper.storage.replay import path_to

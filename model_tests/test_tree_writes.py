@@ -31,10 +31,10 @@ from turnkeeper import (
     NewEntry,
     ToolCallsUnansweredError,
 )
-from turnkeeper.cli.audit import run_audit
 from turnkeeper.cli.main import cli
 from turnkeeper.formats import pi
 from turnkeeper.spec.records import Entry, ImportBatch, ImportEntry
+from turnkeeper.storage.audit import run_audit
 from turnkeeper.storage.pairing import tree_faults
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)

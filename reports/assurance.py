@@ -48,7 +48,7 @@ MACHINES = (
         "test_stateful_sessions",
         "sessions and forks (leaf races, branch, compaction, fork)",
     ),
-    ("stateful_deletes", "test_stateful_deletes", "deletes and retention"),
+    ("turnkeeper.fuzz.deletes", "test_stateful_deletes", "deletes and retention"),
     (
         "ledger_damage",
         "test_stateful_ledger",

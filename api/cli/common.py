@@ -31,6 +31,7 @@ import turnkeeper
 from turnkeeper import is_postgres
 from turnkeeper.spec import errors
 from turnkeeper.storage import BaseStore
+from turnkeeper.storage.audit.base import one_line as one_line
 from turnkeeper.storage.crypto.keys import KEY_ENV
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -51,11 +52,6 @@ SIGPIPE, as shells report a command that a closed pipe ended, quietly."""
 
 class CliError(Exception):
     """A command-level failure reported as one stderr line with exit status 2."""
-
-
-def one_line(text: str) -> str:
-    """``text`` collapsed to a single line (backend messages can span several)."""
-    return " ".join(text.split())
 
 
 def db_option(default: str | None = turnkeeper.DEFAULT_PATH) -> Callable[[F], F]:

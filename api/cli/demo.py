@@ -26,9 +26,8 @@ from rich.table import Table
 
 from turnkeeper.spec.errors import SessionIDExistsError
 from turnkeeper.storage import BaseStore
+from turnkeeper.storage.audit import Check, run_audit
 
-from .audit import run_audit
-from .audit_base import Check
 from .common import EXIT_FAILED, dumps, fmt_num, open_db, stdout_console
 from .fleet import DEFAULT_TTL_S, FleetConfig, WorkerStats
 from .fleet_ledger import late_check

@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Any
 from turnkeeper.spec.ledger import LedgerEntry
 from turnkeeper.spec.records import Lease, Run
 from turnkeeper.storage import BaseStore
+from turnkeeper.storage.audit import Check
 from turnkeeper.storage.ops.ledger import LedgerWriter
-
-from .audit_base import Check
 
 if TYPE_CHECKING:
     from .fleet import WorkerStats

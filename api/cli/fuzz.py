@@ -31,7 +31,7 @@ from .common import EXIT_FAILED, EXIT_INTERRUPTED, stderr_console
 if TYPE_CHECKING:
     from turnkeeper.fuzz.runner import FuzzResult
 
-MACHINE_NAMES = ("leases", "runs", "outbox", "bindings", "tools", "sessions", "ledger")
+MACHINE_NAMES = ("leases", "runs", "outbox", "bindings", "tools", "sessions", "ledger", "deletes")
 """``--machine``'s choices (``turnkeeper.fuzz.runner.MACHINES``' keys, kept
 here so ``--help`` works without Hypothesis installed)."""
 

@@ -21,7 +21,7 @@ import hashlib
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from functools import partial
 from typing import Any, TypeVar
 
@@ -32,7 +32,8 @@ from turnkeeper.spec import errors
 from turnkeeper.spec.ledger import LedgerEntry
 from turnkeeper.spec.records import Lease
 from turnkeeper.storage import BaseStore
-from turnkeeper.storage.ops.ledger import Ledger, sealing
+from turnkeeper.storage.audit.verify import Verified, describe_verified, verify_ledger
+from turnkeeper.storage.ops.ledger import Ledger
 from turnkeeper.storage.ops.ledger.blobs import (
     DEFAULT_OFFLOAD_THRESHOLD,
     DEFAULT_TEMP_GRACE_S,
@@ -50,47 +51,6 @@ DEFAULT_OWNER = "turnkeeper-cli"
 
 DEFAULT_TTL_S = 30.0
 """The lease's time to live (seconds) ``append`` and ``gc`` ask for."""
-
-DAMAGE = (
-    errors.ReplayDecodeError,
-    errors.ReplayReadError,
-    errors.BlobIntegrityError,
-    errors.BlobPointerIDMismatchError,
-    errors.BlobUnavailableError,
-    errors.DurableBodyTooLargeError,
-    errors.PayloadAuthenticationError,
-)
-"""The replay failures ``verify`` reports as damage (exit 1: a sealed
-payload or blob that fails authentication is one, and so is a
-``KeyUnavailableError`` of a store opened with its key: the session's data
-key row is gone); every other
-error (an unknown session, an empty ledger, a store it cannot open) is a
-refusal (exit 2)."""
-
-
-class CountingBlobs:
-    """A :class:`BlobStore` that counts the blobs (and their bytes) fetched
-    through it: ``verify``'s blob figures."""
-
-    def __init__(self, inner: BlobStore) -> None:
-        self.inner = inner
-        self.fetched = 0
-        self.bytes = 0
-
-    def put(self, key: str, data: bytes) -> None:
-        self.inner.put(key, data)
-
-    def get(self, key: str, max_bytes: int | None = None) -> bytes:
-        data = self.inner.get(key, max_bytes)
-        self.fetched += 1
-        self.bytes += len(data)
-        return data
-
-    def delete(self, key: str) -> None:
-        self.inner.delete(key)
-
-    def list(self, prefix: str) -> list[str]:
-        return self.inner.list(prefix)
 
 
 def _options(*, blobs: bool, writes: bool) -> Callable[[F], F]:
@@ -350,42 +310,6 @@ def replay_command(
                     bar.update(task, completed=n)
 
 
-@dataclass
-class Verified:
-    """What ``verify`` found in one session's ledger: counts when clean, the
-    damage (error class, sequence, blob key, message) when not."""
-
-    session_id: str
-    records: int = 0
-    bytes: int = 0
-    blobs: int = 0
-    blob_bytes: int = 0
-    error: str | None = None
-    seq: int | None = None
-    key: str | None = None
-    message: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-def damage_seq(exc: errors.TurnkeeperError) -> int | None:
-    """The sequence a damage error names (``seq``), if any."""
-    seq = getattr(exc, "seq", None)
-    if isinstance(exc, errors.PayloadAuthenticationError) and exc.field == sealing.PAYLOAD:
-        return int(exc.record_id) if exc.record_id.isdigit() else None
-    return int(seq) if isinstance(seq, int) else None
-
-
-def damage_key(exc: errors.TurnkeeperError) -> str | None:
-    """The blob key a damage error names (``key``, or a too-large body's ``object_id``)."""
-    if isinstance(exc, errors.PayloadAuthenticationError) and exc.field == sealing.DATA:
-        return exc.record_id
-    key = getattr(exc, "key", None) or getattr(exc, "object_id", None)
-    return str(key) if key else None
-
-
 def verify_session(
     store: BaseStore,
     tenant: str,
@@ -395,33 +319,16 @@ def verify_session(
 ) -> Verified:
     """Replay ``session_id``'s whole ledger, verifying every record (hash,
     sequence, fences, blob pointers and blobs); the damage found, if any, as
-    a :class:`Verified` (never raised). ``tick(n)`` is called every
-    :data:`PROGRESS_EVERY` records.
+    a :class:`Verified` (never raised): :func:`verify_ledger` on the ledger
+    of ``tenant`` with its blobs under ``blobs_root`` (or in the database).
+    ``tick(n)`` is called every :data:`PROGRESS_EVERY` records.
 
     Raises:
         EmptySessionError, SessionNotFoundError: nothing to verify.
     """
     ledger = _ledger(store, tenant, blobs_root)
-    counting = CountingBlobs(ledger.blobs)
-    ledger = ledger.with_blobs(
-        counting, offload_threshold=ledger.offload_threshold, max_body_bytes=ledger.max_body_bytes
-    )
-    found = Verified(session_id)
-    try:
-        for record in ledger.replay(session_id):
-            found.records += 1
-            found.bytes += len(record.payload)
-            if found.records % PROGRESS_EVERY == 0:
-                tick(found.records)
-    except (*DAMAGE, errors.KeyUnavailableError) as exc:
-        if isinstance(exc, errors.KeyUnavailableError) and store.db.keyring.provider is None:
-            raise  # opened without the key: nothing could be checked (a refusal)
-        found.error = type(exc).__name__
-        found.seq = damage_seq(exc)
-        found.key = damage_key(exc)
-        found.message = one_line(str(exc))
-    found.blobs, found.blob_bytes = counting.fetched, counting.bytes
-    return found
+    keyless = store.db.keyring.provider is None
+    return verify_ledger(ledger, session_id, keyless=keyless, tick=tick, every=PROGRESS_EVERY)
 
 
 def ledger_sessions(store: BaseStore, tenant: str) -> list[str]:
@@ -433,18 +340,6 @@ def ledger_sessions(store: BaseStore, tenant: str) -> list[str]:
         [tenant, tenant],
     ).to_pylist()
     return [str(r["session_id"]) for r in rows]
-
-
-def describe_verified(v: Verified) -> str:
-    """One ``verify`` line."""
-    if v.ok:
-        return (
-            f"ok {v.session_id}: {v.records} records, {v.bytes} bytes, "
-            f"{v.blobs} blobs ({v.blob_bytes} bytes)"
-        )
-    at = f" at seq {v.seq}" if v.seq is not None else ""
-    key = f" (blob {v.key})" if v.key else ""
-    return f"DAMAGED {v.session_id}: {v.error}{at}{key}: {v.message}"
 
 
 @ledger_group.command("verify")

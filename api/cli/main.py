@@ -24,9 +24,9 @@ from typing import Any
 import click
 
 from turnkeeper.spec.errors import SessionNotFoundError, TurnkeeperError
+from turnkeeper.storage.audit import run_audit
 from turnkeeper.storage.crypto.keys import KEY_ENV, LocalKeyProvider
 
-from .audit import run_audit
 from .common import (
     EXIT_ERROR,
     EXIT_FAILED,

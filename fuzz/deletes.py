@@ -5,8 +5,9 @@ offers (appends, runs admitted and finished, tool-execution claims, response
 lineage, metadata, forks), while deletes (with and without the session's
 lease), retention passes (under a lease of their own) and creates of new and
 of deleted ids interleave with them, on an injected clock. Every outcome is
-compared with a plain-Python model (the lease oracle of ``oracle.py`` plus
-each session's transcript, runs and counters), and after every step:
+compared with a plain-Python model (the lease oracle of :mod:`.oracle` plus
+each session's :class:`~.deletes_model.SessionModel`: transcript, runs and
+counters), and after every step:
 
 - the sessions stored are exactly the model's, and each replays as the model
   says (a delete or retention pass never changes a session it leaves);
@@ -15,97 +16,45 @@ each session's transcript, runs and counters), and after every step:
 - each session's metadata, lineage version, tool records, active run and
   last-write time are the model's;
 
-and after every delete and retention pass the audit is clean.
+and after every delete and retention pass the audit is clean
+(:func:`turnkeeper.storage.audit.run_audit`: every check passes).
+
+``machine(opener)`` returns the machine class with its stores from
+``opener``; the fence kill tests run the same class with one guard patched
+out.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any
 
-from conftest import close_backend, open_backend
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, rule
+from hypothesis.stateful import Bundle, MultipleResults, initialize, multiple, rule
 
-from turnkeeper import (
-    BusyError,
-    ChannelBoundError,
-    ForkNoCompletedTurnError,
-    ForkSessionActiveError,
-    ForkSessionNotFoundError,
-    InvalidTransitionError,
-    LeaseLostError,
-    ResponseRun,
-    ResponseState,
-    RunNotFoundError,
-    RuntimeSessionNotFoundError,
-    SessionBoundError,
-    SessionIDExistsError,
-    SessionMetadata,
-    SessionNotFoundError,
-    SessionRecoveryRequiredError,
-    SessionRunActiveError,
-)
-from turnkeeper.cli.audit import run_audit
-from turnkeeper.fuzz import FakeClock
-from turnkeeper.fuzz.ambiguous import ambiguously, replayable
-from turnkeeper.fuzz.oracle import Oracle
+import turnkeeper
+from turnkeeper import ResponseRun, ResponseState, SessionMetadata
+from turnkeeper.storage.audit import run_audit
+from turnkeeper.storage.backend import Tx
 from turnkeeper.storage.ops import deletes
 
-SESSIONS = ("s1", "s2", "s3")
-CHANNELS = ("c1", "c2")
-OWNERS = ("W1", "W2")
-REPLY = {"role": "assistant", "content": [{"type": "text", "text": "done"}]}
+from .ambiguous import ambiguously, replayable
+from .base import FuzzMachine, bound, checked
+from .deletes_model import CHANNELS, OWNERS, REPLY, SESSIONS, SessionModel, attempt
+from .opener import StoreOpener
+from .oracle import Oracle
+
+Lease = turnkeeper.Lease
 
 
-@dataclass
-class SessionModel:
-    updated: datetime
-    messages: list[Any] = field(default_factory=list)
-    turn_end: int = 0  # messages up to the last succeeded turn's end (a fork copies those)
-    active_run: str | None = None
-    lineage: int = 0
-    archived: int = 0  # response runs saved (store.archives)
-    tools: int = 0
-    pinned: bool = False
+class DeletesMachine(FuzzMachine):
+    """Workers writing three sessions every way while deletes, retention
+    passes and creates interleave (see the module docstring)."""
 
-
-def attempt(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-    try:
-        return ("ok", fn(*args, **kwargs))
-    except RuntimeSessionNotFoundError:
-        return ("no_session",)
-    except SessionRecoveryRequiredError:
-        return ("recovery",)
-    except BusyError:  # ForkSessionBusyError included
-        return ("busy",)
-    except LeaseLostError:
-        return ("lost",)
-    except (SessionRunActiveError, ForkSessionActiveError):
-        return ("active",)
-    except (SessionNotFoundError, RunNotFoundError, ForkSessionNotFoundError):
-        return ("missing",)
-    except SessionIDExistsError:
-        return ("exists",)
-    except ForkNoCompletedTurnError:
-        return ("no_turn",)
-    except (ChannelBoundError, SessionBoundError):
-        return ("bound",)
-    except InvalidTransitionError:
-        return ("transition",)
-
-
-class DeletesMachine(RuleBasedStateMachine):
-    backend: ClassVar[str] = "duckdb"
-    """The backend each example's store is opened on (see :func:`on`)."""
     leases = Bundle("leases")
     runs = Bundle("runs")
 
     def __init__(self) -> None:
         super().__init__()
-        self.clock = FakeClock()
-        self.store = open_backend(self.backend, None, self.clock)
         self.oracle = Oracle()
         self.sessions: dict[str, SessionModel] = {}
         self.deleted: set[str] = set()
@@ -123,9 +72,6 @@ class DeletesMachine(RuleBasedStateMachine):
             self.store.runs.finish(run.id, "succeeded", assistant_message=REPLY)
             self.sessions[sid] = SessionModel(self.clock(), messages=[ask, REPLY], turn_end=2)
 
-    def teardown(self) -> None:
-        close_backend(self.store)
-
     def _next(self, prefix: str) -> str:
         self.n += 1
         return f"{prefix}{self.n}"
@@ -133,7 +79,7 @@ class DeletesMachine(RuleBasedStateMachine):
     def _held(self, sid: str) -> bool:
         return self.oracle.live(f"session:{sid}", self.clock()) is not None
 
-    def _expect(self, sid: str, lease: Any) -> str:
+    def _expect(self, sid: str, lease: Lease | None) -> str:
         """The session-write rule: missing, lost, busy, else ok."""
         if sid not in self.sessions:
             return "missing"
@@ -146,7 +92,7 @@ class DeletesMachine(RuleBasedStateMachine):
         return "ok"
 
     @staticmethod
-    def _own(sid: str, lease: Any) -> Any:
+    def _own(sid: str, lease: Lease | None) -> Lease | None:
         return lease if lease is not None and lease.target == f"session:{sid}" else None
 
     # -- leases and time ---------------------------------------------------------
@@ -157,7 +103,7 @@ class DeletesMachine(RuleBasedStateMachine):
         session=st.sampled_from(SESSIONS),
         ttl=st.sampled_from((1.0, 3.0)),
     )
-    def acquire(self, owner: str, session: str, ttl: float) -> Any:
+    def acquire(self, owner: str, session: str, ttl: float) -> Lease | MultipleResults[Lease]:
         """An execution lease (what admits and runs a turn). A runtime lease
         needs its session (a deleted one is gone for good), and a grant needs
         the session idle: an active run nobody holds is recovery's."""
@@ -175,7 +121,7 @@ class DeletesMachine(RuleBasedStateMachine):
         return got[1] if got[0] == "ok" else multiple()
 
     @rule(lease=leases)
-    def release(self, lease: Any) -> None:
+    def release(self, lease: Lease) -> None:
         self.oracle.release(lease.target, lease.owner, lease.epoch, self.clock())
         self.store.leases.release(lease)
 
@@ -186,7 +132,7 @@ class DeletesMachine(RuleBasedStateMachine):
     # -- the other writers ---------------------------------------------------------
 
     @rule(session=st.sampled_from(SESSIONS), lease=st.none() | leases)
-    def append(self, session: str, lease: Any) -> None:
+    def append(self, session: str, lease: Lease | None) -> None:
         lease = self._own(session, lease)
         expected = self._expect(session, lease)
         message = {"role": "user", "content": self._next("note ")}
@@ -199,7 +145,7 @@ class DeletesMachine(RuleBasedStateMachine):
             self.sessions[session].updated = self.clock()
 
     @rule(target=runs, session=st.sampled_from(SESSIONS), lease=st.none() | leases)
-    def admit(self, session: str, lease: Any) -> Any:
+    def admit(self, session: str, lease: Lease | None) -> str | MultipleResults[str]:
         lease = self._own(session, lease)
         expected = self._expect(session, lease)
         if expected == "ok" and self.sessions[session].active_run is not None:
@@ -213,12 +159,13 @@ class DeletesMachine(RuleBasedStateMachine):
             return multiple()
         model = self.sessions[session]
         model.messages.append(message)
-        model.updated, model.active_run = self.clock(), got[1].id
-        self.runs_of[got[1].id] = (session, "running")
-        return got[1].id
+        run_id: str = got[1].id
+        model.updated, model.active_run = self.clock(), run_id
+        self.runs_of[run_id] = (session, "running")
+        return run_id
 
     @rule(run=runs, succeeded=st.booleans(), lease=st.none() | leases)
-    def finish(self, run: str, succeeded: bool, lease: Any) -> None:
+    def finish(self, run: str, succeeded: bool, lease: Lease | None) -> None:
         session, status = self.runs_of[run]
         lease = self._own(session, lease)
         want = "succeeded" if succeeded else "failed"
@@ -247,7 +194,7 @@ class DeletesMachine(RuleBasedStateMachine):
             self.runs_of[run] = (session, want)
 
     @rule(session=st.sampled_from(SESSIONS), lease=st.none() | leases)
-    def claim_tool(self, session: str, lease: Any) -> None:
+    def claim_tool(self, session: str, lease: Lease | None) -> None:
         lease = self._own(session, lease)
         expected = self._expect(session, lease)
         key = self._next("exec ")
@@ -266,7 +213,7 @@ class DeletesMachine(RuleBasedStateMachine):
             self.sessions[session].tools += 1
 
     @rule(session=st.sampled_from(SESSIONS), lease=st.none() | leases)
-    def swap_lineage(self, session: str, lease: Any) -> None:
+    def swap_lineage(self, session: str, lease: Lease | None) -> None:
         lease = self._own(session, lease)
         expected = self._expect(session, lease)
         version = self.sessions[session].lineage if session in self.sessions else 0
@@ -277,7 +224,7 @@ class DeletesMachine(RuleBasedStateMachine):
             self.sessions[session].lineage += 1
 
     @rule(session=st.sampled_from(SESSIONS), lease=st.none() | leases)
-    def archive_response_run(self, session: str, lease: Any) -> None:
+    def archive_response_run(self, session: str, lease: Lease | None) -> None:
         lease = self._own(session, lease)
         expected = self._expect(session, lease)
         run = ResponseRun(session, self._next("bg "), "openai", "openai-responses", "queued")
@@ -291,7 +238,7 @@ class DeletesMachine(RuleBasedStateMachine):
         channel=st.sampled_from(CHANNELS),
         lease=st.none() | leases,
     )
-    def bind(self, session: str, channel: str, lease: Any) -> None:
+    def bind(self, session: str, channel: str, lease: Lease | None) -> None:
         lease = self._own(session, lease)
         expected = self._expect(session, lease)
         mine = [c for c, s in self.bound.items() if s == session]
@@ -303,7 +250,7 @@ class DeletesMachine(RuleBasedStateMachine):
             self.bound[channel] = session
 
     @rule(session=st.sampled_from(SESSIONS), lease=st.none() | leases)
-    def unbind(self, session: str, lease: Any) -> None:
+    def unbind(self, session: str, lease: Lease | None) -> None:
         lease = self._own(session, lease)
         expected = self._expect(session, lease)
         got = attempt(self.store.bindings.unbind, session, lease=lease)
@@ -312,7 +259,7 @@ class DeletesMachine(RuleBasedStateMachine):
             self.bound = {c: s for c, s in self.bound.items() if s != session}
 
     @rule(session=st.sampled_from(SESSIONS), pinned=st.booleans(), lease=st.none() | leases)
-    def set_metadata(self, session: str, pinned: bool, lease: Any) -> None:
+    def set_metadata(self, session: str, pinned: bool, lease: Lease | None) -> None:
         lease = self._own(session, lease)
         expected = self._expect(session, lease)
         got = attempt(
@@ -384,7 +331,7 @@ class DeletesMachine(RuleBasedStateMachine):
     # -- deletes, retention, creates ---------------------------------------------
 
     @rule(session=st.sampled_from(SESSIONS), lease=st.none() | leases)
-    def delete(self, session: str, lease: Any) -> None:
+    def delete(self, session: str, lease: Lease | None) -> None:
         lease = self._own(session, lease)
         expected = self._expect(session, lease)
         if expected == "ok" and self.sessions[session].active_run is not None:
@@ -396,7 +343,7 @@ class DeletesMachine(RuleBasedStateMachine):
             self.audit_is_clean()
 
     @rule(session=st.sampled_from(SESSIONS), lease=st.none() | leases)
-    def delete_ambiguously(self, session: str, lease: Any) -> None:
+    def delete_ambiguously(self, session: str, lease: Lease | None) -> None:
         """A delete that commits while its caller sees a lost connection, then
         the caller's retry: refused as a missing session (a second delete),
         with the first one's ``deleted_sessions`` row readable (how the caller
@@ -454,7 +401,7 @@ class DeletesMachine(RuleBasedStateMachine):
 
     # -- invariants --------------------------------------------------------------
 
-    @invariant()
+    @checked
     def sessions_are_the_models(self) -> None:
         rows = self.store.db.read(
             "test-sessions", lambda tx: tx.rows("SELECT id, updated_at FROM sessions")
@@ -472,24 +419,27 @@ class DeletesMachine(RuleBasedStateMachine):
             active = self.store.runs.active(sid)
             assert (active.id if active else None) == model.active_run
 
-    @invariant()
+    @checked
     def bindings_are_the_models(self) -> None:
         for channel in CHANNELS:
             found = self.store.bindings.find("chat", channel)
             assert (found.session_id if found else None) == self.bound.get(channel), channel
 
-    @invariant()
+    @checked
     def nothing_of_a_deleted_session_remains(self) -> None:
         for sid in self.deleted:
             assert self.store.sessions.deleted(sid) is not None
             for table, condition in deletes.REMOVED:
-                left = self.store.db.read(
-                    "test-left",
-                    lambda tx, t=table, c=condition, s=sid: tx.one(
-                        f"SELECT count(*) FROM {t} WHERE {c}", [s]
-                    ),
-                )
+                left = self._count(f"SELECT count(*) FROM {table} WHERE {condition}", sid)
                 assert left == (0,), (sid, table, left)
+
+    def _count(self, sql: str, sid: str) -> tuple[Any, ...] | None:
+        """``sql``'s one row, with ``sid`` as its one parameter."""
+
+        def body(tx: Tx) -> tuple[Any, ...] | None:
+            return tx.one(sql, [sid])
+
+        return self.store.db.read("test-left", body)
 
     def audit_is_clean(self) -> None:
         """Run after every delete and retention pass (not every step: an audit
@@ -498,6 +448,6 @@ class DeletesMachine(RuleBasedStateMachine):
         assert bad == [], bad
 
 
-def on(backend: str) -> type[DeletesMachine]:
-    """The machine with its stores on ``backend``."""
-    return type(f"DeletesMachine_{backend}", (DeletesMachine,), {"backend": backend})
+def machine(opener: StoreOpener) -> type[DeletesMachine]:
+    """The machine with its stores from ``opener``."""
+    return bound(DeletesMachine, opener, f"DeletesMachine[{opener.name}]")

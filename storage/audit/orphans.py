@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from turnkeeper.storage.store import Snapshot
 
-from .audit_base import Check, Scope, sample
-from .audit_base import rows as query_rows
+from .base import Check, Scope, sample
+from .base import rows as query_rows
 
 OWNED: tuple[tuple[str, str, str, str], ...] = (
     ("entries", "session_id", "sessions", "id"),

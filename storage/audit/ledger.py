@@ -27,10 +27,9 @@ from turnkeeper.spec import errors
 from turnkeeper.storage import BaseStore
 from turnkeeper.storage.store import Snapshot
 
-from .audit_base import Check, Scope, sample
-from .audit_base import rows as query_rows
-from .common import one_line
-from .ledger import describe_verified, verify_session
+from .base import Check, Scope, one_line, sample
+from .base import rows as query_rows
+from .verify import describe_verified, verify_ledger
 
 
 def check_ledger_tips(store: Snapshot, scope: Scope) -> Check:
@@ -88,7 +87,7 @@ def check_ledgers_verify(store: BaseStore, scope: Scope) -> Check:
     keyless = store.db.keyring.provider is None
     for tenant, sid, _ in ledgers:
         try:
-            v = verify_session(store, tenant, None, sid)
+            v = verify_ledger(store.ledger.with_tenant(tenant), sid, keyless=keyless)
         except errors.KeyUnavailableError as exc:
             if keyless:
                 sealed.append(_name(tenant, sid))

@@ -1,7 +1,7 @@
 """Audit checks over runs, the delivery outbox and tool-execution records.
 
-Like :mod:`.audit`, each check reads stored history and returns a
-:class:`~.audit.Check`. Orders come from what the store serializes: run
+Like :mod:`.checks`, each check reads stored history and returns a
+:class:`~.base.Check`. Orders come from what the store serializes: run
 events carry a per-session sequence (each is written in the transaction
 that moves the run), delivery claims carry the operation's epoch.
 """
@@ -18,8 +18,8 @@ from turnkeeper.storage.pairing import calls_of, tree_faults, unanswered_calls
 from turnkeeper.storage.replay import context_message, path_to
 from turnkeeper.storage.store import Snapshot, Unopened
 
-from .audit_base import Check, Scope, sample
-from .audit_base import rows as query_rows
+from .base import Check, Scope, sample
+from .base import rows as query_rows
 
 _TERMINAL_SQL = "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL)) + ")"
 

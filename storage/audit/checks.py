@@ -31,10 +31,10 @@ import orjson
 from turnkeeper.storage import BaseStore
 from turnkeeper.storage.store import Snapshot
 
-from .audit_base import Check, Scope, rows, sample
-from .audit_ledger import check_ledger_tips, ledger_checks
-from .audit_orphans import check_bindings_agree, check_no_orphans
-from .audit_runs import run_checks
+from .base import Check, Scope, rows, sample
+from .ledger import check_ledger_tips, ledger_checks
+from .orphans import check_bindings_agree, check_no_orphans
+from .runs import run_checks
 
 GRANTING = "('grant', 'regrant', 'takeover')"
 """SQL list of the lease edges that issue a new epoch."""
@@ -338,7 +338,7 @@ def run_audit(
     which writes were refused). Every check reads the same snapshot of the
     store (:meth:`BaseStore.snapshot`), so an audit of a store that other
     processes are writing to sees one consistent state; then the ledger
-    checks that replay through ``store.ledger`` (:mod:`.audit_ledger`).
+    checks that replay through ``store.ledger`` (:mod:`.ledger`).
     """
     scope = Scope(sessions)
     checks = store.snapshot(lambda snap: _checks(snap, scope, refused_markers, refused_records))

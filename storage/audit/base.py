@@ -64,6 +64,11 @@ class Scope:
         return f"{column} IN (SELECT 'session:' || sid FROM scope)"
 
 
+def one_line(text: str) -> str:
+    """``text`` collapsed to a single line (backend messages can span several)."""
+    return " ".join(text.split())
+
+
 def rows(store: Snapshot, sql: str, params: list[Any]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = store.query(sql, params).to_pylist()
     return rows
