@@ -198,6 +198,19 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        id="lease-group-fence",
+        kind="expiry",
+        guards="fence_many, a ledger group's lease fence, judges every member's lease (an "
+        "expired one, whose epoch the ledger's own fence still accepts, is refused): no "
+        "member judged",
+        file="storage/ops/leases.py",
+        old="    out: list[datetime | Exception] = []\n    for i, lease in enumerate(held):",
+        new="    out: list[datetime | Exception] = []\n    for i, lease in []:",
+        tests=_cases(
+            "test_storage_survivors.py::test_fence_many_judges_each_lease_as_fence_does_alone"
+        ),
+    ),
+    Mutant(
         id="lease-commit-expiry-duckdb",
         kind="expiry",
         guards="DuckDB judges a fenced lease's expiry again right before COMMIT "

@@ -63,6 +63,31 @@ _REBUILT = (
 _OPENAI = (
     f"{_SPEC_KILLS}test_an_openai_tool_message_carries_text_and_blocks_as_they_are_other_values_as_json",
 )
+_LEASES = "storage/ops/leases.py"
+_VALIDATE = "storage/validate.py"
+_STORAGE_KILLS = "test_storage_survivors.py::"
+_HOLDS = f"{_STORAGE_KILLS}test_fence_holds_on_the_held_row_of_exactly_this_lease"
+_MANY = f"{_STORAGE_KILLS}test_fence_many_judges_each_lease_as_fence_does_alone"
+_TTL = (
+    f"{_STORAGE_KILLS}test_a_ttl_that_is_no_such_duration_is_refused",
+    f"{_STORAGE_KILLS}test_seconds_out_of_zero_to_ten_years_are_refused",
+)
+_SECONDS = (
+    f"{_STORAGE_KILLS}test_seconds_take_zero_by_default",
+    f"{_STORAGE_KILLS}test_seconds_out_of_zero_to_ten_years_are_refused",
+)
+_REQUEST = (
+    f"{_STORAGE_KILLS}test_a_finalize_request_has_real_flags_and_a_list_of_well_formed_leases",
+)
+_HEADER = (f"{_STORAGE_KILLS}test_a_header_is_a_mapping_with_string_keys_or_none",)
+_PLAN = (
+    f"{_STORAGE_KILLS}test_a_plan_with_well_formed_steps_each_depending_on_an_earlier_one_is_taken",
+    f"{_STORAGE_KILLS}test_a_malformed_plan_is_refused_naming_its_field",
+)
+_STRICT_WHY = (
+    "equivalent: both sides of the zip always have len(FENCED) items ({}), so "
+    "strict=True never raises and strict=False drops nothing"
+)
 _REBUILT_WHY = (
     "a hole in the net's test choice: test_recovery.py pins it (not among spec-tools' "
     "tests then); a pure test of recorded_result now pins it in spec-tools' tests too"
@@ -243,6 +268,93 @@ SURVIVORS: dict[Site, Verdict] = {
         "a real hole: no test read which shapes a usage object of two shapes (or none) "
         "showed; a pure test now does",
         (f"{_SPEC_KILLS}test_a_usage_object_of_no_shape_or_two_says_which_it_found",),
+    ),
+    # -- storage/ops/leases.py (area storage-leases) ----------------------------------
+    Site(
+        _LEASES,
+        "core/ReplaceOrWithAnd",
+        'run_id or "", f"session {session_id!r} has no active run"',
+    ): (
+        Verdict(
+            "killed",
+            "a real hole: no test read the run id of a refused recovery lease (the run named, "
+            "or empty: the mutant gives None or empty); a store test now does",
+            (
+                f"{_STORAGE_KILLS}test_a_recovery_lease_on_an_idle_session_names_the_run_it_was_asked_for",
+            ),
+        )
+    ),
+    Site(
+        _LEASES, "core/ReplaceComparisonOperator_IsNot_Is", "mine is not None and mine == theirs"
+    ): (
+        Verdict(
+            "killed",
+            "a real hole: the net's tests only saw fence_holds refuse (a forged token in a "
+            "merged append); the mutant refuses every row, so no merged append could pass. "
+            "A pure test now reads fence_holds on the held row of the lease and on each "
+            "column changed or NULL",
+            (_HOLDS,),
+        )
+    ),
+    Site(
+        _LEASES,
+        "core/ReplaceTrueWithFalse",
+        "for mine, theirs in zip(fenced, fence_values(lease), strict=True)",
+    ): (
+        Verdict(
+            "equivalent",
+            _STRICT_WHY.format(
+                "row[:len(FENCED)] and fence_values; a row shorter than len(FENCED) + 1 "
+                "raises IndexError at row[len(FENCED)] before the zip"
+            ),
+        )
+    ),
+    Site(_LEASES, "core/ZeroIterationForLoop", "for i, lease in enumerate(held):"): Verdict(
+        "killed",
+        "a real hole, and a fence: fence_many answered no lease, so a ledger group judged "
+        "none by its lease (an expired lease's append passed; a stale epoch's was refused "
+        "only by the ledger's own epoch fence) and test_ledger_group's stale-writer test "
+        "still passed; the net's tests never called it. A store test now reads its answer "
+        "per lease (taken over, relabelled, at its expiry instant, live)",
+        (_MANY,),
+        catalog="lease-group-fence",
+    ),
+    # -- storage/validate.py (area storage-leases): argument checks ---------------------
+    Site(
+        _VALIDATE,
+        "core/AddNot",
+        "if not isinstance(header, Mapping) or not all(isinstance(k, str) for k in header):",
+    ): Verdict(
+        "killed",
+        "a real hole in the net's test choice: no lease test passes a header; a pure test "
+        "of check_header now does",
+        _HEADER,
+    ),
+    Site(
+        _VALIDATE,
+        "core/ReplaceOrWithAnd",
+        "if not isinstance(held, Sequence) or isinstance(held, str | Lease):",
+    ): Verdict(
+        "killed",
+        "a real hole: no test gave a finalize request text for held_leases (refused as "
+        "not a list, not item by item); a pure test of check_request now does",
+        _REQUEST,
+    ),
+    Site(
+        _VALIDATE,
+        "core/ReplaceComparisonOperator_GtE_Gt",
+        "low_ok = isinstance(value, int | float) and (value >= 0 if allow_zero else value > 0)",
+    ): Verdict(
+        "killed",
+        "a real hole in the net's test choice: the lease tests check only ttl_s (zero "
+        "refused); a pure test now gives check_seconds zero (taken by default)",
+        _SECONDS,
+    ),
+    Site(_VALIDATE, "core/AddNot", 'low = "0 <=" if allow_zero else "0 <"'): Verdict(
+        "killed",
+        "a real hole: no test read the bound a refused duration states; pure tests now do, "
+        "for ttl_s (0 <) and a duration that may be zero (0 <=)",
+        _TTL,
     ),
 }
 """Every survivor the runs found, with its classification."""
