@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 
+import turnkeeper
 from turnkeeper.spec import LeasePurpose
 from turnkeeper.spec.delivery import DeliveryPlan, DeliveryStep
 from turnkeeper.spec.errors import (
+    BusyError,
     InvalidInputError,
     LeaseLostError,
     LeasePurposeError,
@@ -27,6 +29,7 @@ from turnkeeper.spec.records import ANY_LEAF, FinalizeRequest, Lease, ThreadReco
 from turnkeeper.storage import validate as v
 from turnkeeper.storage.ops import leases as lease_ops
 from turnkeeper.storage.ops.leases import FENCED, digest, fence_holds, fence_values
+from turnkeeper.storage.wakeups import Topic
 
 LEASE = Lease("session:s", "w", "tok", 3, "execution", None)  # type: ignore[arg-type]
 
@@ -353,3 +356,99 @@ def test_the_fence_many_check_fails_with_every_lease_passed(
     )
     with pytest.raises(AssertionError):
         check_fence_many(store, clock)
+
+
+def _is_duckdb(store: Any) -> bool:
+    return isinstance(store, turnkeeper.DuckDBStore)
+
+
+def test_a_lease_less_write_at_the_holders_expiry_instant_goes_through(
+    store: Any, clock: Any
+) -> None:
+    """``fence_or_unheld``: a write without a lease is refused while the held
+    lease is live (now < expires_at) and goes through at its expiry instant."""
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"q": 1})
+    store.runs.start(run.id)
+    holder = store.leases.acquire("session:s", "w", 10, purpose="recovery")
+    clock.advance(9.999)
+    with pytest.raises(BusyError) as busy:
+        store.runs.finish(run.id, "failed")
+    assert busy.value.holder == "w"
+    clock.advance(0.001)
+    assert clock() == holder.expires_at
+    assert store.runs.finish(run.id, "failed").status == "failed"
+
+
+def test_a_release_wakes_orphan_subscribers_only_for_a_session(duck_store: Any) -> None:
+    """A released lease wakes ``lease_released`` subscribers; only a session's
+    (whose run, if any, lost its owner) wakes ``orphan`` ones too. (DuckDB:
+    the wake-up is published in process at commit, so ``wait(0)`` sees it.)"""
+    duck_store.sessions.create("s")
+    sub = duck_store.subscribe(Topic.LEASE_RELEASED, Topic.ORPHAN)
+    assert duck_store.leases.release(duck_store.leases.acquire("job:x", "w", 30))
+    assert sub.wait(0) == [Topic.LEASE_RELEASED]
+    assert duck_store.leases.release(duck_store.leases.acquire("session:s", "w", 30))
+    assert set(sub.wait(0)) == {Topic.LEASE_RELEASED, Topic.ORPHAN}
+    assert sub.wait(0) == []
+
+
+class _Statements:
+    """A transaction that records the statements :func:`touch_session` runs."""
+
+    def __init__(self, tx: Any, seen: list[str]) -> None:
+        self._tx, self._seen = tx, seen
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tx, name)
+
+    def exec(self, sql: str, params: Any = ()) -> Any:
+        self._seen.append(sql)
+        return self._tx.exec(sql, params)
+
+
+def test_a_grant_writes_its_sessions_row_on_a_server_only(store: Any, monkeypatch: Any) -> None:
+    """``touch_session``: on PostgreSQL a grant of a ``session:`` target writes
+    that session's row (where a lease-less write meets it); never on DuckDB
+    (its write lock orders them), never for another target."""
+    seen: list[str] = []
+    real = lease_ops.touch_session
+    monkeypatch.setattr(
+        lease_ops, "touch_session", lambda tx, target: real(_Statements(tx, seen), target)
+    )
+    store.sessions.create("s")
+    store.leases.acquire("job:s", "w", 30)
+    assert seen == []
+    store.leases.acquire("session:s", "w", 30)
+    touch = "UPDATE sessions SET updated_at = updated_at WHERE id = ?"
+    assert seen == ([] if _is_duckdb(store) else [touch])
+
+
+def test_a_heartbeat_skips_the_write_lock_and_a_release_or_check_is_one_statement(
+    store: Any, monkeypatch: Any
+) -> None:
+    """How the lease operations ask for their writes (``db.write``): renew,
+    release and validate with ``exclusive=False`` (on DuckDB they skip the
+    write lock: a heartbeat never waits behind another thread's long write);
+    release and a plain validate as one autocommit statement
+    (``transaction=False``); acquire and a bound validate in a transaction."""
+    asked: list[tuple[str, bool, bool]] = []
+    real = store.db.write
+
+    def write(operation: str, body: Any, **kw: Any) -> Any:
+        asked.append((operation, kw.get("transaction", True), kw.get("exclusive", True)))
+        return real(operation, body, **kw)
+
+    monkeypatch.setattr(store.db, "write", write)
+    lease = store.leases.acquire("t", "w", 30)
+    store.leases.renew(lease, 30)
+    store.leases.validate(lease)
+    store.leases.validate(lease, purpose="mutation")
+    assert store.leases.release(lease)
+    assert asked == [
+        ("acquire_lease", True, True),
+        ("renew_lease", True, False),
+        ("validate_lease", False, False),
+        ("validate_lease", True, False),
+        ("release_lease", False, False),
+    ]
