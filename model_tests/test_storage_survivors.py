@@ -27,6 +27,7 @@ from turnkeeper.spec.errors import (
 )
 from turnkeeper.spec.records import ANY_LEAF, FinalizeRequest, Lease, ThreadRecord
 from turnkeeper.storage import validate as v
+from turnkeeper.storage.backend import Conflict
 from turnkeeper.storage.ops import leases as lease_ops
 from turnkeeper.storage.ops.leases import FENCED, digest, fence_holds, fence_values
 from turnkeeper.storage.wakeups import Topic
@@ -452,3 +453,39 @@ def test_a_heartbeat_skips_the_write_lock_and_a_release_or_check_is_one_statemen
         ("validate_lease", True, False),
         ("release_lease", False, False),
     ]
+
+
+class _RowMoved:
+    """A transaction whose compare-and-set statements (``WITH w AS …``) find
+    the row moved: none is run, each answers ``answer`` (no row, or another
+    epoch's)."""
+
+    def __init__(self, tx: Any, answer: Any) -> None:
+        self._tx, self._answer = tx, answer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tx, name)
+
+    def one(self, sql: str, params: Any = ()) -> Any:
+        if sql.startswith("WITH w AS"):
+            return self._answer
+        return self._tx.one(sql, params)
+
+
+@pytest.mark.parametrize("answer", [None, (7,)], ids=["no-row", "another-epoch"])
+@pytest.mark.parametrize("held", [False, True], ids=["grant", "takeover"])
+def test_an_acquire_whose_row_moved_under_it_is_a_conflict(
+    store: Any, clock: Any, answer: Any, held: bool
+) -> None:
+    """``acquire``'s compare-and-set: a write that found no row, or one of
+    another epoch, is a ``Conflict`` (the transaction runs again), never a
+    lease."""
+    if held:
+        store.leases.acquire("t", "a", 1)
+        clock.advance(2)
+
+    def body(tx: Any) -> None:
+        with pytest.raises(Conflict, match="moved during acquire"):
+            lease_ops.acquire(_RowMoved(tx, answer), b"k", "t", "w", 30.0, "mutation")
+
+    store.db.write("moved", body)
