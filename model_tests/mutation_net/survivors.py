@@ -319,7 +319,29 @@ SURVIVORS: dict[Site, Verdict] = {
         (_MANY,),
         catalog="lease-group-fence",
     ),
+    Site(
+        _LEASES,
+        "core/ReplaceTrueWithFalse",
+        'values = [v for c, v in zip(FENCED, fence_values(lease), strict=True) if c != "purpose"]',
+    ): Verdict("equivalent", _STRICT_WHY.format("FENCED and fence_values(lease)")),
     # -- storage/validate.py (area storage-leases): argument checks ---------------------
+    Site(
+        _VALIDATE,
+        "core/ReplaceComparisonOperator_LtE_Lt",
+        "if isinstance(value, bool) or not isinstance(value, int) "
+        "or not minimum <= value <= MAX_INT:",
+    ): Verdict(
+        "killed",
+        "a real hole: no test of the net's choice gave check_int its bounds (the minimum, "
+        "2**63 - 1: both taken); a pure test now does (either comparison made strict)",
+        (f"{_STORAGE_KILLS}test_check_int_takes_an_int_from_its_minimum_to_a_bigints_largest",),
+    ),
+    Site(_VALIDATE, "core/AddNot", "if step.entry_id is not None:"): Verdict(
+        "killed",
+        "a real hole in the net's test choice: no lease test writes a delivery plan; pure "
+        "tests of check_plan now take a step without an entry id and refuse an empty one",
+        _PLAN,
+    ),
     Site(
         _VALIDATE,
         "core/AddNot",
