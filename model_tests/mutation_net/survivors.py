@@ -324,6 +324,16 @@ SURVIVORS: dict[Site, Verdict] = {
         "core/ReplaceTrueWithFalse",
         'values = [v for c, v in zip(FENCED, fence_values(lease), strict=True) if c != "purpose"]',
     ): Verdict("equivalent", _STRICT_WHY.format("FENCED and fence_values(lease)")),
+    Site(
+        _LEASES, "core/ReplaceComparisonOperator_Eq_NotEq", "mine is not None and mine == theirs"
+    ): (
+        Verdict(
+            "killed",
+            "a real hole (as the IsNot_Is mutant of the same line: the net's tests only saw "
+            "fence_holds refuse); the same pure test",
+            (_HOLDS,),
+        )
+    ),
     # -- storage/validate.py (area storage-leases): argument checks ---------------------
     Site(
         _VALIDATE,
@@ -377,6 +387,13 @@ SURVIVORS: dict[Site, Verdict] = {
         "a real hole: no test read the bound a refused duration states; pure tests now do, "
         "for ttl_s (0 <) and a duration that may be zero (0 <=)",
         _TTL,
+    ),
+    Site(_VALIDATE, "core/ZeroIterationForLoop", "for i, lease in enumerate(held):"): Verdict(
+        "killed",
+        "a real hole: no test of the net's choice gave a finalize request a malformed held "
+        "lease (the fence would refuse it later, as another error); a pure test of "
+        "check_request now does",
+        _REQUEST,
     ),
 }
 """Every survivor the runs found, with its classification."""
