@@ -489,3 +489,26 @@ def test_an_acquire_whose_row_moved_under_it_is_a_conflict(
             lease_ops.acquire(_RowMoved(tx, answer), b"k", "t", "w", 30.0, "mutation")
 
     store.db.write("moved", body)
+
+
+def test_a_busy_acquire_says_whose_lease_it_met(store: Any, clock: Any) -> None:
+    """An acquire refused while the lease is live: another owner's lease is
+    ``BusyError`` naming that owner under any purpose asked; the caller's own
+    owner name taken through another store object is ``BusyError`` saying so
+    (under another purpose, as for its own store object, ``LeasePurposeError``)."""
+    store.leases.acquire("t", "a", 60, purpose="execution")
+    for purpose in ("execution", "mutation"):
+        with pytest.raises(BusyError) as other:
+            store.leases.acquire("t", "b", 60, purpose=purpose)
+        assert other.value.holder == "a"
+        assert "another owner ('a') holds a live lease" in str(other.value)
+    again = turnkeeper.open_store(getattr(store.db, "url", store.path), clock=clock)
+    try:
+        with pytest.raises(BusyError) as same:
+            again.leases.acquire("t", "a", 60, purpose="execution")
+        assert same.value.holder == "a"
+        assert "(this caller's name)" in str(same.value)
+        with pytest.raises(LeasePurposeError):
+            again.leases.acquire("t", "a", 60, purpose="mutation")
+    finally:
+        again.close()
