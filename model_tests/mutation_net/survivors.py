@@ -84,6 +84,16 @@ _PLAN = (
     f"{_STORAGE_KILLS}test_a_plan_with_well_formed_steps_each_depending_on_an_earlier_one_is_taken",
     f"{_STORAGE_KILLS}test_a_malformed_plan_is_refused_naming_its_field",
 )
+_FLAGS_WHY = (
+    "a real hole: how the lease operations ask for their writes (exclusive=False: on "
+    "DuckDB a heartbeat skips the write lock and never waits behind another thread's long "
+    "write; transaction=False: one autocommit statement) changes no result a "
+    "single-threaded test reads; a store test now reads the flags each one passes to "
+    "db.write"
+)
+_WRITE_FLAGS = (
+    f"{_STORAGE_KILLS}test_a_heartbeat_skips_the_write_lock_and_a_release_or_check_is_one_statement",
+)
 _STRICT_WHY = (
     "equivalent: both sides of the zip always have len(FENCED) items ({}), so "
     "strict=True never raises and strict=False drops nothing"
@@ -334,6 +344,12 @@ SURVIVORS: dict[Site, Verdict] = {
             (_HOLDS,),
         )
     ),
+    Site(
+        _LEASES,
+        "core/ReplaceFalseWithTrue",
+        'return self._fenced("renew_lease", lease, lambda tx: renew(tx, lease, ttl), '
+        "exclusive=False)",
+    ): Verdict("killed", _FLAGS_WHY, _WRITE_FLAGS),
     # -- storage/validate.py (area storage-leases): argument checks ---------------------
     Site(
         _VALIDATE,
