@@ -411,5 +411,11 @@ SURVIVORS: dict[Site, Verdict] = {
         "check_request now does",
         _REQUEST,
     ),
+    Site(_VALIDATE, "core/AddNot", "if not isinstance(step, DeliveryStep):"): Verdict(
+        "killed",
+        "a real hole in the net's test choice: no lease test writes a delivery plan; pure "
+        "tests of check_plan now take well-formed steps and refuse a step that is none",
+        _PLAN,
+    ),
 }
 """Every survivor the runs found, with its classification."""
