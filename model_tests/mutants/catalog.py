@@ -200,9 +200,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         id="lease-group-fence",
         kind="expiry",
-        guards="fence_many, a ledger group's lease fence, judges every member's lease (an "
-        "expired one, whose epoch the ledger's own fence still accepts, is refused): no "
-        "member judged",
+        guards="fence_many, a ledger group's lease fence, judges every member's lease "
+        "(token, epoch, purpose, expiry) as fence does alone: no member judged (only the "
+        "ledger's own epoch fence is left, which an expired lease nobody took over passes)",
         file="storage/ops/leases.py",
         old="    out: list[datetime | Exception] = []\n    for i, lease in enumerate(held):",
         new="    out: list[datetime | Exception] = []\n    for i, lease in []:",
