@@ -512,3 +512,30 @@ def test_a_busy_acquire_says_whose_lease_it_met(store: Any, clock: Any) -> None:
             again.leases.acquire("t", "a", 60, purpose="mutation")
     finally:
         again.close()
+
+
+class _Holds:
+    """A transaction that records the targets held (``Tx.hold``)."""
+
+    def __init__(self, tx: Any, held: list[str]) -> None:
+        self._tx, self._held = tx, held
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tx, name)
+
+    def hold(self, target: str) -> None:
+        self._held.append(target)
+        self._tx.hold(target)
+
+
+def test_fence_many_holds_every_target_it_judges(store: Any) -> None:
+    """``fence_many`` holds each lease's target (``Tx.hold``) as ``fence`` does
+    its one: on DuckDB that keeps a renewal or release from committing between
+    the fence and the group's commit (on PostgreSQL the row lock does)."""
+    leases = [store.leases.acquire(t, "w", 60) for t in ("a", "b", "c")]
+    held: list[str] = []
+    store.db.write("fence_many", lambda tx: lease_ops.fence_many(_Holds(tx, held), leases))
+    assert held == ["a", "b", "c"]
+    alone: list[str] = []
+    store.db.write("fence", lambda tx: lease_ops.fence(_Holds(tx, alone), leases[0]))
+    assert alone == ["a"]
