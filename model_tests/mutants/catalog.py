@@ -206,8 +206,12 @@ MUTANTS: tuple[Mutant, ...] = (
         file="storage/ops/leases.py",
         old="    out: list[datetime | Exception] = []\n    for i, lease in enumerate(held):",
         new="    out: list[datetime | Exception] = []\n    for i, lease in []:",
-        tests=_cases(
-            "test_storage_survivors.py::test_fence_many_judges_each_lease_as_fence_does_alone"
+        tests=(
+            *_cases(
+                "test_storage_survivors.py::test_fence_many_judges_each_lease_as_fence_does_alone"
+            ),
+            "test_ledger_group.py::"
+            "test_one_members_lost_lease_or_bad_input_fails_only_that_member[duckdb]",
         ),
     ),
     Mutant(
