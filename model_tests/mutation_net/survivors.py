@@ -420,5 +420,15 @@ SURVIVORS: dict[Site, Verdict] = {
         "tests of check_plan now take well-formed steps and refuse a step that is none",
         _PLAN,
     ),
+    Site(
+        _VALIDATE,
+        "core/ReplaceComparisonOperator_LtE_Lt",
+        "if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:",
+    ): Verdict(
+        "killed",
+        "a real hole in the net's test choice: no lease test reads a page; a pure test of "
+        "check_limit now takes 1 and MAX_LIMIT (either comparison made strict refuses one)",
+        (f"{_STORAGE_KILLS}test_check_limit_takes_an_int_from_one_to_the_largest_page",),
+    ),
 }
 """Every survivor the runs found, with its classification."""
