@@ -198,6 +198,23 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        id="lease-group-fence",
+        kind="expiry",
+        guards="fence_many, a ledger group's lease fence, judges every member's lease "
+        "(token, epoch, purpose, expiry) as fence does alone: no member judged (only the "
+        "ledger's own epoch fence is left, which an expired lease nobody took over passes)",
+        file="storage/ops/leases.py",
+        old="    out: list[datetime | Exception] = []\n    for i, lease in enumerate(held):",
+        new="    out: list[datetime | Exception] = []\n    for i, lease in []:",
+        tests=(
+            *_cases(
+                "test_storage_survivors.py::test_fence_many_judges_each_lease_as_fence_does_alone"
+            ),
+            "test_ledger_group.py::"
+            "test_one_members_lost_lease_or_bad_input_fails_only_that_member[duckdb]",
+        ),
+    ),
+    Mutant(
         id="lease-commit-expiry-duckdb",
         kind="expiry",
         guards="DuckDB judges a fenced lease's expiry again right before COMMIT "

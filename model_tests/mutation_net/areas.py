@@ -148,11 +148,17 @@ SPEC_KILLS = "test_spec_survivors.py"
 """The fixed tests written for the net's survivors in ``spec/`` (pure, fast):
 every spec area runs them first."""
 
+STORAGE_KILLS = "test_storage_survivors.py"
+"""The fixed tests written for the net's survivors in ``storage/`` (the
+argument checks, pure, and lease operations on a store): every storage area
+runs them first."""
+
 
 def judging_tests(area: Area) -> tuple[str, ...]:
     """The area's tests and the catalog's killing tests for its modules (their
     DuckDB cases: a PostgreSQL case would only be skipped), files first; a
-    spec area's begin with :data:`SPEC_KILLS`."""
+    spec area's begin with :data:`SPEC_KILLS`, a storage area's with
+    :data:`STORAGE_KILLS`."""
     caught = [
         t
         for m in MUTANTS
@@ -160,7 +166,11 @@ def judging_tests(area: Area) -> tuple[str, ...]:
         for t in m.tests
         if "postgres" not in t and t.split("::", 1)[0] not in area.tests
     ]
-    first = (SPEC_KILLS,) if any(m.startswith("spec/") for m in area.modules) else ()
+    first = tuple(
+        kills
+        for kills, top in ((SPEC_KILLS, "spec/"), (STORAGE_KILLS, "storage/"))
+        if any(m.startswith(top) for m in area.modules)
+    )
     return tuple(dict.fromkeys((*first, *area.tests, *caught)))
 
 

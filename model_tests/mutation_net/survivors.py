@@ -63,6 +63,41 @@ _REBUILT = (
 _OPENAI = (
     f"{_SPEC_KILLS}test_an_openai_tool_message_carries_text_and_blocks_as_they_are_other_values_as_json",
 )
+_LEASES = "storage/ops/leases.py"
+_VALIDATE = "storage/validate.py"
+_STORAGE_KILLS = "test_storage_survivors.py::"
+_HOLDS = f"{_STORAGE_KILLS}test_fence_holds_on_the_held_row_of_exactly_this_lease"
+_MANY = f"{_STORAGE_KILLS}test_fence_many_judges_each_lease_as_fence_does_alone"
+_TTL = (
+    f"{_STORAGE_KILLS}test_a_ttl_that_is_no_such_duration_is_refused",
+    f"{_STORAGE_KILLS}test_seconds_out_of_zero_to_ten_years_are_refused",
+)
+_SECONDS = (
+    f"{_STORAGE_KILLS}test_seconds_take_zero_by_default",
+    f"{_STORAGE_KILLS}test_seconds_out_of_zero_to_ten_years_are_refused",
+)
+_REQUEST = (
+    f"{_STORAGE_KILLS}test_a_finalize_request_has_real_flags_and_a_list_of_well_formed_leases",
+)
+_HEADER = (f"{_STORAGE_KILLS}test_a_header_is_a_mapping_with_string_keys_or_none",)
+_PLAN = (
+    f"{_STORAGE_KILLS}test_a_plan_with_well_formed_steps_each_depending_on_an_earlier_one_is_taken",
+    f"{_STORAGE_KILLS}test_a_malformed_plan_is_refused_naming_its_field",
+)
+_FLAGS_WHY = (
+    "a real hole: how the lease operations ask for their writes (exclusive=False: on "
+    "DuckDB a heartbeat skips the write lock and never waits behind another thread's long "
+    "write; transaction=False: one autocommit statement) changes no result a "
+    "single-threaded test reads; a store test now reads the flags each one passes to "
+    "db.write"
+)
+_WRITE_FLAGS = (
+    f"{_STORAGE_KILLS}test_a_heartbeat_skips_the_write_lock_and_a_release_or_check_is_one_statement",
+)
+_STRICT_WHY = (
+    "equivalent: both sides of the zip always have len(FENCED) items ({}), so "
+    "strict=True never raises and strict=False drops nothing"
+)
 _REBUILT_WHY = (
     "a hole in the net's test choice: test_recovery.py pins it (not among spec-tools' "
     "tests then); a pure test of recorded_result now pins it in spec-tools' tests too"
@@ -243,6 +278,157 @@ SURVIVORS: dict[Site, Verdict] = {
         "a real hole: no test read which shapes a usage object of two shapes (or none) "
         "showed; a pure test now does",
         (f"{_SPEC_KILLS}test_a_usage_object_of_no_shape_or_two_says_which_it_found",),
+    ),
+    # -- storage/ops/leases.py (area storage-leases) ----------------------------------
+    Site(
+        _LEASES,
+        "core/ReplaceOrWithAnd",
+        'run_id or "", f"session {session_id!r} has no active run"',
+    ): (
+        Verdict(
+            "killed",
+            "a real hole: no test read the run id of a refused recovery lease (the run named, "
+            "or empty: the mutant gives None or empty); a store test now does",
+            (
+                f"{_STORAGE_KILLS}test_a_recovery_lease_on_an_idle_session_names_the_run_it_was_asked_for",
+            ),
+        )
+    ),
+    Site(
+        _LEASES, "core/ReplaceComparisonOperator_IsNot_Is", "mine is not None and mine == theirs"
+    ): (
+        Verdict(
+            "killed",
+            "a real hole: the net's tests only saw fence_holds refuse (a forged token in a "
+            "merged append); the mutant refuses every row, so no merged append could pass. "
+            "A pure test now reads fence_holds on the held row of the lease and on each "
+            "column changed or NULL",
+            (_HOLDS,),
+        )
+    ),
+    Site(
+        _LEASES,
+        "core/ReplaceTrueWithFalse",
+        "for mine, theirs in zip(fenced, fence_values(lease), strict=True)",
+    ): (
+        Verdict(
+            "equivalent",
+            _STRICT_WHY.format(
+                "row[:len(FENCED)] and fence_values; a row shorter than len(FENCED) + 1 "
+                "raises IndexError at row[len(FENCED)] before the zip"
+            ),
+        )
+    ),
+    Site(_LEASES, "core/ZeroIterationForLoop", "for i, lease in enumerate(held):"): Verdict(
+        "killed",
+        "a real hole in the net's test choice, and a fence: fence_many answered no lease, so "
+        "a ledger group judged none of its members by its lease fence; the area's tests "
+        "never call it (test_ledger_group.py, outside them, kills it on DuckDB: a released "
+        "member's append goes through). A store test now reads its answer per lease "
+        "(taken over, relabelled, at its expiry instant, live), on both engines",
+        (
+            _MANY,
+            "test_ledger_group.py::test_one_members_lost_lease_or_bad_input_fails_only_that_member[duckdb]",
+        ),
+        catalog="lease-group-fence",
+    ),
+    Site(
+        _LEASES,
+        "core/ReplaceTrueWithFalse",
+        'values = [v for c, v in zip(FENCED, fence_values(lease), strict=True) if c != "purpose"]',
+    ): Verdict("equivalent", _STRICT_WHY.format("FENCED and fence_values(lease)")),
+    Site(
+        _LEASES, "core/ReplaceComparisonOperator_Eq_NotEq", "mine is not None and mine == theirs"
+    ): (
+        Verdict(
+            "killed",
+            "a real hole (as the IsNot_Is mutant of the same line: the net's tests only saw "
+            "fence_holds refuse); the same pure test",
+            (_HOLDS,),
+        )
+    ),
+    Site(
+        _LEASES,
+        "core/ReplaceFalseWithTrue",
+        'return self._fenced("renew_lease", lease, lambda tx: renew(tx, lease, ttl), '
+        "exclusive=False)",
+    ): Verdict("killed", _FLAGS_WHY, _WRITE_FLAGS),
+    # -- storage/validate.py (area storage-leases): argument checks ---------------------
+    Site(
+        _VALIDATE,
+        "core/ReplaceComparisonOperator_LtE_Lt",
+        "if isinstance(value, bool) or not isinstance(value, int) "
+        "or not minimum <= value <= MAX_INT:",
+    ): Verdict(
+        "killed",
+        "a real hole: no test of the net's choice gave check_int its bounds (the minimum, "
+        "2**63 - 1: both taken); a pure test now does (either comparison made strict)",
+        (f"{_STORAGE_KILLS}test_check_int_takes_an_int_from_its_minimum_to_a_bigints_largest",),
+    ),
+    Site(_VALIDATE, "core/AddNot", "if step.entry_id is not None:"): Verdict(
+        "killed",
+        "a real hole in the net's test choice: no lease test writes a delivery plan; pure "
+        "tests of check_plan now take a step without an entry id and refuse an empty one",
+        _PLAN,
+    ),
+    Site(
+        _VALIDATE,
+        "core/AddNot",
+        "if not isinstance(header, Mapping) or not all(isinstance(k, str) for k in header):",
+    ): Verdict(
+        "killed",
+        "a real hole in the net's test choice: no lease test passes a header; a pure test "
+        "of check_header now does",
+        _HEADER,
+    ),
+    Site(
+        _VALIDATE,
+        "core/ReplaceOrWithAnd",
+        "if not isinstance(held, Sequence) or isinstance(held, str | Lease):",
+    ): Verdict(
+        "killed",
+        "a real hole: no test gave a finalize request text for held_leases (refused as "
+        "not a list, not item by item); a pure test of check_request now does",
+        _REQUEST,
+    ),
+    Site(
+        _VALIDATE,
+        "core/ReplaceComparisonOperator_GtE_Gt",
+        "low_ok = isinstance(value, int | float) and (value >= 0 if allow_zero else value > 0)",
+    ): Verdict(
+        "killed",
+        "a real hole in the net's test choice: the lease tests check only ttl_s (zero "
+        "refused); a pure test now gives check_seconds zero (taken by default)",
+        _SECONDS,
+    ),
+    Site(_VALIDATE, "core/AddNot", 'low = "0 <=" if allow_zero else "0 <"'): Verdict(
+        "killed",
+        "a real hole: no test read the bound a refused duration states; pure tests now do, "
+        "for ttl_s (0 <) and a duration that may be zero (0 <=)",
+        _TTL,
+    ),
+    Site(_VALIDATE, "core/ZeroIterationForLoop", "for i, lease in enumerate(held):"): Verdict(
+        "killed",
+        "a real hole: no test of the net's choice gave a finalize request a malformed held "
+        "lease (the fence would refuse it later, as another error); a pure test of "
+        "check_request now does",
+        _REQUEST,
+    ),
+    Site(_VALIDATE, "core/AddNot", "if not isinstance(step, DeliveryStep):"): Verdict(
+        "killed",
+        "a real hole in the net's test choice: no lease test writes a delivery plan; pure "
+        "tests of check_plan now take well-formed steps and refuse a step that is none",
+        _PLAN,
+    ),
+    Site(
+        _VALIDATE,
+        "core/ReplaceComparisonOperator_LtE_Lt",
+        "if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:",
+    ): Verdict(
+        "killed",
+        "a real hole in the net's test choice: no lease test reads a page; a pure test of "
+        "check_limit now takes 1 and MAX_LIMIT (either comparison made strict refuses one)",
+        (f"{_STORAGE_KILLS}test_check_limit_takes_an_int_from_one_to_the_largest_page",),
     ),
 }
 """Every survivor the runs found, with its classification."""
