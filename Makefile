@@ -93,7 +93,7 @@ test-encrypted: install
 
 # The bounded model checker (model_tests/model_check/) at its larger bound: at least
 # 3 actors x 2 targets x lease expiry per model (the CI bound runs in
-# model_tests/test_model_check.py). Prints states, transitions, depth and time per
+# model_tests/checking/test_model_check.py). Prints states, transitions, depth and time per
 # model; fails with the counterexample as a replay script if an invariant breaks.
 modelcheck: install
 	cd model_tests && ../$(BIN)/python -m model_check --bound large
@@ -103,7 +103,7 @@ modelcheck: install
 # shipped changes), its fixed killing tests run against that copy on both backends (a
 # throwaway PostgreSQL server) and required to fail, after passing once on an unmutated
 # copy. Prints mutant, killed, killing test and seconds; fails if a mutant survives.
-# model_tests/test_mutants.py is its CI part. `make mutants ONLY=id,id` runs those.
+# model_tests/checking/test_mutants.py is its CI part. `make mutants ONLY=id,id` runs those.
 mutants: install
 	cd model_tests && ../$(BIN)/python -m mutants $(if $(ONLY),--only $(ONLY))
 
@@ -116,12 +116,12 @@ mutants: install
 mutation-net: install
 	cd model_tests && ../$(BIN)/python -m mutation_net $(foreach a,$(subst $(comma), ,$(AREAS)),--area $(a))
 
-# CrossHair over the contracts of spec/ (model_tests/test_crosshair.py: no counterexample,
+# CrossHair over the contracts of spec/ (model_tests/checking/test_crosshair.py: no counterexample,
 # every condition checked, each module's control caught) at a larger bound: 10 CPU
 # seconds per condition and 3 per path (CI's bound: 0.5 and 0.25).
 crosshair: install
 	TURNKEEPER_CROSSHAIR_CONDITION_S=10 TURNKEEPER_CROSSHAIR_PATH_S=3 \
-		$(BIN)/python -m pytest model_tests/test_crosshair.py -q
+		$(BIN)/python -m pytest model_tests/checking/test_crosshair.py -q
 
 # Regenerates every file in reports/: the diagrams (deterministic) and the benchmark (measured).
 reports: install bench

@@ -26,7 +26,7 @@ VENV_HEADER = """\
 # demo, CI), given to pip as constraints (-c): a release on the index cannot change
 # what the suite runs against. A user's `pip install turnkeeper[...]` gets
 # pyproject.toml's ranges instead. Written by `make lock` (constraints/lock.py);
-# model_tests/test_constraints.py checks .venv matches it.
+# model_tests/suite/test_constraints.py checks .venv matches it.
 """
 
 BUILD_HEADER = """\

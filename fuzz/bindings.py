@@ -40,7 +40,7 @@ after every step:
 
 ``machine(opener)`` returns the machine class with its stores from
 ``opener`` (the second gateway's from ``opener.peer``); the fence kill tests
-(``model_tests/test_stateful_bindings.py``) replay its stored
+(``model_tests/stateful/test_stateful_bindings.py``) replay its stored
 counterexamples with one guard patched out.
 """
 

@@ -28,7 +28,7 @@ success or the typed refusal, and after every step:
   granted on its session.
 
 ``machine(opener)`` returns the machine class with its stores from
-``opener``; the guard kill tests (``model_tests/test_stateful_tool_records.py``)
+``opener``; the guard kill tests (``model_tests/stateful/test_stateful_tool_records.py``)
 run the same class with one guard patched out.
 """
 

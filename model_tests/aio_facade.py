@@ -4,7 +4,7 @@ through the async store's runner (``api/aio/runner.py``).
 
 The facade holds no domain logic, so it is written by this script from the
 protocol rather than by hand: a method added to an area's protocol gets its
-async twin from one command, and ``model_tests/test_aio.py`` fails while the
+async twin from one command, and ``model_tests/adapters/test_aio.py`` fails while the
 file is stale.
 
     .venv/bin/python model_tests/aio_facade.py          # rewrite api/aio/areas.py

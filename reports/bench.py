@@ -185,7 +185,7 @@ def turn_statements(store: turnkeeper.BaseStore) -> dict[str, int]:
     """The statements one :func:`three_transaction_turn` sends, per phase
     (BEGIN and COMMIT included; the store's own counter), and their total:
     the second turn on a new session (the first warms what the store object
-    remembers of it), as ``model_tests/test_turn_statements.py`` counts it."""
+    remembers of it), as ``model_tests/benchmarks/test_turn_statements.py`` counts it."""
     session_id = f"stmts{uuid.uuid4().hex[:8]}"
     store.sessions.create(session_id)
     lease = store.leases.acquire(f"session:{session_id}", "bench", 3600, purpose="execution")
@@ -211,7 +211,7 @@ def turn_round_trips(store: turnkeeper.BaseStore) -> dict[str, int]:
     counted from libpq's protocol trace (``PQtrace``, Linux) of each
     connection the store lends (one per phase): each simple ``Query`` and
     each ``Sync`` (a pipeline's end) the client sends is one wait for the
-    server, as ``model_tests/test_turn_statements.py`` counts it."""
+    server, as ``model_tests/benchmarks/test_turn_statements.py`` counts it."""
     import contextlib
 
     session_id = f"trips{uuid.uuid4().hex[:8]}"
@@ -752,7 +752,7 @@ def big_store(where: str, floor: Op) -> dict[str, list[float]]:
     sessions written through the API, copied :data:`BIG_COPIES` times with
     their names rewritten (``model_tests/grown.py``). Their cost must not grow
     with the store: each statement finds its rows through an index
-    (``model_tests/test_index_paths.py`` holds them to it)."""
+    (``model_tests/internals/test_index_paths.py`` holds them to it)."""
     from grown import grow, populate
 
     with turnkeeper.open_store(where) as store:

@@ -52,7 +52,7 @@ def keyed(key: str, conditions: str, value: str = "?") -> str:
     filters the rows the index found. PostgreSQL plans either form through
     an index led by ``key`` (a two-column key led by another column does not
     serve it: schema version 12 adds those PostgreSQL lacked); the rows
-    selected are the same. ``model_tests/test_index_paths.py`` holds every
+    selected are the same. ``model_tests/internals/test_index_paths.py`` holds every
     hot statement to an index scan, on both backends.
     """
     return f"{key} = {value} AND CASE WHEN {conditions} THEN {key} END IS NOT NULL"

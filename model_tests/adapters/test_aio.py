@@ -27,7 +27,7 @@ from turnkeeper import EntryKind, aio
 from turnkeeper.aio import runner as runner_module
 from turnkeeper.storage import protocol
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # model_tests/, where the support modules are
 MESSAGE = {"message": {"role": "user", "content": "hello"}}
 
 

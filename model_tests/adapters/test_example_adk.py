@@ -10,7 +10,7 @@ from pathlib import Path
 import turnkeeper
 from turnkeeper.adk import _codec
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "adk_agent.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "adk_agent.py"
 
 
 def run(path: Path) -> list[str]:

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "langgraph_resume.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "langgraph_resume.py"
 
 
 def _wait_for(path: Path, proc: subprocess.Popen[str], limit_s: float = 120.0) -> None:

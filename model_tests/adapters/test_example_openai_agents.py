@@ -12,7 +12,7 @@ import pytest
 from agents import Agent, Runner, SQLiteSession
 from conftest import BACKENDS, new_pg_schema, with_listen
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "openai_agents_fenced.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "openai_agents_fenced.py"
 
 EXPECTED = [
     "worker-a: 5 (question 1 of this conversation)",

@@ -22,7 +22,7 @@ import turnkeeper
 from turnkeeper.aio import AsyncStore
 from turnkeeper.openai_agents import TurnkeeperSession
 
-CHILD = Path(__file__).resolve().parent / "openai_agents_compaction_process.py"
+CHILD = Path(__file__).resolve().parents[1] / "openai_agents_compaction_process.py"
 HISTORY = [text(i) for i in range(10)]
 
 pytestmark = pytest.mark.slow

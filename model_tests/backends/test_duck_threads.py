@@ -98,7 +98,7 @@ def _tiny(script: list[str], extra: dict[str, str]) -> str:
 
     env = {k: v for k, v in os.environ.items() if k != "TURNKEEPER_TEST_PG"}
     env.update({"TURNKEEPER_BENCH_REPS": "1", "TURNKEEPER_BENCH_SECONDS": "0.01", **extra})
-    reports = Path(__file__).resolve().parents[1] / "reports"
+    reports = Path(__file__).resolve().parents[2] / "reports"
     done = subprocess.run(
         [sys.executable, str(reports / script[0]), *script[1:]],
         env=env,

@@ -33,7 +33,7 @@ import turnkeeper
 
 pytestmark = pytest.mark.postgres
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # model_tests/, where the support modules are
 CLI = [sys.executable, "-m", "turnkeeper.cli.main"]
 TIMEOUT_S = 600
 """A guard against hangs only (a loaded 2-core machine)."""

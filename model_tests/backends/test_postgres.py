@@ -30,7 +30,7 @@ from turnkeeper.storage.audit import run_audit
 
 pytestmark = pytest.mark.postgres
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # model_tests/, where the support modules are
 MSG = {"message": {"role": "user", "content": "x"}}
 
 

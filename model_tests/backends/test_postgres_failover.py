@@ -59,7 +59,7 @@ from turnkeeper.storage.audit import run_audit
 
 T = TypeVar("T")
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # model_tests/, where the support modules are
 HANG_GUARD_S = 300.0
 """Seconds any wait below gets before the test fails (a guard against hangs only)."""
 

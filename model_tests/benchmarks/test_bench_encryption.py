@@ -17,7 +17,7 @@ from test_machines import TINY_BENCH
 
 import turnkeeper
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REPORTS = ROOT / "reports"
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-REPORTS = Path(__file__).resolve().parents[1] / "reports"
+REPORTS = Path(__file__).resolve().parents[2] / "reports"
 
 
 def _rows(duckdb: dict, postgres: dict) -> list[str]:

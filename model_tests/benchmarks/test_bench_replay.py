@@ -14,7 +14,7 @@ import pytest
 from test_bench_encryption import alone
 from test_machines import TINY_BENCH
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REPORTS = ROOT / "reports"
 
 

@@ -13,7 +13,7 @@ from conftest import new_pg_schema
 
 import turnkeeper
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ REPLY = {"role": "assistant", "content": "done"}
 USER = {"role": "user", "content": "go"}
 
 PHASES = ("admit_run", "append_many", "finish_run")
-REPORTS = Path(__file__).resolve().parents[1] / "reports"
+REPORTS = Path(__file__).resolve().parents[2] / "reports"
 
 CEILINGS = {
     "duckdb": {"admit_run": 10, "append_many": 5, "finish_run": 12},

@@ -33,7 +33,7 @@ import pytest
 
 import turnkeeper.spec
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = Path(turnkeeper.spec.__file__).resolve().parent
 """The installed ``spec`` package: CrossHair checks what the tests import."""
 

@@ -28,7 +28,7 @@ from turnkeeper.spec.errors import InvalidTransitionError
 from turnkeeper.spec.lease import acquire_decision
 from turnkeeper.spec.thread_record import save_decision
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_reports_are_fresh():

@@ -5,7 +5,7 @@ committed report is well formed with every survivor classified, the areas
 cover all of ``spec/`` and exist, and a small real run: two mutants of
 ``spec/lease.py`` made by cosmic-ray in a temporary copy of the package are
 killed by their fixed test (which passes on the installed package, in
-``test_machines.py``).
+``checking/test_machines.py``).
 
 ``make mutation-net`` runs the net itself (hours for every area on 2 cores).
 """
@@ -50,7 +50,7 @@ def site_problems(site: Site, verdict: Verdict) -> list[str]:
         wrong.append("equivalent, yet killed")
     if verdict.catalog and verdict.catalog not in CATALOG_IDS:
         wrong.append(f"no catalog entry {verdict.catalog}")
-    if any(t.startswith("test_stateful_") for t in verdict.tests):
+    if any(t.startswith("stateful/test_stateful_") for t in verdict.tests):
         wrong.append("a search, not a fixed test")
     return wrong
 
@@ -68,14 +68,14 @@ def test_control_a_stale_or_malformed_classification_is_refused() -> None:
     assert site_problems(dataclasses.replace(site, operator="core/NumberReplacer"), verdict)
     assert site_problems(site, dataclasses.replace(verdict, kind="killed", tests=()))
     assert site_problems(site, dataclasses.replace(verdict, catalog="no-such-entry"))
-    assert site_problems(site, Verdict("equivalent", "x", ("test_machines.py",)))
+    assert site_problems(site, Verdict("equivalent", "x", ("checking/test_machines.py",)))
 
 
 def test_every_killing_test_exists() -> None:
     """One collection; a test that is not there (the control, beside them) is
     the only one reported."""
     tests = [t for v in SURVIVORS.values() for t in v.tests]
-    gone = "test_machines.py::test_no_such_test"
+    gone = "checking/test_machines.py::test_no_such_test"
     assert missing([*tests, gone]) == [gone]
 
 
@@ -90,7 +90,7 @@ def test_the_areas_cover_spec_and_exist() -> None:
         t
         for a in AREAS
         for t in judging_tests(a)
-        if not (Path(__file__).parent / t.split("::")[0]).is_file()
+        if not (Path(__file__).resolve().parents[1] / t.split("::")[0]).is_file()
     ]
     assert gone == []
 
@@ -148,7 +148,7 @@ def test_two_mutants_made_by_cosmic_ray_are_killed(tmp_path: Path) -> None:
     area = Area(
         "ci",
         ("spec/lease.py",),
-        ("test_machines.py::test_acquire_decision_matches_the_lease_machine_exhaustively",),
+        ("checking/test_machines.py::test_acquire_decision_matches_the_lease_machine_exhaustively",),
     )
     copy = prepare_copy(tmp_path)
     found = run_area(area, tmp_path, copy, keep=lambda op, line: (op, line) in PICKS)

@@ -3,7 +3,7 @@ fixed tests that kill the break.
 
 One :class:`Mutant` per guard: the file of the installed package (a path
 inside ``turnkeeper/``), the exact source text to replace (found exactly
-once, else the entry is stale: ``test_mutants.py`` checks that in CI) and
+once, else the entry is stale: ``checking/test_mutants.py`` checks that in CI) and
 its replacement, Python or SQL text alike (``AND seq = ?`` becomes a
 condition that keeps its parameter and compares nothing). ``tests`` are
 pytest node ids relative to ``model_tests/``, never a Hypothesis search:
@@ -83,7 +83,7 @@ _UNEXPIRED = (
 )
 """The end of ``leases.unexpired``: the fence's expiry check, then its re-check at COMMIT."""
 
-_FORGED = "test_forged_tokens.py::test_a_forged_token_is_refused_by_every_fenced_write"
+_FORGED = "guards/test_forged_tokens.py::test_a_forged_token_is_refused_by_every_fenced_write"
 
 MUTANTS: tuple[Mutant, ...] = (
     # -- leases (storage/ops/leases.py, storage/validate.py) ------------------------------
@@ -110,7 +110,7 @@ MUTANTS: tuple[Mutant, ...] = (
         file="storage/ops/leases.py",
         old="        mine is not None and mine == theirs",
         new="        mine is not None and (mine == theirs or len(str(mine)) == 64)",
-        tests=("test_forged_tokens.py::test_a_forged_token_is_refused_by_a_merged_append",),
+        tests=("guards/test_forged_tokens.py::test_a_forged_token_is_refused_by_a_merged_append",),
     ),
     Mutant(
         id="lease-acquire-token",
@@ -121,7 +121,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old='            "token_matches": hmac.compare_digest(digest(mine), held_digest),',
         new='            "token_matches": True,',
         tests=_cases(
-            "test_pinned_guards.py::"
+            "checking/test_pinned_guards.py::"
             "test_another_store_object_under_the_same_owner_name_does_not_get_the_live_lease"
         ),
     ),
@@ -146,7 +146,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old='    same = " AND ".join(f"leases.{c} = {value(c)}" for c in FENCED[1:])',
         new='    same = " AND ".join(f"leases.{c} = {value(c)}" if c != "epoch" '
         'else f"CAST({value(c)} AS BIGINT) IS NOT NULL" for c in FENCED[1:])',
-        tests=_cases("test_forged_tokens.py::test_a_lease_with_another_epoch_is_refused"),
+        tests=_cases("guards/test_forged_tokens.py::test_a_lease_with_another_epoch_is_refused"),
     ),
     Mutant(
         id="lease-bound-run-epoch",
@@ -156,7 +156,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    if epoch != lease.epoch:",
         new="    if False:",
         tests=_cases(
-            "test_lease_authority.py::"
+            "conformance/test_lease_authority.py::"
             "test_a_run_admitted_under_an_earlier_epoch_is_not_bound_to_a_new_lease"
         ),
     ),
@@ -169,7 +169,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old=_UNEXPIRED,
         new="    return now",
         tests=_cases(
-            "test_conformance_leases.py::"
+            "conformance/test_conformance_leases.py::"
             "test_renew_after_expiry_is_lease_lost_even_if_nobody_took_it"
         ),
     ),
@@ -183,7 +183,7 @@ MUTANTS: tuple[Mutant, ...] = (
         new="    if expiry < now:\n        raise lost\n    if expiry > now:\n"
         "        tx.valid_until(expiry, lost)\n    return now",
         tests=_cases(
-            "test_conformance_leases.py::test_a_lease_at_its_expiry_instant_fences_nothing"
+            "conformance/test_conformance_leases.py::test_a_lease_at_its_expiry_instant_fences_nothing"
         ),
     ),
     Mutant(
@@ -194,7 +194,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old='            "expired": now >= expires_at,',
         new='            "expired": now > expires_at,',
         tests=_cases(
-            "test_conformance_leases.py::test_a_lease_at_its_expiry_instant_is_taken_over"
+            "conformance/test_conformance_leases.py::test_a_lease_at_its_expiry_instant_is_taken_over"
         ),
     ),
     Mutant(
@@ -208,9 +208,9 @@ MUTANTS: tuple[Mutant, ...] = (
         new="    out: list[datetime | Exception] = []\n    for i, lease in []:",
         tests=(
             *_cases(
-                "test_storage_survivors.py::test_fence_many_judges_each_lease_as_fence_does_alone"
+                "checking/test_storage_survivors.py::test_fence_many_judges_each_lease_as_fence_does_alone"
             ),
-            "test_ledger_group.py::"
+            "ledger/test_ledger_group.py::"
             "test_one_members_lost_lease_or_bad_input_fails_only_that_member[duckdb]",
         ),
     ),
@@ -223,7 +223,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="            if expires_at <= now:\n                return item, lost",
         new="            if False:\n                return item, lost",
         tests=(
-            "test_fence_after_lock.py::"
+            "guards/test_fence_after_lock.py::"
             "test_a_grouped_write_whose_lease_expired_before_the_commit_is_refused",
         ),
     ),
@@ -236,7 +236,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="            if expires_at <= check_clock(self._clock()):\n                raise lost",
         new="            if False:\n                raise lost",
         tests=(
-            "test_fence_after_lock.py::test_a_write_that_waited_after_its_fence_past_the_expiry_is_refused",
+            "guards/test_fence_after_lock.py::test_a_write_that_waited_after_its_fence_past_the_expiry_is_refused",
         ),
     ),
     Mutant(
@@ -247,7 +247,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old='    same = " AND ".join(f"leases.{c} = {value(c)}" for c in FENCED[1:])',
         new='    same = " AND ".join(f"leases.{c} = {value(c)}" if c != "owner" '
         'else f"CAST({value(c)} AS VARCHAR) IS NOT NULL" for c in FENCED[1:])',
-        tests=_cases("test_forged_tokens.py::test_a_lease_with_another_owner_is_refused"),
+        tests=_cases("guards/test_forged_tokens.py::test_a_lease_with_another_owner_is_refused"),
     ),
     Mutant(
         id="lease-unheld-write",
@@ -257,7 +257,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    if utc(row[2]) > tx.clock_after_locks(row[3]):",
         new="    if False:",
         tests=_cases(
-            "test_tool_executions.py::test_tool_writes_without_a_lease_wait_for_the_session_holder"
+            "conformance/test_tool_executions.py::test_tool_writes_without_a_lease_wait_for_the_session_holder"
         ),
     ),
     Mutant(
@@ -269,9 +269,9 @@ MUTANTS: tuple[Mutant, ...] = (
         new='    same = " AND ".join(f"leases.{c} = {value(c)}" if c != "purpose" '
         'else f"CAST({value(c)} AS VARCHAR) IS NOT NULL" for c in FENCED[1:])',
         tests=(
-            "test_forged_tokens.py::"
+            "guards/test_forged_tokens.py::"
             "test_a_lease_relabelled_with_another_purpose_is_refused[duckdb-begin_recovery]",
-            "test_forged_tokens.py::"
+            "guards/test_forged_tokens.py::"
             "test_a_lease_relabelled_with_another_purpose_is_refused[postgres-begin_recovery]",
         ),
     ),
@@ -283,7 +283,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    if lease.target != expected:",
         new="    if False:",
         tests=_cases(
-            "test_hardening.py::test_a_lease_on_one_session_never_fences_a_write_to_another"
+            "guards/test_hardening.py::test_a_lease_on_one_session_never_fences_a_write_to_another"
         ),
     ),
     # -- sessions --------------------------------------------------------------------------
@@ -295,7 +295,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    if expected_leaf is not ANY_LEAF and expected_leaf != leaf:",
         new="    if False:",
         tests=_cases(
-            "test_conformance_sessions.py::"
+            "conformance/test_conformance_sessions.py::"
             "test_stale_expected_leaf_is_session_modified_and_adds_no_child"
         ),
     ),
@@ -306,7 +306,7 @@ MUTANTS: tuple[Mutant, ...] = (
         file="storage/ops/appends.py",
         old="        elif r.expected_leaf is not ANY_LEAF and r.expected_leaf != head[0]:",
         new="        elif False:",
-        tests=("test_merged_appends.py::test_a_stale_expected_leaf_in_a_group_is_refused",),
+        tests=("backends/test_merged_appends.py::test_a_stale_expected_leaf_in_a_group_is_refused",),
     ),
     Mutant(
         id="append-expected-leaf-one-statement",
@@ -316,7 +316,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old='" AND o.leaf_id IS NOT DISTINCT FROM ?"',
         new='" AND (o.leaf_id IS NOT DISTINCT FROM ? OR TRUE)"',
         tests=(
-            "test_conformance_sessions.py::"
+            "conformance/test_conformance_sessions.py::"
             "test_stale_expected_leaf_is_session_modified_and_adds_no_child[postgres-sync]",
         ),
     ),
@@ -327,7 +327,7 @@ MUTANTS: tuple[Mutant, ...] = (
         file="storage/ops/session_rows.py",
         old="    if expected_leaf is not ANY_LEAF and expected_leaf != row[0]:",
         new="    if False:",
-        tests=_cases("test_conformance_sessions.py::test_branch_moves_leaf_and_next_append_forks"),
+        tests=_cases("conformance/test_conformance_sessions.py::test_branch_moves_leaf_and_next_append_forks"),
     ),
     # -- thread records --------------------------------------------------------------------
     Mutant(
@@ -338,7 +338,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    if req.require_key_absent and bound_id is not None:",
         new="    if False:",
         tests=_cases(
-            "test_conformance_threads.py::test_require_key_absent_refuses_with_nothing_written"
+            "conformance/test_conformance_threads.py::test_require_key_absent_refuses_with_nothing_written"
         ),
     ),
     Mutant(
@@ -350,8 +350,8 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    require_key_absent: bool = False\n",
         new="    require_key_absent: bool = True\n",
         tests=(
-            *_cases("test_conformance_threads.py::test_save_is_an_upsert_by_record_id"),
-            "test_spec_survivors.py::test_every_flag_a_caller_leaves_out_of_a_record_is_off",
+            *_cases("conformance/test_conformance_threads.py::test_save_is_an_upsert_by_record_id"),
+            "checking/test_spec_survivors.py::test_every_flag_a_caller_leaves_out_of_a_record_is_off",
         ),
     ),
     Mutant(
@@ -362,7 +362,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    key_available = req.rebind_active or bound_id in (None, rec.id)",
         new="    key_available = True",
         tests=_cases(
-            "test_conformance_threads.py::test_key_bound_elsewhere_without_rebind_is_refused"
+            "conformance/test_conformance_threads.py::test_key_bound_elsewhere_without_rebind_is_refused"
         ),
     ),
     Mutant(
@@ -382,7 +382,7 @@ MUTANTS: tuple[Mutant, ...] = (
         file="storage/ops/run_admission.py",
         old='    facts = {"no_active_run": current is None, "retry_allowed": not why}',
         new='    facts = {"no_active_run": True, "retry_allowed": not why}',
-        tests=_cases("test_conformance_runs.py::test_at_most_one_non_terminal_run_per_session"),
+        tests=_cases("conformance/test_conformance_runs.py::test_at_most_one_non_terminal_run_per_session"),
     ),
     Mutant(
         id="run-submission-fingerprint",
@@ -392,7 +392,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="            if not submissions.same_admission(tx, sub[0], sub[1], admission):",
         new="            if False:",
         tests=_cases(
-            "test_conformance_runs.py::test_same_key_different_request_conflicts_naming_the_run"
+            "conformance/test_conformance_runs.py::test_same_key_different_request_conflicts_naming_the_run"
         ),
     ),
     Mutant(
@@ -402,7 +402,7 @@ MUTANTS: tuple[Mutant, ...] = (
         file="storage/ops/run_admission.py",
         old="        if latest is None or latest[0] != prev.attempt:",
         new="        if latest is None:",
-        tests=_cases("test_conformance_runs.py::test_retry_only_from_the_latest_terminal_attempt"),
+        tests=_cases("conformance/test_conformance_runs.py::test_retry_only_from_the_latest_terminal_attempt"),
     ),
     Mutant(
         id="run-retry-session",
@@ -412,7 +412,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="        if prev.session_id != session_id:",
         new="        if False:",
         tests=_cases(
-            "test_pinned_guards.py::test_admit_run_refuses_a_retry_of_another_sessions_run"
+            "checking/test_pinned_guards.py::test_admit_run_refuses_a_retry_of_another_sessions_run"
         ),
     ),
     # -- recovery ---------------------------------------------------------------------------
@@ -425,9 +425,9 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    if rec.lease_epoch != lease.epoch:",
         new="    if rec.lease_epoch > lease.epoch:",
         tests=(
-            "test_pinned_guards.py::"
+            "checking/test_pinned_guards.py::"
             "test_a_newer_recovery_lease_cannot_end_a_recovery_it_never_began[duckdb-converge]",
-            "test_pinned_guards.py::"
+            "checking/test_pinned_guards.py::"
             "test_a_newer_recovery_lease_cannot_end_a_recovery_it_never_began[postgres-converge]",
         ),
     ),
@@ -439,7 +439,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old='        "superseded": rec is not None and rec.lease_epoch < lease.epoch,',
         new='        "superseded": rec is not None and rec.lease_epoch <= lease.epoch,',
         tests=_cases(
-            "test_pinned_guards.py::test_begin_recovery_again_under_the_same_lease_returns_the_recovery"
+            "checking/test_pinned_guards.py::test_begin_recovery_again_under_the_same_lease_returns_the_recovery"
         ),
     ),
     # -- the outbox -------------------------------------------------------------------------
@@ -451,7 +451,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    if op.lease_owner != owner or op.lease_epoch != epoch:",
         new="    if op.lease_owner != owner:",
         tests=_cases(
-            "test_pinned_guards.py::"
+            "checking/test_pinned_guards.py::"
             "test_a_delivery_update_under_an_old_claim_epoch_of_the_same_owner_is_refused"
         ),
     ),
@@ -463,7 +463,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    if op.lease_owner != owner or op.lease_epoch != epoch:",
         new="    if op.lease_epoch != epoch:",
         tests=_cases(
-            "test_delivery.py::test_an_update_by_another_owner_under_the_current_epoch_is_refused"
+            "conformance/test_delivery.py::test_an_update_by_another_owner_under_the_current_epoch_is_refused"
         ),
     ),
     Mutant(
@@ -475,7 +475,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    if op.lease_expires_at is None or op.lease_expires_at <= tx.clock_after_locks():\n"
         "        raise lost\n    tx.valid_until(op.lease_expires_at, lost)",
         new="    if op.lease_expires_at is None:\n        raise lost",
-        tests=_cases("test_delivery.py::test_terminal_results_are_fenced_and_idempotent"),
+        tests=_cases("conformance/test_delivery.py::test_terminal_results_are_fenced_and_idempotent"),
     ),
     Mutant(
         id="delivery-claim-expiry-boundary",
@@ -488,7 +488,7 @@ MUTANTS: tuple[Mutant, ...] = (
         new="    if op.lease_expires_at is None or op.lease_expires_at < tx.clock_after_locks():\n"
         "        raise lost\n    if op.lease_expires_at > tx.clock_after_locks():\n"
         "        tx.valid_until(op.lease_expires_at, lost)",
-        tests=_cases("test_delivery.py::test_a_claim_at_its_expiry_instant_is_expired"),
+        tests=_cases("conformance/test_delivery.py::test_a_claim_at_its_expiry_instant_is_expired"),
     ),
     Mutant(
         id="delivery-reclaim-live",
@@ -498,7 +498,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old='        "claim_expired": op.lease_expires_at is not None '
         "and op.lease_expires_at <= now,",
         new='        "claim_expired": op.lease_expires_at is not None,',
-        tests=_cases("test_delivery.py::test_an_expired_claim_is_listed_as_due"),
+        tests=_cases("conformance/test_delivery.py::test_an_expired_claim_is_listed_as_due"),
     ),
     # -- tool records -----------------------------------------------------------------------
     Mutant(
@@ -509,8 +509,8 @@ MUTANTS: tuple[Mutant, ...] = (
         old="        differs = next((f for f in BINDING if getattr(found, f) != columns[f]), None)",
         new="        differs = None",
         tests=(
-            "test_tool_executions.py::test_a_claim_from_another_session_is_refused[duckdb]",
-            "test_tool_executions.py::test_a_claim_from_another_session_is_refused[postgres]",
+            "conformance/test_tool_executions.py::test_a_claim_from_another_session_is_refused[duckdb]",
+            "conformance/test_tool_executions.py::test_a_claim_from_another_session_is_refused[postgres]",
         ),
     ),
     Mutant(
@@ -521,7 +521,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old='    return {"side_effecting": rec.side_effecting}',
         new='    return {"side_effecting": False}',
         tests=_cases(
-            "test_tool_executions.py::"
+            "conformance/test_tool_executions.py::"
             "test_a_side_effecting_call_is_never_rerun_without_an_explicit_request"
         ),
     ),
@@ -533,7 +533,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="        if run.session_id != session_id:",
         new="        if False:",
         tests=_cases(
-            "test_tool_executions.py::test_claim_needs_the_session_and_a_run_of_that_session"
+            "conformance/test_tool_executions.py::test_claim_needs_the_session_and_a_run_of_that_session"
         ),
     ),
     # -- forks ------------------------------------------------------------------------------
@@ -544,7 +544,7 @@ MUTANTS: tuple[Mutant, ...] = (
         file="storage/ops/forks.py",
         old="    if stored is not None:\n        if stored[0] != req.fingerprint:",
         new="    if False:\n        if stored[0] != req.fingerprint:",
-        tests=_cases("test_forks.py::test_the_same_request_id_returns_the_same_fork"),
+        tests=_cases("conformance/test_forks.py::test_the_same_request_id_returns_the_same_fork"),
     ),
     Mutant(
         id="fork-request-conflict",
@@ -553,7 +553,7 @@ MUTANTS: tuple[Mutant, ...] = (
         file="storage/ops/forks.py",
         old="        if stored[0] != req.fingerprint:",
         new="        if False:",
-        tests=("test_forks.py::test_a_different_request_under_the_same_id_conflicts",),
+        tests=("conformance/test_forks.py::test_a_different_request_under_the_same_id_conflicts",),
     ),
     # -- schema -----------------------------------------------------------------------------
     Mutant(
@@ -563,7 +563,7 @@ MUTANTS: tuple[Mutant, ...] = (
         file="storage/store.py",
         old="        if found > SCHEMA_VERSION:",
         new="        if False:",
-        tests=("test_scenarios.py::test_newer_schema_is_refused_naming_both_versions",),
+        tests=("stateful/test_scenarios.py::test_newer_schema_is_refused_naming_both_versions",),
     ),
     Mutant(
         id="schema-older-read-only",
@@ -572,7 +572,7 @@ MUTANTS: tuple[Mutant, ...] = (
         file="storage/store.py",
         old="        if found != SCHEMA_VERSION:",
         new="        if not found:",
-        tests=("test_pinned_guards.py::test_a_read_only_open_refuses_an_older_schema",),
+        tests=("checking/test_pinned_guards.py::test_a_read_only_open_refuses_an_older_schema",),
     ),
     Mutant(
         id="migration-lock",
@@ -582,7 +582,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old='        tx.exec("SELECT pg_advisory_xact_lock(?)", [MIGRATION_LOCK])',
         new='        tx.exec("SELECT CAST(? AS BIGINT)", [MIGRATION_LOCK])',
         tests=(
-            "test_postgres_migration_lock.py::"
+            "backends/test_postgres_migration_lock.py::"
             "test_a_second_opener_waits_for_the_first_openers_migration",
         ),
     ),
@@ -595,7 +595,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    if not faults:\n        return",
         new="    if True:\n        return",
         tests=_cases(
-            "test_transcript_pairing.py::"
+            "guards/test_transcript_pairing.py::"
             "test_issue_example_a_message_while_a_call_is_unanswered_is_refused"
         ),
     ),
@@ -608,9 +608,9 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    if kinds != [duckdb.StatementType.SELECT]:",
         new="    if duckdb.StatementType.SELECT not in kinds:",
         tests=(
-            "test_query_readonly.py::"
+            "conformance/test_query_readonly.py::"
             "test_every_statement_kind_but_a_read_is_refused[SELECT 1; DELETE FROM sessions]",
-            "test_query_readonly.py::"
+            "conformance/test_query_readonly.py::"
             "test_every_statement_kind_but_a_read_is_refused[SELECT 1; SELECT 2]",
         ),
     ),
@@ -622,7 +622,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    writes = _nodes(tree) - READ_NODES",
         new="    writes = set()",
         tests=(
-            "test_query_readonly.py::test_a_write_inside_a_read_is_refused"
+            "conformance/test_query_readonly.py::test_a_write_inside_a_read_is_refused"
             "[WITH d AS (DELETE FROM sessions RETURNING *) SELECT * FROM d]",
         ),
     ),
@@ -634,7 +634,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old='        ro = ", READ ONLY" if self.read_only or not (commit or locking) else ""',
         new='        ro = ", READ ONLY" if self.read_only else ""',
         tests=(
-            "test_postgres_query.py::test_a_locking_read_is_refused_by_the_read_only_transaction",
+            "backends/test_postgres_query.py::test_a_locking_read_is_refused_by_the_read_only_transaction",
         ),
     ),
     Mutant(
@@ -644,7 +644,7 @@ MUTANTS: tuple[Mutant, ...] = (
         file="storage/postgres/query.py",
         old='    if ";" in body:',
         new="    if False:",
-        tests=("test_hardening.py::test_query_only_reads",),
+        tests=("guards/test_hardening.py::test_query_only_reads",),
     ),
     # -- DuckDB group commit ----------------------------------------------------------------
     Mutant(
@@ -655,7 +655,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="                    failed = at\n                    break",
         new="                    outcomes = [exc] * (end - at)",
         tests=(
-            "test_group_commit.py::test_a_failing_write_in_a_group_fails_alone_and_keeps_nothing",
+            "backends/test_group_commit.py::test_a_failing_write_in_a_group_fails_alone_and_keeps_nothing",
         ),
     ),
     Mutant(
@@ -667,7 +667,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="            if failed is None and (late := tx.lapsed()) is not None:",
         new="            if False and (late := tx.lapsed()) is not None:",
         tests=(
-            "test_fence_after_lock.py::"
+            "guards/test_fence_after_lock.py::"
             "test_a_grouped_write_whose_lease_expired_before_the_commit_is_refused",
         ),
     ),
@@ -680,7 +680,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    if ledger_epoch != lease.epoch:",
         new="    if False:",
         tests=_cases(
-            "test_ledger.py::test_the_ledger_epoch_fence_refuses_a_writer_another_epoch_fenced_out"
+            "ledger/test_ledger.py::test_the_ledger_epoch_fence_refuses_a_writer_another_epoch_fenced_out"
         ),
     ),
     Mutant(
@@ -692,7 +692,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '"tip_unmoved": tip_unmoved(expected, found)}',
         new='        "open", "opening", {"lease_held": True, "tip_unmoved": True}',
         tests=_cases(
-            "test_ledger.py::test_an_opening_fence_whose_tip_moved_conflicts_and_releases_the_grant"
+            "ledger/test_ledger.py::test_an_opening_fence_whose_tip_moved_conflicts_and_releases_the_grant"
         ),
     ),
     Mutant(
@@ -703,7 +703,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    return seq == expected",
         new="    return True",
         tests=_cases(
-            "test_ledger.py::"
+            "ledger/test_ledger.py::"
             "test_replay_of_a_missing_record_or_a_lost_tail_or_a_failed_read_is_a_read_error"
         ),
     ),
@@ -715,7 +715,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    if epoch != fence_epoch:",
         new="    if False:",
         tests=_cases(
-            "test_ledger.py::"
+            "ledger/test_ledger.py::"
             "test_control_both_append_fences_patched_out_a_stale_append_lands_and_replay_refuses_it"
         ),
     ),
@@ -726,7 +726,7 @@ MUTANTS: tuple[Mutant, ...] = (
         file="storage/ops/ledger/replay.py",
         old="        if epoch < fence_epoch:",
         new="        if False:",
-        tests=_cases("test_ledger.py::test_replay_refuses_a_fence_below_an_earlier_fences_epoch"),
+        tests=_cases("ledger/test_ledger.py::test_replay_refuses_a_fence_below_an_earlier_fences_epoch"),
     ),
     Mutant(
         id="ledger-gc-lease",
@@ -746,7 +746,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    if not blob_hash_ok(want, got):",
         new="    if False:",
         tests=(
-            "test_ledger_blobs.py::"
+            "ledger/test_ledger_blobs.py::"
             "test_a_flipped_blob_byte_is_an_integrity_error_and_the_hash_fence_can_fail",
         ),
     ),
@@ -758,7 +758,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    if inner_id != outer_id:",
         new="    if False:",
         tests=(
-            "test_ledger_blobs.py::"
+            "ledger/test_ledger_blobs.py::"
             "test_a_blob_carrying_another_id_than_its_pointer_is_a_pointer_id_mismatch",
         ),
     ),
@@ -771,7 +771,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "hmac.compare_digest(sha256(bytes(payload)), digest)):",
         new="    if False:",
         tests=_cases(
-            "test_ledger.py::"
+            "ledger/test_ledger.py::"
             "test_replay_of_a_flipped_or_truncated_payload_is_a_decode_error_at_its_sequence"
         ),
     ),
@@ -784,7 +784,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    channel = binding_of(tx, session_id)\n"
         "    leases.fence_or_unheld(tx, session_target(session_id), lease)",
         new="    channel = binding_of(tx, session_id)",
-        tests=_cases("test_bindings.py::test_binding_writes_obey_the_session_write_rule"),
+        tests=_cases("conformance/test_bindings.py::test_binding_writes_obey_the_session_write_rule"),
     ),
     Mutant(
         id="binding-channel-taken",
@@ -793,7 +793,7 @@ MUTANTS: tuple[Mutant, ...] = (
         file="storage/ops/bindings.py",
         old="    other = bound_to(tx, channel)\n    if other is not None:\n",
         new="    other = bound_to(tx, channel)\n    if False:\n",
-        tests=_cases("test_bindings.py::test_the_typed_checks_hold"),
+        tests=_cases("conformance/test_bindings.py::test_the_typed_checks_hold"),
     ),
     Mutant(
         id="binding-transfer-compare",
@@ -802,7 +802,7 @@ MUTANTS: tuple[Mutant, ...] = (
         file="storage/ops/bindings.py",
         old="    if bound != from_id:",
         new="    if bound is None:",
-        tests=_cases("test_bindings.py::test_the_typed_checks_hold"),
+        tests=_cases("conformance/test_bindings.py::test_the_typed_checks_hold"),
     ),
     # -- deletes and retention --------------------------------------------------------------
     Mutant(
@@ -813,7 +813,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="        raise errors.SessionNotFoundError(session_id)\n"
         "    leases.fence_or_unheld(tx, session_target(session_id), lease)",
         new="        raise errors.SessionNotFoundError(session_id)",
-        tests=_cases("test_delete.py::test_a_stale_or_foreign_lease_deletes_nothing"),
+        tests=_cases("conformance/test_delete.py::test_a_stale_or_foreign_lease_deletes_nothing"),
     ),
     Mutant(
         id="delete-active-run",
@@ -823,7 +823,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    if active is not None:\n"
         "        raise errors.SessionRunActiveError(session_id, active[0])",
         new="    if False:\n        raise errors.SessionRunActiveError(session_id, active[0])",
-        tests=_cases("test_delete.py::test_a_session_with_a_run_not_terminal_is_refused"),
+        tests=_cases("conformance/test_delete.py::test_a_session_with_a_run_not_terminal_is_refused"),
     ),
     Mutant(
         id="delete-id-reuse",
@@ -834,7 +834,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "[session_id]) is not None:",
         new="    if False:",
         tests=_cases(
-            "test_delete.py::"
+            "conformance/test_delete.py::"
             "test_a_deleted_session_is_gone_for_every_write_and_its_id_is_never_reused"
         ),
     ),
@@ -846,7 +846,7 @@ MUTANTS: tuple[Mutant, ...] = (
         file="storage/ops/deletes.py",
         old="    leases.fence(tx, lease)\n    heads = _family_heads(tx, session_id)",
         new="    heads = _family_heads(tx, session_id)",
-        tests=_cases("test_retention.py::test_a_pass_stops_when_its_lease_is_lost"),
+        tests=_cases("conformance/test_retention.py::test_a_pass_stops_when_its_lease_is_lost"),
     ),
     Mutant(
         id="retention-changed",
@@ -855,7 +855,7 @@ MUTANTS: tuple[Mutant, ...] = (
         file="storage/ops/deletes.py",
         old="    if heads != expect:",
         new="    if False:",
-        tests=_cases("test_retention.py::test_a_session_written_after_the_choice_is_kept"),
+        tests=_cases("conformance/test_retention.py::test_a_session_written_after_the_choice_is_kept"),
     ),
 )
 """The catalog, grouped by area."""
@@ -872,7 +872,7 @@ EQUIVALENT: dict[str, str] = {
         "UPDATE on PostgreSQL; DuckDB's writes of a file are serialized in process), and a "
         "record at a taken sequence violates ledger_records' primary key: no interleaving "
         "reaches the comparison with another tip (a lowered tip is LedgerTipDamagedError "
-        "first: journal.refuse_past_tip, test_ledger.py)"
+        "first: journal.refuse_past_tip, ledger/test_ledger.py)"
     ),
 }
 """Guards looked at and left without a mutant: no fixed test can tell the

@@ -7,7 +7,7 @@ tests (DuckDB only, ``-x``) judge each area's mutants; ``survivors`` is the
 maintained classification of every survivor (equivalent, with why, or killed
 by a named fixed test); ``python -m mutation_net`` (from ``model_tests/``,
 ``make mutation-net``) runs cosmic-ray and writes ``reports/MUTATION_NET.md``
-and ``reports/MUTATION_NET.json``. ``model_tests/test_mutation_net.py`` is
+and ``reports/MUTATION_NET.json``. ``model_tests/checking/test_mutation_net.py`` is
 its CI part. The fence-mutant catalog (``mutants/``) is the first net: it
 breaks the SQL fences, which no AST operator can change usefully.
 """

@@ -58,7 +58,7 @@ MACHINE_TESTS = (
     "test_check_constraints_list_exactly_the_spec_states",
     "test_save_decision_never_revives_an_archived_record",
 )
-"""The spec-checking tests of ``test_machines.py`` (its report, layering and
+"""The spec-checking tests of ``checking/test_machines.py`` (its report, layering and
 benchmark tests left out: they check no guard and take most of its minute)."""
 
 
@@ -83,42 +83,42 @@ AREAS: tuple[Area, ...] = (
             "spec/recovery.py",
         ),
         (
-            *(f"test_machines.py::{t}" for t in MACHINE_TESTS),
-            "test_conformance_leases.py",
-            "test_recovery.py",
+            *(f"checking/test_machines.py::{t}" for t in MACHINE_TESTS),
+            "conformance/test_conformance_leases.py",
+            "conformance/test_recovery.py",
         ),
     ),
     Area(
         "spec-delivery",
         ("spec/delivery.py",),
         (
-            *(f"test_machines.py::{t}" for t in MACHINE_TESTS),
-            "test_delivery.py",
+            *(f"checking/test_machines.py::{t}" for t in MACHINE_TESTS),
+            "conformance/test_delivery.py",
         ),
     ),
-    Area("spec-tools", ("spec/tool_execution.py",), ("test_tool_executions.py",)),
-    Area("spec-fork", ("spec/fork.py",), ("test_forks.py",)),
+    Area("spec-tools", ("spec/tool_execution.py",), ("conformance/test_tool_executions.py",)),
+    Area("spec-fork", ("spec/fork.py",), ("conformance/test_forks.py",)),
     Area(
         "spec-ledger",
         ("spec/ledger.py", "spec/catalog.py"),
-        ("test_ledger_catalog.py", "test_ledger_entry_check.py", "test_ledger.py"),
+        ("ledger/test_ledger_catalog.py", "ledger/test_ledger_entry_check.py", "ledger/test_ledger.py"),
     ),
-    Area("spec-clear-facts", ("spec/clear_facts.py",), ("test_clear_facts.py",)),
-    Area("spec-entries", ("spec/entries.py",), ("test_conformance_sessions.py",)),
-    Area("spec-records", ("spec/records.py",), ("test_conformance_values.py",)),
-    Area("spec-usage", ("spec/usage.py",), ("test_usage_records.py",)),
+    Area("spec-clear-facts", ("spec/clear_facts.py",), ("encryption/test_clear_facts.py",)),
+    Area("spec-entries", ("spec/entries.py",), ("conformance/test_conformance_sessions.py",)),
+    Area("spec-records", ("spec/records.py",), ("conformance/test_conformance_values.py",)),
+    Area("spec-usage", ("spec/usage.py",), ("conformance/test_usage_records.py",)),
     Area(
         "spec-errors",
         ("spec/errors.py", "spec/__init__.py"),
-        ("test_public_names.py", "test_pinned_guards.py"),
+        ("suite/test_public_names.py", "checking/test_pinned_guards.py"),
     ),
     # -- storage/: the fence-bearing modules (the catalog's entries point into them) ---
     Area(
         "storage-leases",
         ("storage/ops/leases.py", "storage/validate.py"),
-        ("test_conformance_leases.py", "test_lease_authority.py"),
+        ("conformance/test_conformance_leases.py", "conformance/test_lease_authority.py"),
     ),
-    Area("storage-threads", ("storage/ops/threads.py",), ("test_conformance_threads.py",)),
+    Area("storage-threads", ("storage/ops/threads.py",), ("conformance/test_conformance_threads.py",)),
     Area(
         "storage-runs",
         (
@@ -128,27 +128,27 @@ AREAS: tuple[Area, ...] = (
             "storage/ops/run_admission.py",
             "storage/ops/submissions.py",
         ),
-        ("test_conformance_runs.py", "test_recovery.py"),
+        ("conformance/test_conformance_runs.py", "conformance/test_recovery.py"),
     ),
-    Area("storage-delivery", ("storage/ops/outbox.py",), ("test_delivery.py",)),
+    Area("storage-delivery", ("storage/ops/outbox.py",), ("conformance/test_delivery.py",)),
     Area(
         "storage-tools",
         ("storage/ops/tools.py", "storage/ops/tool_records.py"),
-        ("test_tool_executions.py",),
+        ("conformance/test_tool_executions.py",),
     ),
-    Area("storage-ledger", ("storage/ops/ledger/journal.py",), ("test_ledger.py",)),
-    Area("storage-deletes", ("storage/ops/deletes.py",), ("test_delete.py", "test_retention.py")),
-    Area("storage-forks", ("storage/ops/forks.py",), ("test_forks.py",)),
-    Area("storage-bindings", ("storage/ops/bindings.py",), ("test_bindings.py",)),
+    Area("storage-ledger", ("storage/ops/ledger/journal.py",), ("ledger/test_ledger.py",)),
+    Area("storage-deletes", ("storage/ops/deletes.py",), ("conformance/test_delete.py", "conformance/test_retention.py")),
+    Area("storage-forks", ("storage/ops/forks.py",), ("conformance/test_forks.py",)),
+    Area("storage-bindings", ("storage/ops/bindings.py",), ("conformance/test_bindings.py",)),
 )
 """Every area, spec/ first (the order ``make mutation-net`` runs them in)."""
 
 
-SPEC_KILLS = "test_spec_survivors.py"
+SPEC_KILLS = "checking/test_spec_survivors.py"
 """The fixed tests written for the net's survivors in ``spec/`` (pure, fast):
 every spec area runs them first."""
 
-STORAGE_KILLS = "test_storage_survivors.py"
+STORAGE_KILLS = "checking/test_storage_survivors.py"
 """The fixed tests written for the net's survivors in ``storage/`` (the
 argument checks, pure, and lease operations on a store): every storage area
 runs them first."""

@@ -3,7 +3,7 @@
 A survivor is a mutant whose area's tests all passed. Each gets an entry here,
 keyed by :class:`Site`: its file (inside the installed ``turnkeeper/``), the
 cosmic-ray operator and the text of the mutated source line, stripped (found
-in the file at least once, else the entry is stale: ``test_mutation_net.py``
+in the file at least once, else the entry is stale: ``checking/test_mutation_net.py``
 checks it). Its :class:`Verdict` is either
 
 - ``equivalent``: no test can tell the mutant from the shipped code; ``why``
@@ -53,19 +53,19 @@ _TOTAL = "total = sum(known) if len(known) == len(parts) and sum(known) <= MAX_T
 _RUNNING = '+ (", once the record is interrupted)" if self.source == "running" else ")"),'
 _NO_KIND = 'if not isinstance(kind, str) or not kind or kind == "session":'
 _LABEL = 'if kind == EntryKind.LABEL and not isinstance(payload.get("label", ""), str):'
-_SPEC_KILLS = "test_spec_survivors.py::"
+_SPEC_KILLS = "checking/test_spec_survivors.py::"
 _EDGES = f"{_SPEC_KILLS}test_usage_at_the_edges_a_total_at_the_bound_and_a_prompt_all_cached"
 _FLAGS = f"{_SPEC_KILLS}test_every_flag_a_caller_leaves_out_of_a_record_is_off"
 _REBUILT = (
     f"{_SPEC_KILLS}test_a_rebuilt_result_keeps_in_details_only_a_value_without_content_form",
-    "test_recovery.py::test_a_recorded_result_keeps_every_value_it_was_given",
+    "conformance/test_recovery.py::test_a_recorded_result_keeps_every_value_it_was_given",
 )
 _OPENAI = (
     f"{_SPEC_KILLS}test_an_openai_tool_message_carries_text_and_blocks_as_they_are_other_values_as_json",
 )
 _LEASES = "storage/ops/leases.py"
 _VALIDATE = "storage/validate.py"
-_STORAGE_KILLS = "test_storage_survivors.py::"
+_STORAGE_KILLS = "checking/test_storage_survivors.py::"
 _HOLDS = f"{_STORAGE_KILLS}test_fence_holds_on_the_held_row_of_exactly_this_lease"
 _MANY = f"{_STORAGE_KILLS}test_fence_many_judges_each_lease_as_fence_does_alone"
 _TTL = (
@@ -99,7 +99,7 @@ _STRICT_WHY = (
     "strict=True never raises and strict=False drops nothing"
 )
 _REBUILT_WHY = (
-    "a hole in the net's test choice: test_recovery.py pins it (not among spec-tools' "
+    "a hole in the net's test choice: conformance/test_recovery.py pins it (not among spec-tools' "
     "tests then); a pure test of recorded_result now pins it in spec-tools' tests too"
 )
 
@@ -207,7 +207,7 @@ SURVIVORS: dict[Site, Verdict] = {
         "refuses a save of a record whose key is bound to itself; the net's spec-records "
         "tests never finalized (test_conformance_threads does); a pure test now pins every "
         "flag's default",
-        (_FLAGS, "test_conformance_threads.py::test_save_is_an_upsert_by_record_id"),
+        (_FLAGS, "conformance/test_conformance_threads.py::test_save_is_an_upsert_by_record_id"),
         catalog="thread-key-absent-default",
     ),
     **{
@@ -323,12 +323,12 @@ SURVIVORS: dict[Site, Verdict] = {
         "killed",
         "a real hole in the net's test choice, and a fence: fence_many answered no lease, so "
         "a ledger group judged none of its members by its lease fence; the area's tests "
-        "never call it (test_ledger_group.py, outside them, kills it on DuckDB: a released "
+        "never call it (ledger/test_ledger_group.py, outside them, kills it on DuckDB: a released "
         "member's append goes through). A store test now reads its answer per lease "
         "(taken over, relabelled, at its expiry instant, live), on both engines",
         (
             _MANY,
-            "test_ledger_group.py::test_one_members_lost_lease_or_bad_input_fails_only_that_member[duckdb]",
+            "ledger/test_ledger_group.py::test_one_members_lost_lease_or_bad_input_fails_only_that_member[duckdb]",
         ),
         catalog="lease-group-fence",
     ),

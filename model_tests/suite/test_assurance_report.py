@@ -15,7 +15,7 @@ import test_crosshair
 from model_check.__main__ import BOUNDS
 from mutants import catalog
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "reports"))
 import assurance  # noqa: E402  (reports/ is not a package)
 

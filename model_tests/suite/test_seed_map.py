@@ -31,7 +31,7 @@ import pytest
 
 import turnkeeper
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 SEEDS_ENV = "TURNKEEPER_SEEDS"
 """Where the seed files are, when not ``../shared/seeds`` beside the checkout."""

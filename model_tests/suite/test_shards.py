@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import SHARD_ENV, shard
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # model_tests/, where the support modules are
 RUNNER = HERE / "in_shards.py"
 
 IDS = [
@@ -64,7 +64,7 @@ def _collected(*files: str, share: str | None) -> list[str]:
 
 
 def test_the_suite_collected_in_two_shares_is_the_suite():
-    files = ("model_tests/test_shards.py", "model_tests/test_constraints.py")
+    files = ("model_tests/suite/test_shards.py", "model_tests/suite/test_constraints.py")
     whole = _collected(*files, share=None)
     first, second = _collected(*files, share="0/2"), _collected(*files, share="1/2")
     assert whole and first and second
@@ -84,7 +84,7 @@ def test_a_share_is_not_passed_on_to_the_processes_its_tests_start():
             "-q",
             "-p",
             "no:cacheprovider",
-            "model_tests/test_shards.py::test_no_share_in_the_environment",
+            "model_tests/suite/test_shards.py::test_no_share_in_the_environment",
         ],
         cwd=HERE.parent,
         env=env,

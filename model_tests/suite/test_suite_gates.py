@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-CORPUS_TEST = "model_tests/test_pi_format.py::test_corpus_is_the_expected_set"
-OTHER_TEST = "model_tests/test_pi_format.py::test_duplicate_entry_ids_keep_the_first"
+HERE = Path(__file__).resolve().parents[1]  # model_tests/, where the support modules are
+CORPUS_TEST = "model_tests/formats/test_pi_format.py::test_corpus_is_the_expected_set"
+OTHER_TEST = "model_tests/formats/test_pi_format.py::test_duplicate_entry_ids_keep_the_first"
 
 
 def _pytest(tmp_path: Path, *, ci: bool) -> subprocess.CompletedProcess[str]:

@@ -11,7 +11,7 @@
 -- for every other kind of entry; at most 200 characters, a longer value cut to 199 followed
 -- by U+2026. Every write gives them from the decoded payload (spec/clear_facts.py's
 -- clear_facts); each dialect's addition to this version fills the rows already stored with
--- the same rule in its own SQL (model_tests/test_clear_facts.py holds the three equal).
+-- the same rule in its own SQL (model_tests/encryption/test_clear_facts.py holds the three equal).
 -- On PostgreSQL the columns are added without a default (no table rewrite); the backfill
 -- rewrites the message and model_change rows once, in the migration's transaction.
 -- IF NOT EXISTS: the tests that hold a store at an older version while this turnkeeper

@@ -395,7 +395,7 @@ list of the join's keys, which its index takes (up to the
 group's ``GROUP_MAX``), and the head conditions are one ``CASE`` that
 cannot become a filter of that scan (see ``keyed``: written as plain
 conditions, they made it read every session row of a grown store, which
-``model_tests/test_index_paths.py`` caught at 64 appends). It costs
+``model_tests/internals/test_index_paths.py`` caught at 64 appends). It costs
 DuckDB about 0.5 ms less to plan than a lookup of each value's position in
 the lists (measured: 1.6 ms against 2.1 ms for 16 rows)."""
 

@@ -24,7 +24,7 @@ away.
   schedule; :class:`ConnectionPool` gives it to every new connection's
   first attempt (``_add_connection``, a private seam of psycopg_pool 3.2
   and 3.3: ``pyproject.toml`` pins that range, and
-  ``model_tests/test_postgres_reconnect.py`` fails if the seam changes).
+  ``model_tests/backends/test_postgres_reconnect.py`` fails if the seam changes).
 - **A silent server** (a host gone without a reset, a partition): TCP
   keepalives and ``tcp_user_timeout`` (:data:`TCP_DEFAULTS`) make the
   kernel fail the socket in about half a minute instead of the
