@@ -10,7 +10,7 @@ compares the committed file with fresh output and a stale report fails CI:
   and the spec guards removed: each with its stored counterexample, or why
   none exists;
 - the differential stateful machines (``fuzz/``, ``turnkeeper fuzz``'s, and
-  ``model_tests/stateful_*.py``; the ledger's as the suite runs it,
+  ``model_tests/stateful/test_stateful_*.py``; the ledger's as the suite runs it,
   ``model_tests/ledger_damage.py``): per
   machine, its rules and invariants (read off the classes), and the steps a CI
   run takes at most per store configuration (examples times steps per
