@@ -148,7 +148,9 @@ def test_two_mutants_made_by_cosmic_ray_are_killed(tmp_path: Path) -> None:
     area = Area(
         "ci",
         ("spec/lease.py",),
-        ("checking/test_machines.py::test_acquire_decision_matches_the_lease_machine_exhaustively",),
+        (
+            "checking/test_machines.py::test_acquire_decision_matches_the_lease_machine_exhaustively",
+        ),
     )
     copy = prepare_copy(tmp_path)
     found = run_area(area, tmp_path, copy, keep=lambda op, line: (op, line) in PICKS)

@@ -306,7 +306,9 @@ MUTANTS: tuple[Mutant, ...] = (
         file="storage/ops/appends.py",
         old="        elif r.expected_leaf is not ANY_LEAF and r.expected_leaf != head[0]:",
         new="        elif False:",
-        tests=("backends/test_merged_appends.py::test_a_stale_expected_leaf_in_a_group_is_refused",),
+        tests=(
+            "backends/test_merged_appends.py::test_a_stale_expected_leaf_in_a_group_is_refused",
+        ),
     ),
     Mutant(
         id="append-expected-leaf-one-statement",
@@ -327,7 +329,9 @@ MUTANTS: tuple[Mutant, ...] = (
         file="storage/ops/session_rows.py",
         old="    if expected_leaf is not ANY_LEAF and expected_leaf != row[0]:",
         new="    if False:",
-        tests=_cases("conformance/test_conformance_sessions.py::test_branch_moves_leaf_and_next_append_forks"),
+        tests=_cases(
+            "conformance/test_conformance_sessions.py::test_branch_moves_leaf_and_next_append_forks"
+        ),
     ),
     # -- thread records --------------------------------------------------------------------
     Mutant(
@@ -382,7 +386,9 @@ MUTANTS: tuple[Mutant, ...] = (
         file="storage/ops/run_admission.py",
         old='    facts = {"no_active_run": current is None, "retry_allowed": not why}',
         new='    facts = {"no_active_run": True, "retry_allowed": not why}',
-        tests=_cases("conformance/test_conformance_runs.py::test_at_most_one_non_terminal_run_per_session"),
+        tests=_cases(
+            "conformance/test_conformance_runs.py::test_at_most_one_non_terminal_run_per_session"
+        ),
     ),
     Mutant(
         id="run-submission-fingerprint",
@@ -402,7 +408,9 @@ MUTANTS: tuple[Mutant, ...] = (
         file="storage/ops/run_admission.py",
         old="        if latest is None or latest[0] != prev.attempt:",
         new="        if latest is None:",
-        tests=_cases("conformance/test_conformance_runs.py::test_retry_only_from_the_latest_terminal_attempt"),
+        tests=_cases(
+            "conformance/test_conformance_runs.py::test_retry_only_from_the_latest_terminal_attempt"
+        ),
     ),
     Mutant(
         id="run-retry-session",
@@ -475,7 +483,9 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    if op.lease_expires_at is None or op.lease_expires_at <= tx.clock_after_locks():\n"
         "        raise lost\n    tx.valid_until(op.lease_expires_at, lost)",
         new="    if op.lease_expires_at is None:\n        raise lost",
-        tests=_cases("conformance/test_delivery.py::test_terminal_results_are_fenced_and_idempotent"),
+        tests=_cases(
+            "conformance/test_delivery.py::test_terminal_results_are_fenced_and_idempotent"
+        ),
     ),
     Mutant(
         id="delivery-claim-expiry-boundary",
@@ -726,7 +736,9 @@ MUTANTS: tuple[Mutant, ...] = (
         file="storage/ops/ledger/replay.py",
         old="        if epoch < fence_epoch:",
         new="        if False:",
-        tests=_cases("ledger/test_ledger.py::test_replay_refuses_a_fence_below_an_earlier_fences_epoch"),
+        tests=_cases(
+            "ledger/test_ledger.py::test_replay_refuses_a_fence_below_an_earlier_fences_epoch"
+        ),
     ),
     Mutant(
         id="ledger-gc-lease",
@@ -784,7 +796,9 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    channel = binding_of(tx, session_id)\n"
         "    leases.fence_or_unheld(tx, session_target(session_id), lease)",
         new="    channel = binding_of(tx, session_id)",
-        tests=_cases("conformance/test_bindings.py::test_binding_writes_obey_the_session_write_rule"),
+        tests=_cases(
+            "conformance/test_bindings.py::test_binding_writes_obey_the_session_write_rule"
+        ),
     ),
     Mutant(
         id="binding-channel-taken",
@@ -823,7 +837,9 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    if active is not None:\n"
         "        raise errors.SessionRunActiveError(session_id, active[0])",
         new="    if False:\n        raise errors.SessionRunActiveError(session_id, active[0])",
-        tests=_cases("conformance/test_delete.py::test_a_session_with_a_run_not_terminal_is_refused"),
+        tests=_cases(
+            "conformance/test_delete.py::test_a_session_with_a_run_not_terminal_is_refused"
+        ),
     ),
     Mutant(
         id="delete-id-reuse",
@@ -855,7 +871,9 @@ MUTANTS: tuple[Mutant, ...] = (
         file="storage/ops/deletes.py",
         old="    if heads != expect:",
         new="    if False:",
-        tests=_cases("conformance/test_retention.py::test_a_session_written_after_the_choice_is_kept"),
+        tests=_cases(
+            "conformance/test_retention.py::test_a_session_written_after_the_choice_is_kept"
+        ),
     ),
 )
 """The catalog, grouped by area."""

@@ -101,7 +101,11 @@ AREAS: tuple[Area, ...] = (
     Area(
         "spec-ledger",
         ("spec/ledger.py", "spec/catalog.py"),
-        ("ledger/test_ledger_catalog.py", "ledger/test_ledger_entry_check.py", "ledger/test_ledger.py"),
+        (
+            "ledger/test_ledger_catalog.py",
+            "ledger/test_ledger_entry_check.py",
+            "ledger/test_ledger.py",
+        ),
     ),
     Area("spec-clear-facts", ("spec/clear_facts.py",), ("encryption/test_clear_facts.py",)),
     Area("spec-entries", ("spec/entries.py",), ("conformance/test_conformance_sessions.py",)),
@@ -118,7 +122,9 @@ AREAS: tuple[Area, ...] = (
         ("storage/ops/leases.py", "storage/validate.py"),
         ("conformance/test_conformance_leases.py", "conformance/test_lease_authority.py"),
     ),
-    Area("storage-threads", ("storage/ops/threads.py",), ("conformance/test_conformance_threads.py",)),
+    Area(
+        "storage-threads", ("storage/ops/threads.py",), ("conformance/test_conformance_threads.py",)
+    ),
     Area(
         "storage-runs",
         (
@@ -137,7 +143,11 @@ AREAS: tuple[Area, ...] = (
         ("conformance/test_tool_executions.py",),
     ),
     Area("storage-ledger", ("storage/ops/ledger/journal.py",), ("ledger/test_ledger.py",)),
-    Area("storage-deletes", ("storage/ops/deletes.py",), ("conformance/test_delete.py", "conformance/test_retention.py")),
+    Area(
+        "storage-deletes",
+        ("storage/ops/deletes.py",),
+        ("conformance/test_delete.py", "conformance/test_retention.py"),
+    ),
     Area("storage-forks", ("storage/ops/forks.py",), ("conformance/test_forks.py",)),
     Area("storage-bindings", ("storage/ops/bindings.py",), ("conformance/test_bindings.py",)),
 )
