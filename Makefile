@@ -87,9 +87,12 @@ test-pgbouncer: install
 
 # The conformance suite and the stateful machines again with encryption at rest on
 # (the store configurations duckdb+enc and postgres+enc; the tests that run over
-# them alone).
+# them alone), in TEST_SHARDS shares side by side as `make test` runs (in CI it
+# runs last, after the pooler pass: its two shares keep both cores busy once
+# make test's have ended).
 test-encrypted: install
-	TURNKEEPER_TEST_ENCRYPTED=only $(BIN)/python model_tests/with_postgres.py $(BIN)/python -m pytest
+	TURNKEEPER_TEST_ENCRYPTED=only $(BIN)/python model_tests/in_shards.py $(TEST_SHARDS) \
+		$(BIN)/python model_tests/with_postgres.py $(BIN)/python -m pytest
 
 # The bounded model checker (model_tests/model_check/) at its larger bound: at least
 # 3 actors x 2 targets x lease expiry per model (the CI bound runs in

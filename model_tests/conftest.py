@@ -430,12 +430,19 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Drop the schemas the tests created (a throwaway server is dropped whole)."""
+    """Drop the schemas the tests created and this process's DDL watch (a
+    throwaway server is dropped whole)."""
+    for admin in _ADMIN:
+        admin.close()
     if not _SCHEMAS:
         return
     import psycopg
 
     with psycopg.connect(direct_url(), autocommit=True) as conn:
+        if _ADMIN:
+            conn.execute(f"DROP EVENT TRIGGER IF EXISTS {_WATCH}")
+            conn.execute(f"DROP FUNCTION IF EXISTS public.{_WATCH}()")
+            conn.execute(f"DROP SEQUENCE IF EXISTS public.{_WATCH}")
         for _, schema in _SCHEMAS:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
         for role in _ROLES:
@@ -509,6 +516,7 @@ def open_backend(
         url = _SPARE.pop() if _SPARE and shipped else new_pg_schema()
         store = open_pg(url, clock=clock, encryption=keys)
         _OPENED[id(store)] = url
+        _mark(url)
         return store
     raise ValueError(backend)
 
@@ -561,7 +569,9 @@ _SPARE: list[str] = []
 """Migrated, emptied schemas' URLs, for :func:`open_backend` to hand out again."""
 
 _PRISTINE: list[str] = []
-"""The fingerprint of a newly migrated schema (computed once, on a schema of its own)."""
+"""A newly migrated schema's fingerprint, its ``schema_migrations`` versions,
+and the statements that empty a schema like it (``{schema}`` to fill in):
+computed once, on a schema of its own."""
 
 _DUCKDB_TEMPLATE: list[Path] = []
 
@@ -653,36 +663,114 @@ def _schema_of(url: str) -> str:
     return url.rsplit("search_path%3D", 1)[1]
 
 
+_WATCH = f"turnkeeper_test_ddl_{uuid.uuid4().hex[:12]}"
+"""This process's DDL watch on the test server: an event trigger of that name
+counting every DDL statement (``ddl_command_end``: CREATE, ALTER, DROP, GRANT,
+REVOKE, ..., by any session, in any schema) in a sequence of that name.
+Dropped when the suite ends (:func:`pytest_sessionfinish`)."""
+
+_WATCH_DDL = f"""
+SELECT pg_advisory_xact_lock(hashtext('turnkeeper_test_ddl'));
+CREATE SEQUENCE IF NOT EXISTS public.{_WATCH};
+CREATE OR REPLACE FUNCTION public.{_WATCH}() RETURNS event_trigger
+  LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog
+  AS $$ BEGIN PERFORM nextval('public.{_WATCH}'); END $$;
+DROP EVENT TRIGGER IF EXISTS {_WATCH};
+CREATE EVENT TRIGGER {_WATCH} ON ddl_command_end EXECUTE FUNCTION public.{_WATCH}();
+ALTER EVENT TRIGGER {_WATCH} ENABLE ALWAYS;
+"""
+
+_ADMIN: list[Any] = []
+"""The direct connection (autocommit) :func:`reuse_schema` works through, once
+the DDL watch is installed on it."""
+
+_MARKS: dict[str, tuple[int, bool]] = {}
+"""The DDL watch's count when :func:`open_backend` opened each PostgreSQL store (by URL)."""
+
+
+def _admin() -> Any:
+    import psycopg
+
+    if _ADMIN and not _ADMIN[0].closed and not _ADMIN[0].broken:
+        return _ADMIN[0]
+    conn = psycopg.connect(direct_url(), autocommit=True)
+    with conn.transaction():
+        conn.execute(_WATCH_DDL)
+    _ADMIN[:] = [conn]
+    return conn
+
+
+def ddl_mark(conn: Any) -> tuple[int, bool]:
+    """The DDL watch's count (its sequence's ``last_value`` and ``is_called``):
+    it moves with every DDL statement the test server runs."""
+    row = conn.execute(f"SELECT last_value, is_called FROM public.{_WATCH}").fetchone()
+    return int(row[0]), bool(row[1])
+
+
+def _mark(url: str) -> None:
+    """Note the DDL watch's count for the store just opened on ``url``."""
+    import psycopg
+
+    try:
+        _MARKS[url] = ddl_mark(_admin())
+    except psycopg.Error:
+        _MARKS.pop(url, None)
+
+
+def _versions(conn: Any, schema: str) -> str:
+    row = conn.execute(
+        f"SELECT string_agg(version::text, ',' ORDER BY version) FROM {schema}.schema_migrations"
+    ).fetchone()
+    return str(row[0])
+
+
 def reuse_schema(url: str) -> None:
     """Empty the schema of ``url`` (``DELETE`` from every table but
     ``schema_migrations``; the schema has no foreign keys or sequences) and
-    keep it for :func:`open_backend`, when :func:`schema_fingerprint` says it
-    is still exactly a newly migrated schema; else leave it as it is."""
+    keep it for :func:`open_backend`, when it is still exactly a newly migrated
+    schema; else leave it as it is.
+
+    Exactly a new schema: no DDL statement ran on the server since its store
+    was opened (the DDL watch's count is the one :func:`_mark` noted) and its
+    ``schema_migrations`` versions are a new schema's, or else its
+    :func:`schema_fingerprint` is a new schema's (a test that made DDL, here
+    or anywhere, pays for the whole comparison)."""
     import psycopg
 
     schema = _schema_of(url)
+    mark = _MARKS.pop(url, None)
     try:
-        with psycopg.connect(direct_url(), autocommit=True) as conn:
-            if not _PRISTINE:
-                fresh = new_pg_schema()
-                open_pg(fresh).close()
-                _PRISTINE.append(schema_fingerprint(conn, _schema_of(fresh)))
-            if schema_fingerprint(conn, schema) != _PRISTINE[0]:
+        conn = _admin()
+        if not _PRISTINE:
+            fresh = new_pg_schema()
+            open_pg(fresh).close()
+            made = _schema_of(fresh)
+            tables = conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = %s "
+                "AND tablename <> 'schema_migrations' ORDER BY 1",
+                [made],
+            ).fetchall()
+            _PRISTINE.extend(
+                [
+                    schema_fingerprint(conn, made),
+                    _versions(conn, made),
+                    ";".join(f"DELETE FROM {{schema}}.{t}" for (t,) in tables),
+                ]
+            )
+        fingerprint, versions, delete = _PRISTINE
+        if mark is not None and ddl_mark(conn) == mark:
+            if _versions(conn, schema) != versions:
                 return
-            tables = [
-                r[0]
-                for r in conn.execute(
-                    "SELECT tablename FROM pg_tables WHERE schemaname = %s "
-                    "AND tablename <> 'schema_migrations'",
-                    [schema],
-                )
-            ]
-            with conn.transaction():
-                # A connection a test left holding a lock keeps the schema out of reuse.
-                conn.execute("SET LOCAL lock_timeout = '2s'")
-                for table in tables:
-                    conn.execute(f"DELETE FROM {schema}.{table}")
+        elif schema_fingerprint(conn, schema) != fingerprint:
+            return
+        with conn.transaction():
+            # A connection a test left holding a lock keeps the schema out of reuse.
+            conn.execute("SET LOCAL lock_timeout = '2s'")
+            conn.execute(delete.format(schema=schema))
     except psycopg.Error:  # the server went away (a test stopped it) or a lock held on
+        for conn in _ADMIN:
+            conn.close()
+        _ADMIN.clear()
         return
     _SPARE.append(url)
 

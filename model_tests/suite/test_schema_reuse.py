@@ -3,10 +3,13 @@ exactly a new one (``conftest.open_backend`` / ``close_backend``).
 
 A DuckDB store starts as a byte copy of a file migrated once per process; a
 PostgreSQL store gets a schema an earlier test emptied, when
-``schema_fingerprint`` says it is still made exactly as a new one. Here: a
-reused schema holds no row, any change to what a schema is made of keeps it
-out of reuse (each change alone), and the copied DuckDB file has a new
-file's catalog.
+it is still made exactly as a new one: no DDL statement ran on the server
+since (the suite's DDL watch, an event trigger) and its migration versions are
+a new schema's, or else ``schema_fingerprint`` says so. Here: a reused schema
+holds no row, any change to what a schema is made of keeps it out of reuse
+(each change alone), an unchanged schema is reused without the fingerprint,
+the change tests fail without the DDL watch, and the copied DuckDB file has a
+new file's catalog.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import conftest
 import psycopg
 import pytest
 from conftest import (
@@ -99,6 +103,10 @@ CHANGES: dict[str, Callable[[psycopg.Connection, str], object]] = {
     "function added": lambda c, s: c.execute(
         f"CREATE FUNCTION {s}.f() RETURNS int LANGUAGE sql AS 'SELECT 1'"
     ),
+    # a session in replica mode (where event triggers not enabled ALWAYS stay silent)
+    "column added by a replica session": lambda c, s: c.execute(
+        f"SET session_replication_role = replica; ALTER TABLE {s}.runs ADD COLUMN x INTEGER"
+    ),
 }
 
 
@@ -106,6 +114,35 @@ CHANGES: dict[str, Callable[[psycopg.Connection, str], object]] = {
 @pytest.mark.parametrize("change", sorted(CHANGES))
 def test_a_schema_changed_in_any_way_is_not_reused(change: str) -> None:
     assert _spare_after_use(CHANGES[change]) is None, f"{change}: the schema went back for reuse"
+
+
+@pytest.mark.postgres
+def test_an_unchanged_schema_is_reused_without_its_fingerprint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No DDL since its store opened: the DDL watch and the versions decide,
+    and the catalog-wide fingerprint is not computed (what it saves per test)."""
+    _spare_after_use(None)  # the new-schema fingerprint is computed once, before
+
+    def no_fingerprint(conn: object, schema: str) -> str:
+        raise AssertionError(f"the fingerprint of {schema} was computed")
+
+    monkeypatch.setattr(conftest, "schema_fingerprint", no_fingerprint)
+    assert _spare_after_use(None) is not None, "an unchanged schema was not kept for reuse"
+
+
+@pytest.mark.postgres
+def test_control_without_the_ddl_watch_a_changed_schema_is_reused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The change tests above fail when the DDL watch sees nothing (its count
+    patched to a constant): the watch is what keeps a changed schema out."""
+    _spare_after_use(None)
+    monkeypatch.setattr(conftest, "ddl_mark", lambda conn: (1, False))
+    spare = _spare_after_use(CHANGES["column added"])
+    if spare is not None:
+        _SPARE.remove(spare)  # never handed to a later test
+    assert spare is not None, "the changed schema was kept out without the DDL watch"
 
 
 @pytest.mark.postgres
