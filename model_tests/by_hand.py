@@ -15,10 +15,12 @@ from typing import Any
 
 import pytest
 from conftest import BACKENDS
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import (
     INITIALIZE_RULE_MARKER,
     INVARIANT_MARKER,
     RuleBasedStateMachine,
+    run_state_machine_as_test,
 )
 
 
@@ -92,3 +94,50 @@ def kill_tests(
             replay(machine(backend), script)
 
     return passes_on_the_real_store, fails_with_the_fence_patched_out
+
+
+def search_settings(max_examples: int) -> settings:
+    """A fence kill's search from scratch: derandomized (the same examples on
+    every run), no example database, no shrinking (a kill needs none), at most
+    ``max_examples`` examples."""
+    return settings(
+        max_examples=max_examples,
+        derandomize=True,
+        database=None,
+        report_multiple_bugs=False,
+        phases=(Phase.explicit, Phase.generate),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+
+
+def search_test(
+    kills: dict[str, Kill],
+    machine: Callable[[str], type[RuleBasedStateMachine]],
+    *,
+    examples: int,
+    backends: list[str],
+) -> Callable[..., None]:
+    """The test (``search`` marker: on demand) that each fence kill is also
+    found from scratch: with the fence patched out, the machine's own search
+    (:func:`search_settings`, at most ``examples`` examples) fails on an
+    assertion (an invariant or an oracle comparison; one inside an exception
+    group counts), on each of ``backends``."""
+
+    @pytest.mark.search
+    @pytest.mark.parametrize("backend", backends)
+    @pytest.mark.parametrize("fence", sorted(kills))
+    def finds_a_counterexample_with_the_fence_patched_out(
+        fence: str, backend: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        kills[fence][0](monkeypatch)
+        with pytest.raises(Exception) as caught:
+            run_state_machine_as_test(machine(backend), settings=search_settings(examples))
+        pending: list[BaseException] = [caught.value]
+        while pending and not isinstance(pending[0], AssertionError):
+            head = pending.pop(0)
+            if isinstance(head, BaseExceptionGroup):
+                pending.extend(head.exceptions)
+        assert pending, f"the machine failed, but not on an assertion: {caught.value!r}"
+
+    return finds_a_counterexample_with_the_fence_patched_out

@@ -19,10 +19,8 @@ import dataclasses
 from collections.abc import Callable
 
 import pytest
-from by_hand import Steps, kill_tests
+from by_hand import Steps, kill_tests, search_test
 from conftest import BACKENDS, opener
-from hypothesis import HealthCheck, Phase, settings
-from hypothesis.stateful import run_state_machine_as_test
 
 from turnkeeper.fuzz.leases import LeaseAndThreadMachine, machine
 from turnkeeper.spec import LEASE
@@ -33,17 +31,6 @@ from turnkeeper.storage.ops import appends, leases, threads
 def make_machine(backend: str) -> type[LeaseAndThreadMachine]:
     """The machine on the test store configuration ``backend`` (``conftest.opener``)."""
     return machine(opener(backend))
-
-
-SEARCH = settings(
-    max_examples=3000,
-    derandomize=True,
-    database=None,
-    report_multiple_bugs=False,
-    phases=(Phase.explicit, Phase.generate),  # a kill needs no shrinking
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
 
 
 def target_only_fence(value: Callable[[str], str]) -> str:
@@ -220,21 +207,9 @@ def script(steps: list[tuple[str, dict]]) -> Callable[[Steps], None]:
 )
 
 
-@pytest.mark.search
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("fence", sorted(KILLS))
-def test_machine_finds_a_counterexample_with_the_fence_patched_out(
-    fence: str, backend: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    KILLS[fence][0](monkeypatch)
-    with pytest.raises(Exception) as caught:
-        run_state_machine_as_test(make_machine(backend), settings=SEARCH)
-    pending: list[BaseException] = [caught.value]
-    while pending and not isinstance(pending[0], AssertionError):
-        head = pending.pop(0)
-        if isinstance(head, BaseExceptionGroup):
-            pending.extend(head.exceptions)
-    assert pending, f"the machine failed, but not on an assertion: {caught.value!r}"
+test_machine_finds_a_counterexample_with_the_fence_patched_out = search_test(
+    KILLS, make_machine, examples=3000, backends=BACKENDS
+)
 
 
 @pytest.mark.postgres

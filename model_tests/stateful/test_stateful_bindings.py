@@ -17,9 +17,9 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from by_hand import Kill, Steps, kill_tests
+from by_hand import Kill, Steps, kill_tests, search_test
 from conftest import STORES, engine, machine_settings, opener
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from turnkeeper import Lease
@@ -35,17 +35,6 @@ STEPS = 20
 def make_machine(backend: str) -> type[BindingsMachine]:
     """The machine on the test store configuration ``backend`` (``conftest.opener``)."""
     return machine(opener(backend))
-
-
-SEARCH = settings(
-    max_examples=2000,
-    derandomize=True,
-    database=None,
-    report_multiple_bugs=False,
-    phases=(Phase.explicit, Phase.generate),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
 
 
 @pytest.mark.parametrize("backend", STORES)
@@ -407,12 +396,6 @@ KILLS: dict[str, Kill] = {
 ) = kill_tests(KILLS, make_machine)
 
 
-@pytest.mark.search
-@pytest.mark.parametrize("backend", STORES)
-@pytest.mark.parametrize("guard", sorted(KILLS))
-def test_machine_finds_a_counterexample_with_the_guard_patched_out(
-    guard: str, backend: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    KILLS[guard][0](monkeypatch)
-    with pytest.raises(AssertionError):
-        run_state_machine_as_test(make_machine(backend), settings=SEARCH)
+test_machine_finds_a_counterexample_with_the_guard_patched_out = search_test(
+    KILLS, make_machine, examples=2000, backends=STORES
+)

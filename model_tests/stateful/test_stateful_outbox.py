@@ -6,9 +6,8 @@ one from scratch runs on demand (``search``: ``HYPOTHESIS_PROFILE=nightly``)."""
 from __future__ import annotations
 
 import pytest
-from by_hand import Steps, kill_tests, replay
+from by_hand import Steps, kill_tests, replay, search_test
 from conftest import BACKENDS, STORES, machine_settings, opener
-from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from turnkeeper.fuzz.outbox import OutboxMachine, machine
@@ -19,17 +18,6 @@ from turnkeeper.storage.ops import outbox, outbox_plans
 def on(backend: str) -> type[OutboxMachine]:
     """The machine on the test store configuration ``backend`` (``conftest.opener``)."""
     return machine(opener(backend))
-
-
-SEARCH = settings(
-    max_examples=2000,
-    derandomize=True,
-    database=None,
-    report_multiple_bugs=False,
-    phases=(Phase.explicit, Phase.generate),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
 
 
 @pytest.mark.parametrize("backend", STORES)
@@ -88,15 +76,9 @@ KILLS = {
 ) = kill_tests(KILLS, on)
 
 
-@pytest.mark.search
-@pytest.mark.parametrize("backend", STORES)
-@pytest.mark.parametrize("fence", sorted(KILLS))
-def test_machine_finds_a_counterexample_with_the_fence_patched_out(
-    fence: str, backend: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    KILLS[fence][0](monkeypatch)
-    with pytest.raises(AssertionError):
-        run_state_machine_as_test(on(backend), settings=SEARCH)
+test_machine_finds_a_counterexample_with_the_fence_patched_out = search_test(
+    KILLS, on, examples=2000, backends=STORES
+)
 
 
 def claim_and_deliver_each_ambiguously(m: Steps) -> None:

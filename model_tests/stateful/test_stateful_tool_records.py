@@ -19,9 +19,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from by_hand import Kill, Steps, kill_tests, replay
+from by_hand import Kill, Steps, kill_tests, replay, search_test
 from conftest import BACKENDS, SEARCHING, STORES, machine_settings, opener
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from turnkeeper.fuzz.tools import ToolRecordsMachine, machine
@@ -39,16 +39,6 @@ MAX_EXAMPLES = 40
 STEPS = 25
 """CI's caps (examples before the engine's share, steps per example); the
 ``nightly`` profile runs its own budget, uncapped."""
-
-SEARCH = settings(
-    max_examples=2000,
-    derandomize=True,
-    database=None,
-    report_multiple_bugs=False,
-    phases=(Phase.explicit, Phase.generate),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
 
 
 @pytest.mark.parametrize("backend", STORES)
@@ -376,12 +366,6 @@ def test_a_lost_completion_reply_fails_with_the_repeated_result_check_patched_ou
         replay(make_machine(backend), every_write_with_a_lost_reply)
 
 
-@pytest.mark.search
-@pytest.mark.parametrize("backend", STORES)
-@pytest.mark.parametrize("guard", sorted(KILLS))
-def test_machine_finds_a_counterexample_with_the_guard_patched_out(
-    guard: str, backend: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    KILLS[guard][0](monkeypatch)
-    with pytest.raises(AssertionError):
-        run_state_machine_as_test(make_machine(backend), settings=SEARCH)
+test_machine_finds_a_counterexample_with_the_guard_patched_out = search_test(
+    KILLS, make_machine, examples=2000, backends=STORES
+)
