@@ -513,10 +513,13 @@ def open_backend(
             shutil.copyfile(_duckdb_template(), where)
         return turnkeeper.open_store(str(where), clock=clock, encryption=keys)
     if backend == "postgres":
-        url = _SPARE.pop() if _SPARE and shipped else new_pg_schema()
+        if _SPARE and shipped:
+            url = _SPARE.pop()
+            _mark(url)  # before the open: a DDL statement the open runs counts
+        else:  # a new schema is compared whole when it is closed
+            url = new_pg_schema()
         store = open_pg(url, clock=clock, encryption=keys)
         _OPENED[id(store)] = url
-        _mark(url)
         return store
     raise ValueError(backend)
 
@@ -708,7 +711,8 @@ def ddl_mark(conn: Any) -> tuple[int, bool]:
 
 
 def _mark(url: str) -> None:
-    """Note the DDL watch's count for the store just opened on ``url``."""
+    """Note the DDL watch's count for a store about to open on the spare schema
+    ``url`` (exactly a new schema: :func:`reuse_schema` found it so)."""
     import psycopg
 
     try:
@@ -730,11 +734,13 @@ def reuse_schema(url: str) -> None:
     keep it for :func:`open_backend`, when it is still exactly a newly migrated
     schema; else leave it as it is.
 
-    Exactly a new schema: no DDL statement ran on the server since its store
-    was opened (the DDL watch's count is the one :func:`_mark` noted) and its
-    ``schema_migrations`` versions are a new schema's, or else its
-    :func:`schema_fingerprint` is a new schema's (a test that made DDL, here
-    or anywhere, pays for the whole comparison)."""
+    Exactly a new schema: it was a spare (exactly a new schema then), no DDL
+    statement ran on the server since just before its store opened (the DDL
+    watch's count is the one :func:`_mark` noted) and its
+    ``schema_migrations`` versions are a new schema's; or else its
+    :func:`schema_fingerprint` is a new schema's (a schema made for the test,
+    or one whose test made DDL here or anywhere, pays for the whole
+    comparison)."""
     import psycopg
 
     schema = _schema_of(url)

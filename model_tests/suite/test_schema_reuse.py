@@ -183,6 +183,26 @@ def test_the_copied_duckdb_file_is_a_new_files_catalog(tmp_path: Path) -> None:
 
 
 @pytest.mark.postgres
+def test_a_schema_patched_migrations_made_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Migrations patched to leave an index out (every version kept, as
+    ``test_fence_kills`` does) make a schema that is never handed out again,
+    though no DDL runs after its store opened."""
+    from turnkeeper.storage.postgres import db as pg_db
+
+    trimmed = [
+        (v, ";".join(s for s in sql.split(";") if "INDEX sessions_by_cwd " not in s))
+        for v, sql in pg_db.MIGRATIONS
+    ]
+    assert trimmed != pg_db.MIGRATIONS
+    with monkeypatch.context() as patched:
+        patched.setattr(pg_db, "MIGRATIONS", trimmed)
+        url = _spare_after_use(None)
+    if url is not None:
+        _SPARE.remove(url)  # never handed to a later test
+    assert url is None, "a schema without sessions_by_cwd went back for reuse"
+
+
+@pytest.mark.postgres
 def test_a_test_patching_the_migrations_gets_a_schema_they_make(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
