@@ -22,6 +22,7 @@ from urllib.parse import quote
 
 import pytest
 from hypothesis import HealthCheck, settings
+from shares import CLAIMS_ENV, run_claimed
 
 import turnkeeper
 from turnkeeper.fuzz import FakeClock
@@ -305,48 +306,27 @@ def _uses_corpus(item: pytest.Item) -> bool:
     return bool({"pi_dir", "corpus_dir"} & set(getattr(item, "fixturenames", ())))
 
 
-SHARD_ENV = "TURNKEEPER_TEST_SHARD"
-"""``i/n``: this process runs the ``i``-th of ``n`` shares of the suite's files
-(``model_tests/in_shards.py``, which ``make test`` runs it under); unset, all of them."""
-
-_SHARE = os.environ.pop(SHARD_ENV, None)
-"""This process's share, taken out of the environment when the suite starts: the
-pytest runs the tests start (killing-test collection, mutants, suite gates) are
-whole suites of their own, never a share of theirs."""
+_CLAIMS = os.environ.pop(CLAIMS_ENV, None)
+"""Where this process claims the files it runs, when it is one share of the
+suite (``model_tests/in_shards.py``, which ``make test`` runs it under;
+:mod:`shares`); taken out of the environment when the suite starts, with the
+share's name (``TURNKEEPER_TEST_SHARD``): the pytest runs the tests start
+(killing-test collection, mutants, suite gates) are whole suites of their own,
+never a share of theirs."""
+os.environ.pop("TURNKEEPER_TEST_SHARD", None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The selection below (:func:`_select`), then this process's share of it
-    (:data:`SHARD_ENV`, :func:`shard`)."""
+    """The selection below (:func:`_select`)."""
     _select(config, items)
-    if not _SHARE:
-        return
-    index, count = (int(part) for part in _SHARE.split("/"))
-    keep = shard([i.nodeid for i in items], index, count)
-    others = [i for i in items if i.nodeid not in keep]
-    items[:] = [i for i in items if i.nodeid in keep]
-    config.hook.pytest_deselected(items=others)
 
 
-def shard(nodeids: list[str], index: int, count: int) -> set[str]:
-    """The node ids of share ``index`` (0-based) of ``count``: whole files (a file's
-    fixtures are set up in one process), each to the share with the fewest tests
-    so far, the files with the most tests first (ties by name): every test in
-    exactly one share, and the same shares in every process that collected the
-    same ids."""
-    if not 0 <= index < count:
-        raise pytest.UsageError(f"{SHARD_ENV}={index}/{count}: no such share")
-    files: dict[str, list[str]] = {}
-    for nodeid in nodeids:
-        files.setdefault(nodeid.split("::", 1)[0], []).append(nodeid)
-    loads = [0] * count
-    mine: set[str] = set()
-    for name in sorted(files, key=lambda f: (-len(files[f]), f)):
-        lightest = loads.index(min(loads))
-        loads[lightest] += len(files[name])
-        if lightest == index:
-            mine.update(files[name])
-    return mine
+def pytest_runtestloop(session: pytest.Session) -> bool | None:
+    """In a share of the suite, the files this process claims (:mod:`shares`);
+    else pytest's own loop."""
+    if _CLAIMS is None:
+        return None
+    return run_claimed(session, Path(_CLAIMS))
 
 
 def _select(config: pytest.Config, items: list[pytest.Item]) -> None:

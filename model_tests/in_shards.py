@@ -1,8 +1,10 @@
 """Run a command (the test suite) as N processes side by side, each on a share of it.
 
 ``python model_tests/in_shards.py N CMD …`` starts ``CMD`` N times at once, the
-``i``-th with ``TURNKEEPER_TEST_SHARD=i/N`` (``conftest.py`` then collects the
-whole suite and keeps share ``i`` of its files: ``conftest.shard``). Share 0
+``i``-th with ``TURNKEEPER_TEST_SHARD=i/N`` (its name) and all with
+``TURNKEEPER_TEST_CLAIMS`` naming one new folder: ``conftest.py`` then collects
+the whole suite and runs the files it claims there, one at a time, each as it
+becomes free (``shares.py``), so that the shares end together. Share 0
 prints as it runs; each other share's output is kept in a temporary file and
 printed, under a header line, when every share has ended. The exit status is the
 first non-zero one of the shares in share order (0 when all passed). ``N`` = 1
@@ -29,6 +31,7 @@ from contextlib import ExitStack
 from typing import IO
 
 SHARD_ENV = "TURNKEEPER_TEST_SHARD"
+CLAIMS_ENV = "TURNKEEPER_TEST_CLAIMS"  # shares.CLAIMS_ENV (this script imports no pytest)
 
 
 def main(argv: list[str]) -> int:
@@ -39,6 +42,7 @@ def main(argv: list[str]) -> int:
     if count == 1:
         return subprocess.call(command)
     with ExitStack() as stack:
+        claims = stack.enter_context(tempfile.TemporaryDirectory(prefix="turnkeeper-claims-"))
         logs: list[IO[bytes] | None] = [None] + [
             stack.enter_context(tempfile.TemporaryFile(prefix=f"turnkeeper-share-{i}-"))
             for i in range(1, count)
@@ -46,7 +50,7 @@ def main(argv: list[str]) -> int:
         children = [
             subprocess.Popen(
                 command,
-                env={**os.environ, SHARD_ENV: f"{i}/{count}"},
+                env={**os.environ, SHARD_ENV: f"{i}/{count}", CLAIMS_ENV: claims},
                 stdout=logs[i],
                 stderr=subprocess.STDOUT if logs[i] is not None else None,
             )

@@ -1,81 +1,115 @@
-"""`make test` runs the suite as shares side by side (in_shards.py, conftest.shard):
-every test in exactly one share, files whole, the shares' outputs and exit statuses
-all reported."""
+"""`make test` runs the suite as shares side by side (in_shards.py, shares.py): each
+share claims files one at a time as it becomes free, every test runs in exactly one
+share, files whole, and the shares' outputs and exit statuses are all reported."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-from conftest import SHARD_ENV, shard
+from shares import CLAIMS_ENV, claim, file_order
 
 HERE = Path(__file__).resolve().parents[1]  # model_tests/, where the support modules are
 RUNNER = HERE / "in_shards.py"
-
-IDS = [
-    *(f"test_a.py::t{i}" for i in range(7)),
-    *(f"test_b.py::t{i}[duckdb]" for i in range(4)),
-    *(f"test_c.py::t{i}" for i in range(3)),
-    "test_d.py::only",
-    *(f"test_e.py::C::t{i}" for i in range(2)),
-]
+SHARD_ENV = "TURNKEEPER_TEST_SHARD"
 
 
-@pytest.mark.parametrize("count", [1, 2, 3, 4])
-def test_every_test_is_in_exactly_one_share_and_files_stay_whole(count: int):
-    shares = [shard(IDS, i, count) for i in range(count)]
-    assert sorted(id_ for s in shares for id_ in s) == sorted(IDS)
-    for s in shares:
-        files = {id_.split("::", 1)[0] for id_ in s}
-        for name in files:  # a file's tests all in this share
-            assert {i for i in IDS if i.startswith(name + "::")} <= s
-    # the greedy split is never off by more than the largest file
-    sizes = [len(s) for s in shares]
-    assert max(sizes) - min(sizes) <= 7
-    assert [shard(IDS, i, count) for i in range(count)] == shares  # the same every time
+def test_a_file_is_claimed_by_the_first_claim_only(tmp_path: Path):
+    assert claim(tmp_path, "model_tests/a/test_x.py")
+    assert not claim(tmp_path, "model_tests/a/test_x.py")
+    assert claim(tmp_path, "model_tests/a/test_y.py")
 
 
-def test_two_shares_split_these_files_evenly():
-    first, second = shard(IDS, 0, 2), shard(IDS, 1, 2)
-    assert {len(first), len(second)} == {8, 9}
+def _item(nodeid: str, slow: bool = False) -> pytest.Item:
+    marker = object() if slow else None
+    fake = SimpleNamespace(nodeid=nodeid, get_closest_marker=lambda name: marker)
+    return fake  # type: ignore[return-value]
 
 
-def test_a_share_that_does_not_exist_is_a_usage_error():
-    with pytest.raises(pytest.UsageError, match="no such share"):
-        shard(IDS, 2, 2)
+def test_files_are_walked_slow_first_then_by_their_number_of_tests_and_kept_whole():
+    items = [
+        _item("b.py::t0"), _item("a.py::t0"), _item("c.py::t0"), _item("b.py::t1"),
+        _item("d.py::t0", slow=True), _item("a.py::t1"),
+    ]  # fmt: skip
+    order = [[i.nodeid for i in f] for f in file_order(items)]
+    assert order == [["d.py::t0"], ["a.py::t0", "a.py::t1"], ["b.py::t0", "b.py::t1"], ["c.py::t0"]]
 
 
-def _collected(*files: str, share: str | None) -> list[str]:
-    env = {k: v for k, v in os.environ.items() if k != SHARD_ENV}
-    if share is not None:
-        env[SHARD_ENV] = share
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files],
-        cwd=HERE.parent,
+# A suite where one share must run every file but one: the slow file's first
+# test waits until the last of the others has run (it writes DONE). Files split
+# before the run would give the waiting share some of the others too, and it
+# would wait for itself (until HANG_GUARD_S, then fail). (A share claims its
+# next file as its file's last test starts: here a test after the wait.)
+HANG_GUARD_S = 120
+WAITS = f"""
+import pathlib, time, pytest
+
+@pytest.mark.slow
+def test_waits_for_the_others():
+    done = pathlib.Path(__file__).with_name("DONE")
+    give_up = time.monotonic() + {HANG_GUARD_S}
+    while not done.exists():
+        assert time.monotonic() < give_up, "the other share never ran the last file"
+        time.sleep(0.05)
+
+def test_after_the_wait():
+    pass
+"""
+OTHERS = {
+    "test_a.py": "def test_a0(): pass\ndef test_a1(): pass\ndef test_a2(): pass\n",
+    "test_b.py": "def test_b0(): pass\ndef test_b1(): pass\n",
+    "test_c.py": "def test_c0(): pass\n",
+    "test_z.py": (  # the fewest tests and the last name: the last file walked
+        "import pathlib\ndef test_z0(): pathlib.Path(__file__).with_name('DONE').write_text('')\n"
+    ),
+}
+
+
+def test_a_share_takes_the_next_free_file_while_the_other_is_busy(tmp_path: Path):
+    (tmp_path / "test_slow.py").write_text(WAITS)
+    for name, text in OTHERS.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: slow\n")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in (SHARD_ENV, CLAIMS_ENV, "CI") and not k.startswith("TURNKEEPER_TEST_")
+    }
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
+    pytest_run = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "conftest"]
+    done = subprocess.run(
+        [sys.executable, str(RUNNER), "2", *pytest_run],
+        cwd=tmp_path,
         env=env,
         capture_output=True,
         text=True,
-        check=True,
-    ).stdout
-    return sorted(line for line in out.splitlines() if "::" in line)
+        timeout=HANG_GUARD_S + 120,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    first, second = out.split("== share 1/2 of the suite (exit 0) ==")
+    ran = [re.findall(r"^(test_\w+\.py::\w+) PASSED", share, re.M) for share in (first, second)]
+    slow = ["test_slow.py::test_waits_for_the_others", "test_slow.py::test_after_the_wait"]
+    every = slow + [
+        f"{name}::{t}" for name, text in OTHERS.items() for t in re.findall(r"def (test_\w+)", text)
+    ]
+    assert sorted(ran[0] + ran[1]) == sorted(every), out
+    assert slow in ran, out  # the waiting share ran its file and nothing else
+    for share, tests in zip((first, second), ran, strict=True):
+        left = len(every) - len(tests)
+        assert re.search(rf"{len(tests)} passed, {left} deselected", share), share
+        assert "[100%]" in share, share
 
 
-def test_the_suite_collected_in_two_shares_is_the_suite():
-    files = ("model_tests/suite/test_shards.py", "model_tests/suite/test_constraints.py")
-    whole = _collected(*files, share=None)
-    first, second = _collected(*files, share="0/2"), _collected(*files, share="1/2")
-    assert whole and first and second
-    assert not set(first) & set(second)
-    assert sorted(first + second) == whole
-
-
-def test_a_share_is_not_passed_on_to_the_processes_its_tests_start():
+def test_a_share_is_not_passed_on_to_the_processes_its_tests_start(tmp_path: Path):
     # Run in a share of its own, this file's check below must see no share: the
     # pytest runs tests start (killing-test collection, mutant runs) are whole.
-    env = {**os.environ, SHARD_ENV: "0/1"}
+    env = {**os.environ, SHARD_ENV: "0/1", CLAIMS_ENV: str(tmp_path)}
     done = subprocess.run(
         [
             sys.executable,
@@ -95,7 +129,7 @@ def test_a_share_is_not_passed_on_to_the_processes_its_tests_start():
 
 
 def test_no_share_in_the_environment():
-    assert SHARD_ENV not in os.environ
+    assert SHARD_ENV not in os.environ and CLAIMS_ENV not in os.environ
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess[str]:
