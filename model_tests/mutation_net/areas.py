@@ -123,7 +123,9 @@ AREAS: tuple[Area, ...] = (
         ("conformance/test_conformance_leases.py", "conformance/test_lease_authority.py"),
     ),
     Area(
-        "storage-threads", ("storage/ops/threads.py",), ("conformance/test_conformance_threads.py",)
+        "storage-threads",
+        ("storage/ops/threads.py",),
+        ("conformance/test_conformance_threads.py", "checking/test_thread_survivors.py"),
     ),
     Area(
         "storage-runs",

@@ -94,6 +94,14 @@ _FLAGS_WHY = (
 _WRITE_FLAGS = (
     f"{_STORAGE_KILLS}test_a_heartbeat_skips_the_write_lock_and_a_release_or_check_is_one_statement",
 )
+_THREADS = "storage/ops/threads.py"
+_THREAD_KILLS = "checking/test_thread_survivors.py::"
+_UNBIND = "if prev[0] == rec.key and bound_id == req.previous_id:"
+_UNBIND_WHY = (
+    "a real hole: every test that archived the key's active record rebound the key too; "
+    "a store test now archives it without rebind_active and the new record takes the key"
+)
+_FREES = (f"{_THREAD_KILLS}test_archiving_the_keys_active_record_frees_the_key_without_a_rebind",)
 _STRICT_WHY = (
     "equivalent: both sides of the zip always have len(FENCED) items ({}), so "
     "strict=True never raises and strict=False drops nothing"
@@ -429,6 +437,60 @@ SURVIVORS: dict[Site, Verdict] = {
         "a real hole in the net's test choice: no lease test reads a page; a pure test of "
         "check_limit now takes 1 and MAX_LIMIT (either comparison made strict refuses one)",
         (f"{_STORAGE_KILLS}test_check_limit_takes_an_int_from_one_to_the_largest_page",),
+    ),
+    # -- storage/ops/threads.py: thread-record finalize and resolve --------------------
+    Site(_THREADS, "core/ReplaceAndWithOr", "if row is None and include_archived:"): Verdict(
+        "killed",
+        "a real hole: no test resolved a key with include_archived while an archived record "
+        "of the key sorted before its active one; a store test now does (the same instant, "
+        "a greater id)",
+        (
+            f"{_THREAD_KILLS}test_by_key_the_active_record_comes_before_an_archived_one_that_sorts_first",
+        ),
+    ),
+    Site(_THREADS, "core/AddNot", "if req.archive_old and req.previous_id == rec.id:"): Verdict(
+        "killed",
+        "a real hole: no test asked a finalize to archive the record it saves, nor named it "
+        "previous_id without archive_old; a store test now does both",
+        (
+            f"{_THREAD_KILLS}test_archiving_the_record_being_saved_is_refused_and_naming_it_alone_is_not",
+        ),
+    ),
+    Site(
+        _THREADS,
+        "core/ZeroIterationForLoop",
+        'for name in ("driver_type", "fingerprint", "compatibility_fingerprint", "session_codec"):',
+    ): Verdict(
+        "killed",
+        "a real hole: no test gave a thread record a text field that is no storable text; a "
+        "store test now gives each of the four a number and a lone surrogate",
+        (f"{_THREAD_KILLS}test_each_text_field_of_a_record_is_checked_before_anything_is_written",),
+    ),
+    Site(_THREADS, "core/AddNot", _UNBIND): Verdict("killed", _UNBIND_WHY, _FREES),
+    Site(_THREADS, "core/ReplaceComparisonOperator_Eq_NotEq", _UNBIND): Verdict(
+        "killed", _UNBIND_WHY, _FREES
+    ),
+    Site(_THREADS, "core/ReplaceAndWithOr", _UNBIND): Verdict(
+        "equivalent",
+        "the two conditions are one: the key's mapping (bound_id, read before the archive) "
+        "points at previous_id exactly when that active record is of rec.key, since every "
+        "active record is mapped from its own key and a record never changes key (finalize "
+        "refuses it); only rows forged past the store make them differ",
+    ),
+    Site(_THREADS, "core/ReplaceTrueWithFalse", "found = resolve(tx, rec.id, None, True)"): Verdict(
+        "equivalent",
+        "the record a finalize wrote is active when it is read back in the same transaction "
+        "(validate_request refuses archiving the record being saved, and a rebind archives "
+        "the other record), so resolve with or without archived records returns the same row",
+    ),
+    Site(_THREADS, "core/ReplaceFalseWithTrue", "transaction=False,"): Verdict(
+        "killed",
+        "a real hole: how a refused finalize notes its fence event (one autocommit statement, "
+        "as every lease refusal) changes no result a single-threaded test reads; a store test "
+        "now reads the flags finalize passes to db.write",
+        (
+            f"{_THREAD_KILLS}test_a_finalize_refused_for_a_lost_lease_notes_the_refusal_as_one_statement",
+        ),
     ),
 }
 """Every survivor the runs found, with its classification."""
