@@ -668,7 +668,8 @@ _ADMIN: list[Any] = []
 the DDL watch is installed on it."""
 
 _MARKS: dict[str, tuple[int, bool]] = {}
-"""The DDL watch's count when :func:`open_backend` opened each PostgreSQL store (by URL)."""
+"""The DDL watch's count just before :func:`open_backend` opened a store on a
+spare schema (by URL)."""
 
 
 def _admin() -> Any:
@@ -679,6 +680,9 @@ def _admin() -> Any:
     conn = psycopg.connect(direct_url(), autocommit=True)
     with conn.transaction():
         conn.execute(_WATCH_DDL)
+    # A connection a test left holding a lock keeps its schema out of reuse:
+    # no statement here waits on it for long (a read of schema_migrations too).
+    conn.execute("SET lock_timeout = '2s'")
     _ADMIN[:] = [conn]
     return conn
 
@@ -750,8 +754,6 @@ def reuse_schema(url: str) -> None:
         elif schema_fingerprint(conn, schema) != fingerprint:
             return
         with conn.transaction():
-            # A connection a test left holding a lock keeps the schema out of reuse.
-            conn.execute("SET LOCAL lock_timeout = '2s'")
             conn.execute(delete.format(schema=schema))
     except psycopg.Error:  # the server went away (a test stopped it) or a lock held on
         for conn in _ADMIN:

@@ -14,6 +14,7 @@ new file's catalog.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -143,6 +144,27 @@ def test_control_without_the_ddl_watch_a_changed_schema_is_reused(
     if spare is not None:
         _SPARE.remove(spare)  # never handed to a later test
     assert spare is not None, "the changed schema was kept out without the DDL watch"
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("table", ["schema_migrations", "sessions"])
+def test_a_lock_a_test_left_keeps_the_schema_out_without_waiting_on_it(table: str) -> None:
+    """A connection still holding an exclusive lock on one of the schema's
+    tables (the versions read, the deletes): the close gives up on reuse after
+    the admin connection's lock_timeout instead of waiting for it."""
+    _spare_after_use(None)
+    store = open_backend("postgres", None, None)
+    url = _OPENED[id(store)]
+    with psycopg.connect(direct_for(url)) as holder:
+        holder.execute(f"LOCK TABLE {_schema_of(url)}.{table} IN ACCESS EXCLUSIVE MODE")
+        closer = threading.Thread(target=close_backend, args=(store,), daemon=True)
+        closer.start()
+        closer.join(60)
+        hung = closer.is_alive()
+        holder.rollback()
+    closer.join(60)
+    assert not hung, "the close waited on the lock"
+    assert url not in _SPARE, "a schema whose emptying failed went back for reuse"
 
 
 @pytest.mark.postgres
