@@ -367,23 +367,27 @@ def test_close_never_waits_for_an_idle_thread_that_took_a_counted_threads_id(duc
     first.start()
     first.join()
     assert fired
+    # A thread's id is its pthread handle, which lives in its stack: glibc gives a
+    # new thread the stack of the thread that ended last, once that one has fully
+    # exited (after join() returned). The threads started before that stay alive
+    # (a joined one's stack would be the next taken, never the first's).
     stop = threading.Event()
-    idle = threading.Thread(target=stop.wait)
-    for _ in range(200):  # a new thread takes an ended one's id at once on Linux
-        idle = threading.Thread(target=stop.wait)
-        idle.start()
-        if idle.ident == first.ident:
-            break
-        stop.set()
-        idle.join()
-        stop.clear()
-    assert idle.ident == first.ident and idle.is_alive()
+    started: list[threading.Thread] = []
     try:
+        for _ in range(500):
+            idle = threading.Thread(target=stop.wait)
+            idle.start()
+            started.append(idle)
+            if idle.ident == first.ident:
+                break
+            time.sleep(0.001)  # let the first thread's exit finish
+        assert idle.ident == first.ident and idle.is_alive()
         with _fails_if_it_hangs():
             store.close()
     finally:
         stop.set()
-        idle.join()
+        for t in started:
+            t.join()
 
 
 def test_an_interrupt_as_a_queued_write_waits_never_releases_the_queue_lock_twice(

@@ -138,7 +138,11 @@ AREAS: tuple[Area, ...] = (
         ),
         ("conformance/test_conformance_runs.py", "conformance/test_recovery.py"),
     ),
-    Area("storage-delivery", ("storage/ops/outbox.py",), ("conformance/test_delivery.py",)),
+    Area(
+        "storage-delivery",
+        ("storage/ops/outbox.py",),
+        ("conformance/test_delivery.py", "checking/test_outbox_survivors.py"),
+    ),
     Area(
         "storage-tools",
         ("storage/ops/tools.py", "storage/ops/tool_records.py"),

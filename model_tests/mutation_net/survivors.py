@@ -102,6 +102,29 @@ _UNBIND_WHY = (
     "a store test now archives it without rebind_active and the new record takes the key"
 )
 _FREES = (f"{_THREAD_KILLS}test_archiving_the_keys_active_record_frees_the_key_without_a_rebind",)
+_OUTBOX = "storage/ops/outbox.py"
+_OUTBOX_KILLS = "checking/test_outbox_survivors.py::"
+_PROBE = "if locked is None and outbox_plans.get_operation(tx, operation_id) is not None:"
+_PROBE_WHY = (
+    "a real hole on PostgreSQL only: the SKIP LOCKED probe exists on the server alone (DuckDB "
+    "has no row locks, and the net runs DuckDB only, so it survives there); no test claimed "
+    "an operation whose row another transaction held. Two PostgreSQL tests now kill it "
+    "(checked with the mutant applied against a test server)"
+)
+_BUSY_AT_ONCE = (
+    f"{_OUTBOX_KILLS}test_a_claim_of_an_operation_another_transaction_holds_is_busy_at_once",
+    f"{_OUTBOX_KILLS}test_a_claim_of_no_such_operation_is_not_found_on_the_server",
+)
+_CLAIM_EXPIRY = "if op.lease_expires_at is None or op.lease_expires_at <= tx.clock_after_locks():"
+_RECHECKED_WHY = (
+    "the fence's expiry check is judged again right before COMMIT (Tx.valid_until, with <=, "
+    "at a clock read then, never earlier): a write the mutant lets past the fence under an "
+    "expired claim (or one at its expiry instant) is refused there with the same "
+    "DeliveryLeaseLostError and nothing of it commits; every trigger after the fence is an "
+    "edge from both claimed states, so no other error can come first. The catalog's "
+    "delivery-claim-expiry entries break both checks together; a claimed operation always "
+    "has an expiry, so the None case is never met"
+)
 _STRICT_WHY = (
     "equivalent: both sides of the zip always have len(FENCED) items ({}), so "
     "strict=True never raises and strict=False drops nothing"
@@ -491,6 +514,45 @@ SURVIVORS: dict[Site, Verdict] = {
         (
             f"{_THREAD_KILLS}test_a_finalize_refused_for_a_lost_lease_notes_the_refusal_as_one_statement",
         ),
+    ),
+    # -- storage/ops/outbox.py: claims and results ------------------------------------
+    Site(
+        _OUTBOX,
+        "core/AddNot",
+        "if tx.dialect.skip_locked:  # another worker's claim in flight: busy at once, no wait",
+    ): Verdict("killed", _PROBE_WHY, _BUSY_AT_ONCE),
+    Site(_OUTBOX, "core/AddNot", _PROBE): Verdict("killed", _PROBE_WHY, _BUSY_AT_ONCE),
+    Site(_OUTBOX, "core/ReplaceComparisonOperator_Is_IsNot", _PROBE): Verdict(
+        "killed", _PROBE_WHY, _BUSY_AT_ONCE
+    ),
+    Site(_OUTBOX, "core/ReplaceAndWithOr", _PROBE): Verdict("killed", _PROBE_WHY, _BUSY_AT_ONCE),
+    Site(_OUTBOX, "core/ReplaceComparisonOperator_IsNot_Is", _PROBE): Verdict(
+        "killed", _PROBE_WHY, _BUSY_AT_ONCE
+    ),
+    Site(
+        _OUTBOX,
+        "core/ReplaceComparisonOperator_LtE_Lt",
+        '"due": op.next_attempt_at is None or op.next_attempt_at <= now,',
+    ): Verdict(
+        "killed",
+        "a real hole: every test claimed a requeued operation well past its next attempt "
+        "time; a store test now claims it at the instant itself (and is refused a "
+        "millisecond before)",
+        (f"{_OUTBOX_KILLS}test_an_operation_is_due_at_exactly_its_next_attempt_time",),
+    ),
+    Site(_OUTBOX, "core/ReplaceOrWithAnd", _CLAIM_EXPIRY): Verdict("equivalent", _RECHECKED_WHY),
+    Site(_OUTBOX, "core/ReplaceComparisonOperator_LtE_Lt", _CLAIM_EXPIRY): Verdict(
+        "equivalent", _RECHECKED_WHY
+    ),
+    Site(
+        _OUTBOX,
+        "core/ReplaceComparisonOperator_Eq_NotEq",
+        "and (state is None or dict(state) == dict(op.provider_state))",
+    ): Verdict(
+        "killed",
+        "a real hole: no test retried a finish that carried a provider state; a store test "
+        "now retries it with the same state (idempotent) and with another (refused)",
+        (f"{_OUTBOX_KILLS}test_a_finish_retried_is_idempotent_only_with_the_same_provider_state",),
     ),
 }
 """Every survivor the runs found, with its classification."""
