@@ -148,7 +148,15 @@ AREAS: tuple[Area, ...] = (
         ("storage/ops/tools.py", "storage/ops/tool_records.py"),
         ("conformance/test_tool_executions.py",),
     ),
-    Area("storage-ledger", ("storage/ops/ledger/journal.py",), ("ledger/test_ledger.py",)),
+    Area(
+        "storage-ledger",
+        ("storage/ops/ledger/journal.py",),
+        (
+            "ledger/test_ledger.py",
+            "ledger/test_ledger_redelivery_threshold.py",
+            "ledger/test_ledger_blob_races.py",
+        ),
+    ),
     Area(
         "storage-deletes",
         ("storage/ops/deletes.py",),

@@ -125,6 +125,44 @@ _RECHECKED_WHY = (
     "delivery-claim-expiry entries break both checks together; a claimed operation always "
     "has an expiry, so the None case is never met"
 )
+_JOURNAL = "storage/ops/ledger/journal.py"
+_TIP_LOCKED = (
+    "ledger/test_ledger.py::test_records_round_trip_in_a_gapless_one_based_sequence_after_the_fence",
+)
+_TIP_LOCKED_WHY = (
+    "killed on PostgreSQL by the area's own test (its PostgreSQL case: a replay's snapshot "
+    "read is READ ONLY, where a locking read of the tip is an error; checked with the "
+    "mutant applied against a test server); it survives the net only because the net runs "
+    "DuckDB, where update_lock() is empty"
+)
+_TIP_ORDERED_WHY = (
+    "every writer of a ledger's tip (open, append, GC) first passes leases.fence on the "
+    "session's lease, which on PostgreSQL row-locks the lease row (UPDATE … fenced_writes) "
+    "until COMMIT, so no two of them interleave; the tip's own FOR UPDATE is a second lock "
+    "on an order already fixed, and _move_tip is a compare-and-set whose failure retries "
+    "besides. On DuckDB update_lock() is empty. (Checked on both engines: the ledger, group "
+    "and GC-fence tests pass with the mutant)"
+)
+_KNOWN_KEY_WHY = (
+    "a hole in the net's test choice: an inline redelivery of an offloaded original is "
+    "judged by the original pointer's blob key, pinned by "
+    "ledger/test_ledger_redelivery_threshold.py, now among storage-ledger's tests"
+)
+_KNOWN_KEY = (
+    "ledger/test_ledger_redelivery_threshold.py::"
+    "test_an_inline_redelivery_of_an_offloaded_original_is_a_duplicate",
+)
+_STALE_BLOB = "sealing.current_blobs(tx, session_id, new, logical or entries, blob_versions or {})"
+_STALE_BLOB_WHY = (
+    "a hole in the net's test choice: a key rotation between a blob's put and its "
+    "pointer's append, pinned by ledger/test_ledger_blob_races.py (the blob is sealed "
+    "again from the entry as given, and one outside the database is judged by the version "
+    "it was put under), now among storage-ledger's tests"
+)
+_RACES = (
+    "ledger/test_ledger_blob_races.py::"
+    "test_a_rotation_between_a_blobs_put_and_its_append_leaves_it_readable",
+)
 _STRICT_WHY = (
     "equivalent: both sides of the zip always have len(FENCED) items ({}), so "
     "strict=True never raises and strict=False drops nothing"
@@ -553,6 +591,65 @@ SURVIVORS: dict[Site, Verdict] = {
         "a real hole: no test retried a finish that carried a provider state; a store test "
         "now retries it with the same state (idempotent) and with another (refused)",
         (f"{_OUTBOX_KILLS}test_a_finish_retried_is_idempotent_only_with_the_same_provider_state",),
+    ),
+    # -- storage/ops/ledger/journal.py: open, append, sequence ---------------------------
+    Site(
+        _JOURNAL,
+        "core/ReplaceFalseWithTrue",
+        "def read_tip(tx: Tx, tenant: str, session_id: str, *, lock: bool = False) "
+        "-> tuple[int, int]:",
+    ): Verdict("killed", _TIP_LOCKED_WHY, _TIP_LOCKED),
+    Site(_JOURNAL, "core/AddNot", '+ (tx.dialect.update_lock() if lock else ""),'): Verdict(
+        "killed", _TIP_LOCKED_WHY, _TIP_LOCKED
+    ),
+    Site(
+        _JOURNAL,
+        "core/ReplaceTrueWithFalse",
+        "found, _ = read_tip(tx, tenant, session_id, lock=True)",
+    ): Verdict("equivalent", _TIP_ORDERED_WHY),
+    Site(
+        _JOURNAL,
+        "core/ReplaceTrueWithFalse",
+        "tip, ledger_epoch = read_tip(tx, tenant, session_id, lock=True)",
+    ): Verdict("equivalent", _TIP_ORDERED_WHY),
+    Site(
+        _JOURNAL,
+        "core/ReplaceTrueWithFalse",
+        'MACHINE.require("append", "open", {"lease_held": True})',
+    ): Verdict(
+        "equivalent",
+        "the call ties the code to the spec's edge and its result is unused: the lease fence "
+        "before it already raised for a lost lease, and with lease_held False require finds "
+        "the spec's overtaken edge (which exists too) instead of append, and returns it",
+    ),
+    Site(
+        _JOURNAL,
+        "core/AddNot",
+        "str(r[0]): (int(r[1]), str(r[2]), str(r[3]), None if r[4] is None else str(r[4]))",
+    ): Verdict("killed", _KNOWN_KEY_WHY, _KNOWN_KEY),
+    Site(
+        _JOURNAL,
+        "core/ReplaceComparisonOperator_Is_IsNot",
+        "str(r[0]): (int(r[1]), str(r[2]), str(r[3]), None if r[4] is None else str(r[4]))",
+    ): Verdict("killed", _KNOWN_KEY_WHY, _KNOWN_KEY),
+    Site(_JOURNAL, "core/ReplaceOrWithAnd", _STALE_BLOB): Verdict(
+        "killed", _STALE_BLOB_WHY, _RACES
+    ),
+    Site(
+        _JOURNAL,
+        "core/ReplaceTrueWithFalse",
+        "for entry, given in zip(entries, logical or entries, strict=True):",
+    ): Verdict(
+        "equivalent",
+        "logical is empty or made one for one from entries (the ledger's _write_entries: "
+        "each entry as stored beside the same entry as given), so the two sides always have "
+        "the same length and strict=True never raises",
+    ),
+    Site(_JOURNAL, "core/AddNot", "if tx.dialect.serialized_writes:"): Verdict(
+        "equivalent",
+        "both paths insert the same rows in one statement inside the append's transaction; "
+        "the dialect only picks the cheaper (DuckDB's column lists through insert_rows, "
+        "PostgreSQL's multi-row INSERT where a COPY costs two round trips)",
     ),
 }
 """Every survivor the runs found, with its classification."""
