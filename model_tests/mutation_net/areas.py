@@ -162,7 +162,11 @@ AREAS: tuple[Area, ...] = (
         ("storage/ops/deletes.py",),
         ("conformance/test_delete.py", "conformance/test_retention.py"),
     ),
-    Area("storage-forks", ("storage/ops/forks.py",), ("conformance/test_forks.py",)),
+    Area(
+        "storage-forks",
+        ("storage/ops/forks.py",),
+        ("conformance/test_forks.py", "checking/test_fork_survivors.py"),
+    ),
     Area("storage-bindings", ("storage/ops/bindings.py",), ("conformance/test_bindings.py",)),
 )
 """Every area, spec/ first (the order ``make mutation-net`` runs them in)."""

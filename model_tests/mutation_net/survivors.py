@@ -163,6 +163,14 @@ _RACES = (
     "ledger/test_ledger_blob_races.py::"
     "test_a_rotation_between_a_blobs_put_and_its_append_leaves_it_readable",
 )
+_FORKS = "storage/ops/forks.py"
+_FORK_KILLS = "checking/test_fork_survivors.py::"
+_TAKEN = 'fid, detail=None if taken[0] == 1 else "a deleted session\'s id is never reused"'
+_TAKEN_WHY = (
+    "a real hole: no test read why a fork into a taken id was refused; a store test now "
+    "forks into a live session's id and into a deleted one's"
+)
+_TAKEN_KILLS = (f"{_FORK_KILLS}test_a_fork_into_a_taken_id_says_whether_a_deleted_session_held_it",)
 _STRICT_WHY = (
     "equivalent: both sides of the zip always have len(FENCED) items ({}), so "
     "strict=True never raises and strict=False drops nothing"
@@ -650,6 +658,39 @@ SURVIVORS: dict[Site, Verdict] = {
         "both paths insert the same rows in one statement inside the append's transaction; "
         "the dialect only picks the cheaper (DuckDB's column lists through insert_rows, "
         "PostgreSQL's multi-row INSERT where a COPY costs two round trips)",
+    ),
+    # -- storage/ops/forks.py: boundary, copy plan, taken ids -------------------------
+    Site(
+        _FORKS,
+        "core/ReplaceComparisonOperator_Gt_GtE",
+        "if target is None or target.seq > boundary_seq:",
+    ): Verdict(
+        "equivalent",
+        "an entry's seq is unique in its session, so a target at boundary_seq is the "
+        "boundary entry itself, which the copy plan takes first (take(boundary_id)): it is in "
+        "parent_of, and the check is never reached for it",
+    ),
+    Site(
+        _FORKS, "core/ReplaceOrWithAnd", 'or from_json(boundary.payload).get("turnId") != turn_id'
+    ): Verdict(
+        "killed",
+        "a real hole: no test gave a completed turn an end that is not its own turn_end (only "
+        "a damaged or forged row does); a store test now forges one at another turn's "
+        "turn_end and one at its own turn_start, and the fork is unavailable",
+        (f"{_FORK_KILLS}test_a_turn_whose_end_names_another_entry_is_no_fork_boundary",),
+    ),
+    Site(_FORKS, "core/AddNot", _TAKEN): Verdict("killed", _TAKEN_WHY, _TAKEN_KILLS),
+    Site(_FORKS, "core/ReplaceComparisonOperator_Eq_NotEq", _TAKEN): Verdict(
+        "killed", _TAKEN_WHY, _TAKEN_KILLS
+    ),
+    Site(
+        _FORKS,
+        "core/ReplaceTrueWithFalse",
+        "for i, (c, text) in enumerate(zip(copied, sealed, strict=True), start=1)",
+    ): Verdict(
+        "equivalent",
+        "sealed is made from copied one for one (seal_payloads of every copied entry's "
+        "payload), so strict=True never raises and strict=False drops nothing",
     ),
 }
 """Every survivor the runs found, with its classification."""
