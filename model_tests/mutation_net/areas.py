@@ -167,7 +167,11 @@ AREAS: tuple[Area, ...] = (
         ("storage/ops/forks.py",),
         ("conformance/test_forks.py", "checking/test_fork_survivors.py"),
     ),
-    Area("storage-bindings", ("storage/ops/bindings.py",), ("conformance/test_bindings.py",)),
+    Area(
+        "storage-bindings",
+        ("storage/ops/bindings.py",),
+        ("conformance/test_bindings.py", "checking/test_binding_survivors.py"),
+    ),
 )
 """Every area, spec/ first (the order ``make mutation-net`` runs them in)."""
 

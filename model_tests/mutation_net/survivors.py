@@ -692,5 +692,16 @@ SURVIVORS: dict[Site, Verdict] = {
         "sealed is made from copied one for one (seal_payloads of every copied entry's "
         "payload), so strict=True never raises and strict=False drops nothing",
     ),
+    # -- storage/ops/bindings.py: transfer ---------------------------------------------
+    Site("storage/ops/bindings.py", "core/ReplaceFalseWithTrue", "transaction=False,"): Verdict(
+        "killed",
+        "a real hole: how a refused transfer notes its fence event (one autocommit statement, "
+        "as every lease refusal) changes no result a single-threaded test reads; a store test "
+        "now reads the flags transfer passes to db.write",
+        (
+            "checking/test_binding_survivors.py::"
+            "test_a_transfer_refused_for_a_lost_lease_notes_the_refusal_as_one_statement",
+        ),
+    ),
 }
 """Every survivor the runs found, with its classification."""
