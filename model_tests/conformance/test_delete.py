@@ -543,7 +543,7 @@ def test_kill_the_sub_agent_cascade_and_the_audit_sees_it(store, monkeypatch):
     monkeypatch.setattr(
         deletes,
         "delete",
-        lambda tx, sid, lease, reason, *rest: [deletes._delete_one(tx, sid, lease, reason, None)],
+        lambda tx, sid, lease, reason, *rest: [deletes._delete_one(tx, sid, lease, reason)],
     )
     store.sessions.delete("r")
     assert store.sessions.get(child) is not None  # left naming a deleted parent

@@ -160,7 +160,11 @@ AREAS: tuple[Area, ...] = (
     Area(
         "storage-deletes",
         ("storage/ops/deletes.py",),
-        ("conformance/test_delete.py", "conformance/test_retention.py"),
+        (
+            "conformance/test_delete.py",
+            "conformance/test_retention.py",
+            "checking/test_delete_survivors.py",
+        ),
     ),
     Area(
         "storage-forks",

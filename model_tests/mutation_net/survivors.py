@@ -171,6 +171,8 @@ _TAKEN_WHY = (
     "forks into a live session's id and into a deleted one's"
 )
 _TAKEN_KILLS = (f"{_FORK_KILLS}test_a_fork_into_a_taken_id_says_whether_a_deleted_session_held_it",)
+_DELETES = "storage/ops/deletes.py"
+_DELETE_KILLS = "checking/test_delete_survivors.py::"
 _STRICT_WHY = (
     "equivalent: both sides of the zip always have len(FENCED) items ({}), so "
     "strict=True never raises and strict=False drops nothing"
@@ -702,6 +704,29 @@ SURVIVORS: dict[Site, Verdict] = {
             "checking/test_binding_survivors.py::"
             "test_a_transfer_refused_for_a_lost_lease_notes_the_refusal_as_one_statement",
         ),
+    ),
+    # -- storage/ops/deletes.py: retention -----------------------------------------------
+    Site(
+        _DELETES, "core/ReplaceComparisonOperator_LtE_Lt", "or not 0 <= max_age_s <= MAX_AGE_S"
+    ): Verdict(
+        "killed",
+        "a real hole: no test gave max_age_s an end of its range (two mutants, one per "
+        "comparison); a store test now passes 0 and MAX_AGE_S, and refuses the next value "
+        "out on either side",
+        (f"{_DELETE_KILLS}test_retention_takes_max_age_from_zero_to_its_bound_inclusive",),
+    ),
+    Site(_DELETES, "core/ReplaceTrueWithFalse", "snapshot=True,"): Verdict(
+        "killed",
+        "a real hole: the tests wrote to a chosen session only after the pass chose; a store "
+        "test now writes while the pass reads its candidates' heads, and the session is kept "
+        "as changed only when the choice and the heads come from one snapshot",
+        (f"{_DELETE_KILLS}test_a_session_written_while_the_pass_chooses_is_kept",),
+    ),
+    Site(_DELETES, "core/ZeroIterationForLoop", "for gone in done:"): Verdict(
+        "killed",
+        "a real hole: no test read this store object's caches after a retention pass (the "
+        "delete's own forget is pinned by test_delete.py); a store test now does",
+        (f"{_DELETE_KILLS}test_a_pass_forgets_its_caches_of_each_session_it_removed",),
     ),
 }
 """Every survivor the runs found, with its classification."""

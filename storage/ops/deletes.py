@@ -168,7 +168,6 @@ def delete(
     session_id: str,
     lease: Lease | None,
     reason: str,
-    expect: tuple[Any, ...] | None = None,
     held: Mapping[str, Lease] | None = None,
 ) -> list[DeletedSession]:
     """Delete session ``session_id`` (see the module docstring) and its
@@ -178,35 +177,25 @@ def delete(
     ``lease``: the session's lease (fenced), else nobody may hold a live one.
     ``held``: leases by target for the sub-agents (each fenced), else nobody
     may hold a live one on a sub-agent either.
-    ``expect``: the session's :data:`HEAD` as a retention pass read it; a
-    session written since is kept (:class:`Changed`).
 
     Raises:
         SessionNotFoundError, LeaseLostError, BusyError, SessionRunActiveError
-        (for a sub-agent too: its id in the error), Changed.
+        (for a sub-agent too: its id in the error).
     """
-    done = [_delete_one(tx, session_id, lease, reason, expect)]
+    done = [_delete_one(tx, session_id, lease, reason)]
     children = tx.rows(
         "SELECT id FROM sessions WHERE sub_agent_of = ? ORDER BY id", [done[0].session_id]
     )
     for (child,) in children:
-        done += delete(tx, child, (held or {}).get(session_target(child)), reason, None, held)
+        done += delete(tx, child, (held or {}).get(session_target(child)), reason, held)
     return done
 
 
-def _delete_one(
-    tx: Tx,
-    session_id: str,
-    lease: Lease | None,
-    reason: str,
-    expect: tuple[Any, ...] | None,
-) -> DeletedSession:
-    row = tx.one(f"SELECT created_at, {HEAD} FROM sessions WHERE id = ?", [session_id])
+def _delete_one(tx: Tx, session_id: str, lease: Lease | None, reason: str) -> DeletedSession:
+    row = tx.one("SELECT created_at, updated_at FROM sessions WHERE id = ?", [session_id])
     if row is None:
         raise errors.SessionNotFoundError(session_id)
     leases.fence_or_unheld(tx, session_target(session_id), lease)
-    if expect is not None and tuple(row[1:]) != tuple(expect):
-        raise Changed(session_id)
     active = tx.one(
         "SELECT id FROM runs WHERE session_id = ? AND status IN (?, ?, ?) ORDER BY id LIMIT 1",
         [session_id, *NON_TERMINAL],

@@ -80,7 +80,7 @@ def delete(tx: Tx, project_id: str, held: dict[str, Lease]) -> list[DeletedSessi
     done: list[DeletedSession] = []
     for (sid,) in sessions:
         if all(gone.session_id != sid for gone in done):  # not gone with its parent
-            done += deletes.delete(tx, sid, held.get(session_target(sid)), "project", None, held)
+            done += deletes.delete(tx, sid, held.get(session_target(sid)), "project", held)
     return done
 
 
