@@ -23,7 +23,7 @@ from mutants.catalog import MUTANTS
 from mutants.collect import missing
 from mutation_net import report
 from mutation_net.areas import AREAS, OPERATORS, Area, judging_tests
-from mutation_net.run import prepare_copy, run_area
+from mutation_net.run import SERVER_ENV, prepare_copy, run_area, selected
 from mutation_net.survivors import KINDS, SURVIVORS, Site, Verdict
 
 PACKAGE = installed_package()
@@ -158,3 +158,23 @@ def test_two_mutants_made_by_cosmic_ray_are_killed(tmp_path: Path) -> None:
     assert all(m.verdict == "killed" for m in found), found
     assert all(m.diff.startswith("---") for m in found), found
     assert all(line in _lines("spec/lease.py") for _, line in PICKS), "the package changed"
+
+
+def test_a_kill_whose_tests_do_not_run_here_is_never_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test command that runs no test exits non-zero, which cosmic-ray counts
+    as a kill: ``--check-kills`` first asks how many of a survivor's killing
+    tests run here. A PostgreSQL-only test runs none without the test server
+    (and the net's runs never see it unless asked), a DuckDB case runs."""
+    monkeypatch.setenv(SERVER_ENV, "postgresql://nowhere.invalid/none")
+    pg_only = (
+        "checking/test_outbox_survivors.py::"
+        "test_a_claim_of_no_such_operation_is_not_found_on_the_server"
+    )
+    assert selected([pg_only], tmp_path, server=False) == 0
+    duck = (
+        "checking/test_outbox_survivors.py::"
+        "test_an_operation_is_due_at_exactly_its_next_attempt_time"
+    )
+    assert selected([duck], tmp_path, server=False) == 1

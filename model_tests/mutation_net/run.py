@@ -73,16 +73,25 @@ def test_command(area: Area, folder: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def _env(folder: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNKEEPER_TEST_")}
+SERVER_ENV = "TURNKEEPER_TEST_PG"
+"""The test server's variables (``with_postgres.py`` sets them): kept only for
+a run that asks for the server (``server=True``), left out of every other."""
+
+
+def _env(folder: Path, server: bool = False) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("TURNKEEPER_TEST_") or (server and k.startswith(SERVER_ENV))
+    }
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder), env.get("PYTHONPATH", "")) if p)
     return env
 
 
-def _cosmic(*args: str | Path, folder: Path) -> str:
+def _cosmic(*args: str | Path, folder: Path, server: bool = False) -> str:
     done = subprocess.run(
         [str(BIN / "cosmic-ray"), *map(str, args)],
-        cwd=MODEL_TESTS, env=_env(folder), capture_output=True, text=True, check=False,
+        cwd=MODEL_TESTS, env=_env(folder, server), capture_output=True, text=True, check=False,
     )  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"cosmic-ray {args[0]} failed:\n{done.stdout}\n{done.stderr}")
@@ -120,6 +129,17 @@ def _skip_unchosen(session: Path, keep: Keep | None) -> int:
     return remaining
 
 
+def selected(tests: Sequence[str], folder: Path, server: bool = False) -> int:
+    """How many tests of ``tests`` would run (collected and not deselected): a
+    test command that runs none exits non-zero, which cosmic-ray counts a kill."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         *tests],
+        cwd=MODEL_TESTS, env=_env(folder, server), capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return sum(1 for line in done.stdout.splitlines() if "::" in line and " " not in line)
+
+
 def baseline(area: Area, folder: Path) -> tuple[bool, float, str]:
     """The area's tests on the unmutated copy: ``(passed, seconds, output tail)``."""
     started = time.monotonic()
@@ -132,11 +152,12 @@ def baseline(area: Area, folder: Path) -> tuple[bool, float, str]:
 
 def run_area(
     area: Area, folder: Path, copy: Path, *, modules: Sequence[str] | None = None,
-    timeout_s: float = TIMEOUT_S, keep: Keep | None = None,
+    timeout_s: float = TIMEOUT_S, keep: Keep | None = None, server: bool = False,
 ) -> list[Mutation]:  # fmt: skip
     """Run cosmic-ray over ``area``'s modules (those of ``modules`` alone when
     given) in the copy at ``copy`` (``folder/turnkeeper``); every chosen mutant's
-    outcome (``keep``: as :func:`_skip_unchosen` takes it).
+    outcome (``keep``: as :func:`_skip_unchosen` takes it; ``server``: the
+    tests see the test server, :data:`SERVER_ENV`).
 
     Raises:
         RuntimeError: cosmic-ray failed.
@@ -156,7 +177,7 @@ def run_area(
         session.unlink()
     _cosmic("init", config, session, folder=folder)
     _skip_unchosen(session, keep)
-    _cosmic("exec", config, session, folder=folder)
+    _cosmic("exec", config, session, folder=folder, server=server)
     return read_session(session, copy)
 
 
