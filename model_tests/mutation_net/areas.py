@@ -146,7 +146,7 @@ AREAS: tuple[Area, ...] = (
     Area(
         "storage-tools",
         ("storage/ops/tools.py", "storage/ops/tool_records.py"),
-        ("conformance/test_tool_executions.py",),
+        ("conformance/test_tool_executions.py", "checking/test_tool_survivors.py"),
     ),
     Area(
         "storage-ledger",

@@ -728,5 +728,30 @@ SURVIVORS: dict[Site, Verdict] = {
         "delete's own forget is pinned by test_delete.py); a store test now does",
         (f"{_DELETE_KILLS}test_a_pass_forgets_its_caches_of_each_session_it_removed",),
     ),
+    # -- storage/ops/tools.py: reclaim, arguments digest --------------------------------
+    Site(
+        "storage/ops/tools.py",
+        "core/ReplaceOrWithAnd",
+        "if run is None or run.session_id != rec.session_id or run.status in TERMINAL:",
+    ): Verdict(
+        "killed",
+        "a real hole: every reclaim that named a run named one of the record's own session; "
+        "a store test now names an unknown run and a live run of another session (refused, "
+        "nothing written) and then a live run of its own",
+        (
+            "checking/test_tool_survivors.py::"
+            "test_a_reclaim_names_only_a_live_run_of_the_records_own_session",
+        ),
+    ),
+    Site(
+        "storage/ops/tools.py",
+        "core/ExceptionReplacer",
+        "except (orjson.JSONEncodeError, TypeError) as exc:",
+    ): Verdict(
+        "equivalent",
+        "orjson.JSONEncodeError is a subclass of TypeError and every failure of orjson.dumps "
+        "is one (a type it cannot hold, a non-string key, an integer past 64 bits), so the "
+        "tuple catches the same with TypeError replaced",
+    ),
 }
 """Every survivor the runs found, with its classification."""
