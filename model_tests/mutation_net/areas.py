@@ -136,7 +136,11 @@ AREAS: tuple[Area, ...] = (
             "storage/ops/run_admission.py",
             "storage/ops/submissions.py",
         ),
-        ("conformance/test_conformance_runs.py", "conformance/test_recovery.py"),
+        (
+            "conformance/test_conformance_runs.py",
+            "conformance/test_recovery.py",
+            "checking/test_run_survivors.py",
+        ),
     ),
     Area(
         "storage-delivery",

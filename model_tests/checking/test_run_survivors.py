@@ -1,0 +1,70 @@
+"""Fixed tests for holes the second mutation net found in ``storage/ops/run_lifecycle.py``
+(a partial run of the storage-runs area: its survivors are classified once
+the area has run whole).
+
+- the turn's ``turn_end`` carries ``stopReason`` exactly when the finish gave one;
+- ``runs.finish`` returns the run with the error it recorded (the returned
+  value, not only the stored row);
+- a final reply with a ``toolCall`` block is refused (calls are appended
+  before), a reply of text blocks or of a plain string is taken.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_conformance_runs import ASSISTANT, USER, count
+
+from turnkeeper import InvalidInputError
+
+
+def _turn_end(store, sid: str) -> dict:
+    (end,) = [e for e in store.sessions.entries(sid) if e.kind == "turn_end"]
+    payload = end.payload
+    return json.loads(payload) if isinstance(payload, str | bytes) else dict(payload)
+
+
+@pytest.mark.parametrize("stop_reason", ["stop", None])
+def test_the_turn_end_carries_the_stop_reason_exactly_when_given(store, stop_reason):
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"n": 1}, user_message=USER, start=True)
+    store.runs.finish(run.id, "succeeded", assistant_message=ASSISTANT, stop_reason=stop_reason)
+    end = _turn_end(store, "s")
+    assert end.get("stopReason") == stop_reason
+    assert ("stopReason" in end) == (stop_reason is not None)
+
+
+def test_finish_returns_the_run_with_the_error_it_recorded(store):
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"n": 1}, start=True)
+    failed = store.runs.finish(run.id, "failed", error="boom")
+    assert (failed.status, failed.error) == ("failed", "boom")
+    assert failed == store.runs.get(run.id)
+    other = store.runs.admit("s", {"n": 2}, start=True)
+    done = store.runs.finish(other.id, "succeeded")
+    assert (done.status, done.error) == ("succeeded", None)
+
+
+def test_a_final_reply_with_a_tool_call_is_refused_and_text_is_taken(store):
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"n": 1}, user_message=USER, start=True)
+    call = {"type": "toolCall", "id": "c1", "name": "bash", "arguments": {}}
+    before = (store.sessions.entries("s"), count(store, "run_events"))
+    with pytest.raises(InvalidInputError, match="toolCall") as err:
+        store.runs.finish(
+            run.id,
+            "succeeded",
+            assistant_message={
+                "role": "assistant",
+                "content": [{"type": "text", "text": "x"}, call],
+            },
+        )
+    assert err.value.field == "assistant_message"
+    assert (store.sessions.entries("s"), count(store, "run_events")) == before
+    for i, content in enumerate(([{"type": "text", "text": "done"}], "done as a string")):
+        reply = {"role": "assistant", "content": content}
+        if i:
+            run = store.runs.admit("s", {"n": 2}, user_message=USER, start=True)
+        assert store.runs.finish(run.id, "succeeded", assistant_message=reply).status == "succeeded"
+        assert store.sessions.replay("s").messages[-1] == reply
