@@ -1,12 +1,14 @@
-"""Fixed tests for holes the second mutation net found in ``storage/ops/run_lifecycle.py``
-(a partial run of the storage-runs area: its survivors are classified once
-the area has run whole).
+"""Fixed tests for holes a partial run of the second mutation net found in
+``storage/ops/run_lifecycle.py`` and ``storage/ops/run_admission.py`` (the
+storage-runs area's survivors are classified once the area has run whole).
 
 - the turn's ``turn_end`` carries ``stopReason`` exactly when the finish gave one;
 - ``runs.finish`` returns the run with the error it recorded (the returned
   value, not only the stored row);
 - a final reply with a ``toolCall`` block is refused (calls are appended
-  before), a reply of text blocks or of a plain string is taken.
+  before), a reply of text blocks or of a plain string is taken;
+- a retry of an attempt that is not its intent's latest is refused naming the
+  latest.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import json
 import pytest
 from test_conformance_runs import ASSISTANT, USER, count
 
-from turnkeeper import InvalidInputError
+from turnkeeper import InvalidInputError, RetryNotAllowedError
 
 
 def _turn_end(store, sid: str) -> dict:
@@ -68,3 +70,15 @@ def test_a_final_reply_with_a_tool_call_is_refused_and_text_is_taken(store):
             run = store.runs.admit("s", {"n": 2}, user_message=USER, start=True)
         assert store.runs.finish(run.id, "succeeded", assistant_message=reply).status == "succeeded"
         assert store.sessions.replay("s").messages[-1] == reply
+
+
+def test_a_retry_of_an_attempt_not_the_latest_names_the_latest(store):
+    """Holes in ``storage/ops/run_admission.py``: a retry must be of the intent's
+    latest attempt, and the refusal names that attempt."""
+    store.sessions.create("s")
+    first = store.runs.admit("s", {"n": 1}, start=True)
+    store.runs.finish(first.id, "failed", error="boom")
+    second = store.runs.admit("s", {"n": 1}, retry_of=first.id, start=True)
+    store.runs.finish(second.id, "failed", error="boom")
+    with pytest.raises(RetryNotAllowedError, match="attempt 2 is the intent's latest"):
+        store.runs.admit("s", {"n": 1}, retry_of=first.id)

@@ -139,6 +139,8 @@ AREAS: tuple[Area, ...] = (
         (
             "conformance/test_conformance_runs.py",
             "conformance/test_recovery.py",
+            "conformance/test_active_run_policy.py",
+            "conformance/test_admission_resources.py",
             "checking/test_run_survivors.py",
         ),
     ),
