@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 import pytest
+from thread_frames import current_frames
 
 from turnkeeper.cli.fleet_runners import UnitThreads
 
@@ -40,7 +41,7 @@ def _interrupting_body(gate: threading.Event, blocked_in: str) -> Callable[[], N
     assert main is not None
 
     def body() -> None:
-        while sys._current_frames()[main].f_code.co_name != blocked_in:
+        while current_frames()[main].f_code.co_name != blocked_in:
             time.sleep(0.001)
         time.sleep(0.05)  # from the frame's first line into the lock's wait
         os.kill(os.getpid(), signal.SIGINT)  # a real signal: it interrupts a blocked wait

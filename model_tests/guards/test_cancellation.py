@@ -5,12 +5,12 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import sys
 import threading
 import time
 from typing import Any
 
 import pytest
+from thread_frames import frame_of
 
 import turnkeeper
 from turnkeeper import EntryKind
@@ -18,7 +18,7 @@ from turnkeeper import EntryKind
 
 def _running_in(thread: threading.Thread, function: str) -> bool:
     """Whether ``thread`` runs inside ``function`` right now (a frame of its stack)."""
-    frame = sys._current_frames().get(thread.ident or 0)
+    frame = frame_of(thread)
     while frame is not None:
         if frame.f_code.co_name == function:
             return True

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from thread_frames import frame_of
 
 import turnkeeper
 from turnkeeper import EntryKind
@@ -43,7 +44,7 @@ def _interrupt(thread: threading.Thread) -> None:
 def _blocked_in(thread: threading.Thread, function: str) -> None:
     """Wait until ``thread`` runs (blocked) in ``function``."""
     while True:
-        frame = sys._current_frames().get(thread.ident or 0)
+        frame = frame_of(thread)
         while frame is not None:
             if frame.f_code.co_name == function:
                 return
@@ -444,7 +445,7 @@ def test_an_interrupt_as_a_queued_write_waits_never_releases_the_queue_lock_twic
 
 def _waiting_in(thread: threading.Thread, function: str) -> bool:
     """Whether ``thread`` waits on a condition called from ``function`` right now."""
-    frame = sys._current_frames().get(thread.ident or 0)
+    frame = frame_of(thread)
     while frame is not None and frame.f_back is not None:
         if frame.f_code.co_name == "wait" and frame.f_back.f_code.co_name == function:
             return True
