@@ -17,8 +17,9 @@ import json
 
 import pytest
 from test_conformance_runs import ASSISTANT, USER, count
+from test_recovery import admitted, recovery_lease
 
-from turnkeeper import InvalidInputError, RetryNotAllowedError
+from turnkeeper import InvalidInputError, RecoveryNotNeededError, RetryNotAllowedError
 
 
 def _turn_end(store, sid: str) -> dict:
@@ -82,3 +83,19 @@ def test_a_retry_of_an_attempt_not_the_latest_names_the_latest(store):
     store.runs.finish(second.id, "failed", error="boom")
     with pytest.raises(RetryNotAllowedError, match="attempt 2 is the intent's latest"):
         store.runs.admit("s", {"n": 1}, retry_of=first.id)
+
+
+def test_a_begin_on_a_dead_lettered_recovery_is_not_needed(store):
+    """A hole in ``storage/ops/recovery.py``: a parked (dead-lettered) recovery
+    has no begin edge; beginning it again is ``RecoveryNotNeededError`` naming
+    the state, and writes nothing."""
+    run = admitted(store)
+    lease = recovery_lease(store, ttl=1000)
+    store.recovery.begin(run.id, lease)
+    dead = store.recovery.fail(run.id, lease, "down", max_attempts=1)
+    assert dead.state == "dead_lettered"
+    store.leases.release(lease)
+    again = recovery_lease(store, owner="rec2")
+    with pytest.raises(RecoveryNotNeededError, match="its recovery is dead_lettered"):
+        store.recovery.begin(run.id, again)
+    assert store.recovery.get(run.id) == dead

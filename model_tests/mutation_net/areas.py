@@ -141,6 +141,9 @@ AREAS: tuple[Area, ...] = (
             "conformance/test_recovery.py",
             "conformance/test_active_run_policy.py",
             "conformance/test_admission_resources.py",
+            "conformance/test_recovery_remote.py",
+            "internals/test_upgrades.py::"
+            "test_an_upgrade_keeps_every_retry_of_what_an_older_turnkeeper_stored",
             "checking/test_run_survivors.py",
         ),
     ),
