@@ -173,6 +173,24 @@ _TAKEN_WHY = (
 _TAKEN_KILLS = (f"{_FORK_KILLS}test_a_fork_into_a_taken_id_says_whether_a_deleted_session_held_it",)
 _DELETES = "storage/ops/deletes.py"
 _DELETE_KILLS = "checking/test_delete_survivors.py::"
+_RECOVERY = "storage/ops/recovery.py"
+_SUBMISSIONS = "storage/ops/submissions.py"
+_REMOTE = (
+    "conformance/test_recovery_remote.py::test_a_detached_run_whose_remote_run_ended_is_an_orphan_again",
+)
+_REMOTE_WHY = (
+    "a hole in the net's test choice: a detached run whose remote run ended is an orphan "
+    "again and may be begun, pinned by conformance/test_recovery_remote.py, now among "
+    "storage-runs' tests"
+)
+_OLDER_ROW = (
+    "internals/test_upgrades.py::test_an_upgrade_keeps_every_retry_of_what_an_older_turnkeeper_stored",
+)
+_OLDER_ROW_WHY = (
+    "a hole in the net's test choice: a submission row an older turnkeeper wrote (its request's "
+    "digest, compared with what the store kept of the admission) is pinned by "
+    "internals/test_upgrades.py, whose test of it is now among storage-runs' tests"
+)
 _STRICT_WHY = (
     "equivalent: both sides of the zip always have len(FENCED) items ({}), so "
     "strict=True never raises and strict=False drops nothing"
@@ -752,6 +770,59 @@ SURVIVORS: dict[Site, Verdict] = {
         "orjson.JSONEncodeError is a subclass of TypeError and every failure of orjson.dumps "
         "is one (a type it cannot hold, a non-string key, an integer past 64 bits), so the "
         "tuple catches the same with TypeError replaced",
+    ),
+    # -- storage/ops/recovery.py and submissions.py ------------------------------------
+    Site(
+        _RECOVERY,
+        "core/ReplaceOrWithAnd",
+        'if run is not None and (state != "detached" or remote_ended(tx, run))',
+    ): Verdict("killed", _REMOTE_WHY, _REMOTE),
+    Site(
+        _RECOVERY,
+        "core/ReplaceComparisonOperator_Eq_NotEq",
+        '"remote_ended": rec is not None and rec.state == "detached" and remote_ended(tx, run),',
+    ): Verdict("killed", _REMOTE_WHY, _REMOTE),
+    Site(
+        _RECOVERY,
+        "core/ReplaceAndWithOr",
+        '"remote_ended": rec is not None and rec.state == "detached" and remote_ended(tx, run),',
+    ): Verdict(
+        "killed",
+        "a hole in the net's test choice: a detached run whose remote run is still live is "
+        "not begun again, pinned by conformance/test_recovery_remote.py, now among "
+        "storage-runs' tests",
+        (
+            "conformance/test_recovery_remote.py::"
+            "test_detach_needs_a_live_remote_run_record_and_then_parks_the_run",
+        ),
+    ),
+    Site(_RECOVERY, "core/ExceptionReplacer", "except errors.InvalidTransitionError:"): Verdict(
+        "killed",
+        "a real hole: no test began a recovery the machine has no begin edge from (a "
+        "dead-lettered one); a store test now does: RecoveryNotNeededError, nothing written",
+        ("checking/test_run_survivors.py::test_a_begin_on_a_dead_lettered_recovery_is_not_needed",),
+    ),
+    Site(
+        _SUBMISSIONS,
+        "core/ReplaceComparisonOperator_Eq_NotEq",
+        "if stored != new.fingerprint or set(new.request) == _BODY:",
+    ): Verdict("killed", _OLDER_ROW_WHY, _OLDER_ROW),
+    Site(
+        _SUBMISSIONS,
+        "core/ReplaceComparisonOperator_Is_IsNot",
+        'message = None if entry is None else entry.payload["message"]',
+    ): Verdict("killed", _OLDER_ROW_WHY, _OLDER_ROW),
+    Site(
+        _SUBMISSIONS,
+        "core/ReplaceComparisonOperator_Eq_NotEq",
+        "return admission_digest(new.request, message, run.retry_of, fields) == new.digest",
+    ): Verdict("killed", _OLDER_ROW_WHY, _OLDER_ROW),
+    Site(
+        _SUBMISSIONS, "core/ReplaceTrueWithFalse", "fields = dict(zip(FIELDS, row, strict=True))"
+    ): Verdict(
+        "equivalent",
+        "row is the SELECT of exactly the FIELDS columns, so both sides have the same length "
+        "and strict=True never raises",
     ),
 }
 """Every survivor the runs found, with its classification."""
