@@ -818,6 +818,9 @@ SURVIVORS: dict[Site, Verdict] = {
         "return admission_digest(new.request, message, run.retry_of, fields) == new.digest",
     ): Verdict("killed", _OLDER_ROW_WHY, _OLDER_ROW),
     Site(
+        _SUBMISSIONS, "core/ReplaceComparisonOperator_Is_IsNot", "if run.retry_of is None:"
+    ): Verdict("killed", _OLDER_ROW_WHY, _OLDER_ROW),
+    Site(
         _SUBMISSIONS, "core/ReplaceTrueWithFalse", "fields = dict(zip(FIELDS, row, strict=True))"
     ): Verdict(
         "equivalent",
