@@ -99,3 +99,20 @@ def test_a_begin_on_a_dead_lettered_recovery_is_not_needed(store):
     with pytest.raises(RecoveryNotNeededError, match="its recovery is dead_lettered"):
         store.recovery.begin(run.id, again)
     assert store.recovery.get(run.id) == dead
+
+
+def test_a_converge_to_no_run_status_and_a_fail_without_a_delay_are_refused(store):
+    """Holes in ``storage/ops/recovery.py``'s argument checks: a convergence's
+    status must be a run status (else ``InvalidInputError`` on ``status``), and
+    a failed recovery's backoff base must be above zero; neither writes."""
+    run = admitted(store)
+    lease = recovery_lease(store, ttl=1000)
+    begun = store.recovery.begin(run.id, lease)
+    with pytest.raises(InvalidInputError) as err:
+        store.recovery.converge(run.id, lease, status="done")
+    assert err.value.field == "status"
+    with pytest.raises(InvalidInputError) as err:
+        store.recovery.fail(run.id, lease, "down", base_delay_s=0)
+    assert err.value.field == "base_delay_s"
+    assert store.recovery.get(run.id) == begun
+    assert store.runs.get(run.id).status == "running"
