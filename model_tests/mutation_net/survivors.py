@@ -191,6 +191,15 @@ _OLDER_ROW_WHY = (
     "digest, compared with what the store kept of the admission) is pinned by "
     "internals/test_upgrades.py, whose test of it is now among storage-runs' tests"
 )
+_RECOVERY_ARGS = (
+    "checking/test_run_survivors.py::"
+    "test_a_converge_to_no_run_status_and_a_fail_without_a_delay_are_refused",
+)
+_RECOVERY_ARGS_WHY = (
+    "a real hole: no test converged a recovery to a status that is no run status, or failed "
+    "one with a zero backoff base; a store test now does both (InvalidInputError naming the "
+    "field, nothing written)"
+)
 _STRICT_WHY = (
     "equivalent: both sides of the zip always have len(FENCED) items ({}), so "
     "strict=True never raises and strict=False drops nothing"
@@ -817,6 +826,20 @@ SURVIVORS: dict[Site, Verdict] = {
         "core/ReplaceComparisonOperator_Eq_NotEq",
         "return admission_digest(new.request, message, run.retry_of, fields) == new.digest",
     ): Verdict("killed", _OLDER_ROW_WHY, _OLDER_ROW),
+    Site(_RECOVERY, "core/ExceptionReplacer", "except ValueError:"): Verdict(
+        "killed", _RECOVERY_ARGS_WHY, _RECOVERY_ARGS
+    ),
+    Site(
+        _RECOVERY,
+        "core/ReplaceFalseWithTrue",
+        'base = check_seconds(base_delay_s, "base_delay_s", allow_zero=False)',
+    ): Verdict("killed", _RECOVERY_ARGS_WHY, _RECOVERY_ARGS),
+    Site(
+        _SUBMISSIONS, "core/AddNot", 'message = None if entry is None else entry.payload["message"]'
+    ): Verdict("killed", _OLDER_ROW_WHY, _OLDER_ROW),
+    Site(_SUBMISSIONS, "core/AddNot", "if run.retry_of is None:"): Verdict(
+        "killed", _OLDER_ROW_WHY, _OLDER_ROW
+    ),
     Site(
         _SUBMISSIONS, "core/ReplaceComparisonOperator_Is_IsNot", "if run.retry_of is None:"
     ): Verdict("killed", _OLDER_ROW_WHY, _OLDER_ROW),
