@@ -19,7 +19,12 @@ import pytest
 from test_conformance_runs import ASSISTANT, USER, count
 from test_recovery import admitted, recovery_lease
 
-from turnkeeper import InvalidInputError, RecoveryNotNeededError, RetryNotAllowedError
+from turnkeeper import (
+    InvalidInputError,
+    InvalidTransitionError,
+    RecoveryNotNeededError,
+    RetryNotAllowedError,
+)
 
 
 def _turn_end(store, sid: str) -> dict:
@@ -94,25 +99,41 @@ def test_a_begin_on_a_dead_lettered_recovery_is_not_needed(store):
     store.recovery.begin(run.id, lease)
     dead = store.recovery.fail(run.id, lease, "down", max_attempts=1)
     assert dead.state == "dead_lettered"
+    with pytest.raises(RecoveryNotNeededError, match="its recovery is dead_lettered"):
+        store.recovery.begin(run.id, lease)  # the lease that parked it: not "already began"
     store.leases.release(lease)
     again = recovery_lease(store, owner="rec2")
     with pytest.raises(RecoveryNotNeededError, match="its recovery is dead_lettered"):
         store.recovery.begin(run.id, again)
+    with pytest.raises(InvalidTransitionError) as err:  # converging needs a running recovery
+        store.recovery.converge(run.id, again)
+    assert (err.value.trigger, err.value.source) == ("converge", "dead_lettered")
     assert store.recovery.get(run.id) == dead
+    other = admitted(store, "t")
+    with pytest.raises(InvalidTransitionError) as err:  # none begun
+        store.recovery.converge(other.id, recovery_lease(store, "t"))
+    assert (err.value.trigger, err.value.source) == ("converge", "absent")
 
 
 def test_a_converge_to_no_run_status_and_a_fail_without_a_delay_are_refused(store):
     """Holes in ``storage/ops/recovery.py``'s argument checks: a convergence's
     status must be a run status (else ``InvalidInputError`` on ``status``), and
-    a failed recovery's backoff base must be above zero; neither writes."""
+    a failed recovery's backoff base must be above zero and may equal its
+    cap; its error and stop reason must be text; none of the refused writes."""
     run = admitted(store)
     lease = recovery_lease(store, ttl=1000)
     begun = store.recovery.begin(run.id, lease)
     with pytest.raises(InvalidInputError) as err:
         store.recovery.converge(run.id, lease, status="done")
     assert err.value.field == "status"
+    for field, bad in (("error", 5), ("stop_reason", "\ud800")):
+        with pytest.raises(InvalidInputError) as err:
+            store.recovery.converge(run.id, lease, status="failed", **{field: bad})
+        assert err.value.field == field
     with pytest.raises(InvalidInputError) as err:
         store.recovery.fail(run.id, lease, "down", base_delay_s=0)
     assert err.value.field == "base_delay_s"
     assert store.recovery.get(run.id) == begun
     assert store.runs.get(run.id).status == "running"
+    failed = store.recovery.fail(run.id, lease, "down", base_delay_s=10, max_delay_s=10)
+    assert failed.state == "failed"

@@ -200,6 +200,15 @@ _RECOVERY_ARGS_WHY = (
     "one with a zero backoff base; a store test now does both (InvalidInputError naming the "
     "field, nothing written)"
 )
+_PARKED = (
+    "checking/test_run_survivors.py::test_a_begin_on_a_dead_lettered_recovery_is_not_needed",
+)
+_PARKED_WHY = (
+    "a real hole: no test began or converged a recovery the machine has no such edge from "
+    "(a dead-lettered one, under the lease that parked it and under another; a run never "
+    "begun); a store test now does: RecoveryNotNeededError or InvalidTransitionError naming "
+    "the state, nothing written"
+)
 _STRICT_WHY = (
     "equivalent: both sides of the zip always have len(FENCED) items ({}), so "
     "strict=True never raises and strict=False drops nothing"
@@ -806,10 +815,7 @@ SURVIVORS: dict[Site, Verdict] = {
         ),
     ),
     Site(_RECOVERY, "core/ExceptionReplacer", "except errors.InvalidTransitionError:"): Verdict(
-        "killed",
-        "a real hole: no test began a recovery the machine has no begin edge from (a "
-        "dead-lettered one); a store test now does: RecoveryNotNeededError, nothing written",
-        ("checking/test_run_survivors.py::test_a_begin_on_a_dead_lettered_recovery_is_not_needed",),
+        "killed", _PARKED_WHY, _PARKED
     ),
     Site(
         _SUBMISSIONS,
@@ -826,6 +832,29 @@ SURVIVORS: dict[Site, Verdict] = {
         "core/ReplaceComparisonOperator_Eq_NotEq",
         "return admission_digest(new.request, message, run.retry_of, fields) == new.digest",
     ): Verdict("killed", _OLDER_ROW_WHY, _OLDER_ROW),
+    Site(
+        _RECOVERY,
+        "core/ReplaceComparisonOperator_Gt_GtE",
+        'if base > check_seconds(max_delay_s, "max_delay_s", allow_zero=False):',
+    ): Verdict("killed", _RECOVERY_ARGS_WHY, _RECOVERY_ARGS),
+    Site(
+        _RECOVERY,
+        "core/ZeroIterationForLoop",
+        'for name, value in (("error", error), ("stop_reason", stop_reason)):',
+    ): Verdict("killed", _RECOVERY_ARGS_WHY, _RECOVERY_ARGS),
+    Site(
+        _RECOVERY,
+        "core/ReplaceAndWithOr",
+        'if rec is not None and rec.state == "recovering" and rec.lease_epoch == lease.epoch:',
+    ): Verdict("killed", _PARKED_WHY, _PARKED),
+    Site(_RECOVERY, "core/AddNot", 'state = "absent" if rec is None else rec.state'): Verdict(
+        "killed", _PARKED_WHY, _PARKED
+    ),
+    Site(
+        _RECOVERY,
+        "core/ReplaceComparisonOperator_Is_IsNot",
+        'state = "absent" if rec is None else rec.state',
+    ): Verdict("killed", _PARKED_WHY, _PARKED),
     Site(_RECOVERY, "core/ExceptionReplacer", "except ValueError:"): Verdict(
         "killed", _RECOVERY_ARGS_WHY, _RECOVERY_ARGS
     ),
