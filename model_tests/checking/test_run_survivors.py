@@ -118,8 +118,9 @@ def test_a_begin_on_a_dead_lettered_recovery_is_not_needed(store):
 def test_a_converge_to_no_run_status_and_a_fail_without_a_delay_are_refused(store):
     """Holes in ``storage/ops/recovery.py``'s argument checks: a convergence's
     status must be a run status (else ``InvalidInputError`` on ``status``), and
-    a failed recovery's backoff base must be above zero and may equal its
-    cap; its error and stop reason must be text; none of the refused writes."""
+    a failed recovery's backoff base and cap must be above zero (each named
+    when it is not), and the base may equal the cap; its error and stop
+    reason must be text. None of the refused calls writes."""
     run = admitted(store)
     lease = recovery_lease(store, ttl=1000)
     begun = store.recovery.begin(run.id, lease)
@@ -130,9 +131,10 @@ def test_a_converge_to_no_run_status_and_a_fail_without_a_delay_are_refused(stor
         with pytest.raises(InvalidInputError) as err:
             store.recovery.converge(run.id, lease, status="failed", **{field: bad})
         assert err.value.field == field
-    with pytest.raises(InvalidInputError) as err:
-        store.recovery.fail(run.id, lease, "down", base_delay_s=0)
-    assert err.value.field == "base_delay_s"
+    for field in ("base_delay_s", "max_delay_s"):
+        with pytest.raises(InvalidInputError) as err:
+            store.recovery.fail(run.id, lease, "down", **{field: 0})
+        assert err.value.field == field
     assert store.recovery.get(run.id) == begun
     assert store.runs.get(run.id).status == "running"
     failed = store.recovery.fail(run.id, lease, "down", base_delay_s=10, max_delay_s=10)

@@ -196,9 +196,10 @@ _RECOVERY_ARGS = (
     "test_a_converge_to_no_run_status_and_a_fail_without_a_delay_are_refused",
 )
 _RECOVERY_ARGS_WHY = (
-    "a real hole: no test converged a recovery to a status that is no run status, or failed "
-    "one with a zero backoff base; a store test now does both (InvalidInputError naming the "
-    "field, nothing written)"
+    "a real hole: no test converged a recovery to a status that is no run status or with an "
+    "error or stop reason that is no text, or failed one with a zero backoff base or cap, "
+    "or with the base equal to the cap; a store test now does each (a refusal is "
+    "InvalidInputError naming the field, nothing written)"
 )
 _PARKED = (
     "checking/test_run_survivors.py::test_a_begin_on_a_dead_lettered_recovery_is_not_needed",
@@ -835,6 +836,11 @@ SURVIVORS: dict[Site, Verdict] = {
     Site(
         _RECOVERY,
         "core/ReplaceComparisonOperator_Gt_GtE",
+        'if base > check_seconds(max_delay_s, "max_delay_s", allow_zero=False):',
+    ): Verdict("killed", _RECOVERY_ARGS_WHY, _RECOVERY_ARGS),
+    Site(
+        _RECOVERY,
+        "core/ReplaceFalseWithTrue",
         'if base > check_seconds(max_delay_s, "max_delay_s", allow_zero=False):',
     ): Verdict("killed", _RECOVERY_ARGS_WHY, _RECOVERY_ARGS),
     Site(
