@@ -31,9 +31,13 @@ from turnkeeper.storage.audit.checks import tree_problems
 pq = importlib.import_module("pyarrow.parquet")
 
 DEMO_ARGS = ["--duration", "3", "--min-turns", "30", "--workers", "4", "--sessions", "4"]
-DEMO_ARGS += ["--seed", "1"]
+DEMO_ARGS += ["--seed", "1", "--ttl", "6"]
 """The shared demo: 30 committed turns at least, however long a loaded machine
-takes (the corruptions below need tool calls, deliveries and takeovers in it)."""
+takes (the corruptions below need tool calls, deliveries and takeovers in it).
+Its leases last 6 s, not the default 2 s: CI runs this first, beside the
+suite's heaviest files in the other lanes, and there a turn outlasted a 2 s
+lease again and again (22 lost mid-turn, 11 turns, then 60 s without one:
+the fleet stopped short). Stalls still sleep past the TTL, so takeovers stay."""
 
 
 def run(*args: str) -> Result:
