@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from test_thread_survivors import write_flags
 
 from turnkeeper import LeaseLostError
 
@@ -25,14 +26,7 @@ def test_a_transfer_refused_for_a_lost_lease_notes_the_refusal_as_one_statement(
     store.bindings.bind("a", "t", "1")
     stale = store.leases.acquire("session:b", "w", 30)
     assert store.leases.release(stale)
-    asked: list[tuple[str, bool]] = []
-    real = store.db.write
-
-    def write(operation: str, body: Any, **kw: Any) -> Any:
-        asked.append((operation, kw.get("transaction", True)))
-        return real(operation, body, **kw)
-
-    monkeypatch.setattr(store.db, "write", write)
+    asked = write_flags(store, monkeypatch)
     with pytest.raises(LeaseLostError):
         store.bindings.transfer("t", "1", "a", "b", leases=[stale])
     assert asked == [("transfer_binding", True), ("record_fenced", False)]

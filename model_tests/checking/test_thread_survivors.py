@@ -73,13 +73,8 @@ def test_archiving_the_keys_active_record_frees_the_key_without_a_rebind(store: 
     assert old is not None and old.status is RecordStatus.ARCHIVED
 
 
-def test_a_finalize_refused_for_a_lost_lease_notes_the_refusal_as_one_statement(
-    store: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The finalize's transaction, then the refusal's ``fence_events`` row as
-    one autocommit statement (``transaction=False``, as every lease refusal)."""
-    lease = store.leases.acquire("t", "w", 30)
-    assert store.leases.release(lease)
+def write_flags(store: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
+    """The ``(operation, transaction)`` of each ``store.db.write`` from now on."""
     asked: list[tuple[str, bool]] = []
     real = store.db.write
 
@@ -88,6 +83,17 @@ def test_a_finalize_refused_for_a_lost_lease_notes_the_refusal_as_one_statement(
         return real(operation, body, **kw)
 
     monkeypatch.setattr(store.db, "write", write)
+    return asked
+
+
+def test_a_finalize_refused_for_a_lost_lease_notes_the_refusal_as_one_statement(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The finalize's transaction, then the refusal's ``fence_events`` row as
+    one autocommit statement (``transaction=False``, as every lease refusal)."""
+    lease = store.leases.acquire("t", "w", 30)
+    assert store.leases.release(lease)
+    asked = write_flags(store, monkeypatch)
     with pytest.raises(LeaseLostError):
         _save(store, "r1", held_leases=[lease])
     assert asked == [("finalize", True), ("record_fenced", False)]
