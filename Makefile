@@ -113,11 +113,13 @@ mutants: install
 # The second mutation net (model_tests/mutation_net/): cosmic-ray over spec/ and the
 # fence-bearing storage/ modules, in a temporary copy of the installed package (nothing
 # shipped changes), each area's mutants judged by its fixed tests (DuckDB only, -x), 240 s
-# per mutant at most. Folds the outcome into reports/MUTATION_NET.md and .json; fails when
-# a survivor is not classified in mutation_net/survivors.py. `make mutation-net
-# AREAS=spec-fork,storage-forks` runs those areas (hours for all on 2 cores).
+# per mutant at most, JOBS of them at once (default: one per core). Folds the outcome into
+# reports/MUTATION_NET.md and .json; fails when a survivor is not classified in
+# mutation_net/survivors.py. `make mutation-net AREAS=spec-fork,storage-forks` runs those
+# areas (hours for all on 2 cores).
+JOBS ?= $(shell nproc)
 mutation-net: install
-	cd model_tests && ../$(BIN)/python -m mutation_net $(foreach a,$(subst $(comma), ,$(AREAS)),--area $(a))
+	cd model_tests && ../$(BIN)/python -m mutation_net --jobs $(JOBS) $(foreach a,$(subst $(comma), ,$(AREAS)),--area $(a))
 
 # CrossHair over the contracts of spec/ (model_tests/checking/test_crosshair.py: no counterexample,
 # every condition checked, each module's control caught) at a larger bound: 10 CPU

@@ -23,7 +23,7 @@ from mutants.catalog import MUTANTS
 from mutants.collect import missing
 from mutation_net import report
 from mutation_net.areas import AREAS, OPERATORS, Area, judging_tests
-from mutation_net.run import SERVER_ENV, prepare_copy, run_area, selected
+from mutation_net.run import SERVER_ENV, prepare_copy, run_shards, selected, shard
 from mutation_net.survivors import KINDS, SURVIVORS, Site, Verdict
 
 PACKAGE = installed_package()
@@ -144,7 +144,11 @@ PICKS = {
 
 
 def test_two_mutants_made_by_cosmic_ray_are_killed(tmp_path: Path) -> None:
+    """The two picks, run as ``--jobs 2`` runs them: each in the one shard
+    :func:`shard` gives it (they differ), each shard in its own copy at once;
+    both are run, once each, and killed."""
     assert all(line in _lines("spec/lease.py") for _, line in PICKS), "stale picks"
+    assert sorted(shard(op, line, 2) for op, line in PICKS) == [0, 1], "picks in one shard"
     area = Area(
         "ci",
         ("spec/lease.py",),
@@ -152,9 +156,10 @@ def test_two_mutants_made_by_cosmic_ray_are_killed(tmp_path: Path) -> None:
             "checking/test_machines.py::test_acquire_decision_matches_the_lease_machine_exhaustively",
         ),
     )
-    copy = prepare_copy(tmp_path)
-    found = run_area(area, tmp_path, copy, keep=lambda op, line: (op, line) in PICKS)
-    assert {(m.operator, m.source) for m in found} == PICKS
+    folders = [tmp_path / "0", tmp_path / "1"]
+    copies = [prepare_copy(folder) for folder in folders]
+    found = run_shards(area, folders, copies, None, 240, keep=lambda op, line: (op, line) in PICKS)
+    assert sorted((m.operator, m.source) for m in found) == sorted(PICKS)
     assert all(m.verdict == "killed" for m in found), found
     assert all(m.diff.startswith("---") for m in found), found
     assert all(line in _lines("spec/lease.py") for _, line in PICKS), "the package changed"

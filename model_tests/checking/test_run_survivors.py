@@ -16,10 +16,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import forge
 from test_conformance_runs import ASSISTANT, USER, count
 from test_recovery import admitted, recovery_lease
 
 from turnkeeper import (
+    EntryExistsError,
     InvalidInputError,
     InvalidTransitionError,
     RecoveryNotNeededError,
@@ -139,3 +141,47 @@ def test_a_converge_to_no_run_status_and_a_fail_without_a_delay_are_refused(stor
     assert store.runs.get(run.id).status == "running"
     failed = store.recovery.fail(run.id, lease, "down", base_delay_s=10, max_delay_s=10)
     assert failed.state == "failed"
+
+
+def _execution(store, sid: str, leased: bool):
+    """An execution lease on ``sid`` (``leased``), else ``None``."""
+    return store.leases.acquire(f"session:{sid}", "w", 60, purpose="execution") if leased else None
+
+
+@pytest.mark.parametrize("leased", [False, True], ids=["unleased", "leased"])
+def test_a_reply_id_a_forged_entry_holds_refuses_the_finish(store, leased):
+    """A hole in ``storage/ops/run_lifecycle.py``: the run's reply id
+    (``<run id>:assistant``) may be taken by an entry the store did not write
+    (an import, damage; forged here), so it is looked up (``chosen``) and a
+    taken one refuses the finish with EntryExistsError naming it; nothing is
+    written, and the run stays running."""
+    store.sessions.create("s")
+    lease = _execution(store, "s", leased)
+    run = store.runs.admit("s", {"n": 1}, user_message=USER, start=True, lease=lease)
+    store.sessions.append("s", "message", {"message": USER}, entry_id="x", lease=lease)
+    reply = f"{run.id}:assistant"
+    forge(store, "UPDATE entries SET id = ? WHERE session_id = 's' AND id = 'x'", [reply], rows=1)
+    before = (store.sessions.entries("s"), count(store, "run_events"))
+    with pytest.raises(EntryExistsError) as err:
+        store.runs.finish(run.id, "succeeded", assistant_message=ASSISTANT, lease=lease)
+    assert (err.value.session_id, err.value.entry_id) == ("s", reply)
+    assert (store.sessions.entries("s"), count(store, "run_events")) == before
+    assert store.runs.get(run.id).status == "running"
+
+
+@pytest.mark.parametrize("leased", [False, True], ids=["unleased", "leased"])
+def test_a_run_whose_turn_row_is_gone_ends_without_a_turn_end(store, leased):
+    """A hole in ``storage/ops/run_lifecycle.py``: a run's first turn with no
+    row (forged away: an open turn is a row ``open``) is no open turn, so the
+    finish writes no ``turn_end`` for it (there is none to end), on the path
+    that reads the turn with the fence (leased) and on the one that reads it
+    alone; the run still ends with its reply."""
+    store.sessions.create("s")
+    lease = _execution(store, "s", leased)
+    run = store.runs.admit("s", {"n": 1}, user_message=USER, start=True, lease=lease)
+    forge(store, "DELETE FROM conversation_turns WHERE id = ?", [run.turn_id], rows=1)
+    done = store.runs.finish(run.id, "succeeded", assistant_message=ASSISTANT, lease=lease)
+    assert done.status == "succeeded"
+    kinds = [e.kind for e in store.sessions.entries("s")]
+    assert kinds == ["turn_start", "message", "message"]
+    assert store.sessions.replay("s").messages[-1] == ASSISTANT

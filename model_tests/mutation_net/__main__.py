@@ -1,4 +1,4 @@
-"""``python -m mutation_net [--area NAME ...] [--module FILE ...] [--report-only]``
+"""``python -m mutation_net [--area NAME ...] [--module FILE ...] [--jobs N] [--report-only]``
 (from ``model_tests/``; ``make mutation-net``).
 
 For each area (all without ``--area``; only the modules ``--module`` names,
@@ -7,12 +7,14 @@ temporary folder, check the area's tests pass on the copy unmutated, run
 cosmic-ray over its modules there, and fold the outcome into
 ``reports/MUTATION_NET.json`` and ``.md`` (other modules' earlier figures
 kept). Prints one line per area: mutants, killed, survived, timed out,
-seconds. Exits 1 when a survivor has no entry in ``survivors.SURVIVORS``,
-2 when an area's tests fail unmutated. ``--report-only`` rewrites the
-report from the JSON (after a classification changed) and runs nothing.
-``--check-kills`` runs, for every survivor classified ``killed``, that
-mutant alone against its killing tests and requires them to fail (exit 1
-when one does not).
+seconds. ``--jobs N`` splits each area's mutants into N shards (by operator
+and line: :func:`run.shard`), each run in its own copy at the same time (one
+per core: the tests are single-threaded). Exits 1 when a survivor has no
+entry in ``survivors.SURVIVORS``, 2 when an area's tests fail unmutated.
+``--report-only`` rewrites the report from the JSON (after a classification
+changed) and runs nothing. ``--check-kills`` runs, for every survivor
+classified ``killed``, that mutant alone against its killing tests and
+requires them to fail (exit 1 when one does not).
 """
 
 from __future__ import annotations
@@ -26,7 +28,15 @@ from pathlib import Path
 
 from mutation_net import report
 from mutation_net.areas import Area, by_name
-from mutation_net.run import SERVER_ENV, TIMEOUT_S, baseline, prepare_copy, run_area, selected
+from mutation_net.run import (
+    SERVER_ENV,
+    TIMEOUT_S,
+    baseline,
+    prepare_copy,
+    run_area,
+    run_shards,
+    selected,
+)
 from mutation_net.survivors import SURVIVORS
 
 
@@ -67,9 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--area", action="append", help="run this area (repeat)")
     parser.add_argument("--module", action="append", help="only this module (repeat)")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per mutant")
+    parser.add_argument("--jobs", type=int, default=1, help="mutants run at once (one per core)")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--check-kills", action="store_true")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
     if args.check_kills:
         return check_kills(args.timeout)
     areas = [] if args.report_only else by_name(args.area)
@@ -79,16 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     for area in areas:
         modules = [m for m in area.modules if not args.module or m in args.module]
         with tempfile.TemporaryDirectory(prefix=f"turnkeeper-net-{area.name}-") as tmp:
-            folder = Path(tmp)
-            copy = prepare_copy(folder)
-            ok, seconds, tail = baseline(area, folder)
+            folders = [Path(tmp) / f"shard-{k}" for k in range(args.jobs)]
+            copies = [prepare_copy(folder) for folder in folders]
+            ok, seconds, tail = baseline(area, folders[0])
             print(f"{area.name}: unmutated tests {'pass' if ok else 'FAIL'} ({seconds:.0f} s)",
                   flush=True)  # fmt: skip
             if not ok:
                 print(tail)
                 return 2
             started = time.monotonic()
-            found = run_area(area, folder, copy, modules=modules, timeout_s=args.timeout)
+            found = run_shards(area, folders, copies, modules, args.timeout)
             took = time.monotonic() - started
         counts = {v: sum(1 for m in found if m.verdict == v) for v in report.VERDICTS}
         print(f"{area.name}: {len(found)} mutants, " + ", ".join(

@@ -142,6 +142,7 @@ AREAS: tuple[Area, ...] = (
             "conformance/test_active_run_policy.py",
             "conformance/test_admission_resources.py",
             "conformance/test_recovery_remote.py",
+            "conformance/test_saved_intents.py",
             "internals/test_upgrades.py::"
             "test_an_upgrade_keeps_every_retry_of_what_an_older_turnkeeper_stored",
             "checking/test_run_survivors.py",

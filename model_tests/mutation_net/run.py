@@ -23,7 +23,9 @@ import shlex
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,12 @@ def prepare_copy(into: Path) -> Path:
         str(copy), quiet=1, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH
     )
     return copy
+
+
+def shard(operator: str, line: str, jobs: int) -> int:
+    """Which of ``jobs`` shards runs the mutants of ``operator`` on a line of this
+    (stripped) text: a stable hash, the same in every process and run."""
+    return zlib.crc32(f"{operator}\n{line}".encode()) % jobs
 
 
 def test_command(area: Area, folder: Path) -> list[str]:
@@ -182,6 +190,34 @@ def run_area(
     _skip_unchosen(session, keep)
     _cosmic("exec", config, session, folder=folder, server=server)
     return read_session(session, copy)
+
+
+def run_shards(
+    area: Area,
+    folders: list[Path],
+    copies: list[Path],
+    modules: list[str] | None,
+    timeout_s: float,
+    keep: Keep | None = None,
+) -> list[Mutation]:
+    """``area``'s mutants (those ``keep`` keeps, when given) split into
+    ``len(folders)`` shards by :func:`shard`, each run in its own copy
+    (``copies[k]`` in ``folders[k]``) at the same time; every outcome, in the
+    order :func:`read_session` gives."""
+    jobs = len(folders)
+
+    def one(k: int) -> list[Mutation]:
+        def mine(op: str, line: str) -> bool:
+            return (keep is None or keep(op, line)) and shard(op, line, jobs) == k
+
+        return run_area(
+            area, folders[k], copies[k], modules=modules, timeout_s=timeout_s,
+            keep=None if jobs == 1 and keep is None else mine,
+        )  # fmt: skip
+
+    with ThreadPoolExecutor(jobs) as pool:
+        found = [m for part in pool.map(one, range(jobs)) for m in part]
+    return sorted(found, key=lambda x: (x.file, x.line, x.col, x.operator))
 
 
 def read_session(session: Path, copy: Path) -> list[Mutation]:
