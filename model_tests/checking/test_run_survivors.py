@@ -185,3 +185,54 @@ def test_a_run_whose_turn_row_is_gone_ends_without_a_turn_end(store, leased):
     kinds = [e.kind for e in store.sessions.entries("s")]
     assert kinds == ["turn_start", "message", "message"]
     assert store.sessions.replay("s").messages[-1] == ASSISTANT
+
+
+def test_each_run_stores_the_model_its_intent_names(store):
+    """A hole in ``storage/ops/run_admission.py``: the run row keeps its
+    intent's model (what ``turnkeeper report`` groups runs by): a first
+    attempt takes the new intent's, a retry and a saved intent's run the
+    stored intent's."""
+    store.sessions.create("s")
+    first = store.runs.admit("s", {"n": 1}, model="m1", start=True)
+    store.runs.finish(first.id, "failed", error="boom")
+    retry = store.runs.admit("s", {"n": 1}, model="m1", retry_of=first.id, start=True)
+    store.runs.finish(retry.id, "failed", error="boom")
+    store.runs.save_intent("s", {"n": 2}, model="m2", intent_id="i2")
+    saved = store.runs.admit("s", {"n": 2}, model="m2", intent_id="i2")
+    rows = store.query("SELECT id, model FROM runs ORDER BY attempt, model").to_pylist()
+    assert [(r["id"], r["model"]) for r in rows] == [
+        (first.id, "m1"),
+        (saved.id, "m2"),
+        (retry.id, "m1"),
+    ]
+
+
+def test_an_unleased_finish_writes_its_entries_once(store):
+    """A hole in ``storage/ops/run_lifecycle.py``: a finish with ``entries``
+    and no lease writes them at once (no head was read with a fence to judge
+    them at), so they are never written a second time with the reply, even
+    when they leave no call open; the same with a lease."""
+    for sid, leased in (("s", False), ("t", True)):
+        store.sessions.create(sid)
+        lease = _execution(store, sid, leased)
+        run = store.runs.admit(sid, {"n": 1}, user_message=USER, start=True, lease=lease)
+        call = {"type": "toolCall", "id": "c1", "name": "bash", "arguments": {}}
+        result = {
+            "role": "toolResult",
+            "toolCallId": "c1",
+            "toolName": "bash",
+            "content": [{"type": "text", "text": "ok"}],
+            "isError": False,
+        }
+        entries = [
+            ("message", {"message": {"role": "assistant", "content": [call]}}),
+            ("message", {"message": result}),
+        ]
+        done = store.runs.finish(
+            run.id, "succeeded", assistant_message=ASSISTANT, entries=entries, lease=lease
+        )
+        assert done.status == "succeeded"
+        kinds = [e.kind for e in store.sessions.entries(sid)]
+        assert kinds == ["turn_start", "message", "message", "message", "message", "turn_end"]
+        messages = list(store.sessions.replay(sid).messages)
+        assert messages == [USER, entries[0][1]["message"], result, ASSISTANT]

@@ -143,6 +143,8 @@ AREAS: tuple[Area, ...] = (
             "conformance/test_admission_resources.py",
             "conformance/test_recovery_remote.py",
             "conformance/test_saved_intents.py",
+            "conformance/test_conversation_turns.py",
+            "internals/test_turn_statements.py",
             "internals/test_upgrades.py::"
             "test_an_upgrade_keeps_every_retry_of_what_an_older_turnkeeper_stored",
             "checking/test_run_survivors.py",

@@ -113,11 +113,11 @@ def admit(
     user_message: Mapping[str, Any] | None,
     lease: Lease | None,
     retry_of: str | None,
-    start: bool = False,
-    known: Opening | None = None,
-    on_active: ActiveRunPolicy = ActiveRunPolicy.REFUSE,
-    resource_events: Sequence[tuple[InputResourceEvent, str | None]] = (),
-    saved_intent: str | None = None,
+    start: bool,
+    known: Opening | None,
+    on_active: ActiveRunPolicy,
+    resource_events: Sequence[tuple[InputResourceEvent, str | None]],
+    saved_intent: str | None,
 ) -> tuple[Run, bool, Opening | None]:
     """Admit a run (see the module docstring); returns ``(run, admitted_now,
     opening)``: ``opening`` the calls open after its entries, if known.
