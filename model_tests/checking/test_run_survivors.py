@@ -236,3 +236,23 @@ def test_an_unleased_finish_writes_its_entries_once(store):
         assert kinds == ["turn_start", "message", "message", "message", "message", "turn_end"]
         messages = list(store.sessions.replay(sid).messages)
         assert messages == [USER, entries[0][1]["message"], result, ASSISTANT]
+
+
+def test_a_finish_with_entries_that_are_no_messages_at_an_unknown_head(store):
+    """A hole in ``storage/ops/run_lifecycle.py``: a store object that does not
+    know the calls open at the session's head (a fleet's common case: another
+    worker's store object wrote it; here the object's memory of it is
+    dropped) finishes the run with entries that are no context message
+    (custom entries): what is open after them is then unknown too (no
+    opening), so they are written at once, before the reply."""
+    store.sessions.create("s")
+    lease = store.leases.acquire("session:s", "w", 60, purpose="execution")
+    run = store.runs.admit("s", {"n": 1}, user_message=USER, start=True, lease=lease)
+    store.runs._openings.put("s", None)  # as if another store object wrote the head
+    notes = [("custom", {"customType": "note", "data": {"i": i}}) for i in range(2)]
+    done = store.runs.finish(
+        run.id, "succeeded", assistant_message=ASSISTANT, entries=notes, lease=lease
+    )
+    assert done.status == "succeeded"
+    kinds = [e.kind for e in store.sessions.entries("s")]
+    assert kinds == ["turn_start", "message", "custom", "custom", "message", "turn_end"]
