@@ -71,6 +71,14 @@ class Area:
     tests: tuple[str, ...]  # relative to model_tests/
 
 
+_FORGED_RUNS = tuple(
+    "guards/test_forged_tokens.py::test_a_forged_token_is_refused_by_every_fenced_write"
+    f"[duckdb-runs.{call}]"
+    for call in ("admit", "admit[intent]", "start", "wait", "resume", "finish", "finish[plan]")
+)
+"""The forged-token cases of the runs area's fenced writes (the whole test
+takes half a minute: only these cases judge its mutants)."""
+
 AREAS: tuple[Area, ...] = (
     # -- spec/ (all of it) ------------------------------------------------------------
     Area(
@@ -145,6 +153,7 @@ AREAS: tuple[Area, ...] = (
             "conformance/test_saved_intents.py",
             "conformance/test_conversation_turns.py",
             "internals/test_turn_statements.py",
+            *_FORGED_RUNS,
             "internals/test_upgrades.py::"
             "test_an_upgrade_keeps_every_retry_of_what_an_older_turnkeeper_stored",
             "checking/test_run_survivors.py",

@@ -219,6 +219,37 @@ _REBUILT_WHY = (
     "tests then); a pure test of recorded_result now pins it in spec-tools' tests too"
 )
 
+_LIFE = "storage/ops/run_lifecycle.py"
+_ADMIT = "storage/ops/run_admission.py"
+_RUN_KILLS = "checking/test_run_survivors.py::"
+_STATEMENTS = ("internals/test_turn_statements.py::test_a_turn_costs_the_pinned_statements",)
+_STATEMENTS_WHY = (
+    "a real hole: no test pinned a turn's statements, so a write path that spends more (a "
+    "held write sent alone, a statement for what the store object already knows) passed "
+    "every test; internals/test_turn_statements.py now pins each call's statements per engine "
+    "(a held write is one statement with the next only on a server: its mutant is killed by "
+    "the PostgreSQL case, and is equivalent on DuckDB, which runs each write at once)"
+)
+_FORGED_RUN_STEPS = tuple(
+    "guards/test_forged_tokens.py::test_a_forged_token_is_refused_by_every_fenced_write"
+    f"[duckdb-runs.{call}]"
+    for call in ("start", "wait", "resume")
+)
+_SAVED = (
+    "conformance/test_saved_intents.py::test_a_saved_intent_is_admitted_later_as_its_first_run",
+)
+_TURNS = (
+    "conformance/test_conversation_turns.py::"
+    "test_a_runtime_ends_a_turn_and_opens_the_next_which_the_runs_end_closes",
+)
+_ENTRIES_ONCE = (f"{_RUN_KILLS}test_an_unleased_finish_writes_its_entries_once",)
+_ENTRIES_ONCE_WHY = (
+    "a real hole: no test finished a run with entries and no lease (written at once, no head "
+    "read with a fence to judge them at, so never deferred to go with the reply); a store "
+    "test now does, with and without a lease, and finds each entry once"
+)
+_TURN_ROW = (f"{_RUN_KILLS}test_a_run_whose_turn_row_is_gone_ends_without_a_turn_end",)
+
 SURVIVORS: dict[Site, Verdict] = {
     # -- spec/tool_execution.py: how a tool's stored result becomes a message ---------
     Site(_TOOLS, "core/AddNot", "if not isinstance(result, str) and not is_content(result):"): (
@@ -884,6 +915,113 @@ SURVIVORS: dict[Site, Verdict] = {
         "equivalent",
         "row is the SELECT of exactly the FIELDS columns, so both sides have the same length "
         "and strict=True never raises",
+    ),
+    # -- storage/ops/run_lifecycle.py and run_admission.py --------------------------------
+    Site(_ADMIT, "core/ReplaceTrueWithFalse", "return run, True, chain.opening"): Verdict(
+        "killed", _STATEMENTS_WHY, _STATEMENTS
+    ),
+    Site(_ADMIT, "core/ReplaceFalseWithTrue", "return found, False, None"): Verdict(
+        "killed", _STATEMENTS_WHY, _STATEMENTS
+    ),
+    Site(
+        _ADMIT,
+        "core/ReplaceTrueWithFalse",
+        "hold=True,  # with the writes above (none writes the session, entries or events)",
+    ): Verdict("killed", _STATEMENTS_WHY, _STATEMENTS),
+    Site(
+        _LIFE,
+        "core/ReplaceTrueWithFalse",
+        "hold=True,  # with the writes held above and below (none writes the session)",
+    ): Verdict("killed", _STATEMENTS_WHY, _STATEMENTS),
+    Site(
+        _LIFE,
+        "core/ReplaceTrueWithFalse",
+        "outbox_plans.create_plan(tx, moved, plan, first=True, version=version)",
+    ): Verdict("killed", _STATEMENTS_WHY, _STATEMENTS),
+    Site(
+        _LIFE,
+        "core/ReplaceComparisonOperator_IsNot_Is",
+        "if fence is not None and lease is not None:  # a stale holder learns it lost",
+    ): Verdict(
+        "killed",
+        "a real hole in what the tests pinned: with the fence read apart from the run (a second "
+        "fence of the same lease) every outcome is the same and a statement more is spent; the "
+        "pinned statements of a turn now catch it",
+        _STATEMENTS,
+    ),
+    Site(
+        _LIFE,
+        "core/AddNot",
+        "if lease is not None:  # a stale holder learns it lost, whatever the run did since",
+    ): Verdict(
+        "killed",
+        "a hole in the net's test choice: a start, wait or resume under a lease would pass no "
+        "fence at all; guards/test_forged_tokens.py's cases of them (a forged token is "
+        "LeaseLostError) kill it, and are now among storage-runs' tests",
+        _FORGED_RUN_STEPS,
+    ),
+    Site(_ADMIT, "core/ReplaceComparisonOperator_IsNot_Is", "if retry_of is not None:"): Verdict(
+        "killed",
+        "a hole in the net's test choice: an admission of a saved intent (intent_id, no "
+        "retry_of) would be refused; conformance/test_saved_intents.py, now among "
+        "storage-runs' tests, admits one",
+        _SAVED,
+    ),
+    Site(_ADMIT, "core/AddNot", "if retry_of is not None:"): Verdict(
+        "killed",
+        "a hole in the net's test choice, as the IsNot_Is mutant of the same line",
+        _SAVED,
+    ),
+    Site(
+        _ADMIT,
+        "core/AddNot",
+        'model = "?" if fresh else "(SELECT model FROM execution_intents WHERE id = ?)"',
+    ): Verdict(
+        "killed",
+        "a real hole: no test read the model a run row keeps (what turnkeeper report groups "
+        "runs by); a store test now reads it for a first attempt, a retry and a saved intent's run",
+        (f"{_RUN_KILLS}test_each_run_stores_the_model_its_intent_names",),
+    ),
+    Site(_LIFE, "core/ReplaceAndWithOr", "and not opening.calls"): Verdict(
+        "killed",
+        "a real hole: no test finished with entries that are no context message at a head the "
+        "store object does not know (no opening after them: the mutant reads its calls); a "
+        "store test now does",
+        (f"{_RUN_KILLS}test_a_finish_with_entries_that_are_no_messages_at_an_unknown_head",),
+    ),
+    Site(_LIFE, "core/AddNot", "if judged and _closed(chain.opening, after):"): Verdict(
+        "killed", _ENTRIES_ONCE_WHY, _ENTRIES_ONCE
+    ),
+    Site(_LIFE, "core/ReplaceAndWithOr", "if judged and _closed(chain.opening, after):"): Verdict(
+        "killed", _ENTRIES_ONCE_WHY, _ENTRIES_ONCE
+    ),
+    Site(
+        _LIFE,
+        "core/ReplaceComparisonOperator_NotEq_Eq",
+        "if first is None or first[0] != TURN_OPEN:",
+    ): Verdict(
+        "killed",
+        "a hole in the net's test choice: a run whose runtime ended its first turn and opened "
+        "another ends that one; conformance/test_conversation_turns.py, now among storage-runs' "
+        "tests, does it",
+        _TURNS,
+    ),
+    Site(_LIFE, "core/ReplaceOrWithAnd", "if first is None or first[0] != TURN_OPEN:"): Verdict(
+        "killed",
+        "a real hole: no test ended a run whose first turn has no row (forged away: no open "
+        "turn); a store test now does, leased and not, and finds no turn_end written",
+        _TURN_ROW,
+    ),
+    Site(
+        _LIFE,
+        "core/ReplaceTrueWithFalse",
+        "session_rows.own_draft(EntryKind.MESSAGE, p, run.assistant_entry_id, chosen=True)",
+    ): Verdict(
+        "killed",
+        "a real hole: no test finished a run whose reply id an entry the store did not write "
+        "holds (an import, damage; forged); a store test now does: EntryExistsError naming it, "
+        "nothing written",
+        (f"{_RUN_KILLS}test_a_reply_id_a_forged_entry_holds_refuses_the_finish",),
     ),
 }
 """Every survivor the runs found, with its classification."""
