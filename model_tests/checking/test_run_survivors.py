@@ -256,3 +256,18 @@ def test_a_finish_with_entries_that_are_no_messages_at_an_unknown_head(store):
     assert done.status == "succeeded"
     kinds = [e.kind for e in store.sessions.entries("s")]
     assert kinds == ["turn_start", "message", "custom", "custom", "message", "turn_end"]
+
+
+def test_a_finish_with_an_error_or_stop_reason_that_is_no_text_is_refused(store):
+    """A hole in ``storage/ops/run_lifecycle.py``'s argument checks: a finish's
+    error and stop reason must be text (else InvalidInputError naming the
+    field), and nothing is written."""
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"n": 1}, user_message=USER, start=True)
+    before = (store.sessions.entries("s"), count(store, "run_events"))
+    for field, bad in (("error", 5), ("stop_reason", "\ud800"), ("stop_reason", ["stop"])):
+        with pytest.raises(InvalidInputError) as err:
+            store.runs.finish(run.id, "failed", **{field: bad})
+        assert err.value.field == field
+    assert (store.sessions.entries("s"), count(store, "run_events")) == before
+    assert store.runs.get(run.id).status == "running"

@@ -1023,5 +1023,25 @@ SURVIVORS: dict[Site, Verdict] = {
         "nothing written",
         (f"{_RUN_KILLS}test_a_reply_id_a_forged_entry_holds_refuses_the_finish",),
     ),
+    Site(
+        _LIFE,
+        "core/ReplaceTrueWithFalse",
+        'args: dict[str, Any] = {"expected_leaf": ANY_LEAF, "lease": None, "checked": True}',
+    ): Verdict("killed", _ENTRIES_ONCE_WHY, _ENTRIES_ONCE),
+    Site(
+        _LIFE,
+        "core/ReplaceOrWithAnd",
+        "after = (last.id, last.seq + 1, *(head or ())[2:])  # (the key version: unchanged)",
+    ): Verdict("killed", _ENTRIES_ONCE_WHY, _ENTRIES_ONCE),
+    Site(
+        _LIFE,
+        "core/ZeroIterationForLoop",
+        'for name, value in (("error", error), ("stop_reason", stop_reason)):',
+    ): Verdict(
+        "killed",
+        "a real hole: no test finished a run with an error or stop reason that is no text; a "
+        "store test now does: InvalidInputError naming the field, nothing written",
+        (f"{_RUN_KILLS}test_a_finish_with_an_error_or_stop_reason_that_is_no_text_is_refused",),
+    ),
 }
 """Every survivor the runs found, with its classification."""
