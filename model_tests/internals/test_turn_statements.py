@@ -43,6 +43,12 @@ run, as stored) and one that meets the active run and returns it
 (``on_active="use_existing"``)."""
 
 
+WITH_ENTRIES = {"duckdb": 9, "postgres": 5}
+"""A finish that is given the turn's call and result as ``entries`` (no
+delivery plan): they are judged at the head read with the fence and go with
+the reply in one write."""
+
+
 def _spent(store: turnkeeper.BaseStore, op: str) -> int:
     stats = store.statement_stats().get(op)
     return round(stats["calls"] * stats["statements_per_call"]) if stats else 0
@@ -70,7 +76,8 @@ def test_a_turn_costs_the_pinned_statements(
     second turn on each call costs :data:`STEADY`; the fourth turn's
     admissions cost :data:`RETURNING`, its append and finish the same as
     before (the opening is remembered through the admissions that return a
-    run)."""
+    run). A fifth turn's finish takes its call and result as ``entries``:
+    :data:`WITH_ENTRIES`."""
     name = engine(str(request.node.callspec.params["store"]))
     pinned = through_pooler()  # behind a pooler BEGIN pins the search_path with it
     store.sessions.create("s")
@@ -93,8 +100,14 @@ def test_a_turn_costs_the_pinned_statements(
         return {op: _spent(store, op) - before[op] for op in OPS}
 
     turns = [turn(i) for i in range(3)] + [turn(3, existing=True)]
+    before = _spent(store, "finish_run")
+    run = store.runs.admit("s", {"n": 4}, user_message=USER, start=True, lease=lease)
+    entries = _call_and_result(4)
+    store.runs.finish(run.id, "succeeded", assistant_message=REPLY, entries=entries, lease=lease)
+    with_entries = _spent(store, "finish_run") - before
     steady = {op: n + pinned for op, n in STEADY[name].items()}
     assert turns[1:3] == [steady, steady]
     returning = steady | {"admit_run": RETURNING[name] + 3 * pinned}
     assert turns[3] == returning
-    assert [r.status for r in store.runs.list("s")] == ["succeeded"] * 4
+    assert with_entries == WITH_ENTRIES[name] + pinned
+    assert [r.status for r in store.runs.list("s")] == ["succeeded"] * 5

@@ -1043,5 +1043,30 @@ SURVIVORS: dict[Site, Verdict] = {
         "store test now does: InvalidInputError naming the field, nothing written",
         (f"{_RUN_KILLS}test_a_finish_with_an_error_or_stop_reason_that_is_no_text_is_refused",),
     ),
+    Site(_ADMIT, "core/AddNot", 'intent["model"] if fresh else intent_id,'): Verdict(
+        "killed",
+        "a real hole: no test read the model a run row keeps; a store test now reads it for a "
+        "first attempt, a retry and a saved intent's run",
+        (f"{_RUN_KILLS}test_each_run_stores_the_model_its_intent_names",),
+    ),
+    Site(
+        _LIFE,
+        "core/ReplaceComparisonOperator_Is_IsNot",
+        "None if read is None or read[1] is None else (read[0], read[1], read[5])",
+    ): Verdict("killed", _STATEMENTS_WHY, _STATEMENTS),
+    Site(
+        _LIFE,
+        "core/ReplaceComparisonOperator_IsNot_Is",
+        "judged = head is not None  # else written at once (a judging call would read the head)",
+    ): Verdict("killed", _STATEMENTS_WHY, _STATEMENTS),
+    Site(_LIFE, "core/AddNot", "head=start if deferred else head,"): Verdict(
+        "killed", _ENTRIES_ONCE_WHY, _ENTRIES_ONCE
+    ),
+    Site(_LIFE, "core/AddNot", "known=start_known if deferred else opening,"): Verdict(
+        "killed", _STATEMENTS_WHY, _STATEMENTS
+    ),
+    Site(_LIFE, "core/ReplaceTrueWithFalse", "return moved, True, ended.opening"): Verdict(
+        "killed", _STATEMENTS_WHY, _STATEMENTS
+    ),
 }
 """Every survivor the runs found, with its classification."""
