@@ -13,6 +13,7 @@ storage-runs area's survivors are classified once the area has run whole).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -21,9 +22,13 @@ from test_conformance_runs import ASSISTANT, USER, count
 from test_recovery import admitted, recovery_lease
 
 from turnkeeper import (
+    BusyError,
+    DeliveryPlan,
+    DeliveryStep,
     EntryExistsError,
     InvalidInputError,
     InvalidTransitionError,
+    LeaseLostError,
     RecoveryNotNeededError,
     RetryNotAllowedError,
 )
@@ -271,3 +276,31 @@ def test_a_finish_with_an_error_or_stop_reason_that_is_no_text_is_refused(store)
         assert err.value.field == field
     assert (store.sessions.entries("s"), count(store, "run_events")) == before
     assert store.runs.get(run.id).status == "running"
+
+
+def test_a_repeated_finish_that_adds_a_plan_passes_the_fence_and_one_that_has_it_returns(store):
+    """A hole in ``storage/ops/run_lifecycle.py``: a finish repeated after an
+    unknown commit returns the stored run; when it brings a delivery plan the
+    run has none of, writing it is a session write and passes the fence first
+    (a forged lease: LeaseLostError; no lease while one is held: BusyError;
+    nothing written), and the holder's own repeat writes it. A repeat whose
+    plan is already stored writes nothing and so passes no fence: it returns
+    the stored run whoever asks."""
+    store.sessions.create("s")
+    lease = store.leases.acquire("session:s", "w", 60, purpose="execution")
+    run = store.runs.admit("s", {"n": 1}, user_message=USER, start=True, lease=lease)
+    done = store.runs.finish(run.id, "succeeded", lease=lease)
+    plan = DeliveryPlan("chat", "room", (DeliveryStep("send", "message"),))
+    forged = dataclasses.replace(lease, token="not-the-token")
+    intent = f"{run.id}:delivery"
+    for who, error in ((forged, LeaseLostError), (None, BusyError)):
+        with pytest.raises(error):
+            store.runs.finish(run.id, "succeeded", lease=who, delivery_plan=plan)
+        assert store.outbox.get_plan(intent) is None
+    assert store.runs.finish(run.id, "succeeded", lease=lease, delivery_plan=plan) == done
+    stored = store.outbox.get_plan(intent)
+    assert stored is not None
+    for who in (forged, None, lease):
+        again = store.runs.finish(run.id, "succeeded", lease=who, delivery_plan=plan)
+        assert again == done
+    assert store.outbox.get_plan(intent) == stored

@@ -423,6 +423,19 @@ MUTANTS: tuple[Mutant, ...] = (
             "checking/test_pinned_guards.py::test_admit_run_refuses_a_retry_of_another_sessions_run"
         ),
     ),
+    Mutant(
+        id="run-finish-again-plan-fence",
+        kind="owner",
+        guards="a repeated finish that writes the plan the first did not passes the fence first",
+        file="storage/ops/run_lifecycle.py",
+        old="                leases.fence_or_unheld(tx, session_target(run.session_id), lease)\n"
+        "            outbox_plans.create_plan(tx, run, plan)",
+        new="                pass\n            outbox_plans.create_plan(tx, run, plan)",
+        tests=_cases(
+            "checking/test_run_survivors.py::"
+            "test_a_repeated_finish_that_adds_a_plan_passes_the_fence_and_one_that_has_it_returns"
+        ),
+    ),
     # -- recovery ---------------------------------------------------------------------------
     Mutant(
         id="recovery-epoch",

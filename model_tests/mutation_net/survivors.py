@@ -248,6 +248,16 @@ _ENTRIES_ONCE_WHY = (
     "read with a fence to judge them at, so never deferred to go with the reply); a store "
     "test now does, with and without a lease, and finds each entry once"
 )
+_AGAIN = (
+    f"{_RUN_KILLS}"
+    "test_a_repeated_finish_that_adds_a_plan_passes_the_fence_and_one_that_has_it_returns",
+)
+_AGAIN_WHY = (
+    "a real hole, a fence: no test repeated a finish that brings a plan the run has none "
+    "of (a session write: it passes the fence first) or one it has (nothing written, no "
+    "fence); a store test now does both under a forged lease, none and the holder's, and the "
+    "fence-mutant catalog carries it"
+)
 _TURN_ROW = (f"{_RUN_KILLS}test_a_run_whose_turn_row_is_gone_ends_without_a_turn_end",)
 
 SURVIVORS: dict[Site, Verdict] = {
@@ -1068,5 +1078,30 @@ SURVIVORS: dict[Site, Verdict] = {
     Site(_LIFE, "core/ReplaceTrueWithFalse", "return moved, True, ended.opening"): Verdict(
         "killed", _STATEMENTS_WHY, _STATEMENTS
     ),
+    Site(
+        _LIFE,
+        "core/ReplaceComparisonOperator_Is_IsNot",
+        "if lease is not None and fenced_epoch is None:  # the reads and the fence as one",
+    ): Verdict("killed", _STATEMENTS_WHY, _STATEMENTS),
+    Site(
+        _LIFE,
+        "core/ReplaceComparisonOperator_Eq_NotEq",
+        "and (opening.leaf_id, opening.next_seq) == head[:2]",
+    ): Verdict("killed", _STATEMENTS_WHY, _STATEMENTS),
+    Site(
+        _LIFE,
+        "core/AddNot",
+        "if fenced_epoch is None and outbox_plans.get_intent(tx, intent_id) is None:",
+    ): Verdict("killed", _AGAIN_WHY, _AGAIN, "run-finish-again-plan-fence"),
+    Site(
+        _LIFE,
+        "core/ReplaceAndWithOr",
+        "if fenced_epoch is None and outbox_plans.get_intent(tx, intent_id) is None:",
+    ): Verdict("killed", _AGAIN_WHY, _AGAIN, "run-finish-again-plan-fence"),
+    Site(
+        _LIFE,
+        "core/ReplaceComparisonOperator_Is_IsNot",
+        "if fenced_epoch is None and outbox_plans.get_intent(tx, intent_id) is None:",
+    ): Verdict("killed", _AGAIN_WHY, _AGAIN, "run-finish-again-plan-fence"),
 }
 """Every survivor the runs found, with its classification."""
