@@ -196,11 +196,12 @@ def test_each_run_stores_the_model_its_intent_names(store):
     """A hole in ``storage/ops/run_admission.py``: the run row keeps its
     intent's model (what ``turnkeeper report`` groups runs by): a first
     attempt takes the new intent's, a retry and a saved intent's run the
-    stored intent's."""
+    stored intent's (a retry's own intent fields name nothing: its intent is
+    its run's)."""
     store.sessions.create("s")
     first = store.runs.admit("s", {"n": 1}, model="m1", start=True)
     store.runs.finish(first.id, "failed", error="boom")
-    retry = store.runs.admit("s", {"n": 1}, model="m1", retry_of=first.id, start=True)
+    retry = store.runs.admit("s", {"n": 1}, retry_of=first.id, start=True)  # (model "")
     store.runs.finish(retry.id, "failed", error="boom")
     store.runs.save_intent("s", {"n": 2}, model="m2", intent_id="i2")
     saved = store.runs.admit("s", {"n": 2}, model="m2", intent_id="i2")
@@ -304,3 +305,17 @@ def test_a_repeated_finish_that_adds_a_plan_passes_the_fence_and_one_that_has_it
         again = store.runs.finish(run.id, "succeeded", lease=who, delivery_plan=plan)
         assert again == done
     assert store.outbox.get_plan(intent) == stored
+
+
+@pytest.mark.parametrize("field", ["source", "model", "mode", "work_dir"])
+def test_an_intent_field_that_is_no_text_is_refused(store, field):
+    """A hole in ``storage/ops/run_admission.py``'s argument checks: an
+    admission's source, model, mode and work dir must be text (else
+    InvalidInputError naming the field), and nothing is written."""
+    store.sessions.create("s")
+    for bad in (5, "\ud800"):
+        with pytest.raises(InvalidInputError) as err:
+            store.runs.admit("s", {"n": 1}, user_message=USER, **{field: bad})
+        assert err.value.field == field
+    assert store.runs.list("s") == []
+    assert store.sessions.entries("s") == []

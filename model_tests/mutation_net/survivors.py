@@ -1103,5 +1103,37 @@ SURVIVORS: dict[Site, Verdict] = {
         "core/ReplaceComparisonOperator_Is_IsNot",
         "if fenced_epoch is None and outbox_plans.get_intent(tx, intent_id) is None:",
     ): Verdict("killed", _AGAIN_WHY, _AGAIN, "run-finish-again-plan-fence"),
+    Site(_ADMIT, "core/ReplaceComparisonOperator_Is_IsNot", "fresh = intent_id is None"): Verdict(
+        "killed",
+        "a real hole: no test read the model a run row keeps, nor retried with intent fields "
+        "other than the intent's (a retry's run keeps its intent's model); a store test now does",
+        (f"{_RUN_KILLS}test_each_run_stores_the_model_its_intent_names",),
+    ),
+    Site(
+        _ADMIT,
+        "core/ZeroIterationForLoop",
+        'for name, value in (("source", source), ("model", model), ("mode", mode)):',
+    ): Verdict(
+        "killed",
+        "a real hole: no test admitted a run with a source, model or mode that is no text; a "
+        "store test now does: InvalidInputError naming the field, nothing written",
+        (f"{_RUN_KILLS}test_an_intent_field_that_is_no_text_is_refused",),
+    ),
+    Site(
+        _LIFE,
+        "core/AddNot",
+        "if fence is not None and lease is not None:  # a stale holder learns it lost",
+    ): Verdict("killed", _STATEMENTS_WHY, _STATEMENTS),
+    Site(
+        _LIFE,
+        "core/ReplaceComparisonOperator_Is_IsNot",
+        "if first is None or first[0] != TURN_OPEN:",
+    ): Verdict("killed", _STATEMENTS_WHY, _STATEMENTS),
+    Site(_LIFE, "core/AddNot", "wrote[:] = [opening] if finished_now else []"): Verdict(
+        "killed", _STATEMENTS_WHY, _STATEMENTS
+    ),
+    Site(_LIFE, "core/ReplaceComparisonOperator_IsNot_Is", "opening is not None"): Verdict(
+        "killed", _STATEMENTS_WHY, _STATEMENTS
+    ),
 }
 """Every survivor the runs found, with its classification."""
