@@ -154,22 +154,25 @@ def _execution(store, sid: str, leased: bool):
 
 
 @pytest.mark.parametrize("leased", [False, True], ids=["unleased", "leased"])
-def test_a_reply_id_a_forged_entry_holds_refuses_the_finish(store, leased):
-    """A hole in ``storage/ops/run_lifecycle.py``: the run's reply id
-    (``<run id>:assistant``) may be taken by an entry the store did not write
-    (an import, damage; forged here), so it is looked up (``chosen``) and a
-    taken one refuses the finish with EntryExistsError naming it; nothing is
-    written, and the run stays running."""
+@pytest.mark.parametrize("suffix", [":assistant", ":turn-end"], ids=["reply", "turn_end"])
+def test_an_own_id_a_forged_entry_holds_refuses_the_finish(store, leased, suffix):
+    """A hole in ``storage/ops/run_lifecycle.py``: the ids of the run's reply
+    (``<run id>:assistant``) and of its turn's end (``<run id>:turn-end``) may
+    be taken by an entry the store did not write (an import, damage; forged
+    here), so each is looked up (``chosen``) and a taken one refuses the
+    finish with EntryExistsError naming it; nothing is written, and the run
+    stays running."""
     store.sessions.create("s")
     lease = _execution(store, "s", leased)
     run = store.runs.admit("s", {"n": 1}, user_message=USER, start=True, lease=lease)
     store.sessions.append("s", "message", {"message": USER}, entry_id="x", lease=lease)
-    reply = f"{run.id}:assistant"
-    forge(store, "UPDATE entries SET id = ? WHERE session_id = 's' AND id = 'x'", [reply], rows=1)
+    taken = run.id + suffix
+    forge(store, "UPDATE entries SET id = ? WHERE session_id = 's' AND id = 'x'", [taken], rows=1)
     before = (store.sessions.entries("s"), count(store, "run_events"))
+    reply = ASSISTANT if suffix == ":assistant" else None
     with pytest.raises(EntryExistsError) as err:
-        store.runs.finish(run.id, "succeeded", assistant_message=ASSISTANT, lease=lease)
-    assert (err.value.session_id, err.value.entry_id) == ("s", reply)
+        store.runs.finish(run.id, "succeeded", assistant_message=reply, lease=lease)
+    assert (err.value.session_id, err.value.entry_id) == ("s", taken)
     assert (store.sessions.entries("s"), count(store, "run_events")) == before
     assert store.runs.get(run.id).status == "running"
 
@@ -319,3 +322,25 @@ def test_an_intent_field_that_is_no_text_is_refused(store, field):
         assert err.value.field == field
     assert store.runs.list("s") == []
     assert store.sessions.entries("s") == []
+
+
+@pytest.mark.parametrize("leased", [False, True], ids=["unleased", "leased"])
+def test_a_finish_whose_entries_leave_a_call_open_answers_it_before_the_reply(store, leased):
+    """A hole in ``storage/ops/run_lifecycle.py``: a finish whose ``entries``
+    end with a tool call and no result is written with them first (never
+    deferred to go with the reply: that is only for entries after which no
+    call is open), so the call gets its interrupted result between them and
+    the reply, and the context stays paired."""
+    store.sessions.create("s")
+    lease = _execution(store, "s", leased)
+    run = store.runs.admit("s", {"n": 1}, user_message=USER, start=True, lease=lease)
+    call = {"type": "toolCall", "id": "c1", "name": "bash", "arguments": {}}
+    entries = [("message", {"message": {"role": "assistant", "content": [call]}})]
+    done = store.runs.finish(
+        run.id, "succeeded", assistant_message=ASSISTANT, entries=entries, lease=lease
+    )
+    assert done.status == "succeeded"
+    messages = list(store.sessions.replay("s").messages)
+    assert [m["role"] for m in messages] == ["user", "assistant", "toolResult", "assistant"]
+    assert messages[2]["toolCallId"] == "c1"
+    assert messages[-1] == ASSISTANT

@@ -258,6 +258,7 @@ _AGAIN_WHY = (
     "fence); a store test now does both under a forged lease, none and the holder's, and the "
     "fence-mutant catalog carries it"
 )
+_OWN_IDS = (f"{_RUN_KILLS}test_an_own_id_a_forged_entry_holds_refuses_the_finish",)
 _TURN_ROW = (f"{_RUN_KILLS}test_a_run_whose_turn_row_is_gone_ends_without_a_turn_end",)
 
 SURVIVORS: dict[Site, Verdict] = {
@@ -1029,9 +1030,9 @@ SURVIVORS: dict[Site, Verdict] = {
     ): Verdict(
         "killed",
         "a real hole: no test finished a run whose reply id an entry the store did not write "
-        "holds (an import, damage; forged); a store test now does: EntryExistsError naming it, "
-        "nothing written",
-        (f"{_RUN_KILLS}test_a_reply_id_a_forged_entry_holds_refuses_the_finish",),
+        "holds (an import, damage; forged); a store test now does (and for the turn end's id): "
+        "EntryExistsError naming it, nothing written",
+        _OWN_IDS,
     ),
     Site(
         _LIFE,
@@ -1133,6 +1134,28 @@ SURVIVORS: dict[Site, Verdict] = {
         "killed", _STATEMENTS_WHY, _STATEMENTS
     ),
     Site(_LIFE, "core/ReplaceComparisonOperator_IsNot_Is", "opening is not None"): Verdict(
+        "killed", _STATEMENTS_WHY, _STATEMENTS
+    ),
+    Site(
+        _LIFE,
+        "core/ReplaceTrueWithFalse",
+        "session_rows.own_draft(EntryKind.TURN_END, end, turn_id + run_turns.END, chosen=True)",
+    ): Verdict(
+        "killed",
+        "a real hole: no test finished a run whose turn end id an entry the store did not write "
+        "holds (forged); a store test now does: EntryExistsError naming it, nothing written",
+        _OWN_IDS,
+    ),
+    Site(
+        _LIFE, "core/ReplaceAndWithOr", "and (opening.leaf_id, opening.next_seq) == head[:2]"
+    ): Verdict(
+        "killed",
+        "a real hole: no test finished with entries that leave a call open (they are written "
+        "first and the call answered before the reply, never deferred); a store test now does, "
+        "leased and not",
+        (f"{_RUN_KILLS}test_a_finish_whose_entries_leave_a_call_open_answers_it_before_the_reply",),
+    ),
+    Site(_LIFE, "core/AddNot", "if first is None or first[0] != TURN_OPEN:"): Verdict(
         "killed", _STATEMENTS_WHY, _STATEMENTS
     ),
 }
