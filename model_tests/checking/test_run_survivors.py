@@ -344,3 +344,21 @@ def test_a_finish_whose_entries_leave_a_call_open_answers_it_before_the_reply(st
     assert [m["role"] for m in messages] == ["user", "assistant", "toolResult", "assistant"]
     assert messages[2]["toolCallId"] == "c1"
     assert messages[-1] == ASSISTANT
+
+
+def test_a_run_has_a_finish_time_exactly_once_it_is_terminal(store):
+    """A hole in ``storage/ops/run_lifecycle.py``: ``finished_at`` is set by
+    the move into a terminal status (to its ``updated_at``) and by no other:
+    admitted, running, waiting and running again keep it empty, in the run a
+    call returns and in the stored one."""
+    store.sessions.create("s")
+    run = store.runs.admit("s", {"n": 1}, user_message=USER)
+    assert run.finished_at is None
+    for step in (store.runs.start, store.runs.wait, store.runs.resume):
+        moved = step(run.id)
+        assert moved.finished_at is None
+        assert store.runs.get(run.id).finished_at is None
+    done = store.runs.finish(run.id, "succeeded", assistant_message=ASSISTANT)
+    assert done.finished_at is not None
+    assert done.finished_at == done.updated_at
+    assert store.runs.get(run.id) == done

@@ -49,6 +49,11 @@ delivery plan): they are judged at the head read with the fence and go with
 the reply in one write."""
 
 
+AGAIN = {"duckdb": 6, "postgres": 6}
+"""A finish repeated with the same plan after its commit was unknown: it
+reads the run and the plan (both stored) and writes nothing."""
+
+
 def _spent(store: turnkeeper.BaseStore, op: str) -> int:
     stats = store.statement_stats().get(op)
     return round(stats["calls"] * stats["statements_per_call"]) if stats else 0
@@ -76,12 +81,16 @@ def test_a_turn_costs_the_pinned_statements(
     second turn on each call costs :data:`STEADY`; the fourth turn's
     admissions cost :data:`RETURNING`, its append and finish the same as
     before (the opening is remembered through the admissions that return a
-    run). A fifth turn's finish takes its call and result as ``entries``:
-    :data:`WITH_ENTRIES`."""
+    run). The fourth turn's finish, repeated (its commit unknown), costs
+    :data:`AGAIN` and keeps the opening too; a fifth turn's finish takes its
+    call and result as ``entries``: :data:`WITH_ENTRIES`."""
     name = engine(str(request.node.callspec.params["store"]))
     pinned = through_pooler()  # behind a pooler BEGIN pins the search_path with it
     store.sessions.create("s")
     lease = store.leases.acquire("session:s", "w", 600, purpose="execution")
+
+    plan = DeliveryPlan("chat", "room", (DeliveryStep("send", "message"),))
+    ended: list[turnkeeper.Run] = []
 
     def turn(i: int, *, existing: bool = False) -> dict[str, int]:
         before = {op: _spent(store, op) for op in OPS}
@@ -93,21 +102,29 @@ def test_a_turn_costs_the_pinned_statements(
             again = store.runs.admit("s", {"n": 0}, on_active="use_existing", lease=lease)
             assert again == run
         store.sessions.append_many("s", _call_and_result(i), lease=lease)
-        plan = DeliveryPlan("chat", "room", (DeliveryStep("send", "message"),))
-        store.runs.finish(
-            run.id, "succeeded", assistant_message=REPLY, lease=lease, delivery_plan=plan
+        ended.append(
+            store.runs.finish(
+                run.id, "succeeded", assistant_message=REPLY, lease=lease, delivery_plan=plan
+            )
         )
         return {op: _spent(store, op) - before[op] for op in OPS}
 
     turns = [turn(i) for i in range(3)] + [turn(3, existing=True)]
-    before = _spent(store, "finish_run")
+    before = _spent(store, "finish_run")  # the last finish again (its commit unknown)
+    again = store.runs.finish(
+        ended[-1].id, "succeeded", assistant_message=REPLY, lease=lease, delivery_plan=plan
+    )
+    assert again == ended[-1]
+    repeated = _spent(store, "finish_run") - before
+    before = {op: _spent(store, op) for op in OPS}
     run = store.runs.admit("s", {"n": 4}, user_message=USER, start=True, lease=lease)
     entries = _call_and_result(4)
     store.runs.finish(run.id, "succeeded", assistant_message=REPLY, entries=entries, lease=lease)
-    with_entries = _spent(store, "finish_run") - before
+    fifth = {op: _spent(store, op) - before[op] for op in OPS}
     steady = {op: n + pinned for op, n in STEADY[name].items()}
     assert turns[1:3] == [steady, steady]
     returning = steady | {"admit_run": RETURNING[name] + 3 * pinned}
     assert turns[3] == returning
-    assert with_entries == WITH_ENTRIES[name] + pinned
+    assert repeated == AGAIN[name] + pinned
+    assert fifth == steady | {"append_many": 0, "finish_run": WITH_ENTRIES[name] + pinned}
     assert [r.status for r in store.runs.list("s")] == ["succeeded"] * 5

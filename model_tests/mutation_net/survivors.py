@@ -1158,5 +1158,28 @@ SURVIVORS: dict[Site, Verdict] = {
     Site(_LIFE, "core/AddNot", "if first is None or first[0] != TURN_OPEN:"): Verdict(
         "killed", _STATEMENTS_WHY, _STATEMENTS
     ),
+    Site(_ADMIT, "core/AddNot", "wrote[:] = [opening] if admitted_now else []"): Verdict(
+        "killed", _STATEMENTS_WHY, _STATEMENTS
+    ),
+    Site(_LIFE, "core/ReplaceFalseWithTrue", "return run, False, None"): Verdict(
+        "killed", _STATEMENTS_WHY, _STATEMENTS
+    ),
+    Site(
+        _LIFE,
+        "core/ReplaceComparisonOperator_IsNot_Is",
+        "if lease is not None:  # a stale holder learns it lost, whatever the run did since",
+    ): Verdict(
+        "killed",
+        "a hole in the net's test choice, as the AddNot mutant of the same line",
+        _FORGED_RUN_STEPS,
+    ),
+    Site(_LIFE, "core/AddNot", 'done = "finished_at = ?, " if edge.dest in TERMINAL else ""'): (
+        Verdict(
+            "killed",
+            "a real hole: no test read a run's finish time; a store test now reads it after "
+            "every step (empty) and after the finish (its updated_at), returned and stored",
+            (f"{_RUN_KILLS}test_a_run_has_a_finish_time_exactly_once_it_is_terminal",),
+        )
+    ),
 }
 """Every survivor the runs found, with its classification."""
