@@ -1181,5 +1181,17 @@ SURVIVORS: dict[Site, Verdict] = {
             (f"{_RUN_KILLS}test_a_run_has_a_finish_time_exactly_once_it_is_terminal",),
         )
     ),
+    Site(
+        _LIFE,
+        "core/ReplaceAndWithOr",
+        "if fence is not None and lease is not None:  # a stale holder learns it lost",
+    ): Verdict(
+        "equivalent",
+        "fence is set (a tuple: leases.fenced_read never returns None for it) exactly when a "
+        "lease is given and fenced_epoch is not, and no caller passes both (recovery passes "
+        "its epoch and no lease; the store's finish and a cancel_existing admission a lease "
+        "and no epoch): fence and lease are both None or both set, so `or` picks what `and` "
+        "does (the lease half is there for the type checker)",
+    ),
 }
 """Every survivor the runs found, with its classification."""
