@@ -148,6 +148,12 @@ def test_a_converge_to_no_run_status_and_a_fail_without_a_delay_are_refused(stor
     assert failed.state == "failed"
 
 
+def _entry_ids(store, sid: str) -> list[str]:
+    """The session's entry ids in seq order, read without their payloads."""
+    sql = "SELECT id FROM entries WHERE session_id = ? ORDER BY seq"
+    return [r["id"] for r in store.query(sql, [sid]).to_pylist()]
+
+
 def _execution(store, sid: str, leased: bool):
     """An execution lease on ``sid`` (``leased``), else ``None``."""
     return store.leases.acquire(f"session:{sid}", "w", 60, purpose="execution") if leased else None
@@ -161,19 +167,20 @@ def test_an_own_id_a_forged_entry_holds_refuses_the_finish(store, leased, suffix
     be taken by an entry the store did not write (an import, damage; forged
     here), so each is looked up (``chosen``) and a taken one refuses the
     finish with EntryExistsError naming it; nothing is written, and the run
-    stays running."""
+    stays running. (The forged row is read by id only: on an encrypted store
+    its payload, sealed under its old id, fails authentication, as it should.)"""
     store.sessions.create("s")
     lease = _execution(store, "s", leased)
     run = store.runs.admit("s", {"n": 1}, user_message=USER, start=True, lease=lease)
     store.sessions.append("s", "message", {"message": USER}, entry_id="x", lease=lease)
     taken = run.id + suffix
     forge(store, "UPDATE entries SET id = ? WHERE session_id = 's' AND id = 'x'", [taken], rows=1)
-    before = (store.sessions.entries("s"), count(store, "run_events"))
+    before = (_entry_ids(store, "s"), count(store, "run_events"))
     reply = ASSISTANT if suffix == ":assistant" else None
     with pytest.raises(EntryExistsError) as err:
         store.runs.finish(run.id, "succeeded", assistant_message=reply, lease=lease)
     assert (err.value.session_id, err.value.entry_id) == ("s", taken)
-    assert (store.sessions.entries("s"), count(store, "run_events")) == before
+    assert (_entry_ids(store, "s"), count(store, "run_events")) == before
     assert store.runs.get(run.id).status == "running"
 
 
