@@ -6,6 +6,15 @@ statement sent, BEGIN and COMMIT included), on both backends.
 
 A count, not a timing: the same on a loaded machine. The ceilings are what
 the store costs now; a change that adds a statement to the turn fails here.
+
+:func:`test_a_turn_costs_the_pinned_statements` pins each call's statements
+exactly (a statement fewer is a change to look at too), over the ways a
+runtime's turn goes: the store object remembers the calls open at the head
+each write left (the opening), so the next write of the session judges its
+entries by the pairing rule without reading them; an admission or finish
+that returns a stored run keeps that memory, and a run that ends with a
+plan has none to look up. The second mutation net judges the runs area by
+it: each of those, broken, costs statements.
 """
 
 from __future__ import annotations
@@ -16,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import new_pg_schema, open_pg, through_pooler
+from conftest import engine, new_pg_schema, open_pg, through_pooler
 
 import turnkeeper
-from turnkeeper import EntryKind
+from turnkeeper import DeliveryPlan, DeliveryStep, EntryKind
 
 MSG = {"message": {"role": "user", "content": "x" * 200}}
 REPLY = {"role": "assistant", "content": "done"}
@@ -312,3 +321,104 @@ def test_a_store_sends_pipelines_only_where_a_round_trip_is_long(
             assert within is expected, trips
         finally:
             store.close()
+
+
+STEADY = {
+    "duckdb": {"admit_run": 10, "append_many": 5, "finish_run": 12},
+    "postgres": {"admit_run": 4, "append_many": 5, "finish_run": 5},
+}
+"""A turn's statements per call, BEGIN and COMMIT included, once the session's
+data key is read (an encrypted store's first admission reads it: one more)."""
+
+RETURNING = {"duckdb": 23, "postgres": 17}
+"""The admissions of a turn whose run is returned twice, in three
+transactions: the admission with a submission key, its repeat (the key's
+run, as stored) and one that meets the active run and returns it
+(``on_active="use_existing"``)."""
+
+
+WITH_ENTRIES = {"duckdb": 9, "postgres": 5}
+"""A finish that is given the turn's call and result as ``entries`` (no
+delivery plan): they are judged at the head read with the fence and go with
+the reply in one write."""
+
+
+AGAIN = {"duckdb": 6, "postgres": 6}
+"""A finish repeated with the same plan after its commit was unknown: it
+reads the run and the plan (both stored) and writes nothing."""
+
+
+def _spent(store: turnkeeper.BaseStore, op: str) -> int:
+    stats = store.statement_stats().get(op)
+    return round(stats["calls"] * stats["statements_per_call"]) if stats else 0
+
+
+def _call_and_result(i: int) -> list[tuple[str, dict[str, Any]]]:
+    call = {"type": "toolCall", "id": f"c{i}", "name": "bash", "arguments": {}}
+    result = {
+        "role": "toolResult",
+        "toolCallId": f"c{i}",
+        "toolName": "bash",
+        "content": [{"type": "text", "text": "ok"}],
+        "isError": False,
+    }
+    return [
+        ("message", {"message": {"role": "assistant", "content": [call]}}),
+        ("message", {"message": result}),
+    ]
+
+
+def test_a_turn_costs_the_pinned_statements(
+    store: turnkeeper.BaseStore, request: pytest.FixtureRequest
+) -> None:
+    """Three turns, then one whose run two more admissions return: from the
+    second turn on each call costs :data:`STEADY`; the fourth turn's
+    admissions cost :data:`RETURNING`, its append and finish the same as
+    before (the opening is remembered through the admissions that return a
+    run). The fourth turn's finish, repeated (its commit unknown), costs
+    :data:`AGAIN` and keeps the opening too; a fifth turn's finish takes its
+    call and result as ``entries``: :data:`WITH_ENTRIES`."""
+    name = engine(str(request.node.callspec.params["store"]))
+    pinned = through_pooler()  # behind a pooler BEGIN pins the search_path with it
+    store.sessions.create("s")
+    lease = store.leases.acquire("session:s", "w", 600, purpose="execution")
+
+    plan = DeliveryPlan("chat", "room", (DeliveryStep("send", "message"),))
+    ended: list[turnkeeper.Run] = []
+
+    def turn(i: int, *, existing: bool = False) -> dict[str, int]:
+        before = {op: _spent(store, op) for op in PHASES}
+        key = f"k{i}" if existing else None
+        args: dict[str, Any] = {"user_message": USER, "start": True, "lease": lease}
+        run = store.runs.admit("s", {"n": i}, submission_key=key, **args)
+        if existing:
+            assert store.runs.admit("s", {"n": i}, submission_key=key, **args) == run
+            again = store.runs.admit("s", {"n": 0}, on_active="use_existing", lease=lease)
+            assert again == run
+        store.sessions.append_many("s", _call_and_result(i), lease=lease)
+        ended.append(
+            store.runs.finish(
+                run.id, "succeeded", assistant_message=REPLY, lease=lease, delivery_plan=plan
+            )
+        )
+        return {op: _spent(store, op) - before[op] for op in PHASES}
+
+    turns = [turn(i) for i in range(3)] + [turn(3, existing=True)]
+    before = _spent(store, "finish_run")  # the last finish again (its commit unknown)
+    again = store.runs.finish(
+        ended[-1].id, "succeeded", assistant_message=REPLY, lease=lease, delivery_plan=plan
+    )
+    assert again == ended[-1]
+    repeated = _spent(store, "finish_run") - before
+    before = {op: _spent(store, op) for op in PHASES}
+    run = store.runs.admit("s", {"n": 4}, user_message=USER, start=True, lease=lease)
+    entries = _call_and_result(4)
+    store.runs.finish(run.id, "succeeded", assistant_message=REPLY, entries=entries, lease=lease)
+    fifth = {op: _spent(store, op) - before[op] for op in PHASES}
+    steady = {op: n + pinned for op, n in STEADY[name].items()}
+    assert turns[1:3] == [steady, steady]
+    returning = steady | {"admit_run": RETURNING[name] + 3 * pinned}
+    assert turns[3] == returning
+    assert repeated == AGAIN[name] + pinned
+    assert fifth == steady | {"append_many": 0, "finish_run": WITH_ENTRIES[name] + pinned}
+    assert [r.status for r in store.runs.list("s")] == ["succeeded"] * 5

@@ -152,7 +152,7 @@ AREAS: tuple[Area, ...] = (
             "conformance/test_recovery_remote.py",
             "conformance/test_saved_intents.py",
             "conformance/test_conversation_turns.py",
-            "internals/test_turn_statements.py",
+            "benchmarks/test_turn_statements.py::test_a_turn_costs_the_pinned_statements",
             *_FORGED_RUNS,
             "internals/test_upgrades.py::"
             "test_an_upgrade_keeps_every_retry_of_what_an_older_turnkeeper_stored",

@@ -222,13 +222,15 @@ _REBUILT_WHY = (
 _LIFE = "storage/ops/run_lifecycle.py"
 _ADMIT = "storage/ops/run_admission.py"
 _RUN_KILLS = "checking/test_run_survivors.py::"
-_STATEMENTS = ("internals/test_turn_statements.py::test_a_turn_costs_the_pinned_statements",)
+_STATEMENTS = ("benchmarks/test_turn_statements.py::test_a_turn_costs_the_pinned_statements",)
 _STATEMENTS_WHY = (
-    "a real hole: no test pinned a turn's statements, so a write path that spends more (a "
-    "held write sent alone, a statement for what the store object already knows) passed "
-    "every test; internals/test_turn_statements.py now pins each call's statements per engine "
-    "(a held write is one statement with the next only on a server: its mutant is killed by "
-    "the PostgreSQL case, and is equivalent on DuckDB, which runs each write at once)"
+    "a hole in the net's test choice and in what was counted: benchmarks/"
+    "test_turn_statements.py held the bench's turn to its statement ceilings but was not among "
+    "storage-runs' tests, and no test counted the turns that return a stored run, repeat a "
+    "finish or give a finish its entries; its new test pins each call's statements exactly, "
+    "per engine, and storage-runs runs it (a held write is one statement with the next only "
+    "on a server: that mutant is killed by the PostgreSQL case, and is equivalent on DuckDB, "
+    "which runs each write at once)"
 )
 _FORGED_RUN_STEPS = tuple(
     "guards/test_forged_tokens.py::test_a_forged_token_is_refused_by_every_fenced_write"
