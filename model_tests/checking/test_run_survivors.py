@@ -1,14 +1,17 @@
-"""Fixed tests for holes a partial run of the second mutation net found in
-``storage/ops/run_lifecycle.py`` and ``storage/ops/run_admission.py`` (the
-storage-runs area's survivors are classified once the area has run whole).
+"""Fixed tests for holes the second mutation net found in the storage-runs
+area (``storage/ops/run_lifecycle.py``, ``run_admission.py``,
+``recovery.py``); each test's docstring names its module and hole
+(``mutation_net/survivors.py`` names the mutants it kills).
 
-- the turn's ``turn_end`` carries ``stopReason`` exactly when the finish gave one;
-- ``runs.finish`` returns the run with the error it recorded (the returned
-  value, not only the stored row);
-- a final reply with a ``toolCall`` block is refused (calls are appended
-  before), a reply of text blocks or of a plain string is taken;
-- a retry of an attempt that is not its intent's latest is refused naming the
-  latest.
+- a finish: the ``turn_end``'s ``stopReason``, the error it returns and
+  records, a final reply without a ``toolCall``, its own entry ids held by a
+  forged entry, a first turn with no row, entries written once, entries that
+  leave a call open or are no message, a repeated finish that brings a plan
+  (a fence), the error and stop reason as text, ``finished_at``;
+- an admission: a retry of the intent's latest attempt only, the run's
+  model, the intent fields as text;
+- a recovery: a dead-lettered one is neither begun nor converged, and its
+  arguments are checked.
 """
 
 from __future__ import annotations
