@@ -93,8 +93,9 @@ before the stall began, so any margin outlives it, however slow the machine."""
 
 DEFAULT_TTL_S = 2.0
 """The fleet's default lease and claim TTL, in seconds. A worker renews its
-session lease before it ends a run and again before it finalizes; the TTL has
-to cover the calls between two renewals on a loaded machine (at 0.5 s, a
+session lease before it ends a run and again before it finalizes, and between
+a turn's other steps once a third of the TTL has passed (``_heartbeat``); the
+TTL has to cover the calls between two renewals on a loaded machine (at 0.5 s, a
 machine with twice as many busy processes as cores lost a quarter of its turns
 to expired leases and outbox claims); stalls still sleep past it."""
 
@@ -219,6 +220,7 @@ class Worker:
         self.stats = WorkerStats(index)
         self._finalized_ids: set[str] = set()
         self.ledger = TurnLedger(store)
+        self._renewed_at = time.monotonic()  # when the held lease was granted or renewed
 
     def run(self) -> None:
         """Loop over iterations; never raises (errors are recorded in ``stats``)."""
@@ -258,6 +260,7 @@ class Worker:
             self.stats.run_active_refusals += 1
             self.stop.wait(BUSY_BACKOFF_S)
             return
+        self._renewed_at = time.monotonic()
         try:
             run = self._admit(it, sid, lease)
         except SessionRunActiveError:  # an orphan recovery has not converged yet
@@ -269,6 +272,7 @@ class Worker:
             self.stats.lost_mid_turn += 1
             return
         try:
+            lease = self._heartbeat(lease)
             writer = self.ledger.start(sid, lease, run, PROMPTS[it % len(PROMPTS)])
         except LeaseLostError:
             self.stats.lost_mid_turn += 1
@@ -282,7 +286,7 @@ class Worker:
                 self.stats.crashes += 1
                 return  # died mid-run: nothing released, recovery converges the run
             self.stats.turns_committed += 1
-            lease = self.store.leases.renew(lease, self.cfg.ttl_s)
+            lease = self._heartbeat(lease, now=True)
             self._finalize(sid, lease, leaf)
         except LeaseLostError:
             self.stats.lost_mid_turn += 1
@@ -291,6 +295,22 @@ class Worker:
             self.stats.abandoned += 1
             return
         self.store.leases.release(lease)
+
+    def _heartbeat(self, lease: Lease, *, now: bool = False) -> Lease:
+        """``lease`` renewed (for ``cfg.ttl_s`` more seconds) once a third of its
+        TTL has passed since it was granted or last renewed here (``now``:
+        always), else as it is: a heartbeat between a turn's steps, so a turn
+        that a loaded machine slows keeps its lease (a real runtime heartbeats
+        the same way).
+
+        Raises:
+            LeaseLostError: the lease had already expired or was taken over.
+        """
+        if not now and time.monotonic() - self._renewed_at < self.cfg.ttl_s / 3:
+            return lease
+        lease = self.store.leases.renew(lease, self.cfg.ttl_s)
+        self._renewed_at = time.monotonic()
+        return lease
 
     def _marker(self, it: int, n: int) -> str:
         return f"{self.run_id}.{self.stats.index}.{it}.{n}"
@@ -355,13 +375,15 @@ class Worker:
         assistant = {"api": "demo", "provider": provider, "model": model, "usage": usage}
         crash_in_tool = plan.action == "crash" and plan.tool
         if plan.tool:
+            lease = self._heartbeat(lease)
             self._tool_call(it, sid, lease, run, assistant, crash_in_tool)
             if crash_in_tool:
                 return None
+            lease = self._heartbeat(lease)
             self.ledger.step(writer, run, f"{TOOLS[it % len(TOOLS)]}: ok", usage)
         if plan.action == "crash":
             return None
-        lease = self.store.leases.renew(lease, self.cfg.ttl_s)  # the heartbeat before the end
+        lease = self._heartbeat(lease, now=True)  # the heartbeat before the end
         m = self._marker(it, 3)
         reply = {
             "role": "assistant",
