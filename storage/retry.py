@@ -92,30 +92,45 @@ def run_attempts(
     waits between attempts (``time.sleep``; the native async store's waits
     on its event loop: ``storage/bridge.py``).
 
+    The first attempt runs on its own: most calls win it, and tenacity's
+    machinery costs about 30 µs a call (a fenced append on PostgreSQL is about
+    500 µs). A first attempt that lost a race is handed to tenacity as its
+    first outcome, so the waits and the attempts are as tenacity counts them.
+
     Raises:
         TransactionConflictError: every attempt lost a race.
         whatever else ``attempt`` raised, unchanged.
     """
-    attempts = 0
-
-    def counted() -> T:
-        nonlocal attempts
-        attempts += 1
-        return attempt()
-
-    retrying = Retrying(
-        retry=retry_if_exception_type(Conflict),
-        stop=stop_after_attempt(MAX_ATTEMPTS),
-        wait=wait_random_exponential(multiplier=0.001, max=0.05),
-        sleep=sleep,
-        reraise=False,
-    )
+    attempts = 1
     try:
-        return retrying(counted)
-    except RetryError as exc:
-        cause = exc.last_attempt.exception()
-        origin = cause.__cause__ if cause is not None and cause.__cause__ else cause
-        raise errors.TransactionConflictError(operation, attempts, detail=str(origin)) from origin
+        try:
+            return attempt()
+        except Conflict as exc:
+            lost: Conflict | None = exc
+
+        def counted() -> T:
+            nonlocal attempts, lost
+            if lost is not None:  # the first attempt's outcome, already had
+                first, lost = lost, None
+                raise first
+            attempts += 1
+            return attempt()
+
+        retrying = Retrying(
+            retry=retry_if_exception_type(Conflict),
+            stop=stop_after_attempt(MAX_ATTEMPTS),
+            wait=wait_random_exponential(multiplier=0.001, max=0.05),
+            sleep=sleep,
+            reraise=False,
+        )
+        try:
+            return retrying(counted)
+        except RetryError as exc:
+            cause = exc.last_attempt.exception()
+            origin = cause.__cause__ if cause is not None and cause.__cause__ else cause
+            raise errors.TransactionConflictError(
+                operation, attempts, detail=str(origin)
+            ) from origin
     finally:
         stats.add(operation, statements(), attempts)
 
