@@ -49,6 +49,8 @@ from typing import Any
 import pytest
 from conftest import BACKENDS, forge, new_pg_schema
 from grown import analyze, finish_history, grow, populate
+from psycopg import pq
+from psycopg.adapt import PyFormat, Transformer
 from test_group_commit import grouped, queued_together
 
 import turnkeeper
@@ -62,7 +64,7 @@ from turnkeeper.spec.records import (
 )
 from turnkeeper.storage.duck import db as duck_db
 from turnkeeper.storage.duck.group import GROUP_MAX
-from turnkeeper.storage.ops import leases
+from turnkeeper.storage.ops import leases, run_lifecycle
 from turnkeeper.storage.postgres import db as pg_db
 
 MSG = {"message": {"role": "user", "content": "hi"}}
@@ -229,6 +231,9 @@ class Profiler:
         """The grown tables' row counts (PostgreSQL: which tables a scan may not read)."""
         self._profiled: dict[int, Any] = {}
         """Each cursor profiled, by id (kept, so that no new cursor takes its id)."""
+        self.generic = False
+        """PostgreSQL: judge each statement's generic plan (:func:`_generic_plan`)
+        instead, every sequential read a finding."""
 
     def _found(self, table: str, kind: str, read: int, sql: str) -> None:
         self.scans.setdefault(self.operation, []).append((table, kind, read, sql))
@@ -255,6 +260,11 @@ class Profiler:
     def postgres(self, real: Callable[..., Any]) -> Callable[..., Any]:
         def traced(tx: pg_db.Tx, sql: str, params: Any, *rest: Any) -> Any:
             if self.operation and sql.split(None, 1)[0].upper() in PLANNED:
+                if self.generic:
+                    plan = _generic_plan(tx.conn, sql, list(params))
+                    for table in _seq_scans(plan, lookups=True):
+                        self._found(table, "Seq Scan (generic plan)", 0, " ".join(sql.split()))
+                    return real(tx, sql, params, *rest)
                 explain = f"EXPLAIN (FORMAT JSON) {sql}"
                 args = list(params) if params else None
                 (plan,) = tx.conn.execute(pg_db._pg(explain) if args else explain, args).fetchone()
@@ -278,11 +288,38 @@ PLANNED = {"SELECT", "INSERT", "UPDATE", "DELETE", "WITH"}
 """The statements PostgreSQL's EXPLAIN plans (the rest read no table)."""
 
 
-def _seq_scans(node: dict[str, Any]) -> Iterator[str]:
-    if node.get("Node Type") == "Seq Scan":
+def _generic_plan(conn: Any, sql: str, params: list[Any]) -> dict[str, Any]:
+    """The plan PostgreSQL caches for ``sql`` once psycopg has prepared it (its
+    fifth run on a connection) and chosen the generic plan: the statement
+    prepared with the parameter types psycopg sends (a string's unknown: the
+    server infers it, as it does for the store's own run), planned with
+    ``plan_cache_mode = force_generic_plan`` (no parameter's value seen), in
+    the store's transaction, the setting restored after."""
+    transformer = Transformer(conn)
+    transformer.dump_sequence(params, [PyFormat.AUTO] * len(params))
+    types = list(transformer.types or ())
+    prepared = conn.pgconn.prepare(b"tk_generic_probe", pg_db._numbered(sql).encode(), types)
+    if prepared.status != pq.ExecStatus.COMMAND_OK:
+        raise AssertionError(f"{prepared.error_message!r}: {sql[:160]}")
+    try:
+        conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        nulls = ", ".join(["NULL"] * len(params))
+        execute = f"EXECUTE tk_generic_probe({nulls})" if params else "EXECUTE tk_generic_probe"
+        (plan,) = conn.execute(f"EXPLAIN (FORMAT JSON) {execute}").fetchone()
+        conn.execute("SET LOCAL plan_cache_mode = auto")
+    finally:
+        conn.execute("DEALLOCATE tk_generic_probe")
+    found: dict[str, Any] = plan[0]["Plan"]
+    return found
+
+
+def _seq_scans(node: dict[str, Any], lookups: bool = False) -> Iterator[str]:
+    """The tables ``node``'s plan reads sequentially (``lookups``: only where
+    it filters what it reads, not a read of the whole table by design)."""
+    if node.get("Node Type") == "Seq Scan" and (not lookups or "Filter" in node):
         yield node["Relation Name"]
     for child in node.get("Plans", []):
-        yield from _seq_scans(child)
+        yield from _seq_scans(child, lookups)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -302,6 +339,21 @@ def profiled(
         profiler.sizes = grow(store, COPIES)
         finish_history(store, own)
         analyze(store)
+        yield store, profiler
+
+
+@pytest.fixture
+def fresh_postgres(
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[tuple[turnkeeper.BaseStore, Profiler]]:
+    """A new PostgreSQL store as a fleet starts on it: a few sessions written,
+    its tables a page or two, never analyzed (autovacuum had no time), each
+    hot statement judged by its generic plan (``Profiler.generic``)."""
+    profiler = Profiler()
+    profiler.generic = True
+    monkeypatch.setattr(pg_db.Tx, "_execute", profiler.postgres(pg_db.Tx._execute))
+    with turnkeeper.open_store(new_pg_schema(), replay_cache_bytes=0) as store:
+        populate(store, 2)
         yield store, profiler
 
 
@@ -634,6 +686,63 @@ def test_every_hot_statement_reads_through_an_index(profiled):
     store, profiler = profiled
     hot_operations(store, profiler)
     assert not profiler.scans, "\n" + _report(profiler.scans)
+
+
+def test_no_hot_statement_caches_a_generic_plan_that_scans(fresh_postgres):
+    """PostgreSQL: psycopg prepares a statement on its fifth run on a
+    connection, and the server soon caches a *generic* plan for it, made for
+    the tables as they are then and kept until their statistics change
+    (autovacuum's ANALYZE). Made on a new store's tables of a page or two, a
+    plan that reads one sequentially kept doing so as it grew: the finish's
+    read (is an entry's id the reply's or the turn end's, ``e.id IN (?, ?)``)
+    went from 0.9 to 7.4 ms over 2,200 turns of one session on a new store,
+    until an ANALYZE. Every hot statement's generic plan here, on a new store,
+    reads each table through an index."""
+    store, profiler = fresh_postgres
+    hot_operations(store, profiler)
+    found = {(op, table) for op, scans in profiler.scans.items() for table, *_ in scans}
+    assert found == set(STALE_UNTIL_ANALYZE), "\n" + _report(profiler.scans)
+
+
+STALE_UNTIL_ANALYZE = {
+    ("list_due_deliveries", "delivery_operations"): "its OR of two states, each with "
+    "a time bound, ordered and limited: without statistics the planner reads the table",
+    ("interrupt_tool_executions (closes the open calls c2 and c3)", "conversation_turns"): (
+        "a session's rows by a list of ids (``id = ANY(?)``, keyed by ``storage.backend.keyed``)"
+    ),
+    ("interrupt_tool_executions (closes the open calls c2 and c3)", "entries"): (
+        "a session's rows by a list of ids (as above)"
+    ),
+    ("import_batch (into the session)", "entries"): "a session's rows by a list of ids (as above)",
+}
+"""The hot statements whose generic plan on a new store still reads a table
+sequentially, each with why: none runs on a turn's path (a delivery worker's
+poll, a recovery, an import), and each is planned again once autovacuum's
+ANALYZE of the table changes its statistics (at 50 rows written and then
+every tenth more). A list of ids keyed as DuckDB needs (one filter on the
+key, ``storage.backend.keyed``) hides the session's part of the primary key
+from PostgreSQL, whose guess without statistics then prefers the scan; a
+lookup per id, as the finish's read now makes, has no list to guess at."""
+
+
+def test_control_a_lookup_by_a_list_of_ids_caches_a_scanning_plan(fresh_postgres, monkeypatch):
+    """Control: the finish's read as it was (``e.id IN (?, ?)``: PostgreSQL
+    guesses, without statistics, that the ids match many rows, so its generic
+    plan scans) is reported."""
+    store, profiler = fresh_postgres
+    monkeypatch.setattr(
+        run_lifecycle,
+        "_RUN_HEAD_TURN",
+        run_lifecycle._RUN_HEAD_TURN.replace(
+            run_lifecycle._OWN_IDS_TAKEN, "EXISTS (SELECT 1 FROM entries AS e WHERE e.id IN (?, ?))"
+        ),
+    )
+    hot_operations(store, profiler)
+    found = {(op, table) for op, scans in profiler.scans.items() for table, *_ in scans}
+    assert found - set(STALE_UNTIL_ANALYZE) == {
+        ("finish_run (entries, reply, plan)", "entries"),
+        ("finish_run (failed)", "entries"),
+    }
 
 
 def test_control_a_compare_and_set_without_its_guard_is_seen_scanning(profiled, monkeypatch):

@@ -66,19 +66,30 @@ def check_outcome(status: RunStatus, error: str | None) -> None:
 
 _TURN_STATUS = "SELECT status FROM conversation_turns WHERE id = ?"
 
+_OWN_IDS_TAKEN = (
+    "EXISTS (SELECT 1 FROM entries AS e WHERE e.id = ?) "
+    "OR EXISTS (SELECT 1 FROM entries AS e WHERE e.id = ?)"
+)
+"""Whether an entry (of any session) has either of two ids: one lookup per id.
+As ``e.id IN (?, ?)``, PostgreSQL's generic plan for it (the one a prepared
+statement keeps, made on a new store's tables before any ANALYZE) guessed
+the ids match many rows and read ``entries`` whole: the finish's read grew
+from 0.9 to 7.4 ms over 2,200 turns of one session
+(``model_tests/internals/test_index_paths.py``)."""
+
 _RUN_HEAD_TURN = (
     f"SELECT {', '.join('r.' + c.strip() for c in RUN_COLS.split(','))}, "
     "s.leaf_id, s.next_seq, t.status, "
     "EXISTS (SELECT 1 FROM tool_executions AS x WHERE x.run_id = ?) "
     "OR EXISTS (SELECT 1 FROM tool_executions AS x WHERE x.local_turn_id = ?), "
-    "EXISTS (SELECT 1 FROM entries AS e WHERE e.id IN (?, ?)), s.key_version "
+    f"{_OWN_IDS_TAKEN}, s.key_version "
     "FROM runs AS r LEFT JOIN sessions AS s ON s.id = r.session_id "
     "LEFT JOIN conversation_turns AS t ON t.id = ? WHERE r.id = ?"
 )
 """A run, its session's head, the status of its first turn (``<run id>:turn``),
 whether any tool record names the run or that turn, whether an entry (of
-any session) has the id of the run's reply or of that turn's end, and the
-session's data key version."""
+any session) has the id of the run's reply or of that turn's end
+(:data:`_OWN_IDS_TAKEN`), and the session's data key version."""
 
 
 def _run_head_turn(run_id: str) -> list[str]:
