@@ -243,12 +243,16 @@ class Tx(Protocol):
     def now(self) -> datetime | None: ...
 
     def rows(
-        self, sql: str, params: Sequence[Any] = (), *, binary: bool = False
+        self, sql: str, params: Sequence[Any] = (), *, binary: bool = False, replan: bool = False
     ) -> list[tuple[Any, ...]]:
         """Execute one statement and return all rows; ``binary`` asks for the
         results in binary form (PostgreSQL: a ``BYTEA`` value arrives as its
         bytes, not as hex text the driver decodes at a tenth of the speed;
-        DuckDB has one form)."""
+        DuckDB has one form). ``replan``: plan the statement for its values on
+        every run, for a lookup whose best plan depends on them (a list of
+        ids): PostgreSQL never prepares it, so it keeps no generic plan, made
+        for the tables as they were (on a new store, before any ``ANALYZE``,
+        one that reads the table whole); DuckDB plans every run anyway."""
         ...
 
     def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:

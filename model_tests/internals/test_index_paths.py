@@ -66,6 +66,7 @@ from turnkeeper.storage.duck import db as duck_db
 from turnkeeper.storage.duck.group import GROUP_MAX
 from turnkeeper.storage.ops import leases, run_lifecycle
 from turnkeeper.storage.postgres import db as pg_db
+from turnkeeper.storage.postgres.store import PostgresStore
 
 MSG = {"message": {"role": "user", "content": "hi"}}
 USER = {"role": "user", "content": "go"}
@@ -233,7 +234,10 @@ class Profiler:
         """Each cursor profiled, by id (kept, so that no new cursor takes its id)."""
         self.generic = False
         """PostgreSQL: judge each statement's generic plan (:func:`_generic_plan`)
-        instead, every sequential read a finding."""
+        instead, every sequential read a finding; a statement run with
+        ``replan`` (never prepared: it has no generic plan) only when
+        :attr:`replanned_too`."""
+        self.replanned_too = False
 
     def _found(self, table: str, kind: str, read: int, sql: str) -> None:
         self.scans.setdefault(self.operation, []).append((table, kind, read, sql))
@@ -260,10 +264,12 @@ class Profiler:
     def postgres(self, real: Callable[..., Any]) -> Callable[..., Any]:
         def traced(tx: pg_db.Tx, sql: str, params: Any, *rest: Any) -> Any:
             if self.operation and sql.split(None, 1)[0].upper() in PLANNED:
-                if self.generic:
+                replan = len(rest) > 1 and rest[1]
+                if self.generic and (self.replanned_too or not replan):
                     plan = _generic_plan(tx.conn, sql, list(params))
                     for table in _seq_scans(plan, lookups=True):
                         self._found(table, "Seq Scan (generic plan)", 0, " ".join(sql.split()))
+                if self.generic:
                     return real(tx, sql, params, *rest)
                 explain = f"EXPLAIN (FORMAT JSON) {sql}"
                 args = list(params) if params else None
@@ -697,16 +703,17 @@ def test_no_hot_statement_caches_a_generic_plan_that_scans(fresh_postgres):
     read (is an entry's id the reply's or the turn end's, ``e.id IN (?, ?)``)
     went from 0.9 to 7.4 ms over 2,200 turns of one session on a new store,
     until an ANALYZE. Every hot statement's generic plan here, on a new store,
-    reads each table through an index."""
+    reads each table through an index, but for the lookups whose best plan
+    depends on their values, which are never prepared (``Tx.rows(...,
+    replan=True)``: :data:`REPLANNED`)."""
     store, profiler = fresh_postgres
     hot_operations(store, profiler)
-    found = {(op, table) for op, scans in profiler.scans.items() for table, *_ in scans}
-    assert found == set(STALE_UNTIL_ANALYZE), "\n" + _report(profiler.scans)
+    assert not profiler.scans, "\n" + _report(profiler.scans)
 
 
-STALE_UNTIL_ANALYZE = {
+REPLANNED = {
     ("list_due_deliveries", "delivery_operations"): "its OR of two states, each with "
-    "a time bound, ordered and limited: without statistics the planner reads the table",
+    "a time bound, ordered and limited",
     ("interrupt_tool_executions (closes the open calls c2 and c3)", "conversation_turns"): (
         "a session's rows by a list of ids (``id = ANY(?)``, keyed by ``storage.backend.keyed``)"
     ),
@@ -715,20 +722,19 @@ STALE_UNTIL_ANALYZE = {
     ),
     ("import_batch (into the session)", "entries"): "a session's rows by a list of ids (as above)",
 }
-"""The hot statements whose generic plan on a new store still reads a table
-sequentially, each with why: none runs on a turn's path (a delivery worker's
-poll, a recovery, an import), and each is planned again once autovacuum's
-ANALYZE of the table changes its statistics (at 50 rows written and then
-every tenth more). A list of ids keyed as DuckDB needs (one filter on the
+"""The hot statements run with ``replan`` (planned for their values on every
+run), each with why its generic plan on a new store reads the table: without
+statistics PostgreSQL guesses that a list of ids, or each of two states,
+matches many rows. A list of ids keyed as DuckDB needs (one filter on the
 key, ``storage.backend.keyed``) hides the session's part of the primary key
-from PostgreSQL, whose guess without statistics then prefers the scan; a
-lookup per id, as the finish's read now makes, has no list to guess at."""
+from PostgreSQL; a lookup per id, as the finish's read makes, has no list to
+guess at."""
 
 
-def test_control_a_lookup_by_a_list_of_ids_caches_a_scanning_plan(fresh_postgres, monkeypatch):
-    """Control: the finish's read as it was (``e.id IN (?, ?)``: PostgreSQL
-    guesses, without statistics, that the ids match many rows, so its generic
-    plan scans) is reported."""
+def test_control_a_scanning_generic_plan_is_reported(fresh_postgres, monkeypatch):
+    """Control: the finish's read as it was (``e.id IN (?, ?)``) is reported,
+    and so is each statement run with ``replan``, judged as if prepared: each
+    needs it."""
     store, profiler = fresh_postgres
     monkeypatch.setattr(
         run_lifecycle,
@@ -737,12 +743,43 @@ def test_control_a_lookup_by_a_list_of_ids_caches_a_scanning_plan(fresh_postgres
             run_lifecycle._OWN_IDS_TAKEN, "EXISTS (SELECT 1 FROM entries AS e WHERE e.id IN (?, ?))"
         ),
     )
+    profiler.replanned_too = True
     hot_operations(store, profiler)
     found = {(op, table) for op, scans in profiler.scans.items() for table, *_ in scans}
-    assert found - set(STALE_UNTIL_ANALYZE) == {
+    assert found == set(REPLANNED) | {
         ("finish_run (entries, reply, plan)", "entries"),
         ("finish_run (failed)", "entries"),
     }
+
+
+@pytest.mark.parametrize("replan", [False, True])
+def test_a_replanned_statement_is_never_prepared(replan):
+    """``Tx.rows(..., replan=True)`` on PostgreSQL: run eight times on one
+    connection, as the first statement of its transaction (sent in one round
+    trip with its BEGIN) and as a later one, the statement is never prepared
+    (psycopg prepares one on its fifth run: the control, without
+    ``replan``, is, either way)."""
+    first = "SELECT id FROM entries WHERE id = ANY(?::VARCHAR[]) AND session_id = ?"
+    later = "SELECT seq FROM entries WHERE id = ANY(?::VARCHAR[]) AND session_id = ?"
+
+    def body(tx: Any) -> None:
+        tx.rows(first, [["a", "b"], "s"], replan=replan)
+        tx.rows(later, [["a", "b"], "s"], replan=replan)
+
+    def prepared(tx: Any) -> list[str]:
+        return [
+            r[0]
+            for r in tx.rows("SELECT statement FROM pg_prepared_statements")
+            if "FROM entries WHERE id = ANY" in r[0]
+        ]
+
+    with PostgresStore(new_pg_schema(), pool_size=1) as store:  # one connection
+        if store.pooler == "transaction":
+            pytest.skip("behind a transaction pooler the store prepares no statement")
+        for _ in range(8):
+            store.db.read("probe", body, snapshot=True)  # BEGIN sent with the first
+        found = store.db.read("prepared", prepared)
+    assert len(found) == (0 if replan else 2), found
 
 
 def test_control_a_compare_and_set_without_its_guard_is_seen_scanning(profiled, monkeypatch):

@@ -183,9 +183,10 @@ class Tx:
             del self._held[stripe]
 
     def rows(
-        self, sql: str, params: Sequence[Any] = (), *, binary: bool = False
+        self, sql: str, params: Sequence[Any] = (), *, binary: bool = False, replan: bool = False
     ) -> list[tuple[Any, ...]]:
-        """Execute one statement and return all rows (``binary``: DuckDB has one form)."""
+        """Execute one statement and return all rows (``binary``: DuckDB has one
+        form; ``replan``: DuckDB plans every statement on every run)."""
         return self._execute(sql, params).fetchall()
 
     def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:

@@ -161,5 +161,6 @@ def turn_spans(
         "SELECT id, start_seq, end_seq FROM conversation_turns "
         f"WHERE {keyed('id', 'session_id = ?', 'ANY(?::VARCHAR[])')}",
         [wanted, session_id],
+        replan=True,  # a list of ids (see Tx.rows)
     )
     return {r[0]: (r[1], r[2]) for r in rows}

@@ -283,6 +283,7 @@ def _existing(tx: Tx, session_id: str, ids: Sequence[str]) -> list[Entry]:
             f"SELECT {entry_rows.entry_columns(tx)} FROM entries "
             f"WHERE {keyed('id', OF_SESSION, 'ANY(?::VARCHAR[])')}",
             [list(ids), session_id],
+            replan=True,  # a list of ids (see Tx.rows)
         )
     ]
 

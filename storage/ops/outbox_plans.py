@@ -330,6 +330,7 @@ def due(tx: Tx, limit: int) -> list[DeliveryOperation]:
         "ORDER BY o.created_at, o.intent_id, o.sequence LIMIT ?" + tx.dialect.skip_locked_of("o"),
         # PostgreSQL: leave out operations another worker is claiming right now
         [tx.now, tx.now, limit],
+        replan=True,  # two states, each with its time bound: a plan for the values (Tx.rows)
     )
     return [op_row(r) for r in rows]
 

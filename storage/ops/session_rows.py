@@ -178,6 +178,7 @@ def existing(tx: Tx, session_id: str, ids: Sequence[str]) -> set[str]:
     rows = tx.rows(
         f"SELECT id FROM entries WHERE {keyed('id', OF_SESSION, 'ANY(?::VARCHAR[])')}",
         [list(ids), session_id],
+        replan=True,  # a list of ids (see Tx.rows)
     )
     return {r[0] for r in rows}
 

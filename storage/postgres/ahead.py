@@ -92,6 +92,7 @@ def run(
     *,
     advisory: Statement | None = None,
     pipeline: bool = True,
+    prepare: bool = True,
 ) -> None:
     """Send ``statements`` in one round trip; each one's cursor is appended to
     ``cursors`` as it is sent (so a caller keeps the results of the ones
@@ -102,6 +103,8 @@ def run(
     its cursor is not kept, and a failure of it on the server is raised
     after the results of the ones before it were read. Without ``pipeline``
     (or pipeline mode) each goes in a round trip of its own, in order.
+    Without ``prepare`` the last statement is never prepared (psycopg's
+    ``prepare=False``; the others as psycopg decides).
 
     Raises:
         psycopg.Error: the server failed one of them (the ones after it were
@@ -109,19 +112,31 @@ def run(
     """
     if not (pipeline and supported()):
         for n, (sql, params) in enumerate(statements, 1):
-            last = binary and n == len(statements)
-            cursors.append(cursor(conn).execute(sql, params, binary=last))
+            last = n == len(statements)
+            cursors.append(_execute(conn, sql, params, binary and last, prepare or not last))
         if advisory is not None:
             with contextlib.suppress(Exception):
                 conn.execute(*advisory)
         return
     with conn.pipeline():
         for n, (sql, params) in enumerate(statements, 1):
-            last = binary and n == len(statements)
-            cursors.append(cursor(conn).execute(sql, params, binary=last))
+            last = n == len(statements)
+            cursors.append(_execute(conn, sql, params, binary and last, prepare or not last))
         if advisory is not None:
             with contextlib.suppress(Exception):  # (a driver fault: the rest still goes)
                 conn.execute(*advisory)
+
+
+def _execute(
+    conn: psycopg.Connection[Any],
+    sql: str,
+    params: Sequence[Any] | None,
+    binary: bool,
+    prepare: bool,
+) -> psycopg.Cursor[Any]:
+    """One statement on a cursor of its own (:func:`cursor`); never prepared
+    without ``prepare``."""
+    return cursor(conn).execute(sql, params, binary=binary, prepare=None if prepare else False)
 
 
 def send(
@@ -131,11 +146,14 @@ def send(
     params: Sequence[Any] | None = None,
     binary: bool = False,
     pipeline: bool = True,
+    *,
+    prepare: bool = True,
 ) -> psycopg.Cursor[Any] | None:
     """Send the parameterless statements ``ahead`` and then ``query`` (with
     ``params``; no ``query``: only ``ahead``) in one round trip (:func:`run`;
     without ``pipeline``, one each);
-    ``query``'s cursor, its result read (``None`` without ``query``).
+    ``query``'s cursor, its result read (``None`` without ``query``);
+    ``query`` never prepared without ``prepare``.
 
     Raises:
         psycopg.Error: the server failed one of them (the ones after it were
@@ -145,5 +163,5 @@ def send(
     if query is not None:
         statements.append((query, params))
     cursors: list[psycopg.Cursor[Any]] = []
-    run(conn, statements, cursors, binary, pipeline=pipeline)
+    run(conn, statements, cursors, binary, pipeline=pipeline, prepare=prepare)
     return cursors[-1] if query is not None else None

@@ -399,7 +399,7 @@ class Tx:
         chain.check(held, counts)
 
     def _execute(
-        self, sql: str, params: Sequence[Any], binary: bool = False
+        self, sql: str, params: Sequence[Any], binary: bool = False, replan: bool = False
     ) -> psycopg.Cursor[Any]:
         if self._held:
             self.flush()
@@ -411,13 +411,17 @@ class Tx:
             if self._ahead:  # the BEGIN (and pin) go with it, in one round trip
                 held, self._ahead = self._ahead, []
                 self.statements += len(held)
-                cur = ahead.send(self._conn, held, query, args, binary, self._pipelines)
+                cur = ahead.send(
+                    self._conn, held, query, args, binary, self._pipelines, prepare=not replan
+                )
                 return present(cur, "the cursor of the statement sent with BEGIN")
             if self._search_path is not None and not self._in_transaction:
                 self.statements += 1  # the pin, sent in the same round trip
                 query = _pg(sql) if params else sql  # (psycopg's placeholders)
                 return connect.pinned(self._conn, self._search_path, query, args, binary)
-            return ahead.cursor(self._conn).execute(query, args, binary=binary)
+            # (prepare=None: psycopg prepares it on its fifth run; False: never)
+            prepare = False if replan else None
+            return ahead.cursor(self._conn).execute(query, args, binary=binary, prepare=prepare)
 
     def notify(self, topic: str) -> None:
         """Publish wake-up ``topic`` once this transaction commits."""
@@ -427,11 +431,12 @@ class Tx:
         """Nothing: the lease row's lock orders this transaction with a renewal."""
 
     def rows(
-        self, sql: str, params: Sequence[Any] = (), *, binary: bool = False
+        self, sql: str, params: Sequence[Any] = (), *, binary: bool = False, replan: bool = False
     ) -> list[tuple[Any, ...]]:
         """Execute one statement and return all rows (``binary``: in binary form,
-        so a ``BYTEA`` value arrives as its bytes rather than hex text)."""
-        cur = self._execute(sql, params, binary)
+        so a ``BYTEA`` value arrives as its bytes rather than hex text;
+        ``replan``: never prepared, planned for its values on every run)."""
+        cur = self._execute(sql, params, binary, replan)
         with faults.driver():
             return cur.fetchall() if cur.description is not None else []
 
