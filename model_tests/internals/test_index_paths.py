@@ -62,6 +62,7 @@ from turnkeeper.spec.records import (
     ResponseRun,
     ResponseState,
 )
+from turnkeeper.storage.backend import Dialect
 from turnkeeper.storage.duck import db as duck_db
 from turnkeeper.storage.duck.group import GROUP_MAX
 from turnkeeper.storage.ops import leases, run_lifecycle
@@ -736,15 +737,18 @@ def test_control_a_scanning_generic_plan_is_reported(fresh_postgres, monkeypatch
     and so is each statement run with ``replan``, judged as if prepared: each
     needs it."""
     store, profiler = fresh_postgres
-    monkeypatch.setattr(
-        run_lifecycle,
-        "_RUN_HEAD_TURN",
-        run_lifecycle._RUN_HEAD_TURN.replace(
-            run_lifecycle._OWN_IDS_TAKEN, "EXISTS (SELECT 1 FROM entries AS e WHERE e.id IN (?, ?))"
-        ),
-    )
+    real = Dialect.any_row
+
+    def one_list(self: Dialect, table: str, column: str, n: int) -> str:
+        return real(Dialect("duckdb"), table, column, n)  # IN (?, ?) on PostgreSQL too
+
+    monkeypatch.setattr(Dialect, "any_row", one_list)
     profiler.replanned_too = True
-    hot_operations(store, profiler)
+    run_lifecycle._run_head_turn_sql.cache_clear()  # (made once per dialect)
+    try:
+        hot_operations(store, profiler)
+    finally:
+        run_lifecycle._run_head_turn_sql.cache_clear()
     found = {(op, table) for op, scans in profiler.scans.items() for table, *_ in scans}
     assert found == set(REPLANNED) | {
         ("finish_run (entries, reply, plan)", "entries"),

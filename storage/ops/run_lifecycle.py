@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 from collections.abc import Mapping, Sequence
+from functools import cache
 from typing import Any
 
 from turnkeeper.machines import machine_for
@@ -35,7 +36,7 @@ from turnkeeper.spec.run import (
     RunStatus,
 )
 
-from ..backend import Conflict, Tx, keyed, utc
+from ..backend import Conflict, Dialect, Tx, keyed, utc
 from ..codec import check_id, check_text, to_json
 from ..crypto.keyring import UNREAD
 from ..pairing import Opening
@@ -66,34 +67,26 @@ def check_outcome(status: RunStatus, error: str | None) -> None:
 
 _TURN_STATUS = "SELECT status FROM conversation_turns WHERE id = ?"
 
-_OWN_IDS_TAKEN = (
-    "EXISTS (SELECT 1 FROM entries AS e WHERE e.id = ?) "
-    "OR EXISTS (SELECT 1 FROM entries AS e WHERE e.id = ?)"
-)
-"""Whether an entry (of any session) has either of two ids: one lookup per id.
-As ``e.id IN (?, ?)``, PostgreSQL's generic plan for it (the one a prepared
-statement keeps, made on a new store's tables before any ANALYZE) guessed
-the ids match many rows and read ``entries`` whole: the finish's read grew
-from 0.9 to 7.4 ms over 2,200 turns of one session
-(``model_tests/internals/test_index_paths.py``)."""
 
-_RUN_HEAD_TURN = (
-    f"SELECT {', '.join('r.' + c.strip() for c in RUN_COLS.split(','))}, "
-    "s.leaf_id, s.next_seq, t.status, "
-    "EXISTS (SELECT 1 FROM tool_executions AS x WHERE x.run_id = ?) "
-    "OR EXISTS (SELECT 1 FROM tool_executions AS x WHERE x.local_turn_id = ?), "
-    f"{_OWN_IDS_TAKEN}, s.key_version "
-    "FROM runs AS r LEFT JOIN sessions AS s ON s.id = r.session_id "
-    "LEFT JOIN conversation_turns AS t ON t.id = ? WHERE r.id = ?"
-)
-"""A run, its session's head, the status of its first turn (``<run id>:turn``),
-whether any tool record names the run or that turn, whether an entry (of
-any session) has the id of the run's reply or of that turn's end
-(:data:`_OWN_IDS_TAKEN`), and the session's data key version."""
+@cache
+def _run_head_turn_sql(dialect: Dialect) -> str:
+    """A run, its session's head, the status of its first turn (``<run id>:turn``),
+    whether any tool record names the run or that turn, whether an entry (of
+    any session) has the id of the run's reply or of that turn's end
+    (``Dialect.any_row``), and the session's data key version."""
+    return (
+        f"SELECT {', '.join('r.' + c.strip() for c in RUN_COLS.split(','))}, "
+        "s.leaf_id, s.next_seq, t.status, "
+        "EXISTS (SELECT 1 FROM tool_executions AS x WHERE x.run_id = ?) "
+        "OR EXISTS (SELECT 1 FROM tool_executions AS x WHERE x.local_turn_id = ?), "
+        f"{dialect.any_row('entries AS e', 'e.id', 2)}, s.key_version "
+        "FROM runs AS r LEFT JOIN sessions AS s ON s.id = r.session_id "
+        "LEFT JOIN conversation_turns AS t ON t.id = ? WHERE r.id = ?"
+    )
 
 
 def _run_head_turn(run_id: str) -> list[str]:
-    """The values of :data:`_RUN_HEAD_TURN` for ``run_id``."""
+    """The values of :func:`_run_head_turn_sql` for ``run_id``."""
     turn = f"{run_id}:turn"
     return [run_id, turn, f"{run_id}:assistant", turn + run_turns.END, turn, run_id]
 
@@ -190,7 +183,9 @@ def finish(
     fence: tuple[Any, ...] | None = None
     read: tuple[Any, ...] | None = None  # the session's head and the first turn's status
     if lease is not None and fenced_epoch is None:  # the reads and the fence as one
-        row, fence = leases.fenced_read(tx, lease, _RUN_HEAD_TURN, _run_head_turn(run_id))
+        row, fence = leases.fenced_read(
+            tx, lease, _run_head_turn_sql(tx.dialect), _run_head_turn(run_id)
+        )
         if row is None:
             raise errors.RunNotFoundError(run_id)
         run, read = run_row(row), row[-6:]
