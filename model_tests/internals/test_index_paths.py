@@ -305,17 +305,24 @@ def _generic_plan(conn: Any, sql: str, params: list[Any]) -> dict[str, Any]:
     transformer = Transformer(conn)
     transformer.dump_sequence(params, [PyFormat.AUTO] * len(params))
     types = list(transformer.types or ())
+    idle = conn.info.transaction_status == pq.TransactionStatus.IDLE  # an autocommit statement
+    if idle:  # (SET LOCAL outside a transaction sets nothing: EXPLAIN showed a custom plan)
+        conn.execute("BEGIN")
     prepared = conn.pgconn.prepare(b"tk_generic_probe", pg_db._numbered(sql).encode(), types)
     if prepared.status != pq.ExecStatus.COMMAND_OK:
         raise AssertionError(f"{prepared.error_message!r}: {sql[:160]}")
     try:
         conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        (mode,) = conn.execute("SHOW plan_cache_mode").fetchone()
+        assert mode == "force_generic_plan", mode
         nulls = ", ".join(["NULL"] * len(params))
         execute = f"EXECUTE tk_generic_probe({nulls})" if params else "EXECUTE tk_generic_probe"
         (plan,) = conn.execute(f"EXPLAIN (FORMAT JSON) {execute}").fetchone()
         conn.execute("SET LOCAL plan_cache_mode = auto")
     finally:
         conn.execute("DEALLOCATE tk_generic_probe")
+        if idle:
+            conn.execute("ROLLBACK")
     found: dict[str, Any] = plan[0]["Plan"]
     return found
 
@@ -695,6 +702,7 @@ def test_every_hot_statement_reads_through_an_index(profiled):
     assert not profiler.scans, "\n" + _report(profiler.scans)
 
 
+@pytest.mark.postgres
 def test_no_hot_statement_caches_a_generic_plan_that_scans(fresh_postgres):
     """PostgreSQL: psycopg prepares a statement on its fifth run on a
     connection, and the server soon caches a *generic* plan for it, made for
@@ -732,6 +740,7 @@ from PostgreSQL; a lookup per id, as the finish's read makes, has no list to
 guess at."""
 
 
+@pytest.mark.postgres
 def test_control_a_scanning_generic_plan_is_reported(fresh_postgres, monkeypatch):
     """Control: the finish's read as it was (``e.id IN (?, ?)``) is reported,
     and so is each statement run with ``replan``, judged as if prepared: each
@@ -756,6 +765,7 @@ def test_control_a_scanning_generic_plan_is_reported(fresh_postgres, monkeypatch
     }
 
 
+@pytest.mark.postgres
 @pytest.mark.parametrize("replan", [False, True])
 def test_a_replanned_statement_is_never_prepared(replan):
     """``Tx.rows(..., replan=True)`` on PostgreSQL: run eight times on one
