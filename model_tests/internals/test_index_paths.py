@@ -264,14 +264,14 @@ class Profiler:
 
     def postgres(self, real: Callable[..., Any]) -> Callable[..., Any]:
         def traced(tx: pg_db.Tx, sql: str, params: Any, *rest: Any) -> Any:
-            if self.operation and sql.split(None, 1)[0].upper() in PLANNED:
-                replan = len(rest) > 1 and rest[1]
-                if self.generic and (self.replanned_too or not replan):
+            planned = self.operation and sql.split(None, 1)[0].upper() in PLANNED
+            if planned and self.generic:
+                replan = len(rest) > 1 and rest[1]  # (Tx._execute's binary, replan)
+                if self.replanned_too or not replan:
                     plan = _generic_plan(tx.conn, sql, list(params))
                     for table in _seq_scans(plan, lookups=True):
                         self._found(table, "Seq Scan (generic plan)", 0, " ".join(sql.split()))
-                if self.generic:
-                    return real(tx, sql, params, *rest)
+            elif planned:
                 explain = f"EXPLAIN (FORMAT JSON) {sql}"
                 args = list(params) if params else None
                 (plan,) = tx.conn.execute(pg_db._pg(explain) if args else explain, args).fetchone()
